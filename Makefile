@@ -1,0 +1,43 @@
+# toolgate: `make run` starts everything with the example tools; `make test` runs every test.
+GO      ?= go
+DATA    ?= toolgate-data
+PKGS    := ./...
+
+.PHONY: run build test test-short fuzz bench lint fmt vet staticcheck clean
+
+run:
+	$(GO) run ./cmd/toolgate serve --examples --data $(DATA) --file-root . --metrics-addr 127.0.0.1:9464
+
+build:
+	$(GO) build -o bin/toolgate ./cmd/toolgate
+
+test:
+	$(GO) vet $(PKGS)
+	$(GO) test -race -count=1 -timeout 15m $(PKGS)
+
+# Each decoder of outside input, fuzzed for FUZZTIME.
+FUZZTIME ?= 20s
+fuzz:
+	$(GO) test -run '^$$' -fuzz '^FuzzFromMessage$$' -fuzztime $(FUZZTIME) ./stages/invocation/
+	$(GO) test -run '^$$' -fuzz '^FuzzResultSubject$$' -fuzztime $(FUZZTIME) ./subjects/
+	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) ./stages/tools/
+	$(GO) test -run '^$$' -fuzz '^FuzzResolveConstraint$$' -fuzztime $(FUZZTIME) ./stages/tools/
+	$(GO) test -run '^$$' -fuzz '^FuzzReadFilePath$$' -fuzztime $(FUZZTIME) ./stages/execute/builtin/
+	$(GO) test -run '^$$' -fuzz '^FuzzJSONTransform$$' -fuzztime $(FUZZTIME) ./stages/execute/builtin/
+
+# Throughput and latency through all six stages next to a bare JetStream
+# chain measured in the same run.
+bench:
+	$(GO) run ./cmd/toolgate bench --rate 300 --duration 10s
+
+fmt:
+	gofmt -w $$(git ls-files '*.go')
+
+vet:
+	$(GO) vet $(PKGS)
+
+staticcheck:
+	$(GO) run honnef.co/go/tools/cmd/staticcheck@2025.1.1 $(PKGS)
+
+clean:
+	rm -rf bin $(DATA)

@@ -1,0 +1,332 @@
+// Command toolgate is the tool-execution layer for AI agents: one binary that
+// serves the pipeline, runs single stages, and talks to a running toolgate.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/toolgate/toolgate/stages/bench"
+	"github.com/toolgate/toolgate/stages/client"
+	"github.com/toolgate/toolgate/stages/control"
+	"github.com/toolgate/toolgate/stages/invocation"
+	"github.com/toolgate/toolgate/stages/pipeline"
+	"github.com/toolgate/toolgate/subjects"
+)
+
+const usage = `toolgate: the tool-execution layer for AI agents
+
+usage:
+  toolgate serve  [--examples] [--data DIR] [--listen HOST:PORT | --nats URL] [flags]
+  toolgate stage  NAME --nats URL [--workers N] [flags]     NAME: %s, control
+  toolgate invoke TOOL --tenant T [--params JSON] [--version V] [--wait]
+  toolgate status ID --tenant T
+  toolgate tail   [--tenant T] [--all]
+  toolgate tools  register FILE [--replace] | list | get ID [--version V]
+  toolgate bench  [--rate N] [--duration D]
+
+Run 'toolgate COMMAND -h' for a command's flags.
+`
+
+func main() {
+	if err := run(os.Args[1:]); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			os.Exit(2)
+		}
+		fmt.Fprintln(os.Stderr, "toolgate:", err)
+		os.Exit(1)
+	}
+}
+
+func run(args []string) error {
+	if len(args) == 0 {
+		fmt.Fprintf(os.Stderr, usage, strings.Join(subjects.Stages, ", "))
+		return flag.ErrHelp
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	cmd, rest := args[0], args[1:]
+	switch cmd {
+	case "serve":
+		return serve(ctx, rest)
+	case "stage":
+		return stage(ctx, rest)
+	case "invoke":
+		return invoke(ctx, rest)
+	case "status":
+		return status(ctx, rest)
+	case "tail":
+		return tail(ctx, rest)
+	case "tools":
+		return toolsCmd(ctx, rest)
+	case "bench":
+		return benchCmd(ctx, rest)
+	case "help", "-h", "--help":
+		fmt.Fprintf(os.Stdout, usage, strings.Join(subjects.Stages, ", "))
+		return nil
+	}
+	return fmt.Errorf("unknown command %q (try 'toolgate help')", cmd)
+}
+
+// pipelineFlags are shared by serve and stage.
+func pipelineFlags(fs *flag.FlagSet, c *pipeline.Config) *string {
+	fs.IntVar(&c.Workers, "workers", 4, "workers per stage")
+	fs.StringVar(&c.MetricsAddr, "metrics-addr", "", "serve Prometheus metrics on this address (/metrics)")
+	fs.StringVar(&c.OTLPEndpoint, "otlp-endpoint", os.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT"), "export traces over OTLP/HTTP to host:port")
+	fs.StringVar(&c.PolicyPath, "policy", "", "Rego policy file or directory (default: the shipped policy)")
+	fs.StringVar(&c.Stage.BuiltinEnv.FileRoot, "file-root", "", "directory the read_file builtin is confined to (empty: disabled)")
+	fs.IntVar(&c.Stage.MaxEventBytes, "max-event-bytes", 1<<20, "largest accepted tool.invoke event")
+	fs.IntVar(&c.Topology.Replicas, "replicas", 1, "replicas of streams and buckets created at start")
+	fs.DurationVar(&c.Topology.AckWait, "ack-wait", 30*time.Second, "stage consumers' ack wait")
+	fs.IntVar(&c.Topology.MaxDeliver, "max-deliver", 5, "deliveries before an invocation ends with E3901")
+	return fs.String("log-level", "info", "debug, info, warn or error")
+}
+
+func logger(level string) *slog.Logger {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(level)); err != nil {
+		l = slog.LevelInfo
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: l}))
+}
+
+func serve(ctx context.Context, args []string) error {
+	var c pipeline.Config
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	level := pipelineFlags(fs, &c)
+	fs.StringVar(&c.NATSURL, "nats", "", "use this NATS server instead of an embedded one")
+	fs.StringVar(&c.Embedded.Listen, "listen", "127.0.0.1:4222", "embedded NATS listen address")
+	fs.StringVar(&c.Embedded.DataDir, "data", "toolgate-data", "embedded NATS JetStream storage directory")
+	fs.BoolVar(&c.Examples, "examples", false, "register the example tools at start")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	c.Log = logger(*level)
+	if c.Examples {
+		c.Ready = func(url string, _ *pipeline.Node) { printWelcome(url, c.Stage.BuiltinEnv.FileRoot) }
+	}
+	return pipeline.Run(ctx, c)
+}
+
+func stage(ctx context.Context, args []string) error {
+	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
+		return fmt.Errorf("stage: name one of %s, control", strings.Join(subjects.Stages, ", "))
+	}
+	var c pipeline.Config
+	fs := flag.NewFlagSet("stage", flag.ContinueOnError)
+	level := pipelineFlags(fs, &c)
+	fs.StringVar(&c.NATSURL, "nats", nats.DefaultURL, "NATS server URL")
+	if err := fs.Parse(args[1:]); err != nil {
+		return err
+	}
+	c.Stages = []string{args[0]}
+	c.Log = logger(*level)
+	return pipeline.Run(ctx, c)
+}
+
+func printWelcome(url, root string) {
+	fmt.Printf(`
+toolgate is running: NATS at %s, all six stages, example tools registered.
+In another terminal:
+
+  go run ./cmd/toolgate tools list
+  go run ./cmd/toolgate invoke echo --tenant demo --params '{"message":"hello"}' --wait
+  go run ./cmd/toolgate tail --tenant demo --all
+
+or with the nats CLI:
+
+  nats pub tool.invoke.demo '{"tool_id":"echo","agent_context":{"agent_did":"did:agent:demo","tenant_id":"demo"},"parameters":{"message":"hi"}}' \
+    -H ce-specversion:1.0 -H 'ce-id:{{ID}}' -H ce-source:urn:demo -H ce-type:tool.invoke -H content-type:application/json
+  nats sub 'tool.result.demo.>' --all
+  nats sub 'audit.demo.>' --all
+`, url)
+	if root != "" {
+		fmt.Printf("\nread_file is confined to %s:\n  go run ./cmd/toolgate invoke fs.read_file --tenant demo --params '{\"path\":\"README.md\"}' --wait\n", root)
+	}
+	fmt.Println("\nCtrl-C drains in-flight work and stops.")
+}
+
+func connect(url string) (*client.Client, func(), error) {
+	nc, err := nats.Connect(url, nats.Name("toolgate-cli"))
+	if err != nil {
+		return nil, nil, fmt.Errorf("connecting to %s: %w", url, err)
+	}
+	c, err := client.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	return c, nc.Close, nil
+}
+
+func printJSON(v any) error {
+	enc := json.NewEncoder(os.Stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func invoke(ctx context.Context, args []string) error {
+	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
+		return errors.New("invoke: name a tool, e.g. toolgate invoke echo --tenant demo --params '{\"message\":\"hi\"}'")
+	}
+	fs := flag.NewFlagSet("invoke", flag.ContinueOnError)
+	url := fs.String("nats", nats.DefaultURL, "NATS server URL")
+	tenant := fs.String("tenant", "demo", "tenant id")
+	params := fs.String("params", "{}", "parameters as a JSON object")
+	version := fs.String("version", "", "exact version or semver range (default: latest)")
+	agent := fs.String("agent", "did:agent:cli", "agent DID")
+	session := fs.String("session", "", "session id")
+	id := fs.String("id", "", "invocation id (default: a new UUID)")
+	token := fs.String("token", os.Getenv("TOOLGATE_TOKEN"), "capability token")
+	wait := fs.Bool("wait", false, "wait for the result and print it")
+	timeout := fs.Duration("timeout", 60*time.Second, "how long --wait waits")
+	if err := fs.Parse(args[1:]); err != nil {
+		return err
+	}
+	if !json.Valid([]byte(*params)) {
+		return fmt.Errorf("--params is not valid JSON: %s", *params)
+	}
+	c, closeFn, err := connect(*url)
+	if err != nil {
+		return err
+	}
+	defer closeFn()
+	req := invocation.Request{
+		ToolID: args[0], ToolVersion: *version, Parameters: json.RawMessage(*params), CapabilityToken: *token,
+		AgentContext: invocation.AgentContext{AgentDID: *agent, TenantID: *tenant, SessionID: *session},
+	}
+	invID, err := c.Invoke(ctx, req, client.InvokeOptions{ID: *id})
+	if err != nil {
+		return err
+	}
+	if !*wait {
+		return printJSON(invocation.Response{InvocationID: invID, Status: invocation.StatusPending,
+			PollingInfo: &invocation.PollingInfo{ResultSubject: subjects.Result(*tenant, invID), StatusSubject: subjects.SvcStatus}})
+	}
+	wctx, cancel := context.WithTimeout(ctx, *timeout)
+	defer cancel()
+	resp, err := c.Wait(wctx, *tenant, invID)
+	if err != nil {
+		return err
+	}
+	return printJSON(resp)
+}
+
+func status(ctx context.Context, args []string) error {
+	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
+		return errors.New("status: give an invocation id")
+	}
+	fs := flag.NewFlagSet("status", flag.ContinueOnError)
+	url := fs.String("nats", nats.DefaultURL, "NATS server URL")
+	tenant := fs.String("tenant", "demo", "tenant id")
+	if err := fs.Parse(args[1:]); err != nil {
+		return err
+	}
+	c, closeFn, err := connect(*url)
+	if err != nil {
+		return err
+	}
+	defer closeFn()
+	rec, err := c.Status(ctx, *tenant, args[0])
+	if err != nil {
+		return err
+	}
+	return printJSON(rec)
+}
+
+func tail(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("tail", flag.ContinueOnError)
+	url := fs.String("nats", nats.DefaultURL, "NATS server URL")
+	tenant := fs.String("tenant", "", "only this tenant's events")
+	all := fs.Bool("all", false, "start from the first event, not the next one")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	c, closeFn, err := connect(*url)
+	if err != nil {
+		return err
+	}
+	defer closeFn()
+	return c.Tail(ctx, *tenant, *all, func(subject string, data []byte) error {
+		_, err := fmt.Printf("%s %s\n", subject, data)
+		return err
+	})
+}
+
+func toolsCmd(ctx context.Context, args []string) error {
+	if len(args) == 0 {
+		return errors.New("tools: register FILE | list | get ID")
+	}
+	fs := flag.NewFlagSet("tools "+args[0], flag.ContinueOnError)
+	url := fs.String("nats", nats.DefaultURL, "NATS server URL")
+	replace := fs.Bool("replace", false, "register: replace an existing id and version")
+	version := fs.String("version", "", "get: exact version or range")
+	category := fs.String("category", "", "list: only this category")
+	sub, rest := args[0], args[1:]
+	var operand string
+	if len(rest) > 0 && !strings.HasPrefix(rest[0], "-") {
+		operand, rest = rest[0], rest[1:]
+	}
+	if err := fs.Parse(rest); err != nil {
+		return err
+	}
+	c, closeFn, err := connect(*url)
+	if err != nil {
+		return err
+	}
+	defer closeFn()
+	switch sub {
+	case "register":
+		doc, err := os.ReadFile(operand)
+		if err != nil {
+			return err
+		}
+		out, err := c.RegisterTool(ctx, doc, *replace)
+		if err != nil {
+			return err
+		}
+		return printJSON(out)
+	case "list":
+		out, err := c.ListTools(ctx, control.ListRequest{Category: *category})
+		if err != nil {
+			return err
+		}
+		return printJSON(out)
+	case "get":
+		out, err := c.GetTool(ctx, operand, *version)
+		if err != nil {
+			return err
+		}
+		return printJSON(out)
+	}
+	return fmt.Errorf("tools: unknown subcommand %q", sub)
+}
+
+func benchCmd(ctx context.Context, args []string) error {
+	var o bench.Options
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.IntVar(&o.Rate, "rate", 300, "offered load, invocations per second")
+	fs.DurationVar(&o.Duration, "duration", 10*time.Second, "how long to offer load")
+	fs.IntVar(&o.Workers, "workers", 4, "workers per stage")
+	fs.StringVar(&o.Dir, "dir", "", "storage directory (default: a temporary one)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	rep, err := bench.Run(ctx, o)
+	if err != nil {
+		return err
+	}
+	rep.Print(os.Stdout)
+	return nil
+}

@@ -1,0 +1,98 @@
+package kvstore
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolgate/toolgate/stages/invocation"
+	"github.com/toolgate/toolgate/stages/toolerr"
+	"github.com/toolgate/toolgate/subjects"
+)
+
+// Record is the stored state of one invocation.
+type Record struct {
+	InvocationID string               `json:"invocation_id"`
+	Tenant       string               `json:"tenant_id"`
+	Status       invocation.Status    `json:"status"`
+	ToolID       string               `json:"tool_id,omitempty"`
+	ToolVersion  string               `json:"tool_version,omitempty"`
+	Error        *toolerr.Error       `json:"error,omitempty"`
+	Response     *invocation.Response `json:"response,omitempty"`
+	// Seq is the ingest sequence of the publish this record belongs to.
+	Seq       uint64    `json:"ingest_seq"`
+	UpdatedAt time.Time `json:"updated_at"`
+}
+
+// ErrNotFound reports an unknown invocation.
+var ErrNotFound = toolerr.New(toolerr.InvalidParameters, toolerr.ERequestInvalid, "unknown invocation")
+
+func invocationKey(tenant, id string) string {
+	return subjects.Token(tenant) + "." + subjects.Token(id)
+}
+
+// SetStatus records rec unless the invocation already has a terminal status:
+// a terminal status is written once and never replaced. It returns the record
+// that is stored afterwards and whether rec was written.
+func (s *Store) SetStatus(ctx context.Context, rec Record) (Record, bool, error) {
+	key := invocationKey(rec.Tenant, rec.InvocationID)
+	if rec.UpdatedAt.IsZero() {
+		rec.UpdatedAt = time.Now().UTC()
+	}
+	val, err := json.Marshal(rec)
+	if err != nil {
+		return Record{}, false, err
+	}
+	for range 16 {
+		cur, err := s.invocations.Get(ctx, key)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			_, err = s.invocations.Create(ctx, key, val)
+			if errors.Is(err, jetstream.ErrKeyExists) {
+				continue // lost a race: read the winner
+			}
+			if err != nil {
+				return Record{}, false, fmt.Errorf("creating status: %w", err)
+			}
+			return rec, true, nil
+		}
+		if err != nil {
+			return Record{}, false, fmt.Errorf("reading status: %w", err)
+		}
+		var stored Record
+		if err := json.Unmarshal(cur.Value(), &stored); err != nil {
+			return Record{}, false, fmt.Errorf("decoding status: %w", err)
+		}
+		if stored.Status.Terminal() {
+			return stored, false, nil
+		}
+		_, err = s.invocations.Update(ctx, key, val, cur.Revision())
+		if errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+			continue
+		}
+		if err != nil {
+			return Record{}, false, fmt.Errorf("updating status: %w", err)
+		}
+		return rec, true, nil
+	}
+	return Record{}, false, fmt.Errorf("status of %s: too much contention", rec.InvocationID)
+}
+
+// Status returns the stored record of an invocation, or ErrNotFound.
+func (s *Store) Status(ctx context.Context, tenant, id string) (Record, error) {
+	e, err := s.invocations.Get(ctx, invocationKey(tenant, id))
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return Record{}, ErrNotFound
+	}
+	if err != nil {
+		return Record{}, err
+	}
+	var rec Record
+	if err := json.Unmarshal(e.Value(), &rec); err != nil {
+		return Record{}, fmt.Errorf("decoding status: %w", err)
+	}
+	return rec, nil
+}

@@ -1,0 +1,115 @@
+package kvstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolgate/toolgate/stages/toolerr"
+	"github.com/toolgate/toolgate/stages/tools"
+	"github.com/toolgate/toolgate/subjects"
+)
+
+func toolKey(id, version string) string { return subjects.Token(id) + "." + subjects.Token(version) }
+
+func parseToolKey(key string) (id, version string, err error) {
+	a, b, ok := strings.Cut(key, ".")
+	if !ok {
+		return "", "", fmt.Errorf("malformed tool key %q", key)
+	}
+	if id, err = subjects.Untoken(a); err != nil {
+		return "", "", err
+	}
+	version, err = subjects.Untoken(b)
+	return id, version, err
+}
+
+// RegisterTool validates doc as a tool manifest and stores it. Registering an
+// id and version that exist fails with duplicate (E3007) unless replace is set.
+func (s *Store) RegisterTool(ctx context.Context, doc []byte, replace bool) (*tools.Manifest, error) {
+	m, err := tools.Parse(doc)
+	if err != nil {
+		return nil, err
+	}
+	key := toolKey(m.ID, m.Version)
+	if replace {
+		_, err = s.tools.Put(ctx, key, doc)
+	} else {
+		_, err = s.tools.Create(ctx, key, doc)
+		if errors.Is(err, jetstream.ErrKeyExists) {
+			return nil, toolerr.New(toolerr.InvalidParameters, toolerr.EDuplicateTool,
+				"tool %s version %s is already registered", m.ID, m.Version)
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("storing tool %s: %w", m.Key(), err)
+	}
+	return m, nil
+}
+
+// DeleteTool removes one version of a tool.
+func (s *Store) DeleteTool(ctx context.Context, id, version string) error {
+	return s.tools.Delete(ctx, toolKey(id, version))
+}
+
+// WatchTools keeps reg equal to the tools bucket until ctx is done. It
+// returns once reg holds every manifest stored at the time of the call, so a
+// worker never serves with a half-loaded registry.
+func (s *Store) WatchTools(ctx context.Context, reg *tools.Registry, log *slog.Logger) error {
+	w, err := s.tools.WatchAll(ctx)
+	if err != nil {
+		return fmt.Errorf("watching tools: %w", err)
+	}
+	ready := make(chan struct{})
+	go func() {
+		defer func() { _ = w.Stop() }()
+		loaded := false
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case e, ok := <-w.Updates():
+				if !ok {
+					return
+				}
+				if e == nil { // the initial values have all been delivered
+					if !loaded {
+						loaded = true
+						close(ready)
+					}
+					continue
+				}
+				apply(reg, e, log)
+			}
+		}
+	}()
+	select {
+	case <-ready:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func apply(reg *tools.Registry, e jetstream.KeyValueEntry, log *slog.Logger) {
+	switch e.Operation() {
+	case jetstream.KeyValueDelete, jetstream.KeyValuePurge:
+		id, version, err := parseToolKey(e.Key())
+		if err != nil {
+			log.Warn("ignoring tool key", "key", e.Key(), "err", err)
+			return
+		}
+		reg.Delete(id, version)
+	default:
+		m, err := tools.Parse(e.Value())
+		if err != nil {
+			log.Warn("ignoring invalid manifest in registry", "key", e.Key(), "err", err)
+			return
+		}
+		reg.Put(m)
+	}
+}

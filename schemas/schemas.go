@@ -1,0 +1,176 @@
+// Package schemas holds toolgate's JSON Schemas (draft 2020-12) and the
+// helpers that compile schemas and turn validation failures into
+// toolerr.FieldErrors.
+//
+// The tool manifest and ToolInvokeRequest schemas are embedded and compiled
+// once, on first use. Tool input and output schemas are user data: Compile
+// refuses to fetch anything, so registering a manifest never touches the
+// network or the file system.
+package schemas
+
+import (
+	"bytes"
+	"embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/url"
+	"strings"
+	"sync"
+
+	"github.com/santhosh-tekuri/jsonschema/v5"
+
+	"github.com/toolgate/toolgate/stages/toolerr"
+)
+
+// MaxFieldErrors bounds the field errors Fields returns, so a huge invalid
+// document cannot produce a huge error response.
+const MaxFieldErrors = 50
+
+// baseURL prefixes the $id of the embedded schemas.
+const baseURL = "https://github.com/toolgate/toolgate/schemas/"
+
+//go:embed *.schema.json
+var files embed.FS
+
+var (
+	manifestSchema = sync.OnceValue(func() *jsonschema.Schema { return mustCompileEmbedded("tool-manifest.schema.json") })
+	invokeSchema   = sync.OnceValue(func() *jsonschema.Schema { return mustCompileEmbedded("invoke-request.schema.json") })
+)
+
+// Manifest returns the compiled tool manifest schema.
+func Manifest() *jsonschema.Schema { return manifestSchema() }
+
+// InvokeRequest returns the compiled ToolInvokeRequest schema.
+func InvokeRequest() *jsonschema.Schema { return invokeSchema() }
+
+// mustCompileEmbedded panics because an embedded schema that does not compile
+// is a build defect, caught by the package tests.
+func mustCompileEmbedded(file string) *jsonschema.Schema {
+	b, err := files.ReadFile(file)
+	if err != nil {
+		panic(fmt.Sprintf("schemas: %v", err))
+	}
+	c := newCompiler()
+	if err := c.AddResource(baseURL+file, bytes.NewReader(b)); err != nil {
+		panic(fmt.Sprintf("schemas: %s: %v", file, err))
+	}
+	return c.MustCompile(baseURL + file)
+}
+
+// newCompiler returns a compiler that defaults to draft 2020-12, checks
+// formats (a tool that declares "format": "uri" wants it enforced) and loads
+// nothing from outside: the draft meta-schemas are built into the library and
+// every other reference is refused.
+func newCompiler() *jsonschema.Compiler {
+	c := jsonschema.NewCompiler()
+	c.Draft = jsonschema.Draft2020
+	c.AssertFormat = true
+	c.LoadURL = func(s string) (io.ReadCloser, error) {
+		return nil, fmt.Errorf("schema reference %q not allowed: only local references are resolved", s)
+	}
+	return c
+}
+
+// Compile compiles a user-supplied JSON Schema, such as a tool's input or
+// output schema. name only labels the schema in error messages. A schema
+// without $schema is read as draft 2020-12. The error unwraps to a
+// *jsonschema.ValidationError when the schema breaks its meta-schema, so
+// Fields can locate the problem.
+func Compile(name string, schema []byte) (*jsonschema.Schema, error) {
+	// A private URL per compilation: relative references resolve against it
+	// and cannot reach another tool's schema.
+	u := (&url.URL{Scheme: "mem", Host: "toolgate", Path: "/" + name}).String()
+	c := newCompiler()
+	if err := c.AddResource(u, bytes.NewReader(schema)); err != nil {
+		return nil, fmt.Errorf("schema %s: %w", name, err)
+	}
+	s, err := c.Compile(u)
+	if err != nil {
+		return nil, fmt.Errorf("schema %s: %w", name, err)
+	}
+	return s, nil
+}
+
+// Validate validates the JSON document doc against s. It returns the
+// field-level problems, or nil when doc is valid. The error is for documents
+// that are not JSON at all (or, rarely, a schema that loops forever).
+func Validate(s *jsonschema.Schema, doc []byte) ([]toolerr.FieldError, error) {
+	v, err := decode(doc)
+	if err != nil {
+		return nil, err
+	}
+	err = s.Validate(v)
+	if err == nil {
+		return nil, nil
+	}
+	var ve *jsonschema.ValidationError
+	if !errors.As(err, &ve) {
+		return nil, err
+	}
+	return Fields(ve), nil
+}
+
+// decode reads exactly one JSON value. Numbers stay json.Number so that
+// integers beyond 2^53 keep their precision for integer and range checks.
+func decode(doc []byte) (any, error) {
+	dec := json.NewDecoder(bytes.NewReader(doc))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil {
+		return nil, fmt.Errorf("invalid JSON: %w", err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, errors.New("invalid JSON: data after the top-level value")
+	}
+	return v, nil
+}
+
+// Fields converts a validation failure into field errors, one per concrete
+// problem, at most MaxFieldErrors. It returns nil if err does not wrap a
+// *jsonschema.ValidationError.
+func Fields(err error) []toolerr.FieldError {
+	var ve *jsonschema.ValidationError
+	if !errors.As(err, &ve) {
+		return nil
+	}
+	type key struct{ loc, msg string }
+	seen := map[key]bool{}
+	var out []toolerr.FieldError
+	for _, e := range ve.BasicOutput().Errors {
+		if isWrapper(e.Error) {
+			continue
+		}
+		loc := e.InstanceLocation
+		if loc == "" {
+			loc = "/"
+		}
+		k := key{loc, e.Error}
+		if seen[k] {
+			continue
+		}
+		seen[k] = true
+		out = append(out, toolerr.FieldError{Location: loc, Message: e.Error})
+		if len(out) == MaxFieldErrors {
+			break
+		}
+	}
+	if len(out) == 0 {
+		// Every entry was a wrapper; still say something rather than nothing.
+		out = append(out, toolerr.FieldError{Location: "/", Message: ve.Error()})
+	}
+	return out
+}
+
+// isWrapper reports whether msg belongs to an entry that only groups the
+// entries after it: the library's unnamed wrappers, the "doesn't validate
+// with" of the root schema and of each $ref, and allOf / if-then / if-else,
+// whose causes carry the real message.
+func isWrapper(msg string) bool {
+	switch msg {
+	case "", "allOf failed", "if-then failed", "if-else failed":
+		return true
+	}
+	return strings.HasPrefix(msg, "doesn't validate with ")
+}

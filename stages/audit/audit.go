@@ -1,0 +1,60 @@
+// Package audit is the last stage and the single finaliser: it writes the
+// terminal status, the terminal audit event and the result of every
+// invocation, whichever stage ended it.
+package audit
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/toolgate/toolgate/kvstore"
+	"github.com/toolgate/toolgate/stages"
+	"github.com/toolgate/toolgate/stages/invocation"
+	"github.com/toolgate/toolgate/stages/toolerr"
+	"github.com/toolgate/toolgate/subjects"
+)
+
+// Auditor implements the audit stage.
+type Auditor struct{ store *kvstore.Store }
+
+var _ stages.Stage = (*Auditor)(nil)
+
+// New returns an Auditor writing status to store.
+func New(store *kvstore.Store) *Auditor { return &Auditor{store: store} }
+
+// Process implements stages.Stage. It is idempotent: on a redelivery the
+// status write finds its own record and the outputs carry the same ids.
+func (a *Auditor) Process(ctx context.Context, inv *invocation.Invocation) ([]stages.Output, error) {
+	if !inv.Terminal() {
+		inv.Fail(subjects.Audit, toolerr.New(toolerr.InternalError, toolerr.EInternal,
+			"invocation reached audit without a terminal status (last stage %q)", inv.EndedBy))
+	}
+	resp := inv.Response()
+	rec := kvstore.Record{
+		InvocationID: inv.ID, Tenant: inv.Tenant, Status: inv.Status,
+		ToolID: inv.ToolID(), ToolVersion: inv.ToolVersion(), Error: inv.Error,
+		Response: &resp, Seq: inv.Event.Seq,
+	}
+	if _, _, err := a.store.SetStatus(ctx, rec); err != nil {
+		return nil, stages.Transient(fmt.Errorf("recording status: %w", err), 0)
+	}
+	terminal, err := stages.AuditEvent(subjects.Audit, inv, invocation.TerminalType(inv), inv.Audit())
+	if err != nil {
+		return nil, err
+	}
+	result, err := resultEvent(inv, resp)
+	if err != nil {
+		return nil, err
+	}
+	return []stages.Output{terminal, result}, nil
+}
+
+func resultEvent(inv *invocation.Invocation, resp invocation.Response) (stages.Output, error) {
+	e, err := inv.NewEvent("urn:toolgate:"+subjects.Audit, invocation.TypeResult, resp)
+	if err != nil {
+		return stages.Output{}, err
+	}
+	o, err := stages.EventOutput(subjects.Result(inv.Tenant, inv.ID), e)
+	o.MsgID = fmt.Sprintf("%d.result", inv.Event.Seq)
+	return o, err
+}

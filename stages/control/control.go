@@ -1,0 +1,190 @@
+// Package control serves toolgate's request-reply control API as a NATS
+// micro service, so `nats micro ls` and `nats micro info toolgate` find it:
+// invocation status, tool listing and lookup, and tool registration.
+package control
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"slices"
+	"sort"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
+
+	"github.com/toolgate/toolgate/kvstore"
+	"github.com/toolgate/toolgate/stages/toolerr"
+	"github.com/toolgate/toolgate/stages/tools"
+	"github.com/toolgate/toolgate/subjects"
+)
+
+// Version is the control API version.
+const Version = "1.0.0"
+
+// StatusRequest asks for an invocation's status.
+type StatusRequest struct {
+	TenantID     string `json:"tenant_id"`
+	InvocationID string `json:"invocation_id"`
+}
+
+// ToolRequest names a tool and optionally a version or range.
+type ToolRequest struct {
+	ToolID  string `json:"tool_id"`
+	Version string `json:"version,omitempty"`
+}
+
+// ListRequest filters tools.
+type ListRequest struct {
+	Category string `json:"category,omitempty"`
+	Tag      string `json:"tag,omitempty"`
+}
+
+// ToolSummary is one entry of a tool listing.
+type ToolSummary struct {
+	ToolID           string   `json:"tool_id"`
+	ToolName         string   `json:"tool_name"`
+	Description      string   `json:"description"`
+	Category         string   `json:"category,omitempty"`
+	Kind             string   `json:"kind"`
+	Versions         []string `json:"versions"`
+	LatestVersion    string   `json:"latest_version"`
+	Tags             []string `json:"tags,omitempty"`
+	RiskLevel        string   `json:"risk_level,omitempty"`
+	RequiresApproval bool     `json:"requires_approval"`
+}
+
+// ListResponse is the tool listing.
+type ListResponse struct {
+	Tools      []ToolSummary `json:"tools"`
+	TotalCount int           `json:"total_count"`
+}
+
+// RegisterRequest registers a manifest.
+type RegisterRequest struct {
+	Manifest json.RawMessage `json:"manifest"`
+	Replace  bool            `json:"replace,omitempty"`
+}
+
+// Start adds the service to nc. Stop it with the returned service's Stop.
+func Start(nc *nats.Conn, store *kvstore.Store, reg *tools.Registry) (micro.Service, error) {
+	svc, err := micro.AddService(nc, micro.Config{
+		Name: subjects.ServiceName, Version: Version,
+		Description: "toolgate control: invocation status and the tool registry",
+	})
+	if err != nil {
+		return nil, err
+	}
+	h := &handlers{store: store, reg: reg}
+	eps := []struct {
+		name, subject string
+		fn            micro.HandlerFunc
+	}{
+		{"status", subjects.SvcStatus, h.status},
+		{"tools-list", subjects.SvcToolsList, h.list},
+		{"tools-get", subjects.SvcToolsGet, h.get},
+		{"tools-register", subjects.SvcToolsRegister, h.register},
+	}
+	for _, ep := range eps {
+		if err := svc.AddEndpoint(ep.name, ep.fn, micro.WithEndpointSubject(ep.subject)); err != nil {
+			_ = svc.Stop()
+			return nil, err
+		}
+	}
+	return svc, nil
+}
+
+type handlers struct {
+	store *kvstore.Store
+	reg   *tools.Registry
+}
+
+func (h *handlers) status(req micro.Request) {
+	var r StatusRequest
+	if err := decode(req.Data(), &r); err != nil || r.TenantID == "" || r.InvocationID == "" {
+		respondError(req, toolerr.New(toolerr.InvalidParameters, toolerr.ERequestInvalid,
+			"expected {\"tenant_id\":…, \"invocation_id\":…}"))
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	rec, err := h.store.Status(ctx, r.TenantID, r.InvocationID)
+	if err != nil {
+		respondError(req, err)
+		return
+	}
+	_ = req.RespondJSON(rec)
+}
+
+func (h *handlers) list(req micro.Request) {
+	var r ListRequest
+	if len(req.Data()) > 0 {
+		if err := decode(req.Data(), &r); err != nil {
+			respondError(req, toolerr.Wrap(err, toolerr.InvalidParameters, toolerr.ERequestInvalid, "bad list request: %v", err))
+			return
+		}
+	}
+	out := ListResponse{Tools: []ToolSummary{}}
+	for _, m := range h.reg.List() {
+		if (r.Category != "" && m.Category != r.Category) || (r.Tag != "" && !slices.Contains(m.Tags, r.Tag)) {
+			continue
+		}
+		s := ToolSummary{ToolID: m.ID, ToolName: m.Name, Description: m.Description, Category: m.Category,
+			Kind: m.Kind, LatestVersion: m.Version, Tags: m.Tags, RiskLevel: m.Safety.RiskLevel,
+			RequiresApproval: m.Safety.RequiresApproval}
+		for _, v := range h.reg.Versions(m.ID) {
+			s.Versions = append(s.Versions, v.Version)
+		}
+		out.Tools = append(out.Tools, s)
+	}
+	sort.Slice(out.Tools, func(i, j int) bool { return out.Tools[i].ToolID < out.Tools[j].ToolID })
+	out.TotalCount = len(out.Tools)
+	_ = req.RespondJSON(out)
+}
+
+func (h *handlers) get(req micro.Request) {
+	var r ToolRequest
+	if err := decode(req.Data(), &r); err != nil || r.ToolID == "" {
+		respondError(req, toolerr.New(toolerr.InvalidParameters, toolerr.ERequestInvalid, "expected {\"tool_id\":…}"))
+		return
+	}
+	m, err := h.reg.Resolve(r.ToolID, r.Version)
+	if err != nil {
+		respondError(req, err)
+		return
+	}
+	_ = req.RespondJSON(m)
+}
+
+func (h *handlers) register(req micro.Request) {
+	var r RegisterRequest
+	if err := decode(req.Data(), &r); err != nil || len(r.Manifest) == 0 {
+		respondError(req, toolerr.New(toolerr.InvalidParameters, toolerr.EInvalidManifest,
+			"expected {\"manifest\":{…}, \"replace\":false}"))
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	m, err := h.store.RegisterTool(ctx, r.Manifest, r.Replace)
+	if err != nil {
+		respondError(req, err)
+		return
+	}
+	_ = req.RespondJSON(ToolRequest{ToolID: m.ID, Version: m.Version})
+}
+
+func decode(b []byte, v any) error {
+	if len(b) == 0 {
+		return errors.New("empty request")
+	}
+	return json.Unmarshal(b, v)
+}
+
+// respondError answers with the micro error headers (code = the E-code) and
+// the ToolError as the body, so both `nats req` users and clients see it.
+func respondError(req micro.Request, err error) {
+	te := toolerr.As(err)
+	body, _ := json.Marshal(te)
+	_ = req.Error(te.ECode, te.Message, body)
+}

@@ -1,0 +1,89 @@
+// Package builtin holds the tools compiled into toolgate: Go functions run
+// by the execute stage for manifests of kind "builtin".
+package builtin
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"time"
+
+	"github.com/toolgate/toolgate/stages/toolerr"
+)
+
+// Func runs one builtin tool. params is the parameters object, already
+// checked against the tool's input schema; the result must be a JSON object.
+// A Func must return promptly with ctx.Err() once ctx is done.
+type Func func(ctx context.Context, params json.RawMessage) (json.RawMessage, error)
+
+// Env configures the builtins that touch the host.
+type Env struct {
+	// FileRoot is the directory read_file is confined to; empty disables it.
+	FileRoot string
+}
+
+// Set is a named collection of builtins.
+type Set map[string]Func
+
+// New returns the standard builtins for env.
+func New(env Env) Set {
+	return Set{
+		"echo":           echo,
+		"noop":           noop,
+		"sleep":          sleep,
+		"json_transform": jsonTransform,
+		"read_file":      readFile(env.FileRoot),
+	}
+}
+
+func invalid(format string, args ...any) error {
+	return toolerr.New(toolerr.InvalidParameters, toolerr.EParametersInvalid, format, args...)
+}
+
+// decode reads params into v, keeping numbers exact.
+func decode(params json.RawMessage, v any) error {
+	if len(bytes.TrimSpace(params)) == 0 {
+		params = json.RawMessage(`{}`)
+	}
+	dec := json.NewDecoder(bytes.NewReader(params))
+	dec.UseNumber()
+	if err := dec.Decode(v); err != nil {
+		return invalid("parameters: %v", err)
+	}
+	return nil
+}
+
+func echo(_ context.Context, params json.RawMessage) (json.RawMessage, error) {
+	var obj map[string]json.RawMessage
+	if err := decode(params, &obj); err != nil {
+		return nil, err
+	}
+	if obj == nil {
+		return json.RawMessage(`{}`), nil
+	}
+	return json.Marshal(obj)
+}
+
+func noop(context.Context, json.RawMessage) (json.RawMessage, error) {
+	return json.RawMessage(`{}`), nil
+}
+
+func sleep(ctx context.Context, params json.RawMessage) (json.RawMessage, error) {
+	var p struct {
+		MS int64 `json:"ms"`
+	}
+	if err := decode(params, &p); err != nil {
+		return nil, err
+	}
+	if p.MS < 0 {
+		return nil, invalid("ms must not be negative")
+	}
+	t := time.NewTimer(time.Duration(p.MS) * time.Millisecond)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-t.C:
+	}
+	return json.Marshal(map[string]int64{"slept_ms": p.MS})
+}

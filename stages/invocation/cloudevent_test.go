@@ -1,0 +1,149 @@
+package invocation
+
+import (
+	"encoding/json"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/cloudevents/sdk-go/v2/event"
+	"github.com/nats-io/nats.go"
+
+	"github.com/toolgate/toolgate/stages/toolerr"
+)
+
+const reqJSON = `{"tool_id":"echo","agent_context":{"agent_did":"did:agent:a","tenant_id":"acme"},"parameters":{"message":"hi"}}`
+
+func binaryHeader() nats.Header {
+	h := nats.Header{}
+	h.Set("ce-specversion", "1.0")
+	h.Set("ce-id", "inv-1")
+	h.Set("ce-source", "urn:agent:a")
+	h.Set("ce-type", EventType)
+	h.Set("ce-traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+	h.Set("content-type", "application/json")
+	return h
+}
+
+func TestFromMessageBinary(t *testing.T) {
+	inv, err := FromMessage("tool.invoke.acme", binaryHeader(), []byte(reqJSON), 7, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if inv.ID != "inv-1" || inv.Tenant != "acme" || inv.Event.Type != EventType || inv.Event.Mode != "binary" {
+		t.Fatalf("decoded %+v", inv)
+	}
+	if inv.TraceParent == "" {
+		t.Fatal("traceparent extension was not carried")
+	}
+	if string(inv.Data) != reqJSON {
+		t.Fatalf("data = %s", inv.Data)
+	}
+}
+
+func TestFromMessageStructured(t *testing.T) {
+	body := `{"specversion":"1.0","id":"inv-2","source":"urn:agent:a","type":"tool.invoke","datacontenttype":"application/json","data":` + reqJSON + `}`
+	h := nats.Header{}
+	h.Set("Content-Type", "application/cloudevents+json; charset=utf-8")
+	inv, err := FromMessage("tool.invoke.acme", h, []byte(body), 8, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var req Request
+	if err := json.Unmarshal(inv.Data, &req); err != nil || req.ToolID != "echo" {
+		t.Fatalf("data %s: %v", inv.Data, err)
+	}
+	if inv.ID != "inv-2" || inv.Event.Mode != "structured" {
+		t.Fatalf("decoded %+v", inv)
+	}
+}
+
+func TestFromMessageRejects(t *testing.T) {
+	missingSource := binaryHeader()
+	missingSource.Del("ce-source")
+	xml := binaryHeader()
+	xml.Set("content-type", "application/xml")
+	structured := nats.Header{"content-type": {"application/cloudevents+json"}}
+	cases := []struct {
+		name   string
+		header nats.Header
+		body   string
+		ecode  string
+		id     string
+	}{
+		{"plain JSON, no CloudEvent", nats.Header{}, reqJSON, toolerr.EMalformedEvent, "seq-9"},
+		{"no headers at all", nil, "garbage", toolerr.EMalformedEvent, "seq-9"},
+		{"structured but not JSON", structured, "{not json", toolerr.EMalformedEvent, "seq-9"},
+		{"structured missing id", structured, `{"specversion":"1.0","source":"s","type":"tool.invoke"}`, toolerr.EInvalidAttribute, "seq-9"},
+		{"binary missing source", missingSource, reqJSON, toolerr.EInvalidAttribute, "inv-1"},
+		{"data not JSON", xml, "<x/>", toolerr.EInvalidAttribute, "inv-1"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			inv, err := FromMessage("tool.invoke.acme", c.header, []byte(c.body), 9, time.Now())
+			if inv == nil || inv.ID != c.id || inv.Tenant != "acme" {
+				t.Fatalf("invocation %+v, want id %s", inv, c.id)
+			}
+			var te *toolerr.Error
+			if !errors.As(err, &te) || te.ECode != c.ecode {
+				t.Fatalf("err = %v, want %s", err, c.ecode)
+			}
+		})
+	}
+}
+
+func TestToMessageRoundTrip(t *testing.T) {
+	e := event.New()
+	e.SetID("inv-3")
+	e.SetSource("urn:toolgate:cli")
+	e.SetType(EventType)
+	e.SetTime(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
+	e.SetExtension("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+	if err := e.SetData("application/json", json.RawMessage(reqJSON)); err != nil {
+		t.Fatal(err)
+	}
+	h, body, err := ToMessage(&e)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h.Get(nats.MsgIdHdr) != MsgID("urn:toolgate:cli", "inv-3") {
+		t.Fatal("Nats-Msg-Id is not derived from source and id")
+	}
+	inv, err := FromMessage("tool.invoke.acme", h, body, 1, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if inv.ID != "inv-3" || !inv.Event.Time.Equal(e.Time()) || inv.TraceParent == "" || string(inv.Data) != reqJSON {
+		t.Fatalf("round trip lost attributes: %+v data=%s", inv, inv.Data)
+	}
+}
+
+func TestMsgIDDistinguishesSources(t *testing.T) {
+	if MsgID("a", "1") == MsgID("b", "1") || MsgID("a", "1") != MsgID("a", "1") || MsgID("a\x00b", "") == MsgID("a", "b") {
+		t.Fatal("MsgID must be a function of (source, id) and keep them apart")
+	}
+}
+
+// FuzzFromMessage feeds arbitrary headers and bodies to the ingest decoder: it
+// must never panic, must always return an invocation with an id, and every
+// error must carry a stable code.
+func FuzzFromMessage(f *testing.F) {
+	f.Add("ce-specversion", "1.0", "ce-id", "x", []byte(reqJSON))
+	f.Add("content-type", "application/cloudevents+json", "x", "y", []byte(`{"specversion":"1.0","id":"1","source":"s","type":"t","data":{}}`))
+	f.Add("ce-time", "not a time", "ce-specversion", "1.0", []byte{0xff})
+	f.Fuzz(func(t *testing.T, k1, v1, k2, v2 string, body []byte) {
+		h := nats.Header{}
+		h.Set(k1, v1)
+		h.Set(k2, v2)
+		inv, err := FromMessage("tool.invoke.t", h, body, 1, time.Now())
+		if inv == nil || inv.ID == "" {
+			t.Fatal("no invocation id")
+		}
+		if err != nil {
+			var te *toolerr.Error
+			if !errors.As(err, &te) || te.ECode == "" {
+				t.Fatalf("uncoded error %v", err)
+			}
+		}
+	})
+}

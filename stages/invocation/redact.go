@@ -1,0 +1,52 @@
+package invocation
+
+import (
+	"bytes"
+	"encoding/json"
+	"regexp"
+)
+
+// Redacted replaces a value that must not leave toolgate.
+const Redacted = "[REDACTED]"
+
+// sensitiveKey matches parameter names whose values are credentials.
+var sensitiveKey = regexp.MustCompile(`(?i)(pass(word|wd)?|secret|token|api[_-]?key|authorization|credential|private[_-]?key|cookie|session[_-]?key)`)
+
+// Redact returns params with the values of credential-like keys replaced, at
+// any depth. Parameters that are not JSON are replaced whole.
+func Redact(params json.RawMessage) json.RawMessage {
+	if len(params) == 0 {
+		return nil
+	}
+	dec := json.NewDecoder(bytes.NewReader(params))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil {
+		b, _ := json.Marshal(Redacted)
+		return b
+	}
+	out, err := json.Marshal(redactValue(v))
+	if err != nil {
+		b, _ := json.Marshal(Redacted)
+		return b
+	}
+	return out
+}
+
+func redactValue(v any) any {
+	switch t := v.(type) {
+	case map[string]any:
+		for k, x := range t {
+			if sensitiveKey.MatchString(k) {
+				t[k] = Redacted
+				continue
+			}
+			t[k] = redactValue(x)
+		}
+	case []any:
+		for i, x := range t {
+			t[i] = redactValue(x)
+		}
+	}
+	return v
+}

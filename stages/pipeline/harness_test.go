@@ -1,0 +1,291 @@
+package pipeline_test
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/cloudevents/sdk-go/v2/event"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolgate/toolgate/stages"
+	"github.com/toolgate/toolgate/stages/client"
+	"github.com/toolgate/toolgate/stages/execute/builtin"
+	"github.com/toolgate/toolgate/stages/invocation"
+	"github.com/toolgate/toolgate/stages/pipeline"
+	"github.com/toolgate/toolgate/subjects"
+)
+
+// env is a real embedded NATS server with toolgate's topology, shared by the
+// pieces of one test.
+type env struct {
+	t      *testing.T
+	url    string
+	nc     *nats.Conn
+	js     jetstream.JetStream
+	client *client.Client
+	topo   stages.TopologyOptions
+	// gate holds the "block" builtin until closed.
+	gate    chan struct{}
+	started chan string // receives the invocation parameter "n" when block starts
+	blocks  atomic.Int32
+}
+
+func quietLog() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+func newEnv(t *testing.T, topo stages.TopologyOptions) *env {
+	t.Helper()
+	ns, err := pipeline.StartEmbedded(pipeline.EmbeddedOptions{Listen: "127.0.0.1:-1", DataDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
+	e := &env{t: t, url: ns.ClientURL(), topo: topo, gate: make(chan struct{}), started: make(chan string, 16)}
+	t.Cleanup(func() { e.release() })
+	e.nc = e.connect()
+	if e.js, err = jetstream.New(e.nc); err != nil {
+		t.Fatal(err)
+	}
+	if e.client, err = client.New(e.nc); err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+var releaseOnce sync.Map
+
+func (e *env) release() {
+	if _, loaded := releaseOnce.LoadOrStore(e, true); !loaded {
+		close(e.gate)
+	}
+}
+
+func (e *env) connect() *nats.Conn {
+	nc, err := nats.Connect(e.url)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(nc.Close)
+	return nc
+}
+
+// builtins is the standard set plus tools that misbehave on purpose.
+func (e *env) builtins(root string) builtin.Set {
+	set := builtin.New(builtin.Env{FileRoot: root})
+	set["boom"] = func(context.Context, json.RawMessage) (json.RawMessage, error) { panic("boom") }
+	set["bad_output"] = func(context.Context, json.RawMessage) (json.RawMessage, error) {
+		return json.RawMessage(`{"unexpected":true}`), nil
+	}
+	// block waits for the gate the first time it runs (a worker "stuck"
+	// mid-flight), and returns at once on later runs.
+	set["block"] = func(ctx context.Context, p json.RawMessage) (json.RawMessage, error) {
+		if e.blocks.Add(1) == 1 {
+			e.started <- string(p)
+			select {
+			case <-e.gate:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+		return json.RawMessage(`{}`), nil
+	}
+	return set
+}
+
+// testTools are manifests for the misbehaving builtins.
+var testTools = []string{
+	`{"id":"test.boom","name":"boom","version":"1.0.0","description":"panics","kind":"builtin","builtin":{"function":"boom"},
+	  "input_schema":{"type":"object"},"output_schema":{"type":"object"}}`,
+	`{"id":"test.bad_output","name":"bad output","version":"1.0.0","description":"breaks its output schema","kind":"builtin",
+	  "builtin":{"function":"bad_output"},"input_schema":{"type":"object"},
+	  "output_schema":{"type":"object","required":["answer"],"properties":{"answer":{"type":"integer"}}}}`,
+	`{"id":"test.block","name":"block","version":"1.0.0","description":"blocks once","kind":"builtin","builtin":{"function":"block"},
+	  "input_schema":{"type":"object"},"output_schema":{"type":"object"},"limits":{"timeout_ms":60000}}`,
+	`{"id":"test.removed","name":"removed","version":"1.0.0","description":"gone","kind":"builtin","builtin":{"function":"echo"},
+	  "input_schema":{"type":"object"},"output_schema":{"type":"object"},"lifecycle":{"state":"removed"}}`,
+	`{"id":"test.http","name":"http","version":"1.0.0","description":"no executor here","kind":"http",
+	  "input_schema":{"type":"object"},"output_schema":{"type":"object"}}`,
+}
+
+// startPipeline runs pipeline.Run against the env's server with the given
+// stages (all when empty) until the test ends.
+func (e *env) startPipeline(cfg pipeline.Config) *pipeline.Node {
+	e.t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	cfg.NATSURL = e.url
+	cfg.Examples = true
+	cfg.Topology = e.topo
+	if cfg.Workers == 0 {
+		cfg.Workers = 2
+	}
+	if cfg.Log == nil {
+		cfg.Log = quietLog()
+	}
+	if cfg.Stage.Builtins == nil {
+		cfg.Stage.Builtins = e.builtins(e.t.TempDir())
+	}
+	nodes := make(chan *pipeline.Node, 1)
+	cfg.Ready = func(_ string, n *pipeline.Node) { nodes <- n }
+	errc := make(chan error, 1)
+	go func() { errc <- pipeline.Run(ctx, cfg) }()
+	e.t.Cleanup(func() {
+		cancel()
+		if err := <-errc; err != nil {
+			e.t.Errorf("pipeline.Run: %v", err)
+		}
+	})
+	select {
+	case n := <-nodes:
+		for _, doc := range testTools {
+			if _, err := n.Store.RegisterTool(ctx, []byte(doc), true); err != nil {
+				e.t.Fatal(err)
+			}
+		}
+		wctx, wcancel := context.WithTimeout(ctx, 10*time.Second)
+		defer wcancel()
+		for _, id := range []string{"test.boom", "test.bad_output", "test.block", "test.removed", "test.http"} {
+			if err := n.WaitForTool(wctx, id, "1.0.0"); err != nil {
+				e.t.Fatal(err)
+			}
+		}
+		return n
+	case err := <-errc:
+		e.t.Fatalf("pipeline did not start: %v", err)
+	case <-time.After(60 * time.Second):
+		e.t.Fatal("pipeline did not start in time")
+	}
+	return nil
+}
+
+func request(tenant, tool string, params string) invocation.Request {
+	return invocation.Request{ToolID: tool, Parameters: json.RawMessage(params),
+		AgentContext: invocation.AgentContext{AgentDID: "did:agent:test", TenantID: tenant}}
+}
+
+// invoke sends req and waits for its response.
+func (e *env) invoke(req invocation.Request) invocation.Response {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	id, err := e.client.Invoke(ctx, req, client.InvokeOptions{})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	resp, err := e.client.Wait(ctx, req.AgentContext.TenantID, id)
+	if err != nil {
+		e.t.Fatalf("waiting for %s: %v", id, err)
+	}
+	return resp
+}
+
+// publishRaw publishes a hand-built NATS message, the way the nats CLI does,
+// and returns the first result of tenant that follows.
+func (e *env) publishRaw(subject string, header nats.Header, body []byte) invocation.Response {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := e.js.PublishMsg(ctx, &nats.Msg{Subject: subject, Header: header, Data: body}); err != nil {
+		e.t.Fatal(err)
+	}
+	tenant := strings.TrimPrefix(subject, "tool.invoke.")
+	msgs := e.read(subjects.StreamResults, subjects.ResultTenant(tenant), 1, 30*time.Second)
+	resp, err := client.DecodeResult(msgs[0].Data())
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return resp
+}
+
+// read returns the first n messages of stream matching filter, waiting up to
+// d for them to arrive.
+func (e *env) read(stream, filter string, n int, d time.Duration) []jetstream.Msg {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	cons, err := e.js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{FilterSubjects: []string{filter}})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	var out []jetstream.Msg
+	for len(out) < n {
+		m, err := cons.Next(jetstream.FetchMaxWait(time.Until(deadline(ctx))))
+		if err != nil {
+			e.t.Fatalf("reading %s %s: got %d of %d messages: %v", stream, filter, len(out), n, err)
+		}
+		out = append(out, m)
+	}
+	return out
+}
+
+func deadline(ctx context.Context) time.Time {
+	d, _ := ctx.Deadline()
+	return d
+}
+
+// count returns how many messages stream holds on filter.
+func (e *env) count(stream, filter string) int {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := e.js.Stream(ctx, stream)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	info, err := s.Info(ctx, jetstream.WithSubjectFilter(filter))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	var n uint64
+	for _, c := range info.State.Subjects {
+		n += c
+	}
+	return int(n)
+}
+
+// auditOf returns the CloudEvents on audit.<tenant>.> with their subjects.
+func (e *env) auditOf(tenant string, n int) []event.Event {
+	e.t.Helper()
+	var out []event.Event
+	for _, m := range e.read(subjects.StreamAudit, subjects.AuditTenant(tenant), n, 30*time.Second) {
+		var ev event.Event
+		if err := json.Unmarshal(m.Data(), &ev); err != nil {
+			e.t.Fatalf("audit message is not a CloudEvent: %v: %s", err, m.Data())
+		}
+		out = append(out, ev)
+	}
+	return out
+}
+
+// eventually polls cond until it holds or d passes.
+func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	end := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(end) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func mustJSON(t *testing.T, v any) string {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+
+
+
+
+type clientInvokeOptions = client.InvokeOptions

@@ -1,0 +1,170 @@
+package pipeline
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolgate/toolgate/kvstore"
+	"github.com/toolgate/toolgate/stages"
+	"github.com/toolgate/toolgate/stages/audit"
+	"github.com/toolgate/toolgate/stages/authorize"
+	"github.com/toolgate/toolgate/stages/authorize/policy"
+	"github.com/toolgate/toolgate/stages/execute"
+	"github.com/toolgate/toolgate/stages/execute/builtin"
+	"github.com/toolgate/toolgate/stages/route"
+	"github.com/toolgate/toolgate/stages/tools"
+	"github.com/toolgate/toolgate/stages/validate"
+	"github.com/toolgate/toolgate/stages/verify"
+	"github.com/toolgate/toolgate/subjects"
+)
+
+// Node is one process's connection to toolgate's NATS topology: streams,
+// consumers and buckets ensured, and the tool registry loaded and watched.
+type Node struct {
+	NC       *nats.Conn
+	JS       jetstream.JetStream
+	Store    *kvstore.Store
+	Registry *tools.Registry
+	Topology stages.TopologyOptions
+	Log      *slog.Logger
+}
+
+// Open connects to url and makes the topology ready. The registry stays in
+// step with the tools bucket until ctx is done.
+func Open(ctx context.Context, url, name string, topo stages.TopologyOptions, log *slog.Logger) (*Node, error) {
+	if log == nil {
+		log = slog.Default()
+	}
+	nc, err := nats.Connect(url, nats.Name(name), nats.MaxReconnects(-1))
+	if err != nil {
+		return nil, fmt.Errorf("connecting to %s: %w", url, err)
+	}
+	n, err := OpenConn(ctx, nc, topo, log)
+	if err != nil {
+		nc.Close()
+		return nil, err
+	}
+	return n, nil
+}
+
+// OpenConn is Open over an existing connection.
+func OpenConn(ctx context.Context, nc *nats.Conn, topo stages.TopologyOptions, log *slog.Logger) (*Node, error) {
+	if log == nil {
+		log = slog.Default()
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	setup, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := stages.EnsureTopology(setup, js, topo); err != nil {
+		return nil, err
+	}
+	store, err := kvstore.Open(setup, js, kvstore.Options{Replicas: topo.Replicas, Storage: topo.Storage})
+	if err != nil {
+		return nil, err
+	}
+	reg := tools.NewRegistry()
+	if err := store.WatchTools(ctx, reg, log); err != nil {
+		return nil, err
+	}
+	return &Node{NC: nc, JS: js, Store: store, Registry: reg, Topology: topo, Log: log}, nil
+}
+
+// Close closes the connection.
+func (n *Node) Close() { n.NC.Close() }
+
+// RegisterExamples stores the example tools shipped in the binary, replacing
+// earlier copies, and waits until this node's registry holds them.
+func (n *Node) RegisterExamples(ctx context.Context) error {
+	ms, err := tools.Examples()
+	if err != nil {
+		return err
+	}
+	for _, m := range ms {
+		doc, err := json.Marshal(m)
+		if err != nil {
+			return err
+		}
+		if _, err := n.Store.RegisterTool(ctx, doc, true); err != nil {
+			return fmt.Errorf("registering example %s: %w", m.Key(), err)
+		}
+	}
+	for _, m := range ms {
+		if err := n.WaitForTool(ctx, m.ID, m.Version); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// WaitForTool waits until the registry of this node has id at version.
+func (n *Node) WaitForTool(ctx context.Context, id, version string) error {
+	t := time.NewTicker(5 * time.Millisecond)
+	defer t.Stop()
+	for {
+		if _, err := n.Registry.Resolve(id, version); err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for tool %s@%s: %w", id, version, ctx.Err())
+		case <-t.C:
+		}
+	}
+}
+
+// StageConfig holds what the stages need beyond the node.
+type StageConfig struct {
+	MaxEventBytes int
+	Policy        *policy.Engine // nil: the shipped default policy
+	Builtins      builtin.Set    // nil: builtin.New(BuiltinEnv)
+	BuiltinEnv    builtin.Env
+}
+
+// NewStage builds the logic of the named stage.
+func (n *Node) NewStage(ctx context.Context, name string, c StageConfig) (stages.Stage, error) {
+	switch name {
+	case subjects.Validate:
+		return validate.New(n.Registry, validate.Config{MaxEventBytes: c.MaxEventBytes}), nil
+	case subjects.Authorize:
+		engine := c.Policy
+		if engine == nil {
+			var err error
+			if engine, err = policy.Default(ctx); err != nil {
+				return nil, err
+			}
+		}
+		return authorize.New(n.Registry, engine), nil
+	case subjects.Route:
+		return route.New(n.Registry, execute.Kinds...), nil
+	case subjects.Execute:
+		set := c.Builtins
+		if set == nil {
+			set = builtin.New(c.BuiltinEnv)
+		}
+		return execute.New(n.Registry, set), nil
+	case subjects.Verify:
+		return verify.New(n.Registry), nil
+	case subjects.Audit:
+		return audit.New(n.Store), nil
+	}
+	return nil, fmt.Errorf("unknown stage %q (stages: %v)", name, subjects.Stages)
+}
+
+// Runner returns a Runner of stage st on this node.
+func (n *Node) Runner(name string, st stages.Stage, workers int, m *stages.Metrics) *stages.Runner {
+	r := &stages.Runner{Name: name, Stage: st, JS: n.JS, Workers: workers, Log: n.Log, Metrics: m}
+	if name == subjects.Execute {
+		// Tools bound themselves (limits.timeout_ms is at most an hour).
+		r.Timeout = time.Hour + time.Minute
+	}
+	return r
+}

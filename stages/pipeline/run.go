@@ -1,0 +1,191 @@
+package pipeline
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/sdk/resource"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+
+	"github.com/toolgate/toolgate/stages"
+	"github.com/toolgate/toolgate/stages/authorize/policy"
+	"github.com/toolgate/toolgate/stages/control"
+	"github.com/toolgate/toolgate/subjects"
+)
+
+// Control is the pseudo-stage name of the control services.
+const Control = "control"
+
+// Config configures Run.
+type Config struct {
+	// NATSURL is the server to use; empty starts an embedded one.
+	NATSURL  string
+	Embedded EmbeddedOptions
+	// Stages to run: stage names and Control. Empty means all of them.
+	Stages []string
+	// Workers per stage.
+	Workers int
+	// MetricsAddr serves Prometheus metrics at /metrics when set.
+	MetricsAddr string
+	// OTLPEndpoint exports traces over OTLP/HTTP when set (host:port).
+	OTLPEndpoint string
+	// PolicyPath is a .rego file or a directory of them; empty uses the shipped policy.
+	PolicyPath string
+	// Examples registers the example tools at start.
+	Examples bool
+	Topology stages.TopologyOptions
+	Stage    StageConfig
+	Log      *slog.Logger
+	// Ready, if set, is called once everything runs, with the NATS URL.
+	Ready func(url string, n *Node)
+}
+
+// Run runs the configured stages until ctx is done, then drains: each
+// runner stops fetching, finishes what it holds, and Run returns.
+func Run(ctx context.Context, c Config) error {
+	log := c.Log
+	if log == nil {
+		log = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	}
+	if len(c.Stages) == 0 {
+		c.Stages = append(append([]string{}, subjects.Stages...), Control)
+	}
+	url := c.NATSURL
+	if url == "" {
+		ns, err := StartEmbedded(c.Embedded)
+		if err != nil {
+			return err
+		}
+		defer func() {
+			ns.Shutdown()
+			ns.WaitForShutdown()
+		}()
+		url = ns.ClientURL()
+		log.Info("embedded NATS started", "url", url, "data", c.Embedded.DataDir)
+	}
+	if c.OTLPEndpoint != "" {
+		shutdown, err := setupTracing(ctx, c.OTLPEndpoint)
+		if err != nil {
+			return err
+		}
+		defer shutdown()
+	}
+
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancel()
+	n, err := Open(runCtx, url, "toolgate", c.Topology, log)
+	if err != nil {
+		return err
+	}
+	defer n.Close()
+	if c.Examples {
+		if err := n.RegisterExamples(ctx); err != nil {
+			return err
+		}
+	}
+	if c.PolicyPath != "" && c.Stage.Policy == nil {
+		if c.Stage.Policy, err = loadPolicy(ctx, c.PolicyPath); err != nil {
+			return err
+		}
+	}
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	metrics := stages.NewMetrics(reg)
+	if c.MetricsAddr != "" {
+		srv := &http.Server{Addr: c.MetricsAddr, Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 5 * time.Second}
+		go func() {
+			if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				log.Error("metrics server", "err", err)
+			}
+		}()
+		defer func() { _ = srv.Close() }()
+	}
+
+	var runners []*stages.Runner
+	for _, name := range c.Stages {
+		if name == Control {
+			svc, err := control.Start(n.NC, n.Store, n.Registry)
+			if err != nil {
+				return err
+			}
+			defer func() { _ = svc.Stop() }()
+			continue
+		}
+		st, err := n.NewStage(ctx, name, c.Stage)
+		if err != nil {
+			return err
+		}
+		runners = append(runners, n.Runner(name, st, c.Workers, metrics))
+	}
+
+	// Runners stop fetching when ctx is done, then finish in-flight work.
+	errs := make(chan error, len(runners))
+	var wg sync.WaitGroup
+	for _, r := range runners {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := r.Run(ctx); err != nil {
+				errs <- fmt.Errorf("stage %s: %w", r.Name, err)
+				cancel()
+			}
+		}()
+	}
+	log.Info("toolgate running", "stages", c.Stages, "workers", c.Workers, "nats", url)
+	if c.Ready != nil {
+		c.Ready(url, n)
+	}
+	wg.Wait()
+	close(errs)
+	return errors.Join(collect(errs)...)
+}
+
+func collect(ch <-chan error) []error {
+	var out []error
+	for err := range ch {
+		out = append(out, err)
+	}
+	return out
+}
+
+func loadPolicy(ctx context.Context, path string) (*policy.Engine, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return nil, fmt.Errorf("policy: %w", err)
+	}
+	if fi.IsDir() {
+		return policy.LoadDir(ctx, path)
+	}
+	return policy.LoadFile(ctx, path)
+}
+
+// setupTracing installs an OTLP/HTTP exporter as the global tracer provider.
+func setupTracing(ctx context.Context, endpoint string) (func(), error) {
+	exp, err := otlptracehttp.New(ctx, otlptracehttp.WithEndpoint(endpoint), otlptracehttp.WithInsecure())
+	if err != nil {
+		return nil, fmt.Errorf("tracing: %w", err)
+	}
+	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp),
+		sdktrace.WithResource(resource.NewSchemaless(attribute.String("service.name", "toolgate"))))
+	otel.SetTracerProvider(tp)
+	otel.SetTextMapPropagator(propagation.TraceContext{})
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = tp.Shutdown(ctx)
+	}, nil
+}

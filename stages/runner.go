@@ -1,0 +1,338 @@
+package stages
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/toolgate/toolgate/stages/invocation"
+	"github.com/toolgate/toolgate/stages/toolerr"
+	"github.com/toolgate/toolgate/subjects"
+)
+
+// Runner runs one stage: Workers goroutines share the stage's durable pull
+// consumer, so running more Runners of a stage, in this process or others,
+// scales it out. Run blocks until ctx is cancelled, then stops fetching,
+// finishes the work in hand and returns.
+type Runner struct {
+	Name    string // the stage name, one of subjects.Stages
+	Stage   Stage
+	JS      jetstream.JetStream
+	Workers int
+	Log     *slog.Logger
+	Metrics *Metrics // nil: no metrics
+	// AckWait is the consumer's ack wait; the Runner sends in-progress acks
+	// at a third of it while a stage is busy.
+	AckWait time.Duration
+	// MaxDeliver is the consumer's delivery limit.
+	MaxDeliver int
+	// Timeout bounds one call of the stage (default 30s). Past it the Runner
+	// stops sending in-progress acks, so a stage that hangs regardless loses
+	// the message to redelivery and, in the end, to the delivery limit.
+	Timeout time.Duration
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+}
+
+var propagator = propagation.TraceContext{}
+
+// Run consumes until ctx is done.
+func (r *Runner) Run(ctx context.Context) error {
+	if r.Workers < 1 {
+		r.Workers = 1
+	}
+	if r.Log == nil {
+		r.Log = slog.Default()
+	}
+	r.Log = r.Log.With("stage", r.Name)
+	in := subjects.InputOf(r.Name)
+	cons, err := r.JS.Consumer(ctx, in.Stream, in.Consumer)
+	if err != nil {
+		return fmt.Errorf("opening consumer %s: %w", in.Consumer, err)
+	}
+	info := cons.CachedInfo()
+	if r.AckWait == 0 {
+		r.AckWait = info.Config.AckWait
+	}
+	if r.MaxDeliver == 0 {
+		r.MaxDeliver = info.Config.MaxDeliver
+	}
+	if r.Timeout == 0 {
+		r.Timeout = 30 * time.Second
+	}
+	sub, err := r.watchExhausted(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+
+	iter, err := cons.Messages(jetstream.PullMaxMessages(r.Workers))
+	if err != nil {
+		return fmt.Errorf("consuming %s: %w", in.Consumer, err)
+	}
+	stop := context.AfterFunc(ctx, iter.Drain)
+	defer stop()
+
+	var wg sync.WaitGroup
+	for range r.Workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				msg, err := iter.Next()
+				if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+					return
+				}
+				if err != nil {
+					if r.JS.Conn().IsClosed() {
+						return
+					}
+					r.Log.Warn("fetching", "err", err)
+					time.Sleep(100 * time.Millisecond)
+					continue
+				}
+				r.handle(msg)
+			}
+		}()
+	}
+	wg.Wait()
+	return nil
+}
+
+func (r *Runner) now() time.Time {
+	if r.Now != nil {
+		return r.Now()
+	}
+	return time.Now()
+}
+
+// decode turns a message into an invocation. A nil invocation means the
+// message is not ours to read at all (poison); a non-nil error with an
+// invocation means the invocation must end with that error.
+func (r *Runner) decode(subject string, header nats.Header, data []byte, seq uint64) (*invocation.Invocation, error) {
+	if r.Name == subjects.Validate {
+		return invocation.FromMessage(subject, header, data, seq, r.now())
+	}
+	var inv invocation.Invocation
+	if err := json.Unmarshal(data, &inv); err != nil || inv.ID == "" {
+		return nil, fmt.Errorf("undecodable envelope: %v", err)
+	}
+	return &inv, nil
+}
+
+func (r *Runner) handle(msg jetstream.Msg) {
+	start := r.now()
+	if r.Metrics != nil {
+		g := r.Metrics.inflight.WithLabelValues(r.Name)
+		g.Inc()
+		defer g.Dec()
+	}
+	md, err := msg.Metadata()
+	if err != nil {
+		r.Log.Error("message without metadata", "err", err)
+		_ = msg.Term()
+		return
+	}
+	inv, derr := r.decode(msg.Subject(), msg.Headers(), msg.Data(), md.Sequence.Stream)
+	if inv == nil {
+		r.poison(msg, md, derr)
+		return
+	}
+
+	ctx := propagator.Extract(context.Background(), invCarrier{inv})
+	ctx, span := otel.Tracer(tracerName).Start(ctx, "toolgate."+r.Name,
+		trace.WithSpanKind(trace.SpanKindConsumer),
+		trace.WithAttributes(attribute.String("toolgate.invocation_id", inv.ID),
+			attribute.String("toolgate.tenant", inv.Tenant),
+			attribute.Int("toolgate.delivery", int(md.NumDelivered))))
+	defer span.End()
+
+	var outs []Output
+	var perr error
+	if derr != nil {
+		inv.Fail(r.Name, derr)
+	} else {
+		outs, perr = r.process(ctx, msg, inv)
+	}
+	s := settle(r.Name, inv, perr, int(md.NumDelivered), r.MaxDeliver)
+	if inv.Error != nil {
+		span.SetStatus(codes.Error, inv.Error.Error())
+	}
+	inv.Metadata.Stages = append(inv.Metadata.Stages,
+		invocation.Hop{Stage: r.Name, DurationUS: r.now().Sub(start).Microseconds()})
+	propagator.Inject(ctx, invCarrier{inv})
+
+	outcome := r.apply(ctx, msg, inv, s, outs, perr)
+	if r.Metrics != nil {
+		r.Metrics.messages.WithLabelValues(r.Name, outcome).Inc()
+		r.Metrics.duration.WithLabelValues(r.Name).Observe(r.now().Sub(start).Seconds())
+	}
+}
+
+// process calls the stage, turning a panic into an internal error and keeping
+// the message alive with in-progress acks while the stage works.
+func (r *Runner) process(ctx context.Context, msg jetstream.Msg, inv *invocation.Invocation) (outs []Output, err error) {
+	ctx, cancel := context.WithTimeout(ctx, r.Timeout)
+	defer cancel()
+	if r.AckWait > 0 {
+		go func() {
+			t := time.NewTicker(r.AckWait / 3)
+			defer t.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-t.C:
+					_ = msg.InProgress()
+				}
+			}
+		}()
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			r.Log.Error("stage panicked", "invocation", inv.ID, "panic", p, "stack", string(debug.Stack()))
+			outs, err = nil, toolerr.New(toolerr.InternalError, toolerr.EInternal, "%s stage failed unexpectedly", r.Name)
+		}
+	}()
+	return r.Stage.Process(ctx, inv)
+}
+
+// apply carries out a settlement and returns the metrics outcome.
+func (r *Runner) apply(ctx context.Context, msg jetstream.Msg, inv *invocation.Invocation, s settlement, outs []Output, perr error) string {
+	log := r.Log.With("invocation", inv.ID, "tenant", inv.Tenant)
+	switch s.act {
+	case actRetry:
+		log.Warn("transient failure, will retry", "err", perr, "delay", s.delay)
+		_ = msg.NakWithDelay(s.delay)
+		return outcomeRetried
+	case actTerm:
+		log.Error("giving up on message", "err", perr)
+		_ = msg.TermWithReason(fmt.Sprintf("%s: %v", r.Name, perr))
+		return outcomeTerminated
+	}
+	pubCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	for _, o := range outs {
+		if err := r.publish(pubCtx, o); err != nil {
+			log.Warn("publishing output", "subject", o.Subject, "err", err)
+			_ = msg.NakWithDelay(backoff(1))
+			return outcomePublishError
+		}
+	}
+	outcome := outcomeFinished
+	if s.act == actForward {
+		o, err := Handoff(inv, s.next)
+		if err == nil {
+			err = r.publish(pubCtx, o)
+		}
+		if err != nil {
+			log.Warn("handing on", "next", s.next, "err", err)
+			_ = msg.NakWithDelay(backoff(1))
+			return outcomePublishError
+		}
+		outcome = outcomeForwarded
+		if s.next == subjects.Audit && inv.Terminal() {
+			outcome = outcomeEnded
+		}
+	}
+	if err := msg.Ack(); err != nil {
+		// The successor is published with a stable id: a redelivery is harmless.
+		log.Warn("ack", "err", err)
+	}
+	return outcome
+}
+
+// Handoff is the message that hands inv to stage next.
+func Handoff(inv *invocation.Invocation, next string) (Output, error) {
+	data, err := json.Marshal(inv)
+	if err != nil {
+		return Output{}, fmt.Errorf("encoding invocation: %w", err)
+	}
+	h := nats.Header{}
+	h.Set("Content-Type", "application/json")
+	if inv.TraceParent != "" {
+		h.Set("traceparent", inv.TraceParent)
+	}
+	return Output{
+		Subject: subjects.Pipe(next, inv.Tenant),
+		MsgID:   HopID(inv, next),
+		Header:  h,
+		Data:    data,
+	}, nil
+}
+
+// HopID is the message id of inv's hand-off to stage next: the ingest
+// sequence is unique per accepted publish and survives redeliveries.
+func HopID(inv *invocation.Invocation, next string) string {
+	return fmt.Sprintf("%d.%s", inv.Event.Seq, next)
+}
+
+func (r *Runner) publish(ctx context.Context, o Output) error {
+	m := &nats.Msg{Subject: o.Subject, Header: o.Header, Data: o.Data}
+	var opts []jetstream.PublishOpt
+	if o.MsgID != "" {
+		opts = append(opts, jetstream.WithMsgID(o.MsgID))
+	}
+	_, err := r.JS.PublishMsg(ctx, m, opts...)
+	return err
+}
+
+// poison ends a message no stage can read: it is terminated and recorded on
+// the audit stream so that it is never dropped silently.
+func (r *Runner) poison(msg jetstream.Msg, md *jetstream.MsgMetadata, cause error) {
+	r.Log.Error("poison message", "subject", msg.Subject(), "seq", md.Sequence.Stream, "err", cause)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	o, err := poisonEvent(r.Name, msg.Subject(), md.Stream, md.Sequence.Stream, cause)
+	if err == nil {
+		err = r.publish(ctx, o)
+	}
+	if err != nil {
+		r.Log.Warn("recording poison message", "err", err)
+		_ = msg.NakWithDelay(backoff(int(md.NumDelivered)))
+		return
+	}
+	_ = msg.TermWithReason("poison: " + cause.Error())
+	if r.Metrics != nil {
+		r.Metrics.messages.WithLabelValues(r.Name, outcomePoison).Inc()
+	}
+}
+
+const tracerName = "github.com/toolgate/toolgate/stages"
+
+// invCarrier exposes an invocation's trace context to the propagator.
+type invCarrier struct{ inv *invocation.Invocation }
+
+func (c invCarrier) Get(key string) string {
+	switch key {
+	case "traceparent":
+		return c.inv.TraceParent
+	case "tracestate":
+		return c.inv.TraceState
+	}
+	return ""
+}
+
+func (c invCarrier) Set(key, value string) {
+	switch key {
+	case "traceparent":
+		c.inv.TraceParent = value
+	case "tracestate":
+		c.inv.TraceState = value
+	}
+}
+
+func (c invCarrier) Keys() []string { return []string{"traceparent", "tracestate"} }

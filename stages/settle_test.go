@@ -1,0 +1,66 @@
+package stages
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/toolgate/toolgate/stages/invocation"
+	"github.com/toolgate/toolgate/stages/toolerr"
+)
+
+func TestSettle(t *testing.T) {
+	denied := toolerr.New(toolerr.PermissionDenied, toolerr.EPolicyDenied, "no")
+	flaky := Transient(errors.New("kv unavailable"), 0)
+	cases := []struct {
+		name       string
+		stage      string
+		terminal   bool // the stage ended the invocation itself
+		err        error
+		delivered  int
+		want       action
+		wantNext   string
+		wantStatus invocation.Status
+		wantECode  string
+	}{
+		{"pass on", "validate", false, nil, 1, actForward, "authorize", invocation.StatusPending, ""},
+		{"verify hands to audit", "verify", false, nil, 1, actForward, "audit", invocation.StatusPending, ""},
+		{"stage ended it", "route", true, nil, 1, actForward, "audit", invocation.StatusSuccess, ""},
+		{"coded error ends it", "authorize", false, denied, 1, actForward, "audit", invocation.StatusPermissionDenied, toolerr.EPolicyDenied},
+		{"plain error ends it as internal", "route", false, errors.New("bug"), 1, actForward, "audit", invocation.StatusError, toolerr.EInternal},
+		{"transient retried", "execute", false, flaky, 2, actRetry, "", invocation.StatusPending, ""},
+		{"transient on last delivery ends it", "execute", false, flaky, 5, actForward, "audit", invocation.StatusError, toolerr.EDeliveryExhausted},
+		{"audit finishes", "audit", true, nil, 1, actDone, "", invocation.StatusSuccess, ""},
+		{"audit retried", "audit", true, flaky, 1, actRetry, "", invocation.StatusSuccess, ""},
+		{"audit exhausted terminates", "audit", true, flaky, 5, actTerm, "", invocation.StatusSuccess, ""},
+		{"audit broken terminates", "audit", true, errors.New("bug"), 1, actTerm, "", invocation.StatusSuccess, ""},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			inv := &invocation.Invocation{ID: "i", Status: invocation.StatusPending}
+			if c.terminal {
+				inv.Succeed(c.stage, []byte(`{}`))
+			}
+			s := settle(c.stage, inv, c.err, c.delivered, 5)
+			if s.act != c.want || s.next != c.wantNext {
+				t.Fatalf("settle = %+v, want action %d next %q", s, c.want, c.wantNext)
+			}
+			if inv.Status != c.wantStatus {
+				t.Fatalf("status %s, want %s", inv.Status, c.wantStatus)
+			}
+			if c.wantECode != "" && (inv.Error == nil || inv.Error.ECode != c.wantECode) {
+				t.Fatalf("error %v, want %s", inv.Error, c.wantECode)
+			}
+			if s.act == actRetry && s.delay <= 0 {
+				t.Fatal("retry without delay")
+			}
+		})
+	}
+}
+
+func TestBackoffGrowsAndIsCapped(t *testing.T) {
+	for n := 1; n < 40; n++ {
+		if d := backoff(n); d <= 0 || d > 30_001_000_000 {
+			t.Fatalf("backoff(%d) = %v", n, d)
+		}
+	}
+}

@@ -1,0 +1,81 @@
+// Package stages holds the contract every pipeline stage implements and the
+// one Runner that does all NATS I/O for them.
+//
+// A stage is pure logic: it receives an Invocation and decides. The Runner
+// consumes the stage's durable pull consumer, decodes, calls the stage, and
+// then settles the message from the stage's answer:
+//
+//   - nil error and the invocation not terminal: the invocation goes to the
+//     next stage's subject.
+//   - nil error and the invocation terminal (the stage called Fail or
+//     Succeed), or any error that is not Transient: the invocation goes
+//     straight to audit, which finalises it.
+//   - a Transient error: the message is redelivered after a delay, until the
+//     consumer's delivery limit; on the last delivery the invocation ends
+//     with internal_error (E3901) instead, so it is never lost.
+//   - a panic in the stage: internal_error (E3902), to audit.
+//
+// Outputs a stage returns (audit events, results) are published before the
+// successor, and the successor before the input is acked. Every publish
+// carries a message id derived from the ingest sequence and the hop, so a
+// redelivered input never duplicates what its first delivery published.
+package stages
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/toolgate/toolgate/stages/invocation"
+)
+
+// Stage is one step of the pipeline.
+//
+// Process may modify inv: record decisions, call inv.Fail to end it, or
+// inv.Succeed. It must not do NATS messaging itself (return Outputs instead),
+// must honour ctx, and must be safe for concurrent use: the Runner calls it
+// from several workers at once. Process is called at least once per
+// invocation: a redelivery after a crash calls it again.
+type Stage interface {
+	Process(ctx context.Context, inv *invocation.Invocation) ([]Output, error)
+}
+
+// Output is a message a stage asks the Runner to publish to a stream.
+type Output struct {
+	Subject string
+	// MsgID deduplicates the publish; stages derive it from the invocation so
+	// a redelivered input produces the same ids.
+	MsgID  string
+	Header nats.Header
+	Data   []byte
+}
+
+// transient marks an error as worth retrying later.
+type transient struct {
+	err   error
+	delay time.Duration
+}
+
+func (t *transient) Error() string { return t.err.Error() }
+func (t *transient) Unwrap() error { return t.err }
+
+// Transient marks err as a passing failure (a store unavailable, a publish
+// timed out): the Runner redelivers the input after delay instead of ending
+// the invocation. A zero delay uses the Runner's backoff.
+func Transient(err error, delay time.Duration) error {
+	if err == nil {
+		return nil
+	}
+	return &transient{err: err, delay: delay}
+}
+
+// IsTransient reports whether err was marked Transient, and its delay.
+func IsTransient(err error) (time.Duration, bool) {
+	var t *transient
+	if errors.As(err, &t) {
+		return t.delay, true
+	}
+	return 0, false
+}

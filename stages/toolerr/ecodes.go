@@ -1,0 +1,33 @@
+package toolerr
+
+// Numeric E-codes. The registry, executor, permission and result ranges follow
+// the tool execution layer specification; E3010-E3019 (request envelope) and
+// E3900-E3999 (pipeline) are toolgate's own. docs/errors.md lists them all.
+const (
+	// Registry.
+	EToolNotFound        = "E3001"
+	EVersionNotFound     = "E3002"
+	EToolDeprecated      = "E3003" // a warning, never a failure
+	EToolRemoved         = "E3004"
+	EVersionUnsatisfied  = "E3006"
+	EDuplicateTool       = "E3007"
+	EInvalidManifest     = "E3008"
+	EMalformedEvent      = "E3010"
+	EWrongEventType      = "E3011"
+	EInvalidAttribute    = "E3012"
+	EPayloadTooLarge     = "E3013"
+	ETenantMismatch      = "E3014"
+	EParametersInvalid   = "E3015"
+	ERequestInvalid      = "E3016"
+	EExecutorUnavailable = "E3101"
+	ETimeout             = "E3103"
+	EToolFailed          = "E3108"
+	EToolPanicked        = "E3109"
+	EPolicyFailed        = "E3206"
+	EPolicyDenied        = "E3209"
+	EResultSchema        = "E3501"
+	EResultNotJSON       = "E3502"
+	EDeliveryExhausted   = "E3901"
+	EInternal            = "E3902"
+	EPoisonMessage       = "E3903"
+)

@@ -1,0 +1,111 @@
+package stages
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolgate/toolgate/subjects"
+)
+
+// TopologyOptions shape streams and consumers when EnsureTopology creates them.
+type TopologyOptions struct {
+	Replicas int
+	Storage  jetstream.StorageType
+	// AckWait and MaxDeliver apply to every stage consumer; defaults 30s and 5.
+	AckWait    time.Duration
+	MaxDeliver int
+	// ResultTTL bounds how long results are kept (default 24h); AuditMaxAge
+	// how long audit events are (default: forever).
+	ResultTTL   time.Duration
+	AuditMaxAge time.Duration
+	// Duplicates is the dedup window of the invoke stream (default 2m).
+	Duplicates time.Duration
+}
+
+func (o *TopologyOptions) defaults() {
+	if o.Replicas < 1 {
+		o.Replicas = 1
+	}
+	if o.AckWait == 0 {
+		o.AckWait = 30 * time.Second
+	}
+	if o.MaxDeliver == 0 {
+		o.MaxDeliver = 5
+	}
+	if o.ResultTTL == 0 {
+		o.ResultTTL = 24 * time.Hour
+	}
+	if o.Duplicates == 0 {
+		o.Duplicates = 2 * time.Minute
+	}
+}
+
+// Streams returns the configuration of toolgate's streams.
+func Streams(o TopologyOptions) []jetstream.StreamConfig {
+	o.defaults()
+	return []jetstream.StreamConfig{{
+		Name: subjects.StreamInvoke, Description: "tool.invoke CloudEvents awaiting validation",
+		Subjects: []string{subjects.InvokeAll}, Retention: jetstream.WorkQueuePolicy,
+		Duplicates: o.Duplicates, Replicas: o.Replicas, Storage: o.Storage,
+	}, {
+		Name: subjects.StreamPipeline, Description: "invocations handed from stage to stage",
+		Subjects: []string{subjects.PipeAll}, Retention: jetstream.WorkQueuePolicy,
+		Duplicates: o.Duplicates, Replicas: o.Replicas, Storage: o.Storage,
+	}, {
+		Name: subjects.StreamResults, Description: "one ToolInvokeResponse per invocation",
+		Subjects: []string{subjects.ResultAll}, Retention: jetstream.LimitsPolicy, MaxAge: o.ResultTTL,
+		Duplicates: o.Duplicates, Replicas: o.Replicas, Storage: o.Storage,
+	}, {
+		Name: subjects.StreamAudit, Description: "toolgate audit trail (append-only)",
+		Subjects: []string{subjects.AuditAll}, Retention: jetstream.LimitsPolicy, MaxAge: o.AuditMaxAge,
+		DenyDelete: true, DenyPurge: true,
+		Duplicates: o.Duplicates, Replicas: o.Replicas, Storage: o.Storage,
+	}}
+}
+
+// ConsumerConfig is the durable pull consumer of stage.
+func ConsumerConfig(stage string, o TopologyOptions) jetstream.ConsumerConfig {
+	o.defaults()
+	in := subjects.InputOf(stage)
+	return jetstream.ConsumerConfig{
+		Durable: in.Consumer, Description: "toolgate " + stage + " workers",
+		FilterSubject: in.Filter, AckPolicy: jetstream.AckExplicitPolicy,
+		AckWait: o.AckWait, MaxDeliver: o.MaxDeliver, MaxAckPending: 1000,
+		Replicas: o.Replicas,
+	}
+}
+
+// EnsureTopology creates the streams and stage consumers that are missing.
+// Existing streams are left untouched, so a second process, or a restart,
+// never resets them or undoes an operator's changes.
+func EnsureTopology(ctx context.Context, js jetstream.JetStream, o TopologyOptions) error {
+	for _, cfg := range Streams(o) {
+		if _, err := js.Stream(ctx, cfg.Name); err == nil {
+			continue
+		} else if !errors.Is(err, jetstream.ErrStreamNotFound) {
+			return fmt.Errorf("looking up stream %s: %w", cfg.Name, err)
+		}
+		_, err := js.CreateStream(ctx, cfg)
+		if err != nil && !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+			return fmt.Errorf("creating stream %s: %w", cfg.Name, err)
+		}
+	}
+	for _, stage := range subjects.Stages {
+		cfg := ConsumerConfig(stage, o)
+		in := subjects.InputOf(stage)
+		if _, err := js.Consumer(ctx, in.Stream, in.Consumer); err == nil {
+			continue
+		} else if !errors.Is(err, jetstream.ErrConsumerNotFound) {
+			return fmt.Errorf("looking up consumer %s: %w", in.Consumer, err)
+		}
+		_, err := js.CreateConsumer(ctx, in.Stream, cfg)
+		if err != nil && !errors.Is(err, jetstream.ErrConsumerExists) {
+			return fmt.Errorf("creating consumer %s: %w", in.Consumer, err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,90 @@
+// Package validate is the first stage: it checks the envelope of a tool.invoke
+// event, the request against the public schema, the tenant, and the
+// parameters against the tool's input schema.
+package validate
+
+import (
+	"context"
+	"encoding/json"
+
+	"github.com/toolgate/toolgate/schemas"
+	"github.com/toolgate/toolgate/stages"
+	"github.com/toolgate/toolgate/stages/invocation"
+	"github.com/toolgate/toolgate/stages/toolerr"
+	"github.com/toolgate/toolgate/stages/tools"
+)
+
+// DefaultMaxEventBytes bounds an event (headers and body) when Config leaves it zero.
+const DefaultMaxEventBytes = 1 << 20
+
+// Config configures the validate stage.
+type Config struct {
+	// MaxEventBytes is the largest accepted event, headers included.
+	MaxEventBytes int
+}
+
+// Validator implements the validate stage.
+type Validator struct {
+	reg *tools.Registry
+	max int
+}
+
+var _ stages.Stage = (*Validator)(nil)
+
+// New returns a Validator resolving tools in reg.
+func New(reg *tools.Registry, cfg Config) *Validator {
+	if cfg.MaxEventBytes <= 0 {
+		cfg.MaxEventBytes = DefaultMaxEventBytes
+	}
+	return &Validator{reg: reg, max: cfg.MaxEventBytes}
+}
+
+// Process implements stages.Stage.
+func (v *Validator) Process(_ context.Context, inv *invocation.Invocation) ([]stages.Output, error) {
+	if inv.Event.Size > v.max {
+		return nil, toolerr.New(toolerr.InvalidParameters, toolerr.EPayloadTooLarge,
+			"event is %d bytes, the limit is %d", inv.Event.Size, v.max)
+	}
+	if inv.Event.Type != invocation.EventType {
+		return nil, toolerr.New(toolerr.InvalidParameters, toolerr.EWrongEventType,
+			"event type %q: expected %q", inv.Event.Type, invocation.EventType)
+	}
+	fields, err := schemas.Validate(schemas.InvokeRequest(), inv.Data)
+	if err != nil {
+		return nil, toolerr.Wrap(err, toolerr.InvalidParameters, toolerr.ERequestInvalid,
+			"event data is not a JSON ToolInvokeRequest: %v", err)
+	}
+	if len(fields) > 0 {
+		return nil, toolerr.New(toolerr.InvalidParameters, toolerr.ERequestInvalid,
+			"event data does not match the ToolInvokeRequest schema").WithFields(fields)
+	}
+	var req invocation.Request
+	if err := json.Unmarshal(inv.Data, &req); err != nil {
+		return nil, toolerr.Wrap(err, toolerr.InvalidParameters, toolerr.ERequestInvalid, "decoding request: %v", err)
+	}
+	inv.Request, inv.Data = &req, nil
+	if len(req.Parameters) == 0 {
+		req.Parameters = json.RawMessage(`{}`)
+	}
+	if req.InvocationID != "" && req.InvocationID != inv.ID {
+		return nil, toolerr.New(toolerr.InvalidParameters, toolerr.ERequestInvalid,
+			"invocation_id %q differs from the event id %q", req.InvocationID, inv.ID)
+	}
+	if req.AgentContext.TenantID != inv.Tenant {
+		return nil, toolerr.New(toolerr.PermissionDenied, toolerr.ETenantMismatch,
+			"agent_context.tenant_id %q does not match the subject's tenant %q", req.AgentContext.TenantID, inv.Tenant)
+	}
+	m, err := v.reg.Resolve(req.ToolID, req.ToolVersion)
+	if err != nil {
+		return nil, err
+	}
+	fields, err = m.ValidateInput(req.Parameters)
+	if err != nil {
+		return nil, toolerr.Wrap(err, toolerr.InvalidParameters, toolerr.EParametersInvalid, "parameters: %v", err)
+	}
+	if len(fields) > 0 {
+		return nil, toolerr.New(toolerr.InvalidParameters, toolerr.EParametersInvalid,
+			"parameters do not match the input schema of %s", m.Key()).WithFields(fields)
+	}
+	return nil, nil
+}

@@ -1,0 +1,126 @@
+// Package subjects is the one place that names toolgate's NATS topology: every
+// subject, stream, consumer and service endpoint. Nothing else in the code base
+// spells a subject; it asks this package.
+//
+// The public subjects (the contract in README):
+//
+//	tool.invoke.<tenant>                  tool.invoke CloudEvents in (stream TOOLGATE_INVOKE)
+//	tool.result.<tenant>.<invocation>     one ToolInvokeResponse per invocation (stream TOOLGATE_RESULTS)
+//	audit.<tenant>.<event>                audit CloudEvents (stream AUDIT, append-only)
+//	tool.svc.*                            request-reply control services (nats micro)
+//
+// Internal hand-offs between stages travel on toolgate.pipe.<stage>.<tenant>
+// (stream TOOLGATE_PIPELINE). Invocation ids inside subjects are encoded with
+// Token so that any CloudEvent id yields one valid subject token.
+package subjects
+
+import "strings"
+
+// Stream names.
+const (
+	StreamInvoke   = "TOOLGATE_INVOKE"
+	StreamPipeline = "TOOLGATE_PIPELINE"
+	StreamResults  = "TOOLGATE_RESULTS"
+	StreamAudit    = "AUDIT"
+)
+
+// Stage names, in pipeline order. A stage's durable consumer has the same name.
+const (
+	Validate  = "validate"
+	Authorize = "authorize"
+	Route     = "route"
+	Execute   = "execute"
+	Verify    = "verify"
+	Audit     = "audit"
+)
+
+// Stages lists the stages in pipeline order.
+var Stages = []string{Validate, Authorize, Route, Execute, Verify, Audit}
+
+const (
+	invokePrefix = "tool.invoke."
+	resultPrefix = "tool.result."
+	auditPrefix  = "audit."
+	pipePrefix   = "toolgate.pipe."
+)
+
+// Invoke is the subject a tool.invoke event for tenant is published on.
+func Invoke(tenant string) string { return invokePrefix + tenant }
+
+// InvokeAll matches every tenant's invoke subject.
+const InvokeAll = invokePrefix + "*"
+
+// TenantOfInvoke returns the tenant token of an invoke subject.
+func TenantOfInvoke(subject string) (string, bool) {
+	t, ok := strings.CutPrefix(subject, invokePrefix)
+	if !ok || t == "" || strings.Contains(t, ".") {
+		return "", false
+	}
+	return t, true
+}
+
+// Result is the subject of invocation id's response.
+func Result(tenant, id string) string { return resultPrefix + tenant + "." + Token(id) }
+
+// ResultTenant matches every result subject of tenant.
+func ResultTenant(tenant string) string { return resultPrefix + tenant + ".*" }
+
+// ResultAll matches every result subject.
+const ResultAll = resultPrefix + ">"
+
+// AuditEvent is the subject of an audit event. event is the CloudEvent type without
+// its "ai.agent." prefix, for example "tool.succeeded".
+func AuditEvent(tenant, event string) string { return auditPrefix + tenant + "." + event }
+
+// AuditAll matches every audit subject; AuditTenant those of one tenant.
+const AuditAll = auditPrefix + ">"
+
+// AuditTenant matches every audit subject of tenant.
+func AuditTenant(tenant string) string { return auditPrefix + tenant + ".>" }
+
+// Pipe is the internal subject on which stage receives invocations of tenant.
+func Pipe(stage, tenant string) string { return pipePrefix + stage + "." + tenant }
+
+// PipeAll matches every internal hand-off subject.
+const PipeAll = pipePrefix + ">"
+
+// Input describes where a stage consumes from.
+type Input struct {
+	Stream   string
+	Consumer string
+	Filter   string
+}
+
+// InputOf returns the stream, durable consumer and filter of stage.
+func InputOf(stage string) Input {
+	if stage == Validate {
+		return Input{Stream: StreamInvoke, Consumer: Validate, Filter: InvokeAll}
+	}
+	return Input{Stream: StreamPipeline, Consumer: stage, Filter: pipePrefix + stage + ".*"}
+}
+
+// Next returns the stage after stage, or "" after audit.
+func Next(stage string) string {
+	for i, s := range Stages {
+		if s == stage && i+1 < len(Stages) {
+			return Stages[i+1]
+		}
+	}
+	return ""
+}
+
+// MaxDeliveriesAdvisory is the advisory JetStream publishes when a message of
+// the stage's consumer reaches its delivery limit.
+func MaxDeliveriesAdvisory(stage string) string {
+	in := InputOf(stage)
+	return "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES." + in.Stream + "." + in.Consumer
+}
+
+// Control service endpoints (nats micro).
+const (
+	ServiceName      = "toolgate"
+	SvcStatus        = "tool.svc.status"
+	SvcToolsList     = "tool.svc.tools.list"
+	SvcToolsGet      = "tool.svc.tools.get"
+	SvcToolsRegister = "tool.svc.tools.register"
+)

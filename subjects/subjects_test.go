@@ -1,0 +1,73 @@
+package subjects
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/nats-io/nats-server/v2/server"
+)
+
+func TestTokenRoundTrip(t *testing.T) {
+	for _, s := range []string{"", "abc", "mcp:fs:read_file", "a.b.c", "x=y", "*", ">", "ünï", "a b\tc", "=3A"} {
+		tok := Token(s)
+		back, err := Untoken(tok)
+		if err != nil || back != s {
+			t.Fatalf("Untoken(Token(%q)) = %q, %v", s, back, err)
+		}
+	}
+}
+
+func TestUntokenRejectsNonCanonical(t *testing.T) {
+	for _, tok := range []string{"=3a", "=41", "=4", "a.b", "a*"} {
+		if _, err := Untoken(tok); err == nil {
+			t.Fatalf("Untoken(%q) accepted a non-canonical token", tok)
+		}
+	}
+}
+
+func TestPipelineOrder(t *testing.T) {
+	got := []string{}
+	for s := Validate; s != ""; s = Next(s) {
+		got = append(got, s)
+	}
+	if strings.Join(got, ",") != "validate,authorize,route,execute,verify,audit" {
+		t.Fatalf("pipeline order %v", got)
+	}
+}
+
+func TestInputsDoNotOverlap(t *testing.T) {
+	// Work-queue streams allow one consumer per subject: filters must be disjoint.
+	for _, a := range Stages {
+		for _, b := range Stages {
+			ia, ib := InputOf(a), InputOf(b)
+			if a != b && ia.Stream == ib.Stream && server.SubjectsCollide(ia.Filter, ib.Filter) {
+				t.Fatalf("filters of %s and %s overlap: %s %s", a, b, ia.Filter, ib.Filter)
+			}
+		}
+	}
+	if !server.SubjectMatchesFilter(Pipe(Route, "acme"), InputOf(Route).Filter) {
+		t.Fatal("route's filter does not match its pipe subject")
+	}
+}
+
+// FuzzResultSubject checks the subject builder against nats-server's own
+// validator: any tenant token and any id make one valid literal subject whose
+// last token decodes back to the id.
+func FuzzResultSubject(f *testing.F) {
+	f.Add("acme", "0b9c1e4e-7c1a-4bd3-9d2e-3f6a2c1d9e10")
+	f.Add("t", "a.b*>c d")
+	f.Fuzz(func(t *testing.T, tenant, id string) {
+		if !server.IsValidLiteralSubject(Invoke(tenant)) || strings.Contains(tenant, ".") {
+			return // the tenant comes from a subject token, so it is valid by construction
+		}
+		s := Result(tenant, id)
+		if !server.IsValidLiteralSubject(s) {
+			t.Fatalf("Result(%q, %q) = %q is not a valid subject", tenant, id, s)
+		}
+		last := s[strings.LastIndexByte(s, '.')+1:]
+		back, err := Untoken(last)
+		if err != nil || back != id {
+			t.Fatalf("id %q did not survive the subject: %q, %v", id, back, err)
+		}
+	})
+}
