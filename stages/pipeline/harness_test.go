@@ -284,8 +284,4 @@ func mustJSON(t *testing.T, v any) string {
 	return string(b)
 }
 
-
-
-
-
 type clientInvokeOptions = client.InvokeOptions
