@@ -37,7 +37,7 @@ vet:
 	$(GO) vet $(PKGS)
 
 staticcheck:
-	$(GO) run honnef.co/go/tools/cmd/staticcheck@2025.1.1 $(PKGS)
+	$(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 $(PKGS)
 
 clean:
 	rm -rf bin $(DATA)

@@ -244,7 +244,7 @@ func (r *Runner) apply(ctx context.Context, msg jetstream.Msg, inv *invocation.I
 			return outcomePublishError
 		}
 		outcome = outcomeForwarded
-		if s.next == subjects.Audit && inv.Terminal() {
+		if s.next != subjects.Next(r.Name) {
 			outcome = outcomeEnded
 		}
 	}

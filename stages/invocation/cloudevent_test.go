@@ -119,7 +119,8 @@ func TestToMessageRoundTrip(t *testing.T) {
 }
 
 func TestMsgIDDistinguishesSources(t *testing.T) {
-	if MsgID("a", "1") == MsgID("b", "1") || MsgID("a", "1") != MsgID("a", "1") || MsgID("a\x00b", "") == MsgID("a", "b") {
+	first, again := MsgID("a", "1"), MsgID("a", "1")
+	if first != again || first == MsgID("b", "1") || MsgID("a\x00b", "") == MsgID("a", "b") {
 		t.Fatal("MsgID must be a function of (source, id) and keep them apart")
 	}
 }

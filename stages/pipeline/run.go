@@ -151,6 +151,7 @@ func Run(ctx context.Context, c Config) error {
 	}
 	wg.Wait()
 	close(errs)
+	log.Info("toolgate stopped: in-flight work drained")
 	return errors.Join(collect(errs)...)
 }
 

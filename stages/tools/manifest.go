@@ -153,7 +153,7 @@ type Lifecycle struct {
 func Parse(doc []byte) (*Manifest, error) {
 	fields, err := schemas.Validate(schemas.Manifest(), doc)
 	if err != nil {
-		return nil, invalid("manifest is not JSON: %v", err)
+		return nil, toolerr.Wrap(err, toolerr.InvalidParameters, toolerr.EInvalidManifest, "manifest: %v", err)
 	}
 	if len(fields) > 0 {
 		return nil, invalid("manifest does not match the tool manifest schema").WithFields(fields)

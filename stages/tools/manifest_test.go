@@ -103,7 +103,7 @@ func TestParseErrors(t *testing.T) {
 		loc  string // "" when no field error is expected
 		msg  string
 	}{
-		{"not JSON", []byte(`{"id":`), "", "not JSON"},
+		{"not JSON", []byte(`{"id":`), "", "invalid JSON"},
 		{"missing input_schema", manifestJSON(t, func(m map[string]any) { delete(m, "input_schema") }), "/", "input_schema"},
 		{"bad version", manifestJSON(t, func(m map[string]any) { m["version"] = "v1" }), "/version", "pattern"},
 		{"version overflows", manifestJSON(t, func(m map[string]any) { m["version"] = "99999999999999999999.0.0" }), "/version", "range"},

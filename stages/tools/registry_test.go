@@ -195,8 +195,13 @@ func TestRegistryConcurrent(t *testing.T) {
 		})
 		wg.Go(func() {
 			for range 200 {
-				if _, err := r.Resolve("t", "^1"); err != nil {
+				m, err := r.Resolve("t", "^1")
+				if err != nil {
 					t.Error(err)
+					return
+				}
+				if fields, err := m.ValidateInput([]byte(`{"a":1,"b":"x"}`)); err != nil || len(fields) != 1 {
+					t.Errorf("ValidateInput: %v %v", fields, err)
 					return
 				}
 				_, _ = r.Resolve("c", "")
