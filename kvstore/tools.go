@@ -60,6 +60,9 @@ func (s *Store) DeleteTool(ctx context.Context, id, version string) error {
 // returns once reg holds every manifest stored at the time of the call, so a
 // worker never serves with a half-loaded registry.
 func (s *Store) WatchTools(ctx context.Context, reg *tools.Registry, log *slog.Logger) error {
+	if log == nil {
+		log = slog.Default()
+	}
 	w, err := s.tools.WatchAll(ctx)
 	if err != nil {
 		return fmt.Errorf("watching tools: %w", err)

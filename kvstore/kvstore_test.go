@@ -1,0 +1,140 @@
+package kvstore_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolgate/toolgate/kvstore"
+	"github.com/toolgate/toolgate/stages/invocation"
+	"github.com/toolgate/toolgate/stages/toolerr"
+	"github.com/toolgate/toolgate/stages/tools"
+)
+
+func open(t *testing.T) (*kvstore.Store, jetstream.JetStream) {
+	t.Helper()
+	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoLog: true, NoSigs: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns.Start()
+	if !ns.ReadyForConnections(10 * time.Second) {
+		t.Fatal("server did not start")
+	}
+	t.Cleanup(ns.Shutdown)
+	nc, err := nats.Connect(ns.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, _ := jetstream.New(nc)
+	s, err := kvstore.Open(context.Background(), js, kvstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, js
+}
+
+// TestTerminalStatusIsWrittenOnce races many writers of one invocation: the
+// first terminal status wins and is never replaced.
+func TestTerminalStatusIsWrittenOnce(t *testing.T) {
+	s, _ := open(t)
+	ctx := context.Background()
+	if _, ok, err := s.SetStatus(ctx, kvstore.Record{InvocationID: "i.1", Tenant: "t", Status: invocation.StatusRunning}); err != nil || !ok {
+		t.Fatalf("running: %v %v", ok, err)
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	written := map[invocation.Status]int{}
+	for i := range 12 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			st := invocation.StatusSuccess
+			if i%2 == 1 {
+				st = invocation.StatusError
+			}
+			_, ok, err := s.SetStatus(ctx, kvstore.Record{InvocationID: "i.1", Tenant: "t", Status: st, Seq: uint64(i)})
+			if err != nil {
+				t.Error(err)
+			}
+			if ok {
+				mu.Lock()
+				written[st]++
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if len(written) != 1 {
+		t.Fatalf("terminal writes %v: want exactly one", written)
+	}
+	rec, err := s.Status(ctx, "t", "i.1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for st := range written {
+		if rec.Status != st {
+			t.Fatalf("stored %s, but %s won", rec.Status, st)
+		}
+	}
+	if _, err := s.Status(ctx, "t", "other"); !errors.Is(err, kvstore.ErrNotFound) {
+		t.Fatalf("unknown invocation: %v", err)
+	}
+	// Ids and tenants with characters KV keys do not allow stay distinct.
+	for _, id := range []string{"a.b", "a/b", "a:b", "ü"} {
+		if _, _, err := s.SetStatus(ctx, kvstore.Record{InvocationID: id, Tenant: "t", Status: invocation.StatusSuccess}); err != nil {
+			t.Fatalf("%q: %v", id, err)
+		}
+		if rec, err := s.Status(ctx, "t", id); err != nil || rec.InvocationID != id {
+			t.Fatalf("%q: %+v %v", id, rec, err)
+		}
+	}
+}
+
+func TestToolsRegistryFollowsTheBucket(t *testing.T) {
+	s, _ := open(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	doc := func(v string) []byte {
+		return []byte(fmt.Sprintf(`{"id":"mcp:fs:read_file","name":"r","version":%q,"description":"d","kind":"mcp","input_schema":{"type":"object"}}`, v))
+	}
+	if _, err := s.RegisterTool(ctx, doc("1.0.0"), false); err != nil {
+		t.Fatal(err)
+	}
+	reg := tools.NewRegistry()
+	if err := s.WatchTools(ctx, reg, nil); err != nil {
+		t.Fatal(err)
+	}
+	// WatchTools returns with everything already stored loaded.
+	if _, err := reg.Resolve("mcp:fs:read_file", "1.0.0"); err != nil {
+		t.Fatalf("initial load: %v", err)
+	}
+	if _, err := s.RegisterTool(ctx, doc("1.0.0"), false); !errors.Is(err, &toolerr.Error{Code: toolerr.InvalidParameters, ECode: toolerr.EDuplicateTool}) {
+		t.Fatalf("duplicate: %v", err)
+	}
+	if _, err := s.RegisterTool(ctx, doc("1.1.0"), false); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { m, err := reg.Resolve("mcp:fs:read_file", ""); return err == nil && m.Version == "1.1.0" })
+	if err := s.DeleteTool(ctx, "mcp:fs:read_file", "1.1.0"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { m, err := reg.Resolve("mcp:fs:read_file", ""); return err == nil && m.Version == "1.0.0" })
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	for end := time.Now().Add(5 * time.Second); !cond(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatal("timed out")
+		}
+	}
+}
