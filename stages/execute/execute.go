@@ -12,6 +12,7 @@ import (
 	"github.com/failsafe-go/failsafe-go"
 	"github.com/failsafe-go/failsafe-go/timeout"
 
+	"github.com/toolgate/toolgate/kvstore"
 	"github.com/toolgate/toolgate/stages"
 	"github.com/toolgate/toolgate/stages/execute/builtin"
 	"github.com/toolgate/toolgate/stages/invocation"
@@ -27,13 +28,15 @@ var Kinds = []string{"builtin"}
 type Executor struct {
 	reg      *tools.Registry
 	builtins builtin.Set
+	store    *kvstore.Store
 }
 
 var _ stages.Stage = (*Executor)(nil)
 
-// New returns an Executor running builtins.
-func New(reg *tools.Registry, builtins builtin.Set) *Executor {
-	return &Executor{reg: reg, builtins: builtins}
+// New returns an Executor running builtins. It records each invocation as
+// running in store before the tool starts.
+func New(reg *tools.Registry, builtins builtin.Set, store *kvstore.Store) *Executor {
+	return &Executor{reg: reg, builtins: builtins, store: store}
 }
 
 // Process implements stages.Stage. The result is left for verify; only a
@@ -52,6 +55,21 @@ func (x *Executor) Process(ctx context.Context, inv *invocation.Invocation) ([]s
 		return nil, toolerr.New(toolerr.ToolExecutionError, toolerr.EExecutorUnavailable,
 			"builtin function %q is not in this binary", m.Builtin.Function)
 	}
+	// Claim the invocation: a redelivery of one that already ended must not
+	// run the tool again.
+	rec, _, err := x.store.SetStatus(ctx, kvstore.Record{InvocationID: inv.ID, Tenant: inv.Tenant,
+		Status: invocation.StatusRunning, ToolID: m.ID, ToolVersion: m.Version, Seq: inv.Event.Seq})
+	if err != nil {
+		return nil, stages.Transient(fmt.Errorf("recording running status: %w", err), 0)
+	}
+	if rec.Status.Terminal() {
+		inv.Status, inv.Error, inv.EndedBy = rec.Status, rec.Error, subjects.Execute
+		if rec.Response != nil {
+			inv.Result = rec.Response.Result
+		}
+		return nil, nil
+	}
+	inv.Status = invocation.StatusRunning
 	invoked, err := stages.AuditEvent(subjects.Execute, inv, invocation.TypeInvoked, inv.Audit())
 	if err != nil {
 		return nil, err

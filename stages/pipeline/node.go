@@ -150,7 +150,7 @@ func (n *Node) NewStage(ctx context.Context, name string, c StageConfig) (stages
 		if set == nil {
 			set = builtin.New(c.BuiltinEnv)
 		}
-		return execute.New(n.Registry, set), nil
+		return execute.New(n.Registry, set, n.Store), nil
 	case subjects.Verify:
 		return verify.New(n.Registry), nil
 	case subjects.Audit:

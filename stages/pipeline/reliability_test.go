@@ -80,6 +80,9 @@ func TestWorkerKilledMidFlight(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("the tool never started")
 	}
+	if rec, err := e.client.Status(ctx, "crash", id); err != nil || rec.Status != invocation.StatusRunning {
+		t.Fatalf("status while the tool runs: %+v, %v", rec, err)
+	}
 	doomed.Close() // no ack will ever come from this worker
 	e.runStage(subjects.Execute, nil, 1, 0)
 
