@@ -37,7 +37,11 @@ var files embed.FS
 var (
 	manifestSchema = sync.OnceValue(func() *jsonschema.Schema { return mustCompileEmbedded("tool-manifest.schema.json") })
 	invokeSchema   = sync.OnceValue(func() *jsonschema.Schema { return mustCompileEmbedded("invoke-request.schema.json") })
+	rulesSchema    = sync.OnceValue(func() *jsonschema.Schema { return mustCompileEmbedded("detector-rules.schema.json") })
 )
+
+// DetectorRules returns the compiled schema of a detector rule set.
+func DetectorRules() *jsonschema.Schema { return rulesSchema() }
 
 // Manifest returns the compiled tool manifest schema.
 func Manifest() *jsonschema.Schema { return manifestSchema() }

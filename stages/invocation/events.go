@@ -64,6 +64,7 @@ type AuditRecord struct {
 	Priority     string             `json:"priority,omitempty"`
 	AsyncMode    bool               `json:"async_mode,omitempty"`
 	Metadata     *ExecutionMetadata `json:"execution_metadata,omitempty"`
+	Findings     []Finding          `json:"findings,omitempty"`
 	Source       string             `json:"event_source,omitempty"`
 	Seq          uint64             `json:"ingest_seq"`
 }
@@ -85,6 +86,7 @@ func (inv *Invocation) Audit() AuditRecord {
 		Stage:        inv.EndedBy,
 		Source:       inv.Event.Source,
 		Seq:          inv.Event.Seq,
+		Findings:     inv.Findings,
 	}
 	if inv.Error != nil {
 		rec.Error = inv.Error

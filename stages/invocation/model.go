@@ -172,6 +172,17 @@ type Invocation struct {
 	Metadata ExecutionMetadata `json:"metadata"`
 	// EndedBy names the stage that set the terminal status.
 	EndedBy string `json:"ended_by,omitempty"`
+	// Findings are what the safety detectors found, and did about it.
+	Findings []Finding `json:"findings,omitempty"`
+}
+
+// Finding is one detector match and the action taken on it.
+type Finding struct {
+	Rule         string `json:"rule"`
+	Detector     string `json:"detector"`
+	Path         string `json:"path,omitempty"`
+	Action       string `json:"action"`
+	RulesVersion string `json:"rules_version"`
 }
 
 // Route is the route stage's decision.

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"regexp"
+
+	"github.com/toolgate/toolgate/stages/detect"
 )
 
 // Redacted replaces a value that must not leave toolgate.
@@ -12,8 +14,10 @@ const Redacted = "[REDACTED]"
 // sensitiveKey matches parameter names whose values are credentials.
 var sensitiveKey = regexp.MustCompile(`(?i)(pass(word|wd)?|secret|token|api[_-]?key|authorization|credential|private[_-]?key|cookie|session[_-]?key)`)
 
-// Redact returns params with the values of credential-like keys replaced, at
-// any depth. Parameters that are not JSON are replaced whole.
+// Redact returns params fit for the audit trail and logs: the values of
+// credential-like keys replaced at any depth, then every secret and piece of
+// personal data the detectors find replaced by its rule's marker. Parameters
+// that are not JSON are replaced whole.
 func Redact(params json.RawMessage) json.RawMessage {
 	if len(params) == 0 {
 		return nil
@@ -26,6 +30,9 @@ func Redact(params json.RawMessage) json.RawMessage {
 		return b
 	}
 	out, err := json.Marshal(redactValue(v))
+	if err == nil {
+		out, _, err = detect.Default().RedactJSON(out, detect.Secrets, detect.PII)
+	}
 	if err != nil {
 		b, _ := json.Marshal(Redacted)
 		return b

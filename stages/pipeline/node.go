@@ -127,6 +127,8 @@ type StageConfig struct {
 	Policy        *policy.Engine // nil: the shipped default policy
 	Builtins      builtin.Set    // nil: builtin.New(BuiltinEnv)
 	BuiltinEnv    builtin.Env
+	// TenantActions tighten the output policy per tenant (verify.Config.Tenants).
+	TenantActions map[string]map[string]string
 }
 
 // NewStage builds the logic of the named stage.
@@ -152,7 +154,7 @@ func (n *Node) NewStage(ctx context.Context, name string, c StageConfig) (stages
 		}
 		return execute.New(n.Registry, set, n.Store), nil
 	case subjects.Verify:
-		return verify.New(n.Registry), nil
+		return verify.New(n.Registry, verify.Config{Tenants: c.TenantActions}), nil
 	case subjects.Audit:
 		return audit.New(n.Store), nil
 	}

@@ -31,3 +31,17 @@ const (
 	EInternal            = "E3902"
 	EPoisonMessage       = "E3903"
 )
+
+// Safety verifier codes (input bounds, output findings).
+const (
+	EParameterBounds  = "E3017" // depth or string length over the limit
+	EInputRuleFired   = "E3018" // an injection detector fired on a checked parameter
+	EPathOutsideRoots = "E3105" // a path parameter leaves the granted roots
+	EOutputSQL        = "E3503"
+	EOutputXSS        = "E3504"
+	EOutputCommand    = "E3505"
+	EOutputSecret     = "E3509"
+	EOutputPII        = "E3510"
+	EOutputInjection  = "E3511"
+	EOutputTooLarge   = "E3512"
+)

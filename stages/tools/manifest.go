@@ -59,6 +59,12 @@ type Manifest struct {
 	Cost           *Cost           `json:"cost,omitempty"`
 	Lifecycle      Lifecycle       `json:"lifecycle,omitzero"`
 
+	// InputChecks names, by JSON pointer into the parameters, the checks a
+	// parameter gets beyond its schema: "path", "sql", "shell", "prompt".
+	InputChecks map[string][]string `json:"input_checks,omitempty"`
+	// OutputPolicy says how verify treats the result.
+	OutputPolicy *OutputPolicy `json:"output_policy,omitempty"`
+
 	ver    *semver.Version // parsed Version, for the registry's ordering
 	input  *jsonschema.Schema
 	output *jsonschema.Schema // nil when the manifest has no output schema
@@ -136,6 +142,29 @@ type Cost struct {
 	PerCall          float64 `json:"per_call,omitempty"`
 	Currency         string  `json:"currency,omitempty"`
 	TypicalLatencyMS int64   `json:"typical_latency_ms,omitempty"`
+}
+
+// Input check names.
+const (
+	CheckPath   = "path"
+	CheckSQL    = "sql"
+	CheckShell  = "shell"
+	CheckPrompt = "prompt"
+)
+
+// OutputPolicy governs result verification.
+type OutputPolicy struct {
+	// Mode "strict" (default) rejects a result that fails the output schema;
+	// "lenient" passes it with a warning.
+	Mode string `json:"mode,omitempty"`
+	// Coerce converts strings to the number, integer, boolean or date-time
+	// the output schema asks for before validating.
+	Coerce bool `json:"coerce,omitempty"`
+	// MaxBytes bounds the result (default 1 MiB).
+	MaxBytes int `json:"max_bytes,omitempty"`
+	// Actions maps a detector (secrets, pii, prompt_injection,
+	// sql_injection, command_injection, xss) to reject, redact, escape or flag.
+	Actions map[string]string `json:"actions,omitempty"`
 }
 
 // Lifecycle is where a version stands between release and removal. An empty

@@ -9,6 +9,7 @@ import (
 
 	"github.com/toolgate/toolgate/schemas"
 	"github.com/toolgate/toolgate/stages"
+	"github.com/toolgate/toolgate/stages/detect"
 	"github.com/toolgate/toolgate/stages/invocation"
 	"github.com/toolgate/toolgate/stages/toolerr"
 	"github.com/toolgate/toolgate/stages/tools"
@@ -21,12 +22,17 @@ const DefaultMaxEventBytes = 1 << 20
 type Config struct {
 	// MaxEventBytes is the largest accepted event, headers included.
 	MaxEventBytes int
+	// MaxDepth and MaxStringBytes bound every request's parameters.
+	MaxDepth       int
+	MaxStringBytes int
+	// Detectors checks the parameters a manifest marks; nil uses the shipped rules.
+	Detectors *detect.Engine
 }
 
 // Validator implements the validate stage.
 type Validator struct {
 	reg *tools.Registry
-	max int
+	cfg Config
 }
 
 var _ stages.Stage = (*Validator)(nil)
@@ -36,14 +42,23 @@ func New(reg *tools.Registry, cfg Config) *Validator {
 	if cfg.MaxEventBytes <= 0 {
 		cfg.MaxEventBytes = DefaultMaxEventBytes
 	}
-	return &Validator{reg: reg, max: cfg.MaxEventBytes}
+	if cfg.MaxDepth <= 0 {
+		cfg.MaxDepth = DefaultMaxDepth
+	}
+	if cfg.MaxStringBytes <= 0 {
+		cfg.MaxStringBytes = DefaultMaxStringBytes
+	}
+	if cfg.Detectors == nil {
+		cfg.Detectors = detect.Default()
+	}
+	return &Validator{reg: reg, cfg: cfg}
 }
 
 // Process implements stages.Stage.
 func (v *Validator) Process(_ context.Context, inv *invocation.Invocation) ([]stages.Output, error) {
-	if inv.Event.Size > v.max {
+	if inv.Event.Size > v.cfg.MaxEventBytes {
 		return nil, toolerr.New(toolerr.InvalidParameters, toolerr.EPayloadTooLarge,
-			"event is %d bytes, the limit is %d", inv.Event.Size, v.max)
+			"event is %d bytes, the limit is %d", inv.Event.Size, v.cfg.MaxEventBytes)
 	}
 	if inv.Event.Type != invocation.EventType {
 		return nil, toolerr.New(toolerr.InvalidParameters, toolerr.EWrongEventType,
@@ -74,6 +89,9 @@ func (v *Validator) Process(_ context.Context, inv *invocation.Invocation) ([]st
 		return nil, toolerr.New(toolerr.PermissionDenied, toolerr.ETenantMismatch,
 			"agent_context.tenant_id %q does not match the subject's tenant %q", req.AgentContext.TenantID, inv.Tenant)
 	}
+	if err := checkBounds(req.Parameters, v.cfg.MaxDepth, v.cfg.MaxStringBytes); err != nil {
+		return nil, err
+	}
 	m, err := v.reg.Resolve(req.ToolID, req.ToolVersion)
 	if err != nil {
 		return nil, err
@@ -86,5 +104,5 @@ func (v *Validator) Process(_ context.Context, inv *invocation.Invocation) ([]st
 		return nil, toolerr.New(toolerr.InvalidParameters, toolerr.EParametersInvalid,
 			"parameters do not match the input schema of %s", m.Key()).WithFields(fields)
 	}
-	return nil, nil
+	return nil, checkInputs(m, req.Parameters, v.cfg.Detectors)
 }

@@ -1,0 +1,297 @@
+// Package detect finds secrets, personal data, injection attempts and
+// instructions aimed at an agent in the text that passes through toolgate:
+// parameters on the way in, results on the way out, and anything written to
+// the audit trail. Its rules are data (rules.json, or an operator's file),
+// versioned, and every finding names the rule that fired. Patterns are RE2,
+// so scanning is linear in the input.
+package detect
+
+import (
+	"bytes"
+	_ "embed"
+	"encoding/json"
+	"fmt"
+	"net/url"
+	"regexp"
+	"sort"
+	"strings"
+
+	"github.com/toolgate/toolgate/schemas"
+)
+
+// Detector names a family of rules.
+type Detector string
+
+// The detectors.
+const (
+	Secrets          Detector = "secrets"
+	PII              Detector = "pii"
+	PromptInjection  Detector = "prompt_injection"
+	SQLInjection     Detector = "sql_injection"
+	CommandInjection Detector = "command_injection"
+	PathTraversal    Detector = "path_traversal"
+	XSS              Detector = "xss"
+)
+
+// All lists every detector.
+var All = []Detector{Secrets, PII, PromptInjection, SQLInjection, CommandInjection, PathTraversal, XSS}
+
+// Finding is one match of one rule.
+type Finding struct {
+	Rule     string   `json:"rule"`
+	Detector Detector `json:"detector"`
+	// Path is the JSON pointer of the string the match is in ("" for plain text).
+	Path string `json:"path,omitempty"`
+	// Offset and Length locate the match in that string, in bytes.
+	Offset int `json:"offset"`
+	Length int `json:"length"`
+}
+
+// RuleSet is the document rules are loaded from.
+type RuleSet struct {
+	Version     string `json:"version"`
+	Description string `json:"description,omitempty"`
+	Rules       []Rule `json:"rules"`
+}
+
+// Rule is one pattern of a detector.
+type Rule struct {
+	ID          string   `json:"id"`
+	Detector    Detector `json:"detector"`
+	Pattern     string   `json:"pattern"`
+	Description string   `json:"description,omitempty"`
+	// Validator confirms a candidate match: luhn, iban, ssn or phone.
+	Validator string `json:"validator,omitempty"`
+	// Decode also scans the percent-decoded text (up to three rounds).
+	Decode bool `json:"decode,omitempty"`
+}
+
+type compiled struct {
+	Rule
+	re    *regexp.Regexp
+	valid func(string) bool
+}
+
+// Engine scans text with a rule set. It is safe for concurrent use.
+type Engine struct {
+	version string
+	rules   map[Detector][]compiled
+}
+
+//go:embed rules.json
+var defaultRules []byte
+
+// DefaultRules returns the shipped rule set document.
+func DefaultRules() []byte { return defaultRules }
+
+var shipped = mustLoad(defaultRules)
+
+func mustLoad(b []byte) *Engine {
+	e, err := Load(b)
+	if err != nil {
+		panic(fmt.Sprintf("shipped detector rules: %v", err))
+	}
+	return e
+}
+
+// Default returns the engine of the shipped rules.
+func Default() *Engine { return shipped }
+
+// Load compiles a rule set document, checked against its JSON Schema.
+func Load(doc []byte) (*Engine, error) {
+	fields, err := schemas.Validate(schemas.DetectorRules(), doc)
+	if err != nil {
+		return nil, fmt.Errorf("detector rules: %w", err)
+	}
+	if len(fields) > 0 {
+		return nil, fmt.Errorf("detector rules: %s at %s", fields[0].Message, fields[0].Location)
+	}
+	var rs RuleSet
+	if err := json.Unmarshal(doc, &rs); err != nil {
+		return nil, fmt.Errorf("detector rules: %w", err)
+	}
+	e := &Engine{version: rs.Version, rules: map[Detector][]compiled{}}
+	seen := map[string]bool{}
+	for _, r := range rs.Rules {
+		if seen[r.ID] {
+			return nil, fmt.Errorf("detector rules: duplicate rule id %q", r.ID)
+		}
+		seen[r.ID] = true
+		re, err := regexp.Compile(r.Pattern)
+		if err != nil {
+			return nil, fmt.Errorf("detector rule %s: %w", r.ID, err)
+		}
+		c := compiled{Rule: r, re: re}
+		if r.Validator != "" {
+			if c.valid = validators[r.Validator]; c.valid == nil {
+				return nil, fmt.Errorf("detector rule %s: unknown validator %q", r.ID, r.Validator)
+			}
+		}
+		e.rules[r.Detector] = append(e.rules[r.Detector], c)
+	}
+	return e, nil
+}
+
+// Version is the rule set's version, reported with every finding.
+func (e *Engine) Version() string { return e.version }
+
+// Scan returns the findings of detectors ds (all when none) in s, ordered by
+// offset.
+func (e *Engine) Scan(s string, ds ...Detector) []Finding {
+	if len(ds) == 0 {
+		ds = All
+	}
+	var out []Finding
+	for _, d := range ds {
+		for _, r := range e.rules[d] {
+			out = append(out, r.find(s)...)
+		}
+	}
+	sort.SliceStable(out, func(i, j int) bool { return out[i].Offset < out[j].Offset })
+	return out
+}
+
+// Detected reports whether any detector of ds fires on s.
+func (e *Engine) Detected(s string, ds ...Detector) bool { return len(e.Scan(s, ds...)) > 0 }
+
+func (r compiled) find(s string) []Finding {
+	var out []Finding
+	for _, loc := range r.re.FindAllStringIndex(s, -1) {
+		if r.valid != nil && !r.valid(s[loc[0]:loc[1]]) {
+			continue
+		}
+		out = append(out, Finding{Rule: r.ID, Detector: r.Detector, Offset: loc[0], Length: loc[1] - loc[0]})
+	}
+	if len(out) == 0 && r.Decode {
+		// Encoded forms: the finding points at the whole string, since
+		// offsets in the decoded text do not map back.
+		d := s
+		for range 3 {
+			next, err := url.PathUnescape(d)
+			if err != nil || next == d {
+				break
+			}
+			d = next
+			if r.re.MatchString(d) {
+				return []Finding{{Rule: r.ID, Detector: r.Detector, Offset: 0, Length: len(s)}}
+			}
+		}
+	}
+	return out
+}
+
+// ScanJSON scans every string (values and keys) of a JSON document.
+func (e *Engine) ScanJSON(doc []byte, ds ...Detector) ([]Finding, error) {
+	v, err := decode(doc)
+	if err != nil {
+		return nil, err
+	}
+	var out []Finding
+	walk(v, "", func(path, s string) string {
+		for _, f := range e.Scan(s, ds...) {
+			f.Path = path
+			out = append(out, f)
+		}
+		return s
+	})
+	return out, nil
+}
+
+// Redacted is what a redacted match is replaced with.
+func Redacted(rule string) string { return "[REDACTED:" + rule + "]" }
+
+// RedactJSON replaces every match of ds in the strings of doc with
+// Redacted(rule) and returns the new document and what was found.
+func (e *Engine) RedactJSON(doc []byte, ds ...Detector) ([]byte, []Finding, error) {
+	return e.rewriteJSON(doc, ds, func(s string, fs []Finding) string { return redact(s, fs) })
+}
+
+// EscapeJSON HTML-escapes the strings of doc in which ds fire.
+func (e *Engine) EscapeJSON(doc []byte, ds ...Detector) ([]byte, []Finding, error) {
+	return e.rewriteJSON(doc, ds, func(s string, _ []Finding) string { return htmlEscaper.Replace(s) })
+}
+
+var htmlEscaper = strings.NewReplacer("&", "&amp;", "<", "&lt;", ">", "&gt;", `"`, "&#34;", "'", "&#39;")
+
+func (e *Engine) rewriteJSON(doc []byte, ds []Detector, fix func(string, []Finding) string) ([]byte, []Finding, error) {
+	v, err := decode(doc)
+	if err != nil {
+		return nil, nil, err
+	}
+	var found []Finding
+	v = walk(v, "", func(path, s string) string {
+		fs := e.Scan(s, ds...)
+		if len(fs) == 0 {
+			return s
+		}
+		for _, f := range fs {
+			f.Path = path
+			found = append(found, f)
+		}
+		return fix(s, fs)
+	})
+	if len(found) == 0 {
+		return doc, nil, nil
+	}
+	out, err := json.Marshal(v)
+	return out, found, err
+}
+
+// redact replaces the spans of fs in s, merging overlaps.
+func redact(s string, fs []Finding) string {
+	sort.Slice(fs, func(i, j int) bool { return fs[i].Offset < fs[j].Offset })
+	var b strings.Builder
+	pos := 0
+	for _, f := range fs {
+		end := f.Offset + f.Length
+		if end <= pos {
+			continue
+		}
+		if f.Offset > pos {
+			b.WriteString(s[pos:f.Offset])
+		}
+		b.WriteString(Redacted(f.Rule))
+		pos = end
+	}
+	b.WriteString(s[pos:])
+	return b.String()
+}
+
+func decode(doc []byte) (any, error) {
+	dec := json.NewDecoder(bytes.NewReader(doc))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil {
+		return nil, err
+	}
+	return v, nil
+}
+
+// walk calls fn on every string of v (object keys are scanned but kept) and
+// replaces string values with what fn returns.
+func walk(v any, path string, fn func(path, s string) string) any {
+	switch t := v.(type) {
+	case string:
+		return fn(path, t)
+	case map[string]any:
+		keys := make([]string, 0, len(t))
+		for k := range t {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			p := path + "/" + escapePointer(k)
+			fn(p, k)
+			t[k] = walk(t[k], p, fn)
+		}
+	case []any:
+		for i, x := range t {
+			t[i] = walk(x, fmt.Sprintf("%s/%d", path, i), fn)
+		}
+	}
+	return v
+}
+
+func escapePointer(s string) string {
+	return strings.ReplaceAll(strings.ReplaceAll(s, "~", "~0"), "/", "~1")
+}

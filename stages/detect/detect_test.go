@@ -1,0 +1,198 @@
+package detect
+
+import (
+	"bufio"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// floors are the least precision and recall each detector must reach on its
+// labelled corpus (testdata/corpus/<detector>.txt).
+var floors = map[Detector]struct{ precision, recall float64 }{
+	Secrets:          {0.95, 0.90},
+	PII:              {0.90, 0.90},
+	PromptInjection:  {0.90, 0.80},
+	SQLInjection:     {0.90, 0.85},
+	CommandInjection: {0.90, 0.85},
+	PathTraversal:    {0.90, 0.90},
+}
+
+type sample struct {
+	hostile bool
+	text    string
+	line    int
+}
+
+func readCorpus(t testing.TB, d Detector) []sample {
+	t.Helper()
+	f, err := os.Open(filepath.Join("testdata", "corpus", string(d)+".txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var out []sample
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for n := 1; sc.Scan(); n++ {
+		line := sc.Text()
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		label, text, ok := strings.Cut(line, "\t")
+		if !ok || (label != "+" && label != "-") {
+			t.Fatalf("%s.txt:%d: want '+' or '-', a tab, then the sample", d, n)
+		}
+		out = append(out, sample{hostile: label == "+", text: strings.ReplaceAll(text, `\n`, "\n"), line: n})
+	}
+	return out
+}
+
+// TestCorpusQuality measures every detector on its labelled corpus and fails
+// below the floors. Run with -v to see the table.
+func TestCorpusQuality(t *testing.T) {
+	e := Default()
+	for _, d := range []Detector{Secrets, PII, PromptInjection, SQLInjection, CommandInjection, PathTraversal} {
+		samples := readCorpus(t, d)
+		var tp, fp, fn, tn int
+		for _, s := range samples {
+			hit := e.Detected(s.text, d)
+			switch {
+			case hit && s.hostile:
+				tp++
+			case hit && !s.hostile:
+				fp++
+				t.Logf("%s false positive (line %d): %q %v", d, s.line, s.text, e.Scan(s.text, d))
+			case !hit && s.hostile:
+				fn++
+				t.Logf("%s missed (line %d): %q", d, s.line, s.text)
+			default:
+				tn++
+			}
+		}
+		precision := float64(tp) / float64(max(tp+fp, 1))
+		recall := float64(tp) / float64(max(tp+fn, 1))
+		t.Logf("%-18s samples %4d  precision %.3f  recall %.3f  (tp %d fp %d fn %d tn %d)", d, len(samples), precision, recall, tp, fp, fn, tn)
+		if tp+fn < 30 || fp+tn < 30 {
+			t.Errorf("%s: corpus too small (%d hostile, %d benign)", d, tp+fn, fp+tn)
+		}
+		fl := floors[d]
+		if precision < fl.precision || recall < fl.recall {
+			t.Errorf("%s: precision %.3f / recall %.3f below the floor %.2f / %.2f", d, precision, recall, fl.precision, fl.recall)
+		}
+	}
+}
+
+func TestRuleFindingsNameTheRule(t *testing.T) {
+	fs := Default().Scan("key AKIAIOSFODNN7EXAMPLE in a log line", Secrets)
+	if len(fs) != 1 || fs[0].Rule != "secret.aws_access_key_id" || fs[0].Offset != 4 || fs[0].Length != 20 {
+		t.Fatalf("findings %+v", fs)
+	}
+	if Default().Version() == "" {
+		t.Fatal("the shipped rule set has no version")
+	}
+}
+
+func TestValidators(t *testing.T) {
+	e := Default()
+	if !e.Detected("card 4111 1111 1111 1111 on file", PII) || e.Detected("order 4111 1111 1111 1112", PII) {
+		t.Fatal("card numbers must pass the Luhn check")
+	}
+	if !e.Detected("IBAN GB82 WEST 1234 5698 7654 32", PII) || e.Detected("ref GB82WEST12345698765433", PII) {
+		t.Fatal("IBANs must pass mod-97")
+	}
+	if !e.Detected("ssn 123-45-6789", PII) || e.Detected("ssn 666-45-6789", PII) {
+		t.Fatal("SSN area numbers must be plausible")
+	}
+}
+
+func TestRedactAndEscapeJSON(t *testing.T) {
+	doc := []byte(`{"note":"mail bob@example.com","nested":[{"k":"AKIAIOSFODNN7EXAMPLE and AKIAI44QH8DHBEXAMPLE"}],"n":12345678901234567890}`)
+	out, fs, err := Default().RedactJSON(doc, Secrets, PII)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := string(out)
+	if strings.Contains(s, "bob@example.com") || strings.Contains(s, "AKIA") || !strings.Contains(s, "[REDACTED:pii.email]") ||
+		!strings.Contains(s, "12345678901234567890") || len(fs) != 3 {
+		t.Fatalf("redacted %s, findings %+v", s, fs)
+	}
+	if fs[0].Path == "" {
+		t.Fatalf("findings carry no JSON pointer: %+v", fs)
+	}
+	clean := []byte(`{"a":"nothing to see"}`)
+	if out, fs, _ := Default().RedactJSON(clean, All...); string(out) != string(clean) || fs != nil {
+		t.Fatal("a clean document must come back untouched")
+	}
+	esc, _, err := Default().EscapeJSON([]byte(`{"html":"<script>alert(1)</script>"}`), XSS)
+	if err != nil || strings.Contains(string(esc), "<script>") {
+		t.Fatalf("escaped %s, %v", esc, err)
+	}
+}
+
+func TestLoadRejectsBadRuleSets(t *testing.T) {
+	for name, doc := range map[string]string{
+		"not JSON":          `{`,
+		"no version":        `{"rules":[{"id":"a.b","detector":"pii","pattern":"x"}]}`,
+		"bad regexp":        `{"version":"1","rules":[{"id":"a.b","detector":"pii","pattern":"(?<=x)"}]}`,
+		"unknown detector":  `{"version":"1","rules":[{"id":"a.b","detector":"magic","pattern":"x"}]}`,
+		"duplicate id":      `{"version":"1","rules":[{"id":"a.b","detector":"pii","pattern":"x"},{"id":"a.b","detector":"pii","pattern":"y"}]}`,
+		"unknown validator": `{"version":"1","rules":[{"id":"a.b","detector":"pii","pattern":"x","validator":"crc"}]}`,
+	} {
+		if _, err := Load([]byte(doc)); err == nil {
+			t.Errorf("%s: loaded", name)
+		}
+	}
+}
+
+// pathological inputs for regular expressions that backtrack; RE2 does not.
+func pathological(n int) map[string]string {
+	return map[string]string{
+		"repeated a":       strings.Repeat("a", n),
+		"quotes":           strings.Repeat("' OR ", n/5),
+		"dots and slashes": strings.Repeat("../", n/3),
+		"digits":           strings.Repeat("4111 ", n/5),
+		"base64":           strings.Repeat("eyJhbGciOi", n/10),
+		"at signs":         strings.Repeat("a@", n/2),
+	}
+}
+
+// BenchmarkScan reports the detectors' cost per KiB on 1 MiB inputs,
+// pathological ones included.
+func BenchmarkScan(b *testing.B) {
+	e := Default()
+	for name, s := range pathological(1 << 20) {
+		b.Run(name, func(b *testing.B) {
+			b.SetBytes(int64(len(s)))
+			for b.Loop() {
+				e.Scan(s)
+			}
+		})
+	}
+}
+
+func FuzzScan(f *testing.F) {
+	for _, d := range []Detector{Secrets, PII, PromptInjection, SQLInjection, CommandInjection, PathTraversal} {
+		for _, s := range readCorpus(f, d)[:5] {
+			f.Add(s.text)
+		}
+	}
+	e := Default()
+	f.Fuzz(func(t *testing.T, s string) {
+		for _, fd := range e.Scan(s) {
+			if fd.Offset < 0 || fd.Offset+fd.Length > len(s) || fd.Rule == "" {
+				t.Fatalf("finding out of bounds: %+v for %d bytes", fd, len(s))
+			}
+		}
+		doc, _ := json.Marshal(map[string]string{"v": s})
+		out, _, err := e.RedactJSON(doc, Secrets)
+		if err != nil || !json.Valid(out) {
+			t.Fatalf("redaction broke the document: %s, %v", out, err)
+		}
+		if fs, _ := e.ScanJSON(out, Secrets); len(fs) > 0 {
+			t.Fatalf("a secret survived redaction: %+v in %s", fs, out)
+		}
+	})
+}

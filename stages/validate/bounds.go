@@ -1,0 +1,177 @@
+package validate
+
+import (
+	"bytes"
+	"encoding/json"
+	"net/url"
+	"path"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/toolgate/toolgate/stages/detect"
+	"github.com/toolgate/toolgate/stages/toolerr"
+	"github.com/toolgate/toolgate/stages/tools"
+)
+
+// Request bounds applied to every request's parameters.
+const (
+	DefaultMaxDepth       = 32
+	DefaultMaxStringBytes = 64 << 10
+)
+
+// checkBounds refuses parameters nested deeper than maxDepth or holding a
+// string (value or key) longer than maxString bytes.
+func checkBounds(params []byte, maxDepth, maxString int) error {
+	dec := json.NewDecoder(bytes.NewReader(params))
+	dec.UseNumber()
+	depth := 0
+	for {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil // the schema check already accepted the document
+		}
+		switch t := tok.(type) {
+		case json.Delim:
+			if t == '{' || t == '[' {
+				if depth++; depth > maxDepth {
+					return toolerr.New(toolerr.InvalidParameters, toolerr.EParameterBounds,
+						"parameters nest deeper than %d levels", maxDepth)
+				}
+			} else {
+				depth--
+			}
+		case string:
+			if len(t) > maxString {
+				return toolerr.New(toolerr.InvalidParameters, toolerr.EParameterBounds,
+					"a parameter string is %d bytes, the limit is %d", len(t), maxString)
+			}
+		}
+	}
+}
+
+var checkDetectors = map[string]detect.Detector{
+	tools.CheckSQL:    detect.SQLInjection,
+	tools.CheckShell:  detect.CommandInjection,
+	tools.CheckPrompt: detect.PromptInjection,
+	tools.CheckPath:   detect.PathTraversal,
+}
+
+// checkInputs applies the manifest's per-parameter checks.
+func checkInputs(m *tools.Manifest, params []byte, eng *detect.Engine) error {
+	if len(m.InputChecks) == 0 {
+		return nil
+	}
+	var doc any
+	dec := json.NewDecoder(bytes.NewReader(params))
+	dec.UseNumber()
+	if err := dec.Decode(&doc); err != nil {
+		return nil
+	}
+	for ptr, checks := range m.InputChecks {
+		v, ok := lookup(doc, ptr)
+		if !ok {
+			continue
+		}
+		for _, c := range checks {
+			if c == tools.CheckPath {
+				s, ok := v.(string)
+				if !ok {
+					return toolerr.New(toolerr.InvalidParameters, toolerr.EParametersInvalid, "%s must be a path string", ptr)
+				}
+				if err := confine(s, m.Permissions.Filesystem); err != nil {
+					return err.WithDetail("parameter", ptr)
+				}
+			}
+			raw, _ := json.Marshal(v)
+			fs, err := eng.ScanJSON(raw, checkDetectors[c])
+			if err != nil || len(fs) == 0 {
+				continue
+			}
+			f := fs[0]
+			return toolerr.New(toolerr.InvalidParameters, toolerr.EInputRuleFired,
+				"parameter %s looks like %s (rule %s)", ptr, strings.ReplaceAll(string(f.Detector), "_", " "), f.Rule).
+				WithDetail("parameter", ptr).WithDetail("rule", f.Rule).WithDetail("detector", f.Detector).
+				WithDetail("rules_version", eng.Version())
+		}
+	}
+	return nil
+}
+
+// confine checks a path parameter against the granted roots: no NUL, no
+// parent segments in any decoded form, and an absolute path must lie inside
+// a granted root by whole path components, symlinks resolved where they exist.
+func confine(p string, grants []tools.FilesystemPermission) *toolerr.Error {
+	deny := func(format string, args ...any) *toolerr.Error {
+		return toolerr.New(toolerr.PermissionDenied, toolerr.EPathOutsideRoots, format, args...)
+	}
+	forms := []string{p}
+	for d := p; len(forms) < 4; {
+		next, err := url.PathUnescape(d)
+		if err != nil || next == d {
+			break
+		}
+		forms, d = append(forms, next), next
+	}
+	for _, f := range forms {
+		if strings.ContainsRune(f, 0) {
+			return deny("path contains a NUL byte")
+		}
+		for _, seg := range strings.FieldsFunc(f, func(r rune) bool { return r == '/' || r == '\\' }) {
+			if seg == ".." {
+				return deny("path %s climbs out of its directory", strconv.Quote(p))
+			}
+		}
+	}
+	if !path.IsAbs(p) {
+		return nil // relative to the tool's own root, which the executor enforces
+	}
+	clean := resolve(path.Clean(p))
+	for _, g := range grants {
+		root := g.Path
+		if !path.IsAbs(root) {
+			continue
+		}
+		rel, err := filepath.Rel(resolve(path.Clean(root)), clean)
+		if err == nil && rel != ".." && !strings.HasPrefix(rel, "../") {
+			return nil
+		}
+	}
+	return deny("path %s is outside the granted directories", strconv.Quote(p))
+}
+
+// resolve follows symlinks when the path exists on this host.
+func resolve(p string) string {
+	if r, err := filepath.EvalSymlinks(p); err == nil {
+		return r
+	}
+	return p
+}
+
+// lookup evaluates a JSON pointer.
+func lookup(doc any, ptr string) (any, bool) {
+	if ptr == "" || ptr == "/" {
+		return doc, true
+	}
+	cur := doc
+	for _, tok := range strings.Split(strings.TrimPrefix(ptr, "/"), "/") {
+		tok = strings.ReplaceAll(strings.ReplaceAll(tok, "~1", "/"), "~0", "~")
+		switch c := cur.(type) {
+		case map[string]any:
+			v, ok := c[tok]
+			if !ok {
+				return nil, false
+			}
+			cur = v
+		case []any:
+			i, err := strconv.Atoi(tok)
+			if err != nil || i < 0 || i >= len(c) {
+				return nil, false
+			}
+			cur = c[i]
+		default:
+			return nil, false
+		}
+	}
+	return cur, true
+}
