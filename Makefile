@@ -24,6 +24,8 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzResolveConstraint$$' -fuzztime $(FUZZTIME) ./stages/tools/
 	$(GO) test -run '^$$' -fuzz '^FuzzReadFilePath$$' -fuzztime $(FUZZTIME) ./stages/execute/builtin/
 	$(GO) test -run '^$$' -fuzz '^FuzzJSONTransform$$' -fuzztime $(FUZZTIME) ./stages/execute/builtin/
+	$(GO) test -run '^$$' -fuzz '^FuzzScan$$' -fuzztime $(FUZZTIME) ./stages/detect/
+	$(GO) test -run '^$$' -fuzz '^FuzzCompile$$' -fuzztime $(FUZZTIME) ./schemas/
 
 # Throughput and latency through all six stages next to a bare JetStream
 # chain measured in the same run.

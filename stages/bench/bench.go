@@ -57,9 +57,10 @@ func (r Result) Quantile(q float64) time.Duration {
 
 // Report is the outcome of Run.
 type Report struct {
-	Options  Options
-	Pipeline Result
-	Raw      Result
+	Options   Options
+	Pipeline  Result
+	Raw       Result
+	Detectors []DetectorCost
 }
 
 // Run starts an embedded server with file storage, measures a no-op builtin
@@ -97,6 +98,7 @@ func Run(ctx context.Context, o Options) (Report, error) {
 	if rep.Raw, err = measureRaw(ctx, url, o); err != nil {
 		return rep, fmt.Errorf("raw JetStream: %w", err)
 	}
+	rep.Detectors = measureDetectors()
 	return rep, nil
 }
 
@@ -351,6 +353,9 @@ func (r Report) Print(w io.Writer) {
 		r.Pipeline.Throughput()/max(r.Raw.Throughput(), 1e-9),
 		ratio(r.Pipeline.Quantile(0.5), r.Raw.Quantile(0.5)), ratio(r.Pipeline.Quantile(0.9), r.Raw.Quantile(0.9)),
 		ratio(r.Pipeline.Quantile(0.99), r.Raw.Quantile(0.99)), ratio(r.Pipeline.Quantile(1), r.Raw.Quantile(1)))
+	if len(r.Detectors) > 0 {
+		printDetectors(w, r.Detectors)
+	}
 }
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.2fms", float64(d.Microseconds())/1000) }

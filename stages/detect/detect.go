@@ -64,6 +64,9 @@ type Rule struct {
 	Validator string `json:"validator,omitempty"`
 	// Decode also scans the percent-decoded text (up to three rounds).
 	Decode bool `json:"decode,omitempty"`
+	// Keywords are lower-case literals every match contains one of; the
+	// rule is skipped on text that holds none (a fast prefilter).
+	Keywords []string `json:"keywords,omitempty"`
 }
 
 type compiled struct {
@@ -142,13 +145,31 @@ func (e *Engine) Scan(s string, ds ...Detector) []Finding {
 		ds = All
 	}
 	var out []Finding
+	lower := ""
 	for _, d := range ds {
 		for _, r := range e.rules[d] {
+			if len(r.Keywords) > 0 {
+				if lower == "" {
+					lower = strings.ToLower(s)
+				}
+				if !containsAny(lower, r.Keywords) {
+					continue
+				}
+			}
 			out = append(out, r.find(s)...)
 		}
 	}
 	sort.SliceStable(out, func(i, j int) bool { return out[i].Offset < out[j].Offset })
 	return out
+}
+
+func containsAny(s string, words []string) bool {
+	for _, w := range words {
+		if strings.Contains(s, w) {
+			return true
+		}
+	}
+	return false
 }
 
 // Detected reports whether any detector of ds fires on s.
