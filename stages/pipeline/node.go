@@ -15,6 +15,7 @@ import (
 	"github.com/toolgate/toolgate/stages/audit"
 	"github.com/toolgate/toolgate/stages/authorize"
 	"github.com/toolgate/toolgate/stages/authorize/policy"
+	"github.com/toolgate/toolgate/stages/detect"
 	"github.com/toolgate/toolgate/stages/execute"
 	"github.com/toolgate/toolgate/stages/execute/builtin"
 	"github.com/toolgate/toolgate/stages/route"
@@ -129,13 +130,15 @@ type StageConfig struct {
 	BuiltinEnv    builtin.Env
 	// TenantActions tighten the output policy per tenant (verify.Config.Tenants).
 	TenantActions map[string]map[string]string
+	// Detectors replaces the shipped detector rules when set.
+	Detectors *detect.Engine
 }
 
 // NewStage builds the logic of the named stage.
 func (n *Node) NewStage(ctx context.Context, name string, c StageConfig) (stages.Stage, error) {
 	switch name {
 	case subjects.Validate:
-		return validate.New(n.Registry, validate.Config{MaxEventBytes: c.MaxEventBytes}), nil
+		return validate.New(n.Registry, validate.Config{MaxEventBytes: c.MaxEventBytes, Detectors: c.Detectors}), nil
 	case subjects.Authorize:
 		engine := c.Policy
 		if engine == nil {
@@ -154,7 +157,7 @@ func (n *Node) NewStage(ctx context.Context, name string, c StageConfig) (stages
 		}
 		return execute.New(n.Registry, set, n.Store), nil
 	case subjects.Verify:
-		return verify.New(n.Registry, verify.Config{Tenants: c.TenantActions}), nil
+		return verify.New(n.Registry, verify.Config{Tenants: c.TenantActions, Detectors: c.Detectors}), nil
 	case subjects.Audit:
 		return audit.New(n.Store), nil
 	}

@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -23,6 +24,7 @@ import (
 	"github.com/toolgate/toolgate/stages"
 	"github.com/toolgate/toolgate/stages/authorize/policy"
 	"github.com/toolgate/toolgate/stages/control"
+	"github.com/toolgate/toolgate/stages/detect"
 	"github.com/toolgate/toolgate/subjects"
 )
 
@@ -44,6 +46,12 @@ type Config struct {
 	OTLPEndpoint string
 	// PolicyPath is a .rego file or a directory of them; empty uses the shipped policy.
 	PolicyPath string
+	// DetectorRulesPath replaces the shipped detector rules (JSON, see
+	// schemas/detector-rules.schema.json).
+	DetectorRulesPath string
+	// SafetyConfigPath holds per-tenant output actions:
+	// {"tenants": {"acme": {"pii": "reject"}}}.
+	SafetyConfigPath string
 	// Examples registers the example tools at start.
 	Examples bool
 	Topology stages.TopologyOptions
@@ -95,6 +103,9 @@ func Run(ctx context.Context, c Config) error {
 		if err := n.RegisterExamples(ctx); err != nil {
 			return err
 		}
+	}
+	if err := loadSafety(&c); err != nil {
+		return err
 	}
 	if c.PolicyPath != "" && c.Stage.Policy == nil {
 		if c.Stage.Policy, err = loadPolicy(ctx, c.PolicyPath); err != nil {
@@ -161,6 +172,32 @@ func collect(ch <-chan error) []error {
 		out = append(out, err)
 	}
 	return out
+}
+
+func loadSafety(c *Config) error {
+	if c.DetectorRulesPath != "" {
+		b, err := os.ReadFile(c.DetectorRulesPath)
+		if err != nil {
+			return fmt.Errorf("detector rules: %w", err)
+		}
+		if c.Stage.Detectors, err = detect.Load(b); err != nil {
+			return err
+		}
+	}
+	if c.SafetyConfigPath != "" {
+		b, err := os.ReadFile(c.SafetyConfigPath)
+		if err != nil {
+			return fmt.Errorf("safety config: %w", err)
+		}
+		var doc struct {
+			Tenants map[string]map[string]string `json:"tenants"`
+		}
+		if err := json.Unmarshal(b, &doc); err != nil {
+			return fmt.Errorf("safety config %s: %w", c.SafetyConfigPath, err)
+		}
+		c.Stage.TenantActions = doc.Tenants
+	}
+	return nil
 }
 
 func loadPolicy(ctx context.Context, path string) (*policy.Engine, error) {
