@@ -229,16 +229,7 @@ func measurePipeline(ctx context.Context, url string, o Options) (Result, error)
 		_, err := c.Invoke(ctx, req, client.InvokeOptions{ID: id})
 		return id, err
 	}
-	if err := warm(ctx, publish); err != nil {
-		return Result{}, err
-	}
-	start := time.Now()
-	due, sent, err := offer(ctx, o.Rate, o.Duration, func(i int) (string, error) { return publish(i + warmup) })
-	if err != nil {
-		return Result{}, err
-	}
-	col.wait(ctx, 30*time.Second)
-	return col.result("toolgate, 6 stages", due, sent, start), nil
+	return drive(ctx, o, "toolgate, 6 stages", col, publish)
 }
 
 const warmup = 50
@@ -322,6 +313,11 @@ func measureRaw(ctx context.Context, url string, o Options) (Result, error) {
 		_, err := js.Publish(ctx, "bench.raw.0", []byte(key), jetstream.WithMsgID(key))
 		return key, err
 	}
+	return drive(ctx, o, fmt.Sprintf("bare JetStream hop x%d", hops), col, publish)
+}
+
+// drive warms up, offers the load through publish, and collects the series.
+func drive(ctx context.Context, o Options, name string, col *collector, publish func(int) (string, error)) (Result, error) {
 	if err := warm(ctx, publish); err != nil {
 		return Result{}, err
 	}
@@ -331,7 +327,7 @@ func measureRaw(ctx context.Context, url string, o Options) (Result, error) {
 		return Result{}, err
 	}
 	col.wait(ctx, 30*time.Second)
-	return col.result(fmt.Sprintf("bare JetStream hop x%d", hops), due, sent, start), nil
+	return col.result(name, due, sent, start), nil
 }
 
 // Print writes the report as a table with the pipeline/raw ratios.
