@@ -140,12 +140,21 @@ func confine(p string, grants []tools.FilesystemPermission) *toolerr.Error {
 	return deny("path %s is outside the granted directories", strconv.Quote(p))
 }
 
-// resolve follows symlinks when the path exists on this host.
+// resolve follows the symlinks of the longest part of p that exists on this
+// host, so a link inside a root cannot lead a not-yet-existing file out of it.
 func resolve(p string) string {
-	if r, err := filepath.EvalSymlinks(p); err == nil {
-		return r
+	rest := ""
+	for dir := p; ; {
+		if r, err := filepath.EvalSymlinks(dir); err == nil {
+			return filepath.Join(r, rest)
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return p
+		}
+		rest = filepath.Join(filepath.Base(dir), rest)
+		dir = parent
 	}
-	return p
 }
 
 // lookup evaluates a JSON pointer.

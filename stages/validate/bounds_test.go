@@ -1,0 +1,62 @@
+package validate
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/toolgate/toolgate/stages/toolerr"
+	"github.com/toolgate/toolgate/stages/tools"
+)
+
+func TestConfine(t *testing.T) {
+	base := t.TempDir()
+	root := filepath.Join(base, "data")
+	if err := os.MkdirAll(filepath.Join(root, "in"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// A symlink inside the root that points outside it.
+	if err := os.Symlink(base, filepath.Join(root, "out")); err != nil {
+		t.Fatal(err)
+	}
+	grants := []tools.FilesystemPermission{{Path: root, Mode: "ro"}}
+	allowed := []string{"reports/q3.csv", "./a.txt", root + "/in/x.txt", root, "file..txt"}
+	denied := []string{
+		"../x", "a/../../x", `..\x`, "%2e%2e/x", "%252e%252e%252fx", "a%00.png",
+		"/etc/shadow", root + "_evil/x", root + "/out/secret", root + "/in/../../x",
+	}
+	for _, p := range allowed {
+		if err := confine(p, grants); err != nil {
+			t.Errorf("%q refused: %v", p, err)
+		}
+	}
+	for _, p := range denied {
+		err := confine(p, grants)
+		if err == nil || !errors.Is(err, toolerr.ErrPermissionDenied) || err.ECode != toolerr.EPathOutsideRoots {
+			t.Errorf("%q allowed (%v)", p, err)
+		}
+	}
+	if err := confine("/srv/x", nil); err == nil {
+		t.Error("an absolute path passed with no granted root")
+	}
+}
+
+func TestCheckBounds(t *testing.T) {
+	ok := `{"a":[{"b":"` + strings.Repeat("x", 100) + `"}]}`
+	if err := checkBounds([]byte(ok), 4, 200); err != nil {
+		t.Fatal(err)
+	}
+	for name, doc := range map[string]string{
+		"deep":     `{"a":{"b":{"c":{"d":{"e":1}}}}}`,
+		"long":     `{"a":"` + strings.Repeat("x", 201) + `"}`,
+		"long key": `{"` + strings.Repeat("k", 201) + `":1}`,
+	} {
+		err := checkBounds([]byte(doc), 4, 200)
+		var te *toolerr.Error
+		if !errors.As(err, &te) || te.ECode != toolerr.EParameterBounds {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+}
