@@ -171,6 +171,11 @@ func (h *handlers) register(req micro.Request) {
 		respondError(req, err)
 		return
 	}
+	// Answer once this process's registry has seen the write, so a caller
+	// that registers and then asks for the tool finds it.
+	for !h.reg.Has(m.ID, m.Version) && ctx.Err() == nil {
+		time.Sleep(2 * time.Millisecond)
+	}
 	_ = req.RespondJSON(ToolRequest{ToolID: m.ID, Version: m.Version})
 }
 

@@ -66,6 +66,13 @@ func (r *Registry) Put(m *Manifest) {
 	r.tools[m.ID] = slices.Insert(vs, i, entry{v, m})
 }
 
+// Has reports whether the registry holds exactly version of id.
+func (r *Registry) Has(id, version string) bool {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return slices.ContainsFunc(r.tools[id], func(e entry) bool { return e.m.Version == version })
+}
+
 // Delete removes one version of a tool; it does nothing if there is none.
 func (r *Registry) Delete(id, version string) {
 	r.mu.Lock()
