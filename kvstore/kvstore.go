@@ -17,6 +17,10 @@ import (
 const (
 	BucketTools       = "toolgate_tools"
 	BucketInvocations = "toolgate_invocations"
+	BucketRevocations = "toolgate_revocations"
+	BucketPolicies    = "toolgate_policies"
+	BucketApprovals   = "toolgate_approvals"
+	BucketBudgets     = "toolgate_budgets"
 )
 
 // Options shape the buckets when Open creates them. Existing buckets are left
@@ -32,6 +36,10 @@ type Options struct {
 type Store struct {
 	tools       jetstream.KeyValue
 	invocations jetstream.KeyValue
+	revocations jetstream.KeyValue
+	policies    jetstream.KeyValue
+	approvals   jetstream.KeyValue
+	budgets     jetstream.KeyValue
 }
 
 // Open opens the buckets, creating any that are missing. It is safe to call
@@ -43,21 +51,44 @@ func Open(ctx context.Context, js jetstream.JetStream, o Options) (*Store, error
 	if o.InvocationTTL == 0 {
 		o.InvocationTTL = 7 * 24 * time.Hour
 	}
-	tools, err := ensure(ctx, js, jetstream.KeyValueConfig{
-		Bucket: BucketTools, Description: "toolgate tool manifests by id and version",
-		History: 5, Replicas: o.Replicas, Storage: o.Storage,
-	})
-	if err != nil {
-		return nil, err
+	s := &Store{}
+	for _, b := range []struct {
+		kv  *jetstream.KeyValue
+		cfg jetstream.KeyValueConfig
+	}{
+		{&s.tools, jetstream.KeyValueConfig{
+			Bucket: BucketTools, Description: "toolgate tool manifests by id and version", History: 5,
+		}},
+		{&s.invocations, jetstream.KeyValueConfig{
+			Bucket: BucketInvocations, Description: "toolgate invocation status by tenant and id",
+			History: 1, TTL: o.InvocationTTL,
+		}},
+		// Revocations expire with the token they revoke (a per-key TTL).
+		{&s.revocations, jetstream.KeyValueConfig{
+			Bucket: BucketRevocations, Description: "toolgate revoked capability token ids",
+			History: 1, LimitMarkerTTL: time.Minute,
+		}},
+		// Each push replaces the one bundle whole; history keeps the last few.
+		{&s.policies, jetstream.KeyValueConfig{
+			Bucket: BucketPolicies, Description: "toolgate authorization policy bundle", History: 10,
+		}},
+		{&s.approvals, jetstream.KeyValueConfig{
+			Bucket: BucketApprovals, Description: "toolgate human approvals by tenant and invocation",
+			History: 1, TTL: o.InvocationTTL,
+		}},
+		{&s.budgets, jetstream.KeyValueConfig{
+			Bucket: BucketBudgets, Description: "toolgate session usage by tenant and session",
+			History: 1, TTL: o.InvocationTTL,
+		}},
+	} {
+		b.cfg.Replicas, b.cfg.Storage = o.Replicas, o.Storage
+		kv, err := ensure(ctx, js, b.cfg)
+		if err != nil {
+			return nil, err
+		}
+		*b.kv = kv
 	}
-	invs, err := ensure(ctx, js, jetstream.KeyValueConfig{
-		Bucket: BucketInvocations, Description: "toolgate invocation status by tenant and id",
-		History: 1, TTL: o.InvocationTTL, Replicas: o.Replicas, Storage: o.Storage,
-	})
-	if err != nil {
-		return nil, err
-	}
-	return &Store{tools: tools, invocations: invs}, nil
+	return s, nil
 }
 
 func ensure(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error) {

@@ -63,39 +63,7 @@ func (s *Store) WatchTools(ctx context.Context, reg *tools.Registry, log *slog.L
 	if log == nil {
 		log = slog.Default()
 	}
-	w, err := s.tools.WatchAll(ctx)
-	if err != nil {
-		return fmt.Errorf("watching tools: %w", err)
-	}
-	ready := make(chan struct{})
-	go func() {
-		defer func() { _ = w.Stop() }()
-		loaded := false
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case e, ok := <-w.Updates():
-				if !ok {
-					return
-				}
-				if e == nil { // the initial values have all been delivered
-					if !loaded {
-						loaded = true
-						close(ready)
-					}
-					continue
-				}
-				apply(reg, e, log)
-			}
-		}
-	}()
-	select {
-	case <-ready:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	return watch(ctx, s.tools, func(e jetstream.KeyValueEntry) { apply(reg, e, log) })
 }
 
 func apply(reg *tools.Registry, e jetstream.KeyValueEntry, log *slog.Logger) {

@@ -16,6 +16,7 @@ const (
 	outcomeForwarded    = "forwarded"     // passed to the next stage
 	outcomeEnded        = "ended"         // the invocation ended here and went to audit
 	outcomeFinished     = "finished"      // audit finalised it
+	outcomeParked       = "parked"        // waiting for a human's approval
 	outcomeRetried      = "retried"       // transient failure, redelivery scheduled
 	outcomeTerminated   = "terminated"    // redelivery stopped
 	outcomePoison       = "poison"        // undecodable message

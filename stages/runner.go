@@ -233,6 +233,9 @@ func (r *Runner) apply(ctx context.Context, msg jetstream.Msg, inv *invocation.I
 		}
 	}
 	outcome := outcomeFinished
+	if inv.Parked() {
+		outcome = outcomeParked
+	}
 	if s.act == actForward {
 		o, err := Handoff(inv, s.next)
 		if err == nil {
@@ -280,13 +283,18 @@ func HopID(inv *invocation.Invocation, next string) string {
 	return fmt.Sprintf("%d.%s", inv.Event.Seq, next)
 }
 
-func (r *Runner) publish(ctx context.Context, o Output) error {
+func (r *Runner) publish(ctx context.Context, o Output) error { return Publish(ctx, r.JS, o) }
+
+// Publish publishes o to its stream, deduplicated by its message id. Code
+// outside the Runner that must put something into the pipeline (a decision
+// on a parked invocation) uses it too.
+func Publish(ctx context.Context, js jetstream.JetStream, o Output) error {
 	m := &nats.Msg{Subject: o.Subject, Header: o.Header, Data: o.Data}
 	var opts []jetstream.PublishOpt
 	if o.MsgID != "" {
 		opts = append(opts, jetstream.WithMsgID(o.MsgID))
 	}
-	_, err := r.JS.PublishMsg(ctx, m, opts...)
+	_, err := js.PublishMsg(ctx, m, opts...)
 	return err
 }
 

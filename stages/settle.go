@@ -59,6 +59,11 @@ func settle(stage string, inv *invocation.Invocation, err error, delivered, maxD
 	if inv.Terminal() {
 		return settlement{act: actForward, next: subjects.Audit}
 	}
+	if inv.Parked() {
+		// Its outputs are published and the input acked; a decision
+		// outside the pipeline resumes or ends it.
+		return settlement{act: actDone}
+	}
 	return settlement{act: actForward, next: subjects.Next(stage)}
 }
 

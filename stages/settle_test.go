@@ -15,6 +15,7 @@ func TestSettle(t *testing.T) {
 		name       string
 		stage      string
 		terminal   bool // the stage ended the invocation itself
+		parked     bool // the stage parked it for approval
 		err        error
 		delivered  int
 		want       action
@@ -22,23 +23,27 @@ func TestSettle(t *testing.T) {
 		wantStatus invocation.Status
 		wantECode  string
 	}{
-		{"pass on", "validate", false, nil, 1, actForward, "authorize", invocation.StatusPending, ""},
-		{"verify hands to audit", "verify", false, nil, 1, actForward, "audit", invocation.StatusPending, ""},
-		{"stage ended it", "route", true, nil, 1, actForward, "audit", invocation.StatusSuccess, ""},
-		{"coded error ends it", "authorize", false, denied, 1, actForward, "audit", invocation.StatusPermissionDenied, toolerr.EPolicyDenied},
-		{"plain error ends it as internal", "route", false, errors.New("bug"), 1, actForward, "audit", invocation.StatusError, toolerr.EInternal},
-		{"transient retried", "execute", false, flaky, 2, actRetry, "", invocation.StatusPending, ""},
-		{"transient on last delivery ends it", "execute", false, flaky, 5, actForward, "audit", invocation.StatusError, toolerr.EDeliveryExhausted},
-		{"audit finishes", "audit", true, nil, 1, actDone, "", invocation.StatusSuccess, ""},
-		{"audit retried", "audit", true, flaky, 1, actRetry, "", invocation.StatusSuccess, ""},
-		{"audit exhausted terminates", "audit", true, flaky, 5, actTerm, "", invocation.StatusSuccess, ""},
-		{"audit broken terminates", "audit", true, errors.New("bug"), 1, actTerm, "", invocation.StatusSuccess, ""},
+		{"pass on", "validate", false, false, nil, 1, actForward, "authorize", invocation.StatusPending, ""},
+		{"verify hands to audit", "verify", false, false, nil, 1, actForward, "audit", invocation.StatusPending, ""},
+		{"stage ended it", "route", true, false, nil, 1, actForward, "audit", invocation.StatusSuccess, ""},
+		{"coded error ends it", "authorize", false, false, denied, 1, actForward, "audit", invocation.StatusPermissionDenied, toolerr.EPolicyDenied},
+		{"plain error ends it as internal", "route", false, false, errors.New("bug"), 1, actForward, "audit", invocation.StatusError, toolerr.EInternal},
+		{"transient retried", "execute", false, false, flaky, 2, actRetry, "", invocation.StatusPending, ""},
+		{"transient on last delivery ends it", "execute", false, false, flaky, 5, actForward, "audit", invocation.StatusError, toolerr.EDeliveryExhausted},
+		{"parked for approval", "authorize", false, true, nil, 1, actDone, "", invocation.StatusPendingApproval, ""},
+		{"audit finishes", "audit", true, false, nil, 1, actDone, "", invocation.StatusSuccess, ""},
+		{"audit retried", "audit", true, false, flaky, 1, actRetry, "", invocation.StatusSuccess, ""},
+		{"audit exhausted terminates", "audit", true, false, flaky, 5, actTerm, "", invocation.StatusSuccess, ""},
+		{"audit broken terminates", "audit", true, false, errors.New("bug"), 1, actTerm, "", invocation.StatusSuccess, ""},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			inv := &invocation.Invocation{ID: "i", Status: invocation.StatusPending}
 			if c.terminal {
 				inv.Succeed(c.stage, []byte(`{}`))
+			}
+			if c.parked {
+				inv.Status = invocation.StatusPendingApproval
 			}
 			s := settle(c.stage, inv, c.err, c.delivered, 5)
 			if s.act != c.want || s.next != c.wantNext {

@@ -123,4 +123,6 @@ const (
 	SvcToolsList     = "tool.svc.tools.list"
 	SvcToolsGet      = "tool.svc.tools.get"
 	SvcToolsRegister = "tool.svc.tools.register"
+	// SvcApproval takes {"tenant_id","invocation_id","approve","decided_by","reason"}.
+	SvcApproval = "tool.svc.approval"
 )

@@ -5,7 +5,9 @@ package audit
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/toolgate/toolgate/kvstore"
 	"github.com/toolgate/toolgate/stages"
@@ -38,6 +40,9 @@ func (a *Auditor) Process(ctx context.Context, inv *invocation.Invocation) ([]st
 	if _, _, err := a.store.SetStatus(ctx, rec); err != nil {
 		return nil, stages.Transient(fmt.Errorf("recording status: %w", err), 0)
 	}
+	if err := a.charge(ctx, inv); err != nil {
+		return nil, stages.Transient(fmt.Errorf("charging the session budget: %w", err), 0)
+	}
 	terminal, err := stages.AuditEvent(subjects.Audit, inv, invocation.TerminalType(inv), inv.Audit())
 	if err != nil {
 		return nil, err
@@ -48,6 +53,44 @@ func (a *Auditor) Process(ctx context.Context, inv *invocation.Invocation) ([]st
 	}
 	return []stages.Output{terminal, result}, nil
 }
+
+// settledMemory is how many ended invocations a session's usage remembers,
+// so that a redelivered audit does not charge twice.
+const settledMemory = 64
+
+// charge adds an admitted invocation's runtime and cost to its session's
+// usage and counts consecutive failures.
+func (a *Auditor) charge(ctx context.Context, inv *invocation.Invocation) error {
+	az := inv.Authz
+	if az == nil || !az.Reserved {
+		return nil // never admitted: nothing was reserved
+	}
+	_, err := a.store.UpdateUsage(ctx, inv.Tenant, az.Session, func(u *kvstore.Usage) error {
+		if slices.Contains(u.Settled, inv.ID) {
+			return errSettled
+		}
+		u.RuntimeMS += inv.Metadata.DurationMS
+		if inv.Metadata.StartedAt != "" {
+			u.Cost += az.CostPerCall // charged once the tool ran
+		}
+		if inv.Status == invocation.StatusSuccess {
+			u.ConsecutiveFailures = 0
+		} else {
+			u.ConsecutiveFailures++
+		}
+		u.Settled = append(u.Settled, inv.ID)
+		if len(u.Settled) > settledMemory {
+			u.Settled = u.Settled[len(u.Settled)-settledMemory:]
+		}
+		return nil
+	})
+	if errors.Is(err, errSettled) {
+		return nil
+	}
+	return err
+}
+
+var errSettled = errors.New("already settled")
 
 func resultEvent(inv *invocation.Invocation, resp invocation.Response) (stages.Output, error) {
 	e, err := inv.NewEvent("urn:toolgate:"+subjects.Audit, invocation.TypeResult, resp)

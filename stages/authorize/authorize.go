@@ -1,73 +1,380 @@
-// Package authorize is the second stage: it asks the policy engine whether
-// the invocation may run. Anything but an explicit allow is a denial.
+// Package authorize is the second stage. No tool runs unless a valid,
+// unexpired, unrevoked capability token grants it to this tenant and agent,
+// the policy allows it, a human approved it when the policy asks for that,
+// and its session is within budget.
+//
+// The order is fixed: the token first (nothing else is read for a forged
+// one), then the policy over the request, the manifest, the verified claims
+// and the session's usage, then the approval gate, and last the budget
+// reservation, which is the only write.
 package authorize
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
 
+	"github.com/toolgate/toolgate/kvstore"
 	"github.com/toolgate/toolgate/stages"
 	"github.com/toolgate/toolgate/stages/authorize/policy"
+	"github.com/toolgate/toolgate/stages/authorize/token"
 	"github.com/toolgate/toolgate/stages/invocation"
 	"github.com/toolgate/toolgate/stages/toolerr"
 	"github.com/toolgate/toolgate/stages/tools"
+	"github.com/toolgate/toolgate/subjects"
 )
+
+// DefaultApprovalTimeout is how long a call waits for a human by default.
+const DefaultApprovalTimeout = 15 * time.Minute
+
+// recentReservations is how many invocation ids a session's usage remembers,
+// so that a redelivered authorize does not charge the budget twice.
+const recentReservations = 64
+
+// Store is the state the stage reads and writes.
+type Store interface {
+	Usage(ctx context.Context, tenant, session string) (kvstore.Usage, error)
+	UpdateUsage(ctx context.Context, tenant, session string, change func(*kvstore.Usage) error) (kvstore.Usage, error)
+	Approval(ctx context.Context, tenant, id string) (kvstore.Approval, error)
+	RequestApproval(ctx context.Context, a kvstore.Approval) (kvstore.Approval, bool, error)
+	SetStatus(ctx context.Context, rec kvstore.Record) (kvstore.Record, bool, error)
+}
+
+// Config wires an Authorizer.
+type Config struct {
+	Registry *tools.Registry
+	Policy   *policy.Engine
+	Verifier *token.Verifier
+	Revoked  *token.Revocations
+	Store    Store
+	// ApprovalTimeout is how long a parked call waits before it ends denied.
+	ApprovalTimeout time.Duration
+	Now             func() time.Time
+}
 
 // Authorizer implements the authorize stage.
 type Authorizer struct {
-	reg    *tools.Registry
+	cfg    Config
 	engine atomic.Pointer[policy.Engine]
-	now    func() time.Time
 }
 
 var _ stages.Stage = (*Authorizer)(nil)
 
-// New returns an Authorizer evaluating engine.
-func New(reg *tools.Registry, engine *policy.Engine) *Authorizer {
-	a := &Authorizer{reg: reg, now: time.Now}
-	a.engine.Store(engine)
+// New returns an Authorizer.
+func New(cfg Config) *Authorizer {
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.ApprovalTimeout <= 0 {
+		cfg.ApprovalTimeout = DefaultApprovalTimeout
+	}
+	if cfg.Revoked == nil {
+		cfg.Revoked = new(token.Revocations)
+	}
+	a := &Authorizer{cfg: cfg}
+	a.engine.Store(cfg.Policy)
 	return a
 }
 
-// SetEngine replaces the policy for every later evaluation.
-func (a *Authorizer) SetEngine(e *policy.Engine) { a.engine.Store(e) }
+// SetPolicy replaces the policy for every later evaluation.
+func (a *Authorizer) SetPolicy(e *policy.Engine) { a.engine.Store(e) }
 
 // Input is what the policy sees as `input`.
 type Input struct {
-	Request *invocation.Request `json:"request"`
-	Tool    *tools.Manifest     `json:"tool"`
-	Tenant  string              `json:"tenant"`
-	Time    string              `json:"time"`
+	Request   *invocation.Request `json:"request"`
+	Tool      *tools.Manifest     `json:"tool"`
+	Claims    *token.Claims       `json:"claims"`
+	Usage     kvstore.Usage       `json:"usage"`
+	Resources Resources           `json:"resources"`
+	Derived   Derived             `json:"derived"`
+	Approval  *ApprovalInput      `json:"approval,omitempty"`
+	Tenant    string              `json:"tenant"`
+	Time      string              `json:"time"`
+}
+
+// Resources are what a call needs: the manifest's permissions and the
+// paths among its parameters.
+type Resources struct {
+	Paths       []PathNeed `json:"paths"`
+	Hosts       []HostNeed `json:"hosts"`
+	Credentials []string   `json:"credentials"`
+}
+
+// PathNeed is a path under the file root and the access needed.
+type PathNeed struct {
+	Path string `json:"path"`
+	Mode string `json:"mode"`
+}
+
+// HostNeed is a host and port (0: any) a call connects to.
+type HostNeed struct {
+	Host string `json:"host"`
+	Port int    `json:"port"`
+}
+
+// Derived are facts about the claims computed in Go, where pattern matching
+// has one implementation.
+type Derived struct {
+	PreApproved bool            `json:"pre_approved"`
+	HostGranted map[string]bool `json:"host_granted"`
+}
+
+// ApprovalInput is the human decision, when one was asked for.
+type ApprovalInput struct {
+	State     string `json:"state"`
+	DecidedBy string `json:"decided_by,omitempty"`
+}
+
+// ApprovalRequested is the data of the approval-requested audit event.
+type ApprovalRequested struct {
+	invocation.AuditRecord
+	Reasons     []string  `json:"reasons"`
+	RiskLevel   string    `json:"risk_level"`
+	SideEffects []string  `json:"side_effects,omitempty"`
+	Reversible  bool      `json:"reversible"`
+	Deadline    time.Time `json:"deadline"`
 }
 
 // Process implements stages.Stage.
 func (a *Authorizer) Process(ctx context.Context, inv *invocation.Invocation) ([]stages.Output, error) {
-	m, err := a.reg.Resolve(inv.Request.ToolID, inv.Request.ToolVersion)
+	req := inv.Request
+	m, err := a.cfg.Registry.Resolve(req.ToolID, req.ToolVersion)
 	if err != nil {
 		return nil, err
 	}
-	req := *inv.Request
-	req.CapabilityToken = "" // a policy never needs the raw token
-	input, err := plain(Input{Request: &req, Tool: m, Tenant: inv.Tenant, Time: a.now().UTC().Format(time.RFC3339)})
+	claims, err := a.cfg.Verifier.Verify(req.CapabilityToken)
 	if err != nil {
-		return nil, toolerr.Wrap(err, toolerr.InternalError, toolerr.EPolicyFailed, "building policy input: %v", err)
+		return nil, err
 	}
-	d, err := a.engine.Load().Eval(ctx, input)
+	if id, revoked := a.cfg.Revoked.Revoked(claims); revoked {
+		return nil, toolerr.New(toolerr.PermissionDenied, toolerr.ETokenRevoked, "capability token %s is revoked", id)
+	}
+	err = claims.Grants(token.Binding{
+		Tenant: inv.Tenant, AgentDID: req.AgentContext.AgentDID, SessionID: req.AgentContext.SessionID,
+		ToolID: m.ID, ToolVersion: m.Version,
+	})
+	if err != nil {
+		return nil, err
+	}
+	session := claims.Session(req.AgentContext.SessionID)
+	usage, err := a.cfg.Store.Usage(ctx, inv.Tenant, session)
+	if err != nil {
+		return nil, stages.Transient(err, 0)
+	}
+	approval, err := a.cfg.Store.Approval(ctx, inv.Tenant, inv.ID)
+	hasApproval := err == nil
+	if err != nil && !errors.Is(err, kvstore.ErrNoApproval) {
+		return nil, stages.Transient(err, 0)
+	}
+
+	in := Input{
+		Request: redactToken(req), Tool: m, Claims: claims, Usage: usage,
+		Resources: resources(m, req.Parameters), Tenant: inv.Tenant,
+		Time: a.cfg.Now().UTC().Format(time.RFC3339),
+	}
+	in.Derived = derive(claims, m, in.Resources)
+	if hasApproval {
+		in.Approval = &ApprovalInput{State: approval.State, DecidedBy: approval.DecidedBy}
+	}
+	d, err := a.eval(ctx, in)
 	if err != nil {
 		return nil, err
 	}
 	if !d.Allow {
-		e := toolerr.New(toolerr.PermissionDenied, toolerr.EPolicyDenied,
-			"denied by policy: %s", strings.Join(d.Reasons, "; ")).WithDetail("reasons", d.Reasons)
-		if d.RequiresApproval {
-			e.WithDetail("requires_approval", true)
+		return nil, denial(d)
+	}
+	if d.RequiresApproval {
+		switch {
+		case !hasApproval || approval.State == kvstore.ApprovalPending:
+			return a.park(ctx, inv, m, d)
+		case approval.State == kvstore.ApprovalExpired:
+			return nil, toolerr.New(toolerr.PermissionDenied, toolerr.EApprovalExpired, "no one approved the call in time")
+		default:
+			return nil, toolerr.New(toolerr.PermissionDenied, toolerr.EApprovalDenied,
+				"%s denied the call: %s", approval.DecidedBy, approval.Reason)
 		}
-		return nil, e
+	}
+
+	if err := a.reserve(ctx, inv, claims, session, m); err != nil {
+		return nil, err
+	}
+	inv.Authz = &invocation.Authorization{
+		TokenID: claims.ID, AgentDID: claims.AgentDID, Session: session, Reserved: true,
+		Grants: grants(claims),
+	}
+	if m.Cost != nil {
+		inv.Authz.CostPerCall = m.Cost.PerCall
+	}
+	if hasApproval && approval.State == kvstore.ApprovalApproved {
+		inv.Authz.ApprovedBy = approval.DecidedBy
 	}
 	return nil, nil
+}
+
+func (a *Authorizer) eval(ctx context.Context, in Input) (policy.Decision, error) {
+	input, err := plain(in)
+	if err != nil {
+		return policy.Decision{}, toolerr.Wrap(err, toolerr.InternalError, toolerr.EPolicyFailed, "building policy input: %v", err)
+	}
+	return a.engine.Load().Eval(ctx, input)
+}
+
+// denial turns a policy's refusal into the error of its code.
+func denial(d policy.Decision) error {
+	code, ecode := toolerr.PermissionDenied, toolerr.EPolicyDenied
+	switch d.Code {
+	case toolerr.EFilesystemDenied, toolerr.ENetworkDenied, toolerr.ECredentialDenied, toolerr.ENotGranted:
+		ecode = d.Code
+	case toolerr.EBudgetExhausted:
+		code, ecode = toolerr.ResourceExhausted, d.Code
+	}
+	return toolerr.New(code, ecode, "denied by policy: %s", strings.Join(d.Reasons, "; ")).WithDetail("reasons", d.Reasons)
+}
+
+// park records a pending approval and leaves the invocation outside the
+// pipeline until a decision resumes or ends it. Redelivery finds the stored
+// approval and parks again with the same message ids.
+func (a *Authorizer) park(ctx context.Context, inv *invocation.Invocation, m *tools.Manifest, d policy.Decision) ([]stages.Output, error) {
+	envelope, err := json.Marshal(inv)
+	if err != nil {
+		return nil, err
+	}
+	now := a.cfg.Now().UTC()
+	stored, _, err := a.cfg.Store.RequestApproval(ctx, kvstore.Approval{
+		InvocationID: inv.ID, Tenant: inv.Tenant, ToolID: m.ID, ToolVersion: m.Version,
+		Reasons: d.Reasons, RequestedAt: now, Deadline: now.Add(a.cfg.ApprovalTimeout), Invocation: envelope,
+	})
+	if err != nil {
+		return nil, stages.Transient(err, 0)
+	}
+	inv.Status = invocation.StatusPendingApproval
+	rec := kvstore.Record{
+		InvocationID: inv.ID, Tenant: inv.Tenant, Status: inv.Status,
+		ToolID: m.ID, ToolVersion: m.Version, Seq: inv.Event.Seq,
+	}
+	if _, _, err := a.cfg.Store.SetStatus(ctx, rec); err != nil {
+		return nil, stages.Transient(err, 0)
+	}
+	audit := inv.Audit()
+	data := ApprovalRequested{
+		AuditRecord: audit, Reasons: d.Reasons, RiskLevel: m.Safety.RiskLevel,
+		SideEffects: m.Safety.SideEffects, Reversible: m.Safety.Reversible, Deadline: stored.Deadline,
+	}
+	ev, err := stages.AuditEvent(subjects.Authorize, inv, invocation.TypeApprovalRequested, data)
+	if err != nil {
+		return nil, err
+	}
+	return []stages.Output{ev}, nil
+}
+
+// reserve charges one call to the session's budget with compare-and-swap, so
+// concurrent calls on many workers never pass max_calls; runtime, cost and
+// tokens are charged when calls end, so they can be overspent at most by the
+// calls in flight.
+func (a *Authorizer) reserve(ctx context.Context, inv *invocation.Invocation, c *token.Claims, session string, m *tools.Manifest) error {
+	_, err := a.cfg.Store.UpdateUsage(ctx, inv.Tenant, session, func(u *kvstore.Usage) error {
+		if slices.Contains(u.Reserved, inv.ID) {
+			return errAlreadyReserved
+		}
+		if b := c.Budget; b != nil {
+			var perCall float64
+			if m.Cost != nil {
+				perCall = m.Cost.PerCall
+			}
+			switch {
+			case b.MaxCalls > 0 && u.Calls >= b.MaxCalls:
+				return exhausted("the session has made all %d of its calls", b.MaxCalls)
+			case b.MaxRuntimeMS > 0 && u.RuntimeMS >= b.MaxRuntimeMS:
+				return exhausted("the session has used its %d ms of runtime", b.MaxRuntimeMS)
+			case b.MaxCost > 0 && u.Cost+perCall > b.MaxCost:
+				return exhausted("the call would take the session's cost over %g", b.MaxCost)
+			case b.MaxTokens > 0 && u.Tokens >= b.MaxTokens:
+				return exhausted("the session has used its %d tokens", b.MaxTokens)
+			}
+		}
+		u.Calls++
+		u.Reserved = append(u.Reserved, inv.ID)
+		if len(u.Reserved) > recentReservations {
+			u.Reserved = u.Reserved[len(u.Reserved)-recentReservations:]
+		}
+		return nil
+	})
+	var te *toolerr.Error
+	switch {
+	case err == nil, errors.Is(err, errAlreadyReserved):
+		return nil
+	case errors.As(err, &te):
+		return err
+	}
+	return stages.Transient(err, 0)
+}
+
+var errAlreadyReserved = errors.New("already reserved")
+
+func exhausted(format string, args ...any) error {
+	return toolerr.New(toolerr.ResourceExhausted, toolerr.EBudgetExhausted, "session budget exhausted: "+format, args...)
+}
+
+func redactToken(req *invocation.Request) *invocation.Request {
+	r := *req
+	r.CapabilityToken = "" // a policy never needs the raw token
+	return &r
+}
+
+// resources lists what a call of m with params needs.
+func resources(m *tools.Manifest, params json.RawMessage) Resources {
+	r := Resources{Paths: []PathNeed{}, Hosts: []HostNeed{}, Credentials: []string{}}
+	writes := slices.ContainsFunc(m.Safety.SideEffects, func(s string) bool { return strings.HasPrefix(s, "fs.write") })
+	paramMode := "ro"
+	if writes {
+		paramMode = "rw"
+	}
+	for _, p := range m.Permissions.Filesystem {
+		if c, err := token.CleanPath(p.Path); err == nil {
+			r.Paths = append(r.Paths, PathNeed{Path: c, Mode: cmp.Or(p.Mode, "ro")})
+		}
+	}
+	for _, p := range m.PathParameters(params) {
+		// Validate refused climbing paths; what is left names a place
+		// under the file root.
+		if c, err := token.CleanPath(p); err == nil {
+			r.Paths = append(r.Paths, PathNeed{Path: c, Mode: paramMode})
+		}
+	}
+	for _, n := range m.Permissions.Network {
+		r.Hosts = append(r.Hosts, HostNeed{Host: strings.ToLower(n.Host), Port: n.Port})
+	}
+	r.Credentials = append(r.Credentials, m.Permissions.Credentials...)
+	return r
+}
+
+func derive(c *token.Claims, m *tools.Manifest, r Resources) Derived {
+	d := Derived{PreApproved: c.PreApproved.Match(m.ID), HostGranted: map[string]bool{}}
+	for _, h := range r.Hosts {
+		if c.Network != nil && slices.ContainsFunc(c.Network.AllowedHosts, func(p string) bool { return token.HostAllowed(p, h.Host) }) {
+			d.HostGranted[h.Host] = true
+		}
+	}
+	return d
+}
+
+func grants(c *token.Claims) invocation.Grants {
+	var g invocation.Grants
+	if f := c.Filesystem; f != nil {
+		g.Paths, g.PathMode = f.AllowedPaths, cmp.Or(f.Mode, "ro")
+	}
+	if n := c.Network; n != nil {
+		g.Hosts, g.Ports = n.AllowedHosts, n.AllowedPorts
+	}
+	if cr := c.Credentials; cr != nil {
+		g.Secrets = cr.AllowedSecrets
+	}
+	return g
 }
 
 // plain turns v into the map/slice/number form OPA reads fastest and that

@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/toolgate/toolgate/kvstore"
+	"github.com/toolgate/toolgate/stages/approval"
 	"github.com/toolgate/toolgate/stages/toolerr"
 	"github.com/toolgate/toolgate/stages/tools"
 	"github.com/toolgate/toolgate/subjects"
@@ -68,7 +69,8 @@ type RegisterRequest struct {
 }
 
 // Start adds the service to nc. Stop it with the returned service's Stop.
-func Start(nc *nats.Conn, store *kvstore.Store, reg *tools.Registry) (micro.Service, error) {
+// approvals may be nil: the approval endpoint then is not served.
+func Start(nc *nats.Conn, store *kvstore.Store, reg *tools.Registry, approvals *approval.Service) (micro.Service, error) {
 	svc, err := micro.AddService(nc, micro.Config{
 		Name: subjects.ServiceName, Version: Version,
 		Description: "toolgate control: invocation status and the tool registry",
@@ -76,7 +78,7 @@ func Start(nc *nats.Conn, store *kvstore.Store, reg *tools.Registry) (micro.Serv
 	if err != nil {
 		return nil, err
 	}
-	h := &handlers{store: store, reg: reg}
+	h := &handlers{store: store, reg: reg, approvals: approvals}
 	eps := []struct {
 		name, subject string
 		fn            micro.HandlerFunc
@@ -85,6 +87,12 @@ func Start(nc *nats.Conn, store *kvstore.Store, reg *tools.Registry) (micro.Serv
 		{"tools-list", subjects.SvcToolsList, h.list},
 		{"tools-get", subjects.SvcToolsGet, h.get},
 		{"tools-register", subjects.SvcToolsRegister, h.register},
+	}
+	if approvals != nil {
+		eps = append(eps, struct {
+			name, subject string
+			fn            micro.HandlerFunc
+		}{"approval", subjects.SvcApproval, h.decide})
 	}
 	for _, ep := range eps {
 		if err := svc.AddEndpoint(ep.name, ep.fn, micro.WithEndpointSubject(ep.subject)); err != nil {
@@ -96,8 +104,29 @@ func Start(nc *nats.Conn, store *kvstore.Store, reg *tools.Registry) (micro.Serv
 }
 
 type handlers struct {
-	store *kvstore.Store
-	reg   *tools.Registry
+	store     *kvstore.Store
+	reg       *tools.Registry
+	approvals *approval.Service
+}
+
+// decide approves or denies a parked invocation. The reply is the approval
+// record without the parked envelope.
+func (h *handlers) decide(req micro.Request) {
+	var d approval.Decision
+	if err := decode(req.Data(), &d); err != nil {
+		respondError(req, toolerr.New(toolerr.InvalidParameters, toolerr.ERequestInvalid,
+			`expected {"tenant_id":…, "invocation_id":…, "approve":true, "decided_by":…, "reason":…}`))
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	a, err := h.approvals.Decide(ctx, d)
+	if err != nil {
+		respondError(req, err)
+		return
+	}
+	a.Invocation = nil
+	_ = req.RespondJSON(a)
 }
 
 func (h *handlers) status(req micro.Request) {

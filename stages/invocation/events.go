@@ -20,7 +20,12 @@ const (
 	TypeRejected         = "ai.agent.tool.rejected"
 	TypePermissionDenied = "ai.agent.tool.permission_denied"
 	TypePoison           = "ai.agent.pipeline.poison"
-	TypeResult           = "tool.result"
+
+	TypeApprovalRequested = "ai.agent.tool.approval.requested"
+	TypeApprovalGranted   = "ai.agent.tool.approval.granted"
+	TypeApprovalDenied    = "ai.agent.tool.approval.denied"
+	TypeApprovalExpired   = "ai.agent.tool.approval.expired"
+	TypeResult            = "tool.result"
 )
 
 // auditTypePrefix is left off audit types in subjects: audit.<tenant>.tool.succeeded.

@@ -163,6 +163,8 @@ type Invocation struct {
 	// into Request.
 	Data    json.RawMessage `json:"data,omitempty"`
 	Request *Request        `json:"request,omitempty"`
+	// Authz is set by the authorize stage when it admits the invocation.
+	Authz *Authorization `json:"authz,omitempty"`
 	// Route is set by the route stage.
 	Route *Route `json:"route,omitempty"`
 
@@ -184,6 +186,32 @@ type Finding struct {
 	Action       string `json:"action"`
 	RulesVersion string `json:"rules_version"`
 }
+
+// Authorization is what the authorize stage established: whose token, which
+// session budget was charged, who approved, and the resources the token
+// grants, for the executors to enforce.
+type Authorization struct {
+	TokenID     string  `json:"token_id"`
+	AgentDID    string  `json:"agent_did"`
+	Session     string  `json:"session"`
+	Reserved    bool    `json:"budget_reserved,omitempty"`
+	CostPerCall float64 `json:"cost_per_call,omitempty"`
+	ApprovedBy  string  `json:"approved_by,omitempty"`
+	Grants      Grants  `json:"grants,omitzero"`
+}
+
+// Grants are the resources a capability token allows.
+type Grants struct {
+	Paths    []string `json:"paths,omitempty"`
+	PathMode string   `json:"path_mode,omitempty"`
+	Hosts    []string `json:"hosts,omitempty"`
+	Ports    []int    `json:"ports,omitempty"`
+	Secrets  []string `json:"secrets,omitempty"`
+}
+
+// Parked reports whether the invocation waits outside the pipeline (for a
+// human's approval): neither handed on nor ended.
+func (inv *Invocation) Parked() bool { return inv.Status == StatusPendingApproval }
 
 // Route is the route stage's decision.
 type Route struct {

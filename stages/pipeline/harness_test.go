@@ -12,10 +12,12 @@ import (
 	"time"
 
 	"github.com/cloudevents/sdk-go/v2/event"
+	"github.com/golang-jwt/jwt/v5"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/toolgate/toolgate/stages"
+	"github.com/toolgate/toolgate/stages/authorize/token"
 	"github.com/toolgate/toolgate/stages/client"
 	"github.com/toolgate/toolgate/stages/execute/builtin"
 	"github.com/toolgate/toolgate/stages/invocation"
@@ -131,6 +133,9 @@ func (e *env) startPipeline(cfg pipeline.Config) *pipeline.Node {
 	if cfg.Stage.Builtins == nil {
 		cfg.Stage.Builtins = e.builtins(e.t.TempDir())
 	}
+	if cfg.Stage.Tokens == nil {
+		cfg.Stage.Tokens = testVerifier()
+	}
 	nodes := make(chan *pipeline.Node, 1)
 	cfg.Ready = func(_ string, n *pipeline.Node) { nodes <- n }
 	errc := make(chan error, 1)
@@ -166,7 +171,70 @@ func (e *env) startPipeline(cfg pipeline.Config) *pipeline.Node {
 
 func request(tenant, tool string, params string) invocation.Request {
 	return invocation.Request{ToolID: tool, Parameters: json.RawMessage(params),
-		AgentContext: invocation.AgentContext{AgentDID: "did:agent:test", TenantID: tenant}}
+		AgentContext:    invocation.AgentContext{AgentDID: "did:agent:test", TenantID: tenant},
+		CapabilityToken: tokenFor(tenant, "did:agent:test")}
+}
+
+// Test capability tokens: one signing key for the package, and a token per
+// tenant and agent granting every tool and the whole file root.
+const (
+	testIssuer   = "toolgate-test"
+	testAudience = "toolgate"
+)
+
+var (
+	testKey = sync.OnceValue(func() *token.SigningKey {
+		k, err := token.GenerateSigningKey(token.AlgEdDSA)
+		if err != nil {
+			panic(err)
+		}
+		return k
+	})
+	testTokens sync.Map
+)
+
+func testVerifier() *token.Verifier {
+	return &token.Verifier{Keys: token.StaticKeys{Set: testKey().KeySet()}, Issuer: testIssuer, Audience: testAudience}
+}
+
+// mint signs c with the test key, filling in issuer, audience and expiry.
+func mint(t testing.TB, c token.Claims) string {
+	t.Helper()
+	c.Issuer, c.Audience = testIssuer, jwt.ClaimStrings{testAudience}
+	if c.ExpiresAt == nil {
+		c.ExpiresAt = jwt.NewNumericDate(time.Now().Add(time.Hour))
+	}
+	raw, err := token.Mint(testKey(), c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return raw
+}
+
+func tokenFor(tenant, agent string) string {
+	key := tenant + "|" + agent
+	if raw, ok := testTokens.Load(key); ok {
+		return raw.(string)
+	}
+	raw, err := token.Mint(testKey(), token.Claims{
+		ToolID: token.Patterns{"*"}, TenantID: tenant, AgentDID: agent,
+		Filesystem: &token.FilesystemGrant{AllowedPaths: []string{"/"}, Mode: "rw"},
+		RegisteredClaims: jwt.RegisteredClaims{
+			Issuer: testIssuer, Audience: jwt.ClaimStrings{testAudience},
+			ExpiresAt: jwt.NewNumericDate(time.Now().Add(time.Hour)),
+		},
+	})
+	if err != nil {
+		panic(err)
+	}
+	testTokens.Store(key, raw)
+	return raw
+}
+
+// withToken adds a capability token for tenant and agent to a hand-written
+// ToolInvokeRequest (or a structured CloudEvent holding one).
+func withToken(body, tenant, agent string) string {
+	return strings.Replace(body, `"agent_context":`, `"capability_token":"`+tokenFor(tenant, agent)+`","agent_context":`, 1)
 }
 
 // invoke sends req and waits for its response.

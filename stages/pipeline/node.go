@@ -15,6 +15,7 @@ import (
 	"github.com/toolgate/toolgate/stages/audit"
 	"github.com/toolgate/toolgate/stages/authorize"
 	"github.com/toolgate/toolgate/stages/authorize/policy"
+	"github.com/toolgate/toolgate/stages/authorize/token"
 	"github.com/toolgate/toolgate/stages/detect"
 	"github.com/toolgate/toolgate/stages/execute"
 	"github.com/toolgate/toolgate/stages/execute/builtin"
@@ -32,8 +33,12 @@ type Node struct {
 	JS       jetstream.JetStream
 	Store    *kvstore.Store
 	Registry *tools.Registry
+	// Revoked mirrors the revocation bucket.
+	Revoked  *token.Revocations
 	Topology stages.TopologyOptions
 	Log      *slog.Logger
+	// DevToken is the development token minted by Run with Examples.
+	DevToken string
 }
 
 // Open connects to url and makes the topology ready. The registry stays in
@@ -76,7 +81,11 @@ func OpenConn(ctx context.Context, nc *nats.Conn, topo stages.TopologyOptions, l
 	if err := store.WatchTools(ctx, reg, log); err != nil {
 		return nil, err
 	}
-	return &Node{NC: nc, JS: js, Store: store, Registry: reg, Topology: topo, Log: log}, nil
+	revoked := new(token.Revocations)
+	if err := store.WatchRevocations(ctx, revoked.Set); err != nil {
+		return nil, err
+	}
+	return &Node{NC: nc, JS: js, Store: store, Registry: reg, Revoked: revoked, Topology: topo, Log: log}, nil
 }
 
 // Close closes the connection.
@@ -125,9 +134,16 @@ func (n *Node) WaitForTool(ctx context.Context, id, version string) error {
 // StageConfig holds what the stages need beyond the node.
 type StageConfig struct {
 	MaxEventBytes int
-	Policy        *policy.Engine // nil: the shipped default policy
-	Builtins      builtin.Set    // nil: builtin.New(BuiltinEnv)
-	BuiltinEnv    builtin.Env
+	// Policy is used while the policy bucket holds no pushed bundle; nil
+	// is the shipped default policy.
+	Policy *policy.Engine
+	// Tokens verifies capability tokens; authorize refuses every call
+	// without it.
+	Tokens *token.Verifier
+	// ApprovalTimeout is how long a call waits for a human.
+	ApprovalTimeout time.Duration
+	Builtins        builtin.Set // nil: builtin.New(BuiltinEnv)
+	BuiltinEnv      builtin.Env
 	// TenantActions tighten the output policy per tenant (verify.Config.Tenants).
 	TenantActions map[string]map[string]string
 	// Detectors replaces the shipped detector rules when set.
@@ -140,14 +156,7 @@ func (n *Node) NewStage(ctx context.Context, name string, c StageConfig) (stages
 	case subjects.Validate:
 		return validate.New(n.Registry, validate.Config{MaxEventBytes: c.MaxEventBytes, Detectors: c.Detectors}), nil
 	case subjects.Authorize:
-		engine := c.Policy
-		if engine == nil {
-			var err error
-			if engine, err = policy.Default(ctx); err != nil {
-				return nil, err
-			}
-		}
-		return authorize.New(n.Registry, engine), nil
+		return n.newAuthorizer(ctx, c)
 	case subjects.Route:
 		return route.New(n.Registry, execute.Kinds...), nil
 	case subjects.Execute:
@@ -162,6 +171,50 @@ func (n *Node) NewStage(ctx context.Context, name string, c StageConfig) (stages
 		return audit.New(n.Store), nil
 	}
 	return nil, fmt.Errorf("unknown stage %q (stages: %v)", name, subjects.Stages)
+}
+
+// newAuthorizer builds the authorize stage and keeps its policy in step with
+// the policy bucket: a pushed bundle replaces the configured policy, a
+// deleted one restores it, and one that does not compile is logged and
+// ignored (push compiles first, so that needs a hand-edited bucket).
+func (n *Node) newAuthorizer(ctx context.Context, c StageConfig) (*authorize.Authorizer, error) {
+	fallback := c.Policy
+	if fallback == nil {
+		var err error
+		if fallback, err = policy.Default(ctx); err != nil {
+			return nil, err
+		}
+	}
+	verifier := c.Tokens
+	if verifier == nil {
+		verifier = &token.Verifier{Keys: token.StaticKeys{}} // refuses every token
+		n.Log.Warn("no capability token key set configured: every invocation will be refused")
+	}
+	a := authorize.New(authorize.Config{
+		Registry: n.Registry, Policy: fallback, Verifier: verifier, Revoked: n.Revoked,
+		Store: n.Store, ApprovalTimeout: c.ApprovalTimeout,
+	})
+	err := n.Store.WatchPolicy(ctx, func(b kvstore.PolicyBundle, ok bool, err error) {
+		if !ok {
+			a.SetPolicy(fallback)
+			n.Log.Info("policy bundle removed; using the configured policy")
+			return
+		}
+		var e *policy.Engine
+		if err == nil {
+			e, err = policy.New(ctx, b.Modules, b.Data)
+		}
+		if err != nil {
+			n.Log.Error("pushed policy does not load; keeping the current one", "revision", b.Revision, "err", err)
+			return
+		}
+		a.SetPolicy(e)
+		n.Log.Info("policy loaded", "revision", b.Revision, "modules", len(b.Modules))
+	})
+	if err != nil {
+		return nil, err
+	}
+	return a, nil
 }
 
 // Runner returns a Runner of stage st on this node.

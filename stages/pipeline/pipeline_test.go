@@ -58,7 +58,7 @@ func TestNATSCLIMessage(t *testing.T) {
 	h.Set("ce-traceparent", traceparent)
 	h.Set("content-type", "application/json")
 	body := `{"tool_id":"echo","agent_context":{"agent_did":"did:agent:demo","tenant_id":"demo"},"parameters":{"message":"hi"}}`
-	resp := e.publishRaw("tool.invoke.demo", h, []byte(body))
+	resp := e.publishRaw("tool.invoke.demo", h, []byte(withToken(body, "demo", "did:agent:demo")))
 	if resp.InvocationID != "cli-1" || resp.Status != invocation.StatusSuccess || !strings.Contains(string(resp.Result), `"hi"`) {
 		t.Fatalf("response %+v result %s", resp, resp.Result)
 	}
@@ -90,7 +90,7 @@ func TestStructuredMode(t *testing.T) {
 	          "parameters":{"data":{"a":{"b":[1,2,3]}},"pointer":"/a/b","op":"length"}}}`
 	h := nats.Header{}
 	h.Set("content-type", "application/cloudevents+json")
-	resp := e.publishRaw("tool.invoke.st", h, []byte(body))
+	resp := e.publishRaw("tool.invoke.st", h, []byte(withToken(body, "st", "did:agent:demo")))
 	if resp.Status != invocation.StatusSuccess || string(resp.Result) != `{"result":3}` {
 		t.Fatalf("response %+v result %s", resp, resp.Result)
 	}
@@ -140,8 +140,8 @@ func TestBadInput(t *testing.T) {
 		return "tool.invoke." + tenant, h, []byte(data)
 	}
 	data := func(tenant, tool, version, params string) string {
-		return fmt.Sprintf(`{"tool_id":%q,"tool_version":%q,"agent_context":{"agent_did":"did:agent:x","tenant_id":%q},"parameters":%s}`,
-			tool, version, tenant, params)
+		return withToken(fmt.Sprintf(`{"tool_id":%q,"tool_version":%q,"agent_context":{"agent_did":"did:agent:x","tenant_id":%q},"parameters":%s}`,
+			tool, version, tenant, params), tenant, "did:agent:x")
 	}
 	structured := nats.Header{"content-type": {"application/cloudevents+json"}}
 	cases := []struct {
@@ -192,7 +192,7 @@ func TestBadInput(t *testing.T) {
 		}, invocation.StatusError, toolerr.ToolExecutionError, toolerr.EToolPanicked, invocation.TypeFailed, false},
 		{"tool exceeds its timeout", func() (string, nats.Header, []byte) {
 			d := `{"tool_id":"sleep","agent_context":{"agent_did":"d","tenant_id":"b13"},"parameters":{"ms":5000},"resource_limits":{"timeout_seconds":1}}`
-			return binary("b13", "tool.invoke", d)
+			return binary("b13", "tool.invoke", withToken(d, "b13", "d"))
 		}, invocation.StatusTimeout, toolerr.Timeout, toolerr.ETimeout, invocation.TypeTimeout, false},
 		{"result breaks the output schema", func() (string, nats.Header, []byte) {
 			return binary("b14", "tool.invoke", data("b14", "test.bad_output", "", `{}`))

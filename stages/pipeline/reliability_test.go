@@ -126,8 +126,8 @@ func TestThreeWorkersShareAStage(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		st, err := n.NewStage(context.Background(), subjects.Authorize, pipeline.StageConfig{})
-		n.Close()
+		t.Cleanup(n.Close) // the stage reads budgets and approvals through it
+		st, err := n.NewStage(context.Background(), subjects.Authorize, pipeline.StageConfig{Tokens: testVerifier()})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -231,7 +231,7 @@ func TestDrainOnShutdown(t *testing.T) {
 	errc := make(chan error, 1)
 	go func() {
 		errc <- pipeline.Run(ctx, pipeline.Config{NATSURL: e.url, Examples: true, Workers: 1, Log: quietLog(),
-			Stage: pipeline.StageConfig{Builtins: e.builtins(t.TempDir())},
+			Stage: pipeline.StageConfig{Builtins: e.builtins(t.TempDir()), Tokens: testVerifier()},
 			Ready: func(_ string, n *pipeline.Node) {
 				if _, err := n.Store.RegisterTool(ctx, []byte(testTools[2]), true); err != nil {
 					t.Error(err)

@@ -1,6 +1,7 @@
 package pipeline
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -22,7 +23,9 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/toolgate/toolgate/stages"
+	"github.com/toolgate/toolgate/stages/approval"
 	"github.com/toolgate/toolgate/stages/authorize/policy"
+	"github.com/toolgate/toolgate/stages/authorize/token"
 	"github.com/toolgate/toolgate/stages/control"
 	"github.com/toolgate/toolgate/stages/detect"
 	"github.com/toolgate/toolgate/subjects"
@@ -52,11 +55,23 @@ type Config struct {
 	// SafetyConfigPath holds per-tenant output actions:
 	// {"tenants": {"acme": {"pii": "reject"}}}.
 	SafetyConfigPath string
-	// Examples registers the example tools at start.
+	// Examples registers the example tools at start and, unless JWKSPath
+	// is set, creates a development signing key in DevKeyDir and mints a
+	// development token (Node.DevToken) for the example tenant.
 	Examples bool
-	Topology stages.TopologyOptions
-	Stage    StageConfig
-	Log      *slog.Logger
+	// DevKeyDir holds the development key; default: Embedded.DataDir.
+	DevKeyDir string
+	// JWKSPath is the key set capability tokens are verified with; the
+	// file is reloaded when it changes.
+	JWKSPath string
+	// TokenIssuer and TokenAudience are pinned; default "toolgate".
+	TokenIssuer   string
+	TokenAudience string
+	// ApprovalSweep is how often deadlines of pending approvals are checked.
+	ApprovalSweep time.Duration
+	Topology      stages.TopologyOptions
+	Stage         StageConfig
+	Log           *slog.Logger
 	// Ready, if set, is called once everything runs, with the NATS URL.
 	Ready func(url string, n *Node)
 }
@@ -107,6 +122,9 @@ func Run(ctx context.Context, c Config) error {
 	if err := loadSafety(&c); err != nil {
 		return err
 	}
+	if err := setupTokens(runCtx, &c, n, log); err != nil {
+		return err
+	}
 	if c.PolicyPath != "" && c.Stage.Policy == nil {
 		if c.Stage.Policy, err = loadPolicy(ctx, c.PolicyPath); err != nil {
 			return err
@@ -126,15 +144,19 @@ func Run(ctx context.Context, c Config) error {
 		defer func() { _ = srv.Close() }()
 	}
 
+	approvals := &approval.Service{Store: n.Store, JS: n.JS, Log: log}
 	var runners []*stages.Runner
 	for _, name := range c.Stages {
 		if name == Control {
-			svc, err := control.Start(n.NC, n.Store, n.Registry)
+			svc, err := control.Start(n.NC, n.Store, n.Registry, approvals)
 			if err != nil {
 				return err
 			}
 			defer func() { _ = svc.Stop() }()
 			continue
+		}
+		if name == subjects.Authorize {
+			go approvals.RunSweeper(runCtx, cmp.Or(c.ApprovalSweep, time.Second))
 		}
 		st, err := n.NewStage(ctx, name, c.Stage)
 		if err != nil {
@@ -164,6 +186,37 @@ func Run(ctx context.Context, c Config) error {
 	close(errs)
 	log.Info("toolgate stopped: in-flight work drained")
 	return errors.Join(collect(errs)...)
+}
+
+// setupTokens configures capability token verification: the operator's key
+// set, or with Examples and no key set, a development key.
+func setupTokens(ctx context.Context, c *Config, n *Node, log *slog.Logger) error {
+	if c.Stage.Tokens != nil {
+		return nil
+	}
+	iss, aud := cmp.Or(c.TokenIssuer, "toolgate"), cmp.Or(c.TokenAudience, "toolgate")
+	switch {
+	case c.JWKSPath != "":
+		kf, err := token.OpenKeyFile(c.JWKSPath, log)
+		if err != nil {
+			return fmt.Errorf("key set: %w", err)
+		}
+		go kf.Watch(ctx, time.Second)
+		c.Stage.Tokens = &token.Verifier{Keys: kf, Issuer: iss, Audience: aud, Leeway: 30 * time.Second}
+	case c.Examples:
+		dir := cmp.Or(c.DevKeyDir, c.Embedded.DataDir)
+		if dir == "" {
+			return errors.New("examples: no directory for the development key (set DevKeyDir or the data directory)")
+		}
+		k, raw, err := devKeys(dir, iss, aud)
+		if err != nil {
+			return fmt.Errorf("development key: %w", err)
+		}
+		n.DevToken = raw
+		c.Stage.Tokens = &token.Verifier{Keys: token.StaticKeys{Set: k.KeySet()}, Issuer: iss, Audience: aud, Leeway: 30 * time.Second}
+		log.Info("development signing key in use: not for production", "dir", dir)
+	}
+	return nil
 }
 
 func collect(ch <-chan error) []error {

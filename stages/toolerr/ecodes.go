@@ -45,3 +45,22 @@ const (
 	EOutputInjection  = "E3511"
 	EOutputTooLarge   = "E3512"
 )
+
+// Capability token, policy and approval codes. E3201-E3208 follow the
+// specification; E3210-E3215 are toolgate's own.
+const (
+	ETokenInvalid      = "E3201" // bad signature, algorithm, key, issuer, audience or form
+	ETokenExpired      = "E3202"
+	EFilesystemDenied  = "E3203" // a path the call needs is outside the token's grants
+	ENetworkDenied     = "E3204"
+	ECredentialDenied  = "E3205"
+	ETokenClaims       = "E3207" // a required claim is missing
+	ETokenRevoked      = "E3208"
+	ENotGranted        = "E3210" // the token is for another tenant, agent, tool or version
+	EBudgetExhausted   = "E3211"
+	EApprovalDenied    = "E3212"
+	EApprovalExpired   = "E3213"
+	EApprovalUnknown   = "E3214" // no pending approval with that invocation id
+	EApprovalDecided   = "E3215" // the approval was decided already
+	EAttenuationWidens = "E3216" // a child token would widen its parent
+)

@@ -5,6 +5,9 @@ package tools
 import (
 	"bytes"
 	"encoding/json"
+	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/Masterminds/semver/v3"
@@ -280,4 +283,54 @@ func (m *Manifest) serving() bool {
 		return false
 	}
 	return true
+}
+
+// Lookup evaluates a JSON pointer (RFC 6901) in a decoded JSON document.
+func Lookup(doc any, ptr string) (any, bool) {
+	if ptr == "" || ptr == "/" {
+		return doc, true
+	}
+	cur := doc
+	for _, tok := range strings.Split(strings.TrimPrefix(ptr, "/"), "/") {
+		tok = strings.ReplaceAll(strings.ReplaceAll(tok, "~1", "/"), "~0", "~")
+		switch c := cur.(type) {
+		case map[string]any:
+			v, ok := c[tok]
+			if !ok {
+				return nil, false
+			}
+			cur = v
+		case []any:
+			i, err := strconv.Atoi(tok)
+			if err != nil || i < 0 || i >= len(c) {
+				return nil, false
+			}
+			cur = c[i]
+		default:
+			return nil, false
+		}
+	}
+	return cur, true
+}
+
+// PathParameters returns the string values of the parameters the manifest
+// marks with the path check.
+func (m *Manifest) PathParameters(params []byte) []string {
+	var doc any
+	if len(m.InputChecks) == 0 || json.Unmarshal(params, &doc) != nil {
+		return nil
+	}
+	var out []string
+	for ptr, checks := range m.InputChecks {
+		if !slices.Contains(checks, CheckPath) {
+			continue
+		}
+		if v, ok := Lookup(doc, ptr); ok {
+			if s, ok := v.(string); ok {
+				out = append(out, s)
+			}
+		}
+	}
+	slices.Sort(out)
+	return out
 }

@@ -69,7 +69,7 @@ func checkInputs(m *tools.Manifest, params []byte, eng *detect.Engine) error {
 		return nil
 	}
 	for ptr, checks := range m.InputChecks {
-		v, ok := lookup(doc, ptr)
+		v, ok := tools.Lookup(doc, ptr)
 		if !ok {
 			continue
 		}
@@ -155,32 +155,4 @@ func resolve(p string) string {
 		rest = filepath.Join(filepath.Base(dir), rest)
 		dir = parent
 	}
-}
-
-// lookup evaluates a JSON pointer.
-func lookup(doc any, ptr string) (any, bool) {
-	if ptr == "" || ptr == "/" {
-		return doc, true
-	}
-	cur := doc
-	for _, tok := range strings.Split(strings.TrimPrefix(ptr, "/"), "/") {
-		tok = strings.ReplaceAll(strings.ReplaceAll(tok, "~1", "/"), "~0", "~")
-		switch c := cur.(type) {
-		case map[string]any:
-			v, ok := c[tok]
-			if !ok {
-				return nil, false
-			}
-			cur = v
-		case []any:
-			i, err := strconv.Atoi(tok)
-			if err != nil || i < 0 || i >= len(c) {
-				return nil, false
-			}
-			cur = c[i]
-		default:
-			return nil, false
-		}
-	}
-	return cur, true
 }

@@ -34,6 +34,8 @@ type Decision struct {
 	Allow            bool     `json:"allow"`
 	Reasons          []string `json:"reasons,omitempty"`
 	RequiresApproval bool     `json:"requires_approval,omitempty"`
+	// Code is the E-code of a denial, when the policy names one.
+	Code string `json:"code,omitempty"`
 }
 
 // Engine holds one prepared query.
@@ -154,6 +156,9 @@ func (e *Engine) Eval(ctx context.Context, input any) (Decision, error) {
 	d := Decision{Allow: allow}
 	if ra, ok := obj["requires_approval"].(bool); ok {
 		d.RequiresApproval = ra
+	}
+	if c, ok := obj["code"].(string); ok {
+		d.Code = c
 	}
 	if rs, ok := obj["reasons"].([]any); ok {
 		for _, r := range rs {

@@ -24,6 +24,7 @@ type policyCase struct {
 	Allow            bool           `json:"allow"`
 	RequiresApproval bool           `json:"requires_approval"`
 	Reason           string         `json:"reason"`
+	Code             string         `json:"code"`
 }
 
 func TestShippedPolicy(t *testing.T) {
@@ -44,6 +45,9 @@ func TestShippedPolicy(t *testing.T) {
 			}
 			if d.Allow != c.Allow || d.RequiresApproval != c.RequiresApproval {
 				t.Fatalf("decision %+v, want allow=%v requires_approval=%v", d, c.Allow, c.RequiresApproval)
+			}
+			if d.Code != c.Code {
+				t.Fatalf("code %q, want %q (%v)", d.Code, c.Code, d.Reasons)
 			}
 			if c.Reason != "" && !strings.Contains(strings.Join(d.Reasons, "|"), c.Reason) {
 				t.Fatalf("reasons %q lack %q", d.Reasons, c.Reason)

@@ -1,0 +1,309 @@
+package kvstore
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolgate/toolgate/stages/toolerr"
+	"github.com/toolgate/toolgate/subjects"
+)
+
+// casAttempts bounds compare-and-swap loops; contention beyond it is an error
+// the caller retries later.
+const casAttempts = 32
+
+// --- revocations -----------------------------------------------------------
+
+// Revoke records that the token with id jti is revoked until until (its
+// expiry: after that it is refused anyway and the entry expires).
+func (s *Store) Revoke(ctx context.Context, jti string, until time.Time, reason string) error {
+	ttl := time.Until(until)
+	if ttl < time.Second {
+		ttl = time.Second
+	}
+	val, _ := json.Marshal(map[string]any{"revoked_at": time.Now().UTC(), "until": until.UTC(), "reason": reason})
+	_, err := s.revocations.Create(ctx, subjects.Token(jti), val, jetstream.KeyTTL(ttl))
+	if errors.Is(err, jetstream.ErrKeyExists) {
+		return nil // revoked already
+	}
+	return err
+}
+
+// WatchRevocations calls revoked(jti, true) for every revoked token and
+// revoked(jti, false) when a revocation is removed or expires. It returns once
+// the current set has been delivered.
+func (s *Store) WatchRevocations(ctx context.Context, revoked func(jti string, on bool)) error {
+	return watch(ctx, s.revocations, func(e jetstream.KeyValueEntry) {
+		jti, err := subjects.Untoken(e.Key())
+		if err != nil {
+			return
+		}
+		revoked(jti, e.Operation() == jetstream.KeyValuePut)
+	})
+}
+
+// --- policies --------------------------------------------------------------
+
+const policyKey = "active"
+
+// PolicyBundle is the authorization policy as pushed: Rego modules by file
+// name and the data document. It is stored as one value, so a worker sees a
+// whole push or none of it.
+type PolicyBundle struct {
+	Modules  map[string]string `json:"modules"`
+	Data     map[string]any    `json:"data,omitempty"`
+	PushedAt time.Time         `json:"pushed_at"`
+	PushedBy string            `json:"pushed_by,omitempty"`
+	Revision uint64            `json:"-"`
+}
+
+// PushPolicy stores b as the active policy and returns its revision. The
+// caller compiles it first: the store does not judge Rego.
+func (s *Store) PushPolicy(ctx context.Context, b PolicyBundle) (uint64, error) {
+	if b.PushedAt.IsZero() {
+		b.PushedAt = time.Now().UTC()
+	}
+	val, err := json.Marshal(b)
+	if err != nil {
+		return 0, err
+	}
+	return s.policies.Put(ctx, policyKey, val)
+}
+
+// Policy returns the active bundle, or ok false when none was pushed.
+func (s *Store) Policy(ctx context.Context) (PolicyBundle, bool, error) {
+	e, err := s.policies.Get(ctx, policyKey)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return PolicyBundle{}, false, nil
+	}
+	if err != nil {
+		return PolicyBundle{}, false, err
+	}
+	var b PolicyBundle
+	if err := json.Unmarshal(e.Value(), &b); err != nil {
+		return PolicyBundle{}, false, fmt.Errorf("decoding policy bundle: %w", err)
+	}
+	b.Revision = e.Revision()
+	return b, true, nil
+}
+
+// WatchPolicy calls fn with every pushed bundle, the current one first, and
+// with ok false when the bundle is deleted. It returns once the current
+// bundle (if any) has been delivered.
+func (s *Store) WatchPolicy(ctx context.Context, fn func(b PolicyBundle, ok bool, err error)) error {
+	return watch(ctx, s.policies, func(e jetstream.KeyValueEntry) {
+		if e.Key() != policyKey {
+			return
+		}
+		if e.Operation() != jetstream.KeyValuePut {
+			fn(PolicyBundle{}, false, nil)
+			return
+		}
+		var b PolicyBundle
+		err := json.Unmarshal(e.Value(), &b)
+		b.Revision = e.Revision()
+		fn(b, true, err)
+	})
+}
+
+// --- approvals -------------------------------------------------------------
+
+// Approval states.
+const (
+	ApprovalPending  = "pending"
+	ApprovalApproved = "approved"
+	ApprovalDenied   = "denied"
+	ApprovalExpired  = "expired"
+)
+
+// Approval is a human decision on one invocation, asked for or made.
+type Approval struct {
+	InvocationID string    `json:"invocation_id"`
+	Tenant       string    `json:"tenant_id"`
+	ToolID       string    `json:"tool_id"`
+	ToolVersion  string    `json:"tool_version"`
+	Reasons      []string  `json:"reasons,omitempty"`
+	State        string    `json:"state"`
+	RequestedAt  time.Time `json:"requested_at"`
+	Deadline     time.Time `json:"deadline"`
+	DecidedAt    time.Time `json:"decided_at,omitzero"`
+	DecidedBy    string    `json:"decided_by,omitempty"`
+	Reason       string    `json:"reason,omitempty"`
+	// Invocation is the parked pipeline envelope, resumed or ended on decision.
+	Invocation json.RawMessage `json:"invocation"`
+}
+
+func approvalKey(tenant, id string) string { return invocationKey(tenant, id) }
+
+// RequestApproval stores a as pending unless an approval for the invocation
+// exists, and returns what is stored and whether it was created.
+func (s *Store) RequestApproval(ctx context.Context, a Approval) (Approval, bool, error) {
+	a.State = ApprovalPending
+	val, err := json.Marshal(a)
+	if err != nil {
+		return Approval{}, false, err
+	}
+	_, err = s.approvals.Create(ctx, approvalKey(a.Tenant, a.InvocationID), val)
+	if errors.Is(err, jetstream.ErrKeyExists) {
+		cur, _, err := s.approval(ctx, a.Tenant, a.InvocationID)
+		return cur, false, err
+	}
+	if err != nil {
+		return Approval{}, false, fmt.Errorf("requesting approval: %w", err)
+	}
+	return a, true, nil
+}
+
+// ErrNoApproval matches the error of an invocation without an approval.
+var ErrNoApproval = &toolerr.Error{Code: toolerr.InvalidParameters, ECode: toolerr.EApprovalUnknown}
+
+// Approval returns the approval of an invocation, or E3214 when none exists.
+func (s *Store) Approval(ctx context.Context, tenant, id string) (Approval, error) {
+	a, _, err := s.approval(ctx, tenant, id)
+	return a, err
+}
+
+func (s *Store) approval(ctx context.Context, tenant, id string) (Approval, uint64, error) {
+	e, err := s.approvals.Get(ctx, approvalKey(tenant, id))
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return Approval{}, 0, toolerr.New(toolerr.InvalidParameters, toolerr.EApprovalUnknown,
+			"no approval was requested for invocation %s of tenant %s", id, tenant)
+	}
+	if err != nil {
+		return Approval{}, 0, err
+	}
+	var a Approval
+	if err := json.Unmarshal(e.Value(), &a); err != nil {
+		return Approval{}, 0, fmt.Errorf("decoding approval: %w", err)
+	}
+	return a, e.Revision(), nil
+}
+
+// Decide moves a pending approval to state (approved, denied or expired)
+// with a compare-and-swap, so that of any number of concurrent decisions
+// exactly one wins. The loser gets E3215 with the stored decision; an unknown
+// invocation is E3214.
+func (s *Store) Decide(ctx context.Context, tenant, id, state, by, reason string) (Approval, error) {
+	for range casAttempts {
+		a, rev, err := s.approval(ctx, tenant, id)
+		if err != nil {
+			return Approval{}, err
+		}
+		if a.State != ApprovalPending {
+			return a, toolerr.New(toolerr.StateConflict, toolerr.EApprovalDecided,
+				"invocation %s was already %s by %s", id, a.State, a.DecidedBy).WithDetail("state", a.State)
+		}
+		a.State, a.DecidedBy, a.Reason, a.DecidedAt = state, by, reason, time.Now().UTC()
+		val, err := json.Marshal(a)
+		if err != nil {
+			return Approval{}, err
+		}
+		_, err = s.approvals.Update(ctx, approvalKey(tenant, id), val, rev)
+		if errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+			continue
+		}
+		if err != nil {
+			return Approval{}, fmt.Errorf("recording decision: %w", err)
+		}
+		return a, nil
+	}
+	return Approval{}, fmt.Errorf("approval of %s: too much contention", id)
+}
+
+// PendingApprovals lists the approvals still waiting for a decision.
+func (s *Store) PendingApprovals(ctx context.Context) ([]Approval, error) {
+	lister, err := s.approvals.ListKeys(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []Approval
+	for key := range lister.Keys() {
+		e, err := s.approvals.Get(ctx, key)
+		if err != nil {
+			continue // deleted since listed
+		}
+		var a Approval
+		if json.Unmarshal(e.Value(), &a) == nil && a.State == ApprovalPending {
+			out = append(out, a)
+		}
+	}
+	return out, nil
+}
+
+// --- budgets ---------------------------------------------------------------
+
+// Usage is what one session has used so far.
+type Usage struct {
+	Calls               int64     `json:"calls"`
+	RuntimeMS           int64     `json:"runtime_ms"`
+	Cost                float64   `json:"cost"`
+	Tokens              int64     `json:"tokens"`
+	ConsecutiveFailures int64     `json:"consecutive_failures"`
+	UpdatedAt           time.Time `json:"updated_at,omitzero"`
+	// Reserved are the latest invocations charged, so a retried charge of
+	// the same invocation is recognised.
+	Reserved []string `json:"reserved,omitempty"`
+	// Settled are the latest invocations whose end was charged.
+	Settled []string `json:"settled,omitempty"`
+}
+
+func budgetKey(tenant, session string) string { return invocationKey(tenant, session) }
+
+// Usage returns a session's usage; an unknown session has used nothing.
+func (s *Store) Usage(ctx context.Context, tenant, session string) (Usage, error) {
+	u, _, err := s.usage(ctx, tenant, session)
+	return u, err
+}
+
+func (s *Store) usage(ctx context.Context, tenant, session string) (Usage, uint64, error) {
+	e, err := s.budgets.Get(ctx, budgetKey(tenant, session))
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return Usage{}, 0, nil
+	}
+	if err != nil {
+		return Usage{}, 0, err
+	}
+	var u Usage
+	if err := json.Unmarshal(e.Value(), &u); err != nil {
+		return Usage{}, 0, fmt.Errorf("decoding usage: %w", err)
+	}
+	return u, e.Revision(), nil
+}
+
+// UpdateUsage applies change to a session's usage with compare-and-swap and
+// returns the stored result. If change returns an error nothing is written.
+func (s *Store) UpdateUsage(ctx context.Context, tenant, session string, change func(*Usage) error) (Usage, error) {
+	key := budgetKey(tenant, session)
+	for range casAttempts {
+		u, rev, err := s.usage(ctx, tenant, session)
+		if err != nil {
+			return Usage{}, err
+		}
+		if err := change(&u); err != nil {
+			return u, err
+		}
+		u.UpdatedAt = time.Now().UTC()
+		val, err := json.Marshal(u)
+		if err != nil {
+			return Usage{}, err
+		}
+		if rev == 0 {
+			_, err = s.budgets.Create(ctx, key, val)
+		} else {
+			_, err = s.budgets.Update(ctx, key, val, rev)
+		}
+		if errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+			continue
+		}
+		if err != nil {
+			return Usage{}, fmt.Errorf("updating usage: %w", err)
+		}
+		return u, nil
+	}
+	return Usage{}, fmt.Errorf("usage of %s/%s: too much contention", tenant, session)
+}

@@ -1,0 +1,47 @@
+package kvstore
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// watch calls fn for every entry of kv, in order, until ctx is done. It
+// returns once the values stored at the time of the call have all been
+// applied, so a caller never serves with half-loaded state.
+func watch(ctx context.Context, kv jetstream.KeyValue, fn func(jetstream.KeyValueEntry)) error {
+	w, err := kv.WatchAll(ctx)
+	if err != nil {
+		return fmt.Errorf("watching %s: %w", kv.Bucket(), err)
+	}
+	ready := make(chan struct{})
+	go func() {
+		defer func() { _ = w.Stop() }()
+		loaded := false
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case e, ok := <-w.Updates():
+				if !ok {
+					return
+				}
+				if e == nil { // the initial values have all been delivered
+					if !loaded {
+						loaded = true
+						close(ready)
+					}
+					continue
+				}
+				fn(e)
+			}
+		}
+	}()
+	select {
+	case <-ready:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}

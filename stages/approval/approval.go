@@ -1,0 +1,150 @@
+// Package approval decides parked invocations: a human's approve or deny,
+// or the deadline passing. Of any number of decisions on one invocation,
+// sent to any number of processes, exactly one wins (a compare-and-swap on
+// its approval record), and only the winner resumes or ends the invocation.
+package approval
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolgate/toolgate/kvstore"
+	"github.com/toolgate/toolgate/stages"
+	"github.com/toolgate/toolgate/stages/invocation"
+	"github.com/toolgate/toolgate/stages/toolerr"
+	"github.com/toolgate/toolgate/subjects"
+)
+
+// Decision is a request to approve or deny one invocation.
+type Decision struct {
+	Tenant       string `json:"tenant_id"`
+	InvocationID string `json:"invocation_id"`
+	Approve      bool   `json:"approve"`
+	DecidedBy    string `json:"decided_by"`
+	Reason       string `json:"reason,omitempty"`
+}
+
+// Decided is the audit data of a decision.
+type Decided struct {
+	invocation.AuditRecord
+	Decision  string `json:"decision"`
+	DecidedBy string `json:"decided_by"`
+	Reason    string `json:"reason,omitempty"`
+}
+
+// Service applies decisions.
+type Service struct {
+	Store *kvstore.Store
+	JS    jetstream.JetStream
+	Log   *slog.Logger
+}
+
+// Decide records d and, if it is the first decision, resumes the invocation
+// at authorize (approved) or ends it through audit (denied). A second
+// decision gets E3215; an unknown invocation E3214.
+func (s *Service) Decide(ctx context.Context, d Decision) (kvstore.Approval, error) {
+	if d.Tenant == "" || d.InvocationID == "" || d.DecidedBy == "" {
+		return kvstore.Approval{}, toolerr.New(toolerr.InvalidParameters, toolerr.ERequestInvalid,
+			"a decision needs tenant_id, invocation_id and decided_by")
+	}
+	state := kvstore.ApprovalDenied
+	if d.Approve {
+		state = kvstore.ApprovalApproved
+	}
+	a, err := s.Store.Decide(ctx, d.Tenant, d.InvocationID, state, d.DecidedBy, d.Reason)
+	if err != nil {
+		return a, err
+	}
+	return a, s.apply(ctx, a)
+}
+
+// apply carries a won decision into the pipeline. Its publishes carry ids
+// derived from the invocation, so applying twice publishes once.
+func (s *Service) apply(ctx context.Context, a kvstore.Approval) error {
+	var inv invocation.Invocation
+	if err := json.Unmarshal(a.Invocation, &inv); err != nil {
+		return fmt.Errorf("parked invocation %s: %w", a.InvocationID, err)
+	}
+	var typ, next string
+	switch a.State {
+	case kvstore.ApprovalApproved:
+		typ, next = invocation.TypeApprovalGranted, subjects.Authorize
+	case kvstore.ApprovalDenied:
+		typ, next = invocation.TypeApprovalDenied, subjects.Audit
+		inv.Fail(subjects.Authorize, toolerr.New(toolerr.PermissionDenied, toolerr.EApprovalDenied,
+			"%s denied the call: %s", a.DecidedBy, a.Reason))
+	case kvstore.ApprovalExpired:
+		typ, next = invocation.TypeApprovalExpired, subjects.Audit
+		inv.Fail(subjects.Authorize, toolerr.New(toolerr.PermissionDenied, toolerr.EApprovalExpired,
+			"no one approved the call before %s", a.Deadline.Format(time.RFC3339)))
+	default:
+		return fmt.Errorf("approval of %s is %s, nothing to apply", a.InvocationID, a.State)
+	}
+	ev, err := stages.AuditEvent(subjects.Authorize, &inv, typ, Decided{
+		AuditRecord: inv.Audit(), Decision: a.State, DecidedBy: a.DecidedBy, Reason: a.Reason,
+	})
+	if err != nil {
+		return err
+	}
+	hop, err := stages.Handoff(&inv, next)
+	if err != nil {
+		return err
+	}
+	hop.MsgID = fmt.Sprintf("%d.decision", inv.Event.Seq)
+	for _, o := range []stages.Output{ev, hop} {
+		if err := stages.Publish(ctx, s.JS, o); err != nil {
+			return fmt.Errorf("publishing decision on %s: %w", a.InvocationID, err)
+		}
+	}
+	return nil
+}
+
+// Sweep ends every pending approval whose deadline has passed, as denied
+// (expired). Several processes may sweep at once: the compare-and-swap lets
+// one of them end each.
+func (s *Service) Sweep(ctx context.Context, now time.Time) (int, error) {
+	pending, err := s.Store.PendingApprovals(ctx)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, p := range pending {
+		if now.Before(p.Deadline) {
+			continue
+		}
+		a, err := s.Store.Decide(ctx, p.Tenant, p.InvocationID, kvstore.ApprovalExpired, "toolgate", "deadline passed")
+		if errors.Is(err, &toolerr.Error{Code: toolerr.StateConflict, ECode: toolerr.EApprovalDecided}) {
+			continue // decided meanwhile
+		}
+		if err != nil {
+			return n, err
+		}
+		if err := s.apply(ctx, a); err != nil {
+			return n, err
+		}
+		n++
+	}
+	return n, nil
+}
+
+// RunSweeper sweeps every interval until ctx is done.
+func (s *Service) RunSweeper(ctx context.Context, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if _, err := s.Sweep(ctx, time.Now()); err != nil && ctx.Err() == nil {
+				s.Log.Warn("sweeping approvals", "err", err)
+			}
+		}
+	}
+}
