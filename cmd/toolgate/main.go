@@ -34,6 +34,10 @@ usage:
   toolgate status ID --tenant T
   toolgate tail   [--tenant T] [--all]
   toolgate tools  register FILE [--replace] | list | get ID [--version V]
+  toolgate token  keygen | mint --key K [--parent TOKEN] [grants] | inspect TOKEN | revoke TOKEN
+  toolgate policy push DIR | show
+  toolgate approve ID [--tenant T] [--reason R]
+  toolgate deny    ID [--tenant T] [--reason R]
   toolgate bench  [--rate N] [--duration D]
 
 Run 'toolgate COMMAND -h' for a command's flags.
@@ -72,6 +76,14 @@ func run(args []string) error {
 		return toolsCmd(ctx, rest)
 	case "bench":
 		return benchCmd(ctx, rest)
+	case "token":
+		return tokenCmd(ctx, rest)
+	case "policy":
+		return policyCmd(ctx, rest)
+	case "approve":
+		return decideCmd(ctx, rest, true)
+	case "deny":
+		return decideCmd(ctx, rest, false)
 	case "help", "-h", "--help":
 		fmt.Fprintf(os.Stdout, usage, strings.Join(subjects.Stages, ", "))
 		return nil
@@ -92,6 +104,10 @@ func pipelineFlags(fs *flag.FlagSet, c *pipeline.Config) *string {
 	fs.IntVar(&c.Topology.Replicas, "replicas", 1, "replicas of streams and buckets created at start")
 	fs.DurationVar(&c.Topology.AckWait, "ack-wait", 30*time.Second, "stage consumers' ack wait")
 	fs.IntVar(&c.Topology.MaxDeliver, "max-deliver", 5, "deliveries before an invocation ends with E3901")
+	fs.StringVar(&c.JWKSPath, "jwks", "", "key set (JWKS file) capability tokens are verified with; reloaded on change")
+	fs.StringVar(&c.TokenIssuer, "token-issuer", "toolgate", "required iss of capability tokens")
+	fs.StringVar(&c.TokenAudience, "token-audience", "toolgate", "required aud of capability tokens")
+	fs.DurationVar(&c.Stage.ApprovalTimeout, "approval-timeout", 15*time.Minute, "how long a call waits for a human's approval before it ends denied")
 	return fs.String("log-level", "info", "debug, info, warn or error")
 }
 
@@ -116,7 +132,9 @@ func serve(ctx context.Context, args []string) error {
 	}
 	c.Log = logger(*level)
 	if c.Examples {
-		c.Ready = func(url string, _ *pipeline.Node) { printWelcome(url, c.Stage.BuiltinEnv.FileRoot) }
+		c.Ready = func(url string, n *pipeline.Node) {
+			printWelcome(url, c.Stage.BuiltinEnv.FileRoot, n.DevToken, c.Embedded.DataDir)
+		}
 	}
 	return pipeline.Run(ctx, c)
 }
@@ -137,9 +155,19 @@ func stage(ctx context.Context, args []string) error {
 	return pipeline.Run(ctx, c)
 }
 
-func printWelcome(url, root string) {
+func printWelcome(url, root, devToken, dataDir string) {
 	fmt.Printf(`
 toolgate is running: NATS at %s, all six stages, example tools registered.
+`, url)
+	if devToken != "" {
+		fmt.Printf(`
+A development token for tenant %s (agent %s, every tool, 24 h) is in
+%s; toolgate invoke uses it by itself. For other clients:
+
+  export TOOLGATE_TOKEN=$(cat %s)
+`, pipeline.DevTenant, pipeline.DevAgent, pipeline.DevTokenPath(dataDir), pipeline.DevTokenPath(dataDir))
+	}
+	fmt.Printf(`
 In another terminal:
 
   go run ./cmd/toolgate tools list
@@ -148,11 +176,11 @@ In another terminal:
 
 or with the nats CLI:
 
-  nats pub tool.invoke.demo '{"tool_id":"echo","agent_context":{"agent_did":"did:agent:demo","tenant_id":"demo"},"parameters":{"message":"hi"}}' \
+  nats pub tool.invoke.demo "{\"tool_id\":\"echo\",\"capability_token\":\"$TOOLGATE_TOKEN\",\"agent_context\":{\"agent_did\":\"did:agent:demo\",\"tenant_id\":\"demo\"},\"parameters\":{\"message\":\"hi\"}}" \
     -H ce-specversion:1.0 -H 'ce-id:{{ID}}' -H ce-source:urn:demo -H ce-type:tool.invoke -H content-type:application/json
   nats sub 'tool.result.demo.>' --all
   nats sub 'audit.demo.>' --all
-`, url)
+`)
 	if root != "" {
 		fmt.Printf("\nread_file is confined to %s:\n  go run ./cmd/toolgate invoke fs.read_file --tenant demo --params '{\"path\":\"README.md\"}' --wait\n", root)
 	}
@@ -187,10 +215,11 @@ func invoke(ctx context.Context, args []string) error {
 	tenant := fs.String("tenant", "demo", "tenant id")
 	params := fs.String("params", "{}", "parameters as a JSON object")
 	version := fs.String("version", "", "exact version or semver range (default: latest)")
-	agent := fs.String("agent", "did:agent:cli", "agent DID")
+	agent := fs.String("agent", pipeline.DevAgent, "agent DID")
 	session := fs.String("session", "", "session id")
 	id := fs.String("id", "", "invocation id (default: a new UUID)")
-	token := fs.String("token", os.Getenv("TOOLGATE_TOKEN"), "capability token")
+	tok := fs.String("token", os.Getenv("TOOLGATE_TOKEN"), "capability token (default: $TOOLGATE_TOKEN, else the development token in --data)")
+	data := fs.String("data", "toolgate-data", "data directory of a local serve --examples")
 	wait := fs.Bool("wait", false, "wait for the result and print it")
 	timeout := fs.Duration("timeout", 60*time.Second, "how long --wait waits")
 	if err := fs.Parse(args[1:]); err != nil {
@@ -205,7 +234,7 @@ func invoke(ctx context.Context, args []string) error {
 	}
 	defer closeFn()
 	req := invocation.Request{
-		ToolID: args[0], ToolVersion: *version, Parameters: json.RawMessage(*params), CapabilityToken: *token,
+		ToolID: args[0], ToolVersion: *version, Parameters: json.RawMessage(*params), CapabilityToken: devToken(*tok, *data),
 		AgentContext: invocation.AgentContext{AgentDID: *agent, TenantID: *tenant, SessionID: *session},
 	}
 	invID, err := c.Invoke(ctx, req, client.InvokeOptions{ID: *id})

@@ -334,16 +334,21 @@ func resources(m *tools.Manifest, params json.RawMessage) Resources {
 	if writes {
 		paramMode = "rw"
 	}
-	for _, p := range m.Permissions.Filesystem {
-		if c, err := token.CleanPath(p.Path); err == nil {
-			r.Paths = append(r.Paths, PathNeed{Path: c, Mode: cmp.Or(p.Mode, "ro")})
+	// The paths a call names are what it needs; the manifest's filesystem
+	// permissions (its widest reach) count only for tools that name none.
+	if named := m.PathParameters(params); len(named) > 0 {
+		for _, p := range named {
+			// Validate refused climbing paths; what is left names a
+			// place under the file root.
+			if c, err := token.CleanPath(p); err == nil {
+				r.Paths = append(r.Paths, PathNeed{Path: c, Mode: paramMode})
+			}
 		}
-	}
-	for _, p := range m.PathParameters(params) {
-		// Validate refused climbing paths; what is left names a place
-		// under the file root.
-		if c, err := token.CleanPath(p); err == nil {
-			r.Paths = append(r.Paths, PathNeed{Path: c, Mode: paramMode})
+	} else {
+		for _, p := range m.Permissions.Filesystem {
+			if c, err := token.CleanPath(p.Path); err == nil {
+				r.Paths = append(r.Paths, PathNeed{Path: c, Mode: cmp.Or(p.Mode, "ro")})
+			}
 		}
 	}
 	for _, n := range m.Permissions.Network {

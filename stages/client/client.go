@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/toolgate/toolgate/kvstore"
+	"github.com/toolgate/toolgate/stages/approval"
 	"github.com/toolgate/toolgate/stages/control"
 	"github.com/toolgate/toolgate/stages/invocation"
 	"github.com/toolgate/toolgate/stages/toolerr"
@@ -208,4 +209,12 @@ func (c *Client) Tail(ctx context.Context, tenant string, all bool, fn func(subj
 			return err
 		}
 	}
+}
+
+// Decide approves or denies a parked invocation. Of several decisions on
+// one invocation only the first counts; later ones fail with E3215.
+func (c *Client) Decide(ctx context.Context, d approval.Decision) (kvstore.Approval, error) {
+	var out kvstore.Approval
+	err := c.request(ctx, subjects.SvcApproval, d, &out)
+	return out, err
 }

@@ -104,9 +104,19 @@ func LoadFile(ctx context.Context, path string) (*Engine, error) {
 // LoadDir builds an Engine from every *.rego file in dir and, if present,
 // the document in dir/data.json.
 func LoadDir(ctx context.Context, dir string) (*Engine, error) {
+	modules, data, err := ReadDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	return New(ctx, modules, data)
+}
+
+// ReadDir reads the policy in dir: every *.rego file by name, and the data
+// document in data.json if there is one.
+func ReadDir(dir string) (map[string]string, map[string]any, error) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
-		return nil, fmt.Errorf("policy: %w", err)
+		return nil, nil, fmt.Errorf("policy: %w", err)
 	}
 	modules := map[string]string{}
 	for _, e := range entries {
@@ -115,22 +125,22 @@ func LoadDir(ctx context.Context, dir string) (*Engine, error) {
 		}
 		src, err := os.ReadFile(filepath.Join(dir, e.Name()))
 		if err != nil {
-			return nil, fmt.Errorf("policy: %w", err)
+			return nil, nil, fmt.Errorf("policy: %w", err)
 		}
 		modules[e.Name()] = string(src)
 	}
 	if len(modules) == 0 {
-		return nil, fmt.Errorf("policy: no .rego files in %s", dir)
+		return nil, nil, fmt.Errorf("policy: no .rego files in %s", dir)
 	}
 	var data map[string]any
 	if b, err := os.ReadFile(filepath.Join(dir, "data.json")); err == nil {
 		if err := json.Unmarshal(b, &data); err != nil {
-			return nil, fmt.Errorf("policy data %s: %w", filepath.Join(dir, "data.json"), err)
+			return nil, nil, fmt.Errorf("policy data %s: %w", filepath.Join(dir, "data.json"), err)
 		}
 	} else if !os.IsNotExist(err) {
-		return nil, fmt.Errorf("policy: %w", err)
+		return nil, nil, fmt.Errorf("policy: %w", err)
 	}
-	return New(ctx, modules, data)
+	return modules, data, nil
 }
 
 // Eval evaluates the decision for input. A denial is a Decision with Allow
