@@ -166,24 +166,32 @@ func (a *Authorizer) Process(ctx context.Context, inv *invocation.Invocation) ([
 	if err != nil {
 		return nil, stages.Transient(err, 0)
 	}
-	approval, err := a.cfg.Store.Approval(ctx, inv.Tenant, inv.ID)
-	hasApproval := err == nil
-	if err != nil && !errors.Is(err, kvstore.ErrNoApproval) {
-		return nil, stages.Transient(err, 0)
-	}
-
 	in := Input{
 		Request: redactToken(req), Tool: m, Claims: claims, Usage: usage,
 		Resources: resources(m, req.Parameters), Tenant: inv.Tenant,
 		Time: a.cfg.Now().UTC().Format(time.RFC3339),
 	}
 	in.Derived = derive(claims, m, in.Resources)
-	if hasApproval {
-		in.Approval = &ApprovalInput{State: approval.State, DecidedBy: approval.DecidedBy}
-	}
 	d, err := a.eval(ctx, in)
 	if err != nil {
 		return nil, err
+	}
+	// Only a call the policy wants approved looks for a decision, and the
+	// policy then judges again with the decision in its input.
+	var approval kvstore.Approval
+	hasApproval := false
+	if d.Allow && d.RequiresApproval {
+		approval, err = a.cfg.Store.Approval(ctx, inv.Tenant, inv.ID)
+		hasApproval = err == nil
+		if err != nil && !errors.Is(err, kvstore.ErrNoApproval) {
+			return nil, stages.Transient(err, 0)
+		}
+		if hasApproval {
+			in.Approval = &ApprovalInput{State: approval.State, DecidedBy: approval.DecidedBy}
+			if d, err = a.eval(ctx, in); err != nil {
+				return nil, err
+			}
+		}
 	}
 	if !d.Allow {
 		return nil, denial(d)

@@ -61,6 +61,7 @@ type Report struct {
 	Pipeline  Result
 	Raw       Result
 	Detectors []DetectorCost
+	Authz     []AuthzCost
 }
 
 // Run starts an embedded server with file storage, measures a no-op builtin
@@ -92,7 +93,11 @@ func Run(ctx context.Context, o Options) (Report, error) {
 	url := ns.ClientURL()
 
 	rep := Report{Options: o}
-	if rep.Pipeline, err = measurePipeline(ctx, url, o); err != nil {
+	cred, err := newCredentials()
+	if err != nil {
+		return rep, err
+	}
+	if rep.Pipeline, rep.Authz, err = measurePipeline(ctx, url, o, cred); err != nil {
 		return rep, fmt.Errorf("pipeline: %w", err)
 	}
 	if rep.Raw, err = measureRaw(ctx, url, o); err != nil {
@@ -181,25 +186,39 @@ func (c *collector) wait(ctx context.Context, d time.Duration) {
 	}
 }
 
-const benchTenant = "bench"
+const (
+	benchTenant = "bench"
+	benchAgent  = "did:agent:bench"
+)
 
-func measurePipeline(ctx context.Context, url string, o Options) (Result, error) {
+func measurePipeline(ctx context.Context, url string, o Options, cred credentials) (Result, []AuthzCost, error) {
 	runCtx, stop := context.WithCancel(ctx)
-	ready := make(chan struct{})
+	ready := make(chan *pipeline.Node, 1)
 	errc := make(chan error, 1)
 	go func() {
 		errc <- pipeline.Run(runCtx, pipeline.Config{
 			NATSURL: url, Workers: o.Workers, Examples: true,
+			Stage: pipeline.StageConfig{Tokens: cred.verifier},
 			Log:   discardLogger(),
-			Ready: func(string, *pipeline.Node) { close(ready) },
+			Ready: func(_ string, n *pipeline.Node) { ready <- n },
 		})
 	}()
 	defer func() { stop(); <-errc }()
+	var node *pipeline.Node
 	select {
-	case <-ready:
+	case node = <-ready:
 	case err := <-errc:
-		return Result{}, err
+		return Result{}, nil, err
 	}
+	res, err := measureInvocations(ctx, url, o, cred)
+	if err != nil {
+		return res, nil, err
+	}
+	authz, err := measureAuthz(runCtx, node, cred)
+	return res, authz, err
+}
+
+func measureInvocations(ctx context.Context, url string, o Options, cred credentials) (Result, error) {
 
 	nc, err := nats.Connect(url)
 	if err != nil {
@@ -222,8 +241,8 @@ func measurePipeline(ctx context.Context, url string, o Options) (Result, error)
 		return Result{}, err
 	}
 	defer func() { _ = sub.Unsubscribe() }()
-	req := invocation.Request{ToolID: "noop", Parameters: json.RawMessage(`{}`),
-		AgentContext: invocation.AgentContext{AgentDID: "did:agent:bench", TenantID: benchTenant}}
+	req := invocation.Request{ToolID: "noop", Parameters: json.RawMessage(`{}`), CapabilityToken: cred.token,
+		AgentContext: invocation.AgentContext{AgentDID: benchAgent, TenantID: benchTenant}}
 	publish := func(i int) (string, error) {
 		id := fmt.Sprintf("bench-%d", i)
 		_, err := c.Invoke(ctx, req, client.InvokeOptions{ID: id})
@@ -349,6 +368,9 @@ func (r Report) Print(w io.Writer) {
 		r.Pipeline.Throughput()/max(r.Raw.Throughput(), 1e-9),
 		ratio(r.Pipeline.Quantile(0.5), r.Raw.Quantile(0.5)), ratio(r.Pipeline.Quantile(0.9), r.Raw.Quantile(0.9)),
 		ratio(r.Pipeline.Quantile(0.99), r.Raw.Quantile(0.99)), ratio(r.Pipeline.Quantile(1), r.Raw.Quantile(1)))
+	if len(r.Authz) > 0 {
+		printAuthz(w, r.Authz)
+	}
 	if len(r.Detectors) > 0 {
 		printDetectors(w, r.Detectors)
 	}

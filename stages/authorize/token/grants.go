@@ -70,7 +70,7 @@ func CleanPath(p string) (string, error) {
 	rel := strings.TrimPrefix(p, "/")
 	for _, seg := range strings.Split(rel, "/") {
 		if seg == ".." {
-			return "", fmt.Errorf("path %q climbs with ..", p)
+			return "", fmt.Errorf("path %q climbs out through a parent segment", p)
 		}
 	}
 	return path.Clean("/" + rel), nil
