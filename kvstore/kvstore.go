@@ -21,6 +21,7 @@ const (
 	BucketPolicies    = "toolgate_policies"
 	BucketApprovals   = "toolgate_approvals"
 	BucketBudgets     = "toolgate_budgets"
+	BucketRateLimits  = "toolgate_ratelimits"
 )
 
 // Options shape the buckets when Open creates them. Existing buckets are left
@@ -40,6 +41,7 @@ type Store struct {
 	policies    jetstream.KeyValue
 	approvals   jetstream.KeyValue
 	budgets     jetstream.KeyValue
+	ratelimits  jetstream.KeyValue
 }
 
 // Open opens the buckets, creating any that are missing. It is safe to call
@@ -75,6 +77,11 @@ func Open(ctx context.Context, js jetstream.JetStream, o Options) (*Store, error
 		{&s.approvals, jetstream.KeyValueConfig{
 			Bucket: BucketApprovals, Description: "toolgate human approvals by tenant and invocation",
 			History: 1, TTL: o.InvocationTTL,
+		}},
+		// Idle buckets expire: a missing bucket is a full one.
+		{&s.ratelimits, jetstream.KeyValueConfig{
+			Bucket: BucketRateLimits, Description: "toolgate token buckets by tenant and tool",
+			History: 1, TTL: 24 * time.Hour,
 		}},
 		{&s.budgets, jetstream.KeyValueConfig{
 			Bucket: BucketBudgets, Description: "toolgate session usage by tenant and session",

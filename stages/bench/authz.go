@@ -14,6 +14,8 @@ import (
 	"github.com/toolgate/toolgate/stages/authorize/token"
 	"github.com/toolgate/toolgate/stages/invocation"
 	"github.com/toolgate/toolgate/stages/pipeline"
+	"github.com/toolgate/toolgate/stages/ratelimit"
+	"github.com/toolgate/toolgate/stages/tools"
 	"github.com/toolgate/toolgate/subjects"
 )
 
@@ -108,17 +110,36 @@ func measureAuthz(ctx context.Context, n *pipeline.Node, cred credentials) ([]Au
 	if err != nil {
 		return nil, err
 	}
-	return []AuthzCost{stage, verify, kv}, nil
+	limited := &tools.Manifest{ID: "bench.limited", RateLimit: &tools.RateLimit{Requests: 1_000_000, PerSeconds: 1}}
+	leased := ratelimit.New(n.Store, 8)
+	lease, err := timeIt("rate limit, leased", func(int) error {
+		_, _, err := leased.Allow(ctx, benchTenant, limited)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	single := ratelimit.New(n.Store, 1)
+	each, err := timeIt("rate limit, CAS per call", func(int) error {
+		_, _, err := single.Allow(ctx, benchTenant+"-single", limited)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return []AuthzCost{stage, verify, kv, lease, each}, nil
 }
 
 func printAuthz(w io.Writer, costs []AuthzCost) {
-	fmt.Fprintf(w, "\nauthorization per invocation (%d sequential calls, EdDSA token, shipped policy):\n", authzSamples)
+	fmt.Fprintf(w, "\nauthorization and rate limiting per invocation (%d sequential calls, EdDSA token, shipped policy):\n", authzSamples)
 	fmt.Fprintf(w, "%-26s %9s %9s %9s\n", "step", "p50", "p99", "max")
 	for _, c := range costs {
-		fmt.Fprintf(w, "%-26s %9s %9s %9s\n", c.Name, ms(c.quantile(0.5)), ms(c.quantile(0.99)), ms(c.quantile(1)))
+		fmt.Fprintf(w, "%-26s %9s %9s %9s\n", c.Name, us(c.quantile(0.5)), us(c.quantile(0.99)), us(c.quantile(1)))
 	}
-	if len(costs) == 3 && costs[2].quantile(0.5) > 0 {
+	if len(costs) >= 3 && costs[2].quantile(0.5) > 0 {
 		fmt.Fprintf(w, "%-26s %9.2f %9.2f\n", "ratio stage/raw KV", float64(costs[0].quantile(0.5))/float64(costs[2].quantile(0.5)),
 			float64(costs[0].quantile(0.99))/float64(costs[2].quantile(0.99)))
 	}
 }
+
+func us(d time.Duration) string { return fmt.Sprintf("%.1fµs", float64(d.Nanoseconds())/1000) }

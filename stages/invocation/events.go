@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/cloudevents/sdk-go/v2/event"
+
+	"github.com/toolgate/toolgate/stages/toolerr"
 )
 
 // Audit and result CloudEvent types.
@@ -19,6 +21,7 @@ const (
 	TypeCancelled        = "ai.agent.tool.cancelled"
 	TypeRejected         = "ai.agent.tool.rejected"
 	TypePermissionDenied = "ai.agent.tool.permission_denied"
+	TypeRateLimited      = "ai.agent.tool.rate_limited"
 	TypePoison           = "ai.agent.pipeline.poison"
 
 	TypeApprovalRequested = "ai.agent.tool.approval.requested"
@@ -48,6 +51,9 @@ func TerminalType(inv *Invocation) string {
 	}
 	if inv.EndedBy == "validate" {
 		return TypeRejected
+	}
+	if inv.Error != nil && inv.Error.Code == toolerr.RateLimitExceeded {
+		return TypeRateLimited
 	}
 	return TypeFailed
 }

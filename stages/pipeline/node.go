@@ -1,6 +1,7 @@
 package pipeline
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -19,6 +20,7 @@ import (
 	"github.com/toolgate/toolgate/stages/detect"
 	"github.com/toolgate/toolgate/stages/execute"
 	"github.com/toolgate/toolgate/stages/execute/builtin"
+	"github.com/toolgate/toolgate/stages/ratelimit"
 	"github.com/toolgate/toolgate/stages/route"
 	"github.com/toolgate/toolgate/stages/tools"
 	"github.com/toolgate/toolgate/stages/validate"
@@ -142,8 +144,13 @@ type StageConfig struct {
 	Tokens *token.Verifier
 	// ApprovalTimeout is how long a call waits for a human.
 	ApprovalTimeout time.Duration
-	Builtins        builtin.Set // nil: builtin.New(BuiltinEnv)
-	BuiltinEnv      builtin.Env
+	// RateLimits override tools' rate limits per tenant: tenant → tool id.
+	RateLimits map[string]map[string]tools.RateLimit
+	// RateLimitLease caps the tokens a route worker leases at once;
+	// default 8.
+	RateLimitLease int
+	Builtins       builtin.Set // nil: builtin.New(BuiltinEnv)
+	BuiltinEnv     builtin.Env
 	// TenantActions tighten the output policy per tenant (verify.Config.Tenants).
 	TenantActions map[string]map[string]string
 	// Detectors replaces the shipped detector rules when set.
@@ -158,7 +165,10 @@ func (n *Node) NewStage(ctx context.Context, name string, c StageConfig) (stages
 	case subjects.Authorize:
 		return n.newAuthorizer(ctx, c)
 	case subjects.Route:
-		return route.New(n.Registry, execute.Kinds...), nil
+		r := route.New(n.Registry, execute.Kinds...)
+		r.Limits = ratelimit.New(n.Store, cmp.Or(c.RateLimitLease, 8))
+		r.Limits.Overrides = c.RateLimits
+		return r, nil
 	case subjects.Execute:
 		set := c.Builtins
 		if set == nil {

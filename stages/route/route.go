@@ -5,9 +5,11 @@ package route
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/toolgate/toolgate/stages"
 	"github.com/toolgate/toolgate/stages/invocation"
+	"github.com/toolgate/toolgate/stages/ratelimit"
 	"github.com/toolgate/toolgate/stages/toolerr"
 	"github.com/toolgate/toolgate/stages/tools"
 )
@@ -16,6 +18,9 @@ import (
 type Router struct {
 	reg   *tools.Registry
 	kinds map[string]bool
+	// Limits, when set, holds calls to their tool's rate limit: the last
+	// check before execute.
+	Limits *ratelimit.Limiter
 }
 
 var _ stages.Stage = (*Router)(nil)
@@ -30,7 +35,7 @@ func New(reg *tools.Registry, kinds ...string) *Router {
 }
 
 // Process implements stages.Stage.
-func (r *Router) Process(_ context.Context, inv *invocation.Invocation) ([]stages.Output, error) {
+func (r *Router) Process(ctx context.Context, inv *invocation.Invocation) ([]stages.Output, error) {
 	req := inv.Request
 	m, err := r.reg.Resolve(req.ToolID, req.ToolVersion)
 	if err != nil {
@@ -47,6 +52,17 @@ func (r *Router) Process(_ context.Context, inv *invocation.Invocation) ([]stage
 	if !r.kinds[m.Kind] {
 		return nil, toolerr.New(toolerr.ToolExecutionError, toolerr.EExecutorUnavailable,
 			"no executor for %s tools in this deployment", m.Kind)
+	}
+	if r.Limits != nil {
+		ok, wait, err := r.Limits.Allow(ctx, inv.Tenant, m)
+		if err != nil {
+			return nil, stages.Transient(err, 0)
+		}
+		if !ok {
+			return nil, toolerr.New(toolerr.RateLimitExceeded, toolerr.ERateLimited,
+				"%s is over its rate limit for tenant %s; retry in %v", m.ID, inv.Tenant, wait.Round(time.Millisecond)).
+				AsRetryable().WithDetail("retry_after_ms", wait.Milliseconds())
+		}
 	}
 	inv.Route = &invocation.Route{ToolID: m.ID, ToolVersion: m.Version, Executor: m.Kind}
 	inv.Metadata.Executor = m.Kind

@@ -64,3 +64,8 @@ const (
 	EApprovalDecided   = "E3215" // the approval was decided already
 	EAttenuationWidens = "E3216" // a child token would widen its parent
 )
+
+// Resilience codes.
+const (
+	ERateLimited = "E3303" // over the tool's rate limit for the tenant; retryable
+)
