@@ -22,6 +22,7 @@ const (
 	BucketApprovals   = "toolgate_approvals"
 	BucketBudgets     = "toolgate_budgets"
 	BucketRateLimits  = "toolgate_ratelimits"
+	BucketIdempotency = "toolgate_idempotency"
 )
 
 // Options shape the buckets when Open creates them. Existing buckets are left
@@ -31,6 +32,8 @@ type Options struct {
 	Storage  jetstream.StorageType
 	// InvocationTTL is how long invocation records are kept; default 7 days.
 	InvocationTTL time.Duration
+	// IdempotencyTTL is how long an idempotency key is remembered; default 24 h.
+	IdempotencyTTL time.Duration
 }
 
 // Store gives typed access to the buckets.
@@ -42,6 +45,7 @@ type Store struct {
 	approvals   jetstream.KeyValue
 	budgets     jetstream.KeyValue
 	ratelimits  jetstream.KeyValue
+	idempotency jetstream.KeyValue
 }
 
 // Open opens the buckets, creating any that are missing. It is safe to call
@@ -52,6 +56,9 @@ func Open(ctx context.Context, js jetstream.JetStream, o Options) (*Store, error
 	}
 	if o.InvocationTTL == 0 {
 		o.InvocationTTL = 7 * 24 * time.Hour
+	}
+	if o.IdempotencyTTL == 0 {
+		o.IdempotencyTTL = 24 * time.Hour
 	}
 	s := &Store{}
 	for _, b := range []struct {
@@ -82,6 +89,10 @@ func Open(ctx context.Context, js jetstream.JetStream, o Options) (*Store, error
 		{&s.ratelimits, jetstream.KeyValueConfig{
 			Bucket: BucketRateLimits, Description: "toolgate token buckets by tenant and tool",
 			History: 1, TTL: 24 * time.Hour,
+		}},
+		{&s.idempotency, jetstream.KeyValueConfig{
+			Bucket: BucketIdempotency, Description: "toolgate idempotency keys by tenant",
+			History: 1, TTL: o.IdempotencyTTL,
 		}},
 		{&s.budgets, jetstream.KeyValueConfig{
 			Bucket: BucketBudgets, Description: "toolgate session usage by tenant and session",

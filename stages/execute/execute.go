@@ -3,13 +3,21 @@
 package execute
 
 import (
+	"bytes"
+	"cmp"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/failsafe-go/failsafe-go"
+	"github.com/failsafe-go/failsafe-go/retrypolicy"
 	"github.com/failsafe-go/failsafe-go/timeout"
 
 	"github.com/toolgate/toolgate/kvstore"
@@ -55,6 +63,12 @@ func (x *Executor) Process(ctx context.Context, inv *invocation.Invocation) ([]s
 		return nil, toolerr.New(toolerr.ToolExecutionError, toolerr.EExecutorUnavailable,
 			"builtin function %q is not in this binary", m.Builtin.Function)
 	}
+	if key := idempotencyKey(inv.Request); key != "" {
+		replayed, err := x.replay(ctx, inv, m, key)
+		if err != nil || replayed {
+			return nil, err
+		}
+	}
 	// Claim the invocation: a redelivery of one that already ended must not
 	// run the tool again.
 	rec, _, err := x.store.SetStatus(ctx, kvstore.Record{InvocationID: inv.ID, Tenant: inv.Tenant,
@@ -76,10 +90,19 @@ func (x *Executor) Process(ctx context.Context, inv *invocation.Invocation) ([]s
 	}
 	limit := Limit(m, inv.Request)
 	start := time.Now()
-	result, err := failsafe.With(timeout.New[json.RawMessage](limit)).WithContext(ctx).
+	// Retry wraps the per-attempt timeout, in failsafe-go's documented order.
+	policies := []failsafe.Policy[json.RawMessage]{}
+	if rp := retryPolicy(m, limit); rp != nil {
+		policies = append(policies, rp)
+	}
+	policies = append(policies, timeout.New[json.RawMessage](limit))
+	var attempts atomic.Int32 // a timed-out attempt may still be running
+	result, err := failsafe.With(policies...).WithContext(ctx).
 		GetWithExecution(func(exec failsafe.Execution[json.RawMessage]) (json.RawMessage, error) {
+			attempts.Store(int32(exec.Attempts()))
 			return call(exec.Context(), fn, inv.Request.Parameters)
 		})
+	inv.Metadata.Attempts = int(attempts.Load())
 	end := time.Now()
 	inv.Metadata.StartedAt = start.UTC().Format(time.RFC3339Nano)
 	inv.Metadata.CompletedAt = end.UTC().Format(time.RFC3339Nano)
@@ -95,6 +118,63 @@ func (x *Executor) Process(ctx context.Context, inv *invocation.Invocation) ([]s
 	return outs, nil
 }
 
+func idempotencyKey(req *invocation.Request) string {
+	if req.ExecutionOptions == nil {
+		return ""
+	}
+	return req.ExecutionOptions.IdempotencyKey
+}
+
+// replay claims the request's idempotency key for inv. If an earlier
+// invocation holds it for the same request and has ended, inv takes over its
+// outcome without running the tool (replayed is true); a different request
+// under the key, or an earlier one still running, is idempotency_conflict.
+func (x *Executor) replay(ctx context.Context, inv *invocation.Invocation, m *tools.Manifest, key string) (replayed bool, err error) {
+	digest := requestDigest(m, inv.Request.Parameters)
+	claim, err := x.store.ClaimIdempotencyKey(ctx, inv.Tenant, key, inv.ID, digest)
+	if err != nil {
+		return false, stages.Transient(err, 0)
+	}
+	if claim.InvocationID == inv.ID {
+		return false, nil // ours, first time or redelivered
+	}
+	if claim.Digest != digest {
+		return false, toolerr.New(toolerr.IdempotencyConflict, toolerr.EIdempotencyMismatch,
+			"idempotency key %q was used by invocation %s for a different request", key, claim.InvocationID).
+			WithDetail("original_invocation_id", claim.InvocationID)
+	}
+	first, err := x.store.Status(ctx, inv.Tenant, claim.InvocationID)
+	if err != nil && !errors.Is(err, kvstore.ErrNotFound) {
+		return false, stages.Transient(err, 0)
+	}
+	if err != nil || !first.Status.Terminal() || first.Response == nil {
+		return false, toolerr.New(toolerr.IdempotencyConflict, toolerr.EIdempotencyInFlight,
+			"invocation %s with idempotency key %q has not ended yet", claim.InvocationID, key).
+			AsRetryable().WithDetail("original_invocation_id", claim.InvocationID)
+	}
+	inv.Metadata.ReplayedFrom = claim.InvocationID
+	if first.Status == invocation.StatusSuccess {
+		inv.Succeed(subjects.Execute, first.Response.Result)
+	} else {
+		inv.Status, inv.Error, inv.EndedBy = first.Status, first.Error, subjects.Execute
+	}
+	return true, nil
+}
+
+// requestDigest identifies what a request asks for: tool, version and
+// parameters (compacted, so whitespace does not matter).
+func requestDigest(m *tools.Manifest, params json.RawMessage) string {
+	var buf bytes.Buffer
+	if json.Compact(&buf, params) != nil {
+		buf.Reset()
+		buf.Write(params)
+	}
+	h := sha256.New()
+	fmt.Fprintf(h, "%s\x00%s\x00", m.ID, m.Version)
+	h.Write(buf.Bytes())
+	return hex.EncodeToString(h.Sum(nil))
+}
+
 // Limit is the time an invocation may run: the tool's limit, narrowed (never
 // widened) by the request.
 func Limit(m *tools.Manifest, req *invocation.Request) time.Duration {
@@ -103,6 +183,41 @@ func Limit(m *tools.Manifest, req *invocation.Request) time.Duration {
 		d = min(d, time.Duration(rl.TimeoutSeconds)*time.Second)
 	}
 	return d
+}
+
+// defaultRetryable are the error classes retried when a retry policy names none.
+var defaultRetryable = []string{string(toolerr.Timeout), string(toolerr.ExternalAPIError), string(toolerr.RateLimitExceeded)}
+
+// retryPolicy builds the manifest's retry policy: exponential backoff with
+// full jitter, for the error classes it lists. A tool is retried only when it
+// is idempotent or the error proves nothing ran (details.not_started).
+func retryPolicy(m *tools.Manifest, limit time.Duration) failsafe.Policy[json.RawMessage] {
+	p := m.RetryPolicy
+	if p == nil || p.MaxAttempts < 2 {
+		return nil
+	}
+	classes := p.RetryableErrors
+	if len(classes) == 0 {
+		classes = defaultRetryable
+	}
+	base := time.Duration(cmp.Or(p.BaseDelayMS, 100)) * time.Millisecond
+	ceiling := time.Duration(cmp.Or(p.MaxDelayMS, 10_000)) * time.Millisecond
+	return retrypolicy.NewBuilder[json.RawMessage]().
+		WithMaxAttempts(p.MaxAttempts).
+		WithDelayFunc(func(exec failsafe.ExecutionAttempt[json.RawMessage]) time.Duration {
+			d := base << min(exec.Attempts()-1, 20)
+			return rand.N(min(d, ceiling)) + time.Millisecond
+		}).
+		HandleIf(func(_ json.RawMessage, err error) bool {
+			if err == nil {
+				return false
+			}
+			te := toolerr.As(classify(err, m, limit))
+			notStarted, _ := te.Details["not_started"].(bool)
+			return slices.Contains(classes, string(te.Code)) && (m.Safety.Idempotent || notStarted)
+		}).
+		ReturnLastFailure().
+		Build()
 }
 
 // errPanic marks a builtin that panicked.

@@ -101,6 +101,11 @@ type ExecutionMetadata struct {
 	Executor    string `json:"executor,omitempty"`
 	// Warnings carries non-fatal notices, such as a deprecated version.
 	Warnings []string `json:"warnings,omitempty"`
+	// Attempts is how many times the tool was called (retries included).
+	Attempts int `json:"attempts,omitempty"`
+	// ReplayedFrom is the invocation whose result an idempotent repeat
+	// returned instead of running the tool again.
+	ReplayedFrom string `json:"replayed_from,omitempty"`
 	// Stages records the time each stage took, in order.
 	Stages []Hop `json:"stages,omitempty"`
 }
