@@ -22,6 +22,7 @@ import (
 	"github.com/toolgate/toolgate/stages/execute/builtin"
 	"github.com/toolgate/toolgate/stages/invocation"
 	"github.com/toolgate/toolgate/stages/pipeline"
+	"github.com/toolgate/toolgate/stages/toolerr"
 	"github.com/toolgate/toolgate/subjects"
 )
 
@@ -84,6 +85,16 @@ func (e *env) builtins(root string) builtin.Set {
 	set["boom"] = func(context.Context, json.RawMessage) (json.RawMessage, error) { panic("boom") }
 	set["bad_output"] = func(context.Context, json.RawMessage) (json.RawMessage, error) {
 		return json.RawMessage(`{"unexpected":true}`), nil
+	}
+	// flaky fails twice per distinct parameters with a retryable external
+	// error, then succeeds.
+	var flakes sync.Map
+	set["flaky"] = func(_ context.Context, p json.RawMessage) (json.RawMessage, error) {
+		n, _ := flakes.LoadOrStore(string(p), new(atomic.Int32))
+		if n.(*atomic.Int32).Add(1) <= 2 {
+			return nil, toolerr.New(toolerr.ExternalAPIError, "E3304", "upstream returned 503").AsRetryable()
+		}
+		return json.RawMessage(`{"ok":true}`), nil
 	}
 	// block waits for the gate the first time it runs (a worker "stuck"
 	// mid-flight), and returns at once on later runs.

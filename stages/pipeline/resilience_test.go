@@ -65,3 +65,83 @@ func TestRateLimitAcrossWorkers(t *testing.T) {
 		t.Fatalf("other tenant: %+v", resp)
 	}
 }
+
+var retryTools = []string{
+	`{"id":"test.flaky","name":"flaky","version":"1.0.0","description":"fails twice","kind":"builtin","builtin":{"function":"flaky"},
+	  "input_schema":{"type":"object"},"output_schema":{"type":"object"},"safety":{"idempotent":true},
+	  "retry_policy":{"max_attempts":3,"base_delay_ms":5,"max_delay_ms":50}}`,
+	`{"id":"test.flaky_unsafe","name":"flaky unsafe","version":"1.0.0","description":"fails twice, not idempotent","kind":"builtin",
+	  "builtin":{"function":"flaky"},"input_schema":{"type":"object"},"output_schema":{"type":"object"},
+	  "retry_policy":{"max_attempts":3,"base_delay_ms":5,"max_delay_ms":50}}`,
+}
+
+// TestRetries: an idempotent tool is retried by its manifest's policy and
+// the attempts are recorded; a tool that is not idempotent is not retried.
+func TestRetries(t *testing.T) {
+	e := newEnv(t, stages.TopologyOptions{})
+	n := e.startPipeline(pipeline.Config{})
+	registerTools(t, n, retryTools...)
+	resp := e.invoke(request("retry", "test.flaky", `{"n":1}`))
+	if resp.Status != invocation.StatusSuccess || resp.ExecutionMetadata.Attempts != 3 {
+		t.Fatalf("idempotent flaky tool: %+v attempts %d", resp, resp.ExecutionMetadata.Attempts)
+	}
+	var rec invocation.AuditRecord
+	if err := e.auditOf("retry", 2)[1].DataAs(&rec); err != nil || rec.Metadata == nil || rec.Metadata.Attempts != 3 {
+		t.Fatalf("audit record attempts: %+v, %v", rec.Metadata, err)
+	}
+	resp = e.invoke(request("retry", "test.flaky_unsafe", `{"n":2}`))
+	if resp.Status != invocation.StatusError || resp.Error.Code != toolerr.ExternalAPIError || resp.ExecutionMetadata.Attempts != 1 {
+		t.Fatalf("non-idempotent flaky tool: %+v attempts %d", resp, resp.ExecutionMetadata.Attempts)
+	}
+}
+
+// TestIdempotencyKey: a repeat with the same key returns the first outcome
+// without running the tool, whatever its event id (so also after the
+// JetStream duplicate window, which only knows message ids); another request
+// under the key is idempotency_conflict; so is a repeat while the first runs.
+func TestIdempotencyKey(t *testing.T) {
+	e := newEnv(t, stages.TopologyOptions{})
+	n := e.startPipeline(pipeline.Config{})
+	registerTools(t, n, retryTools...)
+	const tenant = "idem"
+	withKey := func(req invocation.Request, key string) invocation.Request {
+		req.ExecutionOptions = &invocation.ExecutionOptions{IdempotencyKey: key}
+		return req
+	}
+	// test.flaky_unsafe fails twice per parameters before it succeeds, so a
+	// rerun would show: the first call fails, and its replay must fail too.
+	first := e.invoke(withKey(request(tenant, "test.flaky_unsafe", `{"k":1}`), "order-1"))
+	if first.Status != invocation.StatusError {
+		t.Fatalf("first call: %+v", first)
+	}
+	again := e.invoke(withKey(request(tenant, "test.flaky_unsafe", `{ "k" : 1 }`), "order-1"))
+	if again.InvocationID == first.InvocationID || again.Status != invocation.StatusError ||
+		again.ExecutionMetadata.ReplayedFrom != first.InvocationID || again.ExecutionMetadata.Attempts != 0 {
+		t.Fatalf("replay: %+v (metadata %+v)", again, again.ExecutionMetadata)
+	}
+	ok := e.invoke(withKey(request(tenant, "echo", `{"message":"m"}`), "order-2"))
+	replay := e.invoke(withKey(request(tenant, "echo", `{"message":"m"}`), "order-2"))
+	if replay.Status != invocation.StatusSuccess || string(replay.Result) != string(ok.Result) || replay.ExecutionMetadata.ReplayedFrom != ok.InvocationID {
+		t.Fatalf("successful replay: %+v", replay)
+	}
+	conflict := e.invoke(withKey(request(tenant, "echo", `{"message":"other"}`), "order-2"))
+	if conflict.Error == nil || conflict.Error.Code != toolerr.IdempotencyConflict || conflict.Error.ECode != toolerr.EIdempotencyMismatch {
+		t.Fatalf("different request under a used key: %+v", conflict)
+	}
+	// While the first still runs, a repeat is told so, retryably.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	blockID, err := e.client.Invoke(ctx, withKey(request(tenant, "test.block", `{}`), "order-3"), clientOpts(""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-e.started
+	busy := e.invoke(withKey(request(tenant, "test.block", `{}`), "order-3"))
+	if busy.Error == nil || busy.Error.ECode != toolerr.EIdempotencyInFlight || !busy.Error.Retryable {
+		t.Fatalf("repeat while running: %+v", busy)
+	}
+	e.release()
+	if resp, err := e.client.Wait(ctx, tenant, blockID); err != nil || resp.Status != invocation.StatusSuccess || e.blocks.Load() != 1 {
+		t.Fatalf("first blocked call: %+v, %v, ran %d times", resp, err, e.blocks.Load())
+	}
+}
