@@ -119,6 +119,8 @@ const (
 	ApprovalApproved = "approved"
 	ApprovalDenied   = "denied"
 	ApprovalExpired  = "expired"
+	// ApprovalCancelled: the invocation was cancelled while it waited.
+	ApprovalCancelled = "cancelled"
 )
 
 // Approval is a human decision on one invocation, asked for or made.

@@ -26,6 +26,12 @@ type Record struct {
 	// Seq is the ingest sequence of the publish this record belongs to.
 	Seq       uint64    `json:"ingest_seq"`
 	UpdatedAt time.Time `json:"updated_at"`
+	// CancelRequested survives later status writes until the invocation
+	// ends: execute checks it before running the tool.
+	CancelRequested bool `json:"cancel_requested,omitempty"`
+	// Progress and Checkpoint are the latest a running tool reported.
+	Progress   *Progress      `json:"progress,omitempty"`
+	Checkpoint *CheckpointRef `json:"checkpoint,omitempty"`
 }
 
 // ErrNotFound reports an unknown invocation.
@@ -69,6 +75,12 @@ func (s *Store) SetStatus(ctx context.Context, rec Record) (Record, bool, error)
 		if stored.Status.Terminal() {
 			return stored, false, nil
 		}
+		if stored.CancelRequested && !rec.CancelRequested {
+			rec.CancelRequested = true
+			if val, err = json.Marshal(rec); err != nil {
+				return Record{}, false, err
+			}
+		}
 		_, err = s.invocations.Update(ctx, key, val, cur.Revision())
 		if errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
 			continue
@@ -95,4 +107,62 @@ func (s *Store) Status(ctx context.Context, tenant, id string) (Record, error) {
 		return Record{}, fmt.Errorf("decoding status: %w", err)
 	}
 	return rec, nil
+}
+
+// Progress is what a running tool last said about how far it is.
+type Progress struct {
+	Percent   float64   `json:"percent"`
+	Message   string    `json:"message,omitempty"`
+	UpdatedAt time.Time `json:"updated_at"`
+}
+
+// CheckpointRef names the latest checkpoint of an invocation.
+type CheckpointRef struct {
+	Seq       int       `json:"seq"`
+	Bytes     int       `json:"bytes"`
+	CreatedAt time.Time `json:"created_at"`
+}
+
+// UpdateRecord applies change to a non-terminal record with compare-and-swap.
+// It returns the stored record; a terminal record is returned unchanged, and
+// a missing one is created from an empty record with tenant and id.
+func (s *Store) UpdateRecord(ctx context.Context, tenant, id string, change func(*Record)) (Record, error) {
+	key := invocationKey(tenant, id)
+	for range casAttempts {
+		rec := Record{InvocationID: id, Tenant: tenant, Status: invocation.StatusPending}
+		var rev uint64
+		e, err := s.invocations.Get(ctx, key)
+		switch {
+		case errors.Is(err, jetstream.ErrKeyNotFound):
+		case err != nil:
+			return Record{}, err
+		default:
+			if err := json.Unmarshal(e.Value(), &rec); err != nil {
+				return Record{}, fmt.Errorf("decoding status: %w", err)
+			}
+			rev = e.Revision()
+		}
+		if rec.Status.Terminal() {
+			return rec, nil
+		}
+		change(&rec)
+		rec.UpdatedAt = time.Now().UTC()
+		val, err := json.Marshal(rec)
+		if err != nil {
+			return Record{}, err
+		}
+		if rev == 0 {
+			_, err = s.invocations.Create(ctx, key, val)
+		} else {
+			_, err = s.invocations.Update(ctx, key, val, rev)
+		}
+		if errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+			continue
+		}
+		if err != nil {
+			return Record{}, fmt.Errorf("updating status: %w", err)
+		}
+		return rec, nil
+	}
+	return Record{}, fmt.Errorf("status of %s: too much contention", id)
 }

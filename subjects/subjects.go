@@ -65,6 +65,29 @@ func Result(tenant, id string) string { return resultPrefix + tenant + "." + Tok
 // ResultTenant matches every result subject of tenant.
 func ResultTenant(tenant string) string { return resultPrefix + tenant + ".*" }
 
+// Cancel is the core NATS subject a cancel request is announced on, so the
+// execute worker running the invocation stops it.
+func Cancel(tenant, id string) string { return cancelPrefix + tenant + "." + Token(id) }
+
+// ParseCancel reads the tenant and invocation id of a Cancel subject.
+func ParseCancel(subject string) (tenant, id string, ok bool) {
+	rest, ok := strings.CutPrefix(subject, cancelPrefix)
+	if !ok {
+		return "", "", false
+	}
+	tenant, tok, ok := strings.Cut(rest, ".")
+	if !ok {
+		return "", "", false
+	}
+	id, err := Untoken(tok)
+	return tenant, id, err == nil
+}
+
+// CancelAll matches every cancel announcement.
+const CancelAll = cancelPrefix + ">"
+
+const cancelPrefix = "toolgate.cancel."
+
 // ResultAll matches every result subject.
 const ResultAll = resultPrefix + ">"
 
@@ -125,4 +148,6 @@ const (
 	SvcToolsRegister = "tool.svc.tools.register"
 	// SvcApproval takes {"tenant_id","invocation_id","approve","decided_by","reason"}.
 	SvcApproval = "tool.svc.approval"
+	// SvcCancel takes {"tenant_id","invocation_id","reason"}.
+	SvcCancel = "tool.svc.cancel"
 )

@@ -396,3 +396,26 @@ func devToken(flagValue, dataDir string) string {
 	}
 	return ""
 }
+
+func cancelCmd(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("cancel", flag.ContinueOnError)
+	url := fs.String("nats", nats.DefaultURL, "NATS server URL")
+	tenant := fs.String("tenant", pipeline.DevTenant, "tenant id")
+	reason := fs.String("reason", "", "why, for the record")
+	if err := fs.Parse(reorder(args)); err != nil {
+		return err
+	}
+	if fs.NArg() != 1 {
+		return errors.New("cancel: give an invocation id")
+	}
+	c, closeFn, err := connect(*url)
+	if err != nil {
+		return err
+	}
+	defer closeFn()
+	rec, err := c.Cancel(ctx, *tenant, fs.Arg(0), *reason)
+	if err != nil {
+		return err
+	}
+	return printJSON(rec)
+}

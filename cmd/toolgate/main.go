@@ -32,6 +32,7 @@ usage:
   toolgate stage  NAME --nats URL [--workers N] [flags]     NAME: %s, control
   toolgate invoke TOOL --tenant T [--params JSON] [--version V] [--wait]
   toolgate status ID --tenant T
+  toolgate cancel ID --tenant T [--reason R]
   toolgate tail   [--tenant T] [--all]
   toolgate tools  register FILE [--replace] | list | get ID [--version V]
   toolgate token  keygen | mint --key K [--parent TOKEN] [grants] | inspect TOKEN | revoke TOKEN
@@ -80,6 +81,8 @@ func run(args []string) error {
 		return tokenCmd(ctx, rest)
 	case "policy":
 		return policyCmd(ctx, rest)
+	case "cancel":
+		return cancelCmd(ctx, rest)
 	case "approve":
 		return decideCmd(ctx, rest, true)
 	case "deny":
@@ -221,6 +224,7 @@ func invoke(ctx context.Context, args []string) error {
 	tok := fs.String("token", os.Getenv("TOOLGATE_TOKEN"), "capability token (default: $TOOLGATE_TOKEN, else the development token in --data)")
 	data := fs.String("data", "toolgate-data", "data directory of a local serve --examples")
 	wait := fs.Bool("wait", false, "wait for the result and print it")
+	async := fs.Bool("async", false, "ask for async_mode: toolgate answers at once with pending and where to poll")
 	timeout := fs.Duration("timeout", 60*time.Second, "how long --wait waits")
 	if err := fs.Parse(args[1:]); err != nil {
 		return err
@@ -236,6 +240,9 @@ func invoke(ctx context.Context, args []string) error {
 	req := invocation.Request{
 		ToolID: args[0], ToolVersion: *version, Parameters: json.RawMessage(*params), CapabilityToken: devToken(*tok, *data),
 		AgentContext: invocation.AgentContext{AgentDID: *agent, TenantID: *tenant, SessionID: *session},
+	}
+	if *async {
+		req.ExecutionOptions = &invocation.ExecutionOptions{AsyncMode: true}
 	}
 	invID, err := c.Invoke(ctx, req, client.InvokeOptions{ID: *id})
 	if err != nil {

@@ -83,6 +83,10 @@ func (s *Service) apply(ctx context.Context, a kvstore.Approval) error {
 		typ, next = invocation.TypeApprovalExpired, subjects.Audit
 		inv.Fail(subjects.Authorize, toolerr.New(toolerr.PermissionDenied, toolerr.EApprovalExpired,
 			"no one approved the call before %s", a.Deadline.Format(time.RFC3339)))
+	case kvstore.ApprovalCancelled:
+		typ, next = invocation.TypeApprovalDenied, subjects.Audit
+		inv.Fail(subjects.Authorize, toolerr.New(toolerr.Cancelled, toolerr.ECancelled,
+			"cancelled by %s while waiting for approval", a.DecidedBy))
 	default:
 		return fmt.Errorf("approval of %s is %s, nothing to apply", a.InvocationID, a.State)
 	}
@@ -103,6 +107,16 @@ func (s *Service) apply(ctx context.Context, a kvstore.Approval) error {
 		}
 	}
 	return nil
+}
+
+// Cancel ends a parked invocation as cancelled. It is E3214 when nothing is
+// parked under that id and E3215 when it was decided already.
+func (s *Service) Cancel(ctx context.Context, tenant, id, by, reason string) error {
+	a, err := s.Store.Decide(ctx, tenant, id, kvstore.ApprovalCancelled, by, reason)
+	if err != nil {
+		return err
+	}
+	return s.apply(ctx, a)
 }
 
 // Sweep ends every pending approval whose deadline has passed, as denied

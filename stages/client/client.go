@@ -103,6 +103,9 @@ func (c *Client) Wait(ctx context.Context, tenant, id string) (invocation.Respon
 			return invocation.Response{}, err
 		}
 		for msg := range batch.Messages() {
+			if isAccepted(msg.Data()) {
+				continue // the pending answer to an async request
+			}
 			return DecodeResult(msg.Data())
 		}
 		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
@@ -112,6 +115,13 @@ func (c *Client) Wait(ctx context.Context, tenant, id string) (invocation.Respon
 			return invocation.Response{}, fmt.Errorf("waiting for %s: %w", id, ctx.Err())
 		}
 	}
+}
+
+func isAccepted(data []byte) bool {
+	var head struct {
+		Type string `json:"type"`
+	}
+	return json.Unmarshal(data, &head) == nil && head.Type == invocation.TypeAccepted
 }
 
 // DecodeResult reads a tool.result CloudEvent.
@@ -217,4 +227,12 @@ func (c *Client) Decide(ctx context.Context, d approval.Decision) (kvstore.Appro
 	var out kvstore.Approval
 	err := c.request(ctx, subjects.SvcApproval, d, &out)
 	return out, err
+}
+
+// Cancel asks toolgate to stop an invocation and returns its record as it
+// was when the request was recorded.
+func (c *Client) Cancel(ctx context.Context, tenant, id, reason string) (kvstore.Record, error) {
+	var rec kvstore.Record
+	err := c.request(ctx, subjects.SvcCancel, control.CancelRequest{TenantID: tenant, InvocationID: id, Reason: reason}, &rec)
+	return rec, err
 }

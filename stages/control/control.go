@@ -4,6 +4,7 @@
 package control
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/toolgate/toolgate/kvstore"
 	"github.com/toolgate/toolgate/stages/approval"
+	"github.com/toolgate/toolgate/stages/invocation"
 	"github.com/toolgate/toolgate/stages/toolerr"
 	"github.com/toolgate/toolgate/stages/tools"
 	"github.com/toolgate/toolgate/subjects"
@@ -78,7 +80,7 @@ func Start(nc *nats.Conn, store *kvstore.Store, reg *tools.Registry, approvals *
 	if err != nil {
 		return nil, err
 	}
-	h := &handlers{store: store, reg: reg, approvals: approvals}
+	h := &handlers{nc: nc, store: store, reg: reg, approvals: approvals}
 	eps := []struct {
 		name, subject string
 		fn            micro.HandlerFunc
@@ -92,7 +94,10 @@ func Start(nc *nats.Conn, store *kvstore.Store, reg *tools.Registry, approvals *
 		eps = append(eps, struct {
 			name, subject string
 			fn            micro.HandlerFunc
-		}{"approval", subjects.SvcApproval, h.decide})
+		}{"approval", subjects.SvcApproval, h.decide}, struct {
+			name, subject string
+			fn            micro.HandlerFunc
+		}{"cancel", subjects.SvcCancel, h.cancel})
 	}
 	for _, ep := range eps {
 		if err := svc.AddEndpoint(ep.name, ep.fn, micro.WithEndpointSubject(ep.subject)); err != nil {
@@ -104,9 +109,52 @@ func Start(nc *nats.Conn, store *kvstore.Store, reg *tools.Registry, approvals *
 }
 
 type handlers struct {
+	nc        *nats.Conn
 	store     *kvstore.Store
 	reg       *tools.Registry
 	approvals *approval.Service
+}
+
+// CancelRequest asks to stop an invocation.
+type CancelRequest struct {
+	TenantID     string `json:"tenant_id"`
+	InvocationID string `json:"invocation_id"`
+	RequestedBy  string `json:"requested_by,omitempty"`
+	Reason       string `json:"reason,omitempty"`
+}
+
+// cancel records a cancel request and announces it. A queued invocation ends
+// cancelled when it reaches execute, a running one when its worker hears the
+// announcement, a parked one at once. The reply is the invocation's record;
+// an invocation that already ended keeps its status.
+func (h *handlers) cancel(req micro.Request) {
+	var r CancelRequest
+	if err := decode(req.Data(), &r); err != nil || r.TenantID == "" || r.InvocationID == "" {
+		respondError(req, toolerr.New(toolerr.InvalidParameters, toolerr.ERequestInvalid,
+			`expected {"tenant_id":…, "invocation_id":…, "reason":…}`))
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	rec, err := h.store.UpdateRecord(ctx, r.TenantID, r.InvocationID, func(rec *kvstore.Record) { rec.CancelRequested = true })
+	if err != nil {
+		respondError(req, err)
+		return
+	}
+	if !rec.Status.Terminal() {
+		if err := h.nc.Publish(subjects.Cancel(r.TenantID, r.InvocationID), nil); err != nil {
+			respondError(req, err)
+			return
+		}
+		if rec.Status == invocation.StatusPendingApproval {
+			err := h.approvals.Cancel(ctx, r.TenantID, r.InvocationID, cmp.Or(r.RequestedBy, "cancel"), r.Reason)
+			if err != nil && !errors.Is(err, &toolerr.Error{Code: toolerr.StateConflict}) {
+				respondError(req, err)
+				return
+			}
+		}
+	}
+	_ = req.RespondJSON(rec)
 }
 
 // decide approves or denies a parked invocation. The reply is the approval

@@ -37,14 +37,19 @@ type Executor struct {
 	reg      *tools.Registry
 	builtins builtin.Set
 	store    *kvstore.Store
+	running  *Running
 }
 
 var _ stages.Stage = (*Executor)(nil)
 
 // New returns an Executor running builtins. It records each invocation as
 // running in store before the tool starts.
-func New(reg *tools.Registry, builtins builtin.Set, store *kvstore.Store) *Executor {
-	return &Executor{reg: reg, builtins: builtins, store: store}
+// running, when not nil, lets cancel announcements stop the tools it runs.
+func New(reg *tools.Registry, builtins builtin.Set, store *kvstore.Store, running *Running) *Executor {
+	if running == nil {
+		running = NewRunning()
+	}
+	return &Executor{reg: reg, builtins: builtins, store: store, running: running}
 }
 
 // Process implements stages.Stage. The result is left for verify; only a
@@ -69,6 +74,11 @@ func (x *Executor) Process(ctx context.Context, inv *invocation.Invocation) ([]s
 			return nil, err
 		}
 	}
+	// Register before claiming: a cancel is written to KV before it is
+	// announced, so it is either seen by the claim or delivered here.
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	defer x.running.add(inv.Tenant, inv.ID, cancel)()
 	// Claim the invocation: a redelivery of one that already ended must not
 	// run the tool again.
 	rec, _, err := x.store.SetStatus(ctx, kvstore.Record{InvocationID: inv.ID, Tenant: inv.Tenant,
@@ -82,6 +92,9 @@ func (x *Executor) Process(ctx context.Context, inv *invocation.Invocation) ([]s
 			inv.Result = rec.Response.Result
 		}
 		return nil, nil
+	}
+	if rec.CancelRequested {
+		return nil, cancelled(m)
 	}
 	inv.Status = invocation.StatusRunning
 	invoked, err := stages.AuditEvent(subjects.Execute, inv, invocation.TypeInvoked, inv.Audit())
@@ -108,6 +121,9 @@ func (x *Executor) Process(ctx context.Context, inv *invocation.Invocation) ([]s
 	inv.Metadata.CompletedAt = end.UTC().Format(time.RFC3339Nano)
 	inv.Metadata.DurationMS = end.Sub(start).Milliseconds()
 	outs := []stages.Output{invoked}
+	if errors.Is(context.Cause(ctx), ErrCancelRequested) {
+		return outs, cancelled(m)
+	}
 	if err != nil {
 		return outs, classify(err, m, limit)
 	}
@@ -218,6 +234,10 @@ func retryPolicy(m *tools.Manifest, limit time.Duration) failsafe.Policy[json.Ra
 		}).
 		ReturnLastFailure().
 		Build()
+}
+
+func cancelled(m *tools.Manifest) error {
+	return toolerr.New(toolerr.Cancelled, toolerr.ECancelled, "%s was cancelled on request", m.Key())
 }
 
 // errPanic marks a builtin that panicked.

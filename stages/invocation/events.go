@@ -29,6 +29,8 @@ const (
 	TypeApprovalDenied    = "ai.agent.tool.approval.denied"
 	TypeApprovalExpired   = "ai.agent.tool.approval.expired"
 	TypeResult            = "tool.result"
+	// TypeAccepted is the pending answer to an async_mode request.
+	TypeAccepted = "tool.accepted"
 )
 
 // auditTypePrefix is left off audit types in subjects: audit.<tenant>.tool.succeeded.

@@ -250,6 +250,8 @@ func StatusFor(e *toolerr.Error) Status {
 		return StatusPermissionDenied
 	case toolerr.Timeout:
 		return StatusTimeout
+	case toolerr.Cancelled:
+		return StatusCancelled
 	}
 	return StatusError
 }

@@ -364,3 +364,15 @@ func mustJSON(t *testing.T, v any) string {
 }
 
 type clientInvokeOptions = client.InvokeOptions
+
+// consumerInfo reads the state of a stage's durable consumer.
+func (e *env) consumerInfo(stage string) (*jetstream.ConsumerInfo, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	in := subjects.InputOf(stage)
+	cons, err := e.js.Consumer(ctx, in.Stream, in.Consumer)
+	if err != nil {
+		return nil, err
+	}
+	return cons.Info(ctx)
+}

@@ -174,7 +174,17 @@ func (n *Node) NewStage(ctx context.Context, name string, c StageConfig) (stages
 		if set == nil {
 			set = builtin.New(c.BuiltinEnv)
 		}
-		return execute.New(n.Registry, set, n.Store), nil
+		running := execute.NewRunning()
+		sub, err := n.NC.Subscribe(subjects.CancelAll, func(m *nats.Msg) {
+			if tenant, id, ok := subjects.ParseCancel(m.Subject); ok {
+				running.Cancel(tenant, id)
+			}
+		})
+		if err != nil {
+			return nil, fmt.Errorf("subscribing to cancels: %w", err)
+		}
+		context.AfterFunc(ctx, func() { _ = sub.Unsubscribe() })
+		return execute.New(n.Registry, set, n.Store, running), nil
 	case subjects.Verify:
 		return verify.New(n.Registry, verify.Config{Tenants: c.TenantActions, Detectors: c.Detectors}), nil
 	case subjects.Audit:

@@ -2,6 +2,7 @@ package pipeline_test
 
 import (
 	"context"
+	"encoding/json"
 	"testing"
 	"time"
 
@@ -143,5 +144,107 @@ func TestIdempotencyKey(t *testing.T) {
 	e.release()
 	if resp, err := e.client.Wait(ctx, tenant, blockID); err != nil || resp.Status != invocation.StatusSuccess || e.blocks.Load() != 1 {
 		t.Fatalf("first blocked call: %+v, %v, ran %d times", resp, err, e.blocks.Load())
+	}
+}
+
+// TestAsyncAndCancel: async_mode answers at once with pending and where to
+// poll; cancel ends a running tool (its context cancelled), a queued
+// invocation before it runs, and a parked one, each exactly once as
+// cancelled; an ended invocation keeps its status.
+func TestAsyncAndCancel(t *testing.T) {
+	e := newEnv(t, stages.TopologyOptions{})
+	n := e.startPipeline(pipeline.Config{})
+	registerTools(t, n, riskyTools...)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const tenant = "can"
+
+	// Async: the first message on the result subject is the pending answer.
+	areq := request(tenant, "echo", `{"message":"later"}`)
+	areq.ExecutionOptions = &invocation.ExecutionOptions{AsyncMode: true}
+	aid, err := e.client.Invoke(ctx, areq, clientOpts(""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs := e.read(subjects.StreamResults, subjects.Result(tenant, aid), 2, 30*time.Second)
+	var head struct {
+		Type string              `json:"type"`
+		Data invocation.Response `json:"data"`
+	}
+	if err := json.Unmarshal(msgs[0].Data(), &head); err != nil || head.Type != invocation.TypeAccepted ||
+		head.Data.Status != invocation.StatusPending || head.Data.PollingInfo == nil || head.Data.PollingInfo.StatusSubject != subjects.SvcStatus {
+		t.Fatalf("async answer %s, %v", msgs[0].Data(), err)
+	}
+	if resp, err := e.client.Wait(ctx, tenant, aid); err != nil || resp.Status != invocation.StatusSuccess {
+		t.Fatalf("async result: %+v, %v", resp, err)
+	}
+
+	// Running: block holds until cancelled.
+	rid, err := e.client.Invoke(ctx, request(tenant, "test.block", `{}`), clientOpts(""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-e.started
+	if _, err := e.client.Cancel(ctx, tenant, rid, "changed my mind"); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := e.client.Wait(ctx, tenant, rid)
+	if err != nil || resp.Status != invocation.StatusCancelled || resp.Error.ECode != toolerr.ECancelled {
+		t.Fatalf("cancelled running call: %+v, %v", resp, err)
+	}
+
+	// Parked: cancelled while waiting for approval.
+	pid, err := e.client.Invoke(ctx, request(tenant, "test.critical", `{}`), clientOpts(""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "the call to park", func() bool {
+		rec, err := e.client.Status(ctx, tenant, pid)
+		return err == nil && rec.Status == invocation.StatusPendingApproval
+	})
+	if _, err := e.client.Cancel(ctx, tenant, pid, ""); err != nil {
+		t.Fatal(err)
+	}
+	if resp, err := e.client.Wait(ctx, tenant, pid); err != nil || resp.Status != invocation.StatusCancelled {
+		t.Fatalf("cancelled parked call: %+v, %v", resp, err)
+	}
+
+	// Ended: a cancel changes nothing.
+	rec, err := e.client.Cancel(ctx, tenant, aid, "")
+	if err != nil || rec.Status != invocation.StatusSuccess {
+		t.Fatalf("cancel after the end: %+v, %v", rec, err)
+	}
+	for _, id := range []string{rid, pid, aid} {
+		if got := e.count(subjects.StreamResults, subjects.Result(tenant, id)); got < 1 || got > 2 {
+			t.Fatalf("%s has %d result messages", id, got)
+		}
+	}
+	if got := e.count(subjects.StreamAudit, subjects.AuditEvent(tenant, invocation.SubjectSuffix(invocation.TypeCancelled))); got != 2 {
+		t.Fatalf("%d cancelled audit events, want 2", got)
+	}
+}
+
+// TestCancelQueued: an invocation cancelled while it waits for execute ends
+// cancelled there without running.
+func TestCancelQueued(t *testing.T) {
+	e := newEnv(t, stages.TopologyOptions{})
+	e.startPipeline(pipeline.Config{Stages: allBut(subjects.Execute)})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	id, err := e.client.Invoke(ctx, request("q", "test.block", `{}`), clientOpts(""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "the call to queue at execute", func() bool {
+		info, err := e.consumerInfo(subjects.Execute)
+		return err == nil && info.NumPending == 1
+	})
+	if _, err := e.client.Cancel(ctx, "q", id, "queued too long"); err != nil {
+		t.Fatal(err)
+	}
+	e.runStage(subjects.Execute, nil, 1, 0)
+	resp, err := e.client.Wait(ctx, "q", id)
+	if err != nil || resp.Status != invocation.StatusCancelled || e.blocks.Load() != 0 {
+		t.Fatalf("queued cancel: %+v, %v, tool ran %d times", resp, err, e.blocks.Load())
 	}
 }

@@ -72,4 +72,6 @@ const (
 	EIdempotencyMismatch = "E3020"
 	// The first invocation with this idempotency key has not ended yet.
 	EIdempotencyInFlight = "E3021"
+	// The invocation was cancelled on request.
+	ECancelled = "E3022"
 )

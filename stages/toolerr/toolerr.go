@@ -31,6 +31,7 @@ const (
 	ResumeFailed        Code = "resume_failed"
 	StateConflict       Code = "state_conflict"
 	InternalError       Code = "internal_error"
+	Cancelled           Code = "cancelled"
 )
 
 // Error is a coded failure. It is what a ToolInvokeResponse carries in its

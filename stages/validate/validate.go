@@ -6,6 +6,7 @@ package validate
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 
 	"github.com/toolgate/toolgate/schemas"
 	"github.com/toolgate/toolgate/stages"
@@ -13,6 +14,7 @@ import (
 	"github.com/toolgate/toolgate/stages/invocation"
 	"github.com/toolgate/toolgate/stages/toolerr"
 	"github.com/toolgate/toolgate/stages/tools"
+	"github.com/toolgate/toolgate/subjects"
 )
 
 // DefaultMaxEventBytes bounds an event (headers and body) when Config leaves it zero.
@@ -104,5 +106,27 @@ func (v *Validator) Process(_ context.Context, inv *invocation.Invocation) ([]st
 		return nil, toolerr.New(toolerr.InvalidParameters, toolerr.EParametersInvalid,
 			"parameters do not match the input schema of %s", m.Key()).WithFields(fields)
 	}
-	return nil, checkInputs(m, req.Parameters, v.cfg.Detectors)
+	if err := checkInputs(m, req.Parameters, v.cfg.Detectors); err != nil {
+		return nil, err
+	}
+	if req.ExecutionOptions != nil && req.ExecutionOptions.AsyncMode {
+		o, err := accepted(inv)
+		return []stages.Output{o}, err
+	}
+	return nil, nil
+}
+
+// accepted is the immediate answer to an async_mode request: a pending
+// response on the result subject that says where to poll. The terminal
+// result follows on the same subject.
+func accepted(inv *invocation.Invocation) (stages.Output, error) {
+	resp := invocation.Response{InvocationID: inv.ID, Status: invocation.StatusPending,
+		PollingInfo: &invocation.PollingInfo{ResultSubject: subjects.Result(inv.Tenant, inv.ID), StatusSubject: subjects.SvcStatus}}
+	e, err := inv.NewEvent("urn:toolgate:"+subjects.Validate, invocation.TypeAccepted, resp)
+	if err != nil {
+		return stages.Output{}, err
+	}
+	o, err := stages.EventOutput(subjects.Result(inv.Tenant, inv.ID), e)
+	o.MsgID = fmt.Sprintf("%d.accepted", inv.Event.Seq)
+	return o, err
 }
