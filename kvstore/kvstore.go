@@ -23,6 +23,7 @@ const (
 	BucketBudgets     = "toolgate_budgets"
 	BucketRateLimits  = "toolgate_ratelimits"
 	BucketIdempotency = "toolgate_idempotency"
+	BucketCheckpoints = "toolgate_checkpoints"
 )
 
 // Options shape the buckets when Open creates them. Existing buckets are left
@@ -34,6 +35,8 @@ type Options struct {
 	InvocationTTL time.Duration
 	// IdempotencyTTL is how long an idempotency key is remembered; default 24 h.
 	IdempotencyTTL time.Duration
+	// CheckpointTTL is how long a checkpoint outlives its last write; default 24 h.
+	CheckpointTTL time.Duration
 }
 
 // Store gives typed access to the buckets.
@@ -46,6 +49,7 @@ type Store struct {
 	budgets     jetstream.KeyValue
 	ratelimits  jetstream.KeyValue
 	idempotency jetstream.KeyValue
+	checkpoints jetstream.KeyValue
 }
 
 // Open opens the buckets, creating any that are missing. It is safe to call
@@ -59,6 +63,9 @@ func Open(ctx context.Context, js jetstream.JetStream, o Options) (*Store, error
 	}
 	if o.IdempotencyTTL == 0 {
 		o.IdempotencyTTL = 24 * time.Hour
+	}
+	if o.CheckpointTTL == 0 {
+		o.CheckpointTTL = 24 * time.Hour
 	}
 	s := &Store{}
 	for _, b := range []struct {
@@ -93,6 +100,12 @@ func Open(ctx context.Context, js jetstream.JetStream, o Options) (*Store, error
 		{&s.idempotency, jetstream.KeyValueConfig{
 			Bucket: BucketIdempotency, Description: "toolgate idempotency keys by tenant",
 			History: 1, TTL: o.IdempotencyTTL,
+		}},
+		// History 1 and a max age make the age count from a key's last
+		// write: a per-key TTL renewed by every checkpoint.
+		{&s.checkpoints, jetstream.KeyValueConfig{
+			Bucket: BucketCheckpoints, Description: "toolgate latest checkpoint by tenant and invocation",
+			History: 1, TTL: o.CheckpointTTL,
 		}},
 		{&s.budgets, jetstream.KeyValueConfig{
 			Bucket: BucketBudgets, Description: "toolgate session usage by tenant and session",

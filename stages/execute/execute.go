@@ -38,6 +38,9 @@ type Executor struct {
 	builtins builtin.Set
 	store    *kvstore.Store
 	running  *Running
+	// Publish, when set, announces checkpoints on the audit stream as they
+	// are made: they must not wait for the tool to end.
+	Publish func(context.Context, stages.Output) error
 }
 
 var _ stages.Stage = (*Executor)(nil)
@@ -79,10 +82,18 @@ func (x *Executor) Process(ctx context.Context, inv *invocation.Invocation) ([]s
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	defer x.running.add(inv.Tenant, inv.ID, cancel)()
+	// A running status left by an earlier delivery means the tool started
+	// on a worker that is gone.
+	prev, err := x.store.Status(ctx, inv.Tenant, inv.ID)
+	if err != nil && !errors.Is(err, kvstore.ErrNotFound) {
+		return nil, stages.Transient(fmt.Errorf("reading status: %w", err), 0)
+	}
+	interrupted := err == nil && prev.Status == invocation.StatusRunning
 	// Claim the invocation: a redelivery of one that already ended must not
 	// run the tool again.
 	rec, _, err := x.store.SetStatus(ctx, kvstore.Record{InvocationID: inv.ID, Tenant: inv.Tenant,
-		Status: invocation.StatusRunning, ToolID: m.ID, ToolVersion: m.Version, Seq: inv.Event.Seq})
+		Status: invocation.StatusRunning, ToolID: m.ID, ToolVersion: m.Version, Seq: inv.Event.Seq,
+		Checkpoint: prev.Checkpoint})
 	if err != nil {
 		return nil, stages.Transient(fmt.Errorf("recording running status: %w", err), 0)
 	}
@@ -96,6 +107,22 @@ func (x *Executor) Process(ctx context.Context, inv *invocation.Invocation) ([]s
 	if rec.CancelRequested {
 		return nil, cancelled(m)
 	}
+	tr := &tracker{ctx: ctx, store: x.store, publish: x.Publish, inv: inv, toolID: m.ID}
+	if interrupted {
+		cp, ok, err := x.store.LoadCheckpoint(ctx, inv.Tenant, inv.ID)
+		switch {
+		case err != nil:
+			return nil, stages.Transient(fmt.Errorf("loading checkpoint: %w", err), 0)
+		case ok:
+			tr.resumed, tr.seq = cp.State, cp.Seq
+			inv.Metadata.ResumedFromCheckpoint = cp.Seq
+		case !m.Safety.Idempotent:
+			return nil, toolerr.New(toolerr.ToolExecutionError, toolerr.EOutcomeUnknown,
+				"%s was interrupted mid-run on another worker; it is not idempotent and left no checkpoint, "+
+					"so whether it took effect is unknown and it is not run again", m.Key())
+		}
+	}
+	ctx = builtin.WithProgress(ctx, tr)
 	inv.Status = invocation.StatusRunning
 	invoked, err := stages.AuditEvent(subjects.Execute, inv, invocation.TypeInvoked, inv.Audit())
 	if err != nil {
@@ -127,6 +154,7 @@ func (x *Executor) Process(ctx context.Context, inv *invocation.Invocation) ([]s
 	if err != nil {
 		return outs, classify(err, m, limit)
 	}
+	_ = x.store.DeleteCheckpoint(context.WithoutCancel(ctx), inv.Tenant, inv.ID) // done with it
 	if !json.Valid(result) {
 		return outs, toolerr.New(toolerr.ToolExecutionError, toolerr.EResultNotJSON, "%s returned invalid JSON", m.Key())
 	}

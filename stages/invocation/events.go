@@ -14,15 +14,16 @@ import (
 
 // Audit and result CloudEvent types.
 const (
-	TypeInvoked          = "ai.agent.tool.invoked"
-	TypeSucceeded        = "ai.agent.tool.succeeded"
-	TypeFailed           = "ai.agent.tool.failed"
-	TypeTimeout          = "ai.agent.tool.timeout"
-	TypeCancelled        = "ai.agent.tool.cancelled"
-	TypeRejected         = "ai.agent.tool.rejected"
-	TypePermissionDenied = "ai.agent.tool.permission_denied"
-	TypeRateLimited      = "ai.agent.tool.rate_limited"
-	TypePoison           = "ai.agent.pipeline.poison"
+	TypeInvoked           = "ai.agent.tool.invoked"
+	TypeSucceeded         = "ai.agent.tool.succeeded"
+	TypeFailed            = "ai.agent.tool.failed"
+	TypeTimeout           = "ai.agent.tool.timeout"
+	TypeCancelled         = "ai.agent.tool.cancelled"
+	TypeRejected          = "ai.agent.tool.rejected"
+	TypePermissionDenied  = "ai.agent.tool.permission_denied"
+	TypeRateLimited       = "ai.agent.tool.rate_limited"
+	TypeCheckpointCreated = "ai.agent.tool.checkpoint.created"
+	TypePoison            = "ai.agent.pipeline.poison"
 
 	TypeApprovalRequested = "ai.agent.tool.approval.requested"
 	TypeApprovalGranted   = "ai.agent.tool.approval.granted"

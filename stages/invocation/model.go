@@ -101,6 +101,9 @@ type ExecutionMetadata struct {
 	Executor    string `json:"executor,omitempty"`
 	// Warnings carries non-fatal notices, such as a deprecated version.
 	Warnings []string `json:"warnings,omitempty"`
+	// ResumedFromCheckpoint is the checkpoint an interrupted run was
+	// resumed from on this worker.
+	ResumedFromCheckpoint int `json:"resumed_from_checkpoint,omitempty"`
 	// Attempts is how many times the tool was called (retries included).
 	Attempts int `json:"attempts,omitempty"`
 	// ReplayedFrom is the invocation whose result an idempotent repeat

@@ -3,6 +3,7 @@ package pipeline_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"strings"
@@ -39,6 +40,10 @@ type env struct {
 	gate    chan struct{}
 	started chan string // receives the invocation parameter "n" when block starts
 	blocks  atomic.Int32
+	// steps counts the runs of each step of the "steps" builtin; stepped
+	// receives each step number as it completes.
+	steps   [32]atomic.Int32
+	stepped chan int
 }
 
 func quietLog() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
@@ -50,7 +55,8 @@ func newEnv(t *testing.T, topo stages.TopologyOptions) *env {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
-	e := &env{t: t, url: ns.ClientURL(), topo: topo, gate: make(chan struct{}), started: make(chan string, 16)}
+	e := &env{t: t, url: ns.ClientURL(), topo: topo, gate: make(chan struct{}), started: make(chan string, 16),
+		stepped: make(chan int, 64)}
 	t.Cleanup(func() { e.release() })
 	e.nc = e.connect()
 	if e.js, err = jetstream.New(e.nc); err != nil {
@@ -96,6 +102,45 @@ func (e *env) builtins(root string) builtin.Set {
 		}
 		return json.RawMessage(`{"ok":true}`), nil
 	}
+	// steps runs n steps of delay_ms each, checkpointing after each, and
+	// resumes after the last checkpoint when restarted.
+	set["steps"] = func(ctx context.Context, p json.RawMessage) (json.RawMessage, error) {
+		var in struct {
+			N       int `json:"n"`
+			DelayMS int `json:"delay_ms"`
+		}
+		if err := json.Unmarshal(p, &in); err != nil {
+			return nil, err
+		}
+		pr := builtin.ProgressFrom(ctx)
+		start := 0
+		if r := pr.Resumed(); r != nil {
+			var st struct {
+				Next int `json:"next"`
+			}
+			if err := json.Unmarshal(r, &st); err != nil {
+				return nil, err
+			}
+			start = st.Next
+		}
+		for i := start; i < in.N; i++ {
+			select {
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			case <-time.After(time.Duration(in.DelayMS) * time.Millisecond):
+			}
+			e.steps[i].Add(1)
+			pr.Report(float64(i+1)*100/float64(in.N), fmt.Sprintf("step %d", i))
+			if err := pr.Checkpoint(json.RawMessage(fmt.Sprintf(`{"next":%d}`, i+1))); err != nil {
+				return nil, err
+			}
+			select {
+			case e.stepped <- i:
+			default:
+			}
+		}
+		return json.RawMessage(fmt.Sprintf(`{"steps":%d,"started_at":%d}`, in.N, start)), nil
+	}
 	// block waits for the gate the first time it runs (a worker "stuck"
 	// mid-flight), and returns at once on later runs.
 	set["block"] = func(ctx context.Context, p json.RawMessage) (json.RawMessage, error) {
@@ -121,6 +166,11 @@ var testTools = []string{
 	  "output_schema":{"type":"object","required":["answer"],"properties":{"answer":{"type":"integer"}}}}`,
 	`{"id":"test.block","name":"block","version":"1.0.0","description":"blocks once","kind":"builtin","builtin":{"function":"block"},
 	  "input_schema":{"type":"object"},"output_schema":{"type":"object"},"limits":{"timeout_ms":60000}}`,
+	`{"id":"test.block_idem","name":"block (idempotent)","version":"1.0.0","description":"blocks once, safe to rerun","kind":"builtin",
+	  "builtin":{"function":"block"},"input_schema":{"type":"object"},"output_schema":{"type":"object"},
+	  "limits":{"timeout_ms":60000},"safety":{"idempotent":true}}`,
+	`{"id":"test.steps","name":"steps","version":"1.0.0","description":"checkpoints after each step","kind":"builtin",
+	  "builtin":{"function":"steps"},"input_schema":{"type":"object"},"output_schema":{"type":"object"},"limits":{"timeout_ms":60000}}`,
 	`{"id":"test.removed","name":"removed","version":"1.0.0","description":"gone","kind":"builtin","builtin":{"function":"echo"},
 	  "input_schema":{"type":"object"},"output_schema":{"type":"object"},"lifecycle":{"state":"removed"}}`,
 	`{"id":"test.http","name":"http","version":"1.0.0","description":"no executor here","kind":"http",
@@ -166,7 +216,7 @@ func (e *env) startPipeline(cfg pipeline.Config) *pipeline.Node {
 		}
 		wctx, wcancel := context.WithTimeout(ctx, 10*time.Second)
 		defer wcancel()
-		for _, id := range []string{"test.boom", "test.bad_output", "test.block", "test.removed", "test.http"} {
+		for _, id := range []string{"test.boom", "test.bad_output", "test.block", "test.block_idem", "test.steps", "test.removed", "test.http"} {
 			if err := n.WaitForTool(wctx, id, "1.0.0"); err != nil {
 				e.t.Fatal(err)
 			}

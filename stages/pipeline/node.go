@@ -184,7 +184,9 @@ func (n *Node) NewStage(ctx context.Context, name string, c StageConfig) (stages
 			return nil, fmt.Errorf("subscribing to cancels: %w", err)
 		}
 		context.AfterFunc(ctx, func() { _ = sub.Unsubscribe() })
-		return execute.New(n.Registry, set, n.Store, running), nil
+		x := execute.New(n.Registry, set, n.Store, running)
+		x.Publish = func(ctx context.Context, o stages.Output) error { return stages.Publish(ctx, n.JS, o) }
+		return x, nil
 	case subjects.Verify:
 		return verify.New(n.Registry, verify.Config{Tenants: c.TenantActions, Detectors: c.Detectors}), nil
 	case subjects.Audit:

@@ -61,9 +61,9 @@ func (e *env) runStage(name string, st stages.Stage, workers int, timeout time.D
 	return n
 }
 
-// TestWorkerKilledMidFlight: an execute worker's connection dies while the
-// tool runs; another worker picks the invocation up after AckWait and it
-// completes exactly once.
+// TestWorkerKilledMidFlight: an execute worker's connection dies while an
+// idempotent tool runs; another worker picks the invocation up after AckWait,
+// runs it again, and it completes exactly once.
 func TestWorkerKilledMidFlight(t *testing.T) {
 	e := newEnv(t, stages.TopologyOptions{AckWait: 2 * time.Second})
 	e.startPipeline(pipeline.Config{Stages: allBut(subjects.Execute)})
@@ -71,7 +71,7 @@ func TestWorkerKilledMidFlight(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	id, err := e.client.Invoke(ctx, request("crash", "test.block", `{}`), clientOpts("crash-1"))
+	id, err := e.client.Invoke(ctx, request("crash", "test.block_idem", `{}`), clientOpts("crash-1"))
 	if err != nil {
 		t.Fatal(err)
 	}

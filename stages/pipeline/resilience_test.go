@@ -248,3 +248,76 @@ func TestCancelQueued(t *testing.T) {
 		t.Fatalf("queued cancel: %+v, %v, tool ran %d times", resp, err, e.blocks.Load())
 	}
 }
+
+// TestResumeFromCheckpoint: an execute worker dies mid-run; the invocation
+// is redelivered to a second worker, which resumes after the last
+// checkpoint: the steps before it are not redone and progress continues.
+func TestResumeFromCheckpoint(t *testing.T) {
+	e := newEnv(t, stages.TopologyOptions{AckWait: time.Second})
+	e.startPipeline(pipeline.Config{Stages: allBut(subjects.Execute)})
+	doomed := e.runStage(subjects.Execute, nil, 1, 0)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const tenant = "ckpt"
+	id, err := e.client.Invoke(ctx, request(tenant, "test.steps", `{"n":8,"delay_ms":150}`), clientOpts(""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for step := range e.stepped {
+		if step == 2 {
+			break
+		}
+	}
+	rec, err := e.client.Status(ctx, tenant, id)
+	if err != nil || rec.Status != invocation.StatusRunning || rec.Checkpoint == nil || rec.Checkpoint.Seq < 3 {
+		t.Fatalf("status mid-run: %+v, %v", rec, err)
+	}
+	doomed.Close() // the worker dies: no ack, no more checkpoints from it
+	e.runStage(subjects.Execute, nil, 1, 0)
+
+	resp, err := e.client.Wait(ctx, tenant, id)
+	if err != nil || resp.Status != invocation.StatusSuccess {
+		t.Fatalf("resumed call: %+v, %v", resp, err)
+	}
+	var out struct {
+		StartedAt int `json:"started_at"`
+	}
+	if err := json.Unmarshal(resp.Result, &out); err != nil || out.StartedAt < 3 || resp.ExecutionMetadata.ResumedFromCheckpoint < 3 {
+		t.Fatalf("did not resume from a checkpoint: %s, metadata %+v", resp.Result, resp.ExecutionMetadata)
+	}
+	for i := range 8 {
+		runs := e.steps[i].Load()
+		switch {
+		case i < 3 && runs != 1:
+			t.Fatalf("step %d ran %d times; steps before the checkpoint must not be redone", i, runs)
+		case runs < 1 || runs > 2:
+			t.Fatalf("step %d ran %d times", i, runs)
+		}
+	}
+	if got := e.count(subjects.StreamAudit, subjects.AuditEvent(tenant, invocation.SubjectSuffix(invocation.TypeCheckpointCreated))); got < 8 {
+		t.Fatalf("%d checkpoint.created events, want at least 8", got)
+	}
+}
+
+// TestInterruptedNonIdempotentTool: a tool that is neither idempotent nor
+// checkpointed, interrupted mid-run, ends outcome-unknown instead of
+// running twice.
+func TestInterruptedNonIdempotentTool(t *testing.T) {
+	e := newEnv(t, stages.TopologyOptions{AckWait: time.Second})
+	e.startPipeline(pipeline.Config{Stages: allBut(subjects.Execute)})
+	doomed := e.runStage(subjects.Execute, nil, 1, 0)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	id, err := e.client.Invoke(ctx, request("unk", "test.block", `{}`), clientOpts(""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-e.started
+	doomed.Close()
+	e.runStage(subjects.Execute, nil, 1, 0)
+	resp, err := e.client.Wait(ctx, "unk", id)
+	e.release() // let the dead worker's call return
+	if err != nil || resp.Error == nil || resp.Error.ECode != toolerr.EOutcomeUnknown || e.blocks.Load() != 1 {
+		t.Fatalf("interrupted call: %+v, %v, ran %d times", resp, err, e.blocks.Load())
+	}
+}

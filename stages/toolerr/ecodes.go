@@ -74,4 +74,7 @@ const (
 	EIdempotencyInFlight = "E3021"
 	// The invocation was cancelled on request.
 	ECancelled = "E3022"
+	// A tool that is neither idempotent nor checkpointed was interrupted
+	// mid-run; whether it took effect is unknown, so it is not run again.
+	EOutcomeUnknown = "E3023"
 )
