@@ -24,6 +24,7 @@ const (
 	BucketRateLimits  = "toolgate_ratelimits"
 	BucketIdempotency = "toolgate_idempotency"
 	BucketCheckpoints = "toolgate_checkpoints"
+	BucketBreakers    = "toolgate_breakers"
 )
 
 // Options shape the buckets when Open creates them. Existing buckets are left
@@ -50,6 +51,7 @@ type Store struct {
 	ratelimits  jetstream.KeyValue
 	idempotency jetstream.KeyValue
 	checkpoints jetstream.KeyValue
+	breakers    jetstream.KeyValue
 }
 
 // Open opens the buckets, creating any that are missing. It is safe to call
@@ -106,6 +108,9 @@ func Open(ctx context.Context, js jetstream.JetStream, o Options) (*Store, error
 		{&s.checkpoints, jetstream.KeyValueConfig{
 			Bucket: BucketCheckpoints, Description: "toolgate latest checkpoint by tenant and invocation",
 			History: 1, TTL: o.CheckpointTTL,
+		}},
+		{&s.breakers, jetstream.KeyValueConfig{
+			Bucket: BucketBreakers, Description: "toolgate circuit breaker state by tool or endpoint", History: 5,
 		}},
 		{&s.budgets, jetstream.KeyValueConfig{
 			Bucket: BucketBudgets, Description: "toolgate session usage by tenant and session",

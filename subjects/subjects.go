@@ -69,6 +69,10 @@ func ResultTenant(tenant string) string { return resultPrefix + tenant + ".*" }
 // execute worker running the invocation stops it.
 func Cancel(tenant, id string) string { return cancelPrefix + tenant + "." + Token(id) }
 
+// SystemTenant is the tenant token of audit events that belong to no tenant,
+// such as circuit breaker transitions: audit._system.circuit.opened.
+const SystemTenant = "_system"
+
 // ParseCancel reads the tenant and invocation id of a Cancel subject.
 func ParseCancel(subject string) (tenant, id string, ok bool) {
 	rest, ok := strings.CutPrefix(subject, cancelPrefix)

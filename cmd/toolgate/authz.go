@@ -16,6 +16,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/toolgate/toolgate/kvstore"
+	"github.com/toolgate/toolgate/stages"
+	"github.com/toolgate/toolgate/stages/breaker"
 	"github.com/toolgate/toolgate/stages/approval"
 	"github.com/toolgate/toolgate/stages/authorize/policy"
 	"github.com/toolgate/toolgate/stages/authorize/token"
@@ -418,4 +420,47 @@ func cancelCmd(ctx context.Context, args []string) error {
 		return err
 	}
 	return printJSON(rec)
+}
+
+func breakersCmd(ctx context.Context, args []string) error {
+	action := "list"
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		action, args = args[0], args[1:]
+	}
+	fs := flag.NewFlagSet("breakers "+action, flag.ContinueOnError)
+	url := fs.String("nats", nats.DefaultURL, "NATS server URL")
+	by := fs.String("by", whoami(), "who sets it, for the record")
+	if err := fs.Parse(reorder(args)); err != nil {
+		return err
+	}
+	nc, err := nats.Connect(*url, nats.Name("toolgate-cli"))
+	if err != nil {
+		return fmt.Errorf("connecting to %s: %w", *url, err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	store, err := kvstore.Open(ctx, js, kvstore.Options{})
+	if err != nil {
+		return err
+	}
+	if action == "list" {
+		bs, err := store.Breakers(ctx)
+		if err != nil {
+			return err
+		}
+		return printJSON(bs)
+	}
+	state, ok := map[string]string{"open": kvstore.BreakerOpen, "close": kvstore.BreakerClosed, "release": ""}[action]
+	if !ok || fs.NArg() != 1 {
+		return errors.New("breakers: list | open KEY | close KEY | release KEY")
+	}
+	publish := func(ctx context.Context, o stages.Output) error { return stages.Publish(ctx, js, o) }
+	st, err := breaker.Force(ctx, store, publish, fs.Arg(0), state, *by)
+	if err != nil {
+		return err
+	}
+	return printJSON(st)
 }

@@ -37,6 +37,7 @@ usage:
   toolgate tools  register FILE [--replace] | list | get ID [--version V]
   toolgate token  keygen | mint --key K [--parent TOKEN] [grants] | inspect TOKEN | revoke TOKEN
   toolgate policy push DIR | show
+  toolgate breakers [list] | open KEY | close KEY | release KEY
   toolgate approve ID [--tenant T] [--reason R]
   toolgate deny    ID [--tenant T] [--reason R]
   toolgate bench  [--rate N] [--duration D]
@@ -81,6 +82,8 @@ func run(args []string) error {
 		return tokenCmd(ctx, rest)
 	case "policy":
 		return policyCmd(ctx, rest)
+	case "breakers":
+		return breakersCmd(ctx, rest)
 	case "cancel":
 		return cancelCmd(ctx, rest)
 	case "approve":

@@ -22,6 +22,7 @@ import (
 
 	"github.com/toolgate/toolgate/kvstore"
 	"github.com/toolgate/toolgate/stages"
+	"github.com/toolgate/toolgate/stages/breaker"
 	"github.com/toolgate/toolgate/stages/execute/builtin"
 	"github.com/toolgate/toolgate/stages/invocation"
 	"github.com/toolgate/toolgate/stages/toolerr"
@@ -38,6 +39,8 @@ type Executor struct {
 	builtins builtin.Set
 	store    *kvstore.Store
 	running  *Running
+	// Breakers, when set, guard tools that configure a circuit breaker.
+	Breakers *breaker.Breakers
 	// Publish, when set, announces checkpoints on the audit stream as they
 	// are made: they must not wait for the tool to end.
 	Publish func(context.Context, stages.Output) error
@@ -123,6 +126,12 @@ func (x *Executor) Process(ctx context.Context, inv *invocation.Invocation) ([]s
 		}
 	}
 	ctx = builtin.WithProgress(ctx, tr)
+	var guard *breaker.Call
+	if x.Breakers != nil {
+		if guard, err = x.Breakers.Acquire(ctx, m); err != nil {
+			return nil, err
+		}
+	}
 	inv.Status = invocation.StatusRunning
 	invoked, err := stages.AuditEvent(subjects.Execute, inv, invocation.TypeInvoked, inv.Audit())
 	if err != nil {
@@ -143,6 +152,7 @@ func (x *Executor) Process(ctx context.Context, inv *invocation.Invocation) ([]s
 			return call(exec.Context(), fn, inv.Request.Parameters)
 		})
 	inv.Metadata.Attempts = int(attempts.Load())
+	guard.End(ctx, err, time.Since(start))
 	end := time.Now()
 	inv.Metadata.StartedAt = start.UTC().Format(time.RFC3339Nano)
 	inv.Metadata.CompletedAt = end.UTC().Format(time.RFC3339Nano)

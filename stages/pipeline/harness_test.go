@@ -92,6 +92,17 @@ func (e *env) builtins(root string) builtin.Set {
 	set["bad_output"] = func(context.Context, json.RawMessage) (json.RawMessage, error) {
 		return json.RawMessage(`{"unexpected":true}`), nil
 	}
+	// maybe fails when asked to.
+	set["maybe"] = func(_ context.Context, p json.RawMessage) (json.RawMessage, error) {
+		var in struct {
+			Fail bool `json:"fail"`
+		}
+		_ = json.Unmarshal(p, &in)
+		if in.Fail {
+			return nil, toolerr.New(toolerr.ToolExecutionError, toolerr.EToolFailed, "failed as asked")
+		}
+		return json.RawMessage(`{}`), nil
+	}
 	// flaky fails twice per distinct parameters with a retryable external
 	// error, then succeeds.
 	var flakes sync.Map

@@ -17,6 +17,7 @@ import (
 	"github.com/toolgate/toolgate/stages/authorize"
 	"github.com/toolgate/toolgate/stages/authorize/policy"
 	"github.com/toolgate/toolgate/stages/authorize/token"
+	"github.com/toolgate/toolgate/stages/breaker"
 	"github.com/toolgate/toolgate/stages/detect"
 	"github.com/toolgate/toolgate/stages/execute"
 	"github.com/toolgate/toolgate/stages/execute/builtin"
@@ -186,6 +187,10 @@ func (n *Node) NewStage(ctx context.Context, name string, c StageConfig) (stages
 		context.AfterFunc(ctx, func() { _ = sub.Unsubscribe() })
 		x := execute.New(n.Registry, set, n.Store, running)
 		x.Publish = func(ctx context.Context, o stages.Output) error { return stages.Publish(ctx, n.JS, o) }
+		x.Breakers = breaker.New(n.Store, x.Publish, n.Log)
+		if err := n.Store.WatchBreakers(ctx, x.Breakers.Apply); err != nil {
+			return nil, err
+		}
 		return x, nil
 	case subjects.Verify:
 		return verify.New(n.Registry, verify.Config{Tenants: c.TenantActions, Detectors: c.Detectors}), nil

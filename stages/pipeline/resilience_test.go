@@ -6,7 +6,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/toolgate/toolgate/kvstore"
 	"github.com/toolgate/toolgate/stages"
+	"github.com/toolgate/toolgate/stages/breaker"
 	"github.com/toolgate/toolgate/stages/invocation"
 	"github.com/toolgate/toolgate/stages/pipeline"
 	"github.com/toolgate/toolgate/stages/toolerr"
@@ -320,4 +322,57 @@ func TestInterruptedNonIdempotentTool(t *testing.T) {
 	if err != nil || resp.Error == nil || resp.Error.ECode != toolerr.EOutcomeUnknown || e.blocks.Load() != 1 {
 		t.Fatalf("interrupted call: %+v, %v, ran %d times", resp, err, e.blocks.Load())
 	}
+}
+
+// TestSharedCircuitBreaker: failures on one execute worker open the breaker;
+// a second worker fails calls fast with E3401; after the open wait one trial
+// call, taken from the shared state, closes it again. Each transition is
+// announced once on the audit stream.
+func TestSharedCircuitBreaker(t *testing.T) {
+	e := newEnv(t, stages.TopologyOptions{})
+	n := e.startPipeline(pipeline.Config{Stages: allBut(subjects.Execute)})
+	registerTools(t, n, `{"id":"test.fragile","name":"fragile","version":"1.0.0","description":"fails on request","kind":"builtin",
+	  "builtin":{"function":"maybe"},"input_schema":{"type":"object"},"output_schema":{"type":"object"},
+	  "circuit_breaker":{"failure_rate_threshold":50,"sliding_window_size":4,"minimum_calls":4,"wait_duration_seconds":1,"half_open_calls":1}}`)
+	first := e.runStage(subjects.Execute, nil, 1, 0)
+	const tenant = "cb"
+	// Half of a window of four: the breaker opens at the second failure.
+	for i := range 2 {
+		if resp := e.invoke(request(tenant, "test.fragile", `{"fail":true}`)); resp.Error == nil || resp.Error.ECode != toolerr.EToolFailed {
+			t.Fatalf("failing call %d: %+v", i, resp)
+		}
+	}
+	eventually(t, 5*time.Second, "the breaker to open", func() bool {
+		st, err := n.Store.Breaker(context.Background(), "test.fragile")
+		return err == nil && st.State == kvstore.BreakerOpen
+	})
+	first.Close() // the worker that saw the failures is gone
+	e.runStage(subjects.Execute, nil, 1, 0)
+	start := time.Now()
+	resp := e.invoke(request(tenant, "test.fragile", `{}`))
+	if resp.Error == nil || resp.Error.Code != toolerr.CircuitBreakerOpen || resp.Error.ECode != toolerr.EBreakerOpen || !resp.Error.Retryable {
+		t.Fatalf("call on the second worker while open: %+v", resp)
+	}
+	// After the open wait, a trial call closes it.
+	time.Sleep(time.Until(start.Add(1100 * time.Millisecond)))
+	if resp := e.invoke(request(tenant, "test.fragile", `{}`)); resp.Status != invocation.StatusSuccess {
+		t.Fatalf("trial call: %+v", resp)
+	}
+	st, err := n.Store.Breaker(context.Background(), "test.fragile")
+	if err != nil || st.State != kvstore.BreakerClosed {
+		t.Fatalf("after the trial: %+v, %v", st, err)
+	}
+	for _, typ := range []string{breaker.TypeOpened, breaker.TypeHalfOpen, breaker.TypeClosed} {
+		if got := e.count(subjects.StreamAudit, subjects.AuditEvent(subjects.SystemTenant, invocation.SubjectSuffix(typ))); got != 1 {
+			t.Fatalf("%d %s events, want 1", got, typ)
+		}
+	}
+	// An operator forces it open: every worker refuses at once.
+	if _, err := breaker.Force(context.Background(), n.Store, nil, "test.fragile", kvstore.BreakerOpen, "ops"); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 5*time.Second, "the forced state to reach the worker", func() bool {
+		resp := e.invoke(request(tenant, "test.fragile", `{}`))
+		return resp.Error != nil && resp.Error.ECode == toolerr.EBreakerOpen
+	})
 }

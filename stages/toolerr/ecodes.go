@@ -68,6 +68,7 @@ const (
 // Resilience codes.
 const (
 	ERateLimited = "E3303" // over the tool's rate limit for the tenant; retryable
+	EBreakerOpen = "E3401" // the tool's circuit breaker is open; retryable
 	// The idempotency key was used by a request asking for something else.
 	EIdempotencyMismatch = "E3020"
 	// The first invocation with this idempotency key has not ended yet.

@@ -138,6 +138,10 @@ type CircuitBreaker struct {
 	WaitDurationSeconds  int     `json:"wait_duration_seconds,omitempty"`
 	HalfOpenCalls        int     `json:"half_open_calls,omitempty"`
 	SlowCallMS           int64   `json:"slow_call_ms,omitempty"`
+	// WindowSeconds makes the window time-based.
+	WindowSeconds int `json:"window_seconds,omitempty"`
+	// Key names the breaker; tools calling one endpoint share it.
+	Key string `json:"key,omitempty"`
 }
 
 // Cost is what an invocation costs.

@@ -1,0 +1,132 @@
+package kvstore
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolgate/toolgate/subjects"
+)
+
+// Breaker states as stored.
+const (
+	BreakerClosed   = "closed"
+	BreakerOpen     = "open"
+	BreakerHalfOpen = "half_open"
+)
+
+// BreakerState is the shared state of one circuit breaker.
+type BreakerState struct {
+	Key   string    `json:"key"`
+	State string    `json:"state"`
+	Since time.Time `json:"since"`
+	// Probes are the half-open trial calls still to hand out, across all
+	// workers.
+	Probes int `json:"probes,omitempty"`
+	// Successes counts the trial calls that succeeded while half open.
+	Successes int `json:"successes,omitempty"`
+	// Forced is set by an operator: the state holds until changed by hand.
+	Forced bool   `json:"forced,omitempty"`
+	By     string `json:"by,omitempty"`
+	// Revision is the KV revision the state was read at.
+	Revision uint64 `json:"-"`
+}
+
+func breakerKey(key string) string { return subjects.Token(key) }
+
+// Breaker returns the stored state of a breaker; a breaker never stored is
+// closed.
+func (s *Store) Breaker(ctx context.Context, key string) (BreakerState, error) {
+	e, err := s.breakers.Get(ctx, breakerKey(key))
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return BreakerState{Key: key, State: BreakerClosed}, nil
+	}
+	if err != nil {
+		return BreakerState{}, err
+	}
+	var b BreakerState
+	if err := json.Unmarshal(e.Value(), &b); err != nil {
+		return BreakerState{}, fmt.Errorf("decoding breaker: %w", err)
+	}
+	b.Revision = e.Revision()
+	return b, nil
+}
+
+// TransitionBreaker moves a breaker to next if change allows it, with a
+// compare-and-swap: of several workers making the same transition at once,
+// exactly one gets won=true and announces it. change sees the stored state
+// and returns false to leave it.
+func (s *Store) TransitionBreaker(ctx context.Context, key string, change func(cur *BreakerState) bool) (BreakerState, bool, error) {
+	for range casAttempts {
+		cur, err := s.Breaker(ctx, key)
+		if err != nil {
+			return BreakerState{}, false, err
+		}
+		next := cur
+		if !change(&next) {
+			return cur, false, nil
+		}
+		next.Key = key
+		val, err := json.Marshal(next)
+		if err != nil {
+			return BreakerState{}, false, err
+		}
+		var rev uint64
+		if cur.Revision == 0 {
+			rev, err = s.breakers.Create(ctx, breakerKey(key), val)
+		} else {
+			rev, err = s.breakers.Update(ctx, breakerKey(key), val, cur.Revision)
+		}
+		if errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+			continue
+		}
+		if err != nil {
+			return BreakerState{}, false, fmt.Errorf("updating breaker: %w", err)
+		}
+		next.Revision = rev
+		return next, true, nil
+	}
+	return BreakerState{}, false, fmt.Errorf("breaker %s: too much contention", key)
+}
+
+// WatchBreakers calls fn with every stored breaker state and each change.
+func (s *Store) WatchBreakers(ctx context.Context, fn func(BreakerState)) error {
+	return watch(ctx, s.breakers, func(e jetstream.KeyValueEntry) {
+		if e.Operation() != jetstream.KeyValuePut {
+			key, err := subjects.Untoken(e.Key())
+			if err == nil {
+				fn(BreakerState{Key: key, State: BreakerClosed})
+			}
+			return
+		}
+		var b BreakerState
+		if json.Unmarshal(e.Value(), &b) == nil {
+			b.Revision = e.Revision()
+			fn(b)
+		}
+	})
+}
+
+// Breakers lists every stored breaker.
+func (s *Store) Breakers(ctx context.Context) ([]BreakerState, error) {
+	lister, err := s.breakers.ListKeys(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []BreakerState
+	for k := range lister.Keys() {
+		key, err := subjects.Untoken(k)
+		if err != nil {
+			continue
+		}
+		b, err := s.Breaker(ctx, key)
+		if err == nil {
+			out = append(out, b)
+		}
+	}
+	return out, nil
+}
