@@ -17,10 +17,10 @@ import (
 
 	"github.com/toolgate/toolgate/kvstore"
 	"github.com/toolgate/toolgate/stages"
-	"github.com/toolgate/toolgate/stages/breaker"
 	"github.com/toolgate/toolgate/stages/approval"
 	"github.com/toolgate/toolgate/stages/authorize/policy"
 	"github.com/toolgate/toolgate/stages/authorize/token"
+	"github.com/toolgate/toolgate/stages/breaker"
 	"github.com/toolgate/toolgate/stages/pipeline"
 )
 
