@@ -28,22 +28,33 @@ type maxDeliveriesAdvisory struct {
 // delivery): JetStream then leaves the message in the stream and publishes an
 // advisory. One worker of the stage (a queue group) reads the message,
 // hands it to audit as internal_error E3901 and deletes it.
-func (r *Runner) watchExhausted(ctx context.Context) (*nats.Subscription, error) {
+func (r *Runner) watchExhausted(ctx context.Context) ([]*nats.Subscription, error) {
 	nc := r.JS.Conn()
-	sub, err := nc.QueueSubscribe(subjects.MaxDeliveriesAdvisory(r.Name), "toolgate-"+r.Name, func(m *nats.Msg) {
-		var adv maxDeliveriesAdvisory
-		if err := json.Unmarshal(m.Data, &adv); err != nil {
-			r.Log.Warn("unreadable advisory", "err", err)
-			return
+	var subs []*nats.Subscription
+	for _, in := range subjects.Inputs(r.Name) {
+		sub, err := nc.QueueSubscribe(subjects.MaxDeliveriesAdvisory(in), "toolgate-"+r.Name, func(m *nats.Msg) {
+			var adv maxDeliveriesAdvisory
+			if err := json.Unmarshal(m.Data, &adv); err != nil {
+				r.Log.Warn("unreadable advisory", "err", err)
+				return
+			}
+			if err := r.endExhausted(ctx, adv); err != nil {
+				r.Log.Error("ending exhausted message", "seq", adv.StreamSeq, "err", err)
+			}
+		})
+		if err != nil {
+			unsubscribe(subs)
+			return nil, fmt.Errorf("watching delivery advisories: %w", err)
 		}
-		if err := r.endExhausted(ctx, adv); err != nil {
-			r.Log.Error("ending exhausted message", "seq", adv.StreamSeq, "err", err)
-		}
-	})
-	if err != nil {
-		return nil, fmt.Errorf("watching delivery advisories: %w", err)
+		subs = append(subs, sub)
 	}
-	return sub, nil
+	return subs, nil
+}
+
+func unsubscribe(subs []*nats.Subscription) {
+	for _, s := range subs {
+		_ = s.Unsubscribe()
+	}
 }
 
 func (r *Runner) endExhausted(ctx context.Context, adv maxDeliveriesAdvisory) error {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"runtime/debug"
 	"sync"
 	"time"
@@ -58,12 +59,16 @@ func (r *Runner) Run(ctx context.Context) error {
 		r.Log = slog.Default()
 	}
 	r.Log = r.Log.With("stage", r.Name)
-	in := subjects.InputOf(r.Name)
-	cons, err := r.JS.Consumer(ctx, in.Stream, in.Consumer)
-	if err != nil {
-		return fmt.Errorf("opening consumer %s: %w", in.Consumer, err)
+	inputs := subjects.Inputs(r.Name)
+	consumers := make([]jetstream.Consumer, len(inputs))
+	for i, in := range inputs {
+		cons, err := r.JS.Consumer(ctx, in.Stream, in.Consumer)
+		if err != nil {
+			return fmt.Errorf("opening consumer %s: %w", in.Consumer, err)
+		}
+		consumers[i] = cons
 	}
-	info := cons.CachedInfo()
+	info := consumers[0].CachedInfo()
 	if r.AckWait == 0 {
 		r.AckWait = info.Config.AckWait
 	}
@@ -73,36 +78,25 @@ func (r *Runner) Run(ctx context.Context) error {
 	if r.Timeout == 0 {
 		r.Timeout = 30 * time.Second
 	}
-	sub, err := r.watchExhausted(ctx)
+	subs, err := r.watchExhausted(ctx)
 	if err != nil {
 		return err
 	}
-	defer func() { _ = sub.Unsubscribe() }()
+	defer unsubscribe(subs)
 
-	iter, err := cons.Messages(jetstream.PullMaxMessages(r.Workers))
+	next, err := r.source(ctx, consumers)
 	if err != nil {
-		return fmt.Errorf("consuming %s: %w", in.Consumer, err)
+		return err
 	}
-	stop := context.AfterFunc(ctx, iter.Drain)
-	defer stop()
-
 	var wg sync.WaitGroup
-	for range r.Workers {
+	for w := range r.Workers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for {
-				msg, err := iter.Next()
-				if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+			for n := w; ; n += r.Workers {
+				msg, ok := next(n)
+				if !ok {
 					return
-				}
-				if err != nil {
-					if r.JS.Conn().IsClosed() {
-						return
-					}
-					r.Log.Warn("fetching", "err", err)
-					time.Sleep(100 * time.Millisecond)
-					continue
 				}
 				r.handle(msg)
 			}
@@ -110,6 +104,120 @@ func (r *Runner) Run(ctx context.Context) error {
 	}
 	wg.Wait()
 	return nil
+}
+
+// source returns the function workers take their next message from; it
+// reports false once ctx is done. One consumer is read through a pull
+// iterator; several (one per priority, highest first) are read by one
+// fetcher each that holds a single message until a worker takes it, so a
+// message waits in JetStream, not in this process, while higher ones run.
+func (r *Runner) source(ctx context.Context, consumers []jetstream.Consumer) (func(n int) (jetstream.Msg, bool), error) {
+	if len(consumers) == 1 {
+		iter, err := consumers[0].Messages(jetstream.PullMaxMessages(r.Workers))
+		if err != nil {
+			return nil, fmt.Errorf("consuming %s: %w", r.Name, err)
+		}
+		context.AfterFunc(ctx, iter.Drain)
+		return func(int) (jetstream.Msg, bool) {
+			for {
+				msg, err := iter.Next()
+				switch {
+				case err == nil:
+					return msg, true
+				case errors.Is(err, jetstream.ErrMsgIteratorClosed), r.JS.Conn().IsClosed():
+					return nil, false
+				}
+				r.Log.Warn("fetching", "err", err)
+				time.Sleep(100 * time.Millisecond)
+			}
+		}, nil
+	}
+	feeds := make([]chan jetstream.Msg, len(consumers))
+	for i, c := range consumers {
+		feeds[i] = make(chan jetstream.Msg)
+		go r.fetch(ctx, c, feeds[i])
+	}
+	return func(n int) (jetstream.Msg, bool) { return takeByPriority(ctx, feeds, n) }, nil
+}
+
+// starveEvery: one take in this many serves the lowest waiting priority
+// first, so low priorities progress under a steady stream of higher ones.
+const starveEvery = 8
+
+// takeByPriority takes the highest-priority message waiting in feeds
+// (highest first), or on every starveEvery-th take the lowest; it blocks
+// until one arrives or ctx is done.
+func takeByPriority(ctx context.Context, feeds []chan jetstream.Msg, n int) (jetstream.Msg, bool) {
+	try := func(i int) jetstream.Msg {
+		select {
+		case m := <-feeds[i]:
+			return m
+		default:
+			return nil
+		}
+	}
+	if n%starveEvery == starveEvery-1 {
+		for i := len(feeds) - 1; i >= 0; i-- {
+			if m := try(i); m != nil {
+				return m, true
+			}
+		}
+	}
+	for i := range feeds {
+		if m := try(i); m != nil {
+			return m, true
+		}
+	}
+	cases := make([]reflect.SelectCase, 0, len(feeds)+1)
+	cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(ctx.Done())})
+	for _, f := range feeds {
+		cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(f)})
+	}
+	chosen, v, _ := reflect.Select(cases)
+	if chosen == 0 {
+		return nil, false
+	}
+	return v.Interface().(jetstream.Msg), true
+}
+
+// fetch pulls one message at a time from c and offers it on out, keeping it
+// alive with in-progress acks while it waits; when ctx ends it naks what it
+// holds so another worker gets it at once.
+func (r *Runner) fetch(ctx context.Context, c jetstream.Consumer, out chan<- jetstream.Msg) {
+	for ctx.Err() == nil {
+		// A long poll, ended early by ctx.
+		fctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		batch, err := c.Fetch(1, jetstream.FetchContext(fctx))
+		if err != nil {
+			cancel()
+			if ctx.Err() != nil || r.JS.Conn().IsClosed() {
+				return
+			}
+			r.Log.Warn("fetching", "err", err)
+			time.Sleep(100 * time.Millisecond)
+			continue
+		}
+		for msg := range batch.Messages() {
+			r.offer(ctx, msg, out)
+		}
+		cancel()
+	}
+}
+
+func (r *Runner) offer(ctx context.Context, msg jetstream.Msg, out chan<- jetstream.Msg) {
+	keepAlive := time.NewTicker(max(r.AckWait/3, 100*time.Millisecond))
+	defer keepAlive.Stop()
+	for {
+		select {
+		case out <- msg:
+			return
+		case <-keepAlive.C:
+			_ = msg.InProgress()
+		case <-ctx.Done():
+			_ = msg.Nak()
+			return
+		}
+	}
 }
 
 func (r *Runner) now() time.Time {
@@ -270,7 +378,7 @@ func Handoff(inv *invocation.Invocation, next string) (Output, error) {
 		h.Set("traceparent", inv.TraceParent)
 	}
 	return Output{
-		Subject: subjects.Pipe(next, inv.Tenant),
+		Subject: subjects.Pipe(next, inv.Priority(), inv.Tenant),
 		MsgID:   HopID(inv, next),
 		Header:  h,
 		Data:    data,

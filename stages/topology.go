@@ -67,10 +67,9 @@ func Streams(o TopologyOptions) []jetstream.StreamConfig {
 	}}
 }
 
-// ConsumerConfig is the durable pull consumer of stage.
-func ConsumerConfig(stage string, o TopologyOptions) jetstream.ConsumerConfig {
+// ConsumerConfig is the durable pull consumer of one input of stage.
+func ConsumerConfig(stage string, in subjects.Input, o TopologyOptions) jetstream.ConsumerConfig {
 	o.defaults()
-	in := subjects.InputOf(stage)
 	return jetstream.ConsumerConfig{
 		Durable: in.Consumer, Description: "toolgate " + stage + " workers",
 		FilterSubject: in.Filter, AckPolicy: jetstream.AckExplicitPolicy,
@@ -95,16 +94,16 @@ func EnsureTopology(ctx context.Context, js jetstream.JetStream, o TopologyOptio
 		}
 	}
 	for _, stage := range subjects.Stages {
-		cfg := ConsumerConfig(stage, o)
-		in := subjects.InputOf(stage)
-		if _, err := js.Consumer(ctx, in.Stream, in.Consumer); err == nil {
-			continue
-		} else if !errors.Is(err, jetstream.ErrConsumerNotFound) {
-			return fmt.Errorf("looking up consumer %s: %w", in.Consumer, err)
-		}
-		_, err := js.CreateConsumer(ctx, in.Stream, cfg)
-		if err != nil && !errors.Is(err, jetstream.ErrConsumerExists) {
-			return fmt.Errorf("creating consumer %s: %w", in.Consumer, err)
+		for _, in := range subjects.Inputs(stage) {
+			if _, err := js.Consumer(ctx, in.Stream, in.Consumer); err == nil {
+				continue
+			} else if !errors.Is(err, jetstream.ErrConsumerNotFound) {
+				return fmt.Errorf("looking up consumer %s: %w", in.Consumer, err)
+			}
+			_, err := js.CreateConsumer(ctx, in.Stream, ConsumerConfig(stage, in, o))
+			if err != nil && !errors.Is(err, jetstream.ErrConsumerExists) {
+				return fmt.Errorf("creating consumer %s: %w", in.Consumer, err)
+			}
 		}
 	}
 	return nil

@@ -9,8 +9,9 @@
 //	audit.<tenant>.<event>                audit CloudEvents (stream AUDIT, append-only)
 //	tool.svc.*                            request-reply control services (nats micro)
 //
-// Internal hand-offs between stages travel on toolgate.pipe.<stage>.<tenant>
-// (stream TOOLGATE_PIPELINE). Invocation ids inside subjects are encoded with
+// Internal hand-offs between stages travel on
+// toolgate.pipe.<stage>.<priority>.<tenant> (stream TOOLGATE_PIPELINE), one
+// durable consumer per stage and priority. Invocation ids inside subjects are encoded with
 // Token so that any CloudEvent id yields one valid subject token.
 package subjects
 
@@ -105,8 +106,30 @@ const AuditAll = auditPrefix + ">"
 // AuditTenant matches every audit subject of tenant.
 func AuditTenant(tenant string) string { return auditPrefix + tenant + ".>" }
 
-// Pipe is the internal subject on which stage receives invocations of tenant.
-func Pipe(stage, tenant string) string { return pipePrefix + stage + "." + tenant }
+// Priorities, highest first. An invocation without one is normal.
+const (
+	PriorityHigh   = "high"
+	PriorityNormal = "normal"
+	PriorityLow    = "low"
+)
+
+// Priorities lists the priorities, highest first.
+var Priorities = []string{PriorityHigh, PriorityNormal, PriorityLow}
+
+// Priority returns p if it is a priority, else normal.
+func Priority(p string) string {
+	switch p {
+	case PriorityHigh, PriorityLow:
+		return p
+	}
+	return PriorityNormal
+}
+
+// Pipe is the internal subject on which stage receives invocations of tenant
+// at a priority.
+func Pipe(stage, priority, tenant string) string {
+	return pipePrefix + stage + "." + Priority(priority) + "." + tenant
+}
 
 // PipeAll matches every internal hand-off subject.
 const PipeAll = pipePrefix + ">"
@@ -118,12 +141,27 @@ type Input struct {
 	Filter   string
 }
 
-// InputOf returns the stream, durable consumer and filter of stage.
-func InputOf(stage string) Input {
+// Inputs returns where stage consumes from, highest priority first:
+// validate reads the ingest stream in arrival order (the priority is inside
+// the event), every later stage one consumer per priority.
+func Inputs(stage string) []Input {
 	if stage == Validate {
-		return Input{Stream: StreamInvoke, Consumer: Validate, Filter: InvokeAll}
+		return []Input{{Stream: StreamInvoke, Consumer: Validate, Filter: InvokeAll}}
 	}
-	return Input{Stream: StreamPipeline, Consumer: stage, Filter: pipePrefix + stage + ".*"}
+	out := make([]Input, 0, len(Priorities))
+	for _, p := range Priorities {
+		out = append(out, Input{Stream: StreamPipeline, Consumer: stage + "-" + p, Filter: pipePrefix + stage + "." + p + ".*"})
+	}
+	return out
+}
+
+// InputOf returns the normal-priority input of stage.
+func InputOf(stage string) Input {
+	in := Inputs(stage)
+	if len(in) == 1 {
+		return in[0]
+	}
+	return in[1]
 }
 
 // Next returns the stage after stage, or "" after audit.
@@ -137,9 +175,8 @@ func Next(stage string) string {
 }
 
 // MaxDeliveriesAdvisory is the advisory JetStream publishes when a message of
-// the stage's consumer reaches its delivery limit.
-func MaxDeliveriesAdvisory(stage string) string {
-	in := InputOf(stage)
+// one of the stage's consumers reaches its delivery limit.
+func MaxDeliveriesAdvisory(in Input) string {
 	return "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES." + in.Stream + "." + in.Consumer
 }
 

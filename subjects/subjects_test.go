@@ -37,16 +37,24 @@ func TestPipelineOrder(t *testing.T) {
 
 func TestInputsDoNotOverlap(t *testing.T) {
 	// Work-queue streams allow one consumer per subject: filters must be disjoint.
-	for _, a := range Stages {
-		for _, b := range Stages {
-			ia, ib := InputOf(a), InputOf(b)
-			if a != b && ia.Stream == ib.Stream && server.SubjectsCollide(ia.Filter, ib.Filter) {
-				t.Fatalf("filters of %s and %s overlap: %s %s", a, b, ia.Filter, ib.Filter)
+	var all []Input
+	for _, s := range Stages {
+		all = append(all, Inputs(s)...)
+	}
+	for i, a := range all {
+		for j, b := range all {
+			if i != j && a.Stream == b.Stream && server.SubjectsCollide(a.Filter, b.Filter) {
+				t.Fatalf("filters of %s and %s overlap: %s %s", a.Consumer, b.Consumer, a.Filter, b.Filter)
 			}
 		}
 	}
-	if !server.SubjectMatchesFilter(Pipe(Route, "acme"), InputOf(Route).Filter) {
-		t.Fatal("route's filter does not match its pipe subject")
+	for i, p := range Priorities {
+		if !server.SubjectMatchesFilter(Pipe(Route, p, "acme"), Inputs(Route)[i].Filter) {
+			t.Fatalf("route's %s filter does not match its pipe subject", p)
+		}
+	}
+	if Pipe(Route, "", "acme") != Pipe(Route, PriorityNormal, "acme") || Pipe(Route, "urgent!", "a") != Pipe(Route, PriorityNormal, "a") {
+		t.Fatal("an absent or unknown priority is not normal")
 	}
 }
 

@@ -217,6 +217,14 @@ type Grants struct {
 	Secrets  []string `json:"secrets,omitempty"`
 }
 
+// Priority is the invocation's scheduling priority (high, normal or low).
+func (inv *Invocation) Priority() string {
+	if inv.Request != nil && inv.Request.ExecutionOptions != nil && inv.Request.ExecutionOptions.Priority != "" {
+		return inv.Request.ExecutionOptions.Priority
+	}
+	return "normal"
+}
+
 // Parked reports whether the invocation waits outside the pipeline (for a
 // human's approval): neither handed on nor ended.
 func (inv *Invocation) Parked() bool { return inv.Status == StatusPendingApproval }

@@ -428,9 +428,13 @@ type clientInvokeOptions = client.InvokeOptions
 
 // consumerInfo reads the state of a stage's durable consumer.
 func (e *env) consumerInfo(stage string) (*jetstream.ConsumerInfo, error) {
+	return e.consumerInfoOf(subjects.InputOf(stage))
+}
+
+// consumerInfoOf reads the state of one durable consumer.
+func (e *env) consumerInfoOf(in subjects.Input) (*jetstream.ConsumerInfo, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	in := subjects.InputOf(stage)
 	cons, err := e.js.Consumer(ctx, in.Stream, in.Consumer)
 	if err != nil {
 		return nil, err

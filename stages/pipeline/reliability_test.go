@@ -218,7 +218,7 @@ func TestHungStageEndsThroughAdvisory(t *testing.T) {
 		t.Fatalf("route called %d times, want 2", h.calls.Load())
 	}
 	eventually(t, 10*time.Second, "the exhausted message to be deleted", func() bool {
-		return e.count(subjects.StreamPipeline, subjects.Pipe(subjects.Route, "hung")) == 0
+		return e.count(subjects.StreamPipeline, subjects.Pipe(subjects.Route, subjects.PriorityNormal, "hung")) == 0
 	})
 }
 
@@ -265,12 +265,8 @@ func TestDrainOnShutdown(t *testing.T) {
 	// Execute finished and handed on before exiting; nothing was redone.
 	// The ack travels on the stopped process's connection, so the server
 	// may apply it a moment after Run returns.
-	cons, err := e.js.Consumer(context.Background(), subjects.StreamPipeline, subjects.Execute)
-	if err != nil {
-		t.Fatal(err)
-	}
 	eventually(t, 5*time.Second, "execute consumer settled after drain", func() bool {
-		info, err := cons.Info(context.Background())
+		info, err := e.consumerInfo(subjects.Execute)
 		return err == nil && info.NumAckPending == 0 && info.NumPending == 0 && info.NumRedelivered == 0
 	})
 	e.startPipeline(pipeline.Config{})

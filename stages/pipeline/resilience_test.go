@@ -9,6 +9,7 @@ import (
 	"github.com/toolgate/toolgate/kvstore"
 	"github.com/toolgate/toolgate/stages"
 	"github.com/toolgate/toolgate/stages/breaker"
+	"github.com/toolgate/toolgate/stages/client"
 	"github.com/toolgate/toolgate/stages/invocation"
 	"github.com/toolgate/toolgate/stages/pipeline"
 	"github.com/toolgate/toolgate/stages/toolerr"
@@ -375,4 +376,68 @@ func TestSharedCircuitBreaker(t *testing.T) {
 		resp := e.invoke(request(tenant, "test.fragile", `{}`))
 		return resp.Error != nil && resp.Error.ECode == toolerr.EBreakerOpen
 	})
+}
+
+// TestPriorityUnderBacklog: with a backlog at execute, high-priority calls
+// overtake normal and low ones, and low ones still progress before the
+// normal backlog is gone.
+func TestPriorityUnderBacklog(t *testing.T) {
+	e := newEnv(t, stages.TopologyOptions{})
+	e.startPipeline(pipeline.Config{Stages: allBut(subjects.Execute), Workers: 1})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const tenant = "prio"
+	prio := map[string]string{}
+	send := func(p string, n int) {
+		for range n {
+			req := request(tenant, "noop", `{}`)
+			req.ExecutionOptions = &invocation.ExecutionOptions{Priority: p}
+			id, err := e.client.Invoke(ctx, req, clientOpts(""))
+			if err != nil {
+				t.Fatal(err)
+			}
+			prio[id] = p
+		}
+	}
+	send(subjects.PriorityLow, 20)
+	send(subjects.PriorityNormal, 20)
+	send(subjects.PriorityHigh, 5)
+	eventually(t, 20*time.Second, "the backlog to queue at execute", func() bool {
+		total := 0
+		for _, in := range subjects.Inputs(subjects.Execute) {
+			if info, err := e.consumerInfoOf(in); err == nil {
+				total += int(info.NumPending)
+			}
+		}
+		return total == 45
+	})
+	e.runStage(subjects.Execute, nil, 1, 0)
+	var order []string
+	for _, m := range e.read(subjects.StreamResults, subjects.ResultTenant(tenant), 45, 60*time.Second) {
+		resp, err := client.DecodeResult(m.Data())
+		if err != nil || resp.Status != invocation.StatusSuccess {
+			t.Fatalf("result %+v, %v", resp, err)
+		}
+		order = append(order, prio[resp.InvocationID])
+	}
+	lastHigh, firstLow, lastNormal := -1, -1, -1
+	for i, p := range order {
+		switch p {
+		case subjects.PriorityHigh:
+			lastHigh = i
+		case subjects.PriorityLow:
+			if firstLow < 0 {
+				firstLow = i
+			}
+		case subjects.PriorityNormal:
+			lastNormal = i
+		}
+	}
+	t.Logf("completion order: %v", order)
+	if lastHigh > 6 {
+		t.Fatalf("the last high-priority call finished %dth of 45, behind the backlog", lastHigh+1)
+	}
+	if firstLow < 0 || firstLow > lastNormal {
+		t.Fatalf("low-priority calls waited for the whole normal backlog (first low at %d, last normal at %d)", firstLow, lastNormal)
+	}
 }
