@@ -180,14 +180,18 @@ func takeByPriority(ctx context.Context, feeds []chan jetstream.Msg, n int) (jet
 	return v.Interface().(jetstream.Msg), true
 }
 
-// fetch pulls one message at a time from c and offers it on out, keeping it
-// alive with in-progress acks while it waits; when ctx ends it naks what it
-// holds so another worker gets it at once.
+// fetch pulls messages from c, up to one per worker per pull request, and
+// offers them on out in order. Every message it holds gets in-progress acks
+// while it waits for a worker, and when ctx ends it naks what it holds so
+// another process gets it at once.
 func (r *Runner) fetch(ctx context.Context, c jetstream.Consumer, out chan<- jetstream.Msg) {
+	keepAlive := time.NewTicker(max(r.AckWait/3, 100*time.Millisecond))
+	defer keepAlive.Stop()
+	var held []jetstream.Msg
 	for ctx.Err() == nil {
-		// A long poll, ended early by ctx.
+		// A long poll that delivers each message as it arrives.
 		fctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		batch, err := c.Fetch(1, jetstream.FetchContext(fctx))
+		batch, err := c.Fetch(r.Workers, jetstream.FetchContext(fctx))
 		if err != nil {
 			cancel()
 			if ctx.Err() != nil || r.JS.Conn().IsClosed() {
@@ -197,26 +201,35 @@ func (r *Runner) fetch(ctx context.Context, c jetstream.Consumer, out chan<- jet
 			time.Sleep(100 * time.Millisecond)
 			continue
 		}
-		for msg := range batch.Messages() {
-			r.offer(ctx, msg, out)
+		msgs := batch.Messages()
+		for msgs != nil || len(held) > 0 {
+			var send chan<- jetstream.Msg // nil, and so never ready, while nothing is held
+			var first jetstream.Msg
+			if len(held) > 0 {
+				send, first = out, held[0]
+			}
+			select {
+			case m, ok := <-msgs:
+				if !ok {
+					msgs = nil
+					continue
+				}
+				held = append(held, m)
+			case send <- first:
+				held = held[1:]
+			case <-keepAlive.C:
+				for _, m := range held {
+					_ = m.InProgress()
+				}
+			case <-ctx.Done():
+				for _, m := range held {
+					_ = m.Nak()
+				}
+				cancel()
+				return
+			}
 		}
 		cancel()
-	}
-}
-
-func (r *Runner) offer(ctx context.Context, msg jetstream.Msg, out chan<- jetstream.Msg) {
-	keepAlive := time.NewTicker(max(r.AckWait/3, 100*time.Millisecond))
-	defer keepAlive.Stop()
-	for {
-		select {
-		case out <- msg:
-			return
-		case <-keepAlive.C:
-			_ = msg.InProgress()
-		case <-ctx.Done():
-			_ = msg.Nak()
-			return
-		}
 	}
 }
 

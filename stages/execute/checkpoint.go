@@ -49,6 +49,13 @@ var _ builtin.Progress = (*tracker)(nil)
 
 func (t *tracker) Resumed() json.RawMessage { return t.resumed }
 
+// checkpointed reports whether this run saved or resumed from a checkpoint.
+func (t *tracker) checkpointed() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.seq > 0
+}
+
 func (t *tracker) Report(percent float64, message string) {
 	t.mu.Lock()
 	t.percent = percent

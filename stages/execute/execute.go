@@ -164,7 +164,9 @@ func (x *Executor) Process(ctx context.Context, inv *invocation.Invocation) ([]s
 	if err != nil {
 		return outs, classify(err, m, limit)
 	}
-	_ = x.store.DeleteCheckpoint(context.WithoutCancel(ctx), inv.Tenant, inv.ID) // done with it
+	if tr.checkpointed() {
+		_ = x.store.DeleteCheckpoint(context.WithoutCancel(ctx), inv.Tenant, inv.ID) // done with it
+	}
 	if !json.Valid(result) {
 		return outs, toolerr.New(toolerr.ToolExecutionError, toolerr.EResultNotJSON, "%s returned invalid JSON", m.Key())
 	}
