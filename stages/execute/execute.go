@@ -24,6 +24,7 @@ import (
 	"github.com/toolgate/toolgate/stages"
 	"github.com/toolgate/toolgate/stages/breaker"
 	"github.com/toolgate/toolgate/stages/execute/builtin"
+	"github.com/toolgate/toolgate/stages/execute/sandbox"
 	"github.com/toolgate/toolgate/stages/invocation"
 	"github.com/toolgate/toolgate/stages/toolerr"
 	"github.com/toolgate/toolgate/stages/tools"
@@ -31,7 +32,7 @@ import (
 )
 
 // Kinds lists the tool kinds this executor runs.
-var Kinds = []string{"builtin"}
+var Kinds = []string{"builtin", "cli"}
 
 // Executor implements the execute stage.
 type Executor struct {
@@ -39,6 +40,9 @@ type Executor struct {
 	builtins builtin.Set
 	store    *kvstore.Store
 	running  *Running
+	// Sandbox runs cli tools; SandboxErr, when set, says why it cannot.
+	Sandbox    sandbox.Config
+	SandboxErr error
 	// Breakers, when set, guard tools that configure a circuit breaker.
 	Breakers *breaker.Breakers
 	// Publish, when set, announces checkpoints on the audit stream as they
@@ -65,14 +69,9 @@ func (x *Executor) Process(ctx context.Context, inv *invocation.Invocation) ([]s
 	if err != nil {
 		return nil, err
 	}
-	if m.Kind != "builtin" || m.Builtin == nil {
-		return nil, toolerr.New(toolerr.ToolExecutionError, toolerr.EExecutorUnavailable,
-			"no executor for %s tools", m.Kind)
-	}
-	fn, ok := x.builtins[m.Builtin.Function]
-	if !ok {
-		return nil, toolerr.New(toolerr.ToolExecutionError, toolerr.EExecutorUnavailable,
-			"builtin function %q is not in this binary", m.Builtin.Function)
+	fn, err := x.function(m, inv)
+	if err != nil {
+		return nil, err
 	}
 	if key := idempotencyKey(inv.Request); key != "" {
 		replayed, err := x.replay(ctx, inv, m, key)
@@ -229,6 +228,73 @@ func requestDigest(m *tools.Manifest, params json.RawMessage) string {
 	fmt.Fprintf(h, "%s\x00%s\x00", m.ID, m.Version)
 	h.Write(buf.Bytes())
 	return hex.EncodeToString(h.Sum(nil))
+}
+
+// function returns what runs the tool of m.
+func (x *Executor) function(m *tools.Manifest, inv *invocation.Invocation) (builtin.Func, error) {
+	switch {
+	case m.Kind == "builtin" && m.Builtin != nil:
+		fn, ok := x.builtins[m.Builtin.Function]
+		if !ok {
+			return nil, toolerr.New(toolerr.ToolExecutionError, toolerr.EExecutorUnavailable,
+				"builtin function %q is not in this binary", m.Builtin.Function)
+		}
+		return fn, nil
+	case m.Kind == "cli":
+		if x.SandboxErr != nil {
+			return nil, toolerr.New(toolerr.SandboxFailure, toolerr.EExecutorUnavailable,
+				"cli tools are refused here: %v (an operator may choose --sandbox none, which does not isolate)", x.SandboxErr)
+		}
+		return x.cli(m, inv)
+	}
+	return nil, toolerr.New(toolerr.ToolExecutionError, toolerr.EExecutorUnavailable, "no executor for %s tools", m.Kind)
+}
+
+// cli prepares a sandboxed run of a command-line tool.
+func (x *Executor) cli(m *tools.Manifest, inv *invocation.Invocation) (builtin.Func, error) {
+	cfg, err := m.CLISpec()
+	if err != nil {
+		return nil, toolerr.Wrap(err, toolerr.ToolExecutionError, toolerr.EExecutorUnavailable, "%v", err)
+	}
+	var grants invocation.Grants
+	if inv.Authz != nil {
+		grants = inv.Authz.Grants
+	}
+	// Network only when the manifest asks for it and the token grants hosts.
+	network := (cfg.Network || len(m.Permissions.Network) > 0) && len(grants.Hosts) > 0
+	var mounts []sandbox.Mount
+	for _, p := range m.Permissions.Filesystem {
+		write := p.Mode == "rw" && grants.PathMode == "rw"
+		ms, err := sandbox.Mounts(x.Sandbox.FileRoot, []string{p.Path}, write)
+		if err != nil {
+			return nil, err
+		}
+		mounts = append(mounts, ms...)
+	}
+	lim := sandbox.Limits{Wall: Limit(m, inv.Request), MemoryMB: m.Limits.MemoryMB, CPUSeconds: m.Limits.CPUSeconds,
+		PIDs: m.Limits.PIDs, OutputBytes: m.Limits.OutputBytes, FileSizeMB: m.Limits.FileSizeMB}
+	if rl := inv.Request.ResourceLimits; rl != nil && rl.MemoryMBLimit > 0 && (lim.MemoryMB == 0 || int64(rl.MemoryMBLimit) < lim.MemoryMB) {
+		lim.MemoryMB = int64(rl.MemoryMBLimit) // narrowed, never widened
+	}
+	return func(ctx context.Context, params json.RawMessage) (json.RawMessage, error) {
+		argv, err := sandbox.Expand(cfg.Command, params)
+		if err != nil {
+			return nil, err
+		}
+		spec := sandbox.Spec{Argv: argv, Env: cfg.Env, Network: network, Mounts: mounts, Limits: lim}
+		if cfg.Stdin != "none" {
+			spec.Stdin = params
+		}
+		res, err := sandbox.Run(ctx, x.Sandbox, spec)
+		if err != nil {
+			return nil, err
+		}
+		out := bytes.TrimSpace(res.Stdout)
+		if !json.Valid(out) {
+			return nil, toolerr.New(toolerr.ToolExecutionError, toolerr.EResultNotJSON, "%s wrote no JSON on stdout", m.Key())
+		}
+		return out, nil
+	}, nil
 }
 
 // Limit is the time an invocation may run: the tool's limit, narrowed (never

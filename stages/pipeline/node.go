@@ -21,6 +21,7 @@ import (
 	"github.com/toolgate/toolgate/stages/detect"
 	"github.com/toolgate/toolgate/stages/execute"
 	"github.com/toolgate/toolgate/stages/execute/builtin"
+	"github.com/toolgate/toolgate/stages/execute/sandbox"
 	"github.com/toolgate/toolgate/stages/ratelimit"
 	"github.com/toolgate/toolgate/stages/route"
 	"github.com/toolgate/toolgate/stages/tools"
@@ -145,6 +146,8 @@ type StageConfig struct {
 	Tokens *token.Verifier
 	// ApprovalTimeout is how long a call waits for a human.
 	ApprovalTimeout time.Duration
+	// Sandbox runs cli tools; FileRoot defaults to BuiltinEnv.FileRoot.
+	Sandbox sandbox.Config
 	// RateLimits override tools' rate limits per tenant: tenant → tool id.
 	RateLimits map[string]map[string]tools.RateLimit
 	// RateLimitLease caps the tokens a route worker leases at once;
@@ -187,6 +190,15 @@ func (n *Node) NewStage(ctx context.Context, name string, c StageConfig) (stages
 		context.AfterFunc(ctx, func() { _ = sub.Unsubscribe() })
 		x := execute.New(n.Registry, set, n.Store, running)
 		x.Publish = func(ctx context.Context, o stages.Output) error { return stages.Publish(ctx, n.JS, o) }
+		x.Sandbox = c.Sandbox
+		x.Sandbox.FileRoot = cmp.Or(x.Sandbox.FileRoot, c.BuiltinEnv.FileRoot)
+		if x.Sandbox.Mode != sandbox.ModeNone {
+			if x.SandboxErr = sandbox.Available(); x.SandboxErr != nil {
+				n.Log.Warn("cli tools will be refused", "err", x.SandboxErr)
+			}
+		} else {
+			n.Log.Warn("cli tools run without a sandbox (--sandbox none): limits apply, isolation does not")
+		}
 		x.Breakers = breaker.New(n.Store, x.Publish, n.Log)
 		if err := n.Store.WatchBreakers(ctx, x.Breakers.Apply); err != nil {
 			return nil, err

@@ -3,6 +3,9 @@ package pipeline_test
 import (
 	"context"
 	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -440,4 +443,41 @@ func TestPriorityUnderBacklog(t *testing.T) {
 	if firstLow < 0 || firstLow > lastNormal {
 		t.Fatalf("low-priority calls waited for the whole normal backlog (first low at %d, last normal at %d)", firstLow, lastNormal)
 	}
+}
+
+// TestCancelRunningSubprocess: cancelling a running cli tool kills its whole
+// process tree in the sandbox and ends the invocation cancelled.
+func TestCancelRunningSubprocess(t *testing.T) {
+	e := newEnv(t, stages.TopologyOptions{})
+	n := e.startPipeline(pipeline.Config{})
+	registerTools(t, n, `{"id":"test.cli_sleep","name":"cli sleep","version":"1.0.0","description":"sleeps in the sandbox","kind":"cli",
+	  "cli":{"command":["sh","-c","sleep 41 & sleep 42; echo '{}' # cli-cancel-marker"],"stdin":"none"},
+	  "input_schema":{"type":"object"},"output_schema":{"type":"object"},"limits":{"timeout_ms":60000}}`)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	id, err := e.client.Invoke(ctx, request("sub", "test.cli_sleep", `{}`), clientOpts(""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "the subprocess to start", func() bool { return len(processesWith("cli-cancel-marker")) > 0 })
+	if _, err := e.client.Cancel(ctx, "sub", id, ""); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := e.client.Wait(ctx, "sub", id)
+	if err != nil || resp.Status != invocation.StatusCancelled {
+		t.Fatalf("cancelled subprocess: %+v, %v", resp, err)
+	}
+	eventually(t, 5*time.Second, "no process left behind", func() bool { return len(processesWith("cli-cancel-marker")) == 0 })
+}
+
+// processesWith lists processes whose command line contains marker.
+func processesWith(marker string) []string {
+	var out []string
+	files, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, f := range files {
+		if b, err := os.ReadFile(f); err == nil && strings.Contains(string(b), marker) {
+			out = append(out, f)
+		}
+	}
+	return out
 }

@@ -20,6 +20,8 @@ const (
 	EParametersInvalid   = "E3015"
 	ERequestInvalid      = "E3016"
 	EExecutorUnavailable = "E3101"
+	EResourceLimit       = "E3102" // a sandbox limit was hit: memory, CPU, file size, processes, output
+	ESandboxCrashed      = "E3107" // the sandboxed tool was killed by a signal
 	ETimeout             = "E3103"
 	EToolFailed          = "E3108"
 	EToolPanicked        = "E3109"

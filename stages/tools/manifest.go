@@ -5,6 +5,7 @@ package tools
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"slices"
 	"strconv"
 	"strings"
@@ -73,6 +74,26 @@ type Manifest struct {
 	output *jsonschema.Schema // nil when the manifest has no output schema
 }
 
+// CLIConfig configures a command-line tool, run in the sandbox.
+type CLIConfig struct {
+	Command []string          `json:"command"`
+	Stdin   string            `json:"stdin,omitempty"`
+	Env     map[string]string `json:"env,omitempty"`
+	Network bool              `json:"network,omitempty"`
+}
+
+// CLISpec decodes the manifest's cli configuration.
+func (m *Manifest) CLISpec() (*CLIConfig, error) {
+	if len(m.CLI) == 0 {
+		return nil, fmt.Errorf("%s has no cli configuration", m.Key())
+	}
+	var c CLIConfig
+	if err := json.Unmarshal(m.CLI, &c); err != nil {
+		return nil, fmt.Errorf("%s cli configuration: %w", m.Key(), err)
+	}
+	return &c, nil
+}
+
 // BuiltinConfig configures a tool implemented inside the binary.
 type BuiltinConfig struct {
 	Function string `json:"function"`
@@ -94,6 +115,8 @@ type Limits struct {
 	MemoryMB      int64 `json:"memory_mb,omitempty"`
 	PIDs          int64 `json:"pids,omitempty"`
 	OutputBytes   int64 `json:"output_bytes,omitempty"`
+	CPUSeconds    int64 `json:"cpu_seconds,omitempty"`
+	FileSizeMB    int64 `json:"file_size_mb,omitempty"`
 }
 
 // Permissions lists the resources a tool needs.
