@@ -31,8 +31,20 @@ import (
 	"github.com/toolgate/toolgate/subjects"
 )
 
-// Kinds lists the tool kinds this executor runs.
-var Kinds = []string{"builtin", "cli"}
+// Kinds lists the tool kinds an executor can run: builtin and cli always,
+// the others when their Kind is registered with Handle.
+var Kinds = []string{"builtin", "cli", "http", "mcp"}
+
+// A Kind runs the tools of one manifest kind other than builtin and cli.
+// Prepare is called once per invocation, before the tool is claimed; it
+// checks the manifest's configuration and the invocation's grants and
+// returns the function that runs one attempt. That function runs under the
+// executor's timeout, retry and breaker policies, must stop when its context
+// ends, and returns errors as *toolerr.Error (details.not_started = true
+// when nothing reached the tool, so retries are safe).
+type Kind interface {
+	Prepare(m *tools.Manifest, inv *invocation.Invocation) (builtin.Func, error)
+}
 
 // Executor implements the execute stage.
 type Executor struct {
@@ -48,6 +60,16 @@ type Executor struct {
 	// Publish, when set, announces checkpoints on the audit stream as they
 	// are made: they must not wait for the tool to end.
 	Publish func(context.Context, stages.Output) error
+
+	kinds map[string]Kind
+}
+
+// Handle makes x run tools of the named kind with k.
+func (x *Executor) Handle(kind string, k Kind) {
+	if x.kinds == nil {
+		x.kinds = map[string]Kind{}
+	}
+	x.kinds[kind] = k
 }
 
 var _ stages.Stage = (*Executor)(nil)
@@ -246,6 +268,9 @@ func (x *Executor) function(m *tools.Manifest, inv *invocation.Invocation) (buil
 				"cli tools are refused here: %v (an operator may choose --sandbox none, which does not isolate)", x.SandboxErr)
 		}
 		return x.cli(m, inv)
+	}
+	if k, ok := x.kinds[m.Kind]; ok {
+		return k.Prepare(m, inv)
 	}
 	return nil, toolerr.New(toolerr.ToolExecutionError, toolerr.EExecutorUnavailable, "no executor for %s tools", m.Kind)
 }
