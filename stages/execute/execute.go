@@ -11,8 +11,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"slices"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -275,7 +278,13 @@ func (x *Executor) function(m *tools.Manifest, inv *invocation.Invocation) (buil
 	return nil, toolerr.New(toolerr.ToolExecutionError, toolerr.EExecutorUnavailable, "no executor for %s tools", m.Kind)
 }
 
-// cli prepares a sandboxed run of a command-line tool.
+// ResumeFile is where, in its work directory, a cli tool restarted after an
+// interruption finds the state of its last checkpoint; the environment
+// variable TOOLGATE_RESUME holds its path.
+const ResumeFile = "toolgate-resume.json"
+
+// cli prepares a sandboxed run of a command-line tool. The tool reports
+// progress and checkpoints with control lines on stdout (sandbox.ControlPrefix).
 func (x *Executor) cli(m *tools.Manifest, inv *invocation.Invocation) (builtin.Func, error) {
 	cfg, err := m.CLISpec()
 	if err != nil {
@@ -310,7 +319,37 @@ func (x *Executor) cli(m *tools.Manifest, inv *invocation.Invocation) (builtin.F
 		if cfg.Stdin != "none" {
 			spec.Stdin = params
 		}
+		progress := builtin.ProgressFrom(ctx)
+		if state := progress.Resumed(); state != nil {
+			spec.Files = map[string][]byte{ResumeFile: state}
+			spec.Env = maps.Clone(spec.Env)
+			if spec.Env == nil {
+				spec.Env = map[string]string{}
+			}
+			spec.Env["TOOLGATE_RESUME"] = "/work/" + ResumeFile
+		}
+		var ctlErr error
+		spec.Control = func(verb string, arg []byte) {
+			switch verb {
+			case "progress":
+				pct, msg, _ := strings.Cut(string(arg), " ")
+				if f, err := strconv.ParseFloat(pct, 64); err == nil && f >= 0 && f <= 100 {
+					progress.Report(f, msg)
+				}
+			case "checkpoint":
+				if !json.Valid(arg) {
+					ctlErr = toolerr.New(toolerr.ToolExecutionError, toolerr.EToolFailed, "%s wrote a checkpoint that is not JSON", m.Key())
+					return
+				}
+				if err := progress.Checkpoint(bytes.Clone(arg)); err != nil && ctlErr == nil {
+					ctlErr = toolerr.Wrap(err, toolerr.ToolExecutionError, toolerr.EToolFailed, "saving a checkpoint of %s: %v", m.Key(), err)
+				}
+			}
+		}
 		res, err := sandbox.Run(ctx, x.Sandbox, spec)
+		if err == nil {
+			err = ctlErr
+		}
 		if err != nil {
 			return nil, err
 		}

@@ -30,12 +30,13 @@ import (
 // env is a real embedded NATS server with toolgate's topology, shared by the
 // pieces of one test.
 type env struct {
-	t      *testing.T
-	url    string
-	nc     *nats.Conn
-	js     jetstream.JetStream
-	client *client.Client
-	topo   stages.TopologyOptions
+	t       *testing.T
+	url     string
+	dataDir string // the embedded server's store
+	nc      *nats.Conn
+	js      jetstream.JetStream
+	client  *client.Client
+	topo    stages.TopologyOptions
 	// gate holds the "block" builtin until closed.
 	gate    chan struct{}
 	started chan string // receives the invocation parameter "n" when block starts
@@ -50,12 +51,13 @@ func quietLog() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, n
 
 func newEnv(t *testing.T, topo stages.TopologyOptions) *env {
 	t.Helper()
-	ns, err := pipeline.StartEmbedded(pipeline.EmbeddedOptions{Listen: "127.0.0.1:-1", DataDir: t.TempDir()})
+	dataDir := t.TempDir()
+	ns, err := pipeline.StartEmbedded(pipeline.EmbeddedOptions{Listen: "127.0.0.1:-1", DataDir: dataDir})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
-	e := &env{t: t, url: ns.ClientURL(), topo: topo, gate: make(chan struct{}), started: make(chan string, 16),
+	e := &env{t: t, url: ns.ClientURL(), dataDir: dataDir, topo: topo, gate: make(chan struct{}), started: make(chan string, 16),
 		stepped: make(chan int, 64)}
 	t.Cleanup(func() { e.release() })
 	e.nc = e.connect()

@@ -74,7 +74,24 @@ type Spec struct {
 	Network bool
 	Mounts  []Mount
 	Limits  Limits
+	// Files are written into the private work directory (/work) before
+	// the tool starts, by name.
+	Files map[string][]byte
+	// Control, when set, receives the tool's control lines (see
+	// ControlPrefix) as they are written; they are not part of Stdout.
+	// It runs on the goroutine reading stdout, so a slow Control slows
+	// the tool's writes, not the other way round.
+	Control func(verb string, arg []byte)
 }
+
+// ControlPrefix starts a line of the control protocol on a tool's stdout:
+//
+//	toolgate:progress 40 parsed 4 of 10 files
+//	toolgate:checkpoint {"next_file": 5}
+//
+// A line is one verb and its argument; everything else on stdout is the
+// tool's result.
+const ControlPrefix = "toolgate:"
 
 // Limits bound one run. Zero values take the defaults (CPU time defaults to
 // the wall time).
@@ -128,6 +145,15 @@ func Run(ctx context.Context, cfg Config, spec Spec) (Result, error) {
 			return Result{}, startErr(err)
 		}
 	}
+	for name, data := range spec.Files {
+		f := filepath.Join(work, filepath.Base(name))
+		if err := os.WriteFile(f, data, 0o644); err != nil {
+			return Result{}, startErr(err)
+		}
+		if asRoot {
+			_ = os.Chown(f, nobody, nobody)
+		}
+	}
 	argv, err := command(cfg, spec, lim, work)
 	if err != nil {
 		return Result{}, err
@@ -145,6 +171,11 @@ func Run(ctx context.Context, cfg Config, spec Spec) (Result, error) {
 	stdout := &capped{limit: lim.OutputBytes}
 	stderr := &capped{limit: stderrBytes, quiet: true}
 	cmd.Stdout, cmd.Stderr = stdout, stderr
+	var lines *lineFilter
+	if spec.Control != nil {
+		lines = &lineFilter{out: stdout, control: spec.Control}
+		cmd.Stdout = lines
+	}
 	stdout.over = cancel // a flood ends the run at once
 	if err := cmd.Start(); err != nil {
 		return Result{}, startErr(err)
@@ -160,6 +191,9 @@ func Run(ctx context.Context, cfg Config, spec Spec) (Result, error) {
 	}()
 	werr := cmd.Wait()
 	close(done)
+	if lines != nil {
+		lines.flush()
+	}
 	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) // anything left in the group
 	res := Result{Stdout: stdout.buf.Bytes(), Stderr: stderr.buf.Bytes(), ExitCode: cmd.ProcessState.ExitCode()}
 	switch {
@@ -244,6 +278,9 @@ func command(cfg Config, spec Spec, lim Limits, work string) ([]string, error) {
 		}
 		argv = append(argv, mode, m.Host, m.Path)
 	}
+	// The sandbox's own root is a tmpfs: made read-only last, so that only
+	// /work, /tmp and read-write grants take writes.
+	argv = append(argv, "--remount-ro", "/")
 	return append(append(argv, "--"), spec.Argv...), nil
 }
 
@@ -369,6 +406,53 @@ func (c *capped) Write(p []byte) (int, error) {
 }
 
 var _ io.Writer = (*capped)(nil)
+
+// lineFilter splits a tool's stdout into control lines, handed to control,
+// and the rest, passed to out. A partial line is held until its newline,
+// but never more than out's limit of it, so a flood without newlines still
+// trips the output cap.
+type lineFilter struct {
+	out     *capped
+	control func(verb string, arg []byte)
+	line    []byte
+}
+
+func (f *lineFilter) Write(p []byte) (int, error) {
+	n := len(p)
+	for len(p) > 0 {
+		i := bytes.IndexByte(p, '\n')
+		if i < 0 {
+			f.line = append(f.line, p...)
+			if int64(len(f.line)) > f.out.limit {
+				_, _ = f.out.Write(f.line)
+				f.line = f.line[:0]
+			}
+			break
+		}
+		f.line = append(f.line, p[:i+1]...)
+		p = p[i+1:]
+		f.emit()
+	}
+	return n, nil
+}
+
+func (f *lineFilter) emit() {
+	if rest, ok := bytes.CutPrefix(f.line, []byte(ControlPrefix)); ok {
+		rest = bytes.TrimSpace(rest)
+		verb, arg, _ := bytes.Cut(rest, []byte(" "))
+		f.control(string(verb), bytes.TrimSpace(arg))
+	} else {
+		_, _ = f.out.Write(f.line)
+	}
+	f.line = f.line[:0]
+}
+
+// flush handles a last line without a newline.
+func (f *lineFilter) flush() {
+	if len(f.line) > 0 {
+		f.emit()
+	}
+}
 
 // Expand fills an argv template from the parameters: an element that is
 // exactly {{name}} becomes the top-level parameter name, as one argument,
