@@ -49,13 +49,13 @@ func newCredentials() (credentials, error) {
 	return credentials{verifier: v, token: raw}, nil
 }
 
-// AuthzCost is the added latency of authorization per invocation.
-type AuthzCost struct {
+// Cost is one measured step: its name and sorted samples.
+type Cost struct {
 	Name    string
 	Samples []time.Duration // sorted
 }
 
-func (a AuthzCost) quantile(q float64) time.Duration {
+func (a Cost) quantile(q float64) time.Duration {
 	return Result{Latencies: a.Samples}.Quantile(q)
 }
 
@@ -65,15 +65,15 @@ const authzSamples = 2000
 // one invocation (token verification, policy evaluation, the usage and
 // approval reads and the budget compare-and-swap), its token verification
 // alone, and as the raw baseline one KV read plus one compare-and-swap.
-func measureAuthz(ctx context.Context, n *pipeline.Node, cred credentials) ([]AuthzCost, error) {
+func measureAuthz(ctx context.Context, n *pipeline.Node, cred credentials) ([]Cost, error) {
 	st, err := n.NewStage(ctx, subjects.Authorize, pipeline.StageConfig{Tokens: cred.verifier})
 	if err != nil {
 		return nil, err
 	}
 	req := invocation.Request{ToolID: "noop", Parameters: json.RawMessage(`{}`), CapabilityToken: cred.token,
 		AgentContext: invocation.AgentContext{AgentDID: benchAgent, TenantID: benchTenant, SessionID: "authz-bench"}}
-	timeIt := func(name string, fn func(i int) error) (AuthzCost, error) {
-		out := AuthzCost{Name: name, Samples: make([]time.Duration, 0, authzSamples)}
+	timeIt := func(name string, fn func(i int) error) (Cost, error) {
+		out := Cost{Name: name, Samples: make([]time.Duration, 0, authzSamples)}
 		for i := range authzSamples + warmup {
 			start := time.Now()
 			if err := fn(i); err != nil {
@@ -127,10 +127,10 @@ func measureAuthz(ctx context.Context, n *pipeline.Node, cred credentials) ([]Au
 	if err != nil {
 		return nil, err
 	}
-	return []AuthzCost{stage, verify, kv, lease, each}, nil
+	return []Cost{stage, verify, kv, lease, each}, nil
 }
 
-func printAuthz(w io.Writer, costs []AuthzCost) {
+func printAuthz(w io.Writer, costs []Cost) {
 	fmt.Fprintf(w, "\nauthorization and rate limiting per invocation (%d sequential calls, EdDSA token, shipped policy):\n", authzSamples)
 	fmt.Fprintf(w, "%-26s %9s %9s %9s\n", "step", "p50", "p99", "max")
 	for _, c := range costs {

@@ -61,7 +61,8 @@ type Report struct {
 	Pipeline  Result
 	Raw       Result
 	Detectors []DetectorCost
-	Authz     []AuthzCost
+	Authz     []Cost
+	Sandbox   []Cost
 }
 
 // Run starts an embedded server with file storage, measures a no-op builtin
@@ -104,6 +105,9 @@ func Run(ctx context.Context, o Options) (Report, error) {
 		return rep, fmt.Errorf("raw JetStream: %w", err)
 	}
 	rep.Detectors = measureDetectors()
+	if rep.Sandbox, err = measureSandbox(ctx); err != nil {
+		return rep, fmt.Errorf("sandbox: %w", err)
+	}
 	return rep, nil
 }
 
@@ -191,7 +195,7 @@ const (
 	benchAgent  = "did:agent:bench"
 )
 
-func measurePipeline(ctx context.Context, url string, o Options, cred credentials) (Result, []AuthzCost, error) {
+func measurePipeline(ctx context.Context, url string, o Options, cred credentials) (Result, []Cost, error) {
 	runCtx, stop := context.WithCancel(ctx)
 	ready := make(chan *pipeline.Node, 1)
 	errc := make(chan error, 1)
@@ -373,6 +377,9 @@ func (r Report) Print(w io.Writer) {
 	}
 	if len(r.Detectors) > 0 {
 		printDetectors(w, r.Detectors)
+	}
+	if len(r.Sandbox) > 0 {
+		printSandbox(w, r.Sandbox)
 	}
 }
 

@@ -254,8 +254,11 @@ func command(cfg Config, spec Spec, lim Limits, work string) ([]string, error) {
 	default:
 		return nil, startErr(fmt.Errorf("unknown sandbox mode %q", cfg.Mode))
 	}
+	// --as-pid-1: the tool itself is the namespace's init. bwrap's own init
+	// would outlive the bwrap we wait for, be orphaned to the host's init,
+	// and count against the tool user's process limit until reaped.
 	argv = append(argv, "bwrap",
-		"--die-with-parent", "--new-session", "--unshare-all",
+		"--die-with-parent", "--new-session", "--unshare-all", "--as-pid-1",
 		"--ro-bind", "/usr", "/usr",
 		"--symlink", "usr/bin", "/bin", "--symlink", "usr/sbin", "/sbin",
 		"--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",

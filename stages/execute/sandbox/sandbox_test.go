@@ -182,3 +182,16 @@ func TestCancelKillsTheTree(t *testing.T) {
 	}
 	noLeftovers(t, "cancel-marker")
 }
+
+// TestRunsBackToBack: a run leaves no process behind, not even a zombie
+// waiting for the host's init to reap it, so a worker's runs in quick
+// succession never use up the tool user's process limit.
+func TestRunsBackToBack(t *testing.T) {
+	cfg := requireSandbox(t)
+	for i := range 150 {
+		res, err := Run(context.Background(), cfg, Spec{Argv: []string{"sh", "-c", "echo '{}'"}, Limits: Limits{Wall: 5 * time.Second, PIDs: 8}})
+		if err != nil || strings.TrimSpace(string(res.Stdout)) != "{}" {
+			t.Fatalf("run %d: %v: %s", i, err, res.Stderr)
+		}
+	}
+}
