@@ -228,9 +228,16 @@ func countsAsFailure(err error) bool {
 	if err == nil {
 		return false
 	}
-	switch toolerr.As(err).Code {
-	case toolerr.ToolExecutionError, toolerr.Timeout, toolerr.ExternalAPIError, toolerr.SandboxFailure:
+	var te *toolerr.Error
+	if !errors.As(err, &te) {
+		return true // a timeout, a panic: the tool's doing
+	}
+	switch te.Code {
+	case toolerr.ToolExecutionError, toolerr.Timeout, toolerr.SandboxFailure:
 		return true
+	case toolerr.ExternalAPIError:
+		// A 4xx answer is the request's fault; the endpoint is up.
+		return te.Retryable
 	}
 	return false
 }
