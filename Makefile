@@ -3,7 +3,7 @@ GO      ?= go
 DATA    ?= toolgate-data
 PKGS    := ./...
 
-.PHONY: run build test test-short fuzz bench lint fmt vet staticcheck clean
+.PHONY: run build test test-short fuzz bench lint fmt vet staticcheck clean mcp-servers
 
 run:
 	$(GO) run ./cmd/toolgate serve --examples --data $(DATA) --file-root . --metrics-addr 127.0.0.1:9464
@@ -11,7 +11,15 @@ run:
 build:
 	$(GO) build -o bin/toolgate ./cmd/toolgate
 
-test:
+# The reference MCP servers the tests run against, installed once.
+MCP_SERVERS := .cache/mcp-servers
+mcp-servers:
+	@test -f $(MCP_SERVERS)/node_modules/@modelcontextprotocol/server-filesystem/dist/index.js \
+	  -a -f $(MCP_SERVERS)/node_modules/@modelcontextprotocol/server-everything/dist/index.js || \
+	  npm install --no-audit --no-fund --prefix $(MCP_SERVERS) \
+	    @modelcontextprotocol/server-filesystem@2026.8.31 @modelcontextprotocol/server-everything@2026.8.31
+
+test: mcp-servers
 	$(GO) vet $(PKGS)
 	$(GO) test -race -count=1 -timeout 15m $(PKGS)
 
@@ -24,12 +32,14 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzResolveConstraint$$' -fuzztime $(FUZZTIME) ./stages/tools/
 	$(GO) test -run '^$$' -fuzz '^FuzzReadFilePath$$' -fuzztime $(FUZZTIME) ./stages/execute/builtin/
 	$(GO) test -run '^$$' -fuzz '^FuzzJSONTransform$$' -fuzztime $(FUZZTIME) ./stages/execute/builtin/
+	$(GO) test -run '^$$' -fuzz '^FuzzMathEval$$' -fuzztime $(FUZZTIME) ./stages/execute/builtin/
+	$(GO) test -run '^$$' -fuzz '^FuzzParseYAML$$' -fuzztime $(FUZZTIME) ./stages/execute/builtin/
 	$(GO) test -run '^$$' -fuzz '^FuzzScan$$' -fuzztime $(FUZZTIME) ./stages/detect/
 	$(GO) test -run '^$$' -fuzz '^FuzzCompile$$' -fuzztime $(FUZZTIME) ./schemas/
 
 # Throughput and latency through all six stages next to a bare JetStream
 # chain measured in the same run.
-bench:
+bench: mcp-servers
 	$(GO) run ./cmd/toolgate bench --rate 300 --duration 10s
 
 fmt:

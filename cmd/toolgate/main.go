@@ -104,6 +104,7 @@ func pipelineFlags(fs *flag.FlagSet, c *pipeline.Config) *string {
 	fs.StringVar(&c.OTLPEndpoint, "otlp-endpoint", os.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT"), "export traces over OTLP/HTTP to host:port")
 	fs.StringVar(&c.PolicyPath, "policy", "", "Rego policy file or directory (default: the shipped policy)")
 	fs.StringVar(&c.Stage.BuiltinEnv.FileRoot, "file-root", "", "directory the read_file builtin is confined to and cli tools' granted paths are under (empty: disabled)")
+	fs.StringVar(&c.Stage.SecretsDir, "secrets-dir", "", "directory with one file per secret http tools may inject (also read: TOOLGATE_SECRET_<NAME> variables)")
 	fs.StringVar(&c.Stage.Sandbox.Mode, "sandbox", "bwrap", "how cli tools run: bwrap (isolated) or none (limits only, no isolation; see docs/sandbox.md)")
 	fs.IntVar(&c.Stage.MaxEventBytes, "max-event-bytes", 1<<20, "largest accepted tool.invoke event")
 	fs.StringVar(&c.DetectorRulesPath, "detector-rules", "", "detector rule set replacing the shipped one (JSON)")
@@ -308,7 +309,10 @@ func tail(ctx context.Context, args []string) error {
 
 func toolsCmd(ctx context.Context, args []string) error {
 	if len(args) == 0 {
-		return errors.New("tools: register FILE | list | get ID")
+		return errors.New("tools: register FILE | list | get ID | import-mcp --server NAME [--url URL | -- COMMAND ARGS]")
+	}
+	if args[0] == "import-mcp" {
+		return importMCPCmd(ctx, args[1:])
 	}
 	fs := flag.NewFlagSet("tools "+args[0], flag.ContinueOnError)
 	url := fs.String("nats", nats.DefaultURL, "NATS server URL")

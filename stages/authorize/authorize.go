@@ -23,6 +23,7 @@ import (
 	"github.com/toolgate/toolgate/stages"
 	"github.com/toolgate/toolgate/stages/authorize/policy"
 	"github.com/toolgate/toolgate/stages/authorize/token"
+	"github.com/toolgate/toolgate/stages/execute/httptool"
 	"github.com/toolgate/toolgate/stages/invocation"
 	"github.com/toolgate/toolgate/stages/toolerr"
 	"github.com/toolgate/toolgate/stages/tools"
@@ -361,6 +362,11 @@ func resources(m *tools.Manifest, params json.RawMessage) Resources {
 	}
 	for _, n := range m.Permissions.Network {
 		r.Hosts = append(r.Hosts, HostNeed{Host: strings.ToLower(n.Host), Port: n.Port})
+	}
+	// An http tool's URL may come from its parameters (http.get): the host
+	// it names is a need too, so the policy refuses it before execute.
+	if host, port, ok := httptool.Target(m, params); ok && !slices.Contains(r.Hosts, HostNeed{Host: host, Port: port}) {
+		r.Hosts = append(r.Hosts, HostNeed{Host: host, Port: port})
 	}
 	r.Credentials = append(r.Credentials, m.Permissions.Credentials...)
 	return r

@@ -63,6 +63,7 @@ type Report struct {
 	Detectors []DetectorCost
 	Authz     []Cost
 	Sandbox   []Cost
+	MCP       []Cost
 }
 
 // Run starts an embedded server with file storage, measures a no-op builtin
@@ -107,6 +108,9 @@ func Run(ctx context.Context, o Options) (Report, error) {
 	rep.Detectors = measureDetectors()
 	if rep.Sandbox, err = measureSandbox(ctx); err != nil {
 		return rep, fmt.Errorf("sandbox: %w", err)
+	}
+	if rep.MCP, err = MeasureMCP(ctx, MCPServersDir()); err != nil {
+		return rep, fmt.Errorf("mcp: %w", err)
 	}
 	return rep, nil
 }
@@ -380,6 +384,9 @@ func (r Report) Print(w io.Writer) {
 	}
 	if len(r.Sandbox) > 0 {
 		printSandbox(w, r.Sandbox)
+	}
+	if len(r.MCP) > 0 {
+		PrintMCP(w, r.MCP)
 	}
 }
 

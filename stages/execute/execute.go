@@ -392,7 +392,8 @@ func retryPolicy(m *tools.Manifest, limit time.Duration) failsafe.Policy[json.Ra
 		WithMaxAttempts(p.MaxAttempts).
 		WithDelayFunc(func(exec failsafe.ExecutionAttempt[json.RawMessage]) time.Duration {
 			d := base << min(exec.Attempts()-1, 20)
-			return rand.N(min(d, ceiling)) + time.Millisecond
+			// A Retry-After from the service is a floor: sooner would be refused again.
+			return max(rand.N(min(d, ceiling))+time.Millisecond, retryAfter(exec.LastError()))
 		}).
 		HandleIf(func(_ json.RawMessage, err error) bool {
 			if err == nil {
@@ -400,10 +401,28 @@ func retryPolicy(m *tools.Manifest, limit time.Duration) failsafe.Policy[json.Ra
 			}
 			te := toolerr.As(classify(err, m, limit))
 			notStarted, _ := te.Details["not_started"].(bool)
-			return slices.Contains(classes, string(te.Code)) && (m.Safety.Idempotent || notStarted)
+			// A wait beyond the policy's ceiling is left to the caller.
+			return slices.Contains(classes, string(te.Code)) && (m.Safety.Idempotent || notStarted) && retryAfter(te) <= ceiling
 		}).
 		ReturnLastFailure().
 		Build()
+}
+
+// retryAfter is an error's details.retry_after_ms, or zero.
+func retryAfter(err error) time.Duration {
+	var te *toolerr.Error
+	if !errors.As(err, &te) {
+		return 0
+	}
+	switch v := te.Details["retry_after_ms"].(type) {
+	case int64:
+		return time.Duration(v) * time.Millisecond
+	case int:
+		return time.Duration(v) * time.Millisecond
+	case float64:
+		return time.Duration(v * float64(time.Millisecond))
+	}
+	return 0
 }
 
 func cancelled(m *tools.Manifest) error {

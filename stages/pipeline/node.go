@@ -21,7 +21,10 @@ import (
 	"github.com/toolgate/toolgate/stages/detect"
 	"github.com/toolgate/toolgate/stages/execute"
 	"github.com/toolgate/toolgate/stages/execute/builtin"
+	"github.com/toolgate/toolgate/stages/execute/httptool"
+	"github.com/toolgate/toolgate/stages/execute/mcptool"
 	"github.com/toolgate/toolgate/stages/execute/sandbox"
+	"github.com/toolgate/toolgate/stages/execute/secrets"
 	"github.com/toolgate/toolgate/stages/ratelimit"
 	"github.com/toolgate/toolgate/stages/route"
 	"github.com/toolgate/toolgate/stages/tools"
@@ -159,6 +162,14 @@ type StageConfig struct {
 	TenantActions map[string]map[string]string
 	// Detectors replaces the shipped detector rules when set.
 	Detectors *detect.Engine
+	// Secrets supplies the credentials http tools inject; nil reads
+	// SecretsDir, then TOOLGATE_SECRET_<NAME> environment variables.
+	Secrets httptool.Secrets
+	// SecretsDir holds one file per secret (--secrets-dir).
+	SecretsDir string
+	// MCP tunes the supervision of MCP servers; their sandbox is the one
+	// cli tools get.
+	MCP mcptool.Config
 }
 
 // NewStage builds the logic of the named stage.
@@ -199,6 +210,18 @@ func (n *Node) NewStage(ctx context.Context, name string, c StageConfig) (stages
 		} else {
 			n.Log.Warn("cli tools run without a sandbox (--sandbox none): limits apply, isolation does not")
 		}
+		secretSource := c.Secrets
+		if secretSource == nil {
+			secretSource = &secrets.Source{Dir: c.SecretsDir}
+		}
+		httpKind := httptool.New(httptool.Config{Secrets: secretSource})
+		context.AfterFunc(ctx, httpKind.Close)
+		x.Handle("http", httpKind)
+		mc := c.MCP
+		mc.Sandbox, mc.SandboxErr, mc.Log = x.Sandbox, x.SandboxErr, cmp.Or(mc.Log, n.Log)
+		mcpKind := mcptool.New(mc)
+		context.AfterFunc(ctx, func() { _ = mcpKind.Close() })
+		x.Handle("mcp", mcpKind)
 		x.Breakers = breaker.New(n.Store, x.Publish, n.Log)
 		if err := n.Store.WatchBreakers(ctx, x.Breakers.Apply); err != nil {
 			return nil, err

@@ -81,3 +81,34 @@ const (
 	// mid-run; whether it took effect is unknown, so it is not run again.
 	EOutcomeUnknown = "E3023"
 )
+
+// MCP codes (toolgate's own).
+const (
+	// The MCP server is not running: it failed to start or is restarting
+	// after a crash. Retryable; nothing reached the tool.
+	EMCPServerDown = "E3120"
+	// The MCP server exited while the call was in flight.
+	EMCPServerExited = "E3121"
+	// The MCP server refused the call (unknown tool, bad arguments) or
+	// answered outside the protocol.
+	EMCPProtocol = "E3122"
+)
+
+// HTTP tool codes. E3104 and E3302-E3308 follow the specification.
+const (
+	// The tool tried to reach a host or port outside its allowlist (the
+	// manifest's permissions.network within the token's grants), directly
+	// or through a redirect. Raised by the executor, after authorize.
+	ENetworkPolicy = "E3104"
+	// The secret a tool's credential names is in no configured source.
+	ECredentialUnavailable = "E3302"
+	// The external service answered with an error status: 5xx (retryable)
+	// or a 4xx other than 401, 403 and 429.
+	EExternalStatus = "E3304"
+	// The external service could not be reached or broke off the exchange.
+	EExternalUnreachable = "E3306"
+	// The external service refused the credentials (401 or 403).
+	EExternalAuth = "E3307"
+	// The external service's response is not in the declared format.
+	EExternalMalformed = "E3308"
+)

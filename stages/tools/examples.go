@@ -13,7 +13,8 @@ import (
 var exampleFS embed.FS
 
 // Examples parses the example manifests shipped in the binary, in file name
-// order. They describe the builtin tools every deployment has.
+// order. They describe the builtin tools every deployment has, and http.get,
+// which reaches only the hosts a capability token grants.
 func Examples() ([]*Manifest, error) {
 	files, err := exampleFS.ReadDir("examples")
 	if err != nil {

@@ -156,7 +156,7 @@ func TestParseRoundTrip(t *testing.T) {
 	ms = append(ms, mustParse(t, manifestJSON(t, func(m map[string]any) {
 		m["lifecycle"] = map[string]any{"state": "sunset", "sunset_at": "2030-06-01T12:00:00.5+02:00"}
 		m["cost"] = map[string]any{"per_call": 0}
-		m["http"] = map[string]any{}
+		m["http"] = map[string]any{"url": "https://api.example.com/v1/items/{{id}}"}
 	})))
 	for _, m := range ms {
 		b, err := json.Marshal(m)
@@ -254,8 +254,8 @@ func TestExamples(t *testing.T) {
 	byKey := map[string]*Manifest{}
 	for _, m := range ms {
 		byKey[m.Key()] = m
-		if m.Kind != "builtin" || m.Builtin == nil {
-			t.Errorf("%s is not a builtin", m.Key())
+		if m.Kind == "builtin" && m.Builtin == nil || m.Kind != "builtin" && m.Kind != "http" {
+			t.Errorf("%s is neither a builtin nor an http tool", m.Key())
 		}
 		if m.output == nil {
 			t.Errorf("%s has no output schema", m.Key())
@@ -272,6 +272,14 @@ func TestExamples(t *testing.T) {
 		"sleep@1.0.0":          {"sleep", 10 * time.Second, StateActive},
 		"json.transform@1.0.0": {"json_transform", 5 * time.Second, StateActive},
 		"fs.read_file@1.0.0":   {"read_file", 5 * time.Second, StateActive},
+		"fs.write_file@1.0.0":  {"write_file", 5 * time.Second, StateActive},
+		"fs.append_file@1.0.0": {"append_file", 5 * time.Second, StateActive},
+		"fs.list_dir@1.0.0":    {"list_dir", 5 * time.Second, StateActive},
+		"fs.stat@1.0.0":        {"stat", 5 * time.Second, StateActive},
+		"parse.json@1.0.0":     {"parse_json", 5 * time.Second, StateActive},
+		"parse.yaml@1.0.0":     {"parse_yaml", 5 * time.Second, StateActive},
+		"math.eval@1.0.0":      {"math_eval", 5 * time.Second, StateActive},
+		"http.get@1.0.0":       {"", 10 * time.Second, StateActive},
 	}
 	if len(ms) != len(want) {
 		t.Errorf("got %d examples, want %d", len(ms), len(want))
@@ -282,8 +290,12 @@ func TestExamples(t *testing.T) {
 			t.Errorf("example %s missing", key)
 			continue
 		}
-		if m.Builtin.Function != w.function || m.Timeout() != w.timeout || m.Lifecycle.State != w.state {
-			t.Errorf("%s: function %q timeout %v state %q, want %+v", key, m.Builtin.Function, m.Timeout(), m.Lifecycle.State, w)
+		fn := ""
+		if m.Builtin != nil {
+			fn = m.Builtin.Function
+		}
+		if fn != w.function || m.Timeout() != w.timeout || m.Lifecycle.State != w.state {
+			t.Errorf("%s: function %q timeout %v state %q, want %+v", key, fn, m.Timeout(), m.Lifecycle.State, w)
 		}
 		// The example documents must satisfy the schema on their own.
 		doc, _ := exampleFS.ReadFile("examples/" + key[:strings.IndexByte(key, '@')] + "-" + m.Version + ".json")

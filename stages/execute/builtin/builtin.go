@@ -18,7 +18,8 @@ type Func func(ctx context.Context, params json.RawMessage) (json.RawMessage, er
 
 // Env configures the builtins that touch the host.
 type Env struct {
-	// FileRoot is the directory read_file is confined to; empty disables it.
+	// FileRoot is the directory the file builtins are confined to; empty
+	// disables them.
 	FileRoot string
 }
 
@@ -33,6 +34,13 @@ func New(env Env) Set {
 		"sleep":          sleep,
 		"json_transform": jsonTransform,
 		"read_file":      readFile(env.FileRoot),
+		"write_file":     writeFile(env.FileRoot),
+		"append_file":    appendFile(env.FileRoot),
+		"list_dir":       listDir(env.FileRoot),
+		"stat":           statFile(env.FileRoot),
+		"parse_json":     parseJSON,
+		"parse_yaml":     parseYAML,
+		"math_eval":      mathEval,
 	}
 }
 

@@ -1,0 +1,221 @@
+package mcptool
+
+import (
+	"cmp"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"log/slog"
+	"path/filepath"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/toolgate/toolgate/stages/authorize/token"
+	"github.com/toolgate/toolgate/stages/execute"
+	"github.com/toolgate/toolgate/stages/execute/builtin"
+	"github.com/toolgate/toolgate/stages/execute/sandbox"
+	"github.com/toolgate/toolgate/stages/invocation"
+	"github.com/toolgate/toolgate/stages/toolerr"
+	"github.com/toolgate/toolgate/stages/tools"
+)
+
+// Config is how the execute stage runs MCP servers.
+type Config struct {
+	// Sandbox runs stdio servers, as it runs cli tools.
+	Sandbox sandbox.Config
+	// SandboxErr, when set, says why stdio servers cannot be sandboxed
+	// here; they are refused (streamable-HTTP servers still run).
+	SandboxErr error
+	// Backoff bounds restarts of a crashed server; default 200 ms to 30 s.
+	Backoff Backoff
+	// StartTimeout bounds a server's start and handshake; default 30 s.
+	StartTimeout time.Duration
+	Log          *slog.Logger
+}
+
+// Server processes get more address space and processes than one-shot
+// tools: a Node.js server reserves about 1 GiB of address space before it
+// does anything, and its threads count against the process limit.
+const (
+	DefaultMemoryMB = 2048
+	DefaultPIDs     = 256
+)
+
+// Kind runs mcp tools; it implements execute.Kind.
+type Kind struct {
+	cfg     Config
+	mu      sync.Mutex
+	servers map[string]*server
+	closed  bool
+}
+
+var _ execute.Kind = (*Kind)(nil)
+
+// New returns a Kind with no servers running; they start on first use.
+func New(cfg Config) *Kind {
+	cfg.Backoff.Min = cmp.Or(cfg.Backoff.Min, 200*time.Millisecond)
+	cfg.Backoff.Max = cmp.Or(cfg.Backoff.Max, 30*time.Second)
+	cfg.StartTimeout = cmp.Or(cfg.StartTimeout, 30*time.Second)
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	return &Kind{cfg: cfg, servers: map[string]*server{}}
+}
+
+// Prepare implements execute.Kind.
+func (k *Kind) Prepare(m *tools.Manifest, inv *invocation.Invocation) (builtin.Func, error) {
+	var grants invocation.Grants
+	tenant := ""
+	if inv != nil {
+		tenant = inv.Tenant
+		if inv.Authz != nil {
+			grants = inv.Authz.Grants
+		}
+	}
+	fn, _, err := k.prepare(m, tenant, grants)
+	return fn, err
+}
+
+func (k *Kind) prepare(m *tools.Manifest, tenant string, grants invocation.Grants) (builtin.Func, *server, error) {
+	spec, err := Decode(m)
+	if err != nil {
+		return nil, nil, err
+	}
+	var key string
+	var dial dialFunc
+	if spec.URL != "" {
+		host, port, err := allowedEndpoint(m, spec, grants)
+		if err != nil {
+			return nil, nil, err
+		}
+		key = identity(tenant, spec.Server, spec.URL, spec.MaxConcurrency)
+		dial = httpDial(spec.URL, host, port)
+	} else {
+		sp, err := k.processSpec(m, spec, grants)
+		if err != nil {
+			return nil, nil, err
+		}
+		key = identity(tenant, spec.Server, sp, spec.MaxConcurrency)
+		dial = stdioDial(k.cfg.Sandbox, sp)
+	}
+	srv, err := k.server(key, spec, dial)
+	if err != nil {
+		return nil, nil, err
+	}
+	return func(ctx context.Context, params json.RawMessage) (json.RawMessage, error) {
+		if len(params) == 0 || string(params) == "null" {
+			params = json.RawMessage(`{}`)
+		}
+		res, err := srv.call(ctx, spec.Tool, params)
+		if err != nil {
+			return nil, err
+		}
+		return Result(m, res)
+	}, srv, nil
+}
+
+// processSpec is the sandbox run of a stdio server: the same confinement as
+// a cli tool, plus the read-only paths the server needs.
+func (k *Kind) processSpec(m *tools.Manifest, spec *Spec, grants invocation.Grants) (sandbox.Spec, error) {
+	if k.cfg.SandboxErr != nil {
+		return sandbox.Spec{}, toolerr.New(toolerr.SandboxFailure, toolerr.EExecutorUnavailable,
+			"stdio MCP servers are refused here: %v (an operator may choose --sandbox none, which does not isolate)", k.cfg.SandboxErr).
+			WithDetail("not_started", true)
+	}
+	var mounts []sandbox.Mount
+	for _, p := range spec.ReadOnlyPaths {
+		host, err := filepath.EvalSymlinks(filepath.Clean(p))
+		if err != nil {
+			return sandbox.Spec{}, unusable(m, "read-only path %s: %v", p, err)
+		}
+		mounts = append(mounts, sandbox.Mount{Host: host, Path: filepath.Clean(p)})
+	}
+	for _, p := range m.Permissions.Filesystem {
+		write := p.Mode == "rw" && grants.PathMode == "rw"
+		ms, err := sandbox.Mounts(k.cfg.Sandbox.FileRoot, []string{p.Path}, write)
+		if err != nil {
+			return sandbox.Spec{}, err
+		}
+		mounts = append(mounts, ms...)
+	}
+	lim := sandbox.Limits{MemoryMB: cmp.Or(m.Limits.MemoryMB, DefaultMemoryMB), CPUSeconds: m.Limits.CPUSeconds,
+		PIDs: cmp.Or(m.Limits.PIDs, DefaultPIDs), FileSizeMB: m.Limits.FileSizeMB}
+	return sandbox.Spec{
+		Argv: spec.Command, Env: spec.Env, Mounts: mounts, Limits: lim,
+		// Network only when the manifest asks for it and the token grants hosts.
+		Network: (spec.Network || len(m.Permissions.Network) > 0) && len(grants.Hosts) > 0,
+	}, nil
+}
+
+// allowedEndpoint checks a server URL's host against the manifest's network
+// permissions and the token's hosts (authorize checked the second already;
+// checking here too keeps a policy mistake from reaching a server).
+func allowedEndpoint(m *tools.Manifest, spec *Spec, grants invocation.Grants) (string, int, error) {
+	host, port, err := endpoint(spec.URL)
+	if err != nil {
+		return "", 0, unusable(m, "%v", err)
+	}
+	declared := slices.ContainsFunc(m.Permissions.Network, func(n tools.NetworkPermission) bool {
+		return token.HostAllowed(n.Host, host) && (n.Port == 0 || n.Port == port)
+	})
+	if !declared {
+		return "", 0, toolerr.New(toolerr.PermissionDenied, toolerr.ENetworkDenied,
+			"%s: the MCP server's host %s:%d is not in the manifest's network permissions", m.Key(), host, port).
+			WithDetail("not_started", true)
+	}
+	granted := slices.ContainsFunc(grants.Hosts, func(p string) bool { return token.HostAllowed(p, host) }) &&
+		(len(grants.Ports) == 0 || slices.Contains(grants.Ports, port))
+	if !granted {
+		return "", 0, toolerr.New(toolerr.PermissionDenied, toolerr.ENetworkDenied,
+			"%s: the capability token does not grant the MCP server's host %s:%d", m.Key(), host, port).
+			WithDetail("not_started", true)
+	}
+	return host, port, nil
+}
+
+// identity keys a server process: one per tenant and server definition, so
+// tenants never share a server's state, and a change to the command,
+// environment, mounts, network or limits starts a new process.
+func identity(tenant, name string, def any, concurrency int) string {
+	b, _ := json.Marshal(struct {
+		Tenant, Name string
+		Def          any
+		Concurrency  int
+	}{tenant, name, def, concurrency})
+	sum := sha256.Sum256(b)
+	return name + "/" + hex.EncodeToString(sum[:12])
+}
+
+func (k *Kind) server(key string, spec *Spec, dial dialFunc) (*server, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.closed {
+		return nil, toolerr.New(toolerr.ExternalAPIError, toolerr.EMCPServerDown,
+			"MCP server %s is not running: toolgate is shutting down", spec.Server).AsRetryable().WithDetail("not_started", true)
+	}
+	s, ok := k.servers[key]
+	if !ok {
+		s = newServer(spec.Server, dial, cmp.Or(spec.MaxConcurrency, DefaultConcurrency), k.cfg.Backoff,
+			k.cfg.StartTimeout, k.cfg.Log)
+		k.servers[key] = s
+	}
+	return s, nil
+}
+
+// Close stops every server and refuses further calls. It returns when the
+// server processes are gone.
+func (k *Kind) Close() error {
+	k.mu.Lock()
+	k.closed = true
+	servers := k.servers
+	k.servers = map[string]*server{}
+	k.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, s := range servers {
+		wg.Go(s.close)
+	}
+	wg.Wait()
+	return nil
+}

@@ -1,0 +1,98 @@
+package sandbox
+
+import (
+	"errors"
+	"os"
+	"os/exec"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// foreverCPU stands in for "no CPU limit": a long-running process (an MCP
+// server) accumulates CPU time over many calls, so the one-run default of
+// CPU seconds = wall time would kill it after its first half-minute of work.
+const foreverCPU = 10 * 365 * 24 * 3600
+
+// Process is a long-running sandboxed command the caller talks to over its
+// stdin and stdout, such as a stdio MCP server. It gets the confinement Run
+// gives a one-shot tool (namespaces, read-only host, granted mounts, rlimits,
+// uid nobody under root) but no wall-time limit: it lives until Kill.
+type Process struct {
+	// Cmd is ready to start. The caller sets Stdin, Stdout and Stderr;
+	// it must not change Path, Args, Env, Dir or SysProcAttr.
+	Cmd  *exec.Cmd
+	work string
+	once sync.Once
+}
+
+// NewProcess prepares spec as a long-running process. spec.Stdin,
+// spec.Limits.Wall and spec.Limits.OutputBytes do not apply; CPU time is
+// limited only when spec.Limits.CPUSeconds is set. Failures are E3101 with
+// details.not_started.
+func NewProcess(cfg Config, spec Spec) (*Process, error) {
+	lim := spec.Limits
+	if lim.CPUSeconds <= 0 {
+		lim.CPUSeconds = foreverCPU
+	}
+	lim = lim.withDefaults()
+	work, err := os.MkdirTemp(cfg.WorkDir, "toolgate-proc-")
+	if err != nil {
+		return nil, startErr(err)
+	}
+	asRoot := os.Geteuid() == 0
+	if asRoot {
+		if err := os.Chown(work, nobody, nobody); err != nil {
+			_ = os.RemoveAll(work)
+			return nil, startErr(err)
+		}
+	}
+	argv, err := command(cfg, spec, lim, work)
+	if err != nil {
+		_ = os.RemoveAll(work)
+		return nil, err
+	}
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Env = environ(spec.Env)
+	cmd.Dir = work
+	// Its own process group, so Kill reaches everything it started; and
+	// killed with its parent, so a crashed toolgate leaves no server behind.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if asRoot {
+		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: nobody, Gid: nobody}
+	}
+	return &Process{Cmd: cmd, work: work}, nil
+}
+
+// Kill ends the process and everything in its group and removes its work
+// directory. It is safe to call more than once, and before Start.
+func (p *Process) Kill() {
+	p.once.Do(func() {
+		if p.Cmd.Process != nil {
+			_ = syscall.Kill(-p.Cmd.Process.Pid, syscall.SIGKILL)
+		}
+		_ = os.RemoveAll(p.work)
+	})
+}
+
+// Stop asks the process to end with SIGTERM and kills its group when it has
+// not exited within grace. exited must be closed when Wait has returned.
+func (p *Process) Stop(exited <-chan struct{}, grace time.Duration) {
+	if p.Cmd.Process != nil {
+		_ = syscall.Kill(-p.Cmd.Process.Pid, syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(grace):
+		}
+	}
+	p.Kill()
+}
+
+// StartErr is the error for a process that could not start (E3101 with
+// details.not_started).
+func StartErr(err error) error {
+	if err == nil {
+		err = errors.New("unknown reason")
+	}
+	return startErr(err)
+}
