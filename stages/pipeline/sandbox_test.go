@@ -221,3 +221,13 @@ printf '{"started_at":%s,"ran":[%s]}\n' "$start" "$ran"`)+`],"stdin":"none"},
 		t.Fatalf("%d checkpoint.created events, want at least 8", got)
 	}
 }
+
+// TestExampleCLITool: the shipped text.word_count runs in the sandbox and
+// counts a text full of shell syntax as text.
+func TestExampleCLITool(t *testing.T) {
+	e, _, _ := sandboxEnv(t, stages.TopologyOptions{})
+	resp := e.invoke(request("wc", "text.word_count", `{"text":"one $(id) two\n; rm -rf / three\n"}`))
+	if resp.Status != invocation.StatusSuccess || string(resp.Result) != `{"lines":2,"words":8,"bytes":31}` {
+		t.Fatalf("%s %s %s", resp.Status, resp.Result, mustJSON(t, resp.Error))
+	}
+}

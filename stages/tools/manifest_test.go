@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -254,8 +255,8 @@ func TestExamples(t *testing.T) {
 	byKey := map[string]*Manifest{}
 	for _, m := range ms {
 		byKey[m.Key()] = m
-		if m.Kind == "builtin" && m.Builtin == nil || m.Kind != "builtin" && m.Kind != "http" {
-			t.Errorf("%s is neither a builtin nor an http tool", m.Key())
+		if m.Kind == "builtin" && m.Builtin == nil || !slices.Contains([]string{"builtin", "http", "cli"}, m.Kind) {
+			t.Errorf("%s is not a builtin, http or cli tool", m.Key())
 		}
 		if m.output == nil {
 			t.Errorf("%s has no output schema", m.Key())
@@ -266,20 +267,21 @@ func TestExamples(t *testing.T) {
 		timeout  time.Duration
 		state    string
 	}{
-		"echo@1.0.0":           {"echo", 5 * time.Second, StateDeprecated},
-		"echo@2.0.0":           {"echo", 5 * time.Second, StateActive},
-		"noop@1.0.0":           {"noop", time.Second, StateActive},
-		"sleep@1.0.0":          {"sleep", 10 * time.Second, StateActive},
-		"json.transform@1.0.0": {"json_transform", 5 * time.Second, StateActive},
-		"fs.read_file@1.0.0":   {"read_file", 5 * time.Second, StateActive},
-		"fs.write_file@1.0.0":  {"write_file", 5 * time.Second, StateActive},
-		"fs.append_file@1.0.0": {"append_file", 5 * time.Second, StateActive},
-		"fs.list_dir@1.0.0":    {"list_dir", 5 * time.Second, StateActive},
-		"fs.stat@1.0.0":        {"stat", 5 * time.Second, StateActive},
-		"parse.json@1.0.0":     {"parse_json", 5 * time.Second, StateActive},
-		"parse.yaml@1.0.0":     {"parse_yaml", 5 * time.Second, StateActive},
-		"math.eval@1.0.0":      {"math_eval", 5 * time.Second, StateActive},
-		"http.get@1.0.0":       {"", 10 * time.Second, StateActive},
+		"echo@1.0.0":            {"echo", 5 * time.Second, StateDeprecated},
+		"echo@2.0.0":            {"echo", 5 * time.Second, StateActive},
+		"noop@1.0.0":            {"noop", time.Second, StateActive},
+		"sleep@1.0.0":           {"sleep", 10 * time.Second, StateActive},
+		"json.transform@1.0.0":  {"json_transform", 5 * time.Second, StateActive},
+		"fs.read_file@1.0.0":    {"read_file", 5 * time.Second, StateActive},
+		"fs.write_file@1.0.0":   {"write_file", 5 * time.Second, StateActive},
+		"fs.append_file@1.0.0":  {"append_file", 5 * time.Second, StateActive},
+		"fs.list_dir@1.0.0":     {"list_dir", 5 * time.Second, StateActive},
+		"fs.stat@1.0.0":         {"stat", 5 * time.Second, StateActive},
+		"parse.json@1.0.0":      {"parse_json", 5 * time.Second, StateActive},
+		"parse.yaml@1.0.0":      {"parse_yaml", 5 * time.Second, StateActive},
+		"math.eval@1.0.0":       {"math_eval", 5 * time.Second, StateActive},
+		"http.get@1.0.0":        {"", 10 * time.Second, StateActive},
+		"text.word_count@1.0.0": {"", 5 * time.Second, StateActive},
 	}
 	if len(ms) != len(want) {
 		t.Errorf("got %d examples, want %d", len(ms), len(want))

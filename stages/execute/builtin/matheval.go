@@ -362,7 +362,7 @@ func nodeName(n ast.Expr) string {
 	case *ast.SliceExpr:
 		return "slicing"
 	case *ast.StarExpr:
-		return "a pointer expression"
+		return "a dereference (for powers, write pow(x, y))"
 	case *ast.CompositeLit:
 		return "a composite literal"
 	case *ast.FuncLit:
