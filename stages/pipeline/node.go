@@ -167,6 +167,9 @@ type StageConfig struct {
 	Secrets httptool.Secrets
 	// SecretsDir holds one file per secret (--secrets-dir).
 	SecretsDir string
+	// HTTPAllowPrivateNetworks lets http tools reach loopback and private
+	// addresses through granted host names (httptool.Config).
+	HTTPAllowPrivateNetworks bool
 	// MCP tunes the supervision of MCP servers; their sandbox is the one
 	// cli tools get.
 	MCP mcptool.Config
@@ -214,7 +217,7 @@ func (n *Node) NewStage(ctx context.Context, name string, c StageConfig) (stages
 		if secretSource == nil {
 			secretSource = &secrets.Source{Dir: c.SecretsDir}
 		}
-		httpKind := httptool.New(httptool.Config{Secrets: secretSource})
+		httpKind := httptool.New(httptool.Config{Secrets: secretSource, AllowPrivateNetworks: c.HTTPAllowPrivateNetworks})
 		context.AfterFunc(ctx, httpKind.Close)
 		x.Handle("http", httpKind)
 		mc := c.MCP

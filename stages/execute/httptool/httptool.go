@@ -53,6 +53,10 @@ type Config struct {
 	// DialTimeout bounds connecting (and the TLS handshake); default 10 s.
 	// The whole request is bounded by the executor's time limit.
 	DialTimeout time.Duration
+	// AllowPrivateNetworks lets a granted host name resolve to a loopback,
+	// private or link-local address. Off, only hosts granted as IP
+	// literals reach such addresses.
+	AllowPrivateNetworks bool
 }
 
 // Kind runs http tools. It implements execute.Kind.
@@ -71,7 +75,7 @@ func New(c Config) *Kind {
 		// No proxy from the environment: the allowlist names where
 		// requests and their credentials go, and a proxy would see both.
 		Proxy:                  nil,
-		DialContext:            (&net.Dialer{Timeout: dial, KeepAlive: 30 * time.Second}).DialContext,
+		DialContext:            dialPublic(&net.Dialer{Timeout: dial, KeepAlive: 30 * time.Second}, c.AllowPrivateNetworks),
 		ForceAttemptHTTP2:      true,
 		TLSHandshakeTimeout:    dial,
 		ExpectContinueTimeout:  time.Second,
@@ -337,6 +341,11 @@ func (c *call) failed(ctx context.Context, err error, notStarted bool) error {
 	if errors.As(err, &te) {
 		te.Message = c.scrub.String(te.Message)
 		return te
+	}
+	var pe *privateAddrError
+	if errors.As(err, &pe) {
+		return toolerr.New(toolerr.PermissionDenied, toolerr.ENetworkPolicy, "%s: %v", c.m.Key(), pe).
+			WithDetail("not_started", true)
 	}
 	if ctx.Err() != nil {
 		return ctx.Err()

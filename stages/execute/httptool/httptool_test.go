@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"net/url"
 	"strings"
 	"sync/atomic"
@@ -445,5 +446,53 @@ func TestTarget(t *testing.T) {
 	}
 	if _, _, ok := Target(m, json.RawMessage(`[]`)); ok {
 		t.Fatal("Target of bad parameters")
+	}
+}
+
+// TestGrantedNameResolvingPrivately: a granted host name that resolves to a
+// loopback address (DNS rebinding, or a name for the host's own services)
+// is refused before anything is sent, unless the operator allows private
+// networks; an IP literal granted as such still works.
+func TestGrantedNameResolvingPrivately(t *testing.T) {
+	var hits atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		_, _ = io.WriteString(w, `{}`)
+	}))
+	defer srv.Close()
+	port := srv.URL[strings.LastIndexByte(srv.URL, ':')+1:]
+	byName := manifest(t, `{"url":"http://localhost:`+port+`/"}`, "")
+	byLiteral := manifest(t, `{"url":"`+srv.URL+`/"}`, "")
+	inv := grants([]string{"localhost", "127.0.0.1"}, nil)
+
+	k := New(Config{})
+	defer k.Close()
+	_, err := run(t, k, byName, inv, `{}`)
+	if te := wantCode(t, err, toolerr.PermissionDenied, toolerr.ENetworkPolicy); te.Details["not_started"] != true || hits.Load() != 0 {
+		t.Fatalf("refusal %+v, %d requests reached the server", te, hits.Load())
+	}
+	if _, err := run(t, k, byLiteral, inv, `{}`); err != nil {
+		t.Fatalf("a granted IP literal: %v", err)
+	}
+	open := New(Config{AllowPrivateNetworks: true})
+	defer open.Close()
+	if _, err := run(t, open, byName, inv, `{}`); err != nil {
+		t.Fatalf("with private networks allowed: %v", err)
+	}
+	if hits.Load() != 2 {
+		t.Fatalf("%d requests reached the server, want 2", hits.Load())
+	}
+}
+
+func TestPublicAddresses(t *testing.T) {
+	for addr, want := range map[string]bool{
+		"93.184.215.14": true, "2606:2800:21f:cb07:6820:80da:af6b:8b2c": true,
+		"127.0.0.1": false, "::1": false, "10.1.2.3": false, "172.16.0.1": false, "192.168.1.1": false,
+		"169.254.169.254": false, "fe80::1": false, "100.64.0.1": false, "0.0.0.0": false, "::ffff:127.0.0.1": false,
+		"fd00::1": false, "224.0.0.1": false,
+	} {
+		if got := public(netip.MustParseAddr(addr)); got != want {
+			t.Errorf("public(%s) = %v, want %v", addr, got, want)
+		}
 	}
 }
