@@ -36,6 +36,11 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzParseYAML$$' -fuzztime $(FUZZTIME) ./stages/execute/builtin/
 	$(GO) test -run '^$$' -fuzz '^FuzzScan$$' -fuzztime $(FUZZTIME) ./stages/detect/
 	$(GO) test -run '^$$' -fuzz '^FuzzCompile$$' -fuzztime $(FUZZTIME) ./schemas/
+	$(GO) test -run '^$$' -fuzz '^FuzzURLTemplate$$' -fuzztime $(FUZZTIME) ./stages/execute/httptool/
+	$(GO) test -run '^$$' -fuzz '^FuzzControlLines$$' -fuzztime $(FUZZTIME) ./stages/execute/sandbox/
+	$(GO) test -run '^$$' -fuzz '^FuzzExpand$$' -fuzztime $(FUZZTIME) ./stages/execute/sandbox/
+	$(GO) test -run '^$$' -fuzz '^FuzzResult$$' -fuzztime $(FUZZTIME) ./stages/execute/mcptool/
+	$(GO) test -run '^$$' -fuzz '^FuzzVerify$$' -fuzztime $(FUZZTIME) ./stages/authorize/token/
 
 # Throughput and latency through all six stages next to a bare JetStream
 # chain measured in the same run.
