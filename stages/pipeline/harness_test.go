@@ -186,7 +186,7 @@ var testTools = []string{
 	  "builtin":{"function":"steps"},"input_schema":{"type":"object"},"output_schema":{"type":"object"},"limits":{"timeout_ms":60000}}`,
 	`{"id":"test.removed","name":"removed","version":"1.0.0","description":"gone","kind":"builtin","builtin":{"function":"echo"},
 	  "input_schema":{"type":"object"},"output_schema":{"type":"object"},"lifecycle":{"state":"removed"}}`,
-	`{"id":"test.http","name":"http","version":"1.0.0","description":"no executor here","kind":"http",
+	`{"id":"test.model","name":"model","version":"1.0.0","description":"no executor here","kind":"model",
 	  "input_schema":{"type":"object"},"output_schema":{"type":"object"}}`,
 }
 
@@ -229,7 +229,7 @@ func (e *env) startPipeline(cfg pipeline.Config) *pipeline.Node {
 		}
 		wctx, wcancel := context.WithTimeout(ctx, 10*time.Second)
 		defer wcancel()
-		for _, id := range []string{"test.boom", "test.bad_output", "test.block", "test.block_idem", "test.steps", "test.removed", "test.http"} {
+		for _, id := range []string{"test.boom", "test.bad_output", "test.block", "test.block_idem", "test.steps", "test.removed", "test.model"} {
 			if err := n.WaitForTool(wctx, id, "1.0.0"); err != nil {
 				e.t.Fatal(err)
 			}

@@ -201,7 +201,7 @@ func TestBadInput(t *testing.T) {
 			return binary("b15", "tool.invoke", data("b15", "test.removed", "1.0.0", `{}`))
 		}, invocation.StatusError, toolerr.ToolVersionNotFound, toolerr.EToolRemoved, invocation.TypeFailed, false},
 		{"no executor for the kind", func() (string, nats.Header, []byte) {
-			return binary("b16", "tool.invoke", data("b16", "test.http", "", `{}`))
+			return binary("b16", "tool.invoke", data("b16", "test.model", "", `{}`))
 		}, invocation.StatusError, toolerr.ToolExecutionError, toolerr.EExecutorUnavailable, invocation.TypeFailed, false},
 	}
 	for _, c := range cases {
