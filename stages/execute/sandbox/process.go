@@ -17,12 +17,13 @@ const foreverCPU = 10 * 365 * 24 * 3600
 // Process is a long-running sandboxed command the caller talks to over its
 // stdin and stdout, such as a stdio MCP server. It gets the confinement Run
 // gives a one-shot tool (namespaces, read-only host, granted mounts, rlimits,
-// uid nobody under root) but no wall-time limit: it lives until Kill.
+// a uid of its own under root) but no wall-time limit: it lives until Kill.
 type Process struct {
 	// Cmd is ready to start. The caller sets Stdin, Stdout and Stderr;
 	// it must not change Path, Args, Env, Dir or SysProcAttr.
 	Cmd  *exec.Cmd
 	work string
+	uid  uint32 // from the pool when running as root, else 0
 	once sync.Once
 }
 
@@ -40,16 +41,18 @@ func NewProcess(cfg Config, spec Spec) (*Process, error) {
 	if err != nil {
 		return nil, startErr(err)
 	}
+	p := &Process{work: work}
 	asRoot := os.Geteuid() == 0
 	if asRoot {
-		if err := os.Chown(work, nobody, nobody); err != nil {
-			_ = os.RemoveAll(work)
+		p.uid = uids.get()
+		if err := os.Chown(work, int(p.uid), int(p.uid)); err != nil {
+			p.Kill()
 			return nil, startErr(err)
 		}
 	}
 	argv, err := command(cfg, spec, lim, work)
 	if err != nil {
-		_ = os.RemoveAll(work)
+		p.Kill()
 		return nil, err
 	}
 	cmd := exec.Command(argv[0], argv[1:]...)
@@ -59,19 +62,23 @@ func NewProcess(cfg Config, spec Spec) (*Process, error) {
 	// killed with its parent, so a crashed toolgate leaves no server behind.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if asRoot {
-		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: nobody, Gid: nobody}
+		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: p.uid, Gid: p.uid}
 	}
-	return &Process{Cmd: cmd, work: work}, nil
+	p.Cmd = cmd
+	return p, nil
 }
 
 // Kill ends the process and everything in its group and removes its work
 // directory. It is safe to call more than once, and before Start.
 func (p *Process) Kill() {
 	p.once.Do(func() {
-		if p.Cmd.Process != nil {
+		if p.Cmd != nil && p.Cmd.Process != nil {
 			_ = syscall.Kill(-p.Cmd.Process.Pid, syscall.SIGKILL)
 		}
 		_ = os.RemoveAll(p.work)
+		if p.uid != 0 {
+			uids.put(p.uid)
+		}
 	})
 }
 

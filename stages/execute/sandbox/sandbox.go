@@ -5,8 +5,9 @@
 // /usr and the dynamic linker's files and nothing else of the host, a
 // private writable work directory, and only the granted paths of the file
 // root, bound read-only or read-write. When toolgate runs as root the tool
-// runs as nobody, so that rlimits bind it: address space, CPU time, file
-// size, open files and process count (RLIMIT_NPROC does not apply to root).
+// runs under a uid of its own (see UIDBase), so that rlimits bind it:
+// address space, CPU time, file size, open files and process count
+// (RLIMIT_NPROC does not apply to root, and counts per uid).
 // The whole process tree is killed on timeout, on cancel and when an output
 // cap is passed.
 //
@@ -39,7 +40,7 @@ const (
 	ModeNone  = "none"
 )
 
-// nobody is the uid and gid tools run as when toolgate runs as root.
+// nobody is the uid tools share when the pool of run uids is exhausted.
 const nobody = 65534
 
 // Defaults for limits a manifest leaves unset.
@@ -140,8 +141,11 @@ func Run(ctx context.Context, cfg Config, spec Spec) (Result, error) {
 	}
 	defer os.RemoveAll(work)
 	asRoot := os.Geteuid() == 0
+	var uid uint32
 	if asRoot {
-		if err := os.Chown(work, nobody, nobody); err != nil {
+		uid = uids.get()
+		defer uids.put(uid)
+		if err := os.Chown(work, int(uid), int(uid)); err != nil {
 			return Result{}, startErr(err)
 		}
 	}
@@ -151,7 +155,7 @@ func Run(ctx context.Context, cfg Config, spec Spec) (Result, error) {
 			return Result{}, startErr(err)
 		}
 		if asRoot {
-			_ = os.Chown(f, nobody, nobody)
+			_ = os.Chown(f, int(uid), int(uid))
 		}
 	}
 	argv, err := command(cfg, spec, lim, work)
@@ -166,7 +170,7 @@ func Run(ctx context.Context, cfg Config, spec Spec) (Result, error) {
 	cmd.Stdin = bytes.NewReader(spec.Stdin)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if asRoot {
-		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: nobody, Gid: nobody}
+		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: uid, Gid: uid}
 	}
 	stdout := &capped{limit: lim.OutputBytes}
 	stderr := &capped{limit: stderrBytes, quiet: true}

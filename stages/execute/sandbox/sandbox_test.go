@@ -195,3 +195,36 @@ func TestRunsBackToBack(t *testing.T) {
 		}
 	}
 }
+
+// TestRunsHaveTheirOwnProcessBudget: a run holding many processes does not
+// use up the process limit of a concurrent run, since each runs under a uid
+// of its own (RLIMIT_NPROC counts per uid).
+func TestRunsHaveTheirOwnProcessBudget(t *testing.T) {
+	cfg := requireSandbox(t)
+	if os.Geteuid() != 0 {
+		t.Skip("process limits and run uids apply when toolgate runs as root")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	busy := make(chan error, 1)
+	go func() {
+		_, err := Run(ctx, cfg, Spec{Argv: []string{"sh", "-c", `for i in $(seq 24); do sleep 31 & done; wait # budget-marker`},
+			Limits: Limits{Wall: 30 * time.Second, PIDs: 64}})
+		busy <- err
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	const sleeper = "sleep\x0031" // argv as /proc shows it
+	for len(leftovers(sleeper)) < 24 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the busy run started %d processes", len(leftovers(sleeper)))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	res, err := Run(context.Background(), cfg, Spec{Argv: []string{"sh", "-c", `true | true | cat; echo '{}'`}, Limits: Limits{Wall: 5 * time.Second, PIDs: 8}})
+	if err != nil {
+		t.Fatalf("a run beside a busy one could not start its processes: %v: %s", err, res.Stderr)
+	}
+	cancel()
+	<-busy
+	noLeftovers(t, "budget-marker")
+}
