@@ -40,6 +40,16 @@ var (
 	rulesSchema    = sync.OnceValue(func() *jsonschema.Schema { return mustCompileEmbedded("detector-rules.schema.json") })
 )
 
+// MCPContent is the output schema of an mcp tool whose server declares
+// none: {"content": [items]}.
+func MCPContent() json.RawMessage {
+	b, err := files.ReadFile("mcp-content.schema.json")
+	if err != nil {
+		panic(fmt.Sprintf("schemas: %v", err)) // embedded: a build defect
+	}
+	return b
+}
+
 // DetectorRules returns the compiled schema of a detector rule set.
 func DetectorRules() *jsonschema.Schema { return rulesSchema() }
 

@@ -308,3 +308,22 @@ func FuzzCompile(f *testing.F) {
 		_, _ = Validate(s, doc)
 	})
 }
+
+func TestMCPContent(t *testing.T) {
+	s, err := Compile("mcp-content", MCPContent())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for doc, ok := range map[string]bool{
+		`{"content":[{"type":"text","text":"hi"}]}`: true,
+		`{"content":[]}`:                            true,
+		`{}`:                                        false,
+		`{"content":[{"text":"no type"}]}`:          false,
+		`{"content":"text"}`:                        false,
+	} {
+		fields, err := Validate(s, []byte(doc))
+		if (err == nil && len(fields) == 0) != ok {
+			t.Errorf("%s: fields %v, err %v, want valid=%v", doc, fields, err, ok)
+		}
+	}
+}

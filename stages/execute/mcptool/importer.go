@@ -12,6 +12,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/toolgate/toolgate/schemas"
 	"github.com/toolgate/toolgate/stages/invocation"
 	"github.com/toolgate/toolgate/stages/toolerr"
 	"github.com/toolgate/toolgate/stages/tools"
@@ -150,7 +151,7 @@ func (o Import) manifest(t *mcp.Tool) ([]byte, error) {
 		return nil, fmt.Errorf("tool %q input schema: %w", t.Name, err)
 	}
 	// Without an output schema the result is the content wrapper.
-	output, err := schemaOf(t.OutputSchema, `{"type":"object","required":["content"],"properties":{"content":{"type":"array"}}}`)
+	output, err := schemaOf(t.OutputSchema, string(schemas.MCPContent()))
 	if err != nil {
 		return nil, fmt.Errorf("tool %q output schema: %w", t.Name, err)
 	}
