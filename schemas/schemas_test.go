@@ -316,10 +316,10 @@ func TestMCPContent(t *testing.T) {
 	}
 	for doc, ok := range map[string]bool{
 		`{"content":[{"type":"text","text":"hi"}]}`: true,
-		`{"content":[]}`:                            true,
-		`{}`:                                        false,
-		`{"content":[{"text":"no type"}]}`:          false,
-		`{"content":"text"}`:                        false,
+		`{"content":[]}`:                   true,
+		`{}`:                               false,
+		`{"content":[{"text":"no type"}]}`: false,
+		`{"content":"text"}`:               false,
 	} {
 		fields, err := Validate(s, []byte(doc))
 		if (err == nil && len(fields) == 0) != ok {
