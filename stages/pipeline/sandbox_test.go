@@ -3,6 +3,7 @@ package pipeline_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/url"
 	"os"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/toolgate/toolgate/stages"
+	"github.com/toolgate/toolgate/stages/execute"
 	"github.com/toolgate/toolgate/stages/execute/sandbox"
 	"github.com/toolgate/toolgate/stages/invocation"
 	"github.com/toolgate/toolgate/stages/pipeline"
@@ -229,5 +231,36 @@ func TestExampleCLITool(t *testing.T) {
 	resp := e.invoke(request("wc", "text.word_count", `{"text":"one $(id) two\n; rm -rf / three\n"}`))
 	if resp.Status != invocation.StatusSuccess || string(resp.Result) != `{"lines":2,"words":8,"bytes":31}` {
 		t.Fatalf("%s %s %s", resp.Status, resp.Result, mustJSON(t, resp.Error))
+	}
+}
+
+// TestCLIRefusedWithoutSandbox: where bubblewrap cannot run, a cli tool is
+// refused with E3101 and the reason, an audit event, and nothing run; other
+// kinds keep working.
+func TestCLIRefusedWithoutSandbox(t *testing.T) {
+	e := newEnv(t, stages.TopologyOptions{})
+	e.startPipeline(pipeline.Config{Stages: allBut(subjects.Execute)})
+	n, err := pipeline.Open(context.Background(), e.url, "test-nosandbox", e.topo, quietLog())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	st, err := n.NewStage(context.Background(), subjects.Execute, pipeline.StageConfig{Builtins: e.builtins(t.TempDir())})
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := st.(*execute.Executor)
+	x.SandboxErr = errors.New("bubblewrap (bwrap) is not installed")
+	e.runStage(subjects.Execute, x, 1, 0)
+	resp := e.invoke(request("nosb", "text.word_count", `{"text":"a b"}`))
+	if resp.Status != invocation.StatusError || resp.Error == nil || resp.Error.ECode != toolerr.EExecutorUnavailable ||
+		!strings.Contains(resp.Error.Message, "bwrap") || !strings.Contains(resp.Error.Message, "--sandbox none") {
+		t.Fatalf("cli tool without a sandbox: %s %s", resp.Status, mustJSON(t, resp.Error))
+	}
+	if n := e.count(subjects.StreamAudit, subjects.AuditEvent("nosb", invocation.SubjectSuffix(invocation.TypeFailed))); n != 1 {
+		t.Fatalf("%d failed audit events, want 1", n)
+	}
+	if resp := e.invoke(request("nosb", "echo", `{"message":"x"}`)); resp.Status != invocation.StatusSuccess {
+		t.Fatalf("a builtin beside the refused cli tool: %+v", resp)
 	}
 }
