@@ -27,9 +27,6 @@ const (
 // are all denied.
 func readFile(root string) Func {
 	return func(ctx context.Context, params json.RawMessage) (json.RawMessage, error) {
-		if root == "" {
-			return nil, toolerr.New(toolerr.PermissionDenied, "E3105", "read_file has no file root configured")
-		}
 		var p struct {
 			Path     string `json:"path"`
 			MaxBytes int64  `json:"max_bytes"`
@@ -51,9 +48,9 @@ func readFile(root string) Func {
 		if rel == "" {
 			rel = "."
 		}
-		r, err := os.OpenRoot(root)
+		r, err := openRoot(root, "read_file")
 		if err != nil {
-			return nil, toolerr.Wrap(err, toolerr.ToolExecutionError, toolerr.EToolFailed, "opening file root: %v", err)
+			return nil, err
 		}
 		defer r.Close()
 		// O_NONBLOCK: opening a FIFO must not wait for a writer.
@@ -64,10 +61,10 @@ func readFile(root string) Func {
 		defer f.Close()
 		fi, err := f.Stat()
 		if err != nil {
-			return nil, toolerr.Wrap(err, toolerr.ToolExecutionError, toolerr.EToolFailed, "stat %s: %v", p.Path, err)
+			return nil, failed(err, "stat %s: %v", p.Path, err)
 		}
 		if !fi.Mode().IsRegular() {
-			return nil, toolerr.New(toolerr.PermissionDenied, "E3105", "%s is not a regular file", p.Path)
+			return nil, denied("%s is not a regular file", p.Path)
 		}
 		if err := ctx.Err(); err != nil {
 			return nil, err
@@ -97,7 +94,7 @@ func openError(p string, err error) error {
 	}
 	var pe *fs.PathError
 	if errors.As(err, &pe) && strings.Contains(pe.Err.Error(), "escapes") {
-		return toolerr.Wrap(err, toolerr.PermissionDenied, "E3105", "%s is outside the granted directory", p)
+		return toolerr.Wrap(err, toolerr.PermissionDenied, toolerr.EPathOutsideRoots, "%s is outside the granted directory", p)
 	}
-	return toolerr.Wrap(err, toolerr.PermissionDenied, "E3105", "%s: %v", p, err)
+	return toolerr.Wrap(err, toolerr.PermissionDenied, toolerr.EPathOutsideRoots, "%s: %v", p, err)
 }
