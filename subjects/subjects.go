@@ -192,3 +192,10 @@ const (
 	// SvcCancel takes {"tenant_id","invocation_id","reason"}.
 	SvcCancel = "tool.svc.cancel"
 )
+
+// TenantSvc is the tenant-scoped subject of control endpoint svc (one of the
+// Svc constants): tool.svc.status for tenant demo is tool.svc.demo.status.
+// The bus lets an agent call only its own tenant's endpoints.
+func TenantSvc(tenant, svc string) string {
+	return "tool.svc." + tenant + "." + strings.TrimPrefix(svc, "tool.svc.")
+}

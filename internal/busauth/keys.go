@@ -1,0 +1,226 @@
+package busauth
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/nats-io/jwt/v2"
+	"github.com/nats-io/nkeys"
+)
+
+// Files in a data directory's DirName folder.
+const (
+	DirName          = "busauth"
+	issuerFile       = "issuer.nk"      // account key signing callout responses
+	credSignerFile   = "cred-signer.nk" // account key signing worker/operator user JWTs
+	calloutUserFile  = "callout.nk"     // user key the callout service connects with (account AUTH)
+	systemUserFile   = "system.nk"      // user key of the system account (kicks revoked clients)
+	xkeyFile         = "xkey.nk"        // curve key encrypting callout requests and responses
+	AuthConfFile     = "auth.conf"      // accounts and authorization blocks for nats-server
+	WorkerCredsFile  = "worker.creds"
+	OperatorCredsFile = "operator.creds"
+)
+
+// Keys are the secrets of a deployment's bus authentication.
+type Keys struct {
+	// Issuer signs the callout's answers; its public key is the server's
+	// auth_callout issuer.
+	Issuer nkeys.KeyPair
+	// CredSigner signs the user JWTs of worker and operator credentials.
+	CredSigner nkeys.KeyPair
+	// CalloutUser is the nkey user the callout service connects as; it is
+	// one of the server's auth_users.
+	CalloutUser nkeys.KeyPair
+	// SystemUser is a user of the system account, for kicking connections.
+	SystemUser nkeys.KeyPair
+	// XKey encrypts callout traffic (auth_callout xkey).
+	XKey nkeys.KeyPair
+}
+
+// GenerateKeys makes a fresh set.
+func GenerateKeys() (*Keys, error) {
+	var k Keys
+	var err error
+	if k.Issuer, err = nkeys.CreateAccount(); err != nil {
+		return nil, err
+	}
+	if k.CredSigner, err = nkeys.CreateAccount(); err != nil {
+		return nil, err
+	}
+	if k.CalloutUser, err = nkeys.CreateUser(); err != nil {
+		return nil, err
+	}
+	if k.SystemUser, err = nkeys.CreateUser(); err != nil {
+		return nil, err
+	}
+	if k.XKey, err = nkeys.CreateCurveKeys(); err != nil {
+		return nil, err
+	}
+	return &k, nil
+}
+
+func (k *Keys) files() []struct {
+	name string
+	kp   *nkeys.KeyPair
+	pfx  nkeys.PrefixByte
+} {
+	return []struct {
+		name string
+		kp   *nkeys.KeyPair
+		pfx  nkeys.PrefixByte
+	}{
+		{issuerFile, &k.Issuer, nkeys.PrefixByteAccount},
+		{credSignerFile, &k.CredSigner, nkeys.PrefixByteAccount},
+		{calloutUserFile, &k.CalloutUser, nkeys.PrefixByteUser},
+		{systemUserFile, &k.SystemUser, nkeys.PrefixByteUser},
+		{xkeyFile, &k.XKey, nkeys.PrefixByteCurve},
+	}
+}
+
+// LoadKeys reads the keys from dataDir/busauth.
+func LoadKeys(dataDir string) (*Keys, error) {
+	dir := filepath.Join(dataDir, DirName)
+	var k Keys
+	for _, f := range k.files() {
+		b, err := os.ReadFile(filepath.Join(dir, f.name))
+		if err != nil {
+			return nil, fmt.Errorf("reading bus key: %w", err)
+		}
+		kp, err := nkeys.FromSeed([]byte(strings.TrimSpace(string(b))))
+		if err != nil {
+			return nil, fmt.Errorf("bus key %s: %w", f.name, err)
+		}
+		pub, err := kp.PublicKey()
+		if err != nil || nkeys.Prefix(pub) != f.pfx {
+			return nil, fmt.Errorf("bus key %s is not of the expected kind", f.name)
+		}
+		*f.kp = kp
+	}
+	return &k, nil
+}
+
+// LoadOrCreateKeys reads the keys, generating and writing them (0600, in a
+// 0700 folder) when the folder holds none.
+func LoadOrCreateKeys(dataDir string) (*Keys, error) {
+	k, err := LoadKeys(dataDir)
+	if err == nil || !errors.Is(err, fs.ErrNotExist) {
+		return k, err
+	}
+	if k, err = GenerateKeys(); err != nil {
+		return nil, err
+	}
+	dir := filepath.Join(dataDir, DirName)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	for _, f := range k.files() {
+		seed, err := (*f.kp).Seed()
+		if err != nil {
+			return nil, err
+		}
+		if err := writeSecret(filepath.Join(dir, f.name), append(seed, '\n')); err != nil {
+			return nil, err
+		}
+	}
+	return k, nil
+}
+
+// writeSecret writes b to path with mode 0600, replacing it atomically.
+func writeSecret(path string, b []byte) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), ".tmp-*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if err := tmp.Chmod(0o600); err != nil {
+		tmp.Close()
+		return err
+	}
+	if _, err := tmp.Write(b); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), path)
+}
+
+func mustPublic(kp nkeys.KeyPair) string {
+	p, err := kp.PublicKey()
+	if err != nil {
+		panic(err) // a KeyPair made by nkeys always has a public key
+	}
+	return p
+}
+
+// roleTag marks a toolgate-issued user JWT with its role.
+const roleTagPrefix = "toolgate-role:"
+
+// IssueCredentials returns a .creds file (user JWT and nkey seed, the
+// format of jwt.FormatUserConfig, which `nats --creds` and
+// nats.UserCredentials read) for a worker or operator called name. ttl 0
+// never expires.
+func (k *Keys) IssueCredentials(role Role, name string, ttl time.Duration) ([]byte, error) {
+	if role != RoleWorker && role != RoleOperator {
+		return nil, fmt.Errorf("%w: credentials are for workers and operators, not %q", ErrBadIdentity, role)
+	}
+	if name == "" || strings.ContainsAny(name, ": \t\r\n") {
+		return nil, fmt.Errorf("%w: credential name %q", ErrBadIdentity, name)
+	}
+	ukp, err := nkeys.CreateUser()
+	if err != nil {
+		return nil, err
+	}
+	uc := jwt.NewUserClaims(mustPublic(ukp))
+	uc.Name = name
+	uc.Tags.Add(roleTagPrefix + string(role))
+	if ttl > 0 {
+		uc.Expires = time.Now().Add(ttl).Unix()
+	}
+	// The permissions in this JWT are not used: the callout grants the
+	// role's. Deny all here so the file grants nothing if misused elsewhere.
+	uc.Pub.Deny.Add(">")
+	uc.Sub.Deny.Add(">")
+	tok, err := uc.Encode(k.CredSigner)
+	if err != nil {
+		return nil, err
+	}
+	seed, err := ukp.Seed()
+	if err != nil {
+		return nil, err
+	}
+	return jwt.FormatUserConfig(tok, seed)
+}
+
+// WriteCredentials makes sure dataDir/busauth holds the keys, and writes
+// worker.creds and operator.creds (0600) and auth.conf there. Existing keys
+// are kept; the credentials files are issued anew. It returns the keys.
+func WriteCredentials(dataDir string) (*Keys, error) {
+	k, err := LoadOrCreateKeys(dataDir)
+	if err != nil {
+		return nil, err
+	}
+	dir := filepath.Join(dataDir, DirName)
+	for _, c := range []struct {
+		role Role
+		file string
+	}{{RoleWorker, WorkerCredsFile}, {RoleOperator, OperatorCredsFile}} {
+		b, err := k.IssueCredentials(c.role, "local", 0)
+		if err != nil {
+			return nil, err
+		}
+		if err := writeSecret(filepath.Join(dir, c.file), b); err != nil {
+			return nil, err
+		}
+	}
+	if err := writeSecret(filepath.Join(dir, AuthConfFile), []byte(ServerConfig(k.Public()))); err != nil {
+		return nil, err
+	}
+	return k, nil
+}
