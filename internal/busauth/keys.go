@@ -15,14 +15,14 @@ import (
 
 // Files in a data directory's DirName folder.
 const (
-	DirName          = "busauth"
-	issuerFile       = "issuer.nk"      // account key signing callout responses
-	credSignerFile   = "cred-signer.nk" // account key signing worker/operator user JWTs
-	calloutUserFile  = "callout.nk"     // user key the callout service connects with (account AUTH)
-	systemUserFile   = "system.nk"      // user key of the system account (kicks revoked clients)
-	xkeyFile         = "xkey.nk"        // curve key encrypting callout requests and responses
-	AuthConfFile     = "auth.conf"      // accounts and authorization blocks for nats-server
-	WorkerCredsFile  = "worker.creds"
+	DirName           = "busauth"
+	issuerFile        = "issuer.nk"      // account key signing callout responses
+	credSignerFile    = "cred-signer.nk" // account key signing worker/operator user JWTs
+	calloutUserFile   = "callout.nk"     // user key the callout service connects with (account AUTH)
+	systemUserFile    = "system.nk"      // user key of the system account (kicks revoked clients)
+	xkeyFile          = "xkey.nk"        // curve key encrypting callout requests and responses
+	AuthConfFile      = "auth.conf"      // accounts and authorization blocks for nats-server
+	WorkerCredsFile   = "worker.creds"
 	OperatorCredsFile = "operator.creds"
 )
 
