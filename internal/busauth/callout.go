@@ -213,7 +213,13 @@ func (c *Callout) Authorize(ctx context.Context, req *jwt.AuthorizationRequestCl
 	o := req.ConnectOptions
 	switch {
 	case o.JWT != "":
-		return c.authorizeCreds(req)
+		// Only in operator mode: a server configured with accounts discards
+		// the JWT of a CONNECT before the callout sees it.
+		return c.authorizeCreds(req, o.JWT, "")
+	case o.Nkey != "":
+		// Toolgate credentials in config mode: the nkey and its nonce
+		// signature prove the seed, the token field carries the user JWT.
+		return c.authorizeCreds(req, o.Token, o.Nkey)
 	case o.Token != "":
 		return c.authorizeAgent(ctx, o.Token)
 	case o.Username != "" || o.Password != "" || o.Nkey != "":
@@ -244,15 +250,23 @@ func (c *Callout) authorizeAgent(ctx context.Context, raw string) (Identity, err
 	return id, nil
 }
 
-func (c *Callout) authorizeCreds(req *jwt.AuthorizationRequestClaims) (Identity, error) {
+// authorizeCreds checks toolgate-issued credentials: the user JWT ujwt and
+// the nkey that signed the server's nonce (nkey "" means the JWT's subject).
+func (c *Callout) authorizeCreds(req *jwt.AuthorizationRequestClaims, ujwt, nkey string) (Identity, error) {
 	o := req.ConnectOptions
+	if ujwt == "" {
+		return Identity{}, fmt.Errorf("%w: an nkey without toolgate credentials (the user JWT goes in the token)", ErrNoCredentials)
+	}
 	// DecodeUserClaims verifies the signature with the key the JWT names
 	// as its issuer; we then require that issuer to be ours.
-	uc, err := jwt.DecodeUserClaims(o.JWT)
+	uc, err := jwt.DecodeUserClaims(ujwt)
 	if err != nil {
 		return Identity{}, fmt.Errorf("%w: user JWT: %v", ErrBadSignature, err)
 	}
 	id := Identity{Name: uc.Name}
+	if nkey != "" && nkey != uc.Subject {
+		return id, fmt.Errorf("%w: the nkey is not the credentials' user", ErrBadNonce)
+	}
 	if uc.Issuer != c.credSigner || uc.IssuerAccount != "" {
 		return id, fmt.Errorf("%w: user JWT issued by %s", ErrUnknownIssuer, uc.Issuer)
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/nats-io/jwt/v2"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
 )
 
@@ -223,4 +224,35 @@ func WriteCredentials(dataDir string) (*Keys, error) {
 		return nil, err
 	}
 	return k, nil
+}
+
+// CredentialsOption authenticates a nats.go connection with a .creds file
+// written by IssueCredentials. nats.UserCredentials would send the user JWT
+// in the CONNECT's jwt field, which a server configured with accounts (not
+// operator mode) discards before its auth callout runs; this option sends
+// the user's nkey with its nonce signature and the JWT as the connect
+// token. The `nats` CLI equivalent: `--nkey <seed file> --token <jwt>`.
+func CredentialsOption(path string) nats.Option {
+	return func(o *nats.Options) error {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return fmt.Errorf("reading credentials: %w", err)
+		}
+		tok, err := jwt.ParseDecoratedJWT(b)
+		if err != nil {
+			return fmt.Errorf("credentials %s: %w", path, err)
+		}
+		kp, err := jwt.ParseDecoratedNKey(b)
+		if err != nil {
+			return fmt.Errorf("credentials %s: %w", path, err)
+		}
+		pub, err := kp.PublicKey()
+		if err != nil {
+			return err
+		}
+		o.Nkey = pub
+		o.SignatureCB = kp.Sign
+		o.Token = tok
+		return nil
+	}
 }
