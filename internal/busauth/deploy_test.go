@@ -1,0 +1,104 @@
+package busauth
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+)
+
+// TestDeployConfigs loads the shipped server configurations with a
+// generated auth.conf (and, for the cluster, generated certificates) and
+// checks that they leave no anonymous access and enforce route TLS.
+func TestDeployConfigs(t *testing.T) {
+	dir := t.TempDir()
+	k, err := WriteCredentials(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	auth, err := os.ReadFile(filepath.Join(dir, DirName, AuthConfFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	certs := t.TempDir()
+	writeTestCerts(t, certs)
+	for _, conf := range []string{"single/nats.conf", "cluster/nats-1.conf", "cluster/nats-2.conf", "cluster/nats-3.conf"} {
+		t.Run(conf, func(t *testing.T) {
+			src, err := os.ReadFile(filepath.Join("..", "..", "deploy", conf))
+			if err != nil {
+				t.Fatal(err)
+			}
+			text := strings.ReplaceAll(string(src), "/etc/toolgate/tls/", certs+"/")
+			text = strings.NewReplacer("node-1", "node", "node-2", "node", "node-3", "node").Replace(text)
+			work := t.TempDir()
+			os.WriteFile(filepath.Join(work, AuthConfFile), auth, 0o600)
+			path := filepath.Join(work, "nats.conf")
+			os.WriteFile(path, []byte(text), 0o600)
+			o, err := server.ProcessConfigFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if o.AuthCallout == nil || o.AuthCallout.Issuer != k.Public().Issuer || o.AuthCallout.Account != AccountAuth {
+				t.Fatalf("auth callout %+v", o.AuthCallout)
+			}
+			if o.NoAuthUser != "" || o.Username != "" || o.Authorization != "" || len(o.Users) != 0 {
+				t.Errorf("anonymous or static access: no_auth_user=%q user=%q users=%d", o.NoAuthUser, o.Username, len(o.Users))
+			}
+			if strings.HasPrefix(conf, "cluster/") {
+				if o.Cluster.TLSConfig == nil || o.Cluster.TLSConfig.ClientAuth != tls.RequireAndVerifyClientCert {
+					t.Error("cluster routes without verified TLS")
+				}
+			}
+		})
+	}
+}
+
+// writeTestCerts writes ca.pem, node.pem and node-key.pem for 127.0.0.1.
+func writeTestCerts(t *testing.T, dir string) {
+	t.Helper()
+	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	caTmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "toolgate test CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
+	}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, _ := x509.ParseCertificate(caDER)
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "toolgate-node"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, DNSNames: []string{"localhost"},
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+		KeyUsage:    x509.KeyUsageDigitalSignature,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyDER, _ := x509.MarshalECPrivateKey(key)
+	for name, blk := range map[string]*pem.Block{
+		"ca.pem":       {Type: "CERTIFICATE", Bytes: caDER},
+		"node.pem":     {Type: "CERTIFICATE", Bytes: der},
+		"node-key.pem": {Type: "EC PRIVATE KEY", Bytes: keyDER},
+	} {
+		if err := os.WriteFile(filepath.Join(dir, name), pem.EncodeToMemory(blk), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
