@@ -200,7 +200,8 @@ func (k *Keys) IssueCredentials(role Role, name string, ttl time.Duration) ([]by
 }
 
 // WriteCredentials makes sure dataDir/busauth holds the keys, and writes
-// worker.creds and operator.creds (0600) and auth.conf there. Existing keys
+// worker.creds and operator.creds (and their halves worker.jwt/.nk,
+// operator.jwt/.nk for the nats CLI), all 0600, and auth.conf there. Existing keys
 // are kept; the credentials files are issued anew. It returns the keys.
 func WriteCredentials(dataDir string) (*Keys, error) {
 	k, err := LoadOrCreateKeys(dataDir)
@@ -217,6 +218,23 @@ func WriteCredentials(dataDir string) (*Keys, error) {
 			return nil, err
 		}
 		if err := writeSecret(filepath.Join(dir, c.file), b); err != nil {
+			return nil, err
+		}
+		// The same credentials split for the nats CLI: --nkey <role>.nk
+		// --token "$(cat <role>.jwt)" (see CredentialsOption).
+		tok, err := jwt.ParseDecoratedJWT(b)
+		if err != nil {
+			return nil, err
+		}
+		kp, err := jwt.ParseDecoratedNKey(b)
+		if err != nil {
+			return nil, err
+		}
+		seed, _ := kp.Seed()
+		if err := writeSecret(filepath.Join(dir, string(c.role)+".jwt"), []byte(tok+"\n")); err != nil {
+			return nil, err
+		}
+		if err := writeSecret(filepath.Join(dir, string(c.role)+".nk"), append(seed, '\n')); err != nil {
 			return nil, err
 		}
 	}
