@@ -24,7 +24,11 @@ type Record struct {
 	Error        *toolerr.Error       `json:"error,omitempty"`
 	Response     *invocation.Response `json:"response,omitempty"`
 	// Seq is the ingest sequence of the publish this record belongs to.
-	Seq       uint64    `json:"ingest_seq"`
+	// With Digest it tells a redelivery of that publish (same sequence)
+	// from another request that reuses the id.
+	Seq uint64 `json:"ingest_seq"`
+	// Digest identifies the request (see ClaimInvocation).
+	Digest    string    `json:"request_digest,omitempty"`
 	UpdatedAt time.Time `json:"updated_at"`
 	// CancelRequested survives later status writes until the invocation
 	// ends: execute checks it before running the tool.
@@ -42,8 +46,9 @@ func invocationKey(tenant, id string) string {
 }
 
 // SetStatus records rec unless the invocation already has a terminal status:
-// a terminal status is written once and never replaced. It returns the record
-// that is stored afterwards and whether rec was written.
+// a terminal status is written once and never replaced. Nor is a record that
+// belongs to another publish (another ingest sequence) of the same id. It
+// returns the record that is stored afterwards and whether rec was written.
 func (s *Store) SetStatus(ctx context.Context, rec Record) (Record, bool, error) {
 	key := invocationKey(rec.Tenant, rec.InvocationID)
 	if rec.UpdatedAt.IsZero() {
@@ -72,8 +77,11 @@ func (s *Store) SetStatus(ctx context.Context, rec Record) (Record, bool, error)
 		if err := json.Unmarshal(cur.Value(), &stored); err != nil {
 			return Record{}, false, fmt.Errorf("decoding status: %w", err)
 		}
-		if stored.Status.Terminal() {
+		if stored.Status.Terminal() || !sameInvocation(stored, rec) {
 			return stored, false, nil
+		}
+		if rec.Digest == "" {
+			rec.Digest = stored.Digest
 		}
 		if stored.CancelRequested && !rec.CancelRequested {
 			rec.CancelRequested = true
@@ -91,6 +99,61 @@ func (s *Store) SetStatus(ctx context.Context, rec Record) (Record, bool, error)
 		return rec, true, nil
 	}
 	return Record{}, false, fmt.Errorf("status of %s: too much contention", rec.InvocationID)
+}
+
+// sameInvocation reports whether rec may replace stored: both belong to the
+// same publish, or stored was made before any publish claimed the id (a
+// cancel request that arrived first).
+func sameInvocation(stored, rec Record) bool {
+	return stored.Seq == 0 || rec.Seq == 0 || stored.Seq == rec.Seq
+}
+
+// ClaimInvocation takes the id (tenant, id) for the publish with ingest
+// sequence seq and request digest digest, the first time any stage sees it.
+// It returns the stored record afterwards: the caller owns the id when the
+// record's Seq is seq (a new claim, or a redelivery of its own); any other
+// Seq is an earlier request that holds the id. A record without a sequence
+// (a cancel that came first) is adopted, keeping its cancel flag.
+func (s *Store) ClaimInvocation(ctx context.Context, tenant, id string, seq uint64, digest string) (Record, error) {
+	key := invocationKey(tenant, id)
+	for range casAttempts {
+		rec := Record{InvocationID: id, Tenant: tenant, Status: invocation.StatusPending, Seq: seq, Digest: digest,
+			UpdatedAt: time.Now().UTC()}
+		e, err := s.invocations.Get(ctx, key)
+		var rev uint64
+		switch {
+		case errors.Is(err, jetstream.ErrKeyNotFound):
+		case err != nil:
+			return Record{}, fmt.Errorf("reading status: %w", err)
+		default:
+			var stored Record
+			if err := json.Unmarshal(e.Value(), &stored); err != nil {
+				return Record{}, fmt.Errorf("decoding status: %w", err)
+			}
+			if stored.Seq != 0 || stored.Status.Terminal() {
+				return stored, nil
+			}
+			rec.CancelRequested, rec.Status = stored.CancelRequested, stored.Status
+			rev = e.Revision()
+		}
+		val, err := json.Marshal(rec)
+		if err != nil {
+			return Record{}, err
+		}
+		if rev == 0 {
+			_, err = s.invocations.Create(ctx, key, val)
+		} else {
+			_, err = s.invocations.Update(ctx, key, val, rev)
+		}
+		if errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+			continue
+		}
+		if err != nil {
+			return Record{}, fmt.Errorf("claiming invocation id: %w", err)
+		}
+		return rec, nil
+	}
+	return Record{}, fmt.Errorf("status of %s: too much contention", id)
 }
 
 // Status returns the stored record of an invocation, or ErrNotFound.

@@ -102,6 +102,9 @@ func (r *Runner) endExhausted(ctx context.Context, adv maxDeliveriesAdvisory) er
 // poisonEvent is the audit record of a message that could not be read.
 func poisonEvent(stage, subject, stream string, seq uint64, cause error) (Output, error) {
 	tenant := subject[strings.LastIndexByte(subject, '.')+1:]
+	if subjects.CheckTenant(tenant) != nil {
+		tenant = subjects.SystemTenant // no subject can be built from it
+	}
 	e := event.New()
 	e.SetID(fmt.Sprintf("%s-%d", stream, seq))
 	e.SetSource("urn:toolgate:" + stage)

@@ -1,6 +1,7 @@
 package stages
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -22,7 +23,8 @@ type TopologyOptions struct {
 	// how long audit events are (default: forever).
 	ResultTTL   time.Duration
 	AuditMaxAge time.Duration
-	// Duplicates is the dedup window of the invoke stream (default 2m).
+	// Duplicates is the dedup window of the streams (default 2m; for the
+	// invoke stream InvokeDuplicates unless set).
 	Duplicates time.Duration
 }
 
@@ -44,13 +46,26 @@ func (o *TopologyOptions) defaults() {
 	}
 }
 
+// InvokeDuplicates is the invoke stream's default dedup window, the
+// server's minimum. JetStream deduplicates by Nats-Msg-Id across the whole
+// stream, and the invoke stream holds every tenant: two tenants that send the
+// same Nats-Msg-Id (any client may set it) would lose one event silently, and
+// JetStream offers no per-subject window. So deduplication of invocations is
+// the validate stage's, per tenant: it claims (tenant, invocation id) in KV
+// with the ingest sequence and a digest of the request, and a repeat ends
+// with E3024 and no second result. The stream's window is kept at its floor
+// so it can rarely act across tenants; ids toolgate derives are scoped by
+// tenant (invocation.InvokeMsgID) so they never collide at all.
+const InvokeDuplicates = 100 * time.Millisecond
+
 // Streams returns the configuration of toolgate's streams.
 func Streams(o TopologyOptions) []jetstream.StreamConfig {
+	invokeWindow := cmp.Or(o.Duplicates, InvokeDuplicates)
 	o.defaults()
 	return []jetstream.StreamConfig{{
 		Name: subjects.StreamInvoke, Description: "tool.invoke CloudEvents awaiting validation",
 		Subjects: []string{subjects.InvokeAll}, Retention: jetstream.WorkQueuePolicy,
-		Duplicates: o.Duplicates, Replicas: o.Replicas, Storage: o.Storage,
+		Duplicates: invokeWindow, Replicas: o.Replicas, Storage: o.Storage,
 	}, {
 		Name: subjects.StreamPipeline, Description: "invocations handed from stage to stage",
 		Subjects: []string{subjects.PipeAll}, Retention: jetstream.WorkQueuePolicy,

@@ -31,6 +31,12 @@ func (a *Auditor) Process(ctx context.Context, inv *invocation.Invocation) ([]st
 		inv.Fail(subjects.Audit, toolerr.New(toolerr.InternalError, toolerr.EInternal,
 			"invocation reached audit without a terminal status (last stage %q)", inv.EndedBy))
 	}
+	if inv.Tenant == subjects.SystemTenant {
+		// The event's tenant could not name a subject (E3019): there is no
+		// tenant to keep a status for or to answer, only the audit trail.
+		terminal, err := stages.AuditEvent(subjects.Audit, inv, invocation.TerminalType(inv), inv.Audit())
+		return []stages.Output{terminal}, err
+	}
 	resp := inv.Response()
 	rec := kvstore.Record{
 		InvocationID: inv.ID, Tenant: inv.Tenant, Status: inv.Status,
@@ -46,6 +52,11 @@ func (a *Auditor) Process(ctx context.Context, inv *invocation.Invocation) ([]st
 	terminal, err := stages.AuditEvent(subjects.Audit, inv, invocation.TerminalType(inv), inv.Audit())
 	if err != nil {
 		return nil, err
+	}
+	if sameRequest(inv.Error) {
+		// A second publish of the same event: the first one's result is
+		// its answer, on the same subject.
+		return []stages.Output{terminal}, nil
 	}
 	result, err := resultEvent(inv, resp)
 	if err != nil {
@@ -88,6 +99,15 @@ func (a *Auditor) charge(ctx context.Context, inv *invocation.Invocation) error 
 		return nil
 	}
 	return err
+}
+
+// sameRequest reports a refused second publish of an event already taken.
+func sameRequest(e *toolerr.Error) bool {
+	if e == nil || e.ECode != toolerr.EDuplicateInvocation {
+		return false
+	}
+	same, _ := e.Details["same_request"].(bool)
+	return same
 }
 
 var errSettled = errors.New("already settled")

@@ -80,7 +80,9 @@ func (c *Client) Invoke(ctx context.Context, req invocation.Request, o InvokeOpt
 	if err != nil {
 		return "", err
 	}
-	msg := &nats.Msg{Subject: subjects.Invoke(req.AgentContext.TenantID), Header: h, Data: body}
+	tenant := req.AgentContext.TenantID
+	h.Set(nats.MsgIdHdr, invocation.InvokeMsgID(tenant, e.Source(), e.ID()))
+	msg := &nats.Msg{Subject: subjects.Invoke(tenant), Header: h, Data: body}
 	if _, err := c.js.PublishMsg(ctx, msg); err != nil {
 		return "", fmt.Errorf("publishing invocation: %w", err)
 	}

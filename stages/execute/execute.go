@@ -115,14 +115,22 @@ func (x *Executor) Process(ctx context.Context, inv *invocation.Invocation) ([]s
 	if err != nil && !errors.Is(err, kvstore.ErrNotFound) {
 		return nil, stages.Transient(fmt.Errorf("reading status: %w", err), 0)
 	}
+	if err == nil && !ownedBy(prev, inv) {
+		return nil, duplicate(inv)
+	}
 	interrupted := err == nil && prev.Status == invocation.StatusRunning
 	// Claim the invocation: a redelivery of one that already ended must not
-	// run the tool again.
+	// run the tool again. A redelivery is the same ingest sequence; a record
+	// of another sequence is another request that reused the id, whose
+	// outcome is never handed to this one.
 	rec, _, err := x.store.SetStatus(ctx, kvstore.Record{InvocationID: inv.ID, Tenant: inv.Tenant,
 		Status: invocation.StatusRunning, ToolID: m.ID, ToolVersion: m.Version, Seq: inv.Event.Seq,
 		Checkpoint: prev.Checkpoint})
 	if err != nil {
 		return nil, stages.Transient(fmt.Errorf("recording running status: %w", err), 0)
+	}
+	if !ownedBy(rec, inv) {
+		return nil, duplicate(inv)
 	}
 	if rec.Status.Terminal() {
 		inv.Status, inv.Error, inv.EndedBy = rec.Status, rec.Error, subjects.Execute
@@ -196,6 +204,17 @@ func (x *Executor) Process(ctx context.Context, inv *invocation.Invocation) ([]s
 	}
 	inv.Result = result
 	return outs, nil
+}
+
+// ownedBy reports whether a stored record belongs to inv's publish (or to no
+// publish yet).
+func ownedBy(rec kvstore.Record, inv *invocation.Invocation) bool {
+	return rec.Seq == 0 || rec.Seq == inv.Event.Seq
+}
+
+func duplicate(inv *invocation.Invocation) error {
+	return toolerr.New(toolerr.InvalidParameters, toolerr.EDuplicateInvocation,
+		"invocation id %q is already used in this tenant by another request", inv.ID)
 }
 
 func idempotencyKey(req *invocation.Request) string {

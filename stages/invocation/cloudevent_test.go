@@ -3,6 +3,7 @@ package invocation
 import (
 	"encoding/json"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/toolgate/toolgate/stages/toolerr"
+	"github.com/toolgate/toolgate/subjects"
 )
 
 const reqJSON = `{"tool_id":"echo","agent_context":{"agent_did":"did:agent:a","tenant_id":"acme"},"parameters":{"message":"hi"}}`
@@ -125,18 +127,22 @@ func TestMsgIDDistinguishesSources(t *testing.T) {
 	}
 }
 
-// FuzzFromMessage feeds arbitrary headers and bodies to the ingest decoder: it
-// must never panic, must always return an invocation with an id, and every
-// error must carry a stable code.
+// FuzzFromMessage feeds arbitrary subjects, headers and bodies to the ingest
+// decoder: it must never panic, must always return an invocation with an id,
+// every error must carry a stable code, and whatever it returns can be
+// encoded (the hand-off to the next stage) with a tenant and id that make
+// valid subjects and keys.
 func FuzzFromMessage(f *testing.F) {
-	f.Add("ce-specversion", "1.0", "ce-id", "x", []byte(reqJSON))
-	f.Add("content-type", "application/cloudevents+json", "x", "y", []byte(`{"specversion":"1.0","id":"1","source":"s","type":"t","data":{}}`))
-	f.Add("ce-time", "not a time", "ce-specversion", "1.0", []byte{0xff})
-	f.Fuzz(func(t *testing.T, k1, v1, k2, v2 string, body []byte) {
+	f.Add("t", "ce-specversion", "1.0", "ce-id", "x", []byte(reqJSON))
+	f.Add("t", "content-type", "application/cloudevents+json", "x", "y", []byte(`{"specversion":"1.0","id":"1","source":"s","type":"t","data":{}}`))
+	f.Add("t", "ce-time", "not a time", "ce-specversion", "1.0", []byte{0xff})
+	f.Add("t", "ce-specversion", "1.0", "ce-id", "a%20b", []byte(`{"tool_id": "echo", "parameters": {`))
+	f.Add("_system", "x", "y", "z", "w", []byte(`{"specversion":"1.0","id":"s-2","data":"x","data_base64":"AA=="}`))
+	f.Fuzz(func(t *testing.T, tenant, k1, v1, k2, v2 string, body []byte) {
 		h := nats.Header{}
 		h.Set(k1, v1)
 		h.Set(k2, v2)
-		inv, err := FromMessage("tool.invoke.t", h, body, 1, time.Now())
+		inv, err := FromMessage("tool.invoke."+tenant, h, body, 1, time.Now())
 		if inv == nil || inv.ID == "" {
 			t.Fatal("no invocation id")
 		}
@@ -146,5 +152,66 @@ func FuzzFromMessage(f *testing.F) {
 				t.Fatalf("uncoded error %v", err)
 			}
 		}
+		if _, merr := json.Marshal(inv); merr != nil {
+			t.Fatalf("decoded but cannot be encoded: %v", merr)
+		}
+		if subjects.CheckID(inv.ID) != nil {
+			t.Fatalf("id %q cannot name a subject", inv.ID)
+		}
+		if inv.Tenant != subjects.SystemTenant && subjects.CheckTenant(inv.Tenant) != nil {
+			t.Fatalf("tenant %q cannot name a subject", inv.Tenant)
+		}
+		if err == nil && (inv.Tenant == subjects.SystemTenant || !json.Valid(inv.Data) && len(inv.Data) > 0) {
+			t.Fatalf("accepted %+v", inv)
+		}
 	})
+}
+
+func TestFromMessageRefusesNames(t *testing.T) {
+	for name, c := range map[string]struct{ tenant, id string }{
+		"long id":       {"acme", strings.Repeat(".", 1500)},
+		"control id":    {"acme", "a\nb"},
+		"long tenant":   {strings.Repeat("t", 4000), "x"},
+		"system tenant": {"_system", "x"},
+		"wildcard":      {"*", "x"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			h := binaryHeader()
+			h.Set("ce-id", c.id)
+			inv, err := FromMessage("tool.invoke."+c.tenant, h, []byte(reqJSON), 9, time.Now())
+			if !errors.Is(err, toolerr.New(toolerr.InvalidParameters, toolerr.EInvalidName, "")) {
+				t.Fatalf("error %v", err)
+			}
+			if len(subjects.Result(inv.Tenant, inv.ID)) > 512 {
+				t.Fatalf("subject of %d bytes", len(subjects.Result(inv.Tenant, inv.ID)))
+			}
+		})
+	}
+}
+
+func TestFromMessageUnreadableKeepsID(t *testing.T) {
+	for name, c := range map[string]struct {
+		header nats.Header
+		body   string
+		id     string
+	}{
+		"broken binary":        {binaryHeader(), `{"tool_id": "echo", "parameters": {`, "inv-1"},
+		"structured no header": {nil, `{"specversion":"1.0","id":"s-2","data":{}}`, "s-2"},
+		"percent id":           {nats.Header{"ce-id": {"caf%C3%A9"}}, `x`, "café"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			inv, err := FromMessage("tool.invoke.acme", c.header, []byte(c.body), 3, time.Now())
+			if err == nil || inv.ID != c.id {
+				t.Fatalf("id %q, error %v", inv.ID, err)
+			}
+		})
+	}
+}
+
+func TestHeaderEncodingRoundTrip(t *testing.T) {
+	for _, v := range []string{"plain", "a b", "100%", "café", `q"x`, "a%20b"} {
+		if got, err := decodeHeader(encodeHeader(v)); err != nil || got != v {
+			t.Fatalf("%q: got %q, %v", v, got, err)
+		}
+	}
 }

@@ -4,8 +4,11 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -46,7 +49,20 @@ type Node struct {
 	Log      *slog.Logger
 	// DevToken is the development token minted by Run with Examples.
 	DevToken string
+
+	lost    chan struct{} // closed when the connection closes for good, unless by Close
+	closing atomic.Bool
 }
+
+// ErrConnectionClosed reports that the NATS connection closed for good (the
+// server ended it, say for a protocol error, or reconnecting gave up). The
+// process cannot recover without a new connection, so Run returns it and a
+// supervisor restarts the process.
+var ErrConnectionClosed = errors.New("NATS connection closed")
+
+// Lost is closed when the connection Open made closes for good other than by
+// Close; it is nil for a Node opened with OpenConn.
+func (n *Node) Lost() <-chan struct{} { return n.lost }
 
 // Open connects to url and makes the topology ready. The registry stays in
 // step with the tools bucket until ctx is done.
@@ -54,15 +70,29 @@ func Open(ctx context.Context, url, name string, topo stages.TopologyOptions, lo
 	if log == nil {
 		log = slog.Default()
 	}
-	nc, err := nats.Connect(url, nats.Name(name), nats.MaxReconnects(-1))
+	lost := make(chan struct{})
+	var n *Node
+	var ready sync.WaitGroup
+	ready.Add(1)
+	nc, err := nats.Connect(url, nats.Name(name), nats.MaxReconnects(-1),
+		nats.ClosedHandler(func(*nats.Conn) {
+			ready.Wait()
+			if n == nil || !n.closing.Load() {
+				close(lost)
+			}
+		}))
 	if err != nil {
+		ready.Done()
 		return nil, fmt.Errorf("connecting to %s: %w", url, err)
 	}
-	n, err := OpenConn(ctx, nc, topo, log)
+	n, err = OpenConn(ctx, nc, topo, log)
 	if err != nil {
+		ready.Done()
 		nc.Close()
 		return nil, err
 	}
+	n.lost = lost
+	ready.Done()
 	return n, nil
 }
 
@@ -96,7 +126,10 @@ func OpenConn(ctx context.Context, nc *nats.Conn, topo stages.TopologyOptions, l
 }
 
 // Close closes the connection.
-func (n *Node) Close() { n.NC.Close() }
+func (n *Node) Close() {
+	n.closing.Store(true)
+	n.NC.Close()
+}
 
 // RegisterExamples stores the example tools shipped in the binary, replacing
 // earlier copies, and waits until this node's registry holds them.
@@ -179,7 +212,8 @@ type StageConfig struct {
 func (n *Node) NewStage(ctx context.Context, name string, c StageConfig) (stages.Stage, error) {
 	switch name {
 	case subjects.Validate:
-		return validate.New(n.Registry, validate.Config{MaxEventBytes: c.MaxEventBytes, Detectors: c.Detectors}), nil
+		return validate.New(n.Registry, validate.Config{MaxEventBytes: c.MaxEventBytes, Detectors: c.Detectors,
+			Claims: n.Store}), nil
 	case subjects.Authorize:
 		return n.newAuthorizer(ctx, c)
 	case subjects.Route:

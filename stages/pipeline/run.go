@@ -165,14 +165,26 @@ func Run(ctx context.Context, c Config) error {
 		runners = append(runners, n.Runner(name, st, c.Workers, metrics))
 	}
 
-	// Runners stop fetching when ctx is done, then finish in-flight work.
-	errs := make(chan error, len(runners))
+	// Runners stop fetching when ctx is done, then finish in-flight work. A
+	// connection that closes for good stops them too, and Run reports it.
+	stageCtx, stop := context.WithCancelCause(ctx)
+	defer stop(nil)
+	go func() {
+		select {
+		case <-n.Lost():
+			log.Error("NATS connection closed for good; stopping", "err", n.NC.LastError())
+			stop(fmt.Errorf("%w: %v", ErrConnectionClosed, n.NC.LastError()))
+			cancel()
+		case <-stageCtx.Done():
+		}
+	}()
+	errs := make(chan error, len(runners)+1)
 	var wg sync.WaitGroup
 	for _, r := range runners {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := r.Run(ctx); err != nil {
+			if err := r.Run(stageCtx); err != nil {
 				errs <- fmt.Errorf("stage %s: %w", r.Name, err)
 				cancel()
 			}
@@ -183,6 +195,10 @@ func Run(ctx context.Context, c Config) error {
 		c.Ready(url, n)
 	}
 	wg.Wait()
+	// The closed handler runs asynchronously: ask the connection itself.
+	if n.NC.IsClosed() {
+		errs <- fmt.Errorf("%w: %v", ErrConnectionClosed, n.NC.LastError())
+	}
 	close(errs)
 	log.Info("toolgate stopped: in-flight work drained")
 	return errors.Join(collect(errs)...)

@@ -5,20 +5,26 @@ package toolerr
 // E3900-E3999 (pipeline) are toolgate's own. docs/errors.md lists them all.
 const (
 	// Registry.
-	EToolNotFound        = "E3001"
-	EVersionNotFound     = "E3002"
-	EToolDeprecated      = "E3003" // a warning, never a failure
-	EToolRemoved         = "E3004"
-	EVersionUnsatisfied  = "E3006"
-	EDuplicateTool       = "E3007"
-	EInvalidManifest     = "E3008"
-	EMalformedEvent      = "E3010"
-	EWrongEventType      = "E3011"
-	EInvalidAttribute    = "E3012"
-	EPayloadTooLarge     = "E3013"
-	ETenantMismatch      = "E3014"
-	EParametersInvalid   = "E3015"
-	ERequestInvalid      = "E3016"
+	EToolNotFound       = "E3001"
+	EVersionNotFound    = "E3002"
+	EToolDeprecated     = "E3003" // a warning, never a failure
+	EToolRemoved        = "E3004"
+	EVersionUnsatisfied = "E3006"
+	EDuplicateTool      = "E3007"
+	EInvalidManifest    = "E3008"
+	EMalformedEvent     = "E3010"
+	EWrongEventType     = "E3011"
+	EInvalidAttribute   = "E3012"
+	EPayloadTooLarge    = "E3013"
+	ETenantMismatch     = "E3014"
+	EParametersInvalid  = "E3015"
+	ERequestInvalid     = "E3016"
+	// The tenant of the subject or the invocation id cannot name a subject
+	// or key: too long, a forbidden character, or a reserved name.
+	EInvalidName = "E3019"
+	// The invocation id is already taken in the tenant by another request
+	// (another ingest sequence).
+	EDuplicateInvocation = "E3024"
 	EExecutorUnavailable = "E3101"
 	EResourceLimit       = "E3102" // a sandbox limit was hit: memory, CPU, file size, processes, output
 	ESandboxCrashed      = "E3107" // the sandboxed tool was killed by a signal

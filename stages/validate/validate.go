@@ -5,9 +5,12 @@ package validate
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 
+	"github.com/toolgate/toolgate/kvstore"
 	"github.com/toolgate/toolgate/schemas"
 	"github.com/toolgate/toolgate/stages"
 	"github.com/toolgate/toolgate/stages/detect"
@@ -29,6 +32,15 @@ type Config struct {
 	MaxStringBytes int
 	// Detectors checks the parameters a manifest marks; nil uses the shipped rules.
 	Detectors *detect.Engine
+	// Claims, when set, records which publish owns each invocation id, so a
+	// second request that reuses an id is refused here (E3024) and never
+	// mistaken for a redelivery later on.
+	Claims IDClaims
+}
+
+// IDClaims takes an invocation id for one publish (kvstore.Store).
+type IDClaims interface {
+	ClaimInvocation(ctx context.Context, tenant, id string, seq uint64, digest string) (kvstore.Record, error)
 }
 
 // Validator implements the validate stage.
@@ -57,7 +69,7 @@ func New(reg *tools.Registry, cfg Config) *Validator {
 }
 
 // Process implements stages.Stage.
-func (v *Validator) Process(_ context.Context, inv *invocation.Invocation) ([]stages.Output, error) {
+func (v *Validator) Process(ctx context.Context, inv *invocation.Invocation) ([]stages.Output, error) {
 	if inv.Event.Size > v.cfg.MaxEventBytes {
 		return nil, toolerr.New(toolerr.InvalidParameters, toolerr.EPayloadTooLarge,
 			"event is %d bytes, the limit is %d", inv.Event.Size, v.cfg.MaxEventBytes)
@@ -75,6 +87,7 @@ func (v *Validator) Process(_ context.Context, inv *invocation.Invocation) ([]st
 		return nil, toolerr.New(toolerr.InvalidParameters, toolerr.ERequestInvalid,
 			"event data does not match the ToolInvokeRequest schema").WithFields(fields)
 	}
+	digest := requestDigest(inv)
 	var req invocation.Request
 	if err := json.Unmarshal(inv.Data, &req); err != nil {
 		return nil, toolerr.Wrap(err, toolerr.InvalidParameters, toolerr.ERequestInvalid, "decoding request: %v", err)
@@ -90,6 +103,9 @@ func (v *Validator) Process(_ context.Context, inv *invocation.Invocation) ([]st
 	if req.AgentContext.TenantID != inv.Tenant {
 		return nil, toolerr.New(toolerr.PermissionDenied, toolerr.ETenantMismatch,
 			"agent_context.tenant_id %q does not match the subject's tenant %q", req.AgentContext.TenantID, inv.Tenant)
+	}
+	if err := v.claim(ctx, inv, digest); err != nil {
+		return nil, err
 	}
 	if err := checkBounds(req.Parameters, v.cfg.MaxDepth, v.cfg.MaxStringBytes); err != nil {
 		return nil, err
@@ -114,6 +130,40 @@ func (v *Validator) Process(_ context.Context, inv *invocation.Invocation) ([]st
 		return []stages.Output{o}, err
 	}
 	return nil, nil
+}
+
+// claim takes the invocation id for this publish. The ingest sequence, not
+// the id, tells a redelivery (same sequence) from a second publish; a second
+// publish of the very same event (same source and data) is answered by the
+// first one's result, so its refusal carries details.same_request and audit
+// publishes no result for it.
+func (v *Validator) claim(ctx context.Context, inv *invocation.Invocation, digest string) error {
+	if v.cfg.Claims == nil {
+		return nil
+	}
+	rec, err := v.cfg.Claims.ClaimInvocation(ctx, inv.Tenant, inv.ID, inv.Event.Seq, digest)
+	if err != nil {
+		return stages.Transient(fmt.Errorf("claiming the invocation id: %w", err), 0)
+	}
+	if rec.Seq == inv.Event.Seq {
+		return nil
+	}
+	e := toolerr.New(toolerr.InvalidParameters, toolerr.EDuplicateInvocation,
+		"invocation id %q is already used in this tenant by another request", inv.ID)
+	if rec.Digest == digest {
+		e = e.WithDetail("same_request", true)
+	}
+	return e
+}
+
+// requestDigest identifies what an event asks for: its source and its data
+// exactly as sent (the capability token included).
+func requestDigest(inv *invocation.Invocation) string {
+	h := sha256.New()
+	h.Write([]byte(inv.Event.Source))
+	h.Write([]byte{0})
+	h.Write(inv.Data)
+	return hex.EncodeToString(h.Sum(nil))
 }
 
 // accepted is the immediate answer to an async_mode request: a pending
