@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"net/url"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 
@@ -201,18 +202,16 @@ func (r compiled) find(s string) []Finding {
 	return out
 }
 
-// ScanJSON scans every string (values and keys) of a JSON document.
+// ScanJSON scans every string, key and number of a JSON document, and
+// reports credentials by their place (RuleNamedValue, RuleJWKPrivate).
 func (e *Engine) ScanJSON(doc []byte, ds ...Detector) ([]Finding, error) {
 	v, err := decode(doc)
 	if err != nil {
 		return nil, err
 	}
 	var out []Finding
-	walk(v, "", func(path, s string) string {
-		for _, f := range e.Scan(s, ds...) {
-			f.Path = path
-			out = append(out, f)
-		}
+	walk(v, "", false, func(path, s string, named bool) string {
+		out = append(out, e.scanValue(path, s, named, ds)...)
 		return s
 	})
 	return out, nil
@@ -240,15 +239,12 @@ func (e *Engine) rewriteJSON(doc []byte, ds []Detector, fix func(string, []Findi
 		return nil, nil, err
 	}
 	var found []Finding
-	v = walk(v, "", func(path, s string) string {
-		fs := e.Scan(s, ds...)
+	v = walk(v, "", false, func(path, s string, named bool) string {
+		fs := e.scanValue(path, s, named, ds)
 		if len(fs) == 0 {
 			return s
 		}
-		for _, f := range fs {
-			f.Path = path
-			found = append(found, f)
-		}
+		found = append(found, fs...)
 		return fix(s, fs)
 	})
 	if len(found) == 0 {
@@ -288,29 +284,104 @@ func decode(doc []byte) (any, error) {
 	return v, nil
 }
 
-// walk calls fn on every string of v (object keys are scanned but kept) and
-// replaces string values with what fn returns.
-func walk(v any, path string, fn func(path, s string) string) any {
+// visit is called on every string, object key and number of a document and
+// returns its replacement. named is set for values that are credentials by
+// their place: under a key that says so (password, token, …) or a JWK's
+// private members.
+type visit func(path, s string, named bool) string
+
+// walk calls fn on every string, key and number of v and replaces each with
+// what fn returns: a changed key renames its member (never overwriting
+// another), a changed number becomes a string.
+func walk(v any, path string, named bool, fn visit) any {
 	switch t := v.(type) {
 	case string:
-		return fn(path, t)
+		return fn(path, t, named)
+	case json.Number:
+		if r := fn(path, string(t), named); r != string(t) {
+			return r
+		}
+		return t
 	case map[string]any:
 		keys := make([]string, 0, len(t))
 		for k := range t {
 			keys = append(keys, k)
 		}
 		sort.Strings(keys)
+		jwk := isPrivateJWK(t)
 		for _, k := range keys {
 			p := path + "/" + escapePointer(k)
-			fn(p, k)
-			t[k] = walk(t[k], p, fn)
+			x := walk(t[k], p, named || NamedCredential(k) || jwk && jwkPrivate[k], fn)
+			nk := fn(p, k, false)
+			if nk == k {
+				t[k] = x
+				continue
+			}
+			delete(t, k)
+			for _, taken := t[nk]; taken; _, taken = t[nk] {
+				nk += "'"
+			}
+			t[nk] = x
 		}
 	case []any:
 		for i, x := range t {
-			t[i] = walk(x, fmt.Sprintf("%s/%d", path, i), fn)
+			t[i] = walk(x, fmt.Sprintf("%s/%d", path, i), named, fn)
 		}
 	}
 	return v
+}
+
+// Rules that fire on a value's place in a document rather than its text.
+const (
+	// RuleNamedValue: the value of a member whose name says it is a credential.
+	RuleNamedValue = "secret.named_value"
+	// RuleJWKPrivate: a private member of a JSON Web Key.
+	RuleJWKPrivate = "secret.jwk_private"
+)
+
+var credentialNames = map[string]bool{
+	"pwd": true, "password": true, "passwd": true, "secret": true, "apikey": true, "token": true,
+	"authorization": true, "privatekey": true, "clientsecret": true,
+}
+
+// NamedCredential reports whether a member name says its value is a
+// credential: pwd, password, passwd, secret, api_key, apikey, token,
+// authorization, private_key, client_secret; case, '-' and '_' ignored.
+func NamedCredential(key string) bool {
+	if len(key) > 32 {
+		return false
+	}
+	k := strings.ToLower(strings.NewReplacer("-", "", "_", "").Replace(key))
+	return credentialNames[k]
+}
+
+var jwkPrivate = map[string]bool{"d": true, "p": true, "q": true, "dp": true, "dq": true, "qi": true, "k": true}
+
+// isPrivateJWK reports whether m is a JSON Web Key holding private material.
+func isPrivateJWK(m map[string]any) bool {
+	if _, ok := m["kty"].(string); !ok {
+		return false
+	}
+	_, d := m["d"]
+	_, k := m["k"]
+	return d || k
+}
+
+// scanValue scans one string of a document, adding the finding its place
+// implies.
+func (e *Engine) scanValue(path, s string, named bool, ds []Detector) []Finding {
+	fs := e.Scan(s, ds...)
+	if named && s != "" && (len(ds) == 0 || slices.Contains(ds, Secrets)) {
+		rule := RuleNamedValue
+		if i := strings.LastIndexByte(path, '/'); i >= 0 && jwkPrivate[path[i+1:]] {
+			rule = RuleJWKPrivate
+		}
+		fs = append(fs, Finding{Rule: rule, Detector: Secrets, Offset: 0, Length: len(s)})
+	}
+	for i := range fs {
+		fs[i].Path = path
+	}
+	return fs
 }
 
 func escapePointer(s string) string {

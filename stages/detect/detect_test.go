@@ -210,3 +210,35 @@ func TestScansMiBInputs(t *testing.T) {
 		}
 	}
 }
+
+func TestPrivateKeyBlocksRedactedWhole(t *testing.T) {
+	pem := "key:\n-----BEGIN RSA PRIVATE KEY-----\nMIIEpAIBAAKCAQEA1234567890abcdef\nQWERTYUIOPASDFGH\n-----END RSA PRIVATE KEY-----\nafter"
+	unterminated := "-----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASC\nmore material"
+	jwkText := `here {"kty":"RSA","n":"0vx7agoebGcQSuuPiLJXZpt","e":"AQAB","d":"X4cTteJY_gn4FYPsXB8rdXix5vwsg1FLN5E3EaG6RJoVH-HLLKD9"} end`
+	doc, _ := json.Marshal(map[string]any{"pem": pem, "open": unterminated, "text": jwkText,
+		"jwk": map[string]any{"kty": "EC", "crv": "P-256", "x": "f83OJ3D2xF1Bg8vub9tLe1gHMzV76e8Tus9uPHvRVEU", "d": "jpsQnnGQmL-YBIffH1136cspYG6-0iY7X1fCE9-E9LI"}})
+	out, _, err := Default().RedactJSON(doc, Secrets)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, leak := range []string{"MIIEpAIBAAKCAQEA", "QWERTYUIOPASDFGH", "MIIEvQIBADAN", "more material", "X4cTteJY", "jpsQnnGQmL"} {
+		if strings.Contains(string(out), leak) {
+			t.Errorf("%s survived: %s", leak, out)
+		}
+	}
+	if !strings.Contains(string(out), `after`) || !strings.Contains(string(out), `f83OJ3D2`) {
+		t.Errorf("redacted more than the key: %s", out)
+	}
+}
+
+func TestKeysAndNumbersScanned(t *testing.T) {
+	doc := []byte(`{"AKIAIOSFODNN7EXAMPLE":1,"card":4111111111111111,"password":"hunter22","n":42}`)
+	out, fs, err := Default().RedactJSON(doc, Secrets, PII)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := string(out)
+	if strings.Contains(s, "AKIAIOSFODNN7EXAMPLE") || strings.Contains(s, "4111111111111111") || strings.Contains(s, "hunter22") || !strings.Contains(s, `"n":42`) {
+		t.Fatalf("redacted %s, findings %+v", s, fs)
+	}
+}
