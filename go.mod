@@ -3,6 +3,7 @@ module github.com/toolgate/toolgate
 go 1.26.8
 
 require (
+	github.com/BobuSumisu/aho-corasick v1.0.3
 	github.com/Masterminds/semver/v3 v3.5.0
 	github.com/cloudevents/sdk-go/v2 v2.16.2
 	github.com/failsafe-go/failsafe-go v0.9.8

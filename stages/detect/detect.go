@@ -11,11 +11,12 @@ import (
 	_ "embed"
 	"encoding/json"
 	"fmt"
-	"net/url"
 	"regexp"
 	"slices"
 	"sort"
 	"strings"
+
+	ahocorasick "github.com/BobuSumisu/aho-corasick"
 
 	"github.com/toolgate/toolgate/schemas"
 )
@@ -68,18 +69,31 @@ type Rule struct {
 	// Keywords are lower-case literals every match contains one of; the
 	// rule is skipped on text that holds none (a fast prefilter).
 	Keywords []string `json:"keywords,omitempty"`
+	// Anchored says every match begins where one of its keywords begins
+	// (after a leading \b): the rule is tried at those places only.
+	Anchored bool `json:"anchored,omitempty"`
 }
 
 type compiled struct {
 	Rule
 	re    *regexp.Regexp
 	valid func(string) bool
+	idx   int
+	// at is re anchored at the start, for Anchored rules; wordStart says
+	// the pattern begins with \b.
+	at        *regexp.Regexp
+	wordStart bool
 }
 
 // Engine scans text with a rule set. It is safe for concurrent use.
 type Engine struct {
 	version string
 	rules   map[Detector][]compiled
+	all     []*compiled
+	// trie finds every rule's keywords in one pass; byKeyword maps a
+	// keyword's number to the rules it triggers.
+	trie      *ahocorasick.Trie
+	byKeyword [][]int
 }
 
 //go:embed rules.json
@@ -126,81 +140,28 @@ func Load(doc []byte) (*Engine, error) {
 			return nil, fmt.Errorf("detector rule %s: %w", r.ID, err)
 		}
 		c := compiled{Rule: r, re: re}
+		if r.Anchored {
+			if len(r.Keywords) == 0 {
+				return nil, fmt.Errorf("detector rule %s: anchored without keywords", r.ID)
+			}
+			c.at = regexp.MustCompile(`^(?:` + r.Pattern + `)`)
+			c.wordStart = strings.HasPrefix(strings.TrimPrefix(r.Pattern, "(?i)"), `\b`)
+		}
 		if r.Validator != "" {
 			if c.valid = validators[r.Validator]; c.valid == nil {
 				return nil, fmt.Errorf("detector rule %s: unknown validator %q", r.ID, r.Validator)
 			}
 		}
+		c.idx = len(e.all)
 		e.rules[r.Detector] = append(e.rules[r.Detector], c)
+		e.all = append(e.all, &c)
 	}
+	e.buildTrie()
 	return e, nil
 }
 
 // Version is the rule set's version, reported with every finding.
 func (e *Engine) Version() string { return e.version }
-
-// Scan returns the findings of detectors ds (all when none) in s, ordered by
-// offset.
-func (e *Engine) Scan(s string, ds ...Detector) []Finding {
-	if len(ds) == 0 {
-		ds = All
-	}
-	var out []Finding
-	lower := ""
-	for _, d := range ds {
-		for _, r := range e.rules[d] {
-			if len(r.Keywords) > 0 {
-				if lower == "" {
-					lower = strings.ToLower(s)
-				}
-				if !containsAny(lower, r.Keywords) {
-					continue
-				}
-			}
-			out = append(out, r.find(s)...)
-		}
-	}
-	sort.SliceStable(out, func(i, j int) bool { return out[i].Offset < out[j].Offset })
-	return out
-}
-
-func containsAny(s string, words []string) bool {
-	for _, w := range words {
-		if strings.Contains(s, w) {
-			return true
-		}
-	}
-	return false
-}
-
-// Detected reports whether any detector of ds fires on s.
-func (e *Engine) Detected(s string, ds ...Detector) bool { return len(e.Scan(s, ds...)) > 0 }
-
-func (r compiled) find(s string) []Finding {
-	var out []Finding
-	for _, loc := range r.re.FindAllStringIndex(s, -1) {
-		if r.valid != nil && !r.valid(s[loc[0]:loc[1]]) {
-			continue
-		}
-		out = append(out, Finding{Rule: r.ID, Detector: r.Detector, Offset: loc[0], Length: loc[1] - loc[0]})
-	}
-	if len(out) == 0 && r.Decode {
-		// Encoded forms: the finding points at the whole string, since
-		// offsets in the decoded text do not map back.
-		d := s
-		for range 3 {
-			next, err := url.PathUnescape(d)
-			if err != nil || next == d {
-				break
-			}
-			d = next
-			if r.re.MatchString(d) {
-				return []Finding{{Rule: r.ID, Detector: r.Detector, Offset: 0, Length: len(s)}}
-			}
-		}
-	}
-	return out
-}
 
 // ScanJSON scans every string, key and number of a JSON document, and
 // reports credentials by their place (RuleNamedValue, RuleJWKPrivate).

@@ -242,3 +242,33 @@ func TestKeysAndNumbersScanned(t *testing.T) {
 		t.Fatalf("redacted %s, findings %+v", s, fs)
 	}
 }
+
+// TestPrefilterAgreesWithFullScan checks that scanning only near keywords
+// (and at them, for anchored rules) finds what running every rule over the
+// whole text finds, on the corpus, alone and padded with prose.
+func TestPrefilterAgreesWithFullScan(t *testing.T) {
+	e := Default()
+	pad := strings.Repeat("The quarterly report covers sales; see the guide. ", 12)
+	for _, d := range []Detector{Secrets, PII, PromptInjection, SQLInjection, CommandInjection, PathTraversal} {
+		for _, smp := range readCorpus(t, d) {
+			for _, s := range []string{smp.text, pad + smp.text + pad, pad + "x" + smp.text} {
+				got := map[string]bool{}
+				for _, f := range e.scanRaw(s, nil) {
+					got[f.Rule] = true
+				}
+				for _, c := range e.all {
+					full := false
+					for _, loc := range c.re.FindAllStringIndex(s, -1) {
+						if c.valid == nil || c.valid(s[loc[0]:loc[1]]) {
+							full = true
+							break
+						}
+					}
+					if full != got[c.ID] {
+						t.Errorf("%s line %d: rule %s full scan %v, prefiltered %v on %q", d, smp.line, c.ID, full, got[c.ID], s)
+					}
+				}
+			}
+		}
+	}
+}

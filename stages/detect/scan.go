@@ -1,0 +1,259 @@
+package detect
+
+import (
+	"net/url"
+	"regexp"
+	"sort"
+	"strings"
+	"sync"
+
+	ahocorasick "github.com/BobuSumisu/aho-corasick"
+)
+
+// Scanning cost. A rule with keywords runs only on windows of the text
+// around its keywords' occurrences, all found in one Aho-Corasick pass over
+// the ASCII-lower-cased text; windows that touch a match are widened until
+// the match no longer touches their edge, so a window never cuts a match
+// short. A rule without keywords runs on the whole text.
+const (
+	// reach is how far a window extends on either side of a keyword.
+	reach = 256
+	// MaxMatchesPerRule bounds the matches one rule reports in one text;
+	// the last reported one then extends to the end of the text, so that
+	// redaction stays complete while the cost stays bounded.
+	MaxMatchesPerRule = 256
+)
+
+func (e *Engine) buildTrie() {
+	ids := map[string]int{}
+	var words []string
+	for _, c := range e.all {
+		for _, k := range c.Keywords {
+			k = asciiLower(k)
+			i, ok := ids[k]
+			if !ok {
+				i = len(words)
+				ids[k] = i
+				words = append(words, k)
+				e.byKeyword = append(e.byKeyword, nil)
+			}
+			if n := len(e.byKeyword[i]); n == 0 || e.byKeyword[i][n-1] != c.idx {
+				e.byKeyword[i] = append(e.byKeyword[i], c.idx)
+			}
+		}
+	}
+	e.trie = ahocorasick.NewTrieBuilder().AddStrings(words).Build()
+}
+
+func asciiLower(s string) string {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c >= 'A' && c <= 'Z' {
+			b := []byte(s)
+			lowerBytes(b[i:])
+			return string(b)
+		}
+	}
+	return s
+}
+
+func lowerBytes(b []byte) {
+	for i, c := range b {
+		if c >= 'A' && c <= 'Z' {
+			b[i] = c + 'a' - 'A'
+		}
+	}
+}
+
+var lowerPool = sync.Pool{New: func() any { return new([]byte) }}
+
+type span struct{ start, end int }
+
+// Scan returns the findings of detectors ds (all when none) in s, ordered by
+// offset. Offsets are in s; a match found only in a normalised or decoded
+// form of s (see normalise) is reported on the whole of s.
+func (e *Engine) Scan(s string, ds ...Detector) []Finding {
+	out := e.scanRaw(s, ds)
+	if n, ok := normalise(s); ok {
+		seen := map[string]bool{}
+		for _, f := range out {
+			seen[f.Rule] = true
+		}
+		for _, variant := range n {
+			for _, f := range e.scanRaw(variant, ds) {
+				if !seen[f.Rule] {
+					seen[f.Rule] = true
+					out = append(out, Finding{Rule: f.Rule, Detector: f.Detector, Offset: 0, Length: len(s)})
+				}
+			}
+		}
+	}
+	sort.SliceStable(out, func(i, j int) bool { return out[i].Offset < out[j].Offset })
+	return out
+}
+
+// scanRaw runs the rules of ds over s as it is.
+func (e *Engine) scanRaw(s string, ds []Detector) []Finding {
+	if s == "" {
+		return nil
+	}
+	want := make([]bool, len(e.all))
+	if len(ds) == 0 {
+		ds = All
+	}
+	for _, d := range ds {
+		for _, r := range e.rules[d] {
+			want[r.idx] = true
+		}
+	}
+	windows := make([][]span, len(e.all))
+	starts := make([][]int, len(e.all))
+	bp := lowerPool.Get().(*[]byte)
+	lower := append((*bp)[:0], s...)
+	lowerBytes(lower)
+	e.trie.Walk(lower, func(end, n, pattern int64) bool {
+		start := int(end) + 1 - int(n)
+		w := span{max(0, start-reach), min(len(s), int(end)+1+reach)}
+		for _, ri := range e.byKeyword[pattern] {
+			if !want[ri] {
+				continue
+			}
+			if e.all[ri].at != nil {
+				starts[ri] = append(starts[ri], start)
+				continue
+			}
+			ws := windows[ri]
+			if k := len(ws) - 1; k >= 0 && w.start <= ws[k].end {
+				ws[k].start = min(ws[k].start, w.start)
+				ws[k].end = max(ws[k].end, w.end)
+				continue
+			}
+			windows[ri] = append(ws, w)
+		}
+		return true
+	})
+	*bp = lower
+	lowerPool.Put(bp)
+	var out []Finding
+	for i, c := range e.all {
+		if !want[i] {
+			continue
+		}
+		if c.at != nil {
+			out = c.findAt(s, starts[i], out)
+			continue
+		}
+		ws := windows[i]
+		if len(c.Keywords) == 0 {
+			ws = []span{{0, len(s)}}
+		}
+		out = c.findWindows(s, ws, out)
+	}
+	return out
+}
+
+// findWindows appends the matches of c in the windows ws of s.
+func (c *compiled) findWindows(s string, ws []span, out []Finding) []Finding {
+	n := 0
+	last := -1 // end of the last match, so widened windows do not repeat one
+	for _, w := range ws {
+		if w.end <= last {
+			continue
+		}
+		w.start = max(w.start, last)
+		locs := widen(c.re, s, &w, MaxMatchesPerRule-n)
+		for _, loc := range locs {
+			a, b := w.start+loc[0], w.start+loc[1]
+			if c.valid != nil && !c.valid(s[a:b]) {
+				continue
+			}
+			n++
+			if n == MaxMatchesPerRule {
+				b = len(s)
+			}
+			out = append(out, Finding{Rule: c.ID, Detector: c.Detector, Offset: a, Length: b - a})
+			last = b
+			if n == MaxMatchesPerRule {
+				return out
+			}
+		}
+	}
+	return out
+}
+
+// findAt appends the matches of an anchored rule starting at ps.
+func (c *compiled) findAt(s string, ps []int, out []Finding) []Finding {
+	sort.Ints(ps)
+	n, last := 0, -1
+	for i, p := range ps {
+		if p < last || i > 0 && p == ps[i-1] {
+			continue
+		}
+		if c.wordStart && p > 0 && isWord(s[p-1]) && isWord(s[p]) {
+			continue
+		}
+		end := min(len(s), p+4*reach)
+		loc := c.at.FindStringIndex(s[p:end])
+		if loc != nil && loc[1] == end-p && end < len(s) {
+			loc = c.at.FindStringIndex(s[p:])
+		}
+		if loc == nil || c.valid != nil && !c.valid(s[p+loc[0]:p+loc[1]]) {
+			continue
+		}
+		a, b := p+loc[0], p+loc[1]
+		if n++; n == MaxMatchesPerRule {
+			b = len(s)
+		}
+		out = append(out, Finding{Rule: c.ID, Detector: c.Detector, Offset: a, Length: b - a})
+		last = max(b, a+1)
+		if n == MaxMatchesPerRule {
+			break
+		}
+	}
+	return out
+}
+
+func isWord(c byte) bool {
+	return c == '_' || c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z'
+}
+
+// widen matches re in s[w.start:w.end], widening w while a match touches an
+// edge that is not the text's (an anchor or \b may have fired there, or the
+// match may go on), and returns the matches relative to w.start.
+func widen(re *regexp.Regexp, s string, w *span, limit int) [][]int {
+	grow := 4 * reach
+	for {
+		locs := re.FindAllStringIndex(s[w.start:w.end], limit)
+		left := len(locs) > 0 && w.start > 0 && locs[0][0] == 0
+		right := len(locs) > 0 && w.end < len(s) && locs[len(locs)-1][1] == w.end-w.start
+		if !left && !right {
+			return locs
+		}
+		if left {
+			w.start = max(0, w.start-grow)
+		}
+		if right {
+			w.end = min(len(s), w.end+grow)
+		}
+		grow *= 4
+	}
+}
+
+// percentDecoded returns s percent-decoded up to three rounds, or false if
+// it holds no escapes.
+func percentDecoded(s string) (string, bool) {
+	if !strings.Contains(s, "%") {
+		return "", false
+	}
+	d := s
+	for range 3 {
+		next, err := url.PathUnescape(d)
+		if err != nil || next == d {
+			break
+		}
+		d = next
+	}
+	return d, d != s
+}
+
+// Detected reports whether any detector of ds fires on s.
+func (e *Engine) Detected(s string, ds ...Detector) bool { return len(e.Scan(s, ds...)) > 0 }
