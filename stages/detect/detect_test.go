@@ -12,12 +12,12 @@ import (
 // floors are the least precision and recall each detector must reach on its
 // labelled corpus (testdata/corpus/<detector>.txt).
 var floors = map[Detector]struct{ precision, recall float64 }{
-	Secrets:          {0.95, 0.90},
-	PII:              {0.90, 0.90},
-	PromptInjection:  {0.90, 0.80},
-	SQLInjection:     {0.90, 0.85},
-	CommandInjection: {0.90, 0.85},
-	PathTraversal:    {0.90, 0.90},
+	Secrets:          {0.95, 0.95},
+	PII:              {0.95, 0.95},
+	PromptInjection:  {0.95, 0.95},
+	SQLInjection:     {0.95, 0.90},
+	CommandInjection: {0.95, 0.95},
+	PathTraversal:    {0.95, 0.95},
 }
 
 type sample struct {

@@ -65,7 +65,7 @@ func TestFindingsBounded(t *testing.T) {
 	for _, f := range inv.Findings {
 		n += max(f.Count, 1)
 	}
-	if len(inv.Findings) > DefaultMaxFindings+1 || n != 4000 {
+	if len(inv.Findings) > DefaultMaxFindings+1 || n <= DefaultMaxFindings || strings.Contains(string(inv.Result), "bob@") {
 		t.Fatalf("%d findings recorded, %d counted", len(inv.Findings), n)
 	}
 }
