@@ -69,6 +69,9 @@ type Rule struct {
 	// Keywords are lower-case literals every match contains one of; the
 	// rule is skipped on text that holds none (a fast prefilter).
 	Keywords []string `json:"keywords,omitempty"`
+	// Also are lower-case literals of which every match also contains one,
+	// within reach of its keyword; a keyword with none near is skipped.
+	Also []string `json:"also,omitempty"`
 	// Anchored says every match begins where one of its keywords begins
 	// (after a leading \b): the rule is tried at those places only.
 	Anchored bool `json:"anchored,omitempty"`
@@ -94,6 +97,8 @@ type Engine struct {
 	// keyword's number to the rules it triggers.
 	trie      *ahocorasick.Trie
 	byKeyword [][]int
+	// byAlso maps a keyword's number to the rules it is an Also word of.
+	byAlso [][]int
 }
 
 //go:embed rules.json

@@ -27,19 +27,26 @@ const (
 func (e *Engine) buildTrie() {
 	ids := map[string]int{}
 	var words []string
+	add := func(k string, c *compiled, to *[][]int) {
+		k = asciiLower(k)
+		i, ok := ids[k]
+		if !ok {
+			i = len(words)
+			ids[k] = i
+			words = append(words, k)
+			e.byKeyword = append(e.byKeyword, nil)
+			e.byAlso = append(e.byAlso, nil)
+		}
+		if n := len((*to)[i]); n == 0 || (*to)[i][n-1] != c.idx {
+			(*to)[i] = append((*to)[i], c.idx)
+		}
+	}
 	for _, c := range e.all {
 		for _, k := range c.Keywords {
-			k = asciiLower(k)
-			i, ok := ids[k]
-			if !ok {
-				i = len(words)
-				ids[k] = i
-				words = append(words, k)
-				e.byKeyword = append(e.byKeyword, nil)
-			}
-			if n := len(e.byKeyword[i]); n == 0 || e.byKeyword[i][n-1] != c.idx {
-				e.byKeyword[i] = append(e.byKeyword[i], c.idx)
-			}
+			add(k, c, &e.byKeyword)
+		}
+		for _, k := range c.Also {
+			add(k, c, &e.byAlso)
 		}
 	}
 	e.trie = ahocorasick.NewTrieBuilder().AddStrings(words).Build()
@@ -107,12 +114,18 @@ func (e *Engine) scanRaw(s string, ds []Detector) []Finding {
 	}
 	windows := make([][]span, len(e.all))
 	starts := make([][]int, len(e.all))
+	also := make([][]int, len(e.all))
 	bp := lowerPool.Get().(*[]byte)
 	lower := append((*bp)[:0], s...)
 	lowerBytes(lower)
 	e.trie.Walk(lower, func(end, n, pattern int64) bool {
 		start := int(end) + 1 - int(n)
 		w := span{max(0, start-reach), min(len(s), int(end)+1+reach)}
+		for _, ri := range e.byAlso[pattern] {
+			if want[ri] {
+				also[ri] = append(also[ri], start)
+			}
+		}
 		for _, ri := range e.byKeyword[pattern] {
 			if !want[ri] {
 				continue
@@ -138,11 +151,26 @@ func (e *Engine) scanRaw(s string, ds []Detector) []Finding {
 		if !want[i] {
 			continue
 		}
+		if len(c.Also) > 0 {
+			if len(also[i]) == 0 {
+				continue
+			}
+			sort.Ints(also[i])
+		}
 		if c.at != nil {
-			out = c.findAt(s, starts[i], out)
+			out = c.findAt(s, starts[i], also[i], out)
 			continue
 		}
 		ws := windows[i]
+		if len(c.Also) > 0 {
+			kept := ws[:0]
+			for _, w := range ws {
+				if near(also[i], w.start, w.end) {
+					kept = append(kept, w)
+				}
+			}
+			ws = kept
+		}
 		if len(c.Keywords) == 0 {
 			ws = []span{{0, len(s)}}
 		}
@@ -181,7 +209,7 @@ func (c *compiled) findWindows(s string, ws []span, out []Finding) []Finding {
 }
 
 // findAt appends the matches of an anchored rule starting at ps.
-func (c *compiled) findAt(s string, ps []int, out []Finding) []Finding {
+func (c *compiled) findAt(s string, ps, also []int, out []Finding) []Finding {
 	sort.Ints(ps)
 	n, last := 0, -1
 	for i, p := range ps {
@@ -189,6 +217,9 @@ func (c *compiled) findAt(s string, ps []int, out []Finding) []Finding {
 			continue
 		}
 		if c.wordStart && p > 0 && isWord(s[p-1]) && isWord(s[p]) {
+			continue
+		}
+		if len(c.Also) > 0 && !near(also, p, p+reach) {
 			continue
 		}
 		end := min(len(s), p+4*reach)
@@ -210,6 +241,12 @@ func (c *compiled) findAt(s string, ps []int, out []Finding) []Finding {
 		}
 	}
 	return out
+}
+
+// near reports whether a sorted position of ps lies in [from, to).
+func near(ps []int, from, to int) bool {
+	i := sort.SearchInts(ps, from)
+	return i < len(ps) && ps[i] < to
 }
 
 func isWord(c byte) bool {
