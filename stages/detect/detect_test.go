@@ -272,3 +272,42 @@ func TestPrefilterAgreesWithFullScan(t *testing.T) {
 		}
 	}
 }
+
+// TestWindowsAgreeOnLongText compares the windowed scan with full scans of
+// every rule, match by match, on a text longer than a window, made of the
+// whole corpus.
+func TestWindowsAgreeOnLongText(t *testing.T) {
+	e := Default()
+	var b strings.Builder
+	for _, d := range []Detector{Secrets, PII, PromptInjection, SQLInjection, CommandInjection, PathTraversal} {
+		for i, smp := range readCorpus(t, d) {
+			b.WriteString(smp.text)
+			if b.WriteString(" and then "); i%5 == 0 {
+				b.WriteString("4111 1111 1111 1111 ")
+			}
+		}
+	}
+	s := b.String()
+	got := map[[2]int]string{}
+	for _, f := range e.scanRaw(s, nil) {
+		got[[2]int{f.Offset, f.Length}] += f.Rule + " "
+	}
+	want := map[[2]int]string{}
+	for _, c := range e.all {
+		for _, loc := range c.re.FindAllStringIndex(s, -1) {
+			if c.valid == nil || c.valid(s[loc[0]:loc[1]]) {
+				want[[2]int{loc[0], loc[1] - loc[0]}] += c.ID + " "
+			}
+		}
+	}
+	for k, v := range want {
+		if got[k] == "" {
+			t.Errorf("missed %s at %v: %q", v, k, s[k[0]:k[0]+k[1]])
+		}
+	}
+	for k, v := range got {
+		if want[k] == "" {
+			t.Errorf("extra %s at %v: %q", v, k, s[k[0]:k[0]+k[1]])
+		}
+	}
+}

@@ -22,6 +22,10 @@ const (
 	// the last reported one then extends to the end of the text, so that
 	// redaction stays complete while the cost stays bounded.
 	MaxMatchesPerRule = 256
+	// maxWindow bounds a window built from merged ones: small windows let
+	// Go's regexp use its backtracking matcher, faster than its NFA; a
+	// match across two windows touches their edge and widens the first.
+	maxWindow = 2 << 10
 )
 
 func (e *Engine) buildTrie() {
@@ -135,7 +139,7 @@ func (e *Engine) scanRaw(s string, ds []Detector) []Finding {
 				continue
 			}
 			ws := windows[ri]
-			if k := len(ws) - 1; k >= 0 && w.start <= ws[k].end {
+			if k := len(ws) - 1; k >= 0 && w.start <= ws[k].end && ws[k].end-ws[k].start < maxWindow {
 				ws[k].start = min(ws[k].start, w.start)
 				ws[k].end = max(ws[k].end, w.end)
 				continue
@@ -172,37 +176,58 @@ func (e *Engine) scanRaw(s string, ds []Detector) []Finding {
 			ws = kept
 		}
 		if len(c.Keywords) == 0 {
-			ws = []span{{0, len(s)}}
+			ws = ws[:0]
+			for a := 0; a < len(s); a += maxWindow {
+				ws = append(ws, span{a, min(len(s), a+maxWindow)})
+			}
 		}
 		out = c.findWindows(s, ws, out)
 	}
 	return out
 }
 
-// findWindows appends the matches of c in the windows ws of s.
+// findWindows appends the matches of c in the windows ws of s. Where a
+// window starts at a place scanning has already reached (a merged window
+// split at maxWindow, or a scan resumed after MaxMatchesPerRule raw
+// matches), it starts overlap bytes earlier so that a match cut by the
+// split is still found whole; matches ending before that place are not
+// reported again.
 func (c *compiled) findWindows(s string, ws []span, out []Finding) []Finding {
+	const overlap = 64
 	n := 0
-	last := -1 // end of the last match, so widened windows do not repeat one
+	scanned := 0 // matches ending at or before this have been reported
 	for _, w := range ws {
-		if w.end <= last {
+		if w.end <= scanned {
 			continue
 		}
-		w.start = max(w.start, last)
-		locs := widen(c.re, s, &w, MaxMatchesPerRule-n)
-		for _, loc := range locs {
-			a, b := w.start+loc[0], w.start+loc[1]
-			if c.valid != nil && !c.valid(s[a:b]) {
-				continue
+		if w.start < scanned {
+			w.start = max(0, scanned-overlap)
+		}
+		for {
+			floor := scanned
+			locs := widen(c.re, s, &w, MaxMatchesPerRule, floor)
+			for _, loc := range locs {
+				a, b := w.start+loc[0], w.start+loc[1]
+				if b <= floor || c.valid != nil && !c.valid(s[a:b]) {
+					continue
+				}
+				if n++; n == MaxMatchesPerRule {
+					return append(out, Finding{Rule: c.ID, Detector: c.Detector, Offset: a, Length: len(s) - a})
+				}
+				out = append(out, Finding{Rule: c.ID, Detector: c.Detector, Offset: a, Length: b - a})
+				scanned = max(scanned, b)
 			}
-			n++
-			if n == MaxMatchesPerRule {
-				b = len(s)
+			if len(locs) < MaxMatchesPerRule {
+				scanned = max(scanned, w.end)
+				break
 			}
-			out = append(out, Finding{Rule: c.ID, Detector: c.Detector, Offset: a, Length: b - a})
-			last = b
-			if n == MaxMatchesPerRule {
-				return out
+			// The limit stopped the matcher: go on after its last match.
+			last := w.start + max(locs[len(locs)-1][1], locs[len(locs)-1][0]+1)
+			scanned = max(scanned, last)
+			if last >= w.end {
+				break
 			}
+			w.start = max(0, last-overlap)
 		}
 	}
 	return out
@@ -255,13 +280,14 @@ func isWord(c byte) bool {
 
 // widen matches re in s[w.start:w.end], widening w while a match touches an
 // edge that is not the text's (an anchor or \b may have fired there, or the
-// match may go on), and returns the matches relative to w.start.
-func widen(re *regexp.Regexp, s string, w *span, limit int) [][]int {
+// match may go on), and returns the matches relative to w.start. A match
+// ending at or before floor is already known and widens nothing.
+func widen(re *regexp.Regexp, s string, w *span, limit, floor int) [][]int {
 	grow := 4 * reach
 	for {
 		locs := re.FindAllStringIndex(s[w.start:w.end], limit)
-		left := len(locs) > 0 && w.start > 0 && locs[0][0] == 0
-		right := len(locs) > 0 && w.end < len(s) && locs[len(locs)-1][1] == w.end-w.start
+		left := len(locs) > 0 && w.start > 0 && locs[0][0] == 0 && w.start+locs[0][1] > floor
+		right := len(locs) > 0 && len(locs) < limit && w.end < len(s) && locs[len(locs)-1][1] == w.end-w.start
 		if !left && !right {
 			return locs
 		}
