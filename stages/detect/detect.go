@@ -86,6 +86,7 @@ type compiled struct {
 	// the pattern begins with \b.
 	at        *regexp.Regexp
 	wordStart bool
+	span      int // maxSpan of the pattern, 0 if unbounded
 }
 
 // Engine scans text with a rule set. It is safe for concurrent use.
@@ -150,6 +151,7 @@ func Load(doc []byte) (*Engine, error) {
 				return nil, fmt.Errorf("detector rule %s: anchored without keywords", r.ID)
 			}
 			c.at = regexp.MustCompile(`^(?:` + r.Pattern + `)`)
+			c.span = maxSpan(r.Pattern)
 			c.wordStart = strings.HasPrefix(strings.TrimPrefix(r.Pattern, "(?i)"), `\b`)
 		}
 		if r.Validator != "" {

@@ -311,3 +311,16 @@ func TestWindowsAgreeOnLongText(t *testing.T) {
 		}
 	}
 }
+
+func TestMaxSpan(t *testing.T) {
+	for pat, want := range map[string]int{`abc`: 4, `a{2,5}`: 6, `a+`: 0, `(?:ab|c)[0-9]{3}`: 2 + 12 + 1, `\bx\b`: 2} {
+		if got := maxSpan(pat); got != want {
+			t.Errorf("maxSpan(%s) = %d, want %d", pat, got, want)
+		}
+	}
+	for _, c := range Default().all {
+		if c.at != nil {
+			t.Logf("%s spans %d", c.ID, c.span)
+		}
+	}
+}

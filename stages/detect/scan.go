@@ -3,9 +3,11 @@ package detect
 import (
 	"net/url"
 	"regexp"
+	"regexp/syntax"
 	"sort"
 	"strings"
 	"sync"
+	"unicode/utf8"
 
 	ahocorasick "github.com/BobuSumisu/aho-corasick"
 )
@@ -247,11 +249,13 @@ func (c *compiled) findAt(s string, ps, also []int, out []Finding) []Finding {
 		if len(c.Also) > 0 && !near(also, p, p+reach) {
 			continue
 		}
-		end := min(len(s), p+4*reach)
-		loc := c.at.FindStringIndex(s[p:end])
-		if loc != nil && loc[1] == end-p && end < len(s) {
-			loc = c.at.FindStringIndex(s[p:])
+		// Only as much text as a match can span: the matcher's setup cost
+		// grows with its input.
+		end := len(s)
+		if c.span > 0 {
+			end = min(len(s), p+c.span)
 		}
+		loc := c.at.FindStringIndex(s[p:end])
 		if loc == nil || c.valid != nil && !c.valid(s[p+loc[0]:p+loc[1]]) {
 			continue
 		}
@@ -320,3 +324,70 @@ func percentDecoded(s string) (string, bool) {
 
 // Detected reports whether any detector of ds fires on s.
 func (e *Engine) Detected(s string, ds ...Detector) bool { return len(e.Scan(s, ds...)) > 0 }
+
+// maxSpan is the most bytes a match of re can span (plus one, for a \b
+// looking at the next byte), or 0 when unbounded.
+func maxSpan(pattern string) int {
+	re, err := syntax.Parse(pattern, syntax.Perl)
+	if err != nil {
+		return 0
+	}
+	n := maxLen(re.Simplify())
+	if n < 0 {
+		return 0
+	}
+	return n + 1
+}
+
+func maxLen(re *syntax.Regexp) int {
+	switch re.Op {
+	case syntax.OpLiteral:
+		n := 0
+		for _, r := range re.Rune {
+			n += utf8.RuneLen(r)
+			if re.Flags&syntax.FoldCase != 0 {
+				n += 2 // a folded rune may be longer (K, the Kelvin sign)
+			}
+		}
+		return n
+	case syntax.OpCharClass, syntax.OpAnyChar, syntax.OpAnyCharNotNL:
+		return utf8.UTFMax
+	case syntax.OpEmptyMatch, syntax.OpBeginLine, syntax.OpEndLine, syntax.OpBeginText, syntax.OpEndText,
+		syntax.OpWordBoundary, syntax.OpNoWordBoundary:
+		return 0
+	case syntax.OpCapture:
+		return maxLen(re.Sub[0])
+	case syntax.OpQuest:
+		return maxLen(re.Sub[0])
+	case syntax.OpRepeat:
+		if re.Max < 0 {
+			return -1
+		}
+		n := maxLen(re.Sub[0])
+		if n < 0 {
+			return -1
+		}
+		return n * re.Max
+	case syntax.OpConcat:
+		t := 0
+		for _, sub := range re.Sub {
+			n := maxLen(sub)
+			if n < 0 {
+				return -1
+			}
+			t += n
+		}
+		return t
+	case syntax.OpAlternate:
+		m := 0
+		for _, sub := range re.Sub {
+			n := maxLen(sub)
+			if n < 0 {
+				return -1
+			}
+			m = max(m, n)
+		}
+		return m
+	}
+	return -1 // star, plus, anything else
+}
