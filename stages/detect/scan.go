@@ -205,12 +205,12 @@ func (c *compiled) findWindows(s string, ws []span, out []Finding) []Finding {
 		if w.start < scanned {
 			w.start = max(0, scanned-overlap)
 		}
+		floor, from, leftFloor := scanned, 0, scanned
 		for {
-			floor := scanned
-			locs := widen(c.re, s, &w, MaxMatchesPerRule, floor)
+			locs := widen(c.re, s, &w, MaxMatchesPerRule, leftFloor)
 			for _, loc := range locs {
 				a, b := w.start+loc[0], w.start+loc[1]
-				if b <= floor || c.valid != nil && !c.valid(s[a:b]) {
+				if b <= floor || a < from || c.valid != nil && !c.valid(s[a:b]) {
 					continue
 				}
 				if n++; n == MaxMatchesPerRule {
@@ -223,13 +223,16 @@ func (c *compiled) findWindows(s string, ws []span, out []Finding) []Finding {
 				scanned = max(scanned, w.end)
 				break
 			}
-			// The limit stopped the matcher: go on after its last match.
-			last := w.start + max(locs[len(locs)-1][1], locs[len(locs)-1][0]+1)
-			scanned = max(scanned, last)
-			if last >= w.end {
+			// The limit stopped the matcher: go on where it stopped, as
+			// it would have (the next match starts there or later). The
+			// overlap holds fewer matches than the limit, so this
+			// progresses; no widening to the left, which could undo it.
+			from = w.start + max(locs[len(locs)-1][1], locs[len(locs)-1][0]+1)
+			scanned = max(scanned, from)
+			if from >= w.end {
 				break
 			}
-			w.start = max(0, last-overlap)
+			w.start, leftFloor = max(0, from-overlap), len(s)
 		}
 	}
 	return out
