@@ -324,3 +324,19 @@ func TestMaxSpan(t *testing.T) {
 		}
 	}
 }
+
+// TestResumeAfterMatchLimit: more raw matches than the limit, most failing
+// their validator, must not hide a valid one further on.
+func TestResumeAfterMatchLimit(t *testing.T) {
+	s := strings.Repeat("1234 5678 9012 3456 789, ", 600) + "card 4111 1111 1111 1111 end"
+	fs := Default().Scan(s, PII)
+	var found bool
+	for _, f := range fs {
+		if f.Rule == "pii.payment_card" && s[f.Offset:f.Offset+f.Length] == "4111 1111 1111 1111" {
+			found = true
+		}
+	}
+	if !found {
+		t.Fatalf("the card after %d invalid candidates was missed: %+v", 600, fs)
+	}
+}
