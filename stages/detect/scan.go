@@ -136,8 +136,13 @@ func (e *Engine) scanRaw(s string, ds []Detector) []Finding {
 			if !want[ri] {
 				continue
 			}
-			if e.all[ri].at != nil {
-				starts[ri] = append(starts[ri], start)
+			if c := e.all[ri]; c.at != nil {
+				if c.wordStart && start > 0 && isWord(s[start-1]) && isWord(s[start]) {
+					continue // cannot begin a match
+				}
+				if k := len(starts[ri]); k == 0 || starts[ri][k-1] != start {
+					starts[ri] = append(starts[ri], start)
+				}
 				continue
 			}
 			ws := windows[ri]
@@ -259,10 +264,16 @@ func (c *compiled) findAt(s string, ps, also []int, out []Finding) []Finding {
 			end = min(len(s), p+c.span)
 		}
 		loc := c.at.FindStringIndex(s[p:end])
-		if loc == nil || c.valid != nil && !c.valid(s[p+loc[0]:p+loc[1]]) {
+		if loc == nil {
 			continue
 		}
 		a, b := p+loc[0], p+loc[1]
+		// As a scan of the whole text would, go on after a match even
+		// when its validator refuses it.
+		last = max(b, a+1)
+		if c.valid != nil && !c.valid(s[a:b]) {
+			continue
+		}
 		if n++; n == MaxMatchesPerRule {
 			b = len(s)
 		}
