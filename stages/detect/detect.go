@@ -64,10 +64,12 @@ type Rule struct {
 	Description string   `json:"description,omitempty"`
 	// Validator confirms a candidate match: luhn, iban, ssn or phone.
 	Validator string `json:"validator,omitempty"`
-	// Decode also scans the percent-decoded text (up to three rounds).
+	// Decode is kept for compatibility: every rule also runs on the
+	// normalised and decoded forms of a text (see Engine.Scan).
 	Decode bool `json:"decode,omitempty"`
-	// Keywords are lower-case literals every match contains one of; the
-	// rule is skipped on text that holds none (a fast prefilter).
+	// Keywords are lower-case literals every match contains one of: the
+	// rule runs only near their occurrences (a fast prefilter), and on the
+	// whole text when it has none.
 	Keywords []string `json:"keywords,omitempty"`
 	// Also are lower-case literals of which every match also contains one,
 	// within reach of its keyword; a keyword with none near is skipped.
