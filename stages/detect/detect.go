@@ -11,10 +11,12 @@ import (
 	_ "embed"
 	"encoding/json"
 	"fmt"
-	"net/url"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
+
+	ahocorasick "github.com/BobuSumisu/aho-corasick"
 
 	"github.com/toolgate/toolgate/schemas"
 )
@@ -62,23 +64,44 @@ type Rule struct {
 	Description string   `json:"description,omitempty"`
 	// Validator confirms a candidate match: luhn, iban, ssn or phone.
 	Validator string `json:"validator,omitempty"`
-	// Decode also scans the percent-decoded text (up to three rounds).
+	// Decode is kept for compatibility: every rule also runs on the
+	// normalised and decoded forms of a text (see Engine.Scan).
 	Decode bool `json:"decode,omitempty"`
-	// Keywords are lower-case literals every match contains one of; the
-	// rule is skipped on text that holds none (a fast prefilter).
+	// Keywords are lower-case literals every match contains one of: the
+	// rule runs only near their occurrences (a fast prefilter), and on the
+	// whole text when it has none.
 	Keywords []string `json:"keywords,omitempty"`
+	// Also are lower-case literals of which every match also contains one,
+	// within reach of its keyword; a keyword with none near is skipped.
+	Also []string `json:"also,omitempty"`
+	// Anchored says every match begins where one of its keywords begins
+	// (after a leading \b): the rule is tried at those places only.
+	Anchored bool `json:"anchored,omitempty"`
 }
 
 type compiled struct {
 	Rule
 	re    *regexp.Regexp
 	valid func(string) bool
+	idx   int
+	// at is re anchored at the start, for Anchored rules; wordStart says
+	// the pattern begins with \b.
+	at        *regexp.Regexp
+	wordStart bool
+	span      int // maxSpan of the pattern, 0 if unbounded
 }
 
 // Engine scans text with a rule set. It is safe for concurrent use.
 type Engine struct {
 	version string
 	rules   map[Detector][]compiled
+	all     []*compiled
+	// trie finds every rule's keywords in one pass; byKeyword maps a
+	// keyword's number to the rules it triggers.
+	trie      *ahocorasick.Trie
+	byKeyword [][]int
+	// byAlso maps a keyword's number to the rules it is an Also word of.
+	byAlso [][]int
 }
 
 //go:embed rules.json
@@ -125,94 +148,40 @@ func Load(doc []byte) (*Engine, error) {
 			return nil, fmt.Errorf("detector rule %s: %w", r.ID, err)
 		}
 		c := compiled{Rule: r, re: re}
+		if r.Anchored {
+			if len(r.Keywords) == 0 {
+				return nil, fmt.Errorf("detector rule %s: anchored without keywords", r.ID)
+			}
+			c.at = regexp.MustCompile(`^(?:` + r.Pattern + `)`)
+			c.span = maxSpan(r.Pattern)
+			c.wordStart = strings.HasPrefix(strings.TrimPrefix(r.Pattern, "(?i)"), `\b`)
+		}
 		if r.Validator != "" {
 			if c.valid = validators[r.Validator]; c.valid == nil {
 				return nil, fmt.Errorf("detector rule %s: unknown validator %q", r.ID, r.Validator)
 			}
 		}
+		c.idx = len(e.all)
 		e.rules[r.Detector] = append(e.rules[r.Detector], c)
+		e.all = append(e.all, &c)
 	}
+	e.buildTrie()
 	return e, nil
 }
 
 // Version is the rule set's version, reported with every finding.
 func (e *Engine) Version() string { return e.version }
 
-// Scan returns the findings of detectors ds (all when none) in s, ordered by
-// offset.
-func (e *Engine) Scan(s string, ds ...Detector) []Finding {
-	if len(ds) == 0 {
-		ds = All
-	}
-	var out []Finding
-	lower := ""
-	for _, d := range ds {
-		for _, r := range e.rules[d] {
-			if len(r.Keywords) > 0 {
-				if lower == "" {
-					lower = strings.ToLower(s)
-				}
-				if !containsAny(lower, r.Keywords) {
-					continue
-				}
-			}
-			out = append(out, r.find(s)...)
-		}
-	}
-	sort.SliceStable(out, func(i, j int) bool { return out[i].Offset < out[j].Offset })
-	return out
-}
-
-func containsAny(s string, words []string) bool {
-	for _, w := range words {
-		if strings.Contains(s, w) {
-			return true
-		}
-	}
-	return false
-}
-
-// Detected reports whether any detector of ds fires on s.
-func (e *Engine) Detected(s string, ds ...Detector) bool { return len(e.Scan(s, ds...)) > 0 }
-
-func (r compiled) find(s string) []Finding {
-	var out []Finding
-	for _, loc := range r.re.FindAllStringIndex(s, -1) {
-		if r.valid != nil && !r.valid(s[loc[0]:loc[1]]) {
-			continue
-		}
-		out = append(out, Finding{Rule: r.ID, Detector: r.Detector, Offset: loc[0], Length: loc[1] - loc[0]})
-	}
-	if len(out) == 0 && r.Decode {
-		// Encoded forms: the finding points at the whole string, since
-		// offsets in the decoded text do not map back.
-		d := s
-		for range 3 {
-			next, err := url.PathUnescape(d)
-			if err != nil || next == d {
-				break
-			}
-			d = next
-			if r.re.MatchString(d) {
-				return []Finding{{Rule: r.ID, Detector: r.Detector, Offset: 0, Length: len(s)}}
-			}
-		}
-	}
-	return out
-}
-
-// ScanJSON scans every string (values and keys) of a JSON document.
+// ScanJSON scans every string, key and number of a JSON document, and
+// reports credentials by their place (RuleNamedValue, RuleJWKPrivate).
 func (e *Engine) ScanJSON(doc []byte, ds ...Detector) ([]Finding, error) {
 	v, err := decode(doc)
 	if err != nil {
 		return nil, err
 	}
 	var out []Finding
-	walk(v, "", func(path, s string) string {
-		for _, f := range e.Scan(s, ds...) {
-			f.Path = path
-			out = append(out, f)
-		}
+	walk(v, "", false, func(path, s string, named bool) string {
+		out = append(out, e.scanValue(path, s, named, ds)...)
 		return s
 	})
 	return out, nil
@@ -240,15 +209,12 @@ func (e *Engine) rewriteJSON(doc []byte, ds []Detector, fix func(string, []Findi
 		return nil, nil, err
 	}
 	var found []Finding
-	v = walk(v, "", func(path, s string) string {
-		fs := e.Scan(s, ds...)
+	v = walk(v, "", false, func(path, s string, named bool) string {
+		fs := e.scanValue(path, s, named, ds)
 		if len(fs) == 0 {
 			return s
 		}
-		for _, f := range fs {
-			f.Path = path
-			found = append(found, f)
-		}
+		found = append(found, fs...)
 		return fix(s, fs)
 	})
 	if len(found) == 0 {
@@ -288,29 +254,104 @@ func decode(doc []byte) (any, error) {
 	return v, nil
 }
 
-// walk calls fn on every string of v (object keys are scanned but kept) and
-// replaces string values with what fn returns.
-func walk(v any, path string, fn func(path, s string) string) any {
+// visit is called on every string, object key and number of a document and
+// returns its replacement. named is set for values that are credentials by
+// their place: under a key that says so (password, token, …) or a JWK's
+// private members.
+type visit func(path, s string, named bool) string
+
+// walk calls fn on every string, key and number of v and replaces each with
+// what fn returns: a changed key renames its member (never overwriting
+// another), a changed number becomes a string.
+func walk(v any, path string, named bool, fn visit) any {
 	switch t := v.(type) {
 	case string:
-		return fn(path, t)
+		return fn(path, t, named)
+	case json.Number:
+		if r := fn(path, string(t), named); r != string(t) {
+			return r
+		}
+		return t
 	case map[string]any:
 		keys := make([]string, 0, len(t))
 		for k := range t {
 			keys = append(keys, k)
 		}
 		sort.Strings(keys)
+		jwk := isPrivateJWK(t)
 		for _, k := range keys {
 			p := path + "/" + escapePointer(k)
-			fn(p, k)
-			t[k] = walk(t[k], p, fn)
+			x := walk(t[k], p, named || NamedCredential(k) || jwk && jwkPrivate[k], fn)
+			nk := fn(p, k, false)
+			if nk == k {
+				t[k] = x
+				continue
+			}
+			delete(t, k)
+			for _, taken := t[nk]; taken; _, taken = t[nk] {
+				nk += "'"
+			}
+			t[nk] = x
 		}
 	case []any:
 		for i, x := range t {
-			t[i] = walk(x, fmt.Sprintf("%s/%d", path, i), fn)
+			t[i] = walk(x, fmt.Sprintf("%s/%d", path, i), named, fn)
 		}
 	}
 	return v
+}
+
+// Rules that fire on a value's place in a document rather than its text.
+const (
+	// RuleNamedValue: the value of a member whose name says it is a credential.
+	RuleNamedValue = "secret.named_value"
+	// RuleJWKPrivate: a private member of a JSON Web Key.
+	RuleJWKPrivate = "secret.jwk_private"
+)
+
+var credentialNames = map[string]bool{
+	"pwd": true, "password": true, "passwd": true, "secret": true, "apikey": true, "token": true,
+	"authorization": true, "privatekey": true, "clientsecret": true,
+}
+
+// NamedCredential reports whether a member name says its value is a
+// credential: pwd, password, passwd, secret, api_key, apikey, token,
+// authorization, private_key, client_secret; case, '-' and '_' ignored.
+func NamedCredential(key string) bool {
+	if len(key) > 32 {
+		return false
+	}
+	k := strings.ToLower(strings.NewReplacer("-", "", "_", "").Replace(key))
+	return credentialNames[k]
+}
+
+var jwkPrivate = map[string]bool{"d": true, "p": true, "q": true, "dp": true, "dq": true, "qi": true, "k": true}
+
+// isPrivateJWK reports whether m is a JSON Web Key holding private material.
+func isPrivateJWK(m map[string]any) bool {
+	if _, ok := m["kty"].(string); !ok {
+		return false
+	}
+	_, d := m["d"]
+	_, k := m["k"]
+	return d || k
+}
+
+// scanValue scans one string of a document, adding the finding its place
+// implies.
+func (e *Engine) scanValue(path, s string, named bool, ds []Detector) []Finding {
+	fs := e.Scan(s, ds...)
+	if named && s != "" && (len(ds) == 0 || slices.Contains(ds, Secrets)) {
+		rule := RuleNamedValue
+		if i := strings.LastIndexByte(path, '/'); i >= 0 && jwkPrivate[path[i+1:]] {
+			rule = RuleJWKPrivate
+		}
+		fs = append(fs, Finding{Rule: rule, Detector: Secrets, Offset: 0, Length: len(s)})
+	}
+	for i := range fs {
+		fs[i].Path = path
+	}
+	return fs
 }
 
 func escapePointer(s string) string {

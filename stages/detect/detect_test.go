@@ -12,12 +12,12 @@ import (
 // floors are the least precision and recall each detector must reach on its
 // labelled corpus (testdata/corpus/<detector>.txt).
 var floors = map[Detector]struct{ precision, recall float64 }{
-	Secrets:          {0.95, 0.90},
-	PII:              {0.90, 0.90},
-	PromptInjection:  {0.90, 0.80},
-	SQLInjection:     {0.90, 0.85},
-	CommandInjection: {0.90, 0.85},
-	PathTraversal:    {0.90, 0.90},
+	Secrets:          {0.95, 0.95},
+	PII:              {0.95, 0.95},
+	PromptInjection:  {0.95, 0.95},
+	SQLInjection:     {0.95, 0.90},
+	CommandInjection: {0.95, 0.95},
+	PathTraversal:    {0.95, 0.95},
 }
 
 type sample struct {
@@ -208,5 +208,135 @@ func TestScansMiBInputs(t *testing.T) {
 				t.Fatalf("%s: finding out of bounds %+v", name, f)
 			}
 		}
+	}
+}
+
+func TestPrivateKeyBlocksRedactedWhole(t *testing.T) {
+	pem := "key:\n-----BEGIN RSA PRIVATE KEY-----\nMIIEpAIBAAKCAQEA1234567890abcdef\nQWERTYUIOPASDFGH\n-----END RSA PRIVATE KEY-----\nafter"
+	unterminated := "-----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASC\nmore material"
+	jwkText := `here {"kty":"RSA","n":"0vx7agoebGcQSuuPiLJXZpt","e":"AQAB","d":"X4cTteJY_gn4FYPsXB8rdXix5vwsg1FLN5E3EaG6RJoVH-HLLKD9"} end`
+	doc, _ := json.Marshal(map[string]any{"pem": pem, "open": unterminated, "text": jwkText,
+		"jwk": map[string]any{"kty": "EC", "crv": "P-256", "x": "f83OJ3D2xF1Bg8vub9tLe1gHMzV76e8Tus9uPHvRVEU", "d": "jpsQnnGQmL-YBIffH1136cspYG6-0iY7X1fCE9-E9LI"}})
+	out, _, err := Default().RedactJSON(doc, Secrets)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, leak := range []string{"MIIEpAIBAAKCAQEA", "QWERTYUIOPASDFGH", "MIIEvQIBADAN", "more material", "X4cTteJY", "jpsQnnGQmL"} {
+		if strings.Contains(string(out), leak) {
+			t.Errorf("%s survived: %s", leak, out)
+		}
+	}
+	if !strings.Contains(string(out), `after`) || !strings.Contains(string(out), `f83OJ3D2`) {
+		t.Errorf("redacted more than the key: %s", out)
+	}
+}
+
+func TestKeysAndNumbersScanned(t *testing.T) {
+	doc := []byte(`{"AKIAIOSFODNN7EXAMPLE":1,"card":4111111111111111,"password":"hunter22","n":42}`)
+	out, fs, err := Default().RedactJSON(doc, Secrets, PII)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := string(out)
+	if strings.Contains(s, "AKIAIOSFODNN7EXAMPLE") || strings.Contains(s, "4111111111111111") || strings.Contains(s, "hunter22") || !strings.Contains(s, `"n":42`) {
+		t.Fatalf("redacted %s, findings %+v", s, fs)
+	}
+}
+
+// TestPrefilterAgreesWithFullScan checks that scanning only near keywords
+// (and at them, for anchored rules) finds what running every rule over the
+// whole text finds, on the corpus, alone and padded with prose.
+func TestPrefilterAgreesWithFullScan(t *testing.T) {
+	e := Default()
+	pad := strings.Repeat("The quarterly report covers sales; see the guide. ", 12)
+	for _, d := range []Detector{Secrets, PII, PromptInjection, SQLInjection, CommandInjection, PathTraversal} {
+		for _, smp := range readCorpus(t, d) {
+			for _, s := range []string{smp.text, pad + smp.text + pad, pad + "x" + smp.text} {
+				got := map[string]bool{}
+				for _, f := range e.scanRaw(s, nil) {
+					got[f.Rule] = true
+				}
+				for _, c := range e.all {
+					full := false
+					for _, loc := range c.re.FindAllStringIndex(s, -1) {
+						if c.valid == nil || c.valid(s[loc[0]:loc[1]]) {
+							full = true
+							break
+						}
+					}
+					if full != got[c.ID] {
+						t.Errorf("%s line %d: rule %s full scan %v, prefiltered %v on %q", d, smp.line, c.ID, full, got[c.ID], s)
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestWindowsAgreeOnLongText compares the windowed scan with full scans of
+// every rule, match by match, on a text longer than a window, made of the
+// whole corpus.
+func TestWindowsAgreeOnLongText(t *testing.T) {
+	e := Default()
+	var b strings.Builder
+	for _, d := range []Detector{Secrets, PII, PromptInjection, SQLInjection, CommandInjection, PathTraversal} {
+		for i, smp := range readCorpus(t, d) {
+			b.WriteString(smp.text)
+			if b.WriteString(" and then "); i%5 == 0 {
+				b.WriteString("4111 1111 1111 1111 ")
+			}
+		}
+	}
+	s := b.String()
+	got := map[[2]int]string{}
+	for _, f := range e.scanRaw(s, nil) {
+		got[[2]int{f.Offset, f.Length}] += f.Rule + " "
+	}
+	want := map[[2]int]string{}
+	for _, c := range e.all {
+		for _, loc := range c.re.FindAllStringIndex(s, -1) {
+			if c.valid == nil || c.valid(s[loc[0]:loc[1]]) {
+				want[[2]int{loc[0], loc[1] - loc[0]}] += c.ID + " "
+			}
+		}
+	}
+	for k, v := range want {
+		if got[k] == "" {
+			t.Errorf("missed %s at %v: %q", v, k, s[k[0]:k[0]+k[1]])
+		}
+	}
+	for k, v := range got {
+		if want[k] == "" {
+			t.Errorf("extra %s at %v: %q", v, k, s[k[0]:k[0]+k[1]])
+		}
+	}
+}
+
+func TestMaxSpan(t *testing.T) {
+	for pat, want := range map[string]int{`abc`: 4, `a{2,5}`: 6, `a+`: 0, `(?:ab|c)[0-9]{3}`: 2 + 12 + 1, `\bx\b`: 2} {
+		if got := maxSpan(pat); got != want {
+			t.Errorf("maxSpan(%s) = %d, want %d", pat, got, want)
+		}
+	}
+	for _, c := range Default().all {
+		if c.at != nil {
+			t.Logf("%s spans %d", c.ID, c.span)
+		}
+	}
+}
+
+// TestResumeAfterMatchLimit: more raw matches than the limit, most failing
+// their validator, must not hide a valid one further on.
+func TestResumeAfterMatchLimit(t *testing.T) {
+	s := strings.Repeat("1234 5678 9012 3456 789, ", 600) + "card 4111 1111 1111 1111 end"
+	fs := Default().Scan(s, PII)
+	var found bool
+	for _, f := range fs {
+		if f.Rule == "pii.payment_card" && s[f.Offset:f.Offset+f.Length] == "4111 1111 1111 1111" {
+			found = true
+		}
+	}
+	if !found {
+		t.Fatalf("the card after %d invalid candidates was missed: %+v", 600, fs)
 	}
 }

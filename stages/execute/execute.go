@@ -31,6 +31,7 @@ import (
 	"github.com/toolgate/toolgate/stages/invocation"
 	"github.com/toolgate/toolgate/stages/toolerr"
 	"github.com/toolgate/toolgate/stages/tools"
+	"github.com/toolgate/toolgate/stages/verify"
 	"github.com/toolgate/toolgate/subjects"
 )
 
@@ -63,6 +64,10 @@ type Executor struct {
 	// Publish, when set, announces checkpoints on the audit stream as they
 	// are made: they must not wait for the tool to end.
 	Publish func(context.Context, stages.Output) error
+	// Verifier holds a failed call's error text to the tool's output
+	// policy (failed calls skip the verify stage); nil uses the shipped
+	// detector rules with no tenant settings.
+	Verifier *verify.Verifier
 
 	kinds map[string]Kind
 }
@@ -194,7 +199,7 @@ func (x *Executor) Process(ctx context.Context, inv *invocation.Invocation) ([]s
 		return outs, cancelled(m)
 	}
 	if err != nil {
-		return outs, classify(err, m, limit)
+		return outs, x.checkError(m, inv, classify(err, m, limit))
 	}
 	if tr.checkpointed() {
 		_ = x.store.DeleteCheckpoint(context.WithoutCancel(ctx), inv.Tenant, inv.ID) // done with it
@@ -458,6 +463,15 @@ func call(ctx context.Context, fn builtin.Func, params json.RawMessage) (out jso
 		}
 	}()
 	return fn(ctx, params)
+}
+
+// checkError applies the output policy to the text of a failed call.
+func (x *Executor) checkError(m *tools.Manifest, inv *invocation.Invocation, err error) error {
+	v := x.Verifier
+	if v == nil {
+		v = verify.New(x.reg, verify.Config{})
+	}
+	return v.CheckError(m, inv, err)
 }
 
 func classify(err error, m *tools.Manifest, limit time.Duration) error {

@@ -193,6 +193,9 @@ type Finding struct {
 	Path         string `json:"path,omitempty"`
 	Action       string `json:"action"`
 	RulesVersion string `json:"rules_version"`
+	// Count, on a summary entry past the bound of findings per invocation,
+	// is how many findings of this rule and action were left out.
+	Count int `json:"count,omitempty"`
 }
 
 // Authorization is what the authorize stage established: whose token, which

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"regexp"
+	"strings"
 
 	"github.com/toolgate/toolgate/stages/detect"
 )
@@ -11,12 +12,21 @@ import (
 // Redacted replaces a value that must not leave toolgate.
 const Redacted = "[REDACTED]"
 
-// sensitiveKey matches parameter names whose values are credentials.
-var sensitiveKey = regexp.MustCompile(`(?i)(pass(word|wd)?|secret|token|api[_-]?key|authorization|credential|private[_-]?key|cookie|session[_-]?key)`)
+// sensitiveKey matches parameter names whose values are credentials, once
+// '-' and '_' are removed: a name containing any of these (db_password,
+// X-Api-Key, github_token) is sensitive.
+var sensitiveKey = regexp.MustCompile(`(?i)(pass(word|wd)?|pwd|secret|token|apikey|authorization|credential|privatekey|cookie|sessionkey)`)
+
+var keySeparators = strings.NewReplacer("-", "", "_", "")
+
+func sensitive(key string) bool {
+	return detect.NamedCredential(key) || sensitiveKey.MatchString(keySeparators.Replace(key))
+}
 
 // Redact returns params fit for the audit trail and logs: the values of
 // credential-like keys replaced at any depth, then every secret and piece of
-// personal data the detectors find replaced by its rule's marker. Parameters
+// personal data the detectors find, in values, member names and numbers,
+// replaced by its rule's marker (a redacted number becomes a string). Parameters
 // that are not JSON are replaced whole.
 func Redact(params json.RawMessage) json.RawMessage {
 	if len(params) == 0 {
@@ -44,7 +54,7 @@ func redactValue(v any) any {
 	switch t := v.(type) {
 	case map[string]any:
 		for k, x := range t {
-			if sensitiveKey.MatchString(k) {
+			if sensitive(k) {
 				t[k] = Redacted
 				continue
 			}

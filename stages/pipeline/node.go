@@ -238,6 +238,7 @@ func (n *Node) NewStage(ctx context.Context, name string, c StageConfig) (stages
 		context.AfterFunc(ctx, func() { _ = sub.Unsubscribe() })
 		x := execute.New(n.Registry, set, n.Store, running)
 		x.Publish = func(ctx context.Context, o stages.Output) error { return stages.Publish(ctx, n.JS, o) }
+		x.Verifier = verify.New(n.Registry, verify.Config{Tenants: c.TenantActions, Detectors: c.Detectors})
 		x.Sandbox = c.Sandbox
 		x.Sandbox.FileRoot = cmp.Or(x.Sandbox.FileRoot, c.BuiltinEnv.FileRoot)
 		if x.Sandbox.Mode != sandbox.ModeNone {

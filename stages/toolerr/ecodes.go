@@ -52,6 +52,7 @@ const (
 	EOutputPII        = "E3510"
 	EOutputInjection  = "E3511"
 	EOutputTooLarge   = "E3512"
+	EResultUnsendable = "E3513" // the verified result would not fit in one message of the server
 )
 
 // Capability token, policy and approval codes. E3201-E3208 follow the

@@ -4,7 +4,9 @@
 package verify
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"sort"
 	"strings"
@@ -40,6 +42,16 @@ var DefaultActions = map[detect.Detector]string{
 // DefaultMaxResultBytes bounds results whose manifest sets no limit.
 const DefaultMaxResultBytes = 1 << 20
 
+// DefaultMaxPayload is the NATS server's default max_payload.
+const DefaultMaxPayload = 1 << 20
+
+// envelopeHeadroom is kept free below MaxPayload for message headers and
+// what the audit stage adds to the invocation.
+const envelopeHeadroom = 8 << 10
+
+// DefaultMaxFindings bounds the findings one invocation records.
+const DefaultMaxFindings = 50
+
 var rejectCodes = map[detect.Detector]string{
 	detect.Secrets:          toolerr.EOutputSecret,
 	detect.PII:              toolerr.EOutputPII,
@@ -56,6 +68,14 @@ type Config struct {
 	// Tenants maps a tenant to detector actions. Where a tenant and the
 	// manifest disagree, the stricter action wins.
 	Tenants map[string]map[string]string
+	// MaxPayload is the largest message the server accepts (0:
+	// DefaultMaxPayload). A verified invocation that would not fit ends
+	// with EResultUnsendable here instead of failing to publish.
+	MaxPayload int
+	// MaxFindings bounds the findings one invocation records, for the
+	// audit event (0: DefaultMaxFindings). Beyond it, one entry per rule
+	// and action carries the count of the findings left out.
+	MaxFindings int
 }
 
 // Verifier implements the verify stage.
@@ -70,6 +90,12 @@ var _ stages.Stage = (*Verifier)(nil)
 func New(reg *tools.Registry, cfg Config) *Verifier {
 	if cfg.Detectors == nil {
 		cfg.Detectors = detect.Default()
+	}
+	if cfg.MaxPayload <= 0 {
+		cfg.MaxPayload = DefaultMaxPayload
+	}
+	if cfg.MaxFindings <= 0 {
+		cfg.MaxFindings = DefaultMaxFindings
 	}
 	return &Verifier{reg: reg, cfg: cfg}
 }
@@ -91,7 +117,36 @@ func (v *Verifier) Process(_ context.Context, inv *invocation.Invocation) ([]sta
 		return nil, err
 	}
 	inv.Succeed(subjects.Verify, result)
+	if b, err := json.Marshal(inv); err == nil && len(b) > v.cfg.MaxPayload-envelopeHeadroom {
+		inv.Result = nil
+		return nil, toolerr.New(toolerr.ToolExecutionError, toolerr.EResultUnsendable,
+			"%s returned %d bytes: with its invocation that is %d bytes, over the message limit of %d",
+			m.Key(), len(result), len(b), v.cfg.MaxPayload-envelopeHeadroom)
+	}
 	return nil, nil
+}
+
+// canonical re-encodes a JSON document from its decoded value, so that what
+// is checked is what is forwarded: of a duplicated member only the last
+// value, the one every decoder here keeps, survives. Text that is not one
+// JSON value is returned as it is (schema validation rejects it).
+func canonical(doc []byte) []byte {
+	if !json.Valid(doc) {
+		return doc
+	}
+	dec := json.NewDecoder(bytes.NewReader(doc))
+	dec.UseNumber()
+	var x any
+	if err := dec.Decode(&x); err != nil {
+		return doc
+	}
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(x); err != nil {
+		return doc
+	}
+	return bytes.TrimSuffix(b.Bytes(), []byte("\n"))
 }
 
 func (v *Verifier) check(m *tools.Manifest, pol tools.OutputPolicy, inv *invocation.Invocation) ([]byte, error) {
@@ -104,6 +159,7 @@ func (v *Verifier) check(m *tools.Manifest, pol tools.OutputPolicy, inv *invocat
 		return nil, toolerr.New(toolerr.ToolExecutionError, toolerr.EOutputTooLarge,
 			"%s returned %d bytes, the limit is %d", m.Key(), len(result), limit)
 	}
+	result = canonical(result)
 	if pol.Coerce && len(m.OutputSchema) > 0 {
 		if c, changed := coerce(result, m.OutputSchema); changed {
 			result = c
@@ -124,6 +180,67 @@ func (v *Verifier) check(m *tools.Manifest, pol tools.OutputPolicy, inv *invocat
 			fmt.Sprintf("%s: result does not match the output schema (lenient): %s %s", toolerr.EResultSchema, fields[0].Location, fields[0].Message))
 	}
 	return v.sanitize(m, pol, inv, result)
+}
+
+// CheckError holds the text of a failed call (its message and the strings
+// of its details: a cli tool's stderr, an MCP server's error text) to the
+// tool's output policy before it reaches the caller and the audit trail:
+// secrets and personal data are redacted, markup escaped, and text a
+// reject-action detector fires on (instructions aimed at the agent) is
+// replaced by a neutral message citing the rule. Findings are recorded on
+// inv. It returns err with the checked text.
+func (v *Verifier) CheckError(m *tools.Manifest, inv *invocation.Invocation, err error) error {
+	if err == nil {
+		return nil
+	}
+	te := toolerr.As(err)
+	pol := tools.OutputPolicy{}
+	if m.OutputPolicy != nil {
+		pol = *m.OutputPolicy
+	}
+	strs := map[string]string{"message": te.Message}
+	for k, d := range te.Details {
+		if s, ok := d.(string); ok {
+			strs[k] = s
+		}
+	}
+	doc, jerr := json.Marshal(strs)
+	if jerr != nil {
+		return te
+	}
+	scratch := &invocation.Invocation{Tenant: inv.Tenant}
+	out, rejected := v.sanitize(m, pol, scratch, doc)
+	for i, f := range scratch.Findings {
+		if f.Path == "/message" {
+			scratch.Findings[i].Path = "/error/message"
+		} else if f.Path != "" {
+			scratch.Findings[i].Path = "/error/details" + f.Path
+		}
+	}
+	v.addFindings(inv, scratch.Findings)
+	inv.Metadata.Warnings = append(inv.Metadata.Warnings, scratch.Metadata.Warnings...)
+	if rejected != nil {
+		re := toolerr.As(rejected)
+		rule, _ := re.Details["rule"].(string)
+		te.Message = fmt.Sprintf("%s failed; its error text was withheld by the output policy (rule %s)", m.Key(), rule)
+		for k := range strs {
+			if k != "message" {
+				te.Details[k] = "[WITHHELD:" + rule + "]"
+			}
+		}
+		return te
+	}
+	var clean map[string]string
+	if json.Unmarshal(out, &clean) != nil {
+		return te
+	}
+	te.Message = clean["message"]
+	for k := range strs {
+		if k != "message" {
+			te.Details[k] = clean[k]
+		}
+	}
+	return te
 }
 
 // sanitize applies each detector's action, strictest first.
@@ -147,7 +264,7 @@ func (v *Verifier) sanitize(m *tools.Manifest, pol tools.OutputPolicy, inv *invo
 		case ActionReject:
 			if found, err = eng.ScanJSON(result, d); err == nil && len(found) > 0 {
 				f := found[0]
-				inv.Findings = append(inv.Findings, record(found, ActionReject, eng.Version())...)
+				v.addFindings(inv, record(found, ActionReject, eng.Version()))
 				return nil, toolerr.New(toolerr.ToolExecutionError, rejectCodes[d],
 					"%s returned %s (rule %s at %s)", m.Key(), strings.ReplaceAll(string(d), "_", " "), f.Rule, pointer(f.Path)).
 					WithDetail("rule", f.Rule).WithDetail("detector", d).WithDetail("rules_version", eng.Version())
@@ -163,7 +280,7 @@ func (v *Verifier) sanitize(m *tools.Manifest, pol tools.OutputPolicy, inv *invo
 			return nil, toolerr.Wrap(err, toolerr.ToolExecutionError, toolerr.EResultNotJSON, "scanning the result: %v", err)
 		}
 		if len(found) > 0 {
-			inv.Findings = append(inv.Findings, record(found, actions[d], eng.Version())...)
+			v.addFindings(inv, record(found, actions[d], eng.Version()))
 			inv.Metadata.Warnings = append(inv.Metadata.Warnings,
 				fmt.Sprintf("%d %s finding(s) in the result: %s", len(found), strings.ReplaceAll(string(d), "_", " "), pastTense(actions[d])))
 		}
@@ -195,6 +312,32 @@ func record(fs []detect.Finding, action, version string) []invocation.Finding {
 		out = append(out, invocation.Finding{Rule: f.Rule, Detector: string(f.Detector), Path: f.Path, Action: action, RulesVersion: version})
 	}
 	return out
+}
+
+// addFindings appends fs to inv's findings up to MaxFindings; beyond, each
+// rule and action has one summary entry whose Count is how many were left
+// out.
+func (v *Verifier) addFindings(inv *invocation.Invocation, fs []invocation.Finding) {
+	for _, f := range fs {
+		kept := 0
+		summary := -1
+		for i, g := range inv.Findings {
+			if g.Count == 0 {
+				kept++
+			} else if g.Rule == f.Rule && g.Action == f.Action {
+				summary = i
+			}
+		}
+		switch {
+		case kept < v.cfg.MaxFindings:
+			inv.Findings = append(inv.Findings, f)
+		case summary >= 0:
+			inv.Findings[summary].Count++
+		default:
+			f.Path, f.Count = "", 1
+			inv.Findings = append(inv.Findings, f)
+		}
+	}
 }
 
 func pointer(p string) string {

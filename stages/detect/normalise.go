@@ -1,0 +1,175 @@
+package detect
+
+import (
+	"encoding/base64"
+	"encoding/hex"
+	"html"
+	"strings"
+	"unicode"
+	"unicode/utf8"
+
+	"golang.org/x/text/unicode/norm"
+)
+
+// Bounds on decoding embedded base64 and hex, so that no input makes a scan
+// decode more than a fixed amount.
+const (
+	// minEncodedRun is the shortest base64 or hex run that is decoded.
+	minEncodedRun = 16
+	// maxDecodes is how many runs one text has decoded at most.
+	maxDecodes = 16
+	// maxDecoded bounds the decoded bytes of one text.
+	maxDecoded = 64 << 10
+)
+
+// normalise returns the forms of s the rules also run on, when they differ
+// from s: the text with HTML entities and percent-encoding decoded, Unicode
+// NFKC-normalised (full-width and compatibility forms), zero-width
+// characters and soft hyphens removed and Cyrillic and Greek homoglyphs of
+// Latin letters folded; and the text of base64 and hex runs that decode to
+// mostly printable text. A finding in these forms is reported on the whole
+// of s, since its offsets do not map back.
+func normalise(s string) ([]string, bool) {
+	var out []string
+	if n := fold(s); n != s {
+		out = append(out, n)
+	}
+	if d := decodeRuns(s); d != "" {
+		out = append(out, d)
+	}
+	return out, len(out) > 0
+}
+
+// fold applies the text normalisations, cheapest checks first.
+func fold(s string) string {
+	ascii := true
+	for i := 0; i < len(s); i++ {
+		if s[i] >= utf8.RuneSelf {
+			ascii = false
+			break
+		}
+	}
+	if strings.IndexByte(s, '&') >= 0 {
+		s = html.UnescapeString(s)
+	}
+	if d, ok := percentDecoded(s); ok {
+		s = d
+	}
+	if ascii && !hasNonASCII(s) {
+		return s
+	}
+	s = norm.NFKC.String(s)
+	return strings.Map(func(r rune) rune {
+		switch r {
+		case '\u00ad', '\u200b', '\u200c', '\u200d', '\u2060', '\ufeff', '\u180e':
+			return -1
+		}
+		if l, ok := confusables[r]; ok {
+			return l
+		}
+		return r
+	}, s)
+}
+
+func hasNonASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] >= utf8.RuneSelf {
+			return true
+		}
+	}
+	return false
+}
+
+// confusables maps Cyrillic and Greek letters that look like Latin ones.
+var confusables = map[rune]rune{
+	'а': 'a', 'е': 'e', 'о': 'o', 'р': 'p', 'с': 'c', 'у': 'y', 'х': 'x', 'і': 'i', 'ј': 'j', 'ѕ': 's', 'ԁ': 'd', 'һ': 'h', 'ԛ': 'q', 'ԝ': 'w',
+	'А': 'A', 'В': 'B', 'Е': 'E', 'К': 'K', 'М': 'M', 'Н': 'H', 'О': 'O', 'Р': 'P', 'С': 'C', 'Т': 'T', 'Х': 'X', 'У': 'Y', 'І': 'I', 'Ј': 'J', 'Ѕ': 'S',
+	'α': 'a', 'ο': 'o', 'ρ': 'p', 'ι': 'i', 'κ': 'k', 'ν': 'v', 'υ': 'u', 'χ': 'x', 'ε': 'e', 'τ': 't',
+	'Α': 'A', 'Β': 'B', 'Ε': 'E', 'Ζ': 'Z', 'Η': 'H', 'Ι': 'I', 'Κ': 'K', 'Μ': 'M', 'Ν': 'N', 'Ο': 'O', 'Ρ': 'P', 'Τ': 'T', 'Υ': 'Y', 'Χ': 'X',
+}
+
+func isB64(c byte) bool {
+	return c >= 'A' && c <= 'Z' || c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '+' || c == '/' || c == '-' || c == '_'
+}
+
+func isHex(c byte) bool { return c >= '0' && c <= '9' || c >= 'a' && c <= 'f' || c >= 'A' && c <= 'F' }
+
+// decodeRuns decodes the base64 and hex runs of s that turn into mostly
+// printable text and returns them joined by newlines, within the bounds.
+func decodeRuns(s string) string {
+	var b strings.Builder
+	decodes := 0
+	for i := 0; i < len(s) && decodes < maxDecodes && b.Len() < maxDecoded; {
+		if !isB64(s[i]) {
+			i++
+			continue
+		}
+		j := i
+		for j < len(s) && isB64(s[j]) {
+			j++
+		}
+		run := s[i:j]
+		for j < len(s) && s[j] == '=' {
+			j++
+		}
+		i = j
+		if len(run) < minEncodedRun {
+			continue
+		}
+		run = run[:min(len(run), maxDecoded*4/3)]
+		decodes++
+		if d, ok := decodeRun(run); ok {
+			b.WriteString(d[:min(len(d), maxDecoded-b.Len())])
+			b.WriteByte('\n')
+		}
+	}
+	return b.String()
+}
+
+func decodeRun(run string) (string, bool) {
+	allHex := true
+	for i := 0; i < len(run); i++ {
+		if !isHex(run[i]) {
+			allHex = false
+			break
+		}
+	}
+	var d []byte
+	var err error
+	switch {
+	case allHex && len(run)%2 == 0:
+		d, err = hex.DecodeString(run)
+	case strings.ContainsAny(run, "-_"):
+		d, err = base64.RawURLEncoding.DecodeString(run[:len(run)/4*4+rawTail(len(run))])
+	default:
+		d, err = base64.RawStdEncoding.DecodeString(run[:len(run)/4*4+rawTail(len(run))])
+	}
+	if err != nil || !printable(d) {
+		return "", false
+	}
+	return string(d), true
+}
+
+// rawTail is how many characters past the last whole quantum of n can be
+// decoded without padding (a lone trailing character cannot).
+func rawTail(n int) int {
+	if n%4 == 1 {
+		return 0
+	}
+	return n % 4
+}
+
+// printable reports whether at least 90% of d is printable UTF-8 text.
+func printable(d []byte) bool {
+	if len(d) == 0 || !utf8.Valid(d) {
+		return false
+	}
+	bad, n := 0, 0
+	for _, r := range string(d) {
+		n++
+		if !unicode.IsPrint(r) && r != '\n' && r != '\r' && r != '\t' {
+			bad++
+		}
+	}
+	return bad*10 <= n
+}

@@ -1,0 +1,407 @@
+package detect
+
+import (
+	"net/url"
+	"regexp"
+	"regexp/syntax"
+	"sort"
+	"strings"
+	"sync"
+	"unicode/utf8"
+
+	ahocorasick "github.com/BobuSumisu/aho-corasick"
+)
+
+// Scanning cost. A rule with keywords runs only on windows of the text
+// around its keywords' occurrences, all found in one Aho-Corasick pass over
+// the ASCII-lower-cased text; windows that touch a match are widened until
+// the match no longer touches their edge, so a window never cuts a match
+// short. A rule without keywords runs on the whole text.
+const (
+	// reach is how far a window extends on either side of a keyword.
+	reach = 256
+	// MaxMatchesPerRule bounds the matches one rule reports in one text;
+	// the last reported one then extends to the end of the text, so that
+	// redaction stays complete while the cost stays bounded.
+	MaxMatchesPerRule = 256
+	// maxWindow bounds a window built from merged ones: small windows let
+	// Go's regexp use its backtracking matcher, faster than its NFA; a
+	// match across two windows touches their edge and widens the first.
+	maxWindow = 2 << 10
+)
+
+func (e *Engine) buildTrie() {
+	ids := map[string]int{}
+	var words []string
+	add := func(k string, c *compiled, to *[][]int) {
+		k = asciiLower(k)
+		i, ok := ids[k]
+		if !ok {
+			i = len(words)
+			ids[k] = i
+			words = append(words, k)
+			e.byKeyword = append(e.byKeyword, nil)
+			e.byAlso = append(e.byAlso, nil)
+		}
+		if n := len((*to)[i]); n == 0 || (*to)[i][n-1] != c.idx {
+			(*to)[i] = append((*to)[i], c.idx)
+		}
+	}
+	for _, c := range e.all {
+		for _, k := range c.Keywords {
+			add(k, c, &e.byKeyword)
+		}
+		for _, k := range c.Also {
+			add(k, c, &e.byAlso)
+		}
+	}
+	e.trie = ahocorasick.NewTrieBuilder().AddStrings(words).Build()
+}
+
+func asciiLower(s string) string {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c >= 'A' && c <= 'Z' {
+			b := []byte(s)
+			lowerBytes(b[i:])
+			return string(b)
+		}
+	}
+	return s
+}
+
+func lowerBytes(b []byte) {
+	for i, c := range b {
+		if c >= 'A' && c <= 'Z' {
+			b[i] = c + 'a' - 'A'
+		}
+	}
+}
+
+var lowerPool = sync.Pool{New: func() any { return new([]byte) }}
+
+type span struct{ start, end int }
+
+// Scan returns the findings of detectors ds (all when none) in s, ordered by
+// offset. Offsets are in s; a match found only in a normalised or decoded
+// form of s (see normalise) is reported on the whole of s.
+func (e *Engine) Scan(s string, ds ...Detector) []Finding {
+	out := e.scanRaw(s, ds)
+	if n, ok := normalise(s); ok {
+		seen := map[string]bool{}
+		for _, f := range out {
+			seen[f.Rule] = true
+		}
+		for _, variant := range n {
+			for _, f := range e.scanRaw(variant, ds) {
+				if !seen[f.Rule] {
+					seen[f.Rule] = true
+					out = append(out, Finding{Rule: f.Rule, Detector: f.Detector, Offset: 0, Length: len(s)})
+				}
+			}
+		}
+	}
+	sort.SliceStable(out, func(i, j int) bool { return out[i].Offset < out[j].Offset })
+	return out
+}
+
+// scanRaw runs the rules of ds over s as it is.
+func (e *Engine) scanRaw(s string, ds []Detector) []Finding {
+	if s == "" {
+		return nil
+	}
+	want := make([]bool, len(e.all))
+	if len(ds) == 0 {
+		ds = All
+	}
+	for _, d := range ds {
+		for _, r := range e.rules[d] {
+			want[r.idx] = true
+		}
+	}
+	windows := make([][]span, len(e.all))
+	starts := make([][]int, len(e.all))
+	also := make([][]int, len(e.all))
+	bp := lowerPool.Get().(*[]byte)
+	lower := append((*bp)[:0], s...)
+	lowerBytes(lower)
+	e.trie.Walk(lower, func(end, n, pattern int64) bool {
+		start := int(end) + 1 - int(n)
+		w := span{max(0, start-reach), min(len(s), int(end)+1+reach)}
+		for _, ri := range e.byAlso[pattern] {
+			if want[ri] {
+				also[ri] = append(also[ri], start)
+			}
+		}
+		for _, ri := range e.byKeyword[pattern] {
+			if !want[ri] {
+				continue
+			}
+			if c := e.all[ri]; c.at != nil {
+				if c.wordStart && start > 0 && isWord(s[start-1]) && isWord(s[start]) {
+					continue // cannot begin a match
+				}
+				if k := len(starts[ri]); k == 0 || starts[ri][k-1] != start {
+					starts[ri] = append(starts[ri], start)
+				}
+				continue
+			}
+			ws := windows[ri]
+			if k := len(ws) - 1; k >= 0 && w.start <= ws[k].end && ws[k].end-ws[k].start < maxWindow {
+				ws[k].start = min(ws[k].start, w.start)
+				ws[k].end = max(ws[k].end, w.end)
+				continue
+			}
+			windows[ri] = append(ws, w)
+		}
+		return true
+	})
+	*bp = lower
+	lowerPool.Put(bp)
+	var out []Finding
+	for i, c := range e.all {
+		if !want[i] {
+			continue
+		}
+		if len(c.Also) > 0 {
+			if len(also[i]) == 0 {
+				continue
+			}
+			sort.Ints(also[i])
+		}
+		if c.at != nil {
+			out = c.findAt(s, starts[i], also[i], out)
+			continue
+		}
+		ws := windows[i]
+		if len(c.Also) > 0 {
+			kept := ws[:0]
+			for _, w := range ws {
+				if near(also[i], w.start, w.end) {
+					kept = append(kept, w)
+				}
+			}
+			ws = kept
+		}
+		if len(c.Keywords) == 0 {
+			ws = ws[:0]
+			for a := 0; a < len(s); a += maxWindow {
+				ws = append(ws, span{a, min(len(s), a+maxWindow)})
+			}
+		}
+		out = c.findWindows(s, ws, out)
+	}
+	return out
+}
+
+// findWindows appends the matches of c in the windows ws of s. Where a
+// window starts at a place scanning has already reached (a merged window
+// split at maxWindow, or a scan resumed after MaxMatchesPerRule raw
+// matches), it starts overlap bytes earlier so that a match cut by the
+// split is still found whole; matches ending before that place are not
+// reported again.
+func (c *compiled) findWindows(s string, ws []span, out []Finding) []Finding {
+	const overlap = 64
+	n := 0
+	scanned := 0 // matches ending at or before this have been reported
+	for _, w := range ws {
+		if w.end <= scanned {
+			continue
+		}
+		if w.start < scanned {
+			w.start = max(0, scanned-overlap)
+		}
+		floor, from, leftFloor := scanned, 0, scanned
+		for {
+			locs := widen(c.re, s, &w, MaxMatchesPerRule, leftFloor)
+			for _, loc := range locs {
+				a, b := w.start+loc[0], w.start+loc[1]
+				if b <= floor || a < from || c.valid != nil && !c.valid(s[a:b]) {
+					continue
+				}
+				if n++; n == MaxMatchesPerRule {
+					return append(out, Finding{Rule: c.ID, Detector: c.Detector, Offset: a, Length: len(s) - a})
+				}
+				out = append(out, Finding{Rule: c.ID, Detector: c.Detector, Offset: a, Length: b - a})
+				scanned = max(scanned, b)
+			}
+			if len(locs) < MaxMatchesPerRule {
+				scanned = max(scanned, w.end)
+				break
+			}
+			// The limit stopped the matcher: go on where it stopped, as
+			// it would have (the next match starts there or later). The
+			// overlap holds fewer matches than the limit, so this
+			// progresses; no widening to the left, which could undo it.
+			from = w.start + max(locs[len(locs)-1][1], locs[len(locs)-1][0]+1)
+			scanned = max(scanned, from)
+			if from >= w.end {
+				break
+			}
+			w.start, leftFloor = max(0, from-overlap), len(s)
+		}
+	}
+	return out
+}
+
+// findAt appends the matches of an anchored rule starting at ps.
+func (c *compiled) findAt(s string, ps, also []int, out []Finding) []Finding {
+	sort.Ints(ps)
+	n, last := 0, -1
+	for i, p := range ps {
+		if p < last || i > 0 && p == ps[i-1] {
+			continue
+		}
+		if c.wordStart && p > 0 && isWord(s[p-1]) && isWord(s[p]) {
+			continue
+		}
+		if len(c.Also) > 0 && !near(also, p, p+reach) {
+			continue
+		}
+		// Only as much text as a match can span: the matcher's setup cost
+		// grows with its input.
+		end := len(s)
+		if c.span > 0 {
+			end = min(len(s), p+c.span)
+		}
+		loc := c.at.FindStringIndex(s[p:end])
+		if loc == nil {
+			continue
+		}
+		a, b := p+loc[0], p+loc[1]
+		// As a scan of the whole text would, go on after a match even
+		// when its validator refuses it.
+		last = max(b, a+1)
+		if c.valid != nil && !c.valid(s[a:b]) {
+			continue
+		}
+		if n++; n == MaxMatchesPerRule {
+			b = len(s)
+		}
+		out = append(out, Finding{Rule: c.ID, Detector: c.Detector, Offset: a, Length: b - a})
+		last = max(b, a+1)
+		if n == MaxMatchesPerRule {
+			break
+		}
+	}
+	return out
+}
+
+// near reports whether a sorted position of ps lies in [from, to).
+func near(ps []int, from, to int) bool {
+	i := sort.SearchInts(ps, from)
+	return i < len(ps) && ps[i] < to
+}
+
+func isWord(c byte) bool {
+	return c == '_' || c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z'
+}
+
+// widen matches re in s[w.start:w.end], widening w while a match touches an
+// edge that is not the text's (an anchor or \b may have fired there, or the
+// match may go on), and returns the matches relative to w.start. A match
+// ending at or before floor is already known and widens nothing.
+func widen(re *regexp.Regexp, s string, w *span, limit, floor int) [][]int {
+	grow := 4 * reach
+	for {
+		locs := re.FindAllStringIndex(s[w.start:w.end], limit)
+		left := len(locs) > 0 && w.start > 0 && locs[0][0] == 0 && w.start+locs[0][1] > floor
+		right := len(locs) > 0 && len(locs) < limit && w.end < len(s) && locs[len(locs)-1][1] == w.end-w.start
+		if !left && !right {
+			return locs
+		}
+		if left {
+			w.start = max(0, w.start-grow)
+		}
+		if right {
+			w.end = min(len(s), w.end+grow)
+		}
+		grow *= 4
+	}
+}
+
+// percentDecoded returns s percent-decoded up to three rounds, or false if
+// it holds no escapes.
+func percentDecoded(s string) (string, bool) {
+	if !strings.Contains(s, "%") {
+		return "", false
+	}
+	d := s
+	for range 3 {
+		next, err := url.PathUnescape(d)
+		if err != nil || next == d {
+			break
+		}
+		d = next
+	}
+	return d, d != s
+}
+
+// Detected reports whether any detector of ds fires on s.
+func (e *Engine) Detected(s string, ds ...Detector) bool { return len(e.Scan(s, ds...)) > 0 }
+
+// maxSpan is the most bytes a match of re can span (plus one, for a \b
+// looking at the next byte), or 0 when unbounded.
+func maxSpan(pattern string) int {
+	re, err := syntax.Parse(pattern, syntax.Perl)
+	if err != nil {
+		return 0
+	}
+	n := maxLen(re.Simplify())
+	if n < 0 {
+		return 0
+	}
+	return n + 1
+}
+
+func maxLen(re *syntax.Regexp) int {
+	switch re.Op {
+	case syntax.OpLiteral:
+		n := 0
+		for _, r := range re.Rune {
+			n += utf8.RuneLen(r)
+			if re.Flags&syntax.FoldCase != 0 {
+				n += 2 // a folded rune may be longer (K, the Kelvin sign)
+			}
+		}
+		return n
+	case syntax.OpCharClass, syntax.OpAnyChar, syntax.OpAnyCharNotNL:
+		return utf8.UTFMax
+	case syntax.OpEmptyMatch, syntax.OpBeginLine, syntax.OpEndLine, syntax.OpBeginText, syntax.OpEndText,
+		syntax.OpWordBoundary, syntax.OpNoWordBoundary:
+		return 0
+	case syntax.OpCapture:
+		return maxLen(re.Sub[0])
+	case syntax.OpQuest:
+		return maxLen(re.Sub[0])
+	case syntax.OpRepeat:
+		if re.Max < 0 {
+			return -1
+		}
+		n := maxLen(re.Sub[0])
+		if n < 0 {
+			return -1
+		}
+		return n * re.Max
+	case syntax.OpConcat:
+		t := 0
+		for _, sub := range re.Sub {
+			n := maxLen(sub)
+			if n < 0 {
+				return -1
+			}
+			t += n
+		}
+		return t
+	case syntax.OpAlternate:
+		m := 0
+		for _, sub := range re.Sub {
+			n := maxLen(sub)
+			if n < 0 {
+				return -1
+			}
+			m = max(m, n)
+		}
+		return m
+	}
+	return -1 // star, plus, anything else
+}
