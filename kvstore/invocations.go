@@ -39,7 +39,7 @@ type Record struct {
 }
 
 // ErrNotFound reports an unknown invocation.
-var ErrNotFound = toolerr.New(toolerr.InvalidParameters, toolerr.ERequestInvalid, "unknown invocation")
+var ErrNotFound = toolerr.New(toolerr.InvocationNotFound, toolerr.EInvocationNotFound, "unknown invocation")
 
 func invocationKey(tenant, id string) string {
 	return subjects.Token(tenant) + "." + subjects.Token(id)

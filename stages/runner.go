@@ -298,8 +298,8 @@ func (r *Runner) handle(msg jetstream.Msg) {
 
 	outcome := r.apply(ctx, msg, inv, s, outs, perr)
 	if r.Metrics != nil {
-		r.Metrics.messages.WithLabelValues(r.Name, outcome).Inc()
-		r.Metrics.duration.WithLabelValues(r.Name).Observe(r.now().Sub(start).Seconds())
+		now := r.now()
+		r.Metrics.observe(r.Name, outcome, inv, now.Sub(start), now.Sub(inv.ReceivedAt))
 	}
 }
 

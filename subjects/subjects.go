@@ -131,6 +131,10 @@ func Pipe(stage, priority, tenant string) string {
 	return pipePrefix + stage + "." + Priority(priority) + "." + tenant
 }
 
+// PipeTenant matches every hand-off subject of tenant, at any stage and
+// priority.
+func PipeTenant(tenant string) string { return pipePrefix + "*.*." + tenant }
+
 // PipeAll matches every internal hand-off subject.
 const PipeAll = pipePrefix + ">"
 

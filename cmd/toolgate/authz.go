@@ -46,8 +46,20 @@ func tokenKeygen(args []string) error {
 	alg := fs.String("alg", token.AlgEdDSA, "EdDSA or RS256")
 	out := fs.String("out", "signing-key.jwk", "private key file to write (mode 0600)")
 	jwks := fs.String("jwks", "jwks.json", "public key set to write, for serve --jwks")
+	force := fs.Bool("force", false, "replace an existing key and key set (every token signed with the old key stops verifying)")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	// A new key invalidates every token issued with the old one: replacing
+	// it must be asked for.
+	if !*force {
+		for _, p := range []string{*out, *jwks} {
+			if _, err := os.Lstat(p); err == nil {
+				return fmt.Errorf("token keygen: %s exists; replacing the key invalidates every token it signed (use --force)", p)
+			} else if !errors.Is(err, os.ErrNotExist) {
+				return fmt.Errorf("token keygen: %w", err)
+			}
+		}
 	}
 	k, err := token.GenerateSigningKey(*alg)
 	if err != nil {

@@ -168,7 +168,7 @@ func (a *Authorizer) Process(ctx context.Context, inv *invocation.Invocation) ([
 		return nil, stages.Transient(err, 0)
 	}
 	in := Input{
-		Request: redactToken(req), Tool: m, Claims: claims, Usage: usage,
+		Request: redactToken(req), Tool: m, Claims: cleanGrants(claims), Usage: usage,
 		Resources: resources(m, req.Parameters), Tenant: inv.Tenant,
 		Time: a.cfg.Now().UTC().Format(time.RFC3339),
 	}
@@ -382,9 +382,28 @@ func derive(c *token.Claims, m *tools.Manifest, r Resources) Derived {
 	return d
 }
 
+// cleanGrants returns c with its granted paths in token.CleanPath's form, the
+// form resources gives the paths a call needs, so the policy compares like
+// with like whichever spelling the token uses. Verify refused paths that do
+// not clean.
+func cleanGrants(c *token.Claims) *token.Claims {
+	if c.Filesystem == nil {
+		return c
+	}
+	out, fs := *c, *c.Filesystem
+	fs.AllowedPaths = make([]string, 0, len(c.Filesystem.AllowedPaths))
+	for _, p := range c.Filesystem.AllowedPaths {
+		if cp, err := token.CleanPath(p); err == nil {
+			fs.AllowedPaths = append(fs.AllowedPaths, cp)
+		}
+	}
+	out.Filesystem = &fs
+	return &out
+}
+
 func grants(c *token.Claims) invocation.Grants {
 	var g invocation.Grants
-	if f := c.Filesystem; f != nil {
+	if f := cleanGrants(c).Filesystem; f != nil {
 		g.Paths, g.PathMode = f.AllowedPaths, cmp.Or(f.Mode, "ro")
 	}
 	if n := c.Network; n != nil {

@@ -10,9 +10,11 @@ import (
 	"errors"
 	"slices"
 	"sort"
+	"strconv"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/toolgate/toolgate/kvstore"
@@ -80,7 +82,11 @@ func Start(nc *nats.Conn, store *kvstore.Store, reg *tools.Registry, approvals *
 	if err != nil {
 		return nil, err
 	}
-	h := &handlers{nc: nc, store: store, reg: reg, approvals: approvals}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	h := &handlers{nc: nc, js: js, store: store, reg: reg, approvals: approvals}
 	eps := []struct {
 		name, subject string
 		fn            micro.HandlerFunc
@@ -110,6 +116,7 @@ func Start(nc *nats.Conn, store *kvstore.Store, reg *tools.Registry, approvals *
 
 type handlers struct {
 	nc        *nats.Conn
+	js        jetstream.JetStream
 	store     *kvstore.Store
 	reg       *tools.Registry
 	approvals *approval.Service
@@ -127,6 +134,12 @@ type CancelRequest struct {
 // cancelled when it reaches execute, a running one when its worker hears the
 // announcement, a parked one at once. The reply is the invocation's record;
 // an invocation that already ended keeps its status.
+//
+// Only a known invocation can be cancelled: one with a record, or one still
+// on the invoke or pipeline stream (accepted by JetStream, no stage has
+// written its record yet). Any other id is answered with
+// invocation_not_found (E3025) and nothing is written, so a cancel can never
+// lie in wait for a later invocation that reuses the id.
 func (h *handlers) cancel(req micro.Request) {
 	var r CancelRequest
 	if err := decode(req.Data(), &r); err != nil || r.TenantID == "" || r.InvocationID == "" {
@@ -136,6 +149,10 @@ func (h *handlers) cancel(req micro.Request) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
+	if err := h.known(ctx, r.TenantID, r.InvocationID); err != nil {
+		respondError(req, err)
+		return
+	}
 	rec, err := h.store.UpdateRecord(ctx, r.TenantID, r.InvocationID, func(rec *kvstore.Record) { rec.CancelRequested = true })
 	if err != nil {
 		respondError(req, err)
@@ -155,6 +172,30 @@ func (h *handlers) cancel(req micro.Request) {
 		}
 	}
 	_ = req.RespondJSON(rec)
+}
+
+// known returns nil when invocation id of tenant has a record or is in
+// flight, else invocation_not_found.
+func (h *handlers) known(ctx context.Context, tenant, id string) error {
+	_, err := h.store.Status(ctx, tenant, id)
+	if !errors.Is(err, kvstore.ErrNotFound) {
+		return err
+	}
+	found, err := inFlight(ctx, h.js, tenant, id)
+	if err != nil || found {
+		return err
+	}
+	// It may have ended, and left the streams, while they were read.
+	if _, err := h.store.Status(ctx, tenant, id); !errors.Is(err, kvstore.ErrNotFound) {
+		return err
+	}
+	return notFound(id)
+}
+
+// notFound is a fresh error each time: the shared kvstore.ErrNotFound must
+// not gain details.
+func notFound(id string) error {
+	return toolerr.New(toolerr.InvocationNotFound, toolerr.EInvocationNotFound, "no invocation %q", id)
 }
 
 // decide approves or denies a parked invocation. The reply is the approval
@@ -187,6 +228,9 @@ func (h *handlers) status(req micro.Request) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	rec, err := h.store.Status(ctx, r.TenantID, r.InvocationID)
+	if errors.Is(err, kvstore.ErrNotFound) {
+		err = notFound(r.InvocationID)
+	}
 	if err != nil {
 		respondError(req, err)
 		return
@@ -263,10 +307,18 @@ func decode(b []byte, v any) error {
 	return json.Unmarshal(b, v)
 }
 
-// respondError answers with the micro error headers (code = the E-code) and
-// the ToolError as the body, so both `nats req` users and clients see it.
+// respondError answers with the micro error headers and the ToolError as the
+// body, so both `nats req` users and clients see it. The services protocol
+// (ADR-32) requires Nats-Service-Error-Code to be a number, and clients such
+// as nats.js parse it as one: it is the E-code's number (3025 for E3025).
+// The description repeats the ToolErrorCode and E-code for people reading
+// headers; clients decode the body.
 func respondError(req micro.Request, err error) {
 	te := toolerr.As(err)
 	body, _ := json.Marshal(te)
-	_ = req.Error(te.ECode, te.Message, body)
+	code := toolerr.Number(te.ECode)
+	if code == 0 {
+		code = toolerr.Number(toolerr.EInternal)
+	}
+	_ = req.Error(strconv.Itoa(code), te.Error(), body)
 }

@@ -1,7 +1,23 @@
 package toolerr
 
+import "strconv"
+
+// Number is the numeric part of an E-code ("E3024" is 3024), or 0 when
+// ecode is not one. NATS micro services send it as Nats-Service-Error-Code,
+// which the services protocol requires to be a number.
+func Number(ecode string) int {
+	if len(ecode) < 2 || ecode[0] != 'E' {
+		return 0
+	}
+	n, err := strconv.Atoi(ecode[1:])
+	if err != nil || n <= 0 {
+		return 0
+	}
+	return n
+}
+
 // Numeric E-codes. The registry, executor, permission and result ranges follow
-// the tool execution layer specification; E3010-E3019 (request envelope) and
+// the tool execution layer specification; E3010-E3025 (request envelope) and
 // E3900-E3999 (pipeline) are toolgate's own. docs/errors.md lists them all.
 const (
 	// Registry.
@@ -87,6 +103,8 @@ const (
 	// A tool that is neither idempotent nor checkpointed was interrupted
 	// mid-run; whether it took effect is unknown, so it is not run again.
 	EOutcomeUnknown = "E3023"
+	// No invocation with that id is known to toolgate (status, cancel).
+	EInvocationNotFound = "E3025"
 )
 
 // MCP codes (toolgate's own).

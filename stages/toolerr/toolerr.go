@@ -32,6 +32,9 @@ const (
 	StateConflict       Code = "state_conflict"
 	InternalError       Code = "internal_error"
 	Cancelled           Code = "cancelled"
+	// InvocationNotFound: no invocation with that id is known (named like
+	// the contract's tool_not_found and document_not_found).
+	InvocationNotFound Code = "invocation_not_found"
 )
 
 // Error is a coded failure. It is what a ToolInvokeResponse carries in its
@@ -130,4 +133,5 @@ var (
 	ErrTimeout             = &Error{Code: Timeout}
 	ErrToolExecution       = &Error{Code: ToolExecutionError}
 	ErrInternal            = &Error{Code: InternalError}
+	ErrInvocationNotFound  = &Error{Code: InvocationNotFound}
 )

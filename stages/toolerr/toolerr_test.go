@@ -56,3 +56,11 @@ func TestWireRoundTrip(t *testing.T) {
 		t.Fatalf("round trip changed the error:\n in %+v\nout %+v", *in, out)
 	}
 }
+
+func TestNumber(t *testing.T) {
+	for in, want := range map[string]int{EInvocationNotFound: 3025, ERequestInvalid: 3016, "": 0, "E": 0, "3016": 0, "Exyz": 0, "E-1": 0} {
+		if got := Number(in); got != want {
+			t.Errorf("Number(%q) = %d, want %d", in, got, want)
+		}
+	}
+}

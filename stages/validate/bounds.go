@@ -6,6 +6,7 @@ import (
 	"net/url"
 	"path"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -123,8 +124,12 @@ func confine(p string, grants []tools.FilesystemPermission) *toolerr.Error {
 			}
 		}
 	}
-	if !path.IsAbs(p) {
-		return nil // relative to the tool's own root, which the executor enforces
+	// Paths relative to the file root (a leading slash means the same as
+	// none, token.CleanPath) are confined by authorize and the executor. A
+	// manifest naming only such roots makes every parameter one of them; an
+	// absolute parameter is a host path only beside absolute roots.
+	if !path.IsAbs(p) || (len(grants) > 0 && !slices.ContainsFunc(grants, func(g tools.FilesystemPermission) bool { return path.IsAbs(g.Path) })) {
+		return nil
 	}
 	clean := resolve(path.Clean(p))
 	for _, g := range grants {

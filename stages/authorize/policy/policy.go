@@ -62,7 +62,8 @@ func capabilities() *ast.Capabilities {
 }
 
 // New compiles modules (file name → source) with optional data and prepares
-// the decision query. A module that does not compile is refused whole.
+// the decision query. Modules that do not compile, or that define no
+// toolgate.authz.decision rule, are refused whole (E3206).
 func New(ctx context.Context, modules map[string]string, data map[string]any) (*Engine, error) {
 	if data == nil {
 		data = map[string]any{}
@@ -84,7 +85,33 @@ func New(ctx context.Context, modules map[string]string, data map[string]any) (*
 	if err != nil {
 		return nil, toolerr.Wrap(err, toolerr.InvalidParameters, toolerr.EPolicyFailed, "policy does not compile: %v", err)
 	}
+	if err := definesDecision(modules); err != nil {
+		return nil, err
+	}
 	return &Engine{query: q}, nil
+}
+
+// definesDecision refuses modules without a rule for Query: such a policy
+// compiles, but its decision is always undefined, so it would deny every
+// call. The modules compiled above, so errors here are not expected.
+func definesDecision(modules map[string]string) error {
+	parsed := make(map[string]*ast.Module, len(modules))
+	for name, src := range modules {
+		m, err := ast.ParseModuleWithOpts(name, src, ast.ParserOptions{RegoVersion: ast.RegoV1})
+		if err != nil {
+			return toolerr.Wrap(err, toolerr.InvalidParameters, toolerr.EPolicyFailed, "policy does not compile: %v", err)
+		}
+		parsed[name] = m
+	}
+	c := ast.NewCompiler().WithCapabilities(capabilities())
+	if c.Compile(parsed); c.Failed() {
+		return toolerr.Wrap(c.Errors, toolerr.InvalidParameters, toolerr.EPolicyFailed, "policy does not compile: %v", c.Errors)
+	}
+	if len(c.GetRules(ast.MustParseRef(Query))) == 0 {
+		return toolerr.New(toolerr.InvalidParameters, toolerr.EPolicyFailed,
+			"policy defines no %s rule: every call would be denied (declare package toolgate.authz and a decision rule)", strings.TrimPrefix(Query, "data."))
+	}
+	return nil
 }
 
 // Default returns an Engine for the shipped policy.
@@ -111,8 +138,8 @@ func LoadDir(ctx context.Context, dir string) (*Engine, error) {
 	return New(ctx, modules, data)
 }
 
-// ReadDir reads the policy in dir: every *.rego file by name, and the data
-// document in data.json if there is one.
+// ReadDir reads the policy in dir: every *.rego file by name except
+// *_test.rego, and the data document in data.json if there is one.
 func ReadDir(dir string) (map[string]string, map[string]any, error) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
@@ -120,7 +147,8 @@ func ReadDir(dir string) (map[string]string, map[string]any, error) {
 	}
 	modules := map[string]string{}
 	for _, e := range entries {
-		if e.IsDir() || !strings.HasSuffix(e.Name(), ".rego") {
+		// Rego unit tests (OPA's *_test.rego convention) are not policy.
+		if e.IsDir() || !strings.HasSuffix(e.Name(), ".rego") || strings.HasSuffix(e.Name(), "_test.rego") {
 			continue
 		}
 		src, err := os.ReadFile(filepath.Join(dir, e.Name()))

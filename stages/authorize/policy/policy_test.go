@@ -59,7 +59,6 @@ func TestShippedPolicy(t *testing.T) {
 func TestAnythingButAnExplicitAllowDenies(t *testing.T) {
 	ctx := context.Background()
 	for name, src := range map[string]string{
-		"no decision":        "package toolgate.authz\nother := true\n",
 		"decision not obj":   "package toolgate.authz\ndecision := \"yes\"\n",
 		"allow not a bool":   "package toolgate.authz\ndecision := {\"allow\": \"true\"}\n",
 		"conditional, unmet": "package toolgate.authz\ndecision := {\"allow\": true} if input.never\n",
@@ -74,6 +73,33 @@ func TestAnythingButAnExplicitAllowDenies(t *testing.T) {
 				t.Fatalf("decision %+v, %v: want a denial with a reason", d, err)
 			}
 		})
+	}
+}
+
+// TestPolicyWithoutDecisionIsRefused: a module that compiles but defines no
+// toolgate.authz.decision would deny every call; it is refused at push and
+// load, which both go through New.
+func TestPolicyWithoutDecisionIsRefused(t *testing.T) {
+	for name, modules := range map[string]map[string]string{
+		"other rule":            {"p.rego": "package toolgate.authz\nother := true\n"},
+		"other package":         {"p.rego": "package toolgate.authz2\ndecision := {\"allow\": true}\n"},
+		"sub-package":           {"p.rego": "package toolgate.authz.extra\ndecision := {\"allow\": true}\n"},
+		"helpers only, 2 files": {"a.rego": "package toolgate.authz\nallow := true\n", "b.rego": "package toolgate.lib\nx := 1\n"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, err := New(context.Background(), modules, nil)
+			var te *toolerr.Error
+			if !errors.As(err, &te) || te.ECode != toolerr.EPolicyFailed || !strings.Contains(te.Message, "toolgate.authz.decision") {
+				t.Fatalf("err = %v, want E3206 naming toolgate.authz.decision", err)
+			}
+		})
+	}
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "p.rego"), []byte("package toolgate.authz\nother := true\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := LoadDir(context.Background(), dir); !errors.Is(err, &toolerr.Error{Code: toolerr.InvalidParameters, ECode: toolerr.EPolicyFailed}) {
+		t.Fatalf("LoadDir: %v, want E3206", err)
 	}
 }
 

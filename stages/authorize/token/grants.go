@@ -57,9 +57,13 @@ func parseRange(s string) (*semver.Constraints, error) {
 	return c, nil
 }
 
-// CleanPath normalises a granted or requested path to an absolute, clean
-// form relative to the file root ("/" is the whole root). ".." that would
-// climb above the root is refused rather than clamped.
+// CleanPath is toolgate's one path normaliser. Granted paths (token
+// filesystem_permissions) and path parameters are both relative to the file
+// root, and a leading "/" means the same as none: "public", "/public",
+// "./public" and "public/" are one path. CleanPath returns the canonical form
+// authorize and the policy compare, "/public" ("/" is the whole root); the fs
+// builtins open RootRelative's form of the same. ".." is refused, never
+// clamped, so a path never lands somewhere other than where it reads.
 func CleanPath(p string) (string, error) {
 	if p == "" {
 		return "", fmt.Errorf("empty path")
@@ -74,6 +78,19 @@ func CleanPath(p string) (string, error) {
 		}
 	}
 	return path.Clean("/" + rel), nil
+}
+
+// RootRelative is CleanPath's result as a name to open under the file root:
+// "public/readme.txt", or "." for the root itself.
+func RootRelative(p string) (string, error) {
+	c, err := CleanPath(p)
+	if err != nil {
+		return "", err
+	}
+	if c == "/" {
+		return ".", nil
+	}
+	return c[1:], nil
 }
 
 // PathWithin reports whether p lies in root, comparing whole components:

@@ -17,6 +17,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/toolgate/toolgate/stages/authorize/token"
 	"github.com/toolgate/toolgate/stages/toolerr"
 )
 
@@ -43,22 +44,19 @@ func tooLarge(format string, args ...any) error {
 	return toolerr.New(toolerr.InvalidParameters, toolerr.EParameterBounds, format, args...)
 }
 
-// rootPath checks a path parameter and returns it relative to the file root.
-// Unlike read_file, which folds a leading slash into the root, the tools that
-// change files refuse absolute paths and parent segments outright, so a call
-// never lands somewhere other than where it reads as going. os.Root still does
-// the confining: it refuses symlinks that lead out.
+// rootPath checks a path parameter and returns it relative to the file root,
+// normalised by token.RootRelative like the grants authorize compared it
+// with: a leading slash means the root, and parent segments are refused
+// outright. os.Root does the confining: it refuses symlinks that lead out.
 func rootPath(p string) (string, error) {
 	if p == "" || strings.ContainsRune(p, 0) {
 		return "", invalid("path must be a non-empty string without NUL bytes")
 	}
-	if path.IsAbs(p) {
-		return "", denied("%s is absolute; paths are relative to the file root", strconv.Quote(p))
-	}
-	if slices.Contains(strings.Split(p, "/"), "..") {
+	rel, err := token.RootRelative(p)
+	if err != nil {
 		return "", denied("%s climbs out through a parent segment", strconv.Quote(p))
 	}
-	return path.Clean(p), nil
+	return rel, nil
 }
 
 // openRoot opens the configured file root, refusing when there is none.

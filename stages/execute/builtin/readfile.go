@@ -8,7 +8,6 @@ import (
 	"io"
 	"io/fs"
 	"os"
-	"path"
 	"strings"
 	"syscall"
 	"unicode/utf8"
@@ -40,13 +39,9 @@ func readFile(root string) Func {
 		if p.MaxBytes < 1 || p.MaxBytes > maxMaxBytes {
 			return nil, invalid("max_bytes must be between 1 and %d", maxMaxBytes)
 		}
-		if p.Path == "" || strings.ContainsRune(p.Path, 0) {
-			return nil, invalid("path must be a non-empty string without NUL bytes")
-		}
-		// Paths are relative to the root; a leading slash means the root.
-		rel := strings.TrimLeft(path.Clean("/"+p.Path), "/")
-		if rel == "" {
-			rel = "."
+		rel, err := rootPath(p.Path)
+		if err != nil {
+			return nil, err
 		}
 		r, err := openRoot(root, "read_file")
 		if err != nil {
