@@ -86,6 +86,9 @@ func Run(ctx context.Context, c Config) error {
 	if len(c.Stages) == 0 {
 		c.Stages = append(append([]string{}, subjects.Stages...), Control)
 	}
+	if err := resolvePaths(&c); err != nil {
+		return err
+	}
 	url := c.NATSURL
 	if url == "" {
 		ns, err := StartEmbedded(c.Embedded)

@@ -1,0 +1,150 @@
+package pipeline_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/toolgate/toolgate/stages/client"
+	"github.com/toolgate/toolgate/stages/execute/builtin"
+	"github.com/toolgate/toolgate/stages/execute/sandbox"
+	"github.com/toolgate/toolgate/stages/invocation"
+	"github.com/toolgate/toolgate/stages/pipeline"
+	"github.com/toolgate/toolgate/stages/toolerr"
+)
+
+// runPipeline runs pipeline.Run with cfg until the test ends and returns the
+// node and NATS URL once it is ready.
+func runPipeline(t *testing.T, cfg pipeline.Config) (*pipeline.Node, string) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	if cfg.Log == nil {
+		cfg.Log = quietLog()
+	}
+	type ready struct {
+		n   *pipeline.Node
+		url string
+	}
+	readyc := make(chan ready, 1)
+	cfg.Ready = func(url string, n *pipeline.Node) { readyc <- ready{n, url} }
+	errc := make(chan error, 1)
+	go func() { errc <- pipeline.Run(ctx, cfg) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-errc; err != nil {
+			t.Errorf("pipeline.Run: %v", err)
+		}
+	})
+	select {
+	case r := <-readyc:
+		return r.n, r.url
+	case err := <-errc:
+		errc <- err
+		t.Fatalf("pipeline did not start: %v", err)
+	case <-time.After(60 * time.Second):
+		t.Fatal("pipeline did not start in time")
+	}
+	return nil, ""
+}
+
+// TestMakeRunLayout runs what make run runs, with its relative paths: the
+// embedded server's data in ./toolgate-data and the file root
+// ./examples/files. File tools and cli tools read the file root; nothing
+// reaches the development signing key; and a file root holding the data
+// directory is refused at start.
+func TestMakeRunLayout(t *testing.T) {
+	if err := sandbox.Available(); err != nil {
+		t.Fatalf("this test needs bubblewrap and prlimit: %v", err)
+	}
+	dir := t.TempDir()
+	for _, d := range []string{filepath.Dir(dir), dir} {
+		_ = os.Chmod(d, 0o755)
+	}
+	t.Chdir(dir)
+	if err := os.MkdirAll("examples/files", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile("examples/files/README.md", []byte("example file"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	t.Run("file root holding the data directory is refused", func(t *testing.T) {
+		for _, root := range []string{".", "toolgate-data/files"} {
+			// A refusal returns at once; a start would run until the deadline.
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			err := pipeline.Run(ctx, pipeline.Config{Examples: true, Log: quietLog(),
+				Embedded: pipeline.EmbeddedOptions{Listen: "127.0.0.1:-1", DataDir: "toolgate-data"},
+				Stage:    pipeline.StageConfig{BuiltinEnv: builtinEnv(root)}})
+			var te *toolerr.Error
+			if !errors.As(err, &te) || te.ECode != toolerr.EUnsafeFileRoot || !strings.Contains(te.Message, "toolgate-data") {
+				t.Fatalf("file root %s: got %v, want E3950 naming the data directory", root, err)
+			}
+		}
+	})
+
+	n, url := runPipeline(t, pipeline.Config{Examples: true, Workers: 1,
+		Embedded: pipeline.EmbeddedOptions{Listen: "127.0.0.1:-1", DataDir: "toolgate-data"},
+		Stage:    pipeline.StageConfig{BuiltinEnv: builtinEnv("examples/files")}})
+	if _, err := os.Stat("toolgate-data/dev-signing-key.jwk"); err != nil {
+		t.Fatalf("development key: %v", err)
+	}
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	c, err := client.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if _, err := n.Store.RegisterTool(ctx, []byte(cliTool("test.cat", `x=$(cat "/files/$1") && printf '{"text":"%s"}' "$x"`, "",
+		`{"filesystem":[{"path":"/","mode":"ro"}]}`)), true); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.WaitForTool(ctx, "test.cat", "1.0.0"); err != nil {
+		t.Fatal(err)
+	}
+	call := func(tool, params string) invocation.Response {
+		t.Helper()
+		req := invocation.Request{ToolID: tool, Parameters: json.RawMessage(params), CapabilityToken: n.DevToken,
+			AgentContext: invocation.AgentContext{AgentDID: pipeline.DevAgent, TenantID: pipeline.DevTenant}}
+		id, err := c.Invoke(ctx, req, client.InvokeOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := c.Wait(ctx, pipeline.DevTenant, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp
+	}
+	if r := call("fs.read_file", `{"path":"README.md"}`); r.Status != invocation.StatusSuccess || !strings.Contains(string(r.Result), "example file") {
+		t.Fatalf("fs.read_file README.md: %s %s %s", r.Status, r.Result, mustJSON(t, r.Error))
+	}
+	if r := call("test.cat", `{"arg":"README.md"}`); r.Status != invocation.StatusSuccess || !strings.Contains(string(r.Result), "example file") {
+		t.Fatalf("cli tool under a relative file root: %s %s %s", r.Status, r.Result, mustJSON(t, r.Error))
+	}
+	for _, p := range []string{"../../toolgate-data/dev-signing-key.jwk", "toolgate-data/dev-signing-key.jwk"} {
+		if r := call("fs.read_file", `{"path":"`+p+`"}`); r.Status == invocation.StatusSuccess {
+			t.Fatalf("fs.read_file %s reached the signing key: %s", p, r.Result)
+		}
+		if r := call("test.cat", `{"arg":"`+p+`"}`); r.Status == invocation.StatusSuccess {
+			t.Fatalf("cli tool %s reached the signing key: %s", p, r.Result)
+		}
+	}
+	if r := call("fs.list_dir", `{}`); r.Status != invocation.StatusSuccess || strings.Contains(string(r.Result), "toolgate-data") {
+		t.Fatalf("fs.list_dir of the root: %s %s", r.Status, r.Result)
+	}
+}
+
+func builtinEnv(root string) builtin.Env { return builtin.Env{FileRoot: root} }
