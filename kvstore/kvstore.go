@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -52,6 +53,7 @@ type Store struct {
 	idempotency jetstream.KeyValue
 	checkpoints jetstream.KeyValue
 	breakers    jetstream.KeyValue
+	watches     sync.WaitGroup
 }
 
 // Open opens the buckets, creating any that are missing. It is safe to call

@@ -84,7 +84,9 @@ func (r *Runner) Run(ctx context.Context) error {
 	}
 	defer unsubscribe(subs)
 
-	next, err := r.source(ctx, consumers)
+	var fetchers sync.WaitGroup
+	defer fetchers.Wait()
+	next, err := r.source(ctx, consumers, &fetchers)
 	if err != nil {
 		return err
 	}
@@ -111,7 +113,7 @@ func (r *Runner) Run(ctx context.Context) error {
 // iterator; several (one per priority, highest first) are read by one
 // fetcher each that holds a single message until a worker takes it, so a
 // message waits in JetStream, not in this process, while higher ones run.
-func (r *Runner) source(ctx context.Context, consumers []jetstream.Consumer) (func(n int) (jetstream.Msg, bool), error) {
+func (r *Runner) source(ctx context.Context, consumers []jetstream.Consumer, fetchers *sync.WaitGroup) (func(n int) (jetstream.Msg, bool), error) {
 	if len(consumers) == 1 {
 		iter, err := consumers[0].Messages(jetstream.PullMaxMessages(r.Workers))
 		if err != nil {
@@ -135,7 +137,7 @@ func (r *Runner) source(ctx context.Context, consumers []jetstream.Consumer) (fu
 	feeds := make([]chan jetstream.Msg, len(consumers))
 	for i, c := range consumers {
 		feeds[i] = make(chan jetstream.Msg)
-		go r.fetch(ctx, c, feeds[i])
+		fetchers.Go(func() { r.fetch(ctx, c, feeds[i]) })
 	}
 	return func(n int) (jetstream.Msg, bool) { return takeByPriority(ctx, feeds, n) }, nil
 }

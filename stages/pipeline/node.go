@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"slices"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -46,6 +48,9 @@ type Node struct {
 	Log      *slog.Logger
 	// DevToken is the development token minted by Run with Examples.
 	DevToken string
+
+	stopMu sync.Mutex
+	stops  []func() // closers of what NewStage opened
 }
 
 // Open connects to url and makes the topology ready. The registry stays in
@@ -97,6 +102,27 @@ func OpenConn(ctx context.Context, nc *nats.Conn, topo stages.TopologyOptions, l
 
 // Close closes the connection.
 func (n *Node) Close() { n.NC.Close() }
+
+// onStop registers a closer for StopStages.
+func (n *Node) onStop(f func()) {
+	n.stopMu.Lock()
+	defer n.stopMu.Unlock()
+	n.stops = append(n.stops, f)
+}
+
+// StopStages closes what NewStage opened for the stages (MCP server
+// processes, HTTP connections, the cancel subscription), last opened first,
+// and returns when they are closed. Call it after the stages' runners have
+// drained: in-flight calls still use these resources.
+func (n *Node) StopStages() {
+	n.stopMu.Lock()
+	stops := n.stops
+	n.stops = nil
+	n.stopMu.Unlock()
+	for _, f := range slices.Backward(stops) {
+		f()
+	}
+}
 
 // RegisterExamples stores the example tools shipped in the binary, replacing
 // earlier copies, and waits until this node's registry holds them.
@@ -175,7 +201,8 @@ type StageConfig struct {
 	MCP mcptool.Config
 }
 
-// NewStage builds the logic of the named stage.
+// NewStage builds the logic of the named stage. ctx bounds its watches;
+// the resources it opens live until StopStages.
 func (n *Node) NewStage(ctx context.Context, name string, c StageConfig) (stages.Stage, error) {
 	switch name {
 	case subjects.Validate:
@@ -201,7 +228,7 @@ func (n *Node) NewStage(ctx context.Context, name string, c StageConfig) (stages
 		if err != nil {
 			return nil, fmt.Errorf("subscribing to cancels: %w", err)
 		}
-		context.AfterFunc(ctx, func() { _ = sub.Unsubscribe() })
+		n.onStop(func() { _ = sub.Unsubscribe() })
 		x := execute.New(n.Registry, set, n.Store, running)
 		x.Publish = func(ctx context.Context, o stages.Output) error { return stages.Publish(ctx, n.JS, o) }
 		x.Sandbox = c.Sandbox
@@ -218,12 +245,12 @@ func (n *Node) NewStage(ctx context.Context, name string, c StageConfig) (stages
 			secretSource = &secrets.Source{Dir: c.SecretsDir}
 		}
 		httpKind := httptool.New(httptool.Config{Secrets: secretSource, AllowPrivateNetworks: c.HTTPAllowPrivateNetworks})
-		context.AfterFunc(ctx, httpKind.Close)
+		n.onStop(httpKind.Close)
 		x.Handle("http", httpKind)
 		mc := c.MCP
 		mc.Sandbox, mc.SandboxErr, mc.Log = x.Sandbox, x.SandboxErr, cmp.Or(mc.Log, n.Log)
 		mcpKind := mcptool.New(mc)
-		context.AfterFunc(ctx, func() { _ = mcpKind.Close() })
+		n.onStop(func() { _ = mcpKind.Close() })
 		x.Handle("mcp", mcpKind)
 		x.Breakers = breaker.New(n.Store, x.Publish, n.Log)
 		if err := n.Store.WatchBreakers(ctx, x.Breakers.Apply); err != nil {

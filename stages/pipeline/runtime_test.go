@@ -7,22 +7,29 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/toolgate/toolgate/stages"
 	"github.com/toolgate/toolgate/stages/client"
+	"github.com/toolgate/toolgate/stages/control"
 	"github.com/toolgate/toolgate/stages/execute/builtin"
+	"github.com/toolgate/toolgate/stages/execute/mcptool"
+	"github.com/toolgate/toolgate/stages/execute/mcptool/mcptest"
 	"github.com/toolgate/toolgate/stages/execute/sandbox"
 	"github.com/toolgate/toolgate/stages/invocation"
 	"github.com/toolgate/toolgate/stages/pipeline"
 	"github.com/toolgate/toolgate/stages/toolerr"
+	"github.com/toolgate/toolgate/subjects"
 )
 
-// runPipeline runs pipeline.Run with cfg until the test ends and returns the
-// node and NATS URL once it is ready.
-func runPipeline(t *testing.T, cfg pipeline.Config) (*pipeline.Node, string) {
+// runPipeline runs pipeline.Run with cfg and returns the node and NATS URL
+// once it is ready, and stop, which ends the run and returns Run's error
+// (the test's end stops it too).
+func runPipeline(t *testing.T, cfg pipeline.Config) (n *pipeline.Node, url string, stop func() error) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	if cfg.Log == nil {
@@ -36,22 +43,34 @@ func runPipeline(t *testing.T, cfg pipeline.Config) (*pipeline.Node, string) {
 	cfg.Ready = func(url string, n *pipeline.Node) { readyc <- ready{n, url} }
 	errc := make(chan error, 1)
 	go func() { errc <- pipeline.Run(ctx, cfg) }()
+	var once sync.Once
+	var runErr error
+	stop = func() error {
+		once.Do(func() {
+			cancel()
+			select {
+			case runErr = <-errc:
+			case <-time.After(90 * time.Second):
+				runErr = errors.New("pipeline.Run did not return after its context ended")
+			}
+		})
+		return runErr
+	}
 	t.Cleanup(func() {
-		cancel()
-		if err := <-errc; err != nil {
+		if err := stop(); err != nil {
 			t.Errorf("pipeline.Run: %v", err)
 		}
 	})
 	select {
 	case r := <-readyc:
-		return r.n, r.url
+		return r.n, r.url, stop
 	case err := <-errc:
 		errc <- err
 		t.Fatalf("pipeline did not start: %v", err)
 	case <-time.After(60 * time.Second):
 		t.Fatal("pipeline did not start in time")
 	}
-	return nil, ""
+	return nil, "", stop
 }
 
 // TestMakeRunLayout runs what make run runs, with its relative paths: the
@@ -90,7 +109,7 @@ func TestMakeRunLayout(t *testing.T) {
 		}
 	})
 
-	n, url := runPipeline(t, pipeline.Config{Examples: true, Workers: 1,
+	n, url, _ := runPipeline(t, pipeline.Config{Examples: true, Workers: 1,
 		Embedded: pipeline.EmbeddedOptions{Listen: "127.0.0.1:-1", DataDir: "toolgate-data"},
 		Stage:    pipeline.StageConfig{BuiltinEnv: builtinEnv("examples/files")}})
 	if _, err := os.Stat("toolgate-data/dev-signing-key.jwk"); err != nil {
@@ -148,3 +167,70 @@ func TestMakeRunLayout(t *testing.T) {
 }
 
 func builtinEnv(root string) builtin.Env { return builtin.Env{FileRoot: root} }
+
+// TestStageControlStays: `toolgate stage control` runs only the control
+// service, which has no runner to wait for; it must serve until its context
+// ends, then return.
+func TestStageControlStays(t *testing.T) {
+	e := newEnv(t, stages.TopologyOptions{})
+	_, _, stop := runPipeline(t, pipeline.Config{NATSURL: e.url, Stages: []string{pipeline.Control}})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	// Long enough for a Run that returns at once to have stopped the service.
+	time.Sleep(300 * time.Millisecond)
+	if _, err := e.client.ListTools(ctx, control.ListRequest{}); err != nil {
+		t.Fatalf("the control service is gone: %v", err)
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestDrainFinishesMCPCall: a worker told to stop while an MCP call is in
+// flight finishes the call (its server stays up until the drain is over) and
+// hands the result on; the rest of the pipeline, in another process,
+// completes the invocation successfully.
+func TestDrainFinishesMCPCall(t *testing.T) {
+	if err := sandbox.Available(); err != nil {
+		t.Fatalf("this test needs bubblewrap and prlimit: %v", err)
+	}
+	script, modules := mcptest.Everything(t)
+	e := newEnv(t, stages.TopologyOptions{})
+	others := []string{subjects.Validate, subjects.Authorize, subjects.Route, subjects.Verify, subjects.Audit, pipeline.Control}
+	n, _, _ := runPipeline(t, pipeline.Config{NATSURL: e.url, Stages: others, Workers: 1,
+		Stage: pipeline.StageConfig{Tokens: testVerifier()}})
+	_, _, stopExecute := runPipeline(t, pipeline.Config{NATSURL: e.url, Stages: []string{subjects.Execute}, Workers: 1,
+		Stage: pipeline.StageConfig{Sandbox: sandbox.Config{FileRoot: t.TempDir()}}})
+	spec := mcptool.Spec{Server: "everything", Tool: "trigger-long-running-operation", Command: []string{"node", script, "stdio"},
+		ReadOnlyPaths: []string{modules}}
+	registerTools(t, n, mcpManifest(t, "mcp:everything:long", spec, `,"limits":{"timeout_ms":60000}`))
+
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	req := request("drain", "mcp:everything:long", `{"duration":3,"steps":3}`)
+	id, err := e.client.Invoke(ctx, req, client.InvokeOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		rec, err := e.client.Status(ctx, "drain", id)
+		if err == nil && rec.Status == invocation.StatusRunning {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("the call never ran: %v %v", rec.Status, err)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	if err := stopExecute(); err != nil {
+		t.Fatalf("execute worker: %v", err)
+	}
+	resp, err := e.client.Wait(ctx, "drain", id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.Status != invocation.StatusSuccess || !strings.Contains(string(resp.Result), "Long running operation completed") {
+		t.Fatalf("drained call: %s %s %s", resp.Status, resp.Result, mustJSON(t, resp.Error))
+	}
+}
