@@ -62,11 +62,13 @@ func (r *Runner) Run(ctx context.Context) error {
 	inputs := subjects.Inputs(r.Name)
 	consumers := make([]jetstream.Consumer, len(inputs))
 	for i, in := range inputs {
-		cons, err := r.JS.Consumer(ctx, in.Stream, in.Consumer)
+		err := Retry(ctx, r.Log, "opening consumer "+in.Consumer, func(ctx context.Context) (err error) {
+			consumers[i], err = r.JS.Consumer(ctx, in.Stream, in.Consumer)
+			return err
+		})
 		if err != nil {
-			return fmt.Errorf("opening consumer %s: %w", in.Consumer, err)
+			return nil // stopped before it started: nothing to drain
 		}
-		consumers[i] = cons
 	}
 	info := consumers[0].CachedInfo()
 	if r.AckWait == 0 {

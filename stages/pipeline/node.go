@@ -53,13 +53,15 @@ type Node struct {
 	stops  []func() // closers of what NewStage opened
 }
 
-// Open connects to url and makes the topology ready. The registry stays in
-// step with the tools bucket until ctx is done.
+// Open connects to url and makes the topology ready, waiting with backoff
+// until ctx is done for a server or topology that is not there yet. The
+// registry stays in step with the tools bucket until ctx is done.
 func Open(ctx context.Context, url, name string, topo stages.TopologyOptions, log *slog.Logger) (*Node, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	nc, err := nats.Connect(url, nats.Name(name), nats.MaxReconnects(-1))
+	// A server that is not up yet is waited for, like a missing topology.
+	nc, err := nats.Connect(url, nats.Name(name), nats.MaxReconnects(-1), nats.RetryOnFailedConnect(true))
 	if err != nil {
 		return nil, fmt.Errorf("connecting to %s: %w", url, err)
 	}
@@ -80,12 +82,17 @@ func OpenConn(ctx context.Context, nc *nats.Conn, topo stages.TopologyOptions, l
 	if err != nil {
 		return nil, err
 	}
-	setup, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	if err := stages.EnsureTopology(setup, js, topo); err != nil {
-		return nil, err
-	}
-	store, err := kvstore.Open(setup, js, kvstore.Options{Replicas: topo.Replicas, Storage: topo.Storage})
+	var store *kvstore.Store
+	err = stages.Retry(ctx, log, "waiting for the NATS topology", func(ctx context.Context) error {
+		setup, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		if err := stages.EnsureTopology(setup, js, topo); err != nil {
+			return err
+		}
+		var err error
+		store, err = kvstore.Open(setup, js, kvstore.Options{Replicas: topo.Replicas, Storage: topo.Storage})
+		return err
+	})
 	if err != nil {
 		return nil, err
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -232,5 +233,81 @@ func TestDrainFinishesMCPCall(t *testing.T) {
 	}
 	if resp.Status != invocation.StatusSuccess || !strings.Contains(string(resp.Result), "Long running operation completed") {
 		t.Fatalf("drained call: %s %s %s", resp.Status, resp.Result, mustJSON(t, resp.Error))
+	}
+}
+
+// TestWorkersWaitForServer: stage workers started before their NATS server
+// (and so before any stream, consumer or bucket exists) wait, retrying with
+// backoff, and come up once the server does; a call then runs through them.
+func TestWorkersWaitForServer(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	_ = l.Close()
+	url := "nats://" + addr
+	type started struct {
+		n    *pipeline.Node
+		stop func() error
+	}
+	ready := make(chan started, 2)
+	for _, names := range [][]string{{subjects.Validate, subjects.Authorize, subjects.Route, pipeline.Control},
+		{subjects.Execute, subjects.Verify, subjects.Audit}} {
+		go func() {
+			n, _, stop := runPipeline(t, pipeline.Config{NATSURL: url, Stages: names, Workers: 1,
+				Stage: pipeline.StageConfig{Tokens: testVerifier(), Builtins: builtin.New(builtin.Env{})}})
+			ready <- started{n, stop}
+		}()
+	}
+	select {
+	case <-ready:
+		t.Fatal("a worker came up without a server")
+	case <-time.After(time.Second): // the workers are retrying by now
+	}
+	ns, err := pipeline.StartEmbedded(pipeline.EmbeddedOptions{Listen: addr, DataDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var all []started
+	// The workers stop before their server does.
+	t.Cleanup(func() {
+		for _, s := range all {
+			_ = s.stop()
+		}
+		ns.Shutdown()
+		ns.WaitForShutdown()
+	})
+	for range 2 {
+		select {
+		case s := <-ready:
+			all = append(all, s)
+		case <-time.After(60 * time.Second):
+			t.Fatal("workers did not come up after the server did")
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := all[0].n.RegisterExamples(ctx); err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	c, err := client.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := request("late", "echo", `{"message":"late server"}`)
+	req.ToolVersion = "2.0.0"
+	id, err := c.Invoke(ctx, req, client.InvokeOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := c.Wait(ctx, "late", id)
+	if err != nil || resp.Status != invocation.StatusSuccess {
+		t.Fatalf("call through late workers: %v %s %s", err, resp.Status, mustJSON(t, resp.Error))
 	}
 }
