@@ -69,9 +69,14 @@ type Config struct {
 	TokenAudience string
 	// ApprovalSweep is how often deadlines of pending approvals are checked.
 	ApprovalSweep time.Duration
-	Topology      stages.TopologyOptions
-	Stage         StageConfig
-	Log           *slog.Logger
+	// ResetSecuritySettings replaces the cluster's recorded security
+	// settings (key set, token issuer and audience, sandbox mode, file root,
+	// http private networks) with this process's; without it a process
+	// whose settings differ refuses to start (E3951).
+	ResetSecuritySettings bool
+	Topology              stages.TopologyOptions
+	Stage                 StageConfig
+	Log                   *slog.Logger
 	// Ready, if set, is called once everything runs, with the NATS URL.
 	Ready func(url string, n *Node)
 }
@@ -140,6 +145,9 @@ func Run(ctx context.Context, c Config) error {
 		return err
 	}
 	if err := setupTokens(runCtx, &c, n, log, &bg); err != nil {
+		return err
+	}
+	if err := checkSecurity(ctx, &c, n, c.ResetSecuritySettings, log); err != nil {
 		return err
 	}
 	if c.PolicyPath != "" && c.Stage.Policy == nil {

@@ -311,3 +311,62 @@ func TestWorkersWaitForServer(t *testing.T) {
 		t.Fatalf("call through late workers: %v %s %s", err, resp.Status, mustJSON(t, resp.Error))
 	}
 }
+
+// TestSecuritySettingsAgree: a second worker whose security settings differ
+// from the ones the cluster recorded is refused with E3951 naming the
+// setting (no key set beside one with a key set; --sandbox none beside
+// bwrap); one with the same settings joins; and an operator's reset replaces
+// the record.
+func TestSecuritySettingsAgree(t *testing.T) {
+	e := newEnv(t, stages.TopologyOptions{})
+	root := t.TempDir()
+	good := pipeline.Config{NATSURL: e.url, Stages: []string{subjects.Authorize, subjects.Execute}, Workers: 1,
+		Stage: pipeline.StageConfig{Tokens: testVerifier(), Sandbox: sandbox.Config{FileRoot: root}}}
+	runPipeline(t, good)
+	start := func(cfg pipeline.Config) error {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		cfg.Log = quietLog()
+		cfg.Ready = func(string, *pipeline.Node) { cancel() } // started: stop at once
+		return pipeline.Run(ctx, cfg)
+	}
+	for _, c := range []struct {
+		setting string
+		change  func(*pipeline.Config)
+	}{
+		{"key set", func(c *pipeline.Config) { c.Stage.Tokens = nil }},
+		{"sandbox", func(c *pipeline.Config) { c.Stage.Sandbox.Mode = sandbox.ModeNone }},
+		{"file root", func(c *pipeline.Config) { c.Stage.Sandbox.FileRoot = t.TempDir() }},
+		{"http private networks", func(c *pipeline.Config) { c.Stage.HTTPAllowPrivateNetworks = true }},
+	} {
+		t.Run(c.setting, func(t *testing.T) {
+			cfg := good
+			c.change(&cfg)
+			err := start(cfg)
+			var te *toolerr.Error
+			if !errors.As(err, &te) || te.ECode != toolerr.ESecuritySettings || te.Details["setting"] != c.setting {
+				t.Fatalf("got %v, want E3951 naming %q", err, c.setting)
+			}
+		})
+	}
+	if err := start(good); err != nil {
+		t.Fatalf("a worker with the same settings: %v", err)
+	}
+	// A worker running validate only has no security setting to disagree on.
+	if err := start(pipeline.Config{NATSURL: e.url, Stages: []string{subjects.Validate}}); err != nil {
+		t.Fatalf("a validate worker: %v", err)
+	}
+	changed := good
+	changed.Stage.HTTPAllowPrivateNetworks = true
+	changed.ResetSecuritySettings = true
+	if err := start(changed); err != nil {
+		t.Fatalf("reset: %v", err)
+	}
+	changed.ResetSecuritySettings = false
+	if err := start(changed); err != nil {
+		t.Fatalf("after the reset: %v", err)
+	}
+	if err := start(good); err == nil {
+		t.Fatal("the old settings were accepted after the reset")
+	}
+}
