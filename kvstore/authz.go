@@ -38,7 +38,7 @@ func (s *Store) Revoke(ctx context.Context, jti string, until time.Time, reason 
 // revoked(jti, false) when a revocation is removed or expires. It returns once
 // the current set has been delivered.
 func (s *Store) WatchRevocations(ctx context.Context, revoked func(jti string, on bool)) error {
-	return watch(ctx, s.revocations, func(e jetstream.KeyValueEntry) {
+	return s.watch(ctx, s.revocations, func(e jetstream.KeyValueEntry) {
 		jti, err := subjects.Untoken(e.Key())
 		if err != nil {
 			return
@@ -96,7 +96,7 @@ func (s *Store) Policy(ctx context.Context) (PolicyBundle, bool, error) {
 // with ok false when the bundle is deleted. It returns once the current
 // bundle (if any) has been delivered.
 func (s *Store) WatchPolicy(ctx context.Context, fn func(b PolicyBundle, ok bool, err error)) error {
-	return watch(ctx, s.policies, func(e jetstream.KeyValueEntry) {
+	return s.watch(ctx, s.policies, func(e jetstream.KeyValueEntry) {
 		if e.Key() != policyKey {
 			return
 		}

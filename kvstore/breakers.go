@@ -95,7 +95,7 @@ func (s *Store) TransitionBreaker(ctx context.Context, key string, change func(c
 
 // WatchBreakers calls fn with every stored breaker state and each change.
 func (s *Store) WatchBreakers(ctx context.Context, fn func(BreakerState)) error {
-	return watch(ctx, s.breakers, func(e jetstream.KeyValueEntry) {
+	return s.watch(ctx, s.breakers, func(e jetstream.KeyValueEntry) {
 		if e.Operation() != jetstream.KeyValuePut {
 			key, err := subjects.Untoken(e.Key())
 			if err == nil {

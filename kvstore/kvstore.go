@@ -8,9 +8,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolgate/toolgate/subjects"
 )
 
 // Bucket names.
@@ -52,6 +55,8 @@ type Store struct {
 	idempotency jetstream.KeyValue
 	checkpoints jetstream.KeyValue
 	breakers    jetstream.KeyValue
+	settings    jetstream.KeyValue
+	watches     sync.WaitGroup
 }
 
 // Open opens the buckets, creating any that are missing. It is safe to call
@@ -111,6 +116,9 @@ func Open(ctx context.Context, js jetstream.JetStream, o Options) (*Store, error
 		}},
 		{&s.breakers, jetstream.KeyValueConfig{
 			Bucket: BucketBreakers, Description: "toolgate circuit breaker state by tool or endpoint", History: 5,
+		}},
+		{&s.settings, jetstream.KeyValueConfig{
+			Bucket: subjects.BucketSettings, Description: "toolgate security settings every worker must share", History: 10,
 		}},
 		{&s.budgets, jetstream.KeyValueConfig{
 			Bucket: BucketBudgets, Description: "toolgate session usage by tenant and session",

@@ -63,7 +63,7 @@ func (s *Store) WatchTools(ctx context.Context, reg *tools.Registry, log *slog.L
 	if log == nil {
 		log = slog.Default()
 	}
-	return watch(ctx, s.tools, func(e jetstream.KeyValueEntry) { apply(reg, e, log) })
+	return s.watch(ctx, s.tools, func(e jetstream.KeyValueEntry) { apply(reg, e, log) })
 }
 
 func apply(reg *tools.Registry, e jetstream.KeyValueEntry, log *slog.Logger) {

@@ -7,16 +7,22 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
+// Wait returns when every watch the store started has stopped, which each
+// does once its context is done.
+func (s *Store) Wait() { s.watches.Wait() }
+
 // watch calls fn for every entry of kv, in order, until ctx is done. It
 // returns once the values stored at the time of the call have all been
 // applied, so a caller never serves with half-loaded state.
-func watch(ctx context.Context, kv jetstream.KeyValue, fn func(jetstream.KeyValueEntry)) error {
+func (s *Store) watch(ctx context.Context, kv jetstream.KeyValue, fn func(jetstream.KeyValueEntry)) error {
 	w, err := kv.WatchAll(ctx)
 	if err != nil {
 		return fmt.Errorf("watching %s: %w", kv.Bucket(), err)
 	}
 	ready := make(chan struct{})
+	s.watches.Add(1)
 	go func() {
+		defer s.watches.Done()
 		defer func() { _ = w.Stop() }()
 		loaded := false
 		for {

@@ -62,11 +62,13 @@ func (r *Runner) Run(ctx context.Context) error {
 	inputs := subjects.Inputs(r.Name)
 	consumers := make([]jetstream.Consumer, len(inputs))
 	for i, in := range inputs {
-		cons, err := r.JS.Consumer(ctx, in.Stream, in.Consumer)
+		err := Retry(ctx, r.Log, "opening consumer "+in.Consumer, func(ctx context.Context) (err error) {
+			consumers[i], err = r.JS.Consumer(ctx, in.Stream, in.Consumer)
+			return err
+		})
 		if err != nil {
-			return fmt.Errorf("opening consumer %s: %w", in.Consumer, err)
+			return nil // stopped before it started: nothing to drain
 		}
-		consumers[i] = cons
 	}
 	info := consumers[0].CachedInfo()
 	if r.AckWait == 0 {
@@ -84,7 +86,9 @@ func (r *Runner) Run(ctx context.Context) error {
 	}
 	defer unsubscribe(subs)
 
-	next, err := r.source(ctx, consumers)
+	var fetchers sync.WaitGroup
+	defer fetchers.Wait()
+	next, err := r.source(ctx, consumers, &fetchers)
 	if err != nil {
 		return err
 	}
@@ -111,7 +115,7 @@ func (r *Runner) Run(ctx context.Context) error {
 // iterator; several (one per priority, highest first) are read by one
 // fetcher each that holds a single message until a worker takes it, so a
 // message waits in JetStream, not in this process, while higher ones run.
-func (r *Runner) source(ctx context.Context, consumers []jetstream.Consumer) (func(n int) (jetstream.Msg, bool), error) {
+func (r *Runner) source(ctx context.Context, consumers []jetstream.Consumer, fetchers *sync.WaitGroup) (func(n int) (jetstream.Msg, bool), error) {
 	if len(consumers) == 1 {
 		iter, err := consumers[0].Messages(jetstream.PullMaxMessages(r.Workers))
 		if err != nil {
@@ -135,7 +139,7 @@ func (r *Runner) source(ctx context.Context, consumers []jetstream.Consumer) (fu
 	feeds := make([]chan jetstream.Msg, len(consumers))
 	for i, c := range consumers {
 		feeds[i] = make(chan jetstream.Msg)
-		go r.fetch(ctx, c, feeds[i])
+		fetchers.Go(func() { r.fetch(ctx, c, feeds[i]) })
 	}
 	return func(n int) (jetstream.Msg, bool) { return takeByPriority(ctx, feeds, n) }, nil
 }

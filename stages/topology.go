@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"math/rand/v2"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -122,4 +124,30 @@ func EnsureTopology(ctx context.Context, js jetstream.JetStream, o TopologyOptio
 		}
 	}
 	return nil
+}
+
+// Retry runs fn until it succeeds or ctx is done, waiting between attempts
+// with exponential backoff and full jitter (100 ms doubling to 5 s) and
+// logging each failure. Start-up uses it: processes started together
+// against a fresh cluster find streams, consumers and their leaders
+// missing for a while, which is a race to wait out, not a reason to exit.
+func Retry(ctx context.Context, log *slog.Logger, what string, fn func(ctx context.Context) error) error {
+	const first, most = 100 * time.Millisecond, 5 * time.Second
+	for attempt := 1; ; attempt++ {
+		err := fn(ctx)
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("%s: %w (last error: %v)", what, ctx.Err(), err)
+		}
+		ceiling := min(first<<min(attempt-1, 16), most)
+		wait := time.Duration(rand.Int64N(int64(ceiling))) + time.Millisecond
+		log.Warn(what+": retrying", "attempt", attempt, "retry_in", wait.Round(time.Millisecond), "err", err)
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%s: %w (last error: %v)", what, ctx.Err(), err)
+		case <-time.After(wait):
+		}
+	}
 }

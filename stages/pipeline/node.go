@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -52,6 +53,9 @@ type Node struct {
 
 	lost    chan struct{} // closed when the connection closes for good, unless by Close
 	closing atomic.Bool
+
+	stopMu sync.Mutex
+	stops  []func() // closers of what NewStage opened
 }
 
 // ErrConnectionClosed reports that the NATS connection closed for good (the
@@ -64,8 +68,9 @@ var ErrConnectionClosed = errors.New("NATS connection closed")
 // Close; it is nil for a Node opened with OpenConn.
 func (n *Node) Lost() <-chan struct{} { return n.lost }
 
-// Open connects to url and makes the topology ready. The registry stays in
-// step with the tools bucket until ctx is done.
+// Open connects to url and makes the topology ready, waiting with backoff
+// until ctx is done for a server or topology that is not there yet. The
+// registry stays in step with the tools bucket until ctx is done.
 func Open(ctx context.Context, url, name string, topo stages.TopologyOptions, log *slog.Logger) (*Node, error) {
 	if log == nil {
 		log = slog.Default()
@@ -74,7 +79,8 @@ func Open(ctx context.Context, url, name string, topo stages.TopologyOptions, lo
 	var n *Node
 	var ready sync.WaitGroup
 	ready.Add(1)
-	nc, err := nats.Connect(url, nats.Name(name), nats.MaxReconnects(-1),
+	// A server that is not up yet is waited for, like a missing topology.
+	nc, err := nats.Connect(url, nats.Name(name), nats.MaxReconnects(-1), nats.RetryOnFailedConnect(true),
 		nats.ClosedHandler(func(*nats.Conn) {
 			ready.Wait()
 			if n == nil || !n.closing.Load() {
@@ -105,12 +111,17 @@ func OpenConn(ctx context.Context, nc *nats.Conn, topo stages.TopologyOptions, l
 	if err != nil {
 		return nil, err
 	}
-	setup, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	if err := stages.EnsureTopology(setup, js, topo); err != nil {
-		return nil, err
-	}
-	store, err := kvstore.Open(setup, js, kvstore.Options{Replicas: topo.Replicas, Storage: topo.Storage})
+	var store *kvstore.Store
+	err = stages.Retry(ctx, log, "waiting for the NATS topology", func(ctx context.Context) error {
+		setup, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		if err := stages.EnsureTopology(setup, js, topo); err != nil {
+			return err
+		}
+		var err error
+		store, err = kvstore.Open(setup, js, kvstore.Options{Replicas: topo.Replicas, Storage: topo.Storage})
+		return err
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -129,6 +140,27 @@ func OpenConn(ctx context.Context, nc *nats.Conn, topo stages.TopologyOptions, l
 func (n *Node) Close() {
 	n.closing.Store(true)
 	n.NC.Close()
+}
+
+// onStop registers a closer for StopStages.
+func (n *Node) onStop(f func()) {
+	n.stopMu.Lock()
+	defer n.stopMu.Unlock()
+	n.stops = append(n.stops, f)
+}
+
+// StopStages closes what NewStage opened for the stages (MCP server
+// processes, HTTP connections, the cancel subscription), last opened first,
+// and returns when they are closed. Call it after the stages' runners have
+// drained: in-flight calls still use these resources.
+func (n *Node) StopStages() {
+	n.stopMu.Lock()
+	stops := n.stops
+	n.stops = nil
+	n.stopMu.Unlock()
+	for _, f := range slices.Backward(stops) {
+		f()
+	}
 }
 
 // RegisterExamples stores the example tools shipped in the binary, replacing
@@ -208,7 +240,8 @@ type StageConfig struct {
 	MCP mcptool.Config
 }
 
-// NewStage builds the logic of the named stage.
+// NewStage builds the logic of the named stage. ctx bounds its watches;
+// the resources it opens live until StopStages.
 func (n *Node) NewStage(ctx context.Context, name string, c StageConfig) (stages.Stage, error) {
 	switch name {
 	case subjects.Validate:
@@ -235,7 +268,7 @@ func (n *Node) NewStage(ctx context.Context, name string, c StageConfig) (stages
 		if err != nil {
 			return nil, fmt.Errorf("subscribing to cancels: %w", err)
 		}
-		context.AfterFunc(ctx, func() { _ = sub.Unsubscribe() })
+		n.onStop(func() { _ = sub.Unsubscribe() })
 		x := execute.New(n.Registry, set, n.Store, running)
 		x.Publish = func(ctx context.Context, o stages.Output) error { return stages.Publish(ctx, n.JS, o) }
 		x.Verifier = verify.New(n.Registry, verify.Config{Tenants: c.TenantActions, Detectors: c.Detectors})
@@ -253,12 +286,12 @@ func (n *Node) NewStage(ctx context.Context, name string, c StageConfig) (stages
 			secretSource = &secrets.Source{Dir: c.SecretsDir}
 		}
 		httpKind := httptool.New(httptool.Config{Secrets: secretSource, AllowPrivateNetworks: c.HTTPAllowPrivateNetworks})
-		context.AfterFunc(ctx, httpKind.Close)
+		n.onStop(httpKind.Close)
 		x.Handle("http", httpKind)
 		mc := c.MCP
 		mc.Sandbox, mc.SandboxErr, mc.Log = x.Sandbox, x.SandboxErr, cmp.Or(mc.Log, n.Log)
 		mcpKind := mcptool.New(mc)
-		context.AfterFunc(ctx, func() { _ = mcpKind.Close() })
+		n.onStop(func() { _ = mcpKind.Close() })
 		x.Handle("mcp", mcpKind)
 		x.Breakers = breaker.New(n.Store, x.Publish, n.Log)
 		if err := n.Store.WatchBreakers(ctx, x.Breakers.Apply); err != nil {

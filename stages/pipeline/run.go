@@ -69,9 +69,14 @@ type Config struct {
 	TokenAudience string
 	// ApprovalSweep is how often deadlines of pending approvals are checked.
 	ApprovalSweep time.Duration
-	Topology      stages.TopologyOptions
-	Stage         StageConfig
-	Log           *slog.Logger
+	// ResetSecuritySettings replaces the cluster's recorded security
+	// settings (key set, token issuer and audience, sandbox mode, file root,
+	// http private networks) with this process's; without it a process
+	// whose settings differ refuses to start (E3951).
+	ResetSecuritySettings bool
+	Topology              stages.TopologyOptions
+	Stage                 StageConfig
+	Log                   *slog.Logger
 	// Ready, if set, is called once everything runs, with the NATS URL.
 	Ready func(url string, n *Node)
 }
@@ -85,6 +90,9 @@ func Run(ctx context.Context, c Config) error {
 	}
 	if len(c.Stages) == 0 {
 		c.Stages = append(append([]string{}, subjects.Stages...), Control)
+	}
+	if err := resolvePaths(&c); err != nil {
+		return err
 	}
 	url := c.NATSURL
 	if url == "" {
@@ -107,13 +115,27 @@ func Run(ctx context.Context, c Config) error {
 		defer shutdown()
 	}
 
+	// Two contexts: ctx ending starts the drain (runners stop fetching and
+	// finish what they hold); runCtx carries what the in-flight work needs
+	// (MCP servers, watches, the approval sweeper) and ends only after the
+	// drain, when Run closes and joins it all.
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
+	// A signal while waiting for the topology stops the wait: nothing runs yet.
+	stopWaiting := context.AfterFunc(ctx, cancel)
 	n, err := Open(runCtx, url, "toolgate", c.Topology, log)
+	stopWaiting()
 	if err != nil {
 		return err
 	}
-	defer n.Close()
+	var bg sync.WaitGroup // goroutines on runCtx
+	defer func() {
+		n.StopStages()
+		cancel()
+		bg.Wait()
+		n.Store.Wait()
+		n.Close()
+	}()
 	if c.Examples {
 		if err := n.RegisterExamples(ctx); err != nil {
 			return err
@@ -122,7 +144,10 @@ func Run(ctx context.Context, c Config) error {
 	if err := loadSafety(&c); err != nil {
 		return err
 	}
-	if err := setupTokens(runCtx, &c, n, log); err != nil {
+	if err := setupTokens(runCtx, &c, n, log, &bg); err != nil {
+		return err
+	}
+	if err := checkSecurity(ctx, &c, n, c.ResetSecuritySettings, log); err != nil {
 		return err
 	}
 	if c.PolicyPath != "" && c.Stage.Policy == nil {
@@ -136,11 +161,11 @@ func Run(ctx context.Context, c Config) error {
 	metrics := stages.NewMetrics(reg)
 	if c.MetricsAddr != "" {
 		srv := &http.Server{Addr: c.MetricsAddr, Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 5 * time.Second}
-		go func() {
+		bg.Go(func() {
 			if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				log.Error("metrics server", "err", err)
 			}
-		}()
+		})
 		defer func() { _ = srv.Close() }()
 	}
 
@@ -156,44 +181,45 @@ func Run(ctx context.Context, c Config) error {
 			continue
 		}
 		if name == subjects.Authorize {
-			go approvals.RunSweeper(runCtx, cmp.Or(c.ApprovalSweep, time.Second))
+			bg.Go(func() { approvals.RunSweeper(runCtx, cmp.Or(c.ApprovalSweep, time.Second)) })
 		}
-		st, err := n.NewStage(ctx, name, c.Stage)
+		st, err := n.NewStage(runCtx, name, c.Stage)
 		if err != nil {
 			return err
 		}
 		runners = append(runners, n.Runner(name, st, c.Workers, metrics))
 	}
 
-	// Runners stop fetching when ctx is done, then finish in-flight work. A
-	// connection that closes for good stops them too, and Run reports it.
-	stageCtx, stop := context.WithCancelCause(ctx)
-	defer stop(nil)
-	go func() {
+	// Runners stop fetching when drain is done, then finish in-flight work;
+	// one failing stops the others, and so does a connection that closes for
+	// good, which Run then reports so a supervisor restarts the process.
+	drain, stop := context.WithCancel(ctx)
+	defer stop()
+	errs := make(chan error, len(runners)+1)
+	bg.Go(func() {
 		select {
 		case <-n.Lost():
 			log.Error("NATS connection closed for good; stopping", "err", n.NC.LastError())
-			stop(fmt.Errorf("%w: %v", ErrConnectionClosed, n.NC.LastError()))
-			cancel()
-		case <-stageCtx.Done():
+			stop()
+		case <-runCtx.Done():
 		}
-	}()
-	errs := make(chan error, len(runners)+1)
+	})
 	var wg sync.WaitGroup
 	for _, r := range runners {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := r.Run(stageCtx); err != nil {
+		wg.Go(func() {
+			if err := r.Run(drain); err != nil {
 				errs <- fmt.Errorf("stage %s: %w", r.Name, err)
-				cancel()
+				stop()
 			}
-		}()
+		})
 	}
 	log.Info("toolgate running", "stages", c.Stages, "workers", c.Workers, "nats", url)
 	if c.Ready != nil {
 		c.Ready(url, n)
 	}
+	// Wait for the signal even when no runner runs (stage control serves
+	// requests on its own goroutines).
+	<-drain.Done()
 	wg.Wait()
 	// The closed handler runs asynchronously: ask the connection itself.
 	if n.NC.IsClosed() {
@@ -206,7 +232,7 @@ func Run(ctx context.Context, c Config) error {
 
 // setupTokens configures capability token verification: the operator's key
 // set, or with Examples and no key set, a development key.
-func setupTokens(ctx context.Context, c *Config, n *Node, log *slog.Logger) error {
+func setupTokens(ctx context.Context, c *Config, n *Node, log *slog.Logger, bg *sync.WaitGroup) error {
 	if c.Stage.Tokens != nil {
 		return nil
 	}
@@ -217,7 +243,7 @@ func setupTokens(ctx context.Context, c *Config, n *Node, log *slog.Logger) erro
 		if err != nil {
 			return fmt.Errorf("key set: %w", err)
 		}
-		go kf.Watch(ctx, time.Second)
+		bg.Go(func() { kf.Watch(ctx, time.Second) })
 		c.Stage.Tokens = &token.Verifier{Keys: kf, Issuer: iss, Audience: aud, Leeway: 30 * time.Second}
 	case c.Examples:
 		dir := cmp.Or(c.DevKeyDir, c.Embedded.DataDir)

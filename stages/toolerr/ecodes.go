@@ -137,3 +137,13 @@ const (
 	// The external service's response is not in the declared format.
 	EExternalMalformed = "E3308"
 )
+
+// Start-up refusals (toolgate's own): a process that would be unsafe does
+// not start.
+const (
+	// The file root contains, or lies inside, toolgate's own state (data
+	// directory, development key, secrets), which tools would then reach.
+	EUnsafeFileRoot = "E3950"
+	// A worker's security settings differ from the cluster's recorded ones.
+	ESecuritySettings = "E3951"
+)

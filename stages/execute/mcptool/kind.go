@@ -90,14 +90,21 @@ func (k *Kind) prepare(m *tools.Manifest, tenant string, grants invocation.Grant
 		if err != nil {
 			return nil, nil, err
 		}
-		key = identity(tenant, spec.Server, spec.URL, spec.MaxConcurrency)
+		key, err = identity(serverDef{Tenant: tenant, Name: spec.Server, URL: spec.URL, Concurrency: spec.MaxConcurrency})
+		if err != nil {
+			return nil, nil, err
+		}
 		dial = httpDial(spec.URL, host, port)
 	} else {
 		sp, err := k.processSpec(m, spec, grants)
 		if err != nil {
 			return nil, nil, err
 		}
-		key = identity(tenant, spec.Server, sp, spec.MaxConcurrency)
+		key, err = identity(serverDef{Tenant: tenant, Name: spec.Server, Argv: sp.Argv, Env: sp.Env, Mounts: sp.Mounts,
+			Network: sp.Network, Limits: sp.Limits, Concurrency: spec.MaxConcurrency})
+		if err != nil {
+			return nil, nil, err
+		}
 		dial = stdioDial(k.cfg.Sandbox, sp)
 	}
 	srv, err := k.server(key, spec, dial)
@@ -175,17 +182,32 @@ func allowedEndpoint(m *tools.Manifest, spec *Spec, grants invocation.Grants) (s
 	return host, port, nil
 }
 
-// identity keys a server process: one per tenant and server definition, so
-// tenants never share a server's state, and a change to the command,
-// environment, mounts, network or limits starts a new process.
-func identity(tenant, name string, def any, concurrency int) string {
-	b, _ := json.Marshal(struct {
-		Tenant, Name string
-		Def          any
-		Concurrency  int
-	}{tenant, name, def, concurrency})
+// serverDef is what a server process is keyed by: the tenant, so tenants
+// never share a server's state, and every field of the definition that
+// shapes the process (command, environment, mounts, network, limits), so a
+// changed definition starts a new process. Only plain data: it must encode.
+type serverDef struct {
+	Tenant      string            `json:"tenant"`
+	Name        string            `json:"name"`
+	URL         string            `json:"url,omitempty"`
+	Argv        []string          `json:"argv,omitempty"`
+	Env         map[string]string `json:"env,omitempty"` // encoded with sorted keys
+	Mounts      []sandbox.Mount   `json:"mounts,omitempty"`
+	Network     bool              `json:"network,omitempty"`
+	Limits      sandbox.Limits    `json:"limits"`
+	Concurrency int               `json:"concurrency,omitempty"`
+}
+
+// identity is the key of def's server process: its name, for logs, and a
+// hash of the whole definition.
+func identity(def serverDef) (string, error) {
+	b, err := json.Marshal(def)
+	if err != nil {
+		return "", toolerr.Wrap(err, toolerr.ToolExecutionError, toolerr.EExecutorUnavailable,
+			"MCP server %s: encoding its definition: %v", def.Name, err).WithDetail("not_started", true)
+	}
 	sum := sha256.Sum256(b)
-	return name + "/" + hex.EncodeToString(sum[:12])
+	return def.Name + "/" + hex.EncodeToString(sum[:16]), nil
 }
 
 func (k *Kind) server(key string, spec *Spec, dial dialFunc) (*server, error) {

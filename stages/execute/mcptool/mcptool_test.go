@@ -426,3 +426,44 @@ func TestToolID(t *testing.T) {
 		}
 	}
 }
+
+// TestServersPerTenantAndDefinition: each tenant gets a server process of
+// its own, so state one tenant leaves in a server (server-everything's
+// simulated-logging toggle lives in the process) is not seen by another; and
+// a changed definition reaches a new process, not the old one.
+func TestServersPerTenantAndDefinition(t *testing.T) {
+	script, modules := mcptest.Everything(t)
+	k := newKind(t, mcptool.Config{})
+	spec := mcptool.Spec{Server: "everything", Tool: "toggle-simulated-logging", Command: []string{"node", script, "stdio"},
+		ReadOnlyPaths: []string{modules}}
+	toggle := manifest(t, "toggle-simulated-logging", spec, "")
+	text := func(tenant string, m *tools.Manifest, params string) string {
+		t.Helper()
+		fn, err := k.Prepare(m, &invocation.Invocation{Tenant: tenant})
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, err := call(t, fn, params)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(out)
+	}
+	if got := text("acme", toggle, `{}`); !strings.Contains(got, "Started") {
+		t.Fatalf("acme's first toggle: %s", got)
+	}
+	if got := text("globex", toggle, `{}`); !strings.Contains(got, "Started") {
+		t.Fatalf("globex saw acme's server state: %s", got)
+	}
+	if got := text("acme", toggle, `{}`); !strings.Contains(got, "Stopped") {
+		t.Fatalf("acme's second toggle reached another process: %s", got)
+	}
+
+	spec.Tool = "get-env"
+	for _, v := range []string{"one", "two"} {
+		spec.Env = map[string]string{"TOOLGATE_DEF": "version-" + v}
+		if got := text("acme", manifest(t, "get-env", spec, ""), `{}`); !strings.Contains(got, "version-"+v) {
+			t.Fatalf("definition %s answered by another process: %s", v, got)
+		}
+	}
+}

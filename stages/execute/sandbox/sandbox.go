@@ -158,6 +158,13 @@ func Run(ctx context.Context, cfg Config, spec Spec) (Result, error) {
 			_ = os.Chown(f, int(uid), int(uid))
 		}
 	}
+	if asRoot {
+		for _, m := range spec.Mounts {
+			if err := reachable(m.Host, uid); err != nil {
+				return Result{}, err
+			}
+		}
+	}
 	argv, err := command(cfg, spec, lim, work)
 	if err != nil {
 		return Result{}, err
@@ -297,7 +304,12 @@ func Mounts(fileRoot string, paths []string, write bool) ([]Mount, error) {
 	if fileRoot == "" || len(paths) == 0 {
 		return nil, nil
 	}
-	root, err := filepath.EvalSymlinks(fileRoot)
+	// bwrap takes a relative bind source relative to its own working
+	// directory, the run's private one: every path it gets is absolute.
+	root, err := filepath.Abs(fileRoot)
+	if err == nil {
+		root, err = filepath.EvalSymlinks(root)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("file root: %w", err)
 	}

@@ -228,3 +228,59 @@ func TestRunsHaveTheirOwnProcessBudget(t *testing.T) {
 	<-busy
 	noLeftovers(t, "budget-marker")
 }
+
+// TestRelativeFileRoot: a file root given relative to the working directory
+// (make run's --file-root) binds its grants; bwrap, which runs in the run's
+// private directory, would not find a relative source.
+func TestRelativeFileRoot(t *testing.T) {
+	cfg := requireSandbox(t)
+	root := t.TempDir()
+	for _, d := range []string{filepath.Dir(root), root} {
+		_ = os.Chmod(d, 0o755)
+	}
+	if err := os.WriteFile(filepath.Join(root, "hello.txt"), []byte("hello"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Chdir(filepath.Dir(root))
+	mounts, err := Mounts(filepath.Base(root), []string{"/"}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := Run(context.Background(), cfg, Spec{Argv: []string{"cat", "/files/hello.txt"}, Mounts: mounts,
+		Limits: Limits{Wall: 5 * time.Second}})
+	if err != nil || string(res.Stdout) != "hello" {
+		t.Fatalf("read through a relative root: %q %v %s", res.Stdout, err, res.Stderr)
+	}
+}
+
+// TestUnreachableGrant: a grant under a directory the run's own uid cannot
+// enter (a 0700 home directory) is refused before bwrap starts, with the
+// path, the blocking directory and the uid.
+func TestUnreachableGrant(t *testing.T) {
+	cfg := requireSandbox(t)
+	if os.Geteuid() != 0 {
+		t.Skip("runs get a uid of their own only when toolgate runs as root")
+	}
+	home := t.TempDir()
+	_ = os.Chmod(filepath.Dir(home), 0o755)
+	if err := os.Chmod(home, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	root := filepath.Join(home, "files")
+	if err := os.Mkdir(root, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	mounts, err := Mounts(root, []string{"/"}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = Run(context.Background(), cfg, Spec{Argv: []string{"true"}, Mounts: mounts, Limits: Limits{Wall: 5 * time.Second}})
+	wantECode(t, err, toolerr.EExecutorUnavailable)
+	var te *toolerr.Error
+	errors.As(err, &te)
+	uid, _ := te.Details["uid"].(uint32)
+	if te.Details["path"] != root || te.Details["blocked_at"] != home || uid < UIDBase ||
+		!strings.Contains(te.Message, root) || !strings.Contains(te.Message, "uid") {
+		t.Fatalf("error does not name the path, the directory and the uid: %s %v", te.Message, te.Details)
+	}
+}

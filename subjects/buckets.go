@@ -1,0 +1,5 @@
+package subjects
+
+// BucketSettings holds the cluster's security settings: the first worker
+// records them, and every later one must match them to start.
+const BucketSettings = "toolgate_settings"
