@@ -101,7 +101,7 @@ func run(args []string) error {
 func pipelineFlags(fs *flag.FlagSet, c *pipeline.Config) *string {
 	fs.IntVar(&c.Workers, "workers", 4, "workers per stage")
 	fs.StringVar(&c.MetricsAddr, "metrics-addr", "", "serve Prometheus metrics on this address (/metrics)")
-	fs.StringVar(&c.OTLPEndpoint, "otlp-endpoint", os.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT"), "export traces over OTLP/HTTP to host:port")
+	fs.StringVar(&c.OTLPEndpoint, "otlp-endpoint", os.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT"), "export traces over OTLP/HTTP to this URL (https for TLS) or host:port; the OTEL_EXPORTER_OTLP_* variables apply")
 	fs.StringVar(&c.PolicyPath, "policy", "", "Rego policy file or directory (default: the shipped policy)")
 	fs.StringVar(&c.Stage.BuiltinEnv.FileRoot, "file-root", "", "directory the read_file builtin is confined to and cli tools' granted paths are under (empty: disabled)")
 	fs.StringVar(&c.Stage.SecretsDir, "secrets-dir", "", "directory with one file per secret http tools may inject (also read: TOOLGATE_SECRET_<NAME> variables)")
