@@ -317,6 +317,11 @@ func (r *Runner) handle(msg jetstream.Msg) {
 func (r *Runner) process(ctx context.Context, msg jetstream.Msg, inv *invocation.Invocation) (outs []Output, err error) {
 	ctx, cancel := context.WithTimeout(ctx, r.Timeout)
 	defer cancel()
+	ctx = withAnnounce(ctx, func(ctx context.Context, o Output) error {
+		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		return r.publish(pctx, o)
+	})
 	if r.AckWait > 0 {
 		go func() {
 			t := time.NewTicker(r.AckWait / 3)
