@@ -21,6 +21,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -167,6 +168,10 @@ func TestCommandBlocks(t *testing.T) {
 				defer bcancel()
 				cmd := exec.CommandContext(bctx, "bash", "-e", "-o", "pipefail", "-c", b.body)
 				cmd.Dir, cmd.Env = work, env
+				// A block that hangs is killed with everything it started.
+				cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+				cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+				cmd.WaitDelay = 5 * time.Second
 				out, err := cmd.CombinedOutput()
 				if err != nil {
 					t.Fatalf("block at %s:%d failed: %v\n--- block\n%s--- output\n%s", b.file, b.line, err, b.body, out)
