@@ -3,7 +3,7 @@ GO      ?= go
 DATA    ?= toolgate-data
 PKGS    := ./...
 
-.PHONY: run build test test-short fuzz bench lint fmt vet staticcheck clean mcp-servers
+.PHONY: run build test test-short fuzz bench lint fmt vet staticcheck clean mcp-servers nats
 
 run:
 	$(GO) run ./cmd/toolgate serve --examples --data $(DATA) --file-root examples/files --metrics-addr 127.0.0.1:9464
@@ -18,6 +18,15 @@ mcp-servers:
 	  -a -f $(MCP_SERVERS)/node_modules/@modelcontextprotocol/server-everything/dist/index.js || \
 	  npm install --no-audit --no-fund --prefix $(MCP_SERVERS) \
 	    @modelcontextprotocol/server-filesystem@2026.8.31 @modelcontextprotocol/server-everything@2026.8.31
+
+# The nats CLI, for the README's command blocks (docs/docs_test.go skips
+# them without it). Its module has no version list on the proxy, so it is
+# fetched by exact version inside a throw-away module.
+NATS_CLI_VERSION ?= v0.4.0
+nats:
+	@test -x .cache/bin/nats || { d=$$(mktemp -d) && cd $$d && $(GO) mod init natscli >/dev/null 2>&1 && \
+	  $(GO) get github.com/nats-io/natscli/nats@$(NATS_CLI_VERSION) && \
+	  $(GO) build -o $(CURDIR)/.cache/bin/nats github.com/nats-io/natscli/nats; s=$$?; rm -rf $$d; exit $$s; }
 
 test: mcp-servers
 	$(GO) vet $(PKGS)

@@ -277,13 +277,22 @@ func (r *Runner) handle(msg jetstream.Msg) {
 		return
 	}
 
-	ctx := propagator.Extract(context.Background(), invCarrier{inv})
-	ctx, span := otel.Tracer(tracerName).Start(ctx, "toolgate."+r.Name,
+	parent := propagator.Extract(context.Background(), invCarrier{inv})
+	ctx, span := otel.Tracer(tracerName).Start(parent, "toolgate."+r.Name,
 		trace.WithSpanKind(trace.SpanKindConsumer),
 		trace.WithAttributes(attribute.String("toolgate.invocation_id", inv.ID),
 			attribute.String("toolgate.tenant", inv.Tenant),
 			attribute.Int("toolgate.delivery", int(md.NumDelivered))))
 	defer span.End()
+	if inv.Origin.TraceParent == "" {
+		// Fixed at the first hop: the caller's context, or this span's when
+		// the caller sent none, so every event names the same trace.
+		origin := parent
+		if !trace.SpanContextFromContext(parent).IsValid() {
+			origin = ctx
+		}
+		propagator.Inject(origin, originCarrier{&inv.Origin})
+	}
 
 	var outs []Output
 	var perr error
@@ -312,6 +321,11 @@ func (r *Runner) handle(msg jetstream.Msg) {
 func (r *Runner) process(ctx context.Context, msg jetstream.Msg, inv *invocation.Invocation) (outs []Output, err error) {
 	ctx, cancel := context.WithTimeout(ctx, r.Timeout)
 	defer cancel()
+	ctx = withAnnounce(ctx, func(ctx context.Context, o Output) error {
+		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		return r.publish(pctx, o)
+	})
 	if r.AckWait > 0 {
 		go func() {
 			t := time.NewTicker(r.AckWait / 3)
@@ -469,3 +483,19 @@ func (c invCarrier) Set(key, value string) {
 }
 
 func (c invCarrier) Keys() []string { return []string{"traceparent", "tracestate"} }
+
+// originCarrier writes a trace context into an invocation's Origin.
+type originCarrier struct{ tc *invocation.TraceContext }
+
+func (c originCarrier) Get(string) string { return "" }
+
+func (c originCarrier) Set(key, value string) {
+	switch key {
+	case "traceparent":
+		c.tc.TraceParent = value
+	case "tracestate":
+		c.tc.TraceState = value
+	}
+}
+
+func (c originCarrier) Keys() []string { return nil }

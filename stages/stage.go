@@ -16,7 +16,7 @@
 //   - a panic in the stage: internal_error (E3902), to audit.
 //
 // Outputs a stage returns (audit events, results) are published before the
-// successor, and the successor before the input is acked. Every publish
+// successor (or earlier, while the stage works, when it calls Announce), and the successor before the input is acked. Every publish
 // carries a message id derived from the ingest sequence and the hop, so a
 // redelivered input never duplicates what its first delivery published.
 package stages
@@ -34,12 +34,42 @@ import (
 // Stage is one step of the pipeline.
 //
 // Process may modify inv: record decisions, call inv.Fail to end it, or
-// inv.Succeed. It must not do NATS messaging itself (return Outputs instead),
+// inv.Succeed. It must not do NATS messaging itself (return Outputs, or
+// Announce them through the Runner),
 // must honour ctx, and must be safe for concurrent use: the Runner calls it
 // from several workers at once. Process is called at least once per
 // invocation: a redelivery after a crash calls it again.
 type Stage interface {
 	Process(ctx context.Context, inv *invocation.Invocation) ([]Output, error)
+}
+
+// Announce asks the Runner to publish outs now, while the stage is still
+// working, instead of after Process returns: for events a watcher must see
+// as they happen (tool.invoked before the tool runs). The Runner publishes
+// them with their message ids, so a redelivery that announces again is
+// deduplicated like any output. Announce returns an error when the publish
+// failed or ctx does not come from a Runner; a stage that needs the event
+// delivered then returns it among its outputs as well, under the same id.
+func Announce(ctx context.Context, outs ...Output) error {
+	pub, ok := ctx.Value(announceKey{}).(func(context.Context, Output) error)
+	if !ok {
+		return errNoAnnouncer
+	}
+	for _, o := range outs {
+		if err := pub(ctx, o); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+type announceKey struct{}
+
+var errNoAnnouncer = errors.New("no runner to announce through")
+
+// withAnnounce makes Announce on ctx publish through pub.
+func withAnnounce(ctx context.Context, pub func(context.Context, Output) error) context.Context {
+	return context.WithValue(ctx, announceKey{}, pub)
 }
 
 // Output is a message a stage asks the Runner to publish to a stream.

@@ -245,7 +245,7 @@ func tokenInspect(args []string) error {
 
 func tokenRevoke(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("token revoke", flag.ContinueOnError)
-	url := fs.String("nats", nats.DefaultURL, "NATS server URL")
+	url := fs.String("nats", natsURL(), "NATS server URL (default: $NATS_URL, else "+nats.DefaultURL+")")
 	jti := fs.String("jti", "", "token id to revoke (instead of a token)")
 	reason := fs.String("reason", "", "why")
 	if err := fs.Parse(reorder(args)); err != nil {
@@ -302,7 +302,7 @@ func policyCmd(ctx context.Context, args []string) error {
 		return errors.New("policy: push DIR | show")
 	}
 	fs := flag.NewFlagSet("policy "+args[0], flag.ContinueOnError)
-	url := fs.String("nats", nats.DefaultURL, "NATS server URL")
+	url := fs.String("nats", natsURL(), "NATS server URL (default: $NATS_URL, else "+nats.DefaultURL+")")
 	by := fs.String("by", whoami(), "who pushes, for the record")
 	if err := fs.Parse(reorder(args[1:])); err != nil {
 		return err
@@ -345,7 +345,7 @@ func policyCmd(ctx context.Context, args []string) error {
 func decideCmd(ctx context.Context, args []string, approve bool) error {
 	name := map[bool]string{true: "approve", false: "deny"}[approve]
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	url := fs.String("nats", nats.DefaultURL, "NATS server URL")
+	url := fs.String("nats", natsURL(), "NATS server URL (default: $NATS_URL, else "+nats.DefaultURL+")")
 	tenant := fs.String("tenant", pipeline.DevTenant, "tenant id")
 	reason := fs.String("reason", "", "why, for the record")
 	by := fs.String("by", whoami(), "who decides, for the record")
@@ -413,7 +413,7 @@ func devToken(flagValue, dataDir string) string {
 
 func cancelCmd(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("cancel", flag.ContinueOnError)
-	url := fs.String("nats", nats.DefaultURL, "NATS server URL")
+	url := fs.String("nats", natsURL(), "NATS server URL (default: $NATS_URL, else "+nats.DefaultURL+")")
 	tenant := fs.String("tenant", pipeline.DevTenant, "tenant id")
 	reason := fs.String("reason", "", "why, for the record")
 	if err := fs.Parse(reorder(args)); err != nil {
@@ -440,7 +440,7 @@ func breakersCmd(ctx context.Context, args []string) error {
 		action, args = args[0], args[1:]
 	}
 	fs := flag.NewFlagSet("breakers "+action, flag.ContinueOnError)
-	url := fs.String("nats", nats.DefaultURL, "NATS server URL")
+	url := fs.String("nats", natsURL(), "NATS server URL (default: $NATS_URL, else "+nats.DefaultURL+")")
 	by := fs.String("by", whoami(), "who sets it, for the record")
 	if err := fs.Parse(reorder(args)); err != nil {
 		return err

@@ -33,7 +33,7 @@ usage:
   toolgate invoke TOOL --tenant T [--params JSON] [--version V] [--wait]
   toolgate status ID --tenant T
   toolgate cancel ID --tenant T [--reason R]
-  toolgate tail   [--tenant T] [--all]
+  toolgate tail   [--tenant T] [--all] [--count N]
   toolgate tools  register FILE [--replace] | list | get ID [--version V]
   toolgate token  keygen | mint --key K [--parent TOKEN] [grants] | inspect TOKEN | revoke TOKEN
   toolgate policy push DIR | show
@@ -97,11 +97,20 @@ func run(args []string) error {
 	return fmt.Errorf("unknown command %q (try 'toolgate help')", cmd)
 }
 
+// natsURL is the default server of client commands: $NATS_URL, as the nats
+// CLI reads it, else the local default.
+func natsURL() string {
+	if u := os.Getenv("NATS_URL"); u != "" {
+		return u
+	}
+	return nats.DefaultURL
+}
+
 // pipelineFlags are shared by serve and stage.
 func pipelineFlags(fs *flag.FlagSet, c *pipeline.Config) *string {
 	fs.IntVar(&c.Workers, "workers", 4, "workers per stage")
 	fs.StringVar(&c.MetricsAddr, "metrics-addr", "", "serve Prometheus metrics on this address (/metrics)")
-	fs.StringVar(&c.OTLPEndpoint, "otlp-endpoint", os.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT"), "export traces over OTLP/HTTP to host:port")
+	fs.StringVar(&c.OTLPEndpoint, "otlp-endpoint", os.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT"), "export traces over OTLP/HTTP to this URL (https for TLS) or host:port; the OTEL_EXPORTER_OTLP_* variables apply")
 	fs.StringVar(&c.PolicyPath, "policy", "", "Rego policy file or directory (default: the shipped policy)")
 	fs.StringVar(&c.Stage.BuiltinEnv.FileRoot, "file-root", "", "directory the read_file builtin is confined to and cli tools' granted paths are under (empty: disabled)")
 	fs.StringVar(&c.Stage.SecretsDir, "secrets-dir", "", "directory with one file per secret http tools may inject (also read: TOOLGATE_SECRET_<NAME> variables)")
@@ -156,7 +165,7 @@ func stage(ctx context.Context, args []string) error {
 	var c pipeline.Config
 	fs := flag.NewFlagSet("stage", flag.ContinueOnError)
 	level := pipelineFlags(fs, &c)
-	fs.StringVar(&c.NATSURL, "nats", nats.DefaultURL, "NATS server URL")
+	fs.StringVar(&c.NATSURL, "nats", natsURL(), "NATS server URL (default: $NATS_URL, else "+nats.DefaultURL+")")
 	if err := fs.Parse(args[1:]); err != nil {
 		return err
 	}
@@ -221,7 +230,7 @@ func invoke(ctx context.Context, args []string) error {
 		return errors.New("invoke: name a tool, e.g. toolgate invoke echo --tenant demo --params '{\"message\":\"hi\"}'")
 	}
 	fs := flag.NewFlagSet("invoke", flag.ContinueOnError)
-	url := fs.String("nats", nats.DefaultURL, "NATS server URL")
+	url := fs.String("nats", natsURL(), "NATS server URL (default: $NATS_URL, else "+nats.DefaultURL+")")
 	tenant := fs.String("tenant", "demo", "tenant id")
 	params := fs.String("params", "{}", "parameters as a JSON object")
 	version := fs.String("version", "", "exact version or semver range (default: latest)")
@@ -273,7 +282,7 @@ func status(ctx context.Context, args []string) error {
 		return errors.New("status: give an invocation id")
 	}
 	fs := flag.NewFlagSet("status", flag.ContinueOnError)
-	url := fs.String("nats", nats.DefaultURL, "NATS server URL")
+	url := fs.String("nats", natsURL(), "NATS server URL (default: $NATS_URL, else "+nats.DefaultURL+")")
 	tenant := fs.String("tenant", "demo", "tenant id")
 	if err := fs.Parse(args[1:]); err != nil {
 		return err
@@ -290,11 +299,14 @@ func status(ctx context.Context, args []string) error {
 	return printJSON(rec)
 }
 
+var errTailDone = errors.New("tail: count reached")
+
 func tail(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("tail", flag.ContinueOnError)
-	url := fs.String("nats", nats.DefaultURL, "NATS server URL")
+	url := fs.String("nats", natsURL(), "NATS server URL (default: $NATS_URL, else "+nats.DefaultURL+")")
 	tenant := fs.String("tenant", "", "only this tenant's events")
 	all := fs.Bool("all", false, "start from the first event, not the next one")
+	count := fs.Int("count", 0, "stop after this many events (0: follow until interrupted)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -303,10 +315,20 @@ func tail(ctx context.Context, args []string) error {
 		return err
 	}
 	defer closeFn()
-	return c.Tail(ctx, *tenant, *all, func(subject string, data []byte) error {
-		_, err := fmt.Printf("%s %s\n", subject, data)
-		return err
+	n := 0
+	err = c.Tail(ctx, *tenant, *all, func(subject string, data []byte) error {
+		if _, err := fmt.Printf("%s %s\n", subject, data); err != nil {
+			return err
+		}
+		if n++; *count > 0 && n >= *count {
+			return errTailDone
+		}
+		return nil
 	})
+	if errors.Is(err, errTailDone) {
+		return nil
+	}
+	return err
 }
 
 func toolsCmd(ctx context.Context, args []string) error {
@@ -317,7 +339,7 @@ func toolsCmd(ctx context.Context, args []string) error {
 		return importMCPCmd(ctx, args[1:])
 	}
 	fs := flag.NewFlagSet("tools "+args[0], flag.ContinueOnError)
-	url := fs.String("nats", nats.DefaultURL, "NATS server URL")
+	url := fs.String("nats", natsURL(), "NATS server URL (default: $NATS_URL, else "+nats.DefaultURL+")")
 	replace := fs.Bool("replace", false, "register: replace an existing id and version")
 	version := fs.String("version", "", "get: exact version or range")
 	category := fs.String("category", "", "list: only this category")

@@ -26,7 +26,7 @@ func (l *listFlag) Set(v string) error { *l = append(*l, v); return nil }
 // importMCPCmd registers every tool of an MCP server as mcp:<server>:<tool>.
 func importMCPCmd(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("tools import-mcp", flag.ContinueOnError)
-	url := fs.String("nats", nats.DefaultURL, "NATS server URL")
+	url := fs.String("nats", natsURL(), "NATS server URL (default: $NATS_URL, else "+nats.DefaultURL+")")
 	var o mcptool.Import
 	fs.StringVar(&o.Server, "server", "", "server name: tool ids become mcp:NAME:TOOL (required)")
 	fs.StringVar(&o.Risk, "risk", mcptool.DefaultImportRisk, "risk level of every imported tool: low, medium, high or critical")

@@ -174,6 +174,13 @@ func (x *Executor) Process(ctx context.Context, inv *invocation.Invocation) ([]s
 	if err != nil {
 		return nil, err
 	}
+	// tool.invoked says a call started (seed 002 §4.3.1), so it goes out
+	// before the tool runs; should that fail it rides the outputs instead,
+	// under the same message id.
+	var outs []stages.Output
+	if stages.Announce(ctx, invoked) != nil {
+		outs = append(outs, invoked)
+	}
 	limit := Limit(m, inv.Request)
 	start := time.Now()
 	// Retry wraps the per-attempt timeout, in failsafe-go's documented order.
@@ -194,7 +201,6 @@ func (x *Executor) Process(ctx context.Context, inv *invocation.Invocation) ([]s
 	inv.Metadata.StartedAt = start.UTC().Format(time.RFC3339Nano)
 	inv.Metadata.CompletedAt = end.UTC().Format(time.RFC3339Nano)
 	inv.Metadata.DurationMS = end.Sub(start).Milliseconds()
-	outs := []stages.Output{invoked}
 	if errors.Is(context.Cause(ctx), ErrCancelRequested) {
 		return outs, cancelled(m)
 	}

@@ -104,6 +104,11 @@ func FromMessage(subject string, header nats.Header, body []byte, seq uint64, no
 	if ts, ok := e.Extensions()["tracestate"].(string); ok && len(ts) <= 512 && printable(ts) {
 		inv.TraceState = ts
 	}
+	// OpenTelemetry propagators write plain W3C headers, not ce- ones.
+	if inv.TraceParent == "" {
+		inv.TraceParent = headerValue(header, "traceparent")
+		inv.TraceState = headerValue(header, "tracestate")
+	}
 	if ct := e.DataContentType(); ct != "" {
 		mt, _, perr := mime.ParseMediaType(ct)
 		if perr != nil || (mt != "application/json" && !strings.HasSuffix(mt, "+json")) {

@@ -123,8 +123,8 @@ func (inv *Invocation) Audit() AuditRecord {
 	return rec
 }
 
-// NewEvent builds a CloudEvent about inv, from source, carrying inv's trace
-// context. Its id is unique per invocation and type.
+// NewEvent builds a CloudEvent about inv, from source, carrying the trace
+// context the invocation started from (distributed-tracing extension). Its id is unique per invocation and type.
 func (inv *Invocation) NewEvent(source, typ string, data any) (*event.Event, error) {
 	e := event.New()
 	e.SetID(inv.ID + ":" + SubjectSuffix(typ))
@@ -133,10 +133,14 @@ func (inv *Invocation) NewEvent(source, typ string, data any) (*event.Event, err
 	e.SetSubject(inv.ID)
 	e.SetTime(time.Now().UTC())
 	e.SetExtension("tenantid", inv.Tenant)
-	if inv.TraceParent != "" {
-		e.SetExtension("traceparent", inv.TraceParent)
-		if inv.TraceState != "" {
-			e.SetExtension("tracestate", inv.TraceState)
+	tc := inv.Origin
+	if tc.TraceParent == "" {
+		tc = TraceContext{TraceParent: inv.TraceParent, TraceState: inv.TraceState}
+	}
+	if tc.TraceParent != "" {
+		e.SetExtension("traceparent", tc.TraceParent)
+		if tc.TraceState != "" {
+			e.SetExtension("tracestate", tc.TraceState)
 		}
 	}
 	if err := e.SetData(event.ApplicationJSON, data); err != nil {

@@ -167,6 +167,11 @@ type Invocation struct {
 	// TraceParent and TraceState carry W3C trace context from hop to hop.
 	TraceParent string `json:"traceparent,omitempty"`
 	TraceState  string `json:"tracestate,omitempty"`
+	// Origin is the context the invocation's trace started from: the
+	// caller's, or the first hop's span when the caller sent none. Every
+	// event about the invocation carries it, so a reader of audit or results
+	// lands in the caller's trace, not on one hop.
+	Origin TraceContext `json:"origin,omitzero"`
 	// Data is the raw event data until validate has checked and decoded it
 	// into Request.
 	Data    json.RawMessage `json:"data,omitempty"`
@@ -184,6 +189,12 @@ type Invocation struct {
 	EndedBy string `json:"ended_by,omitempty"`
 	// Findings are what the safety detectors found, and did about it.
 	Findings []Finding `json:"findings,omitempty"`
+}
+
+// TraceContext is a W3C trace context.
+type TraceContext struct {
+	TraceParent string `json:"traceparent,omitempty"`
+	TraceState  string `json:"tracestate,omitempty"`
 }
 
 // Finding is one detector match and the action taken on it.

@@ -8,7 +8,9 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -45,7 +47,7 @@ type Config struct {
 	Workers int
 	// MetricsAddr serves Prometheus metrics at /metrics when set.
 	MetricsAddr string
-	// OTLPEndpoint exports traces over OTLP/HTTP when set (host:port).
+	// OTLPEndpoint exports traces over OTLP/HTTP when set: a URL or host:port.
 	OTLPEndpoint string
 	// PolicyPath is a .rego file or a directory of them; empty uses the shipped policy.
 	PolicyPath string
@@ -307,13 +309,38 @@ func loadPolicy(ctx context.Context, path string) (*policy.Engine, error) {
 }
 
 // setupTracing installs an OTLP/HTTP exporter as the global tracer provider.
+// endpoint is a URL (http://collector:4318, https://… for TLS) or host:port
+// (plain HTTP). When it is the value of OTEL_EXPORTER_OTLP_ENDPOINT the
+// exporter reads that and the other OTEL_EXPORTER_OTLP_* variables itself
+// (path /v1/traces appended, certificates, headers), as every OTel SDK does.
+// The resource honours OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES.
 func setupTracing(ctx context.Context, endpoint string) (func(), error) {
-	exp, err := otlptracehttp.New(ctx, otlptracehttp.WithEndpoint(endpoint), otlptracehttp.WithInsecure())
+	var opts []otlptracehttp.Option
+	switch {
+	case endpoint == os.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT"):
+	case strings.Contains(endpoint, "://"):
+		u, err := url.Parse(endpoint)
+		if err != nil {
+			return nil, fmt.Errorf("tracing: endpoint: %w", err)
+		}
+		if u.Path == "" || u.Path == "/" {
+			u.Path = "/v1/traces"
+		}
+		opts = append(opts, otlptracehttp.WithEndpointURL(u.String()))
+	default:
+		opts = append(opts, otlptracehttp.WithEndpoint(endpoint), otlptracehttp.WithInsecure())
+	}
+	exp, err := otlptracehttp.New(ctx, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("tracing: %w", err)
 	}
-	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp),
-		sdktrace.WithResource(resource.NewSchemaless(attribute.String("service.name", "toolgate"))))
+	// Later detectors win: the environment overrides the default name.
+	res, err := resource.New(ctx, resource.WithTelemetrySDK(),
+		resource.WithAttributes(attribute.String("service.name", "toolgate")), resource.WithFromEnv())
+	if err != nil {
+		return nil, fmt.Errorf("tracing: resource: %w", err)
+	}
+	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res))
 	otel.SetTracerProvider(tp)
 	otel.SetTextMapPropagator(propagation.TraceContext{})
 	return func() {

@@ -1,0 +1,194 @@
+// Package docs holds the user documentation. Its test runs every command
+// block of README.md and docs/*.md against a real toolgate, so the pages
+// cannot drift from the product.
+//
+// A block fenced as ```sh is run with bash (-e, pipefail) in a working
+// directory holding a copy of README.md, the data directory of a running
+// `toolgate serve --examples` (./toolgate-data) and a link to .cache, with
+// the freshly built toolgate first on PATH and NATS_URL pointing at it.
+// Blocks of one file run in order, so a later block may use what an earlier
+// one created. A block fenced as ```sh no-run is illustrative (it needs an
+// external server, a real key, …) and is only shown.
+package docs
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// block is one runnable command block.
+type block struct {
+	file string
+	line int
+	body string
+}
+
+// blocks returns the ```sh blocks of path not marked no-run.
+func blocks(t *testing.T, path string) []block {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var out []block
+	var cur *block
+	var skip bool
+	sc := bufio.NewScanner(f)
+	for n := 1; sc.Scan(); n++ {
+		line := sc.Text()
+		trimmed := strings.TrimSpace(line)
+		switch {
+		case cur == nil && strings.HasPrefix(trimmed, "```"):
+			info := strings.Fields(strings.TrimPrefix(trimmed, "```"))
+			if len(info) > 0 && info[0] == "sh" {
+				cur = &block{file: filepath.Base(path), line: n}
+				skip = len(info) > 1 && info[1] == "no-run"
+			} else if len(info) > 0 || trimmed == "```" {
+				cur = &block{line: -1} // another language: skip to its end
+			}
+		case cur != nil && trimmed == "```":
+			if cur.line > 0 && !skip {
+				out = append(out, *cur)
+			}
+			cur = nil
+		case cur != nil:
+			cur.body += line + "\n"
+		}
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+func TestCommandBlocks(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts toolgate and runs the documentation's commands")
+	}
+	repo, err := filepath.Abs("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := []string{filepath.Join(repo, "README.md")}
+	more, _ := filepath.Glob(filepath.Join(repo, "docs", "*.md"))
+	files = append(files, more...)
+
+	bin := t.TempDir()
+	build := exec.Command("go", "build", "-o", filepath.Join(bin, "toolgate"), "./cmd/toolgate")
+	build.Dir = repo
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	// The nats CLI: from PATH, or where `make nats` puts it.
+	path := bin + string(os.PathListSeparator) + filepath.Join(repo, ".cache", "bin") +
+		string(os.PathListSeparator) + os.Getenv("PATH")
+	_, natsErr := exec.LookPath("nats")
+	if natsErr != nil {
+		if _, err := os.Stat(filepath.Join(repo, ".cache", "bin", "nats")); err == nil {
+			natsErr = nil
+		}
+	}
+
+	work := t.TempDir()
+	readme, err := os.ReadFile(filepath.Join(repo, "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(work, "README.md"), readme, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(filepath.Join(repo, ".cache"), filepath.Join(work, ".cache")); err != nil {
+		t.Fatal(err)
+	}
+	natsURL := fmt.Sprintf("nats://127.0.0.1:%d", freePort(t))
+	env := append(os.Environ(), "PATH="+path, "NATS_URL="+natsURL, "TOOLGATE_TOKEN=")
+
+	ctx, cancel := context.WithCancel(context.Background())
+	serve := exec.CommandContext(ctx, filepath.Join(bin, "toolgate"), "serve", "--examples",
+		"--data", "toolgate-data", "--listen", strings.TrimPrefix(natsURL, "nats://"), "--file-root", ".",
+		"--log-level", "warn")
+	serve.Dir, serve.Env = work, env
+	var serveLog bytes.Buffer
+	serve.Stdout, serve.Stderr = &serveLog, &serveLog
+	serve.Cancel = func() error { return serve.Process.Signal(os.Interrupt) }
+	serve.WaitDelay = 10 * time.Second
+	if err := serve.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cancel()
+		_ = serve.Wait()
+		if t.Failed() {
+			t.Logf("toolgate serve output:\n%s", serveLog.String())
+		}
+	})
+	ready := time.Now().Add(60 * time.Second)
+	for {
+		probe := exec.Command(filepath.Join(bin, "toolgate"), "tools", "list")
+		probe.Dir, probe.Env = work, env
+		_, perr := probe.Output()
+		_, terr := os.Stat(filepath.Join(work, "toolgate-data", "dev-token"))
+		if perr == nil && terr == nil {
+			break
+		}
+		if time.Now().After(ready) {
+			t.Fatalf("toolgate serve did not come up: %v %v\n%s", perr, terr, serveLog.String())
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+
+	for _, file := range files {
+		for _, b := range blocks(t, file) {
+			t.Run(fmt.Sprintf("%s:%d", b.file, b.line), func(t *testing.T) {
+				if natsErr != nil && usesNATSCLI(b.body) {
+					t.Skip("the nats CLI is not installed: `make nats` installs it into .cache/bin (.ci/run does)")
+				}
+				bctx, bcancel := context.WithTimeout(ctx, 60*time.Second)
+				defer bcancel()
+				cmd := exec.CommandContext(bctx, "bash", "-e", "-o", "pipefail", "-c", b.body)
+				cmd.Dir, cmd.Env = work, env
+				// A block that hangs is killed with everything it started.
+				cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+				cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+				cmd.WaitDelay = 5 * time.Second
+				out, err := cmd.CombinedOutput()
+				if err != nil {
+					t.Fatalf("block at %s:%d failed: %v\n--- block\n%s--- output\n%s", b.file, b.line, err, b.body, out)
+				}
+			})
+		}
+	}
+}
+
+func usesNATSCLI(body string) bool {
+	for _, line := range strings.Split(body, "\n") {
+		f := strings.Fields(line)
+		for i, w := range f {
+			if w == "nats" && (i == 0 || f[i-1] == "|" || f[i-1] == "&&" || strings.HasSuffix(f[i-1], "(")) {
+				return true
+			}
+		}
+	}
+	return false
+}
