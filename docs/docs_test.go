@@ -121,12 +121,16 @@ func TestCommandBlocks(t *testing.T) {
 	if err := os.Symlink(filepath.Join(repo, ".cache"), filepath.Join(work, ".cache")); err != nil {
 		t.Fatal(err)
 	}
+	// The file root make run serves, apart from the data directory.
+	if err := os.CopyFS(filepath.Join(work, "examples", "files"), os.DirFS(filepath.Join(repo, "examples", "files"))); err != nil {
+		t.Fatal(err)
+	}
 	natsURL := fmt.Sprintf("nats://127.0.0.1:%d", freePort(t))
 	env := append(os.Environ(), "PATH="+path, "NATS_URL="+natsURL, "TOOLGATE_TOKEN=")
 
 	ctx, cancel := context.WithCancel(context.Background())
 	serve := exec.CommandContext(ctx, filepath.Join(bin, "toolgate"), "serve", "--examples",
-		"--data", "toolgate-data", "--listen", strings.TrimPrefix(natsURL, "nats://"), "--file-root", ".",
+		"--data", "toolgate-data", "--listen", strings.TrimPrefix(natsURL, "nats://"), "--file-root", "examples/files",
 		"--log-level", "warn")
 	serve.Dir, serve.Env = work, env
 	var serveLog bytes.Buffer
