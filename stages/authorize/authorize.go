@@ -249,14 +249,14 @@ func denial(d policy.Decision) error {
 // pipeline until a decision resumes or ends it. Redelivery finds the stored
 // approval and parks again with the same message ids.
 func (a *Authorizer) park(ctx context.Context, inv *invocation.Invocation, m *tools.Manifest, d policy.Decision) ([]stages.Output, error) {
-	envelope, err := json.Marshal(inv)
+	parked, err := json.Marshal(inv)
 	if err != nil {
 		return nil, err
 	}
 	now := a.cfg.Now().UTC()
 	stored, _, err := a.cfg.Store.RequestApproval(ctx, kvstore.Approval{
 		InvocationID: inv.ID, Tenant: inv.Tenant, ToolID: m.ID, ToolVersion: m.Version,
-		Reasons: d.Reasons, RequestedAt: now, Deadline: now.Add(a.cfg.ApprovalTimeout), Invocation: envelope,
+		Reasons: d.Reasons, RequestedAt: now, Deadline: now.Add(a.cfg.ApprovalTimeout), Invocation: parked,
 	})
 	if err != nil {
 		return nil, stages.Transient(err, 0)
