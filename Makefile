@@ -35,21 +35,21 @@ test: mcp-servers
 # Each decoder of outside input, fuzzed for FUZZTIME.
 FUZZTIME ?= 20s
 fuzz:
-	$(GO) test -run '^$$' -fuzz '^FuzzFromMessage$$' -fuzztime $(FUZZTIME) ./stages/invocation/
+	$(GO) test -run '^$$' -fuzz '^FuzzFromMessage$$' -fuzztime $(FUZZTIME) ./internal/envelope/
 	$(GO) test -run '^$$' -fuzz '^FuzzResultSubject$$' -fuzztime $(FUZZTIME) ./subjects/
-	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) ./stages/tools/
-	$(GO) test -run '^$$' -fuzz '^FuzzResolveConstraint$$' -fuzztime $(FUZZTIME) ./stages/tools/
+	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) ./internal/tools/
+	$(GO) test -run '^$$' -fuzz '^FuzzResolveConstraint$$' -fuzztime $(FUZZTIME) ./internal/tools/
 	$(GO) test -run '^$$' -fuzz '^FuzzReadFilePath$$' -fuzztime $(FUZZTIME) ./stages/execute/builtin/
 	$(GO) test -run '^$$' -fuzz '^FuzzJSONTransform$$' -fuzztime $(FUZZTIME) ./stages/execute/builtin/
 	$(GO) test -run '^$$' -fuzz '^FuzzMathEval$$' -fuzztime $(FUZZTIME) ./stages/execute/builtin/
 	$(GO) test -run '^$$' -fuzz '^FuzzParseYAML$$' -fuzztime $(FUZZTIME) ./stages/execute/builtin/
-	$(GO) test -run '^$$' -fuzz '^FuzzScan$$' -fuzztime $(FUZZTIME) ./stages/detect/
+	$(GO) test -run '^$$' -fuzz '^FuzzScan$$' -fuzztime $(FUZZTIME) ./internal/detect/
 	$(GO) test -run '^$$' -fuzz '^FuzzCompile$$' -fuzztime $(FUZZTIME) ./schemas/
 	$(GO) test -run '^$$' -fuzz '^FuzzURLTemplate$$' -fuzztime $(FUZZTIME) ./stages/execute/httptool/
-	$(GO) test -run '^$$' -fuzz '^FuzzControlLines$$' -fuzztime $(FUZZTIME) ./stages/execute/sandbox/
-	$(GO) test -run '^$$' -fuzz '^FuzzExpand$$' -fuzztime $(FUZZTIME) ./stages/execute/sandbox/
+	$(GO) test -run '^$$' -fuzz '^FuzzControlLines$$' -fuzztime $(FUZZTIME) ./internal/sandbox/
+	$(GO) test -run '^$$' -fuzz '^FuzzExpand$$' -fuzztime $(FUZZTIME) ./internal/sandbox/
 	$(GO) test -run '^$$' -fuzz '^FuzzResult$$' -fuzztime $(FUZZTIME) ./stages/execute/mcptool/
-	$(GO) test -run '^$$' -fuzz '^FuzzVerify$$' -fuzztime $(FUZZTIME) ./stages/authorize/token/
+	$(GO) test -run '^$$' -fuzz '^FuzzVerify$$' -fuzztime $(FUZZTIME) ./internal/token/
 
 # Throughput and latency through all six stages next to a bare JetStream
 # chain measured in the same run.

@@ -8,8 +8,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-
-	"github.com/toolgate/toolgate/stages/toolerr"
+	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/subjects"
 )
 
@@ -162,7 +161,7 @@ func (s *Store) RequestApproval(ctx context.Context, a Approval) (Approval, bool
 }
 
 // ErrNoApproval matches the error of an invocation without an approval.
-var ErrNoApproval = &toolerr.Error{Code: toolerr.InvalidParameters, ECode: toolerr.EApprovalUnknown}
+var ErrNoApproval = &api.Error{Code: api.InvalidParameters, ECode: api.EApprovalUnknown}
 
 // Approval returns the approval of an invocation, or E3214 when none exists.
 func (s *Store) Approval(ctx context.Context, tenant, id string) (Approval, error) {
@@ -173,7 +172,7 @@ func (s *Store) Approval(ctx context.Context, tenant, id string) (Approval, erro
 func (s *Store) approval(ctx context.Context, tenant, id string) (Approval, uint64, error) {
 	e, err := s.approvals.Get(ctx, approvalKey(tenant, id))
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return Approval{}, 0, toolerr.New(toolerr.InvalidParameters, toolerr.EApprovalUnknown,
+		return Approval{}, 0, api.NewError(api.InvalidParameters, api.EApprovalUnknown,
 			"no approval was requested for invocation %s of tenant %s", id, tenant)
 	}
 	if err != nil {
@@ -197,7 +196,7 @@ func (s *Store) Decide(ctx context.Context, tenant, id, state, by, reason string
 			return Approval{}, err
 		}
 		if a.State != ApprovalPending {
-			return a, toolerr.New(toolerr.StateConflict, toolerr.EApprovalDecided,
+			return a, api.NewError(api.StateConflict, api.EApprovalDecided,
 				"invocation %s was already %s by %s", id, a.State, a.DecidedBy).WithDetail("state", a.State)
 		}
 		a.State, a.DecidedBy, a.Reason, a.DecidedAt = state, by, reason, time.Now().UTC()

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/toolgate/toolgate/subjects"
 )
 

@@ -8,38 +8,12 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-
-	"github.com/toolgate/toolgate/stages/invocation"
-	"github.com/toolgate/toolgate/stages/toolerr"
+	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/subjects"
 )
 
-// Record is the stored state of one invocation.
-type Record struct {
-	InvocationID string               `json:"invocation_id"`
-	Tenant       string               `json:"tenant_id"`
-	Status       invocation.Status    `json:"status"`
-	ToolID       string               `json:"tool_id,omitempty"`
-	ToolVersion  string               `json:"tool_version,omitempty"`
-	Error        *toolerr.Error       `json:"error,omitempty"`
-	Response     *invocation.Response `json:"response,omitempty"`
-	// Seq is the ingest sequence of the publish this record belongs to.
-	// With Digest it tells a redelivery of that publish (same sequence)
-	// from another request that reuses the id.
-	Seq uint64 `json:"ingest_seq"`
-	// Digest identifies the request (see ClaimInvocation).
-	Digest    string    `json:"request_digest,omitempty"`
-	UpdatedAt time.Time `json:"updated_at"`
-	// CancelRequested survives later status writes until the invocation
-	// ends: execute checks it before running the tool.
-	CancelRequested bool `json:"cancel_requested,omitempty"`
-	// Progress and Checkpoint are the latest a running tool reported.
-	Progress   *Progress      `json:"progress,omitempty"`
-	Checkpoint *CheckpointRef `json:"checkpoint,omitempty"`
-}
-
 // ErrNotFound reports an unknown invocation.
-var ErrNotFound = toolerr.New(toolerr.InvocationNotFound, toolerr.EInvocationNotFound, "unknown invocation")
+var ErrNotFound = api.NewError(api.InvocationNotFound, api.EInvocationNotFound, "unknown invocation")
 
 func invocationKey(tenant, id string) string {
 	return subjects.Token(tenant) + "." + subjects.Token(id)
@@ -49,14 +23,14 @@ func invocationKey(tenant, id string) string {
 // a terminal status is written once and never replaced. Nor is a record that
 // belongs to another publish (another ingest sequence) of the same id. It
 // returns the record that is stored afterwards and whether rec was written.
-func (s *Store) SetStatus(ctx context.Context, rec Record) (Record, bool, error) {
+func (s *Store) SetStatus(ctx context.Context, rec api.Record) (api.Record, bool, error) {
 	key := invocationKey(rec.Tenant, rec.InvocationID)
 	if rec.UpdatedAt.IsZero() {
 		rec.UpdatedAt = time.Now().UTC()
 	}
 	val, err := json.Marshal(rec)
 	if err != nil {
-		return Record{}, false, err
+		return api.Record{}, false, err
 	}
 	for range 16 {
 		cur, err := s.invocations.Get(ctx, key)
@@ -66,16 +40,16 @@ func (s *Store) SetStatus(ctx context.Context, rec Record) (Record, bool, error)
 				continue // lost a race: read the winner
 			}
 			if err != nil {
-				return Record{}, false, fmt.Errorf("creating status: %w", err)
+				return api.Record{}, false, fmt.Errorf("creating status: %w", err)
 			}
 			return rec, true, nil
 		}
 		if err != nil {
-			return Record{}, false, fmt.Errorf("reading status: %w", err)
+			return api.Record{}, false, fmt.Errorf("reading status: %w", err)
 		}
-		var stored Record
+		var stored api.Record
 		if err := json.Unmarshal(cur.Value(), &stored); err != nil {
-			return Record{}, false, fmt.Errorf("decoding status: %w", err)
+			return api.Record{}, false, fmt.Errorf("decoding status: %w", err)
 		}
 		if stored.Status.Terminal() || !sameInvocation(stored, rec) {
 			return stored, false, nil
@@ -86,7 +60,7 @@ func (s *Store) SetStatus(ctx context.Context, rec Record) (Record, bool, error)
 		if stored.CancelRequested && !rec.CancelRequested {
 			rec.CancelRequested = true
 			if val, err = json.Marshal(rec); err != nil {
-				return Record{}, false, err
+				return api.Record{}, false, err
 			}
 		}
 		_, err = s.invocations.Update(ctx, key, val, cur.Revision())
@@ -94,17 +68,17 @@ func (s *Store) SetStatus(ctx context.Context, rec Record) (Record, bool, error)
 			continue
 		}
 		if err != nil {
-			return Record{}, false, fmt.Errorf("updating status: %w", err)
+			return api.Record{}, false, fmt.Errorf("updating status: %w", err)
 		}
 		return rec, true, nil
 	}
-	return Record{}, false, fmt.Errorf("status of %s: too much contention", rec.InvocationID)
+	return api.Record{}, false, fmt.Errorf("status of %s: too much contention", rec.InvocationID)
 }
 
 // sameInvocation reports whether rec may replace stored: both belong to the
 // same publish, or stored was made before any publish claimed the id (a
 // cancel request that arrived first).
-func sameInvocation(stored, rec Record) bool {
+func sameInvocation(stored, rec api.Record) bool {
 	return stored.Seq == 0 || rec.Seq == 0 || stored.Seq == rec.Seq
 }
 
@@ -114,21 +88,21 @@ func sameInvocation(stored, rec Record) bool {
 // record's Seq is seq (a new claim, or a redelivery of its own); any other
 // Seq is an earlier request that holds the id. A record without a sequence
 // (a cancel that came first) is adopted, keeping its cancel flag.
-func (s *Store) ClaimInvocation(ctx context.Context, tenant, id string, seq uint64, digest string) (Record, error) {
+func (s *Store) ClaimInvocation(ctx context.Context, tenant, id string, seq uint64, digest string) (api.Record, error) {
 	key := invocationKey(tenant, id)
 	for range casAttempts {
-		rec := Record{InvocationID: id, Tenant: tenant, Status: invocation.StatusPending, Seq: seq, Digest: digest,
+		rec := api.Record{InvocationID: id, Tenant: tenant, Status: api.StatusPending, Seq: seq, Digest: digest,
 			UpdatedAt: time.Now().UTC()}
 		e, err := s.invocations.Get(ctx, key)
 		var rev uint64
 		switch {
 		case errors.Is(err, jetstream.ErrKeyNotFound):
 		case err != nil:
-			return Record{}, fmt.Errorf("reading status: %w", err)
+			return api.Record{}, fmt.Errorf("reading status: %w", err)
 		default:
-			var stored Record
+			var stored api.Record
 			if err := json.Unmarshal(e.Value(), &stored); err != nil {
-				return Record{}, fmt.Errorf("decoding status: %w", err)
+				return api.Record{}, fmt.Errorf("decoding status: %w", err)
 			}
 			if stored.Seq != 0 || stored.Status.Terminal() {
 				return stored, nil
@@ -138,7 +112,7 @@ func (s *Store) ClaimInvocation(ctx context.Context, tenant, id string, seq uint
 		}
 		val, err := json.Marshal(rec)
 		if err != nil {
-			return Record{}, err
+			return api.Record{}, err
 		}
 		if rev == 0 {
 			_, err = s.invocations.Create(ctx, key, val)
@@ -149,59 +123,45 @@ func (s *Store) ClaimInvocation(ctx context.Context, tenant, id string, seq uint
 			continue
 		}
 		if err != nil {
-			return Record{}, fmt.Errorf("claiming invocation id: %w", err)
+			return api.Record{}, fmt.Errorf("claiming invocation id: %w", err)
 		}
 		return rec, nil
 	}
-	return Record{}, fmt.Errorf("status of %s: too much contention", id)
+	return api.Record{}, fmt.Errorf("status of %s: too much contention", id)
 }
 
 // Status returns the stored record of an invocation, or ErrNotFound.
-func (s *Store) Status(ctx context.Context, tenant, id string) (Record, error) {
+func (s *Store) Status(ctx context.Context, tenant, id string) (api.Record, error) {
 	e, err := s.invocations.Get(ctx, invocationKey(tenant, id))
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return Record{}, ErrNotFound
+		return api.Record{}, ErrNotFound
 	}
 	if err != nil {
-		return Record{}, err
+		return api.Record{}, err
 	}
-	var rec Record
+	var rec api.Record
 	if err := json.Unmarshal(e.Value(), &rec); err != nil {
-		return Record{}, fmt.Errorf("decoding status: %w", err)
+		return api.Record{}, fmt.Errorf("decoding status: %w", err)
 	}
 	return rec, nil
-}
-
-// Progress is what a running tool last said about how far it is.
-type Progress struct {
-	Percent   float64   `json:"percent"`
-	Message   string    `json:"message,omitempty"`
-	UpdatedAt time.Time `json:"updated_at"`
-}
-
-// CheckpointRef names the latest checkpoint of an invocation.
-type CheckpointRef struct {
-	Seq       int       `json:"seq"`
-	Bytes     int       `json:"bytes"`
-	CreatedAt time.Time `json:"created_at"`
 }
 
 // UpdateRecord applies change to a non-terminal record with compare-and-swap.
 // It returns the stored record; a terminal record is returned unchanged, and
 // a missing one is created from an empty record with tenant and id.
-func (s *Store) UpdateRecord(ctx context.Context, tenant, id string, change func(*Record)) (Record, error) {
+func (s *Store) UpdateRecord(ctx context.Context, tenant, id string, change func(*api.Record)) (api.Record, error) {
 	key := invocationKey(tenant, id)
 	for range casAttempts {
-		rec := Record{InvocationID: id, Tenant: tenant, Status: invocation.StatusPending}
+		rec := api.Record{InvocationID: id, Tenant: tenant, Status: api.StatusPending}
 		var rev uint64
 		e, err := s.invocations.Get(ctx, key)
 		switch {
 		case errors.Is(err, jetstream.ErrKeyNotFound):
 		case err != nil:
-			return Record{}, err
+			return api.Record{}, err
 		default:
 			if err := json.Unmarshal(e.Value(), &rec); err != nil {
-				return Record{}, fmt.Errorf("decoding status: %w", err)
+				return api.Record{}, fmt.Errorf("decoding status: %w", err)
 			}
 			rev = e.Revision()
 		}
@@ -212,7 +172,7 @@ func (s *Store) UpdateRecord(ctx context.Context, tenant, id string, change func
 		rec.UpdatedAt = time.Now().UTC()
 		val, err := json.Marshal(rec)
 		if err != nil {
-			return Record{}, err
+			return api.Record{}, err
 		}
 		if rev == 0 {
 			_, err = s.invocations.Create(ctx, key, val)
@@ -223,9 +183,9 @@ func (s *Store) UpdateRecord(ctx context.Context, tenant, id string, change func
 			continue
 		}
 		if err != nil {
-			return Record{}, fmt.Errorf("updating status: %w", err)
+			return api.Record{}, fmt.Errorf("updating status: %w", err)
 		}
 		return rec, nil
 	}
-	return Record{}, fmt.Errorf("status of %s: too much contention", id)
+	return api.Record{}, fmt.Errorf("status of %s: too much contention", id)
 }

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/toolgate/toolgate/subjects"
 )
 

@@ -14,11 +14,9 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-
+	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/tools"
 	"github.com/toolgate/toolgate/kvstore"
-	"github.com/toolgate/toolgate/stages/invocation"
-	"github.com/toolgate/toolgate/stages/toolerr"
-	"github.com/toolgate/toolgate/stages/tools"
 )
 
 func open(t *testing.T) (*kvstore.Store, jetstream.JetStream) {
@@ -50,21 +48,21 @@ func open(t *testing.T) (*kvstore.Store, jetstream.JetStream) {
 func TestTerminalStatusIsWrittenOnce(t *testing.T) {
 	s, _ := open(t)
 	ctx := context.Background()
-	if _, ok, err := s.SetStatus(ctx, kvstore.Record{InvocationID: "i.1", Tenant: "t", Status: invocation.StatusRunning}); err != nil || !ok {
+	if _, ok, err := s.SetStatus(ctx, api.Record{InvocationID: "i.1", Tenant: "t", Status: api.StatusRunning}); err != nil || !ok {
 		t.Fatalf("running: %v %v", ok, err)
 	}
 	var wg sync.WaitGroup
 	var mu sync.Mutex
-	written := map[invocation.Status]int{}
+	written := map[api.Status]int{}
 	for i := range 12 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			st := invocation.StatusSuccess
+			st := api.StatusSuccess
 			if i%2 == 1 {
-				st = invocation.StatusError
+				st = api.StatusError
 			}
-			_, ok, err := s.SetStatus(ctx, kvstore.Record{InvocationID: "i.1", Tenant: "t", Status: st, Seq: uint64(i)})
+			_, ok, err := s.SetStatus(ctx, api.Record{InvocationID: "i.1", Tenant: "t", Status: st, Seq: uint64(i)})
 			if err != nil {
 				t.Error(err)
 			}
@@ -93,7 +91,7 @@ func TestTerminalStatusIsWrittenOnce(t *testing.T) {
 	}
 	// Ids and tenants with characters KV keys do not allow stay distinct.
 	for _, id := range []string{"a.b", "a/b", "a:b", "ü"} {
-		if _, _, err := s.SetStatus(ctx, kvstore.Record{InvocationID: id, Tenant: "t", Status: invocation.StatusSuccess}); err != nil {
+		if _, _, err := s.SetStatus(ctx, api.Record{InvocationID: id, Tenant: "t", Status: api.StatusSuccess}); err != nil {
 			t.Fatalf("%q: %v", id, err)
 		}
 		if rec, err := s.Status(ctx, "t", id); err != nil || rec.InvocationID != id {
@@ -120,7 +118,7 @@ func TestToolsRegistryFollowsTheBucket(t *testing.T) {
 	if _, err := reg.Resolve("mcp:fs:read_file", "1.0.0"); err != nil {
 		t.Fatalf("initial load: %v", err)
 	}
-	if _, err := s.RegisterTool(ctx, doc("1.0.0"), false); !errors.Is(err, &toolerr.Error{Code: toolerr.InvalidParameters, ECode: toolerr.EDuplicateTool}) {
+	if _, err := s.RegisterTool(ctx, doc("1.0.0"), false); !errors.Is(err, &api.Error{Code: api.InvalidParameters, ECode: api.EDuplicateTool}) {
 		t.Fatalf("duplicate: %v", err)
 	}
 	if _, err := s.RegisterTool(ctx, doc("1.1.0"), false); err != nil {

@@ -8,9 +8,8 @@ import (
 	"strings"
 
 	"github.com/nats-io/nats.go/jetstream"
-
-	"github.com/toolgate/toolgate/stages/toolerr"
-	"github.com/toolgate/toolgate/stages/tools"
+	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/tools"
 	"github.com/toolgate/toolgate/subjects"
 )
 
@@ -41,7 +40,7 @@ func (s *Store) RegisterTool(ctx context.Context, doc []byte, replace bool) (*to
 	} else {
 		_, err = s.tools.Create(ctx, key, doc)
 		if errors.Is(err, jetstream.ErrKeyExists) {
-			return nil, toolerr.New(toolerr.InvalidParameters, toolerr.EDuplicateTool,
+			return nil, api.NewError(api.InvalidParameters, api.EDuplicateTool,
 				"tool %s version %s is already registered", m.ID, m.Version)
 		}
 	}

@@ -1,6 +1,6 @@
 // Package schemas holds toolgate's JSON Schemas (draft 2020-12) and the
 // helpers that compile schemas and turn validation failures into
-// toolerr.FieldErrors.
+// api.FieldErrors.
 //
 // The tool manifest and ToolInvokeRequest schemas are embedded and compiled
 // once, on first use. Tool input and output schemas are user data: Compile
@@ -20,8 +20,7 @@ import (
 	"sync"
 
 	"github.com/santhosh-tekuri/jsonschema/v5"
-
-	"github.com/toolgate/toolgate/stages/toolerr"
+	"github.com/toolgate/toolgate/api"
 )
 
 // MaxFieldErrors bounds the field errors Fields returns, so a huge invalid
@@ -110,7 +109,7 @@ func Compile(name string, schema []byte) (*jsonschema.Schema, error) {
 // Validate validates the JSON document doc against s. It returns the
 // field-level problems, or nil when doc is valid. The error is for documents
 // that are not JSON at all (or, rarely, a schema that loops forever).
-func Validate(s *jsonschema.Schema, doc []byte) ([]toolerr.FieldError, error) {
+func Validate(s *jsonschema.Schema, doc []byte) ([]api.FieldError, error) {
 	v, err := decode(doc)
 	if err != nil {
 		return nil, err
@@ -144,14 +143,14 @@ func decode(doc []byte) (any, error) {
 // Fields converts a validation failure into field errors, one per concrete
 // problem, at most MaxFieldErrors. It returns nil if err does not wrap a
 // *jsonschema.ValidationError.
-func Fields(err error) []toolerr.FieldError {
+func Fields(err error) []api.FieldError {
 	var ve *jsonschema.ValidationError
 	if !errors.As(err, &ve) {
 		return nil
 	}
 	type key struct{ loc, msg string }
 	seen := map[key]bool{}
-	var out []toolerr.FieldError
+	var out []api.FieldError
 	for _, e := range ve.BasicOutput().Errors {
 		if isWrapper(e.Error) {
 			continue
@@ -165,14 +164,14 @@ func Fields(err error) []toolerr.FieldError {
 			continue
 		}
 		seen[k] = true
-		out = append(out, toolerr.FieldError{Location: loc, Message: e.Error})
+		out = append(out, api.FieldError{Location: loc, Message: e.Error})
 		if len(out) == MaxFieldErrors {
 			break
 		}
 	}
 	if len(out) == 0 {
 		// Every entry was a wrapper; still say something rather than nothing.
-		out = append(out, toolerr.FieldError{Location: "/", Message: ve.Error()})
+		out = append(out, api.FieldError{Location: "/", Message: ve.Error()})
 	}
 	return out
 }

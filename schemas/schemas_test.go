@@ -3,10 +3,9 @@ package schemas
 import (
 	"encoding/json"
 	"fmt"
+	"github.com/toolgate/toolgate/api"
 	"strings"
 	"testing"
-
-	"github.com/toolgate/toolgate/stages/toolerr"
 )
 
 // validManifest is the smallest manifest the schema accepts, as a map so each
@@ -34,7 +33,7 @@ func mustJSON(t *testing.T, v any) []byte {
 
 // hasField reports whether fields has an error at loc whose message contains
 // substr.
-func hasField(fields []toolerr.FieldError, loc, substr string) bool {
+func hasField(fields []api.FieldError, loc, substr string) bool {
 	for _, f := range fields {
 		if f.Location == loc && strings.Contains(f.Message, substr) {
 			return true
@@ -274,7 +273,7 @@ func TestFieldsBounded(t *testing.T) {
 	if len(fields) != MaxFieldErrors {
 		t.Fatalf("got %d field errors, want %d", len(fields), MaxFieldErrors)
 	}
-	seen := map[toolerr.FieldError]bool{}
+	seen := map[api.FieldError]bool{}
 	for _, f := range fields {
 		if seen[f] || f.Message == "" || strings.HasPrefix(f.Message, "doesn't validate") {
 			t.Fatalf("duplicate or wrapper entry %+v", f)

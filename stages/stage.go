@@ -1,5 +1,5 @@
-// Package stages holds the contract every pipeline stage implements and the
-// one Runner that does all NATS I/O for them.
+// Package stages holds the contract every pipeline stage implements. The one
+// Runner that does all NATS I/O for them is internal/runner.
 //
 // A stage is pure logic: it receives an Invocation and decides. The Runner
 // consumes the stage's durable pull consumer, decodes, calls the stage, and
@@ -24,11 +24,8 @@ package stages
 import (
 	"context"
 	"errors"
+	"github.com/toolgate/toolgate/internal/envelope"
 	"time"
-
-	"github.com/nats-io/nats.go"
-
-	"github.com/toolgate/toolgate/stages/invocation"
 )
 
 // Stage is one step of the pipeline.
@@ -40,7 +37,7 @@ import (
 // from several workers at once. Process is called at least once per
 // invocation: a redelivery after a crash calls it again.
 type Stage interface {
-	Process(ctx context.Context, inv *invocation.Invocation) ([]Output, error)
+	Process(ctx context.Context, inv *envelope.Invocation) ([]Output, error)
 }
 
 // Announce asks the Runner to publish outs now, while the stage is still
@@ -67,8 +64,9 @@ type announceKey struct{}
 
 var errNoAnnouncer = errors.New("no runner to announce through")
 
-// withAnnounce makes Announce on ctx publish through pub.
-func withAnnounce(ctx context.Context, pub func(context.Context, Output) error) context.Context {
+// WithAnnounce makes Announce on ctx publish through pub; the runner calls
+// it, stages never do.
+func WithAnnounce(ctx context.Context, pub func(context.Context, Output) error) context.Context {
 	return context.WithValue(ctx, announceKey{}, pub)
 }
 
@@ -78,7 +76,7 @@ type Output struct {
 	// MsgID deduplicates the publish; stages derive it from the invocation so
 	// a redelivered input produces the same ids.
 	MsgID  string
-	Header nats.Header
+	Header map[string][]string
 	Data   []byte
 }
 

@@ -14,14 +14,14 @@ import (
 	"github.com/golang-jwt/jwt/v5"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-
+	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/breaker"
+	"github.com/toolgate/toolgate/internal/node"
+	"github.com/toolgate/toolgate/internal/policy"
+	"github.com/toolgate/toolgate/internal/runner"
+	"github.com/toolgate/toolgate/internal/token"
 	"github.com/toolgate/toolgate/kvstore"
 	"github.com/toolgate/toolgate/stages"
-	"github.com/toolgate/toolgate/stages/approval"
-	"github.com/toolgate/toolgate/stages/authorize/policy"
-	"github.com/toolgate/toolgate/stages/authorize/token"
-	"github.com/toolgate/toolgate/stages/breaker"
-	"github.com/toolgate/toolgate/stages/pipeline"
 )
 
 func tokenCmd(ctx context.Context, args []string) error {
@@ -346,7 +346,7 @@ func decideCmd(ctx context.Context, args []string, approve bool) error {
 	name := map[bool]string{true: "approve", false: "deny"}[approve]
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	url := fs.String("nats", natsURL(), "NATS server URL (default: $NATS_URL, else "+nats.DefaultURL+")")
-	tenant := fs.String("tenant", pipeline.DevTenant, "tenant id")
+	tenant := fs.String("tenant", node.DevTenant, "tenant id")
 	reason := fs.String("reason", "", "why, for the record")
 	by := fs.String("by", whoami(), "who decides, for the record")
 	if err := fs.Parse(reorder(args)); err != nil {
@@ -360,7 +360,7 @@ func decideCmd(ctx context.Context, args []string, approve bool) error {
 		return err
 	}
 	defer closeFn()
-	a, err := c.Decide(ctx, approval.Decision{
+	a, err := c.Decide(ctx, api.ApprovalDecision{
 		Tenant: *tenant, InvocationID: fs.Arg(0), Approve: approve, DecidedBy: *by, Reason: *reason,
 	})
 	if err != nil {
@@ -405,7 +405,7 @@ func devToken(flagValue, dataDir string) string {
 	if flagValue != "" {
 		return flagValue
 	}
-	if b, err := os.ReadFile(pipeline.DevTokenPath(dataDir)); err == nil {
+	if b, err := os.ReadFile(node.DevTokenPath(dataDir)); err == nil {
 		return strings.TrimSpace(string(b))
 	}
 	return ""
@@ -414,7 +414,7 @@ func devToken(flagValue, dataDir string) string {
 func cancelCmd(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("cancel", flag.ContinueOnError)
 	url := fs.String("nats", natsURL(), "NATS server URL (default: $NATS_URL, else "+nats.DefaultURL+")")
-	tenant := fs.String("tenant", pipeline.DevTenant, "tenant id")
+	tenant := fs.String("tenant", node.DevTenant, "tenant id")
 	reason := fs.String("reason", "", "why, for the record")
 	if err := fs.Parse(reorder(args)); err != nil {
 		return err
@@ -469,7 +469,7 @@ func breakersCmd(ctx context.Context, args []string) error {
 	if !ok || fs.NArg() != 1 {
 		return errors.New("breakers: list | open KEY | close KEY | release KEY")
 	}
-	publish := func(ctx context.Context, o stages.Output) error { return stages.Publish(ctx, js, o) }
+	publish := func(ctx context.Context, o stages.Output) error { return runner.Publish(ctx, js, o) }
 	st, err := breaker.Force(ctx, store, publish, fs.Arg(0), state, *by)
 	if err != nil {
 		return err

@@ -16,12 +16,10 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-
-	"github.com/toolgate/toolgate/stages/bench"
-	"github.com/toolgate/toolgate/stages/client"
-	"github.com/toolgate/toolgate/stages/control"
-	"github.com/toolgate/toolgate/stages/invocation"
-	"github.com/toolgate/toolgate/stages/pipeline"
+	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/client"
+	"github.com/toolgate/toolgate/internal/bench"
+	"github.com/toolgate/toolgate/internal/node"
 	"github.com/toolgate/toolgate/subjects"
 )
 
@@ -107,7 +105,7 @@ func natsURL() string {
 }
 
 // pipelineFlags are shared by serve and stage.
-func pipelineFlags(fs *flag.FlagSet, c *pipeline.Config) *string {
+func pipelineFlags(fs *flag.FlagSet, c *node.Config) *string {
 	fs.IntVar(&c.Workers, "workers", 4, "workers per stage")
 	fs.StringVar(&c.MetricsAddr, "metrics-addr", "", "serve Prometheus metrics on this address (/metrics)")
 	fs.StringVar(&c.OTLPEndpoint, "otlp-endpoint", os.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT"), "export traces over OTLP/HTTP to this URL (https for TLS) or host:port; the OTEL_EXPORTER_OTLP_* variables apply")
@@ -139,7 +137,7 @@ func logger(level string) *slog.Logger {
 }
 
 func serve(ctx context.Context, args []string) error {
-	var c pipeline.Config
+	var c node.Config
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	level := pipelineFlags(fs, &c)
 	fs.StringVar(&c.NATSURL, "nats", "", "use this NATS server instead of an embedded one")
@@ -151,18 +149,18 @@ func serve(ctx context.Context, args []string) error {
 	}
 	c.Log = logger(*level)
 	if c.Examples {
-		c.Ready = func(url string, n *pipeline.Node) {
+		c.Ready = func(url string, n *node.Node) {
 			printWelcome(url, c.Stage.BuiltinEnv.FileRoot, n.DevToken, c.Embedded.DataDir)
 		}
 	}
-	return pipeline.Run(ctx, c)
+	return node.Run(ctx, c)
 }
 
 func stage(ctx context.Context, args []string) error {
 	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
 		return fmt.Errorf("stage: name one of %s, control", strings.Join(subjects.Stages, ", "))
 	}
-	var c pipeline.Config
+	var c node.Config
 	fs := flag.NewFlagSet("stage", flag.ContinueOnError)
 	level := pipelineFlags(fs, &c)
 	fs.StringVar(&c.NATSURL, "nats", natsURL(), "NATS server URL (default: $NATS_URL, else "+nats.DefaultURL+")")
@@ -171,7 +169,7 @@ func stage(ctx context.Context, args []string) error {
 	}
 	c.Stages = []string{args[0]}
 	c.Log = logger(*level)
-	return pipeline.Run(ctx, c)
+	return node.Run(ctx, c)
 }
 
 func printWelcome(url, root, devToken, dataDir string) {
@@ -184,7 +182,7 @@ A development token for tenant %s (agent %s, every tool, 24 h) is in
 %s; toolgate invoke uses it by itself. For other clients:
 
   export TOOLGATE_TOKEN=$(cat %s)
-`, pipeline.DevTenant, pipeline.DevAgent, pipeline.DevTokenPath(dataDir), pipeline.DevTokenPath(dataDir))
+`, node.DevTenant, node.DevAgent, node.DevTokenPath(dataDir), node.DevTokenPath(dataDir))
 	}
 	fmt.Printf(`
 In another terminal:
@@ -234,7 +232,7 @@ func invoke(ctx context.Context, args []string) error {
 	tenant := fs.String("tenant", "demo", "tenant id")
 	params := fs.String("params", "{}", "parameters as a JSON object")
 	version := fs.String("version", "", "exact version or semver range (default: latest)")
-	agent := fs.String("agent", pipeline.DevAgent, "agent DID")
+	agent := fs.String("agent", node.DevAgent, "agent DID")
 	session := fs.String("session", "", "session id")
 	id := fs.String("id", "", "invocation id (default: a new UUID)")
 	tok := fs.String("token", os.Getenv("TOOLGATE_TOKEN"), "capability token (default: $TOOLGATE_TOKEN, else the development token in --data)")
@@ -253,20 +251,20 @@ func invoke(ctx context.Context, args []string) error {
 		return err
 	}
 	defer closeFn()
-	req := invocation.Request{
+	req := api.Request{
 		ToolID: args[0], ToolVersion: *version, Parameters: json.RawMessage(*params), CapabilityToken: devToken(*tok, *data),
-		AgentContext: invocation.AgentContext{AgentDID: *agent, TenantID: *tenant, SessionID: *session},
+		AgentContext: api.AgentContext{AgentDID: *agent, TenantID: *tenant, SessionID: *session},
 	}
 	if *async {
-		req.ExecutionOptions = &invocation.ExecutionOptions{AsyncMode: true}
+		req.ExecutionOptions = &api.ExecutionOptions{AsyncMode: true}
 	}
 	invID, err := c.Invoke(ctx, req, client.InvokeOptions{ID: *id})
 	if err != nil {
 		return err
 	}
 	if !*wait {
-		return printJSON(invocation.Response{InvocationID: invID, Status: invocation.StatusPending,
-			PollingInfo: &invocation.PollingInfo{ResultSubject: subjects.Result(*tenant, invID), StatusSubject: subjects.SvcStatus}})
+		return printJSON(api.Response{InvocationID: invID, Status: api.StatusPending,
+			PollingInfo: &api.PollingInfo{ResultSubject: subjects.Result(*tenant, invID), StatusSubject: subjects.SvcStatus}})
 	}
 	wctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
@@ -368,7 +366,7 @@ func toolsCmd(ctx context.Context, args []string) error {
 		}
 		return printJSON(out)
 	case "list":
-		out, err := c.ListTools(ctx, control.ListRequest{Category: *category})
+		out, err := c.ListTools(ctx, api.ListRequest{Category: *category})
 		if err != nil {
 			return err
 		}

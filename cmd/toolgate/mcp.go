@@ -11,10 +11,9 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-
+	"github.com/toolgate/toolgate/internal/sandbox"
+	"github.com/toolgate/toolgate/internal/tools"
 	"github.com/toolgate/toolgate/stages/execute/mcptool"
-	"github.com/toolgate/toolgate/stages/execute/sandbox"
-	"github.com/toolgate/toolgate/stages/tools"
 )
 
 // listFlag collects a repeated flag.

@@ -18,12 +18,11 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
-
+	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/token"
+	"github.com/toolgate/toolgate/subjects"
 	// The capability token package; it moves to internal/token in the
 	// reorganisation. Only this test adapter imports it.
-	"github.com/toolgate/toolgate/stages/authorize/token"
-	"github.com/toolgate/toolgate/stages/toolerr"
-	"github.com/toolgate/toolgate/subjects"
 )
 
 // tokenAdapter verifies connect tokens with the authorize stage's verifier
@@ -37,7 +36,7 @@ func (a tokenAdapter) VerifyConnectToken(_ context.Context, raw string) (AgentTo
 	c, err := a.v.Verify(raw)
 	if err != nil {
 		switch {
-		case errors.Is(err, &toolerr.Error{Code: toolerr.PermissionDenied, ECode: toolerr.ETokenExpired}):
+		case errors.Is(err, &api.Error{Code: api.PermissionDenied, ECode: api.ETokenExpired}):
 			return AgentToken{}, errors.Join(ErrExpired, err)
 		case errors.Is(err, gjwt.ErrTokenSignatureInvalid), errors.Is(err, gjwt.ErrTokenUnverifiable):
 			return AgentToken{}, errors.Join(ErrBadSignature, err)

@@ -32,7 +32,6 @@ import (
 	"time"
 
 	"github.com/nats-io/jwt/v2"
-
 	"github.com/toolgate/toolgate/subjects"
 )
 

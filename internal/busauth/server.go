@@ -7,7 +7,6 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
-
 	"github.com/toolgate/toolgate/subjects"
 )
 

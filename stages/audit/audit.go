@@ -7,13 +7,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
-
+	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/envelope"
+	"github.com/toolgate/toolgate/internal/runner"
 	"github.com/toolgate/toolgate/kvstore"
 	"github.com/toolgate/toolgate/stages"
-	"github.com/toolgate/toolgate/stages/invocation"
-	"github.com/toolgate/toolgate/stages/toolerr"
 	"github.com/toolgate/toolgate/subjects"
+	"slices"
 )
 
 // Auditor implements the audit stage.
@@ -26,19 +26,19 @@ func New(store *kvstore.Store) *Auditor { return &Auditor{store: store} }
 
 // Process implements stages.Stage. It is idempotent: on a redelivery the
 // status write finds its own record and the outputs carry the same ids.
-func (a *Auditor) Process(ctx context.Context, inv *invocation.Invocation) ([]stages.Output, error) {
+func (a *Auditor) Process(ctx context.Context, inv *envelope.Invocation) ([]stages.Output, error) {
 	if !inv.Terminal() {
-		inv.Fail(subjects.Audit, toolerr.New(toolerr.InternalError, toolerr.EInternal,
+		inv.Fail(subjects.Audit, api.NewError(api.InternalError, api.EInternal,
 			"invocation reached audit without a terminal status (last stage %q)", inv.EndedBy))
 	}
 	if inv.Tenant == subjects.SystemTenant {
 		// The event's tenant could not name a subject (E3019): there is no
 		// tenant to keep a status for or to answer, only the audit trail.
-		terminal, err := stages.AuditEvent(subjects.Audit, inv, invocation.TerminalType(inv), inv.Audit())
+		terminal, err := runner.AuditEvent(subjects.Audit, inv, envelope.TerminalType(inv), inv.Audit())
 		return []stages.Output{terminal}, err
 	}
 	resp := inv.Response()
-	rec := kvstore.Record{
+	rec := api.Record{
 		InvocationID: inv.ID, Tenant: inv.Tenant, Status: inv.Status,
 		ToolID: inv.ToolID(), ToolVersion: inv.ToolVersion(), Error: inv.Error,
 		Response: &resp, Seq: inv.Event.Seq,
@@ -49,7 +49,7 @@ func (a *Auditor) Process(ctx context.Context, inv *invocation.Invocation) ([]st
 	if err := a.charge(ctx, inv); err != nil {
 		return nil, stages.Transient(fmt.Errorf("charging the session budget: %w", err), 0)
 	}
-	terminal, err := stages.AuditEvent(subjects.Audit, inv, invocation.TerminalType(inv), inv.Audit())
+	terminal, err := runner.AuditEvent(subjects.Audit, inv, envelope.TerminalType(inv), inv.Audit())
 	if err != nil {
 		return nil, err
 	}
@@ -71,7 +71,7 @@ const settledMemory = 64
 
 // charge adds an admitted invocation's runtime and cost to its session's
 // usage and counts consecutive failures.
-func (a *Auditor) charge(ctx context.Context, inv *invocation.Invocation) error {
+func (a *Auditor) charge(ctx context.Context, inv *envelope.Invocation) error {
 	az := inv.Authz
 	if az == nil || !az.Reserved {
 		return nil // never admitted: nothing was reserved
@@ -84,7 +84,7 @@ func (a *Auditor) charge(ctx context.Context, inv *invocation.Invocation) error 
 		if inv.Metadata.StartedAt != "" {
 			u.Cost += az.CostPerCall // charged once the tool ran
 		}
-		if inv.Status == invocation.StatusSuccess {
+		if inv.Status == api.StatusSuccess {
 			u.ConsecutiveFailures = 0
 		} else {
 			u.ConsecutiveFailures++
@@ -102,8 +102,8 @@ func (a *Auditor) charge(ctx context.Context, inv *invocation.Invocation) error 
 }
 
 // sameRequest reports a refused second publish of an event already taken.
-func sameRequest(e *toolerr.Error) bool {
-	if e == nil || e.ECode != toolerr.EDuplicateInvocation {
+func sameRequest(e *api.Error) bool {
+	if e == nil || e.ECode != api.EDuplicateInvocation {
 		return false
 	}
 	same, _ := e.Details["same_request"].(bool)
@@ -112,12 +112,12 @@ func sameRequest(e *toolerr.Error) bool {
 
 var errSettled = errors.New("already settled")
 
-func resultEvent(inv *invocation.Invocation, resp invocation.Response) (stages.Output, error) {
-	e, err := inv.NewEvent("urn:toolgate:"+subjects.Audit, invocation.TypeResult, resp)
+func resultEvent(inv *envelope.Invocation, resp api.Response) (stages.Output, error) {
+	e, err := inv.NewEvent("urn:toolgate:"+subjects.Audit, envelope.TypeResult, resp)
 	if err != nil {
 		return stages.Output{}, err
 	}
-	o, err := stages.EventOutput(subjects.Result(inv.Tenant, inv.ID), e)
+	o, err := runner.EventOutput(subjects.Result(inv.Tenant, inv.ID), e)
 	o.MsgID = fmt.Sprintf("%d.result", inv.Event.Seq)
 	return o, err
 }

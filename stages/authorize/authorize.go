@@ -14,20 +14,20 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/envelope"
+	"github.com/toolgate/toolgate/internal/policy"
+	"github.com/toolgate/toolgate/internal/runner"
+	"github.com/toolgate/toolgate/internal/token"
+	"github.com/toolgate/toolgate/internal/tools"
+	"github.com/toolgate/toolgate/kvstore"
+	"github.com/toolgate/toolgate/stages"
+	"github.com/toolgate/toolgate/stages/execute/httptool"
+	"github.com/toolgate/toolgate/subjects"
 	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
-
-	"github.com/toolgate/toolgate/kvstore"
-	"github.com/toolgate/toolgate/stages"
-	"github.com/toolgate/toolgate/stages/authorize/policy"
-	"github.com/toolgate/toolgate/stages/authorize/token"
-	"github.com/toolgate/toolgate/stages/execute/httptool"
-	"github.com/toolgate/toolgate/stages/invocation"
-	"github.com/toolgate/toolgate/stages/toolerr"
-	"github.com/toolgate/toolgate/stages/tools"
-	"github.com/toolgate/toolgate/subjects"
 )
 
 // DefaultApprovalTimeout is how long a call waits for a human by default.
@@ -43,7 +43,7 @@ type Store interface {
 	UpdateUsage(ctx context.Context, tenant, session string, change func(*kvstore.Usage) error) (kvstore.Usage, error)
 	Approval(ctx context.Context, tenant, id string) (kvstore.Approval, error)
 	RequestApproval(ctx context.Context, a kvstore.Approval) (kvstore.Approval, bool, error)
-	SetStatus(ctx context.Context, rec kvstore.Record) (kvstore.Record, bool, error)
+	SetStatus(ctx context.Context, rec api.Record) (api.Record, bool, error)
 }
 
 // Config wires an Authorizer.
@@ -87,15 +87,15 @@ func (a *Authorizer) SetPolicy(e *policy.Engine) { a.engine.Store(e) }
 
 // Input is what the policy sees as `input`.
 type Input struct {
-	Request   *invocation.Request `json:"request"`
-	Tool      *tools.Manifest     `json:"tool"`
-	Claims    *token.Claims       `json:"claims"`
-	Usage     kvstore.Usage       `json:"usage"`
-	Resources Resources           `json:"resources"`
-	Derived   Derived             `json:"derived"`
-	Approval  *ApprovalInput      `json:"approval,omitempty"`
-	Tenant    string              `json:"tenant"`
-	Time      string              `json:"time"`
+	Request   *api.Request    `json:"request"`
+	Tool      *tools.Manifest `json:"tool"`
+	Claims    *token.Claims   `json:"claims"`
+	Usage     kvstore.Usage   `json:"usage"`
+	Resources Resources       `json:"resources"`
+	Derived   Derived         `json:"derived"`
+	Approval  *ApprovalInput  `json:"approval,omitempty"`
+	Tenant    string          `json:"tenant"`
+	Time      string          `json:"time"`
 }
 
 // Resources are what a call needs: the manifest's permissions and the
@@ -133,7 +133,7 @@ type ApprovalInput struct {
 
 // ApprovalRequested is the data of the approval-requested audit event.
 type ApprovalRequested struct {
-	invocation.AuditRecord
+	envelope.AuditRecord
 	Reasons     []string  `json:"reasons"`
 	RiskLevel   string    `json:"risk_level"`
 	SideEffects []string  `json:"side_effects,omitempty"`
@@ -142,7 +142,7 @@ type ApprovalRequested struct {
 }
 
 // Process implements stages.Stage.
-func (a *Authorizer) Process(ctx context.Context, inv *invocation.Invocation) ([]stages.Output, error) {
+func (a *Authorizer) Process(ctx context.Context, inv *envelope.Invocation) ([]stages.Output, error) {
 	req := inv.Request
 	m, err := a.cfg.Registry.Resolve(req.ToolID, req.ToolVersion)
 	if err != nil {
@@ -153,7 +153,7 @@ func (a *Authorizer) Process(ctx context.Context, inv *invocation.Invocation) ([
 		return nil, err
 	}
 	if id, revoked := a.cfg.Revoked.Revoked(claims); revoked {
-		return nil, toolerr.New(toolerr.PermissionDenied, toolerr.ETokenRevoked, "capability token %s is revoked", id)
+		return nil, api.NewError(api.PermissionDenied, api.ETokenRevoked, "capability token %s is revoked", id)
 	}
 	err = claims.Grants(token.Binding{
 		Tenant: inv.Tenant, AgentDID: req.AgentContext.AgentDID, SessionID: req.AgentContext.SessionID,
@@ -202,9 +202,9 @@ func (a *Authorizer) Process(ctx context.Context, inv *invocation.Invocation) ([
 		case !hasApproval || approval.State == kvstore.ApprovalPending:
 			return a.park(ctx, inv, m, d)
 		case approval.State == kvstore.ApprovalExpired:
-			return nil, toolerr.New(toolerr.PermissionDenied, toolerr.EApprovalExpired, "no one approved the call in time")
+			return nil, api.NewError(api.PermissionDenied, api.EApprovalExpired, "no one approved the call in time")
 		default:
-			return nil, toolerr.New(toolerr.PermissionDenied, toolerr.EApprovalDenied,
+			return nil, api.NewError(api.PermissionDenied, api.EApprovalDenied,
 				"%s denied the call: %s", approval.DecidedBy, approval.Reason)
 		}
 	}
@@ -212,7 +212,7 @@ func (a *Authorizer) Process(ctx context.Context, inv *invocation.Invocation) ([
 	if err := a.reserve(ctx, inv, claims, session, m); err != nil {
 		return nil, err
 	}
-	inv.Authz = &invocation.Authorization{
+	inv.Authz = &envelope.Authorization{
 		TokenID: claims.ID, AgentDID: claims.AgentDID, Session: session, Reserved: true,
 		Grants: grants(claims),
 	}
@@ -228,27 +228,27 @@ func (a *Authorizer) Process(ctx context.Context, inv *invocation.Invocation) ([
 func (a *Authorizer) eval(ctx context.Context, in Input) (policy.Decision, error) {
 	input, err := plain(in)
 	if err != nil {
-		return policy.Decision{}, toolerr.Wrap(err, toolerr.InternalError, toolerr.EPolicyFailed, "building policy input: %v", err)
+		return policy.Decision{}, api.WrapError(err, api.InternalError, api.EPolicyFailed, "building policy input: %v", err)
 	}
 	return a.engine.Load().Eval(ctx, input)
 }
 
 // denial turns a policy's refusal into the error of its code.
 func denial(d policy.Decision) error {
-	code, ecode := toolerr.PermissionDenied, toolerr.EPolicyDenied
+	code, ecode := api.PermissionDenied, api.EPolicyDenied
 	switch d.Code {
-	case toolerr.EFilesystemDenied, toolerr.ENetworkDenied, toolerr.ECredentialDenied, toolerr.ENotGranted:
+	case api.EFilesystemDenied, api.ENetworkDenied, api.ECredentialDenied, api.ENotGranted:
 		ecode = d.Code
-	case toolerr.EBudgetExhausted:
-		code, ecode = toolerr.ResourceExhausted, d.Code
+	case api.EBudgetExhausted:
+		code, ecode = api.ResourceExhausted, d.Code
 	}
-	return toolerr.New(code, ecode, "denied by policy: %s", strings.Join(d.Reasons, "; ")).WithDetail("reasons", d.Reasons)
+	return api.NewError(code, ecode, "denied by policy: %s", strings.Join(d.Reasons, "; ")).WithDetail("reasons", d.Reasons)
 }
 
 // park records a pending approval and leaves the invocation outside the
 // pipeline until a decision resumes or ends it. Redelivery finds the stored
 // approval and parks again with the same message ids.
-func (a *Authorizer) park(ctx context.Context, inv *invocation.Invocation, m *tools.Manifest, d policy.Decision) ([]stages.Output, error) {
+func (a *Authorizer) park(ctx context.Context, inv *envelope.Invocation, m *tools.Manifest, d policy.Decision) ([]stages.Output, error) {
 	parked, err := json.Marshal(inv)
 	if err != nil {
 		return nil, err
@@ -261,8 +261,8 @@ func (a *Authorizer) park(ctx context.Context, inv *invocation.Invocation, m *to
 	if err != nil {
 		return nil, stages.Transient(err, 0)
 	}
-	inv.Status = invocation.StatusPendingApproval
-	rec := kvstore.Record{
+	inv.Status = api.StatusPendingApproval
+	rec := api.Record{
 		InvocationID: inv.ID, Tenant: inv.Tenant, Status: inv.Status,
 		ToolID: m.ID, ToolVersion: m.Version, Seq: inv.Event.Seq,
 	}
@@ -274,7 +274,7 @@ func (a *Authorizer) park(ctx context.Context, inv *invocation.Invocation, m *to
 		AuditRecord: audit, Reasons: d.Reasons, RiskLevel: m.Safety.RiskLevel,
 		SideEffects: m.Safety.SideEffects, Reversible: m.Safety.Reversible, Deadline: stored.Deadline,
 	}
-	ev, err := stages.AuditEvent(subjects.Authorize, inv, invocation.TypeApprovalRequested, data)
+	ev, err := runner.AuditEvent(subjects.Authorize, inv, envelope.TypeApprovalRequested, data)
 	if err != nil {
 		return nil, err
 	}
@@ -285,7 +285,7 @@ func (a *Authorizer) park(ctx context.Context, inv *invocation.Invocation, m *to
 // concurrent calls on many workers never pass max_calls; runtime, cost and
 // tokens are charged when calls end, so they can be overspent at most by the
 // calls in flight.
-func (a *Authorizer) reserve(ctx context.Context, inv *invocation.Invocation, c *token.Claims, session string, m *tools.Manifest) error {
+func (a *Authorizer) reserve(ctx context.Context, inv *envelope.Invocation, c *token.Claims, session string, m *tools.Manifest) error {
 	_, err := a.cfg.Store.UpdateUsage(ctx, inv.Tenant, session, func(u *kvstore.Usage) error {
 		if slices.Contains(u.Reserved, inv.ID) {
 			return errAlreadyReserved
@@ -313,7 +313,7 @@ func (a *Authorizer) reserve(ctx context.Context, inv *invocation.Invocation, c 
 		}
 		return nil
 	})
-	var te *toolerr.Error
+	var te *api.Error
 	switch {
 	case err == nil, errors.Is(err, errAlreadyReserved):
 		return nil
@@ -326,10 +326,10 @@ func (a *Authorizer) reserve(ctx context.Context, inv *invocation.Invocation, c 
 var errAlreadyReserved = errors.New("already reserved")
 
 func exhausted(format string, args ...any) error {
-	return toolerr.New(toolerr.ResourceExhausted, toolerr.EBudgetExhausted, "session budget exhausted: "+format, args...)
+	return api.NewError(api.ResourceExhausted, api.EBudgetExhausted, "session budget exhausted: "+format, args...)
 }
 
-func redactToken(req *invocation.Request) *invocation.Request {
+func redactToken(req *api.Request) *api.Request {
 	r := *req
 	r.CapabilityToken = "" // a policy never needs the raw token
 	return &r
@@ -401,8 +401,8 @@ func cleanGrants(c *token.Claims) *token.Claims {
 	return &out
 }
 
-func grants(c *token.Claims) invocation.Grants {
-	var g invocation.Grants
+func grants(c *token.Claims) envelope.Grants {
+	var g envelope.Grants
 	if f := cleanGrants(c).Filesystem; f != nil {
 		g.Paths, g.PathMode = f.AllowedPaths, cmp.Or(f.Mode, "ro")
 	}

@@ -3,15 +3,16 @@ package execute
 import (
 	"context"
 	"encoding/json"
-	"strconv"
-	"sync"
-	"time"
-
+	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/envelope"
+	"github.com/toolgate/toolgate/internal/runner"
 	"github.com/toolgate/toolgate/kvstore"
 	"github.com/toolgate/toolgate/stages"
 	"github.com/toolgate/toolgate/stages/execute/builtin"
-	"github.com/toolgate/toolgate/stages/invocation"
 	"github.com/toolgate/toolgate/subjects"
+	"strconv"
+	"sync"
+	"time"
 )
 
 // progressEvery spaces progress writes to the invocation record.
@@ -35,7 +36,7 @@ type tracker struct {
 	ctx     context.Context
 	store   *kvstore.Store
 	publish func(context.Context, stages.Output) error
-	inv     *invocation.Invocation
+	inv     *envelope.Invocation
 	toolID  string
 	resumed json.RawMessage
 
@@ -67,8 +68,8 @@ func (t *tracker) Report(percent float64, message string) {
 	if !due {
 		return
 	}
-	_, _ = t.store.UpdateRecord(t.ctx, t.inv.Tenant, t.inv.ID, func(r *kvstore.Record) {
-		r.Progress = &kvstore.Progress{Percent: percent, Message: message, UpdatedAt: time.Now().UTC()}
+	_, _ = t.store.UpdateRecord(t.ctx, t.inv.Tenant, t.inv.ID, func(r *api.Record) {
+		r.Progress = &api.Progress{Percent: percent, Message: message, UpdatedAt: time.Now().UTC()}
 	})
 }
 
@@ -82,8 +83,8 @@ func (t *tracker) Checkpoint(state json.RawMessage) error {
 	if err != nil {
 		return err
 	}
-	_, err = t.store.UpdateRecord(t.ctx, t.inv.Tenant, t.inv.ID, func(r *kvstore.Record) {
-		r.Checkpoint = &kvstore.CheckpointRef{Seq: seq, Bytes: n, CreatedAt: now}
+	_, err = t.store.UpdateRecord(t.ctx, t.inv.Tenant, t.inv.ID, func(r *api.Record) {
+		r.Checkpoint = &api.CheckpointRef{Seq: seq, Bytes: n, CreatedAt: now}
 	})
 	if err != nil {
 		return err
@@ -91,7 +92,7 @@ func (t *tracker) Checkpoint(state json.RawMessage) error {
 	if t.publish == nil {
 		return nil
 	}
-	ev, err := stages.AuditEvent(subjects.Execute, t.inv, invocation.TypeCheckpointCreated, CheckpointCreated{
+	ev, err := runner.AuditEvent(subjects.Execute, t.inv, envelope.TypeCheckpointCreated, CheckpointCreated{
 		InvocationID: t.inv.ID, TenantID: t.inv.Tenant, ToolID: t.toolID, Seq: seq,
 		StoredBytes: n, StateBytes: len(state), Percent: percent,
 	})

@@ -22,15 +22,15 @@ import (
 	"github.com/failsafe-go/failsafe-go"
 	"github.com/failsafe-go/failsafe-go/retrypolicy"
 	"github.com/failsafe-go/failsafe-go/timeout"
-
+	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/breaker"
+	"github.com/toolgate/toolgate/internal/envelope"
+	"github.com/toolgate/toolgate/internal/runner"
+	"github.com/toolgate/toolgate/internal/sandbox"
+	"github.com/toolgate/toolgate/internal/tools"
 	"github.com/toolgate/toolgate/kvstore"
 	"github.com/toolgate/toolgate/stages"
-	"github.com/toolgate/toolgate/stages/breaker"
 	"github.com/toolgate/toolgate/stages/execute/builtin"
-	"github.com/toolgate/toolgate/stages/execute/sandbox"
-	"github.com/toolgate/toolgate/stages/invocation"
-	"github.com/toolgate/toolgate/stages/toolerr"
-	"github.com/toolgate/toolgate/stages/tools"
 	"github.com/toolgate/toolgate/stages/verify"
 	"github.com/toolgate/toolgate/subjects"
 )
@@ -44,10 +44,10 @@ var Kinds = []string{"builtin", "cli", "http", "mcp"}
 // checks the manifest's configuration and the invocation's grants and
 // returns the function that runs one attempt. That function runs under the
 // executor's timeout, retry and breaker policies, must stop when its context
-// ends, and returns errors as *toolerr.Error (details.not_started = true
+// ends, and returns errors as *api.Error (details.not_started = true
 // when nothing reached the tool, so retries are safe).
 type Kind interface {
-	Prepare(m *tools.Manifest, inv *invocation.Invocation) (builtin.Func, error)
+	Prepare(m *tools.Manifest, inv *envelope.Invocation) (builtin.Func, error)
 }
 
 // Executor implements the execute stage.
@@ -94,7 +94,7 @@ func New(reg *tools.Registry, builtins builtin.Set, store *kvstore.Store, runnin
 
 // Process implements stages.Stage. The result is left for verify; only a
 // failure ends the invocation here.
-func (x *Executor) Process(ctx context.Context, inv *invocation.Invocation) ([]stages.Output, error) {
+func (x *Executor) Process(ctx context.Context, inv *envelope.Invocation) ([]stages.Output, error) {
 	m, err := x.reg.Resolve(inv.Route.ToolID, inv.Route.ToolVersion)
 	if err != nil {
 		return nil, err
@@ -123,13 +123,13 @@ func (x *Executor) Process(ctx context.Context, inv *invocation.Invocation) ([]s
 	if err == nil && !ownedBy(prev, inv) {
 		return nil, duplicate(inv)
 	}
-	interrupted := err == nil && prev.Status == invocation.StatusRunning
+	interrupted := err == nil && prev.Status == api.StatusRunning
 	// Claim the invocation: a redelivery of one that already ended must not
 	// run the tool again. A redelivery is the same ingest sequence; a record
 	// of another sequence is another request that reused the id, whose
 	// outcome is never handed to this one.
-	rec, _, err := x.store.SetStatus(ctx, kvstore.Record{InvocationID: inv.ID, Tenant: inv.Tenant,
-		Status: invocation.StatusRunning, ToolID: m.ID, ToolVersion: m.Version, Seq: inv.Event.Seq,
+	rec, _, err := x.store.SetStatus(ctx, api.Record{InvocationID: inv.ID, Tenant: inv.Tenant,
+		Status: api.StatusRunning, ToolID: m.ID, ToolVersion: m.Version, Seq: inv.Event.Seq,
 		Checkpoint: prev.Checkpoint})
 	if err != nil {
 		return nil, stages.Transient(fmt.Errorf("recording running status: %w", err), 0)
@@ -157,7 +157,7 @@ func (x *Executor) Process(ctx context.Context, inv *invocation.Invocation) ([]s
 			tr.resumed, tr.seq = cp.State, cp.Seq
 			inv.Metadata.ResumedFromCheckpoint = cp.Seq
 		case !m.Safety.Idempotent:
-			return nil, toolerr.New(toolerr.ToolExecutionError, toolerr.EOutcomeUnknown,
+			return nil, api.NewError(api.ToolExecutionError, api.EOutcomeUnknown,
 				"%s was interrupted mid-run on another worker; it is not idempotent and left no checkpoint, "+
 					"so whether it took effect is unknown and it is not run again", m.Key())
 		}
@@ -169,8 +169,8 @@ func (x *Executor) Process(ctx context.Context, inv *invocation.Invocation) ([]s
 			return nil, err
 		}
 	}
-	inv.Status = invocation.StatusRunning
-	invoked, err := stages.AuditEvent(subjects.Execute, inv, invocation.TypeInvoked, inv.Audit())
+	inv.Status = api.StatusRunning
+	invoked, err := runner.AuditEvent(subjects.Execute, inv, envelope.TypeInvoked, inv.Audit())
 	if err != nil {
 		return nil, err
 	}
@@ -211,7 +211,7 @@ func (x *Executor) Process(ctx context.Context, inv *invocation.Invocation) ([]s
 		_ = x.store.DeleteCheckpoint(context.WithoutCancel(ctx), inv.Tenant, inv.ID) // done with it
 	}
 	if !json.Valid(result) {
-		return outs, toolerr.New(toolerr.ToolExecutionError, toolerr.EResultNotJSON, "%s returned invalid JSON", m.Key())
+		return outs, api.NewError(api.ToolExecutionError, api.EResultNotJSON, "%s returned invalid JSON", m.Key())
 	}
 	inv.Result = result
 	return outs, nil
@@ -219,16 +219,16 @@ func (x *Executor) Process(ctx context.Context, inv *invocation.Invocation) ([]s
 
 // ownedBy reports whether a stored record belongs to inv's publish (or to no
 // publish yet).
-func ownedBy(rec kvstore.Record, inv *invocation.Invocation) bool {
+func ownedBy(rec api.Record, inv *envelope.Invocation) bool {
 	return rec.Seq == 0 || rec.Seq == inv.Event.Seq
 }
 
-func duplicate(inv *invocation.Invocation) error {
-	return toolerr.New(toolerr.InvalidParameters, toolerr.EDuplicateInvocation,
+func duplicate(inv *envelope.Invocation) error {
+	return api.NewError(api.InvalidParameters, api.EDuplicateInvocation,
 		"invocation id %q is already used in this tenant by another request", inv.ID)
 }
 
-func idempotencyKey(req *invocation.Request) string {
+func idempotencyKey(req *api.Request) string {
 	if req.ExecutionOptions == nil {
 		return ""
 	}
@@ -239,7 +239,7 @@ func idempotencyKey(req *invocation.Request) string {
 // invocation holds it for the same request and has ended, inv takes over its
 // outcome without running the tool (replayed is true); a different request
 // under the key, or an earlier one still running, is idempotency_conflict.
-func (x *Executor) replay(ctx context.Context, inv *invocation.Invocation, m *tools.Manifest, key string) (replayed bool, err error) {
+func (x *Executor) replay(ctx context.Context, inv *envelope.Invocation, m *tools.Manifest, key string) (replayed bool, err error) {
 	digest := requestDigest(m, inv.Request.Parameters)
 	claim, err := x.store.ClaimIdempotencyKey(ctx, inv.Tenant, key, inv.ID, digest)
 	if err != nil {
@@ -249,7 +249,7 @@ func (x *Executor) replay(ctx context.Context, inv *invocation.Invocation, m *to
 		return false, nil // ours, first time or redelivered
 	}
 	if claim.Digest != digest {
-		return false, toolerr.New(toolerr.IdempotencyConflict, toolerr.EIdempotencyMismatch,
+		return false, api.NewError(api.IdempotencyConflict, api.EIdempotencyMismatch,
 			"idempotency key %q was used by invocation %s for a different request", key, claim.InvocationID).
 			WithDetail("original_invocation_id", claim.InvocationID)
 	}
@@ -258,12 +258,12 @@ func (x *Executor) replay(ctx context.Context, inv *invocation.Invocation, m *to
 		return false, stages.Transient(err, 0)
 	}
 	if err != nil || !first.Status.Terminal() || first.Response == nil {
-		return false, toolerr.New(toolerr.IdempotencyConflict, toolerr.EIdempotencyInFlight,
+		return false, api.NewError(api.IdempotencyConflict, api.EIdempotencyInFlight,
 			"invocation %s with idempotency key %q has not ended yet", claim.InvocationID, key).
 			AsRetryable().WithDetail("original_invocation_id", claim.InvocationID)
 	}
 	inv.Metadata.ReplayedFrom = claim.InvocationID
-	if first.Status == invocation.StatusSuccess {
+	if first.Status == api.StatusSuccess {
 		inv.Succeed(subjects.Execute, first.Response.Result)
 	} else {
 		inv.Status, inv.Error, inv.EndedBy = first.Status, first.Error, subjects.Execute
@@ -286,18 +286,18 @@ func requestDigest(m *tools.Manifest, params json.RawMessage) string {
 }
 
 // function returns what runs the tool of m.
-func (x *Executor) function(m *tools.Manifest, inv *invocation.Invocation) (builtin.Func, error) {
+func (x *Executor) function(m *tools.Manifest, inv *envelope.Invocation) (builtin.Func, error) {
 	switch {
 	case m.Kind == "builtin" && m.Builtin != nil:
 		fn, ok := x.builtins[m.Builtin.Function]
 		if !ok {
-			return nil, toolerr.New(toolerr.ToolExecutionError, toolerr.EExecutorUnavailable,
+			return nil, api.NewError(api.ToolExecutionError, api.EExecutorUnavailable,
 				"builtin function %q is not in this binary", m.Builtin.Function)
 		}
 		return fn, nil
 	case m.Kind == "cli":
 		if x.SandboxErr != nil {
-			return nil, toolerr.New(toolerr.SandboxFailure, toolerr.EExecutorUnavailable,
+			return nil, api.NewError(api.SandboxFailure, api.EExecutorUnavailable,
 				"cli tools are refused here: %v (an operator may choose --sandbox none, which does not isolate)", x.SandboxErr)
 		}
 		return x.cli(m, inv)
@@ -305,7 +305,7 @@ func (x *Executor) function(m *tools.Manifest, inv *invocation.Invocation) (buil
 	if k, ok := x.kinds[m.Kind]; ok {
 		return k.Prepare(m, inv)
 	}
-	return nil, toolerr.New(toolerr.ToolExecutionError, toolerr.EExecutorUnavailable, "no executor for %s tools", m.Kind)
+	return nil, api.NewError(api.ToolExecutionError, api.EExecutorUnavailable, "no executor for %s tools", m.Kind)
 }
 
 // ResumeFile is where, in its work directory, a cli tool restarted after an
@@ -315,12 +315,12 @@ const ResumeFile = "toolgate-resume.json"
 
 // cli prepares a sandboxed run of a command-line tool. The tool reports
 // progress and checkpoints with control lines on stdout (sandbox.ControlPrefix).
-func (x *Executor) cli(m *tools.Manifest, inv *invocation.Invocation) (builtin.Func, error) {
+func (x *Executor) cli(m *tools.Manifest, inv *envelope.Invocation) (builtin.Func, error) {
 	cfg, err := m.CLISpec()
 	if err != nil {
-		return nil, toolerr.Wrap(err, toolerr.ToolExecutionError, toolerr.EExecutorUnavailable, "%v", err)
+		return nil, api.WrapError(err, api.ToolExecutionError, api.EExecutorUnavailable, "%v", err)
 	}
-	var grants invocation.Grants
+	var grants envelope.Grants
 	if inv.Authz != nil {
 		grants = inv.Authz.Grants
 	}
@@ -368,11 +368,11 @@ func (x *Executor) cli(m *tools.Manifest, inv *invocation.Invocation) (builtin.F
 				}
 			case "checkpoint":
 				if !json.Valid(arg) {
-					ctlErr = toolerr.New(toolerr.ToolExecutionError, toolerr.EToolFailed, "%s wrote a checkpoint that is not JSON", m.Key())
+					ctlErr = api.NewError(api.ToolExecutionError, api.EToolFailed, "%s wrote a checkpoint that is not JSON", m.Key())
 					return
 				}
 				if err := progress.Checkpoint(bytes.Clone(arg)); err != nil && ctlErr == nil {
-					ctlErr = toolerr.Wrap(err, toolerr.ToolExecutionError, toolerr.EToolFailed, "saving a checkpoint of %s: %v", m.Key(), err)
+					ctlErr = api.WrapError(err, api.ToolExecutionError, api.EToolFailed, "saving a checkpoint of %s: %v", m.Key(), err)
 				}
 			}
 		}
@@ -385,7 +385,7 @@ func (x *Executor) cli(m *tools.Manifest, inv *invocation.Invocation) (builtin.F
 		}
 		out := bytes.TrimSpace(res.Stdout)
 		if !json.Valid(out) {
-			return nil, toolerr.New(toolerr.ToolExecutionError, toolerr.EResultNotJSON, "%s wrote no JSON on stdout", m.Key())
+			return nil, api.NewError(api.ToolExecutionError, api.EResultNotJSON, "%s wrote no JSON on stdout", m.Key())
 		}
 		return out, nil
 	}, nil
@@ -393,7 +393,7 @@ func (x *Executor) cli(m *tools.Manifest, inv *invocation.Invocation) (builtin.F
 
 // Limit is the time an invocation may run: the tool's limit, narrowed (never
 // widened) by the request.
-func Limit(m *tools.Manifest, req *invocation.Request) time.Duration {
+func Limit(m *tools.Manifest, req *api.Request) time.Duration {
 	d := m.Timeout()
 	if rl := req.ResourceLimits; rl != nil && rl.TimeoutSeconds > 0 {
 		d = min(d, time.Duration(rl.TimeoutSeconds)*time.Second)
@@ -402,7 +402,7 @@ func Limit(m *tools.Manifest, req *invocation.Request) time.Duration {
 }
 
 // defaultRetryable are the error classes retried when a retry policy names none.
-var defaultRetryable = []string{string(toolerr.Timeout), string(toolerr.ExternalAPIError), string(toolerr.RateLimitExceeded)}
+var defaultRetryable = []string{string(api.Timeout), string(api.ExternalAPIError), string(api.RateLimitExceeded)}
 
 // retryPolicy builds the manifest's retry policy: exponential backoff with
 // full jitter, for the error classes it lists. A tool is retried only when it
@@ -429,7 +429,7 @@ func retryPolicy(m *tools.Manifest, limit time.Duration) failsafe.Policy[json.Ra
 			if err == nil {
 				return false
 			}
-			te := toolerr.As(classify(err, m, limit))
+			te := api.AsError(classify(err, m, limit))
 			notStarted, _ := te.Details["not_started"].(bool)
 			// A wait beyond the policy's ceiling is left to the caller.
 			return slices.Contains(classes, string(te.Code)) && (m.Safety.Idempotent || notStarted) && retryAfter(te) <= ceiling
@@ -440,7 +440,7 @@ func retryPolicy(m *tools.Manifest, limit time.Duration) failsafe.Policy[json.Ra
 
 // retryAfter is an error's details.retry_after_ms, or zero.
 func retryAfter(err error) time.Duration {
-	var te *toolerr.Error
+	var te *api.Error
 	if !errors.As(err, &te) {
 		return 0
 	}
@@ -456,7 +456,7 @@ func retryAfter(err error) time.Duration {
 }
 
 func cancelled(m *tools.Manifest) error {
-	return toolerr.New(toolerr.Cancelled, toolerr.ECancelled, "%s was cancelled on request", m.Key())
+	return api.NewError(api.Cancelled, api.ECancelled, "%s was cancelled on request", m.Key())
 }
 
 // errPanic marks a builtin that panicked.
@@ -472,7 +472,7 @@ func call(ctx context.Context, fn builtin.Func, params json.RawMessage) (out jso
 }
 
 // checkError applies the output policy to the text of a failed call.
-func (x *Executor) checkError(m *tools.Manifest, inv *invocation.Invocation, err error) error {
+func (x *Executor) checkError(m *tools.Manifest, inv *envelope.Invocation, err error) error {
 	v := x.Verifier
 	if v == nil {
 		v = verify.New(x.reg, verify.Config{})
@@ -483,13 +483,13 @@ func (x *Executor) checkError(m *tools.Manifest, inv *invocation.Invocation, err
 func classify(err error, m *tools.Manifest, limit time.Duration) error {
 	switch {
 	case errors.Is(err, timeout.ErrExceeded), errors.Is(err, context.DeadlineExceeded):
-		return toolerr.New(toolerr.Timeout, toolerr.ETimeout, "%s exceeded its %v time limit", m.Key(), limit).AsRetryable()
+		return api.NewError(api.Timeout, api.ETimeout, "%s exceeded its %v time limit", m.Key(), limit).AsRetryable()
 	case errors.Is(err, errPanic):
-		return toolerr.Wrap(err, toolerr.ToolExecutionError, toolerr.EToolPanicked, "%s failed unexpectedly", m.Key())
+		return api.WrapError(err, api.ToolExecutionError, api.EToolPanicked, "%s failed unexpectedly", m.Key())
 	}
-	var te *toolerr.Error
+	var te *api.Error
 	if errors.As(err, &te) {
 		return te
 	}
-	return toolerr.Wrap(err, toolerr.ToolExecutionError, toolerr.EToolFailed, "%s: %v", m.Key(), err)
+	return api.WrapError(err, api.ToolExecutionError, api.EToolFailed, "%s: %v", m.Key(), err)
 }

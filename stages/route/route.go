@@ -5,13 +5,12 @@ package route
 import (
 	"context"
 	"fmt"
-	"time"
-
+	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/envelope"
+	"github.com/toolgate/toolgate/internal/ratelimit"
+	"github.com/toolgate/toolgate/internal/tools"
 	"github.com/toolgate/toolgate/stages"
-	"github.com/toolgate/toolgate/stages/invocation"
-	"github.com/toolgate/toolgate/stages/ratelimit"
-	"github.com/toolgate/toolgate/stages/toolerr"
-	"github.com/toolgate/toolgate/stages/tools"
+	"time"
 )
 
 // Router implements the route stage.
@@ -35,7 +34,7 @@ func New(reg *tools.Registry, kinds ...string) *Router {
 }
 
 // Process implements stages.Stage.
-func (r *Router) Process(ctx context.Context, inv *invocation.Invocation) ([]stages.Output, error) {
+func (r *Router) Process(ctx context.Context, inv *envelope.Invocation) ([]stages.Output, error) {
 	req := inv.Request
 	m, err := r.reg.Resolve(req.ToolID, req.ToolVersion)
 	if err != nil {
@@ -43,14 +42,14 @@ func (r *Router) Process(ctx context.Context, inv *invocation.Invocation) ([]sta
 	}
 	switch m.Lifecycle.State {
 	case tools.StateRemoved:
-		return nil, toolerr.New(toolerr.ToolVersionNotFound, toolerr.EToolRemoved,
+		return nil, api.NewError(api.ToolVersionNotFound, api.EToolRemoved,
 			"%s has been removed%s", m.Key(), successor(m))
 	case tools.StateDeprecated, tools.StateSunset:
 		inv.Metadata.Warnings = append(inv.Metadata.Warnings,
-			fmt.Sprintf("%s: %s is %s%s", toolerr.EToolDeprecated, m.Key(), m.Lifecycle.State, successor(m)))
+			fmt.Sprintf("%s: %s is %s%s", api.EToolDeprecated, m.Key(), m.Lifecycle.State, successor(m)))
 	}
 	if !r.kinds[m.Kind] {
-		return nil, toolerr.New(toolerr.ToolExecutionError, toolerr.EExecutorUnavailable,
+		return nil, api.NewError(api.ToolExecutionError, api.EExecutorUnavailable,
 			"no executor for %s tools in this deployment", m.Kind)
 	}
 	if r.Limits != nil {
@@ -59,12 +58,12 @@ func (r *Router) Process(ctx context.Context, inv *invocation.Invocation) ([]sta
 			return nil, stages.Transient(err, 0)
 		}
 		if !ok {
-			return nil, toolerr.New(toolerr.RateLimitExceeded, toolerr.ERateLimited,
+			return nil, api.NewError(api.RateLimitExceeded, api.ERateLimited,
 				"%s is over its rate limit for tenant %s; retry in %v", m.ID, inv.Tenant, wait.Round(time.Millisecond)).
 				AsRetryable().WithDetail("retry_after_ms", wait.Milliseconds())
 		}
 	}
-	inv.Route = &invocation.Route{ToolID: m.ID, ToolVersion: m.Version, Executor: m.Kind}
+	inv.Route = &envelope.Route{ToolID: m.ID, ToolVersion: m.Version, Executor: m.Kind}
 	inv.Metadata.Executor = m.Kind
 	return nil, nil
 }

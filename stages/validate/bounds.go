@@ -3,16 +3,15 @@ package validate
 import (
 	"bytes"
 	"encoding/json"
+	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/detect"
+	"github.com/toolgate/toolgate/internal/tools"
 	"net/url"
 	"path"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
-
-	"github.com/toolgate/toolgate/stages/detect"
-	"github.com/toolgate/toolgate/stages/toolerr"
-	"github.com/toolgate/toolgate/stages/tools"
 )
 
 // Request bounds applied to every request's parameters.
@@ -36,7 +35,7 @@ func checkBounds(params []byte, maxDepth, maxString int) error {
 		case json.Delim:
 			if t == '{' || t == '[' {
 				if depth++; depth > maxDepth {
-					return toolerr.New(toolerr.InvalidParameters, toolerr.EParameterBounds,
+					return api.NewError(api.InvalidParameters, api.EParameterBounds,
 						"parameters nest deeper than %d levels", maxDepth)
 				}
 			} else {
@@ -44,7 +43,7 @@ func checkBounds(params []byte, maxDepth, maxString int) error {
 			}
 		case string:
 			if len(t) > maxString {
-				return toolerr.New(toolerr.InvalidParameters, toolerr.EParameterBounds,
+				return api.NewError(api.InvalidParameters, api.EParameterBounds,
 					"a parameter string is %d bytes, the limit is %d", len(t), maxString)
 			}
 		}
@@ -78,7 +77,7 @@ func checkInputs(m *tools.Manifest, params []byte, eng *detect.Engine) error {
 			if c == tools.CheckPath {
 				s, ok := v.(string)
 				if !ok {
-					return toolerr.New(toolerr.InvalidParameters, toolerr.EParametersInvalid, "%s must be a path string", ptr)
+					return api.NewError(api.InvalidParameters, api.EParametersInvalid, "%s must be a path string", ptr)
 				}
 				if err := confine(s, m.Permissions.Filesystem); err != nil {
 					return err.WithDetail("parameter", ptr)
@@ -90,7 +89,7 @@ func checkInputs(m *tools.Manifest, params []byte, eng *detect.Engine) error {
 				continue
 			}
 			f := fs[0]
-			return toolerr.New(toolerr.InvalidParameters, toolerr.EInputRuleFired,
+			return api.NewError(api.InvalidParameters, api.EInputRuleFired,
 				"parameter %s looks like %s (rule %s)", ptr, strings.ReplaceAll(string(f.Detector), "_", " "), f.Rule).
 				WithDetail("parameter", ptr).WithDetail("rule", f.Rule).WithDetail("detector", f.Detector).
 				WithDetail("rules_version", eng.Version())
@@ -102,9 +101,9 @@ func checkInputs(m *tools.Manifest, params []byte, eng *detect.Engine) error {
 // confine checks a path parameter against the granted roots: no NUL, no
 // parent segments in any decoded form, and an absolute path must lie inside
 // a granted root by whole path components, symlinks resolved where they exist.
-func confine(p string, grants []tools.FilesystemPermission) *toolerr.Error {
-	deny := func(format string, args ...any) *toolerr.Error {
-		return toolerr.New(toolerr.PermissionDenied, toolerr.EPathOutsideRoots, format, args...)
+func confine(p string, grants []tools.FilesystemPermission) *api.Error {
+	deny := func(format string, args ...any) *api.Error {
+		return api.NewError(api.PermissionDenied, api.EPathOutsideRoots, format, args...)
 	}
 	forms := []string{p}
 	for d := p; len(forms) < 4; {

@@ -2,13 +2,12 @@ package validate
 
 import (
 	"errors"
+	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/tools"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
-
-	"github.com/toolgate/toolgate/stages/toolerr"
-	"github.com/toolgate/toolgate/stages/tools"
 )
 
 func TestConfine(t *testing.T) {
@@ -34,7 +33,7 @@ func TestConfine(t *testing.T) {
 	}
 	for _, p := range denied {
 		err := confine(p, grants)
-		if err == nil || !errors.Is(err, toolerr.ErrPermissionDenied) || err.ECode != toolerr.EPathOutsideRoots {
+		if err == nil || !errors.Is(err, api.ErrPermissionDenied) || err.ECode != api.EPathOutsideRoots {
 			t.Errorf("%q allowed (%v)", p, err)
 		}
 	}
@@ -54,8 +53,8 @@ func TestCheckBounds(t *testing.T) {
 		"long key": `{"` + strings.Repeat("k", 201) + `":1}`,
 	} {
 		err := checkBounds([]byte(doc), 4, 200)
-		var te *toolerr.Error
-		if !errors.As(err, &te) || te.ECode != toolerr.EParameterBounds {
+		var te *api.Error
+		if !errors.As(err, &te) || te.ECode != api.EParameterBounds {
 			t.Errorf("%s: %v", name, err)
 		}
 	}

@@ -9,14 +9,13 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-
-	"github.com/toolgate/toolgate/kvstore"
+	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/detect"
+	"github.com/toolgate/toolgate/internal/envelope"
+	"github.com/toolgate/toolgate/internal/runner"
+	"github.com/toolgate/toolgate/internal/tools"
 	"github.com/toolgate/toolgate/schemas"
 	"github.com/toolgate/toolgate/stages"
-	"github.com/toolgate/toolgate/stages/detect"
-	"github.com/toolgate/toolgate/stages/invocation"
-	"github.com/toolgate/toolgate/stages/toolerr"
-	"github.com/toolgate/toolgate/stages/tools"
 	"github.com/toolgate/toolgate/subjects"
 )
 
@@ -40,7 +39,7 @@ type Config struct {
 
 // IDClaims takes an invocation id for one publish (kvstore.Store).
 type IDClaims interface {
-	ClaimInvocation(ctx context.Context, tenant, id string, seq uint64, digest string) (kvstore.Record, error)
+	ClaimInvocation(ctx context.Context, tenant, id string, seq uint64, digest string) (api.Record, error)
 }
 
 // Validator implements the validate stage.
@@ -69,39 +68,39 @@ func New(reg *tools.Registry, cfg Config) *Validator {
 }
 
 // Process implements stages.Stage.
-func (v *Validator) Process(ctx context.Context, inv *invocation.Invocation) ([]stages.Output, error) {
+func (v *Validator) Process(ctx context.Context, inv *envelope.Invocation) ([]stages.Output, error) {
 	if inv.Event.Size > v.cfg.MaxEventBytes {
-		return nil, toolerr.New(toolerr.InvalidParameters, toolerr.EPayloadTooLarge,
+		return nil, api.NewError(api.InvalidParameters, api.EPayloadTooLarge,
 			"event is %d bytes, the limit is %d", inv.Event.Size, v.cfg.MaxEventBytes)
 	}
-	if inv.Event.Type != invocation.EventType {
-		return nil, toolerr.New(toolerr.InvalidParameters, toolerr.EWrongEventType,
-			"event type %q: expected %q", inv.Event.Type, invocation.EventType)
+	if inv.Event.Type != envelope.EventType {
+		return nil, api.NewError(api.InvalidParameters, api.EWrongEventType,
+			"event type %q: expected %q", inv.Event.Type, envelope.EventType)
 	}
 	fields, err := schemas.Validate(schemas.InvokeRequest(), inv.Data)
 	if err != nil {
-		return nil, toolerr.Wrap(err, toolerr.InvalidParameters, toolerr.ERequestInvalid,
+		return nil, api.WrapError(err, api.InvalidParameters, api.ERequestInvalid,
 			"event data is not a JSON ToolInvokeRequest: %v", err)
 	}
 	if len(fields) > 0 {
-		return nil, toolerr.New(toolerr.InvalidParameters, toolerr.ERequestInvalid,
+		return nil, api.NewError(api.InvalidParameters, api.ERequestInvalid,
 			"event data does not match the ToolInvokeRequest schema").WithFields(fields)
 	}
 	digest := requestDigest(inv)
-	var req invocation.Request
+	var req api.Request
 	if err := json.Unmarshal(inv.Data, &req); err != nil {
-		return nil, toolerr.Wrap(err, toolerr.InvalidParameters, toolerr.ERequestInvalid, "decoding request: %v", err)
+		return nil, api.WrapError(err, api.InvalidParameters, api.ERequestInvalid, "decoding request: %v", err)
 	}
 	inv.Request, inv.Data = &req, nil
 	if len(req.Parameters) == 0 {
 		req.Parameters = json.RawMessage(`{}`)
 	}
 	if req.InvocationID != "" && req.InvocationID != inv.ID {
-		return nil, toolerr.New(toolerr.InvalidParameters, toolerr.ERequestInvalid,
+		return nil, api.NewError(api.InvalidParameters, api.ERequestInvalid,
 			"invocation_id %q differs from the event id %q", req.InvocationID, inv.ID)
 	}
 	if req.AgentContext.TenantID != inv.Tenant {
-		return nil, toolerr.New(toolerr.PermissionDenied, toolerr.ETenantMismatch,
+		return nil, api.NewError(api.PermissionDenied, api.ETenantMismatch,
 			"agent_context.tenant_id %q does not match the subject's tenant %q", req.AgentContext.TenantID, inv.Tenant)
 	}
 	if err := v.claim(ctx, inv, digest); err != nil {
@@ -116,10 +115,10 @@ func (v *Validator) Process(ctx context.Context, inv *invocation.Invocation) ([]
 	}
 	fields, err = m.ValidateInput(req.Parameters)
 	if err != nil {
-		return nil, toolerr.Wrap(err, toolerr.InvalidParameters, toolerr.EParametersInvalid, "parameters: %v", err)
+		return nil, api.WrapError(err, api.InvalidParameters, api.EParametersInvalid, "parameters: %v", err)
 	}
 	if len(fields) > 0 {
-		return nil, toolerr.New(toolerr.InvalidParameters, toolerr.EParametersInvalid,
+		return nil, api.NewError(api.InvalidParameters, api.EParametersInvalid,
 			"parameters do not match the input schema of %s", m.Key()).WithFields(fields)
 	}
 	if err := checkInputs(m, req.Parameters, v.cfg.Detectors); err != nil {
@@ -137,7 +136,7 @@ func (v *Validator) Process(ctx context.Context, inv *invocation.Invocation) ([]
 // publish of the very same event (same source and data) is answered by the
 // first one's result, so its refusal carries details.same_request and audit
 // publishes no result for it.
-func (v *Validator) claim(ctx context.Context, inv *invocation.Invocation, digest string) error {
+func (v *Validator) claim(ctx context.Context, inv *envelope.Invocation, digest string) error {
 	if v.cfg.Claims == nil {
 		return nil
 	}
@@ -148,7 +147,7 @@ func (v *Validator) claim(ctx context.Context, inv *invocation.Invocation, diges
 	if rec.Seq == inv.Event.Seq {
 		return nil
 	}
-	e := toolerr.New(toolerr.InvalidParameters, toolerr.EDuplicateInvocation,
+	e := api.NewError(api.InvalidParameters, api.EDuplicateInvocation,
 		"invocation id %q is already used in this tenant by another request", inv.ID)
 	if rec.Digest == digest {
 		e = e.WithDetail("same_request", true)
@@ -158,7 +157,7 @@ func (v *Validator) claim(ctx context.Context, inv *invocation.Invocation, diges
 
 // requestDigest identifies what an event asks for: its source and its data
 // exactly as sent (the capability token included).
-func requestDigest(inv *invocation.Invocation) string {
+func requestDigest(inv *envelope.Invocation) string {
 	h := sha256.New()
 	h.Write([]byte(inv.Event.Source))
 	h.Write([]byte{0})
@@ -169,14 +168,14 @@ func requestDigest(inv *invocation.Invocation) string {
 // accepted is the immediate answer to an async_mode request: a pending
 // response on the result subject that says where to poll. The terminal
 // result follows on the same subject.
-func accepted(inv *invocation.Invocation) (stages.Output, error) {
-	resp := invocation.Response{InvocationID: inv.ID, Status: invocation.StatusPending,
-		PollingInfo: &invocation.PollingInfo{ResultSubject: subjects.Result(inv.Tenant, inv.ID), StatusSubject: subjects.SvcStatus}}
-	e, err := inv.NewEvent("urn:toolgate:"+subjects.Validate, invocation.TypeAccepted, resp)
+func accepted(inv *envelope.Invocation) (stages.Output, error) {
+	resp := api.Response{InvocationID: inv.ID, Status: api.StatusPending,
+		PollingInfo: &api.PollingInfo{ResultSubject: subjects.Result(inv.Tenant, inv.ID), StatusSubject: subjects.SvcStatus}}
+	e, err := inv.NewEvent("urn:toolgate:"+subjects.Validate, envelope.TypeAccepted, resp)
 	if err != nil {
 		return stages.Output{}, err
 	}
-	o, err := stages.EventOutput(subjects.Result(inv.Tenant, inv.ID), e)
+	o, err := runner.EventOutput(subjects.Result(inv.Tenant, inv.ID), e)
 	o.MsgID = fmt.Sprintf("%d.accepted", inv.Event.Seq)
 	return o, err
 }

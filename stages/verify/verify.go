@@ -8,15 +8,14 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/detect"
+	"github.com/toolgate/toolgate/internal/envelope"
+	"github.com/toolgate/toolgate/internal/tools"
+	"github.com/toolgate/toolgate/stages"
+	"github.com/toolgate/toolgate/subjects"
 	"sort"
 	"strings"
-
-	"github.com/toolgate/toolgate/stages"
-	"github.com/toolgate/toolgate/stages/detect"
-	"github.com/toolgate/toolgate/stages/invocation"
-	"github.com/toolgate/toolgate/stages/toolerr"
-	"github.com/toolgate/toolgate/stages/tools"
-	"github.com/toolgate/toolgate/subjects"
 )
 
 // Actions on a detector's findings, from the mildest to the strictest.
@@ -53,12 +52,12 @@ const envelopeHeadroom = 8 << 10
 const DefaultMaxFindings = 50
 
 var rejectCodes = map[detect.Detector]string{
-	detect.Secrets:          toolerr.EOutputSecret,
-	detect.PII:              toolerr.EOutputPII,
-	detect.PromptInjection:  toolerr.EOutputInjection,
-	detect.SQLInjection:     toolerr.EOutputSQL,
-	detect.CommandInjection: toolerr.EOutputCommand,
-	detect.XSS:              toolerr.EOutputXSS,
+	detect.Secrets:          api.EOutputSecret,
+	detect.PII:              api.EOutputPII,
+	detect.PromptInjection:  api.EOutputInjection,
+	detect.SQLInjection:     api.EOutputSQL,
+	detect.CommandInjection: api.EOutputCommand,
+	detect.XSS:              api.EOutputXSS,
 }
 
 // Config configures the verify stage.
@@ -102,7 +101,7 @@ func New(reg *tools.Registry, cfg Config) *Verifier {
 
 // Process implements stages.Stage. A rejected result is dropped: the caller
 // gets the reason, never the unverified output.
-func (v *Verifier) Process(_ context.Context, inv *invocation.Invocation) ([]stages.Output, error) {
+func (v *Verifier) Process(_ context.Context, inv *envelope.Invocation) ([]stages.Output, error) {
 	m, err := v.reg.Resolve(inv.Route.ToolID, inv.Route.ToolVersion)
 	if err != nil {
 		return nil, err
@@ -119,7 +118,7 @@ func (v *Verifier) Process(_ context.Context, inv *invocation.Invocation) ([]sta
 	inv.Succeed(subjects.Verify, result)
 	if b, err := json.Marshal(inv); err == nil && len(b) > v.cfg.MaxPayload-envelopeHeadroom {
 		inv.Result = nil
-		return nil, toolerr.New(toolerr.ToolExecutionError, toolerr.EResultUnsendable,
+		return nil, api.NewError(api.ToolExecutionError, api.EResultUnsendable,
 			"%s returned %d bytes: with its invocation that is %d bytes, over the message limit of %d",
 			m.Key(), len(result), len(b), v.cfg.MaxPayload-envelopeHeadroom)
 	}
@@ -149,14 +148,14 @@ func canonical(doc []byte) []byte {
 	return bytes.TrimSuffix(b.Bytes(), []byte("\n"))
 }
 
-func (v *Verifier) check(m *tools.Manifest, pol tools.OutputPolicy, inv *invocation.Invocation) ([]byte, error) {
+func (v *Verifier) check(m *tools.Manifest, pol tools.OutputPolicy, inv *envelope.Invocation) ([]byte, error) {
 	result := inv.Result
 	limit := pol.MaxBytes
 	if limit <= 0 {
 		limit = DefaultMaxResultBytes
 	}
 	if len(result) > limit {
-		return nil, toolerr.New(toolerr.ToolExecutionError, toolerr.EOutputTooLarge,
+		return nil, api.NewError(api.ToolExecutionError, api.EOutputTooLarge,
 			"%s returned %d bytes, the limit is %d", m.Key(), len(result), limit)
 	}
 	result = canonical(result)
@@ -168,16 +167,16 @@ func (v *Verifier) check(m *tools.Manifest, pol tools.OutputPolicy, inv *invocat
 	}
 	fields, err := m.ValidateOutput(result)
 	if err != nil {
-		return nil, toolerr.Wrap(err, toolerr.ToolExecutionError, toolerr.EResultNotJSON,
+		return nil, api.WrapError(err, api.ToolExecutionError, api.EResultNotJSON,
 			"%s returned a result that is not JSON", m.Key())
 	}
 	if len(fields) > 0 {
 		if pol.Mode != "lenient" {
-			return nil, toolerr.New(toolerr.ToolExecutionError, toolerr.EResultSchema,
+			return nil, api.NewError(api.ToolExecutionError, api.EResultSchema,
 				"%s returned a result that does not match its output schema", m.Key()).WithFields(fields)
 		}
 		inv.Metadata.Warnings = append(inv.Metadata.Warnings,
-			fmt.Sprintf("%s: result does not match the output schema (lenient): %s %s", toolerr.EResultSchema, fields[0].Location, fields[0].Message))
+			fmt.Sprintf("%s: result does not match the output schema (lenient): %s %s", api.EResultSchema, fields[0].Location, fields[0].Message))
 	}
 	return v.sanitize(m, pol, inv, result)
 }
@@ -189,11 +188,11 @@ func (v *Verifier) check(m *tools.Manifest, pol tools.OutputPolicy, inv *invocat
 // reject-action detector fires on (instructions aimed at the agent) is
 // replaced by a neutral message citing the rule. Findings are recorded on
 // inv. It returns err with the checked text.
-func (v *Verifier) CheckError(m *tools.Manifest, inv *invocation.Invocation, err error) error {
+func (v *Verifier) CheckError(m *tools.Manifest, inv *envelope.Invocation, err error) error {
 	if err == nil {
 		return nil
 	}
-	te := toolerr.As(err)
+	te := api.AsError(err)
 	pol := tools.OutputPolicy{}
 	if m.OutputPolicy != nil {
 		pol = *m.OutputPolicy
@@ -208,7 +207,7 @@ func (v *Verifier) CheckError(m *tools.Manifest, inv *invocation.Invocation, err
 	if jerr != nil {
 		return te
 	}
-	scratch := &invocation.Invocation{Tenant: inv.Tenant}
+	scratch := &envelope.Invocation{Tenant: inv.Tenant}
 	out, rejected := v.sanitize(m, pol, scratch, doc)
 	for i, f := range scratch.Findings {
 		if f.Path == "/message" {
@@ -220,7 +219,7 @@ func (v *Verifier) CheckError(m *tools.Manifest, inv *invocation.Invocation, err
 	v.addFindings(inv, scratch.Findings)
 	inv.Metadata.Warnings = append(inv.Metadata.Warnings, scratch.Metadata.Warnings...)
 	if rejected != nil {
-		re := toolerr.As(rejected)
+		re := api.AsError(rejected)
 		rule, _ := re.Details["rule"].(string)
 		te.Message = fmt.Sprintf("%s failed; its error text was withheld by the output policy (rule %s)", m.Key(), rule)
 		for k := range strs {
@@ -244,7 +243,7 @@ func (v *Verifier) CheckError(m *tools.Manifest, inv *invocation.Invocation, err
 }
 
 // sanitize applies each detector's action, strictest first.
-func (v *Verifier) sanitize(m *tools.Manifest, pol tools.OutputPolicy, inv *invocation.Invocation, result []byte) ([]byte, error) {
+func (v *Verifier) sanitize(m *tools.Manifest, pol tools.OutputPolicy, inv *envelope.Invocation, result []byte) ([]byte, error) {
 	actions := v.actions(pol, inv.Tenant)
 	ds := make([]detect.Detector, 0, len(actions))
 	for d := range actions {
@@ -265,7 +264,7 @@ func (v *Verifier) sanitize(m *tools.Manifest, pol tools.OutputPolicy, inv *invo
 			if found, err = eng.ScanJSON(result, d); err == nil && len(found) > 0 {
 				f := found[0]
 				v.addFindings(inv, record(found, ActionReject, eng.Version()))
-				return nil, toolerr.New(toolerr.ToolExecutionError, rejectCodes[d],
+				return nil, api.NewError(api.ToolExecutionError, rejectCodes[d],
 					"%s returned %s (rule %s at %s)", m.Key(), strings.ReplaceAll(string(d), "_", " "), f.Rule, pointer(f.Path)).
 					WithDetail("rule", f.Rule).WithDetail("detector", d).WithDetail("rules_version", eng.Version())
 			}
@@ -277,7 +276,7 @@ func (v *Verifier) sanitize(m *tools.Manifest, pol tools.OutputPolicy, inv *invo
 			found, err = eng.ScanJSON(result, d)
 		}
 		if err != nil {
-			return nil, toolerr.Wrap(err, toolerr.ToolExecutionError, toolerr.EResultNotJSON, "scanning the result: %v", err)
+			return nil, api.WrapError(err, api.ToolExecutionError, api.EResultNotJSON, "scanning the result: %v", err)
 		}
 		if len(found) > 0 {
 			v.addFindings(inv, record(found, actions[d], eng.Version()))
@@ -306,10 +305,10 @@ func (v *Verifier) actions(pol tools.OutputPolicy, tenant string) map[detect.Det
 	return out
 }
 
-func record(fs []detect.Finding, action, version string) []invocation.Finding {
-	out := make([]invocation.Finding, 0, len(fs))
+func record(fs []detect.Finding, action, version string) []envelope.Finding {
+	out := make([]envelope.Finding, 0, len(fs))
 	for _, f := range fs {
-		out = append(out, invocation.Finding{Rule: f.Rule, Detector: string(f.Detector), Path: f.Path, Action: action, RulesVersion: version})
+		out = append(out, envelope.Finding{Rule: f.Rule, Detector: string(f.Detector), Path: f.Path, Action: action, RulesVersion: version})
 	}
 	return out
 }
@@ -317,7 +316,7 @@ func record(fs []detect.Finding, action, version string) []invocation.Finding {
 // addFindings appends fs to inv's findings up to MaxFindings; beyond, each
 // rule and action has one summary entry whose Count is how many were left
 // out.
-func (v *Verifier) addFindings(inv *invocation.Invocation, fs []invocation.Finding) {
+func (v *Verifier) addFindings(inv *envelope.Invocation, fs []envelope.Finding) {
 	for _, f := range fs {
 		kept := 0
 		summary := -1

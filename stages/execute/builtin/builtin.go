@@ -6,9 +6,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"github.com/toolgate/toolgate/api"
 	"time"
-
-	"github.com/toolgate/toolgate/stages/toolerr"
 )
 
 // Func runs one builtin tool. params is the parameters object, already
@@ -45,7 +44,7 @@ func New(env Env) Set {
 }
 
 func invalid(format string, args ...any) error {
-	return toolerr.New(toolerr.InvalidParameters, toolerr.EParametersInvalid, format, args...)
+	return api.NewError(api.InvalidParameters, api.EParametersInvalid, format, args...)
 }
 
 // decode reads params into v, keeping numbers exact.

@@ -4,14 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"github.com/toolgate/toolgate/api"
 	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/toolgate/toolgate/stages/toolerr"
 )
 
 func run(t *testing.T, fn Func, params string) (map[string]any, error) {
@@ -78,7 +77,7 @@ func TestJSONTransform(t *testing.T) {
 		`{"data":[1,"a"],"op":"sort"}`, `{"data":1,"op":"keys"}`, `{"data":1,"op":"explode"}`, `{"data":1,"pointer":"a"}`,
 	} {
 		_, err := jsonTransform(context.Background(), json.RawMessage(bad))
-		if !errors.Is(err, toolerr.ErrInvalidParameters) {
+		if !errors.Is(err, api.ErrInvalidParameters) {
 			t.Fatalf("%s: err = %v, want invalid_parameters", bad, err)
 		}
 	}
@@ -135,11 +134,11 @@ func TestReadFile(t *testing.T) {
 	}
 	for _, p := range []string{"link-out", "sub", "fifo"} {
 		_, err := rf(context.Background(), mustJSON(map[string]string{"path": p}))
-		if !errors.Is(err, toolerr.ErrPermissionDenied) {
+		if !errors.Is(err, api.ErrPermissionDenied) {
 			t.Fatalf("%q: err = %v, want permission_denied", p, err)
 		}
 	}
-	if _, err := readFile("")(context.Background(), json.RawMessage(`{"path":"a.txt"}`)); !errors.Is(err, toolerr.ErrPermissionDenied) {
+	if _, err := readFile("")(context.Background(), json.RawMessage(`{"path":"a.txt"}`)); !errors.Is(err, api.ErrPermissionDenied) {
 		t.Fatalf("no root: %v", err)
 	}
 }

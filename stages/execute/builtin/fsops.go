@@ -7,6 +7,8 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/token"
 	"io"
 	"io/fs"
 	"os"
@@ -16,9 +18,6 @@ import (
 	"strings"
 	"syscall"
 	"time"
-
-	"github.com/toolgate/toolgate/stages/authorize/token"
-	"github.com/toolgate/toolgate/stages/toolerr"
 )
 
 // Limits of the file builtins.
@@ -33,15 +32,15 @@ const (
 // denied is the refusal for anything that would leave the file root or touch
 // something other than a regular file or directory.
 func denied(format string, args ...any) error {
-	return toolerr.New(toolerr.PermissionDenied, toolerr.EPathOutsideRoots, format, args...)
+	return api.NewError(api.PermissionDenied, api.EPathOutsideRoots, format, args...)
 }
 
 func failed(err error, format string, args ...any) error {
-	return toolerr.Wrap(err, toolerr.ToolExecutionError, toolerr.EToolFailed, format, args...)
+	return api.WrapError(err, api.ToolExecutionError, api.EToolFailed, format, args...)
 }
 
 func tooLarge(format string, args ...any) error {
-	return toolerr.New(toolerr.InvalidParameters, toolerr.EParameterBounds, format, args...)
+	return api.NewError(api.InvalidParameters, api.EParameterBounds, format, args...)
 }
 
 // rootPath checks a path parameter and returns it relative to the file root,

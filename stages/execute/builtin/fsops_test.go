@@ -4,14 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/tools"
 	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
-
-	"github.com/toolgate/toolgate/stages/toolerr"
-	"github.com/toolgate/toolgate/stages/tools"
 )
 
 // fsSandbox is sandbox plus directory symlinks: one leading out of the root
@@ -39,9 +38,9 @@ func escapes(secret string) []string {
 	}
 }
 
-func wantCode(t *testing.T, what string, err error, code toolerr.Code, ecode string) {
+func wantCode(t *testing.T, what string, err error, code api.Code, ecode string) {
 	t.Helper()
-	var te *toolerr.Error
+	var te *api.Error
 	if !errors.As(err, &te) || te.Code != code || te.ECode != ecode {
 		t.Fatalf("%s: err = %v, want %s %s", what, err, code, ecode)
 	}
@@ -79,7 +78,7 @@ func TestWriteFile(t *testing.T) {
 		t.Fatalf("a directory symlink inside the root: %v", err)
 	}
 	_, err = run(t, wf, `{"path":"new.txt","content":"again","overwrite":false}`)
-	wantCode(t, "overwrite false", err, toolerr.ToolExecutionError, toolerr.EToolFailed)
+	wantCode(t, "overwrite false", err, api.ToolExecutionError, api.EToolFailed)
 	if read("new.txt") != "hello" {
 		t.Fatal("overwrite false replaced the file")
 	}
@@ -87,17 +86,17 @@ func TestWriteFile(t *testing.T) {
 		t.Fatalf("overwrite false on a new file: %v", err)
 	}
 	_, err = run(t, wf, `{"path":"missing/x.txt","content":"x"}`)
-	wantCode(t, "missing parent", err, toolerr.ToolExecutionError, toolerr.EToolFailed)
+	wantCode(t, "missing parent", err, api.ToolExecutionError, api.EToolFailed)
 
 	for _, p := range escapes(secret) {
 		_, err := wf(context.Background(), mustJSON(map[string]string{"path": p, "content": "PWNED"}))
-		wantCode(t, p, err, toolerr.PermissionDenied, toolerr.EPathOutsideRoots)
+		wantCode(t, p, err, api.PermissionDenied, api.EPathOutsideRoots)
 	}
 	// Not regular files: the FIFO is neither opened (which would block)
 	// nor replaced; a symlink inside the root is not replaced either.
 	for _, p := range []string{"fifo", "sub", "link-in", "dir-in"} {
 		_, err := wf(context.Background(), mustJSON(map[string]string{"path": p, "content": "x"}))
-		wantCode(t, p, err, toolerr.PermissionDenied, toolerr.EPathOutsideRoots)
+		wantCode(t, p, err, api.PermissionDenied, api.EPathOutsideRoots)
 	}
 	if fi, err := os.Lstat(filepath.Join(root, "fifo")); err != nil || fi.Mode()&os.ModeNamedPipe == 0 {
 		t.Fatalf("the FIFO was replaced: %v %v", fi, err)
@@ -115,11 +114,11 @@ func TestWriteFile(t *testing.T) {
 		`{"path":"x\u0000y","content":"x"}`,
 	} {
 		_, err := wf(context.Background(), json.RawMessage(bad))
-		wantCode(t, bad, err, toolerr.InvalidParameters, toolerr.EParametersInvalid)
+		wantCode(t, bad, err, api.InvalidParameters, api.EParametersInvalid)
 	}
 	big := strings.Repeat("x", maxWriteBytes+1)
 	_, err = wf(context.Background(), mustJSON(map[string]string{"path": "big.txt", "content": big}))
-	wantCode(t, "over the size cap", err, toolerr.InvalidParameters, toolerr.EParameterBounds)
+	wantCode(t, "over the size cap", err, api.InvalidParameters, api.EParameterBounds)
 
 	// No temporary files are left behind, whatever happened above.
 	filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
@@ -129,7 +128,7 @@ func TestWriteFile(t *testing.T) {
 		return nil
 	})
 	_, err = writeFile("")(context.Background(), json.RawMessage(`{"path":"a","content":"x"}`))
-	wantCode(t, "no root", err, toolerr.PermissionDenied, toolerr.EPathOutsideRoots)
+	wantCode(t, "no root", err, api.PermissionDenied, api.EPathOutsideRoots)
 }
 
 func TestAppendFile(t *testing.T) {
@@ -153,29 +152,29 @@ func TestAppendFile(t *testing.T) {
 		t.Fatalf("a.txt = %q", b)
 	}
 	_, err = run(t, af, `{"path":"nope.txt","content":"x","create":false}`)
-	wantCode(t, "create false", err, toolerr.ToolExecutionError, toolerr.EToolFailed)
+	wantCode(t, "create false", err, api.ToolExecutionError, api.EToolFailed)
 
 	for _, p := range escapes(secret) {
 		_, err := af(context.Background(), mustJSON(map[string]string{"path": p, "content": "PWNED"}))
-		wantCode(t, p, err, toolerr.PermissionDenied, toolerr.EPathOutsideRoots)
+		wantCode(t, p, err, api.PermissionDenied, api.EPathOutsideRoots)
 	}
 	if b, _ := os.ReadFile(secret); string(b) != "TOPSECRET" {
 		t.Fatalf("secret changed: %q", b)
 	}
 	for _, p := range []string{"fifo", "sub"} {
 		_, err := af(context.Background(), mustJSON(map[string]string{"path": p, "content": "x"}))
-		wantCode(t, p, err, toolerr.PermissionDenied, toolerr.EPathOutsideRoots)
+		wantCode(t, p, err, api.PermissionDenied, api.EPathOutsideRoots)
 	}
 	// A FIFO with a reader opens; the check on the descriptor still refuses.
 	r, err := os.OpenFile(filepath.Join(root, "fifo"), os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	must(t, err)
 	defer r.Close()
 	_, err = af(context.Background(), json.RawMessage(`{"path":"fifo","content":"x"}`))
-	wantCode(t, "fifo with a reader", err, toolerr.PermissionDenied, toolerr.EPathOutsideRoots)
+	wantCode(t, "fifo with a reader", err, api.PermissionDenied, api.EPathOutsideRoots)
 
 	must(t, os.WriteFile(filepath.Join(root, "full.txt"), make([]byte, maxAppendFileBytes-2), 0o644))
 	_, err = run(t, af, `{"path":"full.txt","content":"abc"}`)
-	wantCode(t, "over the file cap", err, toolerr.InvalidParameters, toolerr.EParameterBounds)
+	wantCode(t, "over the file cap", err, api.InvalidParameters, api.EParameterBounds)
 }
 
 func TestListDir(t *testing.T) {
@@ -227,15 +226,15 @@ func TestListDir(t *testing.T) {
 	}
 	for _, p := range []string{"dir-out", "dir-out/root_evil", "../"} {
 		_, err := ld(context.Background(), mustJSON(map[string]string{"path": p}))
-		wantCode(t, p, err, toolerr.PermissionDenied, toolerr.EPathOutsideRoots)
+		wantCode(t, p, err, api.PermissionDenied, api.EPathOutsideRoots)
 	}
 	// A FIFO is not opened for reading, which would block.
 	for _, p := range []string{"fifo", "a.txt"} {
 		_, err := ld(context.Background(), mustJSON(map[string]string{"path": p}))
-		wantCode(t, p, err, toolerr.InvalidParameters, toolerr.EParametersInvalid)
+		wantCode(t, p, err, api.InvalidParameters, api.EParametersInvalid)
 	}
 	_, err = run(t, ld, `{"max_entries":100000}`)
-	wantCode(t, "max_entries", err, toolerr.InvalidParameters, toolerr.EParametersInvalid)
+	wantCode(t, "max_entries", err, api.InvalidParameters, api.EParametersInvalid)
 }
 
 // TestLeadingSlashMeansRoot: a path parameter with a leading slash names the
@@ -308,7 +307,7 @@ func TestStat(t *testing.T) {
 	}
 	for _, p := range escapes(secret) {
 		_, err := st(context.Background(), mustJSON(map[string]string{"path": p}))
-		wantCode(t, p, err, toolerr.PermissionDenied, toolerr.EPathOutsideRoots)
+		wantCode(t, p, err, api.PermissionDenied, api.EPathOutsideRoots)
 	}
 }
 

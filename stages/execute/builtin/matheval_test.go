@@ -4,11 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"github.com/toolgate/toolgate/api"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/toolgate/toolgate/stages/toolerr"
 )
 
 func exprParams(e string) json.RawMessage { return mustJSON(map[string]string{"expression": e}) }
@@ -70,54 +69,54 @@ func TestMathEval(t *testing.T) {
 	}
 
 	bad := []struct{ expr, ecode string }{
-		{"", toolerr.EParametersInvalid},
-		{"   ", toolerr.EParametersInvalid},
-		{"1 +", toolerr.EParametersInvalid},
-		{"x", toolerr.EParametersInvalid},
-		{"pi * 2", toolerr.EParametersInvalid},
-		{"true", toolerr.EParametersInvalid},
-		{`"a" + "b"`, toolerr.EParametersInvalid},
-		{"'a'", toolerr.EParametersInvalid},
-		{"2i", toolerr.EParametersInvalid},
-		{"math.Sqrt(4)", toolerr.EParametersInvalid},
-		{"os.Exit(1)", toolerr.EParametersInvalid},
-		{"exec(1)", toolerr.EParametersInvalid},
-		{"abs", toolerr.EParametersInvalid},
-		{"abs(1, 2)", toolerr.EParametersInvalid},
-		{"min()", toolerr.EParametersInvalid},
-		{"pow(2)", toolerr.EParametersInvalid},
-		{"min([]int{1}...)", toolerr.EParametersInvalid},
-		{"func() int { return 1 }()", toolerr.EParametersInvalid},
-		{"[]int{1}[0]", toolerr.EParametersInvalid},
-		{"1 << 3", toolerr.EParametersInvalid},
-		{"1 == 1", toolerr.EParametersInvalid},
-		{"^1", toolerr.EParametersInvalid},
-		{"!1", toolerr.EParametersInvalid},
-		{"*p", toolerr.EParametersInvalid},
-		{"1 ** 2", toolerr.EParametersInvalid},
-		{"1 / 0", toolerr.EParametersInvalid},
-		{"1 / (2 - 2)", toolerr.EParametersInvalid},
-		{"1 % 0", toolerr.EParametersInvalid},
-		{"1.5 % 1", toolerr.EParametersInvalid},
-		{"pow(0, -1)", toolerr.EParametersInvalid},
-		{"sqrt(-1)", toolerr.EParametersInvalid},
-		{"pow(-8, 1/3)", toolerr.EParametersInvalid},
-		{"pow(10, 0.5) * pow(1e300, 1.5)", toolerr.EParametersInvalid}, // not finite as a double
-		{"pow(2, 1e9)", toolerr.EParameterBounds},
-		{"pow(2, 5000)", toolerr.EParameterBounds},
-		{"pow(pow(2, 4000), 2)", toolerr.EParameterBounds},
-		{"1e9999999999", toolerr.EParameterBounds},
-		{"1e-9999999999", toolerr.EParameterBounds},
-		{"0x1p99999999", toolerr.EParameterBounds},
-		{strings.Repeat("9", 1300), toolerr.EParameterBounds},
-		{strings.Repeat("1+", maxExprBytes/2+1) + "1", toolerr.EParameterBounds},
-		{strings.Repeat("(", 70) + "1" + strings.Repeat(")", 70), toolerr.EParameterBounds},
-		{strings.Repeat("- ", 70) + "1", toolerr.EParameterBounds},
-		{strings.Repeat("abs(", 70) + "1" + strings.Repeat(")", 70), toolerr.EParameterBounds},
+		{"", api.EParametersInvalid},
+		{"   ", api.EParametersInvalid},
+		{"1 +", api.EParametersInvalid},
+		{"x", api.EParametersInvalid},
+		{"pi * 2", api.EParametersInvalid},
+		{"true", api.EParametersInvalid},
+		{`"a" + "b"`, api.EParametersInvalid},
+		{"'a'", api.EParametersInvalid},
+		{"2i", api.EParametersInvalid},
+		{"math.Sqrt(4)", api.EParametersInvalid},
+		{"os.Exit(1)", api.EParametersInvalid},
+		{"exec(1)", api.EParametersInvalid},
+		{"abs", api.EParametersInvalid},
+		{"abs(1, 2)", api.EParametersInvalid},
+		{"min()", api.EParametersInvalid},
+		{"pow(2)", api.EParametersInvalid},
+		{"min([]int{1}...)", api.EParametersInvalid},
+		{"func() int { return 1 }()", api.EParametersInvalid},
+		{"[]int{1}[0]", api.EParametersInvalid},
+		{"1 << 3", api.EParametersInvalid},
+		{"1 == 1", api.EParametersInvalid},
+		{"^1", api.EParametersInvalid},
+		{"!1", api.EParametersInvalid},
+		{"*p", api.EParametersInvalid},
+		{"1 ** 2", api.EParametersInvalid},
+		{"1 / 0", api.EParametersInvalid},
+		{"1 / (2 - 2)", api.EParametersInvalid},
+		{"1 % 0", api.EParametersInvalid},
+		{"1.5 % 1", api.EParametersInvalid},
+		{"pow(0, -1)", api.EParametersInvalid},
+		{"sqrt(-1)", api.EParametersInvalid},
+		{"pow(-8, 1/3)", api.EParametersInvalid},
+		{"pow(10, 0.5) * pow(1e300, 1.5)", api.EParametersInvalid}, // not finite as a double
+		{"pow(2, 1e9)", api.EParameterBounds},
+		{"pow(2, 5000)", api.EParameterBounds},
+		{"pow(pow(2, 4000), 2)", api.EParameterBounds},
+		{"1e9999999999", api.EParameterBounds},
+		{"1e-9999999999", api.EParameterBounds},
+		{"0x1p99999999", api.EParameterBounds},
+		{strings.Repeat("9", 1300), api.EParameterBounds},
+		{strings.Repeat("1+", maxExprBytes/2+1) + "1", api.EParameterBounds},
+		{strings.Repeat("(", 70) + "1" + strings.Repeat(")", 70), api.EParameterBounds},
+		{strings.Repeat("- ", 70) + "1", api.EParameterBounds},
+		{strings.Repeat("abs(", 70) + "1" + strings.Repeat(")", 70), api.EParameterBounds},
 	}
 	for _, c := range bad {
 		_, err := mathEval(context.Background(), exprParams(c.expr))
-		wantCode(t, c.expr, err, toolerr.InvalidParameters, c.ecode)
+		wantCode(t, c.expr, err, api.InvalidParameters, c.ecode)
 	}
 }
 
@@ -135,8 +134,8 @@ func FuzzMathEval(f *testing.F) {
 			t.Fatalf("%q took %v", expr, d)
 		}
 		if err != nil {
-			var te *toolerr.Error
-			if !errors.As(err, &te) || te.Code != toolerr.InvalidParameters {
+			var te *api.Error
+			if !errors.As(err, &te) || te.Code != api.InvalidParameters {
 				t.Fatalf("%q: error is not invalid_parameters: %v", expr, err)
 			}
 			return

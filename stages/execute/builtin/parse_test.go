@@ -4,12 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"github.com/toolgate/toolgate/api"
 	"runtime"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/toolgate/toolgate/stages/toolerr"
 )
 
 func textParams(s string) json.RawMessage { return mustJSON(map[string]string{"text": s}) }
@@ -30,15 +29,15 @@ func TestParseJSON(t *testing.T) {
 	}
 	for _, bad := range []string{``, `{`, `{"a":1}{"b":2}`, `[1,]`, `1 2`, `{"a":1}x`, `NaN`} {
 		_, err := parseJSON(context.Background(), textParams(bad))
-		wantCode(t, bad, err, toolerr.InvalidParameters, toolerr.EParametersInvalid)
+		wantCode(t, bad, err, api.InvalidParameters, api.EParametersInvalid)
 	}
 	deep := strings.Repeat("[", maxParseDepth+1) + strings.Repeat("]", maxParseDepth+1)
 	_, err := parseJSON(context.Background(), textParams(deep))
-	wantCode(t, "too deep", err, toolerr.InvalidParameters, toolerr.EParameterBounds)
+	wantCode(t, "too deep", err, api.InvalidParameters, api.EParameterBounds)
 	_, err = parseJSON(context.Background(), textParams(`"`+strings.Repeat("x", maxParseBytes)+`"`))
-	wantCode(t, "too long", err, toolerr.InvalidParameters, toolerr.EParameterBounds)
+	wantCode(t, "too long", err, api.InvalidParameters, api.EParameterBounds)
 	_, err = parseJSON(context.Background(), json.RawMessage(`{}`))
-	wantCode(t, "no text", err, toolerr.InvalidParameters, toolerr.EParametersInvalid)
+	wantCode(t, "no text", err, api.InvalidParameters, api.EParametersInvalid)
 }
 
 func TestParseYAML(t *testing.T) {
@@ -70,11 +69,11 @@ func TestParseYAML(t *testing.T) {
 		"a: !!binary \"!!\"\n", // bad base64
 	} {
 		_, err := parseYAML(context.Background(), textParams(bad))
-		wantCode(t, bad, err, toolerr.InvalidParameters, toolerr.EParametersInvalid)
+		wantCode(t, bad, err, api.InvalidParameters, api.EParametersInvalid)
 	}
 	deep := strings.Repeat("[", maxParseDepth+1) + strings.Repeat("]", maxParseDepth+1)
 	_, err := parseYAML(context.Background(), textParams(deep))
-	wantCode(t, "too deep", err, toolerr.InvalidParameters, toolerr.EParameterBounds)
+	wantCode(t, "too deep", err, api.InvalidParameters, api.EParameterBounds)
 	// Depth reached only through aliases counts as well.
 	var b strings.Builder
 	b.WriteString("a0: &a0 [x]\n")
@@ -82,7 +81,7 @@ func TestParseYAML(t *testing.T) {
 		b.WriteString("a" + itoa(i) + ": &a" + itoa(i) + " [*a" + itoa(i-1) + "]\n")
 	}
 	_, err = parseYAML(context.Background(), textParams(b.String()))
-	wantCode(t, "deep through aliases", err, toolerr.InvalidParameters, toolerr.EParameterBounds)
+	wantCode(t, "deep through aliases", err, api.InvalidParameters, api.EParameterBounds)
 }
 
 func itoa(i int) string { return strings.TrimSpace(string(mustJSON(i))) }
@@ -109,7 +108,7 @@ func TestParseYAMLBomb(t *testing.T) {
 	_, err := parseYAML(context.Background(), textParams(billionLaughs))
 	took := time.Since(start)
 	runtime.ReadMemStats(&after)
-	wantCode(t, "billion laughs", err, toolerr.InvalidParameters, toolerr.EParameterBounds)
+	wantCode(t, "billion laughs", err, api.InvalidParameters, api.EParameterBounds)
 	// Generous bounds for a loaded machine; expanding the bomb would take
 	// minutes and gigabytes.
 	if took > 2*time.Second {
@@ -121,11 +120,11 @@ func TestParseYAMLBomb(t *testing.T) {
 	// A wide, flat fan-out of one anchor is refused the same way.
 	wide := "a: &a [" + strings.Repeat("x,", 1000) + "x]\nb: [" + strings.Repeat("*a,", 200) + "*a]\n"
 	_, err = parseYAML(context.Background(), textParams(wide))
-	wantCode(t, "wide alias fan-out", err, toolerr.InvalidParameters, toolerr.EParameterBounds)
+	wantCode(t, "wide alias fan-out", err, api.InvalidParameters, api.EParameterBounds)
 	// Few nodes, but one long string repeated: bounded by bytes.
 	long := "a: &a " + strings.Repeat("x", 64<<10) + "\nb: [" + strings.Repeat("*a,", 100) + "*a]\n"
 	_, err = parseYAML(context.Background(), textParams(long))
-	wantCode(t, "a long string aliased many times", err, toolerr.InvalidParameters, toolerr.EParameterBounds)
+	wantCode(t, "a long string aliased many times", err, api.InvalidParameters, api.EParameterBounds)
 }
 
 func FuzzParseYAML(f *testing.F) {
@@ -143,8 +142,8 @@ func FuzzParseYAML(f *testing.F) {
 			t.Fatalf("took %v", time.Since(start))
 		}
 		if err != nil {
-			var te *toolerr.Error
-			if !errors.As(err, &te) || te.Code != toolerr.InvalidParameters {
+			var te *api.Error
+			if !errors.As(err, &te) || te.Code != api.InvalidParameters {
 				t.Fatalf("error is not invalid_parameters: %v", err)
 			}
 			return

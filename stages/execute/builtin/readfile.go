@@ -5,14 +5,13 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"github.com/toolgate/toolgate/api"
 	"io"
 	"io/fs"
 	"os"
 	"strings"
 	"syscall"
 	"unicode/utf8"
-
-	"github.com/toolgate/toolgate/stages/toolerr"
 )
 
 const (
@@ -66,7 +65,7 @@ func readFile(root string) Func {
 		}
 		data, err := io.ReadAll(io.LimitReader(f, p.MaxBytes+1))
 		if err != nil {
-			return nil, toolerr.Wrap(err, toolerr.ToolExecutionError, toolerr.EToolFailed, "reading %s: %v", p.Path, err)
+			return nil, api.WrapError(err, api.ToolExecutionError, api.EToolFailed, "reading %s: %v", p.Path, err)
 		}
 		truncated := int64(len(data)) > p.MaxBytes
 		if truncated {
@@ -85,11 +84,11 @@ func readFile(root string) Func {
 
 func openError(p string, err error) error {
 	if errors.Is(err, fs.ErrNotExist) {
-		return toolerr.Wrap(err, toolerr.ToolExecutionError, toolerr.EToolFailed, "%s: no such file", p)
+		return api.WrapError(err, api.ToolExecutionError, api.EToolFailed, "%s: no such file", p)
 	}
 	var pe *fs.PathError
 	if errors.As(err, &pe) && strings.Contains(pe.Err.Error(), "escapes") {
-		return toolerr.Wrap(err, toolerr.PermissionDenied, toolerr.EPathOutsideRoots, "%s is outside the granted directory", p)
+		return api.WrapError(err, api.PermissionDenied, api.EPathOutsideRoots, "%s is outside the granted directory", p)
 	}
-	return toolerr.Wrap(err, toolerr.PermissionDenied, toolerr.EPathOutsideRoots, "%s: %v", p, err)
+	return api.WrapError(err, api.PermissionDenied, api.EPathOutsideRoots, "%s: %v", p, err)
 }

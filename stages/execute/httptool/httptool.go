@@ -21,6 +21,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/envelope"
+	"github.com/toolgate/toolgate/internal/token"
+	"github.com/toolgate/toolgate/internal/tools"
+	"github.com/toolgate/toolgate/stages/execute/builtin"
 	"io"
 	"mime"
 	"net"
@@ -33,12 +38,6 @@ import (
 	"sync/atomic"
 	"time"
 	"unicode/utf8"
-
-	"github.com/toolgate/toolgate/stages/authorize/token"
-	"github.com/toolgate/toolgate/stages/execute/builtin"
-	"github.com/toolgate/toolgate/stages/invocation"
-	"github.com/toolgate/toolgate/stages/toolerr"
-	"github.com/toolgate/toolgate/stages/tools"
 )
 
 // Secrets resolves a secret's value by name (secrets.Source does).
@@ -97,7 +96,7 @@ type allowlist struct {
 	ports    []int
 }
 
-func newAllowlist(m *tools.Manifest, g invocation.Grants) allowlist {
+func newAllowlist(m *tools.Manifest, g envelope.Grants) allowlist {
 	return allowlist{tool: m.Key(), declared: m.Permissions.Network, hosts: g.Hosts, ports: g.Ports}
 }
 
@@ -131,7 +130,7 @@ func (a allowlist) check(u *url.URL) error {
 	default:
 		return nil
 	}
-	return toolerr.New(toolerr.PermissionDenied, toolerr.ENetworkPolicy, "%s may not connect to %s: %s",
+	return api.NewError(api.PermissionDenied, api.ENetworkPolicy, "%s may not connect to %s: %s",
 		a.tool, net.JoinHostPort(host, strconv.Itoa(port)), reason).WithDetail("host", host).WithDetail("port", port)
 }
 
@@ -167,12 +166,12 @@ type credential struct {
 
 // Prepare implements execute.Kind: it checks the manifest's http object,
 // resolves the credentials the token grants and returns one attempt.
-func (k *Kind) Prepare(m *tools.Manifest, inv *invocation.Invocation) (builtin.Func, error) {
+func (k *Kind) Prepare(m *tools.Manifest, inv *envelope.Invocation) (builtin.Func, error) {
 	s, err := decodeSpec(m)
 	if err != nil {
 		return nil, err
 	}
-	var g invocation.Grants
+	var g envelope.Grants
 	if inv.Authz != nil {
 		g = inv.Authz.Grants
 	}
@@ -180,7 +179,7 @@ func (k *Kind) Prepare(m *tools.Manifest, inv *invocation.Invocation) (builtin.F
 	var values []string
 	for _, c := range s.Credentials {
 		if !slices.Contains(g.Secrets, c.Secret) {
-			return nil, toolerr.New(toolerr.PermissionDenied, toolerr.ECredentialDenied,
+			return nil, api.NewError(api.PermissionDenied, api.ECredentialDenied,
 				"%s needs credential %s, which the capability token does not grant", m.Key(), c.Secret).
 				WithDetail("not_started", true)
 		}
@@ -201,7 +200,7 @@ func (k *Kind) Prepare(m *tools.Manifest, inv *invocation.Invocation) (builtin.F
 func unavailable(m *tools.Manifest, secret string, err error) error {
 	// The cause is logged by no one and never reaches the wire: it may
 	// name files.
-	return toolerr.Wrap(err, toolerr.ToolExecutionError, toolerr.ECredentialUnavailable,
+	return api.WrapError(err, api.ToolExecutionError, api.ECredentialUnavailable,
 		"%s needs credential %s, which no secret source on this worker holds", m.Key(), secret).
 		WithDetail("not_started", true).WithDetail("credential", secret)
 }
@@ -229,7 +228,7 @@ func (c *call) run(ctx context.Context, raw json.RawMessage) (json.RawMessage, e
 		return nil, err
 	}
 	if err := c.allow.check(u); err != nil {
-		return nil, toolerr.As(err).WithDetail("not_started", true)
+		return nil, api.AsError(err).WithDetail("not_started", true)
 	}
 	req, err := c.request(ctx, u, params, raw)
 	if err != nil {
@@ -317,10 +316,10 @@ func (c *call) request(ctx context.Context, u *url.URL, params map[string]json.R
 // allowlist, and credentials do not follow a hop to another host.
 func (c *call) redirect(req *http.Request, via []*http.Request) error {
 	if len(via) >= maxRedirects {
-		return toolerr.New(toolerr.ExternalAPIError, toolerr.EExternalStatus, "%s: stopped after %d redirects", c.m.Key(), maxRedirects)
+		return api.NewError(api.ExternalAPIError, api.EExternalStatus, "%s: stopped after %d redirects", c.m.Key(), maxRedirects)
 	}
 	if err := c.allow.check(req.URL); err != nil {
-		te := toolerr.As(err)
+		te := api.AsError(err)
 		te.Message += " (redirected by " + via[len(via)-1].URL.Host + ")"
 		return te.WithDetail("redirect", true)
 	}
@@ -337,20 +336,20 @@ func (c *call) redirect(req *http.Request, via []*http.Request) error {
 // code, an ended context is left for the executor (timeout, cancel), and
 // the rest is an unreachable service, retryable.
 func (c *call) failed(ctx context.Context, err error, notStarted bool) error {
-	var te *toolerr.Error
+	var te *api.Error
 	if errors.As(err, &te) {
 		te.Message = c.scrub.String(te.Message)
 		return te
 	}
 	var pe *privateAddrError
 	if errors.As(err, &pe) {
-		return toolerr.New(toolerr.PermissionDenied, toolerr.ENetworkPolicy, "%s: %v", c.m.Key(), pe).
+		return api.NewError(api.PermissionDenied, api.ENetworkPolicy, "%s: %v", c.m.Key(), pe).
 			WithDetail("not_started", true)
 	}
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
-	return toolerr.New(toolerr.ExternalAPIError, toolerr.EExternalUnreachable, "%s: %s", c.m.Key(), c.scrub.String(err.Error())).
+	return api.NewError(api.ExternalAPIError, api.EExternalUnreachable, "%s: %s", c.m.Key(), c.scrub.String(err.Error())).
 		AsRetryable().WithDetail("not_started", notStarted)
 }
 
@@ -360,19 +359,19 @@ func (c *call) status(resp *http.Response) error {
 	if code < 400 {
 		return nil
 	}
-	var e *toolerr.Error
+	var e *api.Error
 	switch {
 	case code == http.StatusTooManyRequests:
 		// A 429 refuses the request before acting on it (RFC 6585), so even
 		// a tool that is not idempotent may be sent again.
-		e = toolerr.New(toolerr.RateLimitExceeded, toolerr.ERateLimited, "%s: the service answered %d (rate limited)", c.m.Key(), code).
+		e = api.NewError(api.RateLimitExceeded, api.ERateLimited, "%s: the service answered %d (rate limited)", c.m.Key(), code).
 			AsRetryable().WithDetail("not_started", true)
 	case code >= 500:
-		e = toolerr.New(toolerr.ExternalAPIError, toolerr.EExternalStatus, "%s: the service answered %d", c.m.Key(), code).AsRetryable()
+		e = api.NewError(api.ExternalAPIError, api.EExternalStatus, "%s: the service answered %d", c.m.Key(), code).AsRetryable()
 	case code == http.StatusUnauthorized || code == http.StatusForbidden:
-		e = toolerr.New(toolerr.ExternalAPIError, toolerr.EExternalAuth, "%s: the service refused the request (%d)", c.m.Key(), code)
+		e = api.NewError(api.ExternalAPIError, api.EExternalAuth, "%s: the service refused the request (%d)", c.m.Key(), code)
 	default:
-		e = toolerr.New(toolerr.ExternalAPIError, toolerr.EExternalStatus, "%s: the service answered %d", c.m.Key(), code)
+		e = api.NewError(api.ExternalAPIError, api.EExternalStatus, "%s: the service answered %d", c.m.Key(), code)
 	}
 	e.WithDetail("status", code)
 	if e.Retryable {
@@ -414,7 +413,7 @@ func (c *call) result(ctx context.Context, resp *http.Response) (json.RawMessage
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
-		return nil, toolerr.New(toolerr.ExternalAPIError, toolerr.EExternalUnreachable, "%s: reading the response: %s",
+		return nil, api.NewError(api.ExternalAPIError, api.EExternalUnreachable, "%s: reading the response: %s",
 			c.m.Key(), c.scrub.String(err.Error())).AsRetryable()
 	}
 	if int64(len(data)) > limit {
@@ -462,19 +461,19 @@ func (c *call) result(ctx context.Context, resp *http.Response) (json.RawMessage
 	enc := json.NewEncoder(&b)
 	enc.SetEscapeHTML(false)
 	if err := enc.Encode(out); err != nil {
-		return nil, toolerr.Wrap(err, toolerr.ToolExecutionError, toolerr.EToolFailed, "%s: encoding the result: %v", c.m.Key(), err)
+		return nil, api.WrapError(err, api.ToolExecutionError, api.EToolFailed, "%s: encoding the result: %v", c.m.Key(), err)
 	}
 	return bytes.TrimSuffix(b.Bytes(), []byte("\n")), nil
 }
 
 func (c *call) tooLarge(limit int64) error {
-	return toolerr.New(toolerr.ResourceExhausted, toolerr.EResourceLimit,
+	return api.NewError(api.ResourceExhausted, api.EResourceLimit,
 		"%s: the response exceeds %d bytes (max_response_bytes)", c.m.Key(), limit).
 		WithDetail("limit", "max_response_bytes").WithDetail("max_bytes", limit)
 }
 
 func (c *call) malformed(msg string) error {
-	return toolerr.New(toolerr.ExternalAPIError, toolerr.EExternalMalformed, "%s: %s", c.m.Key(), msg)
+	return api.NewError(api.ExternalAPIError, api.EExternalMalformed, "%s: %s", c.m.Key(), msg)
 }
 
 func isJSON(contentType string) bool {

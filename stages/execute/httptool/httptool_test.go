@@ -6,6 +6,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/envelope"
+	"github.com/toolgate/toolgate/internal/tools"
 	"io"
 	"net"
 	"net/http"
@@ -16,10 +19,6 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/toolgate/toolgate/stages/invocation"
-	"github.com/toolgate/toolgate/stages/toolerr"
-	"github.com/toolgate/toolgate/stages/tools"
 )
 
 const secretValue = "s3cr3t-V@lue/with+chars"
@@ -44,19 +43,19 @@ func manifest(t *testing.T, httpSpec string, perms string) *tools.Manifest {
 		"input_schema":{"type":"object"},"permissions":%s}`, httpSpec, perms)
 	m, err := tools.Parse([]byte(doc))
 	if err != nil {
-		t.Fatalf("manifest: %v %+v", err, toolerr.As(err).Fields)
+		t.Fatalf("manifest: %v %+v", err, api.AsError(err).Fields)
 	}
 	return m
 }
 
-func grants(hosts []string, ports []int, secrets ...string) *invocation.Invocation {
-	return &invocation.Invocation{Authz: &invocation.Authorization{Grants: invocation.Grants{Hosts: hosts, Ports: ports, Secrets: secrets}}}
+func grants(hosts []string, ports []int, secrets ...string) *envelope.Invocation {
+	return &envelope.Invocation{Authz: &envelope.Authorization{Grants: envelope.Grants{Hosts: hosts, Ports: ports, Secrets: secrets}}}
 }
 
 // local grants 127.0.0.1 on any port.
 var local = grants([]string{"127.0.0.1"}, nil, "api_key")
 
-func run(t *testing.T, k *Kind, m *tools.Manifest, inv *invocation.Invocation, params string) (map[string]any, error) {
+func run(t *testing.T, k *Kind, m *tools.Manifest, inv *envelope.Invocation, params string) (map[string]any, error) {
 	t.Helper()
 	fn, err := k.Prepare(m, inv)
 	if err != nil {
@@ -75,9 +74,9 @@ func run(t *testing.T, k *Kind, m *tools.Manifest, inv *invocation.Invocation, p
 	return res, nil
 }
 
-func wantCode(t *testing.T, err error, code toolerr.Code, ecode string) *toolerr.Error {
+func wantCode(t *testing.T, err error, code api.Code, ecode string) *api.Error {
 	t.Helper()
-	var te *toolerr.Error
+	var te *api.Error
 	if !errors.As(err, &te) || te.Code != code || te.ECode != ecode {
 		t.Fatalf("error %v, want %s/%s", err, code, ecode)
 	}
@@ -112,7 +111,7 @@ func TestURLTemplateKeepsParametersInPlace(t *testing.T) {
 	}
 	// A value that is a dot segment is refused before anything is sent.
 	_, err = run(t, k, m, local, `{"id":"..","q":"","n":1}`)
-	if te := wantCode(t, err, toolerr.InvalidParameters, toolerr.EParametersInvalid); te.Details["not_started"] != true {
+	if te := wantCode(t, err, api.InvalidParameters, api.EParametersInvalid); te.Details["not_started"] != true {
 		t.Errorf("not_started missing: %+v", te)
 	}
 }
@@ -123,7 +122,7 @@ func TestPlaceholdersCannotReachTheHost(t *testing.T) {
 		"{{scheme}}://api.example.com/", "https://api.example.com/#{{frag}}", "ftp://api.example.com/", "https://user:pw@api.example.com/"} {
 		m := manifest(t, `{"url":"`+u+`"}`, "")
 		_, err := k.Prepare(m, local)
-		wantCode(t, err, toolerr.ToolExecutionError, toolerr.EExecutorUnavailable)
+		wantCode(t, err, api.ToolExecutionError, api.EExecutorUnavailable)
 	}
 }
 
@@ -150,12 +149,12 @@ func TestAllowlist(t *testing.T) {
 	for _, c := range cases {
 		m := manifest(t, `{"url":"{{url}}"}`, `{"network":`+c.declared+`}`)
 		u, _ := url.Parse(c.url)
-		err := newAllowlist(m, invocation.Grants{Hosts: c.hosts, Ports: c.ports}).check(u)
+		err := newAllowlist(m, envelope.Grants{Hosts: c.hosts, Ports: c.ports}).check(u)
 		if (err == nil) != c.ok {
 			t.Errorf("%s declared %s granted %v %v: %v, want ok = %v", c.url, c.declared, c.hosts, c.ports, err, c.ok)
 		}
 		if err != nil {
-			wantCode(t, err, toolerr.PermissionDenied, toolerr.ENetworkPolicy)
+			wantCode(t, err, api.PermissionDenied, api.ENetworkPolicy)
 		}
 	}
 }
@@ -167,7 +166,7 @@ func TestRequestToHostNotGrantedIsRefused(t *testing.T) {
 	k := New(Config{})
 	m := manifest(t, `{"url":"{{url}}"}`, "")
 	_, err := run(t, k, m, grants([]string{"localhost"}, nil), `{"url":"`+srv.URL+`"}`)
-	if te := wantCode(t, err, toolerr.PermissionDenied, toolerr.ENetworkPolicy); te.Details["not_started"] != true {
+	if te := wantCode(t, err, api.PermissionDenied, api.ENetworkPolicy); te.Details["not_started"] != true {
 		t.Errorf("not_started missing: %+v", te)
 	}
 	if hits.Load() != 0 {
@@ -194,7 +193,7 @@ func TestRedirects(t *testing.T) {
 		`{"network":[{"host":"127.0.0.1"}],"credentials":["api_key"]}`)
 	// Off the allowlist: localhost is another host name.
 	_, err := run(t, k, m, local, `{"to":"http://localhost:`+port+`/"}`)
-	te := wantCode(t, err, toolerr.PermissionDenied, toolerr.ENetworkPolicy)
+	te := wantCode(t, err, api.PermissionDenied, api.ENetworkPolicy)
 	if te.Details["redirect"] != true || offHits.Load() != 0 {
 		t.Fatalf("redirect off the allowlist: %+v, %d hits", te, offHits.Load())
 	}
@@ -231,16 +230,16 @@ func TestErrorStatuses(t *testing.T) {
 	m := manifest(t, `{"url":"`+srv.URL+`/{{s}}"}`, "")
 	cases := []struct {
 		s         string
-		code      toolerr.Code
+		code      api.Code
 		ecode     string
 		retryable bool
 		after     [2]float64 // retry_after_ms bounds; zero: absent
 	}{
-		{"429", toolerr.RateLimitExceeded, toolerr.ERateLimited, true, [2]float64{2000, 2000}},
-		{"503", toolerr.ExternalAPIError, toolerr.EExternalStatus, true, [2]float64{1000, 3000}},
-		{"500", toolerr.ExternalAPIError, toolerr.EExternalStatus, true, [2]float64{}},
-		{"404", toolerr.ExternalAPIError, toolerr.EExternalStatus, false, [2]float64{}},
-		{"401", toolerr.ExternalAPIError, toolerr.EExternalAuth, false, [2]float64{}},
+		{"429", api.RateLimitExceeded, api.ERateLimited, true, [2]float64{2000, 2000}},
+		{"503", api.ExternalAPIError, api.EExternalStatus, true, [2]float64{1000, 3000}},
+		{"500", api.ExternalAPIError, api.EExternalStatus, true, [2]float64{}},
+		{"404", api.ExternalAPIError, api.EExternalStatus, false, [2]float64{}},
+		{"401", api.ExternalAPIError, api.EExternalAuth, false, [2]float64{}},
 	}
 	for _, c := range cases {
 		_, err := run(t, k, m, local, `{"s":"`+c.s+`"}`)
@@ -286,7 +285,7 @@ func TestResponseSizeCap(t *testing.T) {
 	}
 	for _, c := range []string{"", "1"} {
 		_, err := run(t, k, m, local, `{"n":"`+strings.Repeat("a", 101)+`","c":"`+c+`"}`)
-		wantCode(t, err, toolerr.ResourceExhausted, toolerr.EResourceLimit)
+		wantCode(t, err, api.ResourceExhausted, api.EResourceLimit)
 	}
 }
 
@@ -327,13 +326,13 @@ func TestCredentialInjectedAndScrubbed(t *testing.T) {
 	}
 	// Not granted by the token, or held by no source: refused before sending.
 	_, err = k.Prepare(m, grants([]string{"127.0.0.1"}, nil))
-	wantCode(t, err, toolerr.PermissionDenied, toolerr.ECredentialDenied)
+	wantCode(t, err, api.PermissionDenied, api.ECredentialDenied)
 	_, err = New(Config{Secrets: staticSecrets{}}).Prepare(m, local)
-	wantCode(t, err, toolerr.ToolExecutionError, toolerr.ECredentialUnavailable)
+	wantCode(t, err, api.ToolExecutionError, api.ECredentialUnavailable)
 	// A credential the manifest does not declare is a configuration error.
 	undeclared := manifest(t, `{"url":"`+srv.URL+`/","credentials":[{"secret":"api_key","header":"Authorization"}]}`, "")
 	_, err = k.Prepare(undeclared, local)
-	wantCode(t, err, toolerr.ToolExecutionError, toolerr.EExecutorUnavailable)
+	wantCode(t, err, api.ToolExecutionError, api.EExecutorUnavailable)
 }
 
 func TestBodyTemplates(t *testing.T) {
@@ -362,7 +361,7 @@ func TestBodyTemplates(t *testing.T) {
 	// A header value cannot be split by a parameter.
 	m = manifest(t, `{"url":"`+srv.URL+`/","headers":{"X-Trace":"{{n}}"}}`, "")
 	_, err = run(t, k, m, local, `{"n":"a\r\nX-Evil: 1"}`)
-	wantCode(t, err, toolerr.InvalidParameters, toolerr.EParametersInvalid)
+	wantCode(t, err, api.InvalidParameters, api.EParametersInvalid)
 }
 
 func TestResponseFormats(t *testing.T) {
@@ -401,7 +400,7 @@ func TestResponseFormats(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = strict(context.Background(), json.RawMessage(`{"p":"badjson"}`))
-	wantCode(t, err, toolerr.ExternalAPIError, toolerr.EExternalMalformed)
+	wantCode(t, err, api.ExternalAPIError, api.EExternalMalformed)
 }
 
 func TestUnreachableIsRetryableAndNotStarted(t *testing.T) {
@@ -413,7 +412,7 @@ func TestUnreachableIsRetryableAndNotStarted(t *testing.T) {
 	l.Close() // nothing listens there now
 	k := New(Config{})
 	_, err = run(t, k, manifest(t, `{"url":"http://`+addr+`/"}`, ""), local, `{}`)
-	te := wantCode(t, err, toolerr.ExternalAPIError, toolerr.EExternalUnreachable)
+	te := wantCode(t, err, api.ExternalAPIError, api.EExternalUnreachable)
 	if !te.Retryable || te.Details["not_started"] != true {
 		t.Fatalf("%+v", te)
 	}
@@ -468,7 +467,7 @@ func TestGrantedNameResolvingPrivately(t *testing.T) {
 	k := New(Config{})
 	defer k.Close()
 	_, err := run(t, k, byName, inv, `{}`)
-	if te := wantCode(t, err, toolerr.PermissionDenied, toolerr.ENetworkPolicy); te.Details["not_started"] != true || hits.Load() != 0 {
+	if te := wantCode(t, err, api.PermissionDenied, api.ENetworkPolicy); te.Details["not_started"] != true || hits.Load() != 0 {
 		t.Fatalf("refusal %+v, %d requests reached the server", te, hits.Load())
 	}
 	if _, err := run(t, k, byLiteral, inv, `{}`); err != nil {

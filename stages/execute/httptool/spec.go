@@ -4,13 +4,12 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/tools"
 	"net/url"
 	"regexp"
 	"slices"
 	"strings"
-
-	"github.com/toolgate/toolgate/stages/toolerr"
-	"github.com/toolgate/toolgate/stages/tools"
 )
 
 // DefaultMaxResponseBytes bounds a response body when the manifest sets no
@@ -63,8 +62,8 @@ type spec struct {
 var methods = []string{"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"}
 
 // misconfigured reports a manifest whose http object cannot be run.
-func misconfigured(m *tools.Manifest, format string, args ...any) *toolerr.Error {
-	return toolerr.New(toolerr.ToolExecutionError, toolerr.EExecutorUnavailable,
+func misconfigured(m *tools.Manifest, format string, args ...any) *api.Error {
+	return api.NewError(api.ToolExecutionError, api.EExecutorUnavailable,
 		"http configuration of %s: %s", m.Key(), fmt.Sprintf(format, args...)).WithDetail("not_started", true)
 }
 
@@ -391,6 +390,6 @@ func expandBody(tpl any, params map[string]json.RawMessage) (v any, present bool
 
 // badParams reports parameters the request cannot be built from; nothing
 // was sent.
-func badParams(format string, args ...any) *toolerr.Error {
-	return toolerr.New(toolerr.InvalidParameters, toolerr.EParametersInvalid, format, args...).WithDetail("not_started", true)
+func badParams(format string, args ...any) *api.Error {
+	return api.NewError(api.InvalidParameters, api.EParametersInvalid, format, args...).WithDetail("not_started", true)
 }

@@ -13,9 +13,8 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
-
-	"github.com/toolgate/toolgate/stages/execute/sandbox"
-	"github.com/toolgate/toolgate/stages/toolerr"
+	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/sandbox"
 )
 
 // newClient is the MCP client toolgate connects with. It declares no
@@ -83,7 +82,7 @@ func stdioDial(cfg sandbox.Config, spec sandbox.Spec) dialFunc {
 		session, err := newClient().Connect(ctx, &mcp.IOTransport{Reader: outR, Writer: inW}, nil)
 		if err != nil {
 			c.stop()
-			return nil, toolerr.Wrap(err, toolerr.ExternalAPIError, toolerr.EMCPServerDown,
+			return nil, api.WrapError(err, api.ExternalAPIError, api.EMCPServerDown,
 				"the MCP handshake failed: %v%s", err, lastLines(stderr.String())).WithDetail("not_started", true)
 		}
 		c.session = session
@@ -100,7 +99,7 @@ func httpDial(endpoint, host string, port int) dialFunc {
 		session, err := newClient().Connect(ctx, t, nil)
 		if err != nil {
 			client.CloseIdleConnections()
-			return nil, toolerr.Wrap(err, toolerr.ExternalAPIError, toolerr.EMCPServerDown,
+			return nil, api.WrapError(err, api.ExternalAPIError, api.EMCPServerDown,
 				"connecting to the MCP server at %s: %v", endpoint, err).WithDetail("not_started", true)
 		}
 		c := &conn{session: session, done: make(chan struct{})}

@@ -6,10 +6,9 @@ import (
 	"testing"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
-
+	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/tools"
 	"github.com/toolgate/toolgate/stages/execute/mcptool"
-	"github.com/toolgate/toolgate/stages/toolerr"
-	"github.com/toolgate/toolgate/stages/tools"
 )
 
 // FuzzResult: whatever a server answers, decoded as the SDK decodes it,
@@ -37,7 +36,7 @@ func FuzzResult(f *testing.F) {
 		}
 		out, err := mcptool.Result(m, &res)
 		if err != nil {
-			var te *toolerr.Error
+			var te *api.Error
 			if !errors.As(err, &te) || te.ECode == "" {
 				t.Fatalf("uncoded error %v", err)
 			}

@@ -11,11 +11,10 @@ import (
 	"unicode"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
-
+	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/envelope"
+	"github.com/toolgate/toolgate/internal/tools"
 	"github.com/toolgate/toolgate/schemas"
-	"github.com/toolgate/toolgate/stages/invocation"
-	"github.com/toolgate/toolgate/stages/toolerr"
-	"github.com/toolgate/toolgate/stages/tools"
 )
 
 // Import is what an operator says about a server whose tools are imported.
@@ -64,7 +63,7 @@ func (k *Kind) Manifests(ctx context.Context, o Import) ([][]byte, error) {
 		return nil, err
 	}
 	// The operator is the one asking: grant what the server is declared to need.
-	grants := invocation.Grants{PathMode: "rw"}
+	grants := envelope.Grants{PathMode: "rw"}
 	for _, h := range o.Hosts {
 		grants.Hosts = append(grants.Hosts, h.Host)
 	}
@@ -80,7 +79,7 @@ func (k *Kind) Manifests(ctx context.Context, o Import) ([][]byte, error) {
 	seen := map[string]string{}
 	for t, err := range c.session.Tools(ctx, nil) {
 		if err != nil {
-			return nil, toolerr.Wrap(err, toolerr.ExternalAPIError, toolerr.EMCPProtocol, "listing the tools of %s: %v", o.Server, err)
+			return nil, api.WrapError(err, api.ExternalAPIError, api.EMCPProtocol, "listing the tools of %s: %v", o.Server, err)
 		}
 		doc, err := o.manifest(t)
 		if err != nil {

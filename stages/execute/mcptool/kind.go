@@ -6,19 +6,18 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/envelope"
+	"github.com/toolgate/toolgate/internal/sandbox"
+	"github.com/toolgate/toolgate/internal/token"
+	"github.com/toolgate/toolgate/internal/tools"
+	"github.com/toolgate/toolgate/stages/execute"
+	"github.com/toolgate/toolgate/stages/execute/builtin"
 	"log/slog"
 	"path/filepath"
 	"slices"
 	"sync"
 	"time"
-
-	"github.com/toolgate/toolgate/stages/authorize/token"
-	"github.com/toolgate/toolgate/stages/execute"
-	"github.com/toolgate/toolgate/stages/execute/builtin"
-	"github.com/toolgate/toolgate/stages/execute/sandbox"
-	"github.com/toolgate/toolgate/stages/invocation"
-	"github.com/toolgate/toolgate/stages/toolerr"
-	"github.com/toolgate/toolgate/stages/tools"
 )
 
 // Config is how the execute stage runs MCP servers.
@@ -65,8 +64,8 @@ func New(cfg Config) *Kind {
 }
 
 // Prepare implements execute.Kind.
-func (k *Kind) Prepare(m *tools.Manifest, inv *invocation.Invocation) (builtin.Func, error) {
-	var grants invocation.Grants
+func (k *Kind) Prepare(m *tools.Manifest, inv *envelope.Invocation) (builtin.Func, error) {
+	var grants envelope.Grants
 	tenant := ""
 	if inv != nil {
 		tenant = inv.Tenant
@@ -78,7 +77,7 @@ func (k *Kind) Prepare(m *tools.Manifest, inv *invocation.Invocation) (builtin.F
 	return fn, err
 }
 
-func (k *Kind) prepare(m *tools.Manifest, tenant string, grants invocation.Grants) (builtin.Func, *server, error) {
+func (k *Kind) prepare(m *tools.Manifest, tenant string, grants envelope.Grants) (builtin.Func, *server, error) {
 	spec, err := Decode(m)
 	if err != nil {
 		return nil, nil, err
@@ -125,9 +124,9 @@ func (k *Kind) prepare(m *tools.Manifest, tenant string, grants invocation.Grant
 
 // processSpec is the sandbox run of a stdio server: the same confinement as
 // a cli tool, plus the read-only paths the server needs.
-func (k *Kind) processSpec(m *tools.Manifest, spec *Spec, grants invocation.Grants) (sandbox.Spec, error) {
+func (k *Kind) processSpec(m *tools.Manifest, spec *Spec, grants envelope.Grants) (sandbox.Spec, error) {
 	if k.cfg.SandboxErr != nil {
-		return sandbox.Spec{}, toolerr.New(toolerr.SandboxFailure, toolerr.EExecutorUnavailable,
+		return sandbox.Spec{}, api.NewError(api.SandboxFailure, api.EExecutorUnavailable,
 			"stdio MCP servers are refused here: %v (an operator may choose --sandbox none, which does not isolate)", k.cfg.SandboxErr).
 			WithDetail("not_started", true)
 	}
@@ -159,7 +158,7 @@ func (k *Kind) processSpec(m *tools.Manifest, spec *Spec, grants invocation.Gran
 // allowedEndpoint checks a server URL's host against the manifest's network
 // permissions and the token's hosts (authorize checked the second already;
 // checking here too keeps a policy mistake from reaching a server).
-func allowedEndpoint(m *tools.Manifest, spec *Spec, grants invocation.Grants) (string, int, error) {
+func allowedEndpoint(m *tools.Manifest, spec *Spec, grants envelope.Grants) (string, int, error) {
 	host, port, err := endpoint(spec.URL)
 	if err != nil {
 		return "", 0, unusable(m, "%v", err)
@@ -168,14 +167,14 @@ func allowedEndpoint(m *tools.Manifest, spec *Spec, grants invocation.Grants) (s
 		return token.HostAllowed(n.Host, host) && (n.Port == 0 || n.Port == port)
 	})
 	if !declared {
-		return "", 0, toolerr.New(toolerr.PermissionDenied, toolerr.ENetworkDenied,
+		return "", 0, api.NewError(api.PermissionDenied, api.ENetworkDenied,
 			"%s: the MCP server's host %s:%d is not in the manifest's network permissions", m.Key(), host, port).
 			WithDetail("not_started", true)
 	}
 	granted := slices.ContainsFunc(grants.Hosts, func(p string) bool { return token.HostAllowed(p, host) }) &&
 		(len(grants.Ports) == 0 || slices.Contains(grants.Ports, port))
 	if !granted {
-		return "", 0, toolerr.New(toolerr.PermissionDenied, toolerr.ENetworkDenied,
+		return "", 0, api.NewError(api.PermissionDenied, api.ENetworkDenied,
 			"%s: the capability token does not grant the MCP server's host %s:%d", m.Key(), host, port).
 			WithDetail("not_started", true)
 	}
@@ -203,7 +202,7 @@ type serverDef struct {
 func identity(def serverDef) (string, error) {
 	b, err := json.Marshal(def)
 	if err != nil {
-		return "", toolerr.Wrap(err, toolerr.ToolExecutionError, toolerr.EExecutorUnavailable,
+		return "", api.WrapError(err, api.ToolExecutionError, api.EExecutorUnavailable,
 			"MCP server %s: encoding its definition: %v", def.Name, err).WithDetail("not_started", true)
 	}
 	sum := sha256.Sum256(b)
@@ -214,7 +213,7 @@ func (k *Kind) server(key string, spec *Spec, dial dialFunc) (*server, error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if k.closed {
-		return nil, toolerr.New(toolerr.ExternalAPIError, toolerr.EMCPServerDown,
+		return nil, api.NewError(api.ExternalAPIError, api.EMCPServerDown,
 			"MCP server %s is not running: toolgate is shutting down", spec.Server).AsRetryable().WithDetail("not_started", true)
 	}
 	s, ok := k.servers[key]

@@ -19,14 +19,13 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
-
+	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/envelope"
+	"github.com/toolgate/toolgate/internal/sandbox"
+	"github.com/toolgate/toolgate/internal/tools"
 	"github.com/toolgate/toolgate/stages/execute/builtin"
 	"github.com/toolgate/toolgate/stages/execute/mcptool"
 	"github.com/toolgate/toolgate/stages/execute/mcptool/mcptest"
-	"github.com/toolgate/toolgate/stages/execute/sandbox"
-	"github.com/toolgate/toolgate/stages/invocation"
-	"github.com/toolgate/toolgate/stages/toolerr"
-	"github.com/toolgate/toolgate/stages/tools"
 )
 
 func requireSandbox(t *testing.T) {
@@ -66,9 +65,9 @@ func newKind(t *testing.T, cfg mcptool.Config) *mcptool.Kind {
 	return k
 }
 
-func prepare(t *testing.T, k *mcptool.Kind, m *tools.Manifest, grants invocation.Grants) builtin.Func {
+func prepare(t *testing.T, k *mcptool.Kind, m *tools.Manifest, grants envelope.Grants) builtin.Func {
 	t.Helper()
-	fn, err := k.Prepare(m, &invocation.Invocation{Tenant: "t1", Authz: &invocation.Authorization{Grants: grants}})
+	fn, err := k.Prepare(m, &envelope.Invocation{Tenant: "t1", Authz: &envelope.Authorization{Grants: grants}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,9 +81,9 @@ func call(t *testing.T, fn builtin.Func, params string) (json.RawMessage, error)
 	return fn(ctx, json.RawMessage(params))
 }
 
-func wantECode(t *testing.T, err error, code string) *toolerr.Error {
+func wantECode(t *testing.T, err error, code string) *api.Error {
 	t.Helper()
-	var te *toolerr.Error
+	var te *api.Error
 	if !errors.As(err, &te) || te.ECode != code {
 		t.Fatalf("got %v, want %s", err, code)
 	}
@@ -96,7 +95,7 @@ func TestEverythingEcho(t *testing.T) {
 	k := newKind(t, mcptool.Config{})
 	m := manifest(t, "echo", mcptool.Spec{Server: "everything", Tool: "echo", Command: []string{"node", script, "stdio"},
 		ReadOnlyPaths: []string{modules}}, "")
-	out, err := call(t, prepare(t, k, m, invocation.Grants{}), `{"message":"hello from toolgate"}`)
+	out, err := call(t, prepare(t, k, m, envelope.Grants{}), `{"message":"hello from toolgate"}`)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,8 +113,8 @@ func TestEverythingEcho(t *testing.T) {
 func TestCrashAndRestart(t *testing.T) {
 	bin := mcptest.Flaky(t)
 	k := newKind(t, mcptool.Config{Backoff: mcptool.Backoff{Min: 700 * time.Millisecond, Max: 5 * time.Second}})
-	whoami := prepare(t, k, manifest(t, "whoami", flakySpec(bin, "whoami"), ""), invocation.Grants{})
-	crash := prepare(t, k, manifest(t, "crash", flakySpec(bin, "crash"), ""), invocation.Grants{})
+	whoami := prepare(t, k, manifest(t, "whoami", flakySpec(bin, "whoami"), ""), envelope.Grants{})
+	crash := prepare(t, k, manifest(t, "crash", flakySpec(bin, "crash"), ""), envelope.Grants{})
 	instance := func() int64 {
 		t.Helper()
 		out, err := call(t, whoami, `{}`)
@@ -136,12 +135,12 @@ func TestCrashAndRestart(t *testing.T) {
 		t.Fatalf("the server was not kept warm: instance %d then %d", first, again)
 	}
 	_, err := call(t, crash, `{}`)
-	te := wantECode(t, err, toolerr.EMCPServerExited)
+	te := wantECode(t, err, api.EMCPServerExited)
 	if !strings.Contains(te.Message, "crashing as asked") {
 		t.Fatalf("the crash error does not carry the server's last words: %s", te.Message)
 	}
 	_, err = call(t, whoami, `{}`)
-	te = wantECode(t, err, toolerr.EMCPServerDown)
+	te = wantECode(t, err, api.EMCPServerDown)
 	if !te.Retryable || te.Details["not_started"] != true {
 		t.Fatalf("a call while the server is down must be retryable and not started: %+v", te)
 	}
@@ -156,7 +155,7 @@ func TestCrashAndRestart(t *testing.T) {
 			}
 			break
 		}
-		wantECode(t, err, toolerr.EMCPServerDown)
+		wantECode(t, err, api.EMCPServerDown)
 		if time.Now().After(deadline) {
 			t.Fatalf("the server did not come back: %v", err)
 		}
@@ -183,15 +182,15 @@ func TestBackoffGrows(t *testing.T) {
 		Backoff: mcptool.Backoff{Min: 100 * time.Millisecond, Max: 800 * time.Millisecond}})
 	spec := flakySpec(bin, "whoami", "-die-at-start", "-start-log", "/files/"+filepath.Base(logDir)+"/starts")
 	m := manifest(t, "whoami", spec, `,"permissions":{"filesystem":[{"path":"`+filepath.Base(logDir)+`","mode":"rw"}]}`)
-	fn := prepare(t, k, m, invocation.Grants{PathMode: "rw"})
+	fn := prepare(t, k, m, envelope.Grants{PathMode: "rw"})
 	_, err := call(t, fn, `{}`)
-	te := wantECode(t, err, toolerr.EMCPServerDown)
+	te := wantECode(t, err, api.EMCPServerDown)
 	if te.Details["not_started"] != true || !strings.Contains(te.Message, "dying at start") {
 		t.Fatalf("first failure: %+v", te)
 	}
 	time.Sleep(3 * time.Second)
 	_, err = call(t, fn, `{}`)
-	wantECode(t, err, toolerr.EMCPServerDown)
+	wantECode(t, err, api.EMCPServerDown)
 	b, err := os.ReadFile(startLog)
 	if err != nil {
 		t.Fatal(err)
@@ -220,7 +219,7 @@ func TestConcurrencyLimit(t *testing.T) {
 	k := newKind(t, mcptool.Config{})
 	spec := flakySpec(bin, "slow")
 	spec.MaxConcurrency = 2
-	fn := prepare(t, k, manifest(t, "slow", spec, ""), invocation.Grants{})
+	fn := prepare(t, k, manifest(t, "slow", spec, ""), envelope.Grants{})
 	if _, err := call(t, fn, `{"ms":1}`); err != nil { // started, so timing below is calls only
 		t.Fatal(err)
 	}
@@ -263,9 +262,9 @@ func TestConcurrencyLimit(t *testing.T) {
 func TestHangAndToolError(t *testing.T) {
 	bin := mcptest.Flaky(t)
 	k := newKind(t, mcptool.Config{})
-	hang := prepare(t, k, manifest(t, "hang", flakySpec(bin, "hang"), ""), invocation.Grants{})
-	echo := prepare(t, k, manifest(t, "echo", flakySpec(bin, "echo"), ""), invocation.Grants{})
-	fail := prepare(t, k, manifest(t, "fail", flakySpec(bin, "fail"), ""), invocation.Grants{})
+	hang := prepare(t, k, manifest(t, "hang", flakySpec(bin, "hang"), ""), envelope.Grants{})
+	echo := prepare(t, k, manifest(t, "echo", flakySpec(bin, "echo"), ""), envelope.Grants{})
+	fail := prepare(t, k, manifest(t, "fail", flakySpec(bin, "fail"), ""), envelope.Grants{})
 	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 	defer cancel()
 	if _, err := hang(ctx, json.RawMessage(`{}`)); !errors.Is(err, context.DeadlineExceeded) {
@@ -276,14 +275,14 @@ func TestHangAndToolError(t *testing.T) {
 		t.Fatalf("after a hang: %s %v", out, err)
 	}
 	_, err = call(t, fail, `{}`)
-	te := wantECode(t, err, toolerr.EToolFailed)
-	if te.Code != toolerr.ToolExecutionError || !strings.Contains(te.Message, "the disk is on fire") {
+	te := wantECode(t, err, api.EToolFailed)
+	if te.Code != api.ToolExecutionError || !strings.Contains(te.Message, "the disk is on fire") {
 		t.Fatalf("isError: %+v", te)
 	}
 	// An unknown tool is the server's refusal, not a crash.
-	unknown := prepare(t, k, manifest(t, "nope", flakySpec(bin, "nope"), ""), invocation.Grants{})
+	unknown := prepare(t, k, manifest(t, "nope", flakySpec(bin, "nope"), ""), envelope.Grants{})
 	_, err = call(t, unknown, `{}`)
-	if te := toolerr.As(err); te.ECode != toolerr.EMCPProtocol && te.ECode != toolerr.EToolFailed {
+	if te := api.AsError(err); te.ECode != api.EMCPProtocol && te.ECode != api.EToolFailed {
 		t.Fatalf("unknown tool: %v", err)
 	}
 }
@@ -294,7 +293,7 @@ func TestCloseEndsServers(t *testing.T) {
 	bin := mcptest.Flaky(t)
 	k := mcptool.New(mcptool.Config{})
 	requireSandbox(t)
-	fn := prepare(t, k, manifest(t, "whoami", flakySpec(bin, "whoami"), ""), invocation.Grants{})
+	fn := prepare(t, k, manifest(t, "whoami", flakySpec(bin, "whoami"), ""), envelope.Grants{})
 	if _, err := call(t, fn, `{}`); err != nil {
 		t.Fatal(err)
 	}
@@ -307,8 +306,8 @@ func TestCloseEndsServers(t *testing.T) {
 	if left := processesWith(bin); len(left) > 0 {
 		t.Fatalf("processes left after Close: %v", left)
 	}
-	_, err := k.Prepare(manifest(t, "whoami", flakySpec(bin, "whoami"), ""), &invocation.Invocation{Tenant: "t1"})
-	wantECode(t, err, toolerr.EMCPServerDown)
+	_, err := k.Prepare(manifest(t, "whoami", flakySpec(bin, "whoami"), ""), &envelope.Invocation{Tenant: "t1"})
+	wantECode(t, err, api.EMCPServerDown)
 }
 
 func processesWith(marker string) []string {
@@ -342,18 +341,18 @@ func TestStreamableHTTP(t *testing.T) {
 	spec := mcptool.Spec{Server: "remote", Tool: "add", URL: srv.URL + "/mcp"}
 	port := srv.Listener.Addr().(*net.TCPAddr).Port
 	m := manifest(t, "add", spec, fmt.Sprintf(`,"permissions":{"network":[{"host":"127.0.0.1","port":%d}]}`, port))
-	fn := prepare(t, k, m, invocation.Grants{Hosts: []string{"127.0.0.1"}})
+	fn := prepare(t, k, m, envelope.Grants{Hosts: []string{"127.0.0.1"}})
 	res, err := call(t, fn, `{"A":2,"B":40}`)
 	if err != nil || string(res) != `{"sum":42}` {
 		t.Fatalf("add: %s %v", res, err)
 	}
 	// Not granted by the token.
-	_, err = k.Prepare(m, &invocation.Invocation{Tenant: "t1", Authz: &invocation.Authorization{}})
-	wantECode(t, err, toolerr.ENetworkDenied)
+	_, err = k.Prepare(m, &envelope.Invocation{Tenant: "t1", Authz: &envelope.Authorization{}})
+	wantECode(t, err, api.ENetworkDenied)
 	// Not declared by the manifest.
 	other := manifest(t, "add", spec, `,"permissions":{"network":[{"host":"example.com"}]}`)
-	_, err = k.Prepare(other, &invocation.Invocation{Tenant: "t1", Authz: &invocation.Authorization{Grants: invocation.Grants{Hosts: []string{"*"}}}})
-	wantECode(t, err, toolerr.ENetworkDenied)
+	_, err = k.Prepare(other, &envelope.Invocation{Tenant: "t1", Authz: &envelope.Authorization{Grants: envelope.Grants{Hosts: []string{"*"}}}})
+	wantECode(t, err, api.ENetworkDenied)
 }
 
 // TestImportManifests: every tool of a server becomes a manifest with id
@@ -439,7 +438,7 @@ func TestServersPerTenantAndDefinition(t *testing.T) {
 	toggle := manifest(t, "toggle-simulated-logging", spec, "")
 	text := func(tenant string, m *tools.Manifest, params string) string {
 		t.Helper()
-		fn, err := k.Prepare(m, &invocation.Invocation{Tenant: tenant})
+		fn, err := k.Prepare(m, &envelope.Invocation{Tenant: tenant})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -5,9 +5,8 @@ import (
 	"strings"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
-
-	"github.com/toolgate/toolgate/stages/toolerr"
-	"github.com/toolgate/toolgate/stages/tools"
+	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/tools"
 )
 
 // maxErrorText bounds the server's text carried in an error message.
@@ -21,12 +20,12 @@ const maxErrorText = 2000
 // output schema and output policy: nothing here trusts the server.
 func Result(m *tools.Manifest, res *mcp.CallToolResult) (json.RawMessage, error) {
 	if res.IsError {
-		return nil, toolerr.New(toolerr.ToolExecutionError, toolerr.EToolFailed, "%s failed: %s", m.Key(), errorText(res))
+		return nil, api.NewError(api.ToolExecutionError, api.EToolFailed, "%s failed: %s", m.Key(), errorText(res))
 	}
 	if res.StructuredContent != nil {
 		b, err := json.Marshal(res.StructuredContent)
 		if err != nil {
-			return nil, toolerr.Wrap(err, toolerr.ToolExecutionError, toolerr.EResultNotJSON,
+			return nil, api.WrapError(err, api.ToolExecutionError, api.EResultNotJSON,
 				"%s: structured content does not encode: %v", m.Key(), err)
 		}
 		return b, nil
@@ -39,7 +38,7 @@ func Result(m *tools.Manifest, res *mcp.CallToolResult) (json.RawMessage, error)
 		Content []mcp.Content `json:"content"`
 	}{content})
 	if err != nil {
-		return nil, toolerr.Wrap(err, toolerr.ToolExecutionError, toolerr.EResultNotJSON,
+		return nil, api.WrapError(err, api.ToolExecutionError, api.EResultNotJSON,
 			"%s: content does not encode: %v", m.Key(), err)
 	}
 	return b, nil

@@ -11,8 +11,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
-
-	"github.com/toolgate/toolgate/stages/toolerr"
+	"github.com/toolgate/toolgate/api"
 )
 
 // conn is one live connection to a server.
@@ -213,10 +212,10 @@ func (s *server) close() {
 
 func (s *server) downErr(why string, wait time.Duration) error {
 	msg := fmt.Sprintf("MCP server %s is not running: %s", s.name, why)
-	e := toolerr.New(toolerr.ExternalAPIError, toolerr.EMCPServerDown, "%s", msg).AsRetryable().
+	e := api.NewError(api.ExternalAPIError, api.EMCPServerDown, "%s", msg).AsRetryable().
 		WithDetail("not_started", true).WithDetail("server", s.name)
 	if wait > 0 {
-		e = toolerr.New(toolerr.ExternalAPIError, toolerr.EMCPServerDown, "%s; next start in %v", msg, wait.Round(time.Millisecond)).
+		e = api.NewError(api.ExternalAPIError, api.EMCPServerDown, "%s; next start in %v", msg, wait.Round(time.Millisecond)).
 			AsRetryable().WithDetail("not_started", true).WithDetail("server", s.name).
 			WithDetail("retry_after_ms", wait.Milliseconds())
 	}
@@ -236,22 +235,22 @@ func (s *server) callErr(ctx context.Context, c *conn, tool string, err error) e
 	}
 	var rpc *jsonrpc.Error
 	if errors.As(err, &rpc) {
-		return toolerr.Wrap(err, toolerr.ToolExecutionError, toolerr.EMCPProtocol,
+		return api.WrapError(err, api.ToolExecutionError, api.EMCPProtocol,
 			"MCP server %s refused the call of %s: %s", s.name, tool, rpc.Message).
 			WithDetail("rpc_code", rpc.Code).WithDetail("server", s.name)
 	}
 	select {
 	case <-c.done:
-		return toolerr.Wrap(err, toolerr.ToolExecutionError, toolerr.EMCPServerExited,
+		return api.WrapError(err, api.ToolExecutionError, api.EMCPServerExited,
 			"MCP server %s exited during the call of %s: %v", s.name, tool, c.why).WithDetail("server", s.name)
 	case <-time.After(exitGrace):
 	case <-ctx.Done():
 		return ctx.Err()
 	}
 	if errors.Is(err, mcp.ErrConnectionClosed) {
-		return toolerr.Wrap(err, toolerr.ToolExecutionError, toolerr.EMCPServerExited,
+		return api.WrapError(err, api.ToolExecutionError, api.EMCPServerExited,
 			"the connection to MCP server %s closed during the call of %s", s.name, tool).WithDetail("server", s.name)
 	}
-	return toolerr.Wrap(err, toolerr.ToolExecutionError, toolerr.EMCPProtocol,
+	return api.WrapError(err, api.ToolExecutionError, api.EMCPProtocol,
 		"MCP server %s: calling %s: %v", s.name, tool, err).WithDetail("server", s.name)
 }

@@ -7,14 +7,13 @@ package mcptool
 import (
 	"encoding/json"
 	"fmt"
+	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/tools"
 	"net/url"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
-
-	"github.com/toolgate/toolgate/stages/toolerr"
-	"github.com/toolgate/toolgate/stages/tools"
 )
 
 // Spec is a manifest's mcp object (schemas/tool-manifest.schema.json).
@@ -137,7 +136,7 @@ func endpoint(raw string) (host string, port int, err error) {
 	return host, port, nil
 }
 
-func unusable(m *tools.Manifest, format string, args ...any) *toolerr.Error {
-	return toolerr.New(toolerr.ToolExecutionError, toolerr.EExecutorUnavailable,
+func unusable(m *tools.Manifest, format string, args ...any) *api.Error {
+	return api.NewError(api.ToolExecutionError, api.EExecutorUnavailable,
 		"%s cannot run: "+format, append([]any{m.Key()}, args...)...).WithDetail("not_started", true)
 }

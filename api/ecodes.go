@@ -1,0 +1,149 @@
+package api
+
+import "strconv"
+
+// Number is the numeric part of an E-code ("E3024" is 3024), or 0 when
+// ecode is not one. NATS micro services send it as Nats-Service-Error-Code,
+// which the services protocol requires to be a number.
+func Number(ecode string) int {
+	if len(ecode) < 2 || ecode[0] != 'E' {
+		return 0
+	}
+	n, err := strconv.Atoi(ecode[1:])
+	if err != nil || n <= 0 {
+		return 0
+	}
+	return n
+}
+
+// Numeric E-codes. The registry, executor, permission and result ranges follow
+// the tool execution layer specification; E3010-E3025 (request envelope) and
+// E3900-E3999 (pipeline) are toolgate's own. docs/errors.md lists them all.
+const (
+	// Registry.
+	EToolNotFound       = "E3001"
+	EVersionNotFound    = "E3002"
+	EToolDeprecated     = "E3003" // a warning, never a failure
+	EToolRemoved        = "E3004"
+	EVersionUnsatisfied = "E3006"
+	EDuplicateTool      = "E3007"
+	EInvalidManifest    = "E3008"
+	EMalformedEvent     = "E3010"
+	EWrongEventType     = "E3011"
+	EInvalidAttribute   = "E3012"
+	EPayloadTooLarge    = "E3013"
+	ETenantMismatch     = "E3014"
+	EParametersInvalid  = "E3015"
+	ERequestInvalid     = "E3016"
+	// The tenant of the subject or the invocation id cannot name a subject
+	// or key: too long, a forbidden character, or a reserved name.
+	EInvalidName = "E3019"
+	// The invocation id is already taken in the tenant by another request
+	// (another ingest sequence).
+	EDuplicateInvocation = "E3024"
+	EExecutorUnavailable = "E3101"
+	EResourceLimit       = "E3102" // a sandbox limit was hit: memory, CPU, file size, processes, output
+	ESandboxCrashed      = "E3107" // the sandboxed tool was killed by a signal
+	ETimeout             = "E3103"
+	EToolFailed          = "E3108"
+	EToolPanicked        = "E3109"
+	EPolicyFailed        = "E3206"
+	EPolicyDenied        = "E3209"
+	EResultSchema        = "E3501"
+	EResultNotJSON       = "E3502"
+	EDeliveryExhausted   = "E3901"
+	EInternal            = "E3902"
+	EPoisonMessage       = "E3903"
+)
+
+// Safety verifier codes (input bounds, output findings).
+const (
+	EParameterBounds  = "E3017" // depth or string length over the limit
+	EInputRuleFired   = "E3018" // an injection detector fired on a checked parameter
+	EPathOutsideRoots = "E3105" // a path parameter leaves the granted roots
+	EOutputSQL        = "E3503"
+	EOutputXSS        = "E3504"
+	EOutputCommand    = "E3505"
+	EOutputSecret     = "E3509"
+	EOutputPII        = "E3510"
+	EOutputInjection  = "E3511"
+	EOutputTooLarge   = "E3512"
+	EResultUnsendable = "E3513" // the verified result would not fit in one message of the server
+)
+
+// Capability token, policy and approval codes. E3201-E3208 follow the
+// specification; E3210-E3215 are toolgate's own.
+const (
+	ETokenInvalid      = "E3201" // bad signature, algorithm, key, issuer, audience or form
+	ETokenExpired      = "E3202"
+	EFilesystemDenied  = "E3203" // a path the call needs is outside the token's grants
+	ENetworkDenied     = "E3204"
+	ECredentialDenied  = "E3205"
+	ETokenClaims       = "E3207" // a required claim is missing
+	ETokenRevoked      = "E3208"
+	ENotGranted        = "E3210" // the token is for another tenant, agent, tool or version
+	EBudgetExhausted   = "E3211"
+	EApprovalDenied    = "E3212"
+	EApprovalExpired   = "E3213"
+	EApprovalUnknown   = "E3214" // no pending approval with that invocation id
+	EApprovalDecided   = "E3215" // the approval was decided already
+	EAttenuationWidens = "E3216" // a child token would widen its parent
+)
+
+// Resilience codes.
+const (
+	ERateLimited = "E3303" // over the tool's rate limit for the tenant; retryable
+	EBreakerOpen = "E3401" // the tool's circuit breaker is open; retryable
+	// The idempotency key was used by a request asking for something else.
+	EIdempotencyMismatch = "E3020"
+	// The first invocation with this idempotency key has not ended yet.
+	EIdempotencyInFlight = "E3021"
+	// The invocation was cancelled on request.
+	ECancelled = "E3022"
+	// A tool that is neither idempotent nor checkpointed was interrupted
+	// mid-run; whether it took effect is unknown, so it is not run again.
+	EOutcomeUnknown = "E3023"
+	// No invocation with that id is known to toolgate (status, cancel).
+	EInvocationNotFound = "E3025"
+)
+
+// MCP codes (toolgate's own).
+const (
+	// The MCP server is not running: it failed to start or is restarting
+	// after a crash. Retryable; nothing reached the tool.
+	EMCPServerDown = "E3120"
+	// The MCP server exited while the call was in flight.
+	EMCPServerExited = "E3121"
+	// The MCP server refused the call (unknown tool, bad arguments) or
+	// answered outside the protocol.
+	EMCPProtocol = "E3122"
+)
+
+// HTTP tool codes. E3104 and E3302-E3308 follow the specification.
+const (
+	// The tool tried to reach a host or port outside its allowlist (the
+	// manifest's permissions.network within the token's grants), directly
+	// or through a redirect. Raised by the executor, after authorize.
+	ENetworkPolicy = "E3104"
+	// The secret a tool's credential names is in no configured source.
+	ECredentialUnavailable = "E3302"
+	// The external service answered with an error status: 5xx (retryable)
+	// or a 4xx other than 401, 403 and 429.
+	EExternalStatus = "E3304"
+	// The external service could not be reached or broke off the exchange.
+	EExternalUnreachable = "E3306"
+	// The external service refused the credentials (401 or 403).
+	EExternalAuth = "E3307"
+	// The external service's response is not in the declared format.
+	EExternalMalformed = "E3308"
+)
+
+// Start-up refusals (toolgate's own): a process that would be unsafe does
+// not start.
+const (
+	// The file root contains, or lies inside, toolgate's own state (data
+	// directory, development key, secrets), which tools would then reach.
+	EUnsafeFileRoot = "E3950"
+	// A worker's security settings differ from the cluster's recorded ones.
+	ESecuritySettings = "E3951"
+)

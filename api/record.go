@@ -1,0 +1,41 @@
+package api
+
+import "time"
+
+// Record is the stored state of one invocation.
+type Record struct {
+	InvocationID string    `json:"invocation_id"`
+	Tenant       string    `json:"tenant_id"`
+	Status       Status    `json:"status"`
+	ToolID       string    `json:"tool_id,omitempty"`
+	ToolVersion  string    `json:"tool_version,omitempty"`
+	Error        *Error    `json:"error,omitempty"`
+	Response     *Response `json:"response,omitempty"`
+	// Seq is the ingest sequence of the publish this record belongs to.
+	// With Digest it tells a redelivery of that publish (same sequence)
+	// from another request that reuses the id.
+	Seq uint64 `json:"ingest_seq"`
+	// Digest identifies the request (see ClaimInvocation).
+	Digest    string    `json:"request_digest,omitempty"`
+	UpdatedAt time.Time `json:"updated_at"`
+	// CancelRequested survives later status writes until the invocation
+	// ends: execute checks it before running the tool.
+	CancelRequested bool `json:"cancel_requested,omitempty"`
+	// Progress and Checkpoint are the latest a running tool reported.
+	Progress   *Progress      `json:"progress,omitempty"`
+	Checkpoint *CheckpointRef `json:"checkpoint,omitempty"`
+}
+
+// Progress is what a running tool last said about how far it is.
+type Progress struct {
+	Percent   float64   `json:"percent"`
+	Message   string    `json:"message,omitempty"`
+	UpdatedAt time.Time `json:"updated_at"`
+}
+
+// CheckpointRef names the latest checkpoint of an invocation.
+type CheckpointRef struct {
+	Seq       int       `json:"seq"`
+	Bytes     int       `json:"bytes"`
+	CreatedAt time.Time `json:"created_at"`
+}

@@ -1,0 +1,237 @@
+// Package client is the Go SDK for toolgate: it publishes tool.invoke
+// CloudEvents, waits for results, queries status, follows the audit trail and
+// manages the tool registry, using only the public subjects.
+package client
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/cloudevents/sdk-go/v2/event"
+	"github.com/google/uuid"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nats.go/micro"
+	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/envelope"
+	"github.com/toolgate/toolgate/kvstore"
+	"github.com/toolgate/toolgate/subjects"
+)
+
+// Client talks to toolgate over one NATS connection.
+type Client struct {
+	nc *nats.Conn
+	js jetstream.JetStream
+	// Source is the CloudEvent source of invocations this client sends.
+	Source string
+}
+
+// New returns a Client over nc.
+func New(nc *nats.Conn) (*Client, error) {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	return &Client{nc: nc, js: js, Source: "urn:toolgate:client"}, nil
+}
+
+// InvokeOptions adjust one invocation event.
+type InvokeOptions struct {
+	// ID is the invocation id; empty generates a UUID.
+	ID string
+	// TraceParent starts the invocation inside an existing trace.
+	TraceParent string
+}
+
+// NewEvent builds the tool.invoke CloudEvent for req.
+func (c *Client) NewEvent(req api.Request, o InvokeOptions) (*event.Event, error) {
+	id := o.ID
+	if id == "" {
+		id = uuid.NewString()
+	}
+	e := event.New()
+	e.SetID(id)
+	e.SetSource(c.Source)
+	e.SetType(envelope.EventType)
+	e.SetTime(time.Now().UTC())
+	if o.TraceParent != "" {
+		e.SetExtension("traceparent", o.TraceParent)
+	}
+	if err := e.SetData(event.ApplicationJSON, req); err != nil {
+		return nil, err
+	}
+	return &e, nil
+}
+
+// Invoke publishes req for tenant req.AgentContext.TenantID in binary mode
+// and returns the invocation id once JetStream has accepted it.
+func (c *Client) Invoke(ctx context.Context, req api.Request, o InvokeOptions) (string, error) {
+	e, err := c.NewEvent(req, o)
+	if err != nil {
+		return "", err
+	}
+	h, body, err := envelope.ToMessage(e)
+	if err != nil {
+		return "", err
+	}
+	tenant := req.AgentContext.TenantID
+	h.Set(nats.MsgIdHdr, envelope.InvokeMsgID(tenant, e.Source(), e.ID()))
+	msg := &nats.Msg{Subject: subjects.Invoke(tenant), Header: h, Data: body}
+	if _, err := c.js.PublishMsg(ctx, msg); err != nil {
+		return "", fmt.Errorf("publishing invocation: %w", err)
+	}
+	return e.ID(), nil
+}
+
+// Wait returns the response of invocation id of tenant, waiting until it
+// arrives or ctx ends. Results are kept in a stream, so Wait works after the
+// fact too.
+func (c *Client) Wait(ctx context.Context, tenant, id string) (api.Response, error) {
+	cons, err := c.js.OrderedConsumer(ctx, subjects.StreamResults, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{subjects.Result(tenant, id)},
+	})
+	if err != nil {
+		return api.Response{}, fmt.Errorf("reading results: %w", err)
+	}
+	for {
+		batch, err := cons.Fetch(1, jetstream.FetchMaxWait(time.Second))
+		if err != nil {
+			return api.Response{}, err
+		}
+		for msg := range batch.Messages() {
+			if isAccepted(msg.Data()) {
+				continue // the pending answer to an async request
+			}
+			return DecodeResult(msg.Data())
+		}
+		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
+			return api.Response{}, err
+		}
+		if ctx.Err() != nil {
+			return api.Response{}, fmt.Errorf("waiting for %s: %w", id, ctx.Err())
+		}
+	}
+}
+
+func isAccepted(data []byte) bool {
+	var head struct {
+		Type string `json:"type"`
+	}
+	return json.Unmarshal(data, &head) == nil && head.Type == envelope.TypeAccepted
+}
+
+// DecodeResult reads a tool.result CloudEvent.
+func DecodeResult(data []byte) (api.Response, error) {
+	var e event.Event
+	if err := json.Unmarshal(data, &e); err != nil {
+		return api.Response{}, fmt.Errorf("decoding result event: %w", err)
+	}
+	var r api.Response
+	if err := e.DataAs(&r); err != nil {
+		return api.Response{}, fmt.Errorf("decoding result: %w", err)
+	}
+	return r, nil
+}
+
+// Status asks the control service for an invocation's record.
+func (c *Client) Status(ctx context.Context, tenant, id string) (api.Record, error) {
+	var rec api.Record
+	err := c.request(ctx, subjects.SvcStatus, api.StatusRequest{TenantID: tenant, InvocationID: id}, &rec)
+	return rec, err
+}
+
+// ListTools lists the registered tools.
+func (c *Client) ListTools(ctx context.Context, f api.ListRequest) (api.ListResponse, error) {
+	var out api.ListResponse
+	err := c.request(ctx, subjects.SvcToolsList, f, &out)
+	return out, err
+}
+
+// GetTool returns the manifest of a tool version (empty version: latest) as JSON.
+func (c *Client) GetTool(ctx context.Context, id, version string) (json.RawMessage, error) {
+	var out json.RawMessage
+	err := c.request(ctx, subjects.SvcToolsGet, api.ToolRequest{ToolID: id, Version: version}, &out)
+	return out, err
+}
+
+// RegisterTool registers a manifest document.
+func (c *Client) RegisterTool(ctx context.Context, manifest []byte, replace bool) (api.ToolRequest, error) {
+	var out api.ToolRequest
+	err := c.request(ctx, subjects.SvcToolsRegister, api.RegisterRequest{Manifest: manifest, Replace: replace}, &out)
+	return out, err
+}
+
+func (c *Client) request(ctx context.Context, subject string, in, out any) error {
+	body, err := json.Marshal(in)
+	if err != nil {
+		return err
+	}
+	msg, err := c.nc.RequestWithContext(ctx, subject, body)
+	if err != nil {
+		return fmt.Errorf("%s: %w", subject, err)
+	}
+	if msg.Header.Get(micro.ErrorCodeHeader) != "" {
+		var te api.Error
+		if json.Unmarshal(msg.Data, &te) == nil && te.Code != "" {
+			return &te
+		}
+		return fmt.Errorf("%s: %s %s", subject, msg.Header.Get(micro.ErrorCodeHeader), msg.Header.Get(micro.ErrorHeader))
+	}
+	return json.Unmarshal(msg.Data, out)
+}
+
+// Tail calls fn with every audit event of tenant (all tenants when empty),
+// from the start of the stream when all is set, else only new ones, until
+// ctx ends or fn returns an error.
+func (c *Client) Tail(ctx context.Context, tenant string, all bool, fn func(subject string, data []byte) error) error {
+	filter := subjects.AuditAll
+	if tenant != "" {
+		filter = subjects.AuditTenant(tenant)
+	}
+	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{filter}, DeliverPolicy: jetstream.DeliverNewPolicy}
+	if all {
+		cfg.DeliverPolicy = jetstream.DeliverAllPolicy
+	}
+	cons, err := c.js.OrderedConsumer(ctx, subjects.StreamAudit, cfg)
+	if err != nil {
+		return fmt.Errorf("reading audit: %w", err)
+	}
+	it, err := cons.Messages()
+	if err != nil {
+		return err
+	}
+	stop := context.AfterFunc(ctx, it.Stop)
+	defer stop()
+	for {
+		msg, err := it.Next()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		if err := fn(msg.Subject(), msg.Data()); err != nil {
+			it.Stop()
+			return err
+		}
+	}
+}
+
+// Decide approves or denies a parked invocation. Of several decisions on
+// one invocation only the first counts; later ones fail with E3215.
+func (c *Client) Decide(ctx context.Context, d api.ApprovalDecision) (kvstore.Approval, error) {
+	var out kvstore.Approval
+	err := c.request(ctx, subjects.SvcApproval, d, &out)
+	return out, err
+}
+
+// Cancel asks toolgate to stop an invocation and returns its record as it
+// was when the request was recorded.
+func (c *Client) Cancel(ctx context.Context, tenant, id, reason string) (api.Record, error) {
+	var rec api.Record
+	err := c.request(ctx, subjects.SvcCancel, api.CancelRequest{TenantID: tenant, InvocationID: id, Reason: reason}, &rec)
+	return rec, err
+}

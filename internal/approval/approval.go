@@ -1,0 +1,155 @@
+// Package approval decides parked invocations: a human's approve or deny,
+// or the deadline passing. Of any number of decisions on one invocation,
+// sent to any number of processes, exactly one wins (a compare-and-swap on
+// its approval record), and only the winner resumes or ends the invocation.
+package approval
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/envelope"
+	"github.com/toolgate/toolgate/internal/runner"
+	"github.com/toolgate/toolgate/kvstore"
+	"github.com/toolgate/toolgate/stages"
+	"github.com/toolgate/toolgate/subjects"
+)
+
+// Decided is the audit data of a decision.
+type Decided struct {
+	envelope.AuditRecord
+	Decision  string `json:"decision"`
+	DecidedBy string `json:"decided_by"`
+	Reason    string `json:"reason,omitempty"`
+}
+
+// Service applies decisions.
+type Service struct {
+	Store *kvstore.Store
+	JS    jetstream.JetStream
+	Log   *slog.Logger
+}
+
+// Decide records d and, if it is the first decision, resumes the invocation
+// at authorize (approved) or ends it through audit (denied). A second
+// decision gets E3215; an unknown invocation E3214.
+func (s *Service) Decide(ctx context.Context, d api.ApprovalDecision) (kvstore.Approval, error) {
+	if d.Tenant == "" || d.InvocationID == "" || d.DecidedBy == "" {
+		return kvstore.Approval{}, api.NewError(api.InvalidParameters, api.ERequestInvalid,
+			"a decision needs tenant_id, invocation_id and decided_by")
+	}
+	state := kvstore.ApprovalDenied
+	if d.Approve {
+		state = kvstore.ApprovalApproved
+	}
+	a, err := s.Store.Decide(ctx, d.Tenant, d.InvocationID, state, d.DecidedBy, d.Reason)
+	if err != nil {
+		return a, err
+	}
+	return a, s.apply(ctx, a)
+}
+
+// apply carries a won decision into the pipeline. Its publishes carry ids
+// derived from the invocation, so applying twice publishes once.
+func (s *Service) apply(ctx context.Context, a kvstore.Approval) error {
+	var inv envelope.Invocation
+	if err := json.Unmarshal(a.Invocation, &inv); err != nil {
+		return fmt.Errorf("parked invocation %s: %w", a.InvocationID, err)
+	}
+	var typ, next string
+	switch a.State {
+	case kvstore.ApprovalApproved:
+		typ, next = envelope.TypeApprovalGranted, subjects.Authorize
+	case kvstore.ApprovalDenied:
+		typ, next = envelope.TypeApprovalDenied, subjects.Audit
+		inv.Fail(subjects.Authorize, api.NewError(api.PermissionDenied, api.EApprovalDenied,
+			"%s denied the call: %s", a.DecidedBy, a.Reason))
+	case kvstore.ApprovalExpired:
+		typ, next = envelope.TypeApprovalExpired, subjects.Audit
+		inv.Fail(subjects.Authorize, api.NewError(api.PermissionDenied, api.EApprovalExpired,
+			"no one approved the call before %s", a.Deadline.Format(time.RFC3339)))
+	case kvstore.ApprovalCancelled:
+		typ, next = envelope.TypeApprovalDenied, subjects.Audit
+		inv.Fail(subjects.Authorize, api.NewError(api.Cancelled, api.ECancelled,
+			"cancelled by %s while waiting for approval", a.DecidedBy))
+	default:
+		return fmt.Errorf("approval of %s is %s, nothing to apply", a.InvocationID, a.State)
+	}
+	ev, err := runner.AuditEvent(subjects.Authorize, &inv, typ, Decided{
+		AuditRecord: inv.Audit(), Decision: a.State, DecidedBy: a.DecidedBy, Reason: a.Reason,
+	})
+	if err != nil {
+		return err
+	}
+	hop, err := runner.Handoff(&inv, next)
+	if err != nil {
+		return err
+	}
+	hop.MsgID = fmt.Sprintf("%d.decision", inv.Event.Seq)
+	for _, o := range []stages.Output{ev, hop} {
+		if err := runner.Publish(ctx, s.JS, o); err != nil {
+			return fmt.Errorf("publishing decision on %s: %w", a.InvocationID, err)
+		}
+	}
+	return nil
+}
+
+// Cancel ends a parked invocation as cancelled. It is E3214 when nothing is
+// parked under that id and E3215 when it was decided already.
+func (s *Service) Cancel(ctx context.Context, tenant, id, by, reason string) error {
+	a, err := s.Store.Decide(ctx, tenant, id, kvstore.ApprovalCancelled, by, reason)
+	if err != nil {
+		return err
+	}
+	return s.apply(ctx, a)
+}
+
+// Sweep ends every pending approval whose deadline has passed, as denied
+// (expired). Several processes may sweep at once: the compare-and-swap lets
+// one of them end each.
+func (s *Service) Sweep(ctx context.Context, now time.Time) (int, error) {
+	pending, err := s.Store.PendingApprovals(ctx)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, p := range pending {
+		if now.Before(p.Deadline) {
+			continue
+		}
+		a, err := s.Store.Decide(ctx, p.Tenant, p.InvocationID, kvstore.ApprovalExpired, "toolgate", "deadline passed")
+		if errors.Is(err, &api.Error{Code: api.StateConflict, ECode: api.EApprovalDecided}) {
+			continue // decided meanwhile
+		}
+		if err != nil {
+			return n, err
+		}
+		if err := s.apply(ctx, a); err != nil {
+			return n, err
+		}
+		n++
+	}
+	return n, nil
+}
+
+// RunSweeper sweeps every interval until ctx is done.
+func (s *Service) RunSweeper(ctx context.Context, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if _, err := s.Sweep(ctx, time.Now()); err != nil && ctx.Err() == nil {
+				s.Log.Warn("sweeping approvals", "err", err)
+			}
+		}
+	}
+}

@@ -1,0 +1,145 @@
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"slices"
+	"time"
+
+	"github.com/golang-jwt/jwt/v5"
+	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/envelope"
+	"github.com/toolgate/toolgate/internal/node"
+	"github.com/toolgate/toolgate/internal/ratelimit"
+	"github.com/toolgate/toolgate/internal/token"
+	"github.com/toolgate/toolgate/internal/tools"
+	"github.com/toolgate/toolgate/kvstore"
+	"github.com/toolgate/toolgate/subjects"
+)
+
+const (
+	benchIssuer   = "toolgate-bench"
+	benchAudience = "toolgate"
+)
+
+// credentials are the signing key and token the benchmark's agent uses.
+type credentials struct {
+	verifier *token.Verifier
+	token    string
+}
+
+func newCredentials() (credentials, error) {
+	k, err := token.GenerateSigningKey(token.AlgEdDSA)
+	if err != nil {
+		return credentials{}, err
+	}
+	raw, err := token.Mint(k, token.Claims{
+		ToolID: token.Patterns{"*"}, TenantID: benchTenant, AgentDID: benchAgent,
+		RegisteredClaims: jwt.RegisteredClaims{
+			Issuer: benchIssuer, Audience: jwt.ClaimStrings{benchAudience},
+			ExpiresAt: jwt.NewNumericDate(time.Now().Add(time.Hour)),
+		},
+	})
+	if err != nil {
+		return credentials{}, err
+	}
+	v := &token.Verifier{Keys: token.StaticKeys{Set: k.KeySet()}, Issuer: benchIssuer, Audience: benchAudience}
+	return credentials{verifier: v, token: raw}, nil
+}
+
+// Cost is one measured step: its name and sorted samples.
+type Cost struct {
+	Name    string
+	Samples []time.Duration // sorted
+}
+
+func (a Cost) quantile(q float64) time.Duration {
+	return Result{Latencies: a.Samples}.Quantile(q)
+}
+
+const authzSamples = 2000
+
+// measureAuthz times, on a running node, the authorize stage's logic for
+// one invocation (token verification, policy evaluation, the usage and
+// approval reads and the budget compare-and-swap), its token verification
+// alone, and as the raw baseline one KV read plus one compare-and-swap.
+func measureAuthz(ctx context.Context, n *node.Node, cred credentials) ([]Cost, error) {
+	st, err := n.NewStage(ctx, subjects.Authorize, node.StageConfig{Tokens: cred.verifier})
+	if err != nil {
+		return nil, err
+	}
+	req := api.Request{ToolID: "noop", Parameters: json.RawMessage(`{}`), CapabilityToken: cred.token,
+		AgentContext: api.AgentContext{AgentDID: benchAgent, TenantID: benchTenant, SessionID: "authz-bench"}}
+	timeIt := func(name string, fn func(i int) error) (Cost, error) {
+		out := Cost{Name: name, Samples: make([]time.Duration, 0, authzSamples)}
+		for i := range authzSamples + warmup {
+			start := time.Now()
+			if err := fn(i); err != nil {
+				return out, fmt.Errorf("%s: %w", name, err)
+			}
+			if i >= warmup {
+				out.Samples = append(out.Samples, time.Since(start))
+			}
+		}
+		slices.Sort(out.Samples)
+		return out, nil
+	}
+	stage, err := timeIt("authorize stage, whole", func(i int) error {
+		r := req
+		inv := &envelope.Invocation{ID: fmt.Sprintf("authz-%d", i), Tenant: benchTenant, Request: &r,
+			Event: envelope.Event{Seq: uint64(i + 1)}}
+		_, err := st.Process(ctx, inv)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	verify, err := timeIt("token verification", func(int) error {
+		_, err := cred.verifier.Verify(cred.token)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	kv, err := timeIt("raw: KV read + CAS", func(int) error {
+		_, err := n.Store.UpdateUsage(ctx, benchTenant, "raw-bench", func(u *kvstore.Usage) error { u.Calls++; return nil })
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	limited := &tools.Manifest{ID: "bench.limited", RateLimit: &tools.RateLimit{Requests: 1_000_000, PerSeconds: 1}}
+	leased := ratelimit.New(n.Store, 8)
+	lease, err := timeIt("rate limit, leased", func(int) error {
+		_, _, err := leased.Allow(ctx, benchTenant, limited)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	single := ratelimit.New(n.Store, 1)
+	each, err := timeIt("rate limit, CAS per call", func(int) error {
+		_, _, err := single.Allow(ctx, benchTenant+"-single", limited)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return []Cost{stage, verify, kv, lease, each}, nil
+}
+
+func printAuthz(w io.Writer, costs []Cost) {
+	fmt.Fprintf(w, "\nauthorization and rate limiting per invocation (%d sequential calls, EdDSA token, shipped policy):\n", authzSamples)
+	fmt.Fprintf(w, "%-26s %9s %9s %9s\n", "step", "p50", "p99", "max")
+	for _, c := range costs {
+		fmt.Fprintf(w, "%-26s %9s %9s %9s\n", c.Name, us(c.quantile(0.5)), us(c.quantile(0.99)), us(c.quantile(1)))
+	}
+	if len(costs) >= 3 && costs[2].quantile(0.5) > 0 {
+		fmt.Fprintf(w, "%-26s %9.2f %9.2f\n", "ratio stage/raw KV", float64(costs[0].quantile(0.5))/float64(costs[2].quantile(0.5)),
+			float64(costs[0].quantile(0.99))/float64(costs[2].quantile(0.99)))
+	}
+}
+
+func us(d time.Duration) string { return fmt.Sprintf("%.1fµs", float64(d.Nanoseconds())/1000) }

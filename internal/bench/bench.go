@@ -1,0 +1,392 @@
+// Package bench measures toolgate end to end and, in the same run on the
+// same server, the cost of a bare JetStream hop chained six times, so the
+// pipeline's figures always come with the raw figure they should be judged
+// against.
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"runtime"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/client"
+	"github.com/toolgate/toolgate/internal/node"
+	"github.com/toolgate/toolgate/subjects"
+)
+
+// Options configure a run.
+type Options struct {
+	// Rate is the offered load in invocations per second; keep it below
+	// saturation so latencies are not queueing delays.
+	Rate     int
+	Duration time.Duration
+	Workers  int
+	// Dir holds the file storage; empty uses a temporary directory.
+	Dir string
+}
+
+// Result is one measured series.
+type Result struct {
+	Name       string
+	Sent, Done int
+	Elapsed    time.Duration
+	Latencies  []time.Duration // sorted
+}
+
+// Throughput is completed invocations per second.
+func (r Result) Throughput() float64 { return float64(r.Done) / r.Elapsed.Seconds() }
+
+// Quantile returns the q-quantile latency.
+func (r Result) Quantile(q float64) time.Duration {
+	if len(r.Latencies) == 0 {
+		return 0
+	}
+	i := int(q * float64(len(r.Latencies)-1))
+	return r.Latencies[i]
+}
+
+// Report is the outcome of Run.
+type Report struct {
+	Options   Options
+	Pipeline  Result
+	Raw       Result
+	Detectors []DetectorCost
+	Authz     []Cost
+	Sandbox   []Cost
+	MCP       []Cost
+}
+
+// Run starts an embedded server with file storage, measures a no-op builtin
+// tool through all six stages at the offered load, then a bare six-hop
+// JetStream chain at the same load, and returns both.
+func Run(ctx context.Context, o Options) (Report, error) {
+	if o.Rate <= 0 {
+		o.Rate = 300
+	}
+	if o.Duration <= 0 {
+		o.Duration = 10 * time.Second
+	}
+	if o.Workers <= 0 {
+		o.Workers = 4
+	}
+	if o.Dir == "" {
+		dir, err := os.MkdirTemp("", "toolgate-bench-")
+		if err != nil {
+			return Report{}, err
+		}
+		defer os.RemoveAll(dir)
+		o.Dir = dir
+	}
+	ns, err := node.StartEmbedded(node.EmbeddedOptions{Listen: "127.0.0.1:-1", DataDir: o.Dir})
+	if err != nil {
+		return Report{}, err
+	}
+	defer ns.Shutdown()
+	url := ns.ClientURL()
+
+	rep := Report{Options: o}
+	cred, err := newCredentials()
+	if err != nil {
+		return rep, err
+	}
+	if rep.Pipeline, rep.Authz, err = measurePipeline(ctx, url, o, cred); err != nil {
+		return rep, fmt.Errorf("pipeline: %w", err)
+	}
+	if rep.Raw, err = measureRaw(ctx, url, o); err != nil {
+		return rep, fmt.Errorf("raw JetStream: %w", err)
+	}
+	rep.Detectors = measureDetectors()
+	if rep.Sandbox, err = measureSandbox(ctx); err != nil {
+		return rep, fmt.Errorf("sandbox: %w", err)
+	}
+	if rep.MCP, err = MeasureMCP(ctx, MCPServersDir()); err != nil {
+		return rep, fmt.Errorf("mcp: %w", err)
+	}
+	return rep, nil
+}
+
+// offer publishes n messages at rate and records, per key, when each was due.
+// Latency is measured from the due time, so a stalled publisher cannot hide
+// queueing (no coordinated omission).
+func offer(ctx context.Context, rate int, d time.Duration, publish func(i int) (string, error)) (map[string]time.Time, int, error) {
+	n := int(float64(rate) * d.Seconds())
+	due := make(map[string]time.Time, n)
+	start := time.Now()
+	interval := time.Second / time.Duration(rate)
+	for i := range n {
+		at := start.Add(time.Duration(i) * interval)
+		if w := time.Until(at); w > 0 {
+			time.Sleep(w)
+		}
+		if ctx.Err() != nil {
+			return due, i, ctx.Err()
+		}
+		key, err := publish(i)
+		if err != nil {
+			return due, i, err
+		}
+		due[key] = at
+	}
+	return due, n, nil
+}
+
+// collector records completion times by key.
+type collector struct {
+	mu   sync.Mutex
+	done map[string]time.Time
+	all  chan struct{}
+	want int
+}
+
+func newCollector(want int) *collector {
+	return &collector{done: make(map[string]time.Time, want), all: make(chan struct{}), want: want}
+}
+
+func (c *collector) mark(key string) {
+	now := time.Now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, ok := c.done[key]; ok {
+		return
+	}
+	c.done[key] = now
+	if len(c.done) == c.want {
+		close(c.all)
+	}
+}
+
+func (c *collector) result(name string, due map[string]time.Time, sent int, start time.Time) Result {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	r := Result{Name: name, Sent: sent}
+	var last time.Time
+	for k, at := range due {
+		end, ok := c.done[k]
+		if !ok {
+			continue
+		}
+		r.Done++
+		r.Latencies = append(r.Latencies, end.Sub(at))
+		if end.After(last) {
+			last = end
+		}
+	}
+	r.Elapsed = last.Sub(start)
+	slices.Sort(r.Latencies)
+	return r
+}
+
+func (c *collector) wait(ctx context.Context, d time.Duration) {
+	select {
+	case <-c.all:
+	case <-time.After(d):
+	case <-ctx.Done():
+	}
+}
+
+const (
+	benchTenant = "bench"
+	benchAgent  = "did:agent:bench"
+)
+
+func measurePipeline(ctx context.Context, url string, o Options, cred credentials) (Result, []Cost, error) {
+	runCtx, stop := context.WithCancel(ctx)
+	ready := make(chan *node.Node, 1)
+	errc := make(chan error, 1)
+	go func() {
+		errc <- node.Run(runCtx, node.Config{
+			NATSURL: url, Workers: o.Workers, Examples: true,
+			Stage: node.StageConfig{Tokens: cred.verifier},
+			Log:   discardLogger(),
+			Ready: func(_ string, n *node.Node) { ready <- n },
+		})
+	}()
+	defer func() { stop(); <-errc }()
+	var node *node.Node
+	select {
+	case node = <-ready:
+	case err := <-errc:
+		return Result{}, nil, err
+	}
+	res, err := measureInvocations(ctx, url, o, cred)
+	if err != nil {
+		return res, nil, err
+	}
+	authz, err := measureAuthz(runCtx, node, cred)
+	return res, authz, err
+}
+
+func measureInvocations(ctx context.Context, url string, o Options, cred credentials) (Result, error) {
+
+	nc, err := nats.Connect(url)
+	if err != nil {
+		return Result{}, err
+	}
+	defer nc.Close()
+	c, err := client.New(nc)
+	if err != nil {
+		return Result{}, err
+	}
+	total := int(float64(o.Rate)*o.Duration.Seconds()) + warmup
+	col := newCollector(total)
+	sub, err := nc.Subscribe(subjects.ResultTenant(benchTenant), func(m *nats.Msg) {
+		resp, err := client.DecodeResult(m.Data)
+		if err == nil && resp.Status == api.StatusSuccess {
+			col.mark(resp.InvocationID)
+		}
+	})
+	if err != nil {
+		return Result{}, err
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	req := api.Request{ToolID: "noop", Parameters: json.RawMessage(`{}`), CapabilityToken: cred.token,
+		AgentContext: api.AgentContext{AgentDID: benchAgent, TenantID: benchTenant}}
+	publish := func(i int) (string, error) {
+		id := fmt.Sprintf("bench-%d", i)
+		_, err := c.Invoke(ctx, req, client.InvokeOptions{ID: id})
+		return id, err
+	}
+	return drive(ctx, o, "toolgate, 6 stages", col, publish)
+}
+
+const warmup = 50
+
+func warm(ctx context.Context, publish func(int) (string, error)) error {
+	for i := range warmup {
+		if _, err := publish(i); err != nil {
+			return err
+		}
+	}
+	time.Sleep(500 * time.Millisecond)
+	return ctx.Err()
+}
+
+// measureRaw chains six bare hops: each hop consumes from its subject on a
+// work-queue stream, publishes to the next with a publish ack, then acks.
+func measureRaw(ctx context.Context, url string, o Options) (Result, error) {
+	const hops = 6
+	nc, err := nats.Connect(url)
+	if err != nil {
+		return Result{}, err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return Result{}, err
+	}
+	stream, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "BENCH_RAW", Subjects: []string{"bench.raw.>"},
+		Retention: jetstream.WorkQueuePolicy, Storage: jetstream.FileStorage})
+	if err != nil {
+		return Result{}, err
+	}
+	defer func() { _ = js.DeleteStream(context.Background(), "BENCH_RAW") }()
+	hopCtx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer func() { stop(); wg.Wait() }()
+	for h := range hops {
+		cons, err := stream.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{
+			Durable: fmt.Sprintf("hop%d", h), FilterSubject: fmt.Sprintf("bench.raw.%d", h),
+			AckPolicy: jetstream.AckExplicitPolicy, MaxAckPending: 1000,
+		})
+		if err != nil {
+			return Result{}, err
+		}
+		it, err := cons.Messages(jetstream.PullMaxMessages(o.Workers))
+		if err != nil {
+			return Result{}, err
+		}
+		context.AfterFunc(hopCtx, it.Stop)
+		next := fmt.Sprintf("bench.raw.%d", h+1)
+		for range o.Workers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for {
+					m, err := it.Next()
+					if err != nil {
+						return
+					}
+					md, _ := m.Metadata()
+					out := &nats.Msg{Subject: next, Data: m.Data(), Header: nats.Header{}}
+					if _, err := js.PublishMsg(hopCtx, out, jetstream.WithMsgID(fmt.Sprintf("%d.%d", md.Sequence.Stream, h))); err != nil {
+						_ = m.Nak()
+						continue
+					}
+					_ = m.Ack()
+				}
+			}()
+		}
+	}
+	total := int(float64(o.Rate)*o.Duration.Seconds()) + warmup
+	col := newCollector(total)
+	// The last hop's output is read the way a caller reads a result.
+	sub, err := nc.Subscribe(fmt.Sprintf("bench.raw.%d", hops), func(m *nats.Msg) { col.mark(string(m.Data)) })
+	if err != nil {
+		return Result{}, err
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	publish := func(i int) (string, error) {
+		key := fmt.Sprintf("raw-%d", i)
+		_, err := js.Publish(ctx, "bench.raw.0", []byte(key), jetstream.WithMsgID(key))
+		return key, err
+	}
+	return drive(ctx, o, fmt.Sprintf("bare JetStream hop x%d", hops), col, publish)
+}
+
+// drive warms up, offers the load through publish, and collects the series.
+func drive(ctx context.Context, o Options, name string, col *collector, publish func(int) (string, error)) (Result, error) {
+	if err := warm(ctx, publish); err != nil {
+		return Result{}, err
+	}
+	start := time.Now()
+	due, sent, err := offer(ctx, o.Rate, o.Duration, func(i int) (string, error) { return publish(i + warmup) })
+	if err != nil {
+		return Result{}, err
+	}
+	col.wait(ctx, 30*time.Second)
+	return col.result(name, due, sent, start), nil
+}
+
+// Print writes the report as a table with the pipeline/raw ratios.
+func (r Report) Print(w io.Writer) {
+	fmt.Fprintf(w, "toolgate bench: %d CPU %s/%s, %s, file storage, offered %d/s for %v, %d workers per stage\n\n",
+		runtime.NumCPU(), runtime.GOOS, runtime.GOARCH, runtime.Version(), r.Options.Rate, r.Options.Duration, r.Options.Workers)
+	fmt.Fprintf(w, "%-26s %7s %7s %9s %9s %9s %9s %9s\n", "series", "sent", "done", "inv/s", "p50", "p90", "p99", "max")
+	for _, s := range []Result{r.Pipeline, r.Raw} {
+		fmt.Fprintf(w, "%-26s %7d %7d %9.1f %9s %9s %9s %9s\n", s.Name, s.Sent, s.Done, s.Throughput(),
+			ms(s.Quantile(0.5)), ms(s.Quantile(0.9)), ms(s.Quantile(0.99)), ms(s.Quantile(1)))
+	}
+	ratio := func(a, b time.Duration) float64 {
+		if b == 0 {
+			return 0
+		}
+		return float64(a) / float64(b)
+	}
+	fmt.Fprintf(w, "%-26s %7s %7s %9.2f %9.2f %9.2f %9.2f %9.2f\n", "ratio toolgate/raw", "", "",
+		r.Pipeline.Throughput()/max(r.Raw.Throughput(), 1e-9),
+		ratio(r.Pipeline.Quantile(0.5), r.Raw.Quantile(0.5)), ratio(r.Pipeline.Quantile(0.9), r.Raw.Quantile(0.9)),
+		ratio(r.Pipeline.Quantile(0.99), r.Raw.Quantile(0.99)), ratio(r.Pipeline.Quantile(1), r.Raw.Quantile(1)))
+	if len(r.Authz) > 0 {
+		printAuthz(w, r.Authz)
+	}
+	if len(r.Detectors) > 0 {
+		printDetectors(w, r.Detectors)
+	}
+	if len(r.Sandbox) > 0 {
+		printSandbox(w, r.Sandbox)
+	}
+	if len(r.MCP) > 0 {
+		PrintMCP(w, r.MCP)
+	}
+}
+
+func ms(d time.Duration) string { return fmt.Sprintf("%.2fms", float64(d.Microseconds())/1000) }

@@ -1,0 +1,270 @@
+// Package control serves toolgate's request-reply control API as a NATS
+// micro service, so `nats micro ls` and `nats micro info toolgate` find it:
+// invocation status, tool listing and lookup, and tool registration.
+package control
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"slices"
+	"sort"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nats.go/micro"
+	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/approval"
+	"github.com/toolgate/toolgate/internal/tools"
+	"github.com/toolgate/toolgate/kvstore"
+	"github.com/toolgate/toolgate/subjects"
+)
+
+// Version is the control API version.
+const Version = "1.0.0"
+
+// Start adds the service to nc. Stop it with the returned service's Stop.
+// approvals may be nil: the approval endpoint then is not served.
+func Start(nc *nats.Conn, store *kvstore.Store, reg *tools.Registry, approvals *approval.Service) (micro.Service, error) {
+	svc, err := micro.AddService(nc, micro.Config{
+		Name: subjects.ServiceName, Version: Version,
+		Description: "toolgate control: invocation status and the tool registry",
+	})
+	if err != nil {
+		return nil, err
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	h := &handlers{nc: nc, js: js, store: store, reg: reg, approvals: approvals}
+	eps := []struct {
+		name, subject string
+		fn            micro.HandlerFunc
+	}{
+		{"status", subjects.SvcStatus, h.status},
+		{"tools-list", subjects.SvcToolsList, h.list},
+		{"tools-get", subjects.SvcToolsGet, h.get},
+		{"tools-register", subjects.SvcToolsRegister, h.register},
+	}
+	if approvals != nil {
+		eps = append(eps, struct {
+			name, subject string
+			fn            micro.HandlerFunc
+		}{"approval", subjects.SvcApproval, h.decide}, struct {
+			name, subject string
+			fn            micro.HandlerFunc
+		}{"cancel", subjects.SvcCancel, h.cancel})
+	}
+	for _, ep := range eps {
+		if err := svc.AddEndpoint(ep.name, ep.fn, micro.WithEndpointSubject(ep.subject)); err != nil {
+			_ = svc.Stop()
+			return nil, err
+		}
+	}
+	return svc, nil
+}
+
+type handlers struct {
+	nc        *nats.Conn
+	js        jetstream.JetStream
+	store     *kvstore.Store
+	reg       *tools.Registry
+	approvals *approval.Service
+}
+
+// cancel records a cancel request and announces it. A queued invocation ends
+// cancelled when it reaches execute, a running one when its worker hears the
+// announcement, a parked one at once. The reply is the invocation's record;
+// an invocation that already ended keeps its status.
+//
+// Only a known invocation can be cancelled: one with a record, or one still
+// on the invoke or pipeline stream (accepted by JetStream, no stage has
+// written its record yet). Any other id is answered with
+// invocation_not_found (E3025) and nothing is written, so a cancel can never
+// lie in wait for a later invocation that reuses the id.
+func (h *handlers) cancel(req micro.Request) {
+	var r api.CancelRequest
+	if err := decode(req.Data(), &r); err != nil || r.TenantID == "" || r.InvocationID == "" {
+		respondError(req, api.NewError(api.InvalidParameters, api.ERequestInvalid,
+			`expected {"tenant_id":…, "invocation_id":…, "reason":…}`))
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := h.known(ctx, r.TenantID, r.InvocationID); err != nil {
+		respondError(req, err)
+		return
+	}
+	rec, err := h.store.UpdateRecord(ctx, r.TenantID, r.InvocationID, func(rec *api.Record) { rec.CancelRequested = true })
+	if err != nil {
+		respondError(req, err)
+		return
+	}
+	if !rec.Status.Terminal() {
+		if err := h.nc.Publish(subjects.Cancel(r.TenantID, r.InvocationID), nil); err != nil {
+			respondError(req, err)
+			return
+		}
+		if rec.Status == api.StatusPendingApproval {
+			err := h.approvals.Cancel(ctx, r.TenantID, r.InvocationID, cmp.Or(r.RequestedBy, "cancel"), r.Reason)
+			if err != nil && !errors.Is(err, &api.Error{Code: api.StateConflict}) {
+				respondError(req, err)
+				return
+			}
+		}
+	}
+	_ = req.RespondJSON(rec)
+}
+
+// known returns nil when invocation id of tenant has a record or is in
+// flight, else invocation_not_found.
+func (h *handlers) known(ctx context.Context, tenant, id string) error {
+	_, err := h.store.Status(ctx, tenant, id)
+	if !errors.Is(err, kvstore.ErrNotFound) {
+		return err
+	}
+	found, err := inFlight(ctx, h.js, tenant, id)
+	if err != nil || found {
+		return err
+	}
+	// It may have ended, and left the streams, while they were read.
+	if _, err := h.store.Status(ctx, tenant, id); !errors.Is(err, kvstore.ErrNotFound) {
+		return err
+	}
+	return notFound(id)
+}
+
+// notFound is a fresh error each time: the shared kvstore.ErrNotFound must
+// not gain details.
+func notFound(id string) error {
+	return api.NewError(api.InvocationNotFound, api.EInvocationNotFound, "no invocation %q", id)
+}
+
+// decide approves or denies a parked invocation. The reply is the approval
+// record without the parked envelope.
+func (h *handlers) decide(req micro.Request) {
+	var d api.ApprovalDecision
+	if err := decode(req.Data(), &d); err != nil {
+		respondError(req, api.NewError(api.InvalidParameters, api.ERequestInvalid,
+			`expected {"tenant_id":…, "invocation_id":…, "approve":true, "decided_by":…, "reason":…}`))
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	a, err := h.approvals.Decide(ctx, d)
+	if err != nil {
+		respondError(req, err)
+		return
+	}
+	a.Invocation = nil
+	_ = req.RespondJSON(a)
+}
+
+func (h *handlers) status(req micro.Request) {
+	var r api.StatusRequest
+	if err := decode(req.Data(), &r); err != nil || r.TenantID == "" || r.InvocationID == "" {
+		respondError(req, api.NewError(api.InvalidParameters, api.ERequestInvalid,
+			"expected {\"tenant_id\":…, \"invocation_id\":…}"))
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	rec, err := h.store.Status(ctx, r.TenantID, r.InvocationID)
+	if errors.Is(err, kvstore.ErrNotFound) {
+		err = notFound(r.InvocationID)
+	}
+	if err != nil {
+		respondError(req, err)
+		return
+	}
+	_ = req.RespondJSON(rec)
+}
+
+func (h *handlers) list(req micro.Request) {
+	var r api.ListRequest
+	if len(req.Data()) > 0 {
+		if err := decode(req.Data(), &r); err != nil {
+			respondError(req, api.WrapError(err, api.InvalidParameters, api.ERequestInvalid, "bad list request: %v", err))
+			return
+		}
+	}
+	out := api.ListResponse{Tools: []api.ToolSummary{}}
+	for _, m := range h.reg.List() {
+		if (r.Category != "" && m.Category != r.Category) || (r.Tag != "" && !slices.Contains(m.Tags, r.Tag)) {
+			continue
+		}
+		s := api.ToolSummary{ToolID: m.ID, ToolName: m.Name, Description: m.Description, Category: m.Category,
+			Kind: m.Kind, LatestVersion: m.Version, Tags: m.Tags, RiskLevel: m.Safety.RiskLevel,
+			RequiresApproval: m.Safety.RequiresApproval}
+		for _, v := range h.reg.Versions(m.ID) {
+			s.Versions = append(s.Versions, v.Version)
+		}
+		out.Tools = append(out.Tools, s)
+	}
+	sort.Slice(out.Tools, func(i, j int) bool { return out.Tools[i].ToolID < out.Tools[j].ToolID })
+	out.TotalCount = len(out.Tools)
+	_ = req.RespondJSON(out)
+}
+
+func (h *handlers) get(req micro.Request) {
+	var r api.ToolRequest
+	if err := decode(req.Data(), &r); err != nil || r.ToolID == "" {
+		respondError(req, api.NewError(api.InvalidParameters, api.ERequestInvalid, "expected {\"tool_id\":…}"))
+		return
+	}
+	m, err := h.reg.Resolve(r.ToolID, r.Version)
+	if err != nil {
+		respondError(req, err)
+		return
+	}
+	_ = req.RespondJSON(m)
+}
+
+func (h *handlers) register(req micro.Request) {
+	var r api.RegisterRequest
+	if err := decode(req.Data(), &r); err != nil || len(r.Manifest) == 0 {
+		respondError(req, api.NewError(api.InvalidParameters, api.EInvalidManifest,
+			"expected {\"manifest\":{…}, \"replace\":false}"))
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	m, err := h.store.RegisterTool(ctx, r.Manifest, r.Replace)
+	if err != nil {
+		respondError(req, err)
+		return
+	}
+	// Answer once this process's registry has seen the write, so a caller
+	// that registers and then asks for the tool finds it.
+	for !h.reg.Has(m.ID, m.Version) && ctx.Err() == nil {
+		time.Sleep(2 * time.Millisecond)
+	}
+	_ = req.RespondJSON(api.ToolRequest{ToolID: m.ID, Version: m.Version})
+}
+
+func decode(b []byte, v any) error {
+	if len(b) == 0 {
+		return errors.New("empty request")
+	}
+	return json.Unmarshal(b, v)
+}
+
+// respondError answers with the micro error headers and the ToolError as the
+// body, so both `nats req` users and clients see it. The services protocol
+// (ADR-32) requires Nats-Service-Error-Code to be a number, and clients such
+// as nats.js parse it as one: it is the E-code's number (3025 for E3025).
+// The description repeats the ToolErrorCode and E-code for people reading
+// headers; clients decode the body.
+func respondError(req micro.Request, err error) {
+	te := api.AsError(err)
+	body, _ := json.Marshal(te)
+	code := api.Number(te.ECode)
+	if code == 0 {
+		code = api.Number(api.EInternal)
+	}
+	_ = req.Error(strconv.Itoa(code), te.Error(), body)
+}

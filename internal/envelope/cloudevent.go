@@ -1,0 +1,375 @@
+package envelope
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"mime"
+	"net/url"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/cloudevents/sdk-go/v2/binding/format"
+	"github.com/cloudevents/sdk-go/v2/binding/spec"
+	"github.com/cloudevents/sdk-go/v2/event"
+	"github.com/nats-io/nats.go"
+	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/subjects"
+)
+
+// EventType is the CloudEvent type of an invocation request.
+const EventType = "tool.invoke"
+
+// Binary-mode header names, per the CloudEvents NATS binding.
+const (
+	headerPrefix      = "ce-"
+	headerContentType = "content-type"
+)
+
+var binarySpec = spec.WithPrefix(headerPrefix)
+
+// MsgID is the Nats-Msg-Id a publisher sets for an event: CloudEvents treats
+// equal source and id as the same event, so JetStream drops the repeat.
+func MsgID(source, id string) string {
+	sum := sha256.Sum256([]byte(source + "\x00" + id))
+	return hex.EncodeToString(sum[:16])
+}
+
+// InvokeMsgID is the Nats-Msg-Id of a tool.invoke event for tenant: MsgID
+// scoped by tenant, because the invoke stream's dedup window is shared by all
+// tenants and equal ids from two tenants must never collide.
+func InvokeMsgID(tenant, source, id string) string {
+	sum := sha256.Sum256([]byte(tenant + "\x00" + source + "\x00" + id))
+	return hex.EncodeToString(sum[:16])
+}
+
+// FromMessage decodes a message that arrived on tool.invoke.<tenant> into a
+// new Invocation, in binary mode (ce-* headers, data as the body) or structured
+// mode (content-type application/cloudevents+json, or no content type and a
+// JSON object with specversion as the body). It always returns an
+// Invocation, so that even garbage ends with a terminal status: when the event
+// cannot be read, the id is the event's own id if one can be found (ce-id, or
+// "id" in a JSON body), else "seq-<stream sequence>", and the error says why,
+// with a stable code.
+//
+// The returned Invocation can always be encoded as JSON and its tenant and id
+// always make valid subjects and keys: both are checked here, before anything
+// builds a subject from them. A subject tenant that is not acceptable is
+// replaced by subjects.SystemTenant, which audit never publishes a result for.
+func FromMessage(subject string, header nats.Header, body []byte, seq uint64, now time.Time) (*Invocation, error) {
+	inv := &Invocation{
+		ID:         "seq-" + strconv.FormatUint(seq, 10),
+		ReceivedAt: now,
+		Status:     api.StatusPending,
+	}
+	inv.Event.Size = len(body) + headerSize(header)
+	inv.Event.Seq = seq
+	tenant, _ := subjects.TenantOfInvoke(subject)
+	inv.Tenant = tenant
+	tenantErr := subjects.CheckTenant(tenant)
+	if tenantErr != nil {
+		inv.Tenant = subjects.SystemTenant
+	}
+
+	e, mode, err := decodeEvent(header, body)
+	id := eventID(e, header, body)
+	if e != nil {
+		inv.Event = Event{ID: e.ID(), Source: e.Source(), Type: e.Type(), SpecVersion: e.SpecVersion(),
+			Time: e.Time(), Mode: mode, Size: inv.Event.Size, Seq: seq}
+	}
+	idErr := subjects.CheckID(id)
+	if idErr == nil {
+		inv.ID = id
+	}
+	switch {
+	case tenantErr != nil:
+		return inv, api.WrapError(tenantErr, api.InvalidParameters, api.EInvalidName,
+			"the subject's tenant is not acceptable (%s): %v", subjects.TenantPattern, tenantErr).
+			WithDetail("tenant", clip(tenant))
+	case idErr != nil && id != "":
+		return inv, api.WrapError(idErr, api.InvalidParameters, api.EInvalidName,
+			"the event id is not acceptable: %v", idErr).WithDetail("id", clip(id))
+	case err != nil:
+		return inv, err
+	}
+	if tp, ok := e.Extensions()["traceparent"].(string); ok && traceParent.MatchString(tp) {
+		inv.TraceParent = tp
+	}
+	if ts, ok := e.Extensions()["tracestate"].(string); ok && len(ts) <= 512 && printable(ts) {
+		inv.TraceState = ts
+	}
+	// OpenTelemetry propagators write plain W3C headers, not ce- ones.
+	if inv.TraceParent == "" {
+		inv.TraceParent = headerValue(header, "traceparent")
+		inv.TraceState = headerValue(header, "tracestate")
+	}
+	if ct := e.DataContentType(); ct != "" {
+		mt, _, perr := mime.ParseMediaType(ct)
+		if perr != nil || (mt != "application/json" && !strings.HasSuffix(mt, "+json")) {
+			return inv, api.NewError(api.InvalidParameters, api.EInvalidAttribute,
+				"datacontenttype %q: the data of tool.invoke must be JSON", ct)
+		}
+	}
+	// Data travels as a json.RawMessage in every hand-off: data that is not
+	// JSON (or nests past the decoder's limit) would make the invocation
+	// impossible to encode, so it is refused here, where it is still readable.
+	if d := e.Data(); len(d) > 0 {
+		if !json.Valid(d) {
+			return inv, api.NewError(api.InvalidParameters, api.EInvalidAttribute,
+				"the event data is not valid JSON")
+		}
+		inv.Data = d
+	}
+	return inv, nil
+}
+
+// traceParent is the W3C traceparent form; anything else is dropped rather
+// than carried into later hops' headers.
+var traceParent = regexp.MustCompile(`^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$`)
+
+func printable(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < 0x20 || s[i] > 0x7e {
+			return false
+		}
+	}
+	return true
+}
+
+// clip shortens a refused name for error details.
+func clip(s string) string {
+	if len(s) > 64 {
+		s = s[:64] + "…"
+	}
+	return strings.ToValidUTF8(s, "\ufffd")
+}
+
+// eventID finds the id of an event, even one that cannot be decoded, so that
+// its error reaches the subject its sender listens on.
+func eventID(e *event.Event, header nats.Header, body []byte) string {
+	if e != nil && e.ID() != "" {
+		return e.ID()
+	}
+	if v := headerValue(header, headerPrefix+"id"); v != "" {
+		if d, err := decodeHeader(v); err == nil {
+			return d
+		}
+		return v
+	}
+	var doc struct {
+		ID any `json:"id"`
+	}
+	if json.Unmarshal(body, &doc) == nil {
+		if s, ok := doc.ID.(string); ok {
+			return s
+		}
+	}
+	return ""
+}
+
+// structured reports whether a message is a structured-mode event: its
+// content type is a CloudEvents format, or it has no content type and no
+// ce-specversion header and its body is a JSON object with specversion (what
+// the CloudEvents Go SDK's NATS JetStream sender produces).
+func structured(header nats.Header, body []byte) (string, bool) {
+	ct := headerValue(header, headerContentType)
+	if mt, _, _ := mime.ParseMediaType(ct); format.IsFormat(mt) {
+		return mt, true
+	}
+	if ct != "" || headerValue(header, headerPrefix+"specversion") != "" {
+		return "", false
+	}
+	var doc map[string]json.RawMessage
+	if json.Unmarshal(body, &doc) != nil {
+		return "", false
+	}
+	if _, ok := doc["specversion"]; ok {
+		return event.ApplicationCloudEventsJSON, true
+	}
+	return "", false
+}
+
+func decodeEvent(header nats.Header, body []byte) (*event.Event, string, error) {
+	if mt, ok := structured(header, body); ok {
+		if mt != event.ApplicationCloudEventsJSON {
+			return nil, "structured", api.NewError(api.InvalidParameters, api.EMalformedEvent,
+				"unsupported structured format %q: use %s", mt, event.ApplicationCloudEventsJSON)
+		}
+		e := event.New()
+		if err := format.JSON.Unmarshal(body, &e); err != nil {
+			return nil, "structured", api.WrapError(err, api.InvalidParameters, api.EMalformedEvent,
+				"structured CloudEvent is not valid JSON: %v", err)
+		}
+		return &e, "structured", validateEvent(&e)
+	}
+	sv := headerValue(header, headerPrefix+"specversion")
+	if sv == "" {
+		return nil, "", api.NewError(api.InvalidParameters, api.EMalformedEvent,
+			"not a CloudEvent: no ce-specversion header and content-type is not %s", event.ApplicationCloudEventsJSON)
+	}
+	version := binarySpec.Version(sv)
+	if version == nil {
+		return nil, "binary", api.NewError(api.InvalidParameters, api.EInvalidAttribute,
+			"unsupported specversion %q", sv)
+	}
+	e := event.New()
+	e.Context = version.NewContext()
+	for name, values := range header {
+		if len(values) == 0 {
+			continue
+		}
+		lname := strings.ToLower(name)
+		switch {
+		case lname == headerContentType:
+			e.SetDataContentType(values[0])
+		case lname == headerPrefix+"specversion":
+		case strings.HasPrefix(lname, headerPrefix):
+			v, err := decodeHeader(values[0])
+			if err != nil {
+				return &e, "binary", api.WrapError(err, api.InvalidParameters, api.EInvalidAttribute,
+					"header %s: %v", lname, err)
+			}
+			if attr := version.Attribute(lname); attr != nil {
+				if err := attr.Set(e.Context, v); err != nil {
+					return &e, "binary", api.WrapError(err, api.InvalidParameters, api.EInvalidAttribute,
+						"attribute %s: %v", attr.Name(), err)
+				}
+				continue
+			}
+			e.SetExtension(strings.TrimPrefix(lname, headerPrefix), v)
+		}
+	}
+	e.DataEncoded = body
+	return &e, "binary", validateEvent(&e)
+}
+
+// decodeHeader reverses the percent-encoding of a ce-* header value that the
+// CloudEvents NATS binding takes from the HTTP binding (§3.1.3.2): clients
+// such as the Python SDK send a space as %20 and non-ASCII as UTF-8 %XX
+// sequences. A value with a % that starts no valid escape is taken as it is,
+// since many senders do not encode at all; a decoded value must be UTF-8.
+func decodeHeader(v string) (string, error) {
+	if !strings.Contains(v, "%") {
+		return v, nil
+	}
+	d, err := url.PathUnescape(v)
+	if err != nil {
+		return v, nil
+	}
+	if !utf8.ValidString(d) {
+		return "", fmt.Errorf("percent-decoded value is not UTF-8")
+	}
+	return d, nil
+}
+
+// encodeHeader percent-encodes a ce-* header value the way decodeHeader
+// reads it: space, '"', '%' and every byte outside printable ASCII.
+func encodeHeader(v string) string {
+	var b strings.Builder
+	for i := 0; i < len(v); i++ {
+		c := v[i]
+		if c <= 0x20 || c >= 0x7f || c == '"' || c == '%' {
+			fmt.Fprintf(&b, "%%%02X", c)
+			continue
+		}
+		b.WriteByte(c)
+	}
+	return b.String()
+}
+
+func validateEvent(e *event.Event) error {
+	err := e.Validate()
+	if err == nil {
+		return nil
+	}
+	var fields []api.FieldError
+	if ve, ok := err.(event.ValidationError); ok {
+		for k, v := range ve {
+			fields = append(fields, api.FieldError{Location: k, Message: v.Error()})
+		}
+		sort.Slice(fields, func(i, j int) bool { return fields[i].Location < fields[j].Location })
+	}
+	names := make([]string, len(fields))
+	for i, f := range fields {
+		names[i] = f.Location
+	}
+	return api.NewError(api.InvalidParameters, api.EInvalidAttribute,
+		"invalid CloudEvent attributes: %s", strings.Join(names, ", ")).WithFields(fields)
+}
+
+// ToMessage encodes e in binary mode: attributes as ce-* headers, data as the
+// body, plus the Nats-Msg-Id derived from source and id.
+func ToMessage(e *event.Event) (nats.Header, []byte, error) {
+	if err := e.Validate(); err != nil {
+		return nil, nil, fmt.Errorf("invalid event: %w", err)
+	}
+	h := nats.Header{}
+	version := binarySpec.Version(e.SpecVersion())
+	for _, attr := range version.Attributes() {
+		if attr.Kind() == spec.DataContentType {
+			continue
+		}
+		v := attr.Get(e.Context)
+		if v == nil {
+			continue
+		}
+		s, err := attrString(v)
+		if err != nil {
+			return nil, nil, err
+		}
+		if s != "" {
+			h.Set(attr.PrefixedName(), encodeHeader(s))
+		}
+	}
+	for k, v := range e.Extensions() {
+		s, err := attrString(v)
+		if err != nil {
+			return nil, nil, err
+		}
+		h.Set(headerPrefix+k, encodeHeader(s))
+	}
+	if ct := e.DataContentType(); ct != "" {
+		h.Set(headerContentType, ct)
+	}
+	h.Set(nats.MsgIdHdr, MsgID(e.Source(), e.ID()))
+	return h, e.Data(), nil
+}
+
+func attrString(v any) (string, error) {
+	switch t := v.(type) {
+	case string:
+		return t, nil
+	case time.Time:
+		return t.UTC().Format(time.RFC3339Nano), nil
+	case fmt.Stringer:
+		return t.String(), nil
+	}
+	return fmt.Sprint(v), nil
+}
+
+func headerValue(h nats.Header, name string) string {
+	if v := h.Get(name); v != "" {
+		return v
+	}
+	for k, vs := range h {
+		if strings.EqualFold(k, name) && len(vs) > 0 {
+			return vs[0]
+		}
+	}
+	return ""
+}
+
+func headerSize(h nats.Header) int {
+	n := 0
+	for k, vs := range h {
+		for _, v := range vs {
+			n += len(k) + len(v) + 4
+		}
+	}
+	return n
+}

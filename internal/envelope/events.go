@@ -1,0 +1,150 @@
+package envelope
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"strings"
+	"time"
+
+	"github.com/cloudevents/sdk-go/v2/event"
+	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/redact"
+)
+
+// Audit and result CloudEvent types.
+const (
+	TypeInvoked           = "ai.agent.tool.invoked"
+	TypeSucceeded         = "ai.agent.tool.succeeded"
+	TypeFailed            = "ai.agent.tool.failed"
+	TypeTimeout           = "ai.agent.tool.timeout"
+	TypeCancelled         = "ai.agent.tool.cancelled"
+	TypeRejected          = "ai.agent.tool.rejected"
+	TypePermissionDenied  = "ai.agent.tool.permission_denied"
+	TypeRateLimited       = "ai.agent.tool.rate_limited"
+	TypeCheckpointCreated = "ai.agent.tool.checkpoint.created"
+	TypePoison            = "ai.agent.pipeline.poison"
+
+	TypeApprovalRequested = "ai.agent.tool.approval.requested"
+	TypeApprovalGranted   = "ai.agent.tool.approval.granted"
+	TypeApprovalDenied    = "ai.agent.tool.approval.denied"
+	TypeApprovalExpired   = "ai.agent.tool.approval.expired"
+	TypeResult            = "tool.result"
+	// TypeAccepted is the pending answer to an async_mode request.
+	TypeAccepted = "tool.accepted"
+)
+
+// auditTypePrefix is left off audit types in subjects: audit.<tenant>.tool.succeeded.
+const auditTypePrefix = "ai.agent."
+
+// SubjectSuffix is the part of an audit event type used in its subject.
+func SubjectSuffix(typ string) string { return strings.TrimPrefix(typ, auditTypePrefix) }
+
+// TerminalType is the type of the one terminal audit event of inv.
+func TerminalType(inv *Invocation) string {
+	switch inv.Status {
+	case api.StatusSuccess:
+		return TypeSucceeded
+	case api.StatusTimeout:
+		return TypeTimeout
+	case api.StatusCancelled:
+		return TypeCancelled
+	case api.StatusPermissionDenied:
+		return TypePermissionDenied
+	}
+	if inv.EndedBy == "validate" {
+		return TypeRejected
+	}
+	if inv.Error != nil && inv.Error.Code == api.RateLimitExceeded {
+		return TypeRateLimited
+	}
+	return TypeFailed
+}
+
+// AuditRecord is the data of every audit event about an invocation.
+// Parameters are redacted; results are summarised, never copied.
+type AuditRecord struct {
+	InvocationID string                 `json:"invocation_id"`
+	TenantID     string                 `json:"tenant_id"`
+	AgentDID     string                 `json:"agent_did,omitempty"`
+	SessionID    string                 `json:"session_id,omitempty"`
+	ToolID       string                 `json:"tool_id,omitempty"`
+	ToolVersion  string                 `json:"tool_version,omitempty"`
+	Status       api.Status             `json:"status"`
+	Stage        string                 `json:"stage,omitempty"`
+	Error        any                    `json:"error,omitempty"`
+	Parameters   json.RawMessage        `json:"parameters,omitempty"`
+	Result       *ResultSummary         `json:"result,omitempty"`
+	Priority     string                 `json:"priority,omitempty"`
+	AsyncMode    bool                   `json:"async_mode,omitempty"`
+	Metadata     *api.ExecutionMetadata `json:"execution_metadata,omitempty"`
+	Findings     []Finding              `json:"findings,omitempty"`
+	Source       string                 `json:"event_source,omitempty"`
+	Seq          uint64                 `json:"ingest_seq"`
+}
+
+// ResultSummary identifies a result without carrying it.
+type ResultSummary struct {
+	Bytes  int    `json:"bytes"`
+	SHA256 string `json:"sha256"`
+}
+
+// Audit returns the audit record of inv in its current state.
+func (inv *Invocation) Audit() AuditRecord {
+	rec := AuditRecord{
+		InvocationID: inv.ID,
+		TenantID:     inv.Tenant,
+		ToolID:       inv.ToolID(),
+		ToolVersion:  inv.ToolVersion(),
+		Status:       inv.Status,
+		Stage:        inv.EndedBy,
+		Source:       inv.Event.Source,
+		Seq:          inv.Event.Seq,
+		Findings:     inv.Findings,
+	}
+	if inv.Error != nil {
+		rec.Error = inv.Error
+	}
+	if r := inv.Request; r != nil {
+		rec.AgentDID, rec.SessionID = r.AgentContext.AgentDID, r.AgentContext.SessionID
+		rec.Parameters = redact.Redact(r.Parameters)
+		if o := r.ExecutionOptions; o != nil {
+			rec.Priority, rec.AsyncMode = o.Priority, o.AsyncMode
+		}
+	}
+	if len(inv.Result) > 0 {
+		sum := sha256.Sum256(inv.Result)
+		rec.Result = &ResultSummary{Bytes: len(inv.Result), SHA256: hex.EncodeToString(sum[:])}
+	}
+	if inv.Status.Terminal() {
+		md := inv.Metadata
+		rec.Metadata = &md
+	}
+	return rec
+}
+
+// NewEvent builds a CloudEvent about inv, from source, carrying the trace
+// context the invocation started from (distributed-tracing extension). Its id is unique per invocation and type.
+func (inv *Invocation) NewEvent(source, typ string, data any) (*event.Event, error) {
+	e := event.New()
+	e.SetID(inv.ID + ":" + SubjectSuffix(typ))
+	e.SetSource(source)
+	e.SetType(typ)
+	e.SetSubject(inv.ID)
+	e.SetTime(time.Now().UTC())
+	e.SetExtension("tenantid", inv.Tenant)
+	tc := inv.Origin
+	if tc.TraceParent == "" {
+		tc = TraceContext{TraceParent: inv.TraceParent, TraceState: inv.TraceState}
+	}
+	if tc.TraceParent != "" {
+		e.SetExtension("traceparent", tc.TraceParent)
+		if tc.TraceState != "" {
+			e.SetExtension("tracestate", tc.TraceState)
+		}
+	}
+	if err := e.SetData(event.ApplicationJSON, data); err != nil {
+		return nil, err
+	}
+	return &e, nil
+}

@@ -1,0 +1,178 @@
+// Package envelope holds toolgate's data model: the ToolInvokeRequest and
+// ToolInvokeResponse of the public contract, and the Invocation envelope that
+// carries one request, and what each stage learned about it, from stage to
+// stage.
+package envelope
+
+import (
+	"encoding/json"
+	"github.com/toolgate/toolgate/api"
+	"time"
+)
+
+// Event holds the CloudEvent attributes of the tool.invoke event that started
+// an invocation.
+type Event struct {
+	ID          string    `json:"id"`
+	Source      string    `json:"source"`
+	Type        string    `json:"type"`
+	SpecVersion string    `json:"specversion"`
+	Time        time.Time `json:"time,omitzero"`
+	// Mode is "binary" or "structured".
+	Mode string `json:"mode"`
+	// Size is the size of the NATS message (headers and body) in bytes.
+	Size int `json:"size"`
+	// Seq is the ingest stream sequence: unique per accepted publish, so it
+	// keys the message ids of every later hop.
+	Seq uint64 `json:"seq"`
+}
+
+// Invocation is the envelope that moves between stages. Each stage reads it,
+// adds what it decided, and hands it on; audit turns it into the response,
+// the audit events and the terminal status.
+type Invocation struct {
+	// ID is the invocation id: the CloudEvent id, or "seq-N" for a message that
+	// was not a CloudEvent at all.
+	ID string `json:"id"`
+	// Tenant is the tenant token of the subject the event arrived on.
+	Tenant     string    `json:"tenant"`
+	Event      Event     `json:"event"`
+	ReceivedAt time.Time `json:"received_at"`
+	// TraceParent and TraceState carry W3C trace context from hop to hop.
+	TraceParent string `json:"traceparent,omitempty"`
+	TraceState  string `json:"tracestate,omitempty"`
+	// Origin is the context the invocation's trace started from: the
+	// caller's, or the first hop's span when the caller sent none. Every
+	// event about the invocation carries it, so a reader of audit or results
+	// lands in the caller's trace, not on one hop.
+	Origin TraceContext `json:"origin,omitzero"`
+	// Data is the raw event data until validate has checked and decoded it
+	// into Request.
+	Data    json.RawMessage `json:"data,omitempty"`
+	Request *api.Request    `json:"request,omitempty"`
+	// Authz is set by the authorize stage when it admits the invocation.
+	Authz *Authorization `json:"authz,omitempty"`
+	// Route is set by the route stage.
+	Route *Route `json:"route,omitempty"`
+
+	Status   api.Status            `json:"status"`
+	Result   json.RawMessage       `json:"result,omitempty"`
+	Error    *api.Error            `json:"error,omitempty"`
+	Metadata api.ExecutionMetadata `json:"metadata"`
+	// EndedBy names the stage that set the terminal status.
+	EndedBy string `json:"ended_by,omitempty"`
+	// Findings are what the safety detectors found, and did about it.
+	Findings []Finding `json:"findings,omitempty"`
+}
+
+// TraceContext is a W3C trace context.
+type TraceContext struct {
+	TraceParent string `json:"traceparent,omitempty"`
+	TraceState  string `json:"tracestate,omitempty"`
+}
+
+// Finding is one detector match and the action taken on it.
+type Finding struct {
+	Rule         string `json:"rule"`
+	Detector     string `json:"detector"`
+	Path         string `json:"path,omitempty"`
+	Action       string `json:"action"`
+	RulesVersion string `json:"rules_version"`
+	// Count, on a summary entry past the bound of findings per invocation,
+	// is how many findings of this rule and action were left out.
+	Count int `json:"count,omitempty"`
+}
+
+// Authorization is what the authorize stage established: whose token, which
+// session budget was charged, who approved, and the resources the token
+// grants, for the executors to enforce.
+type Authorization struct {
+	TokenID     string  `json:"token_id"`
+	AgentDID    string  `json:"agent_did"`
+	Session     string  `json:"session"`
+	Reserved    bool    `json:"budget_reserved,omitempty"`
+	CostPerCall float64 `json:"cost_per_call,omitempty"`
+	ApprovedBy  string  `json:"approved_by,omitempty"`
+	Grants      Grants  `json:"grants,omitzero"`
+}
+
+// Grants are the resources a capability token allows.
+type Grants struct {
+	Paths    []string `json:"paths,omitempty"`
+	PathMode string   `json:"path_mode,omitempty"`
+	Hosts    []string `json:"hosts,omitempty"`
+	Ports    []int    `json:"ports,omitempty"`
+	Secrets  []string `json:"secrets,omitempty"`
+}
+
+// Priority is the invocation's scheduling priority (high, normal or low).
+func (inv *Invocation) Priority() string {
+	if inv.Request != nil && inv.Request.ExecutionOptions != nil && inv.Request.ExecutionOptions.Priority != "" {
+		return inv.Request.ExecutionOptions.Priority
+	}
+	return "normal"
+}
+
+// Parked reports whether the invocation waits outside the pipeline (for a
+// human's approval): neither handed on nor ended.
+func (inv *Invocation) Parked() bool { return inv.Status == api.StatusPendingApproval }
+
+// Route is the route stage's decision.
+type Route struct {
+	ToolID      string `json:"tool_id"`
+	ToolVersion string `json:"tool_version"`
+	Executor    string `json:"executor"`
+}
+
+// Fail ends the invocation with err, mapping the error's code to a status.
+func (inv *Invocation) Fail(stage string, err error) {
+	te := api.AsError(err)
+	inv.Error = te
+	inv.Status = api.StatusFor(te)
+	inv.EndedBy = stage
+}
+
+// Succeed ends the invocation with result.
+func (inv *Invocation) Succeed(stage string, result json.RawMessage) {
+	inv.Result = result
+	inv.Status = api.StatusSuccess
+	inv.EndedBy = stage
+}
+
+// Terminal reports whether the invocation has ended.
+func (inv *Invocation) Terminal() bool { return inv.Status.Terminal() }
+
+// ToolID returns the tool the invocation asked for, if known.
+func (inv *Invocation) ToolID() string {
+	if inv.Route != nil {
+		return inv.Route.ToolID
+	}
+	if inv.Request != nil {
+		return inv.Request.ToolID
+	}
+	return ""
+}
+
+// ToolVersion returns the resolved version, or the requested one.
+func (inv *Invocation) ToolVersion() string {
+	if inv.Route != nil {
+		return inv.Route.ToolVersion
+	}
+	if inv.Request != nil {
+		return inv.Request.ToolVersion
+	}
+	return ""
+}
+
+// Response builds the ToolInvokeResponse of a terminal invocation.
+func (inv *Invocation) Response() api.Response {
+	md := inv.Metadata
+	md.ToolID, md.ToolVersion = inv.ToolID(), inv.ToolVersion()
+	return api.Response{
+		InvocationID:      inv.ID,
+		Status:            inv.Status,
+		Result:            inv.Result,
+		Error:             inv.Error,
+		ExecutionMetadata: &md,
+	}
+}

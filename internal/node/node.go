@@ -1,0 +1,362 @@
+package node
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/toolgate/toolgate/internal/breaker"
+	"github.com/toolgate/toolgate/internal/detect"
+	"github.com/toolgate/toolgate/internal/policy"
+	"github.com/toolgate/toolgate/internal/ratelimit"
+	"github.com/toolgate/toolgate/internal/runner"
+	"github.com/toolgate/toolgate/internal/sandbox"
+	"github.com/toolgate/toolgate/internal/secrets"
+	"github.com/toolgate/toolgate/internal/token"
+	"github.com/toolgate/toolgate/internal/tools"
+	"github.com/toolgate/toolgate/internal/topology"
+	"github.com/toolgate/toolgate/kvstore"
+	"github.com/toolgate/toolgate/stages"
+	"github.com/toolgate/toolgate/stages/audit"
+	"github.com/toolgate/toolgate/stages/authorize"
+	"github.com/toolgate/toolgate/stages/execute"
+	"github.com/toolgate/toolgate/stages/execute/builtin"
+	"github.com/toolgate/toolgate/stages/execute/httptool"
+	"github.com/toolgate/toolgate/stages/execute/mcptool"
+	"github.com/toolgate/toolgate/stages/route"
+	"github.com/toolgate/toolgate/stages/validate"
+	"github.com/toolgate/toolgate/stages/verify"
+	"github.com/toolgate/toolgate/subjects"
+)
+
+// Node is one process's connection to toolgate's NATS topology: streams,
+// consumers and buckets ensured, and the tool registry loaded and watched.
+type Node struct {
+	NC       *nats.Conn
+	JS       jetstream.JetStream
+	Store    *kvstore.Store
+	Registry *tools.Registry
+	// Revoked mirrors the revocation bucket.
+	Revoked  *token.Revocations
+	Topology topology.TopologyOptions
+	Log      *slog.Logger
+	// DevToken is the development token minted by Run with Examples.
+	DevToken string
+
+	lost    chan struct{} // closed when the connection closes for good, unless by Close
+	closing atomic.Bool
+
+	stopMu sync.Mutex
+	stops  []func() // closers of what NewStage opened
+}
+
+// ErrConnectionClosed reports that the NATS connection closed for good (the
+// server ended it, say for a protocol error, or reconnecting gave up). The
+// process cannot recover without a new connection, so Run returns it and a
+// supervisor restarts the process.
+var ErrConnectionClosed = errors.New("NATS connection closed")
+
+// Lost is closed when the connection Open made closes for good other than by
+// Close; it is nil for a Node opened with OpenConn.
+func (n *Node) Lost() <-chan struct{} { return n.lost }
+
+// Open connects to url and makes the topology ready, waiting with backoff
+// until ctx is done for a server or topology that is not there yet. The
+// registry stays in step with the tools bucket until ctx is done.
+func Open(ctx context.Context, url, name string, topo topology.TopologyOptions, log *slog.Logger) (*Node, error) {
+	if log == nil {
+		log = slog.Default()
+	}
+	lost := make(chan struct{})
+	var n *Node
+	var ready sync.WaitGroup
+	ready.Add(1)
+	// A server that is not up yet is waited for, like a missing topology.
+	nc, err := nats.Connect(url, nats.Name(name), nats.MaxReconnects(-1), nats.RetryOnFailedConnect(true),
+		nats.ClosedHandler(func(*nats.Conn) {
+			ready.Wait()
+			if n == nil || !n.closing.Load() {
+				close(lost)
+			}
+		}))
+	if err != nil {
+		ready.Done()
+		return nil, fmt.Errorf("connecting to %s: %w", url, err)
+	}
+	n, err = OpenConn(ctx, nc, topo, log)
+	if err != nil {
+		ready.Done()
+		nc.Close()
+		return nil, err
+	}
+	n.lost = lost
+	ready.Done()
+	return n, nil
+}
+
+// OpenConn is Open over an existing connection.
+func OpenConn(ctx context.Context, nc *nats.Conn, topo topology.TopologyOptions, log *slog.Logger) (*Node, error) {
+	if log == nil {
+		log = slog.Default()
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	var store *kvstore.Store
+	err = topology.Retry(ctx, log, "waiting for the NATS topology", func(ctx context.Context) error {
+		setup, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		if err := topology.EnsureTopology(setup, js, topo); err != nil {
+			return err
+		}
+		var err error
+		store, err = kvstore.Open(setup, js, kvstore.Options{Replicas: topo.Replicas, Storage: topo.Storage})
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	reg := tools.NewRegistry()
+	if err := store.WatchTools(ctx, reg, log); err != nil {
+		return nil, err
+	}
+	revoked := new(token.Revocations)
+	if err := store.WatchRevocations(ctx, revoked.Set); err != nil {
+		return nil, err
+	}
+	return &Node{NC: nc, JS: js, Store: store, Registry: reg, Revoked: revoked, Topology: topo, Log: log}, nil
+}
+
+// Close closes the connection.
+func (n *Node) Close() {
+	n.closing.Store(true)
+	n.NC.Close()
+}
+
+// onStop registers a closer for StopStages.
+func (n *Node) onStop(f func()) {
+	n.stopMu.Lock()
+	defer n.stopMu.Unlock()
+	n.stops = append(n.stops, f)
+}
+
+// StopStages closes what NewStage opened for the stages (MCP server
+// processes, HTTP connections, the cancel subscription), last opened first,
+// and returns when they are closed. Call it after the stages' runners have
+// drained: in-flight calls still use these resources.
+func (n *Node) StopStages() {
+	n.stopMu.Lock()
+	stops := n.stops
+	n.stops = nil
+	n.stopMu.Unlock()
+	for _, f := range slices.Backward(stops) {
+		f()
+	}
+}
+
+// RegisterExamples stores the example tools shipped in the binary, replacing
+// earlier copies, and waits until this node's registry holds them.
+func (n *Node) RegisterExamples(ctx context.Context) error {
+	ms, err := tools.Examples()
+	if err != nil {
+		return err
+	}
+	for _, m := range ms {
+		doc, err := json.Marshal(m)
+		if err != nil {
+			return err
+		}
+		if _, err := n.Store.RegisterTool(ctx, doc, true); err != nil {
+			return fmt.Errorf("registering example %s: %w", m.Key(), err)
+		}
+	}
+	for _, m := range ms {
+		if err := n.WaitForTool(ctx, m.ID, m.Version); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// WaitForTool waits until the registry of this node has id at version.
+func (n *Node) WaitForTool(ctx context.Context, id, version string) error {
+	t := time.NewTicker(5 * time.Millisecond)
+	defer t.Stop()
+	for {
+		if _, err := n.Registry.Resolve(id, version); err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for tool %s@%s: %w", id, version, ctx.Err())
+		case <-t.C:
+		}
+	}
+}
+
+// StageConfig holds what the stages need beyond the node.
+type StageConfig struct {
+	MaxEventBytes int
+	// Policy is used while the policy bucket holds no pushed bundle; nil
+	// is the shipped default policy.
+	Policy *policy.Engine
+	// Tokens verifies capability tokens; authorize refuses every call
+	// without it.
+	Tokens *token.Verifier
+	// ApprovalTimeout is how long a call waits for a human.
+	ApprovalTimeout time.Duration
+	// Sandbox runs cli tools; FileRoot defaults to BuiltinEnv.FileRoot.
+	Sandbox sandbox.Config
+	// RateLimits override tools' rate limits per tenant: tenant → tool id.
+	RateLimits map[string]map[string]tools.RateLimit
+	// RateLimitLease caps the tokens a route worker leases at once;
+	// default 8.
+	RateLimitLease int
+	Builtins       builtin.Set // nil: builtin.New(BuiltinEnv)
+	BuiltinEnv     builtin.Env
+	// TenantActions tighten the output policy per tenant (verify.Config.Tenants).
+	TenantActions map[string]map[string]string
+	// Detectors replaces the shipped detector rules when set.
+	Detectors *detect.Engine
+	// Secrets supplies the credentials http tools inject; nil reads
+	// SecretsDir, then TOOLGATE_SECRET_<NAME> environment variables.
+	Secrets httptool.Secrets
+	// SecretsDir holds one file per secret (--secrets-dir).
+	SecretsDir string
+	// HTTPAllowPrivateNetworks lets http tools reach loopback and private
+	// addresses through granted host names (httptool.Config).
+	HTTPAllowPrivateNetworks bool
+	// MCP tunes the supervision of MCP servers; their sandbox is the one
+	// cli tools get.
+	MCP mcptool.Config
+}
+
+// NewStage builds the logic of the named stage. ctx bounds its watches;
+// the resources it opens live until StopStages.
+func (n *Node) NewStage(ctx context.Context, name string, c StageConfig) (stages.Stage, error) {
+	switch name {
+	case subjects.Validate:
+		return validate.New(n.Registry, validate.Config{MaxEventBytes: c.MaxEventBytes, Detectors: c.Detectors,
+			Claims: n.Store}), nil
+	case subjects.Authorize:
+		return n.newAuthorizer(ctx, c)
+	case subjects.Route:
+		r := route.New(n.Registry, execute.Kinds...)
+		r.Limits = ratelimit.New(n.Store, cmp.Or(c.RateLimitLease, 8))
+		r.Limits.Overrides = c.RateLimits
+		return r, nil
+	case subjects.Execute:
+		set := c.Builtins
+		if set == nil {
+			set = builtin.New(c.BuiltinEnv)
+		}
+		running := execute.NewRunning()
+		sub, err := n.NC.Subscribe(subjects.CancelAll, func(m *nats.Msg) {
+			if tenant, id, ok := subjects.ParseCancel(m.Subject); ok {
+				running.Cancel(tenant, id)
+			}
+		})
+		if err != nil {
+			return nil, fmt.Errorf("subscribing to cancels: %w", err)
+		}
+		n.onStop(func() { _ = sub.Unsubscribe() })
+		x := execute.New(n.Registry, set, n.Store, running)
+		x.Publish = func(ctx context.Context, o stages.Output) error { return runner.Publish(ctx, n.JS, o) }
+		x.Verifier = verify.New(n.Registry, verify.Config{Tenants: c.TenantActions, Detectors: c.Detectors})
+		x.Sandbox = c.Sandbox
+		x.Sandbox.FileRoot = cmp.Or(x.Sandbox.FileRoot, c.BuiltinEnv.FileRoot)
+		if x.Sandbox.Mode != sandbox.ModeNone {
+			if x.SandboxErr = sandbox.Available(); x.SandboxErr != nil {
+				n.Log.Warn("cli tools will be refused", "err", x.SandboxErr)
+			}
+		} else {
+			n.Log.Warn("cli tools run without a sandbox (--sandbox none): limits apply, isolation does not")
+		}
+		secretSource := c.Secrets
+		if secretSource == nil {
+			secretSource = &secrets.Source{Dir: c.SecretsDir}
+		}
+		httpKind := httptool.New(httptool.Config{Secrets: secretSource, AllowPrivateNetworks: c.HTTPAllowPrivateNetworks})
+		n.onStop(httpKind.Close)
+		x.Handle("http", httpKind)
+		mc := c.MCP
+		mc.Sandbox, mc.SandboxErr, mc.Log = x.Sandbox, x.SandboxErr, cmp.Or(mc.Log, n.Log)
+		mcpKind := mcptool.New(mc)
+		n.onStop(func() { _ = mcpKind.Close() })
+		x.Handle("mcp", mcpKind)
+		x.Breakers = breaker.New(n.Store, x.Publish, n.Log)
+		if err := n.Store.WatchBreakers(ctx, x.Breakers.Apply); err != nil {
+			return nil, err
+		}
+		return x, nil
+	case subjects.Verify:
+		return verify.New(n.Registry, verify.Config{Tenants: c.TenantActions, Detectors: c.Detectors}), nil
+	case subjects.Audit:
+		return audit.New(n.Store), nil
+	}
+	return nil, fmt.Errorf("unknown stage %q (stages: %v)", name, subjects.Stages)
+}
+
+// newAuthorizer builds the authorize stage and keeps its policy in step with
+// the policy bucket: a pushed bundle replaces the configured policy, a
+// deleted one restores it, and one that does not compile is logged and
+// ignored (push compiles first, so that needs a hand-edited bucket).
+func (n *Node) newAuthorizer(ctx context.Context, c StageConfig) (*authorize.Authorizer, error) {
+	fallback := c.Policy
+	if fallback == nil {
+		var err error
+		if fallback, err = policy.Default(ctx); err != nil {
+			return nil, err
+		}
+	}
+	verifier := c.Tokens
+	if verifier == nil {
+		verifier = &token.Verifier{Keys: token.StaticKeys{}} // refuses every token
+		n.Log.Warn("no capability token key set configured: every invocation will be refused")
+	}
+	a := authorize.New(authorize.Config{
+		Registry: n.Registry, Policy: fallback, Verifier: verifier, Revoked: n.Revoked,
+		Store: n.Store, ApprovalTimeout: c.ApprovalTimeout,
+	})
+	err := n.Store.WatchPolicy(ctx, func(b kvstore.PolicyBundle, ok bool, err error) {
+		if !ok {
+			a.SetPolicy(fallback)
+			n.Log.Info("policy bundle removed; using the configured policy")
+			return
+		}
+		var e *policy.Engine
+		if err == nil {
+			e, err = policy.New(ctx, b.Modules, b.Data)
+		}
+		if err != nil {
+			n.Log.Error("pushed policy does not load; keeping the current one", "revision", b.Revision, "err", err)
+			return
+		}
+		a.SetPolicy(e)
+		n.Log.Info("policy loaded", "revision", b.Revision, "modules", len(b.Modules))
+	})
+	if err != nil {
+		return nil, err
+	}
+	return a, nil
+}
+
+// Runner returns a Runner of stage st on this node.
+func (n *Node) Runner(name string, st stages.Stage, workers int, m *runner.Metrics) *runner.Runner {
+	r := &runner.Runner{Name: name, Stage: st, JS: n.JS, Workers: workers, Log: n.Log, Metrics: m}
+	if name == subjects.Execute {
+		// Tools bound themselves (limits.timeout_ms is at most an hour).
+		r.Timeout = time.Hour + time.Minute
+	}
+	return r
+}

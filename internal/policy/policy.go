@@ -1,0 +1,211 @@
+// Package policy evaluates toolgate's authorization policy, written in Rego,
+// in-process with OPA. The query is prepared once; evaluation is safe for
+// concurrent use. Whatever is not an explicit allow is a denial.
+package policy
+
+import (
+	"context"
+	_ "embed"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"github.com/open-policy-agent/opa/v1/ast"
+	"github.com/open-policy-agent/opa/v1/rego"
+	"github.com/open-policy-agent/opa/v1/storage/inmem"
+	"github.com/toolgate/toolgate/api"
+)
+
+// Query is the rule every policy must define.
+const Query = "data.toolgate.authz.decision"
+
+//go:embed default.rego
+var defaultModule string
+
+// DefaultModule returns the policy shipped in the binary.
+func DefaultModule() string { return defaultModule }
+
+// Decision is the policy's verdict on one invocation.
+type Decision struct {
+	Allow            bool     `json:"allow"`
+	Reasons          []string `json:"reasons,omitempty"`
+	RequiresApproval bool     `json:"requires_approval,omitempty"`
+	// Code is the E-code of a denial, when the policy names one.
+	Code string `json:"code,omitempty"`
+}
+
+// Engine holds one prepared query.
+type Engine struct {
+	query rego.PreparedEvalQuery
+}
+
+// forbidden are builtins a policy must never call: they reach the network or
+// the host, and a policy is code an operator, not an agent, should control.
+var forbidden = map[string]bool{
+	"http.send": true, "net.lookup_ip_addr": true, "opa.runtime": true,
+}
+
+func capabilities() *ast.Capabilities {
+	caps := ast.CapabilitiesForThisVersion()
+	kept := caps.Builtins[:0]
+	for _, b := range caps.Builtins {
+		if !forbidden[b.Name] {
+			kept = append(kept, b)
+		}
+	}
+	caps.Builtins = kept
+	return caps
+}
+
+// New compiles modules (file name → source) with optional data and prepares
+// the decision query. Modules that do not compile, or that define no
+// toolgate.authz.decision rule, are refused whole (E3206).
+func New(ctx context.Context, modules map[string]string, data map[string]any) (*Engine, error) {
+	if data == nil {
+		data = map[string]any{}
+	}
+	opts := []func(*rego.Rego){
+		rego.Query(Query),
+		rego.Capabilities(capabilities()),
+		rego.Store(inmem.NewFromObject(data)),
+	}
+	names := make([]string, 0, len(modules))
+	for name := range modules {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		opts = append(opts, rego.Module(name, modules[name]))
+	}
+	q, err := rego.New(opts...).PrepareForEval(ctx)
+	if err != nil {
+		return nil, api.WrapError(err, api.InvalidParameters, api.EPolicyFailed, "policy does not compile: %v", err)
+	}
+	if err := definesDecision(modules); err != nil {
+		return nil, err
+	}
+	return &Engine{query: q}, nil
+}
+
+// definesDecision refuses modules without a rule for Query: such a policy
+// compiles, but its decision is always undefined, so it would deny every
+// call. The modules compiled above, so errors here are not expected.
+func definesDecision(modules map[string]string) error {
+	parsed := make(map[string]*ast.Module, len(modules))
+	for name, src := range modules {
+		m, err := ast.ParseModuleWithOpts(name, src, ast.ParserOptions{RegoVersion: ast.RegoV1})
+		if err != nil {
+			return api.WrapError(err, api.InvalidParameters, api.EPolicyFailed, "policy does not compile: %v", err)
+		}
+		parsed[name] = m
+	}
+	c := ast.NewCompiler().WithCapabilities(capabilities())
+	if c.Compile(parsed); c.Failed() {
+		return api.WrapError(c.Errors, api.InvalidParameters, api.EPolicyFailed, "policy does not compile: %v", c.Errors)
+	}
+	if len(c.GetRules(ast.MustParseRef(Query))) == 0 {
+		return api.NewError(api.InvalidParameters, api.EPolicyFailed,
+			"policy defines no %s rule: every call would be denied (declare package toolgate.authz and a decision rule)", strings.TrimPrefix(Query, "data."))
+	}
+	return nil
+}
+
+// Default returns an Engine for the shipped policy.
+func Default(ctx context.Context) (*Engine, error) {
+	return New(ctx, map[string]string{"default.rego": defaultModule}, nil)
+}
+
+// LoadFile builds an Engine from one .rego file.
+func LoadFile(ctx context.Context, path string) (*Engine, error) {
+	src, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("policy: %w", err)
+	}
+	return New(ctx, map[string]string{filepath.Base(path): string(src)}, nil)
+}
+
+// LoadDir builds an Engine from every *.rego file in dir and, if present,
+// the document in dir/data.json.
+func LoadDir(ctx context.Context, dir string) (*Engine, error) {
+	modules, data, err := ReadDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	return New(ctx, modules, data)
+}
+
+// ReadDir reads the policy in dir: every *.rego file by name except
+// *_test.rego, and the data document in data.json if there is one.
+func ReadDir(dir string) (map[string]string, map[string]any, error) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, nil, fmt.Errorf("policy: %w", err)
+	}
+	modules := map[string]string{}
+	for _, e := range entries {
+		// Rego unit tests (OPA's *_test.rego convention) are not policy.
+		if e.IsDir() || !strings.HasSuffix(e.Name(), ".rego") || strings.HasSuffix(e.Name(), "_test.rego") {
+			continue
+		}
+		src, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		if err != nil {
+			return nil, nil, fmt.Errorf("policy: %w", err)
+		}
+		modules[e.Name()] = string(src)
+	}
+	if len(modules) == 0 {
+		return nil, nil, fmt.Errorf("policy: no .rego files in %s", dir)
+	}
+	var data map[string]any
+	if b, err := os.ReadFile(filepath.Join(dir, "data.json")); err == nil {
+		if err := json.Unmarshal(b, &data); err != nil {
+			return nil, nil, fmt.Errorf("policy data %s: %w", filepath.Join(dir, "data.json"), err)
+		}
+	} else if !os.IsNotExist(err) {
+		return nil, nil, fmt.Errorf("policy: %w", err)
+	}
+	return modules, data, nil
+}
+
+// Eval evaluates the decision for input. A denial is a Decision with Allow
+// false; an error means the policy could not be evaluated, and the caller
+// must deny too (it is a *api.Error with E3206).
+func (e *Engine) Eval(ctx context.Context, input any) (Decision, error) {
+	rs, err := e.query.Eval(ctx, rego.EvalInput(input))
+	if err != nil {
+		return Decision{Reasons: []string{"policy evaluation failed"}},
+			api.WrapError(err, api.PermissionDenied, api.EPolicyFailed, "evaluating policy: %v", err)
+	}
+	if len(rs) == 0 || len(rs[0].Expressions) == 0 {
+		return Decision{Reasons: []string{"the policy defines no decision for this call"}}, nil
+	}
+	obj, ok := rs[0].Expressions[0].Value.(map[string]any)
+	if !ok {
+		return Decision{Reasons: []string{"the policy's decision is not an object"}}, nil
+	}
+	allow, ok := obj["allow"].(bool)
+	if !ok {
+		return Decision{Reasons: []string{"the policy's decision has no boolean allow"}}, nil
+	}
+	d := Decision{Allow: allow}
+	if ra, ok := obj["requires_approval"].(bool); ok {
+		d.RequiresApproval = ra
+	}
+	if c, ok := obj["code"].(string); ok {
+		d.Code = c
+	}
+	if rs, ok := obj["reasons"].([]any); ok {
+		for _, r := range rs {
+			if s, ok := r.(string); ok {
+				d.Reasons = append(d.Reasons, s)
+			}
+		}
+	}
+	if !d.Allow && len(d.Reasons) == 0 {
+		d.Reasons = []string{"denied by policy"}
+	}
+	return d, nil
+}

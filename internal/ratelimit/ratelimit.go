@@ -1,0 +1,102 @@
+// Package ratelimit enforces token-bucket limits per tenant and tool across
+// every worker: the bucket lives in KV and is updated with compare-and-swap.
+//
+// A KV round trip per call would dominate the cost of a check, so each
+// worker leases a few tokens at a time and spends them locally. Leased tokens
+// are taken from the shared bucket when leased, so the workers together never
+// admit more than the bucket holds plus what it refills; a lease unused
+// within its lifetime is dropped (capacity lost, never invented). Holding a
+// token for up to a lease lifetime before spending it lets a burst exceed
+// the bucket by at most rate × lease lifetime. Both bounds are tested.
+package ratelimit
+
+import (
+	"context"
+	"github.com/toolgate/toolgate/internal/tools"
+	"math"
+	"sync"
+	"time"
+)
+
+// Store is the shared bucket state.
+type Store interface {
+	TakeTokens(ctx context.Context, tenant, tool string, rate, burst float64, want int, now time.Time) (int, time.Duration, error)
+}
+
+// Limiter checks calls against their tool's limit.
+type Limiter struct {
+	store Store
+	// MaxLease caps the tokens a worker leases at once.
+	MaxLease int
+	// LeaseTTL is how long leased tokens may be spent.
+	LeaseTTL time.Duration
+	// Overrides replace a tool's limit for a tenant: tenant → tool id → limit.
+	Overrides map[string]map[string]tools.RateLimit
+	Now       func() time.Time
+
+	mu     sync.Mutex
+	leases map[string]*lease
+}
+
+type lease struct {
+	mu      sync.Mutex
+	tokens  int
+	expires time.Time
+}
+
+// New returns a Limiter over store with leases of at most maxLease tokens.
+func New(store Store, maxLease int) *Limiter {
+	return &Limiter{store: store, MaxLease: max(1, maxLease), LeaseTTL: 100 * time.Millisecond,
+		Now: time.Now, leases: map[string]*lease{}}
+}
+
+// Limit returns the limit that applies to tenant's calls of m, if any.
+func (l *Limiter) Limit(tenant string, m *tools.Manifest) (tools.RateLimit, bool) {
+	if o, ok := l.Overrides[tenant][m.ID]; ok {
+		return o, true
+	}
+	if m.RateLimit == nil {
+		return tools.RateLimit{}, false
+	}
+	return *m.RateLimit, true
+}
+
+// Allow spends one token of tenant's bucket for m. When none is left it
+// returns false and how long until one is expected.
+func (l *Limiter) Allow(ctx context.Context, tenant string, m *tools.Manifest) (bool, time.Duration, error) {
+	lim, ok := l.Limit(tenant, m)
+	if !ok {
+		return true, 0, nil
+	}
+	rate := float64(lim.Requests) / float64(max(1, lim.PerSeconds))
+	burst := float64(max(lim.Burst, lim.Requests))
+	key := tenant + "\x00" + m.ID
+	l.mu.Lock()
+	ls := l.leases[key]
+	if ls == nil {
+		ls = &lease{}
+		l.leases[key] = ls
+	}
+	l.mu.Unlock()
+
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	now := l.Now()
+	if ls.tokens > 0 && now.Before(ls.expires) {
+		ls.tokens--
+		return true, 0, nil
+	}
+	// Lease about a tenth of the burst, or what a lease lifetime refills,
+	// so that a worker does not sit on a large share of a small bucket.
+	want := int(math.Max(1, math.Min(float64(l.MaxLease), math.Max(burst/10, rate*l.LeaseTTL.Seconds()))))
+	got, wait, err := l.store.TakeTokens(ctx, tenant, m.ID, rate, burst, want, now)
+	if err != nil {
+		return false, 0, err
+	}
+	if got == 0 {
+		ls.tokens = 0
+		return false, wait, nil
+	}
+	ls.tokens, ls.expires = got-1, now.Add(l.LeaseTTL)
+	return true, 0, nil
+}

@@ -1,0 +1,122 @@
+package ratelimit_test
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/toolgate/toolgate/internal/node"
+	"github.com/toolgate/toolgate/internal/ratelimit"
+	"github.com/toolgate/toolgate/internal/tools"
+	"github.com/toolgate/toolgate/kvstore"
+)
+
+func openStore(t *testing.T) *kvstore.Store {
+	t.Helper()
+	ns, err := node.StartEmbedded(node.EmbeddedOptions{Listen: "127.0.0.1:-1", DataDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(ns.Shutdown)
+	nc, err := nats.Connect(ns.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := kvstore.Open(context.Background(), js, kvstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// TestLeasedLimitHoldsAcrossWorkers: three limiters (three workers) hammer
+// one bucket of 100 tokens refilling at 100/s for a second. Together they
+// admit at most burst + rate × (elapsed + lease lifetime), and waste at most
+// one lease each per lease lifetime.
+func TestLeasedLimitHoldsAcrossWorkers(t *testing.T) {
+	store := openStore(t)
+	m := &tools.Manifest{ID: "t", RateLimit: &tools.RateLimit{Requests: 100, PerSeconds: 1}}
+	const workers = 3
+	var admitted, refused atomic.Int64
+	var wg sync.WaitGroup
+	start := time.Now()
+	deadline := start.Add(time.Second)
+	limiters := make([]*ratelimit.Limiter, workers)
+	for i := range limiters {
+		limiters[i] = ratelimit.New(store, 8)
+	}
+	for _, l := range limiters {
+		for range 4 { // goroutines per worker
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for time.Now().Before(deadline) {
+					ok, wait, err := l.Allow(context.Background(), "acme", m)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					if ok {
+						admitted.Add(1)
+					} else {
+						if wait <= 0 {
+							t.Error("refused without a retry-after")
+						}
+						refused.Add(1)
+					}
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	elapsed := time.Since(start).Seconds()
+	ttl := limiters[0].LeaseTTL.Seconds()
+	upper := 100 + 100*(elapsed+ttl)
+	lower := 100 + 100*elapsed - float64(workers*8)*(elapsed/ttl+1)
+	got := float64(admitted.Load())
+	t.Logf("admitted %v, refused %d in %.2fs (bounds %.0f..%.0f)", got, refused.Load(), elapsed, lower, upper)
+	if got > upper {
+		t.Fatalf("admitted %v, more than the bucket allows (%.0f)", got, upper)
+	}
+	if got < 100 || got < lower {
+		t.Fatalf("admitted %v, fewer than the bucket held", got)
+	}
+	if refused.Load() == 0 {
+		t.Fatal("nothing was refused: the limit did not bite")
+	}
+}
+
+// TestOverridesAndUnlimited: a tenant override replaces the manifest's
+// limit; a tool without a limit is never refused.
+func TestOverridesAndUnlimited(t *testing.T) {
+	store := openStore(t)
+	l := ratelimit.New(store, 8)
+	m := &tools.Manifest{ID: "t", RateLimit: &tools.RateLimit{Requests: 1000, PerSeconds: 1}}
+	l.Overrides = map[string]map[string]tools.RateLimit{"small": {"t": {Requests: 2, PerSeconds: 3600}}}
+	n := 0
+	for range 10 {
+		if ok, _, err := l.Allow(context.Background(), "small", m); err != nil {
+			t.Fatal(err)
+		} else if ok {
+			n++
+		}
+	}
+	if n != 2 {
+		t.Fatalf("override admitted %d, want 2", n)
+	}
+	free := &tools.Manifest{ID: "free"}
+	for range 50 {
+		if ok, _, _ := l.Allow(context.Background(), "small", free); !ok {
+			t.Fatal("a tool without a limit was refused")
+		}
+	}
+}

@@ -1,0 +1,147 @@
+package runner
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/cloudevents/sdk-go/v2/event"
+	"github.com/nats-io/nats.go"
+	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/envelope"
+	"github.com/toolgate/toolgate/stages"
+	"github.com/toolgate/toolgate/subjects"
+)
+
+// maxDeliveriesAdvisory is the part of JetStream's advisory we read.
+type maxDeliveriesAdvisory struct {
+	Stream     string `json:"stream"`
+	Consumer   string `json:"consumer"`
+	StreamSeq  uint64 `json:"stream_seq"`
+	Deliveries uint64 `json:"deliveries"`
+}
+
+// watchExhausted ends invocations whose message reached the consumer's
+// delivery limit without being settled (a worker crashed or hung on every
+// delivery): JetStream then leaves the message in the stream and publishes an
+// advisory. One worker of the stage (a queue group) reads the message,
+// hands it to audit as internal_error E3901 and deletes it.
+func (r *Runner) watchExhausted(ctx context.Context) ([]*nats.Subscription, error) {
+	nc := r.JS.Conn()
+	var subs []*nats.Subscription
+	for _, in := range subjects.Inputs(r.Name) {
+		sub, err := nc.QueueSubscribe(subjects.MaxDeliveriesAdvisory(in), "toolgate-"+r.Name, func(m *nats.Msg) {
+			var adv maxDeliveriesAdvisory
+			if err := json.Unmarshal(m.Data, &adv); err != nil {
+				r.Log.Warn("unreadable advisory", "err", err)
+				return
+			}
+			if err := r.endExhausted(ctx, adv); err != nil {
+				r.Log.Error("ending exhausted message", "seq", adv.StreamSeq, "err", err)
+			}
+		})
+		if err != nil {
+			unsubscribe(subs)
+			return nil, fmt.Errorf("watching delivery advisories: %w", err)
+		}
+		subs = append(subs, sub)
+	}
+	return subs, nil
+}
+
+func unsubscribe(subs []*nats.Subscription) {
+	for _, s := range subs {
+		_ = s.Unsubscribe()
+	}
+}
+
+func (r *Runner) endExhausted(ctx context.Context, adv maxDeliveriesAdvisory) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	stream, err := r.JS.Stream(ctx, adv.Stream)
+	if err != nil {
+		return err
+	}
+	raw, err := stream.GetMsg(ctx, adv.StreamSeq)
+	if err != nil {
+		return fmt.Errorf("reading message %d: %w", adv.StreamSeq, err)
+	}
+	inv, _ := r.decode(raw.Subject, raw.Header, raw.Data, raw.Sequence)
+	if inv == nil || r.Name == subjects.Audit {
+		// Audit itself could not finish it: record it as poison, the
+		// last-resort audit trail.
+		o, err := poisonEvent(r.Name, raw.Subject, adv.Stream, raw.Sequence,
+			fmt.Errorf("not settled after %d deliveries", adv.Deliveries))
+		if err != nil {
+			return err
+		}
+		if err := r.publish(ctx, o); err != nil {
+			return err
+		}
+	} else {
+		if !inv.Terminal() {
+			inv.Fail(r.Name, api.NewError(api.InternalError, api.EDeliveryExhausted,
+				"%s did not settle the invocation after %d deliveries", r.Name, adv.Deliveries))
+		}
+		o, err := Handoff(inv, subjects.Audit)
+		if err != nil {
+			return err
+		}
+		if err := r.publish(ctx, o); err != nil {
+			return err
+		}
+	}
+	if err := stream.DeleteMsg(ctx, adv.StreamSeq); err != nil {
+		r.Log.Warn("deleting exhausted message", "seq", adv.StreamSeq, "err", err)
+	}
+	return nil
+}
+
+// poisonEvent is the audit record of a message that could not be read.
+func poisonEvent(stage, subject, stream string, seq uint64, cause error) (stages.Output, error) {
+	tenant := subject[strings.LastIndexByte(subject, '.')+1:]
+	if subjects.CheckTenant(tenant) != nil {
+		tenant = subjects.SystemTenant // no subject can be built from it
+	}
+	e := event.New()
+	e.SetID(fmt.Sprintf("%s-%d", stream, seq))
+	e.SetSource("urn:toolgate:" + stage)
+	e.SetType(envelope.TypePoison)
+	e.SetTime(time.Now().UTC())
+	e.SetExtension("tenantid", tenant)
+	err := e.SetData(event.ApplicationJSON, map[string]any{
+		"stage": stage, "subject": subject, "stream": stream, "stream_seq": seq,
+		"error": api.NewError(api.InternalError, api.EPoisonMessage, "%v", cause),
+	})
+	if err != nil {
+		return stages.Output{}, err
+	}
+	return EventOutput(subjects.AuditEvent(tenant, envelope.SubjectSuffix(envelope.TypePoison)), &e)
+}
+
+// EventOutput encodes e in structured mode, so that `nats sub` shows the
+// whole CloudEvent, with its source and id as message id.
+func EventOutput(subject string, e *event.Event) (stages.Output, error) {
+	data, err := json.Marshal(e)
+	if err != nil {
+		return stages.Output{}, err
+	}
+	h := nats.Header{}
+	h.Set("Content-Type", event.ApplicationCloudEventsJSON)
+	return stages.Output{Subject: subject, MsgID: envelope.MsgID(e.Source(), e.ID()), Header: h, Data: data}, nil
+}
+
+// AuditEvent is the audit CloudEvent of type typ about inv, published by
+// stage. Its message id is unique per accepted publish and type.
+func AuditEvent(stage string, inv *envelope.Invocation, typ string, data any) (stages.Output, error) {
+	e, err := inv.NewEvent("urn:toolgate:"+stage, typ, data)
+	if err != nil {
+		return stages.Output{}, err
+	}
+	suffix := envelope.SubjectSuffix(typ)
+	o, err := EventOutput(subjects.AuditEvent(inv.Tenant, suffix), e)
+	o.MsgID = fmt.Sprintf("%d.audit.%s", inv.Event.Seq, suffix)
+	return o, err
+}

@@ -1,0 +1,109 @@
+package runner
+
+import (
+	"runtime"
+	"runtime/debug"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/toolgate/toolgate/internal/envelope"
+)
+
+// Metrics are the Prometheus series the Runner maintains: per stage, per
+// finished invocation, and the build.
+type Metrics struct {
+	messages *prometheus.CounterVec
+	duration *prometheus.HistogramVec
+	inflight *prometheus.GaugeVec
+	// finished counts invocations audit finalised, by status and E-code
+	// ("" on success), so an error rate is
+	// sum(rate(toolgate_invocations_finished_total{status!="success"}[5m])) /
+	// sum(rate(toolgate_invocations_finished_total[5m])).
+	finished *prometheus.CounterVec
+	// latency is received-to-finished time of those invocations.
+	latency *prometheus.HistogramVec
+}
+
+// Outcome labels of toolgate_stage_messages_total.
+const (
+	outcomeForwarded    = "forwarded"     // passed to the next stage
+	outcomeEnded        = "ended"         // the invocation ended here and went to audit
+	outcomeFinished     = "finished"      // audit finalised it
+	outcomeParked       = "parked"        // waiting for a human's approval
+	outcomeRetried      = "retried"       // transient failure, redelivery scheduled
+	outcomeTerminated   = "terminated"    // redelivery stopped
+	outcomePoison       = "poison"        // undecodable message
+	outcomePublishError = "publish_error" // could not hand on; redelivery scheduled
+)
+
+// durationBuckets reach from sub-millisecond stage hops to tool runs of
+// minutes (execute's duration includes the tool's runtime; timeouts are up
+// to minutes).
+var durationBuckets = []float64{
+	0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+	1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800,
+}
+
+// NewMetrics registers the metrics on reg, with toolgate_build_info.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		messages: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "toolgate", Subsystem: "stage", Name: "messages_total",
+			Help: "Messages handled by a stage, by outcome.",
+		}, []string{"stage", "outcome"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: "toolgate", Subsystem: "stage", Name: "duration_seconds",
+			Help:    "Time from receiving a message to settling it, per stage.",
+			Buckets: durationBuckets,
+		}, []string{"stage"}),
+		inflight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: "toolgate", Subsystem: "stage", Name: "in_flight",
+			Help: "Messages a stage is processing now.",
+		}, []string{"stage"}),
+		finished: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "toolgate", Subsystem: "invocations", Name: "finished_total",
+			Help: "Invocations finalised by audit, by status and error E-code (empty on success); at least once.",
+		}, []string{"status", "error_code"}),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: "toolgate", Subsystem: "invocation", Name: "duration_seconds",
+			Help:    "Time from an invocation's arrival to its finalisation, by status.",
+			Buckets: durationBuckets,
+		}, []string{"status"}),
+	}
+	reg.MustRegister(m.messages, m.duration, m.inflight, m.finished, m.latency, buildInfo())
+	return m
+}
+
+// buildInfo is toolgate_build_info: always 1, labelled with the module
+// version ("(devel)" for a local build) and the Go version.
+func buildInfo() prometheus.Collector {
+	version := "unknown"
+	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
+		version = bi.Main.Version
+	}
+	g := prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: "toolgate", Name: "build_info",
+		Help:        "Always 1; the labels name the toolgate build.",
+		ConstLabels: prometheus.Labels{"version": version, "goversion": runtime.Version()},
+	})
+	g.Set(1)
+	return g
+}
+
+// observe records one settled message of stage and, when audit finalised
+// it, the invocation's outcome.
+func (m *Metrics) observe(stage, outcome string, inv *envelope.Invocation, took, sinceReceived time.Duration) {
+	m.messages.WithLabelValues(stage, outcome).Inc()
+	m.duration.WithLabelValues(stage).Observe(took.Seconds())
+	if outcome != outcomeFinished || !inv.Status.Terminal() {
+		return
+	}
+	code := ""
+	if inv.Error != nil {
+		code = inv.Error.ECode
+	}
+	m.finished.WithLabelValues(string(inv.Status), code).Inc()
+	if !inv.ReceivedAt.IsZero() && sinceReceived >= 0 {
+		m.latency.WithLabelValues(string(inv.Status)).Observe(sinceReceived.Seconds())
+	}
+}

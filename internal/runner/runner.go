@@ -1,0 +1,502 @@
+package runner
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"reflect"
+	"runtime/debug"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/envelope"
+	"github.com/toolgate/toolgate/internal/topology"
+	"github.com/toolgate/toolgate/stages"
+	"github.com/toolgate/toolgate/subjects"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// Runner runs one stage: Workers goroutines share the stage's durable pull
+// consumer, so running more Runners of a stage, in this process or others,
+// scales it out. Run blocks until ctx is cancelled, then stops fetching,
+// finishes the work in hand and returns.
+type Runner struct {
+	Name    string // the stage name, one of subjects.Stages
+	Stage   stages.Stage
+	JS      jetstream.JetStream
+	Workers int
+	Log     *slog.Logger
+	Metrics *Metrics // nil: no metrics
+	// AckWait is the consumer's ack wait; the Runner sends in-progress acks
+	// at a third of it while a stage is busy.
+	AckWait time.Duration
+	// MaxDeliver is the consumer's delivery limit.
+	MaxDeliver int
+	// Timeout bounds one call of the stage (default 30s). Past it the Runner
+	// stops sending in-progress acks, so a stage that hangs regardless loses
+	// the message to redelivery and, in the end, to the delivery limit.
+	Timeout time.Duration
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+}
+
+var propagator = propagation.TraceContext{}
+
+// Run consumes until ctx is done.
+func (r *Runner) Run(ctx context.Context) error {
+	if r.Workers < 1 {
+		r.Workers = 1
+	}
+	if r.Log == nil {
+		r.Log = slog.Default()
+	}
+	r.Log = r.Log.With("stage", r.Name)
+	inputs := subjects.Inputs(r.Name)
+	consumers := make([]jetstream.Consumer, len(inputs))
+	for i, in := range inputs {
+		err := topology.Retry(ctx, r.Log, "opening consumer "+in.Consumer, func(ctx context.Context) (err error) {
+			consumers[i], err = r.JS.Consumer(ctx, in.Stream, in.Consumer)
+			return err
+		})
+		if err != nil {
+			return nil // stopped before it started: nothing to drain
+		}
+	}
+	info := consumers[0].CachedInfo()
+	if r.AckWait == 0 {
+		r.AckWait = info.Config.AckWait
+	}
+	if r.MaxDeliver == 0 {
+		r.MaxDeliver = info.Config.MaxDeliver
+	}
+	if r.Timeout == 0 {
+		r.Timeout = 30 * time.Second
+	}
+	subs, err := r.watchExhausted(ctx)
+	if err != nil {
+		return err
+	}
+	defer unsubscribe(subs)
+
+	var fetchers sync.WaitGroup
+	defer fetchers.Wait()
+	next, err := r.source(ctx, consumers, &fetchers)
+	if err != nil {
+		return err
+	}
+	var wg sync.WaitGroup
+	for w := range r.Workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for n := w; ; n += r.Workers {
+				msg, ok := next(n)
+				if !ok {
+					return
+				}
+				r.handle(msg)
+			}
+		}()
+	}
+	wg.Wait()
+	return nil
+}
+
+// source returns the function workers take their next message from; it
+// reports false once ctx is done. One consumer is read through a pull
+// iterator; several (one per priority, highest first) are read by one
+// fetcher each that holds a single message until a worker takes it, so a
+// message waits in JetStream, not in this process, while higher ones run.
+func (r *Runner) source(ctx context.Context, consumers []jetstream.Consumer, fetchers *sync.WaitGroup) (func(n int) (jetstream.Msg, bool), error) {
+	if len(consumers) == 1 {
+		iter, err := consumers[0].Messages(jetstream.PullMaxMessages(r.Workers))
+		if err != nil {
+			return nil, fmt.Errorf("consuming %s: %w", r.Name, err)
+		}
+		context.AfterFunc(ctx, iter.Drain)
+		return func(int) (jetstream.Msg, bool) {
+			for {
+				msg, err := iter.Next()
+				switch {
+				case err == nil:
+					return msg, true
+				case errors.Is(err, jetstream.ErrMsgIteratorClosed), r.JS.Conn().IsClosed():
+					return nil, false
+				}
+				r.Log.Warn("fetching", "err", err)
+				time.Sleep(100 * time.Millisecond)
+			}
+		}, nil
+	}
+	feeds := make([]chan jetstream.Msg, len(consumers))
+	for i, c := range consumers {
+		feeds[i] = make(chan jetstream.Msg)
+		fetchers.Go(func() { r.fetch(ctx, c, feeds[i]) })
+	}
+	return func(n int) (jetstream.Msg, bool) { return takeByPriority(ctx, feeds, n) }, nil
+}
+
+// starveEvery: one take in this many serves the lowest waiting priority
+// first, so low priorities progress under a steady stream of higher ones.
+const starveEvery = 8
+
+// takeByPriority takes the highest-priority message waiting in feeds
+// (highest first), or on every starveEvery-th take the lowest; it blocks
+// until one arrives or ctx is done.
+func takeByPriority(ctx context.Context, feeds []chan jetstream.Msg, n int) (jetstream.Msg, bool) {
+	try := func(i int) jetstream.Msg {
+		select {
+		case m := <-feeds[i]:
+			return m
+		default:
+			return nil
+		}
+	}
+	if n%starveEvery == starveEvery-1 {
+		for i := len(feeds) - 1; i >= 0; i-- {
+			if m := try(i); m != nil {
+				return m, true
+			}
+		}
+	}
+	for i := range feeds {
+		if m := try(i); m != nil {
+			return m, true
+		}
+	}
+	cases := make([]reflect.SelectCase, 0, len(feeds)+1)
+	cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(ctx.Done())})
+	for _, f := range feeds {
+		cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(f)})
+	}
+	chosen, v, _ := reflect.Select(cases)
+	if chosen == 0 {
+		return nil, false
+	}
+	return v.Interface().(jetstream.Msg), true
+}
+
+// fetch pulls messages from c, up to one per worker per pull request, and
+// offers them on out in order. Every message it holds gets in-progress acks
+// while it waits for a worker, and when ctx ends it naks what it holds so
+// another process gets it at once.
+func (r *Runner) fetch(ctx context.Context, c jetstream.Consumer, out chan<- jetstream.Msg) {
+	keepAlive := time.NewTicker(max(r.AckWait/3, 100*time.Millisecond))
+	defer keepAlive.Stop()
+	var held []jetstream.Msg
+	for ctx.Err() == nil {
+		// A long poll that delivers each message as it arrives.
+		fctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		batch, err := c.Fetch(r.Workers, jetstream.FetchContext(fctx))
+		if err != nil {
+			cancel()
+			if ctx.Err() != nil || r.JS.Conn().IsClosed() {
+				return
+			}
+			r.Log.Warn("fetching", "err", err)
+			time.Sleep(100 * time.Millisecond)
+			continue
+		}
+		msgs := batch.Messages()
+		for msgs != nil || len(held) > 0 {
+			var send chan<- jetstream.Msg // nil, and so never ready, while nothing is held
+			var first jetstream.Msg
+			if len(held) > 0 {
+				send, first = out, held[0]
+			}
+			select {
+			case m, ok := <-msgs:
+				if !ok {
+					msgs = nil
+					continue
+				}
+				held = append(held, m)
+			case send <- first:
+				held = held[1:]
+			case <-keepAlive.C:
+				for _, m := range held {
+					_ = m.InProgress()
+				}
+			case <-ctx.Done():
+				for _, m := range held {
+					_ = m.Nak()
+				}
+				cancel()
+				return
+			}
+		}
+		cancel()
+	}
+}
+
+func (r *Runner) now() time.Time {
+	if r.Now != nil {
+		return r.Now()
+	}
+	return time.Now()
+}
+
+// decode turns a message into an invocation. A nil invocation means the
+// message is not ours to read at all (poison); a non-nil error with an
+// invocation means the invocation must end with that error.
+func (r *Runner) decode(subject string, header nats.Header, data []byte, seq uint64) (*envelope.Invocation, error) {
+	if r.Name == subjects.Validate {
+		return envelope.FromMessage(subject, header, data, seq, r.now())
+	}
+	var inv envelope.Invocation
+	if err := json.Unmarshal(data, &inv); err != nil || inv.ID == "" {
+		return nil, fmt.Errorf("undecodable envelope: %v", err)
+	}
+	return &inv, nil
+}
+
+func (r *Runner) handle(msg jetstream.Msg) {
+	start := r.now()
+	if r.Metrics != nil {
+		g := r.Metrics.inflight.WithLabelValues(r.Name)
+		g.Inc()
+		defer g.Dec()
+	}
+	md, err := msg.Metadata()
+	if err != nil {
+		r.Log.Error("message without metadata", "err", err)
+		_ = msg.Term()
+		return
+	}
+	inv, derr := r.decode(msg.Subject(), msg.Headers(), msg.Data(), md.Sequence.Stream)
+	if inv == nil {
+		r.poison(msg, md, derr)
+		return
+	}
+
+	parent := propagator.Extract(context.Background(), invCarrier{inv})
+	ctx, span := otel.Tracer(tracerName).Start(parent, "toolgate."+r.Name,
+		trace.WithSpanKind(trace.SpanKindConsumer),
+		trace.WithAttributes(attribute.String("toolgate.invocation_id", inv.ID),
+			attribute.String("toolgate.tenant", inv.Tenant),
+			attribute.Int("toolgate.delivery", int(md.NumDelivered))))
+	defer span.End()
+	if inv.Origin.TraceParent == "" {
+		// Fixed at the first hop: the caller's context, or this span's when
+		// the caller sent none, so every event names the same trace.
+		origin := parent
+		if !trace.SpanContextFromContext(parent).IsValid() {
+			origin = ctx
+		}
+		propagator.Inject(origin, originCarrier{&inv.Origin})
+	}
+
+	var outs []stages.Output
+	var perr error
+	if derr != nil {
+		inv.Fail(r.Name, derr)
+	} else {
+		outs, perr = r.process(ctx, msg, inv)
+	}
+	s := settle(r.Name, inv, perr, int(md.NumDelivered), r.MaxDeliver)
+	if inv.Error != nil {
+		span.SetStatus(codes.Error, inv.Error.Error())
+	}
+	inv.Metadata.Stages = append(inv.Metadata.Stages,
+		api.Hop{Stage: r.Name, DurationUS: r.now().Sub(start).Microseconds()})
+	propagator.Inject(ctx, invCarrier{inv})
+
+	outcome := r.apply(ctx, msg, inv, s, outs, perr)
+	if r.Metrics != nil {
+		now := r.now()
+		r.Metrics.observe(r.Name, outcome, inv, now.Sub(start), now.Sub(inv.ReceivedAt))
+	}
+}
+
+// process calls the stage, turning a panic into an internal error and keeping
+// the message alive with in-progress acks while the stage works.
+func (r *Runner) process(ctx context.Context, msg jetstream.Msg, inv *envelope.Invocation) (outs []stages.Output, err error) {
+	ctx, cancel := context.WithTimeout(ctx, r.Timeout)
+	defer cancel()
+	ctx = stages.WithAnnounce(ctx, func(ctx context.Context, o stages.Output) error {
+		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		return r.publish(pctx, o)
+	})
+	if r.AckWait > 0 {
+		go func() {
+			t := time.NewTicker(r.AckWait / 3)
+			defer t.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-t.C:
+					_ = msg.InProgress()
+				}
+			}
+		}()
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			r.Log.Error("stage panicked", "invocation", inv.ID, "panic", p, "stack", string(debug.Stack()))
+			outs, err = nil, api.NewError(api.InternalError, api.EInternal, "%s stage failed unexpectedly", r.Name)
+		}
+	}()
+	return r.Stage.Process(ctx, inv)
+}
+
+// apply carries out a settlement and returns the metrics outcome.
+func (r *Runner) apply(ctx context.Context, msg jetstream.Msg, inv *envelope.Invocation, s settlement, outs []stages.Output, perr error) string {
+	log := r.Log.With("invocation", inv.ID, "tenant", inv.Tenant)
+	switch s.act {
+	case actRetry:
+		log.Warn("transient failure, will retry", "err", perr, "delay", s.delay)
+		_ = msg.NakWithDelay(s.delay)
+		return outcomeRetried
+	case actTerm:
+		log.Error("giving up on message", "err", perr)
+		_ = msg.TermWithReason(fmt.Sprintf("%s: %v", r.Name, perr))
+		return outcomeTerminated
+	}
+	pubCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	for _, o := range outs {
+		if err := r.publish(pubCtx, o); err != nil {
+			log.Warn("publishing output", "subject", o.Subject, "err", err)
+			_ = msg.NakWithDelay(backoff(1))
+			return outcomePublishError
+		}
+	}
+	outcome := outcomeFinished
+	if inv.Parked() {
+		outcome = outcomeParked
+	}
+	if s.act == actForward {
+		o, err := Handoff(inv, s.next)
+		if err == nil {
+			err = r.publish(pubCtx, o)
+		}
+		if err != nil {
+			log.Warn("handing on", "next", s.next, "err", err)
+			_ = msg.NakWithDelay(backoff(1))
+			return outcomePublishError
+		}
+		outcome = outcomeForwarded
+		if s.next != subjects.Next(r.Name) {
+			outcome = outcomeEnded
+		}
+	}
+	if err := msg.Ack(); err != nil {
+		// The successor is published with a stable id: a redelivery is harmless.
+		log.Warn("ack", "err", err)
+	}
+	return outcome
+}
+
+// Handoff is the message that hands inv to stage next.
+func Handoff(inv *envelope.Invocation, next string) (stages.Output, error) {
+	data, err := json.Marshal(inv)
+	if err != nil {
+		return stages.Output{}, fmt.Errorf("encoding invocation: %w", err)
+	}
+	h := nats.Header{}
+	h.Set("Content-Type", "application/json")
+	if inv.TraceParent != "" {
+		h.Set("traceparent", inv.TraceParent)
+	}
+	return stages.Output{
+		Subject: subjects.Pipe(next, inv.Priority(), inv.Tenant),
+		MsgID:   HopID(inv, next),
+		Header:  h,
+		Data:    data,
+	}, nil
+}
+
+// HopID is the message id of inv's hand-off to stage next: the ingest
+// sequence is unique per accepted publish and survives redeliveries.
+func HopID(inv *envelope.Invocation, next string) string {
+	return fmt.Sprintf("%d.%s", inv.Event.Seq, next)
+}
+
+func (r *Runner) publish(ctx context.Context, o stages.Output) error { return Publish(ctx, r.JS, o) }
+
+// Publish publishes o to its stream, deduplicated by its message id. Code
+// outside the Runner that must put something into the pipeline (a decision
+// on a parked invocation) uses it too.
+func Publish(ctx context.Context, js jetstream.JetStream, o stages.Output) error {
+	m := &nats.Msg{Subject: o.Subject, Header: o.Header, Data: o.Data}
+	var opts []jetstream.PublishOpt
+	if o.MsgID != "" {
+		opts = append(opts, jetstream.WithMsgID(o.MsgID))
+	}
+	_, err := js.PublishMsg(ctx, m, opts...)
+	return err
+}
+
+// poison ends a message no stage can read: it is terminated and recorded on
+// the audit stream so that it is never dropped silently.
+func (r *Runner) poison(msg jetstream.Msg, md *jetstream.MsgMetadata, cause error) {
+	r.Log.Error("poison message", "subject", msg.Subject(), "seq", md.Sequence.Stream, "err", cause)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	o, err := poisonEvent(r.Name, msg.Subject(), md.Stream, md.Sequence.Stream, cause)
+	if err == nil {
+		err = r.publish(ctx, o)
+	}
+	if err != nil {
+		r.Log.Warn("recording poison message", "err", err)
+		_ = msg.NakWithDelay(backoff(int(md.NumDelivered)))
+		return
+	}
+	_ = msg.TermWithReason("poison: " + cause.Error())
+	if r.Metrics != nil {
+		r.Metrics.messages.WithLabelValues(r.Name, outcomePoison).Inc()
+	}
+}
+
+const tracerName = "github.com/toolgate/toolgate/stages"
+
+// invCarrier exposes an invocation's trace context to the propagator.
+type invCarrier struct{ inv *envelope.Invocation }
+
+func (c invCarrier) Get(key string) string {
+	switch key {
+	case "traceparent":
+		return c.inv.TraceParent
+	case "tracestate":
+		return c.inv.TraceState
+	}
+	return ""
+}
+
+func (c invCarrier) Set(key, value string) {
+	switch key {
+	case "traceparent":
+		c.inv.TraceParent = value
+	case "tracestate":
+		c.inv.TraceState = value
+	}
+}
+
+func (c invCarrier) Keys() []string { return []string{"traceparent", "tracestate"} }
+
+// originCarrier writes a trace context into an invocation's Origin.
+type originCarrier struct{ tc *envelope.TraceContext }
+
+func (c originCarrier) Get(string) string { return "" }
+
+func (c originCarrier) Set(key, value string) {
+	switch key {
+	case "traceparent":
+		c.tc.TraceParent = value
+	case "tracestate":
+		c.tc.TraceState = value
+	}
+}
+
+func (c originCarrier) Keys() []string { return nil }

@@ -1,0 +1,79 @@
+package runner
+
+import (
+	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/envelope"
+	"github.com/toolgate/toolgate/stages"
+	"github.com/toolgate/toolgate/subjects"
+	"math/rand/v2"
+	"time"
+)
+
+// action is what the Runner does with a message once its stage has answered.
+type action int
+
+const (
+	// actForward publishes the invocation to settlement.next, then acks.
+	actForward action = iota
+	// actDone acks: the invocation has left the pipeline (after audit).
+	actDone
+	// actRetry naks with settlement.delay.
+	actRetry
+	// actTerm stops redelivery of a message that can never succeed.
+	actTerm
+)
+
+type settlement struct {
+	act   action
+	next  string
+	delay time.Duration
+}
+
+// settle decides the fate of a message from its stage's answer. It is the one
+// place where the pipeline's settlement rules live; see the package comment.
+// It may end inv (Fail) but does no I/O.
+func settle(stage string, inv *envelope.Invocation, err error, delivered, maxDeliver int) settlement {
+	if delay, ok := stages.IsTransient(err); ok {
+		if maxDeliver <= 0 || delivered < maxDeliver {
+			if delay <= 0 {
+				delay = backoff(delivered)
+			}
+			return settlement{act: actRetry, delay: delay}
+		}
+		if stage == subjects.Audit {
+			return settlement{act: actTerm}
+		}
+		inv.Fail(stage, api.WrapError(err, api.InternalError, api.EDeliveryExhausted,
+			"%s gave up after %d deliveries: %v", stage, delivered, err))
+		return settlement{act: actForward, next: subjects.Audit}
+	}
+	if stage == subjects.Audit {
+		if err != nil {
+			return settlement{act: actTerm}
+		}
+		return settlement{act: actDone}
+	}
+	if err != nil {
+		inv.Fail(stage, err)
+	}
+	if inv.Terminal() {
+		return settlement{act: actForward, next: subjects.Audit}
+	}
+	if inv.Parked() {
+		// Its outputs are published and the input acked; a decision
+		// outside the pipeline resumes or ends it.
+		return settlement{act: actDone}
+	}
+	return settlement{act: actForward, next: subjects.Next(stage)}
+}
+
+// backoff is exponential with full jitter: 250ms·2^(n-1), capped at 30s.
+func backoff(delivered int) time.Duration {
+	const base, ceiling = 250 * time.Millisecond, 30 * time.Second
+	d := base
+	for i := 1; i < delivered && d < ceiling; i++ {
+		d *= 2
+	}
+	d = min(d, ceiling)
+	return time.Duration(rand.Int64N(int64(d))) + time.Millisecond
+}

@@ -1,0 +1,362 @@
+// Package tools describes tools: the manifest that declares one version of a
+// tool, and the in-memory registry the stages resolve tool requests against.
+package tools
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/Masterminds/semver/v3"
+	"github.com/santhosh-tekuri/jsonschema/v5"
+	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/schemas"
+)
+
+// Lifecycle states. Active and deprecated versions serve "latest" and range
+// requests; sunset and removed ones are only reached by exact version, and
+// the route stage decides what that means.
+const (
+	StateActive     = "active"
+	StateDeprecated = "deprecated"
+	StateSunset     = "sunset"
+	StateRemoved    = "removed"
+)
+
+// DefaultTimeout applies to tools whose manifest sets no limits.timeout_ms.
+const DefaultTimeout = 30 * time.Second
+
+// Manifest declares one version of a tool. The JSON form is the one
+// schemas.Manifest describes. Build manifests with Parse: it checks them and
+// compiles their schemas, which ValidateInput and ValidateOutput need.
+type Manifest struct {
+	ID          string   `json:"id"`
+	Name        string   `json:"name"`
+	Version     string   `json:"version"`
+	Description string   `json:"description"`
+	Category    string   `json:"category,omitempty"`
+	Tags        []string `json:"tags,omitempty"`
+	Kind        string   `json:"kind"`
+
+	// Executor configuration; only the one named by Kind is used. All but
+	// Builtin are free-form until their executors exist.
+	Builtin *BuiltinConfig  `json:"builtin,omitempty"`
+	HTTP    json.RawMessage `json:"http,omitempty"`
+	CLI     json.RawMessage `json:"cli,omitempty"`
+	MCP     json.RawMessage `json:"mcp,omitempty"`
+	Model   json.RawMessage `json:"model,omitempty"`
+
+	InputSchema  json.RawMessage `json:"input_schema"`
+	OutputSchema json.RawMessage `json:"output_schema,omitempty"`
+
+	Safety         Safety          `json:"safety,omitzero"`
+	Limits         Limits          `json:"limits,omitzero"`
+	Permissions    Permissions     `json:"permissions,omitzero"`
+	RateLimit      *RateLimit      `json:"rate_limit,omitempty"`
+	RetryPolicy    *RetryPolicy    `json:"retry_policy,omitempty"`
+	CircuitBreaker *CircuitBreaker `json:"circuit_breaker,omitempty"`
+	Cost           *Cost           `json:"cost,omitempty"`
+	Lifecycle      Lifecycle       `json:"lifecycle,omitzero"`
+
+	// InputChecks names, by JSON pointer into the parameters, the checks a
+	// parameter gets beyond its schema: "path", "sql", "shell", "prompt".
+	InputChecks map[string][]string `json:"input_checks,omitempty"`
+	// OutputPolicy says how verify treats the result.
+	OutputPolicy *OutputPolicy `json:"output_policy,omitempty"`
+
+	ver    *semver.Version // parsed Version, for the registry's ordering
+	input  *jsonschema.Schema
+	output *jsonschema.Schema // nil when the manifest has no output schema
+}
+
+// CLIConfig configures a command-line tool, run in the sandbox.
+type CLIConfig struct {
+	Command []string          `json:"command"`
+	Stdin   string            `json:"stdin,omitempty"`
+	Env     map[string]string `json:"env,omitempty"`
+	Network bool              `json:"network,omitempty"`
+}
+
+// CLISpec decodes the manifest's cli configuration.
+func (m *Manifest) CLISpec() (*CLIConfig, error) {
+	if len(m.CLI) == 0 {
+		return nil, fmt.Errorf("%s has no cli configuration", m.Key())
+	}
+	var c CLIConfig
+	if err := json.Unmarshal(m.CLI, &c); err != nil {
+		return nil, fmt.Errorf("%s cli configuration: %w", m.Key(), err)
+	}
+	return &c, nil
+}
+
+// BuiltinConfig configures a tool implemented inside the binary.
+type BuiltinConfig struct {
+	Function string `json:"function"`
+}
+
+// Safety says what a tool may do to the world.
+type Safety struct {
+	RiskLevel        string   `json:"risk_level,omitempty"` // low, medium, high or critical
+	SideEffects      []string `json:"side_effects,omitempty"`
+	RequiresApproval bool     `json:"requires_approval,omitempty"`
+	Reversible       bool     `json:"reversible,omitempty"`
+	Idempotent       bool     `json:"idempotent,omitempty"`
+}
+
+// Limits are the resource ceilings of one invocation; zero means unset.
+type Limits struct {
+	TimeoutMS     int64 `json:"timeout_ms,omitempty"`
+	CPUMillicores int64 `json:"cpu_millicores,omitempty"`
+	MemoryMB      int64 `json:"memory_mb,omitempty"`
+	PIDs          int64 `json:"pids,omitempty"`
+	OutputBytes   int64 `json:"output_bytes,omitempty"`
+	CPUSeconds    int64 `json:"cpu_seconds,omitempty"`
+	FileSizeMB    int64 `json:"file_size_mb,omitempty"`
+}
+
+// Permissions lists the resources a tool needs.
+type Permissions struct {
+	Filesystem  []FilesystemPermission `json:"filesystem,omitempty"`
+	Network     []NetworkPermission    `json:"network,omitempty"`
+	Credentials []string               `json:"credentials,omitempty"`
+}
+
+// FilesystemPermission grants access to a path under the configured file root.
+type FilesystemPermission struct {
+	Path string `json:"path"`
+	Mode string `json:"mode"` // ro or rw
+}
+
+// NetworkPermission allows connections to a host; Port 0 means any port.
+type NetworkPermission struct {
+	Host string `json:"host"`
+	Port int    `json:"port,omitempty"`
+}
+
+// RateLimit is a token bucket: Requests per PerSeconds, plus Burst.
+type RateLimit struct {
+	Requests   int `json:"requests"`
+	PerSeconds int `json:"per_seconds"`
+	Burst      int `json:"burst,omitempty"`
+}
+
+// RetryPolicy says how failed invocations are retried.
+type RetryPolicy struct {
+	MaxAttempts     int      `json:"max_attempts,omitempty"`
+	BaseDelayMS     int64    `json:"base_delay_ms,omitempty"`
+	MaxDelayMS      int64    `json:"max_delay_ms,omitempty"`
+	RetryableErrors []string `json:"retryable_errors,omitempty"`
+}
+
+// CircuitBreaker says when to stop calling a failing tool for a while.
+type CircuitBreaker struct {
+	FailureRateThreshold float64 `json:"failure_rate_threshold,omitempty"` // percent
+	SlidingWindowSize    int     `json:"sliding_window_size,omitempty"`
+	MinimumCalls         int     `json:"minimum_calls,omitempty"`
+	WaitDurationSeconds  int     `json:"wait_duration_seconds,omitempty"`
+	HalfOpenCalls        int     `json:"half_open_calls,omitempty"`
+	SlowCallMS           int64   `json:"slow_call_ms,omitempty"`
+	// WindowSeconds makes the window time-based.
+	WindowSeconds int `json:"window_seconds,omitempty"`
+	// Key names the breaker; tools calling one endpoint share it.
+	Key string `json:"key,omitempty"`
+}
+
+// Cost is what an invocation costs.
+type Cost struct {
+	PerCall          float64 `json:"per_call,omitempty"`
+	Currency         string  `json:"currency,omitempty"`
+	TypicalLatencyMS int64   `json:"typical_latency_ms,omitempty"`
+}
+
+// Input check names.
+const (
+	CheckPath   = "path"
+	CheckSQL    = "sql"
+	CheckShell  = "shell"
+	CheckPrompt = "prompt"
+)
+
+// OutputPolicy governs result verification.
+type OutputPolicy struct {
+	// Mode "strict" (default) rejects a result that fails the output schema;
+	// "lenient" passes it with a warning.
+	Mode string `json:"mode,omitempty"`
+	// Coerce converts strings to the number, integer, boolean or date-time
+	// the output schema asks for before validating.
+	Coerce bool `json:"coerce,omitempty"`
+	// MaxBytes bounds the result (default 1 MiB).
+	MaxBytes int `json:"max_bytes,omitempty"`
+	// Actions maps a detector (secrets, pii, prompt_injection,
+	// sql_injection, command_injection, xss) to reject, redact, escape or flag.
+	Actions map[string]string `json:"actions,omitempty"`
+}
+
+// Lifecycle is where a version stands between release and removal. An empty
+// State means active.
+type Lifecycle struct {
+	State               string    `json:"state,omitempty"`
+	DeprecatedInFavorOf string    `json:"deprecated_in_favor_of,omitempty"`
+	SunsetAt            time.Time `json:"sunset_at,omitzero"`
+}
+
+// Parse checks doc against the tool manifest schema, decodes it, compiles its
+// input and output schemas and fills in defaults. Every failure is an
+// invalid_parameters error with E-code E3008, with field errors when the
+// problem can be located.
+func Parse(doc []byte) (*Manifest, error) {
+	fields, err := schemas.Validate(schemas.Manifest(), doc)
+	if err != nil {
+		return nil, api.WrapError(err, api.InvalidParameters, api.EInvalidManifest, "manifest: %v", err)
+	}
+	if len(fields) > 0 {
+		return nil, invalid("manifest does not match the tool manifest schema").WithFields(fields)
+	}
+	m := new(Manifest)
+	if err := json.Unmarshal(doc, m); err != nil {
+		// The schema allows values Go cannot hold, such as 1e3 for an
+		// integer or a number beyond int64.
+		return nil, invalid("decoding manifest: %v", err)
+	}
+	// The schema pattern is strict semver, but components may still
+	// overflow uint64.
+	if m.ver, err = semver.StrictNewVersion(m.Version); err != nil {
+		return nil, invalid("version %q: %v", m.Version, err).
+			WithFields([]api.FieldError{{Location: "/version", Message: err.Error()}})
+	}
+	if m.input, err = compile(m, "input_schema", m.InputSchema); err != nil {
+		return nil, err
+	}
+	if len(m.OutputSchema) > 0 {
+		if m.output, err = compile(m, "output_schema", m.OutputSchema); err != nil {
+			return nil, err
+		}
+	}
+	if m.Safety.RiskLevel == "" {
+		m.Safety.RiskLevel = "low"
+	}
+	if m.Lifecycle.State == "" {
+		m.Lifecycle.State = StateActive
+	}
+	return m, nil
+}
+
+func invalid(format string, args ...any) *api.Error {
+	return api.NewError(api.InvalidParameters, api.EInvalidManifest, format, args...)
+}
+
+// compile compiles one of m's schemas; field errors point into the manifest.
+func compile(m *Manifest, field string, schema []byte) (*jsonschema.Schema, error) {
+	s, err := schemas.Compile(m.Key()+"/"+field, schema)
+	if err == nil {
+		return s, nil
+	}
+	fields := schemas.Fields(err)
+	for i := range fields {
+		fields[i].Location = "/" + field + fields[i].Location
+	}
+	if len(fields) == 0 {
+		fields = []api.FieldError{{Location: "/" + field, Message: err.Error()}}
+	}
+	return nil, api.WrapError(err, api.InvalidParameters, api.EInvalidManifest,
+		"%s of %s is not a valid JSON Schema", field, m.Key()).WithFields(fields)
+}
+
+// ValidateInput checks invocation parameters against the input schema. It
+// returns nil, nil when they are valid; absent or null parameters count as
+// {}. The error is for parameters that are not JSON. A manifest that did not
+// come from Parse has no compiled schema and accepts anything.
+func (m *Manifest) ValidateInput(params []byte) ([]api.FieldError, error) {
+	if m.input == nil {
+		return nil, nil
+	}
+	p := bytes.TrimSpace(params)
+	if len(p) == 0 || string(p) == "null" {
+		p = []byte("{}")
+	}
+	return schemas.Validate(m.input, p)
+}
+
+// ValidateOutput checks a tool result against the output schema. It returns
+// nil, nil when the result is valid or the tool declares no output schema.
+// The error is for a result that is not JSON.
+func (m *Manifest) ValidateOutput(result []byte) ([]api.FieldError, error) {
+	if m.output == nil {
+		return nil, nil
+	}
+	return schemas.Validate(m.output, result)
+}
+
+// Timeout is the wall-clock limit of one invocation.
+func (m *Manifest) Timeout() time.Duration {
+	if m.Limits.TimeoutMS > 0 {
+		return time.Duration(m.Limits.TimeoutMS) * time.Millisecond
+	}
+	return DefaultTimeout
+}
+
+// Key identifies the manifest in logs and errors: id@version.
+func (m *Manifest) Key() string { return m.ID + "@" + m.Version }
+
+// serving reports whether m may answer "latest" and range requests.
+func (m *Manifest) serving() bool {
+	switch m.Lifecycle.State {
+	case StateSunset, StateRemoved:
+		return false
+	}
+	return true
+}
+
+// Lookup evaluates a JSON pointer (RFC 6901) in a decoded JSON document.
+func Lookup(doc any, ptr string) (any, bool) {
+	if ptr == "" || ptr == "/" {
+		return doc, true
+	}
+	cur := doc
+	for _, tok := range strings.Split(strings.TrimPrefix(ptr, "/"), "/") {
+		tok = strings.ReplaceAll(strings.ReplaceAll(tok, "~1", "/"), "~0", "~")
+		switch c := cur.(type) {
+		case map[string]any:
+			v, ok := c[tok]
+			if !ok {
+				return nil, false
+			}
+			cur = v
+		case []any:
+			i, err := strconv.Atoi(tok)
+			if err != nil || i < 0 || i >= len(c) {
+				return nil, false
+			}
+			cur = c[i]
+		default:
+			return nil, false
+		}
+	}
+	return cur, true
+}
+
+// PathParameters returns the string values of the parameters the manifest
+// marks with the path check.
+func (m *Manifest) PathParameters(params []byte) []string {
+	var doc any
+	if len(m.InputChecks) == 0 || json.Unmarshal(params, &doc) != nil {
+		return nil
+	}
+	var out []string
+	for ptr, checks := range m.InputChecks {
+		if !slices.Contains(checks, CheckPath) {
+			continue
+		}
+		if v, ok := Lookup(doc, ptr); ok {
+			if s, ok := v.(string); ok {
+				out = append(out, s)
+			}
+		}
+	}
+	slices.Sort(out)
+	return out
+}

@@ -1,0 +1,233 @@
+package tools
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/Masterminds/semver/v3"
+	"github.com/toolgate/toolgate/api"
+)
+
+// Registry holds tool manifests by id and version. It is safe for concurrent
+// use, and its zero value is an empty registry.
+//
+// Reads vastly outnumber writes (every invocation resolves its tool a few
+// times; manifests change rarely), so Put keeps each tool's versions sorted
+// and Resolve only binary-searches or scans down from the highest.
+type Registry struct {
+	mu    sync.RWMutex
+	tools map[string][]entry // versions of each tool, ascending
+
+	// parsed caches parsed constraints: parsing a range costs microseconds
+	// and the same few constraints come back on every invocation.
+	parsed  sync.Map // string → *semver.Version or *semver.Constraints
+	nparsed atomic.Int32
+}
+
+// maxParsed bounds the constraint cache, since callers choose the strings.
+const maxParsed = 256
+
+type entry struct {
+	v *semver.Version
+	m *Manifest
+}
+
+func byVersion(e entry, v *semver.Version) int { return e.v.Compare(v) }
+
+// NewRegistry returns an empty registry.
+func NewRegistry() *Registry { return new(Registry) }
+
+// Put adds m, replacing any manifest with the same id and version. m must not
+// be modified afterwards. Put panics if m.Version is not a semantic version,
+// which cannot happen for manifests from Parse.
+func (r *Registry) Put(m *Manifest) {
+	v := m.ver
+	if v == nil {
+		var err error
+		if v, err = semver.StrictNewVersion(m.Version); err != nil {
+			panic(fmt.Sprintf("tools: Put %s: %v", m.Key(), err))
+		}
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.tools == nil {
+		r.tools = map[string][]entry{}
+	}
+	vs := r.tools[m.ID]
+	i, found := slices.BinarySearchFunc(vs, v, byVersion)
+	if found {
+		vs[i] = entry{v, m}
+		return
+	}
+	r.tools[m.ID] = slices.Insert(vs, i, entry{v, m})
+}
+
+// Has reports whether the registry holds exactly version of id.
+func (r *Registry) Has(id, version string) bool {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return slices.ContainsFunc(r.tools[id], func(e entry) bool { return e.m.Version == version })
+}
+
+// Delete removes one version of a tool; it does nothing if there is none.
+func (r *Registry) Delete(id, version string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	vs := r.tools[id]
+	i := slices.IndexFunc(vs, func(e entry) bool { return e.m.Version == version })
+	if i < 0 {
+		return
+	}
+	if len(vs) == 1 {
+		delete(r.tools, id)
+		return
+	}
+	r.tools[id] = slices.Delete(vs, i, i+1)
+}
+
+// Resolve finds the manifest a request for id at constraint refers to:
+//
+//   - "" or "latest": the highest active or deprecated version, releases
+//     before pre-releases;
+//   - an exact version such as 1.2.3: that version, whatever its lifecycle
+//     state, since the route stage reports removed and sunset versions;
+//   - a range such as ^1.2, ~1.0.3, ">=1, <2" or 1.x: the highest active or
+//     deprecated version in it.
+//
+// Failures are tool_not_found (E3001) for an unknown id,
+// tool_version_not_found with E3002 (no such exact version), E3004 (only
+// removed or sunset versions) or E3006 (nothing in the range), and
+// invalid_parameters (E3006) for a constraint that does not parse.
+func (r *Registry) Resolve(id, constraint string) (*Manifest, error) {
+	// Parse before taking the lock, to keep the critical section short.
+	exact, rng, rngErr := r.parse(constraint)
+
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	vs := r.tools[id]
+	if len(vs) == 0 {
+		return nil, api.NewError(api.ToolNotFound, api.EToolNotFound, "no tool %q", id).
+			WithDetail("tool_id", id)
+	}
+	switch {
+	case rngErr != nil:
+		return nil, api.NewError(api.InvalidParameters, api.EVersionUnsatisfied,
+			"tool_version %q is neither a version nor a version range: %v", constraint, rngErr).
+			WithDetail("tool_id", id).WithDetail("tool_version", constraint)
+	case exact != nil:
+		i, found := slices.BinarySearchFunc(vs, exact, byVersion)
+		if !found {
+			return nil, versionNotFound(api.EVersionNotFound, id, constraint, "tool %q has no version %s", id, constraint)
+		}
+		return vs[i].m, nil
+	case rng != nil:
+		for i := len(vs) - 1; i >= 0; i-- {
+			if vs[i].m.serving() && rng.Check(vs[i].v) {
+				return vs[i].m, nil
+			}
+		}
+		return nil, versionNotFound(api.EVersionUnsatisfied, id, constraint,
+			"no available version of tool %q satisfies %q", id, constraint)
+	}
+	if m := latest(vs); m != nil {
+		return m, nil
+	}
+	return nil, versionNotFound(api.EToolRemoved, id, constraint,
+		"every version of tool %q is sunset or removed", id)
+}
+
+// parse classifies a constraint: neither result for latest, an exact version,
+// or a range.
+func (r *Registry) parse(constraint string) (*semver.Version, *semver.Constraints, error) {
+	if constraint == "" || constraint == "latest" {
+		return nil, nil, nil
+	}
+	p, ok := r.parsed.Load(constraint)
+	if !ok {
+		if v, err := semver.StrictNewVersion(constraint); err == nil {
+			p = v
+		} else if p, err = semver.NewConstraint(constraint); err != nil {
+			return nil, nil, err
+		}
+		if r.nparsed.Add(1) > maxParsed {
+			// Start afresh rather than evict: it is cheap, and the
+			// constraints in use come back at once. Racing Stores only
+			// blur the bound.
+			r.parsed.Clear()
+			r.nparsed.Store(1)
+		}
+		r.parsed.Store(constraint, p)
+	}
+	if v, ok := p.(*semver.Version); ok {
+		return v, nil, nil
+	}
+	return nil, p.(*semver.Constraints), nil
+}
+
+func versionNotFound(ecode, id, constraint, format string, args ...any) *api.Error {
+	return api.NewError(api.ToolVersionNotFound, ecode, format, args...).
+		WithDetail("tool_id", id).WithDetail("tool_version", constraint)
+}
+
+// latest returns the highest serving version in vs, preferring releases to
+// pre-releases, or nil if none serves.
+func latest(vs []entry) *Manifest {
+	var pre *Manifest
+	for i := len(vs) - 1; i >= 0; i-- {
+		e := vs[i]
+		if !e.m.serving() {
+			continue
+		}
+		if e.v.Prerelease() == "" {
+			return e.m
+		}
+		if pre == nil {
+			pre = e.m
+		}
+	}
+	return pre
+}
+
+// Versions returns every version of a tool, ascending, whatever its state.
+func (r *Registry) Versions(id string) []*Manifest {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	vs := r.tools[id]
+	if len(vs) == 0 {
+		return nil
+	}
+	out := make([]*Manifest, len(vs))
+	for i, e := range vs {
+		out[i] = e.m
+	}
+	return out
+}
+
+// List returns, sorted by id, the version "latest" resolves to of every tool
+// that has one.
+func (r *Registry) List() []*Manifest {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	out := make([]*Manifest, 0, len(r.tools))
+	for _, vs := range r.tools {
+		if m := latest(vs); m != nil {
+			out = append(out, m)
+		}
+	}
+	slices.SortFunc(out, func(a, b *Manifest) int { return strings.Compare(a.ID, b.ID) })
+	return out
+}
+
+// Len returns the number of manifests, counting each version of a tool.
+func (r *Registry) Len() int {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	n := 0
+	for _, vs := range r.tools {
+		n += len(vs)
+	}
+	return n
+}
