@@ -177,7 +177,7 @@ func (e *Engine) Eval(ctx context.Context, input any) (Decision, error) {
 	rs, err := e.query.Eval(ctx, rego.EvalInput(input))
 	if err != nil {
 		return Decision{Reasons: []string{"policy evaluation failed"}},
-			api.WrapError(err, api.PermissionDenied, api.EPolicyFailed, "evaluating policy: %v", err)
+			api.WrapError(err, api.InternalError, api.EPolicyFailed, "evaluating policy: %v", err)
 	}
 	if len(rs) == 0 || len(rs[0].Expressions) == 0 {
 		return Decision{Reasons: []string{"the policy defines no decision for this call"}}, nil
