@@ -29,10 +29,11 @@ type settlement struct {
 	delay time.Duration
 }
 
-// settle decides the fate of a message from its stage's answer. It is the one
-// place where the pipeline's settlement rules live; see the package comment.
-// It may end inv (Fail) but does no I/O.
-func settle(stage string, inv *envelope.Invocation, err error, delivered, maxDeliver int) settlement {
+// settle decides the fate of a message from its stage's answer; final is
+// set for a stages.Finaliser. It is the one place where the pipeline's
+// settlement rules live; see the package comment. It may end inv (Fail) but
+// does no I/O.
+func settle(stage string, final bool, inv *envelope.Invocation, err error, delivered, maxDeliver int) settlement {
 	if delay, ok := stages.IsTransient(err); ok {
 		if maxDeliver <= 0 || delivered < maxDeliver {
 			if delay <= 0 {
@@ -40,14 +41,14 @@ func settle(stage string, inv *envelope.Invocation, err error, delivered, maxDel
 			}
 			return settlement{act: actRetry, delay: delay}
 		}
-		if stage == subjects.Audit {
+		if final {
 			return settlement{act: actTerm}
 		}
 		inv.Fail(stage, api.WrapError(err, api.InternalError, api.EDeliveryExhausted,
 			"%s gave up after %d deliveries: %v", stage, delivered, err))
 		return settlement{act: actForward, next: subjects.Audit}
 	}
-	if stage == subjects.Audit {
+	if final {
 		if err != nil {
 			return settlement{act: actTerm}
 		}

@@ -19,10 +19,14 @@ import (
 // Auditor implements the audit stage.
 type Auditor struct{ store *kvstore.Store }
 
-var _ stages.Stage = (*Auditor)(nil)
+var _ stages.Finaliser = (*Auditor)(nil)
 
 // New returns an Auditor writing status to store.
 func New(store *kvstore.Store) *Auditor { return &Auditor{store: store} }
+
+// Finalises implements stages.Finaliser: audit is where every invocation
+// ends.
+func (a *Auditor) Finalises() {}
 
 // Process implements stages.Stage. It is idempotent: on a redelivery the
 // status write finds its own record and the outputs carry the same ids.
