@@ -6,6 +6,7 @@
 package natstest
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -59,14 +60,18 @@ func JetStream(t testing.TB) (*nats.Conn, jetstream.JetStream) {
 }
 
 // Eventually waits until cond returns true, checking every few milliseconds,
-// and fails t if it has not within timeout.
-func Eventually(t testing.TB, timeout time.Duration, cond func() bool) {
+// and fails t if it has not within timeout; what, if given, names the
+// condition in the failure.
+func Eventually(t testing.TB, timeout time.Duration, cond func() bool, what ...string) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	tick := time.NewTicker(5 * time.Millisecond)
 	defer tick.Stop()
 	for !cond() {
 		if time.Now().After(deadline) {
+			if len(what) > 0 {
+				t.Fatalf("timed out after %s waiting for %s", timeout, strings.Join(what, " "))
+			}
 			t.Fatalf("condition not met within %s", timeout)
 		}
 		<-tick.C
