@@ -108,32 +108,17 @@ func (s *Store) WatchPolicy(ctx context.Context, fn func(b PolicyBundle, ok bool
 
 // --- approvals -------------------------------------------------------------
 
-// Approval states.
+// Approval states; see api.Approval.
 const (
-	ApprovalPending  = "pending"
-	ApprovalApproved = "approved"
-	ApprovalDenied   = "denied"
-	ApprovalExpired  = "expired"
-	// ApprovalCancelled: the invocation was cancelled while it waited.
-	ApprovalCancelled = "cancelled"
+	ApprovalPending   = api.ApprovalPending
+	ApprovalApproved  = api.ApprovalApproved
+	ApprovalDenied    = api.ApprovalDenied
+	ApprovalExpired   = api.ApprovalExpired
+	ApprovalCancelled = api.ApprovalCancelled
 )
 
 // Approval is a human decision on one invocation, asked for or made.
-type Approval struct {
-	InvocationID string    `json:"invocation_id"`
-	Tenant       string    `json:"tenant_id"`
-	ToolID       string    `json:"tool_id"`
-	ToolVersion  string    `json:"tool_version"`
-	Reasons      []string  `json:"reasons,omitempty"`
-	State        string    `json:"state"`
-	RequestedAt  time.Time `json:"requested_at"`
-	Deadline     time.Time `json:"deadline"`
-	DecidedAt    time.Time `json:"decided_at,omitzero"`
-	DecidedBy    string    `json:"decided_by,omitempty"`
-	Reason       string    `json:"reason,omitempty"`
-	// Invocation is the parked pipeline envelope, resumed or ended on decision.
-	Invocation json.RawMessage `json:"invocation"`
-}
+type Approval = api.Approval
 
 func approvalKey(tenant, id string) string { return invocationKey(tenant, id) }
 
