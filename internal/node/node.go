@@ -252,8 +252,9 @@ func (n *Node) NewStage(ctx context.Context, name string, c StageConfig) (stages
 		return n.newAuthorizer(ctx, c)
 	case subjects.Route:
 		r := route.New(n.Registry, execute.Kinds...)
-		r.Limits = ratelimit.New(n.Store, cmp.Or(c.RateLimitLease, 8))
-		r.Limits.Overrides = c.RateLimits
+		limits := ratelimit.New(n.Store, cmp.Or(c.RateLimitLease, 8))
+		limits.Overrides = c.RateLimits
+		r.Limits = limits
 		return r, nil
 	case subjects.Execute:
 		set := c.Builtins
