@@ -50,11 +50,25 @@ type Kind interface {
 	Prepare(m *tools.Manifest, inv *envelope.Invocation) (builtin.Func, error)
 }
 
+// store is what execute reads and writes (*kvstore.Store): the invocation's
+// status record (its claim), idempotency keys and checkpoints.
+type store interface {
+	Status(ctx context.Context, tenant, id string) (api.Record, error)
+	SetStatus(ctx context.Context, rec api.Record) (api.Record, bool, error)
+	UpdateRecord(ctx context.Context, tenant, id string, change func(*api.Record)) (api.Record, error)
+	ClaimIdempotencyKey(ctx context.Context, tenant, key, id, digest string) (kvstore.IdempotencyClaim, error)
+	SaveCheckpoint(ctx context.Context, tenant, id string, c kvstore.Checkpoint) (int, error)
+	LoadCheckpoint(ctx context.Context, tenant, id string) (kvstore.Checkpoint, bool, error)
+	DeleteCheckpoint(ctx context.Context, tenant, id string) error
+}
+
+var _ store = (*kvstore.Store)(nil)
+
 // Executor implements the execute stage.
 type Executor struct {
 	reg      *tools.Registry
 	builtins builtin.Set
-	store    *kvstore.Store
+	store    store
 	running  *Running
 	// Sandbox runs cli tools; SandboxErr, when set, says why it cannot.
 	Sandbox    sandbox.Config
