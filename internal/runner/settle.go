@@ -1,12 +1,13 @@
 package runner
 
 import (
+	"time"
+
 	"github.com/toolgate/toolgate/api"
+	backoffs "github.com/toolgate/toolgate/internal/backoff"
 	"github.com/toolgate/toolgate/internal/envelope"
 	"github.com/toolgate/toolgate/stages"
 	"github.com/toolgate/toolgate/subjects"
-	"math/rand/v2"
-	"time"
 )
 
 // action is what the Runner does with a message once its stage has answered.
@@ -70,11 +71,5 @@ func settle(stage string, final bool, inv *envelope.Invocation, err error, deliv
 
 // backoff is exponential with full jitter: 250ms·2^(n-1), capped at 30s.
 func backoff(delivered int) time.Duration {
-	const base, ceiling = 250 * time.Millisecond, 30 * time.Second
-	d := base
-	for i := 1; i < delivered && d < ceiling; i++ {
-		d *= 2
-	}
-	d = min(d, ceiling)
-	return time.Duration(rand.Int64N(int64(d))) + time.Millisecond
+	return backoffs.FullJitter(delivered, 250*time.Millisecond, 30*time.Second)
 }

@@ -11,7 +11,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -20,6 +19,7 @@ import (
 	"github.com/failsafe-go/failsafe-go/retrypolicy"
 	"github.com/failsafe-go/failsafe-go/timeout"
 	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/backoff"
 	"github.com/toolgate/toolgate/internal/breaker"
 	"github.com/toolgate/toolgate/internal/envelope"
 	"github.com/toolgate/toolgate/internal/runner"
@@ -343,9 +343,8 @@ func retryPolicy(m *tools.Manifest, limit time.Duration) failsafe.Policy[json.Ra
 	return retrypolicy.NewBuilder[json.RawMessage]().
 		WithMaxAttempts(p.MaxAttempts).
 		WithDelayFunc(func(exec failsafe.ExecutionAttempt[json.RawMessage]) time.Duration {
-			d := base << min(exec.Attempts()-1, 20)
 			// A Retry-After from the service is a floor: sooner would be refused again.
-			return max(rand.N(min(d, ceiling))+time.Millisecond, retryAfter(exec.LastError()))
+			return max(backoff.FullJitter(exec.Attempts(), base, ceiling), retryAfter(exec.LastError()))
 		}).
 		HandleIf(func(_ json.RawMessage, err error) bool {
 			if err == nil {
