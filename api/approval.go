@@ -1,5 +1,38 @@
 package api
 
+import (
+	"encoding/json"
+	"time"
+)
+
+// Approval states.
+const (
+	ApprovalPending  = "pending"
+	ApprovalApproved = "approved"
+	ApprovalDenied   = "denied"
+	ApprovalExpired  = "expired"
+	// ApprovalCancelled: the invocation was cancelled while it waited.
+	ApprovalCancelled = "cancelled"
+)
+
+// Approval is a human decision on one invocation, asked for or made: the
+// record the approvals service stores and answers a decision with.
+type Approval struct {
+	InvocationID string    `json:"invocation_id"`
+	Tenant       string    `json:"tenant_id"`
+	ToolID       string    `json:"tool_id"`
+	ToolVersion  string    `json:"tool_version"`
+	Reasons      []string  `json:"reasons,omitempty"`
+	State        string    `json:"state"`
+	RequestedAt  time.Time `json:"requested_at"`
+	Deadline     time.Time `json:"deadline"`
+	DecidedAt    time.Time `json:"decided_at,omitzero"`
+	DecidedBy    string    `json:"decided_by,omitempty"`
+	Reason       string    `json:"reason,omitempty"`
+	// Invocation is the parked pipeline envelope, resumed or ended on decision.
+	Invocation json.RawMessage `json:"invocation"`
+}
+
 // ApprovalDecision is a request to approve or deny one invocation.
 type ApprovalDecision struct {
 	Tenant       string `json:"tenant_id"`

@@ -5,19 +5,16 @@ package client
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
 
-	"github.com/cloudevents/sdk-go/v2/event"
-	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nats.go/micro"
 	"github.com/toolgate/toolgate/api"
-	"github.com/toolgate/toolgate/internal/envelope"
-	"github.com/toolgate/toolgate/kvstore"
 	"github.com/toolgate/toolgate/subjects"
 )
 
@@ -47,23 +44,28 @@ type InvokeOptions struct {
 }
 
 // NewEvent builds the tool.invoke CloudEvent for req.
-func (c *Client) NewEvent(req api.Request, o InvokeOptions) (*event.Event, error) {
+func (c *Client) NewEvent(req api.Request, o InvokeOptions) (*api.Event, error) {
 	id := o.ID
 	if id == "" {
-		id = uuid.NewString()
+		id = newUUID()
 	}
-	e := event.New()
-	e.SetID(id)
-	e.SetSource(c.Source)
-	e.SetType(envelope.EventType)
-	e.SetTime(time.Now().UTC())
-	if o.TraceParent != "" {
-		e.SetExtension("traceparent", o.TraceParent)
-	}
-	if err := e.SetData(event.ApplicationJSON, req); err != nil {
+	e, err := api.NewEvent(id, c.Source, api.TypeInvoke, req)
+	if err != nil {
 		return nil, err
 	}
-	return &e, nil
+	if o.TraceParent != "" {
+		e.Extensions = map[string]string{"traceparent": o.TraceParent}
+	}
+	return e, nil
+}
+
+// newUUID returns a random (version 4) UUID.
+func newUUID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:])
 }
 
 // Invoke publishes req for tenant req.AgentContext.TenantID in binary mode
@@ -73,17 +75,17 @@ func (c *Client) Invoke(ctx context.Context, req api.Request, o InvokeOptions) (
 	if err != nil {
 		return "", err
 	}
-	h, body, err := envelope.ToMessage(e)
+	h, body, err := e.Binary()
 	if err != nil {
 		return "", err
 	}
 	tenant := req.AgentContext.TenantID
-	h.Set(nats.MsgIdHdr, envelope.InvokeMsgID(tenant, e.Source(), e.ID()))
+	nats.Header(h).Set(nats.MsgIdHdr, api.InvokeMsgID(tenant, e.Source, e.ID))
 	msg := &nats.Msg{Subject: subjects.Invoke(tenant), Header: h, Data: body}
 	if _, err := c.js.PublishMsg(ctx, msg); err != nil {
 		return "", fmt.Errorf("publishing invocation: %w", err)
 	}
-	return e.ID(), nil
+	return e.ID, nil
 }
 
 // Wait returns the response of invocation id of tenant, waiting until it
@@ -120,17 +122,20 @@ func isAccepted(data []byte) bool {
 	var head struct {
 		Type string `json:"type"`
 	}
-	return json.Unmarshal(data, &head) == nil && head.Type == envelope.TypeAccepted
+	return json.Unmarshal(data, &head) == nil && head.Type == api.TypeAccepted
 }
 
 // DecodeResult reads a tool.result CloudEvent.
 func DecodeResult(data []byte) (api.Response, error) {
-	var e event.Event
-	if err := json.Unmarshal(data, &e); err != nil {
+	e, err := api.DecodeStructured(data)
+	if err != nil {
 		return api.Response{}, fmt.Errorf("decoding result event: %w", err)
 	}
 	var r api.Response
-	if err := e.DataAs(&r); err != nil {
+	if len(e.Data) == 0 {
+		return r, nil
+	}
+	if err := json.Unmarshal(e.Data, &r); err != nil {
 		return api.Response{}, fmt.Errorf("decoding result: %w", err)
 	}
 	return r, nil
@@ -222,8 +227,8 @@ func (c *Client) Tail(ctx context.Context, tenant string, all bool, fn func(subj
 
 // Decide approves or denies a parked invocation. Of several decisions on
 // one invocation only the first counts; later ones fail with E3215.
-func (c *Client) Decide(ctx context.Context, d api.ApprovalDecision) (kvstore.Approval, error) {
-	var out kvstore.Approval
+func (c *Client) Decide(ctx context.Context, d api.ApprovalDecision) (api.Approval, error) {
+	var out api.Approval
 	err := c.request(ctx, subjects.SvcApproval, d, &out)
 	return out, err
 }

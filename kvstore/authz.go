@@ -12,10 +12,6 @@ import (
 	"github.com/toolgate/toolgate/subjects"
 )
 
-// casAttempts bounds compare-and-swap loops; contention beyond it is an error
-// the caller retries later.
-const casAttempts = 32
-
 // --- revocations -----------------------------------------------------------
 
 // Revoke records that the token with id jti is revoked until until (its
@@ -112,32 +108,17 @@ func (s *Store) WatchPolicy(ctx context.Context, fn func(b PolicyBundle, ok bool
 
 // --- approvals -------------------------------------------------------------
 
-// Approval states.
+// Approval states; see api.Approval.
 const (
-	ApprovalPending  = "pending"
-	ApprovalApproved = "approved"
-	ApprovalDenied   = "denied"
-	ApprovalExpired  = "expired"
-	// ApprovalCancelled: the invocation was cancelled while it waited.
-	ApprovalCancelled = "cancelled"
+	ApprovalPending   = api.ApprovalPending
+	ApprovalApproved  = api.ApprovalApproved
+	ApprovalDenied    = api.ApprovalDenied
+	ApprovalExpired   = api.ApprovalExpired
+	ApprovalCancelled = api.ApprovalCancelled
 )
 
 // Approval is a human decision on one invocation, asked for or made.
-type Approval struct {
-	InvocationID string    `json:"invocation_id"`
-	Tenant       string    `json:"tenant_id"`
-	ToolID       string    `json:"tool_id"`
-	ToolVersion  string    `json:"tool_version"`
-	Reasons      []string  `json:"reasons,omitempty"`
-	State        string    `json:"state"`
-	RequestedAt  time.Time `json:"requested_at"`
-	Deadline     time.Time `json:"deadline"`
-	DecidedAt    time.Time `json:"decided_at,omitzero"`
-	DecidedBy    string    `json:"decided_by,omitempty"`
-	Reason       string    `json:"reason,omitempty"`
-	// Invocation is the parked pipeline envelope, resumed or ended on decision.
-	Invocation json.RawMessage `json:"invocation"`
-}
+type Approval = api.Approval
 
 func approvalKey(tenant, id string) string { return invocationKey(tenant, id) }
 
@@ -190,30 +171,28 @@ func (s *Store) approval(ctx context.Context, tenant, id string) (Approval, uint
 // exactly one wins. The loser gets E3215 with the stored decision; an unknown
 // invocation is E3214.
 func (s *Store) Decide(ctx context.Context, tenant, id, state, by, reason string) (Approval, error) {
-	for range casAttempts {
-		a, rev, err := s.approval(ctx, tenant, id)
-		if err != nil {
-			return Approval{}, err
+	a, _, err := update(ctx, s.approvals, approvalKey(tenant, id), func(a *Approval, exists bool) error {
+		if !exists {
+			return api.NewError(api.InvalidParameters, api.EApprovalUnknown,
+				"no approval was requested for invocation %s of tenant %s", id, tenant)
 		}
 		if a.State != ApprovalPending {
-			return a, api.NewError(api.StateConflict, api.EApprovalDecided,
+			return api.NewError(api.StateConflict, api.EApprovalDecided,
 				"invocation %s was already %s by %s", id, a.State, a.DecidedBy).WithDetail("state", a.State)
 		}
 		a.State, a.DecidedBy, a.Reason, a.DecidedAt = state, by, reason, time.Now().UTC()
-		val, err := json.Marshal(a)
-		if err != nil {
-			return Approval{}, err
-		}
-		_, err = s.approvals.Update(ctx, approvalKey(tenant, id), val, rev)
-		if errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
-			continue
-		}
-		if err != nil {
-			return Approval{}, fmt.Errorf("recording decision: %w", err)
-		}
-		return a, nil
+		return nil
+	})
+	var apiErr *api.Error
+	switch {
+	case errors.As(err, &apiErr) && apiErr.ECode == api.EApprovalUnknown:
+		return Approval{}, err
+	case errors.As(err, &apiErr):
+		return a, err
+	case err != nil:
+		return Approval{}, fmt.Errorf("recording decision: %w", err)
 	}
-	return Approval{}, fmt.Errorf("approval of %s: too much contention", id)
+	return a, nil
 }
 
 // PendingApprovals lists the approvals still waiting for a decision.
@@ -279,32 +258,19 @@ func (s *Store) usage(ctx context.Context, tenant, session string) (Usage, uint6
 // UpdateUsage applies change to a session's usage with compare-and-swap and
 // returns the stored result. If change returns an error nothing is written.
 func (s *Store) UpdateUsage(ctx context.Context, tenant, session string, change func(*Usage) error) (Usage, error) {
-	key := budgetKey(tenant, session)
-	for range casAttempts {
-		u, rev, err := s.usage(ctx, tenant, session)
-		if err != nil {
-			return Usage{}, err
-		}
-		if err := change(&u); err != nil {
-			return u, err
+	var changeErr error
+	u, _, err := update(ctx, s.budgets, budgetKey(tenant, session), func(u *Usage, _ bool) error {
+		if changeErr = change(u); changeErr != nil {
+			return changeErr
 		}
 		u.UpdatedAt = time.Now().UTC()
-		val, err := json.Marshal(u)
-		if err != nil {
-			return Usage{}, err
-		}
-		if rev == 0 {
-			_, err = s.budgets.Create(ctx, key, val)
-		} else {
-			_, err = s.budgets.Update(ctx, key, val, rev)
-		}
-		if errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
-			continue
-		}
-		if err != nil {
-			return Usage{}, fmt.Errorf("updating usage: %w", err)
-		}
-		return u, nil
+		return nil
+	})
+	if changeErr != nil {
+		return u, changeErr
 	}
-	return Usage{}, fmt.Errorf("usage of %s/%s: too much contention", tenant, session)
+	if err != nil {
+		return Usage{}, fmt.Errorf("updating usage of %s/%s: %w", tenant, session, err)
+	}
+	return u, nil
 }

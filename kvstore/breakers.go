@@ -60,36 +60,28 @@ func (s *Store) Breaker(ctx context.Context, key string) (BreakerState, error) {
 // exactly one gets won=true and announces it. change sees the stored state
 // and returns false to leave it.
 func (s *Store) TransitionBreaker(ctx context.Context, key string, change func(cur *BreakerState) bool) (BreakerState, bool, error) {
-	for range casAttempts {
-		cur, err := s.Breaker(ctx, key)
-		if err != nil {
-			return BreakerState{}, false, err
+	won := false
+	next, rev, err := update(ctx, s.breakers, breakerKey(key), func(b *BreakerState, exists bool) error {
+		won = false
+		if !exists {
+			*b = BreakerState{Key: key, State: BreakerClosed}
 		}
-		next := cur
+		next := *b
 		if !change(&next) {
-			return cur, false, nil
+			return ErrUnchanged
 		}
 		next.Key = key
-		val, err := json.Marshal(next)
-		if err != nil {
-			return BreakerState{}, false, err
-		}
-		var rev uint64
-		if cur.Revision == 0 {
-			rev, err = s.breakers.Create(ctx, breakerKey(key), val)
-		} else {
-			rev, err = s.breakers.Update(ctx, breakerKey(key), val, cur.Revision)
-		}
-		if errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
-			continue
-		}
-		if err != nil {
-			return BreakerState{}, false, fmt.Errorf("updating breaker: %w", err)
-		}
-		next.Revision = rev
-		return next, true, nil
+		*b, won = next, true
+		return nil
+	})
+	if errors.Is(err, ErrContention) {
+		return BreakerState{}, false, fmt.Errorf("breaker %s: %w", key, err)
 	}
-	return BreakerState{}, false, fmt.Errorf("breaker %s: too much contention", key)
+	if err != nil {
+		return BreakerState{}, false, fmt.Errorf("updating breaker: %w", err)
+	}
+	next.Revision = rev
+	return next, won, nil
 }
 
 // WatchBreakers calls fn with every stored breaker state and each change.

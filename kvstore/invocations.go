@@ -24,55 +24,31 @@ func invocationKey(tenant, id string) string {
 // belongs to another publish (another ingest sequence) of the same id. It
 // returns the record that is stored afterwards and whether rec was written.
 func (s *Store) SetStatus(ctx context.Context, rec api.Record) (api.Record, bool, error) {
-	key := invocationKey(rec.Tenant, rec.InvocationID)
 	if rec.UpdatedAt.IsZero() {
 		rec.UpdatedAt = time.Now().UTC()
 	}
-	val, err := json.Marshal(rec)
+	written := false
+	got, _, err := update(ctx, s.invocations, invocationKey(rec.Tenant, rec.InvocationID), func(stored *api.Record, exists bool) error {
+		written = false
+		next := rec
+		if exists {
+			if stored.Status.Terminal() || !sameInvocation(*stored, rec) {
+				return ErrUnchanged
+			}
+			if next.Digest == "" {
+				next.Digest = stored.Digest
+			}
+			if stored.CancelRequested {
+				next.CancelRequested = true
+			}
+		}
+		*stored, written = next, true
+		return nil
+	})
 	if err != nil {
-		return api.Record{}, false, err
+		return api.Record{}, false, fmt.Errorf("status of %s: %w", rec.InvocationID, err)
 	}
-	for range 16 {
-		cur, err := s.invocations.Get(ctx, key)
-		if errors.Is(err, jetstream.ErrKeyNotFound) {
-			_, err = s.invocations.Create(ctx, key, val)
-			if errors.Is(err, jetstream.ErrKeyExists) {
-				continue // lost a race: read the winner
-			}
-			if err != nil {
-				return api.Record{}, false, fmt.Errorf("creating status: %w", err)
-			}
-			return rec, true, nil
-		}
-		if err != nil {
-			return api.Record{}, false, fmt.Errorf("reading status: %w", err)
-		}
-		var stored api.Record
-		if err := json.Unmarshal(cur.Value(), &stored); err != nil {
-			return api.Record{}, false, fmt.Errorf("decoding status: %w", err)
-		}
-		if stored.Status.Terminal() || !sameInvocation(stored, rec) {
-			return stored, false, nil
-		}
-		if rec.Digest == "" {
-			rec.Digest = stored.Digest
-		}
-		if stored.CancelRequested && !rec.CancelRequested {
-			rec.CancelRequested = true
-			if val, err = json.Marshal(rec); err != nil {
-				return api.Record{}, false, err
-			}
-		}
-		_, err = s.invocations.Update(ctx, key, val, cur.Revision())
-		if errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
-			continue
-		}
-		if err != nil {
-			return api.Record{}, false, fmt.Errorf("updating status: %w", err)
-		}
-		return rec, true, nil
-	}
-	return api.Record{}, false, fmt.Errorf("status of %s: too much contention", rec.InvocationID)
+	return got, written, nil
 }
 
 // sameInvocation reports whether rec may replace stored: both belong to the
@@ -89,45 +65,22 @@ func sameInvocation(stored, rec api.Record) bool {
 // Seq is an earlier request that holds the id. A record without a sequence
 // (a cancel that came first) is adopted, keeping its cancel flag.
 func (s *Store) ClaimInvocation(ctx context.Context, tenant, id string, seq uint64, digest string) (api.Record, error) {
-	key := invocationKey(tenant, id)
-	for range casAttempts {
+	rec, _, err := update(ctx, s.invocations, invocationKey(tenant, id), func(stored *api.Record, exists bool) error {
+		if exists && (stored.Seq != 0 || stored.Status.Terminal()) {
+			return ErrUnchanged
+		}
 		rec := api.Record{InvocationID: id, Tenant: tenant, Status: api.StatusPending, Seq: seq, Digest: digest,
 			UpdatedAt: time.Now().UTC()}
-		e, err := s.invocations.Get(ctx, key)
-		var rev uint64
-		switch {
-		case errors.Is(err, jetstream.ErrKeyNotFound):
-		case err != nil:
-			return api.Record{}, fmt.Errorf("reading status: %w", err)
-		default:
-			var stored api.Record
-			if err := json.Unmarshal(e.Value(), &stored); err != nil {
-				return api.Record{}, fmt.Errorf("decoding status: %w", err)
-			}
-			if stored.Seq != 0 || stored.Status.Terminal() {
-				return stored, nil
-			}
+		if exists {
 			rec.CancelRequested, rec.Status = stored.CancelRequested, stored.Status
-			rev = e.Revision()
 		}
-		val, err := json.Marshal(rec)
-		if err != nil {
-			return api.Record{}, err
-		}
-		if rev == 0 {
-			_, err = s.invocations.Create(ctx, key, val)
-		} else {
-			_, err = s.invocations.Update(ctx, key, val, rev)
-		}
-		if errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
-			continue
-		}
-		if err != nil {
-			return api.Record{}, fmt.Errorf("claiming invocation id: %w", err)
-		}
-		return rec, nil
+		*stored = rec
+		return nil
+	})
+	if err != nil {
+		return api.Record{}, fmt.Errorf("claiming invocation id %s: %w", id, err)
 	}
-	return api.Record{}, fmt.Errorf("status of %s: too much contention", id)
+	return rec, nil
 }
 
 // Status returns the stored record of an invocation, or ErrNotFound.
@@ -150,42 +103,19 @@ func (s *Store) Status(ctx context.Context, tenant, id string) (api.Record, erro
 // It returns the stored record; a terminal record is returned unchanged, and
 // a missing one is created from an empty record with tenant and id.
 func (s *Store) UpdateRecord(ctx context.Context, tenant, id string, change func(*api.Record)) (api.Record, error) {
-	key := invocationKey(tenant, id)
-	for range casAttempts {
-		rec := api.Record{InvocationID: id, Tenant: tenant, Status: api.StatusPending}
-		var rev uint64
-		e, err := s.invocations.Get(ctx, key)
-		switch {
-		case errors.Is(err, jetstream.ErrKeyNotFound):
-		case err != nil:
-			return api.Record{}, err
-		default:
-			if err := json.Unmarshal(e.Value(), &rec); err != nil {
-				return api.Record{}, fmt.Errorf("decoding status: %w", err)
-			}
-			rev = e.Revision()
+	rec, _, err := update(ctx, s.invocations, invocationKey(tenant, id), func(rec *api.Record, exists bool) error {
+		if !exists {
+			*rec = api.Record{InvocationID: id, Tenant: tenant, Status: api.StatusPending}
 		}
 		if rec.Status.Terminal() {
-			return rec, nil
+			return ErrUnchanged
 		}
-		change(&rec)
+		change(rec)
 		rec.UpdatedAt = time.Now().UTC()
-		val, err := json.Marshal(rec)
-		if err != nil {
-			return api.Record{}, err
-		}
-		if rev == 0 {
-			_, err = s.invocations.Create(ctx, key, val)
-		} else {
-			_, err = s.invocations.Update(ctx, key, val, rev)
-		}
-		if errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
-			continue
-		}
-		if err != nil {
-			return api.Record{}, fmt.Errorf("updating status: %w", err)
-		}
-		return rec, nil
+		return nil
+	})
+	if err != nil {
+		return api.Record{}, fmt.Errorf("updating status of %s: %w", id, err)
 	}
-	return api.Record{}, fmt.Errorf("status of %s: too much contention", id)
+	return rec, nil
 }

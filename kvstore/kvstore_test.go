@@ -11,31 +11,16 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/natstest"
 	"github.com/toolgate/toolgate/internal/tools"
 	"github.com/toolgate/toolgate/kvstore"
 )
 
 func open(t *testing.T) (*kvstore.Store, jetstream.JetStream) {
 	t.Helper()
-	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoLog: true, NoSigs: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ns.Start()
-	if !ns.ReadyForConnections(10 * time.Second) {
-		t.Fatal("server did not start")
-	}
-	t.Cleanup(ns.Shutdown)
-	nc, err := nats.Connect(ns.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, _ := jetstream.New(nc)
+	_, js := natstest.JetStream(t)
 	s, err := kvstore.Open(context.Background(), js, kvstore.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -133,11 +118,7 @@ func TestToolsRegistryFollowsTheBucket(t *testing.T) {
 
 func waitFor(t *testing.T, cond func() bool) {
 	t.Helper()
-	for end := time.Now().Add(5 * time.Second); !cond(); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(end) {
-			t.Fatal("timed out")
-		}
-	}
+	natstest.Eventually(t, 5*time.Second, cond)
 }
 
 // TestCheckpointsCompressAndRoundTrip: a large state is stored gzipped and

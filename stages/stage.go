@@ -15,8 +15,15 @@
 //     with internal_error (E3901) instead, so it is never lost.
 //   - a panic in the stage: internal_error (E3902), to audit.
 //
+// Two kinds of stage change what the Runner does, by implementing an optional
+// interface beside Stage: a Decoder reads raw messages from the bus itself
+// (the first stage, whose input is the caller's CloudEvent rather than an
+// envelope handed on by a stage), and a Finaliser ends invocations instead of
+// handing them on (the last stage). See Decoder and Finaliser.
+//
 // Outputs a stage returns (audit events, results) are published before the
-// successor (or earlier, while the stage works, when it calls Announce), and the successor before the input is acked. Every publish
+// successor (or earlier, while the stage works, when it calls Announce), and
+// the successor before the input is acked. Every publish
 // carries a message id derived from the ingest sequence and the hop, so a
 // redelivered input never duplicates what its first delivery published.
 package stages
@@ -24,8 +31,9 @@ package stages
 import (
 	"context"
 	"errors"
-	"github.com/toolgate/toolgate/internal/envelope"
 	"time"
+
+	"github.com/toolgate/toolgate/internal/envelope"
 )
 
 // Stage is one step of the pipeline.
@@ -38,6 +46,34 @@ import (
 // invocation: a redelivery after a crash calls it again.
 type Stage interface {
 	Process(ctx context.Context, inv *envelope.Invocation) ([]Output, error)
+}
+
+// Decoder is a Stage that decodes the messages it consumes itself. Without
+// it the Runner reads each message as the JSON envelope one stage hands the
+// next, and a message that does not decode so is poison.
+//
+// Decode turns the message on subject, with header and body data, at stream
+// sequence seq and received at now, into an invocation. A nil invocation
+// means the message is not an invocation at all: the Runner records it as
+// poison on the audit stream and terminates it. An invocation with a non-nil
+// error is one that must end with that error: the Runner fails it and sends
+// it to audit without calling Process. Decode must be safe for concurrent
+// use and do no I/O; it is also called on a message that ran out of
+// deliveries, to end it with an audit event.
+type Decoder interface {
+	Stage
+	Decode(subject string, header map[string][]string, data []byte, seq uint64, now time.Time) (*envelope.Invocation, error)
+}
+
+// Finaliser is a Stage that ends every invocation it processes: the Runner
+// never hands its input on. For a Finaliser the Runner acks the input when
+// Process returns nil; it terminates it (no redelivery) when Process returns
+// an error that is not Transient, or a Transient one on the last delivery;
+// and a message that runs out of deliveries is recorded as poison, since no
+// stage is left to end it. Finalises is a marker: the Runner never calls it.
+type Finaliser interface {
+	Stage
+	Finalises()
 }
 
 // Announce asks the Runner to publish outs now, while the stage is still

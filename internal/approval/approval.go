@@ -29,9 +29,20 @@ type Decided struct {
 	Reason    string `json:"reason,omitempty"`
 }
 
+// Store holds approval records (*kvstore.Store). Decide moves a pending
+// approval to state with a compare-and-swap: of concurrent decisions exactly
+// one succeeds, the others get E3215 (api.EApprovalDecided) and an unknown
+// invocation E3214.
+type Store interface {
+	Decide(ctx context.Context, tenant, id, state, by, reason string) (kvstore.Approval, error)
+	PendingApprovals(ctx context.Context) ([]kvstore.Approval, error)
+}
+
+var _ Store = (*kvstore.Store)(nil)
+
 // Service applies decisions.
 type Service struct {
-	Store *kvstore.Store
+	Store Store
 	JS    jetstream.JetStream
 	Log   *slog.Logger
 }

@@ -7,31 +7,16 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/breaker"
-	"github.com/toolgate/toolgate/internal/node"
+	"github.com/toolgate/toolgate/internal/natstest"
 	"github.com/toolgate/toolgate/internal/tools"
 	"github.com/toolgate/toolgate/kvstore"
 )
 
 func openStore(t *testing.T) *kvstore.Store {
 	t.Helper()
-	ns, err := node.StartEmbedded(node.EmbeddedOptions{Listen: "127.0.0.1:-1", DataDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(ns.Shutdown)
-	nc, err := nats.Connect(ns.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, js := natstest.JetStream(t)
 	s, err := kvstore.Open(context.Background(), js, kvstore.Options{})
 	if err != nil {
 		t.Fatal(err)

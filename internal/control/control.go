@@ -68,10 +68,19 @@ func Start(nc *nats.Conn, store *kvstore.Store, reg *tools.Registry, approvals *
 	return svc, nil
 }
 
+// store is what the control service reads and writes (*kvstore.Store).
+type store interface {
+	Status(ctx context.Context, tenant, id string) (api.Record, error)
+	UpdateRecord(ctx context.Context, tenant, id string, change func(*api.Record)) (api.Record, error)
+	RegisterTool(ctx context.Context, doc []byte, replace bool) (*tools.Manifest, error)
+}
+
+var _ store = (*kvstore.Store)(nil)
+
 type handlers struct {
 	nc        *nats.Conn
 	js        jetstream.JetStream
-	store     *kvstore.Store
+	store     store
 	reg       *tools.Registry
 	approvals *approval.Service
 }

@@ -1,8 +1,6 @@
 package envelope
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"mime"
@@ -17,13 +15,12 @@ import (
 	"github.com/cloudevents/sdk-go/v2/binding/format"
 	"github.com/cloudevents/sdk-go/v2/binding/spec"
 	"github.com/cloudevents/sdk-go/v2/event"
-	"github.com/nats-io/nats.go"
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/subjects"
 )
 
 // EventType is the CloudEvent type of an invocation request.
-const EventType = "tool.invoke"
+const EventType = api.TypeInvoke
 
 // Binary-mode header names, per the CloudEvents NATS binding.
 const (
@@ -33,20 +30,11 @@ const (
 
 var binarySpec = spec.WithPrefix(headerPrefix)
 
-// MsgID is the Nats-Msg-Id a publisher sets for an event: CloudEvents treats
-// equal source and id as the same event, so JetStream drops the repeat.
-func MsgID(source, id string) string {
-	sum := sha256.Sum256([]byte(source + "\x00" + id))
-	return hex.EncodeToString(sum[:16])
-}
+// MsgID is the Nats-Msg-Id a publisher sets for an event (api.MsgID).
+func MsgID(source, id string) string { return api.MsgID(source, id) }
 
-// InvokeMsgID is the Nats-Msg-Id of a tool.invoke event for tenant: MsgID
-// scoped by tenant, because the invoke stream's dedup window is shared by all
-// tenants and equal ids from two tenants must never collide.
-func InvokeMsgID(tenant, source, id string) string {
-	sum := sha256.Sum256([]byte(tenant + "\x00" + source + "\x00" + id))
-	return hex.EncodeToString(sum[:16])
-}
+// InvokeMsgID is the Nats-Msg-Id of a tool.invoke event (api.InvokeMsgID).
+func InvokeMsgID(tenant, source, id string) string { return api.InvokeMsgID(tenant, source, id) }
 
 // FromMessage decodes a message that arrived on tool.invoke.<tenant> into a
 // new Invocation, in binary mode (ce-* headers, data as the body) or structured
@@ -61,7 +49,7 @@ func InvokeMsgID(tenant, source, id string) string {
 // always make valid subjects and keys: both are checked here, before anything
 // builds a subject from them. A subject tenant that is not acceptable is
 // replaced by subjects.SystemTenant, which audit never publishes a result for.
-func FromMessage(subject string, header nats.Header, body []byte, seq uint64, now time.Time) (*Invocation, error) {
+func FromMessage(subject string, header map[string][]string, body []byte, seq uint64, now time.Time) (*Invocation, error) {
 	inv := &Invocation{
 		ID:         "seq-" + strconv.FormatUint(seq, 10),
 		ReceivedAt: now,
@@ -151,7 +139,7 @@ func clip(s string) string {
 
 // eventID finds the id of an event, even one that cannot be decoded, so that
 // its error reaches the subject its sender listens on.
-func eventID(e *event.Event, header nats.Header, body []byte) string {
+func eventID(e *event.Event, header map[string][]string, body []byte) string {
 	if e != nil && e.ID() != "" {
 		return e.ID()
 	}
@@ -176,7 +164,7 @@ func eventID(e *event.Event, header nats.Header, body []byte) string {
 // content type is a CloudEvents format, or it has no content type and no
 // ce-specversion header and its body is a JSON object with specversion (what
 // the CloudEvents Go SDK's NATS JetStream sender produces).
-func structured(header nats.Header, body []byte) (string, bool) {
+func structured(header map[string][]string, body []byte) (string, bool) {
 	ct := headerValue(header, headerContentType)
 	if mt, _, _ := mime.ParseMediaType(ct); format.IsFormat(mt) {
 		return mt, true
@@ -194,7 +182,7 @@ func structured(header nats.Header, body []byte) (string, bool) {
 	return "", false
 }
 
-func decodeEvent(header nats.Header, body []byte) (*event.Event, string, error) {
+func decodeEvent(header map[string][]string, body []byte) (*event.Event, string, error) {
 	if mt, ok := structured(header, body); ok {
 		if mt != event.ApplicationCloudEventsJSON {
 			return nil, "structured", api.NewError(api.InvalidParameters, api.EMalformedEvent,
@@ -267,21 +255,6 @@ func decodeHeader(v string) (string, error) {
 	return d, nil
 }
 
-// encodeHeader percent-encodes a ce-* header value the way decodeHeader
-// reads it: space, '"', '%' and every byte outside printable ASCII.
-func encodeHeader(v string) string {
-	var b strings.Builder
-	for i := 0; i < len(v); i++ {
-		c := v[i]
-		if c <= 0x20 || c >= 0x7f || c == '"' || c == '%' {
-			fmt.Fprintf(&b, "%%%02X", c)
-			continue
-		}
-		b.WriteByte(c)
-	}
-	return b.String()
-}
-
 func validateEvent(e *event.Event) error {
 	err := e.Validate()
 	if err == nil {
@@ -302,59 +275,9 @@ func validateEvent(e *event.Event) error {
 		"invalid CloudEvent attributes: %s", strings.Join(names, ", ")).WithFields(fields)
 }
 
-// ToMessage encodes e in binary mode: attributes as ce-* headers, data as the
-// body, plus the Nats-Msg-Id derived from source and id.
-func ToMessage(e *event.Event) (nats.Header, []byte, error) {
-	if err := e.Validate(); err != nil {
-		return nil, nil, fmt.Errorf("invalid event: %w", err)
-	}
-	h := nats.Header{}
-	version := binarySpec.Version(e.SpecVersion())
-	for _, attr := range version.Attributes() {
-		if attr.Kind() == spec.DataContentType {
-			continue
-		}
-		v := attr.Get(e.Context)
-		if v == nil {
-			continue
-		}
-		s, err := attrString(v)
-		if err != nil {
-			return nil, nil, err
-		}
-		if s != "" {
-			h.Set(attr.PrefixedName(), encodeHeader(s))
-		}
-	}
-	for k, v := range e.Extensions() {
-		s, err := attrString(v)
-		if err != nil {
-			return nil, nil, err
-		}
-		h.Set(headerPrefix+k, encodeHeader(s))
-	}
-	if ct := e.DataContentType(); ct != "" {
-		h.Set(headerContentType, ct)
-	}
-	h.Set(nats.MsgIdHdr, MsgID(e.Source(), e.ID()))
-	return h, e.Data(), nil
-}
-
-func attrString(v any) (string, error) {
-	switch t := v.(type) {
-	case string:
-		return t, nil
-	case time.Time:
-		return t.UTC().Format(time.RFC3339Nano), nil
-	case fmt.Stringer:
-		return t.String(), nil
-	}
-	return fmt.Sprint(v), nil
-}
-
-func headerValue(h nats.Header, name string) string {
-	if v := h.Get(name); v != "" {
-		return v
+func headerValue(h map[string][]string, name string) string {
+	if vs := h[name]; len(vs) > 0 && vs[0] != "" {
+		return vs[0]
 	}
 	for k, vs := range h {
 		if strings.EqualFold(k, name) && len(vs) > 0 {
@@ -364,7 +287,7 @@ func headerValue(h nats.Header, name string) string {
 	return ""
 }
 
-func headerSize(h nats.Header) int {
+func headerSize(h map[string][]string) int {
 	n := 0
 	for k, vs := range h {
 		for _, v := range vs {

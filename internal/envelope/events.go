@@ -12,26 +12,26 @@ import (
 	"github.com/toolgate/toolgate/internal/redact"
 )
 
-// Audit and result CloudEvent types.
+// Audit and result CloudEvent types, as the public contract (api) names them.
 const (
-	TypeInvoked           = "ai.agent.tool.invoked"
-	TypeSucceeded         = "ai.agent.tool.succeeded"
-	TypeFailed            = "ai.agent.tool.failed"
-	TypeTimeout           = "ai.agent.tool.timeout"
-	TypeCancelled         = "ai.agent.tool.cancelled"
-	TypeRejected          = "ai.agent.tool.rejected"
-	TypePermissionDenied  = "ai.agent.tool.permission_denied"
-	TypeRateLimited       = "ai.agent.tool.rate_limited"
-	TypeCheckpointCreated = "ai.agent.tool.checkpoint.created"
-	TypePoison            = "ai.agent.pipeline.poison"
+	TypeInvoked           = api.TypeInvoked
+	TypeSucceeded         = api.TypeSucceeded
+	TypeFailed            = api.TypeFailed
+	TypeTimeout           = api.TypeTimeout
+	TypeCancelled         = api.TypeCancelled
+	TypeRejected          = api.TypeRejected
+	TypePermissionDenied  = api.TypePermissionDenied
+	TypeRateLimited       = api.TypeRateLimited
+	TypeCheckpointCreated = api.TypeCheckpointCreated
+	TypePoison            = api.TypePoison
 
-	TypeApprovalRequested = "ai.agent.tool.approval.requested"
-	TypeApprovalGranted   = "ai.agent.tool.approval.granted"
-	TypeApprovalDenied    = "ai.agent.tool.approval.denied"
-	TypeApprovalExpired   = "ai.agent.tool.approval.expired"
-	TypeResult            = "tool.result"
+	TypeApprovalRequested = api.TypeApprovalRequested
+	TypeApprovalGranted   = api.TypeApprovalGranted
+	TypeApprovalDenied    = api.TypeApprovalDenied
+	TypeApprovalExpired   = api.TypeApprovalExpired
+	TypeResult            = api.TypeResult
 	// TypeAccepted is the pending answer to an async_mode request.
-	TypeAccepted = "tool.accepted"
+	TypeAccepted = api.TypeAccepted
 )
 
 // auditTypePrefix is left off audit types in subjects: audit.<tenant>.tool.succeeded.

@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/client"
+	"github.com/toolgate/toolgate/internal/natstest"
 	"github.com/toolgate/toolgate/internal/node"
 	"github.com/toolgate/toolgate/internal/token"
 	"github.com/toolgate/toolgate/internal/topology"
@@ -406,13 +407,7 @@ func (e *env) auditOf(tenant string, n int) []event.Event {
 // eventually polls cond until it holds or d passes.
 func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
 	t.Helper()
-	end := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(end) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	natstest.Eventually(t, d, cond, what)
 }
 
 func mustJSON(t *testing.T, v any) string {

@@ -30,6 +30,7 @@ import (
 	"github.com/toolgate/toolgate/stages/authorize"
 	"github.com/toolgate/toolgate/stages/execute"
 	"github.com/toolgate/toolgate/stages/execute/builtin"
+	"github.com/toolgate/toolgate/stages/execute/clitool"
 	"github.com/toolgate/toolgate/stages/execute/httptool"
 	"github.com/toolgate/toolgate/stages/execute/mcptool"
 	"github.com/toolgate/toolgate/stages/route"
@@ -252,8 +253,9 @@ func (n *Node) NewStage(ctx context.Context, name string, c StageConfig) (stages
 		return n.newAuthorizer(ctx, c)
 	case subjects.Route:
 		r := route.New(n.Registry, execute.Kinds...)
-		r.Limits = ratelimit.New(n.Store, cmp.Or(c.RateLimitLease, 8))
-		r.Limits.Overrides = c.RateLimits
+		limits := ratelimit.New(n.Store, cmp.Or(c.RateLimitLease, 8))
+		limits.Overrides = c.RateLimits
+		r.Limits = limits
 		return r, nil
 	case subjects.Execute:
 		set := c.Builtins
@@ -273,15 +275,16 @@ func (n *Node) NewStage(ctx context.Context, name string, c StageConfig) (stages
 		x := execute.New(n.Registry, set, n.Store, running)
 		x.Publish = func(ctx context.Context, o stages.Output) error { return runner.Publish(ctx, n.JS, o) }
 		x.Verifier = verify.New(n.Registry, verify.Config{Tenants: c.TenantActions, Detectors: c.Detectors})
-		x.Sandbox = c.Sandbox
-		x.Sandbox.FileRoot = cmp.Or(x.Sandbox.FileRoot, c.BuiltinEnv.FileRoot)
-		if x.Sandbox.Mode != sandbox.ModeNone {
-			if x.SandboxErr = sandbox.Available(); x.SandboxErr != nil {
-				n.Log.Warn("cli tools will be refused", "err", x.SandboxErr)
+		cli := &clitool.Kind{Sandbox: c.Sandbox}
+		cli.Sandbox.FileRoot = cmp.Or(cli.Sandbox.FileRoot, c.BuiltinEnv.FileRoot)
+		if cli.Sandbox.Mode != sandbox.ModeNone {
+			if cli.SandboxErr = sandbox.Available(); cli.SandboxErr != nil {
+				n.Log.Warn("cli tools will be refused", "err", cli.SandboxErr)
 			}
 		} else {
 			n.Log.Warn("cli tools run without a sandbox (--sandbox none): limits apply, isolation does not")
 		}
+		x.Handle("cli", cli)
 		secretSource := c.Secrets
 		if secretSource == nil {
 			secretSource = &secrets.Source{Dir: c.SecretsDir}
@@ -290,7 +293,7 @@ func (n *Node) NewStage(ctx context.Context, name string, c StageConfig) (stages
 		n.onStop(httpKind.Close)
 		x.Handle("http", httpKind)
 		mc := c.MCP
-		mc.Sandbox, mc.SandboxErr, mc.Log = x.Sandbox, x.SandboxErr, cmp.Or(mc.Log, n.Log)
+		mc.Sandbox, mc.SandboxErr, mc.Log = cli.Sandbox, cli.SandboxErr, cmp.Or(mc.Log, n.Log)
 		mcpKind := mcptool.New(mc)
 		n.onStop(func() { _ = mcpKind.Close() })
 		x.Handle("mcp", mcpKind)

@@ -11,6 +11,7 @@ import (
 	"github.com/toolgate/toolgate/internal/sandbox"
 	"github.com/toolgate/toolgate/internal/topology"
 	"github.com/toolgate/toolgate/stages/execute"
+	"github.com/toolgate/toolgate/stages/execute/clitool"
 	"github.com/toolgate/toolgate/subjects"
 	"net/url"
 	"os"
@@ -251,7 +252,7 @@ func TestCLIRefusedWithoutSandbox(t *testing.T) {
 		t.Fatal(err)
 	}
 	x := st.(*execute.Executor)
-	x.SandboxErr = errors.New("bubblewrap (bwrap) is not installed")
+	x.Kind("cli").(*clitool.Kind).SandboxErr = errors.New("bubblewrap (bwrap) is not installed")
 	e.runStage(subjects.Execute, x, 1, 0)
 	resp := e.invoke(request("nosb", "text.word_count", `{"text":"a b"}`))
 	if resp.Status != api.StatusError || resp.Error == nil || resp.Error.ECode != api.EExecutorUnavailable ||

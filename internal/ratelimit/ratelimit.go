@@ -12,15 +12,18 @@ package ratelimit
 
 import (
 	"context"
-	"github.com/toolgate/toolgate/internal/tools"
 	"math"
 	"sync"
 	"time"
+
+	"github.com/toolgate/toolgate/internal/tools"
+	"github.com/toolgate/toolgate/kvstore"
 )
 
-// Store is the shared bucket state.
+// Store is the shared bucket state: UpdateBucket applies fn to a bucket with
+// compare-and-swap, writing nothing when fn returns kvstore.ErrUnchanged.
 type Store interface {
-	TakeTokens(ctx context.Context, tenant, tool string, rate, burst float64, want int, now time.Time) (int, time.Duration, error)
+	UpdateBucket(ctx context.Context, tenant, tool string, fn func(b *kvstore.Bucket, exists bool) error) (kvstore.Bucket, error)
 }
 
 // Limiter checks calls against their tool's limit.
@@ -89,7 +92,16 @@ func (l *Limiter) Allow(ctx context.Context, tenant string, m *tools.Manifest) (
 	// Lease about a tenth of the burst, or what a lease lifetime refills,
 	// so that a worker does not sit on a large share of a small bucket.
 	want := int(math.Max(1, math.Min(float64(l.MaxLease), math.Max(burst/10, rate*l.LeaseTTL.Seconds()))))
-	got, wait, err := l.store.TakeTokens(ctx, tenant, m.ID, rate, burst, want, now)
+	var got int
+	var wait time.Duration
+	_, err := l.store.UpdateBucket(ctx, tenant, m.ID, func(b *kvstore.Bucket, exists bool) error {
+		var write bool
+		got, wait, write = take(b, exists, rate, burst, want, now)
+		if !write {
+			return kvstore.ErrUnchanged
+		}
+		return nil
+	})
 	if err != nil {
 		return false, 0, err
 	}
@@ -99,4 +111,26 @@ func (l *Limiter) Allow(ctx context.Context, tenant string, m *tools.Manifest) (
 	}
 	ls.tokens, ls.expires = got-1, now.Add(l.LeaseTTL)
 	return true, 0, nil
+}
+
+// take takes up to want tokens from b, which refills at rate tokens per
+// second up to burst; a bucket that does not exist yet starts full. It
+// returns how many it took, how long until one is available when it took
+// none, and whether b changed and must be written. Clocks of the workers are
+// assumed close; a worker whose clock runs behind refills nothing rather
+// than too much.
+func take(b *kvstore.Bucket, exists bool, rate, burst float64, want int, now time.Time) (got int, wait time.Duration, write bool) {
+	if !exists {
+		*b = kvstore.Bucket{Tokens: burst, At: now}
+	} else if elapsed := now.Sub(b.At).Seconds(); elapsed > 0 {
+		b.Tokens = math.Min(burst, b.Tokens+elapsed*rate)
+		b.At = now
+	}
+	got = min(want, int(math.Floor(b.Tokens)))
+	if got <= 0 {
+		wait = time.Duration((1 - b.Tokens) / rate * float64(time.Second))
+		return 0, wait, !exists
+	}
+	b.Tokens -= float64(got)
+	return got, 0, true
 }

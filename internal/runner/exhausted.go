@@ -69,7 +69,7 @@ func (r *Runner) endExhausted(ctx context.Context, adv maxDeliveriesAdvisory) er
 		return fmt.Errorf("reading message %d: %w", adv.StreamSeq, err)
 	}
 	inv, _ := r.decode(raw.Subject, raw.Header, raw.Data, raw.Sequence)
-	if inv == nil || r.Name == subjects.Audit {
+	if inv == nil || r.finalises() {
 		// Audit itself could not finish it: record it as poison, the
 		// last-resort audit trail.
 		o, err := poisonEvent(r.Name, raw.Subject, adv.Stream, raw.Sequence,

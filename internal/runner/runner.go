@@ -249,14 +249,20 @@ func (r *Runner) now() time.Time {
 // message is not ours to read at all (poison); a non-nil error with an
 // invocation means the invocation must end with that error.
 func (r *Runner) decode(subject string, header nats.Header, data []byte, seq uint64) (*envelope.Invocation, error) {
-	if r.Name == subjects.Validate {
-		return envelope.FromMessage(subject, header, data, seq, r.now())
+	if d, ok := r.Stage.(stages.Decoder); ok {
+		return d.Decode(subject, header, data, seq, r.now())
 	}
 	var inv envelope.Invocation
 	if err := json.Unmarshal(data, &inv); err != nil || inv.ID == "" {
 		return nil, fmt.Errorf("undecodable envelope: %v", err)
 	}
 	return &inv, nil
+}
+
+// finalises reports whether the stage ends invocations (stages.Finaliser).
+func (r *Runner) finalises() bool {
+	_, ok := r.Stage.(stages.Finaliser)
+	return ok
 }
 
 func (r *Runner) handle(msg jetstream.Msg) {
@@ -302,7 +308,7 @@ func (r *Runner) handle(msg jetstream.Msg) {
 	} else {
 		outs, perr = r.process(ctx, msg, inv)
 	}
-	s := settle(r.Name, inv, perr, int(md.NumDelivered), r.MaxDeliver)
+	s := settle(r.Name, r.finalises(), inv, perr, int(md.NumDelivered), r.MaxDeliver)
 	if inv.Error != nil {
 		span.SetStatus(codes.Error, inv.Error.Error())
 	}

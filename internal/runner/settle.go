@@ -1,12 +1,13 @@
 package runner
 
 import (
+	"time"
+
 	"github.com/toolgate/toolgate/api"
+	backoffs "github.com/toolgate/toolgate/internal/backoff"
 	"github.com/toolgate/toolgate/internal/envelope"
 	"github.com/toolgate/toolgate/stages"
 	"github.com/toolgate/toolgate/subjects"
-	"math/rand/v2"
-	"time"
 )
 
 // action is what the Runner does with a message once its stage has answered.
@@ -29,10 +30,11 @@ type settlement struct {
 	delay time.Duration
 }
 
-// settle decides the fate of a message from its stage's answer. It is the one
-// place where the pipeline's settlement rules live; see the package comment.
-// It may end inv (Fail) but does no I/O.
-func settle(stage string, inv *envelope.Invocation, err error, delivered, maxDeliver int) settlement {
+// settle decides the fate of a message from its stage's answer; final is
+// set for a stages.Finaliser. It is the one place where the pipeline's
+// settlement rules live; see the package comment. It may end inv (Fail) but
+// does no I/O.
+func settle(stage string, final bool, inv *envelope.Invocation, err error, delivered, maxDeliver int) settlement {
 	if delay, ok := stages.IsTransient(err); ok {
 		if maxDeliver <= 0 || delivered < maxDeliver {
 			if delay <= 0 {
@@ -40,14 +42,14 @@ func settle(stage string, inv *envelope.Invocation, err error, delivered, maxDel
 			}
 			return settlement{act: actRetry, delay: delay}
 		}
-		if stage == subjects.Audit {
+		if final {
 			return settlement{act: actTerm}
 		}
 		inv.Fail(stage, api.WrapError(err, api.InternalError, api.EDeliveryExhausted,
 			"%s gave up after %d deliveries: %v", stage, delivered, err))
 		return settlement{act: actForward, next: subjects.Audit}
 	}
-	if stage == subjects.Audit {
+	if final {
 		if err != nil {
 			return settlement{act: actTerm}
 		}
@@ -69,11 +71,5 @@ func settle(stage string, inv *envelope.Invocation, err error, delivered, maxDel
 
 // backoff is exponential with full jitter: 250ms·2^(n-1), capped at 30s.
 func backoff(delivered int) time.Duration {
-	const base, ceiling = 250 * time.Millisecond, 30 * time.Second
-	d := base
-	for i := 1; i < delivered && d < ceiling; i++ {
-		d *= 2
-	}
-	d = min(d, ceiling)
-	return time.Duration(rand.Int64N(int64(d))) + time.Millisecond
+	return backoffs.FullJitter(delivered, 250*time.Millisecond, 30*time.Second)
 }

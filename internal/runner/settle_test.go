@@ -45,7 +45,7 @@ func TestSettle(t *testing.T) {
 			if c.parked {
 				inv.Status = api.StatusPendingApproval
 			}
-			s := settle(c.stage, inv, c.err, c.delivered, 5)
+			s := settle(c.stage, c.stage == "audit", inv, c.err, c.delivered, 5)
 			if s.act != c.want || s.next != c.wantNext {
 				t.Fatalf("settle = %+v, want action %d next %q", s, c.want, c.wantNext)
 			}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/Masterminds/semver/v3"
 	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/hosts"
 )
 
 // Binding is who is calling what: the facts a token must cover before the
@@ -98,12 +99,5 @@ func PathWithin(p, root string) bool {
 	return root == "/" || p == root || strings.HasPrefix(p, root+"/")
 }
 
-// HostAllowed reports whether host matches pattern: equal, or pattern
-// "*.example.com" and host a subdomain of example.com.
-func HostAllowed(pattern, host string) bool {
-	pattern, host = strings.ToLower(pattern), strings.ToLower(host)
-	if suffix, ok := strings.CutPrefix(pattern, "*."); ok {
-		return strings.HasSuffix(host, "."+suffix)
-	}
-	return pattern == host
-}
+// HostAllowed reports whether host matches pattern (hosts.Match).
+func HostAllowed(pattern, host string) bool { return hosts.Match(pattern, host) }

@@ -14,6 +14,7 @@ import (
 	"github.com/Masterminds/semver/v3"
 	"github.com/santhosh-tekuri/jsonschema/v5"
 	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/hosts"
 	"github.com/toolgate/toolgate/schemas"
 )
 
@@ -135,6 +136,14 @@ type FilesystemPermission struct {
 type NetworkPermission struct {
 	Host string `json:"host"`
 	Port int    `json:"port,omitempty"`
+}
+
+// DeclaresEndpoint reports whether one of perms names host (a pattern, see
+// hosts.Match) and port (0 in a permission: any port).
+func DeclaresEndpoint(perms []NetworkPermission, host string, port int) bool {
+	return slices.ContainsFunc(perms, func(n NetworkPermission) bool {
+		return hosts.Match(n.Host, host) && (n.Port == 0 || n.Port == port)
+	})
 }
 
 // RateLimit is a token bucket: Requests per PerSeconds, plus Burst.

@@ -6,10 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/toolgate/toolgate/internal/backoff"
 	"github.com/toolgate/toolgate/subjects"
 )
 
@@ -131,7 +131,6 @@ func EnsureTopology(ctx context.Context, js jetstream.JetStream, o TopologyOptio
 // against a fresh cluster find streams, consumers and their leaders
 // missing for a while, which is a race to wait out, not a reason to exit.
 func Retry(ctx context.Context, log *slog.Logger, what string, fn func(ctx context.Context) error) error {
-	const first, most = 100 * time.Millisecond, 5 * time.Second
 	for attempt := 1; ; attempt++ {
 		err := fn(ctx)
 		if err == nil {
@@ -140,8 +139,7 @@ func Retry(ctx context.Context, log *slog.Logger, what string, fn func(ctx conte
 		if ctx.Err() != nil {
 			return fmt.Errorf("%s: %w (last error: %v)", what, ctx.Err(), err)
 		}
-		ceiling := min(first<<min(attempt-1, 16), most)
-		wait := time.Duration(rand.Int64N(int64(ceiling))) + time.Millisecond
+		wait := backoff.FullJitter(attempt, 100*time.Millisecond, 5*time.Second)
 		log.Warn(what+": retrying", "attempt", attempt, "retry_in", wait.Round(time.Millisecond), "err", err)
 		select {
 		case <-ctx.Done():

@@ -16,13 +16,26 @@ import (
 	"slices"
 )
 
-// Auditor implements the audit stage.
-type Auditor struct{ store *kvstore.Store }
+// store is what audit writes (*kvstore.Store): the terminal status record
+// and the session's usage.
+type store interface {
+	SetStatus(ctx context.Context, rec api.Record) (api.Record, bool, error)
+	UpdateUsage(ctx context.Context, tenant, session string, change func(*kvstore.Usage) error) (kvstore.Usage, error)
+}
 
-var _ stages.Stage = (*Auditor)(nil)
+var _ store = (*kvstore.Store)(nil)
+
+// Auditor implements the audit stage.
+type Auditor struct{ store store }
+
+var _ stages.Finaliser = (*Auditor)(nil)
 
 // New returns an Auditor writing status to store.
-func New(store *kvstore.Store) *Auditor { return &Auditor{store: store} }
+func New(s *kvstore.Store) *Auditor { return &Auditor{store: s} }
+
+// Finalises implements stages.Finaliser: audit is where every invocation
+// ends.
+func (a *Auditor) Finalises() {}
 
 // Process implements stages.Stage. It is idempotent: on a redelivery the
 // status write finds its own record and the outputs carry the same ids.

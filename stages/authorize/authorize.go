@@ -16,6 +16,7 @@ import (
 	"errors"
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/envelope"
+	"github.com/toolgate/toolgate/internal/hosts"
 	"github.com/toolgate/toolgate/internal/policy"
 	"github.com/toolgate/toolgate/internal/runner"
 	"github.com/toolgate/toolgate/internal/token"
@@ -375,7 +376,7 @@ func resources(m *tools.Manifest, params json.RawMessage) Resources {
 func derive(c *token.Claims, m *tools.Manifest, r Resources) Derived {
 	d := Derived{PreApproved: c.PreApproved.Match(m.ID), HostGranted: map[string]bool{}}
 	for _, h := range r.Hosts {
-		if c.Network != nil && slices.ContainsFunc(c.Network.AllowedHosts, func(p string) bool { return token.HostAllowed(p, h.Host) }) {
+		if c.Network != nil && hosts.Any(c.Network.AllowedHosts, h.Host) {
 			d.HostGranted[h.Host] = true
 		}
 	}

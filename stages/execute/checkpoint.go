@@ -34,7 +34,7 @@ type CheckpointCreated struct {
 // the invocation record, at most every progressEvery.
 type tracker struct {
 	ctx     context.Context
-	store   *kvstore.Store
+	store   store
 	publish func(context.Context, stages.Output) error
 	inv     *envelope.Invocation
 	toolID  string

@@ -11,11 +11,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"maps"
-	"math/rand/v2"
 	"slices"
-	"strconv"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -23,10 +19,10 @@ import (
 	"github.com/failsafe-go/failsafe-go/retrypolicy"
 	"github.com/failsafe-go/failsafe-go/timeout"
 	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/backoff"
 	"github.com/toolgate/toolgate/internal/breaker"
 	"github.com/toolgate/toolgate/internal/envelope"
 	"github.com/toolgate/toolgate/internal/runner"
-	"github.com/toolgate/toolgate/internal/sandbox"
 	"github.com/toolgate/toolgate/internal/tools"
 	"github.com/toolgate/toolgate/kvstore"
 	"github.com/toolgate/toolgate/stages"
@@ -35,11 +31,12 @@ import (
 	"github.com/toolgate/toolgate/subjects"
 )
 
-// Kinds lists the tool kinds an executor can run: builtin and cli always,
-// the others when their Kind is registered with Handle.
+// Kinds lists the tool kinds an executor can run: builtin always, the others
+// when their Kind is registered with Handle.
 var Kinds = []string{"builtin", "cli", "http", "mcp"}
 
-// A Kind runs the tools of one manifest kind other than builtin and cli.
+// A Kind runs the tools of one manifest kind other than builtin (clitool,
+// httptool, mcptool).
 // Prepare is called once per invocation, before the tool is claimed; it
 // checks the manifest's configuration and the invocation's grants and
 // returns the function that runs one attempt. That function runs under the
@@ -50,15 +47,26 @@ type Kind interface {
 	Prepare(m *tools.Manifest, inv *envelope.Invocation) (builtin.Func, error)
 }
 
+// store is what execute reads and writes (*kvstore.Store): the invocation's
+// status record (its claim), idempotency keys and checkpoints.
+type store interface {
+	Status(ctx context.Context, tenant, id string) (api.Record, error)
+	SetStatus(ctx context.Context, rec api.Record) (api.Record, bool, error)
+	UpdateRecord(ctx context.Context, tenant, id string, change func(*api.Record)) (api.Record, error)
+	ClaimIdempotencyKey(ctx context.Context, tenant, key, id, digest string) (kvstore.IdempotencyClaim, error)
+	SaveCheckpoint(ctx context.Context, tenant, id string, c kvstore.Checkpoint) (int, error)
+	LoadCheckpoint(ctx context.Context, tenant, id string) (kvstore.Checkpoint, bool, error)
+	DeleteCheckpoint(ctx context.Context, tenant, id string) error
+}
+
+var _ store = (*kvstore.Store)(nil)
+
 // Executor implements the execute stage.
 type Executor struct {
 	reg      *tools.Registry
 	builtins builtin.Set
-	store    *kvstore.Store
+	store    store
 	running  *Running
-	// Sandbox runs cli tools; SandboxErr, when set, says why it cannot.
-	Sandbox    sandbox.Config
-	SandboxErr error
 	// Breakers, when set, guard tools that configure a circuit breaker.
 	Breakers *breaker.Breakers
 	// Publish, when set, announces checkpoints on the audit stream as they
@@ -79,6 +87,9 @@ func (x *Executor) Handle(kind string, k Kind) {
 	}
 	x.kinds[kind] = k
 }
+
+// Kind returns what runs tools of the named kind, or nil.
+func (x *Executor) Kind(kind string) Kind { return x.kinds[kind] }
 
 var _ stages.Stage = (*Executor)(nil)
 
@@ -295,100 +306,11 @@ func (x *Executor) function(m *tools.Manifest, inv *envelope.Invocation) (builti
 				"builtin function %q is not in this binary", m.Builtin.Function)
 		}
 		return fn, nil
-	case m.Kind == "cli":
-		if x.SandboxErr != nil {
-			return nil, api.NewError(api.SandboxFailure, api.EExecutorUnavailable,
-				"cli tools are refused here: %v (an operator may choose --sandbox none, which does not isolate)", x.SandboxErr)
-		}
-		return x.cli(m, inv)
 	}
 	if k, ok := x.kinds[m.Kind]; ok {
 		return k.Prepare(m, inv)
 	}
 	return nil, api.NewError(api.ToolExecutionError, api.EExecutorUnavailable, "no executor for %s tools", m.Kind)
-}
-
-// ResumeFile is where, in its work directory, a cli tool restarted after an
-// interruption finds the state of its last checkpoint; the environment
-// variable TOOLGATE_RESUME holds its path.
-const ResumeFile = "toolgate-resume.json"
-
-// cli prepares a sandboxed run of a command-line tool. The tool reports
-// progress and checkpoints with control lines on stdout (sandbox.ControlPrefix).
-func (x *Executor) cli(m *tools.Manifest, inv *envelope.Invocation) (builtin.Func, error) {
-	cfg, err := m.CLISpec()
-	if err != nil {
-		return nil, api.WrapError(err, api.ToolExecutionError, api.EExecutorUnavailable, "%v", err)
-	}
-	var grants envelope.Grants
-	if inv.Authz != nil {
-		grants = inv.Authz.Grants
-	}
-	// Network only when the manifest asks for it and the token grants hosts.
-	network := (cfg.Network || len(m.Permissions.Network) > 0) && len(grants.Hosts) > 0
-	var mounts []sandbox.Mount
-	for _, p := range m.Permissions.Filesystem {
-		write := p.Mode == "rw" && grants.PathMode == "rw"
-		ms, err := sandbox.Mounts(x.Sandbox.FileRoot, []string{p.Path}, write)
-		if err != nil {
-			return nil, err
-		}
-		mounts = append(mounts, ms...)
-	}
-	lim := sandbox.Limits{Wall: Limit(m, inv.Request), MemoryMB: m.Limits.MemoryMB, CPUSeconds: m.Limits.CPUSeconds,
-		PIDs: m.Limits.PIDs, OutputBytes: m.Limits.OutputBytes, FileSizeMB: m.Limits.FileSizeMB}
-	if rl := inv.Request.ResourceLimits; rl != nil && rl.MemoryMBLimit > 0 && (lim.MemoryMB == 0 || int64(rl.MemoryMBLimit) < lim.MemoryMB) {
-		lim.MemoryMB = int64(rl.MemoryMBLimit) // narrowed, never widened
-	}
-	return func(ctx context.Context, params json.RawMessage) (json.RawMessage, error) {
-		argv, err := sandbox.Expand(cfg.Command, params)
-		if err != nil {
-			return nil, err
-		}
-		spec := sandbox.Spec{Argv: argv, Env: cfg.Env, Network: network, Mounts: mounts, Limits: lim}
-		if cfg.Stdin != "none" {
-			spec.Stdin = params
-		}
-		progress := builtin.ProgressFrom(ctx)
-		if state := progress.Resumed(); state != nil {
-			spec.Files = map[string][]byte{ResumeFile: state}
-			spec.Env = maps.Clone(spec.Env)
-			if spec.Env == nil {
-				spec.Env = map[string]string{}
-			}
-			spec.Env["TOOLGATE_RESUME"] = "/work/" + ResumeFile
-		}
-		var ctlErr error
-		spec.Control = func(verb string, arg []byte) {
-			switch verb {
-			case "progress":
-				pct, msg, _ := strings.Cut(string(arg), " ")
-				if f, err := strconv.ParseFloat(pct, 64); err == nil && f >= 0 && f <= 100 {
-					progress.Report(f, msg)
-				}
-			case "checkpoint":
-				if !json.Valid(arg) {
-					ctlErr = api.NewError(api.ToolExecutionError, api.EToolFailed, "%s wrote a checkpoint that is not JSON", m.Key())
-					return
-				}
-				if err := progress.Checkpoint(bytes.Clone(arg)); err != nil && ctlErr == nil {
-					ctlErr = api.WrapError(err, api.ToolExecutionError, api.EToolFailed, "saving a checkpoint of %s: %v", m.Key(), err)
-				}
-			}
-		}
-		res, err := sandbox.Run(ctx, x.Sandbox, spec)
-		if err == nil {
-			err = ctlErr
-		}
-		if err != nil {
-			return nil, err
-		}
-		out := bytes.TrimSpace(res.Stdout)
-		if !json.Valid(out) {
-			return nil, api.NewError(api.ToolExecutionError, api.EResultNotJSON, "%s wrote no JSON on stdout", m.Key())
-		}
-		return out, nil
-	}, nil
 }
 
 // Limit is the time an invocation may run: the tool's limit, narrowed (never
@@ -421,9 +343,8 @@ func retryPolicy(m *tools.Manifest, limit time.Duration) failsafe.Policy[json.Ra
 	return retrypolicy.NewBuilder[json.RawMessage]().
 		WithMaxAttempts(p.MaxAttempts).
 		WithDelayFunc(func(exec failsafe.ExecutionAttempt[json.RawMessage]) time.Duration {
-			d := base << min(exec.Attempts()-1, 20)
 			// A Retry-After from the service is a floor: sooner would be refused again.
-			return max(rand.N(min(d, ceiling))+time.Millisecond, retryAfter(exec.LastError()))
+			return max(backoff.FullJitter(exec.Attempts(), base, ceiling), retryAfter(exec.LastError()))
 		}).
 		HandleIf(func(_ json.RawMessage, err error) bool {
 			if err == nil {

@@ -5,13 +5,23 @@ package route
 import (
 	"context"
 	"fmt"
+	"time"
+
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/envelope"
 	"github.com/toolgate/toolgate/internal/ratelimit"
 	"github.com/toolgate/toolgate/internal/tools"
 	"github.com/toolgate/toolgate/stages"
-	"time"
 )
+
+// limiter spends one call of a tenant's rate limit for a tool
+// (*ratelimit.Limiter): false with how long until one is expected when none
+// is left.
+type limiter interface {
+	Allow(ctx context.Context, tenant string, m *tools.Manifest) (bool, time.Duration, error)
+}
+
+var _ limiter = (*ratelimit.Limiter)(nil)
 
 // Router implements the route stage.
 type Router struct {
@@ -19,7 +29,7 @@ type Router struct {
 	kinds map[string]bool
 	// Limits, when set, holds calls to their tool's rate limit: the last
 	// check before execute.
-	Limits *ratelimit.Limiter
+	Limits limiter
 }
 
 var _ stages.Stage = (*Router)(nil)

@@ -17,6 +17,7 @@ import (
 	"github.com/toolgate/toolgate/schemas"
 	"github.com/toolgate/toolgate/stages"
 	"github.com/toolgate/toolgate/subjects"
+	"time"
 )
 
 // DefaultMaxEventBytes bounds an event (headers and body) when Config leaves it zero.
@@ -48,7 +49,10 @@ type Validator struct {
 	cfg Config
 }
 
-var _ stages.Stage = (*Validator)(nil)
+var (
+	_ stages.Stage   = (*Validator)(nil)
+	_ stages.Decoder = (*Validator)(nil)
+)
 
 // New returns a Validator resolving tools in reg.
 func New(reg *tools.Registry, cfg Config) *Validator {
@@ -65,6 +69,12 @@ func New(reg *tools.Registry, cfg Config) *Validator {
 		cfg.Detectors = detect.Default()
 	}
 	return &Validator{reg: reg, cfg: cfg}
+}
+
+// Decode implements stages.Decoder: validate's input is the caller's
+// CloudEvent, in binary or structured mode.
+func (v *Validator) Decode(subject string, header map[string][]string, data []byte, seq uint64, now time.Time) (*envelope.Invocation, error) {
+	return envelope.FromMessage(subject, header, data, seq, now)
 }
 
 // Process implements stages.Stage.

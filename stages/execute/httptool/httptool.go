@@ -23,7 +23,7 @@ import (
 	"fmt"
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/envelope"
-	"github.com/toolgate/toolgate/internal/token"
+	"github.com/toolgate/toolgate/internal/hosts"
 	"github.com/toolgate/toolgate/internal/tools"
 	"github.com/toolgate/toolgate/stages/execute/builtin"
 	"io"
@@ -119,11 +119,9 @@ func (a allowlist) check(u *url.URL) error {
 	switch {
 	case u.Scheme != "http" && u.Scheme != "https":
 		reason = fmt.Sprintf("scheme %s is not http or https", u.Scheme)
-	case len(a.declared) > 0 && !slices.ContainsFunc(a.declared, func(n tools.NetworkPermission) bool {
-		return token.HostAllowed(n.Host, host) && (n.Port == 0 || n.Port == port)
-	}):
+	case len(a.declared) > 0 && !tools.DeclaresEndpoint(a.declared, host, port):
 		reason = "the manifest's permissions.network does not list it"
-	case !slices.ContainsFunc(a.hosts, func(p string) bool { return token.HostAllowed(p, host) }):
+	case !hosts.Any(a.hosts, host):
 		reason = "the capability token does not grant the host"
 	case len(a.ports) > 0 && !slices.Contains(a.ports, port):
 		reason = "the capability token does not grant the port"

@@ -8,8 +8,8 @@ import (
 	"encoding/json"
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/envelope"
+	"github.com/toolgate/toolgate/internal/hosts"
 	"github.com/toolgate/toolgate/internal/sandbox"
-	"github.com/toolgate/toolgate/internal/token"
 	"github.com/toolgate/toolgate/internal/tools"
 	"github.com/toolgate/toolgate/stages/execute"
 	"github.com/toolgate/toolgate/stages/execute/builtin"
@@ -163,15 +163,12 @@ func allowedEndpoint(m *tools.Manifest, spec *Spec, grants envelope.Grants) (str
 	if err != nil {
 		return "", 0, unusable(m, "%v", err)
 	}
-	declared := slices.ContainsFunc(m.Permissions.Network, func(n tools.NetworkPermission) bool {
-		return token.HostAllowed(n.Host, host) && (n.Port == 0 || n.Port == port)
-	})
-	if !declared {
+	if !tools.DeclaresEndpoint(m.Permissions.Network, host, port) {
 		return "", 0, api.NewError(api.PermissionDenied, api.ENetworkDenied,
 			"%s: the MCP server's host %s:%d is not in the manifest's network permissions", m.Key(), host, port).
 			WithDetail("not_started", true)
 	}
-	granted := slices.ContainsFunc(grants.Hosts, func(p string) bool { return token.HostAllowed(p, host) }) &&
+	granted := hosts.Any(grants.Hosts, host) &&
 		(len(grants.Ports) == 0 || slices.Contains(grants.Ports, port))
 	if !granted {
 		return "", 0, api.NewError(api.PermissionDenied, api.ENetworkDenied,

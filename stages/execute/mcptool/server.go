@@ -12,6 +12,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/backoff"
 )
 
 // conn is one live connection to a server.
@@ -35,11 +36,7 @@ type Backoff struct {
 }
 
 func (b Backoff) delay(failures int) time.Duration {
-	d := b.Min << min(max(failures-1, 0), 30)
-	if d <= 0 || d > b.Max {
-		return b.Max
-	}
-	return d
+	return backoff.Exponential(failures, b.Min, b.Max)
 }
 
 // server supervises one server definition: it starts the server on first

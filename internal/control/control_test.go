@@ -1,0 +1,152 @@
+package control
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+
+	"github.com/nats-io/nats.go/micro"
+	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/tools"
+	"github.com/toolgate/toolgate/kvstore"
+)
+
+// fakeStore keeps records in memory and registers manifests into a registry,
+// as the real store's watch would.
+type fakeStore struct {
+	records map[string]api.Record
+	reg     *tools.Registry
+}
+
+func (f *fakeStore) Status(_ context.Context, _, id string) (api.Record, error) {
+	rec, ok := f.records[id]
+	if !ok {
+		return api.Record{}, kvstore.ErrNotFound
+	}
+	return rec, nil
+}
+
+func (f *fakeStore) UpdateRecord(_ context.Context, _, id string, change func(*api.Record)) (api.Record, error) {
+	rec := f.records[id]
+	if rec.Status.Terminal() {
+		return rec, nil
+	}
+	change(&rec)
+	f.records[id] = rec
+	return rec, nil
+}
+
+func (f *fakeStore) RegisterTool(_ context.Context, doc []byte, _ bool) (*tools.Manifest, error) {
+	m, err := tools.Parse(doc)
+	if err != nil {
+		return nil, err
+	}
+	f.reg.Put(m)
+	return m, nil
+}
+
+// fakeRequest is a micro request that keeps the answer.
+type fakeRequest struct {
+	micro.Request
+	data   []byte
+	code   string
+	body   []byte
+	answer any
+}
+
+func (r *fakeRequest) Data() []byte { return r.data }
+
+func (r *fakeRequest) RespondJSON(v any, _ ...micro.RespondOpt) error {
+	r.answer = v
+	return nil
+}
+
+func (r *fakeRequest) Error(code, _ string, data []byte, _ ...micro.RespondOpt) error {
+	r.code, r.body = code, data
+	return nil
+}
+
+// ecode is the E-code of an error answer, or "".
+func (r *fakeRequest) ecode(t *testing.T) string {
+	t.Helper()
+	if r.code == "" {
+		return ""
+	}
+	var te api.Error
+	if err := json.Unmarshal(r.body, &te); err != nil {
+		t.Fatalf("error body %s: %v", r.body, err)
+	}
+	return te.ECode
+}
+
+func TestHandlers(t *testing.T) {
+	manifest := `{"id":"t:echo","name":"echo","version":"1.0.0","description":"d","kind":"builtin",
+		"builtin":{"function":"echo"},"input_schema":{"type":"object"}}`
+	cases := []struct {
+		name      string
+		handler   func(*handlers) micro.HandlerFunc
+		data      string
+		wantECode string
+		check     func(t *testing.T, h *handlers, answer any)
+	}{
+		{name: "status of a known invocation", handler: func(h *handlers) micro.HandlerFunc { return h.status },
+			data: `{"tenant_id":"acme","invocation_id":"done"}`,
+			check: func(t *testing.T, _ *handlers, answer any) {
+				if rec, _ := answer.(api.Record); rec.Status != api.StatusSuccess {
+					t.Fatalf("answer %+v", answer)
+				}
+			}},
+		{name: "status of an unknown invocation", handler: func(h *handlers) micro.HandlerFunc { return h.status },
+			data: `{"tenant_id":"acme","invocation_id":"nope"}`, wantECode: api.EInvocationNotFound},
+		{name: "status without an id", handler: func(h *handlers) micro.HandlerFunc { return h.status },
+			data: `{"tenant_id":"acme"}`, wantECode: api.ERequestInvalid},
+		{name: "register a valid manifest", handler: func(h *handlers) micro.HandlerFunc { return h.register },
+			data: `{"manifest":` + manifest + `}`,
+			check: func(t *testing.T, h *handlers, answer any) {
+				if a, _ := answer.(api.ToolRequest); a.ToolID != "t:echo" || a.Version != "1.0.0" || !h.reg.Has("t:echo", "1.0.0") {
+					t.Fatalf("answer %+v", answer)
+				}
+			}},
+		{name: "register without a manifest", handler: func(h *handlers) micro.HandlerFunc { return h.register },
+			data: `{"replace":true}`, wantECode: api.EInvalidManifest},
+		{name: "register an invalid manifest", handler: func(h *handlers) micro.HandlerFunc { return h.register },
+			data: `{"manifest":{"id":"t:bad"}}`, wantECode: api.EInvalidManifest},
+		{name: "get an unknown tool", handler: func(h *handlers) micro.HandlerFunc { return h.get },
+			data: `{"tool_id":"nope"}`, wantECode: api.EToolNotFound},
+		{name: "list filters by category", handler: func(h *handlers) micro.HandlerFunc { return h.list },
+			data: `{"category":"none-such"}`,
+			check: func(t *testing.T, _ *handlers, answer any) {
+				if l, _ := answer.(api.ListResponse); l.TotalCount != 0 || l.Tools == nil {
+					t.Fatalf("answer %+v", answer)
+				}
+			}},
+		{name: "cancel without an id", handler: func(h *handlers) micro.HandlerFunc { return h.cancel },
+			data: `{"tenant_id":"acme"}`, wantECode: api.ERequestInvalid},
+		{name: "cancel of an ended invocation keeps its status", handler: func(h *handlers) micro.HandlerFunc { return h.cancel },
+			data: `{"tenant_id":"acme","invocation_id":"done"}`,
+			check: func(t *testing.T, h *handlers, answer any) {
+				if rec, _ := answer.(api.Record); rec.Status != api.StatusSuccess || rec.CancelRequested {
+					t.Fatalf("answer %+v", answer)
+				}
+			}},
+		{name: "decide with a malformed request", handler: func(h *handlers) micro.HandlerFunc { return h.decide },
+			data: `{`, wantECode: api.ERequestInvalid},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			reg := tools.NewRegistry()
+			st := &fakeStore{reg: reg, records: map[string]api.Record{
+				"done": {InvocationID: "done", Tenant: "acme", Status: api.StatusSuccess},
+			}}
+			h := &handlers{store: st, reg: reg}
+			req := &fakeRequest{data: []byte(c.data)}
+			c.handler(h)(req)
+			if got := req.ecode(t); got != c.wantECode {
+				t.Fatalf("E-code %q, want %q (%s)", got, c.wantECode, req.body)
+			}
+			if c.check != nil {
+				c.check(t, h, req.answer)
+			}
+		})
+	}
+}

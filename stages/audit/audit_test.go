@@ -1,0 +1,164 @@
+package audit
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/envelope"
+	"github.com/toolgate/toolgate/kvstore"
+	"github.com/toolgate/toolgate/stages"
+	"github.com/toolgate/toolgate/subjects"
+)
+
+// fakeStore keeps status records and usage in memory.
+type fakeStore struct {
+	records  map[string]api.Record
+	usage    map[string]kvstore.Usage
+	statusEr error
+}
+
+func newFakeStore() *fakeStore {
+	return &fakeStore{records: map[string]api.Record{}, usage: map[string]kvstore.Usage{}}
+}
+
+func (f *fakeStore) SetStatus(_ context.Context, rec api.Record) (api.Record, bool, error) {
+	if f.statusEr != nil {
+		return api.Record{}, false, f.statusEr
+	}
+	if cur, ok := f.records[rec.InvocationID]; ok && cur.Status.Terminal() {
+		return cur, false, nil
+	}
+	f.records[rec.InvocationID] = rec
+	return rec, true, nil
+}
+
+func (f *fakeStore) UpdateUsage(_ context.Context, tenant, session string, change func(*kvstore.Usage) error) (kvstore.Usage, error) {
+	u := f.usage[tenant+"/"+session]
+	if err := change(&u); err != nil {
+		return u, err
+	}
+	f.usage[tenant+"/"+session] = u
+	return u, nil
+}
+
+func TestAudit(t *testing.T) {
+	ctx := context.Background()
+	succeeded := func() *envelope.Invocation {
+		inv := &envelope.Invocation{ID: "i-1", Tenant: "acme", Event: envelope.Event{Seq: 7}, Status: api.StatusPending,
+			Request: &api.Request{ToolID: "echo"}}
+		inv.Succeed(subjects.Verify, json.RawMessage(`{"ok":true}`))
+		return inv
+	}
+	admitted := func(inv *envelope.Invocation) *envelope.Invocation {
+		inv.Authz = &envelope.Authorization{Session: "s", Reserved: true, CostPerCall: 0.5}
+		inv.Metadata.DurationMS, inv.Metadata.StartedAt = 40, "2026-01-01T00:00:00Z"
+		return inv
+	}
+	subjectsOf := func(outs []stages.Output) string {
+		var s []string
+		for _, o := range outs {
+			s = append(s, o.Subject)
+		}
+		return strings.Join(s, " ")
+	}
+
+	t.Run("success: status, terminal event and result", func(t *testing.T) {
+		st := newFakeStore()
+		outs, err := (&Auditor{store: st}).Process(ctx, succeeded())
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := subjects.AuditEvent("acme", envelope.SubjectSuffix(envelope.TypeSucceeded)) + " " + subjects.Result("acme", "i-1")
+		if got := subjectsOf(outs); got != want {
+			t.Fatalf("outputs %q, want %q", got, want)
+		}
+		if outs[1].MsgID != "7.result" {
+			t.Fatalf("result message id %q", outs[1].MsgID)
+		}
+		if rec := st.records["i-1"]; rec.Status != api.StatusSuccess || rec.Seq != 7 || rec.Response == nil {
+			t.Fatalf("stored %+v", rec)
+		}
+	})
+
+	t.Run("an invocation that never ended ends as internal error", func(t *testing.T) {
+		st := newFakeStore()
+		inv := &envelope.Invocation{ID: "i-2", Tenant: "acme", Status: api.StatusPending, EndedBy: "route"}
+		if _, err := (&Auditor{store: st}).Process(ctx, inv); err != nil {
+			t.Fatal(err)
+		}
+		if inv.Status != api.StatusError || inv.Error == nil || inv.Error.ECode != api.EInternal {
+			t.Fatalf("status %s error %v", inv.Status, inv.Error)
+		}
+		if st.records["i-2"].Status != api.StatusError {
+			t.Fatalf("stored %+v", st.records["i-2"])
+		}
+	})
+
+	t.Run("system tenant: audit event only", func(t *testing.T) {
+		st := newFakeStore()
+		inv := succeeded()
+		inv.Tenant = subjects.SystemTenant
+		outs, err := (&Auditor{store: st}).Process(ctx, inv)
+		if err != nil || len(outs) != 1 || !strings.HasPrefix(outs[0].Subject, "audit.") {
+			t.Fatalf("outputs %q, %v", subjectsOf(outs), err)
+		}
+		if len(st.records) != 0 {
+			t.Fatal("status stored for the system tenant")
+		}
+	})
+
+	t.Run("a repeated publish gets no second result", func(t *testing.T) {
+		inv := &envelope.Invocation{ID: "i-3", Tenant: "acme", Status: api.StatusPending}
+		inv.Fail(subjects.Validate, api.NewError(api.InvalidParameters, api.EDuplicateInvocation, "again").
+			WithDetail("same_request", true))
+		outs, err := (&Auditor{store: newFakeStore()}).Process(ctx, inv)
+		if err != nil || len(outs) != 1 || strings.HasPrefix(outs[0].Subject, "tool.result") {
+			t.Fatalf("outputs %q, %v", subjectsOf(outs), err)
+		}
+	})
+
+	t.Run("status store down is transient", func(t *testing.T) {
+		st := newFakeStore()
+		st.statusEr = errors.New("kv down")
+		_, err := (&Auditor{store: st}).Process(ctx, succeeded())
+		if _, ok := stages.IsTransient(err); !ok {
+			t.Fatalf("err %v, want transient", err)
+		}
+	})
+
+	t.Run("usage is charged once per invocation", func(t *testing.T) {
+		st := newFakeStore()
+		a := &Auditor{store: st}
+		for range 2 { // a redelivery charges nothing more
+			if _, err := a.Process(ctx, admitted(succeeded())); err != nil {
+				t.Fatal(err)
+			}
+		}
+		u := st.usage["acme/s"]
+		if u.RuntimeMS != 40 || u.Cost != 0.5 || u.ConsecutiveFailures != 0 || len(u.Settled) != 1 {
+			t.Fatalf("usage %+v", u)
+		}
+		failed := admitted(&envelope.Invocation{ID: "i-4", Tenant: "acme", Status: api.StatusPending})
+		failed.Fail(subjects.Execute, errors.New("boom"))
+		if _, err := a.Process(ctx, failed); err != nil {
+			t.Fatal(err)
+		}
+		if u := st.usage["acme/s"]; u.ConsecutiveFailures != 1 || u.RuntimeMS != 80 {
+			t.Fatalf("after a failure: %+v", u)
+		}
+	})
+
+	t.Run("never admitted: nothing charged", func(t *testing.T) {
+		st := newFakeStore()
+		if _, err := (&Auditor{store: st}).Process(ctx, succeeded()); err != nil {
+			t.Fatal(err)
+		}
+		if len(st.usage) != 0 {
+			t.Fatalf("charged %+v", st.usage)
+		}
+	})
+}

@@ -1,0 +1,202 @@
+package authorize
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/golang-jwt/jwt/v5"
+	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/envelope"
+	"github.com/toolgate/toolgate/internal/policy"
+	"github.com/toolgate/toolgate/internal/token"
+	"github.com/toolgate/toolgate/internal/tools"
+	"github.com/toolgate/toolgate/kvstore"
+	"github.com/toolgate/toolgate/stages"
+)
+
+// fakeStore keeps usage, approvals and status records in memory.
+type fakeStore struct {
+	usage     map[string]kvstore.Usage
+	approvals map[string]kvstore.Approval
+	records   map[string]api.Record
+	down      error
+}
+
+func newFakeStore() *fakeStore {
+	return &fakeStore{usage: map[string]kvstore.Usage{}, approvals: map[string]kvstore.Approval{}, records: map[string]api.Record{}}
+}
+
+func (f *fakeStore) Usage(_ context.Context, tenant, session string) (kvstore.Usage, error) {
+	return f.usage[tenant+"/"+session], f.down
+}
+
+func (f *fakeStore) UpdateUsage(_ context.Context, tenant, session string, change func(*kvstore.Usage) error) (kvstore.Usage, error) {
+	if f.down != nil {
+		return kvstore.Usage{}, f.down
+	}
+	u := f.usage[tenant+"/"+session]
+	if err := change(&u); err != nil {
+		return u, err
+	}
+	f.usage[tenant+"/"+session] = u
+	return u, nil
+}
+
+func (f *fakeStore) Approval(_ context.Context, tenant, id string) (kvstore.Approval, error) {
+	a, ok := f.approvals[tenant+"/"+id]
+	if !ok {
+		return kvstore.Approval{}, kvstore.ErrNoApproval
+	}
+	return a, nil
+}
+
+func (f *fakeStore) RequestApproval(_ context.Context, a kvstore.Approval) (kvstore.Approval, bool, error) {
+	if cur, ok := f.approvals[a.Tenant+"/"+a.InvocationID]; ok {
+		return cur, false, nil
+	}
+	a.State = kvstore.ApprovalPending
+	f.approvals[a.Tenant+"/"+a.InvocationID] = a
+	return a, true, nil
+}
+
+func (f *fakeStore) SetStatus(_ context.Context, rec api.Record) (api.Record, bool, error) {
+	f.records[rec.InvocationID] = rec
+	return rec, true, nil
+}
+
+const (
+	issuer   = "urn:test:issuer"
+	audience = "urn:test:toolgate"
+)
+
+func TestAuthorize(t *testing.T) {
+	ctx := context.Background()
+	key, err := token.GenerateSigningKey(token.AlgEdDSA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	engine, err := policy.Default(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := tools.NewRegistry()
+	reg.Put(&tools.Manifest{ID: "echo", Version: "1.0.0", Kind: "builtin", Cost: &tools.Cost{PerCall: 2}})
+	reg.Put(&tools.Manifest{ID: "wipe", Version: "1.0.0", Kind: "builtin",
+		Safety: tools.Safety{RiskLevel: "critical", SideEffects: []string{"fs.delete"}}})
+
+	mint := func(edit func(*token.Claims)) string {
+		c := token.Claims{ToolID: token.Patterns{"*"}, TenantID: "acme", AgentDID: "did:agent:a",
+			RegisteredClaims: jwt.RegisteredClaims{ID: "tok-1", Issuer: issuer, Audience: jwt.ClaimStrings{audience},
+				ExpiresAt: jwt.NewNumericDate(time.Now().Add(time.Hour))}}
+		if edit != nil {
+			edit(&c)
+		}
+		raw, err := token.Mint(key, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return raw
+	}
+	approval := func(state string) func(*fakeStore) {
+		return func(f *fakeStore) {
+			f.approvals["acme/i-1"] = kvstore.Approval{InvocationID: "i-1", Tenant: "acme", State: state, DecidedBy: "alice", Reason: "r"}
+		}
+	}
+
+	cases := []struct {
+		name      string
+		tool      string
+		token     string
+		revoke    bool
+		store     func(*fakeStore)
+		wantECode string
+		transient bool
+		parked    bool
+		admitted  bool
+		approver  string
+		calls     int64
+	}{
+		{name: "admitted and charged", tool: "echo", token: mint(nil), admitted: true, calls: 1},
+		{name: "no token", tool: "echo", token: "", wantECode: api.ETokenInvalid},
+		{name: "forged token", tool: "echo", token: mint(nil) + "x", wantECode: api.ETokenInvalid},
+		{name: "expired token", tool: "echo", token: mint(func(c *token.Claims) {
+			c.ExpiresAt = jwt.NewNumericDate(time.Now().Add(-time.Hour))
+		}), wantECode: api.ETokenExpired},
+		{name: "revoked token", tool: "echo", token: mint(nil), revoke: true, wantECode: api.ETokenRevoked},
+		{name: "token for another tool", tool: "echo", token: mint(func(c *token.Claims) { c.ToolID = token.Patterns{"other"} }),
+			wantECode: api.ENotGranted},
+		{name: "policy denies an excluded side effect", tool: "wipe", token: mint(func(c *token.Claims) {
+			c.ExcludedSideEffects = []string{"fs"}
+		}), wantECode: api.EPolicyDenied},
+		{name: "policy denies a spent budget", tool: "echo", token: mint(func(c *token.Claims) { c.Budget = &token.Budget{MaxCalls: 3} }),
+			store: func(f *fakeStore) { f.usage["acme/token:tok-1"] = kvstore.Usage{Calls: 3} }, wantECode: api.EBudgetExhausted},
+		{name: "reservation refuses a call over the cost budget", tool: "echo",
+			token: mint(func(c *token.Claims) { c.Budget = &token.Budget{MaxCost: 3} }),
+			store: func(f *fakeStore) { f.usage["acme/token:tok-1"] = kvstore.Usage{Cost: 2} }, wantECode: api.EBudgetExhausted},
+		{name: "already reserved is not charged again", tool: "echo", token: mint(nil),
+			store: func(f *fakeStore) { f.usage["acme/token:tok-1"] = kvstore.Usage{Calls: 1, Reserved: []string{"i-1"}} }, admitted: true, calls: 1},
+		{name: "critical tool is parked for approval", tool: "wipe", token: mint(nil), parked: true},
+		{name: "pending approval parks again", tool: "wipe", token: mint(nil), store: approval(kvstore.ApprovalPending), parked: true},
+		{name: "approved call is admitted", tool: "wipe", token: mint(nil), store: approval(kvstore.ApprovalApproved),
+			admitted: true, approver: "alice", calls: 1},
+		{name: "denied call ends", tool: "wipe", token: mint(nil), store: approval(kvstore.ApprovalDenied), wantECode: api.EApprovalDenied},
+		{name: "expired approval ends", tool: "wipe", token: mint(nil), store: approval(kvstore.ApprovalExpired), wantECode: api.EApprovalExpired},
+		{name: "store down is transient", tool: "echo", token: mint(nil), store: func(f *fakeStore) { f.down = errors.New("kv down") },
+			transient: true},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			st := newFakeStore()
+			if c.store != nil {
+				c.store(st)
+			}
+			revoked := new(token.Revocations)
+			if c.revoke {
+				revoked.Set("tok-1", true)
+			}
+			a := New(Config{Registry: reg, Policy: engine, Store: st, Revoked: revoked,
+				Verifier: &token.Verifier{Keys: token.StaticKeys{Set: key.KeySet()}, Issuer: issuer, Audience: audience}})
+			inv := &envelope.Invocation{ID: "i-1", Tenant: "acme", Status: api.StatusPending, Event: envelope.Event{Seq: 3},
+				Request: &api.Request{ToolID: c.tool, CapabilityToken: c.token,
+					AgentContext: api.AgentContext{AgentDID: "did:agent:a", TenantID: "acme"}}}
+			outs, err := a.Process(ctx, inv)
+			if _, transient := stages.IsTransient(err); transient != c.transient {
+				t.Fatalf("transient %v, want %v (%v)", transient, c.transient, err)
+			}
+			switch {
+			case c.transient:
+				return
+			case c.wantECode != "":
+				var ae *api.Error
+				if !errors.As(err, &ae) || ae.ECode != c.wantECode {
+					t.Fatalf("err %v, want %s", err, c.wantECode)
+				}
+				if inv.Authz != nil {
+					t.Fatal("refused call carries an authorization")
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.parked {
+				if !inv.Parked() || len(outs) != 1 || st.approvals["acme/i-1"].State != kvstore.ApprovalPending ||
+					st.records["i-1"].Status != api.StatusPendingApproval || inv.Authz != nil {
+					t.Fatalf("not parked: status %s, %d outputs, approval %+v", inv.Status, len(outs), st.approvals["acme/i-1"])
+				}
+				if len(st.usage) != 0 && st.usage["acme/token:tok-1"].Calls != 0 {
+					t.Fatal("a parked call was charged")
+				}
+				return
+			}
+			if !c.admitted || inv.Authz == nil || !inv.Authz.Reserved || inv.Authz.ApprovedBy != c.approver || inv.Parked() {
+				t.Fatalf("authz %+v, status %s", inv.Authz, inv.Status)
+			}
+			if got := st.usage["acme/token:tok-1"].Calls; got != c.calls {
+				t.Fatalf("calls charged %d, want %d", got, c.calls)
+			}
+		})
+	}
+}

@@ -1,0 +1,118 @@
+// Package clitool runs cli tools: a command run in a sandbox (no network
+// unless granted, a read-only filesystem but for granted paths, CPU, memory,
+// pids and time limits, the process group killed on timeout or cancel).
+package clitool
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"maps"
+	"strconv"
+	"strings"
+
+	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/envelope"
+	"github.com/toolgate/toolgate/internal/sandbox"
+	"github.com/toolgate/toolgate/internal/tools"
+	"github.com/toolgate/toolgate/stages/execute"
+	"github.com/toolgate/toolgate/stages/execute/builtin"
+)
+
+// Kind runs cli tools.
+type Kind struct {
+	// Sandbox runs the commands; SandboxErr, when set, says why it cannot,
+	// and every cli tool is refused with it.
+	Sandbox    sandbox.Config
+	SandboxErr error
+}
+
+var _ execute.Kind = (*Kind)(nil)
+
+// ResumeFile is where, in its work directory, a cli tool restarted after an
+// interruption finds the state of its last checkpoint; the environment
+// variable TOOLGATE_RESUME holds its path.
+const ResumeFile = "toolgate-resume.json"
+
+// Prepare implements execute.Kind: a sandboxed run of a command-line tool.
+// The tool reports progress and checkpoints with control lines on stdout
+// (sandbox.ControlPrefix).
+func (k *Kind) Prepare(m *tools.Manifest, inv *envelope.Invocation) (builtin.Func, error) {
+	if k.SandboxErr != nil {
+		return nil, api.NewError(api.SandboxFailure, api.EExecutorUnavailable,
+			"cli tools are refused here: %v (an operator may choose --sandbox none, which does not isolate)", k.SandboxErr)
+	}
+	cfg, err := m.CLISpec()
+	if err != nil {
+		return nil, api.WrapError(err, api.ToolExecutionError, api.EExecutorUnavailable, "%v", err)
+	}
+	var grants envelope.Grants
+	if inv.Authz != nil {
+		grants = inv.Authz.Grants
+	}
+	// Network only when the manifest asks for it and the token grants hosts.
+	network := (cfg.Network || len(m.Permissions.Network) > 0) && len(grants.Hosts) > 0
+	var mounts []sandbox.Mount
+	for _, p := range m.Permissions.Filesystem {
+		write := p.Mode == "rw" && grants.PathMode == "rw"
+		ms, err := sandbox.Mounts(k.Sandbox.FileRoot, []string{p.Path}, write)
+		if err != nil {
+			return nil, err
+		}
+		mounts = append(mounts, ms...)
+	}
+	lim := sandbox.Limits{Wall: execute.Limit(m, inv.Request), MemoryMB: m.Limits.MemoryMB, CPUSeconds: m.Limits.CPUSeconds,
+		PIDs: m.Limits.PIDs, OutputBytes: m.Limits.OutputBytes, FileSizeMB: m.Limits.FileSizeMB}
+	if rl := inv.Request.ResourceLimits; rl != nil && rl.MemoryMBLimit > 0 && (lim.MemoryMB == 0 || int64(rl.MemoryMBLimit) < lim.MemoryMB) {
+		lim.MemoryMB = int64(rl.MemoryMBLimit) // narrowed, never widened
+	}
+	return func(ctx context.Context, params json.RawMessage) (json.RawMessage, error) {
+		argv, err := sandbox.Expand(cfg.Command, params)
+		if err != nil {
+			return nil, err
+		}
+		spec := sandbox.Spec{Argv: argv, Env: cfg.Env, Network: network, Mounts: mounts, Limits: lim}
+		if cfg.Stdin != "none" {
+			spec.Stdin = params
+		}
+		progress := builtin.ProgressFrom(ctx)
+		if state := progress.Resumed(); state != nil {
+			spec.Files = map[string][]byte{ResumeFile: state}
+			spec.Env = maps.Clone(spec.Env)
+			if spec.Env == nil {
+				spec.Env = map[string]string{}
+			}
+			spec.Env["TOOLGATE_RESUME"] = "/work/" + ResumeFile
+		}
+		var ctlErr error
+		spec.Control = func(verb string, arg []byte) {
+			switch verb {
+			case "progress":
+				pct, msg, _ := strings.Cut(string(arg), " ")
+				if f, err := strconv.ParseFloat(pct, 64); err == nil && f >= 0 && f <= 100 {
+					progress.Report(f, msg)
+				}
+			case "checkpoint":
+				if !json.Valid(arg) {
+					ctlErr = api.NewError(api.ToolExecutionError, api.EToolFailed, "%s wrote a checkpoint that is not JSON", m.Key())
+					return
+				}
+				if err := progress.Checkpoint(bytes.Clone(arg)); err != nil && ctlErr == nil {
+					ctlErr = api.WrapError(err, api.ToolExecutionError, api.EToolFailed, "saving a checkpoint of %s: %v", m.Key(), err)
+				}
+			}
+		}
+		res, err := sandbox.Run(ctx, k.Sandbox, spec)
+		if err == nil {
+			err = ctlErr
+		}
+		if err != nil {
+			return nil, err
+		}
+		out := bytes.TrimSpace(res.Stdout)
+		if !json.Valid(out) {
+			return nil, api.NewError(api.ToolExecutionError, api.EResultNotJSON, "%s wrote no JSON on stdout", m.Key())
+		}
+		return out, nil
+	}, nil
+}

@@ -1,0 +1,240 @@
+package execute
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/envelope"
+	"github.com/toolgate/toolgate/internal/tools"
+	"github.com/toolgate/toolgate/kvstore"
+	"github.com/toolgate/toolgate/stages"
+	"github.com/toolgate/toolgate/stages/execute/builtin"
+)
+
+// fakeStore keeps records, idempotency claims and checkpoints in memory,
+// with the store's rules for status records: a terminal record is never
+// replaced, nor one of another publish.
+type fakeStore struct {
+	mu          sync.Mutex
+	records     map[string]api.Record
+	claims      map[string]kvstore.IdempotencyClaim
+	checkpoints map[string]kvstore.Checkpoint
+	down        error
+}
+
+func newFakeStore() *fakeStore {
+	return &fakeStore{records: map[string]api.Record{}, claims: map[string]kvstore.IdempotencyClaim{},
+		checkpoints: map[string]kvstore.Checkpoint{}}
+}
+
+func (f *fakeStore) Status(_ context.Context, _, id string) (api.Record, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.down != nil {
+		return api.Record{}, f.down
+	}
+	rec, ok := f.records[id]
+	if !ok {
+		return api.Record{}, kvstore.ErrNotFound
+	}
+	return rec, nil
+}
+
+func (f *fakeStore) SetStatus(_ context.Context, rec api.Record) (api.Record, bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	cur, ok := f.records[rec.InvocationID]
+	if ok && (cur.Status.Terminal() || (cur.Seq != 0 && rec.Seq != 0 && cur.Seq != rec.Seq)) {
+		return cur, false, nil
+	}
+	rec.CancelRequested = rec.CancelRequested || cur.CancelRequested
+	f.records[rec.InvocationID] = rec
+	return rec, true, nil
+}
+
+func (f *fakeStore) UpdateRecord(_ context.Context, _, id string, change func(*api.Record)) (api.Record, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	rec := f.records[id]
+	change(&rec)
+	f.records[id] = rec
+	return rec, nil
+}
+
+func (f *fakeStore) ClaimIdempotencyKey(_ context.Context, _, key, id, digest string) (kvstore.IdempotencyClaim, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if c, ok := f.claims[key]; ok {
+		return c, nil
+	}
+	c := kvstore.IdempotencyClaim{InvocationID: id, Digest: digest}
+	f.claims[key] = c
+	return c, nil
+}
+
+func (f *fakeStore) SaveCheckpoint(_ context.Context, _, id string, c kvstore.Checkpoint) (int, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.checkpoints[id] = c
+	return len(c.State), nil
+}
+
+func (f *fakeStore) LoadCheckpoint(_ context.Context, _, id string) (kvstore.Checkpoint, bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	c, ok := f.checkpoints[id]
+	return c, ok, nil
+}
+
+func (f *fakeStore) DeleteCheckpoint(_ context.Context, _, id string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.checkpoints, id)
+	return nil
+}
+
+func TestExecute(t *testing.T) {
+	reg := tools.NewRegistry()
+	put := func(id, fn string, idempotent bool, timeoutMS int64) {
+		reg.Put(&tools.Manifest{ID: id, Version: "1.0.0", Kind: "builtin", Builtin: &tools.BuiltinConfig{Function: fn},
+			Safety: tools.Safety{Idempotent: idempotent}, Limits: tools.Limits{TimeoutMS: timeoutMS}})
+	}
+	put("echo", "echo", false, 0)
+	put("again", "echo", true, 0)
+	put("slow", "block", false, 50)
+	put("wait", "block", false, 0)
+	put("missing", "nope", false, 0)
+
+	var runs atomic.Int32
+	started := make(chan struct{}, 1)
+	builtins := builtin.Set{
+		"echo": func(ctx context.Context, params json.RawMessage) (json.RawMessage, error) {
+			runs.Add(1)
+			if state := builtin.ProgressFrom(ctx).Resumed(); state != nil {
+				return state, nil
+			}
+			return params, nil
+		},
+		"block": func(ctx context.Context, _ json.RawMessage) (json.RawMessage, error) {
+			runs.Add(1)
+			started <- struct{}{}
+			<-ctx.Done()
+			return nil, ctx.Err()
+		},
+	}
+
+	cases := []struct {
+		name       string
+		tool       string
+		idemKey    string
+		store      func(*fakeStore)
+		cancel     bool // cancel the run once the tool started
+		wantECode  string
+		transient  bool
+		wantRuns   int32
+		wantResult string
+		wantStatus api.Status
+	}{
+		{name: "runs the tool", tool: "echo", wantRuns: 1, wantResult: `{"x":1}`, wantStatus: api.StatusRunning},
+		{name: "a redelivery of an ended invocation does not run again", tool: "echo",
+			store: func(f *fakeStore) {
+				f.records["i-1"] = api.Record{InvocationID: "i-1", Status: api.StatusSuccess, Seq: 5,
+					Response: &api.Response{Result: json.RawMessage(`{"first":true}`)}}
+			}, wantResult: `{"first":true}`, wantStatus: api.StatusSuccess},
+		{name: "an id held by another publish is refused", tool: "echo",
+			store: func(f *fakeStore) {
+				f.records["i-1"] = api.Record{InvocationID: "i-1", Status: api.StatusRunning, Seq: 4}
+			},
+			wantECode: api.EDuplicateInvocation},
+		{name: "a cancel recorded before the claim stops it", tool: "echo",
+			store:     func(f *fakeStore) { f.records["i-1"] = api.Record{InvocationID: "i-1", CancelRequested: true} },
+			wantECode: api.ECancelled},
+		{name: "a cancel while running stops it", tool: "wait", cancel: true, wantRuns: 1, wantECode: api.ECancelled},
+		{name: "interrupted and not idempotent: outcome unknown", tool: "echo",
+			store: func(f *fakeStore) {
+				f.records["i-1"] = api.Record{InvocationID: "i-1", Status: api.StatusRunning, Seq: 5}
+			},
+			wantECode: api.EOutcomeUnknown},
+		{name: "interrupted and idempotent: run again", tool: "again",
+			store: func(f *fakeStore) {
+				f.records["i-1"] = api.Record{InvocationID: "i-1", Status: api.StatusRunning, Seq: 5}
+			},
+			wantRuns: 1, wantResult: `{"x":1}`, wantStatus: api.StatusRunning},
+		{name: "interrupted with a checkpoint: resumed from it", tool: "echo",
+			store: func(f *fakeStore) {
+				f.records["i-1"] = api.Record{InvocationID: "i-1", Status: api.StatusRunning, Seq: 5}
+				f.checkpoints["i-1"] = kvstore.Checkpoint{Seq: 2, State: json.RawMessage(`{"step":2}`)}
+			}, wantRuns: 1, wantResult: `{"step":2}`, wantStatus: api.StatusRunning},
+		{name: "over its time limit", tool: "slow", wantRuns: 1, wantECode: api.ETimeout},
+		{name: "builtin not in this binary", tool: "missing", wantECode: api.EExecutorUnavailable},
+		{name: "idempotency key of an ended call replays it", tool: "echo", idemKey: "k",
+			store: func(f *fakeStore) {
+				f.claims["k"] = kvstore.IdempotencyClaim{InvocationID: "i-0", Digest: requestDigest(mustResolve(t, reg, "echo"), json.RawMessage(`{"x":1}`))}
+				f.records["i-0"] = api.Record{InvocationID: "i-0", Status: api.StatusSuccess, Response: &api.Response{Result: json.RawMessage(`{"replayed":1}`)}}
+			}, wantResult: `{"replayed":1}`, wantStatus: api.StatusSuccess},
+		{name: "idempotency key reused for another request", tool: "echo", idemKey: "k",
+			store:     func(f *fakeStore) { f.claims["k"] = kvstore.IdempotencyClaim{InvocationID: "i-0", Digest: "other"} },
+			wantECode: api.EIdempotencyMismatch},
+		{name: "status store down is transient", tool: "echo", store: func(f *fakeStore) { f.down = errors.New("kv down") }, transient: true},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			runs.Store(0)
+			st := newFakeStore()
+			if c.store != nil {
+				c.store(st)
+			}
+			running := NewRunning()
+			x := &Executor{reg: reg, builtins: builtins, store: st, running: running}
+			req := &api.Request{ToolID: c.tool, Parameters: json.RawMessage(`{"x":1}`)}
+			if c.idemKey != "" {
+				req.ExecutionOptions = &api.ExecutionOptions{IdempotencyKey: c.idemKey}
+			}
+			inv := &envelope.Invocation{ID: "i-1", Tenant: "acme", Status: api.StatusPending, Event: envelope.Event{Seq: 5},
+				Request: req, Route: &envelope.Route{ToolID: c.tool, ToolVersion: "1.0.0", Executor: "builtin"}}
+			if c.cancel {
+				go func() {
+					<-started
+					running.Cancel("acme", "i-1")
+				}()
+			}
+			_, err := x.Process(context.Background(), inv)
+			if _, transient := stages.IsTransient(err); transient != c.transient {
+				t.Fatalf("transient %v, want %v (%v)", transient, c.transient, err)
+			}
+			if got := runs.Load(); got != c.wantRuns {
+				t.Fatalf("tool ran %d times, want %d", got, c.wantRuns)
+			}
+			if c.transient {
+				return
+			}
+			if c.wantECode != "" {
+				var ae *api.Error
+				if !errors.As(err, &ae) || ae.ECode != c.wantECode {
+					t.Fatalf("err %v, want %s", err, c.wantECode)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if string(inv.Result) != c.wantResult || inv.Status != c.wantStatus {
+				t.Fatalf("result %s status %s, want %s %s", inv.Result, inv.Status, c.wantResult, c.wantStatus)
+			}
+		})
+	}
+}
+
+func mustResolve(t *testing.T, reg *tools.Registry, id string) *tools.Manifest {
+	t.Helper()
+	m, err := reg.Resolve(id, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
