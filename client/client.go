@@ -235,3 +235,23 @@ func (c *Client) Cancel(ctx context.Context, tenant, id, reason string) (api.Rec
 	err := c.request(ctx, subjects.SvcCancel, api.CancelRequest{TenantID: tenant, InvocationID: id, Reason: reason}, &rec)
 	return rec, err
 }
+
+// DeleteTool removes one version of a tool from the registry.
+func (c *Client) DeleteTool(ctx context.Context, id, version string) error {
+	var out api.ToolRequest
+	return c.request(ctx, subjects.SvcToolsDelete, api.ToolRequest{ToolID: id, Version: version}, &out)
+}
+
+// Approvals lists tenant's calls waiting for a human's decision.
+func (c *Client) Approvals(ctx context.Context, tenant string) ([]api.ApprovalSummary, error) {
+	var out api.ApprovalsResponse
+	err := c.request(ctx, subjects.SvcApprovalsList, api.ApprovalsRequest{Tenant: tenant}, &out)
+	return out.Approvals, err
+}
+
+// Approval returns the approval of one invocation, in any state.
+func (c *Client) Approval(ctx context.Context, tenant, id string) (api.ApprovalSummary, error) {
+	var out api.ApprovalSummary
+	err := c.request(ctx, subjects.SvcApprovalsGet, api.ApprovalsRequest{Tenant: tenant, InvocationID: id}, &out)
+	return out, err
+}

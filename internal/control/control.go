@@ -49,6 +49,9 @@ func Start(nc *nats.Conn, store *kvstore.Store, reg *tools.Registry, approvals *
 		{"tools-list", subjects.SvcToolsList, h.list},
 		{"tools-get", subjects.SvcToolsGet, h.get},
 		{"tools-register", subjects.SvcToolsRegister, h.register},
+		{"tools-delete", subjects.SvcToolsDelete, h.deleteTool},
+		{"approvals-list", subjects.SvcApprovalsList, h.listApprovals},
+		{"approvals-get", subjects.SvcApprovalsGet, h.getApproval},
 	}
 	if approvals != nil {
 		eps = append(eps, struct {
