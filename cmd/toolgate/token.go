@@ -316,4 +316,3 @@ func (a *app) tokenRevokeCmd() *cobra.Command {
 	cmd.Flags().StringVar(&reason, "reason", "", "why")
 	return cmd
 }
-
