@@ -84,7 +84,7 @@ func (a *app) policyCmd() *cobra.Command {
 				return err
 			}
 			defer done()
-			rev, err := store.PushPolicy(ctx, kvstore.PolicyBundle{Modules: modules, Data: data, PushedBy: by})
+			rev, err := store.PushPolicy(ctx, kvstore.PolicyBundle{Modules: modules, Data: data, PushedBy: or(by, whoami())})
 			if err != nil {
 				return err
 			}
@@ -94,7 +94,7 @@ func (a *app) policyCmd() *cobra.Command {
 			})
 		},
 	}
-	push.Flags().StringVar(&by, "by", whoami(), "who pushes, for the record")
+	push.Flags().StringVar(&by, "by", "", "who pushes, for the record (default: user@host)")
 	show := &cobra.Command{
 		Use:   "show",
 		Short: "Show the pushed policy",
@@ -179,7 +179,7 @@ func (a *app) breakersCmd() *cobra.Command {
 				}
 				defer done()
 				publish := func(ctx context.Context, o stages.Output) error { return runner.Publish(ctx, js, o) }
-				st, err := breaker.Force(cmd.Context(), store, publish, args[0], s.state, by)
+				st, err := breaker.Force(cmd.Context(), store, publish, args[0], s.state, or(by, whoami()))
 				if err != nil {
 					return err
 				}
@@ -189,7 +189,7 @@ func (a *app) breakersCmd() *cobra.Command {
 				})
 			},
 		}
-		sub.Flags().StringVar(&by, "by", whoami(), "who sets it, for the record")
+		sub.Flags().StringVar(&by, "by", "", "who sets it, for the record (default: user@host)")
 		cmd.AddCommand(sub)
 	}
 	return cmd
@@ -213,7 +213,7 @@ func (a *app) approveCmd(approve bool) *cobra.Command {
 			}
 			defer closeFn()
 			d, err := c.Decide(cmd.Context(), api.ApprovalDecision{
-				Tenant: tenant, InvocationID: args[0], Approve: approve, DecidedBy: by, Reason: reason,
+				Tenant: tenant, InvocationID: args[0], Approve: approve, DecidedBy: or(by, whoami()), Reason: reason,
 			})
 			if err != nil {
 				return err
@@ -225,7 +225,7 @@ func (a *app) approveCmd(approve bool) *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&reason, "reason", "", "why, for the record")
-	cmd.Flags().StringVar(&by, "by", whoami(), "who decides, for the record")
+	cmd.Flags().StringVar(&by, "by", "", "who decides, for the record (default: user@host)")
 	return cmd
 }
 

@@ -31,7 +31,7 @@ func (a *app) readParams(v string) (json.RawMessage, error) {
 		b = []byte(v)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("--params: %w", err)
+		return nil, usageErr("--params: %w", err)
 	}
 	var obj map[string]json.RawMessage
 	if err := json.Unmarshal(b, &obj); err != nil || obj == nil {

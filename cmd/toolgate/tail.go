@@ -55,7 +55,7 @@ func (a *app) renderAudit(subject string, data []byte) string {
 	if !e.Time.IsZero() {
 		ts = e.Time.UTC().Format("15:04:05.000")
 	}
-	return fmt.Sprintf("%s  %-8s  %-20s  %-22s  %-17s  %-5s  %s", ts, tenant, event, or(tool, "-"), status, code, e.Data.InvocationID)
+	return strings.TrimRight(fmt.Sprintf("%s  %-8s  %-20s  %-22s  %-17s  %-5s  %s", ts, tenant, event, or(tool, "-"), status, code, e.Data.InvocationID), " ")
 }
 
 func or(s, def string) string {
