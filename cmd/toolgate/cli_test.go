@@ -531,3 +531,53 @@ func TestRender(t *testing.T) {
 		})
 	}
 }
+
+// TestCompletionAndVersion: completion scripts are generated for each
+// shell, stage names complete, and version lists the modules built in.
+func TestCompletionAndVersion(t *testing.T) {
+	cleanEnv(t)
+	for shell, marker := range map[string]string{"bash": "__start_toolgate", "zsh": "#compdef toolgate", "fish": "complete -c toolgate"} {
+		t.Run(shell, func(t *testing.T) {
+			r := tg(t, "", "completion", shell)
+			if r.code != exitOK || !strings.Contains(r.stdout, marker) {
+				t.Fatalf("completion %s: exit %d, no %q", shell, r.code, marker)
+			}
+		})
+	}
+	r := tg(t, "", "__complete", "stage", "")
+	if !strings.Contains(r.stdout, "execute\n") || !strings.Contains(r.stdout, "control\n") {
+		t.Fatalf("stage names do not complete:\n%s", r.stdout)
+	}
+	r = tg(t, "", "version", "--json")
+	var v struct {
+		GoVersion string `json:"go_version"`
+		Modules   []struct{ Path, Version string }
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &v); err != nil || r.code != exitOK || v.GoVersion == "" {
+		t.Fatalf("version: exit %d %v\n%s", r.code, err, r.stdout)
+	}
+	found := false
+	for _, m := range v.Modules {
+		found = found || (m.Path == "github.com/spf13/cobra" && m.Version != "")
+	}
+	if !found {
+		t.Fatalf("version lists no cobra module: %+v", v.Modules)
+	}
+}
+
+// TestColour: status words are coloured only when asked (a terminal
+// without NO_COLOR); the golden renderings are plain.
+func TestColour(t *testing.T) {
+	var b bytes.Buffer
+	if err := (&app{color: true}).renderResponse(&b, api.Response{InvocationID: "i", Status: api.StatusSuccess}); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(b.String(), green+"success"+reset) {
+		t.Fatalf("no colour: %q", b.String())
+	}
+	t.Setenv("NO_COLOR", "1")
+	var out bytes.Buffer
+	if code := run(t.Context(), []string{"version"}, strings.NewReader(""), &out, io.Discard); code != exitOK || strings.Contains(out.String(), "\x1b[") {
+		t.Fatalf("exit %d, escape codes in %q", code, out.String())
+	}
+}

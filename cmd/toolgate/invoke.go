@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -14,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/client"
+	"github.com/toolgate/toolgate/internal/connect"
 	"github.com/toolgate/toolgate/internal/node"
 	"github.com/toolgate/toolgate/subjects"
 )
@@ -60,7 +62,7 @@ approval says so, and the exit status tells how the call ended.`,
 	f := cmd.Flags()
 	f.StringVar(&params, "params", "{}", "parameters: a JSON object, @FILE, or - to read stdin")
 	f.StringVar(&version, "version", "", "exact version or semver range (default: latest)")
-	f.StringVar(&agent, "agent", node.DevAgent, "agent DID")
+	f.StringVar(&agent, "agent", "", "agent DID (default: the token's agent_did)")
 	f.StringVar(&session, "session", "", "session id")
 	f.StringVar(&id, "id", "", "invocation id (default: a new UUID)")
 	f.StringVar(&idem, "idempotency-key", "", "repeat calls with this key return the first one's result")
@@ -78,6 +80,10 @@ approval says so, and the exit status tells how the call ended.`,
 		tenant, err := a.tenant()
 		if err != nil {
 			return err
+		}
+		if agent == "" {
+			c, _ := connect.TokenClaims(a.capToken())
+			agent = cmp.Or(c.AgentDID, c.Subject, node.DevAgent)
 		}
 		req := api.Request{
 			ToolID: args[0], ToolVersion: version, Parameters: p, CapabilityToken: a.capToken(),

@@ -94,6 +94,7 @@ func (o *Options) ServerURL() string { return cmp.Or(o.URL, nats.DefaultURL) }
 // line only needs to know where to send.
 type Claims struct {
 	TenantID string `json:"tenant_id"`
+	AgentDID string `json:"agent_did"`
 	ID       string `json:"jti"`
 	Subject  string `json:"sub"`
 }
