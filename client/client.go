@@ -255,3 +255,26 @@ func (c *Client) Approval(ctx context.Context, tenant, id string) (api.ApprovalS
 	err := c.request(ctx, subjects.SvcApprovalsGet, api.ApprovalsRequest{Tenant: tenant, InvocationID: id}, &out)
 	return out, err
 }
+
+// SetLifecycle moves one version of a tool to a lifecycle state
+// (deprecated, sunset, …): the manifest is read and registered again with
+// lifecycle replaced. It returns the lifecycle as stored.
+func (c *Client) SetLifecycle(ctx context.Context, id, version string, lifecycle map[string]any) (api.ToolRequest, error) {
+	doc, err := c.GetTool(ctx, id, version)
+	if err != nil {
+		return api.ToolRequest{}, err
+	}
+	var m map[string]any
+	if err := json.Unmarshal(doc, &m); err != nil {
+		return api.ToolRequest{}, err
+	}
+	if v, _ := m["version"].(string); v != version {
+		return api.ToolRequest{}, api.NewError(api.ToolNotFound, api.EToolNotFound, "%s has no version %s (give the exact version)", id, version)
+	}
+	m["lifecycle"] = lifecycle
+	b, err := json.Marshal(m)
+	if err != nil {
+		return api.ToolRequest{}, err
+	}
+	return c.RegisterTool(ctx, b, true)
+}

@@ -401,6 +401,9 @@ func TestApprovals(t *testing.T) {
 	if r.code != exitOK || !strings.Contains(r.stdout, id) || !strings.Contains(r.stdout, "needs.human@0.1.0") || strings.Contains(r.stdout, "hunter2") {
 		t.Fatalf("approvals list: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
+	if r := tg(t, "", s.flags("approvals", "list", "--tenant", "other", "--json")...); r.code != exitOK || strings.Contains(r.stdout, id) {
+		t.Fatalf("another tenant's approvals list shows %s: exit %d\n%s", id, r.code, r.stdout)
+	}
 	r = tg(t, "", s.flags("approvals", "show", id, "--json")...)
 	var a api.ApprovalSummary
 	if err := json.Unmarshal([]byte(r.stdout), &a); err != nil || a.State != "pending" || a.Deadline.IsZero() ||

@@ -256,18 +256,6 @@ func (a *app) toolsLifecycleCmd(state string) *cobra.Command {
 				return err
 			}
 			defer closeFn()
-			ctx := cmd.Context()
-			doc, err := c.GetTool(ctx, args[0], args[1])
-			if err != nil {
-				return err
-			}
-			var m map[string]any
-			if err := json.Unmarshal(doc, &m); err != nil {
-				return err
-			}
-			if v, _ := m["version"].(string); v != args[1] {
-				return fmt.Errorf("%s has no version %s (give the exact version)", args[0], args[1])
-			}
 			lc := map[string]any{"state": state}
 			if inFavorOf != "" {
 				lc["deprecated_in_favor_of"] = inFavorOf
@@ -279,12 +267,7 @@ func (a *app) toolsLifecycleCmd(state string) *cobra.Command {
 				}
 				lc["sunset_at"] = t.UTC().Format(time.RFC3339)
 			}
-			m["lifecycle"] = lc
-			b, err := json.Marshal(m)
-			if err != nil {
-				return err
-			}
-			out, err := c.RegisterTool(ctx, b, true)
+			out, err := c.SetLifecycle(cmd.Context(), args[0], args[1], lc)
 			if err != nil {
 				return err
 			}
