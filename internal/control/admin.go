@@ -1,6 +1,7 @@
 package control
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -11,6 +12,7 @@ import (
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/envelope"
 	"github.com/toolgate/toolgate/internal/redact"
+	"github.com/toolgate/toolgate/internal/tools"
 	"github.com/toolgate/toolgate/kvstore"
 )
 
@@ -94,4 +96,20 @@ func summarize(a kvstore.Approval) api.ApprovalSummary {
 		s.Parameters = redact.Redact(inv.Request.Parameters)
 	}
 	return s
+}
+
+// holds reports whether the registry has m's id and version with m's
+// content, so a replaced manifest counts only once the new one is in.
+func (h *handlers) holds(m *tools.Manifest) bool {
+	want, err := json.Marshal(m)
+	if err != nil {
+		return h.reg.Has(m.ID, m.Version)
+	}
+	for _, cur := range h.reg.Versions(m.ID) {
+		if cur.Version == m.Version {
+			got, err := json.Marshal(cur)
+			return err == nil && bytes.Equal(got, want)
+		}
+	}
+	return false
 }

@@ -242,8 +242,8 @@ func (h *handlers) register(req micro.Request) {
 		return
 	}
 	// Answer once this process's registry has seen the write, so a caller
-	// that registers and then asks for the tool finds it.
-	for !h.reg.Has(m.ID, m.Version) && ctx.Err() == nil {
+	// that registers (or replaces) and then asks for the tool finds it.
+	for !h.holds(m) && ctx.Err() == nil {
 		time.Sleep(2 * time.Millisecond)
 	}
 	_ = req.RespondJSON(api.ToolRequest{ToolID: m.ID, Version: m.Version})
