@@ -272,7 +272,7 @@ func TestInvokeExitCodes(t *testing.T) {
 		if r.code != exitCancelled || !strings.HasPrefix(r.stdout, "cancelled  ") {
 			t.Fatalf("invoke --wait of a cancelled call: exit %d, want %d\n%s%s", r.code, exitCancelled, r.stdout, r.stderr)
 		}
-		if r := tg(t, "", s.flags("status", id)...); r.code != exitOK || !strings.HasPrefix(r.stdout, "cancelled  sleep@1.0.0  "+id+"  tenant demo") {
+		if r := tg(t, "", s.flags("status", id)...); r.code != exitCancelled || !strings.HasPrefix(r.stdout, "cancelled  sleep@1.0.0  "+id+"  tenant demo") {
 			t.Fatalf("status: exit %d\n%s", r.code, r.stdout)
 		}
 	})

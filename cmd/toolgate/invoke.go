@@ -186,7 +186,7 @@ func (a *app) wait(ctx context.Context, c *client.Client, tenant, id string, wai
 func (a *app) statusCmd() *cobra.Command {
 	return &cobra.Command{
 		Use:   "status ID",
-		Short: "Show an invocation's status, progress and result",
+		Short: "Show an invocation's status, progress and result (exit status as for invoke --wait once it has ended)",
 		Args:  exactArgs(1, "an invocation id"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			tenant, err := a.tenant()
@@ -202,7 +202,13 @@ func (a *app) statusCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return a.emit(rec, func(w io.Writer) error { return a.renderRecord(w, rec) })
+			if err := a.emit(rec, func(w io.Writer) error { return a.renderRecord(w, rec) }); err != nil {
+				return err
+			}
+			if rec.Status.Terminal() {
+				return shownStatus(rec.Status)
+			}
+			return nil
 		},
 	}
 }
