@@ -584,3 +584,26 @@ func TestColour(t *testing.T) {
 		t.Fatalf("exit %d, escape codes in %q", code, out.String())
 	}
 }
+
+// TestInterrupt: a command whose context ends (Ctrl-C) exits 130, and an
+// interrupted invoke --wait says the call goes on.
+func TestInterrupt(t *testing.T) {
+	cleanEnv(t)
+	s := startToolgate(t)
+	ctx, cancel := context.WithCancel(t.Context())
+	var out, errb syncBuffer
+	done := make(chan int, 1)
+	go func() {
+		done <- run(ctx, s.flags("invoke", "sleep", "--params", `{"ms":5000}`, "--wait"), strings.NewReader(""), &out, &errb)
+	}()
+	waitFor(t, "the call to run", func() bool { return strings.Contains(errb.String(), "running") })
+	cancel()
+	select {
+	case code := <-done:
+		if code != exitInterrupt || !strings.Contains(errb.String(), "the call goes on") {
+			t.Fatalf("exit %d, want %d; stderr %q", code, exitInterrupt, errb.String())
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("invoke did not stop when interrupted")
+	}
+}

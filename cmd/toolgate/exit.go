@@ -12,13 +12,14 @@ import (
 
 // Exit codes, documented in docs/cli.md.
 const (
-	exitOK        = 0 // success
-	exitError     = 1 // the command or the call failed
-	exitUsage     = 2 // bad command line: unknown command or flag, wrong arguments
-	exitConnect   = 3 // toolgate's NATS server could not be reached
-	exitDenied    = 4 // permission denied (token, policy, approval)
-	exitTimeout   = 5 // the call timed out, or --wait gave up first
-	exitCancelled = 6 // the call was cancelled
+	exitOK        = 0   // success
+	exitError     = 1   // the command or the call failed
+	exitUsage     = 2   // bad command line: unknown command or flag, wrong arguments
+	exitConnect   = 3   // toolgate's NATS server could not be reached
+	exitDenied    = 4   // permission denied (token, policy, approval)
+	exitTimeout   = 5   // the call timed out, or --wait gave up first
+	exitCancelled = 6   // the call was cancelled
+	exitInterrupt = 130 // interrupted (Ctrl-C, SIGTERM) before the command finished
 )
 
 // exitError ends a command with a code. With shown set the command has
@@ -83,6 +84,8 @@ func codeOf(err error) int {
 		return exitUsage
 	case errors.As(err, &te):
 		return statusCode(api.StatusFor(te))
+	case errors.Is(err, context.Canceled):
+		return exitInterrupt
 	case errors.Is(err, context.DeadlineExceeded):
 		return exitTimeout
 	case isCobraUsage(err):

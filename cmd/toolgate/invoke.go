@@ -158,6 +158,9 @@ func (a *app) wait(ctx context.Context, c *client.Client, tenant, id string, wai
 				fmt.Fprintf(a.stderr, "still %s after %s: toolgate status %s --tenant %s\n", st, waitFor, id, tenant)
 				return api.Response{InvocationID: id, Status: st}, nil
 			}
+			if res.err != nil && ctx.Err() != nil {
+				fmt.Fprintf(a.stderr, "stopped waiting; the call goes on: toolgate status %s (or toolgate cancel %s)\n", id, id)
+			}
 			return res.r, res.err
 		case <-tick.C:
 			sctx, scancel := context.WithTimeout(ctx, 2*time.Second)

@@ -60,7 +60,8 @@ One binary serves the pipeline (validate, authorize, route, execute, verify,
 audit over NATS JetStream), runs single stages, and talks to a running
 toolgate. Client commands share the connection flags below; output is for
 people unless --json is given. Exit status: 0 success, 1 error, 2 usage,
-3 no connection, 4 denied, 5 timeout, 6 cancelled (see docs/cli.md).`,
+3 no connection, 4 denied, 5 timeout, 6 cancelled, 130 interrupted
+(see docs/cli.md).`,
 		SilenceErrors: true,
 		SilenceUsage:  true,
 		// A bare `toolgate` shows the help.
