@@ -7,6 +7,8 @@ import (
 	"flag"
 	"io"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -15,6 +17,7 @@ import (
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/spf13/pflag"
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/node"
@@ -605,5 +608,37 @@ func TestInterrupt(t *testing.T) {
 		}
 	case <-time.After(20 * time.Second):
 		t.Fatal("invoke did not stop when interrupted")
+	}
+}
+
+// TestImportMCP: import-mcp lists a streamable-HTTP server's tools and
+// registers each as mcp:NAME:TOOL; --dry-run only prints the manifests.
+func TestImportMCP(t *testing.T) {
+	cleanEnv(t)
+	srv := mcp.NewServer(&mcp.Implementation{Name: "remote", Version: "1.0.0"}, nil)
+	type in struct{ A, B int }
+	type out struct {
+		Sum int `json:"sum"`
+	}
+	mcp.AddTool(srv, &mcp.Tool{Name: "add", Description: "adds"}, func(_ context.Context, _ *mcp.CallToolRequest, a in) (*mcp.CallToolResult, out, error) {
+		return nil, out{Sum: a.A + a.B}, nil
+	})
+	hs := httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, nil))
+	t.Cleanup(hs.Close)
+	s := startToolgate(t)
+	dry := tg(t, "", s.flags("tools", "import-mcp", "--server", "remote", "--url", hs.URL+"/mcp", "--dry-run")...)
+	if dry.code != exitOK || !strings.Contains(dry.stdout, `"mcp:remote:add"`) {
+		t.Fatalf("--dry-run: exit %d\n%s%s", dry.code, dry.stdout, dry.stderr)
+	}
+	if r := tg(t, "", s.flags("tools", "get", "mcp:remote:add")...); r.code != exitError {
+		t.Fatalf("--dry-run registered the tool: exit %d", r.code)
+	}
+	r := tg(t, "", s.flags("tools", "import-mcp", "--server", "remote", "--url", hs.URL+"/mcp", "--risk", "low", "--side-effects", "net.post,fs.write")...)
+	if r.code != exitOK || !strings.Contains(r.stdout, "registered mcp:remote:add@1.0.0") {
+		t.Fatalf("import: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	r = tg(t, "", s.flags("tools", "get", "mcp:remote:add")...)
+	if r.code != exitOK || !strings.Contains(r.stdout, `"net.post"`) || !strings.Contains(r.stdout, `"fs.write"`) {
+		t.Fatalf("get: exit %d\n%s", r.code, r.stdout)
 	}
 }
