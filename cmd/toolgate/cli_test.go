@@ -642,3 +642,29 @@ func TestImportMCP(t *testing.T) {
 		t.Fatalf("get: exit %d\n%s", r.code, r.stdout)
 	}
 }
+
+// TestOperatorCommands: breakers, policy and revocation work on the
+// buckets, in text and JSON.
+func TestOperatorCommands(t *testing.T) {
+	cleanEnv(t)
+	s := startToolgate(t)
+	steps := []struct {
+		args []string
+		out  string
+	}{
+		{[]string{"breakers", "open", "echo", "--by", "tester"}, "echo is open"},
+		{[]string{"breakers"}, "forced by tester"},
+		{[]string{"breakers", "release", "echo"}, "echo is closed"},
+		{[]string{"breakers", "list", "--json"}, `"state": "closed"`},
+		{[]string{"policy", "show"}, "no policy pushed"},
+		{[]string{"policy", "push", "../../internal/policy", "--by", "tester"}, "policy pushed (revision"},
+		{[]string{"policy", "show", "--json"}, `"pushed_by": "tester"`},
+		{[]string{"token", "revoke", "--jti", "some-token-id", "--reason", "test"}, "revoked some-token-id"},
+	}
+	for _, st := range steps {
+		r := tg(t, "", s.flags(st.args...)...)
+		if r.code != exitOK || !strings.Contains(r.stdout, st.out) {
+			t.Fatalf("%v: exit %d, want %q in\n%s%s", st.args, r.code, st.out, r.stdout, r.stderr)
+		}
+	}
+}
