@@ -61,7 +61,7 @@ func (a *app) policyCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "policy",
 		Short: "Push the Rego policy every worker uses, or show the pushed one",
-		Args:  noArgs,
+		Args:  subcommand,
 		RunE:  func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 	}
 	var by string
@@ -233,7 +233,7 @@ func (a *app) approvalsCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "approvals",
 		Short: "List the calls waiting for a human's approval, or show one",
-		Args:  noArgs,
+		Args:  subcommand,
 		RunE:  func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 	}
 	list := &cobra.Command{

@@ -182,6 +182,7 @@ func TestUsageErrors(t *testing.T) {
 		{"invoke without tool", []string{"invoke", "--tenant", "t"}, "want a tool id"},
 		{"unknown flag", []string{"tools", "list", "--bogus"}, "unknown flag: --bogus"},
 		{"unknown command", []string{"frobnicate"}, "unknown command"},
+		{"unknown subcommand", []string{"tools", "frobnicate"}, `unknown command "frobnicate" for "toolgate tools"`},
 		{"no tenant", []string{"status", "ID"}, "no tenant"},
 		{"params not an object", []string{"invoke", "echo", "--tenant", "t", "--params", "[1]"}, "--params is not a JSON object"},
 		{"params file missing", []string{"invoke", "echo", "--tenant", "t", "--params", "@/nonexistent.json"}, "--params"},

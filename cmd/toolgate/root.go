@@ -143,3 +143,12 @@ func (a *app) client() (*client.Client, func(), error) {
 	}
 	return c, nc.Close, nil
 }
+
+// subcommand is the Args of a command that only groups others: an argument
+// that names none of them is an unknown command.
+func subcommand(cmd *cobra.Command, args []string) error {
+	if len(args) != 0 {
+		return usageErr("unknown command %q for %q", args[0], cmd.CommandPath())
+	}
+	return nil
+}

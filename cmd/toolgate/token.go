@@ -18,7 +18,7 @@ func (a *app) tokenCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "token",
 		Short: "Capability tokens: keygen, mint, inspect, revoke",
-		Args:  noArgs,
+		Args:  subcommand,
 		RunE:  func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 	}
 	cmd.AddCommand(a.tokenKeygenCmd(), a.tokenMintCmd(), a.tokenInspectCmd(), a.tokenRevokeCmd())

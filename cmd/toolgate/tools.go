@@ -22,7 +22,7 @@ func (a *app) toolsCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "tools",
 		Short: "Manage the tool registry: list, get, init, register, deprecate, sunset, delete, import-mcp",
-		Args:  noArgs,
+		Args:  subcommand,
 		RunE:  func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 	}
 	cmd.AddCommand(a.toolsListCmd(), a.toolsGetCmd(), a.toolsInitCmd(), a.toolsRegisterCmd(),
