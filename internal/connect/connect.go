@@ -21,7 +21,6 @@ import (
 	"os"
 	"strings"
 
-	natsjwt "github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats.go"
 	"github.com/spf13/pflag"
 	"github.com/synadia-io/orbit.go/natscontext"
@@ -135,23 +134,8 @@ func (o *Options) TenantFor(fallback string) (string, error) {
 }
 
 // IsToolgateCreds reports whether a .creds file was issued by toolgate
-// (busauth.Keys.IssueCredentials): its user JWT carries a toolgate-role tag.
-func IsToolgateCreds(b []byte) bool {
-	tok, err := natsjwt.ParseDecoratedJWT(b)
-	if err != nil {
-		return false
-	}
-	uc, err := natsjwt.DecodeUserClaims(tok)
-	if err != nil {
-		return false
-	}
-	for _, t := range uc.Tags {
-		if strings.HasPrefix(t, "toolgate-role:") {
-			return true
-		}
-	}
-	return false
-}
+// (busauth.IssuedCredentials).
+func IsToolgateCreds(b []byte) bool { return busauth.IssuedCredentials(b) }
 
 // NATSOptions turns the settings into nats.go options (without the server
 // URL or context, which Connect handles).
