@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 
 	"github.com/spf13/cobra"
 	"github.com/toolgate/toolgate/client"
+	"github.com/toolgate/toolgate/internal/busauth"
 	"github.com/toolgate/toolgate/internal/connect"
 	"github.com/toolgate/toolgate/internal/node"
 	"golang.org/x/term"
@@ -68,6 +70,11 @@ people unless --json is given. Exit status: 0 success, 1 error, 2 usage,
 		RunE: func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 		PersistentPreRun: func(*cobra.Command, []string) {
 			a.conn.Resolve()
+			// A local serve's operator credentials, when nothing else
+			// names who connects.
+			if p := filepath.Join(a.data, busauth.DirName, busauth.OperatorCredsFile); fileExists(p) {
+				a.conn.LocalCreds = p
+			}
 		},
 	}
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error {
@@ -151,4 +158,9 @@ func subcommand(cmd *cobra.Command, args []string) error {
 		return usageErr("unknown command %q for %q", args[0], cmd.CommandPath())
 	}
 	return nil
+}
+
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
 }

@@ -3,11 +3,14 @@
 // connection flags and environment variables, the credentials they name
 // turned into nats.go options, and the tenant a command acts for.
 //
-// Identity, in order: a toolgate-issued .creds file (--creds) for workers
-// and operators, sent as nkey plus JWT-as-token (busauth.CredentialsOption);
-// any other .creds file through nats.UserCredentials; an agent's capability
-// token (--token) sent as the connect token with the inbox prefix only that
-// token may use (busauth.InboxPrefix); a `nats` CLI context (--context).
+// Identity, in order: a .creds file (--creds): a toolgate-issued one, for
+// workers and operators, sent as nkey plus JWT-as-token
+// (busauth.CredentialsOption), any other through nats.UserCredentials; an
+// nkey seed and connect token as the nats CLI takes them (--nkey,
+// $NATS_NKEY, $NATS_TOKEN); an agent's capability token (--token) sent as
+// the connect token with the inbox prefix only that token may use
+// (busauth.InboxPrefix); a `nats` CLI context (--context); else LocalCreds
+// when set.
 package connect
 
 import (
@@ -34,6 +37,10 @@ const (
 	EnvContext = "NATS_CONTEXT"
 	EnvToken   = "TOOLGATE_TOKEN"
 	EnvTenant  = "TOOLGATE_TENANT"
+	// EnvNkey and EnvNATSToken are the nats CLI's: an nkey seed file and a
+	// connect token (for toolgate's operator: its credentials' JWT).
+	EnvNkey      = "NATS_NKEY"
+	EnvNATSToken = "NATS_TOKEN"
 )
 
 // ErrNoTenant is returned by Tenant when neither --tenant nor a token names one.
@@ -57,6 +64,13 @@ type Options struct {
 	TLSCA       string
 	InboxPrefix string
 	Tenant      string
+	// Nkey is an nkey seed file; NATSToken a connect token. With both, the
+	// pair is what CredentialsOption sends for a toolgate .creds file.
+	Nkey      string
+	NATSToken string
+	// LocalCreds is used when nothing else names an identity: the CLI sets
+	// it to a local serve's operator credentials when they exist.
+	LocalCreds string
 	// Name is the connection name servers show (default toolgate-cli).
 	Name string
 }
@@ -67,6 +81,7 @@ type Options struct {
 func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.URL, "nats", "", "NATS server URL (env "+EnvURL+"; default "+nats.DefaultURL+")")
 	fs.StringVar(&o.Creds, "creds", "", "NATS credentials file: toolgate-issued worker/operator .creds or any user .creds (env "+EnvCreds+")")
+	fs.StringVar(&o.Nkey, "nkey", "", "nkey seed file to authenticate with, as the nats CLI (env "+EnvNkey+"; with env "+EnvNATSToken+" as the connect token)")
 	fs.StringVar(&o.Token, "token", "", "an agent's capability token, for invocations and to connect as that agent (env "+EnvToken+")")
 	fs.StringVar(&o.Context, "context", "", "a nats CLI context to take the server and credentials from (env "+EnvContext+")")
 	fs.StringVar(&o.TLSCert, "tlscert", "", "client TLS certificate file")
@@ -83,6 +98,8 @@ func (o *Options) Resolve() {
 	o.Token = strings.TrimSpace(cmp.Or(o.Token, os.Getenv(EnvToken)))
 	o.Context = cmp.Or(o.Context, os.Getenv(EnvContext))
 	o.Tenant = cmp.Or(o.Tenant, os.Getenv(EnvTenant))
+	o.Nkey = cmp.Or(o.Nkey, os.Getenv(EnvNkey))
+	o.NATSToken = cmp.Or(o.NATSToken, strings.TrimSpace(os.Getenv(EnvNATSToken)))
 }
 
 // ServerURL is the server Connect dials without a context.
@@ -141,16 +158,31 @@ func IsToolgateCreds(b []byte) bool { return busauth.IssuedCredentials(b) }
 // URL or context, which Connect handles).
 func (o *Options) NATSOptions() ([]nats.Option, error) {
 	opts := []nats.Option{nats.Name(cmp.Or(o.Name, "toolgate-cli"))}
+	creds := o.Creds
+	if creds == "" && o.Nkey == "" && o.NATSToken == "" && o.Token == "" && o.Context == "" {
+		creds = o.LocalCreds
+	}
 	switch {
-	case o.Creds != "":
-		b, err := os.ReadFile(o.Creds)
+	case creds != "":
+		b, err := os.ReadFile(creds)
 		if err != nil {
 			return nil, fmt.Errorf("--creds: %w", err)
 		}
 		if IsToolgateCreds(b) {
-			opts = append(opts, busauth.CredentialsOption(o.Creds))
+			opts = append(opts, busauth.CredentialsOption(creds))
 		} else {
-			opts = append(opts, nats.UserCredentials(o.Creds))
+			opts = append(opts, nats.UserCredentials(creds))
+		}
+	case o.Nkey != "" || o.NATSToken != "":
+		if o.Nkey != "" {
+			nk, err := nats.NkeyOptionFromSeed(o.Nkey)
+			if err != nil {
+				return nil, fmt.Errorf("--nkey: %w", err)
+			}
+			opts = append(opts, nk)
+		}
+		if o.NATSToken != "" {
+			opts = append(opts, nats.Token(o.NATSToken))
 		}
 	case o.Token != "":
 		opts = append(opts, nats.Token(o.Token))

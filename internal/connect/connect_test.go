@@ -224,3 +224,40 @@ func TestContext(t *testing.T) {
 		t.Fatalf("got %v, want a connect error", err)
 	}
 }
+
+// TestNkeyAndLocalCreds: the nats CLI's NATS_NKEY and NATS_TOKEN are read;
+// LocalCreds is used only when nothing else names an identity.
+func TestNkeyAndLocalCreds(t *testing.T) {
+	clearEnv(t)
+	dir := t.TempDir()
+	ukp, _ := nkeys.CreateUser()
+	seed, _ := ukp.Seed()
+	nk := filepath.Join(dir, "op.nk")
+	if err := os.WriteFile(nk, seed, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(EnvNkey, nk)
+	t.Setenv(EnvNATSToken, "the-jwt")
+	var o Options
+	o.Resolve()
+	no := apply(t, &o)
+	upub, _ := ukp.PublicKey()
+	if no.Nkey != upub || no.Token != "the-jwt" {
+		t.Fatalf("nkey %q token %q", no.Nkey, no.Token)
+	}
+
+	clearEnv(t)
+	k, _ := busauth.GenerateKeys()
+	b, _ := k.IssueCredentials(busauth.RoleOperator, "local", 0)
+	local := filepath.Join(dir, "operator.creds")
+	if err := os.WriteFile(local, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if no := apply(t, &Options{LocalCreds: local}); no.Nkey == "" || no.Token == "" {
+		t.Fatal("LocalCreds not used when nothing else is given")
+	}
+	tok := mint(t, "acme", "j")
+	if no := apply(t, &Options{LocalCreds: local, Token: tok}); no.Token != tok {
+		t.Fatal("LocalCreds used although a token was given")
+	}
+}
