@@ -22,7 +22,7 @@ const (
 	exitInterrupt = 130 // interrupted (Ctrl-C, SIGTERM) before the command finished
 )
 
-// exitError ends a command with a code. With shown set the command has
+// codeError ends a command with an exit code. With shown set the command has
 // already told the user (it printed the result); nothing more is printed.
 type codeError struct {
 	code  int
