@@ -669,3 +669,20 @@ func TestOperatorCommands(t *testing.T) {
 		}
 	}
 }
+
+// TestWaitShowsProgress: while invoke --wait waits, the progress a tool
+// reports appears on stderr.
+func TestWaitShowsProgress(t *testing.T) {
+	cleanEnv(t)
+	s := startToolgate(t)
+	doc := `{"id":"test.progress","name":"progress","version":"1.0.0","description":"reports progress","kind":"cli",
+	  "cli":{"command":["sh","-c","echo 'toolgate:progress 40 halfway there'; sleep 2; echo '{}'"],"stdin":"none"},
+	  "input_schema":{"type":"object"},"output_schema":{"type":"object"}}`
+	if r := tg(t, doc, s.flags("tools", "register", "-")...); r.code != exitOK {
+		t.Fatalf("register: %d %s", r.code, r.stderr)
+	}
+	r := tg(t, "", s.flags("invoke", "test.progress", "--wait")...)
+	if r.code != exitOK || !strings.Contains(r.stderr, "running: 40% halfway there") {
+		t.Fatalf("exit %d\nstdout %s\nstderr %s", r.code, r.stdout, r.stderr)
+	}
+}
