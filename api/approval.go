@@ -41,3 +41,33 @@ type ApprovalDecision struct {
 	DecidedBy    string `json:"decided_by"`
 	Reason       string `json:"reason,omitempty"`
 }
+
+// ApprovalsRequest asks for a tenant's pending approvals, or with an
+// invocation id for one approval in any state.
+type ApprovalsRequest struct {
+	Tenant       string `json:"tenant_id"`
+	InvocationID string `json:"invocation_id,omitempty"`
+}
+
+// ApprovalSummary is an approval as the control service shows it: the
+// parked call's parameters redacted, never the parked envelope.
+type ApprovalSummary struct {
+	InvocationID string          `json:"invocation_id"`
+	Tenant       string          `json:"tenant_id"`
+	ToolID       string          `json:"tool_id"`
+	ToolVersion  string          `json:"tool_version"`
+	AgentDID     string          `json:"agent_did,omitempty"`
+	Reasons      []string        `json:"reasons,omitempty"`
+	Parameters   json.RawMessage `json:"parameters,omitempty"`
+	State        string          `json:"state"`
+	RequestedAt  time.Time       `json:"requested_at"`
+	Deadline     time.Time       `json:"deadline"`
+	DecidedAt    time.Time       `json:"decided_at,omitzero"`
+	DecidedBy    string          `json:"decided_by,omitempty"`
+	Reason       string          `json:"reason,omitempty"`
+}
+
+// ApprovalsResponse lists approvals.
+type ApprovalsResponse struct {
+	Approvals []ApprovalSummary `json:"approvals"`
+}

@@ -240,3 +240,46 @@ func (c *Client) Cancel(ctx context.Context, tenant, id, reason string) (api.Rec
 	err := c.request(ctx, subjects.SvcCancel, api.CancelRequest{TenantID: tenant, InvocationID: id, Reason: reason}, &rec)
 	return rec, err
 }
+
+// DeleteTool removes one version of a tool from the registry.
+func (c *Client) DeleteTool(ctx context.Context, id, version string) error {
+	var out api.ToolRequest
+	return c.request(ctx, subjects.SvcToolsDelete, api.ToolRequest{ToolID: id, Version: version}, &out)
+}
+
+// Approvals lists tenant's calls waiting for a human's decision.
+func (c *Client) Approvals(ctx context.Context, tenant string) ([]api.ApprovalSummary, error) {
+	var out api.ApprovalsResponse
+	err := c.request(ctx, subjects.SvcApprovalsList, api.ApprovalsRequest{Tenant: tenant}, &out)
+	return out.Approvals, err
+}
+
+// Approval returns the approval of one invocation, in any state.
+func (c *Client) Approval(ctx context.Context, tenant, id string) (api.ApprovalSummary, error) {
+	var out api.ApprovalSummary
+	err := c.request(ctx, subjects.SvcApprovalsGet, api.ApprovalsRequest{Tenant: tenant, InvocationID: id}, &out)
+	return out, err
+}
+
+// SetLifecycle moves one version of a tool to a lifecycle state
+// (deprecated, sunset, …): the manifest is read and registered again with
+// lifecycle replaced. It returns the lifecycle as stored.
+func (c *Client) SetLifecycle(ctx context.Context, id, version string, lifecycle map[string]any) (api.ToolRequest, error) {
+	doc, err := c.GetTool(ctx, id, version)
+	if err != nil {
+		return api.ToolRequest{}, err
+	}
+	var m map[string]any
+	if err := json.Unmarshal(doc, &m); err != nil {
+		return api.ToolRequest{}, err
+	}
+	if v, _ := m["version"].(string); v != version {
+		return api.ToolRequest{}, api.NewError(api.ToolNotFound, api.EToolNotFound, "%s has no version %s (give the exact version)", id, version)
+	}
+	m["lifecycle"] = lifecycle
+	b, err := json.Marshal(m)
+	if err != nil {
+		return api.ToolRequest{}, err
+	}
+	return c.RegisterTool(ctx, b, true)
+}

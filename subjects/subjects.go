@@ -195,6 +195,12 @@ const (
 	SvcApproval = "tool.svc.approval"
 	// SvcCancel takes {"tenant_id","invocation_id","reason"}.
 	SvcCancel = "tool.svc.cancel"
+	// SvcToolsDelete takes {"tool_id","version"} and removes that version.
+	SvcToolsDelete = "tool.svc.tools.delete"
+	// SvcApprovalsList takes {"tenant_id"} and lists its pending approvals;
+	// SvcApprovalsGet takes {"tenant_id","invocation_id"}.
+	SvcApprovalsList = "tool.svc.approvals.list"
+	SvcApprovalsGet  = "tool.svc.approvals.get"
 )
 
 // TenantSvc is the tenant-scoped subject of control endpoint svc (one of the

@@ -49,6 +49,9 @@ func Start(nc *nats.Conn, store *kvstore.Store, reg *tools.Registry, approvals *
 		{"tools-list", subjects.SvcToolsList, h.list},
 		{"tools-get", subjects.SvcToolsGet, h.get},
 		{"tools-register", subjects.SvcToolsRegister, h.register},
+		{"tools-delete", subjects.SvcToolsDelete, h.deleteTool},
+		{"approvals-list", subjects.SvcApprovalsList, h.listApprovals},
+		{"approvals-get", subjects.SvcApprovalsGet, h.getApproval},
 	}
 	if approvals != nil {
 		eps = append(eps, struct {
@@ -73,6 +76,9 @@ type store interface {
 	Status(ctx context.Context, tenant, id string) (api.Record, error)
 	UpdateRecord(ctx context.Context, tenant, id string, change func(*api.Record)) (api.Record, error)
 	RegisterTool(ctx context.Context, doc []byte, replace bool) (*tools.Manifest, error)
+	DeleteTool(ctx context.Context, id, version string) error
+	PendingApprovals(ctx context.Context) ([]api.Approval, error)
+	Approval(ctx context.Context, tenant, id string) (api.Approval, error)
 }
 
 var _ store = (*kvstore.Store)(nil)
@@ -248,8 +254,8 @@ func (h *handlers) register(req micro.Request) {
 		return
 	}
 	// Answer once this process's registry has seen the write, so a caller
-	// that registers and then asks for the tool finds it.
-	for !h.reg.Has(m.ID, m.Version) && ctx.Err() == nil {
+	// that registers (or replaces) and then asks for the tool finds it.
+	for !h.holds(m) && ctx.Err() == nil {
 		time.Sleep(2 * time.Millisecond)
 	}
 	_ = req.RespondJSON(api.ToolRequest{ToolID: m.ID, Version: m.Version})

@@ -150,3 +150,11 @@ func TestHandlers(t *testing.T) {
 		})
 	}
 }
+
+func (f *fakeStore) DeleteTool(context.Context, string, string) error { return nil }
+
+func (f *fakeStore) PendingApprovals(context.Context) ([]api.Approval, error) { return nil, nil }
+
+func (f *fakeStore) Approval(context.Context, string, string) (api.Approval, error) {
+	return api.Approval{}, kvstore.ErrNotFound
+}

@@ -1,0 +1,251 @@
+package main
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/client"
+	"github.com/toolgate/toolgate/internal/connect"
+	"github.com/toolgate/toolgate/internal/node"
+	"github.com/toolgate/toolgate/subjects"
+)
+
+// readParams reads --params: a JSON object, @FILE, or - for stdin.
+func (a *app) readParams(v string) (json.RawMessage, error) {
+	var b []byte
+	var err error
+	switch {
+	case v == "-":
+		b, err = io.ReadAll(a.stdin)
+	case strings.HasPrefix(v, "@"):
+		b, err = os.ReadFile(v[1:])
+	default:
+		b = []byte(v)
+	}
+	if err != nil {
+		return nil, usageErr("--params: %w", err)
+	}
+	var obj map[string]json.RawMessage
+	if err := json.Unmarshal(b, &obj); err != nil || obj == nil {
+		return nil, usageErr("--params is not a JSON object: %.200s", strings.TrimSpace(string(b)))
+	}
+	return json.RawMessage(b), nil
+}
+
+func (a *app) invokeCmd() *cobra.Command {
+	var params, version, agent, session, id, idem, priority string
+	var wait, async bool
+	var limit, waitFor time.Duration
+	cmd := &cobra.Command{
+		Use:   "invoke TOOL",
+		Short: "Call a tool; with --wait, wait for the result and show it",
+		Long: `Call a tool. The capability token is --token ($TOOLGATE_TOKEN), else the
+development token of a local serve --examples in --data; the tenant is
+--tenant, else the token's. Without --wait the invocation id is printed at
+once; with --wait progress is shown on stderr, a call parked for a human's
+approval says so, and the exit status tells how the call ended.`,
+		Example: `  toolgate invoke echo --params '{"message":"hi"}' --wait
+  toolgate invoke fs.read_file --params @params.json --wait --json
+  echo '{"ms":100}' | toolgate invoke sleep --params - --wait`,
+		Args: exactArgs(1, "a tool id"),
+	}
+	f := cmd.Flags()
+	f.StringVar(&params, "params", "{}", "parameters: a JSON object, @FILE, or - to read stdin")
+	f.StringVar(&version, "version", "", "exact version or semver range (default: latest)")
+	f.StringVar(&agent, "agent", "", "agent DID (default: the token's agent_did)")
+	f.StringVar(&session, "session", "", "session id")
+	f.StringVar(&id, "id", "", "invocation id (default: a new UUID)")
+	f.StringVar(&idem, "idempotency-key", "", "repeat calls with this key return the first one's result")
+	f.StringVar(&priority, "priority", "", "scheduling priority: high, normal or low")
+	f.BoolVar(&wait, "wait", false, "wait for the result and show it")
+	f.BoolVar(&async, "async", false, "ask for async mode: toolgate answers at once with pending and where to poll")
+	f.DurationVar(&limit, "timeout", 0, "time limit of the call (whole seconds; narrows the tool's own limit)")
+	f.DurationVar(&waitFor, "wait-timeout", 5*time.Minute, "how long --wait waits before giving up (exit 5)")
+	_ = cmd.RegisterFlagCompletionFunc("priority", cobra.FixedCompletions([]string{subjects.PriorityHigh, "normal", "low"}, cobra.ShellCompDirectiveNoFileComp))
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		p, err := a.readParams(params)
+		if err != nil {
+			return err
+		}
+		tenant, err := a.tenant()
+		if err != nil {
+			return err
+		}
+		if agent == "" {
+			c, _ := connect.TokenClaims(a.capToken())
+			agent = cmp.Or(c.AgentDID, c.Subject, node.DevAgent)
+		}
+		req := api.Request{
+			ToolID: args[0], ToolVersion: version, Parameters: p, CapabilityToken: a.capToken(),
+			AgentContext: api.AgentContext{AgentDID: agent, TenantID: tenant, SessionID: session},
+		}
+		if async || idem != "" || priority != "" {
+			req.ExecutionOptions = &api.ExecutionOptions{AsyncMode: async, IdempotencyKey: idem, Priority: priority}
+		}
+		if limit > 0 {
+			req.ResourceLimits = &api.ResourceLimits{TimeoutSeconds: int(math.Ceil(limit.Seconds()))}
+		}
+		c, closeFn, err := a.client()
+		if err != nil {
+			return err
+		}
+		defer closeFn()
+		ctx := cmd.Context()
+		invID, err := c.Invoke(ctx, req, client.InvokeOptions{ID: id})
+		if err != nil {
+			return err
+		}
+		if !wait {
+			resp := api.Response{InvocationID: invID, Status: api.StatusPending,
+				PollingInfo: &api.PollingInfo{ResultSubject: subjects.Result(tenant, invID), StatusSubject: subjects.SvcStatus}}
+			return a.emit(resp, func(w io.Writer) error {
+				fmt.Fprintf(w, "%s  invocation %s  tenant %s\n", a.status(api.StatusPending), invID, tenant)
+				fmt.Fprintf(w, "follow it: toolgate status %s --tenant %s\n", invID, tenant)
+				return nil
+			})
+		}
+		resp, err := a.wait(ctx, c, tenant, invID, waitFor)
+		if err != nil {
+			return err
+		}
+		if err := a.emit(resp, func(w io.Writer) error { return a.renderResponse(w, resp) }); err != nil {
+			return err
+		}
+		return shownStatus(resp.Status)
+	}
+	return cmd
+}
+
+// wait waits for the result of invocation id, reporting progress and a
+// pending approval on stderr. When waitFor runs out it returns the record
+// as it stands (a non-terminal status: exit 5).
+func (a *app) wait(ctx context.Context, c *client.Client, tenant, id string, waitFor time.Duration) (api.Response, error) {
+	wctx, cancel := context.WithTimeout(ctx, waitFor)
+	defer cancel()
+	type result struct {
+		r   api.Response
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		r, err := c.Wait(wctx, tenant, id)
+		done <- result{r, err}
+	}()
+	tick := time.NewTicker(500 * time.Millisecond)
+	defer tick.Stop()
+	var last string
+	for {
+		select {
+		case res := <-done:
+			if res.err != nil && errors.Is(res.err, context.DeadlineExceeded) && ctx.Err() == nil {
+				// Gave up waiting: say where the call stands.
+				sctx, scancel := context.WithTimeout(ctx, 5*time.Second)
+				defer scancel()
+				st := api.StatusPending
+				if rec, err := c.Status(sctx, tenant, id); err == nil {
+					st = rec.Status
+				}
+				fmt.Fprintf(a.stderr, "still %s after %s: toolgate status %s --tenant %s\n", st, waitFor, id, tenant)
+				return api.Response{InvocationID: id, Status: st}, nil
+			}
+			if res.err != nil && ctx.Err() != nil {
+				fmt.Fprintf(a.stderr, "stopped waiting; the call goes on: toolgate status %s (or toolgate cancel %s)\n", id, id)
+			}
+			return res.r, res.err
+		case <-tick.C:
+			sctx, scancel := context.WithTimeout(ctx, 2*time.Second)
+			rec, err := c.Status(sctx, tenant, id)
+			scancel()
+			if err != nil {
+				continue // no record yet
+			}
+			var line string
+			switch {
+			case rec.Status == api.StatusPendingApproval:
+				line = fmt.Sprintf("pending approval: toolgate approve %s --tenant %s", id, tenant)
+			case rec.Progress != nil && rec.Status == api.StatusRunning:
+				line = fmt.Sprintf("running: %.0f%% %s", rec.Progress.Percent, rec.Progress.Message)
+			case rec.Status == api.StatusRunning:
+				line = "running"
+			}
+			if line != "" && line != last {
+				fmt.Fprintln(a.stderr, line)
+				last = line
+			}
+		}
+	}
+}
+
+func (a *app) statusCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "status ID",
+		Short: "Show an invocation's status, progress and result (exit status as for invoke --wait once it has ended)",
+		Args:  exactArgs(1, "an invocation id"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			tenant, err := a.tenant()
+			if err != nil {
+				return err
+			}
+			c, closeFn, err := a.client()
+			if err != nil {
+				return err
+			}
+			defer closeFn()
+			rec, err := c.Status(cmd.Context(), tenant, args[0])
+			if err != nil {
+				return err
+			}
+			if err := a.emit(rec, func(w io.Writer) error { return a.renderRecord(w, rec) }); err != nil {
+				return err
+			}
+			if rec.Status.Terminal() {
+				return shownStatus(rec.Status)
+			}
+			return nil
+		},
+	}
+}
+
+func (a *app) cancelCmd() *cobra.Command {
+	var reason string
+	cmd := &cobra.Command{
+		Use:   "cancel ID",
+		Short: "Stop an invocation: queued, running or waiting for approval",
+		Args:  exactArgs(1, "an invocation id"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			tenant, err := a.tenant()
+			if err != nil {
+				return err
+			}
+			c, closeFn, err := a.client()
+			if err != nil {
+				return err
+			}
+			defer closeFn()
+			rec, err := c.Cancel(cmd.Context(), tenant, args[0], reason)
+			if err != nil {
+				return err
+			}
+			return a.emit(rec, func(w io.Writer) error {
+				if rec.Status.Terminal() {
+					fmt.Fprintf(w, "%s already ended: %s\n", rec.InvocationID, a.status(rec.Status))
+					return nil
+				}
+				fmt.Fprintf(w, "cancel requested for %s (was %s)\n", rec.InvocationID, a.status(rec.Status))
+				return nil
+			})
+		},
+	}
+	cmd.Flags().StringVar(&reason, "reason", "", "why, for the record")
+	return cmd
+}

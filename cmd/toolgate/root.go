@@ -1,0 +1,166 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/spf13/cobra"
+	"github.com/toolgate/toolgate/client"
+	"github.com/toolgate/toolgate/internal/busauth"
+	"github.com/toolgate/toolgate/internal/connect"
+	"github.com/toolgate/toolgate/internal/node"
+	"golang.org/x/term"
+)
+
+// app is what every command shares: the connection settings, the output
+// mode and the streams.
+type app struct {
+	conn   connect.Options
+	json   bool
+	data   string // a local serve's data directory, for its development token
+	stdin  io.Reader
+	stdout io.Writer
+	stderr io.Writer
+	color  bool
+}
+
+// run executes the command line args and returns the exit status.
+func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	a := &app{stdin: stdin, stdout: stdout, stderr: stderr}
+	if f, ok := stdout.(*os.File); ok && os.Getenv("NO_COLOR") == "" && term.IsTerminal(int(f.Fd())) {
+		a.color = true
+	}
+	root := a.root()
+	root.SetArgs(args)
+	root.SetIn(stdin)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	err := root.ExecuteContext(ctx)
+	code := codeOf(err)
+	var ce *codeError
+	if err != nil && !(errors.As(err, &ce) && ce.shown) {
+		fmt.Fprintln(stderr, "toolgate:", err)
+		if code == exitUsage {
+			fmt.Fprintln(stderr, "Run 'toolgate --help' (or 'toolgate COMMAND --help') for usage.")
+		}
+	}
+	return code
+}
+
+func (a *app) root() *cobra.Command {
+	root := &cobra.Command{
+		Use:   "toolgate",
+		Short: "toolgate: the tool-execution layer for AI agents",
+		Long: `toolgate: the tool-execution layer for AI agents.
+
+One binary serves the pipeline (validate, authorize, route, execute, verify,
+audit over NATS JetStream), runs single stages, and talks to a running
+toolgate. Client commands share the connection flags below; output is for
+people unless --json is given. Exit status: 0 success, 1 error, 2 usage,
+3 no connection, 4 denied, 5 timeout, 6 cancelled, 130 interrupted
+(see docs/cli.md).`,
+		SilenceErrors: true,
+		SilenceUsage:  true,
+		// A bare `toolgate` shows the help.
+		RunE: func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
+		PersistentPreRun: func(*cobra.Command, []string) {
+			a.conn.Resolve()
+			// A local serve's operator credentials, when nothing else
+			// names who connects.
+			if p := filepath.Join(a.data, busauth.DirName, busauth.OperatorCredsFile); fileExists(p) {
+				a.conn.LocalCreds = p
+			}
+		},
+	}
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error {
+		return &codeError{code: exitUsage, err: err}
+	})
+	pf := root.PersistentFlags()
+	a.conn.AddFlags(pf)
+	pf.BoolVar(&a.json, "json", false, "print JSON for scripts instead of text for people")
+	pf.StringVar(&a.data, "data", "toolgate-data", "data directory of a local serve; its development token is used when no --token is given")
+	root.AddGroup(&cobra.Group{ID: "run", Title: "Running toolgate:"},
+		&cobra.Group{ID: "call", Title: "Calling tools:"},
+		&cobra.Group{ID: "admin", Title: "Administration:"})
+	for _, c := range []*cobra.Command{a.serveCmd(), a.stageCmd(), a.benchCmd()} {
+		c.GroupID = "run"
+		root.AddCommand(c)
+	}
+	for _, c := range []*cobra.Command{a.invokeCmd(), a.statusCmd(), a.cancelCmd(), a.tailCmd()} {
+		c.GroupID = "call"
+		root.AddCommand(c)
+	}
+	for _, c := range []*cobra.Command{a.toolsCmd(), a.tokenCmd(), a.policyCmd(), a.approveCmd(true), a.approveCmd(false),
+		a.approvalsCmd(), a.breakersCmd()} {
+		c.GroupID = "admin"
+		root.AddCommand(c)
+	}
+	root.AddCommand(a.versionCmd())
+	return root
+}
+
+// exactArgs is cobra.ExactArgs naming what the arguments are.
+func exactArgs(n int, what string) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		if len(args) != n {
+			return usageErr("%s: want %s, got %d argument(s)", cmd.CommandPath(), what, len(args))
+		}
+		return nil
+	}
+}
+
+func noArgs(cmd *cobra.Command, args []string) error {
+	if len(args) != 0 {
+		return usageErr("%s takes no arguments, got %q", cmd.CommandPath(), args)
+	}
+	return nil
+}
+
+// capToken is the capability token of invocations: --token or
+// $TOOLGATE_TOKEN, else the development token a local serve --examples
+// wrote into its data directory.
+func (a *app) capToken() string {
+	if a.conn.Token != "" {
+		return a.conn.Token
+	}
+	if b, err := os.ReadFile(node.DevTokenPath(a.data)); err == nil {
+		return strings.TrimSpace(string(b))
+	}
+	return ""
+}
+
+// tenant is --tenant, else the tenant of the capability token.
+func (a *app) tenant() (string, error) { return a.conn.TenantFor(a.capToken()) }
+
+// client connects and returns a client and a function that closes it.
+func (a *app) client() (*client.Client, func(), error) {
+	nc, err := a.conn.Connect()
+	if err != nil {
+		return nil, nil, err
+	}
+	c, err := client.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	return c, nc.Close, nil
+}
+
+// subcommand is the Args of a command that only groups others: an argument
+// that names none of them is an unknown command.
+func subcommand(cmd *cobra.Command, args []string) error {
+	if len(args) != 0 {
+		return usageErr("unknown command %q for %q", args[0], cmd.CommandPath())
+	}
+	return nil
+}
+
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
+}

@@ -1,0 +1,165 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+	"github.com/toolgate/toolgate/internal/bench"
+	"github.com/toolgate/toolgate/internal/node"
+	"github.com/toolgate/toolgate/subjects"
+)
+
+// pipelineFlags are shared by serve and stage.
+func pipelineFlags(fs *pflag.FlagSet, c *node.Config) *string {
+	fs.IntVar(&c.Workers, "workers", 4, "workers per stage")
+	fs.StringVar(&c.MetricsAddr, "metrics-addr", "", "serve Prometheus metrics on this address (/metrics)")
+	fs.StringVar(&c.OTLPEndpoint, "otlp-endpoint", "", "export traces over OTLP/HTTP to this URL (https for TLS) or host:port (default $OTEL_EXPORTER_OTLP_ENDPOINT); the OTEL_EXPORTER_OTLP_* variables apply")
+	fs.StringVar(&c.PolicyPath, "policy", "", "Rego policy file or directory (default: the shipped policy)")
+	fs.StringVar(&c.Stage.BuiltinEnv.FileRoot, "file-root", "", "directory the read_file builtin is confined to and cli tools' granted paths are under (empty: disabled)")
+	fs.StringVar(&c.Stage.SecretsDir, "secrets-dir", "", "directory with one file per secret http tools may inject (also read: TOOLGATE_SECRET_<NAME> variables)")
+	fs.BoolVar(&c.Stage.HTTPAllowPrivateNetworks, "http-allow-private-networks", false, "let http tools reach loopback, private and link-local addresses through granted host names (IP literals granted as such always work)")
+	fs.StringVar(&c.Stage.Sandbox.Mode, "sandbox", "bwrap", "how cli tools run: bwrap (isolated) or none (limits only, no isolation; see docs/sandbox.md)")
+	fs.IntVar(&c.Stage.MaxEventBytes, "max-event-bytes", 1<<20, "largest accepted tool.invoke event")
+	fs.StringVar(&c.DetectorRulesPath, "detector-rules", "", "detector rule set replacing the shipped one (JSON)")
+	fs.StringVar(&c.SafetyConfigPath, "safety-config", "", `per-tenant output actions, {"tenants":{"acme":{"pii":"reject"}}}`)
+	fs.IntVar(&c.Topology.Replicas, "replicas", 1, "replicas of streams and buckets created at start")
+	fs.DurationVar(&c.Topology.AckWait, "ack-wait", 30*time.Second, "stage consumers' ack wait")
+	fs.IntVar(&c.Topology.MaxDeliver, "max-deliver", 5, "deliveries before an invocation ends with E3901")
+	fs.StringVar(&c.JWKSPath, "jwks", "", "key set (JWKS file) capability tokens are verified with; reloaded on change")
+	fs.StringVar(&c.TokenIssuer, "token-issuer", "toolgate", "required iss of capability tokens")
+	fs.StringVar(&c.TokenAudience, "token-audience", "toolgate", "required aud of capability tokens")
+	fs.DurationVar(&c.Stage.ApprovalTimeout, "approval-timeout", 15*time.Minute, "how long a call waits for a human's approval before it ends denied")
+	fs.BoolVar(&c.ResetSecuritySettings, "reset-security-settings", false, "replace the cluster's recorded security settings (key set, token issuer/audience, sandbox, file root, http private networks) with this process's instead of refusing to start when they differ")
+	return fs.String("log-level", "info", "debug, info, warn or error")
+}
+
+func logger(w io.Writer, level string) *slog.Logger {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(level)); err != nil {
+		l = slog.LevelInfo
+	}
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: l}))
+}
+
+func (a *app) serveCmd() *cobra.Command {
+	var c node.Config
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Run all six stages and the control service, with an embedded NATS server unless --nats is given",
+		Example: `  toolgate serve --examples --file-root ./examples/files
+  toolgate serve --nats nats://nats:4222 --jwks jwks.json`,
+		Args: noArgs,
+	}
+	level := pipelineFlags(cmd.Flags(), &c)
+	cmd.Flags().StringVar(&c.Embedded.Listen, "listen", "127.0.0.1:4222", "embedded NATS listen address")
+	cmd.Flags().BoolVar(&c.Examples, "examples", false, "register the example tools at start (and, without --jwks, write a development token)")
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		// Only an explicit --nats leaves the embedded server out: NATS_URL
+		// is where clients look, not what serve runs on.
+		if cmd.Flags().Changed("nats") {
+			c.NATSURL = a.conn.URL
+		}
+		c.Embedded.DataDir = a.data
+		c.OTLPEndpoint = orEnv(c.OTLPEndpoint, "OTEL_EXPORTER_OTLP_ENDPOINT")
+		c.Log = logger(a.stderr, *level)
+		if c.Examples {
+			c.Ready = func(url string, n *node.Node) {
+				a.printWelcome(url, c.Stage.BuiltinEnv.FileRoot, n.DevToken, a.data)
+			}
+		}
+		return node.Run(cmd.Context(), c)
+	}
+	return cmd
+}
+
+func orEnv(v, env string) string {
+	if v != "" {
+		return v
+	}
+	return os.Getenv(env)
+}
+
+func (a *app) stageCmd() *cobra.Command {
+	var c node.Config
+	names := append(append([]string{}, subjects.Stages...), "control")
+	cmd := &cobra.Command{
+		Use:       "stage NAME",
+		Short:     "Run one stage (" + strings.Join(names, ", ") + ") against a NATS server",
+		Example:   "  toolgate stage execute --nats nats://nats:4222 --workers 16 --metrics-addr :9464",
+		Args:      exactArgs(1, "a stage name ("+strings.Join(names, ", ")+")"),
+		ValidArgs: names,
+	}
+	level := pipelineFlags(cmd.Flags(), &c)
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		c.NATSURL = a.conn.ServerURL()
+		c.Stages = []string{args[0]}
+		c.OTLPEndpoint = orEnv(c.OTLPEndpoint, "OTEL_EXPORTER_OTLP_ENDPOINT")
+		c.Log = logger(a.stderr, *level)
+		return node.Run(cmd.Context(), c)
+	}
+	return cmd
+}
+
+func (a *app) benchCmd() *cobra.Command {
+	var o bench.Options
+	cmd := &cobra.Command{
+		Use:   "bench",
+		Short: "Offer load to an in-process toolgate and report latency and throughput",
+		Args:  noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			rep, err := bench.Run(cmd.Context(), o)
+			if err != nil {
+				return err
+			}
+			if a.json {
+				return a.printJSON(rep)
+			}
+			rep.Print(a.stdout)
+			return nil
+		},
+	}
+	cmd.Flags().IntVar(&o.Rate, "rate", 300, "offered load, invocations per second")
+	cmd.Flags().DurationVar(&o.Duration, "duration", 10*time.Second, "how long to offer load")
+	cmd.Flags().IntVar(&o.Workers, "workers", 4, "workers per stage")
+	cmd.Flags().StringVar(&o.Dir, "dir", "", "storage directory (default: a temporary one)")
+	return cmd
+}
+
+func (a *app) printWelcome(url, root, devToken, dataDir string) {
+	w := a.stdout
+	fmt.Fprintf(w, `
+toolgate is running: NATS at %s, all six stages, example tools registered.
+`, url)
+	if devToken != "" {
+		fmt.Fprintf(w, `
+A development token for tenant %s (agent %s, every tool, 24 h) is in
+%s; toolgate's client commands use it by itself. For other clients:
+
+  export TOOLGATE_TOKEN=$(cat %s)
+`, node.DevTenant, node.DevAgent, node.DevTokenPath(dataDir), node.DevTokenPath(dataDir))
+	}
+	fmt.Fprintf(w, `
+In another terminal:
+
+  go run ./cmd/toolgate tools list
+  go run ./cmd/toolgate invoke echo --params '{"message":"hello"}' --wait
+  go run ./cmd/toolgate tail --all
+
+or with the nats CLI:
+
+  nats pub tool.invoke.demo "{\"tool_id\":\"echo\",\"capability_token\":\"$TOOLGATE_TOKEN\",\"agent_context\":{\"agent_did\":\"did:agent:demo\",\"tenant_id\":\"demo\"},\"parameters\":{\"message\":\"hi\"}}" \
+    -H ce-specversion:1.0 -H 'ce-id:{{ID}}' -H ce-source:urn:demo -H ce-type:tool.invoke -H content-type:application/json
+  nats sub 'tool.result.demo.>' --all
+  nats sub 'audit.demo.>' --all
+`)
+	if root != "" {
+		fmt.Fprintf(w, "\nread_file is confined to %s:\n  go run ./cmd/toolgate invoke fs.read_file --params '{\"path\":\"README.md\"}' --wait\n", root)
+	}
+	fmt.Fprintln(w, "\nCtrl-C drains in-flight work and stops.")
+}

@@ -1,0 +1,118 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/toolgate/toolgate/api"
+)
+
+var errTailDone = errors.New("tail: count reached")
+
+// auditLine is what tail shows of an audit event.
+type auditLine struct {
+	Time time.Time `json:"time"`
+	Type string    `json:"type"`
+	Data struct {
+		TenantID     string     `json:"tenant_id"`
+		InvocationID string     `json:"invocation_id"`
+		ToolID       string     `json:"tool_id"`
+		ToolVersion  string     `json:"tool_version"`
+		Status       api.Status `json:"status"`
+		Error        *api.Error `json:"error"`
+	} `json:"data"`
+}
+
+// renderAudit formats one audit event on one line: time, tenant, event,
+// tool, status, error code, invocation.
+func (a *app) renderAudit(subject string, data []byte) string {
+	var e auditLine
+	_ = json.Unmarshal(data, &e)
+	// audit.<tenant>.<event...>
+	parts := strings.SplitN(subject, ".", 3)
+	tenant, event := e.Data.TenantID, subject
+	if len(parts) == 3 {
+		tenant, event = parts[1], parts[2]
+	}
+	tool := e.Data.ToolID
+	if tool != "" && e.Data.ToolVersion != "" {
+		tool += "@" + e.Data.ToolVersion
+	}
+	code := "-"
+	if e.Data.Error != nil {
+		code = e.Data.Error.ECode
+	}
+	status := "-"
+	if e.Data.Status != "" {
+		status = a.status(e.Data.Status)
+	}
+	ts := "-"
+	if !e.Time.IsZero() {
+		ts = e.Time.UTC().Format("15:04:05.000")
+	}
+	return strings.TrimRight(fmt.Sprintf("%s  %-8s  %-20s  %-22s  %-17s  %-5s  %s", ts, tenant, event, or(tool, "-"), status, code, e.Data.InvocationID), " ")
+}
+
+func or(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+func (a *app) tailCmd() *cobra.Command {
+	var all, everyTenant bool
+	var count int
+	cmd := &cobra.Command{
+		Use:   "tail",
+		Short: "Follow the audit trail, one event a line (--json: the raw events)",
+		Long: `Follow the audit trail of the tenant (--tenant, else the token's; --all-tenants
+for every tenant), one event a line: time, tenant, event, tool, status, error
+code, invocation. --json prints each event's subject and CloudEvent instead.`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			tenant := ""
+			if !everyTenant {
+				t, err := a.tenant()
+				if err != nil {
+					return err
+				}
+				tenant = t
+			}
+			c, closeFn, err := a.client()
+			if err != nil {
+				return err
+			}
+			defer closeFn()
+			n := 0
+			err = c.Tail(cmd.Context(), tenant, all, func(subject string, data []byte) error {
+				var werr error
+				if a.json {
+					_, werr = fmt.Fprintf(a.stdout, "%s %s\n", subject, data)
+				} else {
+					_, werr = io.WriteString(a.stdout, a.renderAudit(subject, data)+"\n")
+				}
+				if werr != nil {
+					return werr
+				}
+				if n++; count > 0 && n >= count {
+					return errTailDone
+				}
+				return nil
+			})
+			if errors.Is(err, errTailDone) {
+				return nil
+			}
+			return err
+		},
+	}
+	cmd.Flags().BoolVar(&all, "all", false, "start from the first event, not the next one")
+	cmd.Flags().BoolVar(&everyTenant, "all-tenants", false, "every tenant's events")
+	cmd.Flags().IntVar(&count, "count", 0, "stop after this many events (0: follow until interrupted)")
+	return cmd
+}

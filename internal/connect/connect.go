@@ -1,0 +1,244 @@
+// Package connect is how toolgate's command line (and anything else that
+// talks to a running toolgate from outside) reaches NATS: one set of
+// connection flags and environment variables, the credentials they name
+// turned into nats.go options, and the tenant a command acts for.
+//
+// Identity, in order: a .creds file (--creds): a toolgate-issued one, for
+// workers and operators, sent as nkey plus JWT-as-token
+// (busauth.CredentialsOption), any other through nats.UserCredentials; an
+// nkey seed and connect token as the nats CLI takes them (--nkey,
+// $NATS_NKEY, $NATS_TOKEN); an agent's capability token (--token) sent as
+// the connect token with the inbox prefix only that token may use
+// (busauth.InboxPrefix); a `nats` CLI context (--context); else LocalCreds
+// when set.
+package connect
+
+import (
+	"cmp"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/nats-io/nats.go"
+	"github.com/spf13/pflag"
+	"github.com/synadia-io/orbit.go/natscontext"
+	"github.com/toolgate/toolgate/internal/busauth"
+)
+
+// Environment variables read when the matching flag is not given.
+const (
+	EnvURL     = "NATS_URL"
+	EnvCreds   = "NATS_CREDS"
+	EnvContext = "NATS_CONTEXT"
+	EnvToken   = "TOOLGATE_TOKEN"
+	EnvTenant  = "TOOLGATE_TENANT"
+	// EnvNkey and EnvNATSToken are the nats CLI's: an nkey seed file and a
+	// connect token (for toolgate's operator: its credentials' JWT).
+	EnvNkey      = "NATS_NKEY"
+	EnvNATSToken = "NATS_TOKEN"
+)
+
+// ErrNoTenant is returned by Tenant when neither --tenant nor a token names one.
+var ErrNoTenant = errors.New("no tenant: give --tenant (or TOOLGATE_TENANT), or a capability token (--token, TOOLGATE_TOKEN) whose tenant_id claim names it")
+
+// Error is a failure to reach the server, as opposed to a failed request.
+type Error struct{ Err error }
+
+func (e *Error) Error() string { return e.Err.Error() }
+func (e *Error) Unwrap() error { return e.Err }
+
+// Options are the connection settings. The zero value connects anonymously
+// to $NATS_URL, else nats://127.0.0.1:4222.
+type Options struct {
+	URL         string
+	Creds       string
+	Token       string
+	Context     string
+	TLSCert     string
+	TLSKey      string
+	TLSCA       string
+	InboxPrefix string
+	Tenant      string
+	// Nkey is an nkey seed file; NATSToken a connect token. With both, the
+	// pair is what CredentialsOption sends for a toolgate .creds file.
+	Nkey      string
+	NATSToken string
+	// LocalCreds is used when nothing else names an identity: the CLI sets
+	// it to a local serve's operator credentials when they exist.
+	LocalCreds string
+	// Name is the connection name servers show (default toolgate-cli).
+	Name string
+}
+
+// AddFlags registers the connection flags on fs. Defaults stay empty so
+// help output does not depend on the environment; Resolve reads the
+// environment for flags not given.
+func (o *Options) AddFlags(fs *pflag.FlagSet) {
+	fs.StringVar(&o.URL, "nats", "", "NATS server URL (env "+EnvURL+"; default "+nats.DefaultURL+")")
+	fs.StringVar(&o.Creds, "creds", "", "NATS credentials file: toolgate-issued worker/operator .creds or any user .creds (env "+EnvCreds+")")
+	fs.StringVar(&o.Nkey, "nkey", "", "nkey seed file to authenticate with, as the nats CLI (env "+EnvNkey+"; with env "+EnvNATSToken+" as the connect token)")
+	fs.StringVar(&o.Token, "token", "", "an agent's capability token, for invocations and to connect as that agent (env "+EnvToken+")")
+	fs.StringVar(&o.Context, "context", "", "a nats CLI context to take the server and credentials from (env "+EnvContext+")")
+	fs.StringVar(&o.TLSCert, "tlscert", "", "client TLS certificate file")
+	fs.StringVar(&o.TLSKey, "tlskey", "", "client TLS private key file")
+	fs.StringVar(&o.TLSCA, "tlsca", "", "CA certificate file to verify the server with")
+	fs.StringVar(&o.InboxPrefix, "inbox-prefix", "", "reply subject prefix (default: _INBOX, or an agent token's own _INBOX.<tenant>.<token id>)")
+	fs.StringVar(&o.Tenant, "tenant", "", "tenant to act for (env "+EnvTenant+"; default: the token's tenant_id)")
+}
+
+// Resolve fills the settings not given as flags from the environment.
+func (o *Options) Resolve() {
+	o.URL = cmp.Or(o.URL, os.Getenv(EnvURL))
+	o.Creds = cmp.Or(o.Creds, os.Getenv(EnvCreds))
+	o.Token = strings.TrimSpace(cmp.Or(o.Token, os.Getenv(EnvToken)))
+	o.Context = cmp.Or(o.Context, os.Getenv(EnvContext))
+	o.Tenant = cmp.Or(o.Tenant, os.Getenv(EnvTenant))
+	o.Nkey = cmp.Or(o.Nkey, os.Getenv(EnvNkey))
+	o.NATSToken = cmp.Or(o.NATSToken, strings.TrimSpace(os.Getenv(EnvNATSToken)))
+}
+
+// ServerURL is the server Connect dials without a context.
+func (o *Options) ServerURL() string { return cmp.Or(o.URL, nats.DefaultURL) }
+
+// Claims are the routing claims of a capability token, read without
+// verifying it: toolgate verifies every token it is handed; the command
+// line only needs to know where to send.
+type Claims struct {
+	TenantID string `json:"tenant_id"`
+	AgentDID string `json:"agent_did"`
+	ID       string `json:"jti"`
+	Subject  string `json:"sub"`
+}
+
+// TokenClaims decodes the payload of a JWT without checking its signature.
+func TokenClaims(raw string) (Claims, error) {
+	var c Claims
+	parts := strings.Split(strings.TrimSpace(raw), ".")
+	if len(parts) != 3 {
+		return c, errors.New("capability token is not a JWT")
+	}
+	b, err := base64.RawURLEncoding.DecodeString(strings.TrimRight(parts[1], "="))
+	if err != nil {
+		return c, fmt.Errorf("capability token: %w", err)
+	}
+	if err := json.Unmarshal(b, &c); err != nil {
+		return c, fmt.Errorf("capability token: %w", err)
+	}
+	return c, nil
+}
+
+// TenantFor is --tenant, else the tenant_id of the token (--token, else
+// fallback, such as a development token), else ErrNoTenant.
+func (o *Options) TenantFor(fallback string) (string, error) {
+	if o.Tenant != "" {
+		return o.Tenant, nil
+	}
+	if tok := cmp.Or(o.Token, fallback); tok != "" {
+		c, err := TokenClaims(tok)
+		if err != nil {
+			return "", err
+		}
+		if c.TenantID != "" {
+			return c.TenantID, nil
+		}
+	}
+	return "", ErrNoTenant
+}
+
+// IsToolgateCreds reports whether a .creds file was issued by toolgate
+// (busauth.IssuedCredentials).
+func IsToolgateCreds(b []byte) bool { return busauth.IssuedCredentials(b) }
+
+// NATSOptions turns the settings into nats.go options (without the server
+// URL or context, which Connect handles).
+func (o *Options) NATSOptions() ([]nats.Option, error) {
+	opts := []nats.Option{nats.Name(cmp.Or(o.Name, "toolgate-cli"))}
+	creds := o.Creds
+	if creds == "" && o.Nkey == "" && o.NATSToken == "" && o.Token == "" && o.Context == "" {
+		creds = o.LocalCreds
+	}
+	switch {
+	case creds != "":
+		b, err := os.ReadFile(creds)
+		if err != nil {
+			return nil, fmt.Errorf("--creds: %w", err)
+		}
+		if IsToolgateCreds(b) {
+			opts = append(opts, busauth.CredentialsOption(creds))
+		} else {
+			opts = append(opts, nats.UserCredentials(creds))
+		}
+	case o.Nkey != "" || o.NATSToken != "":
+		if o.Nkey != "" {
+			nk, err := nats.NkeyOptionFromSeed(o.Nkey)
+			if err != nil {
+				return nil, fmt.Errorf("--nkey: %w", err)
+			}
+			opts = append(opts, nk)
+		}
+		if o.NATSToken != "" {
+			opts = append(opts, nats.Token(o.NATSToken))
+		}
+	case o.Token != "":
+		opts = append(opts, nats.Token(o.Token))
+		if o.InboxPrefix == "" {
+			// A token that does not decode is still sent: the server
+			// says what is wrong with it.
+			if c, err := TokenClaims(o.Token); err == nil && c.TenantID != "" && c.ID != "" {
+				opts = append(opts, nats.CustomInboxPrefix(busauth.InboxPrefix(c.TenantID, c.ID)))
+			}
+		}
+	}
+	if o.InboxPrefix != "" {
+		opts = append(opts, nats.CustomInboxPrefix(o.InboxPrefix))
+	}
+	if o.TLSCert != "" || o.TLSKey != "" {
+		if o.TLSCert == "" || o.TLSKey == "" {
+			return nil, errors.New("--tlscert and --tlskey go together")
+		}
+		opts = append(opts, nats.ClientCert(o.TLSCert, o.TLSKey))
+	}
+	if o.TLSCA != "" {
+		pem, err := os.ReadFile(o.TLSCA)
+		if err != nil {
+			return nil, fmt.Errorf("--tlsca: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("--tlsca %s: no certificates", o.TLSCA)
+		}
+		opts = append(opts, nats.Secure(&tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}))
+	}
+	return opts, nil
+}
+
+// Connect dials the server. Failures to reach it are *Error.
+func (o *Options) Connect() (*nats.Conn, error) {
+	opts, err := o.NATSOptions()
+	if err != nil {
+		return nil, err
+	}
+	if o.Context != "" {
+		if o.URL != "" { // --nats overrides the context's server
+			opts = append(opts, func(no *nats.Options) error {
+				no.Url, no.Servers = "", strings.Split(o.URL, ",")
+				return nil
+			})
+		}
+		nc, _, err := natscontext.Connect(o.Context, opts...)
+		if err != nil {
+			return nil, &Error{fmt.Errorf("connecting with context %s: %w", o.Context, err)}
+		}
+		return nc, nil
+	}
+	nc, err := nats.Connect(o.ServerURL(), opts...)
+	if err != nil {
+		return nil, &Error{fmt.Errorf("connecting to %s: %w", o.ServerURL(), err)}
+	}
+	return nc, nil
+}

@@ -1,0 +1,115 @@
+package control
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"sort"
+	"time"
+
+	"github.com/nats-io/nats.go/micro"
+	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/envelope"
+	"github.com/toolgate/toolgate/internal/redact"
+	"github.com/toolgate/toolgate/internal/tools"
+	"github.com/toolgate/toolgate/kvstore"
+)
+
+// deleteTool removes one version of a tool. The reply comes once this
+// process's registry no longer has it.
+func (h *handlers) deleteTool(req micro.Request) {
+	var r api.ToolRequest
+	if err := decode(req.Data(), &r); err != nil || r.ToolID == "" || r.Version == "" {
+		respondError(req, api.NewError(api.InvalidParameters, api.ERequestInvalid, `expected {"tool_id":…, "version":…}`))
+		return
+	}
+	if !h.reg.Has(r.ToolID, r.Version) {
+		respondError(req, api.NewError(api.ToolNotFound, api.EToolNotFound, "no tool %s version %s", r.ToolID, r.Version))
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := h.store.DeleteTool(ctx, r.ToolID, r.Version); err != nil {
+		respondError(req, err)
+		return
+	}
+	for h.reg.Has(r.ToolID, r.Version) && ctx.Err() == nil {
+		time.Sleep(2 * time.Millisecond)
+	}
+	_ = req.RespondJSON(r)
+}
+
+// listApprovals answers a tenant's pending approvals, oldest first.
+func (h *handlers) listApprovals(req micro.Request) {
+	var r api.ApprovalsRequest
+	if err := decode(req.Data(), &r); err != nil || r.Tenant == "" {
+		respondError(req, api.NewError(api.InvalidParameters, api.ERequestInvalid, `expected {"tenant_id":…}`))
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	all, err := h.store.PendingApprovals(ctx)
+	if err != nil {
+		respondError(req, err)
+		return
+	}
+	out := api.ApprovalsResponse{Approvals: []api.ApprovalSummary{}}
+	for _, a := range all {
+		if a.Tenant == r.Tenant {
+			out.Approvals = append(out.Approvals, summarize(a))
+		}
+	}
+	sort.Slice(out.Approvals, func(i, j int) bool { return out.Approvals[i].RequestedAt.Before(out.Approvals[j].RequestedAt) })
+	_ = req.RespondJSON(out)
+}
+
+// getApproval answers one approval of a tenant, in any state.
+func (h *handlers) getApproval(req micro.Request) {
+	var r api.ApprovalsRequest
+	if err := decode(req.Data(), &r); err != nil || r.Tenant == "" || r.InvocationID == "" {
+		respondError(req, api.NewError(api.InvalidParameters, api.ERequestInvalid, `expected {"tenant_id":…, "invocation_id":…}`))
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	a, err := h.store.Approval(ctx, r.Tenant, r.InvocationID)
+	if errors.Is(err, kvstore.ErrNotFound) {
+		err = api.NewError(api.InvocationNotFound, api.EInvocationNotFound, "no approval for invocation %q", r.InvocationID)
+	}
+	if err != nil {
+		respondError(req, err)
+		return
+	}
+	_ = req.RespondJSON(summarize(a))
+}
+
+// summarize shows an approval without its parked envelope, the call's
+// parameters redacted.
+func summarize(a kvstore.Approval) api.ApprovalSummary {
+	s := api.ApprovalSummary{InvocationID: a.InvocationID, Tenant: a.Tenant, ToolID: a.ToolID, ToolVersion: a.ToolVersion,
+		Reasons: a.Reasons, State: a.State, RequestedAt: a.RequestedAt, Deadline: a.Deadline,
+		DecidedAt: a.DecidedAt, DecidedBy: a.DecidedBy, Reason: a.Reason}
+	var inv envelope.Invocation
+	if len(a.Invocation) > 0 && json.Unmarshal(a.Invocation, &inv) == nil && inv.Request != nil {
+		s.AgentDID = inv.Request.AgentContext.AgentDID
+		s.Parameters = redact.Redact(inv.Request.Parameters)
+	}
+	return s
+}
+
+// holds reports whether the registry has m's id and version with m's
+// content, so a replaced manifest counts only once the new one is in.
+func (h *handlers) holds(m *tools.Manifest) bool {
+	want, err := json.Marshal(m)
+	if err != nil {
+		return h.reg.Has(m.ID, m.Version)
+	}
+	for _, cur := range h.reg.Versions(m.ID) {
+		if cur.Version == m.Version {
+			got, err := json.Marshal(cur)
+			return err == nil && bytes.Equal(got, want)
+		}
+	}
+	return false
+}
