@@ -107,6 +107,7 @@ func tokenMint(args []string) error {
 	session := fs.String("session", "", "bind to this session")
 	version := fs.String("version", "", "semver range of granted versions")
 	ttl := fs.Duration("ttl", time.Hour, "lifetime")
+	maxLife := fs.Duration("max-lifetime", token.DefaultMaxLifetime, "longest lifetime the verifiers accept (serve --token-max-lifetime)")
 	mode := fs.String("mode", "", "filesystem mode: ro or rw")
 	var tools, paths, hosts, ports, secrets, exclude, preApprove, ops list
 	fs.Var(&tools, "tools", "granted tool ids or patterns (fs.*), comma-separated")
@@ -180,7 +181,7 @@ func tokenMint(args []string) error {
 			c.AllowedOperations = []string{token.OperationExecute}
 		}
 	}
-	raw, err := token.Mint(k, c)
+	raw, err := token.MintWithin(k, c, *maxLife)
 	if err != nil {
 		return err
 	}
@@ -248,21 +249,22 @@ func tokenRevoke(ctx context.Context, args []string) error {
 	url := fs.String("nats", natsURL(), "NATS server URL (default: $NATS_URL, else "+nats.DefaultURL+")")
 	jti := fs.String("jti", "", "token id to revoke (instead of a token)")
 	reason := fs.String("reason", "", "why")
+	maxLife := fs.Duration("max-lifetime", token.DefaultMaxLifetime, "longest token lifetime the verifiers accept (serve --token-max-lifetime)")
 	if err := fs.Parse(reorder(args)); err != nil {
 		return err
 	}
-	until := time.Now().Add(30 * 24 * time.Hour)
+	// A revocation lasts as long as the token could still verify: its
+	// expiry plus the verifiers' leeway, at most the longest lifetime.
+	var claims *token.Claims
 	id := *jti
 	if fs.NArg() == 1 {
 		c, err := parseUnverified(fs.Arg(0))
 		if err != nil {
 			return err
 		}
-		id = c.ID
-		if c.ExpiresAt != nil {
-			until = c.ExpiresAt.Time
-		}
+		id, claims = c.ID, c
 	}
+	until := token.RevokeUntil(claims, time.Now(), *maxLife, node.TokenLeeway)
 	if id == "" {
 		return errors.New("token revoke: give a token or --jti")
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/toolgate/toolgate/client"
 	"github.com/toolgate/toolgate/internal/bench"
 	"github.com/toolgate/toolgate/internal/node"
+	"github.com/toolgate/toolgate/internal/token"
 	"github.com/toolgate/toolgate/subjects"
 )
 
@@ -123,6 +124,7 @@ func pipelineFlags(fs *flag.FlagSet, c *node.Config) *string {
 	fs.StringVar(&c.JWKSPath, "jwks", "", "key set (JWKS file) capability tokens are verified with; reloaded on change")
 	fs.StringVar(&c.TokenIssuer, "token-issuer", "toolgate", "required iss of capability tokens")
 	fs.StringVar(&c.TokenAudience, "token-audience", "toolgate", "required aud of capability tokens")
+	fs.DurationVar(&c.TokenMaxLifetime, "token-max-lifetime", token.DefaultMaxLifetime, "longest capability token lifetime (exp - iat) accepted")
 	fs.DurationVar(&c.Stage.ApprovalTimeout, "approval-timeout", 15*time.Minute, "how long a call waits for a human's approval before it ends denied")
 	fs.BoolVar(&c.ResetSecuritySettings, "reset-security-settings", false, "replace the cluster's recorded security settings (key set, token issuer/audience, sandbox, file root, http private networks) with this process's instead of refusing to start when they differ")
 	return fs.String("log-level", "info", "debug, info, warn or error")

@@ -69,6 +69,9 @@ type Config struct {
 	// TokenIssuer and TokenAudience are pinned; default "toolgate".
 	TokenIssuer   string
 	TokenAudience string
+	// TokenMaxLifetime bounds a capability token's exp − iat; zero is
+	// token.DefaultMaxLifetime.
+	TokenMaxLifetime time.Duration
 	// ApprovalSweep is how often deadlines of pending approvals are checked.
 	ApprovalSweep time.Duration
 	// ResetSecuritySettings replaces the cluster's recorded security
@@ -232,6 +235,9 @@ func Run(ctx context.Context, c Config) error {
 	return errors.Join(collect(errs)...)
 }
 
+// TokenLeeway is the clock skew the verifiers tolerate on exp, nbf and iat.
+const TokenLeeway = 30 * time.Second
+
 // setupTokens configures capability token verification: the operator's key
 // set, or with Examples and no key set, a development key.
 func setupTokens(ctx context.Context, c *Config, n *Node, log *slog.Logger, bg *sync.WaitGroup) error {
@@ -246,7 +252,7 @@ func setupTokens(ctx context.Context, c *Config, n *Node, log *slog.Logger, bg *
 			return fmt.Errorf("key set: %w", err)
 		}
 		bg.Go(func() { kf.Watch(ctx, time.Second) })
-		c.Stage.Tokens = &token.Verifier{Keys: kf, Issuer: iss, Audience: aud, Leeway: 30 * time.Second}
+		c.Stage.Tokens = &token.Verifier{Keys: kf, Issuer: iss, Audience: aud, Leeway: TokenLeeway, MaxLifetime: c.TokenMaxLifetime}
 	case c.Examples:
 		dir := cmp.Or(c.DevKeyDir, c.Embedded.DataDir)
 		if dir == "" {
@@ -257,7 +263,7 @@ func setupTokens(ctx context.Context, c *Config, n *Node, log *slog.Logger, bg *
 			return fmt.Errorf("development key: %w", err)
 		}
 		n.DevToken = raw
-		c.Stage.Tokens = &token.Verifier{Keys: token.StaticKeys{Set: k.KeySet()}, Issuer: iss, Audience: aud, Leeway: 30 * time.Second}
+		c.Stage.Tokens = &token.Verifier{Keys: token.StaticKeys{Set: k.KeySet()}, Issuer: iss, Audience: aud, Leeway: TokenLeeway, MaxLifetime: c.TokenMaxLifetime}
 		log.Info("development signing key in use: not for production", "dir", dir)
 	}
 	return nil
