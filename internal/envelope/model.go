@@ -89,7 +89,12 @@ type Finding struct {
 type Authorization struct {
 	TokenID     string  `json:"token_id"`
 	AgentDID    string  `json:"agent_did"`
-	Session     string  `json:"session"`
+	// Session is the budget key of the token tree (its root token's id),
+	// charged for every call of any token of the tree.
+	Session string `json:"session"`
+	// TokenBudget is the key of a child token's own budget, charged beside
+	// Session; empty for a root token.
+	TokenBudget string `json:"token_budget,omitempty"`
 	Reserved    bool    `json:"budget_reserved,omitempty"`
 	CostPerCall float64 `json:"cost_per_call,omitempty"`
 	ApprovedBy  string  `json:"approved_by,omitempty"`

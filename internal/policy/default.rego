@@ -7,8 +7,10 @@
 #   input.request    the ToolInvokeRequest (without its capability token)
 #   input.tool       the manifest of the tool version being called
 #   input.claims     the verified token claims (grants, budget, exclusions)
-#   input.usage      the session's usage so far: calls, runtime_ms, cost,
-#                    tokens, consecutive_failures
+#   input.usage      this token's usage so far (a root token's counts its
+#                    whole tree): calls, runtime_ms, cost, tokens,
+#                    consecutive_failures; the stage itself also charges
+#                    the tree's budget (claims.root_budget) atomically
 #   input.resources  what the call needs: paths [{path, mode}], hosts
 #                    [{host, port}], credentials [name]
 #   input.derived    facts computed in Go: pre_approved (the token

@@ -148,3 +148,38 @@ func TestRevokeUntil(t *testing.T) {
 		t.Fatalf("jti only: %s", got)
 	}
 }
+
+// TestTreeBudget: every token of a tree knows the root's budget and the
+// root's id, however deep it was derived.
+func TestTreeBudget(t *testing.T) {
+	root := baseClaims(time.Hour)
+	root.ID = "root"
+	root.Budget = &Budget{MaxCalls: 10}
+	child, err := Attenuate(&root, Claims{Budget: &Budget{MaxCalls: 3}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	child.ID = "child"
+	grandchild, err := Attenuate(&child, Claims{Budget: &Budget{MaxCalls: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	grandchild.ID = "grandchild"
+	for _, c := range []*Claims{&root, &child, &grandchild} {
+		if c.Root() != "root" || c.TreeBudget().MaxCalls != 10 {
+			t.Fatalf("%s: root %s, tree budget %+v", c.ID, c.Root(), c.TreeBudget())
+		}
+	}
+	if grandchild.Budget.MaxCalls != 1 {
+		t.Fatalf("grandchild's own budget %+v", grandchild.Budget)
+	}
+	free := baseClaims(time.Hour)
+	free.ID = "free"
+	fc, err := Attenuate(&free, Claims{Budget: &Budget{MaxCalls: 2}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fc.TreeBudget() == nil || fc.TreeBudget().MaxCalls != 0 {
+		t.Fatalf("a child of an unlimited root: tree budget %+v", fc.TreeBudget())
+	}
+}

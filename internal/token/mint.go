@@ -57,6 +57,9 @@ func Attenuate(parent *Claims, want Claims) (Claims, error) {
 	c.Issuer, c.Audience = parent.Issuer, parent.Audience
 	c.ID, c.IssuedAt = "", nil
 	c.Chain = append(slices.Clone(parent.Chain), parent.ID)
+	if c.RootBudget = parent.TreeBudget(); c.RootBudget == nil {
+		c.RootBudget = &Budget{} // the root has no budget: the tree is unlimited
+	}
 
 	if c.TenantID == "" {
 		c.TenantID = parent.TenantID
