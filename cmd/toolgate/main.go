@@ -108,6 +108,7 @@ func natsURL() string {
 // pipelineFlags are shared by serve and stage.
 func pipelineFlags(fs *flag.FlagSet, c *node.Config) *string {
 	fs.IntVar(&c.Workers, "workers", 4, "workers per stage")
+	fs.IntVar(&c.TenantInFlight, "tenant-inflight", 0, "most calls of one tenant an execute process runs at once (0: 3/4 of --workers, -1: no limit)")
 	fs.StringVar(&c.MetricsAddr, "metrics-addr", "", "serve Prometheus metrics on this address (/metrics)")
 	fs.StringVar(&c.OTLPEndpoint, "otlp-endpoint", os.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT"), "export traces over OTLP/HTTP to this URL (https for TLS) or host:port; the OTEL_EXPORTER_OTLP_* variables apply")
 	fs.StringVar(&c.PolicyPath, "policy", "", "Rego policy file or directory (default: the shipped policy)")

@@ -45,6 +45,10 @@ type Config struct {
 	Stages []string
 	// Workers per stage.
 	Workers int
+	// TenantInFlight is the most calls of one tenant an execute process runs
+	// at once (execute.TenantQuota); 0 is three quarters of Workers (at
+	// least one), a negative value no limit.
+	TenantInFlight int
 	// MetricsAddr serves Prometheus metrics at /metrics when set.
 	MetricsAddr string
 	// OTLPEndpoint exports traces over OTLP/HTTP when set: a URL or host:port.
@@ -188,6 +192,7 @@ func Run(ctx context.Context, c Config) error {
 		if name == subjects.Authorize {
 			bg.Go(func() { approvals.RunSweeper(runCtx, cmp.Or(c.ApprovalSweep, time.Second)) })
 		}
+		c.Stage.TenantInFlight = tenantQuota(c.TenantInFlight, c.Workers)
 		st, err := n.NewStage(runCtx, name, c.Stage)
 		if err != nil {
 			return err

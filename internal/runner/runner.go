@@ -300,7 +300,7 @@ func (r *Runner) handle(msg jetstream.Msg) {
 	if derr != nil {
 		inv.Fail(r.Name, derr)
 	} else {
-		outs, perr = r.process(ctx, msg, inv)
+		outs, perr = r.process(stages.WithDelivery(ctx, int(md.NumDelivered), r.MaxDeliver), msg, inv)
 	}
 	s := settle(r.Name, inv, perr, int(md.NumDelivered), r.MaxDeliver)
 	if inv.Error != nil {
@@ -355,7 +355,11 @@ func (r *Runner) apply(ctx context.Context, msg jetstream.Msg, inv *envelope.Inv
 	log := r.Log.With("invocation", inv.ID, "tenant", inv.Tenant)
 	switch s.act {
 	case actRetry:
-		log.Warn("transient failure, will retry", "err", perr, "delay", s.delay)
+		if errors.Is(perr, stages.ErrOverQuota) {
+			log.Debug("over the tenant's quota, put back", "delay", s.delay)
+		} else {
+			log.Warn("transient failure, will retry", "err", perr, "delay", s.delay)
+		}
 		_ = msg.NakWithDelay(s.delay)
 		return outcomeRetried
 	case actTerm:

@@ -68,6 +68,8 @@ type Executor struct {
 	// policy (failed calls skip the verify stage); nil uses the shipped
 	// detector rules with no tenant settings.
 	Verifier *verify.Verifier
+	// Quota, when set, bounds the calls of one tenant running at once.
+	Quota *TenantQuota
 
 	kinds map[string]Kind
 }
@@ -95,6 +97,11 @@ func New(reg *tools.Registry, builtins builtin.Set, store *kvstore.Store, runnin
 // Process implements stages.Stage. The result is left for verify; only a
 // failure ends the invocation here.
 func (x *Executor) Process(ctx context.Context, inv *envelope.Invocation) ([]stages.Output, error) {
+	release, err := x.Quota.Acquire(ctx, inv.Tenant)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	m, err := x.reg.Resolve(inv.Route.ToolID, inv.Route.ToolVersion)
 	if err != nil {
 		return nil, err
