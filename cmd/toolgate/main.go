@@ -391,8 +391,17 @@ func benchCmd(ctx context.Context, args []string) error {
 	fs.DurationVar(&o.Duration, "duration", 10*time.Second, "how long to offer load")
 	fs.IntVar(&o.Workers, "workers", 4, "workers per stage")
 	fs.StringVar(&o.Dir, "dir", "", "storage directory (default: a temporary one)")
+	noisyOnly := fs.Bool("noisy", false, "measure only the noisy-neighbour series")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if *noisyOnly {
+		n, err := bench.RunNoisy(ctx, o)
+		if err != nil {
+			return err
+		}
+		n.Print(os.Stdout)
+		return nil
 	}
 	rep, err := bench.Run(ctx, o)
 	if err != nil {
