@@ -303,7 +303,17 @@ func loadSafety(c *Config) error {
 		if err := json.Unmarshal(b, &doc); err != nil {
 			return fmt.Errorf("safety config %s: %w", c.SafetyConfigPath, err)
 		}
+		for tenant := range doc.Tenants {
+			if err := subjects.CheckTenant(tenant); err != nil {
+				return fmt.Errorf("safety config %s: %w", c.SafetyConfigPath, err)
+			}
+		}
 		c.Stage.TenantActions = doc.Tenants
+	}
+	for tenant := range c.Stage.RateLimits {
+		if err := subjects.CheckTenant(tenant); err != nil {
+			return fmt.Errorf("rate limit overrides: %w", err)
+		}
 	}
 	return nil
 }

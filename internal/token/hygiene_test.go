@@ -4,6 +4,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -181,5 +182,40 @@ func TestTreeBudget(t *testing.T) {
 	}
 	if fc.TreeBudget() == nil || fc.TreeBudget().MaxCalls != 0 {
 		t.Fatalf("a child of an unlimited root: tree budget %+v", fc.TreeBudget())
+	}
+}
+
+// TestTenantNames: a token names a tenant by the rule ingest applies to the
+// subject's tenant; minting and verifying refuse the rest.
+func TestTenantNames(t *testing.T) {
+	k := mustKey(t, AlgEdDSA)
+	v := verifier(k)
+	now := time.Now().Unix()
+	for _, tc := range []struct {
+		tenant string
+		ok     bool
+	}{
+		{"acme", true}, {"Acme_01-x", true}, {strings.Repeat("a", 64), true},
+		{"*", false}, {">", false}, {"acme.other", false}, {"_system", false}, {"_x", false},
+		{"a b", false}, {"ac/me", false}, {strings.Repeat("a", 65), false}, {"é", false},
+	} {
+		t.Run(tc.tenant, func(t *testing.T) {
+			c := baseClaims(time.Minute)
+			c.TenantID = tc.tenant
+			_, err := Mint(k, c)
+			if (err == nil) != tc.ok {
+				t.Fatalf("mint: %v", err)
+			}
+			tj, _ := json.Marshal(tc.tenant)
+			raw := craft(t, k, nil, strings.Replace(payload(fmt.Sprint(now+60), fmt.Sprint(now), ""), `"acme"`, string(tj), 1))
+			_, err = v.Verify(raw)
+			if tc.ok {
+				if err != nil {
+					t.Fatalf("verify: %v", err)
+				}
+				return
+			}
+			wantCode(t, err, api.ETokenInvalid)
+		})
 	}
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/golang-jwt/jwt/v5"
 	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/subjects"
 )
 
 // MaxTokenBytes bounds a token before any parsing.
@@ -233,6 +234,11 @@ func (c *Claims) check() error {
 
 // checkForm refuses grants toolgate could misread.
 func (c *Claims) checkForm() error {
+	// The tenant names subjects and keys: the rule ingest applies to the
+	// subject's tenant (so no "*", ">", "." or reserved "_system").
+	if err := subjects.CheckTenant(c.TenantID); err != nil {
+		return fmt.Errorf("tenant_id: %w", err)
+	}
 	for _, p := range append(append(Patterns{}, c.ToolID...), c.PreApproved...) {
 		if err := checkPattern(p); err != nil {
 			return err
