@@ -129,3 +129,13 @@ func Delivery(ctx context.Context) (delivered, max int) {
 	d, _ := ctx.Value(deliveryKey{}).([2]int)
 	return d[0], d[1]
 }
+
+// Gate is implemented by a stage that can put a message back before it is
+// decoded: the Runner asks Defer for every message it fetches and, when it
+// answers true, naks the message with that delay without handing it to a
+// worker. Defer must be cheap and must not block; it sees only the subject
+// and the delivery count (as in Delivery). Process still decides: Defer is
+// a hint that keeps a backlog from occupying workers.
+type Gate interface {
+	Defer(subject string, delivered, max int) (time.Duration, bool)
+}

@@ -219,6 +219,9 @@ func (r *Runner) fetch(ctx context.Context, c jetstream.Consumer, out chan<- jet
 					msgs = nil
 					continue
 				}
+				if r.deferred(m) {
+					continue
+				}
 				held = append(held, m)
 			case send <- first:
 				held = held[1:]
@@ -236,6 +239,30 @@ func (r *Runner) fetch(ctx context.Context, c jetstream.Consumer, out chan<- jet
 		}
 		cancel()
 	}
+}
+
+// deferred asks a stage that is a stages.Gate whether m should come back
+// later, and naks it with the delay if so.
+func (r *Runner) deferred(m jetstream.Msg) bool {
+	g, ok := r.Stage.(stages.Gate)
+	if !ok {
+		return false
+	}
+	md, err := m.Metadata()
+	if err != nil {
+		return false
+	}
+	delay, later := g.Defer(m.Subject(), int(md.NumDelivered), r.MaxDeliver)
+	if !later {
+		return false
+	}
+	if err := m.NakWithDelay(delay); err != nil {
+		return false // hand it on: Process decides again
+	}
+	if r.Metrics != nil {
+		r.Metrics.messages.WithLabelValues(r.Name, outcomeRetried).Inc()
+	}
+	return true
 }
 
 func (r *Runner) now() time.Time {

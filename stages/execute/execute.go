@@ -82,7 +82,20 @@ func (x *Executor) Handle(kind string, k Kind) {
 	x.kinds[kind] = k
 }
 
-var _ stages.Stage = (*Executor)(nil)
+var (
+	_ stages.Stage = (*Executor)(nil)
+	_ stages.Gate  = (*Executor)(nil)
+)
+
+// Defer implements stages.Gate: a call of a tenant at its quota is put back
+// before a worker decodes it.
+func (x *Executor) Defer(subject string, delivered, max int) (time.Duration, bool) {
+	tenant, ok := subjects.TenantOfPipe(subject)
+	if !ok {
+		return 0, false
+	}
+	return x.Quota.Defer(tenant, delivered, max)
+}
 
 // New returns an Executor running builtins. It records each invocation as
 // running in store before the tool starts.

@@ -71,10 +71,7 @@ func (q *TenantQuota) Acquire(ctx context.Context, tenant string) (release func(
 	}
 	now := q.now()
 	if t.inflight >= q.Limit && !last {
-		slot := max(t.avg/time.Duration(q.Limit), 10*time.Millisecond)
-		t.due = later(t.due, now).Add(slot)
-		delay := min(t.due.Sub(now), q.maxDelay())
-		return nil, stages.Transient(stages.ErrOverQuota, max(delay, 20*time.Millisecond))
+		return nil, stages.Transient(stages.ErrOverQuota, q.putBack(t, now))
 	}
 	t.inflight++
 	start := now
@@ -87,6 +84,30 @@ func (q *TenantQuota) Acquire(ctx context.Context, tenant string) (release func(
 			delete(q.tenants, tenant) // idle: forget it
 		}
 	}, nil
+}
+
+// Defer reports, for a call of tenant not yet decoded, whether it would be
+// put back, and after which delay: the runner's fetcher asks it, so that a
+// tenant's backlog is put back without occupying a worker per message.
+func (q *TenantQuota) Defer(tenant string, delivered, limit int) (time.Duration, bool) {
+	if q == nil || q.Limit <= 0 || (limit > 0 && delivered >= limit-1) {
+		return 0, false
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	t := q.tenants[tenant]
+	if t == nil || t.inflight < q.Limit {
+		return 0, false
+	}
+	return q.putBack(t, q.now()), true
+}
+
+// putBack gives a call of t the next slot of its schedule and returns the
+// delay until it.
+func (q *TenantQuota) putBack(t *tenantLoad, now time.Time) time.Duration {
+	slot := max(t.avg/time.Duration(q.Limit), 10*time.Millisecond)
+	t.due = later(t.due, now).Add(slot)
+	return max(min(t.due.Sub(now), q.maxDelay()), 20*time.Millisecond)
 }
 
 // InFlight returns how many calls of tenant are running.

@@ -45,6 +45,21 @@ func TestTenantQuota(t *testing.T) {
 	if got := q.InFlight("a"); got != 3 {
 		t.Fatalf("in flight %d, want 3", got)
 	}
+	// The fetcher's question, before decoding: a is over, b is not, and
+	// a call near the delivery limit is never put back.
+	if d, ok := q.Defer("a", 1, 5); !ok || d <= 0 {
+		t.Fatalf("Defer a: %v %v", d, ok)
+	}
+	if _, ok := q.Defer("b", 1, 5); ok {
+		t.Fatal("Defer b")
+	}
+	if _, ok := q.Defer("a", 4, 5); ok {
+		t.Fatal("Defer a near the delivery limit")
+	}
+	x := &Executor{Quota: q}
+	if _, ok := x.Defer("toolgate.pipe.execute.normal.a", 1, 5); !ok {
+		t.Fatal("Executor.Defer did not read the tenant from the subject")
+	}
 	r1()
 	if got := q.InFlight("a"); got != 2 {
 		t.Fatalf("in flight after a release %d, want 2", got)
