@@ -145,7 +145,7 @@ deny contains {"code": "E3205", "msg": msg} if {
 	msg := sprintf("credential %s is not granted by the token", [name])
 }
 
-# Session budget: the call is refused once a limit is reached.
+# Token budget (this token's usage, a root's counting its tree): refused once a limit is reached.
 deny contains {"code": "E3211", "msg": msg} if {
 	max := input.claims.budget.max_calls
 	max > 0
