@@ -143,3 +143,35 @@ func IsTransient(err error) (time.Duration, bool) {
 	}
 	return 0, false
 }
+
+// ErrOverQuota matches the Transient error of a call put back because its
+// tenant has its quota of calls in flight: it is not a failure, and the
+// Runner logs it quietly.
+var ErrOverQuota = errors.New("the tenant has its quota of calls in flight")
+
+type deliveryKey struct{}
+
+// WithDelivery records on ctx that the message being processed is delivery
+// number delivered of at most max (0: no limit); the Runner calls it.
+func WithDelivery(ctx context.Context, delivered, max int) context.Context {
+	return context.WithValue(ctx, deliveryKey{}, [2]int{delivered, max})
+}
+
+// Delivery returns the delivery number of the message being processed and
+// the consumer's limit, or 0, 0 outside a Runner. A stage that puts a call
+// back for a reason other than failure (a tenant's quota) uses it to stop
+// before the limit would end the call.
+func Delivery(ctx context.Context) (delivered, max int) {
+	d, _ := ctx.Value(deliveryKey{}).([2]int)
+	return d[0], d[1]
+}
+
+// Gate is implemented by a stage that can put a message back before it is
+// decoded: the Runner asks Defer for every message it fetches and, when it
+// answers true, naks the message with that delay without handing it to a
+// worker. Defer must be cheap and must not block; it sees only the subject
+// and the delivery count (as in Delivery). Process still decides: Defer is
+// a hint that keeps a backlog from occupying workers.
+type Gate interface {
+	Defer(subject string, delivered, max int) (time.Duration, bool)
+}

@@ -131,6 +131,19 @@ func Pipe(stage, priority, tenant string) string {
 	return pipePrefix + stage + "." + Priority(priority) + "." + tenant
 }
 
+// TenantOfPipe returns the tenant token of a hand-off subject.
+func TenantOfPipe(subject string) (string, bool) {
+	rest, ok := strings.CutPrefix(subject, pipePrefix)
+	if !ok {
+		return "", false
+	}
+	parts := strings.Split(rest, ".")
+	if len(parts) != 3 || parts[2] == "" {
+		return "", false
+	}
+	return parts[2], true
+}
+
 // PipeTenant matches every hand-off subject of tenant, at any stage and
 // priority.
 func PipeTenant(tenant string) string { return pipePrefix + "*.*." + tenant }

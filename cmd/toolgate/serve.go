@@ -12,12 +12,14 @@ import (
 	"github.com/spf13/pflag"
 	"github.com/toolgate/toolgate/internal/bench"
 	"github.com/toolgate/toolgate/internal/node"
+	"github.com/toolgate/toolgate/internal/token"
 	"github.com/toolgate/toolgate/subjects"
 )
 
 // pipelineFlags are shared by serve and stage.
 func pipelineFlags(fs *pflag.FlagSet, c *node.Config) *string {
 	fs.IntVar(&c.Workers, "workers", 4, "workers per stage")
+	fs.IntVar(&c.TenantInFlight, "tenant-inflight", 0, "most calls of one tenant an execute process runs at once (0: 3/4 of --workers, -1: no limit)")
 	fs.StringVar(&c.MetricsAddr, "metrics-addr", "", "serve Prometheus metrics on this address (/metrics)")
 	fs.StringVar(&c.OTLPEndpoint, "otlp-endpoint", "", "export traces over OTLP/HTTP to this URL (https for TLS) or host:port (default $OTEL_EXPORTER_OTLP_ENDPOINT); the OTEL_EXPORTER_OTLP_* variables apply")
 	fs.StringVar(&c.PolicyPath, "policy", "", "Rego policy file or directory (default: the shipped policy)")
@@ -34,6 +36,7 @@ func pipelineFlags(fs *pflag.FlagSet, c *node.Config) *string {
 	fs.StringVar(&c.JWKSPath, "jwks", "", "key set (JWKS file) capability tokens are verified with; reloaded on change")
 	fs.StringVar(&c.TokenIssuer, "token-issuer", "toolgate", "required iss of capability tokens")
 	fs.StringVar(&c.TokenAudience, "token-audience", "toolgate", "required aud of capability tokens")
+	fs.DurationVar(&c.TokenMaxLifetime, "token-max-lifetime", token.DefaultMaxLifetime, "longest capability token lifetime (exp - iat) accepted")
 	fs.DurationVar(&c.Stage.ApprovalTimeout, "approval-timeout", 15*time.Minute, "how long a call waits for a human's approval before it ends denied")
 	fs.BoolVar(&c.ResetSecuritySettings, "reset-security-settings", false, "replace the cluster's recorded security settings (key set, token issuer/audience, sandbox, file root, http private networks) with this process's instead of refusing to start when they differ")
 	return fs.String("log-level", "info", "debug, info, warn or error")
@@ -108,11 +111,20 @@ func (a *app) stageCmd() *cobra.Command {
 
 func (a *app) benchCmd() *cobra.Command {
 	var o bench.Options
+	var noisyOnly bool
 	cmd := &cobra.Command{
 		Use:   "bench",
 		Short: "Offer load to an in-process toolgate and report latency and throughput",
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if noisyOnly {
+				n, err := bench.RunNoisy(cmd.Context(), o)
+				if err != nil {
+					return err
+				}
+				n.Print(a.stdout)
+				return nil
+			}
 			rep, err := bench.Run(cmd.Context(), o)
 			if err != nil {
 				return err
@@ -128,6 +140,7 @@ func (a *app) benchCmd() *cobra.Command {
 	cmd.Flags().DurationVar(&o.Duration, "duration", 10*time.Second, "how long to offer load")
 	cmd.Flags().IntVar(&o.Workers, "workers", 4, "workers per stage")
 	cmd.Flags().StringVar(&o.Dir, "dir", "", "storage directory (default: a temporary one)")
+	cmd.Flags().BoolVar(&noisyOnly, "noisy", false, "measure only the noisy-neighbour series")
 	return cmd
 }
 

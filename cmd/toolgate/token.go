@@ -11,6 +11,7 @@ import (
 
 	"github.com/golang-jwt/jwt/v5"
 	"github.com/spf13/cobra"
+	"github.com/toolgate/toolgate/internal/node"
 	"github.com/toolgate/toolgate/internal/token"
 )
 
@@ -90,7 +91,7 @@ func (a *app) tokenKeygenCmd() *cobra.Command {
 
 func (a *app) tokenMintCmd() *cobra.Command {
 	var keyPath, parent, issuer, audience, tenant, agent, session, version, mode string
-	var ttl time.Duration
+	var ttl, maxLife time.Duration
 	var tools, paths, hosts, secrets, exclude, preApprove, ops []string
 	var ports []int
 	var b token.Budget
@@ -145,7 +146,7 @@ func (a *app) tokenMintCmd() *cobra.Command {
 					c.AllowedOperations = []string{token.OperationExecute}
 				}
 			}
-			raw, err := token.Mint(k, c)
+			raw, err := token.MintWithin(k, c, maxLife)
 			if err != nil {
 				return err
 			}
@@ -163,6 +164,7 @@ func (a *app) tokenMintCmd() *cobra.Command {
 	f.StringVar(&session, "session", "", "bind to this session")
 	f.StringVar(&version, "version", "", "semver range of granted versions")
 	f.DurationVar(&ttl, "ttl", time.Hour, "lifetime")
+	f.DurationVar(&maxLife, "max-lifetime", token.DefaultMaxLifetime, "longest lifetime the verifiers accept (serve --token-max-lifetime)")
 	f.StringVar(&mode, "mode", "", "filesystem mode: ro or rw")
 	f.StringSliceVar(&tools, "tools", nil, "granted tool ids or patterns (fs.*)")
 	f.StringSliceVar(&paths, "paths", nil, "granted paths under the file root")
@@ -278,23 +280,25 @@ func patterns(p token.Patterns) []string { return slices.Clone([]string(p)) }
 
 func (a *app) tokenRevokeCmd() *cobra.Command {
 	var jti, reason string
+	var maxLife time.Duration
 	cmd := &cobra.Command{
 		Use:   "revoke (TOKEN | --jti ID)",
 		Short: "Revoke a token and every token derived from it",
 		Args:  cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			until := time.Now().Add(30 * 24 * time.Hour)
+			// A revocation lasts as long as the token could still verify:
+			// its expiry plus the verifiers' leeway, at most the longest
+			// lifetime.
+			var claims *token.Claims
 			id := jti
 			if len(args) == 1 {
 				c, err := parseUnverified(args[0])
 				if err != nil {
 					return err
 				}
-				id = c.ID
-				if c.ExpiresAt != nil {
-					until = c.ExpiresAt.Time
-				}
+				id, claims = c.ID, c
 			}
+			until := token.RevokeUntil(claims, time.Now(), maxLife, node.TokenLeeway)
 			if id == "" {
 				return usageErr("token revoke: give a token or --jti")
 			}
@@ -314,5 +318,6 @@ func (a *app) tokenRevokeCmd() *cobra.Command {
 	}
 	cmd.Flags().StringVar(&jti, "jti", "", "token id to revoke (instead of a token)")
 	cmd.Flags().StringVar(&reason, "reason", "", "why")
+	cmd.Flags().DurationVar(&maxLife, "max-lifetime", token.DefaultMaxLifetime, "longest token lifetime the verifiers accept (serve --token-max-lifetime)")
 	return cmd
 }

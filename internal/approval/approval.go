@@ -55,6 +55,9 @@ func (s *Service) Decide(ctx context.Context, d api.ApprovalDecision) (kvstore.A
 		return kvstore.Approval{}, api.NewError(api.InvalidParameters, api.ERequestInvalid,
 			"a decision needs tenant_id, invocation_id and decided_by")
 	}
+	if err := subjects.CheckTenant(d.Tenant); err != nil {
+		return kvstore.Approval{}, api.WrapError(err, api.InvalidParameters, api.EInvalidName, "%v", err)
+	}
 	state := kvstore.ApprovalDenied
 	if d.Approve {
 		state = kvstore.ApprovalApproved

@@ -28,6 +28,18 @@ const (
 type credentials struct {
 	verifier *token.Verifier
 	token    string
+	key      *token.SigningKey
+}
+
+// tokenFor mints a token granting every tool to benchAgent of tenant.
+func (c credentials) tokenFor(tenant string) (string, error) {
+	return token.Mint(c.key, token.Claims{
+		ToolID: token.Patterns{"*"}, TenantID: tenant, AgentDID: benchAgent,
+		RegisteredClaims: jwt.RegisteredClaims{
+			Issuer: benchIssuer, Audience: jwt.ClaimStrings{benchAudience},
+			ExpiresAt: jwt.NewNumericDate(time.Now().Add(time.Hour)),
+		},
+	})
 }
 
 func newCredentials() (credentials, error) {
@@ -46,7 +58,7 @@ func newCredentials() (credentials, error) {
 		return credentials{}, err
 	}
 	v := &token.Verifier{Keys: token.StaticKeys{Set: k.KeySet()}, Issuer: benchIssuer, Audience: benchAudience}
-	return credentials{verifier: v, token: raw}, nil
+	return credentials{verifier: v, token: raw, key: k}, nil
 }
 
 // Cost is one measured step: its name and sorted samples.

@@ -63,6 +63,7 @@ type Report struct {
 	Authz     []Cost
 	Sandbox   []Cost
 	MCP       []Cost
+	Noisy     *Noisy
 }
 
 // Run starts an embedded server with file storage, measures a no-op builtin
@@ -104,6 +105,11 @@ func Run(ctx context.Context, o Options) (Report, error) {
 	if rep.Raw, err = measureRaw(ctx, url, o); err != nil {
 		return rep, fmt.Errorf("raw JetStream: %w", err)
 	}
+	noisy, err := measureNoisy(ctx, url, o, cred)
+	if err != nil {
+		return rep, fmt.Errorf("noisy neighbour: %w", err)
+	}
+	rep.Noisy = &noisy
 	rep.Detectors = measureDetectors()
 	if rep.Sandbox, err = measureSandbox(ctx); err != nil {
 		return rep, fmt.Errorf("sandbox: %w", err)
@@ -375,6 +381,9 @@ func (r Report) Print(w io.Writer) {
 		r.Pipeline.Throughput()/max(r.Raw.Throughput(), 1e-9),
 		ratio(r.Pipeline.Quantile(0.5), r.Raw.Quantile(0.5)), ratio(r.Pipeline.Quantile(0.9), r.Raw.Quantile(0.9)),
 		ratio(r.Pipeline.Quantile(0.99), r.Raw.Quantile(0.99)), ratio(r.Pipeline.Quantile(1), r.Raw.Quantile(1)))
+	if r.Noisy != nil {
+		r.Noisy.Print(w)
+	}
 	if len(r.Authz) > 0 {
 		printAuthz(w, r.Authz)
 	}

@@ -108,6 +108,10 @@ func (h *handlers) cancel(req micro.Request) {
 			`expected {"tenant_id":…, "invocation_id":…, "reason":…}`))
 		return
 	}
+	if err := badTenant(r.TenantID); err != nil {
+		respondError(req, err)
+		return
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := h.known(ctx, r.TenantID, r.InvocationID); err != nil {
@@ -184,6 +188,10 @@ func (h *handlers) status(req micro.Request) {
 	if err := decode(req.Data(), &r); err != nil || r.TenantID == "" || r.InvocationID == "" {
 		respondError(req, api.NewError(api.InvalidParameters, api.ERequestInvalid,
 			"expected {\"tenant_id\":…, \"invocation_id\":…}"))
+		return
+	}
+	if err := badTenant(r.TenantID); err != nil {
+		respondError(req, err)
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -282,4 +290,13 @@ func respondError(req micro.Request, err error) {
 		code = api.Number(api.EInternal)
 	}
 	_ = req.Error(strconv.Itoa(code), te.Error(), body)
+}
+
+// badTenant refuses a tenant ingest would refuse (subjects.CheckTenant), with
+// the code ingest uses (E3019).
+func badTenant(tenant string) error {
+	if err := subjects.CheckTenant(tenant); err != nil {
+		return api.WrapError(err, api.InvalidParameters, api.EInvalidName, "%v", err).WithDetail("tenant", tenant)
+	}
+	return nil
 }

@@ -87,9 +87,14 @@ type Finding struct {
 // session budget was charged, who approved, and the resources the token
 // grants, for the executors to enforce.
 type Authorization struct {
-	TokenID     string  `json:"token_id"`
-	AgentDID    string  `json:"agent_did"`
-	Session     string  `json:"session"`
+	TokenID  string `json:"token_id"`
+	AgentDID string `json:"agent_did"`
+	// Session is the budget key of the token tree (its root token's id),
+	// charged for every call of any token of the tree.
+	Session string `json:"session"`
+	// TokenBudget is the key of a child token's own budget, charged beside
+	// Session; empty for a root token.
+	TokenBudget string  `json:"token_budget,omitempty"`
 	Reserved    bool    `json:"budget_reserved,omitempty"`
 	CostPerCall float64 `json:"cost_per_call,omitempty"`
 	ApprovedBy  string  `json:"approved_by,omitempty"`

@@ -436,7 +436,11 @@ func TestSessionBudget(t *testing.T) {
 	if ok != 5 || exhausted != total-5 {
 		t.Fatalf("%d succeeded and %d were refused; want 5 and %d", ok, exhausted, total-5)
 	}
-	u, err := n.Store.Usage(ctx, tenant, "s1")
+	vc, err := testVerifier().Verify(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u, err := n.Store.Usage(ctx, tenant, token.BudgetKey(vc.ID))
 	if err != nil || u.Calls != 5 {
 		t.Fatalf("usage %+v, %v", u, err)
 	}
@@ -476,4 +480,101 @@ func TestSessionBudget(t *testing.T) {
 		return err == nil && rec.Status == api.StatusPendingApproval
 	})
 
+}
+
+// TestBudgetBelongsToTokenTree: a budget is the token tree's, keyed by its
+// root token, so naming new sessions or delegating to a child token buys no
+// calls: six concurrent calls under max_calls=2, across three session ids
+// and a child bound to a fourth, admit exactly two. A child's own tighter
+// budget caps it as well.
+func TestBudgetBelongsToTokenTree(t *testing.T) {
+	e := newEnv(t, topology.TopologyOptions{})
+	n := e.startPipeline(node.Config{Workers: 3})
+	e.startPipeline(node.Config{Stages: []string{subjects.Authorize}, Workers: 3})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const tenant = "tree"
+
+	rc := grant(tenant, "*")
+	rc.Budget = &token.Budget{MaxCalls: 2}
+	rootRaw := mint(t, rc)
+	root, err := testVerifier().Verify(rootRaw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc, err := token.Attenuate(root, token.Claims{SessionID: "child-session"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	childRaw := mint(t, cc)
+
+	var reqs []api.Request
+	for _, s := range []string{"s-a", "s-b", "s-c", "s-a"} {
+		r := withTok(request(tenant, "noop", `{}`), rootRaw)
+		r.AgentContext.SessionID = s
+		reqs = append(reqs, r)
+	}
+	for range 2 {
+		r := withTok(request(tenant, "noop", `{}`), childRaw)
+		r.AgentContext.SessionID = "child-session"
+		reqs = append(reqs, r)
+	}
+	ids := make([]string, len(reqs))
+	for i, r := range reqs {
+		if ids[i], err = e.client.Invoke(ctx, r, clientOpts("")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ok, refused := 0, 0
+	for _, id := range ids {
+		resp, err := e.client.Wait(ctx, tenant, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch {
+		case resp.Status == api.StatusSuccess:
+			ok++
+		case resp.Error != nil && resp.Error.Code == api.ResourceExhausted && resp.Error.ECode == api.EBudgetExhausted:
+			refused++
+		default:
+			t.Fatalf("unexpected %s", mustJSON(t, resp))
+		}
+	}
+	if ok != 2 || refused != 4 {
+		t.Fatalf("%d succeeded and %d were refused; want 2 and 4", ok, refused)
+	}
+	if u, err := n.Store.Usage(ctx, tenant, token.BudgetKey(root.ID)); err != nil || u.Calls != 2 {
+		t.Fatalf("tree usage %+v, %v", u, err)
+	}
+	for _, s := range []string{"s-a", "s-b", "s-c", "child-session"} {
+		if u, err := n.Store.Usage(ctx, tenant, s); err != nil || u.Calls != 0 {
+			t.Fatalf("usage under session %s: %+v, %v", s, u, err)
+		}
+	}
+
+	// A child limited to one call, of a root with ten: the child gets one,
+	// the root keeps calling.
+	big := grant(tenant, "*")
+	big.Budget = &token.Budget{MaxCalls: 10}
+	bigRaw := mint(t, big)
+	bigRoot, err := testVerifier().Verify(bigRaw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	small, err := token.Attenuate(bigRoot, token.Claims{Budget: &token.Budget{MaxCalls: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	smallRaw := mint(t, small)
+	for i, want := range []api.Status{api.StatusSuccess, api.StatusError} {
+		if resp := e.invoke(withTok(request(tenant, "noop", `{}`), smallRaw)); resp.Status != want {
+			t.Fatalf("child call %d: %s", i, mustJSON(t, resp))
+		}
+	}
+	if resp := e.invoke(withTok(request(tenant, "noop", `{}`), bigRaw)); resp.Status != api.StatusSuccess {
+		t.Fatalf("root call after its child's: %s", mustJSON(t, resp))
+	}
+	if u, err := n.Store.Usage(ctx, tenant, token.BudgetKey(bigRoot.ID)); err != nil || u.Calls != 2 {
+		t.Fatalf("tree usage %+v, %v", u, err)
+	}
 }

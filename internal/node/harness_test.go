@@ -298,7 +298,9 @@ func tokenFor(tenant, agent string) string {
 		},
 	})
 	if err != nil {
-		panic(err)
+		// A tenant no token may name (ingest refuses it before any token
+		// is read): the request carries none.
+		return ""
 	}
 	testTokens.Store(key, raw)
 	return raw

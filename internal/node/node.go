@@ -237,6 +237,9 @@ type StageConfig struct {
 	// HTTPAllowPrivateNetworks lets http tools reach loopback and private
 	// addresses through granted host names (httptool.Config).
 	HTTPAllowPrivateNetworks bool
+	// TenantInFlight is the most calls of one tenant execute runs at once
+	// in this process; 0 is no limit (Config.TenantInFlight resolves it).
+	TenantInFlight int
 	// MCP tunes the supervision of MCP servers; their sandbox is the one
 	// cli tools get.
 	MCP mcptool.Config
@@ -274,6 +277,7 @@ func (n *Node) NewStage(ctx context.Context, name string, c StageConfig) (stages
 		n.onStop(func() { _ = sub.Unsubscribe() })
 		x := execute.New(n.Registry, set, n.Store, running)
 		x.Publish = func(ctx context.Context, o stages.Output) error { return runner.Publish(ctx, n.JS, o) }
+		x.Quota = execute.NewTenantQuota(c.TenantInFlight)
 		x.Verifier = verify.New(n.Registry, verify.Config{Tenants: c.TenantActions, Detectors: c.Detectors})
 		cli := &clitool.Kind{Sandbox: c.Sandbox}
 		cli.Sandbox.FileRoot = cmp.Or(cli.Sandbox.FileRoot, c.BuiltinEnv.FileRoot)
@@ -362,4 +366,17 @@ func (n *Node) Runner(name string, st stages.Stage, workers int, m *runner.Metri
 		r.Timeout = time.Hour + time.Minute
 	}
 	return r
+}
+
+// tenantQuota is the per-tenant in-flight limit of an execute process with
+// workers workers: set, or three quarters of them, so that one tenant's
+// backlog always leaves a worker to the others.
+func tenantQuota(set, workers int) int {
+	switch {
+	case set < 0:
+		return 0
+	case set > 0:
+		return set
+	}
+	return max(1, workers*3/4)
 }

@@ -45,6 +45,10 @@ type Config struct {
 	Stages []string
 	// Workers per stage.
 	Workers int
+	// TenantInFlight is the most calls of one tenant an execute process runs
+	// at once (execute.TenantQuota); 0 is three quarters of Workers (at
+	// least one), a negative value no limit.
+	TenantInFlight int
 	// MetricsAddr serves Prometheus metrics at /metrics when set.
 	MetricsAddr string
 	// OTLPEndpoint exports traces over OTLP/HTTP when set: a URL or host:port.
@@ -69,6 +73,9 @@ type Config struct {
 	// TokenIssuer and TokenAudience are pinned; default "toolgate".
 	TokenIssuer   string
 	TokenAudience string
+	// TokenMaxLifetime bounds a capability token's exp − iat; zero is
+	// token.DefaultMaxLifetime.
+	TokenMaxLifetime time.Duration
 	// ApprovalSweep is how often deadlines of pending approvals are checked.
 	ApprovalSweep time.Duration
 	// ResetSecuritySettings replaces the cluster's recorded security
@@ -185,6 +192,7 @@ func Run(ctx context.Context, c Config) error {
 		if name == subjects.Authorize {
 			bg.Go(func() { approvals.RunSweeper(runCtx, cmp.Or(c.ApprovalSweep, time.Second)) })
 		}
+		c.Stage.TenantInFlight = tenantQuota(c.TenantInFlight, c.Workers)
 		st, err := n.NewStage(runCtx, name, c.Stage)
 		if err != nil {
 			return err
@@ -232,6 +240,9 @@ func Run(ctx context.Context, c Config) error {
 	return errors.Join(collect(errs)...)
 }
 
+// TokenLeeway is the clock skew the verifiers tolerate on exp, nbf and iat.
+const TokenLeeway = 30 * time.Second
+
 // setupTokens configures capability token verification: the operator's key
 // set, or with Examples and no key set, a development key.
 func setupTokens(ctx context.Context, c *Config, n *Node, log *slog.Logger, bg *sync.WaitGroup) error {
@@ -246,7 +257,7 @@ func setupTokens(ctx context.Context, c *Config, n *Node, log *slog.Logger, bg *
 			return fmt.Errorf("key set: %w", err)
 		}
 		bg.Go(func() { kf.Watch(ctx, time.Second) })
-		c.Stage.Tokens = &token.Verifier{Keys: kf, Issuer: iss, Audience: aud, Leeway: 30 * time.Second}
+		c.Stage.Tokens = &token.Verifier{Keys: kf, Issuer: iss, Audience: aud, Leeway: TokenLeeway, MaxLifetime: c.TokenMaxLifetime}
 	case c.Examples:
 		dir := cmp.Or(c.DevKeyDir, c.Embedded.DataDir)
 		if dir == "" {
@@ -257,7 +268,7 @@ func setupTokens(ctx context.Context, c *Config, n *Node, log *slog.Logger, bg *
 			return fmt.Errorf("development key: %w", err)
 		}
 		n.DevToken = raw
-		c.Stage.Tokens = &token.Verifier{Keys: token.StaticKeys{Set: k.KeySet()}, Issuer: iss, Audience: aud, Leeway: 30 * time.Second}
+		c.Stage.Tokens = &token.Verifier{Keys: token.StaticKeys{Set: k.KeySet()}, Issuer: iss, Audience: aud, Leeway: TokenLeeway, MaxLifetime: c.TokenMaxLifetime}
 		log.Info("development signing key in use: not for production", "dir", dir)
 	}
 	return nil
@@ -292,7 +303,17 @@ func loadSafety(c *Config) error {
 		if err := json.Unmarshal(b, &doc); err != nil {
 			return fmt.Errorf("safety config %s: %w", c.SafetyConfigPath, err)
 		}
+		for tenant := range doc.Tenants {
+			if err := subjects.CheckTenant(tenant); err != nil {
+				return fmt.Errorf("safety config %s: %w", c.SafetyConfigPath, err)
+			}
+		}
 		c.Stage.TenantActions = doc.Tenants
+	}
+	for tenant := range c.Stage.RateLimits {
+		if err := subjects.CheckTenant(tenant); err != nil {
+			return fmt.Errorf("rate limit overrides: %w", err)
+		}
 	}
 	return nil
 }

@@ -7,8 +7,10 @@
 #   input.request    the ToolInvokeRequest (without its capability token)
 #   input.tool       the manifest of the tool version being called
 #   input.claims     the verified token claims (grants, budget, exclusions)
-#   input.usage      the session's usage so far: calls, runtime_ms, cost,
-#                    tokens, consecutive_failures
+#   input.usage      this token's usage so far (a root token's counts its
+#                    whole tree): calls, runtime_ms, cost, tokens,
+#                    consecutive_failures; the stage itself also charges
+#                    the tree's budget (claims.root_budget) atomically
 #   input.resources  what the call needs: paths [{path, mode}], hosts
 #                    [{host, port}], credentials [name]
 #   input.derived    facts computed in Go: pre_approved (the token
@@ -143,7 +145,7 @@ deny contains {"code": "E3205", "msg": msg} if {
 	msg := sprintf("credential %s is not granted by the token", [name])
 }
 
-# Session budget: the call is refused once a limit is reached.
+# Token budget (this token's usage, a root's counting its tree): refused once a limit is reached.
 deny contains {"code": "E3211", "msg": msg} if {
 	max := input.claims.budget.max_calls
 	max > 0

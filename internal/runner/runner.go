@@ -219,6 +219,9 @@ func (r *Runner) fetch(ctx context.Context, c jetstream.Consumer, out chan<- jet
 					msgs = nil
 					continue
 				}
+				if r.deferred(m) {
+					continue
+				}
 				held = append(held, m)
 			case send <- first:
 				held = held[1:]
@@ -236,6 +239,30 @@ func (r *Runner) fetch(ctx context.Context, c jetstream.Consumer, out chan<- jet
 		}
 		cancel()
 	}
+}
+
+// deferred asks a stage that is a stages.Gate whether m should come back
+// later, and naks it with the delay if so.
+func (r *Runner) deferred(m jetstream.Msg) bool {
+	g, ok := r.Stage.(stages.Gate)
+	if !ok {
+		return false
+	}
+	md, err := m.Metadata()
+	if err != nil {
+		return false
+	}
+	delay, later := g.Defer(m.Subject(), int(md.NumDelivered), r.MaxDeliver)
+	if !later {
+		return false
+	}
+	if err := m.NakWithDelay(delay); err != nil {
+		return false // hand it on: Process decides again
+	}
+	if r.Metrics != nil {
+		r.Metrics.messages.WithLabelValues(r.Name, outcomeRetried).Inc()
+	}
+	return true
 }
 
 func (r *Runner) now() time.Time {
@@ -306,7 +333,7 @@ func (r *Runner) handle(msg jetstream.Msg) {
 	if derr != nil {
 		inv.Fail(r.Name, derr)
 	} else {
-		outs, perr = r.process(ctx, msg, inv)
+		outs, perr = r.process(stages.WithDelivery(ctx, int(md.NumDelivered), r.MaxDeliver), msg, inv)
 	}
 	s := settle(r.Name, r.finalises(), inv, perr, int(md.NumDelivered), r.MaxDeliver)
 	if inv.Error != nil {
@@ -361,7 +388,11 @@ func (r *Runner) apply(ctx context.Context, msg jetstream.Msg, inv *envelope.Inv
 	log := r.Log.With("invocation", inv.ID, "tenant", inv.Tenant)
 	switch s.act {
 	case actRetry:
-		log.Warn("transient failure, will retry", "err", perr, "delay", s.delay)
+		if errors.Is(perr, stages.ErrOverQuota) {
+			log.Debug("over the tenant's quota, put back", "delay", s.delay)
+		} else {
+			log.Warn("transient failure, will retry", "err", perr, "delay", s.delay)
+		}
 		_ = msg.NakWithDelay(s.delay)
 		return outcomeRetried
 	case actTerm:

@@ -43,8 +43,13 @@ type Claims struct {
 	// PreApproved are tool patterns whose high-risk calls need no human
 	// approval. Critical calls always do.
 	PreApproved Patterns `json:"pre_approved,omitempty"`
-	// Budget caps the session's usage; nil is no budget.
+	// Budget caps the usage of this token and the tokens derived from it,
+	// across every session; nil is no budget. A token tree shares its root's
+	// budget, and a child's own (never wider) budget caps its own calls too.
 	Budget *Budget `json:"budget,omitempty"`
+	// RootBudget is the root token's budget, carried by derived tokens so
+	// that the tree's shared budget is known whichever token calls.
+	RootBudget *Budget `json:"root_budget,omitempty"`
 	// Chain lists the ids (jti) of the tokens this one was derived from,
 	// root first: revoking any of them revokes this one.
 	Chain []string `json:"chain,omitempty"`
@@ -137,19 +142,27 @@ func checkPattern(p string) error {
 	return nil
 }
 
-// Session is the key budgets are kept under: the session the token is bound
-// to or the request names, else the root of the token's chain, so that a
-// tree of delegated tokens shares one budget.
-func (c *Claims) Session(requested string) string {
-	switch {
-	case c.SessionID != "":
-		return c.SessionID
-	case requested != "":
-		return requested
-	case len(c.Chain) > 0:
-		return "token:" + c.Chain[0]
+// Root is the id of the token tree's root: the first of the chain, or the
+// token itself.
+func (c *Claims) Root() string {
+	if len(c.Chain) > 0 {
+		return c.Chain[0]
 	}
-	return "token:" + c.ID
+	return c.ID
+}
+
+// BudgetKey is the key usage of the token with id jti is kept under.
+func BudgetKey(jti string) string { return "token:" + jti }
+
+// TreeBudget is the budget of the whole token tree: the root's, which
+// Attenuate copies into every child as root_budget. A child without it
+// (minted by another issuer) answers its own budget, which is never wider
+// than its root's.
+func (c *Claims) TreeBudget() *Budget {
+	if len(c.Chain) > 0 && c.RootBudget != nil {
+		return c.RootBudget
+	}
+	return c.Budget
 }
 
 // Revocations is the set of revoked token ids a worker holds in memory, kept

@@ -12,8 +12,18 @@ import (
 )
 
 // Mint signs c with k. It fills in jti and iat when unset, and refuses a
-// token without expiry or the claims Verify requires.
+// token without expiry, one living longer than DefaultMaxLifetime, or one
+// without the claims Verify requires.
 func Mint(k *SigningKey, c Claims) (string, error) {
+	return MintWithin(k, c, DefaultMaxLifetime)
+}
+
+// MintWithin is Mint with the verifiers' longest lifetime maxLifetime
+// (zero: DefaultMaxLifetime).
+func MintWithin(k *SigningKey, c Claims, maxLifetime time.Duration) (string, error) {
+	if maxLifetime <= 0 {
+		maxLifetime = DefaultMaxLifetime
+	}
 	if c.ID == "" {
 		c.ID = uuid.NewString()
 	}
@@ -22,6 +32,9 @@ func Mint(k *SigningKey, c Claims) (string, error) {
 	}
 	if c.ExpiresAt == nil {
 		return "", fmt.Errorf("mint: a token needs an expiry")
+	}
+	if err := c.checkLifetime(maxLifetime, 0, time.Now()); err != nil {
+		return "", fmt.Errorf("mint: %w", err)
 	}
 	if err := c.check(); err != nil {
 		return "", fmt.Errorf("mint: %w", err)
@@ -44,6 +57,9 @@ func Attenuate(parent *Claims, want Claims) (Claims, error) {
 	c.Issuer, c.Audience = parent.Issuer, parent.Audience
 	c.ID, c.IssuedAt = "", nil
 	c.Chain = append(slices.Clone(parent.Chain), parent.ID)
+	if c.RootBudget = parent.TreeBudget(); c.RootBudget == nil {
+		c.RootBudget = &Budget{} // the root has no budget: the tree is unlimited
+	}
 
 	if c.TenantID == "" {
 		c.TenantID = parent.TenantID

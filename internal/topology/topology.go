@@ -83,13 +83,24 @@ func Streams(o TopologyOptions) []jetstream.StreamConfig {
 	}}
 }
 
+// ExecuteMaxAckPending is the execute consumers' window of unacknowledged
+// messages (other stages: 1000).
+const ExecuteMaxAckPending = 20000
+
 // ConsumerConfig is the durable pull consumer of one input of stage.
 func ConsumerConfig(stage string, in subjects.Input, o TopologyOptions) jetstream.ConsumerConfig {
 	o.defaults()
+	pending := 1000
+	if stage == subjects.Execute {
+		// Calls put back for their tenant's quota stay pending until they
+		// come back: the window must reach past one tenant's backlog to
+		// the next tenant's call.
+		pending = ExecuteMaxAckPending
+	}
 	return jetstream.ConsumerConfig{
 		Durable: in.Consumer, Description: "toolgate " + stage + " workers",
 		FilterSubject: in.Filter, AckPolicy: jetstream.AckExplicitPolicy,
-		AckWait: o.AckWait, MaxDeliver: o.MaxDeliver, MaxAckPending: 1000,
+		AckWait: o.AckWait, MaxDeliver: o.MaxDeliver, MaxAckPending: pending,
 		Replicas: o.Replicas,
 	}
 }

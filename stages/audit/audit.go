@@ -89,7 +89,19 @@ func (a *Auditor) charge(ctx context.Context, inv *envelope.Invocation) error {
 	if az == nil || !az.Reserved {
 		return nil // never admitted: nothing was reserved
 	}
-	_, err := a.store.UpdateUsage(ctx, inv.Tenant, az.Session, func(u *kvstore.Usage) error {
+	if err := a.chargeKey(ctx, inv, az.Session); err != nil {
+		return err
+	}
+	if az.TokenBudget != "" {
+		return a.chargeKey(ctx, inv, az.TokenBudget)
+	}
+	return nil
+}
+
+// chargeKey charges inv's end to the usage under one budget key, once.
+func (a *Auditor) chargeKey(ctx context.Context, inv *envelope.Invocation, key string) error {
+	az := inv.Authz
+	_, err := a.store.UpdateUsage(ctx, inv.Tenant, key, func(u *kvstore.Usage) error {
 		if slices.Contains(u.Settled, inv.ID) {
 			return errSettled
 		}

@@ -163,8 +163,11 @@ func (a *Authorizer) Process(ctx context.Context, inv *envelope.Invocation) ([]s
 	if err != nil {
 		return nil, err
 	}
-	session := claims.Session(req.AgentContext.SessionID)
-	usage, err := a.cfg.Store.Usage(ctx, inv.Tenant, session)
+	// A budget belongs to the token tree, whatever session the caller
+	// names: the tree's root id keys it, and a child's own budget is kept
+	// beside it under the child's id.
+	tree, own := token.BudgetKey(claims.Root()), token.BudgetKey(claims.ID)
+	usage, err := a.cfg.Store.Usage(ctx, inv.Tenant, own)
 	if err != nil {
 		return nil, stages.Transient(err, 0)
 	}
@@ -210,12 +213,15 @@ func (a *Authorizer) Process(ctx context.Context, inv *envelope.Invocation) ([]s
 		}
 	}
 
-	if err := a.reserve(ctx, inv, claims, session, m); err != nil {
+	if err := a.reserveTree(ctx, inv, claims, tree, own, m); err != nil {
 		return nil, err
 	}
 	inv.Authz = &envelope.Authorization{
-		TokenID: claims.ID, AgentDID: claims.AgentDID, Session: session, Reserved: true,
+		TokenID: claims.ID, AgentDID: claims.AgentDID, Session: tree, Reserved: true,
 		Grants: grants(claims),
+	}
+	if own != tree {
+		inv.Authz.TokenBudget = own
 	}
 	if m.Cost != nil {
 		inv.Authz.CostPerCall = m.Cost.PerCall
@@ -282,29 +288,58 @@ func (a *Authorizer) park(ctx context.Context, inv *envelope.Invocation, m *tool
 	return []stages.Output{ev}, nil
 }
 
-// reserve charges one call to the session's budget with compare-and-swap, so
+// reserveTree charges one call to the token's own budget (a child's) and to
+// its tree's, the root's: a child's call is refused when either is spent.
+// The own charge is undone when the tree refuses.
+func (a *Authorizer) reserveTree(ctx context.Context, inv *envelope.Invocation, c *token.Claims, tree, own string, m *tools.Manifest) error {
+	if own == tree {
+		return a.reserve(ctx, inv, c.Budget, tree, m)
+	}
+	if err := a.reserve(ctx, inv, c.Budget, own, m); err != nil {
+		return err
+	}
+	err := a.reserve(ctx, inv, c.TreeBudget(), tree, m)
+	if err == nil {
+		return nil
+	}
+	_, uerr := a.cfg.Store.UpdateUsage(ctx, inv.Tenant, own, func(u *kvstore.Usage) error {
+		i := slices.Index(u.Reserved, inv.ID)
+		if i < 0 {
+			return errAlreadyReserved // nothing to undo
+		}
+		u.Reserved = slices.Delete(u.Reserved, i, i+1)
+		u.Calls--
+		return nil
+	})
+	if uerr != nil && !errors.Is(uerr, errAlreadyReserved) {
+		return stages.Transient(uerr, 0) // retried: the own charge is found and kept
+	}
+	return err
+}
+
+// reserve charges one call to the usage under key with compare-and-swap, so
 // concurrent calls on many workers never pass max_calls; runtime, cost and
 // tokens are charged when calls end, so they can be overspent at most by the
 // calls in flight.
-func (a *Authorizer) reserve(ctx context.Context, inv *envelope.Invocation, c *token.Claims, session string, m *tools.Manifest) error {
-	_, err := a.cfg.Store.UpdateUsage(ctx, inv.Tenant, session, func(u *kvstore.Usage) error {
+func (a *Authorizer) reserve(ctx context.Context, inv *envelope.Invocation, b *token.Budget, key string, m *tools.Manifest) error {
+	_, err := a.cfg.Store.UpdateUsage(ctx, inv.Tenant, key, func(u *kvstore.Usage) error {
 		if slices.Contains(u.Reserved, inv.ID) {
 			return errAlreadyReserved
 		}
-		if b := c.Budget; b != nil {
+		if b != nil {
 			var perCall float64
 			if m.Cost != nil {
 				perCall = m.Cost.PerCall
 			}
 			switch {
 			case b.MaxCalls > 0 && u.Calls >= b.MaxCalls:
-				return exhausted("the session has made all %d of its calls", b.MaxCalls)
+				return exhausted("the token has made all %d of its calls", b.MaxCalls)
 			case b.MaxRuntimeMS > 0 && u.RuntimeMS >= b.MaxRuntimeMS:
-				return exhausted("the session has used its %d ms of runtime", b.MaxRuntimeMS)
+				return exhausted("the token has used its %d ms of runtime", b.MaxRuntimeMS)
 			case b.MaxCost > 0 && u.Cost+perCall > b.MaxCost:
-				return exhausted("the call would take the session's cost over %g", b.MaxCost)
+				return exhausted("the call would take the token's cost over %g", b.MaxCost)
 			case b.MaxTokens > 0 && u.Tokens >= b.MaxTokens:
-				return exhausted("the session has used its %d tokens", b.MaxTokens)
+				return exhausted("the token has used its %d tokens", b.MaxTokens)
 			}
 		}
 		u.Calls++
@@ -327,7 +362,7 @@ func (a *Authorizer) reserve(ctx context.Context, inv *envelope.Invocation, c *t
 var errAlreadyReserved = errors.New("already reserved")
 
 func exhausted(format string, args ...any) error {
-	return api.NewError(api.ResourceExhausted, api.EBudgetExhausted, "session budget exhausted: "+format, args...)
+	return api.NewError(api.ResourceExhausted, api.EBudgetExhausted, "budget exhausted: "+format, args...)
 }
 
 func redactToken(req *api.Request) *api.Request {

@@ -76,6 +76,8 @@ type Executor struct {
 	// policy (failed calls skip the verify stage); nil uses the shipped
 	// detector rules with no tenant settings.
 	Verifier *verify.Verifier
+	// Quota, when set, bounds the calls of one tenant running at once.
+	Quota *TenantQuota
 
 	kinds map[string]Kind
 }
@@ -91,7 +93,20 @@ func (x *Executor) Handle(kind string, k Kind) {
 // Kind returns what runs tools of the named kind, or nil.
 func (x *Executor) Kind(kind string) Kind { return x.kinds[kind] }
 
-var _ stages.Stage = (*Executor)(nil)
+var (
+	_ stages.Stage = (*Executor)(nil)
+	_ stages.Gate  = (*Executor)(nil)
+)
+
+// Defer implements stages.Gate: a call of a tenant at its quota is put back
+// before a worker decodes it.
+func (x *Executor) Defer(subject string, delivered, max int) (time.Duration, bool) {
+	tenant, ok := subjects.TenantOfPipe(subject)
+	if !ok {
+		return 0, false
+	}
+	return x.Quota.Defer(tenant, delivered, max)
+}
 
 // New returns an Executor running builtins. It records each invocation as
 // running in store before the tool starts.
@@ -106,6 +121,11 @@ func New(reg *tools.Registry, builtins builtin.Set, store *kvstore.Store, runnin
 // Process implements stages.Stage. The result is left for verify; only a
 // failure ends the invocation here.
 func (x *Executor) Process(ctx context.Context, inv *envelope.Invocation) ([]stages.Output, error) {
+	release, err := x.Quota.Acquire(ctx, inv.Tenant)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	m, err := x.reg.Resolve(inv.Route.ToolID, inv.Route.ToolVersion)
 	if err != nil {
 		return nil, err
