@@ -336,7 +336,7 @@ func TestSharedCircuitBreaker(t *testing.T) {
 	n := e.startPipeline(node.Config{Stages: allBut(subjects.Execute)})
 	registerTools(t, n, `{"id":"test.fragile","name":"fragile","version":"1.0.0","description":"fails on request","kind":"builtin",
 	  "builtin":{"function":"maybe"},"input_schema":{"type":"object"},"output_schema":{"type":"object"},
-	  "circuit_breaker":{"failure_rate_threshold":50,"sliding_window_size":4,"minimum_calls":4,"wait_duration_seconds":1,"half_open_calls":1}}`)
+	  "circuit_breaker":{"failure_rate_threshold":50,"sliding_window_size":4,"minimum_calls":4,"wait_duration_seconds":3,"half_open_calls":1}}`)
 	first := e.runStage(subjects.Execute, nil, 1, 0)
 	const tenant = "cb"
 	// Half of a window of four: the breaker opens at the second failure.
@@ -351,13 +351,16 @@ func TestSharedCircuitBreaker(t *testing.T) {
 	})
 	first.Close() // the worker that saw the failures is gone
 	e.runStage(subjects.Execute, nil, 1, 0)
-	start := time.Now()
 	resp := e.invoke(request(tenant, "test.fragile", `{}`))
 	if resp.Error == nil || resp.Error.Code != api.CircuitBreakerOpen || resp.Error.ECode != api.EBreakerOpen || !resp.Error.Retryable {
 		t.Fatalf("call on the second worker while open: %+v", resp)
 	}
-	// After the open wait, a trial call closes it.
-	time.Sleep(time.Until(start.Add(1100 * time.Millisecond)))
+	// After the open wait (3 s, long enough for a loaded machine to start
+	// the second worker within it), a trial call closes it.
+	eventually(t, 10*time.Second, "the open wait to pass", func() bool {
+		st, err := n.Store.Breaker(context.Background(), "test.fragile")
+		return err == nil && time.Now().After(st.Since.Add(3*time.Second+100*time.Millisecond))
+	})
 	if resp := e.invoke(request(tenant, "test.fragile", `{}`)); resp.Status != api.StatusSuccess {
 		t.Fatalf("trial call: %+v", resp)
 	}
