@@ -68,6 +68,12 @@ func Start(nc *nats.Conn, store *kvstore.Store, reg *tools.Registry, approvals *
 			return nil, err
 		}
 	}
+	// The endpoints answer once the server has their subscriptions: a
+	// request sent right after Start must not meet "no responders".
+	if err := nc.Flush(); err != nil {
+		_ = svc.Stop()
+		return nil, err
+	}
 	return svc, nil
 }
 
