@@ -280,9 +280,9 @@ func tokenRevoke(ctx context.Context, args []string) error {
 
 // openStore connects to NATS and opens toolgate's buckets.
 func openStore(ctx context.Context, url string) (*kvstore.Store, func(), error) {
-	nc, err := nats.Connect(url, nats.Name("toolgate-cli"))
+	nc, err := connectBus(url)
 	if err != nil {
-		return nil, nil, fmt.Errorf("connecting to %s: %w", url, err)
+		return nil, nil, err
 	}
 	js, err := jetstream.New(nc)
 	if err != nil {
@@ -445,9 +445,9 @@ func breakersCmd(ctx context.Context, args []string) error {
 	if err := fs.Parse(reorder(args)); err != nil {
 		return err
 	}
-	nc, err := nats.Connect(*url, nats.Name("toolgate-cli"))
+	nc, err := connectBus(*url)
 	if err != nil {
-		return fmt.Errorf("connecting to %s: %w", *url, err)
+		return err
 	}
 	defer nc.Close()
 	js, err := jetstream.New(nc)

@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
@@ -19,6 +20,7 @@ import (
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/client"
 	"github.com/toolgate/toolgate/internal/bench"
+	"github.com/toolgate/toolgate/internal/busauth"
 	"github.com/toolgate/toolgate/internal/node"
 	"github.com/toolgate/toolgate/subjects"
 )
@@ -27,7 +29,7 @@ const usage = `toolgate: the tool-execution layer for AI agents
 
 usage:
   toolgate serve  [--examples] [--data DIR] [--listen HOST:PORT | --nats URL] [flags]
-  toolgate stage  NAME --nats URL [--workers N] [flags]     NAME: %s, control
+  toolgate stage  NAME --nats URL [--creds FILE] [--workers N] [flags]     NAME: %s, control, authcallout
   toolgate invoke TOOL --tenant T [--params JSON] [--version V] [--wait]
   toolgate status ID --tenant T
   toolgate cancel ID --tenant T [--reason R]
@@ -104,8 +106,45 @@ func natsURL() string {
 	return nats.DefaultURL
 }
 
+// busOptions authenticate client commands on the bus, from the variables
+// the nats CLI reads too: $NATS_CREDS (toolgate-issued credentials), or
+// $NATS_NKEY (a seed file) with $NATS_TOKEN (the credentials' JWT), which
+// `toolgate serve` prints for its operator.
+func busOptions() ([]nats.Option, error) {
+	if f := os.Getenv("NATS_CREDS"); f != "" {
+		return []nats.Option{busauth.CredentialsOption(f)}, nil
+	}
+	var out []nats.Option
+	if f := os.Getenv("NATS_NKEY"); f != "" {
+		o, err := nats.NkeyOptionFromSeed(f)
+		if err != nil {
+			return nil, fmt.Errorf("NATS_NKEY: %w", err)
+		}
+		out = append(out, o)
+	}
+	if t := os.Getenv("NATS_TOKEN"); t != "" {
+		out = append(out, nats.Token(t))
+	}
+	return out, nil
+}
+
+// connectBus connects a client command to url.
+func connectBus(url string) (*nats.Conn, error) {
+	opts, err := busOptions()
+	if err != nil {
+		return nil, err
+	}
+	nc, err := nats.Connect(url, append(opts, nats.Name("toolgate-cli"))...)
+	if err != nil {
+		return nil, fmt.Errorf("connecting to %s: %w", url, err)
+	}
+	return nc, nil
+}
+
 // pipelineFlags are shared by serve and stage.
 func pipelineFlags(fs *flag.FlagSet, c *node.Config) *string {
+	fs.StringVar(&c.Creds, "creds", os.Getenv("NATS_CREDS"), "credentials for --nats (default: $NATS_CREDS, else <data>/busauth/worker.creds)")
+	fs.BoolVar(&c.AuthCallout, "auth-callout", false, "with --nats, also run the bus's auth callout with the keys in <data>/busauth")
 	fs.IntVar(&c.Workers, "workers", 4, "workers per stage")
 	fs.StringVar(&c.MetricsAddr, "metrics-addr", "", "serve Prometheus metrics on this address (/metrics)")
 	fs.StringVar(&c.OTLPEndpoint, "otlp-endpoint", os.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT"), "export traces over OTLP/HTTP to this URL (https for TLS) or host:port; the OTEL_EXPORTER_OTLP_* variables apply")
@@ -150,7 +189,7 @@ func serve(ctx context.Context, args []string) error {
 	c.Log = logger(*level)
 	if c.Examples {
 		c.Ready = func(url string, n *node.Node) {
-			printWelcome(url, c.Stage.BuiltinEnv.FileRoot, n.DevToken, c.Embedded.DataDir)
+			printWelcome(url, c.Stage.BuiltinEnv.FileRoot, n, c.Embedded.DataDir)
 		}
 	}
 	return node.Run(ctx, c)
@@ -158,31 +197,44 @@ func serve(ctx context.Context, args []string) error {
 
 func stage(ctx context.Context, args []string) error {
 	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
-		return fmt.Errorf("stage: name one of %s, control", strings.Join(subjects.Stages, ", "))
+		return fmt.Errorf("stage: name one of %s, control, %s", strings.Join(subjects.Stages, ", "), node.AuthCallout)
 	}
 	var c node.Config
 	fs := flag.NewFlagSet("stage", flag.ContinueOnError)
 	level := pipelineFlags(fs, &c)
 	fs.StringVar(&c.NATSURL, "nats", natsURL(), "NATS server URL (default: $NATS_URL, else "+nats.DefaultURL+")")
+	fs.StringVar(&c.Embedded.DataDir, "data", "toolgate-data", "directory holding busauth/ (credentials; keys for --auth-callout)")
 	if err := fs.Parse(args[1:]); err != nil {
 		return err
 	}
 	c.Stages = []string{args[0]}
+	if args[0] == node.AuthCallout {
+		c.AuthCallout = true
+	}
 	c.Log = logger(*level)
 	return node.Run(ctx, c)
 }
 
-func printWelcome(url, root, devToken, dataDir string) {
+func printWelcome(url, root string, n *node.Node, dataDir string) {
 	fmt.Printf(`
 toolgate is running: NATS at %s, all six stages, example tools registered.
-`, url)
-	if devToken != "" {
+Every connection is authenticated (docs/security.md). The operator's
+credentials are in %s; toolgate and the nats CLI both read:
+
+  export NATS_NKEY=%s NATS_TOKEN="$(cat %s)"
+`, url, filepath.Dir(node.CredsPath(dataDir, busauth.RoleOperator)),
+		filepath.Join(dataDir, busauth.DirName, "operator.nk"), filepath.Join(dataDir, busauth.DirName, "operator.jwt"))
+	if n.DevToken != "" {
 		fmt.Printf(`
 A development token for tenant %s (agent %s, every tool, 24 h) is in
 %s; toolgate invoke uses it by itself. For other clients:
 
   export TOOLGATE_TOKEN=$(cat %s)
-`, node.DevTenant, node.DevAgent, node.DevTokenPath(dataDir), node.DevTokenPath(dataDir))
+
+An agent connects with it as its NATS token and inbox prefix %s:
+
+  nats --token "$TOOLGATE_TOKEN" --inbox-prefix %s ...
+`, node.DevTenant, node.DevAgent, node.DevTokenPath(dataDir), node.DevTokenPath(dataDir), n.DevInboxPrefix, n.DevInboxPrefix)
 	}
 	fmt.Printf(`
 In another terminal:
@@ -205,9 +257,9 @@ or with the nats CLI:
 }
 
 func connect(url string) (*client.Client, func(), error) {
-	nc, err := nats.Connect(url, nats.Name("toolgate-cli"))
+	nc, err := connectBus(url)
 	if err != nil {
-		return nil, nil, fmt.Errorf("connecting to %s: %w", url, err)
+		return nil, nil, err
 	}
 	c, err := client.New(nc)
 	if err != nil {
