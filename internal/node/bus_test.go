@@ -111,6 +111,7 @@ func runServed(t *testing.T, cfg node.Config) (*node.Node, string) {
 	case n := <-nodes:
 		return n, url
 	case err := <-errc:
+		errc <- nil // for the cleanup
 		t.Fatalf("toolgate did not start: %v", err)
 	case <-time.After(60 * time.Second):
 		t.Fatal("toolgate did not start in time")
@@ -174,6 +175,13 @@ func TestBusExternalServer(t *testing.T) {
 		}
 	})
 	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
+	eventually(t, 30*time.Second, "nats-server listening", func() bool {
+		c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err == nil {
+			c.Close()
+		}
+		return err == nil
+	})
 	n, _ := runServed(t, node.Config{NATSURL: url, AuthCallout: true, Embedded: node.EmbeddedOptions{DataDir: dir}})
 	busSuite(t, &served{urls: []string{url}, dataDir: dir, node: n})
 }
