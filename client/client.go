@@ -139,7 +139,7 @@ func DecodeResult(data []byte) (api.Response, error) {
 // Status asks the control service for an invocation's record.
 func (c *Client) Status(ctx context.Context, tenant, id string) (api.Record, error) {
 	var rec api.Record
-	err := c.request(ctx, subjects.SvcStatus, api.StatusRequest{TenantID: tenant, InvocationID: id}, &rec)
+	err := c.request(ctx, subjects.TenantSvc(tenant, subjects.SvcStatus), api.StatusRequest{TenantID: tenant, InvocationID: id}, &rec)
 	return rec, err
 }
 
@@ -232,6 +232,6 @@ func (c *Client) Decide(ctx context.Context, d api.ApprovalDecision) (kvstore.Ap
 // was when the request was recorded.
 func (c *Client) Cancel(ctx context.Context, tenant, id, reason string) (api.Record, error) {
 	var rec api.Record
-	err := c.request(ctx, subjects.SvcCancel, api.CancelRequest{TenantID: tenant, InvocationID: id, Reason: reason}, &rec)
+	err := c.request(ctx, subjects.TenantSvc(tenant, subjects.SvcCancel), api.CancelRequest{TenantID: tenant, InvocationID: id, Reason: reason}, &rec)
 	return rec, err
 }

@@ -184,7 +184,10 @@ func MaxDeliveriesAdvisory(in Input) string {
 	return "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES." + in.Stream + "." + in.Consumer
 }
 
-// Control service endpoints (nats micro).
+// Control service endpoints (nats micro). These un-scoped subjects are for
+// toolgate's own account (operators); TenantSvc gives the tenant-scoped
+// subjects of status, cancel, tools.list and tools.get, the only ones
+// agents may call.
 const (
 	ServiceName      = "toolgate"
 	SvcStatus        = "tool.svc.status"

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"sort"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -23,8 +24,10 @@ import (
 	"github.com/toolgate/toolgate/subjects"
 )
 
-// Version is the control API version.
-const Version = "1.0.0"
+// Version is the control API version. 1.1: tenant-scoped endpoints
+// tool.svc.<tenant>.status|cancel|tools.list|tools.get, the ones agents may
+// call; the un-scoped ones are for toolgate's own account (operators).
+const Version = "1.1.0"
 
 // Start adds the service to nc. Stop it with the returned service's Stop.
 // approvals may be nil: the approval endpoint then is not served.
@@ -59,6 +62,28 @@ func Start(nc *nats.Conn, store *kvstore.Store, reg *tools.Registry, approvals *
 			fn            micro.HandlerFunc
 		}{"cancel", subjects.SvcCancel, h.cancel})
 	}
+	// Tenant-scoped endpoints, tool.svc.<tenant>.<endpoint>: the ones the
+	// bus lets an agent call, for its own tenant only.
+	scoped := []struct {
+		name, svc string
+		fn        func(tenant string, req micro.Request)
+	}{
+		{"tenant-status", subjects.SvcStatus, h.tenantStatus},
+		{"tenant-tools-list", subjects.SvcToolsList, func(_ string, req micro.Request) { h.list(req) }},
+		{"tenant-tools-get", subjects.SvcToolsGet, func(_ string, req micro.Request) { h.get(req) }},
+	}
+	if approvals != nil {
+		scoped = append(scoped, struct {
+			name, svc string
+			fn        func(tenant string, req micro.Request)
+		}{"tenant-cancel", subjects.SvcCancel, h.tenantCancel})
+	}
+	for _, ep := range scoped {
+		eps = append(eps, struct {
+			name, subject string
+			fn            micro.HandlerFunc
+		}{ep.name, subjects.TenantSvc("*", ep.svc), h.scoped(ep.fn)})
+	}
 	for _, ep := range eps {
 		if err := svc.AddEndpoint(ep.name, ep.fn, micro.WithEndpointSubject(ep.subject)); err != nil {
 			_ = svc.Stop()
@@ -91,6 +116,32 @@ func (h *handlers) cancel(req micro.Request) {
 	if err := decode(req.Data(), &r); err != nil || r.TenantID == "" || r.InvocationID == "" {
 		respondError(req, api.NewError(api.InvalidParameters, api.ERequestInvalid,
 			`expected {"tenant_id":…, "invocation_id":…, "reason":…}`))
+		return
+	}
+	h.doCancel(req, r)
+}
+
+// tenantCancel is cancel on tool.svc.<tenant>.cancel: the tenant is the
+// subject's, and who asked is the caller the server names.
+func (h *handlers) tenantCancel(tenant string, req micro.Request) {
+	var r api.CancelRequest
+	if err := decode(req.Data(), &r); err != nil || r.InvocationID == "" {
+		respondError(req, api.NewError(api.InvalidParameters, api.ERequestInvalid,
+			`expected {"invocation_id":…, "reason":…}`))
+		return
+	}
+	if !sameTenant(req, tenant, &r.TenantID) {
+		return
+	}
+	if caller := callerOf(req); caller != "" {
+		r.RequestedBy = caller
+	}
+	h.doCancel(req, r)
+}
+
+func (h *handlers) doCancel(req micro.Request, r api.CancelRequest) {
+	if err := checkNames(r.TenantID, r.InvocationID); err != nil {
+		respondError(req, err)
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -171,6 +222,28 @@ func (h *handlers) status(req micro.Request) {
 			"expected {\"tenant_id\":…, \"invocation_id\":…}"))
 		return
 	}
+	h.doStatus(req, r)
+}
+
+// tenantStatus is status on tool.svc.<tenant>.status.
+func (h *handlers) tenantStatus(tenant string, req micro.Request) {
+	var r api.StatusRequest
+	if err := decode(req.Data(), &r); err != nil || r.InvocationID == "" {
+		respondError(req, api.NewError(api.InvalidParameters, api.ERequestInvalid,
+			"expected {\"invocation_id\":…}"))
+		return
+	}
+	if !sameTenant(req, tenant, &r.TenantID) {
+		return
+	}
+	h.doStatus(req, r)
+}
+
+func (h *handlers) doStatus(req micro.Request, r api.StatusRequest) {
+	if err := checkNames(r.TenantID, r.InvocationID); err != nil {
+		respondError(req, err)
+		return
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	rec, err := h.store.Status(ctx, r.TenantID, r.InvocationID)
@@ -245,6 +318,68 @@ func (h *handlers) register(req micro.Request) {
 	}
 	_ = req.RespondJSON(api.ToolRequest{ToolID: m.ID, Version: m.Version})
 }
+
+// scoped serves a tenant-scoped endpoint, tool.svc.<tenant>.<endpoint>:
+// the tenant is the subject's. The bus lets an agent publish only on its own
+// tenant's subjects, so the subject, never the body, says whose data it is.
+func (h *handlers) scoped(fn func(tenant string, req micro.Request)) micro.HandlerFunc {
+	return func(req micro.Request) {
+		parts := strings.SplitN(req.Subject(), ".", 4)
+		if len(parts) < 4 {
+			respondError(req, api.NewError(api.InvalidParameters, api.ERequestInvalid, "no tenant in subject %q", req.Subject()))
+			return
+		}
+		if err := subjects.CheckTenant(parts[2]); err != nil {
+			respondError(req, api.WrapError(err, api.InvalidParameters, api.EInvalidName, "%v", err))
+			return
+		}
+		fn(parts[2], req)
+	}
+}
+
+// sameTenant fills an empty body tenant with the subject's, and refuses a
+// body naming another tenant (E3014).
+func sameTenant(req micro.Request, tenant string, body *string) bool {
+	if *body != "" && *body != tenant {
+		respondError(req, api.NewError(api.PermissionDenied, api.ETenantMismatch,
+			"the request names tenant %q on tenant %q's endpoint", *body, tenant))
+		return false
+	}
+	*body = tenant
+	return true
+}
+
+// checkNames refuses a tenant or invocation id that cannot name a key (E3019).
+func checkNames(tenant, id string) error {
+	if err := subjects.CheckTenant(tenant); err != nil {
+		return api.WrapError(err, api.InvalidParameters, api.EInvalidName, "%v", err)
+	}
+	if err := subjects.CheckID(id); err != nil {
+		return api.WrapError(err, api.InvalidParameters, api.EInvalidName, "%v", err)
+	}
+	return nil
+}
+
+// callerOf is the caller the server names in a cross-account request's
+// Nats-Request-Info header (agents: "agent:<tenant>:<token id>"), or "".
+// Within toolgate's own account the header is the client's to write, so
+// only requests from another account (acc != the service's) are believed.
+func callerOf(req micro.Request) string {
+	var info struct {
+		Account string `json:"acc"`
+		User    string `json:"user"`
+	}
+	if json.Unmarshal([]byte(req.Headers().Get("Nats-Request-Info")), &info) != nil || info.User == "" {
+		return ""
+	}
+	if info.Account == "" || info.Account == ownAccount {
+		return ""
+	}
+	return info.User
+}
+
+// ownAccount is the account toolgate's processes live in (busauth.AccountToolgate).
+const ownAccount = "TOOLGATE"
 
 func decode(b []byte, v any) error {
 	if len(b) == 0 {

@@ -401,8 +401,31 @@ func agentRoundTrip(t *testing.T, s *served) {
 		if resp.Status != api.StatusSuccess || !strings.Contains(string(resp.Result), "through the gate") {
 			t.Fatalf("result %+v, want success echoing the message", resp)
 		}
-		return
+		break
 	}
+	// The tenant's control endpoints answer the agent; the tenant is the
+	// subject's, and a body naming another tenant is refused.
+	t.Run("status on its tenant's endpoint", func(t *testing.T) {
+		rec, err := c.Status(ctx, "demo", id)
+		if err != nil || rec.Status != api.StatusSuccess {
+			t.Fatalf("status: %+v, %v", rec, err)
+		}
+	})
+	t.Run("body naming another tenant", func(t *testing.T) {
+		m, err := nc.Request(subjects.TenantSvc("demo", subjects.SvcStatus), []byte(`{"tenant_id":"other","invocation_id":"x"}`), 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := m.Header.Get("Nats-Service-Error-Code"); got != "3014" {
+			t.Fatalf("error code %q (%s), want 3014", got, m.Data)
+		}
+	})
+	t.Run("cancel on its tenant's endpoint", func(t *testing.T) {
+		rec, err := c.Cancel(ctx, "demo", id, "done anyway")
+		if err != nil || rec.InvocationID != id || rec.Status != api.StatusSuccess {
+			t.Fatalf("cancel: %+v, %v; want the ended call's record, unchanged", rec, err)
+		}
+	})
 }
 
 // busRefusals: connections refused at connect, each with its reason in an
