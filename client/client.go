@@ -165,11 +165,25 @@ func (c *Client) RegisterTool(ctx context.Context, manifest []byte, replace bool
 }
 
 func (c *Client) request(ctx context.Context, subject string, in, out any) error {
+	return c.requestSigned(ctx, subject, in, out, nil)
+}
+
+// Sign returns the headers that prove who sends body on subject (toolgate's
+// busauth.Signer.Sign over a toolgate credentials file).
+type Sign func(subject string, body []byte) (nats.Header, error)
+
+func (c *Client) requestSigned(ctx context.Context, subject string, in, out any, sign Sign) error {
 	body, err := json.Marshal(in)
 	if err != nil {
 		return err
 	}
-	msg, err := c.nc.RequestWithContext(ctx, subject, body)
+	m := &nats.Msg{Subject: subject, Data: body}
+	if sign != nil {
+		if m.Header, err = sign(subject, body); err != nil {
+			return fmt.Errorf("signing the request: %w", err)
+		}
+	}
+	msg, err := c.nc.RequestMsgWithContext(ctx, m)
 	if err != nil {
 		return fmt.Errorf("%s: %w", subject, err)
 	}
@@ -223,8 +237,15 @@ func (c *Client) Tail(ctx context.Context, tenant string, all bool, fn func(subj
 // Decide approves or denies a parked invocation. Of several decisions on
 // one invocation only the first counts; later ones fail with E3215.
 func (c *Client) Decide(ctx context.Context, d api.ApprovalDecision) (kvstore.Approval, error) {
+	return c.DecideSigned(ctx, d, nil)
+}
+
+// DecideSigned is Decide with the request signed by sign: on an
+// authenticated bus toolgate records the signing operator as the decider
+// and refuses unsigned decisions (E3217).
+func (c *Client) DecideSigned(ctx context.Context, d api.ApprovalDecision, sign Sign) (kvstore.Approval, error) {
 	var out kvstore.Approval
-	err := c.request(ctx, subjects.SvcApproval, d, &out)
+	err := c.requestSigned(ctx, subjects.SvcApproval, d, &out, sign)
 	return out, err
 }
 

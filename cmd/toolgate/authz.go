@@ -360,9 +360,13 @@ func decideCmd(ctx context.Context, args []string, approve bool) error {
 		return err
 	}
 	defer closeFn()
-	a, err := c.Decide(ctx, api.ApprovalDecision{
+	sign, err := requestSigner()
+	if err != nil {
+		return err
+	}
+	a, err := c.DecideSigned(ctx, api.ApprovalDecision{
 		Tenant: *tenant, InvocationID: fs.Arg(0), Approve: approve, DecidedBy: *by, Reason: *reason,
-	})
+	}, sign)
 	if err != nil {
 		return err
 	}

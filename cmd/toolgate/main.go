@@ -128,6 +128,27 @@ func busOptions() ([]nats.Option, error) {
 	return out, nil
 }
 
+// requestSigner signs requests with the credentials busOptions uses, so
+// toolgate can tell which operator sent them (approvals); nil without any.
+func requestSigner() (client.Sign, error) {
+	var s *busauth.Signer
+	var err error
+	switch {
+	case os.Getenv("NATS_CREDS") != "":
+		s, err = busauth.SignerFromCreds(os.Getenv("NATS_CREDS"))
+	case os.Getenv("NATS_NKEY") != "" && os.Getenv("NATS_TOKEN") != "":
+		s, err = busauth.SignerFromParts(os.Getenv("NATS_NKEY"), os.Getenv("NATS_TOKEN"))
+	default:
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return func(subject string, body []byte) (nats.Header, error) {
+		return s.Sign(nil, subject, body, time.Now())
+	}, nil
+}
+
 // connectBus connects a client command to url.
 func connectBus(url string) (*nats.Conn, error) {
 	opts, err := busOptions()

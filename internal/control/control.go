@@ -31,7 +31,7 @@ const Version = "1.1.0"
 
 // Start adds the service to nc. Stop it with the returned service's Stop.
 // approvals may be nil: the approval endpoint then is not served.
-func Start(nc *nats.Conn, store *kvstore.Store, reg *tools.Registry, approvals *approval.Service) (micro.Service, error) {
+func Start(nc *nats.Conn, store *kvstore.Store, reg *tools.Registry, approvals *approval.Service, opts ...Option) (micro.Service, error) {
 	svc, err := micro.AddService(nc, micro.Config{
 		Name: subjects.ServiceName, Version: Version,
 		Description: "toolgate control: invocation status and the tool registry",
@@ -44,6 +44,9 @@ func Start(nc *nats.Conn, store *kvstore.Store, reg *tools.Registry, approvals *
 		return nil, err
 	}
 	h := &handlers{nc: nc, js: js, store: store, reg: reg, approvals: approvals}
+	for _, o := range opts {
+		o(h)
+	}
 	eps := []struct {
 		name, subject string
 		fn            micro.HandlerFunc
@@ -93,7 +96,21 @@ func Start(nc *nats.Conn, store *kvstore.Store, reg *tools.Registry, approvals *
 	return svc, nil
 }
 
+// Option configures the service.
+type Option func(*handlers)
+
+// Identify names who sent a request from its subject, headers and body
+// (a signed request, busauth.RequestVerifier), or refuses it.
+type Identify func(subject string, h nats.Header, body []byte) (string, error)
+
+// WithDeciders makes the approval endpoint record the identity id returns
+// as the decider, never the body's decided_by, and refuse requests id
+// refuses (E3217). Without it (a bus without authentication) the body's
+// decided_by is recorded.
+func WithDeciders(id Identify) Option { return func(h *handlers) { h.identify = id } }
+
 type handlers struct {
+	identify  Identify
 	nc        *nats.Conn
 	js        jetstream.JetStream
 	store     *kvstore.Store
@@ -202,6 +219,19 @@ func (h *handlers) decide(req micro.Request) {
 	if err := decode(req.Data(), &d); err != nil {
 		respondError(req, api.NewError(api.InvalidParameters, api.ERequestInvalid,
 			`expected {"tenant_id":…, "invocation_id":…, "approve":true, "decided_by":…, "reason":…}`))
+		return
+	}
+	if h.identify != nil {
+		who, err := h.identify(req.Subject(), nats.Header(req.Headers()), req.Data())
+		if err != nil {
+			respondError(req, api.WrapError(err, api.PermissionDenied, api.EDeciderUnverified,
+				"a decision must be signed with operator credentials: %v", err))
+			return
+		}
+		d.DecidedBy = who
+	}
+	if err := checkNames(d.Tenant, d.InvocationID); err != nil {
+		respondError(req, err)
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

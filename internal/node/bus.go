@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/busauth"
+	"github.com/toolgate/toolgate/internal/control"
 	"github.com/toolgate/toolgate/internal/envelope"
 	"github.com/toolgate/toolgate/internal/runner"
 	"github.com/toolgate/toolgate/internal/token"
@@ -245,4 +246,25 @@ func (a *refusalAuditor) Refused(_ context.Context, r busauth.Refusal) {
 	if err := nc.PublishMsg(m); err != nil {
 		a.log.Error("auditing a refused connection", "err", err)
 	}
+}
+
+// decidersFrom verifies approval decisions: signed with operator
+// credentials issued by the same signer as this process's own (credsPath).
+// The decider recorded is the credentials' user name, "operator:<name>".
+func decidersFrom(credsPath string) (control.Identify, error) {
+	signer, err := busauth.CredSignerOf(credsPath)
+	if err != nil {
+		return nil, fmt.Errorf("approval deciders: %w", err)
+	}
+	v := busauth.RequestVerifier{CredSigner: signer}
+	return func(subject string, h nats.Header, body []byte) (string, error) {
+		id, err := v.Verify(subject, h, body)
+		if err != nil {
+			return "", err
+		}
+		if id.Role != busauth.RoleOperator {
+			return "", fmt.Errorf("%w: %s credentials may not decide approvals", busauth.ErrUnsigned, id.Role)
+		}
+		return id.UserName(), nil
+	}, nil
 }

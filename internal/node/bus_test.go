@@ -237,6 +237,65 @@ func busSuite(t *testing.T, s *served) {
 	t.Run("agent invokes and reads its result", func(t *testing.T) { agentRoundTrip(t, s) })
 	t.Run("refused connections", func(t *testing.T) { busRefusals(t, s) })
 	t.Run("revocation closes the connection", func(t *testing.T) { busRevoke(t, s) })
+	t.Run("approvals record the signing operator", func(t *testing.T) { busApprovals(t, s) })
+}
+
+// busApprovals: a decision is accepted only signed with operator
+// credentials, and records that operator, whatever the body says.
+func busApprovals(t *testing.T, s *served) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	nc, raw := s.agent(t, 0, "demo")
+	ac, err := client.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := api.Request{ToolID: "echo", Parameters: json.RawMessage(`{"message":"needs a human"}`),
+		AgentContext: api.AgentContext{AgentDID: "did:agent:demo", TenantID: "demo"}, CapabilityToken: raw,
+		ExecutionOptions: &api.ExecutionOptions{RequireApproval: true}}
+	id, err := ac.Invoke(ctx, req, client.InvokeOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 20*time.Second, "the call to wait for approval", func() bool {
+		rec, err := ac.Status(ctx, "demo", id)
+		return err == nil && rec.Status == api.StatusPendingApproval
+	})
+	op := s.connect(t, 0, s.creds(busauth.RoleOperator))
+	oc, _ := client.New(op)
+	signer := func(role busauth.Role) client.Sign {
+		sg, err := busauth.SignerFromCreds(node.CredsPath(s.dataDir, role))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return func(subject string, body []byte) (nats.Header, error) { return sg.Sign(nil, subject, body, time.Now()) }
+	}
+	d := api.ApprovalDecision{Tenant: "demo", InvocationID: id, Approve: true, DecidedBy: "mallory"}
+	for _, tc := range []struct {
+		name string
+		sign client.Sign
+	}{
+		{"unsigned", nil},
+		{"signed by a worker", signer(busauth.RoleWorker)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := oc.DecideSigned(ctx, d, tc.sign)
+			if !errors.Is(err, &api.Error{Code: api.PermissionDenied, ECode: api.EDeciderUnverified}) {
+				t.Fatalf("decision: %v, want E3217", err)
+			}
+		})
+	}
+	a, err := oc.DecideSigned(ctx, d, signer(busauth.RoleOperator))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.DecidedBy != "operator:local" {
+		t.Fatalf("decided by %q, want the signing operator operator:local", a.DecidedBy)
+	}
+	eventually(t, 20*time.Second, "the approved call to succeed", func() bool {
+		rec, err := ac.Status(ctx, "demo", id)
+		return err == nil && rec.Status == api.StatusSuccess
+	})
 }
 
 // refused reports whether the server refused op on subject for nc with a

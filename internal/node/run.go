@@ -114,6 +114,7 @@ func Run(ctx context.Context, c Config) error {
 	url := c.NATSURL
 	var gate *Gate
 	var connOpts []nats.Option
+	var credsPath string // the credentials this process connects with
 	if url == "" {
 		ns, keys, err := StartSecureEmbedded(c.Embedded)
 		if err != nil {
@@ -128,7 +129,8 @@ func Run(ctx context.Context, c Config) error {
 			return err
 		}
 		defer gate.Close()
-		connOpts = append(connOpts, nats.InProcessServer(ns), busauth.CredentialsOption(CredsPath(c.Embedded.DataDir, busauth.RoleWorker)))
+		credsPath = CredsPath(c.Embedded.DataDir, busauth.RoleWorker)
+		connOpts = append(connOpts, nats.InProcessServer(ns), busauth.CredentialsOption(credsPath))
 		log.Info("embedded NATS started", "url", url, "data", c.Embedded.DataDir)
 	} else {
 		creds := c.Creds
@@ -138,6 +140,7 @@ func Run(ctx context.Context, c Config) error {
 			}
 		}
 		if creds != "" {
+			credsPath = creds
 			connOpts = append(connOpts, busauth.CredentialsOption(creds))
 		}
 		if c.AuthCallout {
@@ -229,7 +232,15 @@ func Run(ctx context.Context, c Config) error {
 			continue
 		}
 		if name == Control {
-			svc, err := control.Start(n.NC, n.Store, n.Registry, approvals)
+			var opts []control.Option
+			if credsPath != "" {
+				id, err := decidersFrom(credsPath)
+				if err != nil {
+					return err
+				}
+				opts = append(opts, control.WithDeciders(id))
+			}
+			svc, err := control.Start(n.NC, n.Store, n.Registry, approvals, opts...)
 			if err != nil {
 				return err
 			}
