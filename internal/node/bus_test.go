@@ -238,6 +238,42 @@ func busSuite(t *testing.T, s *served) {
 	t.Run("refused connections", func(t *testing.T) { busRefusals(t, s) })
 	t.Run("revocation closes the connection", func(t *testing.T) { busRevoke(t, s) })
 	t.Run("approvals record the signing operator", func(t *testing.T) { busApprovals(t, s) })
+	t.Run("the audit trail survives its deletion", func(t *testing.T) { auditSurvives(t, s) })
+}
+
+// auditSurvives: an operator deletes AUDIT (only operators may); toolgate
+// creates it again at once, records that it did, and calls keep flowing
+// into it.
+func auditSurvives(t *testing.T, s *served) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ojs, _ := jetstream.New(s.connect(t, 0, s.creds(busauth.RoleOperator)))
+	if err := ojs.DeleteStream(ctx, subjects.StreamAudit); err != nil {
+		t.Fatalf("operator deleting AUDIT: %v", err)
+	}
+	var st jetstream.Stream
+	eventually(t, 5*time.Second, "AUDIT to be back with an audit.recreated event", func() bool {
+		var err error
+		if st, err = ojs.Stream(ctx, subjects.StreamAudit); err != nil {
+			return false
+		}
+		m, err := st.GetLastMsgForSubject(ctx, subjects.AuditEvent(subjects.SystemTenant, "audit.recreated"))
+		return err == nil && strings.Contains(string(m.Data), `"noticed":"deleted"`)
+	})
+	if cfg := st.CachedInfo().Config; !cfg.DenyDelete || !cfg.DenyPurge {
+		t.Fatalf("recreated AUDIT allows deletes or purges: %+v", cfg)
+	}
+	nc, raw := s.agent(t, 1, "demo")
+	ac, _ := client.New(nc)
+	id, err := ac.Invoke(ctx, api.Request{ToolID: "echo", Parameters: json.RawMessage(`{"message":"after"}`),
+		AgentContext: api.AgentContext{AgentDID: "did:agent:demo", TenantID: "demo"}, CapabilityToken: raw}, client.InvokeOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 20*time.Second, "the next call's terminal audit event in the new AUDIT", func() bool {
+		m, err := st.GetLastMsgForSubject(ctx, "audit.demo.tool.succeeded")
+		return err == nil && strings.Contains(string(m.Data), id)
+	})
 }
 
 // busApprovals: a decision is accepted only signed with operator

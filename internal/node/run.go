@@ -84,6 +84,10 @@ type Config struct {
 	// TokenIssuer and TokenAudience are pinned; default "toolgate".
 	TokenIssuer   string
 	TokenAudience string
+	// AuditCheck is how often the AUDIT stream is checked for and created
+	// again when missing (besides when JetStream announces its deletion);
+	// default 10s.
+	AuditCheck time.Duration
 	// ApprovalSweep is how often deadlines of pending approvals are checked.
 	ApprovalSweep time.Duration
 	// ResetSecuritySettings replaces the cluster's recorded security
@@ -195,6 +199,9 @@ func Run(ctx context.Context, c Config) error {
 		return err
 	}
 	if err := checkSecurity(ctx, &c, n, c.ResetSecuritySettings, log); err != nil {
+		return err
+	}
+	if err := n.GuardAudit(runCtx, cmp.Or(c.AuditCheck, 10*time.Second)); err != nil {
 		return err
 	}
 	if gate != nil {
