@@ -61,6 +61,7 @@ type Report struct {
 	Raw       Result
 	Detectors []DetectorCost
 	Authz     []Cost
+	Bus       []BusCost
 	Sandbox   []Cost
 	MCP       []Cost
 }
@@ -103,6 +104,9 @@ func Run(ctx context.Context, o Options) (Report, error) {
 	}
 	if rep.Raw, err = measureRaw(ctx, url, o); err != nil {
 		return rep, fmt.Errorf("raw JetStream: %w", err)
+	}
+	if rep.Bus, err = measureBus(ctx, url, o.Dir, cred); err != nil {
+		return rep, fmt.Errorf("bus authentication: %w", err)
 	}
 	rep.Detectors = measureDetectors()
 	if rep.Sandbox, err = measureSandbox(ctx); err != nil {
@@ -377,6 +381,9 @@ func (r Report) Print(w io.Writer) {
 		ratio(r.Pipeline.Quantile(0.99), r.Raw.Quantile(0.99)), ratio(r.Pipeline.Quantile(1), r.Raw.Quantile(1)))
 	if len(r.Authz) > 0 {
 		printAuthz(w, r.Authz)
+	}
+	if len(r.Bus) > 0 {
+		printBus(w, r.Bus)
 	}
 	if len(r.Detectors) > 0 {
 		printDetectors(w, r.Detectors)
