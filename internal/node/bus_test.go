@@ -610,3 +610,34 @@ func busRevoke(t *testing.T, s *served) {
 		t.Fatal("a revoked token reconnected")
 	}
 }
+
+// TestTokenLeavesTheEnvelopeAfterAuthorize: the hop authorize hands on
+// carries what the token grants, not the token.
+func TestTokenLeavesTheEnvelopeAfterAuthorize(t *testing.T) {
+	e := newEnv(t, topology.TopologyOptions{})
+	e.startPipeline(node.Config{Stages: []string{subjects.Validate, subjects.Authorize}})
+	req := request("sealed", "echo", `{"message":"hi"}`)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if _, err := e.client.Invoke(ctx, req, client.InvokeOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	st, err := e.js.Stream(ctx, subjects.StreamPipeline)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var body []byte
+	eventually(t, 15*time.Second, "authorize to hand the call to route", func() bool {
+		m, err := st.GetLastMsgForSubject(ctx, subjects.Pipe(subjects.Route, "normal", "sealed"))
+		if err == nil {
+			body = m.Data
+		}
+		return err == nil
+	})
+	if strings.Contains(string(body), req.CapabilityToken) || strings.Contains(string(body), `"capability_token"`) {
+		t.Fatalf("the hop to route carries the capability token: %s", body)
+	}
+	if !strings.Contains(string(body), `"authz"`) {
+		t.Fatalf("the hop to route carries no authorization: %s", body)
+	}
+}
