@@ -57,7 +57,15 @@ func (n *Node) GuardAudit(ctx context.Context, interval time.Duration) error {
 			case <-t.C:
 			}
 			if err := n.ensureAudit(ctx, noticed); err != nil && ctx.Err() == nil {
-				n.Log.Error("keeping the audit stream", "err", err)
+				// A cluster may still be removing the deleted stream: try
+				// again soon rather than at the next tick.
+				n.Log.Warn("keeping the audit stream; retrying", "err", err)
+				time.AfterFunc(250*time.Millisecond, func() {
+					select {
+					case kick <- noticed:
+					default:
+					}
+				})
 			}
 		}
 	}()
@@ -78,7 +86,9 @@ func (n *Node) ensureAudit(ctx context.Context, noticed string) error {
 	}
 	if _, err := n.JS.CreateStream(ctx, cfg); err != nil {
 		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-			return nil // another process was first, and records it
+			if _, err := n.JS.Stream(ctx, subjects.StreamAudit); err == nil {
+				return nil // another process was first, and records it
+			}
 		}
 		return fmt.Errorf("creating %s again: %w", subjects.StreamAudit, err)
 	}

@@ -252,12 +252,21 @@ func auditSurvives(t *testing.T, s *served) {
 		t.Fatalf("operator deleting AUDIT: %v", err)
 	}
 	var st jetstream.Stream
-	eventually(t, 5*time.Second, "AUDIT to be back with an audit.recreated event", func() bool {
+	var last error
+	defer func() {
+		if t.Failed() {
+			t.Logf("last lookup error: %v", last)
+		}
+	}()
+	eventually(t, 20*time.Second, "AUDIT to be back with an audit.recreated event", func() bool {
+		cctx, ccancel := context.WithTimeout(ctx, 2*time.Second)
+		defer ccancel()
 		var err error
-		if st, err = ojs.Stream(ctx, subjects.StreamAudit); err != nil {
+		if st, last = ojs.Stream(cctx, subjects.StreamAudit); last != nil {
 			return false
 		}
-		m, err := st.GetLastMsgForSubject(ctx, subjects.AuditEvent(subjects.SystemTenant, "audit.recreated"))
+		m, err := st.GetLastMsgForSubject(cctx, subjects.AuditEvent(subjects.SystemTenant, "audit.recreated"))
+		last = err
 		return err == nil && strings.Contains(string(m.Data), `"noticed":"deleted"`)
 	})
 	if cfg := st.CachedInfo().Config; !cfg.DenyDelete || !cfg.DenyPurge {
@@ -639,5 +648,60 @@ func TestTokenLeavesTheEnvelopeAfterAuthorize(t *testing.T) {
 	}
 	if !strings.Contains(string(body), `"authz"`) {
 		t.Fatalf("the hop to route carries no authorization: %s", body)
+	}
+}
+
+// TestServeMovesAnOpenStore: streams written by a toolgate from before the
+// bus was authenticated (account $G) are found in account TOOLGATE.
+func TestServeMovesAnOpenStore(t *testing.T) {
+	dir := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	old, err := node.StartEmbedded(node.EmbeddedOptions{Listen: "127.0.0.1:-1", DataDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nats.Connect(old.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, _ := jetstream.New(nc)
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: subjects.StreamAudit, Subjects: []string{subjects.AuditAll}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.Publish(ctx, "audit.demo.tool.succeeded", []byte(`{"kept":true}`)); err != nil {
+		t.Fatal(err)
+	}
+	nc.Close()
+	old.Shutdown()
+	old.WaitForShutdown()
+
+	ns, _, err := node.StartSecureEmbedded(node.EmbeddedOptions{Listen: "127.0.0.1:-1", DataDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Shutdown()
+	keys, err := busauth.LoadKeys(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gate, err := node.StartGate("", keys, quietLog(), nats.InProcessServer(ns))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gate.Close()
+	op, err := nats.Connect(ns.ClientURL(), busauth.CredentialsOption(node.CredsPath(dir, busauth.RoleOperator)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer op.Close()
+	ojs, _ := jetstream.New(op)
+	st, err := ojs.Stream(ctx, subjects.StreamAudit)
+	if err != nil {
+		t.Fatalf("AUDIT after the move: %v", err)
+	}
+	m, err := st.GetLastMsgForSubject(ctx, "audit.demo.tool.succeeded")
+	if err != nil || !strings.Contains(string(m.Data), "kept") {
+		t.Fatalf("the old audit event: %v %v", m, err)
 	}
 }
