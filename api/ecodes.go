@@ -88,6 +88,7 @@ const (
 	EApprovalUnknown   = "E3214" // no pending approval with that invocation id
 	EApprovalDecided   = "E3215" // the approval was decided already
 	EAttenuationWidens = "E3216" // a child token would widen its parent
+	EDeciderUnverified = "E3217" // an approval decision not signed by operator credentials
 )
 
 // Resilience codes.

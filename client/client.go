@@ -144,7 +144,7 @@ func DecodeResult(data []byte) (api.Response, error) {
 // Status asks the control service for an invocation's record.
 func (c *Client) Status(ctx context.Context, tenant, id string) (api.Record, error) {
 	var rec api.Record
-	err := c.request(ctx, subjects.SvcStatus, api.StatusRequest{TenantID: tenant, InvocationID: id}, &rec)
+	err := c.request(ctx, subjects.TenantSvc(tenant, subjects.SvcStatus), api.StatusRequest{TenantID: tenant, InvocationID: id}, &rec)
 	return rec, err
 }
 
@@ -170,11 +170,25 @@ func (c *Client) RegisterTool(ctx context.Context, manifest []byte, replace bool
 }
 
 func (c *Client) request(ctx context.Context, subject string, in, out any) error {
+	return c.requestSigned(ctx, subject, in, out, nil)
+}
+
+// Sign returns the headers that prove who sends body on subject (toolgate's
+// busauth.Signer.Sign over a toolgate credentials file).
+type Sign func(subject string, body []byte) (nats.Header, error)
+
+func (c *Client) requestSigned(ctx context.Context, subject string, in, out any, sign Sign) error {
 	body, err := json.Marshal(in)
 	if err != nil {
 		return err
 	}
-	msg, err := c.nc.RequestWithContext(ctx, subject, body)
+	m := &nats.Msg{Subject: subject, Data: body}
+	if sign != nil {
+		if m.Header, err = sign(subject, body); err != nil {
+			return fmt.Errorf("signing the request: %w", err)
+		}
+	}
+	msg, err := c.nc.RequestMsgWithContext(ctx, m)
 	if err != nil {
 		return fmt.Errorf("%s: %w", subject, err)
 	}
@@ -228,8 +242,15 @@ func (c *Client) Tail(ctx context.Context, tenant string, all bool, fn func(subj
 // Decide approves or denies a parked invocation. Of several decisions on
 // one invocation only the first counts; later ones fail with E3215.
 func (c *Client) Decide(ctx context.Context, d api.ApprovalDecision) (api.Approval, error) {
+	return c.DecideSigned(ctx, d, nil)
+}
+
+// DecideSigned is Decide with the request signed by sign: on an
+// authenticated bus toolgate records the signing operator as the decider
+// and refuses unsigned decisions (E3217).
+func (c *Client) DecideSigned(ctx context.Context, d api.ApprovalDecision, sign Sign) (api.Approval, error) {
 	var out api.Approval
-	err := c.request(ctx, subjects.SvcApproval, d, &out)
+	err := c.requestSigned(ctx, subjects.SvcApproval, d, &out, sign)
 	return out, err
 }
 
@@ -237,7 +258,7 @@ func (c *Client) Decide(ctx context.Context, d api.ApprovalDecision) (api.Approv
 // was when the request was recorded.
 func (c *Client) Cancel(ctx context.Context, tenant, id, reason string) (api.Record, error) {
 	var rec api.Record
-	err := c.request(ctx, subjects.SvcCancel, api.CancelRequest{TenantID: tenant, InvocationID: id, Reason: reason}, &rec)
+	err := c.request(ctx, subjects.TenantSvc(tenant, subjects.SvcCancel), api.CancelRequest{TenantID: tenant, InvocationID: id, Reason: reason}, &rec)
 	return rec, err
 }
 

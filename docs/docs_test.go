@@ -20,6 +20,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -147,8 +148,15 @@ func TestCommandBlocks(t *testing.T) {
 			t.Logf("toolgate serve output:\n%s", serveLog.String())
 		}
 	})
+	// The operator's credentials, as serve prints them: every connection to
+	// the bus is authenticated.
+	opJWT := filepath.Join(work, "toolgate-data", "busauth", "operator.jwt")
 	ready := time.Now().Add(60 * time.Second)
 	for {
+		if b, err := os.ReadFile(opJWT); err == nil && !slices.ContainsFunc(env, func(s string) bool { return strings.HasPrefix(s, "NATS_TOKEN=") }) {
+			env = append(env, "NATS_NKEY="+filepath.Join(work, "toolgate-data", "busauth", "operator.nk"),
+				"NATS_TOKEN="+strings.TrimSpace(string(b)))
+		}
 		probe := exec.Command(filepath.Join(bin, "toolgate"), "tools", "list")
 		probe.Dir, probe.Env = work, env
 		_, perr := probe.Output()

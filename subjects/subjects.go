@@ -197,7 +197,16 @@ func MaxDeliveriesAdvisory(in Input) string {
 	return "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES." + in.Stream + "." + in.Consumer
 }
 
-// Control service endpoints (nats micro).
+// StreamDeletedAdvisory is the advisory JetStream publishes when stream is
+// deleted.
+func StreamDeletedAdvisory(stream string) string {
+	return "$JS.EVENT.ADVISORY.STREAM.DELETED." + stream
+}
+
+// Control service endpoints (nats micro). These un-scoped subjects are for
+// toolgate's own account (operators); TenantSvc gives the tenant-scoped
+// subjects of status, cancel, tools.list and tools.get, the only ones
+// agents may call.
 const (
 	ServiceName      = "toolgate"
 	SvcStatus        = "tool.svc.status"

@@ -11,9 +11,11 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/client"
 	"github.com/toolgate/toolgate/internal/breaker"
 	"github.com/toolgate/toolgate/internal/policy"
 	"github.com/toolgate/toolgate/internal/runner"
@@ -212,9 +214,19 @@ func (a *app) approveCmd(approve bool) *cobra.Command {
 				return err
 			}
 			defer closeFn()
-			d, err := c.Decide(cmd.Context(), api.ApprovalDecision{
+			signer, err := a.conn.Signer()
+			if err != nil {
+				return err
+			}
+			var sign client.Sign
+			if signer != nil {
+				sign = func(subject string, body []byte) (nats.Header, error) {
+					return signer.Sign(nil, subject, body, time.Now())
+				}
+			}
+			d, err := c.DecideSigned(cmd.Context(), api.ApprovalDecision{
 				Tenant: tenant, InvocationID: args[0], Approve: approve, DecidedBy: or(by, whoami()), Reason: reason,
-			})
+			}, sign)
 			if err != nil {
 				return err
 			}

@@ -5,12 +5,14 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"github.com/toolgate/toolgate/internal/bench"
+	"github.com/toolgate/toolgate/internal/busauth"
 	"github.com/toolgate/toolgate/internal/node"
 	"github.com/toolgate/toolgate/internal/token"
 	"github.com/toolgate/toolgate/subjects"
@@ -18,6 +20,7 @@ import (
 
 // pipelineFlags are shared by serve and stage.
 func pipelineFlags(fs *pflag.FlagSet, c *node.Config) *string {
+	fs.BoolVar(&c.AuthCallout, "auth-callout", false, "with --nats, also run the bus's auth callout with the keys in <data>/busauth")
 	fs.IntVar(&c.Workers, "workers", 4, "workers per stage")
 	fs.IntVar(&c.TenantInFlight, "tenant-inflight", 0, "most calls of one tenant an execute process runs at once (0: 3/4 of --workers, -1: no limit)")
 	fs.StringVar(&c.MetricsAddr, "metrics-addr", "", "serve Prometheus metrics on this address (/metrics)")
@@ -67,13 +70,14 @@ func (a *app) serveCmd() *cobra.Command {
 		// is where clients look, not what serve runs on.
 		if cmd.Flags().Changed("nats") {
 			c.NATSURL = a.conn.URL
+			c.Creds = a.conn.Creds
 		}
 		c.Embedded.DataDir = a.data
 		c.OTLPEndpoint = orEnv(c.OTLPEndpoint, "OTEL_EXPORTER_OTLP_ENDPOINT")
 		c.Log = logger(a.stderr, *level)
 		if c.Examples {
 			c.Ready = func(url string, n *node.Node) {
-				a.printWelcome(url, c.Stage.BuiltinEnv.FileRoot, n.DevToken, a.data)
+				a.printWelcome(url, c.Stage.BuiltinEnv.FileRoot, n, a.data)
 			}
 		}
 		return node.Run(cmd.Context(), c)
@@ -90,7 +94,7 @@ func orEnv(v, env string) string {
 
 func (a *app) stageCmd() *cobra.Command {
 	var c node.Config
-	names := append(append([]string{}, subjects.Stages...), "control")
+	names := append(append([]string{}, subjects.Stages...), "control", node.AuthCallout)
 	cmd := &cobra.Command{
 		Use:       "stage NAME",
 		Short:     "Run one stage (" + strings.Join(names, ", ") + ") against a NATS server",
@@ -101,7 +105,10 @@ func (a *app) stageCmd() *cobra.Command {
 	level := pipelineFlags(cmd.Flags(), &c)
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
 		c.NATSURL = a.conn.ServerURL()
+		c.Creds = a.conn.Creds
+		c.Embedded.DataDir = a.data
 		c.Stages = []string{args[0]}
+		c.AuthCallout = args[0] == node.AuthCallout
 		c.OTLPEndpoint = orEnv(c.OTLPEndpoint, "OTEL_EXPORTER_OTLP_ENDPOINT")
 		c.Log = logger(a.stderr, *level)
 		return node.Run(cmd.Context(), c)
@@ -144,18 +151,27 @@ func (a *app) benchCmd() *cobra.Command {
 	return cmd
 }
 
-func (a *app) printWelcome(url, root, devToken, dataDir string) {
+func (a *app) printWelcome(url, root string, n *node.Node, dataDir string) {
 	w := a.stdout
 	fmt.Fprintf(w, `
 toolgate is running: NATS at %s, all six stages, example tools registered.
-`, url)
-	if devToken != "" {
+Every connection is authenticated (docs/security.md). The operator's
+credentials are in %s; toolgate and the nats CLI both read:
+
+  export NATS_NKEY=%s NATS_TOKEN="$(cat %s)"
+`, url, filepath.Dir(node.CredsPath(dataDir, busauth.RoleOperator)),
+		filepath.Join(dataDir, busauth.DirName, "operator.nk"), filepath.Join(dataDir, busauth.DirName, "operator.jwt"))
+	if n.DevToken != "" {
 		fmt.Fprintf(w, `
 A development token for tenant %s (agent %s, every tool, 24 h) is in
 %s; toolgate's client commands use it by itself. For other clients:
 
   export TOOLGATE_TOKEN=$(cat %s)
-`, node.DevTenant, node.DevAgent, node.DevTokenPath(dataDir), node.DevTokenPath(dataDir))
+
+An agent connects with it as its NATS token and inbox prefix %s:
+
+  nats --token "$TOOLGATE_TOKEN" --inbox-prefix %s ...
+`, node.DevTenant, node.DevAgent, node.DevTokenPath(dataDir), node.DevTokenPath(dataDir), n.DevInboxPrefix, n.DevInboxPrefix)
 	}
 	fmt.Fprintf(w, `
 In another terminal:

@@ -61,6 +61,7 @@ type Report struct {
 	Raw       Result
 	Detectors []DetectorCost
 	Authz     []Cost
+	Bus       []BusCost
 	Sandbox   []Cost
 	MCP       []Cost
 	Noisy     *Noisy
@@ -110,6 +111,9 @@ func Run(ctx context.Context, o Options) (Report, error) {
 		return rep, fmt.Errorf("noisy neighbour: %w", err)
 	}
 	rep.Noisy = &noisy
+	if rep.Bus, err = measureBus(ctx, url, o.Dir, cred); err != nil {
+		return rep, fmt.Errorf("bus authentication: %w", err)
+	}
 	rep.Detectors = measureDetectors()
 	if rep.Sandbox, err = measureSandbox(ctx); err != nil {
 		return rep, fmt.Errorf("sandbox: %w", err)
@@ -386,6 +390,9 @@ func (r Report) Print(w io.Writer) {
 	}
 	if len(r.Authz) > 0 {
 		printAuthz(w, r.Authz)
+	}
+	if len(r.Bus) > 0 {
+		printBus(w, r.Bus)
 	}
 	if len(r.Detectors) > 0 {
 		printDetectors(w, r.Detectors)

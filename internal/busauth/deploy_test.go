@@ -8,6 +8,8 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"errors"
+	"io"
 	"math/big"
 	"net"
 	"os"
@@ -17,6 +19,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"go.yaml.in/yaml/v3"
 )
 
 // TestDeployConfigs loads the shipped server configurations with a
@@ -100,5 +103,102 @@ func writeTestCerts(t *testing.T, dir string) {
 		if err := os.WriteFile(filepath.Join(dir, name), pem.EncodeToMemory(blk), 0o600); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// TestKubernetesMountsCredentials: every toolgate Deployment connects with
+// credentials mounted from a Secret (NATS_CREDS, which --creds defaults to),
+// and only the auth callout's pods hold the deployment's keys.
+func TestKubernetesMountsCredentials(t *testing.T) {
+	f, err := os.Open(filepath.Join("..", "..", "deploy", "kubernetes", "toolgate.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	type volume struct {
+		Name   string `yaml:"name"`
+		Secret *struct {
+			SecretName string `yaml:"secretName"`
+		} `yaml:"secret"`
+	}
+	type doc struct {
+		Kind     string                `yaml:"kind"`
+		Metadata struct{ Name string } `yaml:"metadata"`
+		Data     map[string]string     `yaml:"data"`
+		Spec     struct {
+			Template struct {
+				Spec struct {
+					Containers []struct {
+						Env []struct {
+							Name  string `yaml:"name"`
+							Value string `yaml:"value"`
+						} `yaml:"env"`
+						VolumeMounts []struct {
+							Name      string `yaml:"name"`
+							MountPath string `yaml:"mountPath"`
+						} `yaml:"volumeMounts"`
+					} `yaml:"containers"`
+					Volumes []volume `yaml:"volumes"`
+				} `yaml:"spec"`
+			} `yaml:"template"`
+		} `yaml:"spec"`
+	}
+	dec := yaml.NewDecoder(f)
+	var docs []doc
+	for {
+		var d doc
+		if err := dec.Decode(&d); err != nil {
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			t.Fatal(err)
+		}
+		docs = append(docs, d)
+	}
+	credsEnv := ""
+	for _, d := range docs {
+		if d.Kind == "ConfigMap" {
+			credsEnv = d.Data["NATS_CREDS"]
+		}
+	}
+	if credsEnv == "" {
+		t.Fatal("the ConfigMap sets no NATS_CREDS")
+	}
+	n := 0
+	for _, d := range docs {
+		if d.Kind != "Deployment" {
+			continue
+		}
+		n++
+		t.Run(d.Metadata.Name, func(t *testing.T) {
+			c := d.Spec.Template.Spec.Containers[0]
+			creds := credsEnv
+			for _, e := range c.Env {
+				if e.Name == "NATS_CREDS" {
+					creds = e.Value
+				}
+			}
+			secrets := map[string]string{}
+			for _, v := range d.Spec.Template.Spec.Volumes {
+				if v.Secret != nil {
+					secrets[v.Name] = v.Secret.SecretName
+				}
+			}
+			mounted := ""
+			for _, m := range c.VolumeMounts {
+				if strings.HasPrefix(creds, strings.TrimSuffix(m.MountPath, "/")+"/") {
+					mounted = secrets[m.Name]
+				}
+				if secrets[m.Name] == "toolgate-bus-keys" && d.Metadata.Name != "toolgate-authcallout" {
+					t.Errorf("mounts the deployment's bus keys")
+				}
+			}
+			if mounted == "" {
+				t.Errorf("credentials %s are not mounted from a Secret", creds)
+			}
+		})
+	}
+	if n < 8 {
+		t.Fatalf("%d Deployments, want the six stages, control and the auth callout", n)
 	}
 }

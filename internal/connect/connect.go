@@ -242,3 +242,27 @@ func (o *Options) Connect() (*nats.Conn, error) {
 	}
 	return nc, nil
 }
+
+// Signer signs requests with the operator credentials these settings
+// connect with, so toolgate can tell which operator sent a request (approval
+// decisions); nil when they name none.
+func (o *Options) Signer() (*busauth.Signer, error) {
+	creds := o.Creds
+	if creds == "" && o.Nkey == "" && o.NATSToken == "" && o.Token == "" && o.Context == "" {
+		creds = o.LocalCreds
+	}
+	switch {
+	case creds != "":
+		b, err := os.ReadFile(creds)
+		if err != nil {
+			return nil, fmt.Errorf("--creds: %w", err)
+		}
+		if !IsToolgateCreds(b) {
+			return nil, nil
+		}
+		return busauth.SignerFromCreds(creds)
+	case o.Nkey != "" && o.NATSToken != "":
+		return busauth.SignerFromParts(o.Nkey, o.NATSToken)
+	}
+	return nil, nil
+}

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"sort"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -23,12 +24,14 @@ import (
 	"github.com/toolgate/toolgate/subjects"
 )
 
-// Version is the control API version.
-const Version = "1.0.0"
+// Version is the control API version. 1.1: tenant-scoped endpoints
+// tool.svc.<tenant>.status|cancel|tools.list|tools.get, the ones agents may
+// call; the un-scoped ones are for toolgate's own account (operators).
+const Version = "1.1.0"
 
 // Start adds the service to nc. Stop it with the returned service's Stop.
 // approvals may be nil: the approval endpoint then is not served.
-func Start(nc *nats.Conn, store *kvstore.Store, reg *tools.Registry, approvals *approval.Service) (micro.Service, error) {
+func Start(nc *nats.Conn, store *kvstore.Store, reg *tools.Registry, approvals *approval.Service, opts ...Option) (micro.Service, error) {
 	svc, err := micro.AddService(nc, micro.Config{
 		Name: subjects.ServiceName, Version: Version,
 		Description: "toolgate control: invocation status and the tool registry",
@@ -41,6 +44,9 @@ func Start(nc *nats.Conn, store *kvstore.Store, reg *tools.Registry, approvals *
 		return nil, err
 	}
 	h := &handlers{nc: nc, js: js, store: store, reg: reg, approvals: approvals}
+	for _, o := range opts {
+		o(h)
+	}
 	eps := []struct {
 		name, subject string
 		fn            micro.HandlerFunc
@@ -61,6 +67,28 @@ func Start(nc *nats.Conn, store *kvstore.Store, reg *tools.Registry, approvals *
 			name, subject string
 			fn            micro.HandlerFunc
 		}{"cancel", subjects.SvcCancel, h.cancel})
+	}
+	// Tenant-scoped endpoints, tool.svc.<tenant>.<endpoint>: the ones the
+	// bus lets an agent call, for its own tenant only.
+	scoped := []struct {
+		name, svc string
+		fn        func(tenant string, req micro.Request)
+	}{
+		{"tenant-status", subjects.SvcStatus, h.tenantStatus},
+		{"tenant-tools-list", subjects.SvcToolsList, func(_ string, req micro.Request) { h.list(req) }},
+		{"tenant-tools-get", subjects.SvcToolsGet, func(_ string, req micro.Request) { h.get(req) }},
+	}
+	if approvals != nil {
+		scoped = append(scoped, struct {
+			name, svc string
+			fn        func(tenant string, req micro.Request)
+		}{"tenant-cancel", subjects.SvcCancel, h.tenantCancel})
+	}
+	for _, ep := range scoped {
+		eps = append(eps, struct {
+			name, subject string
+			fn            micro.HandlerFunc
+		}{ep.name, subjects.TenantSvc("*", ep.svc), h.scoped(ep.fn)})
 	}
 	for _, ep := range eps {
 		if err := svc.AddEndpoint(ep.name, ep.fn, micro.WithEndpointSubject(ep.subject)); err != nil {
@@ -89,7 +117,21 @@ type store interface {
 
 var _ store = (*kvstore.Store)(nil)
 
+// Option configures the service.
+type Option func(*handlers)
+
+// Identify names who sent a request from its subject, headers and body
+// (a signed request, busauth.RequestVerifier), or refuses it.
+type Identify func(subject string, h nats.Header, body []byte) (string, error)
+
+// WithDeciders makes the approval endpoint record the identity id returns
+// as the decider, never the body's decided_by, and refuse requests id
+// refuses (E3217). Without it (a bus without authentication) the body's
+// decided_by is recorded.
+func WithDeciders(id Identify) Option { return func(h *handlers) { h.identify = id } }
+
 type handlers struct {
+	identify  Identify
 	nc        *nats.Conn
 	js        jetstream.JetStream
 	store     store
@@ -114,7 +156,29 @@ func (h *handlers) cancel(req micro.Request) {
 			`expected {"tenant_id":…, "invocation_id":…, "reason":…}`))
 		return
 	}
-	if err := badTenant(r.TenantID); err != nil {
+	h.doCancel(req, r)
+}
+
+// tenantCancel is cancel on tool.svc.<tenant>.cancel: the tenant is the
+// subject's, and who asked is the caller the server names.
+func (h *handlers) tenantCancel(tenant string, req micro.Request) {
+	var r api.CancelRequest
+	if err := decode(req.Data(), &r); err != nil || r.InvocationID == "" {
+		respondError(req, api.NewError(api.InvalidParameters, api.ERequestInvalid,
+			`expected {"invocation_id":…, "reason":…}`))
+		return
+	}
+	if !sameTenant(req, tenant, &r.TenantID) {
+		return
+	}
+	if caller := callerOf(req); caller != "" {
+		r.RequestedBy = caller
+	}
+	h.doCancel(req, r)
+}
+
+func (h *handlers) doCancel(req micro.Request, r api.CancelRequest) {
+	if err := checkNames(r.TenantID, r.InvocationID); err != nil {
 		respondError(req, err)
 		return
 	}
@@ -178,6 +242,19 @@ func (h *handlers) decide(req micro.Request) {
 			`expected {"tenant_id":…, "invocation_id":…, "approve":true, "decided_by":…, "reason":…}`))
 		return
 	}
+	if h.identify != nil {
+		who, err := h.identify(req.Subject(), nats.Header(req.Headers()), req.Data())
+		if err != nil {
+			respondError(req, api.WrapError(err, api.PermissionDenied, api.EDeciderUnverified,
+				"a decision must be signed with operator credentials: %v", err))
+			return
+		}
+		d.DecidedBy = who
+	}
+	if err := checkNames(d.Tenant, d.InvocationID); err != nil {
+		respondError(req, err)
+		return
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	a, err := h.approvals.Decide(ctx, d)
@@ -196,7 +273,25 @@ func (h *handlers) status(req micro.Request) {
 			"expected {\"tenant_id\":…, \"invocation_id\":…}"))
 		return
 	}
-	if err := badTenant(r.TenantID); err != nil {
+	h.doStatus(req, r)
+}
+
+// tenantStatus is status on tool.svc.<tenant>.status.
+func (h *handlers) tenantStatus(tenant string, req micro.Request) {
+	var r api.StatusRequest
+	if err := decode(req.Data(), &r); err != nil || r.InvocationID == "" {
+		respondError(req, api.NewError(api.InvalidParameters, api.ERequestInvalid,
+			"expected {\"invocation_id\":…}"))
+		return
+	}
+	if !sameTenant(req, tenant, &r.TenantID) {
+		return
+	}
+	h.doStatus(req, r)
+}
+
+func (h *handlers) doStatus(req micro.Request, r api.StatusRequest) {
+	if err := checkNames(r.TenantID, r.InvocationID); err != nil {
 		respondError(req, err)
 		return
 	}
@@ -275,6 +370,68 @@ func (h *handlers) register(req micro.Request) {
 	_ = req.RespondJSON(api.ToolRequest{ToolID: m.ID, Version: m.Version})
 }
 
+// scoped serves a tenant-scoped endpoint, tool.svc.<tenant>.<endpoint>:
+// the tenant is the subject's. The bus lets an agent publish only on its own
+// tenant's subjects, so the subject, never the body, says whose data it is.
+func (h *handlers) scoped(fn func(tenant string, req micro.Request)) micro.HandlerFunc {
+	return func(req micro.Request) {
+		parts := strings.SplitN(req.Subject(), ".", 4)
+		if len(parts) < 4 {
+			respondError(req, api.NewError(api.InvalidParameters, api.ERequestInvalid, "no tenant in subject %q", req.Subject()))
+			return
+		}
+		if err := subjects.CheckTenant(parts[2]); err != nil {
+			respondError(req, api.WrapError(err, api.InvalidParameters, api.EInvalidName, "%v", err))
+			return
+		}
+		fn(parts[2], req)
+	}
+}
+
+// sameTenant fills an empty body tenant with the subject's, and refuses a
+// body naming another tenant (E3014).
+func sameTenant(req micro.Request, tenant string, body *string) bool {
+	if *body != "" && *body != tenant {
+		respondError(req, api.NewError(api.PermissionDenied, api.ETenantMismatch,
+			"the request names tenant %q on tenant %q's endpoint", *body, tenant))
+		return false
+	}
+	*body = tenant
+	return true
+}
+
+// checkNames refuses a tenant or invocation id that cannot name a key (E3019).
+func checkNames(tenant, id string) error {
+	if err := subjects.CheckTenant(tenant); err != nil {
+		return api.WrapError(err, api.InvalidParameters, api.EInvalidName, "%v", err)
+	}
+	if err := subjects.CheckID(id); err != nil {
+		return api.WrapError(err, api.InvalidParameters, api.EInvalidName, "%v", err)
+	}
+	return nil
+}
+
+// callerOf is the caller the server names in a cross-account request's
+// Nats-Request-Info header (agents: "agent:<tenant>:<token id>"), or "".
+// Within toolgate's own account the header is the client's to write, so
+// only requests from another account (acc != the service's) are believed.
+func callerOf(req micro.Request) string {
+	var info struct {
+		Account string `json:"acc"`
+		User    string `json:"user"`
+	}
+	if json.Unmarshal([]byte(req.Headers().Get("Nats-Request-Info")), &info) != nil || info.User == "" {
+		return ""
+	}
+	if info.Account == "" || info.Account == ownAccount {
+		return ""
+	}
+	return info.User
+}
+
+// ownAccount is the account toolgate's processes live in (busauth.AccountToolgate).
+const ownAccount = "TOOLGATE"
+
 func decode(b []byte, v any) error {
 	if len(b) == 0 {
 		return errors.New("empty request")
@@ -296,13 +453,4 @@ func respondError(req micro.Request, err error) {
 		code = api.Number(api.EInternal)
 	}
 	_ = req.Error(strconv.Itoa(code), te.Error(), body)
-}
-
-// badTenant refuses a tenant ingest would refuse (subjects.CheckTenant), with
-// the code ingest uses (E3019).
-func badTenant(tenant string) error {
-	if err := subjects.CheckTenant(tenant); err != nil {
-		return api.WrapError(err, api.InvalidParameters, api.EInvalidName, "%v", err).WithDetail("tenant", tenant)
-	}
-	return nil
 }

@@ -27,11 +27,12 @@ type EmbeddedOptions struct {
 }
 
 // StartEmbedded starts a NATS server with JetStream in this process and waits
-// until it accepts connections.
+// until it accepts connections. It has no authentication: it is for tests
+// of what lies behind the bus; serve uses StartSecureEmbedded.
 func StartEmbedded(o EmbeddedOptions) (*server.Server, error) {
-	host, portStr, err := net.SplitHostPort(o.Listen)
+	host, portStr, err := splitListen(o.Listen)
 	if err != nil {
-		return nil, fmt.Errorf("listen address %q: %w", o.Listen, err)
+		return nil, err
 	}
 	port, err := strconv.Atoi(portStr)
 	if err != nil {
@@ -62,4 +63,12 @@ func StartEmbedded(o EmbeddedOptions) (*server.Server, error) {
 		return nil, fmt.Errorf("embedded NATS did not start listening on %s", o.Listen)
 	}
 	return ns, nil
+}
+
+func splitListen(listen string) (host, port string, err error) {
+	host, port, err = net.SplitHostPort(listen)
+	if err != nil {
+		return "", "", fmt.Errorf("listen address %q: %w", listen, err)
+	}
+	return host, port, nil
 }

@@ -52,6 +52,9 @@ type Node struct {
 	Log      *slog.Logger
 	// DevToken is the development token minted by Run with Examples.
 	DevToken string
+	// DevInboxPrefix is the inbox prefix an agent connected with DevToken
+	// must use (busauth.InboxPrefix).
+	DevInboxPrefix string
 
 	lost    chan struct{} // closed when the connection closes for good, unless by Close
 	closing atomic.Bool
@@ -73,7 +76,7 @@ func (n *Node) Lost() <-chan struct{} { return n.lost }
 // Open connects to url and makes the topology ready, waiting with backoff
 // until ctx is done for a server or topology that is not there yet. The
 // registry stays in step with the tools bucket until ctx is done.
-func Open(ctx context.Context, url, name string, topo topology.TopologyOptions, log *slog.Logger) (*Node, error) {
+func Open(ctx context.Context, url, name string, topo topology.TopologyOptions, log *slog.Logger, opts ...nats.Option) (*Node, error) {
 	if log == nil {
 		log = slog.Default()
 	}
@@ -82,13 +85,13 @@ func Open(ctx context.Context, url, name string, topo topology.TopologyOptions, 
 	var ready sync.WaitGroup
 	ready.Add(1)
 	// A server that is not up yet is waited for, like a missing topology.
-	nc, err := nats.Connect(url, nats.Name(name), nats.MaxReconnects(-1), nats.RetryOnFailedConnect(true),
+	nc, err := nats.Connect(url, append([]nats.Option{nats.Name(name), nats.MaxReconnects(-1), nats.RetryOnFailedConnect(true),
 		nats.ClosedHandler(func(*nats.Conn) {
 			ready.Wait()
 			if n == nil || !n.closing.Load() {
 				close(lost)
 			}
-		}))
+		})}, opts...)...)
 	if err != nil {
 		ready.Done()
 		return nil, fmt.Errorf("connecting to %s: %w", url, err)

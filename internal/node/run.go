@@ -14,10 +14,12 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/toolgate/toolgate/internal/approval"
+	"github.com/toolgate/toolgate/internal/busauth"
 	"github.com/toolgate/toolgate/internal/control"
 	"github.com/toolgate/toolgate/internal/detect"
 	"github.com/toolgate/toolgate/internal/policy"
@@ -36,11 +38,24 @@ import (
 // Control is the pseudo-stage name of the control services.
 const Control = "control"
 
+// AuthCallout is the pseudo-stage name of the bus's auth callout alone
+// (Config.AuthCallout, for external servers).
+const AuthCallout = "authcallout"
+
 // Config configures Run.
 type Config struct {
-	// NATSURL is the server to use; empty starts an embedded one.
-	NATSURL  string
-	Embedded EmbeddedOptions
+	// NATSURL is the server to use; empty starts an embedded one, always
+	// with bus authentication (docs/security.md).
+	NATSURL string
+	// Creds is the credentials file (busauth.IssueCredentials) this process
+	// connects to NATSURL with; default: the worker.creds serve wrote in
+	// Embedded.DataDir/busauth, when it is there.
+	Creds string
+	// AuthCallout runs the bus's auth callout against NATSURL too, with
+	// the keys in Embedded.DataDir/busauth (as the embedded server does);
+	// several instances share the work in a queue group.
+	AuthCallout bool
+	Embedded    EmbeddedOptions
 	// Stages to run: stage names and Control. Empty means all of them.
 	Stages []string
 	// Workers per stage.
@@ -76,6 +91,10 @@ type Config struct {
 	// TokenMaxLifetime bounds a capability token's exp − iat; zero is
 	// token.DefaultMaxLifetime.
 	TokenMaxLifetime time.Duration
+	// AuditCheck is how often the AUDIT stream is checked for and created
+	// again when missing (besides when JetStream announces its deletion);
+	// default 10s.
+	AuditCheck time.Duration
 	// ApprovalSweep is how often deadlines of pending approvals are checked.
 	ApprovalSweep time.Duration
 	// ResetSecuritySettings replaces the cluster's recorded security
@@ -104,8 +123,11 @@ func Run(ctx context.Context, c Config) error {
 		return err
 	}
 	url := c.NATSURL
+	var gate *Gate
+	var connOpts []nats.Option
+	var credsPath string // the credentials this process connects with
 	if url == "" {
-		ns, err := StartEmbedded(c.Embedded)
+		ns, keys, err := StartSecureEmbedded(c.Embedded)
 		if err != nil {
 			return err
 		}
@@ -114,7 +136,34 @@ func Run(ctx context.Context, c Config) error {
 			ns.WaitForShutdown()
 		}()
 		url = ns.ClientURL()
+		if gate, err = StartGate("", keys, log, nats.InProcessServer(ns)); err != nil {
+			return err
+		}
+		defer gate.Close()
+		credsPath = CredsPath(c.Embedded.DataDir, busauth.RoleWorker)
+		connOpts = append(connOpts, nats.InProcessServer(ns), busauth.CredentialsOption(credsPath))
 		log.Info("embedded NATS started", "url", url, "data", c.Embedded.DataDir)
+	} else {
+		creds := c.Creds
+		if def := CredsPath(c.Embedded.DataDir, busauth.RoleWorker); creds == "" && c.Embedded.DataDir != "" {
+			if _, err := os.Stat(def); err == nil {
+				creds = def
+			}
+		}
+		if creds != "" {
+			credsPath = creds
+			connOpts = append(connOpts, busauth.CredentialsOption(creds))
+		}
+		if c.AuthCallout {
+			keys, err := busauth.LoadKeys(c.Embedded.DataDir)
+			if err != nil {
+				return fmt.Errorf("auth callout: %w", err)
+			}
+			if gate, err = StartGate(url, keys, log); err != nil {
+				return err
+			}
+			defer gate.Close()
+		}
 	}
 	if c.OTLPEndpoint != "" {
 		shutdown, err := setupTracing(ctx, c.OTLPEndpoint)
@@ -132,7 +181,7 @@ func Run(ctx context.Context, c Config) error {
 	defer cancel()
 	// A signal while waiting for the topology stops the wait: nothing runs yet.
 	stopWaiting := context.AfterFunc(ctx, cancel)
-	n, err := Open(runCtx, url, "toolgate", c.Topology, log)
+	n, err := Open(runCtx, url, "toolgate", c.Topology, log, connOpts...)
 	stopWaiting()
 	if err != nil {
 		return err
@@ -159,6 +208,18 @@ func Run(ctx context.Context, c Config) error {
 	if err := checkSecurity(ctx, &c, n, c.ResetSecuritySettings, log); err != nil {
 		return err
 	}
+	if err := n.GuardAudit(runCtx, cmp.Or(c.AuditCheck, 10*time.Second)); err != nil {
+		return err
+	}
+	if gate != nil {
+		v := c.Stage.Tokens
+		if v == nil {
+			v = &token.Verifier{Keys: token.StaticKeys{}} // no key set: every agent refused
+		}
+		if err := gate.Attach(runCtx, v, n); err != nil {
+			return err
+		}
+	}
 	if c.PolicyPath != "" && c.Stage.Policy == nil {
 		if c.Stage.Policy, err = loadPolicy(ctx, c.PolicyPath); err != nil {
 			return err
@@ -181,8 +242,19 @@ func Run(ctx context.Context, c Config) error {
 	approvals := &approval.Service{Store: n.Store, JS: n.JS, Log: log}
 	var runners []*runner.Runner
 	for _, name := range c.Stages {
+		if name == AuthCallout {
+			continue
+		}
 		if name == Control {
-			svc, err := control.Start(n.NC, n.Store, n.Registry, approvals)
+			var opts []control.Option
+			if credsPath != "" {
+				id, err := decidersFrom(credsPath)
+				if err != nil {
+					return err
+				}
+				opts = append(opts, control.WithDeciders(id))
+			}
+			svc, err := control.Start(n.NC, n.Store, n.Registry, approvals, opts...)
 			if err != nil {
 				return err
 			}
@@ -269,6 +341,9 @@ func setupTokens(ctx context.Context, c *Config, n *Node, log *slog.Logger, bg *
 		}
 		n.DevToken = raw
 		c.Stage.Tokens = &token.Verifier{Keys: token.StaticKeys{Set: k.KeySet()}, Issuer: iss, Audience: aud, Leeway: TokenLeeway, MaxLifetime: c.TokenMaxLifetime}
+		if cl, err := c.Stage.Tokens.Verify(raw); err == nil {
+			n.DevInboxPrefix = busauth.InboxPrefix(cl.TenantID, cl.ID)
+		}
 		log.Info("development signing key in use: not for production", "dir", dir)
 	}
 	return nil

@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/client"
+	"github.com/toolgate/toolgate/internal/busauth"
 	"github.com/toolgate/toolgate/internal/node"
 	"github.com/toolgate/toolgate/internal/sandbox"
 	"github.com/toolgate/toolgate/internal/topology"
@@ -113,7 +114,12 @@ func TestMakeRunLayout(t *testing.T) {
 	if _, err := os.Stat("toolgate-data/dev-signing-key.jwk"); err != nil {
 		t.Fatalf("development key: %v", err)
 	}
-	nc, err := nats.Connect(url)
+	// The embedded bus admits no one without credentials.
+	if anon, err := nats.Connect(url); err == nil {
+		anon.Close()
+		t.Fatal("serve's embedded server admitted an anonymous client")
+	}
+	nc, err := nats.Connect(url, busauth.CredentialsOption(node.CredsPath("toolgate-data", busauth.RoleOperator)))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -229,6 +229,10 @@ func (a *Authorizer) Process(ctx context.Context, inv *envelope.Invocation) ([]s
 	if hasApproval && approval.State == kvstore.ApprovalApproved {
 		inv.Authz.ApprovedBy = approval.DecidedBy
 	}
+	// Past this stage the token has done its work: what it grants is in
+	// inv.Authz. The raw token leaves the envelope, so no later hop, stream
+	// or record carries a credential an agent could reuse.
+	req.CapabilityToken = ""
 	return nil, nil
 }
 

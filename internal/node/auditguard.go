@@ -1,0 +1,112 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/cloudevents/sdk-go/v2/event"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/toolgate/toolgate/internal/envelope"
+	"github.com/toolgate/toolgate/internal/runner"
+	"github.com/toolgate/toolgate/internal/topology"
+	"github.com/toolgate/toolgate/subjects"
+)
+
+// TypeAuditRecreated is the audit event of an AUDIT stream toolgate found
+// missing and created again, on audit._system.audit.recreated.
+const TypeAuditRecreated = "ai.agent.audit.recreated"
+
+// AuditRecreated is the data of an audit.recreated event.
+type AuditRecreated struct {
+	Stream string `json:"stream"`
+	// Why it was looked at: "deleted" (the stream-deleted advisory) or
+	// "missing" (the periodic check).
+	Noticed string `json:"noticed"`
+}
+
+// GuardAudit keeps the audit trail's stream in place until ctx ends: when
+// JetStream announces AUDIT deleted, and every interval, it creates the
+// stream again if it is missing and records that it did. Only the operator
+// role may delete AUDIT; this covers an operator's mistake. The pipeline
+// does not wait for it: the audit stage's publishes fail and are retried
+// until the stream is back.
+func (n *Node) GuardAudit(ctx context.Context, interval time.Duration) error {
+	kick := make(chan string, 1)
+	sub, err := n.NC.Subscribe(subjects.StreamDeletedAdvisory(subjects.StreamAudit), func(*nats.Msg) {
+		select {
+		case kick <- "deleted":
+		default:
+		}
+	})
+	if err != nil {
+		return fmt.Errorf("watching the audit stream: %w", err)
+	}
+	go func() {
+		defer func() { _ = sub.Unsubscribe() }()
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		for {
+			noticed := "missing"
+			select {
+			case <-ctx.Done():
+				return
+			case noticed = <-kick:
+			case <-t.C:
+			}
+			if err := n.ensureAudit(ctx, noticed); err != nil && ctx.Err() == nil {
+				// A cluster may still be removing the deleted stream: try
+				// again soon rather than at the next tick.
+				n.Log.Warn("keeping the audit stream; retrying", "err", err)
+				time.AfterFunc(250*time.Millisecond, func() {
+					select {
+					case kick <- noticed:
+					default:
+					}
+				})
+			}
+		}
+	}()
+	return nil
+}
+
+func (n *Node) ensureAudit(ctx context.Context, noticed string) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, err := n.JS.Stream(ctx, subjects.StreamAudit); !errors.Is(err, jetstream.ErrStreamNotFound) {
+		return err
+	}
+	var cfg jetstream.StreamConfig
+	for _, c := range topology.Streams(n.Topology) {
+		if c.Name == subjects.StreamAudit {
+			cfg = c
+		}
+	}
+	if _, err := n.JS.CreateStream(ctx, cfg); err != nil {
+		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+			if _, err := n.JS.Stream(ctx, subjects.StreamAudit); err == nil {
+				return nil // another process was first, and records it
+			}
+		}
+		return fmt.Errorf("creating %s again: %w", subjects.StreamAudit, err)
+	}
+	n.Log.Warn("the audit stream was missing and is created again", "noticed", noticed)
+	now := time.Now().UTC()
+	e := event.New()
+	e.SetID(fmt.Sprintf("audit-recreated-%d", now.UnixNano()))
+	e.SetSource("urn:toolgate:node")
+	e.SetType(TypeAuditRecreated)
+	e.SetTime(now)
+	if err := e.SetData(event.ApplicationJSON, AuditRecreated{Stream: subjects.StreamAudit, Noticed: noticed}); err != nil {
+		return err
+	}
+	o, err := runner.EventOutput(subjects.AuditEvent(subjects.SystemTenant, envelope.SubjectSuffix(TypeAuditRecreated)), &e)
+	if err != nil {
+		return err
+	}
+	m := &nats.Msg{Subject: o.Subject, Header: o.Header, Data: o.Data}
+	_, err = n.JS.PublishMsg(ctx, m, jetstream.WithMsgID(o.MsgID))
+	return err
+}

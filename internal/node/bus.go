@@ -1,0 +1,270 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/cloudevents/sdk-go/v2/event"
+	gjwt "github.com/golang-jwt/jwt/v5"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/busauth"
+	"github.com/toolgate/toolgate/internal/control"
+	"github.com/toolgate/toolgate/internal/envelope"
+	"github.com/toolgate/toolgate/internal/runner"
+	"github.com/toolgate/toolgate/internal/token"
+	"github.com/toolgate/toolgate/subjects"
+)
+
+// TypeBusRefused is the audit event of a refused bus connection, on
+// audit._system.bus.refused.
+const TypeBusRefused = "ai.agent.bus.refused"
+
+// StartSecureEmbedded starts the embedded NATS server with bus
+// authentication: it makes sure DataDir/busauth holds the deployment's keys
+// and credentials (busauth.WriteCredentials), and configures the server
+// with the auth callout and no anonymous access. Start a Gate on it before
+// any other client connects. A JetStream store written by an earlier,
+// unauthenticated toolgate (account $G) is moved to account TOOLGATE.
+func StartSecureEmbedded(o EmbeddedOptions) (*server.Server, *busauth.Keys, error) {
+	if o.DataDir == "" {
+		return nil, nil, errors.New("embedded NATS needs a data directory for its store and credentials")
+	}
+	host, portStr, err := splitListen(o.Listen)
+	if err != nil {
+		return nil, nil, err
+	}
+	port, err := strconv.Atoi(portStr)
+	if err != nil {
+		return nil, nil, fmt.Errorf("listen port %q: %w", portStr, err)
+	}
+	keys, err := busauth.WriteCredentials(o.DataDir)
+	if err != nil {
+		return nil, nil, fmt.Errorf("bus credentials: %w", err)
+	}
+	if err := migrateGlobalAccount(o.DataDir); err != nil {
+		return nil, nil, err
+	}
+	opts, err := busauth.EmbeddedOptions(keys, busauth.ServerSettings{
+		Name: "toolgate", Host: host, Port: port, StoreDir: o.DataDir, MaxPayload: o.MaxPayload,
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	opts.NoLog = !o.Logging
+	ns, err := server.NewServer(opts)
+	if err != nil {
+		return nil, nil, fmt.Errorf("configuring embedded NATS: %w", err)
+	}
+	if o.Logging {
+		ns.ConfigureLogger()
+	}
+	ns.Start()
+	if !ns.ReadyForConnections(10 * time.Second) {
+		ns.Shutdown()
+		return nil, nil, fmt.Errorf("embedded NATS did not start listening on %s", o.Listen)
+	}
+	return ns, keys, nil
+}
+
+// migrateGlobalAccount renames the store of the global account ($G), where
+// toolgate's streams lived before the bus was authenticated, to account
+// TOOLGATE's, unless that one exists already.
+func migrateGlobalAccount(dataDir string) error {
+	js := filepath.Join(dataDir, "jetstream")
+	old, tg := filepath.Join(js, server.DEFAULT_GLOBAL_ACCOUNT), filepath.Join(js, busauth.AccountToolgate)
+	if _, err := os.Stat(old); err != nil {
+		return nil
+	}
+	if _, err := os.Stat(tg); err == nil {
+		return nil
+	}
+	if err := os.Rename(old, tg); err != nil {
+		return fmt.Errorf("moving the unauthenticated store to account %s: %w", busauth.AccountToolgate, err)
+	}
+	return nil
+}
+
+// CredsPath is where serve writes a role's credentials in dataDir.
+func CredsPath(dataDir string, role busauth.Role) string {
+	f := busauth.WorkerCredsFile
+	if role == busauth.RoleOperator {
+		f = busauth.OperatorCredsFile
+	}
+	return filepath.Join(dataDir, busauth.DirName, f)
+}
+
+// Gate is the bus's auth callout as run by toolgate: it verifies agents'
+// capability tokens exactly as authorize does, records refusals in the
+// audit trail, and closes the connections of revoked tokens.
+type Gate struct {
+	Callout  *busauth.Callout
+	verifier connectVerifier
+	auditor  *refusalAuditor
+	conns    []*nats.Conn
+}
+
+// StartGate starts the callout on a server: through opts (the server's URL
+// or nats.InProcessServer), authenticated as the deployment's callout and
+// system users. Until Attach supplies the token verifier and the node, agent
+// connections are refused (workers and operators are not).
+func StartGate(url string, keys *busauth.Keys, log *slog.Logger, opts ...nats.Option) (*Gate, error) {
+	g := &Gate{auditor: &refusalAuditor{log: log}}
+	sys, err := nats.Connect(url, append([]nats.Option{nats.Name("toolgate-kicker"), keys.SystemConnectOption(), nats.MaxReconnects(-1)}, opts...)...)
+	if err != nil {
+		return nil, fmt.Errorf("system connection: %w", err)
+	}
+	g.conns = append(g.conns, sys)
+	g.Callout, err = busauth.NewCallout(busauth.CalloutConfig{
+		Keys: keys, Verifier: &g.verifier, Auditor: g.auditor, Kicker: busauth.SystemKicker{NC: sys}, Log: log,
+	})
+	if err != nil {
+		g.Close()
+		return nil, err
+	}
+	cc, err := nats.Connect(url, append([]nats.Option{nats.Name("toolgate-auth-callout"), keys.CalloutConnectOption(), nats.MaxReconnects(-1)}, opts...)...)
+	if err != nil {
+		g.Close()
+		return nil, fmt.Errorf("callout connection: %w", err)
+	}
+	g.conns = append(g.conns, cc)
+	if _, err := g.Callout.Start(cc); err != nil {
+		g.Close()
+		return nil, err
+	}
+	return g, cc.Flush()
+}
+
+// Attach gives the gate the token verifier and the node whose revocation
+// set and connection it uses; it watches the revocation bucket until ctx
+// ends, closing a revoked token's live connections.
+func (g *Gate) Attach(ctx context.Context, v *token.Verifier, n *Node) error {
+	g.verifier.v.Store(v)
+	g.verifier.rev.Store(n.Revoked)
+	g.auditor.nc.Store(n.NC)
+	return n.Store.WatchRevocations(ctx, func(jti string, on bool) {
+		if !on {
+			return
+		}
+		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		if k, err := g.Callout.Revoke(rctx, jti); err != nil {
+			n.Log.Error("closing a revoked token's connections", "jti", jti, "err", err)
+		} else if k > 0 {
+			n.Log.Info("revoked token's connections closed", "jti", jti, "connections", k)
+		}
+	})
+}
+
+// Close closes the gate's connections.
+func (g *Gate) Close() {
+	for _, nc := range g.conns {
+		nc.Close()
+	}
+}
+
+// connectVerifier adapts internal/token to busauth.TokenVerifier.
+type connectVerifier struct {
+	v   atomic.Pointer[token.Verifier]
+	rev atomic.Pointer[token.Revocations]
+}
+
+func (a *connectVerifier) VerifyConnectToken(_ context.Context, raw string) (busauth.AgentToken, error) {
+	v, rev := a.v.Load(), a.rev.Load()
+	if v == nil || rev == nil {
+		return busauth.AgentToken{}, fmt.Errorf("%w: toolgate is not ready to verify tokens", busauth.ErrBadToken)
+	}
+	c, err := v.Verify(raw)
+	if err != nil {
+		switch {
+		case errors.Is(err, &api.Error{Code: api.PermissionDenied, ECode: api.ETokenExpired}):
+			return busauth.AgentToken{}, errors.Join(busauth.ErrExpired, err)
+		case errors.Is(err, gjwt.ErrTokenSignatureInvalid), errors.Is(err, gjwt.ErrTokenUnverifiable):
+			return busauth.AgentToken{}, errors.Join(busauth.ErrBadSignature, err)
+		}
+		return busauth.AgentToken{}, errors.Join(busauth.ErrBadToken, err)
+	}
+	at := busauth.AgentToken{Tenant: c.TenantID, Subject: c.AgentDID, ID: c.ID, Chain: c.Chain}
+	if c.ExpiresAt != nil {
+		at.Expires = c.ExpiresAt.Time
+	}
+	if id, revoked := rev.Revoked(c); revoked {
+		return at, fmt.Errorf("%w: token %s is revoked", busauth.ErrRevoked, id)
+	}
+	return at, nil
+}
+
+// refusalAuditor publishes each refused connection as an audit event.
+type refusalAuditor struct {
+	nc  atomic.Pointer[nats.Conn]
+	log *slog.Logger
+	seq atomic.Uint64
+}
+
+// RefusalRecord is the data of a bus.refused audit event.
+type RefusalRecord struct {
+	Reason   string `json:"reason"`
+	Role     string `json:"role,omitempty"`
+	Tenant   string `json:"tenant,omitempty"`
+	TokenID  string `json:"token_id,omitempty"`
+	Name     string `json:"name,omitempty"`
+	Host     string `json:"host,omitempty"`
+	ClientID uint64 `json:"client_id,omitempty"`
+	ServerID string `json:"server_id,omitempty"`
+}
+
+func (a *refusalAuditor) Refused(_ context.Context, r busauth.Refusal) {
+	nc := a.nc.Load()
+	if nc == nil {
+		return // before the node connects: only workers' own retries, logged by the callout
+	}
+	e := event.New()
+	e.SetID(fmt.Sprintf("%s-%d-%d", r.ServerID, r.ClientID, a.seq.Add(1)))
+	e.SetSource("urn:toolgate:busauth")
+	e.SetType(TypeBusRefused)
+	e.SetTime(r.Time.UTC())
+	_ = e.SetData(event.ApplicationJSON, RefusalRecord{
+		Reason: r.Err.Error(), Role: string(r.Role), Tenant: r.Tenant, TokenID: r.TokenID, Name: r.Name,
+		Host: r.Host, ClientID: r.ClientID, ServerID: r.ServerID,
+	})
+	o, err := runner.EventOutput(subjects.AuditEvent(subjects.SystemTenant, envelope.SubjectSuffix(TypeBusRefused)), &e)
+	if err != nil {
+		return
+	}
+	m := &nats.Msg{Subject: o.Subject, Header: o.Header, Data: o.Data}
+	m.Header.Set(nats.MsgIdHdr, o.MsgID)
+	// The callout must answer the server quickly: publish without waiting
+	// for the stream's acknowledgement.
+	if err := nc.PublishMsg(m); err != nil {
+		a.log.Error("auditing a refused connection", "err", err)
+	}
+}
+
+// decidersFrom verifies approval decisions: signed with operator
+// credentials issued by the same signer as this process's own (credsPath).
+// The decider recorded is the credentials' user name, "operator:<name>".
+func decidersFrom(credsPath string) (control.Identify, error) {
+	signer, err := busauth.CredSignerOf(credsPath)
+	if err != nil {
+		return nil, fmt.Errorf("approval deciders: %w", err)
+	}
+	v := busauth.RequestVerifier{CredSigner: signer}
+	return func(subject string, h nats.Header, body []byte) (string, error) {
+		id, err := v.Verify(subject, h, body)
+		if err != nil {
+			return "", err
+		}
+		if id.Role != busauth.RoleOperator {
+			return "", fmt.Errorf("%w: %s credentials may not decide approvals", busauth.ErrUnsigned, id.Role)
+		}
+		return id.UserName(), nil
+	}, nil
+}

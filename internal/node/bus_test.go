@@ -1,0 +1,707 @@
+package node_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/golang-jwt/jwt/v5"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/client"
+	"github.com/toolgate/toolgate/internal/busauth"
+	"github.com/toolgate/toolgate/internal/node"
+	"github.com/toolgate/toolgate/internal/token"
+	"github.com/toolgate/toolgate/internal/topology"
+	"github.com/toolgate/toolgate/kvstore"
+	"github.com/toolgate/toolgate/subjects"
+)
+
+// served is a toolgate whose bus is authenticated: serve's embedded server,
+// an external nats-server, or a cluster, with the pipeline running.
+type served struct {
+	urls    []string // client URLs of the server(s)
+	dataDir string   // holds busauth/
+	node    *node.Node
+}
+
+func (s *served) dial(i int, opts ...nats.Option) (*nats.Conn, error) {
+	return nats.Connect(s.urls[i%len(s.urls)], append([]nats.Option{nats.NoReconnect(), nats.Timeout(3 * time.Second),
+		nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {})}, opts...)...)
+}
+
+// revoke revokes a token as the operator (workers may not write revocations).
+func (s *served) revoke(t *testing.T, jti string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	js, _ := jetstream.New(s.connect(t, 0, s.creds(busauth.RoleOperator)))
+	st, err := kvstore.Open(ctx, js, kvstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Revoke(ctx, jti, time.Now().Add(time.Hour), "test"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (s *served) connect(t *testing.T, i int, opts ...nats.Option) *nats.Conn {
+	t.Helper()
+	nc, err := s.dial(i, opts...)
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
+func (s *served) creds(role busauth.Role) nats.Option {
+	return busauth.CredentialsOption(node.CredsPath(s.dataDir, role))
+}
+
+// agentToken mints a capability token for tenant; change edits its claims.
+func agentToken(t *testing.T, tenant string, change func(*token.Claims)) (string, *token.Claims) {
+	t.Helper()
+	c := token.Claims{ToolID: token.Patterns{"*"}, TenantID: tenant, AgentDID: "did:agent:" + tenant}
+	c.ID = fmt.Sprintf("tok-%s-%d", tenant, time.Now().UnixNano())
+	if change != nil {
+		change(&c)
+	}
+	raw := mint(t, c)
+	return raw, &c
+}
+
+func (s *served) agent(t *testing.T, i int, tenant string) (*nats.Conn, string) {
+	t.Helper()
+	raw, c := agentToken(t, tenant, nil)
+	return s.connect(t, i, nats.Token(raw), nats.CustomInboxPrefix(busauth.InboxPrefix(tenant, c.ID))), raw
+}
+
+// runServed runs node.Run with cfg until the test ends and returns the node
+// and the server's URL.
+func runServed(t *testing.T, cfg node.Config) (*node.Node, string) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	cfg.Examples = true
+	cfg.Workers = 1
+	cfg.Log = quietLog()
+	cfg.Stage.Tokens = testVerifier()
+	nodes := make(chan *node.Node, 1)
+	var url string
+	cfg.Ready = func(u string, n *node.Node) { url = u; nodes <- n }
+	errc := make(chan error, 1)
+	go func() { errc <- node.Run(ctx, cfg) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-errc; err != nil {
+			t.Errorf("node.Run: %v", err)
+		}
+	})
+	select {
+	case n := <-nodes:
+		return n, url
+	case err := <-errc:
+		errc <- nil // for the cleanup
+		t.Fatalf("toolgate did not start: %v", err)
+	case <-time.After(60 * time.Second):
+		t.Fatal("toolgate did not start in time")
+	}
+	return nil, ""
+}
+
+// serveEmbedded is `toolgate serve`: the embedded server, always with auth.
+func serveEmbedded(t *testing.T) *served {
+	dir := t.TempDir()
+	n, url := runServed(t, node.Config{Embedded: node.EmbeddedOptions{Listen: "127.0.0.1:-1", DataDir: dir}})
+	return &served{urls: []string{url}, dataDir: dir, node: n}
+}
+
+func TestServeNeverOpen(t *testing.T) {
+	s := serveEmbedded(t)
+	nc, err := s.dial(0)
+	if err == nil {
+		nc.Close()
+		t.Fatal("an anonymous connection to serve's embedded server was admitted")
+	}
+	if !errors.Is(err, nats.ErrAuthorization) && !strings.Contains(err.Error(), "Authorization") {
+		t.Fatalf("anonymous connection: %v, want an authorization violation", err)
+	}
+}
+
+func TestBusEmbedded(t *testing.T) { busSuite(t, serveEmbedded(t)) }
+
+// TestBusExternalServer runs a nats-server binary built from the module with
+// the auth.conf toolgate writes, and toolgate against it with --auth-callout.
+func TestBusExternalServer(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds nats-server")
+	}
+	tmp := t.TempDir()
+	bin := filepath.Join(tmp, "nats-server")
+	if out, err := exec.Command("go", "build", "-o", bin, "github.com/nats-io/nats-server/v2").CombinedOutput(); err != nil {
+		t.Fatalf("building nats-server: %v\n%s", err, out)
+	}
+	dir := filepath.Join(tmp, "data")
+	if _, err := busauth.WriteCredentials(dir); err != nil {
+		t.Fatal(err)
+	}
+	port := freePort(t)
+	conf := filepath.Join(dir, "nats.conf")
+	if err := os.WriteFile(conf, []byte(fmt.Sprintf("listen: 127.0.0.1:%d\njetstream { store_dir: %q }\ninclude busauth/auth.conf\n",
+		port, filepath.Join(tmp, "js"))), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	srv := exec.Command(bin, "-c", conf)
+	var log strings.Builder
+	srv.Stdout, srv.Stderr = &log, &log
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = srv.Process.Kill()
+		_ = srv.Wait()
+		if t.Failed() {
+			t.Logf("nats-server log:\n%s", log.String())
+		}
+	})
+	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
+	eventually(t, 30*time.Second, "nats-server listening", func() bool {
+		c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err == nil {
+			c.Close()
+		}
+		return err == nil
+	})
+	n, _ := runServed(t, node.Config{NATSURL: url, AuthCallout: true, Embedded: node.EmbeddedOptions{DataDir: dir}})
+	busSuite(t, &served{urls: []string{url}, dataDir: dir, node: n})
+}
+
+// TestBusCluster runs three routed servers with the same configuration; the
+// callout runs once, connected to the first; clients use every server.
+func TestBusCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a cluster")
+	}
+	dir := t.TempDir()
+	keys, err := busauth.WriteCredentials(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ports := []int{freePort(t), freePort(t), freePort(t)}
+	var routes []string
+	for _, p := range ports {
+		routes = append(routes, fmt.Sprintf("nats://127.0.0.1:%d", p))
+	}
+	var urls []string
+	for i := range 3 {
+		o, err := busauth.EmbeddedOptions(keys, busauth.ServerSettings{Name: fmt.Sprintf("n%d", i), Port: -1, StoreDir: filepath.Join(dir, fmt.Sprintf("js%d", i))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		o.NoLog = true
+		o.Cluster.Name = "toolgate"
+		o.Cluster.Host = "127.0.0.1"
+		o.Cluster.Port = ports[i]
+		o.Routes = server.RoutesFromStr(strings.Join(routes, ","))
+		srv, err := server.NewServer(o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv.Start()
+		t.Cleanup(srv.Shutdown)
+		if !srv.ReadyForConnections(10 * time.Second) {
+			t.Fatal("cluster server not ready")
+		}
+		urls = append(urls, srv.ClientURL())
+	}
+	n, _ := runServed(t, node.Config{NATSURL: urls[0], AuthCallout: true, Embedded: node.EmbeddedOptions{DataDir: dir},
+		Topology: topology.TopologyOptions{Replicas: 3}})
+	busSuite(t, &served{urls: urls, dataDir: dir, node: n})
+}
+
+// busSuite is what every deployment must show: each role's allowed and
+// refused operations, refused connections, and revocation closing a live
+// connection.
+func busSuite(t *testing.T, s *served) {
+	t.Run("roles", func(t *testing.T) { busRoles(t, s) })
+	t.Run("agent invokes and reads its result", func(t *testing.T) { agentRoundTrip(t, s) })
+	t.Run("refused connections", func(t *testing.T) { busRefusals(t, s) })
+	t.Run("revocation closes the connection", func(t *testing.T) { busRevoke(t, s) })
+	t.Run("approvals record the signing operator", func(t *testing.T) { busApprovals(t, s) })
+	t.Run("the audit trail survives its deletion", func(t *testing.T) { auditSurvives(t, s) })
+}
+
+// auditSurvives: an operator deletes AUDIT (only operators may); toolgate
+// creates it again at once, records that it did, and calls keep flowing
+// into it.
+func auditSurvives(t *testing.T, s *served) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ojs, _ := jetstream.New(s.connect(t, 0, s.creds(busauth.RoleOperator)))
+	if err := ojs.DeleteStream(ctx, subjects.StreamAudit); err != nil {
+		t.Fatalf("operator deleting AUDIT: %v", err)
+	}
+	var st jetstream.Stream
+	var last error
+	defer func() {
+		if t.Failed() {
+			t.Logf("last lookup error: %v", last)
+		}
+	}()
+	eventually(t, 20*time.Second, "AUDIT to be back with an audit.recreated event", func() bool {
+		cctx, ccancel := context.WithTimeout(ctx, 2*time.Second)
+		defer ccancel()
+		var err error
+		if st, last = ojs.Stream(cctx, subjects.StreamAudit); last != nil {
+			return false
+		}
+		m, err := st.GetLastMsgForSubject(cctx, subjects.AuditEvent(subjects.SystemTenant, "audit.recreated"))
+		last = err
+		return err == nil && strings.Contains(string(m.Data), `"noticed":"deleted"`)
+	})
+	if cfg := st.CachedInfo().Config; !cfg.DenyDelete || !cfg.DenyPurge {
+		t.Fatalf("recreated AUDIT allows deletes or purges: %+v", cfg)
+	}
+	nc, raw := s.agent(t, 1, "demo")
+	ac, _ := client.New(nc)
+	id, err := ac.Invoke(ctx, api.Request{ToolID: "echo", Parameters: json.RawMessage(`{"message":"after"}`),
+		AgentContext: api.AgentContext{AgentDID: "did:agent:demo", TenantID: "demo"}, CapabilityToken: raw}, client.InvokeOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 20*time.Second, "the next call's terminal audit event in the new AUDIT", func() bool {
+		m, err := st.GetLastMsgForSubject(ctx, "audit.demo.tool.succeeded")
+		return err == nil && strings.Contains(string(m.Data), id)
+	})
+}
+
+// busApprovals: a decision is accepted only signed with operator
+// credentials, and records that operator, whatever the body says.
+func busApprovals(t *testing.T, s *served) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	nc, raw := s.agent(t, 0, "demo")
+	ac, err := client.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := api.Request{ToolID: "echo", Parameters: json.RawMessage(`{"message":"needs a human"}`),
+		AgentContext: api.AgentContext{AgentDID: "did:agent:demo", TenantID: "demo"}, CapabilityToken: raw,
+		ExecutionOptions: &api.ExecutionOptions{RequireApproval: true}}
+	id, err := ac.Invoke(ctx, req, client.InvokeOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 20*time.Second, "the call to wait for approval", func() bool {
+		rec, err := ac.Status(ctx, "demo", id)
+		return err == nil && rec.Status == api.StatusPendingApproval
+	})
+	op := s.connect(t, 0, s.creds(busauth.RoleOperator))
+	oc, _ := client.New(op)
+	signer := func(role busauth.Role) client.Sign {
+		sg, err := busauth.SignerFromCreds(node.CredsPath(s.dataDir, role))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return func(subject string, body []byte) (nats.Header, error) { return sg.Sign(nil, subject, body, time.Now()) }
+	}
+	d := api.ApprovalDecision{Tenant: "demo", InvocationID: id, Approve: true, DecidedBy: "mallory"}
+	for _, tc := range []struct {
+		name string
+		sign client.Sign
+	}{
+		{"unsigned", nil},
+		{"signed by a worker", signer(busauth.RoleWorker)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := oc.DecideSigned(ctx, d, tc.sign)
+			if !errors.Is(err, &api.Error{Code: api.PermissionDenied, ECode: api.EDeciderUnverified}) {
+				t.Fatalf("decision: %v, want E3217", err)
+			}
+		})
+	}
+	a, err := oc.DecideSigned(ctx, d, signer(busauth.RoleOperator))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.DecidedBy != "operator:local" {
+		t.Fatalf("decided by %q, want the signing operator operator:local", a.DecidedBy)
+	}
+	eventually(t, 20*time.Second, "the approved call to succeed", func() bool {
+		rec, err := ac.Status(ctx, "demo", id)
+		return err == nil && rec.Status == api.StatusSuccess
+	})
+}
+
+// refused reports whether the server refused op on subject for nc with a
+// permissions violation.
+func refused(t *testing.T, nc *nats.Conn, sub bool, subject string) (bool, error) {
+	t.Helper()
+	if sub {
+		if _, err := nc.SubscribeSync(subject); err != nil {
+			return false, err
+		}
+	} else if err := nc.Publish(subject, []byte("{}")); err != nil {
+		return false, err
+	}
+	if err := nc.Flush(); err != nil {
+		return false, err
+	}
+	err := nc.LastError()
+	return errors.Is(err, nats.ErrPermissionViolation) && strings.Contains(err.Error(), subject), nil
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+func busRoles(t *testing.T, s *served) {
+	type op struct {
+		what    string
+		sub     bool
+		subject string
+		allowed bool
+	}
+	roles := []struct {
+		name string
+		dial func(t *testing.T, i int) *nats.Conn
+		ops  []op
+	}{
+		{"agent", func(t *testing.T, i int) *nats.Conn { nc, _ := s.agent(t, i, "demo"); return nc }, []op{
+			{"invoke for its tenant", false, "tool.invoke.demo", true},
+			{"tenant-scoped control", false, subjects.TenantSvc("demo", subjects.SvcStatus), true},
+			{"invoke for another tenant", false, "tool.invoke.other", false},
+			{"skip validate and authorize", false, "toolgate.pipe.execute.normal.demo", false},
+			{"pre-publish the next hop", false, "toolgate.pipe.verify.normal.demo", false},
+			{"approve its own parked call", false, subjects.SvcApproval, false},
+			{"register a tool", false, subjects.SvcToolsRegister, false},
+			{"cancel another tenant's call", false, subjects.TenantSvc("other", subjects.SvcCancel), false},
+			{"announce a cancel", false, subjects.Cancel("other", "x"), false},
+			{"forge a result", false, "tool.result.demo.forged", false},
+			{"forge audit", false, "audit.demo.tool.succeeded", false},
+			{"un-revoke a token (purge)", false, "$JS.API.STREAM.PURGE.KV_toolgate_revocations", false},
+			{"un-revoke a token (delete)", false, "$KV.toolgate_revocations.tok", false},
+			{"delete AUDIT", false, "$JS.API.STREAM.DELETE.AUDIT", false},
+			{"rewrite policy", false, "$KV.toolgate_policies.active", false},
+			{"rewrite tools", false, "$KV.toolgate_tools.echo", false},
+			{"read another tenant's result late", false, "$JS.API.DIRECT.GET.TOOLGATE_RESULTS.tool.result.other.x", false},
+			{"create a consumer", false, "$JS.API.CONSUMER.CREATE.AUDIT", false},
+			{"live results of its tenant", true, "tool.result.demo.>", true},
+			{"live audit of its tenant", true, "audit.demo.>", true},
+			{"results of every tenant", true, "tool.result.>", false},
+			{"another tenant's results", true, "tool.result.other.>", false},
+			{"another tenant's audit", true, "audit.other.>", false},
+			{"other agents' replies", true, "_INBOX.>", false},
+			{"the pipeline", true, "toolgate.pipe.>", false},
+		}},
+		{"agent of another tenant", func(t *testing.T, i int) *nats.Conn { nc, _ := s.agent(t, i, "other"); return nc }, []op{
+			{"invoke for its tenant", false, "tool.invoke.other", true},
+			{"invoke for demo", false, "tool.invoke.demo", false},
+			{"demo's results", true, "tool.result.demo.>", false},
+			{"cancel demo's call", false, subjects.TenantSvc("demo", subjects.SvcCancel), false},
+		}},
+		{"worker", func(t *testing.T, i int) *nats.Conn { return s.connect(t, i, s.creds(busauth.RoleWorker)) }, []op{
+			{"hand on", false, "toolgate.pipe.execute.normal.demo", true},
+			{"publish a result", false, "tool.result.demo.x", true},
+			{"publish audit", false, "audit.demo.tool.succeeded", true},
+			{"consume the pipeline", true, "toolgate.pipe.>", true},
+			{"delete AUDIT", false, "$JS.API.STREAM.DELETE.AUDIT", false},
+			{"purge AUDIT", false, "$JS.API.STREAM.PURGE.AUDIT", false},
+			{"weaken AUDIT", false, "$JS.API.STREAM.UPDATE.AUDIT", false},
+			{"un-revoke a token", false, "$KV.toolgate_revocations.tok", false},
+			{"rewrite policy", false, "$KV.toolgate_policies.active", false},
+		}},
+		{"operator", func(t *testing.T, i int) *nats.Conn { return s.connect(t, i, s.creds(busauth.RoleOperator)) }, []op{
+			{"approvals", false, subjects.SvcApproval, true},
+			{"everything", true, ">", true},
+			{"stream administration", false, "$JS.API.STREAM.INFO.AUDIT", true},
+		}},
+	}
+	for _, r := range roles {
+		t.Run(r.name, func(t *testing.T) {
+			for i, o := range r.ops {
+				t.Run(o.what, func(t *testing.T) {
+					nc := r.dial(t, i)
+					got, err := refused(t, nc, o.sub, o.subject)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if got == o.allowed {
+						t.Errorf("%s (sub=%v %s): refused=%v, want allowed=%v (last error %v)", o.what, o.sub, o.subject, got, o.allowed, nc.LastError())
+					}
+				})
+			}
+		})
+	}
+	t.Run("the audit trail cannot be deleted by a worker", func(t *testing.T) {
+		nc := s.connect(t, 1, s.creds(busauth.RoleWorker))
+		js, _ := jetstream.New(nc)
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		if err := js.DeleteStream(ctx, subjects.StreamAudit); err == nil {
+			t.Fatal("a worker deleted AUDIT")
+		}
+		ctx, cancel = context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		op := s.connect(t, 0, s.creds(busauth.RoleOperator))
+		ojs, _ := jetstream.New(op)
+		if _, err := ojs.Stream(ctx, subjects.StreamAudit); err != nil {
+			t.Fatalf("AUDIT after the attempt: %v", err)
+		}
+	})
+}
+
+// agentRoundTrip: an agent connected with its token invokes a tool on its
+// tenant (JetStream ack across accounts) and receives the result live.
+func agentRoundTrip(t *testing.T, s *served) {
+	nc, raw := s.agent(t, 1, "demo")
+	c, err := client.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub, err := nc.SubscribeSync("tool.result.demo.>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	req := api.Request{ToolID: "echo", Parameters: json.RawMessage(`{"message":"through the gate"}`),
+		AgentContext: api.AgentContext{AgentDID: "did:agent:demo", TenantID: "demo"}, CapabilityToken: raw}
+	id, err := c.Invoke(ctx, req, client.InvokeOptions{})
+	if err != nil {
+		t.Fatalf("agent invoke: %v", err)
+	}
+	for {
+		m, err := sub.NextMsg(30 * time.Second)
+		if err != nil {
+			t.Fatalf("no result for %s: %v", id, err)
+		}
+		if m.Subject != subjects.Result("demo", id) {
+			continue
+		}
+		resp, err := client.DecodeResult(m.Data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.Status != api.StatusSuccess || !strings.Contains(string(resp.Result), "through the gate") {
+			t.Fatalf("result %+v, want success echoing the message", resp)
+		}
+		break
+	}
+	// The tenant's control endpoints answer the agent; the tenant is the
+	// subject's, and a body naming another tenant is refused.
+	t.Run("status on its tenant's endpoint", func(t *testing.T) {
+		rec, err := c.Status(ctx, "demo", id)
+		if err != nil || rec.Status != api.StatusSuccess {
+			t.Fatalf("status: %+v, %v", rec, err)
+		}
+	})
+	t.Run("body naming another tenant", func(t *testing.T) {
+		m, err := nc.Request(subjects.TenantSvc("demo", subjects.SvcStatus), []byte(`{"tenant_id":"other","invocation_id":"x"}`), 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := m.Header.Get("Nats-Service-Error-Code"); got != "3014" {
+			t.Fatalf("error code %q (%s), want 3014", got, m.Data)
+		}
+	})
+	t.Run("cancel on its tenant's endpoint", func(t *testing.T) {
+		rec, err := c.Cancel(ctx, "demo", id, "done anyway")
+		if err != nil || rec.InvocationID != id || rec.Status != api.StatusSuccess {
+			t.Fatalf("cancel: %+v, %v; want the ended call's record, unchanged", rec, err)
+		}
+	})
+}
+
+// busRefusals: connections refused at connect, each with its reason in an
+// audit event on audit._system.bus.refused.
+func busRefusals(t *testing.T, s *served) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	revokedRaw, revoked := agentToken(t, "demo", nil)
+	s.revoke(t, revoked.ID)
+	other, err := token.GenerateSigningKey(token.AlgEdDSA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	forged, err := token.Mint(other, token.Claims{ToolID: token.Patterns{"*"}, TenantID: "demo", AgentDID: "did:agent:x",
+		RegisteredClaims: jwt.RegisteredClaims{Issuer: testIssuer, Audience: jwt.ClaimStrings{testAudience}, ID: "forged-1",
+			ExpiresAt: jwt.NewNumericDate(time.Now().Add(time.Hour))}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	expired, _ := agentToken(t, "demo", func(c *token.Claims) { c.ExpiresAt = jwt.NewNumericDate(time.Now().Add(-time.Hour)) })
+	foreignKeys, err := busauth.GenerateKeys()
+	if err != nil {
+		t.Fatal(err)
+	}
+	foreignCreds := filepath.Join(t.TempDir(), "op.creds")
+	b, _ := foreignKeys.IssueCredentials(busauth.RoleOperator, "intruder", 0)
+	if err := os.WriteFile(foreignCreds, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name   string
+		opts   []nats.Option
+		reason string
+	}{
+		{"no credentials", nil, busauth.ErrNoCredentials.Error()},
+		{"user and password", []nats.Option{nats.UserInfo("admin", "admin")}, busauth.ErrNoCredentials.Error()},
+		{"expired token", []nats.Option{nats.Token(expired)}, busauth.ErrExpired.Error()},
+		{"revoked token", []nats.Option{nats.Token(revokedRaw)}, busauth.ErrRevoked.Error()},
+		{"forged token", []nats.Option{nats.Token(forged)}, busauth.ErrBadSignature.Error()},
+		{"garbage token", []nats.Option{nats.Token("not-a-jwt")}, busauth.ErrBadToken.Error()},
+		{"another deployment's operator", []nats.Option{busauth.CredentialsOption(foreignCreds)}, busauth.ErrUnknownIssuer.Error()},
+	}
+	op := s.connect(t, 0, s.creds(busauth.RoleOperator))
+	ojs, _ := jetstream.New(op)
+	for i, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			nc, err := s.dial(i, tc.opts...)
+			if err == nil {
+				nc.Close()
+				t.Fatal("admitted")
+			}
+			if !errors.Is(err, nats.ErrAuthorization) && !strings.Contains(err.Error(), "Authorization") {
+				t.Fatalf("connect: %v, want an authorization violation", err)
+			}
+			// The refusal is in the audit trail with its reason.
+			eventually(t, 10*time.Second, "a bus.refused audit event naming "+tc.reason, func() bool {
+				st, err := ojs.Stream(ctx, subjects.StreamAudit)
+				if err != nil {
+					return false
+				}
+				m, err := st.GetLastMsgForSubject(ctx, subjects.AuditEvent(subjects.SystemTenant, "bus.refused"))
+				return err == nil && strings.Contains(string(m.Data), tc.reason)
+			})
+		})
+	}
+}
+
+// busRevoke: revoking a token closes its live connection within a second.
+func busRevoke(t *testing.T, s *served) {
+	raw, c := agentToken(t, "demo", nil)
+	closed := make(chan struct{})
+	nc := s.connect(t, 2, nats.Token(raw), nats.CustomInboxPrefix(busauth.InboxPrefix("demo", c.ID)),
+		nats.ClosedHandler(func(*nats.Conn) { close(closed) }), nats.NoReconnect())
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	s.revoke(t, c.ID)
+	select {
+	case <-closed:
+		t.Logf("closed %v after the revocation", time.Since(start).Round(time.Millisecond))
+	case <-time.After(time.Second):
+		t.Fatal("the revoked token's connection is still open after a second")
+	}
+	if nc2, err := s.dial(0, nats.Token(raw)); err == nil {
+		nc2.Close()
+		t.Fatal("a revoked token reconnected")
+	}
+}
+
+// TestTokenLeavesTheEnvelopeAfterAuthorize: the hop authorize hands on
+// carries what the token grants, not the token.
+func TestTokenLeavesTheEnvelopeAfterAuthorize(t *testing.T) {
+	e := newEnv(t, topology.TopologyOptions{})
+	e.startPipeline(node.Config{Stages: []string{subjects.Validate, subjects.Authorize}})
+	req := request("sealed", "echo", `{"message":"hi"}`)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if _, err := e.client.Invoke(ctx, req, client.InvokeOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	st, err := e.js.Stream(ctx, subjects.StreamPipeline)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var body []byte
+	eventually(t, 15*time.Second, "authorize to hand the call to route", func() bool {
+		m, err := st.GetLastMsgForSubject(ctx, subjects.Pipe(subjects.Route, "normal", "sealed"))
+		if err == nil {
+			body = m.Data
+		}
+		return err == nil
+	})
+	if strings.Contains(string(body), req.CapabilityToken) || strings.Contains(string(body), `"capability_token"`) {
+		t.Fatalf("the hop to route carries the capability token: %s", body)
+	}
+	if !strings.Contains(string(body), `"authz"`) {
+		t.Fatalf("the hop to route carries no authorization: %s", body)
+	}
+}
+
+// TestServeMovesAnOpenStore: streams written by a toolgate from before the
+// bus was authenticated (account $G) are found in account TOOLGATE.
+func TestServeMovesAnOpenStore(t *testing.T) {
+	dir := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	old, err := node.StartEmbedded(node.EmbeddedOptions{Listen: "127.0.0.1:-1", DataDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nats.Connect(old.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, _ := jetstream.New(nc)
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: subjects.StreamAudit, Subjects: []string{subjects.AuditAll}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.Publish(ctx, "audit.demo.tool.succeeded", []byte(`{"kept":true}`)); err != nil {
+		t.Fatal(err)
+	}
+	nc.Close()
+	old.Shutdown()
+	old.WaitForShutdown()
+
+	ns, _, err := node.StartSecureEmbedded(node.EmbeddedOptions{Listen: "127.0.0.1:-1", DataDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Shutdown()
+	keys, err := busauth.LoadKeys(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gate, err := node.StartGate("", keys, quietLog(), nats.InProcessServer(ns))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gate.Close()
+	op, err := nats.Connect(ns.ClientURL(), busauth.CredentialsOption(node.CredsPath(dir, busauth.RoleOperator)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer op.Close()
+	ojs, _ := jetstream.New(op)
+	st, err := ojs.Stream(ctx, subjects.StreamAudit)
+	if err != nil {
+		t.Fatalf("AUDIT after the move: %v", err)
+	}
+	m, err := st.GetLastMsgForSubject(ctx, "audit.demo.tool.succeeded")
+	if err != nil || !strings.Contains(string(m.Data), "kept") {
+		t.Fatalf("the old audit event: %v %v", m, err)
+	}
+}
