@@ -27,11 +27,16 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
 )
+
+// RuleOptionInjection is the rule an operand beginning with a dash breaks
+// (detect.RuleOptionInjection).
+const RuleOptionInjection = "shell.option_injection"
 
 // Modes.
 const (
@@ -474,8 +479,11 @@ func (f *lineFilter) flush() {
 
 // Expand fills an argv template from the parameters: an element that is
 // exactly {{name}} becomes the top-level parameter name, as one argument,
-// whatever it contains. Nothing is interpreted by a shell.
-func Expand(template []string, params json.RawMessage) ([]string, error) {
+// whatever it contains. Nothing is interpreted by a shell. A parameter named
+// in operands is refused (invalid_parameters, E3018, rule
+// shell.option_injection) when its value begins with "-": the program would
+// read it as an option ("--upload-pack=..." to git).
+func Expand(template []string, params json.RawMessage, operands ...string) ([]string, error) {
 	var obj map[string]any
 	if err := json.Unmarshal(params, &obj); err != nil && len(params) > 0 {
 		return nil, api.NewError(api.InvalidParameters, api.EParametersInvalid, "parameters are not an object")
@@ -490,6 +498,11 @@ func Expand(template []string, params json.RawMessage) ([]string, error) {
 			}
 			switch v := v.(type) {
 			case string:
+				if strings.HasPrefix(v, "-") && slices.Contains(operands, name) {
+					return nil, api.NewError(api.InvalidParameters, api.EInputRuleFired,
+						"parameter %q is an operand of the command and must not begin with a dash, which would make it an option", name).
+						WithDetail("parameter", name).WithDetail("rule", RuleOptionInjection)
+				}
 				out = append(out, v)
 			case float64, bool:
 				b, _ := json.Marshal(v)

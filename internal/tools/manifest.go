@@ -79,6 +79,10 @@ type CLIConfig struct {
 	Stdin   string            `json:"stdin,omitempty"`
 	Env     map[string]string `json:"env,omitempty"`
 	Network bool              `json:"network,omitempty"`
+	// Operands name the parameters that are operands of the command (a
+	// repository, a file name), never options: a value beginning with "-"
+	// is refused before the command runs (sandbox.Expand).
+	Operands []string `json:"operands,omitempty"`
 }
 
 // CLISpec decodes the manifest's cli configuration.

@@ -344,7 +344,7 @@ func (x *Executor) cli(m *tools.Manifest, inv *envelope.Invocation) (builtin.Fun
 		lim.MemoryMB = int64(rl.MemoryMBLimit) // narrowed, never widened
 	}
 	return func(ctx context.Context, params json.RawMessage) (json.RawMessage, error) {
-		argv, err := sandbox.Expand(cfg.Command, params)
+		argv, err := sandbox.Expand(cfg.Command, params, cfg.Operands...)
 		if err != nil {
 			return nil, err
 		}
