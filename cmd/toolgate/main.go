@@ -114,6 +114,10 @@ func pipelineFlags(fs *flag.FlagSet, c *node.Config) *string {
 	fs.StringVar(&c.Stage.SecretsDir, "secrets-dir", "", "directory with one file per secret http tools may inject (also read: TOOLGATE_SECRET_<NAME> variables)")
 	fs.BoolVar(&c.Stage.HTTPAllowPrivateNetworks, "http-allow-private-networks", false, "let http tools reach loopback, private and link-local addresses through granted host names (IP literals granted as such always work)")
 	fs.StringVar(&c.Stage.Sandbox.Mode, "sandbox", "bwrap", "how cli tools run: bwrap (isolated) or none (limits only, no isolation; see docs/sandbox.md)")
+	fs.Func("mcp-path-roots", "comma-separated host directories MCP servers' read_only_paths must lie under, symlinks resolved (default: "+node.DefaultMCPInstallDir+" and the file root)", func(s string) error {
+		c.Stage.Sandbox.ReadOnlyRoots = append(c.Stage.Sandbox.ReadOnlyRoots, strings.Split(s, ",")...)
+		return nil
+	})
 	fs.IntVar(&c.Stage.MaxEventBytes, "max-event-bytes", 1<<20, "largest accepted tool.invoke event")
 	fs.StringVar(&c.DetectorRulesPath, "detector-rules", "", "detector rule set replacing the shipped one (JSON)")
 	fs.StringVar(&c.SafetyConfigPath, "safety-config", "", `per-tenant output actions, {"tenants":{"acme":{"pii":"reject"}}}`)

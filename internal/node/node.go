@@ -204,6 +204,11 @@ func (n *Node) WaitForTool(ctx context.Context, id, version string) error {
 	}
 }
 
+// DefaultMCPInstallDir is where MCP servers are installed unless the
+// operator lists other directories for their read_only_paths
+// (sandbox.Config.ReadOnlyRoots, --mcp-path-roots).
+const DefaultMCPInstallDir = "/opt/mcp"
+
 // StageConfig holds what the stages need beyond the node.
 type StageConfig struct {
 	MaxEventBytes int
@@ -275,6 +280,12 @@ func (n *Node) NewStage(ctx context.Context, name string, c StageConfig) (stages
 		x.Verifier = verify.New(n.Registry, verify.Config{Tenants: c.TenantActions, Detectors: c.Detectors})
 		x.Sandbox = c.Sandbox
 		x.Sandbox.FileRoot = cmp.Or(x.Sandbox.FileRoot, c.BuiltinEnv.FileRoot)
+		if len(x.Sandbox.ReadOnlyRoots) == 0 {
+			x.Sandbox.ReadOnlyRoots = []string{DefaultMCPInstallDir}
+			if x.Sandbox.FileRoot != "" {
+				x.Sandbox.ReadOnlyRoots = append(x.Sandbox.ReadOnlyRoots, x.Sandbox.FileRoot)
+			}
+		}
 		if x.Sandbox.Mode != sandbox.ModeNone {
 			if x.SandboxErr = sandbox.Available(); x.SandboxErr != nil {
 				n.Log.Warn("cli tools will be refused", "err", x.SandboxErr)

@@ -24,6 +24,7 @@ import (
 	"fmt"
 	"github.com/toolgate/toolgate/api"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -63,6 +64,9 @@ type Config struct {
 	FileRoot string
 	// WorkDir is where private work directories are made; default os.TempDir.
 	WorkDir string
+	// ReadOnlyRoots are the host directories read-only paths (an MCP
+	// server's install) must lie under once resolved; empty: the file root.
+	ReadOnlyRoots []string
 }
 
 // Mount is a granted path: Host (absolute) appears at Path in the sandbox.
@@ -107,6 +111,9 @@ type Limits struct {
 	PIDs        int64
 	OutputBytes int64
 	FileSizeMB  int64
+	// TmpMB bounds each of the private /tmp and /work, which are memory
+	// (tmpfs); default the memory limit.
+	TmpMB int64
 }
 
 // Result is what a run produced.
@@ -242,6 +249,9 @@ func (l Limits) withDefaults() Limits {
 	if l.FileSizeMB <= 0 {
 		l.FileSizeMB = DefaultFileSizeMB
 	}
+	if l.TmpMB <= 0 {
+		l.TmpMB = l.MemoryMB
+	}
 	return l
 }
 
@@ -269,6 +279,11 @@ func command(cfg Config, spec Spec, lim Limits, work string) ([]string, error) {
 	default:
 		return nil, startErr(fmt.Errorf("unknown sandbox mode %q", cfg.Mode))
 	}
+	size := strconv.FormatInt(lim.TmpMB<<20, 10)
+	files := slices.Sorted(maps.Keys(spec.Files))
+	for i, name := range files {
+		files[i] = filepath.Base(name)
+	}
 	// --as-pid-1: the tool itself is the namespace's init. bwrap's own init
 	// would outlive the bwrap we wait for, be orphaned to the host's init,
 	// and count against the tool user's process limit until reaped.
@@ -277,8 +292,16 @@ func command(cfg Config, spec Spec, lim Limits, work string) ([]string, error) {
 		"--ro-bind", "/usr", "/usr",
 		"--symlink", "usr/bin", "/bin", "--symlink", "usr/sbin", "/sbin",
 		"--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
-		"--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
-		"--bind", work, "/work", "--chdir", "/work",
+		"--proc", "/proc", "--dev", "/dev",
+		// /tmp and /work are memory, outside the address-space limit: each
+		// gets a size, or a tool could hold the host's RAM in files.
+		"--size", size, "--tmpfs", "/tmp",
+		"--size", size, "--tmpfs", "/work",
+	)
+	for _, name := range files {
+		argv = append(argv, "--ro-bind", filepath.Join(work, name), "/work/"+name)
+	}
+	argv = append(argv, "--chdir", "/work",
 		"--setenv", "HOME", "/work", "--setenv", "TMPDIR", "/tmp",
 	)
 	for _, f := range []string{"/etc/ld.so.cache", "/etc/alternatives", "/etc/ssl/certs", "/etc/resolv.conf", "/etc/hosts"} {
@@ -357,6 +380,9 @@ func exitErr(werr error, st *os.ProcessState, stderr []byte) error {
 	tail := lastLine(stderr)
 	if memoryExhausted(stderr) {
 		return api.NewError(api.SandboxFailure, api.EResourceLimit, "the tool ran out of its memory limit%s", tail).WithDetail("limit", "memory_mb")
+	}
+	if bytes.Contains(stderr, []byte("No space left on device")) {
+		return api.NewError(api.SandboxFailure, api.EResourceLimit, "the tool filled its /tmp or /work (tmp_mb)%s", tail).WithDetail("limit", "tmp_mb")
 	}
 	if ws, ok := st.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
 		switch sig := ws.Signal(); sig {

@@ -120,6 +120,7 @@ type Limits struct {
 	OutputBytes   int64 `json:"output_bytes,omitempty"`
 	CPUSeconds    int64 `json:"cpu_seconds,omitempty"`
 	FileSizeMB    int64 `json:"file_size_mb,omitempty"`
+	TmpMB         int64 `json:"tmp_mb,omitempty"`
 }
 
 // Permissions lists the resources a tool needs.
