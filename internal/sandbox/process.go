@@ -20,7 +20,7 @@ const foreverCPU = 10 * 365 * 24 * 3600
 // a uid of its own under root) but no wall-time limit: it lives until Kill.
 type Process struct {
 	// Cmd is ready to start. The caller sets Stdin, Stdout and Stderr;
-	// it must not change Path, Args, Env, Dir or SysProcAttr.
+	// it must not change Path, Args, Env, Dir, SysProcAttr or ExtraFiles.
 	Cmd  *exec.Cmd
 	work string
 	uid  uint32 // from the pool when running as root, else 0
@@ -65,6 +65,10 @@ func NewProcess(cfg Config, spec Spec) (*Process, error) {
 		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: p.uid, Gid: p.uid}
 	}
 	p.Cmd = cmd
+	if err := withSeccomp(cfg, cmd); err != nil {
+		p.Kill()
+		return nil, startErr(err)
+	}
 	return p, nil
 }
 
@@ -74,6 +78,9 @@ func (p *Process) Kill() {
 	p.once.Do(func() {
 		if p.Cmd != nil && p.Cmd.Process != nil {
 			_ = syscall.Kill(-p.Cmd.Process.Pid, syscall.SIGKILL)
+		}
+		if p.Cmd != nil {
+			closeExtra(p.Cmd)
 		}
 		_ = os.RemoveAll(p.work)
 		if p.uid != 0 {

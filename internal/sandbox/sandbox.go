@@ -132,7 +132,7 @@ func Available() error {
 	if err != nil {
 		return errors.New("bubblewrap (bwrap) is not installed")
 	}
-	out, err := exec.Command(path, "--unshare-all", "--ro-bind", "/", "/", "true").CombinedOutput()
+	out, err := exec.Command(path, "--unshare-all", "--unshare-user", "--disable-userns", "--ro-bind", "/", "/", "true").CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("bubblewrap cannot make a sandbox here: %v: %s", err, bytes.TrimSpace(out))
 	}
@@ -199,7 +199,12 @@ func Run(ctx context.Context, cfg Config, spec Spec) (Result, error) {
 		cmd.Stdout = lines
 	}
 	stdout.over = cancel // a flood ends the run at once
-	if err := cmd.Start(); err != nil {
+	if err := withSeccomp(cfg, cmd); err != nil {
+		return Result{}, startErr(err)
+	}
+	err = cmd.Start()
+	closeExtra(cmd)
+	if err != nil {
 		return Result{}, startErr(err)
 	}
 	done := make(chan struct{})
@@ -228,6 +233,28 @@ func Run(ctx context.Context, cfg Config, spec Spec) (Result, error) {
 		return res, api.NewError(api.Timeout, api.ETimeout, "the tool ran past its %v wall-time limit and was killed", lim.Wall).AsRetryable()
 	}
 	return res, exitErr(werr, cmd.ProcessState, stderr.buf.Bytes())
+}
+
+// withSeccomp hands bubblewrap the seccomp filter (DeniedSyscalls) as
+// cmd's first extra file, seccompFD.
+func withSeccomp(cfg Config, cmd *exec.Cmd) error {
+	if cfg.Mode == ModeNone {
+		return nil
+	}
+	f, err := seccompFile()
+	if err != nil {
+		return err
+	}
+	cmd.ExtraFiles = []*os.File{f}
+	return nil
+}
+
+// closeExtra closes the parent's copies of cmd's extra files once the child
+// holds its own.
+func closeExtra(cmd *exec.Cmd) {
+	for _, f := range cmd.ExtraFiles {
+		_ = f.Close()
+	}
 }
 
 func (l Limits) withDefaults() Limits {
@@ -289,6 +316,10 @@ func command(cfg Config, spec Spec, lim Limits, work string) ([]string, error) {
 	// and count against the tool user's process limit until reaped.
 	argv = append(argv, "bwrap",
 		"--die-with-parent", "--new-session", "--unshare-all", "--as-pid-1",
+		// No user namespace inside: clone(CLONE_NEWUSER) is how most
+		// kernel escalations start, and the seccomp filter sees only unshare.
+		"--unshare-user", "--disable-userns",
+		"--seccomp", strconv.Itoa(seccompFD),
 		"--ro-bind", "/usr", "/usr",
 		"--symlink", "usr/bin", "/bin", "--symlink", "usr/sbin", "/sbin",
 		"--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
