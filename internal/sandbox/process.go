@@ -24,6 +24,7 @@ type Process struct {
 	Cmd  *exec.Cmd
 	work string
 	uid  uint32 // from the pool when running as root, else 0
+	undo func() // takes back the uid's write access to read-write mounts
 	once sync.Once
 }
 
@@ -48,6 +49,10 @@ func NewProcess(cfg Config, spec Spec) (*Process, error) {
 		if err := os.Chown(work, int(p.uid), int(p.uid)); err != nil {
 			p.Kill()
 			return nil, startErr(err)
+		}
+		if p.undo, err = grantWrites(cfg, spec.Mounts, p.uid); err != nil {
+			p.Kill()
+			return nil, err
 		}
 	}
 	argv, err := command(cfg, spec, lim, work)
@@ -83,6 +88,9 @@ func (p *Process) Kill() {
 			closeExtra(p.Cmd)
 		}
 		_ = os.RemoveAll(p.work)
+		if p.undo != nil {
+			p.undo()
+		}
 		if p.uid != 0 {
 			uids.put(p.uid)
 		}

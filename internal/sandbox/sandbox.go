@@ -175,6 +175,11 @@ func Run(ctx context.Context, cfg Config, spec Spec) (Result, error) {
 				return Result{}, err
 			}
 		}
+		undo, err := grantWrites(cfg, spec.Mounts, uid)
+		if err != nil {
+			return Result{}, err
+		}
+		defer undo()
 	}
 	argv, err := command(cfg, spec, lim, work)
 	if err != nil {
@@ -233,6 +238,32 @@ func Run(ctx context.Context, cfg Config, spec Spec) (Result, error) {
 		return res, api.NewError(api.Timeout, api.ETimeout, "the tool ran past its %v wall-time limit and was killed", lim.Wall).AsRetryable()
 	}
 	return res, exitErr(werr, cmd.ProcessState, stderr.buf.Bytes())
+}
+
+// grantWrites gives uid write access to the read-write mounts of a run
+// (grantWrite); the returned function takes it away.
+func grantWrites(cfg Config, mounts []Mount, uid uint32) (func(), error) {
+	var undos []func()
+	undo := func() {
+		for _, u := range undos {
+			u()
+		}
+	}
+	if cfg.Mode == ModeNone {
+		return undo, nil
+	}
+	for _, m := range mounts {
+		if !m.Write {
+			continue
+		}
+		u, err := grantWrite(m.Host, uid)
+		if err != nil {
+			undo()
+			return nil, startErr(err)
+		}
+		undos = append(undos, u)
+	}
+	return undo, nil
 }
 
 // withSeccomp hands bubblewrap the seccomp filter (DeniedSyscalls) as
