@@ -20,6 +20,7 @@ import (
 	"github.com/toolgate/toolgate/client"
 	"github.com/toolgate/toolgate/internal/bench"
 	"github.com/toolgate/toolgate/internal/node"
+	"github.com/toolgate/toolgate/internal/sandbox"
 	"github.com/toolgate/toolgate/subjects"
 )
 
@@ -44,6 +45,7 @@ Run 'toolgate COMMAND -h' for a command's flags.
 `
 
 func main() {
+	sandbox.ForwarderMain() // networked sandboxes run this binary as their egress forwarder
 	if err := run(os.Args[1:]); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			os.Exit(2)

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"sync"
 	"syscall"
 	"time"
@@ -21,11 +22,12 @@ const foreverCPU = 10 * 365 * 24 * 3600
 type Process struct {
 	// Cmd is ready to start. The caller sets Stdin, Stdout and Stderr;
 	// it must not change Path, Args, Env, Dir, SysProcAttr or ExtraFiles.
-	Cmd  *exec.Cmd
-	work string
-	uid  uint32 // from the pool when running as root, else 0
-	undo func() // takes back the uid's write access to read-write mounts
-	once sync.Once
+	Cmd   *exec.Cmd
+	work  string
+	uid   uint32 // from the pool when running as root, else 0
+	undo  func() // takes back the uid's write access to read-write mounts
+	proxy *proxy // the egress proxy of a networked process
+	once  sync.Once
 }
 
 // NewProcess prepares spec as a long-running process. spec.Stdin,
@@ -53,6 +55,12 @@ func NewProcess(cfg Config, spec Spec) (*Process, error) {
 		if p.undo, err = grantWrites(cfg, spec.Mounts, p.uid); err != nil {
 			p.Kill()
 			return nil, err
+		}
+	}
+	if egressed(cfg, spec) {
+		if p.proxy, err = startProxy(cfg, spec.Egress, filepath.Join(work, "egress.sock"), p.uid); err != nil {
+			p.Kill()
+			return nil, startErr(err)
 		}
 	}
 	argv, err := command(cfg, spec, lim, work)
@@ -90,6 +98,9 @@ func (p *Process) Kill() {
 		_ = os.RemoveAll(p.work)
 		if p.undo != nil {
 			p.undo()
+		}
+		if p.proxy != nil {
+			p.proxy.close()
 		}
 		if p.uid != 0 {
 			uids.put(p.uid)

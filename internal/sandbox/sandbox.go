@@ -25,6 +25,7 @@ import (
 	"github.com/toolgate/toolgate/api"
 	"io"
 	"maps"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -67,6 +68,10 @@ type Config struct {
 	// ReadOnlyRoots are the host directories read-only paths (an MCP
 	// server's install) must lie under once resolved; empty: the file root.
 	ReadOnlyRoots []string
+	// EgressDial dials for the egress proxy of networked runs; default one
+	// refusing loopback, private and link-local addresses. Tests map names
+	// to local servers with it.
+	EgressDial func(ctx context.Context, network, addr string) (net.Conn, error)
 }
 
 // Mount is a granted path: Host (absolute) appears at Path in the sandbox.
@@ -81,8 +86,12 @@ type Spec struct {
 	Stdin   []byte
 	Env     map[string]string
 	Network bool
-	Mounts  []Mount
-	Limits  Limits
+	// Egress, with Network, gives the run a network namespace of its own
+	// whose only way out is a proxy admitting the hosts Egress allows;
+	// without it a networked run shares the worker's network.
+	Egress *Egress
+	Mounts []Mount
+	Limits Limits
 	// Files are written into the private work directory (/work) before
 	// the tool starts, by name.
 	Files map[string][]byte
@@ -181,6 +190,13 @@ func Run(ctx context.Context, cfg Config, spec Spec) (Result, error) {
 		}
 		defer undo()
 	}
+	if egressed(cfg, spec) {
+		px, err := startProxy(cfg, spec.Egress, filepath.Join(work, "egress.sock"), uid)
+		if err != nil {
+			return Result{}, startErr(err)
+		}
+		defer px.close()
+	}
 	argv, err := command(cfg, spec, lim, work)
 	if err != nil {
 		return Result{}, err
@@ -238,6 +254,11 @@ func Run(ctx context.Context, cfg Config, spec Spec) (Result, error) {
 		return res, api.NewError(api.Timeout, api.ETimeout, "the tool ran past its %v wall-time limit and was killed", lim.Wall).AsRetryable()
 	}
 	return res, exitErr(werr, cmd.ProcessState, stderr.buf.Bytes())
+}
+
+// egressed reports whether spec runs networked behind the egress proxy.
+func egressed(cfg Config, spec Spec) bool {
+	return spec.Network && spec.Egress != nil && cfg.Mode != ModeNone
 }
 
 // grantWrites gives uid write access to the read-write mounts of a run
@@ -319,8 +340,8 @@ func command(cfg Config, spec Spec, lim Limits, work string) ([]string, error) {
 	if len(spec.Argv) == 0 {
 		return nil, startErr(errors.New("empty command"))
 	}
-	argv := []string{"prlimit",
-		"--as=" + strconv.FormatInt(lim.MemoryMB<<20, 10),
+	as := "--as=" + strconv.FormatInt(lim.MemoryMB<<20, 10)
+	argv := []string{"prlimit", as,
 		"--cpu=" + strconv.FormatInt(lim.CPUSeconds, 10),
 		"--fsize=" + strconv.FormatInt(lim.FileSizeMB<<20, 10),
 		"--nofile=256",
@@ -328,6 +349,9 @@ func command(cfg Config, spec Spec, lim Limits, work string) ([]string, error) {
 	}
 	if os.Geteuid() == 0 {
 		argv = append(argv, "--nproc="+strconv.FormatInt(lim.PIDs, 10))
+	}
+	if egressed(cfg, spec) {
+		argv = slices.DeleteFunc(argv, func(a string) bool { return a == as })
 	}
 	argv = append(argv, "--")
 	switch cfg.Mode {
@@ -371,7 +395,19 @@ func command(cfg Config, spec Spec, lim Limits, work string) ([]string, error) {
 			argv = append(argv, "--ro-bind", f, f)
 		}
 	}
-	if spec.Network {
+	if egressed(cfg, spec) {
+		fwd, err := forwarderBinary()
+		if err != nil {
+			return nil, startErr(err)
+		}
+		proxyURL := "http://127.0.0.1:" + strconv.Itoa(ProxyPort)
+		argv = append(argv, "--bind", filepath.Join(work, "egress.sock"), egressSocket,
+			"--ro-bind", fwd, forwarderPath, "--setenv", forwarderEnv, "1")
+		for _, k := range []string{"HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy", "ALL_PROXY"} {
+			argv = append(argv, "--setenv", k, proxyURL)
+		}
+		argv = append(argv, "--setenv", "NO_PROXY", "", "--setenv", "no_proxy", "")
+	} else if spec.Network {
 		argv = append(argv, "--share-net")
 	}
 	for _, m := range spec.Mounts {
@@ -383,8 +419,14 @@ func command(cfg Config, spec Spec, lim Limits, work string) ([]string, error) {
 	}
 	// The sandbox's own root is a tmpfs: made read-only last, so that only
 	// /work, /tmp and read-write grants take writes.
-	argv = append(argv, "--remount-ro", "/")
-	return append(append(argv, "--"), spec.Argv...), nil
+	argv = append(argv, "--remount-ro", "/", "--")
+	if egressed(cfg, spec) {
+		// The Go runtime of the forwarder reserves more address space
+		// than a tool's limit may allow: the tool gets its limit from a
+		// prlimit of its own, beneath the forwarder.
+		argv = append(argv, forwarderPath, "prlimit", as, "--")
+	}
+	return append(argv, spec.Argv...), nil
 }
 
 // Mounts maps granted paths (relative to the file root, "/" the whole root)

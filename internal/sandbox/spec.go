@@ -4,8 +4,10 @@ import (
 	"cmp"
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/envelope"
+	"github.com/toolgate/toolgate/internal/token"
 	"github.com/toolgate/toolgate/internal/tools"
 	"path/filepath"
+	"slices"
 	"strings"
 )
 
@@ -44,6 +46,7 @@ func (cfg Config) Build(r Request) (Spec, error) {
 	spec := Spec{Argv: r.Argv, Env: r.Env}
 	if (r.Network || len(m.Permissions.Network) > 0) && len(r.Grants.Hosts) > 0 {
 		spec.Network = true
+		spec.Egress = &Egress{Allow: allowHosts(m.Permissions.Network, r.Grants)}
 	}
 	for _, p := range r.ReadOnlyPaths {
 		mt, err := cfg.readOnly(p)
@@ -132,6 +135,21 @@ func under(p, dir string) bool {
 		return true
 	}
 	return p == dir || strings.HasPrefix(p, dir+"/")
+}
+
+// allowHosts is a networked run's allowlist: a host and port the token
+// grants (token.HostAllowed, its ports if it lists any) and, when the
+// manifest lists network permissions, one of those too.
+func allowHosts(declared []tools.NetworkPermission, g envelope.Grants) func(string, int) bool {
+	return func(host string, port int) bool {
+		host = strings.ToLower(host)
+		granted := slices.ContainsFunc(g.Hosts, func(p string) bool { return token.HostAllowed(p, host) }) &&
+			(len(g.Ports) == 0 || slices.Contains(g.Ports, port))
+		listed := len(declared) == 0 || slices.ContainsFunc(declared, func(n tools.NetworkPermission) bool {
+			return token.HostAllowed(n.Host, host) && (n.Port == 0 || n.Port == port)
+		})
+		return granted && listed
+	}
 }
 
 // hostInterfaces hold the host's kernel interfaces, devices and sockets:

@@ -98,8 +98,13 @@ func (k *Kind) prepare(m *tools.Manifest, tenant string, grants envelope.Grants)
 		if err != nil {
 			return nil, nil, err
 		}
-		key, err = identity(serverDef{Tenant: tenant, Name: spec.Server, Argv: sp.Argv, Env: sp.Env, Mounts: sp.Mounts,
-			Network: sp.Network, Limits: sp.Limits, Concurrency: spec.MaxConcurrency})
+		def := serverDef{Tenant: tenant, Name: spec.Server, Argv: sp.Argv, Env: sp.Env, Mounts: sp.Mounts,
+			Network: sp.Network, Limits: sp.Limits, Concurrency: spec.MaxConcurrency}
+		if sp.Network {
+			// The egress proxy admits the hosts of these grants only.
+			def.Hosts, def.Ports = grants.Hosts, grants.Ports
+		}
+		key, err = identity(def)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -172,6 +177,8 @@ type serverDef struct {
 	Env         map[string]string `json:"env,omitempty"` // encoded with sorted keys
 	Mounts      []sandbox.Mount   `json:"mounts,omitempty"`
 	Network     bool              `json:"network,omitempty"`
+	Hosts       []string          `json:"hosts,omitempty"`
+	Ports       []int             `json:"ports,omitempty"`
 	Limits      sandbox.Limits    `json:"limits"`
 	Concurrency int               `json:"concurrency,omitempty"`
 }
