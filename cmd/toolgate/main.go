@@ -10,9 +10,12 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/toolgate/toolgate/internal/sandbox"
 )
 
 func main() {
+	sandbox.ForwarderMain() // networked sandboxes run this binary as their egress forwarder
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
 	stop()

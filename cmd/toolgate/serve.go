@@ -30,6 +30,7 @@ func pipelineFlags(fs *pflag.FlagSet, c *node.Config) *string {
 	fs.StringVar(&c.Stage.SecretsDir, "secrets-dir", "", "directory with one file per secret http tools may inject (also read: TOOLGATE_SECRET_<NAME> variables)")
 	fs.BoolVar(&c.Stage.HTTPAllowPrivateNetworks, "http-allow-private-networks", false, "let http tools reach loopback, private and link-local addresses through granted host names (IP literals granted as such always work)")
 	fs.StringVar(&c.Stage.Sandbox.Mode, "sandbox", "bwrap", "how cli tools run: bwrap (isolated) or none (limits only, no isolation; see docs/sandbox.md)")
+	fs.StringSliceVar(&c.Stage.Sandbox.ReadOnlyRoots, "mcp-path-roots", nil, "host directories MCP servers' read_only_paths must lie under, symlinks resolved (default: "+node.DefaultMCPInstallDir+" and the file root)")
 	fs.IntVar(&c.Stage.MaxEventBytes, "max-event-bytes", 1<<20, "largest accepted tool.invoke event")
 	fs.StringVar(&c.DetectorRulesPath, "detector-rules", "", "detector rule set replacing the shipped one (JSON)")
 	fs.StringVar(&c.SafetyConfigPath, "safety-config", "", `per-tenant output actions, {"tenants":{"acme":{"pii":"reject"}}}`)

@@ -330,7 +330,8 @@ func (a *app) importMCPCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			cfg := mcptool.Config{Sandbox: sandbox.Config{Mode: sandboxMode, FileRoot: root}}
+			// The operator names the read-only paths here: they are the roots too.
+			cfg := mcptool.Config{Sandbox: sandbox.Config{Mode: sandboxMode, FileRoot: root, ReadOnlyRoots: o.ReadOnlyPaths}}
 			if len(o.Command) > 0 && sandboxMode != sandbox.ModeNone {
 				cfg.SandboxErr = sandbox.Available()
 			}

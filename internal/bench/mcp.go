@@ -76,7 +76,7 @@ func MeasureMCP(ctx context.Context, serversDir string) ([]Cost, error) {
 		modes = append(modes, struct{ name, mode string }{"mcp executor, bwrap", sandbox.ModeBwrap})
 	}
 	for _, md := range modes {
-		k := mcptool.New(mcptool.Config{Sandbox: sandbox.Config{Mode: md.mode}})
+		k := mcptool.New(mcptool.Config{Sandbox: sandbox.Config{Mode: md.mode, ReadOnlyRoots: []string{modules}}})
 		fn, err := k.Prepare(m, &envelope.Invocation{Tenant: "bench"})
 		if err != nil {
 			_ = k.Close()

@@ -340,3 +340,14 @@ func TestResumeAfterMatchLimit(t *testing.T) {
 		t.Fatalf("the card after %d invalid candidates was missed: %+v", 600, fs)
 	}
 }
+
+func TestOptionInjection(t *testing.T) {
+	for s, want := range map[string]bool{
+		"--upload-pack=sleep 4;": true, "-oProxyCommand=id": true, " --exec=x": true, "-x": true,
+		"repo": false, "-": false, "-5": false, "-2.5e3": false, "a-b": false, "": false, "x --y": false,
+	} {
+		if got := OptionInjection(s); got != want {
+			t.Errorf("OptionInjection(%q) = %v, want %v", s, got, want)
+		}
+	}
+}

@@ -31,6 +31,7 @@ func mcpPipeline(t *testing.T, root string) (*env, *node.Node) {
 	e := newEnv(t, topology.TopologyOptions{})
 	cfg := node.Config{}
 	cfg.Stage.Sandbox.FileRoot = root
+	cfg.Stage.Sandbox.ReadOnlyRoots = mcptest.Roots(t)
 	cfg.Stage.MCP.Backoff = mcptool.Backoff{Min: 200 * time.Millisecond, Max: 2 * time.Second}
 	return e, e.startPipeline(cfg)
 }
@@ -196,7 +197,7 @@ func TestMCPMisbehavingServer(t *testing.T) {
 func TestMCPImportRegisters(t *testing.T) {
 	bin := mcptest.Flaky(t)
 	e, _ := mcpPipeline(t, t.TempDir())
-	k := mcptool.New(mcptool.Config{})
+	k := mcptool.New(mcptool.Config{Sandbox: sandbox.Config{ReadOnlyRoots: mcptest.Roots(t)}})
 	defer k.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()

@@ -208,6 +208,11 @@ func (n *Node) WaitForTool(ctx context.Context, id, version string) error {
 	}
 }
 
+// DefaultMCPInstallDir is where MCP servers are installed unless the
+// operator lists other directories for their read_only_paths
+// (sandbox.Config.ReadOnlyRoots, --mcp-path-roots).
+const DefaultMCPInstallDir = "/opt/mcp"
+
 // StageConfig holds what the stages need beyond the node.
 type StageConfig struct {
 	MaxEventBytes int
@@ -284,6 +289,12 @@ func (n *Node) NewStage(ctx context.Context, name string, c StageConfig) (stages
 		x.Verifier = verify.New(n.Registry, verify.Config{Tenants: c.TenantActions, Detectors: c.Detectors})
 		cli := &clitool.Kind{Sandbox: c.Sandbox}
 		cli.Sandbox.FileRoot = cmp.Or(cli.Sandbox.FileRoot, c.BuiltinEnv.FileRoot)
+		if len(cli.Sandbox.ReadOnlyRoots) == 0 {
+			cli.Sandbox.ReadOnlyRoots = []string{DefaultMCPInstallDir}
+			if cli.Sandbox.FileRoot != "" {
+				cli.Sandbox.ReadOnlyRoots = append(cli.Sandbox.ReadOnlyRoots, cli.Sandbox.FileRoot)
+			}
+		}
 		if cli.Sandbox.Mode != sandbox.ModeNone {
 			if cli.SandboxErr = sandbox.Available(); cli.SandboxErr != nil {
 				n.Log.Warn("cli tools will be refused", "err", cli.SandboxErr)

@@ -204,7 +204,7 @@ func TestDrainFinishesMCPCall(t *testing.T) {
 	n, _, _ := runPipeline(t, node.Config{NATSURL: e.url, Stages: others, Workers: 1,
 		Stage: node.StageConfig{Tokens: testVerifier()}})
 	_, _, stopExecute := runPipeline(t, node.Config{NATSURL: e.url, Stages: []string{subjects.Execute}, Workers: 1,
-		Stage: node.StageConfig{Sandbox: sandbox.Config{FileRoot: t.TempDir()}}})
+		Stage: node.StageConfig{Sandbox: sandbox.Config{FileRoot: t.TempDir(), ReadOnlyRoots: mcptest.Roots(t)}}})
 	spec := mcptool.Spec{Server: "everything", Tool: "trigger-long-running-operation", Command: []string{"node", script, "stdio"},
 		ReadOnlyPaths: []string{modules}}
 	registerTools(t, n, mcpManifest(t, "mcp:everything:long", spec, `,"limits":{"timeout_ms":60000}`))

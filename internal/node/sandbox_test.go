@@ -96,6 +96,8 @@ func TestCLIAttacksContained(t *testing.T) {
 			[]api.Status{api.StatusError}, []string{api.EResourceLimit}, "flood-pipeline"},
 		{"connects to the NATS port", `bash -c 'exec 3<>/dev/tcp/127.0.0.1/` + u.Port() + `' && echo '{"connected":true}'`, `{"timeout_ms":5000}`, "", "",
 			[]api.Status{api.StatusError}, []string{api.EToolFailed}, ""},
+		{"makes a user namespace (seccomp)", `unshare -U true && echo '{"escaped":true}'`, "", "", "",
+			[]api.Status{api.StatusError}, []string{api.EToolFailed}, ""},
 		{"reads /etc/shadow", `cat /etc/shadow && echo '{}'`, "", "", "",
 			[]api.Status{api.StatusError}, []string{api.EToolFailed}, ""},
 		{"reads the data directory", `ls "$1" && echo '{}'`, "", rw, e.dataDir,

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"sync"
 	"syscall"
 	"time"
@@ -20,11 +21,13 @@ const foreverCPU = 10 * 365 * 24 * 3600
 // a uid of its own under root) but no wall-time limit: it lives until Kill.
 type Process struct {
 	// Cmd is ready to start. The caller sets Stdin, Stdout and Stderr;
-	// it must not change Path, Args, Env, Dir or SysProcAttr.
-	Cmd  *exec.Cmd
-	work string
-	uid  uint32 // from the pool when running as root, else 0
-	once sync.Once
+	// it must not change Path, Args, Env, Dir, SysProcAttr or ExtraFiles.
+	Cmd   *exec.Cmd
+	work  string
+	uid   uint32 // from the pool when running as root, else 0
+	undo  func() // takes back the uid's write access to read-write mounts
+	proxy *proxy // the egress proxy of a networked process
+	once  sync.Once
 }
 
 // NewProcess prepares spec as a long-running process. spec.Stdin,
@@ -49,6 +52,16 @@ func NewProcess(cfg Config, spec Spec) (*Process, error) {
 			p.Kill()
 			return nil, startErr(err)
 		}
+		if p.undo, err = grantWrites(cfg, spec.Mounts, p.uid); err != nil {
+			p.Kill()
+			return nil, err
+		}
+	}
+	if egressed(cfg, spec) {
+		if p.proxy, err = startProxy(cfg, spec.Egress, filepath.Join(work, "egress.sock"), p.uid); err != nil {
+			p.Kill()
+			return nil, startErr(err)
+		}
 	}
 	argv, err := command(cfg, spec, lim, work)
 	if err != nil {
@@ -65,6 +78,10 @@ func NewProcess(cfg Config, spec Spec) (*Process, error) {
 		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: p.uid, Gid: p.uid}
 	}
 	p.Cmd = cmd
+	if err := withSeccomp(cfg, cmd); err != nil {
+		p.Kill()
+		return nil, startErr(err)
+	}
 	return p, nil
 }
 
@@ -75,7 +92,16 @@ func (p *Process) Kill() {
 		if p.Cmd != nil && p.Cmd.Process != nil {
 			_ = syscall.Kill(-p.Cmd.Process.Pid, syscall.SIGKILL)
 		}
+		if p.Cmd != nil {
+			closeExtra(p.Cmd)
+		}
 		_ = os.RemoveAll(p.work)
+		if p.undo != nil {
+			p.undo()
+		}
+		if p.proxy != nil {
+			p.proxy.close()
+		}
 		if p.uid != 0 {
 			uids.put(p.uid)
 		}

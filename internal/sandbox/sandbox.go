@@ -24,14 +24,21 @@ import (
 	"fmt"
 	"github.com/toolgate/toolgate/api"
 	"io"
+	"maps"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
 )
+
+// RuleOptionInjection is the rule an operand beginning with a dash breaks
+// (detect.RuleOptionInjection).
+const RuleOptionInjection = "shell.option_injection"
 
 // Modes.
 const (
@@ -58,6 +65,13 @@ type Config struct {
 	FileRoot string
 	// WorkDir is where private work directories are made; default os.TempDir.
 	WorkDir string
+	// ReadOnlyRoots are the host directories read-only paths (an MCP
+	// server's install) must lie under once resolved; empty: the file root.
+	ReadOnlyRoots []string
+	// EgressDial dials for the egress proxy of networked runs; default one
+	// refusing loopback, private and link-local addresses. Tests map names
+	// to local servers with it.
+	EgressDial func(ctx context.Context, network, addr string) (net.Conn, error)
 }
 
 // Mount is a granted path: Host (absolute) appears at Path in the sandbox.
@@ -72,8 +86,12 @@ type Spec struct {
 	Stdin   []byte
 	Env     map[string]string
 	Network bool
-	Mounts  []Mount
-	Limits  Limits
+	// Egress, with Network, gives the run a network namespace of its own
+	// whose only way out is a proxy admitting the hosts Egress allows;
+	// without it a networked run shares the worker's network.
+	Egress *Egress
+	Mounts []Mount
+	Limits Limits
 	// Files are written into the private work directory (/work) before
 	// the tool starts, by name.
 	Files map[string][]byte
@@ -102,6 +120,9 @@ type Limits struct {
 	PIDs        int64
 	OutputBytes int64
 	FileSizeMB  int64
+	// TmpMB bounds each of the private /tmp and /work, which are memory
+	// (tmpfs); default the memory limit.
+	TmpMB int64
 }
 
 // Result is what a run produced.
@@ -120,7 +141,7 @@ func Available() error {
 	if err != nil {
 		return errors.New("bubblewrap (bwrap) is not installed")
 	}
-	out, err := exec.Command(path, "--unshare-all", "--ro-bind", "/", "/", "true").CombinedOutput()
+	out, err := exec.Command(path, "--unshare-all", "--unshare-user", "--disable-userns", "--ro-bind", "/", "/", "true").CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("bubblewrap cannot make a sandbox here: %v: %s", err, bytes.TrimSpace(out))
 	}
@@ -163,6 +184,18 @@ func Run(ctx context.Context, cfg Config, spec Spec) (Result, error) {
 				return Result{}, err
 			}
 		}
+		undo, err := grantWrites(cfg, spec.Mounts, uid)
+		if err != nil {
+			return Result{}, err
+		}
+		defer undo()
+	}
+	if egressed(cfg, spec) {
+		px, err := startProxy(cfg, spec.Egress, filepath.Join(work, "egress.sock"), uid)
+		if err != nil {
+			return Result{}, startErr(err)
+		}
+		defer px.close()
 	}
 	argv, err := command(cfg, spec, lim, work)
 	if err != nil {
@@ -187,7 +220,12 @@ func Run(ctx context.Context, cfg Config, spec Spec) (Result, error) {
 		cmd.Stdout = lines
 	}
 	stdout.over = cancel // a flood ends the run at once
-	if err := cmd.Start(); err != nil {
+	if err := withSeccomp(cfg, cmd); err != nil {
+		return Result{}, startErr(err)
+	}
+	err = cmd.Start()
+	closeExtra(cmd)
+	if err != nil {
 		return Result{}, startErr(err)
 	}
 	done := make(chan struct{})
@@ -218,6 +256,59 @@ func Run(ctx context.Context, cfg Config, spec Spec) (Result, error) {
 	return res, exitErr(werr, cmd.ProcessState, stderr.buf.Bytes())
 }
 
+// egressed reports whether spec runs networked behind the egress proxy.
+func egressed(cfg Config, spec Spec) bool {
+	return spec.Network && spec.Egress != nil && cfg.Mode != ModeNone
+}
+
+// grantWrites gives uid write access to the read-write mounts of a run
+// (grantWrite); the returned function takes it away.
+func grantWrites(cfg Config, mounts []Mount, uid uint32) (func(), error) {
+	var undos []func()
+	undo := func() {
+		for _, u := range undos {
+			u()
+		}
+	}
+	if cfg.Mode == ModeNone {
+		return undo, nil
+	}
+	for _, m := range mounts {
+		if !m.Write {
+			continue
+		}
+		u, err := grantWrite(m.Host, uid)
+		if err != nil {
+			undo()
+			return nil, startErr(err)
+		}
+		undos = append(undos, u)
+	}
+	return undo, nil
+}
+
+// withSeccomp hands bubblewrap the seccomp filter (DeniedSyscalls) as
+// cmd's first extra file, seccompFD.
+func withSeccomp(cfg Config, cmd *exec.Cmd) error {
+	if cfg.Mode == ModeNone {
+		return nil
+	}
+	f, err := seccompFile()
+	if err != nil {
+		return err
+	}
+	cmd.ExtraFiles = []*os.File{f}
+	return nil
+}
+
+// closeExtra closes the parent's copies of cmd's extra files once the child
+// holds its own.
+func closeExtra(cmd *exec.Cmd) {
+	for _, f := range cmd.ExtraFiles {
+		_ = f.Close()
+	}
+}
+
 func (l Limits) withDefaults() Limits {
 	if l.Wall <= 0 {
 		l.Wall = 30 * time.Second
@@ -237,6 +328,9 @@ func (l Limits) withDefaults() Limits {
 	if l.FileSizeMB <= 0 {
 		l.FileSizeMB = DefaultFileSizeMB
 	}
+	if l.TmpMB <= 0 {
+		l.TmpMB = l.MemoryMB
+	}
 	return l
 }
 
@@ -246,8 +340,8 @@ func command(cfg Config, spec Spec, lim Limits, work string) ([]string, error) {
 	if len(spec.Argv) == 0 {
 		return nil, startErr(errors.New("empty command"))
 	}
-	argv := []string{"prlimit",
-		"--as=" + strconv.FormatInt(lim.MemoryMB<<20, 10),
+	as := "--as=" + strconv.FormatInt(lim.MemoryMB<<20, 10)
+	argv := []string{"prlimit", as,
 		"--cpu=" + strconv.FormatInt(lim.CPUSeconds, 10),
 		"--fsize=" + strconv.FormatInt(lim.FileSizeMB<<20, 10),
 		"--nofile=256",
@@ -255,6 +349,9 @@ func command(cfg Config, spec Spec, lim Limits, work string) ([]string, error) {
 	}
 	if os.Geteuid() == 0 {
 		argv = append(argv, "--nproc="+strconv.FormatInt(lim.PIDs, 10))
+	}
+	if egressed(cfg, spec) {
+		argv = slices.DeleteFunc(argv, func(a string) bool { return a == as })
 	}
 	argv = append(argv, "--")
 	switch cfg.Mode {
@@ -264,16 +361,33 @@ func command(cfg Config, spec Spec, lim Limits, work string) ([]string, error) {
 	default:
 		return nil, startErr(fmt.Errorf("unknown sandbox mode %q", cfg.Mode))
 	}
+	size := strconv.FormatInt(lim.TmpMB<<20, 10)
+	files := slices.Sorted(maps.Keys(spec.Files))
+	for i, name := range files {
+		files[i] = filepath.Base(name)
+	}
 	// --as-pid-1: the tool itself is the namespace's init. bwrap's own init
 	// would outlive the bwrap we wait for, be orphaned to the host's init,
 	// and count against the tool user's process limit until reaped.
 	argv = append(argv, "bwrap",
 		"--die-with-parent", "--new-session", "--unshare-all", "--as-pid-1",
+		// No user namespace inside: clone(CLONE_NEWUSER) is how most
+		// kernel escalations start, and the seccomp filter sees only unshare.
+		"--unshare-user", "--disable-userns",
+		"--seccomp", strconv.Itoa(seccompFD),
 		"--ro-bind", "/usr", "/usr",
 		"--symlink", "usr/bin", "/bin", "--symlink", "usr/sbin", "/sbin",
 		"--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
-		"--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
-		"--bind", work, "/work", "--chdir", "/work",
+		"--proc", "/proc", "--dev", "/dev",
+		// /tmp and /work are memory, outside the address-space limit: each
+		// gets a size, or a tool could hold the host's RAM in files.
+		"--size", size, "--tmpfs", "/tmp",
+		"--size", size, "--tmpfs", "/work",
+	)
+	for _, name := range files {
+		argv = append(argv, "--ro-bind", filepath.Join(work, name), "/work/"+name)
+	}
+	argv = append(argv, "--chdir", "/work",
 		"--setenv", "HOME", "/work", "--setenv", "TMPDIR", "/tmp",
 	)
 	for _, f := range []string{"/etc/ld.so.cache", "/etc/alternatives", "/etc/ssl/certs", "/etc/resolv.conf", "/etc/hosts"} {
@@ -281,7 +395,19 @@ func command(cfg Config, spec Spec, lim Limits, work string) ([]string, error) {
 			argv = append(argv, "--ro-bind", f, f)
 		}
 	}
-	if spec.Network {
+	if egressed(cfg, spec) {
+		fwd, err := forwarderBinary()
+		if err != nil {
+			return nil, startErr(err)
+		}
+		proxyURL := "http://127.0.0.1:" + strconv.Itoa(ProxyPort)
+		argv = append(argv, "--bind", filepath.Join(work, "egress.sock"), egressSocket,
+			"--ro-bind", fwd, forwarderPath, "--setenv", forwarderEnv, "1")
+		for _, k := range []string{"HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy", "ALL_PROXY"} {
+			argv = append(argv, "--setenv", k, proxyURL)
+		}
+		argv = append(argv, "--setenv", "NO_PROXY", "", "--setenv", "no_proxy", "")
+	} else if spec.Network {
 		argv = append(argv, "--share-net")
 	}
 	for _, m := range spec.Mounts {
@@ -293,8 +419,14 @@ func command(cfg Config, spec Spec, lim Limits, work string) ([]string, error) {
 	}
 	// The sandbox's own root is a tmpfs: made read-only last, so that only
 	// /work, /tmp and read-write grants take writes.
-	argv = append(argv, "--remount-ro", "/")
-	return append(append(argv, "--"), spec.Argv...), nil
+	argv = append(argv, "--remount-ro", "/", "--")
+	if egressed(cfg, spec) {
+		// The Go runtime of the forwarder reserves more address space
+		// than a tool's limit may allow: the tool gets its limit from a
+		// prlimit of its own, beneath the forwarder.
+		argv = append(argv, forwarderPath, "prlimit", as, "--")
+	}
+	return append(argv, spec.Argv...), nil
 }
 
 // Mounts maps granted paths (relative to the file root, "/" the whole root)
@@ -352,6 +484,9 @@ func exitErr(werr error, st *os.ProcessState, stderr []byte) error {
 	tail := lastLine(stderr)
 	if memoryExhausted(stderr) {
 		return api.NewError(api.SandboxFailure, api.EResourceLimit, "the tool ran out of its memory limit%s", tail).WithDetail("limit", "memory_mb")
+	}
+	if bytes.Contains(stderr, []byte("No space left on device")) {
+		return api.NewError(api.SandboxFailure, api.EResourceLimit, "the tool filled its /tmp or /work (tmp_mb)%s", tail).WithDetail("limit", "tmp_mb")
 	}
 	if ws, ok := st.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
 		switch sig := ws.Signal(); sig {
@@ -474,8 +609,11 @@ func (f *lineFilter) flush() {
 
 // Expand fills an argv template from the parameters: an element that is
 // exactly {{name}} becomes the top-level parameter name, as one argument,
-// whatever it contains. Nothing is interpreted by a shell.
-func Expand(template []string, params json.RawMessage) ([]string, error) {
+// whatever it contains. Nothing is interpreted by a shell. A parameter named
+// in operands is refused (invalid_parameters, E3018, rule
+// shell.option_injection) when its value begins with "-": the program would
+// read it as an option ("--upload-pack=..." to git).
+func Expand(template []string, params json.RawMessage, operands ...string) ([]string, error) {
 	var obj map[string]any
 	if err := json.Unmarshal(params, &obj); err != nil && len(params) > 0 {
 		return nil, api.NewError(api.InvalidParameters, api.EParametersInvalid, "parameters are not an object")
@@ -490,6 +628,11 @@ func Expand(template []string, params json.RawMessage) ([]string, error) {
 			}
 			switch v := v.(type) {
 			case string:
+				if strings.HasPrefix(v, "-") && slices.Contains(operands, name) {
+					return nil, api.NewError(api.InvalidParameters, api.EInputRuleFired,
+						"parameter %q is an operand of the command and must not begin with a dash, which would make it an option", name).
+						WithDetail("parameter", name).WithDetail("rule", RuleOptionInjection)
+				}
 				out = append(out, v)
 			case float64, bool:
 				b, _ := json.Marshal(v)

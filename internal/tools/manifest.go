@@ -80,6 +80,10 @@ type CLIConfig struct {
 	Stdin   string            `json:"stdin,omitempty"`
 	Env     map[string]string `json:"env,omitempty"`
 	Network bool              `json:"network,omitempty"`
+	// Operands name the parameters that are operands of the command (a
+	// repository, a file name), never options: a value beginning with "-"
+	// is refused before the command runs (sandbox.Expand).
+	Operands []string `json:"operands,omitempty"`
 }
 
 // CLISpec decodes the manifest's cli configuration.
@@ -117,6 +121,7 @@ type Limits struct {
 	OutputBytes   int64 `json:"output_bytes,omitempty"`
 	CPUSeconds    int64 `json:"cpu_seconds,omitempty"`
 	FileSizeMB    int64 `json:"file_size_mb,omitempty"`
+	TmpMB         int64 `json:"tmp_mb,omitempty"`
 }
 
 // Permissions lists the resources a tool needs.

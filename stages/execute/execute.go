@@ -194,6 +194,9 @@ func (x *Executor) Process(ctx context.Context, inv *envelope.Invocation) ([]sta
 		}
 	}
 	ctx = builtin.WithProgress(ctx, tr)
+	if inv.Authz != nil {
+		ctx = builtin.WithGrants(ctx, inv.Authz.Grants.Paths)
+	}
 	var guard *breaker.Call
 	if x.Breakers != nil {
 		if guard, err = x.Breakers.Acquire(ctx, m); err != nil {

@@ -83,6 +83,12 @@ func checkInputs(m *tools.Manifest, params []byte, eng *detect.Engine) error {
 					return err.WithDetail("parameter", ptr)
 				}
 			}
+			if str, ok := v.(string); ok && c == tools.CheckShell && detect.OptionInjection(str) {
+				return api.NewError(api.InvalidParameters, api.EInputRuleFired,
+					"parameter %s begins with a dash, so a program would read it as an option (rule %s)", ptr, detect.RuleOptionInjection).
+					WithDetail("parameter", ptr).WithDetail("rule", detect.RuleOptionInjection).
+					WithDetail("detector", detect.CommandInjection).WithDetail("rules_version", eng.Version())
+			}
 			raw, _ := json.Marshal(v)
 			fs, err := eng.ScanJSON(raw, checkDetectors[c])
 			if err != nil || len(fs) == 0 {

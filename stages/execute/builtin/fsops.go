@@ -138,20 +138,20 @@ func writeFile(root string) Func {
 			return nil, err
 		}
 		overwrite := p.Overwrite == nil || *p.Overwrite
-		r, err := openRoot(root, "write_file")
+		r, at, err := confine(ctx, root, "write_file", rel)
 		if err != nil {
 			return nil, err
 		}
 		defer r.Close()
 
-		dir := path.Dir(rel)
+		dir := path.Dir(at)
 		if p.CreateDirs && dir != "." {
 			if err := r.MkdirAll(dir, 0o755); err != nil {
 				return nil, openError(p.Path, err)
 			}
 		}
 		created := true
-		switch fi, err := r.Lstat(rel); {
+		switch fi, err := r.Lstat(at); {
 		case err == nil:
 			if !fi.Mode().IsRegular() {
 				return nil, denied("%s exists and is not a regular file (%s)", p.Path, fileType(fi.Mode()))
@@ -170,7 +170,7 @@ func writeFile(root string) Func {
 			return nil, err
 		}
 
-		tmp, err := tempName(dir, path.Base(rel))
+		tmp, err := tempName(dir, path.Base(at))
 		if err != nil {
 			return nil, failed(err, "naming a temporary file: %v", err)
 		}
@@ -204,11 +204,11 @@ func writeFile(root string) Func {
 			return nil, err
 		}
 		if overwrite {
-			err = r.Rename(tmp, rel)
+			err = r.Rename(tmp, at)
 		} else {
 			// A hard link fails when the target appeared meanwhile, which
 			// a rename would silently replace.
-			if err = r.Link(tmp, rel); err == nil {
+			if err = r.Link(tmp, at); err == nil {
 				_ = r.Remove(tmp)
 			}
 		}
@@ -268,7 +268,7 @@ func appendFile(root string) Func {
 		if err != nil {
 			return nil, err
 		}
-		r, err := openRoot(root, "append_file")
+		r, at, err := confine(ctx, root, "append_file", rel)
 		if err != nil {
 			return nil, err
 		}
@@ -277,7 +277,7 @@ func appendFile(root string) Func {
 		if p.Create == nil || *p.Create {
 			flags |= os.O_CREATE
 		}
-		f, err := r.OpenFile(rel, flags, mode)
+		f, err := r.OpenFile(at, flags, mode)
 		if err != nil {
 			if errors.Is(err, syscall.ENXIO) {
 				return nil, denied("%s is not a regular file", p.Path)
@@ -333,13 +333,13 @@ func listDir(root string) Func {
 		if err != nil {
 			return nil, err
 		}
-		r, err := openRoot(root, "list_dir")
+		r, at, err := confine(ctx, root, "list_dir", rel)
 		if err != nil {
 			return nil, err
 		}
 		defer r.Close()
 		// O_DIRECTORY: anything else, a FIFO above all, fails the open.
-		d, err := r.OpenFile(rel, os.O_RDONLY|syscall.O_DIRECTORY|syscall.O_NONBLOCK, 0)
+		d, err := r.OpenFile(at, os.O_RDONLY|syscall.O_DIRECTORY|syscall.O_NONBLOCK, 0)
 		if err != nil {
 			if errors.Is(err, syscall.ENOTDIR) {
 				return nil, invalid("%s is not a directory", p.Path)
@@ -392,12 +392,12 @@ func statFile(root string) Func {
 		if err != nil {
 			return nil, err
 		}
-		r, err := openRoot(root, "stat")
+		r, at, err := confine(ctx, root, "stat", rel)
 		if err != nil {
 			return nil, err
 		}
 		defer r.Close()
-		fi, err := r.Stat(rel)
+		fi, err := r.Stat(at)
 		if err != nil {
 			if errors.Is(err, fs.ErrNotExist) {
 				return json.Marshal(map[string]any{"path": rel, "exists": false})
@@ -405,7 +405,7 @@ func statFile(root string) Func {
 			return nil, openError(p.Path, err)
 		}
 		link := false
-		if li, err := r.Lstat(rel); err == nil {
+		if li, err := r.Lstat(at); err == nil {
 			link = li.Mode()&fs.ModeSymlink != 0
 		}
 		size := int64(0)

@@ -42,13 +42,13 @@ func readFile(root string) Func {
 		if err != nil {
 			return nil, err
 		}
-		r, err := openRoot(root, "read_file")
+		r, at, err := confine(ctx, root, "read_file", rel)
 		if err != nil {
 			return nil, err
 		}
 		defer r.Close()
 		// O_NONBLOCK: opening a FIFO must not wait for a writer.
-		f, err := r.OpenFile(rel, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+		f, err := r.OpenFile(at, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 		if err != nil {
 			return nil, openError(p.Path, err)
 		}

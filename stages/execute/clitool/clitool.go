@@ -50,28 +50,21 @@ func (k *Kind) Prepare(m *tools.Manifest, inv *envelope.Invocation) (builtin.Fun
 	if inv.Authz != nil {
 		grants = inv.Authz.Grants
 	}
-	// Network only when the manifest asks for it and the token grants hosts.
-	network := (cfg.Network || len(m.Permissions.Network) > 0) && len(grants.Hosts) > 0
-	var mounts []sandbox.Mount
-	for _, p := range m.Permissions.Filesystem {
-		write := p.Mode == "rw" && grants.PathMode == "rw"
-		ms, err := sandbox.Mounts(k.Sandbox.FileRoot, []string{p.Path}, write)
-		if err != nil {
-			return nil, err
-		}
-		mounts = append(mounts, ms...)
+	base, err := k.Sandbox.Build(sandbox.Request{Manifest: m, Grants: grants, Env: cfg.Env, Network: cfg.Network})
+	if err != nil {
+		return nil, err
 	}
-	lim := sandbox.Limits{Wall: execute.Limit(m, inv.Request), MemoryMB: m.Limits.MemoryMB, CPUSeconds: m.Limits.CPUSeconds,
-		PIDs: m.Limits.PIDs, OutputBytes: m.Limits.OutputBytes, FileSizeMB: m.Limits.FileSizeMB}
-	if rl := inv.Request.ResourceLimits; rl != nil && rl.MemoryMBLimit > 0 && (lim.MemoryMB == 0 || int64(rl.MemoryMBLimit) < lim.MemoryMB) {
-		lim.MemoryMB = int64(rl.MemoryMBLimit) // narrowed, never widened
+	base.Limits.Wall = execute.Limit(m, inv.Request)
+	if rl := inv.Request.ResourceLimits; rl != nil && rl.MemoryMBLimit > 0 && (base.Limits.MemoryMB == 0 || int64(rl.MemoryMBLimit) < base.Limits.MemoryMB) {
+		base.Limits.MemoryMB = int64(rl.MemoryMBLimit) // narrowed, never widened
 	}
 	return func(ctx context.Context, params json.RawMessage) (json.RawMessage, error) {
-		argv, err := sandbox.Expand(cfg.Command, params)
+		argv, err := sandbox.Expand(cfg.Command, params, cfg.Operands...)
 		if err != nil {
 			return nil, err
 		}
-		spec := sandbox.Spec{Argv: argv, Env: cfg.Env, Network: network, Mounts: mounts, Limits: lim}
+		spec := base
+		spec.Argv = argv
 		if cfg.Stdin != "none" {
 			spec.Stdin = params
 		}

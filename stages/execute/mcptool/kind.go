@@ -14,7 +14,6 @@ import (
 	"github.com/toolgate/toolgate/stages/execute"
 	"github.com/toolgate/toolgate/stages/execute/builtin"
 	"log/slog"
-	"path/filepath"
 	"slices"
 	"sync"
 	"time"
@@ -99,8 +98,13 @@ func (k *Kind) prepare(m *tools.Manifest, tenant string, grants envelope.Grants)
 		if err != nil {
 			return nil, nil, err
 		}
-		key, err = identity(serverDef{Tenant: tenant, Name: spec.Server, Argv: sp.Argv, Env: sp.Env, Mounts: sp.Mounts,
-			Network: sp.Network, Limits: sp.Limits, Concurrency: spec.MaxConcurrency})
+		def := serverDef{Tenant: tenant, Name: spec.Server, Argv: sp.Argv, Env: sp.Env, Mounts: sp.Mounts,
+			Network: sp.Network, Limits: sp.Limits, Concurrency: spec.MaxConcurrency}
+		if sp.Network {
+			// The egress proxy admits the hosts of these grants only.
+			def.Hosts, def.Ports = grants.Hosts, grants.Ports
+		}
+		key, err = identity(def)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -130,29 +134,9 @@ func (k *Kind) processSpec(m *tools.Manifest, spec *Spec, grants envelope.Grants
 			"stdio MCP servers are refused here: %v (an operator may choose --sandbox none, which does not isolate)", k.cfg.SandboxErr).
 			WithDetail("not_started", true)
 	}
-	var mounts []sandbox.Mount
-	for _, p := range spec.ReadOnlyPaths {
-		host, err := filepath.EvalSymlinks(filepath.Clean(p))
-		if err != nil {
-			return sandbox.Spec{}, unusable(m, "read-only path %s: %v", p, err)
-		}
-		mounts = append(mounts, sandbox.Mount{Host: host, Path: filepath.Clean(p)})
-	}
-	for _, p := range m.Permissions.Filesystem {
-		write := p.Mode == "rw" && grants.PathMode == "rw"
-		ms, err := sandbox.Mounts(k.cfg.Sandbox.FileRoot, []string{p.Path}, write)
-		if err != nil {
-			return sandbox.Spec{}, err
-		}
-		mounts = append(mounts, ms...)
-	}
-	lim := sandbox.Limits{MemoryMB: cmp.Or(m.Limits.MemoryMB, DefaultMemoryMB), CPUSeconds: m.Limits.CPUSeconds,
-		PIDs: cmp.Or(m.Limits.PIDs, DefaultPIDs), FileSizeMB: m.Limits.FileSizeMB}
-	return sandbox.Spec{
-		Argv: spec.Command, Env: spec.Env, Mounts: mounts, Limits: lim,
-		// Network only when the manifest asks for it and the token grants hosts.
-		Network: (spec.Network || len(m.Permissions.Network) > 0) && len(grants.Hosts) > 0,
-	}, nil
+	return k.cfg.Sandbox.Build(sandbox.Request{Manifest: m, Grants: grants, Argv: spec.Command, Env: spec.Env,
+		Network: spec.Network, ReadOnlyPaths: spec.ReadOnlyPaths,
+		Defaults: sandbox.Limits{MemoryMB: DefaultMemoryMB, PIDs: DefaultPIDs}})
 }
 
 // allowedEndpoint checks a server URL's host against the manifest's network
@@ -190,6 +174,8 @@ type serverDef struct {
 	Env         map[string]string `json:"env,omitempty"` // encoded with sorted keys
 	Mounts      []sandbox.Mount   `json:"mounts,omitempty"`
 	Network     bool              `json:"network,omitempty"`
+	Hosts       []string          `json:"hosts,omitempty"`
+	Ports       []int             `json:"ports,omitempty"`
 	Limits      sandbox.Limits    `json:"limits"`
 	Concurrency int               `json:"concurrency,omitempty"`
 }

@@ -60,6 +60,9 @@ func flakySpec(bin string, tool string, args ...string) mcptool.Spec {
 func newKind(t *testing.T, cfg mcptool.Config) *mcptool.Kind {
 	t.Helper()
 	requireSandbox(t)
+	if len(cfg.Sandbox.ReadOnlyRoots) == 0 {
+		cfg.Sandbox.ReadOnlyRoots = mcptest.Roots(t)
+	}
 	k := mcptool.New(cfg)
 	t.Cleanup(func() { _ = k.Close() })
 	return k
@@ -291,7 +294,7 @@ func TestHangAndToolError(t *testing.T) {
 // later calls.
 func TestCloseEndsServers(t *testing.T) {
 	bin := mcptest.Flaky(t)
-	k := mcptool.New(mcptool.Config{})
+	k := mcptool.New(mcptool.Config{Sandbox: sandbox.Config{ReadOnlyRoots: mcptest.Roots(t)}})
 	requireSandbox(t)
 	fn := prepare(t, k, manifest(t, "whoami", flakySpec(bin, "whoami"), ""), envelope.Grants{})
 	if _, err := call(t, fn, `{}`); err != nil {
@@ -464,5 +467,38 @@ func TestServersPerTenantAndDefinition(t *testing.T) {
 		if got := text("acme", manifest(t, "get-env", spec, ""), `{}`); !strings.Contains(got, "version-"+v) {
 			t.Fatalf("definition %s answered by another process: %s", v, got)
 		}
+	}
+}
+
+// TestReadOnlyPathsConfined: a server's read_only_paths must lie, once
+// resolved, under a directory the operator allows for servers; a symlink
+// under an allowed directory leading elsewhere, or to a host interface such
+// as /proc, is refused before any process starts.
+func TestReadOnlyPathsConfined(t *testing.T) {
+	bin := mcptest.Flaky(t)
+	allowed := filepath.Dir(bin)
+	outside := mcptest.Shared(t, t.TempDir())
+	for link, target := range map[string]string{"to_outside": outside, "to_proc": "/proc/self", "to_etc": "/etc"} {
+		if err := os.Symlink(target, filepath.Join(allowed, link)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	k := newKind(t, mcptool.Config{Sandbox: sandbox.Config{ReadOnlyRoots: []string{allowed}}})
+	for _, p := range []string{filepath.Join(allowed, "to_outside"), filepath.Join(allowed, "to_proc"),
+		filepath.Join(allowed, "to_etc"), outside, "/etc"} {
+		t.Run(p, func(t *testing.T) {
+			spec := flakySpec(bin, "whoami")
+			spec.ReadOnlyPaths = append(spec.ReadOnlyPaths, p)
+			_, err := k.Prepare(manifest(t, "whoami", spec, ""), &envelope.Invocation{Tenant: "t1"})
+			te := wantECode(t, err, api.EPathOutsideRoots)
+			if te.Details["not_started"] != true {
+				t.Fatalf("details %v", te.Details)
+			}
+		})
+	}
+	// The server's own install, under the allowed directory, still runs.
+	fn := prepare(t, k, manifest(t, "whoami", flakySpec(bin, "whoami"), ""), envelope.Grants{})
+	if _, err := call(t, fn, `{}`); err != nil {
+		t.Fatal(err)
 	}
 }

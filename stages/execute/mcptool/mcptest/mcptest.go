@@ -98,3 +98,11 @@ func Shared(t testing.TB, dir string) string {
 	}
 	return dir
 }
+
+// Roots are the directories tests allow servers' read_only_paths under
+// (sandbox.Config.ReadOnlyRoots): the reference servers' install and the
+// temporary directories test servers are built in.
+func Roots(t testing.TB) []string {
+	t.Helper()
+	return []string{ServersDir(t), os.TempDir()}
+}
