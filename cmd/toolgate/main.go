@@ -39,6 +39,7 @@ usage:
   toolgate approve ID [--tenant T] [--reason R]
   toolgate deny    ID [--tenant T] [--reason R]
   toolgate bench  [--rate N] [--duration D]
+  toolgate mcp    --stdio | --listen HOST:PORT [--jwks FILE] [--nats URL]
 
 Run 'toolgate COMMAND -h' for a command's flags.
 `
@@ -76,6 +77,8 @@ func run(args []string) error {
 		return toolsCmd(ctx, rest)
 	case "bench":
 		return benchCmd(ctx, rest)
+	case "mcp":
+		return mcpCmd(ctx, rest)
 	case "token":
 		return tokenCmd(ctx, rest)
 	case "policy":
