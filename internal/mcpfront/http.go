@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/google/uuid"
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/token"
@@ -63,6 +64,10 @@ func (f *Front) Handler() http.Handler {
 				return
 			}
 			if len(body) <= mcp.DefaultMaxRequestBodyBytes {
+				if id, method, ok := unknownMethod(body); ok {
+					methodNotFound(w, id, method)
+					return
+				}
 				body = tagBody(body)
 			}
 			r.Body = io.NopCloser(bytes.NewReader(body))
@@ -121,4 +126,32 @@ func unauthorized(w http.ResponseWriter, code string, e *api.Error) {
 	})
 }
 
+// serverMethods are the requests an MCP server answers (the SDK's list).
+var serverMethods = map[string]bool{
+	"initialize": true, "ping": true, "tools/list": true, "tools/call": true, "logging/setLevel": true,
+	"prompts/list": true, "prompts/get": true, "resources/list": true, "resources/read": true,
+	"resources/templates/list": true, "resources/subscribe": true, "resources/unsubscribe": true,
+	"completion/complete": true, "server/discover": true, "subscriptions/listen": true,
+}
 
+// unknownMethod reports a JSON-RPC request (not a notification) for a
+// method no MCP server has. Over streamable HTTP the SDK answers those with
+// a bare 400; the spec asks for the JSON-RPC error -32601, as over stdio.
+func unknownMethod(body []byte) (json.RawMessage, string, bool) {
+	var m struct {
+		ID     json.RawMessage `json:"id"`
+		Method *string         `json:"method"`
+	}
+	if json.Unmarshal(body, &m) != nil || m.Method == nil || len(m.ID) == 0 || string(m.ID) == "null" {
+		return nil, "", false
+	}
+	return m.ID, *m.Method, !serverMethods[*m.Method] && !strings.HasPrefix(*m.Method, "notifications/")
+}
+
+func methodNotFound(w http.ResponseWriter, id json.RawMessage, method string) {
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(map[string]any{
+		"jsonrpc": "2.0", "id": id,
+		"error": map[string]any{"code": jsonrpc.CodeMethodNotFound, "message": fmt.Sprintf("method not found: %q", method)},
+	})
+}
