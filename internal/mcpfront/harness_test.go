@@ -134,6 +134,8 @@ func newEnv(t *testing.T) *env {
 			case <-ctx.Done():
 				return nil, ctx.Err()
 			}
+			// toolgate records progress at most every 250 ms.
+			time.Sleep(300 * time.Millisecond)
 			p.Report(float64(i)*100/3, fmt.Sprintf("step %d of 3", i))
 		}
 		return json.RawMessage(`{"steps":3}`), nil
@@ -365,4 +367,10 @@ func busOf(t *testing.T, e *env) mcpfront.Bus {
 		t.Fatal(err)
 	}
 	return b
+}
+
+func newHTTP(t *testing.T, e *env) string {
+	srv := httptest.NewServer(e.front.Handler())
+	t.Cleanup(srv.Close)
+	return srv.URL
 }
