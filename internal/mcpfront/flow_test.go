@@ -177,7 +177,9 @@ func TestDisconnect(t *testing.T) {
 	for _, tr := range transports {
 		t.Run(string(tr), func(t *testing.T) {
 			cs := e.connect(tr, tok, nil)
-			go func() { _, _ = cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "t.slow", Arguments: map[string]any{}}) }()
+			go func() {
+				_, _ = cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "t.slow", Arguments: map[string]any{}})
+			}()
 			<-e.slowStarted
 			_ = cs.Close()
 			select {
