@@ -4,6 +4,9 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
+	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -13,6 +16,7 @@ import (
 	"github.com/toolgate/toolgate/internal/token"
 	"github.com/toolgate/toolgate/internal/tools"
 	"github.com/toolgate/toolgate/kvstore"
+	"github.com/toolgate/toolgate/subjects"
 )
 
 // Bus is everything the MCP front end needs from toolgate. It is the only
@@ -45,7 +49,18 @@ type NATSBus struct {
 	store *kvstore.Store
 	reg   *tools.Registry
 	log   *slog.Logger
+
+	// Results arrive on one core subscription per tenant and go to the
+	// calls waiting for them, by result subject: no consumer per call.
+	mu      sync.Mutex
+	subs    map[string]*nats.Subscription // by tenant
+	waiters map[string][]chan api.Response
 }
+
+// resultRecheck is how often Wait also reads the invocation's record, for
+// a result published before it subscribed (a retried request whose
+// original has already finished).
+const resultRecheck = time.Second
 
 var _ Bus = (*NATSBus)(nil)
 
@@ -76,16 +91,101 @@ func NewNATSBus(ctx context.Context, nc *nats.Conn, log *slog.Logger) (*NATSBus,
 	if err != nil {
 		return nil, fmt.Errorf("opening the registry: %w", err)
 	}
-	return &NATSBus{nc: nc, c: c, store: store, reg: tools.NewRegistry(), log: log}, nil
+	return &NATSBus{nc: nc, c: c, store: store, reg: tools.NewRegistry(), log: log,
+		subs: map[string]*nats.Subscription{}, waiters: map[string][]chan api.Response{}}, nil
 }
 
+// Invoke registers the call's waiter before publishing, so its result
+// cannot slip past; Wait collects it.
 func (b *NATSBus) Invoke(ctx context.Context, req api.Request, id string) error {
-	_, err := b.c.Invoke(ctx, req, client.InvokeOptions{ID: id})
-	return err
+	tenant := req.AgentContext.TenantID
+	if err := b.subscribe(tenant); err != nil {
+		return err
+	}
+	subject := subjects.Result(tenant, id)
+	ch := make(chan api.Response, 1)
+	b.mu.Lock()
+	b.waiters[subject] = append(b.waiters[subject], ch)
+	b.mu.Unlock()
+	if _, err := b.c.Invoke(ctx, req, client.InvokeOptions{ID: id}); err != nil {
+		b.forget(subject, ch)
+		return err
+	}
+	return nil
+}
+
+func (b *NATSBus) subscribe(tenant string) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.subs[tenant] != nil {
+		return nil
+	}
+	sub, err := b.nc.Subscribe(subjects.ResultTenant(tenant), b.deliver)
+	if err != nil {
+		return fmt.Errorf("subscribing to results: %w", err)
+	}
+	b.subs[tenant] = sub
+	return nil
+}
+
+func (b *NATSBus) deliver(m *nats.Msg) {
+	b.mu.Lock()
+	chs := b.waiters[m.Subject]
+	b.mu.Unlock()
+	if len(chs) == 0 {
+		return
+	}
+	resp, err := client.DecodeResult(m.Data)
+	if err != nil || !resp.Status.Terminal() {
+		return // the pending answer of an async request, or noise
+	}
+	b.mu.Lock()
+	chs = b.waiters[m.Subject]
+	delete(b.waiters, m.Subject)
+	b.mu.Unlock()
+	for _, ch := range chs {
+		ch <- resp
+	}
+}
+
+func (b *NATSBus) forget(subject string, ch chan api.Response) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	chs := slices.DeleteFunc(b.waiters[subject], func(c chan api.Response) bool { return c == ch })
+	if len(chs) == 0 {
+		delete(b.waiters, subject)
+	} else {
+		b.waiters[subject] = chs
+	}
 }
 
 func (b *NATSBus) Wait(ctx context.Context, tenant, id string) (api.Response, error) {
-	return b.c.Wait(ctx, tenant, id)
+	subject := subjects.Result(tenant, id)
+	b.mu.Lock()
+	var ch chan api.Response
+	if chs := b.waiters[subject]; len(chs) > 0 {
+		ch = chs[len(chs)-1]
+	}
+	b.mu.Unlock()
+	if ch == nil { // not invoked through this bus: read the stream
+		return b.c.Wait(ctx, tenant, id)
+	}
+	defer b.forget(subject, ch)
+	t := time.NewTicker(resultRecheck)
+	defer t.Stop()
+	for {
+		select {
+		case resp := <-ch:
+			return resp, nil
+		case <-ctx.Done():
+			return api.Response{}, ctx.Err()
+		case <-t.C:
+			rec, err := b.c.Status(ctx, tenant, id)
+			if err == nil && rec.Status.Terminal() && rec.Response != nil {
+				return *rec.Response, nil
+			}
+		}
+	}
 }
 
 func (b *NATSBus) Status(ctx context.Context, tenant, id string) (api.Record, error) {
