@@ -30,6 +30,7 @@ func mcpCmd(ctx context.Context, args []string) error {
 	iss := fset.String("token-issuer", "toolgate", "required iss of capability tokens")
 	aud := fset.String("token-audience", "toolgate", "required aud of capability tokens")
 	fset.DurationVar(&c.MaxWait, "max-wait", mcpfront.DefaultMaxWait, "longest a tools/call waits for its result, approval included")
+	fset.DurationVar(&c.SessionTimeout, "session-timeout", mcpfront.DefaultSessionTimeout, "close HTTP sessions idle this long, cancelling their calls")
 	level := fset.String("log-level", "info", "debug, info, warn or error (logs go to stderr)")
 	if err := fset.Parse(args); err != nil {
 		return err

@@ -198,6 +198,7 @@ func TestErrors(t *testing.T) {
 				t.Fatal(err)
 			}
 			te := toolgateError(t, res)
+			t.Logf("schema-invalid call, as the model reads it:\n%s", text(res))
 			if !res.IsError || te.Code != api.InvalidParameters || !strings.Contains(text(res), "Fix the arguments") ||
 				!strings.Contains(text(res), "/message") {
 				t.Errorf("schema-invalid: %+v %s", te, text(res))
