@@ -97,7 +97,11 @@ func tagBody(body []byte) []byte {
 	if string(m["method"]) != `"tools/call"` || len(m["id"]) == 0 || string(m["id"]) == "null" {
 		return body
 	}
-	m["params"] = tagParams(m["params"], m["id"])
+	p := tagParams(m["params"], m["id"])
+	if bytes.Equal(p, m["params"]) {
+		return body
+	}
+	m["params"] = p
 	out, err := json.Marshal(m)
 	if err != nil {
 		return body

@@ -193,10 +193,15 @@ func (f *Front) registryChanged() {
 // refreshLoop brings every session's tool list up to date after registry
 // changes; a burst of changes is one refresh.
 func (f *Front) refreshLoop(ctx context.Context) {
+	sweep := time.NewTicker(time.Minute)
+	defer sweep.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
+		case <-sweep.C:
+			f.sweep(time.Minute)
+			continue
 		case <-f.changed:
 		}
 		f.mu.Lock()
@@ -208,6 +213,31 @@ func (f *Front) refreshLoop(ctx context.Context) {
 		for _, s := range ss {
 			s.refresh()
 		}
+	}
+}
+
+// sweep drops sessions older than grace whose server has no live
+// connection: an HTTP session that was opened but never initialized, or
+// closed by the SDK (idle timeout) before it was.
+func (f *Front) sweep(grace time.Duration) {
+	f.mu.Lock()
+	var dead []*session
+	for _, s := range f.sessions {
+		if time.Since(s.created) < grace {
+			continue
+		}
+		live := false
+		for range s.server.Sessions() {
+			live = true
+			break
+		}
+		if !live {
+			dead = append(dead, s)
+		}
+	}
+	f.mu.Unlock()
+	for _, s := range dead {
+		f.drop(s)
 	}
 }
 
@@ -233,7 +263,7 @@ func (f *Front) checkClaims(c *token.Claims) error {
 
 // newSession makes the MCP server of one session: its tools are those c grants.
 func (f *Front) newSession(id string, c *token.Claims, raw string) *session {
-	s := &session{f: f, id: id, claims: c, raw: raw, listed: map[string]string{}}
+	s := &session{f: f, id: id, claims: c, raw: raw, listed: map[string]string{}, created: time.Now()}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.server = mcp.NewServer(&mcp.Implementation{Name: ServerName, Title: "toolgate", Version: control.Version}, &mcp.ServerOptions{
 		Instructions: "Tools served by toolgate. Every call is checked against your capability token and policy, " +

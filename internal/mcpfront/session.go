@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/golang-jwt/jwt/v5"
 	"github.com/google/uuid"
@@ -24,6 +25,8 @@ type session struct {
 	claims *token.Claims
 	raw    string // the token calls carry when the request has none of its own
 	server *mcp.Server
+	// created is when the session was opened.
+	created time.Time
 
 	// ctx ends with the session; every call waits under it.
 	ctx    context.Context
