@@ -2,6 +2,8 @@ package mcpfront_test
 
 import (
 	"context"
+	"io"
+	"net/http"
 	"strings"
 	"sync"
 	"testing"
@@ -170,25 +172,57 @@ func TestCancel(t *testing.T) {
 	}
 }
 
-// TestDisconnect: a client that goes away has its calls cancelled.
+// TestDisconnect: a client that goes away has its calls cancelled: over
+// stdio when its pipes close (the process died), over HTTP when its session
+// is deleted. (The SDK client's own Close waits for calls in flight, so the
+// test cuts the connection itself.)
 func TestDisconnect(t *testing.T) {
 	e := newEnv(t)
 	tok := mint(t, token.Claims{})
-	for _, tr := range transports {
-		t.Run(string(tr), func(t *testing.T) {
-			cs := e.connect(tr, tok, nil)
-			go func() {
-				_, _ = cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "t.slow", Arguments: map[string]any{}})
-			}()
-			<-e.slowStarted
-			_ = cs.Close()
-			select {
-			case <-e.slowEnded:
-			case <-time.After(15 * time.Second):
-				t.Fatal("the tool outlived its client")
-			}
-		})
-	}
+	t.Run("stdio", func(t *testing.T) {
+		toServer, fromClient := io.Pipe()
+		toClient, fromServer := io.Pipe()
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		go func() {
+			_ = e.front.ServeStdio(ctx, &mcp.IOTransport{Reader: toServer, Writer: fromServer}, nil, tok)
+		}()
+		cs, err := mcp.NewClient(&mcp.Implementation{Name: "dies", Version: "1"}, nil).
+			Connect(ctx, &mcp.IOTransport{Reader: toClient, Writer: fromClient}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		go func() { _, _ = cs.CallTool(ctx, &mcp.CallToolParams{Name: "t.slow", Arguments: map[string]any{}}) }()
+		<-e.slowStarted
+		_ = fromClient.Close() // the client process is gone
+		_ = toClient.Close()
+		select {
+		case <-e.slowEnded:
+		case <-time.After(15 * time.Second):
+			t.Fatal("the tool outlived its client")
+		}
+	})
+	t.Run("http", func(t *testing.T) {
+		url := newHTTP(t, e)
+		cs := e.connectTo(url, tok)
+		go func() {
+			_, _ = cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "t.slow", Arguments: map[string]any{}})
+		}()
+		<-e.slowStarted
+		req, _ := http.NewRequest(http.MethodDelete, url+"/mcp", nil)
+		req.Header.Set("Authorization", "Bearer "+tok)
+		req.Header.Set("Mcp-Session-Id", cs.ID())
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		select {
+		case <-e.slowEnded:
+		case <-time.After(15 * time.Second):
+			t.Fatalf("the tool outlived its deleted session (DELETE: %s)", resp.Status)
+		}
+	})
 }
 
 // TestConcurrentSessions: a slow call in one session blocks neither

@@ -374,3 +374,16 @@ func newHTTP(t *testing.T, e *env) string {
 	t.Cleanup(srv.Close)
 	return srv.URL
 }
+
+// connectTo opens an HTTP session at url (a newHTTP server).
+func (e *env) connectTo(url, tok string) *mcp.ClientSession {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "test-client", Version: "1"}, nil).Connect(ctx,
+		&mcp.StreamableClientTransport{Endpoint: url + "/mcp", HTTPClient: &http.Client{Transport: bearerTransport{tok}}}, nil)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return cs
+}

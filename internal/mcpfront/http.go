@@ -57,6 +57,13 @@ func (f *Front) Handler() http.Handler {
 			unauthorized(w, "invalid_token", api.AsError(err))
 			return
 		}
+		if r.Method == http.MethodDelete {
+			// The SDK closes a deleted session only once its calls have
+			// returned: end them first, so DELETE cancels them.
+			if s := f.lookup(r.Header.Get("Mcp-Session-Id")); s != nil {
+				f.drop(s)
+			}
+		}
 		if r.Method == http.MethodPost && r.Body != nil {
 			body, err := io.ReadAll(io.LimitReader(r.Body, mcp.DefaultMaxRequestBodyBytes+1))
 			if err != nil {
