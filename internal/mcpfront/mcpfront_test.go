@@ -172,6 +172,13 @@ func TestHTTPAuth(t *testing.T) {
 			}
 		})
 	}
+	t.Run("stdio, other tenant", func(t *testing.T) {
+		_, st := mcp.NewInMemoryTransports()
+		err := f.ServeStdio(context.Background(), st, nil, other)
+		if !errors.Is(err, api.NewError(api.PermissionDenied, api.ENotGranted, "")) {
+			t.Errorf("stdio with another tenant's token: %v", err)
+		}
+	})
 	t.Run("session of another agent", func(t *testing.T) {
 		first := post(t, srv.URL, mint(t, token.Claims{}), "", init)
 		sid := strings.Fields(first)[2]

@@ -4,7 +4,9 @@ import (
 	"encoding/json"
 	"testing"
 
+	"github.com/nats-io/nats.go"
 	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/busauth"
 	"github.com/toolgate/toolgate/internal/token"
 	"github.com/toolgate/toolgate/internal/tools"
 )
@@ -90,5 +92,28 @@ func TestGrantsHonoursExcludedSideEffects(t *testing.T) {
 		if got := grants(c, m); got != tc.want {
 			t.Errorf("%s %v: grants = %v", tc.id, tc.se, got)
 		}
+	}
+}
+
+// TestConnectOptions: an agent's connection presents its token and takes
+// replies under its private inbox prefix.
+func TestConnectOptions(t *testing.T) {
+	c := &token.Claims{TenantID: "acme"}
+	c.ID = "tok:1"
+	o := nats.GetDefaultOptions()
+	for _, opt := range ConnectOptions(c, "raw-token") {
+		if err := opt(&o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if o.Token != "raw-token" || o.InboxPrefix != busauth.InboxPrefix("acme", "tok:1") {
+		t.Errorf("token %q, inbox prefix %q", o.Token, o.InboxPrefix)
+	}
+	o = nats.GetDefaultOptions()
+	for _, opt := range ConnectOptions(nil, "") {
+		_ = opt(&o)
+	}
+	if o.Token != "" || o.InboxPrefix != "" {
+		t.Errorf("without a token: token %q, inbox prefix %q", o.Token, o.InboxPrefix)
 	}
 }
