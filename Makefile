@@ -11,13 +11,17 @@ run:
 build:
 	$(GO) build -o bin/toolgate ./cmd/toolgate
 
-# The reference MCP servers the tests run against, installed once.
+# The reference MCP servers the tests run against, and the MCP Inspector
+# (a client nobody here wrote) that tests `toolgate mcp`, installed once.
 MCP_SERVERS := .cache/mcp-servers
+MCP_INSPECTOR_VERSION := 2.12.0
 mcp-servers:
 	@test -f $(MCP_SERVERS)/node_modules/@modelcontextprotocol/server-filesystem/dist/index.js \
-	  -a -f $(MCP_SERVERS)/node_modules/@modelcontextprotocol/server-everything/dist/index.js || \
+	  -a -f $(MCP_SERVERS)/node_modules/@modelcontextprotocol/server-everything/dist/index.js \
+	  -a -f $(MCP_SERVERS)/node_modules/@modelcontextprotocol/inspector/package.json || \
 	  npm install --no-audit --no-fund --prefix $(MCP_SERVERS) \
-	    @modelcontextprotocol/server-filesystem@2026.8.31 @modelcontextprotocol/server-everything@2026.8.31
+	    @modelcontextprotocol/server-filesystem@2026.8.31 @modelcontextprotocol/server-everything@2026.8.31 \
+	    @modelcontextprotocol/inspector@$(MCP_INSPECTOR_VERSION)
 
 # The nats CLI, for the README's command blocks (docs/docs_test.go skips
 # them without it). Its module has no version list on the proxy, so it is

@@ -83,3 +83,16 @@ func apply(reg *tools.Registry, e jetstream.KeyValueEntry, log *slog.Logger) {
 		reg.Put(m)
 	}
 }
+
+// WatchToolsNotify is WatchTools that also calls changed after each change
+// it applies to reg (the initial load included), so a holder of reg can tell
+// its own clients that the registry moved. changed must not block.
+func (s *Store) WatchToolsNotify(ctx context.Context, reg *tools.Registry, log *slog.Logger, changed func()) error {
+	if log == nil {
+		log = slog.Default()
+	}
+	return s.watch(ctx, s.tools, func(e jetstream.KeyValueEntry) {
+		apply(reg, e, log)
+		changed()
+	})
+}

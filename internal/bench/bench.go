@@ -65,6 +65,8 @@ type Report struct {
 	Sandbox   []Cost
 	MCP       []Cost
 	Noisy     *Noisy
+	// Front is the MCP front end's cost over a direct tool.invoke.
+	Front []Cost
 }
 
 // Run starts an embedded server with file storage, measures a no-op builtin
@@ -100,7 +102,7 @@ func Run(ctx context.Context, o Options) (Report, error) {
 	if err != nil {
 		return rep, err
 	}
-	if rep.Pipeline, rep.Authz, err = measurePipeline(ctx, url, o, cred); err != nil {
+	if rep.Pipeline, rep.Authz, rep.Front, err = measurePipeline(ctx, url, o, cred); err != nil {
 		return rep, fmt.Errorf("pipeline: %w", err)
 	}
 	if rep.Raw, err = measureRaw(ctx, url, o); err != nil {
@@ -208,7 +210,7 @@ const (
 	benchAgent  = "did:agent:bench"
 )
 
-func measurePipeline(ctx context.Context, url string, o Options, cred credentials) (Result, []Cost, error) {
+func measurePipeline(ctx context.Context, url string, o Options, cred credentials) (Result, []Cost, []Cost, error) {
 	runCtx, stop := context.WithCancel(ctx)
 	ready := make(chan *node.Node, 1)
 	errc := make(chan error, 1)
@@ -225,14 +227,21 @@ func measurePipeline(ctx context.Context, url string, o Options, cred credential
 	select {
 	case node = <-ready:
 	case err := <-errc:
-		return Result{}, nil, err
+		return Result{}, nil, nil, err
 	}
 	res, err := measureInvocations(ctx, url, o, cred)
 	if err != nil {
-		return res, nil, err
+		return res, nil, nil, err
 	}
 	authz, err := measureAuthz(runCtx, node, cred)
-	return res, authz, err
+	if err != nil {
+		return res, authz, nil, err
+	}
+	front, err := measureFront(runCtx, url, cred)
+	if err != nil {
+		return res, authz, nil, fmt.Errorf("mcp front end: %w", err)
+	}
+	return res, authz, front, nil
 }
 
 func measureInvocations(ctx context.Context, url string, o Options, cred credentials) (Result, error) {
@@ -403,6 +412,7 @@ func (r Report) Print(w io.Writer) {
 	if len(r.MCP) > 0 {
 		PrintMCP(w, r.MCP)
 	}
+	PrintFront(w, r.Front)
 }
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.2fms", float64(d.Microseconds())/1000) }

@@ -77,3 +77,7 @@ func devKeys(dir, issuer, audience string) (*token.SigningKey, string, error) {
 	}
 	return k, raw, nil
 }
+
+// DevJWKSPath is where serve --examples writes the public key set of the
+// development key, for components that verify tokens without running a stage.
+func DevJWKSPath(dir string) string { return filepath.Join(dir, devJWKSFile) }

@@ -1,0 +1,74 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/toolgate/toolgate/internal/mcpfront"
+	"github.com/toolgate/toolgate/internal/node"
+	"github.com/toolgate/toolgate/internal/token"
+)
+
+// mcpCmd serves toolgate's tools to MCP clients (internal/mcpfront).
+func (a *app) mcpCmd() *cobra.Command {
+	var c mcpfront.Config
+	var tokenFile, jwks, iss, aud, level string
+	cmd := &cobra.Command{
+		Use:   "mcp (--stdio | --listen HOST:PORT)",
+		Short: "Serve toolgate's tools to MCP clients; every tools/call runs through the pipeline",
+		Example: `  TOOLGATE_TOKEN=$(cat toolgate-data/dev-token) toolgate mcp --stdio
+  toolgate mcp --listen 127.0.0.1:8765`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if c.Stdio == (c.Listen != "") {
+				return usageErr("mcp: give exactly one of --stdio and --listen")
+			}
+			c.NATSURL = a.conn.ServerURL()
+			c.Log = logger(a.stderr, level)
+			if c.Stdio {
+				c.Token = strings.TrimSpace(os.Getenv("TOOLGATE_TOKEN"))
+				if tokenFile != "" {
+					b, err := os.ReadFile(tokenFile)
+					if err != nil {
+						return fmt.Errorf("token file: %w", err)
+					}
+					c.Token = strings.TrimSpace(string(b))
+				}
+			}
+			path := jwks
+			if path == "" {
+				if _, err := os.Stat(node.DevJWKSPath(a.data)); err == nil {
+					path = node.DevJWKSPath(a.data)
+				} else if !errors.Is(err, fs.ErrNotExist) {
+					return err
+				}
+			}
+			if path != "" {
+				kf, err := token.OpenKeyFile(path, c.Log)
+				if err != nil {
+					return fmt.Errorf("key set: %w", err)
+				}
+				go kf.Watch(cmd.Context(), time.Second)
+				c.Verifier = &token.Verifier{Keys: kf, Issuer: iss, Audience: aud, Leeway: node.TokenLeeway}
+			}
+			return mcpfront.Run(cmd.Context(), c)
+		},
+	}
+	f := cmd.Flags()
+	f.BoolVar(&c.Stdio, "stdio", false, "serve one MCP session on stdin/stdout, with the token of TOOLGATE_TOKEN or --token-file")
+	f.StringVar(&c.Listen, "listen", "", "serve streamable HTTP on HOST:PORT (path /mcp); each request carries Authorization: Bearer <capability token>")
+	f.StringVar(&tokenFile, "token-file", "", "file holding the capability token of the stdio session (default: $TOOLGATE_TOKEN)")
+	f.StringVar(&jwks, "jwks", "", "key set (JWKS file) tokens are verified with (default: the development key set in --data)")
+	f.StringVar(&c.Tenant, "tenant", "", "refuse tokens of any other tenant")
+	f.StringVar(&iss, "token-issuer", "toolgate", "required iss of capability tokens")
+	f.StringVar(&aud, "token-audience", "toolgate", "required aud of capability tokens")
+	f.DurationVar(&c.MaxWait, "max-wait", mcpfront.DefaultMaxWait, "longest a tools/call waits for its result, approval included")
+	f.DurationVar(&c.SessionTimeout, "session-timeout", mcpfront.DefaultSessionTimeout, "close HTTP sessions idle this long, cancelling their calls")
+	f.StringVar(&level, "log-level", "info", "debug, info, warn or error (logs go to stderr)")
+	return cmd
+}

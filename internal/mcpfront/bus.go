@@ -1,0 +1,204 @@
+package mcpfront
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/client"
+	"github.com/toolgate/toolgate/internal/busauth"
+	"github.com/toolgate/toolgate/internal/token"
+	"github.com/toolgate/toolgate/internal/tools"
+	"github.com/toolgate/toolgate/kvstore"
+	"github.com/toolgate/toolgate/subjects"
+)
+
+// Bus is everything the MCP front end needs from toolgate. It is the only
+// place that knows subjects and buckets: moving to tenant-scoped control
+// endpoints, or to a connection that may only read what its token allows,
+// changes an implementation of Bus and nothing else.
+type Bus interface {
+	// Invoke publishes req as a tool.invoke event with invocation id id.
+	// Publishing the same id again is deduplicated by toolgate.
+	Invoke(ctx context.Context, req api.Request, id string) error
+	// Wait returns the response of invocation id of tenant once it exists.
+	Wait(ctx context.Context, tenant, id string) (api.Response, error)
+	// Status returns the invocation's record (status, progress).
+	Status(ctx context.Context, tenant, id string) (api.Record, error)
+	// Cancel asks toolgate to stop the invocation.
+	Cancel(ctx context.Context, tenant, id, reason string) error
+	// Tools returns the latest serving version of every registered tool.
+	Tools() []*tools.Manifest
+	// WatchTools returns once Tools reflects the registry, then calls
+	// changed (which must not block) after every change until ctx ends.
+	WatchTools(ctx context.Context, changed func()) error
+}
+
+// NATSBus is Bus over one NATS connection: invocations and results through
+// JetStream, control requests through the control service, the registry
+// from the tools bucket.
+type NATSBus struct {
+	nc    *nats.Conn
+	c     *client.Client
+	store *kvstore.Store
+	reg   *tools.Registry
+	log   *slog.Logger
+
+	// Results arrive on one core subscription per tenant and go to the
+	// calls waiting for them, by result subject: no consumer per call.
+	mu      sync.Mutex
+	subs    map[string]*nats.Subscription // by tenant
+	waiters map[string][]chan api.Response
+}
+
+// resultRecheck is how often Wait also reads the invocation's record, for
+// a result published before it subscribed (a retried request whose
+// original has already finished).
+const resultRecheck = time.Second
+
+var _ Bus = (*NATSBus)(nil)
+
+// ConnectOptions are the NATS options of an agent's connection: with a
+// capability token, the token is the connect token and replies come to the
+// agent's private inbox prefix (see busauth.InboxPrefix), so a deployment
+// with bus authentication admits the connection by its token.
+func ConnectOptions(claims *token.Claims, raw string) []nats.Option {
+	opts := []nats.Option{nats.Name("toolgate-mcp")}
+	if raw != "" && claims != nil {
+		opts = append(opts, nats.Token(raw), nats.CustomInboxPrefix(busauth.InboxPrefix(claims.TenantID, claims.ID)))
+	}
+	return opts
+}
+
+// NewNATSBus opens the buckets over nc. The caller closes nc.
+func NewNATSBus(ctx context.Context, nc *nats.Conn, log *slog.Logger) (*NATSBus, error) {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	c, err := client.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	c.Source = "urn:toolgate:mcp"
+	store, err := kvstore.Open(ctx, js, kvstore.Options{})
+	if err != nil {
+		return nil, fmt.Errorf("opening the registry: %w", err)
+	}
+	return &NATSBus{nc: nc, c: c, store: store, reg: tools.NewRegistry(), log: log,
+		subs: map[string]*nats.Subscription{}, waiters: map[string][]chan api.Response{}}, nil
+}
+
+// Invoke registers the call's waiter before publishing, so its result
+// cannot slip past; Wait collects it.
+func (b *NATSBus) Invoke(ctx context.Context, req api.Request, id string) error {
+	tenant := req.AgentContext.TenantID
+	if err := b.subscribe(tenant); err != nil {
+		return err
+	}
+	subject := subjects.Result(tenant, id)
+	ch := make(chan api.Response, 1)
+	b.mu.Lock()
+	b.waiters[subject] = append(b.waiters[subject], ch)
+	b.mu.Unlock()
+	if _, err := b.c.Invoke(ctx, req, client.InvokeOptions{ID: id}); err != nil {
+		b.forget(subject, ch)
+		return err
+	}
+	return nil
+}
+
+func (b *NATSBus) subscribe(tenant string) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.subs[tenant] != nil {
+		return nil
+	}
+	sub, err := b.nc.Subscribe(subjects.ResultTenant(tenant), b.deliver)
+	if err != nil {
+		return fmt.Errorf("subscribing to results: %w", err)
+	}
+	b.subs[tenant] = sub
+	return nil
+}
+
+func (b *NATSBus) deliver(m *nats.Msg) {
+	b.mu.Lock()
+	chs := b.waiters[m.Subject]
+	b.mu.Unlock()
+	if len(chs) == 0 {
+		return
+	}
+	resp, err := client.DecodeResult(m.Data)
+	if err != nil || !resp.Status.Terminal() {
+		return // the pending answer of an async request, or noise
+	}
+	b.mu.Lock()
+	chs = b.waiters[m.Subject]
+	delete(b.waiters, m.Subject)
+	b.mu.Unlock()
+	for _, ch := range chs {
+		ch <- resp
+	}
+}
+
+func (b *NATSBus) forget(subject string, ch chan api.Response) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	chs := slices.DeleteFunc(b.waiters[subject], func(c chan api.Response) bool { return c == ch })
+	if len(chs) == 0 {
+		delete(b.waiters, subject)
+	} else {
+		b.waiters[subject] = chs
+	}
+}
+
+func (b *NATSBus) Wait(ctx context.Context, tenant, id string) (api.Response, error) {
+	subject := subjects.Result(tenant, id)
+	b.mu.Lock()
+	var ch chan api.Response
+	if chs := b.waiters[subject]; len(chs) > 0 {
+		ch = chs[len(chs)-1]
+	}
+	b.mu.Unlock()
+	if ch == nil { // not invoked through this bus: read the stream
+		return b.c.Wait(ctx, tenant, id)
+	}
+	defer b.forget(subject, ch)
+	t := time.NewTicker(resultRecheck)
+	defer t.Stop()
+	for {
+		select {
+		case resp := <-ch:
+			return resp, nil
+		case <-ctx.Done():
+			return api.Response{}, ctx.Err()
+		case <-t.C:
+			rec, err := b.c.Status(ctx, tenant, id)
+			if err == nil && rec.Status.Terminal() && rec.Response != nil {
+				return *rec.Response, nil
+			}
+		}
+	}
+}
+
+func (b *NATSBus) Status(ctx context.Context, tenant, id string) (api.Record, error) {
+	return b.c.Status(ctx, tenant, id)
+}
+
+func (b *NATSBus) Cancel(ctx context.Context, tenant, id, reason string) error {
+	_, err := b.c.Cancel(ctx, tenant, id, reason)
+	return err
+}
+
+func (b *NATSBus) Tools() []*tools.Manifest { return b.reg.List() }
+
+func (b *NATSBus) WatchTools(ctx context.Context, changed func()) error {
+	return b.store.WatchToolsNotify(ctx, b.reg, b.log, changed)
+}

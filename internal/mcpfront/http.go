@@ -1,0 +1,168 @@
+package mcpfront
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+
+	"github.com/google/uuid"
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/token"
+)
+
+type claimsKey struct{}
+
+type authed struct {
+	claims *token.Claims
+	raw    string
+}
+
+// Handler serves MCP over streamable HTTP. Every request must carry
+// `Authorization: Bearer <capability token>`; without one, or with a token
+// that does not verify, is for another tenant than Config.Tenant, or for
+// another tenant or agent than the session it names, the answer is 401 with
+// a `WWW-Authenticate: Bearer` challenge and a JSON body
+// {"error", "error_description", "code", "e_code"}.
+func (f *Front) Handler() http.Handler {
+	h := mcp.NewStreamableHTTPHandler(f.serverFor, &mcp.StreamableHTTPOptions{
+		Logger:         f.cfg.Log,
+		SessionTimeout: f.cfg.SessionTimeout,
+	})
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		raw, ok := bearer(r.Header.Get("Authorization"))
+		if !ok {
+			unauthorized(w, "invalid_request", api.NewError(api.PermissionDenied, api.ETokenInvalid,
+				"send the capability token as Authorization: Bearer <token>"))
+			return
+		}
+		claims, err := f.cfg.Verifier.Verify(raw)
+		if err == nil {
+			err = f.checkClaims(claims)
+		}
+		if err == nil {
+			if sid := r.Header.Get("Mcp-Session-Id"); sid != "" {
+				if s := f.lookup(sid); s != nil && (s.claims.TenantID != claims.TenantID || s.claims.AgentDID != claims.AgentDID) {
+					err = api.NewError(api.PermissionDenied, api.ENotGranted,
+						"the session belongs to another tenant or agent than this capability token")
+				}
+			}
+		}
+		if err != nil {
+			unauthorized(w, "invalid_token", api.AsError(err))
+			return
+		}
+		if r.Method == http.MethodDelete {
+			// The SDK closes a deleted session only once its calls have
+			// returned: end them first, so DELETE cancels them.
+			if s := f.lookup(r.Header.Get("Mcp-Session-Id")); s != nil {
+				f.drop(s)
+			}
+		}
+		if r.Method == http.MethodPost && r.Body != nil {
+			body, err := io.ReadAll(io.LimitReader(r.Body, mcp.DefaultMaxRequestBodyBytes+1))
+			if err != nil {
+				http.Error(w, "reading the request body", http.StatusBadRequest)
+				return
+			}
+			if len(body) <= mcp.DefaultMaxRequestBodyBytes {
+				if id, method, ok := unknownMethod(body); ok {
+					methodNotFound(w, id, method)
+					return
+				}
+				body = tagBody(body)
+			}
+			r.Body = io.NopCloser(bytes.NewReader(body))
+			r.ContentLength = int64(len(body))
+		}
+		ctx := context.WithValue(r.Context(), claimsKey{}, authed{claims: claims, raw: raw})
+		h.ServeHTTP(w, r.WithContext(ctx))
+	})
+}
+
+// serverFor makes the server of a new session, for the token of the
+// request that opens it.
+func (f *Front) serverFor(r *http.Request) *mcp.Server {
+	a, ok := r.Context().Value(claimsKey{}).(authed)
+	if !ok {
+		return nil
+	}
+	return f.newSession(uuid.NewString(), a.claims, a.raw).server
+}
+
+// tagBody tags a tools/call request body with its id (see tagParams).
+func tagBody(body []byte) []byte {
+	var m map[string]json.RawMessage
+	if json.Unmarshal(body, &m) != nil {
+		return body
+	}
+	if string(m["method"]) != `"tools/call"` || len(m["id"]) == 0 || string(m["id"]) == "null" {
+		return body
+	}
+	p := tagParams(m["params"], m["id"])
+	if bytes.Equal(p, m["params"]) {
+		return body
+	}
+	m["params"] = p
+	out, err := json.Marshal(m)
+	if err != nil {
+		return body
+	}
+	return out
+}
+
+// bearer extracts the token of an Authorization header value.
+func bearer(h string) (string, bool) {
+	scheme, tok, ok := strings.Cut(strings.TrimSpace(h), " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return "", false
+	}
+	tok = strings.TrimSpace(tok)
+	return tok, tok != ""
+}
+
+// unauthorized answers 401 with an RFC 6750 challenge.
+func unauthorized(w http.ResponseWriter, code string, e *api.Error) {
+	desc := strings.NewReplacer(`"`, "'", "\\", "/").Replace(e.Message)
+	w.Header().Set("WWW-Authenticate", fmt.Sprintf(`Bearer realm="toolgate", error="%s", error_description="%s"`, code, desc))
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusUnauthorized)
+	_ = json.NewEncoder(w).Encode(map[string]any{
+		"error": code, "error_description": e.Message, "code": e.Code, "e_code": e.ECode,
+	})
+}
+
+// serverMethods are the requests an MCP server answers (the SDK's list).
+var serverMethods = map[string]bool{
+	"initialize": true, "ping": true, "tools/list": true, "tools/call": true, "logging/setLevel": true,
+	"prompts/list": true, "prompts/get": true, "resources/list": true, "resources/read": true,
+	"resources/templates/list": true, "resources/subscribe": true, "resources/unsubscribe": true,
+	"completion/complete": true, "server/discover": true, "subscriptions/listen": true,
+}
+
+// unknownMethod reports a JSON-RPC request (not a notification) for a
+// method no MCP server has. Over streamable HTTP the SDK answers those with
+// a bare 400; the spec asks for the JSON-RPC error -32601, as over stdio.
+func unknownMethod(body []byte) (json.RawMessage, string, bool) {
+	var m struct {
+		ID     json.RawMessage `json:"id"`
+		Method *string         `json:"method"`
+	}
+	if json.Unmarshal(body, &m) != nil || m.Method == nil || len(m.ID) == 0 || string(m.ID) == "null" {
+		return nil, "", false
+	}
+	return m.ID, *m.Method, !serverMethods[*m.Method] && !strings.HasPrefix(*m.Method, "notifications/")
+}
+
+func methodNotFound(w http.ResponseWriter, id json.RawMessage, method string) {
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(map[string]any{
+		"jsonrpc": "2.0", "id": id,
+		"error": map[string]any{"code": jsonrpc.CodeMethodNotFound, "message": fmt.Sprintf("method not found: %q", method)},
+	})
+}

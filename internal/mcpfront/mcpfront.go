@@ -1,0 +1,300 @@
+// Package mcpfront makes toolgate a Model Context Protocol server: an agent's
+// MCP client lists the tools its capability token may call and calls them,
+// and every tools/call is a tool.invoke through the six stages (validate,
+// authorize, route, execute, verify, audit), so policy, approvals, budgets,
+// sandboxing, output checks and the audit trail apply as to any other caller.
+//
+// It serves one agent over stdio (ServeStdio, token given at start) or many
+// over streamable HTTP (Handler, a capability token on every request as
+// `Authorization: Bearer`). Each MCP session gets its own server holding
+// exactly the tools its token grants, kept current from the registry, so
+// tools/list, pagination and notifications/tools/list_changed are the SDK's.
+//
+// Lifecycle of a call: the invocation id is derived from the session id and
+// the JSON-RPC request id (a retried request is the same invocation, which
+// toolgate deduplicates); the handler waits for the tool.result, relaying
+// progress and the approval wait as MCP progress notifications; when the
+// client cancels the request, or its session ends (stdio closed, HTTP
+// session deleted or timed out), the invocation is cancelled through the
+// control service.
+package mcpfront
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/nats-io/nats.go"
+	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/control"
+	"github.com/toolgate/toolgate/internal/token"
+)
+
+// ServerName is the name toolgate gives in the initialize handshake.
+const ServerName = "toolgate"
+
+// Defaults of Config.
+const (
+	DefaultMaxArgumentBytes = 512 << 10
+	DefaultPageSize         = 100
+	DefaultStatusInterval   = 500 * time.Millisecond
+	DefaultMaxWait          = 30 * time.Minute
+	DefaultSessionTimeout   = 30 * time.Minute
+)
+
+// ErrConfig wraps every configuration error of Run.
+var ErrConfig = errors.New("mcp: invalid configuration")
+
+// Config configures the MCP front end.
+type Config struct {
+	// Stdio serves one session on standard input and output with Token;
+	// otherwise Listen serves streamable HTTP at /mcp (and /).
+	Stdio  bool
+	Listen string
+	// Token is the capability token of the stdio session.
+	Token string
+	// NATSURL is the toolgate to talk to, when Bus is nil. With Stdio the
+	// connection presents Token (see ConnectOptions).
+	NATSURL string
+	// Bus replaces the NATS connection (tests, other transports).
+	Bus Bus
+	// Verifier checks capability tokens: required for HTTP, and for stdio
+	// it turns a bad token into an error at start rather than on each call.
+	Verifier *token.Verifier
+	// Tenant, when set, refuses tokens of any other tenant.
+	Tenant string
+	// PageSize is the number of tools per tools/list page; default 100.
+	PageSize int
+	// MaxArgumentBytes bounds a call's arguments; default 512 KiB.
+	MaxArgumentBytes int
+	// StatusInterval is how often a waiting call reads its invocation's
+	// record for progress and the approval wait; default 500 ms.
+	StatusInterval time.Duration
+	// MaxWait bounds how long one tools/call waits for its result,
+	// approval included; default 30 min (past toolgate's approval timeout).
+	MaxWait time.Duration
+	// SessionTimeout closes HTTP sessions idle this long; default 30 min.
+	SessionTimeout time.Duration
+	Log            *slog.Logger
+}
+
+func (c *Config) valid() error {
+	switch {
+	case c.Stdio && c.Listen != "":
+		return fmt.Errorf("%w: --stdio and --listen exclude each other", ErrConfig)
+	case !c.Stdio && c.Listen == "":
+		return fmt.Errorf("%w: give --stdio or --listen HOST:PORT", ErrConfig)
+	case c.Stdio && c.Token == "":
+		return fmt.Errorf("%w: no capability token (TOOLGATE_TOKEN or --token-file)", ErrConfig)
+	case !c.Stdio && c.Verifier == nil:
+		return fmt.Errorf("%w: HTTP needs a key set to verify tokens (--jwks, or --data with a development key)", ErrConfig)
+	}
+	return nil
+}
+
+func (c *Config) defaults() {
+	c.PageSize = cmp.Or(c.PageSize, DefaultPageSize)
+	c.MaxArgumentBytes = cmp.Or(c.MaxArgumentBytes, DefaultMaxArgumentBytes)
+	c.StatusInterval = cmp.Or(c.StatusInterval, DefaultStatusInterval)
+	c.MaxWait = cmp.Or(c.MaxWait, DefaultMaxWait)
+	c.SessionTimeout = cmp.Or(c.SessionTimeout, DefaultSessionTimeout)
+	if c.Log == nil {
+		c.Log = slog.Default()
+	}
+}
+
+// Run serves MCP as configured until ctx ends (or, with Stdio, until the
+// client closes standard input).
+func Run(ctx context.Context, c Config) error {
+	if err := c.valid(); err != nil {
+		return err
+	}
+	c.defaults()
+	var claims *token.Claims
+	if c.Stdio {
+		var err error
+		if claims, err = stdioClaims(c.Verifier, c.Token); err != nil {
+			return fmt.Errorf("capability token: %w", err)
+		}
+	}
+	if c.Bus == nil {
+		opts := ConnectOptions(claims, c.Token)
+		nc, err := nats.Connect(c.NATSURL, opts...)
+		if err != nil {
+			return fmt.Errorf("connecting to %s: %w", c.NATSURL, err)
+		}
+		defer nc.Close()
+		if c.Bus, err = NewNATSBus(ctx, nc, c.Log); err != nil {
+			return err
+		}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	f, err := Start(ctx, c)
+	if err != nil {
+		return err
+	}
+	if c.Stdio {
+		return f.ServeStdio(ctx, &mcp.StdioTransport{}, claims, c.Token)
+	}
+	srv := &http.Server{Addr: c.Listen, Handler: f.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.ListenAndServe() }()
+	c.Log.Info("serving MCP over streamable HTTP", "addr", c.Listen, "path", "/mcp")
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer scancel()
+	_ = srv.Shutdown(sctx)
+	f.closeAll()
+	return nil
+}
+
+// Front is the MCP front end: the sessions it serves and their tool lists.
+type Front struct {
+	cfg Config
+
+	mu       sync.Mutex
+	sessions map[string]*session // by session id
+	changed  chan struct{}
+}
+
+// Start loads the registry through c.Bus and keeps every session's tool
+// list current until ctx ends.
+func Start(ctx context.Context, c Config) (*Front, error) {
+	c.defaults()
+	if c.Bus == nil {
+		return nil, fmt.Errorf("%w: no bus", ErrConfig)
+	}
+	f := &Front{cfg: c, sessions: map[string]*session{}, changed: make(chan struct{}, 1)}
+	if err := c.Bus.WatchTools(ctx, f.registryChanged); err != nil {
+		return nil, fmt.Errorf("watching the registry: %w", err)
+	}
+	go f.refreshLoop(ctx)
+	return f, nil
+}
+
+func (f *Front) registryChanged() {
+	select {
+	case f.changed <- struct{}{}:
+	default:
+	}
+}
+
+// refreshLoop brings every session's tool list up to date after registry
+// changes; a burst of changes is one refresh.
+func (f *Front) refreshLoop(ctx context.Context) {
+	sweep := time.NewTicker(time.Minute)
+	defer sweep.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-sweep.C:
+			f.sweep(time.Minute)
+			continue
+		case <-f.changed:
+		}
+		f.mu.Lock()
+		ss := make([]*session, 0, len(f.sessions))
+		for _, s := range f.sessions {
+			ss = append(ss, s)
+		}
+		f.mu.Unlock()
+		for _, s := range ss {
+			s.refresh()
+		}
+	}
+}
+
+// sweep drops sessions older than grace whose server has no live
+// connection: an HTTP session that was opened but never initialized, or
+// closed by the SDK (idle timeout) before it was.
+func (f *Front) sweep(grace time.Duration) {
+	f.mu.Lock()
+	var dead []*session
+	for _, s := range f.sessions {
+		if time.Since(s.created) < grace {
+			continue
+		}
+		live := false
+		for range s.server.Sessions() {
+			live = true
+			break
+		}
+		if !live {
+			dead = append(dead, s)
+		}
+	}
+	f.mu.Unlock()
+	for _, s := range dead {
+		f.drop(s)
+	}
+}
+
+func (f *Front) closeAll() {
+	f.mu.Lock()
+	ss := f.sessions
+	f.sessions = map[string]*session{}
+	f.mu.Unlock()
+	for _, s := range ss {
+		s.end()
+	}
+}
+
+// checkClaims applies the front end's own restriction (Tenant) to verified
+// claims.
+func (f *Front) checkClaims(c *token.Claims) error {
+	if f.cfg.Tenant != "" && c.TenantID != f.cfg.Tenant {
+		return api.NewError(api.PermissionDenied, api.ENotGranted,
+			"the capability token is for tenant %q; this MCP endpoint serves tenant %q", c.TenantID, f.cfg.Tenant)
+	}
+	return nil
+}
+
+// newSession makes the MCP server of one session: its tools are those c grants.
+func (f *Front) newSession(id string, c *token.Claims, raw string) *session {
+	s := &session{f: f, id: id, claims: c, raw: raw, listed: map[string]string{}, created: time.Now()}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	s.server = mcp.NewServer(&mcp.Implementation{Name: ServerName, Title: "toolgate", Version: control.Version}, &mcp.ServerOptions{
+		Instructions: "Tools served by toolgate. Every call is checked against your capability token and policy, " +
+			"may wait for a human's approval, and is audited. An error result says what was refused and what to do instead.",
+		PageSize:     f.cfg.PageSize,
+		GetSessionID: func() string { return id },
+		Capabilities: &mcp.ServerCapabilities{Tools: &mcp.ToolCapabilities{ListChanged: true}, Logging: &mcp.LoggingCapabilities{}},
+		InitializedHandler: func(_ context.Context, r *mcp.InitializedRequest) {
+			ss := r.Session
+			go func() { _ = ss.Wait(); f.drop(s) }()
+		},
+	})
+	s.refresh()
+	f.mu.Lock()
+	f.sessions[id] = s
+	f.mu.Unlock()
+	return s
+}
+
+// drop ends a session: its waiting calls are cancelled.
+func (f *Front) drop(s *session) {
+	f.mu.Lock()
+	if f.sessions[s.id] == s {
+		delete(f.sessions, s.id)
+	}
+	f.mu.Unlock()
+	s.end()
+}
+
+func (f *Front) lookup(id string) *session {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.sessions[id]
+}

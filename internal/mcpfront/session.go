@@ -1,0 +1,208 @@
+package mcpfront
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/golang-jwt/jwt/v5"
+	"github.com/google/uuid"
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/toolgate/toolgate/internal/token"
+	"github.com/toolgate/toolgate/internal/tools"
+)
+
+// session is one MCP session: its server, the token it was opened with, and
+// the tools it lists.
+type session struct {
+	f      *Front
+	id     string
+	claims *token.Claims
+	raw    string // the token calls carry when the request has none of its own
+	server *mcp.Server
+	// created is when the session was opened.
+	created time.Time
+
+	// ctx ends with the session; every call waits under it.
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	mu     sync.Mutex
+	listed map[string]string // MCP tool name → signature of what is listed
+}
+
+func (s *session) end() { s.cancel() }
+
+// refresh makes the server's tools those the session's token grants now.
+func (s *session) refresh() {
+	want := map[string]*tools.Manifest{}
+	for _, m := range s.f.cfg.Bus.Tools() {
+		if !grants(s.claims, m) {
+			continue
+		}
+		want[ToolName(m.ID)] = m
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var gone []string
+	for name := range s.listed {
+		if _, ok := want[name]; !ok {
+			gone = append(gone, name)
+		}
+	}
+	if len(gone) > 0 {
+		slices.Sort(gone)
+		s.server.RemoveTools(gone...)
+		for _, name := range gone {
+			delete(s.listed, name)
+		}
+	}
+	names := make([]string, 0, len(want))
+	for name := range want {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		m := want[name]
+		sig := signature(m)
+		if s.listed[name] == sig {
+			continue
+		}
+		s.listed[name] = sig
+		s.server.AddTool(describe(name, m), s.handler(m.ID))
+	}
+}
+
+// grants reports whether c may call m: the token's own grant check (tenant,
+// agent, tool pattern, version range, operation) and its excluded side
+// effects. Policy, approvals and budgets are decided per call.
+func grants(c *token.Claims, m *tools.Manifest) bool {
+	if c.Grants(token.Binding{Tenant: c.TenantID, AgentDID: c.AgentDID, SessionID: c.SessionID,
+		ToolID: m.ID, ToolVersion: m.Version}) != nil {
+		return false
+	}
+	for _, se := range m.Safety.SideEffects {
+		for _, ex := range c.ExcludedSideEffects {
+			if se == ex || strings.HasPrefix(se, ex+".") {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// signature changes whenever what tools/list shows of m changes.
+func signature(m *tools.Manifest) string {
+	return m.Key() + "|" + m.Lifecycle.State + "|" + m.Lifecycle.DeprecatedInFavorOf
+}
+
+// ToolName is the MCP name of a tool id: the id with every character MCP
+// does not allow in a name (A-Z a-z 0-9 _ - .) replaced by '_', so
+// mcp:fs:write_file is listed as mcp_fs_write_file.
+func ToolName(id string) string {
+	return strings.Map(func(r rune) rune {
+		switch {
+		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '_', r == '-', r == '.':
+			return r
+		}
+		return '_'
+	}, id)
+}
+
+// stdioClaims reads the claims of a stdio session's token: verified when a
+// key set is at hand, else only decoded (toolgate verifies every call; the
+// claims then only shape tools/list and the connection's inbox).
+func stdioClaims(v *token.Verifier, raw string) (*token.Claims, error) {
+	if v != nil {
+		return v.Verify(raw)
+	}
+	var c token.Claims
+	if _, _, err := jwt.NewParser().ParseUnverified(raw, &c); err != nil {
+		return nil, fmt.Errorf("decoding the capability token: %w", err)
+	}
+	return &c, nil
+}
+
+// ServeStdio serves one session over t (standard input and output, or an
+// in-memory transport in tests) with the token raw, until the client closes
+// it or ctx ends. claims nil verifies raw with the Verifier.
+func (f *Front) ServeStdio(ctx context.Context, t mcp.Transport, claims *token.Claims, raw string) error {
+	if claims == nil {
+		var err error
+		if claims, err = stdioClaims(f.cfg.Verifier, raw); err != nil {
+			return fmt.Errorf("capability token: %w", err)
+		}
+	}
+	if err := f.checkClaims(claims); err != nil {
+		return err
+	}
+	s := f.newSession("stdio-"+uuid.NewString(), claims, raw)
+	defer f.drop(s)
+	ss, err := s.server.Connect(ctx, tagging{t}, nil)
+	if err != nil {
+		return err
+	}
+	stop := context.AfterFunc(ctx, func() { _ = ss.Close() })
+	defer stop()
+	return ss.Wait()
+}
+
+// metaRequestID is the _meta key under which the front end hands a
+// tools/call handler its JSON-RPC request id, which the SDK does not expose.
+const metaRequestID = "io.toolgate/request-id"
+
+// tagging wraps a transport so that each tools/call request carries its id
+// in params._meta.
+type tagging struct{ mcp.Transport }
+
+func (t tagging) Connect(ctx context.Context) (mcp.Connection, error) {
+	c, err := t.Transport.Connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return taggingConn{c}, nil
+}
+
+type taggingConn struct{ mcp.Connection }
+
+func (c taggingConn) Read(ctx context.Context) (jsonrpc.Message, error) {
+	m, err := c.Connection.Read(ctx)
+	if req, ok := m.(*jsonrpc.Request); ok && err == nil && req.Method == "tools/call" && req.ID.IsValid() {
+		if id, err := json.Marshal(req.ID.Raw()); err == nil {
+			req.Params = tagParams(req.Params, id)
+		}
+	}
+	return m, err
+}
+
+// tagParams sets params._meta[metaRequestID] to id; params that are not an
+// object are left for the SDK to refuse.
+func tagParams(params json.RawMessage, id json.RawMessage) json.RawMessage {
+	var p map[string]json.RawMessage
+	if json.Unmarshal(params, &p) != nil || p == nil {
+		return params
+	}
+	var meta map[string]json.RawMessage
+	if raw, ok := p["_meta"]; ok && json.Unmarshal(raw, &meta) != nil {
+		return params
+	}
+	if meta == nil {
+		meta = map[string]json.RawMessage{}
+	}
+	meta[metaRequestID] = id
+	b, err := json.Marshal(meta)
+	if err != nil {
+		return params
+	}
+	p["_meta"] = b
+	out, err := json.Marshal(p)
+	if err != nil {
+		return params
+	}
+	return out
+}

@@ -1,0 +1,119 @@
+package mcpfront
+
+import (
+	"encoding/json"
+	"testing"
+
+	"github.com/nats-io/nats.go"
+	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/busauth"
+	"github.com/toolgate/toolgate/internal/token"
+	"github.com/toolgate/toolgate/internal/tools"
+)
+
+func TestToolName(t *testing.T) {
+	for id, want := range map[string]string{
+		"echo": "echo", "text.word_count": "text.word_count", "mcp:fs:write_file": "mcp_fs_write_file", "a b/c": "a_b_c",
+	} {
+		if got := ToolName(id); got != want {
+			t.Errorf("ToolName(%q) = %q, want %q", id, got, want)
+		}
+	}
+}
+
+// TestTagBody: a tools/call request gets its id in _meta, keeping the
+// client's own _meta; anything else passes unchanged.
+func TestTagBody(t *testing.T) {
+	got := tagBody([]byte(`{"jsonrpc":"2.0","id":"r-1","method":"tools/call","params":{"name":"x","_meta":{"progressToken":3}}}`))
+	var m struct {
+		Params struct {
+			Meta map[string]any `json:"_meta"`
+		} `json:"params"`
+	}
+	if err := json.Unmarshal(got, &m); err != nil {
+		t.Fatal(err)
+	}
+	if m.Params.Meta[metaRequestID] != "r-1" || m.Params.Meta["progressToken"] != float64(3) {
+		t.Errorf("tagged: %s", got)
+	}
+	for _, in := range []string{
+		`{"jsonrpc":"2.0","id":1,"method":"tools/list"}`,
+		`{"jsonrpc":"2.0","method":"tools/call","params":{"name":"x"}}`,
+		`not json`,
+		`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":[1]}`,
+	} {
+		if out := string(tagBody([]byte(in))); out != in {
+			t.Errorf("tagBody(%s) = %s", in, out)
+		}
+	}
+}
+
+func TestInvocationIDIsStablePerSessionAndRequest(t *testing.T) {
+	a, b := invocationID("s1", `"7"`), invocationID("s1", `"7"`)
+	if a != b || a == invocationID("s2", `"7"`) || a == invocationID("s1", `7`) {
+		t.Errorf("ids %s %s", a, b)
+	}
+	if invocationID("s1", nil) == invocationID("s1", nil) {
+		t.Error("requests without an id share an invocation")
+	}
+}
+
+// TestAdvice: every refusal tells the model what to do, by code.
+func TestAdvice(t *testing.T) {
+	for _, e := range []*api.Error{
+		api.NewError(api.PermissionDenied, api.ENotGranted, "x"),
+		api.NewError(api.PermissionDenied, api.EApprovalDenied, "x"),
+		api.NewError(api.RateLimitExceeded, api.ERateLimited, "x").WithDetail("retry_after_ms", 250),
+		api.NewError(api.ToolExecutionError, api.EToolFailed, "x"),
+	} {
+		r := errorResult("inv", e)
+		if !r.IsError || advise(e) == "" || r.Meta[MetaInvocationID] != "inv" {
+			t.Errorf("%s: %+v", e.ECode, r)
+		}
+	}
+	if got := advise(api.NewError(api.RateLimitExceeded, api.ERateLimited, "x").WithDetail("retry_after_ms", 250)); got != "Wait about 250 ms, then try again." {
+		t.Errorf("rate limit advice %q", got)
+	}
+}
+
+func TestGrantsHonoursExcludedSideEffects(t *testing.T) {
+	c := &token.Claims{ToolID: token.Patterns{"t.*"}, TenantID: "a", AgentDID: "d", ExcludedSideEffects: []string{"network"}}
+	for _, tc := range []struct {
+		id   string
+		se   []string
+		want bool
+	}{
+		{"t.a", []string{"network.http"}, false},
+		{"t.b", []string{"networking"}, true},
+		{"t.c", []string{"fs.write"}, true},
+		{"u.d", nil, false},
+	} {
+		m := &tools.Manifest{ID: tc.id, Version: "1.0.0", Safety: tools.Safety{SideEffects: tc.se}}
+		if got := grants(c, m); got != tc.want {
+			t.Errorf("%s %v: grants = %v", tc.id, tc.se, got)
+		}
+	}
+}
+
+// TestConnectOptions: an agent's connection presents its token and takes
+// replies under its private inbox prefix.
+func TestConnectOptions(t *testing.T) {
+	c := &token.Claims{TenantID: "acme"}
+	c.ID = "tok:1"
+	o := nats.GetDefaultOptions()
+	for _, opt := range ConnectOptions(c, "raw-token") {
+		if err := opt(&o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if o.Token != "raw-token" || o.InboxPrefix != busauth.InboxPrefix("acme", "tok:1") {
+		t.Errorf("token %q, inbox prefix %q", o.Token, o.InboxPrefix)
+	}
+	o = nats.GetDefaultOptions()
+	for _, opt := range ConnectOptions(nil, "") {
+		_ = opt(&o)
+	}
+	if o.Token != "" || o.InboxPrefix != "" {
+		t.Errorf("without a token: token %q, inbox prefix %q", o.Token, o.InboxPrefix)
+	}
+}
