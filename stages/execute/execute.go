@@ -37,7 +37,7 @@ import (
 
 // Kinds lists the tool kinds an executor can run: builtin and cli always,
 // the others when their Kind is registered with Handle.
-var Kinds = []string{"builtin", "cli", "http", "mcp"}
+var Kinds = []string{"builtin", "cli", "http", "mcp", "model"}
 
 // A Kind runs the tools of one manifest kind other than builtin and cli.
 // Prepare is called once per invocation, before the tool is claimed; it
@@ -163,6 +163,8 @@ func (x *Executor) Process(ctx context.Context, inv *envelope.Invocation) ([]sta
 		}
 	}
 	ctx = builtin.WithProgress(ctx, tr)
+	meter := &builtin.Meter{}
+	ctx = builtin.WithMeter(ctx, meter)
 	var guard *breaker.Call
 	if x.Breakers != nil {
 		if guard, err = x.Breakers.Acquire(ctx, m); err != nil {
@@ -196,6 +198,7 @@ func (x *Executor) Process(ctx context.Context, inv *envelope.Invocation) ([]sta
 			return call(exec.Context(), fn, inv.Request.Parameters)
 		})
 	inv.Metadata.Attempts = int(attempts.Load())
+	inv.Metadata.Model = meter.Model()
 	guard.End(ctx, err, time.Since(start))
 	end := time.Now()
 	inv.Metadata.StartedAt = start.UTC().Format(time.RFC3339Nano)
