@@ -240,7 +240,7 @@ func (r *Rules) Route(catalogue map[string]*Model, req Request) (Decision, error
 		for ti := tierIndex(tier); ti < len(Tiers) && len(eligible) == 0; ti++ {
 			for _, n := range names {
 				m := catalogue[n]
-				if m.Tier != Tiers[ti] {
+				if m.Tier != Tiers[ti] || !allowed(n) {
 					continue
 				}
 				reason := why(m)

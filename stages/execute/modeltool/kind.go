@@ -259,7 +259,7 @@ func (c *call) run(ctx context.Context, raw json.RawMessage) (json.RawMessage, e
 		// Fit the largest window the request may use, at the seed's 70 %.
 		limit := 0
 		for _, m := range catalogue {
-			if len(c.spec.Models) == 0 || slices.Contains(c.spec.Models, m.Name) {
+			if (p.Model == "" || p.Model == m.Name) && (len(c.spec.Models) == 0 || slices.Contains(c.spec.Models, m.Name)) {
 				out := min(cmpOr(p.MaxOutputTokens, m.MaxOutputTokens), m.MaxOutputTokens)
 				limit = max(limit, min(m.ContextWindow*7/10, m.ContextWindow-out))
 			}
@@ -355,7 +355,9 @@ func (c *call) tryModel(ctx context.Context, model *modelrouter.Model, p *Params
 	for i := range n {
 		ep := model.Endpoints[(first+i)%n]
 		use.Endpoint = ep
+		start := time.Now()
 		ans, err := c.tryEndpoint(ctx, model, ep, p, stream, header, scrub)
+		ms := time.Since(start).Milliseconds()
 		cost := model.Price.Cost(ans.InputTokens, ans.OutputTokens)
 		use.InputTokens += ans.InputTokens
 		use.OutputTokens += ans.OutputTokens
@@ -363,7 +365,7 @@ func (c *call) tryModel(ctx context.Context, model *modelrouter.Model, p *Params
 		if err != nil {
 			err = scrubErr(err, scrub)
 		}
-		use.Attempts = append(use.Attempts, attempt(model, ep, err, 0))
+		use.Attempts = append(use.Attempts, attempt(model, ep, err, ms))
 		meter.SetModel(*use)
 		if err == nil {
 			return ans, nil
