@@ -22,9 +22,9 @@ const (
 	Fail500   = "500"
 	Limited   = "429"
 	Hang      = "hang"
-	Garbage   = "garbage"   // 200 with a body that is not the wire format
-	Huge      = "huge"      // an answer of 2 MiB
-	Cut       = "cut"       // a stream that stops after two deltas
+	Garbage   = "garbage" // 200 with a body that is not the wire format
+	Huge      = "huge"    // an answer of 2 MiB
+	Cut       = "cut"     // a stream that stops after two deltas
 	BadAuth   = "401"
 	WrongPath = "wrong"
 )
