@@ -56,3 +56,37 @@ type ModelAttempt struct {
 	Error    string `json:"error,omitempty"`
 	MS       int64  `json:"ms"`
 }
+
+// BudgetLimits are a session budget's caps (the token's budget claim);
+// zero is unlimited.
+type BudgetLimits struct {
+	MaxCalls     int64   `json:"max_calls,omitempty"`
+	MaxRuntimeMS int64   `json:"max_runtime_ms,omitempty"`
+	MaxCost      float64 `json:"max_cost,omitempty"`
+	MaxTokens    int64   `json:"max_tokens,omitempty"`
+}
+
+// BudgetStatus is where a session's budget stands (seed 000 §2.6,
+// CHECK_BUDGET_STATUS): what is used and remains, the spending rate since
+// the first charge, and when, at that rate, the first cap is reached.
+type BudgetStatus struct {
+	Tenant  string       `json:"tenant"`
+	Session string       `json:"session"`
+	Limits  BudgetLimits `json:"limits"`
+	Used    struct {
+		Calls     int64   `json:"calls"`
+		RuntimeMS int64   `json:"runtime_ms"`
+		Cost      float64 `json:"cost"`
+		Tokens    int64   `json:"tokens"`
+	} `json:"used"`
+	// Remaining holds only the capped quantities.
+	Remaining map[string]float64 `json:"remaining,omitempty"`
+	// PerHour is the spending rate of each quantity.
+	PerHour map[string]float64 `json:"per_hour,omitempty"`
+	// Depletes is when the first capped quantity runs out at PerHour, and
+	// DepletesFirst which one; empty when nothing is capped or spent.
+	Depletes      string `json:"depletes,omitempty"`
+	DepletesFirst string `json:"depletes_first,omitempty"`
+	// Exhausted names the quantities already at their cap.
+	Exhausted []string `json:"exhausted,omitempty"`
+}

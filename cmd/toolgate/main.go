@@ -36,6 +36,8 @@ usage:
   toolgate token  keygen | mint --key K [--parent TOKEN] [grants] | inspect TOKEN | revoke TOKEN
   toolgate policy push DIR | show
   toolgate breakers [list] | open KEY | close KEY | release KEY
+  toolgate models register FILE | list | delete NAME | stats [--metrics URL]
+  toolgate budgets show --tenant T --session S [--max-tokens N] [--max-cost X]
   toolgate approve ID [--tenant T] [--reason R]
   toolgate deny    ID [--tenant T] [--reason R]
   toolgate bench  [--rate N] [--duration D]
@@ -82,6 +84,10 @@ func run(args []string) error {
 		return policyCmd(ctx, rest)
 	case "breakers":
 		return breakersCmd(ctx, rest)
+	case "models":
+		return modelsCmd(ctx, rest)
+	case "budgets":
+		return budgetsCmd(ctx, rest)
 	case "cancel":
 		return cancelCmd(ctx, rest)
 	case "approve":

@@ -20,6 +20,7 @@ import (
 	"sync"
 
 	"github.com/toolgate/toolgate/internal/tools"
+	"github.com/toolgate/toolgate/schemas"
 )
 
 // API flavours.
@@ -147,8 +148,20 @@ func (m *Model) Normalize() error {
 	return nil
 }
 
-// Decode reads and checks one catalogue entry.
+// Decode reads and checks one catalogue entry against
+// schemas/model.schema.json and Normalize.
 func Decode(data []byte) (Model, error) {
+	fields, err := schemas.Validate(schemas.Model(), data)
+	if err != nil {
+		return Model{}, fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	if len(fields) > 0 {
+		msgs := make([]string, 0, len(fields))
+		for _, f := range fields {
+			msgs = append(msgs, f.Location+": "+f.Message)
+		}
+		return Model{}, fmt.Errorf("%w: %s", ErrInvalid, strings.Join(msgs, "; "))
+	}
 	var m Model
 	if err := json.Unmarshal(data, &m); err != nil {
 		return Model{}, fmt.Errorf("%w: %v", ErrInvalid, err)
