@@ -52,6 +52,9 @@ func (s *Store) Models(ctx context.Context) ([]modelrouter.Model, error) {
 	}
 	var out []modelrouter.Model
 	for k := range lister.Keys() {
+		if k == modelrouter.RoutingKey {
+			continue
+		}
 		e, err := s.models.Get(ctx, k)
 		if err != nil {
 			continue
@@ -66,7 +69,20 @@ func (s *Store) Models(ctx context.Context) ([]modelrouter.Model, error) {
 // WatchModels keeps c in step with the bucket: it returns once the stored
 // models are loaded and applies changes until ctx ends.
 func (s *Store) WatchModels(ctx context.Context, c *modelrouter.Catalogue) error {
+	if r, _ := c.Ranker(); r == nil {
+		if err := c.SetRouting(ctx, ""); err != nil {
+			return err
+		}
+	}
 	return s.watch(ctx, s.models, func(e jetstream.KeyValueEntry) {
+		if e.Key() == modelrouter.RoutingKey {
+			src := ""
+			if e.Operation() == jetstream.KeyValuePut {
+				src = string(e.Value())
+			}
+			_ = c.SetRouting(ctx, src) // refused at put; the one in use is kept
+			return
+		}
 		if e.Operation() != jetstream.KeyValuePut {
 			if name, err := subjects.Untoken(e.Key()); err == nil {
 				c.Delete(name)
@@ -77,4 +93,22 @@ func (s *Store) WatchModels(ctx context.Context, c *modelrouter.Catalogue) error
 			c.Put(m)
 		}
 	})
+}
+
+// PutRoutingPolicy compiles a routing policy (Rego, see
+// modelrouter.RoutingQuery) and stores it for every worker; empty src
+// restores the shipped policy.
+func (s *Store) PutRoutingPolicy(ctx context.Context, src []byte) error {
+	if len(src) == 0 {
+		err := s.models.Delete(ctx, modelrouter.RoutingKey)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			return nil
+		}
+		return err
+	}
+	if _, err := modelrouter.NewRegoRanker(ctx, string(src)); err != nil {
+		return err
+	}
+	_, err := s.models.Put(ctx, modelrouter.RoutingKey, src)
+	return err
 }

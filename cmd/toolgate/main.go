@@ -36,7 +36,7 @@ usage:
   toolgate token  keygen | mint --key K [--parent TOKEN] [grants] | inspect TOKEN | revoke TOKEN
   toolgate policy push DIR | show
   toolgate breakers [list] | open KEY | close KEY | release KEY
-  toolgate models register FILE | list | delete NAME | stats [--metrics URL]
+  toolgate models register FILE | list | delete NAME | policy FILE | stats [--metrics URL]
   toolgate budgets show --tenant T --session S [--max-tokens N] [--max-cost X]
   toolgate approve ID [--tenant T] [--reason R]
   toolgate deny    ID [--tenant T] [--reason R]

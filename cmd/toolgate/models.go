@@ -17,13 +17,14 @@ import (
 // modelsCmd manages the model catalogue: register FILE | list | delete NAME
 // | stats --metrics URL.
 func modelsCmd(ctx context.Context, args []string) error {
-	const help = "models: register FILE | list | delete NAME | stats --metrics URL"
+	const help = "models: register FILE | list | delete NAME | policy FILE.rego | policy --reset | stats --metrics URL"
 	if len(args) == 0 {
 		return errors.New(help)
 	}
 	sub, rest := args[0], reorder(args[1:])
 	fs := flag.NewFlagSet("models "+sub, flag.ContinueOnError)
 	url := fs.String("nats", natsURL(), "NATS server URL (default: $NATS_URL, else "+nats.DefaultURL+")")
+	reset := fs.Bool("reset", false, "policy: restore the shipped routing policy")
 	metrics := fs.String("metrics", "http://127.0.0.1:9090/metrics", "stats: a worker's metrics URL (serve --metrics-addr)")
 	if err := fs.Parse(rest); err != nil {
 		return err
@@ -71,6 +72,14 @@ func modelsCmd(ctx context.Context, args []string) error {
 			return err
 		}
 		return printJSON(ms)
+	case sub == "policy" && (fs.NArg() == 1 || *reset):
+		var src []byte
+		if !*reset {
+			if src, err = os.ReadFile(fs.Arg(0)); err != nil {
+				return err
+			}
+		}
+		return store.PutRoutingPolicy(ctx, src)
 	case sub == "delete" && fs.NArg() == 1:
 		return store.DeleteModel(ctx, fs.Arg(0))
 	}

@@ -10,6 +10,7 @@
 package modelrouter
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -177,6 +178,35 @@ func tierIndex(t string) int { return slices.Index(Tiers, t) }
 type Catalogue struct {
 	mu     sync.RWMutex
 	models map[string]*Model
+	ranker Ranker
+	// rankErr is why the last routing policy stored was not taken.
+	rankErr error
+}
+
+// RoutingKey is the models bucket's key of the routing policy (Rego); no
+// model name can take it.
+const RoutingKey = "_routing"
+
+// SetRouting compiles a routing policy and uses it from now on; empty
+// src restores the shipped one. A policy that does not compile is refused
+// and the one in use kept.
+func (c *Catalogue) SetRouting(ctx context.Context, src string) error {
+	r, err := NewRegoRanker(ctx, src)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.rankErr = err
+	if err == nil {
+		c.ranker = r
+	}
+	return err
+}
+
+// Ranker returns the routing policy in use (nil before SetRouting) and
+// why the latest one stored was refused.
+func (c *Catalogue) Ranker() (Ranker, error) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return c.ranker, c.rankErr
 }
 
 // NewCatalogue returns a catalogue holding ms.

@@ -1,6 +1,7 @@
 package modelrouter
 
 import (
+	"context"
 	_ "embed"
 	"encoding/json"
 	"fmt"
@@ -43,6 +44,9 @@ type Rules struct {
 	WellKnownLanguages []string `json:"well_known_languages"`
 	// TierRules are tried in order; the first that matches gives the tier.
 	TierRules []TierRule `json:"tier_rules"`
+	// Ranker orders the candidates by policy; nil ranks in Go with the
+	// shipped policy's semantics (the model kind uses the Rego policy).
+	Ranker Ranker `json:"-"`
 }
 
 // TierRule matches when every condition it sets holds.
@@ -171,7 +175,7 @@ func routeErr(ecode, format string, args ...any) *api.Error {
 
 // Route chooses the models to try for req from the catalogue. It is pure:
 // the same catalogue and request give the same decision.
-func (r *Rules) Route(catalogue map[string]*Model, req Request) (Decision, error) {
+func (r *Rules) Route(ctx context.Context, catalogue map[string]*Model, req Request) (Decision, error) {
 	start := time.Now()
 	policy := req.Policy
 	if policy == "" {
@@ -250,7 +254,10 @@ func (r *Rules) Route(catalogue map[string]*Model, req Request) (Decision, error
 				}
 			}
 		}
-		rank(eligible, policy, req)
+		var err error
+		if eligible, err = r.rank(ctx, eligible, policy, &req); err != nil {
+			return Decision{Routing: rt}, err
+		}
 		if len(eligible) > 0 {
 			first = eligible[0]
 		}
@@ -285,7 +292,7 @@ func (r *Rules) Route(catalogue map[string]*Model, req Request) (Decision, error
 				up = append(up, m)
 			}
 		}
-		rank(up, policy, req)
+		up, _ = r.rank(ctx, up, policy, &req) // a fallback tier the policy refuses adds nothing
 		for _, m := range up {
 			add(m)
 		}
@@ -319,7 +326,16 @@ func score(m *Model, policy string, req Request) float64 {
 	return m.Price.Cost(int64(req.InputTokens), int64(out))
 }
 
-func rank(ms []*Model, policy string, req Request) {
+// rank orders ms with the Ranker, else in Go.
+func (r *Rules) rank(ctx context.Context, ms []*Model, policy string, req *Request) ([]*Model, error) {
+	if r.Ranker != nil && len(ms) > 1 {
+		return r.Ranker.Rank(ctx, policy, req, ms)
+	}
+	rankGo(ms, policy, *req)
+	return ms, nil
+}
+
+func rankGo(ms []*Model, policy string, req Request) {
 	slices.SortStableFunc(ms, func(a, b *Model) int {
 		sa, sb := score(a, policy, req), score(b, policy, req)
 		switch {

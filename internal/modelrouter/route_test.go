@@ -36,8 +36,23 @@ func testCatalogue(t testing.TB) map[string]*Model {
 // TestRouteDecisionTree walks seed 000 §2.3's decision tree, its
 // constraints and policies.
 func TestRouteDecisionTree(t *testing.T) {
+	rk, err := NewRegoRanker(t.Context(), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ranker := range []Ranker{nil, rk} {
+		name := "go"
+		if ranker != nil {
+			name = "rego"
+		}
+		t.Run(name, func(t *testing.T) { routeTable(t, ranker) })
+	}
+}
+
+func routeTable(t *testing.T, ranker Ranker) {
 	cat := testCatalogue(t)
 	rules := DefaultRules()
+	rules.Ranker = ranker
 	cases := []struct {
 		name       string
 		req        Request
@@ -92,7 +107,7 @@ func TestRouteDecisionTree(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			d, err := rules.Route(cat, c.req)
+			d, err := rules.Route(t.Context(), cat, c.req)
 			if c.ecode != "" {
 				var te *api.Error
 				if !errors.As(err, &te) || te.ECode != c.ecode {
@@ -117,11 +132,43 @@ func TestRouteDecisionTree(t *testing.T) {
 	}
 }
 
+// TestRoutingPolicyIsRego: an operator's Rego policy changes the order
+// without code; one that ranks nothing refuses the call.
+func TestRoutingPolicyIsRego(t *testing.T) {
+	priciest := `package toolgate.routing
+order := [x[1] | some x in sort([[0 - c.est_cost, c.name] | some c in input.candidates])]`
+	rk, err := NewRegoRanker(t.Context(), priciest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rules := DefaultRules()
+	rules.Ranker = rk
+	d, err := rules.Route(t.Context(), testCatalogue(t), Request{Tier: "small"})
+	if err != nil || d.Routing.Chosen != "small-b" {
+		t.Fatalf("chose %s, %v", d.Routing.Chosen, err)
+	}
+	if _, err := rules.Route(t.Context(), testCatalogue(t), Request{Tier: "small", Policy: "random"}); err == nil {
+		t.Fatal("an unknown policy was accepted")
+	}
+	none, err := NewRegoRanker(t.Context(), "package toolgate.routing\norder := []")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rules.Ranker = none
+	var te *api.Error
+	if _, err := rules.Route(t.Context(), testCatalogue(t), Request{Tier: "small"}); !errors.As(err, &te) || te.ECode != api.EModelNoCandidate {
+		t.Fatalf("got %v, want E3601", err)
+	}
+	if _, err := NewRegoRanker(t.Context(), "package toolgate.routing\norder := http.send({})"); err == nil {
+		t.Fatal("a policy calling http.send compiled")
+	}
+}
+
 // TestRulesAreData: an operator's rules change the decision without code.
 func TestRulesAreData(t *testing.T) {
 	rules := DefaultRules()
 	rules.TierRules = append([]TierRule{{Complexity: Simple, TaskTypes: []string{"classification"}, Tier: "large"}}, rules.TierRules...)
-	d, err := rules.Route(testCatalogue(t), Request{Task: Task{Type: "classification"}})
+	d, err := rules.Route(t.Context(), testCatalogue(t), Request{Task: Task{Type: "classification"}})
 	if err != nil || d.Routing.Tier != "large" {
 		t.Fatalf("tier %s, %v", d.Routing.Tier, err)
 	}
@@ -158,15 +205,31 @@ func TestCountTokens(t *testing.T) {
 	}
 }
 
-// BenchmarkRoute measures one routing decision (goal: at most 50 µs).
+// BenchmarkRoute measures one routing decision (goal: at most 50 µs),
+// ranked in Go and by the shipped Rego policy.
 func BenchmarkRoute(b *testing.B) {
+	for _, name := range []string{"go", "rego"} {
+		b.Run(name, func(b *testing.B) { benchRoute(b, name == "rego") })
+	}
+}
+
+func benchRoute(b *testing.B, withRego bool) {
+	ctx := b.Context()
 	cat := testCatalogue(b)
 	rules := DefaultRules()
-	req := Request{Task: Task{Type: "coding", Traits: []string{"multi_step_reasoning"}, Language: "go"},
-		Constraints: Constraints{MaxCost: 100, Capabilities: []string{"code"}}, InputTokens: 2000}
+	if withRego {
+		rk, err := NewRegoRanker(ctx, "")
+		if err != nil {
+			b.Fatal(err)
+		}
+		rules.Ranker = rk
+	}
+	// A complex task: both large models are candidates, ranked by policy.
+	req := Request{Task: Task{Type: "research", Traits: []string{"multi_step_reasoning", "abstraction", "creativity"}},
+		Constraints: Constraints{MaxCost: 1000, Capabilities: []string{"code"}}, InputTokens: 2000}
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, err := rules.Route(cat, req); err != nil {
+		if _, err := rules.Route(ctx, cat, req); err != nil {
 			b.Fatal(err)
 		}
 	}

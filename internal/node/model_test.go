@@ -324,4 +324,29 @@ func TestModelTools(t *testing.T) {
 			t.Fatalf("got %s %s", resp.Status, res)
 		}
 	})
+	run("an operator's routing policy", func(t *testing.T) {
+		// Cost first (the default) tries the cheap small models first; a
+		// policy stored in KV that puts the slowest first picks gpt-small
+		// (800 ms; the others declare no latency) without a restart.
+		slowest := `package toolgate.routing
+order := [x[1] | some x in sort([[0 - c.latency_ms, c.name] | some c in input.candidates])]`
+		if err := n.Store.PutRoutingPolicy(ctx, []byte("package toolgate.routing\norder := http.send({})")); err == nil {
+			t.Fatal("a policy calling http.send was stored")
+		}
+		if err := n.Store.PutRoutingPolicy(ctx, []byte(slowest)); err != nil {
+			t.Fatal(err)
+		}
+		var tries int
+		eventually(t, 15*time.Second, "the policy in use", func() bool {
+			tries++
+			resp := call(t, fmt.Sprintf("m13%d", tries), `{"tier":"small","prompt":"hi"}`)
+			var r map[string]any
+			_ = json.Unmarshal(resp.Result, &r)
+			return resp.Status == api.StatusSuccess && r["model"] == "gpt-small" &&
+				!strings.Contains(mustJSON(t, resp.ExecutionMetadata.Model.Attempts), "shaky")
+		})
+		if err := n.Store.PutRoutingPolicy(ctx, nil); err != nil {
+			t.Fatal(err)
+		}
+	})
 }

@@ -254,7 +254,11 @@ func (c *call) run(ctx context.Context, raw json.RawMessage) (json.RawMessage, e
 	req := modelrouter.Request{Model: p.Model, Tier: p.Tier, Hint: p.Hint, Task: p.Task, Constraints: p.Constraints,
 		Policy: p.Policy, MaxOutputTokens: p.MaxOutputTokens, Allowed: c.spec.Models,
 		InputTokens: modelrouter.CountMessages(p.System, p.Messages)}
-	d, err := c.kind.rules.Route(catalogue, req)
+	rules := c.kind.rules
+	if rk, _ := c.kind.cfg.Catalogue.Ranker(); rk != nil {
+		rules.Ranker = rk
+	}
+	d, err := rules.Route(ctx, catalogue, req)
 	if ecodeOf(err) == api.EModelContextWindow && p.Truncate != "" && p.Truncate != modelrouter.TruncateNone {
 		// Fit the largest window the request may use, at the seed's 70 %.
 		limit := 0
@@ -267,7 +271,7 @@ func (c *call) run(ctx context.Context, raw json.RawMessage) (json.RawMessage, e
 		if msgs, ok := modelrouter.Truncate(p.Truncate, p.System, p.Messages, limit); ok {
 			p.Messages = msgs
 			req.InputTokens = modelrouter.CountMessages(p.System, p.Messages)
-			d, err = c.kind.rules.Route(catalogue, req)
+			d, err = rules.Route(ctx, catalogue, req)
 			d.Routing.Truncated = p.Truncate
 		}
 	}
