@@ -102,13 +102,14 @@ func TestModelTools(t *testing.T) {
 	  "kind":"model","model":{"models":["tiny","gpt-small","odd"]},
 	  "input_schema":{"type":"object"},"output_schema":{"type":"object"},
 	  "permissions":{"network":[{"host":"127.0.0.1"}]}}`)
+	maxTokens := int64(100000)
 	callTool := func(t *testing.T, tool, tenant, params string) api.Response {
 		t.Helper()
 		c := grant(tenant, tool)
 		c.SessionID = "s-" + tenant
 		c.Network = &token.NetworkGrant{AllowedHosts: []string{"127.0.0.1"}, AllowedPorts: ports}
 		c.Credentials = &token.CredentialGrant{AllowedSecrets: []string{"openai_key", "anthropic_key"}}
-		c.Budget = &token.Budget{MaxTokens: 100000}
+		c.Budget = &token.Budget{MaxTokens: maxTokens}
 		req := withTok(request(tenant, tool, params), mint(t, c))
 		req.AgentContext.SessionID = c.SessionID
 		return e.invoke(req)
@@ -347,6 +348,21 @@ order := [x[1] | some x in sort([[0 - c.latency_ms, c.name] | some c in input.ca
 		})
 		if err := n.Store.PutRoutingPolicy(ctx, nil); err != nil {
 			t.Fatal(err)
+		}
+	})
+	run("max_tokens budget spent by model calls", func(t *testing.T) {
+		maxTokens = 20
+		defer func() { maxTokens = 100000 }()
+		// 16 tokens a call: the second starts under the cap, the third is refused.
+		for range 2 {
+			result(t, call(t, "m14", `{"model":"gpt-small","prompt":"hi"}`))
+		}
+		resp := call(t, "m14", `{"model":"gpt-small","prompt":"hi"}`)
+		if resp.Status == api.StatusSuccess || resp.Error == nil || resp.Error.ECode != api.EBudgetExhausted {
+			t.Fatalf("got %s %s, want %s", resp.Status, mustJSON(t, resp.Error), api.EBudgetExhausted)
+		}
+		if u, err := n.Store.Usage(ctx, "m14", "s-m14"); err != nil || u.Tokens != 32 {
+			t.Fatalf("usage %+v %v", u, err)
 		}
 	})
 }
