@@ -90,3 +90,12 @@ type BudgetStatus struct {
 	// Exhausted names the quantities already at their cap.
 	Exhausted []string `json:"exhausted,omitempty"`
 }
+
+// BudgetRequest asks where a session's budget stands (the control
+// service's budget endpoint). Limits are the budget claim's caps, which
+// the session's usage record does not hold.
+type BudgetRequest struct {
+	TenantID string       `json:"tenant_id"`
+	Session  string       `json:"session"`
+	Limits   BudgetLimits `json:"limits,omitzero"`
+}

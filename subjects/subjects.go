@@ -195,6 +195,8 @@ const (
 	SvcApproval = "tool.svc.approval"
 	// SvcCancel takes {"tenant_id","invocation_id","reason"}.
 	SvcCancel = "tool.svc.cancel"
+	// SvcBudget takes {"tenant_id","session","limits"}.
+	SvcBudget = "tool.svc.budget"
 )
 
 // TenantSvc is the tenant-scoped subject of control endpoint svc (one of the

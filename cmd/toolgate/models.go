@@ -107,14 +107,14 @@ func budgetsCmd(ctx context.Context, args []string) error {
 	if *tenant == "" || *session == "" {
 		return errors.New(help)
 	}
-	store, closeFn, err := openStore(ctx, *url)
+	c, closeFn, err := connect(*url)
 	if err != nil {
 		return err
 	}
 	defer closeFn()
-	u, err := store.Usage(ctx, *tenant, *session)
+	st, err := c.Budget(ctx, *tenant, *session, l)
 	if err != nil {
 		return err
 	}
-	return printJSON(u.Status(*tenant, *session, l, time.Now()))
+	return printJSON(st)
 }

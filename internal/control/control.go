@@ -49,6 +49,7 @@ func Start(nc *nats.Conn, store *kvstore.Store, reg *tools.Registry, approvals *
 		{"tools-list", subjects.SvcToolsList, h.list},
 		{"tools-get", subjects.SvcToolsGet, h.get},
 		{"tools-register", subjects.SvcToolsRegister, h.register},
+		{"budget", subjects.SvcBudget, h.budget},
 	}
 	if approvals != nil {
 		eps = append(eps, struct {
@@ -182,6 +183,25 @@ func (h *handlers) status(req micro.Request) {
 		return
 	}
 	_ = req.RespondJSON(rec)
+}
+
+// budget reports where a session's budget stands: used, remaining of the
+// caps the request gives, spending rate and projected depletion.
+func (h *handlers) budget(req micro.Request) {
+	var r api.BudgetRequest
+	if err := decode(req.Data(), &r); err != nil || r.TenantID == "" || r.Session == "" {
+		respondError(req, api.NewError(api.InvalidParameters, api.ERequestInvalid,
+			"expected {\"tenant_id\":…, \"session\":…, \"limits\":{…}}"))
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	u, err := h.store.Usage(ctx, r.TenantID, r.Session)
+	if err != nil {
+		respondError(req, err)
+		return
+	}
+	_ = req.RespondJSON(u.Status(r.TenantID, r.Session, r.Limits, time.Now()))
 }
 
 func (h *handlers) list(req micro.Request) {

@@ -75,7 +75,7 @@ func TestControlService(t *testing.T) {
 			Subject string `json:"subject"`
 		} `json:"endpoints"`
 	}
-	if err := json.Unmarshal(msg.Data, &info); err != nil || info.Name != subjects.ServiceName || len(info.Endpoints) != 6 {
+	if err := json.Unmarshal(msg.Data, &info); err != nil || info.Name != subjects.ServiceName || len(info.Endpoints) != 7 {
 		t.Fatalf("service info %s, %v", msg.Data, err)
 	}
 }

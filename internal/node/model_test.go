@@ -364,5 +364,10 @@ order := [x[1] | some x in sort([[0 - c.latency_ms, c.name] | some c in input.ca
 		if u, err := n.Store.Usage(ctx, "m14", "s-m14"); err != nil || u.Tokens != 32 {
 			t.Fatalf("usage %+v %v", u, err)
 		}
+		st, err := e.client.Budget(ctx, "m14", "s-m14", api.BudgetLimits{MaxTokens: 20, MaxCalls: 10})
+		if err != nil || st.Used.Tokens != 32 || st.Remaining["tokens"] != 0 || !slices.Contains(st.Exhausted, "tokens") ||
+			st.Remaining["calls"] != 8 || st.PerHour["tokens"] <= 0 {
+			t.Fatalf("budget status %s %v", mustJSON(t, st), err)
+		}
 	})
 }
