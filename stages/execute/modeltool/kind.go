@@ -337,11 +337,7 @@ func exhausted(m *tools.Manifest, use *api.ModelUse, last error) error {
 		}
 		te = e
 	}
-	te.WithDetail("attempts", use.Attempts)
-	if notStarted := !slices.ContainsFunc(use.Attempts, func(a api.ModelAttempt) bool { return a.ECode == "" }); !notStarted {
-		delete(te.Details, "not_started")
-	}
-	return te
+	return te.WithDetail("attempts", use.Attempts)
 }
 
 // tryModel calls the model's endpoints in round-robin order until one
