@@ -277,6 +277,12 @@ func (c *call) run(ctx context.Context, raw json.RawMessage) (json.RawMessage, e
 	}
 	use := api.ModelUse{Routing: &d.Routing}
 	meter := builtin.MeterFrom(ctx)
+	if prev := meter.Model(); prev != nil {
+		// An earlier attempt of the executor's retry policy: what it used
+		// is charged too.
+		use.InputTokens, use.OutputTokens, use.Cost = prev.InputTokens, prev.OutputTokens, prev.Cost
+		use.Attempts = prev.Attempts
+	}
 	if err != nil {
 		meter.SetModel(use)
 		return nil, err

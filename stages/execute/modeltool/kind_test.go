@@ -163,3 +163,25 @@ func isCode(err error, ecode string) bool {
 	var te *api.Error
 	return errors.As(err, &te) && te.ECode == ecode
 }
+
+// TestRetriesAccumulate: when the executor's retry policy runs a call
+// again, what every run used is charged.
+func TestRetriesAccumulate(t *testing.T) {
+	s := modeltest.New(t, "openai")
+	k := newKind(entry(t, fmt.Sprintf(`{"name":"m","api":"openai","endpoints":[%q],"tier":"small","context_window":4000,
+	  "max_output_tokens":100,"price":{"input_per_1k":1,"output_per_1k":1}}`, s.Base())))
+	fn, err := k.Prepare(manifest, invocation([]string{"127.0.0.1"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	meter := &builtin.Meter{}
+	ctx := builtin.WithMeter(t.Context(), meter)
+	for range 2 {
+		if _, err := fn(ctx, json.RawMessage(`{"prompt":"hi"}`)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if u := meter.Model(); u.InputTokens != 2*s.InputTokens || u.OutputTokens != 2*s.OutputTokens || len(u.Attempts) != 2 {
+		t.Fatalf("use %+v", u)
+	}
+}
