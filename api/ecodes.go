@@ -148,3 +148,27 @@ const (
 	// A worker's security settings differ from the cluster's recorded ones.
 	ESecuritySettings = "E3951"
 )
+
+// Model kind codes (toolgate's own).
+const (
+	// The request names a model, or a manifest allows one, that the model
+	// catalogue does not hold.
+	EModelUnknown = "E3600"
+	// No model in the catalogue meets the request's constraints (tier,
+	// cost, latency, capabilities); details.considered says why each was
+	// left out.
+	EModelNoCandidate = "E3601"
+	// The request does not fit the context window of any model it may use,
+	// and it does not allow truncation.
+	EModelContextWindow = "E3602"
+	// A provider's answer is not in its API's wire format.
+	EModelMalformed = "E3603"
+	// A provider's answer exceeds the tool's response bound.
+	EModelAnswerTooLarge = "E3604"
+	// A streamed answer stopped before its final event.
+	EModelStreamCut = "E3605"
+	// Every model in the fallback chain failed; details.attempts lists them.
+	EModelChainExhausted = "E3606"
+	// A catalogue entry cannot be used (no endpoint, unknown API flavour).
+	EModelMisconfigured = "E3607"
+)

@@ -102,6 +102,8 @@ type ExecutionMetadata struct {
 	ReplayedFrom string `json:"replayed_from,omitempty"`
 	// Stages records the time each stage took, in order.
 	Stages []Hop `json:"stages,omitempty"`
+	// Model is what a model tool used and how its model was chosen.
+	Model *ModelUse `json:"model,omitempty"`
 }
 
 // Hop is one stage's passage.

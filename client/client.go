@@ -148,6 +148,13 @@ func (c *Client) Status(ctx context.Context, tenant, id string) (api.Record, err
 	return rec, err
 }
 
+// Budget reports where a session's budget stands against limits.
+func (c *Client) Budget(ctx context.Context, tenant, session string, limits api.BudgetLimits) (api.BudgetStatus, error) {
+	var st api.BudgetStatus
+	err := c.request(ctx, subjects.SvcBudget, api.BudgetRequest{TenantID: tenant, Session: session, Limits: limits}, &st)
+	return st, err
+}
+
 // ListTools lists the registered tools.
 func (c *Client) ListTools(ctx context.Context, f api.ListRequest) (api.ListResponse, error) {
 	var out api.ListResponse

@@ -225,6 +225,8 @@ type Usage struct {
 	Tokens              int64     `json:"tokens"`
 	ConsecutiveFailures int64     `json:"consecutive_failures"`
 	UpdatedAt           time.Time `json:"updated_at,omitzero"`
+	// StartedAt is the session's first charge, for its spending rate.
+	StartedAt time.Time `json:"started_at,omitzero"`
 	// Reserved are the latest invocations charged, so a retried charge of
 	// the same invocation is recognised.
 	Reserved []string `json:"reserved,omitempty"`
@@ -264,6 +266,9 @@ func (s *Store) UpdateUsage(ctx context.Context, tenant, session string, change 
 			return changeErr
 		}
 		u.UpdatedAt = time.Now().UTC()
+		if u.StartedAt.IsZero() {
+			u.StartedAt = u.UpdatedAt
+		}
 		return nil
 	})
 	if changeErr != nil {

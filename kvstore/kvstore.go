@@ -55,6 +55,7 @@ type Store struct {
 	checkpoints jetstream.KeyValue
 	breakers    jetstream.KeyValue
 	settings    jetstream.KeyValue
+	models      jetstream.KeyValue
 	watches     sync.WaitGroup
 }
 
@@ -118,6 +119,9 @@ func Open(ctx context.Context, js jetstream.JetStream, o Options) (*Store, error
 		}},
 		{&s.settings, jetstream.KeyValueConfig{
 			Bucket: subjects.BucketSettings, Description: "toolgate security settings every worker must share", History: 10,
+		}},
+		{&s.models, jetstream.KeyValueConfig{
+			Bucket: subjects.BucketModels, Description: "toolgate model catalogue by name", History: 5,
 		}},
 		{&s.budgets, jetstream.KeyValueConfig{
 			Bucket: BucketBudgets, Description: "toolgate session usage by tenant and session",

@@ -37,6 +37,7 @@ var (
 	manifestSchema = sync.OnceValue(func() *jsonschema.Schema { return mustCompileEmbedded("tool-manifest.schema.json") })
 	invokeSchema   = sync.OnceValue(func() *jsonschema.Schema { return mustCompileEmbedded("invoke-request.schema.json") })
 	rulesSchema    = sync.OnceValue(func() *jsonschema.Schema { return mustCompileEmbedded("detector-rules.schema.json") })
+	modelSchema    = sync.OnceValue(func() *jsonschema.Schema { return mustCompileEmbedded("model.schema.json") })
 )
 
 // MCPContent is the output schema of an mcp tool whose server declares
@@ -51,6 +52,9 @@ func MCPContent() json.RawMessage {
 
 // DetectorRules returns the compiled schema of a detector rule set.
 func DetectorRules() *jsonschema.Schema { return rulesSchema() }
+
+// Model returns the compiled model catalogue entry schema.
+func Model() *jsonschema.Schema { return modelSchema() }
 
 // Manifest returns the compiled tool manifest schema.
 func Manifest() *jsonschema.Schema { return manifestSchema() }

@@ -223,6 +223,8 @@ const (
 	// SvcApprovalsGet takes {"tenant_id","invocation_id"}.
 	SvcApprovalsList = "tool.svc.approvals.list"
 	SvcApprovalsGet  = "tool.svc.approvals.get"
+	// SvcBudget takes {"tenant_id","session","limits"}.
+	SvcBudget = "tool.svc.budget"
 )
 
 // TenantSvc is the tenant-scoped subject of control endpoint svc (one of the

@@ -58,6 +58,7 @@ func Start(nc *nats.Conn, store *kvstore.Store, reg *tools.Registry, approvals *
 		{"tools-delete", subjects.SvcToolsDelete, h.deleteTool},
 		{"approvals-list", subjects.SvcApprovalsList, h.listApprovals},
 		{"approvals-get", subjects.SvcApprovalsGet, h.getApproval},
+		{"budget", subjects.SvcBudget, h.budget},
 	}
 	if approvals != nil {
 		eps = append(eps, struct {
@@ -113,6 +114,7 @@ type store interface {
 	DeleteTool(ctx context.Context, id, version string) error
 	PendingApprovals(ctx context.Context) ([]api.Approval, error)
 	Approval(ctx context.Context, tenant, id string) (api.Approval, error)
+	Usage(ctx context.Context, tenant, session string) (kvstore.Usage, error)
 }
 
 var _ store = (*kvstore.Store)(nil)
@@ -306,6 +308,25 @@ func (h *handlers) doStatus(req micro.Request, r api.StatusRequest) {
 		return
 	}
 	_ = req.RespondJSON(rec)
+}
+
+// budget reports where a session's budget stands: used, remaining of the
+// caps the request gives, spending rate and projected depletion.
+func (h *handlers) budget(req micro.Request) {
+	var r api.BudgetRequest
+	if err := decode(req.Data(), &r); err != nil || r.TenantID == "" || r.Session == "" {
+		respondError(req, api.NewError(api.InvalidParameters, api.ERequestInvalid,
+			"expected {\"tenant_id\":…, \"session\":…, \"limits\":{…}}"))
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	u, err := h.store.Usage(ctx, r.TenantID, r.Session)
+	if err != nil {
+		respondError(req, err)
+		return
+	}
+	_ = req.RespondJSON(u.Status(r.TenantID, r.Session, r.Limits, time.Now()))
 }
 
 func (h *handlers) list(req micro.Request) {

@@ -158,3 +158,7 @@ func (f *fakeStore) PendingApprovals(context.Context) ([]api.Approval, error) { 
 func (f *fakeStore) Approval(context.Context, string, string) (api.Approval, error) {
 	return api.Approval{}, kvstore.ErrNotFound
 }
+
+func (f *fakeStore) Usage(context.Context, string, string) (kvstore.Usage, error) {
+	return kvstore.Usage{}, nil
+}

@@ -76,7 +76,7 @@ func TestControlService(t *testing.T) {
 			Subject string `json:"subject"`
 		} `json:"endpoints"`
 	}
-	if err := json.Unmarshal(msg.Data, &info); err != nil || info.Name != subjects.ServiceName || len(info.Endpoints) != 13 {
+	if err := json.Unmarshal(msg.Data, &info); err != nil || info.Name != subjects.ServiceName || len(info.Endpoints) != 14 {
 		t.Fatalf("service info %s, %v", msg.Data, err)
 	}
 }

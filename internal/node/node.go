@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/toolgate/toolgate/internal/breaker"
 	"github.com/toolgate/toolgate/internal/detect"
+	"github.com/toolgate/toolgate/internal/modelrouter"
 	"github.com/toolgate/toolgate/internal/policy"
 	"github.com/toolgate/toolgate/internal/ratelimit"
 	"github.com/toolgate/toolgate/internal/runner"
@@ -33,6 +34,7 @@ import (
 	"github.com/toolgate/toolgate/stages/execute/clitool"
 	"github.com/toolgate/toolgate/stages/execute/httptool"
 	"github.com/toolgate/toolgate/stages/execute/mcptool"
+	"github.com/toolgate/toolgate/stages/execute/modeltool"
 	"github.com/toolgate/toolgate/stages/route"
 	"github.com/toolgate/toolgate/stages/validate"
 	"github.com/toolgate/toolgate/stages/verify"
@@ -251,6 +253,8 @@ type StageConfig struct {
 	// MCP tunes the supervision of MCP servers; their sandbox is the one
 	// cli tools get.
 	MCP mcptool.Config
+	// ModelStats, when set, records model calls (Prometheus).
+	ModelStats *modeltool.Stats
 }
 
 // NewStage builds the logic of the named stage. ctx bounds its watches;
@@ -316,6 +320,12 @@ func (n *Node) NewStage(ctx context.Context, name string, c StageConfig) (stages
 		n.onStop(func() { _ = mcpKind.Close() })
 		x.Handle("mcp", mcpKind)
 		x.Breakers = breaker.New(n.Store, x.Publish, n.Log)
+		models := modelrouter.NewCatalogue()
+		if err := n.Store.WatchModels(ctx, models); err != nil {
+			return nil, err
+		}
+		x.Handle("model", modeltool.New(modeltool.Config{Catalogue: models, Secrets: secretSource,
+			Transport: httpKind.Transport(), Breakers: x.Breakers, Stats: c.ModelStats}))
 		if err := n.Store.WatchBreakers(ctx, x.Breakers.Apply); err != nil {
 			return nil, err
 		}

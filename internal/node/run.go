@@ -26,6 +26,7 @@ import (
 	"github.com/toolgate/toolgate/internal/runner"
 	"github.com/toolgate/toolgate/internal/token"
 	"github.com/toolgate/toolgate/internal/topology"
+	"github.com/toolgate/toolgate/stages/execute/modeltool"
 	"github.com/toolgate/toolgate/subjects"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
@@ -229,6 +230,9 @@ func Run(ctx context.Context, c Config) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics := runner.NewMetrics(reg)
+	if c.Stage.ModelStats == nil {
+		c.Stage.ModelStats = modeltool.NewStats(reg)
+	}
 	if c.MetricsAddr != "" {
 		srv := &http.Server{Addr: c.MetricsAddr, Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 5 * time.Second}
 		bg.Go(func() {

@@ -109,6 +109,10 @@ func (a *Auditor) chargeKey(ctx context.Context, inv *envelope.Invocation, key s
 		if inv.Metadata.StartedAt != "" {
 			u.Cost += az.CostPerCall // charged once the tool ran
 		}
+		if mu := inv.Metadata.Model; mu != nil {
+			u.Tokens += mu.Tokens()
+			u.Cost += mu.Cost
+		}
 		if inv.Status == api.StatusSuccess {
 			u.ConsecutiveFailures = 0
 		} else {

@@ -31,9 +31,9 @@ import (
 	"github.com/toolgate/toolgate/subjects"
 )
 
-// Kinds lists the tool kinds an executor can run: builtin always, the others
-// when their Kind is registered with Handle.
-var Kinds = []string{"builtin", "cli", "http", "mcp"}
+// Kinds lists the tool kinds an executor can run: builtin and cli always,
+// the others when their Kind is registered with Handle.
+var Kinds = []string{"builtin", "cli", "http", "mcp", "model"}
 
 // A Kind runs the tools of one manifest kind other than builtin (clitool,
 // httptool, mcptool).
@@ -197,6 +197,8 @@ func (x *Executor) Process(ctx context.Context, inv *envelope.Invocation) ([]sta
 	if inv.Authz != nil {
 		ctx = builtin.WithGrants(ctx, inv.Authz.Grants.Paths)
 	}
+	meter := &builtin.Meter{}
+	ctx = builtin.WithMeter(ctx, meter)
 	var guard *breaker.Call
 	if x.Breakers != nil {
 		if guard, err = x.Breakers.Acquire(ctx, m); err != nil {
@@ -230,6 +232,7 @@ func (x *Executor) Process(ctx context.Context, inv *envelope.Invocation) ([]sta
 			return call(exec.Context(), fn, inv.Request.Parameters)
 		})
 	inv.Metadata.Attempts = int(attempts.Load())
+	inv.Metadata.Model = meter.Model()
 	guard.End(ctx, err, time.Since(start))
 	end := time.Now()
 	inv.Metadata.StartedAt = start.UTC().Format(time.RFC3339Nano)

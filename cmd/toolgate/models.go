@@ -1,0 +1,168 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/modelrouter"
+	"github.com/toolgate/toolgate/stages/execute/modeltool"
+)
+
+// modelsCmd manages the model catalogue (docs/models.md).
+func (a *app) modelsCmd() *cobra.Command {
+	cmd := &cobra.Command{Use: "models", Short: "Manage the model catalogue the model kind routes over", Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error { return cmd.Help() }}
+	register := &cobra.Command{
+		Use: "register FILE", Short: "Register or replace a model from its JSON document", Args: exactArgs(1, "a model document"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			doc, err := os.ReadFile(args[0])
+			if err != nil {
+				return err
+			}
+			store, done, err := a.store(cmd)
+			if err != nil {
+				return err
+			}
+			defer done()
+			m, err := store.PutModel(cmd.Context(), doc)
+			if err != nil {
+				return err
+			}
+			return a.emit(m, func(w io.Writer) error {
+				_, err := fmt.Fprintf(w, "registered %s (%s, %s tier)\n", m.Name, m.API, m.Tier)
+				return err
+			})
+		},
+	}
+	list := &cobra.Command{
+		Use: "list", Short: "List the registered models", Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			store, done, err := a.store(cmd)
+			if err != nil {
+				return err
+			}
+			defer done()
+			ms, err := store.Models(cmd.Context())
+			if err != nil {
+				return err
+			}
+			return a.emit(ms, func(w io.Writer) error { return modelTable(w, ms) })
+		},
+	}
+	del := &cobra.Command{
+		Use: "delete NAME", Short: "Remove a model from the catalogue", Args: exactArgs(1, "a model name"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			store, done, err := a.store(cmd)
+			if err != nil {
+				return err
+			}
+			defer done()
+			return store.DeleteModel(cmd.Context(), args[0])
+		},
+	}
+	var reset bool
+	policy := &cobra.Command{
+		Use: "policy (FILE.rego | --reset)", Short: "Replace the Rego routing policy, or restore the shipped one", Args: cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if reset == (len(args) == 1) {
+				return usageErr("models policy: give a policy file or --reset")
+			}
+			var src []byte
+			if !reset {
+				var err error
+				if src, err = os.ReadFile(args[0]); err != nil {
+					return err
+				}
+			}
+			store, done, err := a.store(cmd)
+			if err != nil {
+				return err
+			}
+			defer done()
+			return store.PutRoutingPolicy(cmd.Context(), src)
+		},
+	}
+	policy.Flags().BoolVar(&reset, "reset", false, "restore the shipped routing policy")
+	var metrics string
+	stats := &cobra.Command{
+		Use: "stats", Short: "Summarise a worker's model metrics: latency, success rate and cost per model", Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, cancel := context.WithTimeout(cmd.Context(), 10*time.Second)
+			defer cancel()
+			req, err := http.NewRequestWithContext(ctx, http.MethodGet, metrics, nil)
+			if err != nil {
+				return err
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				return err
+			}
+			defer resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				return fmt.Errorf("%s answered %s", metrics, resp.Status)
+			}
+			out, err := modeltool.Summarise(resp.Body)
+			if err != nil {
+				return err
+			}
+			return a.printJSON(out)
+		},
+	}
+	stats.Flags().StringVar(&metrics, "metrics", "http://127.0.0.1:9090/metrics", "a worker's metrics URL (serve --metrics-addr)")
+	cmd.AddCommand(register, list, del, policy, stats)
+	return cmd
+}
+
+func modelTable(w io.Writer, ms []modelrouter.Model) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAME\tAPI\tTIER\tCONTEXT\tENDPOINTS")
+	for _, m := range ms {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\n", m.Name, m.API, m.Tier, m.ContextWindow, len(m.Endpoints))
+	}
+	return tw.Flush()
+}
+
+// budgetsCmd shows where a session's budget stands.
+func (a *app) budgetsCmd() *cobra.Command {
+	var session string
+	var l api.BudgetLimits
+	show := &cobra.Command{
+		Use: "show --session S", Short: "Show a session's used and remaining budget, spending rate and projected depletion", Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if session == "" {
+				return usageErr("budgets show: --session is required")
+			}
+			tenant, err := a.tenant()
+			if err != nil {
+				return err
+			}
+			c, done, err := a.client()
+			if err != nil {
+				return err
+			}
+			defer done()
+			st, err := c.Budget(cmd.Context(), tenant, session, l)
+			if err != nil {
+				return err
+			}
+			return a.printJSON(st)
+		},
+	}
+	f := show.Flags()
+	f.StringVar(&session, "session", "", "session: the token's session_id, else the request's (required)")
+	f.Int64Var(&l.MaxTokens, "max-tokens", 0, "the budget's max_tokens, for what remains")
+	f.Float64Var(&l.MaxCost, "max-cost", 0, "the budget's max_cost")
+	f.Int64Var(&l.MaxCalls, "max-calls", 0, "the budget's max_calls")
+	f.Int64Var(&l.MaxRuntimeMS, "max-runtime-ms", 0, "the budget's max_runtime_ms")
+	cmd := &cobra.Command{Use: "budgets", Short: "Session budgets", Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error { return cmd.Help() }}
+	cmd.AddCommand(show)
+	return cmd
+}

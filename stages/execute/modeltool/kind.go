@@ -1,0 +1,515 @@
+// Package modeltool runs tools of kind model: it routes each call to a model
+// of the catalogue (internal/modelrouter), sends it to one of the model's
+// endpoints in the provider's wire format (OpenAI chat completions or
+// Anthropic Messages, streamed or not), and moves down the fallback chain
+// when an endpoint fails, hangs, is rate limited or has its circuit breaker
+// open. Credentials are injected and scrubbed, and hosts confined, exactly
+// as for http tools (httptool's code).
+//
+// The parameters of a call are a JSON object:
+//
+//	{"messages": [{"role": "user", "content": "…"}], "system": "…",
+//	 "model": "…", "tier": "small|medium|large", "hint": "best|fast",
+//	 "task": {"type": "coding", "traits": ["multi_step_reasoning"], "language": "go"},
+//	 "constraints": {"max_cost": 0.01, "max_latency_ms": 3000, "capabilities": ["code"]},
+//	 "policy": "cost-first|quality-first|latency-first",
+//	 "max_output_tokens": 256, "temperature": 0.2, "stream": true,
+//	 "truncate": "none|drop_oldest|drop_middle"}
+//
+// ("prompt": "…" is short for one user message). The result is
+//
+//	{"model": "…", "content": "…", "finish_reason": "…",
+//	 "usage": {"input_tokens": 12, "output_tokens": 30}, "cost": 0.0004}
+//
+// and the routing decision, every attempt and the tokens used are recorded
+// in the execution metadata (model), which the audit event carries and the
+// session's budget is charged from.
+package modeltool
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/breaker"
+	"github.com/toolgate/toolgate/internal/envelope"
+	"github.com/toolgate/toolgate/internal/modelrouter"
+	"github.com/toolgate/toolgate/internal/tools"
+	"github.com/toolgate/toolgate/stages/execute/builtin"
+	"github.com/toolgate/toolgate/stages/execute/httptool"
+)
+
+// Config configures the model kind.
+type Config struct {
+	// Catalogue holds the models; nil refuses every call.
+	Catalogue *modelrouter.Catalogue
+	// Rules classify requests; default modelrouter.DefaultRules.
+	Rules *modelrouter.Rules
+	// Secrets supplies credentials (secrets.Source does).
+	Secrets httptool.Secrets
+	// Transport sends requests; default a fresh httptool Kind's, which
+	// refuses host names resolving to non-public addresses.
+	Transport http.RoundTripper
+	// Breakers, when set, guard every endpoint.
+	Breakers *breaker.Breakers
+	// Stats, when set, records latency, outcomes, tokens and cost.
+	Stats *Stats
+	// EndpointTimeout bounds one call to one endpoint when the model sets
+	// no timeout_ms; default 60 s. The tool's time limit bounds them all.
+	EndpointTimeout time.Duration
+}
+
+// Kind runs model tools. It implements execute.Kind.
+type Kind struct {
+	cfg   Config
+	rules modelrouter.Rules
+	rr    sync.Map // model name → *atomic.Uint64, round-robin over endpoints
+}
+
+// New returns the model kind.
+func New(c Config) *Kind {
+	if c.Transport == nil {
+		c.Transport = httptool.New(httptool.Config{Secrets: c.Secrets}).Transport()
+	}
+	if c.EndpointTimeout <= 0 {
+		c.EndpointTimeout = 60 * time.Second
+	}
+	k := &Kind{cfg: c, rules: modelrouter.DefaultRules()}
+	if c.Rules != nil {
+		k.rules = *c.Rules
+	}
+	return k
+}
+
+// Spec is the model object of a manifest of kind model.
+type Spec struct {
+	// Models, when not empty, are the only catalogue models the tool uses.
+	Models []string `json:"models,omitempty"`
+	// Policy is the default routing policy.
+	Policy string `json:"policy,omitempty"`
+	// Stream streams answers unless a call says otherwise.
+	Stream bool `json:"stream,omitempty"`
+	// Truncate is the default truncation strategy.
+	Truncate string `json:"truncate,omitempty"`
+	// MaxResponseBytes bounds a provider's answer; default 1 MiB,
+	// narrowed by limits.output_bytes.
+	MaxResponseBytes int64 `json:"max_response_bytes,omitempty"`
+}
+
+// Params are a call's parameters.
+type Params struct {
+	Messages        []modelrouter.Message   `json:"messages,omitempty"`
+	Prompt          string                  `json:"prompt,omitempty"`
+	System          string                  `json:"system,omitempty"`
+	Model           string                  `json:"model,omitempty"`
+	Tier            string                  `json:"tier,omitempty"`
+	Hint            string                  `json:"hint,omitempty"`
+	Task            modelrouter.Task        `json:"task,omitzero"`
+	Constraints     modelrouter.Constraints `json:"constraints,omitzero"`
+	Policy          string                  `json:"policy,omitempty"`
+	MaxOutputTokens int                     `json:"max_output_tokens,omitempty"`
+	Temperature     *float64                `json:"temperature,omitempty"`
+	Stream          *bool                   `json:"stream,omitempty"`
+	Truncate        string                  `json:"truncate,omitempty"`
+}
+
+// Result is a call's result.
+type Result struct {
+	Model        string `json:"model"`
+	Content      string `json:"content"`
+	FinishReason string `json:"finish_reason,omitempty"`
+	Usage        struct {
+		InputTokens  int64 `json:"input_tokens"`
+		OutputTokens int64 `json:"output_tokens"`
+	} `json:"usage"`
+	Cost float64 `json:"cost"`
+}
+
+func misconfigured(m *tools.Manifest, format string, args ...any) *api.Error {
+	return api.NewError(api.ToolExecutionError, api.EExecutorUnavailable,
+		"model configuration of %s: %s", m.Key(), fmt.Sprintf(format, args...)).WithDetail("not_started", true)
+}
+
+func decodeSpec(m *tools.Manifest) (*Spec, error) {
+	if len(bytes.TrimSpace(m.Model)) == 0 {
+		return nil, misconfigured(m, "missing")
+	}
+	var s Spec
+	dec := json.NewDecoder(bytes.NewReader(m.Model))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&s); err != nil {
+		return nil, misconfigured(m, "%v", err)
+	}
+	if s.Policy != "" && !slices.Contains(modelrouter.Policies, s.Policy) {
+		return nil, misconfigured(m, "policy %q is not one of %v", s.Policy, modelrouter.Policies)
+	}
+	if err := checkTruncate(s.Truncate); err != nil {
+		return nil, misconfigured(m, "%v", err)
+	}
+	if s.MaxResponseBytes < 0 {
+		return nil, misconfigured(m, "max_response_bytes is negative")
+	}
+	if s.MaxResponseBytes == 0 {
+		s.MaxResponseBytes = httptool.DefaultMaxResponseBytes
+	}
+	if o := m.Limits.OutputBytes; o > 0 && o < s.MaxResponseBytes {
+		s.MaxResponseBytes = o
+	}
+	return &s, nil
+}
+
+func checkTruncate(t string) error {
+	switch t {
+	case "", modelrouter.TruncateNone, modelrouter.TruncateOldest, modelrouter.TruncateMiddle:
+		return nil
+	}
+	return fmt.Errorf("truncate %q is not none, drop_oldest or drop_middle", t)
+}
+
+func badParams(format string, args ...any) error {
+	return api.NewError(api.InvalidParameters, api.EParametersInvalid, format, args...).WithDetail("not_started", true)
+}
+
+// Prepare implements execute.Kind.
+func (k *Kind) Prepare(m *tools.Manifest, inv *envelope.Invocation) (builtin.Func, error) {
+	s, err := decodeSpec(m)
+	if err != nil {
+		return nil, err
+	}
+	if k.cfg.Catalogue == nil {
+		return nil, misconfigured(m, "no model catalogue on this worker")
+	}
+	var g envelope.Grants
+	if inv.Authz != nil {
+		g = inv.Authz.Grants
+	}
+	c := &call{kind: k, m: m, spec: s, grants: g}
+	return c.run, nil
+}
+
+// call is one invocation.
+type call struct {
+	kind   *Kind
+	m      *tools.Manifest
+	spec   *Spec
+	grants envelope.Grants
+}
+
+func (c *call) params(raw json.RawMessage) (*Params, error) {
+	var p Params
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&p); err != nil {
+		return nil, badParams("model parameters: %v", err)
+	}
+	if p.Prompt != "" {
+		p.Messages = append(p.Messages, modelrouter.Message{Role: "user", Content: p.Prompt})
+	}
+	if len(p.Messages) == 0 {
+		return nil, badParams("model parameters: no messages and no prompt")
+	}
+	for i, msg := range p.Messages {
+		if msg.Role != "user" && msg.Role != "assistant" && msg.Role != "system" {
+			return nil, badParams("messages[%d].role %q is not user, assistant or system", i, msg.Role)
+		}
+	}
+	if p.MaxOutputTokens < 0 {
+		return nil, badParams("max_output_tokens is negative")
+	}
+	if p.Truncate == "" {
+		p.Truncate = c.spec.Truncate
+	}
+	if err := checkTruncate(p.Truncate); err != nil {
+		return nil, badParams("%v", err)
+	}
+	if p.Policy == "" {
+		p.Policy = c.spec.Policy
+	}
+	return &p, nil
+}
+
+// run is one attempt of the executor: routing, then the chain.
+func (c *call) run(ctx context.Context, raw json.RawMessage) (json.RawMessage, error) {
+	p, err := c.params(raw)
+	if err != nil {
+		return nil, err
+	}
+	catalogue := c.kind.cfg.Catalogue.Snapshot()
+	for _, name := range c.spec.Models {
+		if _, ok := catalogue[name]; !ok {
+			return nil, api.NewError(api.ToolExecutionError, api.EModelUnknown,
+				"%s allows model %q, which the catalogue does not hold", c.m.Key(), name).WithDetail("not_started", true)
+		}
+	}
+	req := modelrouter.Request{Model: p.Model, Tier: p.Tier, Hint: p.Hint, Task: p.Task, Constraints: p.Constraints,
+		Policy: p.Policy, MaxOutputTokens: p.MaxOutputTokens, Allowed: c.spec.Models,
+		InputTokens: modelrouter.CountMessages(p.System, p.Messages)}
+	rules := c.kind.rules
+	if rk, _ := c.kind.cfg.Catalogue.Ranker(); rk != nil {
+		rules.Ranker = rk
+	}
+	d, err := rules.Route(ctx, catalogue, req)
+	if ecodeOf(err) == api.EModelContextWindow && p.Truncate != "" && p.Truncate != modelrouter.TruncateNone {
+		// Fit the largest window the request may use, at the seed's 70 %.
+		limit := 0
+		for _, m := range catalogue {
+			if (p.Model == "" || p.Model == m.Name) && (len(c.spec.Models) == 0 || slices.Contains(c.spec.Models, m.Name)) {
+				out := min(cmpOr(p.MaxOutputTokens, m.MaxOutputTokens), m.MaxOutputTokens)
+				limit = max(limit, min(m.ContextWindow*7/10, m.ContextWindow-out))
+			}
+		}
+		if msgs, ok := modelrouter.Truncate(p.Truncate, p.System, p.Messages, limit); ok {
+			p.Messages = msgs
+			req.InputTokens = modelrouter.CountMessages(p.System, p.Messages)
+			d, err = rules.Route(ctx, catalogue, req)
+			d.Routing.Truncated = p.Truncate
+		}
+	}
+	use := api.ModelUse{Routing: &d.Routing}
+	meter := builtin.MeterFrom(ctx)
+	if prev := meter.Model(); prev != nil {
+		// An earlier attempt of the executor's retry policy: what it used
+		// is charged too.
+		use.InputTokens, use.OutputTokens, use.Cost = prev.InputTokens, prev.OutputTokens, prev.Cost
+		use.Attempts = prev.Attempts
+	}
+	if err != nil {
+		meter.SetModel(use)
+		return nil, err
+	}
+	stream := c.spec.Stream
+	if p.Stream != nil {
+		stream = *p.Stream
+	}
+	var last error
+	for _, model := range d.Chain {
+		use.Model = model.Name
+		ans, err := c.tryModel(ctx, model, p, stream, &use, meter)
+		if err == nil {
+			out := Result{Model: model.Name, Content: ans.Content, FinishReason: ans.FinishReason, Cost: use.Cost}
+			out.Usage.InputTokens, out.Usage.OutputTokens = ans.InputTokens, ans.OutputTokens
+			meter.SetModel(use)
+			return json.Marshal(out)
+		}
+		last = err
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	meter.SetModel(use)
+	if ctx.Err() != nil {
+		return nil, ctx.Err()
+	}
+	return nil, exhausted(c.m, &use, last)
+}
+
+func ecodeOf(err error) string {
+	var te *api.Error
+	if errors.As(err, &te) {
+		return te.ECode
+	}
+	return ""
+}
+
+func cmpOr(a, b int) int {
+	if a != 0 {
+		return a
+	}
+	return b
+}
+
+// exhausted is the error of a chain that failed throughout: the one error
+// when every attempt failed alike, else model_chain_exhausted.
+func exhausted(m *tools.Manifest, use *api.ModelUse, last error) error {
+	te := api.AsError(last)
+	same := len(use.Attempts) > 0
+	for _, a := range use.Attempts {
+		same = same && a.ECode == te.ECode
+	}
+	if !same {
+		e := api.NewError(te.Code, api.EModelChainExhausted, "%s: every model in the fallback chain failed; the last: %s", m.Key(), te.Message)
+		if te.Retryable {
+			e.AsRetryable()
+		}
+		te = e
+	}
+	return te.WithDetail("attempts", use.Attempts)
+}
+
+// tryModel calls the model's endpoints in round-robin order until one
+// answers. It adds each attempt and its cost to use.
+func (c *call) tryModel(ctx context.Context, model *modelrouter.Model, p *Params, stream bool, use *api.ModelUse, meter *builtin.Meter) (modelrouter.Answer, error) {
+	header, scrub, err := c.credential(model)
+	if err != nil {
+		use.Attempts = append(use.Attempts, attempt(model, "", err, 0))
+		return modelrouter.Answer{}, err
+	}
+	n := len(model.Endpoints)
+	ctr, _ := c.kind.rr.LoadOrStore(model.Name, new(atomic.Uint64))
+	first := int(ctr.(*atomic.Uint64).Add(1)-1) % n
+	var last error
+	for i := range n {
+		ep := model.Endpoints[(first+i)%n]
+		use.Endpoint = ep
+		start := time.Now()
+		ans, err := c.tryEndpoint(ctx, model, ep, p, stream, header, scrub)
+		ms := time.Since(start).Milliseconds()
+		cost := model.Price.Cost(ans.InputTokens, ans.OutputTokens)
+		use.InputTokens += ans.InputTokens
+		use.OutputTokens += ans.OutputTokens
+		use.Cost += cost
+		if err != nil {
+			err = scrubErr(err, scrub)
+		}
+		use.Attempts = append(use.Attempts, attempt(model, ep, err, ms))
+		meter.SetModel(*use)
+		if err == nil {
+			return ans, nil
+		}
+		last = err
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return modelrouter.Answer{}, last
+}
+
+func attempt(m *modelrouter.Model, ep string, err error, ms int64) api.ModelAttempt {
+	a := api.ModelAttempt{Model: m.Name, Endpoint: ep, MS: ms}
+	if err != nil {
+		te := api.AsError(err)
+		a.ECode, a.Error = te.ECode, te.Message
+	}
+	return a
+}
+
+func scrubErr(err error, s *httptool.Scrubber) error {
+	var te *api.Error
+	if errors.As(err, &te) {
+		te.Message = s.String(te.Message)
+		return te
+	}
+	return errors.New(s.String(err.Error()))
+}
+
+// credential resolves the model's credential, which the token must grant.
+func (c *call) credential(model *modelrouter.Model) (http.Header, *httptool.Scrubber, error) {
+	cr := model.Credential
+	if cr == nil {
+		return nil, nil, nil
+	}
+	if !slices.Contains(c.grants.Secrets, cr.Secret) {
+		return nil, nil, api.NewError(api.PermissionDenied, api.ECredentialDenied,
+			"model %s needs credential %s, which the capability token does not grant", model.Name, cr.Secret).
+			WithDetail("not_started", true)
+	}
+	if c.kind.cfg.Secrets == nil {
+		return nil, nil, api.NewError(api.ToolExecutionError, api.ECredentialUnavailable,
+			"model %s needs credential %s, and no secret source is configured", model.Name, cr.Secret).WithDetail("not_started", true)
+	}
+	v, err := c.kind.cfg.Secrets.Lookup(cr.Secret)
+	if err != nil {
+		return nil, nil, api.NewError(api.ToolExecutionError, api.ECredentialUnavailable,
+			"model %s needs credential %s, which no secret source on this worker holds", model.Name, cr.Secret).
+			WithDetail("not_started", true).WithDetail("credential", cr.Secret)
+	}
+	h := http.Header{}
+	h.Set(cr.Header, cr.Prefix+v)
+	return h, httptool.NewScrubber(v, cr.Prefix+v), nil
+}
+
+// breakerConfig is an endpoint breaker's default: open at half of the last
+// ten calls failing (at least three), trial after 30 s.
+var breakerConfig = tools.CircuitBreaker{FailureRateThreshold: 50, SlidingWindowSize: 10, MinimumCalls: 3,
+	WaitDurationSeconds: 30, HalfOpenCalls: 1}
+
+// BreakerKey names the breaker of one endpoint of a model.
+func BreakerKey(model, endpoint string) string { return "model:" + model + ":" + endpoint }
+
+func (c *call) tryEndpoint(ctx context.Context, model *modelrouter.Model, ep string, p *Params, stream bool,
+	header http.Header, scrub *httptool.Scrubber) (modelrouter.Answer, error) {
+	u, err := url.Parse(model.URL(ep))
+	if err != nil {
+		return modelrouter.Answer{}, api.NewError(api.ToolExecutionError, api.EModelMisconfigured, "model %s: endpoint %q: %v", model.Name, ep, err)
+	}
+	if err := httptool.CheckHost(c.m, c.grants, u); err != nil {
+		return modelrouter.Answer{}, err
+	}
+	var guard *breaker.Call
+	if b := c.kind.cfg.Breakers; b != nil {
+		cfg := breakerConfig
+		if model.CircuitBreaker != nil {
+			cfg = *model.CircuitBreaker
+		}
+		cfg.Key = BreakerKey(model.Name, ep)
+		if guard, err = b.Acquire(ctx, &tools.Manifest{ID: cfg.Key, CircuitBreaker: &cfg}); err != nil {
+			return modelrouter.Answer{}, err
+		}
+	}
+	timeout := c.kind.cfg.EndpointTimeout
+	if model.TimeoutMS > 0 {
+		timeout = time.Duration(model.TimeoutMS) * time.Millisecond
+	}
+	actx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	maxTokens := model.MaxOutputTokens
+	if p.MaxOutputTokens > 0 {
+		maxTokens = min(maxTokens, p.MaxOutputTokens)
+	}
+	call := modelrouter.Call{Model: model, Endpoint: ep, System: p.System, Messages: p.Messages, MaxTokens: maxTokens,
+		Temperature: p.Temperature, Stream: stream, Header: header, MaxBytes: c.spec.MaxResponseBytes}
+	if stream {
+		progress := builtin.ProgressFrom(ctx)
+		var text strings.Builder
+		var tokens int
+		call.OnDelta = func(s string) {
+			text.WriteString(s)
+			tokens += modelrouter.CountText(s)
+			tail := scrub.String(text.String())
+			if len(tail) > 200 {
+				tail = "…" + tail[len(tail)-200:]
+			}
+			progress.Report(min(99, float64(tokens)*100/float64(maxTokens)), tail)
+		}
+	}
+	start := time.Now()
+	ans, err := modelrouter.Do(actx, &http.Client{Transport: c.kind.cfg.Transport, CheckRedirect: noRedirect}, call)
+	took := time.Since(start)
+	if err != nil {
+		err = c.classify(ctx, actx, model, ep, err, timeout)
+	}
+	ans.Content = scrub.String(ans.Content)
+	guard.End(ctx, err, took)
+	c.kind.cfg.Stats.observe(model, err, took, ans)
+	return ans, err
+}
+
+// noRedirect: a provider API does not redirect; following one would carry
+// the credential to wherever it points.
+func noRedirect(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+
+// classify turns a transport error into its api error; an api error from
+// the provider's answer is kept.
+func (c *call) classify(ctx, actx context.Context, model *modelrouter.Model, ep string, err error, timeout time.Duration) error {
+	var te *api.Error
+	if errors.As(err, &te) {
+		return te
+	}
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	if actx.Err() != nil {
+		return api.NewError(api.Timeout, api.ETimeout, "model %s at %s did not answer within %v", model.Name, ep, timeout).AsRetryable()
+	}
+	return api.NewError(api.ExternalAPIError, api.EExternalUnreachable, "model %s at %s: %v", model.Name, ep, err).AsRetryable()
+}
