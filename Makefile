@@ -3,7 +3,7 @@ GO      ?= go
 DATA    ?= toolgate-data
 PKGS    := ./...
 
-.PHONY: run build test test-short fuzz bench lint fmt vet staticcheck clean mcp-servers nats
+.PHONY: run build test test-short fuzz bench chaos image lint fmt vet staticcheck clean mcp-servers nats
 
 run:
 	$(GO) run ./cmd/toolgate serve --examples --data $(DATA) --file-root examples/files --metrics-addr 127.0.0.1:9464
@@ -31,6 +31,16 @@ nats:
 test: mcp-servers
 	$(GO) vet $(PKGS)
 	$(GO) test -race -count=1 -timeout 15m $(PKGS)
+
+# Fault injection with real processes (internal/chaos): 10,000 invocations
+# per scenario while stage workers and servers are SIGKILLed, restarted,
+# wiped and partitioned; prints lost/duplicated figures. `make test` runs a
+# short single-server variant.
+CHAOS_N ?= 10000
+CHAOS_RATE ?= 100
+chaos:
+	TOOLGATE_CHAOS_N=$(CHAOS_N) TOOLGATE_CHAOS_RATE=$(CHAOS_RATE) TOOLGATE_CHAOS_CLUSTER=1 \
+	  $(GO) test -count=1 -timeout 90m -v -run '^TestChaos' ./internal/chaos/ | grep -E '^(chaos |--- |ok|FAIL|panic)|_test.go'
 
 # Each decoder of outside input, fuzzed for FUZZTIME.
 FUZZTIME ?= 20s
