@@ -37,7 +37,7 @@ test: mcp-servers
 # wiped and partitioned; prints lost/duplicated figures. `make test` runs a
 # short single-server variant.
 CHAOS_N ?= 10000
-CHAOS_RATE ?= 100
+CHAOS_RATE ?= 60
 chaos:
 	TOOLGATE_CHAOS_N=$(CHAOS_N) TOOLGATE_CHAOS_RATE=$(CHAOS_RATE) TOOLGATE_CHAOS_CLUSTER=1 \
 	  $(GO) test -count=1 -timeout 90m -v -run '^TestChaos' ./internal/chaos/
