@@ -120,6 +120,8 @@ func pipelineFlags(fs *flag.FlagSet, c *node.Config) *string {
 	fs.IntVar(&c.Topology.Replicas, "replicas", 1, "replicas of streams and buckets created at start")
 	fs.DurationVar(&c.Topology.AckWait, "ack-wait", 30*time.Second, "stage consumers' ack wait")
 	fs.IntVar(&c.Topology.MaxDeliver, "max-deliver", 5, "deliveries before an invocation ends with E3901")
+	fs.DurationVar(&c.Topology.AuditMaxAge, "audit-max-age", 0, "age limit of the AUDIT stream when created (default 90 days; negative: forever)")
+	fs.Int64Var(&c.Topology.InvokeMaxBytes, "invoke-max-bytes", 0, "byte limit of the invoke stream when created (default 1 GiB); a full stream refuses publishers")
 	fs.StringVar(&c.JWKSPath, "jwks", "", "key set (JWKS file) capability tokens are verified with; reloaded on change")
 	fs.StringVar(&c.TokenIssuer, "token-issuer", "toolgate", "required iss of capability tokens")
 	fs.StringVar(&c.TokenAudience, "token-audience", "toolgate", "required aud of capability tokens")
