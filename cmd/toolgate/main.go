@@ -32,6 +32,7 @@ usage:
   toolgate status ID --tenant T
   toolgate cancel ID --tenant T [--reason R]
   toolgate tail   [--tenant T] [--all] [--count N]
+  toolgate audit  export [--since T] [--until T] [--tenant T] > audit.jsonl
   toolgate tools  register FILE [--replace] | list | get ID [--version V]
   toolgate token  keygen | mint --key K [--parent TOKEN] [grants] | inspect TOKEN | revoke TOKEN
   toolgate policy push DIR | show
@@ -72,6 +73,8 @@ func run(args []string) error {
 		return status(ctx, rest)
 	case "tail":
 		return tail(ctx, rest)
+	case "audit":
+		return auditCmd(ctx, rest)
 	case "tools":
 		return toolsCmd(ctx, rest)
 	case "bench":
