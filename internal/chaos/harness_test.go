@@ -15,6 +15,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -474,8 +475,32 @@ func (h *harness) diagnose(ctx context.Context, js jetstream.JetStream) {
 				h.t.Logf("%s exited: %s", filepath.Base(w.log), tailFile(w.log, 5))
 			} else {
 				h.t.Logf("%s live, ready=%v", filepath.Base(w.log), w.ready())
+				if i, err := js.Consumer(ctx, subjects.StreamPipeline, st+"-normal"); st != subjects.Validate && err == nil && i.CachedInfo().NumPending > 0 {
+					// A live process that does not pull: its goroutines say where it waits.
+					_ = w.cmd.Process.Signal(syscall.SIGQUIT)
+					<-w.done
+					h.t.Logf("%s goroutines:\n%s", filepath.Base(w.log), stacksIn(w.log, "toolgate/"))
+				}
 			}
 		}
 		h.mu.Unlock()
 	}
+}
+
+// stacksIn returns the goroutine stacks of a Go crash dump in path that
+// mention pkg, the first 12 lines of each, at most 20 of them.
+func stacksIn(path, pkg string) string {
+	b, _ := os.ReadFile(path)
+	i := strings.Index(string(b), "goroutine ")
+	if i < 0 {
+		return "(no dump)"
+	}
+	var out []string
+	for _, g := range strings.Split(string(b[i:]), "\n\n") {
+		if strings.Contains(g, pkg) && len(out) < 20 {
+			lines := strings.Split(g, "\n")
+			out = append(out, strings.Join(lines[:min(len(lines), 12)], "\n"))
+		}
+	}
+	return strings.Join(out, "\n\n")
 }
