@@ -256,6 +256,9 @@ func (h *harness) read(ctx context.Context, js jetstream.JetStream) (*outcome, e
 				st += "/" + r.Error.ECode
 			}
 		}
+		if prev := o.statuses[r.InvocationID]; prev != "" {
+			st = prev + "+" + st // a second result: keep both for the report
+		}
 		o.statuses[r.InvocationID] = st
 		if md, err := m.Metadata(); err == nil {
 			o.resultAt = append(o.resultAt, md.Timestamp)
@@ -400,7 +403,8 @@ func (h *harness) verify(l *load, name string, faults int, recovery time.Duratio
 		if o.results[id] > 1 || o.terminals[id] > 1 || o.ledger[id] > 1 {
 			r.Duplicated++
 			if len(r.problems) < 20 {
-				r.problems = append(r.problems, fmt.Sprintf("%s: %d results, %d terminal audit events, %d ledger lines", id, o.results[id], o.terminals[id], o.ledger[id]))
+				r.problems = append(r.problems, fmt.Sprintf("%s: %d results (%s), %d terminal audit events, %d ledger lines",
+					id, o.results[id], o.statuses[id], o.terminals[id], o.ledger[id]))
 			}
 		}
 		if s := o.statuses[id]; s == string(api.StatusSuccess) && o.ledger[id] != 1 {
