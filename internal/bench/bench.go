@@ -63,6 +63,7 @@ type Report struct {
 	Authz     []Cost
 	Sandbox   []Cost
 	MCP       []Cost
+	Scaling   []Scale
 }
 
 // Run starts an embedded server with file storage, measures a no-op builtin
@@ -103,6 +104,9 @@ func Run(ctx context.Context, o Options) (Report, error) {
 	}
 	if rep.Raw, err = measureRaw(ctx, url, o); err != nil {
 		return rep, fmt.Errorf("raw JetStream: %w", err)
+	}
+	if rep.Scaling, err = measureScaling(ctx, url, o, cred); err != nil {
+		return rep, fmt.Errorf("scaling: %w", err)
 	}
 	rep.Detectors = measureDetectors()
 	if rep.Sandbox, err = measureSandbox(ctx); err != nil {
@@ -377,6 +381,9 @@ func (r Report) Print(w io.Writer) {
 		ratio(r.Pipeline.Quantile(0.99), r.Raw.Quantile(0.99)), ratio(r.Pipeline.Quantile(1), r.Raw.Quantile(1)))
 	if len(r.Authz) > 0 {
 		printAuthz(w, r.Authz)
+	}
+	if len(r.Scaling) > 0 {
+		printScaling(w, r.Scaling)
 	}
 	if len(r.Detectors) > 0 {
 		printDetectors(w, r.Detectors)
