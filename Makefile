@@ -41,7 +41,7 @@ CHAOS_N ?= 10000
 CHAOS_RATE ?= 60
 chaos:
 	TOOLGATE_CHAOS_N=$(CHAOS_N) TOOLGATE_CHAOS_RATE=$(CHAOS_RATE) TOOLGATE_CHAOS_CLUSTER=1 \
-	  $(GO) test -count=1 -timeout 90m -v -run '^TestChaos' ./internal/chaos/
+	  $(GO) test -count=1 -timeout 90m -v -run '^Test(Chaos|SyncIntervalCost)' ./internal/chaos/
 
 # The container image (deploy/Dockerfile), with docker or podman.
 IMAGE ?= toolgate:latest
