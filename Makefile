@@ -3,7 +3,7 @@ GO      ?= go
 DATA    ?= toolgate-data
 PKGS    := ./...
 
-.PHONY: run build test test-short fuzz bench lint fmt vet staticcheck clean mcp-servers nats
+.PHONY: run build test test-short fuzz bench chaos image lint fmt vet staticcheck clean mcp-servers nats
 
 run:
 	$(GO) run ./cmd/toolgate serve --examples --data $(DATA) --file-root examples/files --metrics-addr 127.0.0.1:9464
@@ -35,6 +35,29 @@ nats:
 test: mcp-servers
 	$(GO) vet $(PKGS)
 	$(GO) test -race -count=1 -timeout 15m $(PKGS)
+	cd deploy && $(GO) vet ./... && $(GO) test -count=1 ./...
+
+# Fault injection with real processes (internal/chaos): 10,000 invocations
+# per scenario while stage workers and servers are SIGKILLed, restarted,
+# wiped and partitioned; prints lost/duplicated figures. `make test` runs a
+# short single-server variant.
+CHAOS_N ?= 10000
+CHAOS_RATE ?= 60
+chaos:
+	TOOLGATE_CHAOS_N=$(CHAOS_N) TOOLGATE_CHAOS_RATE=$(CHAOS_RATE) TOOLGATE_CHAOS_CLUSTER=1 \
+	  $(GO) test -count=1 -timeout 90m -v -run '^Test(Chaos|SyncIntervalCost)' ./internal/chaos/
+
+# The container image (deploy/Dockerfile), with docker or podman.
+IMAGE ?= toolgate:latest
+image:
+	@if command -v docker >/dev/null 2>&1 && docker info >/dev/null 2>&1; then \
+	  docker build -f deploy/Dockerfile -t $(IMAGE) . ; \
+	elif command -v podman >/dev/null 2>&1; then \
+	  podman build -f deploy/Dockerfile -t $(IMAGE) . ; \
+	else \
+	  echo "make image: no docker daemon or podman here; build deploy/Dockerfile where one runs:" ; \
+	  echo "  docker build -f deploy/Dockerfile -t $(IMAGE) ." ; exit 1 ; \
+	fi
 
 # Each decoder of outside input, fuzzed for FUZZTIME.
 FUZZTIME ?= 20s

@@ -67,6 +67,7 @@ type Report struct {
 	Noisy     *Noisy
 	// Front is the MCP front end's cost over a direct tool.invoke.
 	Front []Cost
+	Scaling   []Scale
 }
 
 // Run starts an embedded server with file storage, measures a no-op builtin
@@ -115,6 +116,9 @@ func Run(ctx context.Context, o Options) (Report, error) {
 	rep.Noisy = &noisy
 	if rep.Bus, err = measureBus(ctx, url, o.Dir, cred); err != nil {
 		return rep, fmt.Errorf("bus authentication: %w", err)
+	}
+	if rep.Scaling, err = measureScaling(ctx, url, o, cred); err != nil {
+		return rep, fmt.Errorf("scaling: %w", err)
 	}
 	rep.Detectors = measureDetectors()
 	if rep.Sandbox, err = measureSandbox(ctx); err != nil {
@@ -402,6 +406,9 @@ func (r Report) Print(w io.Writer) {
 	}
 	if len(r.Bus) > 0 {
 		printBus(w, r.Bus)
+	}
+	if len(r.Scaling) > 0 {
+		printScaling(w, r.Scaling)
 	}
 	if len(r.Detectors) > 0 {
 		printDetectors(w, r.Detectors)

@@ -17,7 +17,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/toolgate/toolgate/internal/approval"
 	"github.com/toolgate/toolgate/internal/busauth"
 	"github.com/toolgate/toolgate/internal/control"
@@ -180,6 +179,26 @@ func Run(ctx context.Context, c Config) error {
 	// drain, when Run closes and joins it all.
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
+	// Metrics and health are served from the start: alive while waiting for
+	// the topology, ready once the stages run.
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	metrics := runner.NewMetrics(reg)
+	if c.Stage.ModelStats == nil {
+		c.Stage.ModelStats = modeltool.NewStats(reg)
+	}
+	var health Health
+	if c.MetricsAddr != "" {
+		srv := &http.Server{Addr: c.MetricsAddr, Handler: health.Handler(reg), ReadHeaderTimeout: 5 * time.Second}
+		served := make(chan struct{})
+		go func() {
+			defer close(served)
+			if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				log.Error("metrics server", "err", err)
+			}
+		}()
+		defer func() { _ = srv.Close(); <-served }()
+	}
 	// A signal while waiting for the topology stops the wait: nothing runs yet.
 	stopWaiting := context.AfterFunc(ctx, cancel)
 	n, err := Open(runCtx, url, "toolgate", c.Topology, log, connOpts...)
@@ -225,22 +244,6 @@ func Run(ctx context.Context, c Config) error {
 		if c.Stage.Policy, err = loadPolicy(ctx, c.PolicyPath); err != nil {
 			return err
 		}
-	}
-
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	metrics := runner.NewMetrics(reg)
-	if c.Stage.ModelStats == nil {
-		c.Stage.ModelStats = modeltool.NewStats(reg)
-	}
-	if c.MetricsAddr != "" {
-		srv := &http.Server{Addr: c.MetricsAddr, Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 5 * time.Second}
-		bg.Go(func() {
-			if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				log.Error("metrics server", "err", err)
-			}
-		})
-		defer func() { _ = srv.Close() }()
 	}
 
 	approvals := &approval.Service{Store: n.Store, JS: n.JS, Log: log}
@@ -299,6 +302,7 @@ func Run(ctx context.Context, c Config) error {
 			}
 		})
 	}
+	health.SetReady(n.NC)
 	log.Info("toolgate running", "stages", c.Stages, "workers", c.Workers, "nats", url)
 	if c.Ready != nil {
 		c.Ready(url, n)

@@ -118,7 +118,10 @@ func (r *Runner) Run(ctx context.Context) error {
 // message waits in JetStream, not in this process, while higher ones run.
 func (r *Runner) source(ctx context.Context, consumers []jetstream.Consumer, fetchers *sync.WaitGroup) (func(n int) (jetstream.Msg, bool), error) {
 	if len(consumers) == 1 {
-		iter, err := consumers[0].Messages(jetstream.PullMaxMessages(r.Workers))
+		// Pull requests expire after 5 s (heartbeats every 2.5 s), so after a
+		// server restart the iterator notices and pulls again within seconds,
+		// not the default 30.
+		iter, err := consumers[0].Messages(jetstream.PullMaxMessages(r.Workers), jetstream.PullExpiry(5*time.Second))
 		if err != nil {
 			return nil, fmt.Errorf("consuming %s: %w", r.Name, err)
 		}

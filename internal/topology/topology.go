@@ -14,37 +14,77 @@ import (
 )
 
 // TopologyOptions shape streams and consumers when EnsureTopology creates them.
+// docs/operations.md explains each choice; zero values take the defaults.
 type TopologyOptions struct {
 	Replicas int
 	Storage  jetstream.StorageType
 	// AckWait and MaxDeliver apply to every stage consumer; defaults 30s and 5.
 	AckWait    time.Duration
 	MaxDeliver int
+	// MaxAckPending bounds the messages a stage's workers hold unacked
+	// across all processes (default 1000).
+	MaxAckPending int
 	// ResultTTL bounds how long results are kept (default 24h); AuditMaxAge
-	// how long audit events are (default: forever).
+	// how long audit events are (default 90 days, seed 002's hot retention;
+	// negative: forever). Export older events first: toolgate audit export.
 	ResultTTL   time.Duration
 	AuditMaxAge time.Duration
+	// InvokeMaxAge and PipelineMaxAge bound how long an invocation may wait
+	// in the invoke and pipeline streams (default 7 days each): an outage
+	// longer than that loses what waited, so size them above the longest
+	// outage you plan for.
+	InvokeMaxAge   time.Duration
+	PipelineMaxAge time.Duration
+	// Byte limits of the streams (defaults: invoke, pipeline and results
+	// 1 GiB each, audit 4 GiB). Every stream discards new messages when
+	// full: the publisher gets an error ("maximum bytes exceeded"), nothing
+	// already stored is dropped. A full invoke stream refuses new
+	// invocations; a full audit stream stops the audit stage (it retries),
+	// so the pipeline fails closed rather than running unaudited.
+	InvokeMaxBytes   int64
+	PipelineMaxBytes int64
+	ResultMaxBytes   int64
+	AuditMaxBytes    int64
 	// Duplicates is the dedup window of the streams (default 2m; for the
 	// invoke stream InvokeDuplicates unless set).
 	Duplicates time.Duration
 }
 
+// Defaults of TopologyOptions.
+const (
+	DefaultAuditMaxAge    = 90 * 24 * time.Hour
+	DefaultQueueMaxAge    = 7 * 24 * time.Hour
+	DefaultQueueMaxBytes  = 1 << 30
+	DefaultAuditMaxBytes  = 4 << 30
+	DefaultMaxAckPending  = 1000
+	DefaultResultTTL      = 24 * time.Hour
+	DefaultDuplicates     = 2 * time.Minute
+	DefaultAckWait        = 30 * time.Second
+	DefaultMaxDeliver     = 5
+	defaultResultMaxBytes = DefaultQueueMaxBytes
+)
+
 func (o *TopologyOptions) defaults() {
 	if o.Replicas < 1 {
 		o.Replicas = 1
 	}
-	if o.AckWait == 0 {
-		o.AckWait = 30 * time.Second
+	o.AckWait = cmp.Or(o.AckWait, DefaultAckWait)
+	o.MaxDeliver = cmp.Or(o.MaxDeliver, DefaultMaxDeliver)
+	o.MaxAckPending = cmp.Or(o.MaxAckPending, DefaultMaxAckPending)
+	o.ResultTTL = cmp.Or(o.ResultTTL, DefaultResultTTL)
+	o.Duplicates = cmp.Or(o.Duplicates, DefaultDuplicates)
+	switch {
+	case o.AuditMaxAge == 0:
+		o.AuditMaxAge = DefaultAuditMaxAge
+	case o.AuditMaxAge < 0:
+		o.AuditMaxAge = 0 // JetStream's "no limit"
 	}
-	if o.MaxDeliver == 0 {
-		o.MaxDeliver = 5
-	}
-	if o.ResultTTL == 0 {
-		o.ResultTTL = 24 * time.Hour
-	}
-	if o.Duplicates == 0 {
-		o.Duplicates = 2 * time.Minute
-	}
+	o.InvokeMaxAge = cmp.Or(o.InvokeMaxAge, DefaultQueueMaxAge)
+	o.PipelineMaxAge = cmp.Or(o.PipelineMaxAge, DefaultQueueMaxAge)
+	o.InvokeMaxBytes = cmp.Or(o.InvokeMaxBytes, DefaultQueueMaxBytes)
+	o.PipelineMaxBytes = cmp.Or(o.PipelineMaxBytes, DefaultQueueMaxBytes)
+	o.ResultMaxBytes = cmp.Or(o.ResultMaxBytes, defaultResultMaxBytes)
+	o.AuditMaxBytes = cmp.Or(o.AuditMaxBytes, DefaultAuditMaxBytes)
 }
 
 // InvokeDuplicates is the invoke stream's default dedup window, the
@@ -66,18 +106,22 @@ func Streams(o TopologyOptions) []jetstream.StreamConfig {
 	return []jetstream.StreamConfig{{
 		Name: subjects.StreamInvoke, Description: "tool.invoke CloudEvents awaiting validation",
 		Subjects: []string{subjects.InvokeAll}, Retention: jetstream.WorkQueuePolicy,
+		MaxAge: o.InvokeMaxAge, MaxBytes: o.InvokeMaxBytes, Discard: jetstream.DiscardNew,
 		Duplicates: invokeWindow, Replicas: o.Replicas, Storage: o.Storage,
 	}, {
 		Name: subjects.StreamPipeline, Description: "invocations handed from stage to stage",
 		Subjects: []string{subjects.PipeAll}, Retention: jetstream.WorkQueuePolicy,
+		MaxAge: o.PipelineMaxAge, MaxBytes: o.PipelineMaxBytes, Discard: jetstream.DiscardNew,
 		Duplicates: o.Duplicates, Replicas: o.Replicas, Storage: o.Storage,
 	}, {
 		Name: subjects.StreamResults, Description: "one ToolInvokeResponse per invocation",
-		Subjects: []string{subjects.ResultAll}, Retention: jetstream.LimitsPolicy, MaxAge: o.ResultTTL,
+		Subjects: []string{subjects.ResultAll}, Retention: jetstream.LimitsPolicy,
+		MaxAge: o.ResultTTL, MaxBytes: o.ResultMaxBytes, Discard: jetstream.DiscardNew,
 		Duplicates: o.Duplicates, Replicas: o.Replicas, Storage: o.Storage,
 	}, {
 		Name: subjects.StreamAudit, Description: "toolgate audit trail (append-only)",
-		Subjects: []string{subjects.AuditAll}, Retention: jetstream.LimitsPolicy, MaxAge: o.AuditMaxAge,
+		Subjects: []string{subjects.AuditAll}, Retention: jetstream.LimitsPolicy,
+		MaxAge: o.AuditMaxAge, MaxBytes: o.AuditMaxBytes, Discard: jetstream.DiscardNew,
 		DenyDelete: true, DenyPurge: true,
 		Duplicates: o.Duplicates, Replicas: o.Replicas, Storage: o.Storage,
 	}}
@@ -90,7 +134,7 @@ const ExecuteMaxAckPending = 20000
 // ConsumerConfig is the durable pull consumer of one input of stage.
 func ConsumerConfig(stage string, in subjects.Input, o TopologyOptions) jetstream.ConsumerConfig {
 	o.defaults()
-	pending := 1000
+	pending := o.MaxAckPending
 	if stage == subjects.Execute {
 		// Calls put back for their tenant's quota stay pending until they
 		// come back: the window must reach past one tenant's backlog to

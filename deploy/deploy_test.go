@@ -1,0 +1,165 @@
+// Package deploy_test checks the shipped deployment files: the Kubernetes
+// manifests decode strictly into the Kubernetes API types (an unknown or
+// misspelt field fails), and every stage has what operating it needs. It is
+// a module of its own so that k8s.io/api stays out of toolgate's.
+package deploy_test
+
+import (
+	"os"
+	"slices"
+	"strings"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	"sigs.k8s.io/yaml"
+)
+
+func documents(t *testing.T, path string) []string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var docs []string
+	for _, d := range strings.Split(string(b), "\n---\n") {
+		if strings.TrimSpace(d) != "" {
+			docs = append(docs, d)
+		}
+	}
+	return docs
+}
+
+// TestKubernetesManifests: strict decoding, and per Deployment: probes on
+// /healthz and /readyz, requests and a memory limit, Prometheus scrape
+// annotations, a non-root security context, credentials from Secrets, and a
+// PodDisruptionBudget selecting its pods.
+func TestKubernetesManifests(t *testing.T) {
+	var deps []appsv1.Deployment
+	pdbs := map[string]policyv1.PodDisruptionBudget{}
+	for _, d := range documents(t, "kubernetes/toolgate.yaml") {
+		var meta struct{ Kind string }
+		if err := yaml.Unmarshal([]byte(d), &meta); err != nil {
+			t.Fatal(err)
+		}
+		switch meta.Kind {
+		case "Deployment":
+			var dep appsv1.Deployment
+			if err := yaml.UnmarshalStrict([]byte(d), &dep); err != nil {
+				t.Fatalf("deployment: %v\n%s", err, d)
+			}
+			deps = append(deps, dep)
+		case "PodDisruptionBudget":
+			var p policyv1.PodDisruptionBudget
+			if err := yaml.UnmarshalStrict([]byte(d), &p); err != nil {
+				t.Fatalf("pdb: %v", err)
+			}
+			pdbs[p.Spec.Selector.MatchLabels["stage"]] = p
+		case "ConfigMap":
+			var c corev1.ConfigMap
+			if err := yaml.UnmarshalStrict([]byte(d), &c); err != nil {
+				t.Fatalf("configmap: %v", err)
+			}
+		default:
+			t.Fatalf("unexpected kind %q", meta.Kind)
+		}
+	}
+	var stages []string
+	for _, dep := range deps {
+		t.Run(dep.Name, func(t *testing.T) {
+			stage := dep.Spec.Template.Labels["stage"]
+			stages = append(stages, stage)
+			if dep.Spec.Selector.MatchLabels["stage"] != stage {
+				t.Errorf("selector %v does not select the template's labels", dep.Spec.Selector.MatchLabels)
+			}
+			a := dep.Spec.Template.Annotations
+			if a["prometheus.io/scrape"] != "true" || a["prometheus.io/port"] != "9464" {
+				t.Errorf("no Prometheus scrape annotations: %v", a)
+			}
+			if sc := dep.Spec.Template.Spec.SecurityContext; sc == nil || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot {
+				t.Error("pods may run as root")
+			}
+			c := dep.Spec.Template.Spec.Containers[0]
+			if !slices.Contains(c.Args, "--metrics-addr") || c.Args[0] != "stage" || c.Args[1] != stage {
+				t.Errorf("args %v: want stage %s with --metrics-addr", c.Args, stage)
+			}
+			if p := c.LivenessProbe; p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/healthz" {
+				t.Error("liveness probe is not /healthz")
+			}
+			if p := c.ReadinessProbe; p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/readyz" {
+				t.Error("readiness probe is not /readyz")
+			}
+			if c.Resources.Requests.Cpu().IsZero() || c.Resources.Requests.Memory().IsZero() || c.Resources.Limits.Memory().IsZero() {
+				t.Errorf("resources %+v: want cpu and memory requests and a memory limit", c.Resources)
+			}
+			secrets := map[string]bool{}
+			for _, v := range dep.Spec.Template.Spec.Volumes {
+				if v.Secret != nil {
+					secrets[v.Secret.SecretName] = true
+				}
+			}
+			if !secrets["toolgate-nats-worker"] {
+				t.Error("NATS worker credentials are not mounted from a Secret")
+			}
+			if stage == "authorize" && !secrets["toolgate-jwks"] {
+				t.Error("authorize: key set not from a Secret")
+			}
+			if stage == "execute" && !secrets["toolgate-tool-credentials"] {
+				t.Error("execute: tool credentials not from a Secret")
+			}
+			if p, ok := pdbs[stage]; !ok || p.Spec.MinAvailable == nil {
+				t.Errorf("no PodDisruptionBudget for stage %s", stage)
+			}
+		})
+	}
+	for _, want := range []string{"validate", "authorize", "route", "execute", "verify", "audit", "control"} {
+		if !slices.Contains(stages, want) {
+			t.Errorf("no Deployment for %s", want)
+		}
+	}
+}
+
+// TestNATSValues: the nats/nats chart values ask for a three-server cluster
+// with JetStream on file storage.
+func TestNATSValues(t *testing.T) {
+	b, err := os.ReadFile("nats-values.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v struct {
+		Config struct {
+			Cluster struct {
+				Enabled  bool `json:"enabled"`
+				Replicas int  `json:"replicas"`
+			} `json:"cluster"`
+			JetStream struct {
+				Enabled   bool `json:"enabled"`
+				FileStore struct {
+					Enabled bool `json:"enabled"`
+				} `json:"fileStore"`
+			} `json:"jetstream"`
+		} `json:"config"`
+	}
+	if err := yaml.Unmarshal(b, &v); err != nil {
+		t.Fatal(err)
+	}
+	if !v.Config.Cluster.Enabled || v.Config.Cluster.Replicas != 3 || !v.Config.JetStream.Enabled || !v.Config.JetStream.FileStore.Enabled {
+		t.Fatalf("values: %+v; want a 3-replica cluster with JetStream file storage", v.Config)
+	}
+}
+
+// TestDockerfile: multi-stage, a slim Debian runtime with bubblewrap and
+// util-linux, and a non-root user.
+func TestDockerfile(t *testing.T) {
+	b, err := os.ReadFile("Dockerfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := string(b)
+	for _, want := range []string{"FROM golang:", " AS build", "FROM debian:bookworm-slim", "bubblewrap", "util-linux", "COPY --from=build", "USER 10001"} {
+		if !strings.Contains(s, want) {
+			t.Errorf("Dockerfile lacks %q", want)
+		}
+	}
+}

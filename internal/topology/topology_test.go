@@ -1,0 +1,89 @@
+package topology_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/toolgate/toolgate/internal/topology"
+	"github.com/toolgate/toolgate/subjects"
+)
+
+// TestStreamsHaveLimits: every stream has a byte and an age limit and
+// refuses new messages when full rather than dropping stored ones; audit
+// keeps 90 days by default, forever when asked.
+func TestStreamsHaveLimits(t *testing.T) {
+	for _, cfg := range topology.Streams(topology.TopologyOptions{}) {
+		if cfg.MaxBytes <= 0 || cfg.MaxAge <= 0 || cfg.Discard != jetstream.DiscardNew {
+			t.Errorf("%s: max_bytes %d, max_age %v, discard %v: want limits and DiscardNew", cfg.Name, cfg.MaxBytes, cfg.MaxAge, cfg.Discard)
+		}
+		if cfg.Name == subjects.StreamAudit && cfg.MaxAge != 90*24*time.Hour {
+			t.Errorf("audit max age %v, want 90 days", cfg.MaxAge)
+		}
+	}
+	for _, cfg := range topology.Streams(topology.TopologyOptions{AuditMaxAge: -1}) {
+		if cfg.Name == subjects.StreamAudit && cfg.MaxAge != 0 {
+			t.Errorf("audit max age %v with AuditMaxAge -1, want none", cfg.MaxAge)
+		}
+	}
+}
+
+// TestFullInvokeStreamRefusesPublisher: once the invoke stream holds its
+// byte limit, a publish gets an error from JetStream (no ack), and what the
+// stream holds stays.
+func TestFullInvokeStreamRefusesPublisher(t *testing.T) {
+	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoLog: true, NoSigs: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns.Start()
+	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
+	if !ns.ReadyForConnections(10 * time.Second) {
+		t.Fatal("server not ready")
+	}
+	nc, err := nats.Connect(ns.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := topology.EnsureTopology(ctx, js, topology.TopologyOptions{InvokeMaxBytes: 4096}); err != nil {
+		t.Fatal(err)
+	}
+	body := []byte(strings.Repeat("x", 500))
+	acked := 0
+	var refused error
+	for i := range 100 {
+		if _, err := js.Publish(ctx, subjects.Invoke("acme"), body, jetstream.WithMsgID(fmt.Sprint("inv-", i))); err != nil {
+			refused = err
+			break
+		}
+		acked++
+	}
+	if refused == nil {
+		t.Fatal("100 publishes of 500 bytes into a 4 KiB invoke stream were all acknowledged")
+	}
+	var apiErr *jetstream.APIError
+	if !errors.As(refused, &apiErr) || !strings.Contains(apiErr.Description, "maximum bytes") {
+		t.Fatalf("publish to a full stream: %v, want a JetStream API error saying maximum bytes exceeded", refused)
+	}
+	st, err := js.Stream(ctx, subjects.StreamInvoke)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := st.CachedInfo().State.Msgs; got != uint64(acked) {
+		t.Fatalf("invoke stream holds %d messages after %d acknowledged publishes", got, acked)
+	}
+	t.Logf("%d publishes acknowledged, then: %v", acked, refused)
+}
