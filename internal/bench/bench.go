@@ -66,8 +66,8 @@ type Report struct {
 	MCP       []Cost
 	Noisy     *Noisy
 	// Front is the MCP front end's cost over a direct tool.invoke.
-	Front []Cost
-	Scaling   []Scale
+	Front   []Cost
+	Scaling []Scale
 }
 
 // Run starts an embedded server with file storage, measures a no-op builtin
