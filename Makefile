@@ -6,7 +6,7 @@ PKGS    := ./...
 .PHONY: run build test test-short fuzz bench chaos image lint fmt vet staticcheck clean mcp-servers nats
 
 run:
-	$(GO) run ./cmd/toolgate serve --examples --data $(DATA) --file-root examples/files --metrics-addr 127.0.0.1:9464
+	$(GO) run ./cmd/toolgate serve --examples --data $(DATA) --file-root examples/files --mcp-path-roots .cache/mcp-servers --metrics-addr 127.0.0.1:9464
 
 build:
 	$(GO) build -o bin/toolgate ./cmd/toolgate

@@ -7,7 +7,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"time"
 
@@ -92,27 +91,31 @@ func (c *Client) Invoke(ctx context.Context, req api.Request, o InvokeOptions) (
 // arrives or ctx ends. Results are kept in a stream, so Wait works after the
 // fact too.
 func (c *Client) Wait(ctx context.Context, tenant, id string) (api.Response, error) {
-	cons, err := c.js.OrderedConsumer(ctx, subjects.StreamResults, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{subjects.Result(tenant, id)},
-	})
+	// A live subscription and the status record, both of which an agent's
+	// credentials allow (reading the results stream through a consumer is
+	// an operator's right): the record answers a result published before
+	// the subscription, the subscription one published after.
+	sub, err := c.nc.SubscribeSync(subjects.Result(tenant, id))
 	if err != nil {
 		return api.Response{}, fmt.Errorf("reading results: %w", err)
 	}
+	defer func() { _ = sub.Unsubscribe() }()
+	if err := c.nc.FlushWithContext(ctx); err != nil {
+		return api.Response{}, fmt.Errorf("reading results: %w", err)
+	}
 	for {
-		batch, err := cons.Fetch(1, jetstream.FetchMaxWait(time.Second))
-		if err != nil {
-			return api.Response{}, err
+		if rec, err := c.Status(ctx, tenant, id); err == nil && rec.Status.Terminal() && rec.Response != nil {
+			return *rec.Response, nil
 		}
-		for msg := range batch.Messages() {
-			if isAccepted(msg.Data()) {
-				continue // the pending answer to an async request
-			}
-			return DecodeResult(msg.Data())
-		}
-		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
-			return api.Response{}, err
-		}
-		if ctx.Err() != nil {
+		wctx, cancel := context.WithTimeout(ctx, time.Second)
+		msg, err := sub.NextMsgWithContext(wctx)
+		cancel()
+		switch {
+		case err == nil && isAccepted(msg.Data):
+			// the pending answer to an async request
+		case err == nil:
+			return DecodeResult(msg.Data)
+		case ctx.Err() != nil:
 			return api.Response{}, fmt.Errorf("waiting for %s: %w", id, ctx.Err())
 		}
 	}
@@ -144,8 +147,20 @@ func DecodeResult(data []byte) (api.Response, error) {
 // Status asks the control service for an invocation's record.
 func (c *Client) Status(ctx context.Context, tenant, id string) (api.Record, error) {
 	var rec api.Record
+	if err := checkTenant(tenant); err != nil {
+		return rec, err
+	}
 	err := c.request(ctx, subjects.TenantSvc(tenant, subjects.SvcStatus), api.StatusRequest{TenantID: tenant, InvocationID: id}, &rec)
 	return rec, err
+}
+
+// checkTenant refuses, before any subject is built, a tenant toolgate would
+// refuse (E3019): such a name cannot address a tenant's endpoints.
+func checkTenant(tenant string) error {
+	if err := subjects.CheckTenant(tenant); err != nil {
+		return api.WrapError(err, api.InvalidParameters, api.EInvalidName, "%v", err)
+	}
+	return nil
 }
 
 // Budget reports where a session's budget stands against limits.
@@ -265,6 +280,9 @@ func (c *Client) DecideSigned(ctx context.Context, d api.ApprovalDecision, sign 
 // was when the request was recorded.
 func (c *Client) Cancel(ctx context.Context, tenant, id, reason string) (api.Record, error) {
 	var rec api.Record
+	if err := checkTenant(tenant); err != nil {
+		return rec, err
+	}
 	err := c.request(ctx, subjects.TenantSvc(tenant, subjects.SvcCancel), api.CancelRequest{TenantID: tenant, InvocationID: id, Reason: reason}, &rec)
 	return rec, err
 }

@@ -112,6 +112,13 @@ func TestCommandBlocks(t *testing.T) {
 	}
 
 	work := t.TempDir()
+	// Sandboxed runs have uids of their own: like a real deployment's, the
+	// directories they are granted must let other users in.
+	for _, d := range []string{work, filepath.Dir(work)} {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
 	readme, err := os.ReadFile(filepath.Join(repo, "README.md"))
 	if err != nil {
 		t.Fatal(err)
@@ -131,7 +138,7 @@ func TestCommandBlocks(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	serve := exec.CommandContext(ctx, filepath.Join(bin, "toolgate"), "serve", "--examples",
-		"--data", "toolgate-data", "--listen", strings.TrimPrefix(natsURL, "nats://"), "--file-root", "examples/files",
+		"--data", "toolgate-data", "--listen", strings.TrimPrefix(natsURL, "nats://"), "--file-root", "examples/files", "--mcp-path-roots", ".cache/mcp-servers",
 		"--log-level", "warn")
 	serve.Dir, serve.Env = work, env
 	var serveLog bytes.Buffer

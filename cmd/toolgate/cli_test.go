@@ -225,6 +225,24 @@ func otherKeyToken(t *testing.T) string {
 	return raw
 }
 
+// noopOnlyToken is a token of the server's development key that grants
+// only the noop tool: the bus admits it, the policy refuses echo.
+func noopOnlyToken(t *testing.T, s server) string {
+	k, err := token.LoadSigningKey(filepath.Join(s.data, "dev-signing-key.jwk"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := token.Mint(k, token.Claims{
+		ToolID: token.Patterns{"noop"}, TenantID: "demo", AgentDID: node.DevAgent, AllowedOperations: []string{token.OperationExecute},
+		RegisteredClaims: jwt.RegisteredClaims{Issuer: "toolgate", Audience: jwt.ClaimStrings{"toolgate"}, Subject: node.DevAgent,
+			ID: "noop-only", IssuedAt: jwt.NewNumericDate(time.Now()), ExpiresAt: jwt.NewNumericDate(time.Now().Add(time.Hour))},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return raw
+}
+
 // TestInvokeExitCodes: invoke --wait ends 0 on success, 1 on error, 4 when
 // denied, 5 on timeout and 6 when cancelled, with the result shown in text
 // and under --json; the tenant comes from the development token.
@@ -240,7 +258,7 @@ func TestInvokeExitCodes(t *testing.T) {
 	}{
 		{"success", []string{"invoke", "echo", "--params", `{"message":"hi"}`}, exitOK, api.StatusSuccess, `"message": "hi"`},
 		{"error", []string{"invoke", "echo", "--params", `{}`}, exitError, api.StatusError, "E3015"},
-		{"denied", []string{"invoke", "echo", "--params", `{"message":"hi"}`, "--token", otherKeyToken(t)}, exitDenied, api.StatusPermissionDenied, "permission_denied"},
+		{"denied", []string{"invoke", "echo", "--params", `{"message":"hi"}`, "--token", noopOnlyToken(t, s)}, exitDenied, api.StatusPermissionDenied, "permission_denied"},
 		{"timeout", []string{"invoke", "sleep", "--params", `{"ms":5000}`, "--timeout", "1s"}, exitTimeout, api.StatusTimeout, "E3103"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -307,7 +325,7 @@ func TestInvokeExitCodes(t *testing.T) {
 func TestFlagsAnywhere(t *testing.T) {
 	cleanEnv(t)
 	s := startToolgate(t)
-	r := tg(t, "", "tools", "get", "--version", "1.0.0", "echo", "--nats", s.url, "--json")
+	r := tg(t, "", "tools", "get", "--version", "1.0.0", "echo", "--nats", s.url, "--json", "--data", s.data)
 	var m struct{ ID, Version string }
 	if err := json.Unmarshal([]byte(r.stdout), &m); err != nil || r.code != exitOK || m.ID != "echo" || m.Version != "1.0.0" {
 		t.Fatalf("tools get --version 1.0.0 echo: exit %d, %+v, %v\n%s", r.code, m, err, r.stderr)
@@ -318,7 +336,7 @@ func TestFlagsAnywhere(t *testing.T) {
 	if err := json.Unmarshal([]byte(id.stdout), &resp); err != nil {
 		t.Fatal(err)
 	}
-	if r := tg(t, "", "status", resp.InvocationID, "--tenant", "other", "--nats", s.url); r.code != exitError || !strings.Contains(r.stderr, "E3025") {
+	if r := tg(t, "", "status", resp.InvocationID, "--tenant", "other", "--nats", s.url, "--data", s.data); r.code != exitError || !strings.Contains(r.stderr, "E3025") {
 		t.Fatalf("status in another tenant: exit %d, %q", r.code, r.stderr)
 	}
 }

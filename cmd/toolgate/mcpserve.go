@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
 	"github.com/toolgate/toolgate/internal/mcpfront"
 	"github.com/toolgate/toolgate/internal/node"
@@ -29,6 +30,18 @@ func (a *app) mcpCmd() *cobra.Command {
 				return usageErr("mcp: give exactly one of --stdio and --listen")
 			}
 			c.NATSURL = a.conn.ServerURL()
+			// The front door connects with service credentials when it has
+			// them (--creds, --nkey, a local serve's): the capability token
+			// is the callers', not the connection's.
+			svc := a.conn
+			svc.Token, svc.InboxPrefix = "", ""
+			if svc.Creds != "" || svc.Nkey != "" || svc.NATSToken != "" || svc.LocalCreds != "" {
+				opts, err := svc.NATSOptions()
+				if err != nil {
+					return err
+				}
+				c.NATSOptions = append(opts, nats.Name("toolgate-mcp"))
+			}
 			c.Log = logger(a.stderr, level)
 			if c.Stdio {
 				c.Token = strings.TrimSpace(os.Getenv("TOOLGATE_TOKEN"))

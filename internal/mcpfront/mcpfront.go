@@ -59,9 +59,14 @@ type Config struct {
 	Listen string
 	// Token is the capability token of the stdio session.
 	Token string
-	// NATSURL is the toolgate to talk to, when Bus is nil. With Stdio the
-	// connection presents Token (see ConnectOptions).
+	// NATSURL is the toolgate to talk to, when Bus is nil. With Stdio and
+	// no NATSOptions the connection presents Token (see ConnectOptions).
 	NATSURL string
+	// NATSOptions authenticate the front door itself (a worker's or an
+	// operator's credentials): it reads the registry, which agents may not,
+	// and serves many agents over HTTP. Each call still carries the caller's
+	// capability token, which the pipeline verifies.
+	NATSOptions []nats.Option
 	// Bus replaces the NATS connection (tests, other transports).
 	Bus Bus
 	// Verifier checks capability tokens: required for HTTP, and for stdio
@@ -124,7 +129,10 @@ func Run(ctx context.Context, c Config) error {
 		}
 	}
 	if c.Bus == nil {
-		opts := ConnectOptions(claims, c.Token)
+		opts := c.NATSOptions
+		if len(opts) == 0 {
+			opts = ConnectOptions(claims, c.Token)
+		}
 		nc, err := nats.Connect(c.NATSURL, opts...)
 		if err != nil {
 			return fmt.Errorf("connecting to %s: %w", c.NATSURL, err)

@@ -107,6 +107,7 @@ func TestModelTools(t *testing.T) {
 		t.Helper()
 		c := grant(tenant, tool)
 		c.SessionID = "s-" + tenant
+		c.ID = "tree-" + tenant // one token tree per tenant: its budget accumulates
 		c.Network = &token.NetworkGrant{AllowedHosts: []string{"127.0.0.1"}, AllowedPorts: ports}
 		c.Credentials = &token.CredentialGrant{AllowedSecrets: []string{"openai_key", "anthropic_key"}}
 		c.Budget = &token.Budget{MaxTokens: maxTokens}
@@ -119,7 +120,7 @@ func TestModelTools(t *testing.T) {
 		t.Helper()
 		var u kvstore.Usage
 		eventually(t, 10*time.Second, "usage charged", func() bool {
-			u, err = n.Store.Usage(ctx, tenant, "s-"+tenant)
+			u, err = n.Store.Usage(ctx, tenant, token.BudgetKey("tree-"+tenant))
 			return err == nil && len(u.Settled) > 0
 		})
 		return u.Tokens
@@ -361,10 +362,10 @@ order := [x[1] | some x in sort([[0 - c.latency_ms, c.name] | some c in input.ca
 		if resp.Status == api.StatusSuccess || resp.Error == nil || resp.Error.ECode != api.EBudgetExhausted {
 			t.Fatalf("got %s %s, want %s", resp.Status, mustJSON(t, resp.Error), api.EBudgetExhausted)
 		}
-		if u, err := n.Store.Usage(ctx, "m14", "s-m14"); err != nil || u.Tokens != 32 {
+		if u, err := n.Store.Usage(ctx, "m14", token.BudgetKey("tree-m14")); err != nil || u.Tokens != 32 {
 			t.Fatalf("usage %+v %v", u, err)
 		}
-		st, err := e.client.Budget(ctx, "m14", "s-m14", api.BudgetLimits{MaxTokens: 20, MaxCalls: 10})
+		st, err := e.client.Budget(ctx, "m14", token.BudgetKey("tree-m14"), api.BudgetLimits{MaxTokens: 20, MaxCalls: 10})
 		if err != nil || st.Used.Tokens != 32 || st.Remaining["tokens"] != 0 || !slices.Contains(st.Exhausted, "tokens") ||
 			st.Remaining["calls"] != 8 || st.PerHour["tokens"] <= 0 {
 			t.Fatalf("budget status %s %v", mustJSON(t, st), err)
