@@ -205,11 +205,7 @@ func (a *app) approveCmd(approve bool) *cobra.Command {
 		Short: map[bool]string{true: "Approve a call waiting for a human: it runs", false: "Deny a call waiting for a human: it ends permission_denied"}[approve],
 		Args:  exactArgs(1, "an invocation id"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			tenant, err := a.tenant()
-			if err != nil {
-				return err
-			}
-			c, closeFn, err := a.client()
+			tenant, c, closeFn, err := a.tenantClient()
 			if err != nil {
 				return err
 			}
@@ -253,11 +249,7 @@ func (a *app) approvalsCmd() *cobra.Command {
 		Short: "List the tenant's calls waiting for approval (parameters redacted)",
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			tenant, err := a.tenant()
-			if err != nil {
-				return err
-			}
-			c, closeFn, err := a.client()
+			tenant, c, closeFn, err := a.tenantClient()
 			if err != nil {
 				return err
 			}
@@ -281,11 +273,7 @@ func (a *app) approvalsCmd() *cobra.Command {
 		Short: "Show one call's approval: state, reasons, parameters (redacted), deadline, decision",
 		Args:  exactArgs(1, "an invocation id"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			tenant, err := a.tenant()
-			if err != nil {
-				return err
-			}
-			c, closeFn, err := a.client()
+			tenant, c, closeFn, err := a.tenantClient()
 			if err != nil {
 				return err
 			}

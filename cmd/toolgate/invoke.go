@@ -192,11 +192,7 @@ func (a *app) statusCmd() *cobra.Command {
 		Short: "Show an invocation's status, progress and result (exit status as for invoke --wait once it has ended)",
 		Args:  exactArgs(1, "an invocation id"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			tenant, err := a.tenant()
-			if err != nil {
-				return err
-			}
-			c, closeFn, err := a.client()
+			tenant, c, closeFn, err := a.tenantClient()
 			if err != nil {
 				return err
 			}
@@ -223,11 +219,7 @@ func (a *app) cancelCmd() *cobra.Command {
 		Short: "Stop an invocation: queued, running or waiting for approval",
 		Args:  exactArgs(1, "an invocation id"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			tenant, err := a.tenant()
-			if err != nil {
-				return err
-			}
-			c, closeFn, err := a.client()
+			tenant, c, closeFn, err := a.tenantClient()
 			if err != nil {
 				return err
 			}

@@ -138,6 +138,20 @@ func (a *app) capToken() string {
 func (a *app) tenant() (string, error) { return a.conn.TenantFor(a.capToken()) }
 
 // client connects and returns a client and a function that closes it.
+// tenantClient is the tenant a command acts for and a client connected for
+// it; the tenant is settled first, so a missing one fails before connecting.
+func (a *app) tenantClient() (string, *client.Client, func(), error) {
+	tenant, err := a.tenant()
+	if err != nil {
+		return "", nil, nil, err
+	}
+	c, closeFn, err := a.client()
+	if err != nil {
+		return "", nil, nil, err
+	}
+	return tenant, c, closeFn, nil
+}
+
 func (a *app) client() (*client.Client, func(), error) {
 	nc, err := a.conn.Connect()
 	if err != nil {
