@@ -1,13 +1,13 @@
 package sandbox
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/http/httputil"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,7 +19,7 @@ import (
 
 // A networked sandbox gets a network namespace of its own, with only
 // loopback, so nothing of the host's network (its loopback listeners above
-// all: NATS, metrics) is reachable. Its one way out is an HTTP CONNECT proxy
+// all: NATS, metrics) is reachable. Its one way out is an HTTP proxy
 // the worker serves on a Unix socket bound into the sandbox, which admits
 // only the hosts the run is allowed (Egress.Allow). Inside, a forwarder
 // listening on 127.0.0.1:ProxyPort copies connections to that socket and
@@ -143,14 +143,23 @@ var forwarderBinary = sync.OnceValues(func() (string, error) {
 	return dst, out.Close()
 })
 
-// proxy serves one run's egress on a Unix socket.
+// proxy serves one run's egress on a Unix socket: CONNECT tunnels (what
+// HTTPS and `curl -p` use) and plain-HTTP requests in absolute form (what
+// clients send through HTTP_PROXY for http:// URLs), both to allowed hosts
+// only and both dialled with the same address checks.
 type proxy struct {
-	ln   net.Listener
-	dial func(ctx context.Context, network, addr string) (net.Conn, error)
-	eg   *Egress
-	wg   sync.WaitGroup
-	ctx  context.Context
-	stop context.CancelFunc
+	ln    net.Listener
+	dial  func(ctx context.Context, network, addr string) (net.Conn, error)
+	eg    *Egress
+	srv   *http.Server
+	plain *httputil.ReverseProxy
+	done  chan struct{}
+	// Tunnels are hijacked, so the server no longer tracks them: closing
+	// ends them and tunnels waits for them.
+	mu      sync.Mutex
+	closed  bool
+	closing chan struct{}
+	tunnels sync.WaitGroup
 }
 
 // startProxy listens on sock (made reachable to uid when not 0).
@@ -165,74 +174,113 @@ func startProxy(cfg Config, eg *Egress, sock string, uid uint32) (*proxy, error)
 			return nil, err
 		}
 	}
-	p := &proxy{ln: ln, eg: eg, dial: cfg.EgressDial}
+	p := &proxy{ln: ln, eg: eg, dial: cfg.EgressDial, done: make(chan struct{}), closing: make(chan struct{})}
 	if p.dial == nil {
 		p.dial = publicDial
 	}
-	p.ctx, p.stop = context.WithCancel(context.Background())
-	p.wg.Add(1)
-	go p.serve()
+	p.plain = &httputil.ReverseProxy{
+		// The request already names its target; only hop-by-hop headers
+		// (which ReverseProxy drops) and the proxy's own go.
+		Rewrite: func(r *httputil.ProxyRequest) { r.Out.URL = r.In.URL },
+		Transport: &http.Transport{
+			Proxy:                 nil,
+			DialContext:           p.dial,
+			ResponseHeaderTimeout: 30 * time.Second,
+			DisableKeepAlives:     true,
+		},
+		ErrorHandler: func(w http.ResponseWriter, _ *http.Request, _ error) {
+			w.WriteHeader(http.StatusBadGateway)
+		},
+	}
+	p.srv = &http.Server{Handler: p, ReadHeaderTimeout: 30 * time.Second}
+	go func() {
+		defer close(p.done)
+		_ = p.srv.Serve(ln)
+	}()
 	return p, nil
 }
 
+// close stops the proxy and every connection it holds, tunnels included.
 func (p *proxy) close() {
-	p.stop()
-	p.ln.Close()
-	p.wg.Wait()
+	p.mu.Lock()
+	p.closed = true
+	p.mu.Unlock()
+	close(p.closing)
+	_ = p.srv.Close()
+	<-p.done
+	p.tunnels.Wait()
 }
 
-func (p *proxy) serve() {
-	defer p.wg.Done()
-	var conns sync.WaitGroup
-	defer conns.Wait()
-	for {
-		c, err := p.ln.Accept()
+// ServeHTTP answers 403 for a host the run may not reach, 502 when the dial
+// fails, else tunnels (CONNECT) or forwards (absolute-form http:// request).
+func (p *proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method == http.MethodConnect {
+		p.tunnel(w, r)
+		return
+	}
+	if r.URL.Scheme != "http" || r.URL.Host == "" {
+		http.Error(w, "only CONNECT and absolute http:// requests", http.StatusMethodNotAllowed)
+		return
+	}
+	host, port := r.URL.Hostname(), 80
+	if s := r.URL.Port(); s != "" {
+		n, err := strconv.Atoi(s)
 		if err != nil {
+			http.Error(w, "bad port", http.StatusBadRequest)
 			return
 		}
-		conns.Add(1)
-		go func() {
-			defer conns.Done()
-			p.handle(c)
-		}()
+		port = n
 	}
+	if p.eg.Allow == nil || !p.eg.Allow(host, port) {
+		w.WriteHeader(http.StatusForbidden)
+		return
+	}
+	r.URL.Host = net.JoinHostPort(host, strconv.Itoa(port))
+	p.plain.ServeHTTP(w, r)
 }
 
-// handle answers one CONNECT host:port: 403 for a host the run may not
-// reach, 502 when the dial fails, else 200 and a tunnel.
-func (p *proxy) handle(c net.Conn) {
-	defer c.Close()
-	go func() { <-p.ctx.Done(); c.Close() }()
-	_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
-	br := bufio.NewReader(c)
-	req, err := http.ReadRequest(br)
-	if err != nil {
-		return
-	}
-	_ = c.SetReadDeadline(time.Time{})
-	reply := func(code int) {
-		fmt.Fprintf(c, "HTTP/1.1 %d %s\r\nContent-Length: 0\r\n\r\n", code, http.StatusText(code))
-	}
-	if req.Method != http.MethodConnect {
-		reply(http.StatusMethodNotAllowed)
-		return
-	}
-	host, portStr, err := net.SplitHostPort(req.Host)
+func (p *proxy) tunnel(w http.ResponseWriter, r *http.Request) {
+	host, portStr, err := net.SplitHostPort(r.Host)
 	port, perr := strconv.Atoi(portStr)
 	if err != nil || perr != nil || p.eg.Allow == nil || !p.eg.Allow(host, port) {
-		reply(http.StatusForbidden)
+		w.WriteHeader(http.StatusForbidden)
 		return
 	}
-	ctx, cancel := context.WithTimeout(p.ctx, 30*time.Second)
+	ctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)
 	up, err := p.dial(ctx, "tcp", net.JoinHostPort(host, portStr))
 	cancel()
 	if err != nil {
-		reply(http.StatusBadGateway)
+		w.WriteHeader(http.StatusBadGateway)
 		return
 	}
-	reply(http.StatusOK)
-	if n := br.Buffered(); n > 0 {
-		b, _ := br.Peek(n)
+	c, brw, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		up.Close()
+		return
+	}
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		c.Close()
+		up.Close()
+		return
+	}
+	p.tunnels.Add(1)
+	p.mu.Unlock()
+	defer p.tunnels.Done()
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		select {
+		case <-p.closing:
+			c.Close()
+			up.Close()
+		case <-stop:
+		}
+	}()
+	_, _ = fmt.Fprintf(c, "HTTP/1.1 200 %s\r\n\r\n", http.StatusText(http.StatusOK))
+	if n := brw.Reader.Buffered(); n > 0 {
+		b, _ := brw.Reader.Peek(n)
 		_, _ = up.Write(b)
 	}
 	splice(c, up)

@@ -34,15 +34,23 @@ func TestEgressOnlyThroughProxy(t *testing.T) {
 		return Run(context.Background(), cfg, Spec{Argv: []string{"sh", "-c", script}, Network: true, Egress: eg,
 			Limits: Limits{Wall: 15 * time.Second}})
 	}
-	res, err := run(`curl -sS --max-time 5 -p http://api.example.test/`)
-	if err != nil || strings.TrimSpace(string(res.Stdout)) != `{"reached":"api.example.test"}` {
-		t.Fatalf("allowed host through the proxy: %v %s %s", err, res.Stdout, res.Stderr)
+	for _, script := range []string{
+		`curl -sS -f --max-time 5 -p http://api.example.test/`, // CONNECT tunnel
+		`curl -sS -f --max-time 5 http://api.example.test/`,    // plain request through HTTP_PROXY
+	} {
+		res, err := run(script)
+		if err != nil || strings.TrimSpace(string(res.Stdout)) != `{"reached":"api.example.test"}` {
+			t.Fatalf("allowed host through the proxy (%s): %v %s %s", script, err, res.Stdout, res.Stderr)
+		}
 	}
 	for name, script := range map[string]string{
-		"host loopback directly":     `curl -sS --max-time 3 --noproxy '*' http://127.0.0.1:` + hostPort + `/`,
-		"host loopback by /dev/tcp":  `bash -c 'exec 3<>/dev/tcp/127.0.0.1/` + hostPort + `'`,
-		"host loopback by the proxy": `curl -sS --max-time 3 -p http://127.0.0.1:` + hostPort + `/`,
-		"a host not allowed":         `curl -sS --max-time 3 -p http://evil.example.test/`,
+		"host loopback directly":          `curl -sS --max-time 3 --noproxy '*' http://127.0.0.1:` + hostPort + `/`,
+		"host loopback by /dev/tcp":       `bash -c 'exec 3<>/dev/tcp/127.0.0.1/` + hostPort + `'`,
+		"host loopback by the proxy":      `curl -sS --max-time 3 -p http://127.0.0.1:` + hostPort + `/`,
+		"a host not allowed":              `curl -sS --max-time 3 -p http://evil.example.test/`,
+		"plain, not allowed":              `curl -sS -f --max-time 3 http://evil.example.test/`,
+		"plain, allowed host, other port": `curl -sS -f --max-time 3 http://api.example.test:8080/`,
+		"plain, host loopback":            `curl -sS -f --max-time 3 http://127.0.0.1:` + hostPort + `/`,
 	} {
 		t.Run(name, func(t *testing.T) {
 			res, err := run(script + ` && echo '{"reached":true}'`)
