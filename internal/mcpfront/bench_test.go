@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"testing"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/toolgate/toolgate/api"
@@ -71,4 +72,47 @@ func BenchmarkCallOverhead(b *testing.B) {
 			}
 		})
 	}
+}
+
+// TestOneSessionPerClient: the SDK asks for a session's server on every
+// HTTP request; only the request that opens a session may make one, so a
+// client's many calls leave one session behind, and none once it leaves.
+func TestOneSessionPerClient(t *testing.T) {
+	m, err := tools.Parse([]byte(testTools[0]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	f, err := mcpfront.Start(ctx, mcpfront.Config{Bus: instantBus{[]*tools.Manifest{m}}, Verifier: verifier(), Log: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(f.Handler())
+	defer srv.Close()
+	tr := &mcp.StreamableClientTransport{Endpoint: srv.URL + "/mcp", HTTPClient: &http.Client{Transport: bearerTransport{mint(t, token.Claims{})}}}
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "t", Version: "1"}, nil).Connect(ctx, tr, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := false
+	defer func() {
+		if !closed {
+			cs.Close()
+		}
+	}()
+	for range 20 {
+		if r, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "t.echo", Arguments: map[string]any{"message": "m"}}); err != nil || r.IsError {
+			t.Fatal(err, r)
+		}
+	}
+	if _, err := cs.ListTools(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	if n := f.Sessions(); n != 1 {
+		t.Fatalf("%d sessions held for one client, want 1", n)
+	}
+	cs.Close()
+	closed = true
+	eventually(t, 5*time.Second, "the session dropped", func() bool { return f.Sessions() == 0 })
 }

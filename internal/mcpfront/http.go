@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
@@ -21,6 +22,9 @@ type claimsKey struct{}
 type authed struct {
 	claims *token.Claims
 	raw    string
+	// initialize: the request is an initialize, which opens a session.
+	initialize bool
+	opened     *session // the server made for this request, if any
 }
 
 // Handler serves MCP over streamable HTTP. Every request must carry
@@ -41,17 +45,17 @@ func (f *Front) Handler() http.Handler {
 				"send the capability token as Authorization: Bearer <token>"))
 			return
 		}
-		claims, err := f.cfg.Verifier.Verify(raw)
+		var sess *session
+		if sid := r.Header.Get("Mcp-Session-Id"); sid != "" {
+			sess = f.lookup(sid)
+		}
+		claims, err := f.verify(raw, sess)
 		if err == nil {
 			err = f.checkClaims(claims)
 		}
-		if err == nil {
-			if sid := r.Header.Get("Mcp-Session-Id"); sid != "" {
-				if s := f.lookup(sid); s != nil && (s.claims.TenantID != claims.TenantID || s.claims.AgentDID != claims.AgentDID) {
-					err = api.NewError(api.PermissionDenied, api.ENotGranted,
-						"the session belongs to another tenant or agent than this capability token")
-				}
-			}
+		if err == nil && sess != nil && (sess.claims.TenantID != claims.TenantID || sess.claims.AgentDID != claims.AgentDID) {
+			err = api.NewError(api.PermissionDenied, api.ENotGranted,
+				"the session belongs to another tenant or agent than this capability token")
 		}
 		if err != nil {
 			unauthorized(w, "invalid_token", api.AsError(err))
@@ -64,6 +68,7 @@ func (f *Front) Handler() http.Handler {
 				f.drop(s)
 			}
 		}
+		a := &authed{claims: claims, raw: raw}
 		if r.Method == http.MethodPost && r.Body != nil {
 			body, err := io.ReadAll(io.LimitReader(r.Body, mcp.DefaultMaxRequestBodyBytes+1))
 			if err != nil {
@@ -71,28 +76,71 @@ func (f *Front) Handler() http.Handler {
 				return
 			}
 			if len(body) <= mcp.DefaultMaxRequestBodyBytes {
-				if id, method, ok := unknownMethod(body); ok {
+				id, method, unknown := unknownMethod(body)
+				if unknown {
 					methodNotFound(w, id, method)
 					return
 				}
+				a.initialize = method == "initialize"
 				body = tagBody(body)
 			}
 			r.Body = io.NopCloser(bytes.NewReader(body))
 			r.ContentLength = int64(len(body))
 		}
-		ctx := context.WithValue(r.Context(), claimsKey{}, authed{claims: claims, raw: raw})
+		ctx := context.WithValue(r.Context(), claimsKey{}, a)
 		h.ServeHTTP(w, r.WithContext(ctx))
 	})
 }
 
-// serverFor makes the server of a new session, for the token of the
-// request that opens it.
+// serverFor gives the SDK the server of a request's session. The SDK asks
+// on every request (for the protocol versions a server speaks) and once
+// more when a request without a session id opens one, so: a known
+// session's own server; for a session id it does not know (which the SDK
+// answers 404), one shared server with no tools; and for a request without
+// one, a server of its own, kept as a session only for an initialize (and
+// dropped if the client never finishes the handshake): the probes clients
+// send before it (server/discover) open nothing.
 func (f *Front) serverFor(r *http.Request) *mcp.Server {
-	a, ok := r.Context().Value(claimsKey{}).(authed)
+	a, ok := r.Context().Value(claimsKey{}).(*authed)
 	if !ok {
 		return nil
 	}
-	return f.newSession(uuid.NewString(), a.claims, a.raw).server
+	if sid := r.Header.Get("Mcp-Session-Id"); sid != "" {
+		if s := f.lookup(sid); s != nil {
+			return s.server
+		}
+		return f.unknownSession()
+	}
+	if a.opened == nil {
+		s := f.newSession(uuid.NewString(), a.claims, a.raw)
+		a.opened = s
+		if a.initialize {
+			f.register(s)
+			time.AfterFunc(time.Minute, func() {
+				if !s.initialized.Load() {
+					f.drop(s)
+				}
+			})
+		}
+	}
+	return a.opened.server
+}
+
+// verify checks a request's token. A request of a session that carries the
+// very token the session was opened with needs no signature check again,
+// only the clock's: the token is the same bytes, verified before.
+func (f *Front) verify(raw string, s *session) (*token.Claims, error) {
+	if s == nil || s.raw != raw || s.claims.ExpiresAt == nil {
+		return f.cfg.Verifier.Verify(raw)
+	}
+	now := time.Now()
+	if f.cfg.Verifier.Now != nil {
+		now = f.cfg.Verifier.Now()
+	}
+	if !now.Before(s.claims.ExpiresAt.Add(f.cfg.Verifier.Leeway)) {
+		return f.cfg.Verifier.Verify(raw) // says why, as for any expired token
+	}
+	return s.claims, nil
 }
 
 // tagBody tags a tools/call request body with its id (see tagParams).

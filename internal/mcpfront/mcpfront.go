@@ -174,6 +174,10 @@ type Front struct {
 	mu       sync.Mutex
 	sessions map[string]*session // by session id
 	changed  chan struct{}
+
+	// unknownSession is the server given for requests naming a session
+	// that does not exist (see serverFor): no tools, never connected.
+	unknownSession func() *mcp.Server
 }
 
 // Start loads the registry through c.Bus and keeps every session's tool
@@ -184,6 +188,9 @@ func Start(ctx context.Context, c Config) (*Front, error) {
 		return nil, fmt.Errorf("%w: no bus", ErrConfig)
 	}
 	f := &Front{cfg: c, sessions: map[string]*session{}, changed: make(chan struct{}, 1)}
+	f.unknownSession = sync.OnceValue(func() *mcp.Server {
+		return mcp.NewServer(&mcp.Implementation{Name: ServerName, Version: control.Version}, nil)
+	})
 	if err := c.Bus.WatchTools(ctx, f.registryChanged); err != nil {
 		return nil, fmt.Errorf("watching the registry: %w", err)
 	}
@@ -280,15 +287,21 @@ func (f *Front) newSession(id string, c *token.Claims, raw string) *session {
 		GetSessionID: func() string { return id },
 		Capabilities: &mcp.ServerCapabilities{Tools: &mcp.ToolCapabilities{ListChanged: true}, Logging: &mcp.LoggingCapabilities{}},
 		InitializedHandler: func(_ context.Context, r *mcp.InitializedRequest) {
+			s.initialized.Store(true)
 			ss := r.Session
 			go func() { _ = ss.Wait(); f.drop(s) }()
 		},
 	})
 	s.refresh()
-	f.mu.Lock()
-	f.sessions[id] = s
-	f.mu.Unlock()
 	return s
+}
+
+// register makes s one of the sessions the front end serves and keeps
+// current.
+func (f *Front) register(s *session) {
+	f.mu.Lock()
+	f.sessions[s.id] = s
+	f.mu.Unlock()
 }
 
 // drop ends a session: its waiting calls are cancelled.

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
@@ -27,6 +28,8 @@ type session struct {
 	server *mcp.Server
 	// created is when the session was opened.
 	created time.Time
+	// initialized is set once the client has finished the handshake.
+	initialized atomic.Bool
 
 	// ctx ends with the session; every call waits under it.
 	ctx    context.Context
@@ -142,6 +145,7 @@ func (f *Front) ServeStdio(ctx context.Context, t mcp.Transport, claims *token.C
 		return err
 	}
 	s := f.newSession("stdio-"+uuid.NewString(), claims, raw)
+	f.register(s)
 	defer f.drop(s)
 	ss, err := s.server.Connect(ctx, tagging{t}, nil)
 	if err != nil {
