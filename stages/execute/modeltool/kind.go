@@ -14,12 +14,13 @@
 //	 "constraints": {"max_cost": 0.01, "max_latency_ms": 3000, "capabilities": ["code"]},
 //	 "policy": "cost-first|quality-first|latency-first",
 //	 "max_output_tokens": 256, "temperature": 0.2, "stream": true,
-//	 "truncate": "none|drop_oldest|drop_middle"}
+//	 "truncate": "none|drop_oldest|drop_middle|summarize|split|retrieve"}
 //
 // ("prompt": "…" is short for one user message). The result is
 //
 //	{"model": "…", "content": "…", "finish_reason": "…",
-//	 "usage": {"input_tokens": 12, "output_tokens": 30}, "cost": 0.0004}
+//	 "usage": {"input_tokens": 12, "output_tokens": 30}, "cost": 0.0004,
+//	 "parts": 3}  (parts: only for a split request)
 //
 // and the routing decision, every attempt and the tokens used are recorded
 // in the execution metadata (model), which the audit event carries and the
@@ -133,6 +134,8 @@ type Result struct {
 		OutputTokens int64 `json:"output_tokens"`
 	} `json:"usage"`
 	Cost float64 `json:"cost"`
+	// Parts is how many calls a split request took (truncate "split").
+	Parts int `json:"parts,omitempty"`
 }
 
 func misconfigured(m *tools.Manifest, format string, args ...any) *api.Error {
@@ -169,11 +172,10 @@ func decodeSpec(m *tools.Manifest) (*Spec, error) {
 }
 
 func checkTruncate(t string) error {
-	switch t {
-	case "", modelrouter.TruncateNone, modelrouter.TruncateOldest, modelrouter.TruncateMiddle:
+	if t == "" || slices.Contains(modelrouter.Strategies, t) {
 		return nil
 	}
-	return fmt.Errorf("truncate %q is not none, drop_oldest or drop_middle", t)
+	return fmt.Errorf("truncate %q is not one of %s", t, strings.Join(modelrouter.Strategies, ", "))
 }
 
 func badParams(format string, args ...any) error {
@@ -258,7 +260,16 @@ func (c *call) run(ctx context.Context, raw json.RawMessage) (json.RawMessage, e
 	if rk, _ := c.kind.cfg.Catalogue.Ranker(); rk != nil {
 		rules.Ranker = rk
 	}
+	use := api.ModelUse{}
+	meter := builtin.MeterFrom(ctx)
+	if prev := meter.Model(); prev != nil {
+		// An earlier attempt of the executor's retry policy: what it used
+		// is charged too.
+		use.InputTokens, use.OutputTokens, use.Cost = prev.InputTokens, prev.OutputTokens, prev.Cost
+		use.Attempts = prev.Attempts
+	}
 	d, err := rules.Route(ctx, catalogue, req)
+	var parts [][]modelrouter.Message
 	if ecodeOf(err) == api.EModelContextWindow && p.Truncate != "" && p.Truncate != modelrouter.TruncateNone {
 		// Fit the largest window the request may use, at the seed's 70 %.
 		limit := 0
@@ -268,21 +279,39 @@ func (c *call) run(ctx context.Context, raw json.RawMessage) (json.RawMessage, e
 				limit = max(limit, min(m.ContextWindow*7/10, m.ContextWindow-out))
 			}
 		}
-		if msgs, ok := modelrouter.Truncate(p.Truncate, p.System, p.Messages, limit); ok {
-			p.Messages = msgs
+		fitted, ok := p.Messages, false
+		switch p.Truncate {
+		case modelrouter.TruncateOldest, modelrouter.TruncateMiddle:
+			fitted, ok = modelrouter.Truncate(p.Truncate, p.System, p.Messages, limit)
+		case modelrouter.TruncateRetrieve:
+			fitted, ok = modelrouter.Retrieve(p.System, p.Messages, limit)
+		case modelrouter.TruncateSummarize:
+			var serr error
+			fitted, ok, serr = c.summarize(ctx, catalogue, p, limit, &use, meter)
+			if serr != nil {
+				use.Routing = &d.Routing
+				meter.SetModel(use)
+				return nil, serr
+			}
+		case modelrouter.TruncateSplit:
+			parts, ok = modelrouter.Split(p.System, p.Messages, limit)
+			if ok {
+				fitted = parts[0]
+				for _, part := range parts[1:] {
+					if modelrouter.CountMessages(p.System, part) > modelrouter.CountMessages(p.System, fitted) {
+						fitted = part
+					}
+				}
+			}
+		}
+		if ok {
+			p.Messages = fitted
 			req.InputTokens = modelrouter.CountMessages(p.System, p.Messages)
 			d, err = rules.Route(ctx, catalogue, req)
 			d.Routing.Truncated = p.Truncate
 		}
 	}
-	use := api.ModelUse{Routing: &d.Routing}
-	meter := builtin.MeterFrom(ctx)
-	if prev := meter.Model(); prev != nil {
-		// An earlier attempt of the executor's retry policy: what it used
-		// is charged too.
-		use.InputTokens, use.OutputTokens, use.Cost = prev.InputTokens, prev.OutputTokens, prev.Cost
-		use.Attempts = prev.Attempts
-	}
+	use.Routing = &d.Routing
 	if err != nil {
 		meter.SetModel(use)
 		return nil, err
@@ -291,26 +320,86 @@ func (c *call) run(ctx context.Context, raw json.RawMessage) (json.RawMessage, e
 	if p.Stream != nil {
 		stream = *p.Stream
 	}
+	if parts == nil {
+		ans, model, err := c.callChain(ctx, d.Chain, p, stream, &use, meter)
+		if err != nil {
+			return nil, err
+		}
+		out := Result{Model: model, Content: ans.Content, FinishReason: ans.FinishReason, Cost: use.Cost}
+		out.Usage.InputTokens, out.Usage.OutputTokens = ans.InputTokens, ans.OutputTokens
+		return json.Marshal(out)
+	}
+	// One call per part, in order; the answers joined.
+	out := Result{Parts: len(parts)}
+	var contents []string
+	for _, part := range parts {
+		pp := *p
+		pp.Messages = part
+		ans, model, err := c.callChain(ctx, d.Chain, &pp, stream, &use, meter)
+		if err != nil {
+			return nil, err
+		}
+		contents = append(contents, ans.Content)
+		out.Model, out.FinishReason = model, ans.FinishReason
+		out.Usage.InputTokens += ans.InputTokens
+		out.Usage.OutputTokens += ans.OutputTokens
+	}
+	out.Content, out.Cost = strings.Join(contents, "\n\n"), use.Cost
+	return json.Marshal(out)
+}
+
+// callChain calls the models of chain in order until one answers; use
+// records every attempt and is left in the meter.
+func (c *call) callChain(ctx context.Context, chain []*modelrouter.Model, p *Params, stream bool, use *api.ModelUse, meter *builtin.Meter) (modelrouter.Answer, string, error) {
 	var last error
-	for _, model := range d.Chain {
+	for _, model := range chain {
 		use.Model = model.Name
-		ans, err := c.tryModel(ctx, model, p, stream, &use, meter)
+		ans, err := c.tryModel(ctx, model, p, stream, use, meter)
 		if err == nil {
-			out := Result{Model: model.Name, Content: ans.Content, FinishReason: ans.FinishReason, Cost: use.Cost}
-			out.Usage.InputTokens, out.Usage.OutputTokens = ans.InputTokens, ans.OutputTokens
-			meter.SetModel(use)
-			return json.Marshal(out)
+			meter.SetModel(*use)
+			return ans, model.Name, nil
 		}
 		last = err
 		if ctx.Err() != nil {
 			break
 		}
 	}
-	meter.SetModel(use)
+	meter.SetModel(*use)
 	if ctx.Err() != nil {
-		return nil, ctx.Err()
+		return modelrouter.Answer{}, "", ctx.Err()
 	}
-	return nil, exhausted(c.m, &use, last)
+	return modelrouter.Answer{}, "", exhausted(c.m, use, last)
+}
+
+// summarize replaces the cold context of p (the messages before the most
+// recent ones that fill half of limit) by a summary: the cheapest model
+// the tool may use that fits each piece of it writes one, and what it
+// costs is charged with the call. ok is false when the result still does
+// not fit.
+func (c *call) summarize(ctx context.Context, catalogue map[string]*modelrouter.Model, p *Params, limit int, use *api.ModelUse, meter *builtin.Meter) ([]modelrouter.Message, bool, error) {
+	cold, hot := modelrouter.Cold(p.System, p.Messages, limit)
+	room := limit - modelrouter.CountMessages(p.System, hot) - 32
+	if len(cold) == 0 || room < 32 {
+		return p.Messages, false, nil
+	}
+	pieces := modelrouter.Passages(modelrouter.Transcript(cold), max(limit/2, 64))
+	per := max(room/len(pieces), 16)
+	var summaries []string
+	for _, piece := range pieces {
+		sp := &Params{System: modelrouter.SummaryPrompt, Messages: []modelrouter.Message{{Role: "user", Content: piece}}, MaxOutputTokens: per}
+		d, err := c.kind.rules.Route(ctx, catalogue, modelrouter.Request{Policy: modelrouter.CostFirst, Allowed: c.spec.Models,
+			MaxOutputTokens: per, InputTokens: modelrouter.CountMessages(sp.System, sp.Messages)})
+		if err != nil {
+			return nil, false, err
+		}
+		ans, _, err := c.callChain(ctx, d.Chain, sp, false, use, meter)
+		if err != nil {
+			return nil, false, err
+		}
+		summaries = append(summaries, strings.TrimSpace(ans.Content))
+	}
+	msgs := append([]modelrouter.Message{modelrouter.SummaryMessage(strings.Join(summaries, "\n\n"))}, hot...)
+	return msgs, modelrouter.CountMessages(p.System, msgs) <= limit, nil
 }
 
 func ecodeOf(err error) string {
