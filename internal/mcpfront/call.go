@@ -208,6 +208,7 @@ func (s *session) watch(ctx context.Context, req *mcp.CallToolRequest, tenant, i
 			if progressToken != nil {
 				_ = req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{ProgressToken: progressToken, Progress: 0, Message: msg})
 			}
+			//lint:ignore SA1019 logging/setLevel is part of the protocol revisions served (2025-06-18, 2025-11-25)
 			_ = req.Session.Log(ctx, &mcp.LoggingMessageParams{Level: "notice", Logger: "toolgate", Data: msg})
 		case rec.Progress != nil && rec.Progress.Percent > last && progressToken != nil:
 			last = rec.Progress.Percent

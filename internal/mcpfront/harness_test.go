@@ -208,8 +208,9 @@ func (b bearerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 type observed struct {
 	mu       sync.Mutex
 	progress []*mcp.ProgressNotificationParams
-	logs     []*mcp.LoggingMessageParams
-	changed  chan struct{}
+	//lint:ignore SA1019 logging/setLevel is part of the protocol revisions served (2025-06-18, 2025-11-25)
+	logs    []*mcp.LoggingMessageParams
+	changed chan struct{}
 }
 
 func newObserved() *observed { return &observed{changed: make(chan struct{}, 16)} }
@@ -221,6 +222,7 @@ func (o *observed) options() *mcp.ClientOptions {
 			o.progress = append(o.progress, r.Params)
 			o.mu.Unlock()
 		},
+		//lint:ignore SA1019 logging/setLevel is part of the protocol revisions served (2025-06-18, 2025-11-25)
 		LoggingMessageHandler: func(_ context.Context, r *mcp.LoggingMessageRequest) {
 			o.mu.Lock()
 			o.logs = append(o.logs, r.Params)

@@ -285,6 +285,7 @@ func (f *Front) newSession(id string, c *token.Claims, raw string) *session {
 			"may wait for a human's approval, and is audited. An error result says what was refused and what to do instead.",
 		PageSize:     f.cfg.PageSize,
 		GetSessionID: func() string { return id },
+		//lint:ignore SA1019 logging/setLevel is part of the protocol revisions served (2025-06-18, 2025-11-25)
 		Capabilities: &mcp.ServerCapabilities{Tools: &mcp.ToolCapabilities{ListChanged: true}, Logging: &mcp.LoggingCapabilities{}},
 		InitializedHandler: func(_ context.Context, r *mcp.InitializedRequest) {
 			s.initialized.Store(true)

@@ -235,6 +235,7 @@ func TestErrors(t *testing.T) {
 			if err := cs.Ping(ctx, nil); err != nil {
 				t.Errorf("ping: %v", err)
 			}
+			//lint:ignore SA1019 logging/setLevel is part of the protocol revisions served (2025-06-18, 2025-11-25)
 			if err := cs.SetLoggingLevel(ctx, &mcp.SetLoggingLevelParams{Level: "debug"}); err != nil {
 				t.Errorf("logging/setLevel: %v", err)
 			}

@@ -53,7 +53,7 @@ func TestInvocationIDIsStablePerSessionAndRequest(t *testing.T) {
 	if a != b || a == invocationID("s2", `"7"`) || a == invocationID("s1", `7`) {
 		t.Errorf("ids %s %s", a, b)
 	}
-	if invocationID("s1", nil) == invocationID("s1", nil) {
+	if x, y := invocationID("s1", nil), invocationID("s1", nil); x == y {
 		t.Error("requests without an id share an invocation")
 	}
 }

@@ -93,7 +93,8 @@ func runRegoTests(ctx context.Context, modules map[string]string) (passed int, f
 		SetCompiler(ast.NewCompiler().WithStrict(true).WithCapabilities(capabilities())).
 		SetStore(inmem.New()).
 		RaiseBuiltinErrors(true).
-		Run(ctx, parsed)
+		SetModules(parsed).
+		RunTests(ctx, nil)
 	if err != nil {
 		return 0, nil, fmt.Errorf("opa test: %w", err)
 	}
