@@ -81,7 +81,7 @@ fuzz:
 # Throughput and latency through all six stages next to a bare JetStream
 # chain measured in the same run.
 bench: mcp-servers
-	$(GO) run ./cmd/toolgate bench --rate 300 --duration 10s
+	$(GO) run ./cmd/toolgate bench --rate 300 --duration 10s --workers 16
 
 fmt:
 	gofmt -w $$(git ls-files '*.go')
