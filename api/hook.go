@@ -25,18 +25,19 @@ type Link struct {
 // execution metadata.
 type HookOutcome struct {
 	// Hook is the hook's name; Source is "manifest" or "tenant".
-	Hook    string `json:"hook"`
-	Source  string `json:"source"`
-	Trigger string `json:"trigger"`
-	Action  string `json:"action"`
+	Hook    string `json:"hook,omitempty"`
+	Source  string `json:"source,omitempty"`
+	Trigger string `json:"trigger,omitempty"`
+	Action  string `json:"action,omitempty"`
 	// HandedTo is the invocation a retry or fallback started: the caller
 	// follows it for the final answer.
 	HandedTo string `json:"handed_to,omitempty"`
 	// Parent is set on an invocation a hook started: the invocation it
 	// continues.
 	Parent string `json:"parent,omitempty"`
-	// SessionAborted is set when an abort hook ended the session.
-	SessionAborted string `json:"session_aborted,omitempty"`
+	// SessionAborted is set when an abort hook ended the session: its
+	// later calls are refused (E3802).
+	SessionAborted bool `json:"session_aborted,omitempty"`
 	// ConditionErrors lists conditions that failed at run time (each was
 	// taken as false).
 	ConditionErrors []string `json:"condition_errors,omitempty"`

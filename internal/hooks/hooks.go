@@ -503,3 +503,26 @@ func lookup(vars map[string]any, p string) (any, bool) {
 	}
 	return cur, true
 }
+
+// Tenants holds every tenant's compiled hook set; a watch on the hooks
+// bucket keeps it current. It is safe for concurrent use.
+type Tenants struct{ m sync.Map }
+
+// Put sets tenant's hooks; nil removes them.
+func (t *Tenants) Put(tenant string, s *Set) {
+	if s == nil {
+		t.m.Delete(tenant)
+		return
+	}
+	t.m.Store(tenant, s)
+}
+
+// Get returns tenant's hooks, nil when it has none (or t is nil).
+func (t *Tenants) Get(tenant string) *Set {
+	if t == nil {
+		return nil
+	}
+	s, _ := t.m.Load(tenant)
+	set, _ := s.(*Set)
+	return set
+}
