@@ -174,3 +174,26 @@ func (s *Store) AbortSession(ctx context.Context, tenant, key, id, hook string) 
 	}
 	return err
 }
+
+// HookSets returns every tenant's hook set.
+func (s *Store) HookSets(ctx context.Context) ([]HookSet, error) {
+	lister, err := s.hooks.ListKeys(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []HookSet
+	for key := range lister.Keys() {
+		tenant, err := subjects.Untoken(key)
+		if err != nil {
+			continue
+		}
+		set, ok, err := s.Hooks(ctx, tenant)
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			out = append(out, set)
+		}
+	}
+	return out, nil
+}
