@@ -57,7 +57,9 @@ func (h *Hooks) decide(ctx context.Context, inv *envelope.Invocation) (*kvstore.
 		own = m.HookSet()
 	}
 	tenant := h.Tenants.Get(inv.Tenant)
-	if own == nil && tenant == nil {
+	// A redelivery looks for the first delivery's decision even when the
+	// hooks have since been removed: part of its outcome may be out.
+	if delivered, _ := stages.Delivery(ctx); own == nil && tenant == nil && delivered <= 1 {
 		return nil, nil
 	}
 	stored, err := h.Store.HookDecisionOf(ctx, inv.Tenant, inv.ID)
@@ -66,6 +68,9 @@ func (h *Hooks) decide(ctx context.Context, inv *envelope.Invocation) (*kvstore.
 		return &stored, nil
 	case err != nil && !errors.Is(err, kvstore.ErrNoHookDecision):
 		return nil, stages.Transient(fmt.Errorf("reading the hook decision: %w", err), 0)
+	}
+	if own == nil && tenant == nil {
+		return nil, nil
 	}
 	var usage kvstore.Usage
 	if p := inv.Principal; p != nil {
