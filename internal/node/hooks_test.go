@@ -148,23 +148,31 @@ func TestHooks(t *testing.T) {
 
 	t.Run("a loop of hooks stops at the depth limit", func(t *testing.T) {
 		const tenant = "hk3"
-		r := e.invoke(request(tenant, "hk.loop", `{"fail":true}`))
-		for depth := 1; ; depth++ {
-			h := hookOf(t, r)
-			if h.HandedTo == "" {
-				if r.Error == nil || r.Error.ECode != api.EHookLimit || depth != 5 {
-					t.Fatalf("chain ended at depth %d with %s", depth-1, mustJSON(t, r))
-				}
-				cause, _ := r.Error.Details["cause"].(map[string]any)
-				if cause["code"] != string(api.ToolExecutionError) {
-					t.Fatalf("limit error without its cause: %s", mustJSON(t, r.Error))
-				}
-				break
+		id, err := e.client.Invoke(ctx, request(tenant, "hk.loop", `{"fail":true}`), clientOpts(""))
+		if err != nil {
+			t.Fatal(err)
+		}
+		chain, err := e.client.Follow(ctx, tenant, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The call and the four hooks deep it may go; the last ends with
+		// the limit, its own failure as the cause.
+		if len(chain) != 5 {
+			t.Fatalf("chain of %d: %s", len(chain), mustJSON(t, chain))
+		}
+		for i, r := range chain[:4] {
+			if h := hookOf(t, r); h.HandedTo != chain[i+1].InvocationID || r.Error == nil || r.Error.ECode != api.EToolFailed {
+				t.Fatalf("link %d: %s", i, mustJSON(t, r))
 			}
-			if depth > 5 {
-				t.Fatalf("chain passed the depth limit: %s", mustJSON(t, r))
-			}
-			r = wait(tenant, h.HandedTo)
+		}
+		r := chain[4]
+		if r.Error == nil || r.Error.ECode != api.EHookLimit || hookOf(t, r).Parent != chain[3].InvocationID {
+			t.Fatalf("chain end: %s", mustJSON(t, r))
+		}
+		cause, _ := r.Error.Details["cause"].(map[string]any)
+		if cause["code"] != string(api.ToolExecutionError) {
+			t.Fatalf("limit error without its cause: %s", mustJSON(t, r.Error))
 		}
 	})
 
