@@ -172,3 +172,26 @@ const (
 	// A catalogue entry cannot be used (no endpoint, unknown API flavour).
 	EModelMisconfigured = "E3607"
 )
+
+// Hook codes (toolgate's own): declarative hooks that decide what follows
+// a denied, failed, timed-out or overspent call (docs/hooks.md).
+const (
+	// A hook does not compile: an unknown trigger or action, a condition
+	// that is not a boolean CEL expression (its line and column in the
+	// field error), a template naming an unknown variable. Refused at
+	// registration (a manifest) or push (a tenant's hook set).
+	EHookInvalid = "E3800"
+	// A hook would start another linked invocation past the chain's depth
+	// limit; the call ends with this code and its own error in
+	// details.cause.
+	EHookLimit = "E3801"
+	// The call belongs to a session (token tree) an abort hook ended.
+	ESessionAborted = "E3802"
+	// A skip hook ended the call before it took effect; details.cause is
+	// the error it replaced.
+	EHookSkipped = "E3803"
+	// A request names a parent invocation (link) that no hook handed it:
+	// the link, tool, version, parameters or agent differ from what the
+	// hook decided, or the request carries a token of its own.
+	ELinkRefused = "E3804"
+)

@@ -76,6 +76,8 @@ type Request struct {
 	DocumentContext  *DocumentContext  `json:"document_context,omitempty"`
 	CheckpointConfig *CheckpointConfig `json:"checkpoint_config,omitempty"`
 	ExecutionOptions *ExecutionOptions `json:"execution_options,omitempty"`
+	// Link is set by toolgate on an invocation a hook started.
+	Link *Link `json:"link,omitempty"`
 }
 
 // ExecutionMetadata records how a call ran.
@@ -104,6 +106,9 @@ type ExecutionMetadata struct {
 	Stages []Hop `json:"stages,omitempty"`
 	// Model is what a model tool used and how its model was chosen.
 	Model *ModelUse `json:"model,omitempty"`
+	// Hook is what a hook decided when the invocation ended, or the link
+	// of an invocation a hook started.
+	Hook *HookOutcome `json:"hook,omitempty"`
 }
 
 // Hop is one stage's passage.

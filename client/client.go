@@ -121,6 +121,29 @@ func (c *Client) Wait(ctx context.Context, tenant, id string) (api.Response, err
 	}
 }
 
+// maxFollow bounds Follow: more than a hook chain can hold (docs/hooks.md).
+const maxFollow = 8
+
+// Follow waits for invocation id like Wait and, while a hook handed the call
+// on to a retry or fallback (execution_metadata.hook.handed_to), for that
+// invocation in turn. It returns every response, the final one last.
+func (c *Client) Follow(ctx context.Context, tenant, id string) ([]api.Response, error) {
+	var out []api.Response
+	for range maxFollow {
+		r, err := c.Wait(ctx, tenant, id)
+		if err != nil {
+			return out, err
+		}
+		out = append(out, r)
+		md := r.ExecutionMetadata
+		if md == nil || md.Hook == nil || md.Hook.HandedTo == "" {
+			return out, nil
+		}
+		id = md.Hook.HandedTo
+	}
+	return out, fmt.Errorf("following %s: more than %d invocations", id, maxFollow)
+}
+
 func isAccepted(data []byte) bool {
 	var head struct {
 		Type string `json:"type"`

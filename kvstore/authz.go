@@ -232,6 +232,16 @@ type Usage struct {
 	Reserved []string `json:"reserved,omitempty"`
 	// Settled are the latest invocations whose end was charged.
 	Settled []string `json:"settled,omitempty"`
+	// Aborted is set when an abort hook ended the session: authorize
+	// refuses its later calls (E3802).
+	Aborted *Abort `json:"aborted,omitempty"`
+}
+
+// Abort records which invocation's hook ended a session, and when.
+type Abort struct {
+	InvocationID string    `json:"invocation_id"`
+	Hook         string    `json:"hook"`
+	At           time.Time `json:"at"`
 }
 
 func budgetKey(tenant, session string) string { return invocationKey(tenant, session) }

@@ -27,6 +27,7 @@ const (
 	BucketIdempotency = "toolgate_idempotency"
 	BucketCheckpoints = "toolgate_checkpoints"
 	BucketBreakers    = "toolgate_breakers"
+	BucketHooks       = "toolgate_hooks"
 )
 
 // Options shape the buckets when Open creates them. Existing buckets are left
@@ -56,6 +57,7 @@ type Store struct {
 	breakers    jetstream.KeyValue
 	settings    jetstream.KeyValue
 	models      jetstream.KeyValue
+	hooks       jetstream.KeyValue
 	watches     sync.WaitGroup
 }
 
@@ -122,6 +124,10 @@ func Open(ctx context.Context, js jetstream.JetStream, o Options) (*Store, error
 		}},
 		{&s.models, jetstream.KeyValueConfig{
 			Bucket: subjects.BucketModels, Description: "toolgate model catalogue by name", History: 5,
+		}},
+		// Each push replaces a tenant's hook set whole.
+		{&s.hooks, jetstream.KeyValueConfig{
+			Bucket: BucketHooks, Description: "toolgate hook sets by tenant", History: 5,
 		}},
 		{&s.budgets, jetstream.KeyValueConfig{
 			Bucket: BucketBudgets, Description: "toolgate session usage by tenant and session",

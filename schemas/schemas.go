@@ -38,6 +38,7 @@ var (
 	invokeSchema   = sync.OnceValue(func() *jsonschema.Schema { return mustCompileEmbedded("invoke-request.schema.json") })
 	rulesSchema    = sync.OnceValue(func() *jsonschema.Schema { return mustCompileEmbedded("detector-rules.schema.json") })
 	modelSchema    = sync.OnceValue(func() *jsonschema.Schema { return mustCompileEmbedded("model.schema.json") })
+	hookSetSchema  = sync.OnceValue(func() *jsonschema.Schema { return mustCompileEmbedded("hook-set.schema.json") })
 )
 
 // MCPContent is the output schema of an mcp tool whose server declares
@@ -55,6 +56,10 @@ func DetectorRules() *jsonschema.Schema { return rulesSchema() }
 
 // Model returns the compiled model catalogue entry schema.
 func Model() *jsonschema.Schema { return modelSchema() }
+
+// HookSet is the schema of a set of hooks: a tenant's (toolgate hooks push)
+// and, wrapped as {"hooks": [...]}, a manifest's hooks field.
+func HookSet() *jsonschema.Schema { return hookSetSchema() }
 
 // Manifest returns the compiled tool manifest schema.
 func Manifest() *jsonschema.Schema { return manifestSchema() }

@@ -44,7 +44,7 @@ func (a *app) readParams(v string) (json.RawMessage, error) {
 
 func (a *app) invokeCmd() *cobra.Command {
 	var params, version, agent, session, id, idem, priority string
-	var wait, async bool
+	var wait, async, follow bool
 	var limit, waitFor time.Duration
 	cmd := &cobra.Command{
 		Use:   "invoke TOOL",
@@ -68,6 +68,7 @@ approval says so, and the exit status tells how the call ended.`,
 	f.StringVar(&idem, "idempotency-key", "", "repeat calls with this key return the first one's result")
 	f.StringVar(&priority, "priority", "", "scheduling priority: high, normal or low")
 	f.BoolVar(&wait, "wait", false, "wait for the result and show it")
+	f.BoolVar(&follow, "follow", false, "with --wait: when a hook hands the call to a retry or fallback, wait for that one too (each result is shown; the exit status is the last one's)")
 	f.BoolVar(&async, "async", false, "ask for async mode: toolgate answers at once with pending and where to poll")
 	f.DurationVar(&limit, "timeout", 0, "time limit of the call (whole seconds; narrows the tool's own limit)")
 	f.DurationVar(&waitFor, "wait-timeout", 5*time.Minute, "how long --wait waits before giving up (exit 5)")
@@ -114,14 +115,20 @@ approval says so, and the exit status tells how the call ended.`,
 				return nil
 			})
 		}
-		resp, err := a.wait(ctx, c, tenant, invID, waitFor)
-		if err != nil {
-			return err
+		for {
+			resp, err := a.wait(ctx, c, tenant, invID, waitFor)
+			if err != nil {
+				return err
+			}
+			if err := a.emit(resp, func(w io.Writer) error { return a.renderResponse(w, resp) }); err != nil {
+				return err
+			}
+			md := resp.ExecutionMetadata
+			if !follow || md == nil || md.Hook == nil || md.Hook.HandedTo == "" {
+				return shownStatus(resp.Status)
+			}
+			invID = md.Hook.HandedTo
 		}
-		if err := a.emit(resp, func(w io.Writer) error { return a.renderResponse(w, resp) }); err != nil {
-			return err
-		}
-		return shownStatus(resp.Status)
 	}
 	return cmd
 }

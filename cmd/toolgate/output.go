@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -103,7 +104,30 @@ func (a *app) renderResponse(w io.Writer, r api.Response) error {
 	if len(r.Result) > 0 {
 		fmt.Fprintln(w, indentJSON(r.Result, ""))
 	}
+	if md := r.ExecutionMetadata; md != nil && md.Hook != nil {
+		renderHook(w, md.Hook)
+	}
 	return nil
+}
+
+// renderHook writes what a hook decided about an invocation.
+func renderHook(w io.Writer, h *api.HookOutcome) {
+	if h.Parent != "" {
+		fmt.Fprintln(w, "started by a hook of", h.Parent)
+	}
+	if h.Action != "" {
+		line := fmt.Sprintf("hook %s (%s, on %s): %s", h.Hook, h.Source, cmp.Or(h.Trigger, "success"), h.Action)
+		if h.HandedTo != "" {
+			line += ", handed to " + h.HandedTo
+		}
+		if h.SessionAborted {
+			line += ", session ended"
+		}
+		fmt.Fprintln(w, line)
+	}
+	for _, e := range h.ConditionErrors {
+		fmt.Fprintln(w, "hook condition failed (taken as false):", e)
+	}
 }
 
 // renderRecord writes an invocation's record for people.

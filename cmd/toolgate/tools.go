@@ -164,6 +164,7 @@ func initManifest(id string) map[string]any {
 		"cost":            map[string]any{"per_call": 0, "currency": "USD", "typical_latency_ms": 5},
 		"output_policy":   map[string]any{"mode": "strict"},
 		"lifecycle":       map[string]any{"state": "active"},
+		"hooks":           []map[string]any{{"name": "give-up", "on": "circuit_open", "action": "fail"}},
 	}
 }
 

@@ -117,6 +117,7 @@ const (
 	bucketTools       = "toolgate_tools"
 	bucketPolicies    = "toolgate_policies"
 	bucketRevocations = "toolgate_revocations"
+	bucketHooks       = "toolgate_hooks"
 )
 
 // agentServices are the control endpoints an agent may call, each served on
@@ -206,12 +207,13 @@ func workerPermissions() jwt.Permissions {
 		"$JS.FC.>",
 		"$KV.>",
 	)
-	// Policies and revocations are the operator's to write. Streams may be
+	// Policies, revocations and tenants' hook sets are the operator's to write. Streams may be
 	// created but not updated, purged or deleted (those API subjects are not
 	// allowed), so a worker cannot shorten or erase the audit trail.
 	p.Pub.Deny.Add(
 		"$KV."+bucketPolicies+".>",
 		"$KV."+bucketRevocations+".>",
+		"$KV."+bucketHooks+".>",
 	)
 	p.Sub.Allow.Add(
 		subjects.InvokeAll, subjects.PipeAll, subjects.ResultAll, subjects.AuditAll, subjects.CancelAll,

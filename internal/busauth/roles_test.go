@@ -81,11 +81,13 @@ func TestGrantFor(t *testing.T) {
 			{true, "$JS.API.STREAM.MSG.DELETE.AUDIT", false},
 			{true, "$KV.toolgate_revocations.x", false},
 			{true, "$KV.toolgate_policies.x", false},
+			{true, "$KV.toolgate_hooks.x", false},
 			{false, "toolgate.pipe.>", true},
 		}},
 		{"operator", Identity{Role: RoleOperator, Name: "o"}, AccountToolgate, []check{
 			{true, "$JS.API.STREAM.DELETE.AUDIT", true},
 			{true, "$KV.toolgate_revocations.x", true},
+			{true, "$KV.toolgate_hooks.x", true},
 			{true, "tool.svc.approval", true},
 			{false, ">", true},
 		}},

@@ -50,6 +50,11 @@ type Invocation struct {
 	// into Request.
 	Data    json.RawMessage `json:"data,omitempty"`
 	Request *api.Request    `json:"request,omitempty"`
+	// Principal is set by the authorize stage as soon as the capability
+	// token verifies, before it decides: the token tree's budget key and
+	// the verified claims (never the raw token). Hooks use it to authorise
+	// a retry or fallback as the same principal, and to end its session.
+	Principal *Principal `json:"principal,omitempty"`
 	// Authz is set by the authorize stage when it admits the invocation.
 	Authz *Authorization `json:"authz,omitempty"`
 	// Route is set by the route stage.
@@ -99,6 +104,14 @@ type Authorization struct {
 	CostPerCall float64 `json:"cost_per_call,omitempty"`
 	ApprovedBy  string  `json:"approved_by,omitempty"`
 	Grants      Grants  `json:"grants,omitzero"`
+}
+
+// Principal is who a verified capability token speaks for.
+type Principal struct {
+	// Session is the budget key of the token tree (its root token's id).
+	Session string `json:"session"`
+	// Claims are the token's verified claims, as JSON.
+	Claims json.RawMessage `json:"claims"`
 }
 
 // Grants are the resources a capability token allows.

@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/toolgate/toolgate/internal/breaker"
 	"github.com/toolgate/toolgate/internal/detect"
+	"github.com/toolgate/toolgate/internal/hooks"
 	"github.com/toolgate/toolgate/internal/modelrouter"
 	"github.com/toolgate/toolgate/internal/policy"
 	"github.com/toolgate/toolgate/internal/ratelimit"
@@ -333,7 +334,24 @@ func (n *Node) NewStage(ctx context.Context, name string, c StageConfig) (stages
 	case subjects.Verify:
 		return verify.New(n.Registry, verify.Config{Tenants: c.TenantActions, Detectors: c.Detectors}), nil
 	case subjects.Audit:
-		return audit.New(n.Store), nil
+		tenants := new(hooks.Tenants)
+		err := n.Store.WatchHooks(ctx, func(tenant string, set *kvstore.HookSet) {
+			if set == nil {
+				tenants.Put(tenant, nil)
+				return
+			}
+			compiled, err := hooks.Parse(set.Doc, hooks.SourceTenant)
+			if err != nil {
+				// Push compiles first, so this needs a hand-edited bucket.
+				n.Log.Error("pushed hooks do not compile; keeping the current ones", "tenant", tenant, "revision", set.Revision, "err", err)
+				return
+			}
+			tenants.Put(tenant, compiled)
+		})
+		if err != nil {
+			return nil, err
+		}
+		return audit.New(n.Store, &audit.Hooks{Registry: n.Registry, Tenants: tenants}), nil
 	}
 	return nil, fmt.Errorf("unknown stage %q (stages: %v)", name, subjects.Stages)
 }
@@ -357,7 +375,7 @@ func (n *Node) newAuthorizer(ctx context.Context, c StageConfig) (*authorize.Aut
 	}
 	a := authorize.New(authorize.Config{
 		Registry: n.Registry, Policy: fallback, Verifier: verifier, Revoked: n.Revoked,
-		Store: n.Store, ApprovalTimeout: c.ApprovalTimeout,
+		Store: n.Store, Decisions: n.Store, ApprovalTimeout: c.ApprovalTimeout,
 	})
 	err := n.Store.WatchPolicy(ctx, func(b kvstore.PolicyBundle, ok bool, err error) {
 		if !ok {

@@ -14,6 +14,7 @@ import (
 	"github.com/Masterminds/semver/v3"
 	"github.com/santhosh-tekuri/jsonschema/v5"
 	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/hooks"
 	"github.com/toolgate/toolgate/internal/hosts"
 	"github.com/toolgate/toolgate/schemas"
 )
@@ -68,10 +69,14 @@ type Manifest struct {
 	InputChecks map[string][]string `json:"input_checks,omitempty"`
 	// OutputPolicy says how verify treats the result.
 	OutputPolicy *OutputPolicy `json:"output_policy,omitempty"`
+	// Hooks say what happens when a call of this tool is denied, fails,
+	// times out or overspends (docs/hooks.md).
+	Hooks []hooks.Spec `json:"hooks,omitempty"`
 
 	ver    *semver.Version // parsed Version, for the registry's ordering
 	input  *jsonschema.Schema
 	output *jsonschema.Schema // nil when the manifest has no output schema
+	hooks  *hooks.Set         // nil when the manifest declares no hooks
 }
 
 // CLIConfig configures a command-line tool, run in the sandbox.
@@ -250,6 +255,16 @@ func Parse(doc []byte) (*Manifest, error) {
 			return nil, err
 		}
 	}
+	if len(m.Hooks) > 0 {
+		var raw struct {
+			Hooks json.RawMessage `json:"hooks"`
+		}
+		_ = json.Unmarshal(doc, &raw) // decoded above
+		wrapped := append(append([]byte(`{"hooks":`), raw.Hooks...), '}')
+		if m.hooks, err = hooks.Parse(wrapped, hooks.SourceManifest); err != nil {
+			return nil, err
+		}
+	}
 	if m.Safety.RiskLevel == "" {
 		m.Safety.RiskLevel = "low"
 	}
@@ -304,6 +319,9 @@ func (m *Manifest) ValidateOutput(result []byte) ([]api.FieldError, error) {
 	}
 	return schemas.Validate(m.output, result)
 }
+
+// HookSet returns the manifest's compiled hooks, nil when it has none.
+func (m *Manifest) HookSet() *hooks.Set { return m.hooks }
 
 // Timeout is the wall-clock limit of one invocation.
 func (m *Manifest) Timeout() time.Duration {

@@ -3,6 +3,7 @@ package tools
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/schemas"
 	"reflect"
@@ -360,5 +361,25 @@ func TestExampleContracts(t *testing.T) {
 		if err != nil || (fields == nil) != tt.outOK {
 			t.Errorf("%s output %s: fields %+v, err %v, want ok = %v", m.Key(), tt.out, fields, err, tt.outOK)
 		}
+	}
+}
+
+// TestManifestHooks: a manifest's hooks are compiled at registration; one
+// whose condition does not compile is refused with E3800 and its position.
+func TestManifestHooks(t *testing.T) {
+	base := `{"id":"h","name":"h","version":"1.0.0","description":"d","kind":"builtin","builtin":{"function":"echo"},
+	  "input_schema":{"type":"object"},"hooks":[%s]}`
+	m, err := Parse([]byte(fmt.Sprintf(base, `{"on":"timeout","action":"retry","max_attempts":2}`)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := m.HookSet(); s == nil || len(s.Specs) != 1 || s.Specs[0].Name != "timeout-0" {
+		t.Fatalf("hooks: %+v", s)
+	}
+	_, err = Parse([]byte(fmt.Sprintf(base, `{"on":"custom","action":"fail","condition":"status = 'x'"}`)))
+	var te *api.Error
+	if !errors.As(err, &te) || te.ECode != api.EHookInvalid || len(te.Fields) == 0 ||
+		te.Fields[0].Location != "/hooks/0/condition" || !strings.Contains(te.Fields[0].Message, "line 1, column") {
+		t.Fatalf("got %v %+v, want E3800 at /hooks/0/condition with a position", err, te)
 	}
 }

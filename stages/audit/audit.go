@@ -26,12 +26,21 @@ type store interface {
 var _ store = (*kvstore.Store)(nil)
 
 // Auditor implements the audit stage.
-type Auditor struct{ store store }
+type Auditor struct {
+	store store
+	hooks *Hooks // nil: no hooks run
+}
 
 var _ stages.Finaliser = (*Auditor)(nil)
 
-// New returns an Auditor writing status to store.
-func New(s *kvstore.Store) *Auditor { return &Auditor{store: s} }
+// New returns an Auditor writing status to store. With h it runs hooks on
+// every ended invocation before it finalises it (docs/hooks.md).
+func New(s *kvstore.Store, h *Hooks) *Auditor {
+	if h != nil && h.Store == nil {
+		h.Store = s
+	}
+	return &Auditor{store: s, hooks: h}
+}
 
 // Finalises implements stages.Finaliser: audit is where every invocation
 // ends.
@@ -49,6 +58,22 @@ func (a *Auditor) Process(ctx context.Context, inv *envelope.Invocation) ([]stag
 		// tenant to keep a status for or to answer, only the audit trail.
 		terminal, err := runner.AuditEvent(subjects.Audit, inv, envelope.TerminalType(inv), inv.Audit())
 		return []stages.Output{terminal}, err
+	}
+	// Hooks decide what follows the outcome, before it is recorded: the
+	// status may say the call was skipped or handed to another.
+	decision, err := a.hooks.decide(ctx, inv)
+	if err != nil {
+		return nil, err
+	}
+	if decision != nil {
+		apply(inv, decision)
+		if decision.Session != "" {
+			if err := a.hooks.Store.AbortSession(ctx, inv.Tenant, decision.Session, inv.ID, decision.Hook); err != nil {
+				return nil, stages.Transient(fmt.Errorf("aborting the session: %w", err), 0)
+			}
+		}
+	} else if inv.Request != nil && inv.Request.Link != nil {
+		inv.Metadata.Hook = &api.HookOutcome{Parent: inv.Request.Link.Parent}
 	}
 	resp := inv.Response()
 	rec := api.Record{
@@ -75,7 +100,15 @@ func (a *Auditor) Process(ctx context.Context, inv *envelope.Invocation) ([]stag
 	if err != nil {
 		return nil, err
 	}
-	return []stages.Output{terminal, result}, nil
+	outs := []stages.Output{terminal, result}
+	if decision != nil && decision.Child != nil {
+		child, err := childEvent(inv, decision.Child)
+		if err != nil {
+			return nil, err
+		}
+		outs = append(outs, child)
+	}
+	return outs, nil
 }
 
 // settledMemory is how many ended invocations a session's usage remembers,

@@ -47,6 +47,12 @@ type Store interface {
 	SetStatus(ctx context.Context, rec api.Record) (api.Record, bool, error)
 }
 
+// HookDecisions reads the decision a hook recorded on an ended invocation
+// (*kvstore.Store).
+type HookDecisions interface {
+	HookDecisionOf(ctx context.Context, tenant, id string) (kvstore.HookDecision, error)
+}
+
 // Config wires an Authorizer.
 type Config struct {
 	Registry *tools.Registry
@@ -54,6 +60,9 @@ type Config struct {
 	Verifier *token.Verifier
 	Revoked  *token.Revocations
 	Store    Store
+	// Decisions holds the hook decisions that admit the invocations hooks
+	// start (retries, fallbacks); nil refuses every linked request.
+	Decisions HookDecisions
 	// ApprovalTimeout is how long a parked call waits before it ends denied.
 	ApprovalTimeout time.Duration
 	Now             func() time.Time
@@ -149,12 +158,20 @@ func (a *Authorizer) Process(ctx context.Context, inv *envelope.Invocation) ([]s
 	if err != nil {
 		return nil, err
 	}
-	claims, err := a.cfg.Verifier.Verify(req.CapabilityToken)
+	var claims *token.Claims
+	if req.Link != nil {
+		claims, err = a.linked(ctx, inv)
+	} else {
+		claims, err = a.cfg.Verifier.Verify(req.CapabilityToken)
+	}
 	if err != nil {
 		return nil, err
 	}
 	if id, revoked := a.cfg.Revoked.Revoked(claims); revoked {
 		return nil, api.NewError(api.PermissionDenied, api.ETokenRevoked, "capability token %s is revoked", id)
+	}
+	if raw, err := json.Marshal(claims); err == nil {
+		inv.Principal = &envelope.Principal{Session: token.BudgetKey(claims.Root()), Claims: raw}
 	}
 	err = claims.Grants(token.Binding{
 		Tenant: inv.Tenant, AgentDID: req.AgentContext.AgentDID, SessionID: req.AgentContext.SessionID,
@@ -234,6 +251,69 @@ func (a *Authorizer) Process(ctx context.Context, inv *envelope.Invocation) ([]s
 	// or record carries a credential an agent could reuse.
 	req.CapabilityToken = ""
 	return nil, nil
+}
+
+// linked returns the principal of an invocation a hook started: the
+// verified claims of the invocation whose end fired the hook, provided the
+// decision recorded there describes this request exactly (id, tool,
+// version, parameters, agent, link) and the request carries no token of its
+// own. The claims must still be unexpired; policy, approval and budget then
+// judge the call like any other.
+func (a *Authorizer) linked(ctx context.Context, inv *envelope.Invocation) (*token.Claims, error) {
+	req := inv.Request
+	refuse := func(format string, args ...any) error {
+		return api.NewError(api.PermissionDenied, api.ELinkRefused, "link to %s refused: "+format,
+			append([]any{req.Link.Parent}, args...)...)
+	}
+	if req.CapabilityToken != "" {
+		return nil, refuse("a linked request carries no token of its own")
+	}
+	if a.cfg.Decisions == nil {
+		return nil, refuse("hooks are not enabled on this worker")
+	}
+	d, err := a.cfg.Decisions.HookDecisionOf(ctx, inv.Tenant, req.Link.Parent)
+	if errors.Is(err, kvstore.ErrNoHookDecision) {
+		return nil, refuse("no hook decided to start it")
+	}
+	if err != nil {
+		return nil, stages.Transient(err, 0)
+	}
+	c := d.Child
+	if c == nil || c.ID != inv.ID {
+		return nil, refuse("the hook started another invocation")
+	}
+	if !sameChild(c.Request, *req) {
+		return nil, refuse("the request differs from the one the hook decided")
+	}
+	if len(c.Claims) == 0 {
+		return nil, refuse("the parent had no verified capability token")
+	}
+	claims := new(token.Claims)
+	if err := json.Unmarshal(c.Claims, claims); err != nil {
+		return nil, refuse("undecodable claims: %v", err)
+	}
+	if exp := claims.ExpiresAt; exp == nil || !a.cfg.Now().Before(exp.Time) {
+		return nil, api.NewError(api.PermissionDenied, api.ETokenExpired, "the capability token of %s has expired", req.Link.Parent)
+	}
+	return claims, nil
+}
+
+// sameChild reports whether req asks for what the hook decided.
+func sameChild(want, req api.Request) bool {
+	if want.ToolID != req.ToolID || want.ToolVersion != req.ToolVersion || want.AgentContext != req.AgentContext ||
+		want.Link == nil || *want.Link != *req.Link {
+		return false
+	}
+	return compactJSON(want.Parameters) == compactJSON(req.Parameters)
+}
+
+func compactJSON(b []byte) string {
+	var v any
+	if len(b) == 0 || json.Unmarshal(b, &v) != nil {
+		return "{}"
+	}
+	out, _ := json.Marshal(v) // map keys sorted
+	return string(out)
 }
 
 func (a *Authorizer) eval(ctx context.Context, in Input) (policy.Decision, error) {
@@ -327,6 +407,11 @@ func (a *Authorizer) reserveTree(ctx context.Context, inv *envelope.Invocation, 
 // calls in flight.
 func (a *Authorizer) reserve(ctx context.Context, inv *envelope.Invocation, b *token.Budget, key string, m *tools.Manifest) error {
 	_, err := a.cfg.Store.UpdateUsage(ctx, inv.Tenant, key, func(u *kvstore.Usage) error {
+		if ab := u.Aborted; ab != nil {
+			return api.NewError(api.PermissionDenied, api.ESessionAborted,
+				"the session was ended by hook %s when invocation %s ended", ab.Hook, ab.InvocationID).
+				WithDetail("aborted_by", ab.InvocationID)
+		}
 		if slices.Contains(u.Reserved, inv.ID) {
 			return errAlreadyReserved
 		}

@@ -1,0 +1,199 @@
+package kvstore
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/subjects"
+)
+
+// --- tenant hook sets --------------------------------------------------------
+
+// HookSet is a tenant's hooks as pushed: the document (schemas.HookSet), who
+// pushed it and when. The store does not judge hooks: the caller compiles
+// them first.
+type HookSet struct {
+	Tenant   string          `json:"tenant"`
+	Doc      json.RawMessage `json:"doc"`
+	PushedAt time.Time       `json:"pushed_at"`
+	PushedBy string          `json:"pushed_by,omitempty"`
+	Revision uint64          `json:"-"`
+}
+
+// PushHooks stores set as its tenant's hook set, replacing the one before,
+// and returns its revision.
+func (s *Store) PushHooks(ctx context.Context, set HookSet) (uint64, error) {
+	if set.PushedAt.IsZero() {
+		set.PushedAt = time.Now().UTC()
+	}
+	val, err := json.Marshal(set)
+	if err != nil {
+		return 0, err
+	}
+	return s.hooks.Put(ctx, subjects.Token(set.Tenant), val)
+}
+
+// DeleteHooks removes a tenant's hook set.
+func (s *Store) DeleteHooks(ctx context.Context, tenant string) error {
+	return s.hooks.Delete(ctx, subjects.Token(tenant))
+}
+
+// Hooks returns a tenant's hook set, ok false when none was pushed.
+func (s *Store) Hooks(ctx context.Context, tenant string) (HookSet, bool, error) {
+	e, err := s.hooks.Get(ctx, subjects.Token(tenant))
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return HookSet{}, false, nil
+	}
+	if err != nil {
+		return HookSet{}, false, err
+	}
+	var set HookSet
+	if err := json.Unmarshal(e.Value(), &set); err != nil {
+		return HookSet{}, false, fmt.Errorf("decoding hooks of %s: %w", tenant, err)
+	}
+	set.Revision = e.Revision()
+	return set, true, nil
+}
+
+// WatchHooks calls fn with every tenant's hook set as stored, and with a nil
+// set when one is deleted, until ctx is done. It returns once the current
+// sets have been delivered.
+func (s *Store) WatchHooks(ctx context.Context, fn func(tenant string, set *HookSet)) error {
+	return s.watch(ctx, s.hooks, func(e jetstream.KeyValueEntry) {
+		tenant, err := subjects.Untoken(e.Key())
+		if err != nil {
+			return
+		}
+		if e.Operation() != jetstream.KeyValuePut {
+			fn(tenant, nil)
+			return
+		}
+		var set HookSet
+		if err := json.Unmarshal(e.Value(), &set); err != nil {
+			return
+		}
+		set.Revision = e.Revision()
+		fn(tenant, &set)
+	})
+}
+
+// --- hook decisions ------------------------------------------------------------
+
+// HookDecision is what a hook decided when an invocation ended. It is
+// written once, before the outcome is published, so a redelivered audit
+// repeats the first decision, and authorize admits an invocation the hook
+// started only as described here.
+type HookDecision struct {
+	InvocationID string `json:"invocation_id"`
+	Tenant       string `json:"tenant_id"`
+	// Seq is the ingest sequence of the decided invocation.
+	Seq     uint64 `json:"ingest_seq"`
+	Hook    string `json:"hook,omitempty"`
+	Source  string `json:"source,omitempty"`
+	Trigger string `json:"trigger,omitempty"`
+	Action  string `json:"action,omitempty"`
+	// Limit is set when the hook would have passed the depth limit.
+	Limit bool `json:"limit,omitempty"`
+	// ConditionErrors are conditions that failed at run time.
+	ConditionErrors []string `json:"condition_errors,omitempty"`
+	// Child is the invocation a retry or fallback starts: its request as
+	// it will be published, and the principal it is authorised as.
+	Child *HookChild `json:"child,omitempty"`
+	// Session is the budget key of the session an abort ended.
+	Session   string    `json:"session,omitempty"`
+	DecidedAt time.Time `json:"decided_at"`
+}
+
+// HookChild is an invocation a hook starts.
+type HookChild struct {
+	ID      string      `json:"id"`
+	Request api.Request `json:"request"`
+	// Claims are the verified capability token claims of the decided
+	// invocation (never the raw token): the child is authorised as them,
+	// with its own policy decision and budget charge.
+	Claims json.RawMessage `json:"claims,omitempty"`
+}
+
+func hookDecisionKey(tenant, id string) string { return invocationKey(tenant, id) + ".hook" }
+
+// RecordHookDecision stores d unless a decision on the same invocation is
+// stored already, and returns the stored one: the first decision stands.
+func (s *Store) RecordHookDecision(ctx context.Context, d HookDecision) (HookDecision, error) {
+	if d.DecidedAt.IsZero() {
+		d.DecidedAt = time.Now().UTC()
+	}
+	got, _, err := update(ctx, s.invocations, hookDecisionKey(d.Tenant, d.InvocationID), func(stored *HookDecision, exists bool) error {
+		if exists && stored.Seq == d.Seq {
+			return ErrUnchanged
+		}
+		*stored = d // a decision on an earlier publish of the id is replaced
+		return nil
+	})
+	if err != nil {
+		return HookDecision{}, fmt.Errorf("hook decision on %s: %w", d.InvocationID, err)
+	}
+	return got, nil
+}
+
+// ErrNoHookDecision reports an invocation no hook decided about.
+var ErrNoHookDecision = errors.New("no hook decision")
+
+// HookDecisionOf returns the decision stored for an invocation.
+func (s *Store) HookDecisionOf(ctx context.Context, tenant, id string) (HookDecision, error) {
+	e, err := s.invocations.Get(ctx, hookDecisionKey(tenant, id))
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return HookDecision{}, ErrNoHookDecision
+	}
+	if err != nil {
+		return HookDecision{}, err
+	}
+	var d HookDecision
+	if err := json.Unmarshal(e.Value(), &d); err != nil {
+		return HookDecision{}, fmt.Errorf("decoding hook decision on %s: %w", id, err)
+	}
+	return d, nil
+}
+
+// AbortSession marks the session under key (a budget key) as ended by an
+// abort hook of invocation id; the first abort stands.
+func (s *Store) AbortSession(ctx context.Context, tenant, key, id, hook string) error {
+	_, err := s.UpdateUsage(ctx, tenant, key, func(u *Usage) error {
+		if u.Aborted != nil {
+			return ErrUnchanged
+		}
+		u.Aborted = &Abort{InvocationID: id, Hook: hook, At: time.Now().UTC()}
+		return nil
+	})
+	if errors.Is(err, ErrUnchanged) {
+		return nil
+	}
+	return err
+}
+
+// HookSets returns every tenant's hook set.
+func (s *Store) HookSets(ctx context.Context) ([]HookSet, error) {
+	lister, err := s.hooks.ListKeys(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []HookSet
+	for key := range lister.Keys() {
+		tenant, err := subjects.Untoken(key)
+		if err != nil {
+			continue
+		}
+		set, ok, err := s.Hooks(ctx, tenant)
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			out = append(out, set)
+		}
+	}
+	return out, nil
+}
