@@ -21,10 +21,13 @@ func Number(ecode string) int {
 // E3900-E3999 (pipeline) are toolgate's own. docs/errors.md lists them all.
 const (
 	// Registry.
-	EToolNotFound       = "E3001"
-	EVersionNotFound    = "E3002"
-	EToolDeprecated     = "E3003" // a warning, never a failure
-	EToolRemoved        = "E3004"
+	EToolNotFound    = "E3001"
+	EVersionNotFound = "E3002"
+	EToolDeprecated  = "E3003" // a warning, never a failure
+	EToolRemoved     = "E3004"
+	// A search could not be run: its query is over the limits, or its
+	// cursor belongs to another search.
+	ESearchFailed       = "E3005"
 	EVersionUnsatisfied = "E3006"
 	EDuplicateTool      = "E3007"
 	EInvalidManifest    = "E3008"
