@@ -111,6 +111,23 @@ const (
 	EInvocationNotFound = "E3025"
 )
 
+// Capability request codes (seed 003; toolgate's own).
+const (
+	// The capability request is malformed: unknown fields, a wrong kind,
+	// an empty or over-long field, or constraints out of range.
+	ECapabilityInvalid = "E3040"
+	// A capability request with that id exists already in the tenant.
+	ECapabilityDuplicate = "E3041"
+	// No capability request with that id (capability.report).
+	ECapabilityUnknown = "E3042"
+	// No registered tool offers the capability within the constraints;
+	// details.considered says why each tool naming it was left out.
+	ECapabilityNoMatch = "E3043"
+	// The operator's policy grants no token for the request
+	// (toolgate.capability.grant); details.reasons.
+	ECapabilityNotGranted = "E3044"
+)
+
 // MCP codes (toolgate's own).
 const (
 	// The MCP server is not running: it failed to start or is restarting

@@ -56,6 +56,8 @@ type Store struct {
 	breakers    jetstream.KeyValue
 	settings    jetstream.KeyValue
 	models      jetstream.KeyValue
+	toolstats   jetstream.KeyValue
+	capability  jetstream.KeyValue
 	watches     sync.WaitGroup
 }
 
@@ -122,6 +124,13 @@ func Open(ctx context.Context, js jetstream.JetStream, o Options) (*Store, error
 		}},
 		{&s.models, jetstream.KeyValueConfig{
 			Bucket: subjects.BucketModels, Description: "toolgate model catalogue by name", History: 5,
+		}},
+		{&s.toolstats, jetstream.KeyValueConfig{
+			Bucket: BucketToolStats, Description: "toolgate tool usage statistics by tool and audit process", History: 1,
+		}},
+		{&s.capability, jetstream.KeyValueConfig{
+			Bucket: BucketCapabilities, Description: "toolgate capability requests and what they were granted, by tenant and request",
+			History: 1, TTL: o.InvocationTTL,
 		}},
 		{&s.budgets, jetstream.KeyValueConfig{
 			Bucket: BucketBudgets, Description: "toolgate session usage by tenant and session",

@@ -25,13 +25,23 @@ type store interface {
 
 var _ store = (*kvstore.Store)(nil)
 
+// statsRecorder counts tool calls for discovery's ranking
+// (*kvstore.StatsRecorder: this process's own shard, no shared key).
+type statsRecorder interface {
+	Record(ctx context.Context, tool string, success bool, latencyMS int64, cost float64) error
+}
+
 // Auditor implements the audit stage.
-type Auditor struct{ store store }
+type Auditor struct {
+	store store
+	stats statsRecorder
+}
 
 var _ stages.Finaliser = (*Auditor)(nil)
 
-// New returns an Auditor writing status to store.
-func New(s *kvstore.Store) *Auditor { return &Auditor{store: s} }
+// New returns an Auditor writing status to store and usage statistics to
+// a shard of its own.
+func New(s *kvstore.Store) *Auditor { return &Auditor{store: s, stats: s.NewStatsRecorder()} }
 
 // Finalises implements stages.Finaliser: audit is where every invocation
 // ends.
@@ -56,8 +66,12 @@ func (a *Auditor) Process(ctx context.Context, inv *envelope.Invocation) ([]stag
 		ToolID: inv.ToolID(), ToolVersion: inv.ToolVersion(), Error: inv.Error,
 		Response: &resp, Seq: inv.Event.Seq,
 	}
-	if _, _, err := a.store.SetStatus(ctx, rec); err != nil {
+	_, written, err := a.store.SetStatus(ctx, rec)
+	if err != nil {
 		return nil, stages.Transient(fmt.Errorf("recording status: %w", err), 0)
+	}
+	if written {
+		a.count(ctx, inv)
 	}
 	if err := a.charge(ctx, inv); err != nil {
 		return nil, stages.Transient(fmt.Errorf("charging the session budget: %w", err), 0)
@@ -76,6 +90,24 @@ func (a *Auditor) Process(ctx context.Context, inv *envelope.Invocation) ([]stag
 		return nil, err
 	}
 	return []stages.Output{terminal, result}, nil
+}
+
+// count adds a call that reached its tool to the tool's usage statistics,
+// once (the caller saw the terminal status written). Statistics inform
+// ranking only: a failed write is retried with the next call, never a
+// reason to hold back the invocation's end.
+func (a *Auditor) count(ctx context.Context, inv *envelope.Invocation) {
+	if a.stats == nil || inv.Metadata.StartedAt == "" || inv.ToolID() == "" {
+		return
+	}
+	cost := 0.0
+	if inv.Authz != nil {
+		cost = inv.Authz.CostPerCall
+	}
+	if mu := inv.Metadata.Model; mu != nil {
+		cost += mu.Cost
+	}
+	_ = a.stats.Record(ctx, inv.ToolID(), inv.Status == api.StatusSuccess, inv.Metadata.DurationMS, cost)
 }
 
 // settledMemory is how many ended invocations a session's usage remembers,
