@@ -38,7 +38,11 @@ var (
 	invokeSchema   = sync.OnceValue(func() *jsonschema.Schema { return mustCompileEmbedded("invoke-request.schema.json") })
 	rulesSchema    = sync.OnceValue(func() *jsonschema.Schema { return mustCompileEmbedded("detector-rules.schema.json") })
 	modelSchema    = sync.OnceValue(func() *jsonschema.Schema { return mustCompileEmbedded("model.schema.json") })
+	capSchema      = sync.OnceValue(func() *jsonschema.Schema { return mustCompileEmbedded("capability-request.schema.json") })
 )
+
+// CapabilityRequest returns the compiled capability request schema.
+func CapabilityRequest() *jsonschema.Schema { return capSchema() }
 
 // MCPContent is the output schema of an mcp tool whose server declares
 // none: {"content": [items]}.

@@ -145,7 +145,7 @@ func TestSearchMatches(t *testing.T) {
 	}{
 		{"file", nil, []string{"fs.read_file"}},
 		{"JSON", nil, []string{"json.transform"}},
-		{"transf", nil, []string{"json.transform"}}, // prefix
+		{"transf", nil, []string{"json.transform"}},          // prefix
 		{"echo read", nil, []string{"fs.read_file", "echo"}}, // a capability word outweighs a name
 		{"", []string{"read_file"}, []string{"fs.read_file"}},
 		{"", []string{"write_file"}, []string{"fs.read_file"}}, // shares the word "file"
