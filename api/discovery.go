@@ -59,6 +59,12 @@ type CapabilityConstraints struct {
 	MaxMemoryMB   int64 `json:"max_memory_mb"`
 }
 
+// DefaultCapabilityConstraints are seed 003's restrictive defaults: no
+// network, read-only input, 1000 ms, 64 MB.
+func DefaultCapabilityConstraints() CapabilityConstraints {
+	return CapabilityConstraints{NoNetwork: true, ReadOnlyInput: true, MaxRuntimeMS: 1000, MaxMemoryMB: 64}
+}
+
 // CapabilityRequestKind is the only kind a capability request may have.
 const CapabilityRequestKind = "capability_request"
 
