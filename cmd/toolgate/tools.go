@@ -21,11 +21,11 @@ import (
 func (a *app) toolsCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "tools",
-		Short: "Manage the tool registry: list, get, init, register, deprecate, sunset, delete, import-mcp",
+		Short: "Manage the tool registry: list, search, stats, get, init, register, deprecate, sunset, delete, import-mcp",
 		Args:  subcommand,
 		RunE:  func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 	}
-	cmd.AddCommand(a.toolsListCmd(), a.toolsGetCmd(), a.toolsInitCmd(), a.toolsRegisterCmd(),
+	cmd.AddCommand(a.toolsListCmd(), a.toolsSearchCmd(), a.toolsStatsCmd(), a.toolsGetCmd(), a.toolsInitCmd(), a.toolsRegisterCmd(),
 		a.toolsLifecycleCmd(tools.StateDeprecated), a.toolsLifecycleCmd(tools.StateSunset), a.toolsDeleteCmd(), a.importMCPCmd())
 	return cmd
 }
