@@ -307,9 +307,10 @@ func (c *Client) Approval(ctx context.Context, tenant, id string) (api.ApprovalS
 	return out, err
 }
 
-// SetLifecycle moves one version of a tool to a lifecycle state
-// (deprecated, sunset, …): the manifest is read and registered again with
-// lifecycle replaced. It returns the lifecycle as stored.
+// SetLifecycle moves one version of a tool on in its lifecycle (state,
+// deprecated_in_favor_of, deprecation_date, sunset_at, …): the manifest is
+// read and registered again with the given lifecycle members replaced and
+// the others kept.
 func (c *Client) SetLifecycle(ctx context.Context, id, version string, lifecycle map[string]any) (api.ToolRequest, error) {
 	doc, err := c.GetTool(ctx, id, version)
 	if err != nil {
@@ -322,7 +323,14 @@ func (c *Client) SetLifecycle(ctx context.Context, id, version string, lifecycle
 	if v, _ := m["version"].(string); v != version {
 		return api.ToolRequest{}, api.NewError(api.ToolNotFound, api.EToolNotFound, "%s has no version %s (give the exact version)", id, version)
 	}
-	m["lifecycle"] = lifecycle
+	merged, _ := m["lifecycle"].(map[string]any)
+	if merged == nil {
+		merged = map[string]any{}
+	}
+	for k, v := range lifecycle {
+		merged[k] = v
+	}
+	m["lifecycle"] = merged
 	b, err := json.Marshal(m)
 	if err != nil {
 		return api.ToolRequest{}, err
