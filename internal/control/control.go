@@ -24,8 +24,10 @@ import (
 
 // Version is the control API version. 1.1: tenant-scoped endpoints
 // tool.svc.<tenant>.status|cancel|tools.list|tools.get, the ones agents may
-// call; the un-scoped ones are for toolgate's own account (operators).
-const Version = "1.1.0"
+// call; the un-scoped ones are for toolgate's own account (operators). 1.2:
+// tools.list searches, filters and pages; tools.stats; tenant-scoped
+// capability.request and capability.report.
+const Version = "1.2.0"
 
 // Start adds the service to nc. Stop it with the returned service's Stop.
 // approvals may be nil: the approval endpoint then is not served.

@@ -181,20 +181,20 @@ func (h *handlers) toolStats(req micro.Request) {
 // granted tools (E3044 when policy grants none). The request, its match and
 // its grant are audited and recorded for the run report.
 func (h *handlers) capabilityRequest(tenant string, req micro.Request) {
-	r, err := discovery.ParseCapabilityRequest(req.Data())
-	if err != nil {
-		respondError(req, err)
-		return
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	now := time.Now().UTC()
+	r, err := discovery.ParseCapabilityRequest(req.Data())
+	if err != nil {
+		h.refuseCapability(ctx, req, tenant, api.CapabilityRequest{}, err)
+		return
+	}
 	r.RequestID = cmp.Or(r.RequestID, uuid.NewString())
 	var parent *token.Claims
 	var allowed func(*tools.Manifest) bool
 	if r.CapabilityToken != "" {
 		if parent, allowed, err = h.tokenFilter(r.CapabilityToken, tenant); err != nil {
-			respondError(req, err)
+			h.refuseCapability(ctx, req, tenant, r, err)
 			return
 		}
 	}
@@ -244,7 +244,7 @@ func (h *handlers) capabilityRequest(tenant string, req micro.Request) {
 		noToken.Response.Grant = &g
 	}
 	if err := h.store.SaveCapability(ctx, noToken); err != nil {
-		respondError(req, err)
+		h.refuseCapability(ctx, req, tenant, r, err)
 		return
 	}
 	if err := h.auditCapability(ctx, tenant, noToken); err != nil {
@@ -252,6 +252,23 @@ func (h *handlers) capabilityRequest(tenant string, req micro.Request) {
 		return
 	}
 	_ = req.RespondJSON(resp)
+}
+
+// refuseCapability answers a capability request toolgate could not take
+// (malformed, a token that does not verify, a reused id) with err, and
+// audits it as requested and refused: what could be read of the request
+// (never its token) and the error. These events have ids of their own, so
+// a reused request id is audited too.
+func (h *handlers) refuseCapability(ctx context.Context, req micro.Request, tenant string, r api.CapabilityRequest, err error) {
+	r.CapabilityToken = ""
+	te := api.AsError(err)
+	rep := api.CapabilityReport{RequestID: r.RequestID, Tenant: tenant, RequestedAt: time.Now().UTC(), RequestedBy: callerOf(req),
+		Request: r, Response: api.CapabilityResponse{RequestID: r.RequestID, Outcome: api.CapabilityRefused, Refusal: te}}
+	if aerr := h.publishCapability(ctx, tenant, uuid.NewString(), rep); aerr != nil {
+		respondError(req, aerr) // an unaudited refusal is not answered as if it were
+		return
+	}
+	respondError(req, err)
 }
 
 // grant asks the policy and mints the child token; a refusal is the second
@@ -288,6 +305,12 @@ func (h *handlers) grant(ctx context.Context, tenant string, r api.CapabilityReq
 
 // auditCapability appends the request and its outcome to the audit stream.
 func (h *handlers) auditCapability(ctx context.Context, tenant string, rep api.CapabilityReport) error {
+	return h.publishCapability(ctx, tenant, rep.RequestID, rep)
+}
+
+// publishCapability publishes the requested and outcome events of rep with
+// ids derived from id.
+func (h *handlers) publishCapability(ctx context.Context, tenant, id string, rep api.CapabilityReport) error {
 	outcome := map[string]string{api.CapabilityGranted: api.TypeCapabilityGranted,
 		api.CapabilityMatched: api.TypeCapabilityMatched, api.CapabilityRefused: api.TypeCapabilityRefused}[rep.Response.Outcome]
 	for _, ev := range []struct {
@@ -299,10 +322,10 @@ func (h *handlers) auditCapability(ctx context.Context, tenant string, rep api.C
 		{outcome, map[string]any{"request_id": rep.RequestID, "tenant": tenant, "response": rep.Response}},
 	} {
 		e := event.New()
-		e.SetID(rep.RequestID + "." + envelope.SubjectSuffix(ev.typ))
+		e.SetID(id + "." + envelope.SubjectSuffix(ev.typ))
 		e.SetSource("urn:toolgate:control")
 		e.SetType(ev.typ)
-		e.SetSubject(rep.RequestID)
+		e.SetSubject(cmp.Or(rep.RequestID, id))
 		e.SetTime(rep.RequestedAt)
 		if err := e.SetData(event.ApplicationJSON, ev.data); err != nil {
 			return err

@@ -125,7 +125,8 @@ func TestDiscoveryEndToEnd(t *testing.T) {
 		t.Fatalf("unmatched: %+v %v", none, err)
 	}
 	// Audited: each request and its outcome.
-	for sub, want := range map[string]int{"requested": 2, "granted": 1, "refused": 1, "matched": 0} {
+	// The reused id and the malformed request are refused and audited too.
+	for sub, want := range map[string]int{"requested": 4, "granted": 1, "refused": 3, "matched": 0} {
 		if n := e.count(subjects.StreamAudit, "audit."+tenant+".capability."+sub); n != want {
 			t.Errorf("%d capability.%s audit events, want %d", n, sub, want)
 		}
