@@ -130,15 +130,15 @@ func (h *handlers) search(req micro.Request, tenant string) {
 		return
 	}
 	out := api.ListResponse{Tools: []api.ToolSummary{}, TotalCount: len(found), PageSize: size, NextCursor: next}
-	for _, f := range page {
-		m := f.Manifest
+	for _, p := range page {
+		m := p.Manifest
 		s := api.ToolSummary{ToolID: m.ID, ToolName: m.Name, Description: m.Description, Category: m.Category,
 			Kind: m.Kind, LatestVersion: m.Version, Tags: m.Tags, RiskLevel: m.Safety.RiskLevel,
 			RequiresApproval: m.Safety.RequiresApproval, Capabilities: m.Capabilities,
-			SideEffects: m.Safety.SideEffects, State: m.State(now), Score: f.Score}
+			SideEffects: m.Safety.SideEffects, State: m.State(now)}
 		if r.Query != "" || len(r.Capabilities) > 0 {
-			t := f.Terms
-			s.Terms = &t
+			t := p.Terms
+			s.Score, s.Terms = p.Score, &t
 		}
 		for _, v := range h.reg.Versions(m.ID) {
 			s.Versions = append(s.Versions, v.Version)
