@@ -70,11 +70,12 @@ func (a *Auditor) Process(ctx context.Context, inv *envelope.Invocation) ([]stag
 	if err != nil {
 		return nil, stages.Transient(fmt.Errorf("recording status: %w", err), 0)
 	}
-	if written {
-		a.count(ctx, inv)
-	}
 	if err := a.charge(ctx, inv); err != nil {
 		return nil, stages.Transient(fmt.Errorf("charging the session budget: %w", err), 0)
+	}
+	if written {
+		// After the status and the charge, which callers wait on.
+		a.count(ctx, inv)
 	}
 	terminal, err := runner.AuditEvent(subjects.Audit, inv, envelope.TerminalType(inv), inv.Audit())
 	if err != nil {
