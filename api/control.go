@@ -14,10 +14,35 @@ type ToolRequest struct {
 	Version string `json:"version,omitempty"`
 }
 
-// ListRequest filters tools.
+// ListRequest filters, searches and pages tools (tools.list; seed 002
+// §4.1.2 and seed 001's registry filters). Every filter given must hold.
+// With Query or Capabilities the tools are ranked (ToolSummary.Score),
+// else sorted by id.
 type ListRequest struct {
 	Category string `json:"category,omitempty"`
 	Tag      string `json:"tag,omitempty"`
+	// Query is searched for, word by word, in ids, names, descriptions,
+	// tags and capabilities; a tool matching none of its words is left out.
+	Query string `json:"query,omitempty"`
+	// Capabilities are capability tags the tool should have (in
+	// capabilities or tags); a tool with none of them is left out.
+	Capabilities []string `json:"capabilities,omitempty"`
+	// RiskLevelMax leaves out tools riskier than low, medium, high or critical.
+	RiskLevelMax string `json:"risk_level_max,omitempty"`
+	// ExcludeSideEffects leaves out tools declaring one of these side
+	// effects or a sub-tag of one ("network" excludes "network.http").
+	ExcludeSideEffects []string `json:"exclude_side_effects,omitempty"`
+	// SourceTypes keeps tools of these kinds (builtin, http, cli, mcp, model).
+	SourceTypes []string `json:"source_types,omitempty"`
+	// EnabledOnly leaves out tools whose latest version is deprecated.
+	EnabledOnly bool `json:"enabled_only,omitempty"`
+	// CapabilityToken keeps only the tools this token may call (its
+	// tool patterns and excluded side effects); it must verify.
+	CapabilityToken string `json:"capability_token,omitempty"`
+	// PageSize is at most 200; default 50. Cursor is a previous answer's
+	// next_cursor for the same request.
+	PageSize int    `json:"page_size,omitempty"`
+	Cursor   string `json:"cursor,omitempty"`
 }
 
 // ToolSummary is one entry of a tool listing.
@@ -32,12 +57,31 @@ type ToolSummary struct {
 	Tags             []string `json:"tags,omitempty"`
 	RiskLevel        string   `json:"risk_level,omitempty"`
 	RequiresApproval bool     `json:"requires_approval"`
+	Capabilities     []string `json:"capabilities,omitempty"`
+	SideEffects      []string `json:"side_effects,omitempty"`
+	State            string   `json:"state,omitempty"`
+	// Score and Terms rank a search (seed 000 §1.4): Score is
+	// 0.4·match + 0.2·usage + 0.15·latency + 0.15·cost + 0.1·safety.
+	Score float64     `json:"score,omitempty"`
+	Terms *ScoreTerms `json:"terms,omitempty"`
 }
 
-// ListResponse is the tool listing.
+// ScoreTerms are the ranking terms of one tool, each in [0, 1].
+type ScoreTerms struct {
+	Match   float64 `json:"match"`
+	Usage   float64 `json:"usage"`
+	Latency float64 `json:"latency"`
+	Cost    float64 `json:"cost"`
+	Safety  float64 `json:"safety"`
+}
+
+// ListResponse is the tool listing: one page of the tools that passed the
+// filters, TotalCount of them in all; NextCursor fetches the next page.
 type ListResponse struct {
 	Tools      []ToolSummary `json:"tools"`
 	TotalCount int           `json:"total_count"`
+	PageSize   int           `json:"page_size,omitempty"`
+	NextCursor string        `json:"next_cursor,omitempty"`
 }
 
 // RegisterRequest registers a manifest.

@@ -21,10 +21,13 @@ func Number(ecode string) int {
 // E3900-E3999 (pipeline) are toolgate's own. docs/errors.md lists them all.
 const (
 	// Registry.
-	EToolNotFound       = "E3001"
-	EVersionNotFound    = "E3002"
-	EToolDeprecated     = "E3003" // a warning, never a failure
-	EToolRemoved        = "E3004"
+	EToolNotFound    = "E3001"
+	EVersionNotFound = "E3002"
+	EToolDeprecated  = "E3003" // a warning, never a failure
+	EToolRemoved     = "E3004"
+	// A search could not be run: its query is over the limits, or its
+	// cursor belongs to another search.
+	ESearchFailed       = "E3005"
 	EVersionUnsatisfied = "E3006"
 	EDuplicateTool      = "E3007"
 	EInvalidManifest    = "E3008"
@@ -106,6 +109,23 @@ const (
 	EOutcomeUnknown = "E3023"
 	// No invocation with that id is known to toolgate (status, cancel).
 	EInvocationNotFound = "E3025"
+)
+
+// Capability request codes (seed 003; toolgate's own).
+const (
+	// The capability request is malformed: unknown fields, a wrong kind,
+	// an empty or over-long field, or constraints out of range.
+	ECapabilityInvalid = "E3040"
+	// A capability request with that id exists already in the tenant.
+	ECapabilityDuplicate = "E3041"
+	// No capability request with that id (capability.report).
+	ECapabilityUnknown = "E3042"
+	// No registered tool offers the capability within the constraints;
+	// details.considered says why each tool naming it was left out.
+	ECapabilityNoMatch = "E3043"
+	// The operator's policy grants no token for the request
+	// (toolgate.capability.grant); details.reasons.
+	ECapabilityNotGranted = "E3044"
 )
 
 // MCP codes (toolgate's own).

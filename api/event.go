@@ -36,6 +36,12 @@ const (
 	TypeApprovalGranted   = "ai.agent.tool.approval.granted"
 	TypeApprovalDenied    = "ai.agent.tool.approval.denied"
 	TypeApprovalExpired   = "ai.agent.tool.approval.expired"
+
+	// Capability requests (seed 003): every request, then its outcome.
+	TypeCapabilityRequested = "ai.agent.capability.requested"
+	TypeCapabilityGranted   = "ai.agent.capability.granted"
+	TypeCapabilityMatched   = "ai.agent.capability.matched"
+	TypeCapabilityRefused   = "ai.agent.capability.refused"
 )
 
 // MsgIDHeader is the header JetStream deduplicates publishes by.

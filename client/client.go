@@ -330,9 +330,10 @@ func (c *Client) Approval(ctx context.Context, tenant, id string) (api.ApprovalS
 	return out, err
 }
 
-// SetLifecycle moves one version of a tool to a lifecycle state
-// (deprecated, sunset, …): the manifest is read and registered again with
-// lifecycle replaced. It returns the lifecycle as stored.
+// SetLifecycle moves one version of a tool on in its lifecycle (state,
+// deprecated_in_favor_of, deprecation_date, sunset_at, …): the manifest is
+// read and registered again with the given lifecycle members replaced and
+// the others kept.
 func (c *Client) SetLifecycle(ctx context.Context, id, version string, lifecycle map[string]any) (api.ToolRequest, error) {
 	doc, err := c.GetTool(ctx, id, version)
 	if err != nil {
@@ -345,10 +346,82 @@ func (c *Client) SetLifecycle(ctx context.Context, id, version string, lifecycle
 	if v, _ := m["version"].(string); v != version {
 		return api.ToolRequest{}, api.NewError(api.ToolNotFound, api.EToolNotFound, "%s has no version %s (give the exact version)", id, version)
 	}
-	m["lifecycle"] = lifecycle
+	merged, _ := m["lifecycle"].(map[string]any)
+	if merged == nil {
+		merged = map[string]any{}
+	}
+	for k, v := range lifecycle {
+		merged[k] = v
+	}
+	m["lifecycle"] = merged
 	b, err := json.Marshal(m)
 	if err != nil {
 		return api.ToolRequest{}, err
 	}
 	return c.RegisterTool(ctx, b, true)
+}
+
+// SearchTools searches, filters and ranks the tools on tenant's scoped
+// endpoint (an agent's way in; empty tenant: the operators' endpoint). A
+// next page is the same request with Cursor set to the answer's NextCursor.
+func (c *Client) SearchTools(ctx context.Context, tenant string, r api.ListRequest) (api.ListResponse, error) {
+	subject := subjects.SvcToolsList
+	if tenant != "" {
+		if err := checkTenant(tenant); err != nil {
+			return api.ListResponse{}, err
+		}
+		subject = subjects.TenantSvc(tenant, subjects.SvcToolsList)
+	}
+	var out api.ListResponse
+	err := c.request(ctx, subject, r, &out)
+	return out, err
+}
+
+// ToolStats returns the usage statistics of one tool, or of every tool
+// when id is empty (operators).
+func (c *Client) ToolStats(ctx context.Context, id string) (api.StatsResponse, error) {
+	var out api.StatsResponse
+	err := c.request(ctx, subjects.SvcToolsStats, api.StatsRequest{ToolID: id}, &out)
+	return out, err
+}
+
+// RequestCapability sends a capability request (seed 003) for tenant and
+// returns the matched tools and, when policy grants one, a child token.
+// Every constraint is sent as given: start from
+// api.DefaultCapabilityConstraints, since Go's zero values (network
+// allowed, writable input, no limits) are the permissive ones and zero
+// limits are refused (E3040). A refusal is in the answer (Outcome refused,
+// Refusal), not an error; the error is for a request toolgate could not
+// take (E3040, E3201, ...).
+func (c *Client) RequestCapability(ctx context.Context, tenant string, r api.CapabilityRequest) (api.CapabilityResponse, error) {
+	if r.Kind == "" {
+		r.Kind = api.CapabilityRequestKind
+	}
+	b, err := json.Marshal(r)
+	if err != nil {
+		return api.CapabilityResponse{}, err
+	}
+	return c.RequestCapabilityJSON(ctx, tenant, b)
+}
+
+// RequestCapabilityJSON sends a capability request as the agent wrote it;
+// constraints it leaves out take toolgate's restrictive defaults.
+func (c *Client) RequestCapabilityJSON(ctx context.Context, tenant string, doc []byte) (api.CapabilityResponse, error) {
+	if err := checkTenant(tenant); err != nil {
+		return api.CapabilityResponse{}, err
+	}
+	var out api.CapabilityResponse
+	err := c.request(ctx, subjects.TenantSvc(tenant, subjects.SvcCapabilityRequest), json.RawMessage(doc), &out)
+	return out, err
+}
+
+// CapabilityReport returns the run report of a capability request of
+// tenant: what was asked, matched and granted, and what the grant used.
+func (c *Client) CapabilityReport(ctx context.Context, tenant, id string) (api.CapabilityReport, error) {
+	if err := checkTenant(tenant); err != nil {
+		return api.CapabilityReport{}, err
+	}
+	var out api.CapabilityReport
+	err := c.request(ctx, subjects.TenantSvc(tenant, subjects.SvcCapabilityReport), api.CapabilityReportRequest{RequestID: id}, &out)
+	return out, err
 }

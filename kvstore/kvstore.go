@@ -58,6 +58,8 @@ type Store struct {
 	settings    jetstream.KeyValue
 	models      jetstream.KeyValue
 	hooks       jetstream.KeyValue
+	toolstats   jetstream.KeyValue
+	capability  jetstream.KeyValue
 	watches     sync.WaitGroup
 }
 
@@ -128,6 +130,13 @@ func Open(ctx context.Context, js jetstream.JetStream, o Options) (*Store, error
 		// Each push replaces a tenant's hook set whole.
 		{&s.hooks, jetstream.KeyValueConfig{
 			Bucket: BucketHooks, Description: "toolgate hook sets by tenant", History: 5,
+		}},
+		{&s.toolstats, jetstream.KeyValueConfig{
+			Bucket: BucketToolStats, Description: "toolgate tool usage statistics by tool and audit process", History: 1,
+		}},
+		{&s.capability, jetstream.KeyValueConfig{
+			Bucket: BucketCapabilities, Description: "toolgate capability requests and what they were granted, by tenant and request",
+			History: 1, TTL: o.InvocationTTL,
 		}},
 		{&s.budgets, jetstream.KeyValueConfig{
 			Bucket: BucketBudgets, Description: "toolgate session usage by tenant and session",

@@ -116,6 +116,33 @@ func TestToolsRegistryFollowsTheBucket(t *testing.T) {
 	waitFor(t, func() bool { m, err := reg.Resolve("mcp:fs:read_file", ""); return err == nil && m.Version == "1.0.0" })
 }
 
+// TestRegisterStampsLifecycleTimes: registration records when a version was
+// created and updated; a replacement keeps the creation time.
+func TestRegisterStampsLifecycleTimes(t *testing.T) {
+	s, _ := open(t)
+	ctx := context.Background()
+	doc := []byte(`{"id":"stamp","name":"s","version":"1.0.0","description":"d","kind":"mcp","input_schema":{"type":"object","maximum":12345678901234567}}`)
+	first, err := s.RegisterTool(ctx, doc, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := first.Lifecycle.CreatedAt
+	if c.IsZero() || !first.Lifecycle.UpdatedAt.Equal(c) || time.Since(c) > time.Minute {
+		t.Fatalf("lifecycle after register = %+v", first.Lifecycle)
+	}
+	if !strings.Contains(string(first.InputSchema), "12345678901234567") {
+		t.Fatalf("stamping changed a number: %s", first.InputSchema)
+	}
+	time.Sleep(1100 * time.Millisecond) // the stamps have second precision
+	again, err := s.RegisterTool(ctx, doc, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !again.Lifecycle.CreatedAt.Equal(c) || !again.Lifecycle.UpdatedAt.After(c) {
+		t.Fatalf("lifecycle after replace = %+v, created first %v", again.Lifecycle, c)
+	}
+}
+
 func waitFor(t *testing.T, cond func() bool) {
 	t.Helper()
 	natstest.Eventually(t, 5*time.Second, cond)

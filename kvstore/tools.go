@@ -1,11 +1,14 @@
 package kvstore
 
 import (
+	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/toolgate/toolgate/api"
@@ -29,12 +32,30 @@ func parseToolKey(key string) (id, version string, err error) {
 
 // RegisterTool validates doc as a tool manifest and stores it. Registering an
 // id and version that exist fails with duplicate (E3007) unless replace is set.
+// The stored manifest has lifecycle.updated_at set to now, and
+// lifecycle.created_at, when the document has none, to the replaced
+// version's or now.
 func (s *Store) RegisterTool(ctx context.Context, doc []byte, replace bool) (*tools.Manifest, error) {
 	m, err := tools.Parse(doc)
 	if err != nil {
 		return nil, err
 	}
 	key := toolKey(m.ID, m.Version)
+	created := m.Lifecycle.CreatedAt
+	if created.IsZero() && replace {
+		if e, err := s.tools.Get(ctx, key); err == nil {
+			if old, err := tools.Parse(e.Value()); err == nil {
+				created = old.Lifecycle.CreatedAt
+			}
+		}
+	}
+	now := time.Now().UTC().Truncate(time.Second)
+	if doc, err = stampLifecycle(doc, cmp.Or(created, now), now); err != nil {
+		return nil, err
+	}
+	if m, err = tools.Parse(doc); err != nil {
+		return nil, err
+	}
 	if replace {
 		_, err = s.tools.Put(ctx, key, doc)
 	} else {
@@ -48,6 +69,31 @@ func (s *Store) RegisterTool(ctx context.Context, doc []byte, replace bool) (*to
 		return nil, fmt.Errorf("storing tool %s: %w", m.Key(), err)
 	}
 	return m, nil
+}
+
+// stampLifecycle sets lifecycle.created_at and updated_at in a manifest
+// document, keeping every other member (numbers included) as it was.
+func stampLifecycle(doc []byte, created, updated time.Time) ([]byte, error) {
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(doc, &m); err != nil {
+		return nil, err
+	}
+	var l map[string]json.RawMessage
+	if raw, ok := m["lifecycle"]; ok {
+		if err := json.Unmarshal(raw, &l); err != nil {
+			return nil, err
+		}
+	}
+	if l == nil {
+		l = map[string]json.RawMessage{}
+	}
+	l["created_at"], _ = json.Marshal(created.UTC().Format(time.RFC3339))
+	l["updated_at"], _ = json.Marshal(updated.UTC().Format(time.RFC3339))
+	var err error
+	if m["lifecycle"], err = json.Marshal(l); err != nil {
+		return nil, err
+	}
+	return json.Marshal(m)
 }
 
 // DeleteTool removes one version of a tool.

@@ -39,7 +39,11 @@ var (
 	rulesSchema    = sync.OnceValue(func() *jsonschema.Schema { return mustCompileEmbedded("detector-rules.schema.json") })
 	modelSchema    = sync.OnceValue(func() *jsonschema.Schema { return mustCompileEmbedded("model.schema.json") })
 	hookSetSchema  = sync.OnceValue(func() *jsonschema.Schema { return mustCompileEmbedded("hook-set.schema.json") })
+	capSchema      = sync.OnceValue(func() *jsonschema.Schema { return mustCompileEmbedded("capability-request.schema.json") })
 )
+
+// CapabilityRequest returns the compiled capability request schema.
+func CapabilityRequest() *jsonschema.Schema { return capSchema() }
 
 // MCPContent is the output schema of an mcp tool whose server declares
 // none: {"content": [items]}.

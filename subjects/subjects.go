@@ -225,6 +225,15 @@ const (
 	SvcApprovalsGet  = "tool.svc.approvals.get"
 	// SvcBudget takes {"tenant_id","session","limits"}.
 	SvcBudget = "tool.svc.budget"
+	// SvcToolsStats takes {"tool_id"} (optional) and answers usage statistics.
+	SvcToolsStats = "tool.svc.tools.stats"
+	// SvcCapabilityRequest takes a capability request (seed 003) and
+	// answers the matched tools and, when policy grants one, a child token.
+	// Tenant-scoped only.
+	SvcCapabilityRequest = "tool.svc.capability.request"
+	// SvcCapabilityReport takes {"request_id"} (and "tenant_id" un-scoped)
+	// and answers the request's run report.
+	SvcCapabilityReport = "tool.svc.capability.report"
 )
 
 // TenantSvc is the tenant-scoped subject of control endpoint svc (one of the

@@ -375,8 +375,14 @@ func TestToolsLifecycle(t *testing.T) {
 		{[]string{"invoke", "my.tool", "--params", `{"message":"m"}`, "--wait"}, `"message": "m"`},
 		{[]string{"tools", "deprecate", "my.tool", "0.1.0", "--in-favor-of", "echo"}, "my.tool@0.1.0 is deprecated"},
 		{[]string{"invoke", "my.tool", "--params", `{"message":"m"}`, "--wait"}, "warning:"},
-		{[]string{"tools", "sunset", "my.tool", "0.1.0", "--at", "2030-01-01T00:00:00Z"}, "my.tool@0.1.0 is sunset"},
+		{[]string{"tools", "sunset", "my.tool", "0.1.0", "--at", "2030-01-01T00:00:00Z"}, "my.tool@0.1.0 becomes sunset at 2030-01-01T00:00:00Z"},
 		{[]string{"tools", "get", "my.tool", "--version", "0.1.0"}, `"sunset_at": "2030-01-01T00:00:00Z"`},
+		{[]string{"tools", "get", "my.tool", "--version", "0.1.0"}, `"deprecated_in_favor_of": "echo"`}, // earlier members kept
+		{[]string{"tools", "search", "--source", "builtin", "--enabled-only"}, "echo"},
+		{[]string{"tools", "search", "my", "tool"}, "my.tool"},
+		{[]string{"tools", "stats"}, "TOOL"},
+		{[]string{"tools", "sunset", "my.tool", "0.1.0"}, "my.tool@0.1.0 is sunset"},
+		{[]string{"tools", "search", "my", "tool", "--json"}, `"tools": []`}, // a sunset version serves no search
 		{[]string{"tools", "delete", "my.tool", "0.1.0"}, "deleted my.tool@0.1.0"},
 	}
 	for _, st := range steps {

@@ -91,7 +91,7 @@ people unless --json is given. Exit status: 0 success, 1 error, 2 usage,
 		c.GroupID = "run"
 		root.AddCommand(c)
 	}
-	for _, c := range []*cobra.Command{a.invokeCmd(), a.statusCmd(), a.cancelCmd(), a.tailCmd(), a.mcpCmd()} {
+	for _, c := range []*cobra.Command{a.invokeCmd(), a.statusCmd(), a.cancelCmd(), a.tailCmd(), a.mcpCmd(), a.capabilityCmd()} {
 		c.GroupID = "call"
 		root.AddCommand(c)
 	}

@@ -40,6 +40,7 @@ func pipelineFlags(fs *pflag.FlagSet, c *node.Config) *string {
 	fs.DurationVar(&c.Topology.AckWait, "ack-wait", 30*time.Second, "stage consumers' ack wait")
 	fs.IntVar(&c.Topology.MaxDeliver, "max-deliver", 5, "deliveries before an invocation ends with E3901")
 	fs.StringVar(&c.JWKSPath, "jwks", "", "key set (JWKS file) capability tokens are verified with; reloaded on change")
+	fs.StringVar(&c.GrantKeyPath, "grant-key", "", "private JWK that signs the child tokens of granted capability requests (its public key must be in --jwks); default with --examples: the development key")
 	fs.StringVar(&c.TokenIssuer, "token-issuer", "toolgate", "required iss of capability tokens")
 	fs.StringVar(&c.TokenAudience, "token-audience", "toolgate", "required aud of capability tokens")
 	fs.DurationVar(&c.TokenMaxLifetime, "token-max-lifetime", token.DefaultMaxLifetime, "longest capability token lifetime (exp - iat) accepted")

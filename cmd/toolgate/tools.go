@@ -21,11 +21,11 @@ import (
 func (a *app) toolsCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "tools",
-		Short: "Manage the tool registry: list, get, init, register, deprecate, sunset, delete, import-mcp",
+		Short: "Manage the tool registry: list, search, stats, get, init, register, deprecate, sunset, delete, import-mcp",
 		Args:  subcommand,
 		RunE:  func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 	}
-	cmd.AddCommand(a.toolsListCmd(), a.toolsGetCmd(), a.toolsInitCmd(), a.toolsRegisterCmd(),
+	cmd.AddCommand(a.toolsListCmd(), a.toolsSearchCmd(), a.toolsStatsCmd(), a.toolsGetCmd(), a.toolsInitCmd(), a.toolsRegisterCmd(),
 		a.toolsLifecycleCmd(tools.StateDeprecated), a.toolsLifecycleCmd(tools.StateSunset), a.toolsDeleteCmd(), a.importMCPCmd())
 	return cmd
 }
@@ -244,42 +244,57 @@ func (a *app) toolsDeleteCmd() *cobra.Command {
 func (a *app) toolsLifecycleCmd(state string) *cobra.Command {
 	var inFavorOf, at string
 	verb := map[string]string{tools.StateDeprecated: "deprecate", tools.StateSunset: "sunset"}[state]
+	dateKey := map[string]string{tools.StateDeprecated: "deprecation_date", tools.StateSunset: "sunset_at"}[state]
 	cmd := &cobra.Command{
 		Use: verb + " ID VERSION",
 		Short: map[string]string{
-			tools.StateDeprecated: "Mark a version deprecated: it still serves, callers get a warning",
-			tools.StateSunset:     "Sunset a version: only exact-version calls reach it, until --at (then it is removed)",
+			tools.StateDeprecated: "Mark a version deprecated, now or --at a time: it still serves, callers get a warning, latest prefers active versions",
+			tools.StateSunset:     "Sunset a version, now or --at a time: from then only exact-version calls reach it (tools delete removes it)",
 		}[state],
 		Args: exactArgs(2, "a tool id and an exact version"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, closeFn, err := a.client()
-			if err != nil {
-				return err
-			}
-			defer closeFn()
-			lc := map[string]any{"state": state}
+			lc := map[string]any{}
 			if inFavorOf != "" {
 				lc["deprecated_in_favor_of"] = inFavorOf
 			}
+			when := time.Now()
 			if at != "" {
 				t, err := time.Parse(time.RFC3339, at)
 				if err != nil {
 					return usageErr("--at: want RFC 3339 (2026-12-31T00:00:00Z): %v", err)
 				}
-				lc["sunset_at"] = t.UTC().Format(time.RFC3339)
+				when = t
+				lc[dateKey] = t.UTC().Format(time.RFC3339)
 			}
+			// A date to come is scheduled: the version moves on by itself
+			// when it passes (a sunset to come is announced as deprecated).
+			switch {
+			case !when.After(time.Now()):
+				lc["state"] = state
+			case state == tools.StateSunset:
+				lc["state"] = tools.StateDeprecated
+			}
+			c, closeFn, err := a.client()
+			if err != nil {
+				return err
+			}
+			defer closeFn()
 			out, err := c.SetLifecycle(cmd.Context(), args[0], args[1], lc)
 			if err != nil {
 				return err
 			}
 			return a.emit(map[string]any{"tool_id": out.ToolID, "version": out.Version, "lifecycle": lc}, func(w io.Writer) error {
+				if when.After(time.Now()) {
+					_, err := fmt.Fprintf(w, "%s@%s becomes %s at %s\n", out.ToolID, out.Version, state, when.UTC().Format(time.RFC3339))
+					return err
+				}
 				_, err := fmt.Fprintf(w, "%s@%s is %s\n", out.ToolID, out.Version, state)
 				return err
 			})
 		},
 	}
 	cmd.Flags().StringVar(&inFavorOf, "in-favor-of", "", "the version or tool to use instead")
-	cmd.Flags().StringVar(&at, "at", "", "sunset time, RFC 3339")
+	cmd.Flags().StringVar(&at, "at", "", "when it takes effect, RFC 3339 (default: now)")
 	return cmd
 }
 

@@ -122,7 +122,8 @@ const (
 
 // agentServices are the control endpoints an agent may call, each served on
 // subjects.TenantSvc(tenant, endpoint).
-var agentServices = []string{subjects.SvcStatus, subjects.SvcCancel, subjects.SvcToolsList, subjects.SvcToolsGet}
+var agentServices = []string{subjects.SvcStatus, subjects.SvcCancel, subjects.SvcToolsList, subjects.SvcToolsGet,
+	subjects.SvcCapabilityRequest, subjects.SvcCapabilityReport}
 
 // Grant is what the callout gives a connection: its account and permissions.
 type Grant struct {

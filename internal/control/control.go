@@ -8,8 +8,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -26,8 +24,10 @@ import (
 
 // Version is the control API version. 1.1: tenant-scoped endpoints
 // tool.svc.<tenant>.status|cancel|tools.list|tools.get, the ones agents may
-// call; the un-scoped ones are for toolgate's own account (operators).
-const Version = "1.1.0"
+// call; the un-scoped ones are for toolgate's own account (operators). 1.2:
+// tools.list searches, filters and pages; tools.stats; tenant-scoped
+// capability.request and capability.report.
+const Version = "1.2.0"
 
 // Start adds the service to nc. Stop it with the returned service's Stop.
 // approvals may be nil: the approval endpoint then is not served.
@@ -52,13 +52,15 @@ func Start(nc *nats.Conn, store *kvstore.Store, reg *tools.Registry, approvals *
 		fn            micro.HandlerFunc
 	}{
 		{"status", subjects.SvcStatus, h.status},
-		{"tools-list", subjects.SvcToolsList, h.list},
+		{"tools-list", subjects.SvcToolsList, func(req micro.Request) { h.search(req, "") }},
 		{"tools-get", subjects.SvcToolsGet, h.get},
 		{"tools-register", subjects.SvcToolsRegister, h.register},
 		{"tools-delete", subjects.SvcToolsDelete, h.deleteTool},
 		{"approvals-list", subjects.SvcApprovalsList, h.listApprovals},
 		{"approvals-get", subjects.SvcApprovalsGet, h.getApproval},
 		{"budget", subjects.SvcBudget, h.budget},
+		{"tools-stats", subjects.SvcToolsStats, h.toolStats},
+		{"capability-report", subjects.SvcCapabilityReport, func(req micro.Request) { h.capabilityReport("", req) }},
 	}
 	if approvals != nil {
 		eps = append(eps, struct {
@@ -76,8 +78,10 @@ func Start(nc *nats.Conn, store *kvstore.Store, reg *tools.Registry, approvals *
 		fn        func(tenant string, req micro.Request)
 	}{
 		{"tenant-status", subjects.SvcStatus, h.tenantStatus},
-		{"tenant-tools-list", subjects.SvcToolsList, func(_ string, req micro.Request) { h.list(req) }},
+		{"tenant-tools-list", subjects.SvcToolsList, func(tenant string, req micro.Request) { h.search(req, tenant) }},
 		{"tenant-tools-get", subjects.SvcToolsGet, func(_ string, req micro.Request) { h.get(req) }},
+		{"tenant-capability-request", subjects.SvcCapabilityRequest, h.capabilityRequest},
+		{"tenant-capability-report", subjects.SvcCapabilityReport, h.capabilityReport},
 	}
 	if approvals != nil {
 		scoped = append(scoped, struct {
@@ -115,6 +119,9 @@ type store interface {
 	PendingApprovals(ctx context.Context) ([]api.Approval, error)
 	Approval(ctx context.Context, tenant, id string) (api.Approval, error)
 	Usage(ctx context.Context, tenant, session string) (kvstore.Usage, error)
+	ToolStats(ctx context.Context) (map[string]kvstore.ToolShard, error)
+	SaveCapability(ctx context.Context, r api.CapabilityReport) error
+	Capability(ctx context.Context, tenant, id string) (api.CapabilityReport, error)
 }
 
 var _ store = (*kvstore.Store)(nil)
@@ -139,6 +146,9 @@ type handlers struct {
 	store     store
 	reg       *tools.Registry
 	approvals *approval.Service
+
+	disc       Discovery
+	statsCache statsCache
 }
 
 // cancel records a cancel request and announces it. A queued invocation ends
@@ -327,32 +337,6 @@ func (h *handlers) budget(req micro.Request) {
 		return
 	}
 	_ = req.RespondJSON(u.Status(r.TenantID, r.Session, r.Limits, time.Now()))
-}
-
-func (h *handlers) list(req micro.Request) {
-	var r api.ListRequest
-	if len(req.Data()) > 0 {
-		if err := decode(req.Data(), &r); err != nil {
-			respondError(req, api.WrapError(err, api.InvalidParameters, api.ERequestInvalid, "bad list request: %v", err))
-			return
-		}
-	}
-	out := api.ListResponse{Tools: []api.ToolSummary{}}
-	for _, m := range h.reg.List() {
-		if (r.Category != "" && m.Category != r.Category) || (r.Tag != "" && !slices.Contains(m.Tags, r.Tag)) {
-			continue
-		}
-		s := api.ToolSummary{ToolID: m.ID, ToolName: m.Name, Description: m.Description, Category: m.Category,
-			Kind: m.Kind, LatestVersion: m.Version, Tags: m.Tags, RiskLevel: m.Safety.RiskLevel,
-			RequiresApproval: m.Safety.RequiresApproval}
-		for _, v := range h.reg.Versions(m.ID) {
-			s.Versions = append(s.Versions, v.Version)
-		}
-		out.Tools = append(out.Tools, s)
-	}
-	sort.Slice(out.Tools, func(i, j int) bool { return out.Tools[i].ToolID < out.Tools[j].ToolID })
-	out.TotalCount = len(out.Tools)
-	_ = req.RespondJSON(out)
 }
 
 func (h *handlers) get(req micro.Request) {

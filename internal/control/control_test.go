@@ -113,7 +113,7 @@ func TestHandlers(t *testing.T) {
 			data: `{"manifest":{"id":"t:bad"}}`, wantECode: api.EInvalidManifest},
 		{name: "get an unknown tool", handler: func(h *handlers) micro.HandlerFunc { return h.get },
 			data: `{"tool_id":"nope"}`, wantECode: api.EToolNotFound},
-		{name: "list filters by category", handler: func(h *handlers) micro.HandlerFunc { return h.list },
+		{name: "list filters by category", handler: func(h *handlers) micro.HandlerFunc { return func(r micro.Request) { h.search(r, "") } },
 			data: `{"category":"none-such"}`,
 			check: func(t *testing.T, _ *handlers, answer any) {
 				if l, _ := answer.(api.ListResponse); l.TotalCount != 0 || l.Tools == nil {
@@ -161,4 +161,12 @@ func (f *fakeStore) Approval(context.Context, string, string) (api.Approval, err
 
 func (f *fakeStore) Usage(context.Context, string, string) (kvstore.Usage, error) {
 	return kvstore.Usage{}, nil
+}
+
+func (f *fakeStore) ToolStats(context.Context) (map[string]kvstore.ToolShard, error) { return nil, nil }
+
+func (f *fakeStore) SaveCapability(context.Context, api.CapabilityReport) error { return nil }
+
+func (f *fakeStore) Capability(context.Context, string, string) (api.CapabilityReport, error) {
+	return api.CapabilityReport{}, api.NewError(api.InvalidParameters, api.ECapabilityUnknown, "none")
 }

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -91,6 +92,13 @@ type Config struct {
 	// TokenMaxLifetime bounds a capability token's exp − iat; zero is
 	// token.DefaultMaxLifetime.
 	TokenMaxLifetime time.Duration
+	// GrantKeyPath is a private JWK the control service signs the child
+	// tokens of granted capability requests with; its public key must be in
+	// the key set (JWKSPath). GrantSigner is the same, already loaded; with
+	// Examples and neither, the development key signs. Without any,
+	// capability requests are matched but never granted.
+	GrantKeyPath string
+	GrantSigner  *token.SigningKey
 	// AuditCheck is how often the AUDIT stream is checked for and created
 	// again when missing (besides when JetStream announces its deletion);
 	// default 10s.
@@ -261,6 +269,11 @@ func Run(ctx context.Context, c Config) error {
 				}
 				opts = append(opts, control.WithDeciders(id))
 			}
+			disc, err := discoveryConfig(ctx, &c)
+			if err != nil {
+				return err
+			}
+			opts = append(opts, control.WithDiscovery(disc))
 			svc, err := control.Start(n.NC, n.Store, n.Registry, approvals, opts...)
 			if err != nil {
 				return err
@@ -347,6 +360,9 @@ func setupTokens(ctx context.Context, c *Config, n *Node, log *slog.Logger, bg *
 		if err != nil {
 			return fmt.Errorf("development key: %w", err)
 		}
+		if c.GrantSigner == nil && c.GrantKeyPath == "" {
+			c.GrantSigner = k
+		}
 		n.DevToken = raw
 		c.Stage.Tokens = &token.Verifier{Keys: token.StaticKeys{Set: k.KeySet()}, Issuer: iss, Audience: aud, Leeway: TokenLeeway, MaxLifetime: c.TokenMaxLifetime}
 		if cl, err := c.Stage.Tokens.Verify(raw); err == nil {
@@ -399,6 +415,46 @@ func loadSafety(c *Config) error {
 		}
 	}
 	return nil
+}
+
+// discoveryConfig is what the control service needs to search by token
+// and grant capability requests: the verifier, the grant signing key and
+// the grant policy (the operator's policy path when it defines
+// toolgate.capability.grant, else the shipped rule).
+func discoveryConfig(ctx context.Context, c *Config) (control.Discovery, error) {
+	d := control.Discovery{Tokens: c.Stage.Tokens, Signer: c.GrantSigner, MaxLifetime: c.TokenMaxLifetime}
+	if c.GrantKeyPath != "" {
+		k, err := token.LoadSigningKey(c.GrantKeyPath)
+		if err != nil {
+			return d, fmt.Errorf("grant key: %w", err)
+		}
+		d.Signer = k
+	}
+	var modules map[string]string
+	var data map[string]any
+	if c.PolicyPath != "" {
+		fi, err := os.Stat(c.PolicyPath)
+		switch {
+		case err != nil:
+			return d, fmt.Errorf("policy: %w", err)
+		case fi.IsDir():
+			if modules, data, err = policy.ReadDir(c.PolicyPath); err != nil {
+				return d, err
+			}
+		default:
+			src, err := os.ReadFile(c.PolicyPath)
+			if err != nil {
+				return d, fmt.Errorf("policy: %w", err)
+			}
+			modules = map[string]string{filepath.Base(c.PolicyPath): string(src)}
+		}
+	}
+	g, err := policy.NewGrants(ctx, modules, data)
+	if err != nil {
+		return d, err
+	}
+	d.Grants = g
+	return d, nil
 }
 
 func loadPolicy(ctx context.Context, path string) (*policy.Engine, error) {

@@ -4,6 +4,7 @@ package tools
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"slices"
@@ -63,6 +64,13 @@ type Manifest struct {
 	CircuitBreaker *CircuitBreaker `json:"circuit_breaker,omitempty"`
 	Cost           *Cost           `json:"cost,omitempty"`
 	Lifecycle      Lifecycle       `json:"lifecycle,omitzero"`
+
+	// Discovery metadata (seed 000 §1.2): semantic capability tags, worked
+	// examples, what the tool needs, and who made it.
+	Capabilities []string      `json:"capabilities,omitempty"`
+	Examples     []Example     `json:"examples,omitempty"`
+	Dependencies *Dependencies `json:"dependencies,omitempty"`
+	Metadata     *Metadata     `json:"metadata,omitempty"`
 
 	// InputChecks names, by JSON pointer into the parameters, the checks a
 	// parameter gets beyond its schema: "path", "sql", "shell", "prompt".
@@ -216,11 +224,56 @@ type OutputPolicy struct {
 }
 
 // Lifecycle is where a version stands between release and removal. An empty
-// State means active.
+// State means active. DeprecationDate and SunsetAt move the version on by
+// themselves when they pass (Manifest.State).
 type Lifecycle struct {
 	State               string    `json:"state,omitempty"`
 	DeprecatedInFavorOf string    `json:"deprecated_in_favor_of,omitempty"`
 	SunsetAt            time.Time `json:"sunset_at,omitzero"`
+	DeprecationDate     time.Time `json:"deprecation_date,omitzero"`
+	CreatedAt           time.Time `json:"created_at,omitzero"`
+	UpdatedAt           time.Time `json:"updated_at,omitzero"`
+	ReleaseNotes        string    `json:"release_notes,omitempty"`
+}
+
+// Example is one worked invocation, shown to the agent choosing a tool.
+type Example struct {
+	Description    string          `json:"description"`
+	Input          json.RawMessage `json:"input"`
+	ExpectedOutput json.RawMessage `json:"expected_output,omitempty"`
+}
+
+// Dependencies are what a tool needs besides its own permissions.
+type Dependencies struct {
+	RequiredTools       []string `json:"required_tools,omitempty"`
+	RequiredPermissions []string `json:"required_permissions,omitempty"`
+	OS                  []string `json:"os,omitempty"`
+	Libraries           []string `json:"libraries,omitempty"`
+}
+
+// Metadata says who made a tool and where to read about it.
+type Metadata struct {
+	Author           string `json:"author,omitempty"`
+	DocumentationURL string `json:"documentation_url,omitempty"`
+	SourceCodeURL    string `json:"source_code_url,omitempty"`
+	License          string `json:"license,omitempty"`
+}
+
+// State is the version's lifecycle state at now: the declared state, moved
+// to sunset once sunset_at has passed and from active to deprecated once
+// deprecation_date has. A removed version stays removed.
+func (m *Manifest) State(now time.Time) string {
+	l := m.Lifecycle
+	st := cmp.Or(l.State, StateActive)
+	switch {
+	case st == StateRemoved:
+		return st
+	case !l.SunsetAt.IsZero() && !now.Before(l.SunsetAt):
+		return StateSunset
+	case st == StateActive && !l.DeprecationDate.IsZero() && !now.Before(l.DeprecationDate):
+		return StateDeprecated
+	}
+	return st
 }
 
 // Parse checks doc against the tool manifest schema, decodes it, compiles its
@@ -334,9 +387,9 @@ func (m *Manifest) Timeout() time.Duration {
 // Key identifies the manifest in logs and errors: id@version.
 func (m *Manifest) Key() string { return m.ID + "@" + m.Version }
 
-// serving reports whether m may answer "latest" and range requests.
-func (m *Manifest) serving() bool {
-	switch m.Lifecycle.State {
+// serving reports whether m may answer "latest" and range requests at now.
+func (m *Manifest) serving(now time.Time) bool {
+	switch m.State(now) {
 	case StateSunset, StateRemoved:
 		return false
 	}

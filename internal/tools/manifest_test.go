@@ -383,3 +383,37 @@ func TestManifestHooks(t *testing.T) {
 		t.Fatalf("got %v %+v, want E3800 at /hooks/0/condition with a position", err, te)
 	}
 }
+
+// TestParseDiscoveryMetadata: the seed's examples, dependencies, author and
+// documentation metadata and lifecycle dates are kept, and malformed ones
+// refused.
+func TestParseDiscoveryMetadata(t *testing.T) {
+	m := mustParse(t, manifestJSON(t, func(m map[string]any) {
+		m["capabilities"] = []string{"add", "arithmetic"}
+		m["examples"] = []any{map[string]any{"description": "two and two", "input": map[string]any{"a": 2, "b": 2}, "expected_output": map[string]any{"sum": 4}}}
+		m["dependencies"] = map[string]any{"required_tools": []string{"echo"}, "os": []string{"linux"}}
+		m["metadata"] = map[string]any{"author": "Ada", "documentation_url": "https://example.com/add", "license": "MIT"}
+		m["lifecycle"] = map[string]any{"deprecation_date": "2031-01-01T00:00:00Z", "created_at": "2030-01-01T00:00:00Z",
+			"updated_at": "2030-02-01T00:00:00Z", "release_notes": "first"}
+	}))
+	if !slices.Equal(m.Capabilities, []string{"add", "arithmetic"}) || len(m.Examples) != 1 || string(m.Examples[0].ExpectedOutput) != `{"sum":4}` {
+		t.Errorf("capabilities/examples = %v %+v", m.Capabilities, m.Examples)
+	}
+	if m.Dependencies.RequiredTools[0] != "echo" || m.Metadata.Author != "Ada" || m.Metadata.License != "MIT" {
+		t.Errorf("dependencies/metadata = %+v %+v", m.Dependencies, m.Metadata)
+	}
+	l := m.Lifecycle
+	if l.ReleaseNotes != "first" || l.CreatedAt.Year() != 2030 || l.UpdatedAt.Month() != 2 || l.DeprecationDate.Year() != 2031 {
+		t.Errorf("lifecycle = %+v", l)
+	}
+	for name, edit := range map[string]func(map[string]any){
+		"example without input":  func(m map[string]any) { m["examples"] = []any{map[string]any{"description": "x"}} },
+		"unknown metadata field": func(m map[string]any) { m["metadata"] = map[string]any{"owner": "x"} },
+		"capability with spaces": func(m map[string]any) { m["capabilities"] = []string{"read file"} },
+		"bad deprecation date":   func(m map[string]any) { m["lifecycle"] = map[string]any{"deprecation_date": "tomorrow"} },
+	} {
+		if _, err := Parse(manifestJSON(t, edit)); !errors.Is(err, api.ErrInvalidParameters) {
+			t.Errorf("%s: Parse error %v, want invalid_parameters", name, err)
+		}
+	}
+}

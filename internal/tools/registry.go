@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/Masterminds/semver/v3"
 	"github.com/toolgate/toolgate/api"
@@ -25,6 +26,16 @@ type Registry struct {
 	// and the same few constraints come back on every invocation.
 	parsed  sync.Map // string → *semver.Version or *semver.Constraints
 	nparsed atomic.Int32
+
+	// Now is the clock lifecycle dates are judged by; nil is time.Now.
+	Now func() time.Time
+}
+
+func (r *Registry) now() time.Time {
+	if r.Now != nil {
+		return r.Now()
+	}
+	return time.Now()
 }
 
 // maxParsed bounds the constraint cache, since callers choose the strings.
@@ -90,12 +101,14 @@ func (r *Registry) Delete(id, version string) {
 
 // Resolve finds the manifest a request for id at constraint refers to:
 //
-//   - "" or "latest": the highest active or deprecated version, releases
-//     before pre-releases;
+//   - "" or "latest": the highest active version, releases before
+//     pre-releases; only when no version is active, the highest deprecated
+//     one (a version whose deprecation_date or sunset_at passed counts as
+//     deprecated or sunset, see Manifest.State);
 //   - an exact version such as 1.2.3: that version, whatever its lifecycle
 //     state, since the route stage reports removed and sunset versions;
 //   - a range such as ^1.2, ~1.0.3, ">=1, <2" or 1.x: the highest active or
-//     deprecated version in it.
+//     deprecated version in it (the caller chose the range).
 //
 // Failures are tool_not_found (E3001) for an unknown id,
 // tool_version_not_found with E3002 (no such exact version), E3004 (only
@@ -104,6 +117,7 @@ func (r *Registry) Delete(id, version string) {
 func (r *Registry) Resolve(id, constraint string) (*Manifest, error) {
 	// Parse before taking the lock, to keep the critical section short.
 	exact, rng, rngErr := r.parse(constraint)
+	now := r.now()
 
 	r.mu.RLock()
 	defer r.mu.RUnlock()
@@ -125,14 +139,14 @@ func (r *Registry) Resolve(id, constraint string) (*Manifest, error) {
 		return vs[i].m, nil
 	case rng != nil:
 		for i := len(vs) - 1; i >= 0; i-- {
-			if vs[i].m.serving() && rng.Check(vs[i].v) {
+			if vs[i].m.serving(now) && rng.Check(vs[i].v) {
 				return vs[i].m, nil
 			}
 		}
 		return nil, versionNotFound(api.EVersionUnsatisfied, id, constraint,
 			"no available version of tool %q satisfies %q", id, constraint)
 	}
-	if m := latest(vs); m != nil {
+	if m := latest(vs, now); m != nil {
 		return m, nil
 	}
 	return nil, versionNotFound(api.EToolRemoved, id, constraint,
@@ -172,23 +186,30 @@ func versionNotFound(ecode, id, constraint, format string, args ...any) *api.Err
 		WithDetail("tool_id", id).WithDetail("tool_version", constraint)
 }
 
-// latest returns the highest serving version in vs, preferring releases to
-// pre-releases, or nil if none serves.
-func latest(vs []entry) *Manifest {
-	var pre *Manifest
+// latest returns the version "latest" means in vs at now, or nil if none
+// serves: the highest active release, else the highest active pre-release,
+// else the same among deprecated versions.
+func latest(vs []entry, now time.Time) *Manifest {
+	var found *Manifest
+	rank := -1
 	for i := len(vs) - 1; i >= 0; i-- {
 		e := vs[i]
-		if !e.m.serving() {
-			continue
+		r := 0
+		switch e.m.State(now) {
+		case StateActive:
+			r = 2
+		case StateDeprecated:
+		default:
+			continue // sunset or removed
 		}
 		if e.v.Prerelease() == "" {
-			return e.m
+			r++
 		}
-		if pre == nil {
-			pre = e.m
+		if r > rank {
+			found, rank = e.m, r
 		}
 	}
-	return pre
+	return found
 }
 
 // Versions returns every version of a tool, ascending, whatever its state.
@@ -209,11 +230,12 @@ func (r *Registry) Versions(id string) []*Manifest {
 // List returns, sorted by id, the version "latest" resolves to of every tool
 // that has one.
 func (r *Registry) List() []*Manifest {
+	now := r.now()
 	r.mu.RLock()
 	defer r.mu.RUnlock()
 	out := make([]*Manifest, 0, len(r.tools))
 	for _, vs := range r.tools {
-		if m := latest(vs); m != nil {
+		if m := latest(vs, now); m != nil {
 			out = append(out, m)
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/Masterminds/semver/v3"
 	"github.com/toolgate/toolgate/api"
@@ -40,10 +41,57 @@ func testRegistry(t testing.TB) *Registry {
 		version(t, "gone", "1.0.0", StateRemoved),
 		version(t, "gone", "1.1.0", StateSunset),
 		version(t, "pre", "0.1.0-alpha", StateActive),
+		version(t, "dep", "1.0.0", StateDeprecated),
+		version(t, "dep", "1.1.0", StateDeprecated),
+		version(t, "dep", "1.2.0", StateSunset),
+		version(t, "timed", "1.0.0", StateActive),
+		dated(version(t, "timed", "2.0.0", StateActive), func(l *Lifecycle) { l.SunsetAt = time.Now().Add(-time.Minute) }),
+		version(t, "timed2", "1.0.0", StateActive),
+		dated(version(t, "timed2", "2.0.0", StateActive), func(l *Lifecycle) { l.DeprecationDate = time.Now().Add(-time.Minute) }),
 	} {
 		r.Put(m)
 	}
 	return r
+}
+
+func dated(m *Manifest, set func(*Lifecycle)) *Manifest {
+	set(&m.Lifecycle)
+	return m
+}
+
+// TestLifecycleDates: dates in the future change nothing; once they pass,
+// the version moves on without anyone writing to it.
+func TestLifecycleDates(t *testing.T) {
+	now := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	m := version(t, "x", "2.0.0", StateActive)
+	m.Lifecycle.DeprecationDate = now.Add(time.Hour)
+	m.Lifecycle.SunsetAt = now.Add(2 * time.Hour)
+	r := NewRegistry()
+	r.Put(version(t, "x", "1.0.0", StateActive))
+	r.Put(m)
+	for _, tc := range []struct {
+		at          time.Duration
+		state, want string
+	}{
+		{0, StateActive, "2.0.0"},
+		{time.Hour, StateDeprecated, "1.0.0"},
+		{2 * time.Hour, StateSunset, "1.0.0"},
+	} {
+		at := now.Add(tc.at)
+		r.Now = func() time.Time { return at }
+		if got := m.State(at); got != tc.state {
+			t.Errorf("at +%v: state %s, want %s", tc.at, got, tc.state)
+		}
+		got, err := r.Resolve("x", "")
+		if err != nil || got.Version != tc.want {
+			t.Errorf("at +%v: latest = %v, %v; want %s", tc.at, got, err, tc.want)
+		}
+	}
+	removed := version(t, "x", "3.0.0", StateRemoved)
+	removed.Lifecycle.SunsetAt = now
+	if removed.State(now.Add(time.Hour)) != StateRemoved {
+		t.Error("a removed version came back as sunset")
+	}
 }
 
 func TestResolve(t *testing.T) {
@@ -54,8 +102,12 @@ func TestResolve(t *testing.T) {
 		err                  *api.Error
 		ecode                string
 	}{
-		{"latest", "t", "latest", "1.1.0", nil, ""},
-		{"empty means latest", "t", "", "1.1.0", nil, ""},
+		{"latest prefers active to a higher deprecated", "t", "latest", "1.0.0", nil, ""},
+		{"empty means latest", "t", "", "1.0.0", nil, ""},
+		{"latest deprecated when none is active", "dep", "", "1.1.0", nil, ""},
+		{"latest skips a passed sunset_at", "timed", "", "1.0.0", nil, ""},
+		{"latest skips a passed deprecation_date", "timed2", "", "1.0.0", nil, ""},
+		{"exact version past its sunset_at", "timed", "2.0.0", "2.0.0", nil, ""},
 		{"latest pre-release only", "pre", "", "0.1.0-alpha", nil, ""},
 		{"latest when all removed or sunset", "gone", "latest", "", api.ErrToolVersionNotFound, api.EToolRemoved},
 		{"exact active", "t", "1.0.0", "1.0.0", nil, ""},
@@ -121,11 +173,11 @@ func TestVersionsListLen(t *testing.T) {
 	for _, m := range r.List() {
 		got = append(got, m.Key())
 	}
-	if want := []string{"pre@0.1.0-alpha", "t@1.1.0"}; !slices.Equal(got, want) {
+	if want := []string{"dep@1.1.0", "pre@0.1.0-alpha", "t@1.0.0", "timed@1.0.0", "timed2@1.0.0"}; !slices.Equal(got, want) {
 		t.Errorf("List = %v, want %v", got, want)
 	}
-	if r.Len() != 10 {
-		t.Errorf("Len = %d, want 10", r.Len())
+	if r.Len() != 17 {
+		t.Errorf("Len = %d, want 17", r.Len())
 	}
 }
 
@@ -257,7 +309,7 @@ func FuzzResolveConstraint(f *testing.F) {
 			}
 			return
 		}
-		if !m.serving() {
+		if !m.serving(time.Now()) {
 			t.Fatalf("range %q resolved to %s in state %s", c, m.Key(), m.Lifecycle.State)
 		}
 	})

@@ -25,21 +25,29 @@ type store interface {
 
 var _ store = (*kvstore.Store)(nil)
 
+// statsRecorder counts tool calls for discovery's ranking
+// (*kvstore.StatsRecorder: this process's own shard, no shared key).
+type statsRecorder interface {
+	Record(ctx context.Context, tool string, success bool, latencyMS int64, cost float64) error
+}
+
 // Auditor implements the audit stage.
 type Auditor struct {
 	store store
 	hooks *Hooks // nil: no hooks run
+	stats statsRecorder
 }
 
 var _ stages.Finaliser = (*Auditor)(nil)
 
-// New returns an Auditor writing status to store. With h it runs hooks on
-// every ended invocation before it finalises it (docs/hooks.md).
+// New returns an Auditor writing status to store and usage statistics to
+// a shard of its own. With h it runs hooks on every ended invocation before
+// it finalises it (docs/hooks.md).
 func New(s *kvstore.Store, h *Hooks) *Auditor {
 	if h != nil && h.Store == nil {
 		h.Store = s
 	}
-	return &Auditor{store: s, hooks: h}
+	return &Auditor{store: s, hooks: h, stats: s.NewStatsRecorder()}
 }
 
 // Finalises implements stages.Finaliser: audit is where every invocation
@@ -81,11 +89,16 @@ func (a *Auditor) Process(ctx context.Context, inv *envelope.Invocation) ([]stag
 		ToolID: inv.ToolID(), ToolVersion: inv.ToolVersion(), Error: inv.Error,
 		Response: &resp, Seq: inv.Event.Seq,
 	}
-	if _, _, err := a.store.SetStatus(ctx, rec); err != nil {
+	_, written, err := a.store.SetStatus(ctx, rec)
+	if err != nil {
 		return nil, stages.Transient(fmt.Errorf("recording status: %w", err), 0)
 	}
 	if err := a.charge(ctx, inv); err != nil {
 		return nil, stages.Transient(fmt.Errorf("charging the session budget: %w", err), 0)
+	}
+	if written {
+		// After the status and the charge, which callers wait on.
+		a.count(ctx, inv)
 	}
 	terminal, err := runner.AuditEvent(subjects.Audit, inv, envelope.TerminalType(inv), inv.Audit())
 	if err != nil {
@@ -109,6 +122,24 @@ func (a *Auditor) Process(ctx context.Context, inv *envelope.Invocation) ([]stag
 		outs = append(outs, child)
 	}
 	return outs, nil
+}
+
+// count adds a call that reached its tool to the tool's usage statistics,
+// once (the caller saw the terminal status written). Statistics inform
+// ranking only: a failed write is retried with the next call, never a
+// reason to hold back the invocation's end.
+func (a *Auditor) count(ctx context.Context, inv *envelope.Invocation) {
+	if a.stats == nil || inv.Metadata.StartedAt == "" || inv.ToolID() == "" {
+		return
+	}
+	cost := 0.0
+	if inv.Authz != nil {
+		cost = inv.Authz.CostPerCall
+	}
+	if mu := inv.Metadata.Model; mu != nil {
+		cost += mu.Cost
+	}
+	_ = a.stats.Record(ctx, inv.ToolID(), inv.Status == api.StatusSuccess, inv.Metadata.DurationMS, cost)
 }
 
 // settledMemory is how many ended invocations a session's usage remembers,

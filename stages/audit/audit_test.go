@@ -162,3 +162,43 @@ func TestAudit(t *testing.T) {
 		}
 	})
 }
+
+type recorded struct {
+	tool    string
+	success bool
+	ms      int64
+	cost    float64
+}
+
+type fakeStats struct{ calls []recorded }
+
+func (f *fakeStats) Record(_ context.Context, tool string, success bool, ms int64, cost float64) error {
+	f.calls = append(f.calls, recorded{tool, success, ms, cost})
+	return nil
+}
+
+// TestAuditCountsToolCalls: a call that reached its tool is counted once,
+// with its outcome, duration and cost; a redelivery adds nothing, nor does
+// a call refused before it ran.
+func TestAuditCountsToolCalls(t *testing.T) {
+	ctx := context.Background()
+	stats := &fakeStats{}
+	a := &Auditor{store: newFakeStore(), stats: stats}
+	ran := &envelope.Invocation{ID: "i-1", Tenant: "acme", Event: envelope.Event{Seq: 1}, Status: api.StatusPending,
+		Request: &api.Request{ToolID: "echo"}}
+	ran.Authz = &envelope.Authorization{Session: "s", Reserved: true, CostPerCall: 0.25}
+	ran.Metadata.DurationMS, ran.Metadata.StartedAt = 40, "2026-01-01T00:00:00Z"
+	ran.Fail(subjects.Execute, api.NewError(api.ToolExecutionError, api.EToolFailed, "boom"))
+	refused := &envelope.Invocation{ID: "i-2", Tenant: "acme", Event: envelope.Event{Seq: 2}, Status: api.StatusPending,
+		Request: &api.Request{ToolID: "echo"}}
+	refused.Fail(subjects.Authorize, api.NewError(api.PermissionDenied, api.EPolicyDenied, "no"))
+	for _, inv := range []*envelope.Invocation{ran, ran, refused} {
+		if _, err := a.Process(ctx, inv); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := []recorded{{"echo", false, 40, 0.25}}
+	if len(stats.calls) != 1 || stats.calls[0] != want[0] {
+		t.Fatalf("recorded %+v, want %+v", stats.calls, want)
+	}
+}

@@ -50,13 +50,14 @@ func (r *Router) Process(ctx context.Context, inv *envelope.Invocation) ([]stage
 	if err != nil {
 		return nil, err
 	}
-	switch m.Lifecycle.State {
+	state := m.State(time.Now())
+	switch state {
 	case tools.StateRemoved:
 		return nil, api.NewError(api.ToolVersionNotFound, api.EToolRemoved,
 			"%s has been removed%s", m.Key(), successor(m))
 	case tools.StateDeprecated, tools.StateSunset:
 		inv.Metadata.Warnings = append(inv.Metadata.Warnings,
-			fmt.Sprintf("%s: %s is %s%s", api.EToolDeprecated, m.Key(), m.Lifecycle.State, successor(m)))
+			fmt.Sprintf("%s: %s is %s%s", api.EToolDeprecated, m.Key(), state, successor(m)))
 	}
 	if !r.kinds[m.Kind] {
 		return nil, api.NewError(api.ToolExecutionError, api.EExecutorUnavailable,

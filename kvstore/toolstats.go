@@ -1,0 +1,225 @@
+package kvstore
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/subjects"
+)
+
+// BucketToolStats holds per-tool usage statistics, one key per tool and
+// audit process (shard): <tool>.<shard>. Each shard key has one writer, so
+// recording a call needs no compare-and-swap and no shared counter; readers
+// merge the shards.
+const BucketToolStats = "toolgate_toolstats"
+
+// LatencyBoundsMS are the upper bounds of the latency histogram's buckets;
+// a last bucket holds everything slower.
+var LatencyBoundsMS = []int64{1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 30000, 60000, 300000}
+
+// ToolShard is one audit process's totals for one tool.
+type ToolShard struct {
+	Calls     int64 `json:"calls"`
+	Successes int64 `json:"successes"`
+	LatencyMS int64 `json:"latency_ms"` // sum
+	// Histogram counts calls by latency: Histogram[i] those at most
+	// LatencyBoundsMS[i], the last one those slower than every bound.
+	Histogram []int64   `json:"histogram"`
+	Cost      float64   `json:"cost"`
+	LastCall  time.Time `json:"last_call,omitzero"`
+}
+
+// Add counts one call.
+func (s *ToolShard) Add(success bool, latencyMS int64, cost float64, at time.Time) {
+	if len(s.Histogram) != len(LatencyBoundsMS)+1 {
+		s.Histogram = slices.Grow(s.Histogram[:0], len(LatencyBoundsMS)+1)[:len(LatencyBoundsMS)+1]
+	}
+	s.Calls++
+	if success {
+		s.Successes++
+	}
+	s.LatencyMS += latencyMS
+	i, _ := slices.BinarySearch(LatencyBoundsMS, latencyMS)
+	s.Histogram[i]++
+	s.Cost += cost
+	if at.After(s.LastCall) {
+		s.LastCall = at
+	}
+}
+
+// Merge adds o's counts to s.
+func (s *ToolShard) Merge(o ToolShard) {
+	if len(s.Histogram) < len(o.Histogram) {
+		s.Histogram = append(s.Histogram, make([]int64, len(o.Histogram)-len(s.Histogram))...)
+	}
+	for i, n := range o.Histogram {
+		s.Histogram[i] += n
+	}
+	s.Calls += o.Calls
+	s.Successes += o.Successes
+	s.LatencyMS += o.LatencyMS
+	s.Cost += o.Cost
+	if o.LastCall.After(s.LastCall) {
+		s.LastCall = o.LastCall
+	}
+}
+
+// Percentile is the upper bound of the bucket holding the p-th percentile
+// (0 < p ≤ 1) of latencies, in ms; 0 without calls.
+func (s ToolShard) Percentile(p float64) float64 {
+	if s.Calls == 0 {
+		return 0
+	}
+	rank := int64(p*float64(s.Calls) + 0.999999)
+	var seen int64
+	for i, n := range s.Histogram {
+		if seen += n; seen >= rank {
+			if i < len(LatencyBoundsMS) {
+				return float64(LatencyBoundsMS[i])
+			}
+			break
+		}
+	}
+	return float64(LatencyBoundsMS[len(LatencyBoundsMS)-1])
+}
+
+// Summary is the public form of merged totals.
+func (s ToolShard) Summary(id string) api.ToolStats {
+	out := api.ToolStats{ToolID: id, Calls: s.Calls, Successes: s.Successes, Cost: s.Cost, LastCall: s.LastCall}
+	if s.Calls > 0 {
+		n := float64(s.Calls)
+		out.SuccessRate = float64(s.Successes) / n
+		out.MeanMS = float64(s.LatencyMS) / n
+		out.AvgCost = s.Cost / n
+		out.P50MS, out.P95MS, out.P99MS = s.Percentile(0.5), s.Percentile(0.95), s.Percentile(0.99)
+	}
+	return out
+}
+
+func statsKey(tool, shard string) string { return subjects.Token(tool) + "." + shard }
+
+// ToolStats merges every shard's totals, by tool id.
+func (s *Store) ToolStats(ctx context.Context) (map[string]ToolShard, error) {
+	out := map[string]ToolShard{}
+	lister, err := s.toolstats.ListKeys(ctx)
+	if errors.Is(err, jetstream.ErrNoKeysFound) {
+		return out, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("listing tool statistics: %w", err)
+	}
+	for key := range lister.Keys() {
+		tok, _, ok := strings.Cut(key, ".")
+		if !ok {
+			continue
+		}
+		id, err := subjects.Untoken(tok)
+		if err != nil {
+			continue
+		}
+		e, err := s.toolstats.Get(ctx, key)
+		if err != nil {
+			continue // deleted since listed
+		}
+		var sh ToolShard
+		if json.Unmarshal(e.Value(), &sh) != nil {
+			continue
+		}
+		t := out[id]
+		t.Merge(sh)
+		out[id] = t
+	}
+	return out, nil
+}
+
+// StatsRecorder keeps one process's share of the tool statistics: it adds
+// calls in memory and writes its own shard keys, whole, with plain puts.
+// Nothing is shared with other processes, so recording never waits on
+// another writer; the writes of one process are coalesced (while one call
+// writes, others only add in memory and that writer picks their changes up).
+type StatsRecorder struct {
+	kv    jetstream.KeyValue
+	shard string
+
+	mu       sync.Mutex
+	totals   map[string]*ToolShard
+	dirty    map[string]bool
+	flushing bool
+}
+
+// NewStatsRecorder returns a recorder with a fresh shard.
+func (s *Store) NewStatsRecorder() *StatsRecorder {
+	return &StatsRecorder{kv: s.toolstats, shard: strings.ReplaceAll(uuid.NewString(), "-", ""),
+		totals: map[string]*ToolShard{}, dirty: map[string]bool{}}
+}
+
+// Record counts one call of tool and writes the shard unless another call
+// is writing it (which then writes this one too). A failed write is retried
+// with the next call or Flush.
+func (r *StatsRecorder) Record(ctx context.Context, tool string, success bool, latencyMS int64, cost float64) error {
+	r.mu.Lock()
+	t := r.totals[tool]
+	if t == nil {
+		t = &ToolShard{}
+		r.totals[tool] = t
+	}
+	t.Add(success, latencyMS, cost, time.Now().UTC())
+	r.dirty[tool] = true
+	if r.flushing {
+		r.mu.Unlock()
+		return nil
+	}
+	r.flushing = true
+	r.mu.Unlock()
+	return r.flush(ctx)
+}
+
+// Flush writes every changed total.
+func (r *StatsRecorder) Flush(ctx context.Context) error {
+	r.mu.Lock()
+	if r.flushing {
+		r.mu.Unlock()
+		return nil
+	}
+	r.flushing = true
+	r.mu.Unlock()
+	return r.flush(ctx)
+}
+
+// flush writes dirty totals until none is left; the caller set flushing.
+func (r *StatsRecorder) flush(ctx context.Context) error {
+	for {
+		r.mu.Lock()
+		if len(r.dirty) == 0 {
+			r.flushing = false
+			r.mu.Unlock()
+			return nil
+		}
+		batch := make(map[string][]byte, len(r.dirty))
+		for tool := range r.dirty {
+			batch[tool], _ = json.Marshal(r.totals[tool])
+		}
+		clear(r.dirty)
+		r.mu.Unlock()
+		for tool, val := range batch {
+			if _, err := r.kv.Put(ctx, statsKey(tool, r.shard), val); err != nil {
+				r.mu.Lock()
+				for t := range batch {
+					r.dirty[t] = true
+				}
+				r.flushing = false
+				r.mu.Unlock()
+				return fmt.Errorf("writing statistics of %s: %w", tool, err)
+			}
+		}
+	}
+}
