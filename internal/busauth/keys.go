@@ -199,13 +199,17 @@ func (k *Keys) IssueCredentials(role Role, name string, ttl time.Duration) ([]by
 	return jwt.FormatUserConfig(tok, seed)
 }
 
-// WriteCredentials makes sure dataDir/busauth holds the keys, and writes
+// WriteCredentials makes sure dataDir/busauth holds the keys (the
+// hop-sealing key too), and writes
 // worker.creds and operator.creds (and their halves worker.jwt/.nk,
 // operator.jwt/.nk for the nats CLI), all 0600, and auth.conf there. Existing keys
 // are kept; the credentials files are issued anew. It returns the keys.
 func WriteCredentials(dataDir string) (*Keys, error) {
 	k, err := LoadOrCreateKeys(dataDir)
 	if err != nil {
+		return nil, err
+	}
+	if _, err := LoadOrCreateSealKey(dataDir); err != nil {
 		return nil, err
 	}
 	dir := filepath.Join(dataDir, DirName)

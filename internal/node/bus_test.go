@@ -20,7 +20,9 @@ import (
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/client"
 	"github.com/toolgate/toolgate/internal/busauth"
+	"github.com/toolgate/toolgate/internal/envelope"
 	"github.com/toolgate/toolgate/internal/node"
+	"github.com/toolgate/toolgate/internal/runner"
 	"github.com/toolgate/toolgate/internal/token"
 	"github.com/toolgate/toolgate/internal/topology"
 	"github.com/toolgate/toolgate/kvstore"
@@ -238,6 +240,7 @@ func busSuite(t *testing.T, s *served) {
 	t.Run("refused connections", func(t *testing.T) { busRefusals(t, s) })
 	t.Run("revocation closes the connection", func(t *testing.T) { busRevoke(t, s) })
 	t.Run("approvals record the signing operator", func(t *testing.T) { busApprovals(t, s) })
+	t.Run("forged hops are refused at execute", func(t *testing.T) { forgedHops(t, s) })
 	t.Run("the audit trail survives its deletion", func(t *testing.T) { auditSurvives(t, s) })
 }
 
@@ -703,5 +706,70 @@ func TestServeMovesAnOpenStore(t *testing.T) {
 	m, err := st.GetLastMsgForSubject(ctx, "audit.demo.tool.succeeded")
 	if err != nil || !strings.Contains(string(m.Data), "kept") {
 		t.Fatalf("the old audit event: %v %v", m, err)
+	}
+}
+
+// forgedHops: hops written straight onto the execute subject with worker
+// credentials (which may publish there) carry no seal of authorize's
+// decision that verifies: execute refuses them (E3218) and the refusal is
+// audited; the tool never runs.
+func forgedHops(t *testing.T, s *served) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	wjs, _ := jetstream.New(s.connect(t, 0, s.creds(busauth.RoleWorker)))
+	ojs, _ := jetstream.New(s.connect(t, 0, s.creds(busauth.RoleOperator)))
+	st, err := kvstore.Open(ctx, ojs, kvstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name  string
+		seal  func(inv *envelope.Invocation)
+		field string
+	}{
+		{"no seal", func(*envelope.Invocation) {}, ""},
+		{"a seal made up by the forger", func(inv *envelope.Invocation) {
+			inv.Authz.Seal = &envelope.Seal{Key: "N" + strings.Repeat("A", 55), Tenant: inv.Tenant, ID: inv.ID, Seq: inv.Event.Seq,
+				ToolID: "echo", ToolVersion: "2.0.0", Decision: "allow", Expires: time.Now().Add(time.Hour).UnixMilli(), Sig: "AAAA"}
+		}, "key"},
+	}
+	for i, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			id := fmt.Sprintf("forged-%d-%d", i, time.Now().UnixNano())
+			inv := &envelope.Invocation{ID: id, Tenant: "demo", Event: envelope.Event{ID: id, Source: "urn:forger", Seq: uint64(1e12) + uint64(time.Now().UnixNano()%1e9)},
+				ReceivedAt: time.Now(), Status: api.StatusPending,
+				Request: &api.Request{ToolID: "echo", Parameters: json.RawMessage(`{"message":"forged"}`),
+					AgentContext: api.AgentContext{AgentDID: "did:agent:demo", TenantID: "demo"}},
+				Authz: &envelope.Authorization{TokenID: "none", AgentDID: "did:agent:demo", Session: "none",
+					Grants: envelope.Grants{Paths: []string{"/"}, PathMode: "rw", Hosts: []string{"*"}}},
+				Route: &envelope.Route{ToolID: "echo", ToolVersion: "2.0.0", Executor: "builtin"}}
+			tc.seal(inv)
+			hop, err := runner.Handoff(inv, subjects.Execute)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := runner.Publish(ctx, wjs, hop); err != nil {
+				t.Fatalf("a worker publishing onto the execute subject: %v", err)
+			}
+			var rec api.Record
+			eventually(t, 20*time.Second, "the forged hop to end", func() bool {
+				rec, err = st.Status(ctx, "demo", id)
+				return err == nil && rec.Status.Terminal()
+			})
+			if rec.Status != api.StatusPermissionDenied || rec.Error == nil || rec.Error.ECode != api.EHopUnsealed {
+				t.Fatalf("forged hop ended %s %+v, want permission_denied E3218", rec.Status, rec.Error)
+			}
+			if got, _ := rec.Error.Details["sealed_field"].(string); got != tc.field {
+				t.Errorf("sealed_field %q, want %q (%s)", got, tc.field, rec.Error.Message)
+			}
+			as, err := ojs.Stream(ctx, subjects.StreamAudit)
+			if err != nil {
+				t.Fatal(err)
+			}
+			eventually(t, 10*time.Second, "a permission_denied audit event for the forged hop", func() bool {
+				m, err := as.GetLastMsgForSubject(ctx, subjects.AuditEvent("demo", envelope.SubjectSuffix(envelope.TypePermissionDenied)))
+				return err == nil && strings.Contains(string(m.Data), id) && strings.Contains(string(m.Data), api.EHopUnsealed)
+			})
+		})
 	}
 }

@@ -195,6 +195,10 @@ func (e *env) startPipeline(cfg node.Config) *node.Node {
 	e.t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	cfg.NATSURL = e.url
+	if cfg.Embedded.DataDir == "" {
+		// The hop-sealing key lives here: every pipeline of the env shares it.
+		cfg.Embedded.DataDir = e.dataDir
+	}
 	cfg.Examples = true
 	cfg.Topology = e.topo
 	if cfg.Workers == 0 {

@@ -21,6 +21,7 @@ import (
 	"github.com/toolgate/toolgate/internal/ratelimit"
 	"github.com/toolgate/toolgate/internal/runner"
 	"github.com/toolgate/toolgate/internal/sandbox"
+	"github.com/toolgate/toolgate/internal/seal"
 	"github.com/toolgate/toolgate/internal/secrets"
 	"github.com/toolgate/toolgate/internal/token"
 	"github.com/toolgate/toolgate/internal/tools"
@@ -255,6 +256,13 @@ type StageConfig struct {
 	MCP mcptool.Config
 	// ModelStats, when set, records model calls (Prometheus).
 	ModelStats *modeltool.Stats
+	// Sealer signs authorize's decisions (Run loads the deployment's
+	// hop-sealing key); nil hands calls on unsealed.
+	Sealer *seal.Sealer
+	// Seals checks those seals in execute; nil runs unsealed calls too
+	// (only on a bus without authentication: Run refuses to start execute
+	// on an authenticated bus without the key).
+	Seals *seal.Verifier
 }
 
 // NewStage builds the logic of the named stage. ctx bounds its watches;
@@ -290,6 +298,9 @@ func (n *Node) NewStage(ctx context.Context, name string, c StageConfig) (stages
 		x := execute.New(n.Registry, set, n.Store, running)
 		x.Publish = func(ctx context.Context, o stages.Output) error { return runner.Publish(ctx, n.JS, o) }
 		x.Quota = execute.NewTenantQuota(c.TenantInFlight)
+		if c.Seals != nil {
+			x.Seals = c.Seals
+		}
 		x.Verifier = verify.New(n.Registry, verify.Config{Tenants: c.TenantActions, Detectors: c.Detectors})
 		cli := &clitool.Kind{Sandbox: c.Sandbox}
 		cli.Sandbox.FileRoot = cmp.Or(cli.Sandbox.FileRoot, c.BuiltinEnv.FileRoot)
@@ -359,6 +370,9 @@ func (n *Node) newAuthorizer(ctx context.Context, c StageConfig) (*authorize.Aut
 		Registry: n.Registry, Policy: fallback, Verifier: verifier, Revoked: n.Revoked,
 		Store: n.Store, ApprovalTimeout: c.ApprovalTimeout,
 	})
+	if c.Sealer != nil {
+		a.SetSealer(c.Sealer)
+	}
 	err := n.Store.WatchPolicy(ctx, func(b kvstore.PolicyBundle, ok bool, err error) {
 		if !ok {
 			a.SetPolicy(fallback)

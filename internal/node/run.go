@@ -3,13 +3,17 @@ package node
 import (
 	"cmp"
 	"context"
+	"crypto/ed25519"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
 	"net/url"
+	"io/fs"
 	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -23,6 +27,7 @@ import (
 	"github.com/toolgate/toolgate/internal/detect"
 	"github.com/toolgate/toolgate/internal/policy"
 	"github.com/toolgate/toolgate/internal/runner"
+	"github.com/toolgate/toolgate/internal/seal"
 	"github.com/toolgate/toolgate/internal/token"
 	"github.com/toolgate/toolgate/internal/topology"
 	"github.com/toolgate/toolgate/stages/execute/modeltool"
@@ -164,6 +169,9 @@ func Run(ctx context.Context, c Config) error {
 			}
 			defer gate.Close()
 		}
+	}
+	if err := setupSeals(&c, credsPath != "", log); err != nil {
+		return err
 	}
 	if c.OTLPEndpoint != "" {
 		shutdown, err := setupTracing(ctx, c.OTLPEndpoint)
@@ -318,6 +326,61 @@ func Run(ctx context.Context, c Config) error {
 	close(errs)
 	log.Info("toolgate stopped: in-flight work drained")
 	return errors.Join(collect(errs)...)
+}
+
+// setupSeals loads the deployment's hop-sealing key from the data
+// directory for the stages that use it: the private key for authorize (made
+// when the directory has none), the public key for execute. On an
+// authenticated bus execute does not start without it: a hop it cannot
+// check is a hop anyone with pipeline rights could have written.
+func setupSeals(c *Config, authenticated bool, log *slog.Logger) error {
+	runs := func(stage string) bool { return slices.Contains(c.Stages, stage) }
+	dir := c.Embedded.DataDir
+	if runs(subjects.Authorize) && c.Stage.Sealer == nil && dir != "" {
+		k, err := busauth.LoadSealKey(dir)
+		// The key is made where the deployment's other keys are (serve
+		// writes them), or on a bus without authentication; elsewhere a new
+		// key would only be one the execute workers do not trust.
+		if errors.Is(err, fs.ErrNotExist) && (!authenticated || busauth.HasKeys(dir)) {
+			k, err = busauth.LoadOrCreateSealKey(dir)
+		}
+		if err != nil {
+			return fmt.Errorf("authorize needs the deployment's hop-sealing key (%s in %s): %w",
+				busauth.SealKeyFile, filepath.Join(dir, busauth.DirName), err)
+		}
+		c.Stage.Sealer = seal.NewSealer(k)
+	}
+	if runs(subjects.Authorize) && c.Stage.Sealer == nil && authenticated {
+		return errors.New("authorize needs the deployment's hop-sealing key: give the data directory holding " +
+			busauth.DirName + "/" + busauth.SealKeyFile)
+	}
+	if runs(subjects.Execute) && c.Stage.Seals == nil {
+		if dir != "" {
+			pub, err := busauth.LoadSealPublicKey(dir)
+			if errors.Is(err, fs.ErrNotExist) && runs(subjects.Authorize) {
+				err = nil // made above
+				var k ed25519.PrivateKey
+				if k, err = busauth.LoadSealKey(dir); err == nil {
+					pub = k.Public().(ed25519.PublicKey)
+				}
+			}
+			if err != nil && (authenticated || !errors.Is(err, fs.ErrNotExist)) {
+				return fmt.Errorf("execute needs the deployment's hop-sealing key (%s in %s): %w",
+					busauth.SealPublicFile, filepath.Join(dir, busauth.DirName), err)
+			}
+			if err == nil {
+				c.Stage.Seals = seal.NewVerifier(pub)
+			}
+		}
+		if c.Stage.Seals == nil {
+			if authenticated {
+				return fmt.Errorf("execute needs the deployment's hop-sealing key: give the data directory holding %s/%s",
+					busauth.DirName, busauth.SealPublicFile)
+			}
+			log.Warn("execute runs unsealed calls: no hop-sealing key and no bus authentication")
+		}
+	}
+	return nil
 }
 
 // TokenLeeway is the clock skew the verifiers tolerate on exp, nbf and iat.

@@ -56,7 +56,16 @@ type Config struct {
 	Store    Store
 	// ApprovalTimeout is how long a parked call waits before it ends denied.
 	ApprovalTimeout time.Duration
-	Now             func() time.Time
+	// Sealer, when set, signs each admitted call's decision into the
+	// envelope (internal/seal); execute runs only sealed calls.
+	Sealer Sealer
+	Now    func() time.Time
+}
+
+// Sealer signs an admitted invocation's authorization for the resolved tool
+// id and version, valid until expires (*seal.Sealer).
+type Sealer interface {
+	Seal(inv *envelope.Invocation, toolID, toolVersion string, expires time.Time) error
 }
 
 // Authorizer implements the authorize stage.
@@ -82,6 +91,9 @@ func New(cfg Config) *Authorizer {
 	a.engine.Store(cfg.Policy)
 	return a
 }
+
+// SetSealer makes the stage seal every call it admits (Config.Sealer).
+func (a *Authorizer) SetSealer(s Sealer) { a.cfg.Sealer = s }
 
 // SetPolicy replaces the policy for every later evaluation.
 func (a *Authorizer) SetPolicy(e *policy.Engine) { a.engine.Store(e) }
@@ -233,6 +245,16 @@ func (a *Authorizer) Process(ctx context.Context, inv *envelope.Invocation) ([]s
 	// inv.Authz. The raw token leaves the envelope, so no later hop, stream
 	// or record carries a credential an agent could reuse.
 	req.CapabilityToken = ""
+	if a.cfg.Sealer != nil {
+		// The token's expiry, with room for the verifiers' clock leeway.
+		exp := a.cfg.Now().Add(24 * time.Hour)
+		if claims.ExpiresAt != nil {
+			exp = claims.ExpiresAt.Add(time.Minute)
+		}
+		if err := a.cfg.Sealer.Seal(inv, m.ID, m.Version, exp); err != nil {
+			return nil, api.WrapError(err, api.InternalError, api.EHopUnsealed, "sealing the decision: %v", err)
+		}
+	}
 	return nil, nil
 }
 
