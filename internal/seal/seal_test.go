@@ -85,7 +85,9 @@ func TestCheckRefuses(t *testing.T) {
 		{"other limits", func(inv *envelope.Invocation) { inv.Request.ResourceLimits = nil }, s, "request"},
 		{"another agent context", func(inv *envelope.Invocation) { inv.Request.AgentContext.SessionID = "s2" }, s, "request"},
 		{"wider path grant", func(inv *envelope.Invocation) { inv.Authz.Grants.Paths = []string{"/"} }, s, "authz"},
-		{"another host grant", func(inv *envelope.Invocation) { inv.Authz.Grants.Hosts = append(inv.Authz.Grants.Hosts, "evil.example") }, s, "authz"},
+		{"another host grant", func(inv *envelope.Invocation) {
+			inv.Authz.Grants.Hosts = append(inv.Authz.Grants.Hosts, "evil.example")
+		}, s, "authz"},
 		{"another budget", func(inv *envelope.Invocation) { inv.Authz.Session = "victim" }, s, "authz"},
 		{"a forged approver", func(inv *envelope.Invocation) { inv.Authz.ApprovedBy = "operator:alice" }, s, "authz"},
 		{"expired", func(inv *envelope.Invocation) {}, nil, "exp"},
