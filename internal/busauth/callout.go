@@ -275,7 +275,7 @@ func (c *Callout) authorizeCreds(req *jwt.AuthorizationRequestClaims, ujwt, nkey
 			id.Role = Role(r)
 		}
 	}
-	if id.Role != RoleWorker && id.Role != RoleOperator {
+	if !id.Role.Issued() {
 		return id, fmt.Errorf("%w: user JWT names no toolgate role", ErrBadToken)
 	}
 	now := c.cfg.Now()

@@ -6,6 +6,7 @@ import (
 
 	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/toolgate/toolgate/kvstore"
 )
 
 // allows reports whether perm lets subject through: some allow matches it
@@ -81,7 +82,43 @@ func TestGrantFor(t *testing.T) {
 			{true, "$JS.API.STREAM.MSG.DELETE.AUDIT", false},
 			{true, "$KV.toolgate_revocations.x", false},
 			{true, "$KV.toolgate_policies.x", false},
+			{true, "$KV.toolgate_tools.echo", false},
+			{true, "$KV.toolgate_models.m", false},
+			{true, "$KV.toolgate_budgets.k", true},
+			{true, "$KV.toolgate_approvals.k", true},
+			{true, "$KV.toolgate_settings.k", true},
+			{true, "tool.svc.approval", false},
+			{true, "tool.svc.tools.register", false},
+			{true, "tool.svc.demo.status", false},
+			{true, "$SRV.PING", false},
+			{true, "toolgate.cancel.demo.x", false},
 			{false, "toolgate.pipe.>", true},
+			{false, "toolgate.cancel.>", true},
+			{false, "tool.svc.approval", false},
+			{false, "tool.svc.>", false},
+			{false, "$SRV.>", false},
+		}},
+		{"control", Identity{Role: RoleControl, Name: "c"}, AccountToolgate, []check{
+			{true, "toolgate.pipe.authorize.normal.demo", true},
+			{true, "toolgate.pipe.audit.high.demo", true},
+			{true, "toolgate.pipe.route.normal.demo", false},
+			{true, "toolgate.pipe.execute.normal.demo", false},
+			{true, "toolgate.pipe.verify.normal.demo", false},
+			{true, "tool.result.demo.x", false},
+			{true, "audit.demo.tool.approval.granted", true},
+			{true, "toolgate.cancel.demo.x", true},
+			{true, "$KV.toolgate_tools.echo", true},
+			{true, "$KV.toolgate_approvals.k", true},
+			{true, "$KV.toolgate_invocations.k", true},
+			{true, "$KV.toolgate_budgets.k", false},
+			{true, "$KV.toolgate_breakers.k", false},
+			{true, "$KV.toolgate_policies.x", false},
+			{true, "$KV.toolgate_revocations.x", false},
+			{true, "$JS.API.STREAM.DELETE.AUDIT", false},
+			{true, "$JS.API.STREAM.PURGE.KV_toolgate_tools", false},
+			{false, "tool.svc.>", true},
+			{false, "$SRV.>", true},
+			{false, "toolgate.pipe.>", false},
 		}},
 		{"operator", Identity{Role: RoleOperator, Name: "o"}, AccountToolgate, []check{
 			{true, "$JS.API.STREAM.DELETE.AUDIT", true},
@@ -132,6 +169,7 @@ func TestUserNameRoundTrip(t *testing.T) {
 	for _, id := range []Identity{
 		{Role: RoleAgent, Tenant: "demo", TokenID: "j-1"},
 		{Role: RoleWorker, Name: "local"},
+		{Role: RoleControl, Name: "local"},
 		{Role: RoleOperator, Name: "alice"},
 	} {
 		got, err := ParseUserName(id.UserName())
@@ -152,5 +190,19 @@ func TestUserNameRoundTrip(t *testing.T) {
 func TestInboxPrefixEncodesTokenID(t *testing.T) {
 	if got := InboxPrefix("demo", "a.b*"); got != "_INBOX.demo.a=2Eb=2A" {
 		t.Errorf("got %s", got)
+	}
+}
+
+// TestBucketNames: the bucket names the roles grant are kvstore's.
+func TestBucketNames(t *testing.T) {
+	for mine, theirs := range map[string]string{
+		bucketTools: kvstore.BucketTools, bucketPolicies: kvstore.BucketPolicies, bucketRevocations: kvstore.BucketRevocations,
+		bucketInvocations: kvstore.BucketInvocations, bucketApprovals: kvstore.BucketApprovals, bucketBudgets: kvstore.BucketBudgets,
+		bucketRateLimits: kvstore.BucketRateLimits, bucketIdempotency: kvstore.BucketIdempotency,
+		bucketCheckpoints: kvstore.BucketCheckpoints, bucketBreakers: kvstore.BucketBreakers,
+	} {
+		if mine != theirs {
+			t.Errorf("busauth grants bucket %q, kvstore names it %q", mine, theirs)
+		}
 	}
 }

@@ -95,11 +95,7 @@ func migrateGlobalAccount(dataDir string) error {
 
 // CredsPath is where serve writes a role's credentials in dataDir.
 func CredsPath(dataDir string, role busauth.Role) string {
-	f := busauth.WorkerCredsFile
-	if role == busauth.RoleOperator {
-		f = busauth.OperatorCredsFile
-	}
-	return filepath.Join(dataDir, busauth.DirName, f)
+	return filepath.Join(dataDir, busauth.DirName, busauth.CredsFile(role))
 }
 
 // Gate is the bus's auth callout as run by toolgate: it verifies agents'

@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/client"
+	"github.com/toolgate/toolgate/internal/busauth"
 	"github.com/toolgate/toolgate/internal/natstest"
 	"github.com/toolgate/toolgate/internal/node"
 	"github.com/toolgate/toolgate/internal/token"
@@ -56,6 +57,11 @@ func newEnv(t *testing.T, topo topology.TopologyOptions) *env {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
+	// The deployment's hop-sealing key: every pipeline of the env seals
+	// and checks hops with it.
+	if _, err := busauth.LoadOrCreateSealKey(dataDir); err != nil {
+		t.Fatal(err)
+	}
 	e := &env{t: t, url: ns.ClientURL(), dataDir: dataDir, topo: topo, gate: make(chan struct{}), started: make(chan string, 16),
 		stepped: make(chan int, 64)}
 	t.Cleanup(func() { e.release() })
@@ -196,8 +202,7 @@ func (e *env) startPipeline(cfg node.Config) *node.Node {
 	ctx, cancel := context.WithCancel(context.Background())
 	cfg.NATSURL = e.url
 	if cfg.Embedded.DataDir == "" {
-		// The hop-sealing key lives here: every pipeline of the env shares it.
-		cfg.Embedded.DataDir = e.dataDir
+		cfg.Embedded.DataDir = e.dataDir // holds the hop-sealing key
 	}
 	cfg.Examples = true
 	cfg.Topology = e.topo

@@ -49,6 +49,9 @@ func NewSealer(key ed25519.PrivateKey) *Sealer {
 	return &Sealer{key: key, id: busauth.SealKeyID(key.Public().(ed25519.PublicKey))}
 }
 
+// Public returns the public key that verifies this Sealer's seals.
+func (s *Sealer) Public() ed25519.PublicKey { return s.key.Public().(ed25519.PublicKey) }
+
 // Seal signs inv's authorization, which must be set and final: the request
 // as it will be handed on (no capability token), the resolved tool id and
 // version, and expires (the token's expiry).
