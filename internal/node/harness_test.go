@@ -21,6 +21,7 @@ import (
 	"github.com/toolgate/toolgate/internal/busauth"
 	"github.com/toolgate/toolgate/internal/natstest"
 	"github.com/toolgate/toolgate/internal/node"
+	"github.com/toolgate/toolgate/internal/seal"
 	"github.com/toolgate/toolgate/internal/token"
 	"github.com/toolgate/toolgate/internal/topology"
 	"github.com/toolgate/toolgate/stages/execute/builtin"
@@ -73,6 +74,19 @@ func newEnv(t *testing.T, topo topology.TopologyOptions) *env {
 		t.Fatal(err)
 	}
 	return e
+}
+
+// sealed returns c with the env's hop-sealing key: authorize seals with
+// it, execute checks with it, as in the pipelines startPipeline runs.
+func (e *env) sealed(c node.StageConfig) node.StageConfig {
+	e.t.Helper()
+	k, err := busauth.LoadSealKey(e.dataDir)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	c.Sealer = seal.NewSealer(k)
+	c.Seals = seal.NewVerifier(c.Sealer.Public())
+	return c
 }
 
 var releaseOnce sync.Map
