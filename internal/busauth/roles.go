@@ -152,7 +152,8 @@ var controlBuckets = []string{bucketTools, bucketApprovals, bucketInvocations}
 
 // agentServices are the control endpoints an agent may call, each served on
 // subjects.TenantSvc(tenant, endpoint).
-var agentServices = []string{subjects.SvcStatus, subjects.SvcCancel, subjects.SvcToolsList, subjects.SvcToolsGet}
+var agentServices = []string{subjects.SvcStatus, subjects.SvcCancel, subjects.SvcToolsList, subjects.SvcToolsGet,
+	subjects.SvcBudget, subjects.SvcApprovalsList, subjects.SvcApprovalsGet}
 
 // Grant is what the callout gives a connection: its account and permissions.
 type Grant struct {

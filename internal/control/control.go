@@ -27,7 +27,9 @@ import (
 // Version is the control API version. 1.1: tenant-scoped endpoints
 // tool.svc.<tenant>.status|cancel|tools.list|tools.get, the ones agents may
 // call; the un-scoped ones are for toolgate's own account (operators).
-const Version = "1.1.0"
+// 1.2: tenant-scoped budget, approvals.list and approvals.get, which agents
+// may call for their own tenant too.
+const Version = "1.2.0"
 
 // Start adds the service to nc. Stop it with the returned service's Stop.
 // approvals may be nil: the approval endpoint then is not served.
@@ -78,6 +80,9 @@ func Start(nc *nats.Conn, store *kvstore.Store, reg *tools.Registry, approvals *
 		{"tenant-status", subjects.SvcStatus, h.tenantStatus},
 		{"tenant-tools-list", subjects.SvcToolsList, func(_ string, req micro.Request) { h.list(req) }},
 		{"tenant-tools-get", subjects.SvcToolsGet, func(_ string, req micro.Request) { h.get(req) }},
+		{"tenant-budget", subjects.SvcBudget, h.tenantBudget},
+		{"tenant-approvals-list", subjects.SvcApprovalsList, h.tenantListApprovals},
+		{"tenant-approvals-get", subjects.SvcApprovalsGet, h.tenantGetApproval},
 	}
 	if approvals != nil {
 		scoped = append(scoped, struct {
@@ -317,6 +322,28 @@ func (h *handlers) budget(req micro.Request) {
 	if err := decode(req.Data(), &r); err != nil || r.TenantID == "" || r.Session == "" {
 		respondError(req, api.NewError(api.InvalidParameters, api.ERequestInvalid,
 			"expected {\"tenant_id\":…, \"session\":…, \"limits\":{…}}"))
+		return
+	}
+	h.doBudget(req, r)
+}
+
+// tenantBudget is budget on tool.svc.<tenant>.budget.
+func (h *handlers) tenantBudget(tenant string, req micro.Request) {
+	var r api.BudgetRequest
+	if err := decode(req.Data(), &r); err != nil || r.Session == "" {
+		respondError(req, api.NewError(api.InvalidParameters, api.ERequestInvalid,
+			"expected {\"session\":…, \"limits\":{…}}"))
+		return
+	}
+	if !sameTenant(req, tenant, &r.TenantID) {
+		return
+	}
+	h.doBudget(req, r)
+}
+
+func (h *handlers) doBudget(req micro.Request, r api.BudgetRequest) {
+	if err := subjects.CheckTenant(r.TenantID); err != nil {
+		respondError(req, api.WrapError(err, api.InvalidParameters, api.EInvalidName, "%v", err))
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

@@ -389,6 +389,13 @@ func busRoles(t *testing.T, s *served) {
 		{"agent", func(t *testing.T, i int) *nats.Conn { nc, _ := s.agent(t, i, "demo"); return nc }, []op{
 			{"invoke for its tenant", false, "tool.invoke.demo", true},
 			{"tenant-scoped control", false, subjects.TenantSvc("demo", subjects.SvcStatus), true},
+			{"its tenant's budgets", false, subjects.TenantSvc("demo", subjects.SvcBudget), true},
+			{"its tenant's pending approvals", false, subjects.TenantSvc("demo", subjects.SvcApprovalsList), true},
+			{"one of its tenant's approvals", false, subjects.TenantSvc("demo", subjects.SvcApprovalsGet), true},
+			{"another tenant's approvals", false, subjects.TenantSvc("other", subjects.SvcApprovalsList), false},
+			{"another tenant's budgets", false, subjects.TenantSvc("other", subjects.SvcBudget), false},
+			{"every tenant's approvals", false, subjects.SvcApprovalsList, false},
+			{"every tenant's budgets", false, subjects.SvcBudget, false},
 			{"invoke for another tenant", false, "tool.invoke.other", false},
 			{"skip validate and authorize", false, "toolgate.pipe.execute.normal.demo", false},
 			{"pre-publish the next hop", false, "toolgate.pipe.verify.normal.demo", false},
@@ -552,6 +559,32 @@ func agentRoundTrip(t *testing.T, s *served) {
 		}
 		if got := m.Header.Get("Nats-Service-Error-Code"); got != "3014" {
 			t.Fatalf("error code %q (%s), want 3014", got, m.Data)
+		}
+	})
+	t.Run("budget and approvals on its tenant's endpoints", func(t *testing.T) {
+		var claims token.Claims
+		if _, _, err := jwt.NewParser().ParseUnverified(raw, &claims); err != nil {
+			t.Fatal(err)
+		}
+		m, err := nc.Request(subjects.TenantSvc("demo", subjects.SvcBudget), []byte(`{"session":"`+token.BudgetKey(claims.Root())+`"}`), 5*time.Second)
+		if err != nil || m.Header.Get("Nats-Service-Error-Code") != "" {
+			t.Fatalf("budget: %v %s %s", err, m.Header.Get("Nats-Service-Error"), m.Data)
+		}
+		var b api.BudgetStatus
+		if err := json.Unmarshal(m.Data, &b); err != nil || b.Tenant != "demo" || b.Used.Calls < 1 {
+			t.Fatalf("budget %s: %v; want the call just made counted", m.Data, err)
+		}
+		m, err = nc.Request(subjects.TenantSvc("demo", subjects.SvcApprovalsList), nil, 5*time.Second)
+		if err != nil || m.Header.Get("Nats-Service-Error-Code") != "" || !strings.Contains(string(m.Data), `"approvals":`) {
+			t.Fatalf("approvals list: %v %s", err, m.Data)
+		}
+		m, err = nc.Request(subjects.TenantSvc("demo", subjects.SvcApprovalsList), []byte(`{"tenant_id":"other"}`), 5*time.Second)
+		if err != nil || m.Header.Get("Nats-Service-Error-Code") != "3014" {
+			t.Fatalf("approvals list naming another tenant: %v %q %s, want 3014", err, m.Header.Get("Nats-Service-Error-Code"), m.Data)
+		}
+		m, err = nc.Request(subjects.TenantSvc("demo", subjects.SvcApprovalsGet), []byte(`{"invocation_id":"`+id+`"}`), 5*time.Second)
+		if err != nil || m.Header.Get("Nats-Service-Error-Code") != "3214" {
+			t.Fatalf("approval of a call that needed none: %v %q %s, want 3214", err, m.Header.Get("Nats-Service-Error-Code"), m.Data)
 		}
 	})
 	t.Run("cancel on its tenant's endpoint", func(t *testing.T) {
