@@ -15,7 +15,9 @@ import (
 
 type staticVerifier struct{ tok AgentToken }
 
-func (v staticVerifier) VerifyConnectToken(context.Context, string) (AgentToken, error) { return v.tok, nil }
+func (v staticVerifier) VerifyConnectToken(context.Context, string) (AgentToken, error) {
+	return v.tok, nil
+}
 
 // calloutRequest is an authorization request as nats-server sends it:
 // signed by the server's key, encrypted to the callout's xkey.
