@@ -257,6 +257,7 @@ func (h *handlers) decide(req micro.Request) {
 			return
 		}
 		d.DecidedBy = who
+		d.Proof = &api.DecisionProof{Subject: req.Subject(), Headers: req.Headers(), Body: req.Data()}
 	}
 	if err := checkNames(d.Tenant, d.InvocationID); err != nil {
 		respondError(req, err)

@@ -344,6 +344,50 @@ func busApprovals(t *testing.T, s *served) {
 		rec, err := ac.Status(ctx, "demo", id)
 		return err == nil && rec.Status == api.StatusSuccess
 	})
+
+	// A leaked worker credential may write the approvals bucket (authorize
+	// records requests there) and hand calls to authorize, but a record it
+	// marks approved carries no operator's signed decision: authorize
+	// refuses the call (E3217).
+	t.Run("an approval written by a worker", func(t *testing.T) {
+		id, err := ac.Invoke(ctx, req, client.InvokeOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, 20*time.Second, "the call to wait for approval", func() bool {
+			rec, err := ac.Status(ctx, "demo", id)
+			return err == nil && rec.Status == api.StatusPendingApproval
+		})
+		wjs, _ := jetstream.New(s.connect(t, 0, s.creds(busauth.RoleWorker)))
+		ws, err := kvstore.Open(ctx, wjs, kvstore.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		a, err := ws.Decide(ctx, "demo", id, kvstore.ApprovalApproved, "operator:local", "forged by a worker")
+		if err != nil {
+			t.Fatalf("a worker writing the approvals bucket: %v", err)
+		}
+		var inv envelope.Invocation
+		if err := json.Unmarshal(a.Invocation, &inv); err != nil {
+			t.Fatal(err)
+		}
+		hop, err := runner.Handoff(&inv, subjects.Authorize)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hop.MsgID = ""
+		if err := runner.Publish(ctx, wjs, hop); err != nil {
+			t.Fatal(err)
+		}
+		var rec api.Record
+		eventually(t, 20*time.Second, "the call to end", func() bool {
+			rec, err = ac.Status(ctx, "demo", id)
+			return err == nil && rec.Status.Terminal()
+		})
+		if rec.Status != api.StatusPermissionDenied || rec.Error == nil || rec.Error.ECode != api.EDeciderUnverified {
+			t.Fatalf("a worker's approval: %s %+v, want permission_denied E3217", rec.Status, rec.Error)
+		}
+	})
 }
 
 // refused reports whether the server refused op on subject for nc with a

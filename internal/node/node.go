@@ -263,6 +263,9 @@ type StageConfig struct {
 	// (only on a bus without authentication: Run refuses to start execute
 	// on an authenticated bus without the key).
 	Seals *seal.Verifier
+	// ApprovalProof verifies approvals in authorize (Run sets it on an
+	// authenticated bus: an operator's signature of this deployment).
+	ApprovalProof func(kvstore.Approval) error
 }
 
 // NewStage builds the logic of the named stage. ctx bounds its watches;
@@ -372,6 +375,9 @@ func (n *Node) newAuthorizer(ctx context.Context, c StageConfig) (*authorize.Aut
 	})
 	if c.Sealer != nil {
 		a.SetSealer(c.Sealer)
+	}
+	if c.ApprovalProof != nil {
+		a.SetApprovalProof(c.ApprovalProof)
 	}
 	err := n.Store.WatchPolicy(ctx, func(b kvstore.PolicyBundle, ok bool, err error) {
 		if !ok {

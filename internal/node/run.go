@@ -198,6 +198,13 @@ func Run(ctx context.Context, c Config) error {
 	if err := setupSeals(&c, credsPath != "", log); err != nil {
 		return err
 	}
+	if credsPath != "" && slices.Contains(c.Stages, subjects.Authorize) && c.Stage.ApprovalProof == nil {
+		proofs, err := approvalProofs(credsPath)
+		if err != nil {
+			return err
+		}
+		c.Stage.ApprovalProof = proofs
+	}
 	if c.OTLPEndpoint != "" {
 		shutdown, err := setupTracing(ctx, c.OTLPEndpoint)
 		if err != nil {

@@ -59,7 +59,11 @@ type Config struct {
 	// Sealer, when set, signs each admitted call's decision into the
 	// envelope (internal/seal); execute runs only sealed calls.
 	Sealer Sealer
-	Now    func() time.Time
+	// ApprovalProof, when set, verifies that an approved call's approval
+	// record carries an operator's signed decision; nil trusts the record
+	// (a bus without authentication).
+	ApprovalProof func(kvstore.Approval) error
+	Now           func() time.Time
 }
 
 // Sealer signs an admitted invocation's authorization for the resolved tool
@@ -94,6 +98,9 @@ func New(cfg Config) *Authorizer {
 
 // SetSealer makes the stage seal every call it admits (Config.Sealer).
 func (a *Authorizer) SetSealer(s Sealer) { a.cfg.Sealer = s }
+
+// SetApprovalProof makes the stage verify approvals (Config.ApprovalProof).
+func (a *Authorizer) SetApprovalProof(f func(kvstore.Approval) error) { a.cfg.ApprovalProof = f }
 
 // SetPolicy replaces the policy for every later evaluation.
 func (a *Authorizer) SetPolicy(e *policy.Engine) { a.engine.Store(e) }
@@ -202,6 +209,14 @@ func (a *Authorizer) Process(ctx context.Context, inv *envelope.Invocation) ([]s
 		hasApproval = err == nil
 		if err != nil && !errors.Is(err, kvstore.ErrNoApproval) {
 			return nil, stages.Transient(err, 0)
+		}
+		if hasApproval && approval.State == kvstore.ApprovalApproved && a.cfg.ApprovalProof != nil {
+			// The bucket is writable by every stage worker: only an
+			// operator's signature makes a record an approval.
+			if err := a.cfg.ApprovalProof(approval); err != nil {
+				return nil, api.WrapError(err, api.PermissionDenied, api.EDeciderUnverified,
+					"the approval of %s is not an operator's signed decision: %v", inv.ID, err)
+			}
 		}
 		if hasApproval {
 			in.Approval = &ApprovalInput{State: approval.State, DecidedBy: approval.DecidedBy}
