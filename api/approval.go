@@ -31,6 +31,20 @@ type Approval struct {
 	Reason       string    `json:"reason,omitempty"`
 	// Invocation is the parked pipeline envelope, resumed or ended on decision.
 	Invocation json.RawMessage `json:"invocation"`
+	// Proof is the signed request that decided, when the control service
+	// verified one: authorize verifies it again before it admits an
+	// approved call, so a record written straight into the bucket approves
+	// nothing.
+	Proof *DecisionProof `json:"proof,omitempty"`
+}
+
+// DecisionProof is a signed decision request as the control service
+// received it (busauth.Signer): subject, headers (the signature's among
+// them) and body.
+type DecisionProof struct {
+	Subject string              `json:"subject"`
+	Headers map[string][]string `json:"headers"`
+	Body    []byte              `json:"body"`
 }
 
 // ApprovalDecision is a request to approve or deny one invocation.
@@ -40,6 +54,8 @@ type ApprovalDecision struct {
 	Approve      bool   `json:"approve"`
 	DecidedBy    string `json:"decided_by"`
 	Reason       string `json:"reason,omitempty"`
+	// Proof is set by the control service, never read from the wire.
+	Proof *DecisionProof `json:"-"`
 }
 
 // ApprovalsRequest asks for a tenant's pending approvals, or with an

@@ -100,9 +100,21 @@ func TestKubernetesManifests(t *testing.T) {
 				}
 			}
 			// The auth callout's pods hold the deployment's keys, worker
-			// credentials among them; every other pod only the credentials.
-			if !secrets["toolgate-nats-worker"] && !(stage == "authcallout" && secrets["toolgate-bus-keys"]) {
+			// credentials among them; the control service its own
+			// credentials; every other pod the worker credentials.
+			switch {
+			case stage == "control":
+				if !secrets["toolgate-nats-control"] || secrets["toolgate-nats-worker"] {
+					t.Error("the control service's own credentials are not mounted from a Secret, or it holds a worker's")
+				}
+			case !secrets["toolgate-nats-worker"] && !(stage == "authcallout" && secrets["toolgate-bus-keys"]):
 				t.Error("NATS worker credentials are not mounted from a Secret")
+			}
+			if stage == "authorize" && !secrets["toolgate-seal-key"] {
+				t.Error("authorize: hop-sealing key not from a Secret")
+			}
+			if stage == "execute" && !secrets["toolgate-seal-pub"] {
+				t.Error("execute: hop-sealing public key not from a Secret")
 			}
 			if stage == "authorize" && !secrets["toolgate-jwks"] {
 				t.Error("authorize: key set not from a Secret")

@@ -148,6 +148,9 @@ func TenantOfPipe(subject string) (string, bool) {
 // priority.
 func PipeTenant(tenant string) string { return pipePrefix + "*.*." + tenant }
 
+// PipeStage matches every hand-off to stage, at any priority and tenant.
+func PipeStage(stage string) string { return pipePrefix + stage + ".>" }
+
 // PipeAll matches every internal hand-off subject.
 const PipeAll = pipePrefix + ">"
 

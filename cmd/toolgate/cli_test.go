@@ -438,8 +438,22 @@ func TestApprovals(t *testing.T) {
 		!strings.Contains(string(a.Parameters), `"pay"`) || strings.Contains(string(a.Parameters), "hunter2") {
 		t.Fatalf("approvals show: %v %+v\n%s", err, a, r.stdout)
 	}
-	if r := tg(t, "", s.flags("approve", id, "--reason", "ok")...); r.code != exitOK || !strings.Contains(r.stdout, "approved "+id) {
+	// A named operator's credentials, issued from the deployment's keys:
+	// the decision records her, not the local operator.
+	alice := filepath.Join(t.TempDir(), "alice.creds")
+	if r := tg(t, "", "--data", s.data, "creds", "issue", "--name", "alice", "--role", "operator", "--ttl", "1h", "--out", alice); r.code != exitOK ||
+		!strings.Contains(r.stdout, "operator:alice credentials in "+alice) {
+		t.Fatalf("creds issue: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if r := tg(t, "", "--data", s.data, "creds", "issue", "--name", "alice", "--out", alice); r.code == exitOK || !strings.Contains(r.stderr, "exists") {
+		t.Fatalf("creds issue over existing files: exit %d\n%s", r.code, r.stderr)
+	}
+	if r := tg(t, "", s.flags("approve", id, "--reason", "ok", "--creds", alice)...); r.code != exitOK || !strings.Contains(r.stdout, "approved "+id) {
 		t.Fatalf("approve: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	r = tg(t, "", s.flags("approvals", "show", id, "--json")...)
+	if err := json.Unmarshal([]byte(r.stdout), &a); err != nil || a.DecidedBy != "operator:alice" {
+		t.Fatalf("approval decided by %q, want operator:alice (%v)\n%s", a.DecidedBy, err, r.stdout)
 	}
 	select {
 	case code := <-done:

@@ -96,7 +96,7 @@ people unless --json is given. Exit status: 0 success, 1 error, 2 usage,
 		root.AddCommand(c)
 	}
 	for _, c := range []*cobra.Command{a.toolsCmd(), a.tokenCmd(), a.policyCmd(), a.hooksCmd(), a.approveCmd(true), a.approveCmd(false),
-		a.approvalsCmd(), a.breakersCmd(), a.modelsCmd(), a.budgetsCmd(), a.auditCmd()} {
+		a.approvalsCmd(), a.breakersCmd(), a.modelsCmd(), a.budgetsCmd(), a.auditCmd(), a.credsCmd()} {
 		c.GroupID = "admin"
 		root.AddCommand(c)
 	}

@@ -21,6 +21,7 @@ import (
 // pipelineFlags are shared by serve and stage.
 func pipelineFlags(fs *pflag.FlagSet, c *node.Config) *string {
 	fs.BoolVar(&c.AuthCallout, "auth-callout", false, "with --nats, also run the bus's auth callout with the keys in <data>/busauth")
+	fs.StringVar(&c.ControlCreds, "control-creds", "", "with --nats, the credentials the control service connects with beside the stages (default <data>/busauth/control.creds)")
 	fs.IntVar(&c.Workers, "workers", 4, "workers per stage")
 	fs.IntVar(&c.TenantInFlight, "tenant-inflight", 0, "most calls of one tenant an execute process runs at once (0: 3/4 of --workers, -1: no limit)")
 	fs.StringVar(&c.MetricsAddr, "metrics-addr", "", "serve Prometheus metrics on this address (/metrics)")

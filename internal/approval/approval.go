@@ -34,7 +34,7 @@ type Decided struct {
 // one succeeds, the others get E3215 (api.EApprovalDecided) and an unknown
 // invocation E3214.
 type Store interface {
-	Decide(ctx context.Context, tenant, id, state, by, reason string) (kvstore.Approval, error)
+	Decide(ctx context.Context, tenant, id, state, by, reason string, proof ...*api.DecisionProof) (kvstore.Approval, error)
 	PendingApprovals(ctx context.Context) ([]kvstore.Approval, error)
 }
 
@@ -62,7 +62,7 @@ func (s *Service) Decide(ctx context.Context, d api.ApprovalDecision) (kvstore.A
 	if d.Approve {
 		state = kvstore.ApprovalApproved
 	}
-	a, err := s.Store.Decide(ctx, d.Tenant, d.InvocationID, state, d.DecidedBy, d.Reason)
+	a, err := s.Store.Decide(ctx, d.Tenant, d.InvocationID, state, d.DecidedBy, d.Reason, d.Proof)
 	if err != nil {
 		return a, err
 	}

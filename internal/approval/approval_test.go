@@ -23,7 +23,7 @@ type fakeStore struct {
 	approvals map[string]kvstore.Approval
 }
 
-func (f *fakeStore) Decide(_ context.Context, tenant, id, state, by, reason string) (kvstore.Approval, error) {
+func (f *fakeStore) Decide(_ context.Context, tenant, id, state, by, reason string, _ ...*api.DecisionProof) (kvstore.Approval, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	a, ok := f.approvals[tenant+"/"+id]

@@ -42,6 +42,9 @@ func measureBus(ctx context.Context, openURL, dir string, cred credentials) ([]B
 	}
 	defer gate.Close()
 	worker := busauth.CredentialsOption(node.CredsPath(filepath.Join(dir, "bus"), busauth.RoleWorker))
+	// The round trip is a control request: the control service's role
+	// serves tool.svc.>.
+	control := busauth.CredentialsOption(node.CredsPath(filepath.Join(dir, "bus"), busauth.RoleControl))
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
 	n, err := node.Open(runCtx, "", "bench", topology.TopologyOptions{}, discardLogger(), nats.InProcessServer(ns), worker)
@@ -104,7 +107,7 @@ func measureBus(ctx context.Context, openURL, dir string, cred credentials) ([]B
 	}{
 		{"connect, worker credentials", connect, nil, []nats.Option{worker}},
 		{"connect, agent token", connect, nil, []nats.Option{nats.Token(cred.token)}},
-		{"request-reply round trip", roundTrip, nil, []nats.Option{worker}},
+		{"request-reply round trip", roundTrip, nil, []nats.Option{control}},
 	} {
 		open, err := m.fn(openURL, m.openOpts...)
 		if err != nil {

@@ -167,11 +167,7 @@ func (b *bus) connect(t *testing.T, opts ...nats.Option) *nats.Conn {
 }
 
 func (b *bus) creds(role Role) nats.Option {
-	f := WorkerCredsFile
-	if role == RoleOperator {
-		f = OperatorCredsFile
-	}
-	return CredentialsOption(filepath.Join(b.dir, DirName, f))
+	return CredentialsOption(filepath.Join(b.dir, DirName, CredsFile(role)))
 }
 
 // mint returns a capability token for tenant; change edits the claims.
@@ -266,7 +262,20 @@ func TestBusRoles(t *testing.T) {
 			{false, "$JS.API.STREAM.UPDATE.AUDIT", false},
 			{false, "$KV.toolgate_revocations.tok", false},
 			{false, "$KV.toolgate_policies.p", false},
+			{false, "$KV.toolgate_tools.echo", false},
+			{false, "tool.svc.approval", false},
+			{false, "tool.svc.tools.register", false},
 			{true, "toolgate.pipe.>", true},
+			{true, "tool.svc.approval", false},
+		}},
+		{"control", func(t *testing.T) *nats.Conn { return b.connect(t, b.creds(RoleControl)) }, []op{
+			{false, "toolgate.pipe.authorize.normal.demo", true},
+			{false, "toolgate.pipe.execute.normal.demo", false},
+			{false, "$KV.toolgate_tools.echo", true},
+			{false, "$KV.toolgate_policies.p", false},
+			{false, "$JS.API.STREAM.DELETE.AUDIT", false},
+			{true, "tool.svc.approval", true},
+			{true, "toolgate.pipe.>", false},
 		}},
 		{"operator", func(t *testing.T) *nats.Conn { return b.connect(t, b.creds(RoleOperator)) }, []op{
 			{false, "tool.svc.approval", true},
@@ -345,7 +354,8 @@ func TestAgentUsesTheBus(t *testing.T) {
 
 	t.Run("control request carries identity and a private reply", func(t *testing.T) {
 		seen := make(chan *nats.Msg, 1)
-		svc, err := worker.Subscribe(subjects.TenantSvc("*", subjects.SvcStatus), func(m *nats.Msg) {
+		ctl := b.connect(t, b.creds(RoleControl)) // the control service's role serves the endpoints
+		svc, err := ctl.Subscribe(subjects.TenantSvc("*", subjects.SvcStatus), func(m *nats.Msg) {
 			seen <- m
 			m.Respond([]byte(`{"status":"pending"}`))
 		})
@@ -353,7 +363,7 @@ func TestAgentUsesTheBus(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer svc.Unsubscribe()
-		worker.Flush()
+		ctl.Flush()
 		resp, err := agent.RequestWithContext(ctx, subjects.TenantSvc("demo", subjects.SvcStatus), []byte(`{}`))
 		if err != nil || string(resp.Data) != `{"status":"pending"}` {
 			t.Fatalf("status: %v %v", resp, err)

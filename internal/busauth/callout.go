@@ -103,6 +103,9 @@ type CalloutConfig struct {
 type Callout struct {
 	cfg        CalloutConfig
 	credSigner string
+	issuer     nkeys.KeyPair // Keys.Issuer, expanded once for signing
+	xkeys      *sharedKeys
+	users      userClaimsCache
 
 	mu   sync.Mutex
 	live map[string][]liveConn // token id (and chain ids) -> admitted connections
@@ -128,7 +131,15 @@ func NewCallout(cfg CalloutConfig) (*Callout, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
-	return &Callout{cfg: cfg, credSigner: mustPublic(cfg.Keys.CredSigner), live: map[string][]liveConn{}}, nil
+	xk, err := newSharedKeys(cfg.Keys.XKey)
+	if err != nil {
+		return nil, err
+	}
+	iss, err := newPresigner(cfg.Keys.Issuer)
+	if err != nil {
+		return nil, err
+	}
+	return &Callout{cfg: cfg, credSigner: mustPublic(cfg.Keys.CredSigner), issuer: iss, xkeys: xk, live: map[string][]liveConn{}}, nil
 }
 
 // calloutSubject is where nats-server sends authorization requests
@@ -160,7 +171,7 @@ func (c *Callout) Start(nc *nats.Conn) (*nats.Subscription, error) {
 func (c *Callout) Handle(data []byte, serverXKey string) ([]byte, error) {
 	if serverXKey != "" {
 		var err error
-		if data, err = c.cfg.Keys.XKey.Open(data, serverXKey); err != nil {
+		if data, err = c.xkeys.open(data, serverXKey); err != nil {
 			return nil, fmt.Errorf("decrypting authorization request: %w", err)
 		}
 	}
@@ -188,12 +199,12 @@ func (c *Callout) Handle(data []byte, serverXKey string) ([]byte, error) {
 	} else if id.Role == RoleAgent {
 		c.track(id, req.Server.ID, req.ClientInformation.ID)
 	}
-	out, err := cr.Encode(c.cfg.Keys.Issuer)
+	out, err := cr.Encode(c.issuer)
 	if err != nil {
 		return nil, err
 	}
 	if serverXKey != "" {
-		return c.cfg.Keys.XKey.Seal([]byte(out), serverXKey)
+		return c.xkeys.seal([]byte(out), serverXKey)
 	}
 	return []byte(out), nil
 }
@@ -259,7 +270,7 @@ func (c *Callout) authorizeCreds(req *jwt.AuthorizationRequestClaims, ujwt, nkey
 	}
 	// DecodeUserClaims verifies the signature with the key the JWT names
 	// as its issuer; we then require that issuer to be ours.
-	uc, err := jwt.DecodeUserClaims(ujwt)
+	uc, err := c.users.decode(ujwt)
 	if err != nil {
 		return Identity{}, fmt.Errorf("%w: user JWT: %v", ErrBadSignature, err)
 	}
@@ -275,7 +286,7 @@ func (c *Callout) authorizeCreds(req *jwt.AuthorizationRequestClaims, ujwt, nkey
 			id.Role = Role(r)
 		}
 	}
-	if id.Role != RoleWorker && id.Role != RoleOperator {
+	if !id.Role.Issued() {
 		return id, fmt.Errorf("%w: user JWT names no toolgate role", ErrBadToken)
 	}
 	now := c.cfg.Now()
@@ -324,7 +335,7 @@ func (c *Callout) userJWT(userNkey string, id Identity) (string, error) {
 	if !id.Expires.IsZero() {
 		uc.Expires = id.Expires.Unix()
 	}
-	return uc.Encode(c.cfg.Keys.Issuer)
+	return uc.Encode(c.issuer)
 }
 
 // track remembers an admitted agent connection under its token id and the

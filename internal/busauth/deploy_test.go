@@ -185,6 +185,7 @@ func TestKubernetesMountsCredentials(t *testing.T) {
 				}
 			}
 			mounted := ""
+			seals := map[string]bool{}
 			for _, m := range c.VolumeMounts {
 				if strings.HasPrefix(creds, strings.TrimSuffix(m.MountPath, "/")+"/") {
 					mounted = secrets[m.Name]
@@ -192,6 +193,20 @@ func TestKubernetesMountsCredentials(t *testing.T) {
 				if secrets[m.Name] == "toolgate-bus-keys" && d.Metadata.Name != "toolgate-authcallout" {
 					t.Errorf("mounts the deployment's bus keys")
 				}
+				if secrets[m.Name] == "toolgate-seal-key" && d.Metadata.Name != "toolgate-authorize" {
+					t.Errorf("mounts the private hop-sealing key")
+				}
+				if s := secrets[m.Name]; (s == "toolgate-seal-key" || s == "toolgate-seal-pub") && m.MountPath != "/var/lib/toolgate/"+DirName {
+					t.Errorf("the sealing key is mounted at %s, not <--data>/%s", m.MountPath, DirName)
+				}
+				seals[secrets[m.Name]] = true
+			}
+			switch want := map[string]string{"toolgate-authorize": "toolgate-seal-key", "toolgate-execute": "toolgate-seal-pub"}[d.Metadata.Name]; {
+			case want != "" && !seals[want]:
+				t.Errorf("does not mount %s: it would not start on an authenticated bus", want)
+			}
+			if d.Metadata.Name == "toolgate-control" && !strings.HasSuffix(creds, "/"+ControlCredsFile) {
+				t.Errorf("the control service connects with %s, not its own %s", creds, ControlCredsFile)
 			}
 			if mounted == "" {
 				t.Errorf("credentials %s are not mounted from a Secret", creds)

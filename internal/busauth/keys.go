@@ -24,8 +24,13 @@ const (
 	xkeyFile          = "xkey.nk"        // curve key encrypting callout requests and responses
 	AuthConfFile      = "auth.conf"      // accounts and authorization blocks for nats-server
 	WorkerCredsFile   = "worker.creds"
+	ControlCredsFile  = "control.creds"
 	OperatorCredsFile = "operator.creds"
 )
+
+// CredsFile is the name of the credentials file WriteCredentials writes
+// for role: <role>.creds.
+func CredsFile(role Role) string { return string(role) + ".creds" }
 
 // Keys are the secrets of a deployment's bus authentication.
 type Keys struct {
@@ -168,8 +173,8 @@ const roleTagPrefix = "toolgate-role:"
 // nats.UserCredentials read) for a worker or operator called name. ttl 0
 // never expires.
 func (k *Keys) IssueCredentials(role Role, name string, ttl time.Duration) ([]byte, error) {
-	if role != RoleWorker && role != RoleOperator {
-		return nil, fmt.Errorf("%w: credentials are for workers and operators, not %q", ErrBadIdentity, role)
+	if !role.Issued() {
+		return nil, fmt.Errorf("%w: credentials are for workers, the control service and operators, not %q", ErrBadIdentity, role)
 	}
 	if name == "" || strings.ContainsAny(name, ": \t\r\n") {
 		return nil, fmt.Errorf("%w: credential name %q", ErrBadIdentity, name)
@@ -199,42 +204,26 @@ func (k *Keys) IssueCredentials(role Role, name string, ttl time.Duration) ([]by
 	return jwt.FormatUserConfig(tok, seed)
 }
 
-// WriteCredentials makes sure dataDir/busauth holds the keys, and writes
-// worker.creds and operator.creds (and their halves worker.jwt/.nk,
-// operator.jwt/.nk for the nats CLI), all 0600, and auth.conf there. Existing keys
+// WriteCredentials makes sure dataDir/busauth holds the keys (the
+// hop-sealing key too), and writes worker.creds, control.creds and
+// operator.creds, named "local" (and their halves <role>.jwt and <role>.nk
+// for the nats CLI), all 0600, and auth.conf there. Existing keys
 // are kept; the credentials files are issued anew. It returns the keys.
 func WriteCredentials(dataDir string) (*Keys, error) {
 	k, err := LoadOrCreateKeys(dataDir)
 	if err != nil {
 		return nil, err
 	}
+	if _, err := LoadOrCreateSealKey(dataDir); err != nil {
+		return nil, err
+	}
 	dir := filepath.Join(dataDir, DirName)
-	for _, c := range []struct {
-		role Role
-		file string
-	}{{RoleWorker, WorkerCredsFile}, {RoleOperator, OperatorCredsFile}} {
-		b, err := k.IssueCredentials(c.role, "local", 0)
+	for _, role := range IssuedRoles {
+		b, err := k.IssueCredentials(role, "local", 0)
 		if err != nil {
 			return nil, err
 		}
-		if err := writeSecret(filepath.Join(dir, c.file), b); err != nil {
-			return nil, err
-		}
-		// The same credentials split for the nats CLI: --nkey <role>.nk
-		// --token "$(cat <role>.jwt)" (see CredentialsOption).
-		tok, err := jwt.ParseDecoratedJWT(b)
-		if err != nil {
-			return nil, err
-		}
-		kp, err := jwt.ParseDecoratedNKey(b)
-		if err != nil {
-			return nil, err
-		}
-		seed, _ := kp.Seed()
-		if err := writeSecret(filepath.Join(dir, string(c.role)+".jwt"), []byte(tok+"\n")); err != nil {
-			return nil, err
-		}
-		if err := writeSecret(filepath.Join(dir, string(c.role)+".nk"), append(seed, '\n')); err != nil {
+		if err := WriteCredsFiles(filepath.Join(dir, CredsFile(role)), b); err != nil {
 			return nil, err
 		}
 	}
@@ -242,6 +231,33 @@ func WriteCredentials(dataDir string) (*Keys, error) {
 		return nil, err
 	}
 	return k, nil
+}
+
+// WriteCredsFiles writes a .creds file to path (0600) and, beside it, its
+// halves for the nats CLI: <name>.jwt (the user JWT) and <name>.nk (the
+// nkey seed), used as --nkey <name>.nk --token "$(cat <name>.jwt)" (see
+// CredentialsOption).
+func WriteCredsFiles(path string, creds []byte) error {
+	tok, err := jwt.ParseDecoratedJWT(creds)
+	if err != nil {
+		return err
+	}
+	kp, err := jwt.ParseDecoratedNKey(creds)
+	if err != nil {
+		return err
+	}
+	seed, err := kp.Seed()
+	if err != nil {
+		return err
+	}
+	if err := writeSecret(path, creds); err != nil {
+		return err
+	}
+	base := strings.TrimSuffix(path, ".creds")
+	if err := writeSecret(base+".jwt", []byte(tok+"\n")); err != nil {
+		return err
+	}
+	return writeSecret(base+".nk", append(seed, '\n'))
 }
 
 // CredentialsOption authenticates a nats.go connection with a .creds file

@@ -4,15 +4,19 @@
 // `authorization { auth_callout {…} }`): the server forwards each CONNECT on
 // $SYS.REQ.USER.AUTH, the service checks the credentials and answers with a
 // user JWT that places the connection in an account and carries its subject
-// permissions. Three roles exist:
+// permissions. Four roles exist:
 //
 //   - agent: connects with its capability token as the NATS connect token;
 //     lives in account AGENTS, which sees only what account TOOLGATE exports
 //     (invoke, tenant-scoped control services, results, audit), and within it
 //     only its own tenant's subjects and its own inbox prefix.
-//   - worker: stage and control processes (account TOOLGATE); the pipeline,
-//     their streams, consumers and buckets; no stream deletion or purge, no
-//     writes to policies or revocations.
+//   - worker: stage processes (account TOOLGATE); the pipeline, their
+//     streams, consumers and the buckets stages write; no stream deletion or
+//     purge, no writes to tools, models, policies or revocations, and no
+//     control endpoints (it can neither serve nor call them).
+//   - control: the control service (account TOOLGATE); its endpoints, the
+//     tools, approvals and invocations buckets it writes, and the hops a
+//     decision or cancel puts into the pipeline.
 //   - operator: administration (account TOOLGATE); everything there.
 //
 // Workers and operators present a NATS .creds file whose user JWT toolgate
@@ -42,8 +46,15 @@ type Role string
 const (
 	RoleAgent    Role = "agent"
 	RoleWorker   Role = "worker"
+	RoleControl  Role = "control"
 	RoleOperator Role = "operator"
 )
+
+// IssuedRoles are the roles toolgate issues credentials for.
+var IssuedRoles = []Role{RoleWorker, RoleControl, RoleOperator}
+
+// Issued reports whether r is a role credentials are issued for.
+func (r Role) Issued() bool { return r == RoleWorker || r == RoleControl || r == RoleOperator }
 
 // Account names. Agents live apart from toolgate's own account so that a
 // reply subject an agent chooses can never name a subject inside TOOLGATE:
@@ -97,7 +108,7 @@ func ParseUserName(s string) (Identity, error) {
 			return Identity{}, fmt.Errorf("agent user name %q is not agent:tenant:jti", s)
 		}
 		return Identity{Role: RoleAgent, Name: s, Tenant: tenant, TokenID: jti}, nil
-	case RoleWorker, RoleOperator:
+	case RoleWorker, RoleControl, RoleOperator:
 		return Identity{Role: Role(role), Name: rest}, nil
 	}
 	return Identity{}, fmt.Errorf("user name %q has unknown role %q", s, role)
@@ -112,17 +123,43 @@ func InboxPrefix(tenant, jti string) string {
 }
 
 // Bucket names toolgate's KV buckets use. They mirror kvstore's constants
-// (which this package may not import); stream names are KV_<bucket>.
+// (which this package may not import; TestBucketNames checks them); stream
+// names are KV_<bucket>.
 const (
-	bucketTools       = "toolgate_tools"
-	bucketPolicies    = "toolgate_policies"
-	bucketRevocations = "toolgate_revocations"
-	bucketHooks       = "toolgate_hooks"
+	bucketTools        = "toolgate_tools"
+	bucketPolicies     = "toolgate_policies"
+	bucketRevocations  = "toolgate_revocations"
+	bucketInvocations  = "toolgate_invocations"
+	bucketApprovals    = "toolgate_approvals"
+	bucketBudgets      = "toolgate_budgets"
+	bucketRateLimits   = "toolgate_ratelimits"
+	bucketIdempotency  = "toolgate_idempotency"
+	bucketCheckpoints  = "toolgate_checkpoints"
+	bucketBreakers     = "toolgate_breakers"
+	bucketToolStats    = "toolgate_toolstats"
+	bucketCapabilities = "toolgate_capabilities"
+	bucketHooks        = "toolgate_hooks"
 )
+
+// workerBuckets are the buckets stage processes write: status records and
+// hook decisions (validate, authorize, execute, audit), approvals requested
+// and expired (authorize), budgets and aborted sessions (authorize, audit),
+// rate limits (route), idempotency keys, checkpoints and breakers
+// (execute), tool usage statistics (audit), and the recorded security
+// settings (every authorize and execute process). Hook sets are the
+// operator's to write.
+var workerBuckets = []string{bucketInvocations, bucketApprovals, bucketBudgets, bucketRateLimits,
+	bucketIdempotency, bucketCheckpoints, bucketBreakers, subjects.BucketSettings, bucketToolStats}
+
+// controlBuckets are the buckets the control service writes: tools
+// (register, delete), approvals (decisions), invocations (cancels) and
+// capability requests with their grants.
+var controlBuckets = []string{bucketTools, bucketApprovals, bucketInvocations, bucketCapabilities}
 
 // agentServices are the control endpoints an agent may call, each served on
 // subjects.TenantSvc(tenant, endpoint).
 var agentServices = []string{subjects.SvcStatus, subjects.SvcCancel, subjects.SvcToolsList, subjects.SvcToolsGet,
+	subjects.SvcBudget, subjects.SvcApprovalsList, subjects.SvcApprovalsGet,
 	subjects.SvcCapabilityRequest, subjects.SvcCapabilityReport}
 
 // Grant is what the callout gives a connection: its account and permissions.
@@ -148,6 +185,8 @@ func GrantFor(id Identity) (Grant, error) {
 		return Grant{Account: AccountAgents, Permissions: agentPermissions(id.Tenant, id.TokenID)}, nil
 	case RoleWorker:
 		return Grant{Account: AccountToolgate, Permissions: workerPermissions()}, nil
+	case RoleControl:
+		return Grant{Account: AccountToolgate, Permissions: controlPermissions()}, nil
 	case RoleOperator:
 		return Grant{Account: AccountToolgate, Permissions: operatorPermissions()}, nil
 	}
@@ -184,7 +223,37 @@ func directGetResult(tenant string) string {
 	return "$JS.API.DIRECT.GET." + subjects.StreamResults + "." + subjects.ResultAll[:len(subjects.ResultAll)-1] + tenant + ".>"
 }
 
-// workerPermissions are the rights stage and control processes use.
+// jsReadAndConsume are the JetStream API subjects every toolgate process
+// uses: account and stream information, creating missing streams and
+// buckets at start (never updating, purging or deleting them, so no worker
+// can shorten or erase the audit trail), reading messages, consumers (pull
+// consumers and KV watches), acks and flow control.
+var jsReadAndConsume = []string{
+	"$JS.API.INFO",
+	"$JS.API.STREAM.INFO.>",
+	"$JS.API.STREAM.NAMES",
+	"$JS.API.STREAM.LIST",
+	"$JS.API.STREAM.CREATE.>",
+	"$JS.API.STREAM.MSG.GET.>",
+	"$JS.API.DIRECT.GET.>",
+	"$JS.API.CONSUMER.>",
+	"$JS.ACK.>",
+	"$JS.FC.>",
+}
+
+func kvWrites(buckets []string) []string {
+	out := make([]string, 0, len(buckets))
+	for _, b := range buckets {
+		out = append(out, "$KV."+b+".>")
+	}
+	return out
+}
+
+// workerPermissions are the rights stage processes use: the pipeline and
+// its ends (results, audit), the buckets stages write, cancel
+// announcements heard. Not the control endpoints, whose subscriptions would
+// let a worker answer for the control service, nor the tools, models,
+// policies and revocations buckets.
 func workerPermissions() jwt.Permissions {
 	var p jwt.Permissions
 	p.Pub.Allow.Add(
@@ -192,32 +261,39 @@ func workerPermissions() jwt.Permissions {
 		subjects.PipeAll,
 		subjects.ResultAll,
 		subjects.AuditAll,
-		subjects.CancelAll,
-		"tool.svc.>", // micro's own discovery and tenant-scoped endpoints
-		"$SRV.>",
 		"_INBOX.>",
-		"$JS.API.INFO",
-		"$JS.API.STREAM.INFO.>",
-		"$JS.API.STREAM.NAMES",
-		"$JS.API.STREAM.LIST",
-		"$JS.API.STREAM.CREATE.>",
-		"$JS.API.STREAM.MSG.GET.>",
-		"$JS.API.DIRECT.GET.>",
-		"$JS.API.CONSUMER.>",
-		"$JS.ACK.>",
-		"$JS.FC.>",
-		"$KV.>",
 	)
-	// Policies, revocations and tenants' hook sets are the operator's to write. Streams may be
-	// created but not updated, purged or deleted (those API subjects are not
-	// allowed), so a worker cannot shorten or erase the audit trail.
-	p.Pub.Deny.Add(
-		"$KV."+bucketPolicies+".>",
-		"$KV."+bucketRevocations+".>",
-		"$KV."+bucketHooks+".>",
-	)
+	p.Pub.Allow.Add(jsReadAndConsume...)
+	p.Pub.Allow.Add(kvWrites(workerBuckets)...)
 	p.Sub.Allow.Add(
 		subjects.InvokeAll, subjects.PipeAll, subjects.ResultAll, subjects.AuditAll, subjects.CancelAll,
+		"_INBOX.>",
+		"$JS.EVENT.ADVISORY.>",
+	)
+	p.Resp = &jwt.ResponsePermission{MaxMsgs: 1, Expires: time.Minute}
+	return p
+}
+
+// controlPermissions are the control service's rights: serve the control
+// endpoints (and micro's discovery), write the tools, approvals and
+// invocations buckets, announce cancels, and put a decided or cancelled
+// call back into the pipeline (to authorize, or to audit) with its audit
+// event. It reads what the stages write (status, budgets, streams in
+// flight) but cannot hand a call to route, execute or verify.
+func controlPermissions() jwt.Permissions {
+	var p jwt.Permissions
+	p.Pub.Allow.Add(
+		subjects.PipeStage(subjects.Authorize),
+		subjects.PipeStage(subjects.Audit),
+		subjects.AuditAll,
+		subjects.CancelAll,
+		"tool.svc.>",
+		"$SRV.>",
+		"_INBOX.>",
+	)
+	p.Pub.Allow.Add(jsReadAndConsume...)
+	p.Pub.Allow.Add(kvWrites(controlBuckets)...)
+	p.Sub.Allow.Add(
 		"tool.svc.>", "$SRV.>", "_INBOX.>",
 		"$JS.EVENT.ADVISORY.>",
 	)

@@ -6,6 +6,7 @@ import (
 
 	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/toolgate/toolgate/kvstore"
 )
 
 // allows reports whether perm lets subject through: some allow matches it
@@ -51,6 +52,12 @@ func TestGrantFor(t *testing.T) {
 			{true, "tool.svc.capability.report", false},
 			{true, "tool.svc.tools.stats", false},
 			{true, "tool.svc.demo.tools.register", false},
+			{true, "tool.svc.demo.budget", true},
+			{true, "tool.svc.demo.approvals.list", true},
+			{true, "tool.svc.demo.approvals.get", true},
+			{true, "tool.svc.other.approvals.list", false},
+			{true, "tool.svc.approvals.list", false},
+			{true, "tool.svc.budget", false},
 			{true, "tool.svc.other.status", false},
 			{true, "tool.svc.approval", false},
 			{true, "tool.svc.status", false},
@@ -87,7 +94,47 @@ func TestGrantFor(t *testing.T) {
 			{true, "$KV.toolgate_revocations.x", false},
 			{true, "$KV.toolgate_policies.x", false},
 			{true, "$KV.toolgate_hooks.x", false},
+			{true, "$KV.toolgate_tools.echo", false},
+			{true, "$KV.toolgate_models.m", false},
+			{true, "$KV.toolgate_budgets.k", true},
+			{true, "$KV.toolgate_approvals.k", true},
+			{true, "$KV.toolgate_settings.k", true},
+			{true, "tool.svc.approval", false},
+			{true, "tool.svc.tools.register", false},
+			{true, "tool.svc.demo.status", false},
+			{true, "$SRV.PING", false},
+			{true, "toolgate.cancel.demo.x", false},
+			{true, "$KV.toolgate_toolstats.echo.w1", true},
+			{true, "$KV.toolgate_capabilities.k", false},
 			{false, "toolgate.pipe.>", true},
+			{false, "toolgate.cancel.>", true},
+			{false, "tool.svc.approval", false},
+			{false, "tool.svc.>", false},
+			{false, "$SRV.>", false},
+		}},
+		{"control", Identity{Role: RoleControl, Name: "c"}, AccountToolgate, []check{
+			{true, "toolgate.pipe.authorize.normal.demo", true},
+			{true, "toolgate.pipe.audit.high.demo", true},
+			{true, "toolgate.pipe.route.normal.demo", false},
+			{true, "toolgate.pipe.execute.normal.demo", false},
+			{true, "toolgate.pipe.verify.normal.demo", false},
+			{true, "tool.result.demo.x", false},
+			{true, "audit.demo.tool.approval.granted", true},
+			{true, "toolgate.cancel.demo.x", true},
+			{true, "$KV.toolgate_tools.echo", true},
+			{true, "$KV.toolgate_capabilities.k", true},
+			{true, "$KV.toolgate_hooks.acme", false},
+			{true, "$KV.toolgate_approvals.k", true},
+			{true, "$KV.toolgate_invocations.k", true},
+			{true, "$KV.toolgate_budgets.k", false},
+			{true, "$KV.toolgate_breakers.k", false},
+			{true, "$KV.toolgate_policies.x", false},
+			{true, "$KV.toolgate_revocations.x", false},
+			{true, "$JS.API.STREAM.DELETE.AUDIT", false},
+			{true, "$JS.API.STREAM.PURGE.KV_toolgate_tools", false},
+			{false, "tool.svc.>", true},
+			{false, "$SRV.>", true},
+			{false, "toolgate.pipe.>", false},
 		}},
 		{"operator", Identity{Role: RoleOperator, Name: "o"}, AccountToolgate, []check{
 			{true, "$JS.API.STREAM.DELETE.AUDIT", true},
@@ -139,6 +186,7 @@ func TestUserNameRoundTrip(t *testing.T) {
 	for _, id := range []Identity{
 		{Role: RoleAgent, Tenant: "demo", TokenID: "j-1"},
 		{Role: RoleWorker, Name: "local"},
+		{Role: RoleControl, Name: "local"},
 		{Role: RoleOperator, Name: "alice"},
 	} {
 		got, err := ParseUserName(id.UserName())
@@ -159,5 +207,20 @@ func TestUserNameRoundTrip(t *testing.T) {
 func TestInboxPrefixEncodesTokenID(t *testing.T) {
 	if got := InboxPrefix("demo", "a.b*"); got != "_INBOX.demo.a=2Eb=2A" {
 		t.Errorf("got %s", got)
+	}
+}
+
+// TestBucketNames: the bucket names the roles grant are kvstore's.
+func TestBucketNames(t *testing.T) {
+	for mine, theirs := range map[string]string{
+		bucketTools: kvstore.BucketTools, bucketPolicies: kvstore.BucketPolicies, bucketRevocations: kvstore.BucketRevocations,
+		bucketInvocations: kvstore.BucketInvocations, bucketApprovals: kvstore.BucketApprovals, bucketBudgets: kvstore.BucketBudgets,
+		bucketRateLimits: kvstore.BucketRateLimits, bucketIdempotency: kvstore.BucketIdempotency,
+		bucketCheckpoints: kvstore.BucketCheckpoints, bucketBreakers: kvstore.BucketBreakers,
+		bucketToolStats: kvstore.BucketToolStats, bucketCapabilities: kvstore.BucketCapabilities, bucketHooks: kvstore.BucketHooks,
+	} {
+		if mine != theirs {
+			t.Errorf("busauth grants bucket %q, kvstore names it %q", mine, theirs)
+		}
 	}
 }

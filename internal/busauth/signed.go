@@ -133,7 +133,7 @@ func (v RequestVerifier) Verify(subject string, h nats.Header, body []byte) (Ide
 			id.Role = Role(r)
 		}
 	}
-	if id.Role != RoleWorker && id.Role != RoleOperator {
+	if !id.Role.Issued() {
 		return Identity{}, fmt.Errorf("%w: credentials name no toolgate role", ErrUnsigned)
 	}
 	now := time.Now()

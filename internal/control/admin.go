@@ -14,6 +14,7 @@ import (
 	"github.com/toolgate/toolgate/internal/redact"
 	"github.com/toolgate/toolgate/internal/tools"
 	"github.com/toolgate/toolgate/kvstore"
+	"github.com/toolgate/toolgate/subjects"
 )
 
 // deleteTool removes one version of a tool. The reply comes once this
@@ -47,6 +48,30 @@ func (h *handlers) listApprovals(req micro.Request) {
 		respondError(req, api.NewError(api.InvalidParameters, api.ERequestInvalid, `expected {"tenant_id":…}`))
 		return
 	}
+	h.doListApprovals(req, r)
+}
+
+// tenantListApprovals is approvals.list on tool.svc.<tenant>.approvals.list:
+// the tenant is the subject's, the body may be empty.
+func (h *handlers) tenantListApprovals(tenant string, req micro.Request) {
+	var r api.ApprovalsRequest
+	if len(req.Data()) > 0 {
+		if err := decode(req.Data(), &r); err != nil {
+			respondError(req, api.NewError(api.InvalidParameters, api.ERequestInvalid, `expected {} or {"tenant_id":…}`))
+			return
+		}
+	}
+	if !sameTenant(req, tenant, &r.Tenant) {
+		return
+	}
+	h.doListApprovals(req, r)
+}
+
+func (h *handlers) doListApprovals(req micro.Request, r api.ApprovalsRequest) {
+	if err := subjects.CheckTenant(r.Tenant); err != nil {
+		respondError(req, api.WrapError(err, api.InvalidParameters, api.EInvalidName, "%v", err))
+		return
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	all, err := h.store.PendingApprovals(ctx)
@@ -69,6 +94,27 @@ func (h *handlers) getApproval(req micro.Request) {
 	var r api.ApprovalsRequest
 	if err := decode(req.Data(), &r); err != nil || r.Tenant == "" || r.InvocationID == "" {
 		respondError(req, api.NewError(api.InvalidParameters, api.ERequestInvalid, `expected {"tenant_id":…, "invocation_id":…}`))
+		return
+	}
+	h.doGetApproval(req, r)
+}
+
+// tenantGetApproval is approvals.get on tool.svc.<tenant>.approvals.get.
+func (h *handlers) tenantGetApproval(tenant string, req micro.Request) {
+	var r api.ApprovalsRequest
+	if err := decode(req.Data(), &r); err != nil || r.InvocationID == "" {
+		respondError(req, api.NewError(api.InvalidParameters, api.ERequestInvalid, `expected {"invocation_id":…}`))
+		return
+	}
+	if !sameTenant(req, tenant, &r.Tenant) {
+		return
+	}
+	h.doGetApproval(req, r)
+}
+
+func (h *handlers) doGetApproval(req micro.Request, r api.ApprovalsRequest) {
+	if err := checkNames(r.Tenant, r.InvocationID); err != nil {
+		respondError(req, err)
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

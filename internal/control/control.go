@@ -26,7 +26,8 @@ import (
 // tool.svc.<tenant>.status|cancel|tools.list|tools.get, the ones agents may
 // call; the un-scoped ones are for toolgate's own account (operators). 1.2:
 // tools.list searches, filters and pages; tools.stats; tenant-scoped
-// capability.request and capability.report.
+// capability.request and capability.report, budget, approvals.list and
+// approvals.get, which agents may call for their own tenant.
 const Version = "1.2.0"
 
 // Start adds the service to nc. Stop it with the returned service's Stop.
@@ -82,6 +83,9 @@ func Start(nc *nats.Conn, store *kvstore.Store, reg *tools.Registry, approvals *
 		{"tenant-tools-get", subjects.SvcToolsGet, func(_ string, req micro.Request) { h.get(req) }},
 		{"tenant-capability-request", subjects.SvcCapabilityRequest, h.capabilityRequest},
 		{"tenant-capability-report", subjects.SvcCapabilityReport, h.capabilityReport},
+		{"tenant-budget", subjects.SvcBudget, h.tenantBudget},
+		{"tenant-approvals-list", subjects.SvcApprovalsList, h.tenantListApprovals},
+		{"tenant-approvals-get", subjects.SvcApprovalsGet, h.tenantGetApproval},
 	}
 	if approvals != nil {
 		scoped = append(scoped, struct {
@@ -262,6 +266,7 @@ func (h *handlers) decide(req micro.Request) {
 			return
 		}
 		d.DecidedBy = who
+		d.Proof = &api.DecisionProof{Subject: req.Subject(), Headers: req.Headers(), Body: req.Data()}
 	}
 	if err := checkNames(d.Tenant, d.InvocationID); err != nil {
 		respondError(req, err)
@@ -327,6 +332,28 @@ func (h *handlers) budget(req micro.Request) {
 	if err := decode(req.Data(), &r); err != nil || r.TenantID == "" || r.Session == "" {
 		respondError(req, api.NewError(api.InvalidParameters, api.ERequestInvalid,
 			"expected {\"tenant_id\":…, \"session\":…, \"limits\":{…}}"))
+		return
+	}
+	h.doBudget(req, r)
+}
+
+// tenantBudget is budget on tool.svc.<tenant>.budget.
+func (h *handlers) tenantBudget(tenant string, req micro.Request) {
+	var r api.BudgetRequest
+	if err := decode(req.Data(), &r); err != nil || r.Session == "" {
+		respondError(req, api.NewError(api.InvalidParameters, api.ERequestInvalid,
+			"expected {\"session\":…, \"limits\":{…}}"))
+		return
+	}
+	if !sameTenant(req, tenant, &r.TenantID) {
+		return
+	}
+	h.doBudget(req, r)
+}
+
+func (h *handlers) doBudget(req micro.Request, r api.BudgetRequest) {
+	if err := subjects.CheckTenant(r.TenantID); err != nil {
+		respondError(req, api.WrapError(err, api.InvalidParameters, api.EInvalidName, "%v", err))
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

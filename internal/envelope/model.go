@@ -104,6 +104,32 @@ type Authorization struct {
 	CostPerCall float64 `json:"cost_per_call,omitempty"`
 	ApprovedBy  string  `json:"approved_by,omitempty"`
 	Grants      Grants  `json:"grants,omitzero"`
+	// Seal is authorize's signature over its decision (internal/seal):
+	// execute runs only invocations whose seal verifies.
+	Seal *Seal `json:"seal,omitempty"`
+}
+
+// Seal binds an authorization to one invocation: the fields it names are
+// signed, in clear so a refusal can say which one a hop changed. The
+// digests are SHA-256 (hex) of the request as authorize handed it on (the
+// capability token removed) and of the Authorization without its Seal.
+type Seal struct {
+	// Key names the public key that verifies Sig (an nkey, N…).
+	Key         string `json:"key"`
+	Tenant      string `json:"tenant"`
+	ID          string `json:"id"`
+	Seq         uint64 `json:"seq"`
+	ToolID      string `json:"tool_id"`
+	ToolVersion string `json:"tool_version"`
+	Request     string `json:"request"`
+	Authz       string `json:"authz"`
+	// Decision is what authorize decided ("allow").
+	Decision string `json:"decision"`
+	// Expires is when the seal stops admitting the call (Unix ms): the
+	// capability token's expiry.
+	Expires int64 `json:"exp"`
+	// Sig is the Ed25519 signature (base64url) over the fields above.
+	Sig string `json:"sig"`
 }
 
 // Principal is who a verified capability token speaks for.

@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -21,6 +22,7 @@ import (
 	"github.com/toolgate/toolgate/internal/envelope"
 	"github.com/toolgate/toolgate/internal/runner"
 	"github.com/toolgate/toolgate/internal/token"
+	"github.com/toolgate/toolgate/kvstore"
 	"github.com/toolgate/toolgate/subjects"
 )
 
@@ -95,11 +97,7 @@ func migrateGlobalAccount(dataDir string) error {
 
 // CredsPath is where serve writes a role's credentials in dataDir.
 func CredsPath(dataDir string, role busauth.Role) string {
-	f := busauth.WorkerCredsFile
-	if role == busauth.RoleOperator {
-		f = busauth.OperatorCredsFile
-	}
-	return filepath.Join(dataDir, busauth.DirName, f)
+	return filepath.Join(dataDir, busauth.DirName, busauth.CredsFile(role))
 }
 
 // Gate is the bus's auth callout as run by toolgate: it verifies agents'
@@ -266,5 +264,39 @@ func decidersFrom(credsPath string) (control.Identify, error) {
 			return "", fmt.Errorf("%w: %s credentials may not decide approvals", busauth.ErrUnsigned, id.Role)
 		}
 		return id.UserName(), nil
+	}, nil
+}
+
+// approvalProofs verifies, for authorize, that an approved call's approval
+// record holds the signed decision the control service accepted: signed,
+// within two minutes of the recorded decision, by operator credentials of
+// the deployment whose credential signer issued credsPath, by the operator
+// recorded as the decider, approving exactly this invocation.
+func approvalProofs(credsPath string) (func(kvstore.Approval) error, error) {
+	signer, err := busauth.CredSignerOf(credsPath)
+	if err != nil {
+		return nil, fmt.Errorf("approval proofs: %w", err)
+	}
+	return func(a kvstore.Approval) error {
+		p := a.Proof
+		if p == nil {
+			return errors.New("the record holds no signed decision")
+		}
+		if p.Subject != subjects.SvcApproval {
+			return fmt.Errorf("the signed request went to %q", p.Subject)
+		}
+		v := busauth.RequestVerifier{CredSigner: signer, Now: func() time.Time { return a.DecidedAt }}
+		id, err := v.Verify(p.Subject, nats.Header(p.Headers), p.Body)
+		if err != nil {
+			return err
+		}
+		if id.Role != busauth.RoleOperator || id.UserName() != a.DecidedBy {
+			return fmt.Errorf("signed by %s, recorded as decided by %s", id.UserName(), a.DecidedBy)
+		}
+		var d api.ApprovalDecision
+		if err := json.Unmarshal(p.Body, &d); err != nil || d.Tenant != a.Tenant || d.InvocationID != a.InvocationID || !d.Approve {
+			return fmt.Errorf("the signed decision is not an approval of invocation %s of tenant %s", a.InvocationID, a.Tenant)
+		}
+		return nil
 	}, nil
 }

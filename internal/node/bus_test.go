@@ -20,7 +20,9 @@ import (
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/client"
 	"github.com/toolgate/toolgate/internal/busauth"
+	"github.com/toolgate/toolgate/internal/envelope"
 	"github.com/toolgate/toolgate/internal/node"
+	"github.com/toolgate/toolgate/internal/runner"
 	"github.com/toolgate/toolgate/internal/token"
 	"github.com/toolgate/toolgate/internal/topology"
 	"github.com/toolgate/toolgate/kvstore"
@@ -238,6 +240,7 @@ func busSuite(t *testing.T, s *served) {
 	t.Run("refused connections", func(t *testing.T) { busRefusals(t, s) })
 	t.Run("revocation closes the connection", func(t *testing.T) { busRevoke(t, s) })
 	t.Run("approvals record the signing operator", func(t *testing.T) { busApprovals(t, s) })
+	t.Run("forged hops are refused at execute", func(t *testing.T) { forgedHops(t, s) })
 	t.Run("the audit trail survives its deletion", func(t *testing.T) { auditSurvives(t, s) })
 }
 
@@ -341,6 +344,50 @@ func busApprovals(t *testing.T, s *served) {
 		rec, err := ac.Status(ctx, "demo", id)
 		return err == nil && rec.Status == api.StatusSuccess
 	})
+
+	// A leaked worker credential may write the approvals bucket (authorize
+	// records requests there) and hand calls to authorize, but a record it
+	// marks approved carries no operator's signed decision: authorize
+	// refuses the call (E3217).
+	t.Run("an approval written by a worker", func(t *testing.T) {
+		id, err := ac.Invoke(ctx, req, client.InvokeOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, 20*time.Second, "the call to wait for approval", func() bool {
+			rec, err := ac.Status(ctx, "demo", id)
+			return err == nil && rec.Status == api.StatusPendingApproval
+		})
+		wjs, _ := jetstream.New(s.connect(t, 0, s.creds(busauth.RoleWorker)))
+		ws, err := kvstore.Open(ctx, wjs, kvstore.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		a, err := ws.Decide(ctx, "demo", id, kvstore.ApprovalApproved, "operator:local", "forged by a worker")
+		if err != nil {
+			t.Fatalf("a worker writing the approvals bucket: %v", err)
+		}
+		var inv envelope.Invocation
+		if err := json.Unmarshal(a.Invocation, &inv); err != nil {
+			t.Fatal(err)
+		}
+		hop, err := runner.Handoff(&inv, subjects.Authorize)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hop.MsgID = ""
+		if err := runner.Publish(ctx, wjs, hop); err != nil {
+			t.Fatal(err)
+		}
+		var rec api.Record
+		eventually(t, 20*time.Second, "the call to end", func() bool {
+			rec, err = ac.Status(ctx, "demo", id)
+			return err == nil && rec.Status.Terminal()
+		})
+		if rec.Status != api.StatusPermissionDenied || rec.Error == nil || rec.Error.ECode != api.EDeciderUnverified {
+			t.Fatalf("a worker's approval: %s %+v, want permission_denied E3217", rec.Status, rec.Error)
+		}
+	})
 }
 
 // refused reports whether the server refused op on subject for nc with a
@@ -386,6 +433,13 @@ func busRoles(t *testing.T, s *served) {
 		{"agent", func(t *testing.T, i int) *nats.Conn { nc, _ := s.agent(t, i, "demo"); return nc }, []op{
 			{"invoke for its tenant", false, "tool.invoke.demo", true},
 			{"tenant-scoped control", false, subjects.TenantSvc("demo", subjects.SvcStatus), true},
+			{"its tenant's budgets", false, subjects.TenantSvc("demo", subjects.SvcBudget), true},
+			{"its tenant's pending approvals", false, subjects.TenantSvc("demo", subjects.SvcApprovalsList), true},
+			{"one of its tenant's approvals", false, subjects.TenantSvc("demo", subjects.SvcApprovalsGet), true},
+			{"another tenant's approvals", false, subjects.TenantSvc("other", subjects.SvcApprovalsList), false},
+			{"another tenant's budgets", false, subjects.TenantSvc("other", subjects.SvcBudget), false},
+			{"every tenant's approvals", false, subjects.SvcApprovalsList, false},
+			{"every tenant's budgets", false, subjects.SvcBudget, false},
 			{"invoke for another tenant", false, "tool.invoke.other", false},
 			{"skip validate and authorize", false, "toolgate.pipe.execute.normal.demo", false},
 			{"pre-publish the next hop", false, "toolgate.pipe.verify.normal.demo", false},
@@ -426,6 +480,33 @@ func busRoles(t *testing.T, s *served) {
 			{"weaken AUDIT", false, "$JS.API.STREAM.UPDATE.AUDIT", false},
 			{"un-revoke a token", false, "$KV.toolgate_revocations.tok", false},
 			{"rewrite policy", false, "$KV.toolgate_policies.active", false},
+			{"rewrite tools", false, "$KV.toolgate_tools.echo", false},
+			{"rewrite the model catalogue", false, "$KV.toolgate_models.m", false},
+			{"register a tool", false, subjects.SvcToolsRegister, false},
+			{"delete a tool", false, subjects.SvcToolsDelete, false},
+			{"approve", false, subjects.SvcApproval, false},
+			{"announce a cancel", false, subjects.Cancel("demo", "x"), false},
+			{"serve the approval endpoint", true, subjects.SvcApproval, false},
+			{"serve tenant endpoints", true, subjects.TenantSvc("*", subjects.SvcStatus), false},
+			{"record a status", false, "$KV.toolgate_invocations.demo.x", true},
+			{"charge a budget", false, "$KV.toolgate_budgets.demo.x", true},
+			{"hear cancels", true, subjects.CancelAll, true},
+		}},
+		{"control", func(t *testing.T, i int) *nats.Conn { return s.connect(t, i, s.creds(busauth.RoleControl)) }, []op{
+			{"serve the control endpoints", true, "tool.svc.>", true},
+			{"register tools", false, "$KV.toolgate_tools.echo", true},
+			{"record decisions", false, "$KV.toolgate_approvals.demo.x", true},
+			{"announce a cancel", false, subjects.Cancel("demo", "x"), true},
+			{"hand a decided call to authorize", false, subjects.Pipe(subjects.Authorize, "normal", "demo"), true},
+			{"end a cancelled call in audit", false, subjects.Pipe(subjects.Audit, "normal", "demo"), true},
+			{"skip authorize", false, subjects.Pipe(subjects.Execute, "normal", "demo"), false},
+			{"skip execute", false, subjects.Pipe(subjects.Verify, "normal", "demo"), false},
+			{"forge a result", false, "tool.result.demo.x", false},
+			{"charge a budget", false, "$KV.toolgate_budgets.demo.x", false},
+			{"rewrite policy", false, "$KV.toolgate_policies.active", false},
+			{"un-revoke a token", false, "$KV.toolgate_revocations.tok", false},
+			{"delete AUDIT", false, "$JS.API.STREAM.DELETE.AUDIT", false},
+			{"consume the pipeline live", true, "toolgate.pipe.>", false},
 		}},
 		{"operator", func(t *testing.T, i int) *nats.Conn { return s.connect(t, i, s.creds(busauth.RoleOperator)) }, []op{
 			{"approvals", false, subjects.SvcApproval, true},
@@ -522,6 +603,32 @@ func agentRoundTrip(t *testing.T, s *served) {
 		}
 		if got := m.Header.Get("Nats-Service-Error-Code"); got != "3014" {
 			t.Fatalf("error code %q (%s), want 3014", got, m.Data)
+		}
+	})
+	t.Run("budget and approvals on its tenant's endpoints", func(t *testing.T) {
+		var claims token.Claims
+		if _, _, err := jwt.NewParser().ParseUnverified(raw, &claims); err != nil {
+			t.Fatal(err)
+		}
+		m, err := nc.Request(subjects.TenantSvc("demo", subjects.SvcBudget), []byte(`{"session":"`+token.BudgetKey(claims.Root())+`"}`), 5*time.Second)
+		if err != nil || m.Header.Get("Nats-Service-Error-Code") != "" {
+			t.Fatalf("budget: %v %s %s", err, m.Header.Get("Nats-Service-Error"), m.Data)
+		}
+		var b api.BudgetStatus
+		if err := json.Unmarshal(m.Data, &b); err != nil || b.Tenant != "demo" || b.Used.Calls < 1 {
+			t.Fatalf("budget %s: %v; want the call just made counted", m.Data, err)
+		}
+		m, err = nc.Request(subjects.TenantSvc("demo", subjects.SvcApprovalsList), nil, 5*time.Second)
+		if err != nil || m.Header.Get("Nats-Service-Error-Code") != "" || !strings.Contains(string(m.Data), `"approvals":`) {
+			t.Fatalf("approvals list: %v %s", err, m.Data)
+		}
+		m, err = nc.Request(subjects.TenantSvc("demo", subjects.SvcApprovalsList), []byte(`{"tenant_id":"other"}`), 5*time.Second)
+		if err != nil || m.Header.Get("Nats-Service-Error-Code") != "3014" {
+			t.Fatalf("approvals list naming another tenant: %v %q %s, want 3014", err, m.Header.Get("Nats-Service-Error-Code"), m.Data)
+		}
+		m, err = nc.Request(subjects.TenantSvc("demo", subjects.SvcApprovalsGet), []byte(`{"invocation_id":"`+id+`"}`), 5*time.Second)
+		if err != nil || m.Header.Get("Nats-Service-Error-Code") != "3214" {
+			t.Fatalf("approval of a call that needed none: %v %q %s, want 3214", err, m.Header.Get("Nats-Service-Error-Code"), m.Data)
 		}
 	})
 	t.Run("cancel on its tenant's endpoint", func(t *testing.T) {
@@ -703,5 +810,70 @@ func TestServeMovesAnOpenStore(t *testing.T) {
 	m, err := st.GetLastMsgForSubject(ctx, "audit.demo.tool.succeeded")
 	if err != nil || !strings.Contains(string(m.Data), "kept") {
 		t.Fatalf("the old audit event: %v %v", m, err)
+	}
+}
+
+// forgedHops: hops written straight onto the execute subject with worker
+// credentials (which may publish there) carry no seal of authorize's
+// decision that verifies: execute refuses them (E3218) and the refusal is
+// audited; the tool never runs.
+func forgedHops(t *testing.T, s *served) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	wjs, _ := jetstream.New(s.connect(t, 0, s.creds(busauth.RoleWorker)))
+	ojs, _ := jetstream.New(s.connect(t, 0, s.creds(busauth.RoleOperator)))
+	st, err := kvstore.Open(ctx, ojs, kvstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name  string
+		seal  func(inv *envelope.Invocation)
+		field string
+	}{
+		{"no seal", func(*envelope.Invocation) {}, ""},
+		{"a seal made up by the forger", func(inv *envelope.Invocation) {
+			inv.Authz.Seal = &envelope.Seal{Key: "N" + strings.Repeat("A", 55), Tenant: inv.Tenant, ID: inv.ID, Seq: inv.Event.Seq,
+				ToolID: "echo", ToolVersion: "2.0.0", Decision: "allow", Expires: time.Now().Add(time.Hour).UnixMilli(), Sig: "AAAA"}
+		}, "key"},
+	}
+	for i, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			id := fmt.Sprintf("forged-%d-%d", i, time.Now().UnixNano())
+			inv := &envelope.Invocation{ID: id, Tenant: "demo", Event: envelope.Event{ID: id, Source: "urn:forger", Seq: uint64(1e12) + uint64(time.Now().UnixNano()%1e9)},
+				ReceivedAt: time.Now(), Status: api.StatusPending,
+				Request: &api.Request{ToolID: "echo", Parameters: json.RawMessage(`{"message":"forged"}`),
+					AgentContext: api.AgentContext{AgentDID: "did:agent:demo", TenantID: "demo"}},
+				Authz: &envelope.Authorization{TokenID: "none", AgentDID: "did:agent:demo", Session: "none",
+					Grants: envelope.Grants{Paths: []string{"/"}, PathMode: "rw", Hosts: []string{"*"}}},
+				Route: &envelope.Route{ToolID: "echo", ToolVersion: "2.0.0", Executor: "builtin"}}
+			tc.seal(inv)
+			hop, err := runner.Handoff(inv, subjects.Execute)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := runner.Publish(ctx, wjs, hop); err != nil {
+				t.Fatalf("a worker publishing onto the execute subject: %v", err)
+			}
+			var rec api.Record
+			eventually(t, 20*time.Second, "the forged hop to end", func() bool {
+				rec, err = st.Status(ctx, "demo", id)
+				return err == nil && rec.Status.Terminal()
+			})
+			if rec.Status != api.StatusPermissionDenied || rec.Error == nil || rec.Error.ECode != api.EHopUnsealed {
+				t.Fatalf("forged hop ended %s %+v, want permission_denied E3218", rec.Status, rec.Error)
+			}
+			if got, _ := rec.Error.Details["sealed_field"].(string); got != tc.field {
+				t.Errorf("sealed_field %q, want %q (%s)", got, tc.field, rec.Error.Message)
+			}
+			as, err := ojs.Stream(ctx, subjects.StreamAudit)
+			if err != nil {
+				t.Fatal(err)
+			}
+			eventually(t, 10*time.Second, "a permission_denied audit event for the forged hop", func() bool {
+				m, err := as.GetLastMsgForSubject(ctx, subjects.AuditEvent("demo", envelope.SubjectSuffix(envelope.TypePermissionDenied)))
+				return err == nil && strings.Contains(string(m.Data), id) && strings.Contains(string(m.Data), api.EHopUnsealed)
+			})
+		})
 	}
 }

@@ -65,7 +65,7 @@ func TestControlService(t *testing.T) {
 		t.Fatal("status of an unknown invocation succeeded")
 	}
 	// `nats micro ls` finds the service through the standard discovery subject:
-	// twelve un-scoped endpoints and six tenant-scoped ones.
+	// twelve un-scoped endpoints and nine tenant-scoped ones (control API 1.2).
 	msg, err := e.nc.RequestWithContext(ctx, "$SRV.INFO."+subjects.ServiceName, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -76,7 +76,7 @@ func TestControlService(t *testing.T) {
 			Subject string `json:"subject"`
 		} `json:"endpoints"`
 	}
-	if err := json.Unmarshal(msg.Data, &info); err != nil || info.Name != subjects.ServiceName || len(info.Endpoints) != 18 {
+	if err := json.Unmarshal(msg.Data, &info); err != nil || info.Name != subjects.ServiceName || len(info.Endpoints) != 21 {
 		t.Fatalf("service info %s, %v", msg.Data, err)
 	}
 }

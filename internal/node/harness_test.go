@@ -18,8 +18,10 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/client"
+	"github.com/toolgate/toolgate/internal/busauth"
 	"github.com/toolgate/toolgate/internal/natstest"
 	"github.com/toolgate/toolgate/internal/node"
+	"github.com/toolgate/toolgate/internal/seal"
 	"github.com/toolgate/toolgate/internal/token"
 	"github.com/toolgate/toolgate/internal/topology"
 	"github.com/toolgate/toolgate/stages/execute/builtin"
@@ -56,6 +58,11 @@ func newEnv(t *testing.T, topo topology.TopologyOptions) *env {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
+	// The deployment's hop-sealing key: every pipeline of the env seals
+	// and checks hops with it.
+	if _, err := busauth.LoadOrCreateSealKey(dataDir); err != nil {
+		t.Fatal(err)
+	}
 	e := &env{t: t, url: ns.ClientURL(), dataDir: dataDir, topo: topo, gate: make(chan struct{}), started: make(chan string, 16),
 		stepped: make(chan int, 64)}
 	t.Cleanup(func() { e.release() })
@@ -67,6 +74,19 @@ func newEnv(t *testing.T, topo topology.TopologyOptions) *env {
 		t.Fatal(err)
 	}
 	return e
+}
+
+// sealed returns c with the env's hop-sealing key: authorize seals with
+// it, execute checks with it, as in the pipelines startPipeline runs.
+func (e *env) sealed(c node.StageConfig) node.StageConfig {
+	e.t.Helper()
+	k, err := busauth.LoadSealKey(e.dataDir)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	c.Sealer = seal.NewSealer(k)
+	c.Seals = seal.NewVerifier(c.Sealer.Public())
+	return c
 }
 
 var releaseOnce sync.Map
@@ -195,6 +215,9 @@ func (e *env) startPipeline(cfg node.Config) *node.Node {
 	e.t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	cfg.NATSURL = e.url
+	if cfg.Embedded.DataDir == "" {
+		cfg.Embedded.DataDir = e.dataDir // holds the hop-sealing key
+	}
 	cfg.Examples = true
 	cfg.Topology = e.topo
 	if cfg.Workers == 0 {

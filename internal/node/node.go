@@ -22,6 +22,7 @@ import (
 	"github.com/toolgate/toolgate/internal/ratelimit"
 	"github.com/toolgate/toolgate/internal/runner"
 	"github.com/toolgate/toolgate/internal/sandbox"
+	"github.com/toolgate/toolgate/internal/seal"
 	"github.com/toolgate/toolgate/internal/secrets"
 	"github.com/toolgate/toolgate/internal/token"
 	"github.com/toolgate/toolgate/internal/tools"
@@ -256,6 +257,16 @@ type StageConfig struct {
 	MCP mcptool.Config
 	// ModelStats, when set, records model calls (Prometheus).
 	ModelStats *modeltool.Stats
+	// Sealer signs authorize's decisions (Run loads the deployment's
+	// hop-sealing key); nil hands calls on unsealed.
+	Sealer *seal.Sealer
+	// Seals checks those seals in execute; nil runs unsealed calls too
+	// (only on a bus without authentication: Run refuses to start execute
+	// on an authenticated bus without the key).
+	Seals *seal.Verifier
+	// ApprovalProof verifies approvals in authorize (Run sets it on an
+	// authenticated bus: an operator's signature of this deployment).
+	ApprovalProof func(kvstore.Approval) error
 }
 
 // NewStage builds the logic of the named stage. ctx bounds its watches;
@@ -291,6 +302,9 @@ func (n *Node) NewStage(ctx context.Context, name string, c StageConfig) (stages
 		x := execute.New(n.Registry, set, n.Store, running)
 		x.Publish = func(ctx context.Context, o stages.Output) error { return runner.Publish(ctx, n.JS, o) }
 		x.Quota = execute.NewTenantQuota(c.TenantInFlight)
+		if c.Seals != nil {
+			x.Seals = c.Seals
+		}
 		x.Verifier = verify.New(n.Registry, verify.Config{Tenants: c.TenantActions, Detectors: c.Detectors})
 		cli := &clitool.Kind{Sandbox: c.Sandbox}
 		cli.Sandbox.FileRoot = cmp.Or(cli.Sandbox.FileRoot, c.BuiltinEnv.FileRoot)
@@ -377,6 +391,12 @@ func (n *Node) newAuthorizer(ctx context.Context, c StageConfig) (*authorize.Aut
 		Registry: n.Registry, Policy: fallback, Verifier: verifier, Revoked: n.Revoked,
 		Store: n.Store, Decisions: n.Store, ApprovalTimeout: c.ApprovalTimeout,
 	})
+	if c.Sealer != nil {
+		a.SetSealer(c.Sealer)
+	}
+	if c.ApprovalProof != nil {
+		a.SetApprovalProof(c.ApprovalProof)
+	}
 	err := n.Store.WatchPolicy(ctx, func(b kvstore.PolicyBundle, ok bool, err error) {
 		if !ok {
 			a.SetPolicy(fallback)

@@ -39,7 +39,7 @@ func (e *env) runStage(name string, st stages.Stage, workers int, timeout time.D
 		e.t.Fatal(err)
 	}
 	if st == nil {
-		if st, err = n.NewStage(ctx, name, node.StageConfig{Builtins: e.builtins(e.t.TempDir())}); err != nil {
+		if st, err = n.NewStage(ctx, name, e.sealed(node.StageConfig{Builtins: e.builtins(e.t.TempDir())})); err != nil {
 			e.t.Fatal(err)
 		}
 	}
@@ -127,7 +127,7 @@ func TestThreeWorkersShareAStage(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(n.Close) // the stage reads budgets and approvals through it
-		st, err := n.NewStage(context.Background(), subjects.Authorize, node.StageConfig{Tokens: testVerifier()})
+		st, err := n.NewStage(context.Background(), subjects.Authorize, e.sealed(node.StageConfig{Tokens: testVerifier()}))
 		if err != nil {
 			t.Fatal(err)
 		}

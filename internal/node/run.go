@@ -3,14 +3,17 @@ package node
 import (
 	"cmp"
 	"context"
+	"crypto/ed25519"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -24,7 +27,9 @@ import (
 	"github.com/toolgate/toolgate/internal/detect"
 	"github.com/toolgate/toolgate/internal/policy"
 	"github.com/toolgate/toolgate/internal/runner"
+	"github.com/toolgate/toolgate/internal/seal"
 	"github.com/toolgate/toolgate/internal/token"
+	"github.com/toolgate/toolgate/internal/tools"
 	"github.com/toolgate/toolgate/internal/topology"
 	"github.com/toolgate/toolgate/stages/execute/modeltool"
 	"github.com/toolgate/toolgate/subjects"
@@ -49,9 +54,16 @@ type Config struct {
 	// with bus authentication (docs/security.md).
 	NATSURL string
 	// Creds is the credentials file (busauth.IssueCredentials) this process
-	// connects to NATSURL with; default: the worker.creds serve wrote in
+	// connects to NATSURL with; default: the worker.creds (control.creds for
+	// a process running only the control service) serve wrote in
 	// Embedded.DataDir/busauth, when it is there.
 	Creds string
+	// ControlCreds is the credentials file the control service (and, with
+	// Examples, the registration of the example tools) connects with when
+	// this process runs more than the control service; default: the
+	// control.creds serve wrote in Embedded.DataDir/busauth, when it is
+	// there. A process running only the control service uses Creds.
+	ControlCreds string
 	// AuthCallout runs the bus's auth callout against NATSURL too, with
 	// the keys in Embedded.DataDir/busauth (as the embedded server does);
 	// several instances share the work in a queue group.
@@ -132,8 +144,9 @@ func Run(ctx context.Context, c Config) error {
 	}
 	url := c.NATSURL
 	var gate *Gate
-	var connOpts []nats.Option
-	var credsPath string // the credentials this process connects with
+	var connOpts, ctlOpts []nats.Option
+	var credsPath string    // the credentials this process connects with
+	var ctlCredsPath string // the control service's, when it connects apart
 	if url == "" {
 		ns, keys, err := StartSecureEmbedded(c.Embedded)
 		if err != nil {
@@ -150,10 +163,16 @@ func Run(ctx context.Context, c Config) error {
 		defer gate.Close()
 		credsPath = CredsPath(c.Embedded.DataDir, busauth.RoleWorker)
 		connOpts = append(connOpts, nats.InProcessServer(ns), busauth.CredentialsOption(credsPath))
+		ctlCredsPath = CredsPath(c.Embedded.DataDir, busauth.RoleControl)
+		ctlOpts = append(ctlOpts, nats.InProcessServer(ns), busauth.CredentialsOption(ctlCredsPath))
 		log.Info("embedded NATS started", "url", url, "data", c.Embedded.DataDir)
 	} else {
 		creds := c.Creds
-		if def := CredsPath(c.Embedded.DataDir, busauth.RoleWorker); creds == "" && c.Embedded.DataDir != "" {
+		role := busauth.RoleWorker
+		if len(c.Stages) == 1 && c.Stages[0] == Control {
+			role = busauth.RoleControl // the control service alone connects as itself
+		}
+		if def := CredsPath(c.Embedded.DataDir, role); creds == "" && c.Embedded.DataDir != "" {
 			if _, err := os.Stat(def); err == nil {
 				creds = def
 			}
@@ -161,6 +180,16 @@ func Run(ctx context.Context, c Config) error {
 		if creds != "" {
 			credsPath = creds
 			connOpts = append(connOpts, busauth.CredentialsOption(creds))
+			ctl := c.ControlCreds
+			if def := CredsPath(c.Embedded.DataDir, busauth.RoleControl); ctl == "" && c.Embedded.DataDir != "" {
+				if _, err := os.Stat(def); err == nil {
+					ctl = def
+				}
+			}
+			if ctl != "" {
+				ctlCredsPath = ctl
+				ctlOpts = append(ctlOpts, busauth.CredentialsOption(ctl))
+			}
 		}
 		if c.AuthCallout {
 			keys, err := busauth.LoadKeys(c.Embedded.DataDir)
@@ -172,6 +201,16 @@ func Run(ctx context.Context, c Config) error {
 			}
 			defer gate.Close()
 		}
+	}
+	if err := setupSeals(&c, credsPath != "", log); err != nil {
+		return err
+	}
+	if credsPath != "" && slices.Contains(c.Stages, subjects.Authorize) && c.Stage.ApprovalProof == nil {
+		proofs, err := approvalProofs(credsPath)
+		if err != nil {
+			return err
+		}
+		c.Stage.ApprovalProof = proofs
 	}
 	if c.OTLPEndpoint != "" {
 		shutdown, err := setupTracing(ctx, c.OTLPEndpoint)
@@ -215,16 +254,52 @@ func Run(ctx context.Context, c Config) error {
 		return err
 	}
 	var bg sync.WaitGroup // goroutines on runCtx
+	ctl := n              // the control service's node; its own connection when it has a role of its own
 	defer func() {
 		n.StopStages()
 		cancel()
 		bg.Wait()
 		n.Store.Wait()
 		n.Close()
+		if ctl != n {
+			ctl.Store.Wait()
+			ctl.Close()
+		}
 	}()
+	// The control service has a role of its own: it connects apart with
+	// control credentials, unless it is all this process runs (then Creds
+	// are its own) or the bus has no authentication.
+	ctlCreds := credsPath
+	needCtl := slices.Contains(c.Stages, Control) || c.Examples
+	if needCtl && credsPath != "" && !(len(c.Stages) == 1 && c.Stages[0] == Control) {
+		if ctlCredsPath == "" {
+			return fmt.Errorf("the control service needs control credentials: --control-creds, or %s in the data directory",
+				filepath.Join(busauth.DirName, busauth.ControlCredsFile))
+		}
+		stopWaiting := context.AfterFunc(ctx, cancel)
+		cn, err := Open(runCtx, url, "toolgate-control", c.Topology, log, ctlOpts...)
+		stopWaiting()
+		if err != nil {
+			return fmt.Errorf("control connection: %w", err)
+		}
+		ctl = cn
+		ctlCreds = ctlCredsPath
+	}
 	if c.Examples {
-		if err := n.RegisterExamples(ctx); err != nil {
+		if err := ctl.RegisterExamples(ctx); err != nil {
 			return err
+		}
+		if ctl != n {
+			// The stages' registry must hold them too before calls come.
+			ms, err := tools.Examples()
+			if err != nil {
+				return err
+			}
+			for _, m := range ms {
+				if err := n.WaitForTool(ctx, m.ID, m.Version); err != nil {
+					return err
+				}
+			}
 		}
 	}
 	if err := loadSafety(&c); err != nil {
@@ -262,8 +337,8 @@ func Run(ctx context.Context, c Config) error {
 		}
 		if name == Control {
 			var opts []control.Option
-			if credsPath != "" {
-				id, err := decidersFrom(credsPath)
+			if ctlCreds != "" {
+				id, err := decidersFrom(ctlCreds)
 				if err != nil {
 					return err
 				}
@@ -274,7 +349,11 @@ func Run(ctx context.Context, c Config) error {
 				return err
 			}
 			opts = append(opts, control.WithDiscovery(disc))
-			svc, err := control.Start(n.NC, n.Store, n.Registry, approvals, opts...)
+			decisions := approvals
+			if ctl != n {
+				decisions = &approval.Service{Store: ctl.Store, JS: ctl.JS, Log: log}
+			}
+			svc, err := control.Start(ctl.NC, ctl.Store, ctl.Registry, decisions, opts...)
 			if err != nil {
 				return err
 			}
@@ -331,6 +410,57 @@ func Run(ctx context.Context, c Config) error {
 	close(errs)
 	log.Info("toolgate stopped: in-flight work drained")
 	return errors.Join(collect(errs)...)
+}
+
+// setupSeals loads the deployment's hop-sealing key from the data
+// directory for the stages that use it: the private key for authorize, the
+// public key for execute. The key is made where the deployment's other bus
+// keys are (serve writes them; an older data directory gets one); anywhere
+// else a new key would only be one the other workers do not trust. On an
+// authenticated bus authorize and execute do not start without their half:
+// a hop execute cannot check is one anyone with pipeline rights could have
+// written. Only a bus without authentication runs unsealed, with a warning.
+func setupSeals(c *Config, authenticated bool, log *slog.Logger) error {
+	runs := func(stage string) bool { return slices.Contains(c.Stages, stage) }
+	dir := c.Embedded.DataDir
+	where := filepath.Join(dir, busauth.DirName)
+	if runs(subjects.Authorize) && c.Stage.Sealer == nil {
+		var k ed25519.PrivateKey
+		err := fs.ErrNotExist
+		if dir != "" {
+			k, err = busauth.LoadSealKey(dir)
+			if errors.Is(err, fs.ErrNotExist) && busauth.HasKeys(dir) {
+				k, err = busauth.LoadOrCreateSealKey(dir)
+			}
+		}
+		switch {
+		case err == nil:
+			c.Stage.Sealer = seal.NewSealer(k)
+		case authenticated || !errors.Is(err, fs.ErrNotExist):
+			return fmt.Errorf("authorize needs the deployment's hop-sealing key (%s in %s): %w", busauth.SealKeyFile, where, err)
+		default:
+			log.Warn("authorize hands calls on unsealed: no hop-sealing key and no bus authentication")
+		}
+	}
+	if runs(subjects.Execute) && c.Stage.Seals == nil {
+		var pub ed25519.PublicKey
+		err := fs.ErrNotExist
+		switch {
+		case c.Stage.Sealer != nil:
+			pub, err = c.Stage.Sealer.Public(), nil
+		case dir != "":
+			pub, err = busauth.LoadSealPublicKey(dir)
+		}
+		switch {
+		case err == nil:
+			c.Stage.Seals = seal.NewVerifier(pub)
+		case authenticated || !errors.Is(err, fs.ErrNotExist):
+			return fmt.Errorf("execute needs the deployment's hop-sealing key (%s in %s): %w", busauth.SealPublicFile, where, err)
+		default:
+			log.Warn("execute runs unsealed calls: no hop-sealing key and no bus authentication")
+		}
+	}
+	return nil
 }
 
 // TokenLeeway is the clock skew the verifiers tolerate on exp, nbf and iat.

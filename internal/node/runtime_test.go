@@ -13,12 +13,14 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/client"
 	"github.com/toolgate/toolgate/internal/busauth"
 	"github.com/toolgate/toolgate/internal/node"
 	"github.com/toolgate/toolgate/internal/sandbox"
 	"github.com/toolgate/toolgate/internal/topology"
+	"github.com/toolgate/toolgate/kvstore"
 	"github.com/toolgate/toolgate/stages/execute/builtin"
 	"github.com/toolgate/toolgate/stages/execute/mcptool"
 	"github.com/toolgate/toolgate/stages/execute/mcptool/mcptest"
@@ -130,7 +132,17 @@ func TestMakeRunLayout(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	if _, err := n.Store.RegisterTool(ctx, []byte(cliTool("test.cat", `x=$(cat "/files/$1") && printf '{"text":"%s"}' "$x"`, "",
+	// Tools are registered by an operator (or the control service): the
+	// stages' worker credentials may not write the tools bucket.
+	ojs, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ops, err := kvstore.Open(ctx, ojs, kvstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ops.RegisterTool(ctx, []byte(cliTool("test.cat", `x=$(cat "/files/$1") && printf '{"text":"%s"}' "$x"`, "",
 		`{"filesystem":[{"path":"/","mode":"ro"}]}`)), true); err != nil {
 		t.Fatal(err)
 	}

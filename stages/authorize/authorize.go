@@ -65,7 +65,20 @@ type Config struct {
 	Decisions HookDecisions
 	// ApprovalTimeout is how long a parked call waits before it ends denied.
 	ApprovalTimeout time.Duration
-	Now             func() time.Time
+	// Sealer, when set, signs each admitted call's decision into the
+	// envelope (internal/seal); execute runs only sealed calls.
+	Sealer Sealer
+	// ApprovalProof, when set, verifies that an approved call's approval
+	// record carries an operator's signed decision; nil trusts the record
+	// (a bus without authentication).
+	ApprovalProof func(kvstore.Approval) error
+	Now           func() time.Time
+}
+
+// Sealer signs an admitted invocation's authorization for the resolved tool
+// id and version, valid until expires (*seal.Sealer).
+type Sealer interface {
+	Seal(inv *envelope.Invocation, toolID, toolVersion string, expires time.Time) error
 }
 
 // Authorizer implements the authorize stage.
@@ -91,6 +104,12 @@ func New(cfg Config) *Authorizer {
 	a.engine.Store(cfg.Policy)
 	return a
 }
+
+// SetSealer makes the stage seal every call it admits (Config.Sealer).
+func (a *Authorizer) SetSealer(s Sealer) { a.cfg.Sealer = s }
+
+// SetApprovalProof makes the stage verify approvals (Config.ApprovalProof).
+func (a *Authorizer) SetApprovalProof(f func(kvstore.Approval) error) { a.cfg.ApprovalProof = f }
 
 // SetPolicy replaces the policy for every later evaluation.
 func (a *Authorizer) SetPolicy(e *policy.Engine) { a.engine.Store(e) }
@@ -208,6 +227,14 @@ func (a *Authorizer) Process(ctx context.Context, inv *envelope.Invocation) ([]s
 		if err != nil && !errors.Is(err, kvstore.ErrNoApproval) {
 			return nil, stages.Transient(err, 0)
 		}
+		if hasApproval && approval.State == kvstore.ApprovalApproved && a.cfg.ApprovalProof != nil {
+			// The bucket is writable by every stage worker: only an
+			// operator's signature makes a record an approval.
+			if err := a.cfg.ApprovalProof(approval); err != nil {
+				return nil, api.WrapError(err, api.PermissionDenied, api.EDeciderUnverified,
+					"the approval of %s is not an operator's signed decision: %v", inv.ID, err)
+			}
+		}
 		if hasApproval {
 			in.Approval = &ApprovalInput{State: approval.State, DecidedBy: approval.DecidedBy}
 			if d, err = a.eval(ctx, in); err != nil {
@@ -250,6 +277,16 @@ func (a *Authorizer) Process(ctx context.Context, inv *envelope.Invocation) ([]s
 	// inv.Authz. The raw token leaves the envelope, so no later hop, stream
 	// or record carries a credential an agent could reuse.
 	req.CapabilityToken = ""
+	if a.cfg.Sealer != nil {
+		// The token's expiry, with room for the verifiers' clock leeway.
+		exp := a.cfg.Now().Add(24 * time.Hour)
+		if claims.ExpiresAt != nil {
+			exp = claims.ExpiresAt.Add(time.Minute)
+		}
+		if err := a.cfg.Sealer.Seal(inv, m.ID, m.Version, exp); err != nil {
+			return nil, api.WrapError(err, api.InternalError, api.EHopUnsealed, "sealing the decision: %v", err)
+		}
+	}
 	return nil, nil
 }
 

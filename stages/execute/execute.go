@@ -78,8 +78,18 @@ type Executor struct {
 	Verifier *verify.Verifier
 	// Quota, when set, bounds the calls of one tenant running at once.
 	Quota *TenantQuota
+	// Seals, when set, is the check every call must pass before anything
+	// else: a seal of authorize's decision that verifies (*seal.Verifier).
+	// A refusal ends the call permission_denied (E3218), audited as every
+	// refusal is.
+	Seals Seals
 
 	kinds map[string]Kind
+}
+
+// Seals checks that an invocation carries authorize's sealed decision.
+type Seals interface {
+	Check(inv *envelope.Invocation, now time.Time) error
 }
 
 // Handle makes x run tools of the named kind with k.
@@ -121,6 +131,11 @@ func New(reg *tools.Registry, builtins builtin.Set, store *kvstore.Store, runnin
 // Process implements stages.Stage. The result is left for verify; only a
 // failure ends the invocation here.
 func (x *Executor) Process(ctx context.Context, inv *envelope.Invocation) ([]stages.Output, error) {
+	if x.Seals != nil {
+		if err := x.Seals.Check(inv, time.Now()); err != nil {
+			return nil, err
+		}
+	}
 	release, err := x.Quota.Acquire(ctx, inv.Tenant)
 	if err != nil {
 		return nil, err

@@ -46,7 +46,14 @@ func New(reg *tools.Registry, kinds ...string) *Router {
 // Process implements stages.Stage.
 func (r *Router) Process(ctx context.Context, inv *envelope.Invocation) ([]stages.Output, error) {
 	req := inv.Request
-	m, err := r.reg.Resolve(req.ToolID, req.ToolVersion)
+	// Authorize resolved the version it admitted and sealed it: route
+	// keeps to that one, even if a newer version matching the request was
+	// registered in between.
+	version := req.ToolVersion
+	if inv.Authz != nil && inv.Authz.Seal != nil {
+		version = inv.Authz.Seal.ToolVersion
+	}
+	m, err := r.reg.Resolve(req.ToolID, version)
 	if err != nil {
 		return nil, err
 	}

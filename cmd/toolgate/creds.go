@@ -1,0 +1,93 @@
+package main
+
+import (
+	"fmt"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/toolgate/toolgate/internal/busauth"
+)
+
+func (a *app) credsCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "creds",
+		Short: "Issue named bus credentials (operator, control, worker) from the deployment's keys",
+		Args:  subcommand,
+	}
+	cmd.AddCommand(a.credsIssueCmd())
+	return cmd
+}
+
+func (a *app) credsIssueCmd() *cobra.Command {
+	var (
+		name, role, out string
+		ttl             time.Duration
+		force           bool
+	)
+	cmd := &cobra.Command{
+		Use:   "issue",
+		Short: "Write a .creds file (and its .jwt and .nk halves) for a named operator, control service or worker",
+		Long: `Write a .creds file (and its .jwt and .nk halves) for a named operator, control
+service or worker, signed with the credential signer in <data>/busauth (the
+deployment's keys: run it where serve wrote them). Nothing is sent to the
+bus: the callout admits the file because its signer is the deployment's.
+An approval decided with it records operator:<name>. Roles and the rights
+each command needs: docs/security.md.`,
+		Example: `  toolgate creds issue --name alice --role operator --ttl 720h --out alice.creds
+  export NATS_NKEY=alice.nk NATS_TOKEN="$(cat alice.jwt)"`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			r := busauth.Role(role)
+			if !r.Issued() {
+				return usageErr("creds issue: --role must be operator, control or worker, not %q", role)
+			}
+			if name == "" || strings.ContainsAny(name, ": \t\r\n") {
+				return usageErr("creds issue: --name must be a name without spaces or colons, got %q", name)
+			}
+			if out == "" {
+				out = name + ".creds"
+			}
+			if !strings.HasSuffix(out, ".creds") {
+				return usageErr("creds issue: --out must end in .creds (the .jwt and .nk halves are written beside it), got %q", out)
+			}
+			base := strings.TrimSuffix(out, ".creds")
+			if !force {
+				for _, p := range []string{out, base + ".jwt", base + ".nk"} {
+					if fileExists(p) {
+						return fmt.Errorf("creds issue: %s exists (use --force to replace it)", p)
+					}
+				}
+			}
+			keys, err := busauth.LoadKeys(a.data)
+			if err != nil {
+				return fmt.Errorf("creds issue: the deployment's keys (%s): %w", filepath.Join(a.data, busauth.DirName), err)
+			}
+			b, err := keys.IssueCredentials(r, name, ttl)
+			if err != nil {
+				return err
+			}
+			if err := busauth.WriteCredsFiles(out, b); err != nil {
+				return err
+			}
+			if a.json {
+				return a.printJSON(map[string]any{"name": name, "role": role, "user": string(r) + ":" + name,
+					"creds": out, "jwt": base + ".jwt", "nkey": base + ".nk", "ttl": ttl.String()})
+			}
+			expires := "never expires"
+			if ttl > 0 {
+				expires = "expires " + time.Now().Add(ttl).UTC().Format(time.RFC3339)
+			}
+			fmt.Fprintf(a.stdout, "%s:%s credentials in %s (%s); toolgate and the nats CLI read them with\n\n  export NATS_NKEY=%s NATS_TOKEN=\"$(cat %s)\"\n",
+				role, name, out, expires, base+".nk", base+".jwt")
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&name, "name", "", "who the credentials are for (recorded as <role>:<name>, e.g. on approvals)")
+	cmd.Flags().StringVar(&role, "role", "operator", "operator, control or worker")
+	cmd.Flags().StringVar(&out, "out", "", "credentials file to write (default <name>.creds; <name>.jwt and <name>.nk beside it)")
+	cmd.Flags().DurationVar(&ttl, "ttl", 0, "lifetime (0: never expires)")
+	cmd.Flags().BoolVar(&force, "force", false, "replace existing files")
+	return cmd
+}

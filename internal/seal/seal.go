@@ -1,0 +1,174 @@
+// Package seal signs the authorize stage's decision into the invocation
+// envelope and checks it before a tool runs: defence in depth beneath the
+// bus's subject permissions. A hop published straight onto the execute
+// subject, or one whose tool, parameters, grants or budget keys were
+// changed after authorize, carries no seal that verifies, and execute
+// refuses it (E3218) whatever credentials published it.
+//
+// The seal is an Ed25519 signature by the deployment's hop-sealing key
+// (busauth.LoadOrCreateSealKey: seal.nk for authorize, seal.pub for
+// execute) over tenant, invocation id, ingest sequence, tool id and
+// version, the digest of the request (parameters, agent context, limits,
+// options), the digest of the authorization (token, grants, budget keys,
+// approver), the decision and an expiry. One signature per admitted call,
+// one verification per run.
+package seal
+
+import (
+	"bytes"
+	"crypto/ed25519"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"strconv"
+	"time"
+
+	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/busauth"
+	"github.com/toolgate/toolgate/internal/envelope"
+)
+
+// DecisionAllow is the only decision a seal carries: authorize seals the
+// calls it admits.
+const DecisionAllow = "allow"
+
+// version prefixes the signed text, so a later layout cannot be confused
+// with this one.
+const version = "toolgate-seal-v1"
+
+// Sealer signs decisions with the private sealing key.
+type Sealer struct {
+	key ed25519.PrivateKey
+	id  string
+}
+
+// NewSealer returns a Sealer for key.
+func NewSealer(key ed25519.PrivateKey) *Sealer {
+	return &Sealer{key: key, id: busauth.SealKeyID(key.Public().(ed25519.PublicKey))}
+}
+
+// Public returns the public key that verifies this Sealer's seals.
+func (s *Sealer) Public() ed25519.PublicKey { return s.key.Public().(ed25519.PublicKey) }
+
+// Seal signs inv's authorization, which must be set and final: the request
+// as it will be handed on (no capability token), the resolved tool id and
+// version, and expires (the token's expiry).
+func (s *Sealer) Seal(inv *envelope.Invocation, toolID, toolVersion string, expires time.Time) error {
+	if inv.Authz == nil || inv.Request == nil {
+		return errors.New("seal: invocation has no authorization or request")
+	}
+	inv.Authz.Seal = nil
+	sl := &envelope.Seal{
+		Key: s.id, Tenant: inv.Tenant, ID: inv.ID, Seq: inv.Event.Seq,
+		ToolID: toolID, ToolVersion: toolVersion, Decision: DecisionAllow, Expires: expires.UnixMilli(),
+	}
+	var err error
+	if sl.Request, err = digest(inv.Request); err != nil {
+		return err
+	}
+	if sl.Authz, err = digest(inv.Authz); err != nil {
+		return err
+	}
+	sl.Sig = base64.RawURLEncoding.EncodeToString(ed25519.Sign(s.key, signed(sl)))
+	inv.Authz.Seal = sl
+	return nil
+}
+
+// Verifier checks seals with the public sealing key.
+type Verifier struct {
+	key ed25519.PublicKey
+	id  string
+}
+
+// NewVerifier returns a Verifier for key.
+func NewVerifier(key ed25519.PublicKey) *Verifier {
+	return &Verifier{key: key, id: busauth.SealKeyID(key)}
+}
+
+// Check returns nil when inv carries a seal of this deployment that
+// verifies and names exactly this invocation, the tool route chose, this
+// request and this authorization, and has not expired at now. Otherwise it
+// returns a permission_denied *api.Error (E3218) naming what is wrong, with
+// details.sealed_field set when a sealed field was changed.
+func (v *Verifier) Check(inv *envelope.Invocation, now time.Time) error {
+	if inv.Authz == nil || inv.Authz.Seal == nil {
+		return refuse("the hop carries no authorization seal: it was not handed on by the authorize stage", "")
+	}
+	sl := inv.Authz.Seal
+	if sl.Key != v.id {
+		return refuse("the seal is signed by key "+sl.Key+", not this deployment's hop-sealing key "+v.id, "key")
+	}
+	sig, err := base64.RawURLEncoding.DecodeString(sl.Sig)
+	if err != nil || !ed25519.Verify(v.key, signed(sl), sig) {
+		return refuse("the seal's signature does not verify: forged or altered", "sig")
+	}
+	route := inv.Route
+	if route == nil {
+		return refuse("the hop carries no route", "")
+	}
+	switch {
+	case sl.Tenant != inv.Tenant:
+		return refuse("the seal is for tenant "+strconv.Quote(sl.Tenant)+", the hop is for "+strconv.Quote(inv.Tenant), "tenant")
+	case sl.ID != inv.ID:
+		return refuse("the seal is for invocation "+strconv.Quote(sl.ID)+", the hop is "+strconv.Quote(inv.ID), "id")
+	case sl.Seq != inv.Event.Seq:
+		return refuse("the seal is for ingest sequence "+strconv.FormatUint(sl.Seq, 10)+", the hop's is "+strconv.FormatUint(inv.Event.Seq, 10), "seq")
+	case sl.ToolID != route.ToolID || sl.ToolVersion != route.ToolVersion:
+		return refuse("the seal is for "+sl.ToolID+"@"+sl.ToolVersion+", the hop runs "+route.ToolID+"@"+route.ToolVersion, "tool")
+	case sl.Decision != DecisionAllow:
+		return refuse("the sealed decision is "+strconv.Quote(sl.Decision), "decision")
+	case now.UnixMilli() > sl.Expires:
+		return refuse("the seal expired at "+time.UnixMilli(sl.Expires).UTC().Format(time.RFC3339), "exp")
+	}
+	if d, err := digest(inv.Request); err != nil || d != sl.Request {
+		return refuse("the request (parameters, agent context, limits or options) differs from the one authorize sealed", "request")
+	}
+	// The digest is of the authorization without its seal.
+	inv.Authz.Seal = nil
+	d, err := digest(inv.Authz)
+	inv.Authz.Seal = sl
+	if err != nil || d != sl.Authz {
+		return refuse("the authorization (token, grants, budget keys or approver) differs from the one authorize sealed", "authz")
+	}
+	return nil
+}
+
+func refuse(msg, field string) error {
+	e := api.NewError(api.PermissionDenied, api.EHopUnsealed, "execute refused the call: %s", msg)
+	if field != "" {
+		e = e.WithDetail("sealed_field", field)
+	}
+	return e
+}
+
+// digest is the SHA-256 (hex) of v's JSON encoding. Every field of the
+// request and the authorization is a struct field, a slice or a raw JSON
+// value that encoding/json writes compacted, so the encoding a later hop
+// recomputes after decoding the envelope is the same bytes.
+func digest(v any) (string, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return "", err
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:]), nil
+}
+
+// signed is the text the signature covers: each field on its own line,
+// the strings quoted, so no value can run into the next.
+func signed(s *envelope.Seal) []byte {
+	var b bytes.Buffer
+	b.Grow(256)
+	b.WriteString(version)
+	for _, f := range []string{s.Key, s.Tenant, s.ID, s.ToolID, s.ToolVersion, s.Request, s.Authz, s.Decision} {
+		b.WriteByte('\n')
+		b.WriteString(strconv.Quote(f))
+	}
+	b.WriteByte('\n')
+	b.WriteString(strconv.FormatUint(s.Seq, 10))
+	b.WriteByte('\n')
+	b.WriteString(strconv.FormatInt(s.Expires, 10))
+	return b.Bytes()
+}

@@ -1,0 +1,142 @@
+package seal
+
+import (
+	"crypto/ed25519"
+	"encoding/json"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/envelope"
+)
+
+func newKey(t testing.TB) ed25519.PrivateKey {
+	_, k, err := ed25519.GenerateKey(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
+// admitted is an invocation as authorize hands it on, sealed, then sent
+// through a hop's JSON encoding and decoding and given route's decision.
+func admitted(t testing.TB, s *Sealer, exp time.Time) *envelope.Invocation {
+	inv := &envelope.Invocation{
+		ID: "inv-1", Tenant: "demo", Event: envelope.Event{ID: "inv-1", Seq: 42},
+		Request: &api.Request{ToolID: "fs.read_file", ToolVersion: "^1",
+			Parameters:     json.RawMessage(`{"path": "a<b>&c.txt", "n": 1.50, "u": "\u00e9"}`),
+			AgentContext:   api.AgentContext{AgentDID: "did:agent:a", TenantID: "demo", SessionID: "s1"},
+			ResourceLimits: &api.ResourceLimits{TimeoutSeconds: 10}},
+		Authz: &envelope.Authorization{TokenID: "tok-1", AgentDID: "did:agent:a", Session: "root-1", Reserved: true,
+			Grants: envelope.Grants{Paths: []string{"/reports"}, PathMode: "ro", Hosts: []string{"api.example.com"}, Ports: []int{443}}},
+	}
+	if err := s.Seal(inv, "fs.read_file", "1.2.0", exp); err != nil {
+		t.Fatal(err)
+	}
+	b, err := json.Marshal(inv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out envelope.Invocation
+	if err := json.Unmarshal(b, &out); err != nil {
+		t.Fatal(err)
+	}
+	out.Route = &envelope.Route{ToolID: "fs.read_file", ToolVersion: "1.2.0", Executor: "builtin"}
+	return &out
+}
+
+func TestSealVerifiesAfterAHop(t *testing.T) {
+	k := newKey(t)
+	inv := admitted(t, NewSealer(k), time.Now().Add(time.Hour))
+	if err := NewVerifier(k.Public().(ed25519.PublicKey)).Check(inv, time.Now()); err != nil {
+		t.Fatalf("a genuine seal: %v", err)
+	}
+}
+
+// TestCheckRefuses: every change to a sealed field after authorize, a
+// missing or foreign seal and an expired one are refused with E3218 naming
+// what was wrong.
+func TestCheckRefuses(t *testing.T) {
+	k := newKey(t)
+	s, v := NewSealer(k), NewVerifier(k.Public().(ed25519.PublicKey))
+	now := time.Now()
+	other := NewSealer(newKey(t))
+	cases := []struct {
+		name   string
+		change func(inv *envelope.Invocation)
+		sealer *Sealer
+		field  string
+	}{
+		{"no seal", func(inv *envelope.Invocation) { inv.Authz.Seal = nil }, s, ""},
+		{"no authorization", func(inv *envelope.Invocation) { inv.Authz = nil }, s, ""},
+		{"sealed by another key", nil, other, "key"},
+		{"another key's seal relabelled", func(inv *envelope.Invocation) { inv.Authz.Seal.Key = NewSealer(k).id }, other, "sig"},
+		{"signature garbled", func(inv *envelope.Invocation) { inv.Authz.Seal.Sig = "AAAA" }, s, "sig"},
+		{"sealed field rewritten with its envelope", func(inv *envelope.Invocation) {
+			inv.Authz.Seal.ToolID, inv.Route.ToolID = "fs.write_file", "fs.write_file"
+		}, s, "sig"},
+		{"another tenant", func(inv *envelope.Invocation) { inv.Tenant = "other" }, s, "tenant"},
+		{"another invocation", func(inv *envelope.Invocation) { inv.ID = "inv-2" }, s, "id"},
+		{"another ingest sequence", func(inv *envelope.Invocation) { inv.Event.Seq = 43 }, s, "seq"},
+		{"another tool", func(inv *envelope.Invocation) { inv.Route.ToolID = "fs.write_file" }, s, "tool"},
+		{"another version", func(inv *envelope.Invocation) { inv.Route.ToolVersion = "1.3.0" }, s, "tool"},
+		{"other parameters", func(inv *envelope.Invocation) { inv.Request.Parameters = json.RawMessage(`{"path":"/etc/passwd"}`) }, s, "request"},
+		{"other limits", func(inv *envelope.Invocation) { inv.Request.ResourceLimits = nil }, s, "request"},
+		{"another agent context", func(inv *envelope.Invocation) { inv.Request.AgentContext.SessionID = "s2" }, s, "request"},
+		{"wider path grant", func(inv *envelope.Invocation) { inv.Authz.Grants.Paths = []string{"/"} }, s, "authz"},
+		{"another host grant", func(inv *envelope.Invocation) {
+			inv.Authz.Grants.Hosts = append(inv.Authz.Grants.Hosts, "evil.example")
+		}, s, "authz"},
+		{"another budget", func(inv *envelope.Invocation) { inv.Authz.Session = "victim" }, s, "authz"},
+		{"a forged approver", func(inv *envelope.Invocation) { inv.Authz.ApprovedBy = "operator:alice" }, s, "authz"},
+		{"expired", func(inv *envelope.Invocation) {}, nil, "exp"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			exp := now.Add(time.Hour)
+			sealer := tc.sealer
+			if sealer == nil {
+				sealer, exp = s, now.Add(-time.Second)
+			}
+			inv := admitted(t, sealer, exp)
+			if tc.change != nil {
+				tc.change(inv)
+			}
+			err := v.Check(inv, now)
+			if !errors.Is(err, &api.Error{Code: api.PermissionDenied, ECode: api.EHopUnsealed}) {
+				t.Fatalf("err %v, want permission_denied E3218", err)
+			}
+			var te *api.Error
+			errors.As(err, &te)
+			if got, _ := te.Details["sealed_field"].(string); got != tc.field {
+				t.Errorf("sealed_field %q, want %q (%v)", got, tc.field, err)
+			}
+		})
+	}
+}
+
+// BenchmarkSeal and BenchmarkCheck are the cost per admitted call: one
+// signature in authorize, one verification in execute.
+func BenchmarkSeal(b *testing.B) {
+	k := newKey(b)
+	s := NewSealer(k)
+	inv := admitted(b, s, time.Now().Add(time.Hour))
+	for b.Loop() {
+		if err := s.Seal(inv, "fs.read_file", "1.2.0", time.Now().Add(time.Hour)); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkCheck(b *testing.B) {
+	k := newKey(b)
+	v := NewVerifier(k.Public().(ed25519.PublicKey))
+	inv := admitted(b, NewSealer(k), time.Now().Add(time.Hour))
+	now := time.Now()
+	for b.Loop() {
+		if err := v.Check(inv, now); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
