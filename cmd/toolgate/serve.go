@@ -21,7 +21,8 @@ import (
 // pipelineFlags are shared by serve and stage.
 func pipelineFlags(fs *pflag.FlagSet, c *node.Config) *string {
 	fs.BoolVar(&c.AuthCallout, "auth-callout", false, "with --nats, also run the bus's auth callout with the keys in <data>/busauth")
-	fs.IntVar(&c.Workers, "workers", 4, "workers per stage")
+	fs.IntVar(&c.Workers, "workers", 4, "calls execute runs at once")
+	fs.IntVar(&c.InFlight, "inflight", node.DefaultInFlight, "messages each stage holds at once (processed, or waiting for its publishes to be acknowledged)")
 	fs.IntVar(&c.TenantInFlight, "tenant-inflight", 0, "most calls of one tenant an execute process runs at once (0: 3/4 of --workers, -1: no limit)")
 	fs.StringVar(&c.MetricsAddr, "metrics-addr", "", "serve Prometheus metrics on this address (/metrics)")
 	fs.StringVar(&c.OTLPEndpoint, "otlp-endpoint", "", "export traces over OTLP/HTTP to this URL (https for TLS) or host:port (default $OTEL_EXPORTER_OTLP_ENDPOINT); the OTEL_EXPORTER_OTLP_* variables apply")

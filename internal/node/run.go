@@ -38,6 +38,9 @@ import (
 // Control is the pseudo-stage name of the control services.
 const Control = "control"
 
+// DefaultInFlight is Config.InFlight's default.
+const DefaultInFlight = 64
+
 // AuthCallout is the pseudo-stage name of the bus's auth callout alone
 // (Config.AuthCallout, for external servers).
 const AuthCallout = "authcallout"
@@ -58,8 +61,12 @@ type Config struct {
 	Embedded    EmbeddedOptions
 	// Stages to run: stage names and Control. Empty means all of them.
 	Stages []string
-	// Workers per stage.
+	// Workers is how many calls execute runs at once (per process).
 	Workers int
+	// InFlight is the most messages each stage holds at once, processed or
+	// waiting for their publishes to be acknowledged; the stages other
+	// than execute also process that many at once. Default DefaultInFlight.
+	InFlight int
 	// TenantInFlight is the most calls of one tenant an execute process runs
 	// at once (execute.TenantQuota); 0 is three quarters of Workers (at
 	// least one), a negative value no limit.
@@ -276,7 +283,14 @@ func Run(ctx context.Context, c Config) error {
 		if err != nil {
 			return err
 		}
-		runners = append(runners, n.Runner(name, st, c.Workers, metrics))
+		r := n.Runner(name, st, c.Workers, metrics)
+		r.InFlight = cmp.Or(c.InFlight, DefaultInFlight)
+		if name != subjects.Execute {
+			// Stages other than execute decide from memory and a few KV
+			// reads and writes: they wait, so they take as many as they hold.
+			r.Workers = max(r.Workers, r.InFlight)
+		}
+		runners = append(runners, r)
 	}
 
 	// Runners stop fetching when drain is done, then finish in-flight work;
