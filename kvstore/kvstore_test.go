@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -158,5 +159,56 @@ func TestCheckpointsCompressAndRoundTrip(t *testing.T) {
 	}
 	if _, ok, _ := s.LoadCheckpoint(ctx, "acme", "inv-1"); ok {
 		t.Fatal("deleted checkpoint still there")
+	}
+}
+
+// TestUsageBatchesNeverPassALimit races many reservations of one session
+// against a call limit, in two stores (two processes) on one bucket: each
+// store batches its concurrent calls into shared compare-and-swaps, and
+// exactly the limit is admitted.
+func TestUsageBatchesNeverPassALimit(t *testing.T) {
+	a, js := open(t)
+	b, err := kvstore.Open(context.Background(), js, kvstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	const limit, callers = 25, 120
+	errFull := errors.New("full")
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	admitted := 0
+	for i := range callers {
+		s := a
+		if i%2 == 1 {
+			s = b
+		}
+		wg.Go(func() {
+			id := fmt.Sprintf("i-%d", i)
+			u, err := s.UpdateUsage(ctx, "t", "token:root", func(u *kvstore.Usage) error {
+				if u.Calls >= limit {
+					return errFull
+				}
+				u.Calls++
+				u.Reserved = append(u.Reserved, id)
+				return nil
+			})
+			switch {
+			case err == nil:
+				if u.Calls > limit || !slices.Contains(u.Reserved, id) {
+					t.Errorf("admitted %s, usage %+v", id, u)
+				}
+				mu.Lock()
+				admitted++
+				mu.Unlock()
+			case !errors.Is(err, errFull):
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	u, err := a.Usage(ctx, "t", "token:root")
+	if err != nil || u.Calls != limit || admitted != limit || len(u.Reserved) != limit {
+		t.Fatalf("admitted %d, stored %+v, %v; want %d", admitted, u, err, limit)
 	}
 }
