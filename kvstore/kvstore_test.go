@@ -212,3 +212,34 @@ func TestUsageBatchesNeverPassALimit(t *testing.T) {
 		t.Fatalf("admitted %d, stored %+v, %v; want %d", admitted, u, err, limit)
 	}
 }
+
+// TestClaimRunReturnsTheEarlierRecord: execute's claim reads what an earlier
+// delivery left in the same compare-and-swap, and never takes another
+// publish's id or a terminal record.
+func TestClaimRunReturnsTheEarlierRecord(t *testing.T) {
+	s, _ := open(t)
+	ctx := context.Background()
+	run := api.Record{InvocationID: "i.1", Tenant: "t", Status: api.StatusRunning, Seq: 4}
+	prev, ok, rec, written, err := s.ClaimRun(ctx, run, nil)
+	if err != nil || ok || !written || rec.Status != api.StatusRunning {
+		t.Fatalf("first claim: prev %+v %v, stored %+v %v, %v", prev, ok, rec, written, err)
+	}
+	if _, err := s.UpdateRecord(ctx, "t", "i.1", func(r *api.Record) { r.Checkpoint = &api.CheckpointRef{Seq: 2} }); err != nil {
+		t.Fatal(err)
+	}
+	prev, ok, rec, written, err = s.ClaimRun(ctx, run, func(p api.Record, n *api.Record) { n.Checkpoint = p.Checkpoint })
+	if err != nil || !ok || prev.Status != api.StatusRunning || !written || rec.Checkpoint == nil || rec.Checkpoint.Seq != 2 {
+		t.Fatalf("redelivery: prev %+v %v, stored %+v %v, %v", prev, ok, rec, written, err)
+	}
+	other := run
+	other.Seq = 9
+	if _, ok, rec, written, err = s.ClaimRun(ctx, other, nil); err != nil || !ok || written || rec.Seq != 4 {
+		t.Fatalf("another publish: stored %+v %v, %v", rec, written, err)
+	}
+	if _, _, err := s.SetStatus(ctx, api.Record{InvocationID: "i.1", Tenant: "t", Status: api.StatusSuccess, Seq: 4}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, rec, written, err = s.ClaimRun(ctx, run, nil); err != nil || written || rec.Status != api.StatusSuccess {
+		t.Fatalf("after the end: stored %+v %v, %v", rec, written, err)
+	}
+}
