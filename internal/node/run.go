@@ -63,9 +63,9 @@ type Config struct {
 	Stages []string
 	// Workers is how many calls execute runs at once (per process).
 	Workers int
-	// InFlight is the most messages each stage holds at once, processed or
-	// waiting for their publishes to be acknowledged; the stages other
-	// than execute also process that many at once. Default DefaultInFlight.
+	// InFlight is the most messages each stage but execute holds and
+	// processes at once, including those waiting for their publishes to be
+	// acknowledged. Default DefaultInFlight. Execute holds Workers.
 	InFlight int
 	// TenantInFlight is the most calls of one tenant an execute process runs
 	// at once (execute.TenantQuota); 0 is three quarters of Workers (at
@@ -284,12 +284,15 @@ func Run(ctx context.Context, c Config) error {
 			return err
 		}
 		r := n.Runner(name, st, c.Workers, metrics)
-		r.InFlight = cmp.Or(c.InFlight, DefaultInFlight)
 		if name != subjects.Execute {
 			// Stages other than execute decide from memory and a few KV
 			// reads and writes: they wait, so they take as many as they hold.
+			r.InFlight = cmp.Or(c.InFlight, DefaultInFlight)
 			r.Workers = max(r.Workers, r.InFlight)
 		}
+		// Execute holds no more than it runs: its tenant quota judges each
+		// message as it is fetched, against the calls running, so a deeper
+		// batch would only be put back.
 		runners = append(runners, r)
 	}
 
