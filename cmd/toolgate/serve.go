@@ -22,7 +22,7 @@ import (
 func pipelineFlags(fs *pflag.FlagSet, c *node.Config) *string {
 	fs.BoolVar(&c.AuthCallout, "auth-callout", false, "with --nats, also run the bus's auth callout with the keys in <data>/busauth")
 	fs.IntVar(&c.Workers, "workers", 4, "calls execute runs at once")
-	fs.IntVar(&c.InFlight, "inflight", node.DefaultInFlight, "messages each stage holds at once (processed, or waiting for its publishes to be acknowledged)")
+	fs.IntVar(&c.InFlight, "inflight", node.DefaultInFlight, "messages each stage but execute holds at once (processed, or waiting for its publishes to be acknowledged)")
 	fs.IntVar(&c.TenantInFlight, "tenant-inflight", 0, "most calls of one tenant an execute process runs at once (0: 3/4 of --workers, -1: no limit)")
 	fs.StringVar(&c.MetricsAddr, "metrics-addr", "", "serve Prometheus metrics on this address (/metrics)")
 	fs.StringVar(&c.OTLPEndpoint, "otlp-endpoint", "", "export traces over OTLP/HTTP to this URL (https for TLS) or host:port (default $OTEL_EXPORTER_OTLP_ENDPOINT); the OTEL_EXPORTER_OTLP_* variables apply")
@@ -171,7 +171,7 @@ func (a *app) benchCmd() *cobra.Command {
 	cmd.Flags().StringVar(&o.Dir, "dir", "", "storage directory (default: a temporary one)")
 	cmd.Flags().BoolVar(&noisyOnly, "noisy", false, "measure only the noisy-neighbour series")
 	cmd.Flags().BoolVar(&o.GoalsOnly, "goals", false, "measure only the goals: saturation and latency beside the bare chain, and authorization")
-	cmd.Flags().IntVar(&o.SaturationN, "saturation-n", 4000, "invocations offered by each saturation series")
+	cmd.Flags().IntVar(&o.SaturationN, "saturation-n", 2000, "invocations offered by each saturation series")
 	*prof = *profileFlags(cmd.Flags())
 	return cmd
 }
