@@ -33,7 +33,7 @@ type Options struct {
 	// Dir holds the file storage; empty uses a temporary directory.
 	Dir string
 	// SaturationN is how many invocations each saturation series offers
-	// (default 4000).
+	// (default 2000).
 	SaturationN int
 	// GoalsOnly measures the goals (saturation and latency beside the bare
 	// chain) and nothing else.

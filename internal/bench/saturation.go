@@ -86,7 +86,8 @@ func (t *target) saturate(ctx context.Context, name string, n, conc int) (Result
 	if err := <-errs; err != nil {
 		return Result{}, err
 	}
-	col.wait(ctx, 60*time.Second)
+	// Until all are done, so that no backlog is left to the next series.
+	col.wait(ctx, 5*time.Minute)
 	m := make(map[string]time.Time, n)
 	for i, at := range due {
 		m[prefix+strconv.Itoa(i)] = at
@@ -246,7 +247,7 @@ type Goals struct {
 }
 
 // saturationN is how many invocations a saturation series offers.
-const saturationN = 4000
+const saturationN = 2000
 
 // measureGoals measures the goals: saturation with 1000 sessions
 // and with one, budgets off and on, beside the bare chain; latency unloaded
