@@ -79,7 +79,8 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzVerify$$' -fuzztime $(FUZZTIME) ./internal/token/
 
 # Throughput and latency through all six stages next to a bare JetStream
-# chain measured in the same run.
+# chain measured in the same run; the goals (saturation, latency unloaded
+# and at half load, authorization) each printed with its target.
 bench: mcp-servers
 	$(GO) run ./cmd/toolgate bench --rate 300 --duration 10s --workers 16
 

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -271,12 +272,83 @@ func (s *Store) usage(ctx context.Context, tenant, session string) (Usage, uint6
 }
 
 // UpdateUsage applies change to a session's usage with compare-and-swap and
-// returns the stored result. If change returns an error nothing is written.
+// returns the stored result. If change returns an error nothing of it is
+// written and the error is returned.
+//
+// Concurrent updates of one session in this process share a
+// compare-and-swap: the first caller writes, and the calls that arrive
+// meanwhile wait and go together in the next write, each change applied in
+// turn to what the ones before it left. A key that many calls charge at
+// once thus costs one round trip per batch, not a conflict per call; the
+// compare-and-swap still orders the batches of all processes. The Usage
+// returned is the value written by the caller's batch.
 func (s *Store) UpdateUsage(ctx context.Context, tenant, session string, change func(*Usage) error) (Usage, error) {
-	var changeErr error
-	u, _, err := update(ctx, s.budgets, budgetKey(tenant, session), func(u *Usage, _ bool) error {
-		if changeErr = change(u); changeErr != nil {
-			return changeErr
+	key := budgetKey(tenant, session)
+	call := &usageCall{change: change, done: make(chan struct{})}
+	s.usageMu.Lock()
+	if s.usageBatches == nil {
+		s.usageBatches = map[string]*usageBatch{}
+	}
+	if b, busy := s.usageBatches[key]; busy {
+		b.waiting = append(b.waiting, call)
+		s.usageMu.Unlock()
+		<-call.done
+		if !call.lead {
+			return call.u, call.err
+		}
+	} else {
+		s.usageBatches[key] = &usageBatch{}
+		s.usageMu.Unlock()
+		call.batch = []*usageCall{call}
+	}
+	// This call leads its batch: it writes for all of them, then hands the
+	// lead to the first of those that arrived meanwhile.
+	s.commitUsage(ctx, tenant, session, key, call.batch)
+	s.usageMu.Lock()
+	var next *usageCall
+	if b := s.usageBatches[key]; len(b.waiting) == 0 {
+		delete(s.usageBatches, key)
+	} else {
+		next = b.waiting[0]
+		next.batch, next.lead, b.waiting = b.waiting, true, nil
+	}
+	s.usageMu.Unlock()
+	for _, c := range call.batch[1:] {
+		close(c.done)
+	}
+	if next != nil {
+		close(next.done)
+	}
+	return call.u, call.err
+}
+
+// usageCall is one UpdateUsage waiting for, or leading, a batch.
+type usageCall struct {
+	change func(*Usage) error
+	done   chan struct{}
+	lead   bool
+	batch  []*usageCall // when lead: the calls it writes for, itself first
+	u      Usage
+	err    error
+}
+
+// usageBatch holds the calls that arrived while a key's batch is written.
+type usageBatch struct{ waiting []*usageCall }
+
+func (s *Store) commitUsage(ctx context.Context, tenant, session, key string, batch []*usageCall) {
+	u, _, err := update(ctx, s.budgets, key, func(u *Usage, _ bool) error {
+		changed := false
+		for _, c := range batch {
+			before := *u
+			before.Reserved, before.Settled = slices.Clone(u.Reserved), slices.Clone(u.Settled)
+			if c.err = c.change(u); c.err != nil {
+				*u = before
+				continue
+			}
+			changed = true
+		}
+		if !changed {
+			return ErrUnchanged
 		}
 		u.UpdatedAt = time.Now().UTC()
 		if u.StartedAt.IsZero() {
@@ -284,11 +356,13 @@ func (s *Store) UpdateUsage(ctx context.Context, tenant, session string, change 
 		}
 		return nil
 	})
-	if changeErr != nil {
-		return u, changeErr
+	for _, c := range batch {
+		c.u = u
+		if err != nil {
+			c.u = Usage{}
+			if c.err == nil {
+				c.err = fmt.Errorf("updating usage of %s/%s: %w", tenant, session, err)
+			}
+		}
 	}
-	if err != nil {
-		return Usage{}, fmt.Errorf("updating usage of %s/%s: %w", tenant, session, err)
-	}
-	return u, nil
 }

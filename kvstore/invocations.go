@@ -51,6 +51,41 @@ func (s *Store) SetStatus(ctx context.Context, rec api.Record) (api.Record, bool
 	return got, written, nil
 }
 
+// ClaimRun is SetStatus that also returns the record stored before it (ok
+// false when there was none), read in the same compare-and-swap: execute
+// learns whether an earlier delivery started the tool and claims the run in
+// one round trip. fill, when not nil, completes rec from the earlier record
+// (its checkpoint) before it is written.
+func (s *Store) ClaimRun(ctx context.Context, rec api.Record, fill func(prev api.Record, next *api.Record)) (prev api.Record, ok bool, stored api.Record, written bool, err error) {
+	if rec.UpdatedAt.IsZero() {
+		rec.UpdatedAt = time.Now().UTC()
+	}
+	stored, _, err = update(ctx, s.invocations, invocationKey(rec.Tenant, rec.InvocationID), func(cur *api.Record, exists bool) error {
+		prev, ok, written = *cur, exists, false
+		next := rec
+		if exists {
+			if cur.Status.Terminal() || !sameInvocation(*cur, rec) {
+				return ErrUnchanged
+			}
+			if next.Digest == "" {
+				next.Digest = cur.Digest
+			}
+			if cur.CancelRequested {
+				next.CancelRequested = true
+			}
+		}
+		if fill != nil {
+			fill(*cur, &next)
+		}
+		*cur, written = next, true
+		return nil
+	})
+	if err != nil {
+		return api.Record{}, false, api.Record{}, false, fmt.Errorf("status of %s: %w", rec.InvocationID, err)
+	}
+	return prev, ok, stored, written, nil
+}
+
 // sameInvocation reports whether rec may replace stored: both belong to the
 // same publish, or stored was made before any publish claimed the id (a
 // cancel request that arrived first).

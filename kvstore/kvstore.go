@@ -61,6 +61,9 @@ type Store struct {
 	toolstats   jetstream.KeyValue
 	capability  jetstream.KeyValue
 	watches     sync.WaitGroup
+
+	usageMu      sync.Mutex
+	usageBatches map[string]*usageBatch // keys whose usage is being written
 }
 
 // Open opens the buckets, creating any that are missing. It is safe to call

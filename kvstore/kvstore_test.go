@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -185,5 +186,87 @@ func TestCheckpointsCompressAndRoundTrip(t *testing.T) {
 	}
 	if _, ok, _ := s.LoadCheckpoint(ctx, "acme", "inv-1"); ok {
 		t.Fatal("deleted checkpoint still there")
+	}
+}
+
+// TestUsageBatchesNeverPassALimit races many reservations of one session
+// against a call limit, in two stores (two processes) on one bucket: each
+// store batches its concurrent calls into shared compare-and-swaps, and
+// exactly the limit is admitted.
+func TestUsageBatchesNeverPassALimit(t *testing.T) {
+	a, js := open(t)
+	b, err := kvstore.Open(context.Background(), js, kvstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	const limit, callers = 25, 120
+	errFull := errors.New("full")
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	admitted := 0
+	for i := range callers {
+		s := a
+		if i%2 == 1 {
+			s = b
+		}
+		wg.Go(func() {
+			id := fmt.Sprintf("i-%d", i)
+			u, err := s.UpdateUsage(ctx, "t", "token:root", func(u *kvstore.Usage) error {
+				if u.Calls >= limit {
+					return errFull
+				}
+				u.Calls++
+				u.Reserved = append(u.Reserved, id)
+				return nil
+			})
+			switch {
+			case err == nil:
+				if u.Calls > limit || !slices.Contains(u.Reserved, id) {
+					t.Errorf("admitted %s, usage %+v", id, u)
+				}
+				mu.Lock()
+				admitted++
+				mu.Unlock()
+			case !errors.Is(err, errFull):
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	u, err := a.Usage(ctx, "t", "token:root")
+	if err != nil || u.Calls != limit || admitted != limit || len(u.Reserved) != limit {
+		t.Fatalf("admitted %d, stored %+v, %v; want %d", admitted, u, err, limit)
+	}
+}
+
+// TestClaimRunReturnsTheEarlierRecord: execute's claim reads what an earlier
+// delivery left in the same compare-and-swap, and never takes another
+// publish's id or a terminal record.
+func TestClaimRunReturnsTheEarlierRecord(t *testing.T) {
+	s, _ := open(t)
+	ctx := context.Background()
+	run := api.Record{InvocationID: "i.1", Tenant: "t", Status: api.StatusRunning, Seq: 4}
+	prev, ok, rec, written, err := s.ClaimRun(ctx, run, nil)
+	if err != nil || ok || !written || rec.Status != api.StatusRunning {
+		t.Fatalf("first claim: prev %+v %v, stored %+v %v, %v", prev, ok, rec, written, err)
+	}
+	if _, err := s.UpdateRecord(ctx, "t", "i.1", func(r *api.Record) { r.Checkpoint = &api.CheckpointRef{Seq: 2} }); err != nil {
+		t.Fatal(err)
+	}
+	prev, ok, rec, written, err = s.ClaimRun(ctx, run, func(p api.Record, n *api.Record) { n.Checkpoint = p.Checkpoint })
+	if err != nil || !ok || prev.Status != api.StatusRunning || !written || rec.Checkpoint == nil || rec.Checkpoint.Seq != 2 {
+		t.Fatalf("redelivery: prev %+v %v, stored %+v %v, %v", prev, ok, rec, written, err)
+	}
+	other := run
+	other.Seq = 9
+	if _, ok, rec, written, err = s.ClaimRun(ctx, other, nil); err != nil || !ok || written || rec.Seq != 4 {
+		t.Fatalf("another publish: stored %+v %v, %v", rec, written, err)
+	}
+	if _, _, err := s.SetStatus(ctx, api.Record{InvocationID: "i.1", Tenant: "t", Status: api.StatusSuccess, Seq: 4}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, rec, written, err = s.ClaimRun(ctx, run, nil); err != nil || written || rec.Status != api.StatusSuccess {
+		t.Fatalf("after the end: stored %+v %v, %v", rec, written, err)
 	}
 }

@@ -22,7 +22,8 @@ import (
 func pipelineFlags(fs *pflag.FlagSet, c *node.Config) *string {
 	fs.BoolVar(&c.AuthCallout, "auth-callout", false, "with --nats, also run the bus's auth callout with the keys in <data>/busauth")
 	fs.StringVar(&c.ControlCreds, "control-creds", "", "with --nats, the credentials the control service connects with beside the stages (default <data>/busauth/control.creds)")
-	fs.IntVar(&c.Workers, "workers", 4, "workers per stage")
+	fs.IntVar(&c.Workers, "workers", 4, "calls execute runs at once")
+	fs.IntVar(&c.InFlight, "inflight", node.DefaultInFlight, "messages each stage but execute holds at once (processed, or waiting for its publishes to be acknowledged)")
 	fs.IntVar(&c.TenantInFlight, "tenant-inflight", 0, "most calls of one tenant an execute process runs at once (0: 3/4 of --workers, -1: no limit)")
 	fs.StringVar(&c.MetricsAddr, "metrics-addr", "", "serve Prometheus metrics on this address (/metrics)")
 	fs.StringVar(&c.OTLPEndpoint, "otlp-endpoint", "", "export traces over OTLP/HTTP to this URL (https for TLS) or host:port (default $OTEL_EXPORTER_OTLP_ENDPOINT); the OTEL_EXPORTER_OTLP_* variables apply")
@@ -68,6 +69,7 @@ func (a *app) serveCmd() *cobra.Command {
 		Args: noArgs,
 	}
 	level := pipelineFlags(cmd.Flags(), &c)
+	prof := profileFlags(cmd.Flags())
 	cmd.Flags().StringVar(&c.Embedded.Listen, "listen", "127.0.0.1:4222", "embedded NATS listen address")
 	cmd.Flags().BoolVar(&c.Examples, "examples", false, "register the example tools at start (and, without --jwks, write a development token)")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
@@ -80,6 +82,11 @@ func (a *app) serveCmd() *cobra.Command {
 		c.Embedded.DataDir = a.data
 		c.OTLPEndpoint = orEnv(c.OTLPEndpoint, "OTEL_EXPORTER_OTLP_ENDPOINT")
 		c.Log = logger(a.stderr, *level)
+		stop, err := prof.start(c.Log)
+		if err != nil {
+			return err
+		}
+		defer stop()
 		if c.Examples {
 			c.Ready = func(url string, n *node.Node) {
 				a.printWelcome(url, c.Stage.BuiltinEnv.FileRoot, n, a.data)
@@ -108,6 +115,7 @@ func (a *app) stageCmd() *cobra.Command {
 		ValidArgs: names,
 	}
 	level := pipelineFlags(cmd.Flags(), &c)
+	prof := profileFlags(cmd.Flags())
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
 		c.NATSURL = a.conn.ServerURL()
 		c.Creds = a.conn.Creds
@@ -116,6 +124,11 @@ func (a *app) stageCmd() *cobra.Command {
 		c.AuthCallout = args[0] == node.AuthCallout
 		c.OTLPEndpoint = orEnv(c.OTLPEndpoint, "OTEL_EXPORTER_OTLP_ENDPOINT")
 		c.Log = logger(a.stderr, *level)
+		stop, err := prof.start(c.Log)
+		if err != nil {
+			return err
+		}
+		defer stop()
 		return node.Run(cmd.Context(), c)
 	}
 	return cmd
@@ -124,11 +137,17 @@ func (a *app) stageCmd() *cobra.Command {
 func (a *app) benchCmd() *cobra.Command {
 	var o bench.Options
 	var noisyOnly bool
+	prof := new(profiling)
 	cmd := &cobra.Command{
 		Use:   "bench",
 		Short: "Offer load to an in-process toolgate and report latency and throughput",
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			stop, err := prof.start(discard())
+			if err != nil {
+				return err
+			}
+			defer stop()
 			if noisyOnly {
 				n, err := bench.RunNoisy(cmd.Context(), o)
 				if err != nil {
@@ -153,6 +172,9 @@ func (a *app) benchCmd() *cobra.Command {
 	cmd.Flags().IntVar(&o.Workers, "workers", 4, "workers per stage")
 	cmd.Flags().StringVar(&o.Dir, "dir", "", "storage directory (default: a temporary one)")
 	cmd.Flags().BoolVar(&noisyOnly, "noisy", false, "measure only the noisy-neighbour series")
+	cmd.Flags().BoolVar(&o.GoalsOnly, "goals", false, "measure only the goals: saturation and latency beside the bare chain, and authorization")
+	cmd.Flags().IntVar(&o.SaturationN, "saturation-n", 2000, "invocations offered by each saturation series")
+	*prof = *profileFlags(cmd.Flags())
 	return cmd
 }
 

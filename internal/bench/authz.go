@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
@@ -98,9 +99,31 @@ func measureAuthz(ctx context.Context, n *node.Node, cred credentials) ([]Cost, 
 		slices.Sort(out.Samples)
 		return out, nil
 	}
-	stage, err := timeIt("authorize stage, whole", func(i int) error {
+	stage, err := timeIt("authorize, no budget", func(i int) error {
 		r := req
 		inv := &envelope.Invocation{ID: fmt.Sprintf("authz-%d", i), Tenant: benchTenant, Request: &r,
+			Event: envelope.Event{Seq: uint64(i + 1)}}
+		_, err := st.Process(ctx, inv)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	budgetTok, err := token.Mint(cred.key, token.Claims{
+		ToolID: token.Patterns{"*"}, TenantID: benchTenant, AgentDID: benchAgent,
+		Budget: &token.Budget{MaxCalls: 1 << 40},
+		RegisteredClaims: jwt.RegisteredClaims{
+			ID: "authz-bench-budget", Issuer: benchIssuer, Audience: jwt.ClaimStrings{benchAudience},
+			ExpiresAt: jwt.NewNumericDate(time.Now().Add(time.Hour)),
+		},
+	})
+	if err != nil {
+		return nil, err
+	}
+	budgeted, err := timeIt("authorize, budget token", func(i int) error {
+		r := req
+		r.CapabilityToken = budgetTok
+		inv := &envelope.Invocation{ID: fmt.Sprintf("authz-b-%d", i), Tenant: benchTenant, Request: &r,
 			Event: envelope.Event{Seq: uint64(i + 1)}}
 		_, err := st.Process(ctx, inv)
 		return err
@@ -139,7 +162,7 @@ func measureAuthz(ctx context.Context, n *node.Node, cred credentials) ([]Cost, 
 	if err != nil {
 		return nil, err
 	}
-	return []Cost{stage, verify, kv, lease, each}, nil
+	return []Cost{stage, verify, kv, lease, each, budgeted}, nil
 }
 
 func printAuthz(w io.Writer, costs []Cost) {
@@ -147,6 +170,15 @@ func printAuthz(w io.Writer, costs []Cost) {
 	fmt.Fprintf(w, "%-26s %9s %9s %9s\n", "step", "p50", "p99", "max")
 	for _, c := range costs {
 		fmt.Fprintf(w, "%-26s %9s %9s %9s\n", c.Name, us(c.quantile(0.5)), us(c.quantile(0.99)), us(c.quantile(1)))
+	}
+	for _, c := range costs {
+		if strings.HasPrefix(c.Name, "authorize") {
+			ok := "met"
+			if c.quantile(0.5) > 100*time.Microsecond {
+				ok = "NOT MET"
+			}
+			fmt.Fprintf(w, "goal: %s p50 <= 100µs: %s (%s)\n", c.Name, ok, us(c.quantile(0.5)))
+		}
 	}
 	if len(costs) >= 3 && costs[2].quantile(0.5) > 0 {
 		fmt.Fprintf(w, "%-26s %9.2f %9.2f\n", "ratio stage/raw KV", float64(costs[0].quantile(0.5))/float64(costs[2].quantile(0.5)),

@@ -32,6 +32,12 @@ type Options struct {
 	Workers  int
 	// Dir holds the file storage; empty uses a temporary directory.
 	Dir string
+	// SaturationN is how many invocations each saturation series offers
+	// (default 2000).
+	SaturationN int
+	// GoalsOnly measures the goals (saturation and latency beside the bare
+	// chain) and nothing else.
+	GoalsOnly bool
 }
 
 // Result is one measured series.
@@ -68,6 +74,7 @@ type Report struct {
 	// Front is the MCP front end's cost over a direct tool.invoke.
 	Front   []Cost
 	Scaling []Scale
+	Goals   *Goals
 }
 
 // Run starts an embedded server with file storage, measures a no-op builtin
@@ -103,8 +110,11 @@ func Run(ctx context.Context, o Options) (Report, error) {
 	if err != nil {
 		return rep, err
 	}
-	if rep.Pipeline, rep.Authz, rep.Front, err = measurePipeline(ctx, url, o, cred); err != nil {
+	if rep.Pipeline, rep.Authz, rep.Front, rep.Goals, err = measurePipeline(ctx, url, o, cred); err != nil {
 		return rep, fmt.Errorf("pipeline: %w", err)
+	}
+	if o.GoalsOnly {
+		return rep, nil
 	}
 	if rep.Raw, err = measureRaw(ctx, url, o); err != nil {
 		return rep, fmt.Errorf("raw JetStream: %w", err)
@@ -214,7 +224,7 @@ const (
 	benchAgent  = "did:agent:bench"
 )
 
-func measurePipeline(ctx context.Context, url string, o Options, cred credentials) (Result, []Cost, []Cost, error) {
+func measurePipeline(ctx context.Context, url string, o Options, cred credentials) (Result, []Cost, []Cost, *Goals, error) {
 	runCtx, stop := context.WithCancel(ctx)
 	ready := make(chan *node.Node, 1)
 	errc := make(chan error, 1)
@@ -231,21 +241,33 @@ func measurePipeline(ctx context.Context, url string, o Options, cred credential
 	select {
 	case node = <-ready:
 	case err := <-errc:
-		return Result{}, nil, nil, err
+		return Result{}, nil, nil, nil, err
 	}
-	res, err := measureInvocations(ctx, url, o, cred)
+	nc, err := nats.Connect(url)
 	if err != nil {
-		return res, nil, nil, err
+		return Result{}, nil, nil, nil, err
+	}
+	defer nc.Close()
+	goals, err := measureGoals(ctx, nc, o, cred)
+	if err != nil {
+		return Result{}, nil, nil, nil, fmt.Errorf("goals: %w", err)
 	}
 	authz, err := measureAuthz(runCtx, node, cred)
 	if err != nil {
-		return res, authz, nil, err
+		return Result{}, authz, nil, &goals, err
+	}
+	if o.GoalsOnly {
+		return Result{}, authz, nil, &goals, nil
+	}
+	res, err := measureInvocations(ctx, url, o, cred)
+	if err != nil {
+		return res, nil, nil, &goals, err
 	}
 	front, err := measureFront(runCtx, url, cred)
 	if err != nil {
-		return res, authz, nil, fmt.Errorf("mcp front end: %w", err)
+		return res, authz, nil, &goals, fmt.Errorf("mcp front end: %w", err)
 	}
-	return res, authz, front, nil
+	return res, authz, front, &goals, nil
 }
 
 func measureInvocations(ctx context.Context, url string, o Options, cred credentials) (Result, error) {
@@ -383,21 +405,12 @@ func drive(ctx context.Context, o Options, name string, col *collector, publish 
 func (r Report) Print(w io.Writer) {
 	fmt.Fprintf(w, "toolgate bench: %d CPU %s/%s, %s, file storage, offered %d/s for %v, %d workers per stage\n\n",
 		runtime.NumCPU(), runtime.GOOS, runtime.GOARCH, runtime.Version(), r.Options.Rate, r.Options.Duration, r.Options.Workers)
-	fmt.Fprintf(w, "%-26s %7s %7s %9s %9s %9s %9s %9s\n", "series", "sent", "done", "inv/s", "p50", "p90", "p99", "max")
-	for _, s := range []Result{r.Pipeline, r.Raw} {
-		fmt.Fprintf(w, "%-26s %7d %7d %9.1f %9s %9s %9s %9s\n", s.Name, s.Sent, s.Done, s.Throughput(),
-			ms(s.Quantile(0.5)), ms(s.Quantile(0.9)), ms(s.Quantile(0.99)), ms(s.Quantile(1)))
+	if r.Pipeline.Sent > 0 {
+		r.printSeries(w)
 	}
-	ratio := func(a, b time.Duration) float64 {
-		if b == 0 {
-			return 0
-		}
-		return float64(a) / float64(b)
+	if r.Goals != nil {
+		r.Goals.Print(w)
 	}
-	fmt.Fprintf(w, "%-26s %7s %7s %9.2f %9.2f %9.2f %9.2f %9.2f\n", "ratio toolgate/raw", "", "",
-		r.Pipeline.Throughput()/max(r.Raw.Throughput(), 1e-9),
-		ratio(r.Pipeline.Quantile(0.5), r.Raw.Quantile(0.5)), ratio(r.Pipeline.Quantile(0.9), r.Raw.Quantile(0.9)),
-		ratio(r.Pipeline.Quantile(0.99), r.Raw.Quantile(0.99)), ratio(r.Pipeline.Quantile(1), r.Raw.Quantile(1)))
 	if r.Noisy != nil {
 		r.Noisy.Print(w)
 	}
@@ -423,3 +436,21 @@ func (r Report) Print(w io.Writer) {
 }
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.2fms", float64(d.Microseconds())/1000) }
+
+func (r Report) printSeries(w io.Writer) {
+	fmt.Fprintf(w, "%-26s %7s %7s %9s %9s %9s %9s %9s\n", "series", "sent", "done", "inv/s", "p50", "p90", "p99", "max")
+	for _, s := range []Result{r.Pipeline, r.Raw} {
+		fmt.Fprintf(w, "%-26s %7d %7d %9.1f %9s %9s %9s %9s\n", s.Name, s.Sent, s.Done, s.Throughput(),
+			ms(s.Quantile(0.5)), ms(s.Quantile(0.9)), ms(s.Quantile(0.99)), ms(s.Quantile(1)))
+	}
+	ratio := func(a, b time.Duration) float64 {
+		if b == 0 {
+			return 0
+		}
+		return float64(a) / float64(b)
+	}
+	fmt.Fprintf(w, "%-26s %7s %7s %9.2f %9.2f %9.2f %9.2f %9.2f\n", "ratio toolgate/raw", "", "",
+		r.Pipeline.Throughput()/max(r.Raw.Throughput(), 1e-9),
+		ratio(r.Pipeline.Quantile(0.5), r.Raw.Quantile(0.5)), ratio(r.Pipeline.Quantile(0.9), r.Raw.Quantile(0.9)),
+		ratio(r.Pipeline.Quantile(0.99), r.Raw.Quantile(0.99)), ratio(r.Pipeline.Quantile(1), r.Raw.Quantile(1)))
+}

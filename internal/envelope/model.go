@@ -99,8 +99,11 @@ type Authorization struct {
 	Session string `json:"session"`
 	// TokenBudget is the key of a child token's own budget, charged beside
 	// Session; empty for a root token.
-	TokenBudget string  `json:"token_budget,omitempty"`
-	Reserved    bool    `json:"budget_reserved,omitempty"`
+	TokenBudget string `json:"token_budget,omitempty"`
+	Reserved    bool   `json:"budget_reserved,omitempty"`
+	// Unmetered is set when the token tree has no budget: nothing was
+	// reserved and nothing is charged when the call ends.
+	Unmetered   bool    `json:"unmetered,omitempty"`
 	CostPerCall float64 `json:"cost_per_call,omitempty"`
 	ApprovedBy  string  `json:"approved_by,omitempty"`
 	Grants      Grants  `json:"grants,omitzero"`

@@ -44,6 +44,9 @@ import (
 // Control is the pseudo-stage name of the control services.
 const Control = "control"
 
+// DefaultInFlight is Config.InFlight's default.
+const DefaultInFlight = 64
+
 // AuthCallout is the pseudo-stage name of the bus's auth callout alone
 // (Config.AuthCallout, for external servers).
 const AuthCallout = "authcallout"
@@ -71,8 +74,12 @@ type Config struct {
 	Embedded    EmbeddedOptions
 	// Stages to run: stage names and Control. Empty means all of them.
 	Stages []string
-	// Workers per stage.
+	// Workers is how many calls execute runs at once (per process).
 	Workers int
+	// InFlight is the most messages each stage but execute holds and
+	// processes at once, including those waiting for their publishes to be
+	// acknowledged. Default DefaultInFlight. Execute holds Workers.
+	InFlight int
 	// TenantInFlight is the most calls of one tenant an execute process runs
 	// at once (execute.TenantQuota); 0 is three quarters of Workers (at
 	// least one), a negative value no limit.
@@ -368,7 +375,17 @@ func Run(ctx context.Context, c Config) error {
 		if err != nil {
 			return err
 		}
-		runners = append(runners, n.Runner(name, st, c.Workers, metrics))
+		r := n.Runner(name, st, c.Workers, metrics)
+		if name != subjects.Execute {
+			// Stages other than execute decide from memory and a few KV
+			// reads and writes: they wait, so they take as many as they hold.
+			r.InFlight = cmp.Or(c.InFlight, DefaultInFlight)
+			r.Workers = max(r.Workers, r.InFlight)
+		}
+		// Execute holds no more than it runs: its tenant quota judges each
+		// message as it is fetched, against the calls running, so a deeper
+		// batch would only be put back.
+		runners = append(runners, r)
 	}
 
 	// Runners stop fetching when drain is done, then finish in-flight work;

@@ -29,13 +29,24 @@ import (
 // consumer, so running more Runners of a stage, in this process or others,
 // scales it out. Run blocks until ctx is cancelled, then stops fetching,
 // finishes the work in hand and returns.
+//
+// A worker that has processed a message publishes the stage's outputs and
+// its hand-off together, without waiting, and takes its next message; the
+// input is acked once every one of those publishes is acknowledged (naked
+// if any fails), so the successor is always stored before the input goes.
+// InFlight bounds the messages a Runner holds at once, processed or
+// waiting for those acknowledgements.
 type Runner struct {
 	Name    string // the stage name, one of subjects.Stages
 	Stage   stages.Stage
 	JS      jetstream.JetStream
 	Workers int
-	Log     *slog.Logger
-	Metrics *Metrics // nil: no metrics
+	// InFlight is the most messages held at once, being processed or
+	// waiting for their publishes to be acknowledged; below Workers (the
+	// default) it is Workers.
+	InFlight int
+	Log      *slog.Logger
+	Metrics  *Metrics // nil: no metrics
 	// AckWait is the consumer's ack wait; the Runner sends in-progress acks
 	// at a third of it while a stage is busy.
 	AckWait time.Duration
@@ -56,6 +67,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	if r.Workers < 1 {
 		r.Workers = 1
 	}
+	r.InFlight = max(r.InFlight, r.Workers)
 	if r.Log == nil {
 		r.Log = slog.Default()
 	}
@@ -93,17 +105,28 @@ func (r *Runner) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// A slot is taken before a message is and given back once it is
+	// settled, which may be after its worker moved on.
+	slots := make(chan struct{}, r.InFlight)
+	var settling sync.WaitGroup
+	defer settling.Wait()
 	var wg sync.WaitGroup
 	for w := range r.Workers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for n := w; ; n += r.Workers {
-				msg, ok := next(n)
-				if !ok {
+				select {
+				case slots <- struct{}{}:
+				case <-ctx.Done():
 					return
 				}
-				r.handle(msg)
+				msg, ok := next(n)
+				if !ok {
+					<-slots
+					return
+				}
+				r.handle(msg, &settling, func() { <-slots })
 			}
 		}()
 	}
@@ -121,7 +144,7 @@ func (r *Runner) source(ctx context.Context, consumers []jetstream.Consumer, fet
 		// Pull requests expire after 5 s (heartbeats every 2.5 s), so after a
 		// server restart the iterator notices and pulls again within seconds,
 		// not the default 30.
-		iter, err := consumers[0].Messages(jetstream.PullMaxMessages(r.Workers), jetstream.PullExpiry(5*time.Second))
+		iter, err := consumers[0].Messages(jetstream.PullMaxMessages(r.InFlight), jetstream.PullExpiry(5*time.Second))
 		if err != nil {
 			return nil, fmt.Errorf("consuming %s: %w", r.Name, err)
 		}
@@ -188,7 +211,7 @@ func takeByPriority(ctx context.Context, feeds []chan jetstream.Msg, n int) (jet
 	return v.Interface().(jetstream.Msg), true
 }
 
-// fetch pulls messages from c, up to one per worker per pull request, and
+// fetch pulls messages from c, up to InFlight per pull request, and
 // offers them on out in order. Every message it holds gets in-progress acks
 // while it waits for a worker, and when ctx ends it naks what it holds so
 // another process gets it at once.
@@ -199,7 +222,7 @@ func (r *Runner) fetch(ctx context.Context, c jetstream.Consumer, out chan<- jet
 	for ctx.Err() == nil {
 		// A long poll that delivers each message as it arrives.
 		fctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		batch, err := c.Fetch(r.Workers, jetstream.FetchContext(fctx))
+		batch, err := c.Fetch(r.InFlight, jetstream.FetchContext(fctx))
 		if err != nil {
 			cancel()
 			if ctx.Err() != nil || r.JS.Conn().IsClosed() {
@@ -295,22 +318,27 @@ func (r *Runner) finalises() bool {
 	return ok
 }
 
-func (r *Runner) handle(msg jetstream.Msg) {
+// handle processes msg and settles it; release is called once it is
+// settled, which may be later, on a goroutine counted in settling.
+func (r *Runner) handle(msg jetstream.Msg, settling *sync.WaitGroup, release func()) {
 	start := r.now()
 	if r.Metrics != nil {
 		g := r.Metrics.inflight.WithLabelValues(r.Name)
 		g.Inc()
-		defer g.Dec()
+		inner := release
+		release = func() { g.Dec(); inner() }
 	}
 	md, err := msg.Metadata()
 	if err != nil {
 		r.Log.Error("message without metadata", "err", err)
 		_ = msg.Term()
+		release()
 		return
 	}
 	inv, derr := r.decode(msg.Subject(), msg.Headers(), msg.Data(), md.Sequence.Stream)
 	if inv == nil {
 		r.poison(msg, md, derr)
+		release()
 		return
 	}
 
@@ -320,7 +348,6 @@ func (r *Runner) handle(msg jetstream.Msg) {
 		trace.WithAttributes(attribute.String("toolgate.invocation_id", inv.ID),
 			attribute.String("toolgate.tenant", inv.Tenant),
 			attribute.Int("toolgate.delivery", int(md.NumDelivered))))
-	defer span.End()
 	if inv.Origin.TraceParent == "" {
 		// Fixed at the first hop: the caller's context, or this span's when
 		// the caller sent none, so every event names the same trace.
@@ -346,11 +373,20 @@ func (r *Runner) handle(msg jetstream.Msg) {
 		api.Hop{Stage: r.Name, DurationUS: r.now().Sub(start).Microseconds()})
 	propagator.Inject(ctx, invCarrier{inv})
 
-	outcome := r.apply(ctx, msg, inv, s, outs, perr)
-	if r.Metrics != nil {
-		now := r.now()
-		r.Metrics.observe(r.Name, outcome, inv, now.Sub(start), now.Sub(inv.ReceivedAt))
+	finish := func(outcome string) {
+		if r.Metrics != nil {
+			now := r.now()
+			r.Metrics.observe(r.Name, outcome, inv, now.Sub(start), now.Sub(inv.ReceivedAt))
+		}
+		span.End()
+		release()
 	}
+	pending := r.apply(msg, inv, s, outs, perr)
+	if pending.wait == nil {
+		finish(pending.outcome)
+		return
+	}
+	settling.Go(func() { finish(pending.wait()) })
 }
 
 // process calls the stage, turning a panic into an internal error and keeping
@@ -386,8 +422,19 @@ func (r *Runner) process(ctx context.Context, msg jetstream.Msg, inv *envelope.I
 	return r.Stage.Process(ctx, inv)
 }
 
-// apply carries out a settlement and returns the metrics outcome.
-func (r *Runner) apply(ctx context.Context, msg jetstream.Msg, inv *envelope.Invocation, s settlement, outs []stages.Output, perr error) string {
+// pendingSettle is a settlement under way: its outcome, or while publishes are
+// unacknowledged, wait, which settles the message and returns the outcome.
+type pendingSettle struct {
+	outcome string
+	wait    func() string
+}
+
+// publishTimeout bounds the wait for a publish acknowledgement.
+const publishTimeout = 10 * time.Second
+
+// apply carries out a settlement. Outputs and hand-off are published at
+// once; the ack waits for all their acknowledgements, in the returned wait.
+func (r *Runner) apply(msg jetstream.Msg, inv *envelope.Invocation, s settlement, outs []stages.Output, perr error) pendingSettle {
 	log := r.Log.With("invocation", inv.ID, "tenant", inv.Tenant)
 	switch s.act {
 	case actRetry:
@@ -397,20 +444,11 @@ func (r *Runner) apply(ctx context.Context, msg jetstream.Msg, inv *envelope.Inv
 			log.Warn("transient failure, will retry", "err", perr, "delay", s.delay)
 		}
 		_ = msg.NakWithDelay(s.delay)
-		return outcomeRetried
+		return pendingSettle{outcome: outcomeRetried}
 	case actTerm:
 		log.Error("giving up on message", "err", perr)
 		_ = msg.TermWithReason(fmt.Sprintf("%s: %v", r.Name, perr))
-		return outcomeTerminated
-	}
-	pubCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	for _, o := range outs {
-		if err := r.publish(pubCtx, o); err != nil {
-			log.Warn("publishing output", "subject", o.Subject, "err", err)
-			_ = msg.NakWithDelay(backoff(1))
-			return outcomePublishError
-		}
+		return pendingSettle{outcome: outcomeTerminated}
 	}
 	outcome := outcomeFinished
 	if inv.Parked() {
@@ -418,24 +456,56 @@ func (r *Runner) apply(ctx context.Context, msg jetstream.Msg, inv *envelope.Inv
 	}
 	if s.act == actForward {
 		o, err := Handoff(inv, s.next)
-		if err == nil {
-			err = r.publish(pubCtx, o)
-		}
 		if err != nil {
 			log.Warn("handing on", "next", s.next, "err", err)
 			_ = msg.NakWithDelay(backoff(1))
-			return outcomePublishError
+			return pendingSettle{outcome: outcomePublishError}
 		}
+		outs = append(outs[:len(outs):len(outs)], o)
 		outcome = outcomeForwarded
 		if s.next != subjects.Next(r.Name) {
 			outcome = outcomeEnded
 		}
 	}
-	if err := msg.Ack(); err != nil {
-		// The successor is published with a stable id: a redelivery is harmless.
-		log.Warn("ack", "err", err)
+	fail := func(o stages.Output, err error) string {
+		log.Warn("publishing", "subject", o.Subject, "err", err)
+		_ = msg.NakWithDelay(backoff(1))
+		return outcomePublishError
 	}
-	return outcome
+	acked := func() string {
+		if err := msg.Ack(); err != nil {
+			// The successor is published with a stable id: a redelivery is harmless.
+			log.Warn("ack", "err", err)
+		}
+		return outcome
+	}
+	if len(outs) == 0 {
+		return pendingSettle{outcome: acked()}
+	}
+	futures := make([]jetstream.PubAckFuture, 0, len(outs))
+	for _, o := range outs {
+		f, err := PublishAsync(r.JS, o)
+		if err != nil {
+			// Those already sent keep their ids: the redelivery's
+			// publishes of them are deduplicated.
+			return pendingSettle{outcome: fail(o, err)}
+		}
+		futures = append(futures, f)
+	}
+	return pendingSettle{wait: func() string {
+		timeout := time.NewTimer(publishTimeout)
+		defer timeout.Stop()
+		for i, f := range futures {
+			select {
+			case <-f.Ok():
+			case err := <-f.Err():
+				return fail(outs[i], err)
+			case <-timeout.C:
+				return fail(outs[i], errors.New("no publish acknowledgement in time"))
+			}
+		}
+		return acked()
+	}}
 }
 
 // Handoff is the message that hands inv to stage next.
@@ -464,6 +534,17 @@ func HopID(inv *envelope.Invocation, next string) string {
 }
 
 func (r *Runner) publish(ctx context.Context, o stages.Output) error { return Publish(ctx, r.JS, o) }
+
+// PublishAsync sends o to its stream like Publish, without waiting for the
+// acknowledgement, which the returned future brings.
+func PublishAsync(js jetstream.JetStream, o stages.Output) (jetstream.PubAckFuture, error) {
+	m := &nats.Msg{Subject: o.Subject, Header: o.Header, Data: o.Data}
+	var opts []jetstream.PublishOpt
+	if o.MsgID != "" {
+		opts = append(opts, jetstream.WithMsgID(o.MsgID))
+	}
+	return js.PublishMsgAsync(m, opts...)
+}
 
 // Publish publishes o to its stream, deduplicated by its message id. Code
 // outside the Runner that must put something into the pipeline (a decision

@@ -150,8 +150,8 @@ const settledMemory = 64
 // usage and counts consecutive failures.
 func (a *Auditor) charge(ctx context.Context, inv *envelope.Invocation) error {
 	az := inv.Authz
-	if az == nil || !az.Reserved {
-		return nil // never admitted: nothing was reserved
+	if az == nil || !az.Reserved || az.Unmetered {
+		return nil // never admitted, or without a budget: nothing was reserved
 	}
 	if err := a.chargeKey(ctx, inv, az.Session); err != nil {
 		return err

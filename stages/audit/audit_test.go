@@ -161,6 +161,18 @@ func TestAudit(t *testing.T) {
 			t.Fatalf("charged %+v", st.usage)
 		}
 	})
+
+	t.Run("admitted without a budget: nothing charged", func(t *testing.T) {
+		st := newFakeStore()
+		inv := admitted(succeeded())
+		inv.Authz.Unmetered = true
+		if _, err := (&Auditor{store: st}).Process(ctx, inv); err != nil {
+			t.Fatal(err)
+		}
+		if len(st.usage) != 0 {
+			t.Fatalf("charged %+v", st.usage)
+		}
+	})
 }
 
 type recorded struct {

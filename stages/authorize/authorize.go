@@ -6,7 +6,8 @@
 // The order is fixed: the token first (nothing else is read for a forged
 // one), then the policy over the request, the manifest, the verified claims
 // and the session's usage, then the approval gate, and last the budget
-// reservation, which is the only write.
+// reservation, which is the only write. A token tree without a budget has
+// no usage read or written: its calls are counted nowhere.
 package authorize
 
 import (
@@ -203,9 +204,14 @@ func (a *Authorizer) Process(ctx context.Context, inv *envelope.Invocation) ([]s
 	// names: the tree's root id keys it, and a child's own budget is kept
 	// beside it under the child's id.
 	tree, own := token.BudgetKey(claims.Root()), token.BudgetKey(claims.ID)
-	usage, err := a.cfg.Store.Usage(ctx, inv.Tenant, own)
-	if err != nil {
-		return nil, stages.Transient(err, 0)
+	// A tree without a budget has nothing to count against: its calls read
+	// and write no usage, so they share no key and never wait on each other.
+	metered := claims.Budget != nil || claims.TreeBudget() != nil
+	var usage kvstore.Usage
+	if metered {
+		if usage, err = a.cfg.Store.Usage(ctx, inv.Tenant, own); err != nil {
+			return nil, stages.Transient(err, 0)
+		}
 	}
 	in := Input{
 		Request: redactToken(req), Tool: m, Claims: cleanGrants(claims), Usage: usage,
@@ -257,12 +263,14 @@ func (a *Authorizer) Process(ctx context.Context, inv *envelope.Invocation) ([]s
 		}
 	}
 
-	if err := a.reserveTree(ctx, inv, claims, tree, own, m); err != nil {
-		return nil, err
+	if metered {
+		if err := a.reserveTree(ctx, inv, claims, tree, own, m); err != nil {
+			return nil, err
+		}
 	}
 	inv.Authz = &envelope.Authorization{
 		TokenID: claims.ID, AgentDID: claims.AgentDID, Session: tree, Reserved: true,
-		Grants: grants(claims),
+		Unmetered: !metered, Grants: grants(claims),
 	}
 	if own != tree {
 		inv.Authz.TokenBudget = own

@@ -105,6 +105,7 @@ func TestAuthorize(t *testing.T) {
 		}
 	}
 
+	budgeted := mint(func(c *token.Claims) { c.Budget = &token.Budget{MaxCalls: 10} })
 	cases := []struct {
 		name      string
 		tool      string
@@ -117,8 +118,11 @@ func TestAuthorize(t *testing.T) {
 		admitted  bool
 		approver  string
 		calls     int64
+		unmetered bool
 	}{
-		{name: "admitted and charged", tool: "echo", token: mint(nil), admitted: true, calls: 1},
+		{name: "admitted and charged", tool: "echo", token: budgeted, admitted: true, calls: 1},
+		{name: "admitted without a budget, nothing read or written", tool: "echo", token: mint(nil),
+			store: func(f *fakeStore) { f.down = errors.New("kv down") }, admitted: true, unmetered: true},
 		{name: "no token", tool: "echo", token: "", wantECode: api.ETokenInvalid},
 		{name: "forged token", tool: "echo", token: mint(nil) + "x", wantECode: api.ETokenInvalid},
 		{name: "expired token", tool: "echo", token: mint(func(c *token.Claims) {
@@ -135,15 +139,15 @@ func TestAuthorize(t *testing.T) {
 		{name: "reservation refuses a call over the cost budget", tool: "echo",
 			token: mint(func(c *token.Claims) { c.Budget = &token.Budget{MaxCost: 3} }),
 			store: func(f *fakeStore) { f.usage["acme/token:tok-1"] = kvstore.Usage{Cost: 2} }, wantECode: api.EBudgetExhausted},
-		{name: "already reserved is not charged again", tool: "echo", token: mint(nil),
+		{name: "already reserved is not charged again", tool: "echo", token: budgeted,
 			store: func(f *fakeStore) { f.usage["acme/token:tok-1"] = kvstore.Usage{Calls: 1, Reserved: []string{"i-1"}} }, admitted: true, calls: 1},
 		{name: "critical tool is parked for approval", tool: "wipe", token: mint(nil), parked: true},
 		{name: "pending approval parks again", tool: "wipe", token: mint(nil), store: approval(kvstore.ApprovalPending), parked: true},
-		{name: "approved call is admitted", tool: "wipe", token: mint(nil), store: approval(kvstore.ApprovalApproved),
+		{name: "approved call is admitted", tool: "wipe", token: budgeted, store: approval(kvstore.ApprovalApproved),
 			admitted: true, approver: "alice", calls: 1},
 		{name: "denied call ends", tool: "wipe", token: mint(nil), store: approval(kvstore.ApprovalDenied), wantECode: api.EApprovalDenied},
 		{name: "expired approval ends", tool: "wipe", token: mint(nil), store: approval(kvstore.ApprovalExpired), wantECode: api.EApprovalExpired},
-		{name: "store down is transient", tool: "echo", token: mint(nil), store: func(f *fakeStore) { f.down = errors.New("kv down") },
+		{name: "store down is transient", tool: "echo", token: budgeted, store: func(f *fakeStore) { f.down = errors.New("kv down") },
 			transient: true},
 	}
 	for _, c := range cases {
@@ -193,6 +197,9 @@ func TestAuthorize(t *testing.T) {
 			}
 			if !c.admitted || inv.Authz == nil || !inv.Authz.Reserved || inv.Authz.ApprovedBy != c.approver || inv.Parked() {
 				t.Fatalf("authz %+v, status %s", inv.Authz, inv.Status)
+			}
+			if inv.Authz.Unmetered != c.unmetered {
+				t.Fatalf("unmetered %v, want %v", inv.Authz.Unmetered, c.unmetered)
 			}
 			if got := st.usage["acme/token:tok-1"].Calls; got != c.calls {
 				t.Fatalf("calls charged %d, want %d", got, c.calls)

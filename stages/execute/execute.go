@@ -52,6 +52,7 @@ type Kind interface {
 type store interface {
 	Status(ctx context.Context, tenant, id string) (api.Record, error)
 	SetStatus(ctx context.Context, rec api.Record) (api.Record, bool, error)
+	ClaimRun(ctx context.Context, rec api.Record, fill func(prev api.Record, next *api.Record)) (api.Record, bool, api.Record, bool, error)
 	UpdateRecord(ctx context.Context, tenant, id string, change func(*api.Record)) (api.Record, error)
 	ClaimIdempotencyKey(ctx context.Context, tenant, key, id, digest string) (kvstore.IdempotencyClaim, error)
 	SaveCheckpoint(ctx context.Context, tenant, id string, c kvstore.Checkpoint) (int, error)
@@ -160,29 +161,22 @@ func (x *Executor) Process(ctx context.Context, inv *envelope.Invocation) ([]sta
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	defer x.running.add(inv.Tenant, inv.ID, cancel)()
-	// A running status left by an earlier delivery means the tool started
-	// on a worker that is gone.
-	prev, err := x.store.Status(ctx, inv.Tenant, inv.ID)
-	if err != nil && !errors.Is(err, kvstore.ErrNotFound) {
-		return nil, stages.Transient(fmt.Errorf("reading status: %w", err), 0)
-	}
-	if err == nil && !ownedBy(prev, inv) {
-		return nil, duplicate(inv)
-	}
-	interrupted := err == nil && prev.Status == api.StatusRunning
 	// Claim the invocation: a redelivery of one that already ended must not
 	// run the tool again. A redelivery is the same ingest sequence; a record
 	// of another sequence is another request that reused the id, whose
-	// outcome is never handed to this one.
-	rec, _, err := x.store.SetStatus(ctx, api.Record{InvocationID: inv.ID, Tenant: inv.Tenant,
-		Status: api.StatusRunning, ToolID: m.ID, ToolVersion: m.Version, Seq: inv.Event.Seq,
-		Checkpoint: prev.Checkpoint})
+	// outcome is never handed to this one. The record read by the same
+	// compare-and-swap tells whether an earlier delivery started the tool
+	// on a worker that is gone (it says running).
+	prev, existed, rec, _, err := x.store.ClaimRun(ctx, api.Record{InvocationID: inv.ID, Tenant: inv.Tenant,
+		Status: api.StatusRunning, ToolID: m.ID, ToolVersion: m.Version, Seq: inv.Event.Seq},
+		func(prev api.Record, next *api.Record) { next.Checkpoint = prev.Checkpoint })
 	if err != nil {
 		return nil, stages.Transient(fmt.Errorf("recording running status: %w", err), 0)
 	}
-	if !ownedBy(rec, inv) {
+	if (existed && !ownedBy(prev, inv)) || !ownedBy(rec, inv) {
 		return nil, duplicate(inv)
 	}
+	interrupted := existed && prev.Status == api.StatusRunning
 	if rec.Status.Terminal() {
 		inv.Status, inv.Error, inv.EndedBy = rec.Status, rec.Error, subjects.Execute
 		if rec.Response != nil {

@@ -57,6 +57,24 @@ func (f *fakeStore) SetStatus(_ context.Context, rec api.Record) (api.Record, bo
 	return rec, true, nil
 }
 
+func (f *fakeStore) ClaimRun(_ context.Context, rec api.Record, fill func(api.Record, *api.Record)) (api.Record, bool, api.Record, bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.down != nil {
+		return api.Record{}, false, api.Record{}, false, f.down
+	}
+	cur, ok := f.records[rec.InvocationID]
+	if ok && (cur.Status.Terminal() || (cur.Seq != 0 && rec.Seq != 0 && cur.Seq != rec.Seq)) {
+		return cur, ok, cur, false, nil
+	}
+	rec.CancelRequested = rec.CancelRequested || cur.CancelRequested
+	if fill != nil {
+		fill(cur, &rec)
+	}
+	f.records[rec.InvocationID] = rec
+	return cur, ok, rec, true, nil
+}
+
 func (f *fakeStore) UpdateRecord(_ context.Context, _, id string, change func(*api.Record)) (api.Record, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()

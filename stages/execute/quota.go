@@ -105,9 +105,9 @@ func (q *TenantQuota) Defer(tenant string, delivered, limit int) (time.Duration,
 // putBack gives a call of t the next slot of its schedule and returns the
 // delay until it.
 func (q *TenantQuota) putBack(t *tenantLoad, now time.Time) time.Duration {
-	slot := max(t.avg/time.Duration(q.Limit), 10*time.Millisecond)
+	slot := max(t.avg/time.Duration(q.Limit), time.Millisecond)
 	t.due = later(t.due, now).Add(slot)
-	return max(min(t.due.Sub(now), q.maxDelay()), 20*time.Millisecond)
+	return max(min(t.due.Sub(now), q.maxDelay()), 2*time.Millisecond)
 }
 
 // InFlight returns how many calls of tenant are running.

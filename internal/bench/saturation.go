@@ -1,0 +1,374 @@
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/golang-jwt/jwt/v5"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/client"
+	"github.com/toolgate/toolgate/internal/token"
+	"github.com/toolgate/toolgate/subjects"
+)
+
+// target is something invocations are offered to: toolgate's pipeline or
+// the bare chain. Its completions are marked on the current collector, so
+// one target serves several series in a row.
+type target struct {
+	name    string
+	cur     atomic.Pointer[collector]
+	publish func(ctx context.Context, key string, i int) error
+}
+
+func (t *target) mark(key string) {
+	if c := t.cur.Load(); c != nil {
+		c.mark(key)
+	}
+}
+
+// latencyAt offers rate/s for d after a warm-up and returns the series.
+func (t *target) latencyAt(ctx context.Context, name string, rate int, d time.Duration) (Result, error) {
+	prefix := fmt.Sprintf("%s-%d-", name, time.Now().UnixNano())
+	n := int(float64(rate)*d.Seconds()) + warmup
+	col := newCollector(n)
+	t.cur.Store(col)
+	defer t.cur.Store(nil)
+	publish := func(i int) (string, error) {
+		key := prefix + strconv.Itoa(i)
+		return key, t.publish(ctx, key, i)
+	}
+	o := Options{Rate: rate, Duration: d}
+	res, err := drive(ctx, o, name, col, publish)
+	return res, err
+}
+
+// saturate offers n invocations as fast as conc publishers can and
+// returns the completion rate: completions over the time from the first
+// publish to the last completion.
+func (t *target) saturate(ctx context.Context, name string, n, conc int) (Result, error) {
+	prefix := fmt.Sprintf("%s-sat-%d-", name, time.Now().UnixNano())
+	col := newCollector(n)
+	t.cur.Store(col)
+	defer t.cur.Store(nil)
+	due := make([]time.Time, n)
+	start := time.Now()
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, conc)
+	for range conc {
+		wg.Go(func() {
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= n || ctx.Err() != nil {
+					return
+				}
+				due[i] = time.Now()
+				if err := t.publish(ctx, prefix+strconv.Itoa(i), i); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		return Result{}, err
+	}
+	// Until all are done, so that no backlog is left to the next series.
+	col.wait(ctx, 5*time.Minute)
+	m := make(map[string]time.Time, n)
+	for i, at := range due {
+		m[prefix+strconv.Itoa(i)] = at
+	}
+	return col.result(name, m, n, start), nil
+}
+
+// rawChain starts six bare hops on a work-queue stream: each hop publishes
+// its input to the next asynchronously and acks it once the publish is
+// acknowledged, with up to inflight messages pending per hop.
+func rawChain(ctx context.Context, nc *nats.Conn, inflight int) (*target, func(), error) {
+	const hops = 6
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(4*inflight))
+	if err != nil {
+		return nil, nil, err
+	}
+	stream, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "BENCH_RAW", Subjects: []string{"bench.raw.>"},
+		Retention: jetstream.WorkQueuePolicy, Storage: jetstream.FileStorage})
+	if err != nil {
+		return nil, nil, err
+	}
+	hopCtx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	t := &target{name: fmt.Sprintf("bare JetStream hop x%d", hops)}
+	sub, err := nc.Subscribe(fmt.Sprintf("bench.raw.%d", hops), func(m *nats.Msg) { t.mark(string(m.Data)) })
+	if err != nil {
+		stop()
+		return nil, nil, err
+	}
+	cleanup := func() {
+		stop()
+		wg.Wait()
+		_ = sub.Unsubscribe()
+		_ = js.DeleteStream(context.Background(), "BENCH_RAW")
+	}
+	for h := range hops {
+		cons, err := stream.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{
+			Durable: fmt.Sprintf("hop%d", h), FilterSubject: fmt.Sprintf("bench.raw.%d", h),
+			AckPolicy: jetstream.AckExplicitPolicy, MaxAckPending: 1000,
+		})
+		if err != nil {
+			cleanup()
+			return nil, nil, err
+		}
+		it, err := cons.Messages(jetstream.PullMaxMessages(inflight))
+		if err != nil {
+			cleanup()
+			return nil, nil, err
+		}
+		context.AfterFunc(hopCtx, it.Stop)
+		next := fmt.Sprintf("bench.raw.%d", h+1)
+		slots := make(chan struct{}, inflight)
+		wg.Go(func() {
+			for {
+				m, err := it.Next()
+				if err != nil {
+					return
+				}
+				md, _ := m.Metadata()
+				out := &nats.Msg{Subject: next, Data: m.Data(), Header: nats.Header{}}
+				f, err := js.PublishMsgAsync(out, jetstream.WithMsgID(fmt.Sprintf("%d.%d", md.Sequence.Stream, h)))
+				if err != nil {
+					_ = m.Nak()
+					continue
+				}
+				slots <- struct{}{}
+				wg.Go(func() {
+					defer func() { <-slots }()
+					select {
+					case <-f.Ok():
+						_ = m.Ack()
+					case <-f.Err():
+						_ = m.Nak()
+					case <-hopCtx.Done():
+					}
+				})
+			}
+		})
+	}
+	t.publish = func(ctx context.Context, key string, _ int) error {
+		_, err := js.Publish(ctx, "bench.raw.0", []byte(key), jetstream.WithMsgID(key))
+		return err
+	}
+	return t, cleanup, nil
+}
+
+// pipelineTarget offers the no-op tool through toolgate with one token per
+// session (budgets are the token tree's), with a max_calls budget no series
+// reaches when budgets is set.
+func pipelineTarget(ctx context.Context, nc *nats.Conn, cred credentials, sessions int, budgets bool) (*target, func(), error) {
+	c, err := client.New(nc)
+	if err != nil {
+		return nil, nil, err
+	}
+	toks := make([]string, sessions)
+	for i := range toks {
+		cl := token.Claims{
+			ToolID: token.Patterns{"*"}, TenantID: benchTenant, AgentDID: benchAgent,
+			RegisteredClaims: jwt.RegisteredClaims{
+				ID:     fmt.Sprintf("bench-%d-%d", time.Now().UnixNano(), i),
+				Issuer: benchIssuer, Audience: jwt.ClaimStrings{benchAudience},
+				ExpiresAt: jwt.NewNumericDate(time.Now().Add(time.Hour)),
+			},
+		}
+		if budgets {
+			cl.Budget = &token.Budget{MaxCalls: 1 << 40}
+		}
+		if toks[i], err = token.Mint(cred.key, cl); err != nil {
+			return nil, nil, err
+		}
+	}
+	name := fmt.Sprintf("toolgate, %d session", sessions)
+	if sessions > 1 {
+		name += "s"
+	}
+	if budgets {
+		name += ", budgets"
+	}
+	t := &target{name: name}
+	sub, err := nc.Subscribe(subjects.ResultTenant(benchTenant), func(m *nats.Msg) {
+		resp, err := client.DecodeResult(m.Data)
+		if err == nil && resp.Status == api.StatusSuccess {
+			t.mark(resp.InvocationID)
+		}
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	t.publish = func(ctx context.Context, key string, i int) error {
+		s := i % sessions
+		req := api.Request{ToolID: "noop", Parameters: json.RawMessage(`{}`), CapabilityToken: toks[s],
+			AgentContext: api.AgentContext{AgentDID: benchAgent, TenantID: benchTenant, SessionID: "s" + strconv.Itoa(s)}}
+		_, err := c.Invoke(ctx, req, client.InvokeOptions{ID: key})
+		return err
+	}
+	return t, func() { _ = sub.Unsubscribe() }, nil
+}
+
+// Saturation is one target's saturation beside the bare chain's.
+type Saturation struct {
+	Pipeline, Raw Result
+}
+
+// Ratio is toolgate's saturation over the bare chain's.
+func (s Saturation) Ratio() float64 { return s.Pipeline.Throughput() / max(s.Raw.Throughput(), 1e-9) }
+
+// Goals are the figures the pipeline is held to, each next to its target.
+type Goals struct {
+	Saturation []Saturation
+	// Unloaded and Half are latency series at a low rate and at half of
+	// toolgate's own saturation, each with the bare chain at that rate.
+	Unloaded, UnloadedRaw Result
+	Half, HalfRaw         Result
+	HalfRate              int
+	LoadAvg               string
+	RSSMiB                float64 // resident set at the end of the saturation series
+}
+
+// saturationN is how many invocations a saturation series offers.
+const saturationN = 2000
+
+// measureGoals measures the issue's goals: saturation with 1000 sessions
+// and with one, budgets off and on, beside the bare chain; latency unloaded
+// and at half of toolgate's saturation beside the bare chain at that rate.
+func measureGoals(ctx context.Context, nc *nats.Conn, o Options, cred credentials) (Goals, error) {
+	var g Goals
+	raw, stopRaw, err := rawChain(ctx, nc, 256)
+	if err != nil {
+		return g, err
+	}
+	defer stopRaw()
+	n := o.SaturationN
+	if n <= 0 {
+		n = saturationN
+	}
+	const publishers = 64
+	rawSat, err := raw.saturate(ctx, "raw", n, publishers)
+	if err != nil {
+		return g, err
+	}
+	lowest := 0.0
+	for _, s := range []struct {
+		sessions int
+		budgets  bool
+	}{{1000, false}, {1, false}, {1000, true}, {1, true}} {
+		t, stop, err := pipelineTarget(ctx, nc, cred, s.sessions, s.budgets)
+		if err != nil {
+			return g, err
+		}
+		res, err := t.saturate(ctx, t.name, n, publishers)
+		stop()
+		if err != nil {
+			return g, err
+		}
+		res.Name = t.name
+		g.Saturation = append(g.Saturation, Saturation{Pipeline: res, Raw: rawSat})
+		if tp := res.Throughput(); lowest == 0 || tp < lowest {
+			lowest = tp
+		}
+	}
+	g.RSSMiB = rssMiB()
+	t, stop, err := pipelineTarget(ctx, nc, cred, 1000, false)
+	if err != nil {
+		return g, err
+	}
+	defer stop()
+	const unloaded = 50
+	d := min(o.Duration, 5*time.Second)
+	if g.Unloaded, err = t.latencyAt(ctx, "toolgate unloaded", unloaded, d); err != nil {
+		return g, err
+	}
+	if g.UnloadedRaw, err = raw.latencyAt(ctx, "raw unloaded", unloaded, d); err != nil {
+		return g, err
+	}
+	g.HalfRate = max(int(lowest/2), 1)
+	if g.Half, err = t.latencyAt(ctx, "toolgate at half", g.HalfRate, d); err != nil {
+		return g, err
+	}
+	if g.HalfRaw, err = raw.latencyAt(ctx, "raw at half", g.HalfRate, d); err != nil {
+		return g, err
+	}
+	g.LoadAvg = loadAvg()
+	return g, nil
+}
+
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "n/a"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "n/a"
+	}
+	return strings.Join(f[:3], " ")
+}
+
+// rssMiB is this process's resident set (Linux), or the Go runtime's view
+// of the memory it obtained elsewhere.
+func rssMiB() float64 {
+	if b, err := os.ReadFile("/proc/self/status"); err == nil {
+		for line := range strings.SplitSeq(string(b), "\n") {
+			if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+				kb, _ := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 64)
+				return kb / 1024
+			}
+		}
+	}
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return float64(m.Sys) / (1 << 20)
+}
+
+// Print writes the goals, each figure with its target and whether it is met.
+func (g Goals) Print(w io.Writer) {
+	fmt.Fprintf(w, "\ngoals (load average at the end %s; one process holds server, stages and load generator):\n", g.LoadAvg)
+	fmt.Fprintf(w, "%-40s %12s %12s %8s %8s  %s\n", "figure", "toolgate", "bare", "ratio", "goal", "")
+	verdict := func(ok bool) string {
+		if ok {
+			return "met"
+		}
+		return "NOT MET"
+	}
+	for _, s := range g.Saturation {
+		r := s.Ratio()
+		fmt.Fprintf(w, "%-40s %10.0f/s %10.0f/s %8.2f %8s  %s\n", "saturation, "+s.Pipeline.Name,
+			s.Pipeline.Throughput(), s.Raw.Throughput(), r, ">=0.50", verdict(r >= 0.5))
+	}
+	lat := func(name string, a, b Result) {
+		for _, q := range []struct {
+			q    float64
+			goal float64
+			tag  string
+		}{{0.5, 1.5, "p50"}, {0.99, 2, "p99"}} {
+			x, y := a.Quantile(q.q), b.Quantile(q.q)
+			r := float64(x) / max(float64(y), 1)
+			fmt.Fprintf(w, "%-40s %12s %12s %8.2f %8s  %s\n", name+" "+q.tag, ms(x), ms(y), r,
+				fmt.Sprintf("<=%.1f", q.goal), verdict(r <= q.goal))
+		}
+	}
+	lat("latency unloaded (50/s)", g.Unloaded, g.UnloadedRaw)
+	lat(fmt.Sprintf("latency at half saturation (%d/s)", g.HalfRate), g.Half, g.HalfRaw)
+	fmt.Fprintf(w, "%-40s %10.0fMiB\n", "RSS after the saturation series", g.RSSMiB)
+}
