@@ -142,6 +142,6 @@ func AuditEvent(stage string, inv *envelope.Invocation, typ string, data any) (s
 	}
 	suffix := envelope.SubjectSuffix(typ)
 	o, err := EventOutput(subjects.AuditEvent(inv.Tenant, suffix), e)
-	o.MsgID = fmt.Sprintf("%d.audit.%s", inv.Event.Seq, suffix)
+	o.MsgID = inv.MsgID("audit." + suffix)
 	return o, err
 }

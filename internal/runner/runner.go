@@ -457,10 +457,10 @@ func Handoff(inv *envelope.Invocation, next string) (stages.Output, error) {
 	}, nil
 }
 
-// HopID is the message id of inv's hand-off to stage next: the ingest
-// sequence is unique per accepted publish and survives redeliveries.
+// HopID is the message id of inv's hand-off to stage next
+// (envelope.Invocation.MsgID).
 func HopID(inv *envelope.Invocation, next string) string {
-	return fmt.Sprintf("%d.%s", inv.Event.Seq, next)
+	return inv.MsgID(next)
 }
 
 func (r *Runner) publish(ctx context.Context, o stages.Output) error { return Publish(ctx, r.JS, o) }
