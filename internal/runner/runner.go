@@ -336,7 +336,8 @@ func (r *Runner) handle(msg jetstream.Msg) {
 	if derr != nil {
 		inv.Fail(r.Name, derr)
 	} else {
-		outs, perr = r.process(stages.WithDelivery(ctx, int(md.NumDelivered), r.MaxDeliver), msg, inv)
+		pctx := stages.WithInput(stages.WithDelivery(ctx, int(md.NumDelivered), r.MaxDeliver), md.Stream, md.Sequence.Stream)
+		outs, perr = r.process(pctx, msg, inv)
 	}
 	s := settle(r.Name, r.finalises(), inv, perr, int(md.NumDelivered), r.MaxDeliver)
 	if inv.Error != nil {
