@@ -9,6 +9,7 @@ import (
 	"reflect"
 	"runtime/debug"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -47,7 +48,40 @@ type Runner struct {
 	Timeout time.Duration
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
+	// StallAfter is how long the stage may go without pulling and without
+	// settling a message before Stalled reports it (default 1 minute).
+	StallAfter time.Duration
+
+	active  atomic.Int64 // unix nanoseconds of the last pull or settled message
+	waiting atomic.Int32 // workers waiting on the pull iterator, which pulls for them
 }
+
+// Stalled reports why the stage takes no work, or "" while it does: it is
+// stalled once StallAfter has passed since its last completed pull request
+// and its last settled message, while no worker waits on a live pull. A
+// stage whose fetcher stopped pulling, or whose every worker is stuck, is
+// stalled; an idle stage is not (its pull requests keep completing). Run
+// must have been called.
+func (r *Runner) Stalled() string {
+	if r.waiting.Load() > 0 {
+		return ""
+	}
+	last := r.active.Load()
+	if last == 0 {
+		return "" // not started yet
+	}
+	after := r.StallAfter
+	if after <= 0 {
+		after = time.Minute
+	}
+	if idle := r.now().Sub(time.Unix(0, last)); idle > after {
+		return fmt.Sprintf("stage %s has neither pulled nor settled a message for %v", r.Name, idle.Round(time.Second))
+	}
+	return ""
+}
+
+// alive records a completed pull request or a settled message.
+func (r *Runner) alive() { r.active.Store(r.now().UnixNano()) }
 
 var propagator = propagation.TraceContext{}
 
@@ -60,6 +94,7 @@ func (r *Runner) Run(ctx context.Context) error {
 		r.Log = slog.Default()
 	}
 	r.Log = r.Log.With("stage", r.Name)
+	r.alive()
 	inputs := subjects.Inputs(r.Name)
 	consumers := make([]jetstream.Consumer, len(inputs))
 	for i, in := range inputs {
@@ -104,6 +139,7 @@ func (r *Runner) Run(ctx context.Context) error {
 					return
 				}
 				r.handle(msg)
+				r.alive()
 			}
 		}()
 	}
@@ -128,7 +164,9 @@ func (r *Runner) source(ctx context.Context, consumers []jetstream.Consumer, fet
 		context.AfterFunc(ctx, iter.Drain)
 		return func(int) (jetstream.Msg, bool) {
 			for {
+				r.waiting.Add(1)
 				msg, err := iter.Next()
+				r.waiting.Add(-1)
 				switch {
 				case err == nil:
 					return msg, true
@@ -220,6 +258,7 @@ func (r *Runner) fetch(ctx context.Context, c jetstream.Consumer, out chan<- jet
 			case m, ok := <-msgs:
 				if !ok {
 					msgs = nil
+					r.alive() // the pull request ran its course
 					continue
 				}
 				if r.deferred(m) {
