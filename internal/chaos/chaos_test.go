@@ -22,6 +22,15 @@ func rate() int {
 	return 100
 }
 
+// serverEvery is how many faults make one server restart in the long
+// single-server scenario: TOOLGATE_CHAOS_SERVER_EVERY, else 5.
+func serverEvery() int {
+	if n, err := strconv.Atoi(os.Getenv("TOOLGATE_CHAOS_SERVER_EVERY")); err == nil && n > 0 {
+		return n
+	}
+	return 5
+}
+
 func singleServer(t *testing.T) *server {
 	t.Helper()
 	binaries(t)
@@ -58,8 +67,8 @@ func during(l func() *load, interval time.Duration, limit int, fault func() time
 // TestChaosSingleServer runs invocations through two processes per stage
 // against one external nats-server (file storage) and meanwhile SIGKILLs a
 // random stage process every second (three in make chaos), starting a
-// replacement each time; in make chaos every fifth fault instead SIGKILLs
-// the server and starts it again on the same store.
+// replacement each time; every fifth fault (TOOLGATE_CHAOS_SERVER_EVERY)
+// instead SIGKILLs the server and starts it again on the same store.
 func TestChaosSingleServer(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes")
@@ -87,9 +96,7 @@ func TestChaosSingleServer(t *testing.T) {
 	n := 0
 	l, faults, recovery := during(func() *load { return h.drive(t.Context(), invocations(), 8, rate()) }, interval, 1<<30,
 		func() time.Duration {
-			// Server restarts only in make chaos: a worker that stops pulling
-			// after one is a known open problem (docs/operations.md).
-			if n++; n%5 != 0 || invocations() <= 1000 {
+			if n++; n%serverEvery() != 0 {
 				h.killRandomWorker()
 				return 0
 			}

@@ -28,6 +28,7 @@ import (
 	"github.com/toolgate/toolgate/internal/node"
 	"github.com/toolgate/toolgate/internal/token"
 	"github.com/toolgate/toolgate/internal/topology"
+	"github.com/toolgate/toolgate/kvstore"
 	"github.com/toolgate/toolgate/subjects"
 )
 
@@ -381,11 +382,21 @@ func (h *harness) verify(l *load, name string, faults int, recovery time.Duratio
 	}
 	r := report{Name: name, Admitted: len(l.admitted), Refused: len(l.refused), Statuses: map[string]int{},
 		Faults: faults, Recovery: recovery}
+	store, _ := kvstore.Open(ctx, js, kvstore.Options{})
 	for id := range l.admitted {
 		if o.results[id] == 0 || o.terminals[id] == 0 {
 			r.Lost++
 			if len(r.problems) < 10 {
-				r.problems = append(r.problems, fmt.Sprintf("%s admitted: %d results, %d terminal audit events", id, o.results[id], o.terminals[id]))
+				// The status record says how far it got: no record, validate
+				// never saw it; a claim (pending), a running or a terminal status.
+				rec := "no status record"
+				if store != nil {
+					if got, err := store.Status(ctx, tenant, id); err == nil {
+						rec = fmt.Sprintf("status record %s, ingest seq %d, ending %q", got.Status, got.Seq, got.Ending)
+					}
+				}
+				r.problems = append(r.problems, fmt.Sprintf("%s admitted: %d results, %d terminal audit events, %s",
+					id, o.results[id], o.terminals[id], rec))
 			}
 		}
 	}
