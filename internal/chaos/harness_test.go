@@ -359,13 +359,31 @@ func (h *harness) verify(l *load, name string, faults int, recovery time.Duratio
 	}
 	deadline := time.Now().Add(wait)
 	var o *outcome
+	failures := 0
 	for {
-		o, err = h.read(ctx, js)
+		var got *outcome
+		got, err = h.read(ctx, js)
+		if err == nil {
+			o = got
+		}
 		if err == nil && h.allEnded(l, o) {
 			break
 		}
 		if time.Now().After(deadline) {
 			break
+		}
+		if err != nil {
+			// The server this connection chose may be one whose JetStream
+			// does not answer (seen after a cluster's faults): read
+			// through a new connection, which picks a server at random.
+			if failures++; failures%30 == 1 {
+				h.t.Logf("reading the streams (%d failures): %v; reconnecting", failures, err)
+			}
+			old := js.Conn()
+			if js2, err2 := jetstream.New(h.conn()); err2 == nil {
+				js = js2
+				old.Close()
+			}
 		}
 		time.Sleep(time.Second)
 	}
