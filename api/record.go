@@ -18,6 +18,11 @@ type Record struct {
 	// Digest identifies the request (see ClaimInvocation).
 	Digest    string    `json:"request_digest,omitempty"`
 	UpdatedAt time.Time `json:"updated_at"`
+	// Ending names the message that ended the invocation (its stream and
+	// sequence), written with the terminal status. The first ending wins:
+	// audit republishes the outputs of a redelivery of that message and
+	// drops any other message that would end the invocation a second time.
+	Ending string `json:"ending,omitempty"`
 	// CancelRequested survives later status writes until the invocation
 	// ends: execute checks it before running the tool.
 	CancelRequested bool `json:"cancel_requested,omitempty"`

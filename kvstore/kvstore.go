@@ -41,6 +41,9 @@ type Options struct {
 	IdempotencyTTL time.Duration
 	// CheckpointTTL is how long a checkpoint outlives its last write; default 24 h.
 	CheckpointTTL time.Duration
+	// OpTimeout bounds each single-key read or write, whatever the caller's
+	// context allows; default DefaultOpTimeout.
+	OpTimeout time.Duration
 }
 
 // Store gives typed access to the buckets.
@@ -80,6 +83,9 @@ func Open(ctx context.Context, js jetstream.JetStream, o Options) (*Store, error
 	}
 	if o.CheckpointTTL == 0 {
 		o.CheckpointTTL = 24 * time.Hour
+	}
+	if o.OpTimeout <= 0 {
+		o.OpTimeout = DefaultOpTimeout
 	}
 	s := &Store{}
 	for _, b := range []struct {
@@ -151,7 +157,7 @@ func Open(ctx context.Context, js jetstream.JetStream, o Options) (*Store, error
 		if err != nil {
 			return nil, err
 		}
-		*b.kv = kv
+		*b.kv = bounded{kv, o.OpTimeout}
 	}
 	return s, nil
 }

@@ -270,3 +270,44 @@ func TestClaimRunReturnsTheEarlierRecord(t *testing.T) {
 		t.Fatalf("after the end: stored %+v %v, %v", rec, written, err)
 	}
 }
+
+// TestOperationsEndWithinTheirBound: a bucket call whose reply never comes
+// (here the server is gone and the connection keeps trying to reconnect)
+// fails once Options.OpTimeout has passed, even when the caller's context
+// allows an hour, as the execute stage's does, so a worker is not held.
+func TestOperationsEndWithinTheirBound(t *testing.T) {
+	ns := natstest.Server(t)
+	nc := natstest.Connect(t, ns.ClientURL())
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := kvstore.Open(context.Background(), js, kvstore.Options{OpTimeout: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns.Shutdown()
+	ns.WaitForShutdown()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+	defer cancel()
+	for name, call := range map[string]func() error{
+		"read": func() error { _, err := s.Status(ctx, "t", "i-1"); return err },
+		"compare-and-swap": func() error {
+			_, _, err := s.SetStatus(ctx, api.Record{InvocationID: "i-1", Tenant: "t", Status: api.StatusRunning})
+			return err
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			done := make(chan error, 1)
+			go func() { done <- call() }()
+			select {
+			case err := <-done:
+				if err == nil {
+					t.Fatal("succeeded without a server")
+				}
+			case <-time.After(time.Minute):
+				t.Fatal("still waiting for a reply a minute later")
+			}
+		})
+	}
+}

@@ -31,6 +31,7 @@ package stages
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/toolgate/toolgate/internal/envelope"
@@ -164,6 +165,24 @@ func WithDelivery(ctx context.Context, delivered, max int) context.Context {
 func Delivery(ctx context.Context) (delivered, max int) {
 	d, _ := ctx.Value(deliveryKey{}).([2]int)
 	return d[0], d[1]
+}
+
+type inputKey struct{}
+
+// WithInput records on ctx which stored message is being processed: its
+// stream and stream sequence, the same on every redelivery; the Runner
+// calls it.
+func WithInput(ctx context.Context, stream string, seq uint64) context.Context {
+	return context.WithValue(ctx, inputKey{}, fmt.Sprintf("%s:%d", stream, seq))
+}
+
+// Input names the stored message being processed ("STREAM:seq"), or ""
+// outside a Runner. A finaliser records it with the ending it writes, so
+// that a redelivery of that message is told from a second message that
+// tries to end the same invocation.
+func Input(ctx context.Context) string {
+	s, _ := ctx.Value(inputKey{}).(string)
+	return s
 }
 
 // Gate is implemented by a stage that can put a message back before it is

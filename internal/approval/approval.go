@@ -105,7 +105,7 @@ func (s *Service) apply(ctx context.Context, a kvstore.Approval) error {
 	if err != nil {
 		return err
 	}
-	hop.MsgID = fmt.Sprintf("%d.decision", inv.Event.Seq)
+	hop.MsgID = inv.MsgID("decision")
 	for _, o := range []stages.Output{ev, hop} {
 		if err := runner.Publish(ctx, s.JS, o); err != nil {
 			return fmt.Errorf("publishing decision on %s: %w", a.InvocationID, err)

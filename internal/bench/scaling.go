@@ -14,8 +14,11 @@ import (
 	"github.com/toolgate/toolgate/subjects"
 )
 
-// Scale is the throughput of a 50 ms tool with a number of execute workers.
+// Scale is one point of the scaling series: the throughput of the no-op
+// tool with PerStage runners of every stage, or of a 50 ms tool with
+// Executors execute runners and the other stages fixed.
 type Scale struct {
+	PerStage  int
 	Executors int
 	Result    Result
 }
@@ -29,6 +32,10 @@ const slowToolMS = 50
 // calls of the sleep tool (50 ms) above what they can serve, and measures
 // the throughput: it should grow with the runners, 20/s each.
 func measureScaling(ctx context.Context, url string, o Options, cred credentials) ([]Scale, error) {
+	out, err := measureNoopScaling(ctx, url, o, cred)
+	if err != nil {
+		return out, err
+	}
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
 	others := []string{subjects.Validate, subjects.Authorize, subjects.Route, subjects.Verify, subjects.Audit}
@@ -48,7 +55,6 @@ func measureScaling(ctx context.Context, url string, o Options, cred credentials
 		}
 	}()
 	start(others, o.Workers)
-	var out []Scale
 	for _, n := range []int{1, 2, 4, 8} {
 		for running-1 < n { // running counts the other stages too
 			start([]string{subjects.Execute}, 1)
@@ -65,7 +71,74 @@ func measureScaling(ctx context.Context, url string, o Options, cred credentials
 	return out, nil
 }
 
+// measureNoopScaling runs the no-op tool through the whole pipeline with one,
+// then two runners of every stage (each with its own NATS connection and
+// o.Workers workers, as one `toolgate stage NAME` process per runner would
+// have), offered at twice o.Rate per runner: the per-message cost of the
+// pipeline bounds it, and more processes per stage should raise it until
+// the machine's cores are full.
+func measureNoopScaling(ctx context.Context, url string, o Options, cred credentials) ([]Scale, error) {
+	var out []Scale
+	for _, per := range []int{1, 2} {
+		res, err := func() (Result, error) {
+			runCtx, stop := context.WithCancel(ctx)
+			errc := make(chan error, per*len(subjects.Stages))
+			ready := make(chan struct{}, per*len(subjects.Stages))
+			running := 0
+			defer func() {
+				stop()
+				for range running {
+					<-errc
+				}
+			}()
+			for _, st := range subjects.Stages {
+				for range per {
+					running++
+					go func() {
+						errc <- node.Run(runCtx, node.Config{NATSURL: url, Stages: []string{st}, Workers: o.Workers,
+							Stage: node.StageConfig{Tokens: cred.verifier}, Log: discardLogger(),
+							Ready: func(string, *node.Node) { ready <- struct{}{} }})
+					}()
+				}
+			}
+			for range running { // measure the runners, not their start
+				select {
+				case <-ready:
+				case err := <-errc:
+					running--
+					return Result{}, fmt.Errorf("starting runners: %v", err)
+				case <-ctx.Done():
+					return Result{}, ctx.Err()
+				}
+			}
+			so := o
+			so.Rate = 2 * o.Rate * per
+			so.Duration = 5 * time.Second
+			return measureNoop(ctx, url, so, cred, fmt.Sprintf("no-op, %d per stage", per))
+		}()
+		if err != nil {
+			return out, err
+		}
+		out = append(out, Scale{PerStage: per, Result: res})
+	}
+	return out, nil
+}
+
 func measureSlow(ctx context.Context, url string, o Options, cred credentials, name string) (Result, error) {
+	req := api.Request{ToolID: "sleep", Parameters: json.RawMessage(fmt.Sprintf(`{"ms":%d}`, slowToolMS)), CapabilityToken: cred.token,
+		AgentContext: api.AgentContext{AgentDID: benchAgent, TenantID: benchTenant}}
+	return measureTool(ctx, url, o, req, name)
+}
+
+func measureNoop(ctx context.Context, url string, o Options, cred credentials, name string) (Result, error) {
+	req := api.Request{ToolID: "noop", Parameters: json.RawMessage(`{}`), CapabilityToken: cred.token,
+		AgentContext: api.AgentContext{AgentDID: benchAgent, TenantID: benchTenant}}
+	return measureTool(ctx, url, o, req, name)
+}
+
+// measureTool offers calls of req at o.Rate for o.Duration and measures
+// their throughput and latency.
+func measureTool(ctx context.Context, url string, o Options, req api.Request, name string) (Result, error) {
 	nc, err := nats.Connect(url)
 	if err != nil {
 		return Result{}, err
@@ -87,10 +160,8 @@ func measureSlow(ctx context.Context, url string, o Options, cred credentials, n
 		return Result{}, err
 	}
 	defer func() { _ = sub.Unsubscribe() }()
-	req := api.Request{ToolID: "sleep", Parameters: json.RawMessage(fmt.Sprintf(`{"ms":%d}`, slowToolMS)), CapabilityToken: cred.token,
-		AgentContext: api.AgentContext{AgentDID: benchAgent, TenantID: benchTenant}}
 	publish := func(i int) (string, error) {
-		id := fmt.Sprintf("scale-%d-%d", o.Rate, i)
+		id := fmt.Sprintf("scale-%s-%d-%d", req.ToolID, o.Rate, i)
 		_, err := c.Invoke(ctx, req, client.InvokeOptions{ID: id})
 		return id, err
 	}
@@ -98,7 +169,8 @@ func measureSlow(ctx context.Context, url string, o Options, cred credentials, n
 }
 
 func printScaling(w io.Writer, s []Scale) {
-	fmt.Fprintf(w, "\nhorizontal scaling: a 50 ms tool, execute runners with one worker each (own connection), the other stages fixed\n")
+	fmt.Fprintf(w, "\nhorizontal scaling: the no-op tool with 1 and 2 runners per stage (own connection each), then a 50 ms tool\n"+
+		"with execute runners of one worker each, the other stages fixed\n")
 	fmt.Fprintf(w, "%-26s %7s %7s %9s %9s %9s\n", "series", "offered", "done", "inv/s", "p50", "p99")
 	for _, x := range s {
 		r := x.Result

@@ -22,6 +22,19 @@ func rate() int {
 	return 100
 }
 
+// serverEvery is how many faults make one server restart in the
+// single-server scenario: TOOLGATE_CHAOS_SERVER_EVERY, else 5 (3 in the
+// short variant, so that its ten seconds of load see a few).
+func serverEvery() int {
+	if n, err := strconv.Atoi(os.Getenv("TOOLGATE_CHAOS_SERVER_EVERY")); err == nil && n > 0 {
+		return n
+	}
+	if invocations() <= 1000 {
+		return 3
+	}
+	return 5
+}
+
 func singleServer(t *testing.T) *server {
 	t.Helper()
 	binaries(t)
@@ -58,8 +71,9 @@ func during(l func() *load, interval time.Duration, limit int, fault func() time
 // TestChaosSingleServer runs invocations through two processes per stage
 // against one external nats-server (file storage) and meanwhile SIGKILLs a
 // random stage process every second (three in make chaos), starting a
-// replacement each time; in make chaos every fifth fault instead SIGKILLs
-// the server and starts it again on the same store.
+// replacement each time; every fifth fault (third in the short variant;
+// TOOLGATE_CHAOS_SERVER_EVERY) instead SIGKILLs the server and starts it
+// again on the same store.
 func TestChaosSingleServer(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes")
@@ -87,9 +101,7 @@ func TestChaosSingleServer(t *testing.T) {
 	n := 0
 	l, faults, recovery := during(func() *load { return h.drive(t.Context(), invocations(), 8, rate()) }, interval, 1<<30,
 		func() time.Duration {
-			// Server restarts only in make chaos: a worker that stops pulling
-			// after one is a known open problem (docs/operations.md).
-			if n++; n%5 != 0 || invocations() <= 1000 {
+			if n++; n%serverEvery() != 0 {
 				h.killRandomWorker()
 				return 0
 			}

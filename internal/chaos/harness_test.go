@@ -28,6 +28,7 @@ import (
 	"github.com/toolgate/toolgate/internal/node"
 	"github.com/toolgate/toolgate/internal/token"
 	"github.com/toolgate/toolgate/internal/topology"
+	"github.com/toolgate/toolgate/kvstore"
 	"github.com/toolgate/toolgate/subjects"
 )
 
@@ -358,13 +359,31 @@ func (h *harness) verify(l *load, name string, faults int, recovery time.Duratio
 	}
 	deadline := time.Now().Add(wait)
 	var o *outcome
+	failures := 0
 	for {
-		o, err = h.read(ctx, js)
+		var got *outcome
+		got, err = h.read(ctx, js)
+		if err == nil {
+			o = got
+		}
 		if err == nil && h.allEnded(l, o) {
 			break
 		}
 		if time.Now().After(deadline) {
 			break
+		}
+		if err != nil {
+			// The server this connection chose may be one whose JetStream
+			// does not answer (seen after a cluster's faults): read
+			// through a new connection, which picks a server at random.
+			if failures++; failures%30 == 1 {
+				h.t.Logf("reading the streams (%d failures): %v; reconnecting", failures, err)
+			}
+			old := js.Conn()
+			if js2, err2 := jetstream.New(h.conn()); err2 == nil {
+				js = js2
+				old.Close()
+			}
 		}
 		time.Sleep(time.Second)
 	}
@@ -381,11 +400,21 @@ func (h *harness) verify(l *load, name string, faults int, recovery time.Duratio
 	}
 	r := report{Name: name, Admitted: len(l.admitted), Refused: len(l.refused), Statuses: map[string]int{},
 		Faults: faults, Recovery: recovery}
+	store, _ := kvstore.Open(ctx, js, kvstore.Options{})
 	for id := range l.admitted {
 		if o.results[id] == 0 || o.terminals[id] == 0 {
 			r.Lost++
 			if len(r.problems) < 10 {
-				r.problems = append(r.problems, fmt.Sprintf("%s admitted: %d results, %d terminal audit events", id, o.results[id], o.terminals[id]))
+				// The status record says how far it got: no record, validate
+				// never saw it; a claim (pending), a running or a terminal status.
+				rec := "no status record"
+				if store != nil {
+					if got, err := store.Status(ctx, tenant, id); err == nil {
+						rec = fmt.Sprintf("status record %s, ingest seq %d, ending %q", got.Status, got.Seq, got.Ending)
+					}
+				}
+				r.problems = append(r.problems, fmt.Sprintf("%s admitted: %d results, %d terminal audit events, %s",
+					id, o.results[id], o.terminals[id], rec))
 			}
 		}
 	}

@@ -5,7 +5,10 @@
 package envelope
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"github.com/toolgate/toolgate/api"
 	"time"
 )
@@ -222,4 +225,17 @@ func (inv *Invocation) Response() api.Response {
 		Error:             inv.Error,
 		ExecutionMetadata: &md,
 	}
+}
+
+// MsgID is the Nats-Msg-Id of what this invocation's pipeline publishes at
+// step (a hand-off to a stage, an audit event, the result): the same for
+// every delivery of one accepted publish, so a redelivered input never
+// duplicates its successor. It names the ingest sequence and the tenant and
+// invocation id: should a sequence ever be handed out twice (a clustered
+// stream whose leader lost a write it had delivered), the second
+// invocation's messages still differ from the first's and are not dropped
+// as duplicates.
+func (inv *Invocation) MsgID(step string) string {
+	sum := sha256.Sum256([]byte(inv.Tenant + "\x00" + inv.ID))
+	return fmt.Sprintf("%d.%s.%s", inv.Event.Seq, hex.EncodeToString(sum[:8]), step)
 }

@@ -16,12 +16,26 @@ import (
 //     a process waiting for its server or topology is alive, not stuck);
 //   - /readyz answers 200 once the streams, consumers and buckets exist and
 //     the stages run (Run calls SetReady), and only while the NATS connection
-//     is up; otherwise 503 with the reason as the body.
+//     is up and every stage takes work (runner.Runner.Stalled: a stage
+//     that has neither pulled nor settled a message for a minute is not);
+//     otherwise 503 with the reason as the body.
 //
 // Kubernetes probes and load balancers use them; see docs/operations.md.
 type Health struct {
-	ready atomic.Bool
-	conn  atomic.Pointer[nats.Conn]
+	ready  atomic.Bool
+	conn   atomic.Pointer[nats.Conn]
+	stages atomic.Pointer[[]func() string]
+}
+
+// Watch adds checks that report why a stage takes no work ("" while it
+// does); /readyz fails while any of them reports.
+func (h *Health) Watch(checks ...func() string) {
+	var all []func() string
+	if p := h.stages.Load(); p != nil {
+		all = append(all, *p...)
+	}
+	all = append(all, checks...)
+	h.stages.Store(&all)
 }
 
 // SetReady records that the topology is there and the stages run over nc.
@@ -41,6 +55,13 @@ func (h *Health) NotReady() string {
 			status = nc.Status().String()
 		}
 		return fmt.Sprintf("NATS connection not up (%s)", status)
+	}
+	if p := h.stages.Load(); p != nil {
+		for _, check := range *p {
+			if why := check(); why != "" {
+				return why
+			}
+		}
 	}
 	return ""
 }

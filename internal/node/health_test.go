@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/toolgate/toolgate/internal/natstest"
 	"github.com/toolgate/toolgate/internal/node"
 	"github.com/toolgate/toolgate/subjects"
 )
@@ -83,4 +84,21 @@ func TestHealthAndReadiness(t *testing.T) {
 		t.Fatalf("/metrics: %d", code)
 	}
 	stopRun()
+}
+
+// TestReadinessWatchesStages: a stage that reports it takes no work makes
+// the process not ready, with the stage's reason.
+func TestReadinessWatchesStages(t *testing.T) {
+	nc := natstest.Connect(t, natstest.Server(t).ClientURL())
+	var h node.Health
+	h.SetReady(nc)
+	why := ""
+	h.Watch(func() string { return "" }, func() string { return why })
+	if got := h.NotReady(); got != "" {
+		t.Fatalf("every stage pulls: %s", got)
+	}
+	why = "stage execute has neither pulled nor settled a message for 1m5s"
+	if got := h.NotReady(); got != why {
+		t.Fatalf("NotReady = %q, want %q", got, why)
+	}
 }

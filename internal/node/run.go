@@ -411,6 +411,9 @@ func Run(ctx context.Context, c Config) error {
 			}
 		})
 	}
+	for _, r := range runners {
+		health.Watch(r.Stalled)
+	}
 	health.SetReady(n.NC)
 	log.Info("toolgate running", "stages", c.Stages, "workers", c.Workers, "nats", url)
 	if c.Ready != nil {

@@ -3,12 +3,14 @@ package runner
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
 
 	"github.com/cloudevents/sdk-go/v2/event"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/envelope"
 	"github.com/toolgate/toolgate/stages"
@@ -38,9 +40,7 @@ func (r *Runner) watchExhausted(ctx context.Context) ([]*nats.Subscription, erro
 				r.Log.Warn("unreadable advisory", "err", err)
 				return
 			}
-			if err := r.endExhausted(ctx, adv); err != nil {
-				r.Log.Error("ending exhausted message", "seq", adv.StreamSeq, "err", err)
-			}
+			r.endExhaustedRetrying(ctx, adv)
 		})
 		if err != nil {
 			unsubscribe(subs)
@@ -54,6 +54,27 @@ func (r *Runner) watchExhausted(ctx context.Context) ([]*nats.Subscription, erro
 func unsubscribe(subs []*nats.Subscription) {
 	for _, s := range subs {
 		_ = s.Unsubscribe()
+	}
+}
+
+// endExhaustedRetrying ends the exhausted message of adv, trying again with
+// backoff until it succeeds or ctx ends. The advisory is sent once: a
+// message past its delivery limit is never delivered again, so giving up
+// after a failed attempt (the stream's leader being elected, say) would
+// leave its invocation without an ending for good. It runs on the advisory
+// subscription's goroutine; later advisories wait in its queue.
+func (r *Runner) endExhaustedRetrying(ctx context.Context, adv maxDeliveriesAdvisory) {
+	for attempt := 1; ; attempt++ {
+		err := r.endExhausted(ctx, adv)
+		if err == nil || errors.Is(err, jetstream.ErrMsgNotFound) {
+			return // ended, now or by an earlier attempt that deleted it
+		}
+		r.Log.Error("ending exhausted message", "seq", adv.StreamSeq, "attempt", attempt, "err", err)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff(attempt)):
+		}
 	}
 }
 
@@ -142,6 +163,6 @@ func AuditEvent(stage string, inv *envelope.Invocation, typ string, data any) (s
 	}
 	suffix := envelope.SubjectSuffix(typ)
 	o, err := EventOutput(subjects.AuditEvent(inv.Tenant, suffix), e)
-	o.MsgID = fmt.Sprintf("%d.audit.%s", inv.Event.Seq, suffix)
+	o.MsgID = inv.MsgID("audit." + suffix)
 	return o, err
 }

@@ -9,6 +9,7 @@ import (
 	"reflect"
 	"runtime/debug"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -58,7 +59,40 @@ type Runner struct {
 	Timeout time.Duration
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
+	// StallAfter is how long the stage may go without pulling and without
+	// settling a message before Stalled reports it (default 1 minute).
+	StallAfter time.Duration
+
+	active  atomic.Int64 // unix nanoseconds of the last pull or settled message
+	waiting atomic.Int32 // workers waiting on the pull iterator, which pulls for them
 }
+
+// Stalled reports why the stage takes no work, or "" while it does: it is
+// stalled once StallAfter has passed since its last completed pull request
+// and its last settled message, while no worker waits on a live pull. A
+// stage whose fetcher stopped pulling, or whose every worker is stuck, is
+// stalled; an idle stage is not (its pull requests keep completing). Run
+// must have been called.
+func (r *Runner) Stalled() string {
+	if r.waiting.Load() > 0 {
+		return ""
+	}
+	last := r.active.Load()
+	if last == 0 {
+		return "" // not started yet
+	}
+	after := r.StallAfter
+	if after <= 0 {
+		after = time.Minute
+	}
+	if idle := r.now().Sub(time.Unix(0, last)); idle > after {
+		return fmt.Sprintf("stage %s has neither pulled nor settled a message for %v", r.Name, idle.Round(time.Second))
+	}
+	return ""
+}
+
+// alive records a completed pull request or a settled message.
+func (r *Runner) alive() { r.active.Store(r.now().UnixNano()) }
 
 var propagator = propagation.TraceContext{}
 
@@ -72,6 +106,7 @@ func (r *Runner) Run(ctx context.Context) error {
 		r.Log = slog.Default()
 	}
 	r.Log = r.Log.With("stage", r.Name)
+	r.alive()
 	inputs := subjects.Inputs(r.Name)
 	consumers := make([]jetstream.Consumer, len(inputs))
 	for i, in := range inputs {
@@ -127,6 +162,7 @@ func (r *Runner) Run(ctx context.Context) error {
 					return
 				}
 				r.handle(msg, &settling, func() { <-slots })
+				r.alive()
 			}
 		}()
 	}
@@ -151,7 +187,9 @@ func (r *Runner) source(ctx context.Context, consumers []jetstream.Consumer, fet
 		context.AfterFunc(ctx, iter.Drain)
 		return func(int) (jetstream.Msg, bool) {
 			for {
+				r.waiting.Add(1)
 				msg, err := iter.Next()
+				r.waiting.Add(-1)
 				switch {
 				case err == nil:
 					return msg, true
@@ -243,6 +281,7 @@ func (r *Runner) fetch(ctx context.Context, c jetstream.Consumer, out chan<- jet
 			case m, ok := <-msgs:
 				if !ok {
 					msgs = nil
+					r.alive() // the pull request ran its course
 					continue
 				}
 				if r.deferred(m) {
@@ -363,7 +402,8 @@ func (r *Runner) handle(msg jetstream.Msg, settling *sync.WaitGroup, release fun
 	if derr != nil {
 		inv.Fail(r.Name, derr)
 	} else {
-		outs, perr = r.process(stages.WithDelivery(ctx, int(md.NumDelivered), r.MaxDeliver), msg, inv)
+		pctx := stages.WithInput(stages.WithDelivery(ctx, int(md.NumDelivered), r.MaxDeliver), md.Stream, md.Sequence.Stream)
+		outs, perr = r.process(pctx, msg, inv)
 	}
 	s := settle(r.Name, r.finalises(), inv, perr, int(md.NumDelivered), r.MaxDeliver)
 	if inv.Error != nil {
@@ -527,10 +567,10 @@ func Handoff(inv *envelope.Invocation, next string) (stages.Output, error) {
 	}, nil
 }
 
-// HopID is the message id of inv's hand-off to stage next: the ingest
-// sequence is unique per accepted publish and survives redeliveries.
+// HopID is the message id of inv's hand-off to stage next
+// (envelope.Invocation.MsgID).
 func HopID(inv *envelope.Invocation, next string) string {
-	return fmt.Sprintf("%d.%s", inv.Event.Seq, next)
+	return inv.MsgID(next)
 }
 
 func (r *Runner) publish(ctx context.Context, o stages.Output) error { return Publish(ctx, r.JS, o) }

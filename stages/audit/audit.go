@@ -87,11 +87,18 @@ func (a *Auditor) Process(ctx context.Context, inv *envelope.Invocation) ([]stag
 	rec := api.Record{
 		InvocationID: inv.ID, Tenant: inv.Tenant, Status: inv.Status,
 		ToolID: inv.ToolID(), ToolVersion: inv.ToolVersion(), Error: inv.Error,
-		Response: &resp, Seq: inv.Event.Seq,
+		Response: &resp, Seq: inv.Event.Seq, Ending: stages.Input(ctx),
 	}
-	_, written, err := a.store.SetStatus(ctx, rec)
+	stored, written, err := a.store.SetStatus(ctx, rec)
 	if err != nil {
 		return nil, stages.Transient(fmt.Errorf("recording status: %w", err), 0)
+	}
+	if !written && secondEnding(stored, rec) {
+		// Another message ended this invocation first (execute's success
+		// on its way through verify, then a redelivery of execute's input
+		// declaring E3023): that ending is the one recorded and published,
+		// this one is dropped.
+		return nil, nil
 	}
 	if err := a.charge(ctx, inv); err != nil {
 		return nil, stages.Transient(fmt.Errorf("charging the session budget: %w", err), 0)
@@ -194,6 +201,28 @@ func (a *Auditor) chargeKey(ctx context.Context, inv *envelope.Invocation, key s
 	return err
 }
 
+// secondEnding reports whether stored, the terminal status already written
+// for rec's publish, came from another message than rec: the first ending
+// wins. A redelivery of the message that wrote stored publishes its outputs
+// again (they carry the same message ids), in case the first delivery died
+// before publishing them.
+func secondEnding(stored, rec api.Record) bool {
+	if !stored.Status.Terminal() || stored.Seq != rec.Seq {
+		return false // a reuse of the id by another request ends on its own
+	}
+	if stored.Ending != "" && rec.Ending != "" {
+		return stored.Ending != rec.Ending
+	}
+	return stored.Status != rec.Status || errCode(stored.Error) != errCode(rec.Error)
+}
+
+func errCode(e *api.Error) string {
+	if e == nil {
+		return ""
+	}
+	return e.ECode
+}
+
 // sameRequest reports a refused second publish of an event already taken.
 func sameRequest(e *api.Error) bool {
 	if e == nil || e.ECode != api.EDuplicateInvocation {
@@ -211,6 +240,6 @@ func resultEvent(inv *envelope.Invocation, resp api.Response) (stages.Output, er
 		return stages.Output{}, err
 	}
 	o, err := runner.EventOutput(subjects.Result(inv.Tenant, inv.ID), e)
-	o.MsgID = fmt.Sprintf("%d.result", inv.Event.Seq)
+	o.MsgID = inv.MsgID("result")
 	return o, err
 }

@@ -76,7 +76,7 @@ func TestAudit(t *testing.T) {
 		if got := subjectsOf(outs); got != want {
 			t.Fatalf("outputs %q, want %q", got, want)
 		}
-		if outs[1].MsgID != "7.result" {
+		if !strings.HasPrefix(outs[1].MsgID, "7.") || !strings.HasSuffix(outs[1].MsgID, ".result") {
 			t.Fatalf("result message id %q", outs[1].MsgID)
 		}
 		if rec := st.records["i-1"]; rec.Status != api.StatusSuccess || rec.Seq != 7 || rec.Response == nil {
@@ -118,6 +118,39 @@ func TestAudit(t *testing.T) {
 		outs, err := (&Auditor{store: newFakeStore()}).Process(ctx, inv)
 		if err != nil || len(outs) != 1 || strings.HasPrefix(outs[0].Subject, "tool.result") {
 			t.Fatalf("outputs %q, %v", subjectsOf(outs), err)
+		}
+	})
+
+	t.Run("the first ending wins", func(t *testing.T) {
+		// Execute's success went on through verify; execute died before
+		// acking, and its redelivery ended the call with E3023 straight to
+		// audit: two messages end one invocation.
+		st := newFakeStore()
+		a := &Auditor{store: st}
+		first := stages.WithInput(ctx, "TOOLGATE_PIPELINE", 10)
+		if outs, err := a.Process(first, succeeded()); err != nil || len(outs) != 2 {
+			t.Fatalf("first ending: %q, %v", subjectsOf(outs), err)
+		}
+		unknown := &envelope.Invocation{ID: "i-1", Tenant: "acme", Event: envelope.Event{Seq: 7}, Status: api.StatusRunning,
+			Request: &api.Request{ToolID: "echo"}}
+		unknown.Fail(subjects.Execute, api.NewError(api.ToolExecutionError, api.EOutcomeUnknown, "interrupted"))
+		for _, c := range []context.Context{stages.WithInput(ctx, "TOOLGATE_PIPELINE", 12), ctx} {
+			if outs, err := a.Process(c, unknown); err != nil || len(outs) != 0 {
+				t.Fatalf("second ending published %q, %v", subjectsOf(outs), err)
+			}
+		}
+		if rec := st.records["i-1"]; rec.Status != api.StatusSuccess {
+			t.Fatalf("stored %+v", rec)
+		}
+		// A redelivery of the first ending publishes its outputs again.
+		if outs, err := a.Process(first, succeeded()); err != nil || len(outs) != 2 {
+			t.Fatalf("redelivered first ending: %q, %v", subjectsOf(outs), err)
+		}
+		// Another request that reused the id still gets its own ending.
+		reuse := &envelope.Invocation{ID: "i-1", Tenant: "acme", Event: envelope.Event{Seq: 9}, Status: api.StatusPending}
+		reuse.Fail(subjects.Validate, api.NewError(api.InvalidParameters, api.EDuplicateInvocation, "reused"))
+		if outs, err := a.Process(stages.WithInput(ctx, "TOOLGATE_PIPELINE", 13), reuse); err != nil || len(outs) != 2 {
+			t.Fatalf("reuse: %q, %v", subjectsOf(outs), err)
 		}
 	})
 

@@ -100,5 +100,9 @@ func (t *tracker) Checkpoint(state json.RawMessage) error {
 		return err
 	}
 	ev.MsgID = ev.MsgID + "." + strconv.Itoa(seq) // one event per checkpoint
-	return t.publish(t.ctx, ev)
+	// The run's context allows up to an hour: a lost publish ack must not
+	// hold the tool that long.
+	pctx, cancel := context.WithTimeout(t.ctx, 10*time.Second)
+	defer cancel()
+	return t.publish(pctx, ev)
 }

@@ -186,6 +186,6 @@ func accepted(inv *envelope.Invocation) (stages.Output, error) {
 		return stages.Output{}, err
 	}
 	o, err := runner.EventOutput(subjects.Result(inv.Tenant, inv.ID), e)
-	o.MsgID = fmt.Sprintf("%d.accepted", inv.Event.Seq)
+	o.MsgID = inv.MsgID("accepted")
 	return o, err
 }
