@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -160,19 +162,67 @@ func (s *Store) HookDecisionOf(ctx context.Context, tenant, id string) (HookDeci
 }
 
 // AbortSession marks the session under key (a budget key) as ended by an
-// abort hook of invocation id; the first abort stands.
+// abort hook of invocation id; the first abort stands. The mark is made
+// twice: in the session's usage, which a metered call's reservation reads
+// in the same compare-and-swap, and under its own key, which authorize
+// watches for the calls of trees without a budget (they read no usage).
 func (s *Store) AbortSession(ctx context.Context, tenant, key, id, hook string) error {
-	_, err := s.UpdateUsage(ctx, tenant, key, func(u *Usage) error {
+	ab := Abort{InvocationID: id, Hook: hook, At: time.Now().UTC()}
+	val, err := json.Marshal(ab)
+	if err != nil {
+		return err
+	}
+	if _, err := s.invocations.Create(ctx, abortKey(tenant, key), val); err != nil && !errors.Is(err, jetstream.ErrKeyExists) {
+		return err
+	}
+	_, err = s.UpdateUsage(ctx, tenant, key, func(u *Usage) error {
 		if u.Aborted != nil {
 			return ErrUnchanged
 		}
-		u.Aborted = &Abort{InvocationID: id, Hook: hook, At: time.Now().UTC()}
+		u.Aborted = &ab
 		return nil
 	})
 	if errors.Is(err, ErrUnchanged) {
 		return nil
 	}
 	return err
+}
+
+// abortKeys prefixes the abort marks: no tenant starts with "_", so no
+// status record or hook decision shares the prefix.
+const abortKeys = "_aborted"
+
+func abortKey(tenant, session string) string { return abortKeys + "." + budgetKey(tenant, session) }
+
+// Aborts mirrors the abort marks: which sessions (token trees) an abort
+// hook has ended.
+type Aborts struct{ m sync.Map }
+
+// Aborted reports whether the session of tenant was ended, and by what.
+func (a *Aborts) Aborted(tenant, session string) (Abort, bool) {
+	if a == nil {
+		return Abort{}, false
+	}
+	v, ok := a.m.Load(budgetKey(tenant, session))
+	if !ok {
+		return Abort{}, false
+	}
+	return v.(Abort), true
+}
+
+// WatchAborts returns the abort marks, those made before included, kept
+// current until ctx ends.
+func (s *Store) WatchAborts(ctx context.Context) (*Aborts, error) {
+	a := new(Aborts)
+	err := s.watchKeys(ctx, s.invocations, abortKeys+".>", func(e jetstream.KeyValueEntry) {
+		key, ok := strings.CutPrefix(e.Key(), abortKeys+".")
+		var ab Abort
+		if !ok || e.Operation() != jetstream.KeyValuePut || json.Unmarshal(e.Value(), &ab) != nil {
+			return
+		}
+		a.m.Store(key, ab)
+	})
+	return a, err
 }
 
 // HookSets returns every tenant's hook set.

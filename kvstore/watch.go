@@ -15,7 +15,12 @@ func (s *Store) Wait() { s.watches.Wait() }
 // returns once the values stored at the time of the call have all been
 // applied, so a caller never serves with half-loaded state.
 func (s *Store) watch(ctx context.Context, kv jetstream.KeyValue, fn func(jetstream.KeyValueEntry)) error {
-	w, err := kv.WatchAll(ctx)
+	return s.watchKeys(ctx, kv, ">", fn)
+}
+
+// watchKeys is watch for the keys matching pattern only.
+func (s *Store) watchKeys(ctx context.Context, kv jetstream.KeyValue, pattern string, fn func(jetstream.KeyValueEntry)) error {
+	w, err := kv.Watch(ctx, pattern)
 	if err != nil {
 		return fmt.Errorf("watching %s: %w", kv.Bucket(), err)
 	}

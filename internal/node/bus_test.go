@@ -548,10 +548,12 @@ func busRoles(t *testing.T, s *served) {
 	})
 }
 
-// agentRoundTrip: an agent connected with its token invokes a tool on its
-// tenant (JetStream ack across accounts) and receives the result live.
+// agentRoundTrip: an agent connected with its token (one with a budget, so
+// its calls are counted) invokes a tool on its tenant (JetStream ack across
+// accounts) and receives the result live.
 func agentRoundTrip(t *testing.T, s *served) {
-	nc, raw := s.agent(t, 1, "demo")
+	raw, cl := agentToken(t, "demo", func(c *token.Claims) { c.Budget = &token.Budget{MaxCalls: 1000} })
+	nc := s.connect(t, 1, nats.Token(raw), nats.CustomInboxPrefix(busauth.InboxPrefix("demo", cl.ID)))
 	c, err := client.New(nc)
 	if err != nil {
 		t.Fatal(err)

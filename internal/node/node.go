@@ -387,9 +387,13 @@ func (n *Node) newAuthorizer(ctx context.Context, c StageConfig) (*authorize.Aut
 		verifier = &token.Verifier{Keys: token.StaticKeys{}} // refuses every token
 		n.Log.Warn("no capability token key set configured: every invocation will be refused")
 	}
+	aborts, err := n.Store.WatchAborts(ctx)
+	if err != nil {
+		return nil, err
+	}
 	a := authorize.New(authorize.Config{
 		Registry: n.Registry, Policy: fallback, Verifier: verifier, Revoked: n.Revoked,
-		Store: n.Store, Decisions: n.Store, ApprovalTimeout: c.ApprovalTimeout,
+		Store: n.Store, Decisions: n.Store, ApprovalTimeout: c.ApprovalTimeout, Aborted: aborts,
 	})
 	if c.Sealer != nil {
 		a.SetSealer(c.Sealer)
@@ -397,7 +401,7 @@ func (n *Node) newAuthorizer(ctx context.Context, c StageConfig) (*authorize.Aut
 	if c.ApprovalProof != nil {
 		a.SetApprovalProof(c.ApprovalProof)
 	}
-	err := n.Store.WatchPolicy(ctx, func(b kvstore.PolicyBundle, ok bool, err error) {
+	err = n.Store.WatchPolicy(ctx, func(b kvstore.PolicyBundle, ok bool, err error) {
 		if !ok {
 			a.SetPolicy(fallback)
 			n.Log.Info("policy bundle removed; using the configured policy")

@@ -73,7 +73,11 @@ type Config struct {
 	// record carries an operator's signed decision; nil trusts the record
 	// (a bus without authentication).
 	ApprovalProof func(kvstore.Approval) error
-	Now           func() time.Time
+	// Aborted holds the sessions abort hooks ended, for the trees without
+	// a budget, whose calls read no usage (where a metered call finds the
+	// mark); nil: none.
+	Aborted *kvstore.Aborts
+	Now     func() time.Time
 }
 
 // Sealer signs an admitted invocation's authorization for the resolved tool
@@ -207,6 +211,9 @@ func (a *Authorizer) Process(ctx context.Context, inv *envelope.Invocation) ([]s
 	// A tree without a budget has nothing to count against: its calls read
 	// and write no usage, so they share no key and never wait on each other.
 	metered := claims.Budget != nil || claims.TreeBudget() != nil
+	if ab, ok := a.cfg.Aborted.Aborted(inv.Tenant, tree); ok && !metered {
+		return nil, sessionAborted(ab)
+	}
 	var usage kvstore.Usage
 	if metered {
 		if usage, err = a.cfg.Store.Usage(ctx, inv.Tenant, own); err != nil {
@@ -446,6 +453,12 @@ func (a *Authorizer) reserveTree(ctx context.Context, inv *envelope.Invocation, 
 	return err
 }
 
+func sessionAborted(ab kvstore.Abort) error {
+	return api.NewError(api.PermissionDenied, api.ESessionAborted,
+		"the session was ended by hook %s when invocation %s ended", ab.Hook, ab.InvocationID).
+		WithDetail("aborted_by", ab.InvocationID)
+}
+
 // reserve charges one call to the usage under key with compare-and-swap, so
 // concurrent calls on many workers never pass max_calls; runtime, cost and
 // tokens are charged when calls end, so they can be overspent at most by the
@@ -453,9 +466,7 @@ func (a *Authorizer) reserveTree(ctx context.Context, inv *envelope.Invocation, 
 func (a *Authorizer) reserve(ctx context.Context, inv *envelope.Invocation, b *token.Budget, key string, m *tools.Manifest) error {
 	_, err := a.cfg.Store.UpdateUsage(ctx, inv.Tenant, key, func(u *kvstore.Usage) error {
 		if ab := u.Aborted; ab != nil {
-			return api.NewError(api.PermissionDenied, api.ESessionAborted,
-				"the session was ended by hook %s when invocation %s ended", ab.Hook, ab.InvocationID).
-				WithDetail("aborted_by", ab.InvocationID)
+			return sessionAborted(*ab)
 		}
 		if slices.Contains(u.Reserved, inv.ID) {
 			return errAlreadyReserved
