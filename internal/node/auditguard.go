@@ -9,6 +9,7 @@ import (
 	"github.com/cloudevents/sdk-go/v2/event"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/toolgate/toolgate/internal/backoff"
 	"github.com/toolgate/toolgate/internal/envelope"
 	"github.com/toolgate/toolgate/internal/runner"
 	"github.com/toolgate/toolgate/internal/topology"
@@ -106,7 +107,22 @@ func (n *Node) ensureAudit(ctx context.Context, noticed string) error {
 	if err != nil {
 		return err
 	}
+	// The stream was just created and may not take writes yet (a cluster
+	// still placing it): retry the record until it is stored, since the
+	// next check finds the stream in place and would never record it.
 	m := &nats.Msg{Subject: o.Subject, Header: o.Header, Data: o.Data}
-	_, err = n.JS.PublishMsg(ctx, m, jetstream.WithMsgID(o.MsgID))
-	return err
+	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer rcancel()
+	for attempt := 1; ; attempt++ {
+		_, err = n.JS.PublishMsg(rctx, m, jetstream.WithMsgID(o.MsgID))
+		if err == nil {
+			return nil
+		}
+		n.Log.Warn("recording the audit stream's recreation; retrying", "attempt", attempt, "err", err)
+		select {
+		case <-rctx.Done():
+			return fmt.Errorf("recording the recreation of %s: %w", subjects.StreamAudit, err)
+		case <-time.After(backoff.Exponential(attempt, 100*time.Millisecond, 2*time.Second)):
+		}
+	}
 }

@@ -27,18 +27,42 @@ func TestExhaustedMessageEndsAfterFailedAttempts(t *testing.T) {
 	r := &Runner{Name: subjects.Execute, JS: js, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+	// The message is in the pipeline stream from the start, but the stream
+	// takes no hand-offs to audit yet (as while a stream is being placed):
+	// every attempt fails until it does, and none may give up.
+	if err := topology.EnsureTopology(ctx, js, topology.TopologyOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pipeline, err := js.Stream(ctx, subjects.StreamPipeline)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := pipeline.CachedInfo().Config
+	if err := js.DeleteStream(ctx, subjects.StreamPipeline); err != nil {
+		t.Fatal(err)
+	}
+	narrow := cfg
+	narrow.Subjects = []string{subjects.PipeStage(subjects.Execute)}
+	if _, err := js.CreateStream(ctx, narrow); err != nil {
+		t.Fatal(err)
+	}
+	inv := envelope.Invocation{ID: "inv-1", Tenant: "acme", Event: envelope.Event{Seq: 1}}
+	data, _ := json.Marshal(inv)
+	if _, err := js.PublishMsg(ctx, &nats.Msg{Subject: subjects.Pipe(subjects.Execute, "normal", "acme"), Data: data}); err != nil {
+		t.Fatal(err)
+	}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		r.endExhaustedRetrying(ctx, maxDeliveriesAdvisory{Stream: subjects.StreamPipeline, StreamSeq: 1, Deliveries: 5})
 	}()
 	time.Sleep(500 * time.Millisecond) // a few attempts fail meanwhile
-	if err := topology.EnsureTopology(ctx, js, topology.TopologyOptions{}); err != nil {
-		t.Fatal(err)
+	select {
+	case <-done:
+		t.Fatal("gave up while the hand-off could not be stored")
+	default:
 	}
-	inv := envelope.Invocation{ID: "inv-1", Tenant: "acme", Event: envelope.Event{Seq: 1}}
-	data, _ := json.Marshal(inv)
-	if _, err := js.PublishMsg(ctx, &nats.Msg{Subject: subjects.Pipe(subjects.Execute, "normal", "acme"), Data: data}); err != nil {
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
 		t.Fatal(err)
 	}
 	select {
