@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"os"
 	"strconv"
 	"strings"
 
@@ -148,13 +147,7 @@ network, read-only input, 1000 ms, 64 MB.`,
     toolgate capability request -`,
 		Args: exactArgs(1, "a request file"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var doc []byte
-			var err error
-			if args[0] == "-" {
-				doc, err = io.ReadAll(a.stdin)
-			} else {
-				doc, err = os.ReadFile(args[0])
-			}
+			doc, err := a.readFile(args[0])
 			if err != nil {
 				return err
 			}

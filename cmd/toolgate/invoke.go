@@ -20,6 +20,14 @@ import (
 	"github.com/toolgate/toolgate/subjects"
 )
 
+// readFile reads the file a command argument names, or stdin for "-".
+func (a *app) readFile(arg string) ([]byte, error) {
+	if arg == "-" {
+		return io.ReadAll(a.stdin)
+	}
+	return os.ReadFile(arg)
+}
+
 // readParams reads --params: a JSON object, @FILE, or - for stdin.
 func (a *app) readParams(v string) (json.RawMessage, error) {
 	var b []byte

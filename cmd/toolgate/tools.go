@@ -102,13 +102,7 @@ func (a *app) toolsRegisterCmd() *cobra.Command {
 		Short: "Register a tool manifest (JSON; - reads stdin)",
 		Args:  exactArgs(1, "a manifest file"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var doc []byte
-			var err error
-			if args[0] == "-" {
-				doc, err = io.ReadAll(a.stdin)
-			} else {
-				doc, err = os.ReadFile(args[0])
-			}
+			doc, err := a.readFile(args[0])
 			if err != nil {
 				return err
 			}
