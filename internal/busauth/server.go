@@ -112,7 +112,11 @@ type ServerSettings struct {
 // any other client connects.
 func EmbeddedOptions(k *Keys, st ServerSettings) (*server.Options, error) {
 	o := &server.Options{}
-	if err := o.ProcessConfigString(ServerConfig(k.Public())); err != nil {
+	// The callout of an embedded server answers in-process: no other
+	// connection can see its requests, so they go unencrypted.
+	pk := k.Public()
+	pk.XKey = ""
+	if err := o.ProcessConfigString(ServerConfig(pk)); err != nil {
 		return nil, fmt.Errorf("bus auth configuration: %w", err)
 	}
 	o.ServerName = st.Name
