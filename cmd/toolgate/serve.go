@@ -137,7 +137,7 @@ func (a *app) stageCmd() *cobra.Command {
 func (a *app) benchCmd() *cobra.Command {
 	var o bench.Options
 	var noisyOnly bool
-	prof := new(profiling)
+	var prof *profiling
 	cmd := &cobra.Command{
 		Use:   "bench",
 		Short: "Offer load to an in-process toolgate and report latency and throughput",
@@ -174,7 +174,7 @@ func (a *app) benchCmd() *cobra.Command {
 	cmd.Flags().BoolVar(&noisyOnly, "noisy", false, "measure only the noisy-neighbour series")
 	cmd.Flags().BoolVar(&o.GoalsOnly, "goals", false, "measure only the goals: saturation and latency beside the bare chain, and authorization")
 	cmd.Flags().IntVar(&o.SaturationN, "saturation-n", 2000, "invocations offered by each saturation series")
-	*prof = *profileFlags(cmd.Flags())
+	prof = profileFlags(cmd.Flags())
 	return cmd
 }
 
