@@ -252,6 +252,9 @@ func measurePipeline(ctx context.Context, url string, o Options, cred credential
 	if err != nil {
 		return Result{}, nil, nil, nil, fmt.Errorf("goals: %w", err)
 	}
+	if goals.Flat, err = measureFlatness(ctx, nc, node, o, cred, flatMany); err != nil {
+		return Result{}, nil, nil, &goals, fmt.Errorf("flatness: %w", err)
+	}
 	authz, err := measureAuthz(runCtx, node, cred)
 	if err != nil {
 		return Result{}, authz, nil, &goals, err

@@ -244,6 +244,8 @@ type Goals struct {
 	HalfRate              int
 	LoadAvg               string
 	RSSMiB                float64 // resident set at the end of the saturation series
+	// Flat is the per-invocation cost with many tools and tenants.
+	Flat []Flatness
 }
 
 // saturationN is how many invocations a saturation series offers.
@@ -371,4 +373,5 @@ func (g Goals) Print(w io.Writer) {
 	lat("latency unloaded (50/s)", g.Unloaded, g.UnloadedRaw)
 	lat(fmt.Sprintf("latency at half saturation (%d/s)", g.HalfRate), g.Half, g.HalfRaw)
 	fmt.Fprintf(w, "%-40s %10.0fMiB\n", "RSS after the saturation series", g.RSSMiB)
+	printFlatness(w, g.Flat)
 }
