@@ -81,8 +81,10 @@ fuzz:
 # Throughput and latency through all six stages next to a bare JetStream
 # chain measured in the same run; the goals (saturation, latency unloaded
 # and at half load, authorization) each printed with its target.
+# SOAK is the length of the memory-growth run at half saturation.
+SOAK ?= 10m
 bench: mcp-servers
-	$(GO) run ./cmd/toolgate bench --rate 300 --duration 10s --workers 16
+	$(GO) run ./cmd/toolgate bench --rate 300 --duration 10s --workers 16 --soak $(SOAK)
 
 fmt:
 	gofmt -w $$(git ls-files '*.go')

@@ -38,6 +38,9 @@ type Options struct {
 	// GoalsOnly measures the goals (saturation and latency beside the bare
 	// chain) and nothing else.
 	GoalsOnly bool
+	// Soak, when set, runs the pipeline at half its saturation this long
+	// and reports whether its resident set grows.
+	Soak time.Duration
 }
 
 // Result is one measured series.
@@ -171,6 +174,9 @@ type collector struct {
 	done map[string]time.Time
 	all  chan struct{}
 	want int
+	// sink, when set, takes every completion instead of the map, for runs
+	// too long to keep one entry per call.
+	sink func(key string, at time.Time)
 }
 
 func newCollector(want int) *collector {
@@ -179,6 +185,10 @@ func newCollector(want int) *collector {
 
 func (c *collector) mark(key string) {
 	now := time.Now()
+	if c.sink != nil {
+		c.sink(key, now)
+		return
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if _, ok := c.done[key]; ok {

@@ -11,10 +11,10 @@ import (
 	"github.com/toolgate/toolgate/internal/node"
 )
 
-// TestFlatness runs the flatness series small: every call spread over many
-// tenants and over many registered tools completes, and the registered
-// copies are gone afterwards.
-func TestFlatness(t *testing.T) {
+// TestFlatnessAndSoak runs the flatness series small: every call spread
+// over many tenants and over many registered tools completes, and the
+// registered copies are gone afterwards; then a short soak.
+func TestFlatnessAndSoak(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs the pipeline")
 	}
@@ -70,4 +70,23 @@ func TestFlatness(t *testing.T) {
 		}
 	}
 	printFlatness(os.Stdout, fs)
+
+	// The soak series on the same pipeline, short: every call completes
+	// and the resident set is read the promised number of times.
+	base, stopBase, err := spreadTarget(nc, cred, 1, []string{"noop"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stopBase()
+	s, err := base.soak(ctx, 40, 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Result.Sent != 80 || s.Result.Done != s.Result.Sent {
+		t.Errorf("soak: %d of %d calls completed", s.Result.Done, s.Result.Sent)
+	}
+	if len(s.RSS) != soakSamples || s.RSS[0] <= 0 {
+		t.Errorf("soak: RSS samples %v, want %d", s.RSS, soakSamples)
+	}
+	s.Print(os.Stdout)
 }

@@ -246,6 +246,8 @@ type Goals struct {
 	RSSMiB                float64 // resident set at the end of the saturation series
 	// Flat is the per-invocation cost with many tools and tenants.
 	Flat []Flatness
+	// Soak is the long run at half saturation (Options.Soak).
+	Soak *Soak
 }
 
 // saturationN is how many invocations a saturation series offers.
@@ -312,6 +314,13 @@ func measureGoals(ctx context.Context, nc *nats.Conn, o Options, cred credential
 		return g, err
 	}
 	g.LoadAvg = loadAvg()
+	if o.Soak > 0 {
+		s, err := t.soak(ctx, g.HalfRate, o.Soak)
+		if err != nil {
+			return g, fmt.Errorf("soak: %w", err)
+		}
+		g.Soak = &s
+	}
 	return g, nil
 }
 
@@ -374,4 +383,7 @@ func (g Goals) Print(w io.Writer) {
 	lat(fmt.Sprintf("latency at half saturation (%d/s)", g.HalfRate), g.Half, g.HalfRaw)
 	fmt.Fprintf(w, "%-40s %10.0fMiB\n", "RSS after the saturation series", g.RSSMiB)
 	printFlatness(w, g.Flat)
+	if g.Soak != nil {
+		g.Soak.Print(w)
+	}
 }
