@@ -49,6 +49,9 @@ type Result struct {
 	Sent, Done int
 	Elapsed    time.Duration
 	Latencies  []time.Duration // sorted
+	// CPUPerCall is the process's CPU time per completed call (saturation
+	// series only).
+	CPUPerCall time.Duration
 }
 
 // Throughput is completed invocations per second.

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
@@ -62,6 +63,7 @@ func (t *target) saturate(ctx context.Context, name string, n, conc int) (Result
 	t.cur.Store(col)
 	defer t.cur.Store(nil)
 	due := make([]time.Time, n)
+	cpu0 := processCPU()
 	start := time.Now()
 	var next atomic.Int64
 	var wg sync.WaitGroup
@@ -92,7 +94,21 @@ func (t *target) saturate(ctx context.Context, name string, n, conc int) (Result
 	for i, at := range due {
 		m[prefix+strconv.Itoa(i)] = at
 	}
-	return col.result(name, m, n, start), nil
+	r := col.result(name, m, n, start)
+	if r.Done > 0 {
+		r.CPUPerCall = (processCPU() - cpu0) / time.Duration(r.Done)
+	}
+	return r, nil
+}
+
+// processCPU is the CPU time this process has used, user and system: the
+// server, the stages and the load generator together.
+func processCPU() time.Duration {
+	var u syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &u) != nil {
+		return 0
+	}
+	return time.Duration(u.Utime.Nano() + u.Stime.Nano())
 }
 
 // rawChain starts six bare hops on a work-queue stream: each hop publishes
@@ -366,6 +382,13 @@ func (g Goals) Print(w io.Writer) {
 		r := s.Ratio()
 		fmt.Fprintf(w, "%-40s %10.0f/s %10.0f/s %8.2f %8s  %s\n", "saturation, "+s.Pipeline.Name,
 			s.Pipeline.Throughput(), s.Raw.Throughput(), r, ">=0.50", verdict(r >= 0.5))
+	}
+	for _, s := range g.Saturation {
+		// Not a goal: where the saturation goes (the whole process's CPU
+		// time per call, server and load generator included).
+		fmt.Fprintf(w, "%-40s %10.0fµs %10.0fµs %8.2f\n", "CPU per call, "+s.Pipeline.Name,
+			float64(s.Pipeline.CPUPerCall.Microseconds()), float64(s.Raw.CPUPerCall.Microseconds()),
+			float64(s.Pipeline.CPUPerCall)/max(float64(s.Raw.CPUPerCall), 1))
 	}
 	lat := func(name string, a, b Result) {
 		for _, q := range []struct {
