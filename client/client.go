@@ -23,6 +23,11 @@ type Client struct {
 	js jetstream.JetStream
 	// Source is the CloudEvent source of invocations this client sends.
 	Source string
+	// Sign, when set, signs the administrative requests (PushPolicy,
+	// RevokeToken, SetBreaker, …): on an authenticated bus toolgate refuses
+	// them unsigned (E3219) and records the signing operator as who made
+	// the change.
+	Sign Sign
 }
 
 // New returns a Client over nc.

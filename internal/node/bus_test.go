@@ -42,19 +42,36 @@ func (s *served) dial(i int, opts ...nats.Option) (*nats.Conn, error) {
 		nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {})}, opts...)...)
 }
 
-// revoke revokes a token as the operator (workers may not write revocations).
+// revoke revokes a token as the operator, through the control service
+// (workers may not write revocations).
 func (s *served) revoke(t *testing.T, jti string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	js, _ := jetstream.New(s.connect(t, 0, s.creds(busauth.RoleOperator)))
-	st, err := kvstore.Open(ctx, js, kvstore.Options{})
+	if _, err := s.operator(t).RevokeToken(ctx, jti, time.Now().Add(time.Hour), "test", ""); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// signer signs requests with role's credentials.
+func (s *served) signer(t *testing.T, role busauth.Role) client.Sign {
+	t.Helper()
+	sg, err := busauth.SignerFromCreds(node.CredsPath(s.dataDir, role))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := st.Revoke(ctx, jti, time.Now().Add(time.Hour), "test"); err != nil {
+	return func(subject string, body []byte) (nats.Header, error) { return sg.Sign(nil, subject, body, time.Now()) }
+}
+
+// operator is a client connected and signing with operator credentials.
+func (s *served) operator(t *testing.T) *client.Client {
+	t.Helper()
+	c, err := client.New(s.connect(t, 0, s.creds(busauth.RoleOperator)))
+	if err != nil {
 		t.Fatal(err)
 	}
+	c.Sign = s.signer(t, busauth.RoleOperator)
+	return c
 }
 
 func (s *served) connect(t *testing.T, i int, opts ...nats.Option) *nats.Conn {
