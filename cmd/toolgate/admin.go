@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"os"
@@ -12,38 +11,11 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/client"
 	"github.com/toolgate/toolgate/internal/policy"
-	"github.com/toolgate/toolgate/kvstore"
 )
-
-// store connects and opens toolgate's buckets, for the operator commands
-// that work on them directly.
-func (a *app) store(cmd *cobra.Command) (*kvstore.Store, func(), error) {
-	s, _, done, err := a.storeJS(cmd.Context())
-	return s, done, err
-}
-
-func (a *app) storeJS(ctx context.Context) (*kvstore.Store, jetstream.JetStream, func(), error) {
-	nc, err := a.conn.Connect()
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	js, err := jetstream.New(nc)
-	if err != nil {
-		nc.Close()
-		return nil, nil, nil, err
-	}
-	store, err := kvstore.Open(ctx, js, kvstore.Options{})
-	if err != nil {
-		nc.Close()
-		return nil, nil, nil, err
-	}
-	return store, js, nc.Close, nil
-}
 
 func whoami() string {
 	name := "unknown"
