@@ -52,6 +52,8 @@ const (
 	TypeModelRegistered     = "ai.agent.admin.model.registered"
 	TypeModelDeleted        = "ai.agent.admin.model.deleted"
 	TypeRoutingPolicyPushed = "ai.agent.admin.routing_policy.pushed"
+	TypeToolRegistered      = "ai.agent.admin.tool.registered"
+	TypeToolDeleted         = "ai.agent.admin.tool.deleted"
 )
 
 // MsgIDHeader is the header JetStream deduplicates publishes by.

@@ -151,8 +151,8 @@ const (
 // and expired (authorize), budgets and aborted sessions (authorize, audit),
 // rate limits (route), idempotency keys, checkpoints and breakers
 // (execute), tool usage statistics (audit), and the recorded security
-// settings (every authorize and execute process). Hook sets are the
-// operator's to write.
+// settings (every authorize and execute process). Hook sets, policies,
+// revocations and models are written by the control service for operators.
 var workerBuckets = []string{bucketInvocations, bucketApprovals, bucketBudgets, bucketRateLimits,
 	bucketIdempotency, bucketCheckpoints, bucketBreakers, subjects.BucketSettings, bucketToolStats}
 

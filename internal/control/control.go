@@ -19,8 +19,10 @@ import (
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/approval"
 	"github.com/toolgate/toolgate/internal/policy"
+	"github.com/toolgate/toolgate/internal/runner"
 	"github.com/toolgate/toolgate/internal/tools"
 	"github.com/toolgate/toolgate/kvstore"
+	"github.com/toolgate/toolgate/stages"
 	"github.com/toolgate/toolgate/subjects"
 )
 
@@ -32,8 +34,9 @@ import (
 // approvals.get, which agents may call for their own tenant. 1.3: the
 // operators' administrative endpoints policy.push|get, hooks.push|list|
 // delete, tokens.revoke, breakers.list|set and models.register|list|delete|
-// policy, signed with operator credentials and audited; the capability
-// grant rule follows policy pushes.
+// policy, signed with operator credentials and audited; tools.register
+// and tools.delete audited too; the capability grant rule follows policy
+// pushes.
 const Version = "1.3.0"
 
 // Start adds the service to nc. Stop it with the returned service's Stop.
@@ -41,7 +44,7 @@ const Version = "1.3.0"
 func Start(nc *nats.Conn, store *kvstore.Store, reg *tools.Registry, approvals *approval.Service, opts ...Option) (micro.Service, error) {
 	svc, err := micro.AddService(nc, micro.Config{
 		Name: subjects.ServiceName, Version: Version,
-		Description: "toolgate control: invocation status and the tool registry",
+		Description: "toolgate control: invocation status, the tool registry and administration",
 	})
 	if err != nil {
 		return nil, err
@@ -50,7 +53,8 @@ func Start(nc *nats.Conn, store *kvstore.Store, reg *tools.Registry, approvals *
 	if err != nil {
 		return nil, err
 	}
-	h := &handlers{nc: nc, js: js, store: store, admin: store, reg: reg, approvals: approvals}
+	h := &handlers{nc: nc, js: js, store: store, admin: store, reg: reg, approvals: approvals,
+		publish: func(ctx context.Context, o stages.Output) error { return runner.Publish(ctx, js, o) }}
 	for _, o := range opts {
 		o(h)
 	}
@@ -183,11 +187,13 @@ type Identify func(subject string, h nats.Header, body []byte) (string, error)
 func WithDeciders(id Identify) Option { return func(h *handlers) { h.identify = id } }
 
 type handlers struct {
-	identify  Identify
-	nc        *nats.Conn
-	js        jetstream.JetStream
-	store     store
-	admin     adminStore
+	identify Identify
+	nc       *nats.Conn
+	js       jetstream.JetStream
+	store    store
+	admin    adminStore
+	// publish appends an audit event (runner.Publish on js).
+	publish   func(context.Context, stages.Output) error
 	reg       *tools.Registry
 	approvals *approval.Service
 
@@ -445,7 +451,9 @@ func (h *handlers) register(req micro.Request) {
 	for !h.holds(m) && ctx.Err() == nil {
 		time.Sleep(2 * time.Millisecond)
 	}
-	_ = req.RespondJSON(api.ToolRequest{ToolID: m.ID, Version: m.Version})
+	h.audited(ctx, req, api.TypeToolRegistered,
+		api.AdminChange{Action: "tools.register", By: h.signer(req), Target: m.ID + "@" + m.Version, Details: map[string]any{"replace": r.Replace}},
+		api.ToolRequest{ToolID: m.ID, Version: m.Version})
 }
 
 // scoped serves a tenant-scoped endpoint, tool.svc.<tenant>.<endpoint>:

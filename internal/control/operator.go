@@ -22,7 +22,6 @@ import (
 	"github.com/toolgate/toolgate/internal/policy"
 	"github.com/toolgate/toolgate/internal/runner"
 	"github.com/toolgate/toolgate/kvstore"
-	"github.com/toolgate/toolgate/stages"
 	"github.com/toolgate/toolgate/subjects"
 )
 
@@ -88,6 +87,21 @@ func (h *handlers) operator(req micro.Request, by string) (who string, ok bool) 
 	return who, true
 }
 
+// signer names who signed a request the service does not require signed
+// (tools.register, tools.delete, which callers without operator
+// credentials used before control API 1.3): the verified operator, or
+// "unsigned" (on a bus without authentication, "unauthenticated").
+func (h *handlers) signer(req micro.Request) string {
+	if h.identify == nil {
+		return "unauthenticated"
+	}
+	who, err := h.identify(req.Subject(), nats.Header(req.Headers()), req.Data())
+	if err != nil {
+		return "unsigned"
+	}
+	return who
+}
+
 // decodeAdmin decodes an administrative request (an empty body is {}) and
 // names its sender; on failure it has answered and ok is false.
 func (h *handlers) decodeAdmin(req micro.Request, v any, by func() string, expected string) (who string, ok bool) {
@@ -118,7 +132,7 @@ func (h *handlers) auditAdmin(ctx context.Context, typ string, c api.AdminChange
 	if err != nil {
 		return err
 	}
-	return runner.Publish(ctx, h.js, o)
+	return h.publish(ctx, o)
 }
 
 // audited audits a change that was made and answers out, or the audit's
@@ -332,8 +346,7 @@ func (h *handlers) setBreaker(req micro.Request) {
 	}
 	ctx, cancel := adminContext()
 	defer cancel()
-	publish := func(ctx context.Context, o stages.Output) error { return runner.Publish(ctx, h.js, o) }
-	st, err := breaker.Force(ctx, h.admin, publish, r.Key, r.State, who)
+	st, err := breaker.Force(ctx, h.admin, h.publish, r.Key, r.State, who)
 	if err != nil {
 		respondError(req, err)
 		return

@@ -87,6 +87,7 @@ func TestAdminThroughControl(t *testing.T) {
 		}
 	}
 	by := `"by":"` + me + `"`
+	audited("admin.tool.registered", by, `"target":"`+tool+`@1.0.0"`)
 
 	t.Run("refused to workers and agents by the server", func(t *testing.T) {
 		for _, subject := range subjects.AdminServices {
