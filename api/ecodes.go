@@ -75,7 +75,7 @@ const (
 )
 
 // Capability token, policy and approval codes. E3201-E3208 follow the
-// specification; E3210-E3218 are toolgate's own.
+// specification; E3210-E3219 are toolgate's own.
 const (
 	ETokenInvalid      = "E3201" // bad signature, algorithm, key, issuer, audience or form
 	ETokenExpired      = "E3202"
@@ -93,6 +93,7 @@ const (
 	EAttenuationWidens = "E3216" // a child token would widen its parent
 	EDeciderUnverified = "E3217" // an approval decision not signed by operator credentials
 	EHopUnsealed       = "E3218" // execute got a hop without a valid seal of authorize's decision
+	EAdminUnverified   = "E3219" // an administrative request not signed by operator credentials
 )
 
 // Resilience codes.

@@ -42,6 +42,18 @@ const (
 	TypeCapabilityGranted   = "ai.agent.capability.granted"
 	TypeCapabilityMatched   = "ai.agent.capability.matched"
 	TypeCapabilityRefused   = "ai.agent.capability.refused"
+
+	// Administrative changes through the control service (AdminChange),
+	// under tenant _system.
+	TypePolicyPushed        = "ai.agent.admin.policy.pushed"
+	TypeHooksPushed         = "ai.agent.admin.hooks.pushed"
+	TypeHooksDeleted        = "ai.agent.admin.hooks.deleted"
+	TypeTokenRevoked        = "ai.agent.admin.token.revoked"
+	TypeModelRegistered     = "ai.agent.admin.model.registered"
+	TypeModelDeleted        = "ai.agent.admin.model.deleted"
+	TypeRoutingPolicyPushed = "ai.agent.admin.routing_policy.pushed"
+	TypeToolRegistered      = "ai.agent.admin.tool.registered"
+	TypeToolDeleted         = "ai.agent.admin.tool.deleted"
 )
 
 // MsgIDHeader is the header JetStream deduplicates publishes by.

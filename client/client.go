@@ -23,6 +23,11 @@ type Client struct {
 	js jetstream.JetStream
 	// Source is the CloudEvent source of invocations this client sends.
 	Source string
+	// Sign, when set, signs the administrative requests (PushPolicy,
+	// RevokeToken, SetBreaker, …): on an authenticated bus toolgate refuses
+	// them unsigned (E3219) and records the signing operator as who made
+	// the change.
+	Sign Sign
 }
 
 // New returns a Client over nc.
@@ -207,10 +212,11 @@ func (c *Client) GetTool(ctx context.Context, id, version string) (json.RawMessa
 	return out, err
 }
 
-// RegisterTool registers a manifest document.
+// RegisterTool registers a manifest document. With c.Sign the audit
+// event of the registration names the signing operator.
 func (c *Client) RegisterTool(ctx context.Context, manifest []byte, replace bool) (api.ToolRequest, error) {
 	var out api.ToolRequest
-	err := c.request(ctx, subjects.SvcToolsRegister, api.RegisterRequest{Manifest: manifest, Replace: replace}, &out)
+	err := c.admin(ctx, subjects.SvcToolsRegister, api.RegisterRequest{Manifest: manifest, Replace: replace}, &out)
 	return out, err
 }
 
@@ -310,10 +316,11 @@ func (c *Client) Cancel(ctx context.Context, tenant, id, reason string) (api.Rec
 	return rec, err
 }
 
-// DeleteTool removes one version of a tool from the registry.
+// DeleteTool removes one version of a tool from the registry. With c.Sign
+// the audit event of the deletion names the signing operator.
 func (c *Client) DeleteTool(ctx context.Context, id, version string) error {
 	var out api.ToolRequest
-	return c.request(ctx, subjects.SvcToolsDelete, api.ToolRequest{ToolID: id, Version: version}, &out)
+	return c.admin(ctx, subjects.SvcToolsDelete, api.ToolRequest{ToolID: id, Version: version}, &out)
 }
 
 // Approvals lists tenant's calls waiting for a human's decision.

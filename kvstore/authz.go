@@ -16,13 +16,14 @@ import (
 // --- revocations -----------------------------------------------------------
 
 // Revoke records that the token with id jti is revoked until until (its
-// expiry: after that it is refused anyway and the entry expires).
-func (s *Store) Revoke(ctx context.Context, jti string, until time.Time, reason string) error {
+// expiry: after that it is refused anyway and the entry expires), by whom
+// (the operator's authenticated identity) and why.
+func (s *Store) Revoke(ctx context.Context, jti string, until time.Time, reason, by string) error {
 	ttl := time.Until(until)
 	if ttl < time.Second {
 		ttl = time.Second
 	}
-	val, _ := json.Marshal(map[string]any{"revoked_at": time.Now().UTC(), "until": until.UTC(), "reason": reason})
+	val, _ := json.Marshal(map[string]any{"revoked_at": time.Now().UTC(), "until": until.UTC(), "reason": reason, "revoked_by": by})
 	_, err := s.revocations.Create(ctx, subjects.Token(jti), val, jetstream.KeyTTL(ttl))
 	if errors.Is(err, jetstream.ErrKeyExists) {
 		return nil // revoked already

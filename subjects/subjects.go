@@ -239,6 +239,39 @@ const (
 	SvcCapabilityReport = "tool.svc.capability.report"
 )
 
+// Administrative control endpoints (control API 1.3): the one surface for
+// operators' changes to policy, hooks, revocations, breakers and the model
+// catalogue. Operators only (account TOOLGATE, requests signed with
+// operator credentials); never tenant-scoped. Each takes and answers the
+// api types named.
+const (
+	// SvcPolicyPush takes api.PolicyPushRequest; SvcPolicyGet answers api.PolicyBundle.
+	SvcPolicyPush = "tool.svc.policy.push"
+	SvcPolicyGet  = "tool.svc.policy.get"
+	// SvcHooksPush takes api.HooksPushRequest, SvcHooksList api.HooksRequest
+	// (tenant optional), SvcHooksDelete api.HooksRequest.
+	SvcHooksPush   = "tool.svc.hooks.push"
+	SvcHooksList   = "tool.svc.hooks.list"
+	SvcHooksDelete = "tool.svc.hooks.delete"
+	// SvcTokensRevoke takes api.RevokeRequest.
+	SvcTokensRevoke = "tool.svc.tokens.revoke"
+	// SvcBreakersList takes {}; SvcBreakersSet takes api.BreakerSetRequest.
+	SvcBreakersList = "tool.svc.breakers.list"
+	SvcBreakersSet  = "tool.svc.breakers.set"
+	// SvcModelsRegister takes api.ModelRequest, SvcModelsList {},
+	// SvcModelsDelete api.ModelRequest (name), SvcModelsPolicy
+	// api.RoutingPolicyRequest.
+	SvcModelsRegister = "tool.svc.models.register"
+	SvcModelsList     = "tool.svc.models.list"
+	SvcModelsDelete   = "tool.svc.models.delete"
+	SvcModelsPolicy   = "tool.svc.models.policy"
+)
+
+// AdminServices are the administrative endpoints, in the order the control
+// service adds them.
+var AdminServices = []string{SvcPolicyPush, SvcPolicyGet, SvcHooksPush, SvcHooksList, SvcHooksDelete,
+	SvcTokensRevoke, SvcBreakersList, SvcBreakersSet, SvcModelsRegister, SvcModelsList, SvcModelsDelete, SvcModelsPolicy}
+
 // TenantSvc is the tenant-scoped subject of control endpoint svc (one of the
 // Svc constants): tool.svc.status for tenant demo is tool.svc.demo.status.
 // The bus lets an agent call only its own tenant's endpoints.

@@ -79,3 +79,21 @@ func FuzzResultSubject(f *testing.F) {
 		}
 	})
 }
+
+// TestAdminServicesAreNotTenantScoped: no administrative endpoint is matched
+// by a tenant-scoped endpoint's subscription (tool.svc.*.<endpoint>), so no
+// tenant's name can make an agent's allowed subject an administrative one.
+func TestAdminServicesAreNotTenantScoped(t *testing.T) {
+	scoped := []string{SvcStatus, SvcCancel, SvcToolsList, SvcToolsGet, SvcBudget, SvcApprovalsList, SvcApprovalsGet,
+		SvcCapabilityRequest, SvcCapabilityReport}
+	for _, admin := range AdminServices {
+		if !strings.HasPrefix(admin, "tool.svc.") {
+			t.Errorf("%s is not under tool.svc.", admin)
+		}
+		for _, s := range scoped {
+			if server.SubjectMatchesFilter(admin, TenantSvc("*", s)) {
+				t.Errorf("%s matches the tenant-scoped %s", admin, TenantSvc("*", s))
+			}
+		}
+	}
+}

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"os"
@@ -12,41 +11,11 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/client"
-	"github.com/toolgate/toolgate/internal/breaker"
 	"github.com/toolgate/toolgate/internal/policy"
-	"github.com/toolgate/toolgate/internal/runner"
-	"github.com/toolgate/toolgate/kvstore"
-	"github.com/toolgate/toolgate/stages"
 )
-
-// store connects and opens toolgate's buckets, for the operator commands
-// that work on them directly.
-func (a *app) store(cmd *cobra.Command) (*kvstore.Store, func(), error) {
-	s, _, done, err := a.storeJS(cmd.Context())
-	return s, done, err
-}
-
-func (a *app) storeJS(ctx context.Context) (*kvstore.Store, jetstream.JetStream, func(), error) {
-	nc, err := a.conn.Connect()
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	js, err := jetstream.New(nc)
-	if err != nil {
-		nc.Close()
-		return nil, nil, nil, err
-	}
-	store, err := kvstore.Open(ctx, js, kvstore.Options{})
-	if err != nil {
-		nc.Close()
-		return nil, nil, nil, err
-	}
-	return store, js, nc.Close, nil
-}
 
 func whoami() string {
 	name := "unknown"
@@ -81,37 +50,38 @@ func (a *app) policyCmd() *cobra.Command {
 			if _, err := policy.New(ctx, modules, data); err != nil {
 				return err
 			}
-			store, done, err := a.store(cmd)
+			c, done, err := a.adminClient()
 			if err != nil {
 				return err
 			}
 			defer done()
-			rev, err := store.PushPolicy(ctx, kvstore.PolicyBundle{Modules: modules, Data: data, PushedBy: or(by, whoami())})
+			res, err := c.PushPolicy(ctx, modules, data, or(by, whoami()))
 			if err != nil {
 				return err
 			}
+			rev := res.Revision
 			return a.emit(map[string]any{"revision": rev, "modules": len(modules)}, func(w io.Writer) error {
 				_, err := fmt.Fprintf(w, "policy pushed (revision %d, %d modules); workers reload it now\n", rev, len(modules))
 				return err
 			})
 		},
 	}
-	push.Flags().StringVar(&by, "by", "", "who pushes, for the record (default: user@host)")
+	push.Flags().StringVar(&by, "by", "", "who pushes, for the record on a bus without authentication (default: user@host; an authenticated bus records the signing operator)")
 	show := &cobra.Command{
 		Use:   "show",
 		Short: "Show the pushed policy",
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			store, done, err := a.store(cmd)
+			c, done, err := a.adminClient()
 			if err != nil {
 				return err
 			}
 			defer done()
-			b, ok, err := store.Policy(cmd.Context())
+			b, err := c.Policy(cmd.Context())
 			if err != nil {
 				return err
 			}
-			if !ok {
+			if !b.Pushed {
 				return a.emit(map[string]any{"pushed": false}, func(w io.Writer) error {
 					_, err := fmt.Fprintln(w, "no policy pushed: workers use their configured policy (default: the shipped one)")
 					return err
@@ -134,17 +104,17 @@ func (a *app) policyCmd() *cobra.Command {
 func (a *app) breakersCmd() *cobra.Command {
 	var by string
 	list := func(cmd *cobra.Command, _ []string) error {
-		store, done, err := a.store(cmd)
+		c, done, err := a.adminClient()
 		if err != nil {
 			return err
 		}
 		defer done()
-		bs, err := store.Breakers(cmd.Context())
+		bs, err := c.Breakers(cmd.Context())
 		if err != nil {
 			return err
 		}
 		if bs == nil {
-			bs = []kvstore.BreakerState{}
+			bs = []api.BreakerState{}
 		}
 		return a.emit(bs, func(w io.Writer) error {
 			rows := [][]string{}
@@ -166,22 +136,21 @@ func (a *app) breakersCmd() *cobra.Command {
 	}
 	cmd.AddCommand(&cobra.Command{Use: "list", Short: "List circuit breakers", Args: noArgs, RunE: list})
 	for _, s := range []struct{ name, state, short string }{
-		{"open", kvstore.BreakerOpen, "Force a breaker open: calls are refused until it is closed or released"},
-		{"close", kvstore.BreakerClosed, "Force a breaker closed"},
-		{"release", "", "Hand a forced breaker back to its failure counting"},
+		{"open", api.BreakerOpen, "Force a breaker open: calls are refused until it is closed or released"},
+		{"close", api.BreakerClosed, "Force a breaker closed"},
+		{"release", api.BreakerRelease, "Hand a forced breaker back to its failure counting"},
 	} {
 		sub := &cobra.Command{
 			Use:   s.name + " KEY",
 			Short: s.short,
 			Args:  exactArgs(1, "a breaker key"),
 			RunE: func(cmd *cobra.Command, args []string) error {
-				store, js, done, err := a.storeJS(cmd.Context())
+				c, done, err := a.adminClient()
 				if err != nil {
 					return err
 				}
 				defer done()
-				publish := func(ctx context.Context, o stages.Output) error { return runner.Publish(ctx, js, o) }
-				st, err := breaker.Force(cmd.Context(), store, publish, args[0], s.state, or(by, whoami()))
+				st, err := c.SetBreaker(cmd.Context(), args[0], s.state, or(by, whoami()))
 				if err != nil {
 					return err
 				}
@@ -191,7 +160,7 @@ func (a *app) breakersCmd() *cobra.Command {
 				})
 			},
 		}
-		sub.Flags().StringVar(&by, "by", "", "who sets it, for the record (default: user@host)")
+		sub.Flags().StringVar(&by, "by", "", "who sets it, for the record on a bus without authentication (default: user@host; an authenticated bus records the signing operator)")
 		cmd.AddCommand(sub)
 	}
 	return cmd

@@ -682,8 +682,9 @@ func TestImportMCP(t *testing.T) {
 	}
 }
 
-// TestOperatorCommands: breakers, policy and revocation work on the
-// buckets, in text and JSON.
+// TestOperatorCommands: breakers, policy and revocation go through the
+// control service, in text and JSON; the record names the operator whose
+// credentials signed the request, not --by.
 func TestOperatorCommands(t *testing.T) {
 	cleanEnv(t)
 	s := startToolgate(t)
@@ -692,12 +693,12 @@ func TestOperatorCommands(t *testing.T) {
 		out  string
 	}{
 		{[]string{"breakers", "open", "echo", "--by", "tester"}, "echo is open"},
-		{[]string{"breakers"}, "forced by tester"},
+		{[]string{"breakers"}, "forced by operator:local"},
 		{[]string{"breakers", "release", "echo"}, "echo is closed"},
 		{[]string{"breakers", "list", "--json"}, `"state": "closed"`},
 		{[]string{"policy", "show"}, "no policy pushed"},
 		{[]string{"policy", "push", "../../internal/policy", "--by", "tester"}, "policy pushed (revision"},
-		{[]string{"policy", "show", "--json"}, `"pushed_by": "tester"`},
+		{[]string{"policy", "show", "--json"}, `"pushed_by": "operator:local"`},
 		{[]string{"token", "revoke", "--jti", "some-token-id", "--reason", "test"}, "revoked some-token-id"},
 	}
 	for _, st := range steps {

@@ -10,7 +10,6 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/toolgate/toolgate/internal/hooks"
-	"github.com/toolgate/toolgate/kvstore"
 	"github.com/toolgate/toolgate/subjects"
 	"go.yaml.in/yaml/v3"
 )
@@ -40,15 +39,16 @@ func (a *app) hooksCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			store, done, err := a.store(cmd)
+			c, done, err := a.adminClient()
 			if err != nil {
 				return err
 			}
 			defer done()
-			rev, err := store.PushHooks(cmd.Context(), kvstore.HookSet{Tenant: tenant, Doc: doc, PushedBy: or(by, whoami())})
+			res, err := c.PushHooks(cmd.Context(), tenant, doc, or(by, whoami()))
 			if err != nil {
 				return err
 			}
+			rev := res.Revision
 			return a.emit(map[string]any{"tenant": tenant, "revision": rev, "hooks": len(set.Specs)}, func(w io.Writer) error {
 				_, err := fmt.Fprintf(w, "hooks of %s pushed (revision %d, %d hooks)\n", tenant, rev, len(set.Specs))
 				return err
@@ -56,7 +56,7 @@ func (a *app) hooksCmd() *cobra.Command {
 		},
 	}
 	push.Flags().StringVar(&tenant, "tenant", "", "the tenant the hooks are for (required)")
-	push.Flags().StringVar(&by, "by", "", "who pushes, for the record (default: user@host)")
+	push.Flags().StringVar(&by, "by", "", "who pushes, for the record on a bus without authentication (default: user@host; an authenticated bus records the signing operator)")
 	_ = push.MarkFlagRequired("tenant")
 
 	var listTenant string
@@ -65,12 +65,12 @@ func (a *app) hooksCmd() *cobra.Command {
 		Short: "List the tenants' hooks",
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			store, done, err := a.store(cmd)
+			c, done, err := a.adminClient()
 			if err != nil {
 				return err
 			}
 			defer done()
-			sets, err := store.HookSets(cmd.Context())
+			sets, err := c.HookSets(cmd.Context(), listTenant)
 			if err != nil {
 				return err
 			}
@@ -83,12 +83,9 @@ func (a *app) hooksCmd() *cobra.Command {
 			}
 			rows := []row{}
 			for _, s := range sets {
-				if listTenant != "" && s.Tenant != listTenant {
-					continue
-				}
 				var d hooks.Doc
 				_ = json.Unmarshal(s.Doc, &d)
-				rows = append(rows, row{s.Tenant, s.Revision, s.PushedAt, s.PushedBy, d.Hooks})
+				rows = append(rows, row{s.TenantID, s.Revision, s.PushedAt, s.PushedBy, d.Hooks})
 			}
 			return a.emit(rows, func(w io.Writer) error {
 				if len(rows) == 0 {
@@ -130,12 +127,12 @@ func (a *app) hooksCmd() *cobra.Command {
 			if err := subjects.CheckTenant(delTenant); err != nil {
 				return err
 			}
-			store, done, err := a.store(cmd)
+			c, done, err := a.adminClient()
 			if err != nil {
 				return err
 			}
 			defer done()
-			if err := store.DeleteHooks(cmd.Context(), delTenant); err != nil {
+			if err := c.DeleteHooks(cmd.Context(), delTenant, whoami()); err != nil {
 				return err
 			}
 			return a.emit(map[string]any{"tenant": delTenant, "deleted": true}, func(w io.Writer) error {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -26,13 +27,17 @@ func (a *app) modelsCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			store, done, err := a.store(cmd)
+			c, done, err := a.adminClient()
 			if err != nil {
 				return err
 			}
 			defer done()
-			m, err := store.PutModel(cmd.Context(), doc)
+			raw, err := c.RegisterModel(cmd.Context(), doc, whoami())
 			if err != nil {
+				return err
+			}
+			var m modelrouter.Model
+			if err := json.Unmarshal(raw, &m); err != nil {
 				return err
 			}
 			return a.emit(m, func(w io.Writer) error {
@@ -44,14 +49,22 @@ func (a *app) modelsCmd() *cobra.Command {
 	list := &cobra.Command{
 		Use: "list", Short: "List the registered models", Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			store, done, err := a.store(cmd)
+			c, done, err := a.adminClient()
 			if err != nil {
 				return err
 			}
 			defer done()
-			ms, err := store.Models(cmd.Context())
+			raws, err := c.Models(cmd.Context())
 			if err != nil {
 				return err
+			}
+			ms := make([]modelrouter.Model, 0, len(raws))
+			for _, raw := range raws {
+				var m modelrouter.Model
+				if err := json.Unmarshal(raw, &m); err != nil {
+					return err
+				}
+				ms = append(ms, m)
 			}
 			return a.emit(ms, func(w io.Writer) error { return modelTable(w, ms) })
 		},
@@ -59,12 +72,12 @@ func (a *app) modelsCmd() *cobra.Command {
 	del := &cobra.Command{
 		Use: "delete NAME", Short: "Remove a model from the catalogue", Args: exactArgs(1, "a model name"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			store, done, err := a.store(cmd)
+			c, done, err := a.adminClient()
 			if err != nil {
 				return err
 			}
 			defer done()
-			return store.DeleteModel(cmd.Context(), args[0])
+			return c.DeleteModel(cmd.Context(), args[0], whoami())
 		},
 	}
 	var reset bool
@@ -81,12 +94,12 @@ func (a *app) modelsCmd() *cobra.Command {
 					return err
 				}
 			}
-			store, done, err := a.store(cmd)
+			c, done, err := a.adminClient()
 			if err != nil {
 				return err
 			}
 			defer done()
-			return store.PutRoutingPolicy(cmd.Context(), src)
+			return c.SetRoutingPolicy(cmd.Context(), string(src), whoami())
 		},
 	}
 	policy.Flags().BoolVar(&reset, "reset", false, "restore the shipped routing policy")

@@ -8,7 +8,9 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
 	"github.com/toolgate/toolgate/client"
 	"github.com/toolgate/toolgate/internal/busauth"
@@ -163,6 +165,27 @@ func (a *app) client() (*client.Client, func(), error) {
 		return nil, nil, err
 	}
 	return c, nc.Close, nil
+}
+
+// adminClient is a client whose administrative requests are signed with
+// the toolgate credentials it connects with (none: unsigned, for a bus
+// without authentication): the control service records that operator as
+// who made the change.
+func (a *app) adminClient() (*client.Client, func(), error) {
+	signer, err := a.conn.Signer()
+	if err != nil {
+		return nil, nil, err
+	}
+	c, closeFn, err := a.client()
+	if err != nil {
+		return nil, nil, err
+	}
+	if signer != nil {
+		c.Sign = func(subject string, body []byte) (nats.Header, error) {
+			return signer.Sign(nil, subject, body, time.Now())
+		}
+	}
+	return c, closeFn, nil
 }
 
 // subcommand is the Args of a command that only groups others: an argument

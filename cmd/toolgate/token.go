@@ -302,12 +302,12 @@ func (a *app) tokenRevokeCmd() *cobra.Command {
 			if id == "" {
 				return usageErr("token revoke: give a token or --jti")
 			}
-			store, done, err := a.store(cmd)
+			c, done, err := a.adminClient()
 			if err != nil {
 				return err
 			}
 			defer done()
-			if err := store.Revoke(cmd.Context(), id, until, reason); err != nil {
+			if _, err := c.RevokeToken(cmd.Context(), id, until, reason, whoami()); err != nil {
 				return err
 			}
 			return a.emit(map[string]any{"jti": id, "until": until.UTC()}, func(w io.Writer) error {

@@ -106,7 +106,7 @@ func (a *app) toolsRegisterCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			c, closeFn, err := a.client()
+			c, closeFn, err := a.adminClient()
 			if err != nil {
 				return err
 			}
@@ -216,7 +216,7 @@ func (a *app) toolsDeleteCmd() *cobra.Command {
 		Short: "Remove one version of a tool from the registry",
 		Args:  exactArgs(2, "a tool id and an exact version"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, closeFn, err := a.client()
+			c, closeFn, err := a.adminClient()
 			if err != nil {
 				return err
 			}
@@ -268,7 +268,7 @@ func (a *app) toolsLifecycleCmd(state string) *cobra.Command {
 			case state == tools.StateSunset:
 				lc["state"] = tools.StateDeprecated
 			}
-			c, closeFn, err := a.client()
+			c, closeFn, err := a.adminClient()
 			if err != nil {
 				return err
 			}
@@ -360,7 +360,7 @@ func (a *app) importMCPCmd() *cobra.Command {
 				}
 				return nil
 			}
-			c, closeFn, err := a.client()
+			c, closeFn, err := a.adminClient()
 			if err != nil {
 				return err
 			}

@@ -15,9 +15,14 @@
 //     purge, no writes to tools, models, policies or revocations, and no
 //     control endpoints (it can neither serve nor call them).
 //   - control: the control service (account TOOLGATE); its endpoints, the
-//     tools, approvals and invocations buckets it writes, and the hops a
-//     decision or cancel puts into the pipeline.
-//   - operator: administration (account TOOLGATE); everything there.
+//     buckets it writes (tools, approvals, invocations, capabilities, and
+//     for the operators' administrative endpoints policies, hooks,
+//     revocations, breakers and models), and the hops a decision or cancel
+//     puts into the pipeline.
+//   - operator: administration (account TOOLGATE); everything there. Its
+//     documented path for every change is the control service's
+//     administrative endpoints (signed requests, audited); stream and
+//     bucket administration stay its own.
 //
 // Workers and operators present a NATS .creds file whose user JWT toolgate
 // issued (WriteCredentials); the callout verifies it and the nonce signature.
@@ -146,15 +151,18 @@ const (
 // and expired (authorize), budgets and aborted sessions (authorize, audit),
 // rate limits (route), idempotency keys, checkpoints and breakers
 // (execute), tool usage statistics (audit), and the recorded security
-// settings (every authorize and execute process). Hook sets are the
-// operator's to write.
+// settings (every authorize and execute process). Hook sets, policies,
+// revocations and models are written by the control service for operators.
 var workerBuckets = []string{bucketInvocations, bucketApprovals, bucketBudgets, bucketRateLimits,
 	bucketIdempotency, bucketCheckpoints, bucketBreakers, subjects.BucketSettings, bucketToolStats}
 
 // controlBuckets are the buckets the control service writes: tools
-// (register, delete), approvals (decisions), invocations (cancels) and
-// capability requests with their grants.
-var controlBuckets = []string{bucketTools, bucketApprovals, bucketInvocations, bucketCapabilities}
+// (register, delete), approvals (decisions), invocations (cancels),
+// capability requests with their grants, and what operators change through
+// its administrative endpoints: policies, hook sets, revocations, forced
+// breakers and the model catalogue.
+var controlBuckets = []string{bucketTools, bucketApprovals, bucketInvocations, bucketCapabilities,
+	bucketPolicies, bucketHooks, bucketRevocations, bucketBreakers, subjects.BucketModels}
 
 // agentServices are the control endpoints an agent may call, each served on
 // subjects.TenantSvc(tenant, endpoint).
@@ -275,10 +283,9 @@ func workerPermissions() jwt.Permissions {
 }
 
 // controlPermissions are the control service's rights: serve the control
-// endpoints (and micro's discovery), write the tools, approvals and
-// invocations buckets, announce cancels, and put a decided or cancelled
-// call back into the pipeline (to authorize, or to audit) with its audit
-// event. It reads what the stages write (status, budgets, streams in
+// endpoints (and micro's discovery), write controlBuckets, announce
+// cancels, and put a decided or cancelled call back into the pipeline (to
+// authorize, or to audit) with its audit event. It reads what the stages write (status, budgets, streams in
 // flight) but cannot hand a call to route, execute or verify.
 func controlPermissions() jwt.Permissions {
 	var p jwt.Permissions

@@ -38,7 +38,7 @@ func (h *handlers) deleteTool(req micro.Request) {
 	for h.reg.Has(r.ToolID, r.Version) && ctx.Err() == nil {
 		time.Sleep(2 * time.Millisecond)
 	}
-	_ = req.RespondJSON(r)
+	h.audited(ctx, req, api.TypeToolDeleted, api.AdminChange{Action: "tools.delete", By: h.signer(req), Target: r.ToolID + "@" + r.Version}, r)
 }
 
 // listApprovals answers a tenant's pending approvals, oldest first.

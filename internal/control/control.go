@@ -10,6 +10,7 @@ import (
 	"errors"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -17,8 +18,11 @@ import (
 	"github.com/nats-io/nats.go/micro"
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/approval"
+	"github.com/toolgate/toolgate/internal/policy"
+	"github.com/toolgate/toolgate/internal/runner"
 	"github.com/toolgate/toolgate/internal/tools"
 	"github.com/toolgate/toolgate/kvstore"
+	"github.com/toolgate/toolgate/stages"
 	"github.com/toolgate/toolgate/subjects"
 )
 
@@ -27,15 +31,20 @@ import (
 // call; the un-scoped ones are for toolgate's own account (operators). 1.2:
 // tools.list searches, filters and pages; tools.stats; tenant-scoped
 // capability.request and capability.report, budget, approvals.list and
-// approvals.get, which agents may call for their own tenant.
-const Version = "1.2.0"
+// approvals.get, which agents may call for their own tenant. 1.3: the
+// operators' administrative endpoints policy.push|get, hooks.push|list|
+// delete, tokens.revoke, breakers.list|set and models.register|list|delete|
+// policy, signed with operator credentials and audited; tools.register
+// and tools.delete audited too; the capability grant rule follows policy
+// pushes.
+const Version = "1.3.0"
 
 // Start adds the service to nc. Stop it with the returned service's Stop.
 // approvals may be nil: the approval endpoint then is not served.
 func Start(nc *nats.Conn, store *kvstore.Store, reg *tools.Registry, approvals *approval.Service, opts ...Option) (micro.Service, error) {
 	svc, err := micro.AddService(nc, micro.Config{
 		Name: subjects.ServiceName, Version: Version,
-		Description: "toolgate control: invocation status and the tool registry",
+		Description: "toolgate control: invocation status, the tool registry and administration",
 	})
 	if err != nil {
 		return nil, err
@@ -44,9 +53,20 @@ func Start(nc *nats.Conn, store *kvstore.Store, reg *tools.Registry, approvals *
 	if err != nil {
 		return nil, err
 	}
-	h := &handlers{nc: nc, js: js, store: store, reg: reg, approvals: approvals}
+	h := &handlers{nc: nc, js: js, store: store, admin: store, reg: reg, approvals: approvals,
+		publish: func(ctx context.Context, o stages.Output) error { return runner.Publish(ctx, js, o) }}
 	for _, o := range opts {
 		o(h)
+	}
+	// The capability grant rule follows policy pushes, as authorize's
+	// policy does.
+	watchCtx, stopWatch := context.WithCancel(context.Background())
+	if h.disc.Grants != nil {
+		if err := h.watchGrants(watchCtx); err != nil {
+			stopWatch()
+			_ = svc.Stop()
+			return nil, err
+		}
 	}
 	eps := []struct {
 		name, subject string
@@ -99,8 +119,18 @@ func Start(nc *nats.Conn, store *kvstore.Store, reg *tools.Registry, approvals *
 			fn            micro.HandlerFunc
 		}{ep.name, subjects.TenantSvc("*", ep.svc), h.scoped(ep.fn)})
 	}
+	// Administrative endpoints, operators only: named after their
+	// subjects (tool.svc.policy.push is policy-push).
+	admin := h.adminEndpoints()
+	for _, subject := range subjects.AdminServices {
+		eps = append(eps, struct {
+			name, subject string
+			fn            micro.HandlerFunc
+		}{strings.ReplaceAll(strings.TrimPrefix(subject, "tool.svc."), ".", "-"), subject, admin[subject]})
+	}
 	for _, ep := range eps {
 		if err := svc.AddEndpoint(ep.name, ep.fn, micro.WithEndpointSubject(ep.subject)); err != nil {
+			stopWatch()
 			_ = svc.Stop()
 			return nil, err
 		}
@@ -108,10 +138,22 @@ func Start(nc *nats.Conn, store *kvstore.Store, reg *tools.Registry, approvals *
 	// The endpoints answer once the server has their subscriptions: a
 	// request sent right after Start must not meet "no responders".
 	if err := nc.Flush(); err != nil {
+		stopWatch()
 		_ = svc.Stop()
 		return nil, err
 	}
-	return svc, nil
+	return service{svc, stopWatch}, nil
+}
+
+// service is the micro service whose Stop also ends the policy watch.
+type service struct {
+	micro.Service
+	stopWatch context.CancelFunc
+}
+
+func (s service) Stop() error {
+	s.stopWatch()
+	return s.Service.Stop()
 }
 
 // store is what the control service reads and writes (*kvstore.Store).
@@ -139,20 +181,30 @@ type Identify func(subject string, h nats.Header, body []byte) (string, error)
 
 // WithDeciders makes the approval endpoint record the identity id returns
 // as the decider, never the body's decided_by, and refuse requests id
-// refuses (E3217). Without it (a bus without authentication) the body's
-// decided_by is recorded.
+// refuses (E3217); the administrative endpoints likewise record it as who
+// made a change and refuse what id refuses (E3219). Without it (a bus
+// without authentication) the body's decided_by or by is recorded.
 func WithDeciders(id Identify) Option { return func(h *handlers) { h.identify = id } }
 
 type handlers struct {
-	identify  Identify
-	nc        *nats.Conn
-	js        jetstream.JetStream
-	store     store
+	identify Identify
+	nc       *nats.Conn
+	js       jetstream.JetStream
+	store    store
+	admin    adminStore
+	// publish appends an audit event (runner.Publish on js).
+	publish   func(context.Context, stages.Output) error
 	reg       *tools.Registry
 	approvals *approval.Service
 
 	disc       Discovery
 	statsCache statsCache
+
+	// grants is the capability grant rule in force (watchGrants);
+	// policyRev the last policy revision it has seen.
+	grants        atomic.Pointer[policy.Grants]
+	policyRev     atomic.Uint64
+	grantsWatched bool
 }
 
 // cancel records a cancel request and announces it. A queued invocation ends
@@ -399,7 +451,9 @@ func (h *handlers) register(req micro.Request) {
 	for !h.holds(m) && ctx.Err() == nil {
 		time.Sleep(2 * time.Millisecond)
 	}
-	_ = req.RespondJSON(api.ToolRequest{ToolID: m.ID, Version: m.Version})
+	h.audited(ctx, req, api.TypeToolRegistered,
+		api.AdminChange{Action: "tools.register", By: h.signer(req), Target: m.ID + "@" + m.Version, Details: map[string]any{"replace": r.Replace}},
+		api.ToolRequest{ToolID: m.ID, Version: m.Version})
 }
 
 // scoped serves a tenant-scoped endpoint, tool.svc.<tenant>.<endpoint>:

@@ -9,6 +9,7 @@ import (
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/tools"
 	"github.com/toolgate/toolgate/kvstore"
+	"github.com/toolgate/toolgate/stages"
 )
 
 // fakeStore keeps records in memory and registers manifests into a registry,
@@ -88,6 +89,9 @@ func TestHandlers(t *testing.T) {
 		data      string
 		wantECode string
 		check     func(t *testing.T, h *handlers, answer any)
+		// wantAudit is the subject of the one audit event the case
+		// publishes, "" for none.
+		wantAudit string
 	}{
 		{name: "status of a known invocation", handler: func(h *handlers) micro.HandlerFunc { return h.status },
 			data: `{"tenant_id":"acme","invocation_id":"done"}`,
@@ -106,7 +110,8 @@ func TestHandlers(t *testing.T) {
 				if a, _ := answer.(api.ToolRequest); a.ToolID != "t:echo" || a.Version != "1.0.0" || !h.reg.Has("t:echo", "1.0.0") {
 					t.Fatalf("answer %+v", answer)
 				}
-			}},
+			},
+			wantAudit: "audit._system.admin.tool.registered"},
 		{name: "register without a manifest", handler: func(h *handlers) micro.HandlerFunc { return h.register },
 			data: `{"replace":true}`, wantECode: api.EInvalidManifest},
 		{name: "register an invalid manifest", handler: func(h *handlers) micro.HandlerFunc { return h.register },
@@ -138,9 +143,19 @@ func TestHandlers(t *testing.T) {
 			st := &fakeStore{reg: reg, records: map[string]api.Record{
 				"done": {InvocationID: "done", Tenant: "acme", Status: api.StatusSuccess},
 			}}
-			h := &handlers{store: st, reg: reg}
+			var audited []stages.Output
+			h := &handlers{store: st, reg: reg, publish: func(_ context.Context, o stages.Output) error {
+				audited = append(audited, o)
+				return nil
+			}}
 			req := &fakeRequest{data: []byte(c.data)}
 			c.handler(h)(req)
+			switch {
+			case c.wantAudit == "" && len(audited) > 0:
+				t.Errorf("audited %s, want nothing", audited[0].Subject)
+			case c.wantAudit != "" && (len(audited) != 1 || audited[0].Subject != c.wantAudit):
+				t.Errorf("audited %+v, want one event on %s", audited, c.wantAudit)
+			}
 			if got := req.ecode(t); got != c.wantECode {
 				t.Fatalf("E-code %q, want %q (%s)", got, c.wantECode, req.body)
 			}

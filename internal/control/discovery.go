@@ -217,7 +217,7 @@ func (h *handlers) capabilityRequest(tenant string, req micro.Request) {
 		resp.Outcome = api.CapabilityRefused
 		resp.Refusal = api.NewError(api.ToolNotFound, api.ECapabilityNoMatch,
 			"no registered tool offers %q within the constraints", r.Capability)
-	case parent != nil && h.disc.Signer != nil && h.disc.Grants != nil:
+	case parent != nil && h.disc.Signer != nil && h.grantRule() != nil:
 		resp.Grant, resp.Refusal, err = h.grant(ctx, tenant, r, match.Candidates, parent, now)
 		if err != nil {
 			respondError(req, err)
@@ -275,7 +275,7 @@ func (h *handlers) refuseCapability(ctx context.Context, req micro.Request, tena
 // result, an error the third.
 func (h *handlers) grant(ctx context.Context, tenant string, r api.CapabilityRequest, cands []discovery.Ranked,
 	parent *token.Claims, now time.Time) (*api.CapabilityGrant, *api.Error, error) {
-	g, err := h.disc.Grants.Eval(ctx, discovery.GrantInput(tenant, r, cands, parent, now))
+	g, err := h.grantRule().Eval(ctx, discovery.GrantInput(tenant, r, cands, parent, now))
 	if err != nil {
 		return nil, nil, err
 	}

@@ -246,7 +246,7 @@ func (a *refusalAuditor) Refused(_ context.Context, r busauth.Refusal) {
 	}
 }
 
-// decidersFrom verifies approval decisions: signed with operator
+// decidersFrom verifies approval decisions and administrative requests: signed with operator
 // credentials issued by the same signer as this process's own (credsPath).
 // The decider recorded is the credentials' user name, "operator:<name>".
 func decidersFrom(credsPath string) (control.Identify, error) {
@@ -261,7 +261,7 @@ func decidersFrom(credsPath string) (control.Identify, error) {
 			return "", err
 		}
 		if id.Role != busauth.RoleOperator {
-			return "", fmt.Errorf("%w: %s credentials may not decide approvals", busauth.ErrUnsigned, id.Role)
+			return "", fmt.Errorf("%w: %s credentials may not decide approvals or make administrative changes", busauth.ErrUnsigned, id.Role)
 		}
 		return id.UserName(), nil
 	}, nil

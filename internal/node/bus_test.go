@@ -42,19 +42,36 @@ func (s *served) dial(i int, opts ...nats.Option) (*nats.Conn, error) {
 		nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {})}, opts...)...)
 }
 
-// revoke revokes a token as the operator (workers may not write revocations).
+// revoke revokes a token as the operator, through the control service
+// (workers may not write revocations).
 func (s *served) revoke(t *testing.T, jti string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	js, _ := jetstream.New(s.connect(t, 0, s.creds(busauth.RoleOperator)))
-	st, err := kvstore.Open(ctx, js, kvstore.Options{})
+	if _, err := s.operator(t).RevokeToken(ctx, jti, time.Now().Add(time.Hour), "test", ""); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// signer signs requests with role's credentials.
+func (s *served) signer(t *testing.T, role busauth.Role) client.Sign {
+	t.Helper()
+	sg, err := busauth.SignerFromCreds(node.CredsPath(s.dataDir, role))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := st.Revoke(ctx, jti, time.Now().Add(time.Hour), "test"); err != nil {
+	return func(subject string, body []byte) (nats.Header, error) { return sg.Sign(nil, subject, body, time.Now()) }
+}
+
+// operator is a client connected and signing with operator credentials.
+func (s *served) operator(t *testing.T) *client.Client {
+	t.Helper()
+	c, err := client.New(s.connect(t, 0, s.creds(busauth.RoleOperator)))
+	if err != nil {
 		t.Fatal(err)
 	}
+	c.Sign = s.signer(t, busauth.RoleOperator)
+	return c
 }
 
 func (s *served) connect(t *testing.T, i int, opts ...nats.Option) *nats.Conn {
@@ -445,6 +462,11 @@ func busRoles(t *testing.T, s *served) {
 			{"pre-publish the next hop", false, "toolgate.pipe.verify.normal.demo", false},
 			{"approve its own parked call", false, subjects.SvcApproval, false},
 			{"register a tool", false, subjects.SvcToolsRegister, false},
+			{"push policy", false, subjects.SvcPolicyPush, false},
+			{"push hooks", false, subjects.SvcHooksPush, false},
+			{"revoke a token", false, subjects.SvcTokensRevoke, false},
+			{"force a breaker", false, subjects.SvcBreakersSet, false},
+			{"register a model", false, subjects.SvcModelsRegister, false},
 			{"cancel another tenant's call", false, subjects.TenantSvc("other", subjects.SvcCancel), false},
 			{"announce a cancel", false, subjects.Cancel("other", "x"), false},
 			{"forge a result", false, "tool.result.demo.forged", false},
@@ -485,8 +507,14 @@ func busRoles(t *testing.T, s *served) {
 			{"register a tool", false, subjects.SvcToolsRegister, false},
 			{"delete a tool", false, subjects.SvcToolsDelete, false},
 			{"approve", false, subjects.SvcApproval, false},
+			{"push policy", false, subjects.SvcPolicyPush, false},
+			{"push hooks", false, subjects.SvcHooksPush, false},
+			{"revoke a token", false, subjects.SvcTokensRevoke, false},
+			{"force a breaker", false, subjects.SvcBreakersSet, false},
+			{"register a model", false, subjects.SvcModelsRegister, false},
 			{"announce a cancel", false, subjects.Cancel("demo", "x"), false},
 			{"serve the approval endpoint", true, subjects.SvcApproval, false},
+			{"serve the administrative endpoints", true, subjects.SvcPolicyPush, false},
 			{"serve tenant endpoints", true, subjects.TenantSvc("*", subjects.SvcStatus), false},
 			{"record a status", false, "$KV.toolgate_invocations.demo.x", true},
 			{"charge a budget", false, "$KV.toolgate_budgets.demo.x", true},
@@ -503,13 +531,23 @@ func busRoles(t *testing.T, s *served) {
 			{"skip execute", false, subjects.Pipe(subjects.Verify, "normal", "demo"), false},
 			{"forge a result", false, "tool.result.demo.x", false},
 			{"charge a budget", false, "$KV.toolgate_budgets.demo.x", false},
-			{"rewrite policy", false, "$KV.toolgate_policies.active", false},
-			{"un-revoke a token", false, "$KV.toolgate_revocations.tok", false},
+			{"push policy for an operator", false, "$KV.toolgate_policies.active", true},
+			{"revoke for an operator", false, "$KV.toolgate_revocations.tok", true},
+			{"push hooks for an operator", false, "$KV.toolgate_hooks.demo", true},
+			{"force a breaker for an operator", false, "$KV.toolgate_breakers.echo", true},
+			{"register a model for an operator", false, "$KV.toolgate_models.m", true},
+			{"reset rate limits", false, "$KV.toolgate_ratelimits.demo.x", false},
 			{"delete AUDIT", false, "$JS.API.STREAM.DELETE.AUDIT", false},
+			{"purge the revocations", false, "$JS.API.STREAM.PURGE.KV_toolgate_revocations", false},
 			{"consume the pipeline live", true, "toolgate.pipe.>", false},
 		}},
 		{"operator", func(t *testing.T, i int) *nats.Conn { return s.connect(t, i, s.creds(busauth.RoleOperator)) }, []op{
 			{"approvals", false, subjects.SvcApproval, true},
+			{"push policy", false, subjects.SvcPolicyPush, true},
+			{"push hooks", false, subjects.SvcHooksPush, true},
+			{"revoke a token", false, subjects.SvcTokensRevoke, true},
+			{"set a breaker", false, subjects.SvcBreakersSet, true},
+			{"register a model", false, subjects.SvcModelsRegister, true},
 			{"everything", true, ">", true},
 			{"stream administration", false, "$JS.API.STREAM.INFO.AUDIT", true},
 		}},

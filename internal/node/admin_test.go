@@ -1,0 +1,289 @@
+package node_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/client"
+	"github.com/toolgate/toolgate/internal/busauth"
+	"github.com/toolgate/toolgate/internal/node"
+	"github.com/toolgate/toolgate/internal/policy"
+	"github.com/toolgate/toolgate/kvstore"
+	"github.com/toolgate/toolgate/subjects"
+)
+
+// TestAdminThroughControl: every operator change goes through the control
+// service on an authenticated bus. The operator's signed request takes
+// effect, records the signing operator whatever the body says, and is
+// audited naming that operator; worker and agent credentials are refused by
+// the server, and an unsigned or worker-signed request by the service.
+func TestAdminThroughControl(t *testing.T) {
+	dir := t.TempDir()
+	n, url := runServed(t, node.Config{Embedded: node.EmbeddedOptions{Listen: "127.0.0.1:-1", DataDir: dir}, GrantSigner: testKey()})
+	s := &served{urls: []string{url}, dataDir: dir, node: n}
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	op := s.operator(t)
+	const me = "operator:local"
+
+	// A guarded tool: low risk, a breaker, a capability to request.
+	const tool = "adm.guarded"
+	if _, err := op.RegisterTool(ctx, []byte(`{"id":"`+tool+`","name":"guarded","version":"1.0.0","description":"a test tool",
+	  "kind":"builtin","builtin":{"function":"noop"},"input_schema":{"type":"object"},"capabilities":["tally_rows"],
+	  "safety":{"risk_level":"low","idempotent":true},"limits":{"timeout_ms":500},
+	  "circuit_breaker":{"failure_rate_threshold":50,"sliding_window_size":20,"minimum_calls":10,"wait_duration_seconds":30,"half_open_calls":1}}`), false); err != nil {
+		t.Fatal(err)
+	}
+	nc, raw := s.agent(t, 1, "demo")
+	ac, err := client.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	call := func(id string) api.Response {
+		t.Helper()
+		inv, err := ac.Invoke(ctx, api.Request{ToolID: id, Parameters: json.RawMessage(`{}`),
+			AgentContext: api.AgentContext{AgentDID: "did:agent:demo", TenantID: "demo"}, CapabilityToken: raw}, client.InvokeOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := ac.Wait(ctx, "demo", inv)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	ojs, _ := jetstream.New(s.connect(t, 0, s.creds(busauth.RoleOperator)))
+	// audited waits for the last _system audit event of suffix to hold
+	// every one of want.
+	audited := func(suffix string, want ...string) {
+		t.Helper()
+		var last string
+		eventually(t, 10*time.Second, "audit event "+suffix, func() bool {
+			st, err := ojs.Stream(ctx, subjects.StreamAudit)
+			if err != nil {
+				return false
+			}
+			m, err := st.GetLastMsgForSubject(ctx, subjects.AuditEvent(subjects.SystemTenant, suffix))
+			if err != nil {
+				return false
+			}
+			last = string(m.Data)
+			for _, w := range want {
+				if !strings.Contains(last, w) {
+					return false
+				}
+			}
+			return true
+		})
+		if t.Failed() {
+			t.Logf("last %s event: %s", suffix, last)
+		}
+	}
+	by := `"by":"` + me + `"`
+	audited("admin.tool.registered", by, `"target":"`+tool+`@1.0.0"`)
+
+	t.Run("refused to workers and agents by the server", func(t *testing.T) {
+		for _, subject := range subjects.AdminServices {
+			for role, dial := range map[string]func() *nats.Conn{
+				"worker": func() *nats.Conn { return s.connect(t, 0, s.creds(busauth.RoleWorker)) },
+				"agent":  func() *nats.Conn { nc, _ := s.agent(t, 0, "demo"); return nc },
+			} {
+				nc := dial()
+				got, err := refused(t, nc, false, subject)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !got {
+					t.Errorf("%s may publish %s", role, subject)
+				}
+			}
+		}
+	})
+
+	t.Run("unsigned or signed by a worker is refused by the service", func(t *testing.T) {
+		unsigned, _ := client.New(s.connect(t, 0, s.creds(busauth.RoleOperator)))
+		worker, _ := client.New(s.connect(t, 0, s.creds(busauth.RoleOperator)))
+		worker.Sign = s.signer(t, busauth.RoleWorker)
+		for name, c := range map[string]*client.Client{"unsigned": unsigned, "worker-signed": worker} {
+			_, err := c.RevokeToken(ctx, "never", time.Now().Add(time.Hour), "", "mallory")
+			if !errors.Is(err, &api.Error{Code: api.PermissionDenied, ECode: api.EAdminUnverified}) {
+				t.Errorf("%s revoke: %v, want E3219", name, err)
+			}
+			if _, err := c.Policy(ctx); !errors.Is(err, &api.Error{Code: api.PermissionDenied, ECode: api.EAdminUnverified}) {
+				t.Errorf("%s policy.get: %v, want E3219", name, err)
+			}
+		}
+	})
+
+	t.Run("policy push changes decisions and grants", func(t *testing.T) {
+		capReq := api.CapabilityRequest{Capability: "tally_rows", InputContract: "rows", OutputContract: "a count",
+			Reason: "counting", Constraints: api.DefaultCapabilityConstraints(), CapabilityToken: raw}
+		before, err := ac.RequestCapability(ctx, "demo", capReq)
+		if err != nil || before.Outcome != api.CapabilityGranted {
+			t.Fatalf("before the push: %+v %v, want granted", before, err)
+		}
+		if r := call(tool); r.Status != api.StatusSuccess {
+			t.Fatalf("before the push: %+v", r)
+		}
+		modules := map[string]string{
+			"authz.rego": policy.DefaultModule() + "\ndeny contains {\"code\": \"E3209\", \"msg\": \"guarded is switched off\"} if input.tool.id == \"" + tool + "\"\n",
+			"grant.rego": "package toolgate.capability\n\ngrant := {\"allow\": false, \"reasons\": [\"grants are off\"], \"tools\": []}\n",
+		}
+		res, err := op.PushPolicy(ctx, modules, nil, "mallory")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.PushedBy != me {
+			t.Fatalf("pushed by %q, want %s", res.PushedBy, me)
+		}
+		// The control service answers once it grants by the pushed rule.
+		capReq.RequestID = "after-push"
+		after, err := ac.RequestCapability(ctx, "demo", capReq)
+		if err != nil || after.Outcome != api.CapabilityMatched || after.Refusal == nil || after.Refusal.ECode != api.ECapabilityNotGranted ||
+			!strings.Contains(after.Refusal.Message, "grants are off") {
+			t.Fatalf("after the push: %+v %v, want matched with E3044 (grants are off)", after, err)
+		}
+		eventually(t, 10*time.Second, "authorize to deny the guarded tool", func() bool {
+			r := call(tool)
+			return r.Error != nil && r.Error.ECode == api.EPolicyDenied && strings.Contains(r.Error.Message, "switched off")
+		})
+		got, err := op.Policy(ctx)
+		if err != nil || !got.Pushed || got.Revision != res.Revision || got.PushedBy != me || len(got.Modules) != 2 {
+			t.Fatalf("policy.get: %+v %v", got, err)
+		}
+		audited("admin.policy.pushed", by, `"action":"policy.push"`)
+		// One that does not compile is refused and changes nothing.
+		_, err = op.PushPolicy(ctx, map[string]string{"authz.rego": "package toolgate.authz\ndecision := {\n"}, nil, "")
+		wantECode(t, err, api.EPolicyFailed)
+		if again, _ := op.Policy(ctx); again.Revision != res.Revision {
+			t.Fatal("a policy that does not compile was stored")
+		}
+		// Back to the shipped policy for the rest.
+		if _, err := op.PushPolicy(ctx, map[string]string{"authz.rego": policy.DefaultModule()}, nil, ""); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, 10*time.Second, "authorize to allow the guarded tool again", func() bool { return call(tool).Status == api.StatusSuccess })
+	})
+
+	t.Run("breaker set opens the breaker", func(t *testing.T) {
+		st, err := op.SetBreaker(ctx, tool, api.BreakerOpen, "mallory")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.State != api.BreakerOpen || !st.Forced || st.By != me {
+			t.Fatalf("set: %+v", st)
+		}
+		eventually(t, 10*time.Second, "execute to refuse the guarded tool", func() bool {
+			r := call(tool)
+			return r.Error != nil && r.Error.ECode == api.EBreakerOpen && strings.Contains(r.Error.Message, me)
+		})
+		bs, err := op.Breakers(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		found := false
+		for _, b := range bs {
+			found = found || (b.Key == tool && b.State == api.BreakerOpen && b.By == me)
+		}
+		if !found {
+			t.Fatalf("breakers.list: %+v", bs)
+		}
+		audited("circuit.opened", by, `"key":"`+tool+`"`)
+		if _, err := op.SetBreaker(ctx, tool, api.BreakerRelease, ""); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, 10*time.Second, "the released breaker to let calls through", func() bool { return call(tool).Status == api.StatusSuccess })
+		if _, err := op.SetBreaker(ctx, tool, "ajar", ""); !errors.Is(err, &api.Error{Code: api.InvalidParameters, ECode: api.ERequestInvalid}) {
+			t.Fatalf("state ajar: %v, want E3016", err)
+		}
+	})
+
+	t.Run("hooks push is listed, delete removes it", func(t *testing.T) {
+		doc := json.RawMessage(`{"hooks":[{"name":"overspent","on":"budget_exceeded","action":"continue"}]}`)
+		res, err := op.PushHooks(ctx, "demo", doc, "mallory")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.PushedBy != me || res.Hooks != 1 {
+			t.Fatalf("push: %+v", res)
+		}
+		sets, err := op.HookSets(ctx, "demo")
+		if err != nil || len(sets) != 1 || sets[0].PushedBy != me || sets[0].Revision != res.Revision || !strings.Contains(string(sets[0].Doc), "overspent") {
+			t.Fatalf("list: %+v %v", sets, err)
+		}
+		audited("admin.hooks.pushed", by, `"target":"demo"`)
+		_, err = op.PushHooks(ctx, "demo", json.RawMessage(`{"hooks":[{"on":"never","action":"continue"}]}`), "")
+		wantECode(t, err, api.EHookInvalid)
+		if err := op.DeleteHooks(ctx, "demo", "mallory"); err != nil {
+			t.Fatal(err)
+		}
+		if sets, err := op.HookSets(ctx, "demo"); err != nil || len(sets) != 0 {
+			t.Fatalf("after delete: %+v %v", sets, err)
+		}
+		audited("admin.hooks.deleted", by, `"target":"demo"`)
+	})
+
+	t.Run("revoke refuses the token", func(t *testing.T) {
+		tok, c := agentToken(t, "demo", nil)
+		if nc, err := s.dial(0, nats.Token(tok)); err != nil {
+			t.Fatalf("before revocation: %v", err)
+		} else {
+			nc.Close()
+		}
+		res, err := op.RevokeToken(ctx, c.ID, time.Now().Add(time.Hour), "leaked", "mallory")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.RevokedBy != me {
+			t.Fatalf("revoked by %q", res.RevokedBy)
+		}
+		eventually(t, 10*time.Second, "the revoked token to be refused", func() bool {
+			nc, err := s.dial(0, nats.Token(tok))
+			if err == nil {
+				nc.Close()
+			}
+			return err != nil
+		})
+		kv, err := ojs.KeyValue(ctx, kvstore.BucketRevocations)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e, err := kv.Get(ctx, subjects.Token(c.ID))
+		if err != nil || !strings.Contains(string(e.Value()), `"revoked_by":"`+me+`"`) {
+			t.Fatalf("revocation record: %v %v", e, err)
+		}
+		audited("admin.token.revoked", by, `"target":"`+c.ID+`"`, `"reason":"leaked"`)
+	})
+
+	t.Run("models register, list, delete", func(t *testing.T) {
+		doc := json.RawMessage(`{"name":"adm-small","api":"openai","upstream_model":"gpt-4o-mini","endpoints":["https://api.example.com/v1"],
+		  "tier":"small","context_window":128000,"max_output_tokens":4096,"price":{"input_per_1k":0.00015,"output_per_1k":0.0006}}`)
+		if _, err := op.RegisterModel(ctx, doc, "mallory"); err != nil {
+			t.Fatal(err)
+		}
+		ms, err := op.Models(ctx)
+		if err != nil || !strings.Contains(string(mustJSON(t, ms)), `adm-small`) {
+			t.Fatalf("list: %s %v", mustJSON(t, ms), err)
+		}
+		audited("admin.model.registered", by, `"target":"adm-small"`)
+		_, err = op.RegisterModel(ctx, json.RawMessage(`{"name":"x"}`), "")
+		wantECode(t, err, api.EInvalidManifest)
+		wantECode(t, op.SetRoutingPolicy(ctx, "package toolgate.routing\nrank := {\n", ""), api.EPolicyFailed)
+		if err := op.SetRoutingPolicy(ctx, "", "mallory"); err != nil {
+			t.Fatal(err)
+		}
+		audited("admin.routing_policy.pushed", by)
+		if err := op.DeleteModel(ctx, "adm-small", "mallory"); err != nil {
+			t.Fatal(err)
+		}
+		audited("admin.model.deleted", by, `"target":"adm-small"`)
+		wantECode(t, op.DeleteModel(ctx, "adm-small", ""), api.EModelUnknown)
+	})
+}
