@@ -38,6 +38,11 @@ type Options struct {
 	// GoalsOnly measures the goals (saturation and latency beside the bare
 	// chain) and nothing else.
 	GoalsOnly bool
+	// Binary is the toolgate executable: with it, the scaling series with
+	// one and two processes per stage runs real `toolgate stage`
+	// processes; without it, runners in this process, each on its own
+	// connection.
+	Binary string
 }
 
 // Result is one measured series.
