@@ -156,6 +156,11 @@ func (a *app) benchCmd() *cobra.Command {
 				n.Print(a.stdout)
 				return nil
 			}
+			// The scaling series starts `toolgate stage` processes of
+			// this very binary.
+			if exe, err := os.Executable(); err == nil {
+				o.Binary = exe
+			}
 			rep, err := bench.Run(cmd.Context(), o)
 			if err != nil {
 				return err

@@ -41,6 +41,11 @@ type Options struct {
 	// Soak, when set, runs the pipeline at half its saturation this long
 	// and reports whether its resident set grows.
 	Soak time.Duration
+	// Binary is the toolgate executable: with it, the scaling series with
+	// one and two processes per stage runs real `toolgate stage`
+	// processes; without it, runners in this process, each on its own
+	// connection.
+	Binary string
 }
 
 // Result is one measured series.

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"os"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -72,49 +73,34 @@ func measureScaling(ctx context.Context, url string, o Options, cred credentials
 }
 
 // measureNoopScaling runs the no-op tool through the whole pipeline with one,
-// then two runners of every stage (each with its own NATS connection and
-// o.Workers workers, as one `toolgate stage NAME` process per runner would
-// have), offered at twice o.Rate per runner: the per-message cost of the
-// pipeline bounds it, and more processes per stage should raise it until
-// the machine's cores are full.
+// then two processes of every stage (`toolgate stage NAME` with o.Workers
+// workers, or with o.Binary unset runners in this process, each with its
+// own NATS connection), offered at twice o.Rate per process: the
+// per-message cost of the pipeline bounds it, and more processes per stage
+// should raise it until the machine's cores are full.
 func measureNoopScaling(ctx context.Context, url string, o Options, cred credentials) ([]Scale, error) {
 	var out []Scale
 	for _, per := range []int{1, 2} {
 		res, err := func() (Result, error) {
-			runCtx, stop := context.WithCancel(ctx)
-			errc := make(chan error, per*len(subjects.Stages))
-			ready := make(chan struct{}, per*len(subjects.Stages))
-			running := 0
-			defer func() {
-				stop()
-				for range running {
-					<-errc
-				}
-			}()
+			var stages []string
 			for _, st := range subjects.Stages {
 				for range per {
-					running++
-					go func() {
-						errc <- node.Run(runCtx, node.Config{NATSURL: url, Stages: []string{st}, Workers: o.Workers,
-							Stage: node.StageConfig{Tokens: cred.verifier}, Log: discardLogger(),
-							Ready: func(string, *node.Node) { ready <- struct{}{} }})
-					}()
+					stages = append(stages, st)
 				}
 			}
-			for range running { // measure the runners, not their start
-				select {
-				case <-ready:
-				case err := <-errc:
-					running--
-					return Result{}, fmt.Errorf("starting runners: %v", err)
-				case <-ctx.Done():
-					return Result{}, ctx.Err()
-				}
+			stop, err := startStages(ctx, url, o, stages, cred)
+			if err != nil {
+				return Result{}, err
 			}
+			defer stop()
 			so := o
 			so.Rate = 2 * o.Rate * per
 			so.Duration = 5 * time.Second
-			return measureNoop(ctx, url, so, cred, fmt.Sprintf("no-op, %d per stage", per))
+			name := fmt.Sprintf("no-op, %d per stage", per)
+			if o.Binary != "" {
+				name = fmt.Sprintf("no-op, %d proc per stage", per)
+			}
+			return measureNoop(ctx, url, so, cred, name)
 		}()
 		if err != nil {
 			return out, err
@@ -122,6 +108,54 @@ func measureNoopScaling(ctx context.Context, url string, o Options, cred credent
 		out = append(out, Scale{PerStage: per, Result: res})
 	}
 	return out, nil
+}
+
+// startStages starts one worker group per entry of stages, as processes of
+// o.Binary or as runners in this process, and returns once all are ready;
+// stop ends them.
+func startStages(ctx context.Context, url string, o Options, stages []string, cred credentials) (stop func(), err error) {
+	if o.Binary != "" {
+		dir := o.Dir
+		if dir == "" {
+			dir = os.TempDir()
+		}
+		p, err := startStageProcs(ctx, o.Binary, url, dir, stages, o.Workers, cred)
+		if err != nil {
+			return nil, err
+		}
+		return p.stop, nil
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	errc := make(chan error, len(stages))
+	ready := make(chan struct{}, len(stages))
+	running := 0
+	stop = func() {
+		cancel()
+		for range running {
+			<-errc
+		}
+	}
+	for _, st := range stages {
+		running++
+		go func() {
+			errc <- node.Run(runCtx, node.Config{NATSURL: url, Stages: []string{st}, Workers: o.Workers,
+				Stage: node.StageConfig{Tokens: cred.verifier}, Log: discardLogger(),
+				Ready: func(string, *node.Node) { ready <- struct{}{} }})
+		}()
+	}
+	for range running { // measure the runners, not their start
+		select {
+		case <-ready:
+		case err := <-errc:
+			running--
+			stop()
+			return nil, fmt.Errorf("starting runners: %v", err)
+		case <-ctx.Done():
+			stop()
+			return nil, ctx.Err()
+		}
+	}
+	return stop, nil
 }
 
 func measureSlow(ctx context.Context, url string, o Options, cred credentials, name string) (Result, error) {
@@ -169,7 +203,8 @@ func measureTool(ctx context.Context, url string, o Options, req api.Request, na
 }
 
 func printScaling(w io.Writer, s []Scale) {
-	fmt.Fprintf(w, "\nhorizontal scaling: the no-op tool with 1 and 2 runners per stage (own connection each), then a 50 ms tool\n"+
+	fmt.Fprintf(w, "\nhorizontal scaling: the no-op tool with 1 and 2 processes per stage (toolgate stage; runners with their own\n"+
+		"connection when run in-process), then a 50 ms tool\n"+
 		"with execute runners of one worker each, the other stages fixed\n")
 	fmt.Fprintf(w, "%-26s %7s %7s %9s %9s %9s\n", "series", "offered", "done", "inv/s", "p50", "p99")
 	for _, x := range s {

@@ -2,7 +2,12 @@ package bench
 
 import (
 	"context"
+	"crypto/sha256"
+	"fmt"
 	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -10,8 +15,9 @@ import (
 	"github.com/toolgate/toolgate/internal/topology"
 )
 
-// TestNoopScaling runs the no-op series of the scaling table at a low rate:
-// with one and with two runners per stage every offered call completes.
+// TestNoopScaling runs the no-op series of the scaling table at a low rate,
+// as `make bench` does, with real `toolgate stage` processes: with one and
+// with two processes per stage every offered call completes.
 func TestNoopScaling(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs the pipeline twice")
@@ -36,7 +42,8 @@ func TestNoopScaling(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := measureNoopScaling(ctx, ns.ClientURL(), Options{Rate: 10, Workers: 2}, cred)
+	bin := buildToolgate(t)
+	s, err := measureNoopScaling(ctx, ns.ClientURL(), Options{Rate: 10, Workers: 2, Binary: bin, Dir: t.TempDir()}, cred)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -44,9 +51,30 @@ func TestNoopScaling(t *testing.T) {
 		t.Fatalf("series %+v", s)
 	}
 	for _, x := range s {
+		if !strings.Contains(x.Result.Name, "proc per stage") {
+			t.Errorf("%s: not run as processes", x.Result.Name)
+		}
 		if x.Result.Sent == 0 || x.Result.Done != x.Result.Sent {
 			t.Errorf("%s: %d of %d calls completed", x.Result.Name, x.Result.Done, x.Result.Sent)
 		}
 	}
 	printScaling(os.Stdout, s)
+}
+
+// buildToolgate builds ./cmd/toolgate into a directory of the user's cache
+// kept per source tree, so that go build finds it up to date and skips the
+// link when nothing changed.
+func buildToolgate(t *testing.T) string {
+	t.Helper()
+	wd, _ := os.Getwd()
+	cache, err := os.UserCacheDir()
+	if err != nil {
+		cache = os.TempDir()
+	}
+	bin := filepath.Join(cache, "toolgate-bench", fmt.Sprintf("%x", sha256.Sum256([]byte(wd)))[:16], "toolgate")
+	out, err := exec.Command("go", "build", "-o", bin, "github.com/toolgate/toolgate/cmd/toolgate").CombinedOutput()
+	if err != nil {
+		t.Fatalf("building toolgate: %v\n%s", err, out)
+	}
+	return bin
 }

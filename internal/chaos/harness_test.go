@@ -24,6 +24,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/client"
+	"github.com/toolgate/toolgate/internal/backoff"
 	"github.com/toolgate/toolgate/internal/envelope"
 	"github.com/toolgate/toolgate/internal/node"
 	"github.com/toolgate/toolgate/internal/token"
@@ -301,12 +302,15 @@ var terminal = map[string]bool{
 	envelope.TypeRateLimited: true,
 }
 
-// readStream delivers every message of stream matching filter to fn.
+// readStream delivers every message of stream matching filter to fn. An
+// empty fetch ends the read only when the consumer has nothing pending: on
+// a cluster healing from faults a fetch can time out with messages left.
 func readStream(ctx context.Context, js jetstream.JetStream, stream, filter string, fn func(jetstream.Msg)) error {
 	c, err := js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{FilterSubjects: []string{filter}})
 	if err != nil {
 		return err
 	}
+	empty := 0
 	for {
 		batch, err := c.Fetch(1000, jetstream.FetchMaxWait(2*time.Second))
 		if err != nil {
@@ -323,13 +327,76 @@ func readStream(ctx context.Context, js jetstream.JetStream, stream, filter stri
 		if err := batch.Error(); err != nil && err != nats.ErrTimeout {
 			return err
 		}
-		if got == 0 || last == 0 {
+		if got > 0 && last == 0 {
 			return nil
+		}
+		if got == 0 {
+			info, err := c.Info(ctx)
+			if err == nil && info.NumPending == 0 {
+				return nil
+			}
+			if empty++; empty >= 5 {
+				return fmt.Errorf("%s: no messages in five fetches with some pending (%v)", stream, err)
+			}
+		} else {
+			empty = 0
 		}
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
 	}
+}
+
+// waitQuorum waits, with backoff, until every stream the checker reads has
+// a leader and a majority of its replicas current: right after a cluster's faults a
+// stream can answer "no responders" or serve a consumer without quorum,
+// which is the cluster healing, not a verdict on toolgate.
+func waitQuorum(ctx context.Context, t *testing.T, js jetstream.JetStream) error {
+	// Past a minute the caller reads through another connection.
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	for attempt := 1; ; attempt++ {
+		err := quorate(ctx, js, subjects.StreamResults, subjects.StreamAudit)
+		if err == nil {
+			return nil
+		}
+		if attempt%10 == 1 {
+			t.Logf("waiting for the streams' quorum (attempt %d): %v", attempt, err)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("streams without quorum: %w", err)
+		case <-time.After(backoff.FullJitter(attempt, 200*time.Millisecond, 5*time.Second)):
+		}
+	}
+}
+
+func quorate(ctx context.Context, js jetstream.JetStream, streams ...string) error {
+	for _, name := range streams {
+		ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		s, err := js.Stream(ictx, name)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("%s: %w", name, err)
+		}
+		cl := s.CachedInfo().Cluster
+		if cl == nil {
+			continue // one server
+		}
+		if cl.Leader == "" {
+			return fmt.Errorf("%s: no leader", name)
+		}
+		current := 1 // the leader
+		for _, p := range cl.Replicas {
+			if p.Current && !p.Offline {
+				current++
+			}
+		}
+		if peers := len(cl.Replicas) + 1; current <= peers/2 {
+			return fmt.Errorf("%s: %d of %d replicas current", name, current, peers)
+		}
+	}
+	return nil
 }
 
 // report is a scenario's figures.
@@ -362,7 +429,9 @@ func (h *harness) verify(l *load, name string, faults int, recovery time.Duratio
 	failures := 0
 	for {
 		var got *outcome
-		got, err = h.read(ctx, js)
+		if err = waitQuorum(ctx, h.t, js); err == nil {
+			got, err = h.read(ctx, js)
+		}
 		if err == nil {
 			o = got
 		}
@@ -392,6 +461,9 @@ func (h *harness) verify(l *load, name string, faults int, recovery time.Duratio
 	}
 	// Late duplicates would come from redeliveries: give them an ack wait.
 	time.Sleep(ackWait + time.Second)
+	if err := waitQuorum(ctx, h.t, js); err != nil {
+		h.t.Logf("final read: %v", err)
+	}
 	if o2, err := h.read(ctx, js); err == nil {
 		o = o2
 	}

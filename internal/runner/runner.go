@@ -62,6 +62,10 @@ type Runner struct {
 	// StallAfter is how long the stage may go without pulling and without
 	// settling a message before Stalled reports it (default 1 minute).
 	StallAfter time.Duration
+	// SweepEvery is how often the Runner looks for messages its consumers
+	// passed over at the delivery limit whose advisory nobody acted on,
+	// and ends them (default DefaultSweepEvery; negative: never).
+	SweepEvery time.Duration
 
 	active  atomic.Int64 // unix nanoseconds of the last pull or settled message
 	waiting atomic.Int32 // workers waiting on the pull iterator, which pulls for them
@@ -133,6 +137,11 @@ func (r *Runner) Run(ctx context.Context) error {
 		return err
 	}
 	defer unsubscribe(subs)
+	var sweeper sync.WaitGroup
+	defer sweeper.Wait()
+	sweepCtx, stopSweep := context.WithCancel(ctx)
+	defer stopSweep() // before the Wait above: Run may end on a closed connection
+	sweeper.Go(func() { r.sweep(sweepCtx) })
 
 	var fetchers sync.WaitGroup
 	defer fetchers.Wait()
@@ -469,6 +478,14 @@ type pendingSettle struct {
 	wait    func() string
 }
 
+// delivered is how many times msg was delivered, for its backoff.
+func delivered(msg jetstream.Msg) int {
+	if md, err := msg.Metadata(); err == nil {
+		return int(md.NumDelivered)
+	}
+	return 1
+}
+
 // publishTimeout bounds the wait for a publish acknowledgement.
 const publishTimeout = 10 * time.Second
 
@@ -487,6 +504,22 @@ func (r *Runner) apply(msg jetstream.Msg, inv *envelope.Invocation, s settlement
 		return pendingSettle{outcome: outcomeRetried}
 	case actTerm:
 		log.Error("giving up on message", "err", perr)
+		if md, err := msg.Metadata(); err == nil && r.finalises() {
+			// Nothing ends it after audit: the audit trail records it as
+			// poison before it goes (retried by redelivery, and at the
+			// delivery limit by the advisory, until that is stored).
+			ctx, cancel := context.WithTimeout(context.Background(), publishTimeout)
+			o, err := poisonEvent(r.Name, msg.Subject(), md.Stream, md.Sequence.Stream, perr)
+			if err == nil {
+				err = r.publish(ctx, o)
+			}
+			cancel()
+			if err != nil {
+				log.Warn("recording the message as poison", "err", err)
+				_ = msg.NakWithDelay(backoff(int(md.NumDelivered)))
+				return pendingSettle{outcome: outcomePublishError}
+			}
+		}
 		_ = msg.TermWithReason(fmt.Sprintf("%s: %v", r.Name, perr))
 		return pendingSettle{outcome: outcomeTerminated}
 	}
@@ -498,7 +531,7 @@ func (r *Runner) apply(msg jetstream.Msg, inv *envelope.Invocation, s settlement
 		o, err := Handoff(inv, s.next)
 		if err != nil {
 			log.Warn("handing on", "next", s.next, "err", err)
-			_ = msg.NakWithDelay(backoff(1))
+			_ = msg.NakWithDelay(backoff(delivered(msg)))
 			return pendingSettle{outcome: outcomePublishError}
 		}
 		outs = append(outs[:len(outs):len(outs)], o)
@@ -509,7 +542,7 @@ func (r *Runner) apply(msg jetstream.Msg, inv *envelope.Invocation, s settlement
 	}
 	fail := func(o stages.Output, err error) string {
 		log.Warn("publishing", "subject", o.Subject, "err", err)
-		_ = msg.NakWithDelay(backoff(1))
+		_ = msg.NakWithDelay(backoff(delivered(msg)))
 		return outcomePublishError
 	}
 	acked := func() string {

@@ -69,7 +69,13 @@ func settle(stage string, final bool, inv *envelope.Invocation, err error, deliv
 	return settlement{act: actForward, next: subjects.Next(stage)}
 }
 
-// backoff is exponential with full jitter: 250ms·2^(n-1), capped at 30s.
+// backoff is the wait before delivery n+1 after a transient failure:
+// exponential, 2s·2^(n-1) capped at 30s, with half of it jittered. Its
+// first four waits add up to 15-30 s, so the default five deliveries ride
+// out a cluster's leader election or a node's restart (which the transient
+// failures of a bus hop mostly are) instead of ending the invocation with
+// E3901 while it lasts.
 func backoff(delivered int) time.Duration {
-	return backoffs.FullJitter(delivered, 250*time.Millisecond, 30*time.Second)
+	d := backoffs.Exponential(delivered, 2*time.Second, 30*time.Second)
+	return d/2 + backoffs.FullJitter(1, d/2, d/2)
 }

@@ -131,6 +131,12 @@ func Streams(o TopologyOptions) []jetstream.StreamConfig {
 // messages (other stages: 1000).
 const ExecuteMaxAckPending = 20000
 
+// AuditMaxDeliver is the audit consumers' delivery limit (at least): audit
+// is the last stage, with nothing after it to end an invocation it gives up
+// on, so it retries a failed ending (the audit or results stream
+// unavailable) for the better part of an hour of backoff, not five tries.
+const AuditMaxDeliver = 100
+
 // ConsumerConfig is the durable pull consumer of one input of stage.
 func ConsumerConfig(stage string, in subjects.Input, o TopologyOptions) jetstream.ConsumerConfig {
 	o.defaults()
@@ -141,10 +147,14 @@ func ConsumerConfig(stage string, in subjects.Input, o TopologyOptions) jetstrea
 		// the next tenant's call.
 		pending = ExecuteMaxAckPending
 	}
+	maxDeliver := o.MaxDeliver
+	if stage == subjects.Audit {
+		maxDeliver = max(maxDeliver, AuditMaxDeliver)
+	}
 	return jetstream.ConsumerConfig{
 		Durable: in.Consumer, Description: "toolgate " + stage + " workers",
 		FilterSubject: in.Filter, AckPolicy: jetstream.AckExplicitPolicy,
-		AckWait: o.AckWait, MaxDeliver: o.MaxDeliver, MaxAckPending: pending,
+		AckWait: o.AckWait, MaxDeliver: maxDeliver, MaxAckPending: pending,
 		Replicas: o.Replicas,
 	}
 }

@@ -87,3 +87,22 @@ func TestFullInvokeStreamRefusesPublisher(t *testing.T) {
 	}
 	t.Logf("%d publishes acknowledged, then: %v", acked, refused)
 }
+
+// TestAuditOutlastsOtherStagesDeliveries: audit ends nothing after it, so
+// its consumers allow at least AuditMaxDeliver deliveries whatever
+// MaxDeliver says; the other stages keep MaxDeliver.
+func TestAuditOutlastsOtherStagesDeliveries(t *testing.T) {
+	o := topology.TopologyOptions{MaxDeliver: 3}
+	for _, stage := range subjects.Stages {
+		for _, in := range subjects.Inputs(stage) {
+			got := topology.ConsumerConfig(stage, in, o).MaxDeliver
+			want := 3
+			if stage == subjects.Audit {
+				want = topology.AuditMaxDeliver
+			}
+			if got != want {
+				t.Errorf("%s: max deliver %d, want %d", in.Consumer, got, want)
+			}
+		}
+	}
+}
