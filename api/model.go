@@ -46,6 +46,16 @@ type Candidate struct {
 	Model  string  `json:"model"`
 	Score  float64 `json:"score,omitempty"`
 	Reason string  `json:"reason,omitempty"` // why it was left out; empty when eligible
+	// Observed is what the cluster recently saw of the model's calls, when
+	// there were enough to route by (toolgate models stats).
+	Observed *ModelObserved `json:"observed,omitempty"`
+}
+
+// ModelObserved is the part of a model's recent statistics routing used.
+type ModelObserved struct {
+	Calls       int64   `json:"calls"`
+	SuccessRate float64 `json:"success_rate"`
+	P50MS       float64 `json:"p50_ms"`
 }
 
 // ModelAttempt is one call to one endpoint.
