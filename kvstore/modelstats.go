@@ -301,7 +301,9 @@ func (s *Store) NewModelStatsRecorder() *ModelStatsRecorder {
 		totals: map[ModelTask]*ModelShard{}, dirty: map[ModelTask]bool{}, pending: map[string][]byte{}}
 }
 
-func (r *ModelStatsRecorder) shard(epoch int64) string { return r.base + "_" + strconv.FormatInt(epoch, 10) }
+func (r *ModelStatsRecorder) shard(epoch int64) string {
+	return r.base + "_" + strconv.FormatInt(epoch, 10)
+}
 
 // rotate starts a new window when the current one has ended, keeping what
 // the ended one has not written yet; the caller holds mu.
