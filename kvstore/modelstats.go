@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"strconv"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/modelrouter"
 	"github.com/toolgate/toolgate/subjects"
 )
@@ -493,4 +495,21 @@ func (v *ModelStatsView) Observer(taskType string) func(model string) (modelrout
 		}
 		return s.Observed(), true
 	}
+}
+
+// Summary is the public form of merged totals.
+func (s ModelShard) Summary(mt ModelTask) api.ModelStats {
+	out := api.ModelStats{Model: mt.Model, TaskType: mt.TaskType, Calls: s.Calls, Successes: s.Successes,
+		InputTokens: s.InputTokens, OutputTokens: s.OutputTokens, Cost: s.Cost, LastCall: s.LastCall}
+	if len(s.Failures) > 0 {
+		out.Failures = maps.Clone(s.Failures)
+	}
+	if s.Calls > 0 {
+		n := float64(s.Calls)
+		out.SuccessRate = s.SuccessRate()
+		out.MeanMS = float64(s.LatencyMS) / n
+		out.AvgCost = s.Cost / n
+		out.P50MS, out.P95MS, out.P99MS = s.Percentile(0.5), s.Percentile(0.95), s.Percentile(0.99)
+	}
+	return out
 }

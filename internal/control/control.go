@@ -27,8 +27,9 @@ import (
 // call; the un-scoped ones are for toolgate's own account (operators). 1.2:
 // tools.list searches, filters and pages; tools.stats; tenant-scoped
 // capability.request and capability.report, budget, approvals.list and
-// approvals.get, which agents may call for their own tenant.
-const Version = "1.2.0"
+// approvals.get, which agents may call for their own tenant. 1.3:
+// models.stats.
+const Version = "1.3.0"
 
 // Start adds the service to nc. Stop it with the returned service's Stop.
 // approvals may be nil: the approval endpoint then is not served.
@@ -61,6 +62,7 @@ func Start(nc *nats.Conn, store *kvstore.Store, reg *tools.Registry, approvals *
 		{"approvals-get", subjects.SvcApprovalsGet, h.getApproval},
 		{"budget", subjects.SvcBudget, h.budget},
 		{"tools-stats", subjects.SvcToolsStats, h.toolStats},
+		{"models-stats", subjects.SvcModelsStats, h.modelStats},
 		{"capability-report", subjects.SvcCapabilityReport, func(req micro.Request) { h.capabilityReport("", req) }},
 	}
 	if approvals != nil {
@@ -124,6 +126,8 @@ type store interface {
 	Approval(ctx context.Context, tenant, id string) (api.Approval, error)
 	Usage(ctx context.Context, tenant, session string) (kvstore.Usage, error)
 	ToolStats(ctx context.Context) (map[string]kvstore.ToolShard, error)
+	ModelStats(ctx context.Context) (map[kvstore.ModelTask]kvstore.ModelShard, error)
+	ModelStatsTTL() time.Duration
 	SaveCapability(ctx context.Context, r api.CapabilityReport) error
 	Capability(ctx context.Context, tenant, id string) (api.CapabilityReport, error)
 }
