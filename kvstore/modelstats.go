@@ -364,10 +364,8 @@ func (r *ModelStatsRecorder) Flush(ctx context.Context) error {
 			r.mu.Lock()
 			if mt, ok := current[key]; ok && epoch == r.epoch {
 				r.dirty[mt] = true // the next flush writes the newer totals
-			} else if _, ok := current[key]; ok {
-				r.pending[key] = val // its window ended meanwhile
 			} else if _, newer := r.pending[key]; !newer {
-				r.pending[key] = val
+				r.pending[key] = val // unless its window ended with newer totals
 			}
 			r.mu.Unlock()
 		}

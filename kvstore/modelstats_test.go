@@ -212,3 +212,33 @@ func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// TestModelStatsFlushRetries: totals a failed flush could not write, of
+// the current window and of one that ended meanwhile, are written by the
+// next flush.
+func TestModelStatsFlushRetries(t *testing.T) {
+	s, _ := open(t)
+	ctx := context.Background()
+	rec := s.NewModelStatsRecorder()
+	now := time.Now()
+	rec.SetClock(func() time.Time { return now })
+	rec.Record("m", "", modelrouter.Outcome{LatencyMS: 5})
+	now = now.Add(s.ModelStatsTTL()) // a new window: the first call's shard waits to be written
+	rec.Record("m", "", modelrouter.Outcome{LatencyMS: 5, Failure: modelrouter.FailAuth})
+	dead, cancel := context.WithCancel(ctx)
+	cancel()
+	if err := rec.Flush(dead); err == nil {
+		t.Fatal("a flush on a cancelled context succeeded")
+	}
+	if all, err := s.ModelStats(ctx); err != nil || len(all) != 0 {
+		t.Fatalf("written by a failed flush: %+v %v", all, err)
+	}
+	if err := rec.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	all, err := s.ModelStats(ctx)
+	got := all[kvstore.ModelTask{Model: "m", TaskType: kvstore.TaskTypeNone}]
+	if err != nil || got.Calls != 2 || got.Successes != 1 || got.Failures[modelrouter.FailAuth] != 1 {
+		t.Fatalf("after the retry: %+v %v", got, err)
+	}
+}
