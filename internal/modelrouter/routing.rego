@@ -20,14 +20,10 @@ score(c) := c.latency_ms if input.policy == "latency-first"
 # Larger tier first, then larger window; the price of 1K in and out breaks ties.
 score(c) := ((0 - c.tier_index) * 1000000000 - c.context_window) + c.price_1k if input.policy == "quality-first"
 
-# A model that fails more than one call in five lately goes after the others.
-demoted(c) := 1 if {
-	c.observed.success_rate < 0.8
-} else := 0
-
-# Among equals, the one that succeeds more often first.
-success(c) := c.observed.success_rate if {
-	c.observed
-} else := 1
-
-order := [x[3] | some x in sort([[demoted(c), score(c), 0 - success(c), c.name] | some c in input.candidates])]
+# A model that fails more than one call in five lately goes after the
+# others; among equals, the one that succeeds more often goes first.
+order := [x[3] | some x in sort([[demoted, score(c), 0 - rate, c.name] |
+	some c in input.candidates
+	rate := object.get(c, ["observed", "success_rate"], 1)
+	demoted := to_number(rate < 0.8)
+])]
