@@ -1,5 +1,7 @@
 package api
 
+import "time"
+
 // ModelUse is what a call of a model tool used and how its model was
 // chosen. The execute stage records it in ExecutionMetadata.Model; the
 // session is charged its tokens and cost when the call ends.
@@ -46,6 +48,16 @@ type Candidate struct {
 	Model  string  `json:"model"`
 	Score  float64 `json:"score,omitempty"`
 	Reason string  `json:"reason,omitempty"` // why it was left out; empty when eligible
+	// Observed is what the cluster recently saw of the model's calls, when
+	// there were enough to route by (toolgate models stats).
+	Observed *ModelObserved `json:"observed,omitempty"`
+}
+
+// ModelObserved is the part of a model's recent statistics routing used.
+type ModelObserved struct {
+	Calls       int64   `json:"calls"`
+	SuccessRate float64 `json:"success_rate"`
+	P50MS       float64 `json:"p50_ms"`
 }
 
 // ModelAttempt is one call to one endpoint.
@@ -98,4 +110,50 @@ type BudgetRequest struct {
 	TenantID string       `json:"tenant_id"`
 	Session  string       `json:"session"`
 	Limits   BudgetLimits `json:"limits,omitzero"`
+}
+
+// ModelStats is what the cluster has recently seen of one model's calls
+// for one task type (seed 000 §2.8, UPDATE_MODEL_STATS): every call to an
+// endpoint of the model, fallback attempts included, merged from each
+// execute process's share of the model statistics bucket.
+type ModelStats struct {
+	Model string `json:"model"`
+	// TaskType is the calls' task type: one the routing rules score,
+	// "other" for one they do not, "none" for calls naming none, "*" for
+	// every task type together (ModelStatsRequest.ByModel).
+	TaskType    string  `json:"task_type"`
+	Calls       int64   `json:"calls"`
+	Successes   int64   `json:"successes"`
+	SuccessRate float64 `json:"success_rate"`
+	// Failures counts failed calls by class: timeout, rate_limited,
+	// server_error, client_error, auth, unreachable, bad_answer, other.
+	Failures map[string]int64 `json:"failures,omitempty"`
+	// Latency in milliseconds: the mean, and percentiles as the upper bound
+	// of the histogram bucket they fall in (buckets about 19% wide).
+	MeanMS       float64 `json:"mean_ms"`
+	P50MS        float64 `json:"p50_ms"`
+	P95MS        float64 `json:"p95_ms"`
+	P99MS        float64 `json:"p99_ms"`
+	InputTokens  int64   `json:"input_tokens"`
+	OutputTokens int64   `json:"output_tokens"`
+	Cost         float64 `json:"cost"`
+	AvgCost      float64 `json:"avg_cost"`
+	// LastCall is when a shard last recorded a call.
+	LastCall time.Time `json:"last_call,omitzero"`
+}
+
+// ModelStatsRequest asks for model statistics, filtered by model and task
+// type when they are set; ByModel merges each model's task types.
+type ModelStatsRequest struct {
+	Model    string `json:"model,omitempty"`
+	TaskType string `json:"task_type,omitempty"`
+	ByModel  bool   `json:"by_model,omitempty"`
+}
+
+// ModelStatsResponse lists model statistics by model, then task type.
+type ModelStatsResponse struct {
+	Models []ModelStats `json:"models"`
+	// WindowSeconds is the bucket's max age: the statistics are those of
+	// calls recorded within it.
+	WindowSeconds int64 `json:"window_seconds"`
 }

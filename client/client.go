@@ -392,6 +392,15 @@ func (c *Client) ToolStats(ctx context.Context, id string) (api.StatsResponse, e
 	return out, err
 }
 
+// ModelStats returns the cluster-wide model statistics: latency, success
+// rate, failures, tokens and cost per model and task type, filtered and
+// grouped as r asks (operators).
+func (c *Client) ModelStats(ctx context.Context, r api.ModelStatsRequest) (api.ModelStatsResponse, error) {
+	var out api.ModelStatsResponse
+	err := c.request(ctx, subjects.SvcModelsStats, r, &out)
+	return out, err
+}
+
 // RequestCapability sends a capability request (seed 003) for tenant and
 // returns the matched tools and, when policy grants one, a child token.
 // Every constraint is sent as given: start from

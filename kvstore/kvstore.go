@@ -41,6 +41,9 @@ type Options struct {
 	IdempotencyTTL time.Duration
 	// CheckpointTTL is how long a checkpoint outlives its last write; default 24 h.
 	CheckpointTTL time.Duration
+	// ModelStatsTTL is how long a model statistics shard counts after its
+	// last write; default DefaultModelStatsTTL.
+	ModelStatsTTL time.Duration
 	// OpTimeout bounds each single-key read or write, whatever the caller's
 	// context allows; default DefaultOpTimeout.
 	OpTimeout time.Duration
@@ -62,8 +65,11 @@ type Store struct {
 	models      jetstream.KeyValue
 	hooks       jetstream.KeyValue
 	toolstats   jetstream.KeyValue
+	modelstats  jetstream.KeyValue
 	capability  jetstream.KeyValue
 	watches     sync.WaitGroup
+
+	modelStatsTTL time.Duration // the model statistics bucket's max age
 
 	usageMu      sync.Mutex
 	usageBatches map[string]*usageBatch // keys whose usage is being written
@@ -87,7 +93,10 @@ func Open(ctx context.Context, js jetstream.JetStream, o Options) (*Store, error
 	if o.OpTimeout <= 0 {
 		o.OpTimeout = DefaultOpTimeout
 	}
-	s := &Store{}
+	if o.ModelStatsTTL <= 0 {
+		o.ModelStatsTTL = DefaultModelStatsTTL
+	}
+	s := &Store{modelStatsTTL: o.ModelStatsTTL}
 	for _, b := range []struct {
 		kv  *jetstream.KeyValue
 		cfg jetstream.KeyValueConfig
@@ -143,6 +152,12 @@ func Open(ctx context.Context, js jetstream.JetStream, o Options) (*Store, error
 		{&s.toolstats, jetstream.KeyValueConfig{
 			Bucket: BucketToolStats, Description: "toolgate tool usage statistics by tool and audit process", History: 1,
 		}},
+		// Each shard has one writer; the max age expires shards nobody
+		// writes any more (ended windows, dead processes).
+		{&s.modelstats, jetstream.KeyValueConfig{
+			Bucket: BucketModelStats, Description: "toolgate model performance statistics by model, task type and execute process",
+			History: 1, TTL: o.ModelStatsTTL,
+		}},
 		{&s.capability, jetstream.KeyValueConfig{
 			Bucket: BucketCapabilities, Description: "toolgate capability requests and what they were granted, by tenant and request",
 			History: 1, TTL: o.InvocationTTL,
@@ -158,6 +173,11 @@ func Open(ctx context.Context, js jetstream.JetStream, o Options) (*Store, error
 			return nil, err
 		}
 		*b.kv = bounded{kv, o.OpTimeout}
+	}
+	// A bucket created earlier keeps its own max age: that is the one
+	// that expires shards.
+	if st, err := s.modelstats.Status(ctx); err == nil && st.TTL() > 0 {
+		s.modelStatsTTL = st.TTL()
 	}
 	return s, nil
 }

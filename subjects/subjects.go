@@ -230,6 +230,9 @@ const (
 	SvcBudget = "tool.svc.budget"
 	// SvcToolsStats takes {"tool_id"} (optional) and answers usage statistics.
 	SvcToolsStats = "tool.svc.tools.stats"
+	// SvcModelsStats takes {"model","task_type","by_model"} (all optional)
+	// and answers the cluster-wide model statistics. Operators only.
+	SvcModelsStats = "tool.svc.models.stats"
 	// SvcCapabilityRequest takes a capability request (seed 003) and
 	// answers the matched tools and, when policy grants one, a child token.
 	// Tenant-scoped only.

@@ -1,19 +1,16 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
-	"net/http"
 	"os"
+	"strconv"
 	"text/tabwriter"
-	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/modelrouter"
-	"github.com/toolgate/toolgate/stages/execute/modeltool"
 )
 
 // modelsCmd manages the model catalogue (docs/models.md).
@@ -103,34 +100,39 @@ func (a *app) modelsCmd() *cobra.Command {
 		},
 	}
 	policy.Flags().BoolVar(&reset, "reset", false, "restore the shipped routing policy")
-	var metrics string
+	var sr api.ModelStatsRequest
 	stats := &cobra.Command{
-		Use: "stats", Short: "Summarise a worker's model metrics: latency, success rate and cost per model", Args: noArgs,
+		Use: "stats", Short: "Show model statistics across the cluster: latency, success rate, failures, tokens and cost per model and task type",
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx, cancel := context.WithTimeout(cmd.Context(), 10*time.Second)
-			defer cancel()
-			req, err := http.NewRequestWithContext(ctx, http.MethodGet, metrics, nil)
+			c, done, err := a.client()
 			if err != nil {
 				return err
 			}
-			resp, err := http.DefaultClient.Do(req)
+			defer done()
+			out, err := c.ModelStats(cmd.Context(), sr)
 			if err != nil {
 				return err
 			}
-			defer resp.Body.Close()
-			if resp.StatusCode != http.StatusOK {
-				return fmt.Errorf("%s answered %s", metrics, resp.Status)
-			}
-			out, err := modeltool.Summarise(resp.Body)
-			if err != nil {
-				return err
-			}
-			return a.printJSON(out)
+			return a.emit(out, func(w io.Writer) error { return modelStatsTable(w, out.Models) })
 		},
 	}
-	stats.Flags().StringVar(&metrics, "metrics", "http://127.0.0.1:9090/metrics", "a worker's metrics URL (serve --metrics-addr)")
+	sf := stats.Flags()
+	sf.StringVar(&sr.Model, "model", "", "only this model")
+	sf.StringVar(&sr.TaskType, "task-type", "", "only this task type (none: calls naming none; other: types the rules do not score)")
+	sf.BoolVar(&sr.ByModel, "by-model", false, "merge each model's task types")
 	cmd.AddCommand(register, list, del, policy, stats)
 	return cmd
+}
+
+func modelStatsTable(w io.Writer, ms []api.ModelStats) error {
+	rows := make([][]string, 0, len(ms))
+	for _, s := range ms {
+		rows = append(rows, []string{s.Model, s.TaskType, strconv.FormatInt(s.Calls, 10), fmt.Sprintf("%.1f%%", 100*s.SuccessRate),
+			fmt.Sprintf("%.0f", s.P50MS), fmt.Sprintf("%.0f", s.P95MS), strconv.FormatInt(s.InputTokens+s.OutputTokens, 10),
+			fmt.Sprintf("%.4g", s.Cost)})
+	}
+	return table(w, []string{"MODEL", "TASK", "CALLS", "SUCCESS", "P50 MS", "P95 MS", "TOKENS", "COST"}, rows)
 }
 
 func modelTable(w io.Writer, ms []modelrouter.Model) error {

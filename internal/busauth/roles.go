@@ -142,6 +142,7 @@ const (
 	bucketCheckpoints  = "toolgate_checkpoints"
 	bucketBreakers     = "toolgate_breakers"
 	bucketToolStats    = "toolgate_toolstats"
+	bucketModelStats   = "toolgate_modelstats"
 	bucketCapabilities = "toolgate_capabilities"
 	bucketHooks        = "toolgate_hooks"
 )
@@ -150,11 +151,13 @@ const (
 // hook decisions (validate, authorize, execute, audit), approvals requested
 // and expired (authorize), budgets and aborted sessions (authorize, audit),
 // rate limits (route), idempotency keys, checkpoints and breakers
-// (execute), tool usage statistics (audit), and the recorded security
-// settings (every authorize and execute process). Hook sets, policies,
-// revocations and models are written by the control service for operators.
+// (execute), tool usage statistics (audit), model statistics (execute),
+// and the recorded security settings (every authorize and execute
+// process). Hook sets, policies, revocations and models are written by the
+// control service for operators.
 var workerBuckets = []string{bucketInvocations, bucketApprovals, bucketBudgets, bucketRateLimits,
-	bucketIdempotency, bucketCheckpoints, bucketBreakers, subjects.BucketSettings, bucketToolStats}
+	bucketIdempotency, bucketCheckpoints, bucketBreakers, subjects.BucketSettings, bucketToolStats,
+	bucketModelStats}
 
 // controlBuckets are the buckets the control service writes: tools
 // (register, delete), approvals (decisions), invocations (cancels),

@@ -118,6 +118,7 @@ func TestGrantFor(t *testing.T) {
 			{true, "$SRV.PING", false},
 			{true, "toolgate.cancel.demo.x", false},
 			{true, "$KV.toolgate_toolstats.echo.w1", true},
+			{true, "$KV.toolgate_modelstats.gpt-small.coding.w1_7", true},
 			{true, "$KV.toolgate_capabilities.k", false},
 			{false, "toolgate.pipe.>", true},
 			{false, "toolgate.cancel.>", true},
@@ -147,6 +148,7 @@ func TestGrantFor(t *testing.T) {
 			{true, "$KV.toolgate_revocations.x", true},
 			{true, "$KV.toolgate_models.m", true},
 			{true, "tool.svc.policy.push", true},
+			{true, "$KV.toolgate_modelstats.m.coding.w1_7", false},
 			{true, "$JS.API.STREAM.DELETE.AUDIT", false},
 			{true, "$JS.API.STREAM.PURGE.KV_toolgate_tools", false},
 			{false, "tool.svc.>", true},
@@ -246,7 +248,7 @@ func TestBucketNames(t *testing.T) {
 		bucketInvocations: kvstore.BucketInvocations, bucketApprovals: kvstore.BucketApprovals, bucketBudgets: kvstore.BucketBudgets,
 		bucketRateLimits: kvstore.BucketRateLimits, bucketIdempotency: kvstore.BucketIdempotency,
 		bucketCheckpoints: kvstore.BucketCheckpoints, bucketBreakers: kvstore.BucketBreakers,
-		bucketToolStats: kvstore.BucketToolStats, bucketCapabilities: kvstore.BucketCapabilities, bucketHooks: kvstore.BucketHooks,
+		bucketToolStats: kvstore.BucketToolStats, bucketModelStats: kvstore.BucketModelStats, bucketCapabilities: kvstore.BucketCapabilities, bucketHooks: kvstore.BucketHooks,
 	} {
 		if mine != theirs {
 			t.Errorf("busauth grants bucket %q, kvstore names it %q", mine, theirs)

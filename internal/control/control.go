@@ -36,7 +36,7 @@ import (
 // delete, tokens.revoke, breakers.list|set and models.register|list|delete|
 // policy, signed with operator credentials and audited; tools.register
 // and tools.delete audited too; the capability grant rule follows policy
-// pushes.
+// pushes; models.stats.
 const Version = "1.3.0"
 
 // Start adds the service to nc. Stop it with the returned service's Stop.
@@ -81,6 +81,7 @@ func Start(nc *nats.Conn, store *kvstore.Store, reg *tools.Registry, approvals *
 		{"approvals-get", subjects.SvcApprovalsGet, h.getApproval},
 		{"budget", subjects.SvcBudget, h.budget},
 		{"tools-stats", subjects.SvcToolsStats, h.toolStats},
+		{"models-stats", subjects.SvcModelsStats, h.modelStats},
 		{"capability-report", subjects.SvcCapabilityReport, func(req micro.Request) { h.capabilityReport("", req) }},
 	}
 	if approvals != nil {
@@ -166,6 +167,8 @@ type store interface {
 	Approval(ctx context.Context, tenant, id string) (api.Approval, error)
 	Usage(ctx context.Context, tenant, session string) (kvstore.Usage, error)
 	ToolStats(ctx context.Context) (map[string]kvstore.ToolShard, error)
+	ModelStats(ctx context.Context) (map[kvstore.ModelTask]kvstore.ModelShard, error)
+	ModelStatsTTL() time.Duration
 	SaveCapability(ctx context.Context, r api.CapabilityReport) error
 	Capability(ctx context.Context, tenant, id string) (api.CapabilityReport, error)
 }

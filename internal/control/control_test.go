@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go/micro"
 	"github.com/toolgate/toolgate/api"
@@ -179,6 +180,10 @@ func (f *fakeStore) Usage(context.Context, string, string) (kvstore.Usage, error
 }
 
 func (f *fakeStore) ToolStats(context.Context) (map[string]kvstore.ToolShard, error) { return nil, nil }
+func (f *fakeStore) ModelStats(context.Context) (map[kvstore.ModelTask]kvstore.ModelShard, error) {
+	return nil, nil
+}
+func (f *fakeStore) ModelStatsTTL() time.Duration { return time.Hour }
 
 func (f *fakeStore) SaveCapability(context.Context, api.CapabilityReport) error { return nil }
 

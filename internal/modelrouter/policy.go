@@ -68,16 +68,26 @@ func (r *RegoRanker) Rank(ctx context.Context, policy string, req *Request, ms [
 		for _, c := range m.Capabilities {
 			caps = append(caps, ast.StringTerm(c))
 		}
-		cands = append(cands, ast.ObjectTerm(
+		items := [][2]*ast.Term{
 			ast.Item(ast.StringTerm("name"), ast.StringTerm(m.Name)),
 			ast.Item(ast.StringTerm("tier"), ast.StringTerm(m.Tier)),
 			ast.Item(ast.StringTerm("tier_index"), ast.IntNumberTerm(tierIndex(m.Tier))),
 			ast.Item(ast.StringTerm("context_window"), ast.IntNumberTerm(m.ContextWindow)),
-			ast.Item(ast.StringTerm("latency_ms"), ast.IntNumberTerm(int(m.LatencyMS))),
+			ast.Item(ast.StringTerm("latency_ms"), ast.IntNumberTerm(int(req.latency(m)))),
+			ast.Item(ast.StringTerm("typical_latency_ms"), ast.IntNumberTerm(int(m.LatencyMS))),
 			ast.Item(ast.StringTerm("est_cost"), ast.FloatNumberTerm(estCost(m, req))),
 			ast.Item(ast.StringTerm("price_1k"), ast.FloatNumberTerm(m.Price.Cost(1000, 1000))),
 			ast.Item(ast.StringTerm("capabilities"), ast.ArrayTerm(caps...)),
-		))
+		}
+		if o, ok := req.observed(m); ok {
+			items = append(items, ast.Item(ast.StringTerm("observed"), ast.ObjectTerm(
+				ast.Item(ast.StringTerm("calls"), ast.IntNumberTerm(int(o.Calls))),
+				ast.Item(ast.StringTerm("success_rate"), ast.FloatNumberTerm(o.SuccessRate)),
+				ast.Item(ast.StringTerm("p50_ms"), ast.FloatNumberTerm(o.P50MS)),
+				ast.Item(ast.StringTerm("p95_ms"), ast.FloatNumberTerm(o.P95MS)),
+			)))
+		}
+		cands = append(cands, ast.ObjectTerm(items...))
 	}
 	input := ast.NewObject(
 		ast.Item(ast.StringTerm("policy"), ast.StringTerm(policy)),

@@ -119,6 +119,12 @@ type Request struct {
 	BudgetConstrained bool
 	// Allowed, when not empty, are the only models the tool may use.
 	Allowed []string
+	// Observe, when set, returns what the cluster has recently seen of a
+	// model's calls (for this task type where there are enough, else for
+	// every task type). With MinObservedCalls calls or more, the observed
+	// median latency replaces the catalogue's latency_ms and the success
+	// rate is handed to the ranking. It must answer from memory.
+	Observe func(model string) (Observed, bool)
 }
 
 // Classify scores a task and returns its complexity class.
@@ -202,7 +208,10 @@ func (r *Rules) Route(ctx context.Context, catalogue map[string]*Model, req Requ
 			return fmt.Sprintf("context window %d < required %d", m.ContextWindow, c.ContextTokens)
 		case slices.ContainsFunc(c.Capabilities, func(s string) bool { return !slices.Contains(m.Capabilities, s) }):
 			return "lacks a required capability"
-		case c.MaxLatencyMS > 0 && m.LatencyMS > c.MaxLatencyMS:
+		case c.MaxLatencyMS > 0 && req.latency(m) > c.MaxLatencyMS:
+			if _, ok := req.observed(m); ok {
+				return fmt.Sprintf("observed median latency %d ms over %d", req.latency(m), c.MaxLatencyMS)
+			}
 			return fmt.Sprintf("typical latency %d ms over %d", m.LatencyMS, c.MaxLatencyMS)
 		case c.MaxCost > 0 && m.Price.Cost(int64(req.InputTokens), int64(out)) > c.MaxCost:
 			return fmt.Sprintf("estimated cost %.6f over %g", m.Price.Cost(int64(req.InputTokens), int64(out)), c.MaxCost)
@@ -302,8 +311,15 @@ func (r *Rules) Route(ctx context.Context, catalogue map[string]*Model, req Requ
 		rt.Chain = append(rt.Chain, m.Name)
 	}
 	for i := range rt.Considered {
-		if m := catalogue[rt.Considered[i].Model]; m != nil && rt.Considered[i].Reason == "" {
+		m := catalogue[rt.Considered[i].Model]
+		if m == nil {
+			continue
+		}
+		if rt.Considered[i].Reason == "" {
 			rt.Considered[i].Score = score(m, policy, req)
+		}
+		if o, ok := req.observed(m); ok {
+			rt.Considered[i].Observed = &api.ModelObserved{Calls: o.Calls, SuccessRate: o.SuccessRate, P50MS: o.P50MS}
 		}
 	}
 	rt.DecisionNS = time.Since(start).Nanoseconds()
@@ -317,7 +333,7 @@ func score(m *Model, policy string, req Request) float64 {
 		// Larger tier first, then larger window; cost breaks ties.
 		return -float64(tierIndex(m.Tier))*1e9 - float64(m.ContextWindow) + m.Price.Cost(1000, 1000)
 	case LatencyFirst:
-		return float64(m.LatencyMS)
+		return float64(req.latency(m))
 	}
 	out := req.MaxOutputTokens
 	if out == 0 || out > m.MaxOutputTokens {
@@ -335,13 +351,30 @@ func (r *Rules) rank(ctx context.Context, ms []*Model, policy string, req *Reque
 	return ms, nil
 }
 
+// rankGo is the shipped Rego policy in Go: reliable models first (see
+// UnreliableBelow), then by the policy's score, then the higher observed
+// success rate, then by name.
 func rankGo(ms []*Model, policy string, req Request) {
 	slices.SortStableFunc(ms, func(a, b *Model) int {
+		ua, ub := req.unreliable(a), req.unreliable(b)
+		if ua != ub {
+			if ub {
+				return -1
+			}
+			return 1
+		}
 		sa, sb := score(a, policy, req), score(b, policy, req)
 		switch {
 		case sa < sb:
 			return -1
 		case sa > sb:
+			return 1
+		}
+		ra, rb := req.successRate(a), req.successRate(b)
+		switch {
+		case ra > rb:
+			return -1
+		case ra < rb:
 			return 1
 		}
 		return strings.Compare(a.Name, b.Name)

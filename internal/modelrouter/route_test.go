@@ -235,3 +235,76 @@ func benchRoute(b *testing.B, withRego bool) {
 	}
 	b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N), "µs/decision")
 }
+
+// TestObservedStatsFlipRouting: what the cluster observed of models' calls
+// changes decisions the catalogue alone would make, with the shipped Rego
+// policy and with the Go ranking that mirrors it; too few calls change
+// nothing.
+func TestObservedStatsFlipRouting(t *testing.T) {
+	rk, err := NewRegoRanker(t.Context(), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	type obs = map[string]Observed
+	cases := []struct {
+		name     string
+		req      Request
+		observed obs
+		chain    string // a prefix of the chain
+	}{
+		{"latency first, catalogue: small-b (800 ms) before small-a (1000 ms)",
+			Request{Tier: "small", Policy: LatencyFirst}, nil, "small-b,small-a"},
+		{"latency first, small-b observed slow: small-a first",
+			Request{Tier: "small", Policy: LatencyFirst},
+			obs{"small-b": {Calls: 50, SuccessRate: 1, P50MS: 2000}, "small-a": {Calls: 50, SuccessRate: 1, P50MS: 900}}, "small-a,small-b"},
+		{"latency first, too few calls observed: the catalogue decides",
+			Request{Tier: "small", Policy: LatencyFirst},
+			obs{"small-b": {Calls: MinObservedCalls - 1, SuccessRate: 1, P50MS: 2000}}, "small-b,small-a"},
+		{"max latency, catalogue: large-a (9000 ms) left out",
+			Request{Tier: "large", Constraints: Constraints{MaxLatencyMS: 7000}}, nil, "large-b"},
+		{"max latency, large-b observed over it and large-a under it: large-a",
+			Request{Tier: "large", Constraints: Constraints{MaxLatencyMS: 7000}},
+			obs{"large-a": {Calls: 30, SuccessRate: 1, P50MS: 5000}, "large-b": {Calls: 30, SuccessRate: 1, P50MS: 8000}}, "large-a"},
+		{"cost first, small-a unreliable: demoted behind small-b",
+			Request{Tier: "small", InputTokens: 100},
+			obs{"small-a": {Calls: 100, SuccessRate: 0.5, P50MS: 100}}, "small-b,small-a"},
+		{"cost first, small-a reliable enough: still first",
+			Request{Tier: "small", InputTokens: 100},
+			obs{"small-a": {Calls: 100, SuccessRate: 0.85, P50MS: 100}}, "small-a,small-b"},
+		{"latency first, equal medians: the higher success rate breaks the tie",
+			Request{Tier: "small", Policy: LatencyFirst},
+			obs{"small-a": {Calls: 40, SuccessRate: 0.99, P50MS: 700}, "small-b": {Calls: 40, SuccessRate: 0.9, P50MS: 700}}, "small-a,small-b"},
+		{"latency first, equal medians and rates: by name",
+			Request{Tier: "small", Policy: LatencyFirst},
+			obs{"small-a": {Calls: 40, SuccessRate: 0.9, P50MS: 700}, "small-b": {Calls: 40, SuccessRate: 0.9, P50MS: 700}}, "small-a,small-b"},
+	}
+	for _, ranker := range []Ranker{nil, rk} {
+		name := "go"
+		if ranker != nil {
+			name = "rego"
+		}
+		rules := DefaultRules()
+		rules.Ranker = ranker
+		for _, c := range cases {
+			t.Run(name+"/"+c.name, func(t *testing.T) {
+				req := c.req
+				if c.observed != nil {
+					req.Observe = func(m string) (Observed, bool) { o, ok := c.observed[m]; return o, ok }
+				}
+				d, err := rules.Route(t.Context(), testCatalogue(t), req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got := strings.Join(d.Routing.Chain, ","); !strings.HasPrefix(got, c.chain) {
+					t.Fatalf("chain %s, want %s…", got, c.chain)
+				}
+				for _, x := range d.Routing.Considered {
+					o, ok := c.observed[x.Model]
+					if used := ok && o.Calls >= MinObservedCalls; used != (x.Observed != nil) {
+						t.Fatalf("candidate %s: observed %+v recorded as %+v", x.Model, o, x.Observed)
+					}
+				}
+			})
+		}
+	}
+}

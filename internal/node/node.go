@@ -257,6 +257,9 @@ type StageConfig struct {
 	MCP mcptool.Config
 	// ModelStats, when set, records model calls (Prometheus).
 	ModelStats *modeltool.Stats
+	// ModelStatsFlush is how often execute writes its share of the
+	// cluster-wide model statistics to KV; default 2 s.
+	ModelStatsFlush time.Duration
 	// Sealer signs authorize's decisions (Run loads the deployment's
 	// hop-sealing key); nil hands calls on unsealed.
 	Sealer *seal.Sealer
@@ -339,8 +342,25 @@ func (n *Node) NewStage(ctx context.Context, name string, c StageConfig) (stages
 		if err := n.Store.WatchModels(ctx, models); err != nil {
 			return nil, err
 		}
+		observed, err := n.Store.WatchModelStats(ctx)
+		if err != nil {
+			return nil, err
+		}
+		// The recorder writes this process's shards in the background; its
+		// last flush runs when the stages stop, after in-flight calls end.
+		rec := n.Store.NewModelStatsRecorder()
+		flushCtx, stopFlush := context.WithCancel(ctx)
+		flushed := make(chan struct{})
+		go func() {
+			defer close(flushed)
+			rec.Run(flushCtx, cmp.Or(c.ModelStatsFlush, 2*time.Second), func(err error) {
+				n.Log.Warn("model statistics not written; retrying", "err", err)
+			})
+		}()
+		n.onStop(func() { stopFlush(); <-flushed })
 		x.Handle("model", modeltool.New(modeltool.Config{Catalogue: models, Secrets: secretSource,
-			Transport: httpKind.Transport(), Breakers: x.Breakers, Stats: c.ModelStats}))
+			Transport: httpKind.Transport(), Breakers: x.Breakers, Stats: c.ModelStats,
+			Recorder: rec, Observer: observed.Observer}))
 		if err := n.Store.WatchBreakers(ctx, x.Breakers.Apply); err != nil {
 			return nil, err
 		}

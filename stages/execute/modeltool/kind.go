@@ -63,8 +63,15 @@ type Config struct {
 	Transport http.RoundTripper
 	// Breakers, when set, guard every endpoint.
 	Breakers *breaker.Breakers
-	// Stats, when set, records latency, outcomes, tokens and cost.
+	// Stats, when set, records latency, outcomes, tokens and cost in
+	// Prometheus.
 	Stats *Stats
+	// Recorder, when set, records the same per call in the cluster-wide
+	// model statistics (KV).
+	Recorder Recorder
+	// Observer, when set, tells routing what the cluster has recently seen
+	// of each model (latency, success rate).
+	Observer Observer
 	// EndpointTimeout bounds one call to one endpoint when the model sets
 	// no timeout_ms; default 60 s. The tool's time limit bounds them all.
 	EndpointTimeout time.Duration
@@ -256,6 +263,9 @@ func (c *call) run(ctx context.Context, raw json.RawMessage) (json.RawMessage, e
 	req := modelrouter.Request{Model: p.Model, Tier: p.Tier, Hint: p.Hint, Task: p.Task, Constraints: p.Constraints,
 		Policy: p.Policy, MaxOutputTokens: p.MaxOutputTokens, Allowed: c.spec.Models,
 		InputTokens: modelrouter.CountMessages(p.System, p.Messages)}
+	if c.kind.cfg.Observer != nil {
+		req.Observe = c.kind.cfg.Observer(c.kind.taskType(p.Task.Type))
+	}
 	rules := c.kind.rules
 	if rk, _ := c.kind.cfg.Catalogue.Ranker(); rk != nil {
 		rules.Ranker = rk
@@ -387,8 +397,12 @@ func (c *call) summarize(ctx context.Context, catalogue map[string]*modelrouter.
 	var summaries []string
 	for _, piece := range pieces {
 		sp := &Params{System: modelrouter.SummaryPrompt, Messages: []modelrouter.Message{{Role: "user", Content: piece}}, MaxOutputTokens: per}
-		d, err := c.kind.rules.Route(ctx, catalogue, modelrouter.Request{Policy: modelrouter.CostFirst, Allowed: c.spec.Models,
-			MaxOutputTokens: per, InputTokens: modelrouter.CountMessages(sp.System, sp.Messages)})
+		sreq := modelrouter.Request{Policy: modelrouter.CostFirst, Allowed: c.spec.Models,
+			MaxOutputTokens: per, InputTokens: modelrouter.CountMessages(sp.System, sp.Messages)}
+		if c.kind.cfg.Observer != nil {
+			sreq.Observe = c.kind.cfg.Observer(TaskTypeNone)
+		}
+		d, err := c.kind.rules.Route(ctx, catalogue, sreq)
 		if err != nil {
 			return nil, false, err
 		}
@@ -579,7 +593,7 @@ func (c *call) tryEndpoint(ctx context.Context, model *modelrouter.Model, ep str
 	}
 	ans.Content = scrub.String(ans.Content)
 	guard.End(ctx, err, took)
-	c.kind.cfg.Stats.observe(model, err, took, ans)
+	c.kind.record(ctx, model, c.kind.taskType(p.Task.Type), err, took, ans)
 	return ans, err
 }
 

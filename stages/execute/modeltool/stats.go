@@ -1,15 +1,9 @@
 package modeltool
 
 import (
-	"fmt"
-	"io"
-	"slices"
-	"strings"
+	"context"
+	"errors"
 	"time"
-
-	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/toolgate/toolgate/api"
@@ -17,8 +11,10 @@ import (
 )
 
 // Stats are the model router's Prometheus series (seed 000 §2.8,
-// UPDATE_MODEL_STATS): per model, calls by outcome (the success rate is
-// calls{outcome="success"} over all), call latency, tokens and cost.
+// UPDATE_MODEL_STATS): per model and task type, calls by outcome (the
+// success rate is calls{outcome="success"} over all), call latency, tokens
+// and cost. They are this process's; the cluster-wide statistics routing
+// uses are in KV (Recorder).
 type Stats struct {
 	calls   *prometheus.CounterVec
 	latency *prometheus.HistogramVec
@@ -32,26 +28,26 @@ func NewStats(reg prometheus.Registerer) *Stats {
 		calls: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "toolgate", Subsystem: "model", Name: "calls_total",
 			Help: "Calls to a model's endpoints, by outcome (success or the E-code).",
-		}, []string{"model", "outcome"}),
+		}, []string{"model", "task_type", "outcome"}),
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: "toolgate", Subsystem: "model", Name: "call_seconds",
 			Help:    "Time of one call to one endpoint of a model.",
 			Buckets: []float64{0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120},
-		}, []string{"model"}),
+		}, []string{"model", "task_type"}),
 		tokens: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "toolgate", Subsystem: "model", Name: "tokens_total",
 			Help: "Tokens used, by direction (input or output).",
-		}, []string{"model", "direction"}),
+		}, []string{"model", "task_type", "direction"}),
 		cost: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "toolgate", Subsystem: "model", Name: "cost_total",
 			Help: "Cost of the tokens used, at the catalogue's prices.",
-		}, []string{"model"}),
+		}, []string{"model", "task_type"}),
 	}
 	reg.MustRegister(s.calls, s.latency, s.tokens, s.cost)
 	return s
 }
 
-func (s *Stats) observe(m *modelrouter.Model, err error, took time.Duration, a modelrouter.Answer) {
+func (s *Stats) observe(m *modelrouter.Model, taskType string, err error, took time.Duration, a modelrouter.Answer) {
 	if s == nil {
 		return
 	}
@@ -59,86 +55,55 @@ func (s *Stats) observe(m *modelrouter.Model, err error, took time.Duration, a m
 	if err != nil {
 		outcome = api.AsError(err).ECode
 	}
-	s.calls.WithLabelValues(m.Name, outcome).Inc()
-	s.latency.WithLabelValues(m.Name).Observe(took.Seconds())
-	s.tokens.WithLabelValues(m.Name, "input").Add(float64(a.InputTokens))
-	s.tokens.WithLabelValues(m.Name, "output").Add(float64(a.OutputTokens))
-	s.cost.WithLabelValues(m.Name).Add(m.Price.Cost(a.InputTokens, a.OutputTokens))
+	s.calls.WithLabelValues(m.Name, taskType, outcome).Inc()
+	s.latency.WithLabelValues(m.Name, taskType).Observe(took.Seconds())
+	s.tokens.WithLabelValues(m.Name, taskType, "input").Add(float64(a.InputTokens))
+	s.tokens.WithLabelValues(m.Name, taskType, "output").Add(float64(a.OutputTokens))
+	s.cost.WithLabelValues(m.Name, taskType).Add(m.Price.Cost(a.InputTokens, a.OutputTokens))
 }
 
-// ModelStats summarises one model's series.
-type ModelStats struct {
-	Model        string  `json:"model"`
-	Calls        float64 `json:"calls"`
-	SuccessRate  float64 `json:"success_rate"`
-	MeanLatency  float64 `json:"mean_latency_seconds"`
-	InputTokens  float64 `json:"input_tokens"`
-	OutputTokens float64 `json:"output_tokens"`
-	Cost         float64 `json:"cost"`
-	// Failures counts failed calls by E-code.
-	Failures map[string]float64 `json:"failures,omitempty"`
+// Recorder keeps the cluster-wide model statistics in KV
+// (*kvstore.ModelStatsRecorder). Record must only add in memory: it is
+// called on the call path.
+type Recorder interface {
+	Record(model, taskType string, o modelrouter.Outcome)
 }
 
-// Summarise reads a worker's metrics in the Prometheus text format and
-// summarises the model series per model, sorted by name.
-func Summarise(r io.Reader) ([]ModelStats, error) {
-	p := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := p.TextToMetricFamilies(r)
-	if err != nil {
-		return nil, fmt.Errorf("reading metrics: %w", err)
+// Observer returns, for a call's task type, what the cluster has recently
+// seen of each model's calls ((*kvstore.ModelStatsView).Observer). It
+// must answer from memory.
+type Observer func(taskType string) func(model string) (modelrouter.Observed, bool)
+
+// TaskTypeNone and TaskTypeOther are the task types statistics use for a
+// call that names none and for one that names a type the routing rules
+// do not score (so callers cannot grow the series without bound).
+const (
+	TaskTypeNone  = "none"
+	TaskTypeOther = "other"
+)
+
+// taskType is the task type a call is counted under.
+func (k *Kind) taskType(t string) string {
+	switch _, known := k.rules.TaskScores[t]; {
+	case t == "":
+		return TaskTypeNone
+	case known:
+		return t
 	}
-	by := map[string]*ModelStats{}
-	get := func(m *dto.Metric) *ModelStats {
-		name := label(m, "model")
-		if by[name] == nil {
-			by[name] = &ModelStats{Model: name}
-		}
-		return by[name]
-	}
-	var success = map[string]float64{}
-	for _, m := range fams["toolgate_model_calls_total"].GetMetric() {
-		s, v := get(m), m.GetCounter().GetValue()
-		s.Calls += v
-		if o := label(m, "outcome"); o == "success" {
-			success[s.Model] += v
-		} else {
-			if s.Failures == nil {
-				s.Failures = map[string]float64{}
-			}
-			s.Failures[o] += v
-		}
-	}
-	for _, m := range fams["toolgate_model_call_seconds"].GetMetric() {
-		if h := m.GetHistogram(); h.GetSampleCount() > 0 {
-			get(m).MeanLatency = h.GetSampleSum() / float64(h.GetSampleCount())
-		}
-	}
-	for _, m := range fams["toolgate_model_tokens_total"].GetMetric() {
-		if label(m, "direction") == "input" {
-			get(m).InputTokens += m.GetCounter().GetValue()
-		} else {
-			get(m).OutputTokens += m.GetCounter().GetValue()
-		}
-	}
-	for _, m := range fams["toolgate_model_cost_total"].GetMetric() {
-		get(m).Cost += m.GetCounter().GetValue()
-	}
-	out := make([]ModelStats, 0, len(by))
-	for _, s := range by {
-		if s.Calls > 0 {
-			s.SuccessRate = success[s.Model] / s.Calls
-		}
-		out = append(out, *s)
-	}
-	slices.SortFunc(out, func(a, b ModelStats) int { return strings.Compare(a.Model, b.Model) })
-	return out, nil
+	return TaskTypeOther
 }
 
-func label(m *dto.Metric, name string) string {
-	for _, l := range m.GetLabel() {
-		if l.GetName() == name {
-			return l.GetValue()
-		}
+// record counts one call to one endpoint, in Prometheus and in KV. The
+// execute stage records, not audit: it sees every call to every endpoint,
+// those of fallback attempts, of retries and of summaries included, with
+// each one's own latency, tokens and outcome, as it ends, while audit sees
+// one summary per invocation. A call the invocation's cancellation cut
+// short says nothing about the model and is not counted in KV.
+func (k *Kind) record(ctx context.Context, m *modelrouter.Model, taskType string, err error, took time.Duration, a modelrouter.Answer) {
+	k.cfg.Stats.observe(m, taskType, err, took, a)
+	if k.cfg.Recorder == nil || errors.Is(ctx.Err(), context.Canceled) {
+		return
 	}
-	return ""
+	k.cfg.Recorder.Record(m.Name, taskType, modelrouter.Outcome{Failure: modelrouter.FailureClass(err), LatencyMS: took.Milliseconds(),
+		InputTokens: a.InputTokens, OutputTokens: a.OutputTokens, Cost: m.Price.Cost(a.InputTokens, a.OutputTokens)})
 }

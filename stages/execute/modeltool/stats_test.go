@@ -1,42 +1,85 @@
 package modeltool
 
 import (
-	"bytes"
+	"fmt"
+	"strings"
+	"sync"
 	"testing"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/common/expfmt"
-	"github.com/toolgate/toolgate/api"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/toolgate/toolgate/internal/modelrouter"
+	"github.com/toolgate/toolgate/internal/modelrouter/modeltest"
 )
 
-// TestStatsSummary: what a worker exports is what models stats reports.
-func TestStatsSummary(t *testing.T) {
+// recorded is a Recorder that keeps what it is given.
+type recorded struct {
+	mu  sync.Mutex
+	got []string // model/task type/failure class
+	out []modelrouter.Outcome
+}
+
+func (r *recorded) Record(model, taskType string, o modelrouter.Outcome) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.got = append(r.got, model+"/"+taskType+"/"+o.Failure)
+	r.out = append(r.out, o)
+}
+
+// TestCallsAreRecorded: every call to every endpoint, fallback attempts
+// included, is recorded once with its model, task type (unknown types
+// folded into "other"), failure class, tokens and cost, in KV's recorder
+// and in the Prometheus series; and what is observed reaches routing.
+func TestCallsAreRecorded(t *testing.T) {
+	ok := modeltest.New(t, modelrouter.OpenAI)
+	failing := modeltest.New(t, modelrouter.OpenAI)
+	failing.Set(modeltest.Fail500)
+	limited := modeltest.New(t, modelrouter.OpenAI)
+	limited.Set(modeltest.Limited)
+	k := newKind(
+		entry(t, fmt.Sprintf(`{"name":"cheap","api":"openai","endpoints":[%q,%q],"tier":"small","context_window":4000,
+		  "price":{"input_per_1k":0.1,"output_per_1k":0.1},"fallback":["good"]}`, failing.Base(), limited.Base())),
+		entry(t, fmt.Sprintf(`{"name":"good","api":"openai","endpoints":[%q],"tier":"small","context_window":4000,
+		  "price":{"input_per_1k":1,"output_per_1k":2}}`, ok.Base())))
+	rec := &recorded{}
 	reg := prometheus.NewRegistry()
-	s := NewStats(reg)
-	m := &modelrouter.Model{Name: "m", Price: modelrouter.Price{InputPer1K: 1, OutputPer1K: 2}}
-	s.observe(m, nil, 2*time.Second, modelrouter.Answer{InputTokens: 1000, OutputTokens: 500})
-	s.observe(m, nil, 4*time.Second, modelrouter.Answer{InputTokens: 1000, OutputTokens: 500})
-	s.observe(m, api.NewError(api.RateLimitExceeded, api.ERateLimited, "429"), 0, modelrouter.Answer{})
-	fams, err := reg.Gather()
-	if err != nil {
+	k.cfg.Stats, k.cfg.Recorder = NewStats(reg), rec
+	inv := invocation([]string{"127.0.0.1"})
+	if _, _, err := run(t, k, inv, t.Context(), `{"prompt":"hi","task":{"type":"coding"}}`); err != nil {
 		t.Fatal(err)
 	}
-	var buf bytes.Buffer
-	enc := expfmt.NewEncoder(&buf, expfmt.NewFormat(expfmt.TypeTextPlain))
-	for _, f := range fams {
-		if err := enc.Encode(f); err != nil {
-			t.Fatal(err)
+	if _, _, err := run(t, k, inv, t.Context(), `{"prompt":"hi","task":{"type":"made-up"}}`); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]int{"cheap/coding/server_error": 1, "cheap/coding/rate_limited": 1, "good/coding/": 1,
+		"cheap/other/server_error": 1, "cheap/other/rate_limited": 1, "good/other/": 1}
+	got := map[string]int{}
+	for _, g := range rec.got {
+		got[g]++
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("recorded %v, want %v", got, want)
+	}
+	for i, g := range rec.got {
+		if o := rec.out[i]; strings.HasPrefix(g, "good/") && (o.InputTokens != 12 || o.OutputTokens != 4 || o.Cost != 0.012+0.008) {
+			t.Fatalf("%s: %+v", g, o)
 		}
 	}
-	out, err := Summarise(&buf)
-	if err != nil || len(out) != 1 {
-		t.Fatalf("%+v %v", out, err)
+	if n := testutil.ToFloat64(k.cfg.Stats.calls.WithLabelValues("good", "coding", "success")); n != 1 {
+		t.Fatalf("prometheus: %v successful coding calls of good", n)
 	}
-	got := out[0]
-	if got.Calls != 3 || got.SuccessRate != 2.0/3 || got.MeanLatency != 2 || got.InputTokens != 2000 ||
-		got.OutputTokens != 1000 || got.Cost != 4 || got.Failures[api.ERateLimited] != 1 {
-		t.Fatalf("%+v", got)
+	// Observed: cheap fails every call. The chain starts with good.
+	k.cfg.Observer = func(string) func(string) (modelrouter.Observed, bool) {
+		return func(m string) (modelrouter.Observed, bool) {
+			if m == "cheap" {
+				return modelrouter.Observed{Calls: 50, SuccessRate: 0, P50MS: 20}, true
+			}
+			return modelrouter.Observed{}, false
+		}
+	}
+	before := failing.Calls() + limited.Calls()
+	_, use, err := run(t, k, inv, t.Context(), `{"prompt":"hi","tier":"small"}`)
+	if err != nil || use.Routing.Chosen != "good" || failing.Calls()+limited.Calls() != before {
+		t.Fatalf("routing with observed statistics: %+v %v", use.Routing, err)
 	}
 }
