@@ -3,9 +3,9 @@
 #
 # Engine: docker when its daemon answers, else buildah, else podman
 # (IMAGE_ENGINE overrides). buildah and podman build with chroot isolation
-# (BUILDAH_ISOLATION) and, unless containers' storage already holds overlay
-# images or STORAGE_DRIVER says otherwise, vfs storage: both work rootless
-# and inside containers, where overlay mounts and runtimes often do not.
+# (BUILDAH_ISOLATION) and vfs storage (IMAGE_STORAGE_DRIVER): both work
+# rootless and inside containers, where overlay mounts and runtimes often
+# do not.
 #
 # Bases (IMAGE_BASES): the Dockerfile's defaults (golang:<v>-bookworm,
 # debian:bookworm-slim) when present or pullable ("auto", the default, or
@@ -17,6 +17,9 @@
 # The module download inside the build goes through GOPROXY and trusts the
 # host's local certificate authorities (IMAGE_CA_CERTS).
 # IMAGE_REBUILD_BASES=1 makes the local bases again.
+#
+# `build.sh export DIR` writes the built $IMAGE as an OCI image layout
+# (tag "latest") with the same engine and storage, for deploy/image_test.go.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -58,38 +61,49 @@ if [ -z "$ENGINE" ]; then
 fi
 case $ENGINE in docker | buildah | podman) ;; *) die "IMAGE_ENGINE=$ENGINE: want docker, buildah or podman" ;; esac
 
+# buildah and podman: the storage driver (IMAGE_STORAGE_DRIVER, vfs unless
+# set; empty: the engine's configured one) and chroot isolation.
+run=("$ENGINE")
 if [ "$ENGINE" != docker ]; then
   export BUILDAH_ISOLATION=${BUILDAH_ISOLATION:-chroot}
-  if [ -z "${STORAGE_DRIVER:-}" ]; then
-    if [ "$(id -u)" = 0 ]; then graphroot=/var/lib/containers/storage; else graphroot=${XDG_DATA_HOME:-$HOME/.local/share}/containers/storage; fi
-    # An existing overlay store keeps its driver (c/storage refuses a
-    # different one).
-    [ -d "$graphroot/overlay-images" ] || export STORAGE_DRIVER=vfs
-  fi
+  driver=${IMAGE_STORAGE_DRIVER-vfs}
+  [ -z "$driver" ] || run+=(--storage-driver "$driver")
 fi
 
 have() {
   case $ENGINE in
   docker) docker image inspect "$1" >/dev/null 2>&1 ;;
-  buildah) buildah inspect --type image "$1" >/dev/null 2>&1 ;;
-  podman) podman image exists "$1" ;;
+  buildah) "${run[@]}" inspect --type image "$1" >/dev/null 2>&1 ;;
+  podman) "${run[@]}" image exists "$1" ;;
   esac
 }
 
 pull() {
   say "pulling $1"
   if command -v timeout >/dev/null 2>&1; then
-    timeout "$PULL_TIMEOUT" "$ENGINE" pull "$1" >&2
+    timeout "$PULL_TIMEOUT" "${run[@]}" pull "$1" >&2
   else
-    "$ENGINE" pull "$1" >&2
+    "${run[@]}" pull "$1" >&2
   fi
 }
+
+if [ "${1:-}" = export ]; then
+  [ -n "${2:-}" ] || die "usage: build.sh export DIR"
+  case $ENGINE in
+  docker)
+    command -v skopeo >/dev/null 2>&1 || die "exporting from docker needs skopeo"
+    skopeo copy "docker-daemon:$IMAGE" "oci:$2:latest" >&2
+    ;;
+  *) "${run[@]}" push "$IMAGE" "oci:$2:latest" >&2 ;;
+  esac
+  exit 0
+fi
 
 build() {
   local a shown=()
   for a in "$@"; do case $a in EXTRA_CA_CERTS=?*) shown+=("EXTRA_CA_CERTS=(PEM)") ;; *) shown+=("$a") ;; esac; done
-  say "$ENGINE build ${shown[*]}"
-  "$ENGINE" build "$@" >&2
+  say "${run[*]} build ${shown[*]}"
+  "${run[@]}" build "$@" >&2
 }
 
 # local_debian makes $LOCAL_DEBIAN from Debian's mirror: minbase (what
