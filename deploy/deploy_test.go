@@ -193,7 +193,8 @@ func TestDockerfile(t *testing.T) {
 	}
 }
 
-// TestImageName: the Kubernetes manifests run the image `make image` tags.
+// TestImageName: the Kubernetes manifests run the image `make image` tags,
+// pulled only when the node does not have it.
 func TestImageName(t *testing.T) {
 	b, err := os.ReadFile("../Makefile")
 	if err != nil {
@@ -218,6 +219,11 @@ func TestImageName(t *testing.T) {
 			n++
 			if c.Image != image {
 				t.Errorf("%s/%s runs %q, make image tags %q", dep.Name, c.Name, c.Image, image)
+			}
+			// A :latest image loaded into the nodes (kind load) is used,
+			// not pulled from a registry that never had it.
+			if c.ImagePullPolicy != corev1.PullIfNotPresent {
+				t.Errorf("%s/%s: imagePullPolicy %q, want IfNotPresent", dep.Name, c.Name, c.ImagePullPolicy)
 			}
 		}
 	}
