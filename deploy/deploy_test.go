@@ -163,17 +163,71 @@ func TestNATSValues(t *testing.T) {
 	}
 }
 
-// TestDockerfile: multi-stage, a slim Debian runtime with bubblewrap and
-// util-linux, and a non-root user.
+// TestDockerfile: multi-stage, the bases build arguments defaulting to the
+// public images (the Go one at go.mod's Go release), a slim Debian runtime
+// with bubblewrap and util-linux, and a numeric non-root user.
 func TestDockerfile(t *testing.T) {
 	b, err := os.ReadFile("Dockerfile")
 	if err != nil {
 		t.Fatal(err)
 	}
 	s := string(b)
-	for _, want := range []string{"FROM golang:", " AS build", "FROM debian:bookworm-slim", "bubblewrap", "util-linux", "COPY --from=build", "USER 10001"} {
+	mod, err := os.ReadFile("../go.mod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var goVersion string
+	for _, l := range strings.Split(string(mod), "\n") {
+		if v, ok := strings.CutPrefix(l, "go "); ok {
+			goVersion = strings.Join(strings.Split(v, ".")[:2], ".")
+		}
+	}
+	for _, want := range []string{
+		"ARG GO_IMAGE=golang:" + goVersion + "-bookworm\n", "ARG BASE_IMAGE=debian:bookworm-slim\n",
+		"FROM ${GO_IMAGE} AS build\n", "FROM ${BASE_IMAGE}\n",
+		"ARG GOPROXY\n", "bubblewrap", "util-linux", "COPY --from=build", "USER 10001:10001\n",
+	} {
 		if !strings.Contains(s, want) {
 			t.Errorf("Dockerfile lacks %q", want)
 		}
+	}
+}
+
+// TestImageName: the Kubernetes manifests run the image `make image` tags,
+// pulled only when the node does not have it.
+func TestImageName(t *testing.T) {
+	b, err := os.ReadFile("../Makefile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var image string
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "IMAGE ?= "); ok {
+			image = strings.TrimSpace(v)
+		}
+	}
+	if image == "" {
+		t.Fatal("no IMAGE ?= in the Makefile")
+	}
+	n := 0
+	for _, d := range documents(t, "kubernetes/toolgate.yaml") {
+		var dep appsv1.Deployment
+		if err := yaml.Unmarshal([]byte(d), &dep); err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range dep.Spec.Template.Spec.Containers {
+			n++
+			if c.Image != image {
+				t.Errorf("%s/%s runs %q, make image tags %q", dep.Name, c.Name, c.Image, image)
+			}
+			// A :latest image loaded into the nodes (kind load) is used,
+			// not pulled from a registry that never had it.
+			if c.ImagePullPolicy != corev1.PullIfNotPresent {
+				t.Errorf("%s/%s: imagePullPolicy %q, want IfNotPresent", dep.Name, c.Name, c.ImagePullPolicy)
+			}
+		}
+	}
+	if n == 0 {
+		t.Fatal("no containers in the manifests")
 	}
 }
