@@ -65,8 +65,9 @@ func TestControlService(t *testing.T) {
 		t.Fatal("status of an unknown invocation succeeded")
 	}
 	// `nats micro ls` finds the service through the standard discovery subject:
-	// twelve un-scoped endpoints, nine tenant-scoped ones (control API 1.2)
-	// and twelve administrative ones (1.3).
+	// thirteen un-scoped endpoints (models.stats since 1.3), nine
+	// tenant-scoped ones (control API 1.2) and twelve administrative ones
+	// (1.3).
 	msg, err := e.nc.RequestWithContext(ctx, "$SRV.INFO."+subjects.ServiceName, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -77,7 +78,7 @@ func TestControlService(t *testing.T) {
 			Subject string `json:"subject"`
 		} `json:"endpoints"`
 	}
-	if err := json.Unmarshal(msg.Data, &info); err != nil || info.Name != subjects.ServiceName || len(info.Endpoints) != 21+len(subjects.AdminServices) {
+	if err := json.Unmarshal(msg.Data, &info); err != nil || info.Name != subjects.ServiceName || len(info.Endpoints) != 22+len(subjects.AdminServices) {
 		t.Fatalf("service info %s, %v", msg.Data, err)
 	}
 }
