@@ -24,7 +24,8 @@ type stageProcs struct {
 // startStageProcs starts one `toolgate stage NAME` process of bin per entry
 // of stages against url, with workers workers each, verifying capability
 // tokens with cred's key, and waits until every one reports ready. Stop
-// them with stop.
+// them with stop. They keep the defaults the bench's own stages run with
+// (sandbox, file root), so the cluster's recorded security settings agree.
 func startStageProcs(ctx context.Context, bin, url, dir string, stages []string, workers int, cred credentials) (*stageProcs, error) {
 	jwks, err := cred.key.PublicJWKS()
 	if err != nil {
@@ -43,7 +44,7 @@ func startStageProcs(ctx context.Context, bin, url, dir string, stages []string,
 		}
 		cmd := exec.Command(bin, "stage", st, "--nats", url, "--workers", fmt.Sprint(workers),
 			"--jwks", keys, "--token-issuer", benchIssuer, "--token-audience", benchAudience,
-			"--sandbox", "none", "--metrics-addr", addr, "--log-level", "error")
+			"--metrics-addr", addr, "--log-level", "error")
 		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 		if err := cmd.Start(); err != nil {
 			p.stop()

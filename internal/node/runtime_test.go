@@ -19,6 +19,7 @@ import (
 	"github.com/toolgate/toolgate/internal/busauth"
 	"github.com/toolgate/toolgate/internal/node"
 	"github.com/toolgate/toolgate/internal/sandbox"
+	"github.com/toolgate/toolgate/internal/token"
 	"github.com/toolgate/toolgate/internal/topology"
 	"github.com/toolgate/toolgate/kvstore"
 	"github.com/toolgate/toolgate/stages/execute/builtin"
@@ -366,6 +367,34 @@ func TestSecuritySettingsAgree(t *testing.T) {
 	}
 	if err := start(good); err != nil {
 		t.Fatalf("a worker with the same settings: %v", err)
+	}
+	// The same keys from a JWKS file (toolgate stage --jwks) agree with the
+	// keys held in memory; another key set does not.
+	jwks := func(k *token.SigningKey) string {
+		b, err := k.PublicJWKS()
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := filepath.Join(t.TempDir(), "jwks.json")
+		if err := os.WriteFile(p, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	fromFile := good
+	fromFile.Stage.Tokens, fromFile.JWKSPath = nil, jwks(testKey())
+	fromFile.TokenIssuer, fromFile.TokenAudience = testIssuer, testAudience
+	if err := start(fromFile); err != nil {
+		t.Fatalf("the same keys from a JWKS file: %v", err)
+	}
+	other, err := token.GenerateSigningKey(token.AlgEdDSA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fromFile.JWKSPath = jwks(other)
+	var te *api.Error
+	if err := start(fromFile); !errors.As(err, &te) || te.Details["setting"] != "key set" {
+		t.Fatalf("another key set from a file: got %v, want E3951 naming the key set", err)
 	}
 	// A worker running validate only has no security setting to disagree on.
 	if err := start(node.Config{NATSURL: e.url, Stages: []string{subjects.Validate}}); err != nil {

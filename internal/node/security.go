@@ -2,17 +2,15 @@ package node
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
-	"github.com/toolgate/toolgate/api"
-	"github.com/toolgate/toolgate/internal/sandbox"
-	"github.com/toolgate/toolgate/subjects"
 	"log/slog"
 	"maps"
-	"os"
 	"slices"
 	"strconv"
-	"strings"
+
+	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/sandbox"
+	"github.com/toolgate/toolgate/internal/token"
+	"github.com/toolgate/toolgate/subjects"
 )
 
 // securitySettings are the settings that decide what a call may do, by the
@@ -25,15 +23,13 @@ func securitySettings(c *Config) (map[string]map[string]string, error) {
 		keys := "none"
 		switch {
 		case c.JWKSPath != "":
-			b, err := os.ReadFile(c.JWKSPath)
+			ks, err := token.LoadKeySet(c.JWKSPath)
 			if err != nil {
 				return nil, err
 			}
-			keys = fingerprint(string(b))
+			keys = ks.Fingerprint()
 		case c.Stage.Tokens != nil && c.Stage.Tokens.Keys != nil && c.Stage.Tokens.Keys.KeySet() != nil:
-			kids := c.Stage.Tokens.Keys.KeySet().Kids()
-			slices.Sort(kids)
-			keys = fingerprint(strings.Join(kids, "\n"))
+			keys = c.Stage.Tokens.Keys.KeySet().Fingerprint()
 		}
 		iss, aud := "", ""
 		if c.Stage.Tokens != nil {
@@ -54,11 +50,6 @@ func securitySettings(c *Config) (map[string]map[string]string, error) {
 			"http private networks": strconv.FormatBool(c.Stage.HTTPAllowPrivateNetworks)}
 	}
 	return out, nil
-}
-
-func fingerprint(s string) string {
-	sum := sha256.Sum256([]byte(s))
-	return "sha256:" + hex.EncodeToString(sum[:8])
 }
 
 // checkSecurity records this worker's security settings on the cluster's

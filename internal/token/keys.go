@@ -6,11 +6,15 @@ import (
 	"crypto/ed25519"
 	"crypto/rand"
 	"crypto/rsa"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -124,6 +128,24 @@ func (ks *KeySet) Kids() []string {
 		out = append(out, k)
 	}
 	return out
+}
+
+// Fingerprint identifies the key set by its keys, not by how it was
+// written: the same keys loaded from a JWKS file or held in memory have
+// the same fingerprint. It covers every key's id, algorithm and RFC 7638
+// thumbprint.
+func (ks *KeySet) Fingerprint() string {
+	lines := make([]string, 0, len(ks.keys))
+	for kid, vk := range ks.keys {
+		tp, err := (&jose.JSONWebKey{Key: vk.key}).Thumbprint(crypto.SHA256)
+		if err != nil {
+			tp = nil // a key jose cannot thumbprint was refused at parse time
+		}
+		lines = append(lines, kid+" "+vk.alg+" "+hex.EncodeToString(tp))
+	}
+	slices.Sort(lines)
+	sum := sha256.Sum256([]byte(strings.Join(lines, "\n")))
+	return "sha256:" + hex.EncodeToString(sum[:8])
 }
 
 // KeySource gives the current key set; the file behind it may change.
