@@ -85,7 +85,9 @@ type Report struct {
 	// Front is the MCP front end's cost over a direct tool.invoke.
 	Front   []Cost
 	Scaling []Scale
-	Goals   *Goals
+	// Sync is the publish rate with and without an fsync per write.
+	Sync  []SyncCost
+	Goals *Goals
 }
 
 // Run starts an embedded server with file storage, measures a no-op builtin
@@ -140,6 +142,9 @@ func Run(ctx context.Context, o Options) (Report, error) {
 	}
 	if rep.Scaling, err = measureScaling(ctx, url, o, cred); err != nil {
 		return rep, fmt.Errorf("scaling: %w", err)
+	}
+	if rep.Sync, err = measureSync(ctx, o.Dir); err != nil {
+		return rep, fmt.Errorf("store sync: %w", err)
 	}
 	rep.Detectors = measureDetectors()
 	if rep.Sandbox, err = measureSandbox(ctx); err != nil {
@@ -444,6 +449,7 @@ func (r Report) Print(w io.Writer) {
 	if len(r.Scaling) > 0 {
 		printScaling(w, r.Scaling)
 	}
+	printSync(w, r.Sync)
 	if len(r.Detectors) > 0 {
 		printDetectors(w, r.Detectors)
 	}

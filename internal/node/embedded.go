@@ -24,6 +24,9 @@ type EmbeddedOptions struct {
 	MaxPayload int32
 	// Logging turns on the server's own log on stderr.
 	Logging bool
+	// SyncAlways makes the store fsync every write before acknowledging
+	// it (nats-server's sync_interval: always).
+	SyncAlways bool
 }
 
 // StartEmbedded starts a NATS server with JetStream in this process and waits
@@ -48,6 +51,7 @@ func StartEmbedded(o EmbeddedOptions) (*server.Server, error) {
 		JetStream:  true,
 		StoreDir:   o.DataDir,
 		MaxPayload: o.MaxPayload,
+		SyncAlways: o.SyncAlways,
 		NoSigs:     true,
 		NoLog:      !o.Logging,
 	})
