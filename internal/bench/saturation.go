@@ -43,6 +43,7 @@ func (t *target) latencyAt(ctx context.Context, name string, rate int, d time.Du
 	prefix := fmt.Sprintf("%s-%d-", name, time.Now().UnixNano())
 	n := int(float64(rate)*d.Seconds()) + warmup
 	col := newCollector(n)
+	col.prefix = prefix
 	t.cur.Store(col)
 	defer t.cur.Store(nil)
 	publish := func(i int) (string, error) {
@@ -60,6 +61,7 @@ func (t *target) latencyAt(ctx context.Context, name string, rate int, d time.Du
 func (t *target) saturate(ctx context.Context, name string, n, conc int) (Result, error) {
 	prefix := fmt.Sprintf("%s-sat-%d-", name, time.Now().UnixNano())
 	col := newCollector(n)
+	col.prefix = prefix
 	t.cur.Store(col)
 	defer t.cur.Store(nil)
 	due := make([]time.Time, n)
