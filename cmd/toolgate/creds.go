@@ -32,7 +32,7 @@ func (a *app) credsIssueCmd() *cobra.Command {
 		Long: `Write a .creds file (and its .jwt and .nk halves) for a named operator, control
 service or worker, signed with the credential signer in <data>/busauth (the
 deployment's keys: run it where serve wrote them). Nothing is sent to the
-bus: the callout admits the file because its signer is the deployment's.
+bus: it is admitted because its signer is the deployment's.
 An approval decided with it records operator:<name>. Roles and the rights
 each command needs: docs/security.md.`,
 		Example: `  toolgate creds issue --name alice --role operator --ttl 720h --out alice.creds

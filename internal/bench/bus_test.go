@@ -33,7 +33,7 @@ func TestMeasureBus(t *testing.T) {
 		t.Fatalf("%d series, want 3", len(costs))
 	}
 	for _, c := range costs {
-		if len(c.Open.Samples) == 0 || len(c.Authn.Samples) == 0 {
+		if len(c.Open.Samples) == 0 || len(c.InProcess.Samples) == 0 || len(c.Authn.Samples) == 0 {
 			t.Errorf("%s: no samples", c.Name)
 		}
 	}

@@ -85,26 +85,28 @@ const (
 	testAudience = "toolgate"
 )
 
-// startBus runs an embedded server with the callout on a random port and a
-// temporary store, and creates toolgate's streams as the operator.
-func startBus(t *testing.T) *bus {
+// forEachAuth runs test against both ways the bus authenticates: the auth
+// callout (external servers, clusters) and in-process (the embedded
+// server). One mapping serves both, so every table holds for each.
+func forEachAuth(t *testing.T, test func(*testing.T, *bus)) {
+	for _, inProcess := range []bool{false, true} {
+		name := "callout"
+		if inProcess {
+			name = "in-process"
+		}
+		t.Run(name, func(t *testing.T) { test(t, startBus(t, inProcess)) })
+	}
+}
+
+// startBus runs an embedded server on a random port and a temporary store,
+// its clients authenticated by the callout or in-process, and creates
+// toolgate's streams as the operator.
+func startBus(t *testing.T, inProcess bool) *bus {
 	t.Helper()
 	b := &bus{dir: t.TempDir(), audit: &recAuditor{}, rev: new(token.Revocations)}
 	var err error
 	if b.keys, err = WriteCredentials(b.dir); err != nil {
 		t.Fatal(err)
-	}
-	opts, err := EmbeddedOptions(b.keys, ServerSettings{Name: "test", Port: -1, StoreDir: filepath.Join(b.dir, "js")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if b.srv, err = server.NewServer(opts); err != nil {
-		t.Fatal(err)
-	}
-	b.srv.Start()
-	t.Cleanup(b.srv.Shutdown)
-	if !b.srv.ReadyForConnections(5 * time.Second) {
-		t.Fatal("server not ready")
 	}
 	if b.signer, err = token.GenerateSigningKey(token.AlgEdDSA); err != nil {
 		t.Fatal(err)
@@ -114,23 +116,47 @@ func startBus(t *testing.T) *bus {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sys := b.connect(t, b.keys.SystemConnectOption())
-	b.callout, err = NewCallout(CalloutConfig{
+	cfg := CalloutConfig{
 		Keys:     b.keys,
 		Verifier: tokenAdapter{v: &token.Verifier{Keys: token.StaticKeys{Set: ks}, Issuer: testIssuer, Audience: testAudience}, rev: b.rev},
 		Auditor:  b.audit,
-		Kicker:   SystemKicker{NC: sys},
 		Tenants:  func(t string) bool { return t == "demo" || t == "other" },
-	})
+	}
+	st := ServerSettings{Name: "test", Port: -1, StoreDir: filepath.Join(b.dir, "js")}
+	if inProcess {
+		if st.InProcess, err = NewInProcess(cfg); err != nil {
+			t.Fatal(err)
+		}
+		b.callout = st.InProcess.Callout()
+	}
+	opts, err := EmbeddedOptions(b.keys, st)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cnc := b.connect(t, b.keys.CalloutConnectOption())
-	if _, err := b.callout.Start(cnc); err != nil {
+	if b.srv, err = server.NewServer(opts); err != nil {
 		t.Fatal(err)
 	}
-	if err := cnc.Flush(); err != nil {
-		t.Fatal(err)
+	if inProcess {
+		st.InProcess.Bind(b.srv)
+	}
+	b.srv.Start()
+	t.Cleanup(b.srv.Shutdown)
+	if !b.srv.ReadyForConnections(5 * time.Second) {
+		t.Fatal("server not ready")
+	}
+	if !inProcess {
+		sys := b.connect(t, b.keys.SystemConnectOption())
+		cfg.Kicker = SystemKicker{NC: sys}
+		if b.callout, err = NewCallout(cfg); err != nil {
+			t.Fatal(err)
+		}
+		cnc := b.connect(t, b.keys.CalloutConnectOption())
+		if _, err := b.callout.Start(cnc); err != nil {
+			t.Fatal(err)
+		}
+		if err := cnc.Flush(); err != nil {
+			t.Fatal(err)
+		}
 	}
 
 	op := b.connect(t, CredentialsOption(filepath.Join(b.dir, DirName, OperatorCredsFile)))
@@ -213,8 +239,9 @@ func denied(t *testing.T, nc *nats.Conn, subject string) bool {
 	return errors.Is(err, nats.ErrPermissionViolation) && strings.Contains(err.Error(), subject)
 }
 
-func TestBusRoles(t *testing.T) {
-	b := startBus(t)
+func TestBusRoles(t *testing.T) { forEachAuth(t, testBusRoles) }
+
+func testBusRoles(t *testing.T, b *bus) {
 	type op struct {
 		sub     bool
 		subject string
@@ -316,8 +343,9 @@ func TestBusRoles(t *testing.T) {
 // JetStream publish with its ack across accounts, a late read of its
 // result, live audit of its own tenant only, and control requests that
 // reach the worker with a private reply subject and the caller's identity.
-func TestAgentUsesTheBus(t *testing.T) {
-	b := startBus(t)
+func TestAgentUsesTheBus(t *testing.T) { forEachAuth(t, testAgentUsesTheBus) }
+
+func testAgentUsesTheBus(t *testing.T, b *bus) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	agent, claims := b.agent(t, "demo")
@@ -405,8 +433,9 @@ func TestAgentUsesTheBus(t *testing.T) {
 	})
 }
 
-func TestBusRefusesConnections(t *testing.T) {
-	b := startBus(t)
+func TestBusRefusesConnections(t *testing.T) { forEachAuth(t, testBusRefusesConnections) }
+
+func testBusRefusesConnections(t *testing.T, b *bus) {
 	otherKey, _ := token.GenerateSigningKey(token.AlgEdDSA)
 	otherKey.KID = b.signer.KID
 
@@ -522,8 +551,9 @@ func tamperCreds(t *testing.T, dataDir string) []byte {
 		"-----BEGIN USER NKEY SEED-----\n" + string(seed) + "\n------END USER NKEY SEED------\n")
 }
 
-func TestRevokeClosesLiveConnection(t *testing.T) {
-	b := startBus(t)
+func TestRevokeClosesLiveConnection(t *testing.T) { forEachAuth(t, testRevokeClosesLiveConnection) }
+
+func testRevokeClosesLiveConnection(t *testing.T, b *bus) {
 	raw, c := b.mint(t, "demo", nil)
 	closed := make(chan struct{})
 	nc := b.connect(t, nats.Token(raw), nats.ClosedHandler(func(*nats.Conn) { close(closed) }))
@@ -549,5 +579,19 @@ func TestRevokeClosesLiveConnection(t *testing.T) {
 	}
 	if _, err := b.dial(nats.Token(raw)); !errors.Is(err, nats.ErrAuthorization) {
 		t.Errorf("reconnect with the revoked token: %v", err)
+	}
+}
+
+// TestInProcessSystemUser: in-process, the system account's user proves its
+// seed like every other nkey; its public key alone is refused.
+func TestInProcessSystemUser(t *testing.T) {
+	b := startBus(t, true)
+	other, _ := nkeys.CreateUser()
+	if _, err := b.dial(nats.Nkey(mustPublic(b.keys.SystemUser), other.Sign)); !errors.Is(err, nats.ErrAuthorization) {
+		t.Fatalf("system nkey signed by another key: %v", err)
+	}
+	sys := b.connect(t, b.keys.SystemConnectOption())
+	if _, err := sys.Request("$SYS.REQ.SERVER.PING", nil, 2*time.Second); err != nil {
+		t.Fatalf("system request: %v", err)
 	}
 }

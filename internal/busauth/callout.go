@@ -2,7 +2,6 @@ package busauth
 
 import (
 	"context"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -189,12 +188,7 @@ func (c *Callout) Handle(data []byte, serverXKey string) ([]byte, error) {
 		cr.Jwt, err = c.userJWT(req.UserNkey, id)
 	}
 	if err != nil {
-		r := refusal(req, id, err, c.cfg.Now())
-		c.cfg.Log.Warn("bus connection refused", "reason", err, "role", r.Role, "tenant", r.Tenant,
-			"jti", r.TokenID, "host", r.Host, "cid", r.ClientID)
-		if c.cfg.Auditor != nil {
-			c.cfg.Auditor.Refused(ctx, r)
-		}
+		c.refuse(ctx, req, id, err)
 		cr.Error = "toolgate: " + err.Error()
 	} else if id.Role == RoleAgent {
 		c.track(id, req.Server.ID, req.ClientInformation.ID)
@@ -207,6 +201,16 @@ func (c *Callout) Handle(data []byte, serverXKey string) ([]byte, error) {
 		return c.xkeys.seal([]byte(out), serverXKey)
 	}
 	return []byte(out), nil
+}
+
+// refuse logs and audits one refused connection.
+func (c *Callout) refuse(ctx context.Context, req *jwt.AuthorizationRequestClaims, id Identity, err error) {
+	r := refusal(req, id, err, c.cfg.Now())
+	c.cfg.Log.Warn("bus connection refused", "reason", err, "role", r.Role, "tenant", r.Tenant,
+		"jti", r.TokenID, "host", r.Host, "cid", r.ClientID)
+	if c.cfg.Auditor != nil {
+		c.cfg.Auditor.Refused(ctx, r)
+	}
 }
 
 func refusal(req *jwt.AuthorizationRequestClaims, id Identity, err error, now time.Time) Refusal {
@@ -300,22 +304,8 @@ func (c *Callout) authorizeCreds(req *jwt.AuthorizationRequestClaims, ujwt, nkey
 		return id, fmt.Errorf("%w: credentials not valid before %s", ErrBadToken, time.Unix(uc.NotBefore, 0).UTC())
 	}
 	// The holder proves it has the seed: it signed the server's nonce.
-	nonce, sig := req.ClientInformation.Nonce, o.SignedNonce
-	if nonce == "" || sig == "" {
-		return id, fmt.Errorf("%w: no nonce signature in the connect", ErrBadNonce)
-	}
-	raw, err := base64.RawURLEncoding.DecodeString(sig)
-	if err != nil {
-		if raw, err = base64.StdEncoding.DecodeString(sig); err != nil {
-			return id, fmt.Errorf("%w: signature is not base64", ErrBadNonce)
-		}
-	}
-	ukp, err := nkeys.FromPublicKey(uc.Subject)
-	if err != nil {
-		return id, fmt.Errorf("%w: user JWT subject: %v", ErrBadToken, err)
-	}
-	if err := ukp.Verify([]byte(nonce), raw); err != nil {
-		return id, fmt.Errorf("%w: %v", ErrBadNonce, err)
+	if err := verifyNonce(uc.Subject, []byte(req.ClientInformation.Nonce), o.SignedNonce); err != nil {
+		return id, err
 	}
 	return id, nil
 }

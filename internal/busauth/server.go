@@ -52,6 +52,24 @@ func agentStreamExports() []string {
 // system account's; every other connection goes through the callout.
 func ServerConfig(pk PublicKeys) string {
 	var b strings.Builder
+	b.WriteString(accountsConfig(pk))
+	p := func(format string, args ...any) { fmt.Fprintf(&b, format+"\n", args...) }
+	p("authorization {")
+	p("  auth_callout {")
+	p("    issuer: %s", pk.Issuer)
+	p("    account: %s", AccountAuth)
+	p("    auth_users: [ %s, %s ]", pk.CalloutUser, pk.SystemUser)
+	if pk.XKey != "" {
+		p("    xkey: %s", pk.XKey)
+	}
+	p("  }")
+	p("}")
+	return b.String()
+}
+
+// accountsConfig renders the accounts and the system account.
+func accountsConfig(pk PublicKeys) string {
+	var b strings.Builder
 	p := func(format string, args ...any) { fmt.Fprintf(&b, format+"\n", args...) }
 	p("# toolgate bus authentication, generated; see docs/security.md.")
 	p("accounts {")
@@ -80,16 +98,6 @@ func ServerConfig(pk PublicKeys) string {
 	p("  }")
 	p("}")
 	p("system_account: %s", AccountSystem)
-	p("authorization {")
-	p("  auth_callout {")
-	p("    issuer: %s", pk.Issuer)
-	p("    account: %s", AccountAuth)
-	p("    auth_users: [ %s, %s ]", pk.CalloutUser, pk.SystemUser)
-	if pk.XKey != "" {
-		p("    xkey: %s", pk.XKey)
-	}
-	p("  }")
-	p("}")
 	return b.String()
 }
 
@@ -103,21 +111,32 @@ type ServerSettings struct {
 	MaxPayload int32
 	// AuthTimeout bounds a CONNECT including the callout's answer; default 2s.
 	AuthTimeout time.Duration
+	// InProcess, when set, authenticates clients inside the server instead
+	// of through the auth callout; Bind it to the server before Start.
+	InProcess *InProcess
 }
 
 // EmbeddedOptions returns the options of an embedded server with JetStream
-// and the auth callout: the same accounts and authorization as
-// ServerConfig, no anonymous access. Start the server, then the callout
-// (Callout.Start over a connection made with CalloutConnectOption) before
-// any other client connects.
+// and no anonymous access: the same accounts as ServerConfig, with either
+// st.InProcess authenticating clients (Bind it to the server before Start)
+// or the auth callout (start the callout, Callout.Start over a connection
+// made with CalloutConnectOption, before any other client connects).
 func EmbeddedOptions(k *Keys, st ServerSettings) (*server.Options, error) {
 	o := &server.Options{}
 	// The callout of an embedded server answers in-process: no other
 	// connection can see its requests, so they go unencrypted.
 	pk := k.Public()
 	pk.XKey = ""
-	if err := o.ProcessConfigString(ServerConfig(pk)); err != nil {
+	conf := ServerConfig(pk)
+	if st.InProcess != nil {
+		conf = accountsConfig(pk)
+	}
+	if err := o.ProcessConfigString(conf); err != nil {
 		return nil, fmt.Errorf("bus auth configuration: %w", err)
+	}
+	if st.InProcess != nil {
+		o.CustomClientAuthentication = st.InProcess
+		o.AlwaysEnableNonce = true // credentials prove their seed by signing it
 	}
 	o.ServerName = st.Name
 	o.Host = st.Host

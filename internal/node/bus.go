@@ -33,12 +33,18 @@ const TypeBusRefused = "ai.agent.bus.refused"
 // StartSecureEmbedded starts the embedded NATS server with bus
 // authentication: it makes sure DataDir/busauth holds the deployment's keys
 // and credentials (busauth.WriteCredentials), and configures the server
-// with the auth callout and no anonymous access. Start a Gate on it before
-// any other client connects. A JetStream store written by an earlier,
-// unauthenticated toolgate (account $G) is moved to account TOOLGATE.
-func StartSecureEmbedded(o EmbeddedOptions) (*server.Server, *busauth.Keys, error) {
+// with no anonymous access. The returned Gate authenticates every client
+// inside the server (busauth.InProcess), with the same mapping from
+// credentials to rights as the auth callout of external servers but without
+// its round trip; Attach it once the node is open. A JetStream store written
+// by an earlier, unauthenticated toolgate (account $G) is moved to account
+// TOOLGATE.
+func StartSecureEmbedded(o EmbeddedOptions, log *slog.Logger) (*server.Server, *Gate, error) {
 	if o.DataDir == "" {
 		return nil, nil, errors.New("embedded NATS needs a data directory for its store and credentials")
+	}
+	if log == nil {
+		log = slog.Default()
 	}
 	host, portStr, err := splitListen(o.Listen)
 	if err != nil {
@@ -55,17 +61,25 @@ func StartSecureEmbedded(o EmbeddedOptions) (*server.Server, *busauth.Keys, erro
 	if err := migrateGlobalAccount(o.DataDir); err != nil {
 		return nil, nil, err
 	}
+	g := &Gate{auditor: &refusalAuditor{log: log}}
+	auth, err := busauth.NewInProcess(busauth.CalloutConfig{Keys: keys, Verifier: &g.verifier, Auditor: g.auditor, Log: log})
+	if err != nil {
+		return nil, nil, err
+	}
+	g.Callout = auth.Callout()
 	opts, err := busauth.EmbeddedOptions(keys, busauth.ServerSettings{
-		Name: "toolgate", Host: host, Port: port, StoreDir: o.DataDir, MaxPayload: o.MaxPayload,
+		Name: "toolgate", Host: host, Port: port, StoreDir: o.DataDir, MaxPayload: o.MaxPayload, InProcess: auth,
 	})
 	if err != nil {
 		return nil, nil, err
 	}
 	opts.NoLog = !o.Logging
+	opts.SyncAlways = o.SyncAlways
 	ns, err := server.NewServer(opts)
 	if err != nil {
 		return nil, nil, fmt.Errorf("configuring embedded NATS: %w", err)
 	}
+	auth.Bind(ns)
 	if o.Logging {
 		ns.ConfigureLogger()
 	}
@@ -74,7 +88,7 @@ func StartSecureEmbedded(o EmbeddedOptions) (*server.Server, *busauth.Keys, erro
 		ns.Shutdown()
 		return nil, nil, fmt.Errorf("embedded NATS did not start listening on %s", o.Listen)
 	}
-	return ns, keys, nil
+	return ns, g, nil
 }
 
 // migrateGlobalAccount renames the store of the global account ($G), where
@@ -100,7 +114,8 @@ func CredsPath(dataDir string, role busauth.Role) string {
 	return filepath.Join(dataDir, busauth.DirName, busauth.CredsFile(role))
 }
 
-// Gate is the bus's auth callout as run by toolgate: it verifies agents'
+// Gate is the bus's authentication as run by toolgate, the auth callout
+// (StartGate) or in-process (StartSecureEmbedded): it verifies agents'
 // capability tokens exactly as authorize does, records refusals in the
 // audit trail, and closes the connections of revoked tokens.
 type Gate struct {

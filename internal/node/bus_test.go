@@ -823,19 +823,11 @@ func TestServeMovesAnOpenStore(t *testing.T) {
 	old.Shutdown()
 	old.WaitForShutdown()
 
-	ns, _, err := node.StartSecureEmbedded(node.EmbeddedOptions{Listen: "127.0.0.1:-1", DataDir: dir})
+	ns, gate, err := node.StartSecureEmbedded(node.EmbeddedOptions{Listen: "127.0.0.1:-1", DataDir: dir}, quietLog())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ns.Shutdown()
-	keys, err := busauth.LoadKeys(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	gate, err := node.StartGate("", keys, quietLog(), nats.InProcessServer(ns))
-	if err != nil {
-		t.Fatal(err)
-	}
 	defer gate.Close()
 	op, err := nats.Connect(ns.ClientURL(), busauth.CredentialsOption(node.CredsPath(dir, busauth.RoleOperator)))
 	if err != nil {

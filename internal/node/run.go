@@ -155,7 +155,7 @@ func Run(ctx context.Context, c Config) error {
 	var credsPath string    // the credentials this process connects with
 	var ctlCredsPath string // the control service's, when it connects apart
 	if url == "" {
-		ns, keys, err := StartSecureEmbedded(c.Embedded)
+		ns, g, err := StartSecureEmbedded(c.Embedded, log)
 		if err != nil {
 			return err
 		}
@@ -164,10 +164,7 @@ func Run(ctx context.Context, c Config) error {
 			ns.WaitForShutdown()
 		}()
 		url = ns.ClientURL()
-		if gate, err = StartGate("", keys, log, nats.InProcessServer(ns)); err != nil {
-			return err
-		}
-		defer gate.Close()
+		gate = g
 		credsPath = CredsPath(c.Embedded.DataDir, busauth.RoleWorker)
 		connOpts = append(connOpts, nats.InProcessServer(ns), busauth.CredentialsOption(credsPath))
 		ctlCredsPath = CredsPath(c.Embedded.DataDir, busauth.RoleControl)
