@@ -21,6 +21,7 @@ import (
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/client"
 	"github.com/toolgate/toolgate/internal/node"
+	"github.com/toolgate/toolgate/internal/topology"
 	"github.com/toolgate/toolgate/subjects"
 )
 
@@ -263,9 +264,15 @@ func measurePipeline(ctx context.Context, url string, o Options, cred credential
 	runCtx, stop := context.WithCancel(ctx)
 	ready := make(chan *node.Node, 1)
 	errc := make(chan error, 1)
+	// A soak runs with the retention of a long-running deployment (every
+	// series shares the streams, created here).
+	var topo topology.TopologyOptions
+	if o.Soak > 0 {
+		topo = SoakTopology(o.Soak)
+	}
 	go func() {
 		errc <- node.Run(runCtx, node.Config{
-			NATSURL: url, Workers: o.Workers, Examples: true,
+			NATSURL: url, Workers: o.Workers, Examples: true, Topology: topo,
 			Stage: node.StageConfig{Tokens: cred.verifier},
 			Log:   discardLogger(),
 			Ready: func(_ string, n *node.Node) { ready <- n },

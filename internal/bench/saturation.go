@@ -333,10 +333,15 @@ func measureGoals(ctx context.Context, nc *nats.Conn, o Options, cred credential
 	}
 	g.LoadAvg = loadAvg()
 	if o.Soak > 0 {
-		s, err := t.soak(ctx, g.HalfRate, o.Soak)
+		js, err := jetstream.New(nc)
+		if err != nil {
+			return g, err
+		}
+		s, err := t.soak(ctx, js, g.HalfRate, o.Soak)
 		if err != nil {
 			return g, fmt.Errorf("soak: %w", err)
 		}
+		s.Retention = SoakRetention(o.Soak)
 		g.Soak = &s
 	}
 	return g, nil

@@ -128,7 +128,7 @@ func OpenConn(ctx context.Context, nc *nats.Conn, topo topology.TopologyOptions,
 			return err
 		}
 		var err error
-		store, err = kvstore.Open(setup, js, kvstore.Options{Replicas: topo.Replicas, Storage: topo.Storage})
+		store, err = kvstore.Open(setup, js, kvstore.Options{Replicas: topo.Replicas, Storage: topo.Storage, InvocationTTL: topo.InvocationTTL})
 		return err
 	})
 	if err != nil {

@@ -39,7 +39,14 @@ type Limiter struct {
 
 	mu     sync.Mutex
 	leases map[string]*lease
+	// sweepAt is the number of leases at which the next new one first
+	// drops those that expired: one per tenant and tool ever called would
+	// otherwise stay for the life of the process.
+	sweepAt int
 }
+
+// minSweep is the fewest leases a Limiter sweeps.
+const minSweep = 64
 
 type lease struct {
 	mu      sync.Mutex
@@ -77,6 +84,9 @@ func (l *Limiter) Allow(ctx context.Context, tenant string, m *tools.Manifest) (
 	l.mu.Lock()
 	ls := l.leases[key]
 	if ls == nil {
+		if len(l.leases) >= l.sweepAt {
+			l.sweepLocked(l.Now())
+		}
 		ls = &lease{}
 		l.leases[key] = ls
 	}
@@ -111,6 +121,25 @@ func (l *Limiter) Allow(ctx context.Context, tenant string, m *tools.Manifest) (
 	}
 	ls.tokens, ls.expires = got-1, now.Add(l.LeaseTTL)
 	return true, 0, nil
+}
+
+// sweepLocked drops the leases that expired by now: their tokens can no
+// longer be spent, so forgetting them changes nothing. A lease in use is
+// kept; a caller still holding a dropped one spends or refreshes it as
+// before, and the next call for its key starts a new one. The next sweep
+// comes when the leases have doubled, so sweeping costs O(1) a lease.
+// l.mu must be held.
+func (l *Limiter) sweepLocked(now time.Time) {
+	for k, ls := range l.leases {
+		if !ls.mu.TryLock() {
+			continue
+		}
+		if !now.Before(ls.expires) {
+			delete(l.leases, k)
+		}
+		ls.mu.Unlock()
+	}
+	l.sweepAt = max(minSweep, 2*len(l.leases))
 }
 
 // take takes up to want tokens from b, which refills at rate tokens per

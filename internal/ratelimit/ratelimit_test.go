@@ -2,6 +2,7 @@ package ratelimit_test
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -103,5 +104,39 @@ func TestOverridesAndUnlimited(t *testing.T) {
 		if ok, _, _ := l.Allow(context.Background(), "small", free); !ok {
 			t.Fatal("a tool without a limit was refused")
 		}
+	}
+}
+
+// TestLeasesStayBounded: a worker that serves ever new tenants keeps the
+// leases of those calling now, not one per tenant it has ever served; a
+// lease within its lifetime is never dropped.
+func TestLeasesStayBounded(t *testing.T) {
+	store := openStore(t)
+	l := ratelimit.New(store, 8)
+	clock := time.Now()
+	l.Now = func() time.Time { return clock }
+	m := &tools.Manifest{ID: "t", RateLimit: &tools.RateLimit{Requests: 100, PerSeconds: 1}}
+	allow := func(tenant string) {
+		t.Helper()
+		if ok, _, err := l.Allow(context.Background(), tenant, m); err != nil || !ok {
+			t.Fatalf("%s: admitted %v, err %v", tenant, ok, err)
+		}
+	}
+	const tenants = 1000
+	most := 0
+	for i := range tenants {
+		allow(fmt.Sprintf("t%d", i))
+		most = max(most, ratelimit.Leases(l))
+		clock = clock.Add(l.LeaseTTL) // every lease so far has expired
+	}
+	if most > 2*64 {
+		t.Errorf("%d tenants called one after another left up to %d leases, want at most %d", tenants, most, 2*64)
+	}
+	// Within their lifetime (the clock stands still), none is dropped.
+	for i := range tenants {
+		allow(fmt.Sprintf("live%d", i))
+	}
+	if got := ratelimit.Leases(l); got < tenants {
+		t.Errorf("%d leases within their lifetime, %d kept", tenants, got)
 	}
 }

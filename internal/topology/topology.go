@@ -29,6 +29,11 @@ type TopologyOptions struct {
 	// negative: forever). Export older events first: toolgate audit export.
 	ResultTTL   time.Duration
 	AuditMaxAge time.Duration
+	// InvocationTTL bounds how long a status record (bucket
+	// toolgate_invocations) is kept after its last write, and with it an
+	// approval, a capability request and a session's usage (default 7
+	// days, kvstore's). It applies when the buckets are created.
+	InvocationTTL time.Duration
 	// InvokeMaxAge and PipelineMaxAge bound how long an invocation may wait
 	// in the invoke and pipeline streams (default 7 days each): an outage
 	// longer than that loses what waited, so size them above the longest
