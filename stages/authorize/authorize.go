@@ -13,8 +13,10 @@ package authorize
 import (
 	"cmp"
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
+	"github.com/open-policy-agent/opa/v1/ast"
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/envelope"
 	"github.com/toolgate/toolgate/internal/hosts"
@@ -28,6 +30,7 @@ import (
 	"github.com/toolgate/toolgate/subjects"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -90,6 +93,8 @@ type Sealer interface {
 type Authorizer struct {
 	cfg    Config
 	engine atomic.Pointer[policy.Engine]
+	tools  astValues[*tools.Manifest]
+	claims astValues[[32]byte]
 }
 
 var _ stages.Stage = (*Authorizer)(nil)
@@ -226,7 +231,7 @@ func (a *Authorizer) Process(ctx context.Context, inv *envelope.Invocation) ([]s
 		Time: a.cfg.Now().UTC().Format(time.RFC3339),
 	}
 	in.Derived = derive(claims, m, in.Resources)
-	d, err := a.eval(ctx, in)
+	d, err := a.eval(ctx, in, req.CapabilityToken)
 	if err != nil {
 		return nil, err
 	}
@@ -250,7 +255,7 @@ func (a *Authorizer) Process(ctx context.Context, inv *envelope.Invocation) ([]s
 		}
 		if hasApproval {
 			in.Approval = &ApprovalInput{State: approval.State, DecidedBy: approval.DecidedBy}
-			if d, err = a.eval(ctx, in); err != nil {
+			if d, err = a.eval(ctx, in, req.CapabilityToken); err != nil {
 				return nil, err
 			}
 		}
@@ -368,12 +373,90 @@ func compactJSON(b []byte) string {
 	return string(out)
 }
 
-func (a *Authorizer) eval(ctx context.Context, in Input) (policy.Decision, error) {
-	input, err := plain(in)
+func (a *Authorizer) eval(ctx context.Context, in Input, rawToken string) (policy.Decision, error) {
+	input, err := a.policyInput(in, rawToken)
 	if err != nil {
 		return policy.Decision{}, api.WrapError(err, api.InternalError, api.EPolicyFailed, "building policy input: %v", err)
 	}
 	return a.engine.Load().Eval(ctx, input)
+}
+
+// policyInput is in in the form OPA evaluates: its JSON encoding as an
+// ast.Value. The manifest's part, the largest and the same on every call
+// of a tool version, is converted once per manifest; the claims' part,
+// the same on every call with one token, once per token (rawToken; linked
+// requests, which have none, convert theirs every time).
+func (a *Authorizer) policyInput(in Input, rawToken string) (ast.Value, error) {
+	m, claims := in.Tool, in.Claims
+	in.Tool = nil
+	if rawToken != "" {
+		in.Claims = nil
+	}
+	v, err := astValue(in)
+	if err != nil {
+		return nil, err
+	}
+	obj, ok := v.(ast.Object)
+	if !ok {
+		return nil, errors.New("the input is not an object")
+	}
+	if m != nil {
+		tool, err := a.tools.value(m, func() (ast.Value, error) { return astValue(m) })
+		if err != nil {
+			return nil, err
+		}
+		obj.Insert(ast.InternedTerm("tool"), ast.NewTerm(tool))
+	}
+	if rawToken != "" {
+		c, err := a.claims.value(sha256.Sum256([]byte(rawToken)), func() (ast.Value, error) { return astValue(claims) })
+		if err != nil {
+			return nil, err
+		}
+		obj.Insert(ast.InternedTerm("claims"), ast.NewTerm(c))
+	}
+	return obj, nil
+}
+
+// astValue is v's JSON encoding as an ast.Value.
+func astValue(v any) (ast.Value, error) {
+	p, err := plain(v)
+	if err != nil {
+		return nil, err
+	}
+	return ast.InterfaceToValue(p)
+}
+
+// maxCachedValues bounds the manifests and the tokens whose policy form is
+// kept; past it a cache starts again empty.
+const maxCachedValues = 4096
+
+// astValues keeps policy forms of values that do not change by a key that
+// names them: a *tools.Manifest (the registry hands out one per registered
+// version and replaces, never changes, it when the version is registered
+// again), or the SHA-256 of a raw token (its verified claims).
+type astValues[K comparable] struct {
+	mu sync.Mutex
+	m  map[K]ast.Value
+}
+
+func (c *astValues[K]) value(k K, make func() (ast.Value, error)) (ast.Value, error) {
+	c.mu.Lock()
+	v, ok := c.m[k]
+	c.mu.Unlock()
+	if ok {
+		return v, nil
+	}
+	v, err := make()
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	if c.m == nil || len(c.m) >= maxCachedValues {
+		c.m = map[K]ast.Value{}
+	}
+	c.m[k] = v
+	c.mu.Unlock()
+	return v, nil
 }
 
 // denial turns a policy's refusal into the error of its code.

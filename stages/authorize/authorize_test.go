@@ -207,3 +207,88 @@ func TestAuthorize(t *testing.T) {
 		})
 	}
 }
+
+// BenchmarkProcess is the stage's work for one admitted call of a session's
+// token, no budget: what every invocation pays in authorize.
+func BenchmarkProcess(b *testing.B) {
+	ctx := context.Background()
+	key, err := token.GenerateSigningKey(token.AlgEdDSA)
+	if err != nil {
+		b.Fatal(err)
+	}
+	engine, err := policy.Default(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	reg := tools.NewRegistry()
+	reg.Put(&tools.Manifest{ID: "echo", Version: "1.0.0", Kind: "builtin"})
+	raw, err := token.Mint(key, token.Claims{ToolID: token.Patterns{"*"}, TenantID: "acme", AgentDID: "did:agent:a",
+		RegisteredClaims: jwt.RegisteredClaims{ID: "tok-1", Issuer: issuer, Audience: jwt.ClaimStrings{audience},
+			ExpiresAt: jwt.NewNumericDate(time.Now().Add(time.Hour))}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	a := New(Config{Registry: reg, Policy: engine, Store: newFakeStore(),
+		Verifier: &token.Verifier{Keys: token.StaticKeys{Set: key.KeySet()}, Issuer: issuer, Audience: audience}})
+	b.ReportAllocs()
+	for b.Loop() {
+		inv := &envelope.Invocation{ID: "i-1", Tenant: "acme", Status: api.StatusPending, Event: envelope.Event{Seq: 3},
+			Request: &api.Request{ToolID: "echo", CapabilityToken: raw, Parameters: []byte(`{"text":"hi"}`),
+				AgentContext: api.AgentContext{AgentDID: "did:agent:a", TenantID: "acme"}}}
+		if _, err := a.Process(ctx, inv); err != nil || inv.Authz == nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// The policy input's parts kept between calls (the manifest's, the
+// claims') belong to one manifest and one token: another token, or the
+// same version registered again, is judged on its own.
+func TestPolicyInputPerTokenAndManifest(t *testing.T) {
+	ctx := context.Background()
+	key, err := token.GenerateSigningKey(token.AlgEdDSA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	engine, err := policy.Default(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := tools.NewRegistry()
+	reg.Put(&tools.Manifest{ID: "wipe", Version: "1.0.0", Kind: "builtin",
+		Safety: tools.Safety{RiskLevel: "low", SideEffects: []string{"fs.delete"}}})
+	mint := func(id string, excluded ...string) string {
+		raw, err := token.Mint(key, token.Claims{ToolID: token.Patterns{"*"}, TenantID: "acme", AgentDID: "did:agent:a",
+			ExcludedSideEffects: excluded,
+			RegisteredClaims: jwt.RegisteredClaims{ID: id, Issuer: issuer, Audience: jwt.ClaimStrings{audience},
+				ExpiresAt: jwt.NewNumericDate(time.Now().Add(time.Hour))}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return raw
+	}
+	free, barred := mint("tok-free"), mint("tok-barred", "fs")
+	a := New(Config{Registry: reg, Policy: engine, Store: newFakeStore(),
+		Verifier: &token.Verifier{Keys: token.StaticKeys{Set: key.KeySet()}, Issuer: issuer, Audience: audience}})
+	call := func(raw string) (*envelope.Invocation, error) {
+		inv := &envelope.Invocation{ID: "i-1", Tenant: "acme", Status: api.StatusPending,
+			Request: &api.Request{ToolID: "wipe", CapabilityToken: raw,
+				AgentContext: api.AgentContext{AgentDID: "did:agent:a", TenantID: "acme"}}}
+		_, err := a.Process(ctx, inv)
+		return inv, err
+	}
+	for range 2 {
+		if inv, err := call(free); err != nil || inv.Authz == nil {
+			t.Fatalf("free token: %v", err)
+		}
+		var ae *api.Error
+		if _, err := call(barred); !errors.As(err, &ae) || ae.ECode != api.EPolicyDenied {
+			t.Fatalf("token excluding fs: %v, want %s", err, api.EPolicyDenied)
+		}
+	}
+	reg.Put(&tools.Manifest{ID: "wipe", Version: "1.0.0", Kind: "builtin",
+		Safety: tools.Safety{RiskLevel: "critical", SideEffects: []string{"fs.delete"}}})
+	if inv, err := call(free); err != nil || !inv.Parked() {
+		t.Fatalf("the version registered again as critical was not parked: %v, status %s", err, inv.Status)
+	}
+}
