@@ -353,11 +353,11 @@ func (r *Runner) decode(subject string, header nats.Header, data []byte, seq uin
 	if d, ok := r.Stage.(stages.Decoder); ok {
 		return d.Decode(subject, header, data, seq, r.now())
 	}
-	var inv envelope.Invocation
-	if err := json.Unmarshal(data, &inv); err != nil || inv.ID == "" {
+	inv, err := envelope.Decode(data)
+	if err != nil || inv.ID == "" {
 		return nil, fmt.Errorf("undecodable envelope: %v", err)
 	}
-	return &inv, nil
+	return inv, nil
 }
 
 // finalises reports whether the stage ends invocations (stages.Finaliser).
