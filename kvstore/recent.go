@@ -29,7 +29,9 @@ import (
 // again with none, which costs a read per key, as without the memory.
 const maxRecent = 4096
 
-// recentWrites is the revision and value this process last wrote per key.
+// recentWrites is the revision and value this process last wrote per key,
+// or read, where a read is followed by a write of the same key (a session's
+// usage, read for the policy and then charged).
 type recentWrites struct {
 	mu sync.Mutex
 	m  map[string]recentWrite

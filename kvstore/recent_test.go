@@ -100,3 +100,34 @@ func TestStatusWrittenElsewhereMeanwhile(t *testing.T) {
 		t.Fatalf("a second claim took the id: %+v %v", rec, err)
 	}
 }
+
+// A reservation that follows a read of the usage starts from that read.
+func TestUsageReadThenCharged(t *testing.T) {
+	s, other, _ := openCounting(t)
+	n := new(atomic.Int32)
+	r := s.budgets.(remembering)
+	r.bounded.KeyValue = reads{r.bounded.KeyValue, n}
+	s.budgets = r
+	ctx := context.Background()
+	charge := func(u *Usage) error { u.Calls++; return nil }
+	if _, err := other.UpdateUsage(ctx, "t", "s", charge); err != nil {
+		t.Fatal(err)
+	}
+	u, err := s.Usage(ctx, "t", "s")
+	if err != nil || u.Calls != 1 {
+		t.Fatalf("usage %+v %v", u, err)
+	}
+	if u, err = s.UpdateUsage(ctx, "t", "s", charge); err != nil || u.Calls != 2 {
+		t.Fatalf("charged %+v %v", u, err)
+	}
+	if got := n.Load(); got != 1 {
+		t.Fatalf("%d reads, want the one of Usage", got)
+	}
+	// Charged elsewhere since: the charge here is not lost.
+	if _, err := other.UpdateUsage(ctx, "t", "s", charge); err != nil {
+		t.Fatal(err)
+	}
+	if u, err = s.UpdateUsage(ctx, "t", "s", charge); err != nil || u.Calls != 4 {
+		t.Fatalf("charged %+v %v, want 4 calls", u, err)
+	}
+}
