@@ -28,6 +28,7 @@ import (
 	"github.com/toolgate/toolgate/stages"
 	"github.com/toolgate/toolgate/stages/execute/httptool"
 	"github.com/toolgate/toolgate/subjects"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -381,40 +382,108 @@ func (a *Authorizer) eval(ctx context.Context, in Input, rawToken string) (polic
 	return a.engine.Load().Eval(ctx, input)
 }
 
-// policyInput is in in the form OPA evaluates: its JSON encoding as an
-// ast.Value. The manifest's part, the largest and the same on every call
-// of a tool version, is converted once per manifest; the claims' part,
-// the same on every call with one token, once per token (rawToken; linked
-// requests, which have none, convert theirs every time).
+// policyInput is in in the form OPA evaluates: the ast.Value of its JSON
+// encoding (TestPolicyInputIsItsJSON holds it to that). The manifest's
+// part, the largest and the same on every call of a tool version, is
+// converted once per manifest; the claims' part, the same on every call
+// with one token, once per token (rawToken; linked requests, which have
+// none, convert theirs every time). The request goes through its JSON
+// encoding; the small fixed-shape parts are built directly.
 func (a *Authorizer) policyInput(in Input, rawToken string) (ast.Value, error) {
-	m, claims := in.Tool, in.Claims
-	in.Tool = nil
-	if rawToken != "" {
-		in.Claims = nil
-	}
-	v, err := astValue(in)
+	req, err := astValue(in.Request)
 	if err != nil {
 		return nil, err
 	}
-	obj, ok := v.(ast.Object)
-	if !ok {
-		return nil, errors.New("the input is not an object")
-	}
-	if m != nil {
-		tool, err := a.tools.value(m, func() (ast.Value, error) { return astValue(m) })
-		if err != nil {
+	var tool ast.Value = ast.Null{}
+	if m := in.Tool; m != nil {
+		if tool, err = a.tools.value(m, func() (ast.Value, error) { return astValue(m) }); err != nil {
 			return nil, err
 		}
-		obj.Insert(ast.InternedTerm("tool"), ast.NewTerm(tool))
 	}
-	if rawToken != "" {
-		c, err := a.claims.value(sha256.Sum256([]byte(rawToken)), func() (ast.Value, error) { return astValue(claims) })
-		if err != nil {
+	var claims ast.Value
+	if c := in.Claims; rawToken != "" && c != nil {
+		claims, err = a.claims.value(sha256.Sum256([]byte(rawToken)), func() (ast.Value, error) { return astValue(c) })
+	} else {
+		claims, err = astValue(in.Claims)
+	}
+	if err != nil {
+		return nil, err
+	}
+	usage := zeroUsage
+	if !reflect.ValueOf(in.Usage).IsZero() {
+		if usage, err = astValue(in.Usage); err != nil {
 			return nil, err
 		}
-		obj.Insert(ast.InternedTerm("claims"), ast.NewTerm(c))
 	}
-	return obj, nil
+	terms := [][2]*ast.Term{
+		ast.Item(ast.InternedTerm("request"), ast.NewTerm(req)),
+		ast.Item(ast.InternedTerm("tool"), ast.NewTerm(tool)),
+		ast.Item(ast.InternedTerm("claims"), ast.NewTerm(claims)),
+		ast.Item(ast.InternedTerm("usage"), ast.NewTerm(usage)),
+		ast.Item(ast.InternedTerm("resources"), resourcesTerm(in.Resources)),
+		ast.Item(ast.InternedTerm("derived"), derivedTerm(in.Derived)),
+		ast.Item(ast.InternedTerm("tenant"), ast.StringTerm(in.Tenant)),
+		ast.Item(ast.InternedTerm("time"), ast.StringTerm(in.Time)),
+	}
+	if ap := in.Approval; ap != nil {
+		fields := [][2]*ast.Term{ast.Item(ast.InternedTerm("state"), ast.StringTerm(ap.State))}
+		if ap.DecidedBy != "" {
+			fields = append(fields, ast.Item(ast.InternedTerm("decided_by"), ast.StringTerm(ap.DecidedBy)))
+		}
+		terms = append(terms, ast.Item(ast.InternedTerm("approval"), ast.ObjectTerm(fields...)))
+	}
+	return ast.NewObject(terms...), nil
+}
+
+// zeroUsage is the policy form of an empty usage (every unmetered call's).
+var zeroUsage = func() ast.Value {
+	v, err := astValue(kvstore.Usage{})
+	if err != nil {
+		panic(err)
+	}
+	return v
+}()
+
+// resourcesTerm is r's JSON encoding as a term.
+func resourcesTerm(r Resources) *ast.Term {
+	var paths, hosts, creds []*ast.Term
+	for _, p := range r.Paths {
+		paths = append(paths, ast.ObjectTerm(ast.Item(ast.InternedTerm("path"), ast.StringTerm(p.Path)),
+			ast.Item(ast.InternedTerm("mode"), ast.StringTerm(p.Mode))))
+	}
+	for _, h := range r.Hosts {
+		hosts = append(hosts, ast.ObjectTerm(ast.Item(ast.InternedTerm("host"), ast.StringTerm(h.Host)),
+			ast.Item(ast.InternedTerm("port"), ast.IntNumberTerm(h.Port))))
+	}
+	for _, c := range r.Credentials {
+		creds = append(creds, ast.StringTerm(c))
+	}
+	return ast.ObjectTerm(
+		ast.Item(ast.InternedTerm("paths"), arrayTerm(r.Paths == nil, paths)),
+		ast.Item(ast.InternedTerm("hosts"), arrayTerm(r.Hosts == nil, hosts)),
+		ast.Item(ast.InternedTerm("credentials"), arrayTerm(r.Credentials == nil, creds)))
+}
+
+// derivedTerm is d's JSON encoding as a term.
+func derivedTerm(d Derived) *ast.Term {
+	granted := ast.NullTerm()
+	if d.HostGranted != nil {
+		items := make([][2]*ast.Term, 0, len(d.HostGranted))
+		for h, ok := range d.HostGranted {
+			items = append(items, ast.Item(ast.StringTerm(h), ast.BooleanTerm(ok)))
+		}
+		granted = ast.ObjectTerm(items...)
+	}
+	return ast.ObjectTerm(ast.Item(ast.InternedTerm("pre_approved"), ast.BooleanTerm(d.PreApproved)),
+		ast.Item(ast.InternedTerm("host_granted"), granted))
+}
+
+// arrayTerm is an array, or null for a nil slice, as encoding/json writes.
+func arrayTerm(null bool, elems []*ast.Term) *ast.Term {
+	if null {
+		return ast.NullTerm()
+	}
+	return ast.ArrayTerm(elems...)
 }
 
 // astValue is v's JSON encoding as an ast.Value.

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
+	"github.com/open-policy-agent/opa/v1/ast"
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/envelope"
 	"github.com/toolgate/toolgate/internal/policy"
@@ -290,5 +291,51 @@ func TestPolicyInputPerTokenAndManifest(t *testing.T) {
 		Safety: tools.Safety{RiskLevel: "critical", SideEffects: []string{"fs.delete"}}})
 	if inv, err := call(free); err != nil || !inv.Parked() {
 		t.Fatalf("the version registered again as critical was not parked: %v, status %s", err, inv.Status)
+	}
+}
+
+// TestPolicyInputIsItsJSON: the input handed to OPA, built from parts,
+// is the value of Input's JSON encoding, whatever is set in it.
+func TestPolicyInputIsItsJSON(t *testing.T) {
+	claims := &token.Claims{ToolID: token.Patterns{"fs.*"}, TenantID: "acme", AgentDID: "did:a",
+		Budget:     &token.Budget{MaxCalls: 5, ApprovalAfterFailures: 2},
+		Filesystem: &token.FilesystemGrant{AllowedPaths: []string{"/data"}, Mode: "rw"},
+		Network:    &token.NetworkGrant{AllowedHosts: []string{"*.example.com"}, AllowedPorts: []int{443}}}
+	manifest := &tools.Manifest{ID: "fs.read", Version: "1.2.0", Kind: "builtin", Cost: &tools.Cost{PerCall: 0.5},
+		Safety: tools.Safety{RiskLevel: "high", SideEffects: []string{"fs.read"}}}
+	req := &api.Request{ToolID: "fs.read", Parameters: []byte(`{"path":"/data/x","n":[1,2.5,null],"deep":{"a":true}}`),
+		AgentContext:     api.AgentContext{AgentDID: "did:a", TenantID: "acme", SessionID: "s"},
+		ExecutionOptions: &api.ExecutionOptions{Priority: "high", RequireApproval: true}}
+	inputs := map[string]Input{
+		"empty": {},
+		"unmetered call": {Request: req, Tool: manifest, Claims: claims, Tenant: "acme", Time: "2026-01-01T00:00:00Z",
+			Resources: Resources{Paths: []PathNeed{}, Hosts: []HostNeed{}, Credentials: []string{}},
+			Derived:   Derived{HostGranted: map[string]bool{}}},
+		"everything": {Request: req, Tool: manifest, Claims: claims, Tenant: "acme", Time: "2026-01-01T00:00:00Z",
+			Usage: kvstore.Usage{Calls: 3, RuntimeMS: 40, Cost: 1.5, Tokens: 7, ConsecutiveFailures: 2, Reserved: []string{"i-1"},
+				UpdatedAt: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)},
+			Resources: Resources{Paths: []PathNeed{{Path: "/data/x", Mode: "ro"}, {Path: "/tmp", Mode: "rw"}},
+				Hosts: []HostNeed{{Host: "api.example.com", Port: 443}, {Host: "x.org"}}, Credentials: []string{"k1", "k2"}},
+			Derived:  Derived{PreApproved: true, HostGranted: map[string]bool{"api.example.com": true, "x.org": false}},
+			Approval: &ApprovalInput{State: "approved", DecidedBy: "alice"}},
+		"approval pending": {Request: req, Claims: claims, Approval: &ApprovalInput{State: "pending"}},
+	}
+	for name, in := range inputs {
+		t.Run(name, func(t *testing.T) {
+			want, err := astValue(in)
+			if err != nil {
+				t.Fatal(err)
+			}
+			a := &Authorizer{}
+			for _, raw := range []string{"raw-token", "raw-token", ""} { // cached, then from the cache, then a linked call
+				got, err := a.policyInput(in, raw)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if ast.Compare(got, want) != 0 {
+					t.Fatalf("token %q:\n got %v\nwant %v", raw, got, want)
+				}
+			}
+		})
 	}
 }
