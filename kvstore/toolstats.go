@@ -144,11 +144,11 @@ func (s *Store) ToolStats(ctx context.Context) (map[string]ToolShard, error) {
 // StatsRecorder keeps one process's share of the tool statistics: it adds
 // calls in memory and writes its own shard keys, whole, with plain puts.
 // Nothing is shared with other processes, so recording never waits on
-// another writer. The writes of one process are coalesced: a call recorded
-// when nothing was written for StatsEvery writes at once (so the first
+// another writer. The writes of one process are coalesced: a call of a tool
+// whose key was not written for StatsEvery writes at once (so the first
 // call of a quiet tool is visible when its result is); calls recorded
 // sooner, or while a write is under way, are written together once
-// StatsEvery has passed, so a busy process writes its shard a few times a
+// StatsEvery has passed, so a busy tool's key is written a few times a
 // second, not once per call.
 type StatsRecorder struct {
 	kv    jetstream.KeyValue
@@ -157,8 +157,8 @@ type StatsRecorder struct {
 	mu     sync.Mutex
 	totals map[string]*ToolShard
 	dirty  map[string]bool
-	last   time.Time // when the last write began
-	armed  bool      // a delayed write is scheduled
+	last   map[string]time.Time // when each tool's last write began
+	armed  bool                 // a delayed write is scheduled
 
 	flushMu sync.Mutex // one write at a time
 }
@@ -170,11 +170,11 @@ const StatsEvery = 250 * time.Millisecond
 // NewStatsRecorder returns a recorder with a fresh shard.
 func (s *Store) NewStatsRecorder() *StatsRecorder {
 	return &StatsRecorder{kv: s.toolstats, shard: strings.ReplaceAll(uuid.NewString(), "-", ""),
-		totals: map[string]*ToolShard{}, dirty: map[string]bool{}}
+		totals: map[string]*ToolShard{}, dirty: map[string]bool{}, last: map[string]time.Time{}}
 }
 
-// Record counts one call of tool, and writes the shard at once unless it
-// was written less than StatsEvery ago or is being written: then a write
+// Record counts one call of tool, and writes it at once unless its key was
+// written less than StatsEvery ago or a write is under way: then a write
 // StatsEvery after the last one takes it along. A failed write is retried
 // with a later call or Flush.
 func (r *StatsRecorder) Record(ctx context.Context, tool string, success bool, latencyMS int64, cost float64) error {
@@ -187,7 +187,7 @@ func (r *StatsRecorder) Record(ctx context.Context, tool string, success bool, l
 	}
 	t.Add(success, latencyMS, cost, now.UTC())
 	r.dirty[tool] = true
-	if wait := StatsEvery - now.Sub(r.last); wait > 0 || !r.flushMu.TryLock() {
+	if wait := StatsEvery - now.Sub(r.last[tool]); wait > 0 || !r.flushMu.TryLock() {
 		if !r.armed {
 			r.armed = true
 			time.AfterFunc(max(wait, time.Millisecond), r.delayed)
@@ -220,10 +220,11 @@ func (r *StatsRecorder) Flush(ctx context.Context) error {
 // flush writes the dirty totals; the caller holds flushMu.
 func (r *StatsRecorder) flush(ctx context.Context) error {
 	r.mu.Lock()
-	r.last = time.Now()
+	now := time.Now()
 	batch := make(map[string][]byte, len(r.dirty))
 	for tool := range r.dirty {
 		batch[tool], _ = json.Marshal(r.totals[tool])
+		r.last[tool] = now
 	}
 	clear(r.dirty)
 	r.mu.Unlock()
