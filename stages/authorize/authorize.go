@@ -94,8 +94,8 @@ type Sealer interface {
 type Authorizer struct {
 	cfg    Config
 	engine atomic.Pointer[policy.Engine]
-	tools  astValues[*tools.Manifest]
-	claims astValues[[32]byte]
+	tools  astValues[*tools.Manifest] // at most maxCachedManifests
+	claims astValues[[32]byte]        // at most maxCachedTokens
 }
 
 var _ stages.Stage = (*Authorizer)(nil)
@@ -112,6 +112,7 @@ func New(cfg Config) *Authorizer {
 		cfg.Revoked = new(token.Revocations)
 	}
 	a := &Authorizer{cfg: cfg}
+	a.tools.max, a.claims.max = maxCachedManifests, maxCachedTokens
 	a.engine.Store(cfg.Policy)
 	return a
 }
@@ -495,17 +496,23 @@ func astValue(v any) (ast.Value, error) {
 	return ast.InterfaceToValue(p)
 }
 
-// maxCachedValues bounds the manifests and the tokens whose policy form is
-// kept; past it a cache starts again empty.
-const maxCachedValues = 4096
+// maxCachedManifests and maxCachedTokens bound the manifests and the
+// tokens whose policy form is kept; past its bound a cache starts again
+// empty. A manifest's form (schemas included) weighs kilobytes, a token's
+// claims' about one.
+const (
+	maxCachedManifests = 512
+	maxCachedTokens    = 4096
+)
 
 // astValues keeps policy forms of values that do not change by a key that
 // names them: a *tools.Manifest (the registry hands out one per registered
 // version and replaces, never changes, it when the version is registered
 // again), or the SHA-256 of a raw token (its verified claims).
 type astValues[K comparable] struct {
-	mu sync.Mutex
-	m  map[K]ast.Value
+	mu  sync.Mutex
+	m   map[K]ast.Value
+	max int
 }
 
 func (c *astValues[K]) value(k K, make func() (ast.Value, error)) (ast.Value, error) {
@@ -520,7 +527,7 @@ func (c *astValues[K]) value(k K, make func() (ast.Value, error)) (ast.Value, er
 		return nil, err
 	}
 	c.mu.Lock()
-	if c.m == nil || len(c.m) >= maxCachedValues {
+	if c.m == nil || len(c.m) >= c.max {
 		c.m = map[K]ast.Value{}
 	}
 	c.m[k] = v
