@@ -269,6 +269,11 @@ func (s *Store) usage(ctx context.Context, tenant, session string) (Usage, uint6
 	if err := json.Unmarshal(e.Value(), &u); err != nil {
 		return Usage{}, 0, fmt.Errorf("decoding usage: %w", err)
 	}
+	// authorize reads the usage for its policy, then reserves a call on
+	// it: the reservation starts from this read (recent.go).
+	if r := recentOf(s.budgets); r != nil {
+		r.put(e.Key(), e.Revision(), e.Value())
+	}
 	return u, e.Revision(), nil
 }
 

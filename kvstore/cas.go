@@ -22,7 +22,8 @@ var ErrUnchanged = errors.New("kvstore: value left unchanged")
 // casAttempts times in a row.
 var ErrContention = errors.New("too much contention")
 
-// update reads key from kv, decodes it into a T (the zero T with exists false
+// update reads key from kv (or, in a bucket that remembers its writes,
+// starts from the value this process last wrote: recent.go), decodes it into a T (the zero T with exists false
 // when the key is missing), calls fn on it and writes the result back with
 // Create (missing key) or Update at the revision read, so a concurrent write
 // between read and write is never lost: on a conflict (ErrKeyExists or
@@ -35,7 +36,28 @@ var ErrContention = errors.New("too much contention")
 // error from fn is returned as is, with the value as fn left it. On success
 // update returns the value written and its new revision.
 func update[T any](ctx context.Context, kv jetstream.KeyValue, key string, fn func(v *T, exists bool) error) (T, uint64, error) {
+	return updateKey(ctx, kv, key, false, fn)
+}
+
+// updateFresh is update for a key that is expected not to exist yet: in a
+// bucket that remembers its writes, the first try is fn on the zero value
+// written with Create, without a read (recent.go).
+func updateFresh[T any](ctx context.Context, kv jetstream.KeyValue, key string, fn func(v *T, exists bool) error) (T, uint64, error) {
+	return updateKey(ctx, kv, key, true, fn)
+}
+
+func updateKey[T any](ctx context.Context, kv jetstream.KeyValue, key string, fresh bool, fn func(v *T, exists bool) error) (T, uint64, error) {
 	var zero T
+	recent := recentOf(kv)
+	if recent != nil {
+		v, rev, err := updateRemembered(ctx, kv, recent, key, fresh, fn)
+		if !errors.Is(err, errStale) {
+			if err != nil {
+				return zero, 0, fmt.Errorf("writing %s: %w", key, err)
+			}
+			return v, rev, nil
+		}
+	}
 	for range casAttempts {
 		var v T
 		var rev uint64
@@ -70,6 +92,9 @@ func update[T any](ctx context.Context, kv jetstream.KeyValue, key string, fn fu
 		}
 		if err != nil {
 			return zero, 0, fmt.Errorf("writing %s: %w", key, err)
+		}
+		if recent != nil {
+			recent.put(key, next, val)
 		}
 		return v, next, nil
 	}

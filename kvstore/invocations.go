@@ -100,7 +100,9 @@ func sameInvocation(stored, rec api.Record) bool {
 // Seq is an earlier request that holds the id. A record without a sequence
 // (a cancel that came first) is adopted, keeping its cancel flag.
 func (s *Store) ClaimInvocation(ctx context.Context, tenant, id string, seq uint64, digest string) (api.Record, error) {
-	rec, _, err := update(ctx, s.invocations, invocationKey(tenant, id), func(stored *api.Record, exists bool) error {
+	// The id is new but for a redelivery, a reused id or a cancel that came
+	// first: the claim is tried as a create before anything is read.
+	rec, _, err := updateFresh(ctx, s.invocations, invocationKey(tenant, id), func(stored *api.Record, exists bool) error {
 		if exists && (stored.Seq != 0 || stored.Status.Terminal()) {
 			return ErrUnchanged
 		}

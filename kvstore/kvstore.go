@@ -174,6 +174,11 @@ func Open(ctx context.Context, js jetstream.JetStream, o Options) (*Store, error
 		}
 		*b.kv = bounded{kv, o.OpTimeout}
 	}
+	// The keys the stages of one process write in turn: their
+	// compare-and-swaps start from this process's last write (recent.go).
+	for _, kv := range []*jetstream.KeyValue{&s.invocations, &s.budgets} {
+		*kv = remembering{(*kv).(bounded), &recentWrites{}}
+	}
 	// A bucket created earlier keeps its own max age: that is the one
 	// that expires shards.
 	if st, err := s.modelstats.Status(ctx); err == nil && st.TTL() > 0 {

@@ -144,82 +144,99 @@ func (s *Store) ToolStats(ctx context.Context) (map[string]ToolShard, error) {
 // StatsRecorder keeps one process's share of the tool statistics: it adds
 // calls in memory and writes its own shard keys, whole, with plain puts.
 // Nothing is shared with other processes, so recording never waits on
-// another writer; the writes of one process are coalesced (while one call
-// writes, others only add in memory and that writer picks their changes up).
+// another writer. The writes of one process are coalesced: a call of a tool
+// whose key was not written for StatsEvery writes at once (so the first
+// call of a quiet tool is visible when its result is); calls recorded
+// sooner, or while a write is under way, are written together once
+// StatsEvery has passed, so a busy tool's key is written a few times a
+// second, not once per call.
 type StatsRecorder struct {
 	kv    jetstream.KeyValue
 	shard string
 
-	mu       sync.Mutex
-	totals   map[string]*ToolShard
-	dirty    map[string]bool
-	flushing bool
+	mu     sync.Mutex
+	totals map[string]*ToolShard
+	dirty  map[string]bool
+	last   map[string]time.Time // when each tool's last write began
+	armed  bool                 // a delayed write is scheduled
+
+	flushMu sync.Mutex // one write at a time
 }
+
+// StatsEvery is the least time between two writes of a StatsRecorder's
+// shard, but for Flush.
+const StatsEvery = 250 * time.Millisecond
 
 // NewStatsRecorder returns a recorder with a fresh shard.
 func (s *Store) NewStatsRecorder() *StatsRecorder {
 	return &StatsRecorder{kv: s.toolstats, shard: strings.ReplaceAll(uuid.NewString(), "-", ""),
-		totals: map[string]*ToolShard{}, dirty: map[string]bool{}}
+		totals: map[string]*ToolShard{}, dirty: map[string]bool{}, last: map[string]time.Time{}}
 }
 
-// Record counts one call of tool and writes the shard unless another call
-// is writing it (which then writes this one too). A failed write is retried
-// with the next call or Flush.
+// Record counts one call of tool, and writes it at once unless its key was
+// written less than StatsEvery ago or a write is under way: then a write
+// StatsEvery after the last one takes it along. A failed write is retried
+// with a later call or Flush.
 func (r *StatsRecorder) Record(ctx context.Context, tool string, success bool, latencyMS int64, cost float64) error {
+	now := time.Now()
 	r.mu.Lock()
 	t := r.totals[tool]
 	if t == nil {
 		t = &ToolShard{}
 		r.totals[tool] = t
 	}
-	t.Add(success, latencyMS, cost, time.Now().UTC())
+	t.Add(success, latencyMS, cost, now.UTC())
 	r.dirty[tool] = true
-	if r.flushing {
+	if wait := StatsEvery - now.Sub(r.last[tool]); wait > 0 || !r.flushMu.TryLock() {
+		if !r.armed {
+			r.armed = true
+			time.AfterFunc(max(wait, time.Millisecond), r.delayed)
+		}
 		r.mu.Unlock()
 		return nil
 	}
-	r.flushing = true
 	r.mu.Unlock()
+	defer r.flushMu.Unlock()
 	return r.flush(ctx)
 }
 
-// Flush writes every changed total.
-func (r *StatsRecorder) Flush(ctx context.Context) error {
+// delayed is the scheduled write.
+func (r *StatsRecorder) delayed() {
 	r.mu.Lock()
-	if r.flushing {
-		r.mu.Unlock()
-		return nil
-	}
-	r.flushing = true
+	r.armed = false
 	r.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = r.Flush(ctx) // what failed stays dirty for the next write
+}
+
+// Flush writes every changed total, after any write under way.
+func (r *StatsRecorder) Flush(ctx context.Context) error {
+	r.flushMu.Lock()
+	defer r.flushMu.Unlock()
 	return r.flush(ctx)
 }
 
-// flush writes dirty totals until none is left; the caller set flushing.
+// flush writes the dirty totals; the caller holds flushMu.
 func (r *StatsRecorder) flush(ctx context.Context) error {
-	for {
-		r.mu.Lock()
-		if len(r.dirty) == 0 {
-			r.flushing = false
-			r.mu.Unlock()
-			return nil
-		}
-		batch := make(map[string][]byte, len(r.dirty))
-		for tool := range r.dirty {
-			batch[tool], _ = json.Marshal(r.totals[tool])
-		}
-		clear(r.dirty)
-		r.mu.Unlock()
-		for tool, val := range batch {
-			if _, err := r.kv.Put(ctx, statsKey(tool, r.shard), val); err != nil {
-				r.mu.Lock()
-				for t := range batch {
-					r.dirty[t] = true
-				}
-				r.flushing = false
-				r.mu.Unlock()
-				return fmt.Errorf("writing statistics of %s: %w", tool, err)
+	r.mu.Lock()
+	now := time.Now()
+	batch := make(map[string][]byte, len(r.dirty))
+	for tool := range r.dirty {
+		batch[tool], _ = json.Marshal(r.totals[tool])
+		r.last[tool] = now
+	}
+	clear(r.dirty)
+	r.mu.Unlock()
+	for tool, val := range batch {
+		if _, err := r.kv.Put(ctx, statsKey(tool, r.shard), val); err != nil {
+			r.mu.Lock()
+			for t := range batch {
+				r.dirty[t] = true
 			}
+			r.mu.Unlock()
+			return fmt.Errorf("writing statistics of %s: %w", tool, err)
 		}
 	}
+	return nil
 }

@@ -131,7 +131,17 @@ func measureAuthz(ctx context.Context, n *node.Node, cred credentials) ([]Cost, 
 	if err != nil {
 		return nil, err
 	}
+	// A verifier remembers the tokens that verified: the first sight of a
+	// token is the parse and the signature check, every later one a lookup.
 	verify, err := timeIt("token verification", func(int) error {
+		v := &token.Verifier{Keys: cred.verifier.Keys, Issuer: cred.verifier.Issuer, Audience: cred.verifier.Audience}
+		_, err := v.Verify(cred.token)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	again, err := timeIt("token seen again", func(int) error {
 		_, err := cred.verifier.Verify(cred.token)
 		return err
 	})
@@ -162,7 +172,7 @@ func measureAuthz(ctx context.Context, n *node.Node, cred credentials) ([]Cost, 
 	if err != nil {
 		return nil, err
 	}
-	return []Cost{stage, verify, kv, lease, each, budgeted}, nil
+	return []Cost{stage, verify, kv, lease, each, budgeted, again}, nil
 }
 
 func printAuthz(w io.Writer, costs []Cost) {

@@ -385,7 +385,17 @@ func (n *Node) NewStage(ctx context.Context, name string, c StageConfig) (stages
 		if err != nil {
 			return nil, err
 		}
-		return audit.New(n.Store, &audit.Hooks{Registry: n.Registry, Tenants: tenants}), nil
+		a := audit.New(n.Store, &audit.Hooks{Registry: n.Registry, Tenants: tenants})
+		// The statistics recorded since the last write go out when the
+		// stages stop, after in-flight calls end.
+		n.onStop(func() {
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			if err := a.FlushStats(ctx); err != nil {
+				n.Log.Warn("tool statistics not written", "err", err)
+			}
+		})
+		return a, nil
 	}
 	return nil, fmt.Errorf("unknown stage %q (stages: %v)", name, subjects.Stages)
 }

@@ -173,8 +173,17 @@ func ReadDir(dir string) (map[string]string, map[string]any, error) {
 // Eval evaluates the decision for input. A denial is a Decision with Allow
 // false; an error means the policy could not be evaluated, and the caller
 // must deny too (it is a *api.Error with E3206).
+//
+// input is either plain Go (maps, slices, strings, numbers, booleans, or
+// anything encoding/json encodes), which OPA converts on every call, or an
+// ast.Value already in the form OPA evaluates, which is used as it is and
+// must not be changed while it is evaluated.
 func (e *Engine) Eval(ctx context.Context, input any) (Decision, error) {
-	rs, err := e.query.Eval(ctx, rego.EvalInput(input))
+	opt := rego.EvalInput(input)
+	if v, ok := input.(ast.Value); ok {
+		opt = rego.EvalParsedInput(v)
+	}
+	rs, err := e.query.Eval(ctx, opt)
 	if err != nil {
 		return Decision{Reasons: []string{"policy evaluation failed"}},
 			api.WrapError(err, api.InternalError, api.EPolicyFailed, "evaluating policy: %v", err)

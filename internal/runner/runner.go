@@ -353,11 +353,11 @@ func (r *Runner) decode(subject string, header nats.Header, data []byte, seq uin
 	if d, ok := r.Stage.(stages.Decoder); ok {
 		return d.Decode(subject, header, data, seq, r.now())
 	}
-	var inv envelope.Invocation
-	if err := json.Unmarshal(data, &inv); err != nil || inv.ID == "" {
+	inv, err := envelope.Decode(data)
+	if err != nil || inv.ID == "" {
 		return nil, fmt.Errorf("undecodable envelope: %v", err)
 	}
-	return &inv, nil
+	return inv, nil
 }
 
 // finalises reports whether the stage ends invocations (stages.Finaliser).
@@ -449,17 +449,28 @@ func (r *Runner) process(ctx context.Context, msg jetstream.Msg, inv *envelope.I
 		return r.publish(pctx, o)
 	})
 	if r.AckWait > 0 {
-		go func() {
-			t := time.NewTicker(r.AckWait / 3)
-			defer t.Stop()
-			for {
-				select {
-				case <-ctx.Done():
-					return
-				case <-t.C:
-					_ = msg.InProgress()
-				}
+		// A timer, not a goroutine per message: most messages are done
+		// long before the first in-progress ack is due.
+		every := r.AckWait / 3
+		var mu sync.Mutex
+		stopped := false
+		var t *time.Timer
+		mu.Lock() // t is set before the callback reads it
+		t = time.AfterFunc(every, func() {
+			mu.Lock()
+			defer mu.Unlock()
+			if stopped || ctx.Err() != nil {
+				return
 			}
+			_ = msg.InProgress()
+			t.Reset(every)
+		})
+		mu.Unlock()
+		defer func() {
+			mu.Lock()
+			stopped = true
+			t.Stop()
+			mu.Unlock()
 		}()
 	}
 	defer func() {

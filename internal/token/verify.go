@@ -2,6 +2,7 @@ package token
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -40,6 +41,8 @@ type Verifier struct {
 	MaxLifetime time.Duration
 	// Now is the clock; nil is time.Now.
 	Now func() time.Time
+
+	cache verified
 }
 
 // Verify parses and checks raw: signature by the key its kid names, with
@@ -59,6 +62,10 @@ func (v *Verifier) Verify(raw string) (*Claims, error) {
 	ks := v.Keys.KeySet()
 	if ks == nil {
 		return nil, invalid("no key set is configured")
+	}
+	sum := sha256.Sum256([]byte(raw))
+	if c := v.cache.get(sum, ks, v.now(), v.Leeway); c != nil {
+		return c, nil
 	}
 	opts := []jwt.ParserOption{
 		jwt.WithValidMethods(Algorithms),
@@ -107,6 +114,7 @@ func (v *Verifier) Verify(raw string) (*Claims, error) {
 	if err := c.check(); err != nil {
 		return nil, err
 	}
+	v.cache.put(sum, ks, &c)
 	return &c, nil
 }
 

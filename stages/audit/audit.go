@@ -29,6 +29,7 @@ var _ store = (*kvstore.Store)(nil)
 // (*kvstore.StatsRecorder: this process's own shard, no shared key).
 type statsRecorder interface {
 	Record(ctx context.Context, tool string, success bool, latencyMS int64, cost float64) error
+	Flush(ctx context.Context) error
 }
 
 // Auditor implements the audit stage.
@@ -48,6 +49,16 @@ func New(s *kvstore.Store, h *Hooks) *Auditor {
 		h.Store = s
 	}
 	return &Auditor{store: s, hooks: h, stats: s.NewStatsRecorder()}
+}
+
+// FlushStats writes the tool statistics recorded and not written yet
+// (kvstore.StatsRecorder coalesces its writes): call it once the stage's
+// runners have drained.
+func (a *Auditor) FlushStats(ctx context.Context) error {
+	if a.stats == nil {
+		return nil
+	}
+	return a.stats.Flush(ctx)
 }
 
 // Finalises implements stages.Finaliser: audit is where every invocation

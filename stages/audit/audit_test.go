@@ -222,6 +222,8 @@ func (f *fakeStats) Record(_ context.Context, tool string, success bool, ms int6
 	return nil
 }
 
+func (f *fakeStats) Flush(context.Context) error { return nil }
+
 // TestAuditCountsToolCalls: a call that reached its tool is counted once,
 // with its outcome, duration and cost; a redelivery adds nothing, nor does
 // a call refused before it ran.

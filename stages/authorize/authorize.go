@@ -13,8 +13,10 @@ package authorize
 import (
 	"cmp"
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
+	"github.com/open-policy-agent/opa/v1/ast"
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/envelope"
 	"github.com/toolgate/toolgate/internal/hosts"
@@ -26,8 +28,10 @@ import (
 	"github.com/toolgate/toolgate/stages"
 	"github.com/toolgate/toolgate/stages/execute/httptool"
 	"github.com/toolgate/toolgate/subjects"
+	"reflect"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -90,6 +94,8 @@ type Sealer interface {
 type Authorizer struct {
 	cfg    Config
 	engine atomic.Pointer[policy.Engine]
+	tools  astValues[*tools.Manifest] // at most maxCachedManifests
+	claims astValues[[32]byte]        // at most maxCachedTokens
 }
 
 var _ stages.Stage = (*Authorizer)(nil)
@@ -106,6 +112,7 @@ func New(cfg Config) *Authorizer {
 		cfg.Revoked = new(token.Revocations)
 	}
 	a := &Authorizer{cfg: cfg}
+	a.tools.max, a.claims.max = maxCachedManifests, maxCachedTokens
 	a.engine.Store(cfg.Policy)
 	return a
 }
@@ -226,7 +233,7 @@ func (a *Authorizer) Process(ctx context.Context, inv *envelope.Invocation) ([]s
 		Time: a.cfg.Now().UTC().Format(time.RFC3339),
 	}
 	in.Derived = derive(claims, m, in.Resources)
-	d, err := a.eval(ctx, in)
+	d, err := a.eval(ctx, in, req.CapabilityToken)
 	if err != nil {
 		return nil, err
 	}
@@ -250,7 +257,7 @@ func (a *Authorizer) Process(ctx context.Context, inv *envelope.Invocation) ([]s
 		}
 		if hasApproval {
 			in.Approval = &ApprovalInput{State: approval.State, DecidedBy: approval.DecidedBy}
-			if d, err = a.eval(ctx, in); err != nil {
+			if d, err = a.eval(ctx, in, req.CapabilityToken); err != nil {
 				return nil, err
 			}
 		}
@@ -368,12 +375,164 @@ func compactJSON(b []byte) string {
 	return string(out)
 }
 
-func (a *Authorizer) eval(ctx context.Context, in Input) (policy.Decision, error) {
-	input, err := plain(in)
+func (a *Authorizer) eval(ctx context.Context, in Input, rawToken string) (policy.Decision, error) {
+	input, err := a.policyInput(in, rawToken)
 	if err != nil {
 		return policy.Decision{}, api.WrapError(err, api.InternalError, api.EPolicyFailed, "building policy input: %v", err)
 	}
 	return a.engine.Load().Eval(ctx, input)
+}
+
+// policyInput is in in the form OPA evaluates: the ast.Value of its JSON
+// encoding (TestPolicyInputIsItsJSON holds it to that). The manifest's
+// part, the largest and the same on every call of a tool version, is
+// converted once per manifest; the claims' part, the same on every call
+// with one token, once per token (rawToken; linked requests, which have
+// none, convert theirs every time). The request goes through its JSON
+// encoding; the small fixed-shape parts are built directly.
+func (a *Authorizer) policyInput(in Input, rawToken string) (ast.Value, error) {
+	req, err := astValue(in.Request)
+	if err != nil {
+		return nil, err
+	}
+	var tool ast.Value = ast.Null{}
+	if m := in.Tool; m != nil {
+		if tool, err = a.tools.value(m, func() (ast.Value, error) { return astValue(m) }); err != nil {
+			return nil, err
+		}
+	}
+	var claims ast.Value
+	if c := in.Claims; rawToken != "" && c != nil {
+		claims, err = a.claims.value(sha256.Sum256([]byte(rawToken)), func() (ast.Value, error) { return astValue(c) })
+	} else {
+		claims, err = astValue(in.Claims)
+	}
+	if err != nil {
+		return nil, err
+	}
+	usage := zeroUsage
+	if !reflect.ValueOf(in.Usage).IsZero() {
+		if usage, err = astValue(in.Usage); err != nil {
+			return nil, err
+		}
+	}
+	terms := [][2]*ast.Term{
+		ast.Item(ast.InternedTerm("request"), ast.NewTerm(req)),
+		ast.Item(ast.InternedTerm("tool"), ast.NewTerm(tool)),
+		ast.Item(ast.InternedTerm("claims"), ast.NewTerm(claims)),
+		ast.Item(ast.InternedTerm("usage"), ast.NewTerm(usage)),
+		ast.Item(ast.InternedTerm("resources"), resourcesTerm(in.Resources)),
+		ast.Item(ast.InternedTerm("derived"), derivedTerm(in.Derived)),
+		ast.Item(ast.InternedTerm("tenant"), ast.StringTerm(in.Tenant)),
+		ast.Item(ast.InternedTerm("time"), ast.StringTerm(in.Time)),
+	}
+	if ap := in.Approval; ap != nil {
+		fields := [][2]*ast.Term{ast.Item(ast.InternedTerm("state"), ast.StringTerm(ap.State))}
+		if ap.DecidedBy != "" {
+			fields = append(fields, ast.Item(ast.InternedTerm("decided_by"), ast.StringTerm(ap.DecidedBy)))
+		}
+		terms = append(terms, ast.Item(ast.InternedTerm("approval"), ast.ObjectTerm(fields...)))
+	}
+	return ast.NewObject(terms...), nil
+}
+
+// zeroUsage is the policy form of an empty usage (every unmetered call's).
+var zeroUsage = func() ast.Value {
+	v, err := astValue(kvstore.Usage{})
+	if err != nil {
+		panic(err)
+	}
+	return v
+}()
+
+// resourcesTerm is r's JSON encoding as a term.
+func resourcesTerm(r Resources) *ast.Term {
+	var paths, hosts, creds []*ast.Term
+	for _, p := range r.Paths {
+		paths = append(paths, ast.ObjectTerm(ast.Item(ast.InternedTerm("path"), ast.StringTerm(p.Path)),
+			ast.Item(ast.InternedTerm("mode"), ast.StringTerm(p.Mode))))
+	}
+	for _, h := range r.Hosts {
+		hosts = append(hosts, ast.ObjectTerm(ast.Item(ast.InternedTerm("host"), ast.StringTerm(h.Host)),
+			ast.Item(ast.InternedTerm("port"), ast.IntNumberTerm(h.Port))))
+	}
+	for _, c := range r.Credentials {
+		creds = append(creds, ast.StringTerm(c))
+	}
+	return ast.ObjectTerm(
+		ast.Item(ast.InternedTerm("paths"), arrayTerm(r.Paths == nil, paths)),
+		ast.Item(ast.InternedTerm("hosts"), arrayTerm(r.Hosts == nil, hosts)),
+		ast.Item(ast.InternedTerm("credentials"), arrayTerm(r.Credentials == nil, creds)))
+}
+
+// derivedTerm is d's JSON encoding as a term.
+func derivedTerm(d Derived) *ast.Term {
+	granted := ast.NullTerm()
+	if d.HostGranted != nil {
+		items := make([][2]*ast.Term, 0, len(d.HostGranted))
+		for h, ok := range d.HostGranted {
+			items = append(items, ast.Item(ast.StringTerm(h), ast.BooleanTerm(ok)))
+		}
+		granted = ast.ObjectTerm(items...)
+	}
+	return ast.ObjectTerm(ast.Item(ast.InternedTerm("pre_approved"), ast.BooleanTerm(d.PreApproved)),
+		ast.Item(ast.InternedTerm("host_granted"), granted))
+}
+
+// arrayTerm is an array, or null for a nil slice, as encoding/json writes.
+func arrayTerm(null bool, elems []*ast.Term) *ast.Term {
+	if null {
+		return ast.NullTerm()
+	}
+	return ast.ArrayTerm(elems...)
+}
+
+// astValue is v's JSON encoding as an ast.Value.
+func astValue(v any) (ast.Value, error) {
+	p, err := plain(v)
+	if err != nil {
+		return nil, err
+	}
+	return ast.InterfaceToValue(p)
+}
+
+// maxCachedManifests and maxCachedTokens bound the manifests and the
+// tokens whose policy form is kept; past its bound a cache starts again
+// empty. A manifest's form (schemas included) weighs kilobytes, a token's
+// claims' about one.
+const (
+	maxCachedManifests = 512
+	maxCachedTokens    = 4096
+)
+
+// astValues keeps policy forms of values that do not change by a key that
+// names them: a *tools.Manifest (the registry hands out one per registered
+// version and replaces, never changes, it when the version is registered
+// again), or the SHA-256 of a raw token (its verified claims).
+type astValues[K comparable] struct {
+	mu  sync.Mutex
+	m   map[K]ast.Value
+	max int
+}
+
+func (c *astValues[K]) value(k K, make func() (ast.Value, error)) (ast.Value, error) {
+	c.mu.Lock()
+	v, ok := c.m[k]
+	c.mu.Unlock()
+	if ok {
+		return v, nil
+	}
+	v, err := make()
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	if c.m == nil || len(c.m) >= c.max {
+		c.m = map[K]ast.Value{}
+	}
+	c.m[k] = v
+	c.mu.Unlock()
+	return v, nil
 }
 
 // denial turns a policy's refusal into the error of its code.

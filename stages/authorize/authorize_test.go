@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
+	"github.com/open-policy-agent/opa/v1/ast"
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/envelope"
 	"github.com/toolgate/toolgate/internal/policy"
@@ -203,6 +204,137 @@ func TestAuthorize(t *testing.T) {
 			}
 			if got := st.usage["acme/token:tok-1"].Calls; got != c.calls {
 				t.Fatalf("calls charged %d, want %d", got, c.calls)
+			}
+		})
+	}
+}
+
+// BenchmarkProcess is the stage's work for one admitted call of a session's
+// token, no budget: what every invocation pays in authorize.
+func BenchmarkProcess(b *testing.B) {
+	ctx := context.Background()
+	key, err := token.GenerateSigningKey(token.AlgEdDSA)
+	if err != nil {
+		b.Fatal(err)
+	}
+	engine, err := policy.Default(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	reg := tools.NewRegistry()
+	reg.Put(&tools.Manifest{ID: "echo", Version: "1.0.0", Kind: "builtin"})
+	raw, err := token.Mint(key, token.Claims{ToolID: token.Patterns{"*"}, TenantID: "acme", AgentDID: "did:agent:a",
+		RegisteredClaims: jwt.RegisteredClaims{ID: "tok-1", Issuer: issuer, Audience: jwt.ClaimStrings{audience},
+			ExpiresAt: jwt.NewNumericDate(time.Now().Add(time.Hour))}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	a := New(Config{Registry: reg, Policy: engine, Store: newFakeStore(),
+		Verifier: &token.Verifier{Keys: token.StaticKeys{Set: key.KeySet()}, Issuer: issuer, Audience: audience}})
+	b.ReportAllocs()
+	for b.Loop() {
+		inv := &envelope.Invocation{ID: "i-1", Tenant: "acme", Status: api.StatusPending, Event: envelope.Event{Seq: 3},
+			Request: &api.Request{ToolID: "echo", CapabilityToken: raw, Parameters: []byte(`{"text":"hi"}`),
+				AgentContext: api.AgentContext{AgentDID: "did:agent:a", TenantID: "acme"}}}
+		if _, err := a.Process(ctx, inv); err != nil || inv.Authz == nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// The policy input's parts kept between calls (the manifest's, the
+// claims') belong to one manifest and one token: another token, or the
+// same version registered again, is judged on its own.
+func TestPolicyInputPerTokenAndManifest(t *testing.T) {
+	ctx := context.Background()
+	key, err := token.GenerateSigningKey(token.AlgEdDSA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	engine, err := policy.Default(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := tools.NewRegistry()
+	reg.Put(&tools.Manifest{ID: "wipe", Version: "1.0.0", Kind: "builtin",
+		Safety: tools.Safety{RiskLevel: "low", SideEffects: []string{"fs.delete"}}})
+	mint := func(id string, excluded ...string) string {
+		raw, err := token.Mint(key, token.Claims{ToolID: token.Patterns{"*"}, TenantID: "acme", AgentDID: "did:agent:a",
+			ExcludedSideEffects: excluded,
+			RegisteredClaims: jwt.RegisteredClaims{ID: id, Issuer: issuer, Audience: jwt.ClaimStrings{audience},
+				ExpiresAt: jwt.NewNumericDate(time.Now().Add(time.Hour))}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return raw
+	}
+	free, barred := mint("tok-free"), mint("tok-barred", "fs")
+	a := New(Config{Registry: reg, Policy: engine, Store: newFakeStore(),
+		Verifier: &token.Verifier{Keys: token.StaticKeys{Set: key.KeySet()}, Issuer: issuer, Audience: audience}})
+	call := func(raw string) (*envelope.Invocation, error) {
+		inv := &envelope.Invocation{ID: "i-1", Tenant: "acme", Status: api.StatusPending,
+			Request: &api.Request{ToolID: "wipe", CapabilityToken: raw,
+				AgentContext: api.AgentContext{AgentDID: "did:agent:a", TenantID: "acme"}}}
+		_, err := a.Process(ctx, inv)
+		return inv, err
+	}
+	for range 2 {
+		if inv, err := call(free); err != nil || inv.Authz == nil {
+			t.Fatalf("free token: %v", err)
+		}
+		var ae *api.Error
+		if _, err := call(barred); !errors.As(err, &ae) || ae.ECode != api.EPolicyDenied {
+			t.Fatalf("token excluding fs: %v, want %s", err, api.EPolicyDenied)
+		}
+	}
+	reg.Put(&tools.Manifest{ID: "wipe", Version: "1.0.0", Kind: "builtin",
+		Safety: tools.Safety{RiskLevel: "critical", SideEffects: []string{"fs.delete"}}})
+	if inv, err := call(free); err != nil || !inv.Parked() {
+		t.Fatalf("the version registered again as critical was not parked: %v, status %s", err, inv.Status)
+	}
+}
+
+// TestPolicyInputIsItsJSON: the input handed to OPA, built from parts,
+// is the value of Input's JSON encoding, whatever is set in it.
+func TestPolicyInputIsItsJSON(t *testing.T) {
+	claims := &token.Claims{ToolID: token.Patterns{"fs.*"}, TenantID: "acme", AgentDID: "did:a",
+		Budget:     &token.Budget{MaxCalls: 5, ApprovalAfterFailures: 2},
+		Filesystem: &token.FilesystemGrant{AllowedPaths: []string{"/data"}, Mode: "rw"},
+		Network:    &token.NetworkGrant{AllowedHosts: []string{"*.example.com"}, AllowedPorts: []int{443}}}
+	manifest := &tools.Manifest{ID: "fs.read", Version: "1.2.0", Kind: "builtin", Cost: &tools.Cost{PerCall: 0.5},
+		Safety: tools.Safety{RiskLevel: "high", SideEffects: []string{"fs.read"}}}
+	req := &api.Request{ToolID: "fs.read", Parameters: []byte(`{"path":"/data/x","n":[1,2.5,null],"deep":{"a":true}}`),
+		AgentContext:     api.AgentContext{AgentDID: "did:a", TenantID: "acme", SessionID: "s"},
+		ExecutionOptions: &api.ExecutionOptions{Priority: "high", RequireApproval: true}}
+	inputs := map[string]Input{
+		"empty": {},
+		"unmetered call": {Request: req, Tool: manifest, Claims: claims, Tenant: "acme", Time: "2026-01-01T00:00:00Z",
+			Resources: Resources{Paths: []PathNeed{}, Hosts: []HostNeed{}, Credentials: []string{}},
+			Derived:   Derived{HostGranted: map[string]bool{}}},
+		"everything": {Request: req, Tool: manifest, Claims: claims, Tenant: "acme", Time: "2026-01-01T00:00:00Z",
+			Usage: kvstore.Usage{Calls: 3, RuntimeMS: 40, Cost: 1.5, Tokens: 7, ConsecutiveFailures: 2, Reserved: []string{"i-1"},
+				UpdatedAt: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)},
+			Resources: Resources{Paths: []PathNeed{{Path: "/data/x", Mode: "ro"}, {Path: "/tmp", Mode: "rw"}},
+				Hosts: []HostNeed{{Host: "api.example.com", Port: 443}, {Host: "x.org"}}, Credentials: []string{"k1", "k2"}},
+			Derived:  Derived{PreApproved: true, HostGranted: map[string]bool{"api.example.com": true, "x.org": false}},
+			Approval: &ApprovalInput{State: "approved", DecidedBy: "alice"}},
+		"approval pending": {Request: req, Claims: claims, Approval: &ApprovalInput{State: "pending"}},
+	}
+	for name, in := range inputs {
+		t.Run(name, func(t *testing.T) {
+			want, err := astValue(in)
+			if err != nil {
+				t.Fatal(err)
+			}
+			a := &Authorizer{}
+			for _, raw := range []string{"raw-token", "raw-token", ""} { // cached, then from the cache, then a linked call
+				got, err := a.policyInput(in, raw)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if ast.Compare(got, want) != 0 {
+					t.Fatalf("token %q:\n got %v\nwant %v", raw, got, want)
+				}
 			}
 		})
 	}

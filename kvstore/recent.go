@@ -1,0 +1,125 @@
+package kvstore
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"sync"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// What a compare-and-swap costs, and what is remembered so it costs less:
+// update reads a key (a request to the server and its reply) before it
+// writes it at the revision read. The keys of an invocation's status and of
+// a session's usage are written several times by the stages of one
+// process (validate claims the id, execute claims the run, audit records
+// the end; authorize reserves, audit charges), each time at the revision
+// this process wrote last. A bucket that remembers its writes keeps, per
+// key, the revision and the bytes this process last wrote, and update
+// first tries its change on those: the write at that revision succeeds only
+// if the key still holds exactly those bytes, so the change was decided on
+// the stored value, as after a read. If another process wrote the key
+// since, the write is refused and update reads and tries again as it
+// always did; a change that decides to write nothing, or refuses, on the
+// remembered value is decided again on a fresh read, since only a write
+// confirms that the value it was given was current.
+
+// maxRecent bounds the keys a bucket remembers; past it the bucket starts
+// again with none, which costs a read per key, as without the memory.
+const maxRecent = 4096
+
+// recentWrites is the revision and value this process last wrote per key,
+// or read, where a read is followed by a write of the same key (a session's
+// usage, read for the policy and then charged).
+type recentWrites struct {
+	mu sync.Mutex
+	m  map[string]recentWrite
+}
+
+type recentWrite struct {
+	rev uint64
+	val []byte
+}
+
+func (r *recentWrites) get(key string) (recentWrite, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	w, ok := r.m[key]
+	return w, ok
+}
+
+func (r *recentWrites) put(key string, rev uint64, val []byte) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.m == nil || len(r.m) >= maxRecent {
+		r.m = make(map[string]recentWrite)
+	}
+	r.m[key] = recentWrite{rev: rev, val: val}
+}
+
+func (r *recentWrites) forget(key string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.m, key)
+}
+
+// remembering is a bucket whose update remembers its writes.
+type remembering struct {
+	bounded
+	recent *recentWrites
+}
+
+// recentOf returns the writes kv remembers, or nil.
+func recentOf(kv jetstream.KeyValue) *recentWrites {
+	if r, ok := kv.(remembering); ok {
+		return r.recent
+	}
+	return nil
+}
+
+// errStale reports a remembered revision that is not the key's any more.
+var errStale = errors.New("remembered revision is stale")
+
+// updateRemembered tries fn on the value this process last wrote to key
+// and writes the result at that revision. It returns errStale when update
+// must read instead: nothing remembered, a change that writes nothing or
+// refuses, or a key written since. Any other error is the write's own.
+//
+// A key the caller expects to be new (fresh) and that nothing is remembered
+// of is tried the same way as missing: fn on the zero value, written with
+// Create, which succeeds only if the key does not exist.
+func updateRemembered[T any](ctx context.Context, kv jetstream.KeyValue, recent *recentWrites, key string, fresh bool, fn func(v *T, exists bool) error) (T, uint64, error) {
+	var zero, v T
+	w, ok := recent.get(key)
+	switch {
+	case ok:
+		if json.Unmarshal(w.val, &v) != nil {
+			return zero, 0, errStale
+		}
+	case !fresh:
+		return zero, 0, errStale
+	}
+	if err := fn(&v, ok); err != nil {
+		return zero, 0, errStale
+	}
+	val, err := json.Marshal(v)
+	if err != nil {
+		return zero, 0, err
+	}
+	var next uint64
+	if ok {
+		next, err = kv.Update(ctx, key, val, w.rev)
+	} else {
+		next, err = kv.Create(ctx, key, val)
+	}
+	switch {
+	case errors.Is(err, jetstream.ErrKeyExists), errors.Is(err, jetstream.ErrKeyRevisionMismatch):
+		recent.forget(key)
+		return zero, 0, errStale
+	case err != nil:
+		return zero, 0, err
+	}
+	recent.put(key, next, val)
+	return v, next, nil
+}

@@ -1,0 +1,133 @@
+package kvstore
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/natstest"
+)
+
+// reads counts the reads of a real bucket.
+type reads struct {
+	jetstream.KeyValue
+	n *atomic.Int32
+}
+
+func (r reads) Get(ctx context.Context, key string) (jetstream.KeyValueEntry, error) {
+	r.n.Add(1)
+	return r.KeyValue.Get(ctx, key)
+}
+
+// openCounting opens two Stores on one server, as two processes would,
+// each counting the reads of its invocations bucket.
+func openCounting(t *testing.T) (a, b *Store, readsA *atomic.Int32) {
+	t.Helper()
+	_, js := natstest.JetStream(t)
+	ctx := context.Background()
+	var err error
+	if a, err = Open(ctx, js, Options{}); err != nil {
+		t.Fatal(err)
+	}
+	if b, err = Open(ctx, js, Options{}); err != nil {
+		t.Fatal(err)
+	}
+	readsA = new(atomic.Int32)
+	r := a.invocations.(remembering)
+	r.bounded.KeyValue = reads{r.bounded.KeyValue, readsA}
+	a.invocations = r
+	return a, b, readsA
+}
+
+// An invocation's status written by the stages of one process in turn
+// (claimed, running, ended) costs no read: each compare-and-swap starts
+// from this process's last write.
+func TestStatusWritesOfOneProcessRead(t *testing.T) {
+	s, _, n := openCounting(t)
+	ctx := context.Background()
+	rec, err := s.ClaimInvocation(ctx, "t", "i-1", 7, "d")
+	if err != nil || rec.Seq != 7 {
+		t.Fatalf("claim: %+v %v", rec, err)
+	}
+	_, existed, stored, written, err := s.ClaimRun(ctx, api.Record{InvocationID: "i-1", Tenant: "t", Status: api.StatusRunning, Seq: 7}, nil)
+	if err != nil || !existed || !written || stored.Digest != "d" {
+		t.Fatalf("run: existed %v written %v %+v %v", existed, written, stored, err)
+	}
+	stored, written, err = s.SetStatus(ctx, api.Record{InvocationID: "i-1", Tenant: "t", Status: api.StatusSuccess, Seq: 7})
+	if err != nil || !written || stored.Status != api.StatusSuccess || stored.Digest != "d" {
+		t.Fatalf("end: written %v %+v %v", written, stored, err)
+	}
+	if got := n.Load(); got != 0 {
+		t.Fatalf("%d reads, want none", got)
+	}
+	// A status that is already terminal is not replaced, decided on a
+	// fresh read.
+	if _, written, err := s.SetStatus(ctx, api.Record{InvocationID: "i-1", Tenant: "t", Status: api.StatusError, Seq: 7}); err != nil || written {
+		t.Fatalf("terminal replaced: %v %v", written, err)
+	}
+	if got := n.Load(); got != 1 {
+		t.Fatalf("%d reads, want one", got)
+	}
+}
+
+// What another process wrote since is never overwritten: the write at the
+// remembered revision is refused, and the change is decided again on what
+// is stored.
+func TestStatusWrittenElsewhereMeanwhile(t *testing.T) {
+	a, b, n := openCounting(t)
+	ctx := context.Background()
+	if _, err := a.ClaimInvocation(ctx, "t", "i-2", 9, "d"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.UpdateRecord(ctx, "t", "i-2", func(r *api.Record) { r.CancelRequested = true }); err != nil {
+		t.Fatal(err)
+	}
+	_, _, stored, written, err := a.ClaimRun(ctx, api.Record{InvocationID: "i-2", Tenant: "t", Status: api.StatusRunning, Seq: 9}, nil)
+	if err != nil || !written || !stored.CancelRequested {
+		t.Fatalf("the cancel written meanwhile was lost: written %v %+v %v", written, stored, err)
+	}
+	if n.Load() == 0 {
+		t.Fatal("no read after the refused write")
+	}
+	// A claim of an id another process holds is refused on what is stored.
+	if _, err := b.ClaimInvocation(ctx, "t", "i-3", 1, "d1"); err != nil {
+		t.Fatal(err)
+	}
+	rec, err := a.ClaimInvocation(ctx, "t", "i-3", 2, "d2")
+	if err != nil || rec.Seq != 1 || rec.Digest != "d1" {
+		t.Fatalf("a second claim took the id: %+v %v", rec, err)
+	}
+}
+
+// A reservation that follows a read of the usage starts from that read.
+func TestUsageReadThenCharged(t *testing.T) {
+	s, other, _ := openCounting(t)
+	n := new(atomic.Int32)
+	r := s.budgets.(remembering)
+	r.bounded.KeyValue = reads{r.bounded.KeyValue, n}
+	s.budgets = r
+	ctx := context.Background()
+	charge := func(u *Usage) error { u.Calls++; return nil }
+	if _, err := other.UpdateUsage(ctx, "t", "s", charge); err != nil {
+		t.Fatal(err)
+	}
+	u, err := s.Usage(ctx, "t", "s")
+	if err != nil || u.Calls != 1 {
+		t.Fatalf("usage %+v %v", u, err)
+	}
+	if u, err = s.UpdateUsage(ctx, "t", "s", charge); err != nil || u.Calls != 2 {
+		t.Fatalf("charged %+v %v", u, err)
+	}
+	if got := n.Load(); got != 1 {
+		t.Fatalf("%d reads, want the one of Usage", got)
+	}
+	// Charged elsewhere since: the charge here is not lost.
+	if _, err := other.UpdateUsage(ctx, "t", "s", charge); err != nil {
+		t.Fatal(err)
+	}
+	if u, err = s.UpdateUsage(ctx, "t", "s", charge); err != nil || u.Calls != 4 {
+		t.Fatalf("charged %+v %v, want 4 calls", u, err)
+	}
+}
