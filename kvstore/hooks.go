@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -195,32 +196,83 @@ const abortKeys = "_aborted"
 func abortKey(tenant, session string) string { return abortKeys + "." + budgetKey(tenant, session) }
 
 // Aborts mirrors the abort marks: which sessions (token trees) an abort
-// hook has ended.
-type Aborts struct{ m sync.Map }
+// hook has ended. A mark leaves the mirror when it is deleted or when the
+// bucket's TTL has expired it (expiry writes no delete the watch would
+// see), so the mirror holds what the bucket holds.
+type Aborts struct {
+	m   sync.Map
+	ttl time.Duration // the bucket's; 0 keeps marks until deleted
+	now func() time.Time
+	n   atomic.Int64 // marks stored since the last sweep
+}
+
+// abortSweepEvery is how many new marks trigger a sweep of expired ones.
+const abortSweepEvery = 256
 
 // Aborted reports whether the session of tenant was ended, and by what.
 func (a *Aborts) Aborted(tenant, session string) (Abort, bool) {
 	if a == nil {
 		return Abort{}, false
 	}
-	v, ok := a.m.Load(budgetKey(tenant, session))
+	key := budgetKey(tenant, session)
+	v, ok := a.m.Load(key)
 	if !ok {
 		return Abort{}, false
 	}
-	return v.(Abort), true
+	ab := v.(Abort)
+	if a.expired(ab) {
+		a.m.CompareAndDelete(key, v)
+		return Abort{}, false
+	}
+	return ab, true
+}
+
+func (a *Aborts) expired(ab Abort) bool {
+	return a.ttl > 0 && a.clock().Sub(ab.At) > a.ttl
+}
+
+func (a *Aborts) clock() time.Time {
+	if a.now != nil {
+		return a.now()
+	}
+	return time.Now()
+}
+
+func (a *Aborts) store(key string, ab Abort) {
+	a.m.Store(key, ab)
+	if a.n.Add(1) < abortSweepEvery {
+		return
+	}
+	a.n.Store(0)
+	a.m.Range(func(k, v any) bool {
+		if a.expired(v.(Abort)) {
+			a.m.CompareAndDelete(k, v)
+		}
+		return true
+	})
 }
 
 // WatchAborts returns the abort marks, those made before included, kept
 // current until ctx ends.
 func (s *Store) WatchAborts(ctx context.Context) (*Aborts, error) {
 	a := new(Aborts)
+	if st, err := s.invocations.Status(ctx); err == nil {
+		a.ttl = st.TTL()
+	}
 	err := s.watchKeys(ctx, s.invocations, abortKeys+".>", func(e jetstream.KeyValueEntry) {
 		key, ok := strings.CutPrefix(e.Key(), abortKeys+".")
-		var ab Abort
-		if !ok || e.Operation() != jetstream.KeyValuePut || json.Unmarshal(e.Value(), &ab) != nil {
+		if !ok {
 			return
 		}
-		a.m.Store(key, ab)
+		if e.Operation() != jetstream.KeyValuePut {
+			a.m.Delete(key)
+			return
+		}
+		var ab Abort
+		if json.Unmarshal(e.Value(), &ab) != nil {
+			return
+		}
+		a.store(key, ab)
 	})
 	return a, err
 }
