@@ -79,11 +79,14 @@ type Finaliser interface {
 
 // Announce asks the Runner to publish outs now, while the stage is still
 // working, instead of after Process returns: for events a watcher must see
-// as they happen (tool.invoked before the tool runs). The Runner publishes
-// them with their message ids, so a redelivery that announces again is
-// deduplicated like any output. Announce returns an error when the publish
-// failed or ctx does not come from a Runner; a stage that needs the event
-// delivered then returns it among its outputs as well, under the same id.
+// as they happen (tool.invoked before the tool runs). The Runner sends them
+// at once with their message ids and does not wait: their acknowledgements
+// are awaited with the outputs', before the input is acked, and a failed
+// one puts the input back, so a redelivery announces again and is
+// deduplicated like any output. Announce returns an error when a publish
+// could not be sent or ctx does not come from a Runner; a stage that needs
+// the event delivered then returns it among its outputs as well, under the
+// same id.
 func Announce(ctx context.Context, outs ...Output) error {
 	pub, ok := ctx.Value(announceKey{}).(func(context.Context, Output) error)
 	if !ok {

@@ -60,7 +60,7 @@ func TestInProgressWhileStageWorks(t *testing.T) {
 	}()
 	r := &Runner{Name: subjects.Execute, JS: js, AckWait: ackWait, Timeout: time.Minute,
 		Stage: slowStage{3 * ackWait}, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
-	if _, err := r.process(ctx, msg, &envelope.Invocation{ID: "i"}); err != nil {
+	if _, err := r.process(ctx, msg, &envelope.Invocation{ID: "i"}, nil); err != nil {
 		t.Fatal(err)
 	}
 	if err := msg.DoubleAck(ctx); err != nil {

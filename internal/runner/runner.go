@@ -408,11 +408,13 @@ func (r *Runner) handle(msg jetstream.Msg, settling *sync.WaitGroup, release fun
 
 	var outs []stages.Output
 	var perr error
+	var early *announced
 	if derr != nil {
 		inv.Fail(r.Name, derr)
 	} else {
 		pctx := stages.WithInput(stages.WithDelivery(ctx, int(md.NumDelivered), r.MaxDeliver), md.Stream, md.Sequence.Stream)
-		outs, perr = r.process(pctx, msg, inv)
+		early = &announced{}
+		outs, perr = r.process(pctx, msg, inv, early)
 	}
 	s := settle(r.Name, r.finalises(), inv, perr, int(md.NumDelivered), r.MaxDeliver)
 	if inv.Error != nil {
@@ -430,7 +432,7 @@ func (r *Runner) handle(msg jetstream.Msg, settling *sync.WaitGroup, release fun
 		span.End()
 		release()
 	}
-	pending := r.apply(msg, inv, s, outs, perr)
+	pending := r.apply(msg, inv, s, outs, perr, early)
 	if pending.wait == nil {
 		finish(pending.outcome)
 		return
@@ -438,15 +440,51 @@ func (r *Runner) handle(msg jetstream.Msg, settling *sync.WaitGroup, release fun
 	settling.Go(func() { finish(pending.wait()) })
 }
 
+// announced are the publishes a stage announced while it worked (stages.Announce):
+// sent at once, acknowledged by the time the input is acked.
+type announced struct {
+	mu      sync.Mutex
+	outs    []stages.Output
+	futures []jetstream.PubAckFuture
+}
+
+func (a *announced) add(o stages.Output, f jetstream.PubAckFuture) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.outs = append(a.outs, o)
+	a.futures = append(a.futures, f)
+}
+
+// take returns what was announced; nothing is added after Process returns.
+func (a *announced) take() ([]stages.Output, []jetstream.PubAckFuture) {
+	if a == nil {
+		return nil, nil
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.outs, a.futures
+}
+
 // process calls the stage, turning a panic into an internal error and keeping
-// the message alive with in-progress acks while the stage works.
-func (r *Runner) process(ctx context.Context, msg jetstream.Msg, inv *envelope.Invocation) (outs []stages.Output, err error) {
+// the message alive with in-progress acks while the stage works. What the
+// stage announces is sent at once without waiting for its acknowledgement,
+// which apply awaits with the outputs' before it acks the input: the event
+// is on its way before the stage goes on, and costs no round trip.
+func (r *Runner) process(ctx context.Context, msg jetstream.Msg, inv *envelope.Invocation, early *announced) (outs []stages.Output, err error) {
 	ctx, cancel := context.WithTimeout(ctx, r.Timeout)
 	defer cancel()
 	ctx = stages.WithAnnounce(ctx, func(ctx context.Context, o stages.Output) error {
-		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-		return r.publish(pctx, o)
+		if early == nil {
+			pctx, cancel := context.WithTimeout(ctx, publishTimeout)
+			defer cancel()
+			return r.publish(pctx, o)
+		}
+		f, err := PublishAsync(r.JS, o)
+		if err != nil {
+			return err
+		}
+		early.add(o, f)
+		return nil
 	})
 	if r.AckWait > 0 {
 		// A timer, not a goroutine per message: most messages are done
@@ -502,7 +540,7 @@ const publishTimeout = 10 * time.Second
 
 // apply carries out a settlement. Outputs and hand-off are published at
 // once; the ack waits for all their acknowledgements, in the returned wait.
-func (r *Runner) apply(msg jetstream.Msg, inv *envelope.Invocation, s settlement, outs []stages.Output, perr error) pendingSettle {
+func (r *Runner) apply(msg jetstream.Msg, inv *envelope.Invocation, s settlement, outs []stages.Output, perr error, early *announced) pendingSettle {
 	log := r.Log.With("invocation", inv.ID, "tenant", inv.Tenant)
 	switch s.act {
 	case actRetry:
@@ -563,11 +601,15 @@ func (r *Runner) apply(msg jetstream.Msg, inv *envelope.Invocation, s settlement
 		}
 		return outcome
 	}
-	if len(outs) == 0 {
+	announcedOuts, futures := early.take()
+	if len(outs) == 0 && len(futures) == 0 {
 		return pendingSettle{outcome: acked()}
 	}
-	futures := make([]jetstream.PubAckFuture, 0, len(outs))
-	for _, o := range outs {
+	// The announced publishes are awaited first: an input is acked only
+	// once everything its processing sent is stored.
+	outs = append(announcedOuts[:len(announcedOuts):len(announcedOuts)], outs...)
+	futures = futures[:len(futures):len(futures)]
+	for _, o := range outs[len(futures):] {
 		f, err := PublishAsync(r.JS, o)
 		if err != nil {
 			// Those already sent keep their ids: the redelivery's
