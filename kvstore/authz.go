@@ -257,6 +257,23 @@ func (s *Store) Usage(ctx context.Context, tenant, session string) (Usage, error
 	return u, err
 }
 
+// RecentUsage returns a session's usage as this process last wrote or read
+// it, reading it only when it holds none. It may lag writes by other
+// processes: a caller that decides on it writes with UpdateUsage, whose
+// compare-and-swap starts from the same revision and so is refused, and
+// decided again on a fresh read, when another process wrote since.
+func (s *Store) RecentUsage(ctx context.Context, tenant, session string) (Usage, error) {
+	if r := recentOf(s.budgets); r != nil {
+		if w, ok := r.get(budgetKey(tenant, session)); ok {
+			var u Usage
+			if json.Unmarshal(w.val, &u) == nil {
+				return u, nil
+			}
+		}
+	}
+	return s.Usage(ctx, tenant, session)
+}
+
 func (s *Store) usage(ctx context.Context, tenant, session string) (Usage, uint64, error) {
 	e, err := s.budgets.Get(ctx, budgetKey(tenant, session))
 	if errors.Is(err, jetstream.ErrKeyNotFound) {

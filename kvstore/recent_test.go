@@ -131,3 +131,37 @@ func TestUsageReadThenCharged(t *testing.T) {
 		t.Fatalf("charged %+v %v, want 4 calls", u, err)
 	}
 }
+
+// RecentUsage answers from this process's last write without a read, and
+// reads when it holds nothing of the key; what it answers may lag another
+// process's write, which the next charge here then does not lose.
+func TestRecentUsage(t *testing.T) {
+	s, other, _ := openCounting(t)
+	n := new(atomic.Int32)
+	r := s.budgets.(remembering)
+	r.bounded.KeyValue = reads{r.bounded.KeyValue, n}
+	s.budgets = r
+	ctx := context.Background()
+	charge := func(u *Usage) error { u.Calls++; return nil }
+	if _, err := other.UpdateUsage(ctx, "t", "s", charge); err != nil {
+		t.Fatal(err)
+	}
+	if u, err := s.RecentUsage(ctx, "t", "s"); err != nil || u.Calls != 1 || n.Load() != 1 {
+		t.Fatalf("usage %+v %v after %d reads, want 1 call read once", u, err, n.Load())
+	}
+	if _, err := s.UpdateUsage(ctx, "t", "s", charge); err != nil {
+		t.Fatal(err)
+	}
+	if u, err := s.RecentUsage(ctx, "t", "s"); err != nil || u.Calls != 2 || n.Load() != 1 {
+		t.Fatalf("usage %+v %v after %d reads, want 2 calls and no more reads", u, err, n.Load())
+	}
+	if _, err := other.UpdateUsage(ctx, "t", "s", charge); err != nil {
+		t.Fatal(err)
+	}
+	if u, _ := s.RecentUsage(ctx, "t", "s"); u.Calls != 2 {
+		t.Fatalf("usage %+v: want this process's last view, 2 calls", u)
+	}
+	if u, err := s.UpdateUsage(ctx, "t", "s", charge); err != nil || u.Calls != 4 {
+		t.Fatalf("charged %+v %v, want 4 calls", u, err)
+	}
+}

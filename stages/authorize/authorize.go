@@ -46,6 +46,8 @@ const recentReservations = 64
 // Store is the state the stage reads and writes.
 type Store interface {
 	Usage(ctx context.Context, tenant, session string) (kvstore.Usage, error)
+	// RecentUsage may answer from what this process last wrote or read.
+	RecentUsage(ctx context.Context, tenant, session string) (kvstore.Usage, error)
 	UpdateUsage(ctx context.Context, tenant, session string, change func(*kvstore.Usage) error) (kvstore.Usage, error)
 	Approval(ctx context.Context, tenant, id string) (kvstore.Approval, error)
 	RequestApproval(ctx context.Context, a kvstore.Approval) (kvstore.Approval, bool, error)
@@ -221,66 +223,26 @@ func (a *Authorizer) Process(ctx context.Context, inv *envelope.Invocation) ([]s
 	if ab, ok := a.cfg.Aborted.Aborted(inv.Tenant, tree); ok && !metered {
 		return nil, sessionAborted(ab)
 	}
-	var usage kvstore.Usage
-	if metered {
-		if usage, err = a.cfg.Store.Usage(ctx, inv.Tenant, own); err != nil {
-			return nil, stages.Transient(err, 0)
-		}
-	}
-	in := Input{
-		Request: redactToken(req), Tool: m, Claims: cleanGrants(claims), Usage: usage,
-		Resources: resources(m, req.Parameters), Tenant: inv.Tenant,
-		Time: a.cfg.Now().UTC().Format(time.RFC3339),
-	}
-	in.Derived = derive(claims, m, in.Resources)
-	d, err := a.eval(ctx, in, req.CapabilityToken)
-	if err != nil {
-		return nil, err
-	}
-	// Only a call the policy wants approved looks for a decision, and the
-	// policy then judges again with the decision in its input.
+	// A metered call is judged on the usage this process saw last and
+	// reserved on exactly that usage; when the usage moved meanwhile (the
+	// end of another call charged, another process wrote), it is judged
+	// again on a fresh read.
 	var approval kvstore.Approval
-	hasApproval := false
-	if d.Allow && d.RequiresApproval {
-		approval, err = a.cfg.Store.Approval(ctx, inv.Tenant, inv.ID)
-		hasApproval = err == nil
-		if err != nil && !errors.Is(err, kvstore.ErrNoApproval) {
+	var hasApproval bool
+	for attempt := 1; ; attempt++ {
+		var outs []stages.Output
+		var done bool
+		approval, hasApproval, outs, done, err = a.decide(ctx, inv, m, claims, metered, tree, own, attempt > 1)
+		if errors.Is(err, errUsageMoved) {
+			if attempt < maxDecisions {
+				continue
+			}
 			return nil, stages.Transient(err, 0)
 		}
-		if hasApproval && approval.State == kvstore.ApprovalApproved && a.cfg.ApprovalProof != nil {
-			// The bucket is writable by every stage worker: only an
-			// operator's signature makes a record an approval.
-			if err := a.cfg.ApprovalProof(approval); err != nil {
-				return nil, api.WrapError(err, api.PermissionDenied, api.EDeciderUnverified,
-					"the approval of %s is not an operator's signed decision: %v", inv.ID, err)
-			}
+		if done || err != nil {
+			return outs, err
 		}
-		if hasApproval {
-			in.Approval = &ApprovalInput{State: approval.State, DecidedBy: approval.DecidedBy}
-			if d, err = a.eval(ctx, in, req.CapabilityToken); err != nil {
-				return nil, err
-			}
-		}
-	}
-	if !d.Allow {
-		return nil, denial(d)
-	}
-	if d.RequiresApproval {
-		switch {
-		case !hasApproval || approval.State == kvstore.ApprovalPending:
-			return a.park(ctx, inv, m, d)
-		case approval.State == kvstore.ApprovalExpired:
-			return nil, api.NewError(api.PermissionDenied, api.EApprovalExpired, "no one approved the call in time")
-		default:
-			return nil, api.NewError(api.PermissionDenied, api.EApprovalDenied,
-				"%s denied the call: %s", approval.DecidedBy, approval.Reason)
-		}
-	}
-
-	if metered {
-		if err := a.reserveTree(ctx, inv, claims, tree, own, m); err != nil {
-			return nil, err
-		}
+		break
 	}
 	inv.Authz = &envelope.Authorization{
 		TokenID: claims.ID, AgentDID: claims.AgentDID, Session: tree, Reserved: true,
@@ -310,6 +272,88 @@ func (a *Authorizer) Process(ctx context.Context, inv *envelope.Invocation) ([]s
 		}
 	}
 	return nil, nil
+}
+
+// maxDecisions bounds how often one call is judged again because its
+// usage moved between the policy's read and the reservation.
+const maxDecisions = 4
+
+// errUsageMoved reports a reservation that found the usage the policy
+// judged changed since: the call is judged again on a fresh read.
+var errUsageMoved = errors.New("the session's usage changed while the call was judged")
+
+// decide evaluates the policy and the approval gate and, for a metered
+// call, reserves it. done means Process returns outs and err as they are
+// (a parked call, or a refusal).
+func (a *Authorizer) decide(ctx context.Context, inv *envelope.Invocation, m *tools.Manifest, claims *token.Claims,
+	metered bool, tree, own string, fresh bool) (approval kvstore.Approval, hasApproval bool, outs []stages.Output, done bool, err error) {
+	req := inv.Request
+	var usage kvstore.Usage
+	if metered {
+		read := a.cfg.Store.RecentUsage
+		if fresh {
+			read = a.cfg.Store.Usage
+		}
+		if usage, err = read(ctx, inv.Tenant, own); err != nil {
+			return approval, false, nil, true, stages.Transient(err, 0)
+		}
+		// The ids it remembers are bookkeeping for redeliveries, not usage.
+		usage.Reserved, usage.Settled = nil, nil
+	}
+	in := Input{
+		Request: redactToken(req), Tool: m, Claims: cleanGrants(claims), Usage: usage,
+		Resources: resources(m, req.Parameters), Tenant: inv.Tenant,
+		Time: a.cfg.Now().UTC().Format(time.RFC3339),
+	}
+	in.Derived = derive(claims, m, in.Resources)
+	d, err := a.eval(ctx, in, req.CapabilityToken)
+	if err != nil {
+		return approval, false, nil, true, err
+	}
+	// Only a call the policy wants approved looks for a decision, and the
+	// policy then judges again with the decision in its input.
+	if d.Allow && d.RequiresApproval {
+		approval, err = a.cfg.Store.Approval(ctx, inv.Tenant, inv.ID)
+		hasApproval = err == nil
+		if err != nil && !errors.Is(err, kvstore.ErrNoApproval) {
+			return approval, false, nil, true, stages.Transient(err, 0)
+		}
+		if hasApproval && approval.State == kvstore.ApprovalApproved && a.cfg.ApprovalProof != nil {
+			// The bucket is writable by every stage worker: only an
+			// operator's signature makes a record an approval.
+			if err := a.cfg.ApprovalProof(approval); err != nil {
+				return approval, hasApproval, nil, true, api.WrapError(err, api.PermissionDenied, api.EDeciderUnverified,
+					"the approval of %s is not an operator's signed decision: %v", inv.ID, err)
+			}
+		}
+		if hasApproval {
+			in.Approval = &ApprovalInput{State: approval.State, DecidedBy: approval.DecidedBy}
+			if d, err = a.eval(ctx, in, req.CapabilityToken); err != nil {
+				return approval, hasApproval, nil, true, err
+			}
+		}
+	}
+	if !d.Allow {
+		return approval, hasApproval, nil, true, denial(d)
+	}
+	if d.RequiresApproval {
+		switch {
+		case !hasApproval || approval.State == kvstore.ApprovalPending:
+			outs, err := a.park(ctx, inv, m, d)
+			return approval, hasApproval, outs, true, err
+		case approval.State == kvstore.ApprovalExpired:
+			return approval, hasApproval, nil, true, api.NewError(api.PermissionDenied, api.EApprovalExpired, "no one approved the call in time")
+		default:
+			return approval, hasApproval, nil, true, api.NewError(api.PermissionDenied, api.EApprovalDenied,
+				"%s denied the call: %s", approval.DecidedBy, approval.Reason)
+		}
+	}
+	if metered {
+		if err := a.reserveTree(ctx, inv, claims, tree, own, m, usage); err != nil {
+			return approval, hasApproval, nil, !errors.Is(err, errUsageMoved), err
+		}
+	}
+	return approval, hasApproval, nil, false, nil
 }
 
 // linked returns the principal of an invocation a hook started: the
@@ -586,14 +630,14 @@ func (a *Authorizer) park(ctx context.Context, inv *envelope.Invocation, m *tool
 // reserveTree charges one call to the token's own budget (a child's) and to
 // its tree's, the root's: a child's call is refused when either is spent.
 // The own charge is undone when the tree refuses.
-func (a *Authorizer) reserveTree(ctx context.Context, inv *envelope.Invocation, c *token.Claims, tree, own string, m *tools.Manifest) error {
+func (a *Authorizer) reserveTree(ctx context.Context, inv *envelope.Invocation, c *token.Claims, tree, own string, m *tools.Manifest, judged kvstore.Usage) error {
 	if own == tree {
-		return a.reserve(ctx, inv, c.Budget, tree, m)
+		return a.reserve(ctx, inv, c.Budget, tree, m, &judged)
 	}
-	if err := a.reserve(ctx, inv, c.Budget, own, m); err != nil {
+	if err := a.reserve(ctx, inv, c.Budget, own, m, &judged); err != nil {
 		return err
 	}
-	err := a.reserve(ctx, inv, c.TreeBudget(), tree, m)
+	err := a.reserve(ctx, inv, c.TreeBudget(), tree, m, nil)
 	if err == nil {
 		return nil
 	}
@@ -621,14 +665,19 @@ func sessionAborted(ab kvstore.Abort) error {
 // reserve charges one call to the usage under key with compare-and-swap, so
 // concurrent calls on many workers never pass max_calls; runtime, cost and
 // tokens are charged when calls end, so they can be overspent at most by the
-// calls in flight.
-func (a *Authorizer) reserve(ctx context.Context, inv *envelope.Invocation, b *token.Budget, key string, m *tools.Manifest) error {
+// calls in flight. With judged, the usage the policy saw, the call is
+// reserved only on that usage, its calls aside (max_calls is checked here
+// on the stored count): if it moved, errUsageMoved.
+func (a *Authorizer) reserve(ctx context.Context, inv *envelope.Invocation, b *token.Budget, key string, m *tools.Manifest, judged *kvstore.Usage) error {
 	_, err := a.cfg.Store.UpdateUsage(ctx, inv.Tenant, key, func(u *kvstore.Usage) error {
 		if ab := u.Aborted; ab != nil {
 			return sessionAborted(*ab)
 		}
 		if slices.Contains(u.Reserved, inv.ID) {
 			return errAlreadyReserved
+		}
+		if judged != nil && moved(*judged, *u) {
+			return errUsageMoved
 		}
 		if b != nil {
 			var perCall float64
@@ -657,10 +706,18 @@ func (a *Authorizer) reserve(ctx context.Context, inv *envelope.Invocation, b *t
 	switch {
 	case err == nil, errors.Is(err, errAlreadyReserved):
 		return nil
-	case errors.As(err, &te):
+	case errors.As(err, &te), errors.Is(err, errUsageMoved):
 		return err
 	}
 	return stages.Transient(err, 0)
+}
+
+// moved reports whether the usage a policy judged differs from the stored
+// one in anything the policy sees but the count of calls.
+func moved(judged, stored kvstore.Usage) bool {
+	return judged.RuntimeMS != stored.RuntimeMS || judged.Cost != stored.Cost || judged.Tokens != stored.Tokens ||
+		judged.ConsecutiveFailures != stored.ConsecutiveFailures || (judged.Aborted == nil) != (stored.Aborted == nil) ||
+		!judged.StartedAt.Equal(stored.StartedAt)
 }
 
 var errAlreadyReserved = errors.New("already reserved")

@@ -19,7 +19,10 @@ import (
 
 // fakeStore keeps usage, approvals and status records in memory.
 type fakeStore struct {
-	usage     map[string]kvstore.Usage
+	usage map[string]kvstore.Usage
+	// recent, when it holds a key, is an older view of its usage, as a
+	// process that last wrote it before another did would remember it.
+	recent    map[string]kvstore.Usage
 	approvals map[string]kvstore.Approval
 	records   map[string]api.Record
 	down      error
@@ -31,6 +34,13 @@ func newFakeStore() *fakeStore {
 
 func (f *fakeStore) Usage(_ context.Context, tenant, session string) (kvstore.Usage, error) {
 	return f.usage[tenant+"/"+session], f.down
+}
+
+func (f *fakeStore) RecentUsage(ctx context.Context, tenant, session string) (kvstore.Usage, error) {
+	if u, ok := f.recent[tenant+"/"+session]; ok {
+		return u, f.down
+	}
+	return f.Usage(ctx, tenant, session)
 }
 
 func (f *fakeStore) UpdateUsage(_ context.Context, tenant, session string, change func(*kvstore.Usage) error) (kvstore.Usage, error) {
@@ -142,6 +152,17 @@ func TestAuthorize(t *testing.T) {
 			store: func(f *fakeStore) { f.usage["acme/token:tok-1"] = kvstore.Usage{Cost: 2} }, wantECode: api.EBudgetExhausted},
 		{name: "already reserved is not charged again", tool: "echo", token: budgeted,
 			store: func(f *fakeStore) { f.usage["acme/token:tok-1"] = kvstore.Usage{Calls: 1, Reserved: []string{"i-1"}} }, admitted: true, calls: 1},
+		{name: "judged again when the usage moved since this process saw it", tool: "echo",
+			token: mint(func(c *token.Claims) { c.Budget = &token.Budget{MaxCalls: 10, ApprovalAfterFailures: 3} }),
+			store: func(f *fakeStore) {
+				f.usage["acme/token:tok-1"] = kvstore.Usage{Calls: 4, ConsecutiveFailures: 3}
+				f.recent = map[string]kvstore.Usage{"acme/token:tok-1": {Calls: 1}}
+			}, parked: true, calls: 4},
+		{name: "a stale count of calls alone is not judged again", tool: "echo", token: budgeted,
+			store: func(f *fakeStore) {
+				f.usage["acme/token:tok-1"] = kvstore.Usage{Calls: 4}
+				f.recent = map[string]kvstore.Usage{"acme/token:tok-1": {Calls: 1}}
+			}, admitted: true, calls: 5},
 		{name: "critical tool is parked for approval", tool: "wipe", token: mint(nil), parked: true},
 		{name: "pending approval parks again", tool: "wipe", token: mint(nil), store: approval(kvstore.ApprovalPending), parked: true},
 		{name: "approved call is admitted", tool: "wipe", token: budgeted, store: approval(kvstore.ApprovalApproved),
@@ -191,8 +212,8 @@ func TestAuthorize(t *testing.T) {
 					st.records["i-1"].Status != api.StatusPendingApproval || inv.Authz != nil {
 					t.Fatalf("not parked: status %s, %d outputs, approval %+v", inv.Status, len(outs), st.approvals["acme/i-1"])
 				}
-				if len(st.usage) != 0 && st.usage["acme/token:tok-1"].Calls != 0 {
-					t.Fatal("a parked call was charged")
+				if got := st.usage["acme/token:tok-1"].Calls; got != c.calls {
+					t.Fatalf("a parked call was charged: %d calls, want %d", got, c.calls)
 				}
 				return
 			}
