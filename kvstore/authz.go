@@ -2,6 +2,8 @@ package kvstore
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -233,14 +235,73 @@ type Usage struct {
 	// StartedAt is the session's first charge, for its spending rate.
 	StartedAt time.Time `json:"started_at,omitzero"`
 	// Reserved are the latest invocations charged, so a retried charge of
-	// the same invocation is recognised.
+	// the same invocation is recognised (tags of their ids: Reserve).
 	Reserved []string `json:"reserved,omitempty"`
-	// Settled are the latest invocations whose end was charged.
+	// Settled are the latest invocations whose end was charged (Settle).
 	Settled []string `json:"settled,omitempty"`
 	// Aborted is set when an abort hook ended the session: authorize
 	// refuses its later calls (E3802).
 	Aborted *Abort `json:"aborted,omitempty"`
 }
+
+// A usage remembers the latest invocations it charged, so that a retried
+// charge of the same one is recognised, by a short tag of each id rather
+// than the id: the record is read and written on every charge, and a
+// long id list made it several kilobytes. A 72-bit tag among 64 makes a
+// collision (a call taken for one already charged) vanishingly rare.
+// Records written with whole ids are still recognised.
+const (
+	// ReservedMemory is how many reservations a usage remembers.
+	ReservedMemory = 64
+	// SettledMemory is how many ended invocations a usage remembers.
+	SettledMemory = 64
+)
+
+// idTag is what a usage remembers of an invocation id.
+func idTag(id string) string {
+	sum := sha256.Sum256([]byte(id))
+	return base64.RawURLEncoding.EncodeToString(sum[:9])
+}
+
+func remembers(ids []string, id string) int {
+	tag := idTag(id)
+	for i, x := range ids {
+		if x == tag || x == id {
+			return i
+		}
+	}
+	return -1
+}
+
+func remember(ids []string, id string, most int) []string {
+	ids = append(ids, idTag(id))
+	if len(ids) > most {
+		ids = ids[len(ids)-most:]
+	}
+	return ids
+}
+
+// HasReserved reports whether the invocation id was reserved on u.
+func (u *Usage) HasReserved(id string) bool { return remembers(u.Reserved, id) >= 0 }
+
+// Reserve remembers the invocation id as reserved on u.
+func (u *Usage) Reserve(id string) { u.Reserved = remember(u.Reserved, id, ReservedMemory) }
+
+// Unreserve forgets the reservation of id, reporting whether u had it.
+func (u *Usage) Unreserve(id string) bool {
+	i := remembers(u.Reserved, id)
+	if i < 0 {
+		return false
+	}
+	u.Reserved = slices.Delete(u.Reserved, i, i+1)
+	return true
+}
+
+// HasSettled reports whether the end of the invocation id was charged to u.
+func (u *Usage) HasSettled(id string) bool { return remembers(u.Settled, id) >= 0 }
+
+// Settle remembers that the end of the invocation id was charged to u.
+func (u *Usage) Settle(id string) { u.Settled = remember(u.Settled, id, SettledMemory) }
 
 // Abort records which invocation's hook ended a session, and when.
 type Abort struct {

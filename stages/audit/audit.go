@@ -13,7 +13,6 @@ import (
 	"github.com/toolgate/toolgate/kvstore"
 	"github.com/toolgate/toolgate/stages"
 	"github.com/toolgate/toolgate/subjects"
-	"slices"
 )
 
 // store is what audit writes (*kvstore.Store): the terminal status record
@@ -160,10 +159,6 @@ func (a *Auditor) count(ctx context.Context, inv *envelope.Invocation) {
 	_ = a.stats.Record(ctx, inv.ToolID(), inv.Status == api.StatusSuccess, inv.Metadata.DurationMS, cost)
 }
 
-// settledMemory is how many ended invocations a session's usage remembers,
-// so that a redelivered audit does not charge twice.
-const settledMemory = 64
-
 // charge adds an admitted invocation's runtime and cost to its session's
 // usage and counts consecutive failures.
 func (a *Auditor) charge(ctx context.Context, inv *envelope.Invocation) error {
@@ -184,7 +179,7 @@ func (a *Auditor) charge(ctx context.Context, inv *envelope.Invocation) error {
 func (a *Auditor) chargeKey(ctx context.Context, inv *envelope.Invocation, key string) error {
 	az := inv.Authz
 	_, err := a.store.UpdateUsage(ctx, inv.Tenant, key, func(u *kvstore.Usage) error {
-		if slices.Contains(u.Settled, inv.ID) {
+		if u.HasSettled(inv.ID) {
 			return errSettled
 		}
 		u.RuntimeMS += inv.Metadata.DurationMS
@@ -200,10 +195,7 @@ func (a *Auditor) chargeKey(ctx context.Context, inv *envelope.Invocation, key s
 		} else {
 			u.ConsecutiveFailures++
 		}
-		u.Settled = append(u.Settled, inv.ID)
-		if len(u.Settled) > settledMemory {
-			u.Settled = u.Settled[len(u.Settled)-settledMemory:]
-		}
+		u.Settle(inv.ID)
 		return nil
 	})
 	if errors.Is(err, errSettled) {

@@ -39,10 +39,6 @@ import (
 // DefaultApprovalTimeout is how long a call waits for a human by default.
 const DefaultApprovalTimeout = 15 * time.Minute
 
-// recentReservations is how many invocation ids a session's usage remembers,
-// so that a redelivered authorize does not charge the budget twice.
-const recentReservations = 64
-
 // Store is the state the stage reads and writes.
 type Store interface {
 	Usage(ctx context.Context, tenant, session string) (kvstore.Usage, error)
@@ -642,11 +638,9 @@ func (a *Authorizer) reserveTree(ctx context.Context, inv *envelope.Invocation, 
 		return nil
 	}
 	_, uerr := a.cfg.Store.UpdateUsage(ctx, inv.Tenant, own, func(u *kvstore.Usage) error {
-		i := slices.Index(u.Reserved, inv.ID)
-		if i < 0 {
+		if !u.Unreserve(inv.ID) {
 			return errAlreadyReserved // nothing to undo
 		}
-		u.Reserved = slices.Delete(u.Reserved, i, i+1)
 		u.Calls--
 		return nil
 	})
@@ -673,7 +667,7 @@ func (a *Authorizer) reserve(ctx context.Context, inv *envelope.Invocation, b *t
 		if ab := u.Aborted; ab != nil {
 			return sessionAborted(*ab)
 		}
-		if slices.Contains(u.Reserved, inv.ID) {
+		if u.HasReserved(inv.ID) {
 			return errAlreadyReserved
 		}
 		if judged != nil && moved(*judged, *u) {
@@ -696,10 +690,7 @@ func (a *Authorizer) reserve(ctx context.Context, inv *envelope.Invocation, b *t
 			}
 		}
 		u.Calls++
-		u.Reserved = append(u.Reserved, inv.ID)
-		if len(u.Reserved) > recentReservations {
-			u.Reserved = u.Reserved[len(u.Reserved)-recentReservations:]
-		}
+		u.Reserve(inv.ID)
 		return nil
 	})
 	var te *api.Error
