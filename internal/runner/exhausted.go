@@ -145,7 +145,9 @@ func poisonEvent(stage, subject, stream string, seq uint64, cause error) (stages
 // EventOutput encodes e in structured mode, so that `nats sub` shows the
 // whole CloudEvent, with its source and id as message id.
 func EventOutput(subject string, e *event.Event) (stages.Output, error) {
-	data, err := json.Marshal(e)
+	// The SDK's own encoder writes compact JSON: json.Marshal would only
+	// scan it again.
+	data, err := e.MarshalJSON()
 	if err != nil {
 		return stages.Output{}, err
 	}
