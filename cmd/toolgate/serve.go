@@ -177,7 +177,7 @@ func (a *app) benchCmd() *cobra.Command {
 	cmd.Flags().IntVar(&o.Workers, "workers", 4, "workers per stage")
 	cmd.Flags().StringVar(&o.Dir, "dir", "", "storage directory (default: a temporary one)")
 	cmd.Flags().BoolVar(&noisyOnly, "noisy", false, "measure only the noisy-neighbour series")
-	cmd.Flags().BoolVar(&o.GoalsOnly, "goals", false, "measure only the goals: saturation and latency beside the bare chain, and authorization")
+	cmd.Flags().BoolVar(&o.GoalsOnly, "goals", false, "measure only the goals: saturation and latency beside the bare chain, authorization and the detectors")
 	cmd.Flags().IntVar(&o.SaturationN, "saturation-n", 2000, "invocations offered by each saturation series")
 	cmd.Flags().DurationVar(&o.Soak, "soak", 0, "also run at half of saturation this long and report whether memory grows (make bench: 10m)")
 	prof = profileFlags(cmd.Flags())

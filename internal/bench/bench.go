@@ -125,8 +125,9 @@ func Run(ctx context.Context, o Options) (Report, error) {
 	if err != nil {
 		return rep, err
 	}
-	// The connect costs come first, measured on a process not yet loaded
-	// by the pipeline series.
+	// The detectors and the connect costs come first, measured on a
+	// process not yet loaded by the pipeline series.
+	rep.Detectors = measureDetectors()
 	if !o.GoalsOnly {
 		if rep.Bus, err = measureBus(ctx, url, o.Dir, cred); err != nil {
 			return rep, fmt.Errorf("bus authentication: %w", err)
@@ -152,7 +153,6 @@ func Run(ctx context.Context, o Options) (Report, error) {
 	if rep.Sync, err = measureSync(ctx, o.Dir); err != nil {
 		return rep, fmt.Errorf("store sync: %w", err)
 	}
-	rep.Detectors = measureDetectors()
 	if rep.Sandbox, err = measureSandbox(ctx); err != nil {
 		return rep, fmt.Errorf("sandbox: %w", err)
 	}
