@@ -541,18 +541,19 @@ const publishTimeout = 10 * time.Second
 // apply carries out a settlement. Outputs and hand-off are published at
 // once; the ack waits for all their acknowledgements, in the returned wait.
 func (r *Runner) apply(msg jetstream.Msg, inv *envelope.Invocation, s settlement, outs []stages.Output, perr error, early *announced) pendingSettle {
-	log := r.Log.With("invocation", inv.ID, "tenant", inv.Tenant)
+	// Made only when something is logged: With formats its attributes.
+	log := func() *slog.Logger { return r.Log.With("invocation", inv.ID, "tenant", inv.Tenant) }
 	switch s.act {
 	case actRetry:
 		if errors.Is(perr, stages.ErrOverQuota) {
-			log.Debug("over the tenant's quota, put back", "delay", s.delay)
+			log().Debug("over the tenant's quota, put back", "delay", s.delay)
 		} else {
-			log.Warn("transient failure, will retry", "err", perr, "delay", s.delay)
+			log().Warn("transient failure, will retry", "err", perr, "delay", s.delay)
 		}
 		_ = msg.NakWithDelay(s.delay)
 		return pendingSettle{outcome: outcomeRetried}
 	case actTerm:
-		log.Error("giving up on message", "err", perr)
+		log().Error("giving up on message", "err", perr)
 		if md, err := msg.Metadata(); err == nil && r.finalises() {
 			// Nothing ends it after audit: the audit trail records it as
 			// poison before it goes (retried by redelivery, and at the
@@ -564,7 +565,7 @@ func (r *Runner) apply(msg jetstream.Msg, inv *envelope.Invocation, s settlement
 			}
 			cancel()
 			if err != nil {
-				log.Warn("recording the message as poison", "err", err)
+				log().Warn("recording the message as poison", "err", err)
 				_ = msg.NakWithDelay(backoff(int(md.NumDelivered)))
 				return pendingSettle{outcome: outcomePublishError}
 			}
@@ -579,7 +580,7 @@ func (r *Runner) apply(msg jetstream.Msg, inv *envelope.Invocation, s settlement
 	if s.act == actForward {
 		o, err := Handoff(inv, s.next)
 		if err != nil {
-			log.Warn("handing on", "next", s.next, "err", err)
+			log().Warn("handing on", "next", s.next, "err", err)
 			_ = msg.NakWithDelay(backoff(delivered(msg)))
 			return pendingSettle{outcome: outcomePublishError}
 		}
@@ -590,14 +591,14 @@ func (r *Runner) apply(msg jetstream.Msg, inv *envelope.Invocation, s settlement
 		}
 	}
 	fail := func(o stages.Output, err error) string {
-		log.Warn("publishing", "subject", o.Subject, "err", err)
+		log().Warn("publishing", "subject", o.Subject, "err", err)
 		_ = msg.NakWithDelay(backoff(delivered(msg)))
 		return outcomePublishError
 	}
 	acked := func() string {
 		if err := msg.Ack(); err != nil {
 			// The successor is published with a stable id: a redelivery is harmless.
-			log.Warn("ack", "err", err)
+			log().Warn("ack", "err", err)
 		}
 		return outcome
 	}
