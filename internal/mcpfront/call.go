@@ -1,6 +1,7 @@
 package mcpfront
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -91,23 +92,20 @@ func objectSchema(s json.RawMessage) any {
 // invocationID derives the invocation id of a request: the same session
 // and request id give the same invocation, so a retried request is
 // deduplicated by toolgate instead of running twice.
-func invocationID(sessionID string, requestID any) string {
-	if requestID == nil {
+func invocationID(sessionID, requestID string) string {
+	if requestID == "" {
 		return uuid.NewString()
 	}
-	return uuid.NewSHA1(uuid.NameSpaceURL, fmt.Appendf(nil, "urn:toolgate:mcp:%s:%s", sessionID, requestID)).String()
+	return uuid.NewSHA1(uuid.NameSpaceURL, []byte("urn:toolgate:mcp:"+sessionID+":"+requestID)).String()
 }
 
-func requestIDOf(req *mcp.CallToolRequest) any {
-	if req.Params == nil || req.Params.Meta == nil {
-		return nil
+// requestIDOf is the JSON-RPC id of a tools/call (see requestIDHeader), or
+// "" when it has none.
+func requestIDOf(req *mcp.CallToolRequest) string {
+	if req.Extra == nil {
+		return ""
 	}
-	id, ok := req.Params.Meta[metaRequestID]
-	if !ok {
-		return nil
-	}
-	b, _ := json.Marshal(id)
-	return string(b)
+	return req.Extra.Header.Get(requestIDHeader)
 }
 
 // handler is the tools/call handler of tool id.
@@ -152,15 +150,19 @@ func (s *session) call(ctx context.Context, toolID string, req *mcp.CallToolRequ
 	if err := cfg.Bus.Invoke(ctx, in, id); err != nil {
 		return nil, fmt.Errorf("toolgate did not accept the call: %w", err)
 	}
+	// Most calls end before there is anything to relay: the watch starts
+	// only once a call has waited half a StatusInterval.
 	watchDone := make(chan struct{})
 	wctx, wcancel := context.WithCancel(ctx)
-	go func() {
+	watching := time.AfterFunc(cfg.StatusInterval/2, func() {
 		defer close(watchDone)
 		s.watch(wctx, req, c.TenantID, id)
-	}()
+	})
 	resp, err := cfg.Bus.Wait(ctx, c.TenantID, id)
 	wcancel()
-	<-watchDone
+	if !watching.Stop() {
+		<-watchDone
+	}
 	if err != nil {
 		if ctx.Err() != nil {
 			reason := "the MCP client cancelled the request"
@@ -186,22 +188,14 @@ func (s *session) call(ctx context.Context, toolID string, req *mcp.CallToolRequ
 // is relayed when the client asked for progress.
 func (s *session) watch(ctx context.Context, req *mcp.CallToolRequest, tenant, id string) {
 	progressToken := req.Params.GetProgressToken()
-	t := time.NewTimer(s.f.cfg.StatusInterval / 2)
+	t := time.NewTimer(s.f.cfg.StatusInterval)
 	defer t.Stop()
 	announced := false
 	last := -1.0
 	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		t.Reset(s.f.cfg.StatusInterval)
 		rec, err := s.f.cfg.Bus.Status(ctx, tenant, id)
-		if err != nil {
-			continue
-		}
 		switch {
+		case err != nil:
 		case rec.Status == api.StatusPendingApproval && !announced:
 			announced = true
 			msg := fmt.Sprintf("waiting for a human to approve this call (invocation %s); the call continues once it is approved, and ends denied if it is not", id)
@@ -215,6 +209,12 @@ func (s *session) watch(ctx context.Context, req *mcp.CallToolRequest, tenant, i
 			_ = req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{ProgressToken: progressToken,
 				Progress: rec.Progress.Percent, Total: 100, Message: rec.Progress.Message})
 		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		t.Reset(s.f.cfg.StatusInterval)
 	}
 }
 
@@ -231,8 +231,7 @@ func toResult(resp api.Response) *mcp.CallToolResult {
 	}
 	r := &mcp.CallToolResult{Meta: mcp.Meta{MetaInvocationID: resp.InvocationID}}
 	text := string(resp.Result)
-	var obj map[string]any
-	if json.Unmarshal(resp.Result, &obj) == nil && obj != nil {
+	if isObject(resp.Result) {
 		r.StructuredContent = json.RawMessage(resp.Result)
 	}
 	if text == "" {
@@ -243,6 +242,12 @@ func toResult(resp api.Response) *mcp.CallToolResult {
 		r.Content = append(r.Content, &mcp.TextContent{Text: "toolgate: " + strings.Join(md.Warnings, "; ")})
 	}
 	return r
+}
+
+// isObject reports whether b is one JSON object, without decoding it.
+func isObject(b []byte) bool {
+	b = bytes.TrimLeft(b, " \t\r\n")
+	return len(b) > 0 && b[0] == '{' && json.Valid(b)
 }
 
 // errorResult is an isError result: toolgate's code, E-code and message,

@@ -302,4 +302,10 @@ func TestRetriedRequestDedupes(t *testing.T) {
 	if idOf(other) == idOf(a) {
 		t.Errorf("another request id reused invocation %s", idOf(a))
 	}
+	// The request id is the front end's to pass on, never the client's.
+	forged := postWith(t, srv, tok, sid, strings.Replace(call, "call-7", "call-9", 1),
+		http.Header{"X-Toolgate-Request-Id": {`"call-7"`}})
+	if idOf(forged) == "" || idOf(forged) == idOf(a) {
+		t.Errorf("a forged request id header reused invocation %s", idOf(a))
+	}
 }

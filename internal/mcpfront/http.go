@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
@@ -69,6 +70,8 @@ func (f *Front) Handler() http.Handler {
 			}
 		}
 		a := &authed{claims: claims, raw: raw}
+		// Only the front end sets the request id header (see requestIDHeader).
+		r.Header.Del(requestIDHeader)
 		if r.Method == http.MethodPost && r.Body != nil {
 			body, err := io.ReadAll(io.LimitReader(r.Body, mcp.DefaultMaxRequestBodyBytes+1))
 			if err != nil {
@@ -76,13 +79,18 @@ func (f *Front) Handler() http.Handler {
 				return
 			}
 			if len(body) <= mcp.DefaultMaxRequestBodyBytes {
-				id, method, unknown := unknownMethod(body)
-				if unknown {
-					methodNotFound(w, id, method)
-					return
+				if m, ok := parseEnvelope(body); ok {
+					if m.unknown() {
+						methodNotFound(w, m.ID, *m.Method)
+						return
+					}
+					a.initialize = *m.Method == "initialize"
+					if *m.Method == "tools/call" {
+						if id, ok := canonicalID(m.ID); ok {
+							r.Header.Set(requestIDHeader, id)
+						}
+					}
 				}
-				a.initialize = method == "initialize"
-				body = tagBody(body)
 			}
 			r.Body = io.NopCloser(bytes.NewReader(body))
 			r.ContentLength = int64(len(body))
@@ -143,27 +151,6 @@ func (f *Front) verify(raw string, s *session) (*token.Claims, error) {
 	return s.claims, nil
 }
 
-// tagBody tags a tools/call request body with its id (see tagParams).
-func tagBody(body []byte) []byte {
-	var m map[string]json.RawMessage
-	if json.Unmarshal(body, &m) != nil {
-		return body
-	}
-	if string(m["method"]) != `"tools/call"` || len(m["id"]) == 0 || string(m["id"]) == "null" {
-		return body
-	}
-	p := tagParams(m["params"], m["id"])
-	if bytes.Equal(p, m["params"]) {
-		return body
-	}
-	m["params"] = p
-	out, err := json.Marshal(m)
-	if err != nil {
-		return body
-	}
-	return out
-}
-
 // bearer extracts the token of an Authorization header value.
 func bearer(h string) (string, bool) {
 	scheme, tok, ok := strings.Cut(strings.TrimSpace(h), " ")
@@ -193,18 +180,44 @@ var serverMethods = map[string]bool{
 	"completion/complete": true, "server/discover": true, "subscriptions/listen": true,
 }
 
-// unknownMethod reports a JSON-RPC request (not a notification) for a
-// method no MCP server has. Over streamable HTTP the SDK answers those with
-// a bare 400; the spec asks for the JSON-RPC error -32601, as over stdio.
-func unknownMethod(body []byte) (json.RawMessage, string, bool) {
-	var m struct {
-		ID     json.RawMessage `json:"id"`
-		Method *string         `json:"method"`
-	}
+// envelope is what the front end reads of a POSTed JSON-RPC message.
+type envelope struct {
+	ID     json.RawMessage `json:"id"`
+	Method *string         `json:"method"`
+}
+
+// parseEnvelope reads a JSON-RPC request that is a call (has an id); a
+// notification, a response, a batch or anything else is not one.
+func parseEnvelope(body []byte) (envelope, bool) {
+	var m envelope
 	if json.Unmarshal(body, &m) != nil || m.Method == nil || len(m.ID) == 0 || string(m.ID) == "null" {
-		return nil, "", false
+		return envelope{}, false
 	}
-	return m.ID, *m.Method, !serverMethods[*m.Method] && !strings.HasPrefix(*m.Method, "notifications/")
+	return m, true
+}
+
+// unknown reports a method no MCP server has. Over streamable HTTP the SDK
+// answers those with a bare 400; the spec asks for the JSON-RPC error
+// -32601, as over stdio.
+func (m envelope) unknown() bool {
+	return !serverMethods[*m.Method] && !strings.HasPrefix(*m.Method, "notifications/")
+}
+
+// canonicalID is a JSON-RPC id as the SDK tells requests apart: a string,
+// or a number as an integer, in JSON.
+func canonicalID(raw json.RawMessage) (string, bool) {
+	var v any
+	if json.Unmarshal(raw, &v) != nil {
+		return "", false
+	}
+	switch v := v.(type) {
+	case string:
+		b, err := json.Marshal(v)
+		return string(b), err == nil
+	case float64:
+		return strconv.FormatInt(int64(v), 10), true
+	}
+	return "", false
 }
 
 func methodNotFound(w http.ResponseWriter, id json.RawMessage, method string) {

@@ -112,7 +112,16 @@ func TestProtocolVersions(t *testing.T) {
 // post sends one JSON-RPC message over HTTP and returns the response body.
 func post(t *testing.T, url, tok, session, body string) string {
 	t.Helper()
+	return postWith(t, url, tok, session, body, nil)
+}
+
+// postWith is post with headers of the test's own.
+func postWith(t *testing.T, url, tok, session, body string, h http.Header) string {
+	t.Helper()
 	req, _ := http.NewRequest(http.MethodPost, url+"/mcp", strings.NewReader(body))
+	for k, v := range h {
+		req.Header[k] = v
+	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Accept", "application/json, text/event-stream")
 	req.Header.Set("Authorization", "Bearer "+tok)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"slices"
 	"strings"
 	"sync"
@@ -156,12 +157,14 @@ func (f *Front) ServeStdio(ctx context.Context, t mcp.Transport, claims *token.C
 	return ss.Wait()
 }
 
-// metaRequestID is the _meta key under which the front end hands a
-// tools/call handler its JSON-RPC request id, which the SDK does not expose.
-const metaRequestID = "io.toolgate/request-id"
+// requestIDHeader carries a tools/call request's JSON-RPC id, which the SDK
+// does not hand a tool handler, in the request's RequestExtra: over HTTP the
+// front end's handler sets it on the POST that carries the request (and
+// removes any the client sent); over stdio taggingConn adds it.
+const requestIDHeader = "X-Toolgate-Request-Id"
 
 // tagging wraps a transport so that each tools/call request carries its id
-// in params._meta.
+// (see requestIDHeader).
 type tagging struct{ mcp.Transport }
 
 func (t tagging) Connect(ctx context.Context) (mcp.Connection, error) {
@@ -178,35 +181,17 @@ func (c taggingConn) Read(ctx context.Context) (jsonrpc.Message, error) {
 	m, err := c.Connection.Read(ctx)
 	if req, ok := m.(*jsonrpc.Request); ok && err == nil && req.Method == "tools/call" && req.ID.IsValid() {
 		if id, err := json.Marshal(req.ID.Raw()); err == nil {
-			req.Params = tagParams(req.Params, id)
+			var extra mcp.RequestExtra
+			if e, ok := req.Extra.(*mcp.RequestExtra); ok && e != nil {
+				extra = *e
+			}
+			extra.Header = extra.Header.Clone()
+			if extra.Header == nil {
+				extra.Header = http.Header{}
+			}
+			extra.Header.Set(requestIDHeader, string(id))
+			req.Extra = &extra
 		}
 	}
 	return m, err
-}
-
-// tagParams sets params._meta[metaRequestID] to id; params that are not an
-// object are left for the SDK to refuse.
-func tagParams(params json.RawMessage, id json.RawMessage) json.RawMessage {
-	var p map[string]json.RawMessage
-	if json.Unmarshal(params, &p) != nil || p == nil {
-		return params
-	}
-	var meta map[string]json.RawMessage
-	if raw, ok := p["_meta"]; ok && json.Unmarshal(raw, &meta) != nil {
-		return params
-	}
-	if meta == nil {
-		meta = map[string]json.RawMessage{}
-	}
-	meta[metaRequestID] = id
-	b, err := json.Marshal(meta)
-	if err != nil {
-		return params
-	}
-	p["_meta"] = b
-	out, err := json.Marshal(p)
-	if err != nil {
-		return params
-	}
-	return out
 }

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"testing"
 
+	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/busauth"
@@ -21,29 +22,36 @@ func TestToolName(t *testing.T) {
 	}
 }
 
-// TestTagBody: a tools/call request gets its id in _meta, keeping the
-// client's own _meta; anything else passes unchanged.
-func TestTagBody(t *testing.T) {
-	got := tagBody([]byte(`{"jsonrpc":"2.0","id":"r-1","method":"tools/call","params":{"name":"x","_meta":{"progressToken":3}}}`))
-	var m struct {
-		Params struct {
-			Meta map[string]any `json:"_meta"`
-		} `json:"params"`
+// TestEnvelope: a call's id and method are read once; its id is written
+// as the SDK tells requests apart; notifications, batches and anything that
+// is not JSON are left to the SDK.
+func TestEnvelope(t *testing.T) {
+	m, ok := parseEnvelope([]byte(`{"jsonrpc":"2.0","id":"r-1","method":"tools/call","params":{"name":"x","_meta":{"progressToken":3}}}`))
+	if !ok || *m.Method != "tools/call" || m.unknown() {
+		t.Fatalf("parsed %+v %v", m, ok)
 	}
-	if err := json.Unmarshal(got, &m); err != nil {
-		t.Fatal(err)
-	}
-	if m.Params.Meta[metaRequestID] != "r-1" || m.Params.Meta["progressToken"] != float64(3) {
-		t.Errorf("tagged: %s", got)
+	if m, ok := parseEnvelope([]byte(`{"jsonrpc":"2.0","id":2,"method":"tools/destroy"}`)); !ok || !m.unknown() {
+		t.Errorf("unknown method: %+v %v", m, ok)
 	}
 	for _, in := range []string{
-		`{"jsonrpc":"2.0","id":1,"method":"tools/list"}`,
-		`{"jsonrpc":"2.0","method":"tools/call","params":{"name":"x"}}`,
+		`{"jsonrpc":"2.0","method":"notifications/initialized"}`,
+		`{"jsonrpc":"2.0","id":null,"method":"tools/call"}`,
+		`[{"jsonrpc":"2.0","id":1,"method":"tools/call"}]`,
+		`{"jsonrpc":"2.0","id":1,"result":{}}`,
 		`not json`,
-		`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":[1]}`,
 	} {
-		if out := string(tagBody([]byte(in))); out != in {
-			t.Errorf("tagBody(%s) = %s", in, out)
+		if m, ok := parseEnvelope([]byte(in)); ok {
+			t.Errorf("parseEnvelope(%s) = %+v", in, m)
+		}
+	}
+	for in, want := range map[string]string{`"r-1"`: `"r-1"`, ` 7 `: `7`, `7.0`: `7`, `"7"`: `"7"`, `"<&>"`: `"\u003c\u0026\u003e"`} {
+		if got, ok := canonicalID(json.RawMessage(in)); !ok || got != want {
+			t.Errorf("canonicalID(%s) = %s, %v; want %s", in, got, ok, want)
+		}
+	}
+	for _, in := range []string{`{}`, `[1]`, `true`, `x`} {
+		if got, ok := canonicalID(json.RawMessage(in)); ok {
+			t.Errorf("canonicalID(%s) = %s", in, got)
 		}
 	}
 }
@@ -53,7 +61,11 @@ func TestInvocationIDIsStablePerSessionAndRequest(t *testing.T) {
 	if a != b || a == invocationID("s2", `"7"`) || a == invocationID("s1", `7`) {
 		t.Errorf("ids %s %s", a, b)
 	}
-	if x, y := invocationID("s1", nil), invocationID("s1", nil); x == y {
+	// The name hashed is the session id and the request id as JSON.
+	if want := uuid.NewSHA1(uuid.NameSpaceURL, []byte(`urn:toolgate:mcp:s1:"7"`)).String(); a != want {
+		t.Errorf("invocation %s, want %s", a, want)
+	}
+	if x, y := invocationID("s1", ""), invocationID("s1", ""); x == y {
 		t.Error("requests without an id share an invocation")
 	}
 }
