@@ -309,3 +309,65 @@ func TestRetriedRequestDedupes(t *testing.T) {
 		t.Errorf("a forged request id header reused invocation %s", idOf(a))
 	}
 }
+
+// TestCallStream: a call answered at once is one application/json
+// response; a call that waits for approval is an event stream carrying the
+// approval notice before the result, so a client that never opens the
+// standalone GET stream still sees it.
+func TestCallStream(t *testing.T) {
+	e := newEnv(t)
+	tok := mint(t, token.Claims{})
+	url := newHTTP(t, e)
+	first := post(t, url, tok, "", `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}`)
+	sid := strings.Fields(first)[2]
+	post(t, url, tok, sid, `{"jsonrpc":"2.0","method":"notifications/initialized"}`)
+	call := func(body string) (*http.Response, string) {
+		req, _ := http.NewRequest(http.MethodPost, url+"/mcp", strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "application/json, text/event-stream")
+		req.Header.Set("Authorization", "Bearer "+tok)
+		req.Header.Set("Mcp-Protocol-Version", "2025-11-25")
+		req.Header.Set("Mcp-Session-Id", sid)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp, string(b)
+	}
+	resp, body := call(`{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"t.echo","arguments":{"message":"hi"}}}`)
+	if ct := resp.Header.Get("Content-Type"); ct != "application/json" || resp.ContentLength != int64(len(body)) ||
+		!strings.HasPrefix(body, `{"jsonrpc":"2.0","id":2,"result":`) {
+		t.Fatalf("quick call: %s %s (length %d) %s", resp.Status, ct, resp.ContentLength, body)
+	}
+
+	o := newObserved()
+	c := mcp.NewClient(&mcp.Implementation{Name: "no-get-stream", Version: "1"}, o.options())
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cs, err := c.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: url + "/mcp", DisableStandaloneSSE: true,
+		HTTPClient: &http.Client{Transport: bearerTransport{tok}}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.Close()
+	done := make(chan *mcp.CallToolResult, 1)
+	go func() {
+		p := &mcp.CallToolParams{Name: "t.risky", Arguments: map[string]any{}}
+		p.SetProgressToken("approval")
+		r, err := cs.CallTool(ctx, p)
+		if err != nil {
+			t.Error(err)
+		}
+		done <- r
+	}()
+	id := e.pendingApproval(o)
+	if _, err := e.client.Decide(ctx, api.ApprovalDecision{Tenant: tenant, InvocationID: id, Approve: true,
+		DecidedBy: "did:user:reviewer", Reason: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	if r := <-done; r == nil || r.IsError || invocationOf(r) != id {
+		t.Fatalf("approved call: %+v", r)
+	}
+}

@@ -4,11 +4,13 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -70,6 +72,7 @@ func (f *Front) Handler() http.Handler {
 			}
 		}
 		a := &authed{claims: claims, raw: raw}
+		var reply *callReply
 		// Only the front end sets the request id header (see requestIDHeader).
 		r.Header.Del(requestIDHeader)
 		if r.Method == http.MethodPost && r.Body != nil {
@@ -84,6 +87,7 @@ func (f *Front) Handler() http.Handler {
 						methodNotFound(w, m.ID, *m.Method)
 						return
 					}
+					reply = &callReply{w: w}
 					a.initialize = *m.Method == "initialize"
 					if *m.Method == "tools/call" {
 						if id, ok := canonicalID(m.ID); ok {
@@ -96,8 +100,134 @@ func (f *Front) Handler() http.Handler {
 			r.ContentLength = int64(len(body))
 		}
 		ctx := context.WithValue(r.Context(), claimsKey{}, a)
-		h.ServeHTTP(w, r.WithContext(ctx))
+		if reply == nil {
+			h.ServeHTTP(w, r.WithContext(ctx))
+			return
+		}
+		h.ServeHTTP(reply, r.WithContext(ctx))
+		reply.finish()
 	})
+}
+
+// callReply is the response writer of a POST that carries one call. The SDK
+// answers a call with an event stream. callReply holds the stream's first
+// event back: when that is the call's response, nothing having come before
+// it, the response goes out as application/json instead (one write, and no
+// stream for the client to read); when a notification or a request comes
+// first (progress, the approval notice), the stream goes out as the SDK
+// writes it, so what concerns the call travels on the call's own response.
+// Either answer is the client's to accept (streamable HTTP, "Sending
+// Messages to the Server").
+type callReply struct {
+	w  http.ResponseWriter
+	mu sync.Mutex
+	// status is a 200 the SDK wrote before anything was decided.
+	status int
+	// event is the held first event, data its JSON-RPC message.
+	event, data []byte
+	passing     bool // the SDK's writes go straight out
+	finished    bool // the handler has returned
+}
+
+var errReplied = errors.New("the response to this request has been sent")
+
+func (c *callReply) Header() http.Header { return c.w.Header() }
+
+// Unwrap lets http.ResponseController reach the connection's writer.
+func (c *callReply) Unwrap() http.ResponseWriter { return c.w }
+
+func (c *callReply) WriteHeader(code int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.passing && !c.finished && code == http.StatusOK && c.status == 0 && c.event == nil && isEventStream(c.w.Header()) {
+		c.status = code
+		return
+	}
+	c.passLocked()
+	c.w.WriteHeader(code)
+}
+
+func (c *callReply) Write(b []byte) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.finished {
+		return 0, errReplied
+	}
+	if !c.passing && c.event == nil && isEventStream(c.w.Header()) {
+		if data, ok := responseEvent(b); ok {
+			c.event = bytes.Clone(b)
+			c.data = c.event[len(b)-len(data)-2 : len(b)-2]
+			return len(b), nil
+		}
+	}
+	c.passLocked()
+	return c.w.Write(b)
+}
+
+// Flush sends what passes through; a held response waits for finish.
+func (c *callReply) Flush() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.passing && !c.finished {
+		_ = http.NewResponseController(c.w).Flush()
+	}
+}
+
+// passLocked makes the answer the SDK's event stream, with the event held
+// so far.
+func (c *callReply) passLocked() {
+	if c.passing {
+		return
+	}
+	c.passing = true
+	if c.status != 0 {
+		c.w.WriteHeader(c.status)
+	}
+	if c.event != nil {
+		_, _ = c.w.Write(c.event)
+	}
+}
+
+// finish sends a held response as application/json.
+func (c *callReply) finish() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.finished = true
+	if c.passing || c.event == nil {
+		return
+	}
+	h := c.w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Del("Connection")
+	h.Set("Content-Length", strconv.Itoa(len(c.data)))
+	c.w.WriteHeader(http.StatusOK)
+	_, _ = c.w.Write(c.data)
+}
+
+func isEventStream(h http.Header) bool {
+	return h.Get("Content-Type") == "text/event-stream"
+}
+
+// responseEvent is the message of an SSE event as the SDK writes a message
+// without an event id ("event: message", one data line), when that message
+// is a JSON-RPC response.
+func responseEvent(ev []byte) ([]byte, bool) {
+	rest, ok := bytes.CutPrefix(ev, []byte("event: message\ndata: "))
+	if !ok {
+		return nil, false
+	}
+	data, ok := bytes.CutSuffix(rest, []byte("\n\n"))
+	if !ok || bytes.IndexByte(data, '\n') >= 0 {
+		return nil, false
+	}
+	var m struct {
+		ID     json.RawMessage `json:"id"`
+		Method *string         `json:"method"`
+	}
+	if json.Unmarshal(data, &m) != nil || m.Method != nil || len(m.ID) == 0 {
+		return nil, false
+	}
+	return data, true
 }
 
 // serverFor gives the SDK the server of a request's session. The SDK asks
