@@ -113,21 +113,23 @@ func Run(ctx context.Context, o Options) (Report, error) {
 		defer os.RemoveAll(dir)
 		o.Dir = dir
 	}
+	rep := Report{Options: o}
+	// The detectors come first, before the server starts: they run alone
+	// in the process.
+	rep.Detectors = measureDetectors()
 	ns, err := node.StartEmbedded(node.EmbeddedOptions{Listen: "127.0.0.1:-1", DataDir: o.Dir})
 	if err != nil {
-		return Report{}, err
+		return rep, err
 	}
 	defer ns.Shutdown()
 	url := ns.ClientURL()
 
-	rep := Report{Options: o}
 	cred, err := newCredentials()
 	if err != nil {
 		return rep, err
 	}
-	// The detectors and the connect costs come first, measured on a
-	// process not yet loaded by the pipeline series.
-	rep.Detectors = measureDetectors()
+	// The connect costs come next, measured on a process not yet loaded
+	// by the pipeline series.
 	if !o.GoalsOnly {
 		if rep.Bus, err = measureBus(ctx, url, o.Dir, cred); err != nil {
 			return rep, fmt.Errorf("bus authentication: %w", err)
