@@ -101,13 +101,19 @@ func TestStatusWrittenElsewhereMeanwhile(t *testing.T) {
 	}
 }
 
-// A reservation that follows a read of the usage starts from that read.
-func TestUsageReadThenCharged(t *testing.T) {
-	s, other, _ := openCounting(t)
+// countBudgetReads counts the reads of s's budgets bucket from now on.
+func countBudgetReads(s *Store) *atomic.Int32 {
 	n := new(atomic.Int32)
 	r := s.budgets.(remembering)
 	r.bounded.KeyValue = reads{r.bounded.KeyValue, n}
 	s.budgets = r
+	return n
+}
+
+// A reservation that follows a read of the usage starts from that read.
+func TestUsageReadThenCharged(t *testing.T) {
+	s, other, _ := openCounting(t)
+	n := countBudgetReads(s)
 	ctx := context.Background()
 	charge := func(u *Usage) error { u.Calls++; return nil }
 	if _, err := other.UpdateUsage(ctx, "t", "s", charge); err != nil {
@@ -137,10 +143,7 @@ func TestUsageReadThenCharged(t *testing.T) {
 // process's write, which the next charge here then does not lose.
 func TestRecentUsage(t *testing.T) {
 	s, other, _ := openCounting(t)
-	n := new(atomic.Int32)
-	r := s.budgets.(remembering)
-	r.bounded.KeyValue = reads{r.bounded.KeyValue, n}
-	s.budgets = r
+	n := countBudgetReads(s)
 	ctx := context.Background()
 	charge := func(u *Usage) error { u.Calls++; return nil }
 	if _, err := other.UpdateUsage(ctx, "t", "s", charge); err != nil {
