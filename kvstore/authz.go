@@ -226,7 +226,12 @@ func (s *Store) PendingApprovals(ctx context.Context) ([]Approval, error) {
 
 // Usage is what one session has used so far.
 type Usage struct {
-	Calls               int64     `json:"calls"`
+	// Calls counts the calls reserved, the leased ones included: a cap on
+	// calls is checked against it.
+	Calls int64 `json:"calls"`
+	// Leases are calls reserved in advance by authorize workers, each for
+	// its own next calls (see Lease).
+	Leases              []Lease   `json:"leases,omitempty"`
 	RuntimeMS           int64     `json:"runtime_ms"`
 	Cost                float64   `json:"cost"`
 	Tokens              int64     `json:"tokens"`
@@ -303,6 +308,52 @@ func (u *Usage) HasSettled(id string) bool { return remembers(u.Settled, id) >= 
 // Settle remembers that the end of the invocation id was charged to u.
 func (u *Usage) Settle(id string) { u.Settled = remember(u.Settled, id, SettledMemory) }
 
+// Lease is a run of calls one worker reserved in advance and gives to its
+// next calls without a write. Its calls count in Usage.Calls from the
+// start; when it ends, its holder takes back from Calls those it did not
+// give. A lease whose holder never ended it (the worker died) is dropped
+// once stale, its calls all counted as made: a budget may end short of its
+// cap, never over it.
+type Lease struct {
+	Holder string    `json:"holder"`
+	Calls  int64     `json:"calls"`
+	Until  time.Time `json:"until"`
+}
+
+// Leased is the number of calls in leases, given to calls or not.
+func (u *Usage) Leased() int64 {
+	var n int64
+	for _, l := range u.Leases {
+		n += l.Calls
+	}
+	return n
+}
+
+// Made is the number of calls made as far as the record knows: those
+// reserved less those in leases (which their holders may have given since).
+func (u *Usage) Made() int64 { return u.Calls - u.Leased() }
+
+// EndLease ends holder's lease, of which unused calls were not given,
+// reporting whether it had one.
+func (u *Usage) EndLease(holder string, unused int64) bool {
+	i := slices.IndexFunc(u.Leases, func(l Lease) bool { return l.Holder == holder })
+	if i < 0 {
+		return false
+	}
+	u.Calls -= min(max(unused, 0), u.Leases[i].Calls)
+	u.Leases = slices.Delete(u.Leases, i, i+1)
+	return true
+}
+
+// DropStaleLeases drops the leases that ended before stale, counting all
+// their calls as made.
+func (u *Usage) DropStaleLeases(stale time.Time) {
+	u.Leases = slices.DeleteFunc(u.Leases, func(l Lease) bool { return l.Until.Before(stale) })
+	if len(u.Leases) == 0 {
+		u.Leases = nil
+	}
+}
+
 // Abort records which invocation's hook ended a session, and when.
 type Abort struct {
 	InvocationID string    `json:"invocation_id"`
@@ -322,13 +373,20 @@ func (s *Store) Usage(ctx context.Context, tenant, session string) (Usage, error
 // it, reading it only when it holds none. It may lag writes by other
 // processes: a caller that decides on it writes with UpdateUsage, whose
 // compare-and-swap starts from the same revision and so is refused, and
-// decided again on a fresh read, when another process wrote since.
+// decided again on a fresh read, when another process wrote since. The
+// slices of the usage returned are shared with later calls: read them
+// only.
 func (s *Store) RecentUsage(ctx context.Context, tenant, session string) (Usage, error) {
 	if r := recentOf(s.budgets); r != nil {
-		if w, ok := r.get(budgetKey(tenant, session)); ok {
-			var u Usage
-			if json.Unmarshal(w.val, &u) == nil {
-				return u, nil
+		key := budgetKey(tenant, session)
+		if w, ok := r.get(key); ok {
+			if w.usage != nil {
+				return *w.usage, nil
+			}
+			u := new(Usage)
+			if json.Unmarshal(w.val, u) == nil {
+				r.keepUsage(key, w.rev, u)
+				return *u, nil
 			}
 		}
 	}
@@ -424,7 +482,7 @@ func (s *Store) commitUsage(ctx context.Context, tenant, session, key string, ba
 		changed := false
 		for _, c := range batch {
 			before := *u
-			before.Reserved, before.Settled = slices.Clone(u.Reserved), slices.Clone(u.Settled)
+			before.Reserved, before.Settled, before.Leases = slices.Clone(u.Reserved), slices.Clone(u.Settled), slices.Clone(u.Leases)
 			if c.err = c.change(u); c.err != nil {
 				*u = before
 				continue

@@ -10,7 +10,7 @@ import (
 func (u Usage) Status(tenant, session string, l api.BudgetLimits, now time.Time) api.BudgetStatus {
 	st := api.BudgetStatus{Tenant: tenant, Session: session, Limits: l,
 		Remaining: map[string]float64{}, PerHour: map[string]float64{}}
-	st.Used.Calls, st.Used.RuntimeMS, st.Used.Cost, st.Used.Tokens = u.Calls, u.RuntimeMS, u.Cost, u.Tokens
+	st.Used.Calls, st.Used.RuntimeMS, st.Used.Cost, st.Used.Tokens = u.Made(), u.RuntimeMS, u.Cost, u.Tokens
 	hours := 0.0
 	if !u.StartedAt.IsZero() {
 		// At least a minute, so one early charge does not project an
@@ -22,7 +22,7 @@ func (u Usage) Status(tenant, session string, l api.BudgetLimits, now time.Time)
 		name       string
 		used, capv float64
 	}{
-		{"calls", float64(u.Calls), float64(l.MaxCalls)},
+		{"calls", float64(u.Made()), float64(l.MaxCalls)},
 		{"runtime_ms", float64(u.RuntimeMS), float64(l.MaxRuntimeMS)},
 		{"cost", u.Cost, l.MaxCost},
 		{"tokens", float64(u.Tokens), float64(l.MaxTokens)},

@@ -40,6 +40,9 @@ type recentWrites struct {
 type recentWrite struct {
 	rev uint64
 	val []byte
+	// usage is val decoded, kept once RecentUsage needed it: a budget's
+	// calls judge the same record many times between its writes.
+	usage *Usage
 }
 
 func (r *recentWrites) get(key string) (recentWrite, bool) {
@@ -56,6 +59,17 @@ func (r *recentWrites) put(key string, rev uint64, val []byte) {
 		r.m = make(map[string]recentWrite)
 	}
 	r.m[key] = recentWrite{rev: rev, val: val}
+}
+
+// keepUsage remembers u as the decoded value of key at rev, if that is
+// still what r holds.
+func (r *recentWrites) keepUsage(key string, rev uint64, u *Usage) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if w, ok := r.m[key]; ok && w.rev == rev {
+		w.usage = u
+		r.m[key] = w
+	}
 }
 
 func (r *recentWrites) forget(key string) {

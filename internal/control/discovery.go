@@ -372,7 +372,7 @@ func (h *handlers) capabilityReport(tenant string, req micro.Request) {
 			respondError(req, err)
 			return
 		}
-		rep.Used = &api.CapabilityUsage{Calls: u.Calls, RuntimeMS: u.RuntimeMS, Cost: u.Cost, Tokens: u.Tokens,
+		rep.Used = &api.CapabilityUsage{Calls: u.Made(), RuntimeMS: u.RuntimeMS, Cost: u.Cost, Tokens: u.Tokens,
 			ConsecutiveFailures: u.ConsecutiveFailures}
 	}
 	_ = req.RespondJSON(rep)

@@ -420,6 +420,7 @@ func Run(ctx context.Context, c Config) error {
 	// requests on its own goroutines).
 	<-drain.Done()
 	wg.Wait()
+	release(runners, log)
 	// The closed handler runs asynchronously: ask the connection itself.
 	if n.NC.IsClosed() {
 		errs <- fmt.Errorf("%w: %v", ErrConnectionClosed, n.NC.LastError())
@@ -427,6 +428,26 @@ func Run(ctx context.Context, c Config) error {
 	close(errs)
 	log.Info("toolgate stopped: in-flight work drained")
 	return errors.Join(collect(errs)...)
+}
+
+// releaser is a stage that holds shared capacity (authorize's budget
+// leases) to give back when it stops.
+type releaser interface {
+	Release(ctx context.Context) error
+}
+
+// release has the stopped runners' stages give back what they hold; a
+// stage that cannot (the connection is gone) leaves it counted as used.
+func release(runners []*runner.Runner, log *slog.Logger) {
+	for _, r := range runners {
+		if rel, ok := r.Stage.(releaser); ok {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			if err := rel.Release(ctx); err != nil {
+				log.Warn("leased budget calls not returned; they count as used", "stage", r.Name, "err", err)
+			}
+			cancel()
+		}
+	}
 }
 
 // setupSeals loads the deployment's hop-sealing key from the data

@@ -238,7 +238,7 @@ func outcome(inv *envelope.Invocation, trigger string, u kvstore.Usage, m *tools
 		_ = json.Unmarshal(inv.Result, &result)
 	}
 	usage := map[string]any{
-		"calls": u.Calls, "runtime_ms": u.RuntimeMS, "cost": u.Cost, "tokens": u.Tokens,
+		"calls": u.Made(), "runtime_ms": u.RuntimeMS, "cost": u.Cost, "tokens": u.Tokens,
 		"consecutive_failures": u.ConsecutiveFailures,
 	}
 	man := map[string]any{}

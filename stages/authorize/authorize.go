@@ -30,6 +30,7 @@ import (
 	"github.com/toolgate/toolgate/subjects"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -75,9 +76,9 @@ type Config struct {
 	// record carries an operator's signed decision; nil trusts the record
 	// (a bus without authentication).
 	ApprovalProof func(kvstore.Approval) error
-	// Aborted holds the sessions abort hooks ended, for the trees without
-	// a budget, whose calls read no usage (where a metered call finds the
-	// mark); nil: none.
+	// Aborted holds the sessions abort hooks ended: the trees without a
+	// budget read no usage, and a call given a leased budget call writes
+	// none, so neither would find the mark there; nil: none.
 	Aborted *kvstore.Aborts
 	Now     func() time.Time
 }
@@ -94,6 +95,7 @@ type Authorizer struct {
 	engine atomic.Pointer[policy.Engine]
 	tools  astValues[*tools.Manifest] // at most maxCachedManifests
 	claims astValues[[32]byte]        // at most maxCachedTokens
+	leases *leases
 }
 
 var _ stages.Stage = (*Authorizer)(nil)
@@ -109,11 +111,15 @@ func New(cfg Config) *Authorizer {
 	if cfg.Revoked == nil {
 		cfg.Revoked = new(token.Revocations)
 	}
-	a := &Authorizer{cfg: cfg}
+	a := &Authorizer{cfg: cfg, leases: newLeases(cfg.Store, cfg.Now)}
 	a.tools.max, a.claims.max = maxCachedManifests, maxCachedTokens
 	a.engine.Store(cfg.Policy)
 	return a
 }
+
+// Release returns the calls this stage leased and has not used to their
+// budgets; call it when the stage stops.
+func (a *Authorizer) Release(ctx context.Context) error { return a.leases.release(ctx) }
 
 // SetSealer makes the stage seal every call it admits (Config.Sealer).
 func (a *Authorizer) SetSealer(s Sealer) { a.cfg.Sealer = s }
@@ -216,7 +222,7 @@ func (a *Authorizer) Process(ctx context.Context, inv *envelope.Invocation) ([]s
 	// A tree without a budget has nothing to count against: its calls read
 	// and write no usage, so they share no key and never wait on each other.
 	metered := claims.Budget != nil || claims.TreeBudget() != nil
-	if ab, ok := a.cfg.Aborted.Aborted(inv.Tenant, tree); ok && !metered {
+	if ab, ok := a.cfg.Aborted.Aborted(inv.Tenant, tree); ok {
 		return nil, sessionAborted(ab)
 	}
 	// A metered call is judged on the usage this process saw last and
@@ -293,8 +299,11 @@ func (a *Authorizer) decide(ctx context.Context, inv *envelope.Invocation, m *to
 		if usage, err = read(ctx, inv.Tenant, own); err != nil {
 			return approval, false, nil, true, stages.Transient(err, 0)
 		}
-		// The ids it remembers are bookkeeping for redeliveries, not usage.
+		// The ids it remembers are bookkeeping for redeliveries, not usage;
+		// leased calls not yet used are not made, but those this process
+		// gave since its lease's write are.
 		usage.Reserved, usage.Settled = nil, nil
+		usage.Calls, usage.Leases = usage.Made()+a.leases.given(inv.Tenant, own), nil
 	}
 	in := Input{
 		Request: redactToken(req), Tool: m, Claims: cleanGrants(claims), Usage: usage,
@@ -450,17 +459,15 @@ func (a *Authorizer) policyInput(in Input, rawToken string) (ast.Value, error) {
 	if err != nil {
 		return nil, err
 	}
-	usage := zeroUsage
-	if !reflect.ValueOf(in.Usage).IsZero() {
-		if usage, err = astValue(in.Usage); err != nil {
-			return nil, err
-		}
+	usage, err := usageTerm(in.Usage)
+	if err != nil {
+		return nil, err
 	}
 	terms := [][2]*ast.Term{
 		ast.Item(ast.InternedTerm("request"), ast.NewTerm(req)),
 		ast.Item(ast.InternedTerm("tool"), ast.NewTerm(tool)),
 		ast.Item(ast.InternedTerm("claims"), ast.NewTerm(claims)),
-		ast.Item(ast.InternedTerm("usage"), ast.NewTerm(usage)),
+		ast.Item(ast.InternedTerm("usage"), usage),
 		ast.Item(ast.InternedTerm("resources"), resourcesTerm(in.Resources)),
 		ast.Item(ast.InternedTerm("derived"), derivedTerm(in.Derived)),
 		ast.Item(ast.InternedTerm("tenant"), ast.StringTerm(in.Tenant)),
@@ -477,13 +484,55 @@ func (a *Authorizer) policyInput(in Input, rawToken string) (ast.Value, error) {
 }
 
 // zeroUsage is the policy form of an empty usage (every unmetered call's).
-var zeroUsage = func() ast.Value {
+var zeroUsage = func() *ast.Term {
 	v, err := astValue(kvstore.Usage{})
 	if err != nil {
 		panic(err)
 	}
-	return v
+	return ast.NewTerm(v)
 }()
+
+// usageTerm is u's JSON encoding as a term, built directly for the usage
+// a policy is given (its id lists and leases left out): a metered call
+// converts one on every call.
+func usageTerm(u kvstore.Usage) (*ast.Term, error) {
+	if reflect.ValueOf(u).IsZero() {
+		return zeroUsage, nil
+	}
+	if u.Reserved != nil || u.Settled != nil || u.Leases != nil {
+		v, err := astValue(u)
+		return ast.NewTerm(v), err
+	}
+	cost, err := json.Marshal(u.Cost)
+	if err != nil {
+		return nil, err
+	}
+	items := [][2]*ast.Term{
+		ast.Item(ast.InternedTerm("calls"), intTerm(u.Calls)),
+		ast.Item(ast.InternedTerm("runtime_ms"), intTerm(u.RuntimeMS)),
+		ast.Item(ast.InternedTerm("cost"), ast.NumberTerm(json.Number(cost))),
+		ast.Item(ast.InternedTerm("tokens"), intTerm(u.Tokens)),
+		ast.Item(ast.InternedTerm("consecutive_failures"), intTerm(u.ConsecutiveFailures)),
+	}
+	if !u.UpdatedAt.IsZero() {
+		items = append(items, ast.Item(ast.InternedTerm("updated_at"), timeTerm(u.UpdatedAt)))
+	}
+	if !u.StartedAt.IsZero() {
+		items = append(items, ast.Item(ast.InternedTerm("started_at"), timeTerm(u.StartedAt)))
+	}
+	if ab := u.Aborted; ab != nil {
+		items = append(items, ast.Item(ast.InternedTerm("aborted"), ast.ObjectTerm(
+			ast.Item(ast.InternedTerm("invocation_id"), ast.StringTerm(ab.InvocationID)),
+			ast.Item(ast.InternedTerm("hook"), ast.StringTerm(ab.Hook)),
+			ast.Item(ast.InternedTerm("at"), timeTerm(ab.At)))))
+	}
+	return ast.ObjectTerm(items...), nil
+}
+
+func intTerm(n int64) *ast.Term { return ast.NumberTerm(json.Number(strconv.FormatInt(n, 10))) }
+
+// timeTerm is t as encoding/json writes it.
+func timeTerm(t time.Time) *ast.Term { return ast.StringTerm(t.Format(time.RFC3339Nano)) }
 
 // resourcesTerm is r's JSON encoding as a term.
 func resourcesTerm(r Resources) *ast.Term {
@@ -628,6 +677,9 @@ func (a *Authorizer) park(ctx context.Context, inv *envelope.Invocation, m *tool
 // The own charge is undone when the tree refuses.
 func (a *Authorizer) reserveTree(ctx context.Context, inv *envelope.Invocation, c *token.Claims, tree, own string, m *tools.Manifest, judged kvstore.Usage) error {
 	if own == tree {
+		if leasable(c.Budget) {
+			return a.leases.reserve(ctx, inv, c.Budget, tree)
+		}
 		return a.reserve(ctx, inv, c.Budget, tree, m, &judged)
 	}
 	if err := a.reserve(ctx, inv, c.Budget, own, m, &judged); err != nil {
@@ -673,12 +725,15 @@ func (a *Authorizer) reserve(ctx context.Context, inv *envelope.Invocation, b *t
 		if judged != nil && moved(*judged, *u) {
 			return errUsageMoved
 		}
+		u.DropStaleLeases(a.cfg.Now().Add(-leaseGrace))
 		if b != nil {
 			var perCall float64
 			if m.Cost != nil {
 				perCall = m.Cost.PerCall
 			}
 			switch {
+			case b.MaxCalls > 0 && u.Calls >= b.MaxCalls && len(u.Leases) > 0:
+				return errLeasedElsewhere
 			case b.MaxCalls > 0 && u.Calls >= b.MaxCalls:
 				return exhausted("the token has made all %d of its calls", b.MaxCalls)
 			case b.MaxRuntimeMS > 0 && u.RuntimeMS >= b.MaxRuntimeMS:
@@ -699,6 +754,8 @@ func (a *Authorizer) reserve(ctx context.Context, inv *envelope.Invocation, b *t
 		return nil
 	case errors.As(err, &te), errors.Is(err, errUsageMoved):
 		return err
+	case errors.Is(err, errLeasedElsewhere):
+		return stages.Transient(err, LeaseTTL)
 	}
 	return stages.Transient(err, 0)
 }

@@ -340,6 +340,12 @@ func TestPolicyInputIsItsJSON(t *testing.T) {
 			Derived:  Derived{PreApproved: true, HostGranted: map[string]bool{"api.example.com": true, "x.org": false}},
 			Approval: &ApprovalInput{State: "approved", DecidedBy: "alice"}},
 		"approval pending": {Request: req, Claims: claims, Approval: &ApprovalInput{State: "pending"}},
+		"metered call, usage as judged": {Request: req, Tool: manifest, Claims: claims, Tenant: "acme",
+			Usage: kvstore.Usage{Calls: 1 << 40, Cost: 0.1 + 0.2, Tokens: 12, ConsecutiveFailures: 1,
+				UpdatedAt: time.Date(2026, 1, 1, 0, 0, 0, 123456789, time.UTC),
+				StartedAt: time.Date(2025, 12, 31, 23, 0, 0, 0, time.FixedZone("x", 3600)),
+				Aborted:   &kvstore.Abort{InvocationID: "i-9", Hook: "stop", At: time.Date(2026, 1, 1, 0, 0, 1, 0, time.UTC)}}},
+		"metered call, tiny cost": {Request: req, Claims: claims, Usage: kvstore.Usage{Calls: 2, Cost: 1e-21}},
 	}
 	for name, in := range inputs {
 		t.Run(name, func(t *testing.T) {
