@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -8,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -20,11 +22,13 @@ import (
 const frontSamples = 400
 
 // measureFront times, on a running toolgate, one call of the noop tool
-// three ways, interleaved so that all three see the same load: a direct
+// four ways, interleaved so that all four see the same load: a direct
 // tool.invoke published and awaited the way the MCP front end itself does
-// (mcpfront.NATSBus: one result subscription per tenant), and a tools/call through the MCP front end over an
-// in-memory stdio-like transport and over streamable HTTP. The difference
-// is what speaking MCP adds to a call.
+// (mcpfront.NATSBus: one result subscription per tenant), and a tools/call
+// through the MCP front end over an in-memory stdio-like transport and over
+// streamable HTTP, from the SDK's client and from a plain HTTP client. The
+// difference is what speaking MCP adds to a call; the plain client's shows
+// the front end's part apart from the SDK client's.
 func measureFront(ctx context.Context, url string, cred credentials) ([]Cost, error) {
 	nc, err := nats.Connect(url)
 	if err != nil {
@@ -82,7 +86,11 @@ func measureFront(ctx context.Context, url string, cred credentials) ([]Cost, er
 			return err
 		}
 	}
-	calls := []func(context.Context) error{direct, viaMCP(stdio), viaMCP(overHTTP)}
+	raw, err := newRawMCP(ctx, srv.URL+"/mcp", cred.token)
+	if err != nil {
+		return nil, fmt.Errorf("mcp over http, plain client: %w", err)
+	}
+	calls := []func(context.Context) error{direct, viaMCP(stdio), viaMCP(overHTTP), raw.call}
 	samples := make([][]time.Duration, len(calls))
 	for i := range 20 + frontSamples {
 		for j, call := range calls {
@@ -99,7 +107,7 @@ func measureFront(ctx context.Context, url string, cred credentials) ([]Cost, er
 			}
 		}
 	}
-	names := []string{"direct tool.invoke", "MCP tools/call, stdio", "MCP tools/call, HTTP"}
+	names := []string{"direct tool.invoke", "MCP tools/call, stdio", "MCP tools/call, HTTP", "MCP tools/call, HTTP, plain"}
 	out := make([]Cost, len(calls))
 	for j := range calls {
 		slices.Sort(samples[j])
@@ -129,4 +137,66 @@ func PrintFront(w io.Writer, costs []Cost) {
 		fmt.Fprintf(w, "%-30s %10s %10s %12s %12s\n", c.Name, us(c.quantile(0.5)), us(c.quantile(0.99)),
 			us(c.quantile(0.5)-base.quantile(0.5)), us(c.quantile(0.99)-base.quantile(0.99)))
 	}
+}
+
+// rawMCP is an MCP client over streamable HTTP with nothing but net/http:
+// one POST per message, the answer read as the server sends it. It shows
+// what the front end itself adds, apart from the cost of an SDK client.
+type rawMCP struct {
+	url, token, session string
+	n                   int
+}
+
+func newRawMCP(ctx context.Context, url, token string) (*rawMCP, error) {
+	c := &rawMCP{url: url, token: token}
+	resp, err := c.post(ctx, `{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"bench","version":"1"}}}`)
+	if err != nil {
+		return nil, err
+	}
+	c.session = resp.Header.Get("Mcp-Session-Id")
+	if _, err := c.post(ctx, `{"jsonrpc":"2.0","method":"notifications/initialized"}`); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+func (c *rawMCP) post(ctx context.Context, body string) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.url, strings.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Authorization", "Bearer "+c.token)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	req.Header.Set("Mcp-Protocol-Version", "2025-06-18")
+	if c.session != "" {
+		req.Header.Set("Mcp-Session-Id", c.session)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode/100 != 2 {
+		return nil, fmt.Errorf("%s: %s", resp.Status, b)
+	}
+	resp.Body = io.NopCloser(bytes.NewReader(b))
+	return resp, nil
+}
+
+func (c *rawMCP) call(ctx context.Context) error {
+	c.n++
+	resp, err := c.post(ctx, fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"noop","arguments":{}}}`, c.n))
+	if err != nil {
+		return err
+	}
+	b, _ := io.ReadAll(resp.Body)
+	if !bytes.Contains(b, []byte(`"result"`)) || bytes.Contains(b, []byte(`"isError":true`)) {
+		return fmt.Errorf("mcp call: %s", b)
+	}
+	return nil
 }
