@@ -99,6 +99,15 @@ func (a *Auditor) Process(ctx context.Context, inv *envelope.Invocation) ([]stag
 		ToolID: inv.ToolID(), ToolVersion: inv.ToolVersion(), Error: inv.Error,
 		Response: &resp, Seq: inv.Event.Seq, Ending: stages.Input(ctx),
 	}
+	// The charge comes before the status: a caller that sees the end (the
+	// client reads the status record) and calls again must find this call
+	// charged, or its next call is judged without it (a failure not yet
+	// counted towards approval_after_failures). A session's usage is
+	// charged once per invocation, so an ending that then loses to
+	// another charges nothing the winner's would add.
+	if err := a.charge(ctx, inv); err != nil {
+		return nil, stages.Transient(fmt.Errorf("charging the session budget: %w", err), 0)
+	}
 	stored, written, err := a.store.SetStatus(ctx, rec)
 	if err != nil {
 		return nil, stages.Transient(fmt.Errorf("recording status: %w", err), 0)
@@ -109,9 +118,6 @@ func (a *Auditor) Process(ctx context.Context, inv *envelope.Invocation) ([]stag
 		// declaring E3023): that ending is the one recorded and published,
 		// this one is dropped.
 		return nil, nil
-	}
-	if err := a.charge(ctx, inv); err != nil {
-		return nil, stages.Transient(fmt.Errorf("charging the session budget: %w", err), 0)
 	}
 	if written {
 		// After the status and the charge, which callers wait on.

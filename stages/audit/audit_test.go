@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"maps"
 	"strings"
 	"testing"
 
@@ -19,6 +20,9 @@ type fakeStore struct {
 	records  map[string]api.Record
 	usage    map[string]kvstore.Usage
 	statusEr error
+	// atEnd is the usage as it stood when each terminal status was
+	// written, by invocation: what a caller that saw the end would find.
+	atEnd map[string]map[string]kvstore.Usage
 }
 
 func newFakeStore() *fakeStore {
@@ -33,6 +37,10 @@ func (f *fakeStore) SetStatus(_ context.Context, rec api.Record) (api.Record, bo
 		return cur, false, nil
 	}
 	f.records[rec.InvocationID] = rec
+	if f.atEnd == nil {
+		f.atEnd = map[string]map[string]kvstore.Usage{}
+	}
+	f.atEnd[rec.InvocationID] = maps.Clone(f.usage)
 	return rec, true, nil
 }
 
@@ -182,6 +190,11 @@ func TestAudit(t *testing.T) {
 		}
 		if u := st.usage["acme/s"]; u.ConsecutiveFailures != 1 || u.RuntimeMS != 80 {
 			t.Fatalf("after a failure: %+v", u)
+		}
+		// A caller sees the end in the status record: by then the failure
+		// counts, so its next call is judged with it.
+		if u := st.atEnd["i-4"]["acme/s"]; u.ConsecutiveFailures != 1 || !u.HasSettled("i-4") {
+			t.Fatalf("usage when the failure's status was written: %+v", u)
 		}
 	})
 
