@@ -32,9 +32,11 @@ import (
 // since); their caps need the exact usage at each reservation, which the
 // compare-and-swap gives.
 
-// Lease sizes: a lease takes an eighth of the calls left, at least one (a
-// small budget is reserved call by call, exactly as without leases) and at
-// most maxLease.
+// Lease sizes: a write reserves one call for a budget called rarely, twice
+// as many as the last write while calls keep coming within two lease
+// lifetimes, at most maxLease and at most an eighth of the calls left, but
+// at least one (a small budget is reserved call by call, exactly as
+// without leases).
 const (
 	maxLease   = 16
 	leaseShare = 8
@@ -82,6 +84,11 @@ type lease struct {
 	given   int64
 	expires time.Time
 	timer   *time.Timer
+	// size is the calls the last write reserved, wrote when it was made:
+	// a budget called again within two lease lifetimes gets twice as many
+	// next time, one called rarely one at a time (no lease to give back).
+	size  int64
+	wrote time.Time
 }
 
 func newLeases(store Store, now func() time.Time) *leases {
@@ -178,6 +185,10 @@ func (ls *leases) reserve(ctx context.Context, inv *envelope.Invocation, b *toke
 		return nil
 	}
 	back := l.units
+	size := int64(1)
+	if !l.wrote.IsZero() && now.Sub(l.wrote) < 2*ls.ttl {
+		size = min(max(2*l.size, 2), maxLease)
+	}
 	var more int64
 	_, err := ls.store.UpdateUsage(ctx, inv.Tenant, key, func(u *kvstore.Usage) error {
 		more = 0
@@ -195,9 +206,9 @@ func (ls *leases) reserve(ctx context.Context, inv *envelope.Invocation, b *toke
 			}
 			return exhausted("the token has made all %d of its calls", b.MaxCalls)
 		}
-		more = maxLease - 1
+		more = size - 1
 		if b.MaxCalls > 0 {
-			more = min(max((b.MaxCalls-u.Calls)/leaseShare, 1), maxLease) - 1
+			more = min(max((b.MaxCalls-u.Calls)/leaseShare, 1), size) - 1
 		}
 		u.Calls += 1 + more
 		if more > 0 {
@@ -207,6 +218,7 @@ func (ls *leases) reserve(ctx context.Context, inv *envelope.Invocation, b *toke
 		return nil
 	})
 	if err == nil {
+		l.size, l.wrote = 1+more, now
 		l.units, l.given, l.expires = more, 0, time.Time{}
 		if more > 0 {
 			l.expires = now.Add(ls.ttl)

@@ -164,8 +164,8 @@ func TestLeasesNeverPassMaxCalls(t *testing.T) {
 }
 
 // TestLeaseSavesWrites: one worker's sequential calls under a large budget
-// write the usage about once a lease, not once a call, and the record says
-// how many calls were made.
+// write the usage once a lease, the leases growing from one call to
+// maxLease, not once a call; a budget called rarely leases nothing.
 func TestLeaseSavesWrites(t *testing.T) {
 	r := newLeaseRig(t, 1)
 	r.workers[0].leases.ttl = time.Minute // outlasts the calls on any machine
@@ -176,8 +176,9 @@ func TestLeaseSavesWrites(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if n := r.stores[0].updates.Load(); n > calls/maxLease+1 {
-		t.Fatalf("%d usage writes for %d calls", n, calls)
+	// 1, 2, 4, 8, 16, 16, 16 calls a write, then the 64th.
+	if n := r.stores[0].updates.Load(); n != 8 {
+		t.Fatalf("%d usage writes for %d calls, want 8", n, calls)
 	}
 	// The record counts the lease's calls given since its write as leased:
 	// only the worker knows it gave them.
@@ -191,6 +192,19 @@ func TestLeaseSavesWrites(t *testing.T) {
 	if u := r.usage("tok-big"); u.Calls != calls || u.Made() != calls || len(u.Leases) != 0 {
 		t.Fatalf("after release: %d calls, %d made, leases %+v; want %d", u.Calls, u.Made(), u.Leases, calls)
 	}
+
+	// Calls further apart than two lease lifetimes reserve one at a time.
+	r.workers[0].leases.ttl = time.Millisecond
+	rare := r.mint("tok-rare", token.Budget{MaxCalls: 1 << 40})
+	for range 3 {
+		time.Sleep(5 * time.Millisecond)
+		if err := r.call(0, rare); err != nil {
+			t.Fatal(err)
+		}
+		if u := r.usage("tok-rare"); len(u.Leases) != 0 {
+			t.Fatalf("a rarely called budget leased %+v", u.Leases)
+		}
+	}
 }
 
 // TestUnusedLeaseComesBack: a worker that makes one call and stops keeps
@@ -203,14 +217,19 @@ func TestUnusedLeaseComesBack(t *testing.T) {
 	r.workers[0].leases.ttl = time.Second
 	const cap = 64
 	raw := r.mint("tok-back", token.Budget{MaxCalls: cap})
-	if err := r.call(0, raw); err != nil {
-		t.Fatal(err)
+	// Four calls in a row: a write of one, a write of two (the third call
+	// given from it), a write of four, of which three are left.
+	for range 4 {
+		if err := r.call(0, raw); err != nil {
+			t.Fatal(err)
+		}
 	}
+	const unused = 3
 	u := r.usage("tok-back")
-	if u.Made() != 1 || u.Leased() != cap/leaseShare-1 {
-		t.Fatalf("after one call: %d made, %d leased; want 1 and %d", u.Made(), u.Leased(), cap/leaseShare-1)
+	if u.Leased() != unused || u.Calls != 7 {
+		t.Fatalf("after four calls: %d reserved, %d leased; want 7 and %d", u.Calls, u.Leased(), unused)
 	}
-	made := 1
+	made := 4
 	callAll := func() error {
 		for {
 			err := r.call(1, raw)
@@ -223,8 +242,8 @@ func TestUnusedLeaseComesBack(t *testing.T) {
 	if _, transient := stages.IsTransient(callAll()); !transient {
 		t.Fatal("the cap reached counting another worker's lease refused the call; want a retry")
 	}
-	if made != cap-(cap/leaseShare-1) {
-		t.Fatalf("%d calls made before the retry, want %d", made, cap-(cap/leaseShare-1))
+	if made != cap-unused {
+		t.Fatalf("%d calls made before the retry, want %d", made, cap-unused)
 	}
 	natstest.Eventually(t, 10*time.Second, func() bool { return len(r.usage("tok-back").Leases) == 0 }, "the lease to come back")
 	if err := callAll(); !exhaustedErr(err) {
