@@ -230,20 +230,28 @@ func TestAuthorize(t *testing.T) {
 	}
 }
 
+// echoSetup is a signing key, the shipped policy and a registry that holds
+// one builtin tool, echo.
+func echoSetup(tb testing.TB) (*token.SigningKey, *policy.Engine, *tools.Registry) {
+	tb.Helper()
+	key, err := token.GenerateSigningKey(token.AlgEdDSA)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	engine, err := policy.Default(context.Background())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	reg := tools.NewRegistry()
+	reg.Put(&tools.Manifest{ID: "echo", Version: "1.0.0", Kind: "builtin"})
+	return key, engine, reg
+}
+
 // BenchmarkProcess is the stage's work for one admitted call of a session's
 // token, no budget: what every invocation pays in authorize.
 func BenchmarkProcess(b *testing.B) {
 	ctx := context.Background()
-	key, err := token.GenerateSigningKey(token.AlgEdDSA)
-	if err != nil {
-		b.Fatal(err)
-	}
-	engine, err := policy.Default(ctx)
-	if err != nil {
-		b.Fatal(err)
-	}
-	reg := tools.NewRegistry()
-	reg.Put(&tools.Manifest{ID: "echo", Version: "1.0.0", Kind: "builtin"})
+	key, engine, reg := echoSetup(b)
 	raw, err := token.Mint(key, token.Claims{ToolID: token.Patterns{"*"}, TenantID: "acme", AgentDID: "did:agent:a",
 		RegisteredClaims: jwt.RegisteredClaims{ID: "tok-1", Issuer: issuer, Audience: jwt.ClaimStrings{audience},
 			ExpiresAt: jwt.NewNumericDate(time.Now().Add(time.Hour))}})

@@ -15,9 +15,7 @@ import (
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/envelope"
 	"github.com/toolgate/toolgate/internal/natstest"
-	"github.com/toolgate/toolgate/internal/policy"
 	"github.com/toolgate/toolgate/internal/token"
-	"github.com/toolgate/toolgate/internal/tools"
 	"github.com/toolgate/toolgate/kvstore"
 	"github.com/toolgate/toolgate/stages"
 )
@@ -47,16 +45,7 @@ func (c *countingStore) UpdateUsage(ctx context.Context, tenant, session string,
 func newLeaseRig(t *testing.T, workers int) *leaseRig {
 	t.Helper()
 	ctx := context.Background()
-	key, err := token.GenerateSigningKey(token.AlgEdDSA)
-	if err != nil {
-		t.Fatal(err)
-	}
-	engine, err := policy.Default(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	reg := tools.NewRegistry()
-	reg.Put(&tools.Manifest{ID: "echo", Version: "1.0.0", Kind: "builtin"})
+	key, engine, reg := echoSetup(t)
 	r := &leaseRig{t: t, key: key}
 	srv := natstest.Server(t)
 	for range workers {
