@@ -346,12 +346,14 @@ func (u *Usage) EndLease(holder string, unused int64) bool {
 }
 
 // DropStaleLeases drops the leases that ended before stale, counting all
-// their calls as made.
-func (u *Usage) DropStaleLeases(stale time.Time) {
+// their calls as made, and reports whether it dropped any.
+func (u *Usage) DropStaleLeases(stale time.Time) bool {
+	n := len(u.Leases)
 	u.Leases = slices.DeleteFunc(u.Leases, func(l Lease) bool { return l.Until.Before(stale) })
 	if len(u.Leases) == 0 {
 		u.Leases = nil
 	}
+	return len(u.Leases) != n
 }
 
 // Abort records which invocation's hook ended a session, and when.

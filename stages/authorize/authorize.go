@@ -715,7 +715,10 @@ func sessionAborted(ab kvstore.Abort) error {
 // reserved only on that usage, its calls aside (max_calls is checked here
 // on the stored count): if it moved, errUsageMoved.
 func (a *Authorizer) reserve(ctx context.Context, inv *envelope.Invocation, b *token.Budget, key string, m *tools.Manifest, judged *kvstore.Usage) error {
+	var wait time.Duration
+	var refused error // a refusal that still writes (stale leases dropped)
 	_, err := a.cfg.Store.UpdateUsage(ctx, inv.Tenant, key, func(u *kvstore.Usage) error {
+		refused = nil
 		if ab := u.Aborted; ab != nil {
 			return sessionAborted(*ab)
 		}
@@ -725,7 +728,8 @@ func (a *Authorizer) reserve(ctx context.Context, inv *envelope.Invocation, b *t
 		if judged != nil && moved(*judged, *u) {
 			return errUsageMoved
 		}
-		u.DropStaleLeases(a.cfg.Now().Add(-leaseGrace))
+		now := a.cfg.Now()
+		dropped := u.DropStaleLeases(now.Add(-leaseGrace))
 		if b != nil {
 			var perCall float64
 			if m.Cost != nil {
@@ -733,15 +737,22 @@ func (a *Authorizer) reserve(ctx context.Context, inv *envelope.Invocation, b *t
 			}
 			switch {
 			case b.MaxCalls > 0 && u.Calls >= b.MaxCalls && len(u.Leases) > 0:
+				wait = leaseWait(u.Leases, now)
 				return errLeasedElsewhere
 			case b.MaxCalls > 0 && u.Calls >= b.MaxCalls:
-				return exhausted("the token has made all %d of its calls", b.MaxCalls)
+				refused = exhausted("the token has made all %d of its calls", b.MaxCalls)
 			case b.MaxRuntimeMS > 0 && u.RuntimeMS >= b.MaxRuntimeMS:
-				return exhausted("the token has used its %d ms of runtime", b.MaxRuntimeMS)
+				refused = exhausted("the token has used its %d ms of runtime", b.MaxRuntimeMS)
 			case b.MaxCost > 0 && u.Cost+perCall > b.MaxCost:
-				return exhausted("the call would take the token's cost over %g", b.MaxCost)
+				refused = exhausted("the call would take the token's cost over %g", b.MaxCost)
 			case b.MaxTokens > 0 && u.Tokens >= b.MaxTokens:
-				return exhausted("the token has used its %d tokens", b.MaxTokens)
+				refused = exhausted("the token has used its %d tokens", b.MaxTokens)
+			}
+			if refused != nil {
+				if dropped {
+					return nil // the stale leases' drop is written, the call refused
+				}
+				return refused
 			}
 		}
 		u.Calls++
@@ -750,12 +761,14 @@ func (a *Authorizer) reserve(ctx context.Context, inv *envelope.Invocation, b *t
 	})
 	var te *api.Error
 	switch {
+	case err == nil && refused != nil:
+		return refused
 	case err == nil, errors.Is(err, errAlreadyReserved):
 		return nil
 	case errors.As(err, &te), errors.Is(err, errUsageMoved):
 		return err
 	case errors.Is(err, errLeasedElsewhere):
-		return stages.Transient(err, LeaseTTL)
+		return stages.Transient(err, wait)
 	}
 	return stages.Transient(err, 0)
 }

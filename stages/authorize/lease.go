@@ -190,21 +190,28 @@ func (ls *leases) reserve(ctx context.Context, inv *envelope.Invocation, b *toke
 		size = min(max(2*l.size, 2), maxLease)
 	}
 	var more int64
+	var wait time.Duration
+	var refused error // a refusal that still writes (stale leases dropped)
 	_, err := ls.store.UpdateUsage(ctx, inv.Tenant, key, func(u *kvstore.Usage) error {
-		more = 0
+		more, refused = 0, nil
 		if ab := u.Aborted; ab != nil {
 			return sessionAborted(*ab)
 		}
 		if u.HasReserved(inv.ID) {
 			return errAlreadyReserved
 		}
-		u.EndLease(ls.holder, back)
-		u.DropStaleLeases(now.Add(-leaseGrace))
+		ended := u.EndLease(ls.holder, back)
+		dropped := u.DropStaleLeases(now.Add(-leaseGrace))
 		if b.MaxCalls > 0 && u.Calls >= b.MaxCalls {
 			if len(u.Leases) > 0 {
+				wait = leaseWait(u.Leases, now)
 				return errLeasedElsewhere
 			}
-			return exhausted("the token has made all %d of its calls", b.MaxCalls)
+			refused = exhausted("the token has made all %d of its calls", b.MaxCalls)
+			if ended || dropped {
+				return nil // the leases ended are written, the call refused
+			}
+			return refused
 		}
 		more = size - 1
 		if b.MaxCalls > 0 {
@@ -217,6 +224,11 @@ func (ls *leases) reserve(ctx context.Context, inv *envelope.Invocation, b *toke
 		u.Reserve(inv.ID)
 		return nil
 	})
+	if err == nil && refused != nil {
+		l.units, l.expires = 0, time.Time{}
+		ls.forget(inv.ID)
+		return refused
+	}
 	if err == nil {
 		l.size, l.wrote = 1+more, now
 		l.units, l.given, l.expires = more, 0, time.Time{}
@@ -234,7 +246,7 @@ func (ls *leases) reserve(ctx context.Context, inv *envelope.Invocation, b *toke
 		return nil
 	case errors.Is(err, errLeasedElsewhere):
 		ls.forget(inv.ID)
-		return stages.Transient(err, ls.ttl)
+		return stages.Transient(err, wait)
 	case errors.As(err, &te):
 		ls.forget(inv.ID)
 		return err
@@ -244,9 +256,27 @@ func (ls *leases) reserve(ctx context.Context, inv *envelope.Invocation, b *toke
 }
 
 // errLeasedElsewhere refuses a call for now: the cap is reached only
-// counting calls other workers leased, which come back within a lease
-// lifetime if unused.
+// counting calls other workers leased, which come back when their leases
+// end if unused (see leaseWait).
 var errLeasedElsewhere = errors.New("the budget's remaining calls are leased to other workers")
+
+// leaseWait is how long a call refused by errLeasedElsewhere waits before
+// it is judged again: until the first of the leases ends (and its holder
+// has written that), or, for one past its end whose holder did not end it,
+// until it is stale and dropped. One retry then finds the cap's answer,
+// whatever the stage's delivery limit.
+func leaseWait(leases []kvstore.Lease, now time.Time) time.Duration {
+	const margin = 50 * time.Millisecond // the holder's write of the end
+	wait := leaseGrace + margin
+	for _, l := range leases {
+		end := l.Until
+		if !now.Before(end) {
+			end = end.Add(leaseGrace)
+		}
+		wait = min(wait, max(end.Sub(now), 0)+margin)
+	}
+	return wait
+}
 
 // schedule ends l once it expires. l.mu is held.
 func (ls *leases) schedule(l *lease) {

@@ -278,3 +278,50 @@ func TestStaleLeaseIsDropped(t *testing.T) {
 		t.Fatalf("usage %+v", u)
 	}
 }
+
+// TestDeadLeaseWait: at the cap through a lease whose holder died, a call
+// is told to retry once the lease is stale, not sooner (a stage retries a
+// message a few times only); that one retry gets the cap's answer.
+func TestDeadLeaseWait(t *testing.T) {
+	r := newLeaseRig(t, 1)
+	const cap = 40
+	raw := r.mint("tok-dead", token.Budget{MaxCalls: cap})
+	ended := time.Now().Add(-time.Second)
+	_, err := r.stores[0].Store.UpdateUsage(context.Background(), "acme", token.BudgetKey("tok-dead"), func(u *kvstore.Usage) error {
+		u.Calls = cap
+		u.Leases = []kvstore.Lease{{Holder: "dead", Calls: 5, Until: ended}}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = r.call(0, raw)
+	wait, transient := stages.IsTransient(err)
+	if stale := time.Until(ended.Add(leaseGrace)); !transient || wait < stale || wait > stale+time.Second {
+		t.Fatalf("at the cap through a dead lease: %v, retry in %v; want a retry once it is stale (in %v)", err, wait, stale)
+	}
+	time.Sleep(wait)
+	if err := r.call(0, raw); !exhaustedErr(err) {
+		t.Fatalf("after the wait: %v, want the budget exhausted", err)
+	}
+	if u := r.usage("tok-dead"); len(u.Leases) != 0 || u.Made() != cap {
+		t.Fatalf("usage %+v", u)
+	}
+}
+
+func TestLeaseWait(t *testing.T) {
+	now := time.Now()
+	for _, c := range []struct {
+		name   string
+		leases []kvstore.Lease
+		want   time.Duration
+	}{
+		{"a live lease ends", []kvstore.Lease{{Until: now.Add(80 * time.Millisecond)}}, 130 * time.Millisecond},
+		{"the first of two", []kvstore.Lease{{Until: now.Add(time.Second)}, {Until: now.Add(10 * time.Millisecond)}}, 60 * time.Millisecond},
+		{"one past its end goes stale", []kvstore.Lease{{Until: now.Add(-500 * time.Millisecond)}}, leaseGrace - 450*time.Millisecond},
+	} {
+		if got := leaseWait(c.leases, now); got != c.want {
+			t.Errorf("%s: %v, want %v", c.name, got, c.want)
+		}
+	}
+}
