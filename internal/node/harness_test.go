@@ -396,6 +396,10 @@ func deadline(ctx context.Context) time.Time {
 }
 
 // count returns how many messages stream holds on filter.
+//
+// A stage publishes an invocation's audit event and its result together, so
+// a caller that has the result may look before the event is stored: count
+// answers once the number has held for a few reads.
 func (e *env) count(stream, filter string) int {
 	e.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -404,15 +408,27 @@ func (e *env) count(stream, filter string) int {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	info, err := s.Info(ctx, jetstream.WithSubjectFilter(filter))
-	if err != nil {
-		e.t.Fatal(err)
+	read := func() int {
+		info, err := s.Info(ctx, jetstream.WithSubjectFilter(filter))
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		var n uint64
+		for _, c := range info.State.Subjects {
+			n += c
+		}
+		return int(n)
 	}
-	var n uint64
-	for _, c := range info.State.Subjects {
-		n += c
+	n, same := read(), 0
+	for same < 3 && ctx.Err() == nil {
+		time.Sleep(20 * time.Millisecond)
+		if m := read(); m == n {
+			same++
+		} else {
+			n, same = m, 0
+		}
 	}
-	return int(n)
+	return n
 }
 
 // auditOf returns the CloudEvents on audit.<tenant>.> with their subjects.

@@ -349,6 +349,10 @@ func TestSharedCircuitBreaker(t *testing.T) {
 		st, err := n.Store.Breaker(context.Background(), "test.fragile")
 		return err == nil && st.State == kvstore.BreakerOpen
 	})
+	// The worker announces the transition after it wrote the state: let it
+	// finish before it goes.
+	opened := subjects.AuditEvent(subjects.SystemTenant, envelope.SubjectSuffix(breaker.TypeOpened))
+	eventually(t, 5*time.Second, "the opening to be announced", func() bool { return e.count(subjects.StreamAudit, opened) > 0 })
 	first.Close() // the worker that saw the failures is gone
 	e.runStage(subjects.Execute, nil, 1, 0)
 	resp := e.invoke(request(tenant, "test.fragile", `{}`))
