@@ -1,9 +1,11 @@
 package bench
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"hash/fnv"
 	"io"
 	"os"
 	"runtime"
@@ -113,24 +115,56 @@ func processCPU() time.Duration {
 	return time.Duration(u.Utime.Nano() + u.Stime.Nano())
 }
 
+// hopWrites are the durable writes a hop makes besides its hand-off: a
+// compare-and-swap of the message's record (the first hop creates it) and
+// extra events published beside the hand-off.
+type hopWrites struct {
+	record bool
+	events int
+}
+
+// pipelineWrites is toolgate's shape on the bare chain: validate claims the
+// invocation's record, execute marks it running and publishes tool.invoked,
+// audit writes the terminal status and publishes the audit event beside the
+// result. With the ingest publish and the six hand-offs (the last is the
+// result) that is the twelve writes an invocation costs, the figure the
+// pipeline cannot go below without giving up a guarantee.
+var pipelineWrites = []hopWrites{0: {record: true}, 3: {record: true, events: 1}, 5: {record: true, events: 1}}
+
 // rawChain starts six bare hops on a work-queue stream: each hop publishes
 // its input to the next asynchronously and acks it once the publish is
-// acknowledged, with up to inflight messages pending per hop.
-func rawChain(ctx context.Context, nc *nats.Conn, inflight int) (*target, func(), error) {
+// acknowledged, with up to inflight messages pending per hop. With writes
+// (indexed by hop), a hop also makes those writes before it acks, as the
+// pipeline's stages do, and nothing else of theirs.
+func rawChain(ctx context.Context, nc *nats.Conn, inflight int, writes []hopWrites) (*target, func(), error) {
 	const hops = 6
 	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(4*inflight))
 	if err != nil {
 		return nil, nil, err
 	}
-	stream, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "BENCH_RAW", Subjects: []string{"bench.raw.>"},
+	name, prefix := "BENCH_RAW", "bench.raw"
+	if writes != nil {
+		name, prefix = "BENCH_RAW_WRITES", "bench.rawwrites"
+	}
+	stream, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{prefix + ".>"},
 		Retention: jetstream.WorkQueuePolicy, Storage: jetstream.FileStorage})
 	if err != nil {
 		return nil, nil, err
 	}
+	var records jetstream.KeyValue
+	if writes != nil {
+		if records, err = js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: name, Storage: jetstream.FileStorage}); err != nil {
+			_ = js.DeleteStream(ctx, name)
+			return nil, nil, err
+		}
+	}
 	hopCtx, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	t := &target{name: fmt.Sprintf("bare JetStream hop x%d", hops)}
-	sub, err := nc.Subscribe(fmt.Sprintf("bench.raw.%d", hops), func(m *nats.Msg) { t.mark(string(m.Data)) })
+	if writes != nil {
+		t.name += ", toolgate's writes"
+	}
+	sub, err := nc.Subscribe(fmt.Sprintf("%s.%d", prefix, hops), func(m *nats.Msg) { t.mark(string(m.Data)) })
 	if err != nil {
 		stop()
 		return nil, nil, err
@@ -139,11 +173,22 @@ func rawChain(ctx context.Context, nc *nats.Conn, inflight int) (*target, func()
 		stop()
 		wg.Wait()
 		_ = sub.Unsubscribe()
-		_ = js.DeleteStream(context.Background(), "BENCH_RAW")
+		_ = js.DeleteStream(context.Background(), name)
+		if records != nil {
+			_ = js.DeleteKeyValue(context.Background(), name)
+		}
 	}
+	// The record's revision per message, as the stores remember their own
+	// writes: a compare-and-swap without a read.
+	var revs sync.Map
+	record := bytes.Repeat([]byte("r"), 256)
 	for h := range hops {
+		var w hopWrites
+		if h < len(writes) {
+			w = writes[h]
+		}
 		cons, err := stream.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{
-			Durable: fmt.Sprintf("hop%d", h), FilterSubject: fmt.Sprintf("bench.raw.%d", h),
+			Durable: fmt.Sprintf("hop%d", h), FilterSubject: fmt.Sprintf("%s.%d", prefix, h),
 			AckPolicy: jetstream.AckExplicitPolicy, MaxAckPending: 1000,
 		})
 		if err != nil {
@@ -156,8 +201,29 @@ func rawChain(ctx context.Context, nc *nats.Conn, inflight int) (*target, func()
 			return nil, nil, err
 		}
 		context.AfterFunc(hopCtx, it.Stop)
-		next := fmt.Sprintf("bench.raw.%d", h+1)
+		next := fmt.Sprintf("%s.%d", prefix, h+1)
+		event := fmt.Sprintf("%s.event.%d", prefix, h)
 		slots := make(chan struct{}, inflight)
+		// writeRecord makes the hop's compare-and-swap of the message's record.
+		writeRecord := func(key string) error {
+			if !w.record {
+				return nil
+			}
+			if h == 0 {
+				rev, err := records.Create(hopCtx, key, record)
+				revs.Store(key, rev)
+				return err
+			}
+			rev, _ := revs.Load(key)
+			r, _ := rev.(uint64)
+			next, err := records.Update(hopCtx, key, record, r)
+			if h == hops-1 {
+				revs.Delete(key)
+			} else {
+				revs.Store(key, next)
+			}
+			return err
+		}
 		wg.Go(func() {
 			for {
 				m, err := it.Next()
@@ -165,31 +231,67 @@ func rawChain(ctx context.Context, nc *nats.Conn, inflight int) (*target, func()
 					return
 				}
 				md, _ := m.Metadata()
-				out := &nats.Msg{Subject: next, Data: m.Data(), Header: nats.Header{}}
-				f, err := js.PublishMsgAsync(out, jetstream.WithMsgID(fmt.Sprintf("%d.%d", md.Sequence.Stream, h)))
-				if err != nil {
-					_ = m.Nak()
-					continue
+				id := fmt.Sprintf("%d.%d", md.Sequence.Stream, h)
+				publish := func() ([]jetstream.PubAckFuture, error) {
+					fs := make([]jetstream.PubAckFuture, 0, 1+w.events)
+					for e := range w.events {
+						f, err := js.PublishMsgAsync(&nats.Msg{Subject: event, Data: m.Data()}, jetstream.WithMsgID(fmt.Sprintf("%s.e%d", id, e)))
+						if err != nil {
+							return nil, err
+						}
+						fs = append(fs, f)
+					}
+					f, err := js.PublishMsgAsync(&nats.Msg{Subject: next, Data: m.Data(), Header: nats.Header{}}, jetstream.WithMsgID(id))
+					return append(fs, f), err
+				}
+				var fs []jetstream.PubAckFuture
+				if !w.record {
+					if fs, err = publish(); err != nil {
+						_ = m.Nak()
+						continue
+					}
 				}
 				slots <- struct{}{}
 				wg.Go(func() {
 					defer func() { <-slots }()
-					select {
-					case <-f.Ok():
-						_ = m.Ack()
-					case <-f.Err():
-						_ = m.Nak()
-					case <-hopCtx.Done():
+					if w.record {
+						var err error
+						if err = writeRecord(recordKey(m.Data())); err == nil {
+							fs, err = publish()
+						}
+						if err != nil {
+							_ = m.Nak()
+							return
+						}
 					}
+					for _, f := range fs {
+						select {
+						case <-f.Ok():
+						case <-f.Err():
+							_ = m.Nak()
+							return
+						case <-hopCtx.Done():
+							return
+						}
+					}
+					_ = m.Ack()
 				})
 			}
 		})
 	}
 	t.publish = func(ctx context.Context, key string, _ int) error {
-		_, err := js.Publish(ctx, "bench.raw.0", []byte(key), jetstream.WithMsgID(key))
+		_, err := js.Publish(ctx, prefix+".0", []byte(key), jetstream.WithMsgID(key))
 		return err
 	}
 	return t, cleanup, nil
+}
+
+// recordKey is a message's record key: its key, hashed to the characters a
+// KV key allows.
+func recordKey(msg []byte) string {
+	h := fnv.New64a()
+	_, _ = h.Write(msg)
+	return strconv.FormatUint(h.Sum64(), 16)
 }
 
 // pipelineTarget offers the no-op tool through toolgate with one token per
@@ -260,8 +362,13 @@ type Goals struct {
 	Unloaded, UnloadedRaw Result
 	Half, HalfRaw         Result
 	HalfRate              int
-	LoadAvg               string
-	RSSMiB                float64 // resident set at the end of the saturation series
+	// Floor is the bare chain making the pipeline's twelve writes per
+	// invocation and nothing else (pipelineWrites), beside the bare chain:
+	// what the goals' ratios would be with no stage doing any work.
+	Floor                    Saturation
+	UnloadedFloor, HalfFloor Result
+	LoadAvg                  string
+	RSSMiB                   float64 // resident set at the end of the saturation series
 	// Flat is the per-invocation cost with many tools and tenants.
 	Flat []Flatness
 	// Soak is the long run at half saturation (Options.Soak).
@@ -276,11 +383,16 @@ const saturationN = 2000
 // and at half of toolgate's saturation beside the bare chain at that rate.
 func measureGoals(ctx context.Context, nc *nats.Conn, o Options, cred credentials) (Goals, error) {
 	var g Goals
-	raw, stopRaw, err := rawChain(ctx, nc, 256)
+	raw, stopRaw, err := rawChain(ctx, nc, 256, nil)
 	if err != nil {
 		return g, err
 	}
 	defer stopRaw()
+	floor, stopFloor, err := rawChain(ctx, nc, 256, pipelineWrites)
+	if err != nil {
+		return g, err
+	}
+	defer stopFloor()
 	n := o.SaturationN
 	if n <= 0 {
 		n = saturationN
@@ -290,6 +402,12 @@ func measureGoals(ctx context.Context, nc *nats.Conn, o Options, cred credential
 	if err != nil {
 		return g, err
 	}
+	floorSat, err := floor.saturate(ctx, "floor", n, publishers)
+	if err != nil {
+		return g, err
+	}
+	floorSat.Name = floor.name
+	g.Floor = Saturation{Pipeline: floorSat, Raw: rawSat}
 	lowest := 0.0
 	for _, s := range []struct {
 		sessions int
@@ -324,11 +442,17 @@ func measureGoals(ctx context.Context, nc *nats.Conn, o Options, cred credential
 	if g.UnloadedRaw, err = raw.latencyAt(ctx, "raw unloaded", unloaded, d); err != nil {
 		return g, err
 	}
+	if g.UnloadedFloor, err = floor.latencyAt(ctx, "floor unloaded", unloaded, d); err != nil {
+		return g, err
+	}
 	g.HalfRate = max(int(lowest/2), 1)
 	if g.Half, err = t.latencyAt(ctx, "toolgate at half", g.HalfRate, d); err != nil {
 		return g, err
 	}
 	if g.HalfRaw, err = raw.latencyAt(ctx, "raw at half", g.HalfRate, d); err != nil {
+		return g, err
+	}
+	if g.HalfFloor, err = floor.latencyAt(ctx, "floor at half", g.HalfRate, d); err != nil {
 		return g, err
 	}
 	g.LoadAvg = loadAvg()
@@ -411,9 +535,39 @@ func (g Goals) Print(w io.Writer) {
 	}
 	lat("latency unloaded (50/s)", g.Unloaded, g.UnloadedRaw)
 	lat(fmt.Sprintf("latency at half saturation (%d/s)", g.HalfRate), g.Half, g.HalfRaw)
+	g.printFloor(w)
 	fmt.Fprintf(w, "%-40s %10.0fMiB\n", "RSS after the saturation series", g.RSSMiB)
 	printFlatness(w, g.Flat)
 	if g.Soak != nil {
 		g.Soak.Print(w)
+	}
+}
+
+// printFloor writes the goals' figures for the bare chain that makes the
+// pipeline's writes and nothing else, each as a ratio to the bare chain:
+// the best the pipeline's ratio could be were every stage free.
+func (g Goals) printFloor(w io.Writer) {
+	f := g.Floor
+	if f.Pipeline.Done == 0 {
+		return
+	}
+	fmt.Fprintf(w, "%s (no stage logic; not goals, the floor under them):\n", f.Pipeline.Name)
+	fmt.Fprintf(w, "%-40s %10.0f/s %10.0f/s %8.2f\n", "  saturation", f.Pipeline.Throughput(), f.Raw.Throughput(), f.Ratio())
+	fmt.Fprintf(w, "%-40s %10.0fµs %10.0fµs %8.2f\n", "  CPU per call",
+		float64(f.Pipeline.CPUPerCall.Microseconds()), float64(f.Raw.CPUPerCall.Microseconds()),
+		float64(f.Pipeline.CPUPerCall)/max(float64(f.Raw.CPUPerCall), 1))
+	for _, s := range []struct {
+		name   string
+		a, b   Result
+		q      float64
+		suffix string
+	}{
+		{"  latency unloaded (50/s)", g.UnloadedFloor, g.UnloadedRaw, 0.5, "p50"},
+		{"  latency unloaded (50/s)", g.UnloadedFloor, g.UnloadedRaw, 0.99, "p99"},
+		{fmt.Sprintf("  latency at %d/s", g.HalfRate), g.HalfFloor, g.HalfRaw, 0.5, "p50"},
+		{fmt.Sprintf("  latency at %d/s", g.HalfRate), g.HalfFloor, g.HalfRaw, 0.99, "p99"},
+	} {
+		x, y := s.a.Quantile(s.q), s.b.Quantile(s.q)
+		fmt.Fprintf(w, "%-40s %12s %12s %8.2f\n", s.name+" "+s.suffix, ms(x), ms(y), float64(x)/max(float64(y), 1))
 	}
 }

@@ -1,0 +1,75 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/toolgate/toolgate/internal/node"
+)
+
+// TestChainMakesThePipelinesWrites runs the bare chain with the pipeline's
+// writes: every message comes through, and on the way it wrote its record
+// three times and two events, as an invocation does.
+func TestChainMakesThePipelinesWrites(t *testing.T) {
+	ns, err := node.StartEmbedded(node.EmbeddedOptions{Listen: "127.0.0.1:-1", DataDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Shutdown()
+	nc, err := nats.Connect(ns.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	chain, stop, err := rawChain(ctx, nc, 8, pipelineWrites)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	const n = 40
+	res, err := chain.saturate(ctx, "writes", n, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Done != n {
+		t.Fatalf("%d of %d messages came through", res.Done, n)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv, err := js.KeyValue(ctx, "BENCH_RAW_WRITES")
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := kv.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Values() != n {
+		t.Errorf("%d records, want %d", st.Values(), n)
+	}
+	// A creation and two compare-and-swaps per message.
+	if writes := st.(*jetstream.KeyValueBucketStatus).StreamInfo().State.LastSeq; writes != 3*n {
+		t.Errorf("the records were written %d times, want %d", writes, 3*n)
+	}
+	stream, err := js.Stream(ctx, "BENCH_RAW_WRITES")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for h, want := range map[int]uint64{3: n, 5: n} {
+		info, err := stream.Info(ctx, jetstream.WithSubjectFilter(fmt.Sprintf("bench.rawwrites.event.%d", h)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := info.State.Subjects[fmt.Sprintf("bench.rawwrites.event.%d", h)]; got != want {
+			t.Errorf("hop %d published %d events, want %d", h, got, want)
+		}
+	}
+}
