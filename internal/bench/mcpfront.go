@@ -28,7 +28,9 @@ const frontSamples = 400
 // through the MCP front end over an in-memory stdio-like transport and over
 // streamable HTTP, from the SDK's client and from a plain HTTP client. The
 // difference is what speaking MCP adds to a call; the plain client's shows
-// the front end's part apart from the SDK client's.
+// the front end's part apart from the SDK client's. Beside them, in the
+// same rounds, the floor under the HTTP figure: the direct call made from a
+// bare HTTP handler, and from a tool of the SDK's own server.
 func measureFront(ctx context.Context, url string, cred credentials) ([]Cost, error) {
 	nc, err := nats.Connect(url)
 	if err != nil {
@@ -90,7 +92,44 @@ func measureFront(ctx context.Context, url string, cred credentials) ([]Cost, er
 	if err != nil {
 		return nil, fmt.Errorf("mcp over http, plain client: %w", err)
 	}
-	calls := []func(context.Context) error{direct, viaMCP(stdio), viaMCP(overHTTP), raw.call}
+	// The floor under the HTTP figure, for any front end: an HTTP handler
+	// that makes the direct call, and the SDK's own server (answering in
+	// JSON) with a tool that makes it, nothing of the front end's around it.
+	// Like the front end, each waits at most a bound.
+	bounded := func(ctx context.Context) error {
+		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		return direct(ctx)
+	}
+	reply := []byte(`{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"{\"ok\":true}"}],"structuredContent":{"ok":true}}}`)
+	bare := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		if err := bounded(r.Context()); err != nil {
+			http.Error(w, err.Error(), http.StatusBadGateway)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write(reply)
+	}))
+	defer bare.Close()
+	sdk := mcp.NewServer(&mcp.Implementation{Name: "floor", Version: "1"}, nil)
+	sdk.AddTool(&mcp.Tool{Name: "noop", InputSchema: json.RawMessage(`{"type":"object"}`)},
+		func(ctx context.Context, _ *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+			if err := bounded(ctx); err != nil {
+				return nil, err
+			}
+			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: `{"ok":true}`}},
+				StructuredContent: json.RawMessage(`{"ok":true}`)}, nil
+		})
+	sdkHTTP := httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return sdk },
+		&mcp.StreamableHTTPOptions{JSONResponse: true}))
+	defer sdkHTTP.Close()
+	sdkRaw, err := newRawMCP(ctx, sdkHTTP.URL, cred.token)
+	if err != nil {
+		return nil, fmt.Errorf("the SDK's server alone: %w", err)
+	}
+	bareRaw := &rawMCP{url: bare.URL, token: cred.token}
+	calls := []func(context.Context) error{direct, viaMCP(stdio), viaMCP(overHTTP), raw.call, bareRaw.call, sdkRaw.call}
 	samples := make([][]time.Duration, len(calls))
 	for i := range 20 + frontSamples {
 		for j, call := range calls {
@@ -107,7 +146,8 @@ func measureFront(ctx context.Context, url string, cred credentials) ([]Cost, er
 			}
 		}
 	}
-	names := []string{"direct tool.invoke", "MCP tools/call, stdio", "MCP tools/call, HTTP", "MCP tools/call, HTTP, plain"}
+	names := []string{"direct tool.invoke", "MCP tools/call, stdio", "MCP tools/call, HTTP", "MCP tools/call, HTTP, plain",
+		"floor: HTTP handler, plain", "floor: SDK server, HTTP, plain"}
 	out := make([]Cost, len(calls))
 	for j := range calls {
 		slices.Sort(samples[j])

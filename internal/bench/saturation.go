@@ -164,7 +164,7 @@ func rawChain(ctx context.Context, nc *nats.Conn, inflight int, writes []hopWrit
 	if writes != nil {
 		t.name += ", toolgate's writes"
 	}
-	sub, err := nc.Subscribe(fmt.Sprintf("%s.%d", prefix, hops), func(m *nats.Msg) { t.mark(string(m.Data)) })
+	sub, err := nc.Subscribe(fmt.Sprintf("%s.%d", prefix, hops), func(m *nats.Msg) { t.mark(string(msgKey(m.Data))) })
 	if err != nil {
 		stop()
 		return nil, nil, err
@@ -181,7 +181,7 @@ func rawChain(ctx context.Context, nc *nats.Conn, inflight int, writes []hopWrit
 	// The record's revision per message, as the stores remember their own
 	// writes: a compare-and-swap without a read.
 	var revs sync.Map
-	record := bytes.Repeat([]byte("r"), 256)
+	record := bytes.Repeat([]byte("r"), recordBytes)
 	for h := range hops {
 		var w hopWrites
 		if h < len(writes) {
@@ -204,6 +204,16 @@ func rawChain(ctx context.Context, nc *nats.Conn, inflight int, writes []hopWrit
 		next := fmt.Sprintf("%s.%d", prefix, h+1)
 		event := fmt.Sprintf("%s.event.%d", prefix, h)
 		slots := make(chan struct{}, inflight)
+		// out is what the hop hands on: its input, or with the pipeline's
+		// writes a message of the pipeline's size there.
+		out := func(in []byte) []byte { return in }
+		if writes != nil {
+			size := handoffBytes
+			if h == hops-1 {
+				size = resultBytes
+			}
+			out = func(in []byte) []byte { return sized(in, size) }
+		}
 		// writeRecord makes the hop's compare-and-swap of the message's record.
 		writeRecord := func(key string) error {
 			if !w.record {
@@ -235,13 +245,13 @@ func rawChain(ctx context.Context, nc *nats.Conn, inflight int, writes []hopWrit
 				publish := func() ([]jetstream.PubAckFuture, error) {
 					fs := make([]jetstream.PubAckFuture, 0, 1+w.events)
 					for e := range w.events {
-						f, err := js.PublishMsgAsync(&nats.Msg{Subject: event, Data: m.Data()}, jetstream.WithMsgID(fmt.Sprintf("%s.e%d", id, e)))
+						f, err := js.PublishMsgAsync(&nats.Msg{Subject: event, Data: sized(m.Data(), eventBytes)}, jetstream.WithMsgID(fmt.Sprintf("%s.e%d", id, e)))
 						if err != nil {
 							return nil, err
 						}
 						fs = append(fs, f)
 					}
-					f, err := js.PublishMsgAsync(&nats.Msg{Subject: next, Data: m.Data(), Header: nats.Header{}}, jetstream.WithMsgID(id))
+					f, err := js.PublishMsgAsync(&nats.Msg{Subject: next, Data: out(m.Data()), Header: nats.Header{}}, jetstream.WithMsgID(id))
 					return append(fs, f), err
 				}
 				var fs []jetstream.PubAckFuture
@@ -256,7 +266,7 @@ func rawChain(ctx context.Context, nc *nats.Conn, inflight int, writes []hopWrit
 					defer func() { <-slots }()
 					if w.record {
 						var err error
-						if err = writeRecord(recordKey(m.Data())); err == nil {
+						if err = writeRecord(recordKey(msgKey(m.Data()))); err == nil {
 							fs, err = publish()
 						}
 						if err != nil {
@@ -280,10 +290,44 @@ func rawChain(ctx context.Context, nc *nats.Conn, inflight int, writes []hopWrit
 		})
 	}
 	t.publish = func(ctx context.Context, key string, _ int) error {
-		_, err := js.Publish(ctx, prefix+".0", []byte(key), jetstream.WithMsgID(key))
+		data := []byte(key)
+		if writes != nil {
+			data = sized(data, ingestBytes)
+		}
+		_, err := js.Publish(ctx, prefix+".0", data, jetstream.WithMsgID(key))
 		return err
 	}
 	return t, cleanup, nil
+}
+
+// The sizes of the pipeline's messages for the no-op tool (body and
+// headers), which the chain with the pipeline's writes carries: the
+// tool.invoke event, a hand-off, an audit event, the result and a status
+// record.
+const (
+	ingestBytes  = 800
+	handoffBytes = 1200
+	eventBytes   = 860
+	resultBytes  = 830
+	recordBytes  = 470
+)
+
+var pad = bytes.Repeat([]byte("p"), handoffBytes)
+
+// sized is a message of n bytes (or its key alone if longer) that carries
+// msg's key, padded after a newline.
+func sized(msg []byte, n int) []byte {
+	key := msgKey(msg)
+	out := make([]byte, 0, max(n, len(key)))
+	out = append(append(out, key...), '\n')
+	return append(out, pad[:max(n-len(out), 0)]...)
+}
+
+// msgKey is a chain message's key: all of it, or what comes before its
+// padding.
+func msgKey(data []byte) []byte {
+	key, _, _ := bytes.Cut(data, []byte("\n"))
+	return key
 }
 
 // recordKey is a message's record key: its key, hashed to the characters a

@@ -71,5 +71,12 @@ func TestChainMakesThePipelinesWrites(t *testing.T) {
 		if got := info.State.Subjects[fmt.Sprintf("bench.rawwrites.event.%d", h)]; got != want {
 			t.Errorf("hop %d published %d events, want %d", h, got, want)
 		}
+		last, err := stream.GetLastMsgForSubject(ctx, fmt.Sprintf("bench.rawwrites.event.%d", h))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(last.Data) != eventBytes {
+			t.Errorf("hop %d published events of %d bytes, want the pipeline's %d", h, len(last.Data), eventBytes)
+		}
 	}
 }
