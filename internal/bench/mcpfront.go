@@ -29,8 +29,8 @@ const frontSamples = 400
 // streamable HTTP, from the SDK's client and from a plain HTTP client. The
 // difference is what speaking MCP adds to a call; the plain client's shows
 // the front end's part apart from the SDK client's. Beside them, in the
-// same rounds, the floor under the HTTP figure: the direct call made from a
-// bare HTTP handler, and from a tool of the SDK's own server.
+// same rounds, the floors under them: the direct call made from a tool of
+// the SDK's own server (over each transport) and from a bare HTTP handler.
 func measureFront(ctx context.Context, url string, cred credentials) ([]Cost, error) {
 	nc, err := nats.Connect(url)
 	if err != nil {
@@ -92,9 +92,9 @@ func measureFront(ctx context.Context, url string, cred credentials) ([]Cost, er
 	if err != nil {
 		return nil, fmt.Errorf("mcp over http, plain client: %w", err)
 	}
-	// The floor under the HTTP figure, for any front end: an HTTP handler
-	// that makes the direct call, and the SDK's own server (answering in
-	// JSON) with a tool that makes it, nothing of the front end's around it.
+	// The floors, for any front end: an HTTP handler that makes the direct
+	// call, and the SDK's own server (over HTTP answering in JSON) with a
+	// tool that makes it, nothing of the front end's around it.
 	// Like the front end, each waits at most a bound.
 	bounded := func(ctx context.Context) error {
 		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -128,8 +128,19 @@ func measureFront(ctx context.Context, url string, cred credentials) ([]Cost, er
 	if err != nil {
 		return nil, fmt.Errorf("the SDK's server alone: %w", err)
 	}
+	fct, fst := mcp.NewInMemoryTransports()
+	go func() {
+		if ss, err := sdk.Connect(ctx, fst, nil); err == nil {
+			_ = ss.Wait()
+		}
+	}()
+	sdkStdio, err := mcp.NewClient(impl, nil).Connect(ctx, fct, nil)
+	if err != nil {
+		return nil, fmt.Errorf("the SDK's server alone over stdio: %w", err)
+	}
+	defer sdkStdio.Close()
 	bareRaw := &rawMCP{url: bare.URL, token: cred.token}
-	calls := []func(context.Context) error{direct, viaMCP(stdio), viaMCP(overHTTP), raw.call, bareRaw.call, sdkRaw.call}
+	calls := []func(context.Context) error{direct, viaMCP(stdio), viaMCP(overHTTP), raw.call, viaMCP(sdkStdio), bareRaw.call, sdkRaw.call}
 	samples := make([][]time.Duration, len(calls))
 	for i := range 20 + frontSamples {
 		for j, call := range calls {
@@ -147,7 +158,7 @@ func measureFront(ctx context.Context, url string, cred credentials) ([]Cost, er
 		}
 	}
 	names := []string{"direct tool.invoke", "MCP tools/call, stdio", "MCP tools/call, HTTP", "MCP tools/call, HTTP, plain",
-		"floor: HTTP handler, plain", "floor: SDK server, HTTP, plain"}
+		"floor: SDK server, stdio", "floor: HTTP handler, plain", "floor: SDK server, HTTP, plain"}
 	out := make([]Cost, len(calls))
 	for j := range calls {
 		slices.Sort(samples[j])
