@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"io"
@@ -214,18 +215,30 @@ func rawChain(ctx context.Context, nc *nats.Conn, inflight int, writes []hopWrit
 			}
 			out = func(in []byte) []byte { return sized(in, size) }
 		}
-		// writeRecord makes the hop's compare-and-swap of the message's record.
-		writeRecord := func(key string) error {
+		// writeRecord makes the hop's compare-and-swap of the message's
+		// record; a redelivery reads the record's revision first, as a store
+		// whose write was refused does.
+		writeRecord := func(key string, redelivered bool) error {
 			if !w.record {
 				return nil
 			}
-			if h == 0 {
+			rev, _ := revs.Load(key)
+			r, _ := rev.(uint64)
+			if redelivered {
+				e, err := records.Get(hopCtx, key)
+				switch {
+				case errors.Is(err, jetstream.ErrKeyNotFound) && h == 0:
+				case err != nil:
+					return err
+				default:
+					r = e.Revision()
+				}
+			}
+			if h == 0 && r == 0 {
 				rev, err := records.Create(hopCtx, key, record)
 				revs.Store(key, rev)
 				return err
 			}
-			rev, _ := revs.Load(key)
-			r, _ := rev.(uint64)
 			next, err := records.Update(hopCtx, key, record, r)
 			if h == hops-1 {
 				revs.Delete(key)
@@ -266,7 +279,7 @@ func rawChain(ctx context.Context, nc *nats.Conn, inflight int, writes []hopWrit
 					defer func() { <-slots }()
 					if w.record {
 						var err error
-						if err = writeRecord(recordKey(msgKey(m.Data()))); err == nil {
+						if err = writeRecord(recordKey(msgKey(m.Data())), md != nil && md.NumDelivered > 1); err == nil {
 							fs, err = publish()
 						}
 						if err != nil {
