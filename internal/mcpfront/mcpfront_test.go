@@ -151,7 +151,14 @@ func TestHTTPAuth(t *testing.T) {
 	defer srv.Close()
 	other := mint(t, token.Claims{TenantID: "globex"})
 	expired := mint(t, token.Claims{})
-	expired = expired[:len(expired)-4] + "AAAA" // signature broken
+	// The signature's first character carries six whole bits, so changing
+	// it always breaks the signature.
+	sig := strings.LastIndexByte(expired, '.') + 1
+	swap := map[byte]string{'A': "B"}[expired[sig]]
+	if swap == "" {
+		swap = "A"
+	}
+	expired = expired[:sig] + swap + expired[sig+1:]
 	init := `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}`
 	for name, header := range map[string]string{
 		"missing":      "",
