@@ -88,6 +88,8 @@ type compiled struct {
 	at        *regexp.Regexp
 	wordStart bool
 	span      int // maxSpan of the pattern, 0 if unbounded
+	// first is firstBytes of the pattern: where an anchored rule can start.
+	first *[256]bool
 }
 
 // Engine scans text with a rule set. It is safe for concurrent use.
@@ -153,6 +155,7 @@ func Load(doc []byte) (*Engine, error) {
 			}
 			c.at = regexp.MustCompile(`^(?:` + r.Pattern + `)`)
 			c.span = maxSpan(r.Pattern)
+			c.first = firstBytes(r.Pattern)
 			c.wordStart = strings.HasPrefix(strings.TrimPrefix(r.Pattern, "(?i)"), `\b`)
 		}
 		if r.Validator != "" {

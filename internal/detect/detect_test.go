@@ -325,6 +325,32 @@ func TestMaxSpan(t *testing.T) {
 	}
 }
 
+func TestFirstBytes(t *testing.T) {
+	for pat, want := range map[string]string{
+		`\b[A-Z]{2}[0-9]{2}`: "ABCDEFGHIJKLMNOPQRSTUVWXYZ",
+		`(?i)key`:            "Kk\x80",
+		`(?:ab|c)?d+`:        "acd",
+		`\s*x`:               "\t\n\f\r x",
+		`a*`:                 "",
+		`(?:x|)`:             "",
+	} {
+		set := firstBytes(pat)
+		if want == "" {
+			if set != nil {
+				t.Errorf("firstBytes(%s): a set, for a pattern that matches empty", pat)
+			}
+			continue
+		}
+		for b := range 256 {
+			// "\x80" in want stands for every byte from 0x80.
+			in := strings.IndexByte(want, byte(b)) >= 0 || b >= 0x80 && strings.Contains(want, "\x80")
+			if set == nil || set[b] != in {
+				t.Errorf("firstBytes(%s)[%q] = %v, want %v", pat, byte(b), set != nil && set[b], in)
+			}
+		}
+	}
+}
+
 // TestResumeAfterMatchLimit: more raw matches than the limit, most failing
 // their validator, must not hide a valid one further on.
 func TestResumeAfterMatchLimit(t *testing.T) {

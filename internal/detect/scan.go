@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"unicode"
 	"unicode/utf8"
 
 	ahocorasick "github.com/BobuSumisu/aho-corasick"
@@ -139,6 +140,9 @@ func (e *Engine) scanRaw(s string, ds []Detector) []Finding {
 			if c := e.all[ri]; c.at != nil {
 				if c.wordStart && start > 0 && isWord(s[start-1]) && isWord(s[start]) {
 					continue // cannot begin a match
+				}
+				if c.first != nil && !c.first[s[start]] {
+					continue // found case-blind where the rule is not
 				}
 				if k := len(starts[ri]); k == 0 || starts[ri][k-1] != start {
 					starts[ri] = append(starts[ri], start)
@@ -404,4 +408,90 @@ func maxLen(re *syntax.Regexp) int {
 		return m
 	}
 	return -1 // star, plus, anything else
+}
+
+// firstBytes is the set of bytes a non-empty match of pattern can begin
+// with, or nil when a match may be empty or the set is not worth knowing.
+// Keywords are found case-blind, so a case-sensitive rule's keyword hit is
+// often a place no match can start; the set rules those out in one lookup.
+func firstBytes(pattern string) *[256]bool {
+	re, err := syntax.Parse(pattern, syntax.Perl)
+	if err != nil {
+		return nil
+	}
+	var set [256]bool
+	if nullable := addFirst(re.Simplify(), &set); nullable {
+		return nil
+	}
+	return &set
+}
+
+// addFirst adds to set the bytes a match of re can begin with and reports
+// whether re matches the empty string. Any rune outside ASCII adds every
+// byte from 0x80, which covers its encodings and invalid UTF-8 (read as
+// U+FFFD).
+func addFirst(re *syntax.Regexp, set *[256]bool) (nullable bool) {
+	addRune := func(r rune) {
+		if r >= utf8.RuneSelf {
+			for b := 0x80; b < 256; b++ {
+				set[b] = true
+			}
+			return
+		}
+		set[r] = true
+	}
+	switch re.Op {
+	case syntax.OpLiteral:
+		if len(re.Rune) == 0 {
+			return true
+		}
+		r := re.Rune[0]
+		addRune(r)
+		if re.Flags&syntax.FoldCase != 0 {
+			for f := unicode.SimpleFold(r); f != r; f = unicode.SimpleFold(f) {
+				addRune(f)
+			}
+		}
+		return false
+	case syntax.OpCharClass:
+		for i := 0; i+1 < len(re.Rune); i += 2 {
+			lo, hi := re.Rune[i], re.Rune[i+1]
+			for r := lo; r <= hi && r < utf8.RuneSelf; r++ {
+				set[r] = true
+			}
+			if hi >= utf8.RuneSelf {
+				addRune(hi)
+			}
+		}
+		return false
+	case syntax.OpAnyChar, syntax.OpAnyCharNotNL:
+		for b := range set {
+			set[b] = true
+		}
+		return false
+	case syntax.OpCapture, syntax.OpPlus:
+		return addFirst(re.Sub[0], set)
+	case syntax.OpStar, syntax.OpQuest:
+		addFirst(re.Sub[0], set)
+		return true
+	case syntax.OpRepeat:
+		return addFirst(re.Sub[0], set) || re.Min == 0
+	case syntax.OpConcat:
+		for _, sub := range re.Sub {
+			if !addFirst(sub, set) {
+				return false
+			}
+		}
+		return true
+	case syntax.OpAlternate:
+		for _, sub := range re.Sub {
+			if addFirst(sub, set) {
+				nullable = true
+			}
+		}
+		return nullable
+	case syntax.OpNoMatch:
+		return false
+	}
+	return true // empty-width: assertions, ^, $, the empty match
 }
