@@ -29,12 +29,14 @@ import (
 	"github.com/toolgate/toolgate/stages/execute/httptool"
 	"github.com/toolgate/toolgate/subjects"
 	"reflect"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+	"weak"
 )
 
 // DefaultApprovalTimeout is how long a call waits for a human by default.
@@ -93,8 +95,8 @@ type Sealer interface {
 type Authorizer struct {
 	cfg    Config
 	engine atomic.Pointer[policy.Engine]
-	tools  astValues[*tools.Manifest] // at most maxCachedManifests
-	claims astValues[[32]byte]        // at most maxCachedTokens
+	tools  manifestForms
+	claims astValues[[32]byte] // at most maxCachedTokens
 	leases *leases
 }
 
@@ -112,7 +114,7 @@ func New(cfg Config) *Authorizer {
 		cfg.Revoked = new(token.Revocations)
 	}
 	a := &Authorizer{cfg: cfg, leases: newLeases(cfg.Store, cfg.Now)}
-	a.tools.max, a.claims.max = maxCachedManifests, maxCachedTokens
+	a.claims.max = maxCachedTokens
 	a.engine.Store(cfg.Policy)
 	return a
 }
@@ -446,7 +448,7 @@ func (a *Authorizer) policyInput(in Input, rawToken string) (ast.Value, error) {
 	}
 	var tool ast.Value = ast.Null{}
 	if m := in.Tool; m != nil {
-		if tool, err = a.tools.value(m, func() (ast.Value, error) { return astValue(m) }); err != nil {
+		if tool, err = a.tools.value(m); err != nil {
 			return nil, err
 		}
 	}
@@ -585,19 +587,12 @@ func astValue(v any) (ast.Value, error) {
 	return ast.InterfaceToValue(p)
 }
 
-// maxCachedManifests and maxCachedTokens bound the manifests and the
-// tokens whose policy form is kept; past its bound a cache starts again
-// empty. A manifest's form (schemas included) weighs kilobytes, a token's
-// claims' about one.
-const (
-	maxCachedManifests = 512
-	maxCachedTokens    = 4096
-)
+// maxCachedTokens bounds the tokens whose policy form is kept; past it the
+// cache starts again empty. A token's claims' form weighs about a kilobyte.
+const maxCachedTokens = 4096
 
 // astValues keeps policy forms of values that do not change by a key that
-// names them: a *tools.Manifest (the registry hands out one per registered
-// version and replaces, never changes, it when the version is registered
-// again), or the SHA-256 of a raw token (its verified claims).
+// names them: the SHA-256 of a raw token (its verified claims).
 type astValues[K comparable] struct {
 	mu  sync.Mutex
 	m   map[K]ast.Value
@@ -622,6 +617,48 @@ func (c *astValues[K]) value(k K, make func() (ast.Value, error)) (ast.Value, er
 	c.m[k] = v
 	c.mu.Unlock()
 	return v, nil
+}
+
+// manifestForms keeps the policy form of each manifest for as long as the
+// manifest lives. The registry hands out one *tools.Manifest per registered
+// version and replaces, never changes, it when the version is registered
+// again; the form of a replaced or deleted one goes when the collector
+// takes the manifest. So every registered tool's manifest is converted
+// once, however many are called, at a memory cost in proportion to the
+// registry's own.
+type manifestForms struct {
+	mu sync.Mutex
+	m  map[weak.Pointer[tools.Manifest]]ast.Value
+}
+
+func (c *manifestForms) value(m *tools.Manifest) (ast.Value, error) {
+	k := weak.Make(m)
+	c.mu.Lock()
+	v, ok := c.m[k]
+	c.mu.Unlock()
+	if ok {
+		return v, nil
+	}
+	v, err := astValue(m)
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, ok := c.m[k]; !ok {
+		if c.m == nil {
+			c.m = map[weak.Pointer[tools.Manifest]]ast.Value{}
+		}
+		c.m[k] = v
+		runtime.AddCleanup(m, c.drop, k)
+	}
+	return v, nil
+}
+
+func (c *manifestForms) drop(k weak.Pointer[tools.Manifest]) {
+	c.mu.Lock()
+	delete(c.m, k)
+	c.mu.Unlock()
 }
 
 // denial turns a policy's refusal into the error of its code.

@@ -3,6 +3,8 @@ package authorize
 import (
 	"context"
 	"errors"
+	"fmt"
+	"runtime"
 	"testing"
 	"time"
 
@@ -373,4 +375,39 @@ func TestPolicyInputIsItsJSON(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestManifestFormsLiveWithTheManifest: a manifest is converted once for
+// as long as it lives, however many others are cached beside it, and its
+// form goes when the manifest does.
+func TestManifestFormsLiveWithTheManifest(t *testing.T) {
+	var c manifestForms
+	kept := &tools.Manifest{ID: "kept", Version: "1.0.0"}
+	first, err := c.value(kept)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2000 {
+		if _, err := c.value(&tools.Manifest{ID: fmt.Sprintf("other%d", i), Version: "1.0.0"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if again, _ := c.value(kept); again != first {
+		t.Fatal("a live manifest was converted again")
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		runtime.GC()
+		c.mu.Lock()
+		n := len(c.m)
+		c.mu.Unlock()
+		if n == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d forms kept after their manifests were collected, want 1", n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	runtime.KeepAlive(kept)
 }
