@@ -18,11 +18,13 @@ import (
 )
 
 // flatMany is how many tools and tenants the flatness series spread their
-// calls over in make bench; flatRuns is how many times each series runs, interleaved with
-// its baseline, keeping the best (the machine's noise only ever slows one).
+// calls over in make bench; flatRuns is how many rounds measure each series,
+// keeping its best (the machine's noise only ever slows one). A round runs
+// every series once, so that a drift of the machine over the run weighs on
+// the baseline as on the others.
 const (
 	flatMany = 10000
-	flatRuns = 2
+	flatRuns = 3
 )
 
 // Flatness is the per-invocation cost with many tools or tenants beside
@@ -39,26 +41,23 @@ func (f Flatness) Ratio() float64 { return f.Base.Throughput() / max(f.Many.Thro
 // measureFlatness saturates the pipeline with one tenant calling noop (the
 // example tools registered, about ten), then with the calls spread over
 // many tenants, then, after registering many more no-op tools, over
-// all of them.
+// all of them; the copies are removed again before the next round.
 func measureFlatness(ctx context.Context, nc *nats.Conn, n *node.Node, o Options, cred credentials, many int) ([]Flatness, error) {
 	count := o.SaturationN
 	if count <= 0 {
 		count = saturationN
 	}
 	const publishers = 64
-	best := func(t *target, name string) (Result, error) {
-		var out Result
-		for range flatRuns {
-			r, err := t.saturate(ctx, name, count, publishers)
-			if err != nil {
-				return out, err
-			}
-			if r.Throughput() > out.Throughput() || out.Done == 0 {
-				out = r
-			}
+	keepBest := func(out *Result, t *target, name string) error {
+		r, err := t.saturate(ctx, name, count, publishers)
+		if err != nil {
+			return err
+		}
+		if r.Throughput() > out.Throughput() || out.Done == 0 {
+			*out = r
 		}
 		out.Name = name
-		return out, nil
+		return nil
 	}
 	base, stopBase, err := spreadTarget(nc, cred, 1, []string{"noop"})
 	if err != nil {
@@ -70,38 +69,29 @@ func measureFlatness(ctx context.Context, nc *nats.Conn, n *node.Node, o Options
 		return nil, err
 	}
 	defer stopTenants()
-	few, err := best(base, "1 tenant, noop, ~10 tools")
-	if err != nil {
-		return nil, err
-	}
-	manyTenants, err := best(tenants, fmt.Sprintf("%d tenants", many))
-	if err != nil {
-		return nil, err
-	}
-	ids, err := registerNoops(ctx, n, many)
-	defer func() {
-		// The series after this one measure with the examples alone, once
-		// the registry has let the copies go.
-		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
-		defer cancel()
-		for _, id := range ids {
-			_ = n.Store.DeleteTool(dctx, id, "1.0.0")
-		}
-		for len(ids) > 0 && n.Registry.Has(ids[len(ids)-1], "1.0.0") && dctx.Err() == nil {
-			time.Sleep(10 * time.Millisecond)
-		}
-	}()
-	if err != nil {
-		return nil, err
+	ids := make([]string, many)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("flat.noop%05d", i)
 	}
 	spread, stopSpread, err := spreadTarget(nc, cred, 1, ids)
 	if err != nil {
 		return nil, err
 	}
 	defer stopSpread()
-	manyTools, err := best(spread, fmt.Sprintf("%d tools", many))
-	if err != nil {
-		return nil, err
+	var few, manyTenants, manyTools Result
+	for range flatRuns {
+		if err := keepBest(&few, base, "1 tenant, noop, ~10 tools"); err != nil {
+			return nil, err
+		}
+		if err := keepBest(&manyTenants, tenants, fmt.Sprintf("%d tenants", many)); err != nil {
+			return nil, err
+		}
+		err := withNoops(ctx, n, ids, func() error {
+			return keepBest(&manyTools, spread, fmt.Sprintf("%d tools", many))
+		})
+		if err != nil {
+			return nil, err
+		}
 	}
 	return []Flatness{
 		{Name: fmt.Sprintf("1 -> %d tenants", many), Base: few, Many: manyTenants},
@@ -109,27 +99,45 @@ func measureFlatness(ctx context.Context, nc *nats.Conn, n *node.Node, o Options
 	}, nil
 }
 
-// registerNoops registers n copies of the no-op tool under their own ids
-// and waits until the node's registry holds the last.
-func registerNoops(ctx context.Context, nd *node.Node, n int) ([]string, error) {
-	ids := make([]string, 0, n)
-	for i := range n {
-		ids = append(ids, fmt.Sprintf("flat.noop%05d", i))
+// withNoops runs f with a copy of the no-op tool registered under each of
+// ids, and removes them afterwards, waiting until the registry has let
+// them go: the series after it measure with the examples alone.
+func withNoops(ctx context.Context, nd *node.Node, ids []string, f func() error) error {
+	defer func() {
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		defer cancel()
+		for _, id := range ids {
+			_ = nd.Store.DeleteTool(dctx, id, "1.0.0")
+		}
+		for nd.Registry.Has(ids[len(ids)-1], "1.0.0") && dctx.Err() == nil {
+			time.Sleep(10 * time.Millisecond)
+		}
+	}()
+	if err := registerNoops(ctx, nd, ids); err != nil {
+		return err
+	}
+	return f()
+}
+
+// registerNoops registers a copy of the no-op tool under each of ids and
+// waits until the node's registry holds the first and the last.
+func registerNoops(ctx context.Context, nd *node.Node, ids []string) error {
+	for _, id := range ids {
 		doc := fmt.Sprintf(`{"id":%q,"name":"flat no-op","version":"1.0.0","description":"a no-op among many",`+
 			`"category":"utility","kind":"builtin","builtin":{"function":"noop"},"input_schema":{"type":"object"},`+
-			`"output_schema":{"type":"object"},"safety":{"risk_level":"low","idempotent":true},"limits":{"timeout_ms":1000}}`, ids[i])
+			`"output_schema":{"type":"object"},"safety":{"risk_level":"low","idempotent":true},"limits":{"timeout_ms":1000}}`, id)
 		if _, err := nd.Store.RegisterTool(ctx, []byte(doc), true); err != nil {
-			return ids, fmt.Errorf("registering %s: %w", ids[i], err)
+			return fmt.Errorf("registering %s: %w", id, err)
 		}
 	}
 	wctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	for _, id := range []string{ids[0], ids[n-1]} {
+	for _, id := range []string{ids[0], ids[len(ids)-1]} {
 		if err := nd.WaitForTool(wctx, id, "1.0.0"); err != nil {
-			return ids, err
+			return err
 		}
 	}
-	return ids, nil
+	return nil
 }
 
 // spreadTarget offers calls round-robin over tenants (one token each, no
