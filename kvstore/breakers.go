@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -31,8 +32,35 @@ type BreakerState struct {
 	// Forced is set by an operator: the state holds until changed by hand.
 	Forced bool   `json:"forced,omitempty"`
 	By     string `json:"by,omitempty"`
+	// Unannounced is the outbox of the state's transitions: each is written
+	// in the same compare-and-swap as the state it announces and removed
+	// once its event is on the audit stream, so a writer that dies between
+	// the two leaves it for another worker to announce.
+	Unannounced []BreakerEvent `json:"unannounced,omitempty"`
 	// Revision is the KV revision the state was read at.
 	Revision uint64 `json:"-"`
+}
+
+// BreakerEvent is a transition event waiting in a breaker's outbox; Data is
+// the event's data as the breaker package encodes it.
+type BreakerEvent struct {
+	ID   string          `json:"id"`
+	Type string          `json:"type"`
+	At   time.Time       `json:"at"`
+	Data json.RawMessage `json:"data"`
+}
+
+// maxUnannounced bounds a breaker's outbox; past it the oldest event goes.
+// Transitions come seconds apart at the least, so only an outbox nobody
+// can announce (no audit stream) ever fills.
+const maxUnannounced = 16
+
+// Enqueue adds e to the outbox, dropping the oldest past its bound.
+func (b *BreakerState) Enqueue(e BreakerEvent) {
+	b.Unannounced = append(b.Unannounced, e)
+	if n := len(b.Unannounced) - maxUnannounced; n > 0 {
+		b.Unannounced = append(b.Unannounced[:0], b.Unannounced[n:]...)
+	}
 }
 
 func breakerKey(key string) string { return subjects.Token(key) }
@@ -82,6 +110,14 @@ func (s *Store) TransitionBreaker(ctx context.Context, key string, change func(c
 	}
 	next.Revision = rev
 	return next, won, nil
+}
+
+// Settle removes the events of ids from the outbox and reports whether any
+// was there.
+func (b *BreakerState) Settle(ids ...string) bool {
+	n := len(b.Unannounced)
+	b.Unannounced = slices.DeleteFunc(b.Unannounced, func(e BreakerEvent) bool { return slices.Contains(ids, e.ID) })
+	return len(b.Unannounced) < n
 }
 
 // WatchBreakers calls fn with every stored breaker state and each change.

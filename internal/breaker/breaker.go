@@ -11,21 +11,26 @@
 // state, so probes are limited across all workers. Enough successful probes
 // close it; a failed one opens it again. Each transition is announced once,
 // by the worker whose compare-and-swap made it, as a CloudEvent on the audit
-// stream. Operators may force a breaker open or closed.
+// stream. The event is written with the state, in the breaker's outbox, and
+// taken out once published, so a worker that dies between the two leaves it
+// for the others to announce. Operators may force a breaker open or closed.
 package breaker
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"math"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/cloudevents/sdk-go/v2/event"
 	"github.com/failsafe-go/failsafe-go/circuitbreaker"
+	"github.com/google/uuid"
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/envelope"
 	"github.com/toolgate/toolgate/internal/runner"
@@ -64,9 +69,10 @@ type Breakers struct {
 	log     *slog.Logger
 	now     func() time.Time
 
-	mu     sync.Mutex
-	local  map[string]*local
-	shared map[string]kvstore.BreakerState
+	mu       sync.Mutex
+	local    map[string]*local
+	shared   map[string]kvstore.BreakerState
+	checking map[string]bool // keys whose outbox recover will look at
 }
 
 type local struct {
@@ -81,7 +87,7 @@ func New(store Store, publish func(context.Context, stages.Output) error, log *s
 		log = slog.Default()
 	}
 	return &Breakers{store: store, publish: publish, log: log, now: time.Now,
-		local: map[string]*local{}, shared: map[string]kvstore.BreakerState{}}
+		local: map[string]*local{}, shared: map[string]kvstore.BreakerState{}, checking: map[string]bool{}}
 }
 
 // Key is the breaker a tool's calls go through, or "" when it has none.
@@ -95,15 +101,21 @@ func Key(m *tools.Manifest) string {
 	return m.ID
 }
 
-// Apply takes a shared state from the watch.
+// Apply takes a shared state from the watch, or from this worker's own
+// write; a state older than the one held is ignored.
 func (b *Breakers) Apply(st kvstore.BreakerState) {
 	b.mu.Lock()
+	if cur, ok := b.shared[st.Key]; ok && st.Revision != 0 && st.Revision < cur.Revision {
+		b.mu.Unlock()
+		return
+	}
 	b.shared[st.Key] = st
 	l := b.local[st.Key]
 	b.mu.Unlock()
 	if l != nil {
 		l.sync(st)
 	}
+	b.check(st.Key)
 }
 
 func (l *local) sync(st kvstore.BreakerState) {
@@ -294,66 +306,169 @@ func (b *Breakers) tripped(key string) {
 // transition moves key from one state to another; the worker whose
 // compare-and-swap makes the move announces it.
 func (b *Breakers) transition(ctx context.Context, key, from, to, reason string, also func(*kvstore.BreakerState)) error {
+	at := b.nowOr()
+	ev, err := b.outboxEvent(Transition{Key: key, From: from, To: to, Reason: reason}, at)
+	if err != nil {
+		return err
+	}
 	st, won, err := b.store.TransitionBreaker(ctx, key, func(s *kvstore.BreakerState) bool {
 		if s.State != from || s.Forced {
 			return false
 		}
-		s.State, s.Since, s.By = to, b.now().UTC(), ""
+		s.State, s.Since, s.By = to, at, ""
 		if also != nil {
 			also(s)
 		}
+		b.enqueue(s, ev)
 		return true
 	})
 	if err != nil || !won {
 		return err
 	}
 	b.Apply(st)
-	return b.announce(ctx, st, Transition{Key: key, From: from, To: to, Reason: reason})
+	return b.flush(ctx, st.Key, st.Unannounced)
 }
 
 // Force sets a breaker's state by hand (or releases it with state "") and
 // announces it.
 func Force(ctx context.Context, store Store, publish func(context.Context, stages.Output) error, key, state, by string) (kvstore.BreakerState, error) {
-	var from string
+	b := New(store, publish, nil)
+	at := b.nowOr()
+	var evErr error
 	st, _, err := store.TransitionBreaker(ctx, key, func(s *kvstore.BreakerState) bool {
-		from = s.State
+		from := s.State
 		if state == "" {
 			s.Forced, s.State = false, kvstore.BreakerClosed
 		} else {
 			s.Forced, s.State = true, state
 		}
-		s.Since, s.By, s.Probes, s.Successes = time.Now().UTC(), by, 0, 0
+		s.Since, s.By, s.Probes, s.Successes = at, by, 0, 0
+		var ev kvstore.BreakerEvent
+		ev, evErr = b.outboxEvent(Transition{Key: key, From: from, To: s.State, Forced: s.Forced, By: by, Reason: "set by an operator"}, at)
+		if evErr != nil {
+			return false
+		}
+		b.enqueue(s, ev)
 		return true
 	})
+	if err == nil {
+		err = evErr
+	}
 	if err != nil {
 		return st, err
 	}
-	b := &Breakers{publish: publish}
-	return st, b.announce(ctx, st, Transition{Key: key, From: from, To: st.State, Forced: st.Forced, By: by, Reason: "set by an operator"})
+	return st, b.flush(ctx, key, st.Unannounced)
 }
 
-func (b *Breakers) announce(ctx context.Context, st kvstore.BreakerState, t Transition) error {
-	if b.publish == nil {
-		return nil
-	}
+// announceGrace is how long the writer of a transition has to announce it
+// before the other workers watching the breaker announce it in its stead.
+// The event's id is the same whoever publishes it, so the audit stream's
+// duplicate window keeps one.
+const announceGrace = 2 * time.Second
+
+// outboxEvent is the transition event t, made at at, as it waits in the
+// outbox.
+func (b *Breakers) outboxEvent(t Transition, at time.Time) (kvstore.BreakerEvent, error) {
 	typ := map[string]string{kvstore.BreakerOpen: TypeOpened, kvstore.BreakerHalfOpen: TypeHalfOpen, kvstore.BreakerClosed: TypeClosed}[t.To]
 	if typ == "" {
-		return errors.New("unknown breaker state " + t.To)
+		return kvstore.BreakerEvent{}, errors.New("unknown breaker state " + t.To)
 	}
+	data, err := json.Marshal(t)
+	if err != nil {
+		return kvstore.BreakerEvent{}, err
+	}
+	id := subjects.Token(t.Key) + "-" + strings.ReplaceAll(uuid.NewString(), "-", "")
+	return kvstore.BreakerEvent{ID: id, Type: typ, At: at, Data: data}, nil
+}
+
+// enqueue puts ev in the outbox of s, where nothing announces: a worker
+// without a publisher records no event to announce.
+func (b *Breakers) enqueue(s *kvstore.BreakerState, ev kvstore.BreakerEvent) {
+	if b.publish != nil {
+		s.Enqueue(ev)
+	}
+}
+
+// flush announces events of key's outbox and takes those announced out of
+// it.
+func (b *Breakers) flush(ctx context.Context, key string, events []kvstore.BreakerEvent) error {
+	if b.publish == nil || len(events) == 0 {
+		return nil
+	}
+	var done []string
+	var errs []error
+	for _, ev := range events {
+		if err := b.announce(ctx, key, ev); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		done = append(done, ev.ID)
+	}
+	if len(done) > 0 {
+		st, won, err := b.store.TransitionBreaker(ctx, key, func(s *kvstore.BreakerState) bool {
+			return s.Settle(done...)
+		})
+		if err != nil {
+			errs = append(errs, err)
+		} else if won {
+			b.Apply(st)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (b *Breakers) announce(ctx context.Context, key string, ev kvstore.BreakerEvent) error {
 	e := event.New()
-	e.SetID(fmt.Sprintf("%s-%d", subjects.Token(st.Key), st.Revision))
+	e.SetID(ev.ID)
 	e.SetSource("urn:toolgate:breaker")
-	e.SetType(typ)
-	e.SetSubject(st.Key)
-	e.SetTime(b.nowOr())
-	if err := e.SetData(event.ApplicationJSON, t); err != nil {
+	e.SetType(ev.Type)
+	e.SetSubject(key)
+	e.SetTime(ev.At)
+	// As raw JSON: the SDK would write plain bytes as data_base64.
+	if err := e.SetData(event.ApplicationJSON, ev.Data); err != nil {
 		return err
 	}
-	o, err := runner.EventOutput(subjects.AuditEvent(subjects.SystemTenant, envelope.SubjectSuffix(typ)), &e)
+	o, err := runner.EventOutput(subjects.AuditEvent(subjects.SystemTenant, envelope.SubjectSuffix(ev.Type)), &e)
 	if err != nil {
 		return err
 	}
 	return b.publish(ctx, o)
+}
+
+// recover announces, in the stead of their writers, the events of key's
+// outbox that waited past announceGrace, and looks again later while any
+// is younger.
+func (b *Breakers) recover(key string) {
+	b.mu.Lock()
+	delete(b.checking, key)
+	st := b.shared[key]
+	b.mu.Unlock()
+	var late []kvstore.BreakerEvent
+	for _, ev := range st.Unannounced {
+		if time.Since(ev.At) >= announceGrace {
+			late = append(late, ev)
+		}
+	}
+	if len(late) > 0 {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := b.flush(ctx, key, late); err != nil {
+			b.log.Warn("announcing a breaker transition for its writer", "breaker", key, "err", err)
+		}
+	}
+	b.check(key) // younger events, or a flush that failed
+}
+
+// check has recover look at key's outbox after announceGrace, once at a
+// time.
+func (b *Breakers) check(key string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.publish == nil || b.checking[key] || len(b.shared[key].Unannounced) == 0 {
+		return
+	}
+	b.checking[key] = true
+	time.AfterFunc(announceGrace, func() { b.recover(key) })
 }
 
 func (b *Breakers) nowOr() time.Time {
