@@ -79,6 +79,16 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzExpand$$' -fuzztime $(FUZZTIME) ./internal/sandbox/
 	$(GO) test -run '^$$' -fuzz '^FuzzResult$$' -fuzztime $(FUZZTIME) ./stages/execute/mcptool/
 	$(GO) test -run '^$$' -fuzz '^FuzzVerify$$' -fuzztime $(FUZZTIME) ./internal/token/
+	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) ./internal/envelope/
+	$(GO) test -run '^$$' -fuzz '^FuzzEventOutput$$' -fuzztime $(FUZZTIME) ./internal/runner/
+	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) ./internal/hooks/
+	$(GO) test -run '^$$' -fuzz '^FuzzCursor$$' -fuzztime $(FUZZTIME) ./internal/discovery/
+	$(GO) test -run '^$$' -fuzz '^FuzzParseCapabilityRequest$$' -fuzztime $(FUZZTIME) ./internal/discovery/
+	$(GO) test -run '^$$' -fuzz '^FuzzAdminRequests$$' -fuzztime $(FUZZTIME) ./internal/control/
+	$(GO) test -run '^$$' -fuzz '^FuzzAuthorize$$' -fuzztime $(FUZZTIME) ./internal/busauth/
+	$(GO) test -run '^$$' -fuzz '^FuzzStreams$$' -fuzztime $(FUZZTIME) ./internal/modelrouter/
+	$(GO) test -run '^$$' -fuzz '^FuzzModelShard$$' -fuzztime $(FUZZTIME) ./kvstore/
+	$(GO) test -run '^$$' -fuzz '^FuzzEnvelope$$' -fuzztime $(FUZZTIME) ./internal/mcpfront/
 
 # Throughput and latency through all six stages next to a bare JetStream
 # chain measured in the same run; the goals (saturation, latency unloaded

@@ -319,8 +319,17 @@ type envelope struct {
 // parseEnvelope reads a JSON-RPC request that is a call (has an id); a
 // notification, a response, a batch or anything else is not one.
 func parseEnvelope(body []byte) (envelope, bool) {
+	// The keys are matched exactly, as the SDK matches them: decoding into
+	// a struct would also take "ID" or "Method", and read a call where the
+	// SDK reads a notification, or a method the SDK does not.
+	var fields map[string]json.RawMessage
+	if json.Unmarshal(body, &fields) != nil {
+		return envelope{}, false
+	}
 	var m envelope
-	if json.Unmarshal(body, &m) != nil || m.Method == nil || len(m.ID) == 0 || string(m.ID) == "null" {
+	rawMethod, hasMethod := fields["method"]
+	m.ID = fields["id"]
+	if !hasMethod || len(m.ID) == 0 || string(m.ID) == "null" || json.Unmarshal(rawMethod, &m.Method) != nil || m.Method == nil {
 		return envelope{}, false
 	}
 	return m, true

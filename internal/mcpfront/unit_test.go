@@ -2,9 +2,11 @@ package mcpfront
 
 import (
 	"encoding/json"
+	"strconv"
 	"testing"
 
 	"github.com/google/uuid"
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/nats-io/nats.go"
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/busauth"
@@ -128,4 +130,54 @@ func TestConnectOptions(t *testing.T) {
 	if o.Token != "" || o.InboxPrefix != "" {
 		t.Errorf("without a token: token %q, inbox prefix %q", o.Token, o.InboxPrefix)
 	}
+}
+
+// FuzzEnvelope: what the front end reads of a POST body (the method it may
+// answer for itself, the id a call is invoked under) agrees with the SDK's
+// own decoding of the same body, which serves the request.
+func FuzzEnvelope(f *testing.F) {
+	for _, s := range []string{
+		`{"jsonrpc":"2.0","id":"r-1","method":"tools/call","params":{"name":"x"}}`,
+		`{"jsonrpc":"2.0","id":7.9,"method":"tools/list"}`,
+		`{"jsonrpc":"2.0","id":-0,"method":"initialize","params":{}}`,
+		`{"jsonrpc":"2.0","id":"\ud800","method":"tools/call"}`,
+		`{"jsonrpc":"2.0","ID":1,"Method":"tools/call","method":"ping"}`,
+		`{"jsonrpc":"2.0","id":1e300,"method":"tools/call"}`,
+		`{"jsonrpc":"2.0","method":"notifications/initialized"}`,
+		`[{"jsonrpc":"2.0","id":1,"method":"tools/call"}]`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		m, ok := parseEnvelope(body)
+		if !ok {
+			return // the SDK alone reads it
+		}
+		if m.Method == nil || len(m.ID) == 0 {
+			t.Fatalf("parsed %s as %+v", body, m)
+		}
+		msg, err := jsonrpc.DecodeMessage(body)
+		if err != nil {
+			return // the SDK refuses it, whatever the front end read
+		}
+		req, isReq := msg.(*jsonrpc.Request)
+		if !isReq || !req.ID.IsValid() {
+			t.Fatalf("the front end read a call in %s; the SDK read %#v", body, msg)
+		}
+		if req.Method != *m.Method {
+			t.Fatalf("method of %s: front end %q, SDK %q", body, *m.Method, req.Method)
+		}
+		id, ok := canonicalID(m.ID)
+		var want string
+		switch v := req.ID.Raw().(type) {
+		case string:
+			b, _ := json.Marshal(v)
+			want = string(b)
+		case int64:
+			want = strconv.FormatInt(v, 10)
+		}
+		if !ok || id != want {
+			t.Fatalf("id of %s: front end %s (%v), SDK %s", body, id, ok, want)
+		}
+	})
 }
