@@ -73,6 +73,7 @@ type Breakers struct {
 	local    map[string]*local
 	shared   map[string]kvstore.BreakerState
 	checking map[string]bool // keys whose outbox recover will look at
+	closed   atomic.Bool     // no more looking at outboxes
 }
 
 type local struct {
@@ -89,6 +90,10 @@ func New(store Store, publish func(context.Context, stages.Output) error, log *s
 	return &Breakers{store: store, publish: publish, log: log, now: time.Now,
 		local: map[string]*local{}, shared: map[string]kvstore.BreakerState{}, checking: map[string]bool{}}
 }
+
+// Close stops this worker looking at outboxes for others: its node is
+// stopping, and its connection with it.
+func (b *Breakers) Close() { b.closed.Store(true) }
 
 // Key is the breaker a tool's calls go through, or "" when it has none.
 func Key(m *tools.Manifest) string {
@@ -439,6 +444,9 @@ func (b *Breakers) announce(ctx context.Context, key string, ev kvstore.BreakerE
 // outbox that waited past announceGrace, and looks again later while any
 // is younger.
 func (b *Breakers) recover(key string) {
+	if b.closed.Load() {
+		return
+	}
 	b.mu.Lock()
 	delete(b.checking, key)
 	st := b.shared[key]
@@ -464,7 +472,7 @@ func (b *Breakers) recover(key string) {
 func (b *Breakers) check(key string) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.publish == nil || b.checking[key] || len(b.shared[key].Unannounced) == 0 {
+	if b.publish == nil || b.closed.Load() || b.checking[key] || len(b.shared[key].Unannounced) == 0 {
 		return
 	}
 	b.checking[key] = true

@@ -160,3 +160,32 @@ func TestTransitionOutlivesItsWriter(t *testing.T) {
 		t.Fatalf("closed events: %+v, want the kept transition once", got)
 	}
 }
+
+// TestClosedWorkerLeavesOutboxes: a worker whose node is stopping no
+// longer announces transitions for others.
+func TestClosedWorkerLeavesOutboxes(t *testing.T) {
+	store := openStore(t)
+	ctx := context.Background()
+	var mu sync.Mutex
+	published := 0
+	w := breaker.New(store, func(context.Context, stages.Output) error {
+		mu.Lock()
+		defer mu.Unlock()
+		published++
+		return nil
+	}, nil)
+	if err := store.WatchBreakers(ctx, w.Apply); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	dead := func(context.Context, stages.Output) error { return errors.New("the writer died") }
+	if _, err := breaker.Force(ctx, store, dead, "left", kvstore.BreakerOpen, "ops"); err == nil {
+		t.Fatal("forcing with a dead publisher succeeded")
+	}
+	time.Sleep(3 * time.Second)
+	mu.Lock()
+	defer mu.Unlock()
+	if st, _ := store.Breaker(ctx, "left"); published != 0 || len(st.Unannounced) != 1 {
+		t.Fatalf("a closed worker published %d events; outbox %+v", published, st.Unannounced)
+	}
+}

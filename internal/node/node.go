@@ -338,6 +338,7 @@ func (n *Node) NewStage(ctx context.Context, name string, c StageConfig) (stages
 		n.onStop(func() { _ = mcpKind.Close() })
 		x.Handle("mcp", mcpKind)
 		x.Breakers = breaker.New(n.Store, x.Publish, n.Log)
+		n.onStop(x.Breakers.Close)
 		models := modelrouter.NewCatalogue()
 		if err := n.Store.WatchModels(ctx, models); err != nil {
 			return nil, err
