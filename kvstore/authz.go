@@ -204,12 +204,12 @@ func (s *Store) Decide(ctx context.Context, tenant, id, state, by, reason string
 
 // PendingApprovals lists the approvals still waiting for a decision.
 func (s *Store) PendingApprovals(ctx context.Context) ([]Approval, error) {
-	lister, err := s.approvals.ListKeys(ctx)
+	keys, err := s.keys(ctx, s.approvals, ">")
 	if err != nil {
 		return nil, err
 	}
 	var out []Approval
-	for key := range lister.Keys() {
+	for _, key := range keys {
 		e, err := s.approvals.Get(ctx, key)
 		if err != nil {
 			continue // deleted since listed

@@ -140,12 +140,12 @@ func (s *Store) WatchBreakers(ctx context.Context, fn func(BreakerState)) error 
 
 // Breakers lists every stored breaker.
 func (s *Store) Breakers(ctx context.Context) ([]BreakerState, error) {
-	lister, err := s.breakers.ListKeys(ctx)
+	keys, err := s.keys(ctx, s.breakers, ">")
 	if err != nil {
 		return nil, err
 	}
 	var out []BreakerState
-	for k := range lister.Keys() {
+	for _, k := range keys {
 		key, err := subjects.Untoken(k)
 		if err != nil {
 			continue

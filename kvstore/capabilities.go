@@ -8,11 +8,12 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/subjects"
 )
 
 // BucketCapabilities holds capability requests with their answers, for the
 // run report, by tenant and request id.
-const BucketCapabilities = "toolgate_capabilities"
+const BucketCapabilities = subjects.BucketCapabilities
 
 // SaveCapability stores a capability request's record; a request id is
 // written once (E3041 for a second request with the same id).

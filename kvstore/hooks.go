@@ -191,7 +191,7 @@ func (s *Store) AbortSession(ctx context.Context, tenant, key, id, hook string) 
 
 // abortKeys prefixes the abort marks: no tenant starts with "_", so no
 // status record or hook decision shares the prefix.
-const abortKeys = "_aborted"
+const abortKeys = subjects.AbortKeys
 
 func abortKey(tenant, session string) string { return abortKeys + "." + budgetKey(tenant, session) }
 
@@ -279,12 +279,12 @@ func (s *Store) WatchAborts(ctx context.Context) (*Aborts, error) {
 
 // HookSets returns every tenant's hook set.
 func (s *Store) HookSets(ctx context.Context) ([]HookSet, error) {
-	lister, err := s.hooks.ListKeys(ctx)
+	keys, err := s.keys(ctx, s.hooks, ">")
 	if err != nil {
 		return nil, err
 	}
 	var out []HookSet
-	for key := range lister.Keys() {
+	for _, key := range keys {
 		tenant, err := subjects.Untoken(key)
 		if err != nil {
 			continue

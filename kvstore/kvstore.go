@@ -8,26 +8,28 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/toolgate/toolgate/subjects"
 )
 
 // Bucket names.
 const (
-	BucketTools       = "toolgate_tools"
-	BucketInvocations = "toolgate_invocations"
-	BucketRevocations = "toolgate_revocations"
-	BucketPolicies    = "toolgate_policies"
-	BucketApprovals   = "toolgate_approvals"
-	BucketBudgets     = "toolgate_budgets"
-	BucketRateLimits  = "toolgate_ratelimits"
-	BucketIdempotency = "toolgate_idempotency"
-	BucketCheckpoints = "toolgate_checkpoints"
-	BucketBreakers    = "toolgate_breakers"
-	BucketHooks       = "toolgate_hooks"
+	BucketTools       = subjects.BucketTools
+	BucketInvocations = subjects.BucketInvocations
+	BucketRevocations = subjects.BucketRevocations
+	BucketPolicies    = subjects.BucketPolicies
+	BucketApprovals   = subjects.BucketApprovals
+	BucketBudgets     = subjects.BucketBudgets
+	BucketRateLimits  = subjects.BucketRateLimits
+	BucketIdempotency = subjects.BucketIdempotency
+	BucketCheckpoints = subjects.BucketCheckpoints
+	BucketBreakers    = subjects.BucketBreakers
+	BucketHooks       = subjects.BucketHooks
 )
 
 // Options shape the buckets when Open creates them. Existing buckets are left
@@ -47,6 +49,14 @@ type Options struct {
 	// OpTimeout bounds each single-key read or write, whatever the caller's
 	// context allows; default DefaultOpTimeout.
 	OpTimeout time.Duration
+	// Buckets are the buckets to open; nil opens them all. The others
+	// answer ErrNotBound: a role opens only those it has rights on.
+	Buckets []string
+	// Bind opens existing buckets only, waiting for none: creating them
+	// (and their republishing for watches) is the operator's, through
+	// topology setup. Without Bind, Open creates what is missing and
+	// brings the watched buckets' republishing up to date.
+	Bind bool
 }
 
 // Store gives typed access to the buckets.
@@ -68,6 +78,9 @@ type Store struct {
 	modelstats  jetstream.KeyValue
 	capability  jetstream.KeyValue
 	watches     sync.WaitGroup
+
+	js jetstream.JetStream
+	nc *nats.Conn
 
 	modelStatsTTL time.Duration // the model statistics bucket's max age
 
@@ -96,7 +109,7 @@ func Open(ctx context.Context, js jetstream.JetStream, o Options) (*Store, error
 	if o.ModelStatsTTL <= 0 {
 		o.ModelStatsTTL = DefaultModelStatsTTL
 	}
-	s := &Store{modelStatsTTL: o.ModelStatsTTL}
+	s := &Store{modelStatsTTL: o.ModelStatsTTL, js: js, nc: js.Conn()}
 	for _, b := range []struct {
 		kv  *jetstream.KeyValue
 		cfg jetstream.KeyValueConfig
@@ -167,8 +180,27 @@ func Open(ctx context.Context, js jetstream.JetStream, o Options) (*Store, error
 			History: 1, TTL: o.InvocationTTL,
 		}},
 	} {
+		if o.Buckets != nil && !slices.Contains(o.Buckets, b.cfg.Bucket) {
+			*b.kv = unbound{b.cfg.Bucket}
+			continue
+		}
 		b.cfg.Replicas, b.cfg.Storage = o.Replicas, o.Storage
-		kv, err := ensure(ctx, js, b.cfg)
+		if pattern, ok := subjects.WatchedKeys(b.cfg.Bucket); ok {
+			b.cfg.RePublish = &jetstream.RePublish{
+				Source:      "$KV." + b.cfg.Bucket + "." + pattern,
+				Destination: subjects.KVFeed(b.cfg.Bucket) + pattern,
+			}
+		}
+		var kv jetstream.KeyValue
+		var err error
+		if o.Bind {
+			kv, err = js.KeyValue(ctx, b.cfg.Bucket)
+			if err != nil {
+				err = fmt.Errorf("opening bucket %s: %w", b.cfg.Bucket, err)
+			}
+		} else {
+			kv, err = ensure(ctx, js, b.cfg)
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -177,7 +209,9 @@ func Open(ctx context.Context, js jetstream.JetStream, o Options) (*Store, error
 	// The keys the stages of one process write in turn: their
 	// compare-and-swaps start from this process's last write (recent.go).
 	for _, kv := range []*jetstream.KeyValue{&s.invocations, &s.budgets} {
-		*kv = remembering{(*kv).(bounded), &recentWrites{}}
+		if b, ok := (*kv).(bounded); ok {
+			*kv = remembering{b, &recentWrites{}}
+		}
 	}
 	// A bucket created earlier keeps its own max age: that is the one
 	// that expires shards.
@@ -190,7 +224,7 @@ func Open(ctx context.Context, js jetstream.JetStream, o Options) (*Store, error
 func ensure(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
 	kv, err := js.KeyValue(ctx, cfg.Bucket)
 	if err == nil {
-		return kv, nil
+		return kv, republish(ctx, js, cfg)
 	}
 	if !errors.Is(err, jetstream.ErrBucketNotFound) {
 		return nil, fmt.Errorf("opening bucket %s: %w", cfg.Bucket, err)
@@ -204,4 +238,26 @@ func ensure(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueC
 		return nil, fmt.Errorf("creating bucket %s: %w", cfg.Bucket, err)
 	}
 	return kv, nil
+}
+
+// republish brings an existing bucket's republishing in line with cfg's
+// (a store made before watches were republished), leaving the rest of its
+// configuration, an operator's tuning included, as it is.
+func republish(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueConfig) error {
+	if cfg.RePublish == nil {
+		return nil
+	}
+	st, err := js.Stream(ctx, subjects.BucketStream(cfg.Bucket))
+	if err != nil {
+		return fmt.Errorf("bucket %s: %w", cfg.Bucket, err)
+	}
+	sc := st.CachedInfo().Config
+	if r := sc.RePublish; r != nil && r.Source == cfg.RePublish.Source && r.Destination == cfg.RePublish.Destination && !r.HeadersOnly {
+		return nil
+	}
+	sc.RePublish = cfg.RePublish
+	if _, err := js.UpdateStream(ctx, sc); err != nil {
+		return fmt.Errorf("bucket %s: republishing its changes: %w", cfg.Bucket, err)
+	}
+	return nil
 }

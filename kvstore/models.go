@@ -46,12 +46,12 @@ func (s *Store) DeleteModel(ctx context.Context, name string) error {
 // Models lists the stored models; entries that no longer decode are
 // skipped.
 func (s *Store) Models(ctx context.Context) ([]modelrouter.Model, error) {
-	lister, err := s.models.ListKeys(ctx)
+	keys, err := s.keys(ctx, s.models, ">")
 	if err != nil {
 		return nil, err
 	}
 	var out []modelrouter.Model
-	for k := range lister.Keys() {
+	for _, k := range keys {
 		if k == modelrouter.RoutingKey {
 			continue
 		}

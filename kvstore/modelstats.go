@@ -27,7 +27,7 @@ import (
 // compare-and-swap and no shared counter, and readers merge the shards.
 // The bucket's max age expires a shard that nobody writes any more (a
 // window that ended, a process that died).
-const BucketModelStats = "toolgate_modelstats"
+const BucketModelStats = subjects.BucketModelStats
 
 // DefaultModelStatsTTL is the model statistics bucket's default max age.
 const DefaultModelStatsTTL = time.Hour
@@ -247,14 +247,14 @@ func (s *Store) ModelStatsTTL() time.Duration { return s.modelStatsTTL }
 // age.
 func (s *Store) ModelStats(ctx context.Context) (map[ModelTask]ModelShard, error) {
 	out := map[ModelTask]ModelShard{}
-	lister, err := s.modelstats.ListKeys(ctx)
+	keys, err := s.keys(ctx, s.modelstats, ">")
 	if errors.Is(err, jetstream.ErrNoKeysFound) {
 		return out, nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("listing model statistics: %w", err)
 	}
-	for key := range lister.Keys() {
+	for _, key := range keys {
 		mt, ok := parseModelStatsKey(key)
 		if !ok {
 			continue

@@ -20,7 +20,7 @@ import (
 // audit process (shard): <tool>.<shard>. Each shard key has one writer, so
 // recording a call needs no compare-and-swap and no shared counter; readers
 // merge the shards.
-const BucketToolStats = "toolgate_toolstats"
+const BucketToolStats = subjects.BucketToolStats
 
 // LatencyBoundsMS are the upper bounds of the latency histogram's buckets;
 // a last bucket holds everything slower.
@@ -110,14 +110,14 @@ func statsKey(tool, shard string) string { return subjects.Token(tool) + "." + s
 // ToolStats merges every shard's totals, by tool id.
 func (s *Store) ToolStats(ctx context.Context) (map[string]ToolShard, error) {
 	out := map[string]ToolShard{}
-	lister, err := s.toolstats.ListKeys(ctx)
+	keys, err := s.keys(ctx, s.toolstats, ">")
 	if errors.Is(err, jetstream.ErrNoKeysFound) {
 		return out, nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("listing tool statistics: %w", err)
 	}
-	for key := range lister.Keys() {
+	for _, key := range keys {
 		tok, _, ok := strings.Cut(key, ".")
 		if !ok {
 			continue

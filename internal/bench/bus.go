@@ -53,7 +53,7 @@ func measureBus(ctx context.Context, openURL, dir string, cred credentials) ([]B
 		dir  string
 	}{{ins, igate, inDir}, {cns, cgate, coDir}} {
 		n, err := node.Open(runCtx, "", "bench", topology.TopologyOptions{}, discardLogger(), nats.InProcessServer(s.ns),
-			busauth.CredentialsOption(node.CredsPath(s.dir, busauth.RoleWorker)))
+			busauth.CredentialsOption(node.CredsPath(s.dir, busauth.RoleOperator)))
 		if err != nil {
 			return nil, err
 		}
@@ -115,7 +115,7 @@ func measureBus(ctx context.Context, openURL, dir string, cred credentials) ([]B
 		fn   func(string, ...nats.Option) (Cost, error)
 		opts func(dir string) []nats.Option
 	}{
-		{"connect, worker credentials", connect, func(d string) []nats.Option { return []nats.Option{creds(d, busauth.RoleWorker)} }},
+		{"connect, stage credentials", connect, func(d string) []nats.Option { return []nats.Option{creds(d, busauth.RoleExecute)} }},
 		{"connect, agent token", connect, func(string) []nats.Option { return []nats.Option{nats.Token(cred.token)} }},
 		{"request-reply round trip", roundTrip, func(d string) []nats.Option { return []nats.Option{creds(d, busauth.RoleControl)} }},
 	} {

@@ -38,7 +38,7 @@ func FuzzAuthorize(f *testing.F) {
 		f.Fatal(err)
 	}
 	var o nats.Options
-	if err := CredentialsOption(filepath.Join(dir, DirName, WorkerCredsFile))(&o); err != nil {
+	if err := CredentialsOption(filepath.Join(dir, DirName, CredsFile(RoleExecute)))(&o); err != nil {
 		f.Fatal(err)
 	}
 	sig, _ := o.SignatureCB([]byte("nonce-1"))

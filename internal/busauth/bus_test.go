@@ -172,7 +172,7 @@ func startBus(t *testing.T, inProcess bool) *bus {
 			t.Fatal(err)
 		}
 	}
-	if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: bucketRevocations}); err != nil {
+	if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: subjects.BucketRevocations}); err != nil {
 		t.Fatal(err)
 	}
 	return b
@@ -279,10 +279,12 @@ func testBusRoles(t *testing.T, b *bus) {
 			{true, "_INBOX.>", false},
 			{true, "toolgate.pipe.>", false},
 		}},
-		{"worker", func(t *testing.T) *nats.Conn { return b.connect(t, b.creds(RoleWorker)) }, []op{
-			{false, "toolgate.pipe.execute.normal.demo", true},
-			{false, "tool.result.demo.x", true},
-			{false, "audit.demo.tool.succeeded", true},
+		{"execute", func(t *testing.T) *nats.Conn { return b.connect(t, b.creds(RoleExecute)) }, []op{
+			{false, "toolgate.pipe.verify.normal.demo", true},
+			{false, "toolgate.pipe.execute.normal.demo", false},
+			{false, "tool.result.demo.x", false},
+			{false, "audit.demo.tool.succeeded", false},
+			{false, "audit.demo.tool.invoked", true},
 			{false, "$KV.toolgate_invocations.x", true},
 			{false, "$JS.API.STREAM.DELETE.AUDIT", false},
 			{false, "$JS.API.STREAM.PURGE.AUDIT", false},
@@ -297,7 +299,9 @@ func testBusRoles(t *testing.T, b *bus) {
 			{false, "tool.svc.tokens.revoke", false},
 			{false, "tool.svc.breakers.set", false},
 			{false, "tool.svc.models.register", false},
-			{true, "toolgate.pipe.>", true},
+			{true, "toolgate.pipe.>", false},
+			{true, "_INBOX.>", false},
+			{true, "_INBOX.execute.x", true},
 			{true, "tool.svc.approval", false},
 		}},
 		{"control", func(t *testing.T) *nats.Conn { return b.connect(t, b.creds(RoleControl)) }, []op{
@@ -349,7 +353,7 @@ func testAgentUsesTheBus(t *testing.T, b *bus) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	agent, claims := b.agent(t, "demo")
-	worker := b.connect(t, b.creds(RoleWorker))
+	worker := b.connect(t, b.creds(RoleAudit))
 
 	t.Run("invoke with ack", func(t *testing.T) {
 		js, _ := jetstream.New(agent)
@@ -527,10 +531,10 @@ func mustDecode(t *testing.T, s string) string {
 	return string(b)
 }
 
-// tamperCreds turns the worker's credentials into an operator's by editing
+// tamperCreds turns the execute role's credentials into an operator's by editing
 // the JWT's payload without re-signing it.
 func tamperCreds(t *testing.T, dataDir string) []byte {
-	raw, err := os.ReadFile(filepath.Join(dataDir, DirName, WorkerCredsFile))
+	raw, err := os.ReadFile(filepath.Join(dataDir, DirName, CredsFile(RoleExecute)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -543,7 +547,7 @@ func tamperCreds(t *testing.T, dataDir string) []byte {
 		t.Fatal(err)
 	}
 	p := strings.Split(tok, ".")
-	p[1] = base64.RawURLEncoding.EncodeToString([]byte(strings.Replace(mustDecode(t, p[1]), "toolgate-role:worker", "toolgate-role:operator", 1)))
+	p[1] = base64.RawURLEncoding.EncodeToString([]byte(strings.Replace(mustDecode(t, p[1]), "toolgate-role:execute", "toolgate-role:operator", 1)))
 	seed, _ := kp.Seed()
 	// jwt.FormatUserConfig refuses a JWT whose signature fails; write the
 	// decorated file by hand.

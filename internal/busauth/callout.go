@@ -285,11 +285,7 @@ func (c *Callout) authorizeCreds(req *jwt.AuthorizationRequestClaims, ujwt, nkey
 	if uc.Issuer != c.credSigner || uc.IssuerAccount != "" {
 		return id, fmt.Errorf("%w: user JWT issued by %s", ErrUnknownIssuer, uc.Issuer)
 	}
-	for _, t := range uc.Tags {
-		if r, ok := strings.CutPrefix(t, roleTagPrefix); ok {
-			id.Role = Role(r)
-		}
-	}
+	id.Role = roleOf(uc)
 	if !id.Role.Issued() {
 		return id, fmt.Errorf("%w: user JWT names no toolgate role", ErrBadToken)
 	}

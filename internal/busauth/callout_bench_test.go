@@ -55,7 +55,7 @@ func BenchmarkHandle(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	creds := filepath.Join(dir, DirName, WorkerCredsFile)
+	creds := filepath.Join(dir, DirName, CredsFile(RoleExecute))
 	var o nats.Options
 	if err := CredentialsOption(creds)(&o); err != nil {
 		b.Fatal(err)
@@ -65,7 +65,7 @@ func BenchmarkHandle(b *testing.B) {
 		name string
 		o    jwt.ConnectOptions
 	}{
-		{"worker", jwt.ConnectOptions{Nkey: o.Nkey, Token: o.Token, SignedNonce: encodeSig(sig)}},
+		{"stage", jwt.ConnectOptions{Nkey: o.Nkey, Token: o.Token, SignedNonce: encodeSig(sig)}},
 		{"agent", jwt.ConnectOptions{Token: "opaque-capability-token"}},
 	} {
 		b.Run(tc.name, func(b *testing.B) {

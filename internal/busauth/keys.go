@@ -23,7 +23,6 @@ const (
 	systemUserFile    = "system.nk"      // user key of the system account (kicks revoked clients)
 	xkeyFile          = "xkey.nk"        // curve key encrypting callout requests and responses
 	AuthConfFile      = "auth.conf"      // accounts and authorization blocks for nats-server
-	WorkerCredsFile   = "worker.creds"
 	ControlCredsFile  = "control.creds"
 	OperatorCredsFile = "operator.creds"
 )
@@ -168,6 +167,17 @@ func mustPublic(kp nkeys.KeyPair) string {
 // roleTag marks a toolgate-issued user JWT with its role.
 const roleTagPrefix = "toolgate-role:"
 
+// roleOf is the role a toolgate-issued user JWT names ("" for none).
+func roleOf(uc *jwt.UserClaims) Role {
+	var r Role
+	for _, t := range uc.Tags {
+		if v, ok := strings.CutPrefix(t, roleTagPrefix); ok {
+			r = Role(v)
+		}
+	}
+	return r
+}
+
 // IssueCredentials returns a .creds file (user JWT and nkey seed, the
 // format of jwt.FormatUserConfig, which `nats --creds` and
 // nats.UserCredentials read) for a worker or operator called name. ttl 0
@@ -205,9 +215,10 @@ func (k *Keys) IssueCredentials(role Role, name string, ttl time.Duration) ([]by
 }
 
 // WriteCredentials makes sure dataDir/busauth holds the keys (the
-// hop-sealing key too), and writes worker.creds, control.creds and
-// operator.creds, named "local" (and their halves <role>.jwt and <role>.nk
-// for the nats CLI), all 0600, and auth.conf there. Existing keys
+// hop-sealing key too), and writes one <role>.creds file per issued role
+// (each stage's, control's and the operator's), named "local" (and their
+// halves <role>.jwt and <role>.nk for the nats CLI), all 0600, and
+// auth.conf there. Existing keys
 // are kept; the credentials files are issued anew. It returns the keys.
 func WriteCredentials(dataDir string) (*Keys, error) {
 	k, err := LoadOrCreateKeys(dataDir)
@@ -218,6 +229,10 @@ func WriteCredentials(dataDir string) (*Keys, error) {
 		return nil, err
 	}
 	dir := filepath.Join(dataDir, DirName)
+	// The single worker role of earlier versions grants nothing now.
+	for _, ext := range []string{".creds", ".jwt", ".nk"} {
+		_ = os.Remove(filepath.Join(dir, "worker"+ext))
+	}
 	for _, role := range IssuedRoles {
 		b, err := k.IssueCredentials(role, "local", 0)
 		if err != nil {
@@ -287,6 +302,12 @@ func CredentialsOption(path string) nats.Option {
 		o.Nkey = pub
 		o.SignatureCB = kp.Sign
 		o.Token = tok
+		// Each role may read replies only below its own inbox prefix.
+		if uc, err := jwt.DecodeUserClaims(tok); err == nil {
+			if r := roleOf(uc); r.Issued() && r != RoleOperator {
+				o.InboxPrefix = RoleInbox(r)
+			}
+		}
 		return nil
 	}
 }

@@ -4,27 +4,27 @@
 // `authorization { auth_callout {…} }`): the server forwards each CONNECT on
 // $SYS.REQ.USER.AUTH, the service checks the credentials and answers with a
 // user JWT that places the connection in an account and carries its subject
-// permissions. Four roles exist:
+// permissions. The roles:
 //
 //   - agent: connects with its capability token as the NATS connect token;
 //     lives in account AGENTS, which sees only what account TOOLGATE exports
 //     (invoke, tenant-scoped control services, results, audit), and within it
 //     only its own tenant's subjects and its own inbox prefix.
-//   - worker: stage processes (account TOOLGATE); the pipeline, their
-//     streams, consumers and the buckets stages write; no stream deletion or
-//     purge, no writes to tools, models, policies or revocations, and no
-//     control endpoints (it can neither serve nor call them).
-//   - control: the control service (account TOOLGATE); its endpoints, the
-//     buckets it writes (tools, approvals, invocations, capabilities, and
-//     for the operators' administrative endpoints policies, hooks,
-//     revocations, breakers and models), and the hops a decision or cancel
-//     puts into the pipeline.
-//   - operator: administration (account TOOLGATE); everything there. Its
-//     documented path for every change is the control service's
-//     administrative endpoints (signed requests, audited); stream and
-//     bucket administration stay its own.
+//   - one role per stage (validate, authorize, route, execute, verify,
+//     audit), in account TOOLGATE: each pulls from its own durable
+//     consumers, publishes its own hand-offs and events, and reads and
+//     writes only the buckets its work needs (Rights).
+//   - control: the control service; its endpoints, the buckets it writes,
+//     and the hops a decision or cancel puts into the pipeline.
+//   - operator: administration (account TOOLGATE); everything there,
+//     the topology (streams, consumers, buckets) included. Its documented
+//     path for every change is the control service's administrative
+//     endpoints (signed requests, audited).
 //
-// Workers and operators present a NATS .creds file whose user JWT toolgate
+// No role but the operator's may create, change or delete streams or
+// consumers (see RoleRights).
+//
+// Stage processes, the control service and operators present a NATS .creds file whose user JWT toolgate
 // issued (WriteCredentials); the callout verifies it and the nonce signature.
 // The mapping from an Identity to an account and permissions (Grant) is pure
 // and is the only one: the embedded server and external servers both load
@@ -37,6 +37,7 @@ package busauth
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -47,19 +48,43 @@ import (
 // Role is what a connection may do.
 type Role string
 
-// The roles.
+// The roles: an agent, one per stage, the control service and the operator.
 const (
-	RoleAgent    Role = "agent"
-	RoleWorker   Role = "worker"
-	RoleControl  Role = "control"
-	RoleOperator Role = "operator"
+	RoleAgent     Role = "agent"
+	RoleValidate  Role = "validate"
+	RoleAuthorize Role = "authorize"
+	RoleRoute     Role = "route"
+	RoleExecute   Role = "execute"
+	RoleVerify    Role = "verify"
+	RoleAudit     Role = "audit"
+	RoleControl   Role = "control"
+	RoleOperator  Role = "operator"
 )
 
+// StageRoles are the roles of the six stages, in pipeline order; a stage's
+// role has the stage's name.
+var StageRoles = []Role{RoleValidate, RoleAuthorize, RoleRoute, RoleExecute, RoleVerify, RoleAudit}
+
 // IssuedRoles are the roles toolgate issues credentials for.
-var IssuedRoles = []Role{RoleWorker, RoleControl, RoleOperator}
+var IssuedRoles = append(append([]Role{}, StageRoles...), RoleControl, RoleOperator)
+
+// StageRole is the role of the named stage.
+func StageRole(stage string) (Role, bool) {
+	r := Role(stage)
+	return r, slices.Contains(StageRoles, r)
+}
 
 // Issued reports whether r is a role credentials are issued for.
-func (r Role) Issued() bool { return r == RoleWorker || r == RoleControl || r == RoleOperator }
+func (r Role) Issued() bool { return slices.Contains(IssuedRoles, r) }
+
+// Stage reports whether r is a stage's role.
+func (r Role) Stage() bool { return slices.Contains(StageRoles, r) }
+
+// RoleInbox is the inbox prefix of a connection of an issued role
+// (nats.CustomInboxPrefix; CredentialsOption sets it): each role may
+// subscribe below its own only, so none reads another's replies (pull
+// responses carry whole invocations).
+func RoleInbox(r Role) string { return "_INBOX." + string(r) }
 
 // Account names. Agents live apart from toolgate's own account so that a
 // reply subject an agent chooses can never name a subject inside TOOLGATE:
@@ -113,8 +138,10 @@ func ParseUserName(s string) (Identity, error) {
 			return Identity{}, fmt.Errorf("agent user name %q is not agent:tenant:jti", s)
 		}
 		return Identity{Role: RoleAgent, Name: s, Tenant: tenant, TokenID: jti}, nil
-	case RoleWorker, RoleControl, RoleOperator:
-		return Identity{Role: Role(role), Name: rest}, nil
+	default:
+		if r := Role(role); r.Issued() {
+			return Identity{Role: r, Name: rest}, nil
+		}
 	}
 	return Identity{}, fmt.Errorf("user name %q has unknown role %q", s, role)
 }
@@ -126,46 +153,6 @@ func ParseUserName(s string) (Identity, error) {
 func InboxPrefix(tenant, jti string) string {
 	return "_INBOX." + tenant + "." + subjects.Token(jti)
 }
-
-// Bucket names toolgate's KV buckets use. They mirror kvstore's constants
-// (which this package may not import; TestBucketNames checks them); stream
-// names are KV_<bucket>.
-const (
-	bucketTools        = "toolgate_tools"
-	bucketPolicies     = "toolgate_policies"
-	bucketRevocations  = "toolgate_revocations"
-	bucketInvocations  = "toolgate_invocations"
-	bucketApprovals    = "toolgate_approvals"
-	bucketBudgets      = "toolgate_budgets"
-	bucketRateLimits   = "toolgate_ratelimits"
-	bucketIdempotency  = "toolgate_idempotency"
-	bucketCheckpoints  = "toolgate_checkpoints"
-	bucketBreakers     = "toolgate_breakers"
-	bucketToolStats    = "toolgate_toolstats"
-	bucketModelStats   = "toolgate_modelstats"
-	bucketCapabilities = "toolgate_capabilities"
-	bucketHooks        = "toolgate_hooks"
-)
-
-// workerBuckets are the buckets stage processes write: status records and
-// hook decisions (validate, authorize, execute, audit), approvals requested
-// and expired (authorize), budgets and aborted sessions (authorize, audit),
-// rate limits (route), idempotency keys, checkpoints and breakers
-// (execute), tool usage statistics (audit), model statistics (execute),
-// and the recorded security settings (every authorize and execute
-// process). Hook sets, policies, revocations and models are written by the
-// control service for operators.
-var workerBuckets = []string{bucketInvocations, bucketApprovals, bucketBudgets, bucketRateLimits,
-	bucketIdempotency, bucketCheckpoints, bucketBreakers, subjects.BucketSettings, bucketToolStats,
-	bucketModelStats}
-
-// controlBuckets are the buckets the control service writes: tools
-// (register, delete), approvals (decisions), invocations (cancels),
-// capability requests with their grants, and what operators change through
-// its administrative endpoints: policies, hook sets, revocations, forced
-// breakers and the model catalogue.
-var controlBuckets = []string{bucketTools, bucketApprovals, bucketInvocations, bucketCapabilities,
-	bucketPolicies, bucketHooks, bucketRevocations, bucketBreakers, subjects.BucketModels}
 
 // agentServices are the control endpoints an agent may call, each served on
 // subjects.TenantSvc(tenant, endpoint).
@@ -194,12 +181,11 @@ func GrantFor(id Identity) (Grant, error) {
 			return Grant{}, fmt.Errorf("%w: agent without token id", ErrBadIdentity)
 		}
 		return Grant{Account: AccountAgents, Permissions: agentPermissions(id.Tenant, id.TokenID)}, nil
-	case RoleWorker:
-		return Grant{Account: AccountToolgate, Permissions: workerPermissions()}, nil
-	case RoleControl:
-		return Grant{Account: AccountToolgate, Permissions: controlPermissions()}, nil
 	case RoleOperator:
 		return Grant{Account: AccountToolgate, Permissions: operatorPermissions()}, nil
+	}
+	if r, ok := Rights[id.Role]; ok {
+		return Grant{Account: AccountToolgate, Permissions: r.permissions(id.Role)}, nil
 	}
 	return Grant{}, fmt.Errorf("%w: unknown role %q", ErrBadIdentity, id.Role)
 }
@@ -232,83 +218,6 @@ func agentPermissions(tenant, jti string) jwt.Permissions {
 // message of a result subject of tenant: $JS.API.DIRECT.GET.<stream>.<subject>.
 func directGetResult(tenant string) string {
 	return "$JS.API.DIRECT.GET." + subjects.StreamResults + "." + subjects.ResultAll[:len(subjects.ResultAll)-1] + tenant + ".>"
-}
-
-// jsReadAndConsume are the JetStream API subjects every toolgate process
-// uses: account and stream information, creating missing streams and
-// buckets at start (never updating, purging or deleting them, so no worker
-// can shorten or erase the audit trail), reading messages, consumers (pull
-// consumers and KV watches), acks and flow control.
-var jsReadAndConsume = []string{
-	"$JS.API.INFO",
-	"$JS.API.STREAM.INFO.>",
-	"$JS.API.STREAM.NAMES",
-	"$JS.API.STREAM.LIST",
-	"$JS.API.STREAM.CREATE.>",
-	"$JS.API.STREAM.MSG.GET.>",
-	"$JS.API.DIRECT.GET.>",
-	"$JS.API.CONSUMER.>",
-	"$JS.ACK.>",
-	"$JS.FC.>",
-}
-
-func kvWrites(buckets []string) []string {
-	out := make([]string, 0, len(buckets))
-	for _, b := range buckets {
-		out = append(out, "$KV."+b+".>")
-	}
-	return out
-}
-
-// workerPermissions are the rights stage processes use: the pipeline and
-// its ends (results, audit), the buckets stages write, cancel
-// announcements heard. Not the control endpoints, whose subscriptions would
-// let a worker answer for the control service, nor the tools, models,
-// policies and revocations buckets.
-func workerPermissions() jwt.Permissions {
-	var p jwt.Permissions
-	p.Pub.Allow.Add(
-		subjects.InvokeAll, // the bench and re-submission
-		subjects.PipeAll,
-		subjects.ResultAll,
-		subjects.AuditAll,
-		"_INBOX.>",
-	)
-	p.Pub.Allow.Add(jsReadAndConsume...)
-	p.Pub.Allow.Add(kvWrites(workerBuckets)...)
-	p.Sub.Allow.Add(
-		subjects.InvokeAll, subjects.PipeAll, subjects.ResultAll, subjects.AuditAll, subjects.CancelAll,
-		"_INBOX.>",
-		"$JS.EVENT.ADVISORY.>",
-	)
-	p.Resp = &jwt.ResponsePermission{MaxMsgs: 1, Expires: time.Minute}
-	return p
-}
-
-// controlPermissions are the control service's rights: serve the control
-// endpoints (and micro's discovery), write controlBuckets, announce
-// cancels, and put a decided or cancelled call back into the pipeline (to
-// authorize, or to audit) with its audit event. It reads what the stages write (status, budgets, streams in
-// flight) but cannot hand a call to route, execute or verify.
-func controlPermissions() jwt.Permissions {
-	var p jwt.Permissions
-	p.Pub.Allow.Add(
-		subjects.PipeStage(subjects.Authorize),
-		subjects.PipeStage(subjects.Audit),
-		subjects.AuditAll,
-		subjects.CancelAll,
-		"tool.svc.>",
-		"$SRV.>",
-		"_INBOX.>",
-	)
-	p.Pub.Allow.Add(jsReadAndConsume...)
-	p.Pub.Allow.Add(kvWrites(controlBuckets)...)
-	p.Sub.Allow.Add(
-		"tool.svc.>", "$SRV.>", "_INBOX.>",
-		"$JS.EVENT.ADVISORY.>",
-	)
-	p.Resp = &jwt.ResponsePermission{MaxMsgs: 1, Expires: time.Minute}
-	return p
 }
 
 // operatorPermissions: everything inside account TOOLGATE.

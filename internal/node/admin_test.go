@@ -89,12 +89,15 @@ func TestAdminThroughControl(t *testing.T) {
 	by := `"by":"` + me + `"`
 	audited("admin.tool.registered", by, `"target":"`+tool+`@1.0.0"`)
 
-	t.Run("refused to workers and agents by the server", func(t *testing.T) {
+	t.Run("refused to stages and agents by the server", func(t *testing.T) {
+		dials := map[string]func() *nats.Conn{
+			"agent": func() *nats.Conn { nc, _ := s.agent(t, 0, "demo"); return nc },
+		}
+		for _, r := range busauth.StageRoles {
+			dials[string(r)] = func() *nats.Conn { return s.connect(t, 0, s.creds(r)) }
+		}
 		for _, subject := range subjects.AdminServices {
-			for role, dial := range map[string]func() *nats.Conn{
-				"worker": func() *nats.Conn { return s.connect(t, 0, s.creds(busauth.RoleWorker)) },
-				"agent":  func() *nats.Conn { nc, _ := s.agent(t, 0, "demo"); return nc },
-			} {
+			for role, dial := range dials {
 				nc := dial()
 				got, err := refused(t, nc, false, subject)
 				if err != nil {
@@ -107,11 +110,13 @@ func TestAdminThroughControl(t *testing.T) {
 		}
 	})
 
-	t.Run("unsigned or signed by a worker is refused by the service", func(t *testing.T) {
+	t.Run("unsigned or signed by a stage or control is refused by the service", func(t *testing.T) {
 		unsigned, _ := client.New(s.connect(t, 0, s.creds(busauth.RoleOperator)))
-		worker, _ := client.New(s.connect(t, 0, s.creds(busauth.RoleOperator)))
-		worker.Sign = s.signer(t, busauth.RoleWorker)
-		for name, c := range map[string]*client.Client{"unsigned": unsigned, "worker-signed": worker} {
+		stage, _ := client.New(s.connect(t, 0, s.creds(busauth.RoleOperator)))
+		stage.Sign = s.signer(t, busauth.RoleExecute)
+		ctl, _ := client.New(s.connect(t, 0, s.creds(busauth.RoleOperator)))
+		ctl.Sign = s.signer(t, busauth.RoleControl)
+		for name, c := range map[string]*client.Client{"unsigned": unsigned, "execute-signed": stage, "control-signed": ctl} {
 			_, err := c.RevokeToken(ctx, "never", time.Now().Add(time.Hour), "", "mallory")
 			if !errors.Is(err, &api.Error{Code: api.PermissionDenied, ECode: api.EAdminUnverified}) {
 				t.Errorf("%s revoke: %v, want E3219", name, err)

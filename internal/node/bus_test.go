@@ -258,6 +258,7 @@ func busSuite(t *testing.T, s *served) {
 	t.Run("revocation closes the connection", func(t *testing.T) { busRevoke(t, s) })
 	t.Run("approvals record the signing operator", func(t *testing.T) { busApprovals(t, s) })
 	t.Run("forged hops are refused at execute", func(t *testing.T) { forgedHops(t, s) })
+	t.Run("a leaked role credential owns nothing", func(t *testing.T) { leakedRoles(t, s) })
 	t.Run("the audit trail survives its deletion", func(t *testing.T) { auditSurvives(t, s) })
 }
 
@@ -341,7 +342,8 @@ func busApprovals(t *testing.T, s *served) {
 		sign client.Sign
 	}{
 		{"unsigned", nil},
-		{"signed by a worker", signer(busauth.RoleWorker)},
+		{"signed by a stage", signer(busauth.RoleExecute)},
+		{"signed by the control service", signer(busauth.RoleControl)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := oc.DecideSigned(ctx, d, tc.sign)
@@ -362,11 +364,11 @@ func busApprovals(t *testing.T, s *served) {
 		return err == nil && rec.Status == api.StatusSuccess
 	})
 
-	// A leaked worker credential may write the approvals bucket (authorize
-	// records requests there) and hand calls to authorize, but a record it
+	// A leaked control credential may write the approvals bucket (it
+	// records decisions there) and hand calls to authorize, but a record it
 	// marks approved carries no operator's signed decision: authorize
 	// refuses the call (E3217).
-	t.Run("an approval written by a worker", func(t *testing.T) {
+	t.Run("an approval written with control credentials", func(t *testing.T) {
 		id, err := ac.Invoke(ctx, req, client.InvokeOptions{})
 		if err != nil {
 			t.Fatal(err)
@@ -375,14 +377,14 @@ func busApprovals(t *testing.T, s *served) {
 			rec, err := ac.Status(ctx, "demo", id)
 			return err == nil && rec.Status == api.StatusPendingApproval
 		})
-		wjs, _ := jetstream.New(s.connect(t, 0, s.creds(busauth.RoleWorker)))
-		ws, err := kvstore.Open(ctx, wjs, kvstore.Options{})
+		wjs, _ := jetstream.New(s.connect(t, 0, s.creds(busauth.RoleControl)))
+		ws, err := kvstore.Open(ctx, wjs, kvstore.Options{Bind: true, Buckets: busauth.Rights[busauth.RoleControl].Buckets()})
 		if err != nil {
 			t.Fatal(err)
 		}
-		a, err := ws.Decide(ctx, "demo", id, kvstore.ApprovalApproved, "operator:local", "forged by a worker")
+		a, err := ws.Decide(ctx, "demo", id, kvstore.ApprovalApproved, "operator:local", "forged with control credentials")
 		if err != nil {
-			t.Fatalf("a worker writing the approvals bucket: %v", err)
+			t.Fatalf("control writing the approvals bucket: %v", err)
 		}
 		var inv envelope.Invocation
 		if err := json.Unmarshal(a.Invocation, &inv); err != nil {
@@ -402,7 +404,7 @@ func busApprovals(t *testing.T, s *served) {
 			return err == nil && rec.Status.Terminal()
 		})
 		if rec.Status != api.StatusPermissionDenied || rec.Error == nil || rec.Error.ECode != api.EDeciderUnverified {
-			t.Fatalf("a worker's approval: %s %+v, want permission_denied E3217", rec.Status, rec.Error)
+			t.Fatalf("control's own approval: %s %+v, want permission_denied E3217", rec.Status, rec.Error)
 		}
 	})
 }
@@ -492,11 +494,14 @@ func busRoles(t *testing.T, s *served) {
 			{"demo's results", true, "tool.result.demo.>", false},
 			{"cancel demo's call", false, subjects.TenantSvc("demo", subjects.SvcCancel), false},
 		}},
-		{"worker", func(t *testing.T, i int) *nats.Conn { return s.connect(t, i, s.creds(busauth.RoleWorker)) }, []op{
-			{"hand on", false, "toolgate.pipe.execute.normal.demo", true},
-			{"publish a result", false, "tool.result.demo.x", true},
-			{"publish audit", false, "audit.demo.tool.succeeded", true},
-			{"consume the pipeline", true, "toolgate.pipe.>", true},
+		{"execute", func(t *testing.T, i int) *nats.Conn { return s.connect(t, i, s.creds(busauth.RoleExecute)) }, []op{
+			{"hand on", false, "toolgate.pipe.verify.normal.demo", true},
+			{"skip verify", false, "toolgate.pipe.execute.normal.demo", false},
+			{"publish a result", false, "tool.result.demo.x", false},
+			{"publish a terminal audit event", false, "audit.demo.tool.succeeded", false},
+			{"announce a start", false, "audit.demo.tool.invoked", true},
+			{"consume the pipeline live", true, "toolgate.pipe.>", false},
+			{"read every reply", true, "_INBOX.>", false},
 			{"delete AUDIT", false, "$JS.API.STREAM.DELETE.AUDIT", false},
 			{"purge AUDIT", false, "$JS.API.STREAM.PURGE.AUDIT", false},
 			{"weaken AUDIT", false, "$JS.API.STREAM.UPDATE.AUDIT", false},
@@ -517,7 +522,7 @@ func busRoles(t *testing.T, s *served) {
 			{"serve the administrative endpoints", true, subjects.SvcPolicyPush, false},
 			{"serve tenant endpoints", true, subjects.TenantSvc("*", subjects.SvcStatus), false},
 			{"record a status", false, "$KV.toolgate_invocations.demo.x", true},
-			{"charge a budget", false, "$KV.toolgate_budgets.demo.x", true},
+			{"charge a budget", false, "$KV.toolgate_budgets.demo.x", false},
 			{"hear cancels", true, subjects.CancelAll, true},
 		}},
 		{"control", func(t *testing.T, i int) *nats.Conn { return s.connect(t, i, s.creds(busauth.RoleControl)) }, []op{
@@ -568,13 +573,13 @@ func busRoles(t *testing.T, s *served) {
 			}
 		})
 	}
-	t.Run("the audit trail cannot be deleted by a worker", func(t *testing.T) {
-		nc := s.connect(t, 1, s.creds(busauth.RoleWorker))
+	t.Run("the audit trail cannot be deleted by a stage", func(t *testing.T) {
+		nc := s.connect(t, 1, s.creds(busauth.RoleAudit))
 		js, _ := jetstream.New(nc)
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
 		if err := js.DeleteStream(ctx, subjects.StreamAudit); err == nil {
-			t.Fatal("a worker deleted AUDIT")
+			t.Fatal("the audit role deleted AUDIT")
 		}
 		ctx, cancel = context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
@@ -845,14 +850,15 @@ func TestServeMovesAnOpenStore(t *testing.T) {
 	}
 }
 
-// forgedHops: hops written straight onto the execute subject with worker
+// forgedHops: hops written straight onto the execute subject with route
 // credentials (which may publish there) carry no seal of authorize's
 // decision that verifies: execute refuses them (E3218) and the refusal is
 // audited; the tool never runs.
 func forgedHops(t *testing.T, s *served) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	wjs, _ := jetstream.New(s.connect(t, 0, s.creds(busauth.RoleWorker)))
+	// Route is the role that may hand calls to execute.
+	wjs, _ := jetstream.New(s.connect(t, 0, s.creds(busauth.RoleRoute)))
 	ojs, _ := jetstream.New(s.connect(t, 0, s.creds(busauth.RoleOperator)))
 	st, err := kvstore.Open(ctx, ojs, kvstore.Options{})
 	if err != nil {
@@ -885,7 +891,7 @@ func forgedHops(t *testing.T, s *served) {
 				t.Fatal(err)
 			}
 			if err := runner.Publish(ctx, wjs, hop); err != nil {
-				t.Fatalf("a worker publishing onto the execute subject: %v", err)
+				t.Fatalf("route publishing onto the execute subject: %v", err)
 			}
 			var rec api.Record
 			eventually(t, 20*time.Second, "the forged hop to end", func() bool {

@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/toolgate/toolgate/internal/breaker"
+	"github.com/toolgate/toolgate/internal/busauth"
 	"github.com/toolgate/toolgate/internal/detect"
 	"github.com/toolgate/toolgate/internal/hooks"
 	"github.com/toolgate/toolgate/internal/modelrouter"
@@ -54,6 +55,9 @@ type Node struct {
 	Revoked  *token.Revocations
 	Topology topology.TopologyOptions
 	Log      *slog.Logger
+	// Role is the connection's role; empty for the operator's and on a bus
+	// without authentication.
+	Role busauth.Role
 	// DevToken is the development token minted by Run with Examples.
 	DevToken string
 	// DevInboxPrefix is the inbox prefix an agent connected with DevToken
@@ -79,8 +83,17 @@ func (n *Node) Lost() <-chan struct{} { return n.lost }
 
 // Open connects to url and makes the topology ready, waiting with backoff
 // until ctx is done for a server or topology that is not there yet. The
-// registry stays in step with the tools bucket until ctx is done.
+// registry stays in step with the tools bucket until ctx is done. Open
+// creates what is missing: it is for the operator's connection and for a
+// bus without authentication; a role binds with OpenRole.
 func Open(ctx context.Context, url, name string, topo topology.TopologyOptions, log *slog.Logger, opts ...nats.Option) (*Node, error) {
+	return OpenRole(ctx, url, name, "", topo, log, opts...)
+}
+
+// OpenRole is Open for a connection of role: it binds to the topology the
+// operator made, waiting for it, and opens only the buckets the role may
+// use (busauth.Rights). An empty role is Open's.
+func OpenRole(ctx context.Context, url, name string, role busauth.Role, topo topology.TopologyOptions, log *slog.Logger, opts ...nats.Option) (*Node, error) {
 	if log == nil {
 		log = slog.Default()
 	}
@@ -100,7 +113,7 @@ func Open(ctx context.Context, url, name string, topo topology.TopologyOptions, 
 		ready.Done()
 		return nil, fmt.Errorf("connecting to %s: %w", url, err)
 	}
-	n, err = OpenConn(ctx, nc, topo, log)
+	n, err = OpenConnRole(ctx, nc, role, topo, log)
 	if err != nil {
 		ready.Done()
 		nc.Close()
@@ -113,6 +126,11 @@ func Open(ctx context.Context, url, name string, topo topology.TopologyOptions, 
 
 // OpenConn is Open over an existing connection.
 func OpenConn(ctx context.Context, nc *nats.Conn, topo topology.TopologyOptions, log *slog.Logger) (*Node, error) {
+	return OpenConnRole(ctx, nc, "", topo, log)
+}
+
+// OpenConnRole is OpenRole over an existing connection.
+func OpenConnRole(ctx context.Context, nc *nats.Conn, role busauth.Role, topo topology.TopologyOptions, log *slog.Logger) (*Node, error) {
 	if log == nil {
 		log = slog.Default()
 	}
@@ -120,29 +138,46 @@ func OpenConn(ctx context.Context, nc *nats.Conn, topo topology.TopologyOptions,
 	if err != nil {
 		return nil, err
 	}
+	opts := kvstore.Options{Replicas: topo.Replicas, Storage: topo.Storage, InvocationTTL: topo.InvocationTTL}
+	rights, bound := busauth.Rights[role]
+	if bound {
+		opts.Bind, opts.Buckets = true, rights.Buckets()
+	}
 	var store *kvstore.Store
-	err = topology.Retry(ctx, log, "waiting for the NATS topology", func(ctx context.Context) error {
+	what := "waiting for the NATS topology"
+	if bound {
+		what = "waiting for the operator's NATS topology (serve, or toolgate setup)"
+	}
+	err = topology.Retry(ctx, log, what, func(ctx context.Context) error {
 		setup, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
-		if err := topology.EnsureTopology(setup, js, topo); err != nil {
+		if bound {
+			if err := topology.Bind(setup, js, rights.Consumes); err != nil {
+				return err
+			}
+		} else if err := topology.EnsureTopology(setup, js, topo); err != nil {
 			return err
 		}
 		var err error
-		store, err = kvstore.Open(setup, js, kvstore.Options{Replicas: topo.Replicas, Storage: topo.Storage, InvocationTTL: topo.InvocationTTL})
+		store, err = kvstore.Open(setup, js, opts)
 		return err
 	})
 	if err != nil {
 		return nil, err
 	}
-	reg := tools.NewRegistry()
-	if err := store.WatchTools(ctx, reg, log); err != nil {
-		return nil, err
+	n := &Node{NC: nc, JS: js, Store: store, Registry: tools.NewRegistry(), Revoked: new(token.Revocations), Topology: topo, Log: log, Role: role}
+	watches := func(b string) bool { return !bound || slices.Contains(rights.Watches, b) }
+	if watches(subjects.BucketTools) {
+		if err := store.WatchTools(ctx, n.Registry, log); err != nil {
+			return nil, err
+		}
 	}
-	revoked := new(token.Revocations)
-	if err := store.WatchRevocations(ctx, revoked.Set); err != nil {
-		return nil, err
+	if watches(subjects.BucketRevocations) {
+		if err := store.WatchRevocations(ctx, n.Revoked.Set); err != nil {
+			return nil, err
+		}
 	}
-	return &Node{NC: nc, JS: js, Store: store, Registry: reg, Revoked: revoked, Topology: topo, Log: log}, nil
+	return n, nil
 }
 
 // Close closes the connection.

@@ -56,10 +56,11 @@ type Config struct {
 	// NATSURL is the server to use; empty starts an embedded one, always
 	// with bus authentication (docs/security.md).
 	NATSURL string
-	// Creds is the credentials file (busauth.IssueCredentials) this process
-	// connects to NATSURL with; default: the worker.creds (control.creds for
-	// a process running only the control service) serve wrote in
-	// Embedded.DataDir/busauth, when it is there.
+	// Creds is the credentials file (busauth.IssueCredentials) a process
+	// running one stage (or only the control service) connects to NATSURL
+	// with. Without it each stage connects with its own role's
+	// <stage>.creds in Embedded.DataDir/busauth, when it is there; a bus
+	// without authentication takes none.
 	Creds string
 	// ControlCreds is the credentials file the control service (and, with
 	// Examples, the registration of the example tools) connects with when
@@ -67,6 +68,12 @@ type Config struct {
 	// control.creds serve wrote in Embedded.DataDir/busauth, when it is
 	// there. A process running only the control service uses Creds.
 	ControlCreds string
+	// OperatorCreds are operator credentials this process sets up the
+	// topology with (streams, consumers, buckets and their republishing)
+	// and keeps the audit trail guarded with; default: the data
+	// directory's operator.creds, when it is there (serve writes it). A
+	// process without them binds to the topology the operator made.
+	OperatorCreds string
 	// AuthCallout runs the bus's auth callout against NATSURL too, with
 	// the keys in Embedded.DataDir/busauth (as the embedded server does);
 	// several instances share the work in a queue group.
@@ -151,9 +158,12 @@ func Run(ctx context.Context, c Config) error {
 	}
 	url := c.NATSURL
 	var gate *Gate
-	var connOpts, ctlOpts []nats.Option
-	var credsPath string    // the credentials this process connects with
-	var ctlCredsPath string // the control service's, when it connects apart
+	// Each stage and the control service connect apart, each with its own
+	// role's credentials (roleOpts); the operator's connection, when this
+	// process has operator credentials, sets up the topology first.
+	var base []nats.Option
+	roleCreds := map[busauth.Role]string{}
+	var opCreds string
 	if url == "" {
 		ns, g, err := StartSecureEmbedded(c.Embedded, log)
 		if err != nil {
@@ -165,36 +175,41 @@ func Run(ctx context.Context, c Config) error {
 		}()
 		url = ns.ClientURL()
 		gate = g
-		credsPath = CredsPath(c.Embedded.DataDir, busauth.RoleWorker)
-		connOpts = append(connOpts, nats.InProcessServer(ns), busauth.CredentialsOption(credsPath))
-		ctlCredsPath = CredsPath(c.Embedded.DataDir, busauth.RoleControl)
-		ctlOpts = append(ctlOpts, nats.InProcessServer(ns), busauth.CredentialsOption(ctlCredsPath))
+		base = append(base, nats.InProcessServer(ns))
+		for _, r := range busauth.IssuedRoles {
+			roleCreds[r] = CredsPath(c.Embedded.DataDir, r)
+		}
+		opCreds = roleCreds[busauth.RoleOperator]
 		log.Info("embedded NATS started", "url", url, "data", c.Embedded.DataDir)
 	} else {
-		creds := c.Creds
-		role := busauth.RoleWorker
-		if len(c.Stages) == 1 && c.Stages[0] == Control {
-			role = busauth.RoleControl // the control service alone connects as itself
-		}
-		if def := CredsPath(c.Embedded.DataDir, role); creds == "" && c.Embedded.DataDir != "" {
-			if _, err := os.Stat(def); err == nil {
-				creds = def
+		onDisk := func(r busauth.Role) string {
+			if c.Embedded.DataDir == "" {
+				return ""
 			}
-		}
-		if creds != "" {
-			credsPath = creds
-			connOpts = append(connOpts, busauth.CredentialsOption(creds))
-			ctl := c.ControlCreds
-			if def := CredsPath(c.Embedded.DataDir, busauth.RoleControl); ctl == "" && c.Embedded.DataDir != "" {
-				if _, err := os.Stat(def); err == nil {
-					ctl = def
-				}
+			p := CredsPath(c.Embedded.DataDir, r)
+			if _, err := os.Stat(p); err != nil {
+				return ""
 			}
-			if ctl != "" {
-				ctlCredsPath = ctl
-				ctlOpts = append(ctlOpts, busauth.CredentialsOption(ctl))
-			}
+			return p
 		}
+		for _, r := range busauth.IssuedRoles {
+			roleCreds[r] = onDisk(r)
+		}
+		if c.Creds != "" {
+			own := c.Stages
+			if slices.Contains(own, AuthCallout) {
+				own = slices.DeleteFunc(slices.Clone(own), func(s string) bool { return s == AuthCallout })
+			}
+			if len(own) != 1 {
+				return fmt.Errorf("--creds names one role's credentials: run one stage with it, or give each stage its own <stage>.creds in %s",
+					filepath.Join(c.Embedded.DataDir, busauth.DirName))
+			}
+			roleCreds[busauth.Role(own[0])] = c.Creds
+		}
+		if c.ControlCreds != "" {
+			roleCreds[busauth.RoleControl] = c.ControlCreds
+		}
+		opCreds = cmp.Or(c.OperatorCreds, roleCreds[busauth.RoleOperator])
 		if c.AuthCallout {
 			keys, err := busauth.LoadKeys(c.Embedded.DataDir)
 			if err != nil {
@@ -206,10 +221,33 @@ func Run(ctx context.Context, c Config) error {
 			defer gate.Close()
 		}
 	}
-	if err := setupSeals(&c, credsPath != "", log); err != nil {
+	if c.OperatorCreds != "" {
+		opCreds = c.OperatorCreds
+	}
+	authenticated := false
+	for _, p := range roleCreds {
+		authenticated = authenticated || p != ""
+	}
+	roleOpts := func(r busauth.Role) []nats.Option {
+		if p := roleCreds[r]; p != "" {
+			return append(slices.Clone(base), busauth.CredentialsOption(p))
+		}
+		return base
+	}
+	credsPath := ""
+	for _, name := range c.Stages {
+		if r, ok := busauth.StageRole(name); ok && roleCreds[r] != "" {
+			credsPath = roleCreds[r]
+			break
+		}
+	}
+	if credsPath == "" {
+		credsPath = roleCreds[busauth.RoleControl]
+	}
+	if err := setupSeals(&c, authenticated, log); err != nil {
 		return err
 	}
-	if credsPath != "" && slices.Contains(c.Stages, subjects.Authorize) && c.Stage.ApprovalProof == nil {
+	if authenticated && slices.Contains(c.Stages, subjects.Authorize) && c.Stage.ApprovalProof == nil {
 		proofs, err := approvalProofs(credsPath)
 		if err != nil {
 			return err
@@ -252,55 +290,40 @@ func Run(ctx context.Context, c Config) error {
 	}
 	// A signal while waiting for the topology stops the wait: nothing runs yet.
 	stopWaiting := context.AfterFunc(ctx, cancel)
-	n, err := Open(runCtx, url, "toolgate", c.Topology, log, connOpts...)
+	nodes, op, err := openNodes(runCtx, url, &c, authenticated, opCreds, roleOpts, base, gate != nil, log)
 	stopWaiting()
 	if err != nil {
 		return err
 	}
 	var bg sync.WaitGroup // goroutines on runCtx
-	ctl := n              // the control service's node; its own connection when it has a role of its own
 	defer func() {
-		n.StopStages()
+		for _, nd := range nodes.all() {
+			nd.StopStages()
+		}
 		cancel()
 		bg.Wait()
-		n.Store.Wait()
-		n.Close()
-		if ctl != n {
-			ctl.Store.Wait()
-			ctl.Close()
+		for _, nd := range nodes.all() {
+			nd.Store.Wait()
+			nd.Close()
 		}
 	}()
-	// The control service has a role of its own: it connects apart with
-	// control credentials, unless it is all this process runs (then Creds
-	// are its own) or the bus has no authentication.
-	ctlCreds := credsPath
-	needCtl := slices.Contains(c.Stages, Control) || c.Examples
-	if needCtl && credsPath != "" && !(len(c.Stages) == 1 && c.Stages[0] == Control) {
-		if ctlCredsPath == "" {
-			return fmt.Errorf("the control service needs control credentials: --control-creds, or %s in the data directory",
-				filepath.Join(busauth.DirName, busauth.ControlCredsFile))
-		}
-		stopWaiting := context.AfterFunc(ctx, cancel)
-		cn, err := Open(runCtx, url, "toolgate-control", c.Topology, log, ctlOpts...)
-		stopWaiting()
-		if err != nil {
-			return fmt.Errorf("control connection: %w", err)
-		}
-		ctl = cn
-		ctlCreds = ctlCredsPath
-	}
+	ctl := nodes.control
+	n := nodes.first(op) // what Ready is given: the operator's node when there is one
 	if c.Examples {
 		if err := ctl.RegisterExamples(ctx); err != nil {
 			return err
 		}
-		if ctl != n {
-			// The stages' registry must hold them too before calls come.
-			ms, err := tools.Examples()
-			if err != nil {
-				return err
+		// The stages' registries must hold them too before calls come.
+		ms, err := tools.Examples()
+		if err != nil {
+			return err
+		}
+		for _, nd := range nodes.all() {
+			if nd == ctl || nd.Role == busauth.RoleOperator || (nd.Role != "" && !slices.Contains(busauth.Rights[nd.Role].Watches, subjects.BucketTools)) {
+				continue
 			}
 			for _, m := range ms {
-				if err := n.WaitForTool(ctx, m.ID, m.Version); err != nil {
+				if err := nd.WaitForTool(ctx, m.ID, m.Version); err != nil {
 					return err
 				}
 			}
@@ -312,18 +335,21 @@ func Run(ctx context.Context, c Config) error {
 	if err := setupTokens(runCtx, &c, n, log, &bg); err != nil {
 		return err
 	}
-	if err := checkSecurity(ctx, &c, n, c.ResetSecuritySettings, log); err != nil {
+	if err := checkSecurity(ctx, &c, nodes.stage, c.ResetSecuritySettings, log); err != nil {
 		return err
 	}
-	if err := n.GuardAudit(runCtx, cmp.Or(c.AuditCheck, 10*time.Second)); err != nil {
-		return err
+	if op != nil {
+		// Recreating a deleted audit stream is the operator's.
+		if err := op.GuardAudit(runCtx, cmp.Or(c.AuditCheck, 10*time.Second)); err != nil {
+			return err
+		}
 	}
 	if gate != nil {
 		v := c.Stage.Tokens
 		if v == nil {
 			v = &token.Verifier{Keys: token.StaticKeys{}} // no key set: every agent refused
 		}
-		if err := gate.Attach(runCtx, v, n); err != nil {
+		if err := gate.Attach(runCtx, v, ctl); err != nil {
 			return err
 		}
 	}
@@ -333,7 +359,6 @@ func Run(ctx context.Context, c Config) error {
 		}
 	}
 
-	approvals := &approval.Service{Store: n.Store, JS: n.JS, Log: log}
 	var runners []*runner.Runner
 	for _, name := range c.Stages {
 		if name == AuthCallout {
@@ -341,7 +366,7 @@ func Run(ctx context.Context, c Config) error {
 		}
 		if name == Control {
 			var opts []control.Option
-			if ctlCreds != "" {
+			if ctlCreds := roleCreds[busauth.RoleControl]; ctlCreds != "" {
 				id, err := decidersFrom(ctlCreds)
 				if err != nil {
 					return err
@@ -353,10 +378,7 @@ func Run(ctx context.Context, c Config) error {
 				return err
 			}
 			opts = append(opts, control.WithDiscovery(disc))
-			decisions := approvals
-			if ctl != n {
-				decisions = &approval.Service{Store: ctl.Store, JS: ctl.JS, Log: log}
-			}
+			decisions := &approval.Service{Store: ctl.Store, JS: ctl.JS, Log: log}
 			svc, err := control.Start(ctl.NC, ctl.Store, ctl.Registry, decisions, opts...)
 			if err != nil {
 				return err
@@ -364,15 +386,17 @@ func Run(ctx context.Context, c Config) error {
 			defer func() { _ = svc.Stop() }()
 			continue
 		}
+		sn := nodes.stage[name]
 		if name == subjects.Authorize {
+			approvals := &approval.Service{Store: sn.Store, JS: sn.JS, Log: log}
 			bg.Go(func() { approvals.RunSweeper(runCtx, cmp.Or(c.ApprovalSweep, time.Second)) })
 		}
 		c.Stage.TenantInFlight = tenantQuota(c.TenantInFlight, c.Workers)
-		st, err := n.NewStage(runCtx, name, c.Stage)
+		st, err := sn.NewStage(runCtx, name, c.Stage)
 		if err != nil {
 			return err
 		}
-		r := n.Runner(name, st, c.Workers, metrics)
+		r := sn.Runner(name, st, c.Workers, metrics)
 		if name != subjects.Execute {
 			// Stages other than execute decide from memory and a few KV
 			// reads and writes: they wait, so they take as many as they hold.
@@ -391,14 +415,19 @@ func Run(ctx context.Context, c Config) error {
 	drain, stop := context.WithCancel(ctx)
 	defer stop()
 	errs := make(chan error, len(runners)+1)
-	bg.Go(func() {
-		select {
-		case <-n.Lost():
-			log.Error("NATS connection closed for good; stopping", "err", n.NC.LastError())
-			stop()
-		case <-runCtx.Done():
+	for _, nd := range nodes.all() {
+		if nd.Lost() == nil {
+			continue
 		}
-	})
+		bg.Go(func() {
+			select {
+			case <-nd.Lost():
+				log.Error("NATS connection closed for good; stopping", "role", nd.Role, "err", nd.NC.LastError())
+				stop()
+			case <-runCtx.Done():
+			}
+		})
+	}
 	var wg sync.WaitGroup
 	for _, r := range runners {
 		wg.Go(func() {
@@ -411,7 +440,7 @@ func Run(ctx context.Context, c Config) error {
 	for _, r := range runners {
 		health.Watch(r.Stalled)
 	}
-	health.SetReady(n.NC)
+	health.SetReady(nodes.first(nil).NC)
 	log.Info("toolgate running", "stages", c.Stages, "workers", c.Workers, "nats", url)
 	if c.Ready != nil {
 		c.Ready(url, n)
@@ -421,9 +450,12 @@ func Run(ctx context.Context, c Config) error {
 	<-drain.Done()
 	wg.Wait()
 	release(runners, log)
-	// The closed handler runs asynchronously: ask the connection itself.
-	if n.NC.IsClosed() {
-		errs <- fmt.Errorf("%w: %v", ErrConnectionClosed, n.NC.LastError())
+	// The closed handler runs asynchronously: ask the connections themselves.
+	for _, nd := range nodes.all() {
+		if nd.NC.IsClosed() && nd.Lost() != nil {
+			errs <- fmt.Errorf("%w: %v", ErrConnectionClosed, nd.NC.LastError())
+			break
+		}
 	}
 	close(errs)
 	log.Info("toolgate stopped: in-flight work drained")

@@ -55,13 +55,17 @@ func securitySettings(c *Config) (map[string]map[string]string, error) {
 // checkSecurity records this worker's security settings on the cluster's
 // first start and refuses to start a worker whose settings differ, naming
 // the setting. With reset, this worker's settings replace the record.
-func checkSecurity(ctx context.Context, c *Config, n *Node, reset bool, log *slog.Logger) error {
+func checkSecurity(ctx context.Context, c *Config, stages map[string]*Node, reset bool, log *slog.Logger) error {
 	groups, err := securitySettings(c)
 	if err != nil {
 		return err
 	}
 	for _, group := range slices.Sorted(maps.Keys(groups)) {
 		want := groups[group]
+		n := stages[group] // each group is a stage's, recorded by that stage's role
+		if n == nil {
+			continue
+		}
 		got, err := n.Store.RecordSettings(ctx, group, want, reset)
 		if err != nil {
 			return err

@@ -195,6 +195,17 @@ func EnsureTopology(ctx context.Context, js jetstream.JetStream, o TopologyOptio
 	return nil
 }
 
+// Bind checks that the streams and consumers a role uses are there (the
+// operator creates them); it creates nothing.
+func Bind(ctx context.Context, js jetstream.JetStream, inputs []subjects.Input) error {
+	for _, in := range inputs {
+		if _, err := js.Consumer(ctx, in.Stream, in.Consumer); err != nil {
+			return fmt.Errorf("looking up consumer %s of stream %s: %w", in.Consumer, in.Stream, err)
+		}
+	}
+	return nil
+}
+
 // Retry runs fn until it succeeds or ctx is done, waiting between attempts
 // with exponential backoff and full jitter (100 ms doubling to 5 s) and
 // logging each failure. Start-up uses it: processes started together

@@ -1,0 +1,190 @@
+package busauth
+
+import (
+	"slices"
+	"time"
+
+	"github.com/nats-io/jwt/v2"
+	"github.com/toolgate/toolgate/subjects"
+)
+
+// RoleRights are what one role of account TOOLGATE needs, by kind of work.
+// The permissions a connection gets (GrantFor) are computed from them and
+// from nothing else, and so is the role table of docs/security.md
+// (RoleTable), so the two cannot drift apart.
+//
+// No role but the operator may create, update or delete a stream or a
+// consumer: JetStream checks neither a stream's republish destination nor a
+// push consumer's deliver subject against the rights of whoever creates it,
+// so that right would be the right to publish anywhere in the account. The
+// topology is the operator's (serve at start with operator credentials, or
+// `toolgate setup`); every other role binds to it.
+type RoleRights struct {
+	// Consumes are the stage's durable consumers: their information,
+	// pulls, acks and delivery-limit advisories.
+	Consumes []subjects.Input
+	// Sweeps are the work-queue streams whose acknowledged leftovers the
+	// role may read and delete (the stage's own input stream).
+	Sweeps []string
+	// Publishes are the subjects the role may publish on: its hand-offs,
+	// and the audit events and results it writes itself.
+	Publishes []string
+	// Subscribes are the core subjects the role listens on besides its
+	// inbox and its watches.
+	Subscribes []string
+	// Reads are the buckets the role reads (lookups and key listings);
+	// Writes those it writes (and so reads); Watches those whose changes
+	// it follows (republished by JetStream: subjects.KVFeed).
+	Reads, Writes, Watches []string
+	// Streams are other streams the role reads messages of by sequence.
+	Streams []string
+	// Serves says the role serves the control service's endpoints.
+	Serves bool
+}
+
+// Buckets are every bucket the role opens.
+func (r RoleRights) Buckets() []string {
+	var out []string
+	for _, b := range slices.Concat(r.Reads, r.Writes, r.Watches) {
+		if !slices.Contains(out, b) {
+			out = append(out, b)
+		}
+	}
+	return out
+}
+
+// poison is what every stage's runner publishes itself: the audit event of
+// a message it cannot read, which no later stage could.
+var poison = subjects.AuditEvent("*", "pipeline.poison")
+
+// hand is the hand-off to stage, at any priority and tenant.
+func hand(stage string) string { return subjects.PipeStage(stage) }
+
+// Rights are the rights of each role but the agent's and the operator's.
+var Rights = map[Role]RoleRights{
+	// validate reads raw invocations and their tokens, claims each id in its
+	// tenant, and hands on to authorize, or ends a refusal in audit; an
+	// async call's first answer (pending) is its own to publish.
+	RoleValidate: {
+		Consumes:  subjects.Inputs(subjects.Validate),
+		Sweeps:    []string{subjects.StreamInvoke},
+		Publishes: []string{hand(subjects.Authorize), hand(subjects.Audit), poison, subjects.ResultAll},
+		Writes:    []string{subjects.BucketInvocations},
+		Watches:   []string{subjects.BucketTools},
+	},
+	// authorize verifies tokens, judges policy, parks calls for approval
+	// and charges budgets; it strips the raw token from what it hands on.
+	RoleAuthorize: {
+		Consumes: subjects.Inputs(subjects.Authorize),
+		Sweeps:   []string{subjects.StreamPipeline},
+		Publishes: []string{hand(subjects.Route), hand(subjects.Audit), poison,
+			subjects.AuditEvent("*", "tool.approval.>")},
+		Writes:  []string{subjects.BucketInvocations, subjects.BucketApprovals, subjects.BucketBudgets, subjects.BucketSettings},
+		Watches: []string{subjects.BucketTools, subjects.BucketPolicies, subjects.BucketRevocations, subjects.BucketInvocations},
+	},
+	// route resolves versions and takes rate-limit tokens.
+	RoleRoute: {
+		Consumes:  subjects.Inputs(subjects.Route),
+		Sweeps:    []string{subjects.StreamPipeline},
+		Publishes: []string{hand(subjects.Execute), hand(subjects.Audit), poison},
+		Writes:    []string{subjects.BucketRateLimits},
+		Watches:   []string{subjects.BucketTools},
+	},
+	// execute runs tools: the only role that touches breakers and
+	// checkpoints; it announces a call's start, its checkpoints and its
+	// breakers' transitions itself, as they happen.
+	RoleExecute: {
+		Consumes: subjects.Inputs(subjects.Execute),
+		Sweeps:   []string{subjects.StreamPipeline},
+		Publishes: []string{hand(subjects.Verify), hand(subjects.Audit), poison,
+			subjects.AuditEvent("*", "tool.invoked"), subjects.AuditEvent("*", "tool.checkpoint.>"),
+			subjects.AuditEvent(subjects.SystemTenant, "circuit.>")},
+		Subscribes: []string{subjects.CancelAll},
+		Writes: []string{subjects.BucketInvocations, subjects.BucketIdempotency, subjects.BucketCheckpoints,
+			subjects.BucketBreakers, subjects.BucketModelStats, subjects.BucketSettings},
+		Watches: []string{subjects.BucketTools, subjects.BucketBreakers, subjects.BucketModels, subjects.BucketModelStats},
+	},
+	// verify checks results against the tool's output schema and the
+	// detectors.
+	RoleVerify: {
+		Consumes:  subjects.Inputs(subjects.Verify),
+		Sweeps:    []string{subjects.StreamPipeline},
+		Publishes: []string{hand(subjects.Audit), poison},
+		Watches:   []string{subjects.BucketTools},
+	},
+	// audit is the one finaliser: the audit trail, results, terminal
+	// status, usage, and the calls hooks start.
+	RoleAudit: {
+		Consumes:  subjects.Inputs(subjects.Audit),
+		Sweeps:    []string{subjects.StreamPipeline},
+		Publishes: []string{subjects.AuditAll, subjects.ResultAll, subjects.InvokeAll},
+		Writes:    []string{subjects.BucketInvocations, subjects.BucketBudgets, subjects.BucketToolStats},
+		Watches:   []string{subjects.BucketTools, subjects.BucketHooks},
+	},
+	// control serves the control endpoints: it registers tools, records
+	// decisions and cancels, and for operators' signed requests writes
+	// policies, hooks, revocations, forced breakers and models. A decided
+	// call goes back to authorize, a cancelled one to audit.
+	RoleControl: {
+		Publishes: []string{hand(subjects.Authorize), hand(subjects.Audit), subjects.CancelAll,
+			subjects.AuditEvent("*", "capability.>"), subjects.AuditEvent("*", "tool.approval.>"),
+			subjects.AuditTenant(subjects.SystemTenant)},
+		Writes: []string{subjects.BucketTools, subjects.BucketApprovals, subjects.BucketInvocations, subjects.BucketCapabilities,
+			subjects.BucketPolicies, subjects.BucketHooks, subjects.BucketRevocations, subjects.BucketBreakers, subjects.BucketModels},
+		Reads:   []string{subjects.BucketBudgets, subjects.BucketToolStats, subjects.BucketModelStats},
+		Watches: []string{subjects.BucketTools, subjects.BucketRevocations, subjects.BucketPolicies},
+		Streams: []string{subjects.StreamInvoke, subjects.StreamPipeline},
+		Serves:  true,
+	},
+}
+
+// permissions turns rights into subject permissions.
+func (r RoleRights) permissions(role Role) jwt.Permissions {
+	var p jwt.Permissions
+	add := func(perm *jwt.Permission, subs ...string) {
+		for _, s := range subs {
+			if !slices.Contains(perm.Allow, s) {
+				perm.Allow.Add(s)
+			}
+		}
+	}
+	inbox := RoleInbox(role)
+	add(&p.Sub, inbox+".>")
+	add(&p.Pub, "$JS.API.INFO")
+	add(&p.Pub, r.Publishes...)
+	add(&p.Sub, r.Subscribes...)
+	for _, in := range r.Consumes {
+		add(&p.Pub,
+			"$JS.API.STREAM.INFO."+in.Stream,
+			"$JS.API.CONSUMER.INFO."+in.Stream+"."+in.Consumer,
+			"$JS.API.CONSUMER.MSG.NEXT."+in.Stream+"."+in.Consumer,
+			"$JS.ACK."+in.Stream+"."+in.Consumer+".>",
+		)
+		add(&p.Sub, subjects.MaxDeliveriesAdvisory(in))
+	}
+	for _, st := range r.Sweeps {
+		add(&p.Pub, "$JS.API.STREAM.MSG.GET."+st, "$JS.API.STREAM.MSG.DELETE."+st)
+	}
+	for _, st := range r.Streams {
+		add(&p.Pub, "$JS.API.STREAM.INFO."+st, "$JS.API.STREAM.MSG.GET."+st)
+	}
+	for _, b := range r.Buckets() {
+		st := subjects.BucketStream(b)
+		add(&p.Pub, "$JS.API.STREAM.INFO."+st, "$JS.API.DIRECT.GET."+st+".>", "$JS.API.STREAM.MSG.GET."+st)
+	}
+	for _, b := range r.Writes {
+		add(&p.Pub, subjects.BucketKeys(b))
+	}
+	for _, b := range r.Watches {
+		if pattern, ok := subjects.WatchedKeys(b); ok {
+			add(&p.Sub, subjects.KVFeed(b)+pattern)
+		}
+	}
+	if r.Serves {
+		add(&p.Sub, "tool.svc.>", "$SRV.>")
+		add(&p.Pub, "$SRV.>")
+	}
+	// Replies to requests the role serves (control) or receives.
+	p.Resp = &jwt.ResponsePermission{MaxMsgs: 1, Expires: time.Minute}
+	return p
+}

@@ -1,0 +1,127 @@
+package node_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/toolgate/toolgate/internal/busauth"
+	"github.com/toolgate/toolgate/subjects"
+)
+
+// leakedRoles runs, against the real server, what a thief holding one
+// role's credentials would try first: the JetStream calls that write
+// anywhere (a stream whose republish lands on the policy bucket, a push
+// consumer delivering onto the control service's register endpoint),
+// deleting the stages' consumers, and writing every bucket. Each must be
+// refused but the bucket writes the role's work needs; afterwards the
+// topology is as it was.
+func leakedRoles(t *testing.T, s *served) {
+	// The buckets each role writes, by hand: a right added to a role fails
+	// here until it is added on purpose.
+	writes := map[busauth.Role][]string{
+		busauth.RoleValidate:  {subjects.BucketInvocations},
+		busauth.RoleAuthorize: {subjects.BucketInvocations, subjects.BucketApprovals, subjects.BucketBudgets, subjects.BucketSettings},
+		busauth.RoleRoute:     {subjects.BucketRateLimits},
+		busauth.RoleExecute: {subjects.BucketInvocations, subjects.BucketIdempotency, subjects.BucketCheckpoints,
+			subjects.BucketBreakers, subjects.BucketModelStats, subjects.BucketSettings},
+		busauth.RoleVerify: nil,
+		busauth.RoleAudit:  {subjects.BucketInvocations, subjects.BucketBudgets, subjects.BucketToolStats},
+		busauth.RoleControl: {subjects.BucketTools, subjects.BucketApprovals, subjects.BucketInvocations, subjects.BucketCapabilities,
+			subjects.BucketPolicies, subjects.BucketHooks, subjects.BucketRevocations, subjects.BucketBreakers, subjects.BucketModels},
+	}
+	// jsRefused sends a JetStream API request and reports whether the
+	// server refused it for permissions (a refused request gets no reply).
+	jsRefused := func(t *testing.T, nc *nats.Conn, subject string, body any) bool {
+		b, _ := json.Marshal(body)
+		_, err := nc.Request(subject, b, 500*time.Millisecond)
+		if err == nil {
+			return false
+		}
+		if ferr := nc.Flush(); ferr != nil {
+			t.Error(ferr)
+			return false
+		}
+		return errors.Is(nc.LastError(), nats.ErrPermissionViolation) && strings.Contains(nc.LastError().Error(), subject)
+	}
+	attacks := []struct {
+		name    string
+		subject string
+		body    any
+	}{
+		{"a stream republishing onto the policy bucket", "$JS.API.STREAM.CREATE.EVIL", jetstream.StreamConfig{
+			Name: "EVIL", Subjects: []string{"evil.>"},
+			RePublish: &jetstream.RePublish{Source: "evil.>", Destination: "$KV.toolgate_policies.>"}}},
+		{"a push consumer delivering onto tools.register", "$JS.API.CONSUMER.CREATE." + subjects.BucketStream(subjects.BucketTools),
+			map[string]any{"stream_name": subjects.BucketStream(subjects.BucketTools),
+				"config": map[string]any{"deliver_subject": subjects.SvcToolsRegister, "deliver_group": "q", "ack_policy": "none"}}},
+		{"a durable on the pipeline", "$JS.API.CONSUMER.DURABLE.CREATE." + subjects.StreamPipeline + ".evil",
+			map[string]any{"stream_name": subjects.StreamPipeline, "config": map[string]any{"durable_name": "evil"}}},
+		{"deleting execute's consumer", "$JS.API.CONSUMER.DELETE." + subjects.StreamPipeline + ".execute-normal", nil},
+		{"deleting validate's consumer", "$JS.API.CONSUMER.DELETE." + subjects.StreamInvoke + ".validate", nil},
+		{"updating the audit stream", "$JS.API.STREAM.UPDATE." + subjects.StreamAudit, nil},
+		{"purging the revocations", "$JS.API.STREAM.PURGE." + subjects.BucketStream(subjects.BucketRevocations), nil},
+		{"deleting an audit event", "$JS.API.STREAM.MSG.DELETE." + subjects.StreamAudit, map[string]any{"seq": 1}},
+	}
+	roles := append(slices.Clone(busauth.StageRoles), busauth.RoleControl)
+	// Refused requests wait out their timeout: every role's attacks run
+	// side by side.
+	t.Run("roles", func(t *testing.T) {
+		var wg sync.WaitGroup
+		for _, role := range roles {
+			for i, a := range attacks {
+				nc := s.connect(t, i, s.creds(role))
+				wg.Go(func() {
+					if !jsRefused(t, nc, a.subject, a.body) {
+						t.Errorf("%s: %s (%s) was not refused (last error %v)", role, a.name, a.subject, nc.LastError())
+					}
+				})
+			}
+		}
+		wg.Wait()
+		for _, role := range roles {
+			t.Run(string(role), func(t *testing.T) {
+				for i, b := range subjects.Buckets {
+					want := slices.Contains(writes[role], b)
+					nc := s.connect(t, i, s.creds(role))
+					got, err := refused(t, nc, false, "$KV."+b+".probe")
+					if err != nil {
+						t.Fatal(err)
+					}
+					if got == want {
+						t.Errorf("%s writing %s: refused=%v, want allowed=%v", role, b, got, want)
+					}
+				}
+				nc := s.connect(t, 0, s.creds(role))
+				if got, _ := refused(t, nc, false, subjects.KVFeed(subjects.BucketPolicies)+"bundle"); !got {
+					t.Errorf("%s may publish on the policy bucket's watch feed", role)
+				}
+			})
+		}
+	})
+	t.Run("the topology is intact", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		js, _ := jetstream.New(s.connect(t, 0, s.creds(busauth.RoleOperator)))
+		if _, err := js.Stream(ctx, "EVIL"); !errors.Is(err, jetstream.ErrStreamNotFound) {
+			t.Errorf("stream EVIL: %v, want not found", err)
+		}
+		for _, stage := range subjects.Stages {
+			for _, in := range subjects.Inputs(stage) {
+				if _, err := js.Consumer(ctx, in.Stream, in.Consumer); err != nil {
+					t.Errorf("consumer %s: %v", in.Consumer, err)
+				}
+			}
+		}
+		if _, err := js.Consumer(ctx, subjects.StreamPipeline, "evil"); !errors.Is(err, jetstream.ErrConsumerNotFound) {
+			t.Errorf("consumer evil: %v, want not found", err)
+		}
+	})
+}
