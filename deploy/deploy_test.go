@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	"sigs.k8s.io/yaml"
@@ -61,6 +62,21 @@ func TestKubernetesManifests(t *testing.T) {
 			if err := yaml.UnmarshalStrict([]byte(d), &c); err != nil {
 				t.Fatalf("configmap: %v", err)
 			}
+		case "Job":
+			// The topology is the operator's: the setup Job alone holds
+			// operator credentials.
+			var j batchv1.Job
+			if err := yaml.UnmarshalStrict([]byte(d), &j); err != nil {
+				t.Fatalf("job: %v", err)
+			}
+			c := j.Spec.Template.Spec.Containers[0]
+			if len(c.Args) == 0 || c.Args[0] != "setup" {
+				t.Errorf("job %s runs %v, want toolgate setup", j.Name, c.Args)
+			}
+			vs := j.Spec.Template.Spec.Volumes
+			if len(vs) != 1 || vs[0].Secret == nil || vs[0].Secret.SecretName != "toolgate-nats-operator" {
+				t.Errorf("job %s mounts %+v, want the operator's credentials", j.Name, vs)
+			}
 		default:
 			t.Fatalf("unexpected kind %q", meta.Kind)
 		}
@@ -99,16 +115,22 @@ func TestKubernetesManifests(t *testing.T) {
 					secrets[v.Secret.SecretName] = true
 				}
 			}
-			// The auth callout's pods hold the deployment's keys, worker
-			// credentials among them; the control service its own
-			// credentials; every other pod the worker credentials.
-			switch {
-			case stage == "control":
-				if !secrets["toolgate-nats-control"] || secrets["toolgate-nats-worker"] {
-					t.Error("the control service's own credentials are not mounted from a Secret, or it holds a worker's")
+			// The auth callout's pods hold the deployment's keys, the
+			// roles' credentials among them; every other pod its own
+			// role's credentials and no other's.
+			var nats []string
+			for s := range secrets {
+				if strings.HasPrefix(s, "toolgate-nats-") {
+					nats = append(nats, s)
 				}
-			case !secrets["toolgate-nats-worker"] && !(stage == "authcallout" && secrets["toolgate-bus-keys"]):
-				t.Error("NATS worker credentials are not mounted from a Secret")
+			}
+			switch {
+			case stage == "authcallout":
+				if !secrets["toolgate-bus-keys"] || len(nats) > 0 {
+					t.Errorf("the auth callout mounts %v, want the deployment's keys alone", nats)
+				}
+			case len(nats) != 1 || nats[0] != "toolgate-nats-"+stage:
+				t.Errorf("mounts NATS credentials %v, want its own role's toolgate-nats-%s alone", nats, stage)
 			}
 			if stage == "authorize" && !secrets["toolgate-seal-key"] {
 				t.Error("authorize: hop-sealing key not from a Secret")

@@ -13,7 +13,7 @@ import (
 func (a *app) credsCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "creds",
-		Short: "Issue named bus credentials (operator, control, worker) from the deployment's keys",
+		Short: "Issue named bus credentials (operator, control, a stage) from the deployment's keys",
 		Args:  subcommand,
 	}
 	cmd.AddCommand(a.credsIssueCmd())
@@ -28,9 +28,9 @@ func (a *app) credsIssueCmd() *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "issue",
-		Short: "Write a .creds file (and its .jwt and .nk halves) for a named operator, control service or worker",
+		Short: "Write a .creds file (and its .jwt and .nk halves) for a named operator, control service or stage",
 		Long: `Write a .creds file (and its .jwt and .nk halves) for a named operator, control
-service or worker, signed with the credential signer in <data>/busauth (the
+service or stage (validate, authorize, route, execute, verify, audit), signed with the credential signer in <data>/busauth (the
 deployment's keys: run it where serve wrote them). Nothing is sent to the
 bus: it is admitted because its signer is the deployment's.
 An approval decided with it records operator:<name>. Roles and the rights
@@ -41,7 +41,7 @@ each command needs: docs/security.md.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			r := busauth.Role(role)
 			if !r.Issued() {
-				return usageErr("creds issue: --role must be operator, control or worker, not %q", role)
+				return usageErr("creds issue: --role must be operator, control or a stage (%s), not %q", stageRoleNames(), role)
 			}
 			if name == "" || strings.ContainsAny(name, ": \t\r\n") {
 				return usageErr("creds issue: --name must be a name without spaces or colons, got %q", name)
@@ -85,9 +85,17 @@ each command needs: docs/security.md.`,
 		},
 	}
 	cmd.Flags().StringVar(&name, "name", "", "who the credentials are for (recorded as <role>:<name>, e.g. on approvals)")
-	cmd.Flags().StringVar(&role, "role", "operator", "operator, control or worker")
+	cmd.Flags().StringVar(&role, "role", "operator", "operator, control or a stage: "+stageRoleNames())
 	cmd.Flags().StringVar(&out, "out", "", "credentials file to write (default <name>.creds; <name>.jwt and <name>.nk beside it)")
 	cmd.Flags().DurationVar(&ttl, "ttl", 0, "lifetime (0: never expires)")
 	cmd.Flags().BoolVar(&force, "force", false, "replace existing files")
 	return cmd
+}
+
+func stageRoleNames() string {
+	names := make([]string, len(busauth.StageRoles))
+	for i, r := range busauth.StageRoles {
+		names[i] = string(r)
+	}
+	return strings.Join(names, ", ")
 }

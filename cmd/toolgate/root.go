@@ -89,7 +89,7 @@ people unless --json is given. Exit status: 0 success, 1 error, 2 usage,
 	root.AddGroup(&cobra.Group{ID: "run", Title: "Running toolgate:"},
 		&cobra.Group{ID: "call", Title: "Calling tools:"},
 		&cobra.Group{ID: "admin", Title: "Administration:"})
-	for _, c := range []*cobra.Command{a.serveCmd(), a.stageCmd(), a.benchCmd()} {
+	for _, c := range []*cobra.Command{a.serveCmd(), a.stageCmd(), a.setupCmd(), a.benchCmd()} {
 		c.GroupID = "run"
 		root.AddCommand(c)
 	}

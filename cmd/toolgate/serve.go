@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"log/slog"
@@ -9,12 +10,14 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"github.com/toolgate/toolgate/internal/bench"
 	"github.com/toolgate/toolgate/internal/busauth"
 	"github.com/toolgate/toolgate/internal/node"
 	"github.com/toolgate/toolgate/internal/token"
+	"github.com/toolgate/toolgate/internal/topology"
 	"github.com/toolgate/toolgate/subjects"
 )
 
@@ -72,6 +75,7 @@ func (a *app) serveCmd() *cobra.Command {
 	prof := profileFlags(cmd.Flags())
 	cmd.Flags().StringVar(&c.Embedded.Listen, "listen", "127.0.0.1:4222", "embedded NATS listen address")
 	cmd.Flags().BoolVar(&c.Examples, "examples", false, "register the example tools at start (and, without --jwks, write a development token)")
+	cmd.Flags().StringVar(&c.OperatorCreds, "operator-creds", "", "with --nats, operator credentials to set up the topology with at start (default <data>/busauth/operator.creds when there; without them the stages wait for `toolgate setup`)")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		// Only an explicit --nats leaves the embedded server out: NATS_URL
 		// is where clients look, not what serve runs on.
@@ -131,6 +135,47 @@ func (a *app) stageCmd() *cobra.Command {
 		defer stop()
 		return node.Run(cmd.Context(), c)
 	}
+	return cmd
+}
+
+func (a *app) setupCmd() *cobra.Command {
+	var topo topology.TopologyOptions
+	cmd := &cobra.Command{
+		Use:   "setup",
+		Short: "Create the NATS topology (streams, stage consumers, buckets) with operator credentials",
+		Long: `Create what is missing of toolgate's NATS topology: its streams, the stages'
+durable consumers and the buckets, with the watched buckets' changes
+republished for the stages. Existing streams and consumers are left as they
+are. Stage and control processes never create any of it (their roles may
+not): they wait until it exists. serve does this itself when it holds
+operator credentials; run setup once before starting stages elsewhere.`,
+		Example: "  toolgate setup --nats nats://nats:4222 --creds operator.creds --replicas 3",
+		Args:    noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			opts, err := a.conn.NATSOptions()
+			if err != nil {
+				return err
+			}
+			ctx, cancel := context.WithTimeout(cmd.Context(), 30*time.Second)
+			defer cancel()
+			n, err := node.Open(ctx, a.conn.ServerURL(), "toolgate-setup", topo, logger(a.stderr, "warn"),
+				append(opts, nats.RetryOnFailedConnect(false), nats.MaxReconnects(0))...)
+			if err != nil {
+				return &codeError{code: exitConnect, err: fmt.Errorf("setup: %w", err)}
+			}
+			n.Close()
+			if a.json {
+				return a.printJSON(map[string]any{"topology": "ready"})
+			}
+			fmt.Fprintln(a.stdout, "toolgate topology ready: streams, stage consumers and buckets exist")
+			return nil
+		},
+	}
+	cmd.Flags().IntVar(&topo.Replicas, "replicas", 1, "replicas of streams and buckets created")
+	cmd.Flags().DurationVar(&topo.AuditMaxAge, "audit-max-age", 0, "age limit of the AUDIT stream when created (default 90 days; negative: forever)")
+	cmd.Flags().Int64Var(&topo.InvokeMaxBytes, "invoke-max-bytes", 0, "byte limit of the invoke stream when created (default 1 GiB)")
+	cmd.Flags().DurationVar(&topo.AckWait, "ack-wait", 30*time.Second, "stage consumers' ack wait")
+	cmd.Flags().IntVar(&topo.MaxDeliver, "max-deliver", 5, "deliveries before an invocation ends with E3901")
 	return cmd
 }
 

@@ -155,24 +155,21 @@ func TestKubernetesMountsCredentials(t *testing.T) {
 		}
 		docs = append(docs, d)
 	}
-	credsEnv := ""
+	n, jobs := 0, 0
 	for _, d := range docs {
-		if d.Kind == "ConfigMap" {
-			credsEnv = d.Data["NATS_CREDS"]
+		if d.Kind == "Job" {
+			jobs++
 		}
-	}
-	if credsEnv == "" {
-		t.Fatal("the ConfigMap sets no NATS_CREDS")
-	}
-	n := 0
-	for _, d := range docs {
+		if d.Kind == "ConfigMap" && d.Data["NATS_CREDS"] != "" {
+			t.Errorf("the ConfigMap gives every pod the credentials %s: each role mounts its own", d.Data["NATS_CREDS"])
+		}
 		if d.Kind != "Deployment" {
 			continue
 		}
 		n++
 		t.Run(d.Metadata.Name, func(t *testing.T) {
 			c := d.Spec.Template.Spec.Containers[0]
-			creds := credsEnv
+			creds := ""
 			for _, e := range c.Env {
 				if e.Name == "NATS_CREDS" {
 					creds = e.Value
@@ -205,8 +202,12 @@ func TestKubernetesMountsCredentials(t *testing.T) {
 			case want != "" && !seals[want]:
 				t.Errorf("does not mount %s: it would not start on an authenticated bus", want)
 			}
-			if d.Metadata.Name == "toolgate-control" && !strings.HasSuffix(creds, "/"+ControlCredsFile) {
-				t.Errorf("the control service connects with %s, not its own %s", creds, ControlCredsFile)
+			role := Role(strings.TrimPrefix(d.Metadata.Name, "toolgate-"))
+			if role == "authcallout" {
+				role = RoleControl // refusals are audited, revocations followed, as control
+			}
+			if !strings.HasSuffix(creds, "/"+CredsFile(role)) {
+				t.Errorf("connects with %s, not its own role's %s", creds, CredsFile(role))
 			}
 			if mounted == "" {
 				t.Errorf("credentials %s are not mounted from a Secret", creds)
@@ -215,5 +216,8 @@ func TestKubernetesMountsCredentials(t *testing.T) {
 	}
 	if n < 8 {
 		t.Fatalf("%d Deployments, want the six stages, control and the auth callout", n)
+	}
+	if jobs != 1 {
+		t.Fatalf("%d Jobs, want the topology setup", jobs)
 	}
 }

@@ -18,7 +18,7 @@ import (
 const (
 	DirName           = "busauth"
 	issuerFile        = "issuer.nk"      // account key signing callout responses
-	credSignerFile    = "cred-signer.nk" // account key signing worker/operator user JWTs
+	credSignerFile    = "cred-signer.nk" // account key signing the roles' user JWTs
 	calloutUserFile   = "callout.nk"     // user key the callout service connects with (account AUTH)
 	systemUserFile    = "system.nk"      // user key of the system account (kicks revoked clients)
 	xkeyFile          = "xkey.nk"        // curve key encrypting callout requests and responses

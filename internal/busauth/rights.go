@@ -1,7 +1,9 @@
 package busauth
 
 import (
+	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/nats-io/jwt/v2"
@@ -187,4 +189,42 @@ func (r RoleRights) permissions(role Role) jwt.Permissions {
 	// Replies to requests the role serves (control) or receives.
 	p.Resp = &jwt.ResponsePermission{MaxMsgs: 1, Expires: time.Minute}
 	return p
+}
+
+// RoleTable renders Rights as the Markdown table of docs/security.md
+// (a test holds the page to it).
+func RoleTable() string {
+	var b strings.Builder
+	b.WriteString("| role | pulls from (durable consumers) | publishes | writes buckets | watches buckets | also reads |\n")
+	b.WriteString("|---|---|---|---|---|---|\n")
+	code := func(ss []string) string {
+		if len(ss) == 0 {
+			return "—"
+		}
+		out := make([]string, len(ss))
+		for i, s := range ss {
+			out[i] = "`" + s + "`"
+		}
+		return strings.Join(out, ", ")
+	}
+	for _, role := range append(slices.Clone(StageRoles), RoleControl) {
+		r := Rights[role]
+		var consumers []string
+		for _, in := range r.Consumes {
+			consumers = append(consumers, in.Stream+"/"+in.Consumer)
+		}
+		if r.Serves {
+			consumers = append(consumers, "serves tool.svc.>")
+		}
+		pubs := slices.Clone(r.Publishes)
+		if len(r.Subscribes) > 0 {
+			pubs = append(pubs, "hears "+strings.Join(r.Subscribes, ", "))
+		}
+		reads := slices.Concat(r.Reads, r.Streams)
+		for _, st := range r.Sweeps {
+			reads = append(reads, st+" (sweeps its leftovers)")
+		}
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s |\n", role, code(consumers), code(pubs), code(r.Writes), code(r.Watches), code(reads))
+	}
+	return b.String()
 }

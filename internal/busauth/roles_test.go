@@ -2,7 +2,10 @@ package busauth
 
 import (
 	"errors"
+	"os"
+	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/nats-io/jwt/v2"
@@ -321,5 +324,22 @@ func TestRolesLeastPrivilege(t *testing.T) {
 	}
 	if len(allowed) != len(Rights) {
 		t.Errorf("%d roles have rights, %d are held to them here", len(Rights), len(allowed))
+	}
+}
+
+// TestRoleTableInDocs: docs/security.md shows the rights the code grants.
+func TestRoleTableInDocs(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("..", "..", "docs", "security.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	page := string(b)
+	const begin, end = "<!-- role table: generated from busauth.Rights -->\n", "<!-- end of role table -->"
+	i, j := strings.Index(page, begin), strings.Index(page, end)
+	if i < 0 || j < i {
+		t.Fatalf("docs/security.md has no role table between %q and %q", begin, end)
+	}
+	if got, want := page[i+len(begin):j], RoleTable(); got != want {
+		t.Errorf("docs/security.md's role table differs from the rights granted; it should read:\n%s", want)
 	}
 }

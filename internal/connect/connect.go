@@ -80,7 +80,7 @@ type Options struct {
 // environment for flags not given.
 func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.URL, "nats", "", "NATS server URL (env "+EnvURL+"; default "+nats.DefaultURL+")")
-	fs.StringVar(&o.Creds, "creds", "", "NATS credentials file: toolgate-issued worker/operator .creds or any user .creds (env "+EnvCreds+")")
+	fs.StringVar(&o.Creds, "creds", "", "NATS credentials file: toolgate-issued .creds of a role (a stage, control, operator) or any user .creds (env "+EnvCreds+")")
 	fs.StringVar(&o.Nkey, "nkey", "", "nkey seed file to authenticate with, as the nats CLI (env "+EnvNkey+"; with env "+EnvNATSToken+" as the connect token)")
 	fs.StringVar(&o.Token, "token", "", "an agent's capability token, for invocations and to connect as that agent (env "+EnvToken+")")
 	fs.StringVar(&o.Context, "context", "", "a nats CLI context to take the server and credentials from (env "+EnvContext+")")

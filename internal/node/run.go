@@ -200,11 +200,17 @@ func Run(ctx context.Context, c Config) error {
 			if slices.Contains(own, AuthCallout) {
 				own = slices.DeleteFunc(slices.Clone(own), func(s string) bool { return s == AuthCallout })
 			}
-			if len(own) != 1 {
+			switch {
+			case len(own) == 0 && c.AuthCallout:
+				// The callout alone audits refusals and follows
+				// revocations as the control service does.
+				roleCreds[busauth.RoleControl] = c.Creds
+			case len(own) == 1:
+				roleCreds[busauth.Role(own[0])] = c.Creds
+			default:
 				return fmt.Errorf("--creds names one role's credentials: run one stage with it, or give each stage its own <stage>.creds in %s",
 					filepath.Join(c.Embedded.DataDir, busauth.DirName))
 			}
-			roleCreds[busauth.Role(own[0])] = c.Creds
 		}
 		if c.ControlCreds != "" {
 			roleCreds[busauth.RoleControl] = c.ControlCreds

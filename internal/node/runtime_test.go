@@ -134,7 +134,7 @@ func TestMakeRunLayout(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	// Tools are registered by an operator (or the control service): the
-	// stages' worker credentials may not write the tools bucket.
+	// stages' credentials may not write the tools bucket.
 	ojs, err := jetstream.New(nc)
 	if err != nil {
 		t.Fatal(err)
