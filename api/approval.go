@@ -54,6 +54,11 @@ type ApprovalDecision struct {
 	Approve      bool   `json:"approve"`
 	DecidedBy    string `json:"decided_by"`
 	Reason       string `json:"reason,omitempty"`
+	// RequestDigest binds an approval to the request reviewed: the
+	// request_digest of the ApprovalSummary the decider saw. An approval
+	// whose digest is not the parked request's is refused (E3220), and
+	// authorize admits the call only if its request still has it.
+	RequestDigest string `json:"request_digest,omitempty"`
 	// Proof is set by the control service, never read from the wire.
 	Proof *DecisionProof `json:"-"`
 }
@@ -75,12 +80,16 @@ type ApprovalSummary struct {
 	AgentDID     string          `json:"agent_did,omitempty"`
 	Reasons      []string        `json:"reasons,omitempty"`
 	Parameters   json.RawMessage `json:"parameters,omitempty"`
-	State        string          `json:"state"`
-	RequestedAt  time.Time       `json:"requested_at"`
-	Deadline     time.Time       `json:"deadline"`
-	DecidedAt    time.Time       `json:"decided_at,omitzero"`
-	DecidedBy    string          `json:"decided_by,omitempty"`
-	Reason       string          `json:"reason,omitempty"`
+	// RequestDigest identifies the parked request exactly (tool, version,
+	// parameters, agent context, capability token, options): an approval
+	// names it (ApprovalDecision.RequestDigest).
+	RequestDigest string    `json:"request_digest,omitempty"`
+	State         string    `json:"state"`
+	RequestedAt   time.Time `json:"requested_at"`
+	Deadline      time.Time `json:"deadline"`
+	DecidedAt     time.Time `json:"decided_at,omitzero"`
+	DecidedBy     string    `json:"decided_by,omitempty"`
+	Reason        string    `json:"reason,omitempty"`
 }
 
 // ApprovalsResponse lists approvals.

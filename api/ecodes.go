@@ -94,6 +94,7 @@ const (
 	EDeciderUnverified = "E3217" // an approval decision not signed by operator credentials
 	EHopUnsealed       = "E3218" // execute got a hop without a valid seal of authorize's decision
 	EAdminUnverified   = "E3219" // an administrative request not signed by operator credentials
+	EApprovalMismatch  = "E3220" // an approval names a request other than the one parked
 )
 
 // Resilience codes.

@@ -299,8 +299,20 @@ func (c *Client) Decide(ctx context.Context, d api.ApprovalDecision) (api.Approv
 // DecideSigned is Decide with the request signed by sign: on an
 // authenticated bus toolgate records the signing operator as the decider
 // and refuses unsigned decisions (E3217).
+//
+// An approval names the request it approves (d.RequestDigest): pass the
+// digest of the ApprovalSummary the decider reviewed. Without one,
+// DecideSigned reads the approval first and approves the request parked
+// now.
 func (c *Client) DecideSigned(ctx context.Context, d api.ApprovalDecision, sign Sign) (api.Approval, error) {
 	var out api.Approval
+	if d.Approve && d.RequestDigest == "" {
+		s, err := c.Approval(ctx, d.Tenant, d.InvocationID)
+		if err != nil {
+			return out, err
+		}
+		d.RequestDigest = s.RequestDigest
+	}
 	err := c.requestSigned(ctx, subjects.SvcApproval, d, &out, sign)
 	return out, err
 }

@@ -174,7 +174,10 @@ func (s *Store) approval(ctx context.Context, tenant, id string) (Approval, uint
 // with a compare-and-swap, so that of any number of concurrent decisions
 // exactly one wins. The loser gets E3215 with the stored decision; an unknown
 // invocation is E3214.
-func (s *Store) Decide(ctx context.Context, tenant, id, state, by, reason string, proof ...*api.DecisionProof) (Approval, error) {
+//
+// check, when set, judges the pending record inside the compare-and-swap,
+// so the decision is recorded on exactly the record it judged.
+func (s *Store) Decide(ctx context.Context, tenant, id, state, by, reason string, proof *api.DecisionProof, check func(Approval) error) (Approval, error) {
 	a, _, err := update(ctx, s.approvals, approvalKey(tenant, id), func(a *Approval, exists bool) error {
 		if !exists {
 			return api.NewError(api.InvalidParameters, api.EApprovalUnknown,
@@ -184,10 +187,13 @@ func (s *Store) Decide(ctx context.Context, tenant, id, state, by, reason string
 			return api.NewError(api.StateConflict, api.EApprovalDecided,
 				"invocation %s was already %s by %s", id, a.State, a.DecidedBy).WithDetail("state", a.State)
 		}
-		a.State, a.DecidedBy, a.Reason, a.DecidedAt = state, by, reason, time.Now().UTC()
-		if len(proof) > 0 {
-			a.Proof = proof[0]
+		if check != nil {
+			if err := check(*a); err != nil {
+				return err
+			}
 		}
+		a.State, a.DecidedBy, a.Reason, a.DecidedAt = state, by, reason, time.Now().UTC()
+		a.Proof = proof
 		return nil
 	})
 	var apiErr *api.Error

@@ -167,7 +167,7 @@ func (a *app) breakersCmd() *cobra.Command {
 }
 
 func (a *app) approveCmd(approve bool) *cobra.Command {
-	var reason, by string
+	var reason, by, digest string
 	name := map[bool]string{true: "approve", false: "deny"}[approve]
 	cmd := &cobra.Command{
 		Use:   name + " ID",
@@ -191,6 +191,7 @@ func (a *app) approveCmd(approve bool) *cobra.Command {
 			}
 			d, err := c.DecideSigned(cmd.Context(), api.ApprovalDecision{
 				Tenant: tenant, InvocationID: args[0], Approve: approve, DecidedBy: or(by, whoami()), Reason: reason,
+				RequestDigest: digest,
 			}, sign)
 			if err != nil {
 				return err
@@ -203,6 +204,9 @@ func (a *app) approveCmd(approve bool) *cobra.Command {
 	}
 	cmd.Flags().StringVar(&reason, "reason", "", "why, for the record")
 	cmd.Flags().StringVar(&by, "by", "", "who decides, for the record (default: user@host)")
+	if approve {
+		cmd.Flags().StringVar(&digest, "request-digest", "", "the request_digest `approvals show` gave for the request you reviewed: the approval is refused (E3220) if the parked request is another (default: the request parked now)")
+	}
 	return cmd
 }
 

@@ -34,7 +34,7 @@ type Decided struct {
 // one succeeds, the others get E3215 (api.EApprovalDecided) and an unknown
 // invocation E3214.
 type Store interface {
-	Decide(ctx context.Context, tenant, id, state, by, reason string, proof ...*api.DecisionProof) (kvstore.Approval, error)
+	Decide(ctx context.Context, tenant, id, state, by, reason string, proof *api.DecisionProof, check func(kvstore.Approval) error) (kvstore.Approval, error)
 	PendingApprovals(ctx context.Context) ([]kvstore.Approval, error)
 }
 
@@ -59,10 +59,23 @@ func (s *Service) Decide(ctx context.Context, d api.ApprovalDecision) (kvstore.A
 		return kvstore.Approval{}, api.WrapError(err, api.InvalidParameters, api.EInvalidName, "%v", err)
 	}
 	state := kvstore.ApprovalDenied
+	var check func(kvstore.Approval) error
 	if d.Approve {
 		state = kvstore.ApprovalApproved
+		if d.RequestDigest == "" {
+			return kvstore.Approval{}, api.NewError(api.InvalidParameters, api.EApprovalMismatch,
+				"an approval must name the request it approves: request_digest, as approvals get shows it")
+		}
+		check = func(a kvstore.Approval) error {
+			if got := ParkedDigest(a); got != d.RequestDigest {
+				return api.NewError(api.StateConflict, api.EApprovalMismatch,
+					"the parked request of %s is not the one approved (request_digest %s, parked %s): review it again",
+					d.InvocationID, d.RequestDigest, got)
+			}
+			return nil
+		}
 	}
-	a, err := s.Store.Decide(ctx, d.Tenant, d.InvocationID, state, d.DecidedBy, d.Reason, d.Proof)
+	a, err := s.Store.Decide(ctx, d.Tenant, d.InvocationID, state, d.DecidedBy, d.Reason, d.Proof, check)
 	if err != nil {
 		return a, err
 	}
@@ -117,7 +130,7 @@ func (s *Service) apply(ctx context.Context, a kvstore.Approval) error {
 // Cancel ends a parked invocation as cancelled. It is E3214 when nothing is
 // parked under that id and E3215 when it was decided already.
 func (s *Service) Cancel(ctx context.Context, tenant, id, by, reason string) error {
-	a, err := s.Store.Decide(ctx, tenant, id, kvstore.ApprovalCancelled, by, reason)
+	a, err := s.Store.Decide(ctx, tenant, id, kvstore.ApprovalCancelled, by, reason, nil, nil)
 	if err != nil {
 		return err
 	}
@@ -137,7 +150,7 @@ func (s *Service) Sweep(ctx context.Context, now time.Time) (int, error) {
 		if now.Before(p.Deadline) {
 			continue
 		}
-		a, err := s.Store.Decide(ctx, p.Tenant, p.InvocationID, kvstore.ApprovalExpired, "toolgate", "deadline passed")
+		a, err := s.Store.Decide(ctx, p.Tenant, p.InvocationID, kvstore.ApprovalExpired, "toolgate", "deadline passed", nil, nil)
 		if errors.Is(err, &api.Error{Code: api.StateConflict, ECode: api.EApprovalDecided}) {
 			continue // decided meanwhile
 		}
@@ -166,4 +179,14 @@ func (s *Service) RunSweeper(ctx context.Context, interval time.Duration) {
 			}
 		}
 	}
+}
+
+// ParkedDigest is the request digest of a's parked call
+// (envelope.RequestDigest), "" when it holds none.
+func ParkedDigest(a kvstore.Approval) string {
+	var inv envelope.Invocation
+	if len(a.Invocation) == 0 || json.Unmarshal(a.Invocation, &inv) != nil {
+		return ""
+	}
+	return envelope.RequestDigest(inv.Request)
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -23,7 +24,7 @@ type fakeStore struct {
 	approvals map[string]kvstore.Approval
 }
 
-func (f *fakeStore) Decide(_ context.Context, tenant, id, state, by, reason string, _ ...*api.DecisionProof) (kvstore.Approval, error) {
+func (f *fakeStore) Decide(_ context.Context, tenant, id, state, by, reason string, _ *api.DecisionProof, check func(kvstore.Approval) error) (kvstore.Approval, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	a, ok := f.approvals[tenant+"/"+id]
@@ -32,6 +33,11 @@ func (f *fakeStore) Decide(_ context.Context, tenant, id, state, by, reason stri
 	}
 	if a.State != kvstore.ApprovalPending {
 		return a, api.NewError(api.StateConflict, api.EApprovalDecided, "already %s", a.State)
+	}
+	if check != nil {
+		if err := check(a); err != nil {
+			return a, err
+		}
 	}
 	a.State, a.DecidedBy, a.Reason = state, by, reason
 	f.approvals[tenant+"/"+id] = a
@@ -76,7 +82,8 @@ func (f *fakeJS) subjects() []string {
 
 func parked(t *testing.T, id string, deadline time.Time) kvstore.Approval {
 	t.Helper()
-	inv := envelope.Invocation{ID: id, Tenant: "acme", Status: api.StatusPendingApproval, Event: envelope.Event{Seq: 9}}
+	inv := envelope.Invocation{ID: id, Tenant: "acme", Status: api.StatusPendingApproval, Event: envelope.Event{Seq: 9},
+		Request: &api.Request{ToolID: "fs.write_file", Parameters: json.RawMessage(`{"path":"notes.txt"}`)}}
 	b, err := json.Marshal(inv)
 	if err != nil {
 		t.Fatal(err)
@@ -87,6 +94,17 @@ func parked(t *testing.T, id string, deadline time.Time) kvstore.Approval {
 func TestDecide(t *testing.T) {
 	ctx := context.Background()
 	later := time.Now().Add(time.Hour)
+	reviewed := ParkedDigest(parked(t, "i-1", later))
+	if reviewed == "" {
+		t.Fatal("no digest of the parked request")
+	}
+	// The same call with a parameter changed after the review.
+	changed := parked(t, "i-1", later)
+	changed.Invocation = []byte(strings.Replace(string(changed.Invocation), "notes.txt", "../secret", 1))
+	other := ParkedDigest(changed)
+	if other == reviewed {
+		t.Fatal("a changed parameter leaves the digest as it was")
+	}
 	cases := []struct {
 		name      string
 		decisions []api.ApprovalDecision
@@ -94,13 +112,17 @@ func TestDecide(t *testing.T) {
 		wantState string
 		wantNext  string // the stage the invocation was handed to
 	}{
-		{name: "approval resumes at authorize", decisions: []api.ApprovalDecision{{Approve: true, DecidedBy: "alice"}},
+		{name: "approval resumes at authorize", decisions: []api.ApprovalDecision{{Approve: true, DecidedBy: "alice", RequestDigest: reviewed}},
 			wantState: kvstore.ApprovalApproved, wantNext: subjects.Authorize},
+		{name: "an approval of another request is refused", decisions: []api.ApprovalDecision{{Approve: true, DecidedBy: "alice", RequestDigest: other}},
+			wantECode: api.EApprovalMismatch, wantState: kvstore.ApprovalPending},
+		{name: "an approval naming no request is refused", decisions: []api.ApprovalDecision{{Approve: true, DecidedBy: "alice"}},
+			wantECode: api.EApprovalMismatch, wantState: kvstore.ApprovalPending},
 		{name: "denial ends through audit", decisions: []api.ApprovalDecision{{DecidedBy: "alice"}},
 			wantState: kvstore.ApprovalDenied, wantNext: subjects.Audit},
-		{name: "first decision wins", decisions: []api.ApprovalDecision{{DecidedBy: "alice"}, {Approve: true, DecidedBy: "bob"}},
+		{name: "first decision wins", decisions: []api.ApprovalDecision{{DecidedBy: "alice"}, {Approve: true, DecidedBy: "bob", RequestDigest: reviewed}},
 			wantECode: api.EApprovalDecided, wantState: kvstore.ApprovalDenied, wantNext: subjects.Audit},
-		{name: "unknown invocation", decisions: []api.ApprovalDecision{{InvocationID: "nope", Approve: true, DecidedBy: "bob"}},
+		{name: "unknown invocation", decisions: []api.ApprovalDecision{{InvocationID: "nope", Approve: true, DecidedBy: "bob", RequestDigest: reviewed}},
 			wantECode: api.EApprovalUnknown},
 		{name: "a decision needs a decider", decisions: []api.ApprovalDecision{{Approve: true}}, wantECode: api.ERequestInvalid,
 			wantState: kvstore.ApprovalPending},

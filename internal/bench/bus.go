@@ -117,7 +117,7 @@ func measureBus(ctx context.Context, openURL, dir string, cred credentials) ([]B
 	}{
 		{"connect, stage credentials", connect, func(d string) []nats.Option { return []nats.Option{creds(d, busauth.RoleExecute)} }},
 		{"connect, agent token", connect, func(string) []nats.Option { return []nats.Option{nats.Token(cred.token)} }},
-		{"request-reply round trip", roundTrip, func(d string) []nats.Option { return []nats.Option{creds(d, busauth.RoleControl)} }},
+		{"request-reply round trip", roundTrip, func(d string) []nats.Option { return []nats.Option{creds(d, busauth.RoleOperator)} }},
 	} {
 		open, err := m.fn(openURL)
 		if err != nil {

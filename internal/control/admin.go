@@ -140,6 +140,7 @@ func summarize(a kvstore.Approval) api.ApprovalSummary {
 	if len(a.Invocation) > 0 && json.Unmarshal(a.Invocation, &inv) == nil && inv.Request != nil {
 		s.AgentDID = inv.Request.AgentContext.AgentDID
 		s.Parameters = redact.Redact(inv.Request.Parameters)
+		s.RequestDigest = envelope.RequestDigest(inv.Request)
 	}
 	return s
 }

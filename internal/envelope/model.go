@@ -239,3 +239,18 @@ func (inv *Invocation) MsgID(step string) string {
 	sum := sha256.Sum256([]byte(inv.Tenant + "\x00" + inv.ID))
 	return fmt.Sprintf("%d.%s.%s", inv.Event.Seq, hex.EncodeToString(sum[:8]), step)
 }
+
+// RequestDigest is the SHA-256 (hex) of r's JSON encoding: what an
+// approval binds. encoding/json writes every field of a request the same
+// way after a decode, so each hop recomputes the same digest.
+func RequestDigest(r *api.Request) string {
+	if r == nil {
+		return ""
+	}
+	b, err := json.Marshal(r)
+	if err != nil {
+		return ""
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
+}

@@ -287,12 +287,12 @@ func decidersFrom(credsPath string) (control.Identify, error) {
 // within two minutes of the recorded decision, by operator credentials of
 // the deployment whose credential signer issued credsPath, by the operator
 // recorded as the decider, approving exactly this invocation.
-func approvalProofs(credsPath string) (func(kvstore.Approval) error, error) {
+func approvalProofs(credsPath string) (func(kvstore.Approval, string) error, error) {
 	signer, err := busauth.CredSignerOf(credsPath)
 	if err != nil {
 		return nil, fmt.Errorf("approval proofs: %w", err)
 	}
-	return func(a kvstore.Approval) error {
+	return func(a kvstore.Approval, request string) error {
 		p := a.Proof
 		if p == nil {
 			return errors.New("the record holds no signed decision")
@@ -311,6 +311,9 @@ func approvalProofs(credsPath string) (func(kvstore.Approval) error, error) {
 		var d api.ApprovalDecision
 		if err := json.Unmarshal(p.Body, &d); err != nil || d.Tenant != a.Tenant || d.InvocationID != a.InvocationID || !d.Approve {
 			return fmt.Errorf("the signed decision is not an approval of invocation %s of tenant %s", a.InvocationID, a.Tenant)
+		}
+		if d.RequestDigest == "" || d.RequestDigest != request {
+			return fmt.Errorf("the signed approval is of request %q, the call asks %q: its request changed after it was approved", d.RequestDigest, request)
 		}
 		return nil
 	}, nil

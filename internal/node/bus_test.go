@@ -364,6 +364,50 @@ func busApprovals(t *testing.T, s *served) {
 		return err == nil && rec.Status == api.StatusSuccess
 	})
 
+	// What the human reviewed is what runs: a parameter rewritten in the
+	// parked record after the review (control credentials may write the
+	// bucket) makes the reviewed approval fail (E3220), and the call stays
+	// parked.
+	t.Run("a parameter changed after the review", func(t *testing.T) {
+		id, err := ac.Invoke(ctx, req, client.InvokeOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, 20*time.Second, "the call to wait for approval", func() bool {
+			rec, err := ac.Status(ctx, "demo", id)
+			return err == nil && rec.Status == api.StatusPendingApproval
+		})
+		reviewed, err := oc.Approval(ctx, "demo", id)
+		if err != nil || reviewed.RequestDigest == "" {
+			t.Fatalf("approval %+v: %v", reviewed, err)
+		}
+		cjs, _ := jetstream.New(s.connect(t, 0, s.creds(busauth.RoleControl)))
+		kv, err := cjs.KeyValue(ctx, subjects.BucketApprovals)
+		if err != nil {
+			t.Fatal(err)
+		}
+		key := "demo." + subjects.Token(id)
+		e, err := kv.Get(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tampered := strings.Replace(string(e.Value()), "needs a human", "rm -rf", 1)
+		if tampered == string(e.Value()) {
+			t.Fatal("the parked record holds no parameters to change")
+		}
+		if _, err := kv.Update(ctx, key, []byte(tampered), e.Revision()); err != nil {
+			t.Fatal(err)
+		}
+		d := api.ApprovalDecision{Tenant: "demo", InvocationID: id, Approve: true, RequestDigest: reviewed.RequestDigest}
+		_, err = oc.DecideSigned(ctx, d, signer(busauth.RoleOperator))
+		if !errors.Is(err, &api.Error{Code: api.StateConflict, ECode: api.EApprovalMismatch}) {
+			t.Fatalf("approving what was reviewed after the change: %v, want E3220", err)
+		}
+		if rec, err := ac.Status(ctx, "demo", id); err != nil || rec.Status != api.StatusPendingApproval {
+			t.Fatalf("after the refused approval: %s %v, want still pending_approval", rec.Status, err)
+		}
+	})
+
 	// A leaked control credential may write the approvals bucket (it
 	// records decisions there) and hand calls to authorize, but a record it
 	// marks approved carries no operator's signed decision: authorize
@@ -382,7 +426,7 @@ func busApprovals(t *testing.T, s *served) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		a, err := ws.Decide(ctx, "demo", id, kvstore.ApprovalApproved, "operator:local", "forged with control credentials")
+		a, err := ws.Decide(ctx, "demo", id, kvstore.ApprovalApproved, "operator:local", "forged with control credentials", nil, nil)
 		if err != nil {
 			t.Fatalf("control writing the approvals bucket: %v", err)
 		}

@@ -304,7 +304,7 @@ type StageConfig struct {
 	Seals *seal.Verifier
 	// ApprovalProof verifies approvals in authorize (Run sets it on an
 	// authenticated bus: an operator's signature of this deployment).
-	ApprovalProof func(kvstore.Approval) error
+	ApprovalProof func(a kvstore.Approval, requestDigest string) error
 }
 
 // NewStage builds the logic of the named stage. ctx bounds its watches;

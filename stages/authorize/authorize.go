@@ -77,7 +77,7 @@ type Config struct {
 	// ApprovalProof, when set, verifies that an approved call's approval
 	// record carries an operator's signed decision; nil trusts the record
 	// (a bus without authentication).
-	ApprovalProof func(kvstore.Approval) error
+	ApprovalProof func(a kvstore.Approval, requestDigest string) error
 	// Aborted holds the sessions abort hooks ended: the trees without a
 	// budget read no usage, and a call given a leased budget call writes
 	// none, so neither would find the mark there; nil: none.
@@ -127,7 +127,9 @@ func (a *Authorizer) Release(ctx context.Context) error { return a.leases.releas
 func (a *Authorizer) SetSealer(s Sealer) { a.cfg.Sealer = s }
 
 // SetApprovalProof makes the stage verify approvals (Config.ApprovalProof).
-func (a *Authorizer) SetApprovalProof(f func(kvstore.Approval) error) { a.cfg.ApprovalProof = f }
+func (a *Authorizer) SetApprovalProof(f func(kvstore.Approval, string) error) {
+	a.cfg.ApprovalProof = f
+}
 
 // SetPolicy replaces the policy for every later evaluation.
 func (a *Authorizer) SetPolicy(e *policy.Engine) { a.engine.Store(e) }
@@ -328,7 +330,7 @@ func (a *Authorizer) decide(ctx context.Context, inv *envelope.Invocation, m *to
 		if hasApproval && approval.State == kvstore.ApprovalApproved && a.cfg.ApprovalProof != nil {
 			// The bucket is writable by every stage worker: only an
 			// operator's signature makes a record an approval.
-			if err := a.cfg.ApprovalProof(approval); err != nil {
+			if err := a.cfg.ApprovalProof(approval, envelope.RequestDigest(inv.Request)); err != nil {
 				return approval, hasApproval, nil, true, api.WrapError(err, api.PermissionDenied, api.EDeciderUnverified,
 					"the approval of %s is not an operator's signed decision: %v", inv.ID, err)
 			}
