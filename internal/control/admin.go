@@ -20,6 +20,10 @@ import (
 // deleteTool removes one version of a tool. The reply comes once this
 // process's registry no longer has it.
 func (h *handlers) deleteTool(req micro.Request) {
+	who, ok := h.operator(req, "")
+	if !ok {
+		return
+	}
 	var r api.ToolRequest
 	if err := decode(req.Data(), &r); err != nil || r.ToolID == "" || r.Version == "" {
 		respondError(req, api.NewError(api.InvalidParameters, api.ERequestInvalid, `expected {"tool_id":…, "version":…}`))
@@ -38,7 +42,7 @@ func (h *handlers) deleteTool(req micro.Request) {
 	for h.reg.Has(r.ToolID, r.Version) && ctx.Err() == nil {
 		time.Sleep(2 * time.Millisecond)
 	}
-	h.audited(ctx, req, api.TypeToolDeleted, api.AdminChange{Action: "tools.delete", By: h.signer(req), Target: r.ToolID + "@" + r.Version}, r)
+	h.audited(ctx, req, api.TypeToolDeleted, api.AdminChange{Action: "tools.delete", By: who, Target: r.ToolID + "@" + r.Version}, r)
 }
 
 // listApprovals answers a tenant's pending approvals, oldest first.

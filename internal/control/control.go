@@ -436,6 +436,10 @@ func (h *handlers) get(req micro.Request) {
 }
 
 func (h *handlers) register(req micro.Request) {
+	who, ok := h.operator(req, "")
+	if !ok {
+		return
+	}
 	var r api.RegisterRequest
 	if err := decode(req.Data(), &r); err != nil || len(r.Manifest) == 0 {
 		respondError(req, api.NewError(api.InvalidParameters, api.EInvalidManifest,
@@ -455,7 +459,7 @@ func (h *handlers) register(req micro.Request) {
 		time.Sleep(2 * time.Millisecond)
 	}
 	h.audited(ctx, req, api.TypeToolRegistered,
-		api.AdminChange{Action: "tools.register", By: h.signer(req), Target: m.ID + "@" + m.Version, Details: map[string]any{"replace": r.Replace}},
+		api.AdminChange{Action: "tools.register", By: who, Target: m.ID + "@" + m.Version, Details: map[string]any{"replace": r.Replace}},
 		api.ToolRequest{ToolID: m.ID, Version: m.Version})
 }
 

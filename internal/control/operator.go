@@ -87,21 +87,6 @@ func (h *handlers) operator(req micro.Request, by string) (who string, ok bool) 
 	return who, true
 }
 
-// signer names who signed a request the service does not require signed
-// (tools.register, tools.delete, which callers without operator
-// credentials used before control API 1.3): the verified operator, or
-// "unsigned" (on a bus without authentication, "unauthenticated").
-func (h *handlers) signer(req micro.Request) string {
-	if h.identify == nil {
-		return "unauthenticated"
-	}
-	who, err := h.identify(req.Subject(), nats.Header(req.Headers()), req.Data())
-	if err != nil {
-		return "unsigned"
-	}
-	return who
-}
-
 // decodeAdmin decodes an administrative request (an empty body is {}) and
 // names its sender; on failure it has answered and ok is false.
 func (h *handlers) decodeAdmin(req micro.Request, v any, by func() string, expected string) (who string, ok bool) {

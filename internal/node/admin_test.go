@@ -124,6 +124,15 @@ func TestAdminThroughControl(t *testing.T) {
 			if _, err := c.Policy(ctx); !errors.Is(err, &api.Error{Code: api.PermissionDenied, ECode: api.EAdminUnverified}) {
 				t.Errorf("%s policy.get: %v, want E3219", name, err)
 			}
+			doc := `{"id":"sneaky","name":"sneaky","version":"1.0.0","description":"registered without an operator",
+				"category":"utility","kind":"builtin","builtin":{"function":"echo"},"input_schema":{"type":"object"},"output_schema":{"type":"object"},
+				"safety":{"risk_level":"low"}}`
+			if _, err := c.RegisterTool(ctx, []byte(doc), false); !errors.Is(err, &api.Error{Code: api.PermissionDenied, ECode: api.EAdminUnverified}) {
+				t.Errorf("%s tools.register: %v, want E3219", name, err)
+			}
+			if err := c.DeleteTool(ctx, tool, "1.0.0"); !errors.Is(err, &api.Error{Code: api.PermissionDenied, ECode: api.EAdminUnverified}) {
+				t.Errorf("%s tools.delete: %v, want E3219", name, err)
+			}
 		}
 	})
 
