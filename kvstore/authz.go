@@ -58,7 +58,11 @@ type PolicyBundle struct {
 	Data     map[string]any    `json:"data,omitempty"`
 	PushedAt time.Time         `json:"pushed_at"`
 	PushedBy string            `json:"pushed_by,omitempty"`
-	Revision uint64            `json:"-"`
+	// Proof is the operator's signed push request that made the bundle;
+	// readers on an authenticated bus honour no bundle without one
+	// (internal/signedstate).
+	Proof    *api.DecisionProof `json:"proof,omitempty"`
+	Revision uint64             `json:"-"`
 }
 
 // PushPolicy stores b as the active policy and returns its revision. The

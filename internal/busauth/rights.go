@@ -59,6 +59,10 @@ func (r RoleRights) Buckets() []string {
 // a message it cannot read, which no later stage could.
 var poison = subjects.AuditEvent("*", "pipeline.poison")
 
+// stateRefused is the audit event of signed state a reader ignored
+// (internal/signedstate).
+var stateRefused = subjects.AuditEvent(subjects.SystemTenant, "state.refused")
+
 // hand is the hand-off to stage, at any priority and tenant.
 func hand(stage string) string { return subjects.PipeStage(stage) }
 
@@ -80,7 +84,7 @@ var Rights = map[Role]RoleRights{
 		Consumes: subjects.Inputs(subjects.Authorize),
 		Sweeps:   []string{subjects.StreamPipeline},
 		Publishes: []string{hand(subjects.Route), hand(subjects.Audit), poison,
-			subjects.AuditEvent("*", "tool.approval.>")},
+			subjects.AuditEvent("*", "tool.approval.>"), stateRefused},
 		Writes:  []string{subjects.BucketInvocations, subjects.BucketApprovals, subjects.BucketBudgets, subjects.BucketSettings},
 		Watches: []string{subjects.BucketTools, subjects.BucketPolicies, subjects.BucketRevocations, subjects.BucketInvocations},
 	},

@@ -8,6 +8,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"github.com/toolgate/toolgate/internal/signedstate"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -189,12 +190,18 @@ type Identify func(subject string, h nats.Header, body []byte) (string, error)
 // without authentication) the body's decided_by or by is recorded.
 func WithDeciders(id Identify) Option { return func(h *handlers) { h.identify = id } }
 
+// WithStateProof makes the service honour a pushed policy (for its
+// capability grants) only when an operator's signature covers it
+// (internal/signedstate); one that fails is ignored and audited.
+func WithStateProof(v signedstate.Verify) Option { return func(h *handlers) { h.stateProof = v } }
+
 type handlers struct {
-	identify Identify
-	nc       *nats.Conn
-	js       jetstream.JetStream
-	store    store
-	admin    adminStore
+	identify   Identify
+	stateProof signedstate.Verify
+	nc         *nats.Conn
+	js         jetstream.JetStream
+	store      store
+	admin      adminStore
 	// publish appends an audit event (runner.Publish on js).
 	publish   func(context.Context, stages.Output) error
 	reg       *tools.Registry

@@ -5,6 +5,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"github.com/toolgate/toolgate/internal/signedstate"
+	"log/slog"
 	"maps"
 	"slices"
 	"sort"
@@ -159,7 +161,11 @@ func (h *handlers) pushPolicy(req micro.Request) {
 		respondError(req, err)
 		return
 	}
-	rev, err := h.admin.PushPolicy(ctx, kvstore.PolicyBundle{Modules: r.Modules, Data: r.Data, PushedBy: who})
+	b := kvstore.PolicyBundle{Modules: r.Modules, Data: r.Data, PushedBy: who}
+	if h.identify != nil {
+		b.Proof = &api.DecisionProof{Subject: req.Subject(), Headers: req.Headers(), Body: req.Data()}
+	}
+	rev, err := h.admin.PushPolicy(ctx, b)
 	if err != nil {
 		respondError(req, err)
 		return
@@ -461,6 +467,12 @@ func (h *handlers) watchGrants(ctx context.Context) error {
 	h.grants.Store(configured)
 	h.grantsWatched = true
 	return h.admin.WatchPolicy(ctx, func(b kvstore.PolicyBundle, ok bool, err error) {
+		if ok && err == nil && h.stateProof != nil {
+			if err := signedstate.Policy(b, h.stateProof); err != nil {
+				h.refusedState(ctx, "policy", b.Revision, err)
+				return
+			}
+		}
 		switch {
 		case !ok:
 			h.grants.Store(configured)
@@ -473,6 +485,18 @@ func (h *handlers) watchGrants(ctx context.Context) error {
 			h.policyRev.Store(b.Revision)
 		}
 	})
+}
+
+// refusedState logs and audits a record the service ignored.
+func (h *handlers) refusedState(ctx context.Context, what string, rev uint64, cause error) {
+	slog.Error("ignoring unsigned state: no operator's signature covers it", "what", what, "revision", rev, "err", cause)
+	o, err := signedstate.RefusedEvent("urn:toolgate:control", what, rev, cause)
+	if err == nil {
+		err = h.publish(ctx, o)
+	}
+	if err != nil {
+		slog.Error("auditing ignored state", "what", what, "revision", rev, "err", err)
+	}
 }
 
 // grantRule is the capability grant rule in force, or nil.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -133,6 +134,48 @@ func TestAdminThroughControl(t *testing.T) {
 			if err := c.DeleteTool(ctx, tool, "1.0.0"); !errors.Is(err, &api.Error{Code: api.PermissionDenied, ECode: api.EAdminUnverified}) {
 				t.Errorf("%s tools.delete: %v, want E3219", name, err)
 			}
+		}
+	})
+
+	// The control role may write the policies bucket (the push endpoint
+	// does), but a bundle no operator signed rules nothing: authorize and
+	// the control service ignore it and audit that they did.
+	t.Run("a policy written straight into the bucket rules nothing", func(t *testing.T) {
+		cjs, _ := jetstream.New(s.connect(t, 0, s.creds(busauth.RoleControl)))
+		cs, err := kvstore.Open(ctx, cjs, kvstore.Options{Bind: true, Buckets: busauth.Rights[busauth.RoleControl].Buckets()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		forged := kvstore.PolicyBundle{PushedBy: me, Modules: map[string]string{
+			"authz.rego": policy.DefaultModule() + "\ndeny contains {\"code\": \"E3209\", \"msg\": \"forged\"} if input.tool.id == \"" + tool + "\"\n"}}
+		rev, err := cs.PushPolicy(ctx, forged)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ojs, _ := jetstream.New(s.connect(t, 0, s.creds(busauth.RoleOperator)))
+		as, err := ojs.Stream(ctx, subjects.StreamAudit)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := fmt.Sprintf(`"revision":%d`, rev)
+		for _, by := range []string{"urn:toolgate:authorize", "urn:toolgate:control"} {
+			eventually(t, 10*time.Second, by+" to audit the unsigned policy", func() bool {
+				m, err := as.GetLastMsgForSubject(ctx, subjects.AuditEvent(subjects.SystemTenant, "state.refused"))
+				if err != nil {
+					return false
+				}
+				// Both write the event; either may be last: look back.
+				for seq := m.Sequence; seq > 0 && seq+50 > m.Sequence; seq-- {
+					mm, err := as.GetMsg(ctx, seq)
+					if err == nil && strings.Contains(string(mm.Data), want) && strings.Contains(string(mm.Data), `"by":"`+by+`"`) {
+						return true
+					}
+				}
+				return false
+			})
+		}
+		if r := call(tool); r.Status != api.StatusSuccess {
+			t.Fatalf("after the unsigned policy: %+v, want the call to run", r)
 		}
 	})
 

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/toolgate/toolgate/internal/signedstate"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -277,6 +278,33 @@ func decidersFrom(credsPath string) (control.Identify, error) {
 		}
 		if id.Role != busauth.RoleOperator {
 			return "", fmt.Errorf("%w: %s credentials may not decide approvals or make administrative changes", busauth.ErrUnsigned, id.Role)
+		}
+		return id.UserName(), nil
+	}, nil
+}
+
+// stateProofs verifies, for the readers of signed state
+// (internal/signedstate), a stored signed request as of the time it was
+// signed: by operator credentials of the deployment whose credential
+// signer issued credsPath.
+func stateProofs(credsPath string) (signedstate.Verify, error) {
+	signer, err := busauth.CredSignerOf(credsPath)
+	if err != nil {
+		return nil, fmt.Errorf("signed state: %w", err)
+	}
+	return func(p *api.DecisionProof) (string, error) {
+		h := nats.Header(p.Headers)
+		ms, err := strconv.ParseInt(h.Get(busauth.HeaderSignedAt), 10, 64)
+		if err != nil {
+			return "", fmt.Errorf("%w: bad %s", busauth.ErrUnsigned, busauth.HeaderSignedAt)
+		}
+		v := busauth.RequestVerifier{CredSigner: signer, Now: func() time.Time { return time.UnixMilli(ms) }}
+		id, err := v.Verify(p.Subject, h, p.Body)
+		if err != nil {
+			return "", err
+		}
+		if id.Role != busauth.RoleOperator {
+			return "", fmt.Errorf("signed by %s, not an operator", id.UserName())
 		}
 		return id.UserName(), nil
 	}, nil

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/toolgate/toolgate/internal/signedstate"
 	"log/slog"
 	"slices"
 	"sync"
@@ -305,6 +306,10 @@ type StageConfig struct {
 	// ApprovalProof verifies approvals in authorize (Run sets it on an
 	// authenticated bus: an operator's signature of this deployment).
 	ApprovalProof func(a kvstore.Approval, requestDigest string) error
+	// StateProof verifies operators' signatures on signed state (a pushed
+	// policy); Run sets it on an authenticated bus. Nil honours unsigned
+	// state (a bus without authentication).
+	StateProof signedstate.Verify
 }
 
 // NewStage builds the logic of the named stage. ctx bounds its watches;
@@ -468,6 +473,12 @@ func (n *Node) newAuthorizer(ctx context.Context, c StageConfig) (*authorize.Aut
 		a.SetApprovalProof(c.ApprovalProof)
 	}
 	err = n.Store.WatchPolicy(ctx, func(b kvstore.PolicyBundle, ok bool, err error) {
+		if ok && err == nil && c.StateProof != nil {
+			if err := signedstate.Policy(b, c.StateProof); err != nil {
+				n.refusedState(ctx, "urn:toolgate:authorize", "policy", b.Revision, err)
+				return
+			}
+		}
 		if !ok {
 			a.SetPolicy(fallback)
 			n.Log.Info("policy bundle removed; using the configured policy")
@@ -488,6 +499,20 @@ func (n *Node) newAuthorizer(ctx context.Context, c StageConfig) (*authorize.Aut
 		return nil, err
 	}
 	return a, nil
+}
+
+// refusedState logs and audits a record a stage ignored.
+func (n *Node) refusedState(ctx context.Context, source, what string, rev uint64, cause error) {
+	n.Log.Error("ignoring unsigned state: no operator's signature covers it", "what", what, "revision", rev, "err", cause)
+	o, err := signedstate.RefusedEvent(source, what, rev, cause)
+	if err == nil {
+		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err = runner.Publish(pctx, n.JS, o)
+		cancel()
+	}
+	if err != nil {
+		n.Log.Error("auditing ignored state", "what", what, "revision", rev, "err", err)
+	}
 }
 
 // Runner returns a Runner of stage st on this node.

@@ -253,6 +253,13 @@ func Run(ctx context.Context, c Config) error {
 	if err := setupSeals(&c, authenticated, log); err != nil {
 		return err
 	}
+	if authenticated && c.Stage.StateProof == nil {
+		v, err := stateProofs(credsPath)
+		if err != nil {
+			return err
+		}
+		c.Stage.StateProof = v
+	}
 	if authenticated && slices.Contains(c.Stages, subjects.Authorize) && c.Stage.ApprovalProof == nil {
 		proofs, err := approvalProofs(credsPath)
 		if err != nil {
@@ -384,6 +391,9 @@ func Run(ctx context.Context, c Config) error {
 				return err
 			}
 			opts = append(opts, control.WithDiscovery(disc))
+			if c.Stage.StateProof != nil {
+				opts = append(opts, control.WithStateProof(c.Stage.StateProof))
+			}
 			decisions := &approval.Service{Store: ctl.Store, JS: ctl.JS, Log: log}
 			svc, err := control.Start(ctl.NC, ctl.Store, ctl.Registry, decisions, opts...)
 			if err != nil {

@@ -1,0 +1,96 @@
+// Package signedstate checks that state which changes what a call may do
+// was put there by an operator: a record kept in a bucket carries the
+// operator's signed request that made it (api.DecisionProof, as
+// busauth.Signer signs requests), and a reader honours the record only when
+// that signature verifies as an operator's of this deployment and the
+// request asked for exactly what the record holds. The right to write the
+// bucket then grants nothing by itself: a leaked credential that may write
+// it cannot sign as an operator.
+package signedstate
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/cloudevents/sdk-go/v2/event"
+	"github.com/toolgate/toolgate/internal/envelope"
+	"github.com/toolgate/toolgate/internal/runner"
+	"github.com/toolgate/toolgate/stages"
+
+	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/kvstore"
+	"github.com/toolgate/toolgate/subjects"
+)
+
+// Verify checks a stored signed request as of the time it was signed: it
+// returns the operator that signed it ("operator:<name>"), or an error
+// when it is not an operator's signature of this deployment.
+type Verify func(p *api.DecisionProof) (who string, err error)
+
+// ErrUnsigned is returned for a record that carries no signed request.
+var ErrUnsigned = errors.New("the record carries no operator's signed request")
+
+// Policy checks a pushed policy bundle: signed by an operator on the
+// policy push endpoint, by the operator it names, for exactly its modules
+// and data.
+func Policy(b kvstore.PolicyBundle, verify Verify) error {
+	if b.Proof == nil {
+		return ErrUnsigned
+	}
+	if b.Proof.Subject != subjects.SvcPolicyPush {
+		return fmt.Errorf("the signed request went to %q, not %s", b.Proof.Subject, subjects.SvcPolicyPush)
+	}
+	who, err := verify(b.Proof)
+	if err != nil {
+		return err
+	}
+	if who != b.PushedBy {
+		return fmt.Errorf("signed by %s, recorded as pushed by %s", who, b.PushedBy)
+	}
+	var r api.PolicyPushRequest
+	if err := json.Unmarshal(b.Proof.Body, &r); err != nil {
+		return fmt.Errorf("the signed request is not a policy push: %w", err)
+	}
+	if !same(r.Modules, b.Modules) || !same(r.Data, b.Data) {
+		return errors.New("the bundle's modules or data are not the ones the operator pushed")
+	}
+	return nil
+}
+
+// same compares two values by their JSON encodings (maps encode with
+// sorted keys).
+func same(a, b any) bool {
+	ja, err1 := json.Marshal(a)
+	jb, err2 := json.Marshal(b)
+	return err1 == nil && err2 == nil && bytes.Equal(ja, jb)
+}
+
+// Refused is the data of the audit event of a record a reader ignored.
+type Refused struct {
+	// What names the state: "policy".
+	What     string `json:"what"`
+	Revision uint64 `json:"revision"`
+	Reason   string `json:"reason"`
+	// By names the process that ignored it ("urn:toolgate:authorize").
+	By string `json:"by"`
+}
+
+// RefusedEvent is the audit event (api.TypeStateRefused, on
+// audit._system.state.refused) of a record source ignored. Every reader
+// that ignores the same revision writes the same event id, so the audit
+// stream's duplicate window keeps one.
+func RefusedEvent(source, what string, revision uint64, cause error) (stages.Output, error) {
+	e := event.New()
+	e.SetID(fmt.Sprintf("state-refused-%s-%d-%s", what, revision, strings.TrimPrefix(source, "urn:toolgate:")))
+	e.SetSource(source)
+	e.SetType(api.TypeStateRefused)
+	e.SetTime(time.Now().UTC())
+	if err := e.SetData(event.ApplicationJSON, Refused{What: what, Revision: revision, Reason: cause.Error(), By: source}); err != nil {
+		return stages.Output{}, err
+	}
+	return runner.EventOutput(subjects.AuditEvent(subjects.SystemTenant, envelope.SubjectSuffix(api.TypeStateRefused)), &e)
+}
