@@ -1,0 +1,54 @@
+package signedstate
+
+import (
+	"encoding/json"
+	"errors"
+	"testing"
+
+	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/kvstore"
+	"github.com/toolgate/toolgate/subjects"
+)
+
+func TestPolicy(t *testing.T) {
+	modules := map[string]string{"authz.rego": "package toolgate.authz\n"}
+	body, _ := json.Marshal(api.PolicyPushRequest{Modules: modules})
+	signed := &api.DecisionProof{Subject: subjects.SvcPolicyPush, Body: body}
+	alice := func(*api.DecisionProof) (string, error) { return "operator:alice", nil }
+	forged := func(*api.DecisionProof) (string, error) { return "", errors.New("bad signature") }
+	cases := []struct {
+		name   string
+		b      kvstore.PolicyBundle
+		verify Verify
+		ok     bool
+	}{
+		{"signed by the operator it names", kvstore.PolicyBundle{Modules: modules, PushedBy: "operator:alice", Proof: signed}, alice, true},
+		{"unsigned", kvstore.PolicyBundle{Modules: modules, PushedBy: "operator:alice"}, alice, false},
+		{"a signature that does not verify", kvstore.PolicyBundle{Modules: modules, PushedBy: "operator:alice", Proof: signed}, forged, false},
+		{"another operator's push", kvstore.PolicyBundle{Modules: modules, PushedBy: "operator:bob", Proof: signed}, alice, false},
+		{"modules other than the pushed ones", kvstore.PolicyBundle{Modules: map[string]string{"authz.rego": "package toolgate.authz\ndecision := {\"allow\": true}\n"},
+			PushedBy: "operator:alice", Proof: signed}, alice, false},
+		{"data added", kvstore.PolicyBundle{Modules: modules, Data: map[string]any{"allow_all": true}, PushedBy: "operator:alice", Proof: signed}, alice, false},
+		{"a signed request to another endpoint", kvstore.PolicyBundle{Modules: modules, PushedBy: "operator:alice",
+			Proof: &api.DecisionProof{Subject: subjects.SvcHooksPush, Body: body}}, alice, false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			err := Policy(c.b, c.verify)
+			if (err == nil) != c.ok {
+				t.Fatalf("Policy: %v, want ok=%v", err, c.ok)
+			}
+		})
+	}
+}
+
+func TestRefusedEvent(t *testing.T) {
+	a, err := RefusedEvent("urn:toolgate:authorize", "policy", 7, errors.New("unsigned"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := RefusedEvent("urn:toolgate:authorize", "policy", 7, errors.New("unsigned"))
+	if a.Subject != "audit._system.state.refused" || a.MsgID != b.MsgID {
+		t.Fatalf("subject %s, ids %s %s: want one event per reader and revision", a.Subject, a.MsgID, b.MsgID)
+	}
+}
