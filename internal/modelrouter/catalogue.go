@@ -112,6 +112,11 @@ func (m *Model) Normalize() error {
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 			return bad("endpoint %q is not an absolute http(s) URL", e)
 		}
+		// A password in the URL would be sent with every call and shown
+		// wherever the endpoint is (results, audit, models list).
+		if u.User != nil {
+			return bad("endpoint %s: user information in URLs is refused; give the key as a credential secret", u.Redacted())
+		}
 	}
 	if !slices.Contains(Tiers, m.Tier) {
 		return bad("tier %q is not one of %v", m.Tier, Tiers)

@@ -2,6 +2,7 @@ package modelrouter
 
 import (
 	"errors"
+	"strings"
 	"testing"
 )
 
@@ -24,9 +25,14 @@ func TestDecode(t *testing.T) {
 		"output > window": `{"name":"a","api":"openai","endpoints":["https://x/v1"],"tier":"small","context_window":100,"max_output_tokens":100,"price":{"input_per_1k":0,"output_per_1k":0}}`,
 		"negative price":  `{"name":"a","api":"openai","endpoints":["https://x/v1"],"tier":"small","context_window":2000,"price":{"input_per_1k":-1,"output_per_1k":0}}`,
 		"not JSON":        `{`,
+		"password in URL": `{"name":"a","api":"openai","endpoints":["https://u:hunter2@x/v1"],"tier":"small","context_window":2000,"price":{"input_per_1k":0,"output_per_1k":0}}`,
 	} {
-		if _, err := Decode([]byte(doc)); !errors.Is(err, ErrInvalid) {
+		_, err := Decode([]byte(doc))
+		if !errors.Is(err, ErrInvalid) {
 			t.Errorf("%s: got %v, want ErrInvalid", name, err)
+		}
+		if err != nil && strings.Contains(err.Error(), "hunter2") {
+			t.Errorf("%s: the refusal shows the password: %v", name, err)
 		}
 	}
 }

@@ -677,6 +677,21 @@ func agentRoundTrip(t *testing.T, s *served) {
 		}
 		break
 	}
+	// A late reader gets the result by its subject: a direct get of the
+	// results stream, the one read of it an agent may make, and only of its
+	// own tenant's subjects.
+	t.Run("a late read of its result", func(t *testing.T) {
+		m, err := nc.Request("$JS.API.DIRECT.GET."+subjects.StreamResults+"."+subjects.Result("demo", id), nil, 5*time.Second)
+		if err != nil {
+			t.Fatalf("direct get: %v", err)
+		}
+		if m.Header.Get("Status") != "" || !strings.Contains(string(m.Data), "through the gate") {
+			t.Fatalf("direct get answered %v %q, want the result", m.Header, m.Data)
+		}
+		if _, err := nc.Request("$JS.API.DIRECT.GET."+subjects.StreamResults+"."+subjects.Result("other", id), nil, 300*time.Millisecond); err == nil {
+			t.Fatal("a direct get of another tenant's result was answered")
+		}
+	})
 	// The tenant's control endpoints answer the agent; the tenant is the
 	// subject's, and a body naming another tenant is refused.
 	t.Run("status on its tenant's endpoint", func(t *testing.T) {

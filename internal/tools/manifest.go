@@ -321,10 +321,29 @@ func Parse(doc []byte) (*Manifest, error) {
 	if m.Safety.RiskLevel == "" {
 		m.Safety.RiskLevel = "low"
 	}
+	m.Safety.SideEffects = impliedEffects(m.Kind, m.Safety.SideEffects)
 	if m.Lifecycle.State == "" {
 		m.Lifecycle.State = StateActive
 	}
 	return m, nil
+}
+
+// NetworkEffect is the side effect of reaching the network.
+const NetworkEffect = "network"
+
+// impliedEffects adds the side effects a tool's kind has whatever its
+// manifest declares: an http or model tool reaches the network, so a token
+// that excludes "network" cannot call it.
+func impliedEffects(kind string, effects []string) []string {
+	if kind != "http" && kind != "model" {
+		return effects
+	}
+	for _, e := range effects {
+		if e == NetworkEffect || strings.HasPrefix(e, NetworkEffect+".") {
+			return effects
+		}
+	}
+	return append(slices.Clip(effects), NetworkEffect)
 }
 
 func invalid(format string, args ...any) *api.Error {

@@ -71,6 +71,36 @@ func TestParseDefaults(t *testing.T) {
 	}
 }
 
+// TestKindImpliesNetwork: an http or model tool reaches the network
+// whatever its manifest declares, so a token excluding "network" cannot
+// call one; other kinds keep what they declare.
+func TestKindImpliesNetwork(t *testing.T) {
+	cases := []struct {
+		kind, spec string
+		declared   []string
+		want       []string
+	}{
+		{"http", `{"method":"GET","url":"https://api.example.com/x"}`, nil, []string{"network"}},
+		{"http", `{"method":"GET","url":"https://api.example.com/x"}`, []string{"fs.read"}, []string{"fs.read", "network"}},
+		{"http", `{"method":"GET","url":"https://api.example.com/x"}`, []string{"network.http"}, []string{"network.http"}},
+		{"builtin", `{"function":"add"}`, nil, nil},
+	}
+	for _, c := range cases {
+		doc := manifestJSON(t, func(m map[string]any) {
+			delete(m, "builtin")
+			m["kind"] = c.kind
+			m[c.kind] = json.RawMessage(c.spec)
+			if c.declared != nil {
+				m["safety"] = map[string]any{"side_effects": c.declared}
+			}
+		})
+		m := mustParse(t, doc)
+		if !slices.Equal(m.Safety.SideEffects, c.want) {
+			t.Errorf("%s tool declaring %v: side effects %v, want %v", c.kind, c.declared, m.Safety.SideEffects, c.want)
+		}
+	}
+}
+
 func TestParseFull(t *testing.T) {
 	m := mustParse(t, manifestJSON(t, func(m map[string]any) {
 		m["limits"] = map[string]any{"timeout_ms": 1500, "memory_mb": 64}

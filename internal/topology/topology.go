@@ -121,7 +121,10 @@ func Streams(o TopologyOptions) []jetstream.StreamConfig {
 	}, {
 		Name: subjects.StreamResults, Description: "one ToolInvokeResponse per invocation",
 		Subjects: []string{subjects.ResultAll}, Retention: jetstream.LimitsPolicy,
-		MaxAge: o.ResultTTL, MaxBytes: o.ResultMaxBytes, Discard: jetstream.DiscardNew,
+		// A late reader (an agent among them) gets a result by its subject
+		// with a direct get, the one read of this stream agents may make.
+		AllowDirect: true,
+		MaxAge:      o.ResultTTL, MaxBytes: o.ResultMaxBytes, Discard: jetstream.DiscardNew,
 		Duplicates: o.Duplicates, Replicas: o.Replicas, Storage: o.Storage,
 	}, {
 		Name: subjects.StreamAudit, Description: "toolgate audit trail (append-only)",
@@ -169,7 +172,15 @@ func ConsumerConfig(stage string, in subjects.Input, o TopologyOptions) jetstrea
 // never resets them or undoes an operator's changes.
 func EnsureTopology(ctx context.Context, js jetstream.JetStream, o TopologyOptions) error {
 	for _, cfg := range Streams(o) {
-		if _, err := js.Stream(ctx, cfg.Name); err == nil {
+		if st, err := js.Stream(ctx, cfg.Name); err == nil {
+			// A results stream made before direct gets were allowed gets
+			// them; nothing else of an existing stream changes.
+			if have := st.CachedInfo().Config; cfg.AllowDirect && !have.AllowDirect {
+				have.AllowDirect = true
+				if _, err := js.UpdateStream(ctx, have); err != nil {
+					return fmt.Errorf("allowing direct gets on %s: %w", cfg.Name, err)
+				}
+			}
 			continue
 		} else if !errors.Is(err, jetstream.ErrStreamNotFound) {
 			return fmt.Errorf("looking up stream %s: %w", cfg.Name, err)

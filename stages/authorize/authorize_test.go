@@ -98,6 +98,15 @@ func TestAuthorize(t *testing.T) {
 	reg.Put(&tools.Manifest{ID: "echo", Version: "1.0.0", Kind: "builtin", Cost: &tools.Cost{PerCall: 2}})
 	reg.Put(&tools.Manifest{ID: "wipe", Version: "1.0.0", Kind: "builtin",
 		Safety: tools.Safety{RiskLevel: "critical", SideEffects: []string{"fs.delete"}}})
+	// An http tool whose manifest declares no side effect: its kind
+	// reaches the network all the same.
+	fetch, err := tools.Parse([]byte(`{"id":"fetch","name":"fetch","version":"1.0.0","description":"fetches","kind":"http",
+		"http":{"method":"GET","url":"https://api.example.com/x"},"input_schema":{"type":"object"},
+		"permissions":{"network":[{"host":"api.example.com"}]}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg.Put(fetch)
 
 	mint := func(edit func(*token.Claims)) string {
 		c := token.Claims{ToolID: token.Patterns{"*"}, TenantID: "acme", AgentDID: "did:agent:a",
@@ -146,6 +155,10 @@ func TestAuthorize(t *testing.T) {
 			wantECode: api.ENotGranted},
 		{name: "policy denies an excluded side effect", tool: "wipe", token: mint(func(c *token.Claims) {
 			c.ExcludedSideEffects = []string{"fs"}
+		}), wantECode: api.EPolicyDenied},
+		{name: "a token excluding the network cannot call an http tool", tool: "fetch", token: mint(func(c *token.Claims) {
+			c.ExcludedSideEffects = []string{"network"}
+			c.Network = &token.NetworkGrant{AllowedHosts: []string{"api.example.com"}}
 		}), wantECode: api.EPolicyDenied},
 		{name: "policy denies a spent budget", tool: "echo", token: mint(func(c *token.Claims) { c.Budget = &token.Budget{MaxCalls: 3} }),
 			store: func(f *fakeStore) { f.usage["acme/token:tok-1"] = kvstore.Usage{Calls: 3} }, wantECode: api.EBudgetExhausted},
@@ -320,6 +333,15 @@ func TestPolicyInputPerTokenAndManifest(t *testing.T) {
 	}
 	reg.Put(&tools.Manifest{ID: "wipe", Version: "1.0.0", Kind: "builtin",
 		Safety: tools.Safety{RiskLevel: "critical", SideEffects: []string{"fs.delete"}}})
+	// An http tool whose manifest declares no side effect: its kind
+	// reaches the network all the same.
+	fetch, err := tools.Parse([]byte(`{"id":"fetch","name":"fetch","version":"1.0.0","description":"fetches","kind":"http",
+		"http":{"method":"GET","url":"https://api.example.com/x"},"input_schema":{"type":"object"},
+		"permissions":{"network":[{"host":"api.example.com"}]}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg.Put(fetch)
 	if inv, err := call(free); err != nil || !inv.Parked() {
 		t.Fatalf("the version registered again as critical was not parked: %v, status %s", err, inv.Status)
 	}
