@@ -212,6 +212,17 @@ func (c *Client) GetTool(ctx context.Context, id, version string) (json.RawMessa
 	return out, err
 }
 
+// GetTenantTool is GetTool on tenant's scoped endpoint, the one an agent of
+// tenant may call.
+func (c *Client) GetTenantTool(ctx context.Context, tenant, id, version string) (json.RawMessage, error) {
+	if err := checkTenant(tenant); err != nil {
+		return nil, err
+	}
+	var out json.RawMessage
+	err := c.request(ctx, subjects.TenantSvc(tenant, subjects.SvcToolsGet), api.ToolRequest{ToolID: id, Version: version}, &out)
+	return out, err
+}
+
 // RegisterTool registers a manifest document. With c.Sign the audit
 // event of the registration names the signing operator.
 func (c *Client) RegisterTool(ctx context.Context, manifest []byte, replace bool) (api.ToolRequest, error) {

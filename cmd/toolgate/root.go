@@ -70,12 +70,16 @@ people unless --json is given. Exit status: 0 success, 1 error, 2 usage,
 		SilenceUsage:  true,
 		// A bare `toolgate` shows the help.
 		RunE: func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
-		PersistentPreRun: func(*cobra.Command, []string) {
+		PersistentPreRun: func(cmd *cobra.Command, _ []string) {
 			a.conn.Resolve()
 			// A local serve's operator credentials, when nothing else
-			// names who connects.
-			if p := filepath.Join(a.data, busauth.DirName, busauth.OperatorCredsFile); fileExists(p) {
-				a.conn.LocalCreds = p
+			// names who connects and --data names that serve: never from a
+			// data directory that merely happens to lie where the command
+			// runs, or a command an agent runs there would act as operator.
+			if f := cmd.Flags().Lookup("data"); f != nil && f.Changed {
+				if p := filepath.Join(a.data, busauth.DirName, busauth.OperatorCredsFile); fileExists(p) {
+					a.conn.LocalCreds = p
+				}
 			}
 		},
 	}
@@ -85,7 +89,7 @@ people unless --json is given. Exit status: 0 success, 1 error, 2 usage,
 	pf := root.PersistentFlags()
 	a.conn.AddFlags(pf)
 	pf.BoolVar(&a.json, "json", false, "print JSON for scripts instead of text for people")
-	pf.StringVar(&a.data, "data", "toolgate-data", "data directory of a local serve; its development token is used when no --token is given")
+	pf.StringVar(&a.data, "data", "toolgate-data", "data directory of a local serve; its development token is used when no --token is given, and its operator credentials, when given explicitly and nothing else names who connects")
 	root.AddGroup(&cobra.Group{ID: "run", Title: "Running toolgate:"},
 		&cobra.Group{ID: "call", Title: "Calling tools:"},
 		&cobra.Group{ID: "admin", Title: "Administration:"})

@@ -57,16 +57,23 @@ type Config struct {
 	// otherwise Listen serves streamable HTTP at /mcp (and /).
 	Stdio  bool
 	Listen string
-	// Token is the capability token of the stdio session.
+	// Token is the capability token of the stdio session. Without
+	// NATSOptions it is also who the front end connects as, over stdio and
+	// HTTP alike (see ConnectOptions): the connection then holds exactly
+	// that agent's rights, the registry is read through its tenant's
+	// endpoints (NewAgentBus), and over HTTP only tokens of its tenant are
+	// served.
 	Token string
-	// NATSURL is the toolgate to talk to, when Bus is nil. With Stdio and
-	// no NATSOptions the connection presents Token (see ConnectOptions).
+	// NATSURL is the toolgate to talk to, when Bus is nil.
 	NATSURL string
 	// NATSOptions authenticate the front door itself (a worker's or an
-	// operator's credentials): it reads the registry, which agents may not,
-	// and serves many agents over HTTP. Each call still carries the caller's
-	// capability token, which the pipeline verifies.
+	// operator's credentials, given explicitly): it reads the tools bucket
+	// and serves agents of every tenant over HTTP. Each call still carries
+	// the caller's capability token, which the pipeline verifies.
 	NATSOptions []nats.Option
+	// RegistryInterval is how often a front end connected as an agent
+	// reads the tool listing again; default DefaultRegistryInterval.
+	RegistryInterval time.Duration
 	// Bus replaces the NATS connection (tests, other transports).
 	Bus Bus
 	// Verifier checks capability tokens: required for HTTP, and for stdio
@@ -99,6 +106,8 @@ func (c *Config) valid() error {
 		return fmt.Errorf("%w: no capability token (TOOLGATE_TOKEN or --token-file)", ErrConfig)
 	case !c.Stdio && c.Verifier == nil:
 		return fmt.Errorf("%w: HTTP needs a key set to verify tokens (--jwks, or --data with a development key)", ErrConfig)
+	case !c.Stdio && c.Bus == nil && len(c.NATSOptions) == 0 && c.Token == "":
+		return fmt.Errorf("%w: HTTP needs who to connect as: an agent's token (TOOLGATE_TOKEN or --token-file; serves that tenant) or service credentials (--creds)", ErrConfig)
 	}
 	return nil
 }
@@ -122,15 +131,22 @@ func Run(ctx context.Context, c Config) error {
 	}
 	c.defaults()
 	var claims *token.Claims
-	if c.Stdio {
+	if c.Token != "" {
 		var err error
 		if claims, err = stdioClaims(c.Verifier, c.Token); err != nil {
 			return fmt.Errorf("capability token: %w", err)
 		}
 	}
 	if c.Bus == nil {
+		asAgent := len(c.NATSOptions) == 0
 		opts := c.NATSOptions
-		if len(opts) == 0 {
+		if asAgent {
+			// Connected as the agent, the front end can reach its own
+			// tenant only: say so at start rather than on every call.
+			if c.Tenant != "" && c.Tenant != claims.TenantID {
+				return fmt.Errorf("%w: --tenant %s, but the token is for tenant %s", ErrConfig, c.Tenant, claims.TenantID)
+			}
+			c.Tenant = claims.TenantID
 			opts = ConnectOptions(claims, c.Token)
 		}
 		nc, err := nats.Connect(c.NATSURL, opts...)
@@ -138,7 +154,12 @@ func Run(ctx context.Context, c Config) error {
 			return fmt.Errorf("connecting to %s: %w", c.NATSURL, err)
 		}
 		defer nc.Close()
-		if c.Bus, err = NewNATSBus(ctx, nc, c.Log); err != nil {
+		if asAgent {
+			c.Bus, err = NewAgentBus(nc, claims.TenantID, c.RegistryInterval, c.Log)
+		} else {
+			c.Bus, err = NewNATSBus(ctx, nc, c.Log)
+		}
+		if err != nil {
 			return err
 		}
 	}
