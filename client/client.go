@@ -7,6 +7,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
@@ -17,10 +18,15 @@ import (
 	"github.com/toolgate/toolgate/subjects"
 )
 
+// DefaultTimeout bounds a request whose context has no deadline.
+const DefaultTimeout = 10 * time.Second
+
 // Client talks to toolgate over one NATS connection.
 type Client struct {
 	nc *nats.Conn
 	js jetstream.JetStream
+	// refusals fails a request the bus refused at once (see watchRefusals).
+	refusals *refusals
 	// Source is the CloudEvent source of invocations this client sends.
 	Source string
 	// Sign, when set, signs the administrative requests (PushPolicy,
@@ -36,7 +42,7 @@ func New(nc *nats.Conn) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Client{nc: nc, js: js, Source: "urn:toolgate:client"}, nil
+	return &Client{nc: nc, js: js, Source: "urn:toolgate:client", refusals: watchRefusals(nc)}, nil
 }
 
 // InvokeOptions adjust one invocation event.
@@ -86,7 +92,17 @@ func (c *Client) Invoke(ctx context.Context, req api.Request, o InvokeOptions) (
 	tenant := req.AgentContext.TenantID
 	nats.Header(h).Set(nats.MsgIdHdr, api.InvokeMsgID(tenant, e.Source, e.ID))
 	msg := &nats.Msg{Subject: subjects.Invoke(tenant), Header: h, Data: body}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, DefaultTimeout)
+		defer cancel()
+	}
+	ctx, done := c.refusals.track(ctx, msg.Subject)
+	defer done()
 	if _, err := c.js.PublishMsg(ctx, msg); err != nil {
+		if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, ctx.Err()) {
+			return "", cause
+		}
 		return "", fmt.Errorf("publishing invocation: %w", err)
 	}
 	return e.ID, nil
@@ -191,10 +207,14 @@ func checkTenant(tenant string) error {
 	return nil
 }
 
-// Budget reports where a session's budget stands against limits.
+// Budget reports where a session's budget stands against limits, on
+// tenant's scoped endpoint (which agents and operators alike may call).
 func (c *Client) Budget(ctx context.Context, tenant, session string, limits api.BudgetLimits) (api.BudgetStatus, error) {
 	var st api.BudgetStatus
-	err := c.request(ctx, subjects.SvcBudget, api.BudgetRequest{TenantID: tenant, Session: session, Limits: limits}, &st)
+	if err := checkTenant(tenant); err != nil {
+		return st, err
+	}
+	err := c.request(ctx, subjects.TenantSvc(tenant, subjects.SvcBudget), api.BudgetRequest{TenantID: tenant, Session: session, Limits: limits}, &st)
 	return st, err
 }
 
@@ -250,8 +270,21 @@ func (c *Client) requestSigned(ctx context.Context, subject string, in, out any,
 			return fmt.Errorf("signing the request: %w", err)
 		}
 	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, DefaultTimeout)
+		defer cancel()
+	}
+	ctx, done := c.refusals.track(ctx, subject)
+	defer done()
 	msg, err := c.nc.RequestMsgWithContext(ctx, m)
 	if err != nil {
+		if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, ctx.Err()) {
+			return cause // refused by the bus, said at once
+		}
+		if errors.Is(err, context.DeadlineExceeded) {
+			return fmt.Errorf("%s: no answer in time (is the control service running?): %w", subject, err)
+		}
 		return fmt.Errorf("%s: %w", subject, err)
 	}
 	if msg.Header.Get(micro.ErrorCodeHeader) != "" {
@@ -334,17 +367,24 @@ func (c *Client) DeleteTool(ctx context.Context, id, version string) error {
 	return c.admin(ctx, subjects.SvcToolsDelete, api.ToolRequest{ToolID: id, Version: version}, &out)
 }
 
-// Approvals lists tenant's calls waiting for a human's decision.
+// Approvals lists tenant's calls waiting for a human's decision, on
+// tenant's scoped endpoint.
 func (c *Client) Approvals(ctx context.Context, tenant string) ([]api.ApprovalSummary, error) {
 	var out api.ApprovalsResponse
-	err := c.request(ctx, subjects.SvcApprovalsList, api.ApprovalsRequest{Tenant: tenant}, &out)
+	if err := checkTenant(tenant); err != nil {
+		return nil, err
+	}
+	err := c.request(ctx, subjects.TenantSvc(tenant, subjects.SvcApprovalsList), api.ApprovalsRequest{Tenant: tenant}, &out)
 	return out.Approvals, err
 }
 
 // Approval returns the approval of one invocation, in any state.
 func (c *Client) Approval(ctx context.Context, tenant, id string) (api.ApprovalSummary, error) {
 	var out api.ApprovalSummary
-	err := c.request(ctx, subjects.SvcApprovalsGet, api.ApprovalsRequest{Tenant: tenant, InvocationID: id}, &out)
+	if err := checkTenant(tenant); err != nil {
+		return out, err
+	}
+	err := c.request(ctx, subjects.TenantSvc(tenant, subjects.SvcApprovalsGet), api.ApprovalsRequest{Tenant: tenant, InvocationID: id}, &out)
 	return out, err
 }
 

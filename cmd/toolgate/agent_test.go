@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/golang-jwt/jwt/v5"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/node"
 	"github.com/toolgate/toolgate/internal/token"
 )
@@ -97,5 +99,79 @@ func TestMCPStdioAsAgent(t *testing.T) {
 	}
 	if got := res.Content[0].(*mcp.TextContent).Text; !strings.Contains(got, "from an agent") {
 		t.Fatalf("echo answered %q", got)
+	}
+}
+
+// TestCommandsByRole runs the commands an agent reaches for as an agent
+// (only its token) and as an operator: each works, or is refused within
+// 5 s with a message naming the missing right and its own exit status.
+func TestCommandsByRole(t *testing.T) {
+	cleanEnv(t)
+	s := startToolgate(t)
+	man := initManifest("needs.human")
+	man["safety"].(map[string]any)["requires_approval"] = true
+	man["input_schema"] = map[string]any{"type": "object"}
+	doc, _ := json.Marshal(man)
+	if r := tg(t, string(doc), s.flags("tools", "register", "-")...); r.code != exitOK {
+		t.Fatalf("register: %d %s", r.code, r.stderr)
+	}
+	tok := agentToken(t, s, "roles-agent", time.Hour, "echo", "needs.human")
+	asAgent := func(args ...string) []string { return append(args, "--nats", s.url, "--token", tok) }
+	asOperator := func(args ...string) []string { return s.flags(args...) }
+
+	r := tg(t, "", asAgent("invoke", "echo", "--params", `{"message":"hi"}`, "--wait", "--json")...)
+	var done api.Response
+	if r.code != exitOK || json.Unmarshal([]byte(r.stdout), &done) != nil {
+		t.Fatalf("invoke as agent: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	r = tg(t, "", asAgent("invoke", "needs.human", "--params", `{}`, "--async", "--json")...)
+	var parked api.Response
+	if r.code != exitOK || json.Unmarshal([]byte(r.stdout), &parked) != nil {
+		t.Fatalf("async invoke as agent: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if parked.PollingInfo == nil || parked.PollingInfo.StatusSubject != "tool.svc.demo.status" {
+		t.Fatalf("polling_info %+v: want the tenant's own status subject", parked.PollingInfo)
+	}
+	waitFor(t, "the approval request", func() bool {
+		return strings.Contains(tg(t, "", asAgent("status", parked.InvocationID)...).stdout, "pending approval")
+	})
+
+	type want struct {
+		code int
+		out  string // in stdout when it works, in stderr when refused
+	}
+	cases := []struct {
+		args            []string
+		agent, operator want
+	}{
+		{[]string{"tools", "list"}, want{exitOK, "needs.human"}, want{exitOK, "needs.human"}},
+		{[]string{"tools", "get", "echo"}, want{exitOK, `"id": "echo"`}, want{exitOK, `"id": "echo"`}},
+		{[]string{"approvals", "list"}, want{exitOK, parked.InvocationID}, want{exitOK, parked.InvocationID}},
+		{[]string{"approvals", "show", parked.InvocationID}, want{exitOK, "pending"}, want{exitOK, "pending"}},
+		{[]string{"budgets", "show", "--session", "s1"}, want{exitOK, `"tenant": "demo"`}, want{exitOK, `"tenant": "demo"`}},
+		{[]string{"status", done.InvocationID}, want{exitOK, "success"}, want{exitOK, "success"}},
+		{[]string{"status", parked.InvocationID}, want{exitOK, "waiting for a human"}, want{exitOK, "toolgate approve " + parked.InvocationID}},
+		{[]string{"status", done.InvocationID, "--tenant", "other"}, want{exitWrongTenant, "tenant demo"}, want{exitError, "E3025"}},
+		{[]string{"breakers"}, want{exitNotPermitted, "tool.svc.breakers.list"}, want{exitOK, "KEY"}},
+		{[]string{"approve", parked.InvocationID}, want{exitNotPermitted, "may not publish to tool.svc.approval"}, want{exitOK, "approved " + parked.InvocationID}},
+	}
+	for _, c := range cases {
+		for _, role := range []struct {
+			name string
+			args []string
+			want want
+		}{{"agent", asAgent(c.args...), c.agent}, {"operator", asOperator(c.args...), c.operator}} {
+			start := time.Now()
+			r := tg(t, "", role.args...)
+			took := time.Since(start)
+			out := r.stdout
+			if role.want.code != exitOK {
+				out = r.stderr
+			}
+			if r.code != role.want.code || !strings.Contains(out, role.want.out) || took > 5*time.Second {
+				t.Errorf("%v as %s: exit %d after %s, want %d within 5s and %q in\nstdout %s\nstderr %s",
+					c.args, role.name, r.code, took.Round(time.Millisecond), role.want.code, role.want.out, r.stdout, r.stderr)
+			}
+		}
 	}
 }

@@ -116,7 +116,7 @@ approval says so, and the exit status tells how the call ended.`,
 		}
 		if !wait {
 			resp := api.Response{InvocationID: invID, Status: api.StatusPending,
-				PollingInfo: &api.PollingInfo{ResultSubject: subjects.Result(tenant, invID), StatusSubject: subjects.SvcStatus}}
+				PollingInfo: &api.PollingInfo{ResultSubject: subjects.Result(tenant, invID), StatusSubject: subjects.TenantSvc(tenant, subjects.SvcStatus)}}
 			return a.emit(resp, func(w io.Writer) error {
 				fmt.Fprintf(w, "%s  invocation %s  tenant %s\n", a.status(api.StatusPending), invID, tenant)
 				fmt.Fprintf(w, "follow it: toolgate status %s --tenant %s\n", invID, tenant)
@@ -187,7 +187,7 @@ func (a *app) wait(ctx context.Context, c *client.Client, tenant, id string, wai
 			var line string
 			switch {
 			case rec.Status == api.StatusPendingApproval:
-				line = fmt.Sprintf("pending approval: toolgate approve %s --tenant %s", id, tenant)
+				line = a.approvalHint(id, tenant)
 			case rec.Progress != nil && rec.Status == api.StatusRunning:
 				line = fmt.Sprintf("running: %.0f%% %s", rec.Progress.Percent, rec.Progress.Message)
 			case rec.Status == api.StatusRunning:
