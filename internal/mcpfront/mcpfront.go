@@ -44,6 +44,7 @@ const (
 	DefaultMaxArgumentBytes = 512 << 10
 	DefaultPageSize         = 100
 	DefaultStatusInterval   = 500 * time.Millisecond
+	DefaultProgressInterval = 10 * time.Second
 	DefaultMaxWait          = 30 * time.Minute
 	DefaultSessionTimeout   = 30 * time.Minute
 )
@@ -88,6 +89,10 @@ type Config struct {
 	// StatusInterval is how often a waiting call reads its invocation's
 	// record for progress and the approval wait; default 500 ms.
 	StatusInterval time.Duration
+	// ProgressInterval is the longest a waiting call with a progress token
+	// goes without a progress notification; default 10 s (MCP clients time
+	// requests out after 60 s by default).
+	ProgressInterval time.Duration
 	// MaxWait bounds how long one tools/call waits for its result,
 	// approval included; default 30 min (past toolgate's approval timeout).
 	MaxWait time.Duration
@@ -116,6 +121,7 @@ func (c *Config) defaults() {
 	c.PageSize = cmp.Or(c.PageSize, DefaultPageSize)
 	c.MaxArgumentBytes = cmp.Or(c.MaxArgumentBytes, DefaultMaxArgumentBytes)
 	c.StatusInterval = cmp.Or(c.StatusInterval, DefaultStatusInterval)
+	c.ProgressInterval = cmp.Or(c.ProgressInterval, DefaultProgressInterval)
 	c.MaxWait = cmp.Or(c.MaxWait, DefaultMaxWait)
 	c.SessionTimeout = cmp.Or(c.SessionTimeout, DefaultSessionTimeout)
 	if c.Log == nil {
@@ -195,6 +201,9 @@ type Front struct {
 	mu       sync.Mutex
 	sessions map[string]*session // by session id
 	changed  chan struct{}
+	// withdrawn are the HTTP calls ("<session id> <request id>") the client
+	// cancelled, whose response is kept back (see callReply).
+	withdrawn withdrawn
 
 	// unknownSession is the server given for requests naming a session
 	// that does not exist (see serverFor): no tools, never connected.
