@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -173,5 +175,51 @@ func TestCommandsByRole(t *testing.T) {
 					c.args, role.name, r.code, took.Round(time.Millisecond), role.want.code, role.want.out, r.stdout, r.stderr)
 			}
 		}
+	}
+}
+
+// bearer adds a capability token to every HTTP request.
+type bearer string
+
+func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Bearer "+string(b))
+	return http.DefaultTransport.RoundTrip(r)
+}
+
+// TestMCPHTTPAsAgent: `toolgate mcp --listen` with only an agent's token
+// serves that agent's tenant over streamable HTTP, from outside the
+// repository, without any other credentials.
+func TestMCPHTTPAsAgent(t *testing.T) {
+	cleanEnv(t)
+	s := startToolgate(t)
+	tok := agentToken(t, s, "mcp-http-agent", time.Hour, "echo")
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	dir := t.TempDir()
+	cmd := toolgateCmd(t, dir, []string{"TOOLGATE_TOKEN=" + tok}, "mcp", "--listen", addr, "--nats", s.url,
+		"--jwks", node.DevJWKSPath(s.data), "--log-level", "warn")
+	var stderr syncBuffer
+	cmd.Stdout, cmd.Stderr = &stderr, &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Signal(os.Interrupt); _ = cmd.Wait() })
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	var cs *mcp.ClientSession
+	waitFor(t, "the HTTP front end", func() bool {
+		cs, err = mcp.NewClient(&mcp.Implementation{Name: "http-agent", Version: "1"}, nil).Connect(ctx,
+			&mcp.StreamableClientTransport{Endpoint: "http://" + addr + "/mcp", HTTPClient: &http.Client{Transport: bearer(tok)}}, nil)
+		return err == nil
+	})
+	defer cs.Close()
+	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "echo", Arguments: map[string]any{"message": "over http"}})
+	if err != nil || res.IsError || !strings.Contains(res.Content[0].(*mcp.TextContent).Text, "over http") {
+		t.Fatalf("tools/call echo: %v %+v\n%s", err, res, stderr.String())
 	}
 }
