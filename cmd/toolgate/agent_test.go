@@ -223,3 +223,43 @@ func TestMCPHTTPAsAgent(t *testing.T) {
 		t.Fatalf("tools/call echo: %v %+v\n%s", err, res, stderr.String())
 	}
 }
+
+// TestRefusalsExplainThemselves: each way the bus refuses an agent or an
+// anonymous caller ends at once with its own exit status and a message
+// saying what happened and what to do.
+func TestRefusalsExplainThemselves(t *testing.T) {
+	cleanEnv(t)
+	s := startToolgate(t)
+	tok := agentToken(t, s, "refusals-agent", time.Hour, "echo")
+	expired := agentToken(t, s, "expired-agent", -time.Minute, "echo")
+	cases := []struct {
+		name string
+		args []string
+		code int
+		says []string
+	}{
+		{"expired token", []string{"status", "x", "--token", expired}, exitExpired, []string{"E3202", "expired at", "new one"}},
+		{"not a token the bus accepts", []string{"status", "x", "--token", otherKeyToken(t)}, exitRefused, []string{"E3222", "revoked", "toolgate token inspect"}},
+		{"anonymous", []string{"tools", "list"}, exitRefused, []string{"E3222", "no anonymous connections", "--creds"}},
+		{"another tenant", []string{"status", "x", "--token", tok, "--tenant", "other"}, exitWrongTenant, []string{"E3014", "tenant demo", "drop --tenant"}},
+		{"no inbox prefix", []string{"status", "x", "--token", tok, "--inbox-prefix", "_INBOX.elsewhere"}, exitInbox, []string{"E3221", "_INBOX.<tenant>.<token id>"}},
+		{"not permitted", []string{"policy", "show", "--token", tok}, exitNotPermitted, []string{"E3220", "tool.svc.policy.get", "operator credentials"}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			start := time.Now()
+			r := tg(t, "", append(c.args, "--nats", s.url)...)
+			if took := time.Since(start); took > 5*time.Second {
+				t.Errorf("took %s, want under 5s", took)
+			}
+			if r.code != c.code {
+				t.Errorf("exit %d, want %d\n%s", r.code, c.code, r.stderr)
+			}
+			for _, w := range c.says {
+				if !strings.Contains(r.stderr, w) {
+					t.Errorf("stderr lacks %q:\n%s", w, r.stderr)
+				}
+			}
+		})
+	}
+}
