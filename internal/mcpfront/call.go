@@ -52,12 +52,19 @@ func describe(name string, m *tools.Manifest) *mcp.Tool {
 	return t
 }
 
-// annotations: read-only when the tool declares no side effects;
-// destructive when it has side effects and is not reversible, or is high or
-// critical risk; idempotent when declared so (or read-only); open-world when
-// it reaches beyond toolgate (http and mcp tools, network side effects).
+// annotations: read-only when the tool's only side effects are reads
+// (fs.read, db.read: a side effect whose last part is "read"), or it has
+// none; destructive when it changes something and is not reversible, or is
+// high or critical risk; idempotent when declared so (or read-only);
+// open-world when it reaches beyond toolgate (http and mcp tools, network
+// side effects).
 func annotations(m *tools.Manifest) *mcp.ToolAnnotations {
-	readOnly := len(m.Safety.SideEffects) == 0
+	readOnly := true
+	for _, se := range m.Safety.SideEffects {
+		if se != "read" && !strings.HasSuffix(se, ".read") {
+			readOnly = false
+		}
+	}
 	destructive := !readOnly && (!m.Safety.Reversible || m.Safety.RiskLevel == "high" || m.Safety.RiskLevel == "critical")
 	open := m.Kind == "http" || m.Kind == "mcp"
 	for _, se := range m.Safety.SideEffects {
