@@ -334,6 +334,81 @@ func (c *Client) Tail(ctx context.Context, tenant string, all bool, fn func(subj
 	}
 }
 
+// TailLast calls fn with the last n audit events of tenant (all tenants
+// when empty) that the stream held when it was called, oldest first, and
+// returns: fewer when fewer exist, none when none do.
+func (c *Client) TailLast(ctx context.Context, tenant string, n int, fn func(subject string, data []byte) error) error {
+	filter := subjects.AuditAll
+	if tenant != "" {
+		filter = subjects.AuditTenant(tenant)
+	}
+	st, err := c.js.Stream(ctx, subjects.StreamAudit)
+	if err != nil {
+		return fmt.Errorf("reading audit: %w", err)
+	}
+	info, err := st.Info(ctx, jetstream.WithSubjectFilter(filter))
+	if err != nil {
+		return fmt.Errorf("reading audit: %w", err)
+	}
+	var stored uint64
+	for _, k := range info.State.Subjects {
+		stored += k
+	}
+	if stored == 0 || n <= 0 {
+		return nil
+	}
+	skip := uint64(0)
+	if stored > uint64(n) {
+		skip = stored - uint64(n)
+	}
+	var seen uint64
+	done := errors.New("caught up")
+	err = c.Tail(ctx, tenant, true, func(subject string, data []byte) error {
+		seen++
+		if seen <= skip {
+			return nil
+		}
+		if err := fn(subject, data); err != nil {
+			return err
+		}
+		if seen >= stored {
+			return done
+		}
+		return nil
+	})
+	if errors.Is(err, done) {
+		return nil
+	}
+	return err
+}
+
+// TailLive calls fn with every audit event of tenant published from now
+// on, until ctx ends or fn returns an error. It subscribes to the audit
+// subjects instead of reading the stream, so an agent may use it for its
+// own tenant (agents may not create consumers).
+func (c *Client) TailLive(ctx context.Context, tenant string, fn func(subject string, data []byte) error) error {
+	if err := checkTenant(tenant); err != nil {
+		return err
+	}
+	sub, err := c.nc.SubscribeSync(subjects.AuditTenant(tenant))
+	if err != nil {
+		return fmt.Errorf("reading audit: %w", err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	for {
+		msg, err := sub.NextMsgWithContext(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		if err := fn(msg.Subject, msg.Data); err != nil {
+			return err
+		}
+	}
+}
+
 // Decide approves or denies a parked invocation. Of several decisions on
 // one invocation only the first counts; later ones fail with E3215.
 func (c *Client) Decide(ctx context.Context, d api.ApprovalDecision) (api.Approval, error) {

@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -261,5 +263,70 @@ func TestRefusalsExplainThemselves(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestTail: --all --count N prints the last N stored events and ends, also
+// when fewer exist; --json is JSON Lines; an agent follows its tenant's
+// new events and is told at once that the stored trail is not its to read.
+func TestTail(t *testing.T) {
+	cleanEnv(t)
+	s := startToolgate(t)
+	for i := range 3 {
+		if r := tg(t, "", s.flags("invoke", "echo", "--params", fmt.Sprintf(`{"message":"m%d"}`, i), "--wait")...); r.code != exitOK {
+			t.Fatalf("invoke: %d %s", r.code, r.stderr)
+		}
+	}
+	lines := func(s string) []string { return strings.Split(strings.TrimSpace(s), "\n") }
+	start := time.Now()
+	every := tg(t, "", s.flags("tail", "--all", "--count", "1000", "--json")...)
+	if every.code != exitOK || time.Since(start) > 5*time.Second {
+		t.Fatalf("tail --all --count 1000 with fewer stored: exit %d after %s\n%s", every.code, time.Since(start), every.stderr)
+	}
+	all := lines(every.stdout)
+	if len(all) < 6 { // tool.invoked and tool.succeeded for each call
+		t.Fatalf("tail --all --count 1000: %d lines\n%s", len(all), every.stdout)
+	}
+	for _, l := range all {
+		var ev struct {
+			Subject string `json:"subject"`
+			Event   struct {
+				Type string `json:"type"`
+			} `json:"event"`
+		}
+		if err := json.Unmarshal([]byte(l), &ev); err != nil || !strings.HasPrefix(ev.Subject, "audit.demo.") || !strings.HasPrefix(ev.Event.Type, "ai.agent.") {
+			t.Fatalf("not a JSON Lines audit event (%v): %s", err, l)
+		}
+	}
+	last := tg(t, "", s.flags("tail", "--all", "--count", "2", "--json")...)
+	if got := lines(last.stdout); last.code != exitOK || len(got) != 2 || got[0] != all[len(all)-2] || got[1] != all[len(all)-1] {
+		t.Fatalf("tail --all --count 2: exit %d\n%s\nwant the last two of\n%s", last.code, last.stdout, every.stdout)
+	}
+
+	tok := agentToken(t, s, "tail-agent", time.Hour, "echo")
+	if r := tg(t, "", "tail", "--all", "--nats", s.url, "--token", tok); r.code != exitNotPermitted || !strings.Contains(r.stderr, "operator credentials") {
+		t.Fatalf("tail --all as an agent: exit %d\n%s", r.code, r.stderr)
+	}
+	var out syncBuffer
+	done := make(chan int, 1)
+	go func() {
+		done <- run(t.Context(), []string{"tail", "--count", "1", "--json", "--nats", s.url, "--token", tok}, strings.NewReader(""), &out, io.Discard)
+	}()
+	// The live tail subscribes once it runs: invoke until it has seen one.
+	deadline := time.After(20 * time.Second)
+	for {
+		if r := tg(t, "", "invoke", "echo", "--params", `{"message":"live"}`, "--wait", "--nats", s.url, "--token", tok); r.code != exitOK {
+			t.Fatalf("invoke as agent: %d %s", r.code, r.stderr)
+		}
+		select {
+		case code := <-done:
+			if code != exitOK || !strings.Contains(out.String(), `"subject":"audit.demo.`) {
+				t.Fatalf("live tail as an agent: exit %d\n%s", code, out.String())
+			}
+			return
+		case <-deadline:
+			t.Fatal("the agent's live tail saw nothing")
+		default:
+		}
 	}
 }
