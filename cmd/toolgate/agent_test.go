@@ -17,6 +17,7 @@ import (
 
 	"github.com/golang-jwt/jwt/v5"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/nats-io/nkeys"
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/node"
 	"github.com/toolgate/toolgate/internal/token"
@@ -327,6 +328,26 @@ func TestTail(t *testing.T) {
 		case <-deadline:
 			t.Fatal("the agent's live tail saw nothing")
 		default:
+		}
+	}
+}
+
+// TestSeedFilesEndWithTheSeed: the .nk halves serve and creds issue write
+// hold the seed and nothing after it (nkeys.js refuses a trailing newline).
+func TestSeedFilesEndWithTheSeed(t *testing.T) {
+	cleanEnv(t)
+	s := startToolgate(t)
+	issued := filepath.Join(t.TempDir(), "bob.creds")
+	if r := tg(t, "", "--data", s.data, "creds", "issue", "--name", "bob", "--out", issued); r.code != exitOK {
+		t.Fatalf("creds issue: %d %s", r.code, r.stderr)
+	}
+	for _, p := range []string{filepath.Join(s.data, "busauth", "operator.nk"), strings.TrimSuffix(issued, ".creds") + ".nk"} {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := nkeys.FromSeed(b); err != nil || strings.TrimSpace(string(b)) != string(b) {
+			t.Errorf("%s: %q is not exactly a seed (%v)", p, b, err)
 		}
 	}
 }
