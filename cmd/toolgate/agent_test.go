@@ -153,7 +153,7 @@ func TestCommandsByRole(t *testing.T) {
 		{[]string{"tools", "get", "echo"}, want{exitOK, `"id": "echo"`}, want{exitOK, `"id": "echo"`}},
 		{[]string{"approvals", "list"}, want{exitOK, parked.InvocationID}, want{exitOK, parked.InvocationID}},
 		{[]string{"approvals", "show", parked.InvocationID}, want{exitOK, "pending"}, want{exitOK, "pending"}},
-		{[]string{"budgets", "show", "--session", "s1"}, want{exitOK, `"tenant": "demo"`}, want{exitOK, `"tenant": "demo"`}},
+		{[]string{"budgets", "show"}, want{exitOK, `"tenant": "demo"`}, want{exitOK, `"tenant": "demo"`}},
 		{[]string{"status", done.InvocationID}, want{exitOK, "success"}, want{exitOK, "success"}},
 		{[]string{"status", parked.InvocationID}, want{exitOK, "waiting for a human"}, want{exitOK, "toolgate approve " + parked.InvocationID}},
 		{[]string{"status", done.InvocationID, "--tenant", "other"}, want{exitWrongTenant, "tenant demo"}, want{exitError, "E3025"}},
@@ -349,5 +349,41 @@ func TestSeedFilesEndWithTheSeed(t *testing.T) {
 		if _, err := nkeys.FromSeed(b); err != nil || strings.TrimSpace(string(b)) != string(b) {
 			t.Errorf("%s: %q is not exactly a seed (%v)", p, b, err)
 		}
+	}
+}
+
+// TestBudgetsShow: without --session the budget shown is the token tree's,
+// where calls are charged; a plain session id is refused, not shown as
+// nothing spent.
+func TestBudgetsShow(t *testing.T) {
+	cleanEnv(t)
+	s := startToolgate(t)
+	k, err := token.LoadSigningKey(filepath.Join(s.data, "dev-signing-key.jwk"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, err := token.Mint(k, token.Claims{
+		ToolID: token.Patterns{"echo"}, TenantID: "demo", AgentDID: node.DevAgent, AllowedOperations: []string{token.OperationExecute},
+		SessionID: "s1", Budget: &token.Budget{MaxCalls: 100},
+		RegisteredClaims: jwt.RegisteredClaims{Issuer: "toolgate", Audience: jwt.ClaimStrings{"toolgate"}, Subject: node.DevAgent,
+			ID: "budgeted", IssuedAt: jwt.NewNumericDate(time.Now()), ExpiresAt: jwt.NewNumericDate(time.Now().Add(time.Hour))},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := tg(t, "", "invoke", "echo", "--params", `{"message":"charged"}`, "--session", "s1", "--wait", "--nats", s.url, "--token", tok); r.code != exitOK {
+		t.Fatalf("invoke: %d %s", r.code, r.stderr)
+	}
+	var st api.BudgetStatus
+	// Usage is charged as the call ends, beside its result.
+	waitFor(t, "the call charged to the token's budget", func() bool {
+		r := tg(t, "", "budgets", "show", "--max-calls", "100", "--nats", s.url, "--token", tok)
+		return r.code == exitOK && json.Unmarshal([]byte(r.stdout), &st) == nil && st.Used.Calls >= 1
+	})
+	if st.Session != "token:budgeted" {
+		t.Errorf("budget of %s, want token:budgeted", st.Session)
+	}
+	if r := tg(t, "", "budgets", "show", "--session", "s1", "--nats", s.url, "--token", tok); r.code != exitUsage || !strings.Contains(r.stderr, "token:<jti>") {
+		t.Fatalf("budgets show --session s1: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
 }

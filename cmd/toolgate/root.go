@@ -10,12 +10,14 @@ import (
 	"strings"
 	"time"
 
+	"github.com/golang-jwt/jwt/v5"
 	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
 	"github.com/toolgate/toolgate/client"
 	"github.com/toolgate/toolgate/internal/busauth"
 	"github.com/toolgate/toolgate/internal/connect"
 	"github.com/toolgate/toolgate/internal/node"
+	"github.com/toolgate/toolgate/internal/token"
 	"golang.org/x/term"
 )
 
@@ -139,6 +141,20 @@ func (a *app) capToken() string {
 		return strings.TrimSpace(string(b))
 	}
 	return ""
+}
+
+// budgetKey is the key the capability token's budget is kept under: its
+// root token's (token.BudgetKey).
+func (a *app) budgetKey() (string, error) {
+	raw := a.capToken()
+	if raw == "" {
+		return "", usageErr("no capability token whose budget to show: give --token (or TOOLGATE_TOKEN), or --session token:<jti>")
+	}
+	var c token.Claims
+	if _, _, err := jwt.NewParser().ParseUnverified(raw, &c); err != nil {
+		return "", usageErr("the capability token: %v", err)
+	}
+	return token.BudgetKey(c.Root()), nil
 }
 
 // tenant is --tenant, else the tenant of the capability token.
