@@ -111,8 +111,6 @@ func (c *Config) valid() error {
 		return fmt.Errorf("%w: no capability token (TOOLGATE_TOKEN or --token-file)", ErrConfig)
 	case !c.Stdio && c.Verifier == nil:
 		return fmt.Errorf("%w: HTTP needs a key set to verify tokens (--jwks, or --data with a development key)", ErrConfig)
-	case !c.Stdio && c.Bus == nil && len(c.NATSOptions) == 0 && c.Token == "":
-		return fmt.Errorf("%w: HTTP needs who to connect as: an agent's token (TOOLGATE_TOKEN or --token-file; serves that tenant) or service credentials (--creds)", ErrConfig)
 	}
 	return nil
 }
@@ -144,7 +142,10 @@ func Run(ctx context.Context, c Config) error {
 		}
 	}
 	if c.Bus == nil {
-		asAgent := len(c.NATSOptions) == 0
+		// With a token and no service credentials, the front end is that
+		// agent on the bus; with neither (HTTP on a bus without
+		// authentication) it connects anonymously.
+		asAgent := len(c.NATSOptions) == 0 && claims != nil
 		opts := c.NATSOptions
 		if asAgent {
 			// Connected as the agent, the front end can reach its own
@@ -156,6 +157,12 @@ func Run(ctx context.Context, c Config) error {
 			opts = ConnectOptions(claims, c.Token)
 		}
 		nc, err := nats.Connect(c.NATSURL, opts...)
+		if errors.Is(err, nats.ErrAuthorization) && len(c.NATSOptions) == 0 {
+			if asAgent {
+				return fmt.Errorf("connecting to %s: the bus refused the capability token (expired, revoked, or not signed by a key it trusts): %w", c.NATSURL, err)
+			}
+			return fmt.Errorf("connecting to %s: the bus admits no anonymous connections: give the agent's token (TOOLGATE_TOKEN, --token-file) or service credentials (--creds): %w", c.NATSURL, err)
+		}
 		if err != nil {
 			return fmt.Errorf("connecting to %s: %w", c.NATSURL, err)
 		}
