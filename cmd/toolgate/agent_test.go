@@ -108,8 +108,9 @@ func TestMCPStdioAsAgent(t *testing.T) {
 }
 
 // TestCommandsByRole runs the commands an agent reaches for as an agent
-// (only its token) and as an operator: each works, or is refused within
-// 5 s with a message naming the missing right and its own exit status.
+// (only its token), as an operator and as a worker (which calls no control
+// endpoint): each works, or is refused within 5 s with a message naming
+// the missing right and its own exit status.
 func TestCommandsByRole(t *testing.T) {
 	cleanEnv(t)
 	s := startToolgate(t)
@@ -123,6 +124,9 @@ func TestCommandsByRole(t *testing.T) {
 	tok := agentToken(t, s, "roles-agent", time.Hour, "echo", "needs.human")
 	asAgent := func(args ...string) []string { return append(args, "--nats", s.url, "--token", tok) }
 	asOperator := func(args ...string) []string { return s.flags(args...) }
+	asWorker := func(args ...string) []string {
+		return append(s.flags(args...), "--creds", filepath.Join(s.data, "busauth", "worker.creds"))
+	}
 
 	r := tg(t, "", asAgent("invoke", "echo", "--params", `{"message":"hi"}`, "--wait", "--json")...)
 	var done api.Response
@@ -165,7 +169,8 @@ func TestCommandsByRole(t *testing.T) {
 			name string
 			args []string
 			want want
-		}{{"agent", asAgent(c.args...), c.agent}, {"operator", asOperator(c.args...), c.operator}} {
+		}{{"agent", asAgent(c.args...), c.agent}, {"operator", asOperator(c.args...), c.operator},
+			{"worker", asWorker(c.args...), want{exitNotPermitted, "may not publish to tool.svc."}}} {
 			start := time.Now()
 			r := tg(t, "", role.args...)
 			took := time.Since(start)
