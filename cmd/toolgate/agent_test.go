@@ -230,6 +230,37 @@ func TestMCPHTTPAsAgent(t *testing.T) {
 	if err != nil || res.IsError || !strings.Contains(res.Content[0].(*mcp.TextContent).Text, "over http") {
 		t.Fatalf("tools/call echo: %v %+v\n%s", err, res, stderr.String())
 	}
+	// Connected as an agent of demo, it serves no other tenant.
+	req, _ := http.NewRequest(http.MethodPost, "http://"+addr+"/mcp", strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"ping"}`))
+	req.Header.Set("Authorization", "Bearer "+otherTenantToken(t, s))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("a token of another tenant: HTTP %d, want 401", resp.StatusCode)
+	}
+}
+
+// otherTenantToken is a token of the development key for tenant other.
+func otherTenantToken(t *testing.T, s server) string {
+	t.Helper()
+	k, err := token.LoadSigningKey(filepath.Join(s.data, "dev-signing-key.jwk"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := token.Mint(k, token.Claims{
+		ToolID: token.Patterns{"echo"}, TenantID: "other", AgentDID: node.DevAgent, AllowedOperations: []string{token.OperationExecute},
+		RegisteredClaims: jwt.RegisteredClaims{Issuer: "toolgate", Audience: jwt.ClaimStrings{"toolgate"}, Subject: node.DevAgent,
+			ID: "other-tenant", IssuedAt: jwt.NewNumericDate(time.Now()), ExpiresAt: jwt.NewNumericDate(time.Now().Add(time.Hour))},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return raw
 }
 
 // TestRefusalsExplainThemselves: each way the bus refuses an agent or an
