@@ -388,9 +388,9 @@ func TestSeedFilesEndWithTheSeed(t *testing.T) {
 	}
 }
 
-// TestBudgetsShow: without --session the budget shown is the token tree's,
-// where calls are charged; a plain session id is refused, not shown as
-// nothing spent.
+// TestBudgetsShow: a token bound to a session invokes without --session;
+// without --session the budget shown is the token tree's, where calls are
+// charged; a plain session id is refused, not shown as nothing spent.
 func TestBudgetsShow(t *testing.T) {
 	cleanEnv(t)
 	s := startToolgate(t)
@@ -407,7 +407,8 @@ func TestBudgetsShow(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r := tg(t, "", "invoke", "echo", "--params", `{"message":"charged"}`, "--session", "s1", "--wait", "--nats", s.url, "--token", tok); r.code != exitOK {
+	// The token is bound to session s1: invoke names it without being told.
+	if r := tg(t, "", "invoke", "echo", "--params", `{"message":"charged"}`, "--wait", "--nats", s.url, "--token", tok); r.code != exitOK {
 		t.Fatalf("invoke: %d %s", r.code, r.stderr)
 	}
 	var st api.BudgetStatus
