@@ -96,13 +96,13 @@ const (
 	EAdminUnverified   = "E3219" // an administrative request not signed by operator credentials
 	// The bus refused to carry a request: the connection's credentials may
 	// not publish to its subject (details.subject).
-	EBusNotPermitted = "E3220"
+	EBusNotPermitted = "E3221"
 	// The bus refused the reply subscription: an agent's connection must use
 	// the inbox prefix _INBOX.<tenant>.<token id> (details.subject).
-	EBusInbox = "E3221"
+	EBusInbox = "E3222"
 	// The bus refused the connection: no credentials, or credentials it
 	// does not accept.
-	EBusRefused = "E3222"
+	EBusRefused = "E3223"
 )
 
 // Resilience codes.

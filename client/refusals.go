@@ -103,7 +103,7 @@ func (r *refusals) refused(msg string) bool {
 }
 
 // NotPermitted is the error of a request the bus refused to carry to
-// subject (E3220): the connection's credentials may not publish there.
+// subject (E3221): the connection's credentials may not publish there.
 func NotPermitted(subject string) *api.Error {
 	hint := "it needs operator credentials (--creds, or NATS_NKEY with NATS_TOKEN)"
 	if strings.HasPrefix(subject, "tool.invoke.") {

@@ -278,11 +278,11 @@ func TestRefusalsExplainThemselves(t *testing.T) {
 		says []string
 	}{
 		{"expired token", []string{"status", "x", "--token", expired}, exitExpired, []string{"E3202", "expired at", "new one"}},
-		{"not a token the bus accepts", []string{"status", "x", "--token", otherKeyToken(t)}, exitRefused, []string{"E3222", "revoked", "toolgate token inspect"}},
-		{"anonymous", []string{"tools", "list"}, exitRefused, []string{"E3222", "no anonymous connections", "--creds"}},
+		{"not a token the bus accepts", []string{"status", "x", "--token", otherKeyToken(t)}, exitRefused, []string{"E3223", "revoked", "toolgate token inspect"}},
+		{"anonymous", []string{"tools", "list"}, exitRefused, []string{"E3223", "no anonymous connections", "--creds"}},
 		{"another tenant", []string{"status", "x", "--token", tok, "--tenant", "other"}, exitWrongTenant, []string{"E3014", "tenant demo", "drop --tenant"}},
-		{"no inbox prefix", []string{"status", "x", "--token", tok, "--inbox-prefix", "_INBOX.elsewhere"}, exitInbox, []string{"E3221", "_INBOX.<tenant>.<token id>"}},
-		{"not permitted", []string{"policy", "show", "--token", tok}, exitNotPermitted, []string{"E3220", "tool.svc.policy.get", "operator credentials"}},
+		{"no inbox prefix", []string{"status", "x", "--token", tok, "--inbox-prefix", "_INBOX.elsewhere"}, exitInbox, []string{"E3222", "_INBOX.<tenant>.<token id>"}},
+		{"not permitted", []string{"policy", "show", "--token", tok}, exitNotPermitted, []string{"E3221", "tool.svc.policy.get", "operator credentials"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -23,12 +23,12 @@ const (
 
 	// The bus refused: each reason its own status, so a script can tell
 	// what to fix.
-	exitNotPermitted = 7  // these credentials lack the right (E3220): an agent calling an operator's endpoint
+	exitNotPermitted = 7  // these credentials lack the right (E3221): an agent calling an operator's endpoint
 	exitExpired      = 8  // the token or credentials have expired
 	exitRevoked      = 9  // the token (or one it derives from) is revoked
 	exitWrongTenant  = 10 // the token is for another tenant than the one named
-	exitInbox        = 11 // an agent connection without its inbox prefix (E3221)
-	exitRefused      = 12 // the bus did not accept the credentials (E3222)
+	exitInbox        = 11 // an agent connection without its inbox prefix (E3222)
+	exitRefused      = 12 // the bus did not accept the credentials (E3223)
 )
 
 // refusalCode is the exit status of a refusal by its E-code, 0 for others.
