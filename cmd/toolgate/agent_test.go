@@ -124,9 +124,13 @@ func TestCommandsByRole(t *testing.T) {
 	tok := agentToken(t, s, "roles-agent", time.Hour, "echo", "needs.human")
 	asAgent := func(args ...string) []string { return append(args, "--nats", s.url, "--token", tok) }
 	asOperator := func(args ...string) []string { return s.flags(args...) }
-	asWorker := func(args ...string) []string {
-		return append(s.flags(args...), "--creds", filepath.Join(s.data, "busauth", "worker.creds"))
+	// A stage's credentials: one stage's own where each stage has its
+	// role, else the workers' shared one.
+	stageCreds := filepath.Join(s.data, "busauth", "validate.creds")
+	if !fileExists(stageCreds) {
+		stageCreds = filepath.Join(s.data, "busauth", "worker.creds")
 	}
+	asWorker := func(args ...string) []string { return append(s.flags(args...), "--creds", stageCreds) }
 
 	r := tg(t, "", asAgent("invoke", "echo", "--params", `{"message":"hi"}`, "--wait", "--json")...)
 	var done api.Response
