@@ -428,3 +428,15 @@ func TestBudgetsShow(t *testing.T) {
 		t.Fatalf("budgets show --session s1: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
 }
+
+// TestMCPExpiredToken: `toolgate mcp --stdio` with an expired token says
+// so and exits with the expired status, instead of a bare refusal.
+func TestMCPExpiredToken(t *testing.T) {
+	cleanEnv(t)
+	s := startToolgate(t)
+	t.Setenv("TOOLGATE_TOKEN", agentToken(t, s, "mcp-expired", -time.Minute, "echo"))
+	r := tg(t, "", "mcp", "--stdio", "--nats", s.url)
+	if r.code != exitExpired || !strings.Contains(r.stderr, "expired at") {
+		t.Fatalf("exit %d, want %d and why\n%s", r.code, exitExpired, r.stderr)
+	}
+}

@@ -74,7 +74,11 @@ func (a *app) mcpCmd() *cobra.Command {
 				go kf.Watch(cmd.Context(), time.Second)
 				c.Verifier = &token.Verifier{Keys: kf, Issuer: iss, Audience: aud, Leeway: node.TokenLeeway}
 			}
-			return mcpfront.Run(cmd.Context(), c)
+			err := mcpfront.Run(cmd.Context(), c)
+			if len(c.NATSOptions) == 0 && c.Token != "" {
+				a.conn.Token = c.Token // who was refused, for the explanation
+			}
+			return a.explainRefusal(err)
 		},
 	}
 	f := cmd.Flags()
