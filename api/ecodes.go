@@ -95,6 +95,15 @@ const (
 	EHopUnsealed       = "E3218" // execute got a hop without a valid seal of authorize's decision
 	EAdminUnverified   = "E3219" // an administrative request not signed by operator credentials
 	EApprovalMismatch  = "E3220" // an approval names a request other than the one parked
+	// The bus refused to carry a request: the connection's credentials may
+	// not publish to its subject (details.subject).
+	EBusNotPermitted = "E3221"
+	// The bus refused the reply subscription: an agent's connection must use
+	// the inbox prefix _INBOX.<tenant>.<token id> (details.subject).
+	EBusInbox = "E3222"
+	// The bus refused the connection: no credentials, or credentials it
+	// does not accept.
+	EBusRefused = "E3223"
 )
 
 // Resilience codes.

@@ -120,6 +120,8 @@ type Hop struct {
 // PollingInfo tells an async caller where to look for the outcome.
 type PollingInfo struct {
 	ResultSubject string `json:"result_subject"`
+	// StatusSubject is the tenant's own status endpoint
+	// (tool.svc.<tenant>.status), the one the calling agent may use.
 	StatusSubject string `json:"status_subject"`
 }
 

@@ -7,6 +7,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
@@ -17,10 +18,15 @@ import (
 	"github.com/toolgate/toolgate/subjects"
 )
 
+// DefaultTimeout bounds a request whose context has no deadline.
+const DefaultTimeout = 10 * time.Second
+
 // Client talks to toolgate over one NATS connection.
 type Client struct {
 	nc *nats.Conn
 	js jetstream.JetStream
+	// refusals fails a request the bus refused at once (see watchRefusals).
+	refusals *refusals
 	// Source is the CloudEvent source of invocations this client sends.
 	Source string
 	// Sign, when set, signs the administrative requests (PushPolicy,
@@ -36,7 +42,7 @@ func New(nc *nats.Conn) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Client{nc: nc, js: js, Source: "urn:toolgate:client"}, nil
+	return &Client{nc: nc, js: js, Source: "urn:toolgate:client", refusals: watchRefusals(nc)}, nil
 }
 
 // InvokeOptions adjust one invocation event.
@@ -86,7 +92,17 @@ func (c *Client) Invoke(ctx context.Context, req api.Request, o InvokeOptions) (
 	tenant := req.AgentContext.TenantID
 	nats.Header(h).Set(nats.MsgIdHdr, api.InvokeMsgID(tenant, e.Source, e.ID))
 	msg := &nats.Msg{Subject: subjects.Invoke(tenant), Header: h, Data: body}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, DefaultTimeout)
+		defer cancel()
+	}
+	ctx, done := c.refusals.track(ctx, msg.Subject)
+	defer done()
 	if _, err := c.js.PublishMsg(ctx, msg); err != nil {
+		if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, ctx.Err()) {
+			return "", cause
+		}
 		return "", fmt.Errorf("publishing invocation: %w", err)
 	}
 	return e.ID, nil
@@ -191,10 +207,14 @@ func checkTenant(tenant string) error {
 	return nil
 }
 
-// Budget reports where a session's budget stands against limits.
+// Budget reports where a session's budget stands against limits, on
+// tenant's scoped endpoint (which agents and operators alike may call).
 func (c *Client) Budget(ctx context.Context, tenant, session string, limits api.BudgetLimits) (api.BudgetStatus, error) {
 	var st api.BudgetStatus
-	err := c.request(ctx, subjects.SvcBudget, api.BudgetRequest{TenantID: tenant, Session: session, Limits: limits}, &st)
+	if err := checkTenant(tenant); err != nil {
+		return st, err
+	}
+	err := c.request(ctx, subjects.TenantSvc(tenant, subjects.SvcBudget), api.BudgetRequest{TenantID: tenant, Session: session, Limits: limits}, &st)
 	return st, err
 }
 
@@ -209,6 +229,17 @@ func (c *Client) ListTools(ctx context.Context, f api.ListRequest) (api.ListResp
 func (c *Client) GetTool(ctx context.Context, id, version string) (json.RawMessage, error) {
 	var out json.RawMessage
 	err := c.request(ctx, subjects.SvcToolsGet, api.ToolRequest{ToolID: id, Version: version}, &out)
+	return out, err
+}
+
+// GetTenantTool is GetTool on tenant's scoped endpoint, the one an agent of
+// tenant may call.
+func (c *Client) GetTenantTool(ctx context.Context, tenant, id, version string) (json.RawMessage, error) {
+	if err := checkTenant(tenant); err != nil {
+		return nil, err
+	}
+	var out json.RawMessage
+	err := c.request(ctx, subjects.TenantSvc(tenant, subjects.SvcToolsGet), api.ToolRequest{ToolID: id, Version: version}, &out)
 	return out, err
 }
 
@@ -239,8 +270,21 @@ func (c *Client) requestSigned(ctx context.Context, subject string, in, out any,
 			return fmt.Errorf("signing the request: %w", err)
 		}
 	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, DefaultTimeout)
+		defer cancel()
+	}
+	ctx, done := c.refusals.track(ctx, subject)
+	defer done()
 	msg, err := c.nc.RequestMsgWithContext(ctx, m)
 	if err != nil {
+		if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, ctx.Err()) {
+			return cause // refused by the bus, said at once
+		}
+		if errors.Is(err, context.DeadlineExceeded) {
+			return fmt.Errorf("%s: no answer in time (is the control service running?): %w", subject, err)
+		}
 		return fmt.Errorf("%s: %w", subject, err)
 	}
 	if msg.Header.Get(micro.ErrorCodeHeader) != "" {
@@ -285,6 +329,81 @@ func (c *Client) Tail(ctx context.Context, tenant string, all bool, fn func(subj
 		}
 		if err := fn(msg.Subject(), msg.Data()); err != nil {
 			it.Stop()
+			return err
+		}
+	}
+}
+
+// TailLast calls fn with the last n audit events of tenant (all tenants
+// when empty) that the stream held when it was called, oldest first, and
+// returns: fewer when fewer exist, none when none do.
+func (c *Client) TailLast(ctx context.Context, tenant string, n int, fn func(subject string, data []byte) error) error {
+	filter := subjects.AuditAll
+	if tenant != "" {
+		filter = subjects.AuditTenant(tenant)
+	}
+	st, err := c.js.Stream(ctx, subjects.StreamAudit)
+	if err != nil {
+		return fmt.Errorf("reading audit: %w", err)
+	}
+	info, err := st.Info(ctx, jetstream.WithSubjectFilter(filter))
+	if err != nil {
+		return fmt.Errorf("reading audit: %w", err)
+	}
+	var stored uint64
+	for _, k := range info.State.Subjects {
+		stored += k
+	}
+	if stored == 0 || n <= 0 {
+		return nil
+	}
+	skip := uint64(0)
+	if stored > uint64(n) {
+		skip = stored - uint64(n)
+	}
+	var seen uint64
+	done := errors.New("caught up")
+	err = c.Tail(ctx, tenant, true, func(subject string, data []byte) error {
+		seen++
+		if seen <= skip {
+			return nil
+		}
+		if err := fn(subject, data); err != nil {
+			return err
+		}
+		if seen >= stored {
+			return done
+		}
+		return nil
+	})
+	if errors.Is(err, done) {
+		return nil
+	}
+	return err
+}
+
+// TailLive calls fn with every audit event of tenant published from now
+// on, until ctx ends or fn returns an error. It subscribes to the audit
+// subjects instead of reading the stream, so an agent may use it for its
+// own tenant (agents may not create consumers).
+func (c *Client) TailLive(ctx context.Context, tenant string, fn func(subject string, data []byte) error) error {
+	if err := checkTenant(tenant); err != nil {
+		return err
+	}
+	sub, err := c.nc.SubscribeSync(subjects.AuditTenant(tenant))
+	if err != nil {
+		return fmt.Errorf("reading audit: %w", err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	for {
+		msg, err := sub.NextMsgWithContext(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		if err := fn(msg.Subject, msg.Data); err != nil {
 			return err
 		}
 	}
@@ -335,17 +454,24 @@ func (c *Client) DeleteTool(ctx context.Context, id, version string) error {
 	return c.admin(ctx, subjects.SvcToolsDelete, api.ToolRequest{ToolID: id, Version: version}, &out)
 }
 
-// Approvals lists tenant's calls waiting for a human's decision.
+// Approvals lists tenant's calls waiting for a human's decision, on
+// tenant's scoped endpoint.
 func (c *Client) Approvals(ctx context.Context, tenant string) ([]api.ApprovalSummary, error) {
 	var out api.ApprovalsResponse
-	err := c.request(ctx, subjects.SvcApprovalsList, api.ApprovalsRequest{Tenant: tenant}, &out)
+	if err := checkTenant(tenant); err != nil {
+		return nil, err
+	}
+	err := c.request(ctx, subjects.TenantSvc(tenant, subjects.SvcApprovalsList), api.ApprovalsRequest{Tenant: tenant}, &out)
 	return out.Approvals, err
 }
 
 // Approval returns the approval of one invocation, in any state.
 func (c *Client) Approval(ctx context.Context, tenant, id string) (api.ApprovalSummary, error) {
 	var out api.ApprovalSummary
-	err := c.request(ctx, subjects.SvcApprovalsGet, api.ApprovalsRequest{Tenant: tenant, InvocationID: id}, &out)
+	if err := checkTenant(tenant); err != nil {
+		return out, err
+	}
+	err := c.request(ctx, subjects.TenantSvc(tenant, subjects.SvcApprovalsGet), api.ApprovalsRequest{Tenant: tenant, InvocationID: id}, &out)
 	return out, err
 }
 

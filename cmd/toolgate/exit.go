@@ -20,7 +20,35 @@ const (
 	exitTimeout   = 5   // the call timed out, or --wait gave up first
 	exitCancelled = 6   // the call was cancelled
 	exitInterrupt = 130 // interrupted (Ctrl-C, SIGTERM) before the command finished
+
+	// The bus refused: each reason its own status, so a script can tell
+	// what to fix.
+	exitNotPermitted = 7  // these credentials lack the right (E3221): an agent calling an operator's endpoint
+	exitExpired      = 8  // the token or credentials have expired
+	exitRevoked      = 9  // the token (or one it derives from) is revoked
+	exitWrongTenant  = 10 // the token is for another tenant than the one named
+	exitInbox        = 11 // an agent connection without its inbox prefix (E3222)
+	exitRefused      = 12 // the bus did not accept the credentials (E3223)
 )
+
+// refusalCode is the exit status of a refusal by its E-code, 0 for others.
+func refusalCode(ecode string) int {
+	switch ecode {
+	case api.EBusNotPermitted:
+		return exitNotPermitted
+	case api.ETokenExpired:
+		return exitExpired
+	case api.ETokenRevoked:
+		return exitRevoked
+	case api.ETenantMismatch:
+		return exitWrongTenant
+	case api.EBusInbox:
+		return exitInbox
+	case api.EBusRefused:
+		return exitRefused
+	}
+	return 0
+}
 
 // codeError ends a command with an exit code. With shown set the command has
 // already told the user (it printed the result); nothing more is printed.
@@ -78,6 +106,8 @@ func codeOf(err error) int {
 		return exitOK
 	case errors.As(err, &ce):
 		return ce.code
+	case errors.As(err, &te) && refusalCode(te.ECode) != 0:
+		return refusalCode(te.ECode)
 	case errors.As(err, &conn):
 		return exitConnect
 	case errors.Is(err, connect.ErrNoTenant):

@@ -12,11 +12,13 @@ import (
 	"strings"
 	"time"
 
+	"github.com/golang-jwt/jwt/v5"
 	"github.com/spf13/cobra"
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/client"
 	"github.com/toolgate/toolgate/internal/connect"
 	"github.com/toolgate/toolgate/internal/node"
+	"github.com/toolgate/toolgate/internal/token"
 	"github.com/toolgate/toolgate/subjects"
 )
 
@@ -71,7 +73,7 @@ approval says so, and the exit status tells how the call ended.`,
 	f.StringVar(&params, "params", "{}", "parameters: a JSON object, @FILE, or - to read stdin")
 	f.StringVar(&version, "version", "", "exact version or semver range (default: latest)")
 	f.StringVar(&agent, "agent", "", "agent DID (default: the token's agent_did)")
-	f.StringVar(&session, "session", "", "session id")
+	f.StringVar(&session, "session", "", "session id (default: the token's session_id)")
 	f.StringVar(&id, "id", "", "invocation id (default: a new UUID)")
 	f.StringVar(&idem, "idempotency-key", "", "repeat calls with this key return the first one's result")
 	f.StringVar(&priority, "priority", "", "scheduling priority: high, normal or low")
@@ -90,9 +92,20 @@ approval says so, and the exit status tells how the call ended.`,
 		if err != nil {
 			return err
 		}
+		if err := a.checkAgentTenant(tenant); err != nil {
+			return err
+		}
 		if agent == "" {
 			c, _ := connect.TokenClaims(a.capToken())
 			agent = cmp.Or(c.AgentDID, c.Subject, node.DevAgent)
+		}
+		if session == "" {
+			// A token bound to a session grants calls of that session
+			// only: name it, rather than have every call refused.
+			var c token.Claims
+			if _, _, err := jwt.NewParser().ParseUnverified(a.capToken(), &c); err == nil {
+				session = c.SessionID
+			}
 		}
 		req := api.Request{
 			ToolID: args[0], ToolVersion: version, Parameters: p, CapabilityToken: a.capToken(),
@@ -116,7 +129,7 @@ approval says so, and the exit status tells how the call ended.`,
 		}
 		if !wait {
 			resp := api.Response{InvocationID: invID, Status: api.StatusPending,
-				PollingInfo: &api.PollingInfo{ResultSubject: subjects.Result(tenant, invID), StatusSubject: subjects.SvcStatus}}
+				PollingInfo: &api.PollingInfo{ResultSubject: subjects.Result(tenant, invID), StatusSubject: subjects.TenantSvc(tenant, subjects.SvcStatus)}}
 			return a.emit(resp, func(w io.Writer) error {
 				fmt.Fprintf(w, "%s  invocation %s  tenant %s\n", a.status(api.StatusPending), invID, tenant)
 				fmt.Fprintf(w, "follow it: toolgate status %s --tenant %s\n", invID, tenant)
@@ -187,7 +200,7 @@ func (a *app) wait(ctx context.Context, c *client.Client, tenant, id string, wai
 			var line string
 			switch {
 			case rec.Status == api.StatusPendingApproval:
-				line = fmt.Sprintf("pending approval: toolgate approve %s --tenant %s", id, tenant)
+				line = a.approvalHint(id, tenant)
 			case rec.Progress != nil && rec.Status == api.StatusRunning:
 				line = fmt.Sprintf("running: %.0f%% %s", rec.Progress.Percent, rec.Progress.Message)
 			case rec.Status == api.StatusRunning:

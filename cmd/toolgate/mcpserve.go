@@ -23,19 +23,23 @@ func (a *app) mcpCmd() *cobra.Command {
 		Use:   "mcp (--stdio | --listen HOST:PORT)",
 		Short: "Serve toolgate's tools to MCP clients; every tools/call runs through the pipeline",
 		Example: `  TOOLGATE_TOKEN=$(cat toolgate-data/dev-token) toolgate mcp --stdio
-  toolgate mcp --listen 127.0.0.1:8765`,
+  TOOLGATE_TOKEN=$(cat toolgate-data/dev-token) toolgate mcp --listen 127.0.0.1:8765
+  toolgate mcp --listen 127.0.0.1:8765 --creds mcp.creds   # serves every tenant`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if c.Stdio == (c.Listen != "") {
 				return usageErr("mcp: give exactly one of --stdio and --listen")
 			}
 			c.NATSURL = a.conn.ServerURL()
-			// The front door connects with service credentials when it has
-			// them (--creds, --nkey, a local serve's): the capability token
-			// is the callers', not the connection's.
+			// The front door connects with service credentials only when
+			// they are given (--creds, --nkey, NATS_CREDS, NATS_TOKEN);
+			// otherwise as the agent whose token it serves, with that
+			// agent's rights and nothing more. Credentials lying in a data
+			// directory are never picked up: an MCP client launched there
+			// would hold rights it never asked for.
 			svc := a.conn
-			svc.Token, svc.InboxPrefix = "", ""
-			if svc.Creds != "" || svc.Nkey != "" || svc.NATSToken != "" || svc.LocalCreds != "" {
+			svc.Token, svc.InboxPrefix, svc.LocalCreds = "", "", ""
+			if svc.Creds != "" || svc.Nkey != "" || svc.NATSToken != "" {
 				opts, err := svc.NATSOptions()
 				if err != nil {
 					return err
@@ -43,15 +47,16 @@ func (a *app) mcpCmd() *cobra.Command {
 				c.NATSOptions = append(opts, nats.Name("toolgate-mcp"))
 			}
 			c.Log = logger(a.stderr, level)
-			if c.Stdio {
-				c.Token = strings.TrimSpace(os.Getenv("TOOLGATE_TOKEN"))
-				if tokenFile != "" {
-					b, err := os.ReadFile(tokenFile)
-					if err != nil {
-						return fmt.Errorf("token file: %w", err)
-					}
-					c.Token = strings.TrimSpace(string(b))
+			c.Token = a.conn.Token // --token, else TOOLGATE_TOKEN
+			if tokenFile != "" {
+				b, err := os.ReadFile(tokenFile)
+				if err != nil {
+					return fmt.Errorf("token file: %w", err)
 				}
+				c.Token = strings.TrimSpace(string(b))
+			}
+			if !c.Stdio && len(c.NATSOptions) > 0 {
+				c.Token = "" // each HTTP request brings its own
 			}
 			path := jwks
 			if path == "" {
@@ -69,13 +74,17 @@ func (a *app) mcpCmd() *cobra.Command {
 				go kf.Watch(cmd.Context(), time.Second)
 				c.Verifier = &token.Verifier{Keys: kf, Issuer: iss, Audience: aud, Leeway: node.TokenLeeway}
 			}
-			return mcpfront.Run(cmd.Context(), c)
+			err := mcpfront.Run(cmd.Context(), c)
+			if len(c.NATSOptions) == 0 && c.Token != "" {
+				a.conn.Token = c.Token // who was refused, for the explanation
+			}
+			return a.explainRefusal(err)
 		},
 	}
 	f := cmd.Flags()
 	f.BoolVar(&c.Stdio, "stdio", false, "serve one MCP session on stdin/stdout, with the token of TOOLGATE_TOKEN or --token-file")
 	f.StringVar(&c.Listen, "listen", "", "serve streamable HTTP on HOST:PORT (path /mcp); each request carries Authorization: Bearer <capability token>")
-	f.StringVar(&tokenFile, "token-file", "", "file holding the capability token of the stdio session (default: $TOOLGATE_TOKEN)")
+	f.StringVar(&tokenFile, "token-file", "", "file holding the capability token of the stdio session, and who the front end connects as without --creds (default: --token, $TOOLGATE_TOKEN)")
 	f.StringVar(&jwks, "jwks", "", "key set (JWKS file) tokens are verified with (default: the development key set in --data)")
 	f.StringVar(&c.Tenant, "tenant", "", "refuse tokens of any other tenant")
 	f.StringVar(&iss, "token-issuer", "toolgate", "required iss of capability tokens")

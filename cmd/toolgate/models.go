@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
@@ -149,10 +150,22 @@ func (a *app) budgetsCmd() *cobra.Command {
 	var session string
 	var l api.BudgetLimits
 	show := &cobra.Command{
-		Use: "show --session S", Short: "Show a session's used and remaining budget, spending rate and projected depletion", Args: noArgs,
+		Use: "show [--session token:JTI]", Short: "Show a token tree's used and remaining budget, spending rate and projected depletion", Args: noArgs,
+		Long: `Show a budget's used and remaining amounts, spending rate and projected
+depletion. Budgets are kept per token tree, under token:<root token id>,
+whatever session_id the calls name: without --session, the budget of the
+capability token in use (--token, TOOLGATE_TOKEN, the development token).`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if session == "" {
-				return usageErr("budgets show: --session is required")
+			switch {
+			case session == "":
+				var err error
+				if session, err = a.budgetKey(); err != nil {
+					return err
+				}
+			case !strings.HasPrefix(session, "token:"):
+				// A session_id names no budget: showing its (always empty)
+				// usage would read as "nothing spent".
+				return usageErr("budgets show: budgets are kept per token tree (token:<root token id>), not per session_id %q: leave --session out for the token in use, or give --session token:<jti>", session)
 			}
 			tenant, err := a.tenant()
 			if err != nil {
@@ -171,7 +184,7 @@ func (a *app) budgetsCmd() *cobra.Command {
 		},
 	}
 	f := show.Flags()
-	f.StringVar(&session, "session", "", "session: the token's session_id, else the request's (required)")
+	f.StringVar(&session, "session", "", "budget key token:<root token id> (default: the capability token's)")
 	f.Int64Var(&l.MaxTokens, "max-tokens", 0, "the budget's max_tokens, for what remains")
 	f.Float64Var(&l.MaxCost, "max-cost", 0, "the budget's max_cost")
 	f.Int64Var(&l.MaxCalls, "max-calls", 0, "the budget's max_calls")

@@ -145,7 +145,7 @@ func (a *app) renderRecord(w io.Writer, rec api.Record) error {
 		fmt.Fprintf(w, "progress: %.0f%% %s\n", p.Percent, p.Message)
 	}
 	if rec.Status == api.StatusPendingApproval {
-		fmt.Fprintf(w, "pending approval: toolgate approve %s --tenant %s (or deny)\n", rec.InvocationID, rec.Tenant)
+		fmt.Fprintln(w, a.approvalHint(rec.InvocationID, rec.Tenant))
 	}
 	if rec.Error != nil {
 		fmt.Fprintln(w, "error:", errorLine(rec.Error))
@@ -156,4 +156,14 @@ func (a *app) renderRecord(w io.Writer, rec api.Record) error {
 		fmt.Fprintln(w, indentJSON(rec.Response.Result, ""))
 	}
 	return nil
+}
+
+// approvalHint says what a call waiting for a human waits for: to an
+// operator, the command that decides it; to an agent, which cannot decide
+// its own calls, only that a human will.
+func (a *app) approvalHint(id, tenant string) string {
+	if a.asAgent() {
+		return "pending approval: waiting for a human to approve or deny it; it runs once approved (follow it: toolgate status " + id + ")"
+	}
+	return fmt.Sprintf("pending approval: toolgate approve %s --tenant %s (or deny)", id, tenant)
 }

@@ -10,12 +10,14 @@ import (
 	"strings"
 	"time"
 
+	"github.com/golang-jwt/jwt/v5"
 	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
 	"github.com/toolgate/toolgate/client"
 	"github.com/toolgate/toolgate/internal/busauth"
 	"github.com/toolgate/toolgate/internal/connect"
 	"github.com/toolgate/toolgate/internal/node"
+	"github.com/toolgate/toolgate/internal/token"
 	"golang.org/x/term"
 )
 
@@ -64,18 +66,23 @@ One binary serves the pipeline (validate, authorize, route, execute, verify,
 audit over NATS JetStream), runs single stages, and talks to a running
 toolgate. Client commands share the connection flags below; output is for
 people unless --json is given. Exit status: 0 success, 1 error, 2 usage,
-3 no connection, 4 denied, 5 timeout, 6 cancelled, 130 interrupted
-(see docs/cli.md).`,
+3 no connection, 4 denied, 5 timeout, 6 cancelled; the bus refused: 7 not
+permitted, 8 expired, 9 revoked, 10 another tenant, 11 no inbox prefix,
+12 credentials not accepted; 130 interrupted (see docs/cli.md).`,
 		SilenceErrors: true,
 		SilenceUsage:  true,
 		// A bare `toolgate` shows the help.
 		RunE: func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
-		PersistentPreRun: func(*cobra.Command, []string) {
+		PersistentPreRun: func(cmd *cobra.Command, _ []string) {
 			a.conn.Resolve()
 			// A local serve's operator credentials, when nothing else
-			// names who connects.
-			if p := filepath.Join(a.data, busauth.DirName, busauth.OperatorCredsFile); fileExists(p) {
-				a.conn.LocalCreds = p
+			// names who connects and --data names that serve: never from a
+			// data directory that merely happens to lie where the command
+			// runs, or a command an agent runs there would act as operator.
+			if f := cmd.Flags().Lookup("data"); f != nil && f.Changed {
+				if p := filepath.Join(a.data, busauth.DirName, busauth.OperatorCredsFile); fileExists(p) {
+					a.conn.LocalCreds = p
+				}
 			}
 		},
 	}
@@ -85,7 +92,7 @@ people unless --json is given. Exit status: 0 success, 1 error, 2 usage,
 	pf := root.PersistentFlags()
 	a.conn.AddFlags(pf)
 	pf.BoolVar(&a.json, "json", false, "print JSON for scripts instead of text for people")
-	pf.StringVar(&a.data, "data", "toolgate-data", "data directory of a local serve; its development token is used when no --token is given")
+	pf.StringVar(&a.data, "data", "toolgate-data", "data directory of a local serve: its development token when no --token is given; given explicitly, its operator credentials when nothing else names who connects")
 	root.AddGroup(&cobra.Group{ID: "run", Title: "Running toolgate:"},
 		&cobra.Group{ID: "call", Title: "Calling tools:"},
 		&cobra.Group{ID: "admin", Title: "Administration:"})
@@ -136,8 +143,30 @@ func (a *app) capToken() string {
 	return ""
 }
 
+// budgetKey is the key the capability token's budget is kept under: its
+// root token's (token.BudgetKey).
+func (a *app) budgetKey() (string, error) {
+	raw := a.capToken()
+	if raw == "" {
+		return "", usageErr("no capability token whose budget to show: give --token (or TOOLGATE_TOKEN), or --session token:<jti>")
+	}
+	var c token.Claims
+	if _, _, err := jwt.NewParser().ParseUnverified(raw, &c); err != nil {
+		return "", usageErr("the capability token: %v", err)
+	}
+	return token.BudgetKey(c.Root()), nil
+}
+
 // tenant is --tenant, else the tenant of the capability token.
 func (a *app) tenant() (string, error) { return a.conn.TenantFor(a.capToken()) }
+
+// asAgent reports whether commands connect as the agent of the capability
+// token (--token or TOOLGATE_TOKEN, nothing else naming who connects): such
+// a connection may call only its tenant's scoped endpoints.
+func (a *app) asAgent() bool {
+	o := a.conn
+	return o.Token != "" && o.Creds == "" && o.Nkey == "" && o.NATSToken == "" && o.Context == ""
+}
 
 // client connects and returns a client and a function that closes it.
 // tenantClient is the tenant a command acts for and a client connected for
@@ -145,6 +174,9 @@ func (a *app) tenant() (string, error) { return a.conn.TenantFor(a.capToken()) }
 func (a *app) tenantClient() (string, *client.Client, func(), error) {
 	tenant, err := a.tenant()
 	if err != nil {
+		return "", nil, nil, err
+	}
+	if err := a.checkAgentTenant(tenant); err != nil {
 		return "", nil, nil, err
 	}
 	c, closeFn, err := a.client()
@@ -157,7 +189,7 @@ func (a *app) tenantClient() (string, *client.Client, func(), error) {
 func (a *app) client() (*client.Client, func(), error) {
 	nc, err := a.conn.Connect()
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, a.explainRefusal(err)
 	}
 	c, err := client.New(nc)
 	if err != nil {

@@ -73,7 +73,10 @@ func (a *app) tailCmd() *cobra.Command {
 		Short: "Follow the audit trail, one event a line (--json: the raw events)",
 		Long: `Follow the audit trail of the tenant (--tenant, else the token's; --all-tenants
 for every tenant), one event a line: time, tenant, event, tool, status, error
-code, invocation. --json prints each event's subject and CloudEvent instead.`,
+code, invocation. --json prints JSON Lines instead, one object a line:
+{"subject": ..., "event": <the CloudEvent>}. --all --count N prints the last
+N stored events and ends. An agent (only its token) follows its tenant's new
+events; the stored trail takes operator credentials.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			tenant := ""
@@ -84,35 +87,73 @@ code, invocation. --json prints each event's subject and CloudEvent instead.`,
 				}
 				tenant = t
 			}
+			if a.asAgent() && (all || everyTenant) {
+				// Reading what is stored takes a consumer, which the bus
+				// gives no agent; say so now rather than wait.
+				return api.NewError(api.PermissionDenied, api.EBusNotPermitted,
+					"an agent may not read the stored audit trail (--all) or other tenants' (--all-tenants): that takes operator credentials; `toolgate tail` without them follows the tenant's new events")
+			}
 			c, closeFn, err := a.client()
 			if err != nil {
 				return err
 			}
 			defer closeFn()
 			n := 0
-			err = c.Tail(cmd.Context(), tenant, all, func(subject string, data []byte) error {
-				var werr error
-				if a.json {
-					_, werr = fmt.Fprintf(a.stdout, "%s %s\n", subject, data)
-				} else {
-					_, werr = io.WriteString(a.stdout, a.renderAudit(subject, data)+"\n")
-				}
-				if werr != nil {
-					return werr
+			show := func(subject string, data []byte) error {
+				if err := a.writeAudit(subject, data); err != nil {
+					return err
 				}
 				if n++; count > 0 && n >= count {
 					return errTailDone
 				}
 				return nil
-			})
+			}
+			switch {
+			case all && count > 0:
+				// The last count events, like tail -n: it ends, also when
+				// fewer exist.
+				err = c.TailLast(cmd.Context(), tenant, count, a.writeAudit)
+			case a.asAgent():
+				err = c.TailLive(cmd.Context(), tenant, show)
+			default:
+				err = c.Tail(cmd.Context(), tenant, all, show)
+			}
 			if errors.Is(err, errTailDone) {
 				return nil
 			}
 			return err
 		},
 	}
-	cmd.Flags().BoolVar(&all, "all", false, "start from the first event, not the next one")
+	cmd.Flags().BoolVar(&all, "all", false, "start from the first event, not the next one; with --count N, print the last N stored and end")
 	cmd.Flags().BoolVar(&everyTenant, "all-tenants", false, "every tenant's events")
 	cmd.Flags().IntVar(&count, "count", 0, "stop after this many events (0: follow until interrupted)")
 	return cmd
+}
+
+// writeAudit prints one audit event: a line for people, or a JSON Lines
+// object {"subject", "event"} with --json.
+func (a *app) writeAudit(subject string, data []byte) error {
+	if !a.json {
+		_, err := io.WriteString(a.stdout, a.renderAudit(subject, data)+"\n")
+		return err
+	}
+	line, err := json.Marshal(struct {
+		Subject string          `json:"subject"`
+		Event   json.RawMessage `json:"event"`
+	}{subject, auditEvent(data)})
+	if err != nil {
+		return err
+	}
+	_, err = a.stdout.Write(append(line, '\n'))
+	return err
+}
+
+// auditEvent is data as JSON: the event itself, or as a string when it is
+// not JSON (an event nothing could read is audited as it came).
+func auditEvent(data []byte) json.RawMessage {
+	if json.Valid(data) {
+		return data
+	}
+	b, _ := json.Marshal(string(data))
+	return b
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/golang-jwt/jwt/v5"
 	"github.com/spf13/cobra"
+	"github.com/toolgate/toolgate/internal/busauth"
 	"github.com/toolgate/toolgate/internal/node"
 	"github.com/toolgate/toolgate/internal/token"
 )
@@ -213,6 +214,13 @@ func (a *app) tokenInspectCmd() *cobra.Command {
 				return fmt.Errorf("not a JWT: %w", err)
 			}
 			out := map[string]any{"header": t.Header, "claims": t.Claims, "verified": false}
+			c := t.Claims.(*token.Claims)
+			inbox := ""
+			if c.TenantID != "" && c.ID != "" {
+				// What an agent's NATS client must set (nats --inbox-prefix).
+				inbox = busauth.InboxPrefix(c.TenantID, c.ID)
+				out["inbox_prefix"] = inbox
+			}
 			var verr error
 			if jwks != "" {
 				ks, err := token.LoadKeySet(jwks)
@@ -227,9 +235,8 @@ func (a *app) tokenInspectCmd() *cobra.Command {
 				}
 			}
 			err = a.emit(out, func(w io.Writer) error {
-				c := t.Claims.(*token.Claims)
 				rows := [][]string{
-					{"tenant", c.TenantID}, {"agent", c.AgentDID}, {"subject", c.Subject}, {"token id", c.ID},
+					{"tenant", c.TenantID}, {"agent", c.AgentDID}, {"subject", c.Subject}, {"token id", c.ID}, {"inbox prefix", inbox},
 					{"issuer", c.Issuer}, {"audience", strings.Join(c.Audience, ",")},
 					{"tools", strings.Join(patterns(c.ToolID), ",")}, {"operations", strings.Join(c.AllowedOperations, ",")},
 				}

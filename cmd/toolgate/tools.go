@@ -42,8 +42,25 @@ func (a *app) toolsListCmd() *cobra.Command {
 				return err
 			}
 			defer closeFn()
-			out, err := c.ListTools(cmd.Context(), f)
-			if err != nil {
+			var out api.ListResponse
+			if a.asAgent() {
+				// An agent lists through its tenant's endpoint, every page.
+				tenant, err := a.tenant()
+				if err != nil {
+					return err
+				}
+				r := f
+				for {
+					page, err := c.SearchTools(cmd.Context(), tenant, r)
+					if err != nil {
+						return err
+					}
+					out.Tools, out.TotalCount = append(out.Tools, page.Tools...), page.TotalCount
+					if r.Cursor = page.NextCursor; r.Cursor == "" {
+						break
+					}
+				}
+			} else if out, err = c.ListTools(cmd.Context(), f); err != nil {
 				return err
 			}
 			return a.emit(out, func(w io.Writer) error {
@@ -83,7 +100,16 @@ func (a *app) toolsGetCmd() *cobra.Command {
 				return err
 			}
 			defer closeFn()
-			out, err := c.GetTool(cmd.Context(), args[0], version)
+			var out json.RawMessage
+			if a.asAgent() {
+				tenant, terr := a.tenant()
+				if terr != nil {
+					return terr
+				}
+				out, err = c.GetTenantTool(cmd.Context(), tenant, args[0], version)
+			} else {
+				out, err = c.GetTool(cmd.Context(), args[0], version)
+			}
 			if err != nil {
 				return err
 			}

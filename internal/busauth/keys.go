@@ -272,7 +272,9 @@ func WriteCredsFiles(path string, creds []byte) error {
 	if err := writeSecret(base+".jwt", []byte(tok+"\n")); err != nil {
 		return err
 	}
-	return writeSecret(base+".nk", append(seed, '\n'))
+	// The seed alone, no newline: nkeys.js (the nats CLI's JavaScript
+	// peers) refuses a seed file with one.
+	return writeSecret(base+".nk", seed)
 }
 
 // CredentialsOption authenticates a nats.go connection with a .creds file

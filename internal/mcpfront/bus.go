@@ -42,12 +42,13 @@ type Bus interface {
 
 // NATSBus is Bus over one NATS connection: invocations and results through
 // JetStream, control requests through the control service, the registry
-// from the tools bucket.
+// from the tools bucket (NewNATSBus) or, for a connection holding only an
+// agent's token, from its tenant's tools.list and tools.get endpoints
+// (NewAgentBus).
 type NATSBus struct {
 	nc    *nats.Conn
 	c     *client.Client
-	store *kvstore.Store
-	reg   *tools.Registry
+	tools toolSource
 	log   *slog.Logger
 
 	// Results arrive on one core subscription per tenant and go to the
@@ -91,8 +92,26 @@ func NewNATSBus(ctx context.Context, nc *nats.Conn, log *slog.Logger) (*NATSBus,
 	if err != nil {
 		return nil, fmt.Errorf("opening the registry: %w", err)
 	}
-	return &NATSBus{nc: nc, c: c, store: store, reg: tools.NewRegistry(), log: log,
-		subs: map[string]*nats.Subscription{}, waiters: map[string][]chan api.Response{}}, nil
+	return newBus(nc, c, &kvTools{store: store, reg: tools.NewRegistry(), log: log}, log), nil
+}
+
+// NewAgentBus is a Bus over nc connected as an agent of tenant (its
+// capability token as the connect token, see ConnectOptions): such a
+// connection may not read the tools bucket, so the registry is read from
+// the tenant's tools.list and tools.get endpoints, again every interval
+// (default DefaultRegistryInterval). The caller closes nc.
+func NewAgentBus(nc *nats.Conn, tenant string, interval time.Duration, log *slog.Logger) (*NATSBus, error) {
+	c, err := client.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	c.Source = "urn:toolgate:mcp"
+	return newBus(nc, c, newScopedTools(c, tenant, interval, log), log), nil
+}
+
+func newBus(nc *nats.Conn, c *client.Client, src toolSource, log *slog.Logger) *NATSBus {
+	return &NATSBus{nc: nc, c: c, tools: src, log: log,
+		subs: map[string]*nats.Subscription{}, waiters: map[string][]chan api.Response{}}
 }
 
 // Invoke registers the call's waiter before publishing, so its result
@@ -197,8 +216,28 @@ func (b *NATSBus) Cancel(ctx context.Context, tenant, id, reason string) error {
 	return err
 }
 
-func (b *NATSBus) Tools() []*tools.Manifest { return b.reg.List() }
+func (b *NATSBus) Tools() []*tools.Manifest { return b.tools.Tools() }
 
 func (b *NATSBus) WatchTools(ctx context.Context, changed func()) error {
-	return b.store.WatchToolsNotify(ctx, b.reg, b.log, changed)
+	return b.tools.WatchTools(ctx, changed)
+}
+
+// toolSource is where a NATSBus reads the registry from.
+type toolSource interface {
+	Tools() []*tools.Manifest
+	WatchTools(ctx context.Context, changed func()) error
+}
+
+// kvTools reads the registry from the tools bucket, which operators and
+// toolgate's own processes may read.
+type kvTools struct {
+	store *kvstore.Store
+	reg   *tools.Registry
+	log   *slog.Logger
+}
+
+func (k *kvTools) Tools() []*tools.Manifest { return k.reg.List() }
+
+func (k *kvTools) WatchTools(ctx context.Context, changed func()) error {
+	return k.store.WatchToolsNotify(ctx, k.reg, k.log, changed)
 }

@@ -52,12 +52,19 @@ func describe(name string, m *tools.Manifest) *mcp.Tool {
 	return t
 }
 
-// annotations: read-only when the tool declares no side effects;
-// destructive when it has side effects and is not reversible, or is high or
-// critical risk; idempotent when declared so (or read-only); open-world when
-// it reaches beyond toolgate (http and mcp tools, network side effects).
+// annotations: read-only when the tool's only side effects are reads
+// (fs.read, db.read: a side effect whose last part is "read"), or it has
+// none; destructive when it changes something and is not reversible, or is
+// high or critical risk; idempotent when declared so (or read-only);
+// open-world when it reaches beyond toolgate (http and mcp tools, network
+// side effects).
 func annotations(m *tools.Manifest) *mcp.ToolAnnotations {
-	readOnly := len(m.Safety.SideEffects) == 0
+	readOnly := true
+	for _, se := range m.Safety.SideEffects {
+		if se != "read" && !strings.HasSuffix(se, ".read") {
+			readOnly = false
+		}
+	}
 	destructive := !readOnly && (!m.Safety.Reversible || m.Safety.RiskLevel == "high" || m.Safety.RiskLevel == "critical")
 	open := m.Kind == "http" || m.Kind == "mcp"
 	for _, se := range m.Safety.SideEffects {
@@ -183,15 +190,29 @@ func (s *session) call(ctx context.Context, toolID string, req *mcp.CallToolRequ
 	return toResult(resp), nil
 }
 
+// heartbeatStep is how much each heartbeat advances the progress value:
+// MCP asks that progress increase with every notification, and a tool's
+// own percentages, relayed later, should still exceed it.
+const heartbeatStep = 0.01
+
 // watch reads the invocation's record while the call waits: a parked call
-// is announced (progress and a log message), and the tool's own progress
-// is relayed when the client asked for progress.
+// is announced (progress and a log message), the tool's own progress is
+// relayed when the client asked for progress, and while nothing else is
+// said a heartbeat goes out every ProgressInterval, so a client that
+// restarts its timeout on progress (the TypeScript SDK's
+// resetTimeoutOnProgress) waits for an approval as long as it takes.
 func (s *session) watch(ctx context.Context, req *mcp.CallToolRequest, tenant, id string) {
 	progressToken := req.Params.GetProgressToken()
 	t := time.NewTimer(s.f.cfg.StatusInterval)
 	defer t.Stop()
 	announced := false
-	last := -1.0
+	last := 0.0
+	lastSent := time.Now()
+	notify := func(p mcp.ProgressNotificationParams) {
+		p.ProgressToken = progressToken
+		_ = req.Session.NotifyProgress(ctx, &p)
+		lastSent = time.Now()
+	}
 	for {
 		rec, err := s.f.cfg.Bus.Status(ctx, tenant, id)
 		switch {
@@ -200,14 +221,21 @@ func (s *session) watch(ctx context.Context, req *mcp.CallToolRequest, tenant, i
 			announced = true
 			msg := fmt.Sprintf("waiting for a human to approve this call (invocation %s); the call continues once it is approved, and ends denied if it is not", id)
 			if progressToken != nil {
-				_ = req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{ProgressToken: progressToken, Progress: 0, Message: msg})
+				last += heartbeatStep
+				notify(mcp.ProgressNotificationParams{Progress: last, Message: msg})
 			}
 			//lint:ignore SA1019 logging/setLevel is part of the protocol revisions served (2025-06-18, 2025-11-25)
 			_ = req.Session.Log(ctx, &mcp.LoggingMessageParams{Level: "notice", Logger: "toolgate", Data: msg})
 		case rec.Progress != nil && rec.Progress.Percent > last && progressToken != nil:
 			last = rec.Progress.Percent
-			_ = req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{ProgressToken: progressToken,
-				Progress: rec.Progress.Percent, Total: 100, Message: rec.Progress.Message})
+			notify(mcp.ProgressNotificationParams{Progress: rec.Progress.Percent, Total: 100, Message: rec.Progress.Message})
+		case progressToken != nil && time.Since(lastSent) >= s.f.cfg.ProgressInterval:
+			last += heartbeatStep
+			msg := "running"
+			if rec.Status == api.StatusPendingApproval {
+				msg = fmt.Sprintf("still waiting for a human to approve this call (invocation %s)", id)
+			}
+			notify(mcp.ProgressNotificationParams{Progress: last, Message: msg})
 		}
 		select {
 		case <-ctx.Done():

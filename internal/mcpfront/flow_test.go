@@ -11,7 +11,9 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/mcpfront"
 	"github.com/toolgate/toolgate/internal/token"
+	"github.com/toolgate/toolgate/internal/tools"
 )
 
 // pendingApproval waits until toolgate has parked a call of tenant and
@@ -369,5 +371,46 @@ func TestCallStream(t *testing.T) {
 	}
 	if r := <-done; r == nil || r.IsError || invocationOf(r) != id {
 		t.Fatalf("approved call: %+v", r)
+	}
+}
+
+// TestAgentBusRegistry: a front end connected as an agent reads the
+// registry through its tenant's tools.list and tools.get, and a tool
+// registered later reaches it within the interval.
+func TestAgentBusRegistry(t *testing.T) {
+	e := newEnv(t)
+	bus, err := mcpfront.NewAgentBus(e.nc, tenant, 100*time.Millisecond, quiet())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	changed := make(chan struct{}, 16)
+	if err := bus.WatchTools(ctx, func() {
+		select {
+		case changed <- struct{}{}:
+		default:
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	has := func(id string) *tools.Manifest {
+		for _, m := range bus.Tools() {
+			if m.ID == id {
+				return m
+			}
+		}
+		return nil
+	}
+	if m := has("t.echo"); m == nil || len(m.InputSchema) == 0 || m.Safety.RiskLevel != "low" {
+		t.Fatalf("t.echo as read through tools.get: %+v", m)
+	}
+	e.register(`{"id":"t.later","name":"Later","version":"1.0.0","description":"Registered after the start.","kind":"builtin","builtin":{"function":"noop"},
+	  "input_schema":{"type":"object"},"output_schema":{"type":"object"}}`)
+	eventually(t, 10*time.Second, "t.later to reach the agent's registry", func() bool { return has("t.later") != nil })
+	select {
+	case <-changed:
+	default:
+		t.Error("the registry changed without a notice")
 	}
 }

@@ -82,6 +82,9 @@ func (f *Front) Handler() http.Handler {
 				return
 			}
 			if len(body) <= mcp.DefaultMaxRequestBodyBytes {
+				if id, ok := parseCancelled(body); ok {
+					f.withdrawn.add(r.Header.Get("Mcp-Session-Id") + " " + id)
+				}
 				if m, ok := parseEnvelope(body); ok {
 					if m.unknown() {
 						methodNotFound(w, m.ID, *m.Method)
@@ -92,6 +95,8 @@ func (f *Front) Handler() http.Handler {
 					if *m.Method == "tools/call" {
 						if id, ok := canonicalID(m.ID); ok {
 							r.Header.Set(requestIDHeader, id)
+							reply.call = r.Header.Get("Mcp-Session-Id") + " " + id
+							reply.withdrawn = &f.withdrawn
 						}
 					}
 				}
@@ -127,6 +132,23 @@ type callReply struct {
 	event, data []byte
 	passing     bool // the SDK's writes go straight out
 	finished    bool // the handler has returned
+	// call ("<session id> <request id>") is kept back, response and all,
+	// once it is in withdrawn: the client cancelled it.
+	call      string
+	withdrawn *withdrawn
+	dropped   bool
+}
+
+// cancelledCall reports whether b is the response event of a call the
+// client cancelled.
+func (c *callReply) cancelledCall(b []byte) bool {
+	if c.withdrawn == nil {
+		return false
+	}
+	if _, ok := responseEvent(b); !ok {
+		return false
+	}
+	return c.withdrawn.take(c.call)
 }
 
 var errReplied = errors.New("the response to this request has been sent")
@@ -152,6 +174,10 @@ func (c *callReply) Write(b []byte) (int, error) {
 	defer c.mu.Unlock()
 	if c.finished {
 		return 0, errReplied
+	}
+	if c.cancelledCall(b) {
+		c.dropped = true
+		return len(b), nil
 	}
 	if !c.passing && c.event == nil && isEventStream(c.w.Header()) {
 		if data, ok := responseEvent(b); ok {
@@ -193,6 +219,11 @@ func (c *callReply) finish() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.finished = true
+	if c.dropped && !c.passing {
+		// Nothing went out: an empty answer, no response in it.
+		c.w.WriteHeader(http.StatusAccepted)
+		return
+	}
 	if c.passing || c.event == nil {
 		return
 	}
@@ -340,6 +371,19 @@ func parseEnvelope(body []byte) (envelope, bool) {
 // -32601, as over stdio.
 func (m envelope) unknown() bool {
 	return !serverMethods[*m.Method] && !strings.HasPrefix(*m.Method, "notifications/")
+}
+
+// parseCancelled reads the request id of a notifications/cancelled.
+func parseCancelled(body []byte) (string, bool) {
+	var fields map[string]json.RawMessage
+	if json.Unmarshal(body, &fields) != nil {
+		return "", false
+	}
+	var method string
+	if _, hasID := fields["id"]; hasID || json.Unmarshal(fields["method"], &method) != nil || method != "notifications/cancelled" {
+		return "", false
+	}
+	return cancelledID(fields["params"])
 }
 
 // canonicalID is a JSON-RPC id as the SDK tells requests apart: a string,

@@ -44,6 +44,7 @@ const (
 	DefaultMaxArgumentBytes = 512 << 10
 	DefaultPageSize         = 100
 	DefaultStatusInterval   = 500 * time.Millisecond
+	DefaultProgressInterval = 10 * time.Second
 	DefaultMaxWait          = 30 * time.Minute
 	DefaultSessionTimeout   = 30 * time.Minute
 )
@@ -57,16 +58,23 @@ type Config struct {
 	// otherwise Listen serves streamable HTTP at /mcp (and /).
 	Stdio  bool
 	Listen string
-	// Token is the capability token of the stdio session.
+	// Token is the capability token of the stdio session. Without
+	// NATSOptions it is also who the front end connects as, over stdio and
+	// HTTP alike (see ConnectOptions): the connection then holds exactly
+	// that agent's rights, the registry is read through its tenant's
+	// endpoints (NewAgentBus), and over HTTP only tokens of its tenant are
+	// served.
 	Token string
-	// NATSURL is the toolgate to talk to, when Bus is nil. With Stdio and
-	// no NATSOptions the connection presents Token (see ConnectOptions).
+	// NATSURL is the toolgate to talk to, when Bus is nil.
 	NATSURL string
 	// NATSOptions authenticate the front door itself (a worker's or an
-	// operator's credentials): it reads the registry, which agents may not,
-	// and serves many agents over HTTP. Each call still carries the caller's
-	// capability token, which the pipeline verifies.
+	// operator's credentials, given explicitly): it reads the tools bucket
+	// and serves agents of every tenant over HTTP. Each call still carries
+	// the caller's capability token, which the pipeline verifies.
 	NATSOptions []nats.Option
+	// RegistryInterval is how often a front end connected as an agent
+	// reads the tool listing again; default DefaultRegistryInterval.
+	RegistryInterval time.Duration
 	// Bus replaces the NATS connection (tests, other transports).
 	Bus Bus
 	// Verifier checks capability tokens: required for HTTP, and for stdio
@@ -81,6 +89,10 @@ type Config struct {
 	// StatusInterval is how often a waiting call reads its invocation's
 	// record for progress and the approval wait; default 500 ms.
 	StatusInterval time.Duration
+	// ProgressInterval is the longest a waiting call with a progress token
+	// goes without a progress notification; default 10 s (MCP clients time
+	// requests out after 60 s by default).
+	ProgressInterval time.Duration
 	// MaxWait bounds how long one tools/call waits for its result,
 	// approval included; default 30 min (past toolgate's approval timeout).
 	MaxWait time.Duration
@@ -107,6 +119,7 @@ func (c *Config) defaults() {
 	c.PageSize = cmp.Or(c.PageSize, DefaultPageSize)
 	c.MaxArgumentBytes = cmp.Or(c.MaxArgumentBytes, DefaultMaxArgumentBytes)
 	c.StatusInterval = cmp.Or(c.StatusInterval, DefaultStatusInterval)
+	c.ProgressInterval = cmp.Or(c.ProgressInterval, DefaultProgressInterval)
 	c.MaxWait = cmp.Or(c.MaxWait, DefaultMaxWait)
 	c.SessionTimeout = cmp.Or(c.SessionTimeout, DefaultSessionTimeout)
 	if c.Log == nil {
@@ -122,23 +135,44 @@ func Run(ctx context.Context, c Config) error {
 	}
 	c.defaults()
 	var claims *token.Claims
-	if c.Stdio {
+	if c.Token != "" {
 		var err error
 		if claims, err = stdioClaims(c.Verifier, c.Token); err != nil {
 			return fmt.Errorf("capability token: %w", err)
 		}
 	}
 	if c.Bus == nil {
+		// With a token and no service credentials, the front end is that
+		// agent on the bus; with neither (HTTP on a bus without
+		// authentication) it connects anonymously.
+		asAgent := len(c.NATSOptions) == 0 && claims != nil
 		opts := c.NATSOptions
-		if len(opts) == 0 {
+		if asAgent {
+			// Connected as the agent, the front end can reach its own
+			// tenant only: say so at start rather than on every call.
+			if c.Tenant != "" && c.Tenant != claims.TenantID {
+				return fmt.Errorf("%w: --tenant %s, but the token is for tenant %s", ErrConfig, c.Tenant, claims.TenantID)
+			}
+			c.Tenant = claims.TenantID
 			opts = ConnectOptions(claims, c.Token)
 		}
 		nc, err := nats.Connect(c.NATSURL, opts...)
+		if errors.Is(err, nats.ErrAuthorization) && len(c.NATSOptions) == 0 {
+			if asAgent {
+				return fmt.Errorf("connecting to %s: the bus refused the capability token (expired, revoked, or not signed by a key it trusts): %w", c.NATSURL, err)
+			}
+			return fmt.Errorf("connecting to %s: the bus admits no anonymous connections: give the agent's token (TOOLGATE_TOKEN, --token-file) or service credentials (--creds): %w", c.NATSURL, err)
+		}
 		if err != nil {
 			return fmt.Errorf("connecting to %s: %w", c.NATSURL, err)
 		}
 		defer nc.Close()
-		if c.Bus, err = NewNATSBus(ctx, nc, c.Log); err != nil {
+		if asAgent {
+			c.Bus, err = NewAgentBus(nc, claims.TenantID, c.RegistryInterval, c.Log)
+		} else {
+			c.Bus, err = NewNATSBus(ctx, nc, c.Log)
+		}
+		if err != nil {
 			return err
 		}
 	}
@@ -174,6 +208,9 @@ type Front struct {
 	mu       sync.Mutex
 	sessions map[string]*session // by session id
 	changed  chan struct{}
+	// withdrawn are the HTTP calls ("<session id> <request id>") the client
+	// cancelled, whose response is kept back (see callReply).
+	withdrawn withdrawn
 
 	// unknownSession is the server given for requests naming a session
 	// that does not exist (see serverFor): no tools, never connected.

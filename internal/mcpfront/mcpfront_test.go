@@ -327,6 +327,28 @@ func TestStdioRawJSONRPC(t *testing.T) {
 	if r := call(4, "ping", ""); r.Error != nil {
 		t.Errorf("ping: %v", r.Error)
 	}
+	// A call the client cancels gets no response: the next one read is
+	// the ping's, sent after the cancel was handled.
+	jid, _ := jsonrpc.MakeID(float64(5))
+	if err := conn.Write(ctx, &jsonrpc.Request{ID: jid, Method: "tools/call", Params: json.RawMessage(`{"name":"t.slow","arguments":{}}`)}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-e.slowStarted:
+	case <-ctx.Done():
+		t.Fatal("t.slow did not start")
+	}
+	if err := conn.Write(ctx, &jsonrpc.Request{Method: "notifications/cancelled", Params: json.RawMessage(`{"requestId":5,"reason":"gave up"}`)}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-e.slowEnded:
+	case <-ctx.Done():
+		t.Fatal("the cancelled call's tool did not stop")
+	}
+	if r := call(6, "ping", ""); r.ID.Raw() != int64(6) {
+		t.Errorf("after a cancelled call, the response read is to %v, want the ping's (6)", r.ID.Raw())
+	}
 }
 
 func mustJSON(v any) []byte {

@@ -172,13 +172,72 @@ func (t tagging) Connect(ctx context.Context) (mcp.Connection, error) {
 	if err != nil {
 		return nil, err
 	}
-	return taggingConn{c}, nil
+	return &taggingConn{Connection: c, withdrawn: withdrawn{}}, nil
 }
 
-type taggingConn struct{ mcp.Connection }
+// taggingConn tags tools/call requests with their id, and keeps back the
+// response to a request the client cancelled: the SDK answers every
+// request, cancelled or not, and a client that has forgotten the id
+// reports such an answer as an error of its own.
+type taggingConn struct {
+	mcp.Connection
+	withdrawn withdrawn
+}
 
-func (c taggingConn) Read(ctx context.Context) (jsonrpc.Message, error) {
+// withdrawn holds the ids (canonicalID) of requests the client cancelled
+// whose response has not been kept back yet.
+type withdrawn struct {
+	mu  sync.Mutex
+	ids map[string]bool
+}
+
+func (w *withdrawn) add(id string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.ids == nil {
+		w.ids = map[string]bool{}
+	}
+	w.ids[id] = true
+}
+
+// take reports whether id was cancelled, forgetting it.
+func (w *withdrawn) take(id string) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	ok := w.ids[id]
+	delete(w.ids, id)
+	return ok
+}
+
+// cancelledID is the request id a notifications/cancelled names.
+func cancelledID(params json.RawMessage) (string, bool) {
+	var p struct {
+		RequestID json.RawMessage `json:"requestId"`
+	}
+	if json.Unmarshal(params, &p) != nil || len(p.RequestID) == 0 {
+		return "", false
+	}
+	return canonicalID(p.RequestID)
+}
+
+func (c *taggingConn) Write(ctx context.Context, m jsonrpc.Message) error {
+	if resp, ok := m.(*jsonrpc.Response); ok && resp.ID.IsValid() {
+		if raw, err := json.Marshal(resp.ID.Raw()); err == nil {
+			if id, ok := canonicalID(raw); ok && c.withdrawn.take(id) {
+				return nil
+			}
+		}
+	}
+	return c.Connection.Write(ctx, m)
+}
+
+func (c *taggingConn) Read(ctx context.Context) (jsonrpc.Message, error) {
 	m, err := c.Connection.Read(ctx)
+	if req, ok := m.(*jsonrpc.Request); ok && err == nil && req.Method == "notifications/cancelled" && !req.ID.IsValid() {
+		if id, ok := cancelledID(req.Params); ok {
+			c.withdrawn.add(id)
+		}
+	}
 	if req, ok := m.(*jsonrpc.Request); ok && err == nil && req.Method == "tools/call" && req.ID.IsValid() {
 		if id, err := json.Marshal(req.ID.Raw()); err == nil {
 			var extra mcp.RequestExtra

@@ -181,3 +181,30 @@ func FuzzEnvelope(f *testing.F) {
 		}
 	})
 }
+
+// TestReadToolsAreNotDestructive: the shipped file tools that only read
+// (their side effect is fs.read) are read-only and not destructive; those
+// that write are destructive.
+func TestReadToolsAreNotDestructive(t *testing.T) {
+	ms, err := tools.Examples()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]bool{"fs.read_file": true, "fs.stat": true, "fs.list_dir": true, "fs.write_file": false, "fs.append_file": false}
+	seen := 0
+	for _, m := range ms {
+		readOnly, ok := want[m.ID]
+		if !ok {
+			continue
+		}
+		seen++
+		a := annotations(m)
+		if a.ReadOnlyHint != readOnly || *a.DestructiveHint == readOnly {
+			t.Errorf("%s (side effects %v): read-only %v, destructive %v; want read-only %v", m.ID, m.Safety.SideEffects,
+				a.ReadOnlyHint, *a.DestructiveHint, readOnly)
+		}
+	}
+	if seen != len(want) {
+		t.Fatalf("found %d of the %d file tools among the examples", seen, len(want))
+	}
+}

@@ -177,7 +177,7 @@ func TestAsyncAndCancel(t *testing.T) {
 		Data api.Response `json:"data"`
 	}
 	if err := json.Unmarshal(msgs[0].Data(), &head); err != nil || head.Type != envelope.TypeAccepted ||
-		head.Data.Status != api.StatusPending || head.Data.PollingInfo == nil || head.Data.PollingInfo.StatusSubject != subjects.SvcStatus {
+		head.Data.Status != api.StatusPending || head.Data.PollingInfo == nil || head.Data.PollingInfo.StatusSubject != subjects.TenantSvc(tenant, subjects.SvcStatus) {
 		t.Fatalf("async answer %s, %v", msgs[0].Data(), err)
 	}
 	if resp, err := e.client.Wait(ctx, tenant, aid); err != nil || resp.Status != api.StatusSuccess {

@@ -180,7 +180,7 @@ func requestDigest(inv *envelope.Invocation) string {
 // result follows on the same subject.
 func accepted(inv *envelope.Invocation) (stages.Output, error) {
 	resp := api.Response{InvocationID: inv.ID, Status: api.StatusPending,
-		PollingInfo: &api.PollingInfo{ResultSubject: subjects.Result(inv.Tenant, inv.ID), StatusSubject: subjects.SvcStatus}}
+		PollingInfo: &api.PollingInfo{ResultSubject: subjects.Result(inv.Tenant, inv.ID), StatusSubject: subjects.TenantSvc(inv.Tenant, subjects.SvcStatus)}}
 	e, err := inv.NewEvent("urn:toolgate:"+subjects.Validate, envelope.TypeAccepted, resp)
 	if err != nil {
 		return stages.Output{}, err

@@ -1,0 +1,442 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/golang-jwt/jwt/v5"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/nats-io/nkeys"
+	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/node"
+	"github.com/toolgate/toolgate/internal/token"
+)
+
+// asMain makes the test binary the toolgate command, so a test can run it as
+// a separate process (a desktop MCP client launching `toolgate mcp --stdio`)
+// without building it.
+const asMain = "TOOLGATE_TEST_AS_MAIN"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(asMain) == "1" {
+		main()
+	}
+	os.Exit(m.Run())
+}
+
+// toolgateCmd is the command line run as the toolgate binary in dir, with
+// exactly env as its environment (nothing of the test's).
+func toolgateCmd(t *testing.T, dir string, env []string, args ...string) *exec.Cmd {
+	t.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(exe, args...)
+	cmd.Dir = dir
+	cmd.Env = append([]string{asMain + "=1", "PATH=" + os.Getenv("PATH"), "HOME=" + dir}, env...)
+	return cmd
+}
+
+// agentToken is a token of the server's development key for an agent of
+// tenant demo, granting tools.
+func agentToken(t *testing.T, s server, jti string, ttl time.Duration, tools ...string) string {
+	t.Helper()
+	k, err := token.LoadSigningKey(filepath.Join(s.data, "dev-signing-key.jwk"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := token.Mint(k, token.Claims{
+		ToolID: token.Patterns(tools), TenantID: "demo", AgentDID: node.DevAgent, AllowedOperations: []string{token.OperationExecute},
+		RegisteredClaims: jwt.RegisteredClaims{Issuer: "toolgate", Audience: jwt.ClaimStrings{"toolgate"}, Subject: node.DevAgent,
+			ID: jti, IssuedAt: jwt.NewNumericDate(time.Now()), ExpiresAt: jwt.NewNumericDate(time.Now().Add(ttl))},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return raw
+}
+
+// TestMCPStdioAsAgent: `toolgate mcp --stdio` launched as a desktop client
+// launches it (from a directory outside the repository, with only the
+// agent's token in its environment) lists the tools the token grants and
+// calls one; the registry is read through the tenant's own endpoints.
+func TestMCPStdioAsAgent(t *testing.T) {
+	cleanEnv(t)
+	s := startToolgate(t)
+	tok := agentToken(t, s, "mcp-agent", time.Hour, "echo", "math.*")
+	dir := t.TempDir()
+	cmd := toolgateCmd(t, dir, []string{"TOOLGATE_TOKEN=" + tok}, "mcp", "--stdio", "--nats", s.url, "--log-level", "warn")
+	var stderr syncBuffer
+	cmd.Stderr = &stderr
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "desktop", Version: "1"}, nil).Connect(ctx, &mcp.CommandTransport{Command: cmd}, nil)
+	if err != nil {
+		t.Fatalf("connecting: %v\n%s", err, stderr.String())
+	}
+	defer cs.Close()
+	lr, err := cs.ListTools(ctx, nil)
+	if err != nil {
+		t.Fatalf("tools/list: %v\n%s", err, stderr.String())
+	}
+	var names []string
+	for _, tl := range lr.Tools {
+		names = append(names, tl.Name)
+	}
+	if !slices.Contains(names, "echo") || !slices.Contains(names, "math.eval") || slices.Contains(names, "fs.read_file") {
+		t.Fatalf("tools/list shows %v; want echo and math.eval, not fs.read_file", names)
+	}
+	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "echo", Arguments: map[string]any{"message": "from an agent"}})
+	if err != nil || res.IsError {
+		t.Fatalf("tools/call echo: %v %+v\n%s", err, res, stderr.String())
+	}
+	if got := res.Content[0].(*mcp.TextContent).Text; !strings.Contains(got, "from an agent") {
+		t.Fatalf("echo answered %q", got)
+	}
+}
+
+// TestCommandsByRole runs the commands an agent reaches for as an agent
+// (only its token), as an operator and as a worker (which calls no control
+// endpoint): each works, or is refused within 5 s with a message naming
+// the missing right and its own exit status.
+func TestCommandsByRole(t *testing.T) {
+	cleanEnv(t)
+	s := startToolgate(t)
+	man := initManifest("needs.human")
+	man["safety"].(map[string]any)["requires_approval"] = true
+	man["input_schema"] = map[string]any{"type": "object"}
+	doc, _ := json.Marshal(man)
+	if r := tg(t, string(doc), s.flags("tools", "register", "-")...); r.code != exitOK {
+		t.Fatalf("register: %d %s", r.code, r.stderr)
+	}
+	tok := agentToken(t, s, "roles-agent", time.Hour, "echo", "needs.human")
+	asAgent := func(args ...string) []string { return append(args, "--nats", s.url, "--token", tok) }
+	asOperator := func(args ...string) []string { return s.flags(args...) }
+	// A stage's credentials: one stage's own where each stage has its
+	// role, else the workers' shared one.
+	stageCreds := filepath.Join(s.data, "busauth", "validate.creds")
+	if !fileExists(stageCreds) {
+		stageCreds = filepath.Join(s.data, "busauth", "worker.creds")
+	}
+	asWorker := func(args ...string) []string { return append(s.flags(args...), "--creds", stageCreds) }
+
+	r := tg(t, "", asAgent("invoke", "echo", "--params", `{"message":"hi"}`, "--wait", "--json")...)
+	var done api.Response
+	if r.code != exitOK || json.Unmarshal([]byte(r.stdout), &done) != nil {
+		t.Fatalf("invoke as agent: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	r = tg(t, "", asAgent("invoke", "needs.human", "--params", `{}`, "--async", "--json")...)
+	var parked api.Response
+	if r.code != exitOK || json.Unmarshal([]byte(r.stdout), &parked) != nil {
+		t.Fatalf("async invoke as agent: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if parked.PollingInfo == nil || parked.PollingInfo.StatusSubject != "tool.svc.demo.status" {
+		t.Fatalf("polling_info %+v: want the tenant's own status subject", parked.PollingInfo)
+	}
+	waitFor(t, "the approval request", func() bool {
+		return strings.Contains(tg(t, "", asAgent("status", parked.InvocationID)...).stdout, "pending approval")
+	})
+
+	type want struct {
+		code int
+		out  string // in stdout when it works, in stderr when refused
+	}
+	cases := []struct {
+		args            []string
+		agent, operator want
+	}{
+		{[]string{"tools", "list"}, want{exitOK, "needs.human"}, want{exitOK, "needs.human"}},
+		{[]string{"tools", "get", "echo"}, want{exitOK, `"id": "echo"`}, want{exitOK, `"id": "echo"`}},
+		{[]string{"approvals", "list"}, want{exitOK, parked.InvocationID}, want{exitOK, parked.InvocationID}},
+		{[]string{"approvals", "show", parked.InvocationID}, want{exitOK, "pending"}, want{exitOK, "pending"}},
+		{[]string{"budgets", "show"}, want{exitOK, `"tenant": "demo"`}, want{exitOK, `"tenant": "demo"`}},
+		{[]string{"status", done.InvocationID}, want{exitOK, "success"}, want{exitOK, "success"}},
+		{[]string{"status", parked.InvocationID}, want{exitOK, "waiting for a human"}, want{exitOK, "toolgate approve " + parked.InvocationID}},
+		{[]string{"status", done.InvocationID, "--tenant", "other"}, want{exitWrongTenant, "tenant demo"}, want{exitError, "E3025"}},
+		{[]string{"breakers"}, want{exitNotPermitted, "tool.svc.breakers.list"}, want{exitOK, "KEY"}},
+		{[]string{"approve", parked.InvocationID}, want{exitNotPermitted, "may not publish to tool.svc.approval"}, want{exitOK, "approved " + parked.InvocationID}},
+	}
+	for _, c := range cases {
+		for _, role := range []struct {
+			name string
+			args []string
+			want want
+		}{{"agent", asAgent(c.args...), c.agent}, {"operator", asOperator(c.args...), c.operator},
+			{"worker", asWorker(c.args...), want{exitNotPermitted, "may not publish to tool.svc."}}} {
+			start := time.Now()
+			r := tg(t, "", role.args...)
+			took := time.Since(start)
+			out := r.stdout
+			if role.want.code != exitOK {
+				out = r.stderr
+			}
+			if r.code != role.want.code || !strings.Contains(out, role.want.out) || took > 5*time.Second {
+				t.Errorf("%v as %s: exit %d after %s, want %d within 5s and %q in\nstdout %s\nstderr %s",
+					c.args, role.name, r.code, took.Round(time.Millisecond), role.want.code, role.want.out, r.stdout, r.stderr)
+			}
+		}
+	}
+}
+
+// bearer adds a capability token to every HTTP request.
+type bearer string
+
+func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Bearer "+string(b))
+	return http.DefaultTransport.RoundTrip(r)
+}
+
+// TestMCPHTTPAsAgent: `toolgate mcp --listen` with only an agent's token
+// serves that agent's tenant over streamable HTTP, from outside the
+// repository, without any other credentials.
+func TestMCPHTTPAsAgent(t *testing.T) {
+	cleanEnv(t)
+	s := startToolgate(t)
+	tok := agentToken(t, s, "mcp-http-agent", time.Hour, "echo")
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	dir := t.TempDir()
+	cmd := toolgateCmd(t, dir, []string{"TOOLGATE_TOKEN=" + tok}, "mcp", "--listen", addr, "--nats", s.url,
+		"--jwks", node.DevJWKSPath(s.data), "--log-level", "warn")
+	var stderr syncBuffer
+	cmd.Stdout, cmd.Stderr = &stderr, &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Signal(os.Interrupt); _ = cmd.Wait() })
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	var cs *mcp.ClientSession
+	waitFor(t, "the HTTP front end", func() bool {
+		cs, err = mcp.NewClient(&mcp.Implementation{Name: "http-agent", Version: "1"}, nil).Connect(ctx,
+			&mcp.StreamableClientTransport{Endpoint: "http://" + addr + "/mcp", HTTPClient: &http.Client{Transport: bearer(tok)}}, nil)
+		return err == nil
+	})
+	defer cs.Close()
+	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "echo", Arguments: map[string]any{"message": "over http"}})
+	if err != nil || res.IsError || !strings.Contains(res.Content[0].(*mcp.TextContent).Text, "over http") {
+		t.Fatalf("tools/call echo: %v %+v\n%s", err, res, stderr.String())
+	}
+	// Connected as an agent of demo, it serves no other tenant.
+	req, _ := http.NewRequest(http.MethodPost, "http://"+addr+"/mcp", strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"ping"}`))
+	req.Header.Set("Authorization", "Bearer "+otherTenantToken(t, s))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("a token of another tenant: HTTP %d, want 401", resp.StatusCode)
+	}
+}
+
+// otherTenantToken is a token of the development key for tenant other.
+func otherTenantToken(t *testing.T, s server) string {
+	t.Helper()
+	k, err := token.LoadSigningKey(filepath.Join(s.data, "dev-signing-key.jwk"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := token.Mint(k, token.Claims{
+		ToolID: token.Patterns{"echo"}, TenantID: "other", AgentDID: node.DevAgent, AllowedOperations: []string{token.OperationExecute},
+		RegisteredClaims: jwt.RegisteredClaims{Issuer: "toolgate", Audience: jwt.ClaimStrings{"toolgate"}, Subject: node.DevAgent,
+			ID: "other-tenant", IssuedAt: jwt.NewNumericDate(time.Now()), ExpiresAt: jwt.NewNumericDate(time.Now().Add(time.Hour))},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return raw
+}
+
+// TestRefusalsExplainThemselves: each way the bus refuses an agent or an
+// anonymous caller ends at once with its own exit status and a message
+// saying what happened and what to do.
+func TestRefusalsExplainThemselves(t *testing.T) {
+	cleanEnv(t)
+	s := startToolgate(t)
+	tok := agentToken(t, s, "refusals-agent", time.Hour, "echo")
+	expired := agentToken(t, s, "expired-agent", -time.Minute, "echo")
+	cases := []struct {
+		name string
+		args []string
+		code int
+		says []string
+	}{
+		{"expired token", []string{"status", "x", "--token", expired}, exitExpired, []string{"E3202", "expired at", "new one"}},
+		{"not a token the bus accepts", []string{"status", "x", "--token", otherKeyToken(t)}, exitRefused, []string{"E3223", "revoked", "toolgate token inspect"}},
+		{"anonymous", []string{"tools", "list"}, exitRefused, []string{"E3223", "no anonymous connections", "--creds"}},
+		{"another tenant", []string{"status", "x", "--token", tok, "--tenant", "other"}, exitWrongTenant, []string{"E3014", "tenant demo", "drop --tenant"}},
+		{"no inbox prefix", []string{"status", "x", "--token", tok, "--inbox-prefix", "_INBOX.elsewhere"}, exitInbox, []string{"E3222", "_INBOX.<tenant>.<token id>"}},
+		{"not permitted", []string{"policy", "show", "--token", tok}, exitNotPermitted, []string{"E3221", "tool.svc.policy.get", "operator credentials"}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			start := time.Now()
+			r := tg(t, "", append(c.args, "--nats", s.url)...)
+			if took := time.Since(start); took > 5*time.Second {
+				t.Errorf("took %s, want under 5s", took)
+			}
+			if r.code != c.code {
+				t.Errorf("exit %d, want %d\n%s", r.code, c.code, r.stderr)
+			}
+			for _, w := range c.says {
+				if !strings.Contains(r.stderr, w) {
+					t.Errorf("stderr lacks %q:\n%s", w, r.stderr)
+				}
+			}
+		})
+	}
+}
+
+// TestTail: --all --count N prints the last N stored events and ends, also
+// when fewer exist; --json is JSON Lines; an agent follows its tenant's
+// new events and is told at once that the stored trail is not its to read.
+func TestTail(t *testing.T) {
+	cleanEnv(t)
+	s := startToolgate(t)
+	for i := range 3 {
+		if r := tg(t, "", s.flags("invoke", "echo", "--params", fmt.Sprintf(`{"message":"m%d"}`, i), "--wait")...); r.code != exitOK {
+			t.Fatalf("invoke: %d %s", r.code, r.stderr)
+		}
+	}
+	lines := func(s string) []string { return strings.Split(strings.TrimSpace(s), "\n") }
+	start := time.Now()
+	every := tg(t, "", s.flags("tail", "--all", "--count", "1000", "--json")...)
+	if every.code != exitOK || time.Since(start) > 5*time.Second {
+		t.Fatalf("tail --all --count 1000 with fewer stored: exit %d after %s\n%s", every.code, time.Since(start), every.stderr)
+	}
+	all := lines(every.stdout)
+	if len(all) < 6 { // tool.invoked and tool.succeeded for each call
+		t.Fatalf("tail --all --count 1000: %d lines\n%s", len(all), every.stdout)
+	}
+	for _, l := range all {
+		var ev struct {
+			Subject string `json:"subject"`
+			Event   struct {
+				Type string `json:"type"`
+			} `json:"event"`
+		}
+		if err := json.Unmarshal([]byte(l), &ev); err != nil || !strings.HasPrefix(ev.Subject, "audit.demo.") || !strings.HasPrefix(ev.Event.Type, "ai.agent.") {
+			t.Fatalf("not a JSON Lines audit event (%v): %s", err, l)
+		}
+	}
+	last := tg(t, "", s.flags("tail", "--all", "--count", "2", "--json")...)
+	if got := lines(last.stdout); last.code != exitOK || len(got) != 2 || got[0] != all[len(all)-2] || got[1] != all[len(all)-1] {
+		t.Fatalf("tail --all --count 2: exit %d\n%s\nwant the last two of\n%s", last.code, last.stdout, every.stdout)
+	}
+
+	tok := agentToken(t, s, "tail-agent", time.Hour, "echo")
+	if r := tg(t, "", "tail", "--all", "--nats", s.url, "--token", tok); r.code != exitNotPermitted || !strings.Contains(r.stderr, "operator credentials") {
+		t.Fatalf("tail --all as an agent: exit %d\n%s", r.code, r.stderr)
+	}
+	var out syncBuffer
+	done := make(chan int, 1)
+	go func() {
+		done <- run(t.Context(), []string{"tail", "--count", "1", "--json", "--nats", s.url, "--token", tok}, strings.NewReader(""), &out, io.Discard)
+	}()
+	// The live tail subscribes once it runs: invoke until it has seen one.
+	deadline := time.After(20 * time.Second)
+	for {
+		if r := tg(t, "", "invoke", "echo", "--params", `{"message":"live"}`, "--wait", "--nats", s.url, "--token", tok); r.code != exitOK {
+			t.Fatalf("invoke as agent: %d %s", r.code, r.stderr)
+		}
+		select {
+		case code := <-done:
+			if code != exitOK || !strings.Contains(out.String(), `"subject":"audit.demo.`) {
+				t.Fatalf("live tail as an agent: exit %d\n%s", code, out.String())
+			}
+			return
+		case <-deadline:
+			t.Fatal("the agent's live tail saw nothing")
+		default:
+		}
+	}
+}
+
+// TestSeedFilesEndWithTheSeed: the .nk halves serve and creds issue write
+// hold the seed and nothing after it (nkeys.js refuses a trailing newline).
+func TestSeedFilesEndWithTheSeed(t *testing.T) {
+	cleanEnv(t)
+	s := startToolgate(t)
+	issued := filepath.Join(t.TempDir(), "bob.creds")
+	if r := tg(t, "", "--data", s.data, "creds", "issue", "--name", "bob", "--out", issued); r.code != exitOK {
+		t.Fatalf("creds issue: %d %s", r.code, r.stderr)
+	}
+	for _, p := range []string{filepath.Join(s.data, "busauth", "operator.nk"), strings.TrimSuffix(issued, ".creds") + ".nk"} {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := nkeys.FromSeed(b); err != nil || strings.TrimSpace(string(b)) != string(b) {
+			t.Errorf("%s: %q is not exactly a seed (%v)", p, b, err)
+		}
+	}
+}
+
+// TestBudgetsShow: a token bound to a session invokes without --session;
+// without --session the budget shown is the token tree's, where calls are
+// charged; a plain session id is refused, not shown as nothing spent.
+func TestBudgetsShow(t *testing.T) {
+	cleanEnv(t)
+	s := startToolgate(t)
+	k, err := token.LoadSigningKey(filepath.Join(s.data, "dev-signing-key.jwk"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, err := token.Mint(k, token.Claims{
+		ToolID: token.Patterns{"echo"}, TenantID: "demo", AgentDID: node.DevAgent, AllowedOperations: []string{token.OperationExecute},
+		SessionID: "s1", Budget: &token.Budget{MaxCalls: 100},
+		RegisteredClaims: jwt.RegisteredClaims{Issuer: "toolgate", Audience: jwt.ClaimStrings{"toolgate"}, Subject: node.DevAgent,
+			ID: "budgeted", IssuedAt: jwt.NewNumericDate(time.Now()), ExpiresAt: jwt.NewNumericDate(time.Now().Add(time.Hour))},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The token is bound to session s1: invoke names it without being told.
+	if r := tg(t, "", "invoke", "echo", "--params", `{"message":"charged"}`, "--wait", "--nats", s.url, "--token", tok); r.code != exitOK {
+		t.Fatalf("invoke: %d %s", r.code, r.stderr)
+	}
+	var st api.BudgetStatus
+	// Usage is charged as the call ends, beside its result.
+	waitFor(t, "the call charged to the token's budget", func() bool {
+		r := tg(t, "", "budgets", "show", "--max-calls", "100", "--nats", s.url, "--token", tok)
+		return r.code == exitOK && json.Unmarshal([]byte(r.stdout), &st) == nil && st.Used.Calls >= 1
+	})
+	if st.Session != "token:budgeted" {
+		t.Errorf("budget of %s, want token:budgeted", st.Session)
+	}
+	if r := tg(t, "", "budgets", "show", "--session", "s1", "--nats", s.url, "--token", tok); r.code != exitUsage || !strings.Contains(r.stderr, "token:<jti>") {
+		t.Fatalf("budgets show --session s1: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+}
+
+// TestMCPExpiredToken: `toolgate mcp --stdio` with an expired token says
+// so and exits with the expired status, instead of a bare refusal.
+func TestMCPExpiredToken(t *testing.T) {
+	cleanEnv(t)
+	s := startToolgate(t)
+	t.Setenv("TOOLGATE_TOKEN", agentToken(t, s, "mcp-expired", -time.Minute, "echo"))
+	r := tg(t, "", "mcp", "--stdio", "--nats", s.url)
+	if r.code != exitExpired || !strings.Contains(r.stderr, "expired at") {
+		t.Fatalf("exit %d, want %d and why\n%s", r.code, exitExpired, r.stderr)
+	}
+}
