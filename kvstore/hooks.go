@@ -25,7 +25,11 @@ type HookSet struct {
 	Doc      json.RawMessage `json:"doc"`
 	PushedAt time.Time       `json:"pushed_at"`
 	PushedBy string          `json:"pushed_by,omitempty"`
-	Revision uint64          `json:"-"`
+	// Proof is the operator's signed push request that made the set;
+	// readers on an authenticated bus honour no set without one
+	// (internal/signedstate).
+	Proof    *api.DecisionProof `json:"proof,omitempty"`
+	Revision uint64             `json:"-"`
 }
 
 // PushHooks stores set as its tenant's hook set, replacing the one before,

@@ -220,7 +220,11 @@ func (h *handlers) pushHooks(req micro.Request) {
 	}
 	ctx, cancel := adminContext()
 	defer cancel()
-	rev, err := h.admin.PushHooks(ctx, kvstore.HookSet{Tenant: r.TenantID, Doc: r.Doc, PushedBy: who})
+	hs := kvstore.HookSet{Tenant: r.TenantID, Doc: r.Doc, PushedBy: who}
+	if h.identify != nil {
+		hs.Proof = &api.DecisionProof{Subject: req.Subject(), Headers: req.Headers(), Body: req.Data()}
+	}
+	rev, err := h.admin.PushHooks(ctx, hs)
 	if err != nil {
 		respondError(req, err)
 		return

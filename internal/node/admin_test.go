@@ -179,6 +179,32 @@ func TestAdminThroughControl(t *testing.T) {
 		}
 	})
 
+	t.Run("a hook set written straight into the bucket rules nothing", func(t *testing.T) {
+		cjs, _ := jetstream.New(s.connect(t, 0, s.creds(busauth.RoleControl)))
+		cs, err := kvstore.Open(ctx, cjs, kvstore.Options{Bind: true, Buckets: busauth.Rights[busauth.RoleControl].Buckets()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rev, err := cs.PushHooks(ctx, kvstore.HookSet{Tenant: "demo", PushedBy: me,
+			Doc: json.RawMessage(`{"hooks":[{"name":"more","on":"success","invoke":{"tool_id":"` + tool + `"}}]}`)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ojs, _ := jetstream.New(s.connect(t, 0, s.creds(busauth.RoleOperator)))
+		as, err := ojs.Stream(ctx, subjects.StreamAudit)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := fmt.Sprintf(`"what":"hooks","revision":%d`, rev)
+		eventually(t, 10*time.Second, "audit to record the unsigned hook set it ignored", func() bool {
+			m, err := as.GetLastMsgForSubject(ctx, subjects.AuditEvent(subjects.SystemTenant, "state.refused"))
+			return err == nil && strings.Contains(string(m.Data), want) && strings.Contains(string(m.Data), "urn:toolgate:audit")
+		})
+		if err := cs.DeleteHooks(ctx, "demo"); err != nil {
+			t.Fatal(err)
+		}
+	})
+
 	t.Run("policy push changes decisions and grants", func(t *testing.T) {
 		capReq := api.CapabilityRequest{Capability: "tally_rows", InputContract: "rows", OutputContract: "a count",
 			Reason: "counting", Constraints: api.DefaultCapabilityConstraints(), CapabilityToken: raw}

@@ -415,6 +415,12 @@ func (n *Node) NewStage(ctx context.Context, name string, c StageConfig) (stages
 				tenants.Put(tenant, nil)
 				return
 			}
+			if c.StateProof != nil {
+				if err := signedstate.Hooks(*set, c.StateProof); err != nil {
+					n.refusedState(ctx, "urn:toolgate:audit", "hooks", set.Revision, err)
+					return
+				}
+			}
 			compiled, err := hooks.Parse(set.Doc, hooks.SourceTenant)
 			if err != nil {
 				// Push compiles first, so this needs a hand-edited bucket.

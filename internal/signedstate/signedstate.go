@@ -61,6 +61,39 @@ func Policy(b kvstore.PolicyBundle, verify Verify) error {
 	return nil
 }
 
+// Hooks checks a tenant's pushed hook set: signed by an operator on the
+// hooks push endpoint, by the operator it names, for exactly its tenant
+// and document.
+func Hooks(set kvstore.HookSet, verify Verify) error {
+	if set.Proof == nil {
+		return ErrUnsigned
+	}
+	if set.Proof.Subject != subjects.SvcHooksPush {
+		return fmt.Errorf("the signed request went to %q, not %s", set.Proof.Subject, subjects.SvcHooksPush)
+	}
+	who, err := verify(set.Proof)
+	if err != nil {
+		return err
+	}
+	if who != set.PushedBy {
+		return fmt.Errorf("signed by %s, recorded as pushed by %s", who, set.PushedBy)
+	}
+	var r api.HooksPushRequest
+	if err := json.Unmarshal(set.Proof.Body, &r); err != nil {
+		return fmt.Errorf("the signed request is not a hooks push: %w", err)
+	}
+	if r.TenantID != set.Tenant || !sameJSON(r.Doc, set.Doc) {
+		return errors.New("the hook set's tenant or document is not the one the operator pushed")
+	}
+	return nil
+}
+
+// sameJSON compares two JSON texts by their compacted forms.
+func sameJSON(a, b json.RawMessage) bool {
+	var ca, cb bytes.Buffer
+	return json.Compact(&ca, a) == nil && json.Compact(&cb, b) == nil && bytes.Equal(ca.Bytes(), cb.Bytes())
+}
+
 // same compares two values by their JSON encodings (maps encode with
 // sorted keys).
 func same(a, b any) bool {

@@ -42,6 +42,33 @@ func TestPolicy(t *testing.T) {
 	}
 }
 
+func TestHooks(t *testing.T) {
+	doc := json.RawMessage(`{"hooks":[{"name":"retry","on":"failure","invoke":{"tool_id":"echo"}}]}`)
+	body, _ := json.Marshal(api.HooksPushRequest{TenantID: "acme", Doc: doc})
+	signed := &api.DecisionProof{Subject: subjects.SvcHooksPush, Body: body}
+	alice := func(*api.DecisionProof) (string, error) { return "operator:alice", nil }
+	cases := []struct {
+		name string
+		set  kvstore.HookSet
+		ok   bool
+	}{
+		{"signed, spaced differently", kvstore.HookSet{Tenant: "acme", Doc: json.RawMessage(` { "hooks" : [{"name":"retry","on":"failure","invoke":{"tool_id":"echo"}}] }`),
+			PushedBy: "operator:alice", Proof: signed}, true},
+		{"unsigned", kvstore.HookSet{Tenant: "acme", Doc: doc, PushedBy: "operator:alice"}, false},
+		{"moved to another tenant", kvstore.HookSet{Tenant: "other", Doc: doc, PushedBy: "operator:alice", Proof: signed}, false},
+		{"another document", kvstore.HookSet{Tenant: "acme", Doc: json.RawMessage(`{"hooks":[]}`), PushedBy: "operator:alice", Proof: signed}, false},
+		{"a policy push's signature", kvstore.HookSet{Tenant: "acme", Doc: doc, PushedBy: "operator:alice",
+			Proof: &api.DecisionProof{Subject: subjects.SvcPolicyPush, Body: body}}, false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if err := Hooks(c.set, alice); (err == nil) != c.ok {
+				t.Fatalf("Hooks: %v, want ok=%v", err, c.ok)
+			}
+		})
+	}
+}
+
 func TestRefusedEvent(t *testing.T) {
 	a, err := RefusedEvent("urn:toolgate:authorize", "policy", 7, errors.New("unsigned"))
 	if err != nil {
