@@ -15,9 +15,10 @@ import (
 	"github.com/toolgate/toolgate/subjects"
 )
 
-// store is what audit writes (*kvstore.Store): the terminal status record
+// store is what audit reads and writes (*kvstore.Store): the status record
 // and the session's usage.
 type store interface {
+	Status(ctx context.Context, tenant, id string) (api.Record, error)
 	SetStatus(ctx context.Context, rec api.Record) (api.Record, bool, error)
 	UpdateUsage(ctx context.Context, tenant, session string, change func(*kvstore.Usage) error) (kvstore.Usage, error)
 }
@@ -70,6 +71,17 @@ func (a *Auditor) Process(ctx context.Context, inv *envelope.Invocation) ([]stag
 	if !inv.Terminal() {
 		inv.Fail(subjects.Audit, api.NewError(api.InternalError, api.EInternal,
 			"invocation reached audit without a terminal status (last stage %q)", inv.EndedBy))
+	}
+	if swept(inv.Error) {
+		// Before hooks, aborts and charges: none of them may act on an
+		// ending that does not stand.
+		held, err := a.heldByWorker(ctx, inv)
+		if err != nil {
+			return nil, stages.Transient(fmt.Errorf("reading status: %w", err), 0)
+		}
+		if held {
+			return nil, nil
+		}
 	}
 	if inv.Tenant == subjects.SystemTenant {
 		// The event's tenant could not name a subject (E3019): there is no
@@ -145,6 +157,33 @@ func (a *Auditor) Process(ctx context.Context, inv *envelope.Invocation) ([]stag
 		outs = append(outs, child)
 	}
 	return outs, nil
+}
+
+// swept reports an E3901 ending decided by a sweep of messages left in a
+// work queue (runner.SweptDetail), rather than by the stage that held it.
+func swept(e *api.Error) bool {
+	if e == nil || e.ECode != api.EDeliveryExhausted {
+		return false
+	}
+	s, _ := e.Details[runner.SweptDetail].(bool)
+	return s
+}
+
+// heldByWorker reports whether inv's record says a live worker holds the
+// invocation: parked for approval, or running its tool. A sweep's ending
+// is then refused; the worker ends the invocation itself.
+func (a *Auditor) heldByWorker(ctx context.Context, inv *envelope.Invocation) (bool, error) {
+	rec, err := a.store.Status(ctx, inv.Tenant, inv.ID)
+	if errors.Is(err, api.ErrInvocationNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	if rec.Status.Terminal() || (rec.Seq != 0 && rec.Seq != inv.Event.Seq) {
+		return false, nil // first-ending-wins and repeats are decided below
+	}
+	return rec.Status == api.StatusPendingApproval || rec.Status == api.StatusRunning, nil
 }
 
 // count adds a call that reached its tool to the tool's usage statistics,
