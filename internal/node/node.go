@@ -457,7 +457,7 @@ func (n *Node) newAuthorizer(ctx context.Context, c StageConfig) (*authorize.Aut
 
 // Runner returns a Runner of stage st on this node.
 func (n *Node) Runner(name string, st stages.Stage, workers int, m *runner.Metrics) *runner.Runner {
-	r := &runner.Runner{Name: name, Stage: st, JS: n.JS, Workers: workers, Log: n.Log, Metrics: m}
+	r := &runner.Runner{Name: name, Stage: st, JS: n.JS, Workers: workers, Log: n.Log, Metrics: m, Records: n.Store}
 	if name == subjects.Execute {
 		// Tools bound themselves (limits.timeout_ms is at most an hour).
 		r.Timeout = time.Hour + time.Minute
