@@ -275,6 +275,8 @@ func workerPermissions() jwt.Permissions {
 		"_INBOX.>",
 	)
 	p.Pub.Allow.Add(jsReadAndConsume...)
+	p.Pub.Allow.Add("$JS.API.STREAM.MSG.DELETE."+subjects.StreamInvoke,
+		"$JS.API.STREAM.MSG.DELETE."+subjects.StreamPipeline)
 	p.Pub.Allow.Add(kvWrites(workerBuckets)...)
 	p.Sub.Allow.Add(
 		subjects.InvokeAll, subjects.PipeAll, subjects.ResultAll, subjects.AuditAll, subjects.CancelAll,
