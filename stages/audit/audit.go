@@ -83,6 +83,9 @@ func (a *Auditor) Process(ctx context.Context, inv *envelope.Invocation) ([]stag
 			return nil, nil
 		}
 	}
+	if inv.Error != nil && inv.Error.ECode == api.EDuplicateInvocation {
+		return duplicate(inv)
+	}
 	if inv.Tenant == subjects.SystemTenant {
 		// The event's tenant could not name a subject (E3019): there is no
 		// tenant to keep a status for or to answer, only the audit trail.
@@ -139,11 +142,6 @@ func (a *Auditor) Process(ctx context.Context, inv *envelope.Invocation) ([]stag
 	if err != nil {
 		return nil, err
 	}
-	if sameRequest(inv.Error) {
-		// A second publish of the same event: the first one's result is
-		// its answer, on the same subject.
-		return []stages.Output{terminal}, nil
-	}
 	result, err := resultEvent(inv, resp)
 	if err != nil {
 		return nil, err
@@ -184,6 +182,27 @@ func (a *Auditor) heldByWorker(ctx context.Context, inv *envelope.Invocation) (b
 		return false, nil // first-ending-wins and repeats are decided below
 	}
 	return rec.Status == api.StatusPendingApproval || rec.Status == api.StatusRunning, nil
+}
+
+// duplicate ends a later publish under an id another publish holds
+// (validate's E3024). The id names one invocation, whose first publish has
+// the one terminal event, status and result; the later publish, whether a
+// client's re-publish of the same request past the invoke stream's
+// duplicate window or a different request reusing the id, leaves a
+// tool.duplicate event and nothing in the status record, the session's
+// usage or the hooks. A repeat of the same request is answered by the first
+// one's result on the same subject; a different request gets its refusal
+// there, so that its caller learns why.
+func duplicate(inv *envelope.Invocation) ([]stages.Output, error) {
+	ev, err := runner.AuditEvent(subjects.Audit, inv, envelope.TypeDuplicate, inv.Audit())
+	if err != nil || sameRequest(inv.Error) {
+		return []stages.Output{ev}, err
+	}
+	result, err := resultEvent(inv, inv.Response())
+	if err != nil {
+		return nil, err
+	}
+	return []stages.Output{ev, result}, nil
 }
 
 // count adds a call that reached its tool to the tool's usage statistics,

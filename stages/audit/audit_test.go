@@ -128,13 +128,32 @@ func TestAudit(t *testing.T) {
 		}
 	})
 
-	t.Run("a repeated publish gets no second result", func(t *testing.T) {
-		inv := &envelope.Invocation{ID: "i-3", Tenant: "acme", Status: api.StatusPending}
+	t.Run("a repeated publish gets no second result and no second terminal event", func(t *testing.T) {
+		st := newFakeStore()
+		inv := &envelope.Invocation{ID: "i-3", Tenant: "acme", Status: api.StatusPending, Event: envelope.Event{Seq: 8}}
 		inv.Fail(subjects.Validate, api.NewError(api.InvalidParameters, api.EDuplicateInvocation, "again").
 			WithDetail("same_request", true))
-		outs, err := (&Auditor{store: newFakeStore()}).Process(ctx, inv)
-		if err != nil || len(outs) != 1 || strings.HasPrefix(outs[0].Subject, "tool.result") {
-			t.Fatalf("outputs %q, %v", subjectsOf(outs), err)
+		outs, err := (&Auditor{store: st}).Process(ctx, inv)
+		duplicate := subjects.AuditEvent("acme", envelope.SubjectSuffix(envelope.TypeDuplicate))
+		if err != nil || subjectsOf(outs) != duplicate {
+			t.Fatalf("outputs %q, %v; want only %s", subjectsOf(outs), err, duplicate)
+		}
+		if len(st.records) != 0 {
+			t.Fatalf("a repeat wrote a status: %+v", st.records)
+		}
+	})
+
+	t.Run("a different request reusing the id is refused without a terminal event", func(t *testing.T) {
+		st := newFakeStore()
+		inv := &envelope.Invocation{ID: "i-3", Tenant: "acme", Status: api.StatusPending, Event: envelope.Event{Seq: 9}}
+		inv.Fail(subjects.Validate, api.NewError(api.InvalidParameters, api.EDuplicateInvocation, "reused"))
+		outs, err := (&Auditor{store: st}).Process(ctx, inv)
+		want := subjects.AuditEvent("acme", envelope.SubjectSuffix(envelope.TypeDuplicate)) + " " + subjects.Result("acme", "i-3")
+		if err != nil || subjectsOf(outs) != want {
+			t.Fatalf("outputs %q, %v; want %q", subjectsOf(outs), err, want)
+		}
+		if len(st.records) != 0 {
+			t.Fatalf("a reuse wrote a status: %+v", st.records)
 		}
 	})
 
