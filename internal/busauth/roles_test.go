@@ -100,6 +100,10 @@ func TestGrantFor(t *testing.T) {
 			{true, "$JS.API.STREAM.PURGE.AUDIT", false},
 			{true, "$JS.API.STREAM.UPDATE.AUDIT", false},
 			{true, "$JS.API.STREAM.MSG.DELETE.AUDIT", false},
+			{true, "$JS.API.STREAM.MSG.DELETE.TOOLGATE_INVOKE", true},
+			{true, "$JS.API.STREAM.MSG.DELETE.TOOLGATE_PIPELINE", true},
+			{true, "$JS.API.STREAM.MSG.DELETE.TOOLGATE_RESULTS", false},
+			{true, "$JS.API.STREAM.MSG.DELETE.KV_toolgate_invocations", false},
 			{true, "$KV.toolgate_revocations.x", false},
 			{true, "$KV.toolgate_policies.x", false},
 			{true, "$KV.toolgate_hooks.x", false},
@@ -129,6 +133,7 @@ func TestGrantFor(t *testing.T) {
 			{false, "$SRV.>", false},
 		}},
 		{"control", Identity{Role: RoleControl, Name: "c"}, AccountToolgate, []check{
+			{true, "$JS.API.STREAM.MSG.DELETE.TOOLGATE_PIPELINE", false},
 			{true, "toolgate.pipe.authorize.normal.demo", true},
 			{true, "toolgate.pipe.audit.high.demo", true},
 			{true, "toolgate.pipe.route.normal.demo", false},
