@@ -161,9 +161,22 @@ func TestChaosServeKill(t *testing.T) {
 		return total
 	}
 	leftovers := left()
-	if n > 1000 {
-		// Two sweeps a minute apart delete them.
-		deadline := time.Now().Add(4 * time.Minute)
+	var midSweep time.Duration // SIGTERM while the first sweep deletes them
+	atTerm := 0                // leftovers still there at that SIGTERM
+	if n > 1000 && leftovers > 0 {
+		// Two sweeps a minute apart delete them; serve is stopped as soon
+		// as the first one is at work, and started again.
+		deadline := time.Now().Add(3 * time.Minute)
+		for left() == leftovers && time.Now().Before(deadline) {
+			time.Sleep(50 * time.Millisecond)
+		}
+		atTerm = left()
+		midSweep = s.term(time.Minute)
+		if midSweep > 30*time.Second {
+			t.Errorf("serve took %v to stop on SIGTERM while sweeping", midSweep)
+		}
+		s.start()
+		deadline = time.Now().Add(4 * time.Minute)
 		for left() > 0 && time.Now().Before(deadline) {
 			time.Sleep(5 * time.Second)
 		}
@@ -182,7 +195,8 @@ func TestChaosServeKill(t *testing.T) {
 		poison += int(c)
 	}
 	stop := s.term(time.Minute)
-	fmt.Printf("chaos serve-kill       leftovers=%d remaining=%d poison=%d stop=%v\n", leftovers, remaining, poison, stop.Round(time.Millisecond))
+	fmt.Printf("chaos serve-kill       leftovers=%d remaining=%d poison=%d stop=%v stop_mid_sweep=%v (%d left)\n",
+		leftovers, remaining, poison, stop.Round(time.Millisecond), midSweep.Round(time.Millisecond), atTerm)
 	rep.check(t)
 	if poison > 0 {
 		t.Errorf("%d pipeline.poison events for invocations that all ended", poison)

@@ -122,9 +122,8 @@ func (r *Runner) sweep(ctx context.Context) {
 // leftover is a message the sweep found, with its invocation (nil when it
 // cannot be decoded).
 type leftover struct {
-	seq     uint64
-	subject string
-	inv     *envelope.Invocation
+	seq uint64
+	inv *envelope.Invocation
 }
 
 // settleLeftovers deletes, ends or holds each of the messages seqs of in's
@@ -152,7 +151,7 @@ func (r *Runner) settleLeftovers(ctx context.Context, in subjects.Input, seqs []
 			return append(retry, seqs[i:]...)
 		}
 		inv, _ := r.decode(raw.Subject, raw.Header, raw.Data, raw.Sequence)
-		found = append(found, leftover{seq: seq, subject: raw.Subject, inv: inv})
+		found = append(found, leftover{seq: seq, inv: inv})
 	}
 	var later map[string]uint64 // built once, when a record cannot decide alone
 	refused := false            // a delete was refused: the rest would be too
