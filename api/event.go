@@ -31,6 +31,12 @@ const (
 	TypeRateLimited       = "ai.agent.tool.rate_limited"
 	TypeCheckpointCreated = "ai.agent.tool.checkpoint.created"
 	TypePoison            = "ai.agent.pipeline.poison"
+	// TypeDuplicate records a later publish under an invocation id another
+	// publish holds (E3024): a repeat of the same request, answered by the
+	// first one's result, or a different request, refused. It is not
+	// terminal: an invocation id has exactly one terminal event, its first
+	// publish's.
+	TypeDuplicate = "ai.agent.tool.duplicate"
 
 	TypeApprovalRequested = "ai.agent.tool.approval.requested"
 	TypeApprovalGranted   = "ai.agent.tool.approval.granted"

@@ -76,7 +76,12 @@ func (a *app) serveCmd() *cobra.Command {
 	cmd.Flags().StringVar(&c.Embedded.Listen, "listen", "127.0.0.1:4222", "embedded NATS listen address")
 	cmd.Flags().BoolVar(&c.Examples, "examples", false, "register the example tools at start (and, without --jwks, write a development token)")
 	cmd.Flags().StringVar(&c.OperatorCreds, "operator-creds", "", "with --nats, operator credentials to set up the topology with at start (default <data>/busauth/operator.creds when there; without them the stages wait for `toolgate setup`)")
+	syncMode := cmd.Flags().String("sync", "always", "when the embedded server fsyncs its store: always (before acknowledging each write; survives a power cut), interval (every 2 minutes, nats-server's default) or an interval such as 10s; acknowledged writes not yet fsynced are lost if the machine loses power")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		var err error
+		if c.Embedded.SyncAlways, c.Embedded.SyncInterval, err = parseSync(*syncMode); err != nil {
+			return err
+		}
 		// Only an explicit --nats leaves the embedded server out: NATS_URL
 		// is where clients look, not what serve runs on.
 		if cmd.Flags().Changed("nats") {
@@ -99,6 +104,22 @@ func (a *app) serveCmd() *cobra.Command {
 		return node.Run(cmd.Context(), c)
 	}
 	return cmd
+}
+
+// parseSync reads --sync: "always", "interval" (the server's default
+// interval) or a positive duration.
+func parseSync(s string) (always bool, interval time.Duration, err error) {
+	switch s {
+	case "always":
+		return true, 0, nil
+	case "interval":
+		return false, 0, nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d <= 0 {
+		return false, 0, usageErr("--sync %q: want always, interval or a positive duration such as 10s", s)
+	}
+	return false, d, nil
 }
 
 func orEnv(v, env string) string {

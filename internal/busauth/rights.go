@@ -77,6 +77,9 @@ var Rights = map[Role]RoleRights{
 		Publishes: []string{hand(subjects.Authorize), hand(subjects.Audit), poison, subjects.ResultAll},
 		Writes:    []string{subjects.BucketInvocations},
 		Watches:   []string{subjects.BucketTools},
+		// Its sweep tells a leftover from a stuck call by the newer
+		// messages of the call in the pipeline.
+		Streams: []string{subjects.StreamPipeline},
 	},
 	// authorize verifies tokens, judges policy, parks calls for approval
 	// and charges budgets; it strips the raw token from what it hands on.
@@ -94,6 +97,7 @@ var Rights = map[Role]RoleRights{
 		Sweeps:    []string{subjects.StreamPipeline},
 		Publishes: []string{hand(subjects.Execute), hand(subjects.Audit), poison},
 		Writes:    []string{subjects.BucketRateLimits},
+		Reads:     []string{subjects.BucketInvocations}, // its sweep reads a leftover's record
 		Watches:   []string{subjects.BucketTools},
 	},
 	// execute runs tools: the only role that touches breakers and
@@ -116,6 +120,7 @@ var Rights = map[Role]RoleRights{
 		Consumes:  subjects.Inputs(subjects.Verify),
 		Sweeps:    []string{subjects.StreamPipeline},
 		Publishes: []string{hand(subjects.Audit), poison},
+		Reads:     []string{subjects.BucketInvocations}, // its sweep reads a leftover's record
 		Watches:   []string{subjects.BucketTools},
 	},
 	// audit is the one finaliser: the audit trail, results, terminal

@@ -60,6 +60,9 @@ type harness struct {
 	token    string
 	urls     []string
 	replicas int
+	// opts are the harness's own connection options: the operator's
+	// credentials on an authenticated bus.
+	opts []nats.Option
 
 	mu      sync.Mutex
 	seq     int
@@ -121,7 +124,7 @@ func (h *harness) setup() {
 	ctx, cancel := context.WithTimeout(h.t.Context(), time.Minute)
 	defer cancel()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	n, err := node.Open(ctx, strings.Join(h.urls, ","), "chaos-setup", topology.TopologyOptions{Replicas: h.replicas, AckWait: ackWait}, log)
+	n, err := node.Open(ctx, strings.Join(h.urls, ","), "chaos-setup", topology.TopologyOptions{Replicas: h.replicas, AckWait: ackWait}, log, h.opts...)
 	if err != nil {
 		h.t.Fatal(err)
 	}
@@ -164,8 +167,8 @@ func (h *harness) killRandomWorker() string {
 // conn connects to the servers, reconnecting for ever.
 func (h *harness) conn() *nats.Conn {
 	h.t.Helper()
-	nc, err := nats.Connect(strings.Join(h.urls, ","), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond),
-		nats.RetryOnFailedConnect(true))
+	nc, err := nats.Connect(strings.Join(h.urls, ","), append([]nats.Option{nats.MaxReconnects(-1), nats.ReconnectWait(100 * time.Millisecond),
+		nats.RetryOnFailedConnect(true)}, h.opts...)...)
 	if err != nil {
 		h.t.Fatal(err)
 	}

@@ -24,6 +24,7 @@ const (
 	TypeRateLimited       = api.TypeRateLimited
 	TypeCheckpointCreated = api.TypeCheckpointCreated
 	TypePoison            = api.TypePoison
+	TypeDuplicate         = api.TypeDuplicate
 
 	TypeApprovalRequested = api.TypeApprovalRequested
 	TypeApprovalGranted   = api.TypeApprovalGranted

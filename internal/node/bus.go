@@ -76,6 +76,7 @@ func StartSecureEmbedded(o EmbeddedOptions, log *slog.Logger) (*server.Server, *
 	}
 	opts.NoLog = !o.Logging
 	opts.SyncAlways = o.SyncAlways
+	opts.SyncInterval = o.SyncInterval
 	ns, err := server.NewServer(opts)
 	if err != nil {
 		return nil, nil, fmt.Errorf("configuring embedded NATS: %w", err)

@@ -27,6 +27,11 @@ type EmbeddedOptions struct {
 	// SyncAlways makes the store fsync every write before acknowledging
 	// it (nats-server's sync_interval: always).
 	SyncAlways bool
+	// SyncInterval is how often the store is fsynced when SyncAlways is
+	// off (0: nats-server's default, 2 minutes). Writes acknowledged since
+	// the last fsync are in the page cache only: a crash of the process
+	// keeps them, a power cut of the machine may not.
+	SyncInterval time.Duration
 }
 
 // StartEmbedded starts a NATS server with JetStream in this process and waits
@@ -45,15 +50,16 @@ func StartEmbedded(o EmbeddedOptions) (*server.Server, error) {
 		o.MaxPayload = 8 << 20
 	}
 	ns, err := server.NewServer(&server.Options{
-		ServerName: "toolgate",
-		Host:       host,
-		Port:       port,
-		JetStream:  true,
-		StoreDir:   o.DataDir,
-		MaxPayload: o.MaxPayload,
-		SyncAlways: o.SyncAlways,
-		NoSigs:     true,
-		NoLog:      !o.Logging,
+		ServerName:   "toolgate",
+		Host:         host,
+		Port:         port,
+		JetStream:    true,
+		StoreDir:     o.DataDir,
+		MaxPayload:   o.MaxPayload,
+		SyncAlways:   o.SyncAlways,
+		SyncInterval: o.SyncInterval,
+		NoSigs:       true,
+		NoLog:        !o.Logging,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("configuring embedded NATS: %w", err)

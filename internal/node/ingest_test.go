@@ -168,6 +168,15 @@ func TestReusedInvocationIDRefused(t *testing.T) {
 		t.Fatalf("the second request received the first one's result: %s", resp.Result)
 	}
 	wantCode(t, resp, api.EDuplicateInvocation)
+	// One terminal event for the id, the first request's; the refusal is
+	// audited as a duplicate.
+	eventually(t, 10*time.Second, "the refusal's audit event", func() bool {
+		_, d := e.terminalAndDuplicates("acme")
+		return d == 1
+	})
+	if terminal, _ := e.terminalAndDuplicates("acme"); terminal != 1 {
+		t.Fatalf("%d terminal events, want 1", terminal)
+	}
 	rec, err := e.client.Status(ctx, "acme", "shared")
 	if err != nil || rec.Status != api.StatusSuccess || rec.Response == nil || !strings.Contains(string(rec.Response.Result), "secret of agent a") {
 		t.Fatalf("the first record was changed: %+v %v", rec, err)

@@ -523,7 +523,7 @@ func (n *Node) refusedState(ctx context.Context, source, what string, rev uint64
 
 // Runner returns a Runner of stage st on this node.
 func (n *Node) Runner(name string, st stages.Stage, workers int, m *runner.Metrics) *runner.Runner {
-	r := &runner.Runner{Name: name, Stage: st, JS: n.JS, Workers: workers, Log: n.Log, Metrics: m}
+	r := &runner.Runner{Name: name, Stage: st, JS: n.JS, Workers: workers, Log: n.Log, Metrics: m, Records: n.Store}
 	if name == subjects.Execute {
 		// Tools bound themselves (limits.timeout_ms is at most an hour).
 		r.Timeout = time.Hour + time.Minute

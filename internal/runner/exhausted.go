@@ -65,9 +65,13 @@ func unsubscribe(subs []*nats.Subscription) {
 // subscription's goroutine; later advisories wait in its queue.
 func (r *Runner) endExhaustedRetrying(ctx context.Context, adv maxDeliveriesAdvisory) {
 	for attempt := 1; ; attempt++ {
-		err := r.endExhausted(ctx, adv)
+		err := r.endExhausted(ctx, adv, false)
 		if err == nil || errors.Is(err, jetstream.ErrMsgNotFound) {
 			return // ended, now or by an earlier attempt that deleted it
+		}
+		if errors.Is(err, errEndedNotDeleted) {
+			r.Log.Error("deleting exhausted message; the sweep will", "seq", adv.StreamSeq, "err", err)
+			return
 		}
 		r.Log.Error("ending exhausted message", "seq", adv.StreamSeq, "attempt", attempt, "err", err)
 		select {
@@ -78,8 +82,18 @@ func (r *Runner) endExhaustedRetrying(ctx context.Context, adv maxDeliveriesAdvi
 	}
 }
 
-func (r *Runner) endExhausted(ctx context.Context, adv maxDeliveriesAdvisory) error {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+// SweptDetail marks, in an E3901 error's details, an ending the sweep of
+// left-behind messages decided (not JetStream's advisory): audit refuses it
+// over a record a live worker holds (parked or running).
+const SweptDetail = "swept"
+
+// endExhausted hands the invocation of the message adv names to audit as
+// E3901 (at audit itself, or when the message cannot be read, records it as
+// poison) and deletes the message. swept says the sweep, not the advisory,
+// found it. It gives up when ctx ends: a message it leaves is found again
+// by the next sweep.
+func (r *Runner) endExhausted(ctx context.Context, adv maxDeliveriesAdvisory, swept bool) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	stream, err := r.JS.Stream(ctx, adv.Stream)
 	if err != nil {
@@ -103,8 +117,12 @@ func (r *Runner) endExhausted(ctx context.Context, adv maxDeliveriesAdvisory) er
 		}
 	} else {
 		if !inv.Terminal() {
-			inv.Fail(r.Name, api.NewError(api.InternalError, api.EDeliveryExhausted,
-				"%s did not settle the invocation after %d deliveries", r.Name, adv.Deliveries))
+			e := api.NewError(api.InternalError, api.EDeliveryExhausted,
+				"%s did not settle the invocation after %d deliveries", r.Name, adv.Deliveries)
+			if swept {
+				e = e.WithDetail(SweptDetail, true)
+			}
+			inv.Fail(r.Name, e)
 		}
 		o, err := Handoff(inv, subjects.Audit)
 		if err != nil {
@@ -114,11 +132,16 @@ func (r *Runner) endExhausted(ctx context.Context, adv maxDeliveriesAdvisory) er
 			return err
 		}
 	}
-	if err := stream.DeleteMsg(ctx, adv.StreamSeq); err != nil {
-		r.Log.Warn("deleting exhausted message", "seq", adv.StreamSeq, "err", err)
+	if err := r.deleteLeftover(ctx, stream, adv.Stream, adv.StreamSeq); err != nil {
+		return fmt.Errorf("%w: %w", errEndedNotDeleted, err)
 	}
 	return nil
 }
+
+// errEndedNotDeleted: the invocation was handed on, its message not
+// deleted. The sweep deletes it later, once the invocation's record shows
+// the ending.
+var errEndedNotDeleted = errors.New("ended, not deleted")
 
 // poisonEvent is the audit record of a message that could not be read.
 func poisonEvent(stage, subject, stream string, seq uint64, cause error) (stages.Output, error) {

@@ -22,6 +22,13 @@ type Metrics struct {
 	finished *prometheus.CounterVec
 	// latency is received-to-finished time of those invocations.
 	latency *prometheus.HistogramVec
+	// swept counts the messages the sweep found left in a work queue, by
+	// what it did: deleted (their invocation ended or moved on), ended
+	// (stuck at the hop) or held (parked or running; counted per sweep).
+	swept *prometheus.CounterVec
+	// deleteFailures counts failed attempts to delete a message from a
+	// work-queue stream (refused for want of the right, or timed out).
+	deleteFailures *prometheus.CounterVec
 }
 
 // Outcome labels of toolgate_stage_messages_total.
@@ -69,8 +76,16 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help:    "Time from an invocation's arrival to its finalisation, by status.",
 			Buckets: durationBuckets,
 		}, []string{"status"}),
+		swept: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "toolgate", Subsystem: "sweep", Name: "messages_total",
+			Help: "Messages the sweep found left in a work queue, by stage and what it did (deleted, ended, held).",
+		}, []string{"stage", "outcome"}),
+		deleteFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "toolgate", Subsystem: "sweep", Name: "delete_failures_total",
+			Help: "Failed attempts to delete a message from a work-queue stream, by stage and stream.",
+		}, []string{"stage", "stream"}),
 	}
-	reg.MustRegister(m.messages, m.duration, m.inflight, m.finished, m.latency, buildInfo())
+	reg.MustRegister(m.messages, m.duration, m.inflight, m.finished, m.latency, m.swept, m.deleteFailures, buildInfo())
 	return m
 }
 

@@ -63,9 +63,13 @@ type Runner struct {
 	// settling a message before Stalled reports it (default 1 minute).
 	StallAfter time.Duration
 	// SweepEvery is how often the Runner looks for messages its consumers
-	// passed over at the delivery limit whose advisory nobody acted on,
-	// and ends them (default DefaultSweepEvery; negative: never).
+	// left in their work-queue stream with nothing pending, and deletes,
+	// ends or holds them by their invocation's state (default
+	// DefaultSweepEvery; negative: never).
 	SweepEvery time.Duration
+	// Records reads status records for the sweep, which does not run
+	// without them.
+	Records Records
 
 	active  atomic.Int64 // unix nanoseconds of the last pull or settled message
 	waiting atomic.Int32 // workers waiting on the pull iterator, which pulls for them

@@ -15,9 +15,10 @@ import (
 	"github.com/toolgate/toolgate/subjects"
 )
 
-// store is what audit writes (*kvstore.Store): the terminal status record
+// store is what audit reads and writes (*kvstore.Store): the status record
 // and the session's usage.
 type store interface {
+	Status(ctx context.Context, tenant, id string) (api.Record, error)
 	SetStatus(ctx context.Context, rec api.Record) (api.Record, bool, error)
 	UpdateUsage(ctx context.Context, tenant, session string, change func(*kvstore.Usage) error) (kvstore.Usage, error)
 }
@@ -70,6 +71,20 @@ func (a *Auditor) Process(ctx context.Context, inv *envelope.Invocation) ([]stag
 	if !inv.Terminal() {
 		inv.Fail(subjects.Audit, api.NewError(api.InternalError, api.EInternal,
 			"invocation reached audit without a terminal status (last stage %q)", inv.EndedBy))
+	}
+	if swept(inv.Error) {
+		// Before hooks, aborts and charges: none of them may act on an
+		// ending that does not stand.
+		held, err := a.heldByWorker(ctx, inv)
+		if err != nil {
+			return nil, stages.Transient(fmt.Errorf("reading status: %w", err), 0)
+		}
+		if held {
+			return nil, nil
+		}
+	}
+	if inv.Error != nil && inv.Error.ECode == api.EDuplicateInvocation {
+		return duplicate(inv)
 	}
 	if inv.Tenant == subjects.SystemTenant {
 		// The event's tenant could not name a subject (E3019): there is no
@@ -127,11 +142,6 @@ func (a *Auditor) Process(ctx context.Context, inv *envelope.Invocation) ([]stag
 	if err != nil {
 		return nil, err
 	}
-	if sameRequest(inv.Error) {
-		// A second publish of the same event: the first one's result is
-		// its answer, on the same subject.
-		return []stages.Output{terminal}, nil
-	}
 	result, err := resultEvent(inv, resp)
 	if err != nil {
 		return nil, err
@@ -145,6 +155,54 @@ func (a *Auditor) Process(ctx context.Context, inv *envelope.Invocation) ([]stag
 		outs = append(outs, child)
 	}
 	return outs, nil
+}
+
+// swept reports an E3901 ending decided by a sweep of messages left in a
+// work queue (runner.SweptDetail), rather than by the stage that held it.
+func swept(e *api.Error) bool {
+	if e == nil || e.ECode != api.EDeliveryExhausted {
+		return false
+	}
+	s, _ := e.Details[runner.SweptDetail].(bool)
+	return s
+}
+
+// heldByWorker reports whether inv's record says a live worker holds the
+// invocation: parked for approval, or running its tool. A sweep's ending
+// is then refused; the worker ends the invocation itself.
+func (a *Auditor) heldByWorker(ctx context.Context, inv *envelope.Invocation) (bool, error) {
+	rec, err := a.store.Status(ctx, inv.Tenant, inv.ID)
+	if errors.Is(err, api.ErrInvocationNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	if rec.Status.Terminal() || (rec.Seq != 0 && rec.Seq != inv.Event.Seq) {
+		return false, nil // first-ending-wins and repeats are decided below
+	}
+	return rec.Status == api.StatusPendingApproval || rec.Status == api.StatusRunning, nil
+}
+
+// duplicate ends a later publish under an id another publish holds
+// (validate's E3024). The id names one invocation, whose first publish has
+// the one terminal event, status and result; the later publish, whether a
+// client's re-publish of the same request past the invoke stream's
+// duplicate window or a different request reusing the id, leaves a
+// tool.duplicate event and nothing in the status record, the session's
+// usage or the hooks. A repeat of the same request is answered by the first
+// one's result on the same subject; a different request gets its refusal
+// there, so that its caller learns why.
+func duplicate(inv *envelope.Invocation) ([]stages.Output, error) {
+	ev, err := runner.AuditEvent(subjects.Audit, inv, envelope.TypeDuplicate, inv.Audit())
+	if err != nil || sameRequest(inv.Error) {
+		return []stages.Output{ev}, err
+	}
+	result, err := resultEvent(inv, inv.Response())
+	if err != nil {
+		return nil, err
+	}
+	return []stages.Output{ev, result}, nil
 }
 
 // count adds a call that reached its tool to the tool's usage statistics,

@@ -10,6 +10,7 @@ import (
 
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/envelope"
+	"github.com/toolgate/toolgate/internal/runner"
 	"github.com/toolgate/toolgate/kvstore"
 	"github.com/toolgate/toolgate/stages"
 	"github.com/toolgate/toolgate/subjects"
@@ -42,6 +43,14 @@ func (f *fakeStore) SetStatus(_ context.Context, rec api.Record) (api.Record, bo
 	}
 	f.atEnd[rec.InvocationID] = maps.Clone(f.usage)
 	return rec, true, nil
+}
+
+func (f *fakeStore) Status(_ context.Context, _, id string) (api.Record, error) {
+	rec, ok := f.records[id]
+	if !ok {
+		return api.Record{}, kvstore.ErrNotFound
+	}
+	return rec, nil
 }
 
 func (f *fakeStore) UpdateUsage(_ context.Context, tenant, session string, change func(*kvstore.Usage) error) (kvstore.Usage, error) {
@@ -119,13 +128,32 @@ func TestAudit(t *testing.T) {
 		}
 	})
 
-	t.Run("a repeated publish gets no second result", func(t *testing.T) {
-		inv := &envelope.Invocation{ID: "i-3", Tenant: "acme", Status: api.StatusPending}
+	t.Run("a repeated publish gets no second result and no second terminal event", func(t *testing.T) {
+		st := newFakeStore()
+		inv := &envelope.Invocation{ID: "i-3", Tenant: "acme", Status: api.StatusPending, Event: envelope.Event{Seq: 8}}
 		inv.Fail(subjects.Validate, api.NewError(api.InvalidParameters, api.EDuplicateInvocation, "again").
 			WithDetail("same_request", true))
-		outs, err := (&Auditor{store: newFakeStore()}).Process(ctx, inv)
-		if err != nil || len(outs) != 1 || strings.HasPrefix(outs[0].Subject, "tool.result") {
-			t.Fatalf("outputs %q, %v", subjectsOf(outs), err)
+		outs, err := (&Auditor{store: st}).Process(ctx, inv)
+		duplicate := subjects.AuditEvent("acme", envelope.SubjectSuffix(envelope.TypeDuplicate))
+		if err != nil || subjectsOf(outs) != duplicate {
+			t.Fatalf("outputs %q, %v; want only %s", subjectsOf(outs), err, duplicate)
+		}
+		if len(st.records) != 0 {
+			t.Fatalf("a repeat wrote a status: %+v", st.records)
+		}
+	})
+
+	t.Run("a different request reusing the id is refused without a terminal event", func(t *testing.T) {
+		st := newFakeStore()
+		inv := &envelope.Invocation{ID: "i-3", Tenant: "acme", Status: api.StatusPending, Event: envelope.Event{Seq: 9}}
+		inv.Fail(subjects.Validate, api.NewError(api.InvalidParameters, api.EDuplicateInvocation, "reused"))
+		outs, err := (&Auditor{store: st}).Process(ctx, inv)
+		want := subjects.AuditEvent("acme", envelope.SubjectSuffix(envelope.TypeDuplicate)) + " " + subjects.Result("acme", "i-3")
+		if err != nil || subjectsOf(outs) != want {
+			t.Fatalf("outputs %q, %v; want %q", subjectsOf(outs), err, want)
+		}
+		if len(st.records) != 0 {
+			t.Fatalf("a reuse wrote a status: %+v", st.records)
 		}
 	})
 
@@ -260,5 +288,51 @@ func TestAuditCountsToolCalls(t *testing.T) {
 	want := []recorded{{"echo", false, 40, 0.25}}
 	if len(stats.calls) != 1 || stats.calls[0] != want[0] {
 		t.Fatalf("recorded %+v, want %+v", stats.calls, want)
+	}
+}
+
+// TestSweptEndingOverALiveRecord: an E3901 a sweep of left-behind messages
+// decided is refused while the record says a worker holds the invocation
+// (parked, running): no event, no status, no charge. Over a pending
+// record it ends the call, and the advisory's E3901 (no sweep) always does.
+func TestSweptEndingOverALiveRecord(t *testing.T) {
+	ctx := context.Background()
+	for _, c := range []struct {
+		name   string
+		held   api.Status
+		swept  bool
+		refuse bool
+	}{
+		{"parked, swept", api.StatusPendingApproval, true, true},
+		{"running, swept", api.StatusRunning, true, true},
+		{"pending, swept", api.StatusPending, true, false},
+		{"running, from the advisory", api.StatusRunning, false, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			st := newFakeStore()
+			st.records["i-9"] = api.Record{InvocationID: "i-9", Tenant: "acme", Status: c.held, Seq: 4}
+			inv := &envelope.Invocation{ID: "i-9", Tenant: "acme", Event: envelope.Event{Seq: 4}, Status: api.StatusPending,
+				Authz: &envelope.Authorization{Session: "s", Reserved: true, CostPerCall: 1}}
+			inv.Metadata.StartedAt = "2026-01-01T00:00:00Z"
+			e := api.NewError(api.InternalError, api.EDeliveryExhausted, "left behind")
+			if c.swept {
+				e = e.WithDetail(runner.SweptDetail, true)
+			}
+			// Through JSON, as it travels.
+			data, _ := json.Marshal(e)
+			var wire api.Error
+			if err := json.Unmarshal(data, &wire); err != nil {
+				t.Fatal(err)
+			}
+			inv.Fail(subjects.Route, &wire)
+			outs, err := (&Auditor{store: st}).Process(ctx, inv)
+			if err != nil {
+				t.Fatal(err)
+			}
+			refused := len(outs) == 0 && st.records["i-9"].Status == c.held && len(st.usage) == 0
+			if refused != c.refuse {
+				t.Fatalf("refused %v, want %v (outputs %d, record %+v, usage %v)", refused, c.refuse, len(outs), st.records["i-9"], st.usage)
+			}
+		})
 	}
 }
