@@ -4,6 +4,7 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"html"
+	"slices"
 	"strings"
 	"unicode"
 	"unicode/utf8"
@@ -34,10 +35,145 @@ func normalise(s string) ([]string, bool) {
 	if n := fold(s); n != s {
 		out = append(out, n)
 	}
-	if d := decodeRuns(s); d != "" {
+	// A decoded run may hold another encoding (base64 of base64, hex of
+	// base64): up to three rounds.
+	for d, round := s, 0; round < 3; round++ {
+		if d = decodeRuns(d); d == "" {
+			break
+		}
+		out = append(out, d)
+	}
+	if d := decodeEscapes(s); d != "" {
 		out = append(out, d)
 	}
 	return out, len(out) > 0
+}
+
+// decodeEscapes returns the text spelled by the runs of \xHH escapes and
+// by bracketed lists of byte values ([104, 105, ...]) in s, joined by
+// newlines, or "" if s has none that decode to printable text.
+func decodeEscapes(s string) string {
+	var b strings.Builder
+	if strings.Contains(s, `\x`) {
+		var run []byte
+		flush := func() {
+			if len(run) >= minByteArray && printable(run) {
+				b.Write(run)
+				b.WriteByte('\n')
+			}
+			run = run[:0]
+		}
+		for i := 0; i < len(s); {
+			if i+3 < len(s) && s[i] == '\\' && (s[i+1] == 'x' || s[i+1] == 'X') && isHex(s[i+2]) && isHex(s[i+3]) {
+				run = append(run, unhex(s[i+2])<<4|unhex(s[i+3]))
+				i += 4
+				continue
+			}
+			flush()
+			i++
+		}
+		flush()
+	}
+	for rest := s; b.Len() < maxDecoded; {
+		i := strings.IndexByte(rest, '[')
+		if i < 0 {
+			break
+		}
+		rest = rest[i+1:]
+		j := strings.IndexByte(rest, ']')
+		if j < 0 || j > maxDecoded*4 {
+			break
+		}
+		if d, ok := byteList(rest[:j]); ok {
+			b.WriteString(d)
+			b.WriteByte('\n')
+			rest = rest[j+1:]
+		}
+	}
+	return b.String()
+}
+
+func unhex(c byte) byte {
+	switch {
+	case c >= '0' && c <= '9':
+		return c - '0'
+	case c >= 'a' && c <= 'f':
+		return c - 'a' + 10
+	}
+	return c - 'A' + 10
+}
+
+// byteList reads "104, 105, ..." (decimal or 0x-prefixed byte values,
+// separated by commas and blanks) as the text it spells, if printable.
+func byteList(s string) (string, bool) {
+	var out []byte
+	for _, f := range strings.FieldsFunc(s, func(r rune) bool { return r == ',' || r == ' ' || r == '\n' || r == '\t' || r == '\r' }) {
+		base := 10
+		if len(f) > 2 && (f[:2] == "0x" || f[:2] == "0X") {
+			f, base = f[2:], 16
+		}
+		if len(f) == 0 || len(f) > 3 {
+			return "", false
+		}
+		v := 0
+		for i := 0; i < len(f); i++ {
+			c := f[i]
+			switch {
+			case c >= '0' && c <= '9':
+				v = v*base + int(c-'0')
+			case base == 16 && isHex(c):
+				v = v*base + int(unhex(c))
+			default:
+				return "", false
+			}
+		}
+		if v > 255 {
+			return "", false
+		}
+		out = append(out, byte(v))
+	}
+	if len(out) < minByteArray || !printable(out) {
+		return "", false
+	}
+	return string(out), true
+}
+
+// shapeForms are the forms of s a secret of a known shape may be hidden
+// in: reversed, with its whitespace (and line continuations) removed, and
+// ROT13-decoded. Only the Transformed rules run on them.
+func shapeForms(s string) []string {
+	if len(s) < 16 {
+		return nil
+	}
+	b := []byte(s)
+	slices.Reverse(b)
+	out := []string{string(b)}
+	if strings.ContainsAny(s, " \t\n\r") {
+		b = b[:0]
+		for i := 0; i < len(s); i++ {
+			switch c := s[i]; c {
+			case ' ', '\t', '\n', '\r':
+			case '\\':
+				if i+1 < len(s) && (s[i+1] == '\n' || s[i+1] == '\r') {
+					continue
+				}
+				b = append(b, c)
+			default:
+				b = append(b, c)
+			}
+		}
+		out = append(out, string(b))
+	}
+	b = []byte(s)
+	for i, c := range b {
+		switch {
+		case c >= 'a' && c <= 'z':
+			b[i] = 'a' + (c-'a'+13)%26
+		case c >= 'A' && c <= 'Z':
+			b[i] = 'A' + (c-'A'+13)%26
+		}
+	}
+	return append(out, string(b))
 }
 
 // fold applies the text normalisations, cheapest checks first.

@@ -82,29 +82,6 @@ var lowerPool = sync.Pool{New: func() any { return new([]byte) }}
 
 type span struct{ start, end int }
 
-// Scan returns the findings of detectors ds (all when none) in s, ordered by
-// offset. Offsets are in s; a match found only in a normalised or decoded
-// form of s (see normalise) is reported on the whole of s.
-func (e *Engine) Scan(s string, ds ...Detector) []Finding {
-	out := e.scanRaw(s, ds)
-	if n, ok := normalise(s); ok {
-		seen := map[string]bool{}
-		for _, f := range out {
-			seen[f.Rule] = true
-		}
-		for _, variant := range n {
-			for _, f := range e.scanRaw(variant, ds) {
-				if !seen[f.Rule] {
-					seen[f.Rule] = true
-					out = append(out, Finding{Rule: f.Rule, Detector: f.Detector, Offset: 0, Length: len(s)})
-				}
-			}
-		}
-	}
-	sort.SliceStable(out, func(i, j int) bool { return out[i].Offset < out[j].Offset })
-	return out
-}
-
 // scanRaw runs the rules of ds over s as it is.
 func (e *Engine) scanRaw(s string, ds []Detector) []Finding {
 	if s == "" {

@@ -1,0 +1,462 @@
+package detect
+
+import (
+	"encoding/json"
+	"fmt"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+)
+
+// Bounds on the structural checks of a JSON document, so that their cost
+// stays proportional to the document.
+const (
+	// maxPart is the longest string joined with its siblings: a secret
+	// is split into short pieces; long texts are scanned on their own.
+	maxPart = 256
+	// maxJoined bounds the joined text of one object or array.
+	maxJoined = 4 << 10
+	// minByteArray is the shortest array of small integers read as bytes.
+	minByteArray = 8
+)
+
+// Rules that fire on a value's place in a document rather than its text.
+const (
+	// RuleNamedValue: the value of a member whose name says it is a credential.
+	RuleNamedValue = "secret.named_value"
+	// RuleJWKPrivate: a private member of a JSON Web Key.
+	RuleJWKPrivate = "secret.jwk_private"
+	// RuleNamedKey: a member name that is itself a credential, under a
+	// member whose name says so ({"tokens": {"<token>": …}}), or shaped
+	// as user:password.
+	RuleNamedKey = "secret.named_key"
+)
+
+// ScanJSON scans every string, key and number of a JSON document, and
+// reports credentials by their place (RuleNamedValue, RuleJWKPrivate,
+// RuleNamedKey), secrets split across the strings of an object or array,
+// and arrays of byte values that spell one. A finding's Path never holds
+// the text found: a member name that is a secret appears in it redacted.
+func (e *Engine) ScanJSON(doc []byte, ds ...Detector) ([]Finding, error) {
+	v, err := decode(doc)
+	if err != nil {
+		return nil, err
+	}
+	w := walker{e: e, ds: ds}
+	w.value(v, "", false, "")
+	return w.found, nil
+}
+
+func (e *Engine) rewriteJSON(doc []byte, ds []Detector, fix func(string, []Finding) string) ([]byte, []Finding, error) {
+	v, err := decode(doc)
+	if err != nil {
+		return nil, nil, err
+	}
+	w := walker{e: e, ds: ds, fix: fix}
+	v = w.value(v, "", false, "")
+	if len(w.found) == 0 {
+		return doc, nil, nil
+	}
+	out, err := json.Marshal(v)
+	return out, w.found, err
+}
+
+// walker scans a decoded document and, when fix is set, replaces what it
+// finds with what fix returns.
+type walker struct {
+	e     *Engine
+	ds    []Detector
+	fix   func(string, []Finding) string
+	found []Finding
+}
+
+func (w *walker) wants(d Detector) bool { return len(w.ds) == 0 || slices.Contains(w.ds, d) }
+
+// value scans v, found at path under the member name key, and returns its
+// replacement. named says v is a credential by its place.
+func (w *walker) value(v any, path string, named bool, key string) any {
+	switch t := v.(type) {
+	case string:
+		return w.text(path, t, named, key)
+	case json.Number:
+		if r := w.text(path, string(t), named, key); r != string(t) {
+			return r
+		}
+		return t
+	case map[string]any:
+		return w.object(t, path, named, key)
+	case []any:
+		return w.array(t, path, named, key)
+	}
+	return v
+}
+
+func (w *walker) text(path, s string, named bool, key string) string {
+	fs := w.e.scanValue(path, s, named, key, w.ds)
+	if len(fs) == 0 {
+		return s
+	}
+	w.found = append(w.found, fs...)
+	if w.fix == nil {
+		return s
+	}
+	return w.fix(s, fs)
+}
+
+func (w *walker) object(t map[string]any, path string, named bool, key string) any {
+	keys := make([]string, 0, len(t))
+	for k := range t {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	jwk := isPrivateJWK(t)
+	collection := credentialCollections[normName(key)]
+	var parts []part
+	for _, k := range positional(keys) {
+		if s, ok := partOf(t[k]); ok {
+			parts = append(parts, part{s: s, set: setter(t, k)})
+		}
+	}
+	after := w.joined(path, key, parts)
+	for _, k := range keys {
+		kfs := w.e.scanKey(k, collection, w.ds)
+		p := path + "/" + escapePointer(w.e.safeKey(k, collection))
+		for i := range kfs {
+			kfs[i].Path = p
+		}
+		w.found = append(w.found, kfs...)
+		x := w.value(t[k], p, named || NamedCredential(k) || jwk && jwkPrivate[k], k)
+		nk := k
+		if w.fix != nil && len(kfs) > 0 {
+			nk = w.fix(k, kfs)
+		}
+		if nk == k {
+			t[k] = x
+			continue
+		}
+		delete(t, k)
+		for _, taken := t[nk]; taken; _, taken = t[nk] {
+			nk += "'"
+		}
+		t[nk] = x
+	}
+	after()
+	return t
+}
+
+func (w *walker) array(t []any, path string, named bool, key string) any {
+	if b, ok := byteArray(t); ok && (w.wants(Secrets) || w.wants(PII)) {
+		var fs []Finding
+		for _, f := range w.e.scan(b, key, w.ds) {
+			fs = append(fs, Finding{Rule: f.Rule, Detector: f.Detector, Path: path, Offset: 0, Length: 0})
+		}
+		if len(fs) > 0 {
+			w.found = append(w.found, fs...)
+			if w.fix != nil {
+				return Redacted(fs[0].Rule)
+			}
+			return t
+		}
+	}
+	var parts []part
+	for i, x := range t {
+		if s, ok := partOf(x); ok {
+			parts = append(parts, part{s: s, set: setter(t, i)})
+		}
+	}
+	after := w.joined(path, key, parts)
+	for i, x := range t {
+		t[i] = w.value(x, fmt.Sprintf("%s/%d", path, i), named, key)
+	}
+	after()
+	return t
+}
+
+// part is a short string of an object or array, with the means to
+// replace it once its container has been walked.
+type part struct {
+	s   string
+	set func(string)
+}
+
+// partOf returns the string v contributes to its container's joined text:
+// a string, or the one string of an object with a single member.
+func partOf(v any) (string, bool) {
+	switch t := v.(type) {
+	case string:
+		return t, len(t) <= maxPart
+	case map[string]any:
+		if len(t) != 1 {
+			return "", false
+		}
+		for _, x := range t {
+			if s, ok := x.(string); ok && len(s) <= maxPart {
+				return s, true
+			}
+		}
+	}
+	return "", false
+}
+
+func setter[K comparable](c any, k K) func(string) {
+	return func(r string) {
+		switch t := c.(type) {
+		case map[string]any:
+			kk := any(k).(string)
+			if m, ok := t[kk].(map[string]any); ok {
+				for mk := range m {
+					m[mk] = r
+				}
+				return
+			}
+			if _, ok := t[kk]; ok {
+				t[kk] = r
+			}
+		case []any:
+			i := any(k).(int)
+			if m, ok := t[i].(map[string]any); ok {
+				for mk := range m {
+					m[mk] = r
+				}
+				return
+			}
+			t[i] = r
+		}
+	}
+}
+
+// joined scans the parts of a container joined together, in order, and
+// records what is found across two parts or more (what lies within one is
+// found when that part is scanned). It returns a function that, once the
+// container has been walked, redacts the parts such a finding touches.
+func (w *walker) joined(path, key string, parts []part) func() {
+	nothing := func() {}
+	if w.e.joiner == nil || len(parts) < 2 {
+		return nothing
+	}
+	var b strings.Builder
+	ends := make([]int, len(parts))
+	for i, p := range parts {
+		if b.Len()+len(p.s) > maxJoined {
+			parts, ends = parts[:i], ends[:i]
+			break
+		}
+		b.WriteString(p.s)
+		ends[i] = b.Len()
+	}
+	if len(parts) < 2 {
+		return nothing
+	}
+	s := b.String()
+	var hit []Finding
+	touched := map[int]string{}
+	for _, f := range w.e.joiner.scan(s, key, w.ds) {
+		first := sort.SearchInts(ends, f.Offset+1)
+		last := sort.SearchInts(ends, f.Offset+f.Length)
+		if f.Offset == 0 && f.Length == len(s) && w.e.joiner.inOnePart(parts, f.Rule, key, w.ds) {
+			continue
+		}
+		if first >= last {
+			continue // within one part
+		}
+		hit = append(hit, Finding{Rule: f.Rule, Detector: f.Detector, Path: path})
+		for i := first; i <= last && i < len(parts); i++ {
+			if _, ok := touched[i]; !ok {
+				touched[i] = f.Rule
+			}
+		}
+	}
+	if len(hit) == 0 {
+		return nothing
+	}
+	w.found = append(w.found, hit...)
+	if w.fix == nil {
+		return nothing
+	}
+	return func() {
+		for i, rule := range touched {
+			parts[i].set(Redacted(rule))
+		}
+	}
+}
+
+// inOnePart reports whether rule fires on one of the parts alone.
+func (e *Engine) inOnePart(parts []part, rule, key string, ds []Detector) bool {
+	for _, p := range parts {
+		for _, f := range e.scan(p.s, key, ds) {
+			if f.Rule == rule {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// positional orders member names as a writer splitting a value would:
+// first, start, head before the rest, last, end, tail after it, and
+// numbered names by their number (part2 before part10).
+func positional(keys []string) []string {
+	out := slices.Clone(keys)
+	rank := func(k string) int {
+		l := strings.ToLower(k)
+		for _, w := range []string{"first", "start", "begin", "head", "prefix", "initial"} {
+			if strings.Contains(l, w) {
+				return 0
+			}
+		}
+		for _, w := range []string{"last", "end", "tail", "final", "suffix", "rest", "remainder"} {
+			if strings.Contains(l, w) {
+				return 2
+			}
+		}
+		return 1
+	}
+	sort.SliceStable(out, func(i, j int) bool {
+		if a, b := rank(out[i]), rank(out[j]); a != b {
+			return a < b
+		}
+		return natural(out[i], out[j])
+	})
+	return out
+}
+
+// natural compares names with their digit runs read as numbers.
+func natural(a, b string) bool {
+	for a != "" && b != "" {
+		da, db := digitPrefix(a), digitPrefix(b)
+		if da != "" && db != "" {
+			x, _ := strconv.Atoi(da)
+			y, _ := strconv.Atoi(db)
+			if x != y {
+				return x < y
+			}
+			a, b = a[len(da):], b[len(db):]
+			continue
+		}
+		if a[0] != b[0] {
+			return a[0] < b[0]
+		}
+		a, b = a[1:], b[1:]
+	}
+	return len(a) < len(b)
+}
+
+func digitPrefix(s string) string {
+	i := 0
+	for i < len(s) && i < 9 && s[i] >= '0' && s[i] <= '9' {
+		i++
+	}
+	return s[:i]
+}
+
+// byteArray reads an array of at least minByteArray integers from 0 to 255
+// as the text it spells, if that is printable.
+func byteArray(t []any) (string, bool) {
+	if len(t) < minByteArray || len(t) > maxDecoded {
+		return "", false
+	}
+	b := make([]byte, len(t))
+	for i, x := range t {
+		n, ok := x.(json.Number)
+		if !ok {
+			return "", false
+		}
+		v, err := strconv.Atoi(string(n))
+		if err != nil || v < 0 || v > 255 {
+			return "", false
+		}
+		b[i] = byte(v)
+	}
+	if !printable(b) {
+		return "", false
+	}
+	return string(b), true
+}
+
+// scanValue scans one string of a document, found under the member name
+// key, adding the finding its place implies.
+func (e *Engine) scanValue(path, s string, named bool, key string, ds []Detector) []Finding {
+	fs := e.scan(s, key, ds)
+	if named && s != "" && (len(ds) == 0 || slices.Contains(ds, Secrets)) && !e.placeholder(s) {
+		rule := RuleNamedValue
+		if i := strings.LastIndexByte(path, '/'); i >= 0 && jwkPrivate[path[i+1:]] {
+			rule = RuleJWKPrivate
+		}
+		fs = append(fs, Finding{Rule: rule, Detector: Secrets, Offset: 0, Length: len(s)})
+	}
+	for i := range fs {
+		fs[i].Path = path
+	}
+	return fs
+}
+
+// scanKey scans a member name: its text, and whether its place or shape
+// makes it a credential.
+func (e *Engine) scanKey(k string, collection bool, ds []Detector) []Finding {
+	fs := e.scan(k, "", ds)
+	if (len(ds) == 0 || slices.Contains(ds, Secrets)) && credentialKey(k, collection) {
+		fs = append(fs, Finding{Rule: RuleNamedKey, Detector: Secrets, Offset: 0, Length: len(k)})
+	}
+	return fs
+}
+
+// safeKey is a member name as a finding's path may show it: with the
+// secrets and personal data in it redacted, whatever is being scanned.
+func (e *Engine) safeKey(k string, collection bool) string {
+	if credentialKey(k, collection) {
+		return Redacted(RuleNamedKey)
+	}
+	fs := e.scan(k, "", []Detector{Secrets, PII})
+	if len(fs) == 0 {
+		return k
+	}
+	return redact(k, fs)
+}
+
+// credentialKey reports whether a member name is a credential by itself:
+// a random-looking name in a collection of credentials, or user:password.
+func credentialKey(k string, collection bool) bool {
+	if collection && randomLooking(k, 16) {
+		return true
+	}
+	user, pass, ok := strings.Cut(k, ":")
+	return ok && len(user) >= 2 && len(user) <= 64 && !strings.ContainsAny(user, " /") &&
+		!strings.ContainsAny(pass, " /") && randomLooking(pass, 8) && classes(pass) >= 3
+}
+
+// randomLooking reports whether s, at least n bytes long, mixes letters
+// and digits the way generated tokens do and prose does not.
+func randomLooking(s string, n int) bool {
+	if len(s) < n || strings.ContainsAny(s, " \t\n") {
+		return false
+	}
+	var letters, digits int
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c >= '0' && c <= '9':
+			digits++
+		case c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z':
+			letters++
+		}
+	}
+	return digits >= 2 && letters >= 2 && shannon(s) >= 3
+}
+
+// classes counts the kinds of characters in s: lower, upper, digit, other.
+func classes(s string) int {
+	var l, u, d, o int
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c >= 'a' && c <= 'z':
+			l = 1
+		case c >= 'A' && c <= 'Z':
+			u = 1
+		case c >= '0' && c <= '9':
+			d = 1
+		default:
+			o = 1
+		}
+	}
+	return l + u + d + o
+}
