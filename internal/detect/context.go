@@ -3,8 +3,10 @@ package detect
 import (
 	"math"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
+	"unicode"
 )
 
 // Scan returns the findings of detectors ds (all when none) in s, ordered by
@@ -17,10 +19,13 @@ func (e *Engine) Scan(s string, ds ...Detector) []Finding { return e.scan(s, "",
 // context to rules with NotNear words.
 func (e *Engine) scan(s, key string, ds []Detector) []Finding {
 	out := e.keep(s, key, e.scanRaw(s, ds))
+	if key != "" {
+		out = append(out, e.keep(s, key, e.scanKeyed(s, key, ds, out))...)
+	}
 	var seen map[string]bool
-	whole := func(eng *Engine, forms []string) {
-		for _, form := range forms {
-			for _, f := range eng.keep(form, key, eng.scanRaw(form, ds)) {
+	if n, ok := normalise(s); ok {
+		for _, form := range n {
+			for _, f := range e.keep(form, key, e.scanRaw(form, ds)) {
 				if seen == nil {
 					seen = map[string]bool{}
 					for _, g := range out {
@@ -29,19 +34,90 @@ func (e *Engine) scan(s, key string, ds []Detector) []Finding {
 				}
 				if !seen[f.Rule] {
 					seen[f.Rule] = true
-					out = append(out, Finding{Rule: f.Rule, Detector: f.Detector, Offset: 0, Length: len(s)})
+					out = append(out, Finding{Rule: f.Rule, Detector: f.Detector, Offset: 0, Length: len(s), derived: true})
 				}
 			}
 		}
 	}
-	if n, ok := normalise(s); ok {
-		whole(e, n)
-	}
 	if e.shapes != nil && e.shapes.serves(ds) {
-		whole(e.shapes, shapeForms(s))
+		for _, form := range shapeForms(s) {
+			for _, f := range e.shapes.keep(form.s, key, e.shapes.scanRaw(form.s, ds)) {
+				a, b := form.span(f.Offset, f.Offset+f.Length)
+				if !slices.ContainsFunc(out, func(g Finding) bool {
+					return g.Rule == f.Rule && g.Offset <= a && b <= g.Offset+g.Length
+				}) {
+					out = append(out, Finding{Rule: f.Rule, Detector: f.Detector, Offset: a, Length: b - a, derived: true})
+				}
+			}
+		}
 	}
 	sort.SliceStable(out, func(i, j int) bool { return out[i].Offset < out[j].Offset })
 	return out
+}
+
+// scanKeyed runs, on the whole of s, the Keyed rules of ds that the member
+// name key gives context to and that have not already fired.
+func (e *Engine) scanKeyed(s, key string, ds []Detector, have []Finding) []Finding {
+	words := keyWords(key)
+	var out []Finding
+	for _, c := range e.all {
+		if !c.Keyed || len(ds) > 0 && !slices.Contains(ds, c.Detector) ||
+			slices.ContainsFunc(have, func(f Finding) bool { return f.Rule == c.ID }) ||
+			!slices.ContainsFunc(c.Keywords, func(kw string) bool { return namesContext(words, kw) }) {
+			continue
+		}
+		for _, loc := range c.re.FindAllStringIndex(s, MaxMatchesPerRule) {
+			if c.valid == nil || c.valid(s[loc[0]:loc[1]]) {
+				out = append(out, Finding{Rule: c.ID, Detector: c.Detector, Offset: loc[0], Length: loc[1] - loc[0]})
+			}
+		}
+	}
+	return out
+}
+
+// keyWords splits a member name into its lower-case words: phoneNumber,
+// phone_number and phone-number give phone and number.
+func keyWords(key string) []string {
+	var out []string
+	var b strings.Builder
+	flush := func() {
+		if b.Len() > 0 {
+			out = append(out, b.String())
+			b.Reset()
+		}
+	}
+	prevLower := false
+	for _, r := range key {
+		switch {
+		case unicode.IsUpper(r):
+			if prevLower {
+				flush()
+			}
+			b.WriteRune(unicode.ToLower(r))
+			prevLower = false
+		case unicode.IsLetter(r) || unicode.IsDigit(r):
+			b.WriteRune(r)
+			prevLower = true
+		default:
+			flush()
+			prevLower = false
+		}
+	}
+	flush()
+	return out
+}
+
+// namesContext reports whether a context word kw names one of a member
+// name's words: the word itself, or its start for words of four letters
+// or more (phone in phonenumber; not tel in hotel).
+func namesContext(words []string, kw string) bool {
+	kw = strings.Trim(kw, " .:")
+	for _, w := range words {
+		if w == kw || len(kw) >= 3 && strings.HasPrefix(w, kw) {
+			return true
+		}
+	}
+	return strings.Contains(strings.Join(words, " "), kw) && strings.Contains(kw, " ")
 }
 
 // serves reports whether e has rules of one of ds (all when none).
@@ -109,28 +185,33 @@ var discussionCues = []string{
 	"such as", "classifier", "defen", "mitigat", "payload", "phrases", "markers", "exploit",
 }
 
-// discussed reports whether the match at is quoted or introduced as an
-// example, in a text that discusses attacks.
+// discussed reports whether the match at is quoted (inside backticks or
+// double quotes opened earlier on its line) or introduced as an example,
+// in a text that discusses attacks.
 func discussed(s string, at int) bool {
-	before := asciiLower(s[max(0, at-24):at])
-	quoted := false
-	for _, q := range []string{"\"", "'", "`", "“", "‘", "«", "such as", "like ", "e.g.", "example:", "called"} {
-		if strings.Contains(before, q) {
-			quoted = true
+	from := max(0, at-160)
+	if i := strings.LastIndexByte(s[from:at], '\n'); i >= 0 {
+		from += i + 1
+	}
+	before := asciiLower(s[from:at])
+	quoted := strings.Count(before, "`")%2 == 1 || strings.Count(before, `"`)%2 == 1 ||
+		strings.Count(before, "“") > strings.Count(before, "”") || strings.Count(before, "'")%2 == 1 && strings.Contains(before, " '")
+	for _, q := range []string{"such as", "like ", "e.g.", "for example", "example:", "called", "known as"} {
+		if quoted {
 			break
 		}
+		quoted = strings.Contains(before, q)
 	}
 	if !quoted {
 		return false
 	}
 	l := asciiLower(s)
-	n := 0
 	for _, c := range discussionCues {
 		if strings.Contains(l, c) {
-			n++
+			return true
 		}
 	}
-	return n >= 1
+	return false
 }
 
 // placeholders are values of credential-named members that hold no

@@ -45,6 +45,9 @@ type Finding struct {
 	// Offset and Length locate the match in that string, in bytes.
 	Offset int `json:"offset"`
 	Length int `json:"length"`
+	// derived marks a match found only in a normalised or decoded form,
+	// reported on the whole string.
+	derived bool
 }
 
 // RuleSet is the document rules are loaded from.
@@ -100,6 +103,9 @@ type Rule struct {
 	Joined bool `json:"joined,omitempty"`
 	// Discussed drops a match quoted in a text that discusses the attack.
 	Discussed bool `json:"discussed,omitempty"`
+	// Keyed makes the keywords context words that a JSON member name may
+	// also hold: the rule then runs on the whole of that member's value.
+	Keyed bool `json:"keyed,omitempty"`
 }
 
 type compiled struct {
@@ -242,6 +248,31 @@ func (e *Engine) sub(keep func(*compiled) bool) *Engine {
 	s.buildTrie()
 	return s
 }
+
+// Strict returns an engine of the same rules without the rule set's
+// allow-lists: published sample keys and test card numbers are found like
+// any others. Where text is kept rather than shown to a caller (the audit
+// trail), redacting a look-alike costs nothing.
+func (e *Engine) Strict() *Engine {
+	s := *e
+	s.allow = nil
+	if e.shapes != nil {
+		sh := *e.shapes
+		sh.allow = nil
+		s.shapes = &sh
+	}
+	if e.joiner != nil {
+		j := *e.joiner
+		j.allow = nil
+		s.joiner = &j
+	}
+	return &s
+}
+
+var strict = shipped.Strict()
+
+// DefaultStrict is Default without its allow-lists (see Strict).
+func DefaultStrict() *Engine { return strict }
 
 // Version is the rule set's version, reported with every finding.
 func (e *Engine) Version() string { return e.version }

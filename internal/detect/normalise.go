@@ -138,31 +138,64 @@ func byteList(s string) (string, bool) {
 	return string(out), true
 }
 
+// form is a transformed text with the means to map a span of it back to
+// the original.
+type form struct {
+	s string
+	// at maps a byte of s to its byte in the original; nil when they
+	// are the same; reversed says s is the original backwards.
+	at       []int32
+	reversed bool
+	n        int // the original's length
+}
+
+// span maps [a, b) of the form to the original text.
+func (f form) span(a, b int) (int, int) {
+	switch {
+	case f.reversed:
+		return f.n - b, f.n - a
+	case f.at != nil:
+		return int(f.at[a]), int(f.at[b-1]) + 1
+	}
+	return a, b
+}
+
 // shapeForms are the forms of s a secret of a known shape may be hidden
-// in: reversed, with its whitespace (and line continuations) removed, and
-// ROT13-decoded. Only the Transformed rules run on them.
-func shapeForms(s string) []string {
-	if len(s) < 16 {
+// in: reversed; with line breaks (and backslash continuations) removed;
+// with the blanks between runs of short groups removed ("A K I A …",
+// "sk-p roj- …"); ROT13-decoded. Only the Transformed rules run on them,
+// and a match maps back to its place in s.
+func shapeForms(s string) []form {
+	if len(s) < 16 || len(s) > 1<<30 {
 		return nil
 	}
 	b := []byte(s)
 	slices.Reverse(b)
-	out := []string{string(b)}
-	if strings.ContainsAny(s, " \t\n\r") {
-		b = b[:0]
-		for i := 0; i < len(s); i++ {
-			switch c := s[i]; c {
-			case ' ', '\t', '\n', '\r':
+	out := []form{{s: string(b), reversed: true, n: len(s)}}
+	if strings.ContainsAny(s, "\n\r") {
+		out = append(out, removeBytes(s, func(i int) int {
+			switch s[i] {
+			case '\n', '\r':
+				j := i + 1
+				for j < len(s) && (s[j] == ' ' || s[j] == '\t') {
+					j++
+				}
+				return j - i
 			case '\\':
 				if i+1 < len(s) && (s[i+1] == '\n' || s[i+1] == '\r') {
-					continue
+					return 1
 				}
-				b = append(b, c)
-			default:
-				b = append(b, c)
 			}
-		}
-		out = append(out, string(b))
+			return 0
+		}))
+	}
+	if strings.IndexByte(s, ' ') >= 0 {
+		out = append(out, removeBytes(s, func(i int) int {
+			if s[i] == ' ' && shortGroup(s, i) {
+				return 1
+			}
+			return 0
+		}))
 	}
 	b = []byte(s)
 	for i, c := range b {
@@ -173,7 +206,38 @@ func shapeForms(s string) []string {
 			b[i] = 'A' + (c-'A'+13)%26
 		}
 	}
-	return append(out, string(b))
+	return append(out, form{s: string(b), n: len(s)})
+}
+
+// shortGroup reports whether the blank at i separates two groups of at
+// most four non-blank bytes, as a spaced or grouped secret is written.
+func shortGroup(s string, i int) bool {
+	l := i
+	for l > 0 && s[l-1] != ' ' && i-l <= 4 {
+		l--
+	}
+	r := i + 1
+	for r < len(s) && s[r] != ' ' && r-i-1 <= 4 {
+		r++
+	}
+	return i-l >= 1 && i-l <= 4 && r-i-1 >= 1 && r-i-1 <= 4
+}
+
+// removeBytes returns s without the bytes drop says to skip at each place,
+// with the map back to s.
+func removeBytes(s string, drop func(i int) int) form {
+	b := make([]byte, 0, len(s))
+	at := make([]int32, 0, len(s))
+	for i := 0; i < len(s); {
+		if n := drop(i); n > 0 {
+			i += n
+			continue
+		}
+		b = append(b, s[i])
+		at = append(at, int32(i))
+		i++
+	}
+	return form{s: string(b), at: at, n: len(s)}
 }
 
 // fold applies the text normalisations, cheapest checks first.

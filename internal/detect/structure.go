@@ -114,7 +114,7 @@ func (w *walker) object(t map[string]any, path string, named bool, key string) a
 	collection := credentialCollections[normName(key)]
 	var parts []part
 	for _, k := range positional(keys) {
-		if s, ok := partOf(t[k]); ok {
+		if s, ok := partOf(t[k], false); ok {
 			parts = append(parts, part{s: s, set: setter(t, k)})
 		}
 	}
@@ -161,7 +161,7 @@ func (w *walker) array(t []any, path string, named bool, key string) any {
 	}
 	var parts []part
 	for i, x := range t {
-		if s, ok := partOf(x); ok {
+		if s, ok := partOf(x, true); ok {
 			parts = append(parts, part{s: s, set: setter(t, i)})
 		}
 	}
@@ -181,11 +181,13 @@ type part struct {
 }
 
 // partOf returns the string v contributes to its container's joined text:
-// a string, or the one string of an object with a single member.
-func partOf(v any) (string, bool) {
+// a string, or the one string of an object with a single member. Members
+// of an object join only as fragments (no blanks, or very short): texts
+// side by side are not pieces of one value; items of an array, lines, are.
+func partOf(v any, inArray bool) (string, bool) {
 	switch t := v.(type) {
 	case string:
-		return t, len(t) <= maxPart
+		return t, len(t) <= maxPart && (inArray || len(t) <= 24 || !strings.ContainsAny(t, " \t\n\r"))
 	case map[string]any:
 		if len(t) != 1 {
 			return "", false
@@ -254,7 +256,7 @@ func (w *walker) joined(path, key string, parts []part) func() {
 	for _, f := range w.e.joiner.scan(s, key, w.ds) {
 		first := sort.SearchInts(ends, f.Offset+1)
 		last := sort.SearchInts(ends, f.Offset+f.Length)
-		if f.Offset == 0 && f.Length == len(s) && w.e.joiner.inOnePart(parts, f.Rule, key, w.ds) {
+		if f.derived && w.e.joiner.inOnePart(parts, f.Rule, key, w.ds) {
 			continue
 		}
 		if first >= last {

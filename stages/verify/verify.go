@@ -253,6 +253,11 @@ func (v *Verifier) sanitize(m *tools.Manifest, pol tools.OutputPolicy, inv *enve
 		if a, b := strictness[actions[ds[i]]], strictness[actions[ds[j]]]; a != b {
 			return a > b
 		}
+		// Secrets before personal data: a password in a URL's userinfo
+		// also reads as an e-mail address, and is better named a secret.
+		if a, b := ds[i] == detect.Secrets, ds[j] == detect.Secrets; a != b {
+			return a
+		}
 		return ds[i] < ds[j]
 	})
 	eng := v.cfg.Detectors
