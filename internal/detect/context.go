@@ -18,7 +18,8 @@ func (e *Engine) Scan(s string, ds ...Detector) []Finding { return e.scan(s, "",
 // scan is Scan of a string found under the member name key, which gives
 // context to rules with NotNear words.
 func (e *Engine) scan(s, key string, ds []Detector) []Finding {
-	out := e.keep(s, key, e.scanRaw(s, ds))
+	raw, hints := e.scanHints(s, ds)
+	out := e.keep(s, key, raw)
 	if key != "" {
 		out = append(out, e.keep(s, key, e.scanKeyed(s, key, ds, out))...)
 	}
@@ -40,7 +41,7 @@ func (e *Engine) scan(s, key string, ds []Detector) []Finding {
 		}
 	}
 	if e.shapes != nil && e.shapes.serves(ds) {
-		for _, form := range shapeForms(s) {
+		for _, form := range shapeForms(s, hints) {
 			for _, f := range e.shapes.keep(form.s, key, e.shapes.scanRaw(form.s, ds)) {
 				a, b := form.span(f.Offset, f.Offset+f.Length)
 				if !slices.ContainsFunc(out, func(g Finding) bool {

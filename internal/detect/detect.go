@@ -140,6 +140,9 @@ type Engine struct {
 	// rules: the forms they scan are many, so their tries are small.
 	shapes, joiner *Engine
 	ids            map[string]*compiled
+	// hints holds, by keyword number, the shape forms its presence
+	// hints at (hintReversed, …).
+	hints []uint8
 }
 
 //go:embed rules.json
@@ -217,9 +220,9 @@ func Load(doc []byte) (*Engine, error) {
 		}
 		e.allow[a.Detector] = append(e.allow[a.Detector], re)
 	}
-	e.buildTrie()
 	e.shapes = e.sub(func(c *compiled) bool { return c.Transformed })
 	e.joiner = e.sub(func(c *compiled) bool { return c.Joined })
+	e.buildTrie()
 	return e, nil
 }
 

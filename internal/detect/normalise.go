@@ -161,18 +161,22 @@ func (f form) span(a, b int) (int, int) {
 }
 
 // shapeForms are the forms of s a secret of a known shape may be hidden
-// in: reversed; with line breaks (and backslash continuations) removed;
-// with the blanks between runs of short groups removed ("A K I A …",
-// "sk-p roj- …"); ROT13-decoded. Only the Transformed rules run on them,
-// and a match maps back to its place in s.
-func shapeForms(s string) []form {
+// in, as far as the keyword pass's hints point to them: reversed; with
+// line breaks (and backslash continuations) removed; with the blanks
+// between runs of short groups removed ("A K I A …", "sk-p roj- …");
+// ROT13-decoded. Only the Transformed rules run on them, and a match maps
+// back to its place in s.
+func shapeForms(s string, hints uint8) []form {
 	if len(s) < 16 || len(s) > 1<<30 {
 		return nil
 	}
-	b := []byte(s)
-	slices.Reverse(b)
-	out := []form{{s: string(b), reversed: true, n: len(s)}}
-	if strings.ContainsAny(s, "\n\r") {
+	var out []form
+	if hints&hintReversed != 0 {
+		b := []byte(s)
+		slices.Reverse(b)
+		out = append(out, form{s: string(b), reversed: true, n: len(s)})
+	}
+	if hints&hintPlain != 0 && strings.ContainsAny(s, "\n\r") {
 		out = append(out, removeBytes(s, func(i int) int {
 			switch s[i] {
 			case '\n', '\r':
@@ -189,7 +193,7 @@ func shapeForms(s string) []form {
 			return 0
 		}))
 	}
-	if strings.IndexByte(s, ' ') >= 0 {
+	if hints&hintPlain != 0 || spacedRun(s) {
 		out = append(out, removeBytes(s, func(i int) int {
 			if s[i] == ' ' && shortGroup(s, i) {
 				return 1
@@ -197,7 +201,14 @@ func shapeForms(s string) []form {
 			return 0
 		}))
 	}
-	b = []byte(s)
+	if hints&hintROT13 != 0 {
+		out = append(out, form{s: rot13(s), n: len(s)})
+	}
+	return out
+}
+
+func rot13(s string) string {
+	b := []byte(s)
 	for i, c := range b {
 		switch {
 		case c >= 'a' && c <= 'z':
@@ -206,7 +217,26 @@ func shapeForms(s string) []form {
 			b[i] = 'A' + (c-'A'+13)%26
 		}
 	}
-	return append(out, form{s: string(b), n: len(s)})
+	return string(b)
+}
+
+// spacedRun reports whether s holds eight or more single characters
+// separated by single blanks ("A K I A 2 E 0 A"), a secret spaced out.
+func spacedRun(s string) bool {
+	n := 0
+	for i := 0; i+1 < len(s); i++ {
+		if s[i] != ' ' && s[i+1] == ' ' && (i == 0 || s[i-1] == ' ') {
+			if n++; n >= 8 {
+				return true
+			}
+			i++
+			continue
+		}
+		if s[i] != ' ' {
+			n = 0
+		}
+	}
+	return false
 }
 
 // shortGroup reports whether the blank at i separates two groups of at

@@ -4,6 +4,7 @@ import (
 	"net/url"
 	"regexp"
 	"regexp/syntax"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -31,10 +32,19 @@ const (
 	maxWindow = 2 << 10
 )
 
+// Hints of the keyword pass that a text may hide a Transformed rule's
+// match in one of its shape forms (see shapeForms): one of those rules'
+// keywords found reversed, ROT13-encoded, or as it is.
+const (
+	hintReversed uint8 = 1 << iota
+	hintROT13
+	hintPlain
+)
+
 func (e *Engine) buildTrie() {
 	ids := map[string]int{}
 	var words []string
-	add := func(k string, c *compiled, to *[][]int) {
+	word := func(k string) int {
 		k = asciiLower(k)
 		i, ok := ids[k]
 		if !ok {
@@ -43,9 +53,29 @@ func (e *Engine) buildTrie() {
 			words = append(words, k)
 			e.byKeyword = append(e.byKeyword, nil)
 			e.byAlso = append(e.byAlso, nil)
+			e.hints = append(e.hints, 0)
 		}
+		return i
+	}
+	add := func(k string, c *compiled, to *[][]int) {
+		i := word(k)
 		if n := len((*to)[i]); n == 0 || (*to)[i][n-1] != c.idx {
 			(*to)[i] = append((*to)[i], c.idx)
+		}
+	}
+	if e.shapes != nil {
+		// Shorter keywords would hint at most texts.
+		for _, c := range e.shapes.all {
+			for _, k := range c.Keywords {
+				if len(k) < 3 {
+					continue
+				}
+				b := []byte(asciiLower(k))
+				e.hints[word(string(b))] |= hintPlain
+				e.hints[word(rot13(string(b)))] |= hintROT13
+				slices.Reverse(b)
+				e.hints[word(string(b))] |= hintReversed
+			}
 		}
 	}
 	for _, c := range e.all {
@@ -84,8 +114,14 @@ type span struct{ start, end int }
 
 // scanRaw runs the rules of ds over s as it is.
 func (e *Engine) scanRaw(s string, ds []Detector) []Finding {
+	out, _ := e.scanHints(s, ds)
+	return out
+}
+
+// scanHints is scanRaw, also returning the hints of the keyword pass.
+func (e *Engine) scanHints(s string, ds []Detector) (out []Finding, hints uint8) {
 	if s == "" {
-		return nil
+		return nil, 0
 	}
 	want := make([]bool, len(e.all))
 	if len(ds) == 0 {
@@ -104,6 +140,7 @@ func (e *Engine) scanRaw(s string, ds []Detector) []Finding {
 	lowerBytes(lower)
 	e.trie.Walk(lower, func(end, n, pattern int64) bool {
 		start := int(end) + 1 - int(n)
+		hints |= e.hints[pattern]
 		w := span{max(0, start-reach), min(len(s), int(end)+1+reach)}
 		for _, ri := range e.byAlso[pattern] {
 			if want[ri] {
@@ -138,7 +175,6 @@ func (e *Engine) scanRaw(s string, ds []Detector) []Finding {
 	})
 	*bp = lower
 	lowerPool.Put(bp)
-	var out []Finding
 	for i, c := range e.all {
 		if !want[i] {
 			continue
@@ -171,7 +207,7 @@ func (e *Engine) scanRaw(s string, ds []Detector) []Finding {
 		}
 		out = c.findWindows(s, ws, out)
 	}
-	return out
+	return out, hints
 }
 
 // findWindows appends the matches of c in the windows ws of s. Where a
