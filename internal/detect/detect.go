@@ -329,7 +329,7 @@ func decode(doc []byte) (any, error) {
 var credentialNames = map[string]bool{
 	"pwd": true, "password": true, "passwd": true, "secret": true, "apikey": true, "token": true,
 	"authorization": true, "privatekey": true, "clientsecret": true, "passphrase": true, "credential": true,
-	"credentials": true, "proxyauthorization": true, "xapikey": true, "cookie": true, "setcookie": true,
+	"credentials": true, "proxyauthorization": true, "identitytoken": true, "xapikey": true, "cookie": true, "setcookie": true,
 }
 
 // credentialSuffixes end member names whose values are credentials

@@ -54,7 +54,7 @@ func normalise(s string) ([]string, bool) {
 // newlines, or "" if s has none that decode to printable text.
 func decodeEscapes(s string) string {
 	var b strings.Builder
-	if strings.Contains(s, `\x`) {
+	if strings.Contains(s, `\x`) || strings.Contains(s, `\u00`) {
 		var run []byte
 		flush := func() {
 			if len(run) >= minByteArray && printable(run) {
@@ -69,18 +69,27 @@ func decodeEscapes(s string) string {
 				i += 4
 				continue
 			}
+			// \u00HH: the ASCII range of \u escapes, the shape secrets have.
+			if i+5 < len(s) && s[i] == '\\' && s[i+1] == 'u' && s[i+2] == '0' && s[i+3] == '0' && isHex(s[i+4]) && isHex(s[i+5]) {
+				run = append(run, unhex(s[i+4])<<4|unhex(s[i+5]))
+				i += 6
+				continue
+			}
 			flush()
 			i++
 		}
 		flush()
 	}
+	// Lists of byte values: [104, 105, …], bytes([…]), fromCharCode(…),
+	// new byte[] {…}.
 	for rest := s; b.Len() < maxDecoded; {
-		i := strings.IndexByte(rest, '[')
+		i := strings.IndexAny(rest, "[({")
 		if i < 0 {
 			break
 		}
+		closer := map[byte]byte{'[': ']', '(': ')', '{': '}'}[rest[i]]
 		rest = rest[i+1:]
-		j := strings.IndexByte(rest, ']')
+		j := strings.IndexByte(rest, closer)
 		if j < 0 || j > maxDecoded*4 {
 			break
 		}
@@ -195,7 +204,7 @@ func shapeForms(s string, hints uint8) []form {
 	}
 	if hints&hintPlain != 0 || spacedRun(s) {
 		out = append(out, removeBytes(s, func(i int) int {
-			if s[i] == ' ' && shortGroup(s, i) {
+			if s[i] == ' ' && shortGroup(s, i) || s[i] == '-' && singles(s, i) {
 				return 1
 			}
 			return 0
@@ -220,19 +229,30 @@ func rot13(s string) string {
 	return string(b)
 }
 
+// singles reports whether the separator at i stands between two single
+// characters ("g-h-p"), as in a secret spelled out; "sk-proj-" keeps its
+// dashes.
+func singles(s string, i int) bool {
+	sep := s[i]
+	alnum := func(c byte) bool { return c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' }
+	return i >= 1 && i+1 < len(s) && s[i-1] != sep && s[i+1] != sep &&
+		(i == 1 || !alnum(s[i-2])) && (i+2 == len(s) || !alnum(s[i+2]))
+}
+
 // spacedRun reports whether s holds eight or more single characters
-// separated by single blanks ("A K I A 2 E 0 A"), a secret spaced out.
+// separated by single blanks or dashes ("A K I A 2 E 0 A", "g-h-p-_"), a
+// secret spelled out.
 func spacedRun(s string) bool {
 	n := 0
 	for i := 0; i+1 < len(s); i++ {
-		if s[i] != ' ' && s[i+1] == ' ' && (i == 0 || s[i-1] == ' ') {
+		if s[i] != ' ' && s[i] != '-' && (s[i+1] == ' ' || s[i+1] == '-') && (i == 0 || s[i-1] == ' ' || s[i-1] == '-') {
 			if n++; n >= 8 {
 				return true
 			}
 			i++
 			continue
 		}
-		if s[i] != ' ' {
+		if s[i] != ' ' && s[i] != '-' {
 			n = 0
 		}
 	}

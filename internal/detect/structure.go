@@ -126,7 +126,7 @@ func (w *walker) object(t map[string]any, path string, named bool, key string) a
 			kfs[i].Path = p
 		}
 		w.found = append(w.found, kfs...)
-		x := w.value(t[k], p, named || NamedCredential(k) || jwk && jwkPrivate[k], k)
+		x := w.value(t[k], p, named || NamedCredential(k) || jwk && jwkPrivate[k] || authValue(k, t[k]), k)
 		nk := k
 		if w.fix != nil && len(kfs) > 0 {
 			nk = w.fix(k, kfs)
@@ -461,4 +461,12 @@ func classes(s string) int {
 		}
 	}
 	return l + u + d + o
+}
+
+// authValue reports whether v, under the member name k, is a generated
+// credential under a name too common to trust alone: a Docker config's
+// "auth", where {"auth": "oauth2"} is a setting.
+func authValue(k string, v any) bool {
+	s, ok := v.(string)
+	return ok && strings.EqualFold(k, "auth") && randomLooking(strings.TrimRight(s, "="), 12)
 }

@@ -26,6 +26,7 @@ var validators = map[string]func(string) bool{
 	"ca_sin":            caSIN,
 	"phone_national":    phoneNational,
 	"entropy":           entropy,
+	"de_tax_id":         deTaxID,
 }
 
 func digits(s string) string {
@@ -316,10 +317,31 @@ var dateLike = regexp.MustCompile(`^(?:19|20)[0-9]{2}[-./][0-9]{1,2}[-./][0-9]{1
 // ':', or the whole match) looks generated: letters and digits mixed, not
 // prose, not a repeated character.
 func entropy(s string) bool {
-	v := s
-	if i := strings.LastIndexAny(s, "=:"); i >= 0 && i < len(s)-1 {
-		v = s[i+1:]
+	v := strings.TrimRight(s, "\"' =")
+	if i := strings.LastIndexAny(v, "=:"); i >= 0 && i < len(v)-1 {
+		v = v[i+1:]
 	}
 	v = strings.Trim(v, "\"' ")
 	return randomLooking(v, 8)
+}
+
+// deTaxID checks the ISO 7064 MOD 11,10 digit of a German Steuer-ID.
+func deTaxID(s string) bool {
+	d := digits(s)
+	if len(d) != 11 || d[0] == '0' || allSame(d) {
+		return false
+	}
+	product := 10
+	for i := range 10 {
+		sum := (int(d[i]-'0') + product) % 10
+		if sum == 0 {
+			sum = 10
+		}
+		product = sum * 2 % 11
+	}
+	check := 11 - product
+	if check == 10 {
+		check = 0
+	}
+	return check == int(d[10]-'0')
 }
