@@ -385,3 +385,91 @@ func TestOptionInjection(t *testing.T) {
 		}
 	}
 }
+
+// FuzzDecodeForms feeds the decoders of outside text (escapes, lists of
+// byte values, encoded runs) and the shape forms: nothing panics, decoded
+// text stays within its bounds, and every span of a shape form maps back
+// inside the original.
+func FuzzDecodeForms(f *testing.F) {
+	for _, s := range []string{`\x41\x4b\x49\x41`, `[104, 105, 0x41, 66, 67, 68, 69, 70]`, `fromCharCode(115,107,95,108,105,118,101,95)`,
+		`\u0067\u0068\u0070\u005f`, "A K I A 2 E 0 A", "g-h-p-_-N-a-y", "line\\\nnext\r\n  more", "Z2hwXzEyMzQ1Njc4OTBhYmNkZWY="} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		if d := decodeEscapes(s); len(d) > maxDecoded+len(s) {
+			t.Fatalf("decoded %d bytes from %d", len(d), len(s))
+		}
+		if n, ok := normalise(s); ok {
+			for _, v := range n {
+				if len(v) > 4*maxDecoded+4*len(s) {
+					t.Fatalf("a normalised form of %d bytes has %d", len(s), len(v))
+				}
+			}
+		}
+		for _, fm := range shapeForms(s, hintReversed|hintROT13|hintPlain) {
+			for a := 0; a < len(fm.s); a++ {
+				for _, b := range []int{a + 1, len(fm.s)} {
+					x, y := fm.span(a, b)
+					if x < 0 || y > len(s) || x >= y {
+						t.Fatalf("form span [%d,%d) maps to [%d,%d) of %d bytes", a, b, x, y, len(s))
+					}
+				}
+			}
+		}
+	})
+}
+
+// FuzzScanJSON holds the structural scan of a JSON document to its
+// promises: redaction keeps it JSON, what it redacts is not found again,
+// and no finding's path repeats a secret a member name holds.
+func FuzzScanJSON(f *testing.F) {
+	for _, s := range []string{`{"a":"b"}`, `{"ghp_8rESQedUStPKR0CsTy4Qwb8DwkNhFdnXsiVp":{"x":1}}`, `{"key_part_1":"ghp_8rESQedUStPKR0Cs","key_part_2":"Ty4Qwb8DwkNhFdnXsiVp"}`,
+		`[103,104,112,95,56,114,69,83,81,101,100,85,83,116]`, `{"tokens":{"a1b2c3d4e5f6a7b8c9d0":"x"}}`, `{"lines":["-----BEGIN PRIVATE KEY-----","MIIE","-----END PRIVATE KEY-----"]}`} {
+		f.Add(s)
+	}
+	e := Default()
+	f.Fuzz(func(t *testing.T, doc string) {
+		if !json.Valid([]byte(doc)) {
+			return
+		}
+		fs, err := e.ScanJSON([]byte(doc), Secrets, PII)
+		if err != nil {
+			return
+		}
+		var v any
+		_ = json.Unmarshal([]byte(doc), &v)
+		for _, k := range memberNames(v) {
+			if len(e.Scan(k, Secrets)) == 0 {
+				continue
+			}
+			for _, fd := range fs {
+				if strings.Contains(fd.Path, k) {
+					t.Fatalf("a finding's path holds the secret member name %q: %+v", k, fd)
+				}
+			}
+		}
+		out, _, err := e.RedactJSON([]byte(doc), Secrets, PII)
+		if err != nil || !json.Valid(out) {
+			t.Fatalf("redaction broke the document: %s, %v", out, err)
+		}
+		if again, _ := e.ScanJSON(out, Secrets); len(again) > 0 {
+			t.Fatalf("a secret survived redaction: %+v in %s", again, out)
+		}
+	})
+}
+
+func memberNames(v any) []string {
+	var out []string
+	switch t := v.(type) {
+	case map[string]any:
+		for k, x := range t {
+			out = append(out, k)
+			out = append(out, memberNames(x)...)
+		}
+	case []any:
+		for _, x := range t {
+			out = append(out, memberNames(x)...)
+		}
+	}
+	return out
+}

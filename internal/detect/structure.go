@@ -262,6 +262,11 @@ func (w *walker) joined(path, key string, parts []part) func() {
 		if first >= last {
 			continue // within one part
 		}
+		// A token pattern runs on into the next part when it can: drop
+		// trailing parts while the rule still fires across the rest.
+		for last-1 > first && w.e.joiner.firesAcross(parts[first:last], f.Rule, key, w.ds) {
+			last--
+		}
 		hit = append(hit, Finding{Rule: f.Rule, Detector: f.Detector, Path: path})
 		for i := first; i <= last && i < len(parts); i++ {
 			if _, ok := touched[i]; !ok {
@@ -281,6 +286,15 @@ func (w *walker) joined(path, key string, parts []part) func() {
 			parts[i].set(Redacted(rule))
 		}
 	}
+}
+
+// firesAcross reports whether rule fires on the parts joined.
+func (e *Engine) firesAcross(parts []part, rule, key string, ds []Detector) bool {
+	var b strings.Builder
+	for _, p := range parts {
+		b.WriteString(p.s)
+	}
+	return slices.ContainsFunc(e.scan(b.String(), key, ds), func(f Finding) bool { return f.Rule == rule })
 }
 
 // inOnePart reports whether rule fires on one of the parts alone.
