@@ -263,8 +263,12 @@ func (w *walker) joined(path, key string, parts []part) func() {
 			continue // within one part
 		}
 		// A token pattern runs on into the next part when it can: drop
-		// trailing parts while the rule still fires across the rest.
-		for last-1 > first && w.e.joiner.firesAcross(parts[first:last], f.Rule, key, w.ds) {
+		// trailing parts while the rule still fires across the rest. Not
+		// for a rule whose match may run to the end of the text (a PEM
+		// block without its END line would fire on any prefix).
+		c := w.e.joiner.byID(f.Rule)
+		for last-1 > first && c != nil && !strings.Contains(c.Pattern, `\z`) &&
+			w.e.joiner.firesAcross(parts[first:last], f.Rule, key, w.ds) {
 			last--
 		}
 		hit = append(hit, Finding{Rule: f.Rule, Detector: f.Detector, Path: path})

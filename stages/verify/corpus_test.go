@@ -102,9 +102,16 @@ func outcome(t *testing.T, v *Verifier, c outputCase) (ok bool, why string) {
 	return true, ""
 }
 
-// outputFloors are the least share of each category of the corpus the
-// verify stage must handle as labelled.
-var outputFloors = map[string]float64{}
+// recallFloors are the least recall on each category's hostile outputs;
+// every category must also pass benignFloor of its benign ones intact. They
+// sit at or just under what the stage reaches, as a regression floor: the
+// corpus was written alongside the rules (see docs/safety.md).
+var recallFloors = map[string]float64{
+	"secrets_plain": 0.95, "secrets_provider": 0.95, "secrets_transformed": 0.90, "secrets_split": 0.80,
+	"secrets_keys": 0.95, "pii_plain": 0.95, "pii_more": 0.95, "injection": 0.90,
+}
+
+const benignFloor = 0.95
 
 // TestOutputCorpus runs every labelled output through the verify stage and
 // reports, per category, the recall on hostile outputs and the share of
@@ -139,8 +146,11 @@ func TestOutputCorpus(t *testing.T) {
 		}
 		hostile, caught, benign, intact = hostile+h, caught+hc, benign+b, intact+bi
 		t.Logf("%-22s recall %s  benign intact %s", cat, ratio(hc, h), ratio(bi, b))
-		if fl, ok := outputFloors[cat]; ok && (h > 0 && float64(hc)/float64(h) < fl || b > 0 && float64(bi)/float64(b) < fl) {
-			t.Errorf("%s below its floor %.2f", cat, fl)
+		if fl, ok := recallFloors[cat]; h > 0 && (!ok || float64(hc)/float64(h) < fl) {
+			t.Errorf("%s: recall %s below its floor %.2f", cat, ratio(hc, h), fl)
+		}
+		if b > 0 && float64(bi)/float64(b) < benignFloor {
+			t.Errorf("%s: benign intact %s below %.2f", cat, ratio(bi, b), benignFloor)
 		}
 	}
 	t.Logf("%-22s recall %s  benign intact %s", "overall", ratio(caught, hostile), ratio(intact, benign))
