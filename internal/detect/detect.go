@@ -14,6 +14,7 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+	"sync"
 
 	ahocorasick "github.com/BobuSumisu/aho-corasick"
 	"github.com/toolgate/toolgate/schemas"
@@ -143,6 +144,8 @@ type Engine struct {
 	// hints holds, by keyword number, the shape forms its presence
 	// hints at (hintReversed, …).
 	hints []uint8
+	// scratch pools the per-rule state of scans (see scanHints).
+	scratch *sync.Pool
 }
 
 //go:embed rules.json
@@ -229,6 +232,7 @@ func Load(doc []byte) (*Engine, error) {
 func (e *Engine) add(c compiled) {
 	if e.ids == nil {
 		e.ids = map[string]*compiled{}
+		e.scratch = &sync.Pool{New: func() any { return new(scratch) }}
 	}
 	c.idx = len(e.all)
 	e.ids[c.ID] = &c

@@ -112,6 +112,25 @@ var lowerPool = sync.Pool{New: func() any { return new([]byte) }}
 
 type span struct{ start, end int }
 
+// scratch is the per-rule state of one scan.
+type scratch struct {
+	want    []bool
+	windows [][]span
+	starts  [][]int
+	also    [][]int
+}
+
+func (sc *scratch) reset(n int) {
+	if len(sc.want) != n {
+		*sc = scratch{want: make([]bool, n), windows: make([][]span, n), starts: make([][]int, n), also: make([][]int, n)}
+		return
+	}
+	clear(sc.want)
+	for i := range n {
+		sc.windows[i], sc.starts[i], sc.also[i] = sc.windows[i][:0], sc.starts[i][:0], sc.also[i][:0]
+	}
+}
+
 // scanRaw runs the rules of ds over s as it is.
 func (e *Engine) scanRaw(s string, ds []Detector) []Finding {
 	out, _ := e.scanHints(s, ds)
@@ -123,7 +142,12 @@ func (e *Engine) scanHints(s string, ds []Detector) (out []Finding, hints uint8)
 	if s == "" {
 		return nil, 0
 	}
-	want := make([]bool, len(e.all))
+	// Per-rule state comes from a pool: in a JSON document most strings
+	// are short, and allocating it for each would cost more than the scan.
+	sc := e.scratch.Get().(*scratch)
+	defer e.scratch.Put(sc)
+	sc.reset(len(e.all))
+	want, windows, starts, also := sc.want, sc.windows, sc.starts, sc.also
 	if len(ds) == 0 {
 		ds = All
 	}
@@ -132,9 +156,6 @@ func (e *Engine) scanHints(s string, ds []Detector) (out []Finding, hints uint8)
 			want[r.idx] = true
 		}
 	}
-	windows := make([][]span, len(e.all))
-	starts := make([][]int, len(e.all))
-	also := make([][]int, len(e.all))
 	bp := lowerPool.Get().(*[]byte)
 	lower := append((*bp)[:0], s...)
 	lowerBytes(lower)

@@ -69,6 +69,35 @@ type walker struct {
 	ds    []Detector
 	fix   func(string, []Finding) string
 	found []Finding
+	// keys caches what member names hold: the rows of a document repeat
+	// the same few names.
+	keys map[keyPlace]keyScan
+}
+
+type keyPlace struct {
+	name       string
+	collection bool
+}
+
+type keyScan struct {
+	fs   []Finding
+	safe string
+}
+
+// key scans a member name once per walk.
+func (w *walker) key(k string, collection bool) ([]Finding, string) {
+	if w.keys == nil {
+		w.keys = map[keyPlace]keyScan{}
+	}
+	p := keyPlace{k, collection}
+	ks, ok := w.keys[p]
+	if !ok {
+		ks = keyScan{fs: w.e.scanKey(k, collection, w.ds), safe: w.e.safeKey(k, collection)}
+		if len(w.keys) < 4096 {
+			w.keys[p] = ks
+		}
+	}
+	return slices.Clone(ks.fs), ks.safe
 }
 
 func (w *walker) wants(d Detector) bool { return len(w.ds) == 0 || slices.Contains(w.ds, d) }
@@ -120,8 +149,8 @@ func (w *walker) object(t map[string]any, path string, named bool, key string) a
 	}
 	after := w.joined(path, key, parts)
 	for _, k := range keys {
-		kfs := w.e.scanKey(k, collection, w.ds)
-		p := path + "/" + escapePointer(w.e.safeKey(k, collection))
+		kfs, safe := w.key(k, collection)
+		p := path + "/" + escapePointer(safe)
 		for i := range kfs {
 			kfs[i].Path = p
 		}
