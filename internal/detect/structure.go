@@ -143,7 +143,7 @@ func (w *walker) object(t map[string]any, path string, named bool, key string) a
 	collection := credentialCollections[normName(key)]
 	var parts []part
 	for _, k := range positional(keys) {
-		if s, ok := partOf(t[k], false); ok {
+		if s, ok := partOf(t[k], false); ok || cardPiece(k, t[k], &s) {
 			parts = append(parts, part{s: s, set: setter(t, k)})
 		}
 	}
@@ -228,6 +228,24 @@ func partOf(v any, inArray bool) (string, bool) {
 		}
 	}
 	return "", false
+}
+
+// cardPiece reports whether v is a group of a card number sent as a JSON
+// number under a name that says so ({"cc1": 4539, "cc2": 1478, …}), and
+// sets *s to its digits.
+func cardPiece(k string, v any, s *string) bool {
+	n, ok := v.(json.Number)
+	if !ok || len(n) > 6 || strings.ContainsAny(string(n), ".-eE+") {
+		return false
+	}
+	for _, w := range keyWords(k) {
+		w = strings.TrimRight(w, "0123456789")
+		if w == "cc" || w == "card" || w == "pan" || w == "ccnum" || w == "cardnumber" {
+			*s = string(n)
+			return true
+		}
+	}
+	return false
 }
 
 func setter[K comparable](c any, k K) func(string) {
