@@ -155,6 +155,11 @@ func TestLookAlikesAndContext(t *testing.T) {
 		"SECRET_KEY=changeme":                        false,
 		"Authorization: Basic ZGVwbG95OnBKcGI5QVRQ":  true,
 		"curl -u deploy:tf7EbsDe0G9Cry https://x.io": true,
+		"Phone: iPhone 15 Pro, order 12345678":       false,
+		"sin embargo, el total fue 146 033 071":      false,
+		"we were testing with id 65929970489 today":  false,
+		"Tel. 030 90182734":                          true,
+		"SIN: 146 033 071":                           true,
 	} {
 		if got := len(e.Scan(s, Secrets, PII)) > 0; got != want {
 			t.Errorf("%q: found %v, want %v (%+v)", s, got, want, e.Scan(s, Secrets, PII))

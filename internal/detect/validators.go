@@ -306,7 +306,11 @@ func phoneNational(s string) bool {
 		return false
 	}
 	t := strings.TrimSpace(s)
-	return !dateLike.MatchString(t) && !compactDate.MatchString(t)
+	// A bare run of fewer than ten digits is more often a count, a build
+	// or an order than a phone number; national numbers are written with
+	// a leading 0, a +, or separators.
+	plain := !strings.ContainsAny(t, " .-()+") && t[0] != '0'
+	return !(plain && len(d) < 10) && !dateLike.MatchString(t) && !compactDate.MatchString(t)
 }
 
 var compactDate = regexp.MustCompile(`^(?:19|20)[0-9]{2}(?:0[1-9]|1[0-2])[0-3][0-9](?:[0-9]{2,6})?$`)
