@@ -489,7 +489,7 @@ func credentialKey(k string, collection bool) bool {
 	}
 	user, pass, ok := strings.Cut(k, ":")
 	return ok && len(user) >= 2 && len(user) <= 64 && !strings.ContainsAny(user, " /") &&
-		!strings.ContainsAny(pass, " /") && randomLooking(pass, 8) && classes(pass) >= 3
+		!strings.ContainsAny(pass, " /:") && randomLooking(pass, 10) && classes(pass) >= 3
 }
 
 // randomLooking reports whether s, at least n bytes long, mixes letters

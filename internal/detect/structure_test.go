@@ -44,6 +44,12 @@ func TestSecretMemberNamesStayOutOfPaths(t *testing.T) {
 			t.Errorf("%v: nothing found", ds)
 		}
 	}
+	// Names that only look like user:password are left alone.
+	for _, k := range []string{"redis:6379:db0", "sha256:9fceb02d0ae598e95dc970b74767f19372d61af8", "en:US-keyboard-v2"} {
+		if credentialKey(k, false) {
+			t.Errorf("%q read as a credential", k)
+		}
+	}
 	out, _ := redactDoc(t, doc, Secrets)
 	for _, leak := range []string{tokGH, "a1B2c3D4e5F6g7H8i9J0k1", "b9h!ImB"} {
 		if strings.Contains(out, leak) {
