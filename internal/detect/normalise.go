@@ -113,33 +113,39 @@ func unhex(c byte) byte {
 }
 
 // byteList reads "104, 105, ..." (decimal or 0x-prefixed byte values,
-// separated by commas and blanks) as the text it spells, if printable.
+// separated by commas and blanks) as the text it spells, if printable. It
+// gives up at the first byte that cannot belong to such a list, before
+// allocating: most brackets in a text hold something else.
 func byteList(s string) (string, bool) {
 	var out []byte
-	for _, f := range strings.FieldsFunc(s, func(r rune) bool { return r == ',' || r == ' ' || r == '\n' || r == '\t' || r == '\r' }) {
-		base := 10
-		if len(f) > 2 && (f[:2] == "0x" || f[:2] == "0X") {
-			f, base = f[2:], 16
-		}
-		if len(f) == 0 || len(f) > 3 {
+	for i := 0; i < len(s); {
+		switch c := s[i]; {
+		case c == ',' || c == ' ' || c == '\n' || c == '\t' || c == '\r':
+			i++
+			continue
+		case c < '0' || c > '9':
 			return "", false
 		}
-		v := 0
-		for i := 0; i < len(f); i++ {
-			c := f[i]
-			switch {
-			case c >= '0' && c <= '9':
+		base, j := 10, i
+		if j+1 < len(s) && s[j] == '0' && (s[j+1] == 'x' || s[j+1] == 'X') {
+			base, j = 16, j+2
+		}
+		v, n := 0, 0
+		for ; j < len(s) && n <= 3; j, n = j+1, n+1 {
+			c := s[j]
+			if c >= '0' && c <= '9' {
 				v = v*base + int(c-'0')
-			case base == 16 && isHex(c):
+			} else if base == 16 && isHex(c) {
 				v = v*base + int(unhex(c))
-			default:
-				return "", false
+			} else {
+				break
 			}
 		}
-		if v > 255 {
+		if n == 0 || n > 3 || v > 255 || j < len(s) && s[j] != ',' && s[j] != ' ' && s[j] != '\n' && s[j] != '\t' && s[j] != '\r' {
 			return "", false
 		}
 		out = append(out, byte(v))
+		i = j
 	}
 	if len(out) < minByteArray || !printable(out) {
 		return "", false
