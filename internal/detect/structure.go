@@ -147,7 +147,7 @@ func (w *walker) object(t map[string]any, path string, named bool, key string) a
 			parts = append(parts, part{s: s, set: setter(t, k)})
 		}
 	}
-	after := w.joined(path, key, parts)
+	after := w.joined(path, key, parts, w.ds)
 	for _, k := range keys {
 		kfs, safe := w.key(k, collection)
 		p := path + "/" + escapePointer(safe)
@@ -194,12 +194,53 @@ func (w *walker) array(t []any, path string, named bool, key string) any {
 			parts = append(parts, part{s: s, set: setter(t, i)})
 		}
 	}
-	after := w.joined(path, key, parts)
+	after := w.joined(path, key, parts, w.ds)
+	columns := w.columns(t, path)
 	for i, x := range t {
 		t[i] = w.value(x, fmt.Sprintf("%s/%d", path, i), named, key)
 	}
 	after()
+	columns()
 	return t
+}
+
+// columns joins, for an array of objects, each member's strings down the
+// items (a secret split across rows: {"k": …, "v": piece} twice) and scans
+// them for secrets. Personal-data rules are left out: a column of short
+// numbers joined would pass a checksum by chance.
+func (w *walker) columns(t []any, path string) func() {
+	nothing := func() {}
+	if !w.wants(Secrets) || len(t) < 2 || w.e.joiner == nil {
+		return nothing
+	}
+	cols := map[string][]part{}
+	for _, x := range t {
+		m, ok := x.(map[string]any)
+		if !ok {
+			return nothing
+		}
+		for k, v := range m {
+			if s, ok := v.(string); ok && len(s) >= 4 && len(s) <= maxPart {
+				cols[k] = append(cols[k], part{s: s, set: setter(m, k)})
+			}
+		}
+	}
+	names := make([]string, 0, len(cols))
+	for k, ps := range cols {
+		if len(ps) >= 2 {
+			names = append(names, k)
+		}
+	}
+	sort.Strings(names)
+	var afters []func()
+	for _, k := range names {
+		afters = append(afters, w.joined(path, k, cols[k], []Detector{Secrets}))
+	}
+	return func() {
+		for _, f := range afters {
+			f()
+		}
+	}
 }
 
 // part is a short string of an object or array, with the means to
@@ -279,7 +320,7 @@ func setter[K comparable](c any, k K) func(string) {
 // records what is found across two parts or more (what lies within one is
 // found when that part is scanned). It returns a function that, once the
 // container has been walked, redacts the parts such a finding touches.
-func (w *walker) joined(path, key string, parts []part) func() {
+func (w *walker) joined(path, key string, parts []part, ds []Detector) func() {
 	nothing := func() {}
 	if w.e.joiner == nil || len(parts) < 2 {
 		return nothing
@@ -300,10 +341,10 @@ func (w *walker) joined(path, key string, parts []part) func() {
 	s := b.String()
 	var hit []Finding
 	touched := map[int]string{}
-	for _, f := range w.e.joiner.scan(s, key, w.ds) {
+	for _, f := range w.e.joiner.scan(s, key, ds) {
 		first := sort.SearchInts(ends, f.Offset+1)
 		last := sort.SearchInts(ends, f.Offset+f.Length)
-		if f.derived && w.e.joiner.inOnePart(parts, f.Rule, key, w.ds) {
+		if f.derived && w.e.joiner.inOnePart(parts, f.Rule, key, ds) {
 			continue
 		}
 		if first >= last {
@@ -315,7 +356,7 @@ func (w *walker) joined(path, key string, parts []part) func() {
 		// block without its END line would fire on any prefix).
 		c := w.e.joiner.byID(f.Rule)
 		for last-1 > first && c != nil && !strings.Contains(c.Pattern, `\z`) &&
-			w.e.joiner.firesAcross(parts[first:last], f.Rule, key, w.ds) {
+			w.e.joiner.firesAcross(parts[first:last], f.Rule, key, ds) {
 			last--
 		}
 		hit = append(hit, Finding{Rule: f.Rule, Detector: f.Detector, Path: path})

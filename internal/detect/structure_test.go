@@ -70,6 +70,7 @@ func TestSplitValuesFoundWhole(t *testing.T) {
 		"members": {map[string]any{"key_part_2": tokGH[20:], "key_part_1": tokGH[:20], "region": "eu"}, []string{tokGH[:20], tokGH[20:]}, []string{"eu"}},
 		"items":   {[]any{"AKIA", "UJZD", "EGXD", "NCF3", "2EPF"}, []string{"EGXD"}, nil},
 		"card":    {map[string]any{"card_first4": "4539", "card_middle": "1478 7789", "card_last4": "3280"}, []string{"1478 7789", "3280"}, nil},
+		"rows":    {[]any{map[string]any{"k": "slack", "v": "xoxb-078666617603-137215"}, map[string]any{"k": "slack", "v": "9010928-g8xNbe3nNyjOq9wMxEhh2FDE"}}, []string{"g8xNbe3nNyjOq9wMxEhh2FDE"}, []string{`"k":"slack"`}},
 		"numbers": {map[string]any{"cc1": json.Number("4539"), "cc2": json.Number("1478"), "cc3": json.Number("7789"), "cc4": json.Number("3280"), "qty": json.Number("2")}, []string{"1478", "7789"}, []string{`"qty":2`}},
 	}
 	for name, c := range cases {

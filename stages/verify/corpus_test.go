@@ -107,7 +107,7 @@ func outcome(t *testing.T, v *Verifier, c outputCase) (ok bool, why string) {
 // sit at or just under what the stage reaches, as a regression floor: the
 // corpus was written alongside the rules (see docs/safety.md).
 var recallFloors = map[string]float64{
-	"secrets_plain": 0.95, "secrets_provider": 0.95, "secrets_transformed": 0.90, "secrets_split": 0.80,
+	"secrets_plain": 0.95, "secrets_provider": 0.95, "secrets_transformed": 0.90, "secrets_split": 0.90,
 	"secrets_keys": 0.95, "pii_plain": 0.95, "pii_more": 0.95, "injection": 0.90,
 }
 
