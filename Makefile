@@ -73,6 +73,8 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzMathEval$$' -fuzztime $(FUZZTIME) ./stages/execute/builtin/
 	$(GO) test -run '^$$' -fuzz '^FuzzParseYAML$$' -fuzztime $(FUZZTIME) ./stages/execute/builtin/
 	$(GO) test -run '^$$' -fuzz '^FuzzScan$$' -fuzztime $(FUZZTIME) ./internal/detect/
+	$(GO) test -run '^$$' -fuzz '^FuzzScanJSON$$' -fuzztime $(FUZZTIME) ./internal/detect/
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeForms$$' -fuzztime $(FUZZTIME) ./internal/detect/
 	$(GO) test -run '^$$' -fuzz '^FuzzCompile$$' -fuzztime $(FUZZTIME) ./schemas/
 	$(GO) test -run '^$$' -fuzz '^FuzzURLTemplate$$' -fuzztime $(FUZZTIME) ./stages/execute/httptool/
 	$(GO) test -run '^$$' -fuzz '^FuzzControlLines$$' -fuzztime $(FUZZTIME) ./internal/sandbox/

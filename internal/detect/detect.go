@@ -12,9 +12,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"regexp"
-	"slices"
 	"sort"
 	"strings"
+	"sync"
 
 	ahocorasick "github.com/BobuSumisu/aho-corasick"
 	"github.com/toolgate/toolgate/schemas"
@@ -46,6 +46,9 @@ type Finding struct {
 	// Offset and Length locate the match in that string, in bytes.
 	Offset int `json:"offset"`
 	Length int `json:"length"`
+	// derived marks a match found only in a normalised or decoded form,
+	// reported on the whole string.
+	derived bool
 }
 
 // RuleSet is the document rules are loaded from.
@@ -53,6 +56,16 @@ type RuleSet struct {
 	Version     string `json:"version"`
 	Description string `json:"description,omitempty"`
 	Rules       []Rule `json:"rules"`
+	// Allow lists matches that are not findings, whichever rule of the
+	// detector found them: published sample keys, test card numbers.
+	Allow []Allow `json:"allow,omitempty"`
+}
+
+// Allow drops the matches of a detector's rules whose text Pattern matches.
+type Allow struct {
+	Detector    Detector `json:"detector"`
+	Pattern     string   `json:"pattern"`
+	Description string   `json:"description,omitempty"`
 }
 
 // Rule is one pattern of a detector.
@@ -76,6 +89,24 @@ type Rule struct {
 	// Anchored says every match begins where one of its keywords begins
 	// (after a leading \b): the rule is tried at those places only.
 	Anchored bool `json:"anchored,omitempty"`
+	// Allow are patterns of matches that are not findings: placeholders,
+	// references to the environment.
+	Allow []string `json:"allow,omitempty"`
+	// NotNear are lower-case words that, just before a match or in the
+	// name of the member holding it, say it is something else (an order
+	// number, an ISBN, a timestamp).
+	NotNear []string `json:"not_near,omitempty"`
+	// Transformed runs the rule also on the text reversed, unspaced and
+	// ROT13-decoded: for shapes that do not occur there by chance.
+	Transformed bool `json:"transformed,omitempty"`
+	// Joined runs the rule also on the short strings of a JSON object or
+	// array joined together: a value split across members is found whole.
+	Joined bool `json:"joined,omitempty"`
+	// Discussed drops a match quoted in a text that discusses the attack.
+	Discussed bool `json:"discussed,omitempty"`
+	// Keyed makes the keywords context words that a JSON member name may
+	// also hold: the rule then runs on the whole of that member's value.
+	Keyed bool `json:"keyed,omitempty"`
 }
 
 type compiled struct {
@@ -90,6 +121,7 @@ type compiled struct {
 	span      int // maxSpan of the pattern, 0 if unbounded
 	// first is firstBytes of the pattern: where an anchored rule can start.
 	first *[256]bool
+	allow []*regexp.Regexp
 }
 
 // Engine scans text with a rule set. It is safe for concurrent use.
@@ -103,6 +135,17 @@ type Engine struct {
 	byKeyword [][]int
 	// byAlso maps a keyword's number to the rules it is an Also word of.
 	byAlso [][]int
+	// allow holds each detector's allow-list (RuleSet.Allow).
+	allow map[Detector][]*regexp.Regexp
+	// shapes and joiner are engines of the Transformed and the Joined
+	// rules: the forms they scan are many, so their tries are small.
+	shapes, joiner *Engine
+	ids            map[string]*compiled
+	// hints holds, by keyword number, the shape forms its presence
+	// hints at (hintReversed, …).
+	hints []uint8
+	// scratch pools the per-rule state of scans (see scanHints).
+	scratch *sync.Pool
 }
 
 //go:embed rules.json
@@ -163,31 +206,83 @@ func Load(doc []byte) (*Engine, error) {
 				return nil, fmt.Errorf("detector rule %s: unknown validator %q", r.ID, r.Validator)
 			}
 		}
-		c.idx = len(e.all)
-		e.rules[r.Detector] = append(e.rules[r.Detector], c)
-		e.all = append(e.all, &c)
+		for _, a := range r.Allow {
+			re, err := regexp.Compile(a)
+			if err != nil {
+				return nil, fmt.Errorf("detector rule %s: allow: %w", r.ID, err)
+			}
+			c.allow = append(c.allow, re)
+		}
+		e.add(c)
 	}
+	e.allow = map[Detector][]*regexp.Regexp{}
+	for _, a := range rs.Allow {
+		re, err := regexp.Compile(a.Pattern)
+		if err != nil {
+			return nil, fmt.Errorf("detector allow-list: %w", err)
+		}
+		e.allow[a.Detector] = append(e.allow[a.Detector], re)
+	}
+	e.shapes = e.sub(func(c *compiled) bool { return c.Transformed })
+	e.joiner = e.sub(func(c *compiled) bool { return c.Joined })
 	e.buildTrie()
 	return e, nil
 }
 
+func (e *Engine) add(c compiled) {
+	if e.ids == nil {
+		e.ids = map[string]*compiled{}
+		e.scratch = &sync.Pool{New: func() any { return new(scratch) }}
+	}
+	c.idx = len(e.all)
+	e.ids[c.ID] = &c
+	e.rules[c.Detector] = append(e.rules[c.Detector], c)
+	e.all = append(e.all, &c)
+}
+
+// sub returns an engine of the rules keep selects, sharing the allow-lists,
+// or nil when there are none.
+func (e *Engine) sub(keep func(*compiled) bool) *Engine {
+	s := &Engine{version: e.version, rules: map[Detector][]compiled{}, allow: e.allow}
+	for _, c := range e.all {
+		if keep(c) {
+			s.add(*c)
+		}
+	}
+	if len(s.all) == 0 {
+		return nil
+	}
+	s.buildTrie()
+	return s
+}
+
+// Strict returns an engine of the same rules without the rule set's
+// allow-lists: published sample keys and test card numbers are found like
+// any others. Where text is kept rather than shown to a caller (the audit
+// trail), redacting a look-alike costs nothing.
+func (e *Engine) Strict() *Engine {
+	s := *e
+	s.allow = nil
+	if e.shapes != nil {
+		sh := *e.shapes
+		sh.allow = nil
+		s.shapes = &sh
+	}
+	if e.joiner != nil {
+		j := *e.joiner
+		j.allow = nil
+		s.joiner = &j
+	}
+	return &s
+}
+
+var strict = shipped.Strict()
+
+// DefaultStrict is Default without its allow-lists (see Strict).
+func DefaultStrict() *Engine { return strict }
+
 // Version is the rule set's version, reported with every finding.
 func (e *Engine) Version() string { return e.version }
-
-// ScanJSON scans every string, key and number of a JSON document, and
-// reports credentials by their place (RuleNamedValue, RuleJWKPrivate).
-func (e *Engine) ScanJSON(doc []byte, ds ...Detector) ([]Finding, error) {
-	v, err := decode(doc)
-	if err != nil {
-		return nil, err
-	}
-	var out []Finding
-	walk(v, "", false, func(path, s string, named bool) string {
-		out = append(out, e.scanValue(path, s, named, ds)...)
-		return s
-	})
-	return out, nil
-}
 
 // Redacted is what a redacted match is replaced with.
 func Redacted(rule string) string { return "[REDACTED:" + rule + "]" }
@@ -204,27 +299,6 @@ func (e *Engine) EscapeJSON(doc []byte, ds ...Detector) ([]byte, []Finding, erro
 }
 
 var htmlEscaper = strings.NewReplacer("&", "&amp;", "<", "&lt;", ">", "&gt;", `"`, "&#34;", "'", "&#39;")
-
-func (e *Engine) rewriteJSON(doc []byte, ds []Detector, fix func(string, []Finding) string) ([]byte, []Finding, error) {
-	v, err := decode(doc)
-	if err != nil {
-		return nil, nil, err
-	}
-	var found []Finding
-	v = walk(v, "", false, func(path, s string, named bool) string {
-		fs := e.scanValue(path, s, named, ds)
-		if len(fs) == 0 {
-			return s
-		}
-		found = append(found, fs...)
-		return fix(s, fs)
-	})
-	if len(found) == 0 {
-		return doc, nil, nil
-	}
-	out, err := json.Marshal(v)
-	return out, found, err
-}
 
 // redact replaces the spans of fs in s, merging overlaps.
 func redact(s string, fs []Finding) string {
@@ -256,75 +330,53 @@ func decode(doc []byte) (any, error) {
 	return v, nil
 }
 
-// visit is called on every string, object key and number of a document and
-// returns its replacement. named is set for values that are credentials by
-// their place: under a key that says so (password, token, …) or a JWK's
-// private members.
-type visit func(path, s string, named bool) string
-
-// walk calls fn on every string, key and number of v and replaces each with
-// what fn returns: a changed key renames its member (never overwriting
-// another), a changed number becomes a string.
-func walk(v any, path string, named bool, fn visit) any {
-	switch t := v.(type) {
-	case string:
-		return fn(path, t, named)
-	case json.Number:
-		if r := fn(path, string(t), named); r != string(t) {
-			return r
-		}
-		return t
-	case map[string]any:
-		keys := make([]string, 0, len(t))
-		for k := range t {
-			keys = append(keys, k)
-		}
-		sort.Strings(keys)
-		jwk := isPrivateJWK(t)
-		for _, k := range keys {
-			p := path + "/" + escapePointer(k)
-			x := walk(t[k], p, named || NamedCredential(k) || jwk && jwkPrivate[k], fn)
-			nk := fn(p, k, false)
-			if nk == k {
-				t[k] = x
-				continue
-			}
-			delete(t, k)
-			for _, taken := t[nk]; taken; _, taken = t[nk] {
-				nk += "'"
-			}
-			t[nk] = x
-		}
-	case []any:
-		for i, x := range t {
-			t[i] = walk(x, fmt.Sprintf("%s/%d", path, i), named, fn)
-		}
-	}
-	return v
-}
-
-// Rules that fire on a value's place in a document rather than its text.
-const (
-	// RuleNamedValue: the value of a member whose name says it is a credential.
-	RuleNamedValue = "secret.named_value"
-	// RuleJWKPrivate: a private member of a JSON Web Key.
-	RuleJWKPrivate = "secret.jwk_private"
-)
-
 var credentialNames = map[string]bool{
 	"pwd": true, "password": true, "passwd": true, "secret": true, "apikey": true, "token": true,
-	"authorization": true, "privatekey": true, "clientsecret": true,
+	"authorization": true, "privatekey": true, "clientsecret": true, "passphrase": true, "credential": true,
+	"credentials": true, "proxyauthorization": true, "identitytoken": true, "xapikey": true, "cookie": true, "setcookie": true,
+}
+
+// credentialSuffixes end member names whose values are credentials
+// (db_password, GITHUB_ACCESS_TOKEN, AccountKey); names ending in plain
+// "token" are left out, since page and continuation tokens are not secrets.
+var credentialSuffixes = []string{
+	"password", "passwd", "secret", "apikey", "accesstoken", "refreshtoken", "authtoken", "apitoken",
+	"sessiontoken", "bearertoken", "secretkey", "privatekey", "clientsecret", "accountkey", "sharedaccesskey",
+	"connectionstring", "passphrase", "signingkey", "encryptionkey", "masterkey", "sastoken", "webhooksecret",
+	"secretaccesskey", "bottoken", "authkey", "licensekey",
 }
 
 // NamedCredential reports whether a member name says its value is a
 // credential: pwd, password, passwd, secret, api_key, apikey, token,
-// authorization, private_key, client_secret; case, '-' and '_' ignored.
+// authorization, private_key, client_secret, passphrase, credentials, and
+// names ending in password, secret, api_key, access_token, secret_key,
+// account_key and the like; case, '-' and '_' ignored.
 func NamedCredential(key string) bool {
-	if len(key) > 32 {
+	if len(key) > 48 {
 		return false
 	}
-	k := strings.ToLower(strings.NewReplacer("-", "", "_", "").Replace(key))
-	return credentialNames[k]
+	k := normName(key)
+	if credentialNames[k] {
+		return true
+	}
+	for _, suf := range credentialSuffixes {
+		if strings.HasSuffix(k, strings.ToLower(suf)) {
+			return true
+		}
+	}
+	return false
+}
+
+var nameSeparators = strings.NewReplacer("-", "", "_", "", ".", "", " ", "")
+
+func normName(key string) string { return strings.ToLower(nameSeparators.Replace(key)) }
+
+// credentialCollections name members whose own member names are
+// credentials: {"tokens": {"<token>": {...}}}.
+var credentialCollections = map[string]bool{
+	"tokens": true, "apikeys": true, "keys": true, "secrets": true, "credentials": true, "sessions": true,
+	"sessionids": true, "passwords": true, "accesstokens": true, "authtokens": true, "apitokens": true,
+	"cookies": true, "accesskeys": true, "bykey": true, "bytoken": true,
 }
 
 var jwkPrivate = map[string]bool{"d": true, "p": true, "q": true, "dp": true, "dq": true, "qi": true, "k": true}
@@ -337,23 +389,6 @@ func isPrivateJWK(m map[string]any) bool {
 	_, d := m["d"]
 	_, k := m["k"]
 	return d || k
-}
-
-// scanValue scans one string of a document, adding the finding its place
-// implies.
-func (e *Engine) scanValue(path, s string, named bool, ds []Detector) []Finding {
-	fs := e.Scan(s, ds...)
-	if named && s != "" && (len(ds) == 0 || slices.Contains(ds, Secrets)) {
-		rule := RuleNamedValue
-		if i := strings.LastIndexByte(path, '/'); i >= 0 && jwkPrivate[path[i+1:]] {
-			rule = RuleJWKPrivate
-		}
-		fs = append(fs, Finding{Rule: rule, Detector: Secrets, Offset: 0, Length: len(s)})
-	}
-	for i := range fs {
-		fs[i].Path = path
-	}
-	return fs
 }
 
 func escapePointer(s string) string {

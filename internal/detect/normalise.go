@@ -4,6 +4,7 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"html"
+	"slices"
 	"strings"
 	"unicode"
 	"unicode/utf8"
@@ -34,10 +35,265 @@ func normalise(s string) ([]string, bool) {
 	if n := fold(s); n != s {
 		out = append(out, n)
 	}
-	if d := decodeRuns(s); d != "" {
+	// A decoded run may hold another encoding (base64 of base64, hex of
+	// base64): up to three rounds.
+	for d, round := s, 0; round < 3; round++ {
+		if d = decodeRuns(d); d == "" {
+			break
+		}
+		out = append(out, d)
+	}
+	if d := decodeEscapes(s); d != "" {
 		out = append(out, d)
 	}
 	return out, len(out) > 0
+}
+
+// decodeEscapes returns the text spelled by the runs of \xHH escapes and
+// by bracketed lists of byte values ([104, 105, ...]) in s, joined by
+// newlines, or "" if s has none that decode to printable text.
+func decodeEscapes(s string) string {
+	var b strings.Builder
+	if strings.Contains(s, `\x`) || strings.Contains(s, `\u00`) {
+		var run []byte
+		flush := func() {
+			if len(run) >= minByteArray && printable(run) {
+				b.Write(run)
+				b.WriteByte('\n')
+			}
+			run = run[:0]
+		}
+		for i := 0; i < len(s); {
+			if i+3 < len(s) && s[i] == '\\' && (s[i+1] == 'x' || s[i+1] == 'X') && isHex(s[i+2]) && isHex(s[i+3]) {
+				run = append(run, unhex(s[i+2])<<4|unhex(s[i+3]))
+				i += 4
+				continue
+			}
+			// \u00HH: the ASCII range of \u escapes, the shape secrets have.
+			if i+5 < len(s) && s[i] == '\\' && s[i+1] == 'u' && s[i+2] == '0' && s[i+3] == '0' && isHex(s[i+4]) && isHex(s[i+5]) {
+				run = append(run, unhex(s[i+4])<<4|unhex(s[i+5]))
+				i += 6
+				continue
+			}
+			flush()
+			i++
+		}
+		flush()
+	}
+	// Lists of byte values: [104, 105, …], bytes([…]), fromCharCode(…),
+	// new byte[] {…}.
+	for rest := s; b.Len() < maxDecoded; {
+		i := strings.IndexAny(rest, "[({")
+		if i < 0 {
+			break
+		}
+		closer := map[byte]byte{'[': ']', '(': ')', '{': '}'}[rest[i]]
+		rest = rest[i+1:]
+		j := strings.IndexByte(rest, closer)
+		if j < 0 || j > maxDecoded*4 {
+			break
+		}
+		if d, ok := byteList(rest[:j]); ok {
+			b.WriteString(d)
+			b.WriteByte('\n')
+			rest = rest[j+1:]
+		}
+	}
+	return b.String()
+}
+
+func unhex(c byte) byte {
+	switch {
+	case c >= '0' && c <= '9':
+		return c - '0'
+	case c >= 'a' && c <= 'f':
+		return c - 'a' + 10
+	}
+	return c - 'A' + 10
+}
+
+// byteList reads "104, 105, ..." (decimal or 0x-prefixed byte values,
+// separated by commas and blanks) as the text it spells, if printable. It
+// gives up at the first byte that cannot belong to such a list, before
+// allocating: most brackets in a text hold something else.
+func byteList(s string) (string, bool) {
+	var out []byte
+	for i := 0; i < len(s); {
+		switch c := s[i]; {
+		case c == ',' || c == ' ' || c == '\n' || c == '\t' || c == '\r':
+			i++
+			continue
+		case c < '0' || c > '9':
+			return "", false
+		}
+		base, j := 10, i
+		if j+1 < len(s) && s[j] == '0' && (s[j+1] == 'x' || s[j+1] == 'X') {
+			base, j = 16, j+2
+		}
+		v, n := 0, 0
+		for ; j < len(s) && n <= 3; j, n = j+1, n+1 {
+			c := s[j]
+			if c >= '0' && c <= '9' {
+				v = v*base + int(c-'0')
+			} else if base == 16 && isHex(c) {
+				v = v*base + int(unhex(c))
+			} else {
+				break
+			}
+		}
+		if n == 0 || n > 3 || v > 255 || j < len(s) && s[j] != ',' && s[j] != ' ' && s[j] != '\n' && s[j] != '\t' && s[j] != '\r' {
+			return "", false
+		}
+		out = append(out, byte(v))
+		i = j
+	}
+	if len(out) < minByteArray || !printable(out) {
+		return "", false
+	}
+	return string(out), true
+}
+
+// form is a transformed text with the means to map a span of it back to
+// the original.
+type form struct {
+	s string
+	// at maps a byte of s to its byte in the original; nil when they
+	// are the same; reversed says s is the original backwards.
+	at       []int32
+	reversed bool
+	n        int // the original's length
+}
+
+// span maps [a, b) of the form to the original text.
+func (f form) span(a, b int) (int, int) {
+	switch {
+	case f.reversed:
+		return f.n - b, f.n - a
+	case f.at != nil:
+		return int(f.at[a]), int(f.at[b-1]) + 1
+	}
+	return a, b
+}
+
+// shapeForms are the forms of s a secret of a known shape may be hidden
+// in, as far as the keyword pass's hints point to them: reversed; with
+// line breaks (and backslash continuations) removed; with the blanks
+// between runs of short groups removed ("A K I A …", "sk-p roj- …");
+// ROT13-decoded. Only the Transformed rules run on them, and a match maps
+// back to its place in s.
+func shapeForms(s string, hints uint8) []form {
+	if len(s) < 16 || len(s) > 1<<30 {
+		return nil
+	}
+	var out []form
+	if hints&hintReversed != 0 {
+		b := []byte(s)
+		slices.Reverse(b)
+		out = append(out, form{s: string(b), reversed: true, n: len(s)})
+	}
+	if hints&hintPlain != 0 && strings.ContainsAny(s, "\n\r") {
+		out = append(out, removeBytes(s, func(i int) int {
+			switch s[i] {
+			case '\n', '\r':
+				j := i + 1
+				for j < len(s) && (s[j] == ' ' || s[j] == '\t') {
+					j++
+				}
+				return j - i
+			case '\\':
+				if i+1 < len(s) && (s[i+1] == '\n' || s[i+1] == '\r') {
+					return 1
+				}
+			}
+			return 0
+		}))
+	}
+	if hints&hintPlain != 0 || spacedRun(s) {
+		out = append(out, removeBytes(s, func(i int) int {
+			if s[i] == ' ' && shortGroup(s, i) || s[i] == '-' && singles(s, i) {
+				return 1
+			}
+			return 0
+		}))
+	}
+	if hints&hintROT13 != 0 {
+		out = append(out, form{s: rot13(s), n: len(s)})
+	}
+	return out
+}
+
+func rot13(s string) string {
+	b := []byte(s)
+	for i, c := range b {
+		switch {
+		case c >= 'a' && c <= 'z':
+			b[i] = 'a' + (c-'a'+13)%26
+		case c >= 'A' && c <= 'Z':
+			b[i] = 'A' + (c-'A'+13)%26
+		}
+	}
+	return string(b)
+}
+
+// singles reports whether the separator at i stands between two single
+// characters ("g-h-p"), as in a secret spelled out; "sk-proj-" keeps its
+// dashes.
+func singles(s string, i int) bool {
+	sep := s[i]
+	alnum := func(c byte) bool { return c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' }
+	return i >= 1 && i+1 < len(s) && s[i-1] != sep && s[i+1] != sep &&
+		(i == 1 || !alnum(s[i-2])) && (i+2 == len(s) || !alnum(s[i+2]))
+}
+
+// spacedRun reports whether s holds eight or more single characters
+// separated by single blanks or dashes ("A K I A 2 E 0 A", "g-h-p-_"), a
+// secret spelled out.
+func spacedRun(s string) bool {
+	n := 0
+	for i := 0; i+1 < len(s); i++ {
+		if s[i] != ' ' && s[i] != '-' && (s[i+1] == ' ' || s[i+1] == '-') && (i == 0 || s[i-1] == ' ' || s[i-1] == '-') {
+			if n++; n >= 8 {
+				return true
+			}
+			i++
+			continue
+		}
+		if s[i] != ' ' && s[i] != '-' {
+			n = 0
+		}
+	}
+	return false
+}
+
+// shortGroup reports whether the blank at i separates two groups of at
+// most four non-blank bytes, as a spaced or grouped secret is written.
+func shortGroup(s string, i int) bool {
+	l := i
+	for l > 0 && s[l-1] != ' ' && i-l <= 4 {
+		l--
+	}
+	r := i + 1
+	for r < len(s) && s[r] != ' ' && r-i-1 <= 4 {
+		r++
+	}
+	return i-l >= 1 && i-l <= 4 && r-i-1 >= 1 && r-i-1 <= 4
+}
+
+// removeBytes returns s without the bytes drop says to skip at each place,
+// with the map back to s.
+func removeBytes(s string, drop func(i int) int) form {
+	b := make([]byte, 0, len(s))
+	at := make([]int32, 0, len(s))
+	for i := 0; i < len(s); {
+		if n := drop(i); n > 0 {
+			i += n
+			continue
+		}
+		b = append(b, s[i])
+		at = append(at, int32(i))
+		i++
+	}
+	return form{s: string(b), at: at, n: len(s)}
 }
 
 // fold applies the text normalisations, cheapest checks first.

@@ -4,6 +4,7 @@ import (
 	"net/url"
 	"regexp"
 	"regexp/syntax"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -31,10 +32,19 @@ const (
 	maxWindow = 2 << 10
 )
 
+// Hints of the keyword pass that a text may hide a Transformed rule's
+// match in one of its shape forms (see shapeForms): one of those rules'
+// keywords found reversed, ROT13-encoded, or as it is.
+const (
+	hintReversed uint8 = 1 << iota
+	hintROT13
+	hintPlain
+)
+
 func (e *Engine) buildTrie() {
 	ids := map[string]int{}
 	var words []string
-	add := func(k string, c *compiled, to *[][]int) {
+	word := func(k string) int {
 		k = asciiLower(k)
 		i, ok := ids[k]
 		if !ok {
@@ -43,9 +53,29 @@ func (e *Engine) buildTrie() {
 			words = append(words, k)
 			e.byKeyword = append(e.byKeyword, nil)
 			e.byAlso = append(e.byAlso, nil)
+			e.hints = append(e.hints, 0)
 		}
+		return i
+	}
+	add := func(k string, c *compiled, to *[][]int) {
+		i := word(k)
 		if n := len((*to)[i]); n == 0 || (*to)[i][n-1] != c.idx {
 			(*to)[i] = append((*to)[i], c.idx)
+		}
+	}
+	if e.shapes != nil {
+		// Shorter keywords would hint at most texts.
+		for _, c := range e.shapes.all {
+			for _, k := range c.Keywords {
+				if len(k) < 3 {
+					continue
+				}
+				b := []byte(asciiLower(k))
+				e.hints[word(string(b))] |= hintPlain
+				e.hints[word(rot13(string(b)))] |= hintROT13
+				slices.Reverse(b)
+				e.hints[word(string(b))] |= hintReversed
+			}
 		}
 	}
 	for _, c := range e.all {
@@ -82,35 +112,42 @@ var lowerPool = sync.Pool{New: func() any { return new([]byte) }}
 
 type span struct{ start, end int }
 
-// Scan returns the findings of detectors ds (all when none) in s, ordered by
-// offset. Offsets are in s; a match found only in a normalised or decoded
-// form of s (see normalise) is reported on the whole of s.
-func (e *Engine) Scan(s string, ds ...Detector) []Finding {
-	out := e.scanRaw(s, ds)
-	if n, ok := normalise(s); ok {
-		seen := map[string]bool{}
-		for _, f := range out {
-			seen[f.Rule] = true
-		}
-		for _, variant := range n {
-			for _, f := range e.scanRaw(variant, ds) {
-				if !seen[f.Rule] {
-					seen[f.Rule] = true
-					out = append(out, Finding{Rule: f.Rule, Detector: f.Detector, Offset: 0, Length: len(s)})
-				}
-			}
-		}
+// scratch is the per-rule state of one scan.
+type scratch struct {
+	want    []bool
+	windows [][]span
+	starts  [][]int
+	also    [][]int
+}
+
+func (sc *scratch) reset(n int) {
+	if len(sc.want) != n {
+		*sc = scratch{want: make([]bool, n), windows: make([][]span, n), starts: make([][]int, n), also: make([][]int, n)}
+		return
 	}
-	sort.SliceStable(out, func(i, j int) bool { return out[i].Offset < out[j].Offset })
-	return out
+	clear(sc.want)
+	for i := range n {
+		sc.windows[i], sc.starts[i], sc.also[i] = sc.windows[i][:0], sc.starts[i][:0], sc.also[i][:0]
+	}
 }
 
 // scanRaw runs the rules of ds over s as it is.
 func (e *Engine) scanRaw(s string, ds []Detector) []Finding {
+	out, _ := e.scanHints(s, ds)
+	return out
+}
+
+// scanHints is scanRaw, also returning the hints of the keyword pass.
+func (e *Engine) scanHints(s string, ds []Detector) (out []Finding, hints uint8) {
 	if s == "" {
-		return nil
+		return nil, 0
 	}
-	want := make([]bool, len(e.all))
+	// Per-rule state comes from a pool: in a JSON document most strings
+	// are short, and allocating it for each would cost more than the scan.
+	sc := e.scratch.Get().(*scratch)
+	defer e.scratch.Put(sc)
+	sc.reset(len(e.all))
+	want, windows, starts, also := sc.want, sc.windows, sc.starts, sc.also
 	if len(ds) == 0 {
 		ds = All
 	}
@@ -119,14 +156,12 @@ func (e *Engine) scanRaw(s string, ds []Detector) []Finding {
 			want[r.idx] = true
 		}
 	}
-	windows := make([][]span, len(e.all))
-	starts := make([][]int, len(e.all))
-	also := make([][]int, len(e.all))
 	bp := lowerPool.Get().(*[]byte)
 	lower := append((*bp)[:0], s...)
 	lowerBytes(lower)
 	e.trie.Walk(lower, func(end, n, pattern int64) bool {
 		start := int(end) + 1 - int(n)
+		hints |= e.hints[pattern]
 		w := span{max(0, start-reach), min(len(s), int(end)+1+reach)}
 		for _, ri := range e.byAlso[pattern] {
 			if want[ri] {
@@ -161,7 +196,6 @@ func (e *Engine) scanRaw(s string, ds []Detector) []Finding {
 	})
 	*bp = lower
 	lowerPool.Put(bp)
-	var out []Finding
 	for i, c := range e.all {
 		if !want[i] {
 			continue
@@ -194,7 +228,7 @@ func (e *Engine) scanRaw(s string, ds []Detector) []Finding {
 		}
 		out = c.findWindows(s, ws, out)
 	}
-	return out
+	return out, hints
 }
 
 // findWindows appends the matches of c in the windows ws of s. Where a

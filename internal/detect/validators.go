@@ -2,6 +2,8 @@ package detect
 
 import (
 	"math/big"
+	"regexp"
+	"strconv"
 	"strings"
 )
 
@@ -10,6 +12,21 @@ var validators = map[string]func(string) bool{
 	"iban":  iban,
 	"ssn":   ssn,
 	"phone": phone,
+	// Added with the national identifiers; see below.
+	"card":              card,
+	"nino":              nino,
+	"es_dni":            esDNI,
+	"nl_bsn":            nlBSN,
+	"pl_pesel":          plPESEL,
+	"br_cpf":            brCPF,
+	"fr_nir":            frNIR,
+	"in_aadhaar":        inAadhaar,
+	"it_codice_fiscale": itCodiceFiscale,
+	"se_personnummer":   sePersonnummer,
+	"ca_sin":            caSIN,
+	"phone_national":    phoneNational,
+	"entropy":           entropy,
+	"de_tax_id":         deTaxID,
 }
 
 func digits(s string) string {
@@ -43,7 +60,11 @@ func luhn(s string) bool {
 
 // iban checks the ISO 13616 mod-97 checksum.
 func iban(s string) bool {
-	s = strings.ReplaceAll(s, " ", "")
+	s = strings.ToUpper(strings.NewReplacer(" ", "", "-", "").Replace(s))
+	if i := strings.LastIndexAny(s, ":#"); i >= 0 {
+		s = s[i+1:]
+	}
+	s = strings.TrimPrefix(s, "IBAN")
 	if len(s) < 15 || len(s) > 34 {
 		return false
 	}
@@ -77,4 +98,254 @@ func ssn(s string) bool {
 func phone(s string) bool {
 	n := len(digits(s))
 	return n >= 8 && n <= 15
+}
+
+// The validators below confirm national identity numbers by their check
+// digits, as the recognisers of Microsoft Presidio do; a candidate that
+// fails its checksum is not reported.
+
+// card is luhn plus an issuer prefix: Visa 4, Mastercard 2 and 5, Amex,
+// Diners and JCB 3, Discover and UnionPay 6. Nanosecond timestamps (1…),
+// ISBNs and GTINs (0…, 9…) that happen to pass Luhn are not cards.
+func card(s string) bool {
+	// The first digit first: most candidates in long runs of digits fail
+	// it, before any allocation.
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c >= '0' && c <= '9' {
+			if c < '2' || c > '6' {
+				return false
+			}
+			break
+		}
+	}
+	d := digits(s)
+	return luhn(d) && !allSame(d)
+}
+
+func allSame(d string) bool { return strings.Count(d, d[:1]) == len(d) }
+
+// nino is a UK National Insurance number: two prefix letters (not BG, GB,
+// KN, NK, NT, TN, ZZ), six digits, a suffix A-D.
+func nino(s string) bool {
+	t := strings.ToUpper(strings.ReplaceAll(s, " ", ""))
+	if len(t) != 9 {
+		return false
+	}
+	switch t[:2] {
+	case "BG", "GB", "KN", "NK", "NT", "TN", "ZZ":
+		return false
+	}
+	return true
+}
+
+// esDNI checks the letter of a Spanish DNI or NIE (mod 23).
+func esDNI(s string) bool {
+	t := strings.ToUpper(strings.NewReplacer("-", "", " ", "").Replace(s))
+	if len(t) != 9 {
+		return false
+	}
+	switch t[0] {
+	case 'X':
+		t = "0" + t[1:]
+	case 'Y':
+		t = "1" + t[1:]
+	case 'Z':
+		t = "2" + t[1:]
+	}
+	n, err := strconv.Atoi(t[:8])
+	return err == nil && "TRWAGMYFPDXBNJZSQVHLCKE"[n%23] == t[8]
+}
+
+// nlBSN is the Dutch eleven-test.
+func nlBSN(s string) bool {
+	d := digits(s)
+	if len(d) != 9 || d[0] == '0' && d[1] == '0' {
+		return false
+	}
+	sum := 0
+	for i := range 8 {
+		sum += int(d[i]-'0') * (9 - i)
+	}
+	sum -= int(d[8] - '0')
+	return sum%11 == 0 && !allSame(d)
+}
+
+// plPESEL checks the weighted check digit of a Polish PESEL.
+func plPESEL(s string) bool {
+	d := digits(s)
+	if len(d) != 11 || allSame(d) {
+		return false
+	}
+	w := []int{1, 3, 7, 9, 1, 3, 7, 9, 1, 3}
+	sum := 0
+	for i, x := range w {
+		sum += int(d[i]-'0') * x
+	}
+	return (10-sum%10)%10 == int(d[10]-'0')
+}
+
+// brCPF checks both check digits of a Brazilian CPF.
+func brCPF(s string) bool {
+	d := digits(s)
+	if len(d) != 11 || allSame(d) {
+		return false
+	}
+	for k := 9; k <= 10; k++ {
+		sum := 0
+		for i := range k {
+			sum += int(d[i]-'0') * (k + 1 - i)
+		}
+		if (sum*10)%11%10 != int(d[k]-'0') {
+			return false
+		}
+	}
+	return true
+}
+
+// frNIR checks the key of a French social security number: 97 minus the
+// first 13 digits mod 97 (Corsica's 2A and 2B read as 19 and 18).
+func frNIR(s string) bool {
+	t := strings.ToUpper(strings.NewReplacer(" ", "", ".", "", "-", "").Replace(s))
+	if len(t) != 15 {
+		return false
+	}
+	body := t[:13]
+	body = strings.Replace(body, "2A", "19", 1)
+	body = strings.Replace(body, "2B", "18", 1)
+	n, err := strconv.ParseInt(body, 10, 64)
+	k, err2 := strconv.Atoi(t[13:])
+	return err == nil && err2 == nil && int(97-n%97) == k
+}
+
+var verhoeffD = [10][10]int{{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}, {1, 2, 3, 4, 0, 6, 7, 8, 9, 5}, {2, 3, 4, 0, 1, 7, 8, 9, 5, 6},
+	{3, 4, 0, 1, 2, 8, 9, 5, 6, 7}, {4, 0, 1, 2, 3, 9, 5, 6, 7, 8}, {5, 9, 8, 7, 6, 0, 4, 3, 2, 1}, {6, 5, 9, 8, 7, 1, 0, 4, 3, 2},
+	{7, 6, 5, 9, 8, 2, 1, 0, 4, 3}, {8, 7, 6, 5, 9, 3, 2, 1, 0, 4}, {9, 8, 7, 6, 5, 4, 3, 2, 1, 0}}
+var verhoeffP = [8][10]int{{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}, {1, 5, 7, 6, 2, 8, 3, 0, 9, 4}, {5, 8, 0, 3, 7, 9, 6, 1, 4, 2},
+	{8, 9, 1, 6, 0, 4, 3, 5, 2, 7}, {9, 4, 5, 3, 1, 2, 6, 8, 7, 0}, {4, 2, 8, 6, 5, 7, 3, 9, 0, 1}, {2, 7, 9, 3, 8, 0, 6, 4, 1, 5},
+	{7, 0, 4, 6, 9, 1, 3, 2, 5, 8}}
+
+// inAadhaar checks the Verhoeff digit of an Indian Aadhaar number.
+func inAadhaar(s string) bool {
+	d := digits(s)
+	if len(d) != 12 || d[0] < '2' || allSame(d) {
+		return false
+	}
+	c := 0
+	for i := range len(d) {
+		c = verhoeffD[c][verhoeffP[i%8][int(d[len(d)-1-i]-'0')]]
+	}
+	return c == 0
+}
+
+// itCodiceFiscale checks the control letter of an Italian codice fiscale.
+func itCodiceFiscale(s string) bool {
+	t := strings.ToUpper(s)
+	if len(t) != 16 {
+		return false
+	}
+	odd := []int{1, 0, 5, 7, 9, 13, 15, 17, 19, 21, 2, 4, 18, 20, 11, 3, 6, 8, 12, 14, 16, 10, 22, 25, 24, 23}
+	sum := 0
+	for i := range 15 {
+		c := t[i]
+		v := 0
+		switch {
+		case c >= '0' && c <= '9':
+			v = int(c - '0')
+		case c >= 'A' && c <= 'Z':
+			v = int(c - 'A')
+		default:
+			return false
+		}
+		if i%2 == 0 {
+			sum += odd[v]
+		} else {
+			sum += v
+		}
+	}
+	return t[15] == byte('A'+sum%26)
+}
+
+// sePersonnummer is Luhn over the last ten digits of a Swedish
+// personnummer, whose month must be 01-12.
+func sePersonnummer(s string) bool {
+	d := digits(s)
+	if len(d) == 12 {
+		d = d[2:]
+	}
+	if len(d) != 10 || d[2:4] < "01" || d[2:4] > "12" {
+		return false
+	}
+	return luhnAny(d)
+}
+
+// caSIN is a Canadian social insurance number: nine digits passing Luhn,
+// not beginning with 0 or 8.
+func caSIN(s string) bool {
+	d := digits(s)
+	return len(d) == 9 && d[0] != '0' && d[0] != '8' && luhnAny(d) && !allSame(d)
+}
+
+func luhnAny(d string) bool {
+	sum := 0
+	for i := range len(d) {
+		n := int(d[len(d)-1-i] - '0')
+		if i%2 == 1 {
+			if n *= 2; n > 9 {
+				n -= 9
+			}
+		}
+		sum += n
+	}
+	return sum%10 == 0
+}
+
+// phoneNational wants 8 to 15 digits that are not a date.
+func phoneNational(s string) bool {
+	d := digits(s)
+	if len(d) < 8 || len(d) > 15 || allSame(d) {
+		return false
+	}
+	t := strings.TrimSpace(s)
+	// A bare run of fewer than ten digits is more often a count, a build
+	// or an order than a phone number; national numbers are written with
+	// a leading 0, a +, or separators.
+	plain := !strings.ContainsAny(t, " .-()+") && t[0] != '0'
+	return !(plain && len(d) < 10) && !dateLike.MatchString(t) && !compactDate.MatchString(t)
+}
+
+var compactDate = regexp.MustCompile(`^(?:19|20)[0-9]{2}(?:0[1-9]|1[0-2])[0-3][0-9](?:[0-9]{2,6})?$`)
+
+var dateLike = regexp.MustCompile(`^(?:19|20)[0-9]{2}[-./][0-9]{1,2}[-./][0-9]{1,2}$|^[0-9]{1,2}[-./][0-9]{1,2}[-./](?:19|20)?[0-9]{2}$`)
+
+// entropy confirms a credential's value (what follows its name and '=' or
+// ':', or the whole match) looks generated: letters and digits mixed, not
+// prose, not a repeated character.
+func entropy(s string) bool {
+	v := strings.TrimRight(s, "\"' =")
+	if i := strings.LastIndexAny(v, "=:"); i >= 0 && i < len(v)-1 {
+		v = v[i+1:]
+	}
+	v = strings.Trim(v, "\"' ")
+	return randomLooking(v, 8)
+}
+
+// deTaxID checks the ISO 7064 MOD 11,10 digit of a German Steuer-ID.
+func deTaxID(s string) bool {
+	d := digits(s)
+	if len(d) != 11 || d[0] == '0' || allSame(d) {
+		return false
+	}
+	product := 10
+	for i := range 10 {
+		sum := (int(d[i]-'0') + product) % 10
+		if sum == 0 {
+			sum = 10
+		}
+		product = sum * 2 % 11
+	}
+	check := 11 - product
+	if check == 10 {
+		check = 0
+	}
+	return check == int(d[10]-'0')
 }

@@ -319,10 +319,10 @@ func TestModelTools(t *testing.T) {
 	})
 	run("a secret in the answer is redacted", func(t *testing.T) {
 		odd.Set(modeltest.OK)
-		odd.Answer = "the key is AKIAIOSFODNN7EXAMPLE, keep it"
+		odd.Answer = "the key is AKIAQ4NB7XWZ3RTK2M5H, keep it"
 		resp := call(t, "m12", `{"model":"odd","prompt":"leak"}`)
 		res := string(resp.Result)
-		if resp.Status != api.StatusSuccess || strings.Contains(res, "AKIAIOSFODNN7EXAMPLE") || !strings.Contains(res, "[REDACTED:") {
+		if resp.Status != api.StatusSuccess || strings.Contains(res, "AKIAQ4NB7XWZ3RTK2M5H") || !strings.Contains(res, "[REDACTED:") {
 			t.Fatalf("got %s %s", resp.Status, res)
 		}
 	})

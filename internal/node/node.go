@@ -277,6 +277,9 @@ type StageConfig struct {
 	TenantActions map[string]map[string]string
 	// Detectors replaces the shipped detector rules when set.
 	Detectors *detect.Engine
+	// InjectionClassifier, when set, judges the results and error texts
+	// the prompt_injection rules pass (verify.Config.Classifier).
+	InjectionClassifier verify.Classifier
 	// Secrets supplies the credentials http tools inject; nil reads
 	// SecretsDir, then TOOLGATE_SECRET_<NAME> environment variables.
 	Secrets httptool.Secrets
@@ -348,7 +351,7 @@ func (n *Node) NewStage(ctx context.Context, name string, c StageConfig) (stages
 		if c.Seals != nil {
 			x.Seals = c.Seals
 		}
-		x.Verifier = verify.New(n.Registry, verify.Config{Tenants: c.TenantActions, Detectors: c.Detectors})
+		x.Verifier = verify.New(n.Registry, verify.Config{Tenants: c.TenantActions, Detectors: c.Detectors, Classifier: c.InjectionClassifier})
 		cli := &clitool.Kind{Sandbox: c.Sandbox}
 		cli.Sandbox.FileRoot = cmp.Or(cli.Sandbox.FileRoot, c.BuiltinEnv.FileRoot)
 		if len(cli.Sandbox.ReadOnlyRoots) == 0 {
@@ -407,7 +410,7 @@ func (n *Node) NewStage(ctx context.Context, name string, c StageConfig) (stages
 		}
 		return x, nil
 	case subjects.Verify:
-		return verify.New(n.Registry, verify.Config{Tenants: c.TenantActions, Detectors: c.Detectors}), nil
+		return verify.New(n.Registry, verify.Config{Tenants: c.TenantActions, Detectors: c.Detectors, Classifier: c.InjectionClassifier}), nil
 	case subjects.Audit:
 		tenants := new(hooks.Tenants)
 		err := n.Store.WatchHooks(ctx, func(tenant string, set *kvstore.HookSet) {

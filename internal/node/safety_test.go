@@ -90,9 +90,9 @@ func TestOutputVerification(t *testing.T) {
 
 	// Secrets and personal data are redacted from the result by default, and
 	// never reach the audit trail.
-	resp := e.invoke(request("out", "safety.echo", `{"note":"use AKIAIOSFODNN7EXAMPLE, mail bob@example.com","html":"<script>alert(1)</script>"}`))
+	resp := e.invoke(request("out", "safety.echo", `{"note":"use AKIAQ4NB7XWZ3RTK2M5H, mail bob@example.com","html":"<script>alert(1)</script>"}`))
 	res := string(resp.Result)
-	if resp.Status != api.StatusSuccess || strings.Contains(res, "AKIAIOSFODNN7EXAMPLE") || strings.Contains(res, "bob@example.com") ||
+	if resp.Status != api.StatusSuccess || strings.Contains(res, "AKIAQ4NB7XWZ3RTK2M5H") || strings.Contains(res, "bob@example.com") ||
 		!strings.Contains(res, "[REDACTED:secret.aws_access_key_id]") || strings.Contains(res, "<script>") {
 		t.Fatalf("result %s (%s)", res, mustJSON(t, resp.Error))
 	}
@@ -100,7 +100,7 @@ func TestOutputVerification(t *testing.T) {
 		t.Fatal("no warning tells the caller what was redacted")
 	}
 	for _, m := range e.read(subjects.StreamAudit, subjects.AuditTenant("out"), 2, 10*time.Second) {
-		if strings.Contains(string(m.Data()), "AKIAIOSFODNN7EXAMPLE") || strings.Contains(string(m.Data()), "bob@example.com") {
+		if strings.Contains(string(m.Data()), "AKIAQ4NB7XWZ3RTK2M5H") || strings.Contains(string(m.Data()), "bob@example.com") {
 			t.Fatalf("audit event %s leaks a secret: %s", m.Subject(), m.Data())
 		}
 	}

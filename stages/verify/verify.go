@@ -75,6 +75,9 @@ type Config struct {
 	// audit event (0: DefaultMaxFindings). Beyond it, one entry per rule
 	// and action carries the count of the findings left out.
 	MaxFindings int
+	// Classifier, when set, judges results the prompt_injection rules
+	// pass (off by default); see Classifier.
+	Classifier Classifier
 }
 
 // Verifier implements the verify stage.
@@ -101,7 +104,7 @@ func New(reg *tools.Registry, cfg Config) *Verifier {
 
 // Process implements stages.Stage. A rejected result is dropped: the caller
 // gets the reason, never the unverified output.
-func (v *Verifier) Process(_ context.Context, inv *envelope.Invocation) ([]stages.Output, error) {
+func (v *Verifier) Process(ctx context.Context, inv *envelope.Invocation) ([]stages.Output, error) {
 	m, err := v.reg.Resolve(inv.Route.ToolID, inv.Route.ToolVersion)
 	if err != nil {
 		return nil, err
@@ -110,7 +113,7 @@ func (v *Verifier) Process(_ context.Context, inv *envelope.Invocation) ([]stage
 	if m.OutputPolicy != nil {
 		pol = *m.OutputPolicy
 	}
-	result, err := v.check(m, pol, inv)
+	result, err := v.check(ctx, m, pol, inv)
 	if err != nil {
 		inv.Result = nil
 		return nil, err
@@ -148,7 +151,7 @@ func canonical(doc []byte) []byte {
 	return bytes.TrimSuffix(b.Bytes(), []byte("\n"))
 }
 
-func (v *Verifier) check(m *tools.Manifest, pol tools.OutputPolicy, inv *envelope.Invocation) ([]byte, error) {
+func (v *Verifier) check(ctx context.Context, m *tools.Manifest, pol tools.OutputPolicy, inv *envelope.Invocation) ([]byte, error) {
 	result := inv.Result
 	limit := pol.MaxBytes
 	if limit <= 0 {
@@ -178,7 +181,7 @@ func (v *Verifier) check(m *tools.Manifest, pol tools.OutputPolicy, inv *envelop
 		inv.Metadata.Warnings = append(inv.Metadata.Warnings,
 			fmt.Sprintf("%s: result does not match the output schema (lenient): %s %s", api.EResultSchema, fields[0].Location, fields[0].Message))
 	}
-	return v.sanitize(m, pol, inv, result)
+	return v.sanitize(ctx, m, pol, inv, result)
 }
 
 // CheckError holds the text of a failed call (its message and the strings
@@ -208,7 +211,9 @@ func (v *Verifier) CheckError(m *tools.Manifest, inv *envelope.Invocation, err e
 		return te
 	}
 	scratch := &envelope.Invocation{Tenant: inv.Tenant}
-	out, rejected := v.sanitize(m, pol, scratch, doc)
+	// The caller's context does not reach here; the classifier, if any,
+	// bounds its own calls (see HTTPClassifier).
+	out, rejected := v.sanitize(context.Background(), m, pol, scratch, doc)
 	for i, f := range scratch.Findings {
 		if f.Path == "/message" {
 			scratch.Findings[i].Path = "/error/message"
@@ -243,7 +248,7 @@ func (v *Verifier) CheckError(m *tools.Manifest, inv *envelope.Invocation, err e
 }
 
 // sanitize applies each detector's action, strictest first.
-func (v *Verifier) sanitize(m *tools.Manifest, pol tools.OutputPolicy, inv *envelope.Invocation, result []byte) ([]byte, error) {
+func (v *Verifier) sanitize(ctx context.Context, m *tools.Manifest, pol tools.OutputPolicy, inv *envelope.Invocation, result []byte) ([]byte, error) {
 	actions := v.actions(pol, inv.Tenant)
 	ds := make([]detect.Detector, 0, len(actions))
 	for d := range actions {
@@ -253,6 +258,11 @@ func (v *Verifier) sanitize(m *tools.Manifest, pol tools.OutputPolicy, inv *enve
 		if a, b := strictness[actions[ds[i]]], strictness[actions[ds[j]]]; a != b {
 			return a > b
 		}
+		// Secrets before personal data: a password in a URL's userinfo
+		// also reads as an e-mail address, and is better named a secret.
+		if a, b := ds[i] == detect.Secrets, ds[j] == detect.Secrets; a != b {
+			return a
+		}
 		return ds[i] < ds[j]
 	})
 	eng := v.cfg.Detectors
@@ -261,7 +271,10 @@ func (v *Verifier) sanitize(m *tools.Manifest, pol tools.OutputPolicy, inv *enve
 		var err error
 		switch actions[d] {
 		case ActionReject:
-			if found, err = eng.ScanJSON(result, d); err == nil && len(found) > 0 {
+			if found, err = eng.ScanJSON(result, d); err == nil && len(found) == 0 && d == detect.PromptInjection {
+				found = v.classify(ctx, inv, result)
+			}
+			if err == nil && len(found) > 0 {
 				f := found[0]
 				v.addFindings(inv, record(found, ActionReject, eng.Version()))
 				return nil, api.NewError(api.ToolExecutionError, rejectCodes[d],
@@ -273,7 +286,9 @@ func (v *Verifier) sanitize(m *tools.Manifest, pol tools.OutputPolicy, inv *enve
 		case ActionEscape:
 			result, found, err = eng.EscapeJSON(result, d)
 		default:
-			found, err = eng.ScanJSON(result, d)
+			if found, err = eng.ScanJSON(result, d); err == nil && len(found) == 0 && d == detect.PromptInjection {
+				found = v.classify(ctx, inv, result)
+			}
 		}
 		if err != nil {
 			return nil, api.WrapError(err, api.ToolExecutionError, api.EResultNotJSON, "scanning the result: %v", err)

@@ -37,7 +37,7 @@ func TestDuplicateKeysForwardWhatWasVerified(t *testing.T) {
 func TestFailedCallTextChecked(t *testing.T) {
 	v, m := setup(t, Config{})
 	inv := invoke("")
-	err := api.NewError(api.ToolExecutionError, api.EToolFailed, "tool said: key AKIAIOSFODNN7EXAMPLE").
+	err := api.NewError(api.ToolExecutionError, api.EToolFailed, "tool said: key AKIAQ4NB7XWZ3RTK2M5H").
 		WithDetail("stderr", "mail bob@example.com")
 	te := api.AsError(v.CheckError(m, inv, err))
 	if strings.Contains(te.Message, "AKIA") || strings.Contains(te.Details["stderr"].(string), "bob@") || te.ECode != api.EToolFailed {
