@@ -41,8 +41,21 @@ func MintWithin(k *SigningKey, c Claims, maxLifetime time.Duration) (string, err
 	}
 	t := jwt.NewWithClaims(k.method(), c)
 	t.Header["kid"] = k.KID
-	return t.SignedString(k.Key)
+	raw, err := t.SignedString(k.Key)
+	if err != nil {
+		return "", err
+	}
+	if len(raw) > MaxConnectTokenBytes {
+		return "", fmt.Errorf("mint: the token is %d bytes, over the %d an agent can connect with (a NATS CONNECT line holds at most 4 KiB): grant fewer tools, paths, hosts or secrets", len(raw), MaxConnectTokenBytes)
+	}
+	return raw, nil
 }
+
+// MaxConnectTokenBytes is the largest token Mint makes: an agent connects with its
+// token as the CONNECT's auth_token, and nats-server refuses a control line
+// over 4 KiB; the rest of the line (name, version, flags) stays well under
+// 512 bytes.
+const MaxConnectTokenBytes = 3584
 
 // Attenuate derives a child token's claims from a verified parent and the
 // narrowing asked for in want. Fields left empty in want are inherited; a

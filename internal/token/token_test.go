@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"encoding/pem"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -383,4 +384,27 @@ func FuzzVerify(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestMintRefusesTokensTooLargeToConnect: a token an agent could not
+// connect with is refused at mint, with what to do about it; a smaller
+// one is minted.
+func TestMintRefusesTokensTooLargeToConnect(t *testing.T) {
+	k := mustKey(t, AlgEdDSA)
+	c := baseClaims(time.Hour)
+	for i := range 200 {
+		c.ToolID = append(c.ToolID, fmt.Sprintf("tool.number.%03d", i))
+	}
+	_, err := Mint(k, c)
+	if err == nil || !strings.Contains(err.Error(), "grant fewer") {
+		t.Fatalf("mint of a %d-tool token: %v, want a refusal saying what to do", len(c.ToolID), err)
+	}
+	c.ToolID = c.ToolID[:80]
+	raw, err := Mint(k, c)
+	if err != nil {
+		t.Fatalf("mint of an 80-tool token: %v", err)
+	}
+	if len(raw) > MaxConnectTokenBytes {
+		t.Fatalf("minted %d bytes", len(raw))
+	}
 }
