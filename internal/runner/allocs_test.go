@@ -47,8 +47,8 @@ var ackedOk = func() chan *jetstream.PubAck {
 type ackedFuture struct{}
 
 func (ackedFuture) Ok() <-chan *jetstream.PubAck { return ackedOk }
-func (ackedFuture) Err() <-chan error             { return nil }
-func (ackedFuture) Msg() *nats.Msg                { return nil }
+func (ackedFuture) Err() <-chan error            { return nil }
+func (ackedFuture) Msg() *nats.Msg               { return nil }
 
 // heldMsg is a delivered message that settles without a server.
 type heldMsg struct {
