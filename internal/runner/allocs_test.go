@@ -22,7 +22,7 @@ import (
 // allocates for every message of every stage (the NATS client's own work
 // is not counted).
 var runnerBudgets = map[string]float64{
-	"handle/forward": 61,
+	"forward": 61,
 }
 
 type passStage struct{}
@@ -78,7 +78,7 @@ func runnerPaths(tb testing.TB) map[string]func() {
 	msg := &heldMsg{data: in.Data, md: &jetstream.MsgMetadata{NumDelivered: 1, Stream: subjects.StreamPipeline,
 		Sequence: jetstream.SequencePair{Stream: 9}}}
 	return map[string]func(){
-		"handle/forward": func() {
+		"forward": func() {
 			var settling sync.WaitGroup
 			r.handle(msg, &settling, func() {})
 			settling.Wait()
