@@ -42,9 +42,10 @@ type env struct {
 	gate    chan struct{}
 	started chan string // receives the invocation parameter "n" when block starts
 	blocks  atomic.Int32
-	// holding counts the "hold" builtin's calls running; each holds until
-	// gate closes.
-	holding atomic.Int32
+	// holding counts the "hold" builtin's calls running, and holdingBy by
+	// their parameters; each holds until gate closes.
+	holding   atomic.Int32
+	holdingBy sync.Map // string → *atomic.Int32
 	// steps counts the runs of each step of the "steps" builtin; stepped
 	// receives each step number as it completes.
 	steps   [32]atomic.Int32
@@ -189,9 +190,11 @@ func (e *env) builtins(root string) builtin.Set {
 		}
 		return json.RawMessage(`{}`), nil
 	}
-	set["hold"] = func(ctx context.Context, _ json.RawMessage) (json.RawMessage, error) {
+	set["hold"] = func(ctx context.Context, p json.RawMessage) (json.RawMessage, error) {
+		n := e.holdingOf(string(p))
 		e.holding.Add(1)
-		defer e.holding.Add(-1)
+		n.Add(1)
+		defer func() { e.holding.Add(-1); n.Add(-1) }()
 		select {
 		case <-e.gate:
 		case <-ctx.Done():
@@ -200,6 +203,12 @@ func (e *env) builtins(root string) builtin.Set {
 		return json.RawMessage(`{}`), nil
 	}
 	return set
+}
+
+// holdingOf is the count of "hold" calls running with parameters p.
+func (e *env) holdingOf(p string) *atomic.Int32 {
+	n, _ := e.holdingBy.LoadOrStore(p, new(atomic.Int32))
+	return n.(*atomic.Int32)
 }
 
 // testTools are manifests for the misbehaving builtins.
