@@ -21,7 +21,11 @@ import (
 //   - a call of a tenant at or above its share runs only while fewer than
 //     Capacity calls run, so capacity no one else uses is never held back,
 //     and every call that ends while others wait goes to a tenant below its
-//     share.
+//     share;
+//   - except that a tenant alone whose calls are quick (under 50 ms on
+//     average) is never put back: its calls wait in the process for a
+//     worker, as without the quota, since one frees sooner than a put-back
+//     would come back.
 //
 // A call put back goes to JetStream with a delay (a Transient error matching
 // stages.ErrOverQuota) and the worker takes the next message. The delays
@@ -101,13 +105,19 @@ func (q *TenantQuota) share(t *tenantLoad) int {
 	return max(s, 1)
 }
 
+// quickCall is the average run time below which a tenant alone is never put
+// back: its call waits in the process for a worker, which frees sooner
+// than a put-back would come back, and a newcomer waits no longer than that
+// for one either.
+const quickCall = 50 * time.Millisecond
+
 // over reports whether a call of t is put back: t is at or above its share
 // and the process has no capacity to spare. Callers hold mu.
 func (q *TenantQuota) over(t *tenantLoad) bool {
-	if t == nil {
-		return false // nothing running: below any share
+	if t == nil || t.inflight < q.share(t) || q.running < q.Capacity {
+		return false // nothing running, below its share, or room to spare
 	}
-	return t.inflight >= q.share(t) && q.running >= q.Capacity
+	return q.active > 1 || t.avg >= quickCall
 }
 
 // Acquire admits a call of tenant and returns the function that ends it, or

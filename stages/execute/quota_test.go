@@ -19,6 +19,7 @@ func TestTenantQuotaShares(t *testing.T) {
 		running         map[string]int
 		tenant          string
 		delivered       int
+		quick           bool // the tenant asking has had quick calls
 		putBack         bool
 	}{
 		{name: "alone, below capacity", capacity: 4, running: map[string]int{"a": 3}, tenant: "a"},
@@ -36,17 +37,33 @@ func TestTenantQuotaShares(t *testing.T) {
 		{name: "limit leaves a tenant alone unbounded", capacity: 8, limit: 2, running: map[string]int{"a": 7}, tenant: "a"},
 		{name: "last delivery but one runs regardless", capacity: 4, running: map[string]int{"a": 4}, tenant: "a", delivered: 4},
 		{name: "off", capacity: 0, running: map[string]int{"a": 9}, tenant: "a"},
+		{name: "alone at capacity, quick calls wait for a worker", capacity: 4, running: map[string]int{"a": 4}, tenant: "a", quick: true},
+		{name: "quick calls above their share with another tenant", capacity: 4, running: map[string]int{"a": 3, "b": 1}, tenant: "a", quick: true, putBack: true},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			now := time.Unix(1000, 0)
 			q := &TenantQuota{Capacity: c.capacity, Limit: c.limit, Now: func() time.Time { return now }}
 			first := stages.WithDelivery(context.Background(), 1, 5)
+			acquire := func(tenant string) func() {
+				release, err := q.Acquire(first, tenant)
+				if err != nil {
+					t.Fatalf("setting up %s: %v", tenant, err)
+				}
+				return release
+			}
 			for tenant, n := range c.running {
-				for range n {
-					if _, err := q.Acquire(first, tenant); err != nil {
-						t.Fatalf("setting up %s: %v", tenant, err)
+				if n == 0 {
+					continue
+				}
+				acquire(tenant)
+				for range 8 {
+					if c.quick && tenant == c.tenant {
+						acquire(tenant)() // ends at once: its average falls
 					}
+				}
+				for range n - 1 {
+					acquire(tenant)
 				}
 			}
 			delivered := max(c.delivered, 1)
