@@ -49,9 +49,7 @@ const DefaultInFlight = 64
 
 // DefaultWorkers is Config.Workers' default: the calls an execute process
 // runs at once. Tools mostly wait (on HTTP APIs, models, MCP servers), so
-// the bound is memory, not CPU: a running call costs a goroutine, its
-// message and its tool's buffers, tens of KiB for most tools, a few MiB for
-// 256 calls (docs/operations.md).
+// the bound is memory, not CPU (docs/operations.md weighs it).
 const DefaultWorkers = 256
 
 // AuthCallout is the pseudo-stage name of the bus's auth callout alone
