@@ -35,6 +35,7 @@ nats:
 test: mcp-servers
 	$(GO) vet $(PKGS)
 	$(GO) test -race -count=1 -timeout 15m $(PKGS)
+	$(GO) test -count=1 -run '^TestAllocationBudget$$' $(PKGS)
 	cd deploy && $(GO) vet ./... && $(GO) test -count=1 ./...
 
 # Fault injection with real processes (internal/chaos): 10,000 invocations
@@ -94,11 +95,14 @@ fuzz:
 
 # Throughput and latency through all six stages next to a bare JetStream
 # chain measured in the same run; the goals (saturation, latency unloaded
-# and at half load, authorization) each printed with its target.
+# and at half load, authorization) each printed with its target; then 200
+# concurrent calls of a tool that waits 1 s, with execute's default
+# concurrency (goal: all end within 2 s, s/batch).
 # SOAK is the length of the memory-growth run at half saturation.
 SOAK ?= 10m
 bench: mcp-servers
 	$(GO) run ./cmd/toolgate bench --rate 300 --duration 10s --workers 16 --soak $(SOAK)
+	$(GO) test -run '^$$' -bench '^BenchmarkWaitingCalls$$' -benchtime 3x ./internal/node/
 
 fmt:
 	gofmt -w $$(git ls-files '*.go')

@@ -25,9 +25,9 @@ import (
 func pipelineFlags(fs *pflag.FlagSet, c *node.Config) *string {
 	fs.BoolVar(&c.AuthCallout, "auth-callout", false, "with --nats, also run the bus's auth callout with the keys in <data>/busauth")
 	fs.StringVar(&c.ControlCreds, "control-creds", "", "with --nats, the credentials the control service connects with beside the stages (default <data>/busauth/control.creds)")
-	fs.IntVar(&c.Workers, "workers", 4, "calls execute runs at once")
+	fs.IntVar(&c.Workers, "workers", node.DefaultWorkers, "calls execute runs at once (plus an eighth for tenants below their share); each mostly waits, so memory bounds it, not cores")
 	fs.IntVar(&c.InFlight, "inflight", node.DefaultInFlight, "messages each stage but execute holds at once (processed, or waiting for its publishes to be acknowledged)")
-	fs.IntVar(&c.TenantInFlight, "tenant-inflight", 0, "most calls of one tenant an execute process runs at once (0: 3/4 of --workers, -1: no limit)")
+	fs.IntVar(&c.TenantInFlight, "tenant-inflight", 0, "cap on one tenant's share of --workers while other tenants run calls (0: an equal share, -1: no quota); a tenant alone may use them all")
 	fs.StringVar(&c.MetricsAddr, "metrics-addr", "", "serve Prometheus metrics on this address (/metrics)")
 	fs.StringVar(&c.OTLPEndpoint, "otlp-endpoint", "", "export traces over OTLP/HTTP to this URL (https for TLS) or host:port (default $OTEL_EXPORTER_OTLP_ENDPOINT); the OTEL_EXPORTER_OTLP_* variables apply")
 	fs.StringVar(&c.PolicyPath, "policy", "", "Rego policy file or directory (default: the shipped policy)")

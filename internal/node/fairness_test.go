@@ -2,6 +2,7 @@ package node_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -53,6 +54,47 @@ func TestNoisyNeighbour(t *testing.T) {
 		resp, err := e.client.Wait(ctx, "noisy", id)
 		if err != nil || resp.Status != api.StatusSuccess {
 			t.Fatalf("noisy call %s: %s, %v", id, mustJSON(t, resp), err)
+		}
+	}
+}
+
+// TestTenantAloneUsesAllThenShares: a tenant alone runs as many calls as
+// execute's capacity (the quota holds none back while nobody else runs
+// calls); another tenant's call, arriving while every one of them still
+// runs, starts at once in the headroom instead of waiting for one to end.
+func TestTenantAloneUsesAllThenShares(t *testing.T) {
+	e := newEnv(t, topology.TopologyOptions{})
+	const workers = 8
+	e.startPipeline(node.Config{Workers: workers})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var ids []string
+	invoke := func(tenant string) {
+		id, err := e.client.Invoke(ctx, request(tenant, "test.hold", fmt.Sprintf(`{"tenant":%q}`, tenant)), clientOpts(""))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, tenant, id)
+	}
+	for range workers {
+		invoke("busy")
+	}
+	busy, other := e.holdingOf(`{"tenant":"busy"}`), e.holdingOf(`{"tenant":"other"}`)
+	eventually(t, 30*time.Second, "the lone tenant to run as many calls as there are workers", func() bool {
+		return busy.Load() == workers
+	})
+	invoke("other")
+	eventually(t, 30*time.Second, "the other tenant's call to start while the lone tenant's all run", func() bool {
+		return other.Load() == 1
+	})
+	if got := busy.Load(); got != workers {
+		t.Fatalf("the first tenant runs %d calls, want %d", got, workers)
+	}
+	e.release()
+	for i := 0; i < len(ids); i += 2 {
+		resp, err := e.client.Wait(ctx, ids[i], ids[i+1])
+		if err != nil || resp.Status != api.StatusSuccess {
+			t.Fatalf("call %s of %s: %s, %v", ids[i+1], ids[i], mustJSON(t, resp), err)
 		}
 	}
 }

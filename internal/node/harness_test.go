@@ -31,7 +31,7 @@ import (
 // env is a real embedded NATS server with toolgate's topology, shared by the
 // pieces of one test.
 type env struct {
-	t       *testing.T
+	t       testing.TB
 	url     string
 	dataDir string // the embedded server's store
 	nc      *nats.Conn
@@ -42,6 +42,10 @@ type env struct {
 	gate    chan struct{}
 	started chan string // receives the invocation parameter "n" when block starts
 	blocks  atomic.Int32
+	// holding counts the "hold" builtin's calls running, and holdingBy by
+	// their parameters; each holds until gate closes.
+	holding   atomic.Int32
+	holdingBy sync.Map // string → *atomic.Int32
 	// steps counts the runs of each step of the "steps" builtin; stepped
 	// receives each step number as it completes.
 	steps   [32]atomic.Int32
@@ -50,7 +54,7 @@ type env struct {
 
 func quietLog() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
-func newEnv(t *testing.T, topo topology.TopologyOptions) *env {
+func newEnv(t testing.TB, topo topology.TopologyOptions) *env {
 	t.Helper()
 	dataDir := t.TempDir()
 	ns, err := node.StartEmbedded(node.EmbeddedOptions{Listen: "127.0.0.1:-1", DataDir: dataDir})
@@ -186,7 +190,25 @@ func (e *env) builtins(root string) builtin.Set {
 		}
 		return json.RawMessage(`{}`), nil
 	}
+	set["hold"] = func(ctx context.Context, p json.RawMessage) (json.RawMessage, error) {
+		n := e.holdingOf(string(p))
+		e.holding.Add(1)
+		n.Add(1)
+		defer func() { e.holding.Add(-1); n.Add(-1) }()
+		select {
+		case <-e.gate:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		return json.RawMessage(`{}`), nil
+	}
 	return set
+}
+
+// holdingOf is the count of "hold" calls running with parameters p.
+func (e *env) holdingOf(p string) *atomic.Int32 {
+	n, _ := e.holdingBy.LoadOrStore(p, new(atomic.Int32))
+	return n.(*atomic.Int32)
 }
 
 // testTools are manifests for the misbehaving builtins.
@@ -198,6 +220,8 @@ var testTools = []string{
 	  "output_schema":{"type":"object","required":["answer"],"properties":{"answer":{"type":"integer"}}}}`,
 	`{"id":"test.block","name":"block","version":"1.0.0","description":"blocks once","kind":"builtin","builtin":{"function":"block"},
 	  "input_schema":{"type":"object"},"output_schema":{"type":"object"},"limits":{"timeout_ms":60000}}`,
+	`{"id":"test.hold","name":"hold","version":"1.0.0","description":"every call holds until released","kind":"builtin",
+	  "builtin":{"function":"hold"},"input_schema":{"type":"object"},"output_schema":{"type":"object"},"limits":{"timeout_ms":60000}}`,
 	`{"id":"test.block_idem","name":"block (idempotent)","version":"1.0.0","description":"blocks once, safe to rerun","kind":"builtin",
 	  "builtin":{"function":"block"},"input_schema":{"type":"object"},"output_schema":{"type":"object"},
 	  "limits":{"timeout_ms":60000},"safety":{"idempotent":true}}`,
@@ -251,7 +275,7 @@ func (e *env) startPipeline(cfg node.Config) *node.Node {
 		}
 		wctx, wcancel := context.WithTimeout(ctx, 10*time.Second)
 		defer wcancel()
-		for _, id := range []string{"test.boom", "test.bad_output", "test.block", "test.block_idem", "test.steps", "test.removed", "test.model"} {
+		for _, id := range []string{"test.boom", "test.bad_output", "test.block", "test.hold", "test.block_idem", "test.steps", "test.removed", "test.model"} {
 			if err := n.WaitForTool(wctx, id, "1.0.0"); err != nil {
 				e.t.Fatal(err)
 			}

@@ -288,8 +288,11 @@ type StageConfig struct {
 	// HTTPAllowPrivateNetworks lets http tools reach loopback and private
 	// addresses through granted host names (httptool.Config).
 	HTTPAllowPrivateNetworks bool
-	// TenantInFlight is the most calls of one tenant execute runs at once
-	// in this process; 0 is no limit (Config.TenantInFlight resolves it).
+	// Concurrency is the calls execute shares between tenants in this
+	// process (execute.TenantQuota's Capacity); 0 turns the tenant quota off.
+	Concurrency int
+	// TenantInFlight caps one tenant's share of Concurrency while other
+	// tenants run calls; 0 is an equal share.
 	TenantInFlight int
 	// MCP tunes the supervision of MCP servers; their sandbox is the one
 	// cli tools get.
@@ -347,7 +350,9 @@ func (n *Node) NewStage(ctx context.Context, name string, c StageConfig) (stages
 		n.onStop(func() { _ = sub.Unsubscribe() })
 		x := execute.New(n.Registry, set, n.Store, running)
 		x.Publish = func(ctx context.Context, o stages.Output) error { return runner.Publish(ctx, n.JS, o) }
-		x.Quota = execute.NewTenantQuota(c.TenantInFlight)
+		if c.Concurrency > 0 {
+			x.Quota = execute.NewTenantQuota(c.Concurrency, c.TenantInFlight)
+		}
 		if c.Seals != nil {
 			x.Seals = c.Seals
 		}
@@ -534,15 +539,14 @@ func (n *Node) Runner(name string, st stages.Stage, workers int, m *runner.Metri
 	return r
 }
 
-// tenantQuota is the per-tenant in-flight limit of an execute process with
-// workers workers: set, or three quarters of them, so that one tenant's
-// backlog always leaves a worker to the others.
-func tenantQuota(set, workers int) int {
-	switch {
-	case set < 0:
-		return 0
-	case set > 0:
-		return set
+// executeSlots resolves the execute settings of c: the calls shared
+// between tenants, each tenant's cap, and the Runner's workers (the
+// capacity and, with the quota on, its headroom for tenants below their
+// share).
+func executeSlots(c *Config) (capacity, tenantCap, workers int) {
+	capacity = cmp.Or(c.Workers, DefaultWorkers)
+	if c.TenantInFlight < 0 {
+		return 0, 0, capacity
 	}
-	return max(1, workers*3/4)
+	return capacity, c.TenantInFlight, capacity + execute.Headroom(capacity)
 }

@@ -47,6 +47,11 @@ const Control = "control"
 // DefaultInFlight is Config.InFlight's default.
 const DefaultInFlight = 64
 
+// DefaultWorkers is Config.Workers' default: the calls an execute process
+// runs at once. Tools mostly wait (on HTTP APIs, models, MCP servers), so
+// the bound is memory, not CPU (docs/operations.md weighs it).
+const DefaultWorkers = 256
+
 // AuthCallout is the pseudo-stage name of the bus's auth callout alone
 // (Config.AuthCallout, for external servers).
 const AuthCallout = "authcallout"
@@ -81,15 +86,19 @@ type Config struct {
 	Embedded    EmbeddedOptions
 	// Stages to run: stage names and Control. Empty means all of them.
 	Stages []string
-	// Workers is how many calls execute runs at once (per process).
+	// Workers is how many calls execute runs at once per process, its
+	// capacity; default DefaultWorkers. With the tenant quota on, up to
+	// execute.Headroom more run for tenants below their share, so a
+	// tenant arriving behind another's backlog starts at once.
 	Workers int
 	// InFlight is the most messages each stage but execute holds and
 	// processes at once, including those waiting for their publishes to be
-	// acknowledged. Default DefaultInFlight. Execute holds Workers.
+	// acknowledged. Default DefaultInFlight. Execute holds one message per
+	// running call.
 	InFlight int
-	// TenantInFlight is the most calls of one tenant an execute process runs
-	// at once (execute.TenantQuota); 0 is three quarters of Workers (at
-	// least one), a negative value no limit.
+	// TenantInFlight caps one tenant's share of execute's Workers while
+	// other tenants run calls (execute.TenantQuota); 0 is an equal share,
+	// a negative value turns the quota off. A tenant alone may use them all.
 	TenantInFlight int
 	// MetricsAddr serves Prometheus metrics at /metrics when set.
 	MetricsAddr string
@@ -407,21 +416,22 @@ func Run(ctx context.Context, c Config) error {
 			approvals := &approval.Service{Store: sn.Store, JS: sn.JS, Log: log}
 			bg.Go(func() { approvals.RunSweeper(runCtx, cmp.Or(c.ApprovalSweep, time.Second)) })
 		}
-		c.Stage.TenantInFlight = tenantQuota(c.TenantInFlight, c.Workers)
+		capacity, tenantCap, slots := executeSlots(&c)
+		c.Stage.Concurrency, c.Stage.TenantInFlight = capacity, tenantCap
 		st, err := sn.NewStage(runCtx, name, c.Stage)
 		if err != nil {
 			return err
 		}
-		r := sn.Runner(name, st, c.Workers, metrics)
-		if name != subjects.Execute {
-			// Stages other than execute decide from memory and a few KV
-			// reads and writes: they wait, so they take as many as they hold.
-			r.InFlight = cmp.Or(c.InFlight, DefaultInFlight)
-			r.Workers = max(r.Workers, r.InFlight)
-		}
 		// Execute holds no more than it runs: its tenant quota judges each
 		// message as it is fetched, against the calls running, so a deeper
-		// batch would only be put back.
+		// batch would only be put back. Stages other than execute decide
+		// from memory and a few KV reads and writes: they wait, so they
+		// take as many as they hold.
+		workers := slots
+		if name != subjects.Execute {
+			workers = cmp.Or(c.InFlight, DefaultInFlight)
+		}
+		r := sn.Runner(name, st, workers, metrics)
 		runners = append(runners, r)
 	}
 
@@ -457,7 +467,7 @@ func Run(ctx context.Context, c Config) error {
 		health.Watch(r.Stalled)
 	}
 	health.SetReady(nodes.first(nil).NC)
-	log.Info("toolgate running", "stages", c.Stages, "workers", c.Workers, "nats", url)
+	log.Info("toolgate running", "stages", c.Stages, "workers", cmp.Or(c.Workers, DefaultWorkers), "nats", url)
 	if c.Ready != nil {
 		c.Ready(url, n)
 	}

@@ -262,30 +262,6 @@ func echoSetup(tb testing.TB) (*token.SigningKey, *policy.Engine, *tools.Registr
 	return key, engine, reg
 }
 
-// BenchmarkProcess is the stage's work for one admitted call of a session's
-// token, no budget: what every invocation pays in authorize.
-func BenchmarkProcess(b *testing.B) {
-	ctx := context.Background()
-	key, engine, reg := echoSetup(b)
-	raw, err := token.Mint(key, token.Claims{ToolID: token.Patterns{"*"}, TenantID: "acme", AgentDID: "did:agent:a",
-		RegisteredClaims: jwt.RegisteredClaims{ID: "tok-1", Issuer: issuer, Audience: jwt.ClaimStrings{audience},
-			ExpiresAt: jwt.NewNumericDate(time.Now().Add(time.Hour))}})
-	if err != nil {
-		b.Fatal(err)
-	}
-	a := New(Config{Registry: reg, Policy: engine, Store: newFakeStore(),
-		Verifier: &token.Verifier{Keys: token.StaticKeys{Set: key.KeySet()}, Issuer: issuer, Audience: audience}})
-	b.ReportAllocs()
-	for b.Loop() {
-		inv := &envelope.Invocation{ID: "i-1", Tenant: "acme", Status: api.StatusPending, Event: envelope.Event{Seq: 3},
-			Request: &api.Request{ToolID: "echo", CapabilityToken: raw, Parameters: []byte(`{"text":"hi"}`),
-				AgentContext: api.AgentContext{AgentDID: "did:agent:a", TenantID: "acme"}}}
-		if _, err := a.Process(ctx, inv); err != nil || inv.Authz == nil {
-			b.Fatal(err)
-		}
-	}
-}
-
 // The policy input's parts kept between calls (the manifest's, the
 // claims') belong to one manifest and one token: another token, or the
 // same version registered again, is judged on its own.
