@@ -24,6 +24,10 @@ var allocBudgets = map[string]float64{
 // stage's own.
 type plainStore struct{}
 
+func (plainStore) Status(context.Context, string, string) (api.Record, error) {
+	return api.Record{}, api.ErrInvocationNotFound
+}
+
 func (plainStore) SetStatus(_ context.Context, rec api.Record) (api.Record, bool, error) {
 	return rec, true, nil
 }
