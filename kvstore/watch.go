@@ -181,21 +181,6 @@ func (s *Store) keys(ctx context.Context, kv jetstream.KeyValue, pattern string)
 	return out, nil
 }
 
-// liveKeys lists the keys of kv that hold a value.
-func (s *Store) liveKeys(ctx context.Context, kv jetstream.KeyValue) ([]string, error) {
-	es, err := s.snapshot(ctx, kv, ">")
-	if err != nil {
-		return nil, err
-	}
-	out := make([]string, 0, len(es))
-	for _, e := range es {
-		if e.op == jetstream.KeyValuePut {
-			out = append(out, e.key)
-		}
-	}
-	return out, nil
-}
-
 // feedEntry reads a republished change.
 func feedEntry(bucket, feed string, m *nats.Msg) (*entry, bool) {
 	key, ok := strings.CutPrefix(m.Subject, feed)
