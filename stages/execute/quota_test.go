@@ -3,6 +3,8 @@ package execute
 import (
 	"context"
 	"errors"
+	"maps"
+	"slices"
 	"testing"
 	"time"
 
@@ -52,7 +54,10 @@ func TestTenantQuotaShares(t *testing.T) {
 				}
 				return release
 			}
-			for tenant, n := range c.running {
+			// In name order: which tenant filled the process first decides
+			// whose calls sit above their share.
+			for _, tenant := range slices.Sorted(maps.Keys(c.running)) {
+				n := c.running[tenant]
 				if n == 0 {
 					continue
 				}
