@@ -13,6 +13,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/toolgate/toolgate/internal/busauth"
+	"github.com/toolgate/toolgate/internal/node"
+	"github.com/toolgate/toolgate/internal/topology"
 	"github.com/toolgate/toolgate/subjects"
 )
 
@@ -104,6 +106,20 @@ func leakedRoles(t *testing.T, s *served) {
 					t.Errorf("%s may publish on the policy bucket's watch feed", role)
 				}
 			})
+		}
+	})
+	t.Run("a stage given another role's credentials says so at once", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		start := time.Now()
+		n, err := node.OpenRole(ctx, s.urls[0], "wrong-role", busauth.RoleExecute, topology.TopologyOptions{}, quietLog(),
+			s.creds(busauth.RoleVerify), nats.NoReconnect())
+		if err == nil {
+			n.Close()
+			t.Fatal("execute bound with verify's credentials")
+		}
+		if !strings.Contains(err.Error(), "another role") || time.Since(start) > 5*time.Second {
+			t.Fatalf("after %v: %v, want a refusal naming the wrong role at once", time.Since(start), err)
 		}
 	})
 	t.Run("the topology is intact", func(t *testing.T) {

@@ -144,6 +144,16 @@ func OpenConnRole(ctx context.Context, nc *nats.Conn, role busauth.Role, topo to
 	if bound {
 		opts.Bind, opts.Buckets = true, rights.Buckets()
 	}
+	if bound {
+		// Credentials of another role are refused by the server without
+		// an answer: say so at once instead of waiting for a topology.
+		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		err := topology.Bind(pctx, js, rights.Consumes)
+		cancel()
+		if le := nc.LastError(); err != nil && errors.Is(le, nats.ErrPermissionViolation) {
+			return nil, fmt.Errorf("these credentials may not do the %s role's work (are they another role's?): %w", role, le)
+		}
+	}
 	var store *kvstore.Store
 	what := "waiting for the NATS topology"
 	if bound {
