@@ -166,6 +166,10 @@ func (g *Gate) Attach(ctx context.Context, v *token.Verifier, n *Node) error {
 	g.verifier.rev.Store(n.Revoked)
 	g.auditor.nc.Store(n.NC)
 	return n.Store.WatchRevocations(ctx, func(jti string, on bool) {
+		// The set the verifier reads is kept by a watch of its own; mark
+		// the token here first, so a client kicked now cannot connect
+		// again before that watch has caught up.
+		n.Revoked.Set(jti, on)
 		if !on {
 			return
 		}
