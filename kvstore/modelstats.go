@@ -248,9 +248,6 @@ func (s *Store) ModelStatsTTL() time.Duration { return s.modelStatsTTL }
 func (s *Store) ModelStats(ctx context.Context) (map[ModelTask]ModelShard, error) {
 	out := map[ModelTask]ModelShard{}
 	keys, err := s.keys(ctx, s.modelstats, ">")
-	if errors.Is(err, jetstream.ErrNoKeysFound) {
-		return out, nil
-	}
 	if err != nil {
 		return nil, fmt.Errorf("listing model statistics: %w", err)
 	}

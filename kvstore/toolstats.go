@@ -3,7 +3,6 @@ package kvstore
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -111,9 +110,6 @@ func statsKey(tool, shard string) string { return subjects.Token(tool) + "." + s
 func (s *Store) ToolStats(ctx context.Context) (map[string]ToolShard, error) {
 	out := map[string]ToolShard{}
 	keys, err := s.keys(ctx, s.toolstats, ">")
-	if errors.Is(err, jetstream.ErrNoKeysFound) {
-		return out, nil
-	}
 	if err != nil {
 		return nil, fmt.Errorf("listing tool statistics: %w", err)
 	}

@@ -38,22 +38,9 @@ var ErrUnsigned = errors.New("the record carries no operator's signed request")
 // policy push endpoint, by the operator it names, for exactly its modules
 // and data.
 func Policy(b kvstore.PolicyBundle, verify Verify) error {
-	if b.Proof == nil {
-		return ErrUnsigned
-	}
-	if b.Proof.Subject != subjects.SvcPolicyPush {
-		return fmt.Errorf("the signed request went to %q, not %s", b.Proof.Subject, subjects.SvcPolicyPush)
-	}
-	who, err := verify(b.Proof)
-	if err != nil {
-		return err
-	}
-	if who != b.PushedBy {
-		return fmt.Errorf("signed by %s, recorded as pushed by %s", who, b.PushedBy)
-	}
 	var r api.PolicyPushRequest
-	if err := json.Unmarshal(b.Proof.Body, &r); err != nil {
-		return fmt.Errorf("the signed request is not a policy push: %w", err)
+	if err := signedRequest(b.Proof, subjects.SvcPolicyPush, b.PushedBy, verify, &r); err != nil {
+		return err
 	}
 	if !same(r.Modules, b.Modules) || !same(r.Data, b.Data) {
 		return errors.New("the bundle's modules or data are not the ones the operator pushed")
@@ -65,25 +52,35 @@ func Policy(b kvstore.PolicyBundle, verify Verify) error {
 // hooks push endpoint, by the operator it names, for exactly its tenant
 // and document.
 func Hooks(set kvstore.HookSet, verify Verify) error {
-	if set.Proof == nil {
-		return ErrUnsigned
-	}
-	if set.Proof.Subject != subjects.SvcHooksPush {
-		return fmt.Errorf("the signed request went to %q, not %s", set.Proof.Subject, subjects.SvcHooksPush)
-	}
-	who, err := verify(set.Proof)
-	if err != nil {
-		return err
-	}
-	if who != set.PushedBy {
-		return fmt.Errorf("signed by %s, recorded as pushed by %s", who, set.PushedBy)
-	}
 	var r api.HooksPushRequest
-	if err := json.Unmarshal(set.Proof.Body, &r); err != nil {
-		return fmt.Errorf("the signed request is not a hooks push: %w", err)
+	if err := signedRequest(set.Proof, subjects.SvcHooksPush, set.PushedBy, verify, &r); err != nil {
+		return err
 	}
 	if r.TenantID != set.Tenant || !sameJSON(r.Doc, set.Doc) {
 		return errors.New("the hook set's tenant or document is not the one the operator pushed")
+	}
+	return nil
+}
+
+// signedRequest checks that p is a request to subject signed by the
+// operator by, and decodes its body into req for the caller to compare
+// with the record.
+func signedRequest(p *api.DecisionProof, subject, by string, verify Verify, req any) error {
+	if p == nil {
+		return ErrUnsigned
+	}
+	if p.Subject != subject {
+		return fmt.Errorf("the signed request went to %q, not %s", p.Subject, subject)
+	}
+	who, err := verify(p)
+	if err != nil {
+		return err
+	}
+	if who != by {
+		return fmt.Errorf("signed by %s, recorded as pushed by %s", who, by)
+	}
+	if err := json.Unmarshal(p.Body, req); err != nil {
+		return fmt.Errorf("the signed request to %s does not decode: %w", subject, err)
 	}
 	return nil
 }
