@@ -104,6 +104,13 @@ const (
 	// The bus refused the connection: no credentials, or credentials it
 	// does not accept.
 	EBusRefused = "E3223"
+	// A stage got a message on its input that no role that may send there
+	// signed: sent with stolen credentials but without the role's key, or
+	// altered on the way. It is recorded as poison and dropped.
+	EMessageUnsigned = "E3224"
+	// A record another role stored for this one to trust (a hook's
+	// decision) does not carry its maker's signature.
+	ERecordUnsigned = "E3225"
 )
 
 // Resilience codes.

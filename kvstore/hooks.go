@@ -124,6 +124,21 @@ type HookChild struct {
 	// invocation (never the raw token): the child is authorised as them,
 	// with its own policy decision and budget charge.
 	Claims json.RawMessage `json:"claims,omitempty"`
+	// Sig is the audit stage's signature over the child (ChildText):
+	// authorize admits the child only as audit decided it, whoever else
+	// may write this bucket.
+	Sig string `json:"sig,omitempty"`
+}
+
+// ChildText is what audit signs of a hook's child: the tenant and the
+// decided invocation, then the child without its signature.
+func ChildText(tenant, parent string, c HookChild) ([]byte, error) {
+	c.Sig = ""
+	j, err := json.Marshal(c)
+	if err != nil {
+		return nil, err
+	}
+	return append([]byte(tenant+"\n"+parent+"\n"), j...), nil
 }
 
 func hookDecisionKey(tenant, id string) string { return invocationKey(tenant, id) + ".hook" }

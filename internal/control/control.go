@@ -195,9 +195,27 @@ func WithDeciders(id Identify) Option { return func(h *handlers) { h.identify = 
 // (internal/signedstate); one that fails is ignored and audited.
 func WithStateProof(v signedstate.Verify) Option { return func(h *handlers) { h.stateProof = v } }
 
+// WithSigner signs the cancel announcements the service sends on core
+// NATS (seal.Signer.Sign), as its JetStream publishes are signed: execute
+// stops a call only for a cancel control signed.
+func WithSigner(sign func(subject string, h nats.Header, data []byte) nats.Header) Option {
+	return func(h *handlers) { h.sign = sign }
+}
+
+// WithJetStream has the service publish through js, such as a
+// seal.SigningJetStream that signs what it sends, instead of a JetStream
+// of its own on the connection.
+func WithJetStream(js jetstream.JetStream) Option {
+	return func(h *handlers) {
+		h.js = js
+		h.publish = func(ctx context.Context, o stages.Output) error { return runner.Publish(ctx, js, o) }
+	}
+}
+
 type handlers struct {
 	identify   Identify
 	stateProof signedstate.Verify
+	sign       func(subject string, h nats.Header, data []byte) nats.Header
 	nc         *nats.Conn
 	js         jetstream.JetStream
 	store      store
@@ -272,7 +290,11 @@ func (h *handlers) doCancel(req micro.Request, r api.CancelRequest) {
 		return
 	}
 	if !rec.Status.Terminal() {
-		if err := h.nc.Publish(subjects.Cancel(r.TenantID, r.InvocationID), nil); err != nil {
+		m := &nats.Msg{Subject: subjects.Cancel(r.TenantID, r.InvocationID)}
+		if h.sign != nil {
+			m.Header = h.sign(m.Subject, nil, nil)
+		}
+		if err := h.nc.PublishMsg(m); err != nil {
 			respondError(req, err)
 			return
 		}

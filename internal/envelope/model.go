@@ -144,6 +144,21 @@ type Principal struct {
 	Session string `json:"session"`
 	// Claims are the token's verified claims, as JSON.
 	Claims json.RawMessage `json:"claims"`
+	// Sig is authorize's signature over the principal of this invocation
+	// (PrincipalText): audit starts a hook's child as these claims only if
+	// it verifies, so no other stage can hand audit claims of its own.
+	Sig string `json:"sig,omitempty"`
+}
+
+// PrincipalText is what authorize signs of inv's principal: tenant,
+// invocation id, session and claims.
+func PrincipalText(inv *Invocation) []byte {
+	p := inv.Principal
+	b := make([]byte, 0, len(inv.Tenant)+len(inv.ID)+len(p.Session)+len(p.Claims)+3)
+	b = append(append(b, inv.Tenant...), '\n')
+	b = append(append(b, inv.ID...), '\n')
+	b = append(append(b, p.Session...), '\n')
+	return append(b, p.Claims...)
 }
 
 // Grants are the resources a capability token allows.

@@ -23,6 +23,7 @@ import (
 	"github.com/toolgate/toolgate/internal/envelope"
 	"github.com/toolgate/toolgate/internal/node"
 	"github.com/toolgate/toolgate/internal/runner"
+	"github.com/toolgate/toolgate/internal/seal"
 	"github.com/toolgate/toolgate/internal/token"
 	"github.com/toolgate/toolgate/internal/topology"
 	"github.com/toolgate/toolgate/kvstore"
@@ -408,8 +409,8 @@ func busApprovals(t *testing.T, s *served) {
 		}
 	})
 
-	// A leaked control credential may write the approvals bucket (it
-	// records decisions there) and hand calls to authorize, but a record it
+	// A leaked control credential and key may write the approvals bucket
+	// (it records decisions there) and hand calls to authorize, but a record it
 	// marks approved carries no operator's signed decision: authorize
 	// refuses the call (E3217).
 	t.Run("an approval written with control credentials", func(t *testing.T) {
@@ -439,7 +440,13 @@ func busApprovals(t *testing.T, s *served) {
 			t.Fatal(err)
 		}
 		hop.MsgID = ""
-		if err := runner.Publish(ctx, wjs, hop); err != nil {
+		// With the control host's signing key too: the hop passes as
+		// control's, and the decision it carries still is no operator's.
+		k, err := busauth.LoadHopKey(s.dataDir, busauth.RoleControl)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := runner.Publish(ctx, seal.SigningJetStream(wjs, seal.NewSigner(busauth.RoleControl, k)), hop); err != nil {
 			t.Fatal(err)
 		}
 		var rec api.Record
@@ -916,13 +923,79 @@ func TestServeMovesAnOpenStore(t *testing.T) {
 func forgedHops(t *testing.T, s *served) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	// Route is the role that may hand calls to execute.
-	wjs, _ := jetstream.New(s.connect(t, 0, s.creds(busauth.RoleRoute)))
 	ojs, _ := jetstream.New(s.connect(t, 0, s.creds(busauth.RoleOperator)))
 	st, err := kvstore.Open(ctx, ojs, kvstore.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
+	as, err := ojs.Stream(ctx, subjects.StreamAudit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := func(r busauth.Role) *seal.Signer {
+		k, err := busauth.LoadHopKey(s.dataDir, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return seal.NewSigner(r, k)
+	}
+	forged := func(id string) *envelope.Invocation {
+		return &envelope.Invocation{ID: id, Tenant: "demo", Event: envelope.Event{ID: id, Source: "urn:forger", Seq: uint64(1e12) + uint64(time.Now().UnixNano()%1e9)},
+			ReceivedAt: time.Now(), Status: api.StatusPending,
+			Request: &api.Request{ToolID: "echo", Parameters: json.RawMessage(`{"message":"forged"}`),
+				AgentContext: api.AgentContext{AgentDID: "did:agent:demo", TenantID: "demo"}},
+			Authz: &envelope.Authorization{TokenID: "none", AgentDID: "did:agent:demo", Session: "none",
+				Grants: envelope.Grants{Paths: []string{"/"}, PathMode: "rw", Hosts: []string{"*"}}},
+			Route: &envelope.Route{ToolID: "echo", ToolVersion: "2.0.0", Executor: "builtin"}}
+	}
+	// Every hand-off, published with the credentials of the role that may
+	// send it but without that role's signing key (or with another role's
+	// key), is poison at the next stage: recorded with E3224, and the
+	// invocation it claims to be is never touched.
+	unsigned := []struct {
+		name   string
+		sender busauth.Role
+		next   string
+		signer *seal.Signer
+	}{
+		{"to authorize, unsigned, with validate's credentials", busauth.RoleValidate, subjects.Authorize, nil},
+		{"to route, unsigned, with authorize's credentials", busauth.RoleAuthorize, subjects.Route, nil},
+		{"to execute, unsigned, with route's credentials", busauth.RoleRoute, subjects.Execute, nil},
+		{"to verify, unsigned, with execute's credentials", busauth.RoleExecute, subjects.Verify, nil},
+		{"an ending to audit, unsigned, with verify's credentials", busauth.RoleVerify, subjects.Audit, nil},
+		{"to execute, signed by verify's key, with route's credentials", busauth.RoleRoute, subjects.Execute, key(busauth.RoleVerify)},
+	}
+	for i, tc := range unsigned {
+		t.Run(tc.name, func(t *testing.T) {
+			id := fmt.Sprintf("unsigned-%d-%d", i, time.Now().UnixNano())
+			inv := forged(id)
+			if tc.next == subjects.Audit {
+				inv.Fail(subjects.Verify, api.NewError(api.InternalError, api.EInternal, "forged ending"))
+			}
+			hop, err := runner.Handoff(inv, tc.next)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.signer != nil {
+				hop.Header = tc.signer.Sign(hop.Subject, hop.Header, hop.Data)
+			}
+			js, _ := jetstream.New(s.connect(t, 0, s.creds(tc.sender)))
+			if err := runner.Publish(ctx, js, hop); err != nil {
+				t.Fatalf("%s publishing onto %s: %v", tc.sender, hop.Subject, err)
+			}
+			eventually(t, 20*time.Second, "a poison event with E3224 for the forged hand-off", func() bool {
+				m, err := as.GetLastMsgForSubject(ctx, subjects.AuditEvent("demo", envelope.SubjectSuffix(envelope.TypePoison)))
+				return err == nil && strings.Contains(string(m.Data), hop.Subject) && strings.Contains(string(m.Data), api.EMessageUnsigned) &&
+					strings.Contains(string(m.Data), `"stage":"`+tc.next+`"`)
+			})
+			if rec, err := st.Status(ctx, "demo", id); err == nil {
+				t.Fatalf("the forged hand-off touched invocation %s: %+v", id, rec)
+			}
+		})
+	}
+	// A compromised route host holds route's key too: its hop passes the
+	// signature check, and execute still refuses a call authorize never
+	// sealed.
 	cases := []struct {
 		name  string
 		seal  func(inv *envelope.Invocation)
@@ -934,16 +1007,14 @@ func forgedHops(t *testing.T, s *served) {
 				ToolID: "echo", ToolVersion: "2.0.0", Decision: "allow", Expires: time.Now().Add(time.Hour).UnixMilli(), Sig: "AAAA"}
 		}, "key"},
 	}
+	wjs := seal.SigningJetStream(func() jetstream.JetStream {
+		js, _ := jetstream.New(s.connect(t, 0, s.creds(busauth.RoleRoute)))
+		return js
+	}(), key(busauth.RoleRoute))
 	for i, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			id := fmt.Sprintf("forged-%d-%d", i, time.Now().UnixNano())
-			inv := &envelope.Invocation{ID: id, Tenant: "demo", Event: envelope.Event{ID: id, Source: "urn:forger", Seq: uint64(1e12) + uint64(time.Now().UnixNano()%1e9)},
-				ReceivedAt: time.Now(), Status: api.StatusPending,
-				Request: &api.Request{ToolID: "echo", Parameters: json.RawMessage(`{"message":"forged"}`),
-					AgentContext: api.AgentContext{AgentDID: "did:agent:demo", TenantID: "demo"}},
-				Authz: &envelope.Authorization{TokenID: "none", AgentDID: "did:agent:demo", Session: "none",
-					Grants: envelope.Grants{Paths: []string{"/"}, PathMode: "rw", Hosts: []string{"*"}}},
-				Route: &envelope.Route{ToolID: "echo", ToolVersion: "2.0.0", Executor: "builtin"}}
+			inv := forged(id)
 			tc.seal(inv)
 			hop, err := runner.Handoff(inv, subjects.Execute)
 			if err != nil {
@@ -962,10 +1033,6 @@ func forgedHops(t *testing.T, s *served) {
 			}
 			if got, _ := rec.Error.Details["sealed_field"].(string); got != tc.field {
 				t.Errorf("sealed_field %q, want %q (%s)", got, tc.field, rec.Error.Message)
-			}
-			as, err := ojs.Stream(ctx, subjects.StreamAudit)
-			if err != nil {
-				t.Fatal(err)
 			}
 			eventually(t, 10*time.Second, "a permission_denied audit event for the forged hop", func() bool {
 				m, err := as.GetLastMsgForSubject(ctx, subjects.AuditEvent("demo", envelope.SubjectSuffix(envelope.TypePermissionDenied)))

@@ -59,6 +59,13 @@ type Node struct {
 	// Role is the connection's role; empty for the operator's and on a bus
 	// without authentication.
 	Role busauth.Role
+	// Signer signs what this connection's role stores for others to trust
+	// (its publishes are signed by JS itself); nil on a bus without
+	// authentication.
+	Signer *seal.Signer
+	// Senders, when set, checks who sent each message the stages of this
+	// connection read (runner.Runner.Senders).
+	Senders func(subject string, h nats.Header, data []byte) error
 	// DevToken is the development token minted by Run with Examples.
 	DevToken string
 	// DevInboxPrefix is the inbox prefix an agent connected with DevToken
@@ -315,6 +322,14 @@ type StageConfig struct {
 	// Sealer signs authorize's decisions (Run loads the deployment's
 	// hop-sealing key); nil hands calls on unsealed.
 	Sealer *seal.Sealer
+	// Messages checks who signed a record another role stored for this
+	// one (a hook's decision, by audit); Run sets it on an authenticated
+	// bus, where every role signs what it publishes.
+	Messages *seal.Messages
+	// TokenSeal seals capability tokens in validate and opens them in
+	// authorize; nil (only on a bus without authentication) hands raw
+	// tokens on.
+	TokenSeal *seal.Tokens
 	// Seals checks those seals in execute; nil runs unsealed calls too
 	// (only on a bus without authentication: Run refuses to start execute
 	// on an authenticated bus without the key).
@@ -333,8 +348,11 @@ type StageConfig struct {
 func (n *Node) NewStage(ctx context.Context, name string, c StageConfig) (stages.Stage, error) {
 	switch name {
 	case subjects.Validate:
-		return validate.New(n.Registry, validate.Config{MaxEventBytes: c.MaxEventBytes, Detectors: c.Detectors,
-			Claims: n.Store}), nil
+		vc := validate.Config{MaxEventBytes: c.MaxEventBytes, Detectors: c.Detectors, Claims: n.Store}
+		if c.TokenSeal != nil {
+			vc.Tokens = c.TokenSeal
+		}
+		return validate.New(n.Registry, vc), nil
 	case subjects.Authorize:
 		return n.newAuthorizer(ctx, c)
 	case subjects.Route:
@@ -350,6 +368,12 @@ func (n *Node) NewStage(ctx context.Context, name string, c StageConfig) (stages
 		}
 		running := execute.NewRunning()
 		sub, err := n.NC.Subscribe(subjects.CancelAll, func(m *nats.Msg) {
+			if c.Messages != nil {
+				if _, err := c.Messages.Sender(m.Subject, m.Header, m.Data); err != nil {
+					n.Log.Warn("ignoring a cancel control did not sign", "subject", m.Subject, "err", err)
+					return
+				}
+			}
 			if tenant, id, ok := subjects.ParseCancel(m.Subject); ok {
 				running.Cancel(tenant, id)
 			}
@@ -450,7 +474,14 @@ func (n *Node) NewStage(ctx context.Context, name string, c StageConfig) (stages
 		if err != nil {
 			return nil, err
 		}
-		a := audit.New(n.Store, &audit.Hooks{Registry: n.Registry, Tenants: tenants})
+		h := &audit.Hooks{Registry: n.Registry, Tenants: tenants}
+		if n.Signer != nil && c.Messages != nil {
+			h.SignChild = func(text []byte) string { return n.Signer.SignRecord(recordChild, text) }
+			h.PrincipalSigned = func(text []byte, sig string) bool {
+				return c.Messages.Record(busauth.RoleAuthorize, recordPrincipal, text, sig)
+			}
+		}
+		a := audit.New(n.Store, h)
 		// The statistics recorded since the last write go out when the
 		// stages stop, after in-flight calls end.
 		n.onStop(func() {
@@ -464,6 +495,13 @@ func (n *Node) NewStage(ctx context.Context, name string, c StageConfig) (stages
 	}
 	return nil, fmt.Errorf("unknown stage %q (stages: %v)", name, subjects.Stages)
 }
+
+// The kinds of record one role signs for another: authorize the principal
+// it verified, audit the child a hook starts.
+const (
+	recordPrincipal = "principal"
+	recordChild     = "hook-child"
+)
 
 // newAuthorizer builds the authorize stage and keeps its policy in step with
 // the policy bucket: a pushed bundle replaces the configured policy, a
@@ -486,10 +524,20 @@ func (n *Node) newAuthorizer(ctx context.Context, c StageConfig) (*authorize.Aut
 	if err != nil {
 		return nil, err
 	}
-	a := authorize.New(authorize.Config{
+	ac := authorize.Config{
 		Registry: n.Registry, Policy: fallback, Verifier: verifier, Revoked: n.Revoked,
 		Store: n.Store, Decisions: n.Store, ApprovalTimeout: c.ApprovalTimeout, Aborted: aborts,
-	})
+	}
+	if c.TokenSeal != nil {
+		ac.TokenSeal = c.TokenSeal
+	}
+	if n.Signer != nil && c.Messages != nil {
+		ac.SignPrincipal = func(text []byte) string { return n.Signer.SignRecord(recordPrincipal, text) }
+		ac.ChildSigned = func(text []byte, sig string) bool {
+			return c.Messages.Record(busauth.RoleAudit, recordChild, text, sig)
+		}
+	}
+	a := authorize.New(ac)
 	if c.Sealer != nil {
 		a.SetSealer(c.Sealer)
 	}
@@ -541,7 +589,7 @@ func (n *Node) refusedState(ctx context.Context, source, what string, rev uint64
 
 // Runner returns a Runner of stage st on this node.
 func (n *Node) Runner(name string, st stages.Stage, workers int, m *runner.Metrics) *runner.Runner {
-	r := &runner.Runner{Name: name, Stage: st, JS: n.JS, Workers: workers, Log: n.Log, Metrics: m, Records: n.Store}
+	r := &runner.Runner{Name: name, Stage: st, JS: n.JS, Workers: workers, Log: n.Log, Metrics: m, Records: n.Store, Senders: n.Senders}
 	if name == subjects.Execute {
 		// Tools bound themselves (limits.timeout_ms is at most an hour).
 		r.Timeout = time.Hour + time.Minute

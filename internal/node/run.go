@@ -329,6 +329,9 @@ func Run(ctx context.Context, c Config) error {
 			nd.Close()
 		}
 	}()
+	if err := setupSigning(&c, nodes, authenticated); err != nil {
+		return err
+	}
 	ctl := nodes.control
 	n := nodes.first(op) // what Ready is given: the operator's node when there is one
 	if c.Examples {
@@ -402,6 +405,10 @@ func Run(ctx context.Context, c Config) error {
 			opts = append(opts, control.WithDiscovery(disc))
 			if c.Stage.StateProof != nil {
 				opts = append(opts, control.WithStateProof(c.Stage.StateProof))
+			}
+			opts = append(opts, control.WithJetStream(ctl.JS))
+			if ctl.Signer != nil {
+				opts = append(opts, control.WithSigner(ctl.Signer.Sign))
 			}
 			decisions := &approval.Service{Store: ctl.Store, JS: ctl.JS, Log: log}
 			svc, err := control.Start(ctl.NC, ctl.Store, ctl.Registry, decisions, opts...)
@@ -555,6 +562,64 @@ func setupSeals(c *Config, authenticated bool, log *slog.Logger) error {
 		default:
 			log.Warn("execute runs unsealed calls: no hop-sealing key and no bus authentication")
 		}
+	}
+	return nil
+}
+
+// setupSigning gives each role's connection its signing key, so that
+// everything it publishes says who sent it, and has every stage but
+// validate (whose input is the agents') check who sent what it reads.
+// Like the sealing key, the keys are made where the deployment's other bus
+// keys are, and on an authenticated bus nothing starts without them.
+func setupSigning(c *Config, nodes *nodeSet, authenticated bool) error {
+	if !authenticated {
+		return nil // setupSeals said so
+	}
+	dir := c.Embedded.DataDir
+	where := filepath.Join(dir, busauth.DirName)
+	if dir != "" && busauth.HasKeys(dir) {
+		if err := busauth.LoadOrCreateHopKeys(dir); err != nil {
+			return err
+		}
+	}
+	pubs, err := busauth.LoadHopPublicKeys(dir)
+	if err != nil {
+		return fmt.Errorf("the stages need the deployment's message-signing keys (%s in %s): %w", busauth.HopKeysFile, where, err)
+	}
+	msgs := seal.NewMessages(pubs)
+	c.Stage.Messages = msgs
+	sign := func(n *Node, r busauth.Role) error {
+		k, err := busauth.LoadHopKey(dir, r)
+		if err != nil {
+			return fmt.Errorf("%s needs its message-signing key (%s in %s): %w", r, busauth.HopKeyFile(r), where, err)
+		}
+		n.JS = seal.SigningJetStream(n.JS, seal.NewSigner(r, k))
+		n.Signer = seal.NewSigner(r, k)
+		return nil
+	}
+	for name, n := range nodes.stage {
+		r, _ := busauth.StageRole(name)
+		if err := sign(n, r); err != nil {
+			return err
+		}
+		if name != subjects.Validate {
+			n.Senders = func(subject string, h nats.Header, data []byte) error {
+				_, err := msgs.Sender(subject, h, data)
+				return err
+			}
+		}
+	}
+	if nodes.control != nil {
+		if err := sign(nodes.control, busauth.RoleControl); err != nil {
+			return err
+		}
+	}
+	if slices.Contains(c.Stages, subjects.Validate) || slices.Contains(c.Stages, subjects.Authorize) {
+		k, err := busauth.LoadTokenKey(dir)
+		if err != nil {
+			return fmt.Errorf("validate and authorize need the deployment's token key (%s in %s): %w", busauth.TokenKeyFile, where, err)
+		}
+		c.Stage.TokenSeal = seal.NewTokens(k)
 	}
 	return nil
 }

@@ -155,9 +155,13 @@ func poisonEvent(stage, subject, stream string, seq uint64, cause error) (stages
 	e.SetType(envelope.TypePoison)
 	e.SetTime(time.Now().UTC())
 	e.SetExtension("tenantid", tenant)
+	perr := api.NewError(api.InternalError, api.EPoisonMessage, "%v", cause)
+	if ae, ok := cause.(*api.Error); ok && ae.ECode == api.EMessageUnsigned {
+		perr = ae // a refused sender keeps its own code
+	}
 	err := e.SetData(event.ApplicationJSON, map[string]any{
 		"stage": stage, "subject": subject, "stream": stream, "stream_seq": seq,
-		"error": api.NewError(api.InternalError, api.EPoisonMessage, "%v", cause),
+		"error": perr,
 	})
 	if err != nil {
 		return stages.Output{}, err

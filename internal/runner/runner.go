@@ -70,6 +70,10 @@ type Runner struct {
 	// Records reads status records for the sweep, which does not run
 	// without them.
 	Records Records
+	// Senders, when set, checks who sent each input message before it is
+	// read (seal.Messages.Sender): a message no role that may send on its
+	// subject signed is poison, whether the stage or its sweep meets it.
+	Senders func(subject string, h nats.Header, data []byte) error
 
 	active  atomic.Int64 // unix nanoseconds of the last pull or settled message
 	waiting atomic.Int32 // workers waiting on the pull iterator, which pulls for them
@@ -354,6 +358,11 @@ func (r *Runner) now() time.Time {
 // message is not ours to read at all (poison); a non-nil error with an
 // invocation means the invocation must end with that error.
 func (r *Runner) decode(subject string, header nats.Header, data []byte, seq uint64) (*envelope.Invocation, error) {
+	if r.Senders != nil {
+		if err := r.Senders(subject, header, data); err != nil {
+			return nil, err
+		}
+	}
 	if d, ok := r.Stage.(stages.Decoder); ok {
 		return d.Decode(subject, header, data, seq, r.now())
 	}

@@ -33,6 +33,14 @@ type Hooks struct {
 	Registry *tools.Registry
 	Tenants  *hooks.Tenants
 	Store    hookStore
+	// PrincipalSigned, when set, checks authorize's signature over an
+	// invocation's principal (envelope.PrincipalText): a child is started
+	// as the claims authorize verified, never as claims another stage put
+	// in the envelope. SignChild signs the child it decides
+	// (kvstore.ChildText) for authorize to check. Both are set together,
+	// on a bus where every role signs (seal.Messages, seal.Signer).
+	PrincipalSigned func(text []byte, sig string) bool
+	SignChild       func(text []byte) string
 }
 
 // decide runs the hooks on an ended invocation and returns the decision,
@@ -99,6 +107,9 @@ func (h *Hooks) decide(ctx context.Context, inv *envelope.Invocation) (*kvstore.
 			}
 			child, err := childOf(inv, match, o, &api.Link{Parent: inv.ID, Root: root, Hook: match.Spec.Name,
 				Action: match.Spec.Action, Depth: depth, Attempt: match.Attempt})
+			if err == nil {
+				err = h.sign(inv, child)
+			}
 			if err != nil {
 				d.ConditionErrors = append(d.ConditionErrors, fmt.Sprintf("%s hook %s: %v", match.Source, match.Spec.Name, err))
 				d.Hook, d.Source, d.Action = "", "", ""
@@ -146,6 +157,22 @@ func childOf(inv *envelope.Invocation, match *hooks.Match, o hooks.Outcome, link
 		c.Claims = p.Claims
 	}
 	return c, nil
+}
+
+// sign checks the claims a child is to be started as and signs the child.
+func (h *Hooks) sign(inv *envelope.Invocation, c *kvstore.HookChild) error {
+	if h.SignChild == nil {
+		return nil
+	}
+	if p := inv.Principal; p != nil && !h.PrincipalSigned(envelope.PrincipalText(inv), p.Sig) {
+		return errors.New("the invocation's principal is not signed by authorize")
+	}
+	text, err := kvstore.ChildText(inv.Tenant, inv.ID, *c)
+	if err != nil {
+		return err
+	}
+	c.Sig = h.SignChild(text)
+	return nil
 }
 
 // childID derives the id of the invocation at depth of the chain rooted at

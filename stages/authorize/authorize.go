@@ -82,7 +82,23 @@ type Config struct {
 	// budget read no usage, and a call given a leased budget call writes
 	// none, so neither would find the mark there; nil: none.
 	Aborted *kvstore.Aborts
-	Now     func() time.Time
+	// TokenSeal, when set, opens the sealed capability token validate hands
+	// on (*seal.Tokens); a raw token then is refused: only validate puts a
+	// token on this hop.
+	TokenSeal TokenOpener
+	// SignPrincipal, when set, signs the principal authorize records in
+	// the envelope (envelope.PrincipalText), and ChildSigned checks audit's
+	// signature over a hook's child (kvstore.ChildText) before a linked
+	// request is admitted as it. Both are set on a bus where every role
+	// signs (seal.Signer, seal.Messages).
+	SignPrincipal func(text []byte) string
+	ChildSigned   func(text []byte, sig string) bool
+	Now           func() time.Time
+}
+
+// TokenOpener opens a sealed capability token.
+type TokenOpener interface {
+	Open(sealed string) (string, error)
 }
 
 // Sealer signs an admitted invocation's authorization for the resolved tool
@@ -197,11 +213,18 @@ func (a *Authorizer) Process(ctx context.Context, inv *envelope.Invocation) ([]s
 	if err != nil {
 		return nil, err
 	}
+	rawToken := req.CapabilityToken
+	if a.cfg.TokenSeal != nil && rawToken != "" {
+		if rawToken, err = a.cfg.TokenSeal.Open(rawToken); err != nil {
+			return nil, api.NewError(api.PermissionDenied, api.ETokenInvalid,
+				"the capability token on this hop was not sealed by validate: %v", err)
+		}
+	}
 	var claims *token.Claims
 	if req.Link != nil {
 		claims, err = a.linked(ctx, inv)
 	} else {
-		claims, err = a.cfg.Verifier.Verify(req.CapabilityToken)
+		claims, err = a.cfg.Verifier.Verify(rawToken)
 	}
 	if err != nil {
 		return nil, err
@@ -211,6 +234,9 @@ func (a *Authorizer) Process(ctx context.Context, inv *envelope.Invocation) ([]s
 	}
 	if raw, err := json.Marshal(claims); err == nil {
 		inv.Principal = &envelope.Principal{Session: token.BudgetKey(claims.Root()), Claims: raw}
+		if a.cfg.SignPrincipal != nil {
+			inv.Principal.Sig = a.cfg.SignPrincipal(envelope.PrincipalText(inv))
+		}
 	}
 	err = claims.Grants(token.Binding{
 		Tenant: inv.Tenant, AgentDID: req.AgentContext.AgentDID, SessionID: req.AgentContext.SessionID,
@@ -238,7 +264,7 @@ func (a *Authorizer) Process(ctx context.Context, inv *envelope.Invocation) ([]s
 	for attempt := 1; ; attempt++ {
 		var outs []stages.Output
 		var done bool
-		approval, hasApproval, outs, done, err = a.decide(ctx, inv, m, claims, metered, tree, own, attempt > 1)
+		approval, hasApproval, outs, done, err = a.decide(ctx, inv, rawToken, m, claims, metered, tree, own, attempt > 1)
 		if errors.Is(err, errUsageMoved) {
 			if attempt < maxDecisions {
 				continue
@@ -291,7 +317,7 @@ var errUsageMoved = errors.New("the session's usage changed while the call was j
 // decide evaluates the policy and the approval gate and, for a metered
 // call, reserves it. done means Process returns outs and err as they are
 // (a parked call, or a refusal).
-func (a *Authorizer) decide(ctx context.Context, inv *envelope.Invocation, m *tools.Manifest, claims *token.Claims,
+func (a *Authorizer) decide(ctx context.Context, inv *envelope.Invocation, rawToken string, m *tools.Manifest, claims *token.Claims,
 	metered bool, tree, own string, fresh bool) (approval kvstore.Approval, hasApproval bool, outs []stages.Output, done bool, err error) {
 	req := inv.Request
 	var usage kvstore.Usage
@@ -315,7 +341,7 @@ func (a *Authorizer) decide(ctx context.Context, inv *envelope.Invocation, m *to
 		Time: a.cfg.Now().UTC().Format(time.RFC3339),
 	}
 	in.Derived = derive(claims, m, in.Resources)
-	d, err := a.eval(ctx, in, req.CapabilityToken)
+	d, err := a.eval(ctx, in, rawToken)
 	if err != nil {
 		return approval, false, nil, true, err
 	}
@@ -337,7 +363,7 @@ func (a *Authorizer) decide(ctx context.Context, inv *envelope.Invocation, m *to
 		}
 		if hasApproval {
 			in.Approval = &ApprovalInput{State: approval.State, DecidedBy: approval.DecidedBy}
-			if d, err = a.eval(ctx, in, req.CapabilityToken); err != nil {
+			if d, err = a.eval(ctx, in, rawToken); err != nil {
 				return approval, hasApproval, nil, true, err
 			}
 		}
@@ -396,6 +422,13 @@ func (a *Authorizer) linked(ctx context.Context, inv *envelope.Invocation) (*tok
 	}
 	if !sameChild(c.Request, *req) {
 		return nil, refuse("the request differs from the one the hook decided")
+	}
+	if a.cfg.ChildSigned != nil {
+		text, err := kvstore.ChildText(inv.Tenant, req.Link.Parent, *c)
+		if err != nil || !a.cfg.ChildSigned(text, c.Sig) {
+			return nil, api.NewError(api.PermissionDenied, api.ERecordUnsigned,
+				"link to %s refused: the hook's decision is not signed by the audit stage", req.Link.Parent)
+		}
 	}
 	if len(c.Claims) == 0 {
 		return nil, refuse("the parent had no verified capability token")

@@ -36,6 +36,15 @@ type Config struct {
 	// second request that reuses an id is refused here (E3024) and never
 	// mistaken for a redelivery later on.
 	Claims IDClaims
+	// Tokens, when set, seals the capability token of every request it
+	// hands on (*seal.Tokens): only authorize, holding the same key, reads
+	// it again; no other stage, stream or record sees a raw token.
+	Tokens TokenSealer
+}
+
+// TokenSealer seals a raw capability token.
+type TokenSealer interface {
+	Seal(raw string) (string, error)
 }
 
 // IDClaims takes an invocation id for one publish (kvstore.Store).
@@ -77,8 +86,27 @@ func (v *Validator) Decode(subject string, header map[string][]string, data []by
 	return envelope.FromMessage(subject, header, data, seq, now)
 }
 
-// Process implements stages.Stage.
+// Process implements stages.Stage. Whatever it decides, the raw token does
+// not leave the stage: a decoded request's is sealed, and the raw data of
+// a request that was never decoded (a refusal) is dropped.
 func (v *Validator) Process(ctx context.Context, inv *envelope.Invocation) ([]stages.Output, error) {
+	outs, err := v.process(ctx, inv)
+	if v.cfg.Tokens == nil {
+		return outs, err
+	}
+	inv.Data = nil
+	if r := inv.Request; r != nil && r.CapabilityToken != "" {
+		sealed, serr := v.cfg.Tokens.Seal(r.CapabilityToken)
+		if serr != nil {
+			r.CapabilityToken = ""
+			return nil, stages.Transient(fmt.Errorf("sealing the capability token: %w", serr), 0)
+		}
+		r.CapabilityToken = sealed
+	}
+	return outs, err
+}
+
+func (v *Validator) process(ctx context.Context, inv *envelope.Invocation) ([]stages.Output, error) {
 	if inv.Event.Size > v.cfg.MaxEventBytes {
 		return nil, api.NewError(api.InvalidParameters, api.EPayloadTooLarge,
 			"event is %d bytes, the limit is %d", inv.Event.Size, v.cfg.MaxEventBytes)

@@ -1,0 +1,151 @@
+package seal
+
+import (
+	"context"
+	"crypto/ed25519"
+	"crypto/sha256"
+	"encoding/base64"
+	"maps"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/busauth"
+)
+
+// Headers of a signed message: the role that sent it and its Ed25519
+// signature (base64url) over the subject and the body.
+const (
+	HeaderSigner    = "Toolgate-Signer"
+	HeaderSignature = "Toolgate-Signature"
+)
+
+// hopVersion prefixes the signed text of a message.
+const hopVersion = "toolgate-msg-v1"
+
+// Signer signs what one role publishes with that role's key
+// (busauth.LoadHopKey): every hand-off, audit event and result a stage
+// or the control service sends carries who sent it, and the next stage
+// checks it with Messages.
+type Signer struct {
+	role busauth.Role
+	key  ed25519.PrivateKey
+}
+
+// NewSigner returns a Signer for role's key.
+func NewSigner(role busauth.Role, key ed25519.PrivateKey) *Signer {
+	return &Signer{role: role, key: key}
+}
+
+// Sign returns h (copied: a header may be shared between messages) with
+// the signer's role and its signature over subject and data.
+func (s *Signer) Sign(subject string, h nats.Header, data []byte) nats.Header {
+	out := make(nats.Header, len(h)+2)
+	maps.Copy(out, h)
+	out[HeaderSigner] = []string{string(s.role)}
+	out[HeaderSignature] = []string{base64.RawURLEncoding.EncodeToString(ed25519.Sign(s.key, signedMessage(string(s.role), subject, data)))}
+	return out
+}
+
+// SignRecord signs b, a record the role stores for another to trust (a
+// hook's decision): the signature covers the role and b.
+func (s *Signer) SignRecord(kind string, b []byte) string {
+	return base64.RawURLEncoding.EncodeToString(ed25519.Sign(s.key, signedMessage(string(s.role), kind, b)))
+}
+
+// signedMessage is the text a message signature covers: version, role and
+// subject, each on its own line, then the body's SHA-256.
+func signedMessage(role, subject string, data []byte) []byte {
+	sum := sha256.Sum256(data)
+	b := make([]byte, 0, len(hopVersion)+len(role)+len(subject)+3+len(sum))
+	b = append(b, hopVersion...)
+	b = append(b, '\n')
+	b = append(b, role...)
+	b = append(b, '\n')
+	b = append(b, subject...)
+	b = append(b, '\n')
+	return append(b, sum[:]...)
+}
+
+// Messages checks who sent a message: a signature by a signing role's key
+// (hops.pub), over exactly this subject and body, from a role whose rights
+// let it publish on the subject. A message sent with stolen credentials but
+// without the role's key, or by a role onto a subject not its own, fails.
+type Messages struct {
+	keys map[busauth.Role]ed25519.PublicKey
+}
+
+// NewMessages returns a checker for the public keys of hops.pub.
+func NewMessages(keys map[busauth.Role]ed25519.PublicKey) *Messages {
+	return &Messages{keys: keys}
+}
+
+// Sender returns the role that signed the message, or a permission_denied
+// *api.Error (E3224) saying why the message is not one.
+func (m *Messages) Sender(subject string, h nats.Header, data []byte) (busauth.Role, error) {
+	role := busauth.Role(h.Get(HeaderSigner))
+	if role == "" {
+		return "", refuseMessage("the message carries no signature: it was not sent by a stage or the control service")
+	}
+	key, ok := m.keys[role]
+	if !ok {
+		return "", refuseMessage("the message names signer " + string(role) + ", which has no signing key in this deployment")
+	}
+	sig, err := base64.RawURLEncoding.DecodeString(h.Get(HeaderSignature))
+	if err != nil || !ed25519.Verify(key, signedMessage(string(role), subject, data), sig) {
+		return "", refuseMessage("the signature of " + string(role) + " does not verify: forged, or the message was altered")
+	}
+	if !busauth.MayPublish(role, subject) {
+		return "", refuseMessage("role " + string(role) + " may not send on " + subject)
+	}
+	return role, nil
+}
+
+// Record checks a record signature made with Signer.SignRecord by role.
+func (m *Messages) Record(role busauth.Role, kind string, b []byte, sig string) bool {
+	key, ok := m.keys[role]
+	if !ok {
+		return false
+	}
+	raw, err := base64.RawURLEncoding.DecodeString(sig)
+	return err == nil && ed25519.Verify(key, signedMessage(string(role), kind, b), raw)
+}
+
+func refuseMessage(msg string) error {
+	return api.NewError(api.PermissionDenied, api.EMessageUnsigned, "refused an unsigned or foreign message: %s", msg)
+}
+
+// SigningJetStream is js with every publish signed by s: the one place a
+// role's messages get their signature, whoever in the process sends them
+// (the runner, execute's events, breakers, the control service).
+func SigningJetStream(js jetstream.JetStream, s *Signer) jetstream.JetStream {
+	if s == nil {
+		return js
+	}
+	return &signingJS{JetStream: js, s: s}
+}
+
+type signingJS struct {
+	jetstream.JetStream
+	s *Signer
+}
+
+func (j *signingJS) Publish(ctx context.Context, subject string, data []byte, opts ...jetstream.PublishOpt) (*jetstream.PubAck, error) {
+	return j.PublishMsg(ctx, &nats.Msg{Subject: subject, Data: data}, opts...)
+}
+
+func (j *signingJS) PublishMsg(ctx context.Context, m *nats.Msg, opts ...jetstream.PublishOpt) (*jetstream.PubAck, error) {
+	return j.JetStream.PublishMsg(ctx, j.signed(m), opts...)
+}
+
+func (j *signingJS) PublishAsync(subject string, data []byte, opts ...jetstream.PublishOpt) (jetstream.PubAckFuture, error) {
+	return j.PublishMsgAsync(&nats.Msg{Subject: subject, Data: data}, opts...)
+}
+
+func (j *signingJS) PublishMsgAsync(m *nats.Msg, opts ...jetstream.PublishOpt) (jetstream.PubAckFuture, error) {
+	return j.JetStream.PublishMsgAsync(j.signed(m), opts...)
+}
+
+func (j *signingJS) signed(m *nats.Msg) *nats.Msg {
+	return &nats.Msg{Subject: m.Subject, Reply: m.Reply, Header: j.s.Sign(m.Subject, m.Header, m.Data), Data: m.Data}
+}

@@ -1,0 +1,148 @@
+package seal
+
+import (
+	"crypto/ed25519"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/nats-io/nats.go"
+	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/busauth"
+	"github.com/toolgate/toolgate/subjects"
+)
+
+func roleKeys(t *testing.T) (map[busauth.Role]ed25519.PrivateKey, *Messages) {
+	t.Helper()
+	priv := map[busauth.Role]ed25519.PrivateKey{}
+	pub := map[busauth.Role]ed25519.PublicKey{}
+	for _, r := range busauth.SigningRoles {
+		p, k, err := ed25519.GenerateKey(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		priv[r], pub[r] = k, p
+	}
+	return priv, NewMessages(pub)
+}
+
+func TestMessageSender(t *testing.T) {
+	priv, msgs := roleKeys(t)
+	toExecute := subjects.Pipe(subjects.Execute, subjects.PriorityNormal, "acme")
+	body := []byte(`{"id":"a"}`)
+	shared := nats.Header{"Content-Type": {"application/json"}}
+	signed := NewSigner(busauth.RoleRoute, priv[busauth.RoleRoute]).Sign(toExecute, shared, body)
+	if _, ok := shared[HeaderSigner]; ok {
+		t.Fatal("Sign wrote into the header it was given")
+	}
+	if role, err := msgs.Sender(toExecute, signed, body); err != nil || role != busauth.RoleRoute {
+		t.Fatalf("route's own hand-off: %v, %v", role, err)
+	}
+	cases := []struct {
+		name    string
+		subject string
+		header  nats.Header
+		body    []byte
+		want    string
+	}{
+		{"unsigned", toExecute, shared, body, "no signature"},
+		{"body altered", toExecute, signed, []byte(`{"id":"b"}`), "does not verify"},
+		{"moved to another subject", subjects.Pipe(subjects.Execute, subjects.PriorityHigh, "acme"), signed, body, "does not verify"},
+		{"signer renamed", toExecute, func() nats.Header {
+			h := nats.Header{}
+			for k, v := range signed {
+				h[k] = v
+			}
+			h.Set(HeaderSigner, string(busauth.RoleAuthorize))
+			return h
+		}(), body, "does not verify"},
+		{"unknown signer", toExecute, nats.Header{HeaderSigner: {"operator"}, HeaderSignature: {"AAAA"}}, body, "no signing key"},
+		// verify's key is genuine, but verify may not hand calls to execute.
+		{"a role onto a subject not its own", toExecute, NewSigner(busauth.RoleVerify, priv[busauth.RoleVerify]).Sign(toExecute, nil, body), body, "may not send"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := msgs.Sender(tc.subject, tc.header, tc.body)
+			var ae *api.Error
+			if !errors.As(err, &ae) || ae.ECode != api.EMessageUnsigned || !strings.Contains(ae.Message, tc.want) {
+				t.Fatalf("got %v, want E3224 saying %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestRecordSignature(t *testing.T) {
+	priv, msgs := roleKeys(t)
+	sig := NewSigner(busauth.RoleAudit, priv[busauth.RoleAudit]).SignRecord("hook-child", []byte("acme\nparent\n{}"))
+	if !msgs.Record(busauth.RoleAudit, "hook-child", []byte("acme\nparent\n{}"), sig) {
+		t.Fatal("audit's own record does not verify")
+	}
+	for name, ok := range map[string]bool{
+		"another role":    msgs.Record(busauth.RoleExecute, "hook-child", []byte("acme\nparent\n{}"), sig),
+		"another kind":    msgs.Record(busauth.RoleAudit, "principal", []byte("acme\nparent\n{}"), sig),
+		"another content": msgs.Record(busauth.RoleAudit, "hook-child", []byte("acme\nparent\n{\"x\":1}"), sig),
+		"no signature":    msgs.Record(busauth.RoleAudit, "hook-child", []byte("acme\nparent\n{}"), ""),
+	} {
+		if ok {
+			t.Errorf("%s: verified", name)
+		}
+	}
+}
+
+func TestTokens(t *testing.T) {
+	var k1, k2 [32]byte
+	k1[0], k2[0] = 1, 2
+	a, b := NewTokens(&k1), NewTokens(&k2)
+	sealed, err := a.Seal("eyJraWQiOi.raw.token")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !IsSealedToken(sealed) || strings.Contains(sealed, "raw.token") {
+		t.Fatalf("sealed form %q shows the token", sealed)
+	}
+	again, _ := a.Seal("eyJraWQiOi.raw.token")
+	if again == sealed {
+		t.Fatal("two seals of one token are equal: the nonce is not random")
+	}
+	if raw, err := a.Open(sealed); err != nil || raw != "eyJraWQiOi.raw.token" {
+		t.Fatalf("open: %q %v", raw, err)
+	}
+	for name, s := range map[string]string{
+		"another key's": sealed, "raw": "eyJraWQiOi.raw.token", "truncated": sealed[:len(sealed)-4], "empty box": TokenPrefix,
+	} {
+		if _, err := b.Open(s); name != "another key's" && err == nil {
+			t.Errorf("%s token opened", name)
+		}
+		if name == "another key's" {
+			if _, err := b.Open(s); !errors.Is(err, ErrTokenSeal) {
+				t.Errorf("opened with another deployment's key: %v", err)
+			}
+		}
+	}
+}
+
+func FuzzTokenOpen(f *testing.F) {
+	var k [32]byte
+	tk := NewTokens(&k)
+	s, _ := tk.Seal("tok")
+	f.Add(s)
+	f.Add(TokenPrefix + "AAAA")
+	f.Fuzz(func(t *testing.T, in string) {
+		raw, err := tk.Open(in)
+		if err == nil {
+			if again, err := tk.Seal(raw); err != nil || again == "" {
+				t.Fatal("an opened token does not seal again")
+			}
+		}
+	})
+}
+
+func FuzzSender(f *testing.F) {
+	_, msgs := roleKeys(&testing.T{})
+	f.Add("toolgate.pipe.execute.normal.acme", "route", "AAAA", []byte("{}"))
+	f.Fuzz(func(t *testing.T, subject, role, sig string, body []byte) {
+		if _, err := msgs.Sender(subject, nats.Header{HeaderSigner: {role}, HeaderSignature: {sig}}, body); err == nil {
+			t.Fatalf("a made-up signature verified: %q %q", role, sig)
+		}
+	})
+}
