@@ -132,11 +132,22 @@ func TestKubernetesManifests(t *testing.T) {
 			case len(nats) != 1 || nats[0] != "toolgate-nats-"+stage:
 				t.Errorf("mounts NATS credentials %v, want its own role's toolgate-nats-%s alone", nats, stage)
 			}
-			if stage == "authorize" && !secrets["toolgate-seal-key"] {
-				t.Error("authorize: hop-sealing key not from a Secret")
-			}
-			if stage == "execute" && !secrets["toolgate-seal-pub"] {
-				t.Error("execute: hop-sealing public key not from a Secret")
+			// Each signing role its own keys: its message-signing key,
+			// hops.pub, and what its stage needs beside them (the sealing
+			// key, the token key), from a Secret of its own.
+			if stage != "authcallout" {
+				var keys []string
+				for s := range secrets {
+					if strings.HasPrefix(s, "toolgate-keys-") {
+						keys = append(keys, s)
+					}
+				}
+				if len(keys) != 1 || keys[0] != "toolgate-keys-"+stage {
+					t.Errorf("mounts keys %v, want its own role's toolgate-keys-%s alone", keys, stage)
+				}
+				if !slices.Contains(c.Args, "--data") {
+					t.Errorf("args %v: no --data, where its keys are mounted", c.Args)
+				}
 			}
 			if stage == "authorize" && !secrets["toolgate-jwks"] {
 				t.Error("authorize: key set not from a Secret")

@@ -114,6 +114,10 @@ type HookDecision struct {
 	// Session is the budget key of the session an abort ended.
 	Session   string    `json:"session,omitempty"`
 	DecidedAt time.Time `json:"decided_at"`
+	// Sig is the audit stage's signature over the decision (DecisionText):
+	// audit repeats, and authorize admits a child by, only a decision
+	// audit made, whoever else may write this bucket.
+	Sig string `json:"sig,omitempty"`
 }
 
 // HookChild is an invocation a hook starts.
@@ -124,21 +128,14 @@ type HookChild struct {
 	// invocation (never the raw token): the child is authorised as them,
 	// with its own policy decision and budget charge.
 	Claims json.RawMessage `json:"claims,omitempty"`
-	// Sig is the audit stage's signature over the child (ChildText):
-	// authorize admits the child only as audit decided it, whoever else
-	// may write this bucket.
-	Sig string `json:"sig,omitempty"`
 }
 
-// ChildText is what audit signs of a hook's child: the tenant and the
-// decided invocation, then the child without its signature.
-func ChildText(tenant, parent string, c HookChild) ([]byte, error) {
-	c.Sig = ""
-	j, err := json.Marshal(c)
-	if err != nil {
-		return nil, err
-	}
-	return append([]byte(tenant+"\n"+parent+"\n"), j...), nil
+// DecisionText is what audit signs of a hook decision: all of it but the
+// signature. Every role that writes this bucket could write a decision;
+// only audit can sign one.
+func DecisionText(d HookDecision) ([]byte, error) {
+	d.Sig = ""
+	return json.Marshal(d)
 }
 
 func hookDecisionKey(tenant, id string) string { return invocationKey(tenant, id) + ".hook" }

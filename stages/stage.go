@@ -90,7 +90,7 @@ type Finaliser interface {
 func Announce(ctx context.Context, outs ...Output) error {
 	pub, ok := ctx.Value(announceKey{}).(func(context.Context, Output) error)
 	if !ok {
-		return errNoAnnouncer
+		return ErrNoAnnouncer
 	}
 	for _, o := range outs {
 		if err := pub(ctx, o); err != nil {
@@ -102,7 +102,8 @@ func Announce(ctx context.Context, outs ...Output) error {
 
 type announceKey struct{}
 
-var errNoAnnouncer = errors.New("no runner to announce through")
+// ErrNoAnnouncer is Announce's error outside a Runner.
+var ErrNoAnnouncer = errors.New("no runner to announce through")
 
 // WithAnnounce makes Announce on ctx publish through pub; the runner calls
 // it, stages never do.

@@ -259,6 +259,8 @@ func busSuite(t *testing.T, s *served) {
 	t.Run("revocation closes the connection", func(t *testing.T) { busRevoke(t, s) })
 	t.Run("approvals record the signing operator", func(t *testing.T) { busApprovals(t, s) })
 	t.Run("forged hops are refused at execute", func(t *testing.T) { forgedHops(t, s) })
+	t.Run("raw tokens reach validate and authorize only", func(t *testing.T) { tokensConfined(t, s) })
+	t.Run("a hook decision written by another role starts nothing", func(t *testing.T) { forgedHookDecision(t, s) })
 	t.Run("a leaked role credential owns nothing", func(t *testing.T) { leakedRoles(t, s) })
 	t.Run("the audit trail survives its deletion", func(t *testing.T) { auditSurvives(t, s) })
 }
@@ -305,6 +307,120 @@ func auditSurvives(t *testing.T, s *served) {
 		m, err := st.GetLastMsgForSubject(ctx, "audit.demo.tool.succeeded")
 		return err == nil && strings.Contains(string(m.Data), id)
 	})
+}
+
+// forgedHookDecision: execute's credentials may write invocation records,
+// and so a hook decision naming a child with claims of its choosing; an
+// agent then publishes that child. Authorize refuses it: audit did not
+// sign the decision.
+func forgedHookDecision(t *testing.T, s *served) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	xjs, _ := jetstream.New(s.connect(t, 0, s.creds(busauth.RoleExecute)))
+	xs, err := kvstore.Open(ctx, xjs, kvstore.Options{Bind: true, Buckets: busauth.Rights[busauth.RoleExecute].Buckets()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	parent := fmt.Sprintf("forged-parent-%d", time.Now().UnixNano())
+	link := &api.Link{Parent: parent, Root: parent, Hook: "h", Action: "retry", Depth: 1, Attempt: 1}
+	child := api.Request{ToolID: "echo", Parameters: json.RawMessage(`{"message":"as anyone"}`),
+		AgentContext: api.AgentContext{AgentDID: "did:agent:demo", TenantID: "demo"}, Link: link}
+	claims, _ := json.Marshal(map[string]any{"tenant_id": "demo", "sub": "did:agent:root", "jti": "forged",
+		"exp": time.Now().Add(time.Hour).Unix(), "capabilities": []map[string]any{{"tool_id": "*"}}})
+	if _, err := xs.RecordHookDecision(ctx, kvstore.HookDecision{InvocationID: parent, Tenant: "demo", Seq: 1, Hook: "h",
+		Action: "retry", Child: &kvstore.HookChild{ID: parent + ".hook1", Request: child, Claims: claims}}); err != nil {
+		t.Fatalf("execute writing a hook decision: %v", err)
+	}
+	nc, _ := s.agent(t, 0, "demo")
+	ac, _ := client.New(nc)
+	id, err := ac.Invoke(ctx, child, client.InvokeOptions{ID: parent + ".hook1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rec api.Record
+	eventually(t, 20*time.Second, "the linked call to end", func() bool {
+		rec, err = ac.Status(ctx, "demo", id)
+		return err == nil && rec.Status.Terminal()
+	})
+	if rec.Status != api.StatusPermissionDenied || rec.Error == nil || rec.Error.ECode != api.ERecordUnsigned {
+		t.Fatalf("a child of a forged decision ended %s %+v, want permission_denied E3225", rec.Status, rec.Error)
+	}
+}
+
+// tokensConfined: a parked call's capability token is in no pipeline
+// message a later stage's sweep may read, nor in the approval record the
+// control service reads: only the sealed form is.
+func tokensConfined(t *testing.T, s *served) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	nc, raw := s.agent(t, 0, "demo")
+	ac, _ := client.New(nc)
+	req := api.Request{ToolID: "echo", Parameters: json.RawMessage(`{"message":"parked with a token"}`),
+		AgentContext: api.AgentContext{AgentDID: "did:agent:demo", TenantID: "demo"}, CapabilityToken: raw,
+		ExecutionOptions: &api.ExecutionOptions{RequireApproval: true}}
+	id, err := ac.Invoke(ctx, req, client.InvokeOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 20*time.Second, "the call to wait for approval", func() bool {
+		rec, err := ac.Status(ctx, "demo", id)
+		return err == nil && rec.Status == api.StatusPendingApproval
+	})
+	// The token's signature part is what makes it usable.
+	sig := raw[strings.LastIndexByte(raw, '.')+1:]
+	// Route may read the pipeline stream by sequence (its sweep does).
+	rjs, _ := jetstream.New(s.connect(t, 0, s.creds(busauth.RoleRoute)))
+	pipe, err := rjs.Stream(ctx, subjects.StreamPipeline)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := pipe.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sealed := 0
+	for seq := info.State.FirstSeq; seq <= info.State.LastSeq && seq > 0; seq++ {
+		m, err := pipe.GetMsg(ctx, seq)
+		if err != nil {
+			continue // acknowledged and gone
+		}
+		if strings.Contains(string(m.Data), sig) {
+			t.Fatalf("pipeline message %d (%s) carries the raw token", seq, m.Subject)
+		}
+		sealed += strings.Count(string(m.Data), seal.TokenPrefix)
+	}
+	// The control service reads the parked call.
+	cjs, _ := jetstream.New(s.connect(t, 0, s.creds(busauth.RoleControl)))
+	cs, err := kvstore.Open(ctx, cjs, kvstore.Options{Bind: true, Buckets: busauth.Rights[busauth.RoleControl].Buckets()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := cs.Approval(ctx, "demo", id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(a.Invocation), sig) {
+		t.Fatal("the approval record keeps the raw token")
+	}
+	if !strings.Contains(string(a.Invocation), seal.TokenPrefix) {
+		t.Fatalf("the approval record keeps no sealed token: %s", a.Invocation)
+	}
+	// And the sealed form still works: the operator approves, authorize
+	// opens it and the call runs.
+	oc, _ := client.New(s.connect(t, 0, s.creds(busauth.RoleOperator)))
+	sg, err := busauth.SignerFromCreds(node.CredsPath(s.dataDir, busauth.RoleOperator))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := oc.DecideSigned(ctx, api.ApprovalDecision{Tenant: "demo", InvocationID: id, Approve: true},
+		func(subject string, body []byte) (nats.Header, error) { return sg.Sign(nil, subject, body, time.Now()) }); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 20*time.Second, "the approved call to succeed", func() bool {
+		rec, err := ac.Status(ctx, "demo", id)
+		return err == nil && rec.Status == api.StatusSuccess
+	})
+	t.Logf("sealed tokens seen on the pipeline: %d", sealed)
 }
 
 // busApprovals: a decision is accepted only signed with operator

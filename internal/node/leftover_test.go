@@ -17,6 +17,7 @@ import (
 	"github.com/toolgate/toolgate/internal/envelope"
 	"github.com/toolgate/toolgate/internal/node"
 	"github.com/toolgate/toolgate/internal/runner"
+	"github.com/toolgate/toolgate/internal/seal"
 	"github.com/toolgate/toolgate/internal/topology"
 	"github.com/toolgate/toolgate/subjects"
 )
@@ -53,12 +54,18 @@ func (l *leftovers) leave(t *testing.T, invs ...*envelope.Invocation) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+	// As authorize hands calls to route: signed with its key.
+	k, err := busauth.LoadHopKey(l.dataDir, busauth.RoleAuthorize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	js := seal.SigningJetStream(l.op, seal.NewSigner(busauth.RoleAuthorize, k))
 	for _, inv := range invs {
 		o, err := runner.Handoff(inv, subjects.Route)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := runner.Publish(ctx, l.op, o); err != nil {
+		if err := runner.Publish(ctx, js, o); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -91,6 +98,11 @@ func (l *leftovers) startRoute(t *testing.T, role busauth.Role, reg prometheus.R
 	n, err := node.OpenRole(ctx, l.urls[0], "test-route", role, l.topo, quietLog(), l.creds(role))
 	if err != nil {
 		t.Fatal(err)
+	}
+	if role.Stage() {
+		if err := n.SignAs(l.dataDir); err != nil {
+			t.Fatal(err)
+		}
 	}
 	st, err := n.NewStage(ctx, subjects.Route, node.StageConfig{})
 	if err != nil {

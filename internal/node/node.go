@@ -6,8 +6,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/toolgate/toolgate/internal/signedstate"
 	"log/slog"
+	"path/filepath"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -26,6 +26,7 @@ import (
 	"github.com/toolgate/toolgate/internal/sandbox"
 	"github.com/toolgate/toolgate/internal/seal"
 	"github.com/toolgate/toolgate/internal/secrets"
+	"github.com/toolgate/toolgate/internal/signedstate"
 	"github.com/toolgate/toolgate/internal/token"
 	"github.com/toolgate/toolgate/internal/tools"
 	"github.com/toolgate/toolgate/internal/topology"
@@ -476,7 +477,10 @@ func (n *Node) NewStage(ctx context.Context, name string, c StageConfig) (stages
 		}
 		h := &audit.Hooks{Registry: n.Registry, Tenants: tenants}
 		if n.Signer != nil && c.Messages != nil {
-			h.SignChild = func(text []byte) string { return n.Signer.SignRecord(recordChild, text) }
+			h.SignDecision = func(text []byte) string { return n.Signer.SignRecord(recordDecision, text) }
+			h.DecisionSigned = func(text []byte, sig string) bool {
+				return c.Messages.Record(busauth.RoleAudit, recordDecision, text, sig)
+			}
 			h.PrincipalSigned = func(text []byte, sig string) bool {
 				return c.Messages.Record(busauth.RoleAuthorize, recordPrincipal, text, sig)
 			}
@@ -496,11 +500,39 @@ func (n *Node) NewStage(ctx context.Context, name string, c StageConfig) (stages
 	return nil, fmt.Errorf("unknown stage %q (stages: %v)", name, subjects.Stages)
 }
 
+// SignAs gives the connection its role's message-signing key from
+// dataDir/busauth, so that what it publishes is signed, and has its stages
+// check who sent what they read; Run does it for every role it connects.
+func (n *Node) SignAs(dataDir string) error {
+	pubs, err := busauth.LoadHopPublicKeys(dataDir)
+	if err != nil {
+		return err
+	}
+	return n.signAs(dataDir, n.Role, seal.NewMessages(pubs), n.Role != busauth.RoleValidate)
+}
+
+func (n *Node) signAs(dataDir string, r busauth.Role, msgs *seal.Messages, check bool) error {
+	k, err := busauth.LoadHopKey(dataDir, r)
+	if err != nil {
+		return fmt.Errorf("%s needs its message-signing key (%s in %s): %w", r, busauth.HopKeyFile(r),
+			filepath.Join(dataDir, busauth.DirName), err)
+	}
+	n.Signer = seal.NewSigner(r, k)
+	n.JS = seal.SigningJetStream(n.JS, n.Signer)
+	if check {
+		n.Senders = func(subject string, h nats.Header, data []byte) error {
+			_, err := msgs.Sender(subject, h, data)
+			return err
+		}
+	}
+	return nil
+}
+
 // The kinds of record one role signs for another: authorize the principal
-// it verified, audit the child a hook starts.
+// it verified, audit the decisions of hooks.
 const (
 	recordPrincipal = "principal"
-	recordChild     = "hook-child"
+	recordDecision  = "hook-decision"
 )
 
 // newAuthorizer builds the authorize stage and keeps its policy in step with
@@ -533,8 +565,8 @@ func (n *Node) newAuthorizer(ctx context.Context, c StageConfig) (*authorize.Aut
 	}
 	if n.Signer != nil && c.Messages != nil {
 		ac.SignPrincipal = func(text []byte) string { return n.Signer.SignRecord(recordPrincipal, text) }
-		ac.ChildSigned = func(text []byte, sig string) bool {
-			return c.Messages.Record(busauth.RoleAudit, recordChild, text, sig)
+		ac.DecisionSigned = func(text []byte, sig string) bool {
+			return c.Messages.Record(busauth.RoleAudit, recordDecision, text, sig)
 		}
 	}
 	a := authorize.New(ac)

@@ -588,29 +588,14 @@ func setupSigning(c *Config, nodes *nodeSet, authenticated bool) error {
 	}
 	msgs := seal.NewMessages(pubs)
 	c.Stage.Messages = msgs
-	sign := func(n *Node, r busauth.Role) error {
-		k, err := busauth.LoadHopKey(dir, r)
-		if err != nil {
-			return fmt.Errorf("%s needs its message-signing key (%s in %s): %w", r, busauth.HopKeyFile(r), where, err)
-		}
-		n.JS = seal.SigningJetStream(n.JS, seal.NewSigner(r, k))
-		n.Signer = seal.NewSigner(r, k)
-		return nil
-	}
 	for name, n := range nodes.stage {
 		r, _ := busauth.StageRole(name)
-		if err := sign(n, r); err != nil {
+		if err := n.signAs(dir, r, msgs, name != subjects.Validate); err != nil {
 			return err
-		}
-		if name != subjects.Validate {
-			n.Senders = func(subject string, h nats.Header, data []byte) error {
-				_, err := msgs.Sender(subject, h, data)
-				return err
-			}
 		}
 	}
 	if nodes.control != nil {
-		if err := sign(nodes.control, busauth.RoleControl); err != nil {
+		if err := nodes.control.signAs(dir, busauth.RoleControl, msgs, false); err != nil {
 			return err
 		}
 	}

@@ -146,3 +146,26 @@ func FuzzSender(f *testing.F) {
 		}
 	})
 }
+
+func BenchmarkMessageSign(b *testing.B) {
+	_, k, _ := ed25519.GenerateKey(nil)
+	s := NewSigner(busauth.RoleRoute, k)
+	body := make([]byte, 2048)
+	h := nats.Header{"Content-Type": {"application/json"}}
+	for b.Loop() {
+		s.Sign("toolgate.pipe.execute.normal.acme", h, body)
+	}
+}
+
+func BenchmarkMessageCheck(b *testing.B) {
+	p, k, _ := ed25519.GenerateKey(nil)
+	m := NewMessages(map[busauth.Role]ed25519.PublicKey{busauth.RoleRoute: p})
+	body := make([]byte, 2048)
+	subject := "toolgate.pipe.execute.normal.acme"
+	h := NewSigner(busauth.RoleRoute, k).Sign(subject, nil, body)
+	for b.Loop() {
+		if _, err := m.Sender(subject, h, body); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

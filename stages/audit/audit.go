@@ -10,6 +10,7 @@ import (
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/envelope"
 	"github.com/toolgate/toolgate/internal/runner"
+	"github.com/toolgate/toolgate/internal/signedstate"
 	"github.com/toolgate/toolgate/kvstore"
 	"github.com/toolgate/toolgate/stages"
 	"github.com/toolgate/toolgate/subjects"
@@ -95,6 +96,18 @@ func (a *Auditor) Process(ctx context.Context, inv *envelope.Invocation) ([]stag
 	// Hooks decide what follows the outcome, before it is recorded: the
 	// status may say the call was skipped or handed to another.
 	decision, err := a.hooks.decide(ctx, inv)
+	if errors.Is(err, errForgedDecision) {
+		// No hook runs on a decision audit did not make; the refusal is
+		// audited and the invocation ends as it would have.
+		o, oerr := signedstate.RefusedEvent("urn:toolgate:"+subjects.Audit, "hook-decision."+inv.Tenant+"."+subjects.Token(inv.ID), inv.Event.Seq, err)
+		if oerr == nil {
+			oerr = stages.Announce(ctx, o)
+		}
+		if oerr != nil && !errors.Is(oerr, stages.ErrNoAnnouncer) {
+			return nil, stages.Transient(oerr, 0)
+		}
+		decision, err = nil, nil
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/envelope"
@@ -36,12 +37,30 @@ type Hooks struct {
 	// PrincipalSigned, when set, checks authorize's signature over an
 	// invocation's principal (envelope.PrincipalText): a child is started
 	// as the claims authorize verified, never as claims another stage put
-	// in the envelope. SignChild signs the child it decides
-	// (kvstore.ChildText) for authorize to check. Both are set together,
-	// on a bus where every role signs (seal.Messages, seal.Signer).
+	// in the envelope. SignDecision signs each decision audit records
+	// (kvstore.DecisionText), and DecisionSigned checks one read back: a
+	// decision another role wrote into the bucket is never repeated, and
+	// authorize admits no child by it. All three are set together, on a bus
+	// where every role signs (seal.Messages, seal.Signer).
 	PrincipalSigned func(text []byte, sig string) bool
-	SignChild       func(text []byte) string
+	SignDecision    func(text []byte) string
+	DecisionSigned  func(text []byte, sig string) bool
 }
+
+// signed reports whether d is a decision audit made (always, where
+// decisions are not signed).
+func (h *Hooks) signed(d kvstore.HookDecision) bool {
+	if h.DecisionSigned == nil {
+		return true
+	}
+	text, err := kvstore.DecisionText(d)
+	return err == nil && h.DecisionSigned(text, d.Sig)
+}
+
+// errForgedDecision: the bucket holds a hook decision on the invocation
+// that audit did not sign. It stands there (the first decision wins), so
+// no hook runs on this invocation; the invocation itself still ends.
+var errForgedDecision = errors.New("the stored hook decision is not signed by the audit stage")
 
 // decide runs the hooks on an ended invocation and returns the decision,
 // or nil when no hook applies. The first decision on an invocation is
@@ -73,6 +92,9 @@ func (h *Hooks) decide(ctx context.Context, inv *envelope.Invocation) (*kvstore.
 	stored, err := h.Store.HookDecisionOf(ctx, inv.Tenant, inv.ID)
 	switch {
 	case err == nil && stored.Seq == inv.Event.Seq:
+		if !h.signed(stored) {
+			return nil, errForgedDecision
+		}
 		return &stored, nil
 	case err != nil && !errors.Is(err, kvstore.ErrNoHookDecision):
 		return nil, stages.Transient(fmt.Errorf("reading the hook decision: %w", err), 0)
@@ -107,8 +129,9 @@ func (h *Hooks) decide(ctx context.Context, inv *envelope.Invocation) (*kvstore.
 			}
 			child, err := childOf(inv, match, o, &api.Link{Parent: inv.ID, Root: root, Hook: match.Spec.Name,
 				Action: match.Spec.Action, Depth: depth, Attempt: match.Attempt})
-			if err == nil {
-				err = h.sign(inv, child)
+			if err == nil && h.PrincipalSigned != nil && inv.Principal != nil &&
+				!h.PrincipalSigned(envelope.PrincipalText(inv), inv.Principal.Sig) {
+				err = errors.New("the invocation's principal is not signed by authorize")
 			}
 			if err != nil {
 				d.ConditionErrors = append(d.ConditionErrors, fmt.Sprintf("%s hook %s: %v", match.Source, match.Spec.Name, err))
@@ -120,9 +143,20 @@ func (h *Hooks) decide(ctx context.Context, inv *envelope.Invocation) (*kvstore.
 			d.Session = inv.Principal.Session
 		}
 	}
+	if h.SignDecision != nil {
+		d.DecidedAt = time.Now().UTC()
+		text, err := kvstore.DecisionText(d)
+		if err != nil {
+			return nil, err
+		}
+		d.Sig = h.SignDecision(text)
+	}
 	got, err := h.Store.RecordHookDecision(ctx, d)
 	if err != nil {
 		return nil, stages.Transient(err, 0)
+	}
+	if !h.signed(got) {
+		return nil, errForgedDecision
 	}
 	return &got, nil
 }
@@ -157,22 +191,6 @@ func childOf(inv *envelope.Invocation, match *hooks.Match, o hooks.Outcome, link
 		c.Claims = p.Claims
 	}
 	return c, nil
-}
-
-// sign checks the claims a child is to be started as and signs the child.
-func (h *Hooks) sign(inv *envelope.Invocation, c *kvstore.HookChild) error {
-	if h.SignChild == nil {
-		return nil
-	}
-	if p := inv.Principal; p != nil && !h.PrincipalSigned(envelope.PrincipalText(inv), p.Sig) {
-		return errors.New("the invocation's principal is not signed by authorize")
-	}
-	text, err := kvstore.ChildText(inv.Tenant, inv.ID, *c)
-	if err != nil {
-		return err
-	}
-	c.Sig = h.SignChild(text)
-	return nil
 }
 
 // childID derives the id of the invocation at depth of the chain rooted at

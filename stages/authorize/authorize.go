@@ -87,13 +87,13 @@ type Config struct {
 	// token on this hop.
 	TokenSeal TokenOpener
 	// SignPrincipal, when set, signs the principal authorize records in
-	// the envelope (envelope.PrincipalText), and ChildSigned checks audit's
-	// signature over a hook's child (kvstore.ChildText) before a linked
-	// request is admitted as it. Both are set on a bus where every role
-	// signs (seal.Signer, seal.Messages).
-	SignPrincipal func(text []byte) string
-	ChildSigned   func(text []byte, sig string) bool
-	Now           func() time.Time
+	// the envelope (envelope.PrincipalText), and DecisionSigned checks
+	// audit's signature over a hook decision (kvstore.DecisionText) before
+	// a linked request is admitted as its child. Both are set on a bus
+	// where every role signs (seal.Signer, seal.Messages).
+	SignPrincipal  func(text []byte) string
+	DecisionSigned func(text []byte, sig string) bool
+	Now            func() time.Time
 }
 
 // TokenOpener opens a sealed capability token.
@@ -423,9 +423,9 @@ func (a *Authorizer) linked(ctx context.Context, inv *envelope.Invocation) (*tok
 	if !sameChild(c.Request, *req) {
 		return nil, refuse("the request differs from the one the hook decided")
 	}
-	if a.cfg.ChildSigned != nil {
-		text, err := kvstore.ChildText(inv.Tenant, req.Link.Parent, *c)
-		if err != nil || !a.cfg.ChildSigned(text, c.Sig) {
+	if a.cfg.DecisionSigned != nil {
+		text, err := kvstore.DecisionText(d)
+		if err != nil || !a.cfg.DecisionSigned(text, d.Sig) {
 			return nil, api.NewError(api.PermissionDenied, api.ERecordUnsigned,
 				"link to %s refused: the hook's decision is not signed by the audit stage", req.Link.Parent)
 		}
