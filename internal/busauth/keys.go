@@ -218,7 +218,7 @@ func (k *Keys) IssueCredentials(role Role, name string, ttl time.Duration) ([]by
 // hop-sealing key too), and writes one <role>.creds file per issued role
 // (each stage's, control's and the operator's), named "local" (and their
 // halves <role>.jwt and <role>.nk for the nats CLI), all 0600, and
-// auth.conf there. Existing keys
+// auth.conf there, with an account for each tenant of TenantsFile. Existing keys
 // are kept; the credentials files are issued anew. It returns the keys.
 func WriteCredentials(dataDir string) (*Keys, error) {
 	k, err := LoadOrCreateKeys(dataDir)
@@ -242,7 +242,11 @@ func WriteCredentials(dataDir string) (*Keys, error) {
 			return nil, err
 		}
 	}
-	if err := writeSecret(filepath.Join(dir, AuthConfFile), []byte(ServerConfig(k.Public()))); err != nil {
+	tenants, err := LoadTenants(dataDir)
+	if err != nil {
+		return nil, err
+	}
+	if err := writeSecret(filepath.Join(dir, AuthConfFile), []byte(ServerConfig(k.Public(), tenants))); err != nil {
 		return nil, err
 	}
 	return k, nil
