@@ -157,7 +157,7 @@ func startCalloutServer(dir string) (*server.Server, *node.Gate, error) {
 		ns.Shutdown()
 		return nil, nil, fmt.Errorf("callout server did not start")
 	}
-	gate, err := node.StartGate("", keys, discardLogger(), nats.InProcessServer(ns))
+	gate, err := node.StartGate("", keys, nil, discardLogger(), nats.InProcessServer(ns))
 	if err != nil {
 		ns.Shutdown()
 		return nil, nil, err
