@@ -242,14 +242,20 @@ func WriteCredentials(dataDir string) (*Keys, error) {
 			return nil, err
 		}
 	}
-	tenants, err := LoadTenants(dataDir)
-	if err != nil {
-		return nil, err
-	}
-	if err := writeSecret(filepath.Join(dir, AuthConfFile), []byte(ServerConfig(k.Public(), tenants))); err != nil {
+	if err := WriteAuthConf(dataDir, k); err != nil {
 		return nil, err
 	}
 	return k, nil
+}
+
+// WriteAuthConf writes dataDir/busauth/auth.conf (0600): the server
+// configuration of keys k, with an account for each tenant of TenantsFile.
+func WriteAuthConf(dataDir string, k *Keys) error {
+	tenants, err := LoadTenants(dataDir)
+	if err != nil {
+		return err
+	}
+	return writeSecret(filepath.Join(dataDir, DirName, AuthConfFile), []byte(ServerConfig(k.Public(), tenants)))
 }
 
 // WriteCredsFiles writes a .creds file to path (0600) and, beside it, its

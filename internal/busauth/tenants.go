@@ -110,7 +110,9 @@ func ParseTenants(b []byte) ([]string, error) {
 func WriteTenants(dataDir string, tenants []string) error {
 	var b strings.Builder
 	b.WriteString("# Tenants whose agents an external server admits (one account each); see docs/security.md.\n")
-	for _, t := range tenants {
+	tenants = slices.Clone(tenants)
+	slices.Sort(tenants)
+	for _, t := range slices.Compact(tenants) {
 		if err := subjects.CheckTenant(t); err != nil {
 			return err
 		}
