@@ -165,8 +165,8 @@ func addTenantAccount(s *server.Server, tenant string) (*server.Account, error) 
 	if !isNew {
 		// Declared in the configuration, imports and all; anything else
 		// (an earlier attempt that failed half-way) is not to be used.
-		if n := acc.NumServiceImports(); n != len(tenantServices(tenant)) {
-			return nil, fmt.Errorf("account %s exists with %d service imports, not its tenant's", acc.Name, n)
+		if n, want := importsFrom(s, acc.Name, AccountToolgate), len(tenantServices(tenant))+len(tenantStreams(tenant)); n != want {
+			return nil, fmt.Errorf("account %s exists with %d imports from %s, not its tenant's %d", acc.Name, n, AccountToolgate, want)
 		}
 		return acc, nil
 	}
@@ -193,4 +193,19 @@ func DeclaredTenants(tenants []string) func(string) bool {
 		set[t] = true
 	}
 	return func(t string) bool { return set[t] }
+}
+
+// importsFrom counts the imports account has from account from.
+func importsFrom(s *server.Server, account, from string) int {
+	az, err := s.Accountz(&server.AccountzOptions{Account: account})
+	if err != nil || az.Account == nil {
+		return 0
+	}
+	n := 0
+	for _, im := range az.Account.Imports {
+		if im.Account == from {
+			n++
+		}
+	}
+	return n
 }

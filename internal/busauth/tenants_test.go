@@ -4,8 +4,10 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 	"github.com/toolgate/toolgate/subjects"
 )
 
@@ -46,4 +48,44 @@ func FuzzParseTenants(f *testing.F) {
 			t.Fatalf("configuration for %q: %v", tenants, err)
 		}
 	})
+}
+
+// TestInProcessDeclaredTenant: in-process, a tenant the configuration
+// declares keeps its configured account; an undeclared one gets a new one
+// with the same imports.
+func TestInProcessDeclaredTenant(t *testing.T) {
+	dir := t.TempDir()
+	k, err := WriteCredentials(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ip, err := NewInProcess(CalloutConfig{Keys: k, Verifier: tenantVerifier{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, err := EmbeddedOptions(k, ServerSettings{Name: "t", Port: -1, StoreDir: dir, InProcess: ip, Tenants: []string{"acme"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.NoLog = true
+	s, err := server.NewServer(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ip.Bind(s)
+	s.Start()
+	t.Cleanup(s.Shutdown)
+	if !s.ReadyForConnections(5 * time.Second) {
+		t.Fatal("server not ready")
+	}
+	for _, tenant := range []string{"acme", "globex"} {
+		nc, err := nats.Connect(s.ClientURL(), nats.Token(tenant+":tok-1"), nats.NoReconnect())
+		if err != nil {
+			t.Fatalf("%s: %v", tenant, err)
+		}
+		nc.Close()
+		if n := importsFrom(s, TenantAccount(tenant), AccountToolgate); n != len(tenantServices(tenant))+len(tenantStreams(tenant)) {
+			t.Errorf("%s: %d imports from TOOLGATE", tenant, n)
+		}
+	}
 }
