@@ -23,6 +23,10 @@ const (
 	StreamPipeline = "TOOLGATE_PIPELINE"
 	StreamResults  = "TOOLGATE_RESULTS"
 	StreamAudit    = "AUDIT"
+	// StreamInvokeSource stays empty: StreamInvoke sources it only so
+	// that JetStream lets StreamInvoke keep no duplicate window (a stream
+	// without sources gets one of at least 100ms, shared by all tenants).
+	StreamInvokeSource = "TOOLGATE_INVOKE_SOURCE"
 )
 
 // Stage names, in pipeline order. A stage's durable consumer has the same name.

@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/toolgate/toolgate/internal/busauth"
+	"github.com/toolgate/toolgate/subjects"
 )
 
 func (a *app) credsCmd() *cobra.Command {
@@ -16,8 +17,57 @@ func (a *app) credsCmd() *cobra.Command {
 		Short: "Issue named bus credentials (operator, control, a stage) from the deployment's keys",
 		Args:  subcommand,
 	}
-	cmd.AddCommand(a.credsIssueCmd())
+	cmd.AddCommand(a.credsIssueCmd(), a.credsTenantsCmd())
 	return cmd
+}
+
+func (a *app) credsTenantsCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "tenants [TENANT...]",
+		Short: "Declare the tenants whose agents external servers admit, and write auth.conf again",
+		Long: `Declare the tenants whose agents external servers admit: each named tenant is
+added to <data>/busauth/tenants, and <data>/busauth/auth.conf is written again
+with one account per declared tenant. Copy auth.conf to the servers, reload
+them (nats-server --signal reload) and restart the auth callout, which refuses
+agents of undeclared tenants. With no tenant, it lists the declared ones. The
+embedded server (serve without --nats) needs no declaration: it makes a
+tenant's account when its first agent connects. See docs/security.md.`,
+		Example: `  toolgate creds tenants acme globex`,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			keys, err := busauth.LoadKeys(a.data)
+			if err != nil {
+				return fmt.Errorf("creds tenants: the deployment's keys (%s): %w", filepath.Join(a.data, busauth.DirName), err)
+			}
+			tenants, err := busauth.LoadTenants(a.data)
+			if err != nil {
+				return err
+			}
+			if len(args) > 0 {
+				for _, t := range args {
+					if err := subjects.CheckTenant(t); err != nil {
+						return usageErr("creds tenants: %v", err)
+					}
+				}
+				if err := busauth.WriteTenants(a.data, append(tenants, args...)); err != nil {
+					return err
+				}
+				if tenants, err = busauth.LoadTenants(a.data); err != nil {
+					return err
+				}
+				if err := busauth.WriteAuthConf(a.data, keys); err != nil {
+					return err
+				}
+			}
+			if a.json {
+				return a.printJSON(map[string]any{"tenants": tenants,
+					"auth_conf": filepath.Join(a.data, busauth.DirName, busauth.AuthConfFile)})
+			}
+			for _, t := range tenants {
+				fmt.Fprintln(a.stdout, t)
+			}
+			return nil
+		},
+	}
 }
 
 func (a *app) credsIssueCmd() *cobra.Command {

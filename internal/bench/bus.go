@@ -139,11 +139,16 @@ func measureBus(ctx context.Context, openURL, dir string, cred credentials) ([]B
 // startCalloutServer starts an embedded server configured as the external
 // ones are (deploy/): its clients are authenticated by the auth callout.
 func startCalloutServer(dir string) (*server.Server, *node.Gate, error) {
+	// Like an external server, it has accounts for the declared tenants only.
+	tenants := []string{benchTenant}
+	if err := busauth.WriteTenants(dir, tenants); err != nil {
+		return nil, nil, err
+	}
 	keys, err := busauth.WriteCredentials(dir)
 	if err != nil {
 		return nil, nil, err
 	}
-	o, err := busauth.EmbeddedOptions(keys, busauth.ServerSettings{Name: "callout", Port: -1, StoreDir: dir})
+	o, err := busauth.EmbeddedOptions(keys, busauth.ServerSettings{Name: "callout", Port: -1, StoreDir: dir, Tenants: tenants})
 	if err != nil {
 		return nil, nil, err
 	}
@@ -157,7 +162,7 @@ func startCalloutServer(dir string) (*server.Server, *node.Gate, error) {
 		ns.Shutdown()
 		return nil, nil, fmt.Errorf("callout server did not start")
 	}
-	gate, err := node.StartGate("", keys, discardLogger(), nats.InProcessServer(ns))
+	gate, err := node.StartGate("", keys, tenants, discardLogger(), nats.InProcessServer(ns))
 	if err != nil {
 		ns.Shutdown()
 		return nil, nil, err

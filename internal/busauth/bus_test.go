@@ -122,7 +122,12 @@ func startBus(t *testing.T, inProcess bool) *bus {
 		Auditor:  b.audit,
 		Tenants:  func(t string) bool { return t == "demo" || t == "other" },
 	}
+	// Through the callout the server holds the declared tenants' accounts;
+	// in-process, each is made when its first agent connects.
 	st := ServerSettings{Name: "test", Port: -1, StoreDir: filepath.Join(b.dir, "js")}
+	if !inProcess {
+		st.Tenants = []string{"demo", "other"}
+	}
 	if inProcess {
 		if st.InProcess, err = NewInProcess(cfg); err != nil {
 			t.Fatal(err)
@@ -422,7 +427,7 @@ func testAgentUsesTheBus(t *testing.T, b *bus) {
 			t.Fatalf("Nats-Request-Info %q: %v", m.Header.Get("Nats-Request-Info"), err)
 		}
 		id, err := ParseUserName(info.User)
-		if err != nil || id.Tenant != "demo" || id.TokenID != claims.ID || info.Account != AccountAgents {
+		if err != nil || id.Tenant != "demo" || id.TokenID != claims.ID || info.Account != TenantAccount("demo") {
 			t.Errorf("request info %+v -> %+v, %v", info, id, err)
 		}
 		// A reply subject the agent picks stays in its own account: it
@@ -597,5 +602,112 @@ func TestInProcessSystemUser(t *testing.T) {
 	sys := b.connect(t, b.keys.SystemConnectOption())
 	if _, err := sys.Request("$SYS.REQ.SERVER.PING", nil, 2*time.Second); err != nil {
 		t.Fatalf("system request: %v", err)
+	}
+}
+
+// TestAgentRepliesStayInTenant: an agent that names another tenant's inbox
+// as the reply subject of an invocation or a control request gets nothing
+// delivered there, neither JetStream's ack nor the service's answer: the
+// reply goes back into the requester's own account.
+func TestAgentRepliesStayInTenant(t *testing.T) { forEachAuth(t, testAgentRepliesStayInTenant) }
+
+func testAgentRepliesStayInTenant(t *testing.T, b *bus) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	attacker, ac := b.agent(t, "demo")
+	victim, vc := b.agent(t, "other")
+	stolen, err := victim.SubscribeSync(InboxPrefix("other", vc.ID) + ".>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := victim.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	ctl := b.connect(t, b.creds(RoleControl))
+	answered := make(chan string, 4)
+	if _, err := ctl.Subscribe(subjects.TenantSvc("*", subjects.SvcStatus), func(m *nats.Msg) {
+		answered <- m.Reply
+		_ = m.Respond([]byte(`{"status":"pending"}`))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := ctl.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	target := InboxPrefix("other", vc.ID) + ".stolen"
+	for _, subj := range []string{subjects.Invoke("demo"), subjects.TenantSvc("demo", subjects.SvcStatus)} {
+		if err := attacker.PublishMsg(&nats.Msg{Subject: subj, Reply: target, Data: []byte(`{}`)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Both requests were served: the ack and the answer exist, and the
+	// attacker's own requests on the same paths still get theirs.
+	js, _ := jetstream.New(attacker)
+	if _, err := js.Publish(ctx, subjects.Invoke("demo"), []byte(`{}`)); err != nil {
+		t.Fatalf("own invoke: %v", err)
+	}
+	if _, err := attacker.RequestWithContext(ctx, subjects.TenantSvc("demo", subjects.SvcStatus), []byte(`{}`)); err != nil {
+		t.Fatalf("own status request: %v", err)
+	}
+	if n := len(answered); n != 2 {
+		t.Fatalf("control service answered %d requests, want 2", n)
+	}
+	if m, err := stolen.NextMsg(300 * time.Millisecond); err == nil {
+		t.Fatalf("tenant other's inbox received a reply to tenant demo's request (%s): %q", ac.ID, m.Data)
+	}
+}
+
+// TestTenantAccountImports: a tenant's account imports from TOOLGATE exactly
+// its own tenant's invoke subject, control endpoints, direct reads of
+// results, live results and audit, nothing of another tenant's.
+func TestTenantAccountImports(t *testing.T) { forEachAuth(t, testTenantAccountImports) }
+
+func testTenantAccountImports(t *testing.T, b *bus) {
+	b.agent(t, "demo") // in-process, the first agent makes the account
+	b.agent(t, "other")
+	want := map[string]string{}
+	for _, s := range []string{"tool.invoke.demo", "tool.svc.demo.status", "tool.svc.demo.cancel", "tool.svc.demo.tools.list",
+		"tool.svc.demo.tools.get", "tool.svc.demo.budget", "tool.svc.demo.approvals.list", "tool.svc.demo.approvals.get",
+		"tool.svc.demo.capability.request", "tool.svc.demo.capability.report",
+		"$JS.API.DIRECT.GET.TOOLGATE_RESULTS.tool.result.demo.>"} {
+		want[s] = "service"
+	}
+	want["tool.result.demo.>"] = "stream"
+	want["audit.demo.>"] = "stream"
+	az, err := b.srv.Accountz(&server.AccountzOptions{Account: TenantAccount("demo")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if az.Account == nil {
+		t.Fatalf("no account %s", TenantAccount("demo"))
+	}
+	got := map[string]string{}
+	for _, im := range az.Account.Imports {
+		if im.Account == "" || im.Invalid {
+			t.Errorf("import %+v invalid or from no account", im.Import)
+		}
+		if im.Account == AccountSystem && strings.HasPrefix(string(im.Subject), "$") {
+			continue // the server's own imports into every account
+		}
+		if im.Account != AccountToolgate {
+			t.Errorf("import %s from account %s", im.Subject, im.Account)
+			continue
+		}
+		got[string(im.Subject)] = im.Type.String()
+		if im.Type == jwt.Service && !im.Share {
+			t.Errorf("service import %s does not share the caller's identity", im.Subject)
+		}
+	}
+	if len(got) != len(want) {
+		t.Errorf("imports %v, want %v", got, want)
+	}
+	for s, typ := range want {
+		if got[s] != typ {
+			t.Errorf("import %s: %q, want %q", s, got[s], typ)
+		}
+	}
+	// No one else lives in the tenant's account.
+	if az.Account.ClientCnt != 1 {
+		t.Errorf("%d clients in %s, want the one agent", az.Account.ClientCnt, TenantAccount("demo"))
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
+	"github.com/toolgate/toolgate/subjects"
 )
 
 // Why a connection is refused. Every refusal wraps one of these; test with
@@ -86,7 +87,9 @@ type CalloutConfig struct {
 	Auditor Auditor
 	// Kicker closes revoked connections; nil makes Revoke fail.
 	Kicker Kicker
-	// Tenants accepts a tenant; nil accepts every tenant.
+	// Tenants accepts a tenant; nil accepts every tenant. A callout serving
+	// a server configured with accounts accepts the declared tenants only
+	// (DeclaredTenants): any other has no account to be placed in.
 	Tenants func(tenant string) bool
 	// Now is the clock; nil is time.Now.
 	Now func() time.Time
@@ -251,12 +254,13 @@ func (c *Callout) authorizeAgent(ctx context.Context, raw string) (Identity, err
 	}
 	id.Name, id.Tenant, id.TokenID, id.Chain, id.Expires = tok.Subject, tok.Tenant, tok.ID, tok.Chain, tok.Expires
 	if c.cfg.Tenants != nil && !c.cfg.Tenants(tok.Tenant) {
-		return id, fmt.Errorf("%w: tenant %q", ErrWrongTenant, tok.Tenant)
+		return id, fmt.Errorf("%w: tenant %q has no account on this server (declare it in %s/%s and reload the server's %s)",
+			ErrWrongTenant, tok.Tenant, DirName, TenantsFile, AuthConfFile)
 	}
 	if !id.Expires.IsZero() && !id.Expires.After(c.cfg.Now()) {
 		return id, fmt.Errorf("%w: token expired at %s", ErrExpired, id.Expires.UTC().Format(time.RFC3339))
 	}
-	if err := checkToken("tenant", id.Tenant); err != nil {
+	if err := subjects.CheckTenant(id.Tenant); err != nil {
 		return id, fmt.Errorf("%w: %v", ErrBadToken, err)
 	}
 	if id.TokenID == "" {

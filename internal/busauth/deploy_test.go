@@ -14,6 +14,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -27,6 +28,9 @@ import (
 // checks that they leave no anonymous access and enforce route TLS.
 func TestDeployConfigs(t *testing.T) {
 	dir := t.TempDir()
+	if err := WriteTenants(dir, []string{"acme"}); err != nil {
+		t.Fatal(err)
+	}
 	k, err := WriteCredentials(dir)
 	if err != nil {
 		t.Fatal(err)
@@ -55,6 +59,9 @@ func TestDeployConfigs(t *testing.T) {
 			}
 			if o.AuthCallout == nil || o.AuthCallout.Issuer != k.Public().Issuer || o.AuthCallout.Account != AccountAuth {
 				t.Fatalf("auth callout %+v", o.AuthCallout)
+			}
+			if !slices.ContainsFunc(o.Accounts, func(a *server.Account) bool { return a.Name == TenantAccount("acme") }) {
+				t.Errorf("no account for the declared tenant acme")
 			}
 			if o.NoAuthUser != "" || o.Username != "" || o.Authorization != "" || len(o.Users) != 0 {
 				t.Errorf("anonymous or static access: no_auth_user=%q user=%q users=%d", o.NoAuthUser, o.Username, len(o.Users))

@@ -21,6 +21,9 @@ import (
 // built, signed, sent and verified, so a CONNECT costs the proof of the
 // credentials (one signature verification) and nothing else.
 //
+// A tenant's account (TenantAccount) is created, with its imports, when the
+// tenant's first agent connects, unless the configuration declares it.
+//
 // Lifecycle: NewInProcess, set it as the server's authentication
 // (ServerSettings.InProcess), then Bind the server before it starts; until
 // bound every connection is refused.
@@ -28,6 +31,7 @@ type InProcess struct {
 	c       *Callout
 	sysUser string
 	srv     atomic.Pointer[server.Server]
+	tenants tenantAccounts
 }
 
 // NewInProcess returns an in-process authenticator. cfg is a callout's; a
@@ -106,7 +110,12 @@ func (a *InProcess) Check(ca server.ClientAuthentication) bool {
 		g, err = GrantFor(id)
 	}
 	var acc *server.Account
-	if err == nil {
+	switch {
+	case err != nil:
+	case id.Role == RoleAgent:
+		// The tenant's first agent creates its account.
+		acc, err = a.tenants.get(s, id.Tenant)
+	default:
 		acc, err = s.LookupAccount(g.Account)
 	}
 	if err != nil {

@@ -218,7 +218,7 @@ func (k *Keys) IssueCredentials(role Role, name string, ttl time.Duration) ([]by
 // hop-sealing key, the message-signing keys and the token key too), and writes one <role>.creds file per issued role
 // (each stage's, control's and the operator's), named "local" (and their
 // halves <role>.jwt and <role>.nk for the nats CLI), all 0600, and
-// auth.conf there. Existing keys
+// auth.conf there, with an account for each tenant of TenantsFile. Existing keys
 // are kept; the credentials files are issued anew. It returns the keys.
 func WriteCredentials(dataDir string) (*Keys, error) {
 	k, err := LoadOrCreateKeys(dataDir)
@@ -245,10 +245,20 @@ func WriteCredentials(dataDir string) (*Keys, error) {
 			return nil, err
 		}
 	}
-	if err := writeSecret(filepath.Join(dir, AuthConfFile), []byte(ServerConfig(k.Public()))); err != nil {
+	if err := WriteAuthConf(dataDir, k); err != nil {
 		return nil, err
 	}
 	return k, nil
+}
+
+// WriteAuthConf writes dataDir/busauth/auth.conf (0600): the server
+// configuration of keys k, with an account for each tenant of TenantsFile.
+func WriteAuthConf(dataDir string, k *Keys) error {
+	tenants, err := LoadTenants(dataDir)
+	if err != nil {
+		return err
+	}
+	return writeSecret(filepath.Join(dataDir, DirName, AuthConfFile), []byte(ServerConfig(k.Public(), tenants)))
 }
 
 // WriteCredsFiles writes a .creds file to path (0600) and, beside it, its

@@ -7,9 +7,9 @@
 // permissions. The roles:
 //
 //   - agent: connects with its capability token as the NATS connect token;
-//     lives in account AGENTS, which sees only what account TOOLGATE exports
-//     (invoke, tenant-scoped control services, results, audit), and within it
-//     only its own tenant's subjects and its own inbox prefix.
+//     lives in its tenant's account (TenantAccount), which imports from
+//     account TOOLGATE only that tenant's invoke subject, control services,
+//     results and audit, and within it may use only its own inbox prefix.
 //   - one role per stage (validate, authorize, route, execute, verify,
 //     audit), in account TOOLGATE: each pulls from its own durable
 //     consumers, publishes its own hand-offs and events, and reads and
@@ -86,14 +86,14 @@ func (r Role) Stage() bool { return slices.Contains(StageRoles, r) }
 // responses carry whole invocations).
 func RoleInbox(r Role) string { return "_INBOX." + string(r) }
 
-// Account names. Agents live apart from toolgate's own account so that a
-// reply subject an agent chooses can never name a subject inside TOOLGATE:
-// the server maps replies of cross-account service requests to private
-// _R_ subjects, and stamps each request with a Nats-Request-Info header
-// naming the caller.
+// Account names. Agents live apart from toolgate's own account, each
+// tenant's in its own (TenantAccount), so that a reply subject an agent
+// chooses can name neither a subject inside TOOLGATE nor another tenant's
+// inbox: the server maps replies of cross-account service requests to
+// private _R_ subjects, delivers the answer in the requester's account, and
+// stamps each request with a Nats-Request-Info header naming the caller.
 const (
 	AccountToolgate = "TOOLGATE"
-	AccountAgents   = "AGENTS"
 	AccountAuth     = "AUTH"
 	AccountSystem   = "SYS"
 )
@@ -177,10 +177,14 @@ func GrantFor(id Identity) (Grant, error) {
 		if err := checkToken("tenant", id.Tenant); err != nil {
 			return Grant{}, err
 		}
+		// The tenant names an account: only plain names.
+		if err := subjects.CheckTenant(id.Tenant); err != nil {
+			return Grant{}, fmt.Errorf("%w: %v", ErrBadIdentity, err)
+		}
 		if id.TokenID == "" {
 			return Grant{}, fmt.Errorf("%w: agent without token id", ErrBadIdentity)
 		}
-		return Grant{Account: AccountAgents, Permissions: agentPermissions(id.Tenant, id.TokenID)}, nil
+		return Grant{Account: TenantAccount(id.Tenant), Permissions: agentPermissions(id.Tenant, id.TokenID)}, nil
 	case RoleOperator:
 		return Grant{Account: AccountToolgate, Permissions: operatorPermissions()}, nil
 	}
@@ -207,7 +211,7 @@ func agentPermissions(tenant, jti string) jwt.Permissions {
 	// A late reader fetches a result by its subject (last message on it).
 	p.Pub.Allow.Add(directGetResult(tenant))
 	p.Sub.Allow.Add(
-		subjects.ResultAll[:len(subjects.ResultAll)-1]+tenant+".>",
+		resultsOf(tenant),
 		subjects.AuditTenant(tenant),
 		InboxPrefix(tenant, jti)+".>",
 	)
@@ -217,7 +221,7 @@ func agentPermissions(tenant, jti string) jwt.Permissions {
 // directGetResult is the JetStream direct-get subject that returns the last
 // message of a result subject of tenant: $JS.API.DIRECT.GET.<stream>.<subject>.
 func directGetResult(tenant string) string {
-	return "$JS.API.DIRECT.GET." + subjects.StreamResults + "." + subjects.ResultAll[:len(subjects.ResultAll)-1] + tenant + ".>"
+	return "$JS.API.DIRECT.GET." + subjects.StreamResults + "." + resultsOf(tenant)
 }
 
 // operatorPermissions: everything inside account TOOLGATE.

@@ -42,7 +42,7 @@ func TestGrantFor(t *testing.T) {
 		account string
 		checks  []check
 	}{
-		{"agent", agent, AccountAgents, []check{
+		{"agent", agent, TenantAccount("demo"), []check{
 			{true, "tool.invoke.demo", true},
 			{true, "tool.invoke.other", false},
 			{true, "tool.svc.demo.status", true},

@@ -29,10 +29,10 @@ func (k *Keys) Public() PublicKeys {
 	}
 }
 
-// agentServiceExports are the TOOLGATE subjects account AGENTS imports as
-// services: requests cross with a private reply subject and a
-// Nats-Request-Info header naming the caller.
-func agentServiceExports() []string {
+// toolgateServiceExports are the subjects account TOOLGATE exports as
+// services to the tenants' accounts; each tenant account imports its own
+// tenant's part of them (tenantServices).
+func toolgateServiceExports() []string {
 	out := []string{subjects.InvokeAll}
 	for _, svc := range agentServices {
 		out = append(out, subjects.TenantSvc("*", svc))
@@ -40,8 +40,9 @@ func agentServiceExports() []string {
 	return append(out, "$JS.API.DIRECT.GET."+subjects.StreamResults+".>")
 }
 
-// agentStreamExports are the TOOLGATE subjects AGENTS may subscribe to.
-func agentStreamExports() []string {
+// toolgateStreamExports are the subjects TOOLGATE exports as streams
+// (tenantStreams).
+func toolgateStreamExports() []string {
 	return []string{subjects.ResultAll, subjects.AuditAll}
 }
 
@@ -50,9 +51,10 @@ func agentStreamExports() []string {
 // includes (deploy/*/nats.conf: `include auth.conf`) and the text the
 // embedded server parses. There is no user but the callout's and the
 // system account's; every other connection goes through the callout.
-func ServerConfig(pk PublicKeys) string {
+// tenants are the declared tenants (TenantsFile): each gets its account.
+func ServerConfig(pk PublicKeys, tenants []string) string {
 	var b strings.Builder
-	b.WriteString(accountsConfig(pk))
+	b.WriteString(accountsConfig(pk, tenants))
 	p := func(format string, args ...any) { fmt.Fprintf(&b, format+"\n", args...) }
 	p("authorization {")
 	p("  auth_callout {")
@@ -68,7 +70,7 @@ func ServerConfig(pk PublicKeys) string {
 }
 
 // accountsConfig renders the accounts and the system account.
-func accountsConfig(pk PublicKeys) string {
+func accountsConfig(pk PublicKeys, tenants []string) string {
 	var b strings.Builder
 	p := func(format string, args ...any) { fmt.Fprintf(&b, format+"\n", args...) }
 	p("# toolgate bus authentication, generated; see docs/security.md.")
@@ -78,24 +80,26 @@ func accountsConfig(pk PublicKeys) string {
 	p("  %s: {", AccountToolgate)
 	p("    jetstream: enabled")
 	p("    exports: [")
-	for _, s := range agentServiceExports() {
+	for _, s := range toolgateServiceExports() {
 		p("      { service: %q }", s)
 	}
-	for _, s := range agentStreamExports() {
+	for _, s := range toolgateStreamExports() {
 		p("      { stream: %q }", s)
 	}
 	p("    ]")
 	p("  }")
-	p("  %s: {", AccountAgents)
-	p("    imports: [")
-	for _, s := range agentServiceExports() {
-		p("      { service: { account: %s, subject: %q }, share: true }", AccountToolgate, s)
+	for _, t := range tenants {
+		p("  %s: {", TenantAccount(t))
+		p("    imports: [")
+		for _, s := range tenantServices(t) {
+			p("      { service: { account: %s, subject: %q }, share: true }", AccountToolgate, s)
+		}
+		for _, s := range tenantStreams(t) {
+			p("      { stream: { account: %s, subject: %q } }", AccountToolgate, s)
+		}
+		p("    ]")
+		p("  }")
 	}
-	for _, s := range agentStreamExports() {
-		p("      { stream: { account: %s, subject: %q } }", AccountToolgate, s)
-	}
-	p("    ]")
-	p("  }")
 	p("}")
 	p("system_account: %s", AccountSystem)
 	return b.String()
@@ -114,6 +118,11 @@ type ServerSettings struct {
 	// InProcess, when set, authenticates clients inside the server instead
 	// of through the auth callout; Bind it to the server before Start.
 	InProcess *InProcess
+	// Tenants are the declared tenants whose accounts the configuration
+	// holds. Through the callout an agent of another tenant has no account
+	// to go to; in-process, a tenant's account is created when its first
+	// agent connects.
+	Tenants []string
 }
 
 // EmbeddedOptions returns the options of an embedded server with JetStream
@@ -127,9 +136,9 @@ func EmbeddedOptions(k *Keys, st ServerSettings) (*server.Options, error) {
 	// connection can see its requests, so they go unencrypted.
 	pk := k.Public()
 	pk.XKey = ""
-	conf := ServerConfig(pk)
+	conf := ServerConfig(pk, st.Tenants)
 	if st.InProcess != nil {
-		conf = accountsConfig(pk)
+		conf = accountsConfig(pk, st.Tenants)
 	}
 	if err := o.ProcessConfigString(conf); err != nil {
 		return nil, fmt.Errorf("bus auth configuration: %w", err)

@@ -130,8 +130,10 @@ type Gate struct {
 // StartGate starts the callout on a server: through opts (the server's URL
 // or nats.InProcessServer), authenticated as the deployment's callout and
 // system users. Until Attach supplies the token verifier and the node, agent
-// connections are refused (workers and operators are not).
-func StartGate(url string, keys *busauth.Keys, log *slog.Logger, opts ...nats.Option) (*Gate, error) {
+// connections are refused (workers and operators are not). tenants are the
+// tenants the server's configuration has accounts for (busauth.TenantsFile);
+// agents of any other are refused.
+func StartGate(url string, keys *busauth.Keys, tenants []string, log *slog.Logger, opts ...nats.Option) (*Gate, error) {
 	g := &Gate{auditor: &refusalAuditor{log: log}}
 	sys, err := nats.Connect(url, append([]nats.Option{nats.Name("toolgate-kicker"), keys.SystemConnectOption(), nats.MaxReconnects(-1)}, opts...)...)
 	if err != nil {
@@ -140,6 +142,7 @@ func StartGate(url string, keys *busauth.Keys, log *slog.Logger, opts ...nats.Op
 	g.conns = append(g.conns, sys)
 	g.Callout, err = busauth.NewCallout(busauth.CalloutConfig{
 		Keys: keys, Verifier: &g.verifier, Auditor: g.auditor, Kicker: busauth.SystemKicker{NC: sys}, Log: log,
+		Tenants: busauth.DeclaredTenants(tenants),
 	})
 	if err != nil {
 		g.Close()

@@ -36,6 +36,10 @@ type served struct {
 	urls    []string // client URLs of the server(s)
 	dataDir string   // holds busauth/
 	node    *node.Node
+	// declared are the tenants the servers' configuration has accounts
+	// for (external servers); nil: the embedded server, which makes a
+	// tenant's account when its first agent connects.
+	declared []string
 }
 
 func (s *served) dial(i int, opts ...nats.Option) (*nats.Conn, error) {
@@ -172,6 +176,9 @@ func TestBusExternalServer(t *testing.T) {
 		t.Fatalf("building nats-server: %v\n%s", err, out)
 	}
 	dir := filepath.Join(tmp, "data")
+	if err := busauth.WriteTenants(dir, declaredTenants); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := busauth.WriteCredentials(dir); err != nil {
 		t.Fatal(err)
 	}
@@ -203,7 +210,7 @@ func TestBusExternalServer(t *testing.T) {
 		return err == nil
 	})
 	n, _ := runServed(t, node.Config{NATSURL: url, AuthCallout: true, Embedded: node.EmbeddedOptions{DataDir: dir}})
-	busSuite(t, &served{urls: []string{url}, dataDir: dir, node: n})
+	busSuite(t, &served{urls: []string{url}, dataDir: dir, node: n, declared: declaredTenants})
 }
 
 // TestBusCluster runs three routed servers with the same configuration; the
@@ -213,6 +220,9 @@ func TestBusCluster(t *testing.T) {
 		t.Skip("starts a cluster")
 	}
 	dir := t.TempDir()
+	if err := busauth.WriteTenants(dir, declaredTenants); err != nil {
+		t.Fatal(err)
+	}
 	keys, err := busauth.WriteCredentials(dir)
 	if err != nil {
 		t.Fatal(err)
@@ -224,7 +234,8 @@ func TestBusCluster(t *testing.T) {
 	}
 	var urls []string
 	for i := range 3 {
-		o, err := busauth.EmbeddedOptions(keys, busauth.ServerSettings{Name: fmt.Sprintf("n%d", i), Port: -1, StoreDir: filepath.Join(dir, fmt.Sprintf("js%d", i))})
+		o, err := busauth.EmbeddedOptions(keys, busauth.ServerSettings{Name: fmt.Sprintf("n%d", i), Port: -1,
+			StoreDir: filepath.Join(dir, fmt.Sprintf("js%d", i)), Tenants: declaredTenants})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -246,8 +257,11 @@ func TestBusCluster(t *testing.T) {
 	}
 	n, _ := runServed(t, node.Config{NATSURL: urls[0], AuthCallout: true, Embedded: node.EmbeddedOptions{DataDir: dir},
 		Topology: topology.TopologyOptions{Replicas: 3}})
-	busSuite(t, &served{urls: urls, dataDir: dir, node: n})
+	busSuite(t, &served{urls: urls, dataDir: dir, node: n, declared: declaredTenants})
 }
+
+// declaredTenants are the tenants external servers have accounts for.
+var declaredTenants = []string{"demo", "other"}
 
 // busSuite is what every deployment must show: each role's allowed and
 // refused operations, refused connections, and revocation closing a live
@@ -262,6 +276,7 @@ func busSuite(t *testing.T, s *served) {
 	t.Run("raw tokens reach validate and authorize only", func(t *testing.T) { tokensConfined(t, s) })
 	t.Run("a hook decision written by another role starts nothing", func(t *testing.T) { forgedHookDecision(t, s) })
 	t.Run("a leaked role credential owns nothing", func(t *testing.T) { leakedRoles(t, s) })
+	t.Run("an agent cannot reach another tenant", func(t *testing.T) { crossTenant(t, s) })
 	t.Run("the audit trail survives its deletion", func(t *testing.T) { auditSurvives(t, s) })
 }
 

@@ -12,6 +12,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/client"
 	"github.com/toolgate/toolgate/internal/busauth"
 	"github.com/toolgate/toolgate/internal/node"
 	"github.com/toolgate/toolgate/internal/topology"
@@ -139,5 +141,106 @@ func leakedRoles(t *testing.T, s *served) {
 		if _, err := js.Consumer(ctx, subjects.StreamPipeline, "evil"); !errors.Is(err, jetstream.ErrConsumerNotFound) {
 			t.Errorf("consumer evil: %v, want not found", err)
 		}
+	})
+}
+
+// crossTenant runs what an agent of one tenant would try against another:
+// naming the other's inbox as the reply subject of its invocation and of a
+// control request (the JetStream ack and the answer must not land there),
+// and sending the same raw Nats-Msg-Id at the same moment (both calls must
+// run). An agent of a tenant the servers have no account for is refused,
+// with the reason audited; the embedded server makes the account.
+func crossTenant(t *testing.T, s *served) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	t.Run("replies into another tenant's inbox", func(t *testing.T) {
+		attacker, _ := s.agent(t, 0, "demo")
+		victimRaw, vc := agentToken(t, "other", nil)
+		victim := s.connect(t, 1, nats.Token(victimRaw), nats.CustomInboxPrefix(busauth.InboxPrefix("other", vc.ID)))
+		stolen, err := victim.SubscribeSync(busauth.InboxPrefix("other", vc.ID) + ".>")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := victim.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		target := busauth.InboxPrefix("other", vc.ID) + ".stolen"
+		status := subjects.TenantSvc("demo", subjects.SvcStatus)
+		for _, subj := range []string{subjects.Invoke("demo"), status} {
+			if err := attacker.PublishMsg(&nats.Msg{Subject: subj, Reply: target, Header: ceHeader("cross-reply"),
+				Data: []byte(`{"invocation_id":"cross-reply"}`)}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// The same paths answer the attacker's own requests.
+		js, _ := jetstream.New(attacker)
+		if _, err := js.PublishMsg(ctx, &nats.Msg{Subject: subjects.Invoke("demo"), Header: ceHeader("cross-own"), Data: []byte(`{}`)}); err != nil {
+			t.Fatalf("own invoke: %v", err)
+		}
+		if _, err := attacker.RequestWithContext(ctx, status, []byte(`{"invocation_id":"cross-own"}`)); err != nil {
+			t.Fatalf("own status request: %v", err)
+		}
+		if m, err := stolen.NextMsg(500 * time.Millisecond); err == nil {
+			t.Fatalf("tenant other's inbox received a reply to tenant demo's request: %q", m.Data)
+		}
+	})
+	t.Run("the same raw Nats-Msg-Id from two tenants", func(t *testing.T) {
+		type call struct {
+			nc     *nats.Conn
+			tenant string
+			id     string
+		}
+		var calls []call
+		for i, tenant := range []string{"demo", "other"} {
+			raw, c := agentToken(t, tenant, nil)
+			nc := s.connect(t, i, nats.Token(raw), nats.CustomInboxPrefix(busauth.InboxPrefix(tenant, c.ID)))
+			body, _ := json.Marshal(map[string]any{"tool_id": "echo", "parameters": map[string]string{"message": tenant},
+				"agent_context": map[string]string{"agent_did": c.AgentDID, "tenant_id": tenant}, "capability_token": raw})
+			h := ceHeader("msgid-" + tenant + "-" + c.ID)
+			h.Set(nats.MsgIdHdr, "same-raw-msg-id")
+			calls = append(calls, call{nc, tenant, h.Get("ce-id")})
+			js, _ := jetstream.New(nc)
+			ack, err := js.PublishMsg(ctx, &nats.Msg{Subject: subjects.Invoke(tenant), Header: h, Data: body})
+			if err != nil || ack.Duplicate {
+				t.Fatalf("tenant %s: ack %+v, %v: its call was dropped as the other tenant's duplicate", tenant, ack, err)
+			}
+		}
+		for _, c := range calls {
+			ac, _ := client.New(c.nc)
+			resp, err := ac.Wait(ctx, c.tenant, c.id)
+			if err != nil || resp.Status != api.StatusSuccess {
+				t.Fatalf("tenant %s: %+v %v", c.tenant, resp, err)
+			}
+		}
+	})
+	t.Run("a tenant without an account", func(t *testing.T) {
+		raw, c := agentToken(t, "newcomer", nil)
+		nc, err := s.dial(0, nats.Token(raw), nats.CustomInboxPrefix(busauth.InboxPrefix("newcomer", c.ID)))
+		if s.declared == nil {
+			// The embedded server makes the tenant's account on its first
+			// connection, and the agent can work.
+			if err != nil {
+				t.Fatalf("a new tenant's agent on the embedded server: %v", err)
+			}
+			defer nc.Close()
+			js, _ := jetstream.New(nc)
+			if _, err := js.Publish(ctx, subjects.Invoke("newcomer"), []byte(`{}`)); err != nil {
+				t.Fatalf("a new tenant's invoke: %v", err)
+			}
+			return
+		}
+		if err == nil {
+			nc.Close()
+			t.Fatal("an agent of an undeclared tenant was admitted")
+		}
+		ojs, _ := jetstream.New(s.connect(t, 0, s.creds(busauth.RoleOperator)))
+		eventually(t, 10*time.Second, "a bus.refused audit event naming the undeclared tenant", func() bool {
+			st, err := ojs.Stream(ctx, subjects.StreamAudit)
+			if err != nil {
+				return false
+			}
+			m, err := st.GetLastMsgForSubject(ctx, subjects.AuditEvent(subjects.SystemTenant, "bus.refused"))
+			return err == nil && strings.Contains(string(m.Data), busauth.ErrWrongTenant.Error()) && strings.Contains(string(m.Data), "newcomer")
+		})
 	})
 }

@@ -230,7 +230,15 @@ func Run(ctx context.Context, c Config) error {
 			if err != nil {
 				return fmt.Errorf("auth callout: %w", err)
 			}
-			if gate, err = StartGate(url, keys, log); err != nil {
+			// The server has accounts for the declared tenants only.
+			tenants, err := busauth.LoadTenants(c.Embedded.DataDir)
+			if err != nil {
+				return fmt.Errorf("auth callout: %w", err)
+			}
+			if len(tenants) == 0 {
+				log.Warn("auth callout: no tenants declared: every agent is refused", "declare", filepath.Join(c.Embedded.DataDir, busauth.DirName, busauth.TenantsFile))
+			}
+			if gate, err = StartGate(url, keys, tenants, log); err != nil {
 				return err
 			}
 			defer gate.Close()

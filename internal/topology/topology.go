@@ -50,8 +50,8 @@ type TopologyOptions struct {
 	PipelineMaxBytes int64
 	ResultMaxBytes   int64
 	AuditMaxBytes    int64
-	// Duplicates is the dedup window of the streams (default 2m; for the
-	// invoke stream InvokeDuplicates unless set).
+	// Duplicates is the dedup window of the streams but the invoke
+	// stream, which has none (default 2m).
 	Duplicates time.Duration
 }
 
@@ -92,27 +92,32 @@ func (o *TopologyOptions) defaults() {
 	o.AuditMaxBytes = cmp.Or(o.AuditMaxBytes, DefaultAuditMaxBytes)
 }
 
-// InvokeDuplicates is the invoke stream's default dedup window, the
-// server's minimum. JetStream deduplicates by Nats-Msg-Id across the whole
-// stream, and the invoke stream holds every tenant: two tenants that send the
-// same Nats-Msg-Id (any client may set it) would lose one event silently, and
-// JetStream offers no per-subject window. So deduplication of invocations is
-// the validate stage's, per tenant: it claims (tenant, invocation id) in KV
+// The invoke stream keeps no duplicate window. JetStream deduplicates by
+// Nats-Msg-Id across a whole stream, and the invoke stream holds every
+// tenant: two tenants that send the same Nats-Msg-Id (any client may set
+// it) would lose one event silently, and JetStream offers neither a
+// per-subject window nor a way to rewrite the header on the way in (an
+// account's import maps subjects, never headers). A stream without sources
+// gets a window of at least 100ms whatever its configuration asks; one
+// with sources may have none, so the invoke stream sources an empty stream
+// (subjects.StreamInvokeSource). Deduplication of invocations is the
+// validate stage's, per tenant: it claims (tenant, invocation id) in KV
 // with the ingest sequence and a digest of the request, and a repeat ends
-// with E3024 and no second result. The stream's window is kept at its floor
-// so it can rarely act across tenants; ids toolgate derives are scoped by
-// tenant (invocation.InvokeMsgID) so they never collide at all.
-const InvokeDuplicates = 100 * time.Millisecond
+// with E3024 and no second result.
 
 // Streams returns the configuration of toolgate's streams.
 func Streams(o TopologyOptions) []jetstream.StreamConfig {
-	invokeWindow := cmp.Or(o.Duplicates, InvokeDuplicates)
 	o.defaults()
 	return []jetstream.StreamConfig{{
+		Name: subjects.StreamInvokeSource, Description: "empty: lets " + subjects.StreamInvoke + " keep no duplicate window",
+		Subjects: []string{subjects.StreamInvokeSource}, Retention: jetstream.LimitsPolicy,
+		MaxAge: o.InvokeMaxAge, MaxBytes: 1 << 10, Discard: jetstream.DiscardNew,
+		Replicas: o.Replicas, Storage: o.Storage,
+	}, {
 		Name: subjects.StreamInvoke, Description: "tool.invoke CloudEvents awaiting validation",
 		Subjects: []string{subjects.InvokeAll}, Retention: jetstream.WorkQueuePolicy,
 		MaxAge: o.InvokeMaxAge, MaxBytes: o.InvokeMaxBytes, Discard: jetstream.DiscardNew,
-		Duplicates: invokeWindow, Replicas: o.Replicas, Storage: o.Storage,
+		Sources: invokeSources(), Duplicates: 0, Replicas: o.Replicas, Storage: o.Storage,
 	}, {
 		Name: subjects.StreamPipeline, Description: "invocations handed from stage to stage",
 		Subjects: []string{subjects.PipeAll}, Retention: jetstream.WorkQueuePolicy,
@@ -133,6 +138,12 @@ func Streams(o TopologyOptions) []jetstream.StreamConfig {
 		DenyDelete: true, DenyPurge: true,
 		Duplicates: o.Duplicates, Replicas: o.Replicas, Storage: o.Storage,
 	}}
+}
+
+// invokeSources are the invoke stream's sources: the empty one that lets it
+// keep no duplicate window.
+func invokeSources() []*jetstream.StreamSource {
+	return []*jetstream.StreamSource{{Name: subjects.StreamInvokeSource}}
 }
 
 // ExecuteMaxAckPending is the execute consumers' window of unacknowledged
@@ -174,11 +185,18 @@ func EnsureTopology(ctx context.Context, js jetstream.JetStream, o TopologyOptio
 	for _, cfg := range Streams(o) {
 		if st, err := js.Stream(ctx, cfg.Name); err == nil {
 			// A results stream made before direct gets were allowed gets
-			// them; nothing else of an existing stream changes.
+			// them, an invoke stream made with a duplicate window loses
+			// it; nothing else of an existing stream changes.
 			if have := st.CachedInfo().Config; cfg.AllowDirect && !have.AllowDirect {
 				have.AllowDirect = true
 				if _, err := js.UpdateStream(ctx, have); err != nil {
 					return fmt.Errorf("allowing direct gets on %s: %w", cfg.Name, err)
+				}
+			}
+			if have := st.CachedInfo().Config; cfg.Name == subjects.StreamInvoke && have.Duplicates != 0 {
+				have.Sources, have.Duplicates = cfg.Sources, 0
+				if _, err := js.UpdateStream(ctx, have); err != nil {
+					return fmt.Errorf("ending the duplicate window of %s: %w", cfg.Name, err)
 				}
 			}
 			continue

@@ -106,3 +106,53 @@ func TestAuditOutlastsOtherStagesDeliveries(t *testing.T) {
 		}
 	}
 }
+
+// TestInvokeStreamHasNoDuplicateWindow: two tenants publishing the same
+// Nats-Msg-Id at once both have their invocations stored, on a new
+// topology and on one whose invoke stream was made with a window.
+func TestInvokeStreamHasNoDuplicateWindow(t *testing.T) {
+	for _, upgraded := range []bool{false, true} {
+		t.Run(fmt.Sprintf("upgraded=%v", upgraded), func(t *testing.T) {
+			ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoLog: true, NoSigs: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ns.Start()
+			t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
+			if !ns.ReadyForConnections(10 * time.Second) {
+				t.Fatal("server not ready")
+			}
+			nc, err := nats.Connect(ns.ClientURL())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer nc.Close()
+			js, _ := jetstream.New(nc)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			if upgraded {
+				// What earlier versions made: a 100ms window over all tenants.
+				if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: subjects.StreamInvoke, Subjects: []string{subjects.InvokeAll},
+					Retention: jetstream.WorkQueuePolicy, Duplicates: 100 * time.Millisecond}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := topology.EnsureTopology(ctx, js, topology.TopologyOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			for _, tenant := range []string{"ta", "tb"} {
+				ack, err := js.Publish(ctx, subjects.Invoke(tenant), []byte("{}"), jetstream.WithMsgID("same-msg-id"))
+				if err != nil || ack.Duplicate {
+					t.Fatalf("tenant %s: ack %+v, %v", tenant, ack, err)
+				}
+			}
+			st, err := js.Stream(ctx, subjects.StreamInvoke)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if info := st.CachedInfo(); info.State.Msgs != 2 || info.Config.Duplicates != 0 {
+				t.Fatalf("invoke stream holds %d messages, window %v: want both tenants' and no window", info.State.Msgs, info.Config.Duplicates)
+			}
+		})
+	}
+}
