@@ -122,6 +122,22 @@ func TestKubernetesMountsCredentials(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer f.Close()
+	// The recipe at the top makes each role's keys Secret with what its
+	// stage needs beside its own key and hops.pub.
+	text, err := os.ReadFile(f.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		`validate)  extra="--from-file=` + TokenKeyFile + `"`,
+		`authorize) extra="--from-file=` + TokenKeyFile + ` --from-file=` + SealKeyFile + `"`,
+		`execute)   extra="--from-file=` + SealPublicFile + `"`,
+		`--from-file=$r` + hopKeySuffix + ` --from-file=` + HopKeysFile,
+	} {
+		if !strings.Contains(string(text), want) {
+			t.Errorf("the manifest's recipe lacks %s", want)
+		}
+	}
 	type volume struct {
 		Name   string `yaml:"name"`
 		Secret *struct {
@@ -197,17 +213,20 @@ func TestKubernetesMountsCredentials(t *testing.T) {
 				if secrets[m.Name] == "toolgate-bus-keys" && d.Metadata.Name != "toolgate-authcallout" {
 					t.Errorf("mounts the deployment's bus keys")
 				}
-				if secrets[m.Name] == "toolgate-seal-key" && d.Metadata.Name != "toolgate-authorize" {
-					t.Errorf("mounts the private hop-sealing key")
-				}
-				if s := secrets[m.Name]; (s == "toolgate-seal-key" || s == "toolgate-seal-pub") && m.MountPath != "/var/lib/toolgate/"+DirName {
-					t.Errorf("the sealing key is mounted at %s, not <--data>/%s", m.MountPath, DirName)
-				}
-				seals[secrets[m.Name]] = true
+				seals[secrets[m.Name]] = m.MountPath == "/var/lib/toolgate/"+DirName
 			}
-			switch want := map[string]string{"toolgate-authorize": "toolgate-seal-key", "toolgate-execute": "toolgate-seal-pub"}[d.Metadata.Name]; {
-			case want != "" && !seals[want]:
-				t.Errorf("does not mount %s: it would not start on an authenticated bus", want)
+			// Every signing role mounts its own keys (its message-signing
+			// key, hops.pub, and for authorize and execute the sealing key,
+			// for validate and authorize the token key) at <--data>/busauth.
+			if r := Role(strings.TrimPrefix(d.Metadata.Name, "toolgate-")); slices.Contains(SigningRoles, r) {
+				if want := "toolgate-keys-" + string(r); !seals[want] {
+					t.Errorf("does not mount %s at /var/lib/toolgate/%s: it would not start on an authenticated bus", want, DirName)
+				}
+				for k := range seals {
+					if strings.HasPrefix(k, "toolgate-keys-") && k != "toolgate-keys-"+string(r) {
+						t.Errorf("mounts another role's keys %s", k)
+					}
+				}
 			}
 			role := Role(strings.TrimPrefix(d.Metadata.Name, "toolgate-"))
 			if role == "authcallout" {
