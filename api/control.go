@@ -14,8 +14,7 @@ type ToolRequest struct {
 	Version string `json:"version,omitempty"`
 }
 
-// ListRequest filters, searches and pages tools (tools.list; seed 002
-// §4.1.2 and seed 001's registry filters). Every filter given must hold.
+// ListRequest filters, searches and pages tools (tools.list). Every filter given must hold.
 // With Query or Capabilities the tools are ranked (ToolSummary.Score),
 // else sorted by id.
 type ListRequest struct {
@@ -60,7 +59,7 @@ type ToolSummary struct {
 	Capabilities     []string `json:"capabilities,omitempty"`
 	SideEffects      []string `json:"side_effects,omitempty"`
 	State            string   `json:"state,omitempty"`
-	// Score and Terms rank a search (seed 000 §1.4): Score is
+	// Score and Terms rank a search: Score is
 	// 0.4·match + 0.2·usage + 0.15·latency + 0.15·cost + 0.1·safety.
 	Score float64     `json:"score,omitempty"`
 	Terms *ScoreTerms `json:"terms,omitempty"`

@@ -31,8 +31,8 @@ type StatsResponse struct {
 	Tools []ToolStats `json:"tools"`
 }
 
-// CapabilityRequest is what an agent sends when it needs a capability
-// (seed 003): a named capability with input and output contracts, the
+// CapabilityRequest is what an agent sends when it needs a capability:
+// a named capability with input and output contracts, the
 // constraints the tool must run under, and why. Decoding refuses unknown
 // fields; absent constraints take the most restrictive defaults.
 type CapabilityRequest struct {
@@ -59,7 +59,7 @@ type CapabilityConstraints struct {
 	MaxMemoryMB   int64 `json:"max_memory_mb"`
 }
 
-// DefaultCapabilityConstraints are seed 003's restrictive defaults: no
+// DefaultCapabilityConstraints are the restrictive defaults: no
 // network, read-only input, 1000 ms, 64 MB.
 func DefaultCapabilityConstraints() CapabilityConstraints {
 	return CapabilityConstraints{NoNetwork: true, ReadOnlyInput: true, MaxRuntimeMS: 1000, MaxMemoryMB: 64}
@@ -114,7 +114,7 @@ type CapabilityReportRequest struct {
 	RequestID string `json:"request_id"`
 }
 
-// CapabilityReport is a capability request's run report (seed 003): what
+// CapabilityReport is a capability request's run report: what
 // was asked, matched and granted, and what the grant's calls used so far.
 type CapabilityReport struct {
 	RequestID   string             `json:"request_id"`

@@ -130,7 +130,7 @@ const (
 	EInvocationNotFound = "E3025"
 )
 
-// Capability request codes (seed 003; toolgate's own).
+// Capability request codes.
 const (
 	// The capability request is malformed: unknown fields, a wrong kind,
 	// an empty or over-long field, or constraints out of range.

@@ -12,7 +12,7 @@ import (
 )
 
 // CloudEvent types of the public contract: the request, the answers, and the
-// audit trail (seed 002 §4.3 and the decisions of the stages).
+// audit trail (the outcomes and the decisions of the stages).
 const (
 	// TypeInvoke is the type of an invocation request on tool.invoke.<tenant>.
 	TypeInvoke = "tool.invoke"
@@ -43,7 +43,7 @@ const (
 	TypeApprovalDenied    = "ai.agent.tool.approval.denied"
 	TypeApprovalExpired   = "ai.agent.tool.approval.expired"
 
-	// Capability requests (seed 003): every request, then its outcome.
+	// Capability requests: every request, then its outcome.
 	TypeCapabilityRequested = "ai.agent.capability.requested"
 	TypeCapabilityGranted   = "ai.agent.capability.granted"
 	TypeCapabilityMatched   = "ai.agent.capability.matched"

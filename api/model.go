@@ -78,8 +78,7 @@ type BudgetLimits struct {
 	MaxTokens    int64   `json:"max_tokens,omitempty"`
 }
 
-// BudgetStatus is where a session's budget stands (seed 000 §2.6,
-// CHECK_BUDGET_STATUS): what is used and remains, the spending rate since
+// BudgetStatus is where a session's budget stands: what is used and remains, the spending rate since
 // the first charge, and when, at that rate, the first cap is reached.
 type BudgetStatus struct {
 	Tenant  string       `json:"tenant"`
@@ -113,7 +112,7 @@ type BudgetRequest struct {
 }
 
 // ModelStats is what the cluster has recently seen of one model's calls
-// for one task type (seed 000 §2.8, UPDATE_MODEL_STATS): every call to an
+// for one task type: every call to an
 // endpoint of the model, fallback attempts included, merged from each
 // execute process's share of the model statistics bucket.
 type ModelStats struct {

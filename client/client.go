@@ -539,7 +539,7 @@ func (c *Client) ModelStats(ctx context.Context, r api.ModelStatsRequest) (api.M
 	return out, err
 }
 
-// RequestCapability sends a capability request (seed 003) for tenant and
+// RequestCapability sends a capability request for tenant and
 // returns the matched tools and, when policy grants one, a child token.
 // Every constraint is sent as given: start from
 // api.DefaultCapabilityConstraints, since Go's zero values (network

@@ -237,7 +237,7 @@ const (
 	// SvcModelsStats takes {"model","task_type","by_model"} (all optional)
 	// and answers the cluster-wide model statistics. Operators only.
 	SvcModelsStats = "tool.svc.models.stats"
-	// SvcCapabilityRequest takes a capability request (seed 003) and
+	// SvcCapabilityRequest takes a capability request and
 	// answers the matched tools and, when policy grants one, a child token.
 	// Tenant-scoped only.
 	SvcCapabilityRequest = "tool.svc.capability.request"

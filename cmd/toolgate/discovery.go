@@ -123,7 +123,7 @@ func (a *app) toolsStatsCmd() *cobra.Command {
 func (a *app) capabilityCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "capability",
-		Short: "Ask for a capability (seed 003 capability_request) and read its run report",
+		Short: "Ask for a capability (a capability_request) and read its run report",
 		Args:  subcommand,
 		RunE:  func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 	}

@@ -7,7 +7,7 @@
 // Every scenario drives invocations of fs.append_file (not idempotent: each
 // run appends the invocation id to a ledger file under the file root) and then
 // reads the RESULT and AUDIT streams and the ledger. It holds toolgate to
-// ARCHITECTURE §4: every admitted invocation (its publish acknowledged by
+// The guarantee: every admitted invocation (its publish acknowledged by
 // JetStream) has exactly one result and one terminal audit event, and no
 // invocation appended twice.
 //

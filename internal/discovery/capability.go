@@ -16,7 +16,7 @@ import (
 	"github.com/toolgate/toolgate/schemas"
 )
 
-// Defaults of an absent constraint (seed 003): the most restrictive.
+// Defaults of an absent constraint: the most restrictive.
 const (
 	DefaultMaxRuntimeMS = 1000
 	DefaultMaxMemoryMB  = 64

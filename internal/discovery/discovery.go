@@ -1,6 +1,6 @@
 // Package discovery finds tools for an agent: lexical search over ids,
-// names, descriptions, tags and capabilities, the registry filters of seed
-// 001, ranking by seed 000 §1.4's formula fed by usage statistics, and
+// names, descriptions, tags and capabilities, the registry filters,
+// ranking by the formula of docs/discovery.md fed by usage statistics, and
 // cursor pagination. It is pure logic over manifests; the control service
 // feeds it the registry and the statistics.
 package discovery
@@ -21,7 +21,7 @@ import (
 	"github.com/toolgate/toolgate/internal/tools"
 )
 
-// Ranking weights (seed 000 §1.4).
+// Ranking weights.
 const (
 	WeightMatch   = 0.4
 	WeightUsage   = 0.2

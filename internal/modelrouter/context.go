@@ -8,7 +8,7 @@ import (
 	"unicode"
 )
 
-// Strategies beyond dropping messages (seed 000 §2.5): the request keeps
+// Strategies beyond dropping messages: the request keeps
 // what it needs, in fewer tokens.
 const (
 	// TruncateSummarize replaces the oldest messages (the cold context) by

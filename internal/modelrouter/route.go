@@ -29,7 +29,7 @@ const (
 // Policies lists the routing policies.
 var Policies = []string{CostFirst, QualityFirst, LatencyFirst}
 
-// Rules classify a task's complexity and map it to a tier: seed 000 §2.3's
+// Rules classify a task's complexity and map it to a tier: the
 // decision tree, held as data so an operator can change it.
 type Rules struct {
 	// TaskScores and TraitScores add up to the complexity score.

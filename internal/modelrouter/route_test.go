@@ -33,7 +33,7 @@ func testCatalogue(t testing.TB) map[string]*Model {
 	return c
 }
 
-// TestRouteDecisionTree walks seed 000 §2.3's decision tree, its
+// TestRouteDecisionTree walks the decision tree, its
 // constraints and policies.
 func TestRouteDecisionTree(t *testing.T) {
 	rk, err := NewRegoRanker(t.Context(), "")

@@ -15,7 +15,7 @@ import (
 )
 
 // TestInvokedWhileRunning: a watcher of audit.<tenant>.> sees tool.invoked
-// while the tool still runs (seed 002 §4.3.1), and the trail holds it once.
+// while the tool still runs, and the trail holds it once.
 func TestInvokedWhileRunning(t *testing.T) {
 	e := newEnv(t, topology.TopologyOptions{})
 	e.startPipeline(node.Config{})

@@ -65,7 +65,7 @@ type Manifest struct {
 	Cost           *Cost           `json:"cost,omitempty"`
 	Lifecycle      Lifecycle       `json:"lifecycle,omitzero"`
 
-	// Discovery metadata (seed 000 §1.2): semantic capability tags, worked
+	// Discovery metadata: semantic capability tags, worked
 	// examples, what the tool needs, and who made it.
 	Capabilities []string      `json:"capabilities,omitempty"`
 	Examples     []Example     `json:"examples,omitempty"`

@@ -25,7 +25,7 @@ type TopologyOptions struct {
 	// across all processes (default 1000).
 	MaxAckPending int
 	// ResultTTL bounds how long results are kept (default 24h); AuditMaxAge
-	// how long audit events are (default 90 days, seed 002's hot retention;
+	// how long audit events are (default 90 days, the hot retention;
 	// negative: forever). Export older events first: toolgate audit export.
 	ResultTTL   time.Duration
 	AuditMaxAge time.Duration

@@ -219,7 +219,7 @@ func (x *Executor) Process(ctx context.Context, inv *envelope.Invocation) ([]sta
 	if err != nil {
 		return nil, err
 	}
-	// tool.invoked says a call started (seed 002 §4.3.1), so it goes out
+	// tool.invoked says a call started, so it goes out
 	// before the tool runs; should that fail it rides the outputs instead,
 	// under the same message id.
 	var outs []stages.Output

@@ -10,8 +10,7 @@ import (
 	"github.com/toolgate/toolgate/internal/modelrouter"
 )
 
-// Stats are the model router's Prometheus series (seed 000 §2.8,
-// UPDATE_MODEL_STATS): per model and task type, calls by outcome (the
+// Stats are the model router's Prometheus series: per model and task type, calls by outcome (the
 // success rate is calls{outcome="success"} over all), call latency, tokens
 // and cost. They are this process's; the cluster-wide statistics routing
 // uses are in KV (Recorder).
