@@ -108,7 +108,7 @@ func (s *Service) apply(ctx context.Context, a kvstore.Approval) error {
 	default:
 		return fmt.Errorf("approval of %s is %s, nothing to apply", a.InvocationID, a.State)
 	}
-	ev, err := runner.AuditEvent(subjects.Authorize, &inv, typ, Decided{
+	ev, err := stages.AuditEvent(subjects.Authorize, &inv, typ, Decided{
 		AuditRecord: inv.Audit(), Decision: a.State, DecidedBy: a.DecidedBy, Reason: a.Reason,
 	})
 	if err != nil {

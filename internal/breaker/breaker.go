@@ -33,7 +33,6 @@ import (
 	"github.com/google/uuid"
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/envelope"
-	"github.com/toolgate/toolgate/internal/runner"
 	"github.com/toolgate/toolgate/internal/tools"
 	"github.com/toolgate/toolgate/kvstore"
 	"github.com/toolgate/toolgate/stages"
@@ -433,7 +432,7 @@ func (b *Breakers) announce(ctx context.Context, key string, ev kvstore.BreakerE
 	if err := e.SetData(event.ApplicationJSON, ev.Data); err != nil {
 		return err
 	}
-	o, err := runner.EventOutput(subjects.AuditEvent(subjects.SystemTenant, envelope.SubjectSuffix(ev.Type)), &e)
+	o, err := stages.EventOutput(subjects.AuditEvent(subjects.SystemTenant, envelope.SubjectSuffix(ev.Type)), &e)
 	if err != nil {
 		return err
 	}

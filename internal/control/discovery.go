@@ -19,6 +19,7 @@ import (
 	"github.com/toolgate/toolgate/internal/token"
 	"github.com/toolgate/toolgate/internal/tools"
 	"github.com/toolgate/toolgate/kvstore"
+	"github.com/toolgate/toolgate/stages"
 	"github.com/toolgate/toolgate/subjects"
 )
 
@@ -330,7 +331,7 @@ func (h *handlers) publishCapability(ctx context.Context, tenant, id string, rep
 		if err := e.SetData(event.ApplicationJSON, ev.data); err != nil {
 			return err
 		}
-		o, err := runner.EventOutput(subjects.AuditEvent(tenant, envelope.SubjectSuffix(ev.typ)), &e)
+		o, err := stages.EventOutput(subjects.AuditEvent(tenant, envelope.SubjectSuffix(ev.typ)), &e)
 		if err != nil {
 			return err
 		}

@@ -22,8 +22,8 @@ import (
 	"github.com/toolgate/toolgate/internal/hooks"
 	"github.com/toolgate/toolgate/internal/modelrouter"
 	"github.com/toolgate/toolgate/internal/policy"
-	"github.com/toolgate/toolgate/internal/runner"
 	"github.com/toolgate/toolgate/kvstore"
+	"github.com/toolgate/toolgate/stages"
 	"github.com/toolgate/toolgate/subjects"
 )
 
@@ -115,7 +115,7 @@ func (h *handlers) auditAdmin(ctx context.Context, typ string, c api.AdminChange
 	if err := e.SetData(event.ApplicationJSON, c); err != nil {
 		return err
 	}
-	o, err := runner.EventOutput(subjects.AuditEvent(subjects.SystemTenant, envelope.SubjectSuffix(typ)), &e)
+	o, err := stages.EventOutput(subjects.AuditEvent(subjects.SystemTenant, envelope.SubjectSuffix(typ)), &e)
 	if err != nil {
 		return err
 	}

@@ -11,8 +11,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/toolgate/toolgate/internal/backoff"
 	"github.com/toolgate/toolgate/internal/envelope"
-	"github.com/toolgate/toolgate/internal/runner"
 	"github.com/toolgate/toolgate/internal/topology"
+	"github.com/toolgate/toolgate/stages"
 	"github.com/toolgate/toolgate/subjects"
 )
 
@@ -103,7 +103,7 @@ func (n *Node) ensureAudit(ctx context.Context, noticed string) error {
 	if err := e.SetData(event.ApplicationJSON, AuditRecreated{Stream: subjects.StreamAudit, Noticed: noticed}); err != nil {
 		return err
 	}
-	o, err := runner.EventOutput(subjects.AuditEvent(subjects.SystemTenant, envelope.SubjectSuffix(TypeAuditRecreated)), &e)
+	o, err := stages.EventOutput(subjects.AuditEvent(subjects.SystemTenant, envelope.SubjectSuffix(TypeAuditRecreated)), &e)
 	if err != nil {
 		return err
 	}

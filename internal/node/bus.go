@@ -21,9 +21,9 @@ import (
 	"github.com/toolgate/toolgate/internal/busauth"
 	"github.com/toolgate/toolgate/internal/control"
 	"github.com/toolgate/toolgate/internal/envelope"
-	"github.com/toolgate/toolgate/internal/runner"
 	"github.com/toolgate/toolgate/internal/token"
 	"github.com/toolgate/toolgate/kvstore"
+	"github.com/toolgate/toolgate/stages"
 	"github.com/toolgate/toolgate/subjects"
 )
 
@@ -257,7 +257,7 @@ func (a *refusalAuditor) Refused(_ context.Context, r busauth.Refusal) {
 		Reason: r.Err.Error(), Role: string(r.Role), Tenant: r.Tenant, TokenID: r.TokenID, Name: r.Name,
 		Host: r.Host, ClientID: r.ClientID, ServerID: r.ServerID,
 	})
-	o, err := runner.EventOutput(subjects.AuditEvent(subjects.SystemTenant, envelope.SubjectSuffix(TypeBusRefused)), &e)
+	o, err := stages.EventOutput(subjects.AuditEvent(subjects.SystemTenant, envelope.SubjectSuffix(TypeBusRefused)), &e)
 	if err != nil {
 		return
 	}

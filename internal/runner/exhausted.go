@@ -82,11 +82,6 @@ func (r *Runner) endExhaustedRetrying(ctx context.Context, adv maxDeliveriesAdvi
 	}
 }
 
-// SweptDetail marks, in an E3901 error's details, an ending the sweep of
-// left-behind messages decided (not JetStream's advisory): audit refuses it
-// over a record a live worker holds (parked or running).
-const SweptDetail = "swept"
-
 // endExhausted hands the invocation of the message adv names to audit as
 // E3901 (at audit itself, or when the message cannot be read, records it as
 // poison) and deletes the message. swept says the sweep, not the advisory,
@@ -120,7 +115,7 @@ func (r *Runner) endExhausted(ctx context.Context, adv maxDeliveriesAdvisory, sw
 			e := api.NewError(api.InternalError, api.EDeliveryExhausted,
 				"%s did not settle the invocation after %d deliveries", r.Name, adv.Deliveries)
 			if swept {
-				e = e.WithDetail(SweptDetail, true)
+				e = e.WithDetail(stages.SweptDetail, true)
 			}
 			inv.Fail(r.Name, e)
 		}
@@ -166,32 +161,5 @@ func poisonEvent(stage, subject, stream string, seq uint64, cause error) (stages
 	if err != nil {
 		return stages.Output{}, err
 	}
-	return EventOutput(subjects.AuditEvent(tenant, envelope.SubjectSuffix(envelope.TypePoison)), &e)
-}
-
-// EventOutput encodes e in structured mode, so that `nats sub` shows the
-// whole CloudEvent, with its source and id as message id.
-func EventOutput(subject string, e *event.Event) (stages.Output, error) {
-	// The SDK's own encoder writes compact JSON: json.Marshal would only
-	// scan it again.
-	data, err := e.MarshalJSON()
-	if err != nil {
-		return stages.Output{}, err
-	}
-	h := nats.Header{}
-	h.Set("Content-Type", event.ApplicationCloudEventsJSON)
-	return stages.Output{Subject: subject, MsgID: envelope.MsgID(e.Source(), e.ID()), Header: h, Data: data}, nil
-}
-
-// AuditEvent is the audit CloudEvent of type typ about inv, published by
-// stage. Its message id is unique per accepted publish and type.
-func AuditEvent(stage string, inv *envelope.Invocation, typ string, data any) (stages.Output, error) {
-	e, err := inv.NewEvent("urn:toolgate:"+stage, typ, data)
-	if err != nil {
-		return stages.Output{}, err
-	}
-	suffix := envelope.SubjectSuffix(typ)
-	o, err := EventOutput(subjects.AuditEvent(inv.Tenant, suffix), e)
-	o.MsgID = inv.MsgID("audit." + suffix)
-	return o, err
+	return stages.EventOutput(subjects.AuditEvent(tenant, envelope.SubjectSuffix(envelope.TypePoison)), &e)
 }

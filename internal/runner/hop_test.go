@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/toolgate/toolgate/internal/envelope"
+	"github.com/toolgate/toolgate/stages"
 	"github.com/toolgate/toolgate/subjects"
 )
 
@@ -28,8 +29,8 @@ func TestHopIDs(t *testing.T) {
 		if HopID(a, subjects.Authorize) == HopID(b, subjects.Authorize) {
 			t.Errorf("%s/%s and %s/%s share hop id %s", a.Tenant, a.ID, b.Tenant, b.ID, HopID(a, subjects.Authorize))
 		}
-		ea, _ := AuditEvent(subjects.Audit, a, envelope.TypeSucceeded, nil)
-		eb, _ := AuditEvent(subjects.Audit, b, envelope.TypeSucceeded, nil)
+		ea, _ := stages.AuditEvent(subjects.Audit, a, envelope.TypeSucceeded, nil)
+		eb, _ := stages.AuditEvent(subjects.Audit, b, envelope.TypeSucceeded, nil)
 		if ea.MsgID == eb.MsgID {
 			t.Errorf("%s/%s and %s/%s share audit message id %s", a.Tenant, a.ID, b.Tenant, b.ID, ea.MsgID)
 		}

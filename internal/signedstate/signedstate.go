@@ -18,7 +18,6 @@ import (
 
 	"github.com/cloudevents/sdk-go/v2/event"
 	"github.com/toolgate/toolgate/internal/envelope"
-	"github.com/toolgate/toolgate/internal/runner"
 	"github.com/toolgate/toolgate/stages"
 
 	"github.com/toolgate/toolgate/api"
@@ -122,5 +121,5 @@ func RefusedEvent(source, what string, revision uint64, cause error) (stages.Out
 	if err := e.SetData(event.ApplicationJSON, Refused{What: what, Revision: revision, Reason: cause.Error(), By: source}); err != nil {
 		return stages.Output{}, err
 	}
-	return runner.EventOutput(subjects.AuditEvent(subjects.SystemTenant, envelope.SubjectSuffix(api.TypeStateRefused)), &e)
+	return stages.EventOutput(subjects.AuditEvent(subjects.SystemTenant, envelope.SubjectSuffix(api.TypeStateRefused)), &e)
 }

@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/envelope"
-	"github.com/toolgate/toolgate/internal/runner"
 	"github.com/toolgate/toolgate/internal/signedstate"
 	"github.com/toolgate/toolgate/kvstore"
 	"github.com/toolgate/toolgate/stages"
@@ -90,7 +89,7 @@ func (a *Auditor) Process(ctx context.Context, inv *envelope.Invocation) ([]stag
 	if inv.Tenant == subjects.SystemTenant {
 		// The event's tenant could not name a subject (E3019): there is no
 		// tenant to keep a status for or to answer, only the audit trail.
-		terminal, err := runner.AuditEvent(subjects.Audit, inv, envelope.TerminalType(inv), inv.Audit())
+		terminal, err := stages.AuditEvent(subjects.Audit, inv, envelope.TerminalType(inv), inv.Audit())
 		return []stages.Output{terminal}, err
 	}
 	// Hooks decide what follows the outcome, before it is recorded: the
@@ -151,7 +150,7 @@ func (a *Auditor) Process(ctx context.Context, inv *envelope.Invocation) ([]stag
 		// After the status and the charge, which callers wait on.
 		a.count(ctx, inv)
 	}
-	terminal, err := runner.AuditEvent(subjects.Audit, inv, envelope.TerminalType(inv), inv.Audit())
+	terminal, err := stages.AuditEvent(subjects.Audit, inv, envelope.TerminalType(inv), inv.Audit())
 	if err != nil {
 		return nil, err
 	}
@@ -171,12 +170,12 @@ func (a *Auditor) Process(ctx context.Context, inv *envelope.Invocation) ([]stag
 }
 
 // swept reports an E3901 ending decided by a sweep of messages left in a
-// work queue (runner.SweptDetail), rather than by the stage that held it.
+// work queue (stages.SweptDetail), rather than by the stage that held it.
 func swept(e *api.Error) bool {
 	if e == nil || e.ECode != api.EDeliveryExhausted {
 		return false
 	}
-	s, _ := e.Details[runner.SweptDetail].(bool)
+	s, _ := e.Details[stages.SweptDetail].(bool)
 	return s
 }
 
@@ -207,7 +206,7 @@ func (a *Auditor) heldByWorker(ctx context.Context, inv *envelope.Invocation) (b
 // one's result on the same subject; a different request gets its refusal
 // there, so that its caller learns why.
 func duplicate(inv *envelope.Invocation) ([]stages.Output, error) {
-	ev, err := runner.AuditEvent(subjects.Audit, inv, envelope.TypeDuplicate, inv.Audit())
+	ev, err := stages.AuditEvent(subjects.Audit, inv, envelope.TypeDuplicate, inv.Audit())
 	if err != nil || sameRequest(inv.Error) {
 		return []stages.Output{ev}, err
 	}
@@ -319,7 +318,7 @@ func resultEvent(inv *envelope.Invocation, resp api.Response) (stages.Output, er
 	if err != nil {
 		return stages.Output{}, err
 	}
-	o, err := runner.EventOutput(subjects.Result(inv.Tenant, inv.ID), e)
+	o, err := stages.EventOutput(subjects.Result(inv.Tenant, inv.ID), e)
 	o.MsgID = inv.MsgID("result")
 	return o, err
 }

@@ -10,7 +10,6 @@ import (
 
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/envelope"
-	"github.com/toolgate/toolgate/internal/runner"
 	"github.com/toolgate/toolgate/kvstore"
 	"github.com/toolgate/toolgate/stages"
 	"github.com/toolgate/toolgate/subjects"
@@ -316,7 +315,7 @@ func TestSweptEndingOverALiveRecord(t *testing.T) {
 			inv.Metadata.StartedAt = "2026-01-01T00:00:00Z"
 			e := api.NewError(api.InternalError, api.EDeliveryExhausted, "left behind")
 			if c.swept {
-				e = e.WithDetail(runner.SweptDetail, true)
+				e = e.WithDetail(stages.SweptDetail, true)
 			}
 			// Through JSON, as it travels.
 			data, _ := json.Marshal(e)

@@ -21,7 +21,6 @@ import (
 	"github.com/toolgate/toolgate/internal/envelope"
 	"github.com/toolgate/toolgate/internal/hosts"
 	"github.com/toolgate/toolgate/internal/policy"
-	"github.com/toolgate/toolgate/internal/runner"
 	"github.com/toolgate/toolgate/internal/token"
 	"github.com/toolgate/toolgate/internal/tools"
 	"github.com/toolgate/toolgate/kvstore"
@@ -737,7 +736,7 @@ func (a *Authorizer) park(ctx context.Context, inv *envelope.Invocation, m *tool
 		AuditRecord: audit, Reasons: d.Reasons, RiskLevel: m.Safety.RiskLevel,
 		SideEffects: m.Safety.SideEffects, Reversible: m.Safety.Reversible, Deadline: stored.Deadline,
 	}
-	ev, err := runner.AuditEvent(subjects.Authorize, inv, envelope.TypeApprovalRequested, data)
+	ev, err := stages.AuditEvent(subjects.Authorize, inv, envelope.TypeApprovalRequested, data)
 	if err != nil {
 		return nil, err
 	}

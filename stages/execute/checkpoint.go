@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/envelope"
-	"github.com/toolgate/toolgate/internal/runner"
 	"github.com/toolgate/toolgate/kvstore"
 	"github.com/toolgate/toolgate/stages"
 	"github.com/toolgate/toolgate/stages/execute/builtin"
@@ -92,7 +91,7 @@ func (t *tracker) Checkpoint(state json.RawMessage) error {
 	if t.publish == nil {
 		return nil
 	}
-	ev, err := runner.AuditEvent(subjects.Execute, t.inv, envelope.TypeCheckpointCreated, CheckpointCreated{
+	ev, err := stages.AuditEvent(subjects.Execute, t.inv, envelope.TypeCheckpointCreated, CheckpointCreated{
 		InvocationID: t.inv.ID, TenantID: t.inv.Tenant, ToolID: t.toolID, Seq: seq,
 		StoredBytes: n, StateBytes: len(state), Percent: percent,
 	})

@@ -22,7 +22,6 @@ import (
 	"github.com/toolgate/toolgate/internal/backoff"
 	"github.com/toolgate/toolgate/internal/breaker"
 	"github.com/toolgate/toolgate/internal/envelope"
-	"github.com/toolgate/toolgate/internal/runner"
 	"github.com/toolgate/toolgate/internal/tools"
 	"github.com/toolgate/toolgate/kvstore"
 	"github.com/toolgate/toolgate/stages"
@@ -215,7 +214,7 @@ func (x *Executor) Process(ctx context.Context, inv *envelope.Invocation) ([]sta
 		}
 	}
 	inv.Status = api.StatusRunning
-	invoked, err := runner.AuditEvent(subjects.Execute, inv, envelope.TypeInvoked, inv.Audit())
+	invoked, err := stages.AuditEvent(subjects.Execute, inv, envelope.TypeInvoked, inv.Audit())
 	if err != nil {
 		return nil, err
 	}

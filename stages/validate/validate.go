@@ -12,7 +12,6 @@ import (
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/detect"
 	"github.com/toolgate/toolgate/internal/envelope"
-	"github.com/toolgate/toolgate/internal/runner"
 	"github.com/toolgate/toolgate/internal/tools"
 	"github.com/toolgate/toolgate/schemas"
 	"github.com/toolgate/toolgate/stages"
@@ -213,7 +212,7 @@ func accepted(inv *envelope.Invocation) (stages.Output, error) {
 	if err != nil {
 		return stages.Output{}, err
 	}
-	o, err := runner.EventOutput(subjects.Result(inv.Tenant, inv.ID), e)
+	o, err := stages.EventOutput(subjects.Result(inv.Tenant, inv.ID), e)
 	o.MsgID = inv.MsgID("accepted")
 	return o, err
 }
