@@ -78,6 +78,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeForms$$' -fuzztime $(FUZZTIME) ./internal/detect/
 	$(GO) test -run '^$$' -fuzz '^FuzzCompile$$' -fuzztime $(FUZZTIME) ./schemas/
 	$(GO) test -run '^$$' -fuzz '^FuzzURLTemplate$$' -fuzztime $(FUZZTIME) ./stages/execute/httptool/
+	$(GO) test -run '^$$' -fuzz '^FuzzScrub$$' -fuzztime $(FUZZTIME) ./stages/execute/httptool/
 	$(GO) test -run '^$$' -fuzz '^FuzzControlLines$$' -fuzztime $(FUZZTIME) ./internal/sandbox/
 	$(GO) test -run '^$$' -fuzz '^FuzzExpand$$' -fuzztime $(FUZZTIME) ./internal/sandbox/
 	$(GO) test -run '^$$' -fuzz '^FuzzResult$$' -fuzztime $(FUZZTIME) ./stages/execute/mcptool/
