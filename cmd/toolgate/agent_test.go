@@ -313,7 +313,8 @@ func TestRefusalsExplainThemselves(t *testing.T) {
 
 // TestTail: --all --count N prints the last N stored events and ends, also
 // when fewer exist; --json is JSON Lines; an agent follows its tenant's
-// new events and is told at once that the stored trail is not its to read.
+// new events and reads the stored ones through its tenant's history
+// endpoint, and is told at once that other tenants' are not its to read.
 func TestTail(t *testing.T) {
 	cleanEnv(t)
 	s := startToolgate(t)
@@ -349,8 +350,14 @@ func TestTail(t *testing.T) {
 	}
 
 	tok := agentToken(t, s, "tail-agent", time.Hour, "echo")
-	if r := tg(t, "", "tail", "--all", "--nats", s.url, "--token", tok); r.code != exitNotPermitted || !strings.Contains(r.stderr, "operator credentials") {
-		t.Fatalf("tail --all as an agent: exit %d\n%s", r.code, r.stderr)
+	// An agent reads the stored trail through its tenant's history
+	// endpoint: the same last events.
+	agentLast := tg(t, "", "tail", "--all", "--count", "2", "--json", "--nats", s.url, "--token", tok)
+	if got := lines(agentLast.stdout); agentLast.code != exitOK || len(got) != 2 || got[0] != all[len(all)-2] || got[1] != all[len(all)-1] {
+		t.Fatalf("tail --all --count 2 as an agent: exit %d\n%s%s\nwant the last two of\n%s", agentLast.code, agentLast.stdout, agentLast.stderr, every.stdout)
+	}
+	if r := tg(t, "", "tail", "--all-tenants", "--nats", s.url, "--token", tok); r.code != exitNotPermitted || !strings.Contains(r.stderr, "operator credentials") {
+		t.Fatalf("tail --all-tenants as an agent: exit %d\n%s", r.code, r.stderr)
 	}
 	var out syncBuffer
 	done := make(chan int, 1)
@@ -538,8 +545,26 @@ func TestAuditHistoryAsAgent(t *testing.T) {
 		r := tg(t, "", asAgent("audit", "history", "--json", "--cursor", p.NextCursor)...)
 		return strings.Contains(r.stdout, later.InvocationID)
 	})
-	if r := tg(t, "", asAgent("audit", "history", "--since", "1s", "--json")...); r.code != exitOK {
-		t.Errorf("--since: exit %d %s", r.code, r.stderr)
+	// --since starts at the first event stored at or after it.
+	var since time.Time
+	for p := page(""); ; p = page(p.NextCursor) {
+		for _, e := range p.Events {
+			if since.IsZero() && strings.Contains(string(e.Event), later.InvocationID) {
+				since = e.Time
+			}
+		}
+		if !p.More {
+			break
+		}
+	}
+	r = tg(t, "", asAgent("audit", "history", "--all", "--json", "--since", since.Format(time.RFC3339Nano))...)
+	if r.code != exitOK || !strings.Contains(r.stdout, later.InvocationID) || strings.Contains(r.stdout, ids[0]) {
+		t.Errorf("--since %s: exit %d, want %s's events and none of %s's\n%s%s", since.Format(time.RFC3339Nano), r.code, later.InvocationID, ids[0], r.stdout, r.stderr)
+	}
+	r = tg(t, "", asAgent("audit", "history", "--json", "--since", time.Now().Add(time.Hour).Format(time.RFC3339))...)
+	var none api.AuditHistoryResponse
+	if r.code != exitOK || json.Unmarshal([]byte(r.stdout), &none) != nil || len(none.Events) != 0 || none.More {
+		t.Errorf("--since an hour ahead: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
 
 	// An agent of tenant other: its own history holds none of demo's, and
