@@ -359,6 +359,25 @@ func TestTail(t *testing.T) {
 	if r := tg(t, "", "tail", "--all-tenants", "--nats", s.url, "--token", tok); r.code != exitNotPermitted || !strings.Contains(r.stderr, "operator credentials") {
 		t.Fatalf("tail --all-tenants as an agent: exit %d\n%s", r.code, r.stderr)
 	}
+	// An agent's tail --all prints the stored trail, then follows it.
+	ctx, cancel := context.WithCancel(t.Context())
+	var follow syncBuffer
+	followed := make(chan int, 1)
+	go func() {
+		followed <- run(ctx, []string{"tail", "--all", "--json", "--nats", s.url, "--token", tok}, strings.NewReader(""), &follow, io.Discard)
+	}()
+	r := tg(t, "", "invoke", "echo", "--params", `{"message":"followed"}`, "--wait", "--json", "--nats", s.url, "--token", tok)
+	var followedCall api.Response
+	if r.code != exitOK || json.Unmarshal([]byte(r.stdout), &followedCall) != nil {
+		t.Fatalf("invoke as agent: %d %s", r.code, r.stderr)
+	}
+	waitFor(t, "the followed call in the agent's tail --all", func() bool {
+		return strings.Contains(follow.String(), `"invocation_id":"`+followedCall.InvocationID+`"`)
+	})
+	cancel()
+	if code := <-followed; code != exitOK || lines(follow.String())[0] != all[0] {
+		t.Fatalf("tail --all as an agent: exit %d, first line %q, want %q", code, lines(follow.String())[0], all[0])
+	}
 	var out syncBuffer
 	done := make(chan int, 1)
 	go func() {
