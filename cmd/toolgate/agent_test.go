@@ -70,6 +70,19 @@ func agentToken(t *testing.T, s server, jti string, ttl time.Duration, tools ...
 	return raw
 }
 
+// registerApprovalTool registers tool id, whose every call waits for a
+// human's approval, on s as its operator.
+func registerApprovalTool(t *testing.T, s server, id string) {
+	t.Helper()
+	man := initManifest(id)
+	man["safety"].(map[string]any)["requires_approval"] = true
+	man["input_schema"] = map[string]any{"type": "object"}
+	doc, _ := json.Marshal(man)
+	if r := tg(t, string(doc), s.flags("tools", "register", "-")...); r.code != exitOK {
+		t.Fatalf("register %s: %d %s", id, r.code, r.stderr)
+	}
+}
+
 // TestMCPStdioAsAgent: `toolgate mcp --stdio` launched as a desktop client
 // launches it (from a directory outside the repository, with only the
 // agent's token in its environment) lists the tools the token grants and
@@ -116,13 +129,7 @@ func TestMCPStdioAsAgent(t *testing.T) {
 func TestCommandsByRole(t *testing.T) {
 	cleanEnv(t)
 	s := startToolgate(t)
-	man := initManifest("needs.human")
-	man["safety"].(map[string]any)["requires_approval"] = true
-	man["input_schema"] = map[string]any{"type": "object"}
-	doc, _ := json.Marshal(man)
-	if r := tg(t, string(doc), s.flags("tools", "register", "-")...); r.code != exitOK {
-		t.Fatalf("register: %d %s", r.code, r.stderr)
-	}
+	registerApprovalTool(t, s, "needs.human")
 	tok := agentToken(t, s, "roles-agent", time.Hour, "echo", "needs.human")
 	asAgent := func(args ...string) []string { return append(args, "--nats", s.url, "--token", tok) }
 	asOperator := func(args ...string) []string { return s.flags(args...) }
@@ -627,13 +634,7 @@ func TestCredsContext(t *testing.T) {
 	cfg := t.TempDir()
 	t.Setenv("XDG_CONFIG_HOME", cfg)
 	s := startToolgate(t)
-	man := initManifest("ctx.human")
-	man["safety"].(map[string]any)["requires_approval"] = true
-	man["input_schema"] = map[string]any{"type": "object"}
-	doc, _ := json.Marshal(man)
-	if r := tg(t, string(doc), s.flags("tools", "register", "-")...); r.code != exitOK {
-		t.Fatalf("register: %d %s", r.code, r.stderr)
-	}
+	registerApprovalTool(t, s, "ctx.human")
 	tok := agentToken(t, s, "ctx-agent", time.Hour, "echo", "ctx.human")
 	opCreds := filepath.Join(s.data, "busauth", "operator.creds")
 	if r := tg(t, "", "creds", "context", "tg-op", "--creds", opCreds, "--nats", s.url); r.code != exitOK || !strings.Contains(r.stdout, "nats --context tg-op") {
