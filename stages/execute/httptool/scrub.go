@@ -209,7 +209,7 @@ func (s *scrubber) JSON(v any) any {
 	var leaves []*string
 	collect(&v, &leaves)
 	if len(leaves) < 2 {
-		return v
+		return rebuild(v)
 	}
 	// The values as one text: where each starts in it.
 	starts := make([]int, len(leaves)+1)
@@ -228,7 +228,7 @@ func (s *scrubber) JSON(v any) any {
 	}
 	spans := s.spans(at, starts[len(leaves)])
 	if len(spans) == 0 {
-		return v
+		return rebuild(v)
 	}
 	for i, l := range leaves {
 		var own [][2]int

@@ -121,6 +121,35 @@ func TestScrubTransformedCredentials(t *testing.T) {
 	}
 }
 
+// TestScrubJSONKeepsTypes: scrubbing a decoded document gives back plain
+// strings, maps and slices, whether or not anything was redacted.
+func TestScrubJSONKeepsTypes(t *testing.T) {
+	s := newScrubber("ghp_8rESQedUStPKR0CsTy4Qwb8DwkNhFdnXsiVp")
+	for _, doc := range []string{`"one"`, `{"a":"one"}`, `{"a":"one","b":["two",3]}`, `{"a":"ghp_8rESQedUSt","b":["PKR0CsTy4Qwb8DwkNhFdnXsiVp",3]}`} {
+		var v any
+		if err := json.Unmarshal([]byte(doc), &v); err != nil {
+			t.Fatal(err)
+		}
+		var walk func(any)
+		walk = func(x any) {
+			switch t2 := x.(type) {
+			case map[string]any:
+				for _, y := range t2 {
+					walk(y)
+				}
+			case []any:
+				for _, y := range t2 {
+					walk(y)
+				}
+			case string, float64, bool, nil, json.Number:
+			default:
+				t.Errorf("%s: scrubbed into a %T", doc, x)
+			}
+		}
+		walk(s.JSON(v))
+	}
+}
+
 // FuzzScrub: whatever a server answers, the scrubber never lets the
 // credential itself through, and changes nothing of an answer that holds
 // none of its exact forms nor its letters and digits in order.
