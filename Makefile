@@ -78,6 +78,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeForms$$' -fuzztime $(FUZZTIME) ./internal/detect/
 	$(GO) test -run '^$$' -fuzz '^FuzzCompile$$' -fuzztime $(FUZZTIME) ./schemas/
 	$(GO) test -run '^$$' -fuzz '^FuzzURLTemplate$$' -fuzztime $(FUZZTIME) ./stages/execute/httptool/
+	$(GO) test -run '^$$' -fuzz '^FuzzScrub$$' -fuzztime $(FUZZTIME) ./stages/execute/httptool/
 	$(GO) test -run '^$$' -fuzz '^FuzzControlLines$$' -fuzztime $(FUZZTIME) ./internal/sandbox/
 	$(GO) test -run '^$$' -fuzz '^FuzzExpand$$' -fuzztime $(FUZZTIME) ./internal/sandbox/
 	$(GO) test -run '^$$' -fuzz '^FuzzResult$$' -fuzztime $(FUZZTIME) ./stages/execute/mcptool/
@@ -97,12 +98,15 @@ fuzz:
 # chain measured in the same run; the goals (saturation, latency unloaded
 # and at half load, authorization) each printed with its target; then 200
 # concurrent calls of a tool that waits 1 s, with execute's default
-# concurrency (goal: all end within 2 s, s/batch).
+# concurrency (goal: all end within 2 s, s/batch); then the labelled tool
+# outputs through the verify stage, per category: recall, benign intact,
+# µs/KiB and µs per output (docs/safety.md).
 # SOAK is the length of the memory-growth run at half saturation.
 SOAK ?= 10m
 bench: mcp-servers
 	$(GO) run ./cmd/toolgate bench --rate 300 --duration 10s --workers 16 --soak $(SOAK)
 	$(GO) test -run '^$$' -bench '^BenchmarkWaitingCalls$$' -benchtime 3x ./internal/node/
+	$(GO) test -run '^$$' -bench '^BenchmarkOutputCorpus$$' -benchtime 5x ./stages/verify/
 
 fmt:
 	gofmt -w $$(git ls-files '*.go')

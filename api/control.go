@@ -1,6 +1,9 @@
 package api
 
-import "encoding/json"
+import (
+	"encoding/json"
+	"time"
+)
 
 // StatusRequest asks for an invocation's status.
 type StatusRequest struct {
@@ -95,4 +98,33 @@ type CancelRequest struct {
 	InvocationID string `json:"invocation_id"`
 	RequestedBy  string `json:"requested_by,omitempty"`
 	Reason       string `json:"reason,omitempty"`
+}
+
+// AuditHistoryRequest asks for a page of one tenant's stored audit events,
+// oldest first (tool.svc.<tenant>.audit.history). Cursor is a previous
+// answer's next_cursor; without one the page starts at the first event at
+// or after Since, or at the first stored. PageSize is at most 200; default 50.
+type AuditHistoryRequest struct {
+	TenantID string     `json:"tenant_id,omitempty"`
+	Since    *time.Time `json:"since,omitempty"`
+	Cursor   string     `json:"cursor,omitempty"`
+	PageSize int        `json:"page_size,omitempty"`
+}
+
+// AuditHistoryResponse is a page of audit events. NextCursor is where the
+// next page starts, also when this one reached the end: asked again later,
+// it answers the events stored since. More says whether stored events
+// remain beyond this page.
+type AuditHistoryResponse struct {
+	Events     []AuditEntry `json:"events"`
+	NextCursor string       `json:"next_cursor"`
+	More       bool         `json:"more"`
+}
+
+// AuditEntry is one stored audit event: its subject, when the stream stored
+// it, and the CloudEvent (a JSON string when it was not JSON).
+type AuditEntry struct {
+	Subject string          `json:"subject"`
+	Time    time.Time       `json:"time"`
+	Event   json.RawMessage `json:"event"`
 }

@@ -309,9 +309,12 @@ func (c *Client) Tail(ctx context.Context, tenant string, all bool, fn func(subj
 	if all {
 		cfg.DeliverPolicy = jetstream.DeliverAllPolicy
 	}
-	cons, err := c.js.OrderedConsumer(ctx, subjects.StreamAudit, cfg)
+	// Refused JetStream requests get no answer: say so at once.
+	jsCtx, done := c.refusals.track(ctx, "$JS.API.>")
+	cons, err := c.js.OrderedConsumer(jsCtx, subjects.StreamAudit, cfg)
+	done()
 	if err != nil {
-		return fmt.Errorf("reading audit: %w", err)
+		return refusedOr(jsCtx, fmt.Errorf("reading audit: %w", err))
 	}
 	it, err := cons.Messages()
 	if err != nil {
@@ -334,6 +337,14 @@ func (c *Client) Tail(ctx context.Context, tenant string, all bool, fn func(subj
 	}
 }
 
+// refusedOr is the bus's refusal that ended ctx, if one did, else err.
+func refusedOr(ctx context.Context, err error) error {
+	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) && !errors.Is(cause, context.DeadlineExceeded) {
+		return cause
+	}
+	return err
+}
+
 // TailLast calls fn with the last n audit events of tenant (all tenants
 // when empty) that the stream held when it was called, oldest first, and
 // returns: fewer when fewer exist, none when none do.
@@ -342,13 +353,16 @@ func (c *Client) TailLast(ctx context.Context, tenant string, n int, fn func(sub
 	if tenant != "" {
 		filter = subjects.AuditTenant(tenant)
 	}
-	st, err := c.js.Stream(ctx, subjects.StreamAudit)
+	jsCtx, untrack := c.refusals.track(ctx, "$JS.API.>")
+	st, err := c.js.Stream(jsCtx, subjects.StreamAudit)
 	if err != nil {
-		return fmt.Errorf("reading audit: %w", err)
+		untrack()
+		return refusedOr(jsCtx, fmt.Errorf("reading audit: %w", err))
 	}
-	info, err := st.Info(ctx, jetstream.WithSubjectFilter(filter))
+	info, err := st.Info(jsCtx, jetstream.WithSubjectFilter(filter))
+	untrack()
 	if err != nil {
-		return fmt.Errorf("reading audit: %w", err)
+		return refusedOr(jsCtx, fmt.Errorf("reading audit: %w", err))
 	}
 	var stored uint64
 	for _, k := range info.State.Subjects {
@@ -577,5 +591,19 @@ func (c *Client) CapabilityReport(ctx context.Context, tenant, id string) (api.C
 	}
 	var out api.CapabilityReport
 	err := c.request(ctx, subjects.TenantSvc(tenant, subjects.SvcCapabilityReport), api.CapabilityReportRequest{RequestID: id}, &out)
+	return out, err
+}
+
+// AuditHistory returns a page of tenant's stored audit events, oldest
+// first, on tenant's scoped endpoint: an agent reads its own tenant's
+// history this way (it may create no consumer). Give r.Cursor the previous
+// page's NextCursor for the next one.
+func (c *Client) AuditHistory(ctx context.Context, tenant string, r api.AuditHistoryRequest) (api.AuditHistoryResponse, error) {
+	var out api.AuditHistoryResponse
+	if err := checkTenant(tenant); err != nil {
+		return out, err
+	}
+	r.TenantID = tenant
+	err := c.request(ctx, subjects.TenantSvc(tenant, subjects.SvcAuditHistory), r, &out)
 	return out, err
 }

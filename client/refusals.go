@@ -49,8 +49,9 @@ func watchRefusals(nc *nats.Conn) *refusals {
 	return r
 }
 
-// track registers a request on subject until done is called; ctx ends with
-// the refusal as its cause if the bus refuses it.
+// track registers a request on subject (or, ending in ">", any subject it
+// begins) until done is called; ctx ends with the refusal as its cause if
+// the bus refuses it.
 func (r *refusals) track(ctx context.Context, subject string) (context.Context, func()) {
 	if r == nil {
 		return ctx, func() {}
@@ -78,8 +79,11 @@ func (r *refusals) refused(msg string) bool {
 	switch {
 	case publishRefused.MatchString(msg):
 		subject := publishRefused.FindStringSubmatch(msg)[1]
-		hit = func(p *pendingRequest) bool { return p.subject == subject }
-		cause = func(p *pendingRequest) error { return NotPermitted(p.subject) }
+		hit = func(p *pendingRequest) bool {
+			prefix, wild := strings.CutSuffix(p.subject, ">")
+			return p.subject == subject || wild && strings.HasPrefix(subject, prefix)
+		}
+		cause = func(*pendingRequest) error { return NotPermitted(subject) }
 	case subscribeRefused.MatchString(msg):
 		subject := subscribeRefused.FindStringSubmatch(msg)[1]
 		if !strings.HasPrefix(subject, nats.InboxPrefix) {

@@ -5,7 +5,9 @@
 // A block fenced as ```sh is run with bash (-e, pipefail) in a working
 // directory holding a copy of README.md, the data directory of a running
 // `toolgate serve --examples` (./toolgate-data) and a link to .cache, with
-// the freshly built toolgate first on PATH and NATS_URL pointing at it.
+// the freshly built toolgate first on PATH. As a user's, the blocks run
+// outside the repository with NATS_URL unset: serve listens on the default
+// nats://127.0.0.1:4222, and nats contexts live in a directory of the test's.
 // Blocks of one file run in order, so a later block may use what an earlier
 // one created. A block fenced as ```sh no-run is illustrative (it needs an
 // external server, a real key, …) and is only shown.
@@ -73,16 +75,6 @@ func blocks(t *testing.T, path string) []block {
 	return out
 }
 
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
 func TestCommandBlocks(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts toolgate and runs the documentation's commands")
@@ -133,8 +125,17 @@ func TestCommandBlocks(t *testing.T) {
 	if err := os.CopyFS(filepath.Join(work, "examples", "files"), os.DirFS(filepath.Join(repo, "examples", "files"))); err != nil {
 		t.Fatal(err)
 	}
-	natsURL := fmt.Sprintf("nats://127.0.0.1:%d", freePort(t))
-	env := append(os.Environ(), "PATH="+path, "NATS_URL="+natsURL, "TOOLGATE_TOKEN=")
+	// As a user runs them: no NATS_URL, so every command reaches the
+	// default server, which serve is; nats contexts in a directory of the
+	// test's own.
+	natsURL := holdDefaultPort(t)
+	env := []string{"PATH=" + path, "TOOLGATE_TOKEN=", "XDG_CONFIG_HOME=" + t.TempDir()}
+	for _, kv := range os.Environ() {
+		k, _, _ := strings.Cut(kv, "=")
+		if !strings.HasPrefix(k, "NATS_") && k != "PATH" && k != "TOOLGATE_TOKEN" && k != "TOOLGATE_TENANT" && k != "XDG_CONFIG_HOME" {
+			env = append(env, kv)
+		}
+	}
 
 	ctx, cancel := context.WithCancel(context.Background())
 	serve := exec.CommandContext(ctx, filepath.Join(bin, "toolgate"), "serve", "--examples",
@@ -196,6 +197,36 @@ func TestCommandBlocks(t *testing.T) {
 					t.Fatalf("block at %s:%d failed: %v\n--- block\n%s--- output\n%s", b.file, b.line, err, b.body, out)
 				}
 			})
+		}
+	}
+}
+
+// defaultURL is the server toolgate's commands and the nats CLI reach when
+// nothing names one.
+const defaultURL = "nats://127.0.0.1:4222"
+
+// holdDefaultPort returns defaultURL once its port is free to serve on. Runs
+// of this test on one machine take turns (a lock file); a port held by
+// something else fails the test, saying what holds it.
+func holdDefaultPort(t *testing.T) string {
+	t.Helper()
+	lock, err := os.OpenFile(filepath.Join(os.TempDir(), "toolgate-docs-test.lock"), os.O_CREATE|os.O_RDWR, 0o666)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { lock.Close() }) // closing releases the lock
+	addr := strings.TrimPrefix(defaultURL, "nats://")
+	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(time.Second) {
+		l, err := net.Listen("tcp", addr)
+		if err == nil {
+			l.Close()
+			return defaultURL
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s stays taken (%v): the documentation's commands run as a user's do, against the default server; stop what listens there (a `make run`?)", addr, err)
 		}
 	}
 }

@@ -244,6 +244,10 @@ const (
 	// SvcCapabilityReport takes {"request_id"} (and "tenant_id" un-scoped)
 	// and answers the request's run report.
 	SvcCapabilityReport = "tool.svc.capability.report"
+	// SvcAuditHistory takes api.AuditHistoryRequest and answers a page of
+	// the tenant's stored audit events (api.AuditHistoryResponse).
+	// Tenant-scoped only: the tenant is the subject's.
+	SvcAuditHistory = "tool.svc.audit.history"
 )
 
 // Administrative control endpoints (control API 1.3): the one surface for

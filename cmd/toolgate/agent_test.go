@@ -19,6 +19,8 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/nats-io/nkeys"
 	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/client"
+	"github.com/toolgate/toolgate/internal/connect"
 	"github.com/toolgate/toolgate/internal/node"
 	"github.com/toolgate/toolgate/internal/token"
 )
@@ -68,6 +70,19 @@ func agentToken(t *testing.T, s server, jti string, ttl time.Duration, tools ...
 	return raw
 }
 
+// registerApprovalTool registers tool id, whose every call waits for a
+// human's approval, on s as its operator.
+func registerApprovalTool(t *testing.T, s server, id string) {
+	t.Helper()
+	man := initManifest(id)
+	man["safety"].(map[string]any)["requires_approval"] = true
+	man["input_schema"] = map[string]any{"type": "object"}
+	doc, _ := json.Marshal(man)
+	if r := tg(t, string(doc), s.flags("tools", "register", "-")...); r.code != exitOK {
+		t.Fatalf("register %s: %d %s", id, r.code, r.stderr)
+	}
+}
+
 // TestMCPStdioAsAgent: `toolgate mcp --stdio` launched as a desktop client
 // launches it (from a directory outside the repository, with only the
 // agent's token in its environment) lists the tools the token grants and
@@ -114,13 +129,7 @@ func TestMCPStdioAsAgent(t *testing.T) {
 func TestCommandsByRole(t *testing.T) {
 	cleanEnv(t)
 	s := startToolgate(t)
-	man := initManifest("needs.human")
-	man["safety"].(map[string]any)["requires_approval"] = true
-	man["input_schema"] = map[string]any{"type": "object"}
-	doc, _ := json.Marshal(man)
-	if r := tg(t, string(doc), s.flags("tools", "register", "-")...); r.code != exitOK {
-		t.Fatalf("register: %d %s", r.code, r.stderr)
-	}
+	registerApprovalTool(t, s, "needs.human")
 	tok := agentToken(t, s, "roles-agent", time.Hour, "echo", "needs.human")
 	asAgent := func(args ...string) []string { return append(args, "--nats", s.url, "--token", tok) }
 	asOperator := func(args ...string) []string { return s.flags(args...) }
@@ -166,6 +175,8 @@ func TestCommandsByRole(t *testing.T) {
 		{[]string{"status", parked.InvocationID}, want{exitOK, "waiting for a human"}, want{exitOK, "toolgate approve " + parked.InvocationID}},
 		{[]string{"status", done.InvocationID, "--tenant", "other"}, want{exitWrongTenant, "tenant demo"}, want{exitError, "E3025"}},
 		{[]string{"breakers"}, want{exitNotPermitted, "tool.svc.breakers.list"}, want{exitOK, "KEY"}},
+		{[]string{"audit", "history"}, want{exitOK, parked.InvocationID}, want{exitOK, parked.InvocationID}},
+		{[]string{"tail", "--all", "--count", "2"}, want{exitOK, "demo"}, want{exitOK, "demo"}},
 		{[]string{"approve", parked.InvocationID}, want{exitNotPermitted, "may not publish to tool.svc.approval"}, want{exitOK, "approved " + parked.InvocationID}},
 	}
 	for _, c := range cases {
@@ -174,7 +185,7 @@ func TestCommandsByRole(t *testing.T) {
 			args []string
 			want want
 		}{{"agent", asAgent(c.args...), c.agent}, {"operator", asOperator(c.args...), c.operator},
-			{"worker", asWorker(c.args...), want{exitNotPermitted, "may not publish to tool.svc."}}} {
+			{"worker", asWorker(c.args...), want{exitNotPermitted, "may not publish to "}}} {
 			start := time.Now()
 			r := tg(t, "", role.args...)
 			took := time.Since(start)
@@ -309,7 +320,8 @@ func TestRefusalsExplainThemselves(t *testing.T) {
 
 // TestTail: --all --count N prints the last N stored events and ends, also
 // when fewer exist; --json is JSON Lines; an agent follows its tenant's
-// new events and is told at once that the stored trail is not its to read.
+// new events and reads the stored ones through its tenant's history
+// endpoint, and is told at once that other tenants' are not its to read.
 func TestTail(t *testing.T) {
 	cleanEnv(t)
 	s := startToolgate(t)
@@ -345,8 +357,33 @@ func TestTail(t *testing.T) {
 	}
 
 	tok := agentToken(t, s, "tail-agent", time.Hour, "echo")
-	if r := tg(t, "", "tail", "--all", "--nats", s.url, "--token", tok); r.code != exitNotPermitted || !strings.Contains(r.stderr, "operator credentials") {
-		t.Fatalf("tail --all as an agent: exit %d\n%s", r.code, r.stderr)
+	// An agent reads the stored trail through its tenant's history
+	// endpoint: the same last events.
+	agentLast := tg(t, "", "tail", "--all", "--count", "2", "--json", "--nats", s.url, "--token", tok)
+	if got := lines(agentLast.stdout); agentLast.code != exitOK || len(got) != 2 || got[0] != all[len(all)-2] || got[1] != all[len(all)-1] {
+		t.Fatalf("tail --all --count 2 as an agent: exit %d\n%s%s\nwant the last two of\n%s", agentLast.code, agentLast.stdout, agentLast.stderr, every.stdout)
+	}
+	if r := tg(t, "", "tail", "--all-tenants", "--nats", s.url, "--token", tok); r.code != exitNotPermitted || !strings.Contains(r.stderr, "operator credentials") {
+		t.Fatalf("tail --all-tenants as an agent: exit %d\n%s", r.code, r.stderr)
+	}
+	// An agent's tail --all prints the stored trail, then follows it.
+	ctx, cancel := context.WithCancel(t.Context())
+	var follow syncBuffer
+	followed := make(chan int, 1)
+	go func() {
+		followed <- run(ctx, []string{"tail", "--all", "--json", "--nats", s.url, "--token", tok}, strings.NewReader(""), &follow, io.Discard)
+	}()
+	r := tg(t, "", "invoke", "echo", "--params", `{"message":"followed"}`, "--wait", "--json", "--nats", s.url, "--token", tok)
+	var followedCall api.Response
+	if r.code != exitOK || json.Unmarshal([]byte(r.stdout), &followedCall) != nil {
+		t.Fatalf("invoke as agent: %d %s", r.code, r.stderr)
+	}
+	waitFor(t, "the followed call in the agent's tail --all", func() bool {
+		return strings.Contains(follow.String(), `"invocation_id":"`+followedCall.InvocationID+`"`)
+	})
+	cancel()
+	if code := <-followed; code != exitOK || lines(follow.String())[0] != all[0] {
+		t.Fatalf("tail --all as an agent: exit %d, first line %q, want %q", code, lines(follow.String())[0], all[0])
 	}
 	var out syncBuffer
 	done := make(chan int, 1)
@@ -438,5 +475,223 @@ func TestMCPExpiredToken(t *testing.T) {
 	r := tg(t, "", "mcp", "--stdio", "--nats", s.url)
 	if r.code != exitExpired || !strings.Contains(r.stderr, "expired at") {
 		t.Fatalf("exit %d, want %d and why\n%s", r.code, exitExpired, r.stderr)
+	}
+}
+
+// TestAuditHistoryAsAgent: an agent with only its token pages through its
+// tenant's stored audit events with the cursor each page gives, sees every
+// one of them once and no other tenant's; an agent of another tenant is
+// refused, by the command and by the bus.
+func TestAuditHistoryAsAgent(t *testing.T) {
+	cleanEnv(t)
+	s := startToolgate(t)
+	tok := agentToken(t, s, "history-agent", time.Hour, "echo")
+	other := otherTenantToken(t, s)
+	asAgent := func(args ...string) []string { return append(args, "--nats", s.url, "--token", tok) }
+	var ids []string
+	for i := range 3 {
+		r := tg(t, "", asAgent("invoke", "echo", "--params", fmt.Sprintf(`{"message":"m%d"}`, i), "--wait", "--json")...)
+		var done api.Response
+		if r.code != exitOK || json.Unmarshal([]byte(r.stdout), &done) != nil {
+			t.Fatalf("invoke: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+		}
+		ids = append(ids, done.InvocationID)
+	}
+	// Another tenant's events, which demo's history must not show.
+	if r := tg(t, "", "invoke", "echo", "--params", `{"message":"x"}`, "--wait", "--nats", s.url, "--token", other); r.code != exitOK {
+		t.Fatalf("invoke as other: exit %d %s", r.code, r.stderr)
+	}
+	page := func(cursor string) api.AuditHistoryResponse {
+		t.Helper()
+		r := tg(t, "", asAgent("audit", "history", "--json", "--page-size", "2", "--cursor", cursor)...)
+		var p api.AuditHistoryResponse
+		if r.code != exitOK || json.Unmarshal([]byte(r.stdout), &p) != nil {
+			t.Fatalf("audit history --cursor %q: exit %d\n%s%s", cursor, r.code, r.stdout, r.stderr)
+		}
+		return p
+	}
+	var seen []api.AuditEntry
+	var terminal map[string]bool
+	waitFor(t, "every call's terminal event in the history", func() bool {
+		seen, terminal = nil, map[string]bool{}
+		p := page("")
+		for pages := 0; ; pages++ {
+			if len(p.Events) > 2 {
+				t.Fatalf("a page of size 2 holds %d events", len(p.Events))
+			}
+			seen = append(seen, p.Events...)
+			if !p.More || pages > 100 {
+				break
+			}
+			p = page(p.NextCursor)
+		}
+		for _, e := range seen {
+			if strings.HasSuffix(e.Subject, ".tool.succeeded") {
+				var ev struct {
+					Data struct {
+						InvocationID string `json:"invocation_id"`
+					} `json:"data"`
+				}
+				_ = json.Unmarshal(e.Event, &ev)
+				terminal[ev.Data.InvocationID] = true
+			}
+		}
+		return len(terminal) == len(ids)
+	})
+	events := map[string]bool{}
+	for _, e := range seen {
+		if !strings.HasPrefix(e.Subject, "audit.demo.") {
+			t.Errorf("demo's history holds %s", e.Subject)
+		}
+		var ev struct {
+			ID string `json:"id"`
+		}
+		if json.Unmarshal(e.Event, &ev) != nil || ev.ID == "" || events[ev.ID] {
+			t.Errorf("event %s read twice or without an id: %s", e.Subject, e.Event)
+		}
+		events[ev.ID] = true
+	}
+	for _, id := range ids {
+		if !terminal[id] {
+			t.Errorf("no tool.succeeded of %s in the history", id)
+		}
+	}
+	// The last page's cursor, asked again, answers only what came since.
+	p := page("")
+	for p.More {
+		p = page(p.NextCursor)
+	}
+	if again := page(p.NextCursor); len(again.Events) != 0 || again.NextCursor != p.NextCursor {
+		t.Errorf("the end cursor answered %d events and cursor %s, want none and %s", len(again.Events), again.NextCursor, p.NextCursor)
+	}
+	r := tg(t, "", asAgent("invoke", "echo", "--params", `{"message":"later"}`, "--wait", "--json")...)
+	var later api.Response
+	_ = json.Unmarshal([]byte(r.stdout), &later)
+	waitFor(t, "the later call in the history", func() bool {
+		r := tg(t, "", asAgent("audit", "history", "--json", "--cursor", p.NextCursor)...)
+		return strings.Contains(r.stdout, later.InvocationID)
+	})
+	// --since starts at the first event stored at or after it.
+	var since time.Time
+	for p := page(""); ; p = page(p.NextCursor) {
+		for _, e := range p.Events {
+			if since.IsZero() && strings.Contains(string(e.Event), later.InvocationID) {
+				since = e.Time
+			}
+		}
+		if !p.More {
+			break
+		}
+	}
+	r = tg(t, "", asAgent("audit", "history", "--all", "--json", "--since", since.Format(time.RFC3339Nano))...)
+	if r.code != exitOK || !strings.Contains(r.stdout, later.InvocationID) || strings.Contains(r.stdout, ids[0]) {
+		t.Errorf("--since %s: exit %d, want %s's events and none of %s's\n%s%s", since.Format(time.RFC3339Nano), r.code, later.InvocationID, ids[0], r.stdout, r.stderr)
+	}
+	r = tg(t, "", asAgent("audit", "history", "--json", "--since", time.Now().Add(time.Hour).Format(time.RFC3339))...)
+	var none api.AuditHistoryResponse
+	if r.code != exitOK || json.Unmarshal([]byte(r.stdout), &none) != nil || len(none.Events) != 0 || none.More {
+		t.Errorf("--since an hour ahead: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+
+	// An agent of tenant other: its own history holds none of demo's, and
+	// demo's is refused at once, by the command and, asked directly, by the bus.
+	r = tg(t, "", "audit", "history", "--json", "--nats", s.url, "--token", other)
+	if r.code != exitOK || strings.Contains(r.stdout, "audit.demo.") || !strings.Contains(r.stdout, "audit.other.") {
+		t.Errorf("other's history: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	start := time.Now()
+	r = tg(t, "", "audit", "history", "--tenant", "demo", "--nats", s.url, "--token", other)
+	if r.code != exitNotPermitted || !strings.Contains(r.stderr, "tool.svc.demo.audit.history") || !strings.Contains(r.stderr, "own tenant") || time.Since(start) > 5*time.Second {
+		t.Errorf("other asking for demo's history: exit %d after %s\n%s", r.code, time.Since(start), r.stderr)
+	}
+	o := connect.Options{URL: s.url, Token: other}
+	nc, err := o.Connect()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	c, err := client.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	_, err = c.AuditHistory(ctx, "demo", api.AuditHistoryRequest{})
+	if ae := api.AsError(err); err == nil || ae.ECode != api.EBusNotPermitted {
+		t.Errorf("other's client asking demo's endpoint: %v, want E3221 from the bus", err)
+	}
+}
+
+// TestCredsContext: `creds context` writes nats CLI contexts for the
+// operator's toolgate-issued credentials and for an agent's token; toolgate
+// connects with each, signs a decision with the operator's (E3217 unsigned
+// before), and the nats CLI, when installed, connects with both.
+func TestCredsContext(t *testing.T) {
+	cleanEnv(t)
+	for _, k := range []string{"NATS_NKEY", "NATS_TOKEN"} {
+		t.Setenv(k, "")
+	}
+	cfg := t.TempDir()
+	t.Setenv("XDG_CONFIG_HOME", cfg)
+	s := startToolgate(t)
+	registerApprovalTool(t, s, "ctx.human")
+	tok := agentToken(t, s, "ctx-agent", time.Hour, "echo", "ctx.human")
+	opCreds := filepath.Join(s.data, "busauth", "operator.creds")
+	if r := tg(t, "", "creds", "context", "tg-op", "--creds", opCreds, "--nats", s.url); r.code != exitOK || !strings.Contains(r.stdout, "nats --context tg-op") {
+		t.Fatalf("creds context tg-op: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if r := tg(t, "", "creds", "context", "tg-agent", "--token", tok, "--nats", s.url); r.code != exitOK || !strings.Contains(r.stdout, "_INBOX.demo.ctx-agent") {
+		t.Fatalf("creds context tg-agent: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if r := tg(t, "", "creds", "context", "tg-agent", "--token", tok); r.code == exitOK || !strings.Contains(r.stderr, "exists") {
+		t.Errorf("a second creds context tg-agent: exit %d %s, want refused without --force", r.code, r.stderr)
+	}
+	info, err := os.Stat(filepath.Join(cfg, "nats", "context", "tg-op.json"))
+	if err != nil || info.Mode().Perm() != 0o600 {
+		t.Fatalf("the context file: %v %v, want mode 0600", err, info)
+	}
+
+	// As the agent, through its context only.
+	r := tg(t, "", "tools", "list", "--context", "tg-agent")
+	if r.code != exitOK || !strings.Contains(r.stdout, "ctx.human") {
+		t.Fatalf("tools list --context tg-agent: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	r = tg(t, "", "invoke", "ctx.human", "--params", `{}`, "--async", "--json", "--context", "tg-agent")
+	var parked api.Response
+	if r.code != exitOK || json.Unmarshal([]byte(r.stdout), &parked) != nil {
+		t.Fatalf("invoke --context tg-agent: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if r := tg(t, "", "breakers", "--context", "tg-agent"); r.code != exitNotPermitted {
+		t.Errorf("breakers as the agent's context: exit %d, want %d\n%s", r.code, exitNotPermitted, r.stderr)
+	}
+	waitFor(t, "the approval request", func() bool {
+		return strings.Contains(tg(t, "", "approvals", "list", "--context", "tg-agent").stdout, parked.InvocationID)
+	})
+	// As the operator, through its context: the decision is signed.
+	r = tg(t, "", "approve", parked.InvocationID, "--tenant", "demo", "--context", "tg-op", "--json")
+	var a api.Approval
+	if r.code != exitOK || json.Unmarshal([]byte(r.stdout), &a) != nil || a.DecidedBy != "operator:local" {
+		t.Fatalf("approve --context tg-op: exit %d, decided by %q\n%s%s", r.code, a.DecidedBy, r.stdout, r.stderr)
+	}
+
+	natsCLI, err := exec.LookPath("nats")
+	if err != nil {
+		natsCLI = filepath.Join("..", "..", ".cache", "bin", "nats")
+		if !fileExists(natsCLI) {
+			t.Log("the nats CLI is not installed (make nats): its part is left out")
+			return
+		}
+	}
+	nats := func(args ...string) (string, error) {
+		cmd := exec.Command(natsCLI, args...)
+		cmd.Env = []string{"XDG_CONFIG_HOME=" + cfg, "HOME=" + t.TempDir(), "PATH=" + os.Getenv("PATH")}
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	if out, err := nats("--context", "tg-agent", "req", "tool.svc.demo.status", fmt.Sprintf(`{"invocation_id":%q}`, parked.InvocationID)); err != nil || !strings.Contains(out, parked.InvocationID) {
+		t.Errorf("nats --context tg-agent req: %v\n%s", err, out)
+	}
+	if out, err := nats("--context", "tg-op", "stream", "ls", "--names"); err != nil || !strings.Contains(out, "AUDIT") {
+		t.Errorf("nats --context tg-op stream ls: %v\n%s", err, out)
 	}
 }

@@ -1,13 +1,16 @@
 package main
 
 import (
+	"cmp"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/toolgate/toolgate/internal/busauth"
+	"github.com/toolgate/toolgate/internal/connect"
 	"github.com/toolgate/toolgate/subjects"
 )
 
@@ -17,7 +20,7 @@ func (a *app) credsCmd() *cobra.Command {
 		Short: "Issue named bus credentials (operator, control, a stage) from the deployment's keys",
 		Args:  subcommand,
 	}
-	cmd.AddCommand(a.credsIssueCmd(), a.credsTenantsCmd())
+	cmd.AddCommand(a.credsIssueCmd(), a.credsTenantsCmd(), a.credsContextCmd())
 	return cmd
 }
 
@@ -148,4 +151,101 @@ func stageRoleNames() string {
 		names[i] = string(r)
 	}
 	return strings.Join(names, ", ")
+}
+
+// credsContextCmd writes a nats CLI context for the credentials the
+// command connects with: the nats CLI's --creds cannot carry toolgate's
+// (the server drops a CONNECT's JWT when it is not in operator mode), and
+// `nats context save --token` stores no token in some versions.
+func (a *app) credsContextCmd() *cobra.Command {
+	var force bool
+	var description string
+	cmd := &cobra.Command{
+		Use:   "context NAME",
+		Short: "Write a nats CLI context for an operator's, a role's or an agent's credentials",
+		Long: `Write the nats CLI context NAME ($XDG_CONFIG_HOME/nats/context/NAME.json,
+default ~/.config) holding the server (--nats) and the credentials given:
+toolgate-issued credentials (--creds FILE, or --nkey with NATS_TOKEN) as an
+nkey with the JWT as the connect token, which is how toolgate's bus admits
+them (nats --creds cannot: the server drops a CONNECT's JWT outside operator
+mode); or an agent's capability token (--token, TOOLGATE_TOKEN) with the
+agent's own inbox prefix. Then ` + "`nats --context NAME ...`" + ` and
+` + "`toolgate --context NAME ...`" + ` connect as them, and toolgate signs with
+operator credentials as it does given them directly. A credentials file's
+nkey is written beside the context (NAME.nk).`,
+		Example: `  toolgate creds context tg-operator --creds toolgate-data/busauth/operator.creds
+  toolgate creds context tg-agent --token "$(cat toolgate-data/dev-token)"
+  nats --context tg-agent req tool.svc.demo.tools.list '{}'`,
+		Args: exactArgs(1, "the context's name"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			name := args[0]
+			o := a.conn
+			c := connect.Context{Description: description, URL: o.ServerURL()}
+			path, err := connect.ContextPath(name)
+			if err != nil {
+				return usageErr("creds context: %v", err)
+			}
+			if fileExists(path) && !force {
+				return fmt.Errorf("creds context: %s exists (use --force to replace it)", path)
+			}
+			nkPath := strings.TrimSuffix(path, ".json") + ".nk"
+			who := ""
+			// An explicit --token wins over credentials the environment
+			// names (a shell holding the operator's NATS_NKEY, say).
+			tokenFirst := flagChanged(cmd, "token") && !flagChanged(cmd, "creds")
+			switch {
+			case o.Creds != "" && !tokenFirst:
+				b, err := os.ReadFile(o.Creds)
+				if err != nil {
+					return fmt.Errorf("--creds: %w", err)
+				}
+				if !connect.IsToolgateCreds(b) {
+					return usageErr("creds context: %s was not issued by toolgate; the nats CLI takes it as it is: nats --creds %s", o.Creds, o.Creds)
+				}
+				tok, seed, err := busauth.SplitCreds(b)
+				if err != nil {
+					return fmt.Errorf("--creds %s: %w", o.Creds, err)
+				}
+				if err := os.MkdirAll(filepath.Dir(nkPath), 0o700); err != nil {
+					return err
+				}
+				if err := busauth.WriteSeed(nkPath, seed); err != nil {
+					return err
+				}
+				c.NKey, c.Token, who = nkPath, tok, "the credentials of "+o.Creds
+			case o.Nkey != "" && o.NATSToken != "" && !tokenFirst:
+				abs, err := filepath.Abs(o.Nkey)
+				if err != nil {
+					return err
+				}
+				c.NKey, c.Token, who = abs, o.NATSToken, "the nkey "+o.Nkey+" and its JWT"
+			case o.Token != "":
+				claims, err := connect.TokenClaims(o.Token)
+				if err != nil || claims.TenantID == "" || claims.ID == "" {
+					return usageErr("creds context: the capability token names no tenant and token id (jti): %v", err)
+				}
+				c.Token, c.InboxPrefix = o.Token, cmp.Or(o.InboxPrefix, busauth.InboxPrefix(claims.TenantID, claims.ID))
+				who = "the agent of tenant " + claims.TenantID + " (inbox prefix " + c.InboxPrefix + ")"
+			default:
+				return usageErr("creds context: give the credentials to store: --creds FILE, --nkey FILE with NATS_TOKEN, or --token (TOOLGATE_TOKEN)")
+			}
+			if _, err := connect.WriteContext(name, c); err != nil {
+				return err
+			}
+			if a.json {
+				return a.printJSON(map[string]any{"context": name, "path": path, "url": c.URL, "inbox_prefix": c.InboxPrefix})
+			}
+			fmt.Fprintf(a.stdout, "nats context %s (%s) connects to %s as %s:\n\n  nats --context %s ...\n  toolgate --context %s ...\n",
+				name, path, c.URL, who, name, name)
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&force, "force", false, "replace an existing context")
+	cmd.Flags().StringVar(&description, "description", "toolgate", "the context's description")
+	return cmd
+}
+
+func flagChanged(cmd *cobra.Command, name string) bool {
+	f := cmd.Flag(name)
+	return f != nil && f.Changed
 }

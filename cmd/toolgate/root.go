@@ -165,7 +165,7 @@ func (a *app) tenant() (string, error) { return a.conn.TenantFor(a.capToken()) }
 // a connection may call only its tenant's scoped endpoints.
 func (a *app) asAgent() bool {
 	o := a.conn
-	return o.Token != "" && o.Creds == "" && o.Nkey == "" && o.NATSToken == "" && o.Context == ""
+	return o.Token != "" && o.Creds == "" && o.Nkey == "" && o.NATSToken == "" && (o.Context == "" || o.AgentContext())
 }
 
 // client connects and returns a client and a function that closes it.

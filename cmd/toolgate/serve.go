@@ -262,8 +262,12 @@ credentials are in %s; toolgate and the nats CLI both read:
 		filepath.Join(dataDir, busauth.DirName, "operator.nk"), filepath.Join(dataDir, busauth.DirName, "operator.jwt"))
 	if n.DevToken != "" {
 		fmt.Fprintf(w, `
-A development token for tenant %s (agent %s, every tool, 24 h) is in
-%s; toolgate's client commands use it by itself. For other clients:
+A development token for tenant %s (agent %s) is in %s;
+toolgate's client commands use it by itself. Its grants: every tool, files
+read-only, nothing pre-approved, 24 h (toolgate token inspect shows them):
+so a high-risk call such as fs.write_file needs a token granting writes
+(token mint --mode rw) and then waits for a human: toolgate approve ID.
+For other clients:
 
   export TOOLGATE_TOKEN=$(cat %s)
 

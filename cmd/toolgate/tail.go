@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/client"
 )
 
 var errTailDone = errors.New("tail: count reached")
@@ -75,8 +77,9 @@ func (a *app) tailCmd() *cobra.Command {
 for every tenant), one event a line: time, tenant, event, tool, status, error
 code, invocation. --json prints JSON Lines instead, one object a line:
 {"subject": ..., "event": <the CloudEvent>}. --all --count N prints the last
-N stored events and ends. An agent (only its token) follows its tenant's new
-events; the stored trail takes operator credentials.`,
+N stored events and ends. An agent (only its token) reads its own tenant's:
+live through its audit subjects, the stored trail (--all) a page at a time
+through the tenant's history endpoint (toolgate audit history).`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			tenant := ""
@@ -87,11 +90,10 @@ events; the stored trail takes operator credentials.`,
 				}
 				tenant = t
 			}
-			if a.asAgent() && (all || everyTenant) {
-				// Reading what is stored takes a consumer, which the bus
-				// gives no agent; say so now rather than wait.
+			if a.asAgent() && everyTenant {
+				// Say so now rather than wait for the bus to refuse.
 				return api.NewError(api.PermissionDenied, api.EBusNotPermitted,
-					"an agent may not read the stored audit trail (--all) or other tenants' (--all-tenants): that takes operator credentials; `toolgate tail` without them follows the tenant's new events")
+					"an agent may not read other tenants' audit trails (--all-tenants): that takes operator credentials")
 			}
 			c, closeFn, err := a.client()
 			if err != nil {
@@ -109,6 +111,10 @@ events; the stored trail takes operator credentials.`,
 				return nil
 			}
 			switch {
+			case a.asAgent() && all:
+				// Agents may create no consumer: the stored trail comes
+				// a page at a time from the tenant's history endpoint.
+				err = tailHistory(cmd.Context(), c, tenant, count, show)
 			case all && count > 0:
 				// The last count events, like tail -n: it ends, also when
 				// fewer exist.
@@ -128,6 +134,55 @@ events; the stored trail takes operator credentials.`,
 	cmd.Flags().BoolVar(&everyTenant, "all-tenants", false, "every tenant's events")
 	cmd.Flags().IntVar(&count, "count", 0, "stop after this many events (0: follow until interrupted)")
 	return cmd
+}
+
+// historyPoll is how often an agent's `tail --all` asks for events stored
+// after the last page.
+const historyPoll = 500 * time.Millisecond
+
+// tailHistory is tail --all through the tenant's audit history endpoint:
+// with count > 0 the last count stored events, else every stored event and
+// then each new one as it is stored, until ctx ends or show fails.
+func tailHistory(ctx context.Context, c *client.Client, tenant string, count int, show func(string, []byte) error) error {
+	var r api.AuditHistoryRequest
+	var last []api.AuditEntry
+	for {
+		p, err := c.AuditHistory(ctx, tenant, r)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		r.Cursor = p.NextCursor
+		if count > 0 {
+			last = append(last, p.Events...)
+			if len(last) > count {
+				last = last[len(last)-count:]
+			}
+			if !p.More {
+				for _, e := range last {
+					if err := show(e.Subject, e.Event); err != nil {
+						return err
+					}
+				}
+				return nil
+			}
+			continue
+		}
+		for _, e := range p.Events {
+			if err := show(e.Subject, e.Event); err != nil {
+				return err
+			}
+		}
+		if !p.More {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(historyPoll):
+			}
+		}
+	}
 }
 
 // writeAudit prints one audit event: a line for people, or a JSON Lines

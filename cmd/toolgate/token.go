@@ -240,6 +240,7 @@ func (a *app) tokenInspectCmd() *cobra.Command {
 					{"issuer", c.Issuer}, {"audience", strings.Join(c.Audience, ",")},
 					{"tools", strings.Join(patterns(c.ToolID), ",")}, {"operations", strings.Join(c.AllowedOperations, ",")},
 				}
+				rows = append(rows, grantRows(c)...)
 				if c.ExpiresAt != nil {
 					rows = append(rows, []string{"expires", c.ExpiresAt.UTC().Format(time.RFC3339)})
 				}
@@ -327,4 +328,32 @@ func (a *app) tokenRevokeCmd() *cobra.Command {
 	cmd.Flags().StringVar(&reason, "reason", "", "why")
 	cmd.Flags().DurationVar(&maxLife, "max-lifetime", token.DefaultMaxLifetime, "longest token lifetime the verifiers accept (serve --token-max-lifetime)")
 	return cmd
+}
+
+// grantRows are the token's grants beyond tools and operations, as inspect
+// shows them: what a call may touch, and what it needs no approval for.
+func grantRows(c *token.Claims) [][]string {
+	var rows [][]string
+	if f := c.Filesystem; f != nil {
+		mode := "read-only"
+		if f.Mode == "rw" {
+			mode = "read-write"
+		}
+		rows = append(rows, []string{"files", mode + " under " + strings.Join(f.AllowedPaths, ",")})
+	} else {
+		rows = append(rows, []string{"files", "none"})
+	}
+	if n := c.Network; n != nil {
+		hosts := strings.Join(n.AllowedHosts, ",")
+		if len(n.AllowedPorts) > 0 {
+			hosts += " ports " + strings.Trim(fmt.Sprint(n.AllowedPorts), "[]")
+		}
+		rows = append(rows, []string{"hosts", hosts})
+	}
+	if cr := c.Credentials; cr != nil {
+		rows = append(rows, []string{"secrets", strings.Join(cr.AllowedSecrets, ",")})
+	}
+	rows = append(rows, []string{"excluded", strings.Join(c.ExcludedSideEffects, ",")},
+		[]string{"pre-approved", strings.Join(patterns(c.PreApproved), ",")})
+	return rows
 }

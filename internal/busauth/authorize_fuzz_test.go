@@ -2,8 +2,10 @@ package busauth
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -69,4 +71,24 @@ func FuzzAuthorize(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestCredsJWTDroppedExplained: a CONNECT whose JWT the server dropped
+// (nats --creds against accounts) is refused with what to give instead.
+func TestCredsJWTDroppedExplained(t *testing.T) {
+	k, err := WriteCredentials(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := NewCallout(CalloutConfig{Keys: k, Verifier: oneToken{"the-token"}, Log: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := &jwt.AuthorizationRequestClaims{}
+	req.ClientInformation = jwt.ClientInformation{ID: 1, Nonce: "n"}
+	req.ConnectOptions = jwt.ConnectOptions{SignedNonce: "c2lnbmVk"}
+	_, err = c.Authorize(context.Background(), req)
+	if !errors.Is(err, ErrNoCredentials) || !strings.Contains(err.Error(), "creds context") || !strings.Contains(err.Error(), "--nkey") {
+		t.Fatalf("refusal %v: want ErrNoCredentials saying how to connect instead", err)
+	}
 }

@@ -242,6 +242,11 @@ func (c *Callout) Authorize(ctx context.Context, req *jwt.AuthorizationRequestCl
 		return c.authorizeAgent(ctx, o.Token)
 	case o.Username != "" || o.Password != "" || o.Nkey != "":
 		return Identity{}, fmt.Errorf("%w: only a capability token (--token) or toolgate credentials (--creds) are accepted", ErrNoCredentials)
+	case o.SignedNonce != "":
+		// A nonce signed without the nkey that signed it: a user JWT the
+		// server dropped, as `nats --creds` sends one.
+		return Identity{}, fmt.Errorf("%w: a user JWT (nats --creds) is dropped by a server configured with accounts; "+
+			"give the nkey and the JWT as the token (nats --nkey NAME.nk --token \"$(cat NAME.jwt)\"), or a context holding them (toolgate creds context NAME --creds FILE; nats --context NAME)", ErrNoCredentials)
 	}
 	return Identity{}, fmt.Errorf("%w: connect with a capability token (--token) or toolgate credentials (--creds)", ErrNoCredentials)
 }

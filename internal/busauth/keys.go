@@ -266,15 +266,7 @@ func WriteAuthConf(dataDir string, k *Keys) error {
 // nkey seed), used as --nkey <name>.nk --token "$(cat <name>.jwt)" (see
 // CredentialsOption).
 func WriteCredsFiles(path string, creds []byte) error {
-	tok, err := jwt.ParseDecoratedJWT(creds)
-	if err != nil {
-		return err
-	}
-	kp, err := jwt.ParseDecoratedNKey(creds)
-	if err != nil {
-		return err
-	}
-	seed, err := kp.Seed()
+	tok, seed, err := SplitCreds(creds)
 	if err != nil {
 		return err
 	}
@@ -289,6 +281,24 @@ func WriteCredsFiles(path string, creds []byte) error {
 	// peers) refuses a seed file with one.
 	return writeSecret(base+".nk", seed)
 }
+
+// SplitCreds returns the user JWT and the nkey seed of a .creds file.
+func SplitCreds(creds []byte) (string, []byte, error) {
+	tok, err := jwt.ParseDecoratedJWT(creds)
+	if err != nil {
+		return "", nil, err
+	}
+	kp, err := jwt.ParseDecoratedNKey(creds)
+	if err != nil {
+		return "", nil, err
+	}
+	seed, err := kp.Seed()
+	return tok, seed, err
+}
+
+// WriteSeed writes an nkey seed file as WriteCredsFiles does (0600, no
+// newline).
+func WriteSeed(path string, seed []byte) error { return writeSecret(path, seed) }
 
 // CredentialsOption authenticates a nats.go connection with a .creds file
 // written by IssueCredentials. nats.UserCredentials would send the user JWT

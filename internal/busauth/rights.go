@@ -144,7 +144,9 @@ var Rights = map[Role]RoleRights{
 			subjects.BucketPolicies, subjects.BucketHooks, subjects.BucketRevocations, subjects.BucketBreakers, subjects.BucketModels},
 		Reads:   []string{subjects.BucketBudgets, subjects.BucketToolStats, subjects.BucketModelStats},
 		Watches: []string{subjects.BucketTools, subjects.BucketRevocations, subjects.BucketPolicies},
-		Streams: []string{subjects.StreamInvoke, subjects.StreamPipeline},
+		// It reads the audit trail by sequence for the tenant-scoped
+		// history agents page through (they may create no consumer).
+		Streams: []string{subjects.StreamInvoke, subjects.StreamPipeline, subjects.StreamAudit},
 		Serves:  true,
 	},
 }

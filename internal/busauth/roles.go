@@ -158,7 +158,7 @@ func InboxPrefix(tenant, jti string) string {
 // subjects.TenantSvc(tenant, endpoint).
 var agentServices = []string{subjects.SvcStatus, subjects.SvcCancel, subjects.SvcToolsList, subjects.SvcToolsGet,
 	subjects.SvcBudget, subjects.SvcApprovalsList, subjects.SvcApprovalsGet,
-	subjects.SvcCapabilityRequest, subjects.SvcCapabilityReport}
+	subjects.SvcCapabilityRequest, subjects.SvcCapabilityReport, subjects.SvcAuditHistory}
 
 // Grant is what the callout gives a connection: its account and permissions.
 type Grant struct {

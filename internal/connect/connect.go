@@ -22,6 +22,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/user"
+	"path/filepath"
 	"strings"
 
 	"github.com/nats-io/nats.go"
@@ -73,6 +75,8 @@ type Options struct {
 	LocalCreds string
 	// Name is the connection name servers show (default toolgate-cli).
 	Name string
+
+	agentContext bool
 }
 
 // AddFlags registers the connection flags on fs. Defaults stay empty so
@@ -100,7 +104,18 @@ func (o *Options) Resolve() {
 	o.Tenant = cmp.Or(o.Tenant, os.Getenv(EnvTenant))
 	o.Nkey = cmp.Or(o.Nkey, os.Getenv(EnvNkey))
 	o.NATSToken = cmp.Or(o.NATSToken, strings.TrimSpace(os.Getenv(EnvNATSToken)))
+	// A context holding an agent's capability token (toolgate creds
+	// context --token) acts as that agent, as --token would.
+	if o.Context != "" && o.Token == "" {
+		if c, err := LoadContext(o.Context); err == nil && c.Token != "" && c.NKey == "" && c.Creds == "" && !IsToolgateCreds([]byte(c.Token)) {
+			o.Token, o.agentContext = c.Token, true
+		}
+	}
 }
+
+// AgentContext reports whether the context names an agent's capability
+// token (Resolve took it as Token).
+func (o *Options) AgentContext() bool { return o.agentContext }
 
 // ServerURL is the server Connect dials without a context.
 func (o *Options) ServerURL() string { return cmp.Or(o.URL, nats.DefaultURL) }
@@ -263,6 +278,96 @@ func (o *Options) Signer() (*busauth.Signer, error) {
 		return busauth.SignerFromCreds(creds)
 	case o.Nkey != "" && o.NATSToken != "":
 		return busauth.SignerFromParts(o.Nkey, o.NATSToken)
+	case o.Context != "" && o.Token == "":
+		// A context holding operator credentials signs as they would
+		// given directly: as an nkey with its JWT as the token (what
+		// WriteContext writes), or as a toolgate .creds file.
+		c, err := LoadContext(o.Context)
+		if err != nil {
+			return nil, err
+		}
+		switch {
+		case c.Creds != "":
+			return (&Options{Creds: expandHome(c.Creds)}).Signer()
+		case c.NKey != "" && c.Token != "" && IsToolgateCreds([]byte(c.Token)):
+			return busauth.SignerFromParts(expandHome(c.NKey), c.Token)
+		}
 	}
 	return nil, nil
+}
+
+// Context is what toolgate reads and writes of a nats CLI context: the
+// fields of the nats CLI's context file it uses.
+type Context struct {
+	Description string `json:"description"`
+	URL         string `json:"url"`
+	Token       string `json:"token"`
+	Creds       string `json:"creds"`
+	NKey        string `json:"nkey"`
+	InboxPrefix string `json:"inbox_prefix"`
+}
+
+// ContextPath is where the nats CLI keeps context name: name itself when it
+// is an absolute path, else $XDG_CONFIG_HOME/nats/context/<name>.json
+// (default ~/.config).
+func ContextPath(name string) (string, error) {
+	if filepath.IsAbs(name) {
+		return name, nil
+	}
+	if name == "" || strings.Contains(name, "..") || strings.ContainsRune(name, os.PathSeparator) {
+		return "", fmt.Errorf("%q is not a context name", name)
+	}
+	parent := os.Getenv("XDG_CONFIG_HOME")
+	if parent == "" {
+		u, err := user.Current()
+		if err != nil || u.HomeDir == "" {
+			return "", errors.New("cannot determine the home directory for the nats contexts")
+		}
+		parent = filepath.Join(u.HomeDir, ".config")
+	}
+	return filepath.Join(parent, "nats", "context", name+".json"), nil
+}
+
+// LoadContext reads the nats CLI context name.
+func LoadContext(name string) (Context, error) {
+	var c Context
+	path, err := ContextPath(name)
+	if err != nil {
+		return c, err
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return c, fmt.Errorf("nats context %s: %w", name, err)
+	}
+	if err := json.Unmarshal(b, &c); err != nil {
+		return c, fmt.Errorf("nats context %s: %w", name, err)
+	}
+	return c, nil
+}
+
+// WriteContext writes context name as the nats CLI reads it, readable by
+// its owner only: it holds credentials.
+func WriteContext(name string, c Context) (string, error) {
+	path, err := ContextPath(name)
+	if err != nil {
+		return "", err
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return "", err
+	}
+	b, err := json.MarshalIndent(c, "", "  ")
+	if err != nil {
+		return "", err
+	}
+	return path, os.WriteFile(path, append(b, '\n'), 0o600)
+}
+
+// expandHome expands a leading ~/ as the nats CLI does in context paths.
+func expandHome(p string) string {
+	if rest, ok := strings.CutPrefix(p, "~/"); ok {
+		if u, err := user.Current(); err == nil {
+			return filepath.Join(u.HomeDir, rest)
+		}
+	}
+	return p
 }

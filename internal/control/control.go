@@ -37,8 +37,9 @@ import (
 // delete, tokens.revoke, breakers.list|set and models.register|list|delete|
 // policy, signed with operator credentials and audited; tools.register
 // and tools.delete audited too; the capability grant rule follows policy
-// pushes; models.stats.
-const Version = "1.3.0"
+// pushes; models.stats. 1.4: tenant-scoped audit.history, a tenant's
+// stored audit events a page at a time, which agents may call.
+const Version = "1.4.0"
 
 // Start adds the service to nc. Stop it with the returned service's Stop.
 // approvals may be nil: the approval endpoint then is not served.
@@ -108,6 +109,7 @@ func Start(nc *nats.Conn, store *kvstore.Store, reg *tools.Registry, approvals *
 		{"tenant-budget", subjects.SvcBudget, h.tenantBudget},
 		{"tenant-approvals-list", subjects.SvcApprovalsList, h.tenantListApprovals},
 		{"tenant-approvals-get", subjects.SvcApprovalsGet, h.tenantGetApproval},
+		{"tenant-audit-history", subjects.SvcAuditHistory, h.tenantAuditHistory},
 	}
 	if approvals != nil {
 		scoped = append(scoped, struct {

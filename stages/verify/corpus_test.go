@@ -62,7 +62,7 @@ func readOutputs(t testing.TB) map[string][]outputCase {
 // when its detector fired and none of its leaks reached the caller; a
 // benign one is intact when it passed unchanged. It fails t if a finding
 // or an error repeats a leak.
-func outcome(t *testing.T, v *Verifier, c outputCase) (ok bool, why string) {
+func outcome(t testing.TB, v *Verifier, c outputCase) (ok bool, why string) {
 	inv := invoke(string(c.Result))
 	_, err := v.Process(context.Background(), inv)
 	var said strings.Builder
@@ -161,4 +161,63 @@ func ratio(n, d int) string {
 		return "-"
 	}
 	return fmt.Sprintf("%.2f (%d/%d)", float64(n)/float64(d), n, d)
+}
+
+// BenchmarkOutputCorpus reports, for each category of the labelled outputs
+// and overall, the figures TestOutputCorpus holds to its floors (recall on
+// the hostile outputs, the share of benign ones passed intact) and the
+// stage's speed on them, µs per KiB of output, all detectors on: the
+// per-category rows of `make bench`.
+func BenchmarkOutputCorpus(b *testing.B) {
+	v, _ := setup(b, Config{})
+	cats := readOutputs(b)
+	names := make([]string, 0, len(cats)+1)
+	var all []outputCase
+	for k := range cats {
+		names = append(names, k)
+		all = append(all, cats[k]...)
+	}
+	sort.Strings(names)
+	cats["overall"] = all
+	for _, cat := range append(names, "overall") {
+		cases := cats[cat]
+		b.Run(cat, func(b *testing.B) {
+			var h, hc, bn, bi, size int
+			for _, c := range cases {
+				ok, _ := outcome(b, v, c)
+				size += len(c.Result)
+				switch {
+				case c.Want != "":
+					h++
+					if ok {
+						hc++
+					}
+				default:
+					bn++
+					if ok {
+						bi++
+					}
+				}
+			}
+			b.ResetTimer()
+			for b.Loop() {
+				for _, c := range cases {
+					_, _ = v.Process(context.Background(), invoke(string(c.Result)))
+				}
+			}
+			b.StopTimer()
+			if h > 0 {
+				b.ReportMetric(float64(hc)/float64(h), "recall")
+			}
+			if bn > 0 {
+				b.ReportMetric(float64(bi)/float64(bn), "benign-intact")
+			}
+			// Outputs are small (a few hundred bytes): per KiB, the per-call
+			// cost weighs in; per output shows it apart.
+			us := float64(b.Elapsed().Microseconds()) / float64(b.N)
+			b.ReportMetric(us/(float64(size)/1024), "µs/KiB")
+			b.ReportMetric(us/float64(len(cases)), "µs/output")
+			b.ReportMetric(float64(len(cases)), "cases")
+		})
+	}
 }

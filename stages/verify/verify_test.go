@@ -11,7 +11,7 @@ import (
 	"testing"
 )
 
-func setup(t *testing.T, cfg Config) (*Verifier, *tools.Manifest) {
+func setup(t testing.TB, cfg Config) (*Verifier, *tools.Manifest) {
 	t.Helper()
 	m := &tools.Manifest{ID: "test:echo", Version: "1.0.0", Name: "echo", Kind: "builtin"}
 	reg := tools.NewRegistry()
