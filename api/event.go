@@ -63,6 +63,17 @@ const (
 	// TypeStateRefused: a reader ignored a record that changes what calls
 	// may do (a pushed policy) because no operator's signature covers it.
 	TypeStateRefused = "ai.agent.state.refused"
+
+	// Breaker transitions, under the tenant token _system.
+	TypeCircuitOpened     = "ai.agent.circuit.opened"
+	TypeCircuitHalfOpened = "ai.agent.circuit.half_opened"
+	TypeCircuitClosed     = "ai.agent.circuit.closed"
+	// TypeBusRefused: the bus refused a connection, on
+	// audit._system.bus.refused.
+	TypeBusRefused = "ai.agent.bus.refused"
+	// TypeAuditRecreated: toolgate found the AUDIT stream missing and
+	// created it again, on audit._system.audit.recreated.
+	TypeAuditRecreated = "ai.agent.audit.recreated"
 )
 
 // MsgIDHeader is the header JetStream deduplicates publishes by.

@@ -6,6 +6,7 @@ import (
 	"reflect"
 	"testing"
 
+	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/envelope"
 )
 
@@ -23,7 +24,7 @@ func FuzzEventOutput(f *testing.F) {
 			data = map[string]any{"text": text, "raw": json.RawMessage(raw)}
 		}
 		inv := &envelope.Invocation{ID: "inv-" + text, Tenant: "acme", Event: envelope.Event{Seq: 7, Source: "urn:" + text}}
-		e, err := inv.NewEvent("urn:toolgate:audit", envelope.TypeSucceeded, data)
+		e, err := inv.NewEvent("urn:toolgate:audit", api.TypeSucceeded, data)
 		if err != nil {
 			t.Skip()
 		}

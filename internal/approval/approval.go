@@ -92,17 +92,17 @@ func (s *Service) apply(ctx context.Context, a kvstore.Approval) error {
 	var typ, next string
 	switch a.State {
 	case kvstore.ApprovalApproved:
-		typ, next = envelope.TypeApprovalGranted, subjects.Authorize
+		typ, next = api.TypeApprovalGranted, subjects.Authorize
 	case kvstore.ApprovalDenied:
-		typ, next = envelope.TypeApprovalDenied, subjects.Audit
+		typ, next = api.TypeApprovalDenied, subjects.Audit
 		inv.Fail(subjects.Authorize, api.NewError(api.PermissionDenied, api.EApprovalDenied,
 			"%s denied the call: %s", a.DecidedBy, a.Reason))
 	case kvstore.ApprovalExpired:
-		typ, next = envelope.TypeApprovalExpired, subjects.Audit
+		typ, next = api.TypeApprovalExpired, subjects.Audit
 		inv.Fail(subjects.Authorize, api.NewError(api.PermissionDenied, api.EApprovalExpired,
 			"no one approved the call before %s", a.Deadline.Format(time.RFC3339)))
 	case kvstore.ApprovalCancelled:
-		typ, next = envelope.TypeApprovalDenied, subjects.Audit
+		typ, next = api.TypeApprovalDenied, subjects.Audit
 		inv.Fail(subjects.Authorize, api.NewError(api.Cancelled, api.ECancelled,
 			"cancelled by %s while waiting for approval", a.DecidedBy))
 	default:

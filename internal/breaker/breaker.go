@@ -39,13 +39,6 @@ import (
 	"github.com/toolgate/toolgate/subjects"
 )
 
-// Event types of breaker transitions.
-const (
-	TypeOpened   = "ai.agent.circuit.opened"
-	TypeHalfOpen = "ai.agent.circuit.half_opened"
-	TypeClosed   = "ai.agent.circuit.closed"
-)
-
 // Transition is the data of a breaker transition event.
 type Transition struct {
 	Key    string `json:"key"`
@@ -373,7 +366,7 @@ const announceGrace = 2 * time.Second
 // outboxEvent is the transition event t, made at at, as it waits in the
 // outbox.
 func (b *Breakers) outboxEvent(t Transition, at time.Time) (kvstore.BreakerEvent, error) {
-	typ := map[string]string{kvstore.BreakerOpen: TypeOpened, kvstore.BreakerHalfOpen: TypeHalfOpen, kvstore.BreakerClosed: TypeClosed}[t.To]
+	typ := map[string]string{kvstore.BreakerOpen: api.TypeCircuitOpened, kvstore.BreakerHalfOpen: api.TypeCircuitHalfOpened, kvstore.BreakerClosed: api.TypeCircuitClosed}[t.To]
 	if typ == "" {
 		return kvstore.BreakerEvent{}, errors.New("unknown breaker state " + t.To)
 	}

@@ -25,7 +25,6 @@ import (
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/client"
 	"github.com/toolgate/toolgate/internal/backoff"
-	"github.com/toolgate/toolgate/internal/envelope"
 	"github.com/toolgate/toolgate/internal/node"
 	"github.com/toolgate/toolgate/internal/token"
 	"github.com/toolgate/toolgate/internal/topology"
@@ -300,9 +299,9 @@ func (h *harness) read(ctx context.Context, js jetstream.JetStream) (*outcome, e
 }
 
 var terminal = map[string]bool{
-	envelope.TypeSucceeded: true, envelope.TypeFailed: true, envelope.TypeTimeout: true,
-	envelope.TypeCancelled: true, envelope.TypeRejected: true, envelope.TypePermissionDenied: true,
-	envelope.TypeRateLimited: true,
+	api.TypeSucceeded: true, api.TypeFailed: true, api.TypeTimeout: true,
+	api.TypeCancelled: true, api.TypeRejected: true, api.TypePermissionDenied: true,
+	api.TypeRateLimited: true,
 }
 
 // readStream delivers every message of stream matching filter to fn. An

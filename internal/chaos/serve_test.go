@@ -13,6 +13,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/busauth"
 	"github.com/toolgate/toolgate/internal/envelope"
 	"github.com/toolgate/toolgate/internal/node"
@@ -186,7 +187,7 @@ func TestChaosServeKill(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	info, err := audit.Info(ctx, jetstream.WithSubjectFilter(subjects.AuditEvent(tenant, envelope.SubjectSuffix(envelope.TypePoison))))
+	info, err := audit.Info(ctx, jetstream.WithSubjectFilter(subjects.AuditEvent(tenant, envelope.SubjectSuffix(api.TypePoison))))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,29 +12,6 @@ import (
 	"github.com/toolgate/toolgate/internal/redact"
 )
 
-// Audit and result CloudEvent types, as the public contract (api) names them.
-const (
-	TypeInvoked           = api.TypeInvoked
-	TypeSucceeded         = api.TypeSucceeded
-	TypeFailed            = api.TypeFailed
-	TypeTimeout           = api.TypeTimeout
-	TypeCancelled         = api.TypeCancelled
-	TypeRejected          = api.TypeRejected
-	TypePermissionDenied  = api.TypePermissionDenied
-	TypeRateLimited       = api.TypeRateLimited
-	TypeCheckpointCreated = api.TypeCheckpointCreated
-	TypePoison            = api.TypePoison
-	TypeDuplicate         = api.TypeDuplicate
-
-	TypeApprovalRequested = api.TypeApprovalRequested
-	TypeApprovalGranted   = api.TypeApprovalGranted
-	TypeApprovalDenied    = api.TypeApprovalDenied
-	TypeApprovalExpired   = api.TypeApprovalExpired
-	TypeResult            = api.TypeResult
-	// TypeAccepted is the pending answer to an async_mode request.
-	TypeAccepted = api.TypeAccepted
-)
-
 // auditTypePrefix is left off audit types in subjects: audit.<tenant>.tool.succeeded.
 const auditTypePrefix = "ai.agent."
 
@@ -45,21 +22,21 @@ func SubjectSuffix(typ string) string { return strings.TrimPrefix(typ, auditType
 func TerminalType(inv *Invocation) string {
 	switch inv.Status {
 	case api.StatusSuccess:
-		return TypeSucceeded
+		return api.TypeSucceeded
 	case api.StatusTimeout:
-		return TypeTimeout
+		return api.TypeTimeout
 	case api.StatusCancelled:
-		return TypeCancelled
+		return api.TypeCancelled
 	case api.StatusPermissionDenied:
-		return TypePermissionDenied
+		return api.TypePermissionDenied
 	}
 	if inv.EndedBy == "validate" {
-		return TypeRejected
+		return api.TypeRejected
 	}
 	if inv.Error != nil && inv.Error.Code == api.RateLimitExceeded {
-		return TypeRateLimited
+		return api.TypeRateLimited
 	}
-	return TypeFailed
+	return api.TypeFailed
 }
 
 // AuditRecord is the data of every audit event about an invocation.

@@ -9,16 +9,13 @@ import (
 	"github.com/cloudevents/sdk-go/v2/event"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/backoff"
 	"github.com/toolgate/toolgate/internal/envelope"
 	"github.com/toolgate/toolgate/internal/topology"
 	"github.com/toolgate/toolgate/stages"
 	"github.com/toolgate/toolgate/subjects"
 )
-
-// TypeAuditRecreated is the audit event of an AUDIT stream toolgate found
-// missing and created again, on audit._system.audit.recreated.
-const TypeAuditRecreated = "ai.agent.audit.recreated"
 
 // AuditRecreated is the data of an audit.recreated event.
 type AuditRecreated struct {
@@ -98,12 +95,12 @@ func (n *Node) ensureAudit(ctx context.Context, noticed string) error {
 	e := event.New()
 	e.SetID(fmt.Sprintf("audit-recreated-%d", now.UnixNano()))
 	e.SetSource("urn:toolgate:node")
-	e.SetType(TypeAuditRecreated)
+	e.SetType(api.TypeAuditRecreated)
 	e.SetTime(now)
 	if err := e.SetData(event.ApplicationJSON, AuditRecreated{Stream: subjects.StreamAudit, Noticed: noticed}); err != nil {
 		return err
 	}
-	o, err := stages.EventOutput(subjects.AuditEvent(subjects.SystemTenant, envelope.SubjectSuffix(TypeAuditRecreated)), &e)
+	o, err := stages.EventOutput(subjects.AuditEvent(subjects.SystemTenant, envelope.SubjectSuffix(api.TypeAuditRecreated)), &e)
 	if err != nil {
 		return err
 	}

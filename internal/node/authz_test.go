@@ -123,7 +123,7 @@ func TestTokenAttacks(t *testing.T) {
 		})
 	}
 	e.t = t
-	if got := e.count(subjects.StreamAudit, subjects.AuditEvent(tenant, envelope.SubjectSuffix(envelope.TypePermissionDenied))); got != len(cases) {
+	if got := e.count(subjects.StreamAudit, subjects.AuditEvent(tenant, envelope.SubjectSuffix(api.TypePermissionDenied))); got != len(cases) {
 		t.Fatalf("%d permission_denied audit events, want %d", got, len(cases))
 	}
 	// The version the range allows works with the same token.
@@ -245,7 +245,7 @@ func TestApprovalFlow(t *testing.T) {
 		RiskLevel  string   `json:"risk_level"`
 		Reversible bool     `json:"reversible"`
 	}
-	if ev.Type() != envelope.TypeApprovalRequested || ev.DataAs(&asked) != nil || asked.RiskLevel != "high" ||
+	if ev.Type() != api.TypeApprovalRequested || ev.DataAs(&asked) != nil || asked.RiskLevel != "high" ||
 		len(asked.Reasons) == 0 || strings.Contains(string(asked.Parameters), "4111") {
 		t.Fatalf("approval request event %s: %s", ev.Type(), ev.Data())
 	}
@@ -282,7 +282,7 @@ func TestApprovalFlow(t *testing.T) {
 		t.Fatalf("approved call: %+v, %v", resp, err)
 	}
 	time.Sleep(300 * time.Millisecond) // let any duplicate surface
-	for typ, want := range map[string]int{envelope.TypeApprovalGranted: 1, envelope.TypeSucceeded: 1} {
+	for typ, want := range map[string]int{api.TypeApprovalGranted: 1, api.TypeSucceeded: 1} {
 		if got := e.count(subjects.StreamAudit, subjects.AuditEvent(tenant, envelope.SubjectSuffix(typ))); got != want {
 			t.Fatalf("%d %s events, want %d", got, typ, want)
 		}
@@ -335,7 +335,7 @@ func TestApprovalDeadline(t *testing.T) {
 	registerTools(t, n, riskyTools...)
 	resp := e.invoke(withTok(request("late", "test.critical", `{}`), mint(t, grant("late", "*"))))
 	expectDenied(t, resp, api.StatusPermissionDenied, api.EApprovalExpired)
-	if got := e.count(subjects.StreamAudit, subjects.AuditEvent("late", envelope.SubjectSuffix(envelope.TypeApprovalExpired))); got != 1 {
+	if got := e.count(subjects.StreamAudit, subjects.AuditEvent("late", envelope.SubjectSuffix(api.TypeApprovalExpired))); got != 1 {
 		t.Fatalf("%d expiry events", got)
 	}
 }

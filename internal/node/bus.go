@@ -27,10 +27,6 @@ import (
 	"github.com/toolgate/toolgate/subjects"
 )
 
-// TypeBusRefused is the audit event of a refused bus connection, on
-// audit._system.bus.refused.
-const TypeBusRefused = "ai.agent.bus.refused"
-
 // StartSecureEmbedded starts the embedded NATS server with bus
 // authentication: it makes sure DataDir/busauth holds the deployment's keys
 // and credentials (busauth.WriteCredentials), and configures the server
@@ -251,13 +247,13 @@ func (a *refusalAuditor) Refused(_ context.Context, r busauth.Refusal) {
 	e := event.New()
 	e.SetID(fmt.Sprintf("%s-%d-%d", r.ServerID, r.ClientID, a.seq.Add(1)))
 	e.SetSource("urn:toolgate:busauth")
-	e.SetType(TypeBusRefused)
+	e.SetType(api.TypeBusRefused)
 	e.SetTime(r.Time.UTC())
 	_ = e.SetData(event.ApplicationJSON, RefusalRecord{
 		Reason: r.Err.Error(), Role: string(r.Role), Tenant: r.Tenant, TokenID: r.TokenID, Name: r.Name,
 		Host: r.Host, ClientID: r.ClientID, ServerID: r.ServerID,
 	})
-	o, err := stages.EventOutput(subjects.AuditEvent(subjects.SystemTenant, envelope.SubjectSuffix(TypeBusRefused)), &e)
+	o, err := stages.EventOutput(subjects.AuditEvent(subjects.SystemTenant, envelope.SubjectSuffix(api.TypeBusRefused)), &e)
 	if err != nil {
 		return
 	}

@@ -1115,7 +1115,7 @@ func forgedHops(t *testing.T, s *served) {
 				t.Fatalf("%s publishing onto %s: %v", tc.sender, hop.Subject, err)
 			}
 			eventually(t, 20*time.Second, "a poison event with E3224 for the forged hand-off", func() bool {
-				m, err := as.GetLastMsgForSubject(ctx, subjects.AuditEvent("demo", envelope.SubjectSuffix(envelope.TypePoison)))
+				m, err := as.GetLastMsgForSubject(ctx, subjects.AuditEvent("demo", envelope.SubjectSuffix(api.TypePoison)))
 				return err == nil && strings.Contains(string(m.Data), hop.Subject) && strings.Contains(string(m.Data), api.EMessageUnsigned) &&
 					strings.Contains(string(m.Data), `"stage":"`+tc.next+`"`)
 			})
@@ -1166,7 +1166,7 @@ func forgedHops(t *testing.T, s *served) {
 				t.Errorf("sealed_field %q, want %q (%s)", got, tc.field, rec.Error.Message)
 			}
 			eventually(t, 10*time.Second, "a permission_denied audit event for the forged hop", func() bool {
-				m, err := as.GetLastMsgForSubject(ctx, subjects.AuditEvent("demo", envelope.SubjectSuffix(envelope.TypePermissionDenied)))
+				m, err := as.GetLastMsgForSubject(ctx, subjects.AuditEvent("demo", envelope.SubjectSuffix(api.TypePermissionDenied)))
 				return err == nil && strings.Contains(string(m.Data), id) && strings.Contains(string(m.Data), api.EHopUnsealed)
 			})
 		})

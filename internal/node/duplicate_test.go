@@ -7,7 +7,6 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/toolgate/toolgate/api"
-	"github.com/toolgate/toolgate/internal/envelope"
 	"github.com/toolgate/toolgate/internal/node"
 	"github.com/toolgate/toolgate/internal/topology"
 	"github.com/toolgate/toolgate/subjects"
@@ -21,7 +20,7 @@ func (e *env) terminalAndDuplicates(tenant string) (terminal, duplicates int) {
 		switch {
 		case isTerminal(ev):
 			terminal++
-		case ev.Type() == envelope.TypeDuplicate:
+		case ev.Type() == api.TypeDuplicate:
 			duplicates++
 		}
 	}

@@ -117,10 +117,10 @@ func TestHooks(t *testing.T) {
 		}
 		// Each ended once, with its own terminal audit event: the
 		// original failed, the fallback was invoked and succeeded.
-		if n := e.count(subjects.StreamAudit, subjects.AuditEvent(tenant, envelope.SubjectSuffix(envelope.TypeFailed))); n != 1 {
+		if n := e.count(subjects.StreamAudit, subjects.AuditEvent(tenant, envelope.SubjectSuffix(api.TypeFailed))); n != 1 {
 			t.Fatalf("%d failed events, want 1", n)
 		}
-		if n := e.count(subjects.StreamAudit, subjects.AuditEvent(tenant, envelope.SubjectSuffix(envelope.TypeSucceeded))); n != 1 {
+		if n := e.count(subjects.StreamAudit, subjects.AuditEvent(tenant, envelope.SubjectSuffix(api.TypeSucceeded))); n != 1 {
 			t.Fatalf("%d succeeded events, want 1", n)
 		}
 		if n := e.count(subjects.StreamResults, subjects.ResultTenant(tenant)); n != 2 {
@@ -185,7 +185,7 @@ func TestHooks(t *testing.T) {
 			t.Fatalf("got %s", mustJSON(t, r))
 		}
 		ev := e.auditOf(tenant, 2)[1]
-		if ev.Type() != envelope.TypeFailed || !strings.Contains(string(ev.Data()), `"condition_errors"`) {
+		if ev.Type() != api.TypeFailed || !strings.Contains(string(ev.Data()), `"condition_errors"`) {
 			t.Fatalf("terminal audit event %s: %s", ev.Type(), ev.Data())
 		}
 	})
@@ -207,7 +207,7 @@ func TestHooks(t *testing.T) {
 		if r := e.invoke(withTok(request(tenant, "echo", `{"message":"x"}`), other)); r.Status != api.StatusSuccess {
 			t.Fatalf("another session: %s", mustJSON(t, r))
 		}
-		if n := e.count(subjects.StreamAudit, subjects.AuditEvent(tenant, envelope.SubjectSuffix(envelope.TypePermissionDenied))); n != 1 {
+		if n := e.count(subjects.StreamAudit, subjects.AuditEvent(tenant, envelope.SubjectSuffix(api.TypePermissionDenied))); n != 1 {
 			t.Fatalf("%d permission_denied events, want 1", n)
 		}
 	})

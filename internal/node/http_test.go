@@ -123,7 +123,7 @@ func TestHTTPTools(t *testing.T) {
 	// A redirect to a host off the allowlist is refused, and audited.
 	resp = call("hredir", "test.http_echo", fmt.Sprintf(`{"path":"redirect","to":"http://localhost:%d/echo"}`, port), "127.0.0.1")
 	expectDenied(t, resp, api.StatusPermissionDenied, api.ENetworkPolicy)
-	if c := e.count(subjects.StreamAudit, subjects.AuditEvent("hredir", envelope.SubjectSuffix(envelope.TypePermissionDenied))); c != 1 {
+	if c := e.count(subjects.StreamAudit, subjects.AuditEvent("hredir", envelope.SubjectSuffix(api.TypePermissionDenied))); c != 1 {
 		t.Fatalf("%d permission_denied audit events, want 1", c)
 	}
 	leaks("the refusal", []byte(mustJSON(t, resp)))
@@ -146,7 +146,7 @@ func TestHTTPTools(t *testing.T) {
 	}
 	resp = call("hdeny", "http.get", fmt.Sprintf(`{"url":"http://localhost:%d/plain"}`, port), "127.0.0.1")
 	expectDenied(t, resp, api.StatusPermissionDenied, api.ENetworkDenied)
-	if c := e.count(subjects.StreamAudit, subjects.AuditEvent("hdeny", envelope.SubjectSuffix(envelope.TypePermissionDenied))); c != 1 {
+	if c := e.count(subjects.StreamAudit, subjects.AuditEvent("hdeny", envelope.SubjectSuffix(api.TypePermissionDenied))); c != 1 {
 		t.Fatalf("%d permission_denied audit events, want 1", c)
 	}
 }

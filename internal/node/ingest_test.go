@@ -74,14 +74,14 @@ func TestOversizedNamesEndCleanly(t *testing.T) {
 	}
 	ev := e.auditOf(subjects.SystemTenant, 1)[0]
 	var rec envelope.AuditRecord
-	if err := ev.DataAs(&rec); err != nil || ev.Type() != envelope.TypeRejected || !strings.Contains(string(ev.Data()), api.EInvalidName) {
+	if err := ev.DataAs(&rec); err != nil || ev.Type() != api.TypeRejected || !strings.Contains(string(ev.Data()), api.EInvalidName) {
 		t.Fatalf("audit event %s: %s (%v)", ev.Type(), ev.Data(), err)
 	}
 	// A reserved tenant is refused the same way.
 	if _, err := e.js.PublishMsg(ctx, &nats.Msg{Subject: "tool.invoke._system", Header: ceHeader("reserved"), Data: echoBody("_system", "x")}); err != nil {
 		t.Fatal(err)
 	}
-	if evs := e.auditOf(subjects.SystemTenant, 2); evs[1].Type() != envelope.TypeRejected {
+	if evs := e.auditOf(subjects.SystemTenant, 2); evs[1].Type() != api.TypeRejected {
 		t.Fatalf("reserved tenant: audit %s", evs[1].Type())
 	}
 	if n := e.count(subjects.StreamResults, subjects.ResultTenant(subjects.SystemTenant)); n != 0 {
@@ -236,7 +236,7 @@ func TestUnreadableEventsEndAtOnce(t *testing.T) {
 			t.Fatalf("%s: result for %q", name, resp.InvocationID)
 		}
 		wantCode(t, resp, api.EInvalidAttribute)
-		if ev := e.auditOf("u"+name, 1)[0]; ev.Type() != envelope.TypeRejected {
+		if ev := e.auditOf("u"+name, 1)[0]; ev.Type() != api.TypeRejected {
 			t.Fatalf("%s: audit %s", name, ev.Type())
 		}
 	}

@@ -40,10 +40,10 @@ func TestInvokedWhileRunning(t *testing.T) {
 		if err := json.Unmarshal(m.Data, &ev); err != nil {
 			t.Fatal(err)
 		}
-		if ev.Type() == envelope.TypeInvoked {
+		if ev.Type() == api.TypeInvoked {
 			break
 		}
-		if ev.Type() != envelope.TypeApprovalRequested {
+		if ev.Type() != api.TypeApprovalRequested {
 			t.Fatalf("%s arrived before tool.invoked", ev.Type())
 		}
 	}
@@ -58,7 +58,7 @@ func TestInvokedWhileRunning(t *testing.T) {
 	if _, err := e.client.Wait(ctx, "watch", id); err != nil {
 		t.Fatal(err)
 	}
-	if n := e.count(subjects.StreamAudit, subjects.AuditEvent("watch", envelope.SubjectSuffix(envelope.TypeInvoked))); n != 1 {
+	if n := e.count(subjects.StreamAudit, subjects.AuditEvent("watch", envelope.SubjectSuffix(api.TypeInvoked))); n != 1 {
 		t.Fatalf("%d tool.invoked events, want 1", n)
 	}
 }

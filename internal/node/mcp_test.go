@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"github.com/toolgate/toolgate/api"
-	"github.com/toolgate/toolgate/internal/envelope"
 	"github.com/toolgate/toolgate/internal/node"
 	"github.com/toolgate/toolgate/internal/sandbox"
 	"github.com/toolgate/toolgate/internal/tools"
@@ -162,7 +161,7 @@ func TestMCPMisbehavingServer(t *testing.T) {
 		t.Fatalf("crash message: %s", resp.Error.Message)
 	}
 	events := e.auditOf(tenant, 4)
-	if events[2].Type() != envelope.TypeInvoked || events[3].Type() != envelope.TypeFailed {
+	if events[2].Type() != api.TypeInvoked || events[3].Type() != api.TypeFailed {
 		t.Fatalf("audit of the crash: %s, %s", events[2].Type(), events[3].Type())
 	}
 	again := e.invoke(request(tenant, "mcp:flaky:whoami", `{}`))

@@ -187,7 +187,7 @@ func TestModelTools(t *testing.T) {
 		if got := oai.Last()["model"]; got != "gpt-4o-mini" {
 			t.Fatalf("upstream model %v", got)
 		}
-		mu := terminal(t, "m1", envelope.TypeSucceeded)
+		mu := terminal(t, "m1", api.TypeSucceeded)
 		if mu.InputTokens != 12 || mu.OutputTokens != 4 || mu.Routing.Chosen != "gpt-small" {
 			t.Fatalf("model use %s", mustJSON(t, mu))
 		}
@@ -218,7 +218,7 @@ func TestModelTools(t *testing.T) {
 		if r["model"] != "gpt-small" {
 			t.Fatalf("answered by %v", r["model"])
 		}
-		mu := terminal(t, "m4", envelope.TypeSucceeded)
+		mu := terminal(t, "m4", api.TypeSucceeded)
 		var codes []string
 		for _, a := range mu.Attempts {
 			codes = append(codes, a.ECode)
@@ -243,14 +243,14 @@ func TestModelTools(t *testing.T) {
 		if failing.Calls() != before {
 			t.Fatal("the open breaker let a call through")
 		}
-		mu := terminal(t, "m52", envelope.TypeSucceeded)
+		mu := terminal(t, "m52", api.TypeSucceeded)
 		if mu.Attempts[0].ECode != api.EBreakerOpen || mu.Model != "gpt-small" {
 			t.Fatalf("attempts %s", mustJSON(t, mu))
 		}
 	})
 	run("unknown model", func(t *testing.T) {
 		failed(t, call(t, "m6", `{"model":"no-such-model","prompt":"hi"}`), api.EModelUnknown)
-		terminal(t, "m6", envelope.TypeFailed)
+		terminal(t, "m6", api.TypeFailed)
 	})
 	run("fits no context window", func(t *testing.T) {
 		var big []string
@@ -258,7 +258,7 @@ func TestModelTools(t *testing.T) {
 			big = append(big, fmt.Sprintf(`{"role":"user","content":"%d %s"}`, i, strings.Repeat("lorem ipsum dolor sit amet ", 110)))
 		}
 		failed(t, callTool(t, "test.llm_small", "m7", fmt.Sprintf(`{"messages":[%s]}`, strings.Join(big, ","))), api.EModelContextWindow)
-		terminal(t, "m7", envelope.TypeFailed)
+		terminal(t, "m7", api.TypeFailed)
 	})
 	run("routed up to a larger window, and truncated when allowed", func(t *testing.T) {
 		odd.Set(modeltest.OK)
@@ -273,7 +273,7 @@ func TestModelTools(t *testing.T) {
 		if r["model"] != "gpt-small" {
 			t.Fatalf("answered by %v", r["model"])
 		}
-		mu := terminal(t, "m8", envelope.TypeSucceeded)
+		mu := terminal(t, "m8", api.TypeSucceeded)
 		if !slices.ContainsFunc(mu.Routing.Considered, func(c api.Candidate) bool {
 			return c.Model == "tiny" && strings.HasPrefix(c.Reason, "context window")
 		}) || slices.Contains(mu.Routing.Chain, "tiny") {
@@ -282,7 +282,7 @@ func TestModelTools(t *testing.T) {
 		// Only tiny allowed by name: it does not fit, and truncation makes it fit.
 		failed(t, call(t, "m81", fmt.Sprintf(`{"model":"tiny","messages":[%s]}`, strings.Join(msgs, ","))), api.EModelContextWindow)
 		result(t, call(t, "m82", fmt.Sprintf(`{"model":"tiny","truncate":"drop_oldest","messages":[%s]}`, strings.Join(msgs, ","))))
-		mu = terminal(t, "m82", envelope.TypeSucceeded)
+		mu = terminal(t, "m82", api.TypeSucceeded)
 		if mu.Routing.Truncated != "drop_oldest" || mu.Routing.InputTokens > 250 {
 			t.Fatalf("routing %s", mustJSON(t, mu.Routing))
 		}
@@ -293,7 +293,7 @@ func TestModelTools(t *testing.T) {
 	run("answer not in the wire format", func(t *testing.T) {
 		odd.Set(modeltest.Garbage)
 		failed(t, call(t, "m9", `{"model":"odd","prompt":"hi"}`), api.EModelMalformed)
-		if mu := terminal(t, "m9", envelope.TypeFailed); mu.InputTokens == 0 {
+		if mu := terminal(t, "m9", api.TypeFailed); mu.InputTokens == 0 {
 			t.Fatalf("input not charged: %s", mustJSON(t, mu))
 		}
 		if got := charged(t, "m9"); got == 0 {
@@ -303,13 +303,13 @@ func TestModelTools(t *testing.T) {
 	run("oversized answer", func(t *testing.T) {
 		odd.Set(modeltest.Huge)
 		failed(t, call(t, "m10", `{"model":"odd","prompt":"hi"}`), api.EModelAnswerTooLarge)
-		terminal(t, "m10", envelope.TypeFailed)
+		terminal(t, "m10", api.TypeFailed)
 	})
 	run("stream stops mid-way", func(t *testing.T) {
 		odd.Set(modeltest.Cut)
 		odd.Answer = "one two three four five six"
 		failed(t, call(t, "m11", `{"model":"odd","stream":true,"prompt":"count"}`), api.EModelStreamCut)
-		mu := terminal(t, "m11", envelope.TypeFailed)
+		mu := terminal(t, "m11", api.TypeFailed)
 		if mu.OutputTokens == 0 || mu.InputTokens == 0 {
 			t.Fatalf("partial use not charged: %s", mustJSON(t, mu))
 		}

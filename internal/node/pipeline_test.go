@@ -62,7 +62,7 @@ func TestNATSCLIMessage(t *testing.T) {
 		t.Fatalf("response %+v result %s", resp, resp.Result)
 	}
 	events := e.auditOf("demo", 2)
-	if events[0].Type() != envelope.TypeInvoked || events[1].Type() != envelope.TypeSucceeded {
+	if events[0].Type() != api.TypeInvoked || events[1].Type() != api.TypeSucceeded {
 		t.Fatalf("audit types %s, %s", events[0].Type(), events[1].Type())
 	}
 	for _, ev := range events {
@@ -154,54 +154,54 @@ func TestBadInput(t *testing.T) {
 	}{
 		{"malformed JSON", func() (string, nats.Header, []byte) {
 			return "tool.invoke.b1", structured, []byte(`{"specversion":"1.0", "id": `)
-		}, api.StatusError, api.InvalidParameters, api.EMalformedEvent, envelope.TypeRejected, false},
+		}, api.StatusError, api.InvalidParameters, api.EMalformedEvent, api.TypeRejected, false},
 		{"not a CloudEvent", func() (string, nats.Header, []byte) {
 			return "tool.invoke.b2", nil, []byte(data("b2", "echo", "", `{"message":"x"}`))
-		}, api.StatusError, api.InvalidParameters, api.EMalformedEvent, envelope.TypeRejected, false},
+		}, api.StatusError, api.InvalidParameters, api.EMalformedEvent, api.TypeRejected, false},
 		{"missing required attribute", func() (string, nats.Header, []byte) {
 			return binary("b3", "tool.invoke", data("b3", "echo", "", `{"message":"x"}`), "ce-source")
-		}, api.StatusError, api.InvalidParameters, api.EInvalidAttribute, envelope.TypeRejected, true},
+		}, api.StatusError, api.InvalidParameters, api.EInvalidAttribute, api.TypeRejected, true},
 		{"wrong type", func() (string, nats.Header, []byte) {
 			return binary("b4", "com.example.other", data("b4", "echo", "", `{"message":"x"}`))
-		}, api.StatusError, api.InvalidParameters, api.EWrongEventType, envelope.TypeRejected, false},
+		}, api.StatusError, api.InvalidParameters, api.EWrongEventType, api.TypeRejected, false},
 		{"tenant mismatch", func() (string, nats.Header, []byte) {
 			return binary("b5", "tool.invoke", data("someone-else", "echo", "", `{"message":"x"}`))
-		}, api.StatusPermissionDenied, api.PermissionDenied, api.ETenantMismatch, envelope.TypePermissionDenied, false},
+		}, api.StatusPermissionDenied, api.PermissionDenied, api.ETenantMismatch, api.TypePermissionDenied, false},
 		{"unknown tool", func() (string, nats.Header, []byte) {
 			return binary("b6", "tool.invoke", data("b6", "no.such.tool", "", `{}`))
-		}, api.StatusError, api.ToolNotFound, api.EToolNotFound, envelope.TypeRejected, false},
+		}, api.StatusError, api.ToolNotFound, api.EToolNotFound, api.TypeRejected, false},
 		{"unknown version", func() (string, nats.Header, []byte) {
 			return binary("b7", "tool.invoke", data("b7", "echo", "9.9.9", `{"message":"x"}`))
-		}, api.StatusError, api.ToolVersionNotFound, api.EVersionNotFound, envelope.TypeRejected, false},
+		}, api.StatusError, api.ToolVersionNotFound, api.EVersionNotFound, api.TypeRejected, false},
 		{"unsatisfiable range", func() (string, nats.Header, []byte) {
 			return binary("b8", "tool.invoke", data("b8", "echo", "^7", `{"message":"x"}`))
-		}, api.StatusError, api.ToolVersionNotFound, api.EVersionUnsatisfied, envelope.TypeRejected, false},
+		}, api.StatusError, api.ToolVersionNotFound, api.EVersionUnsatisfied, api.TypeRejected, false},
 		{"parameters fail the schema", func() (string, nats.Header, []byte) {
 			return binary("b9", "tool.invoke", data("b9", "sleep", "", `{"ms":"soon"}`))
-		}, api.StatusError, api.InvalidParameters, api.EParametersInvalid, envelope.TypeRejected, true},
+		}, api.StatusError, api.InvalidParameters, api.EParametersInvalid, api.TypeRejected, true},
 		{"request fails the schema", func() (string, nats.Header, []byte) {
 			return binary("b10", "tool.invoke", `{"tool_id":"echo","agent_context":{"agent_did":"d","tenant_id":"b10"},"surprise":1}`)
-		}, api.StatusError, api.InvalidParameters, api.ERequestInvalid, envelope.TypeRejected, true},
+		}, api.StatusError, api.InvalidParameters, api.ERequestInvalid, api.TypeRejected, true},
 		{"oversized event", func() (string, nats.Header, []byte) {
 			big := `{"message":"` + strings.Repeat("x", 100<<10) + `"}`
 			return binary("b11", "tool.invoke", data("b11", "echo", "", big))
-		}, api.StatusError, api.InvalidParameters, api.EPayloadTooLarge, envelope.TypeRejected, false},
+		}, api.StatusError, api.InvalidParameters, api.EPayloadTooLarge, api.TypeRejected, false},
 		{"tool panics", func() (string, nats.Header, []byte) {
 			return binary("b12", "tool.invoke", data("b12", "test.boom", "", `{}`))
-		}, api.StatusError, api.ToolExecutionError, api.EToolPanicked, envelope.TypeFailed, false},
+		}, api.StatusError, api.ToolExecutionError, api.EToolPanicked, api.TypeFailed, false},
 		{"tool exceeds its timeout", func() (string, nats.Header, []byte) {
 			d := `{"tool_id":"sleep","agent_context":{"agent_did":"d","tenant_id":"b13"},"parameters":{"ms":5000},"resource_limits":{"timeout_seconds":1}}`
 			return binary("b13", "tool.invoke", withToken(d, "b13", "d"))
-		}, api.StatusTimeout, api.Timeout, api.ETimeout, envelope.TypeTimeout, false},
+		}, api.StatusTimeout, api.Timeout, api.ETimeout, api.TypeTimeout, false},
 		{"result breaks the output schema", func() (string, nats.Header, []byte) {
 			return binary("b14", "tool.invoke", data("b14", "test.bad_output", "", `{}`))
-		}, api.StatusError, api.ToolExecutionError, api.EResultSchema, envelope.TypeFailed, true},
+		}, api.StatusError, api.ToolExecutionError, api.EResultSchema, api.TypeFailed, true},
 		{"removed version", func() (string, nats.Header, []byte) {
 			return binary("b15", "tool.invoke", data("b15", "test.removed", "1.0.0", `{}`))
-		}, api.StatusError, api.ToolVersionNotFound, api.EToolRemoved, envelope.TypeFailed, false},
+		}, api.StatusError, api.ToolVersionNotFound, api.EToolRemoved, api.TypeFailed, false},
 		{"no executor for the kind", func() (string, nats.Header, []byte) {
 			return binary("b16", "tool.invoke", data("b16", "test.model", "", `{}`))
-		}, api.StatusError, api.ToolExecutionError, api.EExecutorUnavailable, envelope.TypeFailed, false},
+		}, api.StatusError, api.ToolExecutionError, api.EExecutorUnavailable, api.TypeFailed, false},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

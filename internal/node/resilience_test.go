@@ -63,7 +63,7 @@ func TestRateLimitAcrossWorkers(t *testing.T) {
 	if ok != 10 || limited != total-10 {
 		t.Fatalf("%d ran and %d were limited; want 10 and %d", ok, limited, total-10)
 	}
-	if got := e.count(subjects.StreamAudit, subjects.AuditEvent(tenant, envelope.SubjectSuffix(envelope.TypeRateLimited))); got != total-10 {
+	if got := e.count(subjects.StreamAudit, subjects.AuditEvent(tenant, envelope.SubjectSuffix(api.TypeRateLimited))); got != total-10 {
 		t.Fatalf("%d rate_limited audit events, want %d", got, total-10)
 	}
 	// Another tenant has its own bucket.
@@ -176,7 +176,7 @@ func TestAsyncAndCancel(t *testing.T) {
 		Type string       `json:"type"`
 		Data api.Response `json:"data"`
 	}
-	if err := json.Unmarshal(msgs[0].Data(), &head); err != nil || head.Type != envelope.TypeAccepted ||
+	if err := json.Unmarshal(msgs[0].Data(), &head); err != nil || head.Type != api.TypeAccepted ||
 		head.Data.Status != api.StatusPending || head.Data.PollingInfo == nil || head.Data.PollingInfo.StatusSubject != subjects.TenantSvc(tenant, subjects.SvcStatus) {
 		t.Fatalf("async answer %s, %v", msgs[0].Data(), err)
 	}
@@ -224,7 +224,7 @@ func TestAsyncAndCancel(t *testing.T) {
 			t.Fatalf("%s has %d result messages", id, got)
 		}
 	}
-	if got := e.count(subjects.StreamAudit, subjects.AuditEvent(tenant, envelope.SubjectSuffix(envelope.TypeCancelled))); got != 2 {
+	if got := e.count(subjects.StreamAudit, subjects.AuditEvent(tenant, envelope.SubjectSuffix(api.TypeCancelled))); got != 2 {
 		t.Fatalf("%d cancelled audit events, want 2", got)
 	}
 }
@@ -299,7 +299,7 @@ func TestResumeFromCheckpoint(t *testing.T) {
 			t.Fatalf("step %d ran %d times", i, runs)
 		}
 	}
-	if got := e.count(subjects.StreamAudit, subjects.AuditEvent(tenant, envelope.SubjectSuffix(envelope.TypeCheckpointCreated))); got < 8 {
+	if got := e.count(subjects.StreamAudit, subjects.AuditEvent(tenant, envelope.SubjectSuffix(api.TypeCheckpointCreated))); got < 8 {
 		t.Fatalf("%d checkpoint.created events, want at least 8", got)
 	}
 }
@@ -351,7 +351,7 @@ func TestSharedCircuitBreaker(t *testing.T) {
 	})
 	// The worker announces the transition after it wrote the state: let it
 	// finish before it goes.
-	opened := subjects.AuditEvent(subjects.SystemTenant, envelope.SubjectSuffix(breaker.TypeOpened))
+	opened := subjects.AuditEvent(subjects.SystemTenant, envelope.SubjectSuffix(api.TypeCircuitOpened))
 	eventually(t, 5*time.Second, "the opening to be announced", func() bool { return e.count(subjects.StreamAudit, opened) > 0 })
 	first.Close() // the worker that saw the failures is gone
 	e.runStage(subjects.Execute, nil, 1, 0)
@@ -372,7 +372,7 @@ func TestSharedCircuitBreaker(t *testing.T) {
 	if err != nil || st.State != kvstore.BreakerClosed {
 		t.Fatalf("after the trial: %+v, %v", st, err)
 	}
-	for _, typ := range []string{breaker.TypeOpened, breaker.TypeHalfOpen, breaker.TypeClosed} {
+	for _, typ := range []string{api.TypeCircuitOpened, api.TypeCircuitHalfOpened, api.TypeCircuitClosed} {
 		if got := e.count(subjects.StreamAudit, subjects.AuditEvent(subjects.SystemTenant, envelope.SubjectSuffix(typ))); got != 1 {
 			t.Fatalf("%d %s events, want 1", got, typ)
 		}

@@ -119,9 +119,9 @@ func TestCLIAttacksContained(t *testing.T) {
 			if !slices.Contains(c.statuses, resp.Status) || resp.Error == nil || !slices.Contains(c.ecodes, resp.Error.ECode) {
 				t.Fatalf("got %s %s, want %v with one of %v", resp.Status, mustJSON(t, resp.Error), c.statuses, c.ecodes)
 			}
-			terminal := envelope.TypeFailed
+			terminal := api.TypeFailed
 			if resp.Status == api.StatusTimeout {
-				terminal = envelope.TypeTimeout
+				terminal = api.TypeTimeout
 			}
 			msgs := e.read(subjects.StreamAudit, subjects.AuditEvent(tenant, envelope.SubjectSuffix(terminal)), 1, 10*time.Second)
 			if len(msgs) != 1 || !strings.Contains(string(msgs[0].Data()), resp.Error.ECode) {
@@ -221,7 +221,7 @@ printf '{"started_at":%s,"ran":[%s]}\n' "$start" "$ran"`)+`],"stdin":"none"},
 		out.Ran[len(out.Ran)-1] != 7 || resp.ExecutionMetadata.ResumedFromCheckpoint < 3 {
 		t.Fatalf("did not resume from the checkpoint: %s, metadata %+v", resp.Result, resp.ExecutionMetadata)
 	}
-	if got := e.count(subjects.StreamAudit, subjects.AuditEvent(tenant, envelope.SubjectSuffix(envelope.TypeCheckpointCreated))); got < 8 {
+	if got := e.count(subjects.StreamAudit, subjects.AuditEvent(tenant, envelope.SubjectSuffix(api.TypeCheckpointCreated))); got < 8 {
 		t.Fatalf("%d checkpoint.created events, want at least 8", got)
 	}
 }
@@ -261,7 +261,7 @@ func TestCLIRefusedWithoutSandbox(t *testing.T) {
 		!strings.Contains(resp.Error.Message, "bwrap") || !strings.Contains(resp.Error.Message, "--sandbox none") {
 		t.Fatalf("cli tool without a sandbox: %s %s", resp.Status, mustJSON(t, resp.Error))
 	}
-	if n := e.count(subjects.StreamAudit, subjects.AuditEvent("nosb", envelope.SubjectSuffix(envelope.TypeFailed))); n != 1 {
+	if n := e.count(subjects.StreamAudit, subjects.AuditEvent("nosb", envelope.SubjectSuffix(api.TypeFailed))); n != 1 {
 		t.Fatalf("%d failed audit events, want 1", n)
 	}
 	if resp := e.invoke(request("nosb", "echo", `{"message":"x"}`)); resp.Status != api.StatusSuccess {

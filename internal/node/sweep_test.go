@@ -9,7 +9,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/client"
-	"github.com/toolgate/toolgate/internal/envelope"
 	"github.com/toolgate/toolgate/internal/node"
 	"github.com/toolgate/toolgate/internal/topology"
 	"github.com/toolgate/toolgate/subjects"
@@ -125,8 +124,8 @@ func TestPassedOverMessageEndsWithoutItsAdvisory(t *testing.T) {
 
 func isTerminal(ev event.Event) bool {
 	switch ev.Type() {
-	case envelope.TypeSucceeded, envelope.TypeFailed, envelope.TypeTimeout, envelope.TypeCancelled,
-		envelope.TypeRejected, envelope.TypePermissionDenied, envelope.TypeRateLimited:
+	case api.TypeSucceeded, api.TypeFailed, api.TypeTimeout, api.TypeCancelled,
+		api.TypeRejected, api.TypePermissionDenied, api.TypeRateLimited:
 		return true
 	}
 	return false

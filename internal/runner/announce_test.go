@@ -12,6 +12,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/envelope"
 	"github.com/toolgate/toolgate/internal/natstest"
 	"github.com/toolgate/toolgate/internal/topology"
@@ -71,7 +72,7 @@ func TestAnnounceIsStoredBeforeTheInputGoes(t *testing.T) {
 	}
 
 	t.Run("stored while the stage works, input acked after", func(t *testing.T) {
-		subject := subjects.AuditEvent("acme", envelope.SubjectSuffix(envelope.TypeInvoked))
+		subject := subjects.AuditEvent("acme", envelope.SubjectSuffix(api.TypeInvoked))
 		st := &announcingStage{subject: subject, release: make(chan struct{})}
 		stop := run(t, st, envelope.Invocation{ID: "inv-a", Tenant: "acme", Event: envelope.Event{Seq: 1}})
 		defer stop()

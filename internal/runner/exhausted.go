@@ -147,7 +147,7 @@ func poisonEvent(stage, subject, stream string, seq uint64, cause error) (stages
 	e := event.New()
 	e.SetID(fmt.Sprintf("%s-%d", stream, seq))
 	e.SetSource("urn:toolgate:" + stage)
-	e.SetType(envelope.TypePoison)
+	e.SetType(api.TypePoison)
 	e.SetTime(time.Now().UTC())
 	e.SetExtension("tenantid", tenant)
 	perr := api.NewError(api.InternalError, api.EPoisonMessage, "%v", cause)
@@ -161,5 +161,5 @@ func poisonEvent(stage, subject, stream string, seq uint64, cause error) (stages
 	if err != nil {
 		return stages.Output{}, err
 	}
-	return stages.EventOutput(subjects.AuditEvent(tenant, envelope.SubjectSuffix(envelope.TypePoison)), &e)
+	return stages.EventOutput(subjects.AuditEvent(tenant, envelope.SubjectSuffix(api.TypePoison)), &e)
 }

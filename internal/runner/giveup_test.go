@@ -11,6 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/envelope"
 	"github.com/toolgate/toolgate/internal/natstest"
 	"github.com/toolgate/toolgate/internal/topology"
@@ -48,7 +49,7 @@ func TestFinaliserRecordsWhatItGivesUpOn(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	poison := subjects.AuditEvent("acme", envelope.SubjectSuffix(envelope.TypePoison))
+	poison := subjects.AuditEvent("acme", envelope.SubjectSuffix(api.TypePoison))
 	natstest.Eventually(t, 30*time.Second, func() bool {
 		_, err := audit.GetLastMsgForSubject(ctx, poison)
 		return err == nil

@@ -3,6 +3,7 @@ package runner
 import (
 	"testing"
 
+	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/envelope"
 	"github.com/toolgate/toolgate/stages"
 	"github.com/toolgate/toolgate/subjects"
@@ -29,8 +30,8 @@ func TestHopIDs(t *testing.T) {
 		if HopID(a, subjects.Authorize) == HopID(b, subjects.Authorize) {
 			t.Errorf("%s/%s and %s/%s share hop id %s", a.Tenant, a.ID, b.Tenant, b.ID, HopID(a, subjects.Authorize))
 		}
-		ea, _ := stages.AuditEvent(subjects.Audit, a, envelope.TypeSucceeded, nil)
-		eb, _ := stages.AuditEvent(subjects.Audit, b, envelope.TypeSucceeded, nil)
+		ea, _ := stages.AuditEvent(subjects.Audit, a, api.TypeSucceeded, nil)
+		eb, _ := stages.AuditEvent(subjects.Audit, b, api.TypeSucceeded, nil)
 		if ea.MsgID == eb.MsgID {
 			t.Errorf("%s/%s and %s/%s share audit message id %s", a.Tenant, a.ID, b.Tenant, b.ID, ea.MsgID)
 		}

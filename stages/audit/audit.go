@@ -206,7 +206,7 @@ func (a *Auditor) heldByWorker(ctx context.Context, inv *envelope.Invocation) (b
 // one's result on the same subject; a different request gets its refusal
 // there, so that its caller learns why.
 func duplicate(inv *envelope.Invocation) ([]stages.Output, error) {
-	ev, err := stages.AuditEvent(subjects.Audit, inv, envelope.TypeDuplicate, inv.Audit())
+	ev, err := stages.AuditEvent(subjects.Audit, inv, api.TypeDuplicate, inv.Audit())
 	if err != nil || sameRequest(inv.Error) {
 		return []stages.Output{ev}, err
 	}
@@ -314,7 +314,7 @@ func sameRequest(e *api.Error) bool {
 var errSettled = errors.New("already settled")
 
 func resultEvent(inv *envelope.Invocation, resp api.Response) (stages.Output, error) {
-	e, err := inv.NewEvent("urn:toolgate:"+subjects.Audit, envelope.TypeResult, resp)
+	e, err := inv.NewEvent("urn:toolgate:"+subjects.Audit, api.TypeResult, resp)
 	if err != nil {
 		return stages.Output{}, err
 	}

@@ -88,7 +88,7 @@ func TestAudit(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		want := subjects.AuditEvent("acme", envelope.SubjectSuffix(envelope.TypeSucceeded)) + " " + subjects.Result("acme", "i-1")
+		want := subjects.AuditEvent("acme", envelope.SubjectSuffix(api.TypeSucceeded)) + " " + subjects.Result("acme", "i-1")
 		if got := subjectsOf(outs); got != want {
 			t.Fatalf("outputs %q, want %q", got, want)
 		}
@@ -133,7 +133,7 @@ func TestAudit(t *testing.T) {
 		inv.Fail(subjects.Validate, api.NewError(api.InvalidParameters, api.EDuplicateInvocation, "again").
 			WithDetail("same_request", true))
 		outs, err := (&Auditor{store: st}).Process(ctx, inv)
-		duplicate := subjects.AuditEvent("acme", envelope.SubjectSuffix(envelope.TypeDuplicate))
+		duplicate := subjects.AuditEvent("acme", envelope.SubjectSuffix(api.TypeDuplicate))
 		if err != nil || subjectsOf(outs) != duplicate {
 			t.Fatalf("outputs %q, %v; want only %s", subjectsOf(outs), err, duplicate)
 		}
@@ -147,7 +147,7 @@ func TestAudit(t *testing.T) {
 		inv := &envelope.Invocation{ID: "i-3", Tenant: "acme", Status: api.StatusPending, Event: envelope.Event{Seq: 9}}
 		inv.Fail(subjects.Validate, api.NewError(api.InvalidParameters, api.EDuplicateInvocation, "reused"))
 		outs, err := (&Auditor{store: st}).Process(ctx, inv)
-		want := subjects.AuditEvent("acme", envelope.SubjectSuffix(envelope.TypeDuplicate)) + " " + subjects.Result("acme", "i-3")
+		want := subjects.AuditEvent("acme", envelope.SubjectSuffix(api.TypeDuplicate)) + " " + subjects.Result("acme", "i-3")
 		if err != nil || subjectsOf(outs) != want {
 			t.Fatalf("outputs %q, %v; want %q", subjectsOf(outs), err, want)
 		}

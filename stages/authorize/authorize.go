@@ -736,7 +736,7 @@ func (a *Authorizer) park(ctx context.Context, inv *envelope.Invocation, m *tool
 		AuditRecord: audit, Reasons: d.Reasons, RiskLevel: m.Safety.RiskLevel,
 		SideEffects: m.Safety.SideEffects, Reversible: m.Safety.Reversible, Deadline: stored.Deadline,
 	}
-	ev, err := stages.AuditEvent(subjects.Authorize, inv, envelope.TypeApprovalRequested, data)
+	ev, err := stages.AuditEvent(subjects.Authorize, inv, api.TypeApprovalRequested, data)
 	if err != nil {
 		return nil, err
 	}

@@ -91,7 +91,7 @@ func (t *tracker) Checkpoint(state json.RawMessage) error {
 	if t.publish == nil {
 		return nil
 	}
-	ev, err := stages.AuditEvent(subjects.Execute, t.inv, envelope.TypeCheckpointCreated, CheckpointCreated{
+	ev, err := stages.AuditEvent(subjects.Execute, t.inv, api.TypeCheckpointCreated, CheckpointCreated{
 		InvocationID: t.inv.ID, TenantID: t.inv.Tenant, ToolID: t.toolID, Seq: seq,
 		StoredBytes: n, StateBytes: len(state), Percent: percent,
 	})

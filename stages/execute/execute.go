@@ -214,7 +214,7 @@ func (x *Executor) Process(ctx context.Context, inv *envelope.Invocation) ([]sta
 		}
 	}
 	inv.Status = api.StatusRunning
-	invoked, err := stages.AuditEvent(subjects.Execute, inv, envelope.TypeInvoked, inv.Audit())
+	invoked, err := stages.AuditEvent(subjects.Execute, inv, api.TypeInvoked, inv.Audit())
 	if err != nil {
 		return nil, err
 	}

@@ -208,7 +208,7 @@ func requestDigest(inv *envelope.Invocation) string {
 func accepted(inv *envelope.Invocation) (stages.Output, error) {
 	resp := api.Response{InvocationID: inv.ID, Status: api.StatusPending,
 		PollingInfo: &api.PollingInfo{ResultSubject: subjects.Result(inv.Tenant, inv.ID), StatusSubject: subjects.TenantSvc(inv.Tenant, subjects.SvcStatus)}}
-	e, err := inv.NewEvent("urn:toolgate:"+subjects.Validate, envelope.TypeAccepted, resp)
+	e, err := inv.NewEvent("urn:toolgate:"+subjects.Validate, api.TypeAccepted, resp)
 	if err != nil {
 		return stages.Output{}, err
 	}
