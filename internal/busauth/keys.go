@@ -215,7 +215,7 @@ func (k *Keys) IssueCredentials(role Role, name string, ttl time.Duration) ([]by
 }
 
 // WriteCredentials makes sure dataDir/busauth holds the keys (the
-// hop-sealing key too), and writes one <role>.creds file per issued role
+// hop-sealing key and the audit chain key too), and writes one <role>.creds file per issued role
 // (each stage's, control's and the operator's), named "local" (and their
 // halves <role>.jwt and <role>.nk for the nats CLI), all 0600, and
 // auth.conf there. Existing keys
@@ -226,6 +226,9 @@ func WriteCredentials(dataDir string) (*Keys, error) {
 		return nil, err
 	}
 	if _, err := LoadOrCreateSealKey(dataDir); err != nil {
+		return nil, err
+	}
+	if _, err := LoadOrCreateAuditChainKey(dataDir); err != nil {
 		return nil, err
 	}
 	dir := filepath.Join(dataDir, DirName)

@@ -124,13 +124,16 @@ var Rights = map[Role]RoleRights{
 		Watches:   []string{subjects.BucketTools},
 	},
 	// audit is the one finaliser: the audit trail, results, terminal
-	// status, usage, and the calls hooks start.
+	// status, usage, and the calls hooks start. It alone signs the
+	// checkpoints over AUDIT, reading the events by sequence and the
+	// chain's last checkpoint.
 	RoleAudit: {
 		Consumes:  subjects.Inputs(subjects.Audit),
 		Sweeps:    []string{subjects.StreamPipeline},
-		Publishes: []string{subjects.AuditAll, subjects.ResultAll, subjects.InvokeAll},
+		Publishes: []string{subjects.AuditAll, subjects.ResultAll, subjects.InvokeAll, subjects.AuditCheckpoint},
 		Writes:    []string{subjects.BucketInvocations, subjects.BucketBudgets, subjects.BucketToolStats},
 		Watches:   []string{subjects.BucketTools, subjects.BucketHooks},
+		Streams:   []string{subjects.StreamAudit, subjects.StreamAuditChain},
 	},
 	// control serves the control endpoints: it registers tools, records
 	// decisions and cancels, and for operators' signed requests writes

@@ -132,6 +132,14 @@ func Streams(o TopologyOptions) []jetstream.StreamConfig {
 		MaxAge: o.AuditMaxAge, MaxBytes: o.AuditMaxBytes, Discard: jetstream.DiscardNew,
 		DenyDelete: true, DenyPurge: true,
 		Duplicates: o.Duplicates, Replicas: o.Replicas, Storage: o.Storage,
+	}, {
+		// The signed checkpoints over AUDIT (docs/audit.md), kept as long
+		// as the events they cover; a small fraction of AUDIT's bytes.
+		Name: subjects.StreamAuditChain, Description: "toolgate signed checkpoints over AUDIT (append-only)",
+		Subjects: []string{subjects.AuditCheckpoint}, Retention: jetstream.LimitsPolicy,
+		MaxAge: o.AuditMaxAge, MaxBytes: o.AuditMaxBytes, Discard: jetstream.DiscardNew,
+		DenyDelete: true, DenyPurge: true,
+		Duplicates: o.Duplicates, Replicas: o.Replicas, Storage: o.Storage,
 	}}
 }
 

@@ -1,0 +1,271 @@
+package auditchain
+
+import (
+	"cmp"
+	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/big"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/toolgate/toolgate/subjects"
+)
+
+// Defaults of Checkpointer. A checkpoint reads each event once more and
+// hashes it; measured in docs/audit.md against the audit stage's own work.
+const (
+	DefaultEvery    = 1000
+	DefaultInterval = 5 * time.Second
+)
+
+// Checkpointer writes the chain: run one in every audit process. Each
+// checkpoint covers the events after the last one, up to Every of them,
+// once Every are waiting or Interval has passed since the last
+// checkpoint. Several may run: a checkpoint is published only if the
+// chain's last message is still the one it links to (JetStream's
+// expected last sequence), so exactly one chain results, and a writer
+// that dies leaves its range to the next. The last writer goes first;
+// the others wait twice as long before they try, so that usually one
+// process does the hashing.
+type Checkpointer struct {
+	JS       jetstream.JetStream
+	Key      ed25519.PrivateKey
+	Every    int
+	Interval time.Duration
+	// Writer names this process in the checkpoints it writes.
+	Writer string
+	Log    *slog.Logger
+	// Reads is how many events are read at once (default 32).
+	Reads int
+}
+
+// Run writes checkpoints until ctx ends.
+func (c *Checkpointer) Run(ctx context.Context) {
+	c.defaults()
+	for {
+		wait := c.Interval/4 + jitter(c.Interval/4)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+		for ctx.Err() == nil {
+			more, err := c.Step(ctx)
+			if err != nil {
+				if ctx.Err() == nil {
+					c.Log.Warn("audit checkpoint not written; retrying", "err", err)
+				}
+				break
+			}
+			if !more {
+				break
+			}
+		}
+	}
+}
+
+func (c *Checkpointer) defaults() {
+	c.Every = min(cmp.Or(c.Every, DefaultEvery), MaxEvents)
+	c.Interval = cmp.Or(c.Interval, DefaultInterval)
+	c.Reads = cmp.Or(c.Reads, 32)
+	if c.Writer == "" {
+		h, _ := os.Hostname()
+		c.Writer = fmt.Sprintf("%s/%d/%s", h, os.Getpid(), randomID())
+	}
+	if c.Log == nil {
+		c.Log = slog.Default()
+	}
+}
+
+// Tail is where the chain ends: its last checkpoint (nil when there is
+// none) and that checkpoint's sequence in AUDIT_CHAIN.
+type Tail struct {
+	Checkpoint *Checkpoint
+	Seq        uint64
+}
+
+// LastCheckpoint reads the chain's last checkpoint.
+func LastCheckpoint(ctx context.Context, js jetstream.JetStream) (Tail, error) {
+	st, err := js.Stream(ctx, subjects.StreamAuditChain)
+	if err != nil {
+		return Tail{}, fmt.Errorf("checkpoint stream: %w", err)
+	}
+	last := st.CachedInfo().State.LastSeq
+	if st.CachedInfo().State.Msgs == 0 {
+		return Tail{Seq: last}, nil
+	}
+	m, err := st.GetMsg(ctx, last)
+	if err != nil {
+		return Tail{}, fmt.Errorf("reading checkpoint %d: %w", last, err)
+	}
+	cp, err := DecodeCheckpoint(m.Data)
+	if err != nil {
+		return Tail{}, fmt.Errorf("checkpoint %d: %w", last, err)
+	}
+	return Tail{Checkpoint: cp, Seq: last}, nil
+}
+
+// DecodeCheckpoint reads a checkpoint message and checks it is well formed
+// (not its signature).
+func DecodeCheckpoint(b []byte) (*Checkpoint, error) {
+	var cp Checkpoint
+	if err := json.Unmarshal(b, &cp); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrMalformed, err)
+	}
+	if err := cp.wellFormed(); err != nil {
+		return nil, err
+	}
+	return &cp, nil
+}
+
+// Step writes the next checkpoint if one is due, and reports whether more
+// events wait for one at once.
+func (c *Checkpointer) Step(ctx context.Context) (more bool, err error) {
+	c.defaults()
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	audit, err := c.JS.Stream(ctx, subjects.StreamAudit)
+	if err != nil {
+		return false, fmt.Errorf("audit stream: %w", err)
+	}
+	info := audit.CachedInfo()
+	created := info.Created.UTC().Format(time.RFC3339Nano)
+	tail, err := LastCheckpoint(ctx, c.JS)
+	if err != nil {
+		return false, err
+	}
+	start := info.State.FirstSeq
+	prev := tail.Checkpoint
+	if prev != nil && prev.StreamCreated == created {
+		// What aged out or was removed before it was covered starts the
+		// range later; Verify names the gap.
+		start = max(prev.Last+1, start)
+	}
+	start = max(start, 1)
+	if info.State.LastSeq < start {
+		return false, nil
+	}
+	pending := info.State.LastSeq - start + 1
+	every, interval := uint64(c.Every), c.Interval
+	if prev != nil && prev.Writer != c.Writer {
+		every, interval = 2*every, 2*interval
+	}
+	if prev != nil && pending < every {
+		if t, err := time.Parse(time.RFC3339Nano, prev.Time); err == nil && time.Since(t) < interval {
+			return false, nil
+		}
+	}
+	n := min(pending, uint64(c.Every))
+	cp, err := c.build(ctx, audit, created, start, start+n-1)
+	if err != nil {
+		return false, err
+	}
+	if prev != nil {
+		cp.Prev = prev.Hash()
+	}
+	cp.Sign(c.Key)
+	b, err := json.Marshal(cp)
+	if err != nil {
+		return false, err
+	}
+	_, err = c.JS.PublishMsg(ctx, &nats.Msg{Subject: subjects.AuditCheckpoint, Data: b},
+		jetstream.WithExpectLastSequence(tail.Seq), jetstream.WithExpectStream(subjects.StreamAuditChain))
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence {
+		return true, nil // another writer was first: look again from its checkpoint
+	}
+	if err != nil {
+		return false, fmt.Errorf("publishing checkpoint %d..%d: %w", cp.First, cp.Last, err)
+	}
+	return pending > n, nil
+}
+
+// build reads AUDIT's sequences first..last and makes their checkpoint,
+// unsigned and unlinked.
+func (c *Checkpointer) build(ctx context.Context, audit jetstream.Stream, created string, first, last uint64) (*Checkpoint, error) {
+	n := last - first + 1
+	leaves := make([]Hash, n)
+	ids, tenants := make([]string, n), make([]string, n)
+	var firstTime, lastTime time.Time
+	var mu sync.Mutex
+	var firstErr error
+	sem := make(chan struct{}, c.Reads)
+	var wg sync.WaitGroup
+	for i := range n {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			m, err := audit.GetMsg(ctx, first+i)
+			if errors.Is(err, jetstream.ErrMsgNotFound) {
+				leaves[i] = absentLeaf
+				return
+			}
+			if err != nil {
+				mu.Lock()
+				firstErr = cmp.Or(firstErr, err)
+				mu.Unlock()
+				return
+			}
+			leaves[i] = LeafHash(m.Subject, m.Data)
+			ids[i], tenants[i] = eventID(m.Data), tenantOf(m.Subject)
+			switch i {
+			case 0:
+				firstTime = m.Time
+			case n - 1:
+				lastTime = m.Time
+			}
+			if n == 1 {
+				lastTime = m.Time
+			}
+		})
+	}
+	wg.Wait()
+	if firstErr != nil {
+		return nil, fmt.Errorf("reading audit events %d..%d: %w", first, last, firstErr)
+	}
+	root := Root(leaves)
+	prefixes := make([]byte, 0, n*prefixLen)
+	for _, l := range leaves {
+		prefixes = append(prefixes, l[:prefixLen]...)
+	}
+	now := time.Now().UTC()
+	if lastTime.IsZero() {
+		lastTime = now
+	}
+	if firstTime.IsZero() {
+		firstTime = lastTime
+	}
+	return &Checkpoint{
+		V: Version, Stream: subjects.StreamAudit, StreamCreated: created, First: first, Last: last,
+		Root: hex.EncodeToString(root[:]), Time: now.Format(time.RFC3339Nano),
+		FirstTime: firstTime.UTC().Format(time.RFC3339Nano), LastTime: lastTime.UTC().Format(time.RFC3339Nano), Writer: c.Writer,
+		Leaves: base64.StdEncoding.EncodeToString(prefixes), IDs: ids, Tenants: tenants,
+	}, nil
+}
+
+func jitter(d time.Duration) time.Duration {
+	if d <= 0 {
+		return 0
+	}
+	n, err := rand.Int(rand.Reader, big.NewInt(int64(d)))
+	if err != nil {
+		return 0
+	}
+	return time.Duration(n.Int64())
+}
+
+func randomID() string {
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
