@@ -29,6 +29,10 @@ const (
 	StreamAuditChain = "AUDIT_CHAIN"
 )
 
+// DirectGet is the JetStream API subject of direct gets from stream: the
+// audit role reads AUDIT in batches by sequence there.
+func DirectGet(stream string) string { return "$JS.API.DIRECT.GET." + stream }
+
 // AuditCheckpoint is the one subject of StreamAuditChain. It lies outside
 // audit.> so that AUDIT never captures a checkpoint as an event.
 const AuditCheckpoint = "toolgate.auditchain.checkpoint"

@@ -209,7 +209,9 @@ func TestVerifyIntact(t *testing.T) {
 // TestVerifyTampering: each way of changing the trail, done with the
 // stream's own operations, is found and named by sequence and event id.
 func TestVerifyTampering(t *testing.T) {
-	id := func(seq int) string { return []string{"acme", "globex", "initech"}[(seq-1)%3] + fmt.Sprintf("-%d", seq-1) }
+	id := func(seq int) string {
+		return []string{"acme", "globex", "initech"}[(seq-1)%3] + fmt.Sprintf("-%d", seq-1)
+	}
 	t.Run("message deleted", func(t *testing.T) {
 		tr := newTrail(t)
 		tr.fill(0, 30)

@@ -13,7 +13,6 @@ import (
 	"log/slog"
 	"math/big"
 	"os"
-	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -45,8 +44,6 @@ type Checkpointer struct {
 	// Writer names this process in the checkpoints it writes.
 	Writer string
 	Log    *slog.Logger
-	// Reads is how many events are read at once (default 32).
-	Reads int
 }
 
 // Run writes checkpoints until ctx ends.
@@ -77,7 +74,6 @@ func (c *Checkpointer) Run(ctx context.Context) {
 func (c *Checkpointer) defaults() {
 	c.Every = min(cmp.Or(c.Every, DefaultEvery), MaxEvents)
 	c.Interval = cmp.Or(c.Interval, DefaultInterval)
-	c.Reads = cmp.Or(c.Reads, 32)
 	if c.Writer == "" {
 		h, _ := os.Hostname()
 		c.Writer = fmt.Sprintf("%s/%d/%s", h, os.Getpid(), randomID())
@@ -166,7 +162,7 @@ func (c *Checkpointer) Step(ctx context.Context) (more bool, err error) {
 		}
 	}
 	n := min(pending, uint64(c.Every))
-	cp, err := c.build(ctx, audit, created, start, start+n-1)
+	cp, err := c.build(ctx, created, start, start+n-1)
 	if err != nil {
 		return false, err
 	}
@@ -192,46 +188,26 @@ func (c *Checkpointer) Step(ctx context.Context) (more bool, err error) {
 
 // build reads AUDIT's sequences first..last and makes their checkpoint,
 // unsigned and unlinked.
-func (c *Checkpointer) build(ctx context.Context, audit jetstream.Stream, created string, first, last uint64) (*Checkpoint, error) {
+func (c *Checkpointer) build(ctx context.Context, created string, first, last uint64) (*Checkpoint, error) {
 	n := last - first + 1
 	leaves := make([]Hash, n)
 	ids, tenants := make([]string, n), make([]string, n)
-	var firstTime, lastTime time.Time
-	var mu sync.Mutex
-	var firstErr error
-	sem := make(chan struct{}, c.Reads)
-	var wg sync.WaitGroup
-	for i := range n {
-		sem <- struct{}{}
-		wg.Go(func() {
-			defer func() { <-sem }()
-			m, err := audit.GetMsg(ctx, first+i)
-			if errors.Is(err, jetstream.ErrMsgNotFound) {
-				leaves[i] = absentLeaf
-				return
-			}
-			if err != nil {
-				mu.Lock()
-				firstErr = cmp.Or(firstErr, err)
-				mu.Unlock()
-				return
-			}
-			leaves[i] = LeafHash(m.Subject, m.Data)
-			ids[i], tenants[i] = eventID(m.Data), tenantOf(m.Subject)
-			switch i {
-			case 0:
-				firstTime = m.Time
-			case n - 1:
-				lastTime = m.Time
-			}
-			if n == 1 {
-				lastTime = m.Time
-			}
-		})
+	for i := range leaves {
+		leaves[i] = absentLeaf
 	}
-	wg.Wait()
-	if firstErr != nil {
-		return nil, fmt.Errorf("reading audit events %d..%d: %w", first, last, firstErr)
+	var firstTime, lastTime time.Time
+	err := readDirect(ctx, c.JS.Conn(), subjects.StreamAudit, first, last, func(e Event) error {
+		i := e.Seq - first
+		leaves[i] = LeafHash(e.Subject, e.Data)
+		ids[i], tenants[i] = eventID(e.Data), tenantOf(e.Subject)
+		if firstTime.IsZero() {
+			firstTime = e.Time
+		}
+		lastTime = e.Time
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("reading audit events %d..%d: %w", first, last, err)
 	}
 	root := Root(leaves)
 	prefixes := make([]byte, 0, n*prefixLen)

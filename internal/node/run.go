@@ -262,6 +262,9 @@ func Run(ctx context.Context, c Config) error {
 	if err := setupSeals(&c, authenticated, log); err != nil {
 		return err
 	}
+	if err := setupAuditChain(&c, log); err != nil {
+		return err
+	}
 	if authenticated && c.Stage.StateProof == nil {
 		v, err := stateProofs(credsPath)
 		if err != nil {
@@ -555,6 +558,34 @@ func setupSeals(c *Config, authenticated bool, log *slog.Logger) error {
 		default:
 			log.Warn("execute runs unsealed calls: no hop-sealing key and no bus authentication")
 		}
+	}
+	return nil
+}
+
+// setupAuditChain loads the key audit signs its checkpoints over AUDIT
+// with (docs/audit.md), made where the deployment's other keys are. A
+// process without it runs audit unchecked, with a warning: the trail is
+// still written, only not made tamper-evident.
+func setupAuditChain(c *Config, log *slog.Logger) error {
+	if !slices.Contains(c.Stages, subjects.Audit) || c.Stage.AuditChainKey != nil {
+		return nil
+	}
+	dir := c.Embedded.DataDir
+	err := fs.ErrNotExist
+	var k ed25519.PrivateKey
+	if dir != "" {
+		k, err = busauth.LoadAuditChainKey(dir)
+		if errors.Is(err, fs.ErrNotExist) && busauth.HasKeys(dir) {
+			k, err = busauth.LoadOrCreateAuditChainKey(dir)
+		}
+	}
+	switch {
+	case err == nil:
+		c.Stage.AuditChainKey = k
+	case errors.Is(err, fs.ErrNotExist):
+		log.Warn("audit writes no checkpoints: no audit chain key", "want", filepath.Join(dir, busauth.DirName, busauth.AuditChainKeyFile))
+	default:
+		return fmt.Errorf("audit chain key: %w", err)
 	}
 	return nil
 }

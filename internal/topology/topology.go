@@ -129,7 +129,10 @@ func Streams(o TopologyOptions) []jetstream.StreamConfig {
 	}, {
 		Name: subjects.StreamAudit, Description: "toolgate audit trail (append-only)",
 		Subjects: []string{subjects.AuditAll}, Retention: jetstream.LimitsPolicy,
-		MaxAge: o.AuditMaxAge, MaxBytes: o.AuditMaxBytes, Discard: jetstream.DiscardNew,
+		// The audit role's checkpointer reads the events in batches by
+		// sequence (docs/audit.md); who may is the bus's permissions'.
+		AllowDirect: true,
+		MaxAge:      o.AuditMaxAge, MaxBytes: o.AuditMaxBytes, Discard: jetstream.DiscardNew,
 		DenyDelete: true, DenyPurge: true,
 		Duplicates: o.Duplicates, Replicas: o.Replicas, Storage: o.Storage,
 	}, {
@@ -181,8 +184,9 @@ func ConsumerConfig(stage string, in subjects.Input, o TopologyOptions) jetstrea
 func EnsureTopology(ctx context.Context, js jetstream.JetStream, o TopologyOptions) error {
 	for _, cfg := range Streams(o) {
 		if st, err := js.Stream(ctx, cfg.Name); err == nil {
-			// A results stream made before direct gets were allowed gets
-			// them; nothing else of an existing stream changes.
+			// A results or audit stream made before direct gets were
+			// allowed gets them; nothing else of an existing stream
+			// changes.
 			if have := st.CachedInfo().Config; cfg.AllowDirect && !have.AllowDirect {
 				have.AllowDirect = true
 				if _, err := js.UpdateStream(ctx, have); err != nil {
