@@ -6,6 +6,7 @@
 package auditchain
 
 import (
+	"bytes"
 	"crypto/ed25519"
 	"crypto/sha256"
 	"encoding/base64"
@@ -175,8 +176,18 @@ func tenantOf(subject string) string {
 	return t
 }
 
+// ceHead is how the CloudEvents SDK's encoder, which writes every event
+// toolgate publishes, begins an event: the id is read from there without
+// decoding the rest.
+var ceHead = []byte(`{"specversion":"1.0","id":"`)
+
 // eventID reads the CloudEvent id of an event's bytes; "" when it has none.
 func eventID(data []byte) string {
+	if rest, ok := bytes.CutPrefix(data, ceHead); ok {
+		if end := bytes.IndexByte(rest, '"'); end >= 0 && bytes.IndexByte(rest[:end], '\\') < 0 {
+			return string(rest[:end])
+		}
+	}
 	var e struct {
 		ID string `json:"id"`
 	}

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -19,6 +20,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/client"
+	"github.com/toolgate/toolgate/internal/auditchain"
 	"github.com/toolgate/toolgate/internal/busauth"
 	"github.com/toolgate/toolgate/internal/envelope"
 	"github.com/toolgate/toolgate/internal/node"
@@ -259,7 +261,44 @@ func busSuite(t *testing.T, s *served) {
 	t.Run("approvals record the signing operator", func(t *testing.T) { busApprovals(t, s) })
 	t.Run("forged hops are refused at execute", func(t *testing.T) { forgedHops(t, s) })
 	t.Run("a leaked role credential owns nothing", func(t *testing.T) { leakedRoles(t, s) })
+	t.Run("the audit trail is checkpointed", func(t *testing.T) { auditCheckpointed(t, s) })
 	t.Run("the audit trail survives its deletion", func(t *testing.T) { auditSurvives(t, s) })
+}
+
+// auditCheckpointed: the audit stage signs checkpoints over every event of
+// the calls above with the deployment's audit chain key, and the trail
+// verifies intact with its public half; no other role may write the
+// chain.
+func auditCheckpointed(t *testing.T, s *served) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	ojs, _ := jetstream.New(s.connect(t, 0, s.creds(busauth.RoleOperator)))
+	pub, err := busauth.LoadAuditChainPublicKey(s.dataDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	audit, err := ojs.Stream(ctx, subjects.StreamAudit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := audit.CachedInfo().State.LastSeq
+	eventually(t, 30*time.Second, fmt.Sprintf("a checkpoint to cover AUDIT up to %d", last), func() bool {
+		tail, err := auditchain.LastCheckpoint(ctx, ojs)
+		return err == nil && tail.Checkpoint != nil && tail.Checkpoint.Last >= last
+	})
+	r, err := auditchain.Verify(ctx, auditchain.Bus{JS: ojs}, auditchain.Options{Key: pub, To: last})
+	if err != nil || !r.Intact() || r.CoveredLast < last || r.Events == 0 {
+		t.Fatalf("verify: %+v, %v", r, err)
+	}
+	for _, role := range append(slices.Clone(busauth.StageRoles), busauth.RoleControl) {
+		if role == busauth.RoleAudit {
+			continue
+		}
+		nc := s.connect(t, 0, s.creds(role))
+		if got, err := refused(t, nc, false, subjects.AuditCheckpoint); err != nil || !got {
+			t.Errorf("%s may publish a checkpoint (%v)", role, err)
+		}
+	}
 }
 
 // auditSurvives: an operator deletes AUDIT (only operators may); toolgate
