@@ -277,11 +277,26 @@ func auditCheckpointed(t *testing.T, s *served) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	audit, err := ojs.Stream(ctx, subjects.StreamAudit)
+	nc, raw := s.agent(t, 1, "demo")
+	ac, _ := client.New(nc)
+	id, err := ac.Invoke(ctx, api.Request{ToolID: "echo", Parameters: json.RawMessage(`{"message":"checkpointed"}`),
+		AgentContext: api.AgentContext{AgentDID: "did:agent:demo", TenantID: "demo"}, CapabilityToken: raw}, client.InvokeOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	last := audit.CachedInfo().State.LastSeq
+	var last uint64
+	eventually(t, 20*time.Second, "the call's terminal audit event", func() bool {
+		audit, err := ojs.Stream(ctx, subjects.StreamAudit)
+		if err != nil {
+			return false
+		}
+		m, err := audit.GetLastMsgForSubject(ctx, "audit.demo.tool.succeeded")
+		if err != nil || !strings.Contains(string(m.Data), id) {
+			return false
+		}
+		last = m.Sequence
+		return true
+	})
 	eventually(t, 30*time.Second, fmt.Sprintf("a checkpoint to cover AUDIT up to %d", last), func() bool {
 		tail, err := auditchain.LastCheckpoint(ctx, ojs)
 		return err == nil && tail.Checkpoint != nil && tail.Checkpoint.Last >= last
