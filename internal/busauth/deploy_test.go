@@ -193,12 +193,16 @@ func TestKubernetesMountsCredentials(t *testing.T) {
 				if secrets[m.Name] == "toolgate-seal-key" && d.Metadata.Name != "toolgate-authorize" {
 					t.Errorf("mounts the private hop-sealing key")
 				}
-				if s := secrets[m.Name]; (s == "toolgate-seal-key" || s == "toolgate-seal-pub") && m.MountPath != "/var/lib/toolgate/"+DirName {
+				if secrets[m.Name] == "toolgate-audit-chain-key" && d.Metadata.Name != "toolgate-audit" {
+					t.Errorf("mounts the private audit chain key")
+				}
+				if s := secrets[m.Name]; (s == "toolgate-seal-key" || s == "toolgate-seal-pub" || s == "toolgate-audit-chain-key") && m.MountPath != "/var/lib/toolgate/"+DirName {
 					t.Errorf("the sealing key is mounted at %s, not <--data>/%s", m.MountPath, DirName)
 				}
 				seals[secrets[m.Name]] = true
 			}
-			switch want := map[string]string{"toolgate-authorize": "toolgate-seal-key", "toolgate-execute": "toolgate-seal-pub"}[d.Metadata.Name]; {
+			switch want := map[string]string{"toolgate-authorize": "toolgate-seal-key", "toolgate-execute": "toolgate-seal-pub",
+				"toolgate-audit": "toolgate-audit-chain-key"}[d.Metadata.Name]; {
 			case want != "" && !seals[want]:
 				t.Errorf("does not mount %s: it would not start on an authenticated bus", want)
 			}
