@@ -188,6 +188,7 @@ The exit status is 0 only when nothing is wrong (docs/audit.md).`,
 				if o.From, o.To, err = seqWindow(cmd.Context(), bus, s, u); err != nil {
 					return err
 				}
+				o.Since = s
 				src = bus
 			}
 			r, err := auditchain.Verify(cmd.Context(), src, o)

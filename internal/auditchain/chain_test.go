@@ -280,11 +280,25 @@ func TestVerifyTampering(t *testing.T) {
 		tr.fill(0, 10) // the same events again, at the same sequences
 		r := tr.verify(auditchain.Options{})
 		got := found(r)
-		if !slices.Contains(got, "recreated-stream 6 ") || len(r.Findings) != 11 {
+		if !slices.Contains(got, "recreated-stream 6 ") || len(r.Findings) < 11 {
 			t.Fatalf("findings %q, want the recreation and the ten events stored again", got)
+		}
+		for _, f := range r.Findings[1:] {
+			if f.Kind != auditchain.KindInserted {
+				t.Errorf("finding %v, want only the events stored again", f)
+			}
 		}
 		if !slices.Contains(got, "inserted 3 "+id(3)) {
 			t.Errorf("findings %q do not name event %s stored again", got, id(3))
+		}
+		// What came after, checked on its own, is intact.
+		time.Sleep(10 * time.Millisecond)
+		since := time.Now()
+		from := tr.publish(event("acme", 100))
+		tr.fill(101, 4)
+		tr.flush()
+		if r := tr.verify(auditchain.Options{From: from, Since: since}); !r.Intact() || r.Events < 5 {
+			t.Errorf("events from %d, after the recreation: %+v %q", from, r, found(r))
 		}
 	})
 	t.Run("checkpoint signed with another key", func(t *testing.T) {
@@ -349,6 +363,35 @@ func TestVerifyTampering(t *testing.T) {
 		swapped = edit(4, func(m map[string]any) { m["subject"], m["data"] = d3.([]any)[0], d3.([]any)[1] })
 		wantFindings(t, verifyFile(t, swapped, pub), "reordered 3 acme-3", "reordered 4 initech-2")
 	})
+}
+
+// TestVerifyAgedOut: events AUDIT's age limit removed are noted, not
+// reported.
+func TestVerifyAgedOut(t *testing.T) {
+	tr := newTrail(t)
+	for _, c := range topology.Streams(topology.TopologyOptions{}) {
+		if c.Name == subjects.StreamAudit {
+			c.DenyDelete, c.DenyPurge, c.MaxAge, c.Duplicates = false, false, time.Second, time.Second
+			if err := tr.js.DeleteStream(tr.ctx, c.Name); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := tr.js.CreateStream(tr.ctx, c); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	tr.fill(0, 10)
+	tr.checkpoint(5)
+	natstest.Eventually(t, 10*time.Second, func() bool {
+		st, err := tr.js.Stream(tr.ctx, subjects.StreamAudit)
+		return err == nil && st.CachedInfo().State.Msgs == 0
+	}, "the events to age out")
+	tr.fill(10, 3)
+	tr.flush()
+	r := tr.verify(auditchain.Options{})
+	if !r.Intact() || len(r.Notes) != 10 || r.Notes[0].Kind != auditchain.KindAgedOut {
+		t.Fatalf("report %+v %q, want intact with the ten aged-out events noted", r, found(r))
+	}
 }
 
 // TestChainWithWorkersKilled: three checkpointers run while events are

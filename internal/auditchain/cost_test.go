@@ -20,7 +20,6 @@ func processCPU() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-
 // TestCheckpointCost measures the CPU this process (the checkpointer, and
 // the embedded server answering its direct gets) spends per audit event
 // covered, for events of a terminal event's size; docs/audit.md sets it

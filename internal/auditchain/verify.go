@@ -102,6 +102,10 @@ type Options struct {
 	// From and To bound the AUDIT sequences whose events are compared (0:
 	// no bound); the chain is always checked whole.
 	From, To uint64
+	// Since is the time From was found for: checkpoints of a stream
+	// since created again, whose sequences are another stream's, are
+	// judged by it.
+	Since time.Time
 	// Tenant reports only that tenant's events (and the chain's own
 	// findings).
 	Tenant string
@@ -157,7 +161,7 @@ func Verify(ctx context.Context, src Source, o Options) (*Report, error) {
 		}
 	}
 	if st.Exists {
-		if last != nil && last.cp.StreamCreated != st.Created {
+		if last != nil && last.cp.StreamCreated != st.Created && v.sinceWindow(last.cp) {
 			v.recreated(last, fmt.Sprintf("AUDIT was created again at %s; the chain's last checkpoint covers the stream created at %s", st.Created, last.cp.StreamCreated))
 		}
 		tailFrom := st.First
@@ -201,6 +205,16 @@ func (v *verifier) find(f Finding) {
 
 func (v *verifier) note(f Finding) { v.r.Notes = append(v.r.Notes, f) }
 
+// sinceWindow reports whether cp, of a stream since created again (whose
+// sequences are not the window's), holds events stored since Since.
+func (v *verifier) sinceWindow(cp *Checkpoint) bool {
+	if v.o.Since.IsZero() {
+		return true
+	}
+	t, err := time.Parse(time.RFC3339Nano, cp.LastTime)
+	return err != nil || !t.Before(v.o.Since)
+}
+
 func (v *verifier) inWindow(first, last uint64) bool {
 	return (v.o.From == 0 || last >= v.o.From) && (v.o.To == 0 || first <= v.o.To)
 }
@@ -240,9 +254,16 @@ func (v *verifier) chain(stored []Stored) []link {
 	return out
 }
 
-// between checks what lies between two consecutive checkpoints.
+// between checks what lies between two consecutive checkpoints, when it
+// concerns the window.
 func (v *verifier) between(a, b *link) {
+	if !v.inWindow(a.cp.First, b.cp.Last) && a.cp.StreamCreated == b.cp.StreamCreated {
+		return
+	}
 	if a.cp.StreamCreated != b.cp.StreamCreated {
+		if !v.sinceWindow(a.cp) {
+			return
+		}
 		v.recreated(a, fmt.Sprintf("AUDIT was created again (at %s) after checkpoint %d", b.cp.StreamCreated, a.seq))
 		return
 	}
