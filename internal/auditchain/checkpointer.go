@@ -44,6 +44,8 @@ type Checkpointer struct {
 	// Writer names this process in the checkpoints it writes.
 	Writer string
 	Log    *slog.Logger
+
+	mine Tail // the last checkpoint this writer published
 }
 
 // Run writes checkpoints until ctx ends.
@@ -136,7 +138,7 @@ func (c *Checkpointer) Step(ctx context.Context) (more bool, err error) {
 	}
 	info := audit.CachedInfo()
 	created := info.Created.UTC().Format(time.RFC3339Nano)
-	tail, err := LastCheckpoint(ctx, c.JS)
+	tail, err := c.lastCheckpoint(ctx)
 	if err != nil {
 		return false, err
 	}
@@ -174,7 +176,7 @@ func (c *Checkpointer) Step(ctx context.Context) (more bool, err error) {
 	if err != nil {
 		return false, err
 	}
-	_, err = c.JS.PublishMsg(ctx, &nats.Msg{Subject: subjects.AuditCheckpoint, Data: b},
+	ack, err := c.JS.PublishMsg(ctx, &nats.Msg{Subject: subjects.AuditCheckpoint, Data: b},
 		jetstream.WithExpectLastSequence(tail.Seq), jetstream.WithExpectStream(subjects.StreamAuditChain))
 	var apiErr *jetstream.APIError
 	if errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence {
@@ -183,7 +185,23 @@ func (c *Checkpointer) Step(ctx context.Context) (more bool, err error) {
 	if err != nil {
 		return false, fmt.Errorf("publishing checkpoint %d..%d: %w", cp.First, cp.Last, err)
 	}
+	c.mine = Tail{Checkpoint: cp, Seq: ack.Sequence}
 	return pending > n, nil
+}
+
+// lastCheckpoint is LastCheckpoint, without reading (and decoding) the
+// checkpoint again when it is the one this writer published last.
+func (c *Checkpointer) lastCheckpoint(ctx context.Context) (Tail, error) {
+	if c.mine.Checkpoint != nil {
+		st, err := c.JS.Stream(ctx, subjects.StreamAuditChain)
+		if err != nil {
+			return Tail{}, fmt.Errorf("checkpoint stream: %w", err)
+		}
+		if st.CachedInfo().State.LastSeq == c.mine.Seq {
+			return c.mine, nil
+		}
+	}
+	return LastCheckpoint(ctx, c.JS)
 }
 
 // build reads AUDIT's sequences first..last and makes their checkpoint,

@@ -44,7 +44,6 @@ func TestCheckpointCost(t *testing.T) {
 	if p := os.Getenv("AUDITCHAIN_CPUPROFILE"); p != "" {
 		f, _ := os.Create(p)
 		_ = pprof.StartCPUProfile(f)
-		defer pprof.StopCPUProfile()
 	}
 	cpu0, wall0 := processCPU(), time.Now()
 	for {
@@ -57,6 +56,7 @@ func TestCheckpointCost(t *testing.T) {
 		}
 	}
 	cpu, wall := processCPU()-cpu0, time.Since(wall0)
+	pprof.StopCPUProfile()
 	if r := tr.verify(auditchain.Options{}); !r.Intact() || r.Events != n {
 		t.Fatalf("report %+v", r)
 	}
