@@ -33,6 +33,10 @@ const (
 // audit role reads AUDIT in batches by sequence there.
 func DirectGet(stream string) string { return "$JS.API.DIRECT.GET." + stream }
 
+// MsgGet is the JetStream API subject of a get by sequence from stream,
+// which the stream's leader answers (a direct get any replica may).
+func MsgGet(stream string) string { return "$JS.API.STREAM.MSG.GET." + stream }
+
 // AuditCheckpoint is the one subject of StreamAuditChain. It lies outside
 // audit.> so that AUDIT never captures a checkpoint as an event.
 const AuditCheckpoint = "toolgate.auditchain.checkpoint"

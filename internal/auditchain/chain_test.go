@@ -230,6 +230,20 @@ func TestVerifyTampering(t *testing.T) {
 			t.Errorf("initech's verify: %v", found(r))
 		}
 	})
+	t.Run("message deleted before its checkpoint", func(t *testing.T) {
+		tr := newTrail(t)
+		tr.fill(0, 10)
+		audit, _ := tr.js.Stream(tr.ctx, subjects.StreamAudit)
+		if err := audit.DeleteMsg(tr.ctx, 4); err != nil {
+			t.Fatal(err)
+		}
+		tr.checkpoint(10)
+		r := tr.verify(auditchain.Options{})
+		wantFindings(t, r, "deleted 4 ")
+		if r.Findings[0].Detail != "deleted before it was checkpointed" {
+			t.Errorf("finding %v", r.Findings[0])
+		}
+	})
 	t.Run("tenant purged", func(t *testing.T) {
 		tr := newTrail(t)
 		tr.fill(0, 12)

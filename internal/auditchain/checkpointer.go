@@ -227,6 +227,20 @@ func (c *Checkpointer) build(ctx context.Context, created string, first, last ui
 	if err != nil {
 		return nil, fmt.Errorf("reading audit events %d..%d: %w", first, last, err)
 	}
+	for i, l := range leaves {
+		if l != absentLeaf {
+			continue
+		}
+		there, err := storedAt(ctx, c.JS.Conn(), subjects.StreamAudit, first+uint64(i))
+		if err != nil {
+			return nil, err
+		}
+		if there {
+			// A replica that lags answered the batch: try again later
+			// rather than record an event as absent.
+			return nil, fmt.Errorf("audit event %d was not in the batch read", first+uint64(i))
+		}
+	}
 	root := Root(leaves)
 	prefixes := make([]byte, 0, n*prefixLen)
 	for _, l := range leaves {

@@ -74,3 +74,35 @@ func directBatch(ctx context.Context, nc *nats.Conn, stream string, seq, last ui
 		}
 	}
 }
+
+// storedAt asks stream's leader whether seq holds a message. A direct get
+// may be answered by a replica that lags; a sequence it did not return is
+// recorded as absent only once the leader says so.
+func storedAt(ctx context.Context, nc *nats.Conn, stream string, seq uint64) (bool, error) {
+	req, _ := json.Marshal(map[string]uint64{"seq": seq})
+	m, err := nc.RequestWithContext(ctx, subjects.MsgGet(stream), req)
+	if err != nil {
+		return false, fmt.Errorf("get %d from %s: %w", seq, stream, err)
+	}
+	var resp struct {
+		Message *struct {
+			Seq uint64 `json:"seq"`
+		} `json:"message"`
+		Error *struct {
+			Code        int    `json:"code"`
+			Description string `json:"description"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal(m.Data, &resp); err != nil {
+		return false, fmt.Errorf("get %d from %s: %w", seq, stream, err)
+	}
+	switch {
+	case resp.Message != nil:
+		return true, nil
+	case resp.Error != nil && resp.Error.Code == 404:
+		return false, nil
+	case resp.Error != nil:
+		return false, fmt.Errorf("get %d from %s: %s", seq, stream, resp.Error.Description)
+	}
+	return false, fmt.Errorf("get %d from %s: empty answer", seq, stream)
+}

@@ -126,15 +126,16 @@ var Rights = map[Role]RoleRights{
 	},
 	// audit is the one finaliser: the audit trail, results, terminal
 	// status, usage, and the calls hooks start. It alone signs the
-	// checkpoints over AUDIT, reading the events by sequence and the
-	// chain's last checkpoint.
+	// checkpoints over AUDIT, reading the events in batches (and, for a
+	// sequence a batch lacked, from the leader) and the chain's last
+	// checkpoint.
 	RoleAudit: {
 		Consumes:  subjects.Inputs(subjects.Audit),
 		Sweeps:    []string{subjects.StreamPipeline},
 		Publishes: []string{subjects.AuditAll, subjects.ResultAll, subjects.InvokeAll, subjects.AuditCheckpoint},
 		Writes:    []string{subjects.BucketInvocations, subjects.BucketBudgets, subjects.BucketToolStats},
 		Watches:   []string{subjects.BucketTools, subjects.BucketHooks},
-		Streams:   []string{subjects.StreamAuditChain},
+		Streams:   []string{subjects.StreamAuditChain, subjects.StreamAudit},
 		Direct:    []string{subjects.StreamAudit},
 	},
 	// control serves the control endpoints: it registers tools, records

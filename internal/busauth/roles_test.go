@@ -293,7 +293,7 @@ func TestRolesLeastPrivilege(t *testing.T) {
 		RoleVerify: {"delete a hand-off", "hand to audit", "publish a poison event", "watch tools"},
 		RoleAudit: {"pull audit's input", "delete a hand-off", "invoke for a tenant", "publish a result", "publish a terminal audit event",
 			"publish tool.invoked", "publish a poison event", "publish a breaker transition", "publish an admin event",
-			"publish an audit checkpoint", "read audit events by sequence", "read audit checkpoints",
+			"publish an audit checkpoint", "read audit events by sequence", "get one audit event", "read audit checkpoints",
 			"write status records", "write budgets", "write tool statistics", "watch tools"},
 		RoleControl: {"read raw invocations", "hand to authorize", "hand to audit", "announce a cancel", "publish an admin event",
 			"publish a breaker transition", "write tools", "write policies", "write revocations", "write hooks", "write models",
