@@ -322,11 +322,38 @@ func TestVerifyTampering(t *testing.T) {
 		tr.fill(10, 5)
 		other := tr.key
 		_, tr.key, _ = ed25519.GenerateKey(rand.Reader)
-		tr.checkpoint(5) // links correctly, signed by the wrong key
+		// A writer with another key finds no checkpoint of its own and
+		// starts a chain of its own over everything.
+		tr.checkpoint(5)
 		tr.key = other
 		r := tr.verify(auditchain.Options{})
-		if got := found(r); len(got) != 1 || !strings.HasPrefix(got[0], "forged-checkpoint 11") {
-			t.Fatalf("findings %q, want the checkpoint over 11..15 forged", got)
+		wantFindings(t, r, "forged-checkpoint 1 ", "forged-checkpoint 6 ", "forged-checkpoint 11 ")
+		if r.Checkpoints != 2 || r.CoveredLast != 10 {
+			t.Errorf("report %+v, want the two genuine checkpoints over 1..10 verified", r)
+		}
+	})
+	t.Run("checkpoint forged after the last one", func(t *testing.T) {
+		tr := newTrail(t)
+		tr.fill(0, 10)
+		tr.checkpoint(5)
+		// A forgery at the chain's end, and junk after it: the writer
+		// links past both to its own last checkpoint.
+		tail, _ := auditchain.LastCheckpoint(tr.ctx, tr.js)
+		forged := *tail.Checkpoint
+		forged.First, forged.Last = 11, 15
+		forged.Prev = tail.Checkpoint.Hash()
+		_, other, _ := ed25519.GenerateKey(rand.Reader)
+		forged.Sign(other)
+		b, _ := json.Marshal(forged)
+		tr.publish(subjects.AuditCheckpoint, b)
+		tr.publish(subjects.AuditCheckpoint, []byte("junk"))
+		tr.fill(10, 5)
+		tr.checkpoint(5)
+		r := tr.verify(auditchain.Options{})
+		got := found(r)
+		if len(got) != 2 || !strings.HasPrefix(got[0], "forged-checkpoint 11") || !strings.HasPrefix(got[1], "forged-checkpoint 0") ||
+			r.Checkpoints != 3 || r.CoveredLast != 15 {
+			t.Fatalf("findings %q (%+v), want the forgery and the junk named, and the chain going on past them", got, r)
 		}
 	})
 	t.Run("checkpoint deleted", func(t *testing.T) {

@@ -189,20 +189,47 @@ func (c *Checkpointer) Step(ctx context.Context) (more bool, err error) {
 	return pending > n, nil
 }
 
-// lastCheckpoint is LastCheckpoint, without reading (and decoding) the
-// checkpoint again when it is the one this writer published last.
+// lastCheckpoint is where the next checkpoint links: the chain's last
+// checkpoint signed with this writer's key, and the chain's last sequence
+// (Tail.Seq), which the next publish expects. Messages after that
+// checkpoint that are not one, or are signed by another key, are passed
+// over (Verify names them): whoever can publish on the chain cannot stop
+// it or make it link to a forgery. The checkpoint this writer published
+// last is not read again.
 func (c *Checkpointer) lastCheckpoint(ctx context.Context) (Tail, error) {
-	if c.mine.Checkpoint != nil {
-		st, err := c.JS.Stream(ctx, subjects.StreamAuditChain)
-		if err != nil {
-			return Tail{}, fmt.Errorf("checkpoint stream: %w", err)
-		}
-		if st.CachedInfo().State.LastSeq == c.mine.Seq {
-			return c.mine, nil
-		}
+	st, err := c.JS.Stream(ctx, subjects.StreamAuditChain)
+	if err != nil {
+		return Tail{}, fmt.Errorf("checkpoint stream: %w", err)
 	}
-	return LastCheckpoint(ctx, c.JS)
+	state := st.CachedInfo().State
+	if c.mine.Checkpoint != nil && state.LastSeq == c.mine.Seq {
+		return c.mine, nil
+	}
+	tail := Tail{Seq: state.LastSeq}
+	if state.Msgs == 0 {
+		return tail, nil
+	}
+	pub := c.Key.Public().(ed25519.PublicKey)
+	for seq := state.LastSeq; seq >= max(state.FirstSeq, 1) && state.LastSeq-seq < maxPassedOver; seq-- {
+		m, err := st.GetMsg(ctx, seq)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			continue
+		}
+		if err != nil {
+			return Tail{}, fmt.Errorf("reading checkpoint %d: %w", seq, err)
+		}
+		if cp, err := DecodeCheckpoint(m.Data); err == nil && cp.Check(pub) == nil {
+			tail.Checkpoint = cp
+			return tail, nil
+		}
+		c.Log.Warn("passing over a message of the audit chain that is not a checkpoint of this key", "seq", seq)
+	}
+	return tail, nil
 }
+
+// maxPassedOver bounds how far back a writer looks for its key's last
+// checkpoint; past it, a new chain starts (Verify names the break).
+const maxPassedOver = 1000
 
 // build reads AUDIT's sequences first..last and makes their checkpoint,
 // unsigned and unlinked.
