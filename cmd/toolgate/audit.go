@@ -64,7 +64,7 @@ func (a *app) auditCmd() *cobra.Command {
 	f.StringVar(&since, "since", "", "earliest event: an RFC 3339 time or a duration back from now (720h); default: the first")
 	f.StringVar(&until, "until", "", "first time not exported: RFC 3339 or a duration back from now; default: now")
 	f.BoolVar(&all, "all", false, "every tenant's events (operator), instead of one tenant's")
-	f.BoolVar(&chain, "chain", false, "write the checkpoints and each event's inclusion proof too, for `audit verify --file` (docs/audit.md)")
+	f.BoolVar(&chain, "chain", false, "write the checkpoints and each event's inclusion proof too, for audit verify --file (docs/audit.md)")
 	cmd := &cobra.Command{Use: "audit", Short: "The audit trail", Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return cmd.Help() }}
 	cmd.AddCommand(export, a.auditVerifyCmd(), a.auditProveCmd())
