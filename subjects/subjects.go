@@ -7,6 +7,7 @@
 //	tool.invoke.<tenant>                  tool.invoke CloudEvents in (stream TOOLGATE_INVOKE)
 //	tool.result.<tenant>.<invocation>     one ToolInvokeResponse per invocation (stream TOOLGATE_RESULTS)
 //	audit.<tenant>.<event>                audit CloudEvents (stream AUDIT, append-only)
+//	toolgate.auditchain.checkpoint        signed checkpoints over AUDIT (stream AUDIT_CHAIN)
 //	tool.svc.*                            request-reply control services (nats micro)
 //
 // Internal hand-offs between stages travel on
@@ -27,7 +28,22 @@ const (
 	// that JetStream lets StreamInvoke keep no duplicate window (a stream
 	// without sources gets one of at least 100ms, shared by all tenants).
 	StreamInvokeSource = "TOOLGATE_INVOKE_SOURCE"
+	// StreamAuditChain holds the signed checkpoints over AUDIT
+	// (docs/audit.md), one subject, written by the audit role alone.
+	StreamAuditChain = "AUDIT_CHAIN"
 )
+
+// DirectGet is the JetStream API subject of direct gets from stream: the
+// audit role reads AUDIT in batches by sequence there.
+func DirectGet(stream string) string { return "$JS.API.DIRECT.GET." + stream }
+
+// MsgGet is the JetStream API subject of a get by sequence from stream,
+// which the stream's leader answers (a direct get any replica may).
+func MsgGet(stream string) string { return "$JS.API.STREAM.MSG.GET." + stream }
+
+// AuditCheckpoint is the one subject of StreamAuditChain. It lies outside
+// audit.> so that AUDIT never captures a checkpoint as an event.
+const AuditCheckpoint = "toolgate.auditchain.checkpoint"
 
 // Stage names, in pipeline order. A stage's durable consumer has the same name.
 const (
@@ -106,6 +122,16 @@ func AuditEvent(tenant, event string) string { return auditPrefix + tenant + "."
 
 // AuditAll matches every audit subject; AuditTenant those of one tenant.
 const AuditAll = auditPrefix + ">"
+
+// TenantOfAudit returns the tenant token of an audit event's subject.
+func TenantOfAudit(subject string) (string, bool) {
+	rest, ok := strings.CutPrefix(subject, auditPrefix)
+	if !ok {
+		return "", false
+	}
+	t, _, ok := strings.Cut(rest, ".")
+	return t, ok && t != ""
+}
 
 // AuditTenant matches every audit subject of tenant.
 func AuditTenant(tenant string) string { return auditPrefix + tenant + ".>" }

@@ -215,7 +215,8 @@ func (k *Keys) IssueCredentials(role Role, name string, ttl time.Duration) ([]by
 }
 
 // WriteCredentials makes sure dataDir/busauth holds the keys (the
-// hop-sealing key, the message-signing keys and the token key too), and writes one <role>.creds file per issued role
+// hop-sealing key, the message-signing keys, the token key and the audit
+// chain key too), and writes one <role>.creds file per issued role
 // (each stage's, control's and the operator's), named "local" (and their
 // halves <role>.jwt and <role>.nk for the nats CLI), all 0600, and
 // auth.conf there, with an account for each tenant of TenantsFile. Existing keys
@@ -229,6 +230,9 @@ func WriteCredentials(dataDir string) (*Keys, error) {
 		return nil, err
 	}
 	if err := LoadOrCreateHopKeys(dataDir); err != nil {
+		return nil, err
+	}
+	if _, err := LoadOrCreateAuditChainKey(dataDir); err != nil {
 		return nil, err
 	}
 	dir := filepath.Join(dataDir, DirName)

@@ -38,8 +38,9 @@ type RoleRights struct {
 	// Writes those it writes (and so reads); Watches those whose changes
 	// it follows (republished by JetStream: subjects.KVFeed).
 	Reads, Writes, Watches []string
-	// Streams are other streams the role reads messages of by sequence.
-	Streams []string
+	// Streams are other streams the role reads messages of by sequence;
+	// Direct those it reads in batches by sequence (direct gets).
+	Streams, Direct []string
 	// Serves says the role serves the control service's endpoints.
 	Serves bool
 }
@@ -124,13 +125,18 @@ var Rights = map[Role]RoleRights{
 		Watches:   []string{subjects.BucketTools},
 	},
 	// audit is the one finaliser: the audit trail, results, terminal
-	// status, usage, and the calls hooks start.
+	// status, usage, and the calls hooks start. It alone signs the
+	// checkpoints over AUDIT, reading the events in batches (and, for a
+	// sequence a batch lacked, from the leader) and the chain's last
+	// checkpoint.
 	RoleAudit: {
 		Consumes:  subjects.Inputs(subjects.Audit),
 		Sweeps:    []string{subjects.StreamPipeline},
-		Publishes: []string{subjects.AuditAll, subjects.ResultAll, subjects.InvokeAll},
+		Publishes: []string{subjects.AuditAll, subjects.ResultAll, subjects.InvokeAll, subjects.AuditCheckpoint},
 		Writes:    []string{subjects.BucketInvocations, subjects.BucketBudgets, subjects.BucketToolStats},
 		Watches:   []string{subjects.BucketTools, subjects.BucketHooks},
+		Streams:   []string{subjects.StreamAuditChain, subjects.StreamAudit},
+		Direct:    []string{subjects.StreamAudit},
 	},
 	// control serves the control endpoints: it registers tools, records
 	// decisions and cancels, and for operators' signed requests writes
@@ -180,6 +186,9 @@ func (r RoleRights) permissions(role Role) jwt.Permissions {
 	}
 	for _, st := range r.Streams {
 		add(&p.Pub, "$JS.API.STREAM.INFO."+st, "$JS.API.STREAM.MSG.GET."+st)
+	}
+	for _, st := range r.Direct {
+		add(&p.Pub, "$JS.API.STREAM.INFO."+st, subjects.DirectGet(st))
 	}
 	for _, b := range r.Buckets() {
 		st := subjects.BucketStream(b)
@@ -232,6 +241,9 @@ func RoleTable() string {
 			pubs = append(pubs, "hears "+strings.Join(r.Subscribes, ", "))
 		}
 		reads := slices.Concat(r.Reads, r.Streams)
+		for _, st := range r.Direct {
+			reads = append(reads, st+" (direct gets)")
+		}
 		for _, st := range r.Sweeps {
 			reads = append(reads, st+" (sweeps its leftovers)")
 		}

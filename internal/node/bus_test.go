@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -19,6 +20,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/client"
+	"github.com/toolgate/toolgate/internal/auditchain"
 	"github.com/toolgate/toolgate/internal/busauth"
 	"github.com/toolgate/toolgate/internal/envelope"
 	"github.com/toolgate/toolgate/internal/node"
@@ -277,7 +279,68 @@ func busSuite(t *testing.T, s *served) {
 	t.Run("a hook decision written by another role starts nothing", func(t *testing.T) { forgedHookDecision(t, s) })
 	t.Run("a leaked role credential owns nothing", func(t *testing.T) { leakedRoles(t, s) })
 	t.Run("an agent cannot reach another tenant", func(t *testing.T) { crossTenant(t, s) })
+	t.Run("the audit trail is checkpointed", func(t *testing.T) { auditCheckpointed(t, s) })
 	t.Run("the audit trail survives its deletion", func(t *testing.T) { auditSurvives(t, s) })
+}
+
+// auditCheckpointed: the audit stage signs checkpoints over every event of
+// the calls above with the deployment's audit chain key, and the trail
+// verifies intact with its public half; no other role may write the
+// chain.
+func auditCheckpointed(t *testing.T, s *served) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	ojs, _ := jetstream.New(s.connect(t, 0, s.creds(busauth.RoleOperator)))
+	pub, err := busauth.LoadAuditChainPublicKey(s.dataDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, raw := s.agent(t, 1, "demo")
+	ac, _ := client.New(nc)
+	id, err := ac.Invoke(ctx, api.Request{ToolID: "echo", Parameters: json.RawMessage(`{"message":"checkpointed"}`),
+		AgentContext: api.AgentContext{AgentDID: "did:agent:demo", TenantID: "demo"}, CapabilityToken: raw}, client.InvokeOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var last uint64
+	eventually(t, 20*time.Second, "the call's terminal audit event", func() bool {
+		audit, err := ojs.Stream(ctx, subjects.StreamAudit)
+		if err != nil {
+			return false
+		}
+		m, err := audit.GetLastMsgForSubject(ctx, "audit.demo.tool.succeeded")
+		if err != nil || !strings.Contains(string(m.Data), id) {
+			return false
+		}
+		last = m.Sequence
+		return true
+	})
+	eventually(t, 30*time.Second, fmt.Sprintf("a checkpoint to cover AUDIT up to %d", last), func() bool {
+		tail, err := auditchain.LastCheckpoint(ctx, ojs)
+		return err == nil && tail.Checkpoint != nil && tail.Checkpoint.Last >= last
+	})
+	// A cluster may answer a read with no responders while a leader
+	// moves: that is a retry, not a finding.
+	var r *auditchain.Report
+	eventually(t, 20*time.Second, "verify to read the trail", func() bool {
+		r, err = auditchain.Verify(ctx, auditchain.Bus{JS: ojs}, auditchain.Options{Key: pub, To: last})
+		if err != nil {
+			t.Logf("verify: %v", err)
+		}
+		return err == nil
+	})
+	if !r.Intact() || r.CoveredLast < last || r.Events == 0 {
+		t.Fatalf("verify: %+v", r)
+	}
+	for _, role := range append(slices.Clone(busauth.StageRoles), busauth.RoleControl) {
+		if role == busauth.RoleAudit {
+			continue
+		}
+		nc := s.connect(t, 0, s.creds(role))
+		if got, err := refused(t, nc, false, subjects.AuditCheckpoint); err != nil || !got {
+			t.Errorf("%s may publish a checkpoint (%v)", role, err)
+		}
+	}
 }
 
 // auditSurvives: an operator deletes AUDIT (only operators may); toolgate

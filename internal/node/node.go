@@ -3,6 +3,7 @@ package node
 import (
 	"cmp"
 	"context"
+	"crypto/ed25519"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/toolgate/toolgate/internal/auditchain"
 	"github.com/toolgate/toolgate/internal/breaker"
 	"github.com/toolgate/toolgate/internal/busauth"
 	"github.com/toolgate/toolgate/internal/detect"
@@ -342,6 +344,13 @@ type StageConfig struct {
 	// policy); Run sets it on an authenticated bus. Nil honours unsigned
 	// state (a bus without authentication).
 	StateProof signedstate.Verify
+	// AuditChainKey signs the checkpoints over AUDIT that audit writes
+	// (Run loads busauth.AuditChainKeyFile); nil writes none.
+	AuditChainKey ed25519.PrivateKey
+	// AuditCheckpointEvery and AuditCheckpointInterval bound how many
+	// events and how long a checkpoint waits for (auditchain's defaults).
+	AuditCheckpointEvery    int
+	AuditCheckpointInterval time.Duration
 }
 
 // NewStage builds the logic of the named stage. ctx bounds its watches;
@@ -474,6 +483,16 @@ func (n *Node) NewStage(ctx context.Context, name string, c StageConfig) (stages
 		})
 		if err != nil {
 			return nil, err
+		}
+		if c.AuditChainKey != nil {
+			// Checkpoints are made beside the stage, not per event: the
+			// stage's hot path does no hashing.
+			cp := &auditchain.Checkpointer{JS: n.JS, Key: c.AuditChainKey, Every: c.AuditCheckpointEvery,
+				Interval: c.AuditCheckpointInterval, Log: n.Log}
+			cctx, stop := context.WithCancel(ctx)
+			done := make(chan struct{})
+			go func() { defer close(done); cp.Run(cctx) }()
+			n.onStop(func() { stop(); <-done })
 		}
 		h := &audit.Hooks{Registry: n.Registry, Tenants: tenants}
 		if n.Signer != nil && c.Messages != nil {

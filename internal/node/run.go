@@ -270,6 +270,9 @@ func Run(ctx context.Context, c Config) error {
 	if err := setupSeals(&c, authenticated, log); err != nil {
 		return err
 	}
+	if err := setupAuditChain(&c, log); err != nil {
+		return err
+	}
 	if authenticated && c.Stage.StateProof == nil {
 		v, err := stateProofs(credsPath)
 		if err != nil {
@@ -613,6 +616,34 @@ func setupSigning(c *Config, nodes *nodeSet, authenticated bool) error {
 			return fmt.Errorf("validate and authorize need the deployment's token key (%s in %s): %w", busauth.TokenKeyFile, where, err)
 		}
 		c.Stage.TokenSeal = seal.NewTokens(k)
+	}
+	return nil
+}
+
+// setupAuditChain loads the key audit signs its checkpoints over AUDIT
+// with (docs/audit.md), made where the deployment's other keys are. A
+// process without it runs audit unchecked, with a warning: the trail is
+// still written, only not made tamper-evident.
+func setupAuditChain(c *Config, log *slog.Logger) error {
+	if !slices.Contains(c.Stages, subjects.Audit) || c.Stage.AuditChainKey != nil {
+		return nil
+	}
+	dir := c.Embedded.DataDir
+	err := fs.ErrNotExist
+	var k ed25519.PrivateKey
+	if dir != "" {
+		k, err = busauth.LoadAuditChainKey(dir)
+		if errors.Is(err, fs.ErrNotExist) && busauth.HasKeys(dir) {
+			k, err = busauth.LoadOrCreateAuditChainKey(dir)
+		}
+	}
+	switch {
+	case err == nil:
+		c.Stage.AuditChainKey = k
+	case errors.Is(err, fs.ErrNotExist):
+		log.Warn("audit writes no checkpoints: no audit chain key", "want", filepath.Join(dir, busauth.DirName, busauth.AuditChainKeyFile))
+	default:
+		return fmt.Errorf("audit chain key: %w", err)
 	}
 	return nil
 }

@@ -134,6 +134,17 @@ func Streams(o TopologyOptions) []jetstream.StreamConfig {
 	}, {
 		Name: subjects.StreamAudit, Description: "toolgate audit trail (append-only)",
 		Subjects: []string{subjects.AuditAll}, Retention: jetstream.LimitsPolicy,
+		// The audit role's checkpointer reads the events in batches by
+		// sequence (docs/audit.md); who may is the bus's permissions'.
+		AllowDirect: true,
+		MaxAge:      o.AuditMaxAge, MaxBytes: o.AuditMaxBytes, Discard: jetstream.DiscardNew,
+		DenyDelete: true, DenyPurge: true,
+		Duplicates: o.Duplicates, Replicas: o.Replicas, Storage: o.Storage,
+	}, {
+		// The signed checkpoints over AUDIT (docs/audit.md), kept as long
+		// as the events they cover; a small fraction of AUDIT's bytes.
+		Name: subjects.StreamAuditChain, Description: "toolgate signed checkpoints over AUDIT (append-only)",
+		Subjects: []string{subjects.AuditCheckpoint}, Retention: jetstream.LimitsPolicy,
 		MaxAge: o.AuditMaxAge, MaxBytes: o.AuditMaxBytes, Discard: jetstream.DiscardNew,
 		DenyDelete: true, DenyPurge: true,
 		Duplicates: o.Duplicates, Replicas: o.Replicas, Storage: o.Storage,
@@ -184,8 +195,8 @@ func ConsumerConfig(stage string, in subjects.Input, o TopologyOptions) jetstrea
 func EnsureTopology(ctx context.Context, js jetstream.JetStream, o TopologyOptions) error {
 	for _, cfg := range Streams(o) {
 		if st, err := js.Stream(ctx, cfg.Name); err == nil {
-			// A results stream made before direct gets were allowed gets
-			// them, an invoke stream made with a duplicate window loses
+			// A results or audit stream made before direct gets were allowed
+			// gets them, an invoke stream made with a duplicate window loses
 			// it; nothing else of an existing stream changes.
 			if have := st.CachedInfo().Config; cfg.AllowDirect && !have.AllowDirect {
 				have.AllowDirect = true

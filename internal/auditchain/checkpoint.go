@@ -1,0 +1,198 @@
+// Package auditchain makes the AUDIT stream tamper-evident (docs/audit.md):
+// the audit stage signs checkpoints, each a Merkle root (RFC 9162) over a
+// range of AUDIT's sequences and the hash of the checkpoint before it, on
+// a stream of their own; Verify checks the stream, or an export of it,
+// against them and names what was altered, deleted, inserted or moved.
+package auditchain
+
+import (
+	"bytes"
+	"crypto/ed25519"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/nats-io/nkeys"
+	"github.com/toolgate/toolgate/subjects"
+)
+
+// Version is the checkpoint format's version.
+const Version = 1
+
+// prefixLen is how many bytes of each leaf hash a checkpoint lists, to
+// point at the event that changed; the root, over the full hashes, is what
+// proves it.
+const prefixLen = 8
+
+// Checkpoint is one signed link of the chain: it covers AUDIT's
+// sequences First to Last of the stream created at StreamCreated. Every
+// field but Sig is signed; times are RFC 3339 strings so that a decoded
+// checkpoint encodes to the bytes that were signed.
+type Checkpoint struct {
+	V      int    `json:"v"`
+	Stream string `json:"stream"`
+	// StreamCreated is when AUDIT was created (JetStream's record): a
+	// stream deleted and made again has another, and sequences that
+	// start over.
+	StreamCreated string `json:"stream_created"`
+	First         uint64 `json:"first"`
+	Last          uint64 `json:"last"`
+	// Root is the Merkle tree hash (hex) of the leaves of First..Last in
+	// order: LeafHash of each event, or of an empty entry for a sequence
+	// that held no message when the checkpoint was made.
+	Root string `json:"root"`
+	// Prev is the Hash of the checkpoint before it; empty for the first.
+	Prev string `json:"prev"`
+	// Time is when the checkpoint was made; FirstTime and LastTime when
+	// its first and last events were stored (how Verify tells events
+	// AUDIT's age limit removed from deleted ones).
+	Time      string `json:"time"`
+	FirstTime string `json:"first_time"`
+	LastTime  string `json:"last_time"`
+	// Writer names the audit process that made it.
+	Writer string `json:"writer"`
+	// Leaves are the first bytes of each leaf hash (base64), IDs each
+	// event's CloudEvent id and Tenants its tenant (subject token): what
+	// a verifier needs to name an event that is gone or changed.
+	Leaves  string   `json:"leaves"`
+	IDs     []string `json:"ids"`
+	Tenants []string `json:"tenants"`
+	// Key is the public key (nkey, N…) the checkpoint is signed with.
+	Key string `json:"key"`
+	Sig string `json:"sig,omitempty"`
+}
+
+// Size is the number of sequences the checkpoint covers.
+func (c *Checkpoint) Size() uint64 {
+	if c.Last < c.First {
+		return 0
+	}
+	return c.Last - c.First + 1
+}
+
+// body is what is signed and hashed: the checkpoint without Sig.
+func (c *Checkpoint) body() []byte {
+	cc := *c
+	cc.Sig = ""
+	b, _ := json.Marshal(cc) // strings, numbers and string slices only
+	return b
+}
+
+// Hash is the checkpoint's identity in the chain: SHA-256 of its signed
+// body, hex. The next checkpoint's Prev names it.
+func (c *Checkpoint) Hash() string {
+	h := sha256.Sum256(c.body())
+	return hex.EncodeToString(h[:])
+}
+
+// Sign sets Key and Sig.
+func (c *Checkpoint) Sign(k ed25519.PrivateKey) {
+	c.Key = KeyID(k.Public().(ed25519.PublicKey))
+	c.Sig = ""
+	c.Sig = base64.StdEncoding.EncodeToString(ed25519.Sign(k, c.body()))
+}
+
+// Errors of checking a checkpoint.
+var (
+	ErrForged    = errors.New("checkpoint signature does not verify")
+	ErrMalformed = errors.New("malformed checkpoint")
+)
+
+// Check verifies the checkpoint's signature with pub and that its fields
+// agree with each other.
+func (c *Checkpoint) Check(pub ed25519.PublicKey) error {
+	if err := c.wellFormed(); err != nil {
+		return err
+	}
+	sig, err := base64.StdEncoding.DecodeString(c.Sig)
+	if err != nil || !ed25519.Verify(pub, c.body(), sig) {
+		return fmt.Errorf("%w with key %s (signed as %s)", ErrForged, KeyID(pub), c.Key)
+	}
+	return nil
+}
+
+func (c *Checkpoint) wellFormed() error {
+	n := c.Size()
+	switch {
+	case c.V != Version:
+		return fmt.Errorf("%w: version %d", ErrMalformed, c.V)
+	case c.First == 0 || n == 0 || n > MaxEvents:
+		return fmt.Errorf("%w: range %d..%d", ErrMalformed, c.First, c.Last)
+	case uint64(len(c.IDs)) != n || uint64(len(c.Tenants)) != n:
+		return fmt.Errorf("%w: %d ids and %d tenants for %d events", ErrMalformed, len(c.IDs), len(c.Tenants), n)
+	}
+	if _, err := c.root(); err != nil {
+		return err
+	}
+	if l, err := base64.StdEncoding.DecodeString(c.Leaves); err != nil || uint64(len(l)) != n*prefixLen {
+		return fmt.Errorf("%w: leaves", ErrMalformed)
+	}
+	if c.Prev != "" {
+		if b, err := hex.DecodeString(c.Prev); err != nil || len(b) != sha256.Size {
+			return fmt.Errorf("%w: prev", ErrMalformed)
+		}
+	}
+	return nil
+}
+
+func (c *Checkpoint) root() (Hash, error) {
+	var h Hash
+	b, err := hex.DecodeString(c.Root)
+	if err != nil || len(b) != len(h) {
+		return h, fmt.Errorf("%w: root", ErrMalformed)
+	}
+	copy(h[:], b)
+	return h, nil
+}
+
+// leafPrefix is the listed prefix of leaf i (0-based), or nil.
+func (c *Checkpoint) leafPrefix(i uint64) []byte {
+	l, err := base64.StdEncoding.DecodeString(c.Leaves)
+	if err != nil || (i+1)*prefixLen > uint64(len(l)) {
+		return nil
+	}
+	return l[i*prefixLen : (i+1)*prefixLen]
+}
+
+// MaxEvents bounds the events of one checkpoint (its listed ids must fit a
+// NATS message).
+const MaxEvents = 4096
+
+// KeyID names a public key as audit-chain.pub writes it (N…).
+func KeyID(pub ed25519.PublicKey) string {
+	b, err := nkeys.Encode(nkeys.PrefixByteServer, pub)
+	if err != nil {
+		return ""
+	}
+	return string(b)
+}
+
+// tenantOf is the tenant token of an audit subject (audit.<tenant>.…).
+func tenantOf(subject string) string {
+	t, _ := subjects.TenantOfAudit(subject)
+	return t
+}
+
+// ceHead is how the CloudEvents SDK's encoder, which writes every event
+// toolgate publishes, begins an event: the id is read from there without
+// decoding the rest.
+var ceHead = []byte(`{"specversion":"1.0","id":"`)
+
+// eventID reads the CloudEvent id of an event's bytes; "" when it has none.
+func eventID(data []byte) string {
+	if rest, ok := bytes.CutPrefix(data, ceHead); ok {
+		if end := bytes.IndexByte(rest, '"'); end >= 0 && bytes.IndexByte(rest[:end], '\\') < 0 {
+			return string(rest[:end])
+		}
+	}
+	var e struct {
+		ID string `json:"id"`
+	}
+	if json.Unmarshal(data, &e) != nil {
+		return ""
+	}
+	return e.ID
+}

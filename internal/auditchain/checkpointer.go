@@ -1,0 +1,306 @@
+package auditchain
+
+import (
+	"cmp"
+	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/big"
+	"os"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/toolgate/toolgate/subjects"
+)
+
+// Defaults of Checkpointer. A checkpoint reads each event once more and
+// hashes it; measured in docs/audit.md against the audit stage's own work.
+const (
+	DefaultEvery    = 1000
+	DefaultInterval = 5 * time.Second
+)
+
+// Checkpointer writes the chain: run one in every audit process. Each
+// checkpoint covers the events after the last one, up to Every of them,
+// once Every are waiting or Interval has passed since the last
+// checkpoint. Several may run: a checkpoint is published only if the
+// chain's last message is still the one it links to (JetStream's
+// expected last sequence), so exactly one chain results, and a writer
+// that dies leaves its range to the next. The last writer goes first;
+// the others wait twice as long before they try, so that usually one
+// process does the hashing.
+type Checkpointer struct {
+	JS       jetstream.JetStream
+	Key      ed25519.PrivateKey
+	Every    int
+	Interval time.Duration
+	// Writer names this process in the checkpoints it writes.
+	Writer string
+	Log    *slog.Logger
+
+	mine Tail // the last checkpoint this writer published
+}
+
+// Run writes checkpoints until ctx ends.
+func (c *Checkpointer) Run(ctx context.Context) {
+	c.defaults()
+	for {
+		wait := c.Interval/4 + jitter(c.Interval/4)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+		for ctx.Err() == nil {
+			more, err := c.Step(ctx)
+			if err != nil {
+				if ctx.Err() == nil {
+					c.Log.Warn("audit checkpoint not written; retrying", "err", err)
+				}
+				break
+			}
+			if !more {
+				break
+			}
+		}
+	}
+}
+
+func (c *Checkpointer) defaults() {
+	c.Every = min(cmp.Or(c.Every, DefaultEvery), MaxEvents)
+	c.Interval = cmp.Or(c.Interval, DefaultInterval)
+	if c.Writer == "" {
+		h, _ := os.Hostname()
+		c.Writer = fmt.Sprintf("%s/%d/%s", h, os.Getpid(), randomID())
+	}
+	if c.Log == nil {
+		c.Log = slog.Default()
+	}
+}
+
+// Tail is where the chain ends: its last checkpoint (nil when there is
+// none) and that checkpoint's sequence in AUDIT_CHAIN.
+type Tail struct {
+	Checkpoint *Checkpoint
+	Seq        uint64
+}
+
+// LastCheckpoint reads the chain's last checkpoint.
+func LastCheckpoint(ctx context.Context, js jetstream.JetStream) (Tail, error) {
+	st, err := js.Stream(ctx, subjects.StreamAuditChain)
+	if err != nil {
+		return Tail{}, fmt.Errorf("checkpoint stream: %w", err)
+	}
+	last := st.CachedInfo().State.LastSeq
+	if st.CachedInfo().State.Msgs == 0 {
+		return Tail{Seq: last}, nil
+	}
+	m, err := st.GetMsg(ctx, last)
+	if err != nil {
+		return Tail{}, fmt.Errorf("reading checkpoint %d: %w", last, err)
+	}
+	cp, err := DecodeCheckpoint(m.Data)
+	if err != nil {
+		return Tail{}, fmt.Errorf("checkpoint %d: %w", last, err)
+	}
+	return Tail{Checkpoint: cp, Seq: last}, nil
+}
+
+// DecodeCheckpoint reads a checkpoint message and checks it is well formed
+// (not its signature).
+func DecodeCheckpoint(b []byte) (*Checkpoint, error) {
+	var cp Checkpoint
+	if err := json.Unmarshal(b, &cp); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrMalformed, err)
+	}
+	if err := cp.wellFormed(); err != nil {
+		return nil, err
+	}
+	return &cp, nil
+}
+
+// Step writes the next checkpoint if one is due, and reports whether more
+// events wait for one at once.
+func (c *Checkpointer) Step(ctx context.Context) (more bool, err error) {
+	c.defaults()
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	audit, err := c.JS.Stream(ctx, subjects.StreamAudit)
+	if err != nil {
+		return false, fmt.Errorf("audit stream: %w", err)
+	}
+	info := audit.CachedInfo()
+	created := info.Created.UTC().Format(time.RFC3339Nano)
+	tail, err := c.lastCheckpoint(ctx)
+	if err != nil {
+		return false, err
+	}
+	start := info.State.FirstSeq
+	prev := tail.Checkpoint
+	if prev != nil && prev.StreamCreated == created {
+		// What aged out or was removed before it was covered starts the
+		// range later; Verify names the gap.
+		start = max(prev.Last+1, start)
+	}
+	start = max(start, 1)
+	if info.State.LastSeq < start {
+		return false, nil
+	}
+	pending := info.State.LastSeq - start + 1
+	every, interval := uint64(c.Every), c.Interval
+	if prev != nil && prev.Writer != c.Writer {
+		every, interval = 2*every, 2*interval
+	}
+	if prev != nil && pending < every {
+		if t, err := time.Parse(time.RFC3339Nano, prev.Time); err == nil && time.Since(t) < interval {
+			return false, nil
+		}
+	}
+	n := min(pending, uint64(c.Every))
+	cp, err := c.build(ctx, created, start, start+n-1)
+	if err != nil {
+		return false, err
+	}
+	if prev != nil {
+		cp.Prev = prev.Hash()
+	}
+	cp.Sign(c.Key)
+	b, err := json.Marshal(cp)
+	if err != nil {
+		return false, err
+	}
+	ack, err := c.JS.PublishMsg(ctx, &nats.Msg{Subject: subjects.AuditCheckpoint, Data: b},
+		jetstream.WithExpectLastSequence(tail.Seq), jetstream.WithExpectStream(subjects.StreamAuditChain))
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence {
+		return true, nil // another writer was first: look again from its checkpoint
+	}
+	if err != nil {
+		return false, fmt.Errorf("publishing checkpoint %d..%d: %w", cp.First, cp.Last, err)
+	}
+	c.mine = Tail{Checkpoint: cp, Seq: ack.Sequence}
+	return pending > n, nil
+}
+
+// lastCheckpoint is where the next checkpoint links: the chain's last
+// checkpoint signed with this writer's key, and the chain's last sequence
+// (Tail.Seq), which the next publish expects. Messages after that
+// checkpoint that are not one, or are signed by another key, are passed
+// over (Verify names them): whoever can publish on the chain cannot stop
+// it or make it link to a forgery. The checkpoint this writer published
+// last is not read again.
+func (c *Checkpointer) lastCheckpoint(ctx context.Context) (Tail, error) {
+	st, err := c.JS.Stream(ctx, subjects.StreamAuditChain)
+	if err != nil {
+		return Tail{}, fmt.Errorf("checkpoint stream: %w", err)
+	}
+	state := st.CachedInfo().State
+	if c.mine.Checkpoint != nil && state.LastSeq == c.mine.Seq {
+		return c.mine, nil
+	}
+	tail := Tail{Seq: state.LastSeq}
+	if state.Msgs == 0 {
+		return tail, nil
+	}
+	pub := c.Key.Public().(ed25519.PublicKey)
+	for seq := state.LastSeq; seq >= max(state.FirstSeq, 1) && state.LastSeq-seq < maxPassedOver; seq-- {
+		m, err := st.GetMsg(ctx, seq)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			continue
+		}
+		if err != nil {
+			return Tail{}, fmt.Errorf("reading checkpoint %d: %w", seq, err)
+		}
+		if cp, err := DecodeCheckpoint(m.Data); err == nil && cp.Check(pub) == nil {
+			tail.Checkpoint = cp
+			return tail, nil
+		}
+		c.Log.Warn("passing over a message of the audit chain that is not a checkpoint of this key", "seq", seq)
+	}
+	return tail, nil
+}
+
+// maxPassedOver bounds how far back a writer looks for its key's last
+// checkpoint; past it, a new chain starts (Verify names the break).
+const maxPassedOver = 1000
+
+// build reads AUDIT's sequences first..last and makes their checkpoint,
+// unsigned and unlinked.
+func (c *Checkpointer) build(ctx context.Context, created string, first, last uint64) (*Checkpoint, error) {
+	n := last - first + 1
+	leaves := make([]Hash, n)
+	ids, tenants := make([]string, n), make([]string, n)
+	for i := range leaves {
+		leaves[i] = absentLeaf
+	}
+	var firstTime, lastTime time.Time
+	err := readDirect(ctx, c.JS.Conn(), subjects.StreamAudit, first, last, func(e Event) error {
+		i := e.Seq - first
+		leaves[i] = LeafHash(e.Subject, e.Data)
+		ids[i], tenants[i] = eventID(e.Data), tenantOf(e.Subject)
+		if firstTime.IsZero() {
+			firstTime = e.Time
+		}
+		lastTime = e.Time
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("reading audit events %d..%d: %w", first, last, err)
+	}
+	for i, l := range leaves {
+		if l != absentLeaf {
+			continue
+		}
+		there, err := storedAt(ctx, c.JS.Conn(), subjects.StreamAudit, first+uint64(i))
+		if err != nil {
+			return nil, err
+		}
+		if there {
+			// A replica that lags answered the batch: try again later
+			// rather than record an event as absent.
+			return nil, fmt.Errorf("audit event %d was not in the batch read", first+uint64(i))
+		}
+	}
+	root := Root(leaves)
+	prefixes := make([]byte, 0, n*prefixLen)
+	for _, l := range leaves {
+		prefixes = append(prefixes, l[:prefixLen]...)
+	}
+	now := time.Now().UTC()
+	if lastTime.IsZero() {
+		lastTime = now
+	}
+	if firstTime.IsZero() {
+		firstTime = lastTime
+	}
+	return &Checkpoint{
+		V: Version, Stream: subjects.StreamAudit, StreamCreated: created, First: first, Last: last,
+		Root: hex.EncodeToString(root[:]), Time: now.Format(time.RFC3339Nano),
+		FirstTime: firstTime.UTC().Format(time.RFC3339Nano), LastTime: lastTime.UTC().Format(time.RFC3339Nano), Writer: c.Writer,
+		Leaves: base64.StdEncoding.EncodeToString(prefixes), IDs: ids, Tenants: tenants,
+	}, nil
+}
+
+func jitter(d time.Duration) time.Duration {
+	if d <= 0 {
+		return 0
+	}
+	n, err := rand.Int(rand.Reader, big.NewInt(int64(d)))
+	if err != nil {
+		return 0
+	}
+	return time.Duration(n.Int64())
+}
+
+func randomID() string {
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
