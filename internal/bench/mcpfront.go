@@ -188,6 +188,25 @@ func PrintFront(w io.Writer, costs []Cost) {
 		fmt.Fprintf(w, "%-30s %10s %10s %12s %12s\n", c.Name, us(c.quantile(0.5)), us(c.quantile(0.99)),
 			us(c.quantile(0.5)-base.quantile(0.5)), us(c.quantile(0.99)-base.quantile(0.99)))
 	}
+	// The goal: the front end adds at most 0.1 ms p50 over the SDK's own
+	// server on each transport.
+	byName := map[string]Cost{}
+	for _, c := range costs {
+		byName[c.Name] = c
+	}
+	for _, g := range []struct{ name, front, floor string }{
+		{"stdio", "MCP tools/call, stdio", "floor: SDK server, stdio"},
+		{"HTTP", "MCP tools/call, HTTP, plain", "floor: SDK server, HTTP, plain"},
+	} {
+		f, ok1 := byName[g.front]
+		b, ok2 := byName[g.floor]
+		if !ok1 || !ok2 {
+			continue
+		}
+		added := f.quantile(0.5) - b.quantile(0.5)
+		fmt.Fprintf(w, "%-30s %10s %10s %12s %12s  %s\n", "goal: front over SDK, "+g.name, "", "", us(added), "<=100µs",
+			verdict(added <= 100*time.Microsecond))
+	}
 }
 
 // rawMCP is an MCP client over streamable HTTP with nothing but net/http:

@@ -355,10 +355,16 @@ func recordKey(msg []byte) string {
 // session (budgets are the token tree's), with a max_calls budget no series
 // reaches when budgets is set.
 func pipelineTarget(ctx context.Context, nc *nats.Conn, cred credentials, sessions int, budgets bool) (*target, func(), error) {
-	c, err := client.New(nc)
+	toks, err := sessionTokens(cred, sessions, budgets)
 	if err != nil {
 		return nil, nil, err
 	}
+	return targetWithTokens(nc, toks, budgets)
+}
+
+// sessionTokens mints one token per session, granting every tool to
+// benchAgent of benchTenant.
+func sessionTokens(cred credentials, sessions int, budgets bool) ([]string, error) {
 	toks := make([]string, sessions)
 	for i := range toks {
 		cl := token.Claims{
@@ -372,10 +378,22 @@ func pipelineTarget(ctx context.Context, nc *nats.Conn, cred credentials, sessio
 		if budgets {
 			cl.Budget = &token.Budget{MaxCalls: 1 << 40}
 		}
+		var err error
 		if toks[i], err = token.Mint(cred.key, cl); err != nil {
-			return nil, nil, err
+			return nil, err
 		}
 	}
+	return toks, nil
+}
+
+// targetWithTokens offers the no-op tool over nc, session i%len(toks) with
+// toks' token.
+func targetWithTokens(nc *nats.Conn, toks []string, budgets bool) (*target, func(), error) {
+	c, err := client.New(nc)
+	if err != nil {
+		return nil, nil, err
+	}
+	sessions := len(toks)
 	name := fmt.Sprintf("toolgate, %d session", sessions)
 	if sessions > 1 {
 		name += "s"
@@ -558,7 +576,7 @@ func rssMiB() float64 {
 
 // Print writes the goals, each figure with its target and whether it is met.
 func (g Goals) Print(w io.Writer) {
-	fmt.Fprintf(w, "\ngoals (load average at the end %s; one process holds server, stages and load generator):\n", g.LoadAvg)
+	fmt.Fprintf(w, "\nin-process goals (load average at the end %s; one process holds server, stages and load generator):\n", g.LoadAvg)
 	fmt.Fprintf(w, "%-40s %12s %12s %8s %8s  %s\n", "figure", "toolgate", "bare", "ratio", "goal", "")
 	verdict := func(ok bool) string {
 		if ok {
