@@ -51,7 +51,7 @@ func (t *target) latencyAt(ctx context.Context, name string, rate int, d time.Du
 	defer t.cur.Store(nil)
 	publish := func(i int) (string, error) {
 		key := prefix + strconv.Itoa(i)
-		return key, t.publish(ctx, key, i)
+		return key, t.publishRetried(ctx, key, i)
 	}
 	o := Options{Rate: rate, Duration: d}
 	res, err := drive(ctx, o, name, col, publish)
@@ -81,7 +81,7 @@ func (t *target) saturate(ctx context.Context, name string, n, conc int) (Result
 					return
 				}
 				due[i] = time.Now()
-				if err := t.publish(ctx, prefix+strconv.Itoa(i), i); err != nil {
+				if err := t.publishRetried(ctx, prefix+strconv.Itoa(i), i); err != nil {
 					errs <- err
 					return
 				}
@@ -104,6 +104,21 @@ func (t *target) saturate(ctx context.Context, name string, n, conc int) (Result
 		r.CPUPerCall = (processCPU() - cpu0) / time.Duration(r.Done)
 	}
 	return r, nil
+}
+
+// publishRetried is t.publish, tried again (at most twice more) when its
+// acknowledgement did not come in time: every publish carries a message
+// id, so a publish that did land is not stored twice. On a loaded machine
+// an fsync per write can hold acknowledgements back for seconds.
+func (t *target) publishRetried(ctx context.Context, key string, i int) error {
+	var err error
+	for range 3 {
+		if err = t.publish(ctx, key, i); err == nil || ctx.Err() != nil ||
+			!(errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout)) {
+			return err
+		}
+	}
+	return err
 }
 
 // processCPU is the CPU time this process has used, user and system: the

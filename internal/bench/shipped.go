@@ -252,17 +252,20 @@ func measureShipped(ctx context.Context, bin, dir string, n int, d time.Duration
 
 	const publishers = 64
 	if s.Raw, s.RawServeCPU, err = raw.saturateServe(ctx, p, raw.name, n, publishers); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("bare chain, saturation: %w", err)
 	}
 	if s.Floor, s.FloorServeCPU, err = floor.saturateServe(ctx, p, floor.name, n, publishers); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("floor chain, saturation: %w", err)
 	}
 	if s.Toolgate, s.ToolgateServeCPU, err = tool.saturateServe(ctx, p, tool.name, n, publishers); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("toolgate, saturation: %w", err)
 	}
 	s.ServeRSSMiB = p.rss()
+	// Unloaded is 50/s, or a fifth of saturation where that is less (a
+	// loaded machine): a rate at which calls do not queue.
+	s.shippedUnloaded = max(min(50, int(s.Toolgate.Throughput()/5), int(s.Floor.Throughput()/5)), 1)
 	if s.Unloaded, err = tool.latencyAt(ctx, "shipped unloaded", s.shippedUnloaded, d); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("toolgate, unloaded: %w", err)
 	}
 	if s.UnloadedFloor, err = floor.latencyAt(ctx, "shipped floor unloaded", s.shippedUnloaded, d); err != nil {
 		return nil, err
@@ -272,7 +275,7 @@ func measureShipped(ctx context.Context, bin, dir string, n int, d time.Duration
 	}
 	s.HalfRate = max(int(s.Toolgate.Throughput()/2), 1)
 	if s.Half, err = tool.latencyAt(ctx, "shipped at half", s.HalfRate, d); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("toolgate, at half saturation: %w", err)
 	}
 	if s.HalfFloor, err = floor.latencyAt(ctx, "shipped floor at half", s.HalfRate, d); err != nil {
 		return nil, err
