@@ -13,6 +13,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -20,6 +21,7 @@ import (
 	"github.com/toolgate/toolgate/internal/busauth"
 	"github.com/toolgate/toolgate/internal/connect"
 	"github.com/toolgate/toolgate/internal/node"
+	"github.com/toolgate/toolgate/subjects"
 )
 
 // Shipped is toolgate measured as a user runs it: `toolgate serve` as its
@@ -33,15 +35,18 @@ type Shipped struct {
 	// Saturation series (the no-op tool, 1000 sessions), each with the
 	// CPU the serve process used per call (ServeCPU) beside this
 	// process's (Result.CPUPerCall).
-	Toolgate, Floor, Raw             Result
-	ToolgateServeCPU, FloorServeCPU  time.Duration
-	RawServeCPU                      time.Duration
-	Unloaded, UnloadedFloor          Result
-	UnloadedRaw                      Result
-	Half, HalfFloor                  Result
-	HalfRate                         int
-	LoadAvg                          string
-	ServeRSSMiB                      float64
+	Toolgate, Floor, Raw            Result
+	ToolgateServeCPU, FloorServeCPU time.Duration
+	RawServeCPU                     time.Duration
+	Unloaded, UnloadedFloor         Result
+	UnloadedRaw                     Result
+	Half, HalfFloor                 Result
+	HalfRate                        int
+	LoadAvg                         string
+	ServeRSSMiB                     float64
+	// ReadsPerCall are the direct gets (key-value reads) per call during
+	// toolgate's saturation series: a count, stable where times are not.
+	ReadsPerCall                     float64
 	Profile                          string // where the serve process's CPU profile was written
 	ProfileSeconds                   int
 	ProfileCalls                     int
@@ -257,10 +262,19 @@ func measureShipped(ctx context.Context, bin, dir string, n int, d time.Duration
 	if s.Floor, s.FloorServeCPU, err = floor.saturateServe(ctx, p, floor.name, n, publishers); err != nil {
 		return nil, fmt.Errorf("floor chain, saturation: %w", err)
 	}
+	// Every read of a key-value store is a direct get request, which the
+	// operator sees.
+	var gets atomic.Int64
+	gsub, err := op.Subscribe(subjects.DirectGetAll, func(*nats.Msg) { gets.Add(1) })
+	if err != nil {
+		return nil, err
+	}
 	if s.Toolgate, s.ToolgateServeCPU, err = tool.saturateServe(ctx, p, tool.name, n, publishers); err != nil {
 		return nil, fmt.Errorf("toolgate, saturation: %w", err)
 	}
 	s.ServeRSSMiB = p.rss()
+	_ = gsub.Unsubscribe()
+	s.ReadsPerCall = float64(gets.Load()) / float64(max(s.Toolgate.Done, 1))
 	// Unloaded is 50/s, or a fifth of saturation where that is less (a
 	// loaded machine): a rate at which calls do not queue.
 	s.shippedUnloaded = max(min(50, int(s.Toolgate.Throughput()/5), int(s.Floor.Throughput()/5)), 1)
@@ -388,6 +402,7 @@ func (s *Shipped) Print(w io.Writer) {
 	} else {
 		fmt.Fprintf(w, "%-44s %12s %12s %12s %8s %8s  %s\n", "toolgate's own CPU per call (2)", us(own), "", "", "", "halve", "no baseline recorded")
 	}
+	fmt.Fprintf(w, "%-44s %12.2f\n", "key-value reads (direct gets) per call", s.ReadsPerCall)
 	fmt.Fprintf(w, "%-44s %10.0fMiB\n", "serve's RSS after the saturation series", s.ServeRSSMiB)
 	fmt.Fprintf(w, "(1) toolgate: the serve process alone; floor: the server's share in the serve process plus its hops' in the bench\n")
 	fmt.Fprintf(w, "    process, less the bench's own load-generator cost per call (%s, measured offering load to toolgate)\n", us(s.LoadGen()))
