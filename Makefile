@@ -94,15 +94,19 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzModelShard$$' -fuzztime $(FUZZTIME) ./kvstore/
 	$(GO) test -run '^$$' -fuzz '^FuzzEnvelope$$' -fuzztime $(FUZZTIME) ./internal/mcpfront/
 
-# Throughput and latency through all six stages next to a bare JetStream
-# chain measured in the same run; the goals (saturation, latency unloaded
-# and at half load, authorization) each printed with its target; then 200
-# concurrent calls of a tool that waits 1 s, with execute's default
-# concurrency (goal: all end within 2 s, s/batch); then the labelled tool
-# outputs through the verify stage, per category: recall, benign intact,
-# µs/KiB and µs per output (docs/safety.md).
-# SOAK is the length of the memory-growth run at half saturation.
-SOAK ?= 10m
+# First toolgate as shipped: a `toolgate serve` process with its defaults,
+# load from the bench process connected as an agent, beside the bare and
+# floor chains on serve's own server, with the serve process's CPU per call.
+# Then the in-process series: throughput and latency through all six stages
+# next to the bare chain; the goals (saturation, latency unloaded and at half
+# load, authorization) each printed with its target; then 200 concurrent
+# calls of a tool that waits 1 s, with execute's default concurrency (goal:
+# all end within 2 s, s/batch); then the labelled tool outputs through the
+# verify stage, per category: recall, benign intact, µs/KiB and µs per
+# output (docs/safety.md).
+# SOAK is the length of the memory-growth run at half saturation (make bench
+# SOAK=10m for the long run).
+SOAK ?= 1m
 bench: mcp-servers
 	$(GO) run ./cmd/toolgate bench --rate 300 --duration 10s --workers 16 --soak $(SOAK)
 	$(GO) test -run '^$$' -bench '^BenchmarkWaitingCalls$$' -benchtime 3x ./internal/node/

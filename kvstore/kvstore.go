@@ -57,7 +57,24 @@ type Options struct {
 	// topology setup. Without Bind, Open creates what is missing and
 	// brings the watched buckets' republishing up to date.
 	Bind bool
+	// Memory, when set, is what the stores of one process remember of
+	// their writes to the invocations and budgets buckets, shared by them
+	// all (NewMemory); without it a store remembers only its own.
+	Memory *Memory
 }
+
+// Memory is what a process remembers of its own writes to the keys its
+// stages write in turn (recent.go). The stages of one process each have a
+// connection and a store of their own (one bus role each); sharing one
+// Memory lets execute's and audit's compare-and-swaps of a status record
+// start from validate's write, and audit's charge of a usage from
+// authorize's reservation, without reading the key first.
+type Memory struct {
+	invocations, budgets recentWrites
+}
+
+// NewMemory returns an empty Memory.
+func NewMemory() *Memory { return &Memory{} }
 
 // Store gives typed access to the buckets.
 type Store struct {
@@ -208,9 +225,16 @@ func Open(ctx context.Context, js jetstream.JetStream, o Options) (*Store, error
 	}
 	// The keys the stages of one process write in turn: their
 	// compare-and-swaps start from this process's last write (recent.go).
-	for _, kv := range []*jetstream.KeyValue{&s.invocations, &s.budgets} {
-		if b, ok := (*kv).(bounded); ok {
-			*kv = remembering{b, &recentWrites{}}
+	mem := o.Memory
+	if mem == nil {
+		mem = NewMemory()
+	}
+	for _, b := range []struct {
+		kv     *jetstream.KeyValue
+		recent *recentWrites
+	}{{&s.invocations, &mem.invocations}, {&s.budgets, &mem.budgets}} {
+		if kv, ok := (*b.kv).(bounded); ok {
+			*b.kv = remembering{kv, b.recent}
 		}
 	}
 	// A bucket created earlier keeps its own max age: that is the one

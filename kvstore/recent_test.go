@@ -168,3 +168,47 @@ func TestRecentUsage(t *testing.T) {
 		t.Fatalf("charged %+v %v, want 4 calls", u, err)
 	}
 }
+
+// The stages of one process each open a store on a connection of their own
+// (one bus role each); sharing a Memory, execute's and audit's writes of a
+// status validate claimed start from its write, as on one connection,
+// without a read. Stores without a shared Memory read.
+func TestStatusWritesOfOneProcessShareMemory(t *testing.T) {
+	_, js := natstest.JetStream(t)
+	ctx := context.Background()
+	for _, shared := range []bool{true, false} {
+		var mem *Memory
+		if shared {
+			mem = NewMemory()
+		}
+		stores := make([]*Store, 3) // validate, execute, audit
+		n := new(atomic.Int32)
+		for i := range stores {
+			s, err := Open(ctx, js, Options{Memory: mem})
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := s.invocations.(remembering)
+			r.bounded.KeyValue = reads{r.bounded.KeyValue, n}
+			s.invocations = r
+			stores[i] = s
+		}
+		id := map[bool]string{true: "shared", false: "apart"}[shared]
+		if _, err := stores[0].ClaimInvocation(ctx, "t", id, 7, "d"); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, _, written, err := stores[1].ClaimRun(ctx, api.Record{InvocationID: id, Tenant: "t", Status: api.StatusRunning, Seq: 7}, nil); err != nil || !written {
+			t.Fatalf("run: written %v %v", written, err)
+		}
+		stored, written, err := stores[2].SetStatus(ctx, api.Record{InvocationID: id, Tenant: "t", Status: api.StatusSuccess, Seq: 7})
+		if err != nil || !written || stored.Status != api.StatusSuccess || stored.Digest != "d" {
+			t.Fatalf("end: written %v %+v %v", written, stored, err)
+		}
+		switch got := n.Load(); {
+		case shared && got != 0:
+			t.Fatalf("stores sharing a memory read %d times, want none", got)
+		case !shared && got != 2:
+			t.Fatalf("stores apart read %d times, want 2 (execute's and audit's)", got)
+		}
+	}
+}

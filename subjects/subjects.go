@@ -184,6 +184,10 @@ func PipeStage(stage string) string { return pipePrefix + stage + ".>" }
 // PipeAll matches every internal hand-off subject.
 const PipeAll = pipePrefix + ">"
 
+// DirectGetAll matches every JetStream direct get request (a key-value
+// read, a late result read): the bench counts a pipeline's reads on it.
+const DirectGetAll = "$JS.API.DIRECT.GET.>"
+
 // Input describes where a stage consumes from.
 type Input struct {
 	Stream   string

@@ -206,7 +206,7 @@ func (a *app) benchCmd() *cobra.Command {
 	var prof *profiling
 	cmd := &cobra.Command{
 		Use:   "bench",
-		Short: "Offer load to an in-process toolgate and report latency and throughput",
+		Short: "Offer load to toolgate as shipped (a serve process) and in-process, and report latency and throughput",
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			stop, err := prof.start(discard())
@@ -245,6 +245,8 @@ func (a *app) benchCmd() *cobra.Command {
 	cmd.Flags().BoolVar(&noisyOnly, "noisy", false, "measure only the noisy-neighbour series")
 	cmd.Flags().BoolVar(&o.GoalsOnly, "goals", false, "measure only the goals: saturation and latency beside the bare chain, authorization and the detectors")
 	cmd.Flags().IntVar(&o.SaturationN, "saturation-n", 2000, "invocations offered by each saturation series")
+	cmd.Flags().BoolVar(&o.ShippedOnly, "shipped", false, "measure only toolgate as shipped: a `toolgate serve` process with its defaults, beside the chains on its server")
+	cmd.Flags().StringVar(&o.ServeProfile, "serve-cpuprofile", "", "write a CPU profile of that serve process under saturation load to this file")
 	cmd.Flags().DurationVar(&o.Soak, "soak", 0, "also run at half of saturation this long and report whether memory grows (make bench: 10m)")
 	prof = profileFlags(cmd.Flags())
 	return cmd

@@ -48,6 +48,12 @@ type Options struct {
 	// processes; without it, runners in this process, each on its own
 	// connection.
 	Binary string
+	// ShippedOnly measures only the shipped series: `toolgate serve` from
+	// Binary with its defaults, beside the chains on its server.
+	ShippedOnly bool
+	// ServeProfile, when set, is where a CPU profile of that serve process
+	// under saturation load is written.
+	ServeProfile string
 }
 
 // Result is one measured series.
@@ -90,6 +96,9 @@ type Report struct {
 	// Sync is the publish rate with and without an fsync per write.
 	Sync  []SyncCost
 	Goals *Goals
+	// Shipped is `toolgate serve` as its own process with its defaults
+	// (Options.Binary): the figures the performance goals are held to.
+	Shipped *Shipped
 }
 
 // Run starts an embedded server with file storage, measures a no-op builtin
@@ -116,7 +125,25 @@ func Run(ctx context.Context, o Options) (Report, error) {
 	rep := Report{Options: o}
 	// The detectors come first, before the server starts: they run alone
 	// in the process.
-	rep.Detectors = measureDetectors()
+	if !o.ShippedOnly {
+		rep.Detectors = measureDetectors()
+	}
+	// Then toolgate as shipped, its own process, while nothing else of
+	// the bench runs.
+	if o.Binary != "" {
+		n := o.SaturationN
+		if n <= 0 {
+			n = saturationN
+		}
+		s, err := measureShipped(ctx, o.Binary, o.Dir, n, min(o.Duration, 5*time.Second), o.ServeProfile)
+		if err != nil {
+			return rep, fmt.Errorf("shipped: %w", err)
+		}
+		rep.Shipped = s
+	}
+	if o.ShippedOnly {
+		return rep, nil
+	}
 	ns, err := node.StartEmbedded(node.EmbeddedOptions{Listen: "127.0.0.1:-1", DataDir: o.Dir})
 	if err != nil {
 		return rep, err
@@ -450,8 +477,14 @@ func drive(ctx context.Context, o Options, name string, col *collector, publish 
 
 // Print writes the report as a table with the pipeline/raw ratios.
 func (r Report) Print(w io.Writer) {
-	fmt.Fprintf(w, "toolgate bench: %d CPU %s/%s, %s, file storage, offered %d/s for %v, %d workers per stage\n\n",
-		runtime.NumCPU(), runtime.GOOS, runtime.GOARCH, runtime.Version(), r.Options.Rate, r.Options.Duration, r.Options.Workers)
+	fmt.Fprintf(w, "toolgate bench: %d CPU %s/%s, %s, file storage, offered %d/s for %v\n",
+		runtime.NumCPU(), runtime.GOOS, runtime.GOARCH, runtime.Version(), r.Options.Rate, r.Options.Duration)
+	if r.Shipped != nil {
+		r.Shipped.Print(w)
+	}
+	if r.Pipeline.Sent > 0 || r.Goals != nil {
+		fmt.Fprintf(w, "\nin-process (one process holds the server, the stages and the load generator; unauthenticated bus, %d workers per stage):\n", r.Options.Workers)
+	}
 	if r.Pipeline.Sent > 0 {
 		r.printSeries(w)
 	}

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -157,6 +158,10 @@ func measureFront(ctx context.Context, url string, cred credentials) ([]Cost, er
 			}
 		}
 	}
+	drop, err := measureDrop(ctx, bus, srv.URL+"/mcp", cred.token)
+	if err != nil {
+		return nil, fmt.Errorf("dropped connection: %w", err)
+	}
 	names := []string{"direct tool.invoke", "MCP tools/call, stdio", "MCP tools/call, HTTP", "MCP tools/call, HTTP, plain",
 		"floor: SDK server, stdio", "floor: HTTP handler, plain", "floor: SDK server, HTTP, plain"}
 	out := make([]Cost, len(calls))
@@ -164,7 +169,68 @@ func measureFront(ctx context.Context, url string, cred credentials) ([]Cost, er
 		slices.Sort(samples[j])
 		out[j] = Cost{Name: names[j], Samples: samples[j]}
 	}
-	return out, nil
+	return append(out, drop), nil
+}
+
+// dropName names the Cost of measureDrop.
+const dropName = "dropped connection"
+
+// dropBound is how soon a call whose HTTP connection dropped must have
+// ended cancelled.
+const dropBound = time.Second
+
+// measureDrop starts a call of the sleep tool (8 s) over HTTP on a TCP
+// connection of its own, closes the connection once the call runs, without
+// a DELETE of the session, and returns how long the invocation then took
+// to end, as one sample (named dropName, or with the status it ended with
+// when that is not cancelled).
+func measureDrop(ctx context.Context, bus *mcpfront.NATSBus, url, tok string) (Cost, error) {
+	c, err := newRawMCP(ctx, url, tok)
+	if err != nil {
+		return Cost{}, err
+	}
+	host := strings.TrimPrefix(strings.TrimSuffix(url, "/mcp"), "http://")
+	conn, err := net.Dial("tcp", host)
+	if err != nil {
+		return Cost{}, err
+	}
+	defer conn.Close()
+	body := `{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"sleep","arguments":{"ms":8000}}}`
+	if _, err := fmt.Fprintf(conn, "POST /mcp HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\n"+
+		"Accept: application/json, text/event-stream\r\nMcp-Protocol-Version: 2025-06-18\r\nMcp-Session-Id: %s\r\n"+
+		"Content-Length: %d\r\n\r\n%s", host, tok, c.session, len(body), body); err != nil {
+		return Cost{}, err
+	}
+	// The front end's invocation id of the session's request 7.
+	id := uuid.NewSHA1(uuid.NameSpaceURL, []byte("urn:toolgate:mcp:"+c.session+":7")).String()
+	status := func() api.Status {
+		rec, err := bus.Status(ctx, benchTenant, id)
+		if err != nil {
+			return ""
+		}
+		return rec.Status
+	}
+	for deadline := time.Now().Add(10 * time.Second); status() != api.StatusRunning; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			return Cost{}, fmt.Errorf("the call of the sleep tool never ran (status %q)", status())
+		}
+	}
+	closed := time.Now()
+	_ = conn.Close()
+	for {
+		st := status()
+		if st.Terminal() {
+			name := dropName
+			if st != api.StatusCancelled {
+				name += ", ended " + string(st)
+			}
+			return Cost{Name: name, Samples: []time.Duration{time.Since(closed)}}, nil
+		}
+		if time.Since(closed) > 15*time.Second {
+			return Cost{Name: dropName + ", not ended", Samples: []time.Duration{time.Since(closed)}}, nil
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
 }
 
 type bearer struct{ tok string }
@@ -184,9 +250,39 @@ func PrintFront(w io.Writer, costs []Cost) {
 	fmt.Fprintf(w, "\nMCP front end, noop tool through all six stages, %d sequential calls each, interleaved\n", frontSamples)
 	fmt.Fprintf(w, "%-30s %10s %10s %12s %12s\n", "path", "p50", "p99", "added p50", "added p99")
 	base := costs[0]
+	var drop *Cost
 	for _, c := range costs {
+		if strings.HasPrefix(c.Name, dropName) {
+			drop = &c
+			continue
+		}
 		fmt.Fprintf(w, "%-30s %10s %10s %12s %12s\n", c.Name, us(c.quantile(0.5)), us(c.quantile(0.99)),
 			us(c.quantile(0.5)-base.quantile(0.5)), us(c.quantile(0.99)-base.quantile(0.99)))
+	}
+	// The goal: the front end adds at most 0.1 ms p50 over the SDK's own
+	// server on each transport.
+	byName := map[string]Cost{}
+	for _, c := range costs {
+		byName[c.Name] = c
+	}
+	for _, g := range []struct{ name, front, floor string }{
+		{"stdio", "MCP tools/call, stdio", "floor: SDK server, stdio"},
+		{"HTTP", "MCP tools/call, HTTP, plain", "floor: SDK server, HTTP, plain"},
+	} {
+		f, ok1 := byName[g.front]
+		b, ok2 := byName[g.floor]
+		if !ok1 || !ok2 {
+			continue
+		}
+		added := f.quantile(0.5) - b.quantile(0.5)
+		fmt.Fprintf(w, "%-30s %10s %10s %12s %12s  %s\n", "goal: front over SDK, "+g.name, "", "", us(added), "<=100µs",
+			verdict(added <= 100*time.Microsecond))
+	}
+	if drop != nil {
+		// A call whose HTTP connection closed (no DELETE) ends cancelled.
+		d := drop.quantile(0)
+		fmt.Fprintf(w, "goal: a call over HTTP whose connection closes ends cancelled within %v: %s after the close (%s)  %s\n",
+			dropBound, us(d), drop.Name, verdict(drop.Name == dropName && d <= dropBound))
 	}
 }
 

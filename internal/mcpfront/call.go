@@ -148,11 +148,17 @@ func (s *session) call(ctx context.Context, toolID string, req *mcp.CallToolRequ
 		CapabilityToken: tok,
 	}
 	// The call ends with the request (client cancellation), the session
-	// (client gone) or MaxWait, whichever is first.
+	// (client gone), the HTTP connection that carries it (client gone
+	// without ending its session) or MaxWait, whichever is first.
 	ctx, cancel := context.WithTimeout(ctx, cfg.MaxWait)
 	defer cancel()
 	stop := context.AfterFunc(s.ctx, cancel)
 	defer stop()
+	ctx, drop := context.WithCancelCause(ctx)
+	defer drop(nil)
+	if rid := requestIDOf(req); rid != "" {
+		defer s.f.live.start(s.id+" "+rid, drop)()
+	}
 
 	if err := cfg.Bus.Invoke(ctx, in, id); err != nil {
 		return nil, fmt.Errorf("toolgate did not accept the call: %w", err)
@@ -175,6 +181,8 @@ func (s *session) call(ctx context.Context, toolID string, req *mcp.CallToolRequ
 			reason := "the MCP client cancelled the request"
 			if s.ctx.Err() != nil {
 				reason = "the MCP client disconnected"
+			} else if errors.Is(context.Cause(ctx), errConnectionClosed) {
+				reason = errConnectionClosed.Error()
 			} else if errors.Is(ctx.Err(), context.DeadlineExceeded) {
 				reason = "the MCP front end stopped waiting"
 			}

@@ -2,13 +2,16 @@ package mcpfront_test
 
 import (
 	"context"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/mcpfront"
@@ -225,6 +228,60 @@ func TestDisconnect(t *testing.T) {
 			t.Fatalf("the tool outlived its deleted session (DELETE: %s)", resp.Status)
 		}
 	})
+}
+
+// TestDroppedConnection: a client whose TCP connection closes while its
+// call runs, without a DELETE of its session, has the call cancelled: the
+// tool's context ends within a bound, and the invocation ends cancelled,
+// audited as such.
+func TestDroppedConnection(t *testing.T) {
+	e := newEnv(t)
+	tok := mint(t, token.Claims{})
+	url := newHTTP(t, e)
+	first := post(t, url, tok, "", `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}`)
+	sid := strings.Fields(first)[2]
+	post(t, url, tok, sid, `{"jsonrpc":"2.0","method":"notifications/initialized"}`)
+
+	conn, err := net.Dial("tcp", strings.TrimPrefix(url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := `{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"t.slow","arguments":{}}}`
+	fmt.Fprintf(conn, "POST /mcp HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\n"+
+		"Accept: application/json, text/event-stream\r\nMcp-Protocol-Version: 2025-06-18\r\nMcp-Session-Id: %s\r\n"+
+		"Content-Length: %d\r\n\r\n%s", strings.TrimPrefix(url, "http://"), tok, sid, len(body), body)
+	select {
+	case <-e.slowStarted:
+	case <-time.After(15 * time.Second):
+		t.Fatal("the call did not start")
+	}
+	closed := time.Now()
+	_ = conn.Close() // the client is gone; its session is not deleted
+	const bound = 5 * time.Second
+	select {
+	case <-e.slowEnded:
+		t.Logf("tool cancelled %v after the connection closed", time.Since(closed).Round(time.Millisecond))
+	case <-time.After(bound):
+		t.Fatalf("the tool still ran %v after its client's connection closed", bound)
+	}
+	// The invocation of session sid's request 7 (the front end's id).
+	id := uuid.NewSHA1(uuid.NameSpaceURL, []byte("urn:toolgate:mcp:"+sid+":7")).String()
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	eventually(t, 10*time.Second, "the invocation to end", func() bool {
+		rec, err := e.client.Status(ctx, tenant, id)
+		return err == nil && rec.Status.Terminal()
+	})
+	if rec, _ := e.client.Status(ctx, tenant, id); rec.Status != api.StatusCancelled {
+		t.Fatalf("invocation %s ended %s, want cancelled", id, rec.Status)
+	}
+	ev := e.audited(id)
+	if ev["status"] != string(api.StatusCancelled) {
+		t.Fatalf("audit event of %s: %v", id, ev)
+	}
+	if e.front.Sessions() != 1 {
+		t.Errorf("sessions: %d, want the dropped client's session kept (it may reconnect)", e.front.Sessions())
+	}
 }
 
 // TestConcurrentSessions: a slow call in one session blocks neither

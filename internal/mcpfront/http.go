@@ -109,7 +109,15 @@ func (f *Front) Handler() http.Handler {
 			h.ServeHTTP(w, r.WithContext(ctx))
 			return
 		}
+		if reply.call != "" {
+			f.live.expect(reply.call)
+		}
 		h.ServeHTTP(reply, r.WithContext(ctx))
+		if reply.call != "" {
+			// The request's context ends before ServeHTTP returns only
+			// when the client's connection closed.
+			f.live.closed(reply.call, r.Context().Err() != nil)
+		}
 		reply.finish()
 	})
 }

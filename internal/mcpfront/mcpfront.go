@@ -211,6 +211,9 @@ type Front struct {
 	// withdrawn are the HTTP calls ("<session id> <request id>") the client
 	// cancelled, whose response is kept back (see callReply).
 	withdrawn withdrawn
+	// live are the HTTP calls in flight, ended when their connection
+	// closes.
+	live liveCalls
 
 	// unknownSession is the server given for requests naming a session
 	// that does not exist (see serverFor): no tools, never connected.

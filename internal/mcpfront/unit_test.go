@@ -1,7 +1,9 @@
 package mcpfront
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"strconv"
 	"testing"
 
@@ -206,5 +208,41 @@ func TestReadToolsAreNotDestructive(t *testing.T) {
 	}
 	if seen != len(want) {
 		t.Fatalf("found %d of the %d file tools among the examples", seen, len(want))
+	}
+}
+
+// TestLiveCalls: a call whose POST's connection closed before the SDK
+// started it is cancelled as it starts; one whose POST ended normally is
+// forgotten; a running one is cancelled with the connection's cause.
+func TestLiveCalls(t *testing.T) {
+	var l liveCalls
+	l.expect("s 1")
+	l.closed("s 1", true)
+	ctx, cancel := context.WithCancelCause(context.Background())
+	end := l.start("s 1", cancel)
+	if !errors.Is(context.Cause(ctx), errConnectionClosed) {
+		t.Fatalf("a call dropped before it started: cause %v", context.Cause(ctx))
+	}
+	end()
+
+	l.expect("s 2")
+	ctx, cancel = context.WithCancelCause(context.Background())
+	end = l.start("s 2", cancel)
+	l.closed("s 2", true)
+	if !errors.Is(context.Cause(ctx), errConnectionClosed) {
+		t.Fatalf("a running call: cause %v", context.Cause(ctx))
+	}
+	end()
+
+	l.expect("s 3")
+	l.closed("s 3", false)
+	ctx, cancel = context.WithCancelCause(context.Background())
+	end = l.start("s 3", cancel)
+	if ctx.Err() != nil {
+		t.Fatal("a call of a POST that ended normally was cancelled")
+	}
+	end()
+	if len(l.m) != 0 {
+		t.Fatalf("left behind: %v", l.m)
 	}
 }

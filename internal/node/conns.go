@@ -9,6 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/toolgate/toolgate/internal/busauth"
+	"github.com/toolgate/toolgate/kvstore"
 	"github.com/toolgate/toolgate/subjects"
 )
 
@@ -88,13 +89,16 @@ func openNodes(ctx context.Context, url string, c *Config, authenticated bool, o
 		n.Role = busauth.RoleOperator
 		set.op = n
 	}
+	// The stages' stores remember their writes together, as they did on
+	// one connection (kvstore.Memory).
+	mem := kvstore.NewMemory()
 	open := func(r busauth.Role) (*Node, error) {
 		opts := roleOpts(r)
 		if len(opts) == len(base) {
 			return nil, fmt.Errorf("no credentials for role %s: give --creds, or put %s in %s", r,
 				busauth.CredsFile(r), filepath.Join(c.Embedded.DataDir, busauth.DirName))
 		}
-		n, err := OpenRole(ctx, url, "toolgate-"+string(r), r, c.Topology, log, opts...)
+		n, err := openRole(ctx, url, "toolgate-"+string(r), r, c.Topology, mem, log, opts...)
 		if err != nil {
 			return nil, fmt.Errorf("%s connection: %w", r, err)
 		}

@@ -105,6 +105,12 @@ func Open(ctx context.Context, url, name string, topo topology.TopologyOptions, 
 // operator made, waiting for it, and opens only the buckets the role may
 // use (busauth.Rights). An empty role is Open's.
 func OpenRole(ctx context.Context, url, name string, role busauth.Role, topo topology.TopologyOptions, log *slog.Logger, opts ...nats.Option) (*Node, error) {
+	return openRole(ctx, url, name, role, topo, nil, log, opts...)
+}
+
+// openRole is OpenRole with the kvstore memory the stores of one process
+// share (nil: its own).
+func openRole(ctx context.Context, url, name string, role busauth.Role, topo topology.TopologyOptions, mem *kvstore.Memory, log *slog.Logger, opts ...nats.Option) (*Node, error) {
 	if log == nil {
 		log = slog.Default()
 	}
@@ -124,7 +130,7 @@ func OpenRole(ctx context.Context, url, name string, role busauth.Role, topo top
 		ready.Done()
 		return nil, fmt.Errorf("connecting to %s: %w", url, err)
 	}
-	n, err = OpenConnRole(ctx, nc, role, topo, log)
+	n, err = openConnRole(ctx, nc, role, topo, mem, log)
 	if err != nil {
 		ready.Done()
 		nc.Close()
@@ -142,6 +148,10 @@ func OpenConn(ctx context.Context, nc *nats.Conn, topo topology.TopologyOptions,
 
 // OpenConnRole is OpenRole over an existing connection.
 func OpenConnRole(ctx context.Context, nc *nats.Conn, role busauth.Role, topo topology.TopologyOptions, log *slog.Logger) (*Node, error) {
+	return openConnRole(ctx, nc, role, topo, nil, log)
+}
+
+func openConnRole(ctx context.Context, nc *nats.Conn, role busauth.Role, topo topology.TopologyOptions, mem *kvstore.Memory, log *slog.Logger) (*Node, error) {
 	if log == nil {
 		log = slog.Default()
 	}
@@ -149,7 +159,7 @@ func OpenConnRole(ctx context.Context, nc *nats.Conn, role busauth.Role, topo to
 	if err != nil {
 		return nil, err
 	}
-	opts := kvstore.Options{Replicas: topo.Replicas, Storage: topo.Storage, InvocationTTL: topo.InvocationTTL}
+	opts := kvstore.Options{Replicas: topo.Replicas, Storage: topo.Storage, InvocationTTL: topo.InvocationTTL, Memory: mem}
 	rights, bound := busauth.Rights[role]
 	if bound {
 		opts.Bind, opts.Buckets = true, rights.Buckets()

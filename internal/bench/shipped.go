@@ -1,0 +1,425 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/toolgate/toolgate/internal/busauth"
+	"github.com/toolgate/toolgate/internal/connect"
+	"github.com/toolgate/toolgate/internal/node"
+	"github.com/toolgate/toolgate/subjects"
+)
+
+// Shipped is toolgate measured as a user runs it: `toolgate serve` as its
+// own process with its defaults (the authenticated bus, one role per
+// stage, sealed hops, --sync always, execute's default concurrency), load
+// offered by this process connected as an agent with only its capability
+// token, beside the bare chain and the floor chain run on serve's own
+// server with the operator's credentials from its data directory.
+type Shipped struct {
+	Args []string // serve's command line after the binary
+	// Saturation series (the no-op tool, 1000 sessions), each with the
+	// CPU the serve process used per call (ServeCPU) beside this
+	// process's (Result.CPUPerCall).
+	Toolgate, Floor, Raw            Result
+	ToolgateServeCPU, FloorServeCPU time.Duration
+	RawServeCPU                     time.Duration
+	Unloaded, UnloadedFloor         Result
+	UnloadedRaw                     Result
+	Half, HalfFloor                 Result
+	HalfRate                        int
+	LoadAvg                         string
+	ServeRSSMiB                     float64
+	// ReadsPerCall are the direct gets (key-value reads) per call during
+	// toolgate's saturation series: a count, stable where times are not.
+	ReadsPerCall                     float64
+	Profile                          string // where the serve process's CPU profile was written
+	ProfileSeconds                   int
+	ProfileCalls                     int
+	profileErr                       error
+	shippedSessions, shippedUnloaded int
+}
+
+// ownCostBaseline is toolgate's CPU per call above the floor chain's, as
+// `make bench` printed it when the shipped series was first measured (the
+// run in docs/performance.md, 2 cores): the figure the goal halves.
+const ownCostBaseline = 953 * time.Microsecond
+
+// LoadGen is this process's CPU per call while it offered load to
+// toolgate: publishing, and reading results.
+func (s Shipped) LoadGen() time.Duration { return s.Toolgate.CPUPerCall }
+
+// FloorCPU is the floor chain's CPU per call: the server's (in the serve
+// process) and its hops' (in this process, whose share for publishing and
+// reading results, LoadGen, is taken off).
+func (s Shipped) FloorCPU() time.Duration {
+	return s.FloorServeCPU + max(s.Floor.CPUPerCall-s.LoadGen(), 0)
+}
+
+// OwnCPU is toolgate's process CPU per call above the floor's.
+func (s Shipped) OwnCPU() time.Duration { return s.ToolgateServeCPU - s.FloorCPU() }
+
+// serveProc is a `toolgate serve` process the bench started.
+type serveProc struct {
+	cmd           *exec.Cmd
+	done          chan struct{}
+	url, data     string
+	metrics, prof string
+	stderr        *bytes.Buffer
+}
+
+// startServe runs bin's `serve` with its defaults and what the bench must
+// say: where its data and listener are, the key set the bench's tokens are
+// signed with, the example tools (the no-op tool among them), and where
+// /readyz (and with profile, pprof) is served.
+func startServe(ctx context.Context, bin, dir string, cred credentials, profile bool) (*serveProc, []string, error) {
+	jwks, err := cred.key.PublicJWKS()
+	if err != nil {
+		return nil, nil, err
+	}
+	keys := filepath.Join(dir, "shipped-jwks.json")
+	if err := os.WriteFile(keys, jwks, 0o600); err != nil {
+		return nil, nil, err
+	}
+	listen, err := freeAddr()
+	if err != nil {
+		return nil, nil, err
+	}
+	metrics, err := freeAddr()
+	if err != nil {
+		return nil, nil, err
+	}
+	p := &serveProc{url: "nats://" + listen, data: filepath.Join(dir, "shipped"), metrics: metrics, done: make(chan struct{}),
+		stderr: &bytes.Buffer{}}
+	args := []string{"serve", "--data", p.data, "--listen", listen, "--examples",
+		"--jwks", keys, "--token-issuer", benchIssuer, "--token-audience", benchAudience,
+		"--metrics-addr", metrics, "--log-level", "error"}
+	if profile {
+		if p.prof, err = freeAddr(); err != nil {
+			return nil, nil, err
+		}
+		args = append(args, "--pprof-addr", p.prof)
+	}
+	p.cmd = exec.Command(bin, args...)
+	p.cmd.Stdout, p.cmd.Stderr = io.Discard, p.stderr
+	if err := p.cmd.Start(); err != nil {
+		return nil, nil, fmt.Errorf("starting serve: %w", err)
+	}
+	go func() { _ = p.cmd.Wait(); close(p.done) }()
+	deadline := time.Now().Add(time.Minute)
+	for !ready(metrics) {
+		select {
+		case <-p.done:
+			return nil, nil, fmt.Errorf("serve exited before it was ready: %s", strings.TrimSpace(p.stderr.String()))
+		case <-ctx.Done():
+			p.stop()
+			return nil, nil, ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			p.stop()
+			return nil, nil, errors.New("serve not ready within a minute")
+		}
+	}
+	return p, args, nil
+}
+
+// stop ends serve as it is meant to be stopped (SIGTERM), killing it after
+// 30 s.
+func (p *serveProc) stop() {
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(30 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	}
+}
+
+// cpu is the CPU time, user and system, the serve process has used so far
+// (/proc/<pid>/stat, in the kernel's USER_HZ ticks of 10 ms).
+func (p *serveProc) cpu() time.Duration {
+	d, _ := procCPU(p.cmd.Process.Pid)
+	return d
+}
+
+// procCPU reads utime and stime of pid from /proc/<pid>/stat.
+func procCPU(pid int) (time.Duration, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	// The command name may hold spaces and parentheses: the fields
+	// proper follow its last ')'. utime and stime are fields 14 and 15,
+	// the 12th and 13th after it.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, errors.New("unexpected /proc stat format")
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 13 {
+		return 0, errors.New("unexpected /proc stat format")
+	}
+	u, err1 := strconv.ParseInt(f[11], 10, 64)
+	s, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err := errors.Join(err1, err2); err != nil {
+		return 0, err
+	}
+	const userHZ = 100 // sysconf(_SC_CLK_TCK) on every Linux Go runs on
+	return time.Duration(u+s) * time.Second / userHZ, nil
+}
+
+// rss is the serve process's resident set in MiB.
+func (p *serveProc) rss() float64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.cmd.Process.Pid))
+	if err != nil {
+		return 0
+	}
+	for line := range strings.SplitSeq(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, _ := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 64)
+			return kb / 1024
+		}
+	}
+	return 0
+}
+
+// saturateServe is t.saturate with the serve process's CPU per call.
+func (t *target) saturateServe(ctx context.Context, p *serveProc, name string, n, conc int) (Result, time.Duration, error) {
+	c0 := p.cpu()
+	r, err := t.saturate(ctx, name, n, conc)
+	if err != nil || r.Done == 0 {
+		return r, 0, err
+	}
+	return r, (p.cpu() - c0) / time.Duration(r.Done), nil
+}
+
+// measureShipped starts `toolgate serve` from bin and measures it: the
+// saturation of the no-op tool with 1000 sessions and latency unloaded and
+// at half of that saturation, each beside the floor chain (and the bare
+// chain) on serve's own server in the same run. With profile set, it then
+// writes a CPU profile of the serve process under the same saturation
+// load there.
+func measureShipped(ctx context.Context, bin, dir string, n int, d time.Duration, profile string) (*Shipped, error) {
+	cred, err := newCredentials()
+	if err != nil {
+		return nil, err
+	}
+	p, args, err := startServe(ctx, bin, dir, cred, profile != "")
+	if err != nil {
+		return nil, err
+	}
+	defer p.stop()
+	s := &Shipped{Args: args, shippedSessions: 1000, shippedUnloaded: 50}
+
+	// The chains are set up by the operator, the one role that may create
+	// streams, with the credentials serve wrote into its data directory.
+	op, err := nats.Connect(p.url, nats.Name("toolgate-bench-operator"),
+		busauth.CredentialsOption(node.CredsPath(p.data, busauth.RoleOperator)))
+	if err != nil {
+		return nil, fmt.Errorf("operator: %w", err)
+	}
+	defer op.Close()
+	raw, stopRaw, err := rawChain(ctx, op, 256, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer stopRaw()
+	floor, stopFloor, err := rawChain(ctx, op, 256, pipelineWrites)
+	if err != nil {
+		return nil, err
+	}
+	defer stopFloor()
+
+	// The load generator is an agent: its connection carries nothing but
+	// one of its capability tokens (connect.Options, as the command line
+	// and `toolgate mcp` connect).
+	tool, stopTool, agent, err := agentTarget(ctx, p.url, cred, s.shippedSessions)
+	if err != nil {
+		return nil, err
+	}
+	defer agent.Close()
+	defer stopTool()
+
+	const publishers = 64
+	if s.Raw, s.RawServeCPU, err = raw.saturateServe(ctx, p, raw.name, n, publishers); err != nil {
+		return nil, fmt.Errorf("bare chain, saturation: %w", err)
+	}
+	if s.Floor, s.FloorServeCPU, err = floor.saturateServe(ctx, p, floor.name, n, publishers); err != nil {
+		return nil, fmt.Errorf("floor chain, saturation: %w", err)
+	}
+	// Every read of a key-value store is a direct get request, which the
+	// operator sees.
+	var gets atomic.Int64
+	gsub, err := op.Subscribe(subjects.DirectGetAll, func(*nats.Msg) { gets.Add(1) })
+	if err != nil {
+		return nil, err
+	}
+	if s.Toolgate, s.ToolgateServeCPU, err = tool.saturateServe(ctx, p, tool.name, n, publishers); err != nil {
+		return nil, fmt.Errorf("toolgate, saturation: %w", err)
+	}
+	s.ServeRSSMiB = p.rss()
+	_ = gsub.Unsubscribe()
+	s.ReadsPerCall = float64(gets.Load()) / float64(max(s.Toolgate.Done, 1))
+	// Unloaded is 50/s, or a fifth of saturation where that is less (a
+	// loaded machine): a rate at which calls do not queue.
+	s.shippedUnloaded = max(min(50, int(s.Toolgate.Throughput()/5), int(s.Floor.Throughput()/5)), 1)
+	if s.Unloaded, err = tool.latencyAt(ctx, "shipped unloaded", s.shippedUnloaded, d); err != nil {
+		return nil, fmt.Errorf("toolgate, unloaded: %w", err)
+	}
+	if s.UnloadedFloor, err = floor.latencyAt(ctx, "shipped floor unloaded", s.shippedUnloaded, d); err != nil {
+		return nil, err
+	}
+	if s.UnloadedRaw, err = raw.latencyAt(ctx, "shipped raw unloaded", s.shippedUnloaded, d); err != nil {
+		return nil, err
+	}
+	s.HalfRate = max(int(s.Toolgate.Throughput()/2), 1)
+	if s.Half, err = tool.latencyAt(ctx, "shipped at half", s.HalfRate, d); err != nil {
+		return nil, fmt.Errorf("toolgate, at half saturation: %w", err)
+	}
+	if s.HalfFloor, err = floor.latencyAt(ctx, "shipped floor at half", s.HalfRate, d); err != nil {
+		return nil, err
+	}
+	s.LoadAvg = loadAvg()
+	if profile != "" {
+		s.Profile = profile
+		s.ProfileSeconds = 20
+		s.ProfileCalls, s.profileErr = profileServe(ctx, p, tool, profile, s.ProfileSeconds, n, publishers)
+	}
+	return s, nil
+}
+
+// agentTarget is pipelineTarget on a connection of its own made the way
+// an agent connects: its first session's capability token as the connect
+// token, with the inbox prefix that token may use.
+func agentTarget(ctx context.Context, url string, cred credentials, sessions int) (*target, func(), *nats.Conn, error) {
+	// The sessions' tokens are minted first; the connection carries the
+	// first one.
+	toks, err := sessionTokens(cred, sessions, false)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	co := connect.Options{URL: url, Token: toks[0], Name: "toolgate-bench-agent"}
+	nc, err := co.Connect()
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("agent: %w", err)
+	}
+	t, stop, err := targetWithTokens(nc, toks, false)
+	if err != nil {
+		nc.Close()
+		return nil, nil, nil, err
+	}
+	t.name = fmt.Sprintf("toolgate serve, %d sessions, agent", sessions)
+	return t, stop, nc, nil
+}
+
+// profileServe fetches a CPU profile of seconds from serve's pprof
+// endpoint into path while offering saturation load in rounds of n, and
+// returns how many calls it offered.
+func profileServe(ctx context.Context, p *serveProc, t *target, path string, seconds, n, conc int) (int, error) {
+	type fetched struct {
+		body []byte
+		err  error
+	}
+	got := make(chan fetched, 1)
+	go func() {
+		c := http.Client{Timeout: time.Duration(seconds+30) * time.Second}
+		resp, err := c.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", p.prof, seconds))
+		if err != nil {
+			got <- fetched{err: err}
+			return
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		if err == nil && resp.StatusCode != http.StatusOK {
+			err = fmt.Errorf("pprof: %s: %s", resp.Status, b)
+		}
+		got <- fetched{body: b, err: err}
+	}()
+	calls := 0
+	for {
+		select {
+		case f := <-got:
+			if f.err != nil {
+				return calls, f.err
+			}
+			return calls, os.WriteFile(path, f.body, 0o644)
+		default:
+		}
+		if _, err := t.saturate(ctx, "profile", n, conc); err != nil {
+			return calls, err
+		}
+		calls += n
+	}
+}
+
+// Print writes the shipped figures with goals 3 and 4 of the shipped
+// configuration, each met or NOT MET.
+func (s *Shipped) Print(w io.Writer) {
+	fmt.Fprintf(w, "\nshipped: `toolgate %s`\n", strings.Join(s.Args, " "))
+	fmt.Fprintf(w, "  (its own process: authenticated bus, one role per stage, sealed hops, --sync always, execute's default concurrency;\n")
+	fmt.Fprintf(w, "   load from the bench process connected as an agent with a capability token, %d sessions; the chains on serve's server\n", s.shippedSessions)
+	fmt.Fprintf(w, "   with the operator's credentials; %d CPU %s/%s; load average at the end %s)\n", runtime.NumCPU(), runtime.GOOS, runtime.GOARCH, s.LoadAvg)
+	fmt.Fprintf(w, "%-44s %12s %12s %12s %8s %8s  %s\n", "figure", "toolgate", "floor", "bare", "ratio", "goal", "")
+	fmt.Fprintf(w, "%-44s %10.0f/s %10.0f/s %10.0f/s %8.2f %8s  %s\n", "saturation, no-op tool",
+		s.Toolgate.Throughput(), s.Floor.Throughput(), s.Raw.Throughput(),
+		s.Toolgate.Throughput()/max(s.Floor.Throughput(), 1e-9), ">=0.60", verdict(s.Toolgate.Throughput() >= 0.6*s.Floor.Throughput()))
+	lat := func(name string, a, f, b Result, q float64, goal float64) {
+		x, y := a.Quantile(q), f.Quantile(q)
+		r := float64(x) / max(float64(y), 1)
+		bare := "-"
+		if b.Done > 0 {
+			bare = ms(b.Quantile(q))
+		}
+		fmt.Fprintf(w, "%-44s %12s %12s %12s %8.2f %8s  %s\n", name, ms(x), ms(y), bare, r,
+			fmt.Sprintf("<=%.1f", goal), verdict(r <= goal))
+	}
+	lat(fmt.Sprintf("latency unloaded (%d/s) p50", s.shippedUnloaded), s.Unloaded, s.UnloadedFloor, s.UnloadedRaw, 0.5, 1.3)
+	lat(fmt.Sprintf("latency unloaded (%d/s) p99", s.shippedUnloaded), s.Unloaded, s.UnloadedFloor, s.UnloadedRaw, 0.99, 1.5)
+	lat(fmt.Sprintf("latency at half saturation (%d/s) p50", s.HalfRate), s.Half, s.HalfFloor, Result{}, 0.5, 1.5)
+	us := func(d time.Duration) string { return fmt.Sprintf("%.0fµs", float64(d.Nanoseconds())/1000) }
+	fmt.Fprintf(w, "%-44s %12s %12s %12s\n", "CPU per call, serve process", us(s.ToolgateServeCPU), us(s.FloorServeCPU), us(s.RawServeCPU))
+	fmt.Fprintf(w, "%-44s %12s %12s %12s\n", "CPU per call, bench process", us(s.Toolgate.CPUPerCall), us(s.Floor.CPUPerCall), us(s.Raw.CPUPerCall))
+	fmt.Fprintf(w, "%-44s %12s %12s\n", "CPU per call, toolgate / floor (1)", us(s.ToolgateServeCPU), us(s.FloorCPU()))
+	own := s.OwnCPU()
+	if ownCostBaseline > 0 {
+		fmt.Fprintf(w, "%-44s %12s %12s %12s %8.2f %8s  %s\n", "toolgate's own CPU per call (2)", us(own), "", "",
+			float64(own)/float64(ownCostBaseline), "<=0.50", verdict(2*own <= ownCostBaseline))
+	} else {
+		fmt.Fprintf(w, "%-44s %12s %12s %12s %8s %8s  %s\n", "toolgate's own CPU per call (2)", us(own), "", "", "", "halve", "no baseline recorded")
+	}
+	fmt.Fprintf(w, "%-44s %12.2f\n", "key-value reads (direct gets) per call", s.ReadsPerCall)
+	fmt.Fprintf(w, "%-44s %10.0fMiB\n", "serve's RSS after the saturation series", s.ServeRSSMiB)
+	fmt.Fprintf(w, "(1) toolgate: the serve process alone; floor: the server's share in the serve process plus its hops' in the bench\n")
+	fmt.Fprintf(w, "    process, less the bench's own load-generator cost per call (%s, measured offering load to toolgate)\n", us(s.LoadGen()))
+	fmt.Fprintf(w, "(2) toolgate's CPU per call minus the floor's; goal 4: half of %s, its figure when first measured\n", us(ownCostBaseline))
+	fmt.Fprintf(w, "%-44s %12s  %s\n", "goal 3: bench what ships", "", verdict(s.Toolgate.Done == s.Toolgate.Sent && s.Toolgate.Done > 0))
+	if s.Profile != "" {
+		if s.profileErr != nil {
+			fmt.Fprintf(w, "serve CPU profile: %v\n", s.profileErr)
+		} else {
+			fmt.Fprintf(w, "serve CPU profile (%d s, %d calls at saturation): %s (go tool pprof -top %s)\n", s.ProfileSeconds, s.ProfileCalls, s.Profile, s.Profile)
+		}
+	}
+}
+
+func verdict(ok bool) string {
+	if ok {
+		return "met"
+	}
+	return "NOT MET"
+}

@@ -1,0 +1,59 @@
+package bench
+
+import (
+	"context"
+	"os"
+	"testing"
+	"time"
+)
+
+// TestProcCPU reads this process's CPU time from /proc as the shipped
+// series reads serve's, and checks it against the kernel's own account.
+func TestProcCPU(t *testing.T) {
+	before, err := procCPU(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	r0 := processCPU()
+	x := 0
+	for start := time.Now(); time.Since(start) < 300*time.Millisecond; {
+		x++
+	}
+	after, err := procCPU(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, want := after-before, processCPU()-r0
+	if got < 100*time.Millisecond || got > want+50*time.Millisecond || got < want-50*time.Millisecond {
+		t.Fatalf("procCPU grew %v over a busy loop, getrusage %v (x=%d)", got, want, x)
+	}
+}
+
+// TestShipped runs the shipped series briefly against a real `toolgate
+// serve` process: every call offered by the agent connection completes,
+// serve's CPU is counted, and the stages of that one process make no
+// key-value read for a call of the no-op tool (their stores share what
+// they wrote).
+func TestShipped(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts toolgate serve")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	s, err := measureShipped(ctx, buildToolgate(t), t.TempDir(), 100, time.Second, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range []Result{s.Toolgate, s.Floor, s.Raw, s.Unloaded, s.UnloadedFloor, s.Half} {
+		if r.Sent == 0 || r.Done != r.Sent {
+			t.Errorf("%s: %d of %d calls completed", r.Name, r.Done, r.Sent)
+		}
+	}
+	if s.ToolgateServeCPU <= 0 || s.FloorServeCPU <= 0 {
+		t.Errorf("serve's CPU per call not counted: toolgate %v, floor %v", s.ToolgateServeCPU, s.FloorServeCPU)
+	}
+	if s.ReadsPerCall != 0 {
+		t.Errorf("%.2f key-value reads per call, want none", s.ReadsPerCall)
+	}
+	s.Print(os.Stdout)
+}
