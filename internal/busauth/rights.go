@@ -152,7 +152,7 @@ var Rights = map[Role]RoleRights{
 		Watches: []string{subjects.BucketTools, subjects.BucketRevocations, subjects.BucketPolicies},
 		// It reads the audit trail by sequence for the tenant-scoped
 		// history agents page through (they may create no consumer).
-		Streams: []string{subjects.StreamInvoke, subjects.StreamPipeline, subjects.StreamAudit},
+		Streams: []string{subjects.StreamPipeline, subjects.StreamAudit},
 		Serves:  true,
 	},
 }
@@ -185,7 +185,9 @@ func (r RoleRights) permissions(role Role) jwt.Permissions {
 		add(&p.Pub, "$JS.API.STREAM.MSG.GET."+st, "$JS.API.STREAM.MSG.DELETE."+st)
 	}
 	for _, st := range r.Streams {
-		add(&p.Pub, "$JS.API.STREAM.INFO."+st, "$JS.API.STREAM.MSG.GET."+st)
+		// The client asks a stream that allows direct gets with one
+		// (jetstream.Stream.GetMsg), others with a get by sequence.
+		add(&p.Pub, "$JS.API.STREAM.INFO."+st, "$JS.API.STREAM.MSG.GET."+st, subjects.DirectGet(st))
 	}
 	for _, st := range r.Direct {
 		add(&p.Pub, "$JS.API.STREAM.INFO."+st, subjects.DirectGet(st))

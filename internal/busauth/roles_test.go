@@ -295,7 +295,7 @@ func TestRolesLeastPrivilege(t *testing.T) {
 			"publish tool.invoked", "publish a poison event", "publish a breaker transition", "publish an admin event",
 			"publish an audit checkpoint", "read audit events by sequence", "get one audit event", "read audit checkpoints",
 			"write status records", "write budgets", "write tool statistics", "watch tools"},
-		RoleControl: {"read raw invocations", "hand to authorize", "hand to audit", "announce a cancel", "publish an admin event",
+		RoleControl: {"hand to authorize", "read audit events by sequence", "get one audit event", "hand to audit", "announce a cancel", "publish an admin event",
 			"publish a breaker transition", "write tools", "write policies", "write revocations", "write hooks", "write models",
 			"write approvals", "write status records", "write breakers", "write capability requests", "serve the control endpoints",
 			"watch tools", "watch policies"},

@@ -6,34 +6,21 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/toolgate/toolgate/internal/envelope"
 	"github.com/toolgate/toolgate/subjects"
 )
 
 // inFlight reports whether invocation id of tenant is still travelling
-// through toolgate without a record: accepted on the invoke stream but not
-// yet validated, or handed between stages before one of them wrote its
-// status. Both streams use work-queue retention, so they hold only messages
-// not yet settled and the scan costs as much as the tenant's backlog.
-//
-// The streams are read in the order an invocation moves through them and
-// each by rising sequence: a stage publishes the next hop before it acks,
-// and the next hop gets a higher sequence, so an invocation that moves
-// during the scan is still seen once. One that ends during the scan has a
-// record by then, which the caller reads again.
+// through toolgate without a record: handed between stages before one of
+// them wrote its status. The pipeline uses work-queue retention, so it holds
+// only messages not yet settled and the scan costs as much as the tenant's
+// backlog. The invoke stream is not read: it holds the agents' raw
+// capability tokens, which only validate and authorize see; a call validate
+// has not yet claimed (milliseconds, unless validate is down) is not found.
 func inFlight(ctx context.Context, js jetstream.JetStream, tenant, id string) (bool, error) {
 	if !literalToken(tenant) {
 		return false, nil // nothing can have been published for it
-	}
-	found, err := scan(ctx, js, subjects.StreamInvoke, subjects.Invoke(tenant), func(m *jetstream.RawStreamMsg) bool {
-		inv, _ := envelope.FromMessage(m.Subject, m.Header, m.Data, m.Sequence, time.Time{})
-		return inv.ID == id
-	})
-	if found || err != nil {
-		return found, err
 	}
 	return scan(ctx, js, subjects.StreamPipeline, subjects.PipeTenant(tenant), func(m *jetstream.RawStreamMsg) bool {
 		var inv struct {
