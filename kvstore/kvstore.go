@@ -57,6 +57,9 @@ type Options struct {
 	// topology setup. Without Bind, Open creates what is missing and
 	// brings the watched buckets' republishing up to date.
 	Bind bool
+	// CheckTool, when set, judges every tool record before the store's
+	// tool watches apply it (signed state: internal/signedstate).
+	CheckTool CheckTool
 }
 
 // Store gives typed access to the buckets.
@@ -78,6 +81,7 @@ type Store struct {
 	modelstats  jetstream.KeyValue
 	capability  jetstream.KeyValue
 	watches     sync.WaitGroup
+	checkTool   CheckTool
 
 	js jetstream.JetStream
 	nc *nats.Conn
@@ -109,7 +113,7 @@ func Open(ctx context.Context, js jetstream.JetStream, o Options) (*Store, error
 	if o.ModelStatsTTL <= 0 {
 		o.ModelStatsTTL = DefaultModelStatsTTL
 	}
-	s := &Store{modelStatsTTL: o.ModelStatsTTL, js: js, nc: js.Conn()}
+	s := &Store{modelStatsTTL: o.ModelStatsTTL, js: js, nc: js.Conn(), checkTool: o.CheckTool}
 	for _, b := range []struct {
 		kv  *jetstream.KeyValue
 		cfg jetstream.KeyValueConfig

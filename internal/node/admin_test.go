@@ -205,6 +205,77 @@ func TestAdminThroughControl(t *testing.T) {
 		}
 	})
 
+	// A tool manifest no operator signed is honoured by no reader: not a
+	// new one, and not a signed one whose manifest was changed in the
+	// bucket. Every reader ignores it and audits that it did.
+	t.Run("a tool manifest written straight into the bucket is honoured by no reader", func(t *testing.T) {
+		cjs, _ := jetstream.New(s.connect(t, 0, s.creds(busauth.RoleControl)))
+		cs, err := kvstore.Open(ctx, cjs, kvstore.Options{Bind: true, Buckets: busauth.Rights[busauth.RoleControl].Buckets()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		const forgedDoc = `{"id":"forged.shell","name":"forged","version":"1.0.0","description":"registered without an operator",
+			"kind":"builtin","builtin":{"function":"echo"},"input_schema":{"type":"object"},"safety":{"risk_level":"low"}}`
+		if _, err := cs.RegisterTool(ctx, []byte(forgedDoc), false); err != nil {
+			t.Fatal(err)
+		}
+		kv, err := cjs.KeyValue(ctx, kvstore.BucketTools)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fe, err := kv.Get(ctx, subjects.Token("forged.shell")+"."+subjects.Token("1.0.0"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		newRev := fe.Revision()
+		readers := []string{"urn:toolgate:validate", "urn:toolgate:authorize", "urn:toolgate:route", "urn:toolgate:execute",
+			"urn:toolgate:verify", "urn:toolgate:audit", "urn:toolgate:control"}
+		stateRefused(t, ctx, ojs, "tool", newRev, readers...)
+
+		// The operator's signed record of the guarded tool, its manifest
+		// changed, keeps its signature.
+		key := subjects.Token(tool) + "." + subjects.Token("1.0.0")
+		e, err := kv.Get(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var rec kvstore.ToolRecord
+		if err := json.Unmarshal(e.Value(), &rec); err != nil || rec.Proof == nil {
+			t.Fatalf("the registered tool's record keeps no signed request: %s %v", e.Value(), err)
+		}
+		rec.Manifest = json.RawMessage(strings.Replace(string(rec.Manifest), `"a test tool"`, `"tampered"`, 1))
+		val, _ := json.Marshal(rec)
+		rev, err := kv.Put(ctx, key, val)
+		if err != nil {
+			t.Fatal(err)
+		}
+		stateRefused(t, ctx, ojs, "tool", rev, readers...)
+
+		ctl, _ := client.New(s.connect(t, 0, s.creds(busauth.RoleOperator)))
+		if doc, err := ctl.GetTool(ctx, tool, "1.0.0"); err != nil || strings.Contains(string(doc), "tampered") {
+			t.Fatalf("tools.get after the tampered record: %s %v, want the signed manifest", doc, err)
+		}
+		if _, err := ctl.GetTool(ctx, "forged.shell", ""); !errors.Is(err, &api.Error{Code: api.ToolNotFound, ECode: api.EToolNotFound}) {
+			t.Fatalf("tools.get of the unsigned tool: %v, want %s", err, api.EToolNotFound)
+		}
+		if l, err := ctl.ListTools(ctx, api.ListRequest{}); err != nil || strings.Contains(string(mustJSON(t, l)), "forged.shell") {
+			t.Fatalf("tools.list lists the unsigned tool: %v", err)
+		}
+		if tl, err := ac.SearchTools(ctx, "demo", api.ListRequest{}); err != nil || strings.Contains(string(mustJSON(t, tl)), "forged.shell") {
+			t.Fatalf("the agent's tools.list lists the unsigned tool: %v", err)
+		}
+		if r := call("forged.shell"); r.Error == nil || r.Error.ECode != api.EToolNotFound {
+			t.Fatalf("calling the unsigned tool: %+v, want %s", r, api.EToolNotFound)
+		}
+		if r := call(tool); r.Status != api.StatusSuccess {
+			t.Fatalf("the guarded tool after the tampered record: %+v", r)
+		}
+		// Put the signed record back for the rest.
+		if _, err := kv.Put(ctx, key, e.Value()); err != nil {
+			t.Fatal(err)
+		}
+	})
+
 	t.Run("policy push changes decisions and grants", func(t *testing.T) {
 		capReq := api.CapabilityRequest{Capability: "tally_rows", InputContract: "rows", OutputContract: "a count",
 			Reason: "counting", Constraints: api.DefaultCapabilityConstraints(), CapabilityToken: raw}
@@ -369,4 +440,31 @@ func TestAdminThroughControl(t *testing.T) {
 		audited("admin.model.deleted", by, `"target":"adm-small"`)
 		wantECode(t, op.DeleteModel(ctx, "adm-small", ""), api.EModelUnknown)
 	})
+}
+
+// stateRefused waits until each of readers has audited ignoring the
+// record of what at revision rev (ai.agent.state.refused).
+func stateRefused(t *testing.T, ctx context.Context, js jetstream.JetStream, what string, rev uint64, readers ...string) {
+	t.Helper()
+	as, err := js.Stream(ctx, subjects.StreamAudit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprintf(`"what":%q,"revision":%d`, what, rev)
+	for _, by := range readers {
+		eventually(t, 10*time.Second, by+" to audit the "+what+" record it ignored", func() bool {
+			m, err := as.GetLastMsgForSubject(ctx, subjects.AuditEvent(subjects.SystemTenant, "state.refused"))
+			if err != nil {
+				return false
+			}
+			// Every reader writes one; any may be last: look back.
+			for seq := m.Sequence; seq > 0 && seq+400 > m.Sequence; seq-- {
+				mm, err := as.GetMsg(ctx, seq)
+				if err == nil && strings.Contains(string(mm.Data), want) && strings.Contains(string(mm.Data), `"by":"`+by+`"`) {
+					return true
+				}
+			}
+			return false
+		})
+	}
 }

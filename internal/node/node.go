@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/signedstate"
 	"log/slog"
 	"slices"
@@ -95,6 +96,13 @@ func Open(ctx context.Context, url, name string, topo topology.TopologyOptions, 
 // operator made, waiting for it, and opens only the buckets the role may
 // use (busauth.Rights). An empty role is Open's.
 func OpenRole(ctx context.Context, url, name string, role busauth.Role, topo topology.TopologyOptions, log *slog.Logger, opts ...nats.Option) (*Node, error) {
+	return openRole(ctx, url, name, role, topo, log, nil, opts...)
+}
+
+// openRole is OpenRole whose registry honours only manifests an operator
+// signed when proof is set (signed state, internal/signedstate).
+func openRole(ctx context.Context, url, name string, role busauth.Role, topo topology.TopologyOptions, log *slog.Logger,
+	proof signedstate.Verify, opts ...nats.Option) (*Node, error) {
 	if log == nil {
 		log = slog.Default()
 	}
@@ -114,7 +122,7 @@ func OpenRole(ctx context.Context, url, name string, role busauth.Role, topo top
 		ready.Done()
 		return nil, fmt.Errorf("connecting to %s: %w", url, err)
 	}
-	n, err = OpenConnRole(ctx, nc, role, topo, log)
+	n, err = openConnRole(ctx, nc, role, topo, log, proof)
 	if err != nil {
 		ready.Done()
 		nc.Close()
@@ -132,6 +140,10 @@ func OpenConn(ctx context.Context, nc *nats.Conn, topo topology.TopologyOptions,
 
 // OpenConnRole is OpenRole over an existing connection.
 func OpenConnRole(ctx context.Context, nc *nats.Conn, role busauth.Role, topo topology.TopologyOptions, log *slog.Logger) (*Node, error) {
+	return openConnRole(ctx, nc, role, topo, log, nil)
+}
+
+func openConnRole(ctx context.Context, nc *nats.Conn, role busauth.Role, topo topology.TopologyOptions, log *slog.Logger, proof signedstate.Verify) (*Node, error) {
 	if log == nil {
 		log = slog.Default()
 	}
@@ -140,6 +152,9 @@ func OpenConnRole(ctx context.Context, nc *nats.Conn, role busauth.Role, topo to
 		return nil, err
 	}
 	opts := kvstore.Options{Replicas: topo.Replicas, Storage: topo.Storage, InvocationTTL: topo.InvocationTTL}
+	if proof != nil {
+		opts.CheckTool = checkTools(js, "urn:toolgate:"+cmp.Or(string(role), "operator"), proof, log)
+	}
 	rights, bound := busauth.Rights[role]
 	if bound {
 		opts.Bind, opts.Buckets = true, rights.Buckets()
@@ -221,6 +236,14 @@ func (n *Node) StopStages() {
 // RegisterExamples stores the example tools shipped in the binary, replacing
 // earlier copies, and waits until this node's registry holds them.
 func (n *Node) RegisterExamples(ctx context.Context) error {
+	return n.registerExamples(ctx, nil)
+}
+
+// registerExamples is RegisterExamples; with sign (an operator's, on an
+// authenticated bus) each record keeps the operator's signed register
+// request, as if the operator had registered it, so readers of signed
+// state honour it.
+func (n *Node) registerExamples(ctx context.Context, sign *exampleSigner) error {
 	ms, err := tools.Examples()
 	if err != nil {
 		return err
@@ -230,7 +253,23 @@ func (n *Node) RegisterExamples(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		if _, err := n.Store.RegisterTool(ctx, doc, true); err != nil {
+		var proof *api.DecisionProof
+		by := ""
+		if sign != nil {
+			body, err := json.Marshal(api.RegisterRequest{Manifest: doc, Replace: true})
+			if err != nil {
+				return err
+			}
+			h, err := sign.signer.Sign(nil, subjects.SvcToolsRegister, body, time.Now())
+			if err != nil {
+				return err
+			}
+			proof = &api.DecisionProof{Subject: subjects.SvcToolsRegister, Headers: h, Body: body}
+			if by, err = sign.verify(proof); err != nil {
+				return fmt.Errorf("signing example %s: %w", m.Key(), err)
+			}
+		}
+		if _, err := n.Store.RegisterSignedTool(ctx, doc, true, by, proof); err != nil {
 			return fmt.Errorf("registering example %s: %w", m.Key(), err)
 		}
 	}
@@ -240,6 +279,13 @@ func (n *Node) RegisterExamples(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// exampleSigner signs the example tools' records with operator
+// credentials (busauth.Signer) and names the operator as readers will.
+type exampleSigner struct {
+	signer *busauth.Signer
+	verify signedstate.Verify
 }
 
 // WaitForTool waits until the registry of this node has id at version.
@@ -527,15 +573,32 @@ func (n *Node) newAuthorizer(ctx context.Context, c StageConfig) (*authorize.Aut
 
 // refusedState logs and audits a record a stage ignored.
 func (n *Node) refusedState(ctx context.Context, source, what string, rev uint64, cause error) {
-	n.Log.Error("ignoring unsigned state: no operator's signature covers it", "what", what, "revision", rev, "err", cause)
+	refusedState(ctx, n.JS, n.Log, source, what, rev, cause)
+}
+
+func refusedState(ctx context.Context, js jetstream.JetStream, log *slog.Logger, source, what string, rev uint64, cause error) {
+	log.Error("ignoring unsigned state: no operator's signature covers it", "what", what, "revision", rev, "err", cause)
 	o, err := signedstate.RefusedEvent(source, what, rev, cause)
 	if err == nil {
-		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		err = runner.Publish(pctx, n.JS, o)
+		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		err = runner.Publish(pctx, js, o)
 		cancel()
 	}
 	if err != nil {
-		n.Log.Error("auditing ignored state", "what", what, "revision", rev, "err", err)
+		log.Error("auditing ignored state", "what", what, "revision", rev, "err", err)
+	}
+}
+
+// checkTools makes a registry honour only tool manifests an operator
+// signed; one that fails is ignored (the registry keeps what it had for
+// the key) and audited by source.
+func checkTools(js jetstream.JetStream, source string, proof signedstate.Verify, log *slog.Logger) kvstore.CheckTool {
+	return func(rec kvstore.ToolRecord, key string, rev uint64) error {
+		err := signedstate.Tool(rec, proof)
+		if err != nil {
+			refusedState(context.Background(), js, log, source, "tool", rev, fmt.Errorf("tool %s: %w", key, err))
+		}
+		return err
 	}
 }
 

@@ -62,6 +62,52 @@ func Hooks(set kvstore.HookSet, verify Verify) error {
 	return nil
 }
 
+// Tool checks a stored tool manifest: signed by an operator on the
+// register endpoint, by the operator it names, for exactly its manifest.
+// The store stamps lifecycle.created_at and updated_at into what it keeps,
+// so the signed manifest is compared with those two stamped in.
+func Tool(rec kvstore.ToolRecord, verify Verify) error {
+	var r api.RegisterRequest
+	if err := signedRequest(rec.Proof, subjects.SvcToolsRegister, rec.RegisteredBy, verify, &r); err != nil {
+		return err
+	}
+	var stored struct {
+		Lifecycle struct {
+			CreatedAt time.Time `json:"created_at"`
+			UpdatedAt time.Time `json:"updated_at"`
+		} `json:"lifecycle"`
+	}
+	if err := json.Unmarshal(rec.Manifest, &stored); err != nil {
+		return fmt.Errorf("the stored manifest does not decode: %w", err)
+	}
+	signed, err := kvstore.StampLifecycle(r.Manifest, stored.Lifecycle.CreatedAt, stored.Lifecycle.UpdatedAt)
+	if err != nil || !sameDoc(signed, rec.Manifest) {
+		return errors.New("the stored manifest is not the one the operator registered")
+	}
+	return nil
+}
+
+// sameDoc compares two JSON documents by value: member order and spacing
+// aside, numbers compared as written.
+func sameDoc(a, b []byte) bool {
+	ca, err1 := canonical(a)
+	cb, err2 := canonical(b)
+	return err1 == nil && err2 == nil && bytes.Equal(ca, cb)
+}
+
+func canonical(doc []byte) ([]byte, error) {
+	d := json.NewDecoder(bytes.NewReader(doc))
+	d.UseNumber()
+	var v any
+	if err := d.Decode(&v); err != nil {
+		return nil, err
+	}
+	if d.More() {
+		return nil, errors.New("trailing data")
+	}
+	return json.Marshal(v)
+}
+
 // signedRequest checks that p is a request to subject signed by the
 // operator by, and decodes its body into req for the caller to compare
 // with the record.
