@@ -60,6 +60,9 @@ type Options struct {
 	// CheckTool, when set, judges every tool record before the store's
 	// tool watches apply it (signed state: internal/signedstate).
 	CheckTool CheckTool
+	// CheckModel, likewise, judges model catalogue and routing policy
+	// records.
+	CheckModel CheckModel
 }
 
 // Store gives typed access to the buckets.
@@ -82,6 +85,7 @@ type Store struct {
 	capability  jetstream.KeyValue
 	watches     sync.WaitGroup
 	checkTool   CheckTool
+	checkModel  CheckModel
 
 	js jetstream.JetStream
 	nc *nats.Conn
@@ -113,7 +117,7 @@ func Open(ctx context.Context, js jetstream.JetStream, o Options) (*Store, error
 	if o.ModelStatsTTL <= 0 {
 		o.ModelStatsTTL = DefaultModelStatsTTL
 	}
-	s := &Store{modelStatsTTL: o.ModelStatsTTL, js: js, nc: js.Conn(), checkTool: o.CheckTool}
+	s := &Store{modelStatsTTL: o.ModelStatsTTL, js: js, nc: js.Conn(), checkTool: o.CheckTool, checkModel: o.CheckModel}
 	for _, b := range []struct {
 		kv  *jetstream.KeyValue
 		cfg jetstream.KeyValueConfig

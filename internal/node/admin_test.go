@@ -440,6 +440,60 @@ func TestAdminThroughControl(t *testing.T) {
 		audited("admin.model.deleted", by, `"target":"adm-small"`)
 		wantECode(t, op.DeleteModel(ctx, "adm-small", ""), api.EModelUnknown)
 	})
+
+	// A model or routing policy no operator signed is honoured by no
+	// reader: execute's catalogue and the control service's list ignore
+	// it and audit that they did; so is a routing policy's delete.
+	t.Run("models and routing policy written straight into the bucket rule nothing", func(t *testing.T) {
+		cjs, _ := jetstream.New(s.connect(t, 0, s.creds(busauth.RoleControl)))
+		cs, err := kvstore.Open(ctx, cjs, kvstore.Options{Bind: true, Buckets: busauth.Rights[busauth.RoleControl].Buckets()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := cs.PutModel(ctx, []byte(`{"name":"forged-model","api":"openai","upstream_model":"gpt-4o-mini","endpoints":["https://attacker.example/v1"],
+		  "tier":"small","context_window":128000,"max_output_tokens":4096,"price":{"input_per_1k":0,"output_per_1k":0}}`)); err != nil {
+			t.Fatal(err)
+		}
+		kv, err := cjs.KeyValue(ctx, subjects.BucketModels)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e, err := kv.Get(ctx, subjects.Token("forged-model"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ms, err := op.Models(ctx)
+		if err != nil || strings.Contains(string(mustJSON(t, ms)), "forged-model") {
+			t.Fatalf("models.list lists the unsigned model: %s %v", mustJSON(t, ms), err)
+		}
+		stateRefused(t, ctx, ojs, "model", e.Revision(), "urn:toolgate:execute", "urn:toolgate:control")
+		if err := cs.PutRoutingPolicy(ctx, []byte("package toolgate.routing\n\nrank := []\n")); err != nil {
+			t.Fatal(err)
+		}
+		e, err = kv.Get(ctx, "_routing")
+		if err != nil {
+			t.Fatal(err)
+		}
+		stateRefused(t, ctx, ojs, "routing_policy", e.Revision(), "urn:toolgate:execute")
+		if err := kv.Delete(ctx, "_routing"); err != nil {
+			t.Fatal(err)
+		}
+		e, err = kv.Get(ctx, "_routing")
+		if !errors.Is(err, jetstream.ErrKeyDeleted) && !errors.Is(err, jetstream.ErrKeyNotFound) {
+			t.Fatalf("after the delete: %v %v", e, err)
+		}
+		// The delete marker's revision is the stream's last.
+		st, err := ojs.Stream(ctx, "KV_"+subjects.BucketModels)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, err := st.GetLastMsgForSubject(ctx, "$KV."+subjects.BucketModels+"._routing")
+		if err != nil {
+			t.Fatal(err)
+		}
+		stateRefused(t, ctx, ojs, "routing_policy", m.Sequence, "urn:toolgate:execute")
+		_ = kv.Delete(ctx, subjects.Token("forged-model"))
+	})
 }
 
 // stateRefused waits until each of readers has audited ignoring the

@@ -153,7 +153,9 @@ func openConnRole(ctx context.Context, nc *nats.Conn, role busauth.Role, topo to
 	}
 	opts := kvstore.Options{Replicas: topo.Replicas, Storage: topo.Storage, InvocationTTL: topo.InvocationTTL}
 	if proof != nil {
-		opts.CheckTool = checkTools(js, "urn:toolgate:"+cmp.Or(string(role), "operator"), proof, log)
+		source := "urn:toolgate:" + cmp.Or(string(role), "operator")
+		opts.CheckTool = checkTools(js, source, proof, log)
+		opts.CheckModel = checkModels(js, source, proof, log)
 	}
 	rights, bound := busauth.Rights[role]
 	if bound {
@@ -586,6 +588,23 @@ func refusedState(ctx context.Context, js jetstream.JetStream, log *slog.Logger,
 	}
 	if err != nil {
 		log.Error("auditing ignored state", "what", what, "revision", rev, "err", err)
+	}
+}
+
+// checkModels makes the model catalogue and routing policy honour only
+// records an operator signed; one that fails is ignored (what is in use
+// stays) and audited by source.
+func checkModels(js jetstream.JetStream, source string, proof signedstate.Verify, log *slog.Logger) kvstore.CheckModel {
+	return func(rec kvstore.ModelRecord, key string, rev uint64) error {
+		err := signedstate.Model(rec, key, proof)
+		if err != nil {
+			what := "model"
+			if key == modelrouter.RoutingKey {
+				what = "routing_policy"
+			}
+			refusedState(context.Background(), js, log, source, what, rev, fmt.Errorf("%s: %w", key, err))
+		}
+		return err
 	}
 }
 

@@ -18,6 +18,7 @@ import (
 
 	"github.com/cloudevents/sdk-go/v2/event"
 	"github.com/toolgate/toolgate/internal/envelope"
+	"github.com/toolgate/toolgate/internal/modelrouter"
 	"github.com/toolgate/toolgate/internal/runner"
 	"github.com/toolgate/toolgate/stages"
 
@@ -83,6 +84,33 @@ func Tool(rec kvstore.ToolRecord, verify Verify) error {
 	signed, err := kvstore.StampLifecycle(r.Manifest, stored.Lifecycle.CreatedAt, stored.Lifecycle.UpdatedAt)
 	if err != nil || !sameDoc(signed, rec.Manifest) {
 		return errors.New("the stored manifest is not the one the operator registered")
+	}
+	return nil
+}
+
+// Model checks a stored model catalogue entry or routing policy (key
+// modelrouter.RoutingKey): signed by an operator on the models register
+// or policy endpoint, by the operator it names, for exactly its model (as
+// the catalogue decodes it, defaults filled) or Rego.
+func Model(rec kvstore.ModelRecord, key string, verify Verify) error {
+	if key == modelrouter.RoutingKey {
+		var r api.RoutingPolicyRequest
+		if err := signedRequest(rec.Proof, subjects.SvcModelsPolicy, rec.By, verify, &r); err != nil {
+			return err
+		}
+		if rec.Rego == nil || *rec.Rego != r.Rego || (r.Reset && r.Rego != "") {
+			return errors.New("the stored routing policy is not the one the operator pushed")
+		}
+		return nil
+	}
+	var r api.ModelRequest
+	if err := signedRequest(rec.Proof, subjects.SvcModelsRegister, rec.By, verify, &r); err != nil {
+		return err
+	}
+	signed, err1 := modelrouter.Decode(r.Model)
+	stored, err2 := modelrouter.Decode(rec.Model)
+	if err1 != nil || err2 != nil || !same(signed, stored) || subjects.Token(stored.Name) != key {
+		return errors.New("the stored model is not the one the operator registered")
 	}
 	return nil
 }
