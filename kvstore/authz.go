@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -34,16 +35,74 @@ func (s *Store) Revoke(ctx context.Context, jti string, until time.Time, reason,
 }
 
 // WatchRevocations calls revoked(jti, true) for every revoked token and
-// revoked(jti, false) when a revocation is removed or expires. It returns once
-// the current set has been delivered.
-func (s *Store) WatchRevocations(ctx context.Context, revoked func(jti string, on bool)) error {
-	return s.watch(ctx, s.revocations, func(e jetstream.KeyValueEntry) {
+// revoked(jti, false) when a revocation's token has expired (the record's
+// until has passed). It returns once the current set has been delivered.
+//
+// Nothing un-revokes a token: a revocation stands until its until, and
+// the revoke endpoint has no undo. A removal of the record before then
+// (a delete or purge written with the bucket's write right, which the
+// control role holds) is ignored and reported to ignored (may be nil) with
+// its revision; a key whose last entry is such a removal when the watch
+// starts counts as revoked. A reader that starts after every trace of the
+// key is gone (a purge that itself expired) cannot know of it: that needs
+// a revocation log nobody but the operator can remove from.
+func (s *Store) WatchRevocations(ctx context.Context, revoked func(jti string, on bool), ignored func(jti string, rev uint64)) error {
+	var mu sync.Mutex
+	until := map[string]time.Time{} // zero: until this process ends
+	err := s.watch(ctx, s.revocations, func(e jetstream.KeyValueEntry) {
 		jti, err := subjects.Untoken(e.Key())
 		if err != nil {
 			return
 		}
-		revoked(jti, e.Operation() == jetstream.KeyValuePut)
+		mu.Lock()
+		defer mu.Unlock()
+		if e.Operation() == jetstream.KeyValuePut {
+			var r struct {
+				Until time.Time `json:"until"`
+			}
+			_ = json.Unmarshal(e.Value(), &r)
+			until[jti] = r.Until
+			revoked(jti, true)
+			return
+		}
+		u, seen := until[jti]
+		if !seen {
+			return // nothing this reader knows of was revoked
+		}
+		if u.IsZero() || time.Now().Before(u) {
+			// The server's own expiry may run a moment early: not worth
+			// an alarm.
+			if ignored != nil && (u.IsZero() || time.Now().Add(5*time.Second).Before(u)) {
+				ignored(jti, e.Revision())
+			}
+			return
+		}
+		delete(until, jti)
+		revoked(jti, false)
 	})
+	if err != nil {
+		return err
+	}
+	keys, err := s.keys(ctx, s.revocations, ">")
+	if err != nil {
+		return err
+	}
+	for _, k := range keys {
+		if _, err := s.revocations.Get(ctx, k); !errors.Is(err, jetstream.ErrKeyDeleted) {
+			continue
+		}
+		jti, err := subjects.Untoken(k)
+		if err != nil {
+			continue
+		}
+		mu.Lock()
+		if _, ok := until[jti]; !ok {
+			until[jti] = time.Time{}
+			revoked(jti, true)
+		}
+		mu.Unlock()
+	}
+	return nil
 }
 
 // --- policies --------------------------------------------------------------

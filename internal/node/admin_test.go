@@ -416,6 +416,64 @@ func TestAdminThroughControl(t *testing.T) {
 		audited("admin.token.revoked", by, `"target":"`+c.ID+`"`, `"reason":"leaked"`)
 	})
 
+	// Nothing but the token's expiry un-revokes it: the control role may
+	// write the revocations bucket, but deleting or purging a revocation
+	// lets the token neither connect nor invoke, and is audited.
+	t.Run("a deleted revocation keeps the token revoked", func(t *testing.T) {
+		tok, c := agentToken(t, "demo", nil)
+		if _, err := op.RevokeToken(ctx, c.ID, time.Now().Add(time.Hour), "leaked", ""); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, 10*time.Second, "the revoked token to be refused", func() bool {
+			nc, err := s.dial(0, nats.Token(tok))
+			if err == nil {
+				nc.Close()
+			}
+			return err != nil
+		})
+		cjs, _ := jetstream.New(s.connect(t, 0, s.creds(busauth.RoleControl)))
+		kv, err := cjs.KeyValue(ctx, kvstore.BucketRevocations)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, err := ojs.Stream(ctx, "KV_"+kvstore.BucketRevocations)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, remove := range []func(context.Context, string, ...jetstream.KVDeleteOpt) error{kv.Delete, kv.Purge} {
+			if err := remove(ctx, subjects.Token(c.ID)); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := kv.Get(ctx, subjects.Token(c.ID)); !errors.Is(err, jetstream.ErrKeyDeleted) && !errors.Is(err, jetstream.ErrKeyNotFound) {
+				t.Fatalf("the revocation is still in the bucket: %v", err)
+			}
+			m, err := st.GetLastMsgForSubject(ctx, "$KV."+kvstore.BucketRevocations+"."+subjects.Token(c.ID))
+			if err != nil {
+				t.Fatal(err)
+			}
+			stateRefused(t, ctx, ojs, "revocation", m.Sequence, "urn:toolgate:authorize", "urn:toolgate:control")
+		}
+		for range 3 {
+			if nc, err := s.dial(0, nats.Token(tok)); err == nil {
+				nc.Close()
+				t.Fatal("the token connects again after its revocation was deleted")
+			}
+			inv, err := ac.Invoke(ctx, api.Request{ToolID: tool, Parameters: json.RawMessage(`{}`),
+				AgentContext: api.AgentContext{AgentDID: c.AgentDID, TenantID: "demo"}, CapabilityToken: tok}, client.InvokeOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			r, err := ac.Wait(ctx, "demo", inv)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.Error == nil || r.Error.ECode != api.ETokenRevoked {
+				t.Fatalf("invoking with the token after its revocation was deleted: %+v, want %s", r, api.ETokenRevoked)
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	})
+
 	t.Run("models register, list, delete", func(t *testing.T) {
 		doc := json.RawMessage(`{"name":"adm-small","api":"openai","upstream_model":"gpt-4o-mini","endpoints":["https://api.example.com/v1"],
 		  "tier":"small","context_window":128000,"max_output_tokens":4096,"price":{"input_per_1k":0.00015,"output_per_1k":0.0006}}`)

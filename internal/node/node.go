@@ -201,7 +201,17 @@ func openConnRole(ctx context.Context, nc *nats.Conn, role busauth.Role, topo to
 		}
 	}
 	if watches(subjects.BucketRevocations) {
-		if err := store.WatchRevocations(ctx, n.Revoked.Set); err != nil {
+		ignored := func(jti string, rev uint64) {
+			log.Warn("a revocation was removed before its token expired; the token stays revoked", "jti", jti, "revision", rev)
+		}
+		if proof != nil {
+			source := "urn:toolgate:" + cmp.Or(string(role), "operator")
+			ignored = func(jti string, rev uint64) {
+				refusedState(ctx, js, log, source, "revocation", rev,
+					fmt.Errorf("token %s: a revocation is removed only by its token's expiry, not by a delete", jti))
+			}
+		}
+		if err := store.WatchRevocations(ctx, n.Revoked.Set, ignored); err != nil {
 			return nil, err
 		}
 	}
