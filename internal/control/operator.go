@@ -351,7 +351,7 @@ func (h *handlers) setBreaker(req micro.Request) {
 	}
 	ctx, cancel := adminContext()
 	defer cancel()
-	st, err := breaker.Force(ctx, h.admin, h.publish, r.Key, r.State, who)
+	st, err := breaker.ForceSigned(ctx, h.admin, h.publish, r.Key, r.State, who, h.proof(req))
 	if err != nil {
 		respondError(req, err)
 		return

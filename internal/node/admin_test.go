@@ -359,6 +359,54 @@ func TestAdminThroughControl(t *testing.T) {
 		}
 	})
 
+	// Only an operator forces a breaker: a forced state written straight
+	// into the bucket (execute and control may write it) is ignored and
+	// audited, and so is a release of the operator's forced state.
+	t.Run("a forced breaker state written straight into the bucket rules nothing", func(t *testing.T) {
+		store := func(role busauth.Role) *kvstore.Store {
+			js, _ := jetstream.New(s.connect(t, 0, s.creds(role)))
+			st, err := kvstore.Open(ctx, js, kvstore.Options{Bind: true, Buckets: busauth.Rights[role].Buckets()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return st
+		}
+		es, cs := store(busauth.RoleExecute), store(busauth.RoleControl)
+		forged, _, err := es.TransitionBreaker(ctx, tool, func(b *kvstore.BreakerState) bool {
+			b.Forced, b.State, b.By, b.Since = true, kvstore.BreakerOpen, me, time.Now()
+			return true
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		stateRefused(t, ctx, ojs, "breaker", forged.Revision, "urn:toolgate:execute")
+		if r := call(tool); r.Status != api.StatusSuccess {
+			t.Fatalf("after a forced open no operator signed: %+v, want the call to run", r)
+		}
+		if _, err := op.SetBreaker(ctx, tool, api.BreakerOpen, ""); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, 10*time.Second, "execute to refuse the forced-open tool", func() bool {
+			r := call(tool)
+			return r.Error != nil && r.Error.ECode == api.EBreakerOpen
+		})
+		released, _, err := cs.TransitionBreaker(ctx, tool, func(b *kvstore.BreakerState) bool {
+			b.Forced, b.State, b.Since = false, kvstore.BreakerClosed, time.Now()
+			return true
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		stateRefused(t, ctx, ojs, "breaker", released.Revision, "urn:toolgate:execute")
+		if r := call(tool); r.Error == nil || r.Error.ECode != api.EBreakerOpen {
+			t.Fatalf("after a release no operator signed: %+v, want %s", r, api.EBreakerOpen)
+		}
+		if _, err := op.SetBreaker(ctx, tool, api.BreakerRelease, ""); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, 10*time.Second, "the released breaker to let calls through", func() bool { return call(tool).Status == api.StatusSuccess })
+	})
+
 	t.Run("hooks push is listed, delete removes it", func(t *testing.T) {
 		doc := json.RawMessage(`{"hooks":[{"name":"overspent","on":"budget_exceeded","action":"continue"}]}`)
 		res, err := op.PushHooks(ctx, "demo", doc, "mallory")

@@ -478,7 +478,17 @@ func (n *Node) NewStage(ctx context.Context, name string, c StageConfig) (stages
 		x.Handle("model", modeltool.New(modeltool.Config{Catalogue: models, Secrets: secretSource,
 			Transport: httpKind.Transport(), Breakers: x.Breakers, Stats: c.ModelStats,
 			Recorder: rec, Observer: observed.Observer}))
-		if err := n.Store.WatchBreakers(ctx, x.Breakers.Apply); err != nil {
+		apply := x.Breakers.Apply
+		if c.StateProof != nil {
+			apply = func(st kvstore.BreakerState) {
+				if err := checkBreaker(st, x.Breakers, c.StateProof); err != nil {
+					n.refusedState(ctx, "urn:toolgate:execute", "breaker", st.Revision, fmt.Errorf("breaker %s: %w", st.Key, err))
+					return
+				}
+				x.Breakers.Apply(st)
+			}
+		}
+		if err := n.Store.WatchBreakers(ctx, apply); err != nil {
 			return nil, err
 		}
 		return x, nil
@@ -521,6 +531,33 @@ func (n *Node) NewStage(ctx context.Context, name string, c StageConfig) (stages
 		return a, nil
 	}
 	return nil, fmt.Errorf("unknown stage %q (stages: %v)", name, subjects.Stages)
+}
+
+// checkBreaker judges a breaker's shared state before execute honours it:
+// a forced state must be an operator's signed breakers.set, no older than
+// the forced state held; a state that ends a forced one must be the
+// operator's signed release, signed after it; and no state may date from
+// the future (an open breaker "since" next year would never reopen).
+// Execute workers write the bucket too, but never over a forced state.
+func checkBreaker(st kvstore.BreakerState, b *breaker.Breakers, proof signedstate.Verify) error {
+	held, ok := b.Held(st.Key)
+	heldForced := ok && held.Forced
+	switch {
+	case st.Forced || heldForced:
+		if st.Proof == nil {
+			return signedstate.ErrUnsigned
+		}
+		at, err := signedstate.Breaker(st, proof)
+		if err != nil {
+			return err
+		}
+		if heldForced && !at.After(signedstate.SignedAt(held.Proof)) && !(st.Forced && at.Equal(signedstate.SignedAt(held.Proof))) {
+			return errors.New("an operator's request older than the forced state in force")
+		}
+	case st.Since.After(time.Now().Add(time.Minute)):
+		return fmt.Errorf("a state since %s, in the future", st.Since.Format(time.RFC3339))
+	}
+	return nil
 }
 
 // newAuthorizer builds the authorize stage and keeps its policy in step with

@@ -13,8 +13,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/toolgate/toolgate/internal/busauth"
 
 	"github.com/cloudevents/sdk-go/v2/event"
 	"github.com/toolgate/toolgate/internal/envelope"
@@ -113,6 +117,38 @@ func Model(rec kvstore.ModelRecord, key string, verify Verify) error {
 		return errors.New("the stored model is not the one the operator registered")
 	}
 	return nil
+}
+
+// Breaker checks a forced breaker state, or the release of one (Forced
+// false): signed by an operator on the breakers.set endpoint, by the
+// operator it names, for exactly its key and state ("" for a release).
+// It returns when the operator signed, for a reader to refuse a replayed
+// older request.
+func Breaker(st kvstore.BreakerState, verify Verify) (time.Time, error) {
+	var r api.BreakerSetRequest
+	if err := signedRequest(st.Proof, subjects.SvcBreakersSet, st.By, verify, &r); err != nil {
+		return time.Time{}, err
+	}
+	want := api.BreakerRelease
+	if st.Forced {
+		want = st.State
+	}
+	if r.Key != st.Key || r.State != want {
+		return time.Time{}, errors.New("the breaker's key or forced state is not the one the operator set")
+	}
+	return SignedAt(st.Proof), nil
+}
+
+// SignedAt is when a signed request was signed (zero if it does not say).
+func SignedAt(p *api.DecisionProof) time.Time {
+	if p == nil {
+		return time.Time{}
+	}
+	ms, err := strconv.ParseInt(nats.Header(p.Headers).Get(busauth.HeaderSignedAt), 10, 64)
+	if err != nil {
+		return time.Time{}
+	}
+	return time.UnixMilli(ms)
 }
 
 // sameDoc compares two JSON documents by value: member order and spacing
