@@ -2,6 +2,7 @@ package mcpfront
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -221,6 +222,24 @@ func (b *NATSBus) Tools() []*tools.Manifest { return b.tools.Tools() }
 func (b *NATSBus) WatchTools(ctx context.Context, changed func()) error {
 	return b.tools.WatchTools(ctx, changed)
 }
+
+// WatchRevocations calls revoked with each token id revoked, when the
+// front end reads the buckets itself (service credentials); an agent's
+// connection may not read them, and errors.
+func (b *NATSBus) WatchRevocations(ctx context.Context, revoked func(jti string)) error {
+	k, ok := b.tools.(*kvTools)
+	if !ok {
+		return errors.New("the registry is read through the tenant's endpoints, not the buckets")
+	}
+	return k.store.WatchRevocations(ctx, func(jti string, on bool) {
+		if on {
+			revoked(jti)
+		}
+	}, nil)
+}
+
+// readsBuckets reports whether b reads the buckets itself.
+func (b *NATSBus) readsBuckets() bool { _, ok := b.tools.(*kvTools); return ok }
 
 // toolSource is where a NATSBus reads the registry from.
 type toolSource interface {
