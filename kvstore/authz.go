@@ -316,6 +316,55 @@ type Usage struct {
 	// Aborted is set when an abort hook ended the session: authorize
 	// refuses its later calls (E3802).
 	Aborted *Abort `json:"aborted,omitempty"`
+	// Holds are the tokens and cost model calls in flight may still use:
+	// authorize holds them before a call runs, audit releases them when
+	// it charges what the call used, so max_tokens and max_cost hold
+	// whatever the calls in flight do.
+	Holds []Hold `json:"holds,omitempty"`
+}
+
+// Hold is what one model call in flight may use of a budget.
+type Hold struct {
+	ID     string  `json:"id"` // a tag of the invocation id (idTag)
+	Tokens int64   `json:"tokens,omitempty"`
+	Cost   float64 `json:"cost,omitempty"`
+}
+
+// Held sums the holds of the calls in flight.
+func (u *Usage) Held() (tokens int64, cost float64) {
+	for _, h := range u.Holds {
+		tokens += h.Tokens
+		cost += h.Cost
+	}
+	return tokens, cost
+}
+
+// Hold records what the invocation id may use.
+func (u *Usage) Hold(id string, tokens int64, cost float64) {
+	u.Release(id)
+	u.Holds = append(u.Holds, Hold{ID: idTag(id), Tokens: tokens, Cost: cost})
+}
+
+// HoldOf returns the invocation id's hold.
+func (u *Usage) HoldOf(id string) (Hold, bool) {
+	tag := idTag(id)
+	for _, h := range u.Holds {
+		if h.ID == tag {
+			return h, true
+		}
+	}
+	return Hold{}, false
+}
+
+// Release drops the invocation id's hold, reporting whether u had one.
+func (u *Usage) Release(id string) bool {
+	tag := idTag(id)
+	n := len(u.Holds)
+	u.Holds = slices.DeleteFunc(u.Holds, func(h Hold) bool { return h.ID == tag })
+	if len(u.Holds) == 0 {
+		u.Holds = nil
+	}
+	return len(u.Holds) != n
 }
 
 // A usage remembers the latest invocations it charged, so that a retried
