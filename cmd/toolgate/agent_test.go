@@ -17,10 +17,14 @@ import (
 
 	"github.com/golang-jwt/jwt/v5"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
 	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/busauth"
 	"github.com/toolgate/toolgate/internal/node"
 	"github.com/toolgate/toolgate/internal/token"
+	"github.com/toolgate/toolgate/kvstore"
 )
 
 // asMain makes the test binary the toolgate command, so a test can run it as
@@ -548,4 +552,62 @@ func TestMCPRevokedToken(t *testing.T) {
 			t.Fatal("the session still lists tools after the revocation")
 		}
 	})
+}
+
+// TestMCPServiceFrontHonoursSignedManifests: `toolgate mcp --listen` with
+// service credentials reads the registry from the tools bucket, and lists
+// no manifest an operator did not sign (one written straight into the
+// bucket with the control role's credentials).
+func TestMCPServiceFrontHonoursSignedManifests(t *testing.T) {
+	cleanEnv(t)
+	s := startToolgate(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	nc, err := nats.Connect(s.url, busauth.CredentialsOption(node.CredsPath(s.data, busauth.RoleControl)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	cs, err := kvstore.Open(ctx, js, kvstore.Options{Bind: true, Buckets: busauth.Rights[busauth.RoleControl].Buckets()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cs.RegisterTool(ctx, []byte(`{"id":"forged.tool","name":"forged","version":"1.0.0","description":"nobody signed this",
+		"kind":"builtin","builtin":{"function":"echo"},"input_schema":{"type":"object"},"safety":{"risk_level":"low"}}`), false); err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	cmd := toolgateCmd(t, t.TempDir(), nil, "mcp", "--listen", addr, "--nats", s.url,
+		"--creds", node.CredsPath(s.data, busauth.RoleOperator), "--jwks", node.DevJWKSPath(s.data), "--log-level", "warn")
+	var stderr syncBuffer
+	cmd.Stdout, cmd.Stderr = &stderr, &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Signal(os.Interrupt); _ = cmd.Wait() })
+	tok := agentToken(t, s, "mcp-service-front", time.Hour, "*")
+	var sess *mcp.ClientSession
+	waitFor(t, "the HTTP front end", func() bool {
+		sess, err = mcp.NewClient(&mcp.Implementation{Name: "http-agent", Version: "1"}, nil).Connect(ctx,
+			&mcp.StreamableClientTransport{Endpoint: "http://" + addr + "/mcp", HTTPClient: &http.Client{Transport: bearer(tok)}}, nil)
+		return err == nil
+	})
+	defer sess.Close()
+	lr, err := sess.ListTools(ctx, nil)
+	if err != nil {
+		t.Fatalf("tools/list: %v\n%s", err, stderr.String())
+	}
+	var names []string
+	for _, tl := range lr.Tools {
+		names = append(names, tl.Name)
+	}
+	if !slices.Contains(names, "echo") || slices.Contains(names, "forged.tool") {
+		t.Fatalf("tools/list shows %v: want echo (signed at start) and not forged.tool\n%s", names, stderr.String())
+	}
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/toolgate/toolgate/client"
 	"github.com/toolgate/toolgate/internal/busauth"
 	"github.com/toolgate/toolgate/internal/token"
+	"github.com/toolgate/toolgate/internal/signedstate"
 	"github.com/toolgate/toolgate/internal/tools"
 	"github.com/toolgate/toolgate/kvstore"
 	"github.com/toolgate/toolgate/subjects"
@@ -80,6 +81,13 @@ func ConnectOptions(claims *token.Claims, raw string) []nats.Option {
 
 // NewNATSBus opens the buckets over nc. The caller closes nc.
 func NewNATSBus(ctx context.Context, nc *nats.Conn, log *slog.Logger) (*NATSBus, error) {
+	return newNATSBus(ctx, nc, log, nil)
+}
+
+// newNATSBus is NewNATSBus whose registry honours only manifests an
+// operator signed when proof is set (internal/signedstate); one that
+// fails is logged and ignored.
+func newNATSBus(ctx context.Context, nc *nats.Conn, log *slog.Logger, proof signedstate.Verify) (*NATSBus, error) {
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return nil, err
@@ -89,7 +97,17 @@ func NewNATSBus(ctx context.Context, nc *nats.Conn, log *slog.Logger) (*NATSBus,
 		return nil, err
 	}
 	c.Source = "urn:toolgate:mcp"
-	store, err := kvstore.Open(ctx, js, kvstore.Options{})
+	opts := kvstore.Options{}
+	if proof != nil {
+		opts.CheckTool = func(rec kvstore.ToolRecord, key string, rev uint64) error {
+			err := signedstate.Tool(rec, proof)
+			if err != nil {
+				log.Error("ignoring a tool manifest no operator signed", "key", key, "revision", rev, "err", err)
+			}
+			return err
+		}
+	}
+	store, err := kvstore.Open(ctx, js, opts)
 	if err != nil {
 		return nil, fmt.Errorf("opening the registry: %w", err)
 	}

@@ -35,6 +35,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/control"
+	"github.com/toolgate/toolgate/internal/signedstate"
 	"github.com/toolgate/toolgate/internal/token"
 )
 
@@ -101,6 +102,10 @@ type Config struct {
 	// SessionTimeout closes HTTP sessions idle this long; default 30 min.
 	SessionTimeout time.Duration
 	Log            *slog.Logger
+	// StateProof, with service credentials on an authenticated bus, makes
+	// the registry read from the tools bucket honour only manifests an
+	// operator signed (internal/signedstate).
+	StateProof signedstate.Verify
 }
 
 func (c *Config) valid() error {
@@ -185,7 +190,7 @@ func Run(ctx context.Context, c Config) error {
 		if asAgent {
 			c.Bus, err = NewAgentBus(nc, claims.TenantID, c.RegistryInterval, c.Log)
 		} else {
-			c.Bus, err = NewNATSBus(ctx, nc, c.Log)
+			c.Bus, err = newNATSBus(ctx, nc, c.Log, c.StateProof)
 		}
 		if err != nil {
 			return err

@@ -288,6 +288,10 @@ func decidersFrom(credsPath string) (control.Identify, error) {
 	}, nil
 }
 
+// StateProofs is stateProofs for readers outside the node (the MCP front
+// end with service credentials).
+func StateProofs(credsPath string) (signedstate.Verify, error) { return stateProofs(credsPath) }
+
 // stateProofs verifies, for the readers of signed state
 // (internal/signedstate), a stored signed request as of the time it was
 // signed: by operator credentials of the deployment whose credential
