@@ -65,6 +65,7 @@ image-test: image
 # Each decoder of outside input, fuzzed for FUZZTIME.
 FUZZTIME ?= 20s
 fuzz:
+	$(GO) test -run '^$$' -fuzz '^FuzzRecords$$' -fuzztime $(FUZZTIME) ./internal/signedstate/
 	$(GO) test -run '^$$' -fuzz '^FuzzFromMessage$$' -fuzztime $(FUZZTIME) ./internal/envelope/
 	$(GO) test -run '^$$' -fuzz '^FuzzResultSubject$$' -fuzztime $(FUZZTIME) ./subjects/
 	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) ./internal/tools/

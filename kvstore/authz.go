@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -34,16 +35,74 @@ func (s *Store) Revoke(ctx context.Context, jti string, until time.Time, reason,
 }
 
 // WatchRevocations calls revoked(jti, true) for every revoked token and
-// revoked(jti, false) when a revocation is removed or expires. It returns once
-// the current set has been delivered.
-func (s *Store) WatchRevocations(ctx context.Context, revoked func(jti string, on bool)) error {
-	return s.watch(ctx, s.revocations, func(e jetstream.KeyValueEntry) {
+// revoked(jti, false) when a revocation's token has expired (the record's
+// until has passed). It returns once the current set has been delivered.
+//
+// Nothing un-revokes a token: a revocation stands until its until, and
+// the revoke endpoint has no undo. A removal of the record before then
+// (a delete or purge written with the bucket's write right, which the
+// control role holds) is ignored and reported to ignored (may be nil) with
+// its revision; a key whose last entry is such a removal when the watch
+// starts counts as revoked. A reader that starts after every trace of the
+// key is gone (a purge that itself expired) cannot know of it: that needs
+// a revocation log nobody but the operator can remove from.
+func (s *Store) WatchRevocations(ctx context.Context, revoked func(jti string, on bool), ignored func(jti string, rev uint64)) error {
+	var mu sync.Mutex
+	until := map[string]time.Time{} // zero: until this process ends
+	err := s.watch(ctx, s.revocations, func(e jetstream.KeyValueEntry) {
 		jti, err := subjects.Untoken(e.Key())
 		if err != nil {
 			return
 		}
-		revoked(jti, e.Operation() == jetstream.KeyValuePut)
+		mu.Lock()
+		defer mu.Unlock()
+		if e.Operation() == jetstream.KeyValuePut {
+			var r struct {
+				Until time.Time `json:"until"`
+			}
+			_ = json.Unmarshal(e.Value(), &r)
+			until[jti] = r.Until
+			revoked(jti, true)
+			return
+		}
+		u, seen := until[jti]
+		if !seen {
+			return // nothing this reader knows of was revoked
+		}
+		if u.IsZero() || time.Now().Before(u) {
+			// The server's own expiry may run a moment early: not worth
+			// an alarm.
+			if ignored != nil && (u.IsZero() || time.Now().Add(5*time.Second).Before(u)) {
+				ignored(jti, e.Revision())
+			}
+			return
+		}
+		delete(until, jti)
+		revoked(jti, false)
 	})
+	if err != nil {
+		return err
+	}
+	keys, err := s.keys(ctx, s.revocations, ">")
+	if err != nil {
+		return err
+	}
+	for _, k := range keys {
+		if _, err := s.revocations.Get(ctx, k); !errors.Is(err, jetstream.ErrKeyDeleted) {
+			continue
+		}
+		jti, err := subjects.Untoken(k)
+		if err != nil {
+			continue
+		}
+		mu.Lock()
+		if _, ok := until[jti]; !ok {
+			until[jti] = time.Time{}
+			revoked(jti, true)
+		}
+		mu.Unlock()
+	}
+	return nil
 }
 
 // --- policies --------------------------------------------------------------
@@ -257,6 +316,55 @@ type Usage struct {
 	// Aborted is set when an abort hook ended the session: authorize
 	// refuses its later calls (E3802).
 	Aborted *Abort `json:"aborted,omitempty"`
+	// Holds are the tokens and cost model calls in flight may still use:
+	// authorize holds them before a call runs, audit releases them when
+	// it charges what the call used, so max_tokens and max_cost hold
+	// whatever the calls in flight do.
+	Holds []Hold `json:"holds,omitempty"`
+}
+
+// Hold is what one model call in flight may use of a budget.
+type Hold struct {
+	ID     string  `json:"id"` // a tag of the invocation id (idTag)
+	Tokens int64   `json:"tokens,omitempty"`
+	Cost   float64 `json:"cost,omitempty"`
+}
+
+// Held sums the holds of the calls in flight.
+func (u *Usage) Held() (tokens int64, cost float64) {
+	for _, h := range u.Holds {
+		tokens += h.Tokens
+		cost += h.Cost
+	}
+	return tokens, cost
+}
+
+// Hold records what the invocation id may use.
+func (u *Usage) Hold(id string, tokens int64, cost float64) {
+	u.Release(id)
+	u.Holds = append(u.Holds, Hold{ID: idTag(id), Tokens: tokens, Cost: cost})
+}
+
+// HoldOf returns the invocation id's hold.
+func (u *Usage) HoldOf(id string) (Hold, bool) {
+	tag := idTag(id)
+	for _, h := range u.Holds {
+		if h.ID == tag {
+			return h, true
+		}
+	}
+	return Hold{}, false
+}
+
+// Release drops the invocation id's hold, reporting whether u had one.
+func (u *Usage) Release(id string) bool {
+	tag := idTag(id)
+	n := len(u.Holds)
+	u.Holds = slices.DeleteFunc(u.Holds, func(h Hold) bool { return h.ID == tag })
+	if len(u.Holds) == 0 {
+		u.Holds = nil
+	}
+	return len(u.Holds) != n
 }
 
 // A usage remembers the latest invocations it charged, so that a retried

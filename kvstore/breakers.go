@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/subjects"
 )
 
@@ -32,6 +33,10 @@ type BreakerState struct {
 	// Forced is set by an operator: the state holds until changed by hand.
 	Forced bool   `json:"forced,omitempty"`
 	By     string `json:"by,omitempty"`
+	// Proof is the operator's signed breakers.set request of the last
+	// forced state or release; readers on an authenticated bus honour no
+	// forced state without one (internal/signedstate).
+	Proof *api.DecisionProof `json:"proof,omitempty"`
 	// Unannounced is the outbox of the state's transitions: each is written
 	// in the same compare-and-swap as the state it announces and removed
 	// once its event is on the audit stream, so a writer that dies between
@@ -126,7 +131,7 @@ func (s *Store) WatchBreakers(ctx context.Context, fn func(BreakerState)) error 
 		if e.Operation() != jetstream.KeyValuePut {
 			key, err := subjects.Untoken(e.Key())
 			if err == nil {
-				fn(BreakerState{Key: key, State: BreakerClosed})
+				fn(BreakerState{Key: key, State: BreakerClosed, Revision: e.Revision()})
 			}
 			return
 		}

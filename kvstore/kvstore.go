@@ -61,6 +61,12 @@ type Options struct {
 	// their writes to the invocations and budgets buckets, shared by them
 	// all (NewMemory); without it a store remembers only its own.
 	Memory *Memory
+	// CheckTool, when set, judges every tool record before the store's
+	// tool watches apply it (signed state: internal/signedstate).
+	CheckTool CheckTool
+	// CheckModel, likewise, judges model catalogue and routing policy
+	// records.
+	CheckModel CheckModel
 }
 
 // Memory is what a process remembers of its own writes to the keys its
@@ -95,6 +101,8 @@ type Store struct {
 	modelstats  jetstream.KeyValue
 	capability  jetstream.KeyValue
 	watches     sync.WaitGroup
+	checkTool   CheckTool
+	checkModel  CheckModel
 
 	js jetstream.JetStream
 	nc *nats.Conn
@@ -126,7 +134,7 @@ func Open(ctx context.Context, js jetstream.JetStream, o Options) (*Store, error
 	if o.ModelStatsTTL <= 0 {
 		o.ModelStatsTTL = DefaultModelStatsTTL
 	}
-	s := &Store{modelStatsTTL: o.ModelStatsTTL, js: js, nc: js.Conn()}
+	s := &Store{modelStatsTTL: o.ModelStatsTTL, js: js, nc: js.Conn(), checkTool: o.CheckTool, checkModel: o.CheckModel}
 	for _, b := range []struct {
 		kv  *jetstream.KeyValue
 		cfg jetstream.KeyValueConfig

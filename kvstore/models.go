@@ -7,6 +7,7 @@ import (
 	"fmt"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/modelrouter"
 	"github.com/toolgate/toolgate/subjects"
 )
@@ -17,6 +18,46 @@ import (
 // replacing an earlier one; it returns the entry as stored (defaults
 // filled).
 func (s *Store) PutModel(ctx context.Context, data []byte) (modelrouter.Model, error) {
+	return s.PutSignedModel(ctx, data, "", nil)
+}
+
+// ModelRecord is a stored catalogue entry (Model) or routing policy (Rego,
+// under modelrouter.RoutingKey; empty is the shipped policy) with the
+// operator's signed request that made it. Readers on an authenticated bus
+// honour none without one (internal/signedstate). A bare model document
+// or Rego text is read as an unsigned record.
+type ModelRecord struct {
+	Model json.RawMessage    `json:"model,omitempty"`
+	Rego  *string            `json:"rego,omitempty"`
+	By    string             `json:"by,omitempty"`
+	Proof *api.DecisionProof `json:"proof,omitempty"`
+}
+
+// decodeModelRecord reads a stored value of key.
+func decodeModelRecord(key string, val []byte) ModelRecord {
+	var r ModelRecord
+	err := json.Unmarshal(val, &r)
+	if key == modelrouter.RoutingKey {
+		if err == nil && r.Rego != nil {
+			return r
+		}
+		src := string(val)
+		return ModelRecord{Rego: &src}
+	}
+	if err == nil && len(r.Model) > 0 {
+		return r
+	}
+	return ModelRecord{Model: val}
+}
+
+// CheckModel judges a stored model or routing policy record before a
+// reader honours it, as CheckTool does tools. A routing policy's delete is
+// judged too, as an empty unsigned record: a signed reset is a record.
+type CheckModel func(rec ModelRecord, key string, revision uint64) error
+
+// PutSignedModel is PutModel keeping the signed request proof (made by
+// the operator by) in the stored record.
+func (s *Store) PutSignedModel(ctx context.Context, data []byte, by string, proof *api.DecisionProof) (modelrouter.Model, error) {
 	m, err := modelrouter.Decode(data)
 	if err != nil {
 		return modelrouter.Model{}, err
@@ -24,6 +65,11 @@ func (s *Store) PutModel(ctx context.Context, data []byte) (modelrouter.Model, e
 	val, err := json.Marshal(m)
 	if err != nil {
 		return modelrouter.Model{}, err
+	}
+	if proof != nil {
+		if val, err = json.Marshal(ModelRecord{Model: val, By: by, Proof: proof}); err != nil {
+			return modelrouter.Model{}, err
+		}
 	}
 	if _, err := s.models.Put(ctx, subjects.Token(m.Name), val); err != nil {
 		return modelrouter.Model{}, fmt.Errorf("storing model %s: %w", m.Name, err)
@@ -59,7 +105,11 @@ func (s *Store) Models(ctx context.Context) ([]modelrouter.Model, error) {
 		if err != nil {
 			continue
 		}
-		if m, err := modelrouter.Decode(e.Value()); err == nil {
+		rec := decodeModelRecord(k, e.Value())
+		if s.checkModel != nil && s.checkModel(rec, k, e.Revision()) != nil {
+			continue
+		}
+		if m, err := modelrouter.Decode(rec.Model); err == nil {
 			out = append(out, m)
 		}
 	}
@@ -76,11 +126,16 @@ func (s *Store) WatchModels(ctx context.Context, c *modelrouter.Catalogue) error
 	}
 	return s.watch(ctx, s.models, func(e jetstream.KeyValueEntry) {
 		if e.Key() == modelrouter.RoutingKey {
-			src := ""
+			rec := ModelRecord{Rego: new(string)}
 			if e.Operation() == jetstream.KeyValuePut {
-				src = string(e.Value())
+				rec = decodeModelRecord(e.Key(), e.Value())
+			} else if s.checkModel != nil {
+				rec = ModelRecord{} // a reset is a signed record, never a delete
 			}
-			_ = c.SetRouting(ctx, src) // refused at put; the one in use is kept
+			if s.checkModel != nil && s.checkModel(rec, e.Key(), e.Revision()) != nil {
+				return
+			}
+			_ = c.SetRouting(ctx, *rec.Rego) // refused at put; the one in use is kept
 			return
 		}
 		if e.Operation() != jetstream.KeyValuePut {
@@ -89,7 +144,11 @@ func (s *Store) WatchModels(ctx context.Context, c *modelrouter.Catalogue) error
 			}
 			return
 		}
-		if m, err := modelrouter.Decode(e.Value()); err == nil {
+		rec := decodeModelRecord(e.Key(), e.Value())
+		if s.checkModel != nil && s.checkModel(rec, e.Key(), e.Revision()) != nil {
+			return
+		}
+		if m, err := modelrouter.Decode(rec.Model); err == nil {
 			c.Put(m)
 		}
 	})
@@ -99,6 +158,28 @@ func (s *Store) WatchModels(ctx context.Context, c *modelrouter.Catalogue) error
 // modelrouter.RoutingQuery) and stores it for every worker; empty src
 // restores the shipped policy.
 func (s *Store) PutRoutingPolicy(ctx context.Context, src []byte) error {
+	return s.PutSignedRoutingPolicy(ctx, src, "", nil)
+}
+
+// PutSignedRoutingPolicy is PutRoutingPolicy keeping the signed request
+// proof (made by the operator by) in the stored record; a signed reset
+// is stored as a record of the empty policy, not a delete, so readers can
+// tell it from a delete nobody signed.
+func (s *Store) PutSignedRoutingPolicy(ctx context.Context, src []byte, by string, proof *api.DecisionProof) error {
+	if proof != nil {
+		if len(src) > 0 {
+			if _, err := modelrouter.NewRegoRanker(ctx, string(src)); err != nil {
+				return err
+			}
+		}
+		rego := string(src)
+		val, err := json.Marshal(ModelRecord{Rego: &rego, By: by, Proof: proof})
+		if err != nil {
+			return err
+		}
+		_, err = s.models.Put(ctx, modelrouter.RoutingKey, val)
+		return err
+	}
 	if len(src) == 0 {
 		err := s.models.Delete(ctx, modelrouter.RoutingKey)
 		if errors.Is(err, jetstream.ErrKeyNotFound) {

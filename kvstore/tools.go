@@ -36,6 +36,31 @@ func parseToolKey(key string) (id, version string, err error) {
 // lifecycle.created_at, when the document has none, to the replaced
 // version's or now.
 func (s *Store) RegisterTool(ctx context.Context, doc []byte, replace bool) (*tools.Manifest, error) {
+	return s.RegisterSignedTool(ctx, doc, replace, "", nil)
+}
+
+// ToolRecord is a stored tool manifest with the operator's signed register
+// request that made it. Readers on an authenticated bus honour no manifest
+// without one (internal/signedstate). A bare manifest (a value without a
+// "manifest" member) is read as an unsigned record.
+type ToolRecord struct {
+	Manifest     json.RawMessage    `json:"manifest"`
+	RegisteredBy string             `json:"registered_by,omitempty"`
+	Proof        *api.DecisionProof `json:"proof,omitempty"`
+}
+
+// decodeToolRecord reads a stored tool value.
+func decodeToolRecord(val []byte) ToolRecord {
+	var r ToolRecord
+	if json.Unmarshal(val, &r) == nil && len(r.Manifest) > 0 {
+		return r
+	}
+	return ToolRecord{Manifest: val}
+}
+
+// RegisterSignedTool is RegisterTool keeping the signed request proof
+// (made by the operator by) in the stored record.
+func (s *Store) RegisterSignedTool(ctx context.Context, doc []byte, replace bool, by string, proof *api.DecisionProof) (*tools.Manifest, error) {
 	m, err := tools.Parse(doc)
 	if err != nil {
 		return nil, err
@@ -44,7 +69,7 @@ func (s *Store) RegisterTool(ctx context.Context, doc []byte, replace bool) (*to
 	created := m.Lifecycle.CreatedAt
 	if created.IsZero() && replace {
 		if e, err := s.tools.Get(ctx, key); err == nil {
-			if old, err := tools.Parse(e.Value()); err == nil {
+			if old, err := tools.Parse(decodeToolRecord(e.Value()).Manifest); err == nil {
 				created = old.Lifecycle.CreatedAt
 			}
 		}
@@ -56,10 +81,16 @@ func (s *Store) RegisterTool(ctx context.Context, doc []byte, replace bool) (*to
 	if m, err = tools.Parse(doc); err != nil {
 		return nil, err
 	}
+	val := doc
+	if proof != nil {
+		if val, err = json.Marshal(ToolRecord{Manifest: doc, RegisteredBy: by, Proof: proof}); err != nil {
+			return nil, err
+		}
+	}
 	if replace {
-		_, err = s.tools.Put(ctx, key, doc)
+		_, err = s.tools.Put(ctx, key, val)
 	} else {
-		_, err = s.tools.Create(ctx, key, doc)
+		_, err = s.tools.Create(ctx, key, val)
 		if errors.Is(err, jetstream.ErrKeyExists) {
 			return nil, api.NewError(api.InvalidParameters, api.EDuplicateTool,
 				"tool %s version %s is already registered", m.ID, m.Version)
@@ -69,6 +100,12 @@ func (s *Store) RegisterTool(ctx context.Context, doc []byte, replace bool) (*to
 		return nil, fmt.Errorf("storing tool %s: %w", m.Key(), err)
 	}
 	return m, nil
+}
+
+// StampLifecycle is stampLifecycle for readers that compare a stored
+// manifest with the one an operator signed.
+func StampLifecycle(doc []byte, created, updated time.Time) ([]byte, error) {
+	return stampLifecycle(doc, created, updated)
 }
 
 // stampLifecycle sets lifecycle.created_at and updated_at in a manifest
@@ -108,10 +145,15 @@ func (s *Store) WatchTools(ctx context.Context, reg *tools.Registry, log *slog.L
 	if log == nil {
 		log = slog.Default()
 	}
-	return s.watch(ctx, s.tools, func(e jetstream.KeyValueEntry) { apply(reg, e, log) })
+	return s.watch(ctx, s.tools, func(e jetstream.KeyValueEntry) { s.apply(reg, e, log) })
 }
 
-func apply(reg *tools.Registry, e jetstream.KeyValueEntry, log *slog.Logger) {
+// CheckTool judges a stored tool record before a reader honours it: a
+// non-nil error ignores the record (the reader keeps what it had for the
+// key). It is set by a reader of signed state (Options.CheckTool).
+type CheckTool func(rec ToolRecord, key string, revision uint64) error
+
+func (s *Store) apply(reg *tools.Registry, e jetstream.KeyValueEntry, log *slog.Logger) {
 	switch e.Operation() {
 	case jetstream.KeyValueDelete, jetstream.KeyValuePurge:
 		id, version, err := parseToolKey(e.Key())
@@ -121,7 +163,13 @@ func apply(reg *tools.Registry, e jetstream.KeyValueEntry, log *slog.Logger) {
 		}
 		reg.Delete(id, version)
 	default:
-		m, err := tools.Parse(e.Value())
+		rec := decodeToolRecord(e.Value())
+		if s.checkTool != nil {
+			if err := s.checkTool(rec, e.Key(), e.Revision()); err != nil {
+				return
+			}
+		}
+		m, err := tools.Parse(rec.Manifest)
 		if err != nil {
 			log.Warn("ignoring invalid manifest in registry", "key", e.Key(), "err", err)
 			return
@@ -138,7 +186,7 @@ func (s *Store) WatchToolsNotify(ctx context.Context, reg *tools.Registry, log *
 		log = slog.Default()
 	}
 	return s.watch(ctx, s.tools, func(e jetstream.KeyValueEntry) {
-		apply(reg, e, log)
+		s.apply(reg, e, log)
 		changed()
 	})
 }

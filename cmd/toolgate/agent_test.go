@@ -17,12 +17,16 @@ import (
 
 	"github.com/golang-jwt/jwt/v5"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/client"
+	"github.com/toolgate/toolgate/internal/busauth"
 	"github.com/toolgate/toolgate/internal/connect"
 	"github.com/toolgate/toolgate/internal/node"
 	"github.com/toolgate/toolgate/internal/token"
+	"github.com/toolgate/toolgate/kvstore"
 )
 
 // asMain makes the test binary the toolgate command, so a test can run it as
@@ -693,5 +697,164 @@ func TestCredsContext(t *testing.T) {
 	}
 	if out, err := nats("--context", "tg-op", "stream", "ls", "--names"); err != nil || !strings.Contains(out, "AUDIT") {
 		t.Errorf("nats --context tg-op stream ls: %v\n%s", err, out)
+	}
+}
+
+func TestMCPRevokedToken(t *testing.T) {
+	cleanEnv(t)
+	s := startToolgate(t)
+	revoke := func(jti string) time.Time {
+		t.Helper()
+		r := tg(t, "", s.flags("token", "revoke", "--jti", jti, "--reason", "leaked")...)
+		if r.code != exitOK {
+			t.Fatalf("token revoke: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+		}
+		return time.Now()
+	}
+
+	t.Run("stdio", func(t *testing.T) {
+		tok := agentToken(t, s, "mcp-revoked-stdio", time.Hour, "echo")
+		cmd := toolgateCmd(t, t.TempDir(), []string{"TOOLGATE_TOKEN=" + tok}, "mcp", "--stdio", "--nats", s.url, "--log-level", "warn")
+		var stderr syncBuffer
+		cmd.Stderr = &stderr
+		ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+		defer cancel()
+		cs, err := mcp.NewClient(&mcp.Implementation{Name: "desktop", Version: "1"}, nil).Connect(ctx, &mcp.CommandTransport{Command: cmd}, nil)
+		if err != nil {
+			t.Fatalf("connecting: %v\n%s", err, stderr.String())
+		}
+		if _, err := cs.ListTools(ctx, nil); err != nil {
+			t.Fatalf("tools/list: %v\n%s", err, stderr.String())
+		}
+		at := revoke("mcp-revoked-stdio")
+		ended := make(chan error, 1)
+		go func() { ended <- cs.Wait() }()
+		select {
+		case <-ended:
+		case <-time.After(15 * time.Second):
+			t.Fatalf("the session of a revoked token still runs 15 s after the revocation\n%s", stderr.String())
+		}
+		took := time.Since(at)
+		_ = cs.Close()
+		if cmd.ProcessState == nil {
+			_ = cmd.Wait()
+		}
+		if code := cmd.ProcessState.ExitCode(); code != exitRevoked || !strings.Contains(stderr.String(), "E3208") {
+			t.Fatalf("exit %d after %v, want %d and E3208\n%s", code, took, exitRevoked, stderr.String())
+		}
+		t.Logf("the stdio session ended %v after the revocation", took.Round(time.Millisecond))
+	})
+
+	t.Run("http", func(t *testing.T) {
+		tok := agentToken(t, s, "mcp-revoked-http", time.Hour, "echo")
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := l.Addr().String()
+		l.Close()
+		cmd := toolgateCmd(t, t.TempDir(), []string{"TOOLGATE_TOKEN=" + tok}, "mcp", "--listen", addr, "--nats", s.url,
+			"--jwks", node.DevJWKSPath(s.data), "--log-level", "warn")
+		var stderr syncBuffer
+		cmd.Stdout, cmd.Stderr = &stderr, &stderr
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = cmd.Process.Signal(os.Interrupt); _ = cmd.Wait() })
+		ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+		defer cancel()
+		var cs *mcp.ClientSession
+		waitFor(t, "the HTTP front end", func() bool {
+			cs, err = mcp.NewClient(&mcp.Implementation{Name: "http-agent", Version: "1"}, nil).Connect(ctx,
+				&mcp.StreamableClientTransport{Endpoint: "http://" + addr + "/mcp", HTTPClient: &http.Client{Transport: bearer(tok)}}, nil)
+			return err == nil
+		})
+		defer cs.Close()
+		if _, err := cs.ListTools(ctx, nil); err != nil {
+			t.Fatalf("tools/list: %v\n%s", err, stderr.String())
+		}
+		post := func() int {
+			req, _ := http.NewRequest(http.MethodPost, "http://"+addr+"/mcp", strings.NewReader(`{"jsonrpc":"2.0","id":7,"method":"tools/list"}`))
+			req.Header.Set("Authorization", "Bearer "+tok)
+			req.Header.Set("Mcp-Session-Id", cs.ID())
+			req.Header.Set("Mcp-Protocol-Version", "2025-06-18")
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set("Accept", "application/json, text/event-stream")
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			return resp.StatusCode
+		}
+		if code := post(); code != http.StatusOK {
+			t.Fatalf("before the revocation: HTTP %d\n%s", code, stderr.String())
+		}
+		at := revoke("mcp-revoked-http")
+		deadline := time.Now().Add(15 * time.Second)
+		for post() != http.StatusUnauthorized {
+			if time.Now().After(deadline) {
+				t.Fatalf("the session of a revoked token is still served 15 s after the revocation\n%s", stderr.String())
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		t.Logf("the HTTP session answered 401 %v after the revocation", time.Since(at).Round(time.Millisecond))
+		if _, err := cs.ListTools(ctx, nil); err == nil {
+			t.Fatal("the session still lists tools after the revocation")
+		}
+	})
+}
+
+func TestMCPServiceFrontHonoursSignedManifests(t *testing.T) {
+	cleanEnv(t)
+	s := startToolgate(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	nc, err := nats.Connect(s.url, busauth.CredentialsOption(node.CredsPath(s.data, busauth.RoleControl)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	cs, err := kvstore.Open(ctx, js, kvstore.Options{Bind: true, Buckets: busauth.Rights[busauth.RoleControl].Buckets()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cs.RegisterTool(ctx, []byte(`{"id":"forged.tool","name":"forged","version":"1.0.0","description":"nobody signed this",
+		"kind":"builtin","builtin":{"function":"echo"},"input_schema":{"type":"object"},"safety":{"risk_level":"low"}}`), false); err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	cmd := toolgateCmd(t, t.TempDir(), nil, "mcp", "--listen", addr, "--nats", s.url,
+		"--creds", node.CredsPath(s.data, busauth.RoleOperator), "--jwks", node.DevJWKSPath(s.data), "--log-level", "warn")
+	var stderr syncBuffer
+	cmd.Stdout, cmd.Stderr = &stderr, &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Signal(os.Interrupt); _ = cmd.Wait() })
+	tok := agentToken(t, s, "mcp-service-front", time.Hour, "*")
+	var sess *mcp.ClientSession
+	waitFor(t, "the HTTP front end", func() bool {
+		sess, err = mcp.NewClient(&mcp.Implementation{Name: "http-agent", Version: "1"}, nil).Connect(ctx,
+			&mcp.StreamableClientTransport{Endpoint: "http://" + addr + "/mcp", HTTPClient: &http.Client{Transport: bearer(tok)}}, nil)
+		return err == nil
+	})
+	defer sess.Close()
+	lr, err := sess.ListTools(ctx, nil)
+	if err != nil {
+		t.Fatalf("tools/list: %v\n%s", err, stderr.String())
+	}
+	var names []string
+	for _, tl := range lr.Tools {
+		names = append(names, tl.Name)
+	}
+	if !slices.Contains(names, "echo") || slices.Contains(names, "forged.tool") {
+		t.Fatalf("tools/list shows %v: want echo (signed at start) and not forged.tool\n%s", names, stderr.String())
 	}
 }

@@ -45,6 +45,13 @@ func (a *app) mcpCmd() *cobra.Command {
 					return err
 				}
 				c.NATSOptions = append(opts, nats.Name("toolgate-mcp"))
+				if svc.Creds != "" {
+					// The registry it reads from the bucket honours only
+					// what an operator of the same deployment signed.
+					if c.StateProof, err = node.StateProofs(svc.Creds); err != nil {
+						logger(a.stderr, level).Warn("not toolgate credentials: manifests are not checked for an operator's signature", "err", err)
+					}
+				}
 			}
 			c.Log = logger(a.stderr, level)
 			c.Token = a.conn.Token // --token, else TOOLGATE_TOKEN

@@ -98,6 +98,14 @@ func Key(m *tools.Manifest) string {
 	return m.ID
 }
 
+// Held returns the shared state this worker holds for key.
+func (b *Breakers) Held(key string) (kvstore.BreakerState, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	st, ok := b.shared[key]
+	return st, ok
+}
+
 // Apply takes a shared state from the watch, or from this worker's own
 // write; a state older than the one held is ignored.
 func (b *Breakers) Apply(st kvstore.BreakerState) {
@@ -329,6 +337,13 @@ func (b *Breakers) transition(ctx context.Context, key, from, to, reason string,
 // Force sets a breaker's state by hand (or releases it with state "") and
 // announces it.
 func Force(ctx context.Context, store Store, publish func(context.Context, stages.Output) error, key, state, by string) (kvstore.BreakerState, error) {
+	return ForceSigned(ctx, store, publish, key, state, by, nil)
+}
+
+// ForceSigned is Force keeping the operator's signed request proof in the
+// stored state, so that readers of signed state honour it.
+func ForceSigned(ctx context.Context, store Store, publish func(context.Context, stages.Output) error, key, state, by string,
+	proof *api.DecisionProof) (kvstore.BreakerState, error) {
 	b := New(store, publish, nil)
 	at := b.nowOr()
 	var evErr error
@@ -339,7 +354,7 @@ func Force(ctx context.Context, store Store, publish func(context.Context, stage
 		} else {
 			s.Forced, s.State = true, state
 		}
-		s.Since, s.By, s.Probes, s.Successes = at, by, 0, 0
+		s.Since, s.By, s.Probes, s.Successes, s.Proof = at, by, 0, 0, proof
 		var ev kvstore.BreakerEvent
 		ev, evErr = b.outboxEvent(Transition{Key: key, From: from, To: s.State, Forced: s.Forced, By: by, Reason: "set by an operator"}, at)
 		if evErr != nil {

@@ -75,7 +75,7 @@ var Rights = map[Role]RoleRights{
 	RoleValidate: {
 		Consumes:  subjects.Inputs(subjects.Validate),
 		Sweeps:    []string{subjects.StreamInvoke},
-		Publishes: []string{hand(subjects.Authorize), hand(subjects.Audit), poison, subjects.ResultAll},
+		Publishes: []string{hand(subjects.Authorize), hand(subjects.Audit), poison, subjects.ResultAll, stateRefused},
 		Writes:    []string{subjects.BucketInvocations},
 		Watches:   []string{subjects.BucketTools},
 		// Its sweep tells a leftover from a stuck call by the newer
@@ -96,7 +96,7 @@ var Rights = map[Role]RoleRights{
 	RoleRoute: {
 		Consumes:  subjects.Inputs(subjects.Route),
 		Sweeps:    []string{subjects.StreamPipeline},
-		Publishes: []string{hand(subjects.Execute), hand(subjects.Audit), poison},
+		Publishes: []string{hand(subjects.Execute), hand(subjects.Audit), poison, stateRefused},
 		Writes:    []string{subjects.BucketRateLimits},
 		Reads:     []string{subjects.BucketInvocations}, // its sweep reads a leftover's record
 		Watches:   []string{subjects.BucketTools},
@@ -109,7 +109,7 @@ var Rights = map[Role]RoleRights{
 		Sweeps:   []string{subjects.StreamPipeline},
 		Publishes: []string{hand(subjects.Verify), hand(subjects.Audit), poison,
 			subjects.AuditEvent("*", "tool.invoked"), subjects.AuditEvent("*", "tool.checkpoint.>"),
-			subjects.AuditEvent(subjects.SystemTenant, "circuit.>")},
+			subjects.AuditEvent(subjects.SystemTenant, "circuit.>"), stateRefused},
 		Subscribes: []string{subjects.CancelAll},
 		Writes: []string{subjects.BucketInvocations, subjects.BucketIdempotency, subjects.BucketCheckpoints,
 			subjects.BucketBreakers, subjects.BucketModelStats, subjects.BucketSettings},
@@ -120,7 +120,7 @@ var Rights = map[Role]RoleRights{
 	RoleVerify: {
 		Consumes:  subjects.Inputs(subjects.Verify),
 		Sweeps:    []string{subjects.StreamPipeline},
-		Publishes: []string{hand(subjects.Audit), poison},
+		Publishes: []string{hand(subjects.Audit), poison, stateRefused},
 		Reads:     []string{subjects.BucketInvocations}, // its sweep reads a leftover's record
 		Watches:   []string{subjects.BucketTools},
 	},

@@ -164,7 +164,7 @@ func (s service) Stop() error {
 type store interface {
 	Status(ctx context.Context, tenant, id string) (api.Record, error)
 	UpdateRecord(ctx context.Context, tenant, id string, change func(*api.Record)) (api.Record, error)
-	RegisterTool(ctx context.Context, doc []byte, replace bool) (*tools.Manifest, error)
+	RegisterSignedTool(ctx context.Context, doc []byte, replace bool, by string, proof *api.DecisionProof) (*tools.Manifest, error)
 	DeleteTool(ctx context.Context, id, version string) error
 	PendingApprovals(ctx context.Context) ([]api.Approval, error)
 	Approval(ctx context.Context, tenant, id string) (api.Approval, error)
@@ -479,7 +479,13 @@ func (h *handlers) register(req micro.Request) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	m, err := h.store.RegisterTool(ctx, r.Manifest, r.Replace)
+	// The record keeps the signed request: readers honour no manifest an
+	// operator did not sign (internal/signedstate).
+	var proof *api.DecisionProof
+	if h.identify != nil {
+		proof = &api.DecisionProof{Subject: req.Subject(), Headers: req.Headers(), Body: req.Data()}
+	}
+	m, err := h.store.RegisterSignedTool(ctx, r.Manifest, r.Replace, who, proof)
 	if err != nil {
 		respondError(req, err)
 		return

@@ -38,7 +38,7 @@ func (f *fakeStore) UpdateRecord(_ context.Context, _, id string, change func(*a
 	return rec, nil
 }
 
-func (f *fakeStore) RegisterTool(_ context.Context, doc []byte, _ bool) (*tools.Manifest, error) {
+func (f *fakeStore) RegisterSignedTool(_ context.Context, doc []byte, _ bool, _ string, _ *api.DecisionProof) (*tools.Manifest, error) {
 	m, err := tools.Parse(doc)
 	if err != nil {
 		return nil, err

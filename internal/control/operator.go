@@ -45,10 +45,10 @@ type adminStore interface {
 	DeleteHooks(ctx context.Context, tenant string) error
 	Revoke(ctx context.Context, jti string, until time.Time, reason, by string) error
 	Breakers(ctx context.Context) ([]kvstore.BreakerState, error)
-	PutModel(ctx context.Context, data []byte) (modelrouter.Model, error)
+	PutSignedModel(ctx context.Context, data []byte, by string, proof *api.DecisionProof) (modelrouter.Model, error)
 	Models(ctx context.Context) ([]modelrouter.Model, error)
 	DeleteModel(ctx context.Context, name string) error
-	PutRoutingPolicy(ctx context.Context, src []byte) error
+	PutSignedRoutingPolicy(ctx context.Context, src []byte, by string, proof *api.DecisionProof) error
 }
 
 var _ adminStore = (*kvstore.Store)(nil)
@@ -87,6 +87,16 @@ func (h *handlers) operator(req micro.Request, by string) (who string, ok bool) 
 		return "", false
 	}
 	return who, true
+}
+
+// proof is the signed request a stored record keeps so that its readers
+// can check an operator made it (internal/signedstate); nil on a bus
+// without authentication.
+func (h *handlers) proof(req micro.Request) *api.DecisionProof {
+	if h.identify == nil {
+		return nil
+	}
+	return &api.DecisionProof{Subject: req.Subject(), Headers: req.Headers(), Body: req.Data()}
 }
 
 // decodeAdmin decodes an administrative request (an empty body is {}) and
@@ -341,7 +351,7 @@ func (h *handlers) setBreaker(req micro.Request) {
 	}
 	ctx, cancel := adminContext()
 	defer cancel()
-	st, err := breaker.Force(ctx, h.admin, h.publish, r.Key, r.State, who)
+	st, err := breaker.ForceSigned(ctx, h.admin, h.publish, r.Key, r.State, who, h.proof(req))
 	if err != nil {
 		respondError(req, err)
 		return
@@ -362,7 +372,7 @@ func (h *handlers) registerModel(req micro.Request) {
 	}
 	ctx, cancel := adminContext()
 	defer cancel()
-	m, err := h.admin.PutModel(ctx, r.Model)
+	m, err := h.admin.PutSignedModel(ctx, r.Model, who, h.proof(req))
 	if err != nil {
 		respondError(req, err)
 		return
@@ -452,7 +462,7 @@ func (h *handlers) routingPolicy(req micro.Request) {
 			return
 		}
 	}
-	if err := h.admin.PutRoutingPolicy(ctx, []byte(r.Rego)); err != nil {
+	if err := h.admin.PutSignedRoutingPolicy(ctx, []byte(r.Rego), who, h.proof(req)); err != nil {
 		respondError(req, err)
 		return
 	}

@@ -67,7 +67,7 @@ func (f *fakeAdmin) Revoke(_ context.Context, _ string, _ time.Time, _, by strin
 
 func (f *fakeAdmin) Breakers(context.Context) ([]kvstore.BreakerState, error) { return nil, nil }
 
-func (f *fakeAdmin) PutModel(_ context.Context, data []byte) (modelrouter.Model, error) {
+func (f *fakeAdmin) PutSignedModel(_ context.Context, data []byte, _ string, _ *api.DecisionProof) (modelrouter.Model, error) {
 	f.writes++
 	return modelrouter.Decode(data)
 }
@@ -76,7 +76,10 @@ func (f *fakeAdmin) Models(context.Context) ([]modelrouter.Model, error) { retur
 
 func (f *fakeAdmin) DeleteModel(context.Context, string) error { f.writes++; return nil }
 
-func (f *fakeAdmin) PutRoutingPolicy(context.Context, []byte) error { f.writes++; return nil }
+func (f *fakeAdmin) PutSignedRoutingPolicy(context.Context, []byte, string, *api.DecisionProof) error {
+	f.writes++
+	return nil
+}
 
 // adminRequests are a valid request of every administrative endpoint.
 var adminRequests = map[string]string{

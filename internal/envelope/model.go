@@ -108,6 +108,11 @@ type Authorization struct {
 	// reserved and nothing is charged when the call ends.
 	Unmetered   bool    `json:"unmetered,omitempty"`
 	CostPerCall float64 `json:"cost_per_call,omitempty"`
+	// ModelTokens and ModelCost are what the call's model requests may use
+	// together, held of its budgets by authorize (kvstore.Hold); execute
+	// sizes each request to fit. Zero bounds nothing.
+	ModelTokens int64   `json:"model_tokens,omitempty"`
+	ModelCost   float64 `json:"model_cost,omitempty"`
 	ApprovedBy  string  `json:"approved_by,omitempty"`
 	Grants      Grants  `json:"grants,omitzero"`
 	// Seal is authorize's signature over its decision (internal/seal):

@@ -2,6 +2,7 @@ package mcpfront
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -13,6 +14,7 @@ import (
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/client"
 	"github.com/toolgate/toolgate/internal/busauth"
+	"github.com/toolgate/toolgate/internal/signedstate"
 	"github.com/toolgate/toolgate/internal/token"
 	"github.com/toolgate/toolgate/internal/tools"
 	"github.com/toolgate/toolgate/kvstore"
@@ -79,6 +81,13 @@ func ConnectOptions(claims *token.Claims, raw string) []nats.Option {
 
 // NewNATSBus opens the buckets over nc. The caller closes nc.
 func NewNATSBus(ctx context.Context, nc *nats.Conn, log *slog.Logger) (*NATSBus, error) {
+	return newNATSBus(ctx, nc, log, nil)
+}
+
+// newNATSBus is NewNATSBus whose registry honours only manifests an
+// operator signed when proof is set (internal/signedstate); one that
+// fails is logged and ignored.
+func newNATSBus(ctx context.Context, nc *nats.Conn, log *slog.Logger, proof signedstate.Verify) (*NATSBus, error) {
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return nil, err
@@ -88,7 +97,17 @@ func NewNATSBus(ctx context.Context, nc *nats.Conn, log *slog.Logger) (*NATSBus,
 		return nil, err
 	}
 	c.Source = "urn:toolgate:mcp"
-	store, err := kvstore.Open(ctx, js, kvstore.Options{})
+	opts := kvstore.Options{}
+	if proof != nil {
+		opts.CheckTool = func(rec kvstore.ToolRecord, key string, rev uint64) error {
+			err := signedstate.Tool(rec, proof)
+			if err != nil {
+				log.Error("ignoring a tool manifest no operator signed", "key", key, "revision", rev, "err", err)
+			}
+			return err
+		}
+	}
+	store, err := kvstore.Open(ctx, js, opts)
 	if err != nil {
 		return nil, fmt.Errorf("opening the registry: %w", err)
 	}
@@ -221,6 +240,24 @@ func (b *NATSBus) Tools() []*tools.Manifest { return b.tools.Tools() }
 func (b *NATSBus) WatchTools(ctx context.Context, changed func()) error {
 	return b.tools.WatchTools(ctx, changed)
 }
+
+// WatchRevocations calls revoked with each token id revoked, when the
+// front end reads the buckets itself (service credentials); an agent's
+// connection may not read them, and errors.
+func (b *NATSBus) WatchRevocations(ctx context.Context, revoked func(jti string)) error {
+	k, ok := b.tools.(*kvTools)
+	if !ok {
+		return errors.New("the registry is read through the tenant's endpoints, not the buckets")
+	}
+	return k.store.WatchRevocations(ctx, func(jti string, on bool) {
+		if on {
+			revoked(jti)
+		}
+	}, nil)
+}
+
+// readsBuckets reports whether b reads the buckets itself.
+func (b *NATSBus) readsBuckets() bool { _, ok := b.tools.(*kvTools); return ok }
 
 // toolSource is where a NATSBus reads the registry from.
 type toolSource interface {

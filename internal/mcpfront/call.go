@@ -195,6 +195,11 @@ func (s *session) call(ctx context.Context, toolID string, req *mcp.CallToolRequ
 		}
 		return nil, fmt.Errorf("waiting for the result of %s: %w", id, err)
 	}
+	if resp.Error != nil && resp.Error.ECode == api.ETokenRevoked {
+		// The pipeline knows of the revocation: the session's next
+		// request is answered 401 (verify), this answer still goes out.
+		s.f.revoked.Set(c.ID, true)
+	}
 	return toResult(resp), nil
 }
 

@@ -307,6 +307,23 @@ func (f *Front) serverFor(r *http.Request) *mcp.Server {
 // very token the session was opened with needs no signature check again,
 // only the clock's: the token is the same bytes, verified before.
 func (f *Front) verify(raw string, s *session) (*token.Claims, error) {
+	c, err := f.verifyToken(raw, s)
+	if err != nil {
+		return nil, err
+	}
+	if e := f.refused.Load(); e != nil {
+		return nil, e
+	}
+	if jti, ok := f.revoked.Revoked(c); ok {
+		if s != nil {
+			f.drop(s)
+		}
+		return nil, api.NewError(api.PermissionDenied, api.ETokenRevoked, "the capability token %s is revoked", jti)
+	}
+	return c, nil
+}
+
+func (f *Front) verifyToken(raw string, s *session) (*token.Claims, error) {
 	if s == nil || s.raw != raw || s.claims.ExpiresAt == nil {
 		return f.cfg.Verifier.Verify(raw)
 	}

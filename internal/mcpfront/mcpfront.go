@@ -26,13 +26,16 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/nats-io/nats.go"
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/control"
+	"github.com/toolgate/toolgate/internal/signedstate"
 	"github.com/toolgate/toolgate/internal/token"
 )
 
@@ -99,6 +102,10 @@ type Config struct {
 	// SessionTimeout closes HTTP sessions idle this long; default 30 min.
 	SessionTimeout time.Duration
 	Log            *slog.Logger
+	// StateProof, with service credentials on an authenticated bus, makes
+	// the registry read from the tools bucket honour only manifests an
+	// operator signed (internal/signedstate).
+	StateProof signedstate.Verify
 }
 
 func (c *Config) valid() error {
@@ -141,6 +148,7 @@ func Run(ctx context.Context, c Config) error {
 			return fmt.Errorf("capability token: %w", err)
 		}
 	}
+	lost := make(chan error, 1) // the bus closed the connection for good
 	if c.Bus == nil {
 		// With a token and no service credentials, the front end is that
 		// agent on the bus; with neither (HTTP on a bus without
@@ -156,6 +164,18 @@ func Run(ctx context.Context, c Config) error {
 			c.Tenant = claims.TenantID
 			opts = ConnectOptions(claims, c.Token)
 		}
+		// A revoked token's connection is closed by the bus, and its
+		// reconnects refused: the front end then ends its sessions
+		// (busRefused). Quick retries bound how long that takes.
+		opts = append(slices.Clone(opts), nats.ReconnectWait(250*time.Millisecond),
+			nats.ClosedHandler(func(nc *nats.Conn) {
+				if err := nc.LastError(); err != nil {
+					select {
+					case lost <- err:
+					default:
+					}
+				}
+			}))
 		nc, err := nats.Connect(c.NATSURL, opts...)
 		if errors.Is(err, nats.ErrAuthorization) && len(c.NATSOptions) == 0 {
 			if asAgent {
@@ -170,7 +190,7 @@ func Run(ctx context.Context, c Config) error {
 		if asAgent {
 			c.Bus, err = NewAgentBus(nc, claims.TenantID, c.RegistryInterval, c.Log)
 		} else {
-			c.Bus, err = NewNATSBus(ctx, nc, c.Log)
+			c.Bus, err = newNATSBus(ctx, nc, c.Log, c.StateProof)
 		}
 		if err != nil {
 			return err
@@ -182,8 +202,31 @@ func Run(ctx context.Context, c Config) error {
 	if err != nil {
 		return err
 	}
+	if b, ok := c.Bus.(*NATSBus); ok && !c.Stdio && b.readsBuckets() {
+		// Sessions of a token revoked while they last end at once.
+		if err := b.WatchRevocations(ctx, f.Revoked); err != nil {
+			c.Log.Warn("not watching revocations: a revoked token's session ends at its next call", "err", err)
+		}
+	}
+	var refused atomic.Pointer[api.Error]
+	go func() {
+		select {
+		case err := <-lost:
+			if e := f.busRefused(err, claims); e != nil {
+				refused.Store(e)
+				if c.Stdio {
+					cancel()
+				}
+			}
+		case <-ctx.Done():
+		}
+	}()
 	if c.Stdio {
-		return f.ServeStdio(ctx, &mcp.StdioTransport{}, claims, c.Token)
+		err := f.ServeStdio(ctx, &mcp.StdioTransport{}, claims, c.Token)
+		if e := refused.Load(); e != nil {
+			return e
+		}
+		return err
 	}
 	srv := &http.Server{Addr: c.Listen, Handler: f.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	errc := make(chan error, 1)
@@ -214,6 +257,11 @@ type Front struct {
 	// live are the HTTP calls in flight, ended when their connection
 	// closes.
 	live liveCalls
+
+	// revoked are the token ids this front end knows are revoked;
+	// refused, once set, is why the bus no longer serves it at all.
+	revoked token.Revocations
+	refused atomic.Pointer[api.Error]
 
 	// unknownSession is the server given for requests naming a session
 	// that does not exist (see serverFor): no tools, never connected.
@@ -302,6 +350,49 @@ func (f *Front) closeAll() {
 	f.sessions = map[string]*session{}
 	f.mu.Unlock()
 	for _, s := range ss {
+		s.end()
+	}
+}
+
+// busRefused takes the bus closing the front end's connection for good
+// with err. When the bus refused the credentials (the token the front end
+// connects as, claims, was revoked or expired), every session ends and
+// every later HTTP request is answered 401; the error returned says why
+// (ETokenRevoked or ETokenExpired). Other closes return nil.
+func (f *Front) busRefused(err error, claims *token.Claims) *api.Error {
+	if !errors.Is(err, nats.ErrAuthorization) && !errors.Is(err, nats.ErrAuthRevoked) && !errors.Is(err, nats.ErrAuthExpired) {
+		f.cfg.Log.Error("the bus connection closed", "err", err)
+		return nil
+	}
+	e := api.NewError(api.PermissionDenied, api.ETokenRevoked,
+		"the bus closed the session: it no longer accepts the capability token (revoked)")
+	if claims != nil && claims.ExpiresAt != nil && !time.Now().Before(claims.ExpiresAt.Time) || errors.Is(err, nats.ErrAuthExpired) {
+		e = api.NewError(api.PermissionDenied, api.ETokenExpired, "the bus closed the session: the capability token expired")
+	}
+	if claims != nil {
+		f.revoked.Set(claims.ID, true)
+	}
+	f.refused.Store(e)
+	f.cfg.Log.Error("ending every session", "err", e)
+	f.closeAll()
+	return e
+}
+
+// Revoked marks a token id revoked for this front end: the sessions of it
+// (or of a token derived from it) end and their next HTTP request is
+// answered 401. A tools/call the pipeline refuses as revoked marks it too.
+func (f *Front) Revoked(jti string) {
+	f.revoked.Set(jti, true)
+	f.mu.Lock()
+	var ended []*session
+	for id, s := range f.sessions {
+		if _, gone := f.revoked.Revoked(s.claims); gone {
+			delete(f.sessions, id)
+			ended = append(ended, s)
+		}
+	}
+	f.mu.Unlock()
+	for _, s := range ended {
 		s.end()
 	}
 }

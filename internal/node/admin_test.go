@@ -205,6 +205,77 @@ func TestAdminThroughControl(t *testing.T) {
 		}
 	})
 
+	// A tool manifest no operator signed is honoured by no reader: not a
+	// new one, and not a signed one whose manifest was changed in the
+	// bucket. Every reader ignores it and audits that it did.
+	t.Run("a tool manifest written straight into the bucket is honoured by no reader", func(t *testing.T) {
+		cjs, _ := jetstream.New(s.connect(t, 0, s.creds(busauth.RoleControl)))
+		cs, err := kvstore.Open(ctx, cjs, kvstore.Options{Bind: true, Buckets: busauth.Rights[busauth.RoleControl].Buckets()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		const forgedDoc = `{"id":"forged.shell","name":"forged","version":"1.0.0","description":"registered without an operator",
+			"kind":"builtin","builtin":{"function":"echo"},"input_schema":{"type":"object"},"safety":{"risk_level":"low"}}`
+		if _, err := cs.RegisterTool(ctx, []byte(forgedDoc), false); err != nil {
+			t.Fatal(err)
+		}
+		kv, err := cjs.KeyValue(ctx, kvstore.BucketTools)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fe, err := kv.Get(ctx, subjects.Token("forged.shell")+"."+subjects.Token("1.0.0"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		newRev := fe.Revision()
+		readers := []string{"urn:toolgate:validate", "urn:toolgate:authorize", "urn:toolgate:route", "urn:toolgate:execute",
+			"urn:toolgate:verify", "urn:toolgate:audit", "urn:toolgate:control"}
+		stateRefused(t, ctx, ojs, "tool", newRev, readers...)
+
+		// The operator's signed record of the guarded tool, its manifest
+		// changed, keeps its signature.
+		key := subjects.Token(tool) + "." + subjects.Token("1.0.0")
+		e, err := kv.Get(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var rec kvstore.ToolRecord
+		if err := json.Unmarshal(e.Value(), &rec); err != nil || rec.Proof == nil {
+			t.Fatalf("the registered tool's record keeps no signed request: %s %v", e.Value(), err)
+		}
+		rec.Manifest = json.RawMessage(strings.Replace(string(rec.Manifest), `"a test tool"`, `"tampered"`, 1))
+		val, _ := json.Marshal(rec)
+		rev, err := kv.Put(ctx, key, val)
+		if err != nil {
+			t.Fatal(err)
+		}
+		stateRefused(t, ctx, ojs, "tool", rev, readers...)
+
+		ctl, _ := client.New(s.connect(t, 0, s.creds(busauth.RoleOperator)))
+		if doc, err := ctl.GetTool(ctx, tool, "1.0.0"); err != nil || strings.Contains(string(doc), "tampered") {
+			t.Fatalf("tools.get after the tampered record: %s %v, want the signed manifest", doc, err)
+		}
+		if _, err := ctl.GetTool(ctx, "forged.shell", ""); !errors.Is(err, &api.Error{Code: api.ToolNotFound, ECode: api.EToolNotFound}) {
+			t.Fatalf("tools.get of the unsigned tool: %v, want %s", err, api.EToolNotFound)
+		}
+		if l, err := ctl.ListTools(ctx, api.ListRequest{}); err != nil || strings.Contains(string(mustJSON(t, l)), "forged.shell") {
+			t.Fatalf("tools.list lists the unsigned tool: %v", err)
+		}
+		if tl, err := ac.SearchTools(ctx, "demo", api.ListRequest{}); err != nil || strings.Contains(string(mustJSON(t, tl)), "forged.shell") {
+			t.Fatalf("the agent's tools.list lists the unsigned tool: %v", err)
+		}
+		if r := call("forged.shell"); r.Error == nil || r.Error.ECode != api.EToolNotFound {
+			t.Fatalf("calling the unsigned tool: %+v, want %s", r, api.EToolNotFound)
+		}
+		if r := call(tool); r.Status != api.StatusSuccess {
+			t.Fatalf("the guarded tool after the tampered record: %+v", r)
+		}
+		// Put the signed record back for the rest.
+		if _, err := kv.Put(ctx, key, e.Value()); err != nil {
+			t.Fatal(err)
+		}
+	})
+
 	t.Run("policy push changes decisions and grants", func(t *testing.T) {
 		capReq := api.CapabilityRequest{Capability: "tally_rows", InputContract: "rows", OutputContract: "a count",
 			Reason: "counting", Constraints: api.DefaultCapabilityConstraints(), CapabilityToken: raw}
@@ -288,6 +359,54 @@ func TestAdminThroughControl(t *testing.T) {
 		}
 	})
 
+	// Only an operator forces a breaker: a forced state written straight
+	// into the bucket (execute and control may write it) is ignored and
+	// audited, and so is a release of the operator's forced state.
+	t.Run("a forced breaker state written straight into the bucket rules nothing", func(t *testing.T) {
+		store := func(role busauth.Role) *kvstore.Store {
+			js, _ := jetstream.New(s.connect(t, 0, s.creds(role)))
+			st, err := kvstore.Open(ctx, js, kvstore.Options{Bind: true, Buckets: busauth.Rights[role].Buckets()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return st
+		}
+		es, cs := store(busauth.RoleExecute), store(busauth.RoleControl)
+		forged, _, err := es.TransitionBreaker(ctx, tool, func(b *kvstore.BreakerState) bool {
+			b.Forced, b.State, b.By, b.Since = true, kvstore.BreakerOpen, me, time.Now()
+			return true
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		stateRefused(t, ctx, ojs, "breaker", forged.Revision, "urn:toolgate:execute")
+		if r := call(tool); r.Status != api.StatusSuccess {
+			t.Fatalf("after a forced open no operator signed: %+v, want the call to run", r)
+		}
+		if _, err := op.SetBreaker(ctx, tool, api.BreakerOpen, ""); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, 10*time.Second, "execute to refuse the forced-open tool", func() bool {
+			r := call(tool)
+			return r.Error != nil && r.Error.ECode == api.EBreakerOpen
+		})
+		released, _, err := cs.TransitionBreaker(ctx, tool, func(b *kvstore.BreakerState) bool {
+			b.Forced, b.State, b.Since = false, kvstore.BreakerClosed, time.Now()
+			return true
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		stateRefused(t, ctx, ojs, "breaker", released.Revision, "urn:toolgate:execute")
+		if r := call(tool); r.Error == nil || r.Error.ECode != api.EBreakerOpen {
+			t.Fatalf("after a release no operator signed: %+v, want %s", r, api.EBreakerOpen)
+		}
+		if _, err := op.SetBreaker(ctx, tool, api.BreakerRelease, ""); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, 10*time.Second, "the released breaker to let calls through", func() bool { return call(tool).Status == api.StatusSuccess })
+	})
+
 	t.Run("hooks push is listed, delete removes it", func(t *testing.T) {
 		doc := json.RawMessage(`{"hooks":[{"name":"overspent","on":"budget_exceeded","action":"continue"}]}`)
 		res, err := op.PushHooks(ctx, "demo", doc, "mallory")
@@ -345,6 +464,64 @@ func TestAdminThroughControl(t *testing.T) {
 		audited("admin.token.revoked", by, `"target":"`+c.ID+`"`, `"reason":"leaked"`)
 	})
 
+	// Nothing but the token's expiry un-revokes it: the control role may
+	// write the revocations bucket, but deleting or purging a revocation
+	// lets the token neither connect nor invoke, and is audited.
+	t.Run("a deleted revocation keeps the token revoked", func(t *testing.T) {
+		tok, c := agentToken(t, "demo", nil)
+		if _, err := op.RevokeToken(ctx, c.ID, time.Now().Add(time.Hour), "leaked", ""); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, 10*time.Second, "the revoked token to be refused", func() bool {
+			nc, err := s.dial(0, nats.Token(tok))
+			if err == nil {
+				nc.Close()
+			}
+			return err != nil
+		})
+		cjs, _ := jetstream.New(s.connect(t, 0, s.creds(busauth.RoleControl)))
+		kv, err := cjs.KeyValue(ctx, kvstore.BucketRevocations)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, err := ojs.Stream(ctx, "KV_"+kvstore.BucketRevocations)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, remove := range []func(context.Context, string, ...jetstream.KVDeleteOpt) error{kv.Delete, kv.Purge} {
+			if err := remove(ctx, subjects.Token(c.ID)); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := kv.Get(ctx, subjects.Token(c.ID)); !errors.Is(err, jetstream.ErrKeyDeleted) && !errors.Is(err, jetstream.ErrKeyNotFound) {
+				t.Fatalf("the revocation is still in the bucket: %v", err)
+			}
+			m, err := st.GetLastMsgForSubject(ctx, "$KV."+kvstore.BucketRevocations+"."+subjects.Token(c.ID))
+			if err != nil {
+				t.Fatal(err)
+			}
+			stateRefused(t, ctx, ojs, "revocation", m.Sequence, "urn:toolgate:authorize", "urn:toolgate:control")
+		}
+		for range 3 {
+			if nc, err := s.dial(0, nats.Token(tok)); err == nil {
+				nc.Close()
+				t.Fatal("the token connects again after its revocation was deleted")
+			}
+			inv, err := ac.Invoke(ctx, api.Request{ToolID: tool, Parameters: json.RawMessage(`{}`),
+				AgentContext: api.AgentContext{AgentDID: c.AgentDID, TenantID: "demo"}, CapabilityToken: tok}, client.InvokeOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			r, err := ac.Wait(ctx, "demo", inv)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.Error == nil || r.Error.ECode != api.ETokenRevoked {
+				t.Fatalf("invoking with the token after its revocation was deleted: %+v, want %s", r, api.ETokenRevoked)
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	})
+
 	t.Run("models register, list, delete", func(t *testing.T) {
 		doc := json.RawMessage(`{"name":"adm-small","api":"openai","upstream_model":"gpt-4o-mini","endpoints":["https://api.example.com/v1"],
 		  "tier":"small","context_window":128000,"max_output_tokens":4096,"price":{"input_per_1k":0.00015,"output_per_1k":0.0006}}`)
@@ -369,4 +546,85 @@ func TestAdminThroughControl(t *testing.T) {
 		audited("admin.model.deleted", by, `"target":"adm-small"`)
 		wantECode(t, op.DeleteModel(ctx, "adm-small", ""), api.EModelUnknown)
 	})
+
+	// A model or routing policy no operator signed is honoured by no
+	// reader: execute's catalogue and the control service's list ignore
+	// it and audit that they did; so is a routing policy's delete.
+	t.Run("models and routing policy written straight into the bucket rule nothing", func(t *testing.T) {
+		cjs, _ := jetstream.New(s.connect(t, 0, s.creds(busauth.RoleControl)))
+		cs, err := kvstore.Open(ctx, cjs, kvstore.Options{Bind: true, Buckets: busauth.Rights[busauth.RoleControl].Buckets()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := cs.PutModel(ctx, []byte(`{"name":"forged-model","api":"openai","upstream_model":"gpt-4o-mini","endpoints":["https://attacker.example/v1"],
+		  "tier":"small","context_window":128000,"max_output_tokens":4096,"price":{"input_per_1k":0,"output_per_1k":0}}`)); err != nil {
+			t.Fatal(err)
+		}
+		kv, err := cjs.KeyValue(ctx, subjects.BucketModels)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e, err := kv.Get(ctx, subjects.Token("forged-model"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ms, err := op.Models(ctx)
+		if err != nil || strings.Contains(string(mustJSON(t, ms)), "forged-model") {
+			t.Fatalf("models.list lists the unsigned model: %s %v", mustJSON(t, ms), err)
+		}
+		stateRefused(t, ctx, ojs, "model", e.Revision(), "urn:toolgate:execute", "urn:toolgate:control")
+		if err := cs.PutRoutingPolicy(ctx, []byte("package toolgate.routing\n\nrank := []\n")); err != nil {
+			t.Fatal(err)
+		}
+		e, err = kv.Get(ctx, "_routing")
+		if err != nil {
+			t.Fatal(err)
+		}
+		stateRefused(t, ctx, ojs, "routing_policy", e.Revision(), "urn:toolgate:execute")
+		if err := kv.Delete(ctx, "_routing"); err != nil {
+			t.Fatal(err)
+		}
+		e, err = kv.Get(ctx, "_routing")
+		if !errors.Is(err, jetstream.ErrKeyDeleted) && !errors.Is(err, jetstream.ErrKeyNotFound) {
+			t.Fatalf("after the delete: %v %v", e, err)
+		}
+		// The delete marker's revision is the stream's last.
+		st, err := ojs.Stream(ctx, "KV_"+subjects.BucketModels)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, err := st.GetLastMsgForSubject(ctx, "$KV."+subjects.BucketModels+"._routing")
+		if err != nil {
+			t.Fatal(err)
+		}
+		stateRefused(t, ctx, ojs, "routing_policy", m.Sequence, "urn:toolgate:execute")
+		_ = kv.Delete(ctx, subjects.Token("forged-model"))
+	})
+}
+
+// stateRefused waits until each of readers has audited ignoring the
+// record of what at revision rev (ai.agent.state.refused).
+func stateRefused(t *testing.T, ctx context.Context, js jetstream.JetStream, what string, rev uint64, readers ...string) {
+	t.Helper()
+	as, err := js.Stream(ctx, subjects.StreamAudit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprintf(`"what":%q,"revision":%d`, what, rev)
+	for _, by := range readers {
+		eventually(t, 10*time.Second, by+" to audit the "+what+" record it ignored", func() bool {
+			m, err := as.GetLastMsgForSubject(ctx, subjects.AuditEvent(subjects.SystemTenant, "state.refused"))
+			if err != nil {
+				return false
+			}
+			// Every reader writes one; any may be last: look back.
+			for seq := m.Sequence; seq > 0 && seq+400 > m.Sequence; seq-- {
+				mm, err := as.GetMsg(ctx, seq)
+				if err == nil && strings.Contains(string(mm.Data), want) && strings.Contains(string(mm.Data), `"by":"`+by+`"`) {
+					return true
+				}
+			}
+			return false
+		})
+	}
 }

@@ -179,7 +179,7 @@ func (g *Gate) Attach(ctx context.Context, v *token.Verifier, n *Node) error {
 		} else if k > 0 {
 			n.Log.Info("revoked token's connections closed", "jti", jti, "connections", k)
 		}
-	})
+	}, nil) // the control node's own watch audits an ignored removal
 }
 
 // Close closes the gate's connections.
@@ -286,6 +286,10 @@ func decidersFrom(credsPath string) (control.Identify, error) {
 		return id.UserName(), nil
 	}, nil
 }
+
+// StateProofs is stateProofs for readers outside the node (the MCP front
+// end with service credentials).
+func StateProofs(credsPath string) (signedstate.Verify, error) { return stateProofs(credsPath) }
 
 // stateProofs verifies, for the readers of signed state
 // (internal/signedstate), a stored signed request as of the time it was

@@ -82,7 +82,7 @@ func openNodes(ctx context.Context, url string, c *Config, authenticated bool, o
 		return nil, nil, err
 	}
 	if opCreds != "" {
-		n, err := Open(ctx, url, "toolgate-operator", c.Topology, log, append(slices.Clone(base), busauth.CredentialsOption(opCreds))...)
+		n, err := openRole(ctx, url, "toolgate-operator", "", c.Topology, nil, log, c.Stage.StateProof, append(slices.Clone(base), busauth.CredentialsOption(opCreds))...)
 		if err != nil {
 			return fail(fmt.Errorf("operator connection (topology setup): %w", err))
 		}
@@ -98,7 +98,7 @@ func openNodes(ctx context.Context, url string, c *Config, authenticated bool, o
 			return nil, fmt.Errorf("no credentials for role %s: give --creds, or put %s in %s", r,
 				busauth.CredsFile(r), filepath.Join(c.Embedded.DataDir, busauth.DirName))
 		}
-		n, err := openRole(ctx, url, "toolgate-"+string(r), r, c.Topology, mem, log, opts...)
+		n, err := openRole(ctx, url, "toolgate-"+string(r), r, c.Topology, mem, log, c.Stage.StateProof, opts...)
 		if err != nil {
 			return nil, fmt.Errorf("%s connection: %w", r, err)
 		}

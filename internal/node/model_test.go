@@ -351,23 +351,31 @@ order := [x[1] | some x in sort([[0 - c.latency_ms, c.name] | some c in input.ca
 			t.Fatal(err)
 		}
 	})
+	// A model call holds what the budget leaves before it runs and asks
+	// the provider for no more than fits (the prompt counted at a byte a
+	// token), so a budget is never passed however long the answers: with
+	// check-then-charge the provider's 12+40 tokens a call made the second
+	// call use 104 of 60.
 	run("max_tokens budget spent by model calls", func(t *testing.T) {
-		maxTokens = 20
-		defer func() { maxTokens = 100000 }()
-		// 16 tokens a call: the second starts under the cap, the third is refused.
+		maxTokens = 60
+		oai.SetUsage(12, 40)
+		defer func() { maxTokens = 100000; oai.SetUsage(12, 4) }()
+		// "hi" counts 30 at worst: the first call may answer 30 tokens.
+		result(t, call(t, "m14", `{"model":"gpt-small","prompt":"hi"}`))
+		if got := oai.Last()["max_tokens"]; got != float64(30) {
+			t.Fatalf("the first call asked for max_tokens %v, want 30 (60 less the prompt's worst)", got)
+		}
 		for range 2 {
-			result(t, call(t, "m14", `{"model":"gpt-small","prompt":"hi"}`))
+			resp := call(t, "m14", `{"model":"gpt-small","prompt":"hi"}`)
+			if resp.Status == api.StatusSuccess || resp.Error == nil || resp.Error.ECode != api.EBudgetExhausted {
+				t.Fatalf("got %s %s, want %s", resp.Status, mustJSON(t, resp.Error), api.EBudgetExhausted)
+			}
 		}
-		resp := call(t, "m14", `{"model":"gpt-small","prompt":"hi"}`)
-		if resp.Status == api.StatusSuccess || resp.Error == nil || resp.Error.ECode != api.EBudgetExhausted {
-			t.Fatalf("got %s %s, want %s", resp.Status, mustJSON(t, resp.Error), api.EBudgetExhausted)
+		if u, err := n.Store.Usage(ctx, "m14", token.BudgetKey("tree-m14")); err != nil || u.Tokens != 42 || u.Tokens > 60 || len(u.Holds) != 0 {
+			t.Fatalf("usage %+v %v, want 42 of 60 tokens and no holds left", u, err)
 		}
-		if u, err := n.Store.Usage(ctx, "m14", token.BudgetKey("tree-m14")); err != nil || u.Tokens != 32 {
-			t.Fatalf("usage %+v %v", u, err)
-		}
-		st, err := e.client.Budget(ctx, "m14", token.BudgetKey("tree-m14"), api.BudgetLimits{MaxTokens: 20, MaxCalls: 10})
-		if err != nil || st.Used.Tokens != 32 || st.Remaining["tokens"] != 0 || !slices.Contains(st.Exhausted, "tokens") ||
-			st.Remaining["calls"] != 8 || st.PerHour["tokens"] <= 0 {
+		st, err := e.client.Budget(ctx, "m14", token.BudgetKey("tree-m14"), api.BudgetLimits{MaxTokens: 60, MaxCalls: 10})
+		if err != nil || st.Used.Tokens != 42 || st.Remaining["tokens"] != 18 || st.PerHour["tokens"] <= 0 {
 			t.Fatalf("budget status %s %v", mustJSON(t, st), err)
 		}
 	})

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/toolgate/toolgate/api"
 	"log/slog"
 	"path/filepath"
 	"slices"
@@ -105,12 +106,14 @@ func Open(ctx context.Context, url, name string, topo topology.TopologyOptions, 
 // operator made, waiting for it, and opens only the buckets the role may
 // use (busauth.Rights). An empty role is Open's.
 func OpenRole(ctx context.Context, url, name string, role busauth.Role, topo topology.TopologyOptions, log *slog.Logger, opts ...nats.Option) (*Node, error) {
-	return openRole(ctx, url, name, role, topo, nil, log, opts...)
+	return openRole(ctx, url, name, role, topo, nil, log, nil, opts...)
 }
 
 // openRole is OpenRole with the kvstore memory the stores of one process
-// share (nil: its own).
-func openRole(ctx context.Context, url, name string, role busauth.Role, topo topology.TopologyOptions, mem *kvstore.Memory, log *slog.Logger, opts ...nats.Option) (*Node, error) {
+// share (nil: its own), whose registry honours only manifests an operator
+// signed when proof is set (signed state, internal/signedstate).
+func openRole(ctx context.Context, url, name string, role busauth.Role, topo topology.TopologyOptions, mem *kvstore.Memory, log *slog.Logger,
+	proof signedstate.Verify, opts ...nats.Option) (*Node, error) {
 	if log == nil {
 		log = slog.Default()
 	}
@@ -130,7 +133,7 @@ func openRole(ctx context.Context, url, name string, role busauth.Role, topo top
 		ready.Done()
 		return nil, fmt.Errorf("connecting to %s: %w", url, err)
 	}
-	n, err = openConnRole(ctx, nc, role, topo, mem, log)
+	n, err = openConnRole(ctx, nc, role, topo, mem, log, proof)
 	if err != nil {
 		ready.Done()
 		nc.Close()
@@ -148,10 +151,10 @@ func OpenConn(ctx context.Context, nc *nats.Conn, topo topology.TopologyOptions,
 
 // OpenConnRole is OpenRole over an existing connection.
 func OpenConnRole(ctx context.Context, nc *nats.Conn, role busauth.Role, topo topology.TopologyOptions, log *slog.Logger) (*Node, error) {
-	return openConnRole(ctx, nc, role, topo, nil, log)
+	return openConnRole(ctx, nc, role, topo, nil, log, nil)
 }
 
-func openConnRole(ctx context.Context, nc *nats.Conn, role busauth.Role, topo topology.TopologyOptions, mem *kvstore.Memory, log *slog.Logger) (*Node, error) {
+func openConnRole(ctx context.Context, nc *nats.Conn, role busauth.Role, topo topology.TopologyOptions, mem *kvstore.Memory, log *slog.Logger, proof signedstate.Verify) (*Node, error) {
 	if log == nil {
 		log = slog.Default()
 	}
@@ -160,6 +163,11 @@ func openConnRole(ctx context.Context, nc *nats.Conn, role busauth.Role, topo to
 		return nil, err
 	}
 	opts := kvstore.Options{Replicas: topo.Replicas, Storage: topo.Storage, InvocationTTL: topo.InvocationTTL, Memory: mem}
+	if proof != nil {
+		source := "urn:toolgate:" + cmp.Or(string(role), "operator")
+		opts.CheckTool = checkTools(js, source, proof, log)
+		opts.CheckModel = checkModels(js, source, proof, log)
+	}
 	rights, bound := busauth.Rights[role]
 	if bound {
 		opts.Bind, opts.Buckets = true, rights.Buckets()
@@ -204,7 +212,17 @@ func openConnRole(ctx context.Context, nc *nats.Conn, role busauth.Role, topo to
 		}
 	}
 	if watches(subjects.BucketRevocations) {
-		if err := store.WatchRevocations(ctx, n.Revoked.Set); err != nil {
+		ignored := func(jti string, rev uint64) {
+			log.Warn("a revocation was removed before its token expired; the token stays revoked", "jti", jti, "revision", rev)
+		}
+		if proof != nil {
+			source := "urn:toolgate:" + cmp.Or(string(role), "operator")
+			ignored = func(jti string, rev uint64) {
+				refusedState(ctx, js, log, source, "revocation", rev,
+					fmt.Errorf("token %s: a revocation is removed only by its token's expiry, not by a delete", jti))
+			}
+		}
+		if err := store.WatchRevocations(ctx, n.Revoked.Set, ignored); err != nil {
 			return nil, err
 		}
 	}
@@ -241,6 +259,14 @@ func (n *Node) StopStages() {
 // RegisterExamples stores the example tools shipped in the binary, replacing
 // earlier copies, and waits until this node's registry holds them.
 func (n *Node) RegisterExamples(ctx context.Context) error {
+	return n.registerExamples(ctx, nil)
+}
+
+// registerExamples is RegisterExamples; with sign (an operator's, on an
+// authenticated bus) each record keeps the operator's signed register
+// request, as if the operator had registered it, so readers of signed
+// state honour it.
+func (n *Node) registerExamples(ctx context.Context, sign *exampleSigner) error {
 	ms, err := tools.Examples()
 	if err != nil {
 		return err
@@ -250,7 +276,23 @@ func (n *Node) RegisterExamples(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		if _, err := n.Store.RegisterTool(ctx, doc, true); err != nil {
+		var proof *api.DecisionProof
+		by := ""
+		if sign != nil {
+			body, err := json.Marshal(api.RegisterRequest{Manifest: doc, Replace: true})
+			if err != nil {
+				return err
+			}
+			h, err := sign.signer.Sign(nil, subjects.SvcToolsRegister, body, time.Now())
+			if err != nil {
+				return err
+			}
+			proof = &api.DecisionProof{Subject: subjects.SvcToolsRegister, Headers: h, Body: body}
+			if by, err = sign.verify(proof); err != nil {
+				return fmt.Errorf("signing example %s: %w", m.Key(), err)
+			}
+		}
+		if _, err := n.Store.RegisterSignedTool(ctx, doc, true, by, proof); err != nil {
 			return fmt.Errorf("registering example %s: %w", m.Key(), err)
 		}
 	}
@@ -260,6 +302,13 @@ func (n *Node) RegisterExamples(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// exampleSigner signs the example tools' records with operator
+// credentials (busauth.Signer) and names the operator as readers will.
+type exampleSigner struct {
+	signer *busauth.Signer
+	verify signedstate.Verify
 }
 
 // WaitForTool waits until the registry of this node has id at version.
@@ -464,7 +513,17 @@ func (n *Node) NewStage(ctx context.Context, name string, c StageConfig) (stages
 		x.Handle("model", modeltool.New(modeltool.Config{Catalogue: models, Secrets: secretSource,
 			Transport: httpKind.Transport(), Breakers: x.Breakers, Stats: c.ModelStats,
 			Recorder: rec, Observer: observed.Observer}))
-		if err := n.Store.WatchBreakers(ctx, x.Breakers.Apply); err != nil {
+		apply := x.Breakers.Apply
+		if c.StateProof != nil {
+			apply = func(st kvstore.BreakerState) {
+				if err := checkBreaker(st, x.Breakers, c.StateProof); err != nil {
+					n.refusedState(ctx, "urn:toolgate:execute", "breaker", st.Revision, fmt.Errorf("breaker %s: %w", st.Key, err))
+					return
+				}
+				x.Breakers.Apply(st)
+			}
+		}
+		if err := n.Store.WatchBreakers(ctx, apply); err != nil {
 			return nil, err
 		}
 		return x, nil
@@ -557,6 +616,33 @@ func (n *Node) signAs(dataDir string, r busauth.Role, msgs *seal.Messages, check
 	return nil
 }
 
+// checkBreaker judges a breaker's shared state before execute honours it:
+// a forced state must be an operator's signed breakers.set, no older than
+// the forced state held; a state that ends a forced one must be the
+// operator's signed release, signed after it; and no state may date from
+// the future (an open breaker "since" next year would never reopen).
+// Execute workers write the bucket too, but never over a forced state.
+func checkBreaker(st kvstore.BreakerState, b *breaker.Breakers, proof signedstate.Verify) error {
+	held, ok := b.Held(st.Key)
+	heldForced := ok && held.Forced
+	switch {
+	case st.Forced || heldForced:
+		if st.Proof == nil {
+			return signedstate.ErrUnsigned
+		}
+		at, err := signedstate.Breaker(st, proof)
+		if err != nil {
+			return err
+		}
+		if heldForced && !at.After(signedstate.SignedAt(held.Proof)) && !(st.Forced && at.Equal(signedstate.SignedAt(held.Proof))) {
+			return errors.New("an operator's request older than the forced state in force")
+		}
+	case st.Since.After(time.Now().Add(time.Minute)):
+		return fmt.Errorf("a state since %s, in the future", st.Since.Format(time.RFC3339))
+	}
+	return nil
+}
+
 // The kinds of record one role signs for another: authorize the principal
 // it verified, audit the decisions of hooks.
 const (
@@ -636,15 +722,49 @@ func (n *Node) newAuthorizer(ctx context.Context, c StageConfig) (*authorize.Aut
 
 // refusedState logs and audits a record a stage ignored.
 func (n *Node) refusedState(ctx context.Context, source, what string, rev uint64, cause error) {
-	n.Log.Error("ignoring unsigned state: no operator's signature covers it", "what", what, "revision", rev, "err", cause)
+	refusedState(ctx, n.JS, n.Log, source, what, rev, cause)
+}
+
+func refusedState(ctx context.Context, js jetstream.JetStream, log *slog.Logger, source, what string, rev uint64, cause error) {
+	log.Error("ignoring unsigned state: no operator's signature covers it", "what", what, "revision", rev, "err", cause)
 	o, err := signedstate.RefusedEvent(source, what, rev, cause)
 	if err == nil {
-		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		err = runner.Publish(pctx, n.JS, o)
+		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		err = runner.Publish(pctx, js, o)
 		cancel()
 	}
 	if err != nil {
-		n.Log.Error("auditing ignored state", "what", what, "revision", rev, "err", err)
+		log.Error("auditing ignored state", "what", what, "revision", rev, "err", err)
+	}
+}
+
+// checkModels makes the model catalogue and routing policy honour only
+// records an operator signed; one that fails is ignored (what is in use
+// stays) and audited by source.
+func checkModels(js jetstream.JetStream, source string, proof signedstate.Verify, log *slog.Logger) kvstore.CheckModel {
+	return func(rec kvstore.ModelRecord, key string, rev uint64) error {
+		err := signedstate.Model(rec, key, proof)
+		if err != nil {
+			what := "model"
+			if key == modelrouter.RoutingKey {
+				what = "routing_policy"
+			}
+			refusedState(context.Background(), js, log, source, what, rev, fmt.Errorf("%s: %w", key, err))
+		}
+		return err
+	}
+}
+
+// checkTools makes a registry honour only tool manifests an operator
+// signed; one that fails is ignored (the registry keeps what it had for
+// the key) and audited by source.
+func checkTools(js jetstream.JetStream, source string, proof signedstate.Verify, log *slog.Logger) kvstore.CheckTool {
+	return func(rec kvstore.ToolRecord, key string, rev uint64) error {
+		err := signedstate.Tool(rec, proof)
+		if err != nil {
+			refusedState(context.Background(), js, log, source, "tool", rev, fmt.Errorf("tool %s: %w", key, err))
+		}
+		return err
 	}
 }
 

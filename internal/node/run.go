@@ -346,7 +346,19 @@ func Run(ctx context.Context, c Config) error {
 	ctl := nodes.control
 	n := nodes.first(op) // what Ready is given: the operator's node when there is one
 	if c.Examples {
-		if err := ctl.RegisterExamples(ctx); err != nil {
+		var sign *exampleSigner
+		if c.Stage.StateProof != nil {
+			// The examples are the operator's: signed with its credentials.
+			if opCreds == "" {
+				return errors.New("--examples on an authenticated bus needs the operator's credentials to sign them")
+			}
+			sg, err := busauth.SignerFromCreds(opCreds)
+			if err != nil {
+				return err
+			}
+			sign = &exampleSigner{signer: sg, verify: c.Stage.StateProof}
+		}
+		if err := ctl.registerExamples(ctx, sign); err != nil {
 			return err
 		}
 		// The stages' registries must hold them too before calls come.

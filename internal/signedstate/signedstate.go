@@ -13,11 +13,16 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/toolgate/toolgate/internal/busauth"
+
 	"github.com/cloudevents/sdk-go/v2/event"
 	"github.com/toolgate/toolgate/internal/envelope"
+	"github.com/toolgate/toolgate/internal/modelrouter"
 	"github.com/toolgate/toolgate/stages"
 
 	"github.com/toolgate/toolgate/api"
@@ -59,6 +64,111 @@ func Hooks(set kvstore.HookSet, verify Verify) error {
 		return errors.New("the hook set's tenant or document is not the one the operator pushed")
 	}
 	return nil
+}
+
+// Tool checks a stored tool manifest: signed by an operator on the
+// register endpoint, by the operator it names, for exactly its manifest.
+// The store stamps lifecycle.created_at and updated_at into what it keeps,
+// so the signed manifest is compared with those two stamped in.
+func Tool(rec kvstore.ToolRecord, verify Verify) error {
+	var r api.RegisterRequest
+	if err := signedRequest(rec.Proof, subjects.SvcToolsRegister, rec.RegisteredBy, verify, &r); err != nil {
+		return err
+	}
+	var stored struct {
+		Lifecycle struct {
+			CreatedAt time.Time `json:"created_at"`
+			UpdatedAt time.Time `json:"updated_at"`
+		} `json:"lifecycle"`
+	}
+	if err := json.Unmarshal(rec.Manifest, &stored); err != nil {
+		return fmt.Errorf("the stored manifest does not decode: %w", err)
+	}
+	signed, err := kvstore.StampLifecycle(r.Manifest, stored.Lifecycle.CreatedAt, stored.Lifecycle.UpdatedAt)
+	if err != nil || !sameDoc(signed, rec.Manifest) {
+		return errors.New("the stored manifest is not the one the operator registered")
+	}
+	return nil
+}
+
+// Model checks a stored model catalogue entry or routing policy (key
+// modelrouter.RoutingKey): signed by an operator on the models register
+// or policy endpoint, by the operator it names, for exactly its model (as
+// the catalogue decodes it, defaults filled) or Rego.
+func Model(rec kvstore.ModelRecord, key string, verify Verify) error {
+	if key == modelrouter.RoutingKey {
+		var r api.RoutingPolicyRequest
+		if err := signedRequest(rec.Proof, subjects.SvcModelsPolicy, rec.By, verify, &r); err != nil {
+			return err
+		}
+		if rec.Rego == nil || *rec.Rego != r.Rego || (r.Reset && r.Rego != "") {
+			return errors.New("the stored routing policy is not the one the operator pushed")
+		}
+		return nil
+	}
+	var r api.ModelRequest
+	if err := signedRequest(rec.Proof, subjects.SvcModelsRegister, rec.By, verify, &r); err != nil {
+		return err
+	}
+	signed, err1 := modelrouter.Decode(r.Model)
+	stored, err2 := modelrouter.Decode(rec.Model)
+	if err1 != nil || err2 != nil || !same(signed, stored) || subjects.Token(stored.Name) != key {
+		return errors.New("the stored model is not the one the operator registered")
+	}
+	return nil
+}
+
+// Breaker checks a forced breaker state, or the release of one (Forced
+// false): signed by an operator on the breakers.set endpoint, by the
+// operator it names, for exactly its key and state ("" for a release).
+// It returns when the operator signed, for a reader to refuse a replayed
+// older request.
+func Breaker(st kvstore.BreakerState, verify Verify) (time.Time, error) {
+	var r api.BreakerSetRequest
+	if err := signedRequest(st.Proof, subjects.SvcBreakersSet, st.By, verify, &r); err != nil {
+		return time.Time{}, err
+	}
+	want := api.BreakerRelease
+	if st.Forced {
+		want = st.State
+	}
+	if r.Key != st.Key || r.State != want {
+		return time.Time{}, errors.New("the breaker's key or forced state is not the one the operator set")
+	}
+	return SignedAt(st.Proof), nil
+}
+
+// SignedAt is when a signed request was signed (zero if it does not say).
+func SignedAt(p *api.DecisionProof) time.Time {
+	if p == nil {
+		return time.Time{}
+	}
+	ms, err := strconv.ParseInt(nats.Header(p.Headers).Get(busauth.HeaderSignedAt), 10, 64)
+	if err != nil {
+		return time.Time{}
+	}
+	return time.UnixMilli(ms)
+}
+
+// sameDoc compares two JSON documents by value: member order and spacing
+// aside, numbers compared as written.
+func sameDoc(a, b []byte) bool {
+	ca, err1 := canonical(a)
+	cb, err2 := canonical(b)
+	return err1 == nil && err2 == nil && bytes.Equal(ca, cb)
+}
+
+func canonical(doc []byte) ([]byte, error) {
+	d := json.NewDecoder(bytes.NewReader(doc))
+	d.UseNumber()
+	var v any
+	if err := d.Decode(&v); err != nil {
+		return nil, err
+	}
+	if d.More() {
+		return nil, errors.New("trailing data")
+	}
+	return json.Marshal(v)
 }
 
 // signedRequest checks that p is a request to subject signed by the

@@ -3,7 +3,9 @@ package signedstate
 import (
 	"encoding/json"
 	"errors"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/kvstore"
@@ -77,5 +79,38 @@ func TestRefusedEvent(t *testing.T) {
 	b, _ := RefusedEvent("urn:toolgate:authorize", "policy", 7, errors.New("unsigned"))
 	if a.Subject != "audit._system.state.refused" || a.MsgID != b.MsgID {
 		t.Fatalf("subject %s, ids %s %s: want one event per reader and revision", a.Subject, a.MsgID, b.MsgID)
+	}
+}
+
+func TestTool(t *testing.T) {
+	manifest := json.RawMessage(`{"id":"t","version":"1.0.0","kind":"builtin","builtin":{"function":"echo"},"limits":{"timeout_ms":500}}`)
+	body, _ := json.Marshal(api.RegisterRequest{Manifest: manifest, Replace: true})
+	signed := &api.DecisionProof{Subject: subjects.SvcToolsRegister, Body: body}
+	stored, err := kvstore.StampLifecycle(manifest, time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC), time.Date(2026, 2, 3, 4, 5, 6, 0, time.UTC))
+	if err != nil {
+		t.Fatal(err)
+	}
+	alice := func(*api.DecisionProof) (string, error) { return "operator:alice", nil }
+	cases := []struct {
+		name string
+		rec  kvstore.ToolRecord
+		ok   bool
+	}{
+		{"signed, stamped by the store", kvstore.ToolRecord{Manifest: stored, RegisteredBy: "operator:alice", Proof: signed}, true},
+		{"unsigned", kvstore.ToolRecord{Manifest: stored, RegisteredBy: "operator:alice"}, false},
+		{"another function", kvstore.ToolRecord{Manifest: json.RawMessage(strings.Replace(string(stored), "echo", "noop", 1)),
+			RegisteredBy: "operator:alice", Proof: signed}, false},
+		{"a number rewritten", kvstore.ToolRecord{Manifest: json.RawMessage(strings.Replace(string(stored), "500", "500.0", 1)),
+			RegisteredBy: "operator:alice", Proof: signed}, false},
+		{"another operator named", kvstore.ToolRecord{Manifest: stored, RegisteredBy: "operator:bob", Proof: signed}, false},
+		{"a policy push's signature", kvstore.ToolRecord{Manifest: stored, RegisteredBy: "operator:alice",
+			Proof: &api.DecisionProof{Subject: subjects.SvcPolicyPush, Body: body}}, false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if err := Tool(c.rec, alice); (err == nil) != c.ok {
+				t.Fatalf("Tool: %v, want ok=%v", err, c.ok)
+			}
+		})
 	}
 }

@@ -271,6 +271,7 @@ func (a *Auditor) chargeKey(ctx context.Context, inv *envelope.Invocation, key s
 		} else {
 			u.ConsecutiveFailures++
 		}
+		u.Release(inv.ID) // what a model call held, now charged as used
 		u.Settle(inv.ID)
 		return nil
 	})

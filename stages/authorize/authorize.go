@@ -260,6 +260,9 @@ func (a *Authorizer) Process(ctx context.Context, inv *envelope.Invocation) ([]s
 	// again on a fresh read.
 	var approval kvstore.Approval
 	var hasApproval bool
+	// reserve fills in what a model call may use of the budgets.
+	hold := &modelHold{}
+	ctx = context.WithValue(ctx, modelHoldKey{}, hold)
 	for attempt := 1; ; attempt++ {
 		var outs []stages.Output
 		var done bool
@@ -285,6 +288,7 @@ func (a *Authorizer) Process(ctx context.Context, inv *envelope.Invocation) ([]s
 	if m.Cost != nil {
 		inv.Authz.CostPerCall = m.Cost.PerCall
 	}
+	inv.Authz.ModelTokens, inv.Authz.ModelCost = hold.tokens, hold.cost
 	if hasApproval && approval.State == kvstore.ApprovalApproved {
 		inv.Authz.ApprovedBy = approval.DecidedBy
 	}
@@ -765,6 +769,7 @@ func (a *Authorizer) reserveTree(ctx context.Context, inv *envelope.Invocation, 
 			return errAlreadyReserved // nothing to undo
 		}
 		u.Calls--
+		u.Release(inv.ID)
 		return nil
 	})
 	if uerr != nil && !errors.Is(uerr, errAlreadyReserved) {
@@ -786,6 +791,7 @@ func sessionAborted(ab kvstore.Abort) error {
 // reserved only on that usage, its calls aside (max_calls is checked here
 // on the stored count): if it moved, errUsageMoved.
 func (a *Authorizer) reserve(ctx context.Context, inv *envelope.Invocation, b *token.Budget, key string, m *tools.Manifest, judged *kvstore.Usage) error {
+	held, _ := ctx.Value(modelHoldKey{}).(*modelHold)
 	var wait time.Duration
 	var refused error // a refusal that still writes (stale leases dropped)
 	_, err := a.cfg.Store.UpdateUsage(ctx, inv.Tenant, key, func(u *kvstore.Usage) error {
@@ -794,6 +800,9 @@ func (a *Authorizer) reserve(ctx context.Context, inv *envelope.Invocation, b *t
 			return sessionAborted(*ab)
 		}
 		if u.HasReserved(inv.ID) {
+			if h, ok := u.HoldOf(inv.ID); ok {
+				held.set(h.Tokens, h.Cost) // a retry hands on what it held
+			}
 			return errAlreadyReserved
 		}
 		if judged != nil && moved(*judged, *u) {
@@ -819,6 +828,28 @@ func (a *Authorizer) reserve(ctx context.Context, inv *envelope.Invocation, b *t
 			case b.MaxTokens > 0 && u.Tokens >= b.MaxTokens:
 				refused = exhausted("the token has used its %d tokens", b.MaxTokens)
 			}
+			if refused == nil && m.Kind == "model" && (b.MaxTokens > 0 || b.MaxCost > 0) {
+				// A model call holds all the budget leaves free before it
+				// runs; audit releases what it did not use.
+				heldTokens, heldCost := u.Held()
+				tokens, cost := b.MaxTokens-u.Tokens-heldTokens, b.MaxCost-u.Cost-heldCost-perCall
+				switch {
+				case (b.MaxTokens > 0 && tokens <= 0) || (b.MaxCost > 0 && cost <= 0):
+					if len(u.Holds) > 0 {
+						return errHeldElsewhere // released when those calls end
+					}
+					refused = exhausted("the token has no tokens or cost left for a model call")
+				default:
+					if b.MaxTokens <= 0 {
+						tokens = 0
+					}
+					if b.MaxCost <= 0 {
+						cost = 0
+					}
+					u.Hold(inv.ID, tokens, cost)
+					held.set(tokens, cost)
+				}
+			}
 			if refused != nil {
 				if dropped {
 					return nil // the stale leases' drop is written, the call refused
@@ -840,8 +871,35 @@ func (a *Authorizer) reserve(ctx context.Context, inv *envelope.Invocation, b *t
 		return err
 	case errors.Is(err, errLeasedElsewhere):
 		return stages.Transient(err, wait)
+	case errors.Is(err, errHeldElsewhere):
+		return stages.Transient(err, 200*time.Millisecond)
 	}
 	return stages.Transient(err, 0)
+}
+
+// errHeldElsewhere: the budget's tokens or cost are held by model calls in
+// flight; the call is tried again once they may have ended.
+var errHeldElsewhere = errors.New("the budget is held by model calls in flight")
+
+// modelHold is what a model call may use: the least of what reserve held
+// of each budget it charged (the token's own and its tree's).
+type modelHold struct {
+	tokens int64
+	cost   float64
+}
+
+type modelHoldKey struct{}
+
+func (h *modelHold) set(tokens int64, cost float64) {
+	if h == nil {
+		return
+	}
+	if tokens > 0 && (h.tokens == 0 || tokens < h.tokens) {
+		h.tokens = tokens
+	}
+	if cost > 0 && (h.cost == 0 || cost < h.cost) {
+		h.cost = cost
+	}
 }
 
 // moved reports whether the usage a policy judged differs from the stored

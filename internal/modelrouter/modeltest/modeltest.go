@@ -70,6 +70,14 @@ func (s *Server) Set(b string) {
 	s.mu.Unlock()
 }
 
+// SetUsage changes the usage the server reports (its answers stay within
+// a request's max_tokens).
+func (s *Server) SetUsage(in, out int64) {
+	s.mu.Lock()
+	s.InputTokens, s.OutputTokens = in, out
+	s.mu.Unlock()
+}
+
 // Calls is how many requests the server has received.
 func (s *Server) Calls() int64 { return s.calls.Load() }
 
@@ -94,6 +102,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	s.calls.Add(1)
 	s.mu.Lock()
 	b := s.behaviour
+	inTokens, outTokens := s.InputTokens, s.OutputTokens
 	s.mu.Unlock()
 	path := "/v1/chat/completions"
 	if s.API == "anthropic" {
@@ -131,6 +140,10 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	stream, _ := req["stream"].(bool)
+	// A provider answers within max_tokens.
+	if mt, ok := req["max_tokens"].(float64); ok && int64(mt) < outTokens {
+		outTokens = int64(mt)
+	}
 	switch b {
 	case Fail500:
 		s.fail(w, http.StatusInternalServerError, "api_error", "internal server error")
@@ -164,13 +177,13 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 		if s.API == "anthropic" {
 			fmt.Fprintf(w, `{"id":"msg_01","type":"message","role":"assistant","model":%q,"content":[{"type":"text","text":%q}],`+
 				`"stop_reason":"end_turn","stop_sequence":null,"usage":{"input_tokens":%d,"output_tokens":%d}}`,
-				req["model"], s.Answer, s.InputTokens, s.OutputTokens)
+				req["model"], s.Answer, inTokens, outTokens)
 			return
 		}
 		fmt.Fprintf(w, `{"id":"chatcmpl-1","object":"chat.completion","created":1700000000,"model":%q,`+
 			`"choices":[{"index":0,"message":{"role":"assistant","content":%q},"finish_reason":"stop"}],`+
 			`"usage":{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d}}`,
-			req["model"], s.Answer, s.InputTokens, s.OutputTokens, s.InputTokens+s.OutputTokens)
+			req["model"], s.Answer, inTokens, outTokens, inTokens+outTokens)
 		return
 	}
 	w.Header().Set("Content-Type", "text/event-stream")
@@ -188,7 +201,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	if s.API == "anthropic" {
 		send("message_start", fmt.Sprintf(`{"type":"message_start","message":{"id":"msg_01","type":"message","role":"assistant",`+
 			`"content":[],"model":%q,"stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":%d,"output_tokens":1}}}`,
-			req["model"], s.InputTokens))
+			req["model"], inTokens))
 		send("content_block_start", `{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}`)
 		send("ping", `{"type": "ping"}`)
 		for i, wd := range words {
@@ -199,7 +212,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 			send("content_block_delta", fmt.Sprintf(`{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":%s}}`, d))
 		}
 		send("content_block_stop", `{"type":"content_block_stop","index":0}`)
-		send("message_delta", fmt.Sprintf(`{"type":"message_delta","delta":{"stop_reason":"end_turn","stop_sequence":null},"usage":{"output_tokens":%d}}`, s.OutputTokens))
+		send("message_delta", fmt.Sprintf(`{"type":"message_delta","delta":{"stop_reason":"end_turn","stop_sequence":null},"usage":{"output_tokens":%d}}`, outTokens))
 		send("message_stop", `{"type":"message_stop"}`)
 		return
 	}
@@ -219,6 +232,6 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 		`"choices":[{"index":0,"delta":{},"finish_reason":"stop"}],"usage":null}`, req["model"]))
 	send("", fmt.Sprintf(`{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1700000000,"model":%q,`+
 		`"choices":[],"usage":{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d}}`,
-		req["model"], s.InputTokens, s.OutputTokens, s.InputTokens+s.OutputTokens))
+		req["model"], inTokens, outTokens, inTokens+outTokens))
 	send("", "[DONE]")
 }

@@ -33,6 +33,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"net/url"
 	"slices"
@@ -203,6 +204,9 @@ func (k *Kind) Prepare(m *tools.Manifest, inv *envelope.Invocation) (builtin.Fun
 		g = inv.Authz.Grants
 	}
 	c := &call{kind: k, m: m, spec: s, grants: g}
+	if inv.Authz != nil {
+		c.holdTokens, c.holdCost = inv.Authz.ModelTokens, inv.Authz.ModelCost
+	}
 	return c.run, nil
 }
 
@@ -212,6 +216,44 @@ type call struct {
 	m      *tools.Manifest
 	spec   *Spec
 	grants envelope.Grants
+	// holdTokens and holdCost are what the call's requests may use
+	// together (the budget authorize held for it); 0 bounds nothing.
+	holdTokens int64
+	holdCost   float64
+}
+
+// fit sizes a request's answer (maxTokens) to what the call's hold leaves
+// once used is spent, counting the prompt at its worst: a byte per token,
+// plus each message's framing. A request that cannot fit one answer token
+// is not sent (E3211): a token's max_tokens and max_cost are never passed,
+// whatever the provider answers within max_tokens.
+func (c *call) fit(model *modelrouter.Model, p *Params, maxTokens int, used api.ModelUse) (int, error) {
+	if c.holdTokens <= 0 && c.holdCost <= 0 {
+		return maxTokens, nil
+	}
+	in := int64(len(p.System)) + 16
+	for _, m := range p.Messages {
+		in += int64(len(m.Role)+len(m.Content)) + 8
+	}
+	out := int64(maxTokens)
+	if c.holdTokens > 0 {
+		out = min(out, c.holdTokens-used.InputTokens-used.OutputTokens-in)
+	}
+	if c.holdCost > 0 {
+		left := c.holdCost - used.Cost - model.Price.Cost(in, 0)
+		switch {
+		case left < 0:
+			out = 0
+		case model.Price.OutputPer1K > 0:
+			out = min(out, int64(math.Floor(left*1000/model.Price.OutputPer1K*(1-1e-9))))
+		}
+	}
+	if out < 1 {
+		return 0, api.NewError(api.ResourceExhausted, api.EBudgetExhausted,
+			"budget exhausted: a request to %s (a prompt of up to %d tokens) does not fit what the call's budget leaves (%d tokens, %g cost held)",
+			model.Name, in, c.holdTokens, c.holdCost)
+	}
+	return int(out), nil
 }
 
 func (c *call) params(raw json.RawMessage) (*Params, error) {
@@ -465,7 +507,7 @@ func (c *call) tryModel(ctx context.Context, model *modelrouter.Model, p *Params
 		ep := model.Endpoints[(first+i)%n]
 		use.Endpoint = ep
 		start := time.Now()
-		ans, err := c.tryEndpoint(ctx, model, ep, p, stream, header, scrub)
+		ans, err := c.tryEndpoint(ctx, model, ep, p, stream, header, scrub, *use)
 		ms := time.Since(start).Milliseconds()
 		cost := model.Price.Cost(ans.InputTokens, ans.OutputTokens)
 		use.InputTokens += ans.InputTokens
@@ -540,12 +582,19 @@ var breakerConfig = tools.CircuitBreaker{FailureRateThreshold: 50, SlidingWindow
 func BreakerKey(model, endpoint string) string { return "model:" + model + ":" + endpoint }
 
 func (c *call) tryEndpoint(ctx context.Context, model *modelrouter.Model, ep string, p *Params, stream bool,
-	header http.Header, scrub *httptool.Scrubber) (modelrouter.Answer, error) {
+	header http.Header, scrub *httptool.Scrubber, used api.ModelUse) (modelrouter.Answer, error) {
 	u, err := url.Parse(model.URL(ep))
 	if err != nil {
 		return modelrouter.Answer{}, api.NewError(api.ToolExecutionError, api.EModelMisconfigured, "model %s: endpoint %q: %v", model.Name, ep, err)
 	}
 	if err := httptool.CheckHost(c.m, c.grants, u); err != nil {
+		return modelrouter.Answer{}, err
+	}
+	maxTokens := model.MaxOutputTokens
+	if p.MaxOutputTokens > 0 {
+		maxTokens = min(maxTokens, p.MaxOutputTokens)
+	}
+	if maxTokens, err = c.fit(model, p, maxTokens, used); err != nil {
 		return modelrouter.Answer{}, err
 	}
 	var guard *breaker.Call
@@ -565,10 +614,6 @@ func (c *call) tryEndpoint(ctx context.Context, model *modelrouter.Model, ep str
 	}
 	actx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	maxTokens := model.MaxOutputTokens
-	if p.MaxOutputTokens > 0 {
-		maxTokens = min(maxTokens, p.MaxOutputTokens)
-	}
 	call := modelrouter.Call{Model: model, Endpoint: ep, System: p.System, Messages: p.Messages, MaxTokens: maxTokens,
 		Temperature: p.Temperature, Stream: stream, Header: header, MaxBytes: c.spec.MaxResponseBytes}
 	if stream {
