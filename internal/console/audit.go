@@ -1,0 +1,201 @@
+package console
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/redact"
+)
+
+// Event is one audit event as the console shows it.
+type Event struct {
+	Seq          uint64    `json:"seq"`
+	Time         time.Time `json:"time"`
+	Tenant       string    `json:"tenant"`
+	Type         string    `json:"type"` // the subject's event part: tool.succeeded, tool.approval.requested, …
+	Source       string    `json:"source"`
+	Tool         string    `json:"tool"`
+	Status       string    `json:"status"`
+	ECode        string    `json:"ecode"`
+	InvocationID string    `json:"invocation_id"`
+	TraceParent  string    `json:"traceparent,omitempty"`
+	// Raw is the event as stored, its parameters redacted again.
+	Raw json.RawMessage `json:"-"`
+}
+
+// parseEvent reads an audit event off subject audit.<tenant>.<event>.
+// Whatever it cannot read stays empty: the raw event is still shown.
+func parseEvent(subject string, data []byte) Event {
+	var e struct {
+		Time        time.Time `json:"time"`
+		Source      string    `json:"source"`
+		TraceParent string    `json:"traceparent"`
+		Data        struct {
+			TenantID     string     `json:"tenant_id"`
+			InvocationID string     `json:"invocation_id"`
+			ToolID       string     `json:"tool_id"`
+			ToolVersion  string     `json:"tool_version"`
+			Status       api.Status `json:"status"`
+			Error        *api.Error `json:"error"`
+		} `json:"data"`
+	}
+	_ = json.Unmarshal(data, &e)
+	ev := Event{Time: e.Time, Source: e.Source, TraceParent: e.TraceParent, Tenant: e.Data.TenantID, InvocationID: e.Data.InvocationID,
+		Status: string(e.Data.Status), Raw: redactEvent(data)}
+	if parts := strings.SplitN(subject, ".", 3); len(parts) == 3 {
+		ev.Tenant, ev.Type = parts[1], parts[2]
+	} else {
+		ev.Type = subject
+	}
+	ev.Tool = e.Data.ToolID
+	if ev.Tool != "" && e.Data.ToolVersion != "" {
+		ev.Tool += "@" + e.Data.ToolVersion
+	}
+	if e.Data.Error != nil {
+		ev.ECode = e.Data.Error.ECode
+	}
+	return ev
+}
+
+// redactEvent passes the event's data.parameters through audit's redaction
+// once more, so what the console shows is never less redacted than the
+// trail, even for an event some other publisher wrote.
+func redactEvent(data []byte) json.RawMessage {
+	var m map[string]json.RawMessage
+	if json.Unmarshal(data, &m) != nil {
+		b, _ := json.Marshal(string(data))
+		return b
+	}
+	var d map[string]json.RawMessage
+	if json.Unmarshal(m["data"], &d) == nil {
+		if p, ok := d["parameters"]; ok {
+			d["parameters"] = redact.Redact(p)
+			if b, err := json.Marshal(d); err == nil {
+				m["data"] = b
+			}
+		}
+	}
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false) // the page escapes; \u003c would hide what was sent
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(m); err != nil {
+		return data
+	}
+	return bytes.TrimRight(buf.Bytes(), "\n")
+}
+
+// Filter selects events: every non-empty field must match.
+type Filter struct {
+	Tenant, Type, Tool, Status, Text string
+}
+
+func (f Filter) match(e Event) bool {
+	has := func(s, sub string) bool {
+		return sub == "" || strings.Contains(strings.ToLower(s), strings.ToLower(sub))
+	}
+	return (f.Tenant == "" || e.Tenant == f.Tenant) && has(e.Type, f.Type) && has(e.Tool, f.Tool) &&
+		(f.Status == "" || e.Status == f.Status) && has(string(e.Raw), f.Text)
+}
+
+// hub keeps the last events and hands new ones to the live views.
+type hub struct {
+	mu     sync.Mutex
+	size   int
+	seq    uint64
+	ring   []Event
+	subs   map[chan Event]struct{}
+	loaded chan struct{}
+}
+
+func newHub(size int) *hub {
+	return &hub{size: size, subs: map[chan Event]struct{}{}, loaded: make(chan struct{})}
+}
+
+func (h *hub) add(e Event) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.seq++
+	e.Seq = h.seq
+	h.ring = append(h.ring, e)
+	if len(h.ring) > h.size {
+		h.ring = append(h.ring[:0:0], h.ring[len(h.ring)-h.size:]...)
+	}
+	for c := range h.subs {
+		select {
+		case c <- e:
+		default: // a view that cannot keep up loses events, never slows the rest
+		}
+	}
+}
+
+// recent returns the kept events that match f, oldest first, at most n.
+func (h *hub) recent(f Filter, n int) []Event {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out []Event
+	for i := len(h.ring) - 1; i >= 0 && len(out) < n; i-- {
+		if f.match(h.ring[i]) {
+			out = append(out, h.ring[i])
+		}
+	}
+	for i, j := 0, len(out)-1; i < j; i, j = i+1, j-1 {
+		out[i], out[j] = out[j], out[i]
+	}
+	return out
+}
+
+func (h *hub) last() uint64 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.seq
+}
+
+func (h *hub) get(seq uint64) (Event, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for i := len(h.ring) - 1; i >= 0; i-- {
+		if h.ring[i].Seq == seq {
+			return h.ring[i], true
+		}
+	}
+	return Event{}, false
+}
+
+func (h *hub) subscribe() (chan Event, func()) {
+	c := make(chan Event, 256)
+	h.mu.Lock()
+	h.subs[c] = struct{}{}
+	h.mu.Unlock()
+	return c, func() {
+		h.mu.Lock()
+		delete(h.subs, c)
+		h.mu.Unlock()
+	}
+}
+
+// Run reads the last Backlog stored audit events, then follows new ones,
+// until ctx ends.
+func (s *Server) Run(ctx context.Context) error {
+	take := func(subject string, data []byte) error {
+		e := parseEvent(subject, data)
+		if e.Tenant != "" && !strings.HasPrefix(e.Tenant, "_") {
+			s.mu.Lock()
+			s.tenants[e.Tenant] = true
+			s.mu.Unlock()
+		}
+		s.audit.add(e)
+		return nil
+	}
+	err := s.cfg.Client.TailLast(ctx, "", s.cfg.Backlog, take)
+	close(s.audit.loaded)
+	if err != nil {
+		return err
+	}
+	return s.cfg.Client.Tail(ctx, "", false, take)
+}
