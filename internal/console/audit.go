@@ -2,6 +2,7 @@ package console
 
 import (
 	"bytes"
+	"fmt"
 	"context"
 	"encoding/json"
 	"strings"
@@ -62,30 +63,28 @@ func parseEvent(subject string, data []byte) Event {
 	return ev
 }
 
-// redactEvent passes the event's data.parameters through audit's redaction
-// once more, so what the console shows is never less redacted than the
-// trail, even for an event some other publisher wrote.
+// redactEvent passes the whole event through audit's redaction once more
+// (credential-named members at any depth, then the secret and personal
+// data detectors), so what the console shows is never less redacted than
+// the trail, whoever published the event and however its members are
+// spelled.
 func redactEvent(data []byte) json.RawMessage {
 	var m map[string]json.RawMessage
 	if json.Unmarshal(data, &m) != nil {
-		b, _ := json.Marshal(string(data))
+		// Not an object: nothing can be redacted by name in it, so it is not shown.
+		b, _ := json.Marshal(fmt.Sprintf("[an event that is not a JSON object, %d bytes: see toolgate tail --json]", len(data)))
 		return b
 	}
-	var d map[string]json.RawMessage
-	if json.Unmarshal(m["data"], &d) == nil {
-		if p, ok := d["parameters"]; ok {
-			d["parameters"] = redact.Redact(p)
-			if b, err := json.Marshal(d); err == nil {
-				m["data"] = b
-			}
-		}
+	var v any
+	if json.Unmarshal(redact.Redact(data), &v) != nil {
+		return json.RawMessage(`"[REDACTED]"`)
 	}
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
 	enc.SetEscapeHTML(false) // the page escapes; \u003c would hide what was sent
 	enc.SetIndent("", "  ")
-	if err := enc.Encode(m); err != nil {
-		return data
+	if err := enc.Encode(v); err != nil {
+		return json.RawMessage(`"[REDACTED]"`)
 	}
 	return bytes.TrimRight(buf.Bytes(), "\n")
 }

@@ -149,7 +149,9 @@ func secure(h http.Handler) http.Handler {
 		hd.Set("Content-Security-Policy", csp)
 		hd.Set("X-Content-Type-Options", "nosniff")
 		hd.Set("X-Frame-Options", "DENY")
-		hd.Set("Referrer-Policy", "no-referrer")
+		// same-origin, not no-referrer: under no-referrer a browser sends
+		// "Origin: null" on its own form posts, which the Origin check refuses.
+		hd.Set("Referrer-Policy", "same-origin")
 		hd.Set("Cache-Control", "no-store")
 		hd.Set("Cross-Origin-Opener-Policy", "same-origin")
 		h.ServeHTTP(w, r)

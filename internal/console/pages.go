@@ -30,6 +30,7 @@ var funcs = template.FuncMap{
 		}
 		return t.UTC().Format("15:04:05.000")
 	},
+	"minute": func(t time.Time) string { return t.UTC().Format("15:04") },
 	"us": func(n int64) string { return (time.Duration(n) * time.Microsecond).String() },
 	"statuses": func() []api.Status {
 		return []api.Status{api.StatusPending, api.StatusRunning, api.StatusPendingApproval, api.StatusSuccess, api.StatusError,
@@ -252,11 +253,9 @@ func (s *Server) invocation(w http.ResponseWriter, r *http.Request, sess session
 		return nil
 	})
 	slices.SortStableFunc(evs, func(a, b Event) int { return a.Time.Compare(b.Time) })
-	for i, e := range evs {
+	for _, e := range evs {
 		st := step{Event: e, Stage: strings.TrimPrefix(e.Source, "urn:toolgate:")}
-		if i > 0 {
-			st.Offset = "+" + e.Time.Sub(evs[0].Time).Round(time.Microsecond).String()
-		}
+		st.Offset = "+" + e.Time.Sub(evs[0].Time).Round(time.Microsecond).String()
 		st.Summary = cmp.Or(e.Status, "-")
 		if e.ECode != "" {
 			st.Summary += " " + e.ECode
@@ -394,7 +393,10 @@ func (s *Server) overview(w http.ResponseWriter, r *http.Request, sess session) 
 		if !terminal(e.Type) {
 			continue
 		}
-		tools[e.Tool]++
+		// By tool id: an event that ends a call before its version was
+		// resolved names none.
+		tool, _, _ := strings.Cut(e.Tool, "@")
+		tools[tool]++
 		i := minutes - 1 - int(now.Sub(e.Time.UTC().Truncate(time.Minute))/time.Minute)
 		if i < 0 || i >= minutes {
 			continue
