@@ -273,8 +273,36 @@ func TestConsoleListen(t *testing.T) {
 		{"console", "--tls-cert", "c.pem"},
 	} {
 		r := tg(t, "", append(args, "--nats", "nats://127.0.0.1:1")...)
-		if r.code != exitUsage || !strings.Contains(r.stderr, "--tls-") {
+		if r.code != exitUsage || !strings.Contains(r.stderr, "tls-") {
 			t.Fatalf("%v: exit %d, stderr %q", args, r.code, r.stderr)
 		}
+	}
+}
+
+// TestServeConsole: serve --console serves the console as the local
+// operator once the pipeline is up; a non-loopback --console needs TLS.
+func TestServeConsole(t *testing.T) {
+	cleanEnv(t)
+	if r := tg(t, "", "serve", "--console", "0.0.0.0:8080", "--data", t.TempDir()); r.code != exitUsage || !strings.Contains(r.stderr, "--console-tls-cert") {
+		t.Fatalf("serve --console 0.0.0.0:8080: exit %d, stderr %q", r.code, r.stderr)
+	}
+	var out, errb syncBuffer
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan int, 1)
+	go func() {
+		done <- run(ctx, []string{"serve", "--data", t.TempDir(), "--listen", "127.0.0.1:-1", "--sandbox", "none", "--log-level", "error",
+			"--console", "127.0.0.1:0"}, strings.NewReader(""), &out, &errb)
+	}()
+	defer func() {
+		cancel()
+		<-done
+	}()
+	con := consoleRun{out: &out}
+	waitFor(t, "serve's console login link", func() bool { return len(con.links()) > 0 })
+	jar, _ := cookiejar.New(nil)
+	c := &http.Client{Jar: jar, Timeout: 20 * time.Second}
+	code, body, _ := get(t, c, con.links()[0])
+	if code != http.StatusOK || !strings.Contains(body, "<h1>Approvals</h1>") {
+		t.Fatalf("serve's console after sign-in: %d\n%s", code, body)
 	}
 }

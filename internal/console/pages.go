@@ -31,7 +31,7 @@ var funcs = template.FuncMap{
 		return t.UTC().Format("15:04:05.000")
 	},
 	"minute": func(t time.Time) string { return t.UTC().Format("15:04") },
-	"us": func(n int64) string { return (time.Duration(n) * time.Microsecond).String() },
+	"us":     func(n int64) string { return (time.Duration(n) * time.Microsecond).String() },
 	"statuses": func() []api.Status {
 		return []api.Status{api.StatusPending, api.StatusRunning, api.StatusPendingApproval, api.StatusSuccess, api.StatusError,
 			api.StatusTimeout, api.StatusCancelled, api.StatusPermissionDenied}
