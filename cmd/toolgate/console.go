@@ -105,7 +105,9 @@ func (a *app) serveConsole(ctx context.Context, url string, o consoleOptions) er
 		return err
 	}
 	if signer != nil {
-		c.Sign = func(subject string, body []byte) (nats.Header, error) { return signer.Sign(nil, subject, body, time.Now()) }
+		c.Sign = func(subject string, body []byte) (nats.Header, error) {
+			return signer.Sign(nil, subject, body, time.Now())
+		}
 	}
 	return a.runConsole(ctx, c, o)
 }
