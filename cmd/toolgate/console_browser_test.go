@@ -162,5 +162,20 @@ func TestConsoleBrowser(t *testing.T) {
 	if rows, _ := eval(`document.querySelectorAll("#events tr").length`).(float64); rows < 3 {
 		t.Fatalf("the audit view shows too few events of needs.human")
 	}
+	// Pause holds new events back; Resume shows them.
+	before := eval(`document.querySelectorAll("#events tr").length`)
+	run("pause", chromedp.Click(css("#pause")))
+	id4 := "console-browser-4"
+	fourth := parkCall(t, s, id4)
+	run("see events held", chromedp.WaitVisible(css("#live-state.held")))
+	if now := eval(`document.querySelectorAll("#events tr").length`); now != before {
+		t.Fatalf("paused, the audit view still grew from %v to %v rows", before, now)
+	}
+	run("resume", chromedp.Click(css("#pause")), chromedp.WaitVisible(css("#events tr[data-id='"+id4+"']")))
+	if r := tg(t, "", s.flags("deny", id4)...); r.code != exitOK {
+		t.Fatalf("deny from the CLI: exit %d %s", r.code, r.stderr)
+	}
+	<-fourth
+
 	run("overview", chromedp.Navigate(con.base+"/overview"), chromedp.WaitVisible(css("#top-tools")), shot("overview"))
 }

@@ -258,6 +258,15 @@ func TestConsole(t *testing.T) {
 	if !strings.Contains(body, id) {
 		t.Fatalf("the audit page filtered by status success does not list %s:\n%s", id, body)
 	}
+	// Open an event: the whole event, redacted again, escaped.
+	seq := regexp.MustCompile(`href="/audit/event/(\d+)"`).FindStringSubmatch(body)
+	if seq == nil {
+		t.Fatalf("the audit page links no event:\n%s", body)
+	}
+	code, body, _ = get(t, browser, con.base+"/audit/event/"+seq[1])
+	if code != http.StatusOK || !strings.Contains(body, id) || strings.Contains(body, "hunter2") || strings.Contains(body, "<script>window") {
+		t.Fatalf("an audit event's page: %d\n%s", code, body)
+	}
 	_, body, _ = get(t, browser, con.base+"/overview")
 	if !strings.Contains(body, "needs.human<") || !strings.Contains(body, "success") {
 		t.Fatalf("the overview:\n%s", body)

@@ -214,6 +214,7 @@ type invocationData struct {
 	Parent     string
 	Replayed   string
 	Approval   *api.ApprovalSummary
+	Meta       *api.ExecutionMetadata
 }
 
 func (s *Server) invocation(w http.ResponseWriter, r *http.Request, sess session) {
@@ -233,6 +234,7 @@ func (s *Server) invocation(w http.ResponseWriter, r *http.Request, sess session
 				d.Error = resp.Error
 			}
 			if md := resp.ExecutionMetadata; md != nil {
+				d.Meta = md
 				d.Hops = md.Stages
 				d.Replayed = md.ReplayedFrom
 				if md.Hook != nil {

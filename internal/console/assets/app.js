@@ -65,6 +65,7 @@ function liveAudit() {
   const show = e => {
     const tr = document.createElement("tr");
     tr.dataset.seq = e.seq;
+    tr.dataset.id = e.invocation_id || "";
     const t = cell("");
     t.appendChild(link("/audit/event/" + e.seq, clock(e.time)));
     tr.append(t, cell(e.tenant), cell(e.type), cell(e.tool), cell(e.status), cell(e.ecode));
@@ -77,7 +78,7 @@ function liveAudit() {
   const es = new EventSource(streamURL(params));
   es.onmessage = m => {
     const e = JSON.parse(m.data);
-    if (paused) { held.push(e); state.textContent = "paused (" + held.length + " waiting)"; return; }
+    if (paused) { held.push(e); state.textContent = "paused (" + held.length + " waiting)"; state.classList.add("held"); return; }
     show(e);
   };
   es.onerror = () => { state.textContent = paused ? state.textContent : "reconnecting"; };
@@ -85,7 +86,7 @@ function liveAudit() {
   document.getElementById("pause").addEventListener("click", ev => {
     paused = !paused;
     ev.target.textContent = paused ? "Resume" : "Pause";
-    if (!paused) { held.splice(0).forEach(show); state.textContent = "live"; } else state.textContent = "paused";
+    if (!paused) { held.splice(0).forEach(show); state.textContent = "live"; state.classList.remove("held"); } else state.textContent = "paused";
   });
 }
 
