@@ -2,10 +2,8 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
-	"net/http"
 	"path/filepath"
 	"time"
 
@@ -56,30 +54,7 @@ func (a *app) runConsole(ctx context.Context, c *client.Client, o consoleOptions
 		return err
 	}
 	fmt.Fprintf(a.stderr, "toolgate console on %s\n", base)
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second, BaseContext: func(net.Listener) context.Context { return ctx }}
-	errc := make(chan error, 2)
-	go func() { errc <- srv.Run(ctx) }()
-	go func() {
-		if tls {
-			errc <- hs.ServeTLS(ln, o.certFile, o.keyFile)
-		} else {
-			errc <- hs.Serve(ln)
-		}
-	}()
-	select {
-	case <-ctx.Done():
-	case err = <-errc:
-	}
-	cancel()
-	sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer scancel()
-	_ = hs.Shutdown(sctx)
-	if err != nil && !errors.Is(err, http.ErrServerClosed) && ctx.Err() == nil {
-		return err
-	}
-	return nil
+	return srv.Serve(ctx, ln, o.certFile, o.keyFile)
 }
 
 // serveConsole runs the console of serve --console once the pipeline is

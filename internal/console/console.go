@@ -269,3 +269,35 @@ func Loopback(addr string) bool {
 	ip := net.ParseIP(host)
 	return ip != nil && ip.IsLoopback()
 }
+
+// Serve serves the console on ln (HTTPS when certFile and keyFile are
+// given) and follows the audit trail, until ctx ends.
+func (s *Server) Serve(ctx context.Context, ln net.Listener, certFile, keyFile string) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	hs := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second, BaseContext: func(net.Listener) context.Context { return ctx }}
+	errc := make(chan error, 2)
+	go func() { errc <- s.Run(ctx) }()
+	go func() {
+		if certFile != "" {
+			errc <- hs.ServeTLS(ln, certFile, keyFile)
+		} else {
+			errc <- hs.Serve(ln)
+		}
+	}()
+	var err error
+	select {
+	case <-ctx.Done():
+	case err = <-errc:
+	}
+	stopped := ctx.Err() != nil
+	// Ending ctx ends the live streams, so Shutdown need not wait for them.
+	cancel()
+	sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer scancel()
+	_ = hs.Shutdown(sctx)
+	if err != nil && !errors.Is(err, http.ErrServerClosed) && !stopped {
+		return err
+	}
+	return nil
+}
