@@ -25,8 +25,27 @@ type Event struct {
 	ECode        string    `json:"ecode"`
 	InvocationID string    `json:"invocation_id"`
 	TraceParent  string    `json:"traceparent,omitempty"`
-	// Raw is the event as stored, its parameters redacted again.
-	Raw json.RawMessage `json:"-"`
+	red *redacted
+}
+
+// redacted is an event's text redacted again, worked out the first time it
+// is wanted: redaction costs far more than reading the event, and most
+// events are never opened or searched.
+type redacted struct {
+	once sync.Once
+	data []byte
+	out  json.RawMessage
+}
+
+// Raw is the whole event as stored, redacted again (redactEvent).
+func (e Event) Raw() json.RawMessage {
+	if e.red == nil {
+		return nil
+	}
+	e.red.once.Do(func() {
+		e.red.out, e.red.data = redactEvent(e.red.data), nil
+	})
+	return e.red.out
 }
 
 // parseEvent reads an audit event off subject audit.<tenant>.<event>.
@@ -47,7 +66,7 @@ func parseEvent(subject string, data []byte) Event {
 	}
 	_ = json.Unmarshal(data, &e)
 	ev := Event{Time: e.Time, Source: e.Source, TraceParent: e.TraceParent, Tenant: e.Data.TenantID, InvocationID: e.Data.InvocationID,
-		Status: string(e.Data.Status), Raw: redactEvent(data)}
+		Status: string(e.Data.Status), red: &redacted{data: bytes.Clone(data)}}
 	if parts := strings.SplitN(subject, ".", 3); len(parts) == 3 {
 		ev.Tenant, ev.Type = parts[1], parts[2]
 	} else {
@@ -99,7 +118,7 @@ func (f Filter) match(e Event) bool {
 		return sub == "" || strings.Contains(strings.ToLower(s), strings.ToLower(sub))
 	}
 	return (f.Tenant == "" || e.Tenant == f.Tenant) && has(e.Type, f.Type) && has(e.Tool, f.Tool) &&
-		(f.Status == "" || e.Status == f.Status) && has(string(e.Raw), f.Text)
+		(f.Status == "" || e.Status == f.Status) && (f.Text == "" || has(string(e.Raw()), f.Text))
 }
 
 // hub keeps the last events and hands new ones to the live views.
@@ -122,7 +141,9 @@ func (h *hub) add(e Event) {
 	h.seq++
 	e.Seq = h.seq
 	h.ring = append(h.ring, e)
-	if len(h.ring) > h.size {
+	// Trimmed only at twice its size, so keeping an event costs a copy of
+	// the window only once every size events.
+	if len(h.ring) >= 2*h.size {
 		h.ring = append(h.ring[:0:0], h.ring[len(h.ring)-h.size:]...)
 	}
 	for c := range h.subs {
@@ -138,7 +159,7 @@ func (h *hub) recent(f Filter, n int) []Event {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	var out []Event
-	for i := len(h.ring) - 1; i >= 0 && len(out) < n; i-- {
+	for i := len(h.ring) - 1; i >= h.oldest() && len(out) < n; i-- {
 		if f.match(h.ring[i]) {
 			out = append(out, h.ring[i])
 		}
@@ -149,6 +170,9 @@ func (h *hub) recent(f Filter, n int) []Event {
 	return out
 }
 
+// oldest is the index of the oldest event in the window.
+func (h *hub) oldest() int { return max(0, len(h.ring)-h.size) }
+
 func (h *hub) last() uint64 {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -158,7 +182,7 @@ func (h *hub) last() uint64 {
 func (h *hub) get(seq uint64) (Event, bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	for i := len(h.ring) - 1; i >= 0; i-- {
+	for i := len(h.ring) - 1; i >= h.oldest(); i-- {
 		if h.ring[i].Seq == seq {
 			return h.ring[i], true
 		}

@@ -347,7 +347,7 @@ func (s *Server) auditEvent(w http.ResponseWriter, r *http.Request, sess session
 	data := struct {
 		Event Event
 		Raw   string
-	}{e, string(e.Raw)}
+	}{e, string(e.Raw())}
 	s.render(w, http.StatusOK, "event.html", page{Title: "Audit event", Nav: "audit", CSRF: sess.csrf, Data: data})
 }
 
