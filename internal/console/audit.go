@@ -25,7 +25,7 @@ type Event struct {
 	ECode        string    `json:"ecode"`
 	InvocationID string    `json:"invocation_id"`
 	TraceParent  string    `json:"traceparent,omitempty"`
-	red *redacted
+	red          *redacted
 }
 
 // redacted is an event's text redacted again, worked out the first time it
