@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -155,18 +156,29 @@ func (h *hub) add(e Event) {
 }
 
 // recent returns the kept events that match f, oldest first, at most n.
+// The text filter, which may redact events, runs outside the lock, so a
+// search never holds up the trail.
 func (h *hub) recent(f Filter, n int) []Event {
+	text := f.Text
+	f.Text = ""
 	h.mu.Lock()
-	defer h.mu.Unlock()
-	var out []Event
-	for i := len(h.ring) - 1; i >= h.oldest() && len(out) < n; i-- {
+	var cand []Event
+	for i := len(h.ring) - 1; i >= h.oldest() && (text != "" || len(cand) < n); i-- {
 		if f.match(h.ring[i]) {
-			out = append(out, h.ring[i])
+			cand = append(cand, h.ring[i])
 		}
 	}
-	for i, j := 0, len(out)-1; i < j; i, j = i+1, j-1 {
-		out[i], out[j] = out[j], out[i]
+	h.mu.Unlock()
+	out := cand[:0]
+	for _, e := range cand {
+		if len(out) == n {
+			break
+		}
+		if (Filter{Text: text}).match(e) {
+			out = append(out, e)
+		}
 	}
+	slices.Reverse(out)
 	return out
 }
 
