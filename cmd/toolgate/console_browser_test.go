@@ -35,7 +35,7 @@ func TestConsoleBrowser(t *testing.T) {
 	}
 	cleanEnv(t)
 	s := startToolgate(t)
-	registerApprovalTool(t, s)
+	registerConsoleTool(t, s)
 	con := startConsole(t, s)
 
 	alloc, cancel := chromedp.NewExecAllocator(context.Background(), append(chromedp.DefaultExecAllocatorOptions[:],

@@ -60,9 +60,9 @@ func startConsole(t *testing.T, s server) consoleRun {
 	return c
 }
 
-// registerApprovalTool registers needs.human, a tool every call of which
+// registerConsoleTool registers needs.human, a tool every call of which
 // waits for a person.
-func registerApprovalTool(t *testing.T, s server) {
+func registerConsoleTool(t *testing.T, s server) {
 	t.Helper()
 	man := initManifest("needs.human")
 	man["safety"].(map[string]any)["requires_approval"] = true
@@ -131,7 +131,7 @@ var (
 func TestConsole(t *testing.T) {
 	cleanEnv(t)
 	s := startToolgate(t)
-	registerApprovalTool(t, s)
+	registerConsoleTool(t, s)
 	con := startConsole(t, s)
 	anon := &http.Client{CheckRedirect: noRedirect, Timeout: 20 * time.Second}
 
