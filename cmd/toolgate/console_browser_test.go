@@ -25,7 +25,8 @@ func chromium() string {
 // TestConsoleBrowser drives a real Chromium through the console: sign in
 // with the login link, see a parked call appear live, approve it and see
 // it finish with its timeline, deny another, see a third vanish when
-// someone else decides it first, and find the parameter full of HTML and
+// someone else decides it first, pause and resume the live audit, decide
+// too late and be told E3215, and find the parameter full of HTML and
 // script shown as text with no script run. With -update it writes the
 // screenshots docs/console.md shows.
 func TestConsoleBrowser(t *testing.T) {
@@ -157,6 +158,23 @@ func TestConsoleBrowser(t *testing.T) {
 	}
 	run("see it vanish", chromedp.WaitNotPresent(css("#approval-"+id3)))
 	<-third
+
+	// Someone decides while this person is writing a reason: the card
+	// stays (the list waits for the writing), and the late decision
+	// says plainly that the first one counted.
+	id5 := "console-browser-5"
+	fifth := parkCall(t, s, id5)
+	card5 := "#approval-" + id5
+	run("start writing", chromedp.Navigate(con.base+"/"), chromedp.WaitVisible(css(card5)),
+		chromedp.SendKeys(css(card5+" input[name=reason]"), "fine by me"))
+	if r := tg(t, "", s.flags("deny", id5, "--reason", "first")...); r.code != exitOK {
+		t.Fatalf("deny from the CLI: exit %d %s", r.code, r.stderr)
+	}
+	<-fifth
+	run("decide late", chromedp.Click(css(card5+" button.approve")), chromedp.WaitVisible(css("#failure")))
+	if f := text("#failure"); !strings.Contains(f, "E3215") || !strings.Contains(f, "already denied") {
+		t.Fatalf("the late decision says %q", f)
+	}
 
 	run("live audit", chromedp.Navigate(con.base+"/audit?tool=needs.human"), chromedp.WaitVisible(css("#events tr")), shot("audit"))
 	if rows, _ := eval(`document.querySelectorAll("#events tr").length`).(float64); rows < 3 {
