@@ -76,6 +76,9 @@ func (a *app) serveCmd() *cobra.Command {
 	cmd.Flags().StringVar(&c.Embedded.Listen, "listen", "127.0.0.1:4222", "embedded NATS listen address")
 	cmd.Flags().BoolVar(&c.Examples, "examples", false, "register the example tools at start (and, without --jwks, write a development token)")
 	cmd.Flags().StringVar(&c.OperatorCreds, "operator-creds", "", "with --nats, operator credentials to set up the topology with at start (default <data>/busauth/operator.creds when there; without them the stages wait for `toolgate setup`)")
+	var con consoleOptions
+	cmd.Flags().StringVar(&con.listen, "console", "", "also serve the web console on this address, as the local operator (see toolgate console; a non-loopback one needs --console-tls-cert and --console-tls-key)")
+	con.tlsFlags(cmd.Flags(), "console-")
 	syncMode := cmd.Flags().String("sync", "always", "when the embedded server fsyncs its store: always (before acknowledging each write; survives a power cut), interval (every 2 minutes, nats-server's default) or an interval such as 10s; acknowledged writes not yet fsynced are lost if the machine loses power")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		var err error
@@ -99,6 +102,22 @@ func (a *app) serveCmd() *cobra.Command {
 		if c.Examples {
 			c.Ready = func(url string, n *node.Node) {
 				a.printWelcome(url, c.Stage.BuiltinEnv.FileRoot, n, a.data)
+			}
+		}
+		if con.listen != "" {
+			if err := con.check("--console", "console-"); err != nil {
+				return err
+			}
+			ready := c.Ready
+			c.Ready = func(url string, n *node.Node) {
+				if ready != nil {
+					ready(url, n)
+				}
+				go func() {
+					if err := a.serveConsole(cmd.Context(), url, con); err != nil {
+						c.Log.Error("console", "err", err)
+					}
+				}()
 			}
 		}
 		return node.Run(cmd.Context(), c)
