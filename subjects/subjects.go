@@ -2,7 +2,7 @@
 // subject, stream, consumer and service endpoint. Nothing else in the code base
 // spells a subject; it asks this package.
 //
-// The public subjects (the contract in README):
+// The public subjects (the contract in docs/contract.md):
 //
 //	tool.invoke.<tenant>                  tool.invoke CloudEvents in (stream TOOLGATE_INVOKE)
 //	tool.result.<tenant>.<invocation>     one ToolInvokeResponse per invocation (stream TOOLGATE_RESULTS)
