@@ -385,8 +385,16 @@ func TestToolsLifecycle(t *testing.T) {
 		{[]string{"tools", "search", "my", "tool", "--json"}, `"tools": []`}, // a sunset version serves no search
 		{[]string{"tools", "delete", "my.tool", "0.1.0"}, "deleted my.tool@0.1.0"},
 	}
-	for _, st := range steps {
+	for i, st := range steps {
 		r := tg(t, "", s.flags(st.args...)...)
+		if i == 1 && r.code != exitOK {
+			// The stages learn of a registration through their watch, a
+			// moment after register returns.
+			waitFor(t, "the stages to know my.tool", func() bool {
+				r = tg(t, "", s.flags(st.args...)...)
+				return r.code == exitOK
+			})
+		}
 		if r.code != exitOK || !strings.Contains(r.stdout, st.out) {
 			t.Fatalf("%v: exit %d, want %q in\n%s%s", st.args, r.code, st.out, r.stdout, r.stderr)
 		}
@@ -701,8 +709,16 @@ func TestOperatorCommands(t *testing.T) {
 		{[]string{"policy", "show", "--json"}, `"pushed_by": "operator:local"`},
 		{[]string{"token", "revoke", "--jti", "some-token-id", "--reason", "test"}, "revoked some-token-id"},
 	}
-	for _, st := range steps {
+	for i, st := range steps {
 		r := tg(t, "", s.flags(st.args...)...)
+		if i == 1 && r.code != exitOK {
+			// The stages learn of a registration through their watch, a
+			// moment after register returns.
+			waitFor(t, "the stages to know my.tool", func() bool {
+				r = tg(t, "", s.flags(st.args...)...)
+				return r.code == exitOK
+			})
+		}
 		if r.code != exitOK || !strings.Contains(r.stdout, st.out) {
 			t.Fatalf("%v: exit %d, want %q in\n%s%s", st.args, r.code, st.out, r.stdout, r.stderr)
 		}
