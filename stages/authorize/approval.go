@@ -1,0 +1,67 @@
+package authorize
+
+import (
+	"context"
+	"encoding/json"
+	"time"
+
+	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/envelope"
+	"github.com/toolgate/toolgate/internal/policy"
+	"github.com/toolgate/toolgate/internal/tools"
+	"github.com/toolgate/toolgate/kvstore"
+	"github.com/toolgate/toolgate/stages"
+	"github.com/toolgate/toolgate/subjects"
+)
+
+// ApprovalInput is the human decision, when one was asked for.
+type ApprovalInput struct {
+	State     string `json:"state"`
+	DecidedBy string `json:"decided_by,omitempty"`
+}
+
+// ApprovalRequested is the data of the approval-requested audit event.
+type ApprovalRequested struct {
+	envelope.AuditRecord
+	Reasons     []string  `json:"reasons"`
+	RiskLevel   string    `json:"risk_level"`
+	SideEffects []string  `json:"side_effects,omitempty"`
+	Reversible  bool      `json:"reversible"`
+	Deadline    time.Time `json:"deadline"`
+}
+
+// park records a pending approval and leaves the invocation outside the
+// pipeline until a decision resumes or ends it. Redelivery finds the stored
+// approval and parks again with the same message ids.
+func (a *Authorizer) park(ctx context.Context, inv *envelope.Invocation, m *tools.Manifest, d policy.Decision) ([]stages.Output, error) {
+	parked, err := json.Marshal(inv)
+	if err != nil {
+		return nil, err
+	}
+	now := a.cfg.Now().UTC()
+	stored, _, err := a.cfg.Store.RequestApproval(ctx, kvstore.Approval{
+		InvocationID: inv.ID, Tenant: inv.Tenant, ToolID: m.ID, ToolVersion: m.Version,
+		Reasons: d.Reasons, RequestedAt: now, Deadline: now.Add(a.cfg.ApprovalTimeout), Invocation: parked,
+	})
+	if err != nil {
+		return nil, stages.Transient(err, 0)
+	}
+	inv.Status = api.StatusPendingApproval
+	rec := api.Record{
+		InvocationID: inv.ID, Tenant: inv.Tenant, Status: inv.Status,
+		ToolID: m.ID, ToolVersion: m.Version, Seq: inv.Event.Seq,
+	}
+	if _, _, err := a.cfg.Store.SetStatus(ctx, rec); err != nil {
+		return nil, stages.Transient(err, 0)
+	}
+	audit := inv.Audit()
+	data := ApprovalRequested{
+		AuditRecord: audit, Reasons: d.Reasons, RiskLevel: m.Safety.RiskLevel,
+		SideEffects: m.Safety.SideEffects, Reversible: m.Safety.Reversible, Deadline: stored.Deadline,
+	}
+	ev, err := stages.AuditEvent(subjects.Authorize, inv, api.TypeApprovalRequested, data)
+	if err != nil {
+		return nil, err
+	}
+	return []stages.Output{ev}, nil
+}

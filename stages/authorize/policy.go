@@ -1,0 +1,370 @@
+package authorize
+
+import (
+	"cmp"
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"reflect"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+	"weak"
+
+	"github.com/open-policy-agent/opa/v1/ast"
+	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/hosts"
+	"github.com/toolgate/toolgate/internal/policy"
+	"github.com/toolgate/toolgate/internal/token"
+	"github.com/toolgate/toolgate/internal/tools"
+	"github.com/toolgate/toolgate/kvstore"
+	"github.com/toolgate/toolgate/stages/execute/httptool"
+)
+
+// Input is what the policy sees as `input`.
+type Input struct {
+	Request   *api.Request    `json:"request"`
+	Tool      *tools.Manifest `json:"tool"`
+	Claims    *token.Claims   `json:"claims"`
+	Usage     kvstore.Usage   `json:"usage"`
+	Resources Resources       `json:"resources"`
+	Derived   Derived         `json:"derived"`
+	Approval  *ApprovalInput  `json:"approval,omitempty"`
+	Tenant    string          `json:"tenant"`
+	Time      string          `json:"time"`
+}
+
+// Resources are what a call needs: the manifest's permissions and the
+// paths among its parameters.
+type Resources struct {
+	Paths       []PathNeed `json:"paths"`
+	Hosts       []HostNeed `json:"hosts"`
+	Credentials []string   `json:"credentials"`
+}
+
+// PathNeed is a path under the file root and the access needed.
+type PathNeed struct {
+	Path string `json:"path"`
+	Mode string `json:"mode"`
+}
+
+// HostNeed is a host and port (0: any) a call connects to.
+type HostNeed struct {
+	Host string `json:"host"`
+	Port int    `json:"port"`
+}
+
+// Derived are facts about the claims computed in Go, where pattern matching
+// has one implementation.
+type Derived struct {
+	PreApproved bool            `json:"pre_approved"`
+	HostGranted map[string]bool `json:"host_granted"`
+}
+
+func (a *Authorizer) eval(ctx context.Context, in Input, rawToken string) (policy.Decision, error) {
+	input, err := a.policyInput(in, rawToken)
+	if err != nil {
+		return policy.Decision{}, api.WrapError(err, api.InternalError, api.EPolicyFailed, "building policy input: %v", err)
+	}
+	return a.engine.Load().Eval(ctx, input)
+}
+
+// policyInput is in in the form OPA evaluates: the ast.Value of its JSON
+// encoding (TestPolicyInputIsItsJSON holds it to that). The manifest's
+// part, the largest and the same on every call of a tool version, is
+// converted once per manifest; the claims' part, the same on every call
+// with one token, once per token (rawToken; linked requests, which have
+// none, convert theirs every time). The request goes through its JSON
+// encoding; the small fixed-shape parts are built directly.
+func (a *Authorizer) policyInput(in Input, rawToken string) (ast.Value, error) {
+	req, err := astValue(in.Request)
+	if err != nil {
+		return nil, err
+	}
+	var tool ast.Value = ast.Null{}
+	if m := in.Tool; m != nil {
+		if tool, err = a.tools.value(m); err != nil {
+			return nil, err
+		}
+	}
+	var claims ast.Value
+	if c := in.Claims; rawToken != "" && c != nil {
+		claims, err = a.claims.value(sha256.Sum256([]byte(rawToken)), func() (ast.Value, error) { return astValue(c) })
+	} else {
+		claims, err = astValue(in.Claims)
+	}
+	if err != nil {
+		return nil, err
+	}
+	usage, err := usageTerm(in.Usage)
+	if err != nil {
+		return nil, err
+	}
+	terms := [][2]*ast.Term{
+		ast.Item(ast.InternedTerm("request"), ast.NewTerm(req)),
+		ast.Item(ast.InternedTerm("tool"), ast.NewTerm(tool)),
+		ast.Item(ast.InternedTerm("claims"), ast.NewTerm(claims)),
+		ast.Item(ast.InternedTerm("usage"), usage),
+		ast.Item(ast.InternedTerm("resources"), resourcesTerm(in.Resources)),
+		ast.Item(ast.InternedTerm("derived"), derivedTerm(in.Derived)),
+		ast.Item(ast.InternedTerm("tenant"), ast.StringTerm(in.Tenant)),
+		ast.Item(ast.InternedTerm("time"), ast.StringTerm(in.Time)),
+	}
+	if ap := in.Approval; ap != nil {
+		fields := [][2]*ast.Term{ast.Item(ast.InternedTerm("state"), ast.StringTerm(ap.State))}
+		if ap.DecidedBy != "" {
+			fields = append(fields, ast.Item(ast.InternedTerm("decided_by"), ast.StringTerm(ap.DecidedBy)))
+		}
+		terms = append(terms, ast.Item(ast.InternedTerm("approval"), ast.ObjectTerm(fields...)))
+	}
+	return ast.NewObject(terms...), nil
+}
+
+// zeroUsage is the policy form of an empty usage (every unmetered call's).
+var zeroUsage = func() *ast.Term {
+	v, err := astValue(kvstore.Usage{})
+	if err != nil {
+		panic(err)
+	}
+	return ast.NewTerm(v)
+}()
+
+// usageTerm is u's JSON encoding as a term, built directly for the usage
+// a policy is given (its id lists and leases left out): a metered call
+// converts one on every call.
+func usageTerm(u kvstore.Usage) (*ast.Term, error) {
+	if reflect.ValueOf(u).IsZero() {
+		return zeroUsage, nil
+	}
+	if u.Reserved != nil || u.Settled != nil || u.Leases != nil {
+		v, err := astValue(u)
+		return ast.NewTerm(v), err
+	}
+	cost, err := json.Marshal(u.Cost)
+	if err != nil {
+		return nil, err
+	}
+	items := [][2]*ast.Term{
+		ast.Item(ast.InternedTerm("calls"), intTerm(u.Calls)),
+		ast.Item(ast.InternedTerm("runtime_ms"), intTerm(u.RuntimeMS)),
+		ast.Item(ast.InternedTerm("cost"), ast.NumberTerm(json.Number(cost))),
+		ast.Item(ast.InternedTerm("tokens"), intTerm(u.Tokens)),
+		ast.Item(ast.InternedTerm("consecutive_failures"), intTerm(u.ConsecutiveFailures)),
+	}
+	if !u.UpdatedAt.IsZero() {
+		items = append(items, ast.Item(ast.InternedTerm("updated_at"), timeTerm(u.UpdatedAt)))
+	}
+	if !u.StartedAt.IsZero() {
+		items = append(items, ast.Item(ast.InternedTerm("started_at"), timeTerm(u.StartedAt)))
+	}
+	if ab := u.Aborted; ab != nil {
+		items = append(items, ast.Item(ast.InternedTerm("aborted"), ast.ObjectTerm(
+			ast.Item(ast.InternedTerm("invocation_id"), ast.StringTerm(ab.InvocationID)),
+			ast.Item(ast.InternedTerm("hook"), ast.StringTerm(ab.Hook)),
+			ast.Item(ast.InternedTerm("at"), timeTerm(ab.At)))))
+	}
+	return ast.ObjectTerm(items...), nil
+}
+
+func intTerm(n int64) *ast.Term { return ast.NumberTerm(json.Number(strconv.FormatInt(n, 10))) }
+
+// timeTerm is t as encoding/json writes it.
+func timeTerm(t time.Time) *ast.Term { return ast.StringTerm(t.Format(time.RFC3339Nano)) }
+
+// resourcesTerm is r's JSON encoding as a term.
+func resourcesTerm(r Resources) *ast.Term {
+	var paths, hosts, creds []*ast.Term
+	for _, p := range r.Paths {
+		paths = append(paths, ast.ObjectTerm(ast.Item(ast.InternedTerm("path"), ast.StringTerm(p.Path)),
+			ast.Item(ast.InternedTerm("mode"), ast.StringTerm(p.Mode))))
+	}
+	for _, h := range r.Hosts {
+		hosts = append(hosts, ast.ObjectTerm(ast.Item(ast.InternedTerm("host"), ast.StringTerm(h.Host)),
+			ast.Item(ast.InternedTerm("port"), ast.IntNumberTerm(h.Port))))
+	}
+	for _, c := range r.Credentials {
+		creds = append(creds, ast.StringTerm(c))
+	}
+	return ast.ObjectTerm(
+		ast.Item(ast.InternedTerm("paths"), arrayTerm(r.Paths == nil, paths)),
+		ast.Item(ast.InternedTerm("hosts"), arrayTerm(r.Hosts == nil, hosts)),
+		ast.Item(ast.InternedTerm("credentials"), arrayTerm(r.Credentials == nil, creds)))
+}
+
+// derivedTerm is d's JSON encoding as a term.
+func derivedTerm(d Derived) *ast.Term {
+	granted := ast.NullTerm()
+	if d.HostGranted != nil {
+		items := make([][2]*ast.Term, 0, len(d.HostGranted))
+		for h, ok := range d.HostGranted {
+			items = append(items, ast.Item(ast.StringTerm(h), ast.BooleanTerm(ok)))
+		}
+		granted = ast.ObjectTerm(items...)
+	}
+	return ast.ObjectTerm(ast.Item(ast.InternedTerm("pre_approved"), ast.BooleanTerm(d.PreApproved)),
+		ast.Item(ast.InternedTerm("host_granted"), granted))
+}
+
+// arrayTerm is an array, or null for a nil slice, as encoding/json writes.
+func arrayTerm(null bool, elems []*ast.Term) *ast.Term {
+	if null {
+		return ast.NullTerm()
+	}
+	return ast.ArrayTerm(elems...)
+}
+
+// astValue is v's JSON encoding as an ast.Value.
+func astValue(v any) (ast.Value, error) {
+	p, err := plain(v)
+	if err != nil {
+		return nil, err
+	}
+	return ast.InterfaceToValue(p)
+}
+
+// maxCachedTokens bounds the tokens whose policy form is kept; past it the
+// cache starts again empty. A token's claims' form weighs about a kilobyte.
+const maxCachedTokens = 4096
+
+// astValues keeps policy forms of values that do not change by a key that
+// names them: the SHA-256 of a raw token (its verified claims).
+type astValues[K comparable] struct {
+	mu  sync.Mutex
+	m   map[K]ast.Value
+	max int
+}
+
+func (c *astValues[K]) value(k K, make func() (ast.Value, error)) (ast.Value, error) {
+	c.mu.Lock()
+	v, ok := c.m[k]
+	c.mu.Unlock()
+	if ok {
+		return v, nil
+	}
+	v, err := make()
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	if c.m == nil || len(c.m) >= c.max {
+		c.m = map[K]ast.Value{}
+	}
+	c.m[k] = v
+	c.mu.Unlock()
+	return v, nil
+}
+
+// manifestForms keeps the policy form of each manifest for as long as the
+// manifest lives. The registry hands out one *tools.Manifest per registered
+// version and replaces, never changes, it when the version is registered
+// again; the form of a replaced or deleted one goes when the collector
+// takes the manifest. So every registered tool's manifest is converted
+// once, however many are called, at a memory cost in proportion to the
+// registry's own.
+type manifestForms struct {
+	mu sync.Mutex
+	m  map[weak.Pointer[tools.Manifest]]ast.Value
+}
+
+func (c *manifestForms) value(m *tools.Manifest) (ast.Value, error) {
+	k := weak.Make(m)
+	c.mu.Lock()
+	v, ok := c.m[k]
+	c.mu.Unlock()
+	if ok {
+		return v, nil
+	}
+	v, err := astValue(m)
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, ok := c.m[k]; !ok {
+		if c.m == nil {
+			c.m = map[weak.Pointer[tools.Manifest]]ast.Value{}
+		}
+		c.m[k] = v
+		runtime.AddCleanup(m, c.drop, k)
+	}
+	return v, nil
+}
+
+func (c *manifestForms) drop(k weak.Pointer[tools.Manifest]) {
+	c.mu.Lock()
+	delete(c.m, k)
+	c.mu.Unlock()
+}
+
+// denial turns a policy's refusal into the error of its code.
+func denial(d policy.Decision) error {
+	code, ecode := api.PermissionDenied, api.EPolicyDenied
+	switch d.Code {
+	case api.EFilesystemDenied, api.ENetworkDenied, api.ECredentialDenied, api.ENotGranted:
+		ecode = d.Code
+	case api.EBudgetExhausted:
+		code, ecode = api.ResourceExhausted, d.Code
+	}
+	return api.NewError(code, ecode, "denied by policy: %s", strings.Join(d.Reasons, "; ")).WithDetail("reasons", d.Reasons)
+}
+
+// resources lists what a call of m with params needs.
+func resources(m *tools.Manifest, params json.RawMessage) Resources {
+	r := Resources{Paths: []PathNeed{}, Hosts: []HostNeed{}, Credentials: []string{}}
+	writes := slices.ContainsFunc(m.Safety.SideEffects, func(s string) bool { return strings.HasPrefix(s, "fs.write") })
+	paramMode := "ro"
+	if writes {
+		paramMode = "rw"
+	}
+	// The paths a call names are what it needs; the manifest's filesystem
+	// permissions (its widest reach) count only for tools that name none.
+	if named := m.PathParameters(params); len(named) > 0 {
+		for _, p := range named {
+			// Validate refused climbing paths; what is left names a
+			// place under the file root.
+			if c, err := token.CleanPath(p); err == nil {
+				r.Paths = append(r.Paths, PathNeed{Path: c, Mode: paramMode})
+			}
+		}
+	} else {
+		for _, p := range m.Permissions.Filesystem {
+			if c, err := token.CleanPath(p.Path); err == nil {
+				r.Paths = append(r.Paths, PathNeed{Path: c, Mode: cmp.Or(p.Mode, "ro")})
+			}
+		}
+	}
+	for _, n := range m.Permissions.Network {
+		r.Hosts = append(r.Hosts, HostNeed{Host: strings.ToLower(n.Host), Port: n.Port})
+	}
+	// An http tool's URL may come from its parameters (http.get): the host
+	// it names is a need too, so the policy refuses it before execute.
+	if host, port, ok := httptool.Target(m, params); ok && !slices.Contains(r.Hosts, HostNeed{Host: host, Port: port}) {
+		r.Hosts = append(r.Hosts, HostNeed{Host: host, Port: port})
+	}
+	r.Credentials = append(r.Credentials, m.Permissions.Credentials...)
+	return r
+}
+
+func derive(c *token.Claims, m *tools.Manifest, r Resources) Derived {
+	d := Derived{PreApproved: c.PreApproved.Match(m.ID), HostGranted: map[string]bool{}}
+	for _, h := range r.Hosts {
+		if c.Network != nil && hosts.Any(c.Network.AllowedHosts, h.Host) {
+			d.HostGranted[h.Host] = true
+		}
+	}
+	return d
+}
+
+// plain turns v into the map/slice/number form OPA reads fastest and that
+// follows the JSON field names.
+func plain(v any) (any, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil, err
+	}
+	var out any
+	return out, json.Unmarshal(b, &out)
+}
