@@ -41,6 +41,9 @@ type RoleRights struct {
 	// Streams are other streams the role reads messages of by sequence;
 	// Direct those it reads in batches by sequence (direct gets).
 	Streams, Direct []string
+	// Counts are streams whose per-subject message counts the role reads
+	// (stream information), never a message of them.
+	Counts []string
 	// Serves says the role serves the control service's endpoints.
 	Serves bool
 }
@@ -153,7 +156,11 @@ var Rights = map[Role]RoleRights{
 		// It reads the audit trail by sequence for the tenant-scoped
 		// history agents page through (they may create no consumer).
 		Streams: []string{subjects.StreamPipeline, subjects.StreamAudit},
-		Serves:  true,
+		// A cancel of a call validate has not claimed yet is taken when
+		// the tenant has calls waiting there: counts, not the raw
+		// invocations with their tokens.
+		Counts: []string{subjects.StreamInvoke},
+		Serves: true,
 	},
 }
 
@@ -191,6 +198,9 @@ func (r RoleRights) permissions(role Role) jwt.Permissions {
 	}
 	for _, st := range r.Direct {
 		add(&p.Pub, "$JS.API.STREAM.INFO."+st, subjects.DirectGet(st))
+	}
+	for _, st := range r.Counts {
+		add(&p.Pub, "$JS.API.STREAM.INFO."+st)
 	}
 	for _, b := range r.Buckets() {
 		st := subjects.BucketStream(b)
@@ -248,6 +258,9 @@ func RoleTable() string {
 		}
 		for _, st := range r.Sweeps {
 			reads = append(reads, st+" (sweeps its leftovers)")
+		}
+		for _, st := range r.Counts {
+			reads = append(reads, st+" (message counts only)")
 		}
 		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s |\n", role, code(consumers), code(pubs), code(r.Writes), code(r.Watches), code(reads))
 	}

@@ -52,6 +52,14 @@ func (n *Node) GuardAudit(ctx context.Context, interval time.Duration) error {
 			case <-ctx.Done():
 				return
 			case noticed = <-kick:
+				// The server removes a deleted stream's files after it
+				// announces the deletion: a stream made again at once can
+				// have its new files removed under it.
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(time.Second):
+				}
 			case <-t.C:
 			}
 			if err := n.ensureAudit(ctx, noticed); err != nil && ctx.Err() == nil {

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/client"
 	"github.com/toolgate/toolgate/internal/busauth"
@@ -21,7 +20,6 @@ import (
 	"github.com/toolgate/toolgate/internal/sandbox"
 	"github.com/toolgate/toolgate/internal/token"
 	"github.com/toolgate/toolgate/internal/topology"
-	"github.com/toolgate/toolgate/kvstore"
 	"github.com/toolgate/toolgate/stages/execute/builtin"
 	"github.com/toolgate/toolgate/stages/execute/mcptool"
 	"github.com/toolgate/toolgate/stages/execute/mcptool/mcptest"
@@ -133,17 +131,14 @@ func TestMakeRunLayout(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	// Tools are registered by an operator (or the control service): the
-	// stages' credentials may not write the tools bucket.
-	ojs, err := jetstream.New(nc)
+	// Tools are registered by an operator, with a signed request: the
+	// stages honour only manifests an operator signed.
+	sg, err := busauth.SignerFromCreds(node.CredsPath("toolgate-data", busauth.RoleOperator))
 	if err != nil {
 		t.Fatal(err)
 	}
-	ops, err := kvstore.Open(ctx, ojs, kvstore.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := ops.RegisterTool(ctx, []byte(cliTool("test.cat", `x=$(cat "/files/$1") && printf '{"text":"%s"}' "$x"`, "",
+	c.Sign = func(subject string, body []byte) (nats.Header, error) { return sg.Sign(nil, subject, body, time.Now()) }
+	if _, err := c.RegisterTool(ctx, []byte(cliTool("test.cat", `x=$(cat "/files/$1") && printf '{"text":"%s"}' "$x"`, "",
 		`{"filesystem":[{"path":"/","mode":"ro"}]}`)), true); err != nil {
 		t.Fatal(err)
 	}
