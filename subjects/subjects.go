@@ -308,6 +308,13 @@ const (
 	SvcModelsPolicy   = "tool.svc.models.policy"
 )
 
+// TenantServices are the control endpoints served per tenant, on
+// TenantSvc(tenant, svc): the only endpoints an agent may call (its own
+// tenant's), exactly what a tenant's account imports, and what the control
+// service serves tenant-scoped. This list is the one place they are named.
+var TenantServices = []string{SvcStatus, SvcCancel, SvcToolsList, SvcToolsGet, SvcBudget, SvcApprovalsList,
+	SvcApprovalsGet, SvcCapabilityRequest, SvcCapabilityReport, SvcAuditHistory}
+
 // AdminServices are the administrative endpoints, in the order the control
 // service adds them.
 var AdminServices = []string{SvcPolicyPush, SvcPolicyGet, SvcHooksPush, SvcHooksList, SvcHooksDelete,

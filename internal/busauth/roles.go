@@ -156,9 +156,7 @@ func InboxPrefix(tenant, jti string) string {
 
 // agentServices are the control endpoints an agent may call, each served on
 // subjects.TenantSvc(tenant, endpoint).
-var agentServices = []string{subjects.SvcStatus, subjects.SvcCancel, subjects.SvcToolsList, subjects.SvcToolsGet,
-	subjects.SvcBudget, subjects.SvcApprovalsList, subjects.SvcApprovalsGet,
-	subjects.SvcCapabilityRequest, subjects.SvcCapabilityReport, subjects.SvcAuditHistory}
+var agentServices = subjects.TenantServices
 
 // Grant is what the callout gives a connection: its account and permissions.
 type Grant struct {

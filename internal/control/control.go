@@ -8,11 +8,13 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"github.com/toolgate/toolgate/internal/signedstate"
+	"fmt"
 	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
+
+	"github.com/toolgate/toolgate/internal/signedstate"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -97,31 +99,32 @@ func Start(nc *nats.Conn, store *kvstore.Store, reg *tools.Registry, approvals *
 	}
 	// Tenant-scoped endpoints, tool.svc.<tenant>.<endpoint>: the ones the
 	// bus lets an agent call, for its own tenant only.
-	scoped := []struct {
-		name, svc string
-		fn        func(tenant string, req micro.Request)
-	}{
-		{"tenant-status", subjects.SvcStatus, h.tenantStatus},
-		{"tenant-tools-list", subjects.SvcToolsList, func(tenant string, req micro.Request) { h.search(req, tenant) }},
-		{"tenant-tools-get", subjects.SvcToolsGet, func(_ string, req micro.Request) { h.get(req) }},
-		{"tenant-capability-request", subjects.SvcCapabilityRequest, h.capabilityRequest},
-		{"tenant-capability-report", subjects.SvcCapabilityReport, h.capabilityReport},
-		{"tenant-budget", subjects.SvcBudget, h.tenantBudget},
-		{"tenant-approvals-list", subjects.SvcApprovalsList, h.tenantListApprovals},
-		{"tenant-approvals-get", subjects.SvcApprovalsGet, h.tenantGetApproval},
-		{"tenant-audit-history", subjects.SvcAuditHistory, h.tenantAuditHistory},
+	scoped := map[string]func(tenant string, req micro.Request){
+		subjects.SvcStatus:            h.tenantStatus,
+		subjects.SvcToolsList:         func(tenant string, req micro.Request) { h.search(req, tenant) },
+		subjects.SvcToolsGet:          func(_ string, req micro.Request) { h.get(req) },
+		subjects.SvcCapabilityRequest: h.capabilityRequest,
+		subjects.SvcCapabilityReport:  h.capabilityReport,
+		subjects.SvcBudget:            h.tenantBudget,
+		subjects.SvcApprovalsList:     h.tenantListApprovals,
+		subjects.SvcApprovalsGet:      h.tenantGetApproval,
+		subjects.SvcAuditHistory:      h.tenantAuditHistory,
+		subjects.SvcCancel:            h.tenantCancel,
 	}
-	if approvals != nil {
-		scoped = append(scoped, struct {
-			name, svc string
-			fn        func(tenant string, req micro.Request)
-		}{"tenant-cancel", subjects.SvcCancel, h.tenantCancel})
-	}
-	for _, ep := range scoped {
+	for _, ep := range subjects.TenantServices {
+		fn, ok := scoped[ep]
+		if !ok {
+			stopWatch()
+			_ = svc.Stop()
+			return nil, fmt.Errorf("control: no handler for the tenant endpoint %s", ep)
+		}
+		if ep == subjects.SvcCancel && approvals == nil {
+			continue
+		}
 		eps = append(eps, struct {
 			name, subject string
 			fn            micro.HandlerFunc
-		}{ep.name, subjects.TenantSvc("*", ep.svc), h.scoped(ep.fn)})
+		}{"tenant-" + strings.ReplaceAll(ep, ".", "-"), subjects.TenantSvc("*", ep), h.scoped(fn)})
 	}
 	// Administrative endpoints, operators only: named after their
 	// subjects (tool.svc.policy.push is policy-push).

@@ -65,9 +65,9 @@ func TestControlService(t *testing.T) {
 		t.Fatal("status of an unknown invocation succeeded")
 	}
 	// `nats micro ls` finds the service through the standard discovery subject:
-	// thirteen un-scoped endpoints (models.stats since 1.3), ten
-	// tenant-scoped ones (control API 1.2; audit.history since 1.4) and the
-	// administrative ones (1.3).
+	// thirteen un-scoped endpoints (models.stats since 1.3), the
+	// tenant-scoped ones (subjects.TenantServices) and the administrative
+	// ones (subjects.AdminServices).
 	msg, err := e.nc.RequestWithContext(ctx, "$SRV.INFO."+subjects.ServiceName, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -78,7 +78,7 @@ func TestControlService(t *testing.T) {
 			Subject string `json:"subject"`
 		} `json:"endpoints"`
 	}
-	if err := json.Unmarshal(msg.Data, &info); err != nil || info.Name != subjects.ServiceName || len(info.Endpoints) != 23+len(subjects.AdminServices) {
+	if err := json.Unmarshal(msg.Data, &info); err != nil || info.Name != subjects.ServiceName || len(info.Endpoints) != 13+len(subjects.TenantServices)+len(subjects.AdminServices) {
 		t.Fatalf("service info %s, %v", msg.Data, err)
 	}
 }
