@@ -184,9 +184,9 @@ func PipeStage(stage string) string { return pipePrefix + stage + ".>" }
 // PipeAll matches every internal hand-off subject.
 const PipeAll = pipePrefix + ">"
 
-// DirectGetAll matches every JetStream direct get request (a key-value
-// read, a late result read): the bench counts a pipeline's reads on it.
-const DirectGetAll = "$JS.API.DIRECT.GET.>"
+// DirectGetKV matches every direct get request on a key-value bucket's
+// stream: the bench counts a pipeline's key-value reads on it.
+const DirectGetKV = "$JS.API.DIRECT.GET.KV_*.>"
 
 // Input describes where a stage consumes from.
 type Input struct {

@@ -265,7 +265,7 @@ func measureShipped(ctx context.Context, bin, dir string, n int, d time.Duration
 	// Every read of a key-value store is a direct get request, which the
 	// operator sees.
 	var gets atomic.Int64
-	gsub, err := op.Subscribe(subjects.DirectGetAll, func(*nats.Msg) { gets.Add(1) })
+	gsub, err := op.Subscribe(subjects.DirectGetKV, func(*nats.Msg) { gets.Add(1) })
 	if err != nil {
 		return nil, err
 	}
