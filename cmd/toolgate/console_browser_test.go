@@ -119,7 +119,10 @@ func TestConsoleBrowser(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("the approved call did not finish")
 	}
-	run("see it finish", chromedp.Navigate(con.base+"/invocations/demo/"+id), chromedp.WaitVisible(css("#status.status-success")), shot("invocation"))
+	// The record ends a moment before the terminal event is stored: the
+	// page stays live until the trail has it too.
+	run("see it finish", chromedp.Navigate(con.base+"/invocations/demo/"+id), chromedp.WaitVisible(css("#status.status-success")),
+		chromedp.WaitNotPresent(css("#status[data-live]")), shot("invocation"))
 	timeline := text("#timeline")
 	pwned = eval(`window.__pwned === 1`) != false
 	for _, want := range []string{"tool.approval.requested", "tool.approval.granted", "tool.succeeded"} {

@@ -215,6 +215,10 @@ type invocationData struct {
 	Replayed   string
 	Approval   *api.ApprovalSummary
 	Meta       *api.ExecutionMetadata
+	// Ended: the trail holds the invocation's terminal event. Audit writes
+	// the status record before it publishes that event, so a page that
+	// sees the record ended still waits live for the event.
+	Ended bool
 }
 
 func (s *Server) invocation(w http.ResponseWriter, r *http.Request, sess session) {
@@ -263,6 +267,7 @@ func (s *Server) invocation(w http.ResponseWriter, r *http.Request, sess session
 			st.Summary += " " + e.ECode
 		}
 		d.Steps = append(d.Steps, st)
+		d.Ended = d.Ended || terminal(e.Type)
 		if d.TraceID == "" && e.TraceParent != "" {
 			if parts := strings.Split(e.TraceParent, "-"); len(parts) == 4 {
 				d.TraceID = parts[1]
