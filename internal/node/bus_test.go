@@ -486,12 +486,8 @@ func tokensConfined(t *testing.T, s *served) {
 	// And the sealed form still works: the operator approves, authorize
 	// opens it and the call runs.
 	oc, _ := client.New(s.connect(t, 0, s.creds(busauth.RoleOperator)))
-	sg, err := busauth.SignerFromCreds(node.CredsPath(s.dataDir, busauth.RoleOperator))
-	if err != nil {
-		t.Fatal(err)
-	}
 	if _, err := oc.DecideSigned(ctx, api.ApprovalDecision{Tenant: "demo", InvocationID: id, Approve: true},
-		func(subject string, body []byte) (nats.Header, error) { return sg.Sign(nil, subject, body, time.Now()) }); err != nil {
+		s.signer(t, busauth.RoleOperator)); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, 20*time.Second, "the approved call to succeed", func() bool {
