@@ -17,6 +17,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nkeys"
+	"github.com/toolgate/toolgate/subjects"
 )
 
 // Files of the per-role signing keys in a data directory's DirName folder.
@@ -163,6 +164,11 @@ func MayPublish(role Role, subject string) bool {
 	}
 	for _, p := range rr.Publishes {
 		if server.SubjectMatchesFilter(subject, p) {
+			return true
+		}
+	}
+	for _, e := range rr.Emits {
+		if server.SubjectMatchesFilter(subject, subjects.Relay(e)) {
 			return true
 		}
 	}

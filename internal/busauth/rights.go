@@ -29,8 +29,12 @@ type RoleRights struct {
 	// role may read and delete (the stage's own input stream).
 	Sweeps []string
 	// Publishes are the subjects the role may publish on: its hand-offs,
-	// and the audit events and results it writes itself.
+	// and for audit the audit events and results.
 	Publishes []string
+	// Emits are the audit events and results the role sends audit to
+	// publish: it may publish them on the relay only (subjects.Relay),
+	// and audit publishes only those of a sender whose role emits them.
+	Emits []string
 	// Subscribes are the core subjects the role listens on besides its
 	// inbox and its watches.
 	Subscribes []string
@@ -78,7 +82,8 @@ var Rights = map[Role]RoleRights{
 	RoleValidate: {
 		Consumes:  subjects.Inputs(subjects.Validate),
 		Sweeps:    []string{subjects.StreamInvoke},
-		Publishes: []string{hand(subjects.Authorize), hand(subjects.Audit), poison, subjects.ResultAll, stateRefused},
+		Publishes: []string{hand(subjects.Authorize), hand(subjects.Audit)},
+		Emits:     []string{poison, subjects.ResultAll, stateRefused},
 		Writes:    []string{subjects.BucketInvocations},
 		Watches:   []string{subjects.BucketTools},
 		// Its sweep tells a leftover from a stuck call by the newer
@@ -90,8 +95,8 @@ var Rights = map[Role]RoleRights{
 	RoleAuthorize: {
 		Consumes: subjects.Inputs(subjects.Authorize),
 		Sweeps:   []string{subjects.StreamPipeline},
-		Publishes: []string{hand(subjects.Route), hand(subjects.Audit), poison,
-			subjects.AuditEvent("*", "tool.approval.>"), stateRefused},
+		Publishes: []string{hand(subjects.Route), hand(subjects.Audit)},
+		Emits:     []string{poison, subjects.AuditEvent("*", "tool.approval.>"), stateRefused},
 		Writes:  []string{subjects.BucketInvocations, subjects.BucketApprovals, subjects.BucketBudgets, subjects.BucketSettings},
 		Watches: []string{subjects.BucketTools, subjects.BucketPolicies, subjects.BucketRevocations, subjects.BucketInvocations},
 	},
@@ -99,7 +104,8 @@ var Rights = map[Role]RoleRights{
 	RoleRoute: {
 		Consumes:  subjects.Inputs(subjects.Route),
 		Sweeps:    []string{subjects.StreamPipeline},
-		Publishes: []string{hand(subjects.Execute), hand(subjects.Audit), poison, stateRefused},
+		Publishes: []string{hand(subjects.Execute), hand(subjects.Audit)},
+		Emits:     []string{poison, stateRefused},
 		Writes:    []string{subjects.BucketRateLimits},
 		Reads:     []string{subjects.BucketInvocations}, // its sweep reads a leftover's record
 		Watches:   []string{subjects.BucketTools},
@@ -110,8 +116,8 @@ var Rights = map[Role]RoleRights{
 	RoleExecute: {
 		Consumes: subjects.Inputs(subjects.Execute),
 		Sweeps:   []string{subjects.StreamPipeline},
-		Publishes: []string{hand(subjects.Verify), hand(subjects.Audit), poison,
-			subjects.AuditEvent("*", "tool.invoked"), subjects.AuditEvent("*", "tool.checkpoint.>"),
+		Publishes: []string{hand(subjects.Verify), hand(subjects.Audit)},
+		Emits: []string{poison, subjects.AuditEvent("*", "tool.invoked"), subjects.AuditEvent("*", "tool.checkpoint.>"),
 			subjects.AuditEvent(subjects.SystemTenant, "circuit.>"), stateRefused},
 		Subscribes: []string{subjects.CancelAll},
 		Writes: []string{subjects.BucketInvocations, subjects.BucketIdempotency, subjects.BucketCheckpoints,
@@ -123,17 +129,20 @@ var Rights = map[Role]RoleRights{
 	RoleVerify: {
 		Consumes:  subjects.Inputs(subjects.Verify),
 		Sweeps:    []string{subjects.StreamPipeline},
-		Publishes: []string{hand(subjects.Audit), poison, stateRefused},
+		Publishes: []string{hand(subjects.Audit)},
+		Emits:     []string{poison, stateRefused},
 		Reads:     []string{subjects.BucketInvocations}, // its sweep reads a leftover's record
 		Watches:   []string{subjects.BucketTools},
 	},
 	// audit is the one finaliser: the audit trail, results, terminal
-	// status, usage, and the calls hooks start. It alone signs the
+	// status, usage, and the calls hooks start. It alone publishes audit
+	// events and results, its own and those the others emit on the relay
+	// once it has checked who sent them. It alone signs the
 	// checkpoints over AUDIT, reading the events in batches (and, for a
 	// sequence a batch lacked, from the leader) and the chain's last
 	// checkpoint.
 	RoleAudit: {
-		Consumes:  subjects.Inputs(subjects.Audit),
+		Consumes:  append(subjects.Inputs(subjects.Audit), subjects.RelayInput),
 		Sweeps:    []string{subjects.StreamPipeline},
 		Publishes: []string{subjects.AuditAll, subjects.ResultAll, subjects.InvokeAll, subjects.AuditCheckpoint},
 		Writes:    []string{subjects.BucketInvocations, subjects.BucketBudgets, subjects.BucketToolStats},
@@ -146,8 +155,8 @@ var Rights = map[Role]RoleRights{
 	// policies, hooks, revocations, forced breakers and models. A decided
 	// call goes back to authorize, a cancelled one to audit.
 	RoleControl: {
-		Publishes: []string{hand(subjects.Authorize), hand(subjects.Audit), subjects.CancelAll,
-			subjects.AuditEvent("*", "capability.>"), subjects.AuditEvent("*", "tool.approval.>"),
+		Publishes: []string{hand(subjects.Authorize), hand(subjects.Audit), subjects.CancelAll},
+		Emits: []string{subjects.AuditEvent("*", "capability.>"), subjects.AuditEvent("*", "tool.approval.>"),
 			subjects.AuditTenant(subjects.SystemTenant)},
 		Writes: []string{subjects.BucketTools, subjects.BucketApprovals, subjects.BucketInvocations, subjects.BucketCapabilities,
 			subjects.BucketPolicies, subjects.BucketHooks, subjects.BucketRevocations, subjects.BucketBreakers, subjects.BucketModels},
@@ -178,6 +187,9 @@ func (r RoleRights) permissions(role Role) jwt.Permissions {
 	add(&p.Sub, inbox+".>")
 	add(&p.Pub, "$JS.API.INFO")
 	add(&p.Pub, r.Publishes...)
+	for _, e := range r.Emits {
+		add(&p.Pub, subjects.Relay(e))
+	}
 	add(&p.Sub, r.Subscribes...)
 	for _, in := range r.Consumes {
 		add(&p.Pub,
@@ -249,6 +261,9 @@ func RoleTable() string {
 			consumers = append(consumers, "serves tool.svc.>")
 		}
 		pubs := slices.Clone(r.Publishes)
+		for _, e := range r.Emits {
+			pubs = append(pubs, subjects.Relay(e))
+		}
 		if len(r.Subscribes) > 0 {
 			pubs = append(pubs, "hears "+strings.Join(r.Subscribes, ", "))
 		}

@@ -5,13 +5,15 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/toolgate/toolgate/internal/signedstate"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strconv"
 	"sync/atomic"
 	"time"
+
+	"github.com/toolgate/toolgate/internal/runner"
+	"github.com/toolgate/toolgate/internal/signedstate"
 
 	"github.com/cloudevents/sdk-go/v2/event"
 	gjwt "github.com/golang-jwt/jwt/v5"
@@ -163,7 +165,7 @@ func StartGate(url string, keys *busauth.Keys, tenants []string, log *slog.Logge
 func (g *Gate) Attach(ctx context.Context, v *token.Verifier, n *Node) error {
 	g.verifier.v.Store(v)
 	g.verifier.rev.Store(n.Revoked)
-	g.auditor.nc.Store(n.NC)
+	g.auditor.node.Store(n)
 	return n.Store.WatchRevocations(ctx, func(jti string, on bool) {
 		// The set the verifier reads is kept by a watch of its own; mark
 		// the token here first, so a client kicked now cannot connect
@@ -222,9 +224,9 @@ func (a *connectVerifier) VerifyConnectToken(_ context.Context, raw string) (bus
 
 // refusalAuditor publishes each refused connection as an audit event.
 type refusalAuditor struct {
-	nc  atomic.Pointer[nats.Conn]
-	log *slog.Logger
-	seq atomic.Uint64
+	node atomic.Pointer[Node]
+	log  *slog.Logger
+	seq  atomic.Uint64
 }
 
 // RefusalRecord is the data of a bus.refused audit event.
@@ -240,8 +242,8 @@ type RefusalRecord struct {
 }
 
 func (a *refusalAuditor) Refused(_ context.Context, r busauth.Refusal) {
-	nc := a.nc.Load()
-	if nc == nil {
+	n := a.node.Load()
+	if n == nil {
 		return // before the node connects: only workers' own retries, logged by the callout
 	}
 	e := event.New()
@@ -257,11 +259,10 @@ func (a *refusalAuditor) Refused(_ context.Context, r busauth.Refusal) {
 	if err != nil {
 		return
 	}
-	m := &nats.Msg{Subject: o.Subject, Header: o.Header, Data: o.Data}
-	m.Header.Set(nats.MsgIdHdr, o.MsgID)
 	// The callout must answer the server quickly: publish without waiting
-	// for the stream's acknowledgement.
-	if err := nc.PublishMsg(m); err != nil {
+	// for the stream's acknowledgement. The node's JetStream signs it, and
+	// sends it through audit, which alone publishes audit events.
+	if _, err := runner.PublishAsync(n.JS, o); err != nil {
 		a.log.Error("auditing a refused connection", "err", err)
 	}
 }

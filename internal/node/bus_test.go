@@ -275,6 +275,7 @@ func busSuite(t *testing.T, s *served) {
 	t.Run("revocation closes the connection", func(t *testing.T) { busRevoke(t, s) })
 	t.Run("approvals record the signing operator", func(t *testing.T) { busApprovals(t, s) })
 	t.Run("forged hops are refused at execute", func(t *testing.T) { forgedHops(t, s) })
+	t.Run("only audit publishes audit events and results", func(t *testing.T) { onlyAuditPublishes(t, s) })
 	t.Run("raw tokens reach validate and authorize only", func(t *testing.T) { tokensConfined(t, s) })
 	t.Run("a hook decision written by another role starts nothing", func(t *testing.T) { forgedHookDecision(t, s) })
 	t.Run("a leaked role credential owns nothing", func(t *testing.T) { leakedRoles(t, s) })
@@ -740,7 +741,9 @@ func busRoles(t *testing.T, s *served) {
 			{"skip verify", false, "toolgate.pipe.execute.normal.demo", false},
 			{"publish a result", false, "tool.result.demo.x", false},
 			{"publish a terminal audit event", false, "audit.demo.tool.succeeded", false},
-			{"announce a start", false, "audit.demo.tool.invoked", true},
+			{"announce a start itself", false, "audit.demo.tool.invoked", false},
+			{"announce a start through audit", false, "toolgate.relay.audit.demo.tool.invoked", true},
+			{"emit a terminal audit event", false, "toolgate.relay.audit.demo.tool.succeeded", false},
 			{"consume the pipeline live", true, "toolgate.pipe.>", false},
 			{"read every reply", true, "_INBOX.>", false},
 			{"delete AUDIT", false, "$JS.API.STREAM.DELETE.AUDIT", false},

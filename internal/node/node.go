@@ -70,6 +70,9 @@ type Node struct {
 	// Senders, when set, checks who sent each message the stages of this
 	// connection read (runner.Runner.Senders).
 	Senders func(subject string, h nats.Header, data []byte) error
+	// refusals is the JetStream (JS, once signing is set up) through which
+	// watches that started with the connection audit what they ignore.
+	refusals atomic.Pointer[jsBox]
 	// DevToken is the development token minted by Run with Examples.
 	DevToken string
 	// DevInboxPrefix is the inbox prefix an agent connected with DevToken
@@ -163,10 +166,19 @@ func openConnRole(ctx context.Context, nc *nats.Conn, role busauth.Role, topo to
 		return nil, err
 	}
 	opts := kvstore.Options{Replicas: topo.Replicas, Storage: topo.Storage, InvocationTTL: topo.InvocationTTL, Memory: mem}
+	// Refusals are audited through the node's JetStream once it has one:
+	// signed, and relayed through audit (SignAs).
+	var self atomic.Pointer[Node]
+	pub := func() jetstream.JetStream {
+		if n := self.Load(); n != nil {
+			return n.refusals.Load().JetStream
+		}
+		return js
+	}
 	if proof != nil {
 		source := "urn:toolgate:" + cmp.Or(string(role), "operator")
-		opts.CheckTool = checkTools(js, source, proof, log)
-		opts.CheckModel = checkModels(js, source, proof, log)
+		opts.CheckTool = checkTools(pub, source, proof, log)
+		opts.CheckModel = checkModels(pub, source, proof, log)
 	}
 	rights, bound := busauth.Rights[role]
 	if bound {
@@ -205,6 +217,8 @@ func openConnRole(ctx context.Context, nc *nats.Conn, role busauth.Role, topo to
 		return nil, err
 	}
 	n := &Node{NC: nc, JS: js, Store: store, Registry: tools.NewRegistry(), Revoked: new(token.Revocations), Topology: topo, Log: log, Role: role}
+	n.refusals.Store(&jsBox{js})
+	self.Store(n)
 	watches := func(b string) bool { return !bound || slices.Contains(rights.Watches, b) }
 	if watches(subjects.BucketTools) {
 		if err := store.WatchTools(ctx, n.Registry, log); err != nil {
@@ -218,7 +232,7 @@ func openConnRole(ctx context.Context, nc *nats.Conn, role busauth.Role, topo to
 		if proof != nil {
 			source := "urn:toolgate:" + cmp.Or(string(role), "operator")
 			ignored = func(jti string, rev uint64) {
-				refusedState(ctx, js, log, source, "revocation", rev,
+				refusedState(ctx, pub(), log, source, "revocation", rev,
 					fmt.Errorf("token %s: a revocation is removed only by its token's expiry, not by a delete", jti))
 			}
 		}
@@ -228,6 +242,9 @@ func openConnRole(ctx context.Context, nc *nats.Conn, role busauth.Role, topo to
 	}
 	return n, nil
 }
+
+// jsBox holds a JetStream for an atomic pointer.
+type jsBox struct{ jetstream.JetStream }
 
 // Close closes the connection.
 func (n *Node) Close() {
@@ -596,17 +613,27 @@ func (n *Node) SignAs(dataDir string) error {
 	if err != nil {
 		return err
 	}
-	return n.signAs(dataDir, n.Role, seal.NewMessages(pubs), n.Role != busauth.RoleValidate)
+	return n.signAs(dataDir, n.Role, seal.NewMessages(pubs), n.Role != busauth.RoleValidate, false)
 }
 
-func (n *Node) signAs(dataDir string, r busauth.Role, msgs *seal.Messages, check bool) error {
+// signAs signs what the node publishes with r's key, but for a chained
+// audit (its checkpoints sign the trail) the audit events themselves.
+func (n *Node) signAs(dataDir string, r busauth.Role, msgs *seal.Messages, check, chained bool) error {
 	k, err := busauth.LoadHopKey(dataDir, r)
 	if err != nil {
 		return fmt.Errorf("%s needs its message-signing key (%s in %s): %w", r, busauth.HopKeyFile(r),
 			filepath.Join(dataDir, busauth.DirName), err)
 	}
 	n.Signer = seal.NewSigner(r, k)
-	n.JS = seal.SigningJetStream(n.JS, n.Signer)
+	var except func(string) bool
+	if chained && r == busauth.RoleAudit {
+		except = subjects.IsAudit
+	}
+	n.JS = seal.SigningJetStreamExcept(n.JS, n.Signer, except)
+	if r != busauth.RoleAudit {
+		n.JS = runner.Relaying(n.JS)
+	}
+	n.refusals.Store(&jsBox{n.JS})
 	if check {
 		n.Senders = func(subject string, h nats.Header, data []byte) error {
 			_, err := msgs.Sender(subject, h, data)
@@ -741,7 +768,7 @@ func refusedState(ctx context.Context, js jetstream.JetStream, log *slog.Logger,
 // checkModels makes the model catalogue and routing policy honour only
 // records an operator signed; one that fails is ignored (what is in use
 // stays) and audited by source.
-func checkModels(js jetstream.JetStream, source string, proof signedstate.Verify, log *slog.Logger) kvstore.CheckModel {
+func checkModels(js func() jetstream.JetStream, source string, proof signedstate.Verify, log *slog.Logger) kvstore.CheckModel {
 	return func(rec kvstore.ModelRecord, key string, rev uint64) error {
 		err := signedstate.Model(rec, key, proof)
 		if err != nil {
@@ -749,7 +776,7 @@ func checkModels(js jetstream.JetStream, source string, proof signedstate.Verify
 			if key == modelrouter.RoutingKey {
 				what = "routing_policy"
 			}
-			refusedState(context.Background(), js, log, source, what, rev, fmt.Errorf("%s: %w", key, err))
+			refusedState(context.Background(), js(), log, source, what, rev, fmt.Errorf("%s: %w", key, err))
 		}
 		return err
 	}
@@ -758,11 +785,11 @@ func checkModels(js jetstream.JetStream, source string, proof signedstate.Verify
 // checkTools makes a registry honour only tool manifests an operator
 // signed; one that fails is ignored (the registry keeps what it had for
 // the key) and audited by source.
-func checkTools(js jetstream.JetStream, source string, proof signedstate.Verify, log *slog.Logger) kvstore.CheckTool {
+func checkTools(js func() jetstream.JetStream, source string, proof signedstate.Verify, log *slog.Logger) kvstore.CheckTool {
 	return func(rec kvstore.ToolRecord, key string, rev uint64) error {
 		err := signedstate.Tool(rec, proof)
 		if err != nil {
-			refusedState(context.Background(), js, log, source, "tool", rev, fmt.Errorf("tool %s: %w", key, err))
+			refusedState(context.Background(), js(), log, source, "tool", rev, fmt.Errorf("tool %s: %w", key, err))
 		}
 		return err
 	}

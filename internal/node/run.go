@@ -470,7 +470,7 @@ func Run(ctx context.Context, c Config) error {
 	// good, which Run then reports so a supervisor restarts the process.
 	drain, stop := context.WithCancel(ctx)
 	defer stop()
-	errs := make(chan error, len(runners)+1)
+	errs := make(chan error, len(runners)+2)
 	for _, nd := range nodes.all() {
 		if nd.Lost() == nil {
 			continue
@@ -489,6 +489,15 @@ func Run(ctx context.Context, c Config) error {
 		wg.Go(func() {
 			if err := r.Run(drain); err != nil {
 				errs <- fmt.Errorf("stage %s: %w", r.Name, err)
+				stop()
+			}
+		})
+	}
+	if an := nodes.stage[subjects.Audit]; an != nil {
+		relay := &runner.Relay{JS: an.JS, Senders: an.Senders, Log: log, Metrics: metrics}
+		wg.Go(func() {
+			if err := relay.Run(drain); err != nil {
+				errs <- err
 				stop()
 			}
 		})
@@ -613,12 +622,12 @@ func setupSigning(c *Config, nodes *nodeSet, authenticated bool) error {
 	c.Stage.Messages = msgs
 	for name, n := range nodes.stage {
 		r, _ := busauth.StageRole(name)
-		if err := n.signAs(dir, r, msgs, name != subjects.Validate); err != nil {
+		if err := n.signAs(dir, r, msgs, name != subjects.Validate, c.Stage.AuditChainKey != nil); err != nil {
 			return err
 		}
 	}
 	if nodes.control != nil {
-		if err := nodes.control.signAs(dir, busauth.RoleControl, msgs, false); err != nil {
+		if err := nodes.control.signAs(dir, busauth.RoleControl, msgs, false, false); err != nil {
 			return err
 		}
 	}

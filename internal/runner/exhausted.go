@@ -144,6 +144,11 @@ func poisonEvent(stage, subject, stream string, seq uint64, cause error) (stages
 	if subjects.CheckTenant(tenant) != nil {
 		tenant = subjects.SystemTenant // no subject can be built from it
 	}
+	return poisonEventFor(tenant, stage, subject, stream, seq, cause)
+}
+
+// poisonEventFor is poisonEvent in tenant's trail.
+func poisonEventFor(tenant, stage, subject, stream string, seq uint64, cause error) (stages.Output, error) {
 	e := event.New()
 	e.SetID(fmt.Sprintf("%s-%d", stream, seq))
 	e.SetSource("urn:toolgate:" + stage)

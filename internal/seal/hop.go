@@ -119,15 +119,23 @@ func refuseMessage(msg string) error {
 // role's messages get their signature, whoever in the process sends them
 // (the runner, execute's events, breakers, the control service).
 func SigningJetStream(js jetstream.JetStream, s *Signer) jetstream.JetStream {
+	return SigningJetStreamExcept(js, s, nil)
+}
+
+// SigningJetStreamExcept is SigningJetStream leaving unsigned what goes to
+// a subject for which except is true: audit's events, which the audit
+// chain's signed checkpoints cover already (docs/audit.md).
+func SigningJetStreamExcept(js jetstream.JetStream, s *Signer, except func(subject string) bool) jetstream.JetStream {
 	if s == nil {
 		return js
 	}
-	return &signingJS{JetStream: js, s: s}
+	return &signingJS{JetStream: js, s: s, except: except}
 }
 
 type signingJS struct {
 	jetstream.JetStream
-	s *Signer
+	s      *Signer
+	except func(subject string) bool
 }
 
 func (j *signingJS) Publish(ctx context.Context, subject string, data []byte, opts ...jetstream.PublishOpt) (*jetstream.PubAck, error) {
@@ -147,5 +155,8 @@ func (j *signingJS) PublishMsgAsync(m *nats.Msg, opts ...jetstream.PublishOpt) (
 }
 
 func (j *signingJS) signed(m *nats.Msg) *nats.Msg {
+	if j.except != nil && j.except(m.Subject) {
+		return m
+	}
 	return &nats.Msg{Subject: m.Subject, Reply: m.Reply, Header: j.s.Sign(m.Subject, m.Header, m.Data), Data: m.Data}
 }

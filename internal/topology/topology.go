@@ -124,6 +124,13 @@ func Streams(o TopologyOptions) []jetstream.StreamConfig {
 		MaxAge: o.PipelineMaxAge, MaxBytes: o.PipelineMaxBytes, Discard: jetstream.DiscardNew,
 		Duplicates: o.Duplicates, Replicas: o.Replicas, Storage: o.Storage,
 	}, {
+		// What roles other than audit emit for audit to publish
+		// (subjects.RelayAll): a work queue like the pipeline's.
+		Name: subjects.StreamRelay, Description: "audit events and results awaiting audit's check",
+		Subjects: []string{subjects.RelayAll}, Retention: jetstream.WorkQueuePolicy,
+		MaxAge: o.PipelineMaxAge, MaxBytes: o.PipelineMaxBytes, Discard: jetstream.DiscardNew,
+		Duplicates: o.Duplicates, Replicas: o.Replicas, Storage: o.Storage,
+	}, {
 		Name: subjects.StreamResults, Description: "one ToolInvokeResponse per invocation",
 		Subjects: []string{subjects.ResultAll}, Retention: jetstream.LimitsPolicy,
 		// A late reader (an agent among them) gets a result by its subject
@@ -220,7 +227,7 @@ func EnsureTopology(ctx context.Context, js jetstream.JetStream, o TopologyOptio
 		}
 	}
 	for _, stage := range subjects.Stages {
-		for _, in := range subjects.Inputs(stage) {
+		for _, in := range ConsumedBy(stage) {
 			if _, err := js.Consumer(ctx, in.Stream, in.Consumer); err == nil {
 				continue
 			} else if !errors.Is(err, jetstream.ErrConsumerNotFound) {
@@ -233,6 +240,16 @@ func EnsureTopology(ctx context.Context, js jetstream.JetStream, o TopologyOptio
 		}
 	}
 	return nil
+}
+
+// ConsumedBy are the durable consumers stage's workers read: its inputs,
+// and for audit the relay.
+func ConsumedBy(stage string) []subjects.Input {
+	in := subjects.Inputs(stage)
+	if stage == subjects.Audit {
+		in = append(in, subjects.RelayInput)
+	}
+	return in
 }
 
 // Bind checks that the streams and consumers a role uses are there (the
