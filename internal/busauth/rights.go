@@ -93,12 +93,12 @@ var Rights = map[Role]RoleRights{
 	// authorize verifies tokens, judges policy, parks calls for approval
 	// and charges budgets; it strips the raw token from what it hands on.
 	RoleAuthorize: {
-		Consumes: subjects.Inputs(subjects.Authorize),
-		Sweeps:   []string{subjects.StreamPipeline},
+		Consumes:  subjects.Inputs(subjects.Authorize),
+		Sweeps:    []string{subjects.StreamPipeline},
 		Publishes: []string{hand(subjects.Route), hand(subjects.Audit)},
 		Emits:     []string{poison, subjects.AuditEvent("*", "tool.approval.>"), stateRefused},
-		Writes:  []string{subjects.BucketInvocations, subjects.BucketApprovals, subjects.BucketBudgets, subjects.BucketSettings},
-		Watches: []string{subjects.BucketTools, subjects.BucketPolicies, subjects.BucketRevocations, subjects.BucketInvocations},
+		Writes:    []string{subjects.BucketInvocations, subjects.BucketApprovals, subjects.BucketBudgets, subjects.BucketSettings},
+		Watches:   []string{subjects.BucketTools, subjects.BucketPolicies, subjects.BucketRevocations, subjects.BucketInvocations},
 	},
 	// route resolves versions and takes rate-limit tokens.
 	RoleRoute: {
@@ -114,8 +114,8 @@ var Rights = map[Role]RoleRights{
 	// checkpoints; it announces a call's start, its checkpoints and its
 	// breakers' transitions itself, as they happen.
 	RoleExecute: {
-		Consumes: subjects.Inputs(subjects.Execute),
-		Sweeps:   []string{subjects.StreamPipeline},
+		Consumes:  subjects.Inputs(subjects.Execute),
+		Sweeps:    []string{subjects.StreamPipeline},
 		Publishes: []string{hand(subjects.Verify), hand(subjects.Audit)},
 		Emits: []string{poison, subjects.AuditEvent("*", "tool.invoked"), subjects.AuditEvent("*", "tool.checkpoint.>"),
 			subjects.AuditEvent(subjects.SystemTenant, "circuit.>"), stateRefused},
