@@ -480,9 +480,13 @@ func (h *handlers) watchGrants(ctx context.Context) error {
 	configured := h.disc.Grants
 	h.grants.Store(configured)
 	h.grantsWatched = true
+	var order signedstate.Order
 	return h.admin.WatchPolicy(ctx, func(b kvstore.PolicyBundle, ok bool, err error) {
+		if !ok {
+			order.Removed("policy")
+		}
 		if ok && err == nil && h.stateProof != nil {
-			if err := signedstate.Policy(b, h.stateProof); err != nil {
+			if err := order.Policy(b, h.stateProof); err != nil {
 				h.refusedState(ctx, "policy", b.Revision, err)
 				return
 			}

@@ -99,8 +99,9 @@ func newNATSBus(ctx context.Context, nc *nats.Conn, log *slog.Logger, proof sign
 	c.Source = "urn:toolgate:mcp"
 	opts := kvstore.Options{}
 	if proof != nil {
+		var order signedstate.Order
 		opts.CheckTool = func(rec kvstore.ToolRecord, key string, rev uint64) error {
-			err := signedstate.Tool(rec, proof)
+			err := order.Tool(rec, key, proof)
 			if err != nil {
 				log.Error("ignoring a tool manifest no operator signed", "key", key, "revision", rev, "err", err)
 			}

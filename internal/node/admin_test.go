@@ -179,6 +179,65 @@ func TestAdminThroughControl(t *testing.T) {
 		}
 	})
 
+	// Every signed record verifies on its own: a bucket writer could put an
+	// older signed policy back over a newer one. Readers refuse what was
+	// signed before the policy in force, and audit it.
+	t.Run("an older signed policy written back rules nothing", func(t *testing.T) {
+		deny := map[string]string{"authz.rego": policy.DefaultModule() +
+			"\ndeny contains {\"code\": \"E3209\", \"msg\": \"an old policy\"} if input.tool.id == \"" + tool + "\"\n"}
+		if _, err := op.PushPolicy(ctx, deny, nil, ""); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, 10*time.Second, "the denying policy to rule", func() bool { return call(tool).Status != api.StatusSuccess })
+		os, err := kvstore.Open(ctx, ojs, kvstore.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		old, ok, err := os.Policy(ctx)
+		if err != nil || !ok || old.Proof == nil {
+			t.Fatalf("reading the signed policy in force: %v %v", ok, err)
+		}
+		if _, err := op.PushPolicy(ctx, map[string]string{"authz.rego": policy.DefaultModule()}, nil, ""); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, 10*time.Second, "the newer policy to rule", func() bool { return call(tool).Status == api.StatusSuccess })
+		cjs, _ := jetstream.New(s.connect(t, 0, s.creds(busauth.RoleControl)))
+		cs, err := kvstore.Open(ctx, cjs, kvstore.Options{Bind: true, Buckets: busauth.Rights[busauth.RoleControl].Buckets()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rev, err := cs.PushPolicy(ctx, old)
+		if err != nil {
+			t.Fatal(err)
+		}
+		as, err := ojs.Stream(ctx, subjects.StreamAudit)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := fmt.Sprintf(`"revision":%d`, rev)
+		eventually(t, 10*time.Second, "authorize to audit the replayed policy", func() bool {
+			m, err := as.GetLastMsgForSubject(ctx, subjects.AuditEvent(subjects.SystemTenant, "state.refused"))
+			if err != nil {
+				return false
+			}
+			for seq := m.Sequence; seq > 0 && seq+50 > m.Sequence; seq-- {
+				mm, err := as.GetMsg(ctx, seq)
+				if err == nil && strings.Contains(string(mm.Data), want) && strings.Contains(string(mm.Data), "replayed") &&
+					strings.Contains(string(mm.Data), "urn:toolgate:authorize") {
+					return true
+				}
+			}
+			return false
+		})
+		if r := call(tool); r.Status != api.StatusSuccess {
+			t.Fatalf("after the replayed policy: %+v, want the newer policy still in force", r)
+		}
+		// Leave the bucket as the operator's newer push left it.
+		if _, err := op.PushPolicy(ctx, map[string]string{"authz.rego": policy.DefaultModule()}, nil, ""); err != nil {
+			t.Fatal(err)
+		}
+	})
+
 	t.Run("a hook set written straight into the bucket rules nothing", func(t *testing.T) {
 		cjs, _ := jetstream.New(s.connect(t, 0, s.creds(busauth.RoleControl)))
 		cs, err := kvstore.Open(ctx, cjs, kvstore.Options{Bind: true, Buckets: busauth.Rights[busauth.RoleControl].Buckets()})

@@ -548,13 +548,15 @@ func (n *Node) NewStage(ctx context.Context, name string, c StageConfig) (stages
 		return verify.New(n.Registry, verify.Config{Tenants: c.TenantActions, Detectors: c.Detectors, Classifier: c.InjectionClassifier}), nil
 	case subjects.Audit:
 		tenants := new(hooks.Tenants)
+		var order signedstate.Order
 		err := n.Store.WatchHooks(ctx, func(tenant string, set *kvstore.HookSet) {
 			if set == nil {
+				order.Removed(tenant)
 				tenants.Put(tenant, nil)
 				return
 			}
 			if c.StateProof != nil {
-				if err := signedstate.Hooks(*set, c.StateProof); err != nil {
+				if err := order.Hooks(*set, c.StateProof); err != nil {
 					n.refusedState(ctx, "urn:toolgate:audit", "hooks", set.Revision, err)
 					return
 				}
@@ -718,9 +720,13 @@ func (n *Node) newAuthorizer(ctx context.Context, c StageConfig) (*authorize.Aut
 	if c.ApprovalProof != nil {
 		a.SetApprovalProof(c.ApprovalProof)
 	}
+	var order signedstate.Order
 	err = n.Store.WatchPolicy(ctx, func(b kvstore.PolicyBundle, ok bool, err error) {
+		if !ok {
+			order.Removed("policy")
+		}
 		if ok && err == nil && c.StateProof != nil {
-			if err := signedstate.Policy(b, c.StateProof); err != nil {
+			if err := order.Policy(b, c.StateProof); err != nil {
 				n.refusedState(ctx, "urn:toolgate:authorize", "policy", b.Revision, err)
 				return
 			}
@@ -769,8 +775,9 @@ func refusedState(ctx context.Context, js jetstream.JetStream, log *slog.Logger,
 // records an operator signed; one that fails is ignored (what is in use
 // stays) and audited by source.
 func checkModels(js func() jetstream.JetStream, source string, proof signedstate.Verify, log *slog.Logger) kvstore.CheckModel {
+	var order signedstate.Order
 	return func(rec kvstore.ModelRecord, key string, rev uint64) error {
-		err := signedstate.Model(rec, key, proof)
+		err := order.Model(rec, key, proof)
 		if err != nil {
 			what := "model"
 			if key == modelrouter.RoutingKey {
@@ -786,8 +793,9 @@ func checkModels(js func() jetstream.JetStream, source string, proof signedstate
 // signed; one that fails is ignored (the registry keeps what it had for
 // the key) and audited by source.
 func checkTools(js func() jetstream.JetStream, source string, proof signedstate.Verify, log *slog.Logger) kvstore.CheckTool {
+	var order signedstate.Order
 	return func(rec kvstore.ToolRecord, key string, rev uint64) error {
-		err := signedstate.Tool(rec, proof)
+		err := order.Tool(rec, key, proof)
 		if err != nil {
 			refusedState(context.Background(), js(), log, source, "tool", rev, fmt.Errorf("tool %s: %w", key, err))
 		}
