@@ -106,3 +106,11 @@ func (c *Client) SetRoutingPolicy(ctx context.Context, rego, by string) error {
 	var out api.RoutingPolicyRequest
 	return c.admin(ctx, subjects.SvcModelsPolicy, api.RoutingPolicyRequest{Rego: rego, Reset: rego == "", By: by}, &out)
 }
+
+// Budgets lists the capped sessions of tenant (every tenant's when "")
+// that have used at least near (0 to 1) of a cap, nearest first.
+func (c *Client) Budgets(ctx context.Context, tenant string, near float64) ([]api.BudgetStatus, error) {
+	var out api.BudgetsResponse
+	err := c.admin(ctx, subjects.SvcBudgetsList, api.BudgetsRequest{TenantID: tenant, Near: near}, &out)
+	return out.Budgets, err
+}

@@ -306,6 +306,9 @@ const (
 	SvcModelsList     = "tool.svc.models.list"
 	SvcModelsDelete   = "tool.svc.models.delete"
 	SvcModelsPolicy   = "tool.svc.models.policy"
+	// SvcBudgetsList takes api.BudgetsRequest and answers
+	// api.BudgetsResponse: the sessions nearest their caps.
+	SvcBudgetsList = "tool.svc.budgets.list"
 )
 
 // TenantServices are the control endpoints served per tenant, on
@@ -318,7 +321,8 @@ var TenantServices = []string{SvcStatus, SvcCancel, SvcToolsList, SvcToolsGet, S
 // AdminServices are the administrative endpoints, in the order the control
 // service adds them.
 var AdminServices = []string{SvcPolicyPush, SvcPolicyGet, SvcHooksPush, SvcHooksList, SvcHooksDelete,
-	SvcTokensRevoke, SvcBreakersList, SvcBreakersSet, SvcModelsRegister, SvcModelsList, SvcModelsDelete, SvcModelsPolicy}
+	SvcTokensRevoke, SvcBreakersList, SvcBreakersSet, SvcModelsRegister, SvcModelsList, SvcModelsDelete, SvcModelsPolicy,
+	SvcBudgetsList}
 
 // TenantSvc is the tenant-scoped subject of control endpoint svc (one of the
 // Svc constants): tool.svc.status for tenant demo is tool.svc.demo.status.

@@ -40,8 +40,9 @@ import (
 // policy, signed with operator credentials and audited; tools.register
 // and tools.delete audited too; the capability grant rule follows policy
 // pushes; models.stats. 1.4: tenant-scoped audit.history, a tenant's
-// stored audit events a page at a time, which agents may call.
-const Version = "1.4.0"
+// stored audit events a page at a time, which agents may call. 1.5:
+// budgets.list, the sessions nearest their caps, for operators.
+const Version = "1.5.0"
 
 // Start adds the service to nc. Stop it with the returned service's Stop.
 // approvals may be nil: the approval endpoint then is not served.
