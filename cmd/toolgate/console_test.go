@@ -326,28 +326,11 @@ func TestConsoleBudgets(t *testing.T) {
 	cleanEnv(t)
 	s := startToolgate(t)
 	con := startConsole(t, s)
-	k, err := token.LoadSigningKey(filepath.Join(s.data, "dev-signing-key.jwk"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	for _, b := range []struct {
 		jti      string
 		maxCalls int64
 	}{{"near-cap", 2}, {"far-cap", 100}} {
-		tok, err := token.Mint(k, token.Claims{
-			ToolID: token.Patterns{"echo"}, TenantID: "demo", AgentDID: node.DevAgent, AllowedOperations: []string{token.OperationExecute},
-			Budget: &token.Budget{MaxCalls: b.maxCalls},
-			RegisteredClaims: jwt.RegisteredClaims{Issuer: "toolgate", Audience: jwt.ClaimStrings{"toolgate"}, Subject: node.DevAgent,
-				ID: b.jti, IssuedAt: jwt.NewNumericDate(time.Now()), ExpiresAt: jwt.NewNumericDate(time.Now().Add(time.Hour))},
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		for range 2 {
-			if r := tg(t, "", "invoke", "echo", "--params", `{"message":"charged"}`, "--wait", "--nats", s.url, "--token", tok); r.code != exitOK {
-				t.Fatalf("invoke with %s: %d %s", b.jti, r.code, r.stderr)
-			}
-		}
+		spendBudget(t, s, b.jti, b.maxCalls, 2)
 	}
 	jar, _ := cookiejar.New(nil)
 	browser := &http.Client{Jar: jar, CheckRedirect: noRedirect, Timeout: 20 * time.Second}
@@ -363,5 +346,29 @@ func TestConsoleBudgets(t *testing.T) {
 	}
 	if strings.Contains(body, "far-cap") {
 		t.Fatalf("the overview lists a budget at 2%% of its cap:\n%s", body)
+	}
+}
+
+// spendBudget makes calls calls of echo with a token of its own whose
+// budget allows maxCalls calls: its session is token:<jti>.
+func spendBudget(t *testing.T, s server, jti string, maxCalls int64, calls int) {
+	t.Helper()
+	k, err := token.LoadSigningKey(filepath.Join(s.data, "dev-signing-key.jwk"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, err := token.Mint(k, token.Claims{
+		ToolID: token.Patterns{"echo"}, TenantID: "demo", AgentDID: node.DevAgent, AllowedOperations: []string{token.OperationExecute},
+		Budget: &token.Budget{MaxCalls: maxCalls},
+		RegisteredClaims: jwt.RegisteredClaims{Issuer: "toolgate", Audience: jwt.ClaimStrings{"toolgate"}, Subject: node.DevAgent,
+			ID: jti, IssuedAt: jwt.NewNumericDate(time.Now()), ExpiresAt: jwt.NewNumericDate(time.Now().Add(time.Hour))},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range calls {
+		if r := tg(t, "", "invoke", "echo", "--params", `{"message":"charged"}`, "--wait", "--nats", s.url, "--token", tok); r.code != exitOK {
+			t.Fatalf("invoke with %s: %d %s", jti, r.code, r.stderr)
+		}
 	}
 }
