@@ -1,6 +1,8 @@
 // Package client is the Go SDK for toolgate: it publishes tool.invoke
 // CloudEvents, waits for results, queries status, follows the audit trail and
-// manages the tool registry, using only the public subjects.
+// manages the tool registry, using only the public subjects. An Agent
+// (NewAgent) holds what an agent may do with its capability token; an
+// Operator (New) adds what operator credentials allow.
 package client
 
 import (
@@ -21,14 +23,28 @@ import (
 // DefaultTimeout bounds a request whose context has no deadline.
 const DefaultTimeout = 10 * time.Second
 
-// Client talks to toolgate over one NATS connection.
-type Client struct {
+// Agent is what an agent uses, with nothing but its capability token as
+// credentials: invoke a tool and wait for it, follow its hand-offs, its
+// status and cancel, its budget, its tenant's tools, approvals and audit
+// trail, and capability requests. Every request goes to its tenant's
+// scoped endpoints (tool.svc.<tenant>.…), the only ones the bus lets an
+// agent call.
+type Agent struct {
 	nc *nats.Conn
 	js jetstream.JetStream
 	// refusals fails a request the bus refused at once (see watchRefusals).
 	refusals *refusals
 	// Source is the CloudEvent source of invocations this client sends.
 	Source string
+}
+
+// Operator is what an operator uses: everything an Agent does, for any
+// tenant, and the administration an operator's credentials allow: the tool
+// registry, approval decisions, the whole audit trail, statistics, and the
+// administrative endpoints (policy, hooks, revocations, breakers, models,
+// budgets).
+type Operator struct {
+	*Agent
 	// Sign, when set, signs the administrative requests (PushPolicy,
 	// RevokeToken, SetBreaker, …): on an authenticated bus toolgate refuses
 	// them unsigned (E3219) and records the signing operator as who made
@@ -36,13 +52,25 @@ type Client struct {
 	Sign Sign
 }
 
-// New returns a Client over nc.
-func New(nc *nats.Conn) (*Client, error) {
+// Client is the operator's client, every method of Agent and Operator.
+type Client = Operator
+
+// NewAgent returns an agent's client over nc.
+func NewAgent(nc *nats.Conn) (*Agent, error) {
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return nil, err
 	}
-	return &Client{nc: nc, js: js, Source: "urn:toolgate:client", refusals: watchRefusals(nc)}, nil
+	return &Agent{nc: nc, js: js, Source: "urn:toolgate:client", refusals: watchRefusals(nc)}, nil
+}
+
+// New returns an operator's client over nc (NewAgent for an agent).
+func New(nc *nats.Conn) (*Operator, error) {
+	a, err := NewAgent(nc)
+	if err != nil {
+		return nil, err
+	}
+	return &Operator{Agent: a}, nil
 }
 
 // InvokeOptions adjust one invocation event.
@@ -54,7 +82,7 @@ type InvokeOptions struct {
 }
 
 // NewEvent builds the tool.invoke CloudEvent for req.
-func (c *Client) NewEvent(req api.Request, o InvokeOptions) (*api.Event, error) {
+func (c *Agent) NewEvent(req api.Request, o InvokeOptions) (*api.Event, error) {
 	id := o.ID
 	if id == "" {
 		id = newUUID()
@@ -80,7 +108,7 @@ func newUUID() string {
 
 // Invoke publishes req for tenant req.AgentContext.TenantID in binary mode
 // and returns the invocation id once JetStream has accepted it.
-func (c *Client) Invoke(ctx context.Context, req api.Request, o InvokeOptions) (string, error) {
+func (c *Agent) Invoke(ctx context.Context, req api.Request, o InvokeOptions) (string, error) {
 	e, err := c.NewEvent(req, o)
 	if err != nil {
 		return "", err
@@ -111,7 +139,7 @@ func (c *Client) Invoke(ctx context.Context, req api.Request, o InvokeOptions) (
 // Wait returns the response of invocation id of tenant, waiting until it
 // arrives or ctx ends. Results are kept in a stream, so Wait works after the
 // fact too.
-func (c *Client) Wait(ctx context.Context, tenant, id string) (api.Response, error) {
+func (c *Agent) Wait(ctx context.Context, tenant, id string) (api.Response, error) {
 	// A live subscription and the status record, both of which an agent's
 	// credentials allow (reading the results stream through a consumer is
 	// an operator's right): the record answers a result published before
@@ -148,7 +176,7 @@ const maxFollow = 8
 // Follow waits for invocation id like Wait and, while a hook handed the call
 // on to a retry or fallback (execution_metadata.hook.handed_to), for that
 // invocation in turn. It returns every response, the final one last.
-func (c *Client) Follow(ctx context.Context, tenant, id string) ([]api.Response, error) {
+func (c *Agent) Follow(ctx context.Context, tenant, id string) ([]api.Response, error) {
 	var out []api.Response
 	for range maxFollow {
 		r, err := c.Wait(ctx, tenant, id)
@@ -189,7 +217,7 @@ func DecodeResult(data []byte) (api.Response, error) {
 }
 
 // Status asks the control service for an invocation's record.
-func (c *Client) Status(ctx context.Context, tenant, id string) (api.Record, error) {
+func (c *Agent) Status(ctx context.Context, tenant, id string) (api.Record, error) {
 	var rec api.Record
 	if err := checkTenant(tenant); err != nil {
 		return rec, err
@@ -209,7 +237,7 @@ func checkTenant(tenant string) error {
 
 // Budget reports where a session's budget stands against limits, on
 // tenant's scoped endpoint (which agents and operators alike may call).
-func (c *Client) Budget(ctx context.Context, tenant, session string, limits api.BudgetLimits) (api.BudgetStatus, error) {
+func (c *Agent) Budget(ctx context.Context, tenant, session string, limits api.BudgetLimits) (api.BudgetStatus, error) {
 	var st api.BudgetStatus
 	if err := checkTenant(tenant); err != nil {
 		return st, err
@@ -219,14 +247,14 @@ func (c *Client) Budget(ctx context.Context, tenant, session string, limits api.
 }
 
 // ListTools lists the registered tools.
-func (c *Client) ListTools(ctx context.Context, f api.ListRequest) (api.ListResponse, error) {
+func (c *Operator) ListTools(ctx context.Context, f api.ListRequest) (api.ListResponse, error) {
 	var out api.ListResponse
 	err := c.request(ctx, subjects.SvcToolsList, f, &out)
 	return out, err
 }
 
 // GetTool returns the manifest of a tool version (empty version: latest) as JSON.
-func (c *Client) GetTool(ctx context.Context, id, version string) (json.RawMessage, error) {
+func (c *Operator) GetTool(ctx context.Context, id, version string) (json.RawMessage, error) {
 	var out json.RawMessage
 	err := c.request(ctx, subjects.SvcToolsGet, api.ToolRequest{ToolID: id, Version: version}, &out)
 	return out, err
@@ -234,7 +262,7 @@ func (c *Client) GetTool(ctx context.Context, id, version string) (json.RawMessa
 
 // GetTenantTool is GetTool on tenant's scoped endpoint, the one an agent of
 // tenant may call.
-func (c *Client) GetTenantTool(ctx context.Context, tenant, id, version string) (json.RawMessage, error) {
+func (c *Agent) GetTenantTool(ctx context.Context, tenant, id, version string) (json.RawMessage, error) {
 	if err := checkTenant(tenant); err != nil {
 		return nil, err
 	}
@@ -245,13 +273,13 @@ func (c *Client) GetTenantTool(ctx context.Context, tenant, id, version string) 
 
 // RegisterTool registers a manifest document. With c.Sign the audit
 // event of the registration names the signing operator.
-func (c *Client) RegisterTool(ctx context.Context, manifest []byte, replace bool) (api.ToolRequest, error) {
+func (c *Operator) RegisterTool(ctx context.Context, manifest []byte, replace bool) (api.ToolRequest, error) {
 	var out api.ToolRequest
 	err := c.admin(ctx, subjects.SvcToolsRegister, api.RegisterRequest{Manifest: manifest, Replace: replace}, &out)
 	return out, err
 }
 
-func (c *Client) request(ctx context.Context, subject string, in, out any) error {
+func (c *Agent) request(ctx context.Context, subject string, in, out any) error {
 	return c.requestSigned(ctx, subject, in, out, nil)
 }
 
@@ -259,7 +287,7 @@ func (c *Client) request(ctx context.Context, subject string, in, out any) error
 // busauth.Signer.Sign over a toolgate credentials file).
 type Sign func(subject string, body []byte) (nats.Header, error)
 
-func (c *Client) requestSigned(ctx context.Context, subject string, in, out any, sign Sign) error {
+func (c *Agent) requestSigned(ctx context.Context, subject string, in, out any, sign Sign) error {
 	body, err := json.Marshal(in)
 	if err != nil {
 		return err
@@ -300,7 +328,7 @@ func (c *Client) requestSigned(ctx context.Context, subject string, in, out any,
 // Tail calls fn with every audit event of tenant (all tenants when empty),
 // from the start of the stream when all is set, else only new ones, until
 // ctx ends or fn returns an error.
-func (c *Client) Tail(ctx context.Context, tenant string, all bool, fn func(subject string, data []byte) error) error {
+func (c *Operator) Tail(ctx context.Context, tenant string, all bool, fn func(subject string, data []byte) error) error {
 	filter := subjects.AuditAll
 	if tenant != "" {
 		filter = subjects.AuditTenant(tenant)
@@ -348,7 +376,7 @@ func refusedOr(ctx context.Context, err error) error {
 // TailLast calls fn with the last n audit events of tenant (all tenants
 // when empty) that the stream held when it was called, oldest first, and
 // returns: fewer when fewer exist, none when none do.
-func (c *Client) TailLast(ctx context.Context, tenant string, n int, fn func(subject string, data []byte) error) error {
+func (c *Operator) TailLast(ctx context.Context, tenant string, n int, fn func(subject string, data []byte) error) error {
 	filter := subjects.AuditAll
 	if tenant != "" {
 		filter = subjects.AuditTenant(tenant)
@@ -400,7 +428,7 @@ func (c *Client) TailLast(ctx context.Context, tenant string, n int, fn func(sub
 // on, until ctx ends or fn returns an error. It subscribes to the audit
 // subjects instead of reading the stream, so an agent may use it for its
 // own tenant (agents may not create consumers).
-func (c *Client) TailLive(ctx context.Context, tenant string, fn func(subject string, data []byte) error) error {
+func (c *Agent) TailLive(ctx context.Context, tenant string, fn func(subject string, data []byte) error) error {
 	if err := checkTenant(tenant); err != nil {
 		return err
 	}
@@ -425,7 +453,7 @@ func (c *Client) TailLive(ctx context.Context, tenant string, fn func(subject st
 
 // Decide approves or denies a parked invocation. Of several decisions on
 // one invocation only the first counts; later ones fail with E3215.
-func (c *Client) Decide(ctx context.Context, d api.ApprovalDecision) (api.Approval, error) {
+func (c *Operator) Decide(ctx context.Context, d api.ApprovalDecision) (api.Approval, error) {
 	return c.DecideSigned(ctx, d, nil)
 }
 
@@ -437,7 +465,7 @@ func (c *Client) Decide(ctx context.Context, d api.ApprovalDecision) (api.Approv
 // digest of the ApprovalSummary the decider reviewed. Without one,
 // DecideSigned reads the approval first and approves the request parked
 // now.
-func (c *Client) DecideSigned(ctx context.Context, d api.ApprovalDecision, sign Sign) (api.Approval, error) {
+func (c *Operator) DecideSigned(ctx context.Context, d api.ApprovalDecision, sign Sign) (api.Approval, error) {
 	var out api.Approval
 	if d.Approve && d.RequestDigest == "" {
 		s, err := c.Approval(ctx, d.Tenant, d.InvocationID)
@@ -452,7 +480,7 @@ func (c *Client) DecideSigned(ctx context.Context, d api.ApprovalDecision, sign 
 
 // Cancel asks toolgate to stop an invocation and returns its record as it
 // was when the request was recorded.
-func (c *Client) Cancel(ctx context.Context, tenant, id, reason string) (api.Record, error) {
+func (c *Agent) Cancel(ctx context.Context, tenant, id, reason string) (api.Record, error) {
 	var rec api.Record
 	if err := checkTenant(tenant); err != nil {
 		return rec, err
@@ -463,14 +491,14 @@ func (c *Client) Cancel(ctx context.Context, tenant, id, reason string) (api.Rec
 
 // DeleteTool removes one version of a tool from the registry. With c.Sign
 // the audit event of the deletion names the signing operator.
-func (c *Client) DeleteTool(ctx context.Context, id, version string) error {
+func (c *Operator) DeleteTool(ctx context.Context, id, version string) error {
 	var out api.ToolRequest
 	return c.admin(ctx, subjects.SvcToolsDelete, api.ToolRequest{ToolID: id, Version: version}, &out)
 }
 
 // Approvals lists tenant's calls waiting for a human's decision, on
 // tenant's scoped endpoint.
-func (c *Client) Approvals(ctx context.Context, tenant string) ([]api.ApprovalSummary, error) {
+func (c *Agent) Approvals(ctx context.Context, tenant string) ([]api.ApprovalSummary, error) {
 	var out api.ApprovalsResponse
 	if err := checkTenant(tenant); err != nil {
 		return nil, err
@@ -480,7 +508,7 @@ func (c *Client) Approvals(ctx context.Context, tenant string) ([]api.ApprovalSu
 }
 
 // Approval returns the approval of one invocation, in any state.
-func (c *Client) Approval(ctx context.Context, tenant, id string) (api.ApprovalSummary, error) {
+func (c *Agent) Approval(ctx context.Context, tenant, id string) (api.ApprovalSummary, error) {
 	var out api.ApprovalSummary
 	if err := checkTenant(tenant); err != nil {
 		return out, err
@@ -493,7 +521,7 @@ func (c *Client) Approval(ctx context.Context, tenant, id string) (api.ApprovalS
 // deprecated_in_favor_of, deprecation_date, sunset_at, …): the manifest is
 // read and registered again with the given lifecycle members replaced and
 // the others kept.
-func (c *Client) SetLifecycle(ctx context.Context, id, version string, lifecycle map[string]any) (api.ToolRequest, error) {
+func (c *Operator) SetLifecycle(ctx context.Context, id, version string, lifecycle map[string]any) (api.ToolRequest, error) {
 	doc, err := c.GetTool(ctx, id, version)
 	if err != nil {
 		return api.ToolRequest{}, err
@@ -523,7 +551,7 @@ func (c *Client) SetLifecycle(ctx context.Context, id, version string, lifecycle
 // SearchTools searches, filters and ranks the tools on tenant's scoped
 // endpoint (an agent's way in; empty tenant: the operators' endpoint). A
 // next page is the same request with Cursor set to the answer's NextCursor.
-func (c *Client) SearchTools(ctx context.Context, tenant string, r api.ListRequest) (api.ListResponse, error) {
+func (c *Agent) SearchTools(ctx context.Context, tenant string, r api.ListRequest) (api.ListResponse, error) {
 	subject := subjects.SvcToolsList
 	if tenant != "" {
 		if err := checkTenant(tenant); err != nil {
@@ -538,7 +566,7 @@ func (c *Client) SearchTools(ctx context.Context, tenant string, r api.ListReque
 
 // ToolStats returns the usage statistics of one tool, or of every tool
 // when id is empty (operators).
-func (c *Client) ToolStats(ctx context.Context, id string) (api.StatsResponse, error) {
+func (c *Operator) ToolStats(ctx context.Context, id string) (api.StatsResponse, error) {
 	var out api.StatsResponse
 	err := c.request(ctx, subjects.SvcToolsStats, api.StatsRequest{ToolID: id}, &out)
 	return out, err
@@ -547,7 +575,7 @@ func (c *Client) ToolStats(ctx context.Context, id string) (api.StatsResponse, e
 // ModelStats returns the cluster-wide model statistics: latency, success
 // rate, failures, tokens and cost per model and task type, filtered and
 // grouped as r asks (operators).
-func (c *Client) ModelStats(ctx context.Context, r api.ModelStatsRequest) (api.ModelStatsResponse, error) {
+func (c *Operator) ModelStats(ctx context.Context, r api.ModelStatsRequest) (api.ModelStatsResponse, error) {
 	var out api.ModelStatsResponse
 	err := c.request(ctx, subjects.SvcModelsStats, r, &out)
 	return out, err
@@ -561,7 +589,7 @@ func (c *Client) ModelStats(ctx context.Context, r api.ModelStatsRequest) (api.M
 // limits are refused (E3040). A refusal is in the answer (Outcome refused,
 // Refusal), not an error; the error is for a request toolgate could not
 // take (E3040, E3201, ...).
-func (c *Client) RequestCapability(ctx context.Context, tenant string, r api.CapabilityRequest) (api.CapabilityResponse, error) {
+func (c *Agent) RequestCapability(ctx context.Context, tenant string, r api.CapabilityRequest) (api.CapabilityResponse, error) {
 	if r.Kind == "" {
 		r.Kind = api.CapabilityRequestKind
 	}
@@ -574,7 +602,7 @@ func (c *Client) RequestCapability(ctx context.Context, tenant string, r api.Cap
 
 // RequestCapabilityJSON sends a capability request as the agent wrote it;
 // constraints it leaves out take toolgate's restrictive defaults.
-func (c *Client) RequestCapabilityJSON(ctx context.Context, tenant string, doc []byte) (api.CapabilityResponse, error) {
+func (c *Agent) RequestCapabilityJSON(ctx context.Context, tenant string, doc []byte) (api.CapabilityResponse, error) {
 	if err := checkTenant(tenant); err != nil {
 		return api.CapabilityResponse{}, err
 	}
@@ -585,7 +613,7 @@ func (c *Client) RequestCapabilityJSON(ctx context.Context, tenant string, doc [
 
 // CapabilityReport returns the run report of a capability request of
 // tenant: what was asked, matched and granted, and what the grant used.
-func (c *Client) CapabilityReport(ctx context.Context, tenant, id string) (api.CapabilityReport, error) {
+func (c *Agent) CapabilityReport(ctx context.Context, tenant, id string) (api.CapabilityReport, error) {
 	if err := checkTenant(tenant); err != nil {
 		return api.CapabilityReport{}, err
 	}
@@ -598,7 +626,7 @@ func (c *Client) CapabilityReport(ctx context.Context, tenant, id string) (api.C
 // first, on tenant's scoped endpoint: an agent reads its own tenant's
 // history this way (it may create no consumer). Give r.Cursor the previous
 // page's NextCursor for the next one.
-func (c *Client) AuditHistory(ctx context.Context, tenant string, r api.AuditHistoryRequest) (api.AuditHistoryResponse, error) {
+func (c *Agent) AuditHistory(ctx context.Context, tenant string, r api.AuditHistoryRequest) (api.AuditHistoryResponse, error) {
 	var out api.AuditHistoryResponse
 	if err := checkTenant(tenant); err != nil {
 		return out, err

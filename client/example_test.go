@@ -8,13 +8,11 @@ import (
 	"log"
 	"log/slog"
 	"os"
-	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/client"
-	"github.com/toolgate/toolgate/internal/busauth"
 	"github.com/toolgate/toolgate/internal/node"
 )
 
@@ -68,7 +66,7 @@ func Example() {
 		log.Fatal(err)
 	}
 	defer nc.Close()
-	c, err := client.New(nc)
+	c, err := client.NewAgent(nc)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -94,46 +92,67 @@ func Example() {
 	// success
 }
 
-// An operator, connected with the operator credentials serve wrote, reads
-// the last events of a tenant's audit trail.
-func ExampleClient_TailLast() {
+// agent connects as the example toolgate's development agent, with its
+// capability token alone.
+func (tg running) agent() (*client.Agent, func()) {
+	nc, err := nats.Connect(tg.url, nats.Token(tg.token), nats.CustomInboxPrefix(tg.inbox))
+	if err != nil {
+		log.Fatal(err)
+	}
+	c, err := client.NewAgent(nc)
+	if err != nil {
+		log.Fatal(err)
+	}
+	return c, nc.Close
+}
+
+// An agent follows its tenant's audit trail live while it calls a tool.
+func ExampleAgent_TailLive() {
 	tg := startToolgate()
 	defer tg.stop()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	c, closeConn := tg.agent()
+	defer closeConn()
 
-	agent, err := nats.Connect(tg.url, nats.Token(tg.token), nats.CustomInboxPrefix(tg.inbox))
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer agent.Close()
-	ac, _ := client.New(agent)
-	id, err := ac.Invoke(ctx, api.Request{ToolID: "echo", Parameters: json.RawMessage(`{"message":"audited"}`),
-		AgentContext:    api.AgentContext{AgentDID: "did:agent:demo", TenantID: "demo"},
-		CapabilityToken: tg.token}, client.InvokeOptions{})
-	if err != nil {
-		log.Fatal(err)
-	}
-	if _, err := ac.Wait(ctx, "demo", id); err != nil {
-		log.Fatal(err)
-	}
-
-	creds := node.CredsPath(tg.dir, busauth.RoleOperator)
-	op, err := nats.Connect(tg.url, busauth.CredentialsOption(creds))
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer op.Close()
-	oc, _ := client.New(op)
-	// The terminal event comes last; the one before it says the call started.
-	err = oc.TailLast(ctx, "demo", 2, func(subject string, _ []byte) error {
-		fmt.Println(strings.TrimPrefix(subject, "audit.demo."))
-		return nil
-	})
-	if err != nil {
-		log.Fatal(err)
+	events := make(chan string, 16)
+	tailCtx, stopTail := context.WithCancel(ctx)
+	defer stopTail()
+	started := make(chan error, 1)
+	go func() {
+		started <- c.TailLive(tailCtx, "demo", func(subject string, _ []byte) error {
+			events <- subject
+			return nil
+		})
+	}()
+	// The subscription starts in the background: a call made before it is
+	// not seen, so the agent calls again until one is.
+	for {
+		id, err := c.Invoke(ctx, api.Request{ToolID: "echo", Parameters: json.RawMessage(`{"message":"watched"}`),
+			AgentContext:    api.AgentContext{AgentDID: "did:agent:demo", TenantID: "demo"},
+			CapabilityToken: tg.token}, client.InvokeOptions{})
+		if err != nil {
+			log.Fatal(err)
+		}
+		if _, err := c.Wait(ctx, "demo", id); err != nil {
+			log.Fatal(err)
+		}
+		seen := time.After(2 * time.Second)
+	events:
+		for {
+			select {
+			case subject := <-events:
+				if subject == "audit.demo.tool.succeeded" {
+					fmt.Println(subject)
+					return
+				}
+			case err := <-started:
+				log.Fatal(err)
+			case <-seen:
+				break events
+			}
+		}
 	}
 	// Output:
-	// tool.invoked
-	// tool.succeeded
+	// audit.demo.tool.succeeded
 }

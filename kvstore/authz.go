@@ -321,6 +321,10 @@ type Usage struct {
 	// it charges what the call used, so max_tokens and max_cost hold
 	// whatever the calls in flight do.
 	Holds []Hold `json:"holds,omitempty"`
+	// Limits are the caps the latest call was admitted against (the
+	// token's budget claim), so a reader can tell how near the session is
+	// to them without the token (Store.Budgets).
+	Limits api.BudgetLimits `json:"limits,omitzero"`
 }
 
 // Hold is what one model call in flight may use of a budget.

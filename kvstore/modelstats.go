@@ -8,12 +8,10 @@ import (
 	"maps"
 	"math"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/modelrouter"
@@ -246,77 +244,24 @@ func (s *Store) ModelStatsTTL() time.Duration { return s.modelStatsTTL }
 // what every execute process of the cluster saw within the bucket's max
 // age.
 func (s *Store) ModelStats(ctx context.Context) (map[ModelTask]ModelShard, error) {
-	out := map[ModelTask]ModelShard{}
-	keys, err := s.keys(ctx, s.modelstats, ">")
-	if err != nil {
-		return nil, fmt.Errorf("listing model statistics: %w", err)
-	}
-	for _, key := range keys {
-		mt, ok := parseModelStatsKey(key)
-		if !ok {
-			continue
-		}
-		e, err := s.modelstats.Get(ctx, key)
-		if err != nil {
-			continue // expired or deleted since listed
-		}
-		sh, err := DecodeModelShard(e.Value())
-		if err != nil {
-			continue
-		}
-		t := out[mt]
-		t.Merge(sh)
-		out[mt] = t
-	}
-	return out, nil
+	return mergeShards(ctx, s, s.modelstats, "model statistics", parseModelStatsKey, DecodeModelShard, (*ModelShard).Merge)
 }
 
 // ModelStatsRecorder keeps one execute process's share of the model
 // statistics. Record only adds in memory; Run writes the changed totals
-// of this process's own shard keys every interval, whole, with plain puts,
-// so a model call never waits on the bucket. A shard covers one window of
-// a third of the bucket's max age; then the recorder starts a new one and
-// the old one expires, so the merged statistics are those of the last
-// 1 to 1⅓ max ages.
+// of this process's own shard keys every interval, whole, with plain puts
+// (shardRecorder), so a model call never waits on the bucket. A shard
+// covers one window of a third of the bucket's max age; then the recorder
+// starts a new one and the old one expires, so the merged statistics are
+// those of the last 1 to 1⅓ max ages.
 type ModelStatsRecorder struct {
-	kv     jetstream.KeyValue
-	base   string
-	window time.Duration
-	now    func() time.Time
-
-	mu      sync.Mutex
-	epoch   int64
-	totals  map[ModelTask]*ModelShard
-	dirty   map[ModelTask]bool
-	pending map[string][]byte // full key → value of ended windows, still to write
-
-	flushMu sync.Mutex // one flush at a time
+	*shardRecorder[ModelTask, ModelShard]
 }
 
 // NewModelStatsRecorder returns a recorder with fresh shards.
 func (s *Store) NewModelStatsRecorder() *ModelStatsRecorder {
-	return &ModelStatsRecorder{kv: s.modelstats, base: strings.ReplaceAll(uuid.NewString(), "-", ""),
-		window: max(s.modelStatsTTL/3, time.Second), now: time.Now,
-		totals: map[ModelTask]*ModelShard{}, dirty: map[ModelTask]bool{}, pending: map[string][]byte{}}
-}
-
-func (r *ModelStatsRecorder) shard(epoch int64) string {
-	return r.base + "_" + strconv.FormatInt(epoch, 10)
-}
-
-// rotate starts a new window when the current one has ended, keeping what
-// the ended one has not written yet; the caller holds mu.
-func (r *ModelStatsRecorder) rotate(now time.Time) {
-	epoch := now.UnixNano() / int64(r.window)
-	if epoch == r.epoch {
-		return
-	}
-	for mt := range r.dirty {
-		r.pending[modelStatsKey(mt, r.shard(r.epoch))], _ = json.Marshal(r.totals[mt])
-	}
-	r.epoch = epoch
-	clear(r.totals)
-	clear(r.dirty)
+	return &ModelStatsRecorder{newShardRecorder[ModelTask, ModelShard](s.modelstats, "model statistics",
+		max(s.modelStatsTTL/3, time.Second), modelStatsKey)}
 }
 
 // Record counts one call of model for a task type. It never blocks on the
@@ -326,48 +271,7 @@ func (r *ModelStatsRecorder) Record(model, taskType string, o modelrouter.Outcom
 	mt := ModelTask{Model: model, TaskType: cmpOr(taskType, TaskTypeNone)}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.rotate(now)
-	t := r.totals[mt]
-	if t == nil {
-		t = &ModelShard{}
-		r.totals[mt] = t
-	}
-	t.Add(o, now.UTC())
-	r.dirty[mt] = true
-}
-
-// Flush writes every changed total. A failed write is retried by the next
-// flush.
-func (r *ModelStatsRecorder) Flush(ctx context.Context) error {
-	r.flushMu.Lock()
-	defer r.flushMu.Unlock()
-	r.mu.Lock()
-	r.rotate(r.now())
-	batch := r.pending
-	r.pending = map[string][]byte{}
-	current := map[string]ModelTask{}
-	for mt := range r.dirty {
-		key := modelStatsKey(mt, r.shard(r.epoch))
-		batch[key], _ = json.Marshal(r.totals[mt])
-		current[key] = mt
-	}
-	clear(r.dirty)
-	epoch := r.epoch
-	r.mu.Unlock()
-	var errs []error
-	for key, val := range batch {
-		if _, err := r.kv.Put(ctx, key, val); err != nil {
-			errs = append(errs, fmt.Errorf("writing model statistics %s: %w", key, err))
-			r.mu.Lock()
-			if mt, ok := current[key]; ok && epoch == r.epoch {
-				r.dirty[mt] = true // the next flush writes the newer totals
-			} else if _, newer := r.pending[key]; !newer {
-				r.pending[key] = val // unless its window ended with newer totals
-			}
-			r.mu.Unlock()
-		}
-	}
-	return errors.Join(errs...)
+	r.add(mt, now, func(t *ModelShard) { t.Add(o, now.UTC()) })
 }
 
 // Run flushes every interval until ctx ends, then once more (on a context

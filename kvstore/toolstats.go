@@ -3,14 +3,10 @@ package kvstore
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
-	"github.com/google/uuid"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/subjects"
 )
@@ -108,55 +104,37 @@ func statsKey(tool, shard string) string { return subjects.Token(tool) + "." + s
 
 // ToolStats merges every shard's totals, by tool id.
 func (s *Store) ToolStats(ctx context.Context) (map[string]ToolShard, error) {
-	out := map[string]ToolShard{}
-	keys, err := s.keys(ctx, s.toolstats, ">")
-	if err != nil {
-		return nil, fmt.Errorf("listing tool statistics: %w", err)
+	return mergeShards(ctx, s, s.toolstats, "tool statistics", parseStatsKey, decodeToolShard, (*ToolShard).Merge)
+}
+
+// parseStatsKey reads the tool id of a key made by statsKey.
+func parseStatsKey(key string) (string, bool) {
+	tok, _, ok := strings.Cut(key, ".")
+	if !ok {
+		return "", false
 	}
-	for _, key := range keys {
-		tok, _, ok := strings.Cut(key, ".")
-		if !ok {
-			continue
-		}
-		id, err := subjects.Untoken(tok)
-		if err != nil {
-			continue
-		}
-		e, err := s.toolstats.Get(ctx, key)
-		if err != nil {
-			continue // deleted since listed
-		}
-		var sh ToolShard
-		if json.Unmarshal(e.Value(), &sh) != nil {
-			continue
-		}
-		t := out[id]
-		t.Merge(sh)
-		out[id] = t
-	}
-	return out, nil
+	id, err := subjects.Untoken(tok)
+	return id, err == nil
+}
+
+func decodeToolShard(data []byte) (ToolShard, error) {
+	var sh ToolShard
+	err := json.Unmarshal(data, &sh)
+	return sh, err
 }
 
 // StatsRecorder keeps one process's share of the tool statistics: it adds
-// calls in memory and writes its own shard keys, whole, with plain puts.
-// Nothing is shared with other processes, so recording never waits on
-// another writer. The writes of one process are coalesced: a call of a tool
-// whose key was not written for StatsEvery writes at once (so the first
-// call of a quiet tool is visible when its result is); calls recorded
-// sooner, or while a write is under way, are written together once
-// StatsEvery has passed, so a busy tool's key is written a few times a
-// second, not once per call.
+// calls in memory and writes its own shard keys, whole, with plain puts
+// (shardRecorder, one shard for the process's life). Nothing is shared
+// with other processes, so recording never waits on another writer. The
+// writes of one process are coalesced: a call of a tool whose key was not
+// written for StatsEvery writes at once (so the first call of a quiet tool
+// is visible when its result is); calls recorded sooner, or while a write
+// is under way, are written together once StatsEvery has passed, so a busy
+// tool's key is written a few times a second, not once per call.
 type StatsRecorder struct {
-	kv    jetstream.KeyValue
-	shard string
-
-	mu     sync.Mutex
-	totals map[string]*ToolShard
-	dirty  map[string]bool
-	last   map[string]time.Time // when each tool's last write began
-	armed  bool                 // a delayed write is scheduled
-
-	flushMu sync.Mutex // one write at a time
+	*shardRecorder[string, ToolShard]
+	armed bool // a delayed write is scheduled; under mu
 }
 
 // StatsEvery is the least time between two writes of a StatsRecorder's
@@ -165,8 +143,7 @@ const StatsEvery = 250 * time.Millisecond
 
 // NewStatsRecorder returns a recorder with a fresh shard.
 func (s *Store) NewStatsRecorder() *StatsRecorder {
-	return &StatsRecorder{kv: s.toolstats, shard: strings.ReplaceAll(uuid.NewString(), "-", ""),
-		totals: map[string]*ToolShard{}, dirty: map[string]bool{}, last: map[string]time.Time{}}
+	return &StatsRecorder{shardRecorder: newShardRecorder[string, ToolShard](s.toolstats, "tool statistics", 0, statsKey)}
 }
 
 // Record counts one call of tool, and writes it at once unless its key was
@@ -176,13 +153,7 @@ func (s *Store) NewStatsRecorder() *StatsRecorder {
 func (r *StatsRecorder) Record(ctx context.Context, tool string, success bool, latencyMS int64, cost float64) error {
 	now := time.Now()
 	r.mu.Lock()
-	t := r.totals[tool]
-	if t == nil {
-		t = &ToolShard{}
-		r.totals[tool] = t
-	}
-	t.Add(success, latencyMS, cost, now.UTC())
-	r.dirty[tool] = true
+	r.add(tool, now, func(t *ToolShard) { t.Add(success, latencyMS, cost, now.UTC()) })
 	if wait := StatsEvery - now.Sub(r.last[tool]); wait > 0 || !r.flushMu.TryLock() {
 		if !r.armed {
 			r.armed = true
@@ -204,35 +175,4 @@ func (r *StatsRecorder) delayed() {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	_ = r.Flush(ctx) // what failed stays dirty for the next write
-}
-
-// Flush writes every changed total, after any write under way.
-func (r *StatsRecorder) Flush(ctx context.Context) error {
-	r.flushMu.Lock()
-	defer r.flushMu.Unlock()
-	return r.flush(ctx)
-}
-
-// flush writes the dirty totals; the caller holds flushMu.
-func (r *StatsRecorder) flush(ctx context.Context) error {
-	r.mu.Lock()
-	now := time.Now()
-	batch := make(map[string][]byte, len(r.dirty))
-	for tool := range r.dirty {
-		batch[tool], _ = json.Marshal(r.totals[tool])
-		r.last[tool] = now
-	}
-	clear(r.dirty)
-	r.mu.Unlock()
-	for tool, val := range batch {
-		if _, err := r.kv.Put(ctx, statsKey(tool, r.shard), val); err != nil {
-			r.mu.Lock()
-			for t := range batch {
-				r.dirty[t] = true
-			}
-			r.mu.Unlock()
-			return fmt.Errorf("writing statistics of %s: %w", tool, err)
-		}
-	}
-	return nil
 }

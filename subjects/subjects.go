@@ -242,7 +242,7 @@ func StreamDeletedAdvisory(stream string) string {
 
 // Control service endpoints (nats micro). These un-scoped subjects are for
 // toolgate's own account (operators); TenantSvc gives the tenant-scoped
-// subjects of status, cancel, tools.list and tools.get, the only ones
+// subjects of the ones ControlEndpoints serves per tenant, the only ones
 // agents may call.
 const (
 	ServiceName      = "toolgate"
@@ -306,19 +306,77 @@ const (
 	SvcModelsList     = "tool.svc.models.list"
 	SvcModelsDelete   = "tool.svc.models.delete"
 	SvcModelsPolicy   = "tool.svc.models.policy"
+	// SvcBudgetsList takes api.BudgetsRequest and answers
+	// api.BudgetsResponse: the sessions nearest their caps.
+	SvcBudgetsList = "tool.svc.budgets.list"
 )
 
-// TenantServices are the control endpoints served per tenant, on
-// TenantSvc(tenant, svc): the only endpoints an agent may call (its own
-// tenant's), exactly what a tenant's account imports, and what the control
-// service serves tenant-scoped. This list is the one place they are named.
-var TenantServices = []string{SvcStatus, SvcCancel, SvcToolsList, SvcToolsGet, SvcBudget, SvcApprovalsList,
-	SvcApprovalsGet, SvcCapabilityRequest, SvcCapabilityReport, SvcAuditHistory}
+// ControlEndpoint is one endpoint of the control service and who may
+// call it.
+type ControlEndpoint struct {
+	Subject string
+	// Operator: served on Subject in toolgate's own account, for
+	// operators and toolgate's own processes.
+	Operator bool
+	// Tenant: served per tenant on TenantSvc(tenant, Subject). These are
+	// the only endpoints an agent may call (its own tenant's) and exactly
+	// what a tenant's account imports (busauth).
+	Tenant bool
+	// Admin: an administrative endpoint, served on Subject: operators
+	// only, every request signed with operator credentials.
+	Admin bool
+}
 
-// AdminServices are the administrative endpoints, in the order the control
-// service adds them.
-var AdminServices = []string{SvcPolicyPush, SvcPolicyGet, SvcHooksPush, SvcHooksList, SvcHooksDelete,
-	SvcTokensRevoke, SvcBreakersList, SvcBreakersSet, SvcModelsRegister, SvcModelsList, SvcModelsDelete, SvcModelsPolicy}
+// ControlEndpoints are the control service's endpoints: the one table
+// the service serves from and the bus permissions are derived from.
+var ControlEndpoints = []ControlEndpoint{
+	{Subject: SvcStatus, Operator: true, Tenant: true},
+	{Subject: SvcCancel, Operator: true, Tenant: true},
+	{Subject: SvcToolsList, Operator: true, Tenant: true},
+	{Subject: SvcToolsGet, Operator: true, Tenant: true},
+	{Subject: SvcBudget, Operator: true, Tenant: true},
+	{Subject: SvcApprovalsList, Operator: true, Tenant: true},
+	{Subject: SvcApprovalsGet, Operator: true, Tenant: true},
+	{Subject: SvcCapabilityRequest, Tenant: true},
+	{Subject: SvcCapabilityReport, Operator: true, Tenant: true},
+	{Subject: SvcAuditHistory, Tenant: true},
+	{Subject: SvcToolsRegister, Operator: true},
+	{Subject: SvcToolsDelete, Operator: true},
+	{Subject: SvcToolsStats, Operator: true},
+	{Subject: SvcModelsStats, Operator: true},
+	{Subject: SvcApproval, Operator: true},
+	{Subject: SvcPolicyPush, Admin: true},
+	{Subject: SvcPolicyGet, Admin: true},
+	{Subject: SvcHooksPush, Admin: true},
+	{Subject: SvcHooksList, Admin: true},
+	{Subject: SvcHooksDelete, Admin: true},
+	{Subject: SvcTokensRevoke, Admin: true},
+	{Subject: SvcBreakersList, Admin: true},
+	{Subject: SvcBreakersSet, Admin: true},
+	{Subject: SvcModelsRegister, Admin: true},
+	{Subject: SvcModelsList, Admin: true},
+	{Subject: SvcModelsDelete, Admin: true},
+	{Subject: SvcModelsPolicy, Admin: true},
+	{Subject: SvcBudgetsList, Admin: true},
+}
+
+// TenantServices are the endpoints of ControlEndpoints served per tenant,
+// in its order.
+var TenantServices = controlEndpoints(func(e ControlEndpoint) bool { return e.Tenant })
+
+// AdminServices are the administrative endpoints of ControlEndpoints, in
+// its order.
+var AdminServices = controlEndpoints(func(e ControlEndpoint) bool { return e.Admin })
+
+func controlEndpoints(keep func(ControlEndpoint) bool) []string {
+	var out []string
+	for _, e := range ControlEndpoints {
+		if keep(e) {
+			out = append(out, e.Subject)
+		}
+	}
+	return out
+}
 
 // TenantSvc is the tenant-scoped subject of control endpoint svc (one of the
 // Svc constants): tool.svc.status for tenant demo is tool.svc.demo.status.

@@ -84,8 +84,10 @@ func FuzzResultSubject(f *testing.F) {
 // by a tenant-scoped endpoint's subscription (tool.svc.*.<endpoint>), so no
 // tenant's name can make an agent's allowed subject an administrative one.
 func TestAdminServicesAreNotTenantScoped(t *testing.T) {
-	scoped := []string{SvcStatus, SvcCancel, SvcToolsList, SvcToolsGet, SvcBudget, SvcApprovalsList, SvcApprovalsGet,
-		SvcCapabilityRequest, SvcCapabilityReport}
+	scoped := TenantServices
+	if len(scoped) == 0 || len(AdminServices) == 0 {
+		t.Fatalf("%d tenant-scoped and %d administrative endpoints", len(scoped), len(AdminServices))
+	}
 	for _, admin := range AdminServices {
 		if !strings.HasPrefix(admin, "tool.svc.") {
 			t.Errorf("%s is not under tool.svc.", admin)

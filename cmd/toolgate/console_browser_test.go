@@ -198,5 +198,11 @@ func TestConsoleBrowser(t *testing.T) {
 	}
 	<-fourth
 
-	run("overview", chromedp.Navigate(con.base+"/overview"), chromedp.WaitVisible(css("#top-tools")), shot("overview"))
+	// A session that spent four of its five calls is near its limit.
+	spendBudget(t, s, "browser-budget", 5, 4)
+	run("overview", chromedp.Navigate(con.base+"/overview"), chromedp.WaitVisible(css("#top-tools")),
+		chromedp.WaitVisible(css("#budgets")), shot("overview"))
+	if b := text("#budgets"); !strings.Contains(b, "token:browser-budget") || !strings.Contains(b, "4 of 5 (80%)") {
+		t.Fatalf("the overview's budgets near their limit:\n%s", b)
+	}
 }

@@ -9,12 +9,16 @@ import (
 	"net/http"
 	"net/http/cookiejar"
 	"net/url"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/golang-jwt/jwt/v5"
 	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/node"
+	"github.com/toolgate/toolgate/internal/token"
 )
 
 // hostile is a parameter an agent controls: every part of it must reach
@@ -313,5 +317,58 @@ func TestServeConsole(t *testing.T) {
 	code, body, _ := get(t, c, con.links()[0])
 	if code != http.StatusOK || !strings.Contains(body, "<h1>Approvals</h1>") {
 		t.Fatalf("serve's console after sign-in: %d\n%s", code, body)
+	}
+}
+
+// TestConsoleBudgets: the overview lists a session that has used its cap
+// of calls, with how much, and leaves out one far from its cap.
+func TestConsoleBudgets(t *testing.T) {
+	cleanEnv(t)
+	s := startToolgate(t)
+	con := startConsole(t, s)
+	for _, b := range []struct {
+		jti      string
+		maxCalls int64
+	}{{"near-cap", 2}, {"far-cap", 100}} {
+		spendBudget(t, s, b.jti, b.maxCalls, 2)
+	}
+	jar, _ := cookiejar.New(nil)
+	browser := &http.Client{Jar: jar, CheckRedirect: noRedirect, Timeout: 20 * time.Second}
+	if code, _, _ := get(t, browser, con.links()[0]); code != http.StatusSeeOther {
+		t.Fatalf("login: %d", code)
+	}
+	code, body, _ := get(t, browser, con.base+"/overview")
+	if code != http.StatusOK || !strings.Contains(body, `id="budgets"`) {
+		t.Fatalf("the overview lists no budget: %d\n%s", code, body)
+	}
+	if !strings.Contains(body, "<td>token:near-cap</td><td>calls</td><td>2 of 2 (100%)</td>") || !strings.Contains(body, ">exhausted<") {
+		t.Fatalf("the overview does not show near-cap's calls spent:\n%s", body)
+	}
+	if strings.Contains(body, "far-cap") {
+		t.Fatalf("the overview lists a budget at 2%% of its cap:\n%s", body)
+	}
+}
+
+// spendBudget makes calls calls of echo with a token of its own whose
+// budget allows maxCalls calls: its session is token:<jti>.
+func spendBudget(t *testing.T, s server, jti string, maxCalls int64, calls int) {
+	t.Helper()
+	k, err := token.LoadSigningKey(filepath.Join(s.data, "dev-signing-key.jwk"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, err := token.Mint(k, token.Claims{
+		ToolID: token.Patterns{"echo"}, TenantID: "demo", AgentDID: node.DevAgent, AllowedOperations: []string{token.OperationExecute},
+		Budget: &token.Budget{MaxCalls: maxCalls},
+		RegisteredClaims: jwt.RegisteredClaims{Issuer: "toolgate", Audience: jwt.ClaimStrings{"toolgate"}, Subject: node.DevAgent,
+			ID: jti, IssuedAt: jwt.NewNumericDate(time.Now()), ExpiresAt: jwt.NewNumericDate(time.Now().Add(time.Hour))},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range calls {
+		if r := tg(t, "", "invoke", "echo", "--params", `{"message":"charged"}`, "--wait", "--nats", s.url, "--token", tok); r.code != exitOK {
+			t.Fatalf("invoke with %s: %d %s", jti, r.code, r.stderr)
+		}
 	}
 }

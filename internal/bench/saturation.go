@@ -463,6 +463,8 @@ type Goals struct {
 	Flat []Flatness
 	// Soak is the long run at half saturation (Options.Soak).
 	Soak *Soak
+	// Console is the web console's cost at saturation.
+	Console *ConsoleCost
 }
 
 // saturationN is how many invocations a saturation series offers.
@@ -524,6 +526,11 @@ func measureGoals(ctx context.Context, nc *nats.Conn, o Options, cred credential
 		return g, err
 	}
 	defer stop()
+	cc, err := measureConsole(ctx, nc.ConnectedUrl(), t, n, publishers)
+	if err != nil {
+		return g, fmt.Errorf("console: %w", err)
+	}
+	g.Console = &cc
 	const unloaded = 50
 	d := min(o.Duration, 5*time.Second)
 	if g.Unloaded, err = t.latencyAt(ctx, "toolgate unloaded", unloaded, d); err != nil {
@@ -627,6 +634,9 @@ func (g Goals) Print(w io.Writer) {
 	lat(fmt.Sprintf("latency at half saturation (%d/s)", g.HalfRate), g.Half, g.HalfRaw)
 	g.printFloor(w)
 	fmt.Fprintf(w, "%-40s %10.0fMiB\n", "RSS after the saturation series", g.RSSMiB)
+	if g.Console != nil {
+		g.Console.Print(w)
+	}
 	printFlatness(w, g.Flat)
 	if g.Soak != nil {
 		g.Soak.Print(w)

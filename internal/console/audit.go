@@ -214,6 +214,11 @@ func (h *hub) subscribe() (chan Event, func()) {
 	}
 }
 
+// Ingested counts the audit events the console has taken in since it
+// started, the stored backlog included: set against the events the trail
+// received it says whether the console keeps up (make bench).
+func (s *Server) Ingested() uint64 { return s.audit.last() }
+
 // Run reads the last Backlog stored audit events, then follows new ones,
 // until ctx ends.
 func (s *Server) Run(ctx context.Context) error {

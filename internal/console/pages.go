@@ -369,6 +369,35 @@ type overviewData struct {
 	TopTools   []toolCount
 	Breakers   []api.BreakerState
 	BreakerErr string
+	Budgets    []budgetRow
+	BudgetErr  string
+	BudgetNear int // percent
+}
+
+// budgetNear is the share of a cap from which the overview lists a
+// session's budget.
+const budgetNear = 0.8
+
+// budgetRow is one session near a cap: the quantity nearest its cap.
+type budgetRow struct {
+	Tenant, Session, Quantity string
+	Used, Cap                 string
+	Percent, Width            int
+	Exhausted                 bool
+	Depletes                  string
+}
+
+func budgetRowOf(st api.BudgetStatus) budgetRow {
+	share, q := st.UsedShare()
+	used, capv := map[string]float64{
+		"calls": float64(st.Used.Calls), "runtime_ms": float64(st.Used.RuntimeMS), "cost": st.Used.Cost, "tokens": float64(st.Used.Tokens),
+	}[q], map[string]float64{
+		"calls": float64(st.Limits.MaxCalls), "runtime_ms": float64(st.Limits.MaxRuntimeMS), "cost": st.Limits.MaxCost, "tokens": float64(st.Limits.MaxTokens),
+	}[q]
+	pct := int(share * 100)
+	return budgetRow{Tenant: st.Tenant, Session: st.Session, Quantity: q,
+		Used: strconv.FormatFloat(used, 'g', 6, 64), Cap: strconv.FormatFloat(capv, 'g', 6, 64),
+		Percent: pct, Width: pct / 10 * 10, Exhausted: slices.Contains(st.Exhausted, q), Depletes: st.Depletes}
 }
 
 type toolCount struct {
@@ -439,6 +468,14 @@ func (s *Server) overview(w http.ResponseWriter, r *http.Request, sess session) 
 		if b.State != api.BreakerClosed {
 			d.Breakers = append(d.Breakers, b)
 		}
+	}
+	d.BudgetNear = int(budgetNear * 100)
+	near, err := s.cfg.Client.Budgets(r.Context(), "", budgetNear)
+	if err != nil {
+		d.BudgetErr = err.Error()
+	}
+	for _, st := range near {
+		d.Budgets = append(d.Budgets, budgetRowOf(st))
 	}
 	s.render(w, http.StatusOK, "overview.html", page{Title: "Overview", Nav: "overview", CSRF: sess.csrf, Data: d})
 }

@@ -45,43 +45,26 @@ func (h *handlers) deleteTool(req micro.Request) {
 	h.audited(ctx, req, api.TypeToolDeleted, api.AdminChange{Action: "tools.delete", By: who, Target: r.ToolID + "@" + r.Version}, r)
 }
 
-// listApprovals answers a tenant's pending approvals, oldest first.
-func (h *handlers) listApprovals(req micro.Request) {
-	var r api.ApprovalsRequest
-	if err := decode(req.Data(), &r); err != nil || r.Tenant == "" {
-		respondError(req, api.NewError(api.InvalidParameters, api.ERequestInvalid, `expected {"tenant_id":…}`))
-		return
+// listApprovals answers a tenant's pending approvals, oldest first. On
+// the tenant's own endpoint the body may be empty.
+func (h *handlers) listApprovals() request[api.ApprovalsRequest] {
+	return request[api.ApprovalsRequest]{
+		expected: `{"tenant_id":…}`, scopedExpected: `{} or {"tenant_id":…}`, emptyScoped: true,
+		tenant:   func(r *api.ApprovalsRequest) *string { return &r.Tenant },
+		complete: func(*api.ApprovalsRequest) bool { return true },
+		do:       h.doListApprovals,
 	}
-	h.doListApprovals(req, r)
 }
 
-// tenantListApprovals is approvals.list on tool.svc.<tenant>.approvals.list:
-// the tenant is the subject's, the body may be empty.
-func (h *handlers) tenantListApprovals(tenant string, req micro.Request) {
-	var r api.ApprovalsRequest
-	if len(req.Data()) > 0 {
-		if err := decode(req.Data(), &r); err != nil {
-			respondError(req, api.NewError(api.InvalidParameters, api.ERequestInvalid, `expected {} or {"tenant_id":…}`))
-			return
-		}
-	}
-	if !sameTenant(req, tenant, &r.Tenant) {
-		return
-	}
-	h.doListApprovals(req, r)
-}
-
-func (h *handlers) doListApprovals(req micro.Request, r api.ApprovalsRequest) {
+func (h *handlers) doListApprovals(r api.ApprovalsRequest) (any, error) {
 	if err := subjects.CheckTenant(r.Tenant); err != nil {
-		respondError(req, api.WrapError(err, api.InvalidParameters, api.EInvalidName, "%v", err))
-		return
+		return nil, api.WrapError(err, api.InvalidParameters, api.EInvalidName, "%v", err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	all, err := h.store.PendingApprovals(ctx)
 	if err != nil {
-		respondError(req, err)
-		return
+		return nil, err
 	}
 	out := api.ApprovalsResponse{Approvals: []api.ApprovalSummary{}}
 	for _, a := range all {
@@ -90,36 +73,22 @@ func (h *handlers) doListApprovals(req micro.Request, r api.ApprovalsRequest) {
 		}
 	}
 	sort.Slice(out.Approvals, func(i, j int) bool { return out.Approvals[i].RequestedAt.Before(out.Approvals[j].RequestedAt) })
-	_ = req.RespondJSON(out)
+	return out, nil
 }
 
 // getApproval answers one approval of a tenant, in any state.
-func (h *handlers) getApproval(req micro.Request) {
-	var r api.ApprovalsRequest
-	if err := decode(req.Data(), &r); err != nil || r.Tenant == "" || r.InvocationID == "" {
-		respondError(req, api.NewError(api.InvalidParameters, api.ERequestInvalid, `expected {"tenant_id":…, "invocation_id":…}`))
-		return
+func (h *handlers) getApproval() request[api.ApprovalsRequest] {
+	return request[api.ApprovalsRequest]{
+		expected: `{"tenant_id":…, "invocation_id":…}`, scopedExpected: `{"invocation_id":…}`,
+		tenant:   func(r *api.ApprovalsRequest) *string { return &r.Tenant },
+		complete: func(r *api.ApprovalsRequest) bool { return r.InvocationID != "" },
+		do:       h.doGetApproval,
 	}
-	h.doGetApproval(req, r)
 }
 
-// tenantGetApproval is approvals.get on tool.svc.<tenant>.approvals.get.
-func (h *handlers) tenantGetApproval(tenant string, req micro.Request) {
-	var r api.ApprovalsRequest
-	if err := decode(req.Data(), &r); err != nil || r.InvocationID == "" {
-		respondError(req, api.NewError(api.InvalidParameters, api.ERequestInvalid, `expected {"invocation_id":…}`))
-		return
-	}
-	if !sameTenant(req, tenant, &r.Tenant) {
-		return
-	}
-	h.doGetApproval(req, r)
-}
-
-func (h *handlers) doGetApproval(req micro.Request, r api.ApprovalsRequest) {
+func (h *handlers) doGetApproval(r api.ApprovalsRequest) (any, error) {
 	if err := checkNames(r.Tenant, r.InvocationID); err != nil {
-		respondError(req, err)
-		return
+		return nil, err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -128,10 +97,9 @@ func (h *handlers) doGetApproval(req micro.Request, r api.ApprovalsRequest) {
 		err = api.NewError(api.InvocationNotFound, api.EInvocationNotFound, "no approval for invocation %q", r.InvocationID)
 	}
 	if err != nil {
-		respondError(req, err)
-		return
+		return nil, err
 	}
-	_ = req.RespondJSON(summarize(a))
+	return summarize(a), nil
 }
 
 // summarize shows an approval without its parked envelope, the call's

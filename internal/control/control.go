@@ -8,7 +8,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -40,8 +39,9 @@ import (
 // policy, signed with operator credentials and audited; tools.register
 // and tools.delete audited too; the capability grant rule follows policy
 // pushes; models.stats. 1.4: tenant-scoped audit.history, a tenant's
-// stored audit events a page at a time, which agents may call.
-const Version = "1.4.0"
+// stored audit events a page at a time, which agents may call. 1.5:
+// budgets.list, the sessions nearest their caps, for operators.
+const Version = "1.5.0"
 
 // Start adds the service to nc. Stop it with the returned service's Stop.
 // approvals may be nil: the approval endpoint then is not served.
@@ -72,68 +72,11 @@ func Start(nc *nats.Conn, store *kvstore.Store, reg *tools.Registry, approvals *
 			return nil, err
 		}
 	}
-	eps := []struct {
-		name, subject string
-		fn            micro.HandlerFunc
-	}{
-		{"status", subjects.SvcStatus, h.status},
-		{"tools-list", subjects.SvcToolsList, func(req micro.Request) { h.search(req, "") }},
-		{"tools-get", subjects.SvcToolsGet, h.get},
-		{"tools-register", subjects.SvcToolsRegister, h.register},
-		{"tools-delete", subjects.SvcToolsDelete, h.deleteTool},
-		{"approvals-list", subjects.SvcApprovalsList, h.listApprovals},
-		{"approvals-get", subjects.SvcApprovalsGet, h.getApproval},
-		{"budget", subjects.SvcBudget, h.budget},
-		{"tools-stats", subjects.SvcToolsStats, h.toolStats},
-		{"models-stats", subjects.SvcModelsStats, h.modelStats},
-		{"capability-report", subjects.SvcCapabilityReport, func(req micro.Request) { h.capabilityReport("", req) }},
-	}
-	if approvals != nil {
-		eps = append(eps, struct {
-			name, subject string
-			fn            micro.HandlerFunc
-		}{"approval", subjects.SvcApproval, h.decide}, struct {
-			name, subject string
-			fn            micro.HandlerFunc
-		}{"cancel", subjects.SvcCancel, h.cancel})
-	}
-	// Tenant-scoped endpoints, tool.svc.<tenant>.<endpoint>: the ones the
-	// bus lets an agent call, for its own tenant only.
-	scoped := map[string]func(tenant string, req micro.Request){
-		subjects.SvcStatus:            h.tenantStatus,
-		subjects.SvcToolsList:         func(tenant string, req micro.Request) { h.search(req, tenant) },
-		subjects.SvcToolsGet:          func(_ string, req micro.Request) { h.get(req) },
-		subjects.SvcCapabilityRequest: h.capabilityRequest,
-		subjects.SvcCapabilityReport:  h.capabilityReport,
-		subjects.SvcBudget:            h.tenantBudget,
-		subjects.SvcApprovalsList:     h.tenantListApprovals,
-		subjects.SvcApprovalsGet:      h.tenantGetApproval,
-		subjects.SvcAuditHistory:      h.tenantAuditHistory,
-		subjects.SvcCancel:            h.tenantCancel,
-	}
-	for _, ep := range subjects.TenantServices {
-		fn, ok := scoped[ep]
-		if !ok {
-			stopWatch()
-			_ = svc.Stop()
-			return nil, fmt.Errorf("control: no handler for the tenant endpoint %s", ep)
-		}
-		if ep == subjects.SvcCancel && approvals == nil {
-			continue
-		}
-		eps = append(eps, struct {
-			name, subject string
-			fn            micro.HandlerFunc
-		}{"tenant-" + strings.ReplaceAll(ep, ".", "-"), subjects.TenantSvc("*", ep), h.scoped(fn)})
-	}
-	// Administrative endpoints, operators only: named after their
-	// subjects (tool.svc.policy.push is policy-push).
-	admin := h.adminEndpoints()
-	for _, subject := range subjects.AdminServices {
-		eps = append(eps, struct {
-			name, subject string
-			fn            micro.HandlerFunc
-		}{strings.ReplaceAll(strings.TrimPrefix(subject, "tool.svc."), ".", "-"), subject, admin[subject]})
+	eps, err := h.serving(approvals != nil)
+	if err != nil {
+		stopWatch()
+		_ = svc.Stop()
+		return nil, err
 	}
 	for _, ep := range eps {
 		if err := svc.AddEndpoint(ep.name, ep.fn, micro.WithEndpointSubject(ep.subject)); err != nil {
@@ -250,49 +193,29 @@ type handlers struct {
 // written its record yet). Any other id is answered with
 // invocation_not_found (E3025) and nothing is written, so a cancel can never
 // lie in wait for a later invocation that reuses the id.
-func (h *handlers) cancel(req micro.Request) {
-	var r api.CancelRequest
-	if err := decode(req.Data(), &r); err != nil || r.TenantID == "" || r.InvocationID == "" {
-		respondError(req, api.NewError(api.InvalidParameters, api.ERequestInvalid,
-			`expected {"tenant_id":…, "invocation_id":…, "reason":…}`))
-		return
+func (h *handlers) cancel() request[api.CancelRequest] {
+	return request[api.CancelRequest]{
+		expected: `{"tenant_id":…, "invocation_id":…, "reason":…}`, scopedExpected: `{"invocation_id":…, "reason":…}`,
+		tenant:   func(r *api.CancelRequest) *string { return &r.TenantID },
+		complete: func(r *api.CancelRequest) bool { return r.InvocationID != "" },
+		// Who asked is the caller the server names.
+		caller: func(r *api.CancelRequest, who string) { r.RequestedBy = who },
+		do:     h.doCancel,
 	}
-	h.doCancel(req, r)
 }
 
-// tenantCancel is cancel on tool.svc.<tenant>.cancel: the tenant is the
-// subject's, and who asked is the caller the server names.
-func (h *handlers) tenantCancel(tenant string, req micro.Request) {
-	var r api.CancelRequest
-	if err := decode(req.Data(), &r); err != nil || r.InvocationID == "" {
-		respondError(req, api.NewError(api.InvalidParameters, api.ERequestInvalid,
-			`expected {"invocation_id":…, "reason":…}`))
-		return
-	}
-	if !sameTenant(req, tenant, &r.TenantID) {
-		return
-	}
-	if caller := callerOf(req); caller != "" {
-		r.RequestedBy = caller
-	}
-	h.doCancel(req, r)
-}
-
-func (h *handlers) doCancel(req micro.Request, r api.CancelRequest) {
+func (h *handlers) doCancel(r api.CancelRequest) (any, error) {
 	if err := checkNames(r.TenantID, r.InvocationID); err != nil {
-		respondError(req, err)
-		return
+		return nil, err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := h.known(ctx, r.TenantID, r.InvocationID); err != nil {
-		respondError(req, err)
-		return
+		return nil, err
 	}
 	rec, err := h.store.UpdateRecord(ctx, r.TenantID, r.InvocationID, func(rec *api.Record) { rec.CancelRequested = true })
 	if err != nil {
-		respondError(req, err)
-		return
+		return nil, err
 	}
 	if !rec.Status.Terminal() {
 		m := &nats.Msg{Subject: subjects.Cancel(r.TenantID, r.InvocationID)}
@@ -300,18 +223,16 @@ func (h *handlers) doCancel(req micro.Request, r api.CancelRequest) {
 			m.Header = h.sign(m.Subject, nil, nil)
 		}
 		if err := h.nc.PublishMsg(m); err != nil {
-			respondError(req, err)
-			return
+			return nil, err
 		}
 		if rec.Status == api.StatusPendingApproval {
 			err := h.approvals.Cancel(ctx, r.TenantID, r.InvocationID, cmp.Or(r.RequestedBy, "cancel"), r.Reason)
 			if err != nil && !errors.Is(err, &api.Error{Code: api.StateConflict}) {
-				respondError(req, err)
-				return
+				return nil, err
 			}
 		}
 	}
-	_ = req.RespondJSON(rec)
+	return rec, nil
 }
 
 // known returns nil when invocation id of tenant has a record or is in
@@ -372,34 +293,19 @@ func (h *handlers) decide(req micro.Request) {
 	_ = req.RespondJSON(a)
 }
 
-func (h *handlers) status(req micro.Request) {
-	var r api.StatusRequest
-	if err := decode(req.Data(), &r); err != nil || r.TenantID == "" || r.InvocationID == "" {
-		respondError(req, api.NewError(api.InvalidParameters, api.ERequestInvalid,
-			"expected {\"tenant_id\":…, \"invocation_id\":…}"))
-		return
+// status answers an invocation's status record.
+func (h *handlers) status() request[api.StatusRequest] {
+	return request[api.StatusRequest]{
+		expected: `{"tenant_id":…, "invocation_id":…}`, scopedExpected: `{"invocation_id":…}`,
+		tenant:   func(r *api.StatusRequest) *string { return &r.TenantID },
+		complete: func(r *api.StatusRequest) bool { return r.InvocationID != "" },
+		do:       h.doStatus,
 	}
-	h.doStatus(req, r)
 }
 
-// tenantStatus is status on tool.svc.<tenant>.status.
-func (h *handlers) tenantStatus(tenant string, req micro.Request) {
-	var r api.StatusRequest
-	if err := decode(req.Data(), &r); err != nil || r.InvocationID == "" {
-		respondError(req, api.NewError(api.InvalidParameters, api.ERequestInvalid,
-			"expected {\"invocation_id\":…}"))
-		return
-	}
-	if !sameTenant(req, tenant, &r.TenantID) {
-		return
-	}
-	h.doStatus(req, r)
-}
-
-func (h *handlers) doStatus(req micro.Request, r api.StatusRequest) {
+func (h *handlers) doStatus(r api.StatusRequest) (any, error) {
 	if err := checkNames(r.TenantID, r.InvocationID); err != nil {
-		respondError(req, err)
-		return
+		return nil, err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -408,51 +314,33 @@ func (h *handlers) doStatus(req micro.Request, r api.StatusRequest) {
 		err = notFound(r.InvocationID)
 	}
 	if err != nil {
-		respondError(req, err)
-		return
+		return nil, err
 	}
-	_ = req.RespondJSON(rec)
+	return rec, nil
 }
 
 // budget reports where a session's budget stands: used, remaining of the
 // caps the request gives, spending rate and projected depletion.
-func (h *handlers) budget(req micro.Request) {
-	var r api.BudgetRequest
-	if err := decode(req.Data(), &r); err != nil || r.TenantID == "" || r.Session == "" {
-		respondError(req, api.NewError(api.InvalidParameters, api.ERequestInvalid,
-			"expected {\"tenant_id\":…, \"session\":…, \"limits\":{…}}"))
-		return
+func (h *handlers) budget() request[api.BudgetRequest] {
+	return request[api.BudgetRequest]{
+		expected: `{"tenant_id":…, "session":…, "limits":{…}}`, scopedExpected: `{"session":…, "limits":{…}}`,
+		tenant:   func(r *api.BudgetRequest) *string { return &r.TenantID },
+		complete: func(r *api.BudgetRequest) bool { return r.Session != "" },
+		do:       h.doBudget,
 	}
-	h.doBudget(req, r)
 }
 
-// tenantBudget is budget on tool.svc.<tenant>.budget.
-func (h *handlers) tenantBudget(tenant string, req micro.Request) {
-	var r api.BudgetRequest
-	if err := decode(req.Data(), &r); err != nil || r.Session == "" {
-		respondError(req, api.NewError(api.InvalidParameters, api.ERequestInvalid,
-			"expected {\"session\":…, \"limits\":{…}}"))
-		return
-	}
-	if !sameTenant(req, tenant, &r.TenantID) {
-		return
-	}
-	h.doBudget(req, r)
-}
-
-func (h *handlers) doBudget(req micro.Request, r api.BudgetRequest) {
+func (h *handlers) doBudget(r api.BudgetRequest) (any, error) {
 	if err := subjects.CheckTenant(r.TenantID); err != nil {
-		respondError(req, api.WrapError(err, api.InvalidParameters, api.EInvalidName, "%v", err))
-		return
+		return nil, api.WrapError(err, api.InvalidParameters, api.EInvalidName, "%v", err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	u, err := h.store.Usage(ctx, r.TenantID, r.Session)
 	if err != nil {
-		respondError(req, err)
-		return
+		return nil, err
 	}
-	_ = req.RespondJSON(u.Status(r.TenantID, r.Session, r.Limits, time.Now()))
+	return u.Status(r.TenantID, r.Session, r.Limits, time.Now()), nil
 }
 
 func (h *handlers) get(req micro.Request) {

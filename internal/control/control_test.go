@@ -11,6 +11,7 @@ import (
 	"github.com/toolgate/toolgate/internal/tools"
 	"github.com/toolgate/toolgate/kvstore"
 	"github.com/toolgate/toolgate/stages"
+	"github.com/toolgate/toolgate/subjects"
 )
 
 // fakeStore keeps records in memory and registers manifests into a registry,
@@ -94,16 +95,16 @@ func TestHandlers(t *testing.T) {
 		// publishes, "" for none.
 		wantAudit string
 	}{
-		{name: "status of a known invocation", handler: func(h *handlers) micro.HandlerFunc { return h.status },
+		{name: "status of a known invocation", handler: func(h *handlers) micro.HandlerFunc { return h.endpoints()[subjects.SvcStatus].operator },
 			data: `{"tenant_id":"acme","invocation_id":"done"}`,
 			check: func(t *testing.T, _ *handlers, answer any) {
 				if rec, _ := answer.(api.Record); rec.Status != api.StatusSuccess {
 					t.Fatalf("answer %+v", answer)
 				}
 			}},
-		{name: "status of an unknown invocation", handler: func(h *handlers) micro.HandlerFunc { return h.status },
+		{name: "status of an unknown invocation", handler: func(h *handlers) micro.HandlerFunc { return h.endpoints()[subjects.SvcStatus].operator },
 			data: `{"tenant_id":"acme","invocation_id":"nope"}`, wantECode: api.EInvocationNotFound},
-		{name: "status without an id", handler: func(h *handlers) micro.HandlerFunc { return h.status },
+		{name: "status without an id", handler: func(h *handlers) micro.HandlerFunc { return h.endpoints()[subjects.SvcStatus].operator },
 			data: `{"tenant_id":"acme"}`, wantECode: api.ERequestInvalid},
 		{name: "register a valid manifest", handler: func(h *handlers) micro.HandlerFunc { return h.register },
 			data: `{"manifest":` + manifest + `}`,
@@ -126,9 +127,9 @@ func TestHandlers(t *testing.T) {
 					t.Fatalf("answer %+v", answer)
 				}
 			}},
-		{name: "cancel without an id", handler: func(h *handlers) micro.HandlerFunc { return h.cancel },
+		{name: "cancel without an id", handler: func(h *handlers) micro.HandlerFunc { return h.endpoints()[subjects.SvcCancel].operator },
 			data: `{"tenant_id":"acme"}`, wantECode: api.ERequestInvalid},
-		{name: "cancel of an ended invocation keeps its status", handler: func(h *handlers) micro.HandlerFunc { return h.cancel },
+		{name: "cancel of an ended invocation keeps its status", handler: func(h *handlers) micro.HandlerFunc { return h.endpoints()[subjects.SvcCancel].operator },
 			data: `{"tenant_id":"acme","invocation_id":"done"}`,
 			check: func(t *testing.T, h *handlers, answer any) {
 				if rec, _ := answer.(api.Record); rec.Status != api.StatusSuccess || rec.CancelRequested {
@@ -189,4 +190,84 @@ func (f *fakeStore) SaveCapability(context.Context, api.CapabilityReport) error 
 
 func (f *fakeStore) Capability(context.Context, string, string) (api.CapabilityReport, error) {
 	return api.CapabilityReport{}, api.NewError(api.InvalidParameters, api.ECapabilityUnknown, "none")
+}
+
+// TestEndpointsServeTheTable: every endpoint of subjects.ControlEndpoints
+// has a handler for each form it is served in, and the service has no
+// handler the table does not name.
+func TestEndpointsServeTheTable(t *testing.T) {
+	h := &handlers{}
+	eps := h.endpoints()
+	if len(eps) != len(subjects.ControlEndpoints) {
+		t.Errorf("%d handlers for %d endpoints", len(eps), len(subjects.ControlEndpoints))
+	}
+	for _, ep := range subjects.ControlEndpoints {
+		hd, ok := eps[ep.Subject]
+		switch {
+		case !ok:
+			t.Errorf("%s: no handler", ep.Subject)
+		case (ep.Operator || ep.Admin) != (hd.operator != nil):
+			t.Errorf("%s: served to operators %v, handler %v", ep.Subject, ep.Operator || ep.Admin, hd.operator != nil)
+		case ep.Tenant != (hd.scoped != nil):
+			t.Errorf("%s: tenant-scoped %v, handler %v", ep.Subject, ep.Tenant, hd.scoped != nil)
+		}
+	}
+	served, err := h.serving(true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := len(subjects.ControlEndpoints) + len(subjects.TenantServices) - 2; len(served) != want {
+		// capability.request and audit.history are served per tenant only.
+		t.Errorf("%d micro endpoints, want %d", len(served), want)
+	}
+	without, err := h.serving(false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(served)-len(without) != 3 {
+		t.Errorf("without approvals %d endpoints fewer, want 3 (approval, cancel and the tenant's cancel)", len(served)-len(without))
+	}
+}
+
+// TestScopedRequests: a tenant-scoped request takes its tenant from the
+// subject, refuses a body naming another (E3014) and one lacking what the
+// endpoint needs (E3005); the operator's form needs the tenant in the body.
+func TestScopedRequests(t *testing.T) {
+	st := &fakeStore{reg: tools.NewRegistry(), records: map[string]api.Record{
+		"done": {InvocationID: "done", Tenant: "acme", Status: api.StatusSuccess},
+	}}
+	h := &handlers{store: st, reg: st.reg}
+	status := h.endpoints()[subjects.SvcStatus]
+	for _, c := range []struct {
+		name, body, tenant, ecode string
+	}{
+		{"the subject's tenant", `{"invocation_id":"done"}`, "acme", ""},
+		{"the same tenant named", `{"tenant_id":"acme","invocation_id":"done"}`, "acme", ""},
+		{"another tenant named", `{"tenant_id":"other","invocation_id":"done"}`, "acme", api.ETenantMismatch},
+		{"no invocation", `{}`, "acme", api.ERequestInvalid},
+		{"an empty body", ``, "acme", api.ERequestInvalid},
+		{"operator without a tenant", `{"invocation_id":"done"}`, "", api.ERequestInvalid},
+		{"operator with a tenant", `{"tenant_id":"acme","invocation_id":"done"}`, "", ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			req := &fakeRequest{data: []byte(c.body)}
+			if c.tenant == "" {
+				status.operator(req)
+			} else {
+				status.scoped(c.tenant, req)
+			}
+			if got := req.ecode(t); got != c.ecode {
+				t.Fatalf("E-code %q, want %q (%s)", got, c.ecode, req.body)
+			}
+			if rec, _ := req.answer.(api.Record); c.ecode == "" && rec.InvocationID != "done" {
+				t.Fatalf("answer %+v", req.answer)
+			}
+		})
+	}
+	// approvals.list on the tenant's endpoint takes an empty body.
+	req := &fakeRequest{}
+	h.endpoints()[subjects.SvcApprovalsList].scoped("acme", req)
+	if got := req.ecode(t); got != "" {
+		t.Fatalf("approvals.list with an empty body: E-code %q", got)
+	}
 }

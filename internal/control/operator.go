@@ -49,6 +49,7 @@ type adminStore interface {
 	Models(ctx context.Context) ([]modelrouter.Model, error)
 	DeleteModel(ctx context.Context, name string) error
 	PutSignedRoutingPolicy(ctx context.Context, src []byte, by string, proof *api.DecisionProof) error
+	Budgets(ctx context.Context, tenant string) ([]kvstore.SessionUsage, error)
 }
 
 var _ adminStore = (*kvstore.Store)(nil)
@@ -68,6 +69,7 @@ func (h *handlers) adminEndpoints() map[string]micro.HandlerFunc {
 		subjects.SvcModelsList:     h.listModels,
 		subjects.SvcModelsDelete:   h.deleteModel,
 		subjects.SvcModelsPolicy:   h.routingPolicy,
+		subjects.SvcBudgetsList:    h.listBudgets,
 	}
 }
 

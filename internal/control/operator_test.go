@@ -45,6 +45,10 @@ func (f *fakeAdmin) Policy(context.Context) (kvstore.PolicyBundle, bool, error) 
 	return f.policy, f.policy.Modules != nil, nil
 }
 
+func (f *fakeAdmin) Budgets(context.Context, string) ([]kvstore.SessionUsage, error) {
+	return nil, nil
+}
+
 func (f *fakeAdmin) WatchPolicy(context.Context, func(kvstore.PolicyBundle, bool, error)) error {
 	return nil
 }
@@ -95,6 +99,7 @@ var adminRequests = map[string]string{
 	subjects.SvcModelsList:     `{}`,
 	subjects.SvcModelsDelete:   `{"name":"m","by":"mallory"}`,
 	subjects.SvcModelsPolicy:   `{"reset":true,"by":"mallory"}`,
+	subjects.SvcBudgetsList:    `{"near":0.8}`,
 }
 
 // writers are the endpoints that change something, and so are audited.

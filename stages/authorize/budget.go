@@ -77,6 +77,7 @@ func (a *Authorizer) reserve(ctx context.Context, inv *envelope.Invocation, b *t
 		now := a.cfg.Now()
 		dropped := u.DropStaleLeases(now.Add(-leaseGrace))
 		if b != nil {
+			u.Limits = limitsOf(b)
 			var perCall float64
 			if m.Cost != nil {
 				perCall = m.Cost.PerCall
@@ -177,6 +178,12 @@ func moved(judged, stored kvstore.Usage) bool {
 }
 
 var errAlreadyReserved = errors.New("already reserved")
+
+// limitsOf is b as the usage record keeps it, so readers without the
+// token see how near the session is to its caps.
+func limitsOf(b *token.Budget) api.BudgetLimits {
+	return api.BudgetLimits{MaxCalls: b.MaxCalls, MaxRuntimeMS: b.MaxRuntimeMS, MaxCost: b.MaxCost, MaxTokens: b.MaxTokens}
+}
 
 func exhausted(format string, args ...any) error {
 	return api.NewError(api.ResourceExhausted, api.EBudgetExhausted, "budget exhausted: "+format, args...)

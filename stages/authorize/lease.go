@@ -200,6 +200,7 @@ func (ls *leases) reserve(ctx context.Context, inv *envelope.Invocation, b *toke
 		if u.HasReserved(inv.ID) {
 			return errAlreadyReserved
 		}
+		u.Limits = limitsOf(b)
 		ended := u.EndLease(ls.holder, back)
 		dropped := u.DropStaleLeases(now.Add(-leaseGrace))
 		if b.MaxCalls > 0 && u.Calls >= b.MaxCalls {
