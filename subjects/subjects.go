@@ -318,7 +318,8 @@ var TenantServices = []string{SvcStatus, SvcCancel, SvcToolsList, SvcToolsGet, S
 // AdminServices are the administrative endpoints, in the order the control
 // service adds them.
 var AdminServices = []string{SvcPolicyPush, SvcPolicyGet, SvcHooksPush, SvcHooksList, SvcHooksDelete,
-	SvcTokensRevoke, SvcBreakersList, SvcBreakersSet, SvcModelsRegister, SvcModelsList, SvcModelsDelete, SvcModelsPolicy}
+	SvcTokensRevoke, SvcBreakersList, SvcBreakersSet, SvcModelsRegister, SvcModelsList, SvcModelsDelete, SvcModelsPolicy,
+	SvcDocsSourceAdd, SvcDocsSourceList, SvcDocsSourceRemove}
 
 // TenantSvc is the tenant-scoped subject of control endpoint svc (one of the
 // Svc constants): tool.svc.status for tenant demo is tool.svc.demo.status.
