@@ -128,9 +128,10 @@ func docKey(source, id, version string) string {
 	return k
 }
 
-// CachedDoc returns the cached document (its latest when version is ""),
-// ok false when there is none or it expired by now.
-func (s *Store) CachedDoc(ctx context.Context, source, id, version string, now time.Time) (CachedDoc, bool, error) {
+// CachedDoc returns the cached document (its latest when version is "");
+// ok is false when there is none. An entry past its Expires is returned
+// too: the caller serves it only when the source cannot be reached.
+func (s *Store) CachedDoc(ctx context.Context, source, id, version string) (CachedDoc, bool, error) {
 	e, err := s.doccache.Get(ctx, docKey(source, id, version))
 	if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
 		return CachedDoc{}, false, nil
@@ -139,7 +140,7 @@ func (s *Store) CachedDoc(ctx context.Context, source, id, version string, now t
 		return CachedDoc{}, false, err
 	}
 	var d CachedDoc
-	if json.Unmarshal(e.Value(), &d) != nil || !now.Before(d.Expires) {
+	if json.Unmarshal(e.Value(), &d) != nil {
 		return CachedDoc{}, false, nil
 	}
 	return d, true, nil
