@@ -285,7 +285,7 @@ func (b *Bridge) readErr(ctx context.Context, spec *Source, r Ref, sess interfac
 	// -32003 to -32005 are the SDK's own: a closing client or server, or
 	// a request the transport could not deliver (the server is gone).
 	if errors.As(err, &rpc) && (rpc.Code > -32003 || rpc.Code < -32005) {
-		if rpc.Code == -32002 || rpc.Code == mcp.CodeResourceNotFound && strings.Contains(strings.ToLower(rpc.Message), "not found") {
+		if rpc.Code == -32002 || rpc.Code == jsonrpc.CodeInvalidParams && strings.Contains(strings.ToLower(rpc.Message), "not found") {
 			if r.Version != "" {
 				return api.NewError(api.StateConflict, api.EDocVersionConflict,
 					"document %s of source %s: version %s is no longer served", r.ID, spec.Name, r.Version).
