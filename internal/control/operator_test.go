@@ -2,6 +2,7 @@ package control
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"strings"
 	"testing"
@@ -81,26 +82,39 @@ func (f *fakeAdmin) PutSignedRoutingPolicy(context.Context, []byte, string, *api
 	return nil
 }
 
+func (f *fakeAdmin) PutDocSource(_ context.Context, _ string, _ json.RawMessage, by string, _ *api.DecisionProof) (uint64, error) {
+	f.writes++
+	f.by = by
+	return uint64(f.writes), nil
+}
+
+func (f *fakeAdmin) DocSources(context.Context) ([]kvstore.DocSourceRecord, error) { return nil, nil }
+
+func (f *fakeAdmin) DeleteDocSource(context.Context, string) error { f.writes++; return nil }
+
 // adminRequests are a valid request of every administrative endpoint.
 var adminRequests = map[string]string{
-	subjects.SvcPolicyPush:     `{"modules":{"authz.rego":` + jsonString(policy.DefaultModule()) + `},"by":"mallory"}`,
-	subjects.SvcPolicyGet:      `{}`,
-	subjects.SvcHooksPush:      `{"tenant_id":"acme","doc":{"hooks":[{"on":"budget_exceeded","action":"continue"}]},"by":"mallory"}`,
-	subjects.SvcHooksList:      `{}`,
-	subjects.SvcHooksDelete:    `{"tenant_id":"acme","by":"mallory"}`,
-	subjects.SvcTokensRevoke:   `{"jti":"tok-1","until":"2099-01-01T00:00:00Z","by":"mallory"}`,
-	subjects.SvcBreakersList:   `{}`,
-	subjects.SvcBreakersSet:    `{"key":"echo","state":"open","by":"mallory"}`,
-	subjects.SvcModelsRegister: `{"model":{"name":"m","api":"openai","upstream_model":"x","endpoints":["https://api.example.com/v1"],"tier":"small","context_window":1000,"max_output_tokens":100,"price":{"input_per_1k":0.001,"output_per_1k":0.002}},"by":"mallory"}`,
-	subjects.SvcModelsList:     `{}`,
-	subjects.SvcModelsDelete:   `{"name":"m","by":"mallory"}`,
-	subjects.SvcModelsPolicy:   `{"reset":true,"by":"mallory"}`,
+	subjects.SvcPolicyPush:       `{"modules":{"authz.rego":` + jsonString(policy.DefaultModule()) + `},"by":"mallory"}`,
+	subjects.SvcPolicyGet:        `{}`,
+	subjects.SvcHooksPush:        `{"tenant_id":"acme","doc":{"hooks":[{"on":"budget_exceeded","action":"continue"}]},"by":"mallory"}`,
+	subjects.SvcHooksList:        `{}`,
+	subjects.SvcHooksDelete:      `{"tenant_id":"acme","by":"mallory"}`,
+	subjects.SvcTokensRevoke:     `{"jti":"tok-1","until":"2099-01-01T00:00:00Z","by":"mallory"}`,
+	subjects.SvcBreakersList:     `{}`,
+	subjects.SvcBreakersSet:      `{"key":"echo","state":"open","by":"mallory"}`,
+	subjects.SvcModelsRegister:   `{"model":{"name":"m","api":"openai","upstream_model":"x","endpoints":["https://api.example.com/v1"],"tier":"small","context_window":1000,"max_output_tokens":100,"price":{"input_per_1k":0.001,"output_per_1k":0.002}},"by":"mallory"}`,
+	subjects.SvcModelsList:       `{}`,
+	subjects.SvcModelsDelete:     `{"name":"m","by":"mallory"}`,
+	subjects.SvcModelsPolicy:     `{"reset":true,"by":"mallory"}`,
+	subjects.SvcDocsSourceAdd:    `{"source":{"name":"handbook","url":"http://127.0.0.1:9/mcp"},"by":"mallory"}`,
+	subjects.SvcDocsSourceList:   `{}`,
+	subjects.SvcDocsSourceRemove: `{"name":"handbook","by":"mallory"}`,
 }
 
 // writers are the endpoints that change something, and so are audited.
 var writers = map[string]bool{subjects.SvcPolicyPush: true, subjects.SvcHooksPush: true, subjects.SvcHooksDelete: true,
 	subjects.SvcTokensRevoke: true, subjects.SvcBreakersSet: true, subjects.SvcModelsRegister: true,
-	subjects.SvcModelsDelete: true, subjects.SvcModelsPolicy: true}
+	subjects.SvcModelsDelete: true, subjects.SvcModelsPolicy: true, subjects.SvcDocsSourceAdd: true, subjects.SvcDocsSourceRemove: true}
 
 func jsonString(s string) string {
 	b := []byte{'"'}
