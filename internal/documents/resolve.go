@@ -261,7 +261,7 @@ func decodeContents(spec *Source, r Ref, res *mcp.ReadResourceResult) (Document,
 	version, _ := c.Meta["version"].(string)
 	if version == "" {
 		sum := sha256.Sum256(body)
-		version = "sha256:" + hex.EncodeToString(sum[:8])
+		version = "sha256-" + hex.EncodeToString(sum[:8])
 	}
 	if r.Version != "" && version != r.Version {
 		return Document{}, api.NewError(api.StateConflict, api.EDocVersionConflict,

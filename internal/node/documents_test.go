@@ -12,6 +12,7 @@ import (
 	"github.com/toolgate/toolgate/internal/node"
 	"github.com/toolgate/toolgate/internal/policy"
 	"github.com/toolgate/toolgate/internal/topology"
+	"github.com/toolgate/toolgate/stages/execute/mcptool/mcptest"
 	"github.com/toolgate/toolgate/subjects"
 )
 
@@ -152,4 +153,41 @@ decision := {"allow": true} if input.document_id != "plan"
 	// A document never fetched cannot be served: E3652.
 	resp = e.invoke(docsRequest(tenant, api.DocumentContext{DocumentRefs: []string{"guide@v1", "other"}}))
 	wantError(t, resp, api.StatusError, api.EDocUnavailable)
+}
+
+// TestDocumentsEverything: the reference server-everything, started in the
+// sandbox over stdio as a document source, serves its documentation files;
+// a second call is served from KV, and a pin on the content digest holds.
+func TestDocumentsEverything(t *testing.T) {
+	script, modules := mcptest.Everything(t)
+	e, n := mcpPipeline(t, t.TempDir())
+	src, err := json.Marshal(map[string]any{"name": "everything", "command": []string{"node", script, "stdio"},
+		"read_only_paths": []string{modules}, "resource_uri": "demo://resource/static/document/{id}"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := e.client.AddDocSource(ctx, src, "ops"); err != nil {
+		t.Fatal(err)
+	}
+	tool := strings.Replace(docsTool, `"builtin":{"function":"read_docs"}`, `"builtin":{"function":"echo"}`, 1)
+	registerTools(t, n, tool)
+	var resp api.Response
+	eventually(t, 30*time.Second, "the source reaches the workers", func() bool {
+		resp = e.invoke(docsRequest("ev", api.DocumentContext{DocumentRefs: []string{"features.md"}, VersionPinning: true}))
+		return resp.Status == api.StatusSuccess
+	})
+	first := accessed(t, resp)
+	docs := handed(t, resp)
+	if first.Cached || !strings.HasPrefix(first.Version, "sha256-") || first.Bytes < 100 ||
+		!strings.Contains(docs[0]["content"].(string), "#") || docs[0]["mime_type"] != "text/markdown" {
+		t.Fatalf("first read: %+v %v", first, docs[0]["mime_type"])
+	}
+	resp = e.invoke(docsRequest("ev", api.DocumentContext{DocumentRefs: []string{"everything:features.md@" + first.Version}}))
+	if a := accessed(t, resp); !a.Cached || a.Version != first.Version || a.Bytes != first.Bytes {
+		t.Fatalf("second read: %+v", a)
+	}
+	resp = e.invoke(docsRequest("ev", api.DocumentContext{DocumentRefs: []string{"no-such-file.md"}}))
+	wantError(t, resp, api.StatusError, api.EDocNotFound)
 }
