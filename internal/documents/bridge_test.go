@@ -215,8 +215,8 @@ decision := {"allow": true} if input.document_id != "plan"
 	f.b.SetPolicy(p)
 	_, err = f.resolve(t, api.DocumentContext{DocumentRefs: []string{"guide", "plan"}})
 	te := wantCode(t, err, api.EDocDenied)
-	if !strings.Contains(te.Message, "plans are not for agents") || f.srv.Reads.Load() != 1 {
-		t.Fatalf("denial %q after %d reads (the denied one must not be read)", te.Message, f.srv.Reads.Load())
+	if !strings.Contains(te.Message, "plans are not for agents") || f.srv.Reads.Load() != 0 {
+		t.Fatalf("denial %q after %d reads (a denial reads nothing)", te.Message, f.srv.Reads.Load())
 	}
 	docs, err := f.resolve(t, api.DocumentContext{Query: "side door", VersionPinning: true})
 	if err != nil || len(docs) != 1 || docs[0].DocumentID != "guide" {
@@ -227,4 +227,35 @@ decision := {"allow": true} if input.document_id != "plan"
 	if err != nil || docs[0].Version != "v1" {
 		t.Fatalf("pinned: %+v %v", docs, err)
 	}
+}
+
+// TestBatchedFetch: a source that maps get_source_of_truth onto a tool is
+// asked once for all the documents a call needs.
+func TestBatchedFetch(t *testing.T) {
+	f := newFixture(t)
+	doc := strings.Replace(f.srv.Source("handbook"), `"search_tool"`, `"fetch_tool":"get_documents","search_tool"`, 1)
+	src, err := documents.Decode([]byte(doc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.b.Apply("handbook", src)
+	f.srv.Update("guide", "second")
+	docs, err := f.resolve(t, api.DocumentContext{DocumentRefs: []string{"guide", "plan", "guide@v1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(docs) != 3 || docs[0].Version != "v2" || docs[1].DocumentID != "plan" || docs[2].Content != "# Guide\nuse the side door" {
+		t.Fatalf("docs %+v", docs)
+	}
+	// A second version of an id already in the batch is read on its own.
+	if f.srv.Batches.Load() != 1 || f.srv.Reads.Load() != 1 {
+		t.Fatalf("%d batched calls, %d reads; want one call and one read", f.srv.Batches.Load(), f.srv.Reads.Load())
+	}
+	if _, err := f.resolve(t, api.DocumentContext{DocumentRefs: []string{"guide", "plan"}}); err != nil || f.srv.Batches.Load() != 1 {
+		t.Fatalf("cached: %v, %d calls", err, f.srv.Batches.Load())
+	}
+	_, err = f.resolve(t, api.DocumentContext{DocumentRefs: []string{"guide", "nope"}})
+	wantCode(t, err, api.EDocNotFound)
+	_, err = f.resolve(t, api.DocumentContext{DocumentRefs: []string{"plan@v9"}})
+	wantCode(t, err, api.EDocVersionConflict)
 }

@@ -62,3 +62,25 @@ func FuzzSearchResult(f *testing.F) {
 		}
 	})
 }
+
+// FuzzDecodeBatch: a fetch tool's answer decodes to documents with an id,
+// a version and content, or is refused.
+func FuzzDecodeBatch(f *testing.F) {
+	f.Add([]byte(`{"documents":[{"id":"a","version":"v1","content":"x"}]}`))
+	f.Add([]byte(`{"documents":[{"id":"a","version":"v1"}]}`))
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		var v any
+		if json.Unmarshal(raw, &v) != nil {
+			return
+		}
+		b, err := DecodeBatch(v)
+		if err != nil {
+			return
+		}
+		for _, d := range b.Documents {
+			if d.ID == "" || d.Version == "" || (d.Content == nil && d.ContentBase64 == nil) {
+				t.Fatalf("accepted %+v", d)
+			}
+		}
+	})
+}

@@ -62,12 +62,21 @@ func (b *Bridge) Resolve(ctx context.Context, inv *envelope.Invocation, m *tools
 		refs = append(refs, found...)
 	}
 	var docs []Document
-	seen := map[Ref]int{}
 	access := map[[3]string]int{}
 	total, limit := 0, DefaultMaxBytes
 	if m.Documents != nil && m.Documents.MaxBytes > 0 {
 		limit = m.Documents.MaxBytes
 	}
+	// First every document is pinned, deduplicated and checked against
+	// the policy, so that a denial reads nothing; then the sources that
+	// map a batched fetch are asked once for all their documents.
+	type item struct {
+		r   Ref
+		src *source
+	}
+	var items []item
+	order := make([]int, 0, len(refs)) // refs[i] is items[order[i]]
+	index := map[Ref]int{}
 	for _, r := range refs {
 		if r.Version == "" {
 			for _, p := range pins {
@@ -76,8 +85,8 @@ func (b *Bridge) Resolve(ctx context.Context, inv *envelope.Invocation, m *tools
 				}
 			}
 		}
-		if _, dup := seen[r]; dup {
-			access[[3]string{r.Source, r.ID, docs[seen[r]].Version}]++
+		if i, dup := index[r]; dup {
+			order = append(order, i)
 			continue
 		}
 		src := b.source(r.Source)
@@ -87,7 +96,28 @@ func (b *Bridge) Resolve(ctx context.Context, inv *envelope.Invocation, m *tools
 		if err := b.allowed(ctx, inv, m, src.spec, r); err != nil {
 			return execute.DocumentHandoff{}, err
 		}
-		d, warn, err := b.get(ctx, src, r)
+		index[r] = len(items)
+		order = append(order, len(items))
+		items = append(items, item{r, src})
+	}
+	batches := map[*source][]Ref{}
+	batched := map[[2]string]bool{} // one version of an id per batch: versions are keyed by id
+	for _, it := range items {
+		if k := [2]string{it.r.Source, it.r.ID}; it.src.spec.FetchTool != "" && !batched[k] {
+			batched[k] = true
+			if c, ok, err := b.cfg.Store.CachedDoc(ctx, it.r.Source, it.r.ID, it.r.Version); err != nil || !ok || !b.cfg.Now().Before(c.Expires) {
+				batches[it.src] = append(batches[it.src], it.r)
+			}
+		}
+	}
+	pre := map[Ref]fetched{}
+	for src, rs := range batches {
+		for r, f := range b.fetchBatch(ctx, src, rs) {
+			pre[r] = f
+		}
+	}
+	for _, it := range items {
+		d, warn, err := b.get(ctx, it.src, it.r, pre)
 		if err != nil {
 			return execute.DocumentHandoff{}, err
 		}
@@ -98,9 +128,11 @@ func (b *Bridge) Resolve(ctx context.Context, inv *envelope.Invocation, m *tools
 				"the documents of document_context exceed %s's limit of %d bytes", m.Key(), limit).
 				WithDetail("not_started", true).WithDetail("max_bytes", limit)
 		}
-		seen[r] = len(docs)
-		access[[3]string{d.Source, d.DocumentID, d.Version}]++
 		docs = append(docs, d)
+	}
+	for _, i := range order {
+		d := docs[i]
+		access[[3]string{d.Source, d.DocumentID, d.Version}]++
 	}
 	h := execute.DocumentHandoff{Warnings: warnings}
 	for _, d := range docs {
@@ -159,7 +191,7 @@ func (b *Bridge) allowed(ctx context.Context, inv *envelope.Invocation, m *tools
 // (or pinned) is immutable: cached a day. The latest is cached for the
 // source's hot TTL; when the source is down, an expired copy is served
 // with a warning rather than nothing.
-func (b *Bridge) get(ctx context.Context, src *source, r Ref) (Document, []string, error) {
+func (b *Bridge) get(ctx context.Context, src *source, r Ref, pre map[Ref]fetched) (Document, []string, error) {
 	var warnings []string
 	now := b.cfg.Now()
 	cached, ok, cerr := b.cfg.Store.CachedDoc(ctx, r.Source, r.ID, r.Version)
@@ -170,7 +202,13 @@ func (b *Bridge) get(ctx context.Context, src *source, r Ref) (Document, []strin
 	if ok && now.Before(cached.Expires) {
 		return fromCache(r, cached), warnings, nil
 	}
-	d, err := b.fetch(ctx, src, r)
+	var d Document
+	var err error
+	if f, batched := pre[r]; batched {
+		d, err = f.d, f.err
+	} else {
+		d, err = b.fetch(ctx, src, r)
+	}
 	if err != nil {
 		if ok && isDown(err) {
 			return fromCache(r, cached), append(warnings, fmt.Sprintf("document %s of source %s is served from an expired cache entry: %v",

@@ -38,6 +38,12 @@ type Source struct {
 	// VersionedURI is the URI of one version, with {id} and {version}.
 	// Without it a version is checked against the latest's.
 	VersionedURI string `json:"versioned_uri,omitempty"`
+	// FetchTool maps get_source_of_truth onto one tool call for all the
+	// documents a call needs from this source (instead of resources/read
+	// per document): {"document_ids": [...], "versions": {"<id>": "<v>"}},
+	// answered {"documents": [{"id", "version", "content" or
+	// "content_base64", "mime_type"}]} as structured content.
+	FetchTool string `json:"fetch_tool,omitempty"`
 	// SearchTool maps search_documents onto a tool of the server, called
 	// with {"query": q, "limit": n}; it answers
 	// {"documents": [{"id": ...}]} as structured content.

@@ -22,8 +22,9 @@ import (
 type Server struct {
 	// URL is its streamable-HTTP endpoint.
 	URL string
-	// Reads counts resources/read requests that reached it.
-	Reads atomic.Int64
+	// Reads counts resources/read requests that reached it, Batches calls
+	// of its get_documents tool.
+	Reads, Batches atomic.Int64
 
 	mcp  *mcp.Server
 	http *httptest.Server
@@ -73,6 +74,40 @@ func Start(docs map[string]string) *Server {
 				if strings.Contains(vs[len(vs)-1], in.Query) {
 					out.Documents = append(out.Documents, hit{ID: id})
 				}
+			}
+			return nil, out, nil
+		})
+	type fetchIn struct {
+		DocumentIDs []string          `json:"document_ids"`
+		Versions    map[string]string `json:"versions,omitempty"`
+	}
+	type doc struct {
+		ID       string `json:"id"`
+		Version  string `json:"version"`
+		MIMEType string `json:"mime_type"`
+		Content  string `json:"content"`
+	}
+	type fetchOut struct {
+		Documents []doc `json:"documents"`
+	}
+	mcp.AddTool(s.mcp, &mcp.Tool{Name: "get_documents", Description: "several documents at once, latest or at a version"},
+		func(_ context.Context, _ *mcp.CallToolRequest, in fetchIn) (*mcp.CallToolResult, fetchOut, error) {
+			s.Batches.Add(1)
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			out := fetchOut{Documents: []doc{}}
+			for _, id := range in.DocumentIDs {
+				vs, ok := s.docs[id]
+				if !ok {
+					continue
+				}
+				n := len(vs)
+				if v := in.Versions[id]; v != "" {
+					if _, err := fmt.Sscanf(v, "v%d", &n); err != nil || n < 1 || n > len(vs) || s.removed[id+"/"+v] {
+						continue
+					}
+				}
+				out.Documents = append(out.Documents, doc{ID: id, Version: fmt.Sprintf("v%d", n), MIMEType: "text/markdown", Content: vs[n-1]})
 			}
 			return nil, out, nil
 		})
