@@ -60,7 +60,9 @@ func (x *Executor) documents(ctx context.Context, inv *envelope.Invocation, m *t
 			return nil, stages.Transient(api.WrapError(err, api.InternalError, api.EDocPinFailed,
 				"storing the pinned document versions: %v", err).AsRetryable().WithDetail("not_started", true), 0)
 		}
+		pins = h.Pins
 	}
+	inv.DocumentPins = pins
 	inv.Metadata.DocumentsAccessed = h.Accessed
 	inv.Metadata.Warnings = append(inv.Metadata.Warnings, h.Warnings...)
 	return h.Params, nil

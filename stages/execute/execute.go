@@ -208,7 +208,11 @@ func (x *Executor) Process(ctx context.Context, inv *envelope.Invocation) ([]sta
 	}
 	params := inv.Request.Parameters
 	if wantsDocuments(inv) {
-		if params, err = x.documents(ctx, inv, m, rec.DocumentPins); err != nil {
+		pins := inv.DocumentPins
+		if len(pins) == 0 {
+			pins = rec.DocumentPins
+		}
+		if params, err = x.documents(ctx, inv, m, pins); err != nil {
 			return nil, err
 		}
 	}
