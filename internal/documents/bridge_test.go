@@ -259,3 +259,39 @@ func TestBatchedFetch(t *testing.T) {
 	_, err = f.resolve(t, api.DocumentContext{DocumentRefs: []string{"plan@v9"}})
 	wantCode(t, err, api.EDocVersionConflict)
 }
+
+// brokenCache is a document cache that cannot be reached.
+type brokenCache struct{}
+
+var errCacheDown = errors.New("cache down")
+
+func (brokenCache) CachedDoc(context.Context, string, string, string) (kvstore.CachedDoc, bool, error) {
+	return kvstore.CachedDoc{}, false, errCacheDown
+}
+func (brokenCache) CacheDoc(context.Context, string, string, string, kvstore.CachedDoc) error {
+	return errCacheDown
+}
+func (brokenCache) DropCachedDoc(context.Context, string, string) error { return errCacheDown }
+func (brokenCache) DropCachedSource(context.Context, string) error      { return errCacheDown }
+
+// TestCacheUnavailable: with the cache down, documents come from their
+// source and the call is warned (E3657), not failed.
+func TestCacheUnavailable(t *testing.T) {
+	srv := doctest.Start(map[string]string{"guide": "side door"})
+	t.Cleanup(srv.Stop)
+	b, err := documents.New(documents.Config{Store: brokenCache{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.Close)
+	src, _ := documents.Decode([]byte(srv.Source("handbook")))
+	b.Apply("handbook", src)
+	inv := &envelope.Invocation{Tenant: "acme", Request: &api.Request{DocumentContext: &api.DocumentContext{DocumentRefs: []string{"guide"}}}}
+	h, err := b.Resolve(context.Background(), inv, manifest, nil)
+	if err != nil || len(h.Accessed) != 1 || h.Accessed[0].Cached {
+		t.Fatalf("%+v %v", h, err)
+	}
+	if len(h.Warnings) == 0 || !strings.HasPrefix(h.Warnings[0], api.EDocCacheUnavailable) {
+		t.Fatalf("warnings %q", h.Warnings)
+	}
+}
