@@ -57,18 +57,20 @@ var _ adminStore = (*kvstore.Store)(nil)
 // adminEndpoints are the administrative endpoints with their handlers.
 func (h *handlers) adminEndpoints() map[string]micro.HandlerFunc {
 	return map[string]micro.HandlerFunc{
-		subjects.SvcPolicyPush:       h.pushPolicy,
-		subjects.SvcPolicyGet:        h.getPolicy,
-		subjects.SvcHooksPush:        h.pushHooks,
-		subjects.SvcHooksList:        h.listHooks,
-		subjects.SvcHooksDelete:      h.deleteHooks,
-		subjects.SvcTokensRevoke:     h.revoke,
-		subjects.SvcBreakersList:     h.listBreakers,
-		subjects.SvcBreakersSet:      h.setBreaker,
-		subjects.SvcModelsRegister:   h.registerModel,
-		subjects.SvcModelsList:       h.listModels,
-		subjects.SvcModelsDelete:     h.deleteModel,
-		subjects.SvcModelsPolicy:     h.routingPolicy,
+		subjects.SvcPolicyPush:     h.pushPolicy,
+		subjects.SvcPolicyGet:      h.getPolicy,
+		subjects.SvcHooksPush:      h.pushHooks,
+		subjects.SvcHooksList:      h.listHooks,
+		subjects.SvcHooksDelete:    h.deleteHooks,
+		subjects.SvcTokensRevoke:   h.revoke,
+		subjects.SvcBreakersList:   h.listBreakers,
+		subjects.SvcBreakersSet:    h.setBreaker,
+		subjects.SvcModelsRegister: h.registerModel,
+		subjects.SvcModelsList:     h.listModels,
+		subjects.SvcModelsDelete:   h.deleteModel,
+		subjects.SvcModelsPolicy:   h.routingPolicy,
+
+		// The document bridge's sources.
 		subjects.SvcDocsSourceAdd:    h.addDocSource,
 		subjects.SvcDocsSourceList:   h.listDocSources,
 		subjects.SvcDocsSourceRemove: h.removeDocSource,
