@@ -7,11 +7,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/client"
+	"github.com/toolgate/toolgate/internal/busauth"
 	"github.com/toolgate/toolgate/internal/documents/doctest"
 	"github.com/toolgate/toolgate/internal/node"
 	"github.com/toolgate/toolgate/internal/policy"
 	"github.com/toolgate/toolgate/internal/topology"
+	"github.com/toolgate/toolgate/kvstore"
 	"github.com/toolgate/toolgate/stages/execute/mcptool/mcptest"
 	"github.com/toolgate/toolgate/subjects"
 )
@@ -190,4 +194,58 @@ func TestDocumentsEverything(t *testing.T) {
 	}
 	resp = e.invoke(docsRequest("ev", api.DocumentContext{DocumentRefs: []string{"no-such-file.md"}}))
 	wantError(t, resp, api.StatusError, api.EDocNotFound)
+}
+
+// docSourcesSigned, on an authenticated bus: a source an operator added
+// (signed) serves calls; one written straight into the bucket with
+// control's credentials is audited as refused by execute and serves
+// nothing; remove ends the signed one.
+func docSourcesSigned(t *testing.T, ctx context.Context, s *served, op, agent *client.Client, token string) {
+	srv := doctest.Start(map[string]string{"guide": "use the side door"})
+	t.Cleanup(srv.Stop)
+	if _, err := op.RegisterTool(ctx, []byte(strings.Replace(docsTool, `"builtin":{"function":"read_docs"}`, `"builtin":{"function":"echo"}`, 1)), false); err != nil {
+		t.Fatal(err)
+	}
+	call := func(ref string) api.Response {
+		t.Helper()
+		req := api.Request{ToolID: "test.docs", Parameters: json.RawMessage(`{}`), CapabilityToken: token,
+			AgentContext:    api.AgentContext{AgentDID: "did:agent:demo", TenantID: "demo"},
+			DocumentContext: &api.DocumentContext{DocumentRefs: []string{ref}}}
+		id, err := agent.Invoke(ctx, req, client.InvokeOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := agent.Wait(ctx, "demo", id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	if _, err := op.AddDocSource(ctx, json.RawMessage(srv.Source("signed")), "mallory"); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "the signed source serves", func() bool {
+		return call("signed:guide").Status == api.StatusSuccess
+	})
+	cjs, _ := jetstream.New(s.connect(t, 0, s.creds(busauth.RoleControl)))
+	cs, err := kvstore.Open(ctx, cjs, kvstore.Options{Bind: true, Buckets: busauth.Rights[busauth.RoleControl].Buckets()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rev, err := cs.PutDocSource(ctx, "forged", json.RawMessage(srv.Source("forged")), "operator:local", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ojs, _ := jetstream.New(s.connect(t, 0, s.creds(busauth.RoleOperator)))
+	stateRefused(t, ctx, ojs, "document source", rev, "urn:toolgate:execute")
+	if r := call("forged:guide"); r.Error == nil || r.Error.ECode != api.EDocNotFound {
+		t.Fatalf("a call naming the unsigned source: %s %s", r.Status, mustJSON(t, r.Error))
+	}
+	if err := op.RemoveDocSource(ctx, "signed", "mallory"); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "the removed source serves nothing", func() bool {
+		r := call("signed:guide")
+		return r.Error != nil && r.Error.ECode == api.EDocNotFound
+	})
 }
