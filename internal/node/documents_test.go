@@ -118,6 +118,12 @@ func TestDocumentsEndToEnd(t *testing.T) {
 		t.Fatal("no tool.succeeded audit event lists the document read")
 	}
 
+	// A query hands what the source's search finds.
+	resp = e.invoke(docsRequest(tenant, api.DocumentContext{Query: "side door"}))
+	if a := accessed(t, resp); a.DocumentID != "guide" || !a.Cached {
+		t.Fatalf("query: %+v", a)
+	}
+
 	// Refused by the pushed document policy.
 	own := `package toolgate.documents
 decision := {"allow": false, "reasons": ["plans are for humans"]} if input.document_id == "plan"
