@@ -53,7 +53,8 @@ type Source struct {
 	Tenants []string `json:"tenants,omitempty"`
 	// RequestTimeoutMS bounds one request to the server (default 30000).
 	RequestTimeoutMS int `json:"request_timeout_ms,omitempty"`
-	// MaxDocumentBytes bounds one document (default 1 MiB).
+	// MaxDocumentBytes bounds one document (default 512 KiB: a cache entry
+	// keeps it base64-encoded, and must fit the server's max payload).
 	MaxDocumentBytes int `json:"max_document_bytes,omitempty"`
 	// HotTTLSeconds is how long the latest version of a document is
 	// served from the cache (default 300); immutable versions are kept a
@@ -64,7 +65,7 @@ type Source struct {
 // Defaults.
 const (
 	DefaultRequestTimeout   = 30 * time.Second
-	DefaultMaxDocumentBytes = 1 << 20
+	DefaultMaxDocumentBytes = 512 << 10
 	DefaultHotTTL           = 5 * time.Minute
 	// DefaultMaxBytes is a call's total when the manifest sets none.
 	DefaultMaxBytes = 256 << 10
