@@ -234,3 +234,29 @@ const (
 	// hook decided, or the request carries a token of its own.
 	ELinkRefused = "E3804"
 )
+
+// Document codes: the document bridge (docs/documents.md). Each mirrors the
+// specification's E3601-E3608 in order (E3651 is its E3601, ...): toolgate's
+// model kind already holds E3600-E3607.
+const (
+	// A document of document_context does not exist at its source (or the
+	// request names a source nobody declared).
+	EDocNotFound = "E3651"
+	// The source is down, retries are spent and the cache holds no copy.
+	EDocUnavailable = "E3652"
+	// The document policy denies the agent this document.
+	EDocDenied = "E3653"
+	// A requested or pinned version is no longer served by the source.
+	EDocVersionConflict = "E3654"
+	// The source did not answer within its request timeout.
+	EDocTimeout = "E3655"
+	// The source answered with something that is not a document.
+	EDocProtocol = "E3656"
+	// The document cache is unreachable; the document was fetched from the
+	// source (a warning in execution_metadata, not a failure).
+	EDocCacheUnavailable = "E3657"
+	// The pinned versions could not be stored with the invocation.
+	EDocPinFailed = "E3658"
+	// The documents handed to a call exceed its size limit.
+	EDocTooLarge = "E3659"
+)

@@ -57,6 +57,8 @@ const (
 	TypeTokenRevoked        = "ai.agent.admin.token.revoked"
 	TypeModelRegistered     = "ai.agent.admin.model.registered"
 	TypeModelDeleted        = "ai.agent.admin.model.deleted"
+	TypeDocSourceAdded      = "ai.agent.admin.docsource.added"
+	TypeDocSourceRemoved    = "ai.agent.admin.docsource.removed"
 	TypeRoutingPolicyPushed = "ai.agent.admin.routing_policy.pushed"
 	TypeToolRegistered      = "ai.agent.admin.tool.registered"
 	TypeToolDeleted         = "ai.agent.admin.tool.deleted"

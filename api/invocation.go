@@ -109,6 +109,9 @@ type ExecutionMetadata struct {
 	// Hook is what a hook decided when the invocation ended, or the link
 	// of an invocation a hook started.
 	Hook *HookOutcome `json:"hook,omitempty"`
+	// DocumentsAccessed lists the documents of document_context the call
+	// was handed: id, version, source and size.
+	DocumentsAccessed []DocumentAccess `json:"documents_accessed,omitempty"`
 }
 
 // Hop is one stage's passage.

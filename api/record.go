@@ -29,6 +29,10 @@ type Record struct {
 	// Progress and Checkpoint are the latest a running tool reported.
 	Progress   *Progress      `json:"progress,omitempty"`
 	Checkpoint *CheckpointRef `json:"checkpoint,omitempty"`
+	// DocumentPins are the document versions the call is held to
+	// (document_context.version_pinning): a redelivered or resumed run
+	// reads these, not the sources' latest.
+	DocumentPins []DocumentPin `json:"document_pins,omitempty"`
 }
 
 // Progress is what a running tool last said about how far it is.

@@ -41,6 +41,9 @@ func (s *Store) SetStatus(ctx context.Context, rec api.Record) (api.Record, bool
 			if stored.CancelRequested {
 				next.CancelRequested = true
 			}
+			if next.DocumentPins == nil {
+				next.DocumentPins = stored.DocumentPins // the versions the call read stay recorded
+			}
 		}
 		*stored, written = next, true
 		return nil

@@ -100,6 +100,8 @@ type Store struct {
 	toolstats   jetstream.KeyValue
 	modelstats  jetstream.KeyValue
 	capability  jetstream.KeyValue
+	docsources  jetstream.KeyValue
+	doccache    jetstream.KeyValue
 	watches     sync.WaitGroup
 	checkTool   CheckTool
 	checkModel  CheckModel
@@ -204,6 +206,8 @@ func Open(ctx context.Context, js jetstream.JetStream, o Options) (*Store, error
 			Bucket: BucketBudgets, Description: "toolgate session usage by tenant and session",
 			History: 1, TTL: o.InvocationTTL,
 		}},
+		{&s.docsources, docSourcesConfig},
+		{&s.doccache, docCacheConfig},
 	} {
 		if o.Buckets != nil && !slices.Contains(o.Buckets, b.cfg.Bucket) {
 			*b.kv = unbound{b.cfg.Bucket}

@@ -28,7 +28,8 @@ const (
 // Buckets lists every bucket.
 var Buckets = []string{BucketTools, BucketInvocations, BucketRevocations, BucketPolicies, BucketApprovals,
 	BucketBudgets, BucketRateLimits, BucketIdempotency, BucketCheckpoints, BucketBreakers, BucketHooks,
-	BucketToolStats, BucketModelStats, BucketCapabilities, BucketSettings, BucketModels}
+	BucketToolStats, BucketModelStats, BucketCapabilities, BucketSettings, BucketModels,
+	BucketDocSources, BucketDocCache}
 
 // BucketStream is the stream behind a bucket.
 func BucketStream(bucket string) string { return "KV_" + bucket }
@@ -57,7 +58,8 @@ func KVFeed(bucket string) string { return kvFeedPrefix + bucket + "." }
 // the aborted sessions are watched.
 func WatchedKeys(bucket string) (pattern string, ok bool) {
 	switch bucket {
-	case BucketTools, BucketRevocations, BucketPolicies, BucketHooks, BucketBreakers, BucketModels, BucketModelStats:
+	case BucketTools, BucketRevocations, BucketPolicies, BucketHooks, BucketBreakers, BucketModels, BucketModelStats,
+		BucketDocSources:
 		return ">", true
 	case BucketInvocations:
 		return AbortKeys + ".>", true

@@ -358,6 +358,9 @@ var ControlEndpoints = []ControlEndpoint{
 	{Subject: SvcModelsDelete, Admin: true},
 	{Subject: SvcModelsPolicy, Admin: true},
 	{Subject: SvcBudgetsList, Admin: true},
+	{Subject: SvcDocsSourceAdd, Admin: true},
+	{Subject: SvcDocsSourceList, Admin: true},
+	{Subject: SvcDocsSourceRemove, Admin: true},
 }
 
 // TenantServices are the endpoints of ControlEndpoints served per tenant,

@@ -56,6 +56,7 @@ func (a *app) invokeCmd() *cobra.Command {
 	var params, version, agent, session, id, idem, priority string
 	var wait, async, follow bool
 	var limit, waitFor time.Duration
+	var docs api.DocumentContext
 	cmd := &cobra.Command{
 		Use:   "invoke TOOL",
 		Short: "Call a tool; with --wait, wait for the result and show it",
@@ -80,6 +81,9 @@ approval says so, and the exit status tells how the call ended.`,
 	f.BoolVar(&wait, "wait", false, "wait for the result and show it")
 	f.BoolVar(&follow, "follow", false, "with --wait: when a hook hands the call to a retry or fallback, wait for that one too (each result is shown; the exit status is the last one's)")
 	f.BoolVar(&async, "async", false, "ask for async mode: toolgate answers at once with pending and where to poll")
+	f.StringArrayVar(&docs.DocumentRefs, "doc", nil, "a document to hand the tool: [source:]id[@version] (repeatable; docs/documents.md)")
+	f.StringVar(&docs.Query, "doc-query", "", "hand the tool the documents the sources' search finds for this query")
+	f.BoolVar(&docs.VersionPinning, "pin-docs", false, "hold the call to the document versions read at its start")
 	f.DurationVar(&limit, "timeout", 0, "time limit of the call (whole seconds; narrows the tool's own limit)")
 	f.DurationVar(&waitFor, "wait-timeout", 5*time.Minute, "how long --wait waits before giving up (exit 5)")
 	_ = cmd.RegisterFlagCompletionFunc("priority", cobra.FixedCompletions([]string{subjects.PriorityHigh, "normal", "low"}, cobra.ShellCompDirectiveNoFileComp))
@@ -113,6 +117,9 @@ approval says so, and the exit status tells how the call ended.`,
 		}
 		if async || idem != "" || priority != "" {
 			req.ExecutionOptions = &api.ExecutionOptions{AsyncMode: async, IdempotencyKey: idem, Priority: priority}
+		}
+		if len(docs.DocumentRefs) > 0 || docs.Query != "" || docs.VersionPinning {
+			req.DocumentContext = &docs
 		}
 		if limit > 0 {
 			req.ResourceLimits = &api.ResourceLimits{TimeoutSeconds: int(math.Ceil(limit.Seconds()))}

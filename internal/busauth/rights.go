@@ -119,10 +119,11 @@ var Rights = map[Role]RoleRights{
 		Publishes: []string{hand(subjects.Verify), hand(subjects.Audit)},
 		Emits: []string{poison, subjects.AuditEvent("*", "tool.invoked"), subjects.AuditEvent("*", "tool.checkpoint.>"),
 			subjects.AuditEvent(subjects.SystemTenant, "circuit.>"), stateRefused},
-		Subscribes: []string{subjects.CancelAll},
+		Subscribes: []string{subjects.CancelAll, subjects.DocsUpdatedAll},
 		Writes: []string{subjects.BucketInvocations, subjects.BucketIdempotency, subjects.BucketCheckpoints,
-			subjects.BucketBreakers, subjects.BucketModelStats, subjects.BucketSettings},
-		Watches: []string{subjects.BucketTools, subjects.BucketBreakers, subjects.BucketModels, subjects.BucketModelStats},
+			subjects.BucketBreakers, subjects.BucketModelStats, subjects.BucketSettings, subjects.BucketDocCache},
+		Watches: []string{subjects.BucketTools, subjects.BucketBreakers, subjects.BucketModels, subjects.BucketModelStats,
+			subjects.BucketDocSources, subjects.BucketPolicies},
 	},
 	// verify checks results against the tool's output schema and the
 	// detectors.
@@ -159,7 +160,8 @@ var Rights = map[Role]RoleRights{
 		Emits: []string{subjects.AuditEvent("*", "capability.>"), subjects.AuditEvent("*", "tool.approval.>"),
 			subjects.AuditTenant(subjects.SystemTenant)},
 		Writes: []string{subjects.BucketTools, subjects.BucketApprovals, subjects.BucketInvocations, subjects.BucketCapabilities,
-			subjects.BucketPolicies, subjects.BucketHooks, subjects.BucketRevocations, subjects.BucketBreakers, subjects.BucketModels},
+			subjects.BucketPolicies, subjects.BucketHooks, subjects.BucketRevocations, subjects.BucketBreakers, subjects.BucketModels,
+			subjects.BucketDocSources},
 		Reads:   []string{subjects.BucketBudgets, subjects.BucketToolStats, subjects.BucketModelStats},
 		Watches: []string{subjects.BucketTools, subjects.BucketRevocations, subjects.BucketPolicies},
 		// It reads the audit trail by sequence for the tenant-scoped

@@ -50,6 +50,7 @@ type adminStore interface {
 	DeleteModel(ctx context.Context, name string) error
 	PutSignedRoutingPolicy(ctx context.Context, src []byte, by string, proof *api.DecisionProof) error
 	Budgets(ctx context.Context, tenant string) ([]kvstore.SessionUsage, error)
+	docSourceStore
 }
 
 var _ adminStore = (*kvstore.Store)(nil)
@@ -70,6 +71,11 @@ func (h *handlers) adminEndpoints() map[string]micro.HandlerFunc {
 		subjects.SvcModelsDelete:   h.deleteModel,
 		subjects.SvcModelsPolicy:   h.routingPolicy,
 		subjects.SvcBudgetsList:    h.listBudgets,
+
+		// The document bridge's sources.
+		subjects.SvcDocsSourceAdd:    h.addDocSource,
+		subjects.SvcDocsSourceList:   h.listDocSources,
+		subjects.SvcDocsSourceRemove: h.removeDocSource,
 	}
 }
 

@@ -2,6 +2,7 @@ package control
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"strings"
 	"testing"
@@ -85,6 +86,16 @@ func (f *fakeAdmin) PutSignedRoutingPolicy(context.Context, []byte, string, *api
 	return nil
 }
 
+func (f *fakeAdmin) PutDocSource(_ context.Context, _ string, _ json.RawMessage, by string, _ *api.DecisionProof) (uint64, error) {
+	f.writes++
+	f.by = by
+	return uint64(f.writes), nil
+}
+
+func (f *fakeAdmin) DocSources(context.Context) ([]kvstore.DocSourceRecord, error) { return nil, nil }
+
+func (f *fakeAdmin) DeleteDocSource(context.Context, string) error { f.writes++; return nil }
+
 // adminRequests are a valid request of every administrative endpoint.
 var adminRequests = map[string]string{
 	subjects.SvcPolicyPush:     `{"modules":{"authz.rego":` + jsonString(policy.DefaultModule()) + `},"by":"mallory"}`,
@@ -100,12 +111,16 @@ var adminRequests = map[string]string{
 	subjects.SvcModelsDelete:   `{"name":"m","by":"mallory"}`,
 	subjects.SvcModelsPolicy:   `{"reset":true,"by":"mallory"}`,
 	subjects.SvcBudgetsList:    `{"near":0.8}`,
+
+	subjects.SvcDocsSourceAdd:    `{"source":{"name":"handbook","url":"http://127.0.0.1:9/mcp"},"by":"mallory"}`,
+	subjects.SvcDocsSourceList:   `{}`,
+	subjects.SvcDocsSourceRemove: `{"name":"handbook","by":"mallory"}`,
 }
 
 // writers are the endpoints that change something, and so are audited.
 var writers = map[string]bool{subjects.SvcPolicyPush: true, subjects.SvcHooksPush: true, subjects.SvcHooksDelete: true,
 	subjects.SvcTokensRevoke: true, subjects.SvcBreakersSet: true, subjects.SvcModelsRegister: true,
-	subjects.SvcModelsDelete: true, subjects.SvcModelsPolicy: true}
+	subjects.SvcModelsDelete: true, subjects.SvcModelsPolicy: true, subjects.SvcDocsSourceAdd: true, subjects.SvcDocsSourceRemove: true}
 
 func jsonString(s string) string {
 	b := []byte{'"'}

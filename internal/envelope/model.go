@@ -71,6 +71,11 @@ type Invocation struct {
 	EndedBy string `json:"ended_by,omitempty"`
 	// Findings are what the safety detectors found, and did about it.
 	Findings []Finding `json:"findings,omitempty"`
+	// DocumentPins are the document versions the call is held to
+	// (document_context.version_pinning). Execute reads them before the
+	// invocation record's and sets them once resolved: a checkpoint keeps
+	// them beside its state, and a run resumed from it sets them here.
+	DocumentPins []api.DocumentPin `json:"document_pins,omitempty"`
 }
 
 // TraceContext is a W3C trace context.

@@ -609,6 +609,10 @@ func TestAdminThroughControl(t *testing.T) {
 	// A model or routing policy no operator signed is honoured by no
 	// reader: execute's catalogue and the control service's list ignore
 	// it and audit that they did; so is a routing policy's delete.
+	t.Run("document sources: signed ones serve, one written straight into the bucket serves nothing", func(t *testing.T) {
+		docSourcesSigned(t, ctx, s, op, ac, raw)
+	})
+
 	t.Run("models and routing policy written straight into the bucket rule nothing", func(t *testing.T) {
 		cjs, _ := jetstream.New(s.connect(t, 0, s.creds(busauth.RoleControl)))
 		cs, err := kvstore.Open(ctx, cjs, kvstore.Options{Bind: true, Buckets: busauth.Rights[busauth.RoleControl].Buckets()})

@@ -35,11 +35,12 @@ func leakedRoles(t *testing.T, s *served) {
 		busauth.RoleAuthorize: {subjects.BucketInvocations, subjects.BucketApprovals, subjects.BucketBudgets, subjects.BucketSettings},
 		busauth.RoleRoute:     {subjects.BucketRateLimits},
 		busauth.RoleExecute: {subjects.BucketInvocations, subjects.BucketIdempotency, subjects.BucketCheckpoints,
-			subjects.BucketBreakers, subjects.BucketModelStats, subjects.BucketSettings},
+			subjects.BucketBreakers, subjects.BucketModelStats, subjects.BucketSettings, subjects.BucketDocCache},
 		busauth.RoleVerify: nil,
 		busauth.RoleAudit:  {subjects.BucketInvocations, subjects.BucketBudgets, subjects.BucketToolStats},
 		busauth.RoleControl: {subjects.BucketTools, subjects.BucketApprovals, subjects.BucketInvocations, subjects.BucketCapabilities,
-			subjects.BucketPolicies, subjects.BucketHooks, subjects.BucketRevocations, subjects.BucketBreakers, subjects.BucketModels},
+			subjects.BucketPolicies, subjects.BucketHooks, subjects.BucketRevocations, subjects.BucketBreakers, subjects.BucketModels,
+			subjects.BucketDocSources},
 	}
 	// jsRefused sends a JetStream API request and reports whether the
 	// server refused it for permissions (a refused request gets no reply).

@@ -505,6 +505,11 @@ func (n *Node) NewStage(ctx context.Context, name string, c StageConfig) (stages
 		mcpKind := mcptool.New(mc)
 		n.onStop(func() { _ = mcpKind.Close() })
 		x.Handle("mcp", mcpKind)
+		docs, err := n.newDocuments(ctx, c, mc)
+		if err != nil {
+			return nil, err
+		}
+		x.Documents = docs
 		x.Breakers = breaker.New(n.Store, x.Publish, n.Log)
 		n.onStop(x.Breakers.Close)
 		models := modelrouter.NewCatalogue()

@@ -64,6 +64,8 @@ type Manifest struct {
 	CircuitBreaker *CircuitBreaker `json:"circuit_breaker,omitempty"`
 	Cost           *Cost           `json:"cost,omitempty"`
 	Lifecycle      Lifecycle       `json:"lifecycle,omitzero"`
+	// Documents says how the tool takes a call's document_context.
+	Documents *Documents `json:"documents,omitempty"`
 
 	// Discovery metadata: semantic capability tags, worked
 	// examples, what the tool needs, and who made it.
@@ -463,4 +465,11 @@ func (m *Manifest) PathParameters(params []byte) []string {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// Documents is how a tool is handed the documents of a call's
+// document_context (docs/documents.md).
+type Documents struct {
+	Parameter string `json:"parameter"`
+	MaxBytes  int    `json:"max_bytes,omitempty"`
 }

@@ -78,6 +78,9 @@ type Executor struct {
 	Verifier *verify.Verifier
 	// Quota, when set, bounds the calls of one tenant running at once.
 	Quota *TenantQuota
+	// Documents, when set, resolves a call's document_context before its
+	// tool runs; without it such a call fails E3652.
+	Documents Documents
 	// Seals, when set, is the check every call must pass before anything
 	// else: a seal of authorize's decision that verifies (*seal.Verifier).
 	// A refusal ends the call permission_denied (E3218), audited as every
@@ -168,7 +171,9 @@ func (x *Executor) Process(ctx context.Context, inv *envelope.Invocation) ([]sta
 	// on a worker that is gone (it says running).
 	prev, existed, rec, _, err := x.store.ClaimRun(ctx, api.Record{InvocationID: inv.ID, Tenant: inv.Tenant,
 		Status: api.StatusRunning, ToolID: m.ID, ToolVersion: m.Version, Seq: inv.Event.Seq},
-		func(prev api.Record, next *api.Record) { next.Checkpoint = prev.Checkpoint })
+		func(prev api.Record, next *api.Record) {
+			next.Checkpoint, next.DocumentPins = prev.Checkpoint, prev.DocumentPins
+		})
 	if err != nil {
 		return nil, stages.Transient(fmt.Errorf("recording running status: %w", err), 0)
 	}
@@ -199,6 +204,16 @@ func (x *Executor) Process(ctx context.Context, inv *envelope.Invocation) ([]sta
 			return nil, api.NewError(api.ToolExecutionError, api.EOutcomeUnknown,
 				"%s was interrupted mid-run on another worker; it is not idempotent and left no checkpoint, "+
 					"so whether it took effect is unknown and it is not run again", m.Key())
+		}
+	}
+	params := inv.Request.Parameters
+	if wantsDocuments(inv) {
+		pins := inv.DocumentPins
+		if len(pins) == 0 {
+			pins = rec.DocumentPins
+		}
+		if params, err = x.documents(ctx, inv, m, pins); err != nil {
+			return nil, err
 		}
 	}
 	ctx = builtin.WithProgress(ctx, tr)
@@ -237,7 +252,7 @@ func (x *Executor) Process(ctx context.Context, inv *envelope.Invocation) ([]sta
 	result, err := failsafe.With(policies...).WithContext(ctx).
 		GetWithExecution(func(exec failsafe.Execution[json.RawMessage]) (json.RawMessage, error) {
 			attempts.Store(int32(exec.Attempts()))
-			return call(exec.Context(), fn, inv.Request.Parameters)
+			return call(exec.Context(), fn, params)
 		})
 	inv.Metadata.Attempts = int(attempts.Load())
 	inv.Metadata.Model = meter.Model()

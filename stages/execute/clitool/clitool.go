@@ -65,6 +65,14 @@ func (k *Kind) Prepare(m *tools.Manifest, inv *envelope.Invocation) (builtin.Fun
 		}
 		spec := base
 		spec.Argv = argv
+		docs, removeDocs, err := docFiles(m, params)
+		if err != nil {
+			return nil, err
+		}
+		defer removeDocs()
+		if docs != "" {
+			spec = withDocs(k.Sandbox, spec, docs)
+		}
 		if cfg.Stdin != "none" {
 			spec.Stdin = params
 		}

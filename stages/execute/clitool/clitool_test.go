@@ -54,3 +54,30 @@ func TestPrepare(t *testing.T) {
 		})
 	}
 }
+
+// TestDocumentFiles: the documents handed in the manifest's documents
+// parameter are read-only files under $TOOLGATE_DOCS, with an index.
+func TestDocumentFiles(t *testing.T) {
+	modes := []sandbox.Config{{Mode: sandbox.ModeNone}}
+	if sandbox.Available() == nil {
+		modes = append(modes, sandbox.Config{})
+	}
+	m := &tools.Manifest{ID: "t:docs", Version: "1.0.0", Kind: "cli", Documents: &tools.Documents{Parameter: "docs"},
+		CLI: json.RawMessage(`{"command":["sh","-c","c=$(cat \"$TOOLGATE_DOCS\"/01-guide); ` +
+			`if echo x > \"$TOOLGATE_DOCS\"/new 2>/dev/null; then w=yes; else w=no; fi; ` +
+			`grep -q '\"document_id\":\"guide\"' \"$TOOLGATE_DOCS\"/index.json && i=yes; echo \"{\\\"c\\\":\\\"$c\\\",\\\"w\\\":\\\"$w\\\",\\\"i\\\":\\\"$i\\\"}\""],"stdin":"none"}`)}
+	params := json.RawMessage(`{"docs":[{"document_id":"guide","version":"v1","source":"h","content":"side door"}]}`)
+	for _, cfg := range modes {
+		t.Run(cfg.Mode, func(t *testing.T) {
+			inv := &envelope.Invocation{ID: "i", Tenant: "acme", Request: &api.Request{Parameters: params}}
+			fn, err := (&Kind{Sandbox: cfg}).Prepare(m, inv)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out, err := fn(context.Background(), params)
+			if err != nil || string(out) != `{"c":"side door","w":"no","i":"yes"}` {
+				t.Fatalf("got %s, %v", out, err)
+			}
+		})
+	}
+}

@@ -29,6 +29,11 @@ func newClient() *mcp.Client {
 // stdioDial starts the server of spec in the sandbox and connects over its
 // stdin and stdout.
 func stdioDial(cfg sandbox.Config, spec sandbox.Spec) dialFunc {
+	return stdioDialWith(cfg, spec, newClient)
+}
+
+// stdioDialWith is stdioDial with the client mk makes.
+func stdioDialWith(cfg sandbox.Config, spec sandbox.Spec, mk func() *mcp.Client) dialFunc {
 	return func(ctx context.Context) (*conn, error) {
 		p, err := sandbox.NewProcess(cfg, spec)
 		if err != nil {
@@ -79,7 +84,7 @@ func stdioDial(cfg sandbox.Config, spec sandbox.Spec) dialFunc {
 				<-c.done
 			})
 		}
-		session, err := newClient().Connect(ctx, &mcp.IOTransport{Reader: outR, Writer: inW}, nil)
+		session, err := mk().Connect(ctx, &mcp.IOTransport{Reader: outR, Writer: inW}, nil)
 		if err != nil {
 			c.stop()
 			return nil, api.WrapError(err, api.ExternalAPIError, api.EMCPServerDown,
@@ -93,10 +98,16 @@ func stdioDial(cfg sandbox.Config, spec sandbox.Spec) dialFunc {
 // httpDial connects to a streamable-HTTP server at endpoint; connections go
 // only to host:port, redirects included.
 func httpDial(endpoint, host string, port int) dialFunc {
+	return httpDialWith(endpoint, host, port, newClient, true)
+}
+
+// httpDialWith is httpDial with the client mk makes; noSSE drops the
+// standalone stream a server's notifications arrive on.
+func httpDialWith(endpoint, host string, port int, mk func() *mcp.Client, noSSE bool) dialFunc {
 	return func(ctx context.Context) (*conn, error) {
 		client := pinnedClient(host, port)
-		t := &mcp.StreamableClientTransport{Endpoint: endpoint, HTTPClient: client, DisableStandaloneSSE: true}
-		session, err := newClient().Connect(ctx, t, nil)
+		t := &mcp.StreamableClientTransport{Endpoint: endpoint, HTTPClient: client, DisableStandaloneSSE: noSSE}
+		session, err := mk().Connect(ctx, t, nil)
 		if err != nil {
 			client.CloseIdleConnections()
 			return nil, api.WrapError(err, api.ExternalAPIError, api.EMCPServerDown,

@@ -256,7 +256,21 @@ func (c *call) fit(model *modelrouter.Model, p *Params, maxTokens int, used api.
 	return int(out), nil
 }
 
+// params decodes a call's parameters; documents handed in the manifest's
+// documents parameter join the system prompt.
 func (c *call) params(raw json.RawMessage) (*Params, error) {
+	raw, docs, err := withDocuments(c.m, raw)
+	if err != nil {
+		return nil, err
+	}
+	p, err := c.decodeParams(raw)
+	if err == nil && docs != "" {
+		p.System = strings.TrimSpace(p.System + "\n\n" + docs)
+	}
+	return p, err
+}
+
+func (c *call) decodeParams(raw json.RawMessage) (*Params, error) {
 	var p Params
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.DisallowUnknownFields()
