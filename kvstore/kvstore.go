@@ -41,8 +41,14 @@ type Options struct {
 	InvocationTTL time.Duration
 	// IdempotencyTTL is how long an idempotency key is remembered; default 24 h.
 	IdempotencyTTL time.Duration
-	// CheckpointTTL is how long a checkpoint outlives its last write; default 24 h.
-	CheckpointTTL time.Duration
+	// CheckpointMicroTTL is how long a micro checkpoint can be resumed
+	// (default DefaultMicroTTL), CheckpointRetention how long a macro
+	// checkpoint is kept (default DefaultMacroRetention).
+	CheckpointMicroTTL  time.Duration
+	CheckpointRetention time.Duration
+	// Clock, when set, is the time checkpoints are stamped and expired by
+	// (tests move it forward); the bucket's own TTLs run on the server's.
+	Clock func() time.Time
 	// ModelStatsTTL is how long a model statistics shard counts after its
 	// last write; default DefaultModelStatsTTL.
 	ModelStatsTTL time.Duration
@@ -109,6 +115,9 @@ type Store struct {
 
 	modelStatsTTL time.Duration // the model statistics bucket's max age
 
+	microTTL, macroRetention time.Duration // checkpoints' lifetimes
+	clock                    func() time.Time
+
 	usageMu      sync.Mutex
 	usageBatches map[string]*usageBatch // keys whose usage is being written
 }
@@ -125,8 +134,11 @@ func Open(ctx context.Context, js jetstream.JetStream, o Options) (*Store, error
 	if o.IdempotencyTTL == 0 {
 		o.IdempotencyTTL = 24 * time.Hour
 	}
-	if o.CheckpointTTL == 0 {
-		o.CheckpointTTL = 24 * time.Hour
+	if o.CheckpointMicroTTL <= 0 {
+		o.CheckpointMicroTTL = DefaultMicroTTL
+	}
+	if o.CheckpointRetention <= 0 {
+		o.CheckpointRetention = DefaultMacroRetention
 	}
 	if o.OpTimeout <= 0 {
 		o.OpTimeout = DefaultOpTimeout
@@ -134,7 +146,8 @@ func Open(ctx context.Context, js jetstream.JetStream, o Options) (*Store, error
 	if o.ModelStatsTTL <= 0 {
 		o.ModelStatsTTL = DefaultModelStatsTTL
 	}
-	s := &Store{modelStatsTTL: o.ModelStatsTTL, js: js, nc: js.Conn(), checkTool: o.CheckTool, checkModel: o.CheckModel}
+	s := &Store{modelStatsTTL: o.ModelStatsTTL, js: js, nc: js.Conn(), checkTool: o.CheckTool, checkModel: o.CheckModel,
+		microTTL: o.CheckpointMicroTTL, macroRetention: o.CheckpointRetention, clock: o.Clock}
 	for _, b := range []struct {
 		kv  *jetstream.KeyValue
 		cfg jetstream.KeyValueConfig
@@ -168,11 +181,11 @@ func Open(ctx context.Context, js jetstream.JetStream, o Options) (*Store, error
 			Bucket: BucketIdempotency, Description: "toolgate idempotency keys by tenant",
 			History: 1, TTL: o.IdempotencyTTL,
 		}},
-		// History 1 and a max age make the age count from a key's last
-		// write: a per-key TTL renewed by every checkpoint.
+		// Each key has its own TTL, by its checkpoint's kind
+		// (checkpoints.go); named checkpoints have none.
 		{&s.checkpoints, jetstream.KeyValueConfig{
-			Bucket: BucketCheckpoints, Description: "toolgate latest checkpoint by tenant and invocation",
-			History: 1, TTL: o.CheckpointTTL,
+			Bucket: BucketCheckpoints, Description: "toolgate checkpoints by tenant, invocation and sequence",
+			History: 1, LimitMarkerTTL: time.Minute,
 		}},
 		{&s.breakers, jetstream.KeyValueConfig{
 			Bucket: BucketBreakers, Description: "toolgate circuit breaker state by tool or endpoint", History: 5,
