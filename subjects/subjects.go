@@ -278,6 +278,12 @@ const (
 	// the tenant's stored audit events (api.AuditHistoryResponse).
 	// Tenant-scoped only: the tenant is the subject's.
 	SvcAuditHistory = "tool.svc.audit.history"
+	// SvcCheckpointsList, SvcCheckpointsGet and SvcCheckpointsDelete take
+	// api.CheckpointsRequest and list, show (with the state when asked)
+	// or delete the tenant's checkpoints. Tenant-scoped only.
+	SvcCheckpointsList   = "tool.svc.checkpoints.list"
+	SvcCheckpointsGet    = "tool.svc.checkpoints.get"
+	SvcCheckpointsDelete = "tool.svc.checkpoints.delete"
 )
 
 // Administrative control endpoints (control API 1.3): the one surface for
@@ -313,7 +319,8 @@ const (
 // tenant's), exactly what a tenant's account imports, and what the control
 // service serves tenant-scoped. This list is the one place they are named.
 var TenantServices = []string{SvcStatus, SvcCancel, SvcToolsList, SvcToolsGet, SvcBudget, SvcApprovalsList,
-	SvcApprovalsGet, SvcCapabilityRequest, SvcCapabilityReport, SvcAuditHistory}
+	SvcApprovalsGet, SvcCapabilityRequest, SvcCapabilityReport, SvcAuditHistory,
+	SvcCheckpointsList, SvcCheckpointsGet, SvcCheckpointsDelete}
 
 // AdminServices are the administrative endpoints, in the order the control
 // service adds them.

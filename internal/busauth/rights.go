@@ -150,7 +150,8 @@ var Rights = map[Role]RoleRights{
 			subjects.AuditEvent("*", "capability.>"), subjects.AuditEvent("*", "tool.approval.>"),
 			subjects.AuditTenant(subjects.SystemTenant)},
 		Writes: []string{subjects.BucketTools, subjects.BucketApprovals, subjects.BucketInvocations, subjects.BucketCapabilities,
-			subjects.BucketPolicies, subjects.BucketHooks, subjects.BucketRevocations, subjects.BucketBreakers, subjects.BucketModels},
+			subjects.BucketPolicies, subjects.BucketHooks, subjects.BucketRevocations, subjects.BucketBreakers, subjects.BucketModels,
+			subjects.BucketCheckpoints},
 		Reads:   []string{subjects.BucketBudgets, subjects.BucketToolStats, subjects.BucketModelStats},
 		Watches: []string{subjects.BucketTools, subjects.BucketRevocations, subjects.BucketPolicies},
 		// It reads the audit trail by sequence for the tenant-scoped

@@ -297,7 +297,7 @@ func TestRolesLeastPrivilege(t *testing.T) {
 			"write status records", "write budgets", "write tool statistics", "watch tools"},
 		RoleControl: {"hand to authorize", "read audit events by sequence", "get one audit event", "hand to audit", "announce a cancel", "publish an admin event",
 			"publish a breaker transition", "write tools", "write policies", "write revocations", "write hooks", "write models",
-			"write approvals", "write status records", "write breakers", "write capability requests", "serve the control endpoints",
+			"write approvals", "write status records", "write breakers", "write capability requests", "write checkpoints", "serve the control endpoints",
 			"watch tools", "watch policies"},
 	}
 	for role, want := range allowed {

@@ -40,8 +40,9 @@ import (
 // policy, signed with operator credentials and audited; tools.register
 // and tools.delete audited too; the capability grant rule follows policy
 // pushes; models.stats. 1.4: tenant-scoped audit.history, a tenant's
-// stored audit events a page at a time, which agents may call.
-const Version = "1.4.0"
+// stored audit events a page at a time, which agents may call. 1.5:
+// tenant-scoped checkpoints.list|get|delete.
+const Version = "1.5.0"
 
 // Start adds the service to nc. Stop it with the returned service's Stop.
 // approvals may be nil: the approval endpoint then is not served.
@@ -110,6 +111,9 @@ func Start(nc *nats.Conn, store *kvstore.Store, reg *tools.Registry, approvals *
 		subjects.SvcApprovalsGet:      h.tenantGetApproval,
 		subjects.SvcAuditHistory:      h.tenantAuditHistory,
 		subjects.SvcCancel:            h.tenantCancel,
+		subjects.SvcCheckpointsList:   h.tenantCheckpointsList,
+		subjects.SvcCheckpointsGet:    h.tenantCheckpointsGet,
+		subjects.SvcCheckpointsDelete: h.tenantCheckpointsDelete,
 	}
 	for _, ep := range subjects.TenantServices {
 		fn, ok := scoped[ep]
@@ -177,6 +181,7 @@ type store interface {
 	ModelStatsTTL() time.Duration
 	SaveCapability(ctx context.Context, r api.CapabilityReport) error
 	Capability(ctx context.Context, tenant, id string) (api.CapabilityReport, error)
+	checkpointStore
 }
 
 var _ store = (*kvstore.Store)(nil)

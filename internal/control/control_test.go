@@ -18,6 +18,7 @@ import (
 type fakeStore struct {
 	records map[string]api.Record
 	reg     *tools.Registry
+	checkpointStore // not served by these tests
 }
 
 func (f *fakeStore) Status(_ context.Context, _, id string) (api.Record, error) {

@@ -162,7 +162,8 @@ func openConnRole(ctx context.Context, nc *nats.Conn, role busauth.Role, topo to
 	if err != nil {
 		return nil, err
 	}
-	opts := kvstore.Options{Replicas: topo.Replicas, Storage: topo.Storage, InvocationTTL: topo.InvocationTTL, Memory: mem}
+	opts := kvstore.Options{Replicas: topo.Replicas, Storage: topo.Storage, InvocationTTL: topo.InvocationTTL, Memory: mem,
+		CheckpointRetention: topo.CheckpointRetention, Clock: topo.CheckpointClock}
 	if proof != nil {
 		source := "urn:toolgate:" + cmp.Or(string(role), "operator")
 		opts.CheckTool = checkTools(js, source, proof, log)
