@@ -16,8 +16,8 @@ import (
 // fakeStore keeps records in memory and registers manifests into a registry,
 // as the real store's watch would.
 type fakeStore struct {
-	records map[string]api.Record
-	reg     *tools.Registry
+	records         map[string]api.Record
+	reg             *tools.Registry
 	checkpointStore // not served by these tests
 }
 

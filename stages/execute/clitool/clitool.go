@@ -7,6 +7,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
+	"unicode"
+	"unicode/utf8"
 	"maps"
 	"strconv"
 	"strings"
@@ -33,6 +37,37 @@ var _ execute.Kind = (*Kind)(nil)
 // interruption finds the state of its last checkpoint; the environment
 // variable TOOLGATE_RESUME holds its path.
 const ResumeFile = "toolgate-resume.json"
+
+// maxCheckpointName bounds the name of a macro or named checkpoint.
+const maxCheckpointName = 128
+
+// checkpointLine reads a checkpoint control line:
+//
+//	toolgate:checkpoint {"next":5}                  a micro checkpoint
+//	toolgate:checkpoint.macro parsed {"next":5}     a milestone (name optional)
+//	toolgate:checkpoint.named before-upload {...}   kept until deleted
+func checkpointLine(verb string, arg []byte) (kind, name string, state json.RawMessage, err error) {
+	kind = api.CheckpointMicro
+	switch verb {
+	case "checkpoint.macro":
+		kind = api.CheckpointMacro
+	case "checkpoint.named":
+		kind = api.CheckpointNamed
+	}
+	if kind != api.CheckpointMicro && len(arg) > 0 && arg[0] != '{' && arg[0] != '[' {
+		n, rest, _ := bytes.Cut(arg, []byte(" "))
+		name, arg = string(n), bytes.TrimSpace(rest)
+	}
+	switch {
+	case kind == api.CheckpointNamed && name == "":
+		return "", "", nil, errors.New("a named checkpoint needs a name before its state")
+	case len(name) > maxCheckpointName || !utf8.ValidString(name) || strings.ContainsFunc(name, unicode.IsControl):
+		return "", "", nil, fmt.Errorf("a checkpoint name is up to %d printable bytes", maxCheckpointName)
+	case !json.Valid(arg):
+		return "", "", nil, errors.New("the checkpoint state is not JSON")
+	}
+	return kind, name, bytes.Clone(arg), nil
+}
 
 // Prepare implements execute.Kind: a sandboxed run of a command-line tool.
 // The tool reports progress and checkpoints with control lines on stdout
@@ -85,13 +120,25 @@ func (k *Kind) Prepare(m *tools.Manifest, inv *envelope.Invocation) (builtin.Fun
 				if f, err := strconv.ParseFloat(pct, 64); err == nil && f >= 0 && f <= 100 {
 					progress.Report(f, msg)
 				}
-			case "checkpoint":
-				if !json.Valid(arg) {
-					ctlErr = api.NewError(api.ToolExecutionError, api.EToolFailed, "%s wrote a checkpoint that is not JSON", m.Key())
+			case "checkpoint", "checkpoint.macro", "checkpoint.named":
+				kind, name, state, err := checkpointLine(verb, arg)
+				if err != nil {
+					if ctlErr == nil {
+						ctlErr = api.WrapError(err, api.CheckpointFailed, api.ECheckpointCreate, "%s wrote a bad checkpoint line: %v", m.Key(), err)
+					}
 					return
 				}
-				if err := progress.Checkpoint(bytes.Clone(arg)); err != nil && ctlErr == nil {
-					ctlErr = api.WrapError(err, api.ToolExecutionError, api.EToolFailed, "saving a checkpoint of %s: %v", m.Key(), err)
+				if kind == api.CheckpointMicro {
+					err = progress.Checkpoint(state)
+				} else {
+					_, err = builtin.SaveCheckpoint(ctx, kind, name, state)
+				}
+				if err != nil && ctlErr == nil {
+					var e *api.Error
+					if !errors.As(err, &e) {
+						e = api.WrapError(err, api.CheckpointFailed, api.ECheckpointCreate, "saving a checkpoint of %s: %v", m.Key(), err)
+					}
+					ctlErr = e
 				}
 			}
 		}
