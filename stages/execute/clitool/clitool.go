@@ -111,6 +111,11 @@ func (k *Kind) Prepare(m *tools.Manifest, inv *envelope.Invocation) (builtin.Fun
 				spec.Env = map[string]string{}
 			}
 			spec.Env["TOOLGATE_RESUME"] = "/work/" + ResumeFile
+			if k.Sandbox.Mode == sandbox.ModeNone {
+				// Unconfined, the work directory is a temporary one of
+				// the host's, the one the tool starts in.
+				spec.Env["TOOLGATE_RESUME"] = ResumeFile
+			}
 		}
 		var ctlErr error
 		spec.Control = func(verb string, arg []byte) {
