@@ -24,6 +24,7 @@ type fakeStore struct {
 	records     map[string]api.Record
 	claims      map[string]kvstore.IdempotencyClaim
 	checkpoints map[string]fakeCheckpoint // the latest, by invocation
+	saved       []fakeCheckpoint          // all, in order
 	down        error
 }
 
@@ -105,6 +106,7 @@ func (f *fakeStore) SaveCheckpoint(_ context.Context, cp api.Checkpoint, state j
 	defer f.mu.Unlock()
 	cp.ID = kvstore.CheckpointID(cp.InvocationID, cp.Seq)
 	f.checkpoints[cp.InvocationID] = fakeCheckpoint{cp, state}
+	f.saved = append(f.saved, fakeCheckpoint{cp, state})
 	return cp, nil
 }
 

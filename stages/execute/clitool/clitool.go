@@ -8,12 +8,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"maps"
 	"strconv"
 	"strings"
-	"unicode"
-	"unicode/utf8"
 
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/envelope"
@@ -37,37 +34,6 @@ var _ execute.Kind = (*Kind)(nil)
 // interruption finds the state of its last checkpoint; the environment
 // variable TOOLGATE_RESUME holds its path.
 const ResumeFile = "toolgate-resume.json"
-
-// maxCheckpointName bounds the name of a macro or named checkpoint.
-const maxCheckpointName = 128
-
-// checkpointLine reads a checkpoint control line:
-//
-//	toolgate:checkpoint {"next":5}                  a micro checkpoint
-//	toolgate:checkpoint.macro parsed {"next":5}     a milestone (name optional)
-//	toolgate:checkpoint.named before-upload {...}   kept until deleted
-func checkpointLine(verb string, arg []byte) (kind, name string, state json.RawMessage, err error) {
-	kind = api.CheckpointMicro
-	switch verb {
-	case "checkpoint.macro":
-		kind = api.CheckpointMacro
-	case "checkpoint.named":
-		kind = api.CheckpointNamed
-	}
-	if kind != api.CheckpointMicro && len(arg) > 0 && arg[0] != '{' && arg[0] != '[' {
-		n, rest, _ := bytes.Cut(arg, []byte(" "))
-		name, arg = string(n), bytes.TrimSpace(rest)
-	}
-	switch {
-	case kind == api.CheckpointNamed && name == "":
-		return "", "", nil, errors.New("a named checkpoint needs a name before its state")
-	case len(name) > maxCheckpointName || !utf8.ValidString(name) || strings.ContainsFunc(name, unicode.IsControl):
-		return "", "", nil, fmt.Errorf("a checkpoint name is up to %d printable bytes", maxCheckpointName)
-	case !json.Valid(arg):
-		return "", "", nil, errors.New("the checkpoint state is not JSON")
-	}
-	return kind, name, bytes.Clone(arg), nil
-}
 
 // Prepare implements execute.Kind: a sandboxed run of a command-line tool.
 // The tool reports progress and checkpoints with control lines on stdout
@@ -126,7 +92,7 @@ func (k *Kind) Prepare(m *tools.Manifest, inv *envelope.Invocation) (builtin.Fun
 					progress.Report(f, msg)
 				}
 			case "checkpoint", "checkpoint.macro", "checkpoint.named":
-				kind, name, state, err := checkpointLine(verb, arg)
+				kind, name, state, err := builtin.ParseCheckpoint(verb, arg)
 				if err != nil {
 					if ctlErr == nil {
 						ctlErr = api.WrapError(err, api.CheckpointFailed, api.ECheckpointCreate, "%s wrote a bad checkpoint line: %v", m.Key(), err)

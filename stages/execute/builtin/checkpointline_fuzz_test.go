@@ -1,4 +1,4 @@
-package clitool
+package builtin
 
 import (
 	"encoding/json"
@@ -17,11 +17,11 @@ func FuzzCheckpointLine(f *testing.F) {
 		}
 	}
 	f.Fuzz(func(t *testing.T, verb string, arg []byte) {
-		kind, name, state, err := checkpointLine(verb, arg)
+		kind, name, state, err := ParseCheckpoint(verb, arg)
 		if err != nil {
 			return
 		}
-		if !api.CheckpointKindValid(kind) || !json.Valid(state) || len(name) > maxCheckpointName ||
+		if !api.CheckpointKindValid(kind) || !json.Valid(state) || len(name) > MaxCheckpointName ||
 			(kind == api.CheckpointNamed && name == "") || (kind == api.CheckpointMicro && name != "") {
 			t.Fatalf("%q %q: kind %q name %q state %q", verb, arg, kind, name, state)
 		}
