@@ -108,7 +108,7 @@ func TestGrantFor(t *testing.T) {
 			{true, "$KV.toolgate_invocations.k", true},
 			{true, "$KV.toolgate_budgets.k", false},
 			{true, "$KV.toolgate_ratelimits.k", false},
-			{true, "$KV.toolgate_checkpoints.k", false},
+			{true, "$KV.toolgate_checkpoints.k", true}, // the checkpoints endpoints list and delete them
 			{true, "$KV.toolgate_breakers.k", true},
 			{true, "$KV.toolgate_policies.active", true},
 			{true, "$KV.toolgate_revocations.x", true},

@@ -39,7 +39,7 @@ func leakedRoles(t *testing.T, s *served) {
 		busauth.RoleVerify: nil,
 		busauth.RoleAudit:  {subjects.BucketInvocations, subjects.BucketBudgets, subjects.BucketToolStats},
 		busauth.RoleControl: {subjects.BucketTools, subjects.BucketApprovals, subjects.BucketInvocations, subjects.BucketCapabilities,
-			subjects.BucketPolicies, subjects.BucketHooks, subjects.BucketRevocations, subjects.BucketBreakers, subjects.BucketModels},
+			subjects.BucketPolicies, subjects.BucketHooks, subjects.BucketRevocations, subjects.BucketBreakers, subjects.BucketModels, subjects.BucketCheckpoints},
 	}
 	// jsRefused sends a JetStream API request and reports whether the
 	// server refused it for permissions (a refused request gets no reply).
