@@ -335,3 +335,30 @@ func FuzzParseCheckpointID(f *testing.F) {
 		}
 	})
 }
+
+// TestCheckpointBucketUpgraded: a checkpoints bucket made before
+// checkpoints had kinds (one max age for all, no per-key TTLs) is brought
+// to per-key TTLs when the store opens, and takes every kind.
+func TestCheckpointBucketUpgraded(t *testing.T) {
+	_, js := natstest.JetStream(t)
+	ctx := context.Background()
+	if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: subjects.BucketCheckpoints, History: 1, TTL: 24 * time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	s, err := kvstore.Open(ctx, js, kvstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, kind := range []string{api.CheckpointMicro, api.CheckpointMacro, api.CheckpointNamed} {
+		if _, err := s.SaveCheckpoint(ctx, api.Checkpoint{Tenant: "t", InvocationID: "old", Seq: i + 1, Kind: kind, Name: "n"}, []byte(`{}`), nil); err != nil {
+			t.Fatalf("%s: %v", kind, err)
+		}
+	}
+	st, err := js.Stream(ctx, subjects.BucketStream(subjects.BucketCheckpoints))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := st.CachedInfo().Config; !c.AllowMsgTTL || c.MaxAge != 0 {
+		t.Fatalf("bucket config after the upgrade: ttl %v, max age %v", c.AllowMsgTTL, c.MaxAge)
+	}
+}

@@ -269,6 +269,9 @@ func Open(ctx context.Context, js jetstream.JetStream, o Options) (*Store, error
 func ensure(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
 	kv, err := js.KeyValue(ctx, cfg.Bucket)
 	if err == nil {
+		if err := perKeyTTL(ctx, js, cfg); err != nil {
+			return nil, err
+		}
 		return kv, republish(ctx, js, cfg)
 	}
 	if !errors.Is(err, jetstream.ErrBucketNotFound) {
@@ -283,6 +286,32 @@ func ensure(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueC
 		return nil, fmt.Errorf("creating bucket %s: %w", cfg.Bucket, err)
 	}
 	return kv, nil
+}
+
+// perKeyTTL lets an existing bucket whose keys now carry TTLs of their own
+// (cfg.LimitMarkerTTL) take them: the checkpoints bucket of a store made
+// before checkpoints had kinds kept one max age for all, which would also
+// expire named checkpoints, so that max age goes.
+func perKeyTTL(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueConfig) error {
+	if cfg.LimitMarkerTTL <= 0 {
+		return nil
+	}
+	st, err := js.Stream(ctx, subjects.BucketStream(cfg.Bucket))
+	if err != nil {
+		return fmt.Errorf("bucket %s: %w", cfg.Bucket, err)
+	}
+	sc := st.CachedInfo().Config
+	if sc.AllowMsgTTL && sc.SubjectDeleteMarkerTTL > 0 {
+		return nil
+	}
+	sc.AllowMsgTTL, sc.SubjectDeleteMarkerTTL = true, cfg.LimitMarkerTTL
+	if cfg.Bucket == BucketCheckpoints {
+		sc.MaxAge = 0
+	}
+	if _, err := js.UpdateStream(ctx, sc); err != nil {
+		return fmt.Errorf("bucket %s: allowing per-key TTLs: %w", cfg.Bucket, err)
+	}
+	return nil
 }
 
 // republish brings an existing bucket's republishing in line with cfg's
