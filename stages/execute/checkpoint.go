@@ -161,13 +161,16 @@ func (t *tracker) finish(failed bool) {
 	t.pending = nil
 	t.mu.Unlock()
 	if failed && state != nil {
-		t.ctx = context.WithoutCancel(t.ctx)
-		_, _ = t.Save(api.CheckpointMicro, "", state)
+		_, _ = t.save(context.WithoutCancel(t.ctx), api.CheckpointMicro, "", state)
 	}
 }
 
 // Save stores a checkpoint of the given kind now and returns its id.
 func (t *tracker) Save(kind, name string, state json.RawMessage) (string, error) {
+	return t.save(t.ctx, kind, name, state)
+}
+
+func (t *tracker) save(ctx context.Context, kind, name string, state json.RawMessage) (string, error) {
 	// One write at a time: each checkpoint's parent is the one before.
 	t.writeMu.Lock()
 	defer t.writeMu.Unlock()
@@ -188,7 +191,7 @@ func (t *tracker) Save(kind, name string, state json.RawMessage) (string, error)
 	if t.pins != nil {
 		cp.DocumentPins = t.pins()
 	}
-	cp, err := t.store.SaveCheckpoint(t.ctx, cp, state, parent)
+	cp, err := t.store.SaveCheckpoint(ctx, cp, state, parent)
 	if err != nil {
 		return "", err
 	}
@@ -201,7 +204,7 @@ func (t *tracker) Save(kind, name string, state json.RawMessage) (string, error)
 	t.lastID = cp.ID
 	t.created = append(t.created, api.CheckpointMetadata{ID: cp.ID, Kind: kind, Timestamp: cp.CreatedAt.Format(time.RFC3339Nano)})
 	t.mu.Unlock()
-	_, err = t.store.UpdateRecord(t.ctx, t.inv.Tenant, t.inv.ID, func(r *api.Record) {
+	_, err = t.store.UpdateRecord(ctx, t.inv.Tenant, t.inv.ID, func(r *api.Record) {
 		r.Checkpoint = &api.CheckpointRef{ID: cp.ID, Kind: kind, Seq: seq, Bytes: cp.StoredBytes, CreatedAt: cp.CreatedAt}
 	})
 	if err != nil {
@@ -220,7 +223,7 @@ func (t *tracker) Save(kind, name string, state json.RawMessage) (string, error)
 	ev.MsgID = ev.MsgID + "." + strconv.Itoa(seq) // one event per checkpoint
 	// The run's context allows up to an hour: a lost publish ack must not
 	// hold the tool that long.
-	pctx, cancel := context.WithTimeout(t.ctx, 10*time.Second)
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	return cp.ID, t.publish(pctx, ev)
 }
