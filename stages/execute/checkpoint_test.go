@@ -67,3 +67,33 @@ func TestBuiltinCheckpointKinds(t *testing.T) {
 		t.Fatalf("checkpoints_created %+v", md)
 	}
 }
+
+// TestCheckpointingDisabled: with enable_checkpointing false the tool's
+// micro checkpoints are ignored; the named one it saves deliberately is
+// kept.
+func TestCheckpointingDisabled(t *testing.T) {
+	reg := tools.NewRegistry()
+	reg.Put(&tools.Manifest{ID: "kinds", Version: "1.0.0", Kind: "builtin", Builtin: &tools.BuiltinConfig{Function: "kinds"}})
+	builtins := builtin.Set{"kinds": func(ctx context.Context, _ json.RawMessage) (json.RawMessage, error) {
+		if err := builtin.ProgressFrom(ctx).Checkpoint(json.RawMessage(`{"a":1}`)); err != nil {
+			return nil, err
+		}
+		if _, err := builtin.SaveCheckpoint(ctx, api.CheckpointNamed, "keep", json.RawMessage(`{"a":2}`)); err != nil {
+			return nil, err
+		}
+		return json.RawMessage(`{}`), nil
+	}}
+	st := newFakeStore()
+	x := &Executor{reg: reg, builtins: builtins, store: st, running: NewRunning()}
+	off := false
+	inv := &envelope.Invocation{ID: "i-1", Tenant: "acme", Status: api.StatusPending, Event: envelope.Event{Seq: 5},
+		Request: &api.Request{ToolID: "kinds", Parameters: json.RawMessage(`{}`),
+			CheckpointConfig: &api.CheckpointConfig{EnableCheckpointing: &off}},
+		Route: &envelope.Route{ToolID: "kinds", ToolVersion: "1.0.0", Executor: "builtin"}}
+	if _, err := x.Process(context.Background(), inv); err != nil {
+		t.Fatal(err)
+	}
+	if len(st.saved) != 1 || st.saved[0].meta.Kind != api.CheckpointNamed || len(inv.Metadata.CheckpointsCreated) != 1 {
+		t.Fatalf("saved %+v", st.saved)
+	}
+}
