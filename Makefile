@@ -113,6 +113,7 @@ bench: mcp-servers
 	$(GO) test -run '^$$' -bench '^BenchmarkWaitingCalls$$' -benchtime 3x ./internal/node/
 	$(GO) test -run '^$$' -bench '^BenchmarkOutputCorpus$$' -benchtime 5x ./stages/verify/
 	$(GO) test -run '^$$' -bench '^BenchmarkDocumentFetch$$' -benchtime 300x ./internal/documents/
+	$(GO) test -run '^$$' -bench '^BenchmarkCheckpoint$$' -benchtime 20x ./kvstore/
 
 fmt:
 	gofmt -w $$(git ls-files '*.go')

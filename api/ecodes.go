@@ -212,6 +212,28 @@ const (
 	EModelMisconfigured = "E3607"
 )
 
+// Checkpoint codes (the specification's E3701-E3707; docs/checkpoints.md).
+const (
+	// A checkpoint could not be stored: the bucket refused the write, or
+	// the state is not JSON or over the size limit.
+	ECheckpointCreate = "E3701"
+	// No checkpoint with that id in the tenant (resume, show, delete).
+	ECheckpointNotFound = "E3702"
+	// A checkpoint's stored data cannot be read back: a chunk or a
+	// delta's parent is missing, or the data is corrupt.
+	ECheckpointRestore = "E3703"
+	// Another run wrote the same checkpoint, or a checkpoint another one
+	// is a delta of was to be deleted first.
+	ECheckpointConflict = "E3704"
+	// A delta could not be applied to its parent's state.
+	ECheckpointDelta = "E3705"
+	// The state could not be compressed or decompressed.
+	ECheckpointCompression = "E3706"
+	// The checkpoint's time has passed (a micro checkpoint after an hour,
+	// a macro one after the retention): it can no longer be resumed.
+	ECheckpointExpired = "E3707"
+)
+
 // Hook codes (toolgate's own): declarative hooks that decide what follows
 // a denied, failed, timed-out or overspent call (docs/hooks.md).
 const (

@@ -97,6 +97,11 @@ type ExecutionMetadata struct {
 	// ResumedFromCheckpoint is the checkpoint an interrupted run was
 	// resumed from on this worker.
 	ResumedFromCheckpoint int `json:"resumed_from_checkpoint,omitempty"`
+	// ResumedFromCheckpointID is the checkpoint this run started from:
+	// the interrupted run's last, or the one the request named.
+	ResumedFromCheckpointID string `json:"resumed_from_checkpoint_id,omitempty"`
+	// CheckpointsCreated lists the checkpoints this run stored.
+	CheckpointsCreated []CheckpointMetadata `json:"checkpoints_created,omitempty"`
 	// Attempts is how many times the tool was called (retries included).
 	Attempts int `json:"attempts,omitempty"`
 	// ReplayedFrom is the invocation whose result an idempotent repeat

@@ -44,6 +44,8 @@ type Progress struct {
 
 // CheckpointRef names the latest checkpoint of an invocation.
 type CheckpointRef struct {
+	ID        string    `json:"checkpoint_id,omitempty"`
+	Kind      string    `json:"checkpoint_type,omitempty"`
 	Seq       int       `json:"seq"`
 	Bytes     int       `json:"bytes"`
 	CreatedAt time.Time `json:"created_at"`

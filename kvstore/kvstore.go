@@ -41,8 +41,14 @@ type Options struct {
 	InvocationTTL time.Duration
 	// IdempotencyTTL is how long an idempotency key is remembered; default 24 h.
 	IdempotencyTTL time.Duration
-	// CheckpointTTL is how long a checkpoint outlives its last write; default 24 h.
-	CheckpointTTL time.Duration
+	// CheckpointMicroTTL is how long a micro checkpoint can be resumed
+	// (default DefaultMicroTTL), CheckpointRetention how long a macro
+	// checkpoint is kept (default DefaultMacroRetention).
+	CheckpointMicroTTL  time.Duration
+	CheckpointRetention time.Duration
+	// Clock, when set, is the time checkpoints are stamped and expired by
+	// (tests move it forward); the bucket's own TTLs run on the server's.
+	Clock func() time.Time
 	// ModelStatsTTL is how long a model statistics shard counts after its
 	// last write; default DefaultModelStatsTTL.
 	ModelStatsTTL time.Duration
@@ -111,6 +117,9 @@ type Store struct {
 
 	modelStatsTTL time.Duration // the model statistics bucket's max age
 
+	microTTL, macroRetention time.Duration // checkpoints' lifetimes
+	clock                    func() time.Time
+
 	usageMu      sync.Mutex
 	usageBatches map[string]*usageBatch // keys whose usage is being written
 }
@@ -127,8 +136,11 @@ func Open(ctx context.Context, js jetstream.JetStream, o Options) (*Store, error
 	if o.IdempotencyTTL == 0 {
 		o.IdempotencyTTL = 24 * time.Hour
 	}
-	if o.CheckpointTTL == 0 {
-		o.CheckpointTTL = 24 * time.Hour
+	if o.CheckpointMicroTTL <= 0 {
+		o.CheckpointMicroTTL = DefaultMicroTTL
+	}
+	if o.CheckpointRetention <= 0 {
+		o.CheckpointRetention = DefaultMacroRetention
 	}
 	if o.OpTimeout <= 0 {
 		o.OpTimeout = DefaultOpTimeout
@@ -136,7 +148,8 @@ func Open(ctx context.Context, js jetstream.JetStream, o Options) (*Store, error
 	if o.ModelStatsTTL <= 0 {
 		o.ModelStatsTTL = DefaultModelStatsTTL
 	}
-	s := &Store{modelStatsTTL: o.ModelStatsTTL, js: js, nc: js.Conn(), checkTool: o.CheckTool, checkModel: o.CheckModel}
+	s := &Store{modelStatsTTL: o.ModelStatsTTL, js: js, nc: js.Conn(), checkTool: o.CheckTool, checkModel: o.CheckModel,
+		microTTL: o.CheckpointMicroTTL, macroRetention: o.CheckpointRetention, clock: o.Clock}
 	for _, b := range []struct {
 		kv  *jetstream.KeyValue
 		cfg jetstream.KeyValueConfig
@@ -170,11 +183,11 @@ func Open(ctx context.Context, js jetstream.JetStream, o Options) (*Store, error
 			Bucket: BucketIdempotency, Description: "toolgate idempotency keys by tenant",
 			History: 1, TTL: o.IdempotencyTTL,
 		}},
-		// History 1 and a max age make the age count from a key's last
-		// write: a per-key TTL renewed by every checkpoint.
+		// Each key has its own TTL, by its checkpoint's kind
+		// (checkpoints.go); named checkpoints have none.
 		{&s.checkpoints, jetstream.KeyValueConfig{
-			Bucket: BucketCheckpoints, Description: "toolgate latest checkpoint by tenant and invocation",
-			History: 1, TTL: o.CheckpointTTL,
+			Bucket: BucketCheckpoints, Description: "toolgate checkpoints by tenant, invocation and sequence",
+			History: 1, LimitMarkerTTL: time.Minute,
 		}},
 		{&s.breakers, jetstream.KeyValueConfig{
 			Bucket: BucketBreakers, Description: "toolgate circuit breaker state by tool or endpoint", History: 5,
@@ -260,6 +273,9 @@ func Open(ctx context.Context, js jetstream.JetStream, o Options) (*Store, error
 func ensure(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
 	kv, err := js.KeyValue(ctx, cfg.Bucket)
 	if err == nil {
+		if err := perKeyTTL(ctx, js, cfg); err != nil {
+			return nil, err
+		}
 		return kv, republish(ctx, js, cfg)
 	}
 	if !errors.Is(err, jetstream.ErrBucketNotFound) {
@@ -274,6 +290,32 @@ func ensure(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueC
 		return nil, fmt.Errorf("creating bucket %s: %w", cfg.Bucket, err)
 	}
 	return kv, nil
+}
+
+// perKeyTTL lets an existing bucket whose keys now carry TTLs of their own
+// (cfg.LimitMarkerTTL) take them: the checkpoints bucket of a store made
+// before checkpoints had kinds kept one max age for all, which would also
+// expire named checkpoints, so that max age goes.
+func perKeyTTL(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueConfig) error {
+	if cfg.LimitMarkerTTL <= 0 {
+		return nil
+	}
+	st, err := js.Stream(ctx, subjects.BucketStream(cfg.Bucket))
+	if err != nil {
+		return fmt.Errorf("bucket %s: %w", cfg.Bucket, err)
+	}
+	sc := st.CachedInfo().Config
+	if sc.AllowMsgTTL && sc.SubjectDeleteMarkerTTL > 0 {
+		return nil
+	}
+	sc.AllowMsgTTL, sc.SubjectDeleteMarkerTTL = true, cfg.LimitMarkerTTL
+	if cfg.Bucket == BucketCheckpoints {
+		sc.MaxAge = 0
+	}
+	if _, err := js.UpdateStream(ctx, sc); err != nil {
+		return fmt.Errorf("bucket %s: allowing per-key TTLs: %w", cfg.Bucket, err)
+	}
+	return nil
 }
 
 // republish brings an existing bucket's republishing in line with cfg's

@@ -1,11 +1,9 @@
 package kvstore_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"slices"
 	"strings"
 	"sync"
@@ -147,46 +145,6 @@ func TestRegisterStampsLifecycleTimes(t *testing.T) {
 func waitFor(t *testing.T, cond func() bool) {
 	t.Helper()
 	natstest.Eventually(t, 5*time.Second, cond)
-}
-
-// TestCheckpointsCompressAndRoundTrip: a large state is stored gzipped and
-// read back whole; an oversized one is refused; deletion removes it.
-func TestCheckpointsCompressAndRoundTrip(t *testing.T) {
-	s, _ := open(t)
-	ctx := context.Background()
-	state := []byte(`{"rows":"` + strings.Repeat("abcdefgh", 64<<10) + `"}`) // 512 KiB, compressible
-	n, err := s.SaveCheckpoint(ctx, "acme", "inv-1", kvstore.Checkpoint{Seq: 3, CreatedAt: time.Now(), State: state})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if n >= len(state)/10 {
-		t.Fatalf("stored %d bytes for a %d byte state: not compressed", n, len(state))
-	}
-	cp, ok, err := s.LoadCheckpoint(ctx, "acme", "inv-1")
-	if err != nil || !ok || cp.Seq != 3 || !bytes.Equal(cp.State, state) {
-		t.Fatalf("round trip: seq %d, %d bytes, %v, %v", cp.Seq, len(cp.State), ok, err)
-	}
-	small := []byte(`{"next":4}`)
-	if _, err := s.SaveCheckpoint(ctx, "acme", "inv-1", kvstore.Checkpoint{Seq: 4, State: small}); err != nil {
-		t.Fatal(err)
-	}
-	if cp, _, _ := s.LoadCheckpoint(ctx, "acme", "inv-1"); cp.Seq != 4 || string(cp.State) != string(small) {
-		t.Fatalf("latest checkpoint %d %s", cp.Seq, cp.State)
-	}
-	rng := rand.New(rand.NewPCG(1, 2))
-	random := make([]byte, 2<<20) // does not compress
-	for i := range random {
-		random[i] = byte(rng.Uint32())
-	}
-	if _, err := s.SaveCheckpoint(ctx, "acme", "inv-2", kvstore.Checkpoint{Seq: 1, State: random}); err == nil {
-		t.Fatal("a checkpoint too large to store was accepted")
-	}
-	if err := s.DeleteCheckpoint(ctx, "acme", "inv-1"); err != nil {
-		t.Fatal(err)
-	}
-	if _, ok, _ := s.LoadCheckpoint(ctx, "acme", "inv-1"); ok {
-		t.Fatal("deleted checkpoint still there")
-	}
 }
 
 // TestUsageBatchesNeverPassALimit races many reservations of one session

@@ -278,6 +278,12 @@ const (
 	// the tenant's stored audit events (api.AuditHistoryResponse).
 	// Tenant-scoped only: the tenant is the subject's.
 	SvcAuditHistory = "tool.svc.audit.history"
+	// SvcCheckpointsList, SvcCheckpointsGet and SvcCheckpointsDelete take
+	// api.CheckpointsRequest and list, show (with the state when asked)
+	// or delete the tenant's checkpoints. Tenant-scoped only.
+	SvcCheckpointsList   = "tool.svc.checkpoints.list"
+	SvcCheckpointsGet    = "tool.svc.checkpoints.get"
+	SvcCheckpointsDelete = "tool.svc.checkpoints.delete"
 )
 
 // Administrative control endpoints (control API 1.3): the one surface for
@@ -340,6 +346,9 @@ var ControlEndpoints = []ControlEndpoint{
 	{Subject: SvcCapabilityRequest, Tenant: true},
 	{Subject: SvcCapabilityReport, Operator: true, Tenant: true},
 	{Subject: SvcAuditHistory, Tenant: true},
+	{Subject: SvcCheckpointsList, Tenant: true},
+	{Subject: SvcCheckpointsGet, Tenant: true},
+	{Subject: SvcCheckpointsDelete, Tenant: true},
 	{Subject: SvcToolsRegister, Operator: true},
 	{Subject: SvcToolsDelete, Operator: true},
 	{Subject: SvcToolsStats, Operator: true},

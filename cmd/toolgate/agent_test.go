@@ -180,6 +180,8 @@ func TestCommandsByRole(t *testing.T) {
 		{[]string{"status", done.InvocationID, "--tenant", "other"}, want{exitWrongTenant, "tenant demo"}, want{exitError, "E3025"}},
 		{[]string{"breakers"}, want{exitNotPermitted, "tool.svc.breakers.list"}, want{exitOK, "KEY"}},
 		{[]string{"audit", "history"}, want{exitOK, parked.InvocationID}, want{exitOK, parked.InvocationID}},
+		{[]string{"checkpoints", "list"}, want{exitOK, "CHECKPOINT"}, want{exitOK, "CHECKPOINT"}},
+		{[]string{"checkpoints", "show", "cp-1-" + done.InvocationID}, want{exitError, "E3702"}, want{exitError, "E3702"}},
 		{[]string{"tail", "--all", "--count", "2"}, want{exitOK, "demo"}, want{exitOK, "demo"}},
 		{[]string{"approve", parked.InvocationID}, want{exitNotPermitted, "may not publish to tool.svc.approval"}, want{exitOK, "approved " + parked.InvocationID}},
 	}

@@ -53,7 +53,7 @@ func (a *app) readParams(v string) (json.RawMessage, error) {
 }
 
 func (a *app) invokeCmd() *cobra.Command {
-	var params, version, agent, session, id, idem, priority string
+	var params, version, agent, session, id, idem, priority, resumeFrom string
 	var wait, async, follow bool
 	var limit, waitFor time.Duration
 	var docs api.DocumentContext
@@ -78,6 +78,7 @@ approval says so, and the exit status tells how the call ended.`,
 	f.StringVar(&id, "id", "", "invocation id (default: a new UUID)")
 	f.StringVar(&idem, "idempotency-key", "", "repeat calls with this key return the first one's result")
 	f.StringVar(&priority, "priority", "", "scheduling priority: high, normal or low")
+	f.StringVar(&resumeFrom, "resume-from", "", "start from this checkpoint's state (toolgate checkpoints list)")
 	f.BoolVar(&wait, "wait", false, "wait for the result and show it")
 	f.BoolVar(&follow, "follow", false, "with --wait: when a hook hands the call to a retry or fallback, wait for that one too (each result is shown; the exit status is the last one's)")
 	f.BoolVar(&async, "async", false, "ask for async mode: toolgate answers at once with pending and where to poll")
@@ -120,6 +121,9 @@ approval says so, and the exit status tells how the call ended.`,
 		}
 		if len(docs.DocumentRefs) > 0 || docs.Query != "" || docs.VersionPinning {
 			req.DocumentContext = &docs
+		}
+		if resumeFrom != "" {
+			req.CheckpointConfig = &api.CheckpointConfig{ResumeFromCheckpointID: resumeFrom}
 		}
 		if limit > 0 {
 			req.ResourceLimits = &api.ResourceLimits{TimeoutSeconds: int(math.Ceil(limit.Seconds()))}

@@ -144,6 +144,9 @@ func (a *app) renderRecord(w io.Writer, rec api.Record) error {
 	if p := rec.Progress; p != nil && !rec.Status.Terminal() {
 		fmt.Fprintf(w, "progress: %.0f%% %s\n", p.Percent, p.Message)
 	}
+	if cp := rec.Checkpoint; cp != nil && cp.ID != "" {
+		fmt.Fprintf(w, "last checkpoint: %s (%s, %s)\n", cp.ID, cp.Kind, cp.CreatedAt.UTC().Format(time.RFC3339))
+	}
 	if rec.Status == api.StatusPendingApproval {
 		fmt.Fprintln(w, a.approvalHint(rec.InvocationID, rec.Tenant))
 	}

@@ -672,6 +672,7 @@ func testTenantAccountImports(t *testing.T, b *bus) {
 	for _, s := range []string{"tool.invoke.demo", "tool.svc.demo.status", "tool.svc.demo.cancel", "tool.svc.demo.tools.list",
 		"tool.svc.demo.tools.get", "tool.svc.demo.budget", "tool.svc.demo.approvals.list", "tool.svc.demo.approvals.get", "tool.svc.demo.audit.history",
 		"tool.svc.demo.capability.request", "tool.svc.demo.capability.report",
+		"tool.svc.demo.checkpoints.list", "tool.svc.demo.checkpoints.get", "tool.svc.demo.checkpoints.delete",
 		"$JS.API.DIRECT.GET.TOOLGATE_RESULTS.tool.result.demo.>"} {
 		want[s] = "service"
 	}

@@ -161,7 +161,7 @@ var Rights = map[Role]RoleRights{
 			subjects.AuditTenant(subjects.SystemTenant)},
 		Writes: []string{subjects.BucketTools, subjects.BucketApprovals, subjects.BucketInvocations, subjects.BucketCapabilities,
 			subjects.BucketPolicies, subjects.BucketHooks, subjects.BucketRevocations, subjects.BucketBreakers, subjects.BucketModels,
-			subjects.BucketDocSources},
+			subjects.BucketDocSources, subjects.BucketCheckpoints},
 		Reads:   []string{subjects.BucketBudgets, subjects.BucketToolStats, subjects.BucketModelStats},
 		Watches: []string{subjects.BucketTools, subjects.BucketRevocations, subjects.BucketPolicies},
 		// It reads the audit trail by sequence for the tenant-scoped

@@ -109,7 +109,7 @@ func TestGrantFor(t *testing.T) {
 			{true, "$KV.toolgate_invocations.k", true},
 			{true, "$KV.toolgate_budgets.k", false},
 			{true, "$KV.toolgate_ratelimits.k", false},
-			{true, "$KV.toolgate_checkpoints.k", false},
+			{true, "$KV.toolgate_checkpoints.k", true}, // the checkpoints endpoints list and delete them
 			{true, "$KV.toolgate_breakers.k", true},
 			{true, "$KV.toolgate_policies.active", true},
 			{true, "$KV.toolgate_revocations.x", true},
@@ -308,7 +308,7 @@ func TestRolesLeastPrivilege(t *testing.T) {
 			"write status records", "write budgets", "write tool statistics", "watch tools", "pull the relay"},
 		RoleControl: {"hand to authorize", "read audit events by sequence", "get one audit event", "hand to audit", "announce a cancel", "emit an admin event",
 			"emit a breaker transition", "write tools", "write policies", "write revocations", "write hooks", "write models",
-			"write approvals", "write status records", "write breakers", "write capability requests", "serve the control endpoints",
+			"write approvals", "write status records", "write breakers", "write capability requests", "write checkpoints", "serve the control endpoints",
 			"watch tools", "watch policies", "emit an approval request"},
 	}
 	for role, want := range allowed {

@@ -40,7 +40,8 @@ import (
 // and tools.delete audited too; the capability grant rule follows policy
 // pushes; models.stats. 1.4: tenant-scoped audit.history, a tenant's
 // stored audit events a page at a time, which agents may call. 1.5:
-// budgets.list, the sessions nearest their caps, for operators.
+// budgets.list, the sessions nearest their caps, for operators;
+// tenant-scoped checkpoints.list|get|delete.
 const Version = "1.5.0"
 
 // Start adds the service to nc. Stop it with the returned service's Stop.
@@ -120,6 +121,7 @@ type store interface {
 	ModelStatsTTL() time.Duration
 	SaveCapability(ctx context.Context, r api.CapabilityReport) error
 	Capability(ctx context.Context, tenant, id string) (api.CapabilityReport, error)
+	checkpointStore
 }
 
 var _ store = (*kvstore.Store)(nil)

@@ -41,6 +41,10 @@ func (h *handlers) endpoints() map[string]handler {
 		subjects.SvcToolsStats:    {operator: h.toolStats},
 		subjects.SvcModelsStats:   {operator: h.modelStats},
 		subjects.SvcApproval:      {operator: h.decide},
+
+		subjects.SvcCheckpointsList:   {scoped: h.tenantCheckpointsList},
+		subjects.SvcCheckpointsGet:    {scoped: h.tenantCheckpointsGet},
+		subjects.SvcCheckpointsDelete: {scoped: h.tenantCheckpointsDelete},
 	}
 	for subject, fn := range h.adminEndpoints() {
 		eps[subject] = handler{operator: fn}

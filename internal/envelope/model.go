@@ -243,13 +243,18 @@ func (inv *Invocation) ToolVersion() string {
 func (inv *Invocation) Response() api.Response {
 	md := inv.Metadata
 	md.ToolID, md.ToolVersion = inv.ToolID(), inv.ToolVersion()
-	return api.Response{
+	resp := api.Response{
 		InvocationID:      inv.ID,
 		Status:            inv.Status,
 		Result:            inv.Result,
 		Error:             inv.Error,
 		ExecutionMetadata: &md,
 	}
+	// An async call's answer names its last checkpoint, to resume from.
+	if n := len(md.CheckpointsCreated); n > 0 && inv.Request != nil && inv.Request.ExecutionOptions != nil && inv.Request.ExecutionOptions.AsyncMode {
+		resp.CheckpointRef = md.CheckpointsCreated[n-1].ID
+	}
+	return resp
 }
 
 // MsgID is the Nats-Msg-Id of what this invocation's pipeline publishes at

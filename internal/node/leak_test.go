@@ -40,7 +40,7 @@ func leakedRoles(t *testing.T, s *served) {
 		busauth.RoleAudit:  {subjects.BucketInvocations, subjects.BucketBudgets, subjects.BucketToolStats},
 		busauth.RoleControl: {subjects.BucketTools, subjects.BucketApprovals, subjects.BucketInvocations, subjects.BucketCapabilities,
 			subjects.BucketPolicies, subjects.BucketHooks, subjects.BucketRevocations, subjects.BucketBreakers, subjects.BucketModels,
-			subjects.BucketDocSources},
+			subjects.BucketDocSources, subjects.BucketCheckpoints},
 	}
 	// jsRefused sends a JetStream API request and reports whether the
 	// server refused it for permissions (a refused request gets no reply).

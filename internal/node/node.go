@@ -165,7 +165,8 @@ func openConnRole(ctx context.Context, nc *nats.Conn, role busauth.Role, topo to
 	if err != nil {
 		return nil, err
 	}
-	opts := kvstore.Options{Replicas: topo.Replicas, Storage: topo.Storage, InvocationTTL: topo.InvocationTTL, Memory: mem}
+	opts := kvstore.Options{Replicas: topo.Replicas, Storage: topo.Storage, InvocationTTL: topo.InvocationTTL, Memory: mem,
+		CheckpointRetention: topo.CheckpointRetention, Clock: topo.CheckpointClock}
 	// Refusals are audited through the node's JetStream once it has one:
 	// signed, and relayed through audit (SignAs).
 	var self atomic.Pointer[Node]

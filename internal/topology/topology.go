@@ -34,6 +34,13 @@ type TopologyOptions struct {
 	// approval, a capability request and a session's usage (default 7
 	// days, kvstore's). It applies when the buckets are created.
 	InvocationTTL time.Duration
+	// CheckpointRetention is how long a macro checkpoint can be resumed
+	// (default 90 days, kvstore's); micro checkpoints can be for an hour,
+	// named ones until deleted (docs/checkpoints.md).
+	CheckpointRetention time.Duration
+	// CheckpointClock, when set, is the time checkpoints are stamped and
+	// expired by: tests move it forward.
+	CheckpointClock func() time.Time
 	// InvokeMaxAge and PipelineMaxAge bound how long an invocation may wait
 	// in the invoke and pipeline streams (default 7 days each): an outage
 	// longer than that loses what waited, so size them above the longest

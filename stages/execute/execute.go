@@ -54,9 +54,9 @@ type store interface {
 	ClaimRun(ctx context.Context, rec api.Record, fill func(prev api.Record, next *api.Record)) (api.Record, bool, api.Record, bool, error)
 	UpdateRecord(ctx context.Context, tenant, id string, change func(*api.Record)) (api.Record, error)
 	ClaimIdempotencyKey(ctx context.Context, tenant, key, id, digest string) (kvstore.IdempotencyClaim, error)
-	SaveCheckpoint(ctx context.Context, tenant, id string, c kvstore.Checkpoint) (int, error)
-	LoadCheckpoint(ctx context.Context, tenant, id string) (kvstore.Checkpoint, bool, error)
-	DeleteCheckpoint(ctx context.Context, tenant, id string) error
+	SaveCheckpoint(ctx context.Context, cp api.Checkpoint, state json.RawMessage, parent *kvstore.CheckpointParent) (api.Checkpoint, error)
+	LoadCheckpoint(ctx context.Context, tenant, id string) (api.Checkpoint, json.RawMessage, error)
+	LatestCheckpoint(ctx context.Context, tenant, inv string) (api.Checkpoint, bool, int, error)
 }
 
 var _ store = (*kvstore.Store)(nil)
@@ -86,6 +86,11 @@ type Executor struct {
 	// A refusal ends the call permission_denied (E3218), audited as every
 	// refusal is.
 	Seals Seals
+	// Pins, when set, gives the document versions an invocation has
+	// pinned, which its checkpoints keep; RestorePins hands a resumed
+	// run the pins of the checkpoint it resumes from.
+	Pins        func(inv *envelope.Invocation) json.RawMessage
+	RestorePins func(inv *envelope.Invocation, pins json.RawMessage)
 
 	kinds map[string]Kind
 }
@@ -191,21 +196,17 @@ func (x *Executor) Process(ctx context.Context, inv *envelope.Invocation) ([]sta
 	if rec.CancelRequested {
 		return nil, cancelled(m)
 	}
-	tr := &tracker{ctx: ctx, store: x.store, publish: x.Publish, inv: inv, toolID: m.ID}
-	if interrupted {
-		cp, ok, err := x.store.LoadCheckpoint(ctx, inv.Tenant, inv.ID)
-		switch {
-		case err != nil:
-			return nil, stages.Transient(fmt.Errorf("loading checkpoint: %w", err), 0)
-		case ok:
-			tr.resumed, tr.seq = cp.State, cp.Seq
-			inv.Metadata.ResumedFromCheckpoint = cp.Seq
-		case !m.Safety.Idempotent:
-			return nil, api.NewError(api.ToolExecutionError, api.EOutcomeUnknown,
-				"%s was interrupted mid-run on another worker; it is not idempotent and left no checkpoint, "+
-					"so whether it took effect is unknown and it is not run again", m.Key())
-		}
+	tr := x.newTracker(ctx, inv, m)
+	found, err := x.resumeFrom(ctx, inv, m.ID, tr, interrupted)
+	if err != nil {
+		return nil, err
 	}
+	if interrupted && !found && !m.Safety.Idempotent {
+		return nil, api.NewError(api.ToolExecutionError, api.EOutcomeUnknown,
+			"%s was interrupted mid-run on another worker; it is not idempotent and left no checkpoint, "+
+				"so whether it took effect is unknown and it is not run again", m.Key())
+	}
+	defer func() { inv.Metadata.CheckpointsCreated = tr.createdList() }()
 	params := inv.Request.Parameters
 	if wantsDocuments(inv) {
 		pins := inv.DocumentPins
@@ -254,6 +255,7 @@ func (x *Executor) Process(ctx context.Context, inv *envelope.Invocation) ([]sta
 			attempts.Store(int32(exec.Attempts()))
 			return call(exec.Context(), fn, params)
 		})
+	tr.finish(err != nil)
 	inv.Metadata.Attempts = int(attempts.Load())
 	inv.Metadata.Model = meter.Model()
 	guard.End(ctx, err, time.Since(start))
@@ -267,14 +269,27 @@ func (x *Executor) Process(ctx context.Context, inv *envelope.Invocation) ([]sta
 	if err != nil {
 		return outs, x.checkError(m, inv, classify(err, m, limit))
 	}
-	if tr.checkpointed() {
-		_ = x.store.DeleteCheckpoint(context.WithoutCancel(ctx), inv.Tenant, inv.ID) // done with it
-	}
 	if !json.Valid(result) {
 		return outs, api.NewError(api.ToolExecutionError, api.EResultNotJSON, "%s returned invalid JSON", m.Key())
 	}
 	inv.Result = result
 	return outs, nil
+}
+
+// newTracker returns the Progress of one run, spacing micro checkpoints
+// by the request's interval (none: every one the tool offers is written).
+func (x *Executor) newTracker(ctx context.Context, inv *envelope.Invocation, m *tools.Manifest) *tracker {
+	tr := &tracker{ctx: ctx, store: x.store, publish: x.Publish, inv: inv, toolID: m.ID, toolVer: m.Version, micro: true}
+	if cc := inv.Request.CheckpointConfig; cc != nil {
+		if cc.EnableCheckpointing != nil && !*cc.EnableCheckpointing {
+			tr.micro = false
+		}
+		tr.interval = time.Duration(cc.CheckpointIntervalSeconds) * time.Second
+	}
+	if x.Pins != nil {
+		tr.pins = func() json.RawMessage { return x.Pins(inv) }
+	}
+	return tr
 }
 
 // ownedBy reports whether a stored record belongs to inv's publish (or to no

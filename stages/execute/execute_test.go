@@ -23,13 +23,14 @@ type fakeStore struct {
 	mu          sync.Mutex
 	records     map[string]api.Record
 	claims      map[string]kvstore.IdempotencyClaim
-	checkpoints map[string]kvstore.Checkpoint
+	checkpoints map[string]fakeCheckpoint // the latest, by invocation
+	saved       []fakeCheckpoint          // all, in order
 	down        error
 }
 
 func newFakeStore() *fakeStore {
 	return &fakeStore{records: map[string]api.Record{}, claims: map[string]kvstore.IdempotencyClaim{},
-		checkpoints: map[string]kvstore.Checkpoint{}}
+		checkpoints: map[string]fakeCheckpoint{}}
 }
 
 func (f *fakeStore) Status(_ context.Context, _, id string) (api.Record, error) {
@@ -95,25 +96,36 @@ func (f *fakeStore) ClaimIdempotencyKey(_ context.Context, _, key, id, digest st
 	return c, nil
 }
 
-func (f *fakeStore) SaveCheckpoint(_ context.Context, _, id string, c kvstore.Checkpoint) (int, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.checkpoints[id] = c
-	return len(c.State), nil
+type fakeCheckpoint struct {
+	meta  api.Checkpoint
+	state json.RawMessage
 }
 
-func (f *fakeStore) LoadCheckpoint(_ context.Context, _, id string) (kvstore.Checkpoint, bool, error) {
+func (f *fakeStore) SaveCheckpoint(_ context.Context, cp api.Checkpoint, state json.RawMessage, _ *kvstore.CheckpointParent) (api.Checkpoint, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	c, ok := f.checkpoints[id]
-	return c, ok, nil
+	cp.ID = kvstore.CheckpointID(cp.InvocationID, cp.Seq)
+	f.checkpoints[cp.InvocationID] = fakeCheckpoint{cp, state}
+	f.saved = append(f.saved, fakeCheckpoint{cp, state})
+	return cp, nil
 }
 
-func (f *fakeStore) DeleteCheckpoint(_ context.Context, _, id string) error {
+func (f *fakeStore) LoadCheckpoint(_ context.Context, _, id string) (api.Checkpoint, json.RawMessage, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	delete(f.checkpoints, id)
-	return nil
+	for _, c := range f.checkpoints {
+		if c.meta.ID == id {
+			return c.meta, c.state, nil
+		}
+	}
+	return api.Checkpoint{}, nil, api.NewError(api.ResumeFailed, api.ECheckpointNotFound, "no checkpoint %s", id)
+}
+
+func (f *fakeStore) LatestCheckpoint(_ context.Context, _, inv string) (api.Checkpoint, bool, int, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	c, ok := f.checkpoints[inv]
+	return c.meta, ok, c.meta.Seq, nil
 }
 
 func TestExecute(t *testing.T) {
@@ -186,7 +198,7 @@ func TestExecute(t *testing.T) {
 		{name: "interrupted with a checkpoint: resumed from it", tool: "echo",
 			store: func(f *fakeStore) {
 				f.records["i-1"] = api.Record{InvocationID: "i-1", Status: api.StatusRunning, Seq: 5}
-				f.checkpoints["i-1"] = kvstore.Checkpoint{Seq: 2, State: json.RawMessage(`{"step":2}`)}
+				f.checkpoints["i-1"] = fakeCheckpoint{api.Checkpoint{ID: "cp-2-i-1", Seq: 2, ToolID: "echo"}, json.RawMessage(`{"step":2}`)}
 			}, wantRuns: 1, wantResult: `{"step":2}`, wantStatus: api.StatusRunning},
 		{name: "over its time limit", tool: "slow", wantRuns: 1, wantECode: api.ETimeout},
 		{name: "builtin not in this binary", tool: "missing", wantECode: api.EExecutorUnavailable},

@@ -39,3 +39,21 @@ type noProgress struct{}
 func (noProgress) Report(float64, string)           {}
 func (noProgress) Checkpoint(json.RawMessage) error { return nil }
 func (noProgress) Resumed() json.RawMessage         { return nil }
+
+// Checkpointer is the Progress of a run that stores checkpoints of every
+// kind (docs/checkpoints.md): Save writes a macro checkpoint (a milestone,
+// name optional) or a named one at once and returns its id, where
+// Progress.Checkpoint offers a micro one, written at most once per the
+// call's checkpoint interval.
+type Checkpointer interface {
+	Save(kind, name string, state json.RawMessage) (id string, err error)
+}
+
+// SaveCheckpoint stores a macro or named checkpoint through the Progress in
+// ctx; it returns "" and no error where nothing stores checkpoints.
+func SaveCheckpoint(ctx context.Context, kind, name string, state json.RawMessage) (string, error) {
+	if c, ok := ProgressFrom(ctx).(Checkpointer); ok {
+		return c.Save(kind, name, state)
+	}
+	return "", nil
+}

@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"maps"
 	"strconv"
 	"strings"
@@ -84,6 +85,11 @@ func (k *Kind) Prepare(m *tools.Manifest, inv *envelope.Invocation) (builtin.Fun
 				spec.Env = map[string]string{}
 			}
 			spec.Env["TOOLGATE_RESUME"] = "/work/" + ResumeFile
+			if k.Sandbox.Mode == sandbox.ModeNone {
+				// Unconfined, the work directory is a temporary one of
+				// the host's, the one the tool starts in.
+				spec.Env["TOOLGATE_RESUME"] = ResumeFile
+			}
 		}
 		var ctlErr error
 		spec.Control = func(verb string, arg []byte) {
@@ -93,13 +99,25 @@ func (k *Kind) Prepare(m *tools.Manifest, inv *envelope.Invocation) (builtin.Fun
 				if f, err := strconv.ParseFloat(pct, 64); err == nil && f >= 0 && f <= 100 {
 					progress.Report(f, msg)
 				}
-			case "checkpoint":
-				if !json.Valid(arg) {
-					ctlErr = api.NewError(api.ToolExecutionError, api.EToolFailed, "%s wrote a checkpoint that is not JSON", m.Key())
+			case "checkpoint", "checkpoint.macro", "checkpoint.named":
+				kind, name, state, err := builtin.ParseCheckpoint(verb, arg)
+				if err != nil {
+					if ctlErr == nil {
+						ctlErr = api.WrapError(err, api.CheckpointFailed, api.ECheckpointCreate, "%s wrote a bad checkpoint line: %v", m.Key(), err)
+					}
 					return
 				}
-				if err := progress.Checkpoint(bytes.Clone(arg)); err != nil && ctlErr == nil {
-					ctlErr = api.WrapError(err, api.ToolExecutionError, api.EToolFailed, "saving a checkpoint of %s: %v", m.Key(), err)
+				if kind == api.CheckpointMicro {
+					err = progress.Checkpoint(state)
+				} else {
+					_, err = builtin.SaveCheckpoint(ctx, kind, name, state)
+				}
+				if err != nil && ctlErr == nil {
+					var e *api.Error
+					if !errors.As(err, &e) {
+						e = api.WrapError(err, api.CheckpointFailed, api.ECheckpointCreate, "saving a checkpoint of %s: %v", m.Key(), err)
+					}
+					ctlErr = e
 				}
 			}
 		}

@@ -23,7 +23,7 @@ import (
 // server has no way to call back into toolgate.
 func newClient() *mcp.Client {
 	return mcp.NewClient(&mcp.Implementation{Name: "toolgate", Version: "1"},
-		&mcp.ClientOptions{Capabilities: &mcp.ClientCapabilities{}})
+		&mcp.ClientOptions{Capabilities: &mcp.ClientCapabilities{}, ProgressNotificationHandler: onProgress})
 }
 
 // stdioDial starts the server of spec in the sandbox and connects over its

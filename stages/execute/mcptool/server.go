@@ -78,9 +78,15 @@ func (s *server) call(ctx context.Context, tool string, args json.RawMessage) (*
 	if err != nil {
 		return nil, err
 	}
-	res, err := c.session.CallTool(ctx, &mcp.CallToolParams{Name: tool, Arguments: args})
+	params := &mcp.CallToolParams{Name: tool, Arguments: args}
+	done := track(ctx, params)
+	res, err := c.session.CallTool(ctx, params)
+	cpErr := done()
 	if err != nil {
 		return nil, s.callErr(ctx, c, tool, err)
+	}
+	if cpErr != nil {
+		return nil, cpErr
 	}
 	s.mu.Lock()
 	s.failures = 0 // a server that answers is healthy again
