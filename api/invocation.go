@@ -78,6 +78,9 @@ type Request struct {
 	ExecutionOptions *ExecutionOptions `json:"execution_options,omitempty"`
 	// Link is set by toolgate on an invocation a hook started.
 	Link *Link `json:"link,omitempty"`
+	// Redrive is set by toolgate on a re-drive of a dead-lettered call
+	// (docs/redrive.md).
+	Redrive *Redrive `json:"redrive,omitempty"`
 }
 
 // ExecutionMetadata records how a call ran.

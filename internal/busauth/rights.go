@@ -135,7 +135,7 @@ var Rights = map[Role]RoleRights{
 	RoleAudit: {
 		Consumes:  subjects.Inputs(subjects.Audit),
 		Sweeps:    []string{subjects.StreamPipeline},
-		Publishes: []string{subjects.AuditAll, subjects.ResultAll, subjects.InvokeAll, subjects.AuditCheckpoint},
+		Publishes: []string{subjects.AuditAll, subjects.ResultAll, subjects.InvokeAll, subjects.AuditCheckpoint, subjects.DeadLetterAll},
 		Writes:    []string{subjects.BucketInvocations, subjects.BucketBudgets, subjects.BucketToolStats},
 		Watches:   []string{subjects.BucketTools, subjects.BucketHooks},
 		Streams:   []string{subjects.StreamAuditChain, subjects.StreamAudit},
@@ -148,14 +148,16 @@ var Rights = map[Role]RoleRights{
 	RoleControl: {
 		Publishes: []string{hand(subjects.Authorize), hand(subjects.Audit), subjects.CancelAll,
 			subjects.AuditEvent("*", "capability.>"), subjects.AuditEvent("*", "tool.approval.>"),
-			subjects.AuditTenant(subjects.SystemTenant)},
+			subjects.AuditTenant(subjects.SystemTenant), subjects.InvokeAll},
 		Writes: []string{subjects.BucketTools, subjects.BucketApprovals, subjects.BucketInvocations, subjects.BucketCapabilities,
 			subjects.BucketPolicies, subjects.BucketHooks, subjects.BucketRevocations, subjects.BucketBreakers, subjects.BucketModels},
 		Reads:   []string{subjects.BucketBudgets, subjects.BucketToolStats, subjects.BucketModelStats},
 		Watches: []string{subjects.BucketTools, subjects.BucketRevocations, subjects.BucketPolicies},
 		// It reads the audit trail by sequence for the tenant-scoped
 		// history agents page through (they may create no consumer).
-		Streams: []string{subjects.StreamPipeline, subjects.StreamAudit},
+		// It reads the dead letters operators re-drive, and starts each
+		// re-drive as a new invocation (docs/redrive.md).
+		Streams: []string{subjects.StreamPipeline, subjects.StreamAudit, subjects.StreamDeadLetter},
 		// A cancel of a call validate has not claimed yet is taken when
 		// the tenant has calls waiting there: counts, not the raw
 		// invocations with their tokens.

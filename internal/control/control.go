@@ -135,6 +135,13 @@ func Start(nc *nats.Conn, store *kvstore.Store, reg *tools.Registry, approvals *
 			fn            micro.HandlerFunc
 		}{strings.ReplaceAll(strings.TrimPrefix(subject, "tool.svc."), ".", "-"), subject, admin[subject]})
 	}
+	redrive := h.redriveEndpoints()
+	for _, subject := range subjects.RedriveServices {
+		eps = append(eps, struct {
+			name, subject string
+			fn            micro.HandlerFunc
+		}{strings.ReplaceAll(strings.TrimPrefix(subject, "tool.svc."), ".", "-"), subject, redrive[subject]})
+	}
 	for _, ep := range eps {
 		if err := svc.AddEndpoint(ep.name, ep.fn, micro.WithEndpointSubject(ep.subject)); err != nil {
 			stopWatch()

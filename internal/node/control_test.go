@@ -66,8 +66,8 @@ func TestControlService(t *testing.T) {
 	}
 	// `nats micro ls` finds the service through the standard discovery subject:
 	// thirteen un-scoped endpoints (models.stats since 1.3), the
-	// tenant-scoped ones (subjects.TenantServices) and the administrative
-	// ones (subjects.AdminServices).
+	// tenant-scoped ones (subjects.TenantServices), the administrative
+	// ones (subjects.AdminServices) and the re-drive ones.
 	msg, err := e.nc.RequestWithContext(ctx, "$SRV.INFO."+subjects.ServiceName, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -78,7 +78,7 @@ func TestControlService(t *testing.T) {
 			Subject string `json:"subject"`
 		} `json:"endpoints"`
 	}
-	if err := json.Unmarshal(msg.Data, &info); err != nil || info.Name != subjects.ServiceName || len(info.Endpoints) != 13+len(subjects.TenantServices)+len(subjects.AdminServices) {
+	if err := json.Unmarshal(msg.Data, &info); err != nil || info.Name != subjects.ServiceName || len(info.Endpoints) != 13+len(subjects.TenantServices)+len(subjects.AdminServices)+len(subjects.RedriveServices) {
 		t.Fatalf("service info %s, %v", msg.Data, err)
 	}
 }

@@ -683,6 +683,12 @@ func (n *Node) newAuthorizer(ctx context.Context, c StageConfig) (*authorize.Aut
 		ac.DecisionSigned = func(text []byte, sig string) bool {
 			return c.Messages.Record(busauth.RoleAudit, recordDecision, text, sig)
 		}
+		ac.PrincipalSigned = func(text []byte, sig string) bool {
+			return c.Messages.Record(busauth.RoleAuthorize, recordPrincipal, text, sig)
+		}
+	}
+	if c.StateProof != nil {
+		ac.RedriveProof = c.StateProof // an operator's signed redrive.run
 	}
 	a := authorize.New(ac)
 	if c.Sealer != nil {

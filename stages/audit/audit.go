@@ -7,6 +7,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
+
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/envelope"
 	"github.com/toolgate/toolgate/internal/signedstate"
@@ -165,6 +167,10 @@ func (a *Auditor) Process(ctx context.Context, inv *envelope.Invocation) ([]stag
 			return nil, err
 		}
 		outs = append(outs, child)
+	} else if dl, ok, err := deadLetter(inv, time.Now()); err != nil {
+		return nil, err
+	} else if ok {
+		outs = append(outs, dl)
 	}
 	return outs, nil
 }

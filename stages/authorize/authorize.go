@@ -80,7 +80,13 @@ type Config struct {
 	// where every role signs (seal.Signer, seal.Messages).
 	SignPrincipal  func(text []byte) string
 	DecisionSigned func(text []byte, sig string) bool
-	Now            func() time.Time
+	// RedriveProof, when set, names the operator who signed a re-drive's
+	// run request (signedstate.Verify) and PrincipalSigned checks
+	// authorize's own signature over a dead-lettered call's principal;
+	// both are set on an authenticated bus (docs/redrive.md).
+	RedriveProof    func(p *api.DecisionProof) (string, error)
+	PrincipalSigned func(text []byte, sig string) bool
+	Now             func() time.Time
 }
 
 // TokenOpener opens a sealed capability token.
@@ -152,9 +158,12 @@ func (a *Authorizer) Process(ctx context.Context, inv *envelope.Invocation) ([]s
 		}
 	}
 	var claims *token.Claims
-	if req.Link != nil {
+	switch {
+	case req.Link != nil:
 		claims, err = a.linked(ctx, inv)
-	} else {
+	case req.Redrive != nil:
+		claims, err = a.redriven(ctx, inv, rawToken)
+	default:
 		claims, err = a.cfg.Verifier.Verify(rawToken)
 	}
 	if err != nil {
