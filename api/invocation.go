@@ -112,6 +112,9 @@ type ExecutionMetadata struct {
 	// Hook is what a hook decided when the invocation ended, or the link
 	// of an invocation a hook started.
 	Hook *HookOutcome `json:"hook,omitempty"`
+	// Redrive is set on a re-drive of a dead-lettered call: the call it
+	// ran again and who ran it (docs/redrive.md).
+	Redrive *RedriveOutcome `json:"redrive,omitempty"`
 }
 
 // Hop is one stage's passage.

@@ -180,3 +180,13 @@ const RedriveTokenHeader = "Toolgate-Redrive-Token"
 // (AdminChange, under tenant _system): who, which calls, and on whose
 // authority (the caller's token or the operator's decision).
 const TypeRedriveRun = "ai.agent.admin.redrive.run"
+
+// RedriveOutcome is what a re-drive's execution metadata says of it.
+type RedriveOutcome struct {
+	Original string `json:"original"`
+	Root     string `json:"root"`
+	Depth    int    `json:"depth"`
+	By       string `json:"by"`
+	Decision bool   `json:"decision,omitempty"`
+	Reason   string `json:"reason,omitempty"`
+}

@@ -192,7 +192,7 @@ func (h *handlers) redriveProof(req micro.Request) *api.DecisionProof {
 	if p == nil {
 		// A bus without authentication: authorize checks no proof, and
 		// the re-drive still records what was asked.
-		return &api.DecisionProof{Subject: req.Subject(), Body: req.Data()}
+		return &api.DecisionProof{Subject: req.Subject(), Headers: map[string][]string{}, Body: req.Data()}
 	}
 	hs := maps.Clone(p.Headers)
 	delete(hs, api.RedriveTokenHeader)
