@@ -179,6 +179,7 @@ func TestCommandsByRole(t *testing.T) {
 		{[]string{"status", parked.InvocationID}, want{exitOK, "waiting for a human"}, want{exitOK, "toolgate approve " + parked.InvocationID}},
 		{[]string{"status", done.InvocationID, "--tenant", "other"}, want{exitWrongTenant, "tenant demo"}, want{exitError, "E3025"}},
 		{[]string{"breakers"}, want{exitNotPermitted, "tool.svc.breakers.list"}, want{exitOK, "KEY"}},
+		{[]string{"redrive", "list", "--tenant", "demo"}, want{exitNotPermitted, "tool.svc.redrive.list"}, want{exitOK, "INVOCATION"}},
 		{[]string{"audit", "history"}, want{exitOK, parked.InvocationID}, want{exitOK, parked.InvocationID}},
 		{[]string{"tail", "--all", "--count", "2"}, want{exitOK, "demo"}, want{exitOK, "demo"}},
 		{[]string{"approve", parked.InvocationID}, want{exitNotPermitted, "may not publish to tool.svc.approval"}, want{exitOK, "approved " + parked.InvocationID}},
