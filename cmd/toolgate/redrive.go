@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -140,6 +141,7 @@ func (a *app) redriveShowCmd() *cobra.Command {
 func (a *app) redriveRunCmd() *cobra.Command {
 	var f redriveFilter
 	var all, decision, wait bool
+	var waitFor time.Duration
 	var reason, callerToken, by string
 	cmd := &cobra.Command{
 		Use:   "run ID...|--filter",
@@ -195,7 +197,9 @@ func (a *app) redriveRunCmd() *cobra.Command {
 					continue
 				}
 				if wait {
-					resp, err := c.Wait(cmd.Context(), tenant, run.RedriveID)
+					wctx, cancel := context.WithTimeout(cmd.Context(), waitFor)
+					resp, err := c.Wait(wctx, tenant, run.RedriveID)
+					cancel()
 					if err != nil {
 						return err
 					}
@@ -231,6 +235,7 @@ func (a *app) redriveRunCmd() *cobra.Command {
 	fl.BoolVar(&decision, "decision", false, "re-drive without the caller's token, as the original's verified claims, on your recorded decision")
 	fl.StringVar(&reason, "reason", "", "why (recorded; required with --decision)")
 	fl.BoolVar(&wait, "wait", false, "wait for each re-drive's result and print its status")
+	fl.DurationVar(&waitFor, "wait-timeout", 2*time.Minute, "with --wait, how long to wait for each re-drive")
 	fl.StringVar(&by, "by", "", "who runs it, for the record on a bus without authentication (default: user@host; an authenticated bus records the signing operator)")
 	return cmd
 }

@@ -97,9 +97,10 @@ func (h *handlers) redriveShow(req micro.Request) {
 }
 
 // redriveRun starts the re-drives a signed run request asks for. Each
-// dead letter has one re-drive id (subjects.RedriveID): a second run of
-// the same dead letter is refused by validate as a duplicate (E3024), so a
-// bulk run repeated after a partial failure runs each call once.
+// dead letter has one re-drive id (subjects.RedriveID): one whose re-drive
+// has a record is skipped (E3024), and one started by two runs at once is
+// refused by validate as a duplicate, so a bulk run repeated after a
+// partial failure runs each call once.
 func (h *handlers) redriveRun(req micro.Request) {
 	var r api.RedriveRunRequest
 	who, ok := h.decodeAdmin(req, &r, func() string { return r.By }, `{"tenant_id", "invocation_ids"|"filter", "capability_token_sha256"|"decision", "reason"?}`)
@@ -161,6 +162,13 @@ func (h *handlers) redriveRun(req micro.Request) {
 	started := 0
 	for _, d := range dls {
 		run := api.RedriveRun{Original: d.InvocationID}
+		if id, st := h.redriveOf(ctx, d); st != "" {
+			// Already started: validate would refuse it as a duplicate.
+			run.RedriveID = id
+			run.Error = api.NewError(api.InvalidParameters, api.EDuplicateInvocation, "%s was re-driven already as %s (%s)", d.InvocationID, id, st)
+			out.Runs = append(out.Runs, run)
+			continue
+		}
 		o, id, err := redriveEvent(d, who, r, tok, proof)
 		run.RedriveID = id
 		if err == nil {
