@@ -91,7 +91,7 @@ var Rights = map[Role]RoleRights{
 		Consumes: subjects.Inputs(subjects.Authorize),
 		Sweeps:   []string{subjects.StreamPipeline},
 		Publishes: []string{hand(subjects.Route), hand(subjects.Audit), poison,
-			subjects.AuditEvent("*", "tool.approval.>"), stateRefused},
+			subjects.AuditEvent("*", "tool.approval.>"), stateRefused, subjects.ShadowDivergedAll},
 		Writes:  []string{subjects.BucketInvocations, subjects.BucketApprovals, subjects.BucketBudgets, subjects.BucketSettings},
 		Watches: []string{subjects.BucketTools, subjects.BucketPolicies, subjects.BucketRevocations, subjects.BucketInvocations},
 	},

@@ -9,6 +9,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -136,7 +138,8 @@ func Start(nc *nats.Conn, store *kvstore.Store, reg *tools.Registry, approvals *
 		}{strings.ReplaceAll(strings.TrimPrefix(subject, "tool.svc."), ".", "-"), subject, admin[subject]})
 	}
 	redrive := h.redriveEndpoints()
-	for _, subject := range subjects.RedriveServices {
+	maps.Copy(redrive, h.shadowEndpoints())
+	for _, subject := range slices.Concat(subjects.RedriveServices, subjects.ShadowServices) {
 		eps = append(eps, struct {
 			name, subject string
 			fn            micro.HandlerFunc

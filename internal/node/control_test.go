@@ -78,7 +78,7 @@ func TestControlService(t *testing.T) {
 			Subject string `json:"subject"`
 		} `json:"endpoints"`
 	}
-	if err := json.Unmarshal(msg.Data, &info); err != nil || info.Name != subjects.ServiceName || len(info.Endpoints) != 13+len(subjects.TenantServices)+len(subjects.AdminServices)+len(subjects.RedriveServices) {
+	if err := json.Unmarshal(msg.Data, &info); err != nil || info.Name != subjects.ServiceName || len(info.Endpoints) != 13+len(subjects.TenantServices)+len(subjects.AdminServices)+len(subjects.RedriveServices)+len(subjects.ShadowServices) {
 		t.Fatalf("service info %s, %v", msg.Data, err)
 	}
 }

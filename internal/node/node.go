@@ -403,6 +403,9 @@ type StageConfig struct {
 	// policy); Run sets it on an authenticated bus. Nil honours unsigned
 	// state (a bus without authentication).
 	StateProof signedstate.Verify
+	// ShadowMetrics counts the calls on which the candidate policy
+	// diverged (Run sets it on its metrics registry); nil counts nothing.
+	ShadowMetrics *ShadowMetrics
 	// AuditChainKey signs the checkpoints over AUDIT that audit writes
 	// (Run loads busauth.AuditChainKeyFile); nil writes none.
 	AuditChainKey ed25519.PrivateKey
@@ -690,6 +693,7 @@ func (n *Node) newAuthorizer(ctx context.Context, c StageConfig) (*authorize.Aut
 	if c.StateProof != nil {
 		ac.RedriveProof = c.StateProof // an operator's signed redrive.run
 	}
+	ac.OnShadowDiverged = c.ShadowMetrics.observe
 	a := authorize.New(ac)
 	if c.Sealer != nil {
 		a.SetSealer(c.Sealer)
@@ -721,6 +725,9 @@ func (n *Node) newAuthorizer(ctx context.Context, c StageConfig) (*authorize.Aut
 		n.Log.Info("policy loaded", "revision", b.Revision, "modules", len(b.Modules))
 	})
 	if err != nil {
+		return nil, err
+	}
+	if err := n.watchShadow(ctx, a, c); err != nil {
 		return nil, err
 	}
 	return a, nil

@@ -86,7 +86,10 @@ type Config struct {
 	// both are set on an authenticated bus (docs/redrive.md).
 	RedriveProof    func(p *api.DecisionProof) (string, error)
 	PrincipalSigned func(text []byte, sig string) bool
-	Now             func() time.Time
+	// OnShadowDiverged, when set, is told of each call on which the
+	// candidate policy (SetShadow) decided otherwise than the live one.
+	OnShadowDiverged func(api.ShadowDivergence)
+	Now              func() time.Time
 }
 
 // TokenOpener opens a sealed capability token.
@@ -104,6 +107,7 @@ type Sealer interface {
 type Authorizer struct {
 	cfg    Config
 	engine atomic.Pointer[policy.Engine]
+	shadow atomic.Pointer[shadowPolicy]
 	tools  manifestForms
 	claims astValues[[32]byte] // at most maxCachedTokens
 	leases *leases
@@ -285,7 +289,7 @@ func (a *Authorizer) decide(ctx context.Context, inv *envelope.Invocation, rawTo
 		Time: a.cfg.Now().UTC().Format(time.RFC3339),
 	}
 	in.Derived = derive(claims, m, in.Resources)
-	d, err := a.eval(ctx, in, rawToken)
+	d, input, err := a.evalInput(ctx, in, rawToken)
 	if err != nil {
 		return approval, false, nil, true, err
 	}
@@ -307,10 +311,13 @@ func (a *Authorizer) decide(ctx context.Context, inv *envelope.Invocation, rawTo
 		}
 		if hasApproval {
 			in.Approval = &ApprovalInput{State: approval.State, DecidedBy: approval.DecidedBy}
-			if d, err = a.eval(ctx, in, rawToken); err != nil {
+			if d, input, err = a.evalInput(ctx, in, rawToken); err != nil {
 				return approval, hasApproval, nil, true, err
 			}
 		}
+	}
+	if err := a.shadowed(ctx, inv, m, input, d); err != nil {
+		return approval, hasApproval, nil, true, err
 	}
 	if !d.Allow {
 		return approval, hasApproval, nil, true, denial(d)
