@@ -4,7 +4,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
-	"strings"
 )
 
 // StreamDeadLetter keeps the calls that ended on a failure whose cause may
@@ -49,18 +48,4 @@ func RedriveID(root string, depth int) string {
 		root = hex.EncodeToString(sum[:16])
 	}
 	return root + suffix
-}
-
-// ParseDeadLetter reads the tenant and invocation id of a DeadLetter subject.
-func ParseDeadLetter(subject string) (tenant, id string, ok bool) {
-	rest, ok := strings.CutPrefix(subject, deadLetterPrefix)
-	if !ok {
-		return "", "", false
-	}
-	tenant, tok, ok := strings.Cut(rest, ".")
-	if !ok || tenant == "" {
-		return "", "", false
-	}
-	id, err := Untoken(tok)
-	return tenant, id, err == nil
 }
