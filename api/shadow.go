@@ -63,3 +63,41 @@ type ShadowReport struct {
 	ByTenant     []ShadowCount `json:"by_tenant"`
 	ByRule       []ShadowCount `json:"by_rule"`
 }
+
+// TypeDecisionRecorded records the input authorize gave the live policy on
+// one call and its decision, its parameters redacted as audit redacts them
+// (DecisionRecord), on audit.<tenant>.policy.decision.recorded. Authorize
+// writes it only when recording is on (serve --record-decisions); `toolgate
+// policy replay` evaluates a candidate against them.
+const TypeDecisionRecorded = "ai.agent.policy.decision.recorded"
+
+// DecisionRecord is the data of a policy.decision.recorded event.
+type DecisionRecord struct {
+	InvocationID string         `json:"invocation_id"`
+	TenantID     string         `json:"tenant_id"`
+	ToolID       string         `json:"tool_id"`
+	Input        map[string]any `json:"input"`
+	Decision     ShadowDecision `json:"decision"`
+	// RecordedAt is the event's time (set when read back).
+	RecordedAt time.Time `json:"-"`
+}
+
+// ReplayResult is what a candidate would have changed of the recorded
+// decisions (`toolgate policy replay`).
+type ReplayResult struct {
+	Recorded     int            `json:"recorded"`
+	Changed      int            `json:"changed"`
+	NewlyDenied  int            `json:"newly_denied"`
+	NewlyAllowed int            `json:"newly_allowed"`
+	Changes      []ReplayChange `json:"changes"`
+}
+
+// ReplayChange is one recorded call a candidate would decide otherwise.
+type ReplayChange struct {
+	InvocationID string         `json:"invocation_id"`
+	TenantID     string         `json:"tenant_id"`
+	ToolID       string         `json:"tool_id"`
+	Time         time.Time      `json:"time"`
+	Live         ShadowDecision `json:"live"`
+	Candidate    ShadowDecision `json:"candidate"`
+}

@@ -20,3 +20,6 @@ var ShadowServices = []string{SvcPolicyShadowPush, SvcPolicyShadowGet, SvcPolicy
 
 // ShadowDivergedAll matches every tenant's policy.shadow.diverged events.
 var ShadowDivergedAll = AuditEvent("*", "policy.shadow.diverged")
+
+// DecisionRecordedAll matches every tenant's policy.decision.recorded events.
+var DecisionRecordedAll = AuditEvent("*", "policy.decision.recorded")

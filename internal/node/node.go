@@ -406,6 +406,9 @@ type StageConfig struct {
 	// ShadowMetrics counts the calls on which the candidate policy
 	// diverged (Run sets it on its metrics registry); nil counts nothing.
 	ShadowMetrics *ShadowMetrics
+	// RecordDecisions has authorize audit each call's policy input,
+	// redacted, and its decision, for `toolgate policy replay`.
+	RecordDecisions bool
 	// AuditChainKey signs the checkpoints over AUDIT that audit writes
 	// (Run loads busauth.AuditChainKeyFile); nil writes none.
 	AuditChainKey ed25519.PrivateKey
@@ -694,6 +697,7 @@ func (n *Node) newAuthorizer(ctx context.Context, c StageConfig) (*authorize.Aut
 		ac.RedriveProof = c.StateProof // an operator's signed redrive.run
 	}
 	ac.OnShadowDiverged = c.ShadowMetrics.observe
+	ac.RecordDecisions = c.RecordDecisions
 	a := authorize.New(ac)
 	if c.Sealer != nil {
 		a.SetSealer(c.Sealer)

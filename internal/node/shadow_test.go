@@ -133,3 +133,64 @@ func TestShadowPolicy(t *testing.T) {
 		t.Fatalf("%d divergences after the drop", n-mark)
 	}
 }
+
+// TestPolicyReplay: with recording on, authorize audits every call's
+// policy input, parameters redacted, and its decision; a candidate replayed
+// against them names exactly the calls it would decide otherwise, before
+// anything is pushed.
+func TestPolicyReplay(t *testing.T) {
+	e := newEnv(t, topology.TopologyOptions{})
+	e.startPipeline(node.Config{Stage: node.StageConfig{RecordDecisions: true}})
+	const tenant = "replay"
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	since := time.Now().Add(-time.Second)
+	var booms []string
+	for i := range 3 {
+		if r := e.invoke(request(tenant, "echo", fmt.Sprintf(`{"message":"hi %d"}`, i))); r.Status != api.StatusSuccess {
+			t.Fatalf("echo: %+v", r)
+		}
+		r := e.invoke(request(tenant, "test.boom", `{"password":"hunter2"}`))
+		booms = append(booms, r.InvocationID)
+	}
+	recorded := subjects.AuditEvent(tenant, "policy.decision.recorded")
+	if n := e.count(subjects.StreamAudit, recorded); n != 6 {
+		t.Fatalf("%d decisions recorded, want 6", n)
+	}
+	for _, m := range e.read(subjects.StreamAudit, recorded, 6, 10*time.Second) {
+		if strings.Contains(string(m.Data()), "hunter2") {
+			t.Fatalf("a recorded input holds the password: %s", m.Data())
+		}
+	}
+	cand, err := policy.New(ctx, map[string]string{"authz.rego": policy.DefaultModule(), "candidate.rego": switchOff}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	recs, err := e.client.RecordedDecisions(ctx, since)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := policy.Replay(ctx, cand, recs)
+	var changed []string
+	for _, c := range res.Changes {
+		changed = append(changed, c.InvocationID)
+		if !c.Live.Allow || c.Candidate.Allow || c.ToolID != "test.boom" || c.Candidate.Reasons[0] != "test.boom is switched off" {
+			t.Fatalf("change %+v", c)
+		}
+	}
+	if res.Recorded != 6 || res.Changed != 3 || res.NewlyDenied != 3 || strings.Join(changed, ",") != strings.Join(booms, ",") {
+		t.Fatalf("replay: %+v, want the 3 boom calls %v", res, booms)
+	}
+	// The shipped policy itself changes nothing.
+	if same := policy.Replay(ctx, mustDefault(t), recs); same.Recorded != 6 || same.Changed != 0 {
+		t.Fatalf("replay of the live policy: %+v", same)
+	}
+}
+
+func mustDefault(t *testing.T) *policy.Engine {
+	e, err := policy.Default(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
+}

@@ -89,7 +89,10 @@ type Config struct {
 	// OnShadowDiverged, when set, is told of each call on which the
 	// candidate policy (SetShadow) decided otherwise than the live one.
 	OnShadowDiverged func(api.ShadowDivergence)
-	Now              func() time.Time
+	// RecordDecisions audits each call's policy input, redacted, and the
+	// live decision (policy.decision.recorded), for `policy replay`.
+	RecordDecisions bool
+	Now             func() time.Time
 }
 
 // TokenOpener opens a sealed capability token.
@@ -317,6 +320,9 @@ func (a *Authorizer) decide(ctx context.Context, inv *envelope.Invocation, rawTo
 		}
 	}
 	if err := a.shadowed(ctx, inv, m, input, d); err != nil {
+		return approval, hasApproval, nil, true, err
+	}
+	if err := a.record(ctx, inv, in, d); err != nil {
 		return approval, hasApproval, nil, true, err
 	}
 	if !d.Allow {
