@@ -112,6 +112,7 @@ bench: mcp-servers
 	$(GO) run ./cmd/toolgate bench --rate 300 --duration 10s --workers 16 --soak $(SOAK)
 	$(GO) test -run '^$$' -bench '^BenchmarkWaitingCalls$$' -benchtime 3x ./internal/node/
 	$(GO) test -run '^$$' -bench '^BenchmarkOutputCorpus$$' -benchtime 5x ./stages/verify/
+	$(GO) test -run '^$$' -bench '^BenchmarkShadow$$' -benchtime 3000x ./stages/authorize/
 
 fmt:
 	gofmt -w $$(git ls-files '*.go')
