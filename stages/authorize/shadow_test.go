@@ -13,6 +13,13 @@ import (
 	"github.com/toolgate/toolgate/internal/token"
 )
 
+// agrees is a candidate that decides as the shipped policy on every call
+// the tests make.
+const agrees = `package toolgate.authz
+
+deny contains {"msg": "never", "code": "E3209"} if input.tool.id == "no.such.tool"
+`
+
 const echoOff = `package toolgate.authz
 
 deny contains {"msg": "echo is switched off", "code": "E3209"} if input.tool.id == "echo"
@@ -82,9 +89,7 @@ deny contains {"msg": "never", "code": "E3209"} if input.tool.id == "no.such.too
 func BenchmarkShadow(b *testing.B) {
 	for _, c := range []struct{ name, candidate string }{
 		{"live-only", ""},
-		{"shadow-agrees", `package toolgate.authz
-deny contains {"msg": "never", "code": "E3209"} if input.tool.id == "no.such.tool"
-`},
+		{"shadow-agrees", agrees},
 		{"shadow-diverges", echoOff},
 	} {
 		b.Run(c.name, func(b *testing.B) {
@@ -109,7 +114,7 @@ deny contains {"msg": "never", "code": "E3209"} if input.tool.id == "no.such.too
 	}
 	// The live policy's own evaluation on the same input: what the
 	// candidate's may add at most (docs/authorization.md).
-	for _, c := range []struct{ name, candidate string }{{"live-eval-alone", ""}, {"candidate-eval-alone", echoOff}} {
+	for _, c := range []struct{ name, candidate string }{{"live-eval-alone", ""}, {"agreeing-candidate-eval-alone", agrees}, {"denying-candidate-eval-alone", echoOff}} {
 		b.Run(c.name, func(b *testing.B) { benchEvalAlone(b, c.candidate) })
 	}
 }
