@@ -114,6 +114,7 @@ bench: mcp-servers
 	$(GO) test -run '^$$' -bench '^BenchmarkOutputCorpus$$' -benchtime 5x ./stages/verify/
 	$(GO) test -run '^$$' -bench '^BenchmarkDocumentFetch$$' -benchtime 300x ./internal/documents/
 	$(GO) test -run '^$$' -bench '^BenchmarkCheckpoint$$' -benchtime 20x ./kvstore/
+	$(GO) test -run '^$$' -bench '^BenchmarkShadow$$' -benchtime 3000x ./stages/authorize/
 
 fmt:
 	gofmt -w $$(git ls-files '*.go')

@@ -57,6 +57,10 @@ const (
 	EDeliveryExhausted   = "E3901"
 	EInternal            = "E3902"
 	EPoisonMessage       = "E3903"
+	// A re-drive the operator's signed run request does not cover (another
+	// tenant, call or operator, or a decision asked for and not signed),
+	// or that names a dead letter that is not there (docs/redrive.md).
+	ERedriveRefused = "E3904"
 )
 
 // Safety verifier codes (input bounds, output findings).

@@ -78,6 +78,9 @@ type Request struct {
 	ExecutionOptions *ExecutionOptions `json:"execution_options,omitempty"`
 	// Link is set by toolgate on an invocation a hook started.
 	Link *Link `json:"link,omitempty"`
+	// Redrive is set by toolgate on a re-drive of a dead-lettered call
+	// (docs/redrive.md).
+	Redrive *Redrive `json:"redrive,omitempty"`
 }
 
 // ExecutionMetadata records how a call ran.
@@ -117,6 +120,9 @@ type ExecutionMetadata struct {
 	// DocumentsAccessed lists the documents of document_context the call
 	// was handed: id, version, source and size.
 	DocumentsAccessed []DocumentAccess `json:"documents_accessed,omitempty"`
+	// Redrive is set on a re-drive of a dead-lettered call: the call it
+	// ran again and who ran it (docs/redrive.md).
+	Redrive *RedriveOutcome `json:"redrive,omitempty"`
 }
 
 // Hop is one stage's passage.

@@ -370,6 +370,14 @@ var ControlEndpoints = []ControlEndpoint{
 	{Subject: SvcDocsSourceAdd, Admin: true},
 	{Subject: SvcDocsSourceList, Admin: true},
 	{Subject: SvcDocsSourceRemove, Admin: true},
+	{Subject: SvcRedriveList, Admin: true},
+	{Subject: SvcRedriveShow, Admin: true},
+	{Subject: SvcRedriveRun, Admin: true},
+	{Subject: SvcPolicyShadowPush, Admin: true},
+	{Subject: SvcPolicyShadowGet, Admin: true},
+	{Subject: SvcPolicyShadowDrop, Admin: true},
+	{Subject: SvcPolicyShadowPromote, Admin: true},
+	{Subject: SvcPolicyShadowReport, Admin: true},
 }
 
 // TenantServices are the endpoints of ControlEndpoints served per tenant,

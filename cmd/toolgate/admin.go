@@ -97,7 +97,7 @@ func (a *app) policyCmd() *cobra.Command {
 			})
 		},
 	}
-	cmd.AddCommand(push, show)
+	cmd.AddCommand(push, show, a.policyShadowCmd(), a.policyReplayCmd())
 	return cmd
 }
 

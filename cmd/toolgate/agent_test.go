@@ -179,6 +179,7 @@ func TestCommandsByRole(t *testing.T) {
 		{[]string{"status", parked.InvocationID}, want{exitOK, "waiting for a human"}, want{exitOK, "toolgate approve " + parked.InvocationID}},
 		{[]string{"status", done.InvocationID, "--tenant", "other"}, want{exitWrongTenant, "tenant demo"}, want{exitError, "E3025"}},
 		{[]string{"breakers"}, want{exitNotPermitted, "tool.svc.breakers.list"}, want{exitOK, "KEY"}},
+		{[]string{"redrive", "list", "--tenant", "demo"}, want{exitNotPermitted, "tool.svc.redrive.list"}, want{exitOK, "INVOCATION"}},
 		{[]string{"audit", "history"}, want{exitOK, parked.InvocationID}, want{exitOK, parked.InvocationID}},
 		{[]string{"checkpoints", "list"}, want{exitOK, "CHECKPOINT"}, want{exitOK, "CHECKPOINT"}},
 		{[]string{"checkpoints", "show", "cp-1-" + done.InvocationID}, want{exitError, "E3702"}, want{exitError, "E3702"}},

@@ -96,9 +96,10 @@ var Rights = map[Role]RoleRights{
 		Consumes:  subjects.Inputs(subjects.Authorize),
 		Sweeps:    []string{subjects.StreamPipeline},
 		Publishes: []string{hand(subjects.Route), hand(subjects.Audit)},
-		Emits:     []string{poison, subjects.AuditEvent("*", "tool.approval.>"), stateRefused},
-		Writes:    []string{subjects.BucketInvocations, subjects.BucketApprovals, subjects.BucketBudgets, subjects.BucketSettings},
-		Watches:   []string{subjects.BucketTools, subjects.BucketPolicies, subjects.BucketRevocations, subjects.BucketInvocations},
+		Emits: []string{poison, subjects.AuditEvent("*", "tool.approval.>"), stateRefused, subjects.ShadowDivergedAll,
+			subjects.DecisionRecordedAll},
+		Writes:  []string{subjects.BucketInvocations, subjects.BucketApprovals, subjects.BucketBudgets, subjects.BucketSettings},
+		Watches: []string{subjects.BucketTools, subjects.BucketPolicies, subjects.BucketRevocations, subjects.BucketInvocations},
 	},
 	// route resolves versions and takes rate-limit tokens.
 	RoleRoute: {
@@ -145,7 +146,7 @@ var Rights = map[Role]RoleRights{
 	RoleAudit: {
 		Consumes:  append(subjects.Inputs(subjects.Audit), subjects.RelayInput),
 		Sweeps:    []string{subjects.StreamPipeline},
-		Publishes: []string{subjects.AuditAll, subjects.ResultAll, subjects.InvokeAll, subjects.AuditCheckpoint},
+		Publishes: []string{subjects.AuditAll, subjects.ResultAll, subjects.InvokeAll, subjects.AuditCheckpoint, subjects.DeadLetterAll},
 		Writes:    []string{subjects.BucketInvocations, subjects.BucketBudgets, subjects.BucketToolStats},
 		Watches:   []string{subjects.BucketTools, subjects.BucketHooks},
 		Streams:   []string{subjects.StreamAuditChain, subjects.StreamAudit},
@@ -156,7 +157,7 @@ var Rights = map[Role]RoleRights{
 	// policies, hooks, revocations, forced breakers and models. A decided
 	// call goes back to authorize, a cancelled one to audit.
 	RoleControl: {
-		Publishes: []string{hand(subjects.Authorize), hand(subjects.Audit), subjects.CancelAll},
+		Publishes: []string{hand(subjects.Authorize), hand(subjects.Audit), subjects.CancelAll, subjects.InvokeAll},
 		Emits: []string{subjects.AuditEvent("*", "capability.>"), subjects.AuditEvent("*", "tool.approval.>"),
 			subjects.AuditTenant(subjects.SystemTenant)},
 		Writes: []string{subjects.BucketTools, subjects.BucketApprovals, subjects.BucketInvocations, subjects.BucketCapabilities,
@@ -166,7 +167,9 @@ var Rights = map[Role]RoleRights{
 		Watches: []string{subjects.BucketTools, subjects.BucketRevocations, subjects.BucketPolicies},
 		// It reads the audit trail by sequence for the tenant-scoped
 		// history agents page through (they may create no consumer).
-		Streams: []string{subjects.StreamPipeline, subjects.StreamAudit},
+		// It reads the dead letters operators re-drive, and starts each
+		// re-drive as a new invocation (docs/redrive.md).
+		Streams: []string{subjects.StreamPipeline, subjects.StreamAudit, subjects.StreamDeadLetter},
 		// A cancel of a call validate has not claimed yet is taken when
 		// the tenant has calls waiting there: counts, not the raw
 		// invocations with their tokens.

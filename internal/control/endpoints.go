@@ -46,8 +46,10 @@ func (h *handlers) endpoints() map[string]handler {
 		subjects.SvcCheckpointsGet:    {scoped: h.tenantCheckpointsGet},
 		subjects.SvcCheckpointsDelete: {scoped: h.tenantCheckpointsDelete},
 	}
-	for subject, fn := range h.adminEndpoints() {
-		eps[subject] = handler{operator: fn}
+	for _, admin := range []map[string]micro.HandlerFunc{h.adminEndpoints(), h.redriveEndpoints(), h.shadowEndpoints()} {
+		for subject, fn := range admin {
+			eps[subject] = handler{operator: fn}
+		}
 	}
 	return eps
 }

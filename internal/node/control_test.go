@@ -66,8 +66,8 @@ func TestControlService(t *testing.T) {
 	}
 	// `nats micro ls` finds the service through the standard discovery subject:
 	// thirteen un-scoped endpoints (models.stats since 1.3), the
-	// tenant-scoped ones (subjects.TenantServices) and the administrative
-	// ones (subjects.AdminServices).
+	// tenant-scoped ones (subjects.TenantServices), the administrative
+	// ones (subjects.AdminServices) and the re-drive ones.
 	msg, err := e.nc.RequestWithContext(ctx, "$SRV.INFO."+subjects.ServiceName, nil)
 	if err != nil {
 		t.Fatal(err)

@@ -421,6 +421,12 @@ type StageConfig struct {
 	// policy); Run sets it on an authenticated bus. Nil honours unsigned
 	// state (a bus without authentication).
 	StateProof signedstate.Verify
+	// ShadowMetrics counts the calls on which the candidate policy
+	// diverged (Run sets it on its metrics registry); nil counts nothing.
+	ShadowMetrics *ShadowMetrics
+	// RecordDecisions has authorize audit each call's policy input,
+	// redacted, and its decision, for `toolgate policy replay`.
+	RecordDecisions bool
 	// AuditChainKey signs the checkpoints over AUDIT that audit writes
 	// (Run loads busauth.AuditChainKeyFile); nil writes none.
 	AuditChainKey ed25519.PrivateKey
@@ -718,7 +724,15 @@ func (n *Node) newAuthorizer(ctx context.Context, c StageConfig) (*authorize.Aut
 		ac.DecisionSigned = func(text []byte, sig string) bool {
 			return c.Messages.Record(busauth.RoleAudit, recordDecision, text, sig)
 		}
+		ac.PrincipalSigned = func(text []byte, sig string) bool {
+			return c.Messages.Record(busauth.RoleAuthorize, recordPrincipal, text, sig)
+		}
 	}
+	if c.StateProof != nil {
+		ac.RedriveProof = c.StateProof // an operator's signed redrive.run
+	}
+	ac.OnShadowDiverged = c.ShadowMetrics.observe
+	ac.RecordDecisions = c.RecordDecisions
 	a := authorize.New(ac)
 	if c.Sealer != nil {
 		a.SetSealer(c.Sealer)
@@ -754,6 +768,9 @@ func (n *Node) newAuthorizer(ctx context.Context, c StageConfig) (*authorize.Aut
 		n.Log.Info("policy loaded", "revision", b.Revision, "modules", len(b.Modules))
 	})
 	if err != nil {
+		return nil, err
+	}
+	if err := n.watchShadow(ctx, a, c); err != nil {
 		return nil, err
 	}
 	return a, nil

@@ -309,6 +309,9 @@ func Run(ctx context.Context, c Config) error {
 	if c.Stage.ModelStats == nil {
 		c.Stage.ModelStats = modeltool.NewStats(reg)
 	}
+	if c.Stage.ShadowMetrics == nil {
+		c.Stage.ShadowMetrics = NewShadowMetrics(reg)
+	}
 	var health Health
 	if c.MetricsAddr != "" {
 		srv := &http.Server{Addr: c.MetricsAddr, Handler: health.Handler(reg), ReadHeaderTimeout: 5 * time.Second}

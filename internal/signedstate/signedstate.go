@@ -43,7 +43,11 @@ var ErrUnsigned = errors.New("the record carries no operator's signed request")
 // and data.
 func Policy(b kvstore.PolicyBundle, verify Verify) error {
 	var r api.PolicyPushRequest
-	if err := signedRequest(b.Proof, subjects.SvcPolicyPush, b.PushedBy, verify, &r); err != nil {
+	subject := subjects.SvcPolicyPush
+	if b.Proof != nil && b.Proof.Subject == subjects.SvcPolicyShadowPromote {
+		subject = subjects.SvcPolicyShadowPromote // a candidate made live
+	}
+	if err := signedRequest(b.Proof, subject, b.PushedBy, verify, &r); err != nil {
 		return err
 	}
 	if !same(r.Modules, b.Modules) || !same(r.Data, b.Data) {
@@ -232,4 +236,18 @@ func RefusedEvent(source, what string, revision uint64, cause error) (stages.Out
 		return stages.Output{}, err
 	}
 	return stages.EventOutput(subjects.AuditEvent(subjects.SystemTenant, envelope.SubjectSuffix(api.TypeStateRefused)), &e)
+}
+
+// ShadowPolicy checks a candidate policy: signed by an operator on the
+// shadow push endpoint, by the operator it names, for exactly its modules
+// and data.
+func ShadowPolicy(b kvstore.PolicyBundle, verify Verify) error {
+	var r api.PolicyPushRequest
+	if err := signedRequest(b.Proof, subjects.SvcPolicyShadowPush, b.PushedBy, verify, &r); err != nil {
+		return err
+	}
+	if !same(r.Modules, b.Modules) || !same(r.Data, b.Data) {
+		return errors.New("the candidate's modules or data are not the ones the operator pushed")
+	}
+	return nil
 }

@@ -162,7 +162,7 @@ func Streams(o TopologyOptions) []jetstream.StreamConfig {
 		MaxAge: o.AuditMaxAge, MaxBytes: o.AuditMaxBytes, Discard: jetstream.DiscardNew,
 		DenyDelete: true, DenyPurge: true,
 		Duplicates: o.Duplicates, Replicas: o.Replicas, Storage: o.Storage,
-	}}
+	}, deadLetterStream(o)}
 }
 
 // invokeSources are the invoke stream's sources: the empty one that lets it

@@ -7,6 +7,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
+
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/envelope"
 	"github.com/toolgate/toolgate/internal/signedstate"
@@ -120,6 +122,11 @@ func (a *Auditor) Process(ctx context.Context, inv *envelope.Invocation) ([]stag
 	} else if inv.Request != nil && inv.Request.Link != nil {
 		inv.Metadata.Hook = &api.HookOutcome{Parent: inv.Request.Link.Parent}
 	}
+	if inv.Request != nil && inv.Request.Redrive != nil {
+		rd := inv.Request.Redrive
+		inv.Metadata.Redrive = &api.RedriveOutcome{Original: rd.Original, Root: rd.Root, Depth: rd.Depth, By: rd.By,
+			Decision: rd.Decision, Reason: rd.Reason}
+	}
 	resp := inv.Response()
 	rec := api.Record{
 		InvocationID: inv.ID, Tenant: inv.Tenant, Status: inv.Status,
@@ -165,6 +172,10 @@ func (a *Auditor) Process(ctx context.Context, inv *envelope.Invocation) ([]stag
 			return nil, err
 		}
 		outs = append(outs, child)
+	} else if dl, ok, err := deadLetter(inv, time.Now()); err != nil {
+		return nil, err
+	} else if ok {
+		outs = append(outs, dl)
 	}
 	return outs, nil
 }

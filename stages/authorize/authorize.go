@@ -80,7 +80,19 @@ type Config struct {
 	// where every role signs (seal.Signer, seal.Messages).
 	SignPrincipal  func(text []byte) string
 	DecisionSigned func(text []byte, sig string) bool
-	Now            func() time.Time
+	// RedriveProof, when set, names the operator who signed a re-drive's
+	// run request (signedstate.Verify) and PrincipalSigned checks
+	// authorize's own signature over a dead-lettered call's principal;
+	// both are set on an authenticated bus (docs/redrive.md).
+	RedriveProof    func(p *api.DecisionProof) (string, error)
+	PrincipalSigned func(text []byte, sig string) bool
+	// OnShadowDiverged, when set, is told of each call on which the
+	// candidate policy (SetShadow) decided otherwise than the live one.
+	OnShadowDiverged func(api.ShadowDivergence)
+	// RecordDecisions audits each call's policy input, redacted, and the
+	// live decision (policy.decision.recorded), for `policy replay`.
+	RecordDecisions bool
+	Now             func() time.Time
 }
 
 // TokenOpener opens a sealed capability token.
@@ -98,6 +110,7 @@ type Sealer interface {
 type Authorizer struct {
 	cfg    Config
 	engine atomic.Pointer[policy.Engine]
+	shadow atomic.Pointer[shadowPolicy]
 	tools  manifestForms
 	claims astValues[[32]byte] // at most maxCachedTokens
 	leases *leases
@@ -152,9 +165,12 @@ func (a *Authorizer) Process(ctx context.Context, inv *envelope.Invocation) ([]s
 		}
 	}
 	var claims *token.Claims
-	if req.Link != nil {
+	switch {
+	case req.Link != nil:
 		claims, err = a.linked(ctx, inv)
-	} else {
+	case req.Redrive != nil:
+		claims, err = a.redriven(ctx, inv, rawToken)
+	default:
 		claims, err = a.cfg.Verifier.Verify(rawToken)
 	}
 	if err != nil {
@@ -276,7 +292,7 @@ func (a *Authorizer) decide(ctx context.Context, inv *envelope.Invocation, rawTo
 		Time: a.cfg.Now().UTC().Format(time.RFC3339),
 	}
 	in.Derived = derive(claims, m, in.Resources)
-	d, err := a.eval(ctx, in, rawToken)
+	d, input, err := a.evalInput(ctx, in, rawToken)
 	if err != nil {
 		return approval, false, nil, true, err
 	}
@@ -298,10 +314,16 @@ func (a *Authorizer) decide(ctx context.Context, inv *envelope.Invocation, rawTo
 		}
 		if hasApproval {
 			in.Approval = &ApprovalInput{State: approval.State, DecidedBy: approval.DecidedBy}
-			if d, err = a.eval(ctx, in, rawToken); err != nil {
+			if d, input, err = a.evalInput(ctx, in, rawToken); err != nil {
 				return approval, hasApproval, nil, true, err
 			}
 		}
+	}
+	if err := a.shadowed(ctx, inv, m, input, d); err != nil {
+		return approval, hasApproval, nil, true, err
+	}
+	if err := a.record(ctx, inv, in, d); err != nil {
+		return approval, hasApproval, nil, true, err
 	}
 	if !d.Allow {
 		return approval, hasApproval, nil, true, denial(d)

@@ -64,12 +64,16 @@ type Derived struct {
 	HostGranted map[string]bool `json:"host_granted"`
 }
 
-func (a *Authorizer) eval(ctx context.Context, in Input, rawToken string) (policy.Decision, error) {
+// evalInput evaluates the live policy on in, and returns the input it
+// built, which a shadow policy is evaluated on (shadow.go) without
+// building it again.
+func (a *Authorizer) evalInput(ctx context.Context, in Input, rawToken string) (policy.Decision, ast.Value, error) {
 	input, err := a.policyInput(in, rawToken)
 	if err != nil {
-		return policy.Decision{}, api.WrapError(err, api.InternalError, api.EPolicyFailed, "building policy input: %v", err)
+		return policy.Decision{}, nil, api.WrapError(err, api.InternalError, api.EPolicyFailed, "building policy input: %v", err)
 	}
-	return a.engine.Load().Eval(ctx, input)
+	d, err := a.engine.Load().Eval(ctx, input)
+	return d, input, err
 }
 
 // policyInput is in in the form OPA evaluates: the ast.Value of its JSON
