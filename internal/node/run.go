@@ -155,16 +155,14 @@ type Config struct {
 // Run runs the configured stages until ctx is done, then drains: each
 // runner stops fetching, finishes what it holds, and Run returns.
 func Run(ctx context.Context, c Config) error {
-	log := c.Log
-	if log == nil {
-		log = slog.New(slog.NewTextHandler(os.Stderr, nil))
-	}
-	if len(c.Stages) == 0 {
-		c.Stages = append(append([]string{}, subjects.Stages...), Control)
-	}
 	if err := resolvePaths(&c); err != nil {
 		return err
 	}
+	c = c.withDefaults()
+	if err := c.Validate(); err != nil {
+		return err
+	}
+	log := c.Log
 	url := c.NATSURL
 	var gate *Gate
 	// Each stage and the control service connect apart, each with its own
@@ -209,16 +207,13 @@ func Run(ctx context.Context, c Config) error {
 			if slices.Contains(own, AuthCallout) {
 				own = slices.DeleteFunc(slices.Clone(own), func(s string) bool { return s == AuthCallout })
 			}
-			switch {
+			switch { // Validate refuses any other count
 			case len(own) == 0 && c.AuthCallout:
 				// The callout alone audits refusals and follows
 				// revocations as the control service does.
 				roleCreds[busauth.RoleControl] = c.Creds
 			case len(own) == 1:
 				roleCreds[busauth.Role(own[0])] = c.Creds
-			default:
-				return fmt.Errorf("--creds names one role's credentials: run one stage with it, or give each stage its own <stage>.creds in %s",
-					filepath.Join(c.Embedded.DataDir, busauth.DirName))
 			}
 		}
 		if c.ControlCreds != "" {
@@ -388,7 +383,7 @@ func Run(ctx context.Context, c Config) error {
 	}
 	if op != nil {
 		// Recreating a deleted audit stream is the operator's.
-		if err := op.GuardAudit(runCtx, cmp.Or(c.AuditCheck, 10*time.Second)); err != nil {
+		if err := op.GuardAudit(runCtx, c.AuditCheck); err != nil {
 			return err
 		}
 	}
@@ -444,7 +439,7 @@ func Run(ctx context.Context, c Config) error {
 		sn := nodes.stage[name]
 		if name == subjects.Authorize {
 			approvals := &approval.Service{Store: sn.Store, JS: sn.JS, Log: log}
-			bg.Go(func() { approvals.RunSweeper(runCtx, cmp.Or(c.ApprovalSweep, time.Second)) })
+			bg.Go(func() { approvals.RunSweeper(runCtx, c.ApprovalSweep) })
 		}
 		capacity, tenantCap, slots := executeSlots(&c)
 		c.Stage.Concurrency, c.Stage.TenantInFlight = capacity, tenantCap
@@ -459,7 +454,7 @@ func Run(ctx context.Context, c Config) error {
 		// take as many as they hold.
 		workers := slots
 		if name != subjects.Execute {
-			workers = cmp.Or(c.InFlight, DefaultInFlight)
+			workers = c.InFlight
 		}
 		r := sn.Runner(name, st, workers, metrics)
 		runners = append(runners, r)
@@ -506,7 +501,7 @@ func Run(ctx context.Context, c Config) error {
 		health.Watch(r.Stalled)
 	}
 	health.SetReady(nodes.first(nil).NC)
-	log.Info("toolgate running", "stages", c.Stages, "workers", cmp.Or(c.Workers, DefaultWorkers), "nats", url)
+	log.Info("toolgate running", "stages", c.Stages, "workers", c.Workers, "nats", url)
 	if c.Ready != nil {
 		c.Ready(url, n)
 	}
@@ -678,7 +673,7 @@ func setupTokens(ctx context.Context, c *Config, n *Node, log *slog.Logger, bg *
 	if c.Stage.Tokens != nil {
 		return nil
 	}
-	iss, aud := cmp.Or(c.TokenIssuer, "toolgate"), cmp.Or(c.TokenAudience, "toolgate")
+	iss, aud := c.TokenIssuer, c.TokenAudience
 	switch {
 	case c.JWKSPath != "":
 		kf, err := token.OpenKeyFile(c.JWKSPath, log)
@@ -688,10 +683,7 @@ func setupTokens(ctx context.Context, c *Config, n *Node, log *slog.Logger, bg *
 		bg.Go(func() { kf.Watch(ctx, time.Second) })
 		c.Stage.Tokens = &token.Verifier{Keys: kf, Issuer: iss, Audience: aud, Leeway: TokenLeeway, MaxLifetime: c.TokenMaxLifetime}
 	case c.Examples:
-		dir := cmp.Or(c.DevKeyDir, c.Embedded.DataDir)
-		if dir == "" {
-			return errors.New("examples: no directory for the development key (set DevKeyDir or the data directory)")
-		}
+		dir := c.DevKeyDir // Validate made sure there is one
 		k, raw, err := devKeys(dir, iss, aud)
 		if err != nil {
 			return fmt.Errorf("development key: %w", err)
