@@ -162,110 +162,40 @@ func Run(ctx context.Context, c Config) error {
 	if err := c.Validate(); err != nil {
 		return err
 	}
-	log := c.Log
-	url := c.NATSURL
-	var gate *Gate
-	// Each stage and the control service connect apart, each with its own
-	// role's credentials (roleOpts); the operator's connection, when this
-	// process has operator credentials, sets up the topology first.
-	var base []nats.Option
-	roleCreds := map[busauth.Role]string{}
-	var opCreds string
-	if url == "" {
-		ns, g, err := StartSecureEmbedded(c.Embedded, log)
-		if err != nil {
-			return err
-		}
-		defer func() {
-			ns.Shutdown()
-			ns.WaitForShutdown()
-		}()
-		url = ns.ClientURL()
-		gate = g
-		base = append(base, nats.InProcessServer(ns))
-		for _, r := range busauth.IssuedRoles {
-			roleCreds[r] = CredsPath(c.Embedded.DataDir, r)
-		}
-		opCreds = roleCreds[busauth.RoleOperator]
-		log.Info("embedded NATS started", "url", url, "data", c.Embedded.DataDir)
-	} else {
-		onDisk := func(r busauth.Role) string {
-			if c.Embedded.DataDir == "" {
-				return ""
-			}
-			p := CredsPath(c.Embedded.DataDir, r)
-			if _, err := os.Stat(p); err != nil {
-				return ""
-			}
-			return p
-		}
-		for _, r := range busauth.IssuedRoles {
-			roleCreds[r] = onDisk(r)
-		}
-		if c.Creds != "" {
-			own := c.Stages
-			if slices.Contains(own, AuthCallout) {
-				own = slices.DeleteFunc(slices.Clone(own), func(s string) bool { return s == AuthCallout })
-			}
-			switch { // Validate refuses any other count
-			case len(own) == 0 && c.AuthCallout:
-				// The callout alone audits refusals and follows
-				// revocations as the control service does.
-				roleCreds[busauth.RoleControl] = c.Creds
-			case len(own) == 1:
-				roleCreds[busauth.Role(own[0])] = c.Creds
-			}
-		}
-		if c.ControlCreds != "" {
-			roleCreds[busauth.RoleControl] = c.ControlCreds
-		}
-		opCreds = cmp.Or(c.OperatorCreds, roleCreds[busauth.RoleOperator])
-		if c.AuthCallout {
-			keys, err := busauth.LoadKeys(c.Embedded.DataDir)
-			if err != nil {
-				return fmt.Errorf("auth callout: %w", err)
-			}
-			// The server has accounts for the declared tenants only.
-			tenants, err := busauth.LoadTenants(c.Embedded.DataDir)
-			if err != nil {
-				return fmt.Errorf("auth callout: %w", err)
-			}
-			if len(tenants) == 0 {
-				log.Warn("auth callout: no tenants declared: every agent is refused", "declare", filepath.Join(c.Embedded.DataDir, busauth.DirName, busauth.TenantsFile))
-			}
-			if gate, err = StartGate(url, keys, tenants, log); err != nil {
-				return err
-			}
-			defer gate.Close()
-		}
-	}
-	if c.OperatorCreds != "" {
-		opCreds = c.OperatorCreds
-	}
-	authenticated := false
-	for _, p := range roleCreds {
-		authenticated = authenticated || p != ""
-	}
-	roleOpts := func(r busauth.Role) []nats.Option {
-		if p := roleCreds[r]; p != "" {
-			return append(slices.Clone(base), busauth.CredentialsOption(p))
-		}
-		return base
-	}
-	credsPath := ""
-	for _, name := range c.Stages {
-		if r, ok := busauth.StageRole(name); ok && roleCreds[r] != "" {
-			credsPath = roleCreds[r]
-			break
-		}
-	}
-	if credsPath == "" {
-		credsPath = roleCreds[busauth.RoleControl]
-	}
-	if err := setupSeals(&c, authenticated, log); err != nil {
+	r := &run{c: c, log: c.Log}
+	return r.run(ctx)
+}
+
+// run is what Run's phases build up and hand on to the next.
+type run struct {
+	c   Config
+	log *slog.Logger
+
+	// startBus
+	url           string
+	gate          *Gate         // the auth callout, when this process runs it
+	base          []nats.Option // every connection's, before its role's credentials
+	roleCreds     map[busauth.Role]string
+	opCreds       string // the operator's credentials, when this process has them
+	authenticated bool   // the bus authenticates: some role has credentials
+	credsPath     string // the credentials this process's proofs are read from
+}
+
+// run runs the phases in order; each returns what undoes it, deferred so
+// that they undo in reverse.
+func (r *run) run(ctx context.Context) error {
+	c, log := &r.c, r.log
+	stopBus, err := r.startBus()
+	if err != nil {
 		return err
 	}
-	if err := setupAuditChain(&c, log); err != nil {
+	defer stopBus()
+	url, gate, base, roleCreds, opCreds, authenticated, credsPath := r.url, r.gate, r.base, r.roleCreds, r.opCreds, r.authenticated, r.credsPath
+	roleOpts := r.roleOpts
+	if err := setupSeals(c, authenticated, log); err != nil {
+		return err
+	}
+	if err := setupAuditChain(c, log); err != nil {
 		return err
 	}
 	if authenticated && c.Stage.StateProof == nil {
@@ -318,7 +248,7 @@ func Run(ctx context.Context, c Config) error {
 	}
 	// A signal while waiting for the topology stops the wait: nothing runs yet.
 	stopWaiting := context.AfterFunc(ctx, cancel)
-	nodes, op, err := openNodes(runCtx, url, &c, authenticated, opCreds, roleOpts, base, gate != nil, log)
+	nodes, op, err := openNodes(runCtx, url, c, authenticated, opCreds, roleOpts, base, gate != nil, log)
 	stopWaiting()
 	if err != nil {
 		return err
@@ -335,7 +265,7 @@ func Run(ctx context.Context, c Config) error {
 			nd.Close()
 		}
 	}()
-	if err := setupSigning(&c, nodes, authenticated); err != nil {
+	if err := setupSigning(c, nodes, authenticated); err != nil {
 		return err
 	}
 	ctl := nodes.control
@@ -372,13 +302,13 @@ func Run(ctx context.Context, c Config) error {
 			}
 		}
 	}
-	if err := loadSafety(&c); err != nil {
+	if err := loadSafety(c); err != nil {
 		return err
 	}
-	if err := setupTokens(runCtx, &c, n, log, &bg); err != nil {
+	if err := setupTokens(runCtx, c, n, log, &bg); err != nil {
 		return err
 	}
-	if err := checkSecurity(ctx, &c, nodes.stage, c.ResetSecuritySettings, log); err != nil {
+	if err := checkSecurity(ctx, c, nodes.stage, c.ResetSecuritySettings, log); err != nil {
 		return err
 	}
 	if op != nil {
@@ -416,7 +346,7 @@ func Run(ctx context.Context, c Config) error {
 				}
 				opts = append(opts, control.WithDeciders(id))
 			}
-			disc, err := discoveryConfig(ctx, &c)
+			disc, err := discoveryConfig(ctx, c)
 			if err != nil {
 				return err
 			}
@@ -441,7 +371,7 @@ func Run(ctx context.Context, c Config) error {
 			approvals := &approval.Service{Store: sn.Store, JS: sn.JS, Log: log}
 			bg.Go(func() { approvals.RunSweeper(runCtx, c.ApprovalSweep) })
 		}
-		capacity, tenantCap, slots := executeSlots(&c)
+		capacity, tenantCap, slots := executeSlots(c)
 		c.Stage.Concurrency, c.Stage.TenantInFlight = capacity, tenantCap
 		st, err := sn.NewStage(runCtx, name, c.Stage)
 		if err != nil {
@@ -520,6 +450,110 @@ func Run(ctx context.Context, c Config) error {
 	close(errs)
 	log.Info("toolgate stopped: in-flight work drained")
 	return errors.Join(collect(errs)...)
+}
+
+// startBus starts the embedded server, or against an external one the auth
+// callout when this process runs it, and settles the credentials each role
+// connects with. Each stage and the control service connect apart, each
+// with its own role's credentials (roleOpts); the operator's connection,
+// when this process has operator credentials, sets up the topology first.
+func (r *run) startBus() (stop func(), err error) {
+	c, log := &r.c, r.log
+	stop = func() {}
+	r.url = c.NATSURL
+	r.roleCreds = map[busauth.Role]string{}
+	if r.url == "" {
+		ns, g, err := StartSecureEmbedded(c.Embedded, log)
+		if err != nil {
+			return nil, err
+		}
+		stop = func() {
+			ns.Shutdown()
+			ns.WaitForShutdown()
+		}
+		r.url = ns.ClientURL()
+		r.gate = g
+		r.base = append(r.base, nats.InProcessServer(ns))
+		for _, role := range busauth.IssuedRoles {
+			r.roleCreds[role] = CredsPath(c.Embedded.DataDir, role)
+		}
+		r.opCreds = r.roleCreds[busauth.RoleOperator]
+		log.Info("embedded NATS started", "url", r.url, "data", c.Embedded.DataDir)
+	} else {
+		onDisk := func(r busauth.Role) string {
+			if c.Embedded.DataDir == "" {
+				return ""
+			}
+			p := CredsPath(c.Embedded.DataDir, r)
+			if _, err := os.Stat(p); err != nil {
+				return ""
+			}
+			return p
+		}
+		for _, role := range busauth.IssuedRoles {
+			r.roleCreds[role] = onDisk(role)
+		}
+		if c.Creds != "" {
+			own := c.Stages
+			if slices.Contains(own, AuthCallout) {
+				own = slices.DeleteFunc(slices.Clone(own), func(s string) bool { return s == AuthCallout })
+			}
+			switch { // Validate refuses any other count
+			case len(own) == 0 && c.AuthCallout:
+				// The callout alone audits refusals and follows
+				// revocations as the control service does.
+				r.roleCreds[busauth.RoleControl] = c.Creds
+			case len(own) == 1:
+				r.roleCreds[busauth.Role(own[0])] = c.Creds
+			}
+		}
+		if c.ControlCreds != "" {
+			r.roleCreds[busauth.RoleControl] = c.ControlCreds
+		}
+		r.opCreds = cmp.Or(c.OperatorCreds, r.roleCreds[busauth.RoleOperator])
+		if c.AuthCallout {
+			keys, err := busauth.LoadKeys(c.Embedded.DataDir)
+			if err != nil {
+				return nil, fmt.Errorf("auth callout: %w", err)
+			}
+			// The server has accounts for the declared tenants only.
+			tenants, err := busauth.LoadTenants(c.Embedded.DataDir)
+			if err != nil {
+				return nil, fmt.Errorf("auth callout: %w", err)
+			}
+			if len(tenants) == 0 {
+				log.Warn("auth callout: no tenants declared: every agent is refused", "declare", filepath.Join(c.Embedded.DataDir, busauth.DirName, busauth.TenantsFile))
+			}
+			if r.gate, err = StartGate(r.url, keys, tenants, log); err != nil {
+				return nil, err
+			}
+			stop = r.gate.Close
+		}
+	}
+	if c.OperatorCreds != "" {
+		r.opCreds = c.OperatorCreds
+	}
+	for _, p := range r.roleCreds {
+		r.authenticated = r.authenticated || p != ""
+	}
+	for _, name := range c.Stages {
+		if role, ok := busauth.StageRole(name); ok && r.roleCreds[role] != "" {
+			r.credsPath = r.roleCreds[role]
+			break
+		}
+	}
+	if r.credsPath == "" {
+		r.credsPath = r.roleCreds[busauth.RoleControl]
+	}
+	return stop, nil
+}
+
+// roleOpts are the options role r connects with: its own credentials.
+func (r *run) roleOpts(role busauth.Role) []nats.Option {
+	if p := r.roleCreds[role]; p != "" {
+		return append(slices.Clone(r.base), busauth.CredentialsOption(p))
+	}
+	return r.base
 }
 
 // releaser is a stage that holds shared capacity (authorize's budget
