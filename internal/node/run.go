@@ -190,28 +190,11 @@ func (r *run) run(ctx context.Context) error {
 		return err
 	}
 	defer stopBus()
-	url, gate, base, roleCreds, opCreds, authenticated, credsPath := r.url, r.gate, r.base, r.roleCreds, r.opCreds, r.authenticated, r.credsPath
+	if err := r.loadKeys(); err != nil {
+		return err
+	}
+	url, gate, base, roleCreds, opCreds, authenticated := r.url, r.gate, r.base, r.roleCreds, r.opCreds, r.authenticated
 	roleOpts := r.roleOpts
-	if err := setupSeals(c, authenticated, log); err != nil {
-		return err
-	}
-	if err := setupAuditChain(c, log); err != nil {
-		return err
-	}
-	if authenticated && c.Stage.StateProof == nil {
-		v, err := stateProofs(credsPath)
-		if err != nil {
-			return err
-		}
-		c.Stage.StateProof = v
-	}
-	if authenticated && slices.Contains(c.Stages, subjects.Authorize) && c.Stage.ApprovalProof == nil {
-		proofs, err := approvalProofs(credsPath)
-		if err != nil {
-			return err
-		}
-		c.Stage.ApprovalProof = proofs
-	}
 	if c.OTLPEndpoint != "" {
 		shutdown, err := setupTracing(ctx, c.OTLPEndpoint)
 		if err != nil {
@@ -554,6 +537,34 @@ func (r *run) roleOpts(role busauth.Role) []nats.Option {
 		return append(slices.Clone(r.base), busauth.CredentialsOption(p))
 	}
 	return r.base
+}
+
+// loadKeys loads what the stages seal, sign and verify with from the
+// deployment's keys and credentials: the hop seals, the audit chain key,
+// and on an authenticated bus the proofs of operators' signatures.
+func (r *run) loadKeys() error {
+	c, log := &r.c, r.log
+	if err := setupSeals(c, r.authenticated, log); err != nil {
+		return err
+	}
+	if err := setupAuditChain(c, log); err != nil {
+		return err
+	}
+	if r.authenticated && c.Stage.StateProof == nil {
+		v, err := stateProofs(r.credsPath)
+		if err != nil {
+			return err
+		}
+		c.Stage.StateProof = v
+	}
+	if r.authenticated && slices.Contains(c.Stages, subjects.Authorize) && c.Stage.ApprovalProof == nil {
+		proofs, err := approvalProofs(r.credsPath)
+		if err != nil {
+			return err
+		}
+		c.Stage.ApprovalProof = proofs
+	}
+	return nil
 }
 
 // releaser is a stage that holds shared capacity (authorize's budget
