@@ -179,6 +179,12 @@ type run struct {
 	opCreds       string // the operator's credentials, when this process has them
 	authenticated bool   // the bus authenticates: some role has credentials
 	credsPath     string // the credentials this process's proofs are read from
+
+	// startObservability
+	runCtx  context.Context // what in-flight work needs: ends after the drain
+	cancel  context.CancelFunc
+	metrics *runner.Metrics
+	health  Health
 }
 
 // run runs the phases in order; each returns what undoes it, deferred so
@@ -194,41 +200,14 @@ func (r *run) run(ctx context.Context) error {
 		return err
 	}
 	url, gate, base, roleCreds, opCreds, authenticated := r.url, r.gate, r.base, r.roleCreds, r.opCreds, r.authenticated
+	_, _, _ = gate, base, authenticated
 	roleOpts := r.roleOpts
-	if c.OTLPEndpoint != "" {
-		shutdown, err := setupTracing(ctx, c.OTLPEndpoint)
-		if err != nil {
-			return err
-		}
-		defer shutdown()
+	stopObservability, err := r.startObservability(ctx)
+	if err != nil {
+		return err
 	}
-
-	// Two contexts: ctx ending starts the drain (runners stop fetching and
-	// finish what they hold); runCtx carries what the in-flight work needs
-	// (MCP servers, watches, the approval sweeper) and ends only after the
-	// drain, when Run closes and joins it all.
-	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	defer cancel()
-	// Metrics and health are served from the start: alive while waiting for
-	// the topology, ready once the stages run.
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	metrics := runner.NewMetrics(reg)
-	if c.Stage.ModelStats == nil {
-		c.Stage.ModelStats = modeltool.NewStats(reg)
-	}
-	var health Health
-	if c.MetricsAddr != "" {
-		srv := &http.Server{Addr: c.MetricsAddr, Handler: health.Handler(reg), ReadHeaderTimeout: 5 * time.Second}
-		served := make(chan struct{})
-		go func() {
-			defer close(served)
-			if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				log.Error("metrics server", "err", err)
-			}
-		}()
-		defer func() { _ = srv.Close(); <-served }()
-	}
+	defer stopObservability()
+	runCtx, cancel, metrics, health := r.runCtx, r.cancel, r.metrics, &r.health
 	// A signal while waiting for the topology stops the wait: nothing runs yet.
 	stopWaiting := context.AfterFunc(ctx, cancel)
 	nodes, op, err := openNodes(runCtx, url, c, authenticated, opCreds, roleOpts, base, gate != nil, log)
@@ -565,6 +544,50 @@ func (r *run) loadKeys() error {
 		c.Stage.ApprovalProof = proofs
 	}
 	return nil
+}
+
+// startObservability starts tracing, and serves metrics and health from
+// the start: alive while waiting for the topology, ready once the stages
+// run. It also makes runCtx, the second of Run's two contexts: ctx ending
+// starts the drain (runners stop fetching and finish what they hold);
+// runCtx carries what the in-flight work needs (MCP servers, watches, the
+// approval sweeper) and ends only after the drain, when Run closes and
+// joins it all.
+func (r *run) startObservability(ctx context.Context) (stop func(), err error) {
+	c, log := &r.c, r.log
+	var undo []func() // in reverse
+	stop = func() {
+		for _, f := range slices.Backward(undo) {
+			f()
+		}
+	}
+	if c.OTLPEndpoint != "" {
+		shutdown, err := setupTracing(ctx, c.OTLPEndpoint)
+		if err != nil {
+			return nil, err
+		}
+		undo = append(undo, shutdown)
+	}
+	r.runCtx, r.cancel = context.WithCancel(context.WithoutCancel(ctx))
+	undo = append(undo, r.cancel)
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	r.metrics = runner.NewMetrics(reg)
+	if c.Stage.ModelStats == nil {
+		c.Stage.ModelStats = modeltool.NewStats(reg)
+	}
+	if c.MetricsAddr != "" {
+		srv := &http.Server{Addr: c.MetricsAddr, Handler: r.health.Handler(reg), ReadHeaderTimeout: 5 * time.Second}
+		served := make(chan struct{})
+		go func() {
+			defer close(served)
+			if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				log.Error("metrics server", "err", err)
+			}
+		}()
+		undo = append(undo, func() { _ = srv.Close(); <-served })
+	}
+	return stop, nil
 }
 
 // releaser is a stage that holds shared capacity (authorize's budget
