@@ -185,6 +185,11 @@ type run struct {
 	cancel  context.CancelFunc
 	metrics *runner.Metrics
 	health  Health
+
+	// openConnections
+	nodes *nodeSet
+	op    *Node          // the operator's connection, when this process has one
+	bg    sync.WaitGroup // goroutines on runCtx
 }
 
 // run runs the phases in order; each returns what undoes it, deferred so
@@ -199,37 +204,19 @@ func (r *run) run(ctx context.Context) error {
 	if err := r.loadKeys(); err != nil {
 		return err
 	}
-	url, gate, base, roleCreds, opCreds, authenticated := r.url, r.gate, r.base, r.roleCreds, r.opCreds, r.authenticated
-	_, _, _ = gate, base, authenticated
-	roleOpts := r.roleOpts
+	url, gate, roleCreds, opCreds := r.url, r.gate, r.roleCreds, r.opCreds
 	stopObservability, err := r.startObservability(ctx)
 	if err != nil {
 		return err
 	}
 	defer stopObservability()
-	runCtx, cancel, metrics, health := r.runCtx, r.cancel, r.metrics, &r.health
-	// A signal while waiting for the topology stops the wait: nothing runs yet.
-	stopWaiting := context.AfterFunc(ctx, cancel)
-	nodes, op, err := openNodes(runCtx, url, c, authenticated, opCreds, roleOpts, base, gate != nil, log)
-	stopWaiting()
+	runCtx, metrics, health := r.runCtx, r.metrics, &r.health
+	closeConnections, err := r.openConnections(ctx)
 	if err != nil {
 		return err
 	}
-	var bg sync.WaitGroup // goroutines on runCtx
-	defer func() {
-		for _, nd := range nodes.all() {
-			nd.StopStages()
-		}
-		cancel()
-		bg.Wait()
-		for _, nd := range nodes.all() {
-			nd.Store.Wait()
-			nd.Close()
-		}
-	}()
-	if err := setupSigning(c, nodes, authenticated); err != nil {
-		return err
-	}
+	defer closeConnections()
+	nodes, op, bg := r.nodes, r.op, &r.bg
 	ctl := nodes.control
 	n := nodes.first(op) // what Ready is given: the operator's node when there is one
 	if c.Examples {
@@ -267,7 +254,7 @@ func (r *run) run(ctx context.Context) error {
 	if err := loadSafety(c); err != nil {
 		return err
 	}
-	if err := setupTokens(runCtx, c, n, log, &bg); err != nil {
+	if err := setupTokens(runCtx, c, n, log, bg); err != nil {
 		return err
 	}
 	if err := checkSecurity(ctx, c, nodes.stage, c.ResetSecuritySettings, log); err != nil {
@@ -588,6 +575,36 @@ func (r *run) startObservability(ctx context.Context) (stop func(), err error) {
 		undo = append(undo, func() { _ = srv.Close(); <-served })
 	}
 	return stop, nil
+}
+
+// openConnections connects each role this process runs (openNodes) and
+// gives each its signing key (setupSigning). Closing stops the stages,
+// ends runCtx, joins the goroutines on it, then closes the connections.
+func (r *run) openConnections(ctx context.Context) (closeAll func(), err error) {
+	c, log := &r.c, r.log
+	// A signal while waiting for the topology stops the wait: nothing runs yet.
+	stopWaiting := context.AfterFunc(ctx, r.cancel)
+	r.nodes, r.op, err = openNodes(r.runCtx, r.url, c, r.authenticated, r.opCreds, r.roleOpts, r.base, r.gate != nil, log)
+	stopWaiting()
+	if err != nil {
+		return nil, err
+	}
+	closeAll = func() {
+		for _, nd := range r.nodes.all() {
+			nd.StopStages()
+		}
+		r.cancel()
+		r.bg.Wait()
+		for _, nd := range r.nodes.all() {
+			nd.Store.Wait()
+			nd.Close()
+		}
+	}
+	if err := setupSigning(c, r.nodes, r.authenticated); err != nil {
+		closeAll()
+		return nil, err
+	}
+	return closeAll, nil
 }
 
 // releaser is a stage that holds shared capacity (authorize's budget
