@@ -204,7 +204,7 @@ func (r *run) run(ctx context.Context) error {
 	if err := r.loadKeys(); err != nil {
 		return err
 	}
-	url, gate, roleCreds, opCreds := r.url, r.gate, r.roleCreds, r.opCreds
+	url, gate, roleCreds := r.url, r.gate, r.roleCreds
 	stopObservability, err := r.startObservability(ctx)
 	if err != nil {
 		return err
@@ -219,37 +219,8 @@ func (r *run) run(ctx context.Context) error {
 	nodes, op, bg := r.nodes, r.op, &r.bg
 	ctl := nodes.control
 	n := nodes.first(op) // what Ready is given: the operator's node when there is one
-	if c.Examples {
-		var sign *exampleSigner
-		if c.Stage.StateProof != nil {
-			// The examples are the operator's: signed with its credentials.
-			if opCreds == "" {
-				return errors.New("--examples on an authenticated bus needs the operator's credentials to sign them")
-			}
-			sg, err := busauth.SignerFromCreds(opCreds)
-			if err != nil {
-				return err
-			}
-			sign = &exampleSigner{signer: sg, verify: c.Stage.StateProof}
-		}
-		if err := ctl.registerExamples(ctx, sign); err != nil {
-			return err
-		}
-		// The stages' registries must hold them too before calls come.
-		ms, err := tools.Examples()
-		if err != nil {
-			return err
-		}
-		for _, nd := range nodes.all() {
-			if nd == ctl || nd.Role == busauth.RoleOperator || (nd.Role != "" && !slices.Contains(busauth.Rights[nd.Role].Watches, subjects.BucketTools)) {
-				continue
-			}
-			for _, m := range ms {
-				if err := nd.WaitForTool(ctx, m.ID, m.Version); err != nil {
-					return err
-				}
-			}
-		}
+	if err := r.registerExamples(ctx); err != nil {
+		return err
 	}
 	if err := loadSafety(c); err != nil {
 		return err
@@ -605,6 +576,46 @@ func (r *run) openConnections(ctx context.Context) (closeAll func(), err error) 
 		return nil, err
 	}
 	return closeAll, nil
+}
+
+// registerExamples registers the example tools, with Examples, and waits
+// until the stages' registries hold them too, before calls come.
+func (r *run) registerExamples(ctx context.Context) error {
+	c, ctl := &r.c, r.nodes.control
+	if !c.Examples {
+		return nil
+	}
+	var sign *exampleSigner
+	if c.Stage.StateProof != nil {
+		// The examples are the operator's: signed with its credentials.
+		if r.opCreds == "" {
+			return errors.New("--examples on an authenticated bus needs the operator's credentials to sign them")
+		}
+		sg, err := busauth.SignerFromCreds(r.opCreds)
+		if err != nil {
+			return err
+		}
+		sign = &exampleSigner{signer: sg, verify: c.Stage.StateProof}
+	}
+	if err := ctl.registerExamples(ctx, sign); err != nil {
+		return err
+	}
+	// The stages' registries must hold them too before calls come.
+	ms, err := tools.Examples()
+	if err != nil {
+		return err
+	}
+	for _, nd := range r.nodes.all() {
+		if nd == ctl || nd.Role == busauth.RoleOperator || (nd.Role != "" && !slices.Contains(busauth.Rights[nd.Role].Watches, subjects.BucketTools)) {
+			continue
+		}
+		for _, m := range ms {
+			if err := nd.WaitForTool(ctx, m.ID, m.Version); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // releaser is a stage that holds shared capacity (authorize's budget
