@@ -204,7 +204,7 @@ func (r *run) run(ctx context.Context) error {
 	if err := r.loadKeys(); err != nil {
 		return err
 	}
-	url, gate, roleCreds := r.url, r.gate, r.roleCreds
+	url, roleCreds := r.url, r.roleCreds
 	stopObservability, err := r.startObservability(ctx)
 	if err != nil {
 		return err
@@ -222,34 +222,8 @@ func (r *run) run(ctx context.Context) error {
 	if err := r.registerExamples(ctx); err != nil {
 		return err
 	}
-	if err := loadSafety(c); err != nil {
+	if err := r.setupAdmission(ctx); err != nil {
 		return err
-	}
-	if err := setupTokens(runCtx, c, n, log, bg); err != nil {
-		return err
-	}
-	if err := checkSecurity(ctx, c, nodes.stage, c.ResetSecuritySettings, log); err != nil {
-		return err
-	}
-	if op != nil {
-		// Recreating a deleted audit stream is the operator's.
-		if err := op.GuardAudit(runCtx, c.AuditCheck); err != nil {
-			return err
-		}
-	}
-	if gate != nil {
-		v := c.Stage.Tokens
-		if v == nil {
-			v = &token.Verifier{Keys: token.StaticKeys{}} // no key set: every agent refused
-		}
-		if err := gate.Attach(runCtx, v, ctl); err != nil {
-			return err
-		}
-	}
-	if c.PolicyPath != "" && c.Stage.Policy == nil {
-		if c.Stage.Policy, err = loadPolicy(ctx, c.PolicyPath); err != nil {
-			return err
-		}
 	}
 
 	var runners []*runner.Runner
@@ -613,6 +587,45 @@ func (r *run) registerExamples(ctx context.Context) error {
 			if err := nd.WaitForTool(ctx, m.ID, m.Version); err != nil {
 				return err
 			}
+		}
+	}
+	return nil
+}
+
+// setupAdmission sets up what decides which calls get in and what they
+// may do: the safety rules, the capability token verifier, the cluster's
+// security settings, the audit stream's guard, the auth callout's
+// verifier and the policy.
+func (r *run) setupAdmission(ctx context.Context) error {
+	c, log := &r.c, r.log
+	if err := loadSafety(c); err != nil {
+		return err
+	}
+	if err := setupTokens(r.runCtx, c, r.nodes.first(r.op), log, &r.bg); err != nil {
+		return err
+	}
+	if err := checkSecurity(ctx, c, r.nodes.stage, c.ResetSecuritySettings, log); err != nil {
+		return err
+	}
+	if r.op != nil {
+		// Recreating a deleted audit stream is the operator's.
+		if err := r.op.GuardAudit(r.runCtx, c.AuditCheck); err != nil {
+			return err
+		}
+	}
+	if r.gate != nil {
+		v := c.Stage.Tokens
+		if v == nil {
+			v = &token.Verifier{Keys: token.StaticKeys{}} // no key set: every agent refused
+		}
+		if err := r.gate.Attach(r.runCtx, v, r.nodes.control); err != nil {
+			return err
+		}
+	}
+	if c.PolicyPath != "" && c.Stage.Policy == nil {
+		var err error
+		if c.Stage.Policy, err = loadPolicy(ctx, c.PolicyPath); err != nil {
+			return err
 		}
 	}
 	return nil
