@@ -190,6 +190,9 @@ type run struct {
 	nodes *nodeSet
 	op    *Node          // the operator's connection, when this process has one
 	bg    sync.WaitGroup // goroutines on runCtx
+
+	// startStages
+	runners []*runner.Runner
 }
 
 // run runs the phases in order; each returns what undoes it, deferred so
@@ -204,7 +207,7 @@ func (r *run) run(ctx context.Context) error {
 	if err := r.loadKeys(); err != nil {
 		return err
 	}
-	url, roleCreds := r.url, r.roleCreds
+	url := r.url
 	stopObservability, err := r.startObservability(ctx)
 	if err != nil {
 		return err
@@ -217,7 +220,6 @@ func (r *run) run(ctx context.Context) error {
 	}
 	defer closeConnections()
 	nodes, op, bg := r.nodes, r.op, &r.bg
-	ctl := nodes.control
 	n := nodes.first(op) // what Ready is given: the operator's node when there is one
 	if err := r.registerExamples(ctx); err != nil {
 		return err
@@ -226,63 +228,12 @@ func (r *run) run(ctx context.Context) error {
 		return err
 	}
 
-	var runners []*runner.Runner
-	for _, name := range c.Stages {
-		if name == AuthCallout {
-			continue
-		}
-		if name == Control {
-			var opts []control.Option
-			if ctlCreds := roleCreds[busauth.RoleControl]; ctlCreds != "" {
-				id, err := decidersFrom(ctlCreds)
-				if err != nil {
-					return err
-				}
-				opts = append(opts, control.WithDeciders(id))
-			}
-			disc, err := discoveryConfig(ctx, c)
-			if err != nil {
-				return err
-			}
-			opts = append(opts, control.WithDiscovery(disc))
-			if c.Stage.StateProof != nil {
-				opts = append(opts, control.WithStateProof(c.Stage.StateProof))
-			}
-			opts = append(opts, control.WithJetStream(ctl.JS))
-			if ctl.Signer != nil {
-				opts = append(opts, control.WithSigner(ctl.Signer.Sign))
-			}
-			decisions := &approval.Service{Store: ctl.Store, JS: ctl.JS, Log: log}
-			svc, err := control.Start(ctl.NC, ctl.Store, ctl.Registry, decisions, opts...)
-			if err != nil {
-				return err
-			}
-			defer func() { _ = svc.Stop() }()
-			continue
-		}
-		sn := nodes.stage[name]
-		if name == subjects.Authorize {
-			approvals := &approval.Service{Store: sn.Store, JS: sn.JS, Log: log}
-			bg.Go(func() { approvals.RunSweeper(runCtx, c.ApprovalSweep) })
-		}
-		capacity, tenantCap, slots := executeSlots(c)
-		c.Stage.Concurrency, c.Stage.TenantInFlight = capacity, tenantCap
-		st, err := sn.NewStage(runCtx, name, c.Stage)
-		if err != nil {
-			return err
-		}
-		// Execute holds no more than it runs: its tenant quota judges each
-		// message as it is fetched, against the calls running, so a deeper
-		// batch would only be put back. Stages other than execute decide
-		// from memory and a few KV reads and writes: they wait, so they
-		// take as many as they hold.
-		workers := slots
-		if name != subjects.Execute {
-			workers = c.InFlight
-		}
-		r := sn.Runner(name, st, workers, metrics)
-		runners = append(runners, r)
+	stopStages, err := r.startStages(ctx)
+	if err != nil {
+		return err
 	}
+	defer stopStages()
+	runners := r.runners
 
 	// Runners stop fetching when drain is done, then finish in-flight work;
 	// one failing stops the others, and so does a connection that closes for
@@ -629,6 +580,89 @@ func (r *run) setupAdmission(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// startStages starts the control service and builds each stage and its
+// runner, in c.Stages' order; the runners run in serve. Stopping stops the
+// control service.
+func (r *run) startStages(ctx context.Context) (stop func(), err error) {
+	c := &r.c
+	var stops []func()
+	stop = func() {
+		for _, f := range slices.Backward(stops) {
+			f()
+		}
+	}
+	// Every stage is built with the same config: execute's share of this
+	// process's calls is settled here, once.
+	capacity, tenantCap, slots := executeSlots(c)
+	c.Stage.Concurrency, c.Stage.TenantInFlight = capacity, tenantCap
+	for _, name := range c.Stages {
+		if name == AuthCallout {
+			continue
+		}
+		if name == Control {
+			stopControl, err := r.startControl(ctx)
+			if err != nil {
+				stop()
+				return nil, err
+			}
+			stops = append(stops, stopControl)
+			continue
+		}
+		sn := r.nodes.stage[name]
+		if name == subjects.Authorize {
+			approvals := &approval.Service{Store: sn.Store, JS: sn.JS, Log: r.log}
+			r.bg.Go(func() { approvals.RunSweeper(r.runCtx, c.ApprovalSweep) })
+		}
+		st, err := sn.NewStage(r.runCtx, name, c.Stage)
+		if err != nil {
+			stop()
+			return nil, err
+		}
+		// Execute holds no more than it runs: its tenant quota judges each
+		// message as it is fetched, against the calls running, so a deeper
+		// batch would only be put back. Stages other than execute decide
+		// from memory and a few KV reads and writes: they wait, so they
+		// take as many as they hold.
+		workers := slots
+		if name != subjects.Execute {
+			workers = c.InFlight
+		}
+		r.runners = append(r.runners, sn.Runner(name, st, workers, r.metrics))
+	}
+	return stop, nil
+}
+
+// startControl starts the control service on its own connection.
+func (r *run) startControl(ctx context.Context) (stop func(), err error) {
+	c, ctl := &r.c, r.nodes.control
+	var opts []control.Option
+	if ctlCreds := r.roleCreds[busauth.RoleControl]; ctlCreds != "" {
+		id, err := decidersFrom(ctlCreds)
+		if err != nil {
+			return nil, err
+		}
+		opts = append(opts, control.WithDeciders(id))
+	}
+	disc, err := discoveryConfig(ctx, c)
+	if err != nil {
+		return nil, err
+	}
+	opts = append(opts, control.WithDiscovery(disc))
+	if c.Stage.StateProof != nil {
+		opts = append(opts, control.WithStateProof(c.Stage.StateProof))
+	}
+	opts = append(opts, control.WithJetStream(ctl.JS))
+	if ctl.Signer != nil {
+		opts = append(opts, control.WithSigner(ctl.Signer.Sign))
+	}
+	decisions := &approval.Service{Store: ctl.Store, JS: ctl.JS, Log: r.log}
+	svc, err := control.Start(ctl.NC, ctl.Store, ctl.Registry, decisions, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return func() { _ = svc.Stop() }, nil
 }
 
 // releaser is a stage that holds shared capacity (authorize's budget
