@@ -198,7 +198,6 @@ type run struct {
 // run runs the phases in order; each returns what undoes it, deferred so
 // that they undo in reverse.
 func (r *run) run(ctx context.Context) error {
-	c, log := &r.c, r.log
 	stopBus, err := r.startBus()
 	if err != nil {
 		return err
@@ -207,94 +206,28 @@ func (r *run) run(ctx context.Context) error {
 	if err := r.loadKeys(); err != nil {
 		return err
 	}
-	url := r.url
 	stopObservability, err := r.startObservability(ctx)
 	if err != nil {
 		return err
 	}
 	defer stopObservability()
-	runCtx, metrics, health := r.runCtx, r.metrics, &r.health
 	closeConnections, err := r.openConnections(ctx)
 	if err != nil {
 		return err
 	}
 	defer closeConnections()
-	nodes, op, bg := r.nodes, r.op, &r.bg
-	n := nodes.first(op) // what Ready is given: the operator's node when there is one
 	if err := r.registerExamples(ctx); err != nil {
 		return err
 	}
 	if err := r.setupAdmission(ctx); err != nil {
 		return err
 	}
-
 	stopStages, err := r.startStages(ctx)
 	if err != nil {
 		return err
 	}
 	defer stopStages()
-	runners := r.runners
-
-	// Runners stop fetching when drain is done, then finish in-flight work;
-	// one failing stops the others, and so does a connection that closes for
-	// good, which Run then reports so a supervisor restarts the process.
-	drain, stop := context.WithCancel(ctx)
-	defer stop()
-	errs := make(chan error, len(runners)+2)
-	for _, nd := range nodes.all() {
-		if nd.Lost() == nil {
-			continue
-		}
-		bg.Go(func() {
-			select {
-			case <-nd.Lost():
-				log.Error("NATS connection closed for good; stopping", "role", nd.Role, "err", nd.NC.LastError())
-				stop()
-			case <-runCtx.Done():
-			}
-		})
-	}
-	var wg sync.WaitGroup
-	for _, r := range runners {
-		wg.Go(func() {
-			if err := r.Run(drain); err != nil {
-				errs <- fmt.Errorf("stage %s: %w", r.Name, err)
-				stop()
-			}
-		})
-	}
-	if an := nodes.stage[subjects.Audit]; an != nil {
-		relay := &runner.Relay{JS: an.JS, Senders: an.Senders, Log: log, Metrics: metrics}
-		wg.Go(func() {
-			if err := relay.Run(drain); err != nil {
-				errs <- err
-				stop()
-			}
-		})
-	}
-	for _, r := range runners {
-		health.Watch(r.Stalled)
-	}
-	health.SetReady(nodes.first(nil).NC)
-	log.Info("toolgate running", "stages", c.Stages, "workers", c.Workers, "nats", url)
-	if c.Ready != nil {
-		c.Ready(url, n)
-	}
-	// Wait for the signal even when no runner runs (stage control serves
-	// requests on its own goroutines).
-	<-drain.Done()
-	wg.Wait()
-	release(runners, log)
-	// The closed handler runs asynchronously: ask the connections themselves.
-	for _, nd := range nodes.all() {
-		if nd.NC.IsClosed() && nd.Lost() != nil {
-			errs <- fmt.Errorf("%w: %v", ErrConnectionClosed, nd.NC.LastError())
-			break
-		}
-	}
-	close(errs)
-	log.Info("toolgate stopped: in-flight work drained")
-	return errors.Join(collect(errs)...)
+	return r.serve(ctx)
 }
 
 // startBus starts the embedded server, or against an external one the auth
@@ -663,6 +596,82 @@ func (r *run) startControl(ctx context.Context) (stop func(), err error) {
 		return nil, err
 	}
 	return func() { _ = svc.Stop() }, nil
+}
+
+// serve runs the runners and the audit relay until ctx is done, then
+// drains. Runners stop fetching when drain is done, then finish in-flight
+// work; one failing stops the others, and so does a connection that closes
+// for good, which Run then reports so a supervisor restarts the process.
+func (r *run) serve(ctx context.Context) error {
+	c, log := &r.c, r.log
+	drain, stop := context.WithCancel(ctx)
+	defer stop()
+	errs := make(chan error, len(r.runners)+2)
+	r.watchConnections(stop)
+	var wg sync.WaitGroup
+	for _, rn := range r.runners {
+		wg.Go(func() {
+			if err := rn.Run(drain); err != nil {
+				errs <- fmt.Errorf("stage %s: %w", rn.Name, err)
+				stop()
+			}
+		})
+	}
+	if an := r.nodes.stage[subjects.Audit]; an != nil {
+		relay := &runner.Relay{JS: an.JS, Senders: an.Senders, Log: log, Metrics: r.metrics}
+		wg.Go(func() {
+			if err := relay.Run(drain); err != nil {
+				errs <- err
+				stop()
+			}
+		})
+	}
+	for _, rn := range r.runners {
+		r.health.Watch(rn.Stalled)
+	}
+	r.health.SetReady(r.nodes.first(nil).NC)
+	log.Info("toolgate running", "stages", c.Stages, "workers", c.Workers, "nats", r.url)
+	if c.Ready != nil {
+		c.Ready(r.url, r.nodes.first(r.op)) // the operator's node when there is one
+	}
+	// Wait for the signal even when no runner runs (stage control serves
+	// requests on its own goroutines).
+	<-drain.Done()
+	wg.Wait()
+	return r.drain(errs)
+}
+
+// watchConnections stops the runners when a connection closes for good.
+func (r *run) watchConnections(stop func()) {
+	for _, nd := range r.nodes.all() {
+		if nd.Lost() == nil {
+			continue
+		}
+		r.bg.Go(func() {
+			select {
+			case <-nd.Lost():
+				r.log.Error("NATS connection closed for good; stopping", "role", nd.Role, "err", nd.NC.LastError())
+				stop()
+			case <-r.runCtx.Done():
+			}
+		})
+	}
+}
+
+// drain ends serve once the runners have stopped: the stages give back
+// what they hold, and Run reports what failed, a lost connection included.
+func (r *run) drain(errs chan error) error {
+	release(r.runners, r.log)
+	// The closed handler runs asynchronously: ask the connections themselves.
+	for _, nd := range r.nodes.all() {
+		if nd.NC.IsClosed() && nd.Lost() != nil {
+			errs <- fmt.Errorf("%w: %v", ErrConnectionClosed, nd.NC.LastError())
+			break
+		}
+	}
+	close(errs)
+	r.log.Info("toolgate stopped: in-flight work drained")
+	return errors.Join(collect(errs)...)
 }
 
 // releaser is a stage that holds shared capacity (authorize's budget
