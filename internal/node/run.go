@@ -258,11 +258,11 @@ func (r *run) startBus() (stop func(), err error) {
 		r.opCreds = r.roleCreds[busauth.RoleOperator]
 		log.Info("embedded NATS started", "url", r.url, "data", c.Embedded.DataDir)
 	} else {
-		onDisk := func(r busauth.Role) string {
+		onDisk := func(role busauth.Role) string {
 			if c.Embedded.DataDir == "" {
 				return ""
 			}
-			p := CredsPath(c.Embedded.DataDir, r)
+			p := CredsPath(c.Embedded.DataDir, role)
 			if _, err := os.Stat(p); err != nil {
 				return ""
 			}
