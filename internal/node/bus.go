@@ -40,7 +40,7 @@ import (
 // TOOLGATE.
 func StartSecureEmbedded(o EmbeddedOptions, log *slog.Logger) (*server.Server, *Gate, error) {
 	if o.DataDir == "" {
-		return nil, nil, errors.New("embedded NATS needs a data directory for its store and credentials")
+		return nil, nil, errEmbeddedDataDir
 	}
 	if log == nil {
 		log = slog.Default()

@@ -476,14 +476,17 @@ func (n *Node) NewStage(ctx context.Context, name string, c StageConfig) (stages
 		}
 		n.onStop(func() { _ = sub.Unsubscribe() })
 		x := execute.New(n.Registry, set, n.Store, running)
+		// What the executor is given beyond New, in one place; its kinds
+		// follow, each with what it holds.
 		x.Publish = func(ctx context.Context, o stages.Output) error { return runner.Publish(ctx, n.JS, o) }
 		if c.Concurrency > 0 {
 			x.Quota = execute.NewTenantQuota(c.Concurrency, c.TenantInFlight)
 		}
-		if c.Seals != nil {
+		if c.Seals != nil { // a nil *seal.Verifier would be a non-nil Seals
 			x.Seals = c.Seals
 		}
 		x.Verifier = verify.New(n.Registry, verify.Config{Tenants: c.TenantActions, Detectors: c.Detectors, Classifier: c.InjectionClassifier})
+		x.Breakers = breaker.New(n.Store, x.Publish, n.Log)
 		cli := &clitool.Kind{Sandbox: c.Sandbox}
 		cli.Sandbox.FileRoot = cmp.Or(cli.Sandbox.FileRoot, c.BuiltinEnv.FileRoot)
 		if len(cli.Sandbox.ReadOnlyRoots) == 0 {
@@ -517,7 +520,6 @@ func (n *Node) NewStage(ctx context.Context, name string, c StageConfig) (stages
 			return nil, err
 		}
 		x.Documents = docs
-		x.Breakers = breaker.New(n.Store, x.Publish, n.Log)
 		n.onStop(x.Breakers.Close)
 		models := modelrouter.NewCatalogue()
 		if err := n.Store.WatchModels(ctx, models); err != nil {

@@ -155,166 +155,248 @@ type Config struct {
 // Run runs the configured stages until ctx is done, then drains: each
 // runner stops fetching, finishes what it holds, and Run returns.
 func Run(ctx context.Context, c Config) error {
-	log := c.Log
-	if log == nil {
-		log = slog.New(slog.NewTextHandler(os.Stderr, nil))
-	}
-	if len(c.Stages) == 0 {
-		c.Stages = append(append([]string{}, subjects.Stages...), Control)
-	}
 	if err := resolvePaths(&c); err != nil {
 		return err
 	}
-	url := c.NATSURL
-	var gate *Gate
-	// Each stage and the control service connect apart, each with its own
-	// role's credentials (roleOpts); the operator's connection, when this
-	// process has operator credentials, sets up the topology first.
-	var base []nats.Option
-	roleCreds := map[busauth.Role]string{}
-	var opCreds string
-	if url == "" {
+	c = c.withDefaults()
+	if err := c.Validate(); err != nil {
+		return err
+	}
+	r := &run{c: c, log: c.Log}
+	return r.run(ctx)
+}
+
+// run is what Run's phases build up and hand on to the next.
+type run struct {
+	c   Config
+	log *slog.Logger
+
+	// startBus
+	url           string
+	gate          *Gate         // the auth callout, when this process runs it
+	base          []nats.Option // every connection's, before its role's credentials
+	roleCreds     map[busauth.Role]string
+	opCreds       string // the operator's credentials, when this process has them
+	authenticated bool   // the bus authenticates: some role has credentials
+	credsPath     string // the credentials this process's proofs are read from
+
+	// startObservability
+	runCtx  context.Context // what in-flight work needs: ends after the drain
+	cancel  context.CancelFunc
+	metrics *runner.Metrics
+	health  Health
+
+	// openConnections
+	nodes *nodeSet
+	op    *Node          // the operator's connection, when this process has one
+	bg    sync.WaitGroup // goroutines on runCtx
+
+	// startStages
+	runners []*runner.Runner
+}
+
+// run runs the phases in order; each returns what undoes it, deferred so
+// that they undo in reverse.
+func (r *run) run(ctx context.Context) error {
+	stopBus, err := r.startBus()
+	if err != nil {
+		return err
+	}
+	defer stopBus()
+	if err := r.loadKeys(); err != nil {
+		return err
+	}
+	stopObservability, err := r.startObservability(ctx)
+	if err != nil {
+		return err
+	}
+	defer stopObservability()
+	closeConnections, err := r.openConnections(ctx)
+	if err != nil {
+		return err
+	}
+	defer closeConnections()
+	if err := r.registerExamples(ctx); err != nil {
+		return err
+	}
+	if err := r.setupAdmission(ctx); err != nil {
+		return err
+	}
+	stopStages, err := r.startStages(ctx)
+	if err != nil {
+		return err
+	}
+	defer stopStages()
+	return r.serve(ctx)
+}
+
+// startBus starts the embedded server, or against an external one the auth
+// callout when this process runs it, and settles the credentials each role
+// connects with. Each stage and the control service connect apart, each
+// with its own role's credentials (roleOpts); the operator's connection,
+// when this process has operator credentials, sets up the topology first.
+func (r *run) startBus() (stop func(), err error) {
+	c, log := &r.c, r.log
+	stop = func() {}
+	r.url = c.NATSURL
+	r.roleCreds = map[busauth.Role]string{}
+	if r.url == "" {
 		ns, g, err := StartSecureEmbedded(c.Embedded, log)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		defer func() {
+		stop = func() {
 			ns.Shutdown()
 			ns.WaitForShutdown()
-		}()
-		url = ns.ClientURL()
-		gate = g
-		base = append(base, nats.InProcessServer(ns))
-		for _, r := range busauth.IssuedRoles {
-			roleCreds[r] = CredsPath(c.Embedded.DataDir, r)
 		}
-		opCreds = roleCreds[busauth.RoleOperator]
-		log.Info("embedded NATS started", "url", url, "data", c.Embedded.DataDir)
+		r.url = ns.ClientURL()
+		r.gate = g
+		r.base = append(r.base, nats.InProcessServer(ns))
+		for _, role := range busauth.IssuedRoles {
+			r.roleCreds[role] = CredsPath(c.Embedded.DataDir, role)
+		}
+		r.opCreds = r.roleCreds[busauth.RoleOperator]
+		log.Info("embedded NATS started", "url", r.url, "data", c.Embedded.DataDir)
 	} else {
-		onDisk := func(r busauth.Role) string {
+		onDisk := func(role busauth.Role) string {
 			if c.Embedded.DataDir == "" {
 				return ""
 			}
-			p := CredsPath(c.Embedded.DataDir, r)
+			p := CredsPath(c.Embedded.DataDir, role)
 			if _, err := os.Stat(p); err != nil {
 				return ""
 			}
 			return p
 		}
-		for _, r := range busauth.IssuedRoles {
-			roleCreds[r] = onDisk(r)
+		for _, role := range busauth.IssuedRoles {
+			r.roleCreds[role] = onDisk(role)
 		}
 		if c.Creds != "" {
 			own := c.Stages
 			if slices.Contains(own, AuthCallout) {
 				own = slices.DeleteFunc(slices.Clone(own), func(s string) bool { return s == AuthCallout })
 			}
-			switch {
+			switch { // Validate refuses any other count
 			case len(own) == 0 && c.AuthCallout:
 				// The callout alone audits refusals and follows
 				// revocations as the control service does.
-				roleCreds[busauth.RoleControl] = c.Creds
+				r.roleCreds[busauth.RoleControl] = c.Creds
 			case len(own) == 1:
-				roleCreds[busauth.Role(own[0])] = c.Creds
-			default:
-				return fmt.Errorf("--creds names one role's credentials: run one stage with it, or give each stage its own <stage>.creds in %s",
-					filepath.Join(c.Embedded.DataDir, busauth.DirName))
+				r.roleCreds[busauth.Role(own[0])] = c.Creds
 			}
 		}
 		if c.ControlCreds != "" {
-			roleCreds[busauth.RoleControl] = c.ControlCreds
+			r.roleCreds[busauth.RoleControl] = c.ControlCreds
 		}
-		opCreds = cmp.Or(c.OperatorCreds, roleCreds[busauth.RoleOperator])
+		r.opCreds = cmp.Or(c.OperatorCreds, r.roleCreds[busauth.RoleOperator])
 		if c.AuthCallout {
 			keys, err := busauth.LoadKeys(c.Embedded.DataDir)
 			if err != nil {
-				return fmt.Errorf("auth callout: %w", err)
+				return nil, fmt.Errorf("auth callout: %w", err)
 			}
 			// The server has accounts for the declared tenants only.
 			tenants, err := busauth.LoadTenants(c.Embedded.DataDir)
 			if err != nil {
-				return fmt.Errorf("auth callout: %w", err)
+				return nil, fmt.Errorf("auth callout: %w", err)
 			}
 			if len(tenants) == 0 {
 				log.Warn("auth callout: no tenants declared: every agent is refused", "declare", filepath.Join(c.Embedded.DataDir, busauth.DirName, busauth.TenantsFile))
 			}
-			if gate, err = StartGate(url, keys, tenants, log); err != nil {
-				return err
+			if r.gate, err = StartGate(r.url, keys, tenants, log); err != nil {
+				return nil, err
 			}
-			defer gate.Close()
+			stop = r.gate.Close
 		}
 	}
 	if c.OperatorCreds != "" {
-		opCreds = c.OperatorCreds
+		r.opCreds = c.OperatorCreds
 	}
-	authenticated := false
-	for _, p := range roleCreds {
-		authenticated = authenticated || p != ""
+	for _, p := range r.roleCreds {
+		r.authenticated = r.authenticated || p != ""
 	}
-	roleOpts := func(r busauth.Role) []nats.Option {
-		if p := roleCreds[r]; p != "" {
-			return append(slices.Clone(base), busauth.CredentialsOption(p))
-		}
-		return base
-	}
-	credsPath := ""
 	for _, name := range c.Stages {
-		if r, ok := busauth.StageRole(name); ok && roleCreds[r] != "" {
-			credsPath = roleCreds[r]
+		if role, ok := busauth.StageRole(name); ok && r.roleCreds[role] != "" {
+			r.credsPath = r.roleCreds[role]
 			break
 		}
 	}
-	if credsPath == "" {
-		credsPath = roleCreds[busauth.RoleControl]
+	if r.credsPath == "" {
+		r.credsPath = r.roleCreds[busauth.RoleControl]
 	}
-	if err := setupSeals(&c, authenticated, log); err != nil {
+	return stop, nil
+}
+
+// roleOpts are the options role r connects with: its own credentials.
+func (r *run) roleOpts(role busauth.Role) []nats.Option {
+	if p := r.roleCreds[role]; p != "" {
+		return append(slices.Clone(r.base), busauth.CredentialsOption(p))
+	}
+	return r.base
+}
+
+// loadKeys loads what the stages seal, sign and verify with from the
+// deployment's keys and credentials: the hop seals, the audit chain key,
+// and on an authenticated bus the proofs of operators' signatures.
+func (r *run) loadKeys() error {
+	c, log := &r.c, r.log
+	if err := setupSeals(c, r.authenticated, log); err != nil {
 		return err
 	}
-	if err := setupAuditChain(&c, log); err != nil {
+	if err := setupAuditChain(c, log); err != nil {
 		return err
 	}
-	if authenticated && c.Stage.StateProof == nil {
-		v, err := stateProofs(credsPath)
+	if r.authenticated && c.Stage.StateProof == nil {
+		v, err := stateProofs(r.credsPath)
 		if err != nil {
 			return err
 		}
 		c.Stage.StateProof = v
 	}
-	if authenticated && slices.Contains(c.Stages, subjects.Authorize) && c.Stage.ApprovalProof == nil {
-		proofs, err := approvalProofs(credsPath)
+	if r.authenticated && slices.Contains(c.Stages, subjects.Authorize) && c.Stage.ApprovalProof == nil {
+		proofs, err := approvalProofs(r.credsPath)
 		if err != nil {
 			return err
 		}
 		c.Stage.ApprovalProof = proofs
 	}
+	return nil
+}
+
+// startObservability starts tracing, and serves metrics and health from
+// the start: alive while waiting for the topology, ready once the stages
+// run. It also makes runCtx, the second of Run's two contexts: ctx ending
+// starts the drain (runners stop fetching and finish what they hold);
+// runCtx carries what the in-flight work needs (MCP servers, watches, the
+// approval sweeper) and ends only after the drain, when Run closes and
+// joins it all.
+func (r *run) startObservability(ctx context.Context) (stop func(), err error) {
+	c, log := &r.c, r.log
+	var undo []func() // in reverse
+	stop = func() {
+		for _, f := range slices.Backward(undo) {
+			f()
+		}
+	}
 	if c.OTLPEndpoint != "" {
 		shutdown, err := setupTracing(ctx, c.OTLPEndpoint)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		defer shutdown()
+		undo = append(undo, shutdown)
 	}
-
-	// Two contexts: ctx ending starts the drain (runners stop fetching and
-	// finish what they hold); runCtx carries what the in-flight work needs
-	// (MCP servers, watches, the approval sweeper) and ends only after the
-	// drain, when Run closes and joins it all.
-	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	defer cancel()
-	// Metrics and health are served from the start: alive while waiting for
-	// the topology, ready once the stages run.
+	r.runCtx, r.cancel = context.WithCancel(context.WithoutCancel(ctx))
+	undo = append(undo, r.cancel)
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	metrics := runner.NewMetrics(reg)
+	r.metrics = runner.NewMetrics(reg)
 	if c.Stage.ModelStats == nil {
 		c.Stage.ModelStats = modeltool.NewStats(reg)
 	}
 	if c.Stage.ShadowMetrics == nil {
 		c.Stage.ShadowMetrics = NewShadowMetrics(reg)
 	}
-	var health Health
 	if c.MetricsAddr != "" {
-		srv := &http.Server{Addr: c.MetricsAddr, Handler: health.Handler(reg), ReadHeaderTimeout: 5 * time.Second}
+		srv := &http.Server{Addr: c.MetricsAddr, Handler: r.health.Handler(reg), ReadHeaderTimeout: 5 * time.Second}
 		served := make(chan struct{})
 		go func() {
 			defer close(served)
@@ -322,138 +404,157 @@ func Run(ctx context.Context, c Config) error {
 				log.Error("metrics server", "err", err)
 			}
 		}()
-		defer func() { _ = srv.Close(); <-served }()
+		undo = append(undo, func() { _ = srv.Close(); <-served })
 	}
+	return stop, nil
+}
+
+// openConnections connects each role this process runs (openNodes) and
+// gives each its signing key (setupSigning). Closing stops the stages,
+// ends runCtx, joins the goroutines on it, then closes the connections.
+func (r *run) openConnections(ctx context.Context) (closeAll func(), err error) {
+	c, log := &r.c, r.log
 	// A signal while waiting for the topology stops the wait: nothing runs yet.
-	stopWaiting := context.AfterFunc(ctx, cancel)
-	nodes, op, err := openNodes(runCtx, url, &c, authenticated, opCreds, roleOpts, base, gate != nil, log)
+	stopWaiting := context.AfterFunc(ctx, r.cancel)
+	r.nodes, r.op, err = openNodes(r.runCtx, r.url, c, r.authenticated, r.opCreds, r.roleOpts, r.base, r.gate != nil, log)
 	stopWaiting()
 	if err != nil {
-		return err
+		return nil, err
 	}
-	var bg sync.WaitGroup // goroutines on runCtx
-	defer func() {
-		for _, nd := range nodes.all() {
+	closeAll = func() {
+		for _, nd := range r.nodes.all() {
 			nd.StopStages()
 		}
-		cancel()
-		bg.Wait()
-		for _, nd := range nodes.all() {
+		r.cancel()
+		r.bg.Wait()
+		for _, nd := range r.nodes.all() {
 			nd.Store.Wait()
 			nd.Close()
 		}
-	}()
-	if err := setupSigning(&c, nodes, authenticated); err != nil {
-		return err
 	}
-	ctl := nodes.control
-	n := nodes.first(op) // what Ready is given: the operator's node when there is one
-	if c.Examples {
-		var sign *exampleSigner
-		if c.Stage.StateProof != nil {
-			// The examples are the operator's: signed with its credentials.
-			if opCreds == "" {
-				return errors.New("--examples on an authenticated bus needs the operator's credentials to sign them")
-			}
-			sg, err := busauth.SignerFromCreds(opCreds)
-			if err != nil {
-				return err
-			}
-			sign = &exampleSigner{signer: sg, verify: c.Stage.StateProof}
+	if err := setupSigning(c, r.nodes, r.authenticated); err != nil {
+		closeAll()
+		return nil, err
+	}
+	return closeAll, nil
+}
+
+// registerExamples registers the example tools, with Examples, and waits
+// until the stages' registries hold them too, before calls come.
+func (r *run) registerExamples(ctx context.Context) error {
+	c, ctl := &r.c, r.nodes.control
+	if !c.Examples {
+		return nil
+	}
+	var sign *exampleSigner
+	if c.Stage.StateProof != nil {
+		// The examples are the operator's: signed with its credentials.
+		if r.opCreds == "" {
+			return errors.New("--examples on an authenticated bus needs the operator's credentials to sign them")
 		}
-		if err := ctl.registerExamples(ctx, sign); err != nil {
-			return err
-		}
-		// The stages' registries must hold them too before calls come.
-		ms, err := tools.Examples()
+		sg, err := busauth.SignerFromCreds(r.opCreds)
 		if err != nil {
 			return err
 		}
-		for _, nd := range nodes.all() {
-			if nd == ctl || nd.Role == busauth.RoleOperator || (nd.Role != "" && !slices.Contains(busauth.Rights[nd.Role].Watches, subjects.BucketTools)) {
-				continue
-			}
-			for _, m := range ms {
-				if err := nd.WaitForTool(ctx, m.ID, m.Version); err != nil {
-					return err
-				}
+		sign = &exampleSigner{signer: sg, verify: c.Stage.StateProof}
+	}
+	if err := ctl.registerExamples(ctx, sign); err != nil {
+		return err
+	}
+	// The stages' registries must hold them too before calls come.
+	ms, err := tools.Examples()
+	if err != nil {
+		return err
+	}
+	for _, nd := range r.nodes.all() {
+		if nd == ctl || nd.Role == busauth.RoleOperator || (nd.Role != "" && !slices.Contains(busauth.Rights[nd.Role].Watches, subjects.BucketTools)) {
+			continue
+		}
+		for _, m := range ms {
+			if err := nd.WaitForTool(ctx, m.ID, m.Version); err != nil {
+				return err
 			}
 		}
 	}
-	if err := loadSafety(&c); err != nil {
+	return nil
+}
+
+// setupAdmission sets up what decides which calls get in and what they
+// may do: the safety rules, the capability token verifier, the cluster's
+// security settings, the audit stream's guard, the auth callout's
+// verifier and the policy.
+func (r *run) setupAdmission(ctx context.Context) error {
+	c, log := &r.c, r.log
+	if err := loadSafety(c); err != nil {
 		return err
 	}
-	if err := setupTokens(runCtx, &c, n, log, &bg); err != nil {
+	if err := setupTokens(r.runCtx, c, r.nodes.first(r.op), log, &r.bg); err != nil {
 		return err
 	}
-	if err := checkSecurity(ctx, &c, nodes.stage, c.ResetSecuritySettings, log); err != nil {
+	if err := checkSecurity(ctx, c, r.nodes.stage, c.ResetSecuritySettings, log); err != nil {
 		return err
 	}
-	if op != nil {
+	if r.op != nil {
 		// Recreating a deleted audit stream is the operator's.
-		if err := op.GuardAudit(runCtx, cmp.Or(c.AuditCheck, 10*time.Second)); err != nil {
+		if err := r.op.GuardAudit(r.runCtx, c.AuditCheck); err != nil {
 			return err
 		}
 	}
-	if gate != nil {
+	if r.gate != nil {
 		v := c.Stage.Tokens
 		if v == nil {
 			v = &token.Verifier{Keys: token.StaticKeys{}} // no key set: every agent refused
 		}
-		if err := gate.Attach(runCtx, v, ctl); err != nil {
+		if err := r.gate.Attach(r.runCtx, v, r.nodes.control); err != nil {
 			return err
 		}
 	}
 	if c.PolicyPath != "" && c.Stage.Policy == nil {
+		var err error
 		if c.Stage.Policy, err = loadPolicy(ctx, c.PolicyPath); err != nil {
 			return err
 		}
 	}
+	return nil
+}
 
-	var runners []*runner.Runner
+// startStages starts the control service and builds each stage and its
+// runner, in c.Stages' order; the runners run in serve. Stopping stops the
+// control service.
+func (r *run) startStages(ctx context.Context) (stop func(), err error) {
+	c := &r.c
+	var stops []func()
+	stop = func() {
+		for _, f := range slices.Backward(stops) {
+			f()
+		}
+	}
+	// Every stage is built with the same config: execute's share of this
+	// process's calls is settled here, once.
+	capacity, tenantCap, slots := executeSlots(c)
+	c.Stage.Concurrency, c.Stage.TenantInFlight = capacity, tenantCap
 	for _, name := range c.Stages {
 		if name == AuthCallout {
 			continue
 		}
 		if name == Control {
-			var opts []control.Option
-			if ctlCreds := roleCreds[busauth.RoleControl]; ctlCreds != "" {
-				id, err := decidersFrom(ctlCreds)
-				if err != nil {
-					return err
-				}
-				opts = append(opts, control.WithDeciders(id))
-			}
-			disc, err := discoveryConfig(ctx, &c)
+			stopControl, err := r.startControl(ctx)
 			if err != nil {
-				return err
+				stop()
+				return nil, err
 			}
-			opts = append(opts, control.WithDiscovery(disc))
-			if c.Stage.StateProof != nil {
-				opts = append(opts, control.WithStateProof(c.Stage.StateProof))
-			}
-			opts = append(opts, control.WithJetStream(ctl.JS))
-			if ctl.Signer != nil {
-				opts = append(opts, control.WithSigner(ctl.Signer.Sign))
-			}
-			decisions := &approval.Service{Store: ctl.Store, JS: ctl.JS, Log: log}
-			svc, err := control.Start(ctl.NC, ctl.Store, ctl.Registry, decisions, opts...)
-			if err != nil {
-				return err
-			}
-			defer func() { _ = svc.Stop() }()
+			stops = append(stops, stopControl)
 			continue
 		}
-		sn := nodes.stage[name]
+		sn := r.nodes.stage[name]
 		if name == subjects.Authorize {
-			approvals := &approval.Service{Store: sn.Store, JS: sn.JS, Log: log}
-			bg.Go(func() { approvals.RunSweeper(runCtx, cmp.Or(c.ApprovalSweep, time.Second)) })
+			approvals := &approval.Service{Store: sn.Store, JS: sn.JS, Log: r.log}
+			r.bg.Go(func() { approvals.RunSweeper(r.runCtx, c.ApprovalSweep) })
 		}
-		capacity, tenantCap, slots := executeSlots(&c)
-		c.Stage.Concurrency, c.Stage.TenantInFlight = capacity, tenantCap
-		st, err := sn.NewStage(runCtx, name, c.Stage)
+		st, err := sn.NewStage(r.runCtx, name, c.Stage)
 		if err != nil {
-			return err
+			stop()
+			return nil, err
 		}
 		// Execute holds no more than it runs: its tenant quota judges each
 		// message as it is fetched, against the calls running, so a deeper
@@ -462,42 +563,65 @@ func Run(ctx context.Context, c Config) error {
 		// take as many as they hold.
 		workers := slots
 		if name != subjects.Execute {
-			workers = cmp.Or(c.InFlight, DefaultInFlight)
+			workers = c.InFlight
 		}
-		r := sn.Runner(name, st, workers, metrics)
-		runners = append(runners, r)
+		r.runners = append(r.runners, sn.Runner(name, st, workers, r.metrics))
 	}
+	return stop, nil
+}
 
-	// Runners stop fetching when drain is done, then finish in-flight work;
-	// one failing stops the others, and so does a connection that closes for
-	// good, which Run then reports so a supervisor restarts the process.
+// startControl starts the control service on its own connection.
+func (r *run) startControl(ctx context.Context) (stop func(), err error) {
+	c, ctl := &r.c, r.nodes.control
+	var opts []control.Option
+	if ctlCreds := r.roleCreds[busauth.RoleControl]; ctlCreds != "" {
+		id, err := decidersFrom(ctlCreds)
+		if err != nil {
+			return nil, err
+		}
+		opts = append(opts, control.WithDeciders(id))
+	}
+	disc, err := discoveryConfig(ctx, c)
+	if err != nil {
+		return nil, err
+	}
+	opts = append(opts, control.WithDiscovery(disc))
+	if c.Stage.StateProof != nil {
+		opts = append(opts, control.WithStateProof(c.Stage.StateProof))
+	}
+	opts = append(opts, control.WithJetStream(ctl.JS))
+	if ctl.Signer != nil {
+		opts = append(opts, control.WithSigner(ctl.Signer.Sign))
+	}
+	decisions := &approval.Service{Store: ctl.Store, JS: ctl.JS, Log: r.log}
+	svc, err := control.Start(ctl.NC, ctl.Store, ctl.Registry, decisions, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return func() { _ = svc.Stop() }, nil
+}
+
+// serve runs the runners and the audit relay until ctx is done, then
+// drains. Runners stop fetching when drain is done, then finish in-flight
+// work; one failing stops the others, and so does a connection that closes
+// for good, which Run then reports so a supervisor restarts the process.
+func (r *run) serve(ctx context.Context) error {
+	c, log := &r.c, r.log
 	drain, stop := context.WithCancel(ctx)
 	defer stop()
-	errs := make(chan error, len(runners)+2)
-	for _, nd := range nodes.all() {
-		if nd.Lost() == nil {
-			continue
-		}
-		bg.Go(func() {
-			select {
-			case <-nd.Lost():
-				log.Error("NATS connection closed for good; stopping", "role", nd.Role, "err", nd.NC.LastError())
-				stop()
-			case <-runCtx.Done():
-			}
-		})
-	}
+	errs := make(chan error, len(r.runners)+2)
+	r.watchConnections(stop)
 	var wg sync.WaitGroup
-	for _, r := range runners {
+	for _, rn := range r.runners {
 		wg.Go(func() {
-			if err := r.Run(drain); err != nil {
-				errs <- fmt.Errorf("stage %s: %w", r.Name, err)
+			if err := rn.Run(drain); err != nil {
+				errs <- fmt.Errorf("stage %s: %w", rn.Name, err)
 				stop()
 			}
 		})
 	}
-	if an := nodes.stage[subjects.Audit]; an != nil {
-		relay := &runner.Relay{JS: an.JS, Senders: an.Senders, Log: log, Metrics: metrics}
+	if an := r.nodes.stage[subjects.Audit]; an != nil {
+		relay := &runner.Relay{JS: an.JS, Senders: an.Senders, Log: log, Metrics: r.metrics}
 		wg.Go(func() {
 			if err := relay.Run(drain); err != nil {
 				errs <- err
@@ -505,28 +629,51 @@ func Run(ctx context.Context, c Config) error {
 			}
 		})
 	}
-	for _, r := range runners {
-		health.Watch(r.Stalled)
+	for _, rn := range r.runners {
+		r.health.Watch(rn.Stalled)
 	}
-	health.SetReady(nodes.first(nil).NC)
-	log.Info("toolgate running", "stages", c.Stages, "workers", cmp.Or(c.Workers, DefaultWorkers), "nats", url)
+	r.health.SetReady(r.nodes.first(nil).NC)
+	log.Info("toolgate running", "stages", c.Stages, "workers", c.Workers, "nats", r.url)
 	if c.Ready != nil {
-		c.Ready(url, n)
+		c.Ready(r.url, r.nodes.first(r.op)) // the operator's node when there is one
 	}
 	// Wait for the signal even when no runner runs (stage control serves
 	// requests on its own goroutines).
 	<-drain.Done()
 	wg.Wait()
-	release(runners, log)
+	return r.drain(errs)
+}
+
+// watchConnections stops the runners when a connection closes for good.
+func (r *run) watchConnections(stop func()) {
+	for _, nd := range r.nodes.all() {
+		if nd.Lost() == nil {
+			continue
+		}
+		r.bg.Go(func() {
+			select {
+			case <-nd.Lost():
+				r.log.Error("NATS connection closed for good; stopping", "role", nd.Role, "err", nd.NC.LastError())
+				stop()
+			case <-r.runCtx.Done():
+			}
+		})
+	}
+}
+
+// drain ends serve once the runners have stopped: the stages give back
+// what they hold, and Run reports what failed, a lost connection included.
+func (r *run) drain(errs chan error) error {
+	release(r.runners, r.log)
 	// The closed handler runs asynchronously: ask the connections themselves.
-	for _, nd := range nodes.all() {
+	for _, nd := range r.nodes.all() {
 		if nd.NC.IsClosed() && nd.Lost() != nil {
 			errs <- fmt.Errorf("%w: %v", ErrConnectionClosed, nd.NC.LastError())
 			break
 		}
 	}
 	close(errs)
-	log.Info("toolgate stopped: in-flight work drained")
+	r.log.Info("toolgate stopped: in-flight work drained")
 	return errors.Join(collect(errs)...)
 }
 
@@ -681,7 +828,7 @@ func setupTokens(ctx context.Context, c *Config, n *Node, log *slog.Logger, bg *
 	if c.Stage.Tokens != nil {
 		return nil
 	}
-	iss, aud := cmp.Or(c.TokenIssuer, "toolgate"), cmp.Or(c.TokenAudience, "toolgate")
+	iss, aud := c.TokenIssuer, c.TokenAudience
 	switch {
 	case c.JWKSPath != "":
 		kf, err := token.OpenKeyFile(c.JWKSPath, log)
@@ -691,10 +838,7 @@ func setupTokens(ctx context.Context, c *Config, n *Node, log *slog.Logger, bg *
 		bg.Go(func() { kf.Watch(ctx, time.Second) })
 		c.Stage.Tokens = &token.Verifier{Keys: kf, Issuer: iss, Audience: aud, Leeway: TokenLeeway, MaxLifetime: c.TokenMaxLifetime}
 	case c.Examples:
-		dir := cmp.Or(c.DevKeyDir, c.Embedded.DataDir)
-		if dir == "" {
-			return errors.New("examples: no directory for the development key (set DevKeyDir or the data directory)")
-		}
+		dir := c.DevKeyDir // Validate made sure there is one
 		k, raw, err := devKeys(dir, iss, aud)
 		if err != nil {
 			return fmt.Errorf("development key: %w", err)

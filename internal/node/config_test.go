@@ -1,0 +1,53 @@
+package node_test
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/toolgate/toolgate/internal/node"
+	"github.com/toolgate/toolgate/internal/token"
+	"github.com/toolgate/toolgate/subjects"
+)
+
+// TestConfigValidate: the combinations Run cannot start with are refused
+// before anything starts, each with the error Run gives; the rest pass.
+func TestConfigValidate(t *testing.T) {
+	const url = "nats://127.0.0.1:4222"
+	data := node.EmbeddedOptions{DataDir: "/var/lib/toolgate"}
+	for _, tc := range []struct {
+		name string
+		c    node.Config
+		want string // "" accepts
+	}{
+		{"embedded with a data directory", node.Config{Embedded: data}, ""},
+		{"embedded without a data directory", node.Config{}, "embedded NATS needs a data directory"},
+		{"external without a data directory", node.Config{NATSURL: url}, ""},
+		{"creds for one stage", node.Config{NATSURL: url, Creds: "x.creds", Stages: []string{subjects.Execute}}, ""},
+		{"creds for one stage and the callout", node.Config{NATSURL: url, Creds: "x.creds", AuthCallout: true,
+			Stages: []string{subjects.Execute, node.AuthCallout}}, ""},
+		{"creds for the callout alone", node.Config{NATSURL: url, Creds: "x.creds", AuthCallout: true,
+			Stages: []string{node.AuthCallout}}, ""},
+		{"creds for two stages", node.Config{NATSURL: url, Creds: "x.creds", Embedded: data,
+			Stages: []string{subjects.Validate, subjects.Authorize}}, "--creds names one role's credentials"},
+		{"creds for every stage (the default)", node.Config{NATSURL: url, Creds: "x.creds"}, "--creds names one role's credentials"},
+		{"creds for no stage without the callout", node.Config{NATSURL: url, Creds: "x.creds",
+			Stages: []string{node.AuthCallout}}, "--creds names one role's credentials"},
+		{"creds on the embedded server are not used", node.Config{Creds: "x.creds", Embedded: data}, ""},
+		{"examples with the data directory's key", node.Config{Examples: true, Embedded: data}, ""},
+		{"examples with a key directory", node.Config{NATSURL: url, Examples: true, DevKeyDir: "/keys"}, ""},
+		{"examples with a key set", node.Config{NATSURL: url, Examples: true, JWKSPath: "/keys/jwks.json"}, ""},
+		{"examples with a verifier", node.Config{NATSURL: url, Examples: true,
+			Stage: node.StageConfig{Tokens: &token.Verifier{}}}, ""},
+		{"examples without a key directory", node.Config{NATSURL: url, Examples: true}, "examples: no directory for the development key"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.c.Validate()
+			switch {
+			case tc.want == "" && err != nil:
+				t.Fatalf("Validate: %v, want nil", err)
+			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+				t.Fatalf("Validate: %v, want %q", err, tc.want)
+			}
+		})
+	}
+}
