@@ -270,8 +270,10 @@ func (x *Executor) restoreInto(ctx context.Context, inv *envelope.Invocation, to
 	}
 	tr.resumed, tr.parent = state, cp.ID
 	inv.Metadata.ResumedFromCheckpoint, inv.Metadata.ResumedFromCheckpointID = cp.Seq, cp.ID
-	if x.RestorePins != nil && len(cp.DocumentPins) > 0 {
-		x.RestorePins(inv, cp.DocumentPins)
+	if len(cp.DocumentPins) > 0 && len(inv.DocumentPins) == 0 {
+		if err := json.Unmarshal(cp.DocumentPins, &inv.DocumentPins); err != nil {
+			return api.NewError(api.ResumeFailed, api.ECheckpointRestore, "checkpoint %s: its document pins do not decode: %v", id, err)
+		}
 	}
 	return nil
 }

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/toolgate/toolgate/api"
@@ -95,5 +97,39 @@ func TestCheckpointingDisabled(t *testing.T) {
 	}
 	if len(st.saved) != 1 || st.saved[0].meta.Kind != api.CheckpointNamed || len(inv.Metadata.CheckpointsCreated) != 1 {
 		t.Fatalf("saved %+v", st.saved)
+	}
+}
+
+// TestCheckpointKeepsDocumentPins: a checkpoint keeps the document versions
+// its call was pinned to, and a new call resumed from it is held to them.
+func TestCheckpointKeepsDocumentPins(t *testing.T) {
+	reg := tools.NewRegistry()
+	reg.Put(&tools.Manifest{ID: "keeps", Version: "1.0.0", Kind: "builtin", Builtin: &tools.BuiltinConfig{Function: "keeps"}})
+	builtins := builtin.Set{"keeps": func(ctx context.Context, _ json.RawMessage) (json.RawMessage, error) {
+		if _, err := builtin.SaveCheckpoint(ctx, api.CheckpointNamed, "keep", json.RawMessage(`{"a":1}`)); err != nil {
+			return nil, err
+		}
+		return json.RawMessage(`{}`), nil
+	}}
+	st := newFakeStore()
+	x := &Executor{reg: reg, builtins: builtins, store: st, running: NewRunning()}
+	pins := []api.DocumentPin{{Source: "handbook", DocumentID: "guide", Version: "v7"}}
+	call := func(id string, pins []api.DocumentPin, cc *api.CheckpointConfig) *envelope.Invocation {
+		return &envelope.Invocation{ID: id, Tenant: "acme", Status: api.StatusPending, Event: envelope.Event{Seq: 5},
+			Request: &api.Request{ToolID: "keeps", Parameters: json.RawMessage(`{}`), CheckpointConfig: cc},
+			Route:   &envelope.Route{ToolID: "keeps", ToolVersion: "1.0.0", Executor: "builtin"}, DocumentPins: pins}
+	}
+	if _, err := x.Process(context.Background(), call("i-1", pins, nil)); err != nil {
+		t.Fatal(err)
+	}
+	if len(st.saved) != 1 || !strings.Contains(string(st.saved[0].meta.DocumentPins), `"v7"`) {
+		t.Fatalf("saved %+v, want the call's pins kept", st.saved)
+	}
+	resumed := call("i-2", nil, &api.CheckpointConfig{ResumeFromCheckpointID: st.saved[0].meta.ID})
+	if _, err := x.Process(context.Background(), resumed); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(resumed.DocumentPins, pins) {
+		t.Fatalf("resumed call pinned to %+v, want %+v", resumed.DocumentPins, pins)
 	}
 }

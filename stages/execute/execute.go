@@ -86,12 +86,6 @@ type Executor struct {
 	// A refusal ends the call permission_denied (E3218), audited as every
 	// refusal is.
 	Seals Seals
-	// Pins, when set, gives the document versions an invocation has
-	// pinned, which its checkpoints keep; RestorePins hands a resumed
-	// run the pins of the checkpoint it resumes from.
-	Pins        func(inv *envelope.Invocation) json.RawMessage
-	RestorePins func(inv *envelope.Invocation, pins json.RawMessage)
-
 	kinds map[string]Kind
 }
 
@@ -286,8 +280,14 @@ func (x *Executor) newTracker(ctx context.Context, inv *envelope.Invocation, m *
 		}
 		tr.interval = time.Duration(cc.CheckpointIntervalSeconds) * time.Second
 	}
-	if x.Pins != nil {
-		tr.pins = func() json.RawMessage { return x.Pins(inv) }
+	// A checkpoint keeps the document versions the call was pinned to, so
+	// that a resume from it reads the same ones.
+	tr.pins = func() json.RawMessage {
+		if len(inv.DocumentPins) == 0 {
+			return nil
+		}
+		b, _ := json.Marshal(inv.DocumentPins)
+		return b
 	}
 	return tr
 }
