@@ -22,13 +22,19 @@ func (n *Node) newDocuments(ctx context.Context, c StageConfig, mc mcptool.Confi
 		return nil, err
 	}
 	n.onStop(b.Close)
+	var sources, policies signedstate.Order
 	err = n.Store.WatchDocSources(ctx, func(name string, rec *kvstore.DocSourceRecord) {
 		if rec == nil {
+			sources.Removed(name)
 			b.Apply(name, nil)
 			return
 		}
 		if c.StateProof != nil {
-			if err := signedstate.DocSource(*rec, name, c.StateProof); err != nil {
+			err := signedstate.DocSource(*rec, name, c.StateProof)
+			if err == nil {
+				err = sources.Admit(name, rec.Proof)
+			}
+			if err != nil {
 				n.refusedState(ctx, "urn:toolgate:execute", "document source", rec.Revision, fmt.Errorf("document source %s: %w", name, err))
 				return
 			}
@@ -44,8 +50,11 @@ func (n *Node) newDocuments(ctx context.Context, c StageConfig, mc mcptool.Confi
 		return nil, fmt.Errorf("watching document sources: %w", err)
 	}
 	err = n.Store.WatchPolicy(ctx, func(bundle kvstore.PolicyBundle, ok bool, err error) {
+		if !ok {
+			policies.Removed("policy")
+		}
 		if ok && err == nil && c.StateProof != nil {
-			if err := signedstate.Policy(bundle, c.StateProof); err != nil {
+			if err := policies.Policy(bundle, c.StateProof); err != nil {
 				return // authorize audits the refusal
 			}
 		}
