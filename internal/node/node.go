@@ -167,21 +167,25 @@ func openConnRole(ctx context.Context, nc *nats.Conn, role busauth.Role, topo to
 	}
 	opts := kvstore.Options{Replicas: topo.Replicas, Storage: topo.Storage, InvocationTTL: topo.InvocationTTL, Memory: mem,
 		CheckpointRetention: topo.CheckpointRetention, Clock: topo.CheckpointClock}
-	// Refusals are audited through the node's JetStream once it has one:
-	// signed, and relayed through audit (SignAs).
+	rights, bound := busauth.Rights[role]
+	// Refusals are audited through the node's JetStream: on an
+	// authenticated bus only once it signs, and sends through audit
+	// (SignAs), so what the first watches refuse waits for that.
 	var self atomic.Pointer[Node]
 	pub := func() jetstream.JetStream {
 		if n := self.Load(); n != nil {
-			return n.refusals.Load().JetStream
+			return n.refusalJS()
 		}
-		return js
+		if !bound {
+			return js
+		}
+		return nil
 	}
 	if proof != nil {
 		source := "urn:toolgate:" + cmp.Or(string(role), "operator")
 		opts.CheckTool = checkTools(pub, source, proof, log)
 		opts.CheckModel = checkModels(pub, source, proof, log)
 	}
-	rights, bound := busauth.Rights[role]
 	if bound {
 		opts.Bind, opts.Buckets = true, rights.Buckets()
 	}
@@ -218,7 +222,9 @@ func openConnRole(ctx context.Context, nc *nats.Conn, role busauth.Role, topo to
 		return nil, err
 	}
 	n := &Node{NC: nc, JS: js, Store: store, Registry: tools.NewRegistry(), Revoked: new(token.Revocations), Topology: topo, Log: log, Role: role}
-	n.refusals.Store(&jsBox{js})
+	if !bound {
+		n.refusals.Store(&jsBox{js})
+	}
 	self.Store(n)
 	watches := func(b string) bool { return !bound || slices.Contains(rights.Watches, b) }
 	if watches(subjects.BucketTools) {
@@ -233,7 +239,7 @@ func openConnRole(ctx context.Context, nc *nats.Conn, role busauth.Role, topo to
 		if proof != nil {
 			source := "urn:toolgate:" + cmp.Or(string(role), "operator")
 			ignored = func(jti string, rev uint64) {
-				refusedState(ctx, pub(), log, source, "revocation", rev,
+				refusedState(ctx, pub, log, source, "revocation", rev,
 					fmt.Errorf("token %s: a revocation is removed only by its token's expiry, not by a delete", jti))
 			}
 		}
@@ -780,20 +786,57 @@ func (n *Node) newAuthorizer(ctx context.Context, c StageConfig) (*authorize.Aut
 
 // refusedState logs and audits a record a stage ignored.
 func (n *Node) refusedState(ctx context.Context, source, what string, rev uint64, cause error) {
-	refusedState(ctx, n.JS, n.Log, source, what, rev, cause)
+	refusedState(ctx, n.refusalJS, n.Log, source, what, rev, cause)
 }
 
-func refusedState(ctx context.Context, js jetstream.JetStream, log *slog.Logger, source, what string, rev uint64, cause error) {
+// refusalJS is the JetStream refusals are audited through, nil until the
+// connection of a role signs.
+func (n *Node) refusalJS() jetstream.JetStream {
+	if b := n.refusals.Load(); b != nil {
+		return b.JetStream
+	}
+	return nil
+}
+
+// refusedState logs a record a reader ignored and audits it through js,
+// at once or, when js has none yet, as soon as it has.
+func refusedState(ctx context.Context, js func() jetstream.JetStream, log *slog.Logger, source, what string, rev uint64, cause error) {
 	log.Error("ignoring unsigned state: no operator's signature covers it", "what", what, "revision", rev, "err", cause)
 	o, err := signedstate.RefusedEvent(source, what, rev, cause)
-	if err == nil {
-		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		err = runner.Publish(pctx, js, o)
-		cancel()
-	}
 	if err != nil {
 		log.Error("auditing ignored state", "what", what, "revision", rev, "err", err)
+		return
 	}
+	publish := func(j jetstream.JetStream) {
+		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if err := runner.Publish(pctx, j, o); err != nil {
+			log.Error("auditing ignored state", "what", what, "revision", rev, "err", err)
+		}
+	}
+	if j := js(); j != nil {
+		publish(j)
+		return
+	}
+	go func() {
+		tick := time.NewTicker(50 * time.Millisecond)
+		defer tick.Stop()
+		giveUp := time.After(time.Minute)
+		for {
+			select {
+			case <-tick.C:
+				if j := js(); j != nil {
+					publish(j)
+					return
+				}
+			case <-giveUp:
+				log.Error("auditing ignored state: the connection never got its signing key", "what", what, "revision", rev)
+				return
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
 }
 
 // checkModels makes the model catalogue and routing policy honour only
@@ -808,7 +851,7 @@ func checkModels(js func() jetstream.JetStream, source string, proof signedstate
 			if key == modelrouter.RoutingKey {
 				what = "routing_policy"
 			}
-			refusedState(context.Background(), js(), log, source, what, rev, fmt.Errorf("%s: %w", key, err))
+			refusedState(context.Background(), js, log, source, what, rev, fmt.Errorf("%s: %w", key, err))
 		}
 		return err
 	}
@@ -822,7 +865,7 @@ func checkTools(js func() jetstream.JetStream, source string, proof signedstate.
 	return func(rec kvstore.ToolRecord, key string, rev uint64) error {
 		err := order.Tool(rec, key, proof)
 		if err != nil {
-			refusedState(context.Background(), js(), log, source, "tool", rev, fmt.Errorf("tool %s: %w", key, err))
+			refusedState(context.Background(), js, log, source, "tool", rev, fmt.Errorf("tool %s: %w", key, err))
 		}
 		return err
 	}
