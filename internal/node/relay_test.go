@@ -2,6 +2,7 @@ package node_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
@@ -10,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/client"
 	"github.com/toolgate/toolgate/internal/busauth"
 	"github.com/toolgate/toolgate/internal/envelope"
 	"github.com/toolgate/toolgate/internal/runner"
@@ -125,7 +127,9 @@ func onlyAuditPublishes(t *testing.T, s *served) {
 			t.Fatal(err)
 		}
 		vjs := runner.Relaying(seal.SigningJetStream(roleJS(busauth.RoleValidate), key(busauth.RoleValidate)))
-		if _, err := vjs.Publish(ctx, subject, []byte(`{"invocation_id":"`+id+`","status":"pending"}`)); err != nil {
+		pending := fmt.Sprintf(`{"specversion":"1.0","id":"%s:accepted","source":"urn:toolgate:validate","type":%q,"data":{"invocation_id":%q,"status":"pending"}}`,
+			id, api.TypeAccepted, id)
+		if _, err := vjs.Publish(ctx, subject, []byte(pending)); err != nil {
 			t.Fatal(err)
 		}
 		// A marker relayed after it shows the relay got past the pending.
@@ -146,6 +150,52 @@ func onlyAuditPublishes(t *testing.T, s *served) {
 		m, err := results.GetLastMsgForSubject(ctx, subject)
 		if err != nil || !strings.Contains(string(m.Data), `"success"`) {
 			t.Fatalf("the result subject holds %s (%v), want the terminal result", m.Data, err)
+		}
+	})
+
+	// A real async call: validate's own pending answer passes audit's
+	// check (published, or dropped only because the result came first),
+	// never refused as poison.
+	t.Run("an async call's pending answer is not refused", func(t *testing.T) {
+		nc, raw := s.agent(t, 1, "demo")
+		ac, err := client.New(nc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		id, err := ac.Invoke(ctx, api.Request{ToolID: "echo", Parameters: json.RawMessage(`{"message":"later"}`), ExecutionOptions: &api.ExecutionOptions{AsyncMode: true},
+			AgentContext: api.AgentContext{AgentDID: "did:agent:demo", TenantID: "demo"}, CapabilityToken: raw}, client.InvokeOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r, err := ac.Wait(ctx, "demo", id); err != nil || r.Status != api.StatusSuccess {
+			t.Fatalf("async call: %+v %v", r, err)
+		}
+		eventually(t, 10*time.Second, "the relay to be drained", func() bool {
+			info, err := ojs.Stream(ctx, subjects.StreamRelay)
+			return err == nil && info.CachedInfo().State.Msgs == 0
+		})
+		if m, err := audit.GetLastMsgForSubject(ctx, subjects.AuditEvent("demo", envelope.SubjectSuffix(api.TypePoison))); err == nil &&
+			strings.Contains(string(m.Data), subjects.Relay(subjects.Result("demo", id))) {
+			t.Fatalf("audit refused validate's pending answer: %s", m.Data)
+		}
+	})
+
+	// Validate's key vouches for the pending answer only: a final result
+	// it relays, even for a call with no result yet, is refused.
+	t.Run("a final result relayed by validate is refused", func(t *testing.T) {
+		id := fmt.Sprintf("forged-result-%d", time.Now().UnixNano())
+		subject := subjects.Result("demo", id)
+		forged := fmt.Sprintf(`{"specversion":"1.0","id":"%s","source":"urn:toolgate:audit","type":"tool.result","data":{"invocation_id":%q,"status":"success"}}`, id, id)
+		vjs := runner.Relaying(seal.SigningJetStream(roleJS(busauth.RoleValidate), key(busauth.RoleValidate)))
+		if _, err := vjs.Publish(ctx, subject, []byte(forged)); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, 20*time.Second, "a poison event for the relayed final result", func() bool {
+			m, err := audit.GetLastMsgForSubject(ctx, subjects.AuditEvent("demo", envelope.SubjectSuffix(api.TypePoison)))
+			return err == nil && strings.Contains(string(m.Data), subjects.Relay(subject)) && strings.Contains(string(m.Data), api.EMessageUnsigned)
+		})
+		if m, err := results.GetLastMsgForSubject(ctx, subject); err == nil {
+			t.Fatalf("audit published the forged result: %s", m.Data)
 		}
 	})
 }

@@ -2,6 +2,7 @@ package runner
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/seal"
 	"github.com/toolgate/toolgate/internal/topology"
 	"github.com/toolgate/toolgate/subjects"
@@ -135,6 +137,13 @@ func (r *Relay) relay(log *slog.Logger, m jetstream.Msg) {
 			return
 		}
 	}
+	if subjects.IsResult(subject) && !pendingAnswer(m.Data()) {
+		// The one result another role emits is validate's pending answer:
+		// a final result is audit's alone, whoever signed this one.
+		r.refuse(log, m, md, subject, api.NewError(api.PermissionDenied, api.EMessageUnsigned,
+			"refused a relayed result: only a pending answer (%s) may be relayed, never a final result", api.TypeAccepted))
+		return
+	}
 	// The emitter's message id goes with it, its signature does not.
 	h := make(nats.Header, len(m.Headers()))
 	for k, v := range m.Headers() {
@@ -189,4 +198,16 @@ func (r *Relay) count(outcome string) {
 	if r.Metrics != nil {
 		r.Metrics.messages.WithLabelValues(relayStage, outcome).Inc()
 	}
+}
+
+// pendingAnswer reports whether data is a structured tool.accepted
+// CloudEvent whose response is pending.
+func pendingAnswer(data []byte) bool {
+	var e struct {
+		Type string `json:"type"`
+		Data struct {
+			Status api.Status `json:"status"`
+		} `json:"data"`
+	}
+	return json.Unmarshal(data, &e) == nil && e.Type == api.TypeAccepted && e.Data.Status == api.StatusPending
 }
