@@ -646,7 +646,7 @@ func (n *Node) signAs(dataDir string, r busauth.Role, msgs *seal.Messages, check
 		return fmt.Errorf("%s needs its message-signing key (%s in %s): %w", r, busauth.HopKeyFile(r),
 			filepath.Join(dataDir, busauth.DirName), err)
 	}
-	n.Signer = seal.NewSigner(r, k)
+	n.Signer = msgs.NewSigner(r, k)
 	var except func(string) bool
 	if chained && r == busauth.RoleAudit {
 		except = subjects.IsAudit

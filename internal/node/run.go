@@ -732,7 +732,8 @@ func setupSeals(c *Config, authenticated bool, log *slog.Logger) error {
 		err := fs.ErrNotExist
 		switch {
 		case c.Stage.Sealer != nil:
-			pub, err = c.Stage.Sealer.Public(), nil
+			c.Stage.Seals = c.Stage.Sealer.Verifier()
+			return nil
 		case dir != "":
 			pub, err = busauth.LoadSealPublicKey(dir)
 		}

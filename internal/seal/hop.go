@@ -28,13 +28,23 @@ const hopVersion = "toolgate-msg-v1"
 // or the control service sends carries who sent it, and the next stage
 // checks it with Messages.
 type Signer struct {
-	role busauth.Role
-	key  ed25519.PrivateKey
+	role   busauth.Role
+	key    ed25519.PrivateKey
+	pub    ed25519.PublicKey
+	recent *recent // where a checker of this process finds what it signed
 }
 
 // NewSigner returns a Signer for role's key.
 func NewSigner(role busauth.Role, key ed25519.PrivateKey) *Signer {
-	return &Signer{role: role, key: key}
+	return &Signer{role: role, key: key, pub: key.Public().(ed25519.PublicKey)}
+}
+
+// NewSigner returns a Signer for role's key whose messages m, in the same
+// process, accepts without verifying their signatures again.
+func (m *Messages) NewSigner(role busauth.Role, key ed25519.PrivateKey) *Signer {
+	s := NewSigner(role, key)
+	s.recent = m.recent
+	return s
 }
 
 // Sign returns h (copied: a header may be shared between messages) with
@@ -42,8 +52,11 @@ func NewSigner(role busauth.Role, key ed25519.PrivateKey) *Signer {
 func (s *Signer) Sign(subject string, h nats.Header, data []byte) nats.Header {
 	out := make(nats.Header, len(h)+2)
 	maps.Copy(out, h)
+	text := signedMessage(string(s.role), subject, data)
+	sig := ed25519.Sign(s.key, text)
+	s.recent.add(s.pub, text, sig)
 	out[HeaderSigner] = []string{string(s.role)}
-	out[HeaderSignature] = []string{base64.RawURLEncoding.EncodeToString(ed25519.Sign(s.key, signedMessage(string(s.role), subject, data)))}
+	out[HeaderSignature] = []string{base64.RawURLEncoding.EncodeToString(sig)}
 	return out
 }
 
@@ -72,12 +85,13 @@ func signedMessage(role, subject string, data []byte) []byte {
 // let it publish on the subject. A message sent with stolen credentials but
 // without the role's key, or by a role onto a subject not its own, fails.
 type Messages struct {
-	keys map[busauth.Role]ed25519.PublicKey
+	keys   map[busauth.Role]ed25519.PublicKey
+	recent *recent
 }
 
 // NewMessages returns a checker for the public keys of hops.pub.
 func NewMessages(keys map[busauth.Role]ed25519.PublicKey) *Messages {
-	return &Messages{keys: keys}
+	return &Messages{keys: keys, recent: newRecent(recentSize)}
 }
 
 // Sender returns the role that signed the message, or a permission_denied
@@ -92,7 +106,7 @@ func (m *Messages) Sender(subject string, h nats.Header, data []byte) (busauth.R
 		return "", refuseMessage("the message names signer " + string(role) + ", which has no signing key in this deployment")
 	}
 	sig, err := base64.RawURLEncoding.DecodeString(h.Get(HeaderSignature))
-	if err != nil || !ed25519.Verify(key, signedMessage(string(role), subject, data), sig) {
+	if err != nil || !m.recent.verified(key, signedMessage(string(role), subject, data), sig) {
 		return "", refuseMessage("the signature of " + string(role) + " does not verify: forged, or the message was altered")
 	}
 	if !busauth.MayPublish(role, subject) {

@@ -40,17 +40,29 @@ const version = "toolgate-seal-v1"
 
 // Sealer signs decisions with the private sealing key.
 type Sealer struct {
-	key ed25519.PrivateKey
-	id  string
+	key    ed25519.PrivateKey
+	pub    ed25519.PublicKey
+	id     string
+	recent *recent // the seals it made, for a Verifier of the same process
 }
 
 // NewSealer returns a Sealer for key.
 func NewSealer(key ed25519.PrivateKey) *Sealer {
-	return &Sealer{key: key, id: busauth.SealKeyID(key.Public().(ed25519.PublicKey))}
+	pub := key.Public().(ed25519.PublicKey)
+	return &Sealer{key: key, pub: pub, id: busauth.SealKeyID(pub), recent: newRecent(recentSize / 8)}
+}
+
+// Verifier returns a Verifier for s's key that accepts the seals s made
+// without verifying their signatures again (authorize and execute in one
+// process).
+func (s *Sealer) Verifier() *Verifier {
+	v := NewVerifier(s.Public())
+	v.recent = s.recent
+	return v
 }
 
 // Public returns the public key that verifies this Sealer's seals.
-func (s *Sealer) Public() ed25519.PublicKey { return s.key.Public().(ed25519.PublicKey) }
+func (s *Sealer) Public() ed25519.PublicKey { return s.pub }
 
 // Seal signs inv's authorization, which must be set and final: the request
 // as it will be handed on (no capability token), the resolved tool id and
@@ -71,15 +83,19 @@ func (s *Sealer) Seal(inv *envelope.Invocation, toolID, toolVersion string, expi
 	if sl.Authz, err = digest(inv.Authz); err != nil {
 		return err
 	}
-	sl.Sig = base64.RawURLEncoding.EncodeToString(ed25519.Sign(s.key, signed(sl)))
+	text := signed(sl)
+	sig := ed25519.Sign(s.key, text)
+	s.recent.add(s.pub, text, sig)
+	sl.Sig = base64.RawURLEncoding.EncodeToString(sig)
 	inv.Authz.Seal = sl
 	return nil
 }
 
 // Verifier checks seals with the public sealing key.
 type Verifier struct {
-	key ed25519.PublicKey
-	id  string
+	key    ed25519.PublicKey
+	id     string
+	recent *recent
 }
 
 // NewVerifier returns a Verifier for key.
@@ -101,7 +117,7 @@ func (v *Verifier) Check(inv *envelope.Invocation, now time.Time) error {
 		return refuse("the seal is signed by key "+sl.Key+", not this deployment's hop-sealing key "+v.id, "key")
 	}
 	sig, err := base64.RawURLEncoding.DecodeString(sl.Sig)
-	if err != nil || !ed25519.Verify(v.key, signed(sl), sig) {
+	if err != nil || !v.recent.verified(v.key, signed(sl), sig) {
 		return refuse("the seal's signature does not verify: forged or altered", "sig")
 	}
 	route := inv.Route

@@ -1,0 +1,81 @@
+package seal
+
+import (
+	"crypto/ed25519"
+	"crypto/sha256"
+	"sync"
+)
+
+// recentSize is how many signatures a process remembers having made. At
+// about eight signatures a call it covers the hops of some two thousand
+// calls in flight; a signature pushed out is only verified the long way.
+const recentSize = 1 << 14
+
+// verify is ed25519.Verify; tests count its calls.
+var verify = ed25519.Verify
+
+// recent remembers the signatures this process made, so that a role of the
+// same process reading what another of its roles signed (in `serve` every
+// hop but the agent's) need not verify it again. A signature this process
+// made with a key over a text verifies under that key's public half by
+// construction, so finding it here is the same answer as ed25519.Verify,
+// at the price of a map lookup instead of a scalar multiplication. What
+// was signed elsewhere, or altered since, misses and is verified.
+type recent struct {
+	mu    sync.Mutex
+	seen  map[[ed25519.SignatureSize]byte][sha256.Size]byte // signature → digest of public key and text
+	order [][ed25519.SignatureSize]byte                     // ring, oldest first from next
+	next  int
+}
+
+func newRecent(n int) *recent {
+	return &recent{seen: make(map[[ed25519.SignatureSize]byte][sha256.Size]byte, n), order: make([][ed25519.SignatureSize]byte, n)}
+}
+
+func recentDigest(pub ed25519.PublicKey, text []byte) [sha256.Size]byte {
+	h := sha256.New()
+	h.Write(pub)
+	h.Write(text)
+	var d [sha256.Size]byte
+	h.Sum(d[:0])
+	return d
+}
+
+// add remembers that sig is pub's signature over text.
+func (r *recent) add(pub ed25519.PublicKey, text, sig []byte) {
+	if r == nil || len(sig) != ed25519.SignatureSize {
+		return
+	}
+	d := recentDigest(pub, text)
+	k := [ed25519.SignatureSize]byte(sig)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	// The slot's old signature may have been taken already, or made
+	// again since (signatures are deterministic); forgetting it early
+	// costs one verification, never a wrong answer.
+	delete(r.seen, r.order[r.next])
+	r.order[r.next] = k
+	r.next = (r.next + 1) % len(r.order)
+	r.seen[k] = d
+}
+
+// take reports whether sig is a signature this process made with pub over
+// text, forgetting it: a message is read once; a redelivery verifies.
+func (r *recent) take(pub ed25519.PublicKey, text, sig []byte) bool {
+	if r == nil || len(sig) != ed25519.SignatureSize {
+		return false
+	}
+	k := [ed25519.SignatureSize]byte(sig)
+	r.mu.Lock()
+	d, ok := r.seen[k]
+	if ok {
+		delete(r.seen, k)
+	}
+	r.mu.Unlock()
+	return ok && d == recentDigest(pub, text)
+}
+
+// verified is pub's check of sig over text: remembered, or verified.
+func (r *recent) verified(pub ed25519.PublicKey, text, sig []byte) bool {
+	return r.take(pub, text, sig) || verify(pub, text, sig)
+}
