@@ -20,8 +20,14 @@ func EventOutput(subject string, e *event.Event) (Output, error) {
 	if err != nil {
 		return Output{}, err
 	}
-	return Output{Subject: subject, MsgID: envelope.MsgID(e.Source(), e.ID()),
-		Header: map[string][]string{"Content-Type": {event.ApplicationCloudEventsJSON}}, Data: data}, nil
+	return EncodedEventOutput(subject, envelope.MsgID(e.Source(), e.ID()), data), nil
+}
+
+// EncodedEventOutput is EventOutput for a CloudEvent encoded already, in
+// structured mode.
+func EncodedEventOutput(subject, msgID string, data []byte) Output {
+	return Output{Subject: subject, MsgID: msgID,
+		Header: map[string][]string{"Content-Type": {event.ApplicationCloudEventsJSON}}, Data: data}
 }
 
 // AuditEvent is the audit CloudEvent of type typ about inv, published by

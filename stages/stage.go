@@ -32,6 +32,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/toolgate/toolgate/internal/envelope"
@@ -101,6 +102,44 @@ func Announce(ctx context.Context, outs ...Output) error {
 }
 
 type announceKey struct{}
+
+// Pending is an announcement AnnounceAfter has not made yet.
+type Pending struct {
+	mu    sync.Mutex
+	timer *time.Timer
+	done  bool // announced, or withdrawn
+	sent  bool // announced, and handed to the Runner
+}
+
+// AnnounceAfter announces out (Announce) once the stage has worked for
+// grace, unless Withdraw comes first. An event saying work has started
+// (tool.invoked) earns a message of its own only while the work is under
+// way; a stage whose work ends sooner carries the event with the
+// invocation to audit instead, saving a durable write per call.
+func AnnounceAfter(ctx context.Context, grace time.Duration, out Output) *Pending {
+	p := &Pending{}
+	p.timer = time.AfterFunc(grace, func() {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if !p.done {
+			p.done = true
+			p.sent = Announce(ctx, out) == nil
+		}
+	})
+	return p
+}
+
+// Withdraw stops the announcement if it has not been made, waiting for one
+// under way, and reports whether the stage must deliver the event itself:
+// it was not announced, or announcing it failed. The stage calls it before
+// Process returns.
+func (p *Pending) Withdraw() bool {
+	p.timer.Stop()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.done = true
+	return !p.sent
+}
 
 // ErrNoAnnouncer is Announce's error outside a Runner.
 var ErrNoAnnouncer = errors.New("no runner to announce through")

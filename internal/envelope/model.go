@@ -76,6 +76,11 @@ type Invocation struct {
 	// invocation record's and sets them once resolved: a checkpoint keeps
 	// them beside its state, and a run resumed from it sets them here.
 	DocumentPins []api.DocumentPin `json:"document_pins,omitempty"`
+	// Invoked is execute's tool.invoked CloudEvent, when the tool ended
+	// before execute announced it (stages.AnnounceAfter): audit publishes
+	// it before the ending, under the message id the announcement would
+	// have had.
+	Invoked json.RawMessage `json:"invoked,omitempty"`
 }
 
 // TraceContext is a W3C trace context.

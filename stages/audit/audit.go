@@ -5,6 +5,7 @@ package audit
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -166,6 +167,9 @@ func (a *Auditor) Process(ctx context.Context, inv *envelope.Invocation) ([]stag
 		return nil, err
 	}
 	outs := []stages.Output{terminal, result}
+	if invoked, ok := carriedInvoked(inv); ok {
+		outs = append([]stages.Output{invoked}, outs...)
+	}
 	if decision != nil && decision.Child != nil {
 		child, err := childEvent(inv, decision.Child)
 		if err != nil {
@@ -324,6 +328,29 @@ func sameRequest(e *api.Error) bool {
 }
 
 var errSettled = errors.New("already settled")
+
+// carriedInvoked is the tool.invoked event execute carried with the
+// invocation (envelope.Invocation.Invoked), as audit publishes it: only
+// execute's event of that type about this very invocation, under the
+// message id execute's own announcement would have had.
+func carriedInvoked(inv *envelope.Invocation) (stages.Output, bool) {
+	if len(inv.Invoked) == 0 {
+		return stages.Output{}, false
+	}
+	suffix := envelope.SubjectSuffix(api.TypeInvoked)
+	var e struct {
+		Type    string `json:"type"`
+		ID      string `json:"id"`
+		Source  string `json:"source"`
+		Subject string `json:"subject"`
+		Tenant  string `json:"tenantid"`
+	}
+	if json.Unmarshal(inv.Invoked, &e) != nil || e.Type != api.TypeInvoked || e.ID != inv.ID+":"+suffix ||
+		e.Source != "urn:toolgate:"+subjects.Execute || e.Subject != inv.ID || e.Tenant != inv.Tenant {
+		return stages.Output{}, false
+	}
+	return stages.EncodedEventOutput(subjects.AuditEvent(inv.Tenant, suffix), inv.MsgID("audit."+suffix), inv.Invoked), true
+}
 
 func resultEvent(inv *envelope.Invocation, resp api.Response) (stages.Output, error) {
 	e, err := inv.NewEvent("urn:toolgate:"+subjects.Audit, api.TypeResult, resp)

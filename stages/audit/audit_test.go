@@ -1,6 +1,7 @@
 package audit
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -97,6 +98,59 @@ func TestAudit(t *testing.T) {
 		}
 		if rec := st.records["i-1"]; rec.Status != api.StatusSuccess || rec.Seq != 7 || rec.Response == nil {
 			t.Fatalf("stored %+v", rec)
+		}
+	})
+
+	t.Run("a carried tool.invoked goes out first, under execute's message id", func(t *testing.T) {
+		carried := func(change func(*envelope.Invocation)) *envelope.Invocation {
+			inv := succeeded()
+			running := *inv
+			running.Status = api.StatusRunning
+			if change != nil {
+				change(&running)
+			}
+			ev, err := stages.AuditEvent(subjects.Execute, &running, api.TypeInvoked, running.Audit())
+			if err != nil {
+				t.Fatal(err)
+			}
+			inv.Invoked = ev.Data
+			return inv
+		}
+		invokedSubject := subjects.AuditEvent("acme", envelope.SubjectSuffix(api.TypeInvoked))
+		succeededSubject := subjects.AuditEvent("acme", envelope.SubjectSuffix(api.TypeSucceeded)) + " " + subjects.Result("acme", "i-1")
+		inv := carried(nil)
+		outs, err := (&Auditor{store: newFakeStore()}).Process(ctx, inv)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := subjectsOf(outs); got != invokedSubject+" "+succeededSubject {
+			t.Fatalf("outputs %q", got)
+		}
+		if want := inv.MsgID("audit." + envelope.SubjectSuffix(api.TypeInvoked)); outs[0].MsgID != want || !bytes.Equal(outs[0].Data, inv.Invoked) {
+			t.Fatalf("carried event published as %q (%s), want %q and the bytes execute made", outs[0].MsgID, outs[0].Data, want)
+		}
+		// What is not execute's tool.invoked about this very call is not
+		// published.
+		for name, change := range map[string]func(*envelope.Invocation){
+			"another invocation": func(r *envelope.Invocation) { r.ID = "i-9" },
+			"another tenant":     func(r *envelope.Invocation) { r.Tenant = "other" },
+		} {
+			outs, err := (&Auditor{store: newFakeStore()}).Process(ctx, carried(change))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := subjectsOf(outs); got != succeededSubject {
+				t.Errorf("%s: outputs %q", name, got)
+			}
+		}
+		inv = succeeded()
+		ev, err := stages.AuditEvent(subjects.Verify, inv, api.TypeSucceeded, inv.Audit())
+		if err != nil {
+			t.Fatal(err)
+		}
+		inv.Invoked = ev.Data
+		if outs, err := (&Auditor{store: newFakeStore()}).Process(ctx, inv); err != nil || subjectsOf(outs) != succeededSubject {
+			t.Errorf("another event type carried: outputs %q, %v", subjectsOf(outs), err)
 		}
 	})
 

@@ -30,6 +30,10 @@ import (
 	"github.com/toolgate/toolgate/subjects"
 )
 
+// invokedGrace is how long a tool runs before execute announces its
+// tool.invoked on its own; a quicker tool's event travels with its ending.
+const invokedGrace = 100 * time.Millisecond
+
 // Kinds lists the tool kinds an executor can run: builtin and cli always,
 // the others when their Kind is registered with Handle.
 var Kinds = []string{"builtin", "cli", "http", "mcp", "model"}
@@ -196,6 +200,12 @@ func (x *Executor) Process(ctx context.Context, inv *envelope.Invocation) ([]sta
 		return nil, err
 	}
 	if interrupted && !found && !m.Safety.Idempotent {
+		// The interrupted run's tool.invoked, should its worker have died
+		// before announcing it; one it announced is the same message id.
+		inv.Status = api.StatusRunning
+		if invoked, err := stages.AuditEvent(subjects.Execute, inv, api.TypeInvoked, inv.Audit()); err == nil {
+			inv.Invoked = invoked.Data
+		}
 		return nil, api.NewError(api.ToolExecutionError, api.EOutcomeUnknown,
 			"%s was interrupted mid-run on another worker; it is not idempotent and left no checkpoint, "+
 				"so whether it took effect is unknown and it is not run again", m.Key())
@@ -228,13 +238,17 @@ func (x *Executor) Process(ctx context.Context, inv *envelope.Invocation) ([]sta
 	if err != nil {
 		return nil, err
 	}
-	// tool.invoked says a call started, so it goes out
-	// before the tool runs; should that fail it rides the outputs instead,
-	// under the same message id.
+	// tool.invoked says a call started: a watcher sees it while the tool
+	// runs. A tool done within invokedGrace has its event carried to
+	// audit with its ending instead (as has one whose announcement
+	// failed), under the same message id.
+	announce := stages.AnnounceAfter(ctx, invokedGrace, invoked)
+	defer func() {
+		if announce.Withdraw() {
+			inv.Invoked = invoked.Data
+		}
+	}()
 	var outs []stages.Output
-	if stages.Announce(ctx, invoked) != nil {
-		outs = append(outs, invoked)
-	}
 	limit := Limit(m, inv.Request)
 	start := time.Now()
 	// Retry wraps the per-attempt timeout, in failsafe-go's documented order.

@@ -169,8 +169,11 @@ func TestExecute(t *testing.T) {
 		wantRuns   int32
 		wantResult string
 		wantStatus api.Status
+		// wantInvoked: the run's tool.invoked travels with the call (the
+		// tool ended before its announcement was due; no runner here).
+		wantInvoked bool
 	}{
-		{name: "runs the tool", tool: "echo", wantRuns: 1, wantResult: `{"x":1}`, wantStatus: api.StatusRunning},
+		{name: "runs the tool", tool: "echo", wantRuns: 1, wantResult: `{"x":1}`, wantStatus: api.StatusRunning, wantInvoked: true},
 		{name: "a redelivery of an ended invocation does not run again", tool: "echo",
 			store: func(f *fakeStore) {
 				f.records["i-1"] = api.Record{InvocationID: "i-1", Status: api.StatusSuccess, Seq: 5,
@@ -184,23 +187,23 @@ func TestExecute(t *testing.T) {
 		{name: "a cancel recorded before the claim stops it", tool: "echo",
 			store:     func(f *fakeStore) { f.records["i-1"] = api.Record{InvocationID: "i-1", CancelRequested: true} },
 			wantECode: api.ECancelled},
-		{name: "a cancel while running stops it", tool: "wait", cancel: true, wantRuns: 1, wantECode: api.ECancelled},
+		{name: "a cancel while running stops it", tool: "wait", cancel: true, wantRuns: 1, wantECode: api.ECancelled, wantInvoked: true},
 		{name: "interrupted and not idempotent: outcome unknown", tool: "echo",
 			store: func(f *fakeStore) {
 				f.records["i-1"] = api.Record{InvocationID: "i-1", Status: api.StatusRunning, Seq: 5}
 			},
-			wantECode: api.EOutcomeUnknown},
+			wantECode: api.EOutcomeUnknown, wantInvoked: true},
 		{name: "interrupted and idempotent: run again", tool: "again",
 			store: func(f *fakeStore) {
 				f.records["i-1"] = api.Record{InvocationID: "i-1", Status: api.StatusRunning, Seq: 5}
 			},
-			wantRuns: 1, wantResult: `{"x":1}`, wantStatus: api.StatusRunning},
+			wantRuns: 1, wantResult: `{"x":1}`, wantStatus: api.StatusRunning, wantInvoked: true},
 		{name: "interrupted with a checkpoint: resumed from it", tool: "echo",
 			store: func(f *fakeStore) {
 				f.records["i-1"] = api.Record{InvocationID: "i-1", Status: api.StatusRunning, Seq: 5}
 				f.checkpoints["i-1"] = fakeCheckpoint{api.Checkpoint{ID: "cp-2-i-1", Seq: 2, ToolID: "echo"}, json.RawMessage(`{"step":2}`)}
-			}, wantRuns: 1, wantResult: `{"step":2}`, wantStatus: api.StatusRunning},
-		{name: "over its time limit", tool: "slow", wantRuns: 1, wantECode: api.ETimeout},
+			}, wantRuns: 1, wantResult: `{"step":2}`, wantStatus: api.StatusRunning, wantInvoked: true},
+		{name: "over its time limit", tool: "slow", wantRuns: 1, wantECode: api.ETimeout, wantInvoked: true},
 		{name: "builtin not in this binary", tool: "missing", wantECode: api.EExecutorUnavailable},
 		{name: "idempotency key of an ended call replays it", tool: "echo", idemKey: "k",
 			store: func(f *fakeStore) {
@@ -242,6 +245,9 @@ func TestExecute(t *testing.T) {
 			}
 			if c.transient {
 				return
+			}
+			if carried := len(inv.Invoked) > 0; carried != c.wantInvoked {
+				t.Fatalf("tool.invoked carried with the call: %v, want %v", carried, c.wantInvoked)
 			}
 			if c.wantECode != "" {
 				var ae *api.Error
