@@ -53,6 +53,9 @@ func TestShipped(t *testing.T) {
 			t.Errorf("%s: %d of %d calls completed", r.Name, r.Done, r.Sent)
 		}
 	}
+	if len(s.Rounds) != shippedRounds {
+		t.Errorf("%d saturation rounds, want %d", len(s.Rounds), shippedRounds)
+	}
 	if s.ToolgateServeCPU <= 0 || s.FloorServeCPU <= 0 {
 		t.Errorf("serve's CPU per call not counted: toolgate %v, floor %v", s.ToolgateServeCPU, s.FloorServeCPU)
 	}
@@ -60,4 +63,17 @@ func TestShipped(t *testing.T) {
 		t.Errorf("%.2f key-value reads per call, want none", s.ReadsPerCall)
 	}
 	s.Print(os.Stdout)
+}
+
+// TestMedianRound: the saturation figures come from the round of median
+// own CPU, not the first or the last.
+func TestMedianRound(t *testing.T) {
+	round := func(serve time.Duration) ShippedRound {
+		return ShippedRound{Toolgate: Result{Name: serve.String()}, ToolgateServeCPU: serve, FloorServeCPU: 100 * time.Microsecond}
+	}
+	s := Shipped{Rounds: []ShippedRound{round(900 * time.Microsecond), round(300 * time.Microsecond), round(500 * time.Microsecond)}}
+	s.useMedianRound()
+	if s.ToolgateServeCPU != 500*time.Microsecond || s.OwnCPU() != 400*time.Microsecond || s.Toolgate.Name != "500µs" {
+		t.Errorf("median round: serve %v, own %v, series %q; want 500µs, 400µs, 500µs", s.ToolgateServeCPU, s.OwnCPU(), s.Toolgate.Name)
+	}
 }
