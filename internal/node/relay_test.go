@@ -180,6 +180,69 @@ func onlyAuditPublishes(t *testing.T, s *served) {
 		}
 	})
 
+	// A tool done within execute's grace has its tool.invoked carried to
+	// audit with its ending: no relay write. One still running past it is
+	// announced through the relay while it runs. Either way the trail
+	// holds one tool.invoked, execute's, before the ending.
+	t.Run("tool.invoked is relayed only for a tool still running", func(t *testing.T) {
+		nc, raw := s.agent(t, 1, "demo")
+		ac, err := client.New(nc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		relayed := func() uint64 {
+			eventually(t, 10*time.Second, "the relay to be drained", func() bool {
+				info, err := ojs.Stream(ctx, subjects.StreamRelay)
+				return err == nil && info.CachedInfo().State.Msgs == 0
+			})
+			info, err := ojs.Stream(ctx, subjects.StreamRelay)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return info.CachedInfo().State.LastSeq
+		}
+		for _, c := range []struct {
+			tool, params string
+			relays       uint64
+		}{{"echo", `{"message":"quick"}`, 0}, {"sleep", `{"ms":600}`, 1}} {
+			before := relayed()
+			id, err := ac.Invoke(ctx, api.Request{ToolID: c.tool, Parameters: json.RawMessage(c.params),
+				AgentContext: api.AgentContext{AgentDID: "did:agent:demo", TenantID: "demo"}, CapabilityToken: raw}, client.InvokeOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			r, err := ac.Wait(ctx, "demo", id)
+			if err != nil || r.Status != api.StatusSuccess {
+				t.Fatalf("%s: %+v %v", c.tool, r, err)
+			}
+			if got := relayed() - before; got != c.relays {
+				t.Errorf("%s: %d relay writes, want %d", c.tool, got, c.relays)
+			}
+			var types []string
+			eventually(t, 10*time.Second, "the call's events on AUDIT", func() bool {
+				types = nil
+				for _, typ := range []string{api.TypeInvoked, api.TypeSucceeded} {
+					m, err := audit.GetLastMsgForSubject(ctx, subjects.AuditEvent("demo", envelope.SubjectSuffix(typ)))
+					if err == nil && strings.Contains(string(m.Data), r.InvocationID) {
+						types = append(types, typ)
+					}
+				}
+				return len(types) == 2
+			})
+			inv, err := audit.GetLastMsgForSubject(ctx, subjects.AuditEvent("demo", envelope.SubjectSuffix(api.TypeInvoked)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			end, err := audit.GetLastMsgForSubject(ctx, subjects.AuditEvent("demo", envelope.SubjectSuffix(api.TypeSucceeded)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if inv.Sequence > end.Sequence || !strings.Contains(string(inv.Data), `"urn:toolgate:execute"`) {
+				t.Errorf("%s: tool.invoked at %d from %s, ending at %d", c.tool, inv.Sequence, inv.Data, end.Sequence)
+			}
+		}
+	})
+
 	// Validate's key vouches for the pending answer only: a final result
 	// it relays, even for a call with no result yet, is refused.
 	t.Run("a final result relayed by validate is refused", func(t *testing.T) {

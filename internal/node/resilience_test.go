@@ -325,6 +325,11 @@ func TestInterruptedNonIdempotentTool(t *testing.T) {
 	if err != nil || resp.Error == nil || resp.Error.ECode != api.EOutcomeUnknown || e.blocks.Load() != 1 {
 		t.Fatalf("interrupted call: %+v, %v, ran %d times", resp, err, e.blocks.Load())
 	}
+	// The run that started has its tool.invoked, once: announced by the
+	// dead worker and carried again by the ending, under one message id.
+	if n := e.count(subjects.StreamAudit, subjects.AuditEvent("unk", envelope.SubjectSuffix(api.TypeInvoked))); n != 1 {
+		t.Fatalf("%d tool.invoked events for the interrupted run, want 1", n)
+	}
 }
 
 // TestSharedCircuitBreaker: failures on one execute worker open the breaker;
