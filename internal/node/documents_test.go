@@ -160,7 +160,7 @@ decision := {"allow": true} if input.document_id != "plan"
 	if srv.Reads.Load() != reads {
 		t.Fatal("the stopped source was read")
 	}
-	// A document never fetched cannot be served: E3652.
+	// A document never fetched cannot be served: E3602.
 	resp = e.invoke(docsRequest(tenant, api.DocumentContext{DocumentRefs: []string{"guide@v1", "other"}}))
 	wantError(t, resp, api.StatusError, api.EDocUnavailable)
 }
