@@ -192,28 +192,28 @@ const (
 	ESecuritySettings = "E3951"
 )
 
-// Model kind codes (toolgate's own).
+// Model kind codes (toolgate's own, outside the specification's E3000-E3799).
 const (
 	// The request names a model, or a manifest allows one, that the model
 	// catalogue does not hold.
-	EModelUnknown = "E3600"
+	EModelUnknown = "E3850"
 	// No model in the catalogue meets the request's constraints (tier,
 	// cost, latency, capabilities); details.considered says why each was
 	// left out.
-	EModelNoCandidate = "E3601"
+	EModelNoCandidate = "E3851"
 	// The request does not fit the context window of any model it may use,
 	// and it does not allow truncation.
-	EModelContextWindow = "E3602"
+	EModelContextWindow = "E3852"
 	// A provider's answer is not in its API's wire format.
-	EModelMalformed = "E3603"
+	EModelMalformed = "E3853"
 	// A provider's answer exceeds the tool's response bound.
-	EModelAnswerTooLarge = "E3604"
+	EModelAnswerTooLarge = "E3854"
 	// A streamed answer stopped before its final event.
-	EModelStreamCut = "E3605"
+	EModelStreamCut = "E3855"
 	// Every model in the fallback chain failed; details.attempts lists them.
-	EModelChainExhausted = "E3606"
+	EModelChainExhausted = "E3856"
 	// A catalogue entry cannot be used (no endpoint, unknown API flavour).
-	EModelMisconfigured = "E3607"
+	EModelMisconfigured = "E3857"
 )
 
 // Checkpoint codes (the specification's E3701-E3707; docs/checkpoints.md).
@@ -261,28 +261,27 @@ const (
 	ELinkRefused = "E3804"
 )
 
-// Document codes: the document bridge (docs/documents.md). Each mirrors the
-// specification's E3601-E3608 in order (E3651 is its E3601, ...): toolgate's
-// model kind already holds E3600-E3607.
+// Document codes: the document bridge (docs/documents.md). E3601-E3608 are
+// the specification's; E3609 is toolgate's.
 const (
 	// A document of document_context does not exist at its source (or the
 	// request names a source nobody declared).
-	EDocNotFound = "E3651"
+	EDocNotFound = "E3601"
 	// The source is down, retries are spent and the cache holds no copy.
-	EDocUnavailable = "E3652"
+	EDocUnavailable = "E3602"
 	// The document policy denies the agent this document.
-	EDocDenied = "E3653"
+	EDocDenied = "E3603"
 	// A requested or pinned version is no longer served by the source.
-	EDocVersionConflict = "E3654"
+	EDocVersionConflict = "E3604"
 	// The source did not answer within its request timeout.
-	EDocTimeout = "E3655"
+	EDocTimeout = "E3605"
 	// The source answered with something that is not a document.
-	EDocProtocol = "E3656"
+	EDocProtocol = "E3606"
 	// The document cache is unreachable; the document was fetched from the
 	// source (a warning in execution_metadata, not a failure).
-	EDocCacheUnavailable = "E3657"
+	EDocCacheUnavailable = "E3607"
 	// The pinned versions could not be stored with the invocation.
-	EDocPinFailed = "E3658"
+	EDocPinFailed = "E3608"
 	// The documents handed to a call exceed its size limit.
-	EDocTooLarge = "E3659"
+	EDocTooLarge = "E3609"
 )

@@ -94,7 +94,7 @@ func (c *Operator) Models(ctx context.Context) ([]json.RawMessage, error) {
 	return out.Models, err
 }
 
-// DeleteModel removes a model from the catalogue (E3600 when unknown).
+// DeleteModel removes a model from the catalogue (E3850 when unknown).
 func (c *Operator) DeleteModel(ctx context.Context, name, by string) error {
 	var out api.ModelRequest
 	return c.admin(ctx, subjects.SvcModelsDelete, api.ModelRequest{Name: name, By: by}, &out)

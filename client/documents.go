@@ -23,7 +23,7 @@ func (c *Client) DocSources(ctx context.Context) ([]json.RawMessage, error) {
 	return out.Sources, err
 }
 
-// RemoveDocSource removes a document source (E3651 when unknown).
+// RemoveDocSource removes a document source (E3601 when unknown).
 func (c *Client) RemoveDocSource(ctx context.Context, name, by string) error {
 	var out api.DocSourceRequest
 	return c.admin(ctx, subjects.SvcDocsSourceRemove, api.DocSourceRequest{Name: name, By: by}, &out)

@@ -67,7 +67,7 @@ func (h *handlers) listDocSources(req micro.Request) {
 	_ = req.RespondJSON(out)
 }
 
-// removeDocSource removes a source; an unknown name gets E3651.
+// removeDocSource removes a source; an unknown name gets E3601.
 func (h *handlers) removeDocSource(req micro.Request) {
 	var r api.DocSourceRequest
 	who, ok := h.decodeAdmin(req, &r, func() string { return r.By }, `{"name":…}`)

@@ -425,7 +425,7 @@ func (h *handlers) listModels(req micro.Request) {
 }
 
 // deleteModel removes a model from the catalogue; an unknown name gets
-// E3600.
+// E3850.
 func (h *handlers) deleteModel(req micro.Request) {
 	var r api.ModelRequest
 	who, ok := h.decodeAdmin(req, &r, func() string { return r.By }, `{"name":…}`)

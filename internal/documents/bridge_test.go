@@ -144,7 +144,7 @@ func TestFetchCacheInvalidate(t *testing.T) {
 	if _, err := f.resolve(t, api.DocumentContext{DocumentRefs: []string{"guide"}}); err != nil {
 		t.Fatalf("expired copy with the source down: %v", err)
 	}
-	// A document never cached, with the source down, is E3652.
+	// A document never cached, with the source down, is E3602.
 	_, err = f.resolve(t, api.DocumentContext{DocumentRefs: []string{"plan"}})
 	wantCode(t, err, api.EDocUnavailable)
 }
@@ -275,7 +275,7 @@ func (brokenCache) DropCachedDoc(context.Context, string, string) error { return
 func (brokenCache) DropCachedSource(context.Context, string) error      { return errCacheDown }
 
 // TestCacheUnavailable: with the cache down, documents come from their
-// source and the call is warned (E3657), not failed.
+// source and the call is warned (E3607), not failed.
 func TestCacheUnavailable(t *testing.T) {
 	srv := doctest.Start(map[string]string{"guide": "side door"})
 	t.Cleanup(srv.Stop)

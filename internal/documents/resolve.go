@@ -311,9 +311,9 @@ func decodeContents(spec *Source, r Ref, res *mcp.ReadResourceResult) (Document,
 	return d, nil
 }
 
-// readErr says why a read failed: the request's time ran out (E3655), the
-// document or version does not exist (E3651, E3654), the server refused
-// otherwise (E3656), or it is gone (E3652).
+// readErr says why a read failed: the request's time ran out (E3605), the
+// document or version does not exist (E3601, E3604), the server refused
+// otherwise (E3606), or it is gone (E3602).
 func (b *Bridge) readErr(ctx context.Context, spec *Source, r Ref, sess interface{ Done() <-chan struct{} }, err error) error {
 	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
 		return api.NewError(api.Timeout, api.EDocTimeout, "document source %s did not answer for %s within %v",

@@ -74,7 +74,7 @@ const (
 	FailClient      = "client_error" // another 4xx (E3304)
 	FailAuth        = "auth"         // 401, 403 (E3307)
 	FailUnreachable = "unreachable"  // connection refused or broken off (E3306)
-	FailBadAnswer   = "bad_answer"   // not the wire format, too large, stream cut (E3603-E3605)
+	FailBadAnswer   = "bad_answer"   // not the wire format, too large, stream cut (E3853-E3855)
 	FailOther       = "other"
 )
 

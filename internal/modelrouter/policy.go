@@ -55,7 +55,7 @@ func NewRegoRanker(ctx context.Context, module string) (*RegoRanker, error) {
 }
 
 // Rank implements Ranker. A policy that leaves a candidate out of its order
-// drops it; one that names no candidate refuses the call (E3601).
+// drops it; one that names no candidate refuses the call (E3851).
 func (r *RegoRanker) Rank(ctx context.Context, policy string, req *Request, ms []*Model) ([]*Model, error) {
 	if len(ms) == 0 {
 		return ms, nil

@@ -157,7 +157,7 @@ order := [x[1] | some x in sort([[0 - c.est_cost, c.name] | some c in input.cand
 	rules.Ranker = none
 	var te *api.Error
 	if _, err := rules.Route(t.Context(), testCatalogue(t), Request{Tier: "small"}); !errors.As(err, &te) || te.ECode != api.EModelNoCandidate {
-		t.Fatalf("got %v, want E3601", err)
+		t.Fatalf("got %v, want E3851", err)
 	}
 	if _, err := NewRegoRanker(t.Context(), "package toolgate.routing\norder := http.send({})"); err == nil {
 		t.Fatal("a policy calling http.send compiled")

@@ -160,7 +160,7 @@ decision := {"allow": true} if input.document_id != "plan"
 	if srv.Reads.Load() != reads {
 		t.Fatal("the stopped source was read")
 	}
-	// A document never fetched cannot be served: E3652.
+	// A document never fetched cannot be served: E3602.
 	resp = e.invoke(docsRequest(tenant, api.DocumentContext{DocumentRefs: []string{"guide@v1", "other"}}))
 	wantError(t, resp, api.StatusError, api.EDocUnavailable)
 }
@@ -254,4 +254,69 @@ func docSourcesSigned(t *testing.T, ctx context.Context, s *served, op, agent *c
 		r := call("signed:guide")
 		return r.Error != nil && r.Error.ECode == api.EDocNotFound
 	})
+}
+
+// TestDocumentPinFailed: a call whose pinned versions cannot be stored
+// with it (the invocation bucket refuses the write: it is full) ends with
+// E3608 before its tool runs, retryable, and nothing is pinned.
+func TestDocumentPinFailed(t *testing.T) {
+	const tenant = "pinfail"
+	srv := doctest.Start(map[string]string{"guide": "use the side door", "plan": "the plan"})
+	t.Cleanup(srv.Stop)
+	e := newEnv(t, topology.TopologyOptions{})
+	n := e.startPipeline(node.Config{})
+	registerTools(t, n, strings.Replace(docsTool, `"builtin":{"function":"read_docs"}`, `"builtin":{"function":"echo"}`, 1))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := e.client.AddDocSource(ctx, json.RawMessage(srv.Source("handbook")), "ops"); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "the source reaches the workers", func() bool {
+		return e.invoke(docsRequest(tenant, api.DocumentContext{DocumentRefs: []string{"guide"}})).Status == api.StatusSuccess
+	})
+
+	// The read is held for a second: time to fill the bucket between the
+	// call's claim and its pins.
+	srv.Delay(time.Second)
+	reads := srv.Reads.Load()
+	id, err := e.client.Invoke(ctx, docsRequest(tenant, api.DocumentContext{DocumentRefs: []string{"plan"}, VersionPinning: true}), client.InvokeOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "the document to be read", func() bool { return srv.Reads.Load() > reads })
+	bucket, err := e.js.Stream(ctx, "KV_"+subjects.BucketInvocations)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := bucket.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	limit := func(max int64) {
+		t.Helper()
+		cfg := info.Config
+		cfg.MaxBytes = max
+		if _, err := e.js.UpdateStream(ctx, cfg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	limit(int64(info.State.Bytes)) // full: a larger record is refused
+	// Audit cannot end the call while the bucket is full: the ending waits
+	// in the pipeline until there is room again.
+	eventually(t, 10*time.Second, "execute to end the call", func() bool {
+		return e.count(subjects.StreamPipeline, subjects.PipeStage(subjects.Audit)) > 0
+	})
+	limit(info.Config.MaxBytes)
+	resp, err := e.client.Wait(ctx, tenant, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantError(t, resp, api.StatusError, api.EDocPinFailed)
+	if !resp.Error.Retryable || resp.Error.Details["not_started"] != true {
+		t.Fatalf("pin failure: %s", mustJSON(t, resp.Error))
+	}
+	rec, err := n.Store.Status(ctx, tenant, id)
+	if err != nil || len(rec.DocumentPins) != 0 {
+		t.Fatalf("record after the pin failure: %s, %v", mustJSON(t, rec), err)
+	}
 }

@@ -7,7 +7,6 @@ import (
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/envelope"
 	"github.com/toolgate/toolgate/internal/tools"
-	"github.com/toolgate/toolgate/stages"
 )
 
 // Documents resolves a call's document_context before its tool runs
@@ -55,10 +54,14 @@ func (x *Executor) documents(ctx context.Context, inv *envelope.Invocation, m *t
 		return nil, err
 	}
 	if len(h.Pins) > 0 && len(pins) == 0 {
+		// Unpinned, a redelivery or resume could read other versions, so the
+		// call ends here. It ends rather than waiting for a redelivery: this
+		// one has claimed the run, and a redelivery would take the tool for
+		// interrupted mid-run, which it never was.
 		_, err := x.store.UpdateRecord(ctx, inv.Tenant, inv.ID, func(r *api.Record) { r.DocumentPins = h.Pins })
 		if err != nil {
-			return nil, stages.Transient(api.WrapError(err, api.InternalError, api.EDocPinFailed,
-				"storing the pinned document versions: %v", err).AsRetryable().WithDetail("not_started", true), 0)
+			return nil, api.WrapError(err, api.InternalError, api.EDocPinFailed,
+				"%s: storing the pinned document versions: %v", m.Key(), err).AsRetryable().WithDetail("not_started", true)
 		}
 		pins = h.Pins
 	}

@@ -83,7 +83,7 @@ type Executor struct {
 	// Quota, when set, bounds the calls of one tenant running at once.
 	Quota *TenantQuota
 	// Documents, when set, resolves a call's document_context before its
-	// tool runs; without it such a call fails E3652.
+	// tool runs; without it such a call fails E3602.
 	Documents Documents
 	// Seals, when set, is the check every call must pass before anything
 	// else: a seal of authorize's decision that verifies (*seal.Verifier).

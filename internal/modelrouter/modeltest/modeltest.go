@@ -43,9 +43,12 @@ type Server struct {
 
 	mu        sync.Mutex
 	behaviour string
+	hangOn    int64
 	calls     atomic.Int64
 	last      map[string]any
+	requests  []map[string]any
 	release   chan struct{}
+	released  sync.Once
 }
 
 // New starts a server of the given API on 127.0.0.1, closed when t ends.
@@ -54,7 +57,7 @@ func New(t testing.TB, api string) *Server {
 		release: make(chan struct{})}
 	s.Server = httptest.NewServer(http.HandlerFunc(s.serve))
 	t.Cleanup(func() {
-		close(s.release)
+		s.Release()
 		s.Close()
 	})
 	return s
@@ -78,6 +81,26 @@ func (s *Server) SetUsage(in, out int64) {
 	s.mu.Unlock()
 }
 
+// HangOn makes the n-th request the server receives (counting from 1) hang
+// as Hang does, whatever the behaviour; 0 hangs none.
+func (s *Server) HangOn(n int64) {
+	s.mu.Lock()
+	s.hangOn = n
+	s.mu.Unlock()
+}
+
+// Release lets every hanging request return, now and from then on: a
+// request left hanging by a client that is gone without closing it (a
+// worker stopped in the test's process) would hold the server's Close.
+func (s *Server) Release() { s.released.Do(func() { close(s.release) }) }
+
+// Requests is every request body the server decoded, in order.
+func (s *Server) Requests() []map[string]any {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]map[string]any(nil), s.requests...)
+}
+
 // Calls is how many requests the server has received.
 func (s *Server) Calls() int64 { return s.calls.Load() }
 
@@ -99,9 +122,12 @@ func (s *Server) fail(w http.ResponseWriter, status int, typ, msg string) {
 }
 
 func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
-	s.calls.Add(1)
+	n := s.calls.Add(1)
 	s.mu.Lock()
 	b := s.behaviour
+	if n == s.hangOn {
+		b = Hang
+	}
 	inTokens, outTokens := s.InputTokens, s.OutputTokens
 	s.mu.Unlock()
 	path := "/v1/chat/completions"
@@ -119,6 +145,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	s.mu.Lock()
 	s.last = req
+	s.requests = append(s.requests, req)
 	s.mu.Unlock()
 	if s.Key != "" {
 		got := r.Header.Get("Authorization")

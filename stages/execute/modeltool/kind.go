@@ -20,7 +20,7 @@
 //
 //	{"model": "…", "content": "…", "finish_reason": "…",
 //	 "usage": {"input_tokens": 12, "output_tokens": 30}, "cost": 0.0004,
-//	 "parts": 3}  (parts: only for a split request)
+//	 "parts": 3, "resumed_parts": 1}  (only for a split request)
 //
 // and the routing decision, every attempt and the tokens used are recorded
 // in the execution metadata (model), which the audit event carries and the
@@ -144,6 +144,9 @@ type Result struct {
 	Cost float64 `json:"cost"`
 	// Parts is how many calls a split request took (truncate "split").
 	Parts int `json:"parts,omitempty"`
+	// ResumedParts is how many of them a resumed run found answered in its
+	// checkpoint, and did not send again.
+	ResumedParts int `json:"resumed_parts,omitempty"`
 }
 
 func misconfigured(m *tools.Manifest, format string, args ...any) *api.Error {
@@ -395,22 +398,55 @@ func (c *call) run(ctx context.Context, raw json.RawMessage) (json.RawMessage, e
 		out.Usage.InputTokens, out.Usage.OutputTokens = ans.InputTokens, ans.OutputTokens
 		return json.Marshal(out)
 	}
-	// One call per part, in order; the answers joined.
-	out := Result{Parts: len(parts)}
-	var contents []string
-	for _, part := range parts {
+	return c.runParts(ctx, d.Chain, p, parts, stream, &use, meter)
+}
+
+// runParts sends one request per part, in order, and joins the answers.
+// After each answer it saves a micro checkpoint holding the answers so far,
+// so that a run resumed from it (a redelivery after a worker died, or
+// resume_from_checkpoint_id) sends only the parts not yet answered.
+func (c *call) runParts(ctx context.Context, chain []*modelrouter.Model, p *Params, parts [][]modelrouter.Message,
+	stream bool, use *api.ModelUse, meter *builtin.Meter) (json.RawMessage, error) {
+	progress := builtin.ProgressFrom(ctx)
+	st := splitState{Parts: len(parts), Digest: partsDigest(p.System, parts)}
+	st.Answers = resumedAnswers(progress.Resumed(), st)
+	resumed := len(st.Answers)
+	for i := resumed; i < len(parts); i++ {
 		pp := *p
-		pp.Messages = part
-		ans, model, err := c.callChain(ctx, d.Chain, &pp, stream, &use, meter)
+		pp.Messages = parts[i]
+		spent := use.Cost
+		ans, model, err := c.callChain(ctx, chain, &pp, stream, use, meter)
 		if err != nil {
 			return nil, err
 		}
-		contents = append(contents, ans.Content)
-		out.Model, out.FinishReason = model, ans.FinishReason
-		out.Usage.InputTokens += ans.InputTokens
-		out.Usage.OutputTokens += ans.OutputTokens
+		st.Answers = append(st.Answers, partAnswer{Model: model, Content: ans.Content, FinishReason: ans.FinishReason,
+			InputTokens: ans.InputTokens, OutputTokens: ans.OutputTokens, Cost: use.Cost - spent})
+		if i == len(parts)-1 {
+			break // the answer is the result: nothing left to resume
+		}
+		progress.Report(float64(i+1)*100/float64(len(parts)), fmt.Sprintf("part %d of %d answered", i+1, len(parts)))
+		state, err := json.Marshal(checkpointState{Split: &st})
+		if err != nil {
+			return nil, err
+		}
+		if err := progress.Checkpoint(state); err != nil {
+			return nil, err
+		}
 	}
-	out.Content, out.Cost = strings.Join(contents, "\n\n"), use.Cost
+	// The result covers every part: those answered before the resume
+	// (their cost was charged to the run that asked) and this run's.
+	out := Result{Parts: len(parts), ResumedParts: resumed, Cost: use.Cost}
+	contents := make([]string, len(st.Answers))
+	for i, a := range st.Answers {
+		contents[i] = a.Content
+		out.Model, out.FinishReason = a.Model, a.FinishReason
+		out.Usage.InputTokens += a.InputTokens
+		out.Usage.OutputTokens += a.OutputTokens
+		if i < resumed {
+			out.Cost += a.Cost
+		}
+	}
+	out.Content = strings.Join(contents, "\n\n")
 	return json.Marshal(out)
 }
 
