@@ -224,6 +224,7 @@ operator credentials; run setup once before starting stages elsewhere.`,
 func (a *app) benchCmd() *cobra.Command {
 	var o bench.Options
 	var noisyOnly bool
+	var serveBinary string
 	var prof *profiling
 	cmd := &cobra.Command{
 		Use:   "bench",
@@ -248,6 +249,9 @@ func (a *app) benchCmd() *cobra.Command {
 			if exe, err := os.Executable(); err == nil {
 				o.Binary = exe
 			}
+			if serveBinary != "" {
+				o.ServeBinary = serveBinary
+			}
 			rep, err := bench.Run(cmd.Context(), o)
 			if err != nil {
 				return err
@@ -267,6 +271,7 @@ func (a *app) benchCmd() *cobra.Command {
 	cmd.Flags().BoolVar(&o.GoalsOnly, "goals", false, "measure only the goals: saturation and latency beside the bare chain, authorization and the detectors")
 	cmd.Flags().IntVar(&o.SaturationN, "saturation-n", 2000, "invocations offered by each saturation series")
 	cmd.Flags().BoolVar(&o.ShippedOnly, "shipped", false, "measure only toolgate as shipped: a `toolgate serve` process with its defaults, beside the chains on its server")
+	cmd.Flags().StringVar(&serveBinary, "serve-binary", "", "measure the serve process of this toolgate binary (another build, for a before and after) instead of this one's")
 	cmd.Flags().StringVar(&o.ServeProfile, "serve-cpuprofile", "", "write a CPU profile of that serve process under saturation load to this file")
 	cmd.Flags().DurationVar(&o.Soak, "soak", 0, "also run at half of saturation this long and report whether memory grows (make bench: 10m)")
 	prof = profileFlags(cmd.Flags())

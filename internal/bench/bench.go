@@ -54,6 +54,9 @@ type Options struct {
 	// ServeProfile, when set, is where a CPU profile of that serve process
 	// under saturation load is written.
 	ServeProfile string
+	// ServeBinary, when set, is the toolgate executable whose serve the
+	// shipped series measures (another build); Binary otherwise.
+	ServeBinary string
 }
 
 // Result is one measured series.
@@ -135,7 +138,11 @@ func Run(ctx context.Context, o Options) (Report, error) {
 		if n <= 0 {
 			n = saturationN
 		}
-		s, err := measureShipped(ctx, o.Binary, o.Dir, n, min(o.Duration, 5*time.Second), o.ServeProfile)
+		bin := o.Binary
+		if o.ServeBinary != "" {
+			bin = o.ServeBinary
+		}
+		s, err := measureShipped(ctx, bin, o.Dir, n, min(o.Duration, 5*time.Second), o.ServeProfile)
 		if err != nil {
 			return rep, fmt.Errorf("shipped: %w", err)
 		}

@@ -40,6 +40,9 @@ type Shipped struct {
 	Toolgate, Floor, Raw            Result
 	ToolgateServeCPU, FloorServeCPU time.Duration
 	RawServeCPU                     time.Duration
+	// ToolgateServeSys and FloorServeSys are the kernel's share of the
+	// serve process's CPU per call (system time: writes and fsyncs).
+	ToolgateServeSys, FloorServeSys time.Duration
 	// Rounds are the floor's and toolgate's saturation series, measured
 	// in turn: the fields above hold the round of median own CPU, so one
 	// burst of disk or scheduler noise does not decide the figure.
@@ -65,6 +68,7 @@ type Shipped struct {
 type ShippedRound struct {
 	Toolgate, Floor                 Result
 	ToolgateServeCPU, FloorServeCPU time.Duration
+	ToolgateServeSys, FloorServeSys time.Duration
 }
 
 // shippedRounds is how many pairs measureShipped runs.
@@ -84,6 +88,7 @@ func (s *Shipped) useMedianRound() {
 	slices.SortFunc(rs, func(a, b ShippedRound) int { return cmp.Compare(a.ownCPU(), b.ownCPU()) })
 	m := rs[len(rs)/2]
 	s.Toolgate, s.Floor, s.ToolgateServeCPU, s.FloorServeCPU = m.Toolgate, m.Floor, m.ToolgateServeCPU, m.FloorServeCPU
+	s.ToolgateServeSys, s.FloorServeSys = m.ToolgateServeSys, m.FloorServeSys
 }
 
 // ownCostBaseline is toolgate's CPU per call above the floor chain's, as
@@ -189,30 +194,42 @@ func (p *serveProc) cpu() time.Duration {
 	return d
 }
 
+// sys is the serve process's system time so far.
+func (p *serveProc) sys() time.Duration {
+	_, d, _ := procTimes(p.cmd.Process.Pid)
+	return d
+}
+
 // procCPU reads utime and stime of pid from /proc/<pid>/stat.
 func procCPU(pid int) (time.Duration, error) {
+	u, s, err := procTimes(pid)
+	return u + s, err
+}
+
+// procTimes reads utime and stime of pid from /proc/<pid>/stat apart.
+func procTimes(pid int) (user, sys time.Duration, err error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	// The command name may hold spaces and parentheses: the fields
 	// proper follow its last ')'. utime and stime are fields 14 and 15,
 	// the 12th and 13th after it.
 	i := bytes.LastIndexByte(b, ')')
 	if i < 0 {
-		return 0, errors.New("unexpected /proc stat format")
+		return 0, 0, errors.New("unexpected /proc stat format")
 	}
 	f := strings.Fields(string(b[i+1:]))
 	if len(f) < 13 {
-		return 0, errors.New("unexpected /proc stat format")
+		return 0, 0, errors.New("unexpected /proc stat format")
 	}
 	u, err1 := strconv.ParseInt(f[11], 10, 64)
 	s, err2 := strconv.ParseInt(f[12], 10, 64)
 	if err := errors.Join(err1, err2); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	const userHZ = 100 // sysconf(_SC_CLK_TCK) on every Linux Go runs on
-	return time.Duration(u+s) * time.Second / userHZ, nil
+	return time.Duration(u) * time.Second / userHZ, time.Duration(s) * time.Second / userHZ, nil
 }
 
 // rss is the serve process's resident set in MiB.
@@ -232,12 +249,18 @@ func (p *serveProc) rss() float64 {
 
 // saturateServe is t.saturate with the serve process's CPU per call.
 func (t *target) saturateServe(ctx context.Context, p *serveProc, name string, n, conc int) (Result, time.Duration, error) {
-	c0 := p.cpu()
+	r, cpu, _, err := t.saturateServeSys(ctx, p, name, n, conc)
+	return r, cpu, err
+}
+
+// saturateServeSys is saturateServe with the system time's share.
+func (t *target) saturateServeSys(ctx context.Context, p *serveProc, name string, n, conc int) (Result, time.Duration, time.Duration, error) {
+	c0, s0 := p.cpu(), p.sys()
 	r, err := t.saturate(ctx, name, n, conc)
 	if err != nil || r.Done == 0 {
-		return r, 0, err
+		return r, 0, 0, err
 	}
-	return r, (p.cpu() - c0) / time.Duration(r.Done), nil
+	return r, (p.cpu() - c0) / time.Duration(r.Done), (p.sys() - s0) / time.Duration(r.Done), nil
 }
 
 // measureShipped starts `toolgate serve` from bin and measures it: the
@@ -300,10 +323,10 @@ func measureShipped(ctx context.Context, bin, dir string, n int, d time.Duration
 	}
 	for range shippedRounds {
 		var r ShippedRound
-		if r.Floor, r.FloorServeCPU, err = floor.saturateServe(ctx, p, floor.name, n, publishers); err != nil {
+		if r.Floor, r.FloorServeCPU, r.FloorServeSys, err = floor.saturateServeSys(ctx, p, floor.name, n, publishers); err != nil {
 			return nil, fmt.Errorf("floor chain, saturation: %w", err)
 		}
-		if r.Toolgate, r.ToolgateServeCPU, err = tool.saturateServe(ctx, p, tool.name, n, publishers); err != nil {
+		if r.Toolgate, r.ToolgateServeCPU, r.ToolgateServeSys, err = tool.saturateServeSys(ctx, p, tool.name, n, publishers); err != nil {
 			return nil, fmt.Errorf("toolgate, saturation: %w", err)
 		}
 		calls.Add(int64(r.Toolgate.Done))
@@ -431,6 +454,7 @@ func (s *Shipped) Print(w io.Writer) {
 	lat(fmt.Sprintf("latency at half saturation (%d/s) p50", s.HalfRate), s.Half, s.HalfFloor, Result{}, 0.5, 1.5)
 	us := func(d time.Duration) string { return fmt.Sprintf("%.0fµs", float64(d.Nanoseconds())/1000) }
 	fmt.Fprintf(w, "%-44s %12s %12s %12s\n", "CPU per call, serve process", us(s.ToolgateServeCPU), us(s.FloorServeCPU), us(s.RawServeCPU))
+	fmt.Fprintf(w, "%-44s %12s %12s\n", "  of which the kernel's (system time)", us(s.ToolgateServeSys), us(s.FloorServeSys))
 	fmt.Fprintf(w, "%-44s %12s %12s %12s\n", "CPU per call, bench process", us(s.Toolgate.CPUPerCall), us(s.Floor.CPUPerCall), us(s.Raw.CPUPerCall))
 	fmt.Fprintf(w, "%-44s %12s %12s\n", "CPU per call, toolgate / floor (1)", us(s.ToolgateServeCPU), us(s.FloorCPU()))
 	own := s.OwnCPU()

@@ -560,6 +560,9 @@ func (r report) check(t *testing.T) {
 	if r.Admitted == 0 {
 		t.Errorf("%s: nothing admitted", r.Name)
 	}
+	if r.Statuses[string(api.StatusSuccess)] == 0 {
+		t.Errorf("%s: no call ran its tool to success", r.Name)
+	}
 }
 
 // diagnose logs where unfinished work sits: each stage consumer's pending,

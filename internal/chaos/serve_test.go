@@ -52,7 +52,7 @@ func (s *serveProc) start() {
 	// --sync interval: a SIGKILL keeps the page cache, so fsync changes
 	// nothing here but the throughput.
 	s.cmd = exec.Command(filepath.Join(binDir, "toolgate"), "serve", "--data", s.data,
-		"--listen", fmt.Sprintf("127.0.0.1:%d", s.port), "--sync", "interval", "--workers", "16",
+		"--listen", fmt.Sprintf("127.0.0.1:%d", s.port), "--sync", "interval", "--workers", "16", "--examples",
 		"--jwks", s.h.jwks, "--token-issuer", issuer, "--token-audience", audience,
 		"--file-root", s.h.root, "--sandbox", "none", "--ack-wait", ackWait.String(),
 		"--metrics-addr", s.metrics, "--log-level", "warn")
@@ -128,7 +128,9 @@ func TestChaosServeKill(t *testing.T) {
 	s.start()
 	h.urls = []string{s.url()}
 	h.opts = []nats.Option{busauth.CredentialsOption(node.CredsPath(s.data, busauth.RoleOperator))}
-	h.setup()
+	// serve registers the example tools itself, signed as the operator's
+	// (--examples): an unsigned registration would be refused by every
+	// stage on its authenticated bus.
 	n, r, conc := invocations(), rate(), 8
 	kills := 2
 	if n > 1000 {
