@@ -83,6 +83,7 @@ type Manifest struct {
 	// times out or overspends (docs/hooks.md).
 	Hooks []hooks.Spec `json:"hooks,omitempty"`
 
+	spec   json.RawMessage // the member named by Kind: the kind's configuration
 	ver    *semver.Version // parsed Version, for the registry's ordering
 	input  *jsonschema.Schema
 	output *jsonschema.Schema // nil when the manifest has no output schema
@@ -296,6 +297,12 @@ func Parse(doc []byte) (*Manifest, error) {
 		// integer or a number beyond int64.
 		return nil, invalid("decoding manifest: %v", err)
 	}
+	// The kind's configuration, whatever the kind: the kind's own Validate
+	// reads it (stages/execute/kind).
+	var members map[string]json.RawMessage
+	if json.Unmarshal(doc, &members) == nil {
+		m.spec = members[m.Kind]
+	}
 	// The schema pattern is strict semver, but components may still
 	// overflow uint64.
 	if m.ver, err = semver.StrictNewVersion(m.Version); err != nil {
@@ -393,6 +400,10 @@ func (m *Manifest) ValidateOutput(result []byte) ([]api.FieldError, error) {
 	}
 	return schemas.Validate(m.output, result)
 }
+
+// Spec is the manifest member named by its kind (the http object of an http
+// tool), nil when it has none or did not come from Parse.
+func (m *Manifest) Spec() json.RawMessage { return m.spec }
 
 // HookSet returns the manifest's compiled hooks, nil when it has none.
 func (m *Manifest) HookSet() *hooks.Set { return m.hooks }
