@@ -26,25 +26,15 @@ import (
 	"github.com/toolgate/toolgate/kvstore"
 	"github.com/toolgate/toolgate/stages"
 	"github.com/toolgate/toolgate/stages/execute/builtin"
+	"github.com/toolgate/toolgate/stages/execute/kind"
 	"github.com/toolgate/toolgate/stages/verify"
 	"github.com/toolgate/toolgate/subjects"
 )
 
-// Kinds lists the tool kinds an executor can run: builtin and cli always,
-// the others when their Kind is registered with Handle.
-var Kinds = []string{"builtin", "cli", "http", "mcp", "model"}
-
-// A Kind runs the tools of one manifest kind other than builtin (clitool,
-// httptool, mcptool).
-// Prepare is called once per invocation, before the tool is claimed; it
-// checks the manifest's configuration and the invocation's grants and
-// returns the function that runs one attempt. That function runs under the
-// executor's timeout, retry and breaker policies, must stop when its context
-// ends, and returns errors as *api.Error (details.not_started = true
-// when nothing reached the tool, so retries are safe).
-type Kind interface {
-	Prepare(m *tools.Manifest, inv *envelope.Invocation) (builtin.Func, error)
-}
+// Kind runs the tools of one manifest kind other than builtin; its
+// contract is kind.Runner. The kinds a binary runs are declared in
+// stages/execute/kinds and installed with Install.
+type Kind = kind.Runner
 
 // store is what execute reads and writes (*kvstore.Store): the invocation's
 // status record (its claim), idempotency keys and checkpoints.
@@ -100,6 +90,12 @@ func (x *Executor) Handle(kind string, k Kind) {
 		x.kinds = map[string]Kind{}
 	}
 	x.kinds[kind] = k
+}
+
+// Install builds every kind of reg that has a constructor with d, and
+// makes x run its tools; builtin tools x runs itself.
+func (x *Executor) Install(reg *kind.Registry, d *kind.Deps) error {
+	return reg.Build(d, x.Handle)
 }
 
 // Kind returns what runs tools of the named kind, or nil.
