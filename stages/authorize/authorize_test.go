@@ -17,6 +17,7 @@ import (
 	"github.com/toolgate/toolgate/internal/tools"
 	"github.com/toolgate/toolgate/kvstore"
 	"github.com/toolgate/toolgate/stages"
+	"github.com/toolgate/toolgate/stages/execute/kinds"
 )
 
 // fakeStore keeps usage, approvals and status records in memory.
@@ -197,7 +198,7 @@ func TestAuthorize(t *testing.T) {
 			if c.revoke {
 				revoked.Set("tok-1", true)
 			}
-			a := New(Config{Registry: reg, Policy: engine, Store: st, Revoked: revoked,
+			a := New(Config{Registry: reg, Kinds: kinds.Compiled(), Policy: engine, Store: st, Revoked: revoked,
 				Verifier: &token.Verifier{Keys: token.StaticKeys{Set: key.KeySet()}, Issuer: issuer, Audience: audience}})
 			inv := &envelope.Invocation{ID: "i-1", Tenant: "acme", Status: api.StatusPending, Event: envelope.Event{Seq: 3},
 				Request: &api.Request{ToolID: c.tool, CapabilityToken: c.token,
@@ -289,7 +290,7 @@ func TestPolicyInputPerTokenAndManifest(t *testing.T) {
 		return raw
 	}
 	free, barred := mint("tok-free"), mint("tok-barred", "fs")
-	a := New(Config{Registry: reg, Policy: engine, Store: newFakeStore(),
+	a := New(Config{Registry: reg, Kinds: kinds.Compiled(), Policy: engine, Store: newFakeStore(),
 		Verifier: &token.Verifier{Keys: token.StaticKeys{Set: key.KeySet()}, Issuer: issuer, Audience: audience}})
 	call := func(raw string) (*envelope.Invocation, error) {
 		inv := &envelope.Invocation{ID: "i-1", Tenant: "acme", Status: api.StatusPending,
