@@ -207,12 +207,12 @@ func (x *Executor) Process(ctx context.Context, inv *envelope.Invocation) ([]sta
 			return nil, err
 		}
 	}
-	ctx = builtin.WithProgress(ctx, tr)
+	ctx = kind.WithProgress(ctx, tr)
 	if inv.Authz != nil {
 		ctx = builtin.WithGrants(ctx, inv.Authz.Grants.Paths)
 	}
-	meter := &builtin.Meter{}
-	ctx = builtin.WithMeter(ctx, meter)
+	meter := &kind.Meter{}
+	ctx = kind.WithMeter(ctx, meter)
 	var guard *breaker.Call
 	if x.Breakers != nil {
 		if guard, err = x.Breakers.Acquire(ctx, m); err != nil {
@@ -357,7 +357,7 @@ func requestDigest(m *tools.Manifest, params json.RawMessage) string {
 }
 
 // function returns what runs the tool of m.
-func (x *Executor) function(m *tools.Manifest, inv *envelope.Invocation) (builtin.Func, error) {
+func (x *Executor) function(m *tools.Manifest, inv *envelope.Invocation) (kind.Func, error) {
 	switch {
 	case m.Kind == "builtin" && m.Builtin != nil:
 		fn, ok := x.builtins[m.Builtin.Function]
@@ -443,7 +443,7 @@ func cancelled(m *tools.Manifest) error {
 // errPanic marks a builtin that panicked.
 var errPanic = errors.New("tool panicked")
 
-func call(ctx context.Context, fn builtin.Func, params json.RawMessage) (out json.RawMessage, err error) {
+func call(ctx context.Context, fn kind.Func, params json.RawMessage) (out json.RawMessage, err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			out, err = nil, fmt.Errorf("%w: %v", errPanic, p)

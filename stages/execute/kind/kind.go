@@ -7,6 +7,7 @@ package kind
 
 import (
 	"cmp"
+	"context"
 	"encoding/json"
 	"fmt"
 	"log/slog"
@@ -17,8 +18,13 @@ import (
 	"github.com/toolgate/toolgate/internal/envelope"
 	"github.com/toolgate/toolgate/internal/sandbox"
 	"github.com/toolgate/toolgate/internal/tools"
-	"github.com/toolgate/toolgate/stages/execute/builtin"
 )
+
+// Func runs one attempt of a tool. params is the parameters object, already
+// checked against the tool's input schema; the result must be JSON (an
+// object, for builtins). A Func must return promptly with ctx.Err() once
+// ctx is done.
+type Func func(ctx context.Context, params json.RawMessage) (json.RawMessage, error)
 
 // Runner runs the tools of one kind (execute.Kind is this interface).
 // Prepare is called once per invocation, before the tool is claimed; it
@@ -28,7 +34,7 @@ import (
 // ends, and returns errors as *api.Error (details.not_started = true when
 // nothing reached the tool, so retries are safe).
 type Runner interface {
-	Prepare(m *tools.Manifest, inv *envelope.Invocation) (builtin.Func, error)
+	Prepare(m *tools.Manifest, inv *envelope.Invocation) (Func, error)
 }
 
 // Kind declares a tool kind.

@@ -5,7 +5,7 @@ import (
 	"encoding/json"
 )
 
-// Progress is how a long-running builtin reports how far it is and saves
+// Progress is how a long-running tool of any kind reports how far it is and saves
 // checkpoints. The execute stage puts one in the tool's context; a tool that
 // checkpoints resumes from Resumed when it is restarted on another worker.
 type Progress interface {

@@ -43,7 +43,7 @@ var echo = kind.Kind{
 
 type echoRunner struct{}
 
-func (echoRunner) Prepare(*tools.Manifest, *envelope.Invocation) (builtin.Func, error) {
+func (echoRunner) Prepare(*tools.Manifest, *envelope.Invocation) (kind.Func, error) {
 	return func(_ context.Context, params json.RawMessage) (json.RawMessage, error) {
 		return json.Marshal(map[string]json.RawMessage{"echo": params})
 	}, nil
