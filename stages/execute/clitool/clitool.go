@@ -43,7 +43,7 @@ func (k *Kind) Prepare(m *tools.Manifest, inv *envelope.Invocation) (kind.Func, 
 		return nil, api.NewError(api.SandboxFailure, api.EExecutorUnavailable,
 			"cli tools are refused here: %v (an operator may choose --sandbox none, which does not isolate)", k.SandboxErr)
 	}
-	cfg, err := m.CLISpec()
+	cfg, err := Decode(m)
 	if err != nil {
 		return nil, api.WrapError(err, api.ToolExecutionError, api.EExecutorUnavailable, "%v", err)
 	}

@@ -152,11 +152,11 @@ func misconfigured(m *tools.Manifest, format string, args ...any) *api.Error {
 }
 
 func decodeSpec(m *tools.Manifest) (*Spec, error) {
-	if len(bytes.TrimSpace(m.Model)) == 0 {
+	if len(bytes.TrimSpace(m.Spec())) == 0 {
 		return nil, misconfigured(m, "missing")
 	}
 	var s Spec
-	dec := json.NewDecoder(bytes.NewReader(m.Model))
+	dec := json.NewDecoder(bytes.NewReader(m.Spec()))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&s); err != nil {
 		return nil, misconfigured(m, "%v", err)

@@ -61,7 +61,7 @@ func newKind(ms ...modelrouter.Model) *Kind {
 		Transport: httptool.New(httptool.Config{}).Transport()})
 }
 
-var manifest = &tools.Manifest{ID: "t.llm", Version: "1.0.0", Kind: "model", Model: json.RawMessage(`{}`)}
+var manifest = tools.Manifest{ID: "t.llm", Version: "1.0.0", Kind: "model"}.WithSpec(json.RawMessage(`{}`))
 
 func invocation(hosts []string, secrets ...string) *envelope.Invocation {
 	return &envelope.Invocation{Authz: &envelope.Authorization{Grants: envelope.Grants{Hosts: hosts, Secrets: secrets}}}
