@@ -42,9 +42,7 @@ import (
 )
 
 // Secrets resolves a secret's value by name (secrets.Source does).
-type Secrets interface {
-	Lookup(name string) (string, error)
-}
+type Secrets = kind.Secrets
 
 // Config configures the http kind.
 type Config struct {
