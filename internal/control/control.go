@@ -140,6 +140,12 @@ type Identify func(subject string, h nats.Header, body []byte) (string, error)
 // without authentication) the body's decided_by or by is recorded.
 func WithDeciders(id Identify) Option { return func(h *handlers) { h.identify = id } }
 
+// WithManifestCheck has the service refuse a manifest check refuses
+// before storing it: the tool kinds' own checks (kind.Registry.Check).
+func WithManifestCheck(check func(*tools.Manifest) error) Option {
+	return func(h *handlers) { h.checkManifest = check }
+}
+
 // WithStateProof makes the service honour a pushed policy (for its
 // capability grants) only when an operator's signature covers it
 // (internal/signedstate); one that fails is ignored and audited.
@@ -163,13 +169,15 @@ func WithJetStream(js jetstream.JetStream) Option {
 }
 
 type handlers struct {
-	identify   Identify
-	stateProof signedstate.Verify
-	sign       func(subject string, h nats.Header, data []byte) nats.Header
-	nc         *nats.Conn
-	js         jetstream.JetStream
-	store      store
-	admin      adminStore
+	identify Identify
+	// checkManifest, when set, refuses manifests beyond their schema.
+	checkManifest func(*tools.Manifest) error
+	stateProof    signedstate.Verify
+	sign          func(subject string, h nats.Header, data []byte) nats.Header
+	nc            *nats.Conn
+	js            jetstream.JetStream
+	store         store
+	admin         adminStore
 	// publish appends an audit event (runner.Publish on js).
 	publish   func(context.Context, stages.Output) error
 	reg       *tools.Registry
@@ -377,6 +385,16 @@ func (h *handlers) register(req micro.Request) {
 	var proof *api.DecisionProof
 	if h.identify != nil {
 		proof = &api.DecisionProof{Subject: req.Subject(), Headers: req.Headers(), Body: req.Data()}
+	}
+	if h.checkManifest != nil {
+		m, err := tools.Parse(r.Manifest)
+		if err == nil {
+			err = h.checkManifest(m)
+		}
+		if err != nil {
+			respondError(req, err)
+			return
+		}
 	}
 	m, err := h.store.RegisterSignedTool(ctx, r.Manifest, r.Replace, who, proof)
 	if err != nil {

@@ -3,6 +3,7 @@ package control
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"testing"
 	"time"
 
@@ -11,6 +12,7 @@ import (
 	"github.com/toolgate/toolgate/internal/tools"
 	"github.com/toolgate/toolgate/kvstore"
 	"github.com/toolgate/toolgate/stages"
+	"github.com/toolgate/toolgate/stages/execute/kind"
 	"github.com/toolgate/toolgate/subjects"
 )
 
@@ -95,6 +97,8 @@ func TestHandlers(t *testing.T) {
 		// wantAudit is the subject of the one audit event the case
 		// publishes, "" for none.
 		wantAudit string
+		// kinds, when set, are the kinds whose checks registration runs.
+		kinds *kind.Registry
 	}{
 		{name: "status of a known invocation", handler: func(h *handlers) micro.HandlerFunc { return h.endpoints()[subjects.SvcStatus].operator },
 			data: `{"tenant_id":"acme","invocation_id":"done"}`,
@@ -119,6 +123,16 @@ func TestHandlers(t *testing.T) {
 			data: `{"replace":true}`, wantECode: api.EInvalidManifest},
 		{name: "register an invalid manifest", handler: func(h *handlers) micro.HandlerFunc { return h.register },
 			data: `{"manifest":{"id":"t:bad"}}`, wantECode: api.EInvalidManifest},
+		{name: "register a manifest its kind refuses", handler: func(h *handlers) micro.HandlerFunc { return h.register },
+			data: `{"manifest":` + manifest + `}`, wantECode: api.EInvalidManifest,
+			kinds: kind.NewRegistry(kind.Kind{Name: "builtin", Validate: func(spec json.RawMessage) error {
+				return fmt.Errorf("no builtin %s here", spec)
+			}}),
+			check: func(t *testing.T, h *handlers, _ any) {
+				if h.reg.Has("t:echo", "1.0.0") {
+					t.Fatal("a manifest its kind refused was registered")
+				}
+			}},
 		{name: "get an unknown tool", handler: func(h *handlers) micro.HandlerFunc { return h.get },
 			data: `{"tool_id":"nope"}`, wantECode: api.EToolNotFound},
 		{name: "list filters by category", handler: func(h *handlers) micro.HandlerFunc { return func(r micro.Request) { h.search(r, "") } },
@@ -151,6 +165,9 @@ func TestHandlers(t *testing.T) {
 				audited = append(audited, o)
 				return nil
 			}}
+			if c.kinds != nil {
+				h.checkManifest = c.kinds.Check
+			}
 			req := &fakeRequest{data: []byte(c.data)}
 			c.handler(h)(req)
 			switch {

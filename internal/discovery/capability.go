@@ -94,7 +94,7 @@ func Unfit(m *tools.Manifest, c api.CapabilityConstraints, expectedMS float64) s
 			return "it is an " + m.Kind + " tool, which needs the network"
 		case HasSideEffect(m.Safety.SideEffects, []string{"network"}):
 			return "it declares a network side effect"
-		case m.Kind == "cli" && jsonFlag(m.CLI, "network"), m.Kind == "mcp" && (jsonFlag(m.MCP, "network") || jsonHas(m.MCP, "url")):
+		case m.Kind == "cli" && jsonFlag(m.Spec(), "network"), m.Kind == "mcp" && (jsonFlag(m.Spec(), "network") || jsonHas(m.Spec(), "url")):
 			return "its executor asks for the network"
 		}
 	}

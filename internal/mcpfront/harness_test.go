@@ -22,6 +22,7 @@ import (
 	"github.com/toolgate/toolgate/internal/node"
 	"github.com/toolgate/toolgate/internal/token"
 	"github.com/toolgate/toolgate/stages/execute/builtin"
+	"github.com/toolgate/toolgate/stages/execute/kind"
 )
 
 const (
@@ -127,7 +128,7 @@ func newEnv(t *testing.T) *env {
 		return nil, ctx.Err()
 	}
 	set["progress"] = func(ctx context.Context, _ json.RawMessage) (json.RawMessage, error) {
-		p := builtin.ProgressFrom(ctx)
+		p := kind.ProgressFrom(ctx)
 		for i := 1; i <= 3; i++ {
 			select {
 			case <-e.progressGo:

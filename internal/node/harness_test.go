@@ -25,6 +25,7 @@ import (
 	"github.com/toolgate/toolgate/internal/token"
 	"github.com/toolgate/toolgate/internal/topology"
 	"github.com/toolgate/toolgate/stages/execute/builtin"
+	"github.com/toolgate/toolgate/stages/execute/kind"
 	"github.com/toolgate/toolgate/subjects"
 )
 
@@ -148,7 +149,7 @@ func (e *env) builtins(root string) builtin.Set {
 		if err := json.Unmarshal(p, &in); err != nil {
 			return nil, err
 		}
-		pr := builtin.ProgressFrom(ctx)
+		pr := kind.ProgressFrom(ctx)
 		start := 0
 		if r := pr.Resumed(); r != nil {
 			var st struct {

@@ -39,8 +39,9 @@ import (
 	"github.com/toolgate/toolgate/stages/authorize"
 	"github.com/toolgate/toolgate/stages/execute"
 	"github.com/toolgate/toolgate/stages/execute/builtin"
-	"github.com/toolgate/toolgate/stages/execute/clitool"
 	"github.com/toolgate/toolgate/stages/execute/httptool"
+	"github.com/toolgate/toolgate/stages/execute/kind"
+	"github.com/toolgate/toolgate/stages/execute/kinds"
 	"github.com/toolgate/toolgate/stages/execute/mcptool"
 	"github.com/toolgate/toolgate/stages/execute/modeltool"
 	"github.com/toolgate/toolgate/stages/route"
@@ -400,6 +401,9 @@ type StageConfig struct {
 	// MCP tunes the supervision of MCP servers; their sandbox is the one
 	// cli tools get.
 	MCP mcptool.Config
+	// Kinds are the tool kinds route sends on, authorize accounts for and
+	// execute runs; nil is those compiled in (kinds.Compiled).
+	Kinds *kind.Registry
 	// ModelStats, when set, records model calls (Prometheus).
 	ModelStats *modeltool.Stats
 	// ModelStatsFlush is how often execute writes its share of the
@@ -442,6 +446,36 @@ type StageConfig struct {
 	AuditCheckpointInterval time.Duration
 }
 
+// kinds are the tool kinds the stages run: Kinds, or those compiled in.
+func (c StageConfig) kinds() *kind.Registry {
+	if c.Kinds != nil {
+		return c.Kinds
+	}
+	return kinds.Compiled()
+}
+
+// toolSandbox is the sandbox cli tools and stdio MCP servers run in, and
+// why it cannot run here (nil when it can).
+func (n *Node) toolSandbox(c StageConfig) (sandbox.Config, error) {
+	sb := c.Sandbox
+	sb.FileRoot = cmp.Or(sb.FileRoot, c.BuiltinEnv.FileRoot)
+	if len(sb.ReadOnlyRoots) == 0 {
+		sb.ReadOnlyRoots = []string{DefaultMCPInstallDir}
+		if sb.FileRoot != "" {
+			sb.ReadOnlyRoots = append(sb.ReadOnlyRoots, sb.FileRoot)
+		}
+	}
+	if sb.Mode == sandbox.ModeNone {
+		n.Log.Warn("cli tools run without a sandbox (--sandbox none): limits apply, isolation does not")
+		return sb, nil
+	}
+	err := sandbox.Available()
+	if err != nil {
+		n.Log.Warn("cli tools will be refused", "err", err)
+	}
+	return sb, err
+}
+
 // NewStage builds the logic of the named stage. ctx bounds its watches;
 // the resources it opens live until StopStages.
 func (n *Node) NewStage(ctx context.Context, name string, c StageConfig) (stages.Stage, error) {
@@ -455,7 +489,7 @@ func (n *Node) NewStage(ctx context.Context, name string, c StageConfig) (stages
 	case subjects.Authorize:
 		return n.newAuthorizer(ctx, c)
 	case subjects.Route:
-		r := route.New(n.Registry, execute.Kinds...)
+		r := route.New(n.Registry, c.kinds().Names()...)
 		limits := ratelimit.New(n.Store, cmp.Or(c.RateLimitLease, 8))
 		limits.Overrides = c.RateLimits
 		r.Limits = limits
@@ -493,34 +527,13 @@ func (n *Node) NewStage(ctx context.Context, name string, c StageConfig) (stages
 		}
 		x.Verifier = verify.New(n.Registry, verify.Config{Tenants: c.TenantActions, Detectors: c.Detectors, Classifier: c.InjectionClassifier})
 		x.Breakers = breaker.New(n.Store, x.Publish, n.Log)
-		cli := &clitool.Kind{Sandbox: c.Sandbox}
-		cli.Sandbox.FileRoot = cmp.Or(cli.Sandbox.FileRoot, c.BuiltinEnv.FileRoot)
-		if len(cli.Sandbox.ReadOnlyRoots) == 0 {
-			cli.Sandbox.ReadOnlyRoots = []string{DefaultMCPInstallDir}
-			if cli.Sandbox.FileRoot != "" {
-				cli.Sandbox.ReadOnlyRoots = append(cli.Sandbox.ReadOnlyRoots, cli.Sandbox.FileRoot)
-			}
-		}
-		if cli.Sandbox.Mode != sandbox.ModeNone {
-			if cli.SandboxErr = sandbox.Available(); cli.SandboxErr != nil {
-				n.Log.Warn("cli tools will be refused", "err", cli.SandboxErr)
-			}
-		} else {
-			n.Log.Warn("cli tools run without a sandbox (--sandbox none): limits apply, isolation does not")
-		}
-		x.Handle("cli", cli)
+		sb, sbErr := n.toolSandbox(c)
 		secretSource := c.Secrets
 		if secretSource == nil {
 			secretSource = &secrets.Source{Dir: c.SecretsDir}
 		}
-		httpKind := httptool.New(httptool.Config{Secrets: secretSource, AllowPrivateNetworks: c.HTTPAllowPrivateNetworks})
-		n.onStop(httpKind.Close)
-		x.Handle("http", httpKind)
 		mc := c.MCP
-		mc.Sandbox, mc.SandboxErr, mc.Log = cli.Sandbox, cli.SandboxErr, cmp.Or(mc.Log, n.Log)
-		mcpKind := mcptool.New(mc)
-		n.onStop(func() { _ = mcpKind.Close() })
-		x.Handle("mcp", mcpKind)
+		mc.Sandbox, mc.SandboxErr, mc.Log = sb, sbErr, cmp.Or(mc.Log, n.Log)
 		docs, err := n.newDocuments(ctx, c, mc)
 		if err != nil {
 			return nil, err
@@ -547,9 +560,14 @@ func (n *Node) NewStage(ctx context.Context, name string, c StageConfig) (stages
 			})
 		}()
 		n.onStop(func() { stopFlush(); <-flushed })
-		x.Handle("model", modeltool.New(modeltool.Config{Catalogue: models, Secrets: secretSource,
-			Transport: httpKind.Transport(), Breakers: x.Breakers, Stats: c.ModelStats,
-			Recorder: rec, Observer: observed.Observer}))
+		// The kinds are built from the one list route and authorize have
+		// too; each takes what it needs from the deps.
+		deps := &kind.Deps{Log: n.Log, Sandbox: sb, SandboxErr: sbErr, Secrets: secretSource,
+			AllowPrivateNetworks: c.HTTPAllowPrivateNetworks, Breakers: x.Breakers, OnStop: n.onStop,
+			Settings: []any{mc, modeltool.Config{Catalogue: models, Stats: c.ModelStats, Recorder: rec, Observer: observed.Observer}}}
+		if err := x.Install(c.kinds(), deps); err != nil {
+			return nil, err
+		}
 		apply := x.Breakers.Apply
 		if c.StateProof != nil {
 			apply = func(st kvstore.BreakerState) {
@@ -721,7 +739,7 @@ func (n *Node) newAuthorizer(ctx context.Context, c StageConfig) (*authorize.Aut
 		return nil, err
 	}
 	ac := authorize.Config{
-		Registry: n.Registry, Policy: fallback, Verifier: verifier, Revoked: n.Revoked,
+		Registry: n.Registry, Kinds: c.kinds(), Policy: fallback, Verifier: verifier, Revoked: n.Revoked,
 		Store: n.Store, Decisions: n.Store, ApprovalTimeout: c.ApprovalTimeout, Aborted: aborts,
 	}
 	if c.TokenSeal != nil {

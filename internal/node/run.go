@@ -589,7 +589,7 @@ func (r *run) startControl(ctx context.Context) (stop func(), err error) {
 	if c.Stage.StateProof != nil {
 		opts = append(opts, control.WithStateProof(c.Stage.StateProof))
 	}
-	opts = append(opts, control.WithJetStream(ctl.JS))
+	opts = append(opts, control.WithJetStream(ctl.JS), control.WithManifestCheck(c.Stage.kinds().Check))
 	if ctl.Signer != nil {
 		opts = append(opts, control.WithSigner(ctl.Signer.Sign))
 	}

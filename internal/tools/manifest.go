@@ -45,13 +45,10 @@ type Manifest struct {
 	Tags        []string `json:"tags,omitempty"`
 	Kind        string   `json:"kind"`
 
-	// Executor configuration; only the one named by Kind is used. All but
-	// Builtin are free-form until their executors exist.
-	Builtin *BuiltinConfig  `json:"builtin,omitempty"`
-	HTTP    json.RawMessage `json:"http,omitempty"`
-	CLI     json.RawMessage `json:"cli,omitempty"`
-	MCP     json.RawMessage `json:"mcp,omitempty"`
-	Model   json.RawMessage `json:"model,omitempty"`
+	// Builtin configures a builtin tool. Every other kind's configuration
+	// is the member named by the kind, which the kind decodes itself
+	// (Spec).
+	Builtin *BuiltinConfig `json:"builtin,omitempty"`
 
 	InputSchema  json.RawMessage `json:"input_schema"`
 	OutputSchema json.RawMessage `json:"output_schema,omitempty"`
@@ -83,34 +80,11 @@ type Manifest struct {
 	// times out or overspends (docs/hooks.md).
 	Hooks []hooks.Spec `json:"hooks,omitempty"`
 
+	spec   json.RawMessage // the member named by Kind: the kind's configuration (Spec)
 	ver    *semver.Version // parsed Version, for the registry's ordering
 	input  *jsonschema.Schema
 	output *jsonschema.Schema // nil when the manifest has no output schema
 	hooks  *hooks.Set         // nil when the manifest declares no hooks
-}
-
-// CLIConfig configures a command-line tool, run in the sandbox.
-type CLIConfig struct {
-	Command []string          `json:"command"`
-	Stdin   string            `json:"stdin,omitempty"`
-	Env     map[string]string `json:"env,omitempty"`
-	Network bool              `json:"network,omitempty"`
-	// Operands name the parameters that are operands of the command (a
-	// repository, a file name), never options: a value beginning with "-"
-	// is refused before the command runs (sandbox.Expand).
-	Operands []string `json:"operands,omitempty"`
-}
-
-// CLISpec decodes the manifest's cli configuration.
-func (m *Manifest) CLISpec() (*CLIConfig, error) {
-	if len(m.CLI) == 0 {
-		return nil, fmt.Errorf("%s has no cli configuration", m.Key())
-	}
-	var c CLIConfig
-	if err := json.Unmarshal(m.CLI, &c); err != nil {
-		return nil, fmt.Errorf("%s cli configuration: %w", m.Key(), err)
-	}
-	return &c, nil
 }
 
 // BuiltinConfig configures a tool implemented inside the binary.
@@ -392,6 +366,72 @@ func (m *Manifest) ValidateOutput(result []byte) ([]api.FieldError, error) {
 		return nil, nil
 	}
 	return schemas.Validate(m.output, result)
+}
+
+// Spec is the manifest member named by its kind, the kind's configuration
+// (the http object of an http tool); nil when it has none.
+func (m *Manifest) Spec() json.RawMessage { return m.spec }
+
+// WithSpec returns a copy of m whose kind's configuration is spec: a
+// manifest built in Go rather than decoded.
+func (m Manifest) WithSpec(spec json.RawMessage) *Manifest {
+	m.spec = spec
+	return &m
+}
+
+// manifestFields is Manifest without its methods, for its JSON codec.
+type manifestFields Manifest
+
+// UnmarshalJSON decodes a manifest, keeping the member its kind names as
+// the kind's configuration.
+func (m *Manifest) UnmarshalJSON(b []byte) error {
+	if err := json.Unmarshal(b, (*manifestFields)(m)); err != nil {
+		return err
+	}
+	var members map[string]json.RawMessage
+	if err := json.Unmarshal(b, &members); err != nil {
+		return err
+	}
+	m.spec = members[m.Kind]
+	return nil
+}
+
+// MarshalJSON encodes a manifest with its kind's configuration as the
+// member the kind names, where the manifest's fields put it: after kind
+// (and builtin), before input_schema.
+func (m Manifest) MarshalJSON() ([]byte, error) {
+	// Escaping is left to the caller's encoder, as for the other fields.
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode((*manifestFields)(&m)); err != nil {
+		return nil, err
+	}
+	out := bytes.TrimSuffix(buf.Bytes(), []byte("\n"))
+	if m.Kind == "builtin" || len(m.spec) == 0 {
+		return out, nil
+	}
+	// The fields before input_schema are strings, string arrays and the
+	// builtin object, none of which can hold this byte sequence.
+	at := bytes.Index(out, []byte(`,"input_schema":`))
+	if at < 0 {
+		return nil, fmt.Errorf("%s: encoding: no input_schema member", m.Key())
+	}
+	key, err := json.Marshal(m.Kind)
+	if err != nil {
+		return nil, err
+	}
+	var spec bytes.Buffer
+	if err := json.Compact(&spec, m.spec); err != nil {
+		return nil, fmt.Errorf("%s: encoding its %s configuration: %w", m.Key(), m.Kind, err)
+	}
+	res := make([]byte, 0, len(out)+len(key)+spec.Len()+2)
+	res = append(res, out[:at]...)
+	res = append(res, ',')
+	res = append(res, key...)
+	res = append(res, ':')
+	res = append(res, spec.Bytes()...)
+	return append(res, out[at:]...), nil
 }
 
 // HookSet returns the manifest's compiled hooks, nil when it has none.

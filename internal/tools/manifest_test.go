@@ -1,16 +1,18 @@
 package tools
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/toolgate/toolgate/api"
-	"github.com/toolgate/toolgate/schemas"
 	"reflect"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/schemas"
 )
 
 // manifestJSON returns a valid manifest document with edit applied to its
@@ -445,5 +447,51 @@ func TestParseDiscoveryMetadata(t *testing.T) {
 		if _, err := Parse(manifestJSON(t, edit)); !errors.Is(err, api.ErrInvalidParameters) {
 			t.Errorf("%s: Parse error %v, want invalid_parameters", name, err)
 		}
+	}
+}
+
+// TestManifestJSONKeepsItsKindsMember: a manifest's kind configuration is
+// encoded where its own member stood, after kind and before input_schema,
+// escaped as the caller's encoder escapes, and decodes back as the kind's
+// configuration.
+func TestManifestJSONKeepsItsKindsMember(t *testing.T) {
+	m, err := Parse([]byte(`{"id":"get","name":"get","version":"1.0.0","description":"a <b> & c","kind":"http",
+		"http":{"url":"https://x.example/<p>", "method":"GET"},"input_schema":{"type":"object"}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := json.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `{"id":"get","name":"get","version":"1.0.0","description":"a \u003cb\u003e \u0026 c","kind":"http",` +
+		`"http":{"url":"https://x.example/\u003cp\u003e","method":"GET"},"input_schema":{"type":"object"},`
+	if !strings.HasPrefix(string(b), want) {
+		t.Fatalf("got  %s\nwant %s…", b, want)
+	}
+	var raw bytes.Buffer
+	enc := json.NewEncoder(&raw)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(*m); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(raw.String(), `"description":"a <b> & c","kind":"http","http":{"url":"https://x.example/<p>","method":"GET"}`) {
+		t.Fatalf("unescaped: %s", raw.String())
+	}
+	back, err := Parse(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(back.Spec()) != `{"url":"https://x.example/\u003cp\u003e","method":"GET"}` {
+		t.Fatalf("decoded configuration %s", back.Spec())
+	}
+	// A builtin's configuration is its typed member, encoded once.
+	e, err := Parse([]byte(`{"id":"e","name":"e","version":"1.0.0","description":"e","kind":"builtin",
+		"builtin":{"function":"echo"},"input_schema":{"type":"object"}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := json.Marshal(e); strings.Count(string(b), `"builtin"`) != 2 || !strings.Contains(string(b), `"kind":"builtin","builtin":{"function":"echo"},"input_schema"`) {
+		t.Fatalf("builtin: %s", b)
 	}
 }

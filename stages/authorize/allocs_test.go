@@ -10,6 +10,7 @@ import (
 	"github.com/toolgate/toolgate/internal/allocbudget"
 	"github.com/toolgate/toolgate/internal/envelope"
 	"github.com/toolgate/toolgate/internal/token"
+	"github.com/toolgate/toolgate/stages/execute/kinds"
 )
 
 // allocBudgets are Process's allocations per call, recorded: a change that
@@ -30,7 +31,7 @@ func allocPaths(tb testing.TB) map[string]func() {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	a := New(Config{Registry: reg, Policy: engine, Store: newFakeStore(),
+	a := New(Config{Registry: reg, Kinds: kinds.Compiled(), Policy: engine, Store: newFakeStore(),
 		Verifier: &token.Verifier{Keys: token.StaticKeys{Set: key.KeySet()}, Issuer: issuer, Audience: audience}})
 	return map[string]func(){
 		"admitted": func() {

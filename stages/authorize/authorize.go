@@ -24,6 +24,7 @@ import (
 	"github.com/toolgate/toolgate/internal/tools"
 	"github.com/toolgate/toolgate/kvstore"
 	"github.com/toolgate/toolgate/stages"
+	"github.com/toolgate/toolgate/stages/execute/kind"
 )
 
 // DefaultApprovalTimeout is how long a call waits for a human by default.
@@ -49,6 +50,9 @@ type HookDecisions interface {
 // Config wires an Authorizer.
 type Config struct {
 	Registry *tools.Registry
+	// Kinds say what a call of each tool kind needs (kinds.Compiled());
+	// a call of a kind they do not hold is refused.
+	Kinds    *kind.Registry
 	Policy   *policy.Engine
 	Verifier *token.Verifier
 	Revoked  *token.Revocations
@@ -286,9 +290,13 @@ func (a *Authorizer) decide(ctx context.Context, inv *envelope.Invocation, rawTo
 		usage.Reserved, usage.Settled = nil, nil
 		usage.Calls, usage.Leases = usage.Made()+a.leases.given(inv.Tenant, own), nil
 	}
+	needs, err := resources(a.cfg.Kinds, m, req.Parameters)
+	if err != nil {
+		return approval, false, nil, true, err
+	}
 	in := Input{
 		Request: redactToken(req), Tool: m, Claims: cleanGrants(claims), Usage: usage,
-		Resources: resources(m, req.Parameters), Tenant: inv.Tenant,
+		Resources: needs, Tenant: inv.Tenant,
 		Time: a.cfg.Now().UTC().Format(time.RFC3339),
 	}
 	in.Derived = derive(claims, m, in.Resources)

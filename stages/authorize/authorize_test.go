@@ -17,6 +17,8 @@ import (
 	"github.com/toolgate/toolgate/internal/tools"
 	"github.com/toolgate/toolgate/kvstore"
 	"github.com/toolgate/toolgate/stages"
+	"github.com/toolgate/toolgate/stages/execute/kind"
+	"github.com/toolgate/toolgate/stages/execute/kinds"
 )
 
 // fakeStore keeps usage, approvals and status records in memory.
@@ -197,7 +199,7 @@ func TestAuthorize(t *testing.T) {
 			if c.revoke {
 				revoked.Set("tok-1", true)
 			}
-			a := New(Config{Registry: reg, Policy: engine, Store: st, Revoked: revoked,
+			a := New(Config{Registry: reg, Kinds: kinds.Compiled(), Policy: engine, Store: st, Revoked: revoked,
 				Verifier: &token.Verifier{Keys: token.StaticKeys{Set: key.KeySet()}, Issuer: issuer, Audience: audience}})
 			inv := &envelope.Invocation{ID: "i-1", Tenant: "acme", Status: api.StatusPending, Event: envelope.Event{Seq: 3},
 				Request: &api.Request{ToolID: c.tool, CapabilityToken: c.token,
@@ -289,7 +291,7 @@ func TestPolicyInputPerTokenAndManifest(t *testing.T) {
 		return raw
 	}
 	free, barred := mint("tok-free"), mint("tok-barred", "fs")
-	a := New(Config{Registry: reg, Policy: engine, Store: newFakeStore(),
+	a := New(Config{Registry: reg, Kinds: kinds.Compiled(), Policy: engine, Store: newFakeStore(),
 		Verifier: &token.Verifier{Keys: token.StaticKeys{Set: key.KeySet()}, Issuer: issuer, Audience: audience}})
 	call := func(raw string) (*envelope.Invocation, error) {
 		inv := &envelope.Invocation{ID: "i-1", Tenant: "acme", Status: api.StatusPending,
@@ -408,4 +410,56 @@ func TestManifestFormsLiveWithTheManifest(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	runtime.KeepAlive(kept)
+}
+
+// TestKindsFailClosed: what a call needs beyond its manifest comes from
+// its kind (the host an http.get URL names). A stage given no kinds, or
+// kinds without the tool's, refuses the call rather than judge it on the
+// manifest alone, where the named host would go unchecked.
+func TestKindsFailClosed(t *testing.T) {
+	ctx := context.Background()
+	key, engine, reg := echoSetup(t)
+	get, err := tools.Parse([]byte(`{"id":"http.get","name":"get","version":"1.0.0","description":"gets","kind":"http",
+		"http":{"url":"{{url}}"},"input_schema":{"type":"object"}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg.Put(get)
+	raw, err := token.Mint(key, token.Claims{ToolID: token.Patterns{"*"}, TenantID: "acme", AgentDID: "did:agent:a",
+		Network: &token.NetworkGrant{AllowedHosts: []string{"api.example.com"}},
+		RegisteredClaims: jwt.RegisteredClaims{ID: "tok-1", Issuer: issuer, Audience: jwt.ClaimStrings{audience},
+			ExpiresAt: jwt.NewNumericDate(time.Now().Add(time.Hour))}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name      string
+		kinds     *kind.Registry
+		url       string
+		wantECode string
+	}{
+		{name: "granted host", kinds: kinds.Compiled(), url: "https://api.example.com/x"},
+		{name: "host the token does not grant", kinds: kinds.Compiled(), url: "https://evil.example.net/x", wantECode: api.ENetworkDenied},
+		{name: "no kinds", url: "https://evil.example.net/x", wantECode: api.EExecutorUnavailable},
+		{name: "kinds without http", kinds: kind.NewRegistry(kinds.Builtin), url: "https://api.example.com/x", wantECode: api.EExecutorUnavailable},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			a := New(Config{Registry: reg, Kinds: c.kinds, Policy: engine, Store: newFakeStore(),
+				Verifier: &token.Verifier{Keys: token.StaticKeys{Set: key.KeySet()}, Issuer: issuer, Audience: audience}})
+			inv := &envelope.Invocation{ID: "i-1", Tenant: "acme", Status: api.StatusPending, Event: envelope.Event{Seq: 3},
+				Request: &api.Request{ToolID: "http.get", CapabilityToken: raw, Parameters: []byte(`{"url":"` + c.url + `"}`),
+					AgentContext: api.AgentContext{AgentDID: "did:agent:a", TenantID: "acme"}}}
+			_, err := a.Process(ctx, inv)
+			if c.wantECode == "" {
+				if err != nil || inv.Authz == nil {
+					t.Fatalf("not admitted: %v", err)
+				}
+				return
+			}
+			var ae *api.Error
+			if !errors.As(err, &ae) || ae.ECode != c.wantECode || inv.Authz != nil {
+				t.Fatalf("err %v (authz %+v), want %s and no authorization", err, inv.Authz, c.wantECode)
+			}
+		})
+	}
 }

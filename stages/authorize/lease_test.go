@@ -18,6 +18,7 @@ import (
 	"github.com/toolgate/toolgate/internal/token"
 	"github.com/toolgate/toolgate/kvstore"
 	"github.com/toolgate/toolgate/stages"
+	"github.com/toolgate/toolgate/stages/execute/kinds"
 )
 
 // leaseRig is authorize over a real usage bucket, with as many workers
@@ -59,7 +60,7 @@ func newLeaseRig(t *testing.T, workers int) *leaseRig {
 		}
 		cs := &countingStore{Store: s}
 		r.stores = append(r.stores, cs)
-		r.workers = append(r.workers, New(Config{Registry: reg, Policy: engine, Store: cs,
+		r.workers = append(r.workers, New(Config{Registry: reg, Kinds: kinds.Compiled(), Policy: engine, Store: cs,
 			Verifier: &token.Verifier{Keys: token.StaticKeys{Set: key.KeySet()}, Issuer: issuer, Audience: audience}}))
 	}
 	return r

@@ -21,7 +21,7 @@ import (
 	"github.com/toolgate/toolgate/internal/token"
 	"github.com/toolgate/toolgate/internal/tools"
 	"github.com/toolgate/toolgate/kvstore"
-	"github.com/toolgate/toolgate/stages/execute/httptool"
+	"github.com/toolgate/toolgate/stages/execute/kind"
 )
 
 // Input is what the policy sees as `input`.
@@ -37,25 +37,15 @@ type Input struct {
 	Time      string          `json:"time"`
 }
 
-// Resources are what a call needs: the manifest's permissions and the
-// paths among its parameters.
-type Resources struct {
-	Paths       []PathNeed `json:"paths"`
-	Hosts       []HostNeed `json:"hosts"`
-	Credentials []string   `json:"credentials"`
-}
+// Resources are what a call needs: the manifest's permissions, the paths
+// among its parameters, and what its kind adds (kind.Kind's Resources).
+type Resources = kind.Resources
 
 // PathNeed is a path under the file root and the access needed.
-type PathNeed struct {
-	Path string `json:"path"`
-	Mode string `json:"mode"`
-}
+type PathNeed = kind.Path
 
 // HostNeed is a host and port (0: any) a call connects to.
-type HostNeed struct {
-	Host string `json:"host"`
-	Port int    `json:"port"`
-}
+type HostNeed = kind.Host
 
 // Derived are facts about the claims computed in Go, where pattern matching
 // has one implementation.
@@ -315,8 +305,14 @@ func denial(d policy.Decision) error {
 	return api.NewError(code, ecode, "denied by policy: %s", strings.Join(d.Reasons, "; ")).WithDetail("reasons", d.Reasons)
 }
 
-// resources lists what a call of m with params needs.
-func resources(m *tools.Manifest, params json.RawMessage) Resources {
+// resources lists what a call of m with params needs. A kind kinds does
+// not hold is an error: what its calls need cannot be known, so none is
+// admitted.
+func resources(kinds *kind.Registry, m *tools.Manifest, params json.RawMessage) (Resources, error) {
+	extra, err := kinds.Needs(m, params)
+	if err != nil {
+		return Resources{}, err
+	}
 	r := Resources{Paths: []PathNeed{}, Hosts: []HostNeed{}, Credentials: []string{}}
 	writes := slices.ContainsFunc(m.Safety.SideEffects, func(s string) bool { return strings.HasPrefix(s, "fs.write") })
 	paramMode := "ro"
@@ -343,13 +339,24 @@ func resources(m *tools.Manifest, params json.RawMessage) Resources {
 	for _, n := range m.Permissions.Network {
 		r.Hosts = append(r.Hosts, HostNeed{Host: strings.ToLower(n.Host), Port: n.Port})
 	}
-	// An http tool's URL may come from its parameters (http.get): the host
-	// it names is a need too, so the policy refuses it before execute.
-	if host, port, ok := httptool.Target(m, params); ok && !slices.Contains(r.Hosts, HostNeed{Host: host, Port: port}) {
-		r.Hosts = append(r.Hosts, HostNeed{Host: host, Port: port})
-	}
 	r.Credentials = append(r.Credentials, m.Permissions.Credentials...)
-	return r
+	// What the kind adds: the host an http tool's URL parameter names, say.
+	for _, p := range extra.Paths {
+		if !slices.Contains(r.Paths, p) {
+			r.Paths = append(r.Paths, p)
+		}
+	}
+	for _, h := range extra.Hosts {
+		if !slices.Contains(r.Hosts, h) {
+			r.Hosts = append(r.Hosts, h)
+		}
+	}
+	for _, c := range extra.Credentials {
+		if !slices.Contains(r.Credentials, c) {
+			r.Credentials = append(r.Credentials, c)
+		}
+	}
+	return r, nil
 }
 
 func derive(c *token.Claims, m *tools.Manifest, r Resources) Derived {

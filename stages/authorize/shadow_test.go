@@ -2,6 +2,7 @@ package authorize
 
 import (
 	"context"
+	"encoding/json"
 	"slices"
 	"testing"
 	"time"
@@ -11,6 +12,8 @@ import (
 	"github.com/toolgate/toolgate/internal/envelope"
 	"github.com/toolgate/toolgate/internal/policy"
 	"github.com/toolgate/toolgate/internal/token"
+	"github.com/toolgate/toolgate/internal/tools"
+	"github.com/toolgate/toolgate/stages/execute/kinds"
 )
 
 // agrees is a candidate that decides as the shipped policy on every call
@@ -36,7 +39,7 @@ func shadowSetup(tb testing.TB, candidate string, seen *[]api.ShadowDivergence) 
 	if err != nil {
 		tb.Fatal(err)
 	}
-	cfg := Config{Registry: reg, Policy: engine, Store: newFakeStore(),
+	cfg := Config{Registry: reg, Kinds: kinds.Compiled(), Policy: engine, Store: newFakeStore(),
 		Verifier: &token.Verifier{Keys: token.StaticKeys{Set: key.KeySet()}, Issuer: issuer, Audience: audience}}
 	if seen != nil {
 		cfg.OnShadowDiverged = func(d api.ShadowDivergence) { *seen = append(*seen, d) }
@@ -133,7 +136,7 @@ func benchEvalAlone(b *testing.B, candidate string) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		in := Input{Request: redactToken(inv.Request), Tool: m, Claims: cleanGrants(claims), Resources: resources(m, inv.Request.Parameters),
+		in := Input{Request: redactToken(inv.Request), Tool: m, Claims: cleanGrants(claims), Resources: mustResources(b, m, inv.Request.Parameters),
 			Tenant: "acme", Time: time.Now().UTC().Format(time.RFC3339)}
 		in.Derived = derive(claims, m, in.Resources)
 		_, input, err := a.evalInput(context.Background(), in, inv.Request.CapabilityToken)
@@ -159,4 +162,13 @@ func benchEvalAlone(b *testing.B, candidate string) {
 		b.ReportMetric(float64(took[len(took)/2].Nanoseconds())/1e3, "p50-µs")
 		b.ReportMetric(float64(took[len(took)*99/100].Nanoseconds())/1e3, "p99-µs")
 	}
+}
+
+func mustResources(tb testing.TB, m *tools.Manifest, params json.RawMessage) Resources {
+	tb.Helper()
+	r, err := resources(kinds.Compiled(), m, params)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return r
 }

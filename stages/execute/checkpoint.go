@@ -13,7 +13,7 @@ import (
 	"github.com/toolgate/toolgate/internal/envelope"
 	"github.com/toolgate/toolgate/kvstore"
 	"github.com/toolgate/toolgate/stages"
-	"github.com/toolgate/toolgate/stages/execute/builtin"
+	"github.com/toolgate/toolgate/stages/execute/kind"
 	"github.com/toolgate/toolgate/subjects"
 )
 
@@ -36,7 +36,7 @@ type CheckpointCreated struct {
 	Percent      float64 `json:"percent"`
 }
 
-// tracker is the builtin.Progress of one invocation: checkpoints go to KV
+// tracker is the kind.Progress of one invocation: checkpoints go to KV
 // and are announced on the audit stream as they happen; progress goes to
 // the invocation record, at most every progressEvery.
 //
@@ -75,8 +75,8 @@ type tracker struct {
 }
 
 var (
-	_ builtin.Progress     = (*tracker)(nil)
-	_ builtin.Checkpointer = (*tracker)(nil)
+	_ kind.Progress     = (*tracker)(nil)
+	_ kind.Checkpointer = (*tracker)(nil)
 )
 
 func (t *tracker) Resumed() json.RawMessage { return t.resumed }

@@ -13,6 +13,7 @@ import (
 	"github.com/toolgate/toolgate/internal/envelope"
 	"github.com/toolgate/toolgate/internal/tools"
 	"github.com/toolgate/toolgate/stages/execute/builtin"
+	"github.com/toolgate/toolgate/stages/execute/kind"
 )
 
 // TestBuiltinCheckpointKinds: a builtin saves micro checkpoints through
@@ -24,16 +25,16 @@ func TestBuiltinCheckpointKinds(t *testing.T) {
 	reg := tools.NewRegistry()
 	reg.Put(&tools.Manifest{ID: "kinds", Version: "1.0.0", Kind: "builtin", Builtin: &tools.BuiltinConfig{Function: "kinds"}})
 	builtins := builtin.Set{"kinds": func(ctx context.Context, _ json.RawMessage) (json.RawMessage, error) {
-		p := builtin.ProgressFrom(ctx)
+		p := kind.ProgressFrom(ctx)
 		for _, step := range []func() error{
 			func() error { return p.Checkpoint(json.RawMessage(`{"a":1}`)) },
 			func() error { return p.Checkpoint(json.RawMessage(`{"a":2}`)) }, // within the interval: waits
 			func() error {
-				_, err := builtin.SaveCheckpoint(ctx, api.CheckpointMacro, "half", json.RawMessage(`{"a":3}`))
+				_, err := kind.SaveCheckpoint(ctx, api.CheckpointMacro, "half", json.RawMessage(`{"a":3}`))
 				return err
 			},
 			func() error {
-				_, err := builtin.SaveCheckpoint(ctx, api.CheckpointNamed, "keep", json.RawMessage(`{"a":4}`))
+				_, err := kind.SaveCheckpoint(ctx, api.CheckpointNamed, "keep", json.RawMessage(`{"a":4}`))
 				return err
 			},
 		} {
@@ -77,10 +78,10 @@ func TestCheckpointingDisabled(t *testing.T) {
 	reg := tools.NewRegistry()
 	reg.Put(&tools.Manifest{ID: "kinds", Version: "1.0.0", Kind: "builtin", Builtin: &tools.BuiltinConfig{Function: "kinds"}})
 	builtins := builtin.Set{"kinds": func(ctx context.Context, _ json.RawMessage) (json.RawMessage, error) {
-		if err := builtin.ProgressFrom(ctx).Checkpoint(json.RawMessage(`{"a":1}`)); err != nil {
+		if err := kind.ProgressFrom(ctx).Checkpoint(json.RawMessage(`{"a":1}`)); err != nil {
 			return nil, err
 		}
-		if _, err := builtin.SaveCheckpoint(ctx, api.CheckpointNamed, "keep", json.RawMessage(`{"a":2}`)); err != nil {
+		if _, err := kind.SaveCheckpoint(ctx, api.CheckpointNamed, "keep", json.RawMessage(`{"a":2}`)); err != nil {
 			return nil, err
 		}
 		return json.RawMessage(`{}`), nil
@@ -106,7 +107,7 @@ func TestCheckpointKeepsDocumentPins(t *testing.T) {
 	reg := tools.NewRegistry()
 	reg.Put(&tools.Manifest{ID: "keeps", Version: "1.0.0", Kind: "builtin", Builtin: &tools.BuiltinConfig{Function: "keeps"}})
 	builtins := builtin.Set{"keeps": func(ctx context.Context, _ json.RawMessage) (json.RawMessage, error) {
-		if _, err := builtin.SaveCheckpoint(ctx, api.CheckpointNamed, "keep", json.RawMessage(`{"a":1}`)); err != nil {
+		if _, err := kind.SaveCheckpoint(ctx, api.CheckpointNamed, "keep", json.RawMessage(`{"a":1}`)); err != nil {
 			return nil, err
 		}
 		return json.RawMessage(`{}`), nil

@@ -26,6 +26,7 @@ import (
 	"github.com/toolgate/toolgate/kvstore"
 	"github.com/toolgate/toolgate/stages"
 	"github.com/toolgate/toolgate/stages/execute/builtin"
+	"github.com/toolgate/toolgate/stages/execute/kind"
 	"github.com/toolgate/toolgate/stages/verify"
 	"github.com/toolgate/toolgate/subjects"
 )
@@ -34,21 +35,10 @@ import (
 // tool.invoked on its own; a quicker tool's event travels with its ending.
 const invokedGrace = 100 * time.Millisecond
 
-// Kinds lists the tool kinds an executor can run: builtin and cli always,
-// the others when their Kind is registered with Handle.
-var Kinds = []string{"builtin", "cli", "http", "mcp", "model"}
-
-// A Kind runs the tools of one manifest kind other than builtin (clitool,
-// httptool, mcptool).
-// Prepare is called once per invocation, before the tool is claimed; it
-// checks the manifest's configuration and the invocation's grants and
-// returns the function that runs one attempt. That function runs under the
-// executor's timeout, retry and breaker policies, must stop when its context
-// ends, and returns errors as *api.Error (details.not_started = true
-// when nothing reached the tool, so retries are safe).
-type Kind interface {
-	Prepare(m *tools.Manifest, inv *envelope.Invocation) (builtin.Func, error)
-}
+// Kind runs the tools of one manifest kind other than builtin; its
+// contract is kind.Runner. The kinds a binary runs are declared in
+// stages/execute/kinds and installed with Install.
+type Kind = kind.Runner
 
 // store is what execute reads and writes (*kvstore.Store): the invocation's
 // status record (its claim), idempotency keys and checkpoints.
@@ -104,6 +94,12 @@ func (x *Executor) Handle(kind string, k Kind) {
 		x.kinds = map[string]Kind{}
 	}
 	x.kinds[kind] = k
+}
+
+// Install builds every kind of reg that has a constructor with d, and
+// makes x run its tools; builtin tools x runs itself.
+func (x *Executor) Install(reg *kind.Registry, d *kind.Deps) error {
+	return reg.Build(d, x.Handle)
 }
 
 // Kind returns what runs tools of the named kind, or nil.
@@ -221,12 +217,12 @@ func (x *Executor) Process(ctx context.Context, inv *envelope.Invocation) ([]sta
 			return nil, err
 		}
 	}
-	ctx = builtin.WithProgress(ctx, tr)
+	ctx = kind.WithProgress(ctx, tr)
 	if inv.Authz != nil {
 		ctx = builtin.WithGrants(ctx, inv.Authz.Grants.Paths)
 	}
-	meter := &builtin.Meter{}
-	ctx = builtin.WithMeter(ctx, meter)
+	meter := &kind.Meter{}
+	ctx = kind.WithMeter(ctx, meter)
 	var guard *breaker.Call
 	if x.Breakers != nil {
 		if guard, err = x.Breakers.Acquire(ctx, m); err != nil {
@@ -375,7 +371,7 @@ func requestDigest(m *tools.Manifest, params json.RawMessage) string {
 }
 
 // function returns what runs the tool of m.
-func (x *Executor) function(m *tools.Manifest, inv *envelope.Invocation) (builtin.Func, error) {
+func (x *Executor) function(m *tools.Manifest, inv *envelope.Invocation) (kind.Func, error) {
 	switch {
 	case m.Kind == "builtin" && m.Builtin != nil:
 		fn, ok := x.builtins[m.Builtin.Function]
@@ -461,7 +457,7 @@ func cancelled(m *tools.Manifest) error {
 // errPanic marks a builtin that panicked.
 var errPanic = errors.New("tool panicked")
 
-func call(ctx context.Context, fn builtin.Func, params json.RawMessage) (out json.RawMessage, err error) {
+func call(ctx context.Context, fn kind.Func, params json.RawMessage) (out json.RawMessage, err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			out, err = nil, fmt.Errorf("%w: %v", errPanic, p)

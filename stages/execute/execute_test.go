@@ -14,6 +14,7 @@ import (
 	"github.com/toolgate/toolgate/kvstore"
 	"github.com/toolgate/toolgate/stages"
 	"github.com/toolgate/toolgate/stages/execute/builtin"
+	"github.com/toolgate/toolgate/stages/execute/kind"
 )
 
 // fakeStore keeps records, idempotency claims and checkpoints in memory,
@@ -145,7 +146,7 @@ func TestExecute(t *testing.T) {
 	builtins := builtin.Set{
 		"echo": func(ctx context.Context, params json.RawMessage) (json.RawMessage, error) {
 			runs.Add(1)
-			if state := builtin.ProgressFrom(ctx).Resumed(); state != nil {
+			if state := kind.ProgressFrom(ctx).Resumed(); state != nil {
 				return state, nil
 			}
 			return params, nil

@@ -7,13 +7,13 @@ import (
 	"context"
 	"encoding/json"
 	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/stages/execute/kind"
 	"time"
 )
 
-// Func runs one builtin tool. params is the parameters object, already
-// checked against the tool's input schema; the result must be a JSON object.
-// A Func must return promptly with ctx.Err() once ctx is done.
-type Func func(ctx context.Context, params json.RawMessage) (json.RawMessage, error)
+// Func runs one builtin tool: a builtin is one attempt's function, as
+// every kind prepares (kind.Func).
+type Func = kind.Func
 
 // Env configures the builtins that touch the host.
 type Env struct {

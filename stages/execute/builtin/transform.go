@@ -29,7 +29,7 @@ func jsonTransform(_ context.Context, params json.RawMessage) (json.RawMessage, 
 	if p.Pick != nil {
 		obj, ok := v.(map[string]any)
 		if !ok {
-			return nil, invalid("pick applies to an object, the value is %s", kind(v))
+			return nil, invalid("pick applies to an object, the value is %s", jsonType(v))
 		}
 		picked := make(map[string]any, len(p.Pick))
 		for _, k := range p.Pick {
@@ -70,7 +70,7 @@ func resolve(doc any, pointer string) (any, error) {
 			}
 			cur = c[i]
 		default:
-			return nil, invalid("pointer %q: cannot index into %s", pointer, kind(cur))
+			return nil, invalid("pointer %q: cannot index into %s", pointer, jsonType(cur))
 		}
 	}
 	return cur, nil
@@ -83,7 +83,7 @@ func apply(op string, v any) (any, error) {
 	case "keys":
 		obj, ok := v.(map[string]any)
 		if !ok {
-			return nil, invalid("keys applies to an object, the value is %s", kind(v))
+			return nil, invalid("keys applies to an object, the value is %s", jsonType(v))
 		}
 		keys := make([]string, 0, len(obj))
 		for k := range obj {
@@ -100,11 +100,11 @@ func apply(op string, v any) (any, error) {
 		case string:
 			return utf8.RuneCountInString(t), nil
 		}
-		return nil, invalid("length applies to an object, array or string, the value is %s", kind(v))
+		return nil, invalid("length applies to an object, array or string, the value is %s", jsonType(v))
 	case "sort":
 		arr, ok := v.([]any)
 		if !ok {
-			return nil, invalid("sort applies to an array, the value is %s", kind(v))
+			return nil, invalid("sort applies to an array, the value is %s", jsonType(v))
 		}
 		return sortValues(arr)
 	}
@@ -148,7 +148,7 @@ func sortValues(arr []any) ([]any, error) {
 	return out, nil
 }
 
-func kind(v any) string {
+func jsonType(v any) string {
 	switch v.(type) {
 	case map[string]any:
 		return "an object"

@@ -17,7 +17,7 @@ import (
 	"github.com/toolgate/toolgate/internal/sandbox"
 	"github.com/toolgate/toolgate/internal/tools"
 	"github.com/toolgate/toolgate/stages/execute"
-	"github.com/toolgate/toolgate/stages/execute/builtin"
+	"github.com/toolgate/toolgate/stages/execute/kind"
 )
 
 // Kind runs cli tools.
@@ -38,12 +38,12 @@ const ResumeFile = "toolgate-resume.json"
 // Prepare implements execute.Kind: a sandboxed run of a command-line tool.
 // The tool reports progress and checkpoints with control lines on stdout
 // (sandbox.ControlPrefix).
-func (k *Kind) Prepare(m *tools.Manifest, inv *envelope.Invocation) (builtin.Func, error) {
+func (k *Kind) Prepare(m *tools.Manifest, inv *envelope.Invocation) (kind.Func, error) {
 	if k.SandboxErr != nil {
 		return nil, api.NewError(api.SandboxFailure, api.EExecutorUnavailable,
 			"cli tools are refused here: %v (an operator may choose --sandbox none, which does not isolate)", k.SandboxErr)
 	}
-	cfg, err := m.CLISpec()
+	cfg, err := Decode(m)
 	if err != nil {
 		return nil, api.WrapError(err, api.ToolExecutionError, api.EExecutorUnavailable, "%v", err)
 	}
@@ -77,7 +77,7 @@ func (k *Kind) Prepare(m *tools.Manifest, inv *envelope.Invocation) (builtin.Fun
 		if cfg.Stdin != "none" {
 			spec.Stdin = params
 		}
-		progress := builtin.ProgressFrom(ctx)
+		progress := kind.ProgressFrom(ctx)
 		if state := progress.Resumed(); state != nil {
 			spec.Files = map[string][]byte{ResumeFile: state}
 			spec.Env = maps.Clone(spec.Env)
@@ -100,17 +100,17 @@ func (k *Kind) Prepare(m *tools.Manifest, inv *envelope.Invocation) (builtin.Fun
 					progress.Report(f, msg)
 				}
 			case "checkpoint", "checkpoint.macro", "checkpoint.named":
-				kind, name, state, err := builtin.ParseCheckpoint(verb, arg)
+				cpKind, name, state, err := kind.ParseCheckpoint(verb, arg)
 				if err != nil {
 					if ctlErr == nil {
 						ctlErr = api.WrapError(err, api.CheckpointFailed, api.ECheckpointCreate, "%s wrote a bad checkpoint line: %v", m.Key(), err)
 					}
 					return
 				}
-				if kind == api.CheckpointMicro {
+				if cpKind == api.CheckpointMicro {
 					err = progress.Checkpoint(state)
 				} else {
-					_, err = builtin.SaveCheckpoint(ctx, kind, name, state)
+					_, err = kind.SaveCheckpoint(ctx, cpKind, name, state)
 				}
 				if err != nil && ctlErr == nil {
 					var e *api.Error

@@ -13,10 +13,10 @@ import (
 )
 
 func TestPrepare(t *testing.T) {
-	echo := &tools.Manifest{ID: "t:echo", Version: "1.0.0", Kind: "cli",
-		CLI: json.RawMessage(`{"command":["sh","-c","echo '{\"ok\":true}'"],"stdin":"none"}`)}
-	noJSON := &tools.Manifest{ID: "t:text", Version: "1.0.0", Kind: "cli",
-		CLI: json.RawMessage(`{"command":["sh","-c","echo plain"],"stdin":"none"}`)}
+	echo := tools.Manifest{ID: "t:echo", Version: "1.0.0", Kind: "cli"}.
+		WithSpec(json.RawMessage(`{"command":["sh","-c","echo '{\"ok\":true}'"],"stdin":"none"}`))
+	noJSON := tools.Manifest{ID: "t:text", Version: "1.0.0", Kind: "cli"}.
+		WithSpec(json.RawMessage(`{"command":["sh","-c","echo plain"],"stdin":"none"}`))
 	cases := []struct {
 		name       string
 		kind       *Kind
@@ -62,10 +62,10 @@ func TestDocumentFiles(t *testing.T) {
 	if sandbox.Available() == nil {
 		modes = append(modes, sandbox.Config{})
 	}
-	m := &tools.Manifest{ID: "t:docs", Version: "1.0.0", Kind: "cli", Documents: &tools.Documents{Parameter: "docs"},
-		CLI: json.RawMessage(`{"command":["sh","-c","c=$(cat \"$TOOLGATE_DOCS\"/01-guide); ` +
+	m := tools.Manifest{ID: "t:docs", Version: "1.0.0", Kind: "cli", Documents: &tools.Documents{Parameter: "docs"}}.
+		WithSpec(json.RawMessage(`{"command":["sh","-c","c=$(cat \"$TOOLGATE_DOCS\"/01-guide); ` +
 			`if echo x > \"$TOOLGATE_DOCS\"/new 2>/dev/null; then w=yes; else w=no; fi; ` +
-			`grep -q '\"document_id\":\"guide\"' \"$TOOLGATE_DOCS\"/index.json && i=yes; echo \"{\\\"c\\\":\\\"$c\\\",\\\"w\\\":\\\"$w\\\",\\\"i\\\":\\\"$i\\\"}\""],"stdin":"none"}`)}
+			`grep -q '\"document_id\":\"guide\"' \"$TOOLGATE_DOCS\"/index.json && i=yes; echo \"{\\\"c\\\":\\\"$c\\\",\\\"w\\\":\\\"$w\\\",\\\"i\\\":\\\"$i\\\"}\""],"stdin":"none"}`))
 	params := json.RawMessage(`{"docs":[{"document_id":"guide","version":"v1","source":"h","content":"side door"}]}`)
 	for _, cfg := range modes {
 		t.Run(cfg.Mode, func(t *testing.T) {

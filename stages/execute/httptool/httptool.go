@@ -21,11 +21,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/toolgate/toolgate/api"
-	"github.com/toolgate/toolgate/internal/envelope"
-	"github.com/toolgate/toolgate/internal/hosts"
-	"github.com/toolgate/toolgate/internal/tools"
-	"github.com/toolgate/toolgate/stages/execute/builtin"
 	"io"
 	"mime"
 	"net"
@@ -38,12 +33,16 @@ import (
 	"sync/atomic"
 	"time"
 	"unicode/utf8"
+
+	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/envelope"
+	"github.com/toolgate/toolgate/internal/hosts"
+	"github.com/toolgate/toolgate/internal/tools"
+	"github.com/toolgate/toolgate/stages/execute/kind"
 )
 
 // Secrets resolves a secret's value by name (secrets.Source does).
-type Secrets interface {
-	Lookup(name string) (string, error)
-}
+type Secrets = kind.Secrets
 
 // Config configures the http kind.
 type Config struct {
@@ -164,7 +163,7 @@ type credential struct {
 
 // Prepare implements execute.Kind: it checks the manifest's http object,
 // resolves the credentials the token grants and returns one attempt.
-func (k *Kind) Prepare(m *tools.Manifest, inv *envelope.Invocation) (builtin.Func, error) {
+func (k *Kind) Prepare(m *tools.Manifest, inv *envelope.Invocation) (kind.Func, error) {
 	s, err := decodeSpec(m)
 	if err != nil {
 		return nil, err

@@ -69,11 +69,11 @@ func misconfigured(m *tools.Manifest, format string, args ...any) *api.Error {
 
 // decodeSpec reads and checks m's http object.
 func decodeSpec(m *tools.Manifest) (*spec, error) {
-	if len(bytes.TrimSpace(m.HTTP)) == 0 {
+	if len(bytes.TrimSpace(m.Spec())) == 0 {
 		return nil, misconfigured(m, "missing")
 	}
 	var s spec
-	dec := json.NewDecoder(bytes.NewReader(m.HTTP))
+	dec := json.NewDecoder(bytes.NewReader(m.Spec()))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&s.Spec); err != nil {
 		return nil, misconfigured(m, "%v", err)

@@ -164,13 +164,13 @@ func (o Import) manifest(t *mcp.Tool) ([]byte, error) {
 	}
 	m := tools.Manifest{
 		ID: id, Name: name, Version: cmp.Or(o.Version, "1.0.0"), Description: desc,
-		Tags: []string{"mcp", "mcp:" + o.Server}, Kind: "mcp", MCP: rawSpec,
+		Tags: []string{"mcp", "mcp:" + o.Server}, Kind: "mcp",
 		InputSchema: input, OutputSchema: output,
 		Safety:      tools.Safety{RiskLevel: cmp.Or(o.Risk, DefaultImportRisk), SideEffects: o.SideEffects},
 		Limits:      tools.Limits{TimeoutMS: o.TimeoutMS},
 		Permissions: tools.Permissions{Filesystem: o.Filesystem, Network: o.Hosts},
 	}
-	return json.Marshal(m)
+	return json.Marshal(m.WithSpec(rawSpec))
 }
 
 func schemaOf(v any, fallback string) (json.RawMessage, error) {

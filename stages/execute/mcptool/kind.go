@@ -6,17 +6,18 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/envelope"
 	"github.com/toolgate/toolgate/internal/hosts"
 	"github.com/toolgate/toolgate/internal/sandbox"
 	"github.com/toolgate/toolgate/internal/tools"
 	"github.com/toolgate/toolgate/stages/execute"
-	"github.com/toolgate/toolgate/stages/execute/builtin"
-	"log/slog"
-	"slices"
-	"sync"
-	"time"
+	"github.com/toolgate/toolgate/stages/execute/kind"
 )
 
 // Config is how the execute stage runs MCP servers.
@@ -63,7 +64,7 @@ func New(cfg Config) *Kind {
 }
 
 // Prepare implements execute.Kind.
-func (k *Kind) Prepare(m *tools.Manifest, inv *envelope.Invocation) (builtin.Func, error) {
+func (k *Kind) Prepare(m *tools.Manifest, inv *envelope.Invocation) (kind.Func, error) {
 	var grants envelope.Grants
 	tenant := ""
 	if inv != nil {
@@ -76,7 +77,7 @@ func (k *Kind) Prepare(m *tools.Manifest, inv *envelope.Invocation) (builtin.Fun
 	return fn, err
 }
 
-func (k *Kind) prepare(m *tools.Manifest, tenant string, grants envelope.Grants) (builtin.Func, *server, error) {
+func (k *Kind) prepare(m *tools.Manifest, tenant string, grants envelope.Grants) (kind.Func, *server, error) {
 	spec, err := Decode(m)
 	if err != nil {
 		return nil, nil, err

@@ -23,7 +23,7 @@ import (
 	"github.com/toolgate/toolgate/internal/envelope"
 	"github.com/toolgate/toolgate/internal/sandbox"
 	"github.com/toolgate/toolgate/internal/tools"
-	"github.com/toolgate/toolgate/stages/execute/builtin"
+	"github.com/toolgate/toolgate/stages/execute/kind"
 	"github.com/toolgate/toolgate/stages/execute/mcptool"
 	"github.com/toolgate/toolgate/stages/execute/mcptool/mcptest"
 )
@@ -68,7 +68,7 @@ func newKind(t *testing.T, cfg mcptool.Config) *mcptool.Kind {
 	return k
 }
 
-func prepare(t *testing.T, k *mcptool.Kind, m *tools.Manifest, grants envelope.Grants) builtin.Func {
+func prepare(t *testing.T, k *mcptool.Kind, m *tools.Manifest, grants envelope.Grants) kind.Func {
 	t.Helper()
 	fn, err := k.Prepare(m, &envelope.Invocation{Tenant: "t1", Authz: &envelope.Authorization{Grants: grants}})
 	if err != nil {
@@ -77,7 +77,7 @@ func prepare(t *testing.T, k *mcptool.Kind, m *tools.Manifest, grants envelope.G
 	return fn
 }
 
-func call(t *testing.T, fn builtin.Func, params string) (json.RawMessage, error) {
+func call(t *testing.T, fn kind.Func, params string) (json.RawMessage, error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -12,7 +12,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/toolgate/toolgate/api"
-	"github.com/toolgate/toolgate/stages/execute/builtin"
+	"github.com/toolgate/toolgate/stages/execute/kind"
 )
 
 // ResumeMeta is the _meta key of a tools/call under which a run resumed
@@ -33,7 +33,7 @@ var calls sync.Map // progress token → *progressCall
 // progressCall is the Progress of one tools/call.
 type progressCall struct {
 	ctx      context.Context
-	progress builtin.Progress
+	progress kind.Progress
 	mu       sync.Mutex
 	err      error     // the first checkpoint that could not be saved
 	last     time.Time // when the last notification was handled
@@ -52,7 +52,7 @@ const (
 // resumed state, if any; done ends the routing and returns the first
 // checkpoint failure.
 func track(ctx context.Context, params *mcp.CallToolParams) (done func() error) {
-	p := builtin.ProgressFrom(ctx)
+	p := kind.ProgressFrom(ctx)
 	var b [12]byte
 	_, _ = rand.Read(b[:])
 	token := "toolgate-" + hex.EncodeToString(b[:])
@@ -112,12 +112,12 @@ func (pc *progressCall) notify(n *mcp.ProgressNotificationParams) {
 }
 
 func (pc *progressCall) checkpoint(verb string, arg []byte) {
-	kind, name, state, err := builtin.ParseCheckpoint(verb, arg)
+	cpKind, name, state, err := kind.ParseCheckpoint(verb, arg)
 	if err == nil {
-		if kind == api.CheckpointMicro {
+		if cpKind == api.CheckpointMicro {
 			err = pc.progress.Checkpoint(state)
 		} else {
-			_, err = builtin.SaveCheckpoint(pc.ctx, kind, name, state)
+			_, err = kind.SaveCheckpoint(pc.ctx, cpKind, name, state)
 		}
 	}
 	if err != nil {

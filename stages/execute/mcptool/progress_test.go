@@ -14,7 +14,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/envelope"
-	"github.com/toolgate/toolgate/stages/execute/builtin"
+	"github.com/toolgate/toolgate/stages/execute/kind"
 	"github.com/toolgate/toolgate/stages/execute/mcptool"
 )
 
@@ -90,7 +90,7 @@ func TestMCPCheckpoints(t *testing.T) {
 	fn := prepare(t, k, m, envelope.Grants{Hosts: []string{"127.0.0.1"}})
 
 	run := func(r *recorder, params string) (json.RawMessage, error) {
-		return fn(builtin.WithProgress(t.Context(), r), json.RawMessage(params))
+		return fn(kind.WithProgress(t.Context(), r), json.RawMessage(params))
 	}
 	first := &recorder{}
 	res, err := run(first, `{}`)

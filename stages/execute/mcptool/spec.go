@@ -51,11 +51,11 @@ var serverName = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,63}$`)
 // Decode reads and checks m's mcp configuration. Failures are E3101: the
 // manifest cannot run here, whatever the call.
 func Decode(m *tools.Manifest) (*Spec, error) {
-	if len(m.MCP) == 0 {
+	if len(m.Spec()) == 0 {
 		return nil, unusable(m, "it has no mcp configuration")
 	}
 	var s Spec
-	if err := json.Unmarshal(m.MCP, &s); err != nil {
+	if err := json.Unmarshal(m.Spec(), &s); err != nil {
 		return nil, unusable(m, "mcp configuration: %v", err)
 	}
 	if err := s.check(); err != nil {

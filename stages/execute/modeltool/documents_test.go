@@ -11,8 +11,8 @@ import (
 // TestDocumentsJoinTheSystemPrompt: a model tool is handed its documents
 // in the model's context, and the parameter itself is not sent on.
 func TestDocumentsJoinTheSystemPrompt(t *testing.T) {
-	m := &tools.Manifest{ID: "t.llm", Version: "1.0.0", Kind: "model", Model: json.RawMessage(`{}`),
-		Documents: &tools.Documents{Parameter: "docs"}}
+	m := tools.Manifest{ID: "t.llm", Version: "1.0.0", Kind: "model",
+		Documents: &tools.Documents{Parameter: "docs"}}.WithSpec(json.RawMessage(`{}`))
 	c := &call{m: m, spec: &Spec{}}
 	p, err := c.params(json.RawMessage(`{"prompt":"which door?","system":"Be brief.",
 		"docs":[{"document_id":"guide","version":"v2","source":"handbook","content":"use the side door"}]}`))

@@ -47,8 +47,8 @@ import (
 	"github.com/toolgate/toolgate/internal/envelope"
 	"github.com/toolgate/toolgate/internal/modelrouter"
 	"github.com/toolgate/toolgate/internal/tools"
-	"github.com/toolgate/toolgate/stages/execute/builtin"
 	"github.com/toolgate/toolgate/stages/execute/httptool"
+	"github.com/toolgate/toolgate/stages/execute/kind"
 )
 
 // Config configures the model kind.
@@ -155,11 +155,11 @@ func misconfigured(m *tools.Manifest, format string, args ...any) *api.Error {
 }
 
 func decodeSpec(m *tools.Manifest) (*Spec, error) {
-	if len(bytes.TrimSpace(m.Model)) == 0 {
+	if len(bytes.TrimSpace(m.Spec())) == 0 {
 		return nil, misconfigured(m, "missing")
 	}
 	var s Spec
-	dec := json.NewDecoder(bytes.NewReader(m.Model))
+	dec := json.NewDecoder(bytes.NewReader(m.Spec()))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&s); err != nil {
 		return nil, misconfigured(m, "%v", err)
@@ -194,7 +194,7 @@ func badParams(format string, args ...any) error {
 }
 
 // Prepare implements execute.Kind.
-func (k *Kind) Prepare(m *tools.Manifest, inv *envelope.Invocation) (builtin.Func, error) {
+func (k *Kind) Prepare(m *tools.Manifest, inv *envelope.Invocation) (kind.Func, error) {
 	s, err := decodeSpec(m)
 	if err != nil {
 		return nil, err
@@ -330,7 +330,7 @@ func (c *call) run(ctx context.Context, raw json.RawMessage) (json.RawMessage, e
 		rules.Ranker = rk
 	}
 	use := api.ModelUse{}
-	meter := builtin.MeterFrom(ctx)
+	meter := kind.MeterFrom(ctx)
 	if prev := meter.Model(); prev != nil {
 		// An earlier attempt of the executor's retry policy: what it used
 		// is charged too.
@@ -452,7 +452,7 @@ func (c *call) runParts(ctx context.Context, chain []*modelrouter.Model, p *Para
 
 // callChain calls the models of chain in order until one answers; use
 // records every attempt and is left in the meter.
-func (c *call) callChain(ctx context.Context, chain []*modelrouter.Model, p *Params, stream bool, use *api.ModelUse, meter *builtin.Meter) (modelrouter.Answer, string, error) {
+func (c *call) callChain(ctx context.Context, chain []*modelrouter.Model, p *Params, stream bool, use *api.ModelUse, meter *kind.Meter) (modelrouter.Answer, string, error) {
 	var last error
 	for _, model := range chain {
 		use.Model = model.Name
@@ -478,7 +478,7 @@ func (c *call) callChain(ctx context.Context, chain []*modelrouter.Model, p *Par
 // the tool may use that fits each piece of it writes one, and what it
 // costs is charged with the call. ok is false when the result still does
 // not fit.
-func (c *call) summarize(ctx context.Context, catalogue map[string]*modelrouter.Model, p *Params, limit int, use *api.ModelUse, meter *builtin.Meter) ([]modelrouter.Message, bool, error) {
+func (c *call) summarize(ctx context.Context, catalogue map[string]*modelrouter.Model, p *Params, limit int, use *api.ModelUse, meter *kind.Meter) ([]modelrouter.Message, bool, error) {
 	cold, hot := modelrouter.Cold(p.System, p.Messages, limit)
 	room := limit - modelrouter.CountMessages(p.System, hot) - 32
 	if len(cold) == 0 || room < 32 {
@@ -543,7 +543,7 @@ func exhausted(m *tools.Manifest, use *api.ModelUse, last error) error {
 
 // tryModel calls the model's endpoints in round-robin order until one
 // answers. It adds each attempt and its cost to use.
-func (c *call) tryModel(ctx context.Context, model *modelrouter.Model, p *Params, stream bool, use *api.ModelUse, meter *builtin.Meter) (modelrouter.Answer, error) {
+func (c *call) tryModel(ctx context.Context, model *modelrouter.Model, p *Params, stream bool, use *api.ModelUse, meter *kind.Meter) (modelrouter.Answer, error) {
 	header, scrub, err := c.credential(model)
 	if err != nil {
 		use.Attempts = append(use.Attempts, attempt(model, "", err, 0))
@@ -667,7 +667,7 @@ func (c *call) tryEndpoint(ctx context.Context, model *modelrouter.Model, ep str
 	call := modelrouter.Call{Model: model, Endpoint: ep, System: p.System, Messages: p.Messages, MaxTokens: maxTokens,
 		Temperature: p.Temperature, Stream: stream, Header: header, MaxBytes: c.spec.MaxResponseBytes}
 	if stream {
-		progress := builtin.ProgressFrom(ctx)
+		progress := kind.ProgressFrom(ctx)
 		var text strings.Builder
 		var tokens int
 		call.OnDelta = func(s string) {

@@ -14,8 +14,8 @@ import (
 	"github.com/toolgate/toolgate/internal/modelrouter"
 	"github.com/toolgate/toolgate/internal/modelrouter/modeltest"
 	"github.com/toolgate/toolgate/internal/tools"
-	"github.com/toolgate/toolgate/stages/execute/builtin"
 	"github.com/toolgate/toolgate/stages/execute/httptool"
+	"github.com/toolgate/toolgate/stages/execute/kind"
 )
 
 type secrets map[string]string
@@ -43,7 +43,7 @@ func (p *progress) Report(pct float64, msg string) {
 func (p *progress) Checkpoint(json.RawMessage) error { return nil }
 func (p *progress) Resumed() json.RawMessage         { return nil }
 
-var _ builtin.Progress = (*progress)(nil)
+var _ kind.Progress = (*progress)(nil)
 
 func entry(t *testing.T, doc string) modelrouter.Model {
 	t.Helper()
@@ -61,7 +61,7 @@ func newKind(ms ...modelrouter.Model) *Kind {
 		Transport: httptool.New(httptool.Config{}).Transport()})
 }
 
-var manifest = &tools.Manifest{ID: "t.llm", Version: "1.0.0", Kind: "model", Model: json.RawMessage(`{}`)}
+var manifest = tools.Manifest{ID: "t.llm", Version: "1.0.0", Kind: "model"}.WithSpec(json.RawMessage(`{}`))
 
 func invocation(hosts []string, secrets ...string) *envelope.Invocation {
 	return &envelope.Invocation{Authz: &envelope.Authorization{Grants: envelope.Grants{Hosts: hosts, Secrets: secrets}}}
@@ -73,8 +73,8 @@ func run(t *testing.T, k *Kind, inv *envelope.Invocation, ctx context.Context, p
 	if err != nil {
 		t.Fatal(err)
 	}
-	meter := &builtin.Meter{}
-	out, err := fn(builtin.WithMeter(ctx, meter), json.RawMessage(params))
+	meter := &kind.Meter{}
+	out, err := fn(kind.WithMeter(ctx, meter), json.RawMessage(params))
 	var r Result
 	if err == nil {
 		if jerr := json.Unmarshal(out, &r); jerr != nil {
@@ -96,7 +96,7 @@ func TestStreamBecomesProgress(t *testing.T) {
 			k := newKind(entry(t, fmt.Sprintf(`{"name":"m","api":%q,"endpoints":[%q],"tier":"small","context_window":4000,
 			  "max_output_tokens":100,"price":{"input_per_1k":1,"output_per_1k":2},"credential":{"secret":"key"}}`, flavour, s.Base())))
 			p := &progress{}
-			r, use, err := run(t, k, invocation([]string{"127.0.0.1"}, "key"), builtin.WithProgress(t.Context(), p),
+			r, use, err := run(t, k, invocation([]string{"127.0.0.1"}, "key"), kind.WithProgress(t.Context(), p),
 				`{"prompt":"count","stream":true}`)
 			if err != nil {
 				t.Fatal(err)
@@ -174,8 +174,8 @@ func TestRetriesAccumulate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	meter := &builtin.Meter{}
-	ctx := builtin.WithMeter(t.Context(), meter)
+	meter := &kind.Meter{}
+	ctx := kind.WithMeter(t.Context(), meter)
 	for range 2 {
 		if _, err := fn(ctx, json.RawMessage(`{"prompt":"hi"}`)); err != nil {
 			t.Fatal(err)

@@ -1,13 +1,14 @@
-package builtin
+package kind
 
 import (
 	"context"
 	"encoding/json"
 )
 
-// Progress is how a long-running builtin reports how far it is and saves
-// checkpoints. The execute stage puts one in the tool's context; a tool that
-// checkpoints resumes from Resumed when it is restarted on another worker.
+// Progress is how a long-running tool of any kind reports how far it is
+// and saves checkpoints. The execute stage puts one in the tool's context;
+// a tool that checkpoints resumes from Resumed when it is restarted on
+// another worker.
 type Progress interface {
 	// Report records progress (0-100) and a short message.
 	Report(percent float64, message string)
