@@ -282,6 +282,19 @@ func busSuite(t *testing.T, s *served) {
 	t.Run("an agent cannot reach another tenant", func(t *testing.T) { crossTenant(t, s) })
 	t.Run("the audit trail is checkpointed", func(t *testing.T) { auditCheckpointed(t, s) })
 	t.Run("the audit trail survives its deletion", func(t *testing.T) { auditSurvives(t, s) })
+	t.Run("a re-drive needs an operator's signed run", func(t *testing.T) { redriveSigned(t, s) })
+	// Last: a promoted candidate stays live.
+	t.Run("a shadow policy rules only once an operator signs it", func(t *testing.T) { shadowSigned(t, s) })
+}
+
+// tenant is name where the server makes a tenant's account as its first
+// agent connects, else a declared tenant the other subtests do not use
+// for what the caller counts.
+func (s *served) tenant(name string) string {
+	if s.declared == nil {
+		return name
+	}
+	return s.declared[len(s.declared)-1]
 }
 
 // auditCheckpointed: the audit stage signs checkpoints over every event of
