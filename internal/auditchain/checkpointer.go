@@ -49,6 +49,9 @@ type Checkpointer struct {
 	// Leaves, when set, are the leaves of the events this process
 	// published: those are not read back.
 	Leaves *Leaves
+	// Counted, when set, is told of each checkpoint built: how many of
+	// its events came from Leaves and how many were read back.
+	Counted func(fromLeaves, readBack uint64)
 
 	mine Tail // the last checkpoint this writer published
 	// readBack counts the events read from the stream, known those
@@ -57,8 +60,8 @@ type Checkpointer struct {
 }
 
 // Covered reports how many events this writer's checkpoints took from its
-// Leaves and how many it read back from the stream, including those of
-// checkpoints another writer published first.
+// Leaves and how many they had to read back from the stream (those of
+// checkpoints another writer published first included).
 func (c *Checkpointer) Covered() (fromLeaves, readBack uint64) {
 	return c.known.Load(), c.readBack.Load()
 }
@@ -279,6 +282,9 @@ func (c *Checkpointer) build(ctx context.Context, info *jetstream.StreamInfo, fi
 	}
 	c.known.Add(n - uint64(len(missing)))
 	c.readBack.Add(uint64(len(missing)))
+	if c.Counted != nil {
+		c.Counted(n-uint64(len(missing)), uint64(len(missing)))
+	}
 	found := make(map[uint64]bool, len(missing))
 	for _, r := range spans(missing) {
 		err := readDirect(ctx, c.JS.Conn(), subjects.StreamAudit, r[0], r[1], func(e Event) error {
@@ -339,10 +345,10 @@ func (c *Checkpointer) build(ctx context.Context, info *jetstream.StreamInfo, fi
 	}, nil
 }
 
-// spanGap: unknown sequences closer than this are read in one batch, the
-// known ones between them passed over; a batch's request costs about as
-// much as reading that many events.
-const spanGap = 16
+// spanGap: unknown sequences this close are read in one batch, the known
+// ones between them passed over; a batch's request (a subscription, the
+// request, its end) costs about as much as reading that many events.
+const spanGap = 4
 
 // maxSpans bounds the batches of one checkpoint: past it (events of
 // several processes interleaved), the whole stretch is read at once.

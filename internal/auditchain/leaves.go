@@ -22,7 +22,9 @@ import (
 // Give the process's JetStream Published as its async ack handler
 // (jetstream.WithPublishAsyncAckHandler) and publish through Wrap, which
 // hands over synchronous publishes; Leaves record nothing until a
-// Checkpointer uses them.
+// Checkpointer uses them. The bytes hashed are the message's when its
+// PubAck comes: a publisher must not reuse a message's Data for another
+// before then (none does: each event is encoded afresh).
 type Leaves struct {
 	on atomic.Bool
 	mu sync.Mutex

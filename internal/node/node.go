@@ -448,6 +448,10 @@ type StageConfig struct {
 	// events and how long a checkpoint waits for (auditchain's defaults).
 	AuditCheckpointEvery    int
 	AuditCheckpointInterval time.Duration
+	// AuditChainMetrics counts the events checkpoints cover, by where
+	// their leaves came from (Run sets it on its metrics registry); nil
+	// counts nothing.
+	AuditChainMetrics *AuditChainMetrics
 }
 
 // NewStage builds the logic of the named stage. ctx bounds its watches;
@@ -605,7 +609,7 @@ func (n *Node) NewStage(ctx context.Context, name string, c StageConfig) (stages
 			// this connection publishes are hashed as it is acknowledged,
 			// so the checkpointer reads back only what others published.
 			cp := &auditchain.Checkpointer{JS: n.JS, Key: c.AuditChainKey, Every: c.AuditCheckpointEvery,
-				Interval: c.AuditCheckpointInterval, Log: n.Log, Leaves: n.leaves}
+				Interval: c.AuditCheckpointInterval, Log: n.Log, Leaves: n.leaves, Counted: c.AuditChainMetrics.counted}
 			cctx, stop := context.WithCancel(ctx)
 			done := make(chan struct{})
 			go func() { defer close(done); cp.Run(cctx) }()
