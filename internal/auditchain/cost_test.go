@@ -34,8 +34,9 @@ func processCPU() time.Duration {
 
 // TestCheckpointCost measures the CPU this process (the checkpointer, and
 // the embedded server answering its direct gets) spends per audit event
-// covered, for events of a terminal event's size; docs/audit.md sets it
-// against the audit stage's own CPU per event.
+// covered by reading it back, for events of a terminal event's size: what
+// events the checkpointer was not handed cost (TestAuditChainShare has
+// both ways against the audit stage's own CPU).
 func TestCheckpointCost(t *testing.T) {
 	if testing.Short() {
 		t.Skip()

@@ -48,8 +48,9 @@ const maxKnown = 1 << 16
 // sequences starting over) or a clock apart: those events are read back.
 const recreatedMargin = time.Second
 
-// NewLeaves returns empty Leaves.
-func NewLeaves() *Leaves { return &Leaves{m: make(map[uint64]known, 2*DefaultEvery)} }
+// NewLeaves returns empty Leaves; they hold nothing until a Checkpointer
+// uses them, so every connection may have them.
+func NewLeaves() *Leaves { return &Leaves{} }
 
 // Published records m as stored at ack's sequence of AUDIT; anything else
 // is ignored. Its signature is jetstream.MsgAckHandler's.
@@ -59,6 +60,9 @@ func (l *Leaves) Published(_ jetstream.JetStream, m *nats.Msg, ack *jetstream.Pu
 	}
 	k := known{leaf: LeafHash(m.Subject, m.Data), id: eventID(m.Data), tenant: tenantOf(m.Subject), at: time.Now()}
 	l.mu.Lock()
+	if l.m == nil {
+		l.m = make(map[uint64]known, 2*DefaultEvery)
+	}
 	if len(l.m) < maxKnown {
 		l.m[ack.Sequence] = k
 	}
