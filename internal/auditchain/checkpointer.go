@@ -255,15 +255,22 @@ func (c *Checkpointer) lastCheckpoint(ctx context.Context) (Tail, error) {
 // checkpoint; past it, a new chain starts (Verify names the break).
 const maxPassedOver = 1000
 
+// draft is a checkpoint's per-sequence parts while it is made.
+type draft struct {
+	first, last  uint64
+	leaves       []Hash
+	ids, tenants []string
+	times        []time.Time
+}
+
 // build makes the checkpoint of AUDIT's sequences first..last, unsigned
 // and unlinked: the leaves its Leaves hold, the others read back.
 func (c *Checkpointer) build(ctx context.Context, info *jetstream.StreamInfo, first, last uint64) (*Checkpoint, error) {
 	n := last - first + 1
-	leaves := make([]Hash, n)
-	ids, tenants := make([]string, n), make([]string, n)
-	times := make([]time.Time, n)
-	for i := range leaves {
-		leaves[i] = absentLeaf
+	d := &draft{first: first, last: last, leaves: make([]Hash, n), ids: make([]string, n), tenants: make([]string, n),
+		times: make([]time.Time, n)}
+	for i := range d.leaves {
+		d.leaves[i] = absentLeaf
 	}
 	var missing []uint64
 	var have map[uint64]known
@@ -278,13 +285,27 @@ func (c *Checkpointer) build(ctx context.Context, info *jetstream.StreamInfo, fi
 			continue
 		}
 		i := seq - first
-		leaves[i], ids[i], tenants[i], times[i] = k.leaf, k.id, k.tenant, k.at
+		d.leaves[i], d.ids[i], d.tenants[i], d.times[i] = k.leaf, k.id, k.tenant, k.at
+	}
+	cp, err := c.complete(ctx, info, d, have, missing)
+	if err != nil {
+		// Taken again by the next try rather than read back.
+		c.Leaves.restore(have)
+		return nil, err
 	}
 	c.known.Add(n - uint64(len(missing)))
 	c.readBack.Add(uint64(len(missing)))
 	if c.Counted != nil {
 		c.Counted(n-uint64(len(missing)), uint64(len(missing)))
 	}
+	return cp, nil
+}
+
+// complete reads back the missing sequences of d and makes the checkpoint.
+func (c *Checkpointer) complete(ctx context.Context, info *jetstream.StreamInfo, d *draft, have map[uint64]known, missing []uint64) (*Checkpoint, error) {
+	first, last := d.first, d.last
+	leaves, ids, tenants, times := d.leaves, d.ids, d.tenants, d.times
+	n := last - first + 1
 	found := make(map[uint64]bool, len(missing))
 	for _, r := range spans(missing) {
 		err := readDirect(ctx, c.JS.Conn(), subjects.StreamAudit, r[0], r[1], func(e Event) error {

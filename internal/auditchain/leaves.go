@@ -90,6 +90,20 @@ func (l *Leaves) take(first, last uint64, created time.Time) map[uint64]known {
 	return out
 }
 
+// restore puts back what take returned, for a checkpoint not made.
+func (l *Leaves) restore(taken map[uint64]known) {
+	if l == nil || len(taken) == 0 {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for seq, k := range taken {
+		if len(l.m) < maxKnown {
+			l.m[seq] = k
+		}
+	}
+}
+
 // forget drops what is known before first.
 func (l *Leaves) forget(first uint64) {
 	l.on.Store(true)
