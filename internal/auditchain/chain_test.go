@@ -437,20 +437,66 @@ func TestVerifyAgedOut(t *testing.T) {
 
 // TestChainWithWorkersKilled: three checkpointers run while events are
 // published; two are stopped mid-way, one started late; one unbroken chain
-// covers every event.
+// covers every event. In "from publish acks" each checkpointer is an
+// audit process's, taking the leaves of what that process publishes: a
+// process stopped takes its publishing with it, and what it published but
+// had not covered is read back by the others.
 func TestChainWithWorkersKilled(t *testing.T) {
+	for _, acks := range []bool{false, true} {
+		name := "read back"
+		if acks {
+			name = "from publish acks"
+		}
+		t.Run(name, func(t *testing.T) { chainWithWorkersKilled(t, acks) })
+	}
+}
+
+func chainWithWorkersKilled(t *testing.T, acks bool) {
 	tr := newTrail(t)
+	if acks {
+		pastCreation()
+	}
+	var mu sync.Mutex
+	live := map[string]*publisher{}
+	checkpointers := map[string]*auditchain.Checkpointer{}
 	run := func(name string) context.CancelFunc {
 		ctx, cancel := context.WithCancel(tr.ctx)
 		c := &auditchain.Checkpointer{JS: tr.js, Key: tr.key, Every: 50, Interval: 40 * time.Millisecond, Writer: name}
+		if acks {
+			p := tr.publisher()
+			c.Leaves = p.leaves
+			mu.Lock()
+			live[name] = p
+			mu.Unlock()
+		}
+		mu.Lock()
+		checkpointers[name] = c
+		mu.Unlock()
 		go c.Run(ctx)
-		return cancel
+		return func() {
+			mu.Lock()
+			delete(live, name)
+			mu.Unlock()
+			cancel()
+		}
 	}
 	stopA, stopB := run("a"), run("b")
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		for i := range 3000 {
-			tr.publish(event("acme", i))
+			mu.Lock()
+			var ps []*publisher
+			for _, n := range []string{"a", "b", "c"} {
+				if p := live[n]; p != nil {
+					ps = append(ps, p)
+				}
+			}
+			mu.Unlock()
+			if len(ps) == 0 || i%7 == 0 {
+				tr.publish(event("acme", i))
+			} else {
+				ps[i%len(ps)].publish("acme", i, i%2 == 0)
+			}
 			switch i {
 			case 800:
 				stopA()
@@ -478,7 +524,17 @@ func TestChainWithWorkersKilled(t *testing.T) {
 	if writers["c"] == 0 || len(writers) < 2 {
 		t.Errorf("checkpoints by writer %v: the late writer took over none", writers)
 	}
-	t.Logf("%d checkpoints by writer %v", len(stored), writers)
+	var fromAcks, readBack uint64
+	mu.Lock()
+	for _, c := range checkpointers {
+		k, r := c.Covered()
+		fromAcks, readBack = fromAcks+k, readBack+r
+	}
+	mu.Unlock()
+	if acks && fromAcks == 0 {
+		t.Errorf("no event covered from its publish ack (%d read back)", readBack)
+	}
+	t.Logf("%d checkpoints by writer %v; %d events covered from publish acks, %d read back", len(stored), writers, fromAcks, readBack)
 }
 
 var _ = nats.ErrTimeout

@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"math/big"
 	"os"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -20,8 +21,9 @@ import (
 	"github.com/toolgate/toolgate/subjects"
 )
 
-// Defaults of Checkpointer. A checkpoint reads each event once more and
-// hashes it; measured in docs/audit.md against the audit stage's own work.
+// Defaults of Checkpointer. A checkpoint hashes each event, reading back
+// those its Leaves do not hold; measured in docs/audit.md against the
+// audit stage's own work.
 const (
 	DefaultEvery    = 1000
 	DefaultInterval = 5 * time.Second
@@ -44,13 +46,32 @@ type Checkpointer struct {
 	// Writer names this process in the checkpoints it writes.
 	Writer string
 	Log    *slog.Logger
+	// Leaves, when set, are the leaves of the events this process
+	// published: those are not read back.
+	Leaves *Leaves
+	// Counted, when set, is told of each checkpoint built: how many of
+	// its events came from Leaves and how many were read back.
+	Counted func(fromLeaves, readBack uint64)
 
 	mine Tail // the last checkpoint this writer published
+	// readBack counts the events read from the stream, known those
+	// covered from Leaves.
+	readBack, known atomic.Uint64
+}
+
+// Covered reports how many events this writer's checkpoints took from its
+// Leaves and how many they had to read back from the stream (those of
+// checkpoints another writer published first included).
+func (c *Checkpointer) Covered() (fromLeaves, readBack uint64) {
+	return c.known.Load(), c.readBack.Load()
 }
 
 // Run writes checkpoints until ctx ends.
 func (c *Checkpointer) Run(ctx context.Context) {
 	c.defaults()
+	if c.Leaves != nil {
+		c.Leaves.on.Store(true)
+	}
 	for {
 		wait := c.Interval/4 + jitter(c.Interval/4)
 		select {
@@ -150,6 +171,9 @@ func (c *Checkpointer) Step(ctx context.Context) (more bool, err error) {
 		start = max(prev.Last+1, start)
 	}
 	start = max(start, 1)
+	if c.Leaves != nil {
+		c.Leaves.forget(start)
+	}
 	if info.State.LastSeq < start {
 		return false, nil
 	}
@@ -164,7 +188,7 @@ func (c *Checkpointer) Step(ctx context.Context) (more bool, err error) {
 		}
 	}
 	n := min(pending, uint64(c.Every))
-	cp, err := c.build(ctx, created, start, start+n-1)
+	cp, err := c.build(ctx, info, start, start+n-1)
 	if err != nil {
 		return false, err
 	}
@@ -231,47 +255,101 @@ func (c *Checkpointer) lastCheckpoint(ctx context.Context) (Tail, error) {
 // checkpoint; past it, a new chain starts (Verify names the break).
 const maxPassedOver = 1000
 
-// build reads AUDIT's sequences first..last and makes their checkpoint,
-// unsigned and unlinked.
-func (c *Checkpointer) build(ctx context.Context, created string, first, last uint64) (*Checkpoint, error) {
+// draft is a checkpoint's per-sequence parts while it is made.
+type draft struct {
+	first, last  uint64
+	leaves       []Hash
+	ids, tenants []string
+	times        []time.Time
+}
+
+// build makes the checkpoint of AUDIT's sequences first..last, unsigned
+// and unlinked: the leaves its Leaves hold, the others read back.
+func (c *Checkpointer) build(ctx context.Context, info *jetstream.StreamInfo, first, last uint64) (*Checkpoint, error) {
 	n := last - first + 1
-	leaves := make([]Hash, n)
-	ids, tenants := make([]string, n), make([]string, n)
-	for i := range leaves {
-		leaves[i] = absentLeaf
+	d := &draft{first: first, last: last, leaves: make([]Hash, n), ids: make([]string, n), tenants: make([]string, n),
+		times: make([]time.Time, n)}
+	for i := range d.leaves {
+		d.leaves[i] = absentLeaf
 	}
-	var firstTime, lastTime time.Time
-	err := readDirect(ctx, c.JS.Conn(), subjects.StreamAudit, first, last, func(e Event) error {
-		i := e.Seq - first
-		leaves[i] = LeafHash(e.Subject, e.Data)
-		ids[i], tenants[i] = eventID(e.Data), tenantOf(e.Subject)
-		if firstTime.IsZero() {
-			firstTime = e.Time
-		}
-		lastTime = e.Time
-		return nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("reading audit events %d..%d: %w", first, last, err)
+	var missing []uint64
+	var have map[uint64]known
+	if c.Leaves != nil && info.Config.SubjectTransform == nil {
+		// A transform would store another subject than the one published.
+		have = c.Leaves.take(first, last, info.Created)
 	}
-	for i, l := range leaves {
-		if l != absentLeaf {
+	for seq := first; seq <= last; seq++ {
+		k, ok := have[seq]
+		if !ok {
+			missing = append(missing, seq)
 			continue
 		}
-		there, err := storedAt(ctx, c.JS.Conn(), subjects.StreamAudit, first+uint64(i))
+		i := seq - first
+		d.leaves[i], d.ids[i], d.tenants[i], d.times[i] = k.leaf, k.id, k.tenant, k.at
+	}
+	cp, err := c.complete(ctx, info, d, have, missing)
+	if err != nil {
+		// Taken again by the next try rather than read back.
+		c.Leaves.restore(have)
+		return nil, err
+	}
+	c.known.Add(n - uint64(len(missing)))
+	c.readBack.Add(uint64(len(missing)))
+	if c.Counted != nil {
+		c.Counted(n-uint64(len(missing)), uint64(len(missing)))
+	}
+	return cp, nil
+}
+
+// complete reads back the missing sequences of d and makes the checkpoint.
+func (c *Checkpointer) complete(ctx context.Context, info *jetstream.StreamInfo, d *draft, have map[uint64]known, missing []uint64) (*Checkpoint, error) {
+	first, last := d.first, d.last
+	leaves, ids, tenants, times := d.leaves, d.ids, d.tenants, d.times
+	n := last - first + 1
+	found := make(map[uint64]bool, len(missing))
+	for _, r := range spans(missing) {
+		err := readDirect(ctx, c.JS.Conn(), subjects.StreamAudit, r[0], r[1], func(e Event) error {
+			i := e.Seq - first
+			if _, ok := have[e.Seq]; ok {
+				return nil // the bytes it stored when it was published are the ones covered
+			}
+			leaves[i] = LeafHash(e.Subject, e.Data)
+			ids[i], tenants[i], times[i] = eventID(e.Data), tenantOf(e.Subject), e.Time
+			found[e.Seq] = true
+			return nil
+		})
+		if err != nil {
+			return nil, fmt.Errorf("reading audit events %d..%d: %w", r[0], r[1], err)
+		}
+	}
+	for _, seq := range missing {
+		if found[seq] {
+			continue
+		}
+		there, err := storedAt(ctx, c.JS.Conn(), subjects.StreamAudit, seq)
 		if err != nil {
 			return nil, err
 		}
 		if there {
 			// A replica that lags answered the batch: try again later
 			// rather than record an event as absent.
-			return nil, fmt.Errorf("audit event %d was not in the batch read", first+uint64(i))
+			return nil, fmt.Errorf("audit event %d was not in the batch read", seq)
 		}
 	}
 	root := Root(leaves)
 	prefixes := make([]byte, 0, n*prefixLen)
 	for _, l := range leaves {
 		prefixes = append(prefixes, l[:prefixLen]...)
+	}
+	var firstTime, lastTime time.Time
+	for _, t := range times {
+		if t.IsZero() {
+			continue
+		}
+		if firstTime.IsZero() {
+			firstTime = t
+		}
+		lastTime = t
 	}
 	now := time.Now().UTC()
 	if lastTime.IsZero() {
@@ -281,11 +359,36 @@ func (c *Checkpointer) build(ctx context.Context, created string, first, last ui
 		firstTime = lastTime
 	}
 	return &Checkpoint{
-		V: Version, Stream: subjects.StreamAudit, StreamCreated: created, First: first, Last: last,
+		V: Version, Stream: subjects.StreamAudit, StreamCreated: info.Created.UTC().Format(time.RFC3339Nano), First: first, Last: last,
 		Root: hex.EncodeToString(root[:]), Time: now.Format(time.RFC3339Nano),
 		FirstTime: firstTime.UTC().Format(time.RFC3339Nano), LastTime: lastTime.UTC().Format(time.RFC3339Nano), Writer: c.Writer,
 		Leaves: base64.StdEncoding.EncodeToString(prefixes), IDs: ids, Tenants: tenants,
 	}, nil
+}
+
+// spanGap: unknown sequences this close are read in one batch, the known
+// ones between them passed over; a batch's request (a subscription, the
+// request, its end) costs about as much as reading that many events.
+const spanGap = 4
+
+// maxSpans bounds the batches of one checkpoint: past it (events of
+// several processes interleaved), the whole stretch is read at once.
+const maxSpans = 8
+
+// spans groups the sorted sequences seqs into ranges to read.
+func spans(seqs []uint64) [][2]uint64 {
+	var out [][2]uint64
+	for _, s := range seqs {
+		if len(out) > 0 && s-out[len(out)-1][1] <= spanGap {
+			out[len(out)-1][1] = s
+			continue
+		}
+		out = append(out, [2]uint64{s, s})
+	}
+	if len(out) > maxSpans {
+		return [][2]uint64{{out[0][0], out[len(out)-1][1]}}
+	}
+	return out
 }
 
 func jitter(d time.Duration) time.Duration {

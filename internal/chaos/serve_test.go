@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/auditchain"
 	"github.com/toolgate/toolgate/internal/busauth"
 	"github.com/toolgate/toolgate/internal/envelope"
 	"github.com/toolgate/toolgate/internal/node"
@@ -197,9 +198,10 @@ func TestChaosServeKill(t *testing.T) {
 	for _, c := range info.State.Subjects {
 		poison += int(c)
 	}
+	chain := verifyChain(ctx, t, js, s.data)
 	stop := s.term(time.Minute)
-	fmt.Printf("chaos serve-kill       leftovers=%d remaining=%d poison=%d stop=%v stop_mid_sweep=%v (%d left)\n",
-		leftovers, remaining, poison, stop.Round(time.Millisecond), midSweep.Round(time.Millisecond), atTerm)
+	fmt.Printf("chaos serve-kill       leftovers=%d remaining=%d poison=%d stop=%v stop_mid_sweep=%v (%d left) chain=%s\n",
+		leftovers, remaining, poison, stop.Round(time.Millisecond), midSweep.Round(time.Millisecond), atTerm, chain)
 	rep.check(t)
 	if poison > 0 {
 		t.Errorf("%d pipeline.poison events for invocations that all ended", poison)
@@ -210,4 +212,40 @@ func TestChaosServeKill(t *testing.T) {
 	if n > 1000 && remaining > 0 {
 		t.Errorf("%d messages still in the work queues after the sweeps", remaining)
 	}
+}
+
+// verifyChain waits for audit's checkpoints to cover every event AUDIT
+// holds now, and checks the chain: the kills (audit's publishes
+// acknowledged and never handed to its checkpointer, ranges left mid-way)
+// must leave one unbroken chain. It returns what verify found.
+func verifyChain(ctx context.Context, t *testing.T, js jetstream.JetStream, data string) string {
+	t.Helper()
+	pub, err := busauth.LoadAuditChainPublicKey(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	audit, err := js.Stream(ctx, subjects.StreamAudit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := audit.CachedInfo().State.LastSeq
+	deadline := time.Now().Add(time.Minute)
+	for {
+		tail, err := auditchain.LastCheckpoint(ctx, js)
+		if err == nil && tail.Checkpoint != nil && tail.Checkpoint.Last >= last {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no checkpoint covers AUDIT up to %d after a minute (%+v, %v)", last, tail, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	r, err := auditchain.Verify(ctx, auditchain.Bus{JS: js}, auditchain.Options{Key: pub, To: last})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !r.Intact() || r.CoveredFirst != 1 || r.CoveredLast < last {
+		t.Errorf("the audit chain after the kills: %+v", r)
+	}
+	return fmt.Sprintf("%d events in %d checkpoints, %d findings", r.Events, r.Checkpoints, len(r.Findings))
 }

@@ -160,8 +160,8 @@ func adminHandlers(f *fakeAdmin, id Identify, audited *[]stages.Output) *handler
 // each change is audited once.
 func TestAdminEndpoints(t *testing.T) {
 	// The re-drive and shadow endpoints, administrative too, have tests
-	// of their own against a real bus (internal/node: TestRedriveSigned,
-	// TestShadowSigned).
+	// of their own against a real bus (internal/node: the bus suites'
+	// redriveSigned and shadowSigned).
 	admin := (&handlers{}).adminEndpoints()
 	if len(adminRequests) != len(admin) {
 		t.Fatalf("%d requests for %d endpoints", len(adminRequests), len(admin))

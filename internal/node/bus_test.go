@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/client"
 	"github.com/toolgate/toolgate/internal/auditchain"
@@ -42,6 +43,16 @@ type served struct {
 	// for (external servers); nil: the embedded server, which makes a
 	// tenant's account when its first agent connects.
 	declared []string
+	// chain counts the events audit's checkpoints covered, by where their
+	// leaves came from.
+	chain *prometheus.Registry
+}
+
+// chainCounted is a fresh count for a suite's audit checkpoints, and the
+// stage configuration that keeps it.
+func chainCounted() (*prometheus.Registry, node.StageConfig) {
+	reg := prometheus.NewRegistry()
+	return reg, node.StageConfig{AuditChainMetrics: node.NewAuditChainMetrics(reg)}
 }
 
 func (s *served) dial(i int, opts ...nats.Option) (*nats.Conn, error) {
@@ -148,8 +159,9 @@ func runServed(t *testing.T, cfg node.Config) (*node.Node, string) {
 // serveEmbedded is `toolgate serve`: the embedded server, always with auth.
 func serveEmbedded(t *testing.T) *served {
 	dir := t.TempDir()
-	n, url := runServed(t, node.Config{Embedded: node.EmbeddedOptions{Listen: "127.0.0.1:-1", DataDir: dir}})
-	return &served{urls: []string{url}, dataDir: dir, node: n}
+	reg, stage := chainCounted()
+	n, url := runServed(t, node.Config{Embedded: node.EmbeddedOptions{Listen: "127.0.0.1:-1", DataDir: dir}, Stage: stage})
+	return &served{urls: []string{url}, dataDir: dir, node: n, chain: reg}
 }
 
 func TestServeNeverOpen(t *testing.T) {
@@ -211,8 +223,9 @@ func TestBusExternalServer(t *testing.T) {
 		}
 		return err == nil
 	})
-	n, _ := runServed(t, node.Config{NATSURL: url, AuthCallout: true, Embedded: node.EmbeddedOptions{DataDir: dir}})
-	busSuite(t, &served{urls: []string{url}, dataDir: dir, node: n, declared: declaredTenants})
+	reg, stage := chainCounted()
+	n, _ := runServed(t, node.Config{NATSURL: url, AuthCallout: true, Embedded: node.EmbeddedOptions{DataDir: dir}, Stage: stage})
+	busSuite(t, &served{urls: []string{url}, dataDir: dir, node: n, declared: declaredTenants, chain: reg})
 }
 
 // TestBusCluster runs three routed servers with the same configuration; the
@@ -257,9 +270,10 @@ func TestBusCluster(t *testing.T) {
 		}
 		urls = append(urls, srv.ClientURL())
 	}
+	reg, stage := chainCounted()
 	n, _ := runServed(t, node.Config{NATSURL: urls[0], AuthCallout: true, Embedded: node.EmbeddedOptions{DataDir: dir},
-		Topology: topology.TopologyOptions{Replicas: 3}})
-	busSuite(t, &served{urls: urls, dataDir: dir, node: n, declared: declaredTenants})
+		Topology: topology.TopologyOptions{Replicas: 3}, Stage: stage})
+	busSuite(t, &served{urls: urls, dataDir: dir, node: n, declared: declaredTenants, chain: reg})
 }
 
 // declaredTenants are the tenants external servers have accounts for.
@@ -282,6 +296,19 @@ func busSuite(t *testing.T, s *served) {
 	t.Run("an agent cannot reach another tenant", func(t *testing.T) { crossTenant(t, s) })
 	t.Run("the audit trail is checkpointed", func(t *testing.T) { auditCheckpointed(t, s) })
 	t.Run("the audit trail survives its deletion", func(t *testing.T) { auditSurvives(t, s) })
+	t.Run("a re-drive needs an operator's signed run", func(t *testing.T) { redriveSigned(t, s) })
+	// Last: a promoted candidate stays live.
+	t.Run("a shadow policy rules only once an operator signs it", func(t *testing.T) { shadowSigned(t, s) })
+}
+
+// tenant is name where the server makes a tenant's account as its first
+// agent connects, else a declared tenant the other subtests do not use
+// for what the caller counts.
+func (s *served) tenant(name string) string {
+	if s.declared == nil {
+		return name
+	}
+	return s.declared[len(s.declared)-1]
 }
 
 // auditCheckpointed: the audit stage signs checkpoints over every event of
@@ -332,6 +359,15 @@ func auditCheckpointed(t *testing.T, s *served) {
 	})
 	if !r.Intact() || r.CoveredLast < last || r.Events == 0 {
 		t.Fatalf("verify: %+v", r)
+	}
+	// Every audit event is audit's to publish (the others relay theirs):
+	// the checkpoints take their leaves from audit's publish acks, and
+	// read back only the first second's (AUDIT was just made) and those
+	// published before the checkpointer started.
+	acks, read := chainEvents(t, s.chain, "ack"), chainEvents(t, s.chain, "read")
+	t.Logf("%v events covered from publish acks, %v read back", acks, read)
+	if acks == 0 || acks < read {
+		t.Errorf("%v events covered from publish acks, %v read back: want most from the acks", acks, read)
 	}
 	for _, role := range append(slices.Clone(busauth.StageRoles), busauth.RoleControl) {
 		if role == busauth.RoleAudit {

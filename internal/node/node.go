@@ -74,6 +74,9 @@ type Node struct {
 	// refusals is the JetStream (JS, once signing is set up) through which
 	// watches that started with the connection audit what they ignore.
 	refusals atomic.Pointer[jsBox]
+	// leaves are the audit events this connection published, by sequence,
+	// for the audit chain's checkpointer: it reads back only the others.
+	leaves *auditchain.Leaves
 	// DevToken is the development token minted by Run with Examples.
 	DevToken string
 	// DevInboxPrefix is the inbox prefix an agent connected with DevToken
@@ -162,10 +165,14 @@ func openConnRole(ctx context.Context, nc *nats.Conn, role busauth.Role, topo to
 	if log == nil {
 		log = slog.Default()
 	}
-	js, err := jetstream.New(nc)
+	// What audit publishes is handed to its checkpointer as acknowledged
+	// (inert on connections that run no checkpointer).
+	leaves := auditchain.NewLeaves()
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncAckHandler(leaves.Published))
 	if err != nil {
 		return nil, err
 	}
+	js = leaves.Wrap(js)
 	opts := kvstore.Options{Replicas: topo.Replicas, Storage: topo.Storage, InvocationTTL: topo.InvocationTTL, Memory: mem,
 		CheckpointRetention: topo.CheckpointRetention, Clock: topo.CheckpointClock}
 	rights, bound := busauth.Rights[role]
@@ -222,7 +229,8 @@ func openConnRole(ctx context.Context, nc *nats.Conn, role busauth.Role, topo to
 	if err != nil {
 		return nil, err
 	}
-	n := &Node{NC: nc, JS: js, Store: store, Registry: tools.NewRegistry(), Revoked: new(token.Revocations), Topology: topo, Log: log, Role: role}
+	n := &Node{NC: nc, JS: js, Store: store, Registry: tools.NewRegistry(), Revoked: new(token.Revocations), Topology: topo, Log: log, Role: role,
+		leaves: leaves}
 	if !bound {
 		n.refusals.Store(&jsBox{js})
 	}
@@ -444,6 +452,10 @@ type StageConfig struct {
 	// events and how long a checkpoint waits for (auditchain's defaults).
 	AuditCheckpointEvery    int
 	AuditCheckpointInterval time.Duration
+	// AuditChainMetrics counts the events checkpoints cover, by where
+	// their leaves came from (Run sets it on its metrics registry); nil
+	// counts nothing.
+	AuditChainMetrics *AuditChainMetrics
 }
 
 // kinds are the tool kinds the stages run: Kinds, or those compiled in.
@@ -611,10 +623,11 @@ func (n *Node) NewStage(ctx context.Context, name string, c StageConfig) (stages
 			return nil, err
 		}
 		if c.AuditChainKey != nil {
-			// Checkpoints are made beside the stage, not per event: the
-			// stage's hot path does no hashing.
+			// Checkpoints are made beside the stage; the leaves of what
+			// this connection publishes are hashed as it is acknowledged,
+			// so the checkpointer reads back only what others published.
 			cp := &auditchain.Checkpointer{JS: n.JS, Key: c.AuditChainKey, Every: c.AuditCheckpointEvery,
-				Interval: c.AuditCheckpointInterval, Log: n.Log}
+				Interval: c.AuditCheckpointInterval, Log: n.Log, Leaves: n.leaves, Counted: c.AuditChainMetrics.counted}
 			cctx, stop := context.WithCancel(ctx)
 			done := make(chan struct{})
 			go func() { defer close(done); cp.Run(cctx) }()

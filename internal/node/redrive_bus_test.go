@@ -8,24 +8,21 @@ import (
 
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/client"
-	"github.com/toolgate/toolgate/internal/node"
 	"github.com/toolgate/toolgate/subjects"
 )
 
-// TestRedriveSigned: on serve's authenticated bus, with every role's own
-// rights, audit keeps the dead letter, control reads it and starts the
+// redriveSigned: on an authenticated bus, with every role's own rights, audit keeps the dead letter, control reads it and starts the
 // re-drive, and authorize admits a re-drive only with an operator's signed
 // run request: one an agent labels a re-drive itself is refused (E3904),
 // the operator's runs with the agent's token or on the operator's
 // decision, recorded under the signing operator.
-func TestRedriveSigned(t *testing.T) {
-	dir := t.TempDir()
-	n, url := runServed(t, node.Config{Embedded: node.EmbeddedOptions{Listen: "127.0.0.1:-1", DataDir: dir}})
-	s := &served{urls: []string{url}, dataDir: dir, node: n}
+func redriveSigned(t *testing.T, s *served) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	op := s.operator(t)
-	const me, tenant, tool = "operator:local", "rdsig", "rd.guarded"
+	const me, tool = "operator:local", "rd.guarded"
+	tenant := s.tenant("rdsig")
+	since := time.Now()
 	if _, err := op.RegisterTool(ctx, []byte(`{"id":"`+tool+`","name":"guarded","version":"1.0.0","description":"a test tool",
 	  "kind":"builtin","builtin":{"function":"noop"},"input_schema":{"type":"object"},"safety":{"risk_level":"low"},
 	  "circuit_breaker":{"failure_rate_threshold":50,"sliding_window_size":20,"minimum_calls":10,"wait_duration_seconds":30}}`), false); err != nil {
@@ -69,7 +66,7 @@ func TestRedriveSigned(t *testing.T) {
 	}
 	eventually(t, 20*time.Second, "the released breaker to let calls through", func() bool { return call().Status == api.StatusSuccess })
 	eventually(t, 10*time.Second, "the dead letters", func() bool {
-		l, err := op.RedriveList(ctx, api.RedriveListRequest{RedriveFilter: api.RedriveFilter{Tenant: tenant}})
+		l, err := op.RedriveList(ctx, api.RedriveListRequest{RedriveFilter: api.RedriveFilter{Tenant: tenant, Code: api.EBreakerOpen, Since: &since}})
 		return err == nil && len(l.Entries) == 3
 	})
 

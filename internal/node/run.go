@@ -395,6 +395,9 @@ func (r *run) startObservability(ctx context.Context) (stop func(), err error) {
 	if c.Stage.ShadowMetrics == nil {
 		c.Stage.ShadowMetrics = NewShadowMetrics(reg)
 	}
+	if c.Stage.AuditChainMetrics == nil {
+		c.Stage.AuditChainMetrics = NewAuditChainMetrics(reg)
+	}
 	if c.MetricsAddr != "" {
 		srv := &http.Server{Addr: c.MetricsAddr, Handler: r.health.Handler(reg), ReadHeaderTimeout: 5 * time.Second}
 		served := make(chan struct{})

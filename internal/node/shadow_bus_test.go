@@ -11,25 +11,21 @@ import (
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/client"
 	"github.com/toolgate/toolgate/internal/busauth"
-	"github.com/toolgate/toolgate/internal/node"
 	"github.com/toolgate/toolgate/internal/policy"
 	"github.com/toolgate/toolgate/kvstore"
 	"github.com/toolgate/toolgate/subjects"
 )
 
-// TestShadowSigned: on serve's authenticated bus, authorize evaluates a
+// shadowSigned: on an authenticated bus, authorize evaluates a
 // candidate an operator signed and emits its divergences with its own
 // rights, for audit to publish; promoted with the operator's signature, the candidate rules every
 // reader; a candidate written straight into the bucket (control may write
 // it) is ignored and audited.
-func TestShadowSigned(t *testing.T) {
-	dir := t.TempDir()
-	n, url := runServed(t, node.Config{Embedded: node.EmbeddedOptions{Listen: "127.0.0.1:-1", DataDir: dir}})
-	s := &served{urls: []string{url}, dataDir: dir, node: n}
+func shadowSigned(t *testing.T, s *served) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	op := s.operator(t)
-	const tenant = "shsig"
+	tenant := s.tenant("shsig")
 	nc, raw := s.agent(t, 1, tenant)
 	ac, err := client.New(nc)
 	if err != nil {

@@ -1,0 +1,32 @@
+package auditchain
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/toolgate/toolgate/subjects"
+)
+
+// BenchmarkLeavesPublished is the audit process's hand-over of one event
+// of a terminal event's size (about 800 bytes) as its PubAck comes: leaf
+// hash, id and tenant, recorded by sequence; a checkpoint takes them
+// every DefaultEvery.
+func BenchmarkLeavesPublished(b *testing.B) {
+	l := NewLeaves()
+	l.on.Store(true)
+	m := &nats.Msg{Subject: subjects.AuditEvent("acme", "tool.succeeded"), Data: fmt.Appendf(nil,
+		`{"specversion":"1.0","id":"inv-1:tool.succeeded","source":"urn:toolgate:audit","type":"ai.agent.tool.succeeded","datacontenttype":"application/json","time":"2026-11-27T05:08:15.040990875Z","data":{"tenant_id":"acme","invocation_id":"inv-1","tool_id":"echo","tool_version":"1.0.0","status":"success","duration_ms":3,"result":{"echo":"%s"}},"tenantid":"acme"}`,
+		strings.Repeat("x", 500))}
+	ack := &jetstream.PubAck{Stream: subjects.StreamAudit}
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		ack.Sequence = uint64(i + 1)
+		l.Published(nil, m, ack)
+		if ack.Sequence%DefaultEvery == 0 {
+			clear(l.m) // as a checkpoint takes them
+		}
+	}
+}
