@@ -406,8 +406,8 @@ func (c *call) run(ctx context.Context, raw json.RawMessage) (json.RawMessage, e
 // so that a run resumed from it (a redelivery after a worker died, or
 // resume_from_checkpoint_id) sends only the parts not yet answered.
 func (c *call) runParts(ctx context.Context, chain []*modelrouter.Model, p *Params, parts [][]modelrouter.Message,
-	stream bool, use *api.ModelUse, meter *builtin.Meter) (json.RawMessage, error) {
-	progress := builtin.ProgressFrom(ctx)
+	stream bool, use *api.ModelUse, meter *kind.Meter) (json.RawMessage, error) {
+	progress := kind.ProgressFrom(ctx)
 	st := splitState{Parts: len(parts), Digest: partsDigest(p.System, parts)}
 	st.Answers = resumedAnswers(progress.Resumed(), st)
 	resumed := len(st.Answers)

@@ -9,7 +9,7 @@ import (
 	"testing"
 
 	"github.com/toolgate/toolgate/internal/modelrouter/modeltest"
-	"github.com/toolgate/toolgate/stages/execute/builtin"
+	"github.com/toolgate/toolgate/stages/execute/kind"
 )
 
 // saved records the checkpoints a run saves and hands one back as the state
@@ -55,7 +55,7 @@ func TestSplitCheckpointsEachPart(t *testing.T) {
 	params := fmt.Sprintf(`{"truncate":"split","system":"count the lines","messages":[{"role":"user","content":%q}]}`, long)
 	call := func(p *saved) Result {
 		t.Helper()
-		r, _, err := run(t, k, inv, builtin.WithProgress(context.Background(), p), params)
+		r, _, err := run(t, k, inv, kind.WithProgress(context.Background(), p), params)
 		if err != nil {
 			t.Fatal(err)
 		}
