@@ -62,38 +62,16 @@ image:
 image-test: image
 	cd deploy && TOOLGATE_IMAGE_TEST=1 IMAGE=$(IMAGE) $(GO) test -count=1 -v -run '^TestImage' -timeout 20m .
 
-# Each decoder of outside input, fuzzed for FUZZTIME.
+# Each decoder of outside input, fuzzed for FUZZTIME: every Fuzz function
+# of the tree, found in the test files, so a new one cannot be left out.
 FUZZTIME ?= 20s
 fuzz:
-	$(GO) test -run '^$$' -fuzz '^FuzzRecords$$' -fuzztime $(FUZZTIME) ./internal/signedstate/
-	$(GO) test -run '^$$' -fuzz '^FuzzFromMessage$$' -fuzztime $(FUZZTIME) ./internal/envelope/
-	$(GO) test -run '^$$' -fuzz '^FuzzResultSubject$$' -fuzztime $(FUZZTIME) ./subjects/
-	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) ./internal/tools/
-	$(GO) test -run '^$$' -fuzz '^FuzzResolveConstraint$$' -fuzztime $(FUZZTIME) ./internal/tools/
-	$(GO) test -run '^$$' -fuzz '^FuzzReadFilePath$$' -fuzztime $(FUZZTIME) ./stages/execute/builtin/
-	$(GO) test -run '^$$' -fuzz '^FuzzJSONTransform$$' -fuzztime $(FUZZTIME) ./stages/execute/builtin/
-	$(GO) test -run '^$$' -fuzz '^FuzzMathEval$$' -fuzztime $(FUZZTIME) ./stages/execute/builtin/
-	$(GO) test -run '^$$' -fuzz '^FuzzParseYAML$$' -fuzztime $(FUZZTIME) ./stages/execute/builtin/
-	$(GO) test -run '^$$' -fuzz '^FuzzScan$$' -fuzztime $(FUZZTIME) ./internal/detect/
-	$(GO) test -run '^$$' -fuzz '^FuzzScanJSON$$' -fuzztime $(FUZZTIME) ./internal/detect/
-	$(GO) test -run '^$$' -fuzz '^FuzzDecodeForms$$' -fuzztime $(FUZZTIME) ./internal/detect/
-	$(GO) test -run '^$$' -fuzz '^FuzzCompile$$' -fuzztime $(FUZZTIME) ./schemas/
-	$(GO) test -run '^$$' -fuzz '^FuzzURLTemplate$$' -fuzztime $(FUZZTIME) ./stages/execute/httptool/
-	$(GO) test -run '^$$' -fuzz '^FuzzScrub$$' -fuzztime $(FUZZTIME) ./stages/execute/httptool/
-	$(GO) test -run '^$$' -fuzz '^FuzzControlLines$$' -fuzztime $(FUZZTIME) ./internal/sandbox/
-	$(GO) test -run '^$$' -fuzz '^FuzzExpand$$' -fuzztime $(FUZZTIME) ./internal/sandbox/
-	$(GO) test -run '^$$' -fuzz '^FuzzResult$$' -fuzztime $(FUZZTIME) ./stages/execute/mcptool/
-	$(GO) test -run '^$$' -fuzz '^FuzzVerify$$' -fuzztime $(FUZZTIME) ./internal/token/
-	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) ./internal/envelope/
-	$(GO) test -run '^$$' -fuzz '^FuzzEventOutput$$' -fuzztime $(FUZZTIME) ./internal/runner/
-	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) ./internal/hooks/
-	$(GO) test -run '^$$' -fuzz '^FuzzCursor$$' -fuzztime $(FUZZTIME) ./internal/discovery/
-	$(GO) test -run '^$$' -fuzz '^FuzzParseCapabilityRequest$$' -fuzztime $(FUZZTIME) ./internal/discovery/
-	$(GO) test -run '^$$' -fuzz '^FuzzAdminRequests$$' -fuzztime $(FUZZTIME) ./internal/control/
-	$(GO) test -run '^$$' -fuzz '^FuzzAuthorize$$' -fuzztime $(FUZZTIME) ./internal/busauth/
-	$(GO) test -run '^$$' -fuzz '^FuzzStreams$$' -fuzztime $(FUZZTIME) ./internal/modelrouter/
-	$(GO) test -run '^$$' -fuzz '^FuzzModelShard$$' -fuzztime $(FUZZTIME) ./kvstore/
-	$(GO) test -run '^$$' -fuzz '^FuzzEnvelope$$' -fuzztime $(FUZZTIME) ./internal/mcpfront/
+	@set -e; for f in $$(grep -rl --include='*_test.go' --exclude-dir=.cache '^func Fuzz' . | sort); do \
+	  for t in $$(sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p' $$f); do \
+	    echo "$$t $$(dirname $$f)"; \
+	    $(GO) test -run '^$$' -fuzz "^$$t\$$" -fuzztime $(FUZZTIME) ./$$(dirname $$f)/; \
+	  done; \
+	done
 
 # First toolgate as shipped: a `toolgate serve` process with its defaults,
 # load from the bench process connected as an agent, beside the bare and
