@@ -52,17 +52,9 @@ func (n *Node) GuardAudit(ctx context.Context, interval time.Duration) error {
 			case <-ctx.Done():
 				return
 			case noticed = <-kick:
-				// The server removes a deleted stream's files after it
-				// announces the deletion: a stream made again at once can
-				// have its new files removed under it.
-				select {
-				case <-ctx.Done():
-					return
-				case <-time.After(time.Second):
-				}
 			case <-t.C:
 			}
-			if err := n.ensureAudit(ctx, noticed); err != nil && ctx.Err() == nil {
+			if err := n.ensureAudit(ctx, noticed, kick); err != nil && ctx.Err() == nil {
 				// A cluster may still be removing the deleted stream: try
 				// again soon rather than at the next tick.
 				n.Log.Warn("keeping the audit stream; retrying", "err", err)
@@ -78,11 +70,26 @@ func (n *Node) GuardAudit(ctx context.Context, interval time.Duration) error {
 	return nil
 }
 
-func (n *Node) ensureAudit(ctx context.Context, noticed string) error {
+// ensureAudit makes AUDIT again if it is missing, recording what noticed
+// it: the deletion's advisory, when one comes on kick meanwhile.
+func (n *Node) ensureAudit(ctx context.Context, noticed string, kick <-chan string) error {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if _, err := n.JS.Stream(ctx, subjects.StreamAudit); !errors.Is(err, jetstream.ErrStreamNotFound) {
 		return err
+	}
+	// The server removes a deleted stream's files after it announces the
+	// deletion: a stream made again at once can have its new files
+	// removed under it. Found missing by the advisory or by the ticker
+	// (which may come first), it is made again a second later.
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(time.Second):
+	}
+	select {
+	case noticed = <-kick:
+	default:
 	}
 	var cfg jetstream.StreamConfig
 	for _, c := range topology.Streams(n.Topology) {
