@@ -127,6 +127,17 @@ type PolicyBundle struct {
 // PushPolicy stores b as the active policy and returns its revision. The
 // caller compiles it first: the store does not judge Rego.
 func (s *Store) PushPolicy(ctx context.Context, b PolicyBundle) (uint64, error) {
+	return s.putBundle(ctx, policyKey, b)
+}
+
+// Policy returns the active bundle, or ok false when none was pushed.
+func (s *Store) Policy(ctx context.Context) (PolicyBundle, bool, error) {
+	return s.bundle(ctx, policyKey, "policy bundle")
+}
+
+// putBundle stores b under key of the policies bucket (the live policy or
+// the candidate) and returns its revision.
+func (s *Store) putBundle(ctx context.Context, key string, b PolicyBundle) (uint64, error) {
 	if b.PushedAt.IsZero() {
 		b.PushedAt = time.Now().UTC()
 	}
@@ -134,12 +145,12 @@ func (s *Store) PushPolicy(ctx context.Context, b PolicyBundle) (uint64, error) 
 	if err != nil {
 		return 0, err
 	}
-	return s.policies.Put(ctx, policyKey, val)
+	return s.policies.Put(ctx, key, val)
 }
 
-// Policy returns the active bundle, or ok false when none was pushed.
-func (s *Store) Policy(ctx context.Context) (PolicyBundle, bool, error) {
-	e, err := s.policies.Get(ctx, policyKey)
+// bundle reads the bundle under key, or ok false when there is none.
+func (s *Store) bundle(ctx context.Context, key, what string) (PolicyBundle, bool, error) {
+	e, err := s.policies.Get(ctx, key)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return PolicyBundle{}, false, nil
 	}
@@ -148,7 +159,7 @@ func (s *Store) Policy(ctx context.Context) (PolicyBundle, bool, error) {
 	}
 	var b PolicyBundle
 	if err := json.Unmarshal(e.Value(), &b); err != nil {
-		return PolicyBundle{}, false, fmt.Errorf("decoding policy bundle: %w", err)
+		return PolicyBundle{}, false, fmt.Errorf("decoding %s: %w", what, err)
 	}
 	b.Revision = e.Revision()
 	return b, true, nil

@@ -4,8 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
-	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -17,31 +15,12 @@ const shadowPolicyKey = "shadow"
 
 // PushShadowPolicy stores b as the candidate and returns its revision.
 func (s *Store) PushShadowPolicy(ctx context.Context, b PolicyBundle) (uint64, error) {
-	if b.PushedAt.IsZero() {
-		b.PushedAt = time.Now().UTC()
-	}
-	val, err := json.Marshal(b)
-	if err != nil {
-		return 0, err
-	}
-	return s.policies.Put(ctx, shadowPolicyKey, val)
+	return s.putBundle(ctx, shadowPolicyKey, b)
 }
 
 // ShadowPolicy returns the candidate, or ok false when there is none.
 func (s *Store) ShadowPolicy(ctx context.Context) (PolicyBundle, bool, error) {
-	e, err := s.policies.Get(ctx, shadowPolicyKey)
-	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return PolicyBundle{}, false, nil
-	}
-	if err != nil {
-		return PolicyBundle{}, false, err
-	}
-	var b PolicyBundle
-	if err := json.Unmarshal(e.Value(), &b); err != nil {
-		return PolicyBundle{}, false, fmt.Errorf("decoding the candidate policy: %w", err)
-	}
-	b.Revision = e.Revision()
-	return b, true, nil
+	return s.bundle(ctx, shadowPolicyKey, "the candidate policy")
 }
 
 // DropShadowPolicy removes the candidate.
