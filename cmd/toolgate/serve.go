@@ -75,6 +75,7 @@ func (a *app) serveCmd() *cobra.Command {
 	}
 	level := pipelineFlags(cmd.Flags(), &c)
 	prof := profileFlags(cmd.Flags())
+	gcPercent := gcFlag(cmd.Flags())
 	cmd.Flags().StringVar(&c.Embedded.Listen, "listen", "127.0.0.1:4222", "embedded NATS listen address")
 	cmd.Flags().BoolVar(&c.Examples, "examples", false, "register the example tools at start (and, without --jwks, write a development token)")
 	cmd.Flags().StringVar(&c.OperatorCreds, "operator-creds", "", "with --nats, operator credentials to set up the topology with at start (default <data>/busauth/operator.creds when there; without them the stages wait for `toolgate setup`)")
@@ -96,6 +97,7 @@ func (a *app) serveCmd() *cobra.Command {
 		c.Embedded.DataDir = a.data
 		c.OTLPEndpoint = orEnv(c.OTLPEndpoint, "OTEL_EXPORTER_OTLP_ENDPOINT")
 		c.Log = logger(a.stderr, *level)
+		setGCPercent(*gcPercent)
 		stop, err := prof.start(c.Log)
 		if err != nil {
 			return err
@@ -162,6 +164,7 @@ func (a *app) stageCmd() *cobra.Command {
 	}
 	level := pipelineFlags(cmd.Flags(), &c)
 	prof := profileFlags(cmd.Flags())
+	gcPercent := gcFlag(cmd.Flags())
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
 		c.NATSURL = a.conn.ServerURL()
 		c.Creds = a.conn.Creds
@@ -170,6 +173,7 @@ func (a *app) stageCmd() *cobra.Command {
 		c.AuthCallout = args[0] == node.AuthCallout
 		c.OTLPEndpoint = orEnv(c.OTLPEndpoint, "OTEL_EXPORTER_OTLP_ENDPOINT")
 		c.Log = logger(a.stderr, *level)
+		setGCPercent(*gcPercent)
 		stop, err := prof.start(c.Log)
 		if err != nil {
 			return err

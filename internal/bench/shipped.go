@@ -43,6 +43,9 @@ type Shipped struct {
 	// ToolgateServeSys and FloorServeSys are the kernel's share of the
 	// serve process's CPU per call (system time: writes and fsyncs).
 	ToolgateServeSys, FloorServeSys time.Duration
+	// ToolgateServeGC and FloorServeGC are the Go collector's share of it
+	// (zero from a serve that does not export it).
+	ToolgateServeGC, FloorServeGC time.Duration
 	// Rounds are the floor's and toolgate's saturation series, measured
 	// in turn: the fields above hold the round of median own CPU, so one
 	// burst of disk or scheduler noise does not decide the figure.
@@ -60,6 +63,7 @@ type Shipped struct {
 	ProfileSeconds                   int
 	ProfileCalls                     int
 	profileErr                       error
+	startGC                          time.Duration // the collector's CPU once serve was ready
 	shippedSessions, shippedUnloaded int
 }
 
@@ -69,13 +73,20 @@ type ShippedRound struct {
 	Toolgate, Floor                 Result
 	ToolgateServeCPU, FloorServeCPU time.Duration
 	ToolgateServeSys, FloorServeSys time.Duration
+	ToolgateServeGC, FloorServeGC   time.Duration
 }
 
 // shippedRounds is how many pairs measureShipped runs.
-const shippedRounds = 3
+const shippedRounds = 5
 
 func (r ShippedRound) ownCPU() time.Duration {
 	return Shipped{Toolgate: r.Toolgate, Floor: r.Floor, ToolgateServeCPU: r.ToolgateServeCPU, FloorServeCPU: r.FloorServeCPU}.OwnCPU()
+}
+
+// ownUserCPU is ownCPU without serve's system time, toolgate's and the
+// floor's server's alike.
+func (r ShippedRound) ownUserCPU() time.Duration {
+	return r.ownCPU() - r.ToolgateServeSys + r.FloorServeSys
 }
 
 // useMedianRound sets the saturation figures from the round whose own CPU
@@ -89,6 +100,7 @@ func (s *Shipped) useMedianRound() {
 	m := rs[len(rs)/2]
 	s.Toolgate, s.Floor, s.ToolgateServeCPU, s.FloorServeCPU = m.Toolgate, m.Floor, m.ToolgateServeCPU, m.FloorServeCPU
 	s.ToolgateServeSys, s.FloorServeSys = m.ToolgateServeSys, m.FloorServeSys
+	s.ToolgateServeGC, s.FloorServeGC = m.ToolgateServeGC, m.FloorServeGC
 }
 
 // ownCostBaseline is toolgate's CPU per call above the floor chain's, as
@@ -249,18 +261,46 @@ func (p *serveProc) rss() float64 {
 
 // saturateServe is t.saturate with the serve process's CPU per call.
 func (t *target) saturateServe(ctx context.Context, p *serveProc, name string, n, conc int) (Result, time.Duration, error) {
-	r, cpu, _, err := t.saturateServeSys(ctx, p, name, n, conc)
-	return r, cpu, err
+	r, c, err := t.saturateServeCost(ctx, p, name, n, conc)
+	return r, c.cpu, err
 }
 
-// saturateServeSys is saturateServe with the system time's share.
-func (t *target) saturateServeSys(ctx context.Context, p *serveProc, name string, n, conc int) (Result, time.Duration, time.Duration, error) {
-	c0, s0 := p.cpu(), p.sys()
+// serveCost is the serve process's CPU per call during a series, with the
+// kernel's share (system time) and the Go collector's.
+type serveCost struct{ cpu, sys, gc time.Duration }
+
+// saturateServeCost is saturateServe with the shares of its CPU.
+func (t *target) saturateServeCost(ctx context.Context, p *serveProc, name string, n, conc int) (Result, serveCost, error) {
+	c0, s0, g0 := p.cpu(), p.sys(), p.gcCPU()
 	r, err := t.saturate(ctx, name, n, conc)
 	if err != nil || r.Done == 0 {
-		return r, 0, 0, err
+		return r, serveCost{}, err
 	}
-	return r, (p.cpu() - c0) / time.Duration(r.Done), (p.sys() - s0) / time.Duration(r.Done), nil
+	per := func(d time.Duration) time.Duration { return d / time.Duration(r.Done) }
+	return r, serveCost{cpu: per(p.cpu() - c0), sys: per(p.sys() - s0), gc: per(p.gcCPU() - g0)}, nil
+}
+
+// gcCPU is the CPU time the serve process's Go collector has used so far,
+// as its metrics endpoint reports it; zero where it does not.
+func (p *serveProc) gcCPU() time.Duration {
+	const name = "go_cpu_classes_gc_total_cpu_seconds_total "
+	c := http.Client{Timeout: 5 * time.Second}
+	resp, err := c.Get("http://" + p.metrics + "/metrics")
+	if err != nil {
+		return 0
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return 0
+	}
+	for line := range strings.SplitSeq(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, name); ok {
+			f, _ := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			return time.Duration(f * float64(time.Second))
+		}
+	}
+	return 0
 }
 
 // measureShipped starts `toolgate serve` from bin and measures it: the
@@ -279,7 +319,7 @@ func measureShipped(ctx context.Context, bin, dir string, n int, d time.Duration
 		return nil, err
 	}
 	defer p.stop()
-	s := &Shipped{Args: args, shippedSessions: 1000, shippedUnloaded: 50}
+	s := &Shipped{Args: args, shippedSessions: 1000, shippedUnloaded: 50, startGC: p.gcCPU()}
 
 	// The chains are set up by the operator, the one role that may create
 	// streams, with the credentials serve wrote into its data directory.
@@ -323,12 +363,15 @@ func measureShipped(ctx context.Context, bin, dir string, n int, d time.Duration
 	}
 	for range shippedRounds {
 		var r ShippedRound
-		if r.Floor, r.FloorServeCPU, r.FloorServeSys, err = floor.saturateServeSys(ctx, p, floor.name, n, publishers); err != nil {
+		var fc, tc serveCost
+		if r.Floor, fc, err = floor.saturateServeCost(ctx, p, floor.name, n, publishers); err != nil {
 			return nil, fmt.Errorf("floor chain, saturation: %w", err)
 		}
-		if r.Toolgate, r.ToolgateServeCPU, r.ToolgateServeSys, err = tool.saturateServeSys(ctx, p, tool.name, n, publishers); err != nil {
+		if r.Toolgate, tc, err = tool.saturateServeCost(ctx, p, tool.name, n, publishers); err != nil {
 			return nil, fmt.Errorf("toolgate, saturation: %w", err)
 		}
+		r.FloorServeCPU, r.FloorServeSys, r.FloorServeGC = fc.cpu, fc.sys, fc.gc
+		r.ToolgateServeCPU, r.ToolgateServeSys, r.ToolgateServeGC = tc.cpu, tc.sys, tc.gc
 		calls.Add(int64(r.Toolgate.Done))
 		s.Rounds = append(s.Rounds, r)
 	}
@@ -455,6 +498,9 @@ func (s *Shipped) Print(w io.Writer) {
 	us := func(d time.Duration) string { return fmt.Sprintf("%.0fµs", float64(d.Nanoseconds())/1000) }
 	fmt.Fprintf(w, "%-44s %12s %12s %12s\n", "CPU per call, serve process", us(s.ToolgateServeCPU), us(s.FloorServeCPU), us(s.RawServeCPU))
 	fmt.Fprintf(w, "%-44s %12s %12s\n", "  of which the kernel's (system time)", us(s.ToolgateServeSys), us(s.FloorServeSys))
+	if s.ToolgateServeGC > 0 {
+		fmt.Fprintf(w, "%-44s %12s %12s\n", "  of which the Go collector's", us(s.ToolgateServeGC), us(s.FloorServeGC))
+	}
 	fmt.Fprintf(w, "%-44s %12s %12s %12s\n", "CPU per call, bench process", us(s.Toolgate.CPUPerCall), us(s.Floor.CPUPerCall), us(s.Raw.CPUPerCall))
 	fmt.Fprintf(w, "%-44s %12s %12s\n", "CPU per call, toolgate / floor (1)", us(s.ToolgateServeCPU), us(s.FloorCPU()))
 	own := s.OwnCPU()
@@ -470,12 +516,19 @@ func (s *Shipped) Print(w io.Writer) {
 			each = append(each, us(r.ownCPU()))
 		}
 		fmt.Fprintf(w, "%-44s %s (the median is above)\n", "  own CPU per call, each floor/toolgate round", strings.Join(each, " "))
+		each = each[:0]
+		for _, r := range s.Rounds {
+			each = append(each, us(r.ownUserCPU()))
+		}
+		fmt.Fprintf(w, "%-44s %s\n", "  the same without system time (3)", strings.Join(each, " "))
 	}
 	fmt.Fprintf(w, "%-44s %12.2f\n", "key-value reads (direct gets) per call", s.ReadsPerCall)
 	fmt.Fprintf(w, "%-44s %10.0fMiB\n", "serve's RSS after the saturation series", s.ServeRSSMiB)
 	fmt.Fprintf(w, "(1) toolgate: the serve process alone; floor: the server's share in the serve process plus its hops' in the bench\n")
 	fmt.Fprintf(w, "    process, less the bench's own load-generator cost per call (%s, measured offering load to toolgate)\n", us(s.LoadGen()))
 	fmt.Fprintf(w, "(2) toolgate's CPU per call minus the floor's; goal 4: half of %s, its figure when first measured\n", us(ownCostBaseline))
+	fmt.Fprintf(w, "(3) serve's user time per call minus the floor's (its server's user time and its hops' CPU): both make the same\n")
+	fmt.Fprintf(w, "    durable writes, whose kernel time swings with the disk from round to round\n")
 	fmt.Fprintf(w, "%-44s %12s  %s\n", "goal 3: bench what ships", "", verdict(s.Toolgate.Done == s.Toolgate.Sent && s.Toolgate.Done > 0))
 	if s.Profile != "" {
 		if s.profileErr != nil {

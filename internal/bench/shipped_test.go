@@ -59,6 +59,9 @@ func TestShipped(t *testing.T) {
 	if s.ToolgateServeCPU <= 0 || s.FloorServeCPU <= 0 {
 		t.Errorf("serve's CPU per call not counted: toolgate %v, floor %v", s.ToolgateServeCPU, s.FloorServeCPU)
 	}
+	if s.startGC <= 0 {
+		t.Errorf("serve's metrics give its collector no CPU (go_cpu_classes_gc_total_cpu_seconds_total): the bench cannot show its share")
+	}
 	if s.ReadsPerCall != 0 {
 		t.Errorf("%.2f key-value reads per call, want none", s.ReadsPerCall)
 	}

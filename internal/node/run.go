@@ -13,6 +13,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -387,7 +388,8 @@ func (r *run) startObservability(ctx context.Context) (stop func(), err error) {
 	r.runCtx, r.cancel = context.WithCancel(context.WithoutCancel(ctx))
 	undo = append(undo, r.cancel)
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(collectors.NewGoCollector(collectors.WithGoCollectorRuntimeMetrics(gcCPU)),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	r.metrics = runner.NewMetrics(reg)
 	if c.Stage.ModelStats == nil {
 		c.Stage.ModelStats = modeltool.NewStats(reg)
@@ -996,3 +998,8 @@ func setupTracing(ctx context.Context, endpoint string) (func(), error) {
 		_ = tp.Shutdown(ctx)
 	}, nil
 }
+
+// gcCPU adds the collector's CPU time (go_cpu_classes_gc_total_cpu_seconds_total)
+// to the Go metrics: its share of a call's cost is what --gc-percent trades
+// against memory.
+var gcCPU = collectors.GoRuntimeMetricsRule{Matcher: regexp.MustCompile(`^/cpu/classes/gc/total:cpu-seconds$`)}
