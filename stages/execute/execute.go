@@ -132,7 +132,7 @@ func New(reg *tools.Registry, builtins builtin.Set, store *kvstore.Store, runnin
 
 // Process implements stages.Stage. The result is left for verify; only a
 // failure ends the invocation here.
-func (x *Executor) Process(ctx context.Context, inv *envelope.Invocation) ([]stages.Output, error) {
+func (x *Executor) Process(ctx context.Context, inv *envelope.Invocation) (_ []stages.Output, err error) {
 	if x.Seals != nil {
 		if err := x.Seals.Check(inv, time.Now()); err != nil {
 			return nil, err
@@ -190,6 +190,16 @@ func (x *Executor) Process(ctx context.Context, inv *envelope.Invocation) ([]sta
 	if rec.CancelRequested {
 		return nil, cancelled(m)
 	}
+	// Until the tool starts, a failure that is retried (a checkpoint's
+	// load, the breaker's shared state) gives the claim back, so that the
+	// redelivery runs the tool rather than taking a run that never began
+	// for an interrupted one.
+	started := false
+	defer func() {
+		if _, retried := stages.IsTransient(err); retried && !started {
+			x.unclaim(ctx, inv, prev, existed)
+		}
+	}()
 	tr := x.newTracker(ctx, inv, m)
 	found, err := x.resumeFrom(ctx, inv, m.ID, tr, interrupted)
 	if err != nil {
@@ -234,6 +244,7 @@ func (x *Executor) Process(ctx context.Context, inv *envelope.Invocation) ([]sta
 	if err != nil {
 		return nil, err
 	}
+	started = true
 	// tool.invoked says a call started: a watcher sees it while the tool
 	// runs. A tool done within invokedGrace has its event carried to
 	// audit with its ending instead (as has one whose announcement
@@ -278,6 +289,26 @@ func (x *Executor) Process(ctx context.Context, inv *envelope.Invocation) ([]sta
 	}
 	inv.Result = result
 	return outs, nil
+}
+
+// unclaimTimeout bounds the write that gives a claim back.
+const unclaimTimeout = 5 * time.Second
+
+// unclaim puts inv's record back to the status it had before this
+// delivery claimed the run, if it still holds that claim. Should the write
+// fail, the redelivery finds the call running, as after a crash.
+func (x *Executor) unclaim(ctx context.Context, inv *envelope.Invocation, prev api.Record, existed bool) {
+	status := api.StatusPending
+	if existed {
+		status = prev.Status
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), unclaimTimeout)
+	defer cancel()
+	_, _ = x.store.UpdateRecord(ctx, inv.Tenant, inv.ID, func(r *api.Record) {
+		if r.Status == api.StatusRunning && r.Seq == inv.Event.Seq {
+			r.Status = status
+		}
+	})
 }
 
 // newTracker returns the Progress of one run, spacing micro checkpoints

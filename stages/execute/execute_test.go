@@ -27,6 +27,7 @@ type fakeStore struct {
 	checkpoints map[string]fakeCheckpoint // the latest, by invocation
 	saved       []fakeCheckpoint          // all, in order
 	down        error
+	loadOnce    error // LoadCheckpoint's answer the next time, then forgotten
 }
 
 func newFakeStore() *fakeStore {
@@ -114,6 +115,10 @@ func (f *fakeStore) SaveCheckpoint(_ context.Context, cp api.Checkpoint, state j
 func (f *fakeStore) LoadCheckpoint(_ context.Context, _, id string) (api.Checkpoint, json.RawMessage, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if err := f.loadOnce; err != nil {
+		f.loadOnce = nil
+		return api.Checkpoint{}, nil, err
+	}
 	for _, c := range f.checkpoints {
 		if c.meta.ID == id {
 			return c.meta, c.state, nil
@@ -264,6 +269,48 @@ func TestExecute(t *testing.T) {
 				t.Fatalf("result %s status %s, want %s %s", inv.Result, inv.Status, c.wantResult, c.wantStatus)
 			}
 		})
+	}
+}
+
+// TestClaimGivenBackBeforeStart: a failure retried before the tool starts
+// (here, loading the checkpoint the request resumes from) gives the claim
+// back, so the redelivery runs a tool that is not idempotent instead of
+// taking it for interrupted (E3023).
+func TestClaimGivenBackBeforeStart(t *testing.T) {
+	reg := tools.NewRegistry()
+	reg.Put(&tools.Manifest{ID: "once", Version: "1.0.0", Kind: "builtin", Builtin: &tools.BuiltinConfig{Function: "once"}})
+	var runs atomic.Int32
+	builtins := builtin.Set{"once": func(ctx context.Context, params json.RawMessage) (json.RawMessage, error) {
+		runs.Add(1)
+		return kind.ProgressFrom(ctx).Resumed(), nil
+	}}
+	st := newFakeStore()
+	st.records["i-1"] = api.Record{InvocationID: "i-1", Status: api.StatusPending, Seq: 5}
+	// The checkpoint of an earlier call, which this one resumes from.
+	st.checkpoints["i-0"] = fakeCheckpoint{api.Checkpoint{ID: "cp-3-i-0", InvocationID: "i-0", Seq: 3, ToolID: "once"}, json.RawMessage(`{"step":3}`)}
+	st.loadOnce = api.NewError(api.InternalError, api.EInternal, "checkpoint store unreachable").AsRetryable()
+	x := &Executor{reg: reg, builtins: builtins, store: st, running: NewRunning()}
+	newInv := func() *envelope.Invocation {
+		return &envelope.Invocation{ID: "i-1", Tenant: "acme", Status: api.StatusPending, Event: envelope.Event{Seq: 5},
+			Request: &api.Request{ToolID: "once", Parameters: json.RawMessage(`{}`),
+				CheckpointConfig: &api.CheckpointConfig{ResumeFromCheckpointID: "cp-3-i-0"}},
+			Route: &envelope.Route{ToolID: "once", ToolVersion: "1.0.0", Executor: "builtin"}}
+	}
+
+	_, err := x.Process(context.Background(), newInv())
+	if _, retried := stages.IsTransient(err); !retried {
+		t.Fatalf("first delivery: %v, want a transient failure", err)
+	}
+	if got := st.records["i-1"].Status; got != api.StatusPending || runs.Load() != 0 {
+		t.Fatalf("after the failure: record %s, tool ran %d times; want the claim given back (pending) and no run", got, runs.Load())
+	}
+
+	inv := newInv()
+	if _, err := x.Process(stages.WithDelivery(context.Background(), 2, 5), inv); err != nil {
+		t.Fatalf("redelivery: %v, want the tool run", err)
+	}
+	if runs.Load() != 1 || string(inv.Result) != `{"step":3}` {
+		t.Fatalf("redelivery: tool ran %d times with result %s; want once, resumed from the checkpoint", runs.Load(), inv.Result)
 	}
 }
 
