@@ -20,6 +20,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 	"github.com/toolgate/toolgate/internal/busauth"
 	"github.com/toolgate/toolgate/internal/connect"
 	"github.com/toolgate/toolgate/internal/node"
@@ -283,24 +285,22 @@ func (t *target) saturateServeCost(ctx context.Context, p *serveProc, name strin
 // gcCPU is the CPU time the serve process's Go collector has used so far,
 // as its metrics endpoint reports it; zero where it does not.
 func (p *serveProc) gcCPU() time.Duration {
-	const name = "go_cpu_classes_gc_total_cpu_seconds_total "
 	c := http.Client{Timeout: 5 * time.Second}
 	resp, err := c.Get("http://" + p.metrics + "/metrics")
 	if err != nil {
 		return 0
 	}
 	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(resp.Body)
 	if err != nil {
 		return 0
 	}
-	for line := range strings.SplitSeq(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, name); ok {
-			f, _ := strconv.ParseFloat(strings.TrimSpace(v), 64)
-			return time.Duration(f * float64(time.Second))
-		}
+	f, ok := families["go_cpu_classes_gc_total_cpu_seconds_total"]
+	if !ok || len(f.GetMetric()) == 0 {
+		return 0
 	}
-	return 0
+	return time.Duration(f.GetMetric()[0].GetCounter().GetValue() * float64(time.Second))
 }
 
 // measureShipped starts `toolgate serve` from bin and measures it: the
