@@ -174,6 +174,16 @@ func TenantOfPipe(subject string) (string, bool) {
 	return parts[2], true
 }
 
+// StageOfPipe returns the stage a hand-off subject is addressed to: the one
+// stage that reads it.
+func StageOfPipe(subject string) (string, bool) {
+	if _, ok := TenantOfPipe(subject); !ok {
+		return "", false
+	}
+	stage, _, _ := strings.Cut(strings.TrimPrefix(subject, pipePrefix), ".")
+	return stage, stage != ""
+}
+
 // PipeTenant matches every hand-off subject of tenant, at any stage and
 // priority.
 func PipeTenant(tenant string) string { return pipePrefix + "*.*." + tenant }

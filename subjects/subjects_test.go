@@ -99,3 +99,30 @@ func TestAdminServicesAreNotTenantScoped(t *testing.T) {
 		}
 	}
 }
+
+// StageOfPipe names the one stage whose inputs match a hand-off subject.
+func TestStageOfPipe(t *testing.T) {
+	for _, st := range Stages[1:] {
+		for _, p := range Priorities {
+			subject := Pipe(st, p, "acme")
+			got, ok := StageOfPipe(subject)
+			if !ok || got != st {
+				t.Errorf("%s: stage %q %v, want %s", subject, got, ok, st)
+			}
+			for _, other := range Stages {
+				reads := false
+				for _, in := range Inputs(other) {
+					reads = reads || server.SubjectMatchesFilter(subject, in.Filter)
+				}
+				if reads != (other == st) {
+					t.Errorf("%s: read by %s: %v", subject, other, reads)
+				}
+			}
+		}
+	}
+	for _, s := range []string{Result("acme", "a"), Invoke("acme"), Cancel("acme", "a"), "toolgate.pipe.execute", "toolgate.pipe..normal.acme"} {
+		if st, ok := StageOfPipe(s); ok {
+			t.Errorf("%s: taken for a hand-off to %q", s, st)
+		}
+	}
+}

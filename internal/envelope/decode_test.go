@@ -35,6 +35,10 @@ func TestDecodeMatchesEncodingJSON(t *testing.T) {
 			t.Fatalf("envelope %d: %v", i, err)
 		}
 		sameInvocation(t, got, want)
+		if got, err = DecodeOwn([]byte(e)); err != nil {
+			t.Fatalf("envelope %d, DecodeOwn: %v", i, err)
+		}
+		sameInvocation(t, got, want)
 	}
 	inv := &Invocation{ID: "i", Tenant: "t", ReceivedAt: time.Now(), Status: api.StatusSuccess, Result: json.RawMessage(`{"a":1}`)}
 	inv.Fail("execute", api.NewError(api.ToolExecutionError, api.EInternal, "boom").WithDetail("k", "v"))

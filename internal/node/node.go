@@ -70,7 +70,7 @@ type Node struct {
 	Signer *seal.Signer
 	// Senders, when set, checks who sent each message the stages of this
 	// connection read (runner.Runner.Senders).
-	Senders func(subject string, h nats.Header, data []byte) error
+	Senders func(subject string, h nats.Header, data []byte) (ours bool, err error)
 	// refusals is the JetStream (JS, once signing is set up) through which
 	// watches that started with the connection audit what they ignore.
 	refusals atomic.Pointer[jsBox]
@@ -688,9 +688,9 @@ func (n *Node) signAs(dataDir string, r busauth.Role, msgs *seal.Messages, check
 	}
 	n.refusals.Store(&jsBox{n.JS})
 	if check {
-		n.Senders = func(subject string, h nats.Header, data []byte) error {
-			_, err := msgs.Sender(subject, h, data)
-			return err
+		n.Senders = func(subject string, h nats.Header, data []byte) (bool, error) {
+			_, ours, err := msgs.Check(subject, h, data)
+			return ours, err
 		}
 	}
 	return nil

@@ -60,7 +60,7 @@ func (j *relayingJS) PublishMsgAsync(m *nats.Msg, opts ...jetstream.PublishOpt) 
 type Relay struct {
 	// JS is audit's: what it publishes is audit's to publish.
 	JS      jetstream.JetStream
-	Senders func(subject string, h nats.Header, data []byte) error
+	Senders func(subject string, h nats.Header, data []byte) (ours bool, err error)
 	Workers int // default 8
 	Log     *slog.Logger
 	Metrics *Metrics
@@ -132,7 +132,7 @@ func (r *Relay) relay(log *slog.Logger, m jetstream.Msg) {
 		return
 	}
 	if r.Senders != nil {
-		if err := r.Senders(m.Subject(), m.Headers(), m.Data()); err != nil {
+		if _, err := r.Senders(m.Subject(), m.Headers(), m.Data()); err != nil {
 			r.refuse(log, m, md, subject, err)
 			return
 		}

@@ -3,6 +3,7 @@ package seal
 import (
 	"context"
 	"crypto/ed25519"
+	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/base64"
 	"maps"
@@ -11,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/busauth"
+	"github.com/toolgate/toolgate/subjects"
 )
 
 // Headers of a signed message: the role that sent it and its Ed25519
@@ -32,6 +34,7 @@ type Signer struct {
 	key    ed25519.PrivateKey
 	pub    ed25519.PublicKey
 	recent *recent // where a checker of this process finds what it signed
+	pairs  *pairs  // the hand-off MAC keys, when the roles' public keys are known
 }
 
 // NewSigner returns a Signer for role's key.
@@ -41,23 +44,48 @@ func NewSigner(role busauth.Role, key ed25519.PrivateKey) *Signer {
 
 // NewSigner returns a Signer for role's key whose messages m, in the same
 // process, accepts without verifying their signatures again.
+// Its hand-offs carry a MAC for the stage they are addressed to instead of
+// a signature (pairs), and m checks what is addressed to role.
 func (m *Messages) NewSigner(role busauth.Role, key ed25519.PrivateKey) *Signer {
 	s := NewSigner(role, key)
 	s.recent = m.recent
+	if m.pairs.hold(role, key) {
+		s.pairs = m.pairs
+	}
 	return s
 }
 
 // Sign returns h (copied: a header may be shared between messages) with
-// the signer's role and its signature over subject and data.
+// the signer's role and its signature over subject and data, or for a
+// hand-off, when the signer knows the reader's public key, its MAC.
 func (s *Signer) Sign(subject string, h nats.Header, data []byte) nats.Header {
 	out := make(nats.Header, len(h)+2)
 	maps.Copy(out, h)
 	text := signedMessage(string(s.role), subject, data)
+	out[HeaderSigner] = []string{string(s.role)}
+	if k, ok := s.macKey(subject); ok {
+		sum := mac(k, text)
+		s.recent.add(k, text, sum)
+		out[HeaderMAC] = []string{base64.RawURLEncoding.EncodeToString(sum)}
+		return out
+	}
 	sig := ed25519.Sign(s.key, text)
 	s.recent.add(s.pub, text, sig)
-	out[HeaderSigner] = []string{string(s.role)}
 	out[HeaderSignature] = []string{base64.RawURLEncoding.EncodeToString(sig)}
 	return out
+}
+
+// macKey returns the key of a hand-off on subject from s's role to the
+// stage it is addressed to.
+func (s *Signer) macKey(subject string) ([]byte, bool) {
+	if s.pairs == nil {
+		return nil, false
+	}
+	stage, ok := subjects.StageOfPipe(subject)
+	if !ok {
+		return nil, false
+	}
+	return s.pairs.key(s.role, busauth.Role(stage), s.role)
 }
 
 // SignRecord signs b, a record the role stores for another to trust (a
@@ -87,32 +115,66 @@ func signedMessage(role, subject string, data []byte) []byte {
 type Messages struct {
 	keys   map[busauth.Role]ed25519.PublicKey
 	recent *recent
+	pairs  *pairs
 }
 
-// NewMessages returns a checker for the public keys of hops.pub.
+// NewMessages returns a checker for the public keys of hops.pub. It checks
+// a hand-off's MAC for the roles whose Signers it made (NewSigner).
 func NewMessages(keys map[busauth.Role]ed25519.PublicKey) *Messages {
-	return &Messages{keys: keys, recent: newRecent(recentSize)}
+	return &Messages{keys: keys, recent: newRecent(recentSize), pairs: newPairs(keys)}
 }
 
 // Sender returns the role that signed the message, or a permission_denied
 // *api.Error (E3224) saying why the message is not one.
 func (m *Messages) Sender(subject string, h nats.Header, data []byte) (busauth.Role, error) {
-	role := busauth.Role(h.Get(HeaderSigner))
+	role, _, err := m.Check(subject, h, data)
+	return role, err
+}
+
+// Check is Sender, also reporting whether a Signer of this process made
+// the signature (ours): then these are the very bytes this process
+// published on subject.
+func (m *Messages) Check(subject string, h nats.Header, data []byte) (role busauth.Role, ours bool, err error) {
+	role = busauth.Role(h.Get(HeaderSigner))
 	if role == "" {
-		return "", refuseMessage("the message carries no signature: it was not sent by a stage or the control service")
+		return "", false, refuseMessage("the message carries no signature: it was not sent by a stage or the control service")
 	}
 	key, ok := m.keys[role]
 	if !ok {
-		return "", refuseMessage("the message names signer " + string(role) + ", which has no signing key in this deployment")
+		return "", false, refuseMessage("the message names signer " + string(role) + ", which has no signing key in this deployment")
 	}
-	sig, err := base64.RawURLEncoding.DecodeString(h.Get(HeaderSignature))
-	if err != nil || !m.recent.verified(key, signedMessage(string(role), subject, data), sig) {
-		return "", refuseMessage("the signature of " + string(role) + " does not verify: forged, or the message was altered")
+	text := signedMessage(string(role), subject, data)
+	if sum := h.Get(HeaderMAC); sum != "" {
+		stage, isHop := subjects.StageOfPipe(subject)
+		if !isHop {
+			return "", false, refuseMessage("the message carries a MAC, which only a hand-off between stages may")
+		}
+		k, held := m.pairs.key(role, busauth.Role(stage), busauth.Role(stage))
+		if !held {
+			return "", false, refuseMessage("this process holds no key of " + stage + " to check a hand-off to it")
+		}
+		raw, err := base64.RawURLEncoding.DecodeString(sum)
+		if err == nil {
+			if ours = m.recent.take(k, text, raw); !ours {
+				ok = hmac.Equal(raw, mac(k, text))
+			}
+		}
+		if err != nil || !(ok || ours) {
+			return "", false, refuseMessage("the MAC of " + string(role) + " does not verify: forged, or the message was altered")
+		}
+	} else {
+		sig, err := base64.RawURLEncoding.DecodeString(h.Get(HeaderSignature))
+		if err == nil {
+			ok, ours = m.recent.check(key, text, sig)
+		}
+		if err != nil || !ok {
+			return "", false, refuseMessage("the signature of " + string(role) + " does not verify: forged, or the message was altered")
+		}
 	}
 	if !busauth.MayPublish(role, subject) {
-		return "", refuseMessage("role " + string(role) + " may not send on " + subject)
+		return "", false, refuseMessage("role " + string(role) + " may not send on " + subject)
 	}
-	return role, nil
+	return role, ours, nil
 }
 
 // Record checks a record signature made with Signer.SignRecord by role.

@@ -32,7 +32,7 @@ func newRecent(n int) *recent {
 	return &recent{seen: make(map[[ed25519.SignatureSize]byte][sha256.Size]byte, n), order: make([][ed25519.SignatureSize]byte, n)}
 }
 
-func recentDigest(pub ed25519.PublicKey, text []byte) [sha256.Size]byte {
+func recentDigest(pub []byte, text []byte) [sha256.Size]byte {
 	h := sha256.New()
 	h.Write(pub)
 	h.Write(text)
@@ -41,13 +41,26 @@ func recentDigest(pub ed25519.PublicKey, text []byte) [sha256.Size]byte {
 	return d
 }
 
-// add remembers that sig is pub's signature over text.
-func (r *recent) add(pub ed25519.PublicKey, text, sig []byte) {
-	if r == nil || len(sig) != ed25519.SignatureSize {
+// slot is where sig is remembered: an Ed25519 signature, or a hand-off's
+// MAC (seal.mac), which is half as long; the digest beside it binds the
+// key and the text either way.
+func slot(sig []byte) ([ed25519.SignatureSize]byte, bool) {
+	var k [ed25519.SignatureSize]byte
+	if len(sig) != ed25519.SignatureSize && len(sig) != sha256.Size {
+		return k, false
+	}
+	copy(k[:], sig)
+	return k, true
+}
+
+// add remembers that sig is pub's signature over text (or, for a MAC, the
+// MAC under the key pub).
+func (r *recent) add(pub []byte, text, sig []byte) {
+	k, ok := slot(sig)
+	if r == nil || !ok {
 		return
 	}
 	d := recentDigest(pub, text)
-	k := [ed25519.SignatureSize]byte(sig)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	// The slot's old signature may have been taken already, or made
@@ -61,11 +74,11 @@ func (r *recent) add(pub ed25519.PublicKey, text, sig []byte) {
 
 // take reports whether sig is a signature this process made with pub over
 // text, forgetting it: a message is read once; a redelivery verifies.
-func (r *recent) take(pub ed25519.PublicKey, text, sig []byte) bool {
-	if r == nil || len(sig) != ed25519.SignatureSize {
+func (r *recent) take(pub []byte, text, sig []byte) bool {
+	k, ok := slot(sig)
+	if r == nil || !ok {
 		return false
 	}
-	k := [ed25519.SignatureSize]byte(sig)
 	r.mu.Lock()
 	d, ok := r.seen[k]
 	if ok {
@@ -77,5 +90,15 @@ func (r *recent) take(pub ed25519.PublicKey, text, sig []byte) bool {
 
 // verified is pub's check of sig over text: remembered, or verified.
 func (r *recent) verified(pub ed25519.PublicKey, text, sig []byte) bool {
-	return r.take(pub, text, sig) || verify(pub, text, sig)
+	ok, _ := r.check(pub, text, sig)
+	return ok
+}
+
+// check is verified, also reporting whether the signature is one this
+// process made (ours).
+func (r *recent) check(pub ed25519.PublicKey, text, sig []byte) (ok, ours bool) {
+	if r.take(pub, text, sig) {
+		return true, true
+	}
+	return verify(pub, text, sig), false
 }

@@ -25,34 +25,42 @@ func countVerify(t *testing.T) *atomic.Int64 {
 }
 
 // TestRecentMessages: a message signed by a role of this process is
-// accepted without a verification, once; anything else is verified, and
+// accepted without a verification, once, and reported as its own; anything
+// else is verified, and
 // what does not verify is refused as before.
 func TestRecentMessages(t *testing.T) {
 	priv, msgs := roleKeys(t)
 	verifications := countVerify(t)
-	toExecute := subjects.Pipe(subjects.Execute, subjects.PriorityNormal, "acme")
+	// A cancel, which control signs (a hand-off carries a MAC instead:
+	// TestHandoffMAC).
+	toExecute := subjects.Cancel("acme", "a")
 	body := []byte(`{"id":"a"}`)
-	local := msgs.NewSigner(busauth.RoleRoute, priv[busauth.RoleRoute])
+	local := msgs.NewSigner(busauth.RoleControl, priv[busauth.RoleControl])
 	check := func(name string, s *Signer, subject string, body, sent []byte, wantErr bool, wantVerify int64) {
 		t.Helper()
 		before := verifications.Load()
 		h := s.Sign(subject, nil, sent)
-		_, err := msgs.Sender(subject, h, body)
+		_, ours, err := msgs.Check(subject, h, body)
 		if (err != nil) != wantErr {
 			t.Errorf("%s: err %v, want error %v", name, err, wantErr)
+		}
+		// Only a signature this process made over exactly these bytes is
+		// reported as its own.
+		if want := !wantErr && wantVerify == 0; ours != want {
+			t.Errorf("%s: ours %v, want %v", name, ours, want)
 		}
 		if got := verifications.Load() - before; got != wantVerify {
 			t.Errorf("%s: %d verifications, want %d", name, got, wantVerify)
 		}
 	}
 	check("signed in this process", local, toExecute, body, body, false, 0)
-	check("signed elsewhere", NewSigner(busauth.RoleRoute, priv[busauth.RoleRoute]), toExecute, body, body, false, 1)
+	check("signed elsewhere", NewSigner(busauth.RoleControl, priv[busauth.RoleControl]), toExecute, body, body, false, 1)
 	check("altered after signing", local, toExecute, []byte(`{"id":"b"}`), body, true, 1)
 	_, other, err := ed25519.GenerateKey(nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	check("a local signer with a key hops.pub does not list", msgs.NewSigner(busauth.RoleRoute, other), toExecute, body, body, true, 1)
+	check("a local signer with a key hops.pub does not list", msgs.NewSigner(busauth.RoleControl, other), toExecute, body, body, true, 1)
 	check("a local signer off its subjects", msgs.NewSigner(busauth.RoleVerify, priv[busauth.RoleVerify]), toExecute, body, body, true, 0)
 
 	// A redelivery of a message already read is verified.

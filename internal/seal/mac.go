@@ -1,0 +1,139 @@
+package seal
+
+import (
+	"crypto/ecdh"
+	"crypto/ed25519"
+	"crypto/hkdf"
+	"crypto/hmac"
+	"crypto/sha256"
+	"crypto/sha512"
+	"errors"
+	"fmt"
+	"sync"
+
+	"filippo.io/edwards25519"
+	"github.com/toolgate/toolgate/internal/busauth"
+)
+
+// HeaderMAC carries a hand-off's MAC (base64url) in place of
+// HeaderSignature.
+const HeaderMAC = "Toolgate-MAC"
+
+// macVersion names the derivation of the pair keys.
+const macVersion = "toolgate-hop-mac-v1"
+
+// A hand-off (a pipeline subject) has exactly one reader, the stage it is
+// addressed to, so its sender authenticates it to that role alone with an
+// HMAC-SHA256 under a key only the two roles can derive: the X25519
+// agreement of their hop keys (the Ed25519 keys of hops.pub, converted as
+// age and libsodium convert them), through HKDF. Only the sender or the
+// reader can make such a MAC, and the reader may not publish on its own
+// input, so a MAC that verifies says who sent the hand-off as a signature
+// does, at the price of a hash instead of a scalar multiplication. What a
+// MAC does not give is proof to a third party; nothing but the reader
+// checks a hand-off.
+type pairs struct {
+	ed   map[busauth.Role]ed25519.PublicKey // hops.pub
+	pubs map[busauth.Role]*ecdh.PublicKey
+
+	mu   sync.RWMutex
+	own  map[busauth.Role]*ecdh.PrivateKey // roles whose keys this process holds
+	keys map[[2]busauth.Role][]byte        // derived, by {sender, reader}
+}
+
+func newPairs(keys map[busauth.Role]ed25519.PublicKey) *pairs {
+	p := &pairs{ed: keys, pubs: map[busauth.Role]*ecdh.PublicKey{}, own: map[busauth.Role]*ecdh.PrivateKey{},
+		keys: map[[2]busauth.Role][]byte{}}
+	for r, k := range keys {
+		// A key that is not a point has no X25519 half: its role's
+		// hand-offs stay signed.
+		if x, err := x25519Public(k); err == nil {
+			p.pubs[r] = x
+		}
+	}
+	return p
+}
+
+// hold adds role's private key, if it is the one hops.pub lists for role:
+// the process may then MAC as role and check what is addressed to role.
+// A key hops.pub does not list gets no pair keys, so what is signed with
+// it fails as a signature would.
+func (p *pairs) hold(role busauth.Role, key ed25519.PrivateKey) bool {
+	pub, ok := p.ed[role]
+	if !ok || len(key) != ed25519.PrivateKeySize || !pub.Equal(key.Public()) || p.pubs[role] == nil {
+		return false
+	}
+	x, err := x25519Private(key)
+	if err != nil {
+		return false
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.own[role] = x
+	return true
+}
+
+// key returns the key sender and reader share, derived with whichever of
+// the two private keys this process holds (held: that one); ok is false
+// when it holds neither or the other's public key is unknown.
+func (p *pairs) key(sender, reader busauth.Role, held busauth.Role) ([]byte, bool) {
+	id := [2]busauth.Role{sender, reader}
+	p.mu.RLock()
+	k, ok := p.keys[id]
+	priv := p.own[held]
+	p.mu.RUnlock()
+	if ok {
+		return k, true
+	}
+	other := reader
+	if held == reader {
+		other = sender
+	}
+	pub := p.pubs[other]
+	if priv == nil || pub == nil {
+		return nil, false
+	}
+	k, err := pairKey(sender, reader, priv, pub)
+	if err != nil {
+		return nil, false
+	}
+	p.mu.Lock()
+	p.keys[id] = k
+	p.mu.Unlock()
+	return k, true
+}
+
+// pairKey derives the MAC key of hand-offs from sender to reader.
+func pairKey(sender, reader busauth.Role, priv *ecdh.PrivateKey, pub *ecdh.PublicKey) ([]byte, error) {
+	shared, err := priv.ECDH(pub)
+	if err != nil {
+		return nil, err
+	}
+	return hkdf.Key(sha256.New, shared, nil, macVersion+"\n"+string(sender)+"\n"+string(reader), sha256.Size)
+}
+
+// x25519Private is the X25519 half of an Ed25519 key: the clamped scalar
+// Ed25519 signs with (RFC 8032 5.1.5), which X25519 clamps again.
+func x25519Private(key ed25519.PrivateKey) (*ecdh.PrivateKey, error) {
+	if len(key) != ed25519.PrivateKeySize {
+		return nil, errors.New("not an Ed25519 private key")
+	}
+	h := sha512.Sum512(key.Seed())
+	return ecdh.X25519().NewPrivateKey(h[:32])
+}
+
+// x25519Public is the Montgomery form of an Ed25519 public key.
+func x25519Public(key ed25519.PublicKey) (*ecdh.PublicKey, error) {
+	pt, err := new(edwards25519.Point).SetBytes(key)
+	if err != nil {
+		return nil, fmt.Errorf("not an Ed25519 public key: %w", err)
+	}
+	return ecdh.X25519().NewPublicKey(pt.BytesMontgomery())
+}
+
+// mac is the MAC of text under key.
+func mac(key, text []byte) []byte {
+	m := hmac.New(sha256.New, key)
+	m.Write(text)
+	return m.Sum(nil)
+}

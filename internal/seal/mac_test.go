@@ -1,0 +1,157 @@
+package seal
+
+import (
+	"bytes"
+	"crypto/ed25519"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/nats-io/nats.go"
+	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/busauth"
+	"github.com/toolgate/toolgate/subjects"
+)
+
+// The X25519 half of a role's private key matches the X25519 half of its
+// public key, and both ends of a pair derive the same key, one per
+// direction.
+func TestPairKeyAgreement(t *testing.T) {
+	priv, msgs := roleKeys(t)
+	for _, r := range busauth.SigningRoles {
+		x, err := x25519Private(priv[r])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !x.PublicKey().Equal(msgs.pairs.pubs[r]) {
+			t.Fatalf("%s: the converted private key does not match the converted public key", r)
+		}
+	}
+	a, b := newPairs(msgs.keys), newPairs(msgs.keys)
+	a.hold(busauth.RoleRoute, priv[busauth.RoleRoute])
+	b.hold(busauth.RoleExecute, priv[busauth.RoleExecute])
+	ka, ok1 := a.key(busauth.RoleRoute, busauth.RoleExecute, busauth.RoleRoute)
+	kb, ok2 := b.key(busauth.RoleRoute, busauth.RoleExecute, busauth.RoleExecute)
+	if !ok1 || !ok2 || !bytes.Equal(ka, kb) {
+		t.Fatalf("the two ends derive different keys (%v %v)", ok1, ok2)
+	}
+	back, _ := b.key(busauth.RoleExecute, busauth.RoleRoute, busauth.RoleExecute)
+	if bytes.Equal(back, ka) {
+		t.Fatal("both directions share a key")
+	}
+	if _, ok := a.key(busauth.RoleVerify, busauth.RoleAudit, busauth.RoleAudit); ok {
+		t.Fatal("a process holding neither role derived their key")
+	}
+}
+
+// TestHandoffMAC: a hand-off carries a MAC for the stage it is addressed
+// to, which only a process holding that stage's key checks; everything
+// else a signature. A MAC made by any other pair, over other bytes or for
+// another stage fails, and so does a MAC anywhere but on a hand-off.
+func TestHandoffMAC(t *testing.T) {
+	priv, pubs := roleKeys(t)
+	process := func(roles ...busauth.Role) (*Messages, map[busauth.Role]*Signer) {
+		m := NewMessages(pubs.keys)
+		s := map[busauth.Role]*Signer{}
+		for _, r := range roles {
+			s[r] = m.NewSigner(r, priv[r])
+		}
+		return m, s
+	}
+	_, routeProc := process(busauth.RoleRoute)
+	executeMsgs, _ := process(busauth.RoleExecute)
+	toExecute := subjects.Pipe(subjects.Execute, subjects.PriorityNormal, "acme")
+	body := []byte(`{"id":"a"}`)
+
+	h := routeProc[busauth.RoleRoute].Sign(toExecute, nil, body)
+	if h.Get(HeaderMAC) == "" || h.Get(HeaderSignature) != "" || h.Get(HeaderSigner) != "route" {
+		t.Fatalf("a hand-off was sent with %v, want route's MAC and no signature", h)
+	}
+	if role, ours, err := executeMsgs.Check(toExecute, h, body); err != nil || role != busauth.RoleRoute || ours {
+		t.Fatalf("execute's check of route's hand-off: %v %v %v", role, ours, err)
+	}
+	// Within one process the check finds the MAC among those made, once.
+	m, both := process(busauth.RoleRoute, busauth.RoleExecute)
+	local := both[busauth.RoleRoute].Sign(toExecute, nil, body)
+	if _, ours, err := m.Check(toExecute, local, body); err != nil || !ours {
+		t.Fatalf("a hand-off within one process: ours %v, %v", ours, err)
+	}
+	if _, ours, err := m.Check(toExecute, local, body); err != nil || ours {
+		t.Fatalf("the same hand-off read again: ours %v, %v", ours, err)
+	}
+	// What is not a hand-off is signed as before.
+	result := subjects.Result("acme", "a")
+	if r := routeProc[busauth.RoleRoute].Sign(result, nil, body); r.Get(HeaderSignature) == "" || r.Get(HeaderMAC) != "" {
+		t.Fatalf("a result was sent with %v, want a signature", r)
+	}
+	// A hand-off signed by a process that does not know the reader's key
+	// (an earlier version) is checked by its signature.
+	if _, _, err := executeMsgs.Check(toExecute, NewSigner(busauth.RoleRoute, priv[busauth.RoleRoute]).Sign(toExecute, nil, body), body); err != nil {
+		t.Fatalf("a signed hand-off: %v", err)
+	}
+
+	// A key hops.pub does not list for its role gets no pair key: what it
+	// sends is signed, and fails as a forged signature.
+	_, other, err := ed25519.GenerateKey(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bogus := m.NewSigner(busauth.RoleRoute, other).Sign(toExecute, nil, body)
+	if bogus.Get(HeaderMAC) != "" {
+		t.Fatal("a key hops.pub does not list made a MAC")
+	}
+	if _, _, err := m.Check(toExecute, bogus, body); err == nil {
+		t.Fatal("a hand-off signed with a key hops.pub does not list was accepted")
+	}
+
+	_, verifyProc := process(busauth.RoleVerify)
+	claimed := func(role busauth.Role, hdr nats.Header) nats.Header {
+		out := nats.Header{}
+		for k, v := range hdr {
+			out[k] = v
+		}
+		out.Set(HeaderSigner, string(role))
+		return out
+	}
+	toVerify := subjects.Pipe(subjects.Verify, subjects.PriorityNormal, "acme")
+	cases := []struct {
+		name    string
+		checker *Messages
+		subject string
+		header  nats.Header
+		body    []byte
+		want    string
+	}{
+		{"body altered", executeMsgs, toExecute, h, []byte(`{"id":"b"}`), "does not verify"},
+		{"moved to another priority", executeMsgs, subjects.Pipe(subjects.Execute, subjects.PriorityHigh, "acme"), h, body, "does not verify"},
+		{"sender renamed", executeMsgs, toExecute, claimed(busauth.RoleAuthorize, h), body, "does not verify"},
+		// verify holds its own key with execute, not route's.
+		{"another pair's MAC claiming route", executeMsgs, toExecute, claimed(busauth.RoleRoute, verifyProc[busauth.RoleVerify].Sign(toExecute, nil, body)), body, "does not verify"},
+		{"a pair's genuine MAC onto a subject not the sender's", executeMsgs, toExecute, verifyProc[busauth.RoleVerify].Sign(toExecute, nil, body), body, "may not send"},
+		{"checked by a process without the reader's key", NewMessages(pubs.keys), toExecute, h, body, "holds no key of execute"},
+		{"a MAC on what is not a hand-off", executeMsgs, result, h, body, "only a hand-off"},
+		{"addressed to another stage", executeMsgs, toVerify, h, body, "holds no key of verify"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, _, err := tc.checker.Check(tc.subject, tc.header, tc.body)
+			var ae *api.Error
+			if !errors.As(err, &ae) || ae.ECode != api.EMessageUnsigned || !strings.Contains(ae.Message, tc.want) {
+				t.Fatalf("got %v, want E3224 saying %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func BenchmarkMessageMAC(b *testing.B) {
+	pub, priv, _ := ed25519.GenerateKey(nil)
+	xp, xpriv, _ := ed25519.GenerateKey(nil)
+	m := NewMessages(map[busauth.Role]ed25519.PublicKey{busauth.RoleRoute: pub, busauth.RoleExecute: xp})
+	s := m.NewSigner(busauth.RoleRoute, priv)
+	m.NewSigner(busauth.RoleExecute, xpriv)
+	subject := subjects.Pipe(subjects.Execute, subjects.PriorityNormal, "acme")
+	body := bytes.Repeat([]byte("x"), 2048)
+	for b.Loop() {
+		s.Sign(subject, nil, body)
+	}
+}
