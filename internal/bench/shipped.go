@@ -64,6 +64,7 @@ type Shipped struct {
 	Profile                          string // where the serve process's CPU profile was written
 	ProfileSeconds                   int
 	ProfileCalls                     int
+	Shares                           ProfileShares // per call, from the profile
 	profileErr                       error
 	startGC                          time.Duration // the collector's CPU once serve was ready
 	shippedSessions, shippedUnloaded int
@@ -285,6 +286,15 @@ func (t *target) saturateServeCost(ctx context.Context, p *serveProc, name strin
 // gcCPU is the CPU time the serve process's Go collector has used so far,
 // as its metrics endpoint reports it; zero where it does not.
 func (p *serveProc) gcCPU() time.Duration {
+	return time.Duration(p.counter("go_cpu_classes_gc_total_cpu_seconds_total") * float64(time.Second))
+}
+
+// finished is how many calls serve has ended.
+func (p *serveProc) finished() float64 { return p.counter("toolgate_invocations_finished_total") }
+
+// counter is the sum of a counter's series on serve's metrics, 0 when it
+// exports none.
+func (p *serveProc) counter(name string) float64 {
 	c := http.Client{Timeout: 5 * time.Second}
 	resp, err := c.Get("http://" + p.metrics + "/metrics")
 	if err != nil {
@@ -296,11 +306,11 @@ func (p *serveProc) gcCPU() time.Duration {
 	if err != nil {
 		return 0
 	}
-	f, ok := families["go_cpu_classes_gc_total_cpu_seconds_total"]
-	if !ok || len(f.GetMetric()) == 0 {
-		return 0
+	sum := 0.0
+	for _, m := range families[name].GetMetric() {
+		sum += m.GetCounter().GetValue()
 	}
-	return time.Duration(f.GetMetric()[0].GetCounter().GetValue() * float64(time.Second))
+	return sum
 }
 
 // measureShipped starts `toolgate serve` from bin and measures it: the
@@ -403,6 +413,12 @@ func measureShipped(ctx context.Context, bin, dir string, n int, d time.Duration
 		s.Profile = profile
 		s.ProfileSeconds = 20
 		s.ProfileCalls, s.profileErr = profileServe(ctx, p, tool, profile, s.ProfileSeconds, n, publishers)
+		if s.profileErr == nil {
+			var b []byte
+			if b, s.profileErr = os.ReadFile(profile); s.profileErr == nil {
+				s.Shares, s.profileErr = profileShares(b, s.ProfileCalls)
+			}
+		}
 	}
 	return s, nil
 }
@@ -433,13 +449,15 @@ func agentTarget(ctx context.Context, url string, cred credentials, sessions int
 
 // profileServe fetches a CPU profile of seconds from serve's pprof
 // endpoint into path while offering saturation load in rounds of n, and
-// returns how many calls it offered.
+// returns how many calls serve ended meanwhile (the calls offered, if its
+// metrics do not say).
 func profileServe(ctx context.Context, p *serveProc, t *target, path string, seconds, n, conc int) (int, error) {
 	type fetched struct {
 		body []byte
 		err  error
 	}
 	got := make(chan fetched, 1)
+	before := p.finished()
 	go func() {
 		c := http.Client{Timeout: time.Duration(seconds+30) * time.Second}
 		resp, err := c.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", p.prof, seconds))
@@ -460,6 +478,9 @@ func profileServe(ctx context.Context, p *serveProc, t *target, path string, sec
 		case f := <-got:
 			if f.err != nil {
 				return calls, f.err
+			}
+			if ended := int(p.finished() - before); ended > 0 {
+				calls = ended
 			}
 			return calls, os.WriteFile(path, f.body, 0o644)
 		default:
@@ -534,7 +555,13 @@ func (s *Shipped) Print(w io.Writer) {
 		if s.profileErr != nil {
 			fmt.Fprintf(w, "serve CPU profile: %v\n", s.profileErr)
 		} else {
-			fmt.Fprintf(w, "serve CPU profile (%d s, %d calls at saturation): %s (go tool pprof -top %s)\n", s.ProfileSeconds, s.ProfileCalls, s.Profile, s.Profile)
+			fmt.Fprintf(w, "serve CPU profile (%d s, %d calls ended at saturation): %s (go tool pprof -top %s)\n", s.ProfileSeconds, s.ProfileCalls, s.Profile, s.Profile)
+			sh := s.Shares
+			fmt.Fprintf(w, "%-44s %12s\n", "  serve's CPU per call in the profile", us(sh.Total))
+			fmt.Fprintf(w, "%-44s %12s\n", "  of which toolgate's stages and runner", us(sh.Stages))
+			fmt.Fprintf(w, "%-44s %12s\n", "  of which Ed25519 signing", us(sh.Sign))
+			fmt.Fprintf(w, "%-44s %12s\n", "  of which JSON (every caller)", us(sh.JSON))
+			fmt.Fprintf(w, "%-44s %12s\n", "  of which nats-server (the floor's among it)", us(sh.Server))
 		}
 	}
 }

@@ -1,0 +1,78 @@
+package bench
+
+import (
+	"bytes"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/google/pprof/profile"
+)
+
+// ProfileShares is where the serve process's CPU went per call, read from
+// its CPU profile: unlike the process's CPU beside the floor's, the stages'
+// own share does not move with the disk's fsync time, so it shows a change
+// of tens of microseconds between builds.
+type ProfileShares struct {
+	Total  time.Duration // all of serve's CPU in the profile
+	Stages time.Duration // under the stage runners: the stages' code and what it calls
+	Sign   time.Duration // of which Ed25519 signing
+	JSON   time.Duration // of which encoding/json and goccy/go-json
+	Server time.Duration // in nats-server's code, the floor's share among it
+}
+
+// profileCategories name a sample by the functions on its stack.
+var profileCategories = []struct {
+	prefix string
+	field  func(*ProfileShares) *time.Duration
+}{
+	{"github.com/toolgate/toolgate/internal/runner.(*Runner).Run", func(p *ProfileShares) *time.Duration { return &p.Stages }},
+	{"crypto/ed25519.Sign", func(p *ProfileShares) *time.Duration { return &p.Sign }},
+	{"encoding/json.", func(p *ProfileShares) *time.Duration { return &p.JSON }},
+	{"github.com/goccy/go-json.", func(p *ProfileShares) *time.Duration { return &p.JSON }},
+	{"github.com/nats-io/nats-server/v2/server.", func(p *ProfileShares) *time.Duration { return &p.Server }},
+}
+
+// profileShares reads a CPU profile (pprof's format) and divides each
+// share by calls.
+func profileShares(b []byte, calls int) (ProfileShares, error) {
+	var s ProfileShares
+	p, err := profile.Parse(bytes.NewReader(b))
+	if err != nil {
+		return s, err
+	}
+	cpu := -1
+	for i, st := range p.SampleType {
+		if st.Type == "cpu" && st.Unit == "nanoseconds" {
+			cpu = i
+		}
+	}
+	if cpu < 0 || calls <= 0 {
+		return s, fmt.Errorf("not a CPU profile of calls")
+	}
+	var total ProfileShares
+	for _, smp := range p.Sample {
+		d := time.Duration(smp.Value[cpu])
+		total.Total += d
+		// Each share counts a sample once, however often its function
+		// recurs on the stack; a sample under the runners that signs
+		// counts in Stages and in Sign.
+		seen := make(map[*time.Duration]bool, len(profileCategories))
+		for _, loc := range smp.Location {
+			for _, line := range loc.Line {
+				if line.Function == nil {
+					continue
+				}
+				for _, c := range profileCategories {
+					f := c.field(&total)
+					if !seen[f] && strings.HasPrefix(line.Function.Name, c.prefix) {
+						seen[f] = true
+						*f += d
+					}
+				}
+			}
+		}
+	}
+	n := time.Duration(calls)
+	return ProfileShares{Total: total.Total / n, Stages: total.Stages / n, Sign: total.Sign / n, JSON: total.JSON / n, Server: total.Server / n}, nil
+}
