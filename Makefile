@@ -75,7 +75,9 @@ fuzz:
 
 # First toolgate as shipped: a `toolgate serve` process with its defaults,
 # load from the bench process connected as an agent, beside the bare and
-# floor chains on serve's own server, with the serve process's CPU per call.
+# floor chains on serve's own server, with the serve process's CPU per call
+# and, from a 20 s CPU profile of serve (.cache/serve.prof), the share per
+# call of toolgate's stages, Ed25519, JSON and nats-server.
 # Then the in-process series: throughput and latency through all six stages
 # next to the bare chain; the goals (saturation, latency unloaded and at half
 # load, authorization) each printed with its target; then 200 concurrent
@@ -87,7 +89,7 @@ fuzz:
 # SOAK=10m for the long run).
 SOAK ?= 1m
 bench: mcp-servers
-	$(GO) run ./cmd/toolgate bench --rate 300 --duration 10s --workers 16 --soak $(SOAK)
+	$(GO) run ./cmd/toolgate bench --rate 300 --duration 10s --workers 16 --soak $(SOAK) --serve-cpuprofile .cache/serve.prof
 	$(GO) test -run '^$$' -bench '^BenchmarkWaitingCalls$$' -benchtime 3x ./internal/node/
 	$(GO) test -run '^$$' -bench '^BenchmarkOutputCorpus$$' -benchtime 5x ./stages/verify/
 	$(GO) test -run '^$$' -bench '^BenchmarkDocumentFetch$$' -benchtime 300x ./internal/documents/
