@@ -453,8 +453,9 @@ func agentTarget(ctx context.Context, url string, cred credentials, sessions int
 // metrics do not say).
 func profileServe(ctx context.Context, p *serveProc, t *target, path string, seconds, n, conc int) (int, error) {
 	type fetched struct {
-		body []byte
-		err  error
+		body  []byte
+		err   error
+		ended float64 // calls serve ended once the profile was done
 	}
 	got := make(chan fetched, 1)
 	before := p.finished()
@@ -470,7 +471,9 @@ func profileServe(ctx context.Context, p *serveProc, t *target, path string, sec
 		if err == nil && resp.StatusCode != http.StatusOK {
 			err = fmt.Errorf("pprof: %s: %s", resp.Status, b)
 		}
-		got <- fetched{body: b, err: err}
+		// Read as the window closes, not once the round of load under way
+		// ends, which may be seconds later.
+		got <- fetched{body: b, err: err, ended: p.finished()}
 	}()
 	calls := 0
 	for {
@@ -479,7 +482,7 @@ func profileServe(ctx context.Context, p *serveProc, t *target, path string, sec
 			if f.err != nil {
 				return calls, f.err
 			}
-			if ended := int(p.finished() - before); ended > 0 {
+			if ended := int(f.ended - before); ended > 0 {
 				calls = ended
 			}
 			return calls, os.WriteFile(path, f.body, 0o644)
