@@ -20,14 +20,7 @@ func Decode(data []byte) (*Invocation, error) {
 		var inv Invocation
 		return nil, json.Unmarshal(data, &inv) // says why
 	}
-	if inv, ok := decodeFast(data); ok {
-		return inv, nil
-	}
-	var inv Invocation
-	if err := json.Unmarshal(data, &inv); err != nil {
-		return nil, err
-	}
-	return &inv, nil
+	return DecodeOwn(data)
 }
 
 // DecodeOwn reads an Invocation from bytes this process encoded with
