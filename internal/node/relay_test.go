@@ -204,7 +204,9 @@ func onlyAuditPublishes(t *testing.T, s *served) {
 		for _, c := range []struct {
 			tool, params string
 			relays       uint64
-		}{{"echo", `{"message":"quick"}`, 0}, {"sleep", `{"ms":600}`, 1}} {
+		}{{"echo", `{"message":"quick"}`, 0}, {"sleep", `{"ms":2000}`, 1}} {
+			// The sleep outlasts the relay's publish of its tool.invoked
+			// even on a machine loaded by a race-detector test run.
 			before := relayed()
 			id, err := ac.Invoke(ctx, api.Request{ToolID: c.tool, Parameters: json.RawMessage(c.params),
 				AgentContext: api.AgentContext{AgentDID: "did:agent:demo", TenantID: "demo"}, CapabilityToken: raw}, client.InvokeOptions{})
