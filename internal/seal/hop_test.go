@@ -138,11 +138,17 @@ func FuzzTokenOpen(f *testing.F) {
 }
 
 func FuzzSender(f *testing.F) {
-	_, msgs := roleKeys(&testing.T{})
+	priv, msgs := roleKeys(&testing.T{})
+	// A checker holding execute's key, which checks MACs of hand-offs to it.
+	withExecute := NewMessages(msgs.keys)
+	withExecute.NewSigner(busauth.RoleExecute, priv[busauth.RoleExecute])
 	f.Add("toolgate.pipe.execute.normal.acme", "route", "AAAA", []byte("{}"))
 	f.Fuzz(func(t *testing.T, subject, role, sig string, body []byte) {
 		if _, err := msgs.Sender(subject, nats.Header{HeaderSigner: {role}, HeaderSignature: {sig}}, body); err == nil {
 			t.Fatalf("a made-up signature verified: %q %q", role, sig)
+		}
+		if _, err := withExecute.Sender(subject, nats.Header{HeaderSigner: {role}, HeaderMAC: {sig}}, body); err == nil {
+			t.Fatalf("a made-up MAC verified: %q %q", role, sig)
 		}
 	})
 }
