@@ -31,7 +31,7 @@ package stages
 import (
 	"context"
 	"errors"
-	"fmt"
+	"strconv"
 	"sync"
 	"time"
 
@@ -212,11 +212,18 @@ func Delivery(ctx context.Context) (delivered, max int) {
 
 type inputKey struct{}
 
+// input is the stored message being processed.
+type input struct {
+	stream string
+	seq    uint64
+	size   int
+}
+
 // WithInput records on ctx which stored message is being processed: its
-// stream and stream sequence, the same on every redelivery; the Runner
-// calls it.
-func WithInput(ctx context.Context, stream string, seq uint64) context.Context {
-	return context.WithValue(ctx, inputKey{}, fmt.Sprintf("%s:%d", stream, seq))
+// stream and stream sequence, the same on every redelivery, and its size
+// in bytes; the Runner calls it.
+func WithInput(ctx context.Context, stream string, seq uint64, size int) context.Context {
+	return context.WithValue(ctx, inputKey{}, input{stream: stream, seq: seq, size: size})
 }
 
 // Input names the stored message being processed ("STREAM:seq"), or ""
@@ -224,8 +231,18 @@ func WithInput(ctx context.Context, stream string, seq uint64) context.Context {
 // that a redelivery of that message is told from a second message that
 // tries to end the same invocation.
 func Input(ctx context.Context) string {
-	s, _ := ctx.Value(inputKey{}).(string)
-	return s
+	in, ok := ctx.Value(inputKey{}).(input)
+	if !ok {
+		return ""
+	}
+	return in.stream + ":" + strconv.FormatUint(in.seq, 10)
+}
+
+// InputSize is the size of the message being processed (its data), or 0
+// outside a Runner.
+func InputSize(ctx context.Context) int {
+	in, _ := ctx.Value(inputKey{}).(input)
+	return in.size
 }
 
 // Gate is implemented by a stage that can put a message back before it is

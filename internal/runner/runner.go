@@ -436,7 +436,7 @@ func (r *Runner) handle(msg jetstream.Msg, settling *sync.WaitGroup, release fun
 	if derr != nil {
 		inv.Fail(r.Name, derr)
 	} else {
-		pctx := stages.WithInput(stages.WithDelivery(ctx, int(md.NumDelivered), r.MaxDeliver), md.Stream, md.Sequence.Stream)
+		pctx := stages.WithInput(stages.WithDelivery(ctx, int(md.NumDelivered), r.MaxDeliver), md.Stream, md.Sequence.Stream, len(msg.Data()))
 		early = &announced{}
 		outs, perr = r.process(pctx, msg, inv, early)
 	}

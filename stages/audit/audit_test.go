@@ -216,14 +216,14 @@ func TestAudit(t *testing.T) {
 		// audit: two messages end one invocation.
 		st := newFakeStore()
 		a := &Auditor{store: st}
-		first := stages.WithInput(ctx, "TOOLGATE_PIPELINE", 10)
+		first := stages.WithInput(ctx, "TOOLGATE_PIPELINE", 10, 0)
 		if outs, err := a.Process(first, succeeded()); err != nil || len(outs) != 2 {
 			t.Fatalf("first ending: %q, %v", subjectsOf(outs), err)
 		}
 		unknown := &envelope.Invocation{ID: "i-1", Tenant: "acme", Event: envelope.Event{Seq: 7}, Status: api.StatusRunning,
 			Request: &api.Request{ToolID: "echo"}}
 		unknown.Fail(subjects.Execute, api.NewError(api.ToolExecutionError, api.EOutcomeUnknown, "interrupted"))
-		for _, c := range []context.Context{stages.WithInput(ctx, "TOOLGATE_PIPELINE", 12), ctx} {
+		for _, c := range []context.Context{stages.WithInput(ctx, "TOOLGATE_PIPELINE", 12, 0), ctx} {
 			if outs, err := a.Process(c, unknown); err != nil || len(outs) != 0 {
 				t.Fatalf("second ending published %q, %v", subjectsOf(outs), err)
 			}
@@ -238,7 +238,7 @@ func TestAudit(t *testing.T) {
 		// Another request that reused the id still gets its own ending.
 		reuse := &envelope.Invocation{ID: "i-1", Tenant: "acme", Event: envelope.Event{Seq: 9}, Status: api.StatusPending}
 		reuse.Fail(subjects.Validate, api.NewError(api.InvalidParameters, api.EDuplicateInvocation, "reused"))
-		if outs, err := a.Process(stages.WithInput(ctx, "TOOLGATE_PIPELINE", 13), reuse); err != nil || len(outs) != 2 {
+		if outs, err := a.Process(stages.WithInput(ctx, "TOOLGATE_PIPELINE", 13, 0), reuse); err != nil || len(outs) != 2 {
 			t.Fatalf("reuse: %q, %v", subjectsOf(outs), err)
 		}
 	})

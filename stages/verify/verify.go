@@ -119,13 +119,43 @@ func (v *Verifier) Process(ctx context.Context, inv *envelope.Invocation) ([]sta
 		return nil, err
 	}
 	inv.Succeed(subjects.Verify, result)
-	if b, err := json.Marshal(inv); err == nil && len(b) > v.cfg.MaxPayload-envelopeHeadroom {
+	if size, fits := v.fits(ctx, inv); !fits {
 		inv.Result = nil
 		return nil, api.NewError(api.ToolExecutionError, api.EResultUnsendable,
 			"%s returned %d bytes: with its invocation that is %d bytes, over the message limit of %d",
-			m.Key(), len(result), len(b), v.cfg.MaxPayload-envelopeHeadroom)
+			m.Key(), len(result), size, v.cfg.MaxPayload-envelopeHeadroom)
 	}
 	return nil, nil
+}
+
+// changeBound bounds what verify adds to an envelope besides the result and
+// the findings: its stage's timing, the status and who ended the call.
+const changeBound = 1 << 10
+
+// fits reports whether inv, as verify hands it on, stays within the message
+// limit, and the size it found. The envelope execute handed over, whose
+// size the Runner reports, bounds all of it but what verify changed: the
+// result, counted whole and as if every byte were escaped though it
+// replaces execute's, and the findings. Only
+// an envelope that bound does not clear is encoded to be sure.
+func (v *Verifier) fits(ctx context.Context, inv *envelope.Invocation) (int, bool) {
+	limit := v.cfg.MaxPayload - envelopeHeadroom
+	if in := stages.InputSize(ctx); in > 0 {
+		// Six bytes a byte: the longest escape encoding/json writes
+		// (\u003c for <, also inside a raw result).
+		bound := in + 6*len(inv.Result) + changeBound
+		for _, f := range inv.Findings {
+			bound += 6*(len(f.Rule)+len(f.Detector)+len(f.Path)+len(f.Action)+len(f.RulesVersion)) + 128
+		}
+		if bound <= limit {
+			return bound, true
+		}
+	}
+	b, err := json.Marshal(inv)
+	if err != nil {
+		return 0, true // the Runner's encoding reports it
+	}
+	return len(b), len(b) <= limit
 }
 
 // canonical re-encodes a JSON document from its decoded value, so that what

@@ -4,11 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"strings"
+	"testing"
+
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/envelope"
 	"github.com/toolgate/toolgate/internal/tools"
-	"strings"
-	"testing"
+	"github.com/toolgate/toolgate/stages"
 )
 
 func setup(t testing.TB, cfg Config) (*Verifier, *tools.Manifest) {
@@ -66,6 +68,37 @@ func TestFindingsBounded(t *testing.T) {
 	}
 	if len(inv.Findings) > DefaultMaxFindings+1 || n <= DefaultMaxFindings || strings.Contains(string(inv.Result), "bob@") {
 		t.Fatalf("%d findings recorded, %d counted", len(inv.Findings), n)
+	}
+}
+
+// The bound verify checks a Runner's delivery against never lets through
+// an envelope over the limit, whatever the result holds (escaped HTML and
+// line separators take six bytes a character): each is encoded here and
+// measured.
+func TestSizeBoundHoldsTheLimit(t *testing.T) {
+	const limit = 64 << 10
+	v, _ := setup(t, Config{MaxPayload: limit})
+	for _, fill := range []string{"x", "<", "\u2028", "bob@example.com "} {
+		for n := 1; n < 60<<10; n = n*3/2 + 1 {
+			result := `{"s":"` + strings.Repeat(fill, n/len(fill)+1) + `"}`
+			// What execute handed on, without the result: the bound must
+			// hold even for a result that grew to all of what is sent.
+			handed, err := json.Marshal(invoke(""))
+			if err != nil {
+				t.Fatal(err)
+			}
+			inv := invoke(result)
+			_, err = v.Process(stages.WithInput(context.Background(), "TOOLGATE_PIPELINE", 1, len(handed)), inv)
+			b, _ := json.Marshal(inv)
+			switch {
+			case err == nil && len(b) > limit-envelopeHeadroom:
+				t.Fatalf("%d of %q: passed at %d bytes, over %d", n, fill, len(b), limit-envelopeHeadroom)
+			case err != nil && !errors.Is(err, &api.Error{Code: api.ToolExecutionError, ECode: api.EResultUnsendable}):
+				t.Fatalf("%d of %q: %v", n, fill, err)
+			case err != nil && len(handed)+len(result) < (limit-envelopeHeadroom)/6-changeBound:
+				t.Fatalf("%d of %q: refused a result far within the limit: %v", n, fill, err)
+			}
+		}
 	}
 }
 
