@@ -33,9 +33,11 @@ type target struct {
 	name    string
 	cur     atomic.Pointer[collector]
 	publish func(ctx context.Context, key string, i int) error
+	done    atomic.Int64 // calls that came back, of every series
 }
 
 func (t *target) mark(key string) {
+	t.done.Add(1)
 	if c := t.cur.Load(); c != nil {
 		c.mark(key)
 	}

@@ -15,7 +15,7 @@ import (
 // of tens of microseconds between builds.
 type ProfileShares struct {
 	Total  time.Duration // all of serve's CPU in the profile
-	Stages time.Duration // under the stage runners: the stages' code and what it calls
+	Stages time.Duration // under the stage runners, their settling goroutines too: the stages' code and what it calls
 	Sign   time.Duration // of which Ed25519 signing
 	JSON   time.Duration // of which encoding/json and goccy/go-json
 	Server time.Duration // in nats-server's code, the floor's share among it
@@ -26,7 +26,7 @@ var profileCategories = []struct {
 	prefix string
 	field  func(*ProfileShares) *time.Duration
 }{
-	{"github.com/toolgate/toolgate/internal/runner.(*Runner).Run", func(p *ProfileShares) *time.Duration { return &p.Stages }},
+	{"github.com/toolgate/toolgate/internal/runner.(*Runner).", func(p *ProfileShares) *time.Duration { return &p.Stages }},
 	{"crypto/ed25519.Sign", func(p *ProfileShares) *time.Duration { return &p.Sign }},
 	{"encoding/json.", func(p *ProfileShares) *time.Duration { return &p.JSON }},
 	{"github.com/goccy/go-json.", func(p *ProfileShares) *time.Duration { return &p.JSON }},

@@ -37,6 +37,8 @@ func TestProfileShares(t *testing.T) {
 		{20, []string{"github.com/toolgate/toolgate/stages/authorize.(*Authorizer).Process", run, run}},
 		{100, []string{"internal/runtime/syscall/linux.Syscall6", "github.com/nats-io/nats-server/v2/server.(*msgBlock).writeMsgRecord"}},
 		{10, []string{"runtime.gcBgMarkWorker"}},
+		// A goroutine the runner started to settle a message.
+		{15, []string{"runtime.selectgo", "github.com/toolgate/toolgate/internal/runner.(*Runner).apply.func4", "sync.(*WaitGroup).Go.func1"}},
 	}
 	p := &profile.Profile{
 		SampleType: []*profile.ValueType{{Type: "samples", Unit: "count"}, {Type: "cpu", Unit: "nanoseconds"}},
@@ -60,7 +62,7 @@ func TestProfileShares(t *testing.T) {
 		t.Fatal(err)
 	}
 	ms := func(n int64) time.Duration { return time.Duration(n) * time.Millisecond / 10 }
-	want := ProfileShares{Total: ms(200), Stages: ms(90), Sign: ms(40), JSON: ms(30), Server: ms(100)}
+	want := ProfileShares{Total: ms(215), Stages: ms(105), Sign: ms(40), JSON: ms(30), Server: ms(100)}
 	if got != want {
 		t.Fatalf("shares %+v, want %+v", got, want)
 	}

@@ -60,12 +60,19 @@ type Shipped struct {
 	ServeRSSMiB             float64
 	// ReadsPerCall are the direct gets (key-value reads) per call during
 	// toolgate's saturation series: a count, stable where times are not.
-	ReadsPerCall                     float64
-	Profile                          string // where the serve process's CPU profile was written
-	ProfileSeconds                   int
-	ProfileCalls                     int
-	Shares                           ProfileShares // per call, from the profile
-	profileErr                       error
+	ReadsPerCall   float64
+	Profile        string // where the serve process's CPU profile was written
+	ProfileSeconds int
+	ProfileCalls   int
+	Shares         ProfileShares // per call, from the profile
+	profileErr     error
+	// FloorShares are the same of a profile as long of the floor chain
+	// at saturation: serve's share of it is its server's, so beside
+	// Shares it shows the server work toolgate makes beyond the floor's.
+	FloorProfile                     string
+	FloorProfileCalls                int
+	FloorShares                      ProfileShares
+	floorProfileErr                  error
 	startGC                          time.Duration // the collector's CPU once serve was ready
 	shippedSessions, shippedUnloaded int
 }
@@ -412,13 +419,10 @@ func measureShipped(ctx context.Context, bin, dir string, n int, d time.Duration
 	if profile != "" {
 		s.Profile = profile
 		s.ProfileSeconds = 20
-		s.ProfileCalls, s.profileErr = profileServe(ctx, p, tool, profile, s.ProfileSeconds, n, publishers)
-		if s.profileErr == nil {
-			var b []byte
-			if b, s.profileErr = os.ReadFile(profile); s.profileErr == nil {
-				s.Shares, s.profileErr = profileShares(b, s.ProfileCalls)
-			}
-		}
+		s.ProfileCalls, s.Shares, s.profileErr = profileServe(ctx, p, tool, profile, s.ProfileSeconds, n, publishers, p.finished)
+		s.FloorProfile = strings.TrimSuffix(profile, filepath.Ext(profile)) + "-floor" + filepath.Ext(profile)
+		s.FloorProfileCalls, s.FloorShares, s.floorProfileErr = profileServe(ctx, p, floor, s.FloorProfile, s.ProfileSeconds, n, publishers,
+			func() float64 { return float64(floor.done.Load()) })
 	}
 	return s, nil
 }
@@ -448,17 +452,30 @@ func agentTarget(ctx context.Context, url string, cred credentials, sessions int
 }
 
 // profileServe fetches a CPU profile of seconds from serve's pprof
-// endpoint into path while offering saturation load in rounds of n, and
-// returns how many calls serve ended meanwhile (the calls offered, if its
-// metrics do not say).
-func profileServe(ctx context.Context, p *serveProc, t *target, path string, seconds, n, conc int) (int, error) {
+// endpoint into path while offering t saturation load in rounds of n, and
+// returns how many calls ended meanwhile (by ended, a running count; the
+// calls offered, if it does not say) and the profile's shares per call.
+func profileServe(ctx context.Context, p *serveProc, t *target, path string, seconds, n, conc int, ended func() float64) (int, ProfileShares, error) {
+	calls, err := profileUnderLoad(ctx, p, t, path, seconds, n, conc, ended)
+	if err != nil {
+		return calls, ProfileShares{}, err
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return calls, ProfileShares{}, err
+	}
+	sh, err := profileShares(b, calls)
+	return calls, sh, err
+}
+
+func profileUnderLoad(ctx context.Context, p *serveProc, t *target, path string, seconds, n, conc int, ended func() float64) (int, error) {
 	type fetched struct {
 		body  []byte
 		err   error
-		ended float64 // calls serve ended once the profile was done
+		ended float64 // calls ended once the profile was done
 	}
 	got := make(chan fetched, 1)
-	before := p.finished()
+	before := ended()
 	go func() {
 		c := http.Client{Timeout: time.Duration(seconds+30) * time.Second}
 		resp, err := c.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", p.prof, seconds))
@@ -473,7 +490,7 @@ func profileServe(ctx context.Context, p *serveProc, t *target, path string, sec
 		}
 		// Read as the window closes, not once the round of load under way
 		// ends, which may be seconds later.
-		got <- fetched{body: b, err: err, ended: p.finished()}
+		got <- fetched{body: b, err: err, ended: ended()}
 	}()
 	calls := 0
 	for {
@@ -565,6 +582,15 @@ func (s *Shipped) Print(w io.Writer) {
 			fmt.Fprintf(w, "%-44s %12s\n", "  of which Ed25519 signing", us(sh.Sign))
 			fmt.Fprintf(w, "%-44s %12s\n", "  of which JSON (every caller)", us(sh.JSON))
 			fmt.Fprintf(w, "%-44s %12s\n", "  of which nats-server (the floor's among it)", us(sh.Server))
+		}
+		if s.floorProfileErr != nil {
+			fmt.Fprintf(w, "floor chain's CPU profile: %v\n", s.floorProfileErr)
+		} else if s.profileErr == nil {
+			fs := s.FloorShares
+			fmt.Fprintf(w, "floor chain's CPU profile (%d s, %d calls at saturation): %s\n", s.ProfileSeconds, s.FloorProfileCalls, s.FloorProfile)
+			fmt.Fprintf(w, "%-44s %12s\n", "  serve's CPU per call in the profile", us(fs.Total))
+			fmt.Fprintf(w, "%-44s %12s\n", "  of which nats-server", us(fs.Server))
+			fmt.Fprintf(w, "%-44s %12s\n", "  nats-server's per call, toolgate's less this", us(s.Shares.Server-fs.Server))
 		}
 	}
 }
