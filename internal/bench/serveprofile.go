@@ -17,7 +17,7 @@ type ProfileShares struct {
 	Total  time.Duration // all of serve's CPU in the profile
 	Stages time.Duration // under the stage runners, their settling goroutines too: the stages' code and what it calls
 	Sign   time.Duration // of which Ed25519 signing
-	JSON   time.Duration // of which encoding/json and goccy/go-json
+	JSON   time.Duration // of which encoding/json and the faster decoders (goccy/go-json, segmentio/encoding/json)
 	Server time.Duration // in nats-server's code, the floor's share among it
 }
 
@@ -30,6 +30,7 @@ var profileCategories = []struct {
 	{"crypto/ed25519.Sign", func(p *ProfileShares) *time.Duration { return &p.Sign }},
 	{"encoding/json.", func(p *ProfileShares) *time.Duration { return &p.JSON }},
 	{"github.com/goccy/go-json.", func(p *ProfileShares) *time.Duration { return &p.JSON }},
+	{"github.com/segmentio/encoding/json.", func(p *ProfileShares) *time.Duration { return &p.JSON }},
 	{"github.com/nats-io/nats-server/v2/server.", func(p *ProfileShares) *time.Duration { return &p.Server }},
 }
 
