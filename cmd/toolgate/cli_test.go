@@ -388,12 +388,12 @@ func TestToolsLifecycle(t *testing.T) {
 	}
 	for i, st := range steps {
 		r := tg(t, "", s.flags(st.args...)...)
-		if i == 1 && r.code != exitOK {
-			// The stages learn of a registration through their watch, a
-			// moment after register returns.
-			waitFor(t, "the stages to know my.tool", func() bool {
+		if (i == 1 || i == 3) && (r.code != exitOK || !strings.Contains(r.stdout, st.out)) {
+			// The stages learn of a registration, and of a deprecation,
+			// through their watch, a moment after the command returns.
+			waitFor(t, "the stages to know "+strings.Join(steps[i-1].args[:2], " "), func() bool {
 				r = tg(t, "", s.flags(st.args...)...)
-				return r.code == exitOK
+				return r.code == exitOK && strings.Contains(r.stdout, st.out)
 			})
 		}
 		if r.code != exitOK || !strings.Contains(r.stdout, st.out) {
@@ -712,12 +712,12 @@ func TestOperatorCommands(t *testing.T) {
 	}
 	for i, st := range steps {
 		r := tg(t, "", s.flags(st.args...)...)
-		if i == 1 && r.code != exitOK {
-			// The stages learn of a registration through their watch, a
-			// moment after register returns.
-			waitFor(t, "the stages to know my.tool", func() bool {
+		if (i == 1 || i == 3) && (r.code != exitOK || !strings.Contains(r.stdout, st.out)) {
+			// The stages learn of a registration, and of a deprecation,
+			// through their watch, a moment after the command returns.
+			waitFor(t, "the stages to know "+strings.Join(steps[i-1].args[:2], " "), func() bool {
 				r = tg(t, "", s.flags(st.args...)...)
-				return r.code == exitOK
+				return r.code == exitOK && strings.Contains(r.stdout, st.out)
 			})
 		}
 		if r.code != exitOK || !strings.Contains(r.stdout, st.out) {
