@@ -136,7 +136,7 @@ const changeBound = 1 << 10
 // limit, and the size it found. The envelope execute handed over, whose
 // size the Runner reports, bounds all of it but what verify changed: the
 // result, counted whole and as if every byte were escaped though it
-// replaces execute's, and the findings. Only
+// replaces execute's, the findings and the warnings. Only
 // an envelope that bound does not clear is encoded to be sure.
 func (v *Verifier) fits(ctx context.Context, inv *envelope.Invocation) (int, bool) {
 	limit := v.cfg.MaxPayload - envelopeHeadroom
@@ -146,6 +146,9 @@ func (v *Verifier) fits(ctx context.Context, inv *envelope.Invocation) (int, boo
 		bound := in + 6*len(inv.Result) + changeBound
 		for _, f := range inv.Findings {
 			bound += 6*(len(f.Rule)+len(f.Detector)+len(f.Path)+len(f.Action)+len(f.RulesVersion)) + 128
+		}
+		for _, w := range inv.Metadata.Warnings {
+			bound += 6*len(w) + 8
 		}
 		if bound <= limit {
 			return bound, true

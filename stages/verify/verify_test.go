@@ -78,9 +78,13 @@ func TestFindingsBounded(t *testing.T) {
 func TestSizeBoundHoldsTheLimit(t *testing.T) {
 	const limit = 64 << 10
 	v, _ := setup(t, Config{MaxPayload: limit})
-	for _, fill := range []string{"x", "<", "\u2028", "bob@example.com "} {
+	for _, fill := range []string{"x", "<", "\u2028", "bob@example.com ", "warning <"} {
 		for n := 1; n < 60<<10; n = n*3/2 + 1 {
 			result := `{"s":"` + strings.Repeat(fill, n/len(fill)+1) + `"}`
+			var warnings []string
+			if fill == "warning <" { // a long warning, and a small result
+				result, warnings = `{"s":"x"}`, []string{strings.Repeat("<", n)}
+			}
 			// What execute handed on, without the result: the bound must
 			// hold even for a result that grew to all of what is sent.
 			handed, err := json.Marshal(invoke(""))
@@ -88,6 +92,7 @@ func TestSizeBoundHoldsTheLimit(t *testing.T) {
 				t.Fatal(err)
 			}
 			inv := invoke(result)
+			inv.Metadata.Warnings = warnings
 			_, err = v.Process(stages.WithInput(context.Background(), "TOOLGATE_PIPELINE", 1, len(handed)), inv)
 			b, _ := json.Marshal(inv)
 			switch {
@@ -95,7 +100,7 @@ func TestSizeBoundHoldsTheLimit(t *testing.T) {
 				t.Fatalf("%d of %q: passed at %d bytes, over %d", n, fill, len(b), limit-envelopeHeadroom)
 			case err != nil && !errors.Is(err, &api.Error{Code: api.ToolExecutionError, ECode: api.EResultUnsendable}):
 				t.Fatalf("%d of %q: %v", n, fill, err)
-			case err != nil && len(handed)+len(result) < (limit-envelopeHeadroom)/6-changeBound:
+			case err != nil && len(handed)+len(result)+n < (limit-envelopeHeadroom)/6-changeBound:
 				t.Fatalf("%d of %q: refused a result far within the limit: %v", n, fill, err)
 			}
 		}
