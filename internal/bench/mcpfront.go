@@ -48,51 +48,20 @@ func measureFront(ctx context.Context, url string, cred credentials) ([]Cost, er
 	if err != nil {
 		return nil, err
 	}
-	impl := &mcp.Implementation{Name: "bench", Version: "1"}
-
-	ct, st := mcp.NewInMemoryTransports()
-	go func() { _ = front.ServeStdio(ctx, st, nil, cred.token) }()
-	stdio, err := mcp.NewClient(impl, nil).Connect(ctx, ct, nil)
+	stdio, srv, raw, err := serveFront(ctx, front, cred.token)
 	if err != nil {
-		return nil, fmt.Errorf("mcp over stdio: %w", err)
+		return nil, err
 	}
-	defer stdio.Close()
-
-	srv := httptest.NewServer(front.Handler())
 	defer srv.Close()
+	defer stdio.Close()
 	hc := &http.Client{Transport: bearer{cred.token}}
-	overHTTP, err := mcp.NewClient(impl, nil).Connect(ctx, &mcp.StreamableClientTransport{Endpoint: srv.URL + "/mcp", HTTPClient: hc}, nil)
+	overHTTP, err := mcp.NewClient(benchImpl, nil).Connect(ctx, &mcp.StreamableClientTransport{Endpoint: srv.URL + "/mcp", HTTPClient: hc}, nil)
 	if err != nil {
 		return nil, fmt.Errorf("mcp over http: %w", err)
 	}
 	defer overHTTP.Close()
 
-	req := api.Request{ToolID: "noop", Parameters: json.RawMessage(`{}`), CapabilityToken: cred.token,
-		AgentContext: api.AgentContext{AgentDID: benchAgent, TenantID: benchTenant}}
-	direct := func(ctx context.Context) error {
-		id := uuid.NewString()
-		if err := bus.Invoke(ctx, req, id); err != nil {
-			return err
-		}
-		resp, err := bus.Wait(ctx, benchTenant, id)
-		if err == nil && resp.Status != api.StatusSuccess {
-			err = fmt.Errorf("direct call: %s", resp.Status)
-		}
-		return err
-	}
-	viaMCP := func(cs *mcp.ClientSession) func(context.Context) error {
-		return func(ctx context.Context) error {
-			r, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "noop", Arguments: map[string]any{}})
-			if err == nil && r.IsError {
-				err = fmt.Errorf("mcp call: %v", r.Content)
-			}
-			return err
-		}
-	}
-	raw, err := newRawMCP(ctx, srv.URL+"/mcp", cred.token)
-	if err != nil {
-		return nil, fmt.Errorf("mcp over http, plain client: %w", err)
-	}
+	direct := directCall(bus, cred.token)
 	// The floors, for any front end: an HTTP handler that makes the direct
 	// call, and the SDK's own server (over HTTP answering in JSON) with a
 	// tool that makes it, nothing of the front end's around it.
@@ -113,35 +82,13 @@ func measureFront(ctx context.Context, url string, cred credentials) ([]Cost, er
 		_, _ = w.Write(reply)
 	}))
 	defer bare.Close()
-	sdk := mcp.NewServer(&mcp.Implementation{Name: "floor", Version: "1"}, nil)
-	sdk.AddTool(&mcp.Tool{Name: "noop", InputSchema: json.RawMessage(`{"type":"object"}`)},
-		func(ctx context.Context, _ *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
-			if err := bounded(ctx); err != nil {
-				return nil, err
-			}
-			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: `{"ok":true}`}},
-				StructuredContent: json.RawMessage(`{"ok":true}`)}, nil
-		})
-	sdkHTTP := httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return sdk },
-		&mcp.StreamableHTTPOptions{JSONResponse: true}))
-	defer sdkHTTP.Close()
-	sdkRaw, err := newRawMCP(ctx, sdkHTTP.URL, cred.token)
+	sdkStdio, sdkRaw, stopSDK, err := serveSDK(ctx, bounded, cred.token)
 	if err != nil {
-		return nil, fmt.Errorf("the SDK's server alone: %w", err)
+		return nil, err
 	}
-	fct, fst := mcp.NewInMemoryTransports()
-	go func() {
-		if ss, err := sdk.Connect(ctx, fst, nil); err == nil {
-			_ = ss.Wait()
-		}
-	}()
-	sdkStdio, err := mcp.NewClient(impl, nil).Connect(ctx, fct, nil)
-	if err != nil {
-		return nil, fmt.Errorf("the SDK's server alone over stdio: %w", err)
-	}
-	defer sdkStdio.Close()
+	defer stopSDK()
 	bareRaw := &rawMCP{url: bare.URL, token: cred.token}
-	calls := []func(context.Context) error{direct, viaMCP(stdio), viaMCP(overHTTP), raw.call, viaMCP(sdkStdio), bareRaw.call, sdkRaw.call}
+	calls := []func(context.Context) error{direct, callTool(stdio), callTool(overHTTP), raw.call, callTool(sdkStdio), bareRaw.call, sdkRaw.call}
 	samples := make([][]time.Duration, len(calls))
 	for i := range 20 + frontSamples {
 		for j, call := range calls {
@@ -210,67 +157,20 @@ func measureFrontAlone(ctx context.Context, real mcpfront.Bus, cred credentials,
 	if err != nil {
 		return nil, err
 	}
-	impl := &mcp.Implementation{Name: "bench", Version: "1"}
-	ct, st := mcp.NewInMemoryTransports()
-	go func() { _ = front.ServeStdio(ctx, st, nil, cred.token) }()
-	frontStdio, err := mcp.NewClient(impl, nil).Connect(ctx, ct, nil)
+	frontStdio, srv, frontRaw, err := serveFront(ctx, front, cred.token)
 	if err != nil {
 		return nil, err
 	}
-	defer frontStdio.Close()
-	srv := httptest.NewServer(front.Handler())
 	defer srv.Close()
-	frontRaw, err := newRawMCP(ctx, srv.URL+"/mcp", cred.token)
+	defer frontStdio.Close()
+	sdkStdio, sdkRaw, stopSDK, err := serveSDK(ctx, directCall(bus, cred.token), cred.token)
 	if err != nil {
 		return nil, err
 	}
+	defer stopSDK()
 
-	req := api.Request{ToolID: "noop", Parameters: json.RawMessage(`{}`), CapabilityToken: cred.token,
-		AgentContext: api.AgentContext{AgentDID: benchAgent, TenantID: benchTenant}}
-	sdk := mcp.NewServer(&mcp.Implementation{Name: "floor", Version: "1"}, nil)
-	sdk.AddTool(&mcp.Tool{Name: "noop", InputSchema: json.RawMessage(`{"type":"object"}`)},
-		func(ctx context.Context, _ *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
-			id := uuid.NewString()
-			if err := bus.Invoke(ctx, req, id); err != nil {
-				return nil, err
-			}
-			resp, err := bus.Wait(ctx, benchTenant, id)
-			if err != nil {
-				return nil, err
-			}
-			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: string(resp.Result)}},
-				StructuredContent: resp.Result}, nil
-		})
-	sdkHTTP := httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return sdk },
-		&mcp.StreamableHTTPOptions{JSONResponse: true}))
-	defer sdkHTTP.Close()
-	sdkRaw, err := newRawMCP(ctx, sdkHTTP.URL, cred.token)
-	if err != nil {
-		return nil, err
-	}
-	fct, fst := mcp.NewInMemoryTransports()
-	go func() {
-		if ss, err := sdk.Connect(ctx, fst, nil); err == nil {
-			_ = ss.Wait()
-		}
-	}()
-	sdkStdio, err := mcp.NewClient(impl, nil).Connect(ctx, fct, nil)
-	if err != nil {
-		return nil, err
-	}
-	defer sdkStdio.Close()
-
-	viaMCP := func(cs *mcp.ClientSession) func(context.Context) error {
-		return func(ctx context.Context) error {
-			r, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "noop", Arguments: map[string]any{}})
-			if err == nil && r.IsError {
-				err = fmt.Errorf("mcp call: %v", r.Content)
-			}
-			return err
-		}
-	}
 	names := []string{aloneFrontStdio, aloneSDKStdio, aloneFrontHTTP, aloneSDKHTTP}
-	calls := []func(context.Context) error{viaMCP(frontStdio), viaMCP(sdkStdio), frontRaw.call, sdkRaw.call}
+	calls := []func(context.Context) error{callTool(frontStdio), callTool(sdkStdio), frontRaw.call, sdkRaw.call}
 	samples := make([][]time.Duration, len(calls))
 	const warm = 100
 	for i := range warm + n {
@@ -290,6 +190,90 @@ func measureFrontAlone(ctx context.Context, real mcpfront.Bus, cred credentials,
 		out[j] = Cost{Name: names[j], Samples: samples[j]}
 	}
 	return out, nil
+}
+
+var benchImpl = &mcp.Implementation{Name: "bench", Version: "1"}
+
+// directCall is a tool.invoke of the noop tool on bus, awaited the way the
+// MCP front end awaits its calls.
+func directCall(bus mcpfront.Bus, tok string) func(context.Context) error {
+	req := api.Request{ToolID: "noop", Parameters: json.RawMessage(`{}`), CapabilityToken: tok,
+		AgentContext: api.AgentContext{AgentDID: benchAgent, TenantID: benchTenant}}
+	return func(ctx context.Context) error {
+		id := uuid.NewString()
+		if err := bus.Invoke(ctx, req, id); err != nil {
+			return err
+		}
+		resp, err := bus.Wait(ctx, benchTenant, id)
+		if err == nil && resp.Status != api.StatusSuccess {
+			err = fmt.Errorf("direct call: %s", resp.Status)
+		}
+		return err
+	}
+}
+
+// callTool is a tools/call of the noop tool in session cs.
+func callTool(cs *mcp.ClientSession) func(context.Context) error {
+	return func(ctx context.Context) error {
+		r, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "noop", Arguments: map[string]any{}})
+		if err == nil && r.IsError {
+			err = fmt.Errorf("mcp call: %v", r.Content)
+		}
+		return err
+	}
+}
+
+// serveFront serves front to an SDK client over an in-memory stdio-like
+// transport and over streamable HTTP, where a plain client is connected.
+func serveFront(ctx context.Context, front *mcpfront.Front, tok string) (*mcp.ClientSession, *httptest.Server, *rawMCP, error) {
+	ct, st := mcp.NewInMemoryTransports()
+	go func() { _ = front.ServeStdio(ctx, st, nil, tok) }()
+	stdio, err := mcp.NewClient(benchImpl, nil).Connect(ctx, ct, nil)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("mcp over stdio: %w", err)
+	}
+	srv := httptest.NewServer(front.Handler())
+	raw, err := newRawMCP(ctx, srv.URL+"/mcp", tok)
+	if err != nil {
+		srv.Close()
+		stdio.Close()
+		return nil, nil, nil, fmt.Errorf("mcp over http, plain client: %w", err)
+	}
+	return stdio, srv, raw, nil
+}
+
+// serveSDK is the SDK's own server with a noop tool that makes call,
+// nothing of the front end's around it: a session over an in-memory
+// stdio-like transport, and a plain client over HTTP answering in JSON.
+func serveSDK(ctx context.Context, call func(context.Context) error, tok string) (*mcp.ClientSession, *rawMCP, func(), error) {
+	sdk := mcp.NewServer(&mcp.Implementation{Name: "floor", Version: "1"}, nil)
+	sdk.AddTool(&mcp.Tool{Name: "noop", InputSchema: json.RawMessage(`{"type":"object"}`)},
+		func(ctx context.Context, _ *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+			if err := call(ctx); err != nil {
+				return nil, err
+			}
+			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: `{"ok":true}`}},
+				StructuredContent: json.RawMessage(`{"ok":true}`)}, nil
+		})
+	srv := httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return sdk },
+		&mcp.StreamableHTTPOptions{JSONResponse: true}))
+	raw, err := newRawMCP(ctx, srv.URL, tok)
+	if err != nil {
+		srv.Close()
+		return nil, nil, nil, fmt.Errorf("the SDK's server alone: %w", err)
+	}
+	ct, st := mcp.NewInMemoryTransports()
+	go func() {
+		if ss, err := sdk.Connect(ctx, st, nil); err == nil {
+			_ = ss.Wait()
+		}
+	}()
+	stdio, err := mcp.NewClient(benchImpl, nil).Connect(ctx, ct, nil)
+	if err != nil {
+		srv.Close()
+		return nil, nil, nil, fmt.Errorf("the SDK's server alone over stdio: %w", err)
+	}
+	return stdio, raw, func() { _ = stdio.Close(); srv.Close() }, nil
 }
 
 // dropName names the Cost of measureDrop.
