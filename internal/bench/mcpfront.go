@@ -175,12 +175,16 @@ func measureFrontAlone(ctx context.Context, real mcpfront.Bus, cred credentials,
 	const warm = 100
 	for i := range warm + n {
 		for j, call := range calls {
+			cctx, ccancel := context.WithTimeout(ctx, 10*time.Second)
 			start := time.Now()
-			if err := call(ctx); err != nil {
+			err := call(cctx)
+			d := time.Since(start)
+			ccancel()
+			if err != nil {
 				return nil, fmt.Errorf("%s: %w", names[j], err)
 			}
 			if i >= warm {
-				samples[j] = append(samples[j], time.Since(start))
+				samples[j] = append(samples[j], d)
 			}
 		}
 	}

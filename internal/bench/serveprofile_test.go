@@ -2,6 +2,8 @@ package bench
 
 import (
 	"bytes"
+	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -68,5 +70,25 @@ func TestProfileShares(t *testing.T) {
 	}
 	if _, err := profileShares([]byte("not a profile"), 10); err == nil {
 		t.Fatal("a file that is no profile was read")
+	}
+}
+
+// TestPrintFloorProfile: the floor chain's profile is printed whether or
+// not toolgate's was read, and the difference only beside toolgate's.
+func TestPrintFloorProfile(t *testing.T) {
+	for _, toolgateErr := range []error{nil, errors.New("pprof: 500")} {
+		s := &Shipped{Profile: "serve.prof", ProfileSeconds: 20, profileErr: toolgateErr,
+			Shares:       ProfileShares{Server: 2500 * time.Microsecond},
+			FloorProfile: "serve-floor.prof", FloorProfileCalls: 3000,
+			FloorShares: ProfileShares{Total: 3000 * time.Microsecond, Server: 2900 * time.Microsecond}}
+		var b strings.Builder
+		s.Print(&b)
+		out := b.String()
+		if !strings.Contains(out, "floor chain's CPU profile (20 s, 3000 calls at saturation): serve-floor.prof") {
+			t.Errorf("no floor profile printed:\n%s", out)
+		}
+		if diff := strings.Contains(out, "toolgate's less this"); diff != (toolgateErr == nil) {
+			t.Errorf("difference printed %v with toolgate's profile error %v:\n%s", diff, toolgateErr, out)
+		}
 	}
 }

@@ -66,9 +66,10 @@ type Shipped struct {
 	ProfileCalls   int
 	Shares         ProfileShares // per call, from the profile
 	profileErr     error
-	// FloorShares are the same of a profile as long of the floor chain
-	// at saturation: serve's share of it is its server's, so beside
-	// Shares it shows the server work toolgate makes beyond the floor's.
+	// FloorProfile, FloorProfileCalls and FloorShares are the same for a
+	// profile as long under the floor chain's saturation load. Serve's
+	// CPU there is its server's, so beside Shares it shows whether
+	// toolgate makes the server work more than the floor does.
 	FloorProfile                     string
 	FloorProfileCalls                int
 	FloorShares                      ProfileShares
@@ -585,12 +586,14 @@ func (s *Shipped) Print(w io.Writer) {
 		}
 		if s.floorProfileErr != nil {
 			fmt.Fprintf(w, "floor chain's CPU profile: %v\n", s.floorProfileErr)
-		} else if s.profileErr == nil {
+		} else {
 			fs := s.FloorShares
 			fmt.Fprintf(w, "floor chain's CPU profile (%d s, %d calls at saturation): %s\n", s.ProfileSeconds, s.FloorProfileCalls, s.FloorProfile)
 			fmt.Fprintf(w, "%-44s %12s\n", "  serve's CPU per call in the profile", us(fs.Total))
 			fmt.Fprintf(w, "%-44s %12s\n", "  of which nats-server", us(fs.Server))
-			fmt.Fprintf(w, "%-44s %12s\n", "  nats-server's per call, toolgate's less this", us(s.Shares.Server-fs.Server))
+			if s.profileErr == nil {
+				fmt.Fprintf(w, "%-44s %12s\n", "  nats-server's per call, toolgate's less this", us(s.Shares.Server-fs.Server))
+			}
 		}
 	}
 }
