@@ -19,6 +19,10 @@ type ProfileShares struct {
 	Sign   time.Duration // of which Ed25519 signing
 	JSON   time.Duration // of which encoding/json and the faster decoders (goccy/go-json, segmentio/encoding/json)
 	Server time.Duration // in nats-server's code, the floor's share among it
+	// Kernel is serve's CPU per call over the profile's window as
+	// /proc counts it (user and system time), the measure goal 4 uses:
+	// beside Total it shows how much of that measure the profile sees.
+	Kernel time.Duration
 }
 
 // profileCategories name a sample by the functions on its stack.

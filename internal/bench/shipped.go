@@ -457,7 +457,7 @@ func agentTarget(ctx context.Context, url string, cred credentials, sessions int
 // returns how many calls ended meanwhile (by ended, a running count; the
 // calls offered, if it does not say) and the profile's shares per call.
 func profileServe(ctx context.Context, p *serveProc, t *target, path string, seconds, n, conc int, ended func() float64) (int, ProfileShares, error) {
-	calls, err := profileUnderLoad(ctx, p, t, path, seconds, n, conc, ended)
+	calls, cpu, err := profileUnderLoad(ctx, p, t, path, seconds, n, conc, ended)
 	if err != nil {
 		return calls, ProfileShares{}, err
 	}
@@ -466,17 +466,21 @@ func profileServe(ctx context.Context, p *serveProc, t *target, path string, sec
 		return calls, ProfileShares{}, err
 	}
 	sh, err := profileShares(b, calls)
+	if calls > 0 {
+		sh.Kernel = cpu / time.Duration(calls)
+	}
 	return calls, sh, err
 }
 
-func profileUnderLoad(ctx context.Context, p *serveProc, t *target, path string, seconds, n, conc int, ended func() float64) (int, error) {
+func profileUnderLoad(ctx context.Context, p *serveProc, t *target, path string, seconds, n, conc int, ended func() float64) (int, time.Duration, error) {
 	type fetched struct {
 		body  []byte
 		err   error
-		ended float64 // calls ended once the profile was done
+		ended float64       // calls ended once the profile was done
+		cpu   time.Duration // serve's CPU then, as the kernel counts it
 	}
 	got := make(chan fetched, 1)
-	before := ended()
+	before, cpu0 := ended(), p.cpu()
 	go func() {
 		c := http.Client{Timeout: time.Duration(seconds+30) * time.Second}
 		resp, err := c.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", p.prof, seconds))
@@ -491,23 +495,23 @@ func profileUnderLoad(ctx context.Context, p *serveProc, t *target, path string,
 		}
 		// Read as the window closes, not once the round of load under way
 		// ends, which may be seconds later.
-		got <- fetched{body: b, err: err, ended: ended()}
+		got <- fetched{body: b, err: err, ended: ended(), cpu: p.cpu()}
 	}()
 	calls := 0
 	for {
 		select {
 		case f := <-got:
 			if f.err != nil {
-				return calls, f.err
+				return calls, 0, f.err
 			}
 			if ended := int(f.ended - before); ended > 0 {
 				calls = ended
 			}
-			return calls, os.WriteFile(path, f.body, 0o644)
+			return calls, f.cpu - cpu0, os.WriteFile(path, f.body, 0o644)
 		default:
 		}
 		if _, err := t.saturate(ctx, "profile", n, conc); err != nil {
-			return calls, err
+			return calls, 0, err
 		}
 		calls += n
 	}
@@ -579,6 +583,7 @@ func (s *Shipped) Print(w io.Writer) {
 			fmt.Fprintf(w, "serve CPU profile (%d s, %d calls ended at saturation): %s (go tool pprof -top %s)\n", s.ProfileSeconds, s.ProfileCalls, s.Profile, s.Profile)
 			sh := s.Shares
 			fmt.Fprintf(w, "%-44s %12s\n", "  serve's CPU per call in the profile", us(sh.Total))
+			fmt.Fprintf(w, "%-44s %12s\n", "  the same window as the kernel counts it (4)", us(sh.Kernel))
 			fmt.Fprintf(w, "%-44s %12s\n", "  of which toolgate's stages and runner", us(sh.Stages))
 			fmt.Fprintf(w, "%-44s %12s\n", "  of which Ed25519 signing", us(sh.Sign))
 			fmt.Fprintf(w, "%-44s %12s\n", "  of which JSON (every caller)", us(sh.JSON))
@@ -590,11 +595,14 @@ func (s *Shipped) Print(w io.Writer) {
 			fs := s.FloorShares
 			fmt.Fprintf(w, "floor chain's CPU profile (%d s, %d calls at saturation): %s\n", s.ProfileSeconds, s.FloorProfileCalls, s.FloorProfile)
 			fmt.Fprintf(w, "%-44s %12s\n", "  serve's CPU per call in the profile", us(fs.Total))
+			fmt.Fprintf(w, "%-44s %12s\n", "  the same window as the kernel counts it (4)", us(fs.Kernel))
 			fmt.Fprintf(w, "%-44s %12s\n", "  of which nats-server", us(fs.Server))
 			if s.profileErr == nil {
 				fmt.Fprintf(w, "%-44s %12s\n", "  nats-server's per call, toolgate's less this", us(s.Shares.Server-fs.Server))
 			}
 		}
+		fmt.Fprintf(w, "(4) serve's user and system time from /proc over the profile's window, per call ended in it: the measure of\n")
+		fmt.Fprintf(w, "    the rounds above, read where the profile was taken\n")
 	}
 }
 

@@ -24,7 +24,7 @@ func Decode(data []byte) (*Invocation, error) {
 }
 
 // DecodeOwn reads an Invocation from bytes this process encoded with
-// encoding/json (runner.Handoff) and signed: valid JSON by construction,
+// Encode (runner.Handoff) and signed: valid JSON by construction,
 // which seal.Messages.Check vouches for, so the scanner's pass is skipped.
 // Whatever the fast decoder still refuses is read by encoding/json, as in
 // Decode.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,6 +20,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/client"
 	"github.com/toolgate/toolgate/internal/auditchain"
@@ -46,6 +49,8 @@ type served struct {
 	// chain counts the events audit's checkpoints covered, by where their
 	// leaves came from.
 	chain *prometheus.Registry
+	// metrics is where toolgate serves its metrics; "": nowhere.
+	metrics string
 }
 
 // chainCounted is a fresh count for a suite's audit checkpoints, and the
@@ -160,8 +165,10 @@ func runServed(t *testing.T, cfg node.Config) (*node.Node, string) {
 func serveEmbedded(t *testing.T) *served {
 	dir := t.TempDir()
 	reg, stage := chainCounted()
-	n, url := runServed(t, node.Config{Embedded: node.EmbeddedOptions{Listen: "127.0.0.1:-1", DataDir: dir}, Stage: stage})
-	return &served{urls: []string{url}, dataDir: dir, node: n, chain: reg}
+	metrics := freeAddr(t)
+	n, url := runServed(t, node.Config{Embedded: node.EmbeddedOptions{Listen: "127.0.0.1:-1", DataDir: dir}, Stage: stage,
+		MetricsAddr: metrics})
+	return &served{urls: []string{url}, dataDir: dir, node: n, chain: reg, metrics: metrics}
 }
 
 func TestServeNeverOpen(t *testing.T) {
@@ -915,6 +922,16 @@ func agentRoundTrip(t *testing.T, s *served) {
 		}
 		break
 	}
+	if s.metrics != "" {
+		// Every stage runs in this one process: each after validate took
+		// the invocation the stage before it handed on, not decoding it.
+		in := inMemory(t, s.metrics)
+		for _, st := range subjects.Stages[1:] {
+			if in[st] < 1 {
+				t.Errorf("stage %s took no hand-off in memory (%v)", st, in)
+			}
+		}
+	}
 	// A late reader gets the result by its subject: a direct get of the
 	// results stream, the one read of it an agent may make, and only of its
 	// own tenant's subjects.
@@ -1273,4 +1290,29 @@ func forgedHops(t *testing.T, s *served) {
 			})
 		})
 	}
+}
+
+// inMemory reads toolgate_stage_handoffs_in_memory_total by stage from
+// the metrics toolgate serves at addr.
+func inMemory(t *testing.T, addr string) map[string]float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, m := range families["toolgate_stage_handoffs_in_memory_total"].GetMetric() {
+		for _, l := range m.GetLabel() {
+			if l.GetName() == "stage" {
+				got[l.GetValue()] = m.GetCounter().GetValue()
+			}
+		}
+	}
+	return got
 }

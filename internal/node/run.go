@@ -538,6 +538,9 @@ func (r *run) startStages(ctx context.Context) (stop func(), err error) {
 	// process's calls is settled here, once.
 	capacity, tenantCap, slots := executeSlots(c)
 	c.Stage.Concurrency, c.Stage.TenantInFlight = capacity, tenantCap
+	// The stages of this process hand invocations to each other in memory
+	// as well as on the bus, so the reader need not decode what it reads.
+	handed := runner.NewHanded(c.Stages)
 	for _, name := range c.Stages {
 		if name == AuthCallout {
 			continue
@@ -570,7 +573,9 @@ func (r *run) startStages(ctx context.Context) (stop func(), err error) {
 		if name != subjects.Execute {
 			workers = c.InFlight
 		}
-		r.runners = append(r.runners, sn.Runner(name, st, workers, r.metrics))
+		rn := sn.Runner(name, st, workers, r.metrics)
+		rn.Handed = handed
+		r.runners = append(r.runners, rn)
 	}
 	return stop, nil
 }

@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/toolgate/toolgate/internal/envelope"
+	"github.com/toolgate/toolgate/api"
 )
 
 // Metrics are the Prometheus series the Runner maintains: per stage, per
@@ -29,6 +29,9 @@ type Metrics struct {
 	// deleteFailures counts failed attempts to delete a message from a
 	// work-queue stream (refused for want of the right, or timed out).
 	deleteFailures *prometheus.CounterVec
+	// inMemory counts the hand-offs a stage took as the invocation the
+	// stage before it left in this process (Handed), not decoding them.
+	inMemory *prometheus.CounterVec
 }
 
 // Outcome labels of toolgate_stage_messages_total.
@@ -84,8 +87,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Namespace: "toolgate", Subsystem: "sweep", Name: "delete_failures_total",
 			Help: "Failed attempts to delete a message from a work-queue stream, by stage and stream.",
 		}, []string{"stage", "stream"}),
+		inMemory: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "toolgate", Subsystem: "stage", Name: "handoffs_in_memory_total",
+			Help: "Hand-offs a stage read as the invocation the stage before it left in the same process, without decoding them.",
+		}, []string{"stage"}),
 	}
-	reg.MustRegister(m.messages, m.duration, m.inflight, m.finished, m.latency, m.swept, m.deleteFailures, buildInfo())
+	reg.MustRegister(m.messages, m.duration, m.inflight, m.finished, m.latency, m.swept, m.deleteFailures, m.inMemory, buildInfo())
 	return m
 }
 
@@ -105,20 +112,23 @@ func buildInfo() prometheus.Collector {
 	return g
 }
 
+// ending is what the metrics read of an invocation a stage has settled.
+type ending struct {
+	status   api.Status
+	ecode    string // its error's, if it failed
+	received time.Time
+}
+
 // observe records one settled message of stage and, when audit finalised
 // it, the invocation's outcome.
-func (m *Metrics) observe(stage, outcome string, inv *envelope.Invocation, took, sinceReceived time.Duration) {
+func (m *Metrics) observe(stage, outcome string, end ending, took, sinceReceived time.Duration) {
 	m.messages.WithLabelValues(stage, outcome).Inc()
 	m.duration.WithLabelValues(stage).Observe(took.Seconds())
-	if outcome != outcomeFinished || !inv.Status.Terminal() {
+	if outcome != outcomeFinished || !end.status.Terminal() {
 		return
 	}
-	code := ""
-	if inv.Error != nil {
-		code = inv.Error.ECode
-	}
-	m.finished.WithLabelValues(string(inv.Status), code).Inc()
-	if !inv.ReceivedAt.IsZero() && sinceReceived >= 0 {
-		m.latency.WithLabelValues(string(inv.Status)).Observe(sinceReceived.Seconds())
+	m.finished.WithLabelValues(string(end.status), end.ecode).Inc()
+	if !end.received.IsZero() && sinceReceived >= 0 {
+		m.latency.WithLabelValues(string(end.status)).Observe(sinceReceived.Seconds())
 	}
 }

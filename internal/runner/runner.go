@@ -2,7 +2,6 @@ package runner
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/envelope"
 	"github.com/toolgate/toolgate/internal/topology"
@@ -75,9 +75,14 @@ type Runner struct {
 	// subject signed is poison, whether the stage or its sweep meets it.
 	// ours reports a signature this process made.
 	Senders func(subject string, h nats.Header, data []byte) (ours bool, err error)
+	// Handed, when set, is shared by the Runners of this process: a
+	// hand-off to a stage read here leaves its invocation there, and a
+	// hand-off this process signed is taken from there, not decoded.
+	Handed *Handed
 
-	active  atomic.Int64 // unix nanoseconds of the last pull or settled message
-	waiting atomic.Int32 // workers waiting on the pull iterator, which pulls for them
+	inMemory prometheus.Counter // Metrics.inMemory of this stage, once Run starts
+	active   atomic.Int64       // unix nanoseconds of the last pull or settled message
+	waiting  atomic.Int32       // workers waiting on the pull iterator, which pulls for them
 }
 
 // Stalled reports why the stage takes no work, or "" while it does: it is
@@ -119,6 +124,9 @@ func (r *Runner) Run(ctx context.Context) error {
 		r.Log = slog.Default()
 	}
 	r.Log = r.Log.With("stage", r.Name)
+	if r.Metrics != nil {
+		r.inMemory = r.Metrics.inMemory.WithLabelValues(r.Name)
+	}
 	r.alive()
 	inputs := subjects.Inputs(r.Name)
 	consumers := make([]jetstream.Consumer, len(inputs))
@@ -370,7 +378,14 @@ func (r *Runner) decode(subject string, header nats.Header, data []byte, seq uin
 		}
 		if ours {
 			// Bytes this process's Handoff encoded, the only writer of
-			// pipeline subjects: valid JSON without a scan.
+			// pipeline subjects: valid JSON without a scan, and perhaps
+			// the invocation itself, handed on in this process.
+			if inv := r.Handed.take(header.Get(jetstream.MsgIDHeader), data); inv != nil {
+				if r.inMemory != nil {
+					r.inMemory.Inc()
+				}
+				return inv, nil
+			}
 			decode = decodeOwn
 		}
 	}
@@ -448,10 +463,16 @@ func (r *Runner) handle(msg jetstream.Msg, settling *sync.WaitGroup, release fun
 		api.Hop{Stage: r.Name, DurationUS: r.now().Sub(start).Microseconds()})
 	propagator.Inject(ctx, invCarrier{inv})
 
+	// What finish reads of inv, read now: once handed on within this
+	// process (Handed), inv belongs to the next stage.
+	end := ending{status: inv.Status, received: inv.ReceivedAt}
+	if inv.Error != nil {
+		end.ecode = inv.Error.ECode
+	}
 	finish := func(outcome string) {
 		if r.Metrics != nil {
 			now := r.now()
-			r.Metrics.observe(r.Name, outcome, inv, now.Sub(start), now.Sub(inv.ReceivedAt))
+			r.Metrics.observe(r.Name, outcome, end, now.Sub(start), now.Sub(end.received))
 		}
 		span.End()
 		release()
@@ -566,7 +587,8 @@ const publishTimeout = 10 * time.Second
 // once; the ack waits for all their acknowledgements, in the returned wait.
 func (r *Runner) apply(msg jetstream.Msg, inv *envelope.Invocation, s settlement, outs []stages.Output, perr error, early *announced) pendingSettle {
 	// Made only when something is logged: With formats its attributes.
-	log := func() *slog.Logger { return r.Log.With("invocation", inv.ID, "tenant", inv.Tenant) }
+	id, tenant := inv.ID, inv.Tenant
+	log := func() *slog.Logger { return r.Log.With("invocation", id, "tenant", tenant) }
 	switch s.act {
 	case actRetry:
 		if errors.Is(perr, stages.ErrOverQuota) {
@@ -613,6 +635,9 @@ func (r *Runner) apply(msg jetstream.Msg, inv *envelope.Invocation, s settlement
 		if s.next != subjects.Next(r.Name) {
 			outcome = outcomeEnded
 		}
+		// Held before it is sent, so the reader cannot get there first;
+		// from here on inv is not this Runner's.
+		r.Handed.put(s.next, o.MsgID, o.Data, inv)
 	}
 	fail := func(o stages.Output, err error) string {
 		log().Warn("publishing", "subject", o.Subject, "err", err)
@@ -661,7 +686,7 @@ func (r *Runner) apply(msg jetstream.Msg, inv *envelope.Invocation, s settlement
 
 // Handoff is the message that hands inv to stage next.
 func Handoff(inv *envelope.Invocation, next string) (stages.Output, error) {
-	data, err := json.Marshal(inv)
+	data, err := envelope.Encode(inv)
 	if err != nil {
 		return stages.Output{}, fmt.Errorf("encoding invocation: %w", err)
 	}

@@ -1,0 +1,156 @@
+package runner
+
+import (
+	"bytes"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/envelope"
+	"github.com/toolgate/toolgate/subjects"
+)
+
+func TestHandedGivesUpOnceAndOnlyTheSameBytes(t *testing.T) {
+	h := NewHanded([]string{subjects.Execute})
+	inv := &envelope.Invocation{ID: "i-1", Tenant: "acme"}
+	data := []byte(`{"id":"i-1"}`)
+	if h.put(subjects.Verify, "m-1", data, inv) {
+		t.Fatal("held a hand-off to a stage that does not read in this process")
+	}
+	failed := &envelope.Invocation{ID: "i-2", Error: api.NewError(api.InternalError, api.EInternal, "x")}
+	if h.put(subjects.Execute, "m-2", data, failed) {
+		t.Fatal("held an invocation that ended in an error")
+	}
+	if !h.put(subjects.Execute, "m-1", data, inv) {
+		t.Fatal("did not hold a hand-off to a stage read here")
+	}
+	if got := h.take("m-1", []byte(`{"id":"i-1","x":1}`)); got != nil {
+		t.Fatal("gave the invocation for other bytes under its id")
+	}
+	if got := h.take("m-1", bytes.Clone(data)); got != inv {
+		t.Fatalf("took %p, want the invocation handed on (%p)", got, inv)
+	}
+	if got := h.take("m-1", data); got != nil {
+		t.Fatal("gave the same invocation twice")
+	}
+	var none *Handed
+	if none.put(subjects.Execute, "m-3", data, inv) || none.take("m-3", data) != nil {
+		t.Fatal("a nil Handed held something")
+	}
+}
+
+func TestHandedStaysBounded(t *testing.T) {
+	h := NewHanded([]string{subjects.Execute})
+	small := []byte(`{}`)
+	for i := range handedMax + 10 {
+		h.put(subjects.Execute, fmt.Sprint("never-", i), small, &envelope.Invocation{})
+	}
+	if h.n != handedMax || len(h.held) != handedMax {
+		t.Fatalf("holds %d (%d in the map), want at most %d", h.n, len(h.held), handedMax)
+	}
+	if h.take("never-0", small) != nil || h.take(fmt.Sprint("never-", handedMax+9), small) == nil {
+		t.Fatal("did not drop the oldest first")
+	}
+
+	h = NewHanded([]string{subjects.Execute})
+	big := make([]byte, 1<<20)
+	for i := range 20 {
+		h.put(subjects.Execute, fmt.Sprint("big-", i), big, &envelope.Invocation{})
+	}
+	if h.size > handedMaxBytes {
+		t.Fatalf("holds %d bytes, over %d", h.size, handedMaxBytes)
+	}
+
+	// Taken at once, as in a process that reads every hand-off: the queue
+	// of keys does not grow with the calls.
+	h = NewHanded([]string{subjects.Execute})
+	for i := range 20 * handedMax {
+		id := fmt.Sprint("m-", i)
+		h.put(subjects.Execute, id, small, &envelope.Invocation{})
+		if h.take(id, small) == nil {
+			t.Fatal("did not take what was just held")
+		}
+	}
+	if h.n != 0 || h.size != 0 || len(h.queue) > 4*handedMax+64 {
+		t.Fatalf("after every hand-off was taken: %d held, %d bytes, %d keys queued", h.n, h.size, len(h.queue))
+	}
+}
+
+// publishedJS records what is published and acknowledges it at once.
+type publishedJS struct {
+	jetstream.JetStream
+	mu   sync.Mutex
+	msgs []*nats.Msg
+}
+
+func (j *publishedJS) PublishMsgAsync(m *nats.Msg, _ ...jetstream.PublishOpt) (jetstream.PubAckFuture, error) {
+	j.mu.Lock()
+	j.msgs = append(j.msgs, m)
+	j.mu.Unlock()
+	return ackedFuture{}, nil
+}
+
+// TestHandOffInProcess: a stage's hand-off to a stage of the same process
+// is taken by that stage's Runner as the invocation itself, which encodes
+// to exactly the bytes published; read as another process's, or by a
+// Runner without Handed, the same message is decoded.
+func TestHandOffInProcess(t *testing.T) {
+	handed := NewHanded([]string{subjects.Route, subjects.Execute})
+	js := &publishedJS{}
+	inv := &envelope.Invocation{ID: "i-1", Tenant: "acme", Status: api.StatusPending, ReceivedAt: time.Now().UTC(),
+		Request: &api.Request{ToolID: "echo", Parameters: []byte(`{"text":"hi"}`)}}
+	in, err := Handoff(inv, subjects.Route)
+	if err != nil {
+		t.Fatal(err)
+	}
+	route := &Runner{Name: subjects.Route, Stage: passStage{}, JS: js, AckWait: 30 * time.Second, MaxDeliver: 5,
+		Timeout: 30 * time.Second, Handed: handed}
+	var settling sync.WaitGroup
+	route.handle(&heldMsg{data: in.Data, md: &jetstream.MsgMetadata{NumDelivered: 1, Stream: subjects.StreamPipeline,
+		Sequence: jetstream.SequencePair{Stream: 9}}}, &settling, func() {})
+	settling.Wait()
+	if len(js.msgs) != 1 {
+		t.Fatalf("route published %d messages, want its hand-off", len(js.msgs))
+	}
+	// The server stores the hand-off with the message id it was published
+	// under (jetstream.WithMsgID), which readers find in its header.
+	out := js.msgs[0]
+	out.Header.Set(jetstream.MsgIDHeader, HopID(inv, subjects.Execute))
+	ours := func(string, nats.Header, []byte) (bool, error) { return true, nil }
+	var own int
+	decodeOwn = func(b []byte) (*envelope.Invocation, error) { own++; return envelope.DecodeOwn(b) }
+	t.Cleanup(func() { decodeOwn = envelope.DecodeOwn })
+
+	elsewhere := &Runner{Name: subjects.Execute, Stage: passStage{},
+		Senders: func(string, nats.Header, []byte) (bool, error) { return false, nil }, Handed: handed}
+	decoded, err := elsewhere.decode(out.Subject, out.Header, out.Data, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	execute := &Runner{Name: subjects.Execute, Stage: passStage{}, Senders: ours, Handed: handed}
+	got, err := execute.decode(out.Subject, out.Header, out.Data, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if own != 0 {
+		t.Fatalf("decoded the hand-off %d times, want it taken", own)
+	}
+	b, err := envelope.Encode(got)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(b, out.Data) {
+		t.Fatalf("the invocation taken encodes to\n%s\nnot what was published\n%s", b, out.Data)
+	}
+	if got == decoded || got.ID != decoded.ID || len(got.Metadata.Stages) != 1 || got.Metadata.Stages[0].Stage != subjects.Route {
+		t.Fatalf("taken %+v, decoded %+v", got, decoded)
+	}
+	// Read again (a redelivery), it is decoded: it was given up once.
+	if _, err := execute.decode(out.Subject, out.Header, out.Data, 10); err != nil || own != 1 {
+		t.Fatalf("a second read decoded %d times (err %v), want once", own, err)
+	}
+}
