@@ -48,6 +48,10 @@ type Shipped struct {
 	// ToolgateServeGC and FloorServeGC are the Go collector's share of it
 	// (zero from a serve that does not export it).
 	ToolgateServeGC, FloorServeGC time.Duration
+	// ToolgateAllocs and FloorAllocs are the serve process's heap
+	// allocations per call (zero from a serve that does not export them):
+	// counts, steady where the machine's speed is not.
+	ToolgateAllocs, FloorAllocs allocs
 	// Rounds are the floor's and toolgate's saturation series, measured
 	// in turn: the fields above hold the round of median own CPU, so one
 	// burst of disk or scheduler noise does not decide the figure.
@@ -85,7 +89,11 @@ type ShippedRound struct {
 	ToolgateServeCPU, FloorServeCPU time.Duration
 	ToolgateServeSys, FloorServeSys time.Duration
 	ToolgateServeGC, FloorServeGC   time.Duration
+	ToolgateAllocs, FloorAllocs     allocs
 }
+
+// allocs are heap allocations per call: objects and bytes.
+type allocs struct{ objects, bytes float64 }
 
 // shippedRounds is how many pairs measureShipped runs.
 const shippedRounds = 5
@@ -112,6 +120,7 @@ func (s *Shipped) useMedianRound() {
 	s.Toolgate, s.Floor, s.ToolgateServeCPU, s.FloorServeCPU = m.Toolgate, m.Floor, m.ToolgateServeCPU, m.FloorServeCPU
 	s.ToolgateServeSys, s.FloorServeSys = m.ToolgateServeSys, m.FloorServeSys
 	s.ToolgateServeGC, s.FloorServeGC = m.ToolgateServeGC, m.FloorServeGC
+	s.ToolgateAllocs, s.FloorAllocs = m.ToolgateAllocs, m.FloorAllocs
 }
 
 // ownCostBaseline is toolgate's CPU per call above the floor chain's, as
@@ -278,23 +287,39 @@ func (t *target) saturateServe(ctx context.Context, p *serveProc, name string, n
 
 // serveCost is the serve process's CPU per call during a series, with the
 // kernel's share (system time) and the Go collector's.
-type serveCost struct{ cpu, sys, gc time.Duration }
+type serveCost struct {
+	cpu, sys, gc time.Duration
+	allocs       allocs
+}
 
 // saturateServeCost is saturateServe with the shares of its CPU.
 func (t *target) saturateServeCost(ctx context.Context, p *serveProc, name string, n, conc int) (Result, serveCost, error) {
-	c0, s0, g0 := p.cpu(), p.sys(), p.gcCPU()
+	c0, s0 := p.cpu(), p.sys()
+	m0 := p.counters(gcCPUSeconds, mallocsTotal, allocBytesTotal)
 	r, err := t.saturate(ctx, name, n, conc)
 	if err != nil || r.Done == 0 {
 		return r, serveCost{}, err
 	}
+	c1, s1 := p.cpu(), p.sys()
+	m1 := p.counters(gcCPUSeconds, mallocsTotal, allocBytesTotal)
 	per := func(d time.Duration) time.Duration { return d / time.Duration(r.Done) }
-	return r, serveCost{cpu: per(p.cpu() - c0), sys: per(p.sys() - s0), gc: per(p.gcCPU() - g0)}, nil
+	calls := float64(r.Done)
+	return r, serveCost{cpu: per(c1 - c0), sys: per(s1 - s0), gc: per(time.Duration((m1[0] - m0[0]) * float64(time.Second))),
+		allocs: allocs{objects: (m1[1] - m0[1]) / calls, bytes: (m1[2] - m0[2]) / calls}}, nil
 }
+
+// Counters of serve's metrics the bench reads: the Go collector's CPU
+// time, and the heap allocations so far.
+const (
+	gcCPUSeconds    = "go_cpu_classes_gc_total_cpu_seconds_total"
+	mallocsTotal    = "go_memstats_mallocs_total"
+	allocBytesTotal = "go_memstats_alloc_bytes_total"
+)
 
 // gcCPU is the CPU time the serve process's Go collector has used so far,
 // as its metrics endpoint reports it; zero where it does not.
 func (p *serveProc) gcCPU() time.Duration {
-	return time.Duration(p.counter("go_cpu_classes_gc_total_cpu_seconds_total") * float64(time.Second))
+	return time.Duration(p.counter(gcCPUSeconds) * float64(time.Second))
 }
 
 // finished is how many calls serve has ended.
@@ -302,23 +327,29 @@ func (p *serveProc) finished() float64 { return p.counter("toolgate_invocations_
 
 // counter is the sum of a counter's series on serve's metrics, 0 when it
 // exports none.
-func (p *serveProc) counter(name string) float64 {
+func (p *serveProc) counter(name string) float64 { return p.counters(name)[0] }
+
+// counters are counter for each of names, from one reading of serve's
+// metrics.
+func (p *serveProc) counters(names ...string) []float64 {
+	sums := make([]float64, len(names))
 	c := http.Client{Timeout: 5 * time.Second}
 	resp, err := c.Get("http://" + p.metrics + "/metrics")
 	if err != nil {
-		return 0
+		return sums
 	}
 	defer resp.Body.Close()
 	parser := expfmt.NewTextParser(model.UTF8Validation)
 	families, err := parser.TextToMetricFamilies(resp.Body)
 	if err != nil {
-		return 0
+		return sums
 	}
-	sum := 0.0
-	for _, m := range families[name].GetMetric() {
-		sum += m.GetCounter().GetValue()
+	for i, name := range names {
+		for _, m := range families[name].GetMetric() {
+			sums[i] += m.GetCounter().GetValue()
+		}
 	}
-	return sum
+	return sums
 }
 
 // measureShipped starts `toolgate serve` from bin and measures it: the
@@ -388,8 +419,8 @@ func measureShipped(ctx context.Context, bin, dir string, n int, d time.Duration
 		if r.Toolgate, tc, err = tool.saturateServeCost(ctx, p, tool.name, n, publishers); err != nil {
 			return nil, fmt.Errorf("toolgate, saturation: %w", err)
 		}
-		r.FloorServeCPU, r.FloorServeSys, r.FloorServeGC = fc.cpu, fc.sys, fc.gc
-		r.ToolgateServeCPU, r.ToolgateServeSys, r.ToolgateServeGC = tc.cpu, tc.sys, tc.gc
+		r.FloorServeCPU, r.FloorServeSys, r.FloorServeGC, r.FloorAllocs = fc.cpu, fc.sys, fc.gc, fc.allocs
+		r.ToolgateServeCPU, r.ToolgateServeSys, r.ToolgateServeGC, r.ToolgateAllocs = tc.cpu, tc.sys, tc.gc, tc.allocs
 		calls.Add(int64(r.Toolgate.Done))
 		s.Rounds = append(s.Rounds, r)
 	}
@@ -567,6 +598,12 @@ func (s *Shipped) Print(w io.Writer) {
 			each = append(each, us(r.ownUserCPU()))
 		}
 		fmt.Fprintf(w, "%-44s %s\n", "  the same without system time (3)", strings.Join(each, " "))
+	}
+	if s.ToolgateAllocs.objects > 0 {
+		fmt.Fprintf(w, "%-44s %12s %12s\n", "heap allocations per call, serve process",
+			fmt.Sprintf("%.0f", s.ToolgateAllocs.objects), fmt.Sprintf("%.0f", s.FloorAllocs.objects))
+		fmt.Fprintf(w, "%-44s %12s %12s\n", "  their bytes", fmt.Sprintf("%.0fKiB", s.ToolgateAllocs.bytes/1024),
+			fmt.Sprintf("%.0fKiB", s.FloorAllocs.bytes/1024))
 	}
 	fmt.Fprintf(w, "%-44s %12.2f\n", "key-value reads (direct gets) per call", s.ReadsPerCall)
 	fmt.Fprintf(w, "%-44s %10.0fMiB\n", "serve's RSS after the saturation series", s.ServeRSSMiB)

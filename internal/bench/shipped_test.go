@@ -62,6 +62,11 @@ func TestShipped(t *testing.T) {
 	if s.startGC <= 0 {
 		t.Errorf("serve's metrics give its collector no CPU (go_cpu_classes_gc_total_cpu_seconds_total): the bench cannot show its share")
 	}
+	// Toolgate's calls allocate in serve where the floor's (the server's
+	// work only) allocate less: both counted.
+	if s.FloorAllocs.objects <= 0 || s.ToolgateAllocs.objects <= s.FloorAllocs.objects || s.ToolgateAllocs.bytes <= 0 {
+		t.Errorf("serve's heap allocations per call: toolgate %+v, floor %+v", s.ToolgateAllocs, s.FloorAllocs)
+	}
 	if s.ReadsPerCall != 0 {
 		t.Errorf("%.2f key-value reads per call, want none", s.ReadsPerCall)
 	}
