@@ -82,10 +82,11 @@ func (f *Front) Handler() http.Handler {
 				return
 			}
 			if len(body) <= mcp.DefaultMaxRequestBodyBytes {
-				if id, ok := parseCancelled(body); ok {
+				fields, _ := jsonFields(body) // read once for both
+				if id, ok := cancelledIn(fields); ok {
 					f.withdrawn.add(r.Header.Get("Mcp-Session-Id") + " " + id)
 				}
-				if m, ok := parseEnvelope(body); ok {
+				if m, ok := envelopeOf(fields); ok {
 					if m.unknown() {
 						methodNotFound(w, m.ID, *m.Method)
 						return
@@ -375,13 +376,27 @@ type envelope struct {
 // parseEnvelope reads a JSON-RPC request that is a call (has an id); a
 // notification, a response, a batch or anything else is not one.
 func parseEnvelope(body []byte) (envelope, bool) {
-	// The keys are matched exactly, as the SDK matches them: decoding into
-	// a struct would also take "ID" or "Method", and read a call where the
-	// SDK reads a notification, or a method the SDK does not.
-	var fields map[string]json.RawMessage
-	if json.Unmarshal(body, &fields) != nil {
+	fields, ok := jsonFields(body)
+	if !ok {
 		return envelope{}, false
 	}
+	return envelopeOf(fields)
+}
+
+// jsonFields are the members of a JSON-RPC message, by their exact keys.
+// The keys are matched exactly, as the SDK matches them: decoding into a
+// struct would also take "ID" or "Method", and read a call where the SDK
+// reads a notification, or a method the SDK does not.
+func jsonFields(body []byte) (map[string]json.RawMessage, bool) {
+	var fields map[string]json.RawMessage
+	if json.Unmarshal(body, &fields) != nil || fields == nil {
+		return nil, false
+	}
+	return fields, true
+}
+
+// envelopeOf is parseEnvelope of a message's members (jsonFields).
+func envelopeOf(fields map[string]json.RawMessage) (envelope, bool) {
 	var m envelope
 	rawMethod, hasMethod := fields["method"]
 	m.ID = fields["id"]
@@ -398,12 +413,9 @@ func (m envelope) unknown() bool {
 	return !serverMethods[*m.Method] && !strings.HasPrefix(*m.Method, "notifications/")
 }
 
-// parseCancelled reads the request id of a notifications/cancelled.
-func parseCancelled(body []byte) (string, bool) {
-	var fields map[string]json.RawMessage
-	if json.Unmarshal(body, &fields) != nil {
-		return "", false
-	}
+// cancelledIn reads the request id of a notifications/cancelled from its
+// members (jsonFields).
+func cancelledIn(fields map[string]json.RawMessage) (string, bool) {
 	var method string
 	if _, hasID := fields["id"]; hasID || json.Unmarshal(fields["method"], &method) != nil || method != "notifications/cancelled" {
 		return "", false
