@@ -148,16 +148,10 @@ type callReply struct {
 	dropped   bool
 }
 
-// cancelledCall reports whether b is the response event of a call the
-// client cancelled.
-func (c *callReply) cancelledCall(b []byte) bool {
-	if c.withdrawn == nil {
-		return false
-	}
-	if _, ok := responseEvent(b); !ok {
-		return false
-	}
-	return c.withdrawn.take(c.call)
+// cancelledCall reports whether a response event (isResponse) is that of
+// a call the client cancelled.
+func (c *callReply) cancelledCall(isResponse bool) bool {
+	return isResponse && c.withdrawn != nil && c.withdrawn.take(c.call)
 }
 
 var errReplied = errors.New("the response to this request has been sent")
@@ -184,16 +178,20 @@ func (c *callReply) Write(b []byte) (int, error) {
 	if c.finished {
 		return 0, errReplied
 	}
-	if c.cancelledCall(b) {
+	hold := !c.passing && c.event == nil && isEventStream(c.w.Header())
+	var data []byte
+	var isResponse bool
+	if hold || c.withdrawn != nil {
+		data, isResponse = responseEvent(b) // one parse for both questions
+	}
+	if c.cancelledCall(isResponse) {
 		c.dropped = true
 		return len(b), nil
 	}
-	if !c.passing && c.event == nil && isEventStream(c.w.Header()) {
-		if data, ok := responseEvent(b); ok {
-			c.event = bytes.Clone(b)
-			c.data = c.event[len(b)-len(data)-2 : len(b)-2]
-			return len(b), nil
-		}
+	if hold && isResponse {
+		c.event = bytes.Clone(b)
+		c.data = c.event[len(b)-len(data)-2 : len(b)-2]
+		return len(b), nil
 	}
 	c.passLocked()
 	return c.w.Write(b)
