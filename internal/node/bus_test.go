@@ -1296,7 +1296,8 @@ func forgedHops(t *testing.T, s *served) {
 // the metrics toolgate serves at addr.
 func inMemory(t *testing.T, addr string) map[string]float64 {
 	t.Helper()
-	resp, err := http.Get("http://" + addr + "/metrics")
+	c := http.Client{Timeout: 10 * time.Second}
+	resp, err := c.Get("http://" + addr + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
