@@ -57,6 +57,10 @@ type Options struct {
 	// ServeBinary, when set, is the toolgate executable whose serve the
 	// shipped series measures (another build); Binary otherwise.
 	ServeBinary string
+	// BaselineBinary, when set, is a build whose serve the shipped series
+	// measures in the same rounds, in turn with the one measured (the
+	// first shipped build: goal 4 halves its own CPU per call).
+	BaselineBinary string
 }
 
 // Result is one measured series.
@@ -142,7 +146,7 @@ func Run(ctx context.Context, o Options) (Report, error) {
 		if o.ServeBinary != "" {
 			bin = o.ServeBinary
 		}
-		s, err := measureShipped(ctx, bin, o.Dir, n, min(o.Duration, 5*time.Second), o.ServeProfile)
+		s, err := measureShipped(ctx, bin, o.Dir, n, min(o.Duration, 5*time.Second), o.ServeProfile, o.BaselineBinary)
 		if err != nil {
 			return rep, fmt.Errorf("shipped: %w", err)
 		}

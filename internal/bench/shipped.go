@@ -55,7 +55,12 @@ type Shipped struct {
 	// Rounds are the floor's and toolgate's saturation series, measured
 	// in turn: the fields above hold the round of median own CPU, so one
 	// burst of disk or scheduler noise does not decide the figure.
-	Rounds                  []ShippedRound
+	Rounds []ShippedRound
+	// Baseline, with BaselineBinary, are the same rounds of another
+	// build's serve (the first shipped build, for goal 4), run in turn
+	// with Rounds in the same run.
+	Baseline                []ShippedRound
+	BaselineBinary          string
 	Unloaded, UnloadedFloor Result
 	UnloadedRaw             Result
 	Half, HalfFloor         Result
@@ -124,9 +129,21 @@ func (s *Shipped) useMedianRound() {
 }
 
 // ownCostBaseline is toolgate's CPU per call above the floor chain's, as
-// `make bench` printed it when the shipped series was first measured (the
-// run in docs/performance.md, 2 cores): the figure the goal halves.
+// `make bench` printed it when the shipped series was first measured (one
+// run, docs/performance.md). Goal 4 halves the first shipped build's own
+// CPU; where that build is not measured in the same run (--baseline-binary)
+// the goal is read against this figure.
 const ownCostBaseline = 953 * time.Microsecond
+
+// medianOwn is the median of rounds' own CPU per call.
+func medianOwn(rounds []ShippedRound) time.Duration {
+	own := make([]time.Duration, len(rounds))
+	for i, r := range rounds {
+		own[i] = r.ownCPU()
+	}
+	slices.Sort(own)
+	return own[len(own)/2]
+}
 
 // LoadGen is this process's CPU per call while it offered load to
 // toolgate: publishing, and reading results.
@@ -358,46 +375,37 @@ func (p *serveProc) counters(names ...string) []float64 {
 // chain) on serve's own server in the same run. With profile set, it then
 // writes a CPU profile of the serve process under the same saturation
 // load there.
-func measureShipped(ctx context.Context, bin, dir string, n int, d time.Duration, profile string) (*Shipped, error) {
+func measureShipped(ctx context.Context, bin, dir string, n int, d time.Duration, profile, baseline string) (*Shipped, error) {
 	cred, err := newCredentials()
 	if err != nil {
 		return nil, err
 	}
-	p, args, err := startServe(ctx, bin, dir, cred, profile != "")
+	m, err := openServe(ctx, bin, dir, cred, profile != "")
 	if err != nil {
 		return nil, err
 	}
-	defer p.stop()
-	s := &Shipped{Args: args, shippedSessions: 1000, shippedUnloaded: 50, startGC: p.gcCPU()}
-
-	// The chains are set up by the operator, the one role that may create
-	// streams, with the credentials serve wrote into its data directory.
-	op, err := nats.Connect(p.url, nats.Name("toolgate-bench-operator"),
-		busauth.CredentialsOption(node.CredsPath(p.data, busauth.RoleOperator)))
-	if err != nil {
-		return nil, fmt.Errorf("operator: %w", err)
+	defer m.close()
+	p, floor, tool := m.p, m.floor, m.tool
+	s := &Shipped{Args: m.args, shippedSessions: 1000, shippedUnloaded: 50, startGC: p.gcCPU()}
+	var base *servedRounds
+	if baseline != "" {
+		// The build the goal is measured against, its own serve beside this
+		// one's: idle while the other is measured.
+		bdir := filepath.Join(dir, "baseline")
+		if err := os.MkdirAll(bdir, 0o700); err != nil {
+			return nil, err
+		}
+		if base, err = openServe(ctx, baseline, bdir, cred, false); err != nil {
+			return nil, fmt.Errorf("baseline %s: %w", baseline, err)
+		}
+		defer base.close()
+		s.BaselineBinary = baseline
 	}
-	defer op.Close()
-	raw, stopRaw, err := rawChain(ctx, op, 256, nil)
+	raw, stopRaw, err := rawChain(ctx, m.op, 256, nil)
 	if err != nil {
 		return nil, err
 	}
 	defer stopRaw()
-	floor, stopFloor, err := rawChain(ctx, op, 256, pipelineWrites)
-	if err != nil {
-		return nil, err
-	}
-	defer stopFloor()
-
-	// The load generator is an agent: its connection carries nothing but
-	// one of its capability tokens (connect.Options, as the command line
-	// and `toolgate mcp` connect).
-	tool, stopTool, agent, err := agentTarget(ctx, p.url, cred, s.shippedSessions)
-	if err != nil {
-		return nil, err
-	}
-	defer agent.Close()
-	defer stopTool()
 
 	const publishers = 64
 	if s.Raw, s.RawServeCPU, err = raw.saturateServe(ctx, p, raw.name, n, publishers); err != nil {
@@ -406,23 +414,33 @@ func measureShipped(ctx context.Context, bin, dir string, n int, d time.Duration
 	// Every read of a key-value store is a direct get request, which the
 	// operator sees.
 	var gets, calls atomic.Int64
-	gsub, err := op.Subscribe(subjects.DirectGetKV, func(*nats.Msg) { gets.Add(1) })
+	gsub, err := m.op.Subscribe(subjects.DirectGetKV, func(*nats.Msg) { gets.Add(1) })
 	if err != nil {
 		return nil, err
 	}
-	for range shippedRounds {
-		var r ShippedRound
-		var fc, tc serveCost
-		if r.Floor, fc, err = floor.saturateServeCost(ctx, p, floor.name, n, publishers); err != nil {
-			return nil, fmt.Errorf("floor chain, saturation: %w", err)
+	for i := range shippedRounds {
+		// With a baseline, the two builds take turns going first, so a
+		// drift of the machine's speed favours neither.
+		if base != nil && i%2 == 1 {
+			r, err := base.round(ctx, n, publishers)
+			if err != nil {
+				return nil, fmt.Errorf("baseline: %w", err)
+			}
+			s.Baseline = append(s.Baseline, r)
 		}
-		if r.Toolgate, tc, err = tool.saturateServeCost(ctx, p, tool.name, n, publishers); err != nil {
-			return nil, fmt.Errorf("toolgate, saturation: %w", err)
+		r, err := m.round(ctx, n, publishers)
+		if err != nil {
+			return nil, err
 		}
-		r.FloorServeCPU, r.FloorServeSys, r.FloorServeGC, r.FloorAllocs = fc.cpu, fc.sys, fc.gc, fc.allocs
-		r.ToolgateServeCPU, r.ToolgateServeSys, r.ToolgateServeGC, r.ToolgateAllocs = tc.cpu, tc.sys, tc.gc, tc.allocs
 		calls.Add(int64(r.Toolgate.Done))
 		s.Rounds = append(s.Rounds, r)
+		if base != nil && i%2 == 0 {
+			r, err := base.round(ctx, n, publishers)
+			if err != nil {
+				return nil, fmt.Errorf("baseline: %w", err)
+			}
+			s.Baseline = append(s.Baseline, r)
+		}
 	}
 	s.useMedianRound()
 	s.ServeRSSMiB = p.rss()
@@ -457,6 +475,78 @@ func measureShipped(ctx context.Context, bin, dir string, n int, d time.Duration
 			func() float64 { return float64(floor.done.Load()) })
 	}
 	return s, nil
+}
+
+// servedRounds is a serve process ready for the saturation rounds: the
+// floor chain on its server and an agent connected to it.
+type servedRounds struct {
+	p           *serveProc
+	args        []string
+	op          *nats.Conn // the operator's connection
+	floor, tool *target
+	closers     []func()
+}
+
+// openServe starts bin's serve in dir and connects the floor chain and the
+// agent to it.
+func openServe(ctx context.Context, bin, dir string, cred credentials, profile bool) (m *servedRounds, err error) {
+	p, args, err := startServe(ctx, bin, dir, cred, profile)
+	if err != nil {
+		return nil, err
+	}
+	m = &servedRounds{p: p, args: args, closers: []func(){p.stop}}
+	defer func() {
+		if err != nil {
+			m.close()
+		}
+	}()
+	// The chains are set up by the operator, the one role that may create
+	// streams, with the credentials serve wrote into its data directory.
+	if m.op, err = nats.Connect(p.url, nats.Name("toolgate-bench-operator"),
+		busauth.CredentialsOption(node.CredsPath(p.data, busauth.RoleOperator))); err != nil {
+		return nil, fmt.Errorf("operator: %w", err)
+	}
+	m.closers = append(m.closers, m.op.Close)
+	floor, stopFloor, err := rawChain(ctx, m.op, 256, pipelineWrites)
+	if err != nil {
+		return nil, err
+	}
+	m.floor = floor
+	m.closers = append(m.closers, stopFloor)
+	// The load generator is an agent: its connection carries nothing but
+	// one of its capability tokens (connect.Options, as the command line
+	// and `toolgate mcp` connect).
+	tool, stopTool, agent, err := agentTarget(ctx, p.url, cred, 1000)
+	if err != nil {
+		return nil, err
+	}
+	m.tool = tool
+	m.closers = append(m.closers, agent.Close, stopTool)
+	return m, nil
+}
+
+// close undoes openServe, last opened first.
+func (m *servedRounds) close() {
+	for i := len(m.closers) - 1; i >= 0; i-- {
+		m.closers[i]()
+	}
+}
+
+// round is one pair of saturation series on m: the floor chain's, then
+// toolgate's.
+func (m *servedRounds) round(ctx context.Context, n, conc int) (ShippedRound, error) {
+	var r ShippedRound
+	var fc, tc serveCost
+	var err error
+	if r.Floor, fc, err = m.floor.saturateServeCost(ctx, m.p, m.floor.name, n, conc); err != nil {
+		return r, fmt.Errorf("floor chain, saturation: %w", err)
+	}
+	if r.Toolgate, tc, err = m.tool.saturateServeCost(ctx, m.p, m.tool.name, n, conc); err != nil {
+		return r, fmt.Errorf("toolgate, saturation: %w", err)
+	}
+	r.FloorServeCPU, r.FloorServeSys, r.FloorServeGC, r.FloorAllocs = fc.cpu, fc.sys, fc.gc, fc.allocs
+	r.ToolgateServeCPU, r.ToolgateServeSys, r.ToolgateServeGC, r.ToolgateAllocs = tc.cpu, tc.sys, tc.gc, tc.allocs
+	return r, nil
 }
 
 // agentTarget is pipelineTarget on a connection of its own made the way
@@ -581,23 +671,34 @@ func (s *Shipped) Print(w io.Writer) {
 	fmt.Fprintf(w, "%-44s %12s %12s %12s\n", "CPU per call, bench process", us(s.Toolgate.CPUPerCall), us(s.Floor.CPUPerCall), us(s.Raw.CPUPerCall))
 	fmt.Fprintf(w, "%-44s %12s %12s\n", "CPU per call, toolgate / floor (1)", us(s.ToolgateServeCPU), us(s.FloorCPU()))
 	own := s.OwnCPU()
-	if ownCostBaseline > 0 {
+	eachRound := func(rounds []ShippedRound, f func(ShippedRound) time.Duration) string {
+		var each []string
+		for _, r := range rounds {
+			each = append(each, us(f(r)))
+		}
+		return strings.Join(each, " ")
+	}
+	if len(s.Baseline) > 0 {
+		fmt.Fprintf(w, "%-44s %12s\n", "toolgate's own CPU per call (2)", us(own))
+	} else {
 		fmt.Fprintf(w, "%-44s %12s %12s %12s %8.2f %8s  %s\n", "toolgate's own CPU per call (2)", us(own), "", "",
 			float64(own)/float64(ownCostBaseline), "<=0.50", verdict(2*own <= ownCostBaseline))
-	} else {
-		fmt.Fprintf(w, "%-44s %12s %12s %12s %8s %8s  %s\n", "toolgate's own CPU per call (2)", us(own), "", "", "", "halve", "no baseline recorded")
 	}
 	if len(s.Rounds) > 1 {
-		var each []string
-		for _, r := range s.Rounds {
-			each = append(each, us(r.ownCPU()))
+		fmt.Fprintf(w, "%-44s %s (the median is above)\n", "  own CPU per call, each floor/toolgate round", eachRound(s.Rounds, ShippedRound.ownCPU))
+		fmt.Fprintf(w, "%-44s %s\n", "  the same without system time (3)", eachRound(s.Rounds, ShippedRound.ownUserCPU))
+	}
+	if len(s.Baseline) > 0 {
+		b := medianOwn(s.Baseline)
+		fmt.Fprintf(w, "%-44s %12s %12s %12s %8.2f %8s  %s\n", "the baseline build's, same rounds (5)", us(b), "", "",
+			float64(own)/float64(max(b, 1)), "<=0.50", verdict(2*own <= b))
+		fmt.Fprintf(w, "%-44s %s\n", "  each of its rounds", eachRound(s.Baseline, ShippedRound.ownCPU))
+		fmt.Fprintf(w, "%-44s %s\n", "  the same without system time (3)", eachRound(s.Baseline, ShippedRound.ownUserCPU))
+		var obj []string
+		for _, r := range s.Baseline {
+			obj = append(obj, fmt.Sprintf("%.0f", r.ToolgateAllocs.objects))
 		}
-		fmt.Fprintf(w, "%-44s %s (the median is above)\n", "  own CPU per call, each floor/toolgate round", strings.Join(each, " "))
-		each = each[:0]
-		for _, r := range s.Rounds {
-			each = append(each, us(r.ownUserCPU()))
-		}
-		fmt.Fprintf(w, "%-44s %s\n", "  the same without system time (3)", strings.Join(each, " "))
+		fmt.Fprintf(w, "%-44s %s\n", "  its heap allocations per call, each round", strings.Join(obj, " "))
 	}
 	if s.ToolgateAllocs.objects > 0 {
 		fmt.Fprintf(w, "%-44s %12s %12s\n", "heap allocations per call, serve process",
@@ -609,9 +710,18 @@ func (s *Shipped) Print(w io.Writer) {
 	fmt.Fprintf(w, "%-44s %10.0fMiB\n", "serve's RSS after the saturation series", s.ServeRSSMiB)
 	fmt.Fprintf(w, "(1) toolgate: the serve process alone; floor: the server's share in the serve process plus its hops' in the bench\n")
 	fmt.Fprintf(w, "    process, less the bench's own load-generator cost per call (%s, measured offering load to toolgate)\n", us(s.LoadGen()))
-	fmt.Fprintf(w, "(2) toolgate's CPU per call minus the floor's; goal 4: half of %s, its figure when first measured\n", us(ownCostBaseline))
+	if len(s.Baseline) > 0 {
+		fmt.Fprintf(w, "(2) toolgate's CPU per call minus the floor's; goal 4: half of the baseline build's (5)\n")
+	} else {
+		fmt.Fprintf(w, "(2) toolgate's CPU per call minus the floor's; goal 4: half of %s, the first shipped build's figure when first\n", us(ownCostBaseline))
+		fmt.Fprintf(w, "    measured, in another run (--baseline-binary measures that build in this one, as make bench does)\n")
+	}
 	fmt.Fprintf(w, "(3) serve's user time per call minus the floor's (its server's user time and its hops' CPU): both make the same\n")
 	fmt.Fprintf(w, "    durable writes, whose kernel time swings with the disk from round to round\n")
+	if len(s.Baseline) > 0 {
+		fmt.Fprintf(w, "(5) the median own CPU of the same rounds of `%s serve`, its own process beside this one's,\n", s.BaselineBinary)
+		fmt.Fprintf(w, "    the two builds taking turns (make bench measures the first shipped build there, whose figure goal 4 halves)\n")
+	}
 	fmt.Fprintf(w, "%-44s %12s  %s\n", "goal 3: bench what ships", "", verdict(s.Toolgate.Done == s.Toolgate.Sent && s.Toolgate.Done > 0))
 	if s.Profile != "" {
 		if s.profileErr != nil {

@@ -44,7 +44,10 @@ func TestShipped(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	s, err := measureShipped(ctx, buildToolgate(t), t.TempDir(), 100, time.Second, "")
+	// The same build stands in for the baseline: its rounds are measured
+	// in turn with the others on a serve of its own.
+	bin := buildToolgate(t)
+	s, err := measureShipped(ctx, bin, t.TempDir(), 100, time.Second, "", bin)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,8 +56,13 @@ func TestShipped(t *testing.T) {
 			t.Errorf("%s: %d of %d calls completed", r.Name, r.Done, r.Sent)
 		}
 	}
-	if len(s.Rounds) != shippedRounds {
-		t.Errorf("%d saturation rounds, want %d", len(s.Rounds), shippedRounds)
+	if len(s.Rounds) != shippedRounds || len(s.Baseline) != shippedRounds {
+		t.Errorf("%d saturation rounds and %d of the baseline, want %d each", len(s.Rounds), len(s.Baseline), shippedRounds)
+	}
+	for i, r := range s.Baseline {
+		if r.Toolgate.Done != r.Toolgate.Sent || r.ToolgateServeCPU <= 0 || r.FloorServeCPU <= 0 {
+			t.Errorf("baseline round %d: %d of %d calls, serve CPU %v, floor's %v", i, r.Toolgate.Done, r.Toolgate.Sent, r.ToolgateServeCPU, r.FloorServeCPU)
+		}
 	}
 	if s.ToolgateServeCPU <= 0 || s.FloorServeCPU <= 0 {
 		t.Errorf("serve's CPU per call not counted: toolgate %v, floor %v", s.ToolgateServeCPU, s.FloorServeCPU)
