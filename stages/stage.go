@@ -181,6 +181,9 @@ func Transient(err error, delay time.Duration) error {
 
 // IsTransient reports whether err was marked Transient, and its delay.
 func IsTransient(err error) (time.Duration, bool) {
+	if err == nil {
+		return 0, false
+	}
 	var t *transient
 	if errors.As(err, &t) {
 		return t.delay, true
@@ -193,12 +196,39 @@ func IsTransient(err error) (time.Duration, bool) {
 // Runner logs it quietly.
 var ErrOverQuota = errors.New("the tenant has its quota of calls in flight")
 
-type deliveryKey struct{}
+// receivedKey holds the received message's facts on a context: one
+// value, so the Runner adds them to each message's context at once.
+type receivedKey struct{}
+
+// received is the message being processed: its delivery and the
+// consumer's limit, and which stored message it is.
+type received struct {
+	delivered, max int
+	stream         string
+	seq            uint64
+	size           int
+}
+
+func receivedOf(ctx context.Context) received {
+	m, _ := ctx.Value(receivedKey{}).(*received)
+	if m == nil {
+		return received{}
+	}
+	return *m
+}
+
+// WithMessage records on ctx what WithDelivery and WithInput record, in one
+// value; the Runner calls it.
+func WithMessage(ctx context.Context, delivered, max int, stream string, seq uint64, size int) context.Context {
+	return context.WithValue(ctx, receivedKey{}, &received{delivered: delivered, max: max, stream: stream, seq: seq, size: size})
+}
 
 // WithDelivery records on ctx that the message being processed is delivery
-// number delivered of at most max (0: no limit); the Runner calls it.
+// number delivered of at most max (0: no limit).
 func WithDelivery(ctx context.Context, delivered, max int) context.Context {
-	return context.WithValue(ctx, deliveryKey{}, [2]int{delivered, max})
+	m := receivedOf(ctx)
+	m.delivered, m.max = delivered, max
+	return context.WithValue(ctx, receivedKey{}, &m)
 }
 
 // Delivery returns the delivery number of the message being processed and
@@ -206,24 +236,17 @@ func WithDelivery(ctx context.Context, delivered, max int) context.Context {
 // back for a reason other than failure (a tenant's quota) uses it to stop
 // before the limit would end the call.
 func Delivery(ctx context.Context) (delivered, max int) {
-	d, _ := ctx.Value(deliveryKey{}).([2]int)
-	return d[0], d[1]
-}
-
-type inputKey struct{}
-
-// input is the stored message being processed.
-type input struct {
-	stream string
-	seq    uint64
-	size   int
+	m := receivedOf(ctx)
+	return m.delivered, m.max
 }
 
 // WithInput records on ctx which stored message is being processed: its
 // stream and stream sequence, the same on every redelivery, and its size
-// in bytes; the Runner calls it.
+// in bytes.
 func WithInput(ctx context.Context, stream string, seq uint64, size int) context.Context {
-	return context.WithValue(ctx, inputKey{}, input{stream: stream, seq: seq, size: size})
+	m := receivedOf(ctx)
+	m.stream, m.seq, m.size = stream, seq, size
+	return context.WithValue(ctx, receivedKey{}, &m)
 }
 
 // Input names the stored message being processed ("STREAM:seq"), or ""
@@ -231,18 +254,17 @@ func WithInput(ctx context.Context, stream string, seq uint64, size int) context
 // that a redelivery of that message is told from a second message that
 // tries to end the same invocation.
 func Input(ctx context.Context) string {
-	in, ok := ctx.Value(inputKey{}).(input)
-	if !ok {
+	m := receivedOf(ctx)
+	if m.stream == "" {
 		return ""
 	}
-	return in.stream + ":" + strconv.FormatUint(in.seq, 10)
+	return m.stream + ":" + strconv.FormatUint(m.seq, 10)
 }
 
 // InputSize is the size of the message being processed (its data), or 0
 // outside a Runner.
 func InputSize(ctx context.Context) int {
-	in, _ := ctx.Value(inputKey{}).(input)
-	return in.size
+	return receivedOf(ctx).size
 }
 
 // Gate is implemented by a stage that can put a message back before it is

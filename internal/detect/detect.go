@@ -295,8 +295,20 @@ func (e *Engine) RedactJSON(doc []byte, ds ...Detector) ([]byte, []Finding, erro
 
 // EscapeJSON HTML-escapes the strings of doc in which ds fire.
 func (e *Engine) EscapeJSON(doc []byte, ds ...Detector) ([]byte, []Finding, error) {
-	return e.rewriteJSON(doc, ds, func(s string, _ []Finding) string { return htmlEscaper.Replace(s) })
+	return e.rewriteJSON(doc, ds, escape)
 }
+
+// RedactDoc is RedactJSON of d, which it rewrites when it finds something.
+func (e *Engine) RedactDoc(d *Doc, ds ...Detector) ([]Finding, error) {
+	return e.rewriteDoc(d, ds, func(s string, fs []Finding) string { return redact(s, fs) })
+}
+
+// EscapeDoc is EscapeJSON of d, which it rewrites when it finds something.
+func (e *Engine) EscapeDoc(d *Doc, ds ...Detector) ([]Finding, error) {
+	return e.rewriteDoc(d, ds, escape)
+}
+
+func escape(s string, _ []Finding) string { return htmlEscaper.Replace(s) }
 
 var htmlEscaper = strings.NewReplacer("&", "&amp;", "<", "&lt;", ">", "&gt;", `"`, "&#34;", "'", "&#39;")
 

@@ -39,7 +39,39 @@ const (
 // and arrays of byte values that spell one. A finding's Path never holds
 // the text found: a member name that is a secret appears in it redacted.
 func (e *Engine) ScanJSON(doc []byte, ds ...Detector) ([]Finding, error) {
-	v, err := decode(doc)
+	return e.ScanDoc(NewDoc(doc), ds...)
+}
+
+// Doc is a JSON document read by several passes (ScanDoc, RedactDoc,
+// EscapeDoc): decoded once, and again only after a pass rewrote it.
+type Doc struct {
+	raw []byte
+	v   any // raw decoded, once a pass needed it
+}
+
+// NewDoc is the document raw, not yet decoded.
+func NewDoc(raw []byte) *Doc { return &Doc{raw: raw} }
+
+// Bytes is the document as the last pass left it.
+func (d *Doc) Bytes() []byte { return d.raw }
+
+// tree is the decoded document. A walk that finds nothing leaves it as it
+// was, so the next pass reads the same tree.
+func (d *Doc) tree() (any, error) {
+	if d.v != nil {
+		return d.v, nil
+	}
+	v, err := decode(d.raw)
+	if err != nil {
+		return nil, err
+	}
+	d.v = v
+	return v, nil
+}
+
+// ScanDoc is ScanJSON of d.
+func (e *Engine) ScanDoc(d *Doc, ds ...Detector) ([]Finding, error) {
+	v, err := d.tree()
 	if err != nil {
 		return nil, err
 	}
@@ -49,17 +81,29 @@ func (e *Engine) ScanJSON(doc []byte, ds ...Detector) ([]Finding, error) {
 }
 
 func (e *Engine) rewriteJSON(doc []byte, ds []Detector, fix func(string, []Finding) string) ([]byte, []Finding, error) {
-	v, err := decode(doc)
+	d := NewDoc(doc)
+	found, err := e.rewriteDoc(d, ds, fix)
+	return d.raw, found, err
+}
+
+// rewriteDoc walks d with fix; when it found something, d becomes the
+// rewritten document, decoded anew by the pass after.
+func (e *Engine) rewriteDoc(d *Doc, ds []Detector, fix func(string, []Finding) string) ([]Finding, error) {
+	v, err := d.tree()
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	w := walker{e: e, ds: ds, fix: fix}
 	v = w.value(v, "", false, "")
 	if len(w.found) == 0 {
-		return doc, nil, nil
+		return nil, nil
 	}
 	out, err := json.Marshal(v)
-	return out, w.found, err
+	if err != nil {
+		return w.found, err
+	}
+	d.raw, d.v = out, nil
+	return w.found, nil
 }
 
 // walker scans a decoded document and, when fix is set, replaces what it

@@ -81,8 +81,11 @@ type Runner struct {
 	Handed *Handed
 
 	inMemory prometheus.Counter // Metrics.inMemory of this stage, once Run starts
-	active   atomic.Int64       // unix nanoseconds of the last pull or settled message
-	waiting  atomic.Int32       // workers waiting on the pull iterator, which pulls for them
+	inflight prometheus.Gauge   // Metrics.inflight of this stage, once Run starts
+	tracer   trace.Tracer       // set by Run, with the name of its spans
+	spanName string
+	active   atomic.Int64 // unix nanoseconds of the last pull or settled message
+	waiting  atomic.Int32 // workers waiting on the pull iterator, which pulls for them
 }
 
 // Stalled reports why the stage takes no work, or "" while it does: it is
@@ -126,7 +129,9 @@ func (r *Runner) Run(ctx context.Context) error {
 	r.Log = r.Log.With("stage", r.Name)
 	if r.Metrics != nil {
 		r.inMemory = r.Metrics.inMemory.WithLabelValues(r.Name)
+		r.inflight = r.Metrics.inflight.WithLabelValues(r.Name)
 	}
+	r.tracer, r.spanName = otel.Tracer(tracerName), "toolgate."+r.Name
 	r.alive()
 	inputs := subjects.Inputs(r.Name)
 	consumers := make([]jetstream.Consumer, len(inputs))
@@ -409,8 +414,8 @@ func (r *Runner) finalises() bool {
 // settled, which may be later, on a goroutine counted in settling.
 func (r *Runner) handle(msg jetstream.Msg, settling *sync.WaitGroup, release func()) {
 	start := r.now()
-	if r.Metrics != nil {
-		g := r.Metrics.inflight.WithLabelValues(r.Name)
+	if r.inflight != nil {
+		g := r.inflight
 		g.Inc()
 		inner := release
 		release = func() { g.Dec(); inner() }
@@ -430,11 +435,18 @@ func (r *Runner) handle(msg jetstream.Msg, settling *sync.WaitGroup, release fun
 	}
 
 	parent := propagator.Extract(context.Background(), invCarrier{inv})
-	ctx, span := otel.Tracer(tracerName).Start(parent, "toolgate."+r.Name,
-		trace.WithSpanKind(trace.SpanKindConsumer),
-		trace.WithAttributes(attribute.String("toolgate.invocation_id", inv.ID),
+	tracer, spanName := r.tracer, r.spanName
+	if tracer == nil { // handled outside Run
+		tracer, spanName = otel.Tracer(tracerName), "toolgate."+r.Name
+	}
+	ctx, span := tracer.Start(parent, spanName, consumerSpan)
+	if span.IsRecording() {
+		// Only a configured tracer records: without one, a span costs
+		// nothing but its context.
+		span.SetAttributes(attribute.String("toolgate.invocation_id", inv.ID),
 			attribute.String("toolgate.tenant", inv.Tenant),
-			attribute.Int("toolgate.delivery", int(md.NumDelivered))))
+			attribute.Int("toolgate.delivery", int(md.NumDelivered)))
+	}
 	if inv.Origin.TraceParent == "" {
 		// Fixed at the first hop: the caller's context, or this span's when
 		// the caller sent none, so every event names the same trace.
@@ -451,7 +463,7 @@ func (r *Runner) handle(msg jetstream.Msg, settling *sync.WaitGroup, release fun
 	if derr != nil {
 		inv.Fail(r.Name, derr)
 	} else {
-		pctx := stages.WithInput(stages.WithDelivery(ctx, int(md.NumDelivered), r.MaxDeliver), md.Stream, md.Sequence.Stream, len(msg.Data()))
+		pctx := stages.WithMessage(ctx, int(md.NumDelivered), r.MaxDeliver, md.Stream, md.Sequence.Stream, len(msg.Data()))
 		early = &announced{}
 		outs, perr = r.process(pctx, msg, inv, early)
 	}
@@ -757,6 +769,9 @@ func (r *Runner) poison(msg jetstream.Msg, md *jetstream.MsgMetadata, cause erro
 }
 
 const tracerName = "github.com/toolgate/toolgate/stages"
+
+// consumerSpan is the option every stage span starts with.
+var consumerSpan = trace.WithSpanKind(trace.SpanKindConsumer)
 
 // invCarrier exposes an invocation's trace context to the propagator.
 type invCarrier struct{ inv *envelope.Invocation }

@@ -299,13 +299,16 @@ func (v *Verifier) sanitize(ctx context.Context, m *tools.Manifest, pol tools.Ou
 		return ds[i] < ds[j]
 	})
 	eng := v.cfg.Detectors
+	// One decoded document for every detector: decoded again only after
+	// a detector rewrote it.
+	doc := detect.NewDoc(result)
 	for _, d := range ds {
 		var found []detect.Finding
 		var err error
 		switch actions[d] {
 		case ActionReject:
-			if found, err = eng.ScanJSON(result, d); err == nil && len(found) == 0 && d == detect.PromptInjection {
-				found = v.classify(ctx, inv, result)
+			if found, err = eng.ScanDoc(doc, d); err == nil && len(found) == 0 && d == detect.PromptInjection {
+				found = v.classify(ctx, inv, doc.Bytes())
 			}
 			if err == nil && len(found) > 0 {
 				f := found[0]
@@ -315,12 +318,12 @@ func (v *Verifier) sanitize(ctx context.Context, m *tools.Manifest, pol tools.Ou
 					WithDetail("rule", f.Rule).WithDetail("detector", d).WithDetail("rules_version", eng.Version())
 			}
 		case ActionRedact:
-			result, found, err = eng.RedactJSON(result, d)
+			found, err = eng.RedactDoc(doc, d)
 		case ActionEscape:
-			result, found, err = eng.EscapeJSON(result, d)
+			found, err = eng.EscapeDoc(doc, d)
 		default:
-			if found, err = eng.ScanJSON(result, d); err == nil && len(found) == 0 && d == detect.PromptInjection {
-				found = v.classify(ctx, inv, result)
+			if found, err = eng.ScanDoc(doc, d); err == nil && len(found) == 0 && d == detect.PromptInjection {
+				found = v.classify(ctx, inv, doc.Bytes())
 			}
 		}
 		if err != nil {
@@ -332,7 +335,7 @@ func (v *Verifier) sanitize(ctx context.Context, m *tools.Manifest, pol tools.Ou
 				fmt.Sprintf("%d %s finding(s) in the result: %s", len(found), strings.ReplaceAll(string(d), "_", " "), pastTense(actions[d])))
 		}
 	}
-	return result, nil
+	return doc.Bytes(), nil
 }
 
 // actions merges the defaults, the manifest's actions and the tenant's:
