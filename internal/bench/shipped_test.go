@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"os"
+	"strings"
 	"testing"
 	"time"
 )
@@ -92,4 +93,55 @@ func TestMedianRound(t *testing.T) {
 	if s.ToolgateServeCPU != 500*time.Microsecond || s.OwnCPU() != 400*time.Microsecond || s.Toolgate.Name != "500µs" {
 		t.Errorf("median round: serve %v, own %v, series %q; want 500µs, 400µs, 500µs", s.ToolgateServeCPU, s.OwnCPU(), s.Toolgate.Name)
 	}
+}
+
+// TestGoalFourFromProfiles: with both builds profiled, goal 4 is read from
+// their CPU outside nats-server, not from the rounds, whose store costs
+// swing with the disk.
+func TestGoalFourFromProfiles(t *testing.T) {
+	us := time.Microsecond
+	round := func(serve time.Duration) ShippedRound {
+		return ShippedRound{ToolgateServeCPU: serve, FloorServeCPU: 1000 * us}
+	}
+	s := &Shipped{
+		Rounds:   []ShippedRound{round(3000 * us)},
+		Baseline: []ShippedRound{round(2500 * us)}, BaselineBinary: "first",
+		Profile: "serve.prof",
+		// toolgate: 1300 outside the server, the floor 200: own 1100.
+		Shares: ProfileShares{Total: 4000 * us, Server: 2700 * us}, FloorShares: ProfileShares{Total: 3200 * us, Server: 3000 * us},
+		// the baseline: 2500 outside, its floor 100: own 2400.
+		BaselineShares: ProfileShares{Total: 5300 * us, Server: 2800 * us}, BaselineFloorShares: ProfileShares{Total: 3100 * us, Server: 3000 * us},
+	}
+	s.useMedianRound()
+	if got := ownOutsideServer(s.Shares, s.FloorShares); got != 1100*us {
+		t.Fatalf("own outside the server = %v, want 1.1ms", got)
+	}
+	var b strings.Builder
+	s.Print(&b)
+	out := b.String()
+	for _, want := range []string{"the baseline build's, same rounds (5)", "(goal 4: see (6))"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("no %q in:\n%s", want, out)
+		}
+	}
+	line := lineWith(out, "the baseline build's, profiled alike (6)")
+	if !strings.Contains(line, "2400µs") || !strings.Contains(line, "0.46") || !strings.HasSuffix(line, " met") {
+		t.Errorf("goal 4 line %q: want the baseline's 2400µs, ratio 0.46, met", line)
+	}
+	// Without the baseline's profiles the rounds decide.
+	s.BaselineShares = ProfileShares{}
+	b.Reset()
+	s.Print(&b)
+	if line := lineWith(b.String(), "the baseline build's, same rounds (5)"); !strings.HasSuffix(line, "NOT MET") {
+		t.Errorf("rounds line %q: own 2000µs against 1500µs is NOT MET", line)
+	}
+}
+
+func lineWith(out, s string) string {
+	for _, l := range strings.Split(out, "\n") {
+		if strings.Contains(l, s) {
+			return strings.TrimSpace(l)
+		}
+	}
+	return ""
 }
