@@ -14,6 +14,8 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nkeys"
@@ -158,6 +160,34 @@ func LoadTokenKey(dataDir string) (*[tokenKeyBytes]byte, error) {
 // a reader checks a signed message's subject against, so a stage's key
 // vouches only for what its role may send.
 func MayPublish(role Role, subject string) bool {
+	k := publishRight{role, subject}
+	if ok, seen := mayPublish.Load(k); seen {
+		return ok.(bool)
+	}
+	ok := mayPublishNow(role, subject)
+	// Every hop of every call asks: the answers are kept, up to a bound
+	// that tenants' subjects cannot push memory past.
+	if mayPublishN.Load() < mayPublishMax {
+		if _, loaded := mayPublish.LoadOrStore(k, ok); !loaded {
+			mayPublishN.Add(1)
+		}
+	}
+	return ok
+}
+
+type publishRight struct {
+	role    Role
+	subject string
+}
+
+var (
+	mayPublish  sync.Map // publishRight → bool
+	mayPublishN atomic.Int64
+)
+
+const mayPublishMax = 1 << 14
+
+func mayPublishNow(role Role, subject string) bool {
 	rr, ok := Rights[role]
 	if !ok {
 		return false

@@ -96,10 +96,23 @@ func TestMayPublish(t *testing.T) {
 		{RoleExecute, subjects.Cancel("acme", "id-1"), false},
 		{RoleOperator, subjects.Pipe(subjects.Execute, subjects.PriorityNormal, "acme"), false},
 	}
-	for _, tc := range cases {
-		if got := MayPublish(tc.role, tc.subject); got != tc.want {
-			t.Errorf("MayPublish(%s, %s) = %v, want %v", tc.role, tc.subject, got, tc.want)
+	// Asked twice: the second answer is the remembered one.
+	for range 2 {
+		for _, tc := range cases {
+			if got := MayPublish(tc.role, tc.subject); got != tc.want {
+				t.Errorf("MayPublish(%s, %s) = %v, want %v", tc.role, tc.subject, got, tc.want)
+			}
 		}
+	}
+	// Past the bound, answers are worked out and not kept.
+	before := mayPublishN.Load()
+	mayPublishN.Store(mayPublishMax)
+	defer mayPublishN.Store(before)
+	if !MayPublish(RoleRoute, subjects.Pipe(subjects.Execute, subjects.PriorityNormal, "beyond-the-bound")) {
+		t.Error("route may hand on to execute for any tenant")
+	}
+	if _, kept := mayPublish.Load(publishRight{RoleRoute, subjects.Pipe(subjects.Execute, subjects.PriorityNormal, "beyond-the-bound")}); kept {
+		t.Error("an answer past the bound was kept")
 	}
 }
 
