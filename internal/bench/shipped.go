@@ -139,6 +139,9 @@ func (s *Shipped) useMedianRound() {
 // the goal is read against this figure.
 const ownCostBaseline = 953 * time.Microsecond
 
+// profileSeconds is how long each profile of serve runs.
+const profileSeconds = 20
+
 // medianOwn is the median of rounds' own CPU per call.
 func medianOwn(rounds []ShippedRound) time.Duration {
 	own := make([]time.Duration, len(rounds))
@@ -446,6 +449,14 @@ func measureShipped(ctx context.Context, bin, dir string, n int, d time.Duration
 			s.Baseline = append(s.Baseline, r)
 		}
 	}
+	if base != nil {
+		// Profiled now and stopped, so the latency series below have the
+		// machine to themselves.
+		if profile != "" {
+			s.BaselineShares, s.BaselineFloorShares, s.baselineProfileErr = base.profile(ctx, withSuffix(profile, "-baseline"), profileSeconds, n, publishers)
+		}
+		base.close()
+	}
 	s.useMedianRound()
 	s.ServeRSSMiB = p.rss()
 	_ = gsub.Unsubscribe()
@@ -472,14 +483,11 @@ func measureShipped(ctx context.Context, bin, dir string, n int, d time.Duration
 	s.LoadAvg = loadAvg()
 	if profile != "" {
 		s.Profile = profile
-		s.ProfileSeconds = 20
+		s.ProfileSeconds = profileSeconds
 		s.ProfileCalls, s.Shares, s.profileErr = profileServe(ctx, p, tool, profile, s.ProfileSeconds, n, publishers, p.finished)
 		s.FloorProfile = withSuffix(profile, "-floor")
 		s.FloorProfileCalls, s.FloorShares, s.floorProfileErr = profileServe(ctx, p, floor, s.FloorProfile, s.ProfileSeconds, n, publishers,
 			func() float64 { return float64(floor.done.Load()) })
-		if base != nil {
-			s.BaselineShares, s.BaselineFloorShares, s.baselineProfileErr = base.profile(ctx, withSuffix(profile, "-baseline"), s.ProfileSeconds, n, publishers)
-		}
 	}
 	return s, nil
 }
@@ -575,11 +583,12 @@ func openServe(ctx context.Context, bin, dir string, cred credentials, profile b
 	return m, nil
 }
 
-// close undoes openServe, last opened first.
+// close undoes openServe, last opened first; once.
 func (m *servedRounds) close() {
 	for i := len(m.closers) - 1; i >= 0; i-- {
 		m.closers[i]()
 	}
+	m.closers = nil
 }
 
 // round is one pair of saturation series on m: the floor chain's, then
