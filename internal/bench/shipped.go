@@ -522,6 +522,9 @@ func ownOutsideServer(tool, floor ProfileShares, hops time.Duration) time.Durati
 // floorHops is the CPU per call of the floor chain's hops in this process
 // in rounds' median round, less the load generator's.
 func floorHops(rounds []ShippedRound) time.Duration {
+	if len(rounds) == 0 {
+		return 0
+	}
 	rs := slices.Clone(rounds)
 	slices.SortFunc(rs, func(a, b ShippedRound) int { return cmp.Compare(a.ownCPU(), b.ownCPU()) })
 	m := rs[len(rs)/2]

@@ -48,7 +48,7 @@ func TestShipped(t *testing.T) {
 	// The same build stands in for the baseline: its rounds are measured
 	// in turn with the others on a serve of its own.
 	bin := buildToolgate(t)
-	s, err := measureShipped(ctx, bin, t.TempDir(), 100, time.Second, "", bin)
+	s, err := measureShipped(ctx, bin, t.TempDir(), 50, time.Second, "", bin)
 	if err != nil {
 		t.Fatal(err)
 	}
