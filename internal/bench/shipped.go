@@ -123,9 +123,7 @@ func (s *Shipped) useMedianRound() {
 	if len(s.Rounds) == 0 {
 		return
 	}
-	rs := slices.Clone(s.Rounds)
-	slices.SortFunc(rs, func(a, b ShippedRound) int { return cmp.Compare(a.ownCPU(), b.ownCPU()) })
-	m := rs[len(rs)/2]
+	m := medianRound(s.Rounds)
 	s.Toolgate, s.Floor, s.ToolgateServeCPU, s.FloorServeCPU = m.Toolgate, m.Floor, m.ToolgateServeCPU, m.FloorServeCPU
 	s.ToolgateServeSys, s.FloorServeSys = m.ToolgateServeSys, m.FloorServeSys
 	s.ToolgateServeGC, s.FloorServeGC = m.ToolgateServeGC, m.FloorServeGC
@@ -143,13 +141,13 @@ const ownCostBaseline = 953 * time.Microsecond
 const profileSeconds = 20
 
 // medianOwn is the median of rounds' own CPU per call.
-func medianOwn(rounds []ShippedRound) time.Duration {
-	own := make([]time.Duration, len(rounds))
-	for i, r := range rounds {
-		own[i] = r.ownCPU()
-	}
-	slices.Sort(own)
-	return own[len(own)/2]
+func medianOwn(rounds []ShippedRound) time.Duration { return medianRound(rounds).ownCPU() }
+
+// medianRound is the round of median own CPU among rounds (not empty).
+func medianRound(rounds []ShippedRound) ShippedRound {
+	rs := slices.Clone(rounds)
+	slices.SortFunc(rs, func(a, b ShippedRound) int { return cmp.Compare(a.ownCPU(), b.ownCPU()) })
+	return rs[len(rs)/2]
 }
 
 // LoadGen is this process's CPU per call while it offered load to
@@ -525,9 +523,7 @@ func floorHops(rounds []ShippedRound) time.Duration {
 	if len(rounds) == 0 {
 		return 0
 	}
-	rs := slices.Clone(rounds)
-	slices.SortFunc(rs, func(a, b ShippedRound) int { return cmp.Compare(a.ownCPU(), b.ownCPU()) })
-	m := rs[len(rs)/2]
+	m := medianRound(rounds)
 	return max(m.Floor.CPUPerCall-m.Toolgate.CPUPerCall, 0)
 }
 
