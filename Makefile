@@ -89,25 +89,25 @@ fuzz:
 # SOAK=10m for the long run).
 # The shipped series also measures, in turn in the same rounds, the first
 # shipped build (FIRST_SHIPPED, built from this repository's history into
-# .cache/bin/toolgate-first): goal 4 halves its own CPU per call. Without
+# .cache/bin/toolgate-FIRST_SHIPPED): goal 4 halves its own CPU per call. Without
 # the history the goal is read against that build's recorded figure.
 SOAK ?= 1m
 FIRST_SHIPPED ?= b554589
 bench: mcp-servers
-	@$(MAKE) -s .cache/bin/toolgate-first || echo "make bench: the first shipped build ($(FIRST_SHIPPED)) could not be built; goal 4 is read against its recorded figure"
+	@$(MAKE) -s .cache/bin/toolgate-$(FIRST_SHIPPED) || echo "make bench: the first shipped build ($(FIRST_SHIPPED)) could not be built; goal 4 is read against its recorded figure"
 	$(GO) run ./cmd/toolgate bench --rate 300 --duration 10s --workers 16 --soak $(SOAK) --serve-cpuprofile .cache/serve.prof \
-	  $$(test -x .cache/bin/toolgate-first && echo --baseline-binary .cache/bin/toolgate-first)
+	  $$(test -x .cache/bin/toolgate-$(FIRST_SHIPPED) && echo --baseline-binary .cache/bin/toolgate-$(FIRST_SHIPPED))
 	$(GO) test -run '^$$' -bench '^BenchmarkWaitingCalls$$' -benchtime 3x ./internal/node/
 	$(GO) test -run '^$$' -bench '^BenchmarkOutputCorpus$$' -benchtime 5x ./stages/verify/
 	$(GO) test -run '^$$' -bench '^BenchmarkDocumentFetch$$' -benchtime 300x ./internal/documents/
 	$(GO) test -run '^$$' -bench '^BenchmarkCheckpoint$$' -benchtime 20x ./kvstore/
 	$(GO) test -run '^$$' -bench '^BenchmarkShadow$$' -benchtime 3000x ./stages/authorize/
 
-.cache/bin/toolgate-first:
+.cache/bin/toolgate-$(FIRST_SHIPPED):
 	@mkdir -p .cache/bin
 	rm -rf .cache/first-src && mkdir -p .cache/first-src
 	git archive $(FIRST_SHIPPED) | tar -x -C .cache/first-src
-	cd .cache/first-src && $(GO) build -o ../bin/toolgate-first ./cmd/toolgate
+	cd .cache/first-src && $(GO) build -o ../bin/toolgate-$(FIRST_SHIPPED) ./cmd/toolgate
 	rm -rf .cache/first-src
 
 fmt:

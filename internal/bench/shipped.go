@@ -546,14 +546,14 @@ type servedRounds struct {
 
 // openServe starts bin's serve in dir and connects the floor chain and the
 // agent to it.
-func openServe(ctx context.Context, bin, dir string, cred credentials, profile bool) (m *servedRounds, err error) {
+func openServe(ctx context.Context, bin, dir string, cred credentials, profile bool) (_ *servedRounds, err error) {
 	p, args, err := startServe(ctx, bin, dir, cred, profile)
 	if err != nil {
 		return nil, err
 	}
-	m = &servedRounds{p: p, args: args, closers: []func(){p.stop}}
+	m := &servedRounds{p: p, args: args, closers: []func(){p.stop}}
 	defer func() {
-		if err != nil {
+		if err != nil { // what was opened is closed, serve stopped
 			m.close()
 		}
 	}()
