@@ -277,6 +277,7 @@ func (a *app) benchCmd() *cobra.Command {
 	cmd.Flags().BoolVar(&o.ShippedOnly, "shipped", false, "measure only toolgate as shipped: a `toolgate serve` process with its defaults, beside the chains on its server")
 	cmd.Flags().StringVar(&serveBinary, "serve-binary", "", "measure the serve process of this toolgate binary (another build, for a before and after) instead of this one's")
 	cmd.Flags().StringVar(&o.BaselineBinary, "baseline-binary", "", "also measure the serve of this toolgate binary in the same saturation rounds, in turn (make bench: the first shipped build, which goal 4 halves)")
+	cmd.Flags().StringVar(&o.ServeSync, "serve-sync", "", "run those serves with this --sync (interval: the store's disk out of the figures, to compare builds where CPU bounds them; not what ships)")
 	cmd.Flags().StringVar(&o.ServeProfile, "serve-cpuprofile", "", "write a CPU profile of that serve process under saturation load to this file")
 	cmd.Flags().DurationVar(&o.Soak, "soak", 0, "also run at half of saturation this long and report whether memory grows (make bench: 10m)")
 	prof = profileFlags(cmd.Flags())

@@ -48,7 +48,7 @@ func TestShipped(t *testing.T) {
 	// The same build stands in for the baseline: its rounds are measured
 	// in turn with the others on a serve of its own.
 	bin := buildToolgate(t)
-	s, err := measureShipped(ctx, bin, t.TempDir(), 50, time.Second, "", bin)
+	s, err := measureShipped(ctx, bin, t.TempDir(), 50, time.Second, "", bin, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -146,4 +146,29 @@ func lineWith(out, s string) string {
 		}
 	}
 	return ""
+}
+
+// TestPrintServeSync: a run with serve's store not fsyncing every write
+// says so and does not meet goal 3, whatever its figures.
+func TestPrintServeSync(t *testing.T) {
+	done := Result{Sent: 10, Done: 10}
+	s := &Shipped{Toolgate: done, Floor: done, Raw: done, Rounds: []ShippedRound{{Toolgate: done, Floor: done}}}
+	for _, c := range []struct {
+		sync, header, goal3 string
+	}{
+		{"", "--sync always,", " met"},
+		{"always", "--sync always,", " met"},
+		{"interval", "--sync interval, NOT the shipped always", "NOT MET"},
+	} {
+		s.Sync = c.sync
+		var b strings.Builder
+		s.Print(&b)
+		out := b.String()
+		if !strings.Contains(out, c.header) {
+			t.Errorf("sync %q: no %q in:\n%s", c.sync, c.header, out)
+		}
+		if line := lineWith(out, "goal 3: bench what ships"); !strings.HasSuffix(line, c.goal3) || (c.goal3 == " met" && strings.HasSuffix(line, "NOT MET")) {
+			t.Errorf("sync %q: goal 3 line %q, want %q", c.sync, line, c.goal3)
+		}
+	}
 }

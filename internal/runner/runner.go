@@ -32,11 +32,12 @@ import (
 // finishes the work in hand and returns.
 //
 // A worker that has processed a message publishes the stage's outputs and
-// its hand-off together, without waiting, and takes its next message; the
-// input is acked once every one of those publishes is acknowledged (naked
-// if any fails), so the successor is always stored before the input goes.
-// InFlight bounds the messages a Runner holds at once, processed or
-// waiting for those acknowledgements.
+// its hand-off together; the input is acked once every one of those
+// publishes is acknowledged (naked if any fails), so the successor is
+// always stored before the input goes. InFlight bounds the messages a
+// Runner holds at once, processed or waiting for those acknowledgements:
+// with more of them than Workers, a worker takes its next message without
+// waiting for the acknowledgements of its last.
 type Runner struct {
 	Name    string // the stage name, one of subjects.Stages
 	Stage   stages.Stage
@@ -411,7 +412,8 @@ func (r *Runner) finalises() bool {
 }
 
 // handle processes msg and settles it; release is called once it is
-// settled, which may be later, on a goroutine counted in settling.
+// settled, which with fewer Workers than InFlight may be later, on a
+// goroutine counted in settling.
 func (r *Runner) handle(msg jetstream.Msg, settling *sync.WaitGroup, release func()) {
 	start := r.now()
 	if r.inflight != nil {
@@ -490,11 +492,18 @@ func (r *Runner) handle(msg jetstream.Msg, settling *sync.WaitGroup, release fun
 		release()
 	}
 	pending := r.apply(msg, inv, s, outs, perr, early)
-	if pending.wait == nil {
+	switch {
+	case pending.wait == nil:
 		finish(pending.outcome)
-		return
+	case r.Workers >= r.InFlight:
+		// With a worker for every slot, the slots bound what is held, not
+		// the workers: one that moved on would find a slot only where
+		// another worker is idle. Waiting here saves starting a goroutine
+		// and waking it, on every hop.
+		finish(pending.wait())
+	default:
+		settling.Go(func() { finish(pending.wait()) })
 	}
-	settling.Go(func() { finish(pending.wait()) })
 }
 
 // announced are the publishes a stage announced while it worked (stages.Announce):
