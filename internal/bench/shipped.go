@@ -176,16 +176,16 @@ type serveProc struct {
 	stderr        *bytes.Buffer
 }
 
-// startServe runs bin's `serve` with its defaults and what the bench must
-// say: where its data and listener are, the key set the bench's tokens are
-// signed with, the example tools (the no-op tool among them), and where
-// /readyz (and with profile, pprof) is served.
 // serveOpts are the settings startServe gives serve beyond its defaults.
 type serveOpts struct {
 	profile bool   // serve pprof, to be profiled
 	sync    string // --sync, when not the default (always)
 }
 
+// startServe runs bin's `serve` with its defaults and what the bench must
+// say: where its data and listener are, the key set the bench's tokens are
+// signed with, the example tools (the no-op tool among them), where
+// /readyz (and with o.profile, pprof) is served, and o.sync.
 func startServe(ctx context.Context, bin, dir string, cred credentials, o serveOpts) (*serveProc, []string, error) {
 	jwks, err := cred.key.PublicJWKS()
 	if err != nil {
