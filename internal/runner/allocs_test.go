@@ -64,7 +64,9 @@ func (m *heldMsg) Data() []byte                              { return m.data }
 func (m *heldMsg) Ack() error                                { return nil }
 func (m *heldMsg) InProgress() error                         { return nil }
 
-func runnerPaths(tb testing.TB) map[string]func() {
+// routeHop is a delivered hand-off to route and a Runner of route over js
+// that settles it without a server.
+func routeHop(tb testing.TB, js jetstream.JetStream) (*Runner, *heldMsg) {
 	tb.Helper()
 	inv := &envelope.Invocation{ID: "inv-1", Tenant: "acme", Status: api.StatusPending, Event: envelope.Event{Seq: 5},
 		Request: &api.Request{ToolID: "echo", Parameters: []byte(`{"text":"hi"}`),
@@ -73,10 +75,16 @@ func runnerPaths(tb testing.TB) map[string]func() {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	r := &Runner{Name: subjects.Route, Stage: passStage{}, JS: ackedJS{}, AckWait: 30 * time.Second,
+	r := &Runner{Name: subjects.Route, Stage: passStage{}, JS: js, AckWait: 30 * time.Second,
 		MaxDeliver: 5, Timeout: 30 * time.Second, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	msg := &heldMsg{data: in.Data, md: &jetstream.MsgMetadata{NumDelivered: 1, Stream: subjects.StreamPipeline,
 		Sequence: jetstream.SequencePair{Stream: 9}}}
+	return r, msg
+}
+
+func runnerPaths(tb testing.TB) map[string]func() {
+	tb.Helper()
+	r, msg := routeHop(tb, ackedJS{})
 	return map[string]func(){
 		"forward": func() {
 			var settling sync.WaitGroup

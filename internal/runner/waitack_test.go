@@ -1,17 +1,12 @@
 package runner
 
 import (
-	"io"
-	"log/slog"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/toolgate/toolgate/api"
-	"github.com/toolgate/toolgate/internal/envelope"
-	"github.com/toolgate/toolgate/subjects"
 )
 
 // heldJS acknowledges a publish only once ack is closed.
@@ -35,12 +30,6 @@ func (heldFuture) Msg() *nats.Msg                 { return nil }
 // is acknowledged; one with spare slots hands the wait on and returns at
 // once. Either way the message is released only after the acknowledgement.
 func TestWhoWaitsForAcks(t *testing.T) {
-	inv := &envelope.Invocation{ID: "inv-1", Tenant: "acme", Status: api.StatusPending, Event: envelope.Event{Seq: 5},
-		Request: &api.Request{ToolID: "echo", AgentContext: api.AgentContext{AgentDID: "did:agent:a", TenantID: "acme"}}}
-	in, err := Handoff(inv, subjects.Route)
-	if err != nil {
-		t.Fatal(err)
-	}
 	for _, c := range []struct {
 		name             string
 		workers, slots   int
@@ -51,10 +40,8 @@ func TestWhoWaitsForAcks(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			js := heldJS{ack: make(chan *jetstream.PubAck)}
-			r := &Runner{Name: subjects.Route, Stage: passStage{}, JS: js, Workers: c.workers, InFlight: c.slots,
-				AckWait: 30 * time.Second, MaxDeliver: 5, Timeout: 30 * time.Second, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
-			msg := &heldMsg{data: in.Data, md: &jetstream.MsgMetadata{NumDelivered: 1, Stream: subjects.StreamPipeline,
-				Sequence: jetstream.SequencePair{Stream: 9}}}
+			r, msg := routeHop(t, js)
+			r.Workers, r.InFlight = c.workers, c.slots
 			released := make(chan struct{})
 			returned := make(chan struct{})
 			var settling sync.WaitGroup
