@@ -81,3 +81,28 @@ func profileShares(b []byte, calls int) (ProfileShares, error) {
 	n := time.Duration(calls)
 	return ProfileShares{Total: total.Total / n, Stages: total.Stages / n, Sign: total.Sign / n, JSON: total.JSON / n, Server: total.Server / n}, nil
 }
+
+// mergeProfiles is one profile (pprof's format) of the windows in parts,
+// each a profile of the same process: its samples are theirs, summed.
+func mergeProfiles(parts [][]byte) ([]byte, error) {
+	if len(parts) == 0 {
+		return nil, fmt.Errorf("no profile taken")
+	}
+	ps := make([]*profile.Profile, len(parts))
+	for i, b := range parts {
+		p, err := profile.Parse(bytes.NewReader(b))
+		if err != nil {
+			return nil, err
+		}
+		ps[i] = p
+	}
+	merged, err := profile.Merge(ps)
+	if err != nil {
+		return nil, err
+	}
+	var out bytes.Buffer
+	if err := merged.Write(&out); err != nil {
+		return nil, err
+	}
+	return out.Bytes(), nil
+}

@@ -460,12 +460,12 @@ func measureShipped(ctx context.Context, bin, dir string, n int, d time.Duration
 			s.Baseline = append(s.Baseline, r)
 		}
 	}
+	if profile != "" {
+		s.profileInTurns(ctx, m, base, profile, n, publishers)
+	}
 	if base != nil {
-		// Profiled now and stopped, so the latency series below have the
-		// machine to themselves.
-		if profile != "" {
-			s.BaselineShares, s.BaselineFloorShares, s.baselineProfileErr = base.profile(ctx, withSuffix(profile, "-baseline"), profileSeconds, n, publishers)
-		}
+		// Stopped now, so the latency series below have the machine to
+		// themselves.
 		base.close()
 	}
 	s.useMedianRound()
@@ -492,14 +492,6 @@ func measureShipped(ctx context.Context, bin, dir string, n int, d time.Duration
 		return nil, err
 	}
 	s.LoadAvg = loadAvg()
-	if profile != "" {
-		s.Profile = profile
-		s.ProfileSeconds = profileSeconds
-		s.ProfileCalls, s.Shares, s.profileErr = profileServe(ctx, p, tool, profile, s.ProfileSeconds, n, publishers, p.finished)
-		s.FloorProfile = withSuffix(profile, "-floor")
-		s.FloorProfileCalls, s.FloorShares, s.floorProfileErr = profileServe(ctx, p, floor, s.FloorProfile, s.ProfileSeconds, n, publishers,
-			func() float64 { return float64(floor.done.Load()) })
-	}
 	return s, nil
 }
 
@@ -508,15 +500,103 @@ func withSuffix(path, suffix string) string {
 	return strings.TrimSuffix(path, filepath.Ext(path)) + suffix + filepath.Ext(path)
 }
 
-// profile takes m's two profiles, under its toolgate's and its floor
-// chain's saturation load, into path and path's -floor.
-func (m *servedRounds) profile(ctx context.Context, path string, seconds, n, conc int) (tool, floor ProfileShares, err error) {
-	if _, tool, err = profileServe(ctx, m.p, m.tool, path, seconds, n, conc, m.p.finished); err != nil {
-		return tool, floor, err
+// profileInTurns profiles this build's serve (m), under toolgate's load
+// and under its floor chain's, and with base the baseline build's alike,
+// into path and its -floor, -baseline and -baseline-floor. Each series
+// is taken in two windows of half profileSeconds, in the order this
+// build, its floor, the baseline, its floor, and then backwards: every
+// series' windows then centre on one moment, so a drift of the disk's
+// speed over those minutes, which moves CPU per call by more than goal 4
+// itself, favours neither build, nor a build over its floor.
+func (s *Shipped) profileInTurns(ctx context.Context, m, base *servedRounds, path string, n, conc int) {
+	this, thisFloor := m.series(path), m.floorSeries(withSuffix(path, "-floor"))
+	turns := []*profileSeries{this, thisFloor}
+	var baseline, baselineFloor *profileSeries
+	if base != nil {
+		baseline = base.series(withSuffix(path, "-baseline"))
+		baselineFloor = base.floorSeries(withSuffix(path, "-baseline-floor"))
+		turns = append(turns, baseline, baselineFloor)
 	}
-	_, floor, err = profileServe(ctx, m.p, m.floor, withSuffix(path, "-floor"), seconds, n, conc,
-		func() float64 { return float64(m.floor.done.Load()) })
-	return tool, floor, err
+	for _, k := range inTurns(len(turns)) {
+		turns[k].window(ctx, profileSeconds/2, n, conc)
+	}
+	s.Profile, s.ProfileSeconds = path, profileSeconds
+	s.ProfileCalls, s.Shares, s.profileErr = this.shares()
+	s.FloorProfile = thisFloor.path
+	s.FloorProfileCalls, s.FloorShares, s.floorProfileErr = thisFloor.shares()
+	if base != nil {
+		var errs [2]error
+		_, s.BaselineShares, errs[0] = baseline.shares()
+		_, s.BaselineFloorShares, errs[1] = baselineFloor.shares()
+		s.baselineProfileErr = errors.Join(errs[:]...)
+	}
+}
+
+// inTurns is the order n series take their two windows in: each in turn,
+// then backwards, so that each series' windows centre on the same moment.
+func inTurns(n int) []int {
+	order := make([]int, 2*n)
+	for i := range n {
+		order[i], order[2*n-1-i] = i, i
+	}
+	return order
+}
+
+// profileSeries is the CPU profile of one serve under one load, toolgate's
+// or its floor chain's, taken in windows.
+type profileSeries struct {
+	path  string // where the windows, merged, are written
+	p     *serveProc
+	t     *target
+	ended func() float64 // calls ended so far
+	parts [][]byte       // each window's profile
+	calls int            // calls ended in the windows
+	cpu   time.Duration  // serve's CPU in the windows, as the kernel counts it
+	err   error
+}
+
+func (m *servedRounds) series(path string) *profileSeries {
+	return &profileSeries{path: path, p: m.p, t: m.tool, ended: m.p.finished}
+}
+
+func (m *servedRounds) floorSeries(path string) *profileSeries {
+	return &profileSeries{path: path, p: m.p, t: m.floor, ended: func() float64 { return float64(m.floor.done.Load()) }}
+}
+
+// window profiles the series' serve for seconds under its load; after a
+// failed window the series takes no more.
+func (ps *profileSeries) window(ctx context.Context, seconds, n, conc int) {
+	if ps.err != nil {
+		return
+	}
+	b, calls, cpu, err := profileUnderLoad(ctx, ps.p, ps.t, seconds, n, conc, ps.ended)
+	if err != nil {
+		ps.err = err
+		return
+	}
+	ps.parts = append(ps.parts, b)
+	ps.calls += calls
+	ps.cpu += cpu
+}
+
+// shares merges the series' windows into one profile, writes it to its
+// path and returns the calls ended in them and the shares per call.
+func (ps *profileSeries) shares() (int, ProfileShares, error) {
+	if ps.err != nil {
+		return ps.calls, ProfileShares{}, ps.err
+	}
+	b, err := mergeProfiles(ps.parts)
+	if err != nil {
+		return ps.calls, ProfileShares{}, err
+	}
+	if err := os.WriteFile(ps.path, b, 0o644); err != nil {
+		return ps.calls, ProfileShares{}, err
+	}
+	sh, err := profileShares(b, ps.calls)
+	if ps.calls > 0 {
+		sh.Kernel = ps.cpu / time.Duration(ps.calls)
+	}
+	return ps.calls, sh, err
 }
 
 // ownOutsideServer is toolgate's own CPU per call read from the profiles:
@@ -644,27 +724,11 @@ func agentTarget(ctx context.Context, url string, cred credentials, sessions int
 	return t, stop, nc, nil
 }
 
-// profileServe fetches a CPU profile of seconds from serve's pprof
-// endpoint into path while offering t saturation load in rounds of n, and
-// returns how many calls ended meanwhile (by ended, a running count; the
-// calls offered, if it does not say) and the profile's shares per call.
-func profileServe(ctx context.Context, p *serveProc, t *target, path string, seconds, n, conc int, ended func() float64) (int, ProfileShares, error) {
-	calls, cpu, err := profileUnderLoad(ctx, p, t, path, seconds, n, conc, ended)
-	if err != nil {
-		return calls, ProfileShares{}, err
-	}
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return calls, ProfileShares{}, err
-	}
-	sh, err := profileShares(b, calls)
-	if calls > 0 {
-		sh.Kernel = cpu / time.Duration(calls)
-	}
-	return calls, sh, err
-}
-
-func profileUnderLoad(ctx context.Context, p *serveProc, t *target, path string, seconds, n, conc int, ended func() float64) (int, time.Duration, error) {
+// profileUnderLoad fetches a CPU profile of seconds from serve's pprof
+// endpoint while offering t saturation load in rounds of n, and returns it
+// with how many calls ended meanwhile (by ended, a running count; the calls
+// offered, if it does not say) and serve's CPU over the window.
+func profileUnderLoad(ctx context.Context, p *serveProc, t *target, seconds, n, conc int, ended func() float64) ([]byte, int, time.Duration, error) {
 	type fetched struct {
 		body  []byte
 		err   error
@@ -694,16 +758,16 @@ func profileUnderLoad(ctx context.Context, p *serveProc, t *target, path string,
 		select {
 		case f := <-got:
 			if f.err != nil {
-				return calls, 0, f.err
+				return nil, calls, 0, f.err
 			}
 			if ended := int(f.ended - before); ended > 0 {
 				calls = ended
 			}
-			return calls, f.cpu - cpu0, os.WriteFile(path, f.body, 0o644)
+			return f.body, calls, f.cpu - cpu0, nil
 		default:
 		}
 		if _, err := t.saturate(ctx, "profile", n, conc); err != nil {
-			return calls, 0, err
+			return nil, calls, 0, err
 		}
 		calls += n
 	}
@@ -807,7 +871,7 @@ func (s *Shipped) Print(w io.Writer) {
 		if s.profileErr != nil {
 			fmt.Fprintf(w, "serve CPU profile: %v\n", s.profileErr)
 		} else {
-			fmt.Fprintf(w, "serve CPU profile (%d s, %d calls ended at saturation): %s (go tool pprof -top %s)\n", s.ProfileSeconds, s.ProfileCalls, s.Profile, s.Profile)
+			fmt.Fprintf(w, "serve CPU profile (%d s in two windows (7), %d calls ended at saturation): %s (go tool pprof -top %s)\n", s.ProfileSeconds, s.ProfileCalls, s.Profile, s.Profile)
 			sh := s.Shares
 			fmt.Fprintf(w, "%-44s %12s\n", "  serve's CPU per call in the profile", us(sh.Total))
 			fmt.Fprintf(w, "%-44s %12s\n", "  the same window as the kernel counts it (4)", us(sh.Kernel))
@@ -820,7 +884,7 @@ func (s *Shipped) Print(w io.Writer) {
 			fmt.Fprintf(w, "floor chain's CPU profile: %v\n", s.floorProfileErr)
 		} else {
 			fs := s.FloorShares
-			fmt.Fprintf(w, "floor chain's CPU profile (%d s, %d calls at saturation): %s\n", s.ProfileSeconds, s.FloorProfileCalls, s.FloorProfile)
+			fmt.Fprintf(w, "floor chain's CPU profile (%d s in two windows, %d calls at saturation): %s\n", s.ProfileSeconds, s.FloorProfileCalls, s.FloorProfile)
 			fmt.Fprintf(w, "%-44s %12s\n", "  serve's CPU per call in the profile", us(fs.Total))
 			fmt.Fprintf(w, "%-44s %12s\n", "  the same window as the kernel counts it (4)", us(fs.Kernel))
 			fmt.Fprintf(w, "%-44s %12s\n", "  of which nats-server", us(fs.Server))
@@ -844,12 +908,17 @@ func (s *Shipped) Print(w io.Writer) {
 				fmt.Fprintf(w, "baseline build's profiles: %v\n", s.baselineProfileErr)
 			}
 		}
-		fmt.Fprintf(w, "(4) serve's user and system time from /proc over the profile's window, per call ended in it: the measure of\n")
+		fmt.Fprintf(w, "(4) serve's user and system time from /proc over the profile's windows, per call ended in them: the measure of\n")
 		fmt.Fprintf(w, "    the rounds above, read where the profile was taken\n")
 		fmt.Fprintf(w, "(6) serve's CPU per call in the profile outside nats-server's code, less the same in the floor chain's profile\n")
 		fmt.Fprintf(w, "    and the floor's hops in this process (the median round's): (2) without the server's CPU on either side, whose\n")
 		fmt.Fprintf(w, "    store work moves with the disk between rounds by more than goal 4 itself. With both builds profiled, goal 4\n")
 		fmt.Fprintf(w, "    is read here.\n")
+		fmt.Fprintf(w, "(7) the profiles are taken in turns, two windows of %d s each: this build, its floor", s.ProfileSeconds/2)
+		if len(s.Baseline) > 0 {
+			fmt.Fprintf(w, ", the baseline build, its floor")
+		}
+		fmt.Fprintf(w, ", then the\n    same backwards, so that every profile centres on one moment and a drift of the disk favours none\n")
 	}
 }
 
