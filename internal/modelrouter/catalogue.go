@@ -68,6 +68,36 @@ type Model struct {
 	// CircuitBreaker configures each endpoint's breaker; default one that
 	// opens at half the last ten calls failing and waits 30 s.
 	CircuitBreaker *tools.CircuitBreaker `json:"circuit_breaker,omitempty"`
+	// Retry is how often a transient failure is tried again on this model
+	// before the chain moves on; default DefaultRetry.
+	Retry *Retry `json:"retry,omitempty"`
+}
+
+// Retry bounds the rounds over a model's endpoints: a round that fails
+// with a transient error (a timeout, 408, 429, 5xx, a broken connection)
+// is followed by another after BaseDelayMS, doubled each time, until
+// MaxAttempts rounds have run.
+type Retry struct {
+	MaxAttempts int   `json:"max_attempts,omitempty"`
+	BaseDelayMS int64 `json:"base_delay_ms,omitempty"`
+}
+
+// DefaultRetry is the model router specification's: three retries after
+// 2, 4 and 8 seconds.
+var DefaultRetry = Retry{MaxAttempts: 4, BaseDelayMS: 2000}
+
+// RetryPolicy is the model's retry policy, its members defaulted.
+func (m *Model) RetryPolicy() Retry {
+	r := DefaultRetry
+	if m.Retry != nil {
+		if m.Retry.MaxAttempts > 0 {
+			r.MaxAttempts = m.Retry.MaxAttempts
+		}
+		if m.Retry.BaseDelayMS > 0 {
+			r.BaseDelayMS = m.Retry.BaseDelayMS
+		}
+	}
+	return r
 }
 
 // Price is the cost of 1,000 tokens.

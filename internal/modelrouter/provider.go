@@ -236,7 +236,7 @@ func (c *Call) status(resp *http.Response) error {
 	switch {
 	case code == http.StatusTooManyRequests:
 		e = api.NewError(api.RateLimitExceeded, api.ERateLimited, "%s", what).AsRetryable().WithDetail("not_started", true)
-	case code >= 500 || code == 529: // 529: Anthropic's overloaded
+	case code >= 500 || code == 529 || code == http.StatusRequestTimeout: // 529: Anthropic's overloaded
 		e = api.NewError(api.ExternalAPIError, api.EExternalStatus, "%s", what).AsRetryable()
 	case code == http.StatusUnauthorized || code == http.StatusForbidden:
 		e = api.NewError(api.ExternalAPIError, api.EExternalAuth, "%s", what)

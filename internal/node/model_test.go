@@ -71,10 +71,11 @@ func TestModelTools(t *testing.T) {
 		  "credential":{"secret":"anthropic_key"}}`, ant.Base()),
 		fmt.Sprintf(`{"name":"shaky","api":"openai","endpoints":[%q,%q,%q],"tier":"small","context_window":8000,"max_output_tokens":256,
 		  "price":{"input_per_1k":0.1,"output_per_1k":0.1},"timeout_ms":300,"fallback":["gpt-small"],
+		  "retry":{"max_attempts":2,"base_delay_ms":50},
 		  "circuit_breaker":{"failure_rate_threshold":50,"sliding_window_size":4,"minimum_calls":100,"wait_duration_seconds":60}}`,
 			failing.Base(), limited.Base(), hanging.Base()),
 		fmt.Sprintf(`{"name":"dead","api":"openai","endpoints":[%q],"tier":"small","context_window":8000,"max_output_tokens":256,
-		  "price":{"input_per_1k":0.1,"output_per_1k":0.1},"fallback":["gpt-small"],
+		  "price":{"input_per_1k":0.1,"output_per_1k":0.1},"fallback":["gpt-small"],"retry":{"max_attempts":1},
 		  "circuit_breaker":{"failure_rate_threshold":50,"sliding_window_size":2,"minimum_calls":2,"wait_duration_seconds":60}}`, failing.Base()),
 		fmt.Sprintf(`{"name":"tiny","api":"openai","endpoints":[%q],"tier":"small","context_window":300,"max_output_tokens":50,
 		  "price":{"input_per_1k":0.1,"output_per_1k":0.1}}`, odd.Base()),
@@ -213,7 +214,7 @@ func TestModelTools(t *testing.T) {
 			t.Fatalf("result %v", r)
 		}
 	})
-	run("fallback past 5xx, 429 and a hang", func(t *testing.T) {
+	run("fallback past 5xx, 429 and a hang, after a retry", func(t *testing.T) {
 		r := result(t, call(t, "m4", `{"model":"shaky","prompt":"hi"}`))
 		if r["model"] != "gpt-small" {
 			t.Fatalf("answered by %v", r["model"])
@@ -224,13 +225,14 @@ func TestModelTools(t *testing.T) {
 			codes = append(codes, a.ECode)
 		}
 		got := strings.Join(codes, ",")
-		// The round-robin start varies; each failure is seen once, then the fallback answers.
+		// The round-robin start varies; each failure is seen once in each
+		// of the model's two rounds, then the fallback answers.
 		for _, want := range []string{api.EExternalStatus, api.ERateLimited, api.ETimeout} {
-			if !strings.Contains(got, want) {
-				t.Fatalf("attempts %s lack %s", got, want)
+			if strings.Count(got, want) != 2 {
+				t.Fatalf("attempts %s: %s not twice", got, want)
 			}
 		}
-		if !strings.HasSuffix(got, ",") || len(codes) != 4 {
+		if !strings.HasSuffix(got, ",") || len(codes) != 7 {
 			t.Fatalf("attempts %s", got)
 		}
 	})

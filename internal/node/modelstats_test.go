@@ -38,7 +38,7 @@ func TestModelStatsEndToEnd(t *testing.T) {
 	// latency-first prefers "quick" by the catalogue; it always fails.
 	for _, doc := range []string{
 		fmt.Sprintf(`{"name":"quick","api":"openai","endpoints":[%q],"tier":"small","context_window":8000,"max_output_tokens":64,
-		  "price":{"input_per_1k":1,"output_per_1k":1},"latency_ms":100,
+		  "price":{"input_per_1k":1,"output_per_1k":1},"latency_ms":100,"retry":{"max_attempts":1},
 		  "circuit_breaker":{"failure_rate_threshold":100,"sliding_window_size":100,"minimum_calls":1000,"wait_duration_seconds":1}}`, failing.Base()),
 		fmt.Sprintf(`{"name":"steady","api":"openai","endpoints":[%q],"tier":"small","context_window":8000,"max_output_tokens":64,
 		  "price":{"input_per_1k":1,"output_per_1k":2},"latency_ms":5000}`, good.Base()),

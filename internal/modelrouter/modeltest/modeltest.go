@@ -26,6 +26,8 @@ const (
 	Huge      = "huge"    // an answer of 2 MiB
 	Cut       = "cut"     // a stream that stops after two deltas
 	BadAuth   = "401"
+	Invalid   = "400" // the provider refuses the request itself
+	Timeout   = "408"
 	WrongPath = "wrong"
 )
 
@@ -44,6 +46,7 @@ type Server struct {
 	mu        sync.Mutex
 	behaviour string
 	hangOn    int64
+	failFirst int64
 	calls     atomic.Int64
 	last      map[string]any
 	requests  []map[string]any
@@ -89,6 +92,14 @@ func (s *Server) HangOn(n int64) {
 	s.mu.Unlock()
 }
 
+// FailFirst makes the first n requests the server receives answer as
+// Fail500 does, whatever the behaviour.
+func (s *Server) FailFirst(n int64) {
+	s.mu.Lock()
+	s.failFirst = n
+	s.mu.Unlock()
+}
+
 // Release lets every hanging request return, now and from then on: a
 // request left hanging by a client that is gone without closing it (a
 // worker stopped in the test's process) would hold the server's Close.
@@ -127,6 +138,8 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	b := s.behaviour
 	if n == s.hangOn {
 		b = Hang
+	} else if n <= s.failFirst {
+		b = Fail500
 	}
 	inTokens, outTokens := s.InputTokens, s.OutputTokens
 	s.mu.Unlock()
@@ -181,6 +194,12 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 		return
 	case BadAuth:
 		s.fail(w, http.StatusUnauthorized, "authentication_error", "invalid key")
+		return
+	case Invalid:
+		s.fail(w, http.StatusBadRequest, "invalid_request_error", "max_tokens: must be at most 4096")
+		return
+	case Timeout:
+		s.fail(w, http.StatusRequestTimeout, "timeout_error", "request timed out")
 		return
 	case Hang:
 		select {

@@ -451,26 +451,88 @@ func (c *call) runParts(ctx context.Context, chain []*modelrouter.Model, p *Para
 }
 
 // callChain calls the models of chain in order until one answers; use
-// records every attempt and is left in the meter.
+// records every attempt and is left in the meter. A model whose endpoints
+// all fail transiently is tried again (its retry policy) before the chain
+// moves on; a request the provider calls invalid ends the chain, since
+// another model would be sent the same request.
 func (c *call) callChain(ctx context.Context, chain []*modelrouter.Model, p *Params, stream bool, use *api.ModelUse, meter *kind.Meter) (modelrouter.Answer, string, error) {
 	var last error
+chain:
 	for _, model := range chain {
 		use.Model = model.Name
-		ans, err := c.tryModel(ctx, model, p, stream, use, meter)
-		if err == nil {
-			meter.SetModel(*use)
-			return ans, model.Name, nil
-		}
-		last = err
-		if ctx.Err() != nil {
-			break
+		policy := model.RetryPolicy()
+		delay := time.Duration(policy.BaseDelayMS) * time.Millisecond
+		for round := 1; ; round++ {
+			ans, err := c.tryModel(ctx, model, p, stream, use, meter)
+			if err == nil {
+				meter.SetModel(*use)
+				return ans, model.Name, nil
+			}
+			last = err
+			if ctx.Err() != nil || invalidRequest(err) {
+				break chain
+			}
+			if round >= policy.MaxAttempts || !retrySameModel(err) || !c.wait(ctx, backoff(delay, err)) {
+				break
+			}
+			delay *= 2
 		}
 	}
 	meter.SetModel(*use)
 	if ctx.Err() != nil {
 		return modelrouter.Answer{}, "", ctx.Err()
 	}
+	if invalidRequest(last) {
+		return modelrouter.Answer{}, "", api.AsError(last).WithDetail("attempts", use.Attempts)
+	}
 	return modelrouter.Answer{}, "", exhausted(c.m, use, last)
+}
+
+// invalidRequest reports whether the provider refused the request itself
+// (a 4xx but 408, 429, 401 and 403): the model router specification does
+// not pass such a request down the chain. 401 and 403 are the endpoint's
+// credential, which the next model does not share.
+func invalidRequest(err error) bool {
+	te := api.AsError(err)
+	if te.ECode != api.EExternalStatus || te.Retryable {
+		return false
+	}
+	status, _ := te.Details["status"].(int)
+	return status >= 400 && status < 500
+}
+
+// retrySameModel reports whether another round on the same model may
+// succeed: a transient failure, not an open breaker (it stays open for
+// longer than a retry waits) nor a refusal before any request was sent.
+func retrySameModel(err error) bool {
+	te := api.AsError(err)
+	return te.Retryable && te.ECode != api.EBreakerOpen
+}
+
+// backoff is the wait before the next round: the doubling delay, or the
+// provider's Retry-After when that is longer.
+func backoff(delay time.Duration, err error) time.Duration {
+	if ms, ok := api.AsError(err).Details["retry_after_ms"].(int64); ok && time.Duration(ms)*time.Millisecond > delay {
+		return time.Duration(ms) * time.Millisecond
+	}
+	return delay
+}
+
+// wait sleeps for d unless ctx ends first; false moves the chain on. A
+// wait that would take half the time the call has left is not taken: the
+// rest of the chain gets that time instead.
+func (c *call) wait(ctx context.Context, d time.Duration) bool {
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < 2*d {
+		return false
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
 }
 
 // summarize replaces the cold context of p (the messages before the most
@@ -572,7 +634,7 @@ func (c *call) tryModel(ctx context.Context, model *modelrouter.Model, p *Params
 			return ans, nil
 		}
 		last = err
-		if ctx.Err() != nil {
+		if ctx.Err() != nil || invalidRequest(err) {
 			break
 		}
 	}

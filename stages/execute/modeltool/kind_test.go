@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/envelope"
@@ -184,4 +185,82 @@ func TestRetriesAccumulate(t *testing.T) {
 	if u := meter.Model(); u.InputTokens != 2*s.InputTokens || u.OutputTokens != 2*s.OutputTokens || len(u.Attempts) != 2 {
 		t.Fatalf("use %+v", u)
 	}
+}
+
+// TestFallbackAsTheRouterSpecifies: a request the provider calls invalid
+// is not sent down the chain; transient failures (5xx, 408) are tried
+// again on the same model, after a doubling delay, before the chain moves
+// on; every attempt is recorded.
+func TestFallbackAsTheRouterSpecifies(t *testing.T) {
+	primary, backup := modeltest.New(t, "openai"), modeltest.New(t, "openai")
+	k := newKind(
+		entry(t, fmt.Sprintf(`{"name":"primary","api":"openai","endpoints":[%q],"tier":"small","context_window":4000,
+		  "max_output_tokens":100,"price":{"input_per_1k":0,"output_per_1k":0},"fallback":["backup"],
+		  "retry":{"max_attempts":3,"base_delay_ms":40}}`, primary.Base())),
+		entry(t, fmt.Sprintf(`{"name":"backup","api":"openai","endpoints":[%q],"tier":"medium","context_window":4000,
+		  "max_output_tokens":100,"price":{"input_per_1k":1,"output_per_1k":1}}`, backup.Base())))
+	inv := invocation([]string{"127.0.0.1"})
+	codes := func(u *api.ModelUse) string {
+		var out []string
+		for _, a := range u.Attempts {
+			out = append(out, a.Model+":"+a.ECode)
+		}
+		return strings.Join(out, ",")
+	}
+
+	t.Run("invalid request stays on its model", func(t *testing.T) {
+		primary.Set(modeltest.Invalid)
+		before := backup.Calls()
+		_, use, err := run(t, k, inv, t.Context(), `{"model":"primary","prompt":"hi"}`)
+		if !isCode(err, api.EExternalStatus) || api.AsError(err).Details["status"] != 400 {
+			t.Fatalf("got %v, want E3304 with status 400", err)
+		}
+		if backup.Calls() != before || len(use.Attempts) != 1 {
+			t.Fatalf("an invalid request went down the chain: backup calls %d→%d, attempts %s", before, backup.Calls(), codes(use))
+		}
+	})
+
+	t.Run("transient failure retried on the same model", func(t *testing.T) {
+		primary.Set(modeltest.OK)
+		primary.FailFirst(primary.Calls() + 2)
+		before := backup.Calls()
+		start := time.Now()
+		r, use, err := run(t, k, inv, t.Context(), `{"model":"primary","prompt":"hi"}`)
+		if err != nil || r.Model != "primary" || backup.Calls() != before {
+			t.Fatalf("answered by %q (%v), backup calls %d→%d", r.Model, err, before, backup.Calls())
+		}
+		if got := codes(use); got != "primary:E3304,primary:E3304,primary:" {
+			t.Fatalf("attempts %s", got)
+		}
+		if took := time.Since(start); took < 120*time.Millisecond { // 40 ms, then 80 ms
+			t.Fatalf("two retries took %v: no backoff", took)
+		}
+	})
+
+	t.Run("408 retried, then the chain moves on", func(t *testing.T) {
+		primary.FailFirst(0)
+		primary.Set(modeltest.Timeout)
+		r, use, err := run(t, k, inv, t.Context(), `{"model":"primary","prompt":"hi"}`)
+		if err != nil || r.Model != "backup" {
+			t.Fatalf("answered by %q (%v)", r.Model, err)
+		}
+		if got := codes(use); got != "primary:E3304,primary:E3304,primary:E3304,backup:" {
+			t.Fatalf("attempts %s", got)
+		}
+	})
+
+	t.Run("no retry past the call's deadline", func(t *testing.T) {
+		primary.Set(modeltest.Fail500)
+		slow := newKind(
+			entry(t, fmt.Sprintf(`{"name":"primary","api":"openai","endpoints":[%q],"tier":"small","context_window":4000,
+			  "max_output_tokens":100,"price":{"input_per_1k":0,"output_per_1k":0},"fallback":["backup"]}`, primary.Base())),
+			entry(t, fmt.Sprintf(`{"name":"backup","api":"openai","endpoints":[%q],"tier":"medium","context_window":4000,
+			  "max_output_tokens":100,"price":{"input_per_1k":1,"output_per_1k":1}}`, backup.Base())))
+		ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second) // less than twice the default 2 s
+		defer cancel()
+		r, use, err := run(t, slow, inv, ctx, `{"model":"primary","prompt":"hi"}`)
+		if err != nil || r.Model != "backup" || codes(use) != "primary:E3304,backup:" {
+			t.Fatalf("answered by %q (%v), attempts %s", r.Model, err, codes(use))
+		}
+	})
 }

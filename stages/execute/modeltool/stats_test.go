@@ -38,7 +38,7 @@ func TestCallsAreRecorded(t *testing.T) {
 	limited.Set(modeltest.Limited)
 	k := newKind(
 		entry(t, fmt.Sprintf(`{"name":"cheap","api":"openai","endpoints":[%q,%q],"tier":"small","context_window":4000,
-		  "price":{"input_per_1k":0.1,"output_per_1k":0.1},"fallback":["good"]}`, failing.Base(), limited.Base())),
+		  "price":{"input_per_1k":0.1,"output_per_1k":0.1},"fallback":["good"],"retry":{"max_attempts":1}}`, failing.Base(), limited.Base())),
 		entry(t, fmt.Sprintf(`{"name":"good","api":"openai","endpoints":[%q],"tier":"small","context_window":4000,
 		  "price":{"input_per_1k":1,"output_per_1k":2}}`, ok.Base())))
 	rec := &recorded{}
