@@ -27,11 +27,16 @@ const (
 	CircuitBreakerOpen  Code = "circuit_breaker_open"
 	Timeout             Code = "timeout"
 	ResourceExhausted   Code = "resource_exhausted"
-	CheckpointFailed    Code = "checkpoint_failed"
-	ResumeFailed        Code = "resume_failed"
-	StateConflict       Code = "state_conflict"
-	InternalError       Code = "internal_error"
-	Cancelled           Code = "cancelled"
+	// The document bridge's: a document or source that does not exist, a
+	// source that cannot be reached, a version no longer served.
+	DocumentNotFound        Code = "document_not_found"
+	DocumentUnavailable     Code = "document_unavailable"
+	DocumentVersionConflict Code = "document_version_conflict"
+	CheckpointFailed        Code = "checkpoint_failed"
+	ResumeFailed            Code = "resume_failed"
+	StateConflict           Code = "state_conflict"
+	InternalError           Code = "internal_error"
+	Cancelled               Code = "cancelled"
 	// InvocationNotFound: no invocation with that id is known (named like
 	// the contract's tool_not_found and document_not_found).
 	InvocationNotFound Code = "invocation_not_found"

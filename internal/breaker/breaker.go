@@ -252,7 +252,7 @@ func countsAsFailure(err error) bool {
 	switch te.Code {
 	case api.ToolExecutionError, api.Timeout, api.SandboxFailure:
 		return true
-	case api.ExternalAPIError:
+	case api.ExternalAPIError, api.DocumentUnavailable:
 		// A 4xx answer is the request's fault; the endpoint is up.
 		return te.Retryable
 	}

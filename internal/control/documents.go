@@ -82,7 +82,7 @@ func (h *handlers) removeDocSource(req micro.Request) {
 	defer cancel()
 	err := h.admin.DeleteDocSource(ctx, r.Name)
 	if errors.Is(err, kvstore.ErrDocSourceNotFound) {
-		err = api.NewError(api.InvalidParameters, api.EDocNotFound, "no document source %q is declared", r.Name)
+		err = api.NewError(api.DocumentNotFound, api.EDocNotFound, "no document source %q is declared", r.Name)
 	}
 	if err != nil {
 		respondError(req, err)

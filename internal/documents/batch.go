@@ -92,7 +92,7 @@ func (b *Bridge) fetchBatch(ctx context.Context, src *source, refs []Ref) map[Re
 	for _, r := range refs {
 		f := fetched{err: notFound(fmt.Sprintf("document %s does not exist at source %s", r.ID, spec.Name))}
 		if r.Version != "" {
-			f.err = api.NewError(api.StateConflict, api.EDocVersionConflict,
+			f.err = api.NewError(api.DocumentVersionConflict, api.EDocVersionConflict,
 				"document %s of source %s: version %s is no longer served", r.ID, spec.Name, r.Version).
 				WithDetail("not_started", true).WithDetail("document_id", r.ID).WithDetail("version", r.Version)
 		}

@@ -275,7 +275,7 @@ func (b *Bridge) Listen(nc *nats.Conn) (stop func(), err error) {
 }
 
 func unavailable(source, format string, args ...any) *api.Error {
-	e := api.NewError(api.ExternalAPIError, api.EDocUnavailable, "document source %s is unavailable: "+format,
+	e := api.NewError(api.DocumentUnavailable, api.EDocUnavailable, "document source %s is unavailable: "+format,
 		append([]any{source}, args...)...)
 	return e.AsRetryable().WithDetail("not_started", true).WithDetail("source", source)
 }

@@ -100,6 +100,12 @@ func wantCode(t *testing.T, err error, ecode string) *api.Error {
 	if ns, _ := te.Details["not_started"].(bool); !ns {
 		t.Fatalf("%s without details.not_started", ecode)
 	}
+	// The document bridge specification's ToolErrorCode travels beside the
+	// number.
+	if want, ok := map[string]api.Code{api.EDocNotFound: api.DocumentNotFound, api.EDocUnavailable: api.DocumentUnavailable,
+		api.EDocVersionConflict: api.DocumentVersionConflict}[ecode]; ok && te.Code != want {
+		t.Fatalf("%s has code %s, want %s", ecode, te.Code, want)
+	}
 	return te
 }
 

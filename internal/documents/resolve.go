@@ -302,7 +302,7 @@ func decodeContents(spec *Source, r Ref, res *mcp.ReadResourceResult) (Document,
 		version = "sha256-" + hex.EncodeToString(sum[:8])
 	}
 	if r.Version != "" && version != r.Version {
-		return Document{}, api.NewError(api.StateConflict, api.EDocVersionConflict,
+		return Document{}, api.NewError(api.DocumentVersionConflict, api.EDocVersionConflict,
 			"document %s of source %s: version %s is not served (the source has %s)", r.ID, spec.Name, r.Version, version).
 			WithDetail("not_started", true).WithDetail("document_id", r.ID).WithDetail("version", r.Version)
 	}
@@ -325,7 +325,7 @@ func (b *Bridge) readErr(ctx context.Context, spec *Source, r Ref, sess interfac
 	if errors.As(err, &rpc) && (rpc.Code > -32003 || rpc.Code < -32005) {
 		if rpc.Code == -32002 || rpc.Code == jsonrpc.CodeInvalidParams && strings.Contains(strings.ToLower(rpc.Message), "not found") {
 			if r.Version != "" {
-				return api.NewError(api.StateConflict, api.EDocVersionConflict,
+				return api.NewError(api.DocumentVersionConflict, api.EDocVersionConflict,
 					"document %s of source %s: version %s is no longer served", r.ID, spec.Name, r.Version).
 					WithDetail("not_started", true).WithDetail("document_id", r.ID).WithDetail("version", r.Version)
 			}
@@ -422,7 +422,7 @@ func SearchResult(v any) ([]string, error) {
 }
 
 func notFound(msg string) *api.Error {
-	return api.NewError(api.InvalidParameters, api.EDocNotFound, "%s", msg).WithDetail("not_started", true)
+	return api.NewError(api.DocumentNotFound, api.EDocNotFound, "%s", msg).WithDetail("not_started", true)
 }
 
 func protocol(source, format string, args ...any) *api.Error {

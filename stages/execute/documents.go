@@ -46,7 +46,7 @@ func (x *Executor) documents(ctx context.Context, inv *envelope.Invocation, m *t
 		return nil, errNoDocumentsParameter(m)
 	}
 	if x.Documents == nil {
-		return nil, api.NewError(api.ExternalAPIError, api.EDocUnavailable,
+		return nil, api.NewError(api.DocumentUnavailable, api.EDocUnavailable,
 			"%s: the call asks for documents and this worker has no document bridge", m.Key()).WithDetail("not_started", true)
 	}
 	h, err := x.Documents.Resolve(ctx, inv, m, pins)

@@ -429,7 +429,7 @@ func Limit(m *tools.Manifest, req *api.Request) time.Duration {
 }
 
 // defaultRetryable are the error classes retried when a retry policy names none.
-var defaultRetryable = []string{string(api.Timeout), string(api.ExternalAPIError), string(api.RateLimitExceeded)}
+var defaultRetryable = []string{string(api.Timeout), string(api.ExternalAPIError), string(api.RateLimitExceeded), string(api.DocumentUnavailable)}
 
 // retryPolicy builds the manifest's retry policy: exponential backoff with
 // full jitter, for the error classes it lists. A tool is retried only when it
