@@ -89,8 +89,14 @@ type ExecutionMetadata struct {
 	StartedAt   string `json:"started_at,omitempty"`
 	CompletedAt string `json:"completed_at,omitempty"`
 	// CPUUsedMillicoreSeconds and MemoryPeakMB are filled by executors that can measure them.
+	// (cli tools: the sandbox's accounting of its processes).
 	CPUUsedMillicoreSeconds int64 `json:"cpu_used_millicore_seconds,omitempty"`
 	MemoryPeakMB            int64 `json:"memory_peak_mb,omitempty"`
+	// NetworkBytesIn and NetworkBytesOut are the bytes a networked run's
+	// egress proxy carried from and to the hosts it reached; absent for a
+	// run without network.
+	NetworkBytesIn  *int64 `json:"network_bytes_in,omitempty"`
+	NetworkBytesOut *int64 `json:"network_bytes_out,omitempty"`
 	// ToolID and ToolVersion name what actually ran, after version resolution.
 	ToolID      string `json:"tool_id,omitempty"`
 	ToolVersion string `json:"tool_version,omitempty"`

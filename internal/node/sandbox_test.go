@@ -239,6 +239,12 @@ func TestExampleCLITool(t *testing.T) {
 	if resp.Status != api.StatusSuccess || counts.Lines != 2 || counts.Words != 8 || counts.Bytes != 31 {
 		t.Fatalf("%s %s %s", resp.Status, resp.Result, mustJSON(t, resp.Error))
 	}
+	// What its processes used is in the result; a run without network
+	// reports no network bytes.
+	md := resp.ExecutionMetadata
+	if md == nil || md.MemoryPeakMB < 1 || md.NetworkBytesIn != nil || md.NetworkBytesOut != nil {
+		t.Fatalf("execution metadata %s", mustJSON(t, md))
+	}
 }
 
 // TestCLIRefusedWithoutSandbox: where bubblewrap cannot run, a cli tool is

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -160,6 +161,28 @@ type proxy struct {
 	closed  bool
 	closing chan struct{}
 	tunnels sync.WaitGroup
+	once    sync.Once
+	// in and out count the bytes read from and written to the hosts
+	// dialled.
+	in, out atomic.Int64
+}
+
+// counted counts the bytes through a connection to a host.
+type counted struct {
+	net.Conn
+	in, out *atomic.Int64
+}
+
+func (c *counted) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	c.in.Add(int64(n))
+	return n, err
+}
+
+func (c *counted) Write(b []byte) (int, error) {
+	n, err := c.Conn.Write(b)
+	c.out.Add(int64(n))
+	return n, err
 }
 
 // startProxy listens on sock (made reachable to uid when not 0).
@@ -177,6 +200,14 @@ func startProxy(cfg Config, eg *Egress, sock string, uid uint32) (*proxy, error)
 	p := &proxy{ln: ln, eg: eg, dial: cfg.EgressDial, done: make(chan struct{}), closing: make(chan struct{})}
 	if p.dial == nil {
 		p.dial = publicDial
+	}
+	dial := p.dial
+	p.dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dial(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return &counted{Conn: c, in: &p.in, out: &p.out}, nil
 	}
 	p.plain = &httputil.ReverseProxy{
 		// The request already names its target; only hop-by-hop headers
@@ -200,15 +231,18 @@ func startProxy(cfg Config, eg *Egress, sock string, uid uint32) (*proxy, error)
 	return p, nil
 }
 
-// close stops the proxy and every connection it holds, tunnels included.
+// close stops the proxy and every connection it holds, tunnels included;
+// later calls do nothing.
 func (p *proxy) close() {
-	p.mu.Lock()
-	p.closed = true
-	p.mu.Unlock()
-	close(p.closing)
-	_ = p.srv.Close()
-	<-p.done
-	p.tunnels.Wait()
+	p.once.Do(func() {
+		p.mu.Lock()
+		p.closed = true
+		p.mu.Unlock()
+		close(p.closing)
+		_ = p.srv.Close()
+		<-p.done
+		p.tunnels.Wait()
+	})
 }
 
 // ServeHTTP answers 403 for a host the run may not reach, 502 when the dial

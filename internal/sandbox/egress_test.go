@@ -42,6 +42,11 @@ func TestEgressOnlyThroughProxy(t *testing.T) {
 		if err != nil || strings.TrimSpace(string(res.Stdout)) != `{"reached":"api.example.test"}` {
 			t.Fatalf("allowed host through the proxy (%s): %v %s %s", script, err, res.Stdout, res.Stderr)
 		}
+		// The proxy counted the exchange: at least the request line out,
+		// the response with its 30-byte body in.
+		if res.NetOut < int64(len("GET / HTTP/1.1\r\n")) || res.NetIn < 30 {
+			t.Fatalf("%s: network bytes in %d, out %d", script, res.NetIn, res.NetOut)
+		}
 	}
 	for name, script := range map[string]string{
 		"host loopback directly":          `curl -sS --max-time 3 --noproxy '*' http://127.0.0.1:` + hostPort + `/`,

@@ -130,6 +130,14 @@ type Result struct {
 	Stdout   []byte
 	Stderr   []byte
 	ExitCode int
+	// CPU is the user and system time of the run's processes (those the
+	// sandbox waited for), and MaxRSSKB the largest resident set among
+	// them, from the kernel's accounting at exit.
+	CPU      time.Duration
+	MaxRSSKB int64
+	// NetIn and NetOut are the bytes the run's egress proxy carried from
+	// and to the hosts it reached.
+	NetIn, NetOut int64
 }
 
 // Available reports whether bubblewrap can make a sandbox on this host.
@@ -190,9 +198,9 @@ func Run(ctx context.Context, cfg Config, spec Spec) (Result, error) {
 		}
 		defer undo()
 	}
+	var px *proxy
 	if egressed(cfg, spec) {
-		px, err := startProxy(cfg, spec.Egress, filepath.Join(work, "egress.sock"), uid)
-		if err != nil {
+		if px, err = startProxy(cfg, spec.Egress, filepath.Join(work, "egress.sock"), uid); err != nil {
 			return Result{}, startErr(err)
 		}
 		defer px.close()
@@ -244,6 +252,14 @@ func Run(ctx context.Context, cfg Config, spec Spec) (Result, error) {
 	}
 	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) // anything left in the group
 	res := Result{Stdout: stdout.buf.Bytes(), Stderr: stderr.buf.Bytes(), ExitCode: cmd.ProcessState.ExitCode()}
+	if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
+		res.CPU = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+		res.MaxRSSKB = ru.Maxrss
+	}
+	if px != nil {
+		px.close() // its tunnels end, so the counts are whole
+		res.NetIn, res.NetOut = px.in.Load(), px.out.Load()
+	}
 	switch {
 	case stdout.exceeded:
 		return res, api.NewError(api.SandboxFailure, api.EResourceLimit,

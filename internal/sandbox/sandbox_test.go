@@ -78,6 +78,28 @@ func TestRunsAJSONTool(t *testing.T) {
 	}
 }
 
+// TestRunAccounting: a run reports the CPU time and peak memory of its
+// processes, from the kernel's accounting of the processes it waited for.
+func TestRunAccounting(t *testing.T) {
+	cfg := requireSandbox(t)
+	// A loop for CPU, then dd with a 48 MiB buffer, which it fills.
+	script := `i=0; while [ $i -lt 100000 ]; do i=$((i+1)); done; dd if=/dev/zero of=/dev/null bs=48M count=1 2>/dev/null; echo '{}'`
+	res, err := Run(context.Background(), cfg, Spec{Argv: []string{"sh", "-c", script},
+		Limits: Limits{Wall: 30 * time.Second, MemoryMB: 256}})
+	if err != nil {
+		t.Fatalf("%v: %s", err, res.Stderr)
+	}
+	if res.CPU < 20*time.Millisecond {
+		t.Fatalf("CPU %v for a loop of 100,000 steps", res.CPU)
+	}
+	if res.MaxRSSKB < 48*1024 || res.MaxRSSKB > 256*1024 {
+		t.Fatalf("peak memory %d KiB for a 48 MiB buffer", res.MaxRSSKB)
+	}
+	if res.NetIn != 0 || res.NetOut != 0 {
+		t.Fatalf("network bytes %d/%d without network", res.NetIn, res.NetOut)
+	}
+}
+
 // TestContainsAttacks: each hostile tool is stopped with its code, leaves no
 // process behind, and touches nothing of the host.
 func TestContainsAttacks(t *testing.T) {

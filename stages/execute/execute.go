@@ -273,6 +273,7 @@ func (x *Executor) Process(ctx context.Context, inv *envelope.Invocation) (_ []s
 	tr.finish(err != nil)
 	inv.Metadata.Attempts = int(attempts.Load())
 	inv.Metadata.Model = meter.Model()
+	meter.FillMetadata(&inv.Metadata)
 	guard.End(ctx, err, time.Since(start))
 	end := time.Now()
 	inv.Metadata.StartedAt = start.UTC().Format(time.RFC3339Nano)

@@ -122,6 +122,7 @@ func (k *Kind) Prepare(m *tools.Manifest, inv *envelope.Invocation) (kind.Func, 
 			}
 		}
 		res, err := sandbox.Run(ctx, k.Sandbox, spec)
+		kind.MeterFrom(ctx).AddResources(res.CPU, res.MaxRSSKB, spec.Network, res.NetIn, res.NetOut)
 		if err == nil {
 			err = ctlErr
 		}

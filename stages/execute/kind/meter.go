@@ -3,6 +3,7 @@ package kind
 import (
 	"context"
 	"sync"
+	"time"
 
 	"github.com/toolgate/toolgate/api"
 )
@@ -14,6 +15,54 @@ import (
 type Meter struct {
 	mu    sync.Mutex
 	model *api.ModelUse
+	res   usage
+}
+
+// usage is what a tool's processes used, where the kind can know it:
+// CPU time, the peak resident memory, and network bytes in and out.
+type usage struct {
+	CPU                 time.Duration
+	MaxRSSKB            int64
+	NetIn, NetOut       int64
+	measured, networked bool
+}
+
+// AddResources adds one process's figures: CPU and network bytes add up
+// (retries included), memory is the peak of them all.
+func (m *Meter) AddResources(cpu time.Duration, maxRSSKB int64, networked bool, netIn, netOut int64) {
+	if m == nil {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.res.measured = true
+	m.res.CPU += cpu
+	m.res.MaxRSSKB = max(m.res.MaxRSSKB, maxRSSKB)
+	if networked {
+		m.res.networked = true
+		m.res.NetIn += netIn
+		m.res.NetOut += netOut
+	}
+}
+
+// FillMetadata copies the recorded figures into md: CPU in millicore
+// seconds (a millisecond of CPU time is one), memory in MB rounded up,
+// network bytes only for a run that had network.
+func (m *Meter) FillMetadata(md *api.ExecutionMetadata) {
+	if m == nil {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.res.measured {
+		return
+	}
+	md.CPUUsedMillicoreSeconds = m.res.CPU.Milliseconds()
+	md.MemoryPeakMB = (m.res.MaxRSSKB + 1023) / 1024
+	if m.res.networked {
+		in, out := m.res.NetIn, m.res.NetOut
+		md.NetworkBytesIn, md.NetworkBytesOut = &in, &out
+	}
 }
 
 // SetModel records a model call's use, replacing an earlier record.
