@@ -59,6 +59,12 @@ type Checkpoint struct {
 	ExpiresAt time.Time `json:"expires_at,omitzero"`
 	// Expired is set in listings of checkpoints whose time has passed.
 	Expired bool `json:"expired,omitempty"`
+	// StoredDigest is the SHA-256 (hex) of the stored bytes, and Sig the
+	// execute stage's signature over this description without Sig: a run
+	// resumes only from a checkpoint execute wrote under its own key (its
+	// tenant, invocation and sequence), with the bytes it stored.
+	StoredDigest string `json:"stored_sha256,omitempty"`
+	Sig          string `json:"sig,omitempty"`
 }
 
 // CheckpointMetadata is one entry of a response's checkpoints_created.

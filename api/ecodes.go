@@ -115,6 +115,16 @@ const (
 	// A record another role stored for this one to trust (a hook's
 	// decision) does not carry its maker's signature.
 	ERecordUnsigned = "E3225"
+	// A status record's cancel flag without the control service's
+	// signature for that invocation: ignored, and audited.
+	ECancelUnsigned = "E3235"
+	// A checkpoint whose description execute did not sign, or that is
+	// bound to another invocation, tenant or sequence than the key it is
+	// stored under: not resumed from.
+	ECheckpointUnsigned = "E3236"
+	// A rate-limit counter found deleted: counted as empty, never as
+	// refilled.
+	ECounterErased = "E3237"
 )
 
 // Resilience codes.

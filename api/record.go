@@ -24,8 +24,12 @@ type Record struct {
 	// drops any other message that would end the invocation a second time.
 	Ending string `json:"ending,omitempty"`
 	// CancelRequested survives later status writes until the invocation
-	// ends: execute checks it before running the tool.
-	CancelRequested bool `json:"cancel_requested,omitempty"`
+	// ends: execute checks it before running the tool, and honours it only
+	// with CancelSig, the control service's signature (its message-signing
+	// key) over the tenant and invocation id: every stage may write this
+	// bucket, so the flag alone proves nothing.
+	CancelRequested bool   `json:"cancel_requested,omitempty"`
+	CancelSig       string `json:"cancel_sig,omitempty"`
 	// Progress and Checkpoint are the latest a running tool reported.
 	Progress   *Progress      `json:"progress,omitempty"`
 	Checkpoint *CheckpointRef `json:"checkpoint,omitempty"`

@@ -3,6 +3,8 @@ package kvstore
 import (
 	"cmp"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -137,6 +139,8 @@ func (s *Store) SaveCheckpoint(ctx context.Context, cp api.Checkpoint, state jso
 		stored, cp.Encoding = z, encZstd
 	}
 	cp.StoredBytes = len(stored)
+	sum := sha256.Sum256(stored)
+	cp.StoredDigest, cp.Sig = hex.EncodeToString(sum[:]), ""
 	cp.Chunks = max(1, (len(stored)+chunkBytes-1)/chunkBytes)
 	var chunkOpts, metaOpts []jetstream.KVCreateOpt
 	if kept > 0 {
@@ -151,6 +155,10 @@ func (s *Store) SaveCheckpoint(ctx context.Context, cp api.Checkpoint, state jso
 		}
 	}
 	desc, err := json.Marshal(cp)
+	if err == nil && s.signCheckpoint != nil {
+		cp.Sig = s.signCheckpoint(desc)
+		desc, err = json.Marshal(cp)
+	}
 	if err != nil {
 		return cp, checkpointErr(err, api.CheckpointFailed, api.ECheckpointCreate, "%v", err)
 	}
@@ -202,8 +210,40 @@ func (s *Store) checkpointMeta(ctx context.Context, tenant, inv string, seq int,
 	if err := json.Unmarshal(e.Value(), &cp); err != nil || cp.ID != id || cp.Tenant != tenant {
 		return api.Checkpoint{}, checkpointErr(err, api.ResumeFailed, api.ECheckpointRestore, "checkpoint %s has a corrupt description", id)
 	}
+	if err := s.checkSigned(cp, inv, seq); err != nil {
+		return api.Checkpoint{}, err
+	}
 	cp.Expired = !cp.ExpiresAt.IsZero() && !s.now().Before(cp.ExpiresAt)
 	return cp, nil
+}
+
+// SignCheckpoints has the store sign each checkpoint it saves with sign
+// and resume only from those check accepts (execute's key: any role that
+// may delete checkpoints may also write the bucket). Set it before the
+// store is used.
+func (s *Store) SignCheckpoints(sign func(desc []byte) string, check func(desc []byte, sig string) bool) {
+	s.signCheckpoint, s.checkpointSigned = sign, check
+}
+
+// checkSigned refuses (E3236) a description read under the key of
+// invocation inv, number seq, that execute did not sign, or signed for
+// another key: one call's checkpoint moved under another's name.
+func (s *Store) checkSigned(cp api.Checkpoint, inv string, seq int) error {
+	if s.checkpointSigned == nil {
+		return nil
+	}
+	if cp.InvocationID != inv || cp.Seq != seq {
+		return checkpointErr(nil, api.ResumeFailed, api.ECheckpointUnsigned,
+			"checkpoint %s is stored under invocation %s number %d, not its own", cp.ID, inv, seq)
+	}
+	sig := cp.Sig
+	cp.Sig, cp.Expired = "", false
+	desc, err := json.Marshal(cp)
+	if err != nil || !s.checkpointSigned(desc, sig) {
+		return checkpointErr(err, api.ResumeFailed, api.ECheckpointUnsigned,
+			"checkpoint %s is not signed by the execute stage: written into the bucket by another role, or altered", cp.ID)
+	}
+	return nil
 }
 
 // LoadCheckpoint returns checkpoint id of tenant and the state it holds:
@@ -240,6 +280,13 @@ func (s *Store) restore(ctx context.Context, cp api.Checkpoint) (json.RawMessage
 	}
 	if len(stored) != cp.StoredBytes {
 		return nil, checkpointErr(nil, api.ResumeFailed, api.ECheckpointRestore, "checkpoint %s holds %d bytes, not %d", cp.ID, len(stored), cp.StoredBytes)
+	}
+	if s.checkpointSigned != nil {
+		// The signed description names the bytes; chunks are plain keys.
+		if sum := sha256.Sum256(stored); hex.EncodeToString(sum[:]) != cp.StoredDigest {
+			return nil, checkpointErr(nil, api.ResumeFailed, api.ECheckpointUnsigned,
+				"checkpoint %s holds other bytes than execute stored: replaced by another role", cp.ID)
+		}
 	}
 	switch cp.Encoding {
 	case encJSON:

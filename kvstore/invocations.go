@@ -39,7 +39,7 @@ func (s *Store) SetStatus(ctx context.Context, rec api.Record) (api.Record, bool
 				next.Digest = stored.Digest
 			}
 			if stored.CancelRequested {
-				next.CancelRequested = true
+				next.CancelRequested, next.CancelSig = true, stored.CancelSig
 			}
 			if next.DocumentPins == nil {
 				next.DocumentPins = stored.DocumentPins // the versions the call read stay recorded
@@ -74,7 +74,7 @@ func (s *Store) ClaimRun(ctx context.Context, rec api.Record, fill func(prev api
 				next.Digest = cur.Digest
 			}
 			if cur.CancelRequested {
-				next.CancelRequested = true
+				next.CancelRequested, next.CancelSig = true, cur.CancelSig
 			}
 		}
 		if fill != nil {
@@ -112,7 +112,7 @@ func (s *Store) ClaimInvocation(ctx context.Context, tenant, id string, seq uint
 		rec := api.Record{InvocationID: id, Tenant: tenant, Status: api.StatusPending, Seq: seq, Digest: digest,
 			UpdatedAt: time.Now().UTC()}
 		if exists {
-			rec.CancelRequested, rec.Status = stored.CancelRequested, stored.Status
+			rec.CancelRequested, rec.CancelSig, rec.Status = stored.CancelRequested, stored.CancelSig, stored.Status
 		}
 		*stored = rec
 		return nil

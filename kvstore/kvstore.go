@@ -122,6 +122,14 @@ type Store struct {
 
 	usageMu      sync.Mutex
 	usageBatches map[string]*usageBatch // keys whose usage is being written
+
+	// onErased hears of rate-limit counters found deleted (ratelimit.go).
+	onErased func(ctx context.Context, tenant, tool string)
+	// signCheckpoint signs the checkpoints this store writes and
+	// checkpointSigned checks those it reads (checkpoints.go); nil on a
+	// bus without signing keys.
+	signCheckpoint   func(desc []byte) string
+	checkpointSigned func(desc []byte, sig string) bool
 }
 
 // Open opens the buckets, creating any that are missing. It is safe to call
@@ -271,6 +279,39 @@ func Open(ctx context.Context, js jetstream.JetStream, o Options) (*Store, error
 }
 
 func ensure(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
+	kv, err := ensureBucket(ctx, js, cfg)
+	if err != nil {
+		return nil, err
+	}
+	return kv, eraseProof(ctx, js, cfg.Bucket)
+}
+
+// eraseProof makes the stream of a bucket in which a missing key grants
+// more than a stored one (a rate-limit counter: missing is full) refuse
+// purges and deletes, whoever may write the bucket: a KV purge is a
+// roll-up, which a stream that denies purges refuses, and JetStream never
+// lifts either denial once set. A KV delete is a marker message, which
+// no stream setting refuses; the reader counts it (UpdateBucket).
+func eraseProof(ctx context.Context, js jetstream.JetStream, bucket string) error {
+	if bucket != BucketRateLimits {
+		return nil
+	}
+	st, err := js.Stream(ctx, subjects.BucketStream(bucket))
+	if err != nil {
+		return fmt.Errorf("bucket %s: %w", bucket, err)
+	}
+	sc := st.CachedInfo().Config
+	if sc.DenyPurge && sc.DenyDelete && !sc.AllowRollup {
+		return nil
+	}
+	sc.DenyPurge, sc.DenyDelete, sc.AllowRollup = true, true, false
+	if _, err := js.UpdateStream(ctx, sc); err != nil {
+		return fmt.Errorf("bucket %s: refusing purges: %w", bucket, err)
+	}
+	return nil
+}
+
+func ensureBucket(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
 	kv, err := js.KeyValue(ctx, cfg.Bucket)
 	if err == nil {
 		if err := perKeyTTL(ctx, js, cfg); err != nil {

@@ -158,6 +158,13 @@ func WithSigner(sign func(subject string, h nats.Header, data []byte) nats.Heade
 	return func(h *handlers) { h.sign = sign }
 }
 
+// WithCancelSigner signs each cancel request the service records on an
+// invocation's status (seal.Signer.SignCancel): execute honours the flag
+// only with control's signature, since every stage may write that bucket.
+func WithCancelSigner(sign func(tenant, id string) string) Option {
+	return func(h *handlers) { h.signCancel = sign }
+}
+
 // WithJetStream has the service publish through js, such as a
 // seal.SigningJetStream that signs what it sends, instead of a JetStream
 // of its own on the connection.
@@ -174,6 +181,7 @@ type handlers struct {
 	checkManifest func(*tools.Manifest) error
 	stateProof    signedstate.Verify
 	sign          func(subject string, h nats.Header, data []byte) nats.Header
+	signCancel    func(tenant, id string) string
 	nc            *nats.Conn
 	js            jetstream.JetStream
 	store         store
@@ -223,7 +231,13 @@ func (h *handlers) doCancel(r api.CancelRequest) (any, error) {
 	if err := h.known(ctx, r.TenantID, r.InvocationID); err != nil {
 		return nil, err
 	}
-	rec, err := h.store.UpdateRecord(ctx, r.TenantID, r.InvocationID, func(rec *api.Record) { rec.CancelRequested = true })
+	var sig string
+	if h.signCancel != nil {
+		sig = h.signCancel(r.TenantID, r.InvocationID)
+	}
+	rec, err := h.store.UpdateRecord(ctx, r.TenantID, r.InvocationID, func(rec *api.Record) {
+		rec.CancelRequested, rec.CancelSig = true, sig
+	})
 	if err != nil {
 		return nil, err
 	}

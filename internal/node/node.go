@@ -502,6 +502,10 @@ func (n *Node) NewStage(ctx context.Context, name string, c StageConfig) (stages
 		return n.newAuthorizer(ctx, c)
 	case subjects.Route:
 		r := route.New(n.Registry, c.kinds().Names()...)
+		n.Store.OnCounterErased(func(ctx context.Context, tenant, tool string) {
+			n.refusedState(ctx, "urn:toolgate:route", "ratelimit:"+tenant+"/"+tool, 0, api.NewError(api.RateLimitExceeded,
+				api.ECounterErased, "the rate-limit counter of %s in tenant %s was deleted: counted as empty from then, not refilled", tool, tenant))
+		})
 		limits := ratelimit.New(n.Store, cmp.Or(c.RateLimitLease, 8))
 		limits.Overrides = c.RateLimits
 		r.Limits = limits
@@ -536,6 +540,15 @@ func (n *Node) NewStage(ctx context.Context, name string, c StageConfig) (stages
 		}
 		if c.Seals != nil { // a nil *seal.Verifier would be a non-nil Seals
 			x.Seals = c.Seals
+		}
+		if c.Messages != nil {
+			x.CancelSigned = c.Messages.CancelSigned
+			if n.Signer != nil {
+				n.Store.SignCheckpoints(n.Signer.SignCheckpoint, c.Messages.CheckpointSigned)
+			}
+		}
+		x.Refused = func(ctx context.Context, what string, rev uint64, cause error) {
+			n.refusedState(ctx, "urn:toolgate:execute", what, rev, cause)
 		}
 		x.Verifier = verify.New(n.Registry, verify.Config{Tenants: c.TenantActions, Detectors: c.Detectors, Classifier: c.InjectionClassifier})
 		x.Breakers = breaker.New(n.Store, x.Publish, n.Log)

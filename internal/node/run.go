@@ -601,7 +601,7 @@ func (r *run) startControl(ctx context.Context) (stop func(), err error) {
 	}
 	opts = append(opts, control.WithJetStream(ctl.JS), control.WithManifestCheck(c.Stage.kinds().Check))
 	if ctl.Signer != nil {
-		opts = append(opts, control.WithSigner(ctl.Signer.Sign))
+		opts = append(opts, control.WithSigner(ctl.Signer.Sign), control.WithCancelSigner(ctl.Signer.SignCancel))
 	}
 	decisions := &approval.Service{Store: ctl.Store, JS: ctl.JS, Log: r.log}
 	svc, err := control.Start(ctl.NC, ctl.Store, ctl.Registry, decisions, opts...)

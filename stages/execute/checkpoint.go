@@ -241,6 +241,10 @@ func compactJSON(b []byte) ([]byte, error) {
 func (x *Executor) resumeFrom(ctx context.Context, inv *envelope.Invocation, toolID string, tr *tracker, interrupted bool) (found bool, err error) {
 	if interrupted {
 		latest, ok, maxSeq, err := x.store.LatestCheckpoint(ctx, inv.Tenant, inv.ID)
+		if errors.Is(err, &api.Error{Code: api.ResumeFailed, ECode: api.ECheckpointUnsigned}) {
+			x.refused(ctx, "checkpoint:"+inv.Tenant+"/"+inv.ID, inv.Event.Seq, err)
+			return false, err // not retried: a redelivery reads the same record
+		}
 		if err != nil {
 			return false, stages.Transient(errors.Join(errors.New("finding the last checkpoint"), err), 0)
 		}
@@ -257,6 +261,9 @@ func (x *Executor) resumeFrom(ctx context.Context, inv *envelope.Invocation, too
 
 func (x *Executor) restoreInto(ctx context.Context, inv *envelope.Invocation, toolID string, tr *tracker, id string) error {
 	cp, state, err := x.store.LoadCheckpoint(ctx, inv.Tenant, id)
+	if errors.Is(err, &api.Error{Code: api.ResumeFailed, ECode: api.ECheckpointUnsigned}) {
+		x.refused(ctx, "checkpoint:"+inv.Tenant+"/"+id, inv.Event.Seq, err)
+	}
 	if err != nil {
 		var e *api.Error
 		if errors.As(err, &e) && e.Retryable {

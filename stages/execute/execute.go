@@ -80,7 +80,16 @@ type Executor struct {
 	// A refusal ends the call permission_denied (E3218), audited as every
 	// refusal is.
 	Seals Seals
-	kinds map[string]Kind
+	// CancelSigned, when set, is the check a status record's cancel flag
+	// must pass to stop a call: the control service's signature over the
+	// tenant and invocation id (seal.Messages.CancelSigned). Any stage may
+	// write the status bucket; a flag without that signature is ignored,
+	// and reported to Refused.
+	CancelSigned func(tenant, id, sig string) bool
+	// Refused, when set, audits a shared record execute ignored because
+	// its owner did not sign it (what names it, cause says why).
+	Refused func(ctx context.Context, what string, rev uint64, cause error)
+	kinds   map[string]Kind
 }
 
 // Seals checks that an invocation carries authorize's sealed decision.
@@ -188,7 +197,11 @@ func (x *Executor) Process(ctx context.Context, inv *envelope.Invocation) (_ []s
 		return nil, nil
 	}
 	if rec.CancelRequested {
-		return nil, cancelled(m)
+		if x.CancelSigned == nil || x.CancelSigned(inv.Tenant, inv.ID, rec.CancelSig) {
+			return nil, cancelled(m)
+		}
+		x.refused(ctx, "cancel_flag:"+inv.Tenant+"/"+inv.ID, inv.Event.Seq, api.NewError(api.PermissionDenied, api.ECancelUnsigned,
+			"the cancel flag on invocation %s is not signed by the control service: written into the status bucket by another role; ignored", inv.ID))
 	}
 	// Until the tool starts, a failure that is retried (a checkpoint's
 	// load, the breaker's shared state) gives the claim back, so that the
@@ -290,6 +303,13 @@ func (x *Executor) Process(ctx context.Context, inv *envelope.Invocation) (_ []s
 	}
 	inv.Result = result
 	return outs, nil
+}
+
+// refused reports a record execute ignored, when it has where to.
+func (x *Executor) refused(ctx context.Context, what string, rev uint64, cause error) {
+	if x.Refused != nil {
+		x.Refused(ctx, what, rev, cause)
+	}
 }
 
 // unclaimTimeout bounds the write that gives a claim back.

@@ -55,7 +55,9 @@ func (f *fakeStore) SetStatus(_ context.Context, rec api.Record) (api.Record, bo
 	if ok && (cur.Status.Terminal() || (cur.Seq != 0 && rec.Seq != 0 && cur.Seq != rec.Seq)) {
 		return cur, false, nil
 	}
-	rec.CancelRequested = rec.CancelRequested || cur.CancelRequested
+	if cur.CancelRequested {
+		rec.CancelRequested, rec.CancelSig = true, cur.CancelSig
+	}
 	f.records[rec.InvocationID] = rec
 	return rec, true, nil
 }
@@ -70,7 +72,9 @@ func (f *fakeStore) ClaimRun(_ context.Context, rec api.Record, fill func(api.Re
 	if ok && (cur.Status.Terminal() || (cur.Seq != 0 && rec.Seq != 0 && cur.Seq != rec.Seq)) {
 		return cur, ok, cur, false, nil
 	}
-	rec.CancelRequested = rec.CancelRequested || cur.CancelRequested
+	if cur.CancelRequested {
+		rec.CancelRequested, rec.CancelSig = true, cur.CancelSig
+	}
 	if fill != nil {
 		fill(cur, &rec)
 	}

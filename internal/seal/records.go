@@ -1,0 +1,45 @@
+package seal
+
+import (
+	"strconv"
+
+	"github.com/toolgate/toolgate/internal/busauth"
+)
+
+// Kinds of the run-time records one role signs for another to check
+// (Signer.SignRecord): a record's signature is checked for its kind and
+// its owner's role only, so one kind's signature never passes as another's.
+const (
+	// RecordCancel is a cancel request on an invocation's status record:
+	// only the control service, which authenticated who asked, signs it.
+	RecordCancel = "cancel"
+	// RecordCheckpoint is a checkpoint's stored description: only execute
+	// signs it.
+	RecordCheckpoint = "checkpoint"
+)
+
+// cancelText is what a cancel signature covers: the tenant and the
+// invocation id, so a flag signed for one call proves nothing for another.
+func cancelText(tenant, id string) []byte {
+	return []byte(strconv.Quote(tenant) + "\n" + strconv.Quote(id))
+}
+
+// SignCancel signs a cancel request on tenant's invocation id (the
+// control service's Signer).
+func (s *Signer) SignCancel(tenant, id string) string {
+	return s.SignRecord(RecordCancel, cancelText(tenant, id))
+}
+
+// CancelSigned reports whether sig is the control service's signature of a
+// cancel request on tenant's invocation id.
+func (m *Messages) CancelSigned(tenant, id, sig string) bool {
+	return sig != "" && m.Record(busauth.RoleControl, RecordCancel, cancelText(tenant, id), sig)
+}
+
+// SignCheckpoint signs a checkpoint's description (execute's Signer).
+func (s *Signer) SignCheckpoint(desc []byte) string { return s.SignRecord(RecordCheckpoint, desc) }
+
+// CheckpointSigned reports whether sig is execute's signature of desc.
+func (m *Messages) CheckpointSigned(desc []byte, sig string) bool {
+	return sig != "" && m.Record(busauth.RoleExecute, RecordCheckpoint, desc, sig)
+}
