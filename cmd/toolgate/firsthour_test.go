@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/spf13/pflag"
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/node"
@@ -312,5 +313,42 @@ func TestExplicitCredentialsWin(t *testing.T) {
 	t.Setenv("TOOLGATE_TOKEN", "")
 	if r := tg(t, "", "status", "x", "--nats", s.url, "--token", otherKeyToken(t)); r.code != exitRefused || !strings.Contains(r.stderr, "--token") {
 		t.Errorf("refused --token: exit %d, want %d naming --token\n%s", r.code, exitRefused, r.stderr)
+	}
+}
+
+// TestGarbageTokenOneVoice: a capability token that is no JWT is refused
+// with one code, message and exit status, whether the command line sees it
+// before connecting (a tenant to act for is read from it) or the bus does.
+func TestGarbageTokenOneVoice(t *testing.T) {
+	cleanEnv(t)
+	s := startToolgate(t)
+	for _, args := range [][]string{
+		{"status", "x", "--token", "garbage"},                     // the tenant is read from the token first
+		{"status", "x", "--token", "garbage", "--tenant", "demo"}, // the bus refuses it
+	} {
+		r := tg(t, "", append(args, "--nats", s.url)...)
+		if r.code != exitRefused || !strings.Contains(r.stderr, "E3223") || !strings.Contains(r.stderr, "it is malformed") || !strings.Contains(r.stderr, "--token") {
+			t.Errorf("%q: exit %d, want %d, E3223, malformed, --token\n%s", args, r.code, exitRefused, r.stderr)
+		}
+	}
+	// Over MCP the client is told the same, as an error it shows.
+	cmd := toolgateCmd(t, t.TempDir(), []string{"TOOLGATE_TOKEN=garbage"}, "mcp", "--stdio", "--nats", s.url, "--log-level", "warn")
+	var stderr syncBuffer
+	cmd.Stderr = &stderr
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "desktop", Version: "1"}, nil).Connect(ctx, &mcp.CommandTransport{Command: cmd}, nil)
+	if err != nil {
+		t.Fatalf("MCP with a garbage token: connecting: %v\n%s", err, stderr.String())
+	}
+	_, err = cs.ListTools(ctx, nil)
+	cs.Close()
+	if err == nil || !strings.Contains(err.Error(), "E3223") || !strings.Contains(err.Error(), "it is malformed") {
+		t.Errorf("MCP tools/list with a garbage token: %v, want the command line's E3223 refusal", err)
+	}
+	if cmd.ProcessState == nil {
+		t.Error("mcp --stdio still running after the client closed")
+	} else if code := cmd.ProcessState.ExitCode(); code != exitRefused {
+		t.Errorf("mcp --stdio with a garbage token: exit %d, want %d", code, exitRefused)
 	}
 }

@@ -34,6 +34,9 @@ func (a *app) explainRefusal(err error) error {
 			return api.WrapError(err, api.PermissionDenied, api.ETokenExpired,
 				"the bus refused %s: it expired at %s; ask whoever issued it for a new one (toolgate token mint)", used, c.ExpiresAt.UTC().Format(time.RFC3339))
 		}
+		if _, perr := connect.TokenClaims(a.conn.Token); perr != nil {
+			return malformedToken(err, used, perr)
+		}
 		return api.WrapError(err, api.PermissionDenied, api.EBusRefused,
 			"the bus refused %s: it is revoked, malformed, or not signed by a key this deployment trusts; check it with `toolgate token inspect`, or ask for a new one", used)
 	}
@@ -68,4 +71,11 @@ func (a *app) checkAgentTenant(tenant string) error {
 	}
 	return api.NewError(api.PermissionDenied, api.ETenantMismatch,
 		"the capability token is for tenant %s, and an agent acts only for its own tenant: drop --tenant %s (or use that tenant's token)", c.TenantID, tenant)
+}
+
+// malformedToken is the one refusal of a capability token that is no JWT,
+// whether the command line sees it first or the bus refuses it.
+func malformedToken(err error, used string, cause error) error {
+	return api.WrapError(err, api.PermissionDenied, api.EBusRefused,
+		"the bus refuses %s: it is malformed (%v); check it with `toolgate token inspect`, or ask for a new one", used, cause)
 }

@@ -160,7 +160,27 @@ func (a *app) budgetKey() (string, error) {
 }
 
 // tenant is --tenant, else the tenant of the capability token.
-func (a *app) tenant() (string, error) { return a.conn.TenantFor(a.capToken()) }
+// A token that is no JWT at all is refused as the bus would refuse it (E3223,
+// exit 12), not as an unexplained local error.
+func (a *app) tenant() (string, error) {
+	t, err := a.conn.TenantFor(a.capToken())
+	if err != nil && !errors.Is(err, connect.ErrNoTenant) {
+		return "", malformedToken(err, a.tokenSource(), err)
+	}
+	return t, err
+}
+
+// tokenSource says which capability token commands use and where it came
+// from.
+func (a *app) tokenSource() string {
+	if a.conn.Token != "" {
+		if id := a.conn.Identity(); id.Kind == "token" {
+			return id.String()
+		}
+		return "the capability token (from --token or $TOOLGATE_TOKEN)"
+	}
+	return "the development token (from " + node.DevTokenPath(a.data) + ")"
+}
 
 // asAgent reports whether commands connect as the agent of the capability
 // token (--token, TOOLGATE_TOKEN or an agent's context, no explicit flag
