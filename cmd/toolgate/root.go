@@ -245,6 +245,9 @@ func (a *app) adminClient() (*client.Client, func(), error) {
 func subcommand(cmd *cobra.Command, args []string) error {
 	if len(args) != 0 {
 		msg := fmt.Sprintf("unknown command %q for %q", args[0], cmd.CommandPath())
+		if cmd.SuggestionsMinimumDistance <= 0 {
+			cmd.SuggestionsMinimumDistance = 2 // cobra's default, set only on the root
+		}
 		if near := cmd.SuggestionsFor(args[0]); len(near) > 0 {
 			msg += "; did you mean " + strings.Join(near, ", ") + "?"
 		}
