@@ -274,8 +274,8 @@ func (r *Registry) notFound(id string) *api.Error {
 }
 
 // nearest returns up to n of names within an edit distance of a third of
-// id's length (at least 2) of id, or having it as a prefix or suffix after
-// a dot, nearest first: a typo or a missing namespace.
+// id's length (at least 2) of id, beginning with it, or ending with it after
+// a dot, nearest first: a typo, a name cut short or a missing namespace.
 func nearest(id string, names iter.Seq[string], n int) []string {
 	type cand struct {
 		name string
@@ -286,7 +286,8 @@ func nearest(id string, names iter.Seq[string], n int) []string {
 	lower := strings.ToLower(id)
 	for name := range names {
 		d := levenshtein.ComputeDistance(lower, strings.ToLower(name))
-		if d > limit && !strings.HasSuffix(name, "."+id) {
+		prefix := len(id) >= 3 && strings.HasPrefix(strings.ToLower(name), lower)
+		if d > limit && !prefix && !strings.HasSuffix(name, "."+id) {
 			continue
 		}
 		cs = append(cs, cand{name, d})
