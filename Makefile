@@ -2,14 +2,27 @@
 GO      ?= go
 DATA    ?= toolgate-data
 PKGS    := ./...
+# Where `make build` and `make install` put toolgate (and install the nats
+# CLI): put it on PATH (export PATH="$$PWD/bin:$$PATH") to type `toolgate`.
+BIN     ?= bin
+LISTEN  ?= 127.0.0.1:4222
+METRICS ?= 127.0.0.1:9464
 
-.PHONY: run build test test-short fuzz bench chaos image image-test lint fmt vet staticcheck clean mcp-servers nats
+.PHONY: run build install test test-short fuzz bench chaos image image-test lint fmt vet staticcheck clean mcp-servers nats
 
-run:
-	$(GO) run ./cmd/toolgate serve --examples --data $(DATA) --file-root examples/files --mcp-path-roots .cache/mcp-servers --metrics-addr 127.0.0.1:9464
+# The built binary, not `go run`: go run exits 1 whenever it is interrupted,
+# whatever the program's own status, so Ctrl-C after a clean drain would end
+# in make's "Error 1". exec: the signal reaches serve, whose status make sees.
+run: build
+	exec $(BIN)/toolgate serve --examples --data $(DATA) --listen $(LISTEN) --file-root examples/files --mcp-path-roots .cache/mcp-servers --metrics-addr $(METRICS)
 
 build:
-	$(GO) build -o bin/toolgate ./cmd/toolgate
+	$(GO) build -o $(BIN)/toolgate ./cmd/toolgate
+
+# toolgate and the nats CLI in $(BIN), for the commands the README and
+# `make run` print: export PATH="$$PWD/bin:$$PATH".
+install: build nats
+	cp .cache/bin/nats $(BIN)/nats
 
 # The reference MCP servers the tests run against, and the MCP Inspector
 # (a client nobody here wrote) that tests `toolgate mcp`, installed once.

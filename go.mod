@@ -6,6 +6,7 @@ require (
 	filippo.io/edwards25519 v1.2.0
 	github.com/BobuSumisu/aho-corasick v1.0.3
 	github.com/Masterminds/semver/v3 v3.5.0
+	github.com/agnivade/levenshtein v1.2.1
 	github.com/chromedp/chromedp v0.23.0
 	github.com/cloudevents/sdk-go/protocol/nats_jetstream/v2 v2.16.2
 	github.com/cloudevents/sdk-go/v2 v2.16.2
@@ -49,7 +50,6 @@ require (
 
 require (
 	cel.dev/expr v0.25.2 // indirect
-	github.com/agnivade/levenshtein v1.2.1 // indirect
 	github.com/antithesishq/antithesis-sdk-go v0.8.0-default-no-op // indirect
 	github.com/antlr4-go/antlr/v4 v4.13.1 // indirect
 	github.com/beorn7/perks v1.0.1 // indirect

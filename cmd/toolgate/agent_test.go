@@ -373,12 +373,12 @@ func TestTail(t *testing.T) {
 	if r := tg(t, "", "tail", "--all-tenants", "--nats", s.url, "--token", tok); r.code != exitNotPermitted || !strings.Contains(r.stderr, "operator credentials") {
 		t.Fatalf("tail --all-tenants as an agent: exit %d\n%s", r.code, r.stderr)
 	}
-	// An agent's tail --all prints the stored trail, then follows it.
+	// An agent's tail --all --follow prints the stored trail, then follows it.
 	ctx, cancel := context.WithCancel(t.Context())
 	var follow syncBuffer
 	followed := make(chan int, 1)
 	go func() {
-		followed <- run(ctx, []string{"tail", "--all", "--json", "--nats", s.url, "--token", tok}, strings.NewReader(""), &follow, io.Discard)
+		followed <- run(ctx, []string{"tail", "--all", "--follow", "--json", "--nats", s.url, "--token", tok}, strings.NewReader(""), &follow, io.Discard)
 	}()
 	r := tg(t, "", "invoke", "echo", "--params", `{"message":"followed"}`, "--wait", "--json", "--nats", s.url, "--token", tok)
 	var followedCall api.Response

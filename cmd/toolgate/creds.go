@@ -20,7 +20,7 @@ func (a *app) credsCmd() *cobra.Command {
 		Short: "Issue named bus credentials (operator, control, a stage) from the deployment's keys",
 		Args:  subcommand,
 	}
-	cmd.AddCommand(a.credsIssueCmd(), a.credsTenantsCmd(), a.credsContextCmd())
+	cmd.AddCommand(a.credsIssueCmd(), a.credsTenantsCmd(), a.credsContextCmd(), a.credsRotateCmd())
 	return cmd
 }
 

@@ -47,9 +47,40 @@ func (a *app) readParams(v string) (json.RawMessage, error) {
 	}
 	var obj map[string]json.RawMessage
 	if err := json.Unmarshal(b, &obj); err != nil || obj == nil {
-		return nil, usageErr("--params is not a JSON object: %.200s", strings.TrimSpace(string(b)))
+		return nil, usageErr("--params is not a JSON object: %s: %.200s", jsonProblem(b, err), strings.TrimSpace(string(b)))
 	}
 	return json.RawMessage(b), nil
+}
+
+// jsonProblem says where and why b is not a JSON object: the line, column
+// and byte offset of a syntax error, or what kind of value it is instead.
+func jsonProblem(b []byte, err error) string {
+	var syn *json.SyntaxError
+	var typ *json.UnmarshalTypeError
+	switch {
+	case errors.As(err, &syn):
+		line, col := lineCol(b, syn.Offset)
+		return fmt.Sprintf("line %d, column %d (offset %d): %v", line, col, syn.Offset, syn)
+	case errors.As(err, &typ):
+		return fmt.Sprintf("it is a JSON %s, want an object such as {\"message\":\"hi\"}", typ.Value)
+	case err != nil:
+		return err.Error()
+	}
+	return "it is null, want an object such as {\"message\":\"hi\"}"
+}
+
+// lineCol is the 1-based line and column of byte offset off in b (a
+// SyntaxError's Offset counts the bytes read, up to and with the bad one).
+func lineCol(b []byte, off int64) (line, col int) {
+	line, col = 1, 1
+	for i := int64(0); i < off-1 && i < int64(len(b)); i++ {
+		if b[i] == '\n' {
+			line, col = line+1, 1
+		} else {
+			col++
+		}
+	}
+	return line, col
 }
 
 func (a *app) invokeCmd() *cobra.Command {
@@ -226,16 +257,34 @@ func (a *app) wait(ctx context.Context, c *client.Client, tenant, id string, wai
 }
 
 func (a *app) statusCmd() *cobra.Command {
-	return &cobra.Command{
+	var wait bool
+	var waitFor time.Duration
+	cmd := &cobra.Command{
 		Use:   "status ID",
 		Short: "Show an invocation's status, progress and result (exit status as for invoke --wait once it has ended)",
-		Args:  exactArgs(1, "an invocation id"),
+		Long: `Show an invocation's status, progress and result. With --wait, wait until it
+ends as invoke --wait does (progress and a pending approval on stderr) and
+show its result, with the same exit status: 0 success, 1 error, 4 denied,
+5 timeout (or still going when --wait-timeout ran out), 6 cancelled.`,
+		Example: `  ID=$(toolgate invoke sleep --params '{"ms":500}' --json | jq -r .invocation_id)
+  toolgate status "$ID" --wait`,
+		Args: exactArgs(1, "an invocation id"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			tenant, c, closeFn, err := a.tenantClient()
 			if err != nil {
 				return err
 			}
 			defer closeFn()
+			if wait {
+				resp, err := a.wait(cmd.Context(), c, tenant, args[0], waitFor)
+				if err != nil {
+					return err
+				}
+				if err := a.emit(resp, func(w io.Writer) error { return a.renderResponse(w, resp) }); err != nil {
+					return err
+				}
+				return shownStatus(resp.Status)
+			}
 			rec, err := c.Status(cmd.Context(), tenant, args[0])
 			if err != nil {
 				return err
@@ -249,6 +298,9 @@ func (a *app) statusCmd() *cobra.Command {
 			return nil
 		},
 	}
+	cmd.Flags().BoolVar(&wait, "wait", false, "wait until the call ends and show its result, exiting as invoke --wait does")
+	cmd.Flags().DurationVar(&waitFor, "wait-timeout", 5*time.Minute, "how long --wait waits before giving up (exit 5)")
+	return cmd
 }
 
 func (a *app) cancelCmd() *cobra.Command {

@@ -10,6 +10,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
+	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/connect"
 	"github.com/toolgate/toolgate/internal/mcpfront"
 	"github.com/toolgate/toolgate/internal/node"
 	"github.com/toolgate/toolgate/internal/token"
@@ -81,11 +83,25 @@ func (a *app) mcpCmd() *cobra.Command {
 				go kf.Watch(cmd.Context(), time.Second)
 				c.Verifier = &token.Verifier{Keys: kf, Issuer: iss, Audience: aud, Leeway: node.TokenLeeway}
 			}
-			err := mcpfront.Run(cmd.Context(), c)
+			var err error
+			before := true // refused before any session began
+			if _, terr := connect.TokenClaims(c.Token); c.Stdio && c.Token != "" && terr != nil {
+				// The one refusal of a token that is no JWT, as every
+				// other command says it.
+				err = malformedToken(terr, a.tokenSource(), terr)
+			} else {
+				err = mcpfront.Run(cmd.Context(), c)
+				before = err != nil && (strings.HasPrefix(err.Error(), "connecting to ") || strings.HasPrefix(err.Error(), "capability token: "))
+			}
 			if len(c.NATSOptions) == 0 && c.Token != "" {
 				a.conn.Token = c.Token // who was refused, for the explanation
 			}
-			return a.explainRefusal(err)
+			err = a.explainRefusal(err)
+			if c.Stdio && before && refusalCode(errorECode(err)) != 0 {
+				// Refused before any session: the client is told over MCP.
+				serveRefusal(cmd.Context(), a.stdin, a.stdout, err)
+			}
+			return err
 		},
 	}
 	f := cmd.Flags()
@@ -100,4 +116,13 @@ func (a *app) mcpCmd() *cobra.Command {
 	f.DurationVar(&c.SessionTimeout, "session-timeout", mcpfront.DefaultSessionTimeout, "close HTTP sessions idle this long, cancelling their calls")
 	f.StringVar(&level, "log-level", "info", "debug, info, warn or error (logs go to stderr)")
 	return cmd
+}
+
+// errorECode is the E-code of err, "" for none.
+func errorECode(err error) string {
+	var te *api.Error
+	if errors.As(err, &te) {
+		return te.ECode
+	}
+	return ""
 }

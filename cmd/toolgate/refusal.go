@@ -17,13 +17,14 @@ import (
 // ("Authorization Violation") into what happened and what to do, with an
 // E-code its exit status follows (refusalCode). Other errors pass through.
 func (a *app) explainRefusal(err error) error {
+	used := a.conn.Identity().String()
 	switch {
 	case errors.Is(err, nats.ErrAuthExpired):
 		return api.WrapError(err, api.PermissionDenied, api.ETokenExpired,
-			"the bus closed the connection: its credentials expired; %s", a.renewHint())
+			"the bus closed the connection: its credentials (%s) expired; %s", used, a.renewHint())
 	case errors.Is(err, nats.ErrAuthRevoked):
 		return api.WrapError(err, api.PermissionDenied, api.ETokenRevoked,
-			"the bus closed the connection: its credentials were revoked; %s", a.renewHint())
+			"the bus closed the connection: its credentials (%s) were revoked; %s", used, a.renewHint())
 	case !errors.Is(err, nats.ErrAuthorization):
 		return err
 	}
@@ -31,13 +32,15 @@ func (a *app) explainRefusal(err error) error {
 		var c token.Claims
 		if _, _, perr := jwt.NewParser().ParseUnverified(a.conn.Token, &c); perr == nil && c.ExpiresAt != nil && time.Now().After(c.ExpiresAt.Time) {
 			return api.WrapError(err, api.PermissionDenied, api.ETokenExpired,
-				"the bus refused the capability token: it expired at %s; ask whoever issued it for a new one (toolgate token mint)", c.ExpiresAt.UTC().Format(time.RFC3339))
+				"the bus refused %s: it expired at %s; ask whoever issued it for a new one (toolgate token mint)", used, c.ExpiresAt.UTC().Format(time.RFC3339))
+		}
+		if _, perr := connect.TokenClaims(a.conn.Token); perr != nil {
+			return malformedToken(err, used, perr)
 		}
 		return api.WrapError(err, api.PermissionDenied, api.EBusRefused,
-			"the bus refused the capability token: it is revoked, malformed, or not signed by a key this deployment trusts; check it with `toolgate token inspect`, or ask for a new one")
+			"the bus refused %s: it is revoked, malformed, or not signed by a key this deployment trusts; check it with `toolgate token inspect`, or ask for a new one", used)
 	}
-	o := a.conn
-	if o.Creds == "" && o.Nkey == "" && o.NATSToken == "" && o.Context == "" && o.LocalCreds == "" {
+	if a.conn.Identity().Kind == "none" {
 		hint := ""
 		if p := filepath.Join(a.data, busauth.DirName, busauth.OperatorCredsFile); fileExists(p) {
 			hint = " (a local serve's are in " + filepath.Dir(p) + ": --creds " + p + ")"
@@ -46,7 +49,7 @@ func (a *app) explainRefusal(err error) error {
 			"the bus admits no anonymous connections: give an agent's capability token (--token, TOOLGATE_TOKEN) or operator credentials (--creds FILE, or NATS_NKEY and NATS_TOKEN as serve prints them)%s", hint)
 	}
 	return api.WrapError(err, api.PermissionDenied, api.EBusRefused,
-		"the bus refused these credentials: expired, revoked, or not issued by this deployment; issue new ones with `toolgate creds issue` where the deployment's keys are")
+		"the bus refused %s: expired, revoked, or not issued by this deployment; issue new ones with `toolgate creds issue` where the deployment's keys are (a local serve's: `toolgate creds rotate`, then export them again)", used)
 }
 
 func (a *app) renewHint() string {
@@ -68,4 +71,11 @@ func (a *app) checkAgentTenant(tenant string) error {
 	}
 	return api.NewError(api.PermissionDenied, api.ETenantMismatch,
 		"the capability token is for tenant %s, and an agent acts only for its own tenant: drop --tenant %s (or use that tenant's token)", c.TenantID, tenant)
+}
+
+// malformedToken is the one refusal of a capability token that is no JWT,
+// whether the command line sees it first or the bus refuses it.
+func malformedToken(err error, used string, cause error) error {
+	return api.WrapError(err, api.PermissionDenied, api.EBusRefused,
+		"the bus refuses %s: it is malformed (%v); check it with `toolgate token inspect`, or ask for a new one", used, cause)
 }

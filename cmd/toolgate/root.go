@@ -111,6 +111,7 @@ permitted, 8 expired, 9 revoked, 10 another tenant, 11 no inbox prefix,
 		root.AddCommand(c)
 	}
 	root.AddCommand(a.versionCmd())
+	groupsCheckArgs(root)
 	return root
 }
 
@@ -159,15 +160,33 @@ func (a *app) budgetKey() (string, error) {
 }
 
 // tenant is --tenant, else the tenant of the capability token.
-func (a *app) tenant() (string, error) { return a.conn.TenantFor(a.capToken()) }
+// A token that is no JWT at all is refused as the bus would refuse it (E3223,
+// exit 12), not as an unexplained local error.
+func (a *app) tenant() (string, error) {
+	t, err := a.conn.TenantFor(a.capToken())
+	if err != nil && !errors.Is(err, connect.ErrNoTenant) {
+		return "", malformedToken(err, a.tokenSource(), err)
+	}
+	return t, err
+}
+
+// tokenSource says which capability token commands use and where it came
+// from.
+func (a *app) tokenSource() string {
+	if a.conn.Token != "" {
+		if id := a.conn.Identity(); id.Kind == "token" {
+			return id.String()
+		}
+		return "the capability token (from --token or $TOOLGATE_TOKEN)"
+	}
+	return "the development token (from " + node.DevTokenPath(a.data) + ")"
+}
 
 // asAgent reports whether commands connect as the agent of the capability
-// token (--token or TOOLGATE_TOKEN, nothing else naming who connects): such
-// a connection may call only its tenant's scoped endpoints.
-func (a *app) asAgent() bool {
-	o := a.conn
-	return o.Token != "" && o.Creds == "" && o.Nkey == "" && o.NATSToken == "" && (o.Context == "" || o.AgentContext())
-}
+// token (--token, TOOLGATE_TOKEN or an agent's context, no explicit flag
+// naming other credentials): such a connection may call only its tenant's
+// scoped endpoints.
+func (a *app) asAgent() bool { return a.conn.Identity().Kind == "token" }
 
 // client connects and returns a client and a function that closes it.
 // tenantClient is the tenant a command acts for and a client connected for
@@ -225,9 +244,29 @@ func (a *app) adminClient() (*client.Client, func(), error) {
 // that names none of them is an unknown command.
 func subcommand(cmd *cobra.Command, args []string) error {
 	if len(args) != 0 {
-		return usageErr("unknown command %q for %q", args[0], cmd.CommandPath())
+		msg := fmt.Sprintf("unknown command %q for %q", args[0], cmd.CommandPath())
+		if cmd.SuggestionsMinimumDistance <= 0 {
+			cmd.SuggestionsMinimumDistance = 2 // cobra's default, set only on the root
+		}
+		if near := cmd.SuggestionsFor(args[0]); len(near) > 0 {
+			msg += "; did you mean " + strings.Join(near, ", ") + "?"
+		}
+		return usageErr("%s", msg)
 	}
 	return nil
+}
+
+// groupsCheckArgs makes every command that only groups others check its
+// arguments (subcommand) and show its help when given none: cobra would show
+// the help for an unknown subcommand too, and exit 0.
+func groupsCheckArgs(cmd *cobra.Command) {
+	for _, c := range cmd.Commands() {
+		if c.HasSubCommands() && !c.Runnable() {
+			c.Args = subcommand
+			c.RunE = func(c *cobra.Command, _ []string) error { return c.Help() }
+		}
+		groupsCheckArgs(c)
+	}
 }
 
 func fileExists(p string) bool {

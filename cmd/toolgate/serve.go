@@ -311,11 +311,12 @@ An agent connects with it as its NATS token and inbox prefix %s:
 `, node.DevTenant, node.DevAgent, node.DevTokenPath(dataDir), node.DevTokenPath(dataDir), n.DevInboxPrefix, n.DevInboxPrefix)
 	}
 	fmt.Fprintf(w, `
-In another terminal:
+In another terminal (toolgate and nats not on PATH? make install, then
+export PATH="$PWD/bin:$PATH"):
 
-  go run ./cmd/toolgate tools list
-  go run ./cmd/toolgate invoke echo --params '{"message":"hello"}' --wait
-  go run ./cmd/toolgate tail --all
+  toolgate tools list
+  toolgate invoke echo --params '{"message":"hello"}' --wait
+  toolgate tail --all
 
 or with the nats CLI:
 
@@ -325,7 +326,7 @@ or with the nats CLI:
   nats sub 'audit.demo.>' --all
 `)
 	if root != "" {
-		fmt.Fprintf(w, "\nread_file is confined to %s:\n  go run ./cmd/toolgate invoke fs.read_file --params '{\"path\":\"README.md\"}' --wait\n", root)
+		fmt.Fprintf(w, "\nread_file is confined to %s:\n  toolgate invoke fs.read_file --params '{\"path\":\"README.md\"}' --wait\n", root)
 	}
 	fmt.Fprintln(w, "\nCtrl-C drains in-flight work and stops.")
 }

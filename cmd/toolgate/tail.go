@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"strings"
 	"time"
 
@@ -68,7 +69,7 @@ func or(s, def string) string {
 }
 
 func (a *app) tailCmd() *cobra.Command {
-	var all, everyTenant bool
+	var all, everyTenant, follow bool
 	var count int
 	cmd := &cobra.Command{
 		Use:   "tail",
@@ -76,10 +77,12 @@ func (a *app) tailCmd() *cobra.Command {
 		Long: `Follow the audit trail of the tenant (--tenant, else the token's; --all-tenants
 for every tenant), one event a line: time, tenant, event, tool, status, error
 code, invocation. --json prints JSON Lines instead, one object a line:
-{"subject": ..., "event": <the CloudEvent>}. --all --count N prints the last
-N stored events and ends. An agent (only its token) reads its own tenant's:
-live through its audit subjects, the stored trail (--all) a page at a time
-through the tenant's history endpoint (toolgate audit history).`,
+{"subject": ..., "event": <the CloudEvent>}. --all prints the stored trail and
+ends (--all --count N: its last N events); --all --follow goes on with the
+new ones. Without --all it follows new events until interrupted. An agent
+(only its token) reads its own tenant's: live through its audit subjects,
+the stored trail (--all) a page at a time through the tenant's history
+endpoint (toolgate audit history).`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			tenant := ""
@@ -114,11 +117,14 @@ through the tenant's history endpoint (toolgate audit history).`,
 			case a.asAgent() && all:
 				// Agents may create no consumer: the stored trail comes
 				// a page at a time from the tenant's history endpoint.
-				err = tailHistory(cmd.Context(), c, tenant, count, show)
+				err = tailHistory(cmd.Context(), c, tenant, count, follow, show)
 			case all && count > 0:
 				// The last count events, like tail -n: it ends, also when
 				// fewer exist.
 				err = c.TailLast(cmd.Context(), tenant, count, a.writeAudit)
+			case all && !follow:
+				// The stored trail, then the end: what a first look wants.
+				err = c.TailLast(cmd.Context(), tenant, math.MaxInt, a.writeAudit)
 			case a.asAgent():
 				err = c.TailLive(cmd.Context(), tenant, show)
 			default:
@@ -130,7 +136,8 @@ through the tenant's history endpoint (toolgate audit history).`,
 			return err
 		},
 	}
-	cmd.Flags().BoolVar(&all, "all", false, "start from the first event, not the next one; with --count N, print the last N stored and end")
+	cmd.Flags().BoolVar(&all, "all", false, "print the stored events and end (with --count N, the last N; with --follow, go on with new ones)")
+	cmd.Flags().BoolVar(&follow, "follow", false, "with --all: after the stored events, follow new ones until interrupted")
 	cmd.Flags().BoolVar(&everyTenant, "all-tenants", false, "every tenant's events")
 	cmd.Flags().IntVar(&count, "count", 0, "stop after this many events (0: follow until interrupted)")
 	return cmd
@@ -141,9 +148,10 @@ through the tenant's history endpoint (toolgate audit history).`,
 const historyPoll = 500 * time.Millisecond
 
 // tailHistory is tail --all through the tenant's audit history endpoint:
-// with count > 0 the last count stored events, else every stored event and
-// then each new one as it is stored, until ctx ends or show fails.
-func tailHistory(ctx context.Context, c *client.Client, tenant string, count int, show func(string, []byte) error) error {
+// with count > 0 the last count stored events, else every stored event and,
+// with follow, then each new one as it is stored, until ctx ends or show
+// fails.
+func tailHistory(ctx context.Context, c *client.Client, tenant string, count int, follow bool, show func(string, []byte) error) error {
 	var r api.AuditHistoryRequest
 	var last []api.AuditEntry
 	for {
@@ -174,6 +182,9 @@ func tailHistory(ctx context.Context, c *client.Client, tenant string, count int
 			if err := show(e.Subject, e.Event); err != nil {
 				return err
 			}
+		}
+		if !p.More && !follow {
+			return nil
 		}
 		if !p.More {
 			select {

@@ -220,8 +220,45 @@ func (k *Keys) IssueCredentials(role Role, name string, ttl time.Duration) ([]by
 // (each stage's, control's and the operator's), named "local" (and their
 // halves <role>.jwt and <role>.nk for the nats CLI), all 0600, and
 // auth.conf there, with an account for each tenant of TenantsFile. Existing keys
-// are kept; the credentials files are issued anew. It returns the keys.
-func WriteCredentials(dataDir string) (*Keys, error) {
+// are kept, and so are credentials files these keys still admit: what a
+// user exported from them (NATS_TOKEN) works after a restart.
+// RotateCredentials issues them anew. It returns the keys.
+func WriteCredentials(dataDir string) (*Keys, error) { return writeCredentials(dataDir, false) }
+
+// RotateCredentials is WriteCredentials issuing every role's credentials
+// files anew. The earlier ones stay valid until they expire (the local
+// ones never do) or the credential signer changes: rotation replaces what
+// the data directory hands out, it revokes nothing.
+func RotateCredentials(dataDir string) (*Keys, error) { return writeCredentials(dataDir, true) }
+
+// admits reports whether the credentials files of role at path (the
+// .creds and its .jwt and .nk halves) exist, agree, and are still admitted
+// with keys k: signed by its credential signer for that role, unexpired.
+func (k *Keys) admits(path string, role Role) bool {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return false
+	}
+	tok, seed, err := SplitCreds(b)
+	if err != nil {
+		return false
+	}
+	base := strings.TrimSuffix(path, ".creds")
+	j, err := os.ReadFile(base + ".jwt")
+	if err != nil || strings.TrimSpace(string(j)) != tok {
+		return false
+	}
+	if nk, err := os.ReadFile(base + ".nk"); err != nil || string(nk) != string(seed) {
+		return false
+	}
+	uc, err := jwt.DecodeUserClaims(tok)
+	if err != nil || uc.Issuer != mustPublic(k.CredSigner) || roleOf(uc) != role {
+		return false
+	}
+	return uc.Expires == 0 || time.Now().Before(time.Unix(uc.Expires, 0))
+}
+
+func writeCredentials(dataDir string, rotate bool) (*Keys, error) {
 	k, err := LoadOrCreateKeys(dataDir)
 	if err != nil {
 		return nil, err
@@ -241,11 +278,15 @@ func WriteCredentials(dataDir string) (*Keys, error) {
 		_ = os.Remove(filepath.Join(dir, "worker"+ext))
 	}
 	for _, role := range IssuedRoles {
+		path := filepath.Join(dir, CredsFile(role))
+		if !rotate && k.admits(path, role) {
+			continue
+		}
 		b, err := k.IssueCredentials(role, "local", 0)
 		if err != nil {
 			return nil, err
 		}
-		if err := WriteCredsFiles(filepath.Join(dir, CredsFile(role)), b); err != nil {
+		if err := WriteCredsFiles(path, b); err != nil {
 			return nil, err
 		}
 	}

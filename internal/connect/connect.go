@@ -77,6 +77,26 @@ type Options struct {
 	Name string
 
 	agentContext bool
+	// flags are the identity settings given as flags (Resolve): a flag
+	// wins over the environment, whatever the order below.
+	flags map[string]bool
+}
+
+// Identity names the credential a connection presents and where it came
+// from, for the user to tell what the bus refused.
+type Identity struct {
+	// Kind is creds, nkey, token, context or none.
+	Kind string
+	// What and From say it for people: "the credentials file x.creds",
+	// "--creds".
+	What, From string
+}
+
+func (i Identity) String() string {
+	if i.Kind == "none" {
+		return "no credentials"
+	}
+	return i.What + " (from " + i.From + ")"
 }
 
 // AddFlags registers the connection flags on fs. Defaults stay empty so
@@ -97,6 +117,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 
 // Resolve fills the settings not given as flags from the environment.
 func (o *Options) Resolve() {
+	o.flags = map[string]bool{"creds": o.Creds != "", "nkey": o.Nkey != "", "token": o.Token != "", "context": o.Context != ""}
 	o.URL = cmp.Or(o.URL, os.Getenv(EnvURL))
 	o.Creds = cmp.Or(o.Creds, os.Getenv(EnvCreds))
 	o.Token = strings.TrimSpace(cmp.Or(o.Token, os.Getenv(EnvToken)))
@@ -106,7 +127,8 @@ func (o *Options) Resolve() {
 	o.NATSToken = cmp.Or(o.NATSToken, strings.TrimSpace(os.Getenv(EnvNATSToken)))
 	// A context holding an agent's capability token (toolgate creds
 	// context --token) acts as that agent, as --token would.
-	if o.Context != "" && o.Token == "" {
+	// An explicit --context wins over a token from the environment.
+	if o.Context != "" && (o.Token == "" || o.flags["context"] && !o.flags["token"]) {
 		if c, err := LoadContext(o.Context); err == nil && c.Token != "" && c.NKey == "" && c.Creds == "" && !IsToolgateCreds([]byte(c.Token)) {
 			o.Token, o.agentContext = c.Token, true
 		}
@@ -116,6 +138,53 @@ func (o *Options) Resolve() {
 // AgentContext reports whether the context names an agent's capability
 // token (Resolve took it as Token).
 func (o *Options) AgentContext() bool { return o.agentContext }
+
+// Identity is the credential Connect presents: an explicit flag (--creds,
+// --nkey, --context, --token) before anything from the environment
+// (NATS_CREDS, NATS_NKEY and NATS_TOKEN, TOOLGATE_TOKEN, NATS_CONTEXT), then
+// LocalCreds.
+func (o *Options) Identity() Identity {
+	from := func(name, flag, env string) string {
+		if o.flags[name] {
+			return flag
+		}
+		return "$" + env
+	}
+	creds := func(path, src string) Identity {
+		return Identity{Kind: "creds", What: "the credentials file " + path, From: src}
+	}
+	for _, explicit := range []bool{true, false} {
+		switch {
+		case o.Creds != "" && o.flags["creds"] == explicit:
+			return creds(o.Creds, from("creds", "--creds", EnvCreds))
+		case (o.Nkey != "" && o.flags["nkey"] == explicit) || (!explicit && o.NATSToken != ""):
+			var parts []string
+			if o.Nkey != "" {
+				parts = append(parts, "the nkey "+o.Nkey+" ("+from("nkey", "--nkey", EnvNkey)+")")
+			}
+			if o.NATSToken != "" {
+				parts = append(parts, "the connect token of $"+EnvNATSToken)
+			}
+			src := from("nkey", "--nkey", EnvNkey)
+			if o.Nkey == "" {
+				src = "$" + EnvNATSToken
+			}
+			return Identity{Kind: "nkey", What: strings.Join(parts, " with "), From: src}
+		case o.Context != "" && o.agentContext && o.flags["context"] == explicit:
+			return Identity{Kind: "token", What: "the capability token of nats context " + o.Context, From: from("context", "--context", EnvContext)}
+		case o.Context != "" && !o.agentContext && explicit && o.flags["context"]:
+			return Identity{Kind: "context", What: "the credentials of nats context " + o.Context, From: "--context"}
+		case o.Token != "" && !o.agentContext && o.flags["token"] == explicit:
+			return Identity{Kind: "token", What: "the capability token", From: from("token", "--token", EnvToken)}
+		case !explicit && o.Context != "" && !o.agentContext:
+			return Identity{Kind: "context", What: "the credentials of nats context " + o.Context, From: "$" + EnvContext}
+		}
+	}
+	if o.LocalCreds != "" {
+		return creds(o.LocalCreds, "--data")
+	}
+	return Identity{Kind: "none"}
+}
 
 // ServerURL is the server Connect dials without a context.
 func (o *Options) ServerURL() string { return cmp.Or(o.URL, nats.DefaultURL) }
@@ -173,22 +242,23 @@ func IsToolgateCreds(b []byte) bool { return busauth.IssuedCredentials(b) }
 // URL or context, which Connect handles).
 func (o *Options) NATSOptions() ([]nats.Option, error) {
 	opts := []nats.Option{nats.Name(cmp.Or(o.Name, "toolgate-cli"))}
-	creds := o.Creds
-	if creds == "" && o.Nkey == "" && o.NATSToken == "" && o.Token == "" && o.Context == "" {
-		creds = o.LocalCreds
-	}
-	switch {
-	case creds != "":
+	id := o.Identity()
+	switch id.Kind {
+	case "creds":
+		creds := cmp.Or(o.Creds, o.LocalCreds)
+		if id.From == "--data" {
+			creds = o.LocalCreds
+		}
 		b, err := os.ReadFile(creds)
 		if err != nil {
-			return nil, fmt.Errorf("--creds: %w", err)
+			return nil, fmt.Errorf("%s: %w", id.From, err)
 		}
 		if IsToolgateCreds(b) {
 			opts = append(opts, busauth.CredentialsOption(creds))
 		} else {
 			opts = append(opts, nats.UserCredentials(creds))
 		}
-	case o.Nkey != "" || o.NATSToken != "":
+	case "nkey":
 		if o.Nkey != "" {
 			nk, err := nats.NkeyOptionFromSeed(o.Nkey)
 			if err != nil {
@@ -199,7 +269,7 @@ func (o *Options) NATSOptions() ([]nats.Option, error) {
 		if o.NATSToken != "" {
 			opts = append(opts, nats.Token(o.NATSToken))
 		}
-	case o.Token != "":
+	case "token":
 		opts = append(opts, nats.Token(o.Token))
 		if o.InboxPrefix == "" {
 			// A token that does not decode is still sent: the server
@@ -262,23 +332,24 @@ func (o *Options) Connect() (*nats.Conn, error) {
 // connect with, so toolgate can tell which operator sent a request (approval
 // decisions); nil when they name none.
 func (o *Options) Signer() (*busauth.Signer, error) {
-	creds := o.Creds
-	if creds == "" && o.Nkey == "" && o.NATSToken == "" && o.Token == "" && o.Context == "" {
-		creds = o.LocalCreds
-	}
+	id := o.Identity()
 	switch {
-	case creds != "":
+	case id.Kind == "creds":
+		creds := o.Creds
+		if id.From == "--data" {
+			creds = o.LocalCreds
+		}
 		b, err := os.ReadFile(creds)
 		if err != nil {
-			return nil, fmt.Errorf("--creds: %w", err)
+			return nil, fmt.Errorf("%s: %w", id.From, err)
 		}
 		if !IsToolgateCreds(b) {
 			return nil, nil
 		}
 		return busauth.SignerFromCreds(creds)
-	case o.Nkey != "" && o.NATSToken != "":
+	case id.Kind == "nkey" && o.Nkey != "" && o.NATSToken != "":
 		return busauth.SignerFromParts(o.Nkey, o.NATSToken)
-	case o.Context != "" && o.Token == "":
+	case id.Kind == "context":
 		// A context holding operator credentials signs as they would
 		// given directly: as an nkey with its JWT as the token (what
 		// WriteContext writes), or as a toolgate .creds file.

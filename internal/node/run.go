@@ -181,6 +181,11 @@ type run struct {
 	authenticated bool   // the bus authenticates: some role has credentials
 	credsPath     string // the credentials this process's proofs are read from
 
+	// mintDevKey: the development key and token, written before the bus
+	// listens so that whoever waits for the port finds the token there.
+	devKey   *token.SigningKey
+	devToken string
+
 	// startObservability
 	runCtx  context.Context // what in-flight work needs: ends after the drain
 	cancel  context.CancelFunc
@@ -199,6 +204,9 @@ type run struct {
 // run runs the phases in order; each returns what undoes it, deferred so
 // that they undo in reverse.
 func (r *run) run(ctx context.Context) error {
+	if err := r.mintDevKey(); err != nil {
+		return err
+	}
 	stopBus, err := r.startBus()
 	if err != nil {
 		return err
@@ -229,6 +237,22 @@ func (r *run) run(ctx context.Context) error {
 	}
 	defer stopStages()
 	return r.serve(ctx)
+}
+
+// mintDevKey writes the development key and token (Examples without a key
+// set) before anything listens: a script that waits for the port and then
+// reads the token must find it.
+func (r *run) mintDevKey() error {
+	c := &r.c
+	if !c.Examples || c.JWKSPath != "" || c.Stage.Tokens != nil {
+		return nil
+	}
+	k, raw, err := devKeys(c.DevKeyDir, c.TokenIssuer, c.TokenAudience) // Validate made sure there is a dir
+	if err != nil {
+		return fmt.Errorf("development key: %w", err)
+	}
+	r.devKey, r.devToken = k, raw
+	return nil
 }
 
 // startBus starts the embedded server, or against an external one the auth
@@ -493,7 +517,7 @@ func (r *run) setupAdmission(ctx context.Context) error {
 	if err := loadSafety(c); err != nil {
 		return err
 	}
-	if err := setupTokens(r.runCtx, c, r.nodes.first(r.op), log, &r.bg); err != nil {
+	if err := setupTokens(r.runCtx, c, r.nodes.first(r.op), log, &r.bg, r.devKey, r.devToken); err != nil {
 		return err
 	}
 	if err := checkSecurity(ctx, c, r.nodes.stage, c.ResetSecuritySettings, log); err != nil {
@@ -835,7 +859,8 @@ const TokenLeeway = 30 * time.Second
 
 // setupTokens configures capability token verification: the operator's key
 // set, or with Examples and no key set, a development key.
-func setupTokens(ctx context.Context, c *Config, n *Node, log *slog.Logger, bg *sync.WaitGroup) error {
+// k and raw are the development key and token when already minted.
+func setupTokens(ctx context.Context, c *Config, n *Node, log *slog.Logger, bg *sync.WaitGroup, k *token.SigningKey, raw string) error {
 	if c.Stage.Tokens != nil {
 		return nil
 	}
@@ -850,9 +875,11 @@ func setupTokens(ctx context.Context, c *Config, n *Node, log *slog.Logger, bg *
 		c.Stage.Tokens = &token.Verifier{Keys: kf, Issuer: iss, Audience: aud, Leeway: TokenLeeway, MaxLifetime: c.TokenMaxLifetime}
 	case c.Examples:
 		dir := c.DevKeyDir // Validate made sure there is one
-		k, raw, err := devKeys(dir, iss, aud)
-		if err != nil {
-			return fmt.Errorf("development key: %w", err)
+		if k == nil {
+			var err error
+			if k, raw, err = devKeys(dir, iss, aud); err != nil {
+				return fmt.Errorf("development key: %w", err)
+			}
 		}
 		if c.GrantSigner == nil && c.GrantKeyPath == "" {
 			c.GrantSigner = k

@@ -1,7 +1,10 @@
 package tools
 
 import (
+	"cmp"
 	"fmt"
+	"iter"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -9,6 +12,7 @@ import (
 	"time"
 
 	"github.com/Masterminds/semver/v3"
+	"github.com/agnivade/levenshtein"
 	"github.com/toolgate/toolgate/api"
 )
 
@@ -123,8 +127,7 @@ func (r *Registry) Resolve(id, constraint string) (*Manifest, error) {
 	defer r.mu.RUnlock()
 	vs := r.tools[id]
 	if len(vs) == 0 {
-		return nil, api.NewError(api.ToolNotFound, api.EToolNotFound, "no tool %q", id).
-			WithDetail("tool_id", id)
+		return nil, r.notFound(id)
 	}
 	switch {
 	case rngErr != nil:
@@ -252,4 +255,47 @@ func (r *Registry) Len() int {
 		n += len(vs)
 	}
 	return n
+}
+
+// notFound is E3001 for id, naming the registered tools nearest to it (by
+// edit distance) and where the whole list is. The caller holds r.mu.
+func (r *Registry) notFound(id string) *api.Error {
+	near := nearest(id, maps.Keys(r.tools), 3)
+	msg := fmt.Sprintf("no tool %q", id)
+	if len(near) > 0 {
+		msg += fmt.Sprintf("; did you mean %s?", strings.Join(near, ", "))
+	}
+	e := api.NewError(api.ToolNotFound, api.EToolNotFound, "%s (toolgate tools list shows the tools there are)", msg).
+		WithDetail("tool_id", id)
+	if len(near) > 0 {
+		e = e.WithDetail("did_you_mean", near)
+	}
+	return e
+}
+
+// nearest returns up to n of names within an edit distance of a third of
+// id's length (at least 2) of id, beginning with it, or ending with it after
+// a dot, nearest first: a typo, a name cut short or a missing namespace.
+func nearest(id string, names iter.Seq[string], n int) []string {
+	type cand struct {
+		name string
+		d    int
+	}
+	limit := max(2, len(id)/3)
+	var cs []cand
+	lower := strings.ToLower(id)
+	for name := range names {
+		d := levenshtein.ComputeDistance(lower, strings.ToLower(name))
+		prefix := len(id) >= 3 && strings.HasPrefix(strings.ToLower(name), lower)
+		if d > limit && !prefix && !strings.HasSuffix(name, "."+id) {
+			continue
+		}
+		cs = append(cs, cand{name, d})
+	}
+	slices.SortFunc(cs, func(a, b cand) int { return cmp.Or(cmp.Compare(a.d, b.d), strings.Compare(a.name, b.name)) })
+	out := make([]string, 0, min(n, len(cs)))
+	for _, c := range cs[:min(n, len(cs))] {
+		out = append(out, c.name)
+	}
+	return out
 }
