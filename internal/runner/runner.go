@@ -15,7 +15,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/busauth"
 	"github.com/toolgate/toolgate/internal/envelope"
+	"github.com/toolgate/toolgate/internal/seal"
 	"github.com/toolgate/toolgate/internal/topology"
 	"github.com/toolgate/toolgate/stages"
 	"github.com/toolgate/toolgate/subjects"
@@ -76,6 +78,12 @@ type Runner struct {
 	// subject signed is poison, whether the stage or its sweep meets it.
 	// ours reports a signature this process made.
 	Senders func(subject string, h nats.Header, data []byte) (ours bool, err error)
+	// Endings, when set with Senders, judges each invocation handed to the
+	// stage by the role that signed it (audit: seal.Messages.Ending, who
+	// may end which call): a refused one is poison, its invocation
+	// untouched. A hand-off this process signed is not judged: its own
+	// stages wrote it.
+	Endings func(signer busauth.Role, inv *envelope.Invocation) error
 	// Handed, when set, is shared by the Runners of this process: a
 	// hand-off to a stage read here leaves its invocation there, and a
 	// hand-off this process signed is taken from there, not decoded.
@@ -377,6 +385,7 @@ var decodeOwn = envelope.DecodeOwn
 
 func (r *Runner) decode(subject string, header nats.Header, data []byte, seq uint64) (*envelope.Invocation, error) {
 	decode := envelope.Decode
+	judge := false
 	if r.Senders != nil {
 		ours, err := r.Senders(subject, header, data)
 		if err != nil {
@@ -394,15 +403,21 @@ func (r *Runner) decode(subject string, header nats.Header, data []byte, seq uin
 			}
 			decode = decodeOwn
 		}
+		judge = !ours && r.Endings != nil
 	}
+	var inv *envelope.Invocation
+	var err error
 	if d, ok := r.Stage.(stages.Decoder); ok {
-		return d.Decode(subject, header, data, seq, r.now())
-	}
-	inv, err := decode(data)
-	if err != nil || inv.ID == "" {
+		inv, err = d.Decode(subject, header, data, seq, r.now())
+	} else if inv, err = decode(data); err != nil || inv.ID == "" {
 		return nil, fmt.Errorf("undecodable envelope: %v", err)
 	}
-	return inv, nil
+	if judge && inv != nil {
+		if jerr := r.Endings(busauth.Role(header.Get(seal.HeaderSigner)), inv); jerr != nil {
+			return nil, jerr
+		}
+	}
+	return inv, err
 }
 
 // finalises reports whether the stage ends invocations (stages.Finaliser).
