@@ -81,8 +81,8 @@ type Runner struct {
 	// Endings, when set with Senders, judges each invocation handed to the
 	// stage by the role that signed it (audit: seal.Messages.Ending, who
 	// may end which call): a refused one is poison, its invocation
-	// untouched. A hand-off this process signed is not judged: its own
-	// stages wrote it.
+	// untouched. A hand-off this process signed is judged too: its stage
+	// may have ended, honestly, a call another host forged.
 	Endings func(signer busauth.Role, inv *envelope.Invocation) error
 	// Handed, when set, is shared by the Runners of this process: a
 	// hand-off to a stage read here leaves its invocation there, and a
@@ -384,8 +384,19 @@ func (r *Runner) now() time.Time {
 var decodeOwn = envelope.DecodeOwn
 
 func (r *Runner) decode(subject string, header nats.Header, data []byte, seq uint64) (*envelope.Invocation, error) {
+	inv, err := r.read(subject, header, data, seq)
+	if inv != nil && r.Endings != nil && r.Senders != nil {
+		// Senders verified the signer the header names.
+		if jerr := r.Endings(busauth.Role(header.Get(seal.HeaderSigner)), inv); jerr != nil {
+			return nil, jerr
+		}
+	}
+	return inv, err
+}
+
+// read is decode before the sender is judged.
+func (r *Runner) read(subject string, header nats.Header, data []byte, seq uint64) (*envelope.Invocation, error) {
 	decode := envelope.Decode
-	judge := false
 	if r.Senders != nil {
 		ours, err := r.Senders(subject, header, data)
 		if err != nil {
@@ -403,21 +414,15 @@ func (r *Runner) decode(subject string, header nats.Header, data []byte, seq uin
 			}
 			decode = decodeOwn
 		}
-		judge = !ours && r.Endings != nil
 	}
-	var inv *envelope.Invocation
-	var err error
 	if d, ok := r.Stage.(stages.Decoder); ok {
-		inv, err = d.Decode(subject, header, data, seq, r.now())
-	} else if inv, err = decode(data); err != nil || inv.ID == "" {
+		return d.Decode(subject, header, data, seq, r.now())
+	}
+	inv, err := decode(data)
+	if err != nil || inv.ID == "" {
 		return nil, fmt.Errorf("undecodable envelope: %v", err)
 	}
-	if judge && inv != nil {
-		if jerr := r.Endings(busauth.Role(header.Get(seal.HeaderSigner)), inv); jerr != nil {
-			return nil, jerr
-		}
-	}
-	return inv, err
+	return inv, nil
 }
 
 // finalises reports whether the stage ends invocations (stages.Finaliser).

@@ -25,8 +25,9 @@ const custodyVersion = "toolgate-custody-v1"
 // mac.go), which no other role can make. Audit takes an ending from route,
 // execute or verify, or control's ending of a parked call, only with the
 // custody of that very call. It costs a hash at authorize and one at audit
-// per call, in one process or many; an ending this process signed is not
-// checked at all (the runner's Endings).
+// per call, in one process or many. An ending this process signed is
+// checked too: an honest execute of this process ends, with E3218, a hop a
+// compromised route host forged, and that ending must not take the id.
 
 // Custody returns authorize's custody of the call (tenant, id, seq), or ""
 // when s is not authorize's with the pair keys (NewSigner of Messages).
