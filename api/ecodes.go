@@ -125,6 +125,16 @@ const (
 	// A rate-limit counter found deleted: counted as empty, never as
 	// refilled.
 	ECounterErased = "E3237"
+	// Audit refused an ending handed to it by a role that may not end
+	// that call: not the stage the ending names, not an ending that role
+	// makes, or from a stage after authorize (or control) without
+	// authorize's proof that the call reached it. It is recorded as
+	// poison and dropped; the invocation it names is not touched.
+	EEndingRefused = "E3230"
+	// Audit refused a relayed event whose CloudEvent type, source or
+	// tenant is not one its signer's role emits on that subject. It is
+	// recorded as poison and never published.
+	ERelayRefused = "E3231"
 )
 
 // Resilience codes.

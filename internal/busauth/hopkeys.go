@@ -198,7 +198,7 @@ func mayPublishNow(role Role, subject string) bool {
 		}
 	}
 	for _, e := range rr.Emits {
-		if server.SubjectMatchesFilter(subject, subjects.Relay(e)) {
+		if server.SubjectMatchesFilter(subject, subjects.Relay(e.Subject)) {
 			return true
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/nats-io/jwt/v2"
+	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/subjects"
 )
 
@@ -33,8 +34,9 @@ type RoleRights struct {
 	Publishes []string
 	// Emits are the audit events and results the role sends audit to
 	// publish: it may publish them on the relay only (subjects.Relay),
-	// and audit publishes only those of a sender whose role emits them.
-	Emits []string
+	// and audit publishes only those of a sender whose role emits them,
+	// with the type and source they carry there (MayEmit).
+	Emits []Emission
 	// Subscribes are the core subjects the role listens on besides its
 	// inbox and its watches.
 	Subscribes []string
@@ -63,13 +65,42 @@ func (r RoleRights) Buckets() []string {
 	return out
 }
 
+// Emission is one kind of audit event (or result) a role emits: the
+// subjects it goes on (a pattern), the CloudEvent types it may carry there
+// (patterns of dot-separated tokens, as subjects) and the sources it may
+// name. Only these, together, are what the role's key vouches for on the
+// relay: a key that may emit tool.invoked does not vouch for an approval
+// sent on tool.invoked's subject.
+type Emission struct {
+	Subject string
+	Types   []string
+	Sources []string
+}
+
+// source is the CloudEvent source of what role's own code emits.
+func source(role Role) string { return "urn:toolgate:" + string(role) }
+
+// emits is the Emission of the one type typ on subject, from role.
+func emits(role Role, subject string, types ...string) Emission {
+	return Emission{Subject: subject, Types: types, Sources: []string{source(role)}}
+}
+
 // poison is what every stage's runner publishes itself: the audit event of
 // a message it cannot read, which no later stage could.
-var poison = subjects.AuditEvent("*", "pipeline.poison")
+func poison(stage Role) Emission {
+	return emits(stage, subjects.AuditEvent("*", "pipeline.poison"), api.TypePoison)
+}
 
 // stateRefused is the audit event of signed state a reader ignored
 // (internal/signedstate).
-var stateRefused = subjects.AuditEvent(subjects.SystemTenant, "state.refused")
+func stateRefused(role Role) Emission {
+	return emits(role, subjects.AuditEvent(subjects.SystemTenant, "state.refused"), api.TypeStateRefused)
+}
+
+// approvals are the events of approvals: authorize's requests and expiries,
+// and the decisions control applies, which it writes as authorize's (the
+// decision resumes or ends authorize's parked call).
+var approvals = subjects.AuditEvent("*", "tool.approval.>")
 
 // hand is the hand-off to stage, at any priority and tenant.
 func hand(stage string) string { return subjects.PipeStage(stage) }
@@ -83,9 +114,10 @@ var Rights = map[Role]RoleRights{
 		Consumes:  subjects.Inputs(subjects.Validate),
 		Sweeps:    []string{subjects.StreamInvoke},
 		Publishes: []string{hand(subjects.Authorize), hand(subjects.Audit)},
-		Emits:     []string{poison, subjects.ResultAll, stateRefused},
-		Writes:    []string{subjects.BucketInvocations},
-		Watches:   []string{subjects.BucketTools},
+		Emits: []Emission{poison(RoleValidate), emits(RoleValidate, subjects.ResultAll, api.TypeAccepted),
+			stateRefused(RoleValidate)},
+		Writes:  []string{subjects.BucketInvocations},
+		Watches: []string{subjects.BucketTools},
 		// Its sweep tells a leftover from a stuck call by the newer
 		// messages of the call in the pipeline.
 		Streams: []string{subjects.StreamPipeline},
@@ -96,8 +128,9 @@ var Rights = map[Role]RoleRights{
 		Consumes:  subjects.Inputs(subjects.Authorize),
 		Sweeps:    []string{subjects.StreamPipeline},
 		Publishes: []string{hand(subjects.Route), hand(subjects.Audit)},
-		Emits: []string{poison, subjects.AuditEvent("*", "tool.approval.>"), stateRefused, subjects.ShadowDivergedAll,
-			subjects.DecisionRecordedAll},
+		Emits: []Emission{poison(RoleAuthorize), emits(RoleAuthorize, approvals, "ai.agent.tool.approval.>"),
+			stateRefused(RoleAuthorize), emits(RoleAuthorize, subjects.ShadowDivergedAll, api.TypeShadowDiverged),
+			emits(RoleAuthorize, subjects.DecisionRecordedAll, api.TypeDecisionRecorded)},
 		Writes:  []string{subjects.BucketInvocations, subjects.BucketApprovals, subjects.BucketBudgets, subjects.BucketSettings},
 		Watches: []string{subjects.BucketTools, subjects.BucketPolicies, subjects.BucketRevocations, subjects.BucketInvocations},
 	},
@@ -106,7 +139,7 @@ var Rights = map[Role]RoleRights{
 		Consumes:  subjects.Inputs(subjects.Route),
 		Sweeps:    []string{subjects.StreamPipeline},
 		Publishes: []string{hand(subjects.Execute), hand(subjects.Audit)},
-		Emits:     []string{poison, stateRefused},
+		Emits:     []Emission{poison(RoleRoute), stateRefused(RoleRoute)},
 		Writes:    []string{subjects.BucketRateLimits},
 		Reads:     []string{subjects.BucketInvocations}, // its sweep reads a leftover's record
 		Watches:   []string{subjects.BucketTools},
@@ -118,8 +151,11 @@ var Rights = map[Role]RoleRights{
 		Consumes:  subjects.Inputs(subjects.Execute),
 		Sweeps:    []string{subjects.StreamPipeline},
 		Publishes: []string{hand(subjects.Verify), hand(subjects.Audit)},
-		Emits: []string{poison, subjects.AuditEvent("*", "tool.invoked"), subjects.AuditEvent("*", "tool.checkpoint.>"),
-			subjects.AuditEvent(subjects.SystemTenant, "circuit.>"), stateRefused},
+		Emits: []Emission{poison(RoleExecute), emits(RoleExecute, subjects.AuditEvent("*", "tool.invoked"), api.TypeInvoked),
+			emits(RoleExecute, subjects.AuditEvent("*", "tool.checkpoint.>"), api.TypeCheckpointCreated),
+			{Subject: subjects.AuditEvent(subjects.SystemTenant, "circuit.>"), Sources: []string{"urn:toolgate:breaker"},
+				Types: []string{api.TypeCircuitOpened, api.TypeCircuitHalfOpened, api.TypeCircuitClosed}},
+			stateRefused(RoleExecute)},
 		Subscribes: []string{subjects.CancelAll, subjects.DocsUpdatedAll},
 		Writes: []string{subjects.BucketInvocations, subjects.BucketIdempotency, subjects.BucketCheckpoints,
 			subjects.BucketBreakers, subjects.BucketModelStats, subjects.BucketSettings, subjects.BucketDocCache},
@@ -132,7 +168,7 @@ var Rights = map[Role]RoleRights{
 		Consumes:  subjects.Inputs(subjects.Verify),
 		Sweeps:    []string{subjects.StreamPipeline},
 		Publishes: []string{hand(subjects.Audit)},
-		Emits:     []string{poison, stateRefused},
+		Emits:     []Emission{poison(RoleVerify), stateRefused(RoleVerify)},
 		Reads:     []string{subjects.BucketInvocations}, // its sweep reads a leftover's record
 		Watches:   []string{subjects.BucketTools},
 	},
@@ -158,8 +194,13 @@ var Rights = map[Role]RoleRights{
 	// call goes back to authorize, a cancelled one to audit.
 	RoleControl: {
 		Publishes: []string{hand(subjects.Authorize), hand(subjects.Audit), subjects.CancelAll, subjects.InvokeAll},
-		Emits: []string{subjects.AuditEvent("*", "capability.>"), subjects.AuditEvent("*", "tool.approval.>"),
-			subjects.AuditTenant(subjects.SystemTenant)},
+		Emits: []Emission{emits(RoleControl, subjects.AuditEvent("*", "capability.>"), "ai.agent.capability.>"),
+			{Subject: approvals, Sources: []string{source(RoleAuthorize)},
+				Types: []string{api.TypeApprovalGranted, api.TypeApprovalDenied, api.TypeApprovalExpired}},
+			emits(RoleControl, subjects.AuditTenant(subjects.SystemTenant), "ai.agent.admin.>", api.TypeStateRefused),
+			// The bus's refusals, which the control connection records.
+			{Subject: subjects.AuditTenant(subjects.SystemTenant), Types: []string{api.TypeBusRefused},
+				Sources: []string{"urn:toolgate:busauth"}}},
 		Writes: []string{subjects.BucketTools, subjects.BucketApprovals, subjects.BucketInvocations, subjects.BucketCapabilities,
 			subjects.BucketPolicies, subjects.BucketHooks, subjects.BucketRevocations, subjects.BucketBreakers, subjects.BucketModels,
 			subjects.BucketDocSources, subjects.BucketCheckpoints},
@@ -193,7 +234,7 @@ func (r RoleRights) permissions(role Role) jwt.Permissions {
 	add(&p.Pub, "$JS.API.INFO")
 	add(&p.Pub, r.Publishes...)
 	for _, e := range r.Emits {
-		add(&p.Pub, subjects.Relay(e))
+		add(&p.Pub, subjects.Relay(e.Subject))
 	}
 	add(&p.Sub, r.Subscribes...)
 	for _, in := range r.Consumes {
@@ -267,7 +308,9 @@ func RoleTable() string {
 		}
 		pubs := slices.Clone(r.Publishes)
 		for _, e := range r.Emits {
-			pubs = append(pubs, subjects.Relay(e))
+			if relay := subjects.Relay(e.Subject); !slices.Contains(pubs, relay) {
+				pubs = append(pubs, relay)
+			}
 		}
 		if len(r.Subscribes) > 0 {
 			pubs = append(pubs, "hears "+strings.Join(r.Subscribes, ", "))

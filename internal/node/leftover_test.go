@@ -59,8 +59,15 @@ func (l *leftovers) leave(t *testing.T, invs ...*envelope.Invocation) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	js := seal.SigningJetStream(l.op, seal.NewSigner(busauth.RoleAuthorize, k))
+	pubs, err := busauth.LoadHopPublicKeys(l.dataDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sg := seal.NewMessages(pubs).NewSigner(busauth.RoleAuthorize, k)
+	js := seal.SigningJetStream(l.op, sg)
 	for _, inv := range invs {
+		// With authorize's custody, which a call it handed on carries.
+		inv.Custody = sg.Custody(inv.Tenant, inv.ID, inv.Event.Seq)
 		o, err := runner.Handoff(inv, subjects.Route)
 		if err != nil {
 			t.Fatal(err)

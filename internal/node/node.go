@@ -21,6 +21,7 @@ import (
 	"github.com/toolgate/toolgate/internal/breaker"
 	"github.com/toolgate/toolgate/internal/busauth"
 	"github.com/toolgate/toolgate/internal/detect"
+	"github.com/toolgate/toolgate/internal/envelope"
 	"github.com/toolgate/toolgate/internal/hooks"
 	"github.com/toolgate/toolgate/internal/modelrouter"
 	"github.com/toolgate/toolgate/internal/policy"
@@ -71,6 +72,9 @@ type Node struct {
 	// Senders, when set, checks who sent each message the stages of this
 	// connection read (runner.Runner.Senders).
 	Senders func(subject string, h nats.Header, data []byte) (ours bool, err error)
+	// Endings, when set, judges who may end the calls audit reads
+	// (runner.Runner.Endings).
+	Endings func(signer busauth.Role, inv *envelope.Invocation) error
 	// refusals is the JetStream (JS, once signing is set up) through which
 	// watches that started with the connection audit what they ignore.
 	refusals atomic.Pointer[jsBox]
@@ -705,6 +709,9 @@ func (n *Node) signAs(dataDir string, r busauth.Role, msgs *seal.Messages, check
 			_, ours, err := msgs.Check(subject, h, data)
 			return ours, err
 		}
+		if r == busauth.RoleAudit {
+			n.Endings = msgs.Ending
+		}
 	}
 	return nil
 }
@@ -773,6 +780,7 @@ func (n *Node) newAuthorizer(ctx context.Context, c StageConfig) (*authorize.Aut
 	}
 	if n.Signer != nil && c.Messages != nil {
 		ac.SignPrincipal = func(text []byte) string { return n.Signer.SignRecord(recordPrincipal, text) }
+		ac.Custody = n.Signer.Custody
 		ac.DecisionSigned = func(text []byte, sig string) bool {
 			return c.Messages.Record(busauth.RoleAudit, recordDecision, text, sig)
 		}
@@ -917,7 +925,8 @@ func checkTools(js func() jetstream.JetStream, source string, proof signedstate.
 
 // Runner returns a Runner of stage st on this node.
 func (n *Node) Runner(name string, st stages.Stage, workers int, m *runner.Metrics) *runner.Runner {
-	r := &runner.Runner{Name: name, Stage: st, JS: n.JS, Workers: workers, Log: n.Log, Metrics: m, Records: n.Store, Senders: n.Senders}
+	r := &runner.Runner{Name: name, Stage: st, JS: n.JS, Workers: workers, Log: n.Log, Metrics: m, Records: n.Store, Senders: n.Senders,
+		Endings: n.Endings}
 	if name == subjects.Execute {
 		// Tools bound themselves (limits.timeout_ms is at most an hour).
 		r.Timeout = time.Hour + time.Minute

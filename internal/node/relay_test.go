@@ -49,7 +49,7 @@ func onlyAuditPublishes(t *testing.T, s *served) {
 	}
 	event := func(typ, id string) (subject string, data []byte) {
 		return subjects.AuditEvent("demo", envelope.SubjectSuffix(typ)),
-			fmt.Appendf(nil, `{"specversion":"1.0","id":%q,"source":"urn:forger","type":%q,"tenantid":"demo"}`, id, typ)
+			fmt.Appendf(nil, `{"specversion":"1.0","id":%q,"source":"urn:toolgate:execute","type":%q,"tenantid":"demo"}`, id, typ)
 	}
 
 	t.Run("stage credentials cannot publish audit events or results", func(t *testing.T) {

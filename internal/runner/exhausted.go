@@ -147,6 +147,13 @@ func poisonEvent(stage, subject, stream string, seq uint64, cause error) (stages
 	return poisonEventFor(tenant, stage, subject, stream, seq, cause)
 }
 
+// refusedSender reports the codes of a message refused for who sent it:
+// unsigned, an ending its sender may not make, an event its sender's role
+// does not emit.
+func refusedSender(code string) bool {
+	return code == api.EMessageUnsigned || code == api.EEndingRefused || code == api.ERelayRefused
+}
+
 // poisonEventFor is poisonEvent in tenant's trail.
 func poisonEventFor(tenant, stage, subject, stream string, seq uint64, cause error) (stages.Output, error) {
 	e := event.New()
@@ -156,7 +163,7 @@ func poisonEventFor(tenant, stage, subject, stream string, seq uint64, cause err
 	e.SetTime(time.Now().UTC())
 	e.SetExtension("tenantid", tenant)
 	perr := api.NewError(api.InternalError, api.EPoisonMessage, "%v", cause)
-	if ae, ok := cause.(*api.Error); ok && ae.ECode == api.EMessageUnsigned {
+	if ae, ok := cause.(*api.Error); ok && refusedSender(ae.ECode) {
 		perr = ae // a refused sender keeps its own code
 	}
 	err := e.SetData(event.ApplicationJSON, map[string]any{

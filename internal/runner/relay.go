@@ -6,12 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/busauth"
 	"github.com/toolgate/toolgate/internal/seal"
 	"github.com/toolgate/toolgate/internal/topology"
 	"github.com/toolgate/toolgate/subjects"
@@ -131,8 +133,10 @@ func (r *Relay) relay(log *slog.Logger, m jetstream.Msg) {
 		r.refuse(log, m, md, "", errors.New("not a relayed audit event or result"))
 		return
 	}
+	ours := true // without Senders, no one's key is checked and no one's rights
 	if r.Senders != nil {
-		if _, err := r.Senders(m.Subject(), m.Headers(), m.Data()); err != nil {
+		var err error
+		if ours, err = r.Senders(m.Subject(), m.Headers(), m.Data()); err != nil {
 			r.refuse(log, m, md, subject, err)
 			return
 		}
@@ -143,6 +147,14 @@ func (r *Relay) relay(log *slog.Logger, m jetstream.Msg) {
 		r.refuse(log, m, md, subject, api.NewError(api.PermissionDenied, api.EMessageUnsigned,
 			"refused a relayed result: only a pending answer (%s) may be relayed, never a final result", api.TypeAccepted))
 		return
+	}
+	if !ours {
+		// What a role of this process signed its own code wrote; another
+		// host's key vouches only for the events its role emits.
+		if err := emitted(busauth.Role(m.Headers().Get(seal.HeaderSigner)), subject, m.Headers(), m.Data()); err != nil {
+			r.refuse(log, m, md, subject, err)
+			return
+		}
 	}
 	// The emitter's message id goes with it, its signature does not.
 	h := make(nats.Header, len(m.Headers()))
@@ -198,6 +210,38 @@ func (r *Relay) count(outcome string) {
 	if r.Metrics != nil {
 		r.Metrics.messages.WithLabelValues(relayStage, outcome).Inc()
 	}
+}
+
+// emitted returns nil when the relayed message is a structured CloudEvent
+// that role emits on subject: its type, source and tenant as the role's
+// Emissions allow (busauth.MayEmit). Anything else, whatever role's key
+// signed, is refused with E3231: it would be published as an event of a
+// type, or from a stage, that its signer never emits.
+func emitted(role busauth.Role, subject string, h nats.Header, data []byte) error {
+	var e struct {
+		ID     string `json:"id"`
+		Type   string `json:"type"`
+		Source string `json:"source"`
+		Tenant string `json:"tenantid"`
+	}
+	refuse := func(why string) error {
+		return api.NewError(api.PermissionDenied, api.ERelayRefused, "refused the relayed event %q signed by %s: %s", e.ID, role, why).
+			WithDetail("subject", subject)
+	}
+	if err := json.Unmarshal(data, &e); err != nil {
+		return refuse("not a structured CloudEvent: " + err.Error())
+	}
+	// The body is the event: a reader must not find another one, in
+	// binary mode, in ce- headers that nothing here checks.
+	for k := range h {
+		if len(k) >= 3 && strings.EqualFold(k[:3], "ce-") {
+			return refuse(fmt.Sprintf("header %s: a relayed event is structured, its attributes in its body", k))
+		}
+	}
+	if why := busauth.MayEmit(role, subject, e.Type, e.Source, e.Tenant); why != "" {
+		return refuse(why)
+	}
+	return nil
 }
 
 // pendingAnswer reports whether data is a structured tool.accepted

@@ -15,7 +15,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/busauth"
 	"github.com/toolgate/toolgate/internal/envelope"
+	"github.com/toolgate/toolgate/internal/seal"
 	"github.com/toolgate/toolgate/internal/topology"
 	"github.com/toolgate/toolgate/stages"
 	"github.com/toolgate/toolgate/subjects"
@@ -76,6 +78,12 @@ type Runner struct {
 	// subject signed is poison, whether the stage or its sweep meets it.
 	// ours reports a signature this process made.
 	Senders func(subject string, h nats.Header, data []byte) (ours bool, err error)
+	// Endings, when set with Senders, judges each invocation handed to the
+	// stage by the role that signed it (audit: seal.Messages.Ending, who
+	// may end which call): a refused one is poison, its invocation
+	// untouched. A hand-off this process signed is judged too: its stage
+	// may have ended, honestly, a call another host forged.
+	Endings func(signer busauth.Role, inv *envelope.Invocation) error
 	// Handed, when set, is shared by the Runners of this process: a
 	// hand-off to a stage read here leaves its invocation there, and a
 	// hand-off this process signed is taken from there, not decoded.
@@ -376,6 +384,18 @@ func (r *Runner) now() time.Time {
 var decodeOwn = envelope.DecodeOwn
 
 func (r *Runner) decode(subject string, header nats.Header, data []byte, seq uint64) (*envelope.Invocation, error) {
+	inv, err := r.read(subject, header, data, seq)
+	if inv != nil && r.Endings != nil && r.Senders != nil {
+		// Senders verified the signer the header names.
+		if jerr := r.Endings(busauth.Role(header.Get(seal.HeaderSigner)), inv); jerr != nil {
+			return nil, jerr
+		}
+	}
+	return inv, err
+}
+
+// read is decode before the sender is judged.
+func (r *Runner) read(subject string, header nats.Header, data []byte, seq uint64) (*envelope.Invocation, error) {
 	decode := envelope.Decode
 	if r.Senders != nil {
 		ours, err := r.Senders(subject, header, data)

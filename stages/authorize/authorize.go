@@ -84,6 +84,10 @@ type Config struct {
 	// where every role signs (seal.Signer, seal.Messages).
 	SignPrincipal  func(text []byte) string
 	DecisionSigned func(text []byte, sig string) bool
+	// Custody, when set, is authorize's custody of a call it takes
+	// (seal.Signer.Custody): the proof, to audit, that a later stage (or
+	// control, for a parked call) ending the call held it.
+	Custody func(tenant, id string, seq uint64) string
 	// RedriveProof, when set, names the operator who signed a re-drive's
 	// run request (signedstate.Verify) and PrincipalSigned checks
 	// authorize's own signature over a dead-lettered call's principal;
@@ -157,6 +161,10 @@ func (a *Authorizer) SetPolicy(e *policy.Engine) { a.engine.Store(e) }
 // Process implements stages.Stage.
 func (a *Authorizer) Process(ctx context.Context, inv *envelope.Invocation) ([]stages.Output, error) {
 	req := inv.Request
+	if a.cfg.Custody != nil {
+		// First: a call parked below, and every call handed on, has it.
+		inv.Custody = a.cfg.Custody(inv.Tenant, inv.ID, inv.Event.Seq)
+	}
 	m, err := a.cfg.Registry.Resolve(req.ToolID, req.ToolVersion)
 	if err != nil {
 		return nil, err
