@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/subjects"
@@ -44,10 +45,25 @@ func (s *Store) Revoke(ctx context.Context, jti string, until time.Time, reason,
 		ttl = time.Second
 	}
 	val, _ := json.Marshal(Revocation{RevokedAt: time.Now().UTC(), Until: until.UTC(), Reason: reason, RevokedBy: by, Proof: proof})
-	_, err := s.revocations.Create(ctx, subjects.Token(jti), val, jetstream.KeyTTL(ttl))
-	if errors.Is(err, jetstream.ErrKeyExists) {
-		return nil // revoked already
+	key := subjects.Token(jti)
+	_, err := s.revocations.Create(ctx, key, val, jetstream.KeyTTL(ttl))
+	if !errors.Is(err, jetstream.ErrKeyExists) || proof == nil {
+		return err // nil when revoked already, on a bus that signs nothing
 	}
+	// What the key holds may be a record no operator signed, which readers
+	// ignore (the control role may write the bucket): the signed one
+	// replaces it, or else such a record would block the revocation. The
+	// key lives to the later of the two untils.
+	e, err := s.revocations.Get(ctx, key)
+	if err != nil {
+		return err
+	}
+	var old Revocation
+	if json.Unmarshal(e.Value(), &old) == nil && time.Until(old.Until) > ttl {
+		ttl = time.Until(old.Until)
+	}
+	_, err = s.js.PublishMsg(ctx, &nats.Msg{Subject: subjects.BucketKey(BucketRevocations, key), Data: val},
+		jetstream.WithExpectLastSequencePerSubject(e.Revision()), jetstream.WithMsgTTL(ttl))
 	return err
 }
 
