@@ -20,6 +20,10 @@ type PolicyPushRequest struct {
 	Modules map[string]string `json:"modules"`
 	Data    map[string]any    `json:"data,omitempty"`
 	By      string            `json:"by,omitempty"`
+	// CandidateDigest, on a shadow promote, is the digest of the candidate
+	// the operator was shown (PolicyBundle.Digest): the signed promote
+	// makes live exactly that candidate or nothing (E3241).
+	CandidateDigest string `json:"candidate_digest,omitempty"`
 }
 
 // PolicyPushResponse is the pushed policy's revision in the policies bucket.
@@ -38,6 +42,10 @@ type PolicyBundle struct {
 	PushedBy string            `json:"pushed_by,omitempty"`
 	Modules  map[string]string `json:"modules,omitempty"`
 	Data     map[string]any    `json:"data,omitempty"`
+	// Digest, of a shadow candidate, is the SHA-256 of what is shown
+	// (revision, pushed_at, pushed_by, modules, data), for the promote to
+	// sign.
+	Digest string `json:"digest,omitempty"`
 }
 
 // HooksPushRequest makes Doc (a hook set, {"hooks":[…]}, as JSON) the

@@ -135,6 +135,19 @@ const (
 	// tenant is not one its signer's role emits on that subject. It is
 	// recorded as poison and never published.
 	ERelayRefused = "E3231"
+	// The shadow candidate in the bucket carries no operator's signature
+	// over exactly what it holds (written there with the control role's
+	// bucket right): not shown as the operator's, never promoted.
+	EShadowUnsigned = "E3240"
+	// A promote names a candidate (candidate_digest, as show gave it) other
+	// than the one stored now: the candidate changed since it was shown.
+	EShadowChanged = "E3241"
+	// A re-drive names a dead letter (digests, as redrive show gave them)
+	// other than the one stored now: it changed since it was shown.
+	EDeadLetterChanged = "E3242"
+	// A dead letter not signed by the audit stage: published with audit's
+	// credential but not its key, or altered; it is never re-driven.
+	EDeadLetterUnsigned = "E3243"
 )
 
 // Resilience codes.

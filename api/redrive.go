@@ -140,6 +140,9 @@ type RedriveShowResponse struct {
 	DeadLetter
 	RedriveID     string `json:"redrive_id"`
 	RedriveStatus Status `json:"redrive_status,omitempty"`
+	// Digest is the SHA-256 of the dead letter as stored: a run that
+	// names it (RedriveRunRequest.Digests) starts exactly this one.
+	Digest string `json:"digest"`
 }
 
 // RedriveRunRequest re-drives dead letters (redrive.run): the ids named,
@@ -156,6 +159,11 @@ type RedriveRunRequest struct {
 	Decision    bool           `json:"decision,omitempty"`
 	Reason      string         `json:"reason,omitempty"`
 	By          string         `json:"by,omitempty"`
+	// Digests names, by invocation id, the dead letter the operator was
+	// shown (RedriveShowResponse.Digest): a dead letter that is not that
+	// one any more is not re-driven (E3242). An operator's decision must
+	// name one for each id it re-drives.
+	Digests map[string]string `json:"digests,omitempty"`
 	// At is when the operator asked: the proof's time, in the body it signs.
 	At time.Time `json:"at"`
 }

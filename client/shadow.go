@@ -33,9 +33,18 @@ func (c *Client) DropShadowPolicy(ctx context.Context, by string) error {
 }
 
 // PromoteShadowPolicy makes the candidate in force the live policy: it
-// reads the candidate and signs a request naming exactly its modules and
-// data, which the live bundle then carries as its proof.
+// reads the candidate and signs a request naming exactly its modules,
+// data and digest, which the live bundle then carries as its proof.
 func (c *Client) PromoteShadowPolicy(ctx context.Context, by string) (api.PolicyPushResponse, error) {
+	return c.PromoteShownShadowPolicy(ctx, "", by)
+}
+
+// PromoteShownShadowPolicy is PromoteShadowPolicy for the candidate whose
+// digest (api.PolicyBundle.Digest, as ShadowPolicy gave it) is digest: the
+// control service promotes exactly that candidate or nothing (E3241 when
+// the one stored now differs). An empty digest names the candidate read
+// now.
+func (c *Client) PromoteShownShadowPolicy(ctx context.Context, digest, by string) (api.PolicyPushResponse, error) {
 	var out api.PolicyPushResponse
 	cand, err := c.ShadowPolicy(ctx)
 	if err != nil {
@@ -44,7 +53,11 @@ func (c *Client) PromoteShadowPolicy(ctx context.Context, by string) (api.Policy
 	if !cand.Pushed {
 		return out, errors.New("there is no candidate policy to promote")
 	}
-	err = c.admin(ctx, subjects.SvcPolicyShadowPromote, api.PolicyPushRequest{Modules: cand.Modules, Data: cand.Data, By: by}, &out)
+	if digest == "" {
+		digest = cand.Digest
+	}
+	err = c.admin(ctx, subjects.SvcPolicyShadowPromote, api.PolicyPushRequest{Modules: cand.Modules, Data: cand.Data, By: by,
+		CandidateDigest: digest}, &out)
 	return out, err
 }
 

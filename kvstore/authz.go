@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/subjects"
@@ -18,19 +19,51 @@ import (
 
 // --- revocations -----------------------------------------------------------
 
+// Revocation is a revocations bucket record.
+type Revocation struct {
+	RevokedAt time.Time `json:"revoked_at"`
+	Until     time.Time `json:"until"`
+	Reason    string    `json:"reason,omitempty"`
+	RevokedBy string    `json:"revoked_by,omitempty"`
+	// Proof is the operator's signed revoke request; readers on an
+	// authenticated bus honour no revocation without one
+	// (internal/signedstate).
+	Proof *api.DecisionProof `json:"proof,omitempty"`
+}
+
+// CheckRevocation judges a revocation record before a watch honours it: a
+// non-nil error ignores the record (Options.CheckRevocation).
+type CheckRevocation func(rec Revocation, jti string, revision uint64) error
+
 // Revoke records that the token with id jti is revoked until until (its
 // expiry: after that it is refused anyway and the entry expires), by whom
-// (the operator's authenticated identity) and why.
-func (s *Store) Revoke(ctx context.Context, jti string, until time.Time, reason, by string) error {
+// (the operator's authenticated identity), why, and the operator's signed
+// request (proof, nil on a bus without authentication).
+func (s *Store) Revoke(ctx context.Context, jti string, until time.Time, reason, by string, proof *api.DecisionProof) error {
 	ttl := time.Until(until)
 	if ttl < time.Second {
 		ttl = time.Second
 	}
-	val, _ := json.Marshal(map[string]any{"revoked_at": time.Now().UTC(), "until": until.UTC(), "reason": reason, "revoked_by": by})
-	_, err := s.revocations.Create(ctx, subjects.Token(jti), val, jetstream.KeyTTL(ttl))
-	if errors.Is(err, jetstream.ErrKeyExists) {
-		return nil // revoked already
+	val, _ := json.Marshal(Revocation{RevokedAt: time.Now().UTC(), Until: until.UTC(), Reason: reason, RevokedBy: by, Proof: proof})
+	key := subjects.Token(jti)
+	_, err := s.revocations.Create(ctx, key, val, jetstream.KeyTTL(ttl))
+	if !errors.Is(err, jetstream.ErrKeyExists) || proof == nil {
+		return err // nil when revoked already, on a bus that signs nothing
 	}
+	// What the key holds may be a record no operator signed, which readers
+	// ignore (the control role may write the bucket): the signed one
+	// replaces it, or else such a record would block the revocation. The
+	// key lives to the later of the two untils.
+	e, err := s.revocations.Get(ctx, key)
+	if err != nil {
+		return err
+	}
+	var old Revocation
+	if json.Unmarshal(e.Value(), &old) == nil && time.Until(old.Until) > ttl {
+		ttl = time.Until(old.Until)
+	}
+	_, err = s.js.PublishMsg(ctx, &nats.Msg{Subject: subjects.BucketKey(BucketRevocations, key), Data: val},
+		jetstream.WithExpectLastSequencePerSubject(e.Revision()), jetstream.WithMsgTTL(ttl))
 	return err
 }
 
@@ -46,6 +79,9 @@ func (s *Store) Revoke(ctx context.Context, jti string, until time.Time, reason,
 // starts counts as revoked. A reader that starts after every trace of the
 // key is gone (a purge that itself expired) cannot know of it: that needs
 // a revocation log nobody but the operator can remove from.
+//
+// With Options.CheckRevocation set, a record it refuses (one no operator
+// signed) is ignored: the bucket's write right alone revokes nothing.
 func (s *Store) WatchRevocations(ctx context.Context, revoked func(jti string, on bool), ignored func(jti string, rev uint64)) error {
 	var mu sync.Mutex
 	until := map[string]time.Time{} // zero: until this process ends
@@ -57,10 +93,14 @@ func (s *Store) WatchRevocations(ctx context.Context, revoked func(jti string, o
 		mu.Lock()
 		defer mu.Unlock()
 		if e.Operation() == jetstream.KeyValuePut {
-			var r struct {
-				Until time.Time `json:"until"`
-			}
+			var r Revocation
 			_ = json.Unmarshal(e.Value(), &r)
+			if s.checkRevocation != nil && s.checkRevocation(r, jti, e.Revision()) != nil {
+				return // what this reader honours for the key stands
+			}
+			if u, seen := until[jti]; seen && (u.IsZero() || u.After(r.Until)) {
+				r.Until = u // a later record never shortens a revocation
+			}
 			until[jti] = r.Until
 			revoked(jti, true)
 			return

@@ -73,6 +73,8 @@ type Options struct {
 	// CheckModel, likewise, judges model catalogue and routing policy
 	// records.
 	CheckModel CheckModel
+	// CheckRevocation, likewise, judges revocation records.
+	CheckRevocation CheckRevocation
 }
 
 // Memory is what a process remembers of its own writes to the keys its
@@ -90,27 +92,28 @@ func NewMemory() *Memory { return &Memory{} }
 
 // Store gives typed access to the buckets.
 type Store struct {
-	tools       jetstream.KeyValue
-	invocations jetstream.KeyValue
-	revocations jetstream.KeyValue
-	policies    jetstream.KeyValue
-	approvals   jetstream.KeyValue
-	budgets     jetstream.KeyValue
-	ratelimits  jetstream.KeyValue
-	idempotency jetstream.KeyValue
-	checkpoints jetstream.KeyValue
-	breakers    jetstream.KeyValue
-	settings    jetstream.KeyValue
-	models      jetstream.KeyValue
-	hooks       jetstream.KeyValue
-	toolstats   jetstream.KeyValue
-	modelstats  jetstream.KeyValue
-	capability  jetstream.KeyValue
-	docsources  jetstream.KeyValue
-	doccache    jetstream.KeyValue
-	watches     sync.WaitGroup
-	checkTool   CheckTool
-	checkModel  CheckModel
+	tools           jetstream.KeyValue
+	invocations     jetstream.KeyValue
+	revocations     jetstream.KeyValue
+	policies        jetstream.KeyValue
+	approvals       jetstream.KeyValue
+	budgets         jetstream.KeyValue
+	ratelimits      jetstream.KeyValue
+	idempotency     jetstream.KeyValue
+	checkpoints     jetstream.KeyValue
+	breakers        jetstream.KeyValue
+	settings        jetstream.KeyValue
+	models          jetstream.KeyValue
+	hooks           jetstream.KeyValue
+	toolstats       jetstream.KeyValue
+	modelstats      jetstream.KeyValue
+	capability      jetstream.KeyValue
+	docsources      jetstream.KeyValue
+	doccache        jetstream.KeyValue
+	watches         sync.WaitGroup
+	checkTool       CheckTool
+	checkModel      CheckModel
+	checkRevocation CheckRevocation
 
 	js jetstream.JetStream
 	nc *nats.Conn
@@ -156,7 +159,7 @@ func Open(ctx context.Context, js jetstream.JetStream, o Options) (*Store, error
 	if o.ModelStatsTTL <= 0 {
 		o.ModelStatsTTL = DefaultModelStatsTTL
 	}
-	s := &Store{modelStatsTTL: o.ModelStatsTTL, js: js, nc: js.Conn(), checkTool: o.CheckTool, checkModel: o.CheckModel,
+	s := &Store{modelStatsTTL: o.ModelStatsTTL, js: js, nc: js.Conn(), checkTool: o.CheckTool, checkModel: o.CheckModel, checkRevocation: o.CheckRevocation,
 		microTTL: o.CheckpointMicroTTL, macroRetention: o.CheckpointRetention, clock: o.Clock}
 	for _, b := range []struct {
 		kv  *jetstream.KeyValue

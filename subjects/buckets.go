@@ -38,6 +38,9 @@ func BucketStream(bucket string) string { return "KV_" + bucket }
 // them.
 func BucketKeys(bucket string) string { return "$KV." + bucket + ".>" }
 
+// BucketKey is the subject of one key of a bucket, as JetStream stores it.
+func BucketKey(bucket, key string) string { return "$KV." + bucket + "." + key }
+
 // AbortKeys is the key prefix, inside the invocations bucket, of the
 // sessions a hook aborted: the only part of that bucket processes watch.
 const AbortKeys = "_aborted"

@@ -132,6 +132,7 @@ func (a *app) redriveShowCmd() *cobra.Command {
 					{"agent:", d.Request.AgentContext.AgentDID}, {"ended:", d.EndedAt.UTC().Format(time.RFC3339) + " by " + d.EndedBy},
 					{"error:", code + " " + msg}, {"parameters:", string(d.Request.Parameters)},
 					{"re-drive:", d.RedriveID + " (" + redriveState(d.RedriveStatus) + ")"},
+					{"digest:", d.Digest + " (run --digest re-drives exactly this)"},
 				})
 			})
 		},
@@ -143,12 +144,13 @@ func (a *app) redriveRunCmd() *cobra.Command {
 	var all, decision, wait bool
 	var waitFor time.Duration
 	var reason, callerToken, by string
+	var digests []string
 	cmd := &cobra.Command{
 		Use:   "run ID...|--filter",
 		Short: "Re-drive dead letters as new invocations, with the caller's token or on an operator's decision",
 		Example: `  toolgate redrive run 4f1c… --caller-token "$AGENT_TOKEN" --wait
   toolgate redrive run --filter --code E3401 --since 1h --caller-token "$AGENT_TOKEN" --tenant acme
-  toolgate redrive run 4f1c… --decision --reason "provider outage over" --tenant acme`,
+  toolgate redrive run 4f1c… --decision --reason "provider outage over" --digest sha256:… --tenant acme`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			switch {
 			case all == (len(args) > 0):
@@ -157,6 +159,12 @@ func (a *app) redriveRunCmd() *cobra.Command {
 				return usageErr("give the caller's token (--caller-token) or an operator's --decision, exactly one")
 			case decision && reason == "":
 				return usageErr("--decision needs a --reason, which is recorded")
+			case all && len(digests) > 0:
+				return usageErr("--digest names calls shown one by one, not a --filter")
+			case len(digests) > 0 && len(digests) != len(args):
+				return usageErr("give one --digest per call, in the order of the calls")
+			case decision && !all && len(digests) == 0:
+				return usageErr("--decision re-drives exactly what you were shown: give each call's --digest, as `redrive show` prints it")
 			}
 			if callerToken == "-" {
 				b, err := io.ReadAll(os.Stdin)
@@ -173,6 +181,12 @@ func (a *app) redriveRunCmd() *cobra.Command {
 				return err
 			}
 			r := api.RedriveRunRequest{Tenant: tenant, IDs: args, Decision: decision, Reason: reason, By: or(by, whoami())}
+			for i, dg := range digests {
+				if r.Digests == nil {
+					r.Digests = map[string]string{}
+				}
+				r.Digests[args[i]] = dg
+			}
 			if all {
 				flt, err := f.filter(tenant)
 				if err != nil {
@@ -234,6 +248,7 @@ func (a *app) redriveRunCmd() *cobra.Command {
 	fl.StringVar(&callerToken, "caller-token", "", "the caller's capability token, still valid, each re-drive runs on (- reads it from stdin)")
 	fl.BoolVar(&decision, "decision", false, "re-drive without the caller's token, as the original's verified claims, on your recorded decision")
 	fl.StringVar(&reason, "reason", "", "why (recorded; required with --decision)")
+	fl.StringArrayVar(&digests, "digest", nil, "a call's digest as `redrive show` printed it, one per call in order: a dead letter changed since is not re-driven (required with --decision)")
 	fl.BoolVar(&wait, "wait", false, "wait for each re-drive's result and print its status")
 	fl.DurationVar(&waitFor, "wait-timeout", 2*time.Minute, "with --wait, how long to wait for each re-drive")
 	fl.StringVar(&by, "by", "", "who runs it, for the record on a bus without authentication (default: user@host; an authenticated bus records the signing operator)")

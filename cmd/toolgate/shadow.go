@@ -78,6 +78,7 @@ func (a *app) policyShadowCmd() *cobra.Command {
 					return err
 				}
 				fmt.Fprintf(w, "candidate revision %d, pushed %s by %s\n", b.Revision, b.PushedAt.UTC().Format(time.RFC3339), b.PushedBy)
+				fmt.Fprintf(w, "digest %s (promote --digest promotes exactly this)\n", b.Digest)
 				for name, src := range b.Modules {
 					fmt.Fprintf(w, "\n# %s\n%s\n", name, strings.TrimRight(src, "\n"))
 				}
@@ -133,17 +134,19 @@ func (a *app) policyShadowCmd() *cobra.Command {
 		},
 	}
 	report.Flags().StringVar(&since, "since", "", "only calls since: an RFC 3339 time or a duration back from now (default: since the candidate was pushed)")
+	var digest string
 	promote := &cobra.Command{
-		Use:   "promote",
-		Short: "Make the candidate the live policy (signed and audited); it is no longer a candidate",
-		Args:  noArgs,
+		Use:     "promote",
+		Short:   "Make the candidate the live policy (signed and audited); it is no longer a candidate",
+		Example: `  toolgate policy shadow promote --digest sha256:…   # exactly the candidate show printed, or nothing`,
+		Args:    noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			c, done, err := a.adminClient()
 			if err != nil {
 				return err
 			}
 			defer done()
-			res, err := c.PromoteShadowPolicy(cmd.Context(), or(by, whoami()))
+			res, err := c.PromoteShownShadowPolicy(cmd.Context(), digest, or(by, whoami()))
 			if err != nil {
 				return err
 			}
@@ -172,6 +175,7 @@ func (a *app) policyShadowCmd() *cobra.Command {
 			})
 		},
 	}
+	promote.Flags().StringVar(&digest, "digest", "", "the candidate's digest as `policy shadow show` printed it: refused if the candidate changed since (default: the candidate read now)")
 	for _, c := range []*cobra.Command{push, promote, drop} {
 		c.Flags().StringVar(&by, "by", "", "who does it, for the record on a bus without authentication (default: user@host; an authenticated bus records the signing operator)")
 	}

@@ -151,6 +151,12 @@ func WithManifestCheck(check func(*tools.Manifest) error) Option {
 // (internal/signedstate); one that fails is ignored and audited.
 func WithStateProof(v signedstate.Verify) Option { return func(h *handlers) { h.stateProof = v } }
 
+// WithDeadLetterCheck has the service read a dead letter only when check
+// finds the audit stage's signature on it (seal.Messages.Sender).
+func WithDeadLetterCheck(check func(subject string, h nats.Header, data []byte) error) Option {
+	return func(h *handlers) { h.deadLetterSigned = check }
+}
+
 // WithSigner signs the cancel announcements the service sends on core
 // NATS (seal.Signer.Sign), as its JetStream publishes are signed: execute
 // stops a call only for a cancel control signed.
@@ -180,12 +186,14 @@ type handlers struct {
 	// checkManifest, when set, refuses manifests beyond their schema.
 	checkManifest func(*tools.Manifest) error
 	stateProof    signedstate.Verify
-	sign          func(subject string, h nats.Header, data []byte) nats.Header
-	signCancel    func(tenant, id string) string
-	nc            *nats.Conn
-	js            jetstream.JetStream
-	store         store
-	admin         adminStore
+	// deadLetterSigned, when set, checks a dead letter's signer.
+	deadLetterSigned func(subject string, h nats.Header, data []byte) error
+	sign             func(subject string, h nats.Header, data []byte) nats.Header
+	signCancel       func(tenant, id string) string
+	nc               *nats.Conn
+	js               jetstream.JetStream
+	store            store
+	admin            adminStore
 	// publish appends an audit event (runner.Publish on js).
 	publish   func(context.Context, stages.Output) error
 	reg       *tools.Registry

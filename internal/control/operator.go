@@ -43,7 +43,7 @@ type adminStore interface {
 	PushHooks(ctx context.Context, set kvstore.HookSet) (uint64, error)
 	HookSets(ctx context.Context) ([]kvstore.HookSet, error)
 	DeleteHooks(ctx context.Context, tenant string) error
-	Revoke(ctx context.Context, jti string, until time.Time, reason, by string) error
+	Revoke(ctx context.Context, jti string, until time.Time, reason, by string, proof *api.DecisionProof) error
 	Breakers(ctx context.Context) ([]kvstore.BreakerState, error)
 	PutSignedModel(ctx context.Context, data []byte, by string, proof *api.DecisionProof) (modelrouter.Model, error)
 	Models(ctx context.Context) ([]modelrouter.Model, error)
@@ -311,7 +311,7 @@ func (h *handlers) revoke(req micro.Request) {
 	}
 	ctx, cancel := adminContext()
 	defer cancel()
-	if err := h.admin.Revoke(ctx, r.JTI, r.Until, r.Reason, who); err != nil {
+	if err := h.admin.Revoke(ctx, r.JTI, r.Until, r.Reason, who, h.proof(req)); err != nil {
 		respondError(req, err)
 		return
 	}

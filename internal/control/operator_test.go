@@ -64,7 +64,7 @@ func (f *fakeAdmin) HookSets(context.Context) ([]kvstore.HookSet, error) { retur
 
 func (f *fakeAdmin) DeleteHooks(context.Context, string) error { f.writes++; return nil }
 
-func (f *fakeAdmin) Revoke(_ context.Context, _ string, _ time.Time, _, by string) error {
+func (f *fakeAdmin) Revoke(_ context.Context, _ string, _ time.Time, _, by string, _ *api.DecisionProof) error {
 	f.writes++
 	f.by = by
 	return nil

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"maps"
 	"time"
 
@@ -84,12 +85,12 @@ func (h *handlers) redriveShow(req micro.Request) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	d, err := h.deadLetter(ctx, r.Tenant, r.InvocationID)
+	d, digest, err := h.deadLetter(ctx, r.Tenant, r.InvocationID)
 	if err != nil {
 		respondError(req, err)
 		return
 	}
-	out := api.RedriveShowResponse{DeadLetter: d}
+	out := api.RedriveShowResponse{DeadLetter: d, Digest: digest}
 	out.RedriveID, out.RedriveStatus = h.redriveOf(ctx, d)
 	out.Request.Parameters = redact.Redact(d.Request.Parameters)
 	out.Principal = nil // claims are for authorize, not for display
@@ -133,6 +134,9 @@ func (h *handlers) redriveRun(req micro.Request) {
 	case !r.Decision && r.TokenSHA256 != tokenDigest(tok):
 		bad("the token sent is not the one the signed request names (capability_token_sha256)")
 		return
+	case r.Filter != nil && len(r.Digests) > 0:
+		bad("a filtered run names no digests: re-drive the calls shown by id")
+		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -151,8 +155,14 @@ func (h *handlers) redriveRun(req micro.Request) {
 	}
 	out := api.RedriveRunResponse{Runs: []api.RedriveRun{}}
 	for _, id := range r.IDs {
-		d, err := h.deadLetter(ctx, r.Tenant, id)
+		d, digest, err := h.deadLetter(ctx, r.Tenant, id)
+		if err == nil {
+			err = shownDeadLetter(r, id, digest, r.Decision && h.identify != nil)
+		}
 		if err != nil {
+			if api.AsError(err).ECode == api.EDeadLetterChanged {
+				h.refusedState(ctx, "dead letter", d.Seq, err)
+			}
 			out.Runs = append(out.Runs, api.RedriveRun{Original: id, Error: api.AsError(err)})
 			continue
 		}
@@ -191,6 +201,25 @@ func (h *handlers) redriveRun(req micro.Request) {
 	}
 	h.audited(ctx, req, api.TypeRedriveRun, api.AdminChange{Action: "redrive.run", By: who, Target: r.Tenant, Reason: r.Reason,
 		Details: map[string]any{"authority": authority, "started": started, "invocations": ids}}, out)
+}
+
+// shownDeadLetter checks that the dead letter id, whose digest is digest
+// now, is the one the run names: the operator's decision runs only what
+// the operator was shown (redrive show), and a run that names a digest,
+// only that. Audit's credential may publish dead letters, so one may be
+// replaced between the show and the run. required says a digest must be
+// named (a decision on an authenticated bus, where the run is signed).
+func shownDeadLetter(r api.RedriveRunRequest, id, digest string, required bool) error {
+	want, named := r.Digests[id]
+	switch {
+	case !named && required:
+		return api.NewError(api.InvalidParameters, api.ERequestInvalid,
+			"an operator's decision re-drives only a dead letter it names as shown: give %s's digest (redrive show)", id)
+	case named && want != digest:
+		return api.NewError(api.StateConflict, api.EDeadLetterChanged,
+			"the dead letter of %s changed since it was shown (%s, now %s): show it again", id, want, digest)
+	}
+	return nil
 }
 
 // redriveProof is the signed run request each re-drive carries, without
@@ -272,28 +301,56 @@ func (h *handlers) redriveOf(ctx context.Context, d api.DeadLetter) (string, api
 	return id, rec.Status
 }
 
-// deadLetter reads one dead letter.
-func (h *handlers) deadLetter(ctx context.Context, tenant, id string) (api.DeadLetter, error) {
+// deadLetter reads one dead letter and its digest (deadLetterDigest).
+func (h *handlers) deadLetter(ctx context.Context, tenant, id string) (api.DeadLetter, string, error) {
 	var d api.DeadLetter
 	if err := checkNames(tenant, id); err != nil {
-		return d, err
+		return d, "", err
 	}
 	st, err := h.js.Stream(ctx, subjects.StreamDeadLetter)
 	if err != nil {
-		return d, err
+		return d, "", err
 	}
 	m, err := st.GetMsg(ctx, max(st.CachedInfo().State.FirstSeq, 1), jetstream.WithGetMsgSubject(subjects.DeadLetter(tenant, id)))
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return d, api.NewError(api.InvocationNotFound, api.EInvocationNotFound, "no dead letter of invocation %q in tenant %q", id, tenant)
+		return d, "", api.NewError(api.InvocationNotFound, api.EInvocationNotFound, "no dead letter of invocation %q in tenant %q", id, tenant)
 	}
 	if err != nil {
-		return d, err
-	}
-	if err := decode(m.Data, &d); err != nil {
-		return d, err
+		return d, "", err
 	}
 	d.Seq = m.Sequence
-	return d, nil
+	if err := h.auditWrote(ctx, m); err != nil {
+		return d, "", err
+	}
+	if err := decode(m.Data, &d); err != nil {
+		return d, "", err
+	}
+	d.Seq = m.Sequence
+	return d, deadLetterDigest(m.Data), nil
+}
+
+// deadLetterDigest is the SHA-256 of a dead letter as stored.
+func deadLetterDigest(data []byte) string {
+	sum := sha256.Sum256(data)
+	return "sha256:" + hex.EncodeToString(sum[:])
+}
+
+// auditWrote checks that the audit stage wrote m: its signature over
+// exactly this subject and body (audit is the one role that may publish
+// dead letters). Audit's credential alone, without its key, cannot make
+// one; a dead letter without it is never shown, listed or re-driven
+// (E3243), and is audited.
+func (h *handlers) auditWrote(ctx context.Context, m *jetstream.RawStreamMsg) error {
+	if h.deadLetterSigned == nil {
+		return nil // a bus without authentication signs nothing
+	}
+	err := h.deadLetterSigned(m.Subject, m.Header, m.Data)
+	if err == nil {
+		return nil
+	}
+	h.refusedState(ctx, "dead letter", m.Sequence, fmt.Errorf("%s: %w", m.Subject, err))
+	return api.WrapError(err, api.PermissionDenied, api.EDeadLetterUnsigned,
+		"the dead letter on %s was not written by the audit stage: %v", m.Subject, err)
 }
 
 // deadLetters reads up to limit dead letters f selects, oldest first;
@@ -318,7 +375,7 @@ func (h *handlers) deadLetters(ctx context.Context, f api.RedriveFilter, limit i
 		}
 		seq = m.Sequence + 1
 		var d api.DeadLetter
-		if decode(m.Data, &d) != nil {
+		if h.auditWrote(ctx, m) != nil || decode(m.Data, &d) != nil {
 			continue // not one audit wrote: nothing to re-drive
 		}
 		d.Seq = m.Sequence

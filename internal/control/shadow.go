@@ -3,6 +3,8 @@ package control
 import (
 	"cmp"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"maps"
@@ -13,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/policy"
+	"github.com/toolgate/toolgate/internal/signedstate"
 	"github.com/toolgate/toolgate/kvstore"
 	"github.com/toolgate/toolgate/subjects"
 )
@@ -107,7 +110,7 @@ func (h *handlers) shadowGet(req micro.Request) {
 	}
 	ctx, cancel := adminContext()
 	defer cancel()
-	b, ok, err := st.ShadowPolicy(ctx)
+	b, ok, err := h.candidate(ctx, st)
 	if err != nil {
 		respondError(req, err)
 		return
@@ -115,11 +118,45 @@ func (h *handlers) shadowGet(req micro.Request) {
 	_ = req.RespondJSON(bundleOut(b, ok))
 }
 
+// candidate reads the candidate in force, or ok false when there is none.
+// On an authenticated bus it must carry an operator's signed push request
+// for exactly what it holds: the control role may write the policies
+// bucket, and a candidate it wrote there must not be shown as the
+// operator's, nor promoted by the operator's own signature (E3240,
+// audited).
+func (h *handlers) candidate(ctx context.Context, st shadowStore) (kvstore.PolicyBundle, bool, error) {
+	b, ok, err := st.ShadowPolicy(ctx)
+	if err != nil || !ok || h.stateProof == nil {
+		return b, ok, err
+	}
+	if err := signedstate.ShadowPolicy(b, h.stateProof); err != nil {
+		h.refusedState(ctx, "shadow policy", b.Revision, err)
+		return b, false, api.WrapError(err, api.PermissionDenied, api.EShadowUnsigned,
+			"the candidate policy (revision %d) is not one an operator pushed: %v; push it again or drop it", b.Revision, err)
+	}
+	return b, true, nil
+}
+
+// shadowDigest is the digest of a candidate as shown: what an operator
+// reads before a promote and what the promote signs.
+func shadowDigest(b kvstore.PolicyBundle) string {
+	j, _ := json.Marshal(struct {
+		Revision uint64            `json:"revision"`
+		PushedAt time.Time         `json:"pushed_at"`
+		PushedBy string            `json:"pushed_by"`
+		Modules  map[string]string `json:"modules"`
+		Data     map[string]any    `json:"data"`
+	}{b.Revision, b.PushedAt, b.PushedBy, b.Modules, b.Data})
+	sum := sha256.Sum256(j)
+	return "sha256:" + hex.EncodeToString(sum[:])
+}
+
 func bundleOut(b kvstore.PolicyBundle, ok bool) api.PolicyBundle {
 	if !ok {
 		return api.PolicyBundle{}
 	}
-	return api.PolicyBundle{Pushed: true, Revision: b.Revision, PushedAt: b.PushedAt, PushedBy: b.PushedBy, Modules: b.Modules, Data: b.Data}
+	return api.PolicyBundle{Pushed: true, Revision: b.Revision, PushedAt: b.PushedAt, PushedBy: b.PushedBy, Modules: b.Modules, Data: b.Data,
+		Digest: shadowDigest(b)}
 }
 
 func (h *handlers) shadowDrop(req micro.Request) {
@@ -144,9 +181,11 @@ func (h *handlers) shadowDrop(req micro.Request) {
 }
 
 // shadowPromote makes the candidate the live policy. The signed request
-// names the candidate's modules and data (the CLI reads them first), so the
-// live bundle it writes carries an operator's signature over exactly what
-// it holds (signedstate.Policy); a candidate changed meanwhile is refused.
+// names the candidate's modules and data and the digest of the candidate
+// as the operator was shown it (the CLI reads them first), so the live
+// bundle it writes carries an operator's signature over exactly what it
+// holds (signedstate.Policy); a candidate changed meanwhile (E3241), or
+// one no operator pushed (E3240), is refused.
 func (h *handlers) shadowPromote(req micro.Request) {
 	var r api.PolicyPushRequest
 	who, ok := h.decodeAdmin(req, &r, func() string { return r.By }, `{"modules":{…}, "data":{…}} (the candidate's)`)
@@ -159,9 +198,15 @@ func (h *handlers) shadowPromote(req micro.Request) {
 	}
 	ctx, cancel := adminContext()
 	defer cancel()
-	cand, ok, err := st.ShadowPolicy(ctx)
+	cand, ok, err := h.candidate(ctx, st)
 	if err != nil {
 		respondError(req, err)
+		return
+	}
+	if ok && (r.CandidateDigest != "" || h.identify != nil) && r.CandidateDigest != shadowDigest(cand) {
+		respondError(req, api.NewError(api.StateConflict, api.EShadowChanged,
+			"the promote names candidate %q, the one stored now is %s (revision %d): show it again, then promote",
+			r.CandidateDigest, shadowDigest(cand), cand.Revision))
 		return
 	}
 	if !ok || !sameAsJSON(cand.Modules, r.Modules) || !sameAsJSON(cand.Data, r.Data) {
@@ -211,7 +256,7 @@ func (h *handlers) shadowReport(req micro.Request) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	cand, has, err := st.ShadowPolicy(ctx)
+	cand, has, err := h.candidate(ctx, st)
 	if err != nil {
 		respondError(req, err)
 		return

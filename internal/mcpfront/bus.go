@@ -107,6 +107,14 @@ func newNATSBus(ctx context.Context, nc *nats.Conn, log *slog.Logger, proof sign
 			}
 			return err
 		}
+		// A revocation no operator signed ends no session.
+		opts.CheckRevocation = func(rec kvstore.Revocation, jti string, rev uint64) error {
+			err := signedstate.Revocation(rec, jti, proof)
+			if err != nil {
+				log.Error("ignoring a revocation no operator signed", "jti", jti, "revision", rev, "err", err)
+			}
+			return err
+		}
 	}
 	store, err := kvstore.Open(ctx, js, opts)
 	if err != nil {

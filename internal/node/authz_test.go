@@ -154,7 +154,7 @@ func TestTokenAttacks(t *testing.T) {
 		t.Fatalf("child token used beyond its tools: %+v", resp)
 	}
 	revokedAt := time.Now()
-	if err := n.Store.Revoke(context.Background(), "parent-1", time.Now().Add(time.Hour), "test", "test"); err != nil {
+	if err := n.Store.Revoke(context.Background(), "parent-1", time.Now().Add(time.Hour), "test", "test", nil); err != nil {
 		t.Fatal(err)
 	}
 	// The watch delivers in milliseconds; the generous bound only keeps a

@@ -197,6 +197,7 @@ func openConnRole(ctx context.Context, nc *nats.Conn, role busauth.Role, topo to
 		source := "urn:toolgate:" + cmp.Or(string(role), "operator")
 		opts.CheckTool = checkTools(pub, source, proof, log)
 		opts.CheckModel = checkModels(pub, source, proof, log)
+		opts.CheckRevocation = checkRevocations(pub, source, proof, log)
 	}
 	if bound {
 		opts.Bind, opts.Buckets = true, rights.Buckets()
@@ -918,6 +919,20 @@ func checkTools(js func() jetstream.JetStream, source string, proof signedstate.
 		err := order.Tool(rec, key, proof)
 		if err != nil {
 			refusedState(context.Background(), js, log, source, "tool", rev, fmt.Errorf("tool %s: %w", key, err))
+		}
+		return err
+	}
+}
+
+// checkRevocations judges revocation records for a reader of signed state:
+// only an operator's signed revoke request revokes a token, so the control
+// role's right to write the bucket cannot revoke an agent by itself. What
+// it ignores is audited.
+func checkRevocations(js func() jetstream.JetStream, source string, proof signedstate.Verify, log *slog.Logger) kvstore.CheckRevocation {
+	return func(rec kvstore.Revocation, jti string, rev uint64) error {
+		err := signedstate.Revocation(rec, jti, proof)
+		if err != nil {
+			refusedState(context.Background(), js, log, source, "revocation", rev, fmt.Errorf("token %s: %w", jti, err))
 		}
 		return err
 	}

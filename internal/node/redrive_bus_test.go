@@ -93,7 +93,12 @@ func redriveSigned(t *testing.T, s *served) {
 	}
 	// The operator's decision: the original's principal, signed by
 	// authorize, without the token.
-	out, err = op.RedriveRun(ctx, api.RedriveRunRequest{Tenant: tenant, IDs: []string{failed[2]}, Decision: true, Reason: "breaker released"}, "")
+	shown, err := op.RedriveShow(ctx, tenant, failed[2])
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err = op.RedriveRun(ctx, api.RedriveRunRequest{Tenant: tenant, IDs: []string{failed[2]}, Decision: true, Reason: "breaker released",
+		Digests: map[string]string{failed[2]: shown.Digest}}, "")
 	if err != nil || len(out.Runs) != 1 || out.Runs[0].Error != nil {
 		t.Fatalf("decision run: %+v %v", out, err)
 	}

@@ -627,6 +627,17 @@ func (r *run) startControl(ctx context.Context) (stop func(), err error) {
 	if ctl.Signer != nil {
 		opts = append(opts, control.WithSigner(ctl.Signer.Sign), control.WithCancelSigner(ctl.Signer.SignCancel))
 	}
+	if m := c.Stage.Messages; m != nil {
+		// Dead letters are the audit stage's: its signature, checked on
+		// every read, is what says so.
+		opts = append(opts, control.WithDeadLetterCheck(func(subject string, h nats.Header, data []byte) error {
+			role, err := m.Sender(subject, h, data)
+			if err == nil && role != busauth.RoleAudit {
+				err = fmt.Errorf("signed by %s, not by audit", role)
+			}
+			return err
+		}))
+	}
 	decisions := &approval.Service{Store: ctl.Store, JS: ctl.JS, Log: r.log}
 	svc, err := control.Start(ctl.NC, ctl.Store, ctl.Registry, decisions, opts...)
 	if err != nil {

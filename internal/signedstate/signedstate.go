@@ -251,3 +251,18 @@ func ShadowPolicy(b kvstore.PolicyBundle, verify Verify) error {
 	}
 	return nil
 }
+
+// Revocation checks a token's revocation: signed by an operator on the
+// revoke endpoint, by the operator it names, for exactly this token id
+// and until. The control role may write the revocations bucket, so
+// without this its credential alone could revoke any agent's token.
+func Revocation(rec kvstore.Revocation, jti string, verify Verify) error {
+	var r api.RevokeRequest
+	if err := signedRequest(rec.Proof, subjects.SvcTokensRevoke, rec.RevokedBy, verify, &r); err != nil {
+		return err
+	}
+	if r.JTI != jti || !r.Until.Equal(rec.Until) {
+		return errors.New("the revocation's token or until is not the one the operator revoked")
+	}
+	return nil
+}
