@@ -246,7 +246,7 @@ func TestConsoleBrowser(t *testing.T) {
 		t.Fatalf("the inbox under rebound.example:\n%s", body)
 	}
 	ctx, cancel := step()
-	status, err := chromedp.Run(ctx, chromedp.Evaluate[float64](`(async () => { const f = ` + form + `; const r = await fetch("/approvals/demo/` + id7 + `", {method: "POST", credentials: "include",
+	status, err := chromedp.Run(ctx, chromedp.Evaluate[float64](`(async () => { const f = `+form+`; const r = await fetch("/approvals/demo/`+id7+`", {method: "POST", credentials: "include",
 		body: new URLSearchParams({csrf: f.csrf, digest: f.digest, decision: "approve"})}); return r.status; })()`, chromedp.EvalAwaitPromise))
 	cancel()
 	if err != nil || status != 403 {
