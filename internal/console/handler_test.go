@@ -3,6 +3,7 @@ package console_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"html"
 	"io"
 	"log/slog"
@@ -33,6 +34,7 @@ type pipeline struct {
 	url   string
 	op    *client.Client
 	agent *client.Agent
+	token string
 }
 
 func startPipeline(t *testing.T) pipeline {
@@ -79,7 +81,8 @@ func startPipeline(t *testing.T) pipeline {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ao := connect.Options{URL: p.url, Token: strings.TrimSpace(string(tok))}
+	p.token = strings.TrimSpace(string(tok))
+	ao := connect.Options{URL: p.url, Token: p.token}
 	anc, err := ao.Connect()
 	if err != nil {
 		t.Fatal(err)
@@ -98,11 +101,20 @@ func (p pipeline) invoke(t *testing.T, tool, id string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	_, err := p.agent.Invoke(ctx, api.Request{ToolID: tool, Parameters: json.RawMessage(`{"message":"hello"}`),
+	_, err := p.agent.Invoke(ctx, api.Request{ToolID: tool, Parameters: json.RawMessage(`{"message":"hello"}`), CapabilityToken: p.token,
 		AgentContext: api.AgentContext{TenantID: node.DevTenant, AgentDID: node.DevAgent}}, client.InvokeOptions{ID: id})
 	if err != nil {
 		t.Fatalf("invoke %s %q: %v", tool, id, err)
 	}
+}
+
+// status is what toolgate says of call id, for a failure's message.
+func (p pipeline) status(t *testing.T, id string) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	rec, err := p.op.Status(ctx, node.DevTenant, id)
+	b, _ := json.Marshal(rec)
+	return fmt.Sprintf("status of %q: %s %v\n", id, b, err)
 }
 
 // registerApproved registers needs.person, every call of which waits for
@@ -128,9 +140,9 @@ func (p pipeline) registerApproved(t *testing.T) {
 // consoleAt is a console served on its own loopback listener, as
 // `toolgate console` serves it, and a browser signed in to it.
 type consoleAt struct {
-	base    string
-	srv     *console.Server
-	browser *http.Client
+	base string
+	srv  *console.Server
+	jar  http.CookieJar
 }
 
 func startConsole(t *testing.T, p pipeline, cfg console.Config) consoleAt {
@@ -157,9 +169,7 @@ func startConsole(t *testing.T, p pipeline, cfg console.Config) consoleAt {
 		}
 	})
 	c := consoleAt{base: "http://" + ln.Addr().String(), srv: srv}
-	jar, _ := cookiejar.New(nil)
-	c.browser = &http.Client{Jar: jar, Timeout: 20 * time.Second,
-		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	c.jar, _ = cookiejar.New(nil)
 	mu.Lock()
 	link := links[0]
 	mu.Unlock()
@@ -171,7 +181,10 @@ func startConsole(t *testing.T, p pipeline, cfg console.Config) consoleAt {
 
 // do sends a request to the console as the signed-in browser: to path
 // (resolved against the console's address as a browser would), with the
-// Host header host and the Origin origin when not empty.
+// Host header host and the Origin origin when not empty. It carries the
+// session's cookie whatever Host it names (a client's jar would pick
+// cookies by that Host; a browser fooled by DNS rebinding has the cookie
+// for the name it was shown).
 func (c consoleAt) do(t *testing.T, method, path, host, origin string, form url.Values) (int, string) {
 	t.Helper()
 	base, _ := url.Parse(c.base + "/")
@@ -193,11 +206,16 @@ func (c consoleAt) do(t *testing.T, method, path, host, origin string, form url.
 	if origin != "" {
 		req.Header.Set("Origin", origin)
 	}
-	resp, err := c.browser.Do(req)
+	for _, ck := range c.jar.Cookies(base) {
+		req.AddCookie(ck)
+	}
+	resp, err := (&http.Client{Timeout: 20 * time.Second,
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}).Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
+	c.jar.SetCookies(base, resp.Cookies())
 	b, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(b)
 }
@@ -207,13 +225,14 @@ func (c consoleAt) get(t *testing.T, path string) (int, string) {
 	return c.do(t, http.MethodGet, path, "", "", nil)
 }
 
-// eventually polls cond until it holds or 30 s pass.
-func eventually(t *testing.T, what string, cond func() bool) {
+// eventually polls cond until it holds or 60 s pass; then says what
+// state says.
+func eventually(t *testing.T, what string, cond func() bool, state func() string) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(60 * time.Second)
 	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
+			t.Fatalf("timed out waiting for %s: %s", what, state())
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -238,7 +257,7 @@ func TestConsoleTimelineLinks(t *testing.T) {
 	eventually(t, "the call's timeline", func() bool {
 		_, body = con.get(t, "/invocations/demo/"+id)
 		return strings.Contains(body, "tool.succeeded")
-	})
+	}, func() string { return body })
 	rows := timelineRow.FindAllStringSubmatch(body, -1)
 	if len(rows) < 2 {
 		t.Fatalf("the timeline has %d rows:\n%s", len(rows), body)
@@ -272,7 +291,7 @@ func TestConsoleOddIDs(t *testing.T) {
 	eventually(t, "every call in the inbox", func() bool {
 		_, inbox = con.get(t, "/")
 		return strings.Count(inbox, `class="approval"`) == len(ids)
-	})
+	}, func() string { return p.status(t, ids[0]) + inbox })
 	csrf := csrfField.FindStringSubmatch(inbox)[1]
 	for _, id := range ids {
 		esc := regexp.QuoteMeta(html.EscapeString(id))
@@ -320,7 +339,7 @@ func TestConsoleHostAllowList(t *testing.T) {
 	eventually(t, "the call in the inbox", func() bool {
 		_, inbox = con.get(t, "/")
 		return strings.Contains(inbox, `id="approval-`+id+`"`)
-	})
+	}, func() string { return p.status(t, id) + inbox })
 	csrf := csrfField.FindStringSubmatch(inbox)[1]
 	digest := regexp.MustCompile(`name="digest" value="([^"]*)"`).FindStringSubmatch(inbox)[1]
 	port := strings.TrimPrefix(con.base, "http://127.0.0.1:")
