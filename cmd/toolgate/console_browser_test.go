@@ -146,9 +146,10 @@ func TestConsoleBrowser(t *testing.T) {
 	}
 	// A timeline row opens its own event.
 	for i := range 3 {
+		run("back to the timeline", chromedp.Navigate(con.base+"/invocations/demo/"+id), chromedp.WaitVisible(css("#timeline")))
 		row := eval(`document.querySelectorAll("#timeline a.ev")[` + string(rune('0'+i)) + `].textContent`).(string)
-		run("open timeline row "+row, chromedp.Navigate(con.base+"/invocations/demo/"+id),
-			chromedp.Click(css("#timeline tbody tr:nth-child("+string(rune('1'+i))+") a.ev")), chromedp.WaitVisible(css("pre.raw")))
+		run("open timeline row "+row, chromedp.Click(css("#timeline tbody tr:nth-child("+string(rune('1'+i))+") a.ev")),
+			chromedp.WaitVisible(css("pre.raw")))
 		where := eval(`location.pathname`).(string)
 		if h1 := text("h1"); !regexp.MustCompile(`^/audit/event/[1-9][0-9]*$`).MatchString(where) || h1 != "Audit event "+row ||
 			!strings.Contains(text("pre.raw"), id) {
