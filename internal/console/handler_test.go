@@ -274,6 +274,12 @@ func TestConsoleTimelineLinks(t *testing.T) {
 			t.Fatalf("the timeline row %s links %s: %d\n%s", typ, href, code, page)
 		}
 	}
+	// No event at sequence 0, nor past the end of the stream.
+	for _, seq := range []string{"0", "999999"} {
+		if code, page := con.get(t, "/audit/event/"+seq); code != http.StatusNotFound {
+			t.Fatalf("/audit/event/%s: %d\n%s", seq, code, page)
+		}
+	}
 }
 
 // TestConsoleOddIDs: a call whose id holds a slash, a query or fragment
