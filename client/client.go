@@ -329,6 +329,12 @@ func (c *Agent) requestSigned(ctx context.Context, subject string, in, out any, 
 // from the start of the stream when all is set, else only new ones, until
 // ctx ends or fn returns an error.
 func (c *Operator) Tail(ctx context.Context, tenant string, all bool, fn func(subject string, data []byte) error) error {
+	return c.TailSeq(ctx, tenant, all, func(_ uint64, subject string, data []byte) error { return fn(subject, data) })
+}
+
+// TailSeq is Tail that also hands fn each event's sequence in the AUDIT
+// stream, by which AuditAt reads it again.
+func (c *Operator) TailSeq(ctx context.Context, tenant string, all bool, fn func(seq uint64, subject string, data []byte) error) error {
 	filter := subjects.AuditAll
 	if tenant != "" {
 		filter = subjects.AuditTenant(tenant)
@@ -358,7 +364,11 @@ func (c *Operator) Tail(ctx context.Context, tenant string, all bool, fn func(su
 			}
 			return err
 		}
-		if err := fn(msg.Subject(), msg.Data()); err != nil {
+		var seq uint64
+		if md, err := msg.Metadata(); err == nil {
+			seq = md.Sequence.Stream
+		}
+		if err := fn(seq, msg.Subject(), msg.Data()); err != nil {
 			it.Stop()
 			return err
 		}
@@ -377,6 +387,12 @@ func refusedOr(ctx context.Context, err error) error {
 // when empty) that the stream held when it was called, oldest first, and
 // returns: fewer when fewer exist, none when none do.
 func (c *Operator) TailLast(ctx context.Context, tenant string, n int, fn func(subject string, data []byte) error) error {
+	return c.TailLastSeq(ctx, tenant, n, func(_ uint64, subject string, data []byte) error { return fn(subject, data) })
+}
+
+// TailLastSeq is TailLast that also hands fn each event's sequence in the
+// AUDIT stream, by which AuditAt reads it again.
+func (c *Operator) TailLastSeq(ctx context.Context, tenant string, n int, fn func(seq uint64, subject string, data []byte) error) error {
 	filter := subjects.AuditAll
 	if tenant != "" {
 		filter = subjects.AuditTenant(tenant)
@@ -405,12 +421,12 @@ func (c *Operator) TailLast(ctx context.Context, tenant string, n int, fn func(s
 	}
 	var seen uint64
 	done := errors.New("caught up")
-	err = c.Tail(ctx, tenant, true, func(subject string, data []byte) error {
+	err = c.TailSeq(ctx, tenant, true, func(seq uint64, subject string, data []byte) error {
 		seen++
 		if seen <= skip {
 			return nil
 		}
-		if err := fn(subject, data); err != nil {
+		if err := fn(seq, subject, data); err != nil {
 			return err
 		}
 		if seen >= stored {

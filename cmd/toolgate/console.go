@@ -19,12 +19,15 @@ import (
 // --console.
 type consoleOptions struct {
 	listen, certFile, keyFile, by string
-	tenants                       []string
+	tenants, allowHosts           []string
 }
 
+// tlsFlags registers how browsers reach the console: TLS and its names.
 func (o *consoleOptions) tlsFlags(fs *pflag.FlagSet, prefix string) {
 	fs.StringVar(&o.certFile, prefix+"tls-cert", "", "TLS certificate (PEM) the console serves HTTPS with")
 	fs.StringVar(&o.keyFile, prefix+"tls-key", "", "TLS private key (PEM) of the console's certificate")
+	fs.StringSliceVar(&o.allowHosts, prefix+"allow-host", nil,
+		"a name (host or host:port) the console answers to besides its listen address; requests naming another Host are refused")
 }
 
 // check refuses a console reachable beyond this machine without TLS.
@@ -36,6 +39,9 @@ func (o *consoleOptions) check(flag, prefix string) error {
 	if !tls && !console.Loopback(o.listen) {
 		return usageErr("%s %s is not a loopback address: serving the console beyond this machine needs --%stls-cert and --%stls-key", flag, o.listen, prefix, prefix)
 	}
+	if console.Unspecified(o.listen) && len(o.allowHosts) == 0 {
+		return usageErr("%s %s names no host a browser opens: give the console's name with --%sallow-host", flag, o.listen, prefix)
+	}
 	return nil
 }
 
@@ -46,8 +52,8 @@ func (a *app) runConsole(ctx context.Context, c *client.Client, o consoleOptions
 		return err
 	}
 	tls := o.certFile != ""
-	base := map[bool]string{true: "https", false: "http"}[tls] + "://" + ln.Addr().String()
-	srv, err := console.New(console.Config{Client: c, Sign: c.Sign, By: or(o.by, whoami()), Tenants: o.tenants,
+	base := map[bool]string{true: "https", false: "http"}[tls] + "://" + console.LinkHost(ln.Addr().String(), o.allowHosts)
+	srv, err := console.New(console.Config{Client: c, Sign: c.Sign, By: or(o.by, whoami()), Tenants: o.tenants, AllowHosts: o.allowHosts,
 		OnLink: func(path string) { fmt.Fprintf(a.stdout, "console: sign in (the link works once): %s%s\n", base, path) }})
 	if err != nil {
 		_ = ln.Close()
@@ -100,7 +106,7 @@ HttpOnly, SameSite=Strict cookie. It listens on loopback unless told
 otherwise, and a non-loopback --listen needs --tls-cert and --tls-key.
 See docs/console.md.`,
 		Example: `  toolgate console --data toolgate-data
-  toolgate console --creds ops.creds --nats nats://nats:4222 --listen 0.0.0.0:8443 --tls-cert c.pem --tls-key k.pem`,
+  toolgate console --creds ops.creds --nats nats://nats:4222 --listen 0.0.0.0:8443 --allow-host console.example.com --tls-cert c.pem --tls-key k.pem`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := o.check("--listen", ""); err != nil {

@@ -2,14 +2,20 @@ package main
 
 import (
 	"context"
+	"encoding/json"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/chromedp/cdproto/cdp"
+	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/chromedp"
+	"github.com/toolgate/toolgate/api"
 )
 
 // chromium finds a Chromium or Chrome to drive.
@@ -27,7 +33,10 @@ func chromium() string {
 // it finish with its timeline, deny another, see a third vanish when
 // someone else decides it first, pause and resume the live audit, decide
 // too late and be told E3215, and find the parameter full of HTML and
-// script shown as text with no script run. With -update it writes the
+// script shown as text with no script run; click a timeline row and land
+// on its event; open and approve a call whose id holds slashes; and see a
+// decision the session's cookie carries to the console under a name of
+// another site (DNS rebinding) refused. With -update it writes the
 // screenshots docs/console.md shows.
 func TestConsoleBrowser(t *testing.T) {
 	exe := chromium()
@@ -40,7 +49,9 @@ func TestConsoleBrowser(t *testing.T) {
 	con := startConsole(t, s)
 
 	alloc, cancel := chromedp.NewExecAllocator(context.Background(), append(chromedp.DefaultExecAllocatorOptions[:],
-		chromedp.ExecPath(exe), chromedp.NoSandbox, chromedp.Flag("disable-dev-shm-usage", true), chromedp.WindowSize(1280, 900))...)
+		chromedp.ExecPath(exe), chromedp.NoSandbox, chromedp.Flag("disable-dev-shm-usage", true), chromedp.WindowSize(1280, 900),
+		// A name of another site that resolves to the console's address.
+		chromedp.Flag("host-resolver-rules", "MAP rebound.example 127.0.0.1"))...)
 	defer cancel()
 	browser, cancel := chromedp.NewContext(alloc)
 	defer cancel()
@@ -133,6 +144,18 @@ func TestConsoleBrowser(t *testing.T) {
 	if pwned {
 		t.Fatal("a script from the parameters ran on the invocation page")
 	}
+	// A timeline row opens its own event.
+	for i := range 3 {
+		run("back to the timeline", chromedp.Navigate(con.base+"/invocations/demo/"+id), chromedp.WaitVisible(css("#timeline")))
+		row := eval(`document.querySelectorAll("#timeline a.ev")[` + string(rune('0'+i)) + `].textContent`).(string)
+		run("open timeline row "+row, chromedp.Click(css("#timeline tbody tr:nth-child("+string(rune('1'+i))+") a.ev")),
+			chromedp.WaitVisible(css("pre.raw")))
+		where := eval(`location.pathname`).(string)
+		if h1 := text("h1"); !regexp.MustCompile(`^/audit/event/[1-9][0-9]*$`).MatchString(where) || h1 != "Audit event "+row ||
+			!strings.Contains(text("pre.raw"), id) {
+			t.Fatalf("the timeline row %s opened %s: %q", row, where, h1)
+		}
+	}
 
 	// Deny another.
 	id2 := "console-browser-2"
@@ -178,6 +201,67 @@ func TestConsoleBrowser(t *testing.T) {
 	if f := text("#failure"); !strings.Contains(f, "E3215") || !strings.Contains(f, "already denied") {
 		t.Fatalf("the late decision says %q", f)
 	}
+
+	// A call whose id holds slashes opens and is decided from the inbox.
+	id6 := "console/browser/6 ?#%"
+	sixth := parkCall(t, s, id6)
+	card6 := `article[data-id="console/browser/6 ?#%"]`
+	run("open the call with slashes", chromedp.Navigate(con.base+"/"), chromedp.WaitVisible(css(card6)),
+		chromedp.Click(css(card6+" dd a")), chromedp.WaitVisible(css("#timeline")))
+	if h1 := text("h1"); h1 != "Invocation "+id6 {
+		t.Fatalf("opening %q from the inbox shows %q at %v", id6, h1, eval(`location.href`))
+	}
+	run("approve the call with slashes", chromedp.Navigate(con.base+"/"), chromedp.WaitVisible(css(card6)),
+		chromedp.Click(css(card6+" button.approve")), chromedp.WaitVisible(css("#notice")))
+	if notice := text("#notice"); !strings.Contains(notice, "approved "+id6) {
+		t.Fatalf("notice after approving %q: %q", id6, notice)
+	}
+	if code := <-sixth; code != exitOK {
+		t.Fatalf("the approved call %q ended with exit %d", id6, code)
+	}
+
+	// DNS rebinding: a page of rebound.example, a name that resolves to the
+	// console's address, holding the session's cookie, the page's CSRF
+	// token and the request digest, posts a decision; its Origin matches
+	// its Host. The console answers neither the page nor the decision.
+	id7 := "console-browser-7"
+	seventh := parkCall(t, s, id7)
+	card7 := "#approval-" + id7
+	run("see the seventh", chromedp.Navigate(con.base+"/"), chromedp.WaitVisible(css(card7)))
+	form := eval(`JSON.stringify({csrf: document.querySelector("` + card7 + ` input[name=csrf]").value, digest: document.querySelector("` + card7 + ` input[name=digest]").value})`).(string)
+	u, _ := url.Parse(con.base)
+	rebound := "http://rebound.example:" + u.Port()
+	run("carry the session's cookie to rebound.example", chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
+		got, err := cdp.Call(ctx, tg, network.GetCookies, network.GetCookiesParams{URLs: []string{con.base + "/"}})
+		if err != nil {
+			return err
+		}
+		for _, c := range got.Cookies {
+			if _, err := cdp.Call(ctx, tg, network.SetCookie, network.SetCookieParams{Name: c.Name, Value: c.Value, URL: rebound + "/", Path: "/"}); err != nil {
+				return err
+			}
+		}
+		return nil
+	}), chromedp.Navigate(rebound+"/"), chromedp.WaitVisible(css("body")))
+	if body := text("body"); !strings.Contains(body, "refused") || strings.Contains(body, id7) {
+		t.Fatalf("the inbox under rebound.example:\n%s", body)
+	}
+	ctx, cancel := step()
+	status, err := chromedp.Run(ctx, chromedp.Evaluate[float64](`(async () => { const f = `+form+`; const r = await fetch("/approvals/demo/`+id7+`", {method: "POST", credentials: "include",
+		body: new URLSearchParams({csrf: f.csrf, digest: f.digest, decision: "approve"})}); return r.status; })()`, chromedp.EvalAwaitPromise))
+	cancel()
+	if err != nil || status != 403 {
+		t.Fatalf("a decision posted from rebound.example: %v %v", status, err)
+	}
+	r := tg(t, "", s.flags("approvals", "show", id7, "--json")...)
+	var a7 api.ApprovalSummary
+	if err := json.Unmarshal([]byte(r.stdout), &a7); err != nil || a7.State != "pending" {
+		t.Fatalf("after the rebound decision the approval is %q (%v)", a7.State, err)
+	}
+	if r := tg(t, "", s.flags("deny", id7)...); r.code != exitOK {
+		t.Fatalf("deny from the CLI: exit %d %s", r.code, r.stderr)
+	}
+	<-seventh
 
 	run("live audit", chromedp.Navigate(con.base+"/audit?tool=needs.human"), chromedp.WaitVisible(css("#events tr")), shot("audit"))
 	if rows, _ := eval(`document.querySelectorAll("#events tr").length`).(float64); rows < 3 {

@@ -119,6 +119,7 @@ func measureConsole(ctx context.Context, url string, t *target, n, conc int) (Co
 	go func() { runErr <- con.Run(conCtx) }()
 	srv := httptest.NewServer(con.Handler())
 	defer srv.Close()
+	con.AllowListen(srv.Listener.Addr().String())
 	var streamed atomic.Uint64
 	if err := liveView(conCtx, srv.URL, <-links, &streamed); err != nil {
 		return c, fmt.Errorf("live view: %w", err)

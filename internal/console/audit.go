@@ -2,6 +2,7 @@ package console
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -16,6 +17,7 @@ import (
 
 // Event is one audit event as the console shows it.
 type Event struct {
+	// Seq is the event's sequence in the AUDIT stream: what links to it.
 	Seq          uint64    `json:"seq"`
 	Time         time.Time `json:"time"`
 	Tenant       string    `json:"tenant"`
@@ -124,9 +126,11 @@ func (f Filter) match(e Event) bool {
 
 // hub keeps the last events and hands new ones to the live views.
 type hub struct {
-	mu     sync.Mutex
-	size   int
-	seq    uint64
+	mu   sync.Mutex
+	size int
+	seq  uint64 // the last event's sequence in the stream
+	n    uint64 // events taken in
+	// ring holds events in the stream's order: their sequences rise.
 	ring   []Event
 	subs   map[chan Event]struct{}
 	loaded chan struct{}
@@ -136,11 +140,12 @@ func newHub(size int) *hub {
 	return &hub{size: size, subs: map[chan Event]struct{}{}, loaded: make(chan struct{})}
 }
 
+// add keeps e, which comes after every event kept so far.
 func (h *hub) add(e Event) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.seq++
-	e.Seq = h.seq
+	h.n++
+	h.seq = e.Seq
 	h.ring = append(h.ring, e)
 	// Trimmed only at twice its size, so keeping an event costs a copy of
 	// the window only once every size events.
@@ -191,15 +196,21 @@ func (h *hub) last() uint64 {
 	return h.seq
 }
 
+func (h *hub) count() uint64 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.n
+}
+
 func (h *hub) get(seq uint64) (Event, bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	for i := len(h.ring) - 1; i >= h.oldest(); i-- {
-		if h.ring[i].Seq == seq {
-			return h.ring[i], true
-		}
+	win := h.ring[h.oldest():]
+	i, ok := slices.BinarySearchFunc(win, seq, func(e Event, seq uint64) int { return cmp.Compare(e.Seq, seq) })
+	if !ok {
+		return Event{}, false
 	}
-	return Event{}, false
+	return win[i], true
 }
 
 func (h *hub) subscribe() (chan Event, func()) {
@@ -217,13 +228,14 @@ func (h *hub) subscribe() (chan Event, func()) {
 // Ingested counts the audit events the console has taken in since it
 // started, the stored backlog included: set against the events the trail
 // received it says whether the console keeps up (make bench).
-func (s *Server) Ingested() uint64 { return s.audit.last() }
+func (s *Server) Ingested() uint64 { return s.audit.count() }
 
 // Run reads the last Backlog stored audit events, then follows new ones,
 // until ctx ends.
 func (s *Server) Run(ctx context.Context) error {
-	take := func(subject string, data []byte) error {
+	take := func(seq uint64, subject string, data []byte) error {
 		e := parseEvent(subject, data)
+		e.Seq = seq
 		if e.Tenant != "" && !strings.HasPrefix(e.Tenant, "_") {
 			s.mu.Lock()
 			s.tenants[e.Tenant] = true
@@ -232,10 +244,10 @@ func (s *Server) Run(ctx context.Context) error {
 		s.audit.add(e)
 		return nil
 	}
-	err := s.cfg.Client.TailLast(ctx, "", s.cfg.Backlog, take)
+	err := s.cfg.Client.TailLastSeq(ctx, "", s.cfg.Backlog, take)
 	close(s.audit.loaded)
 	if err != nil {
 		return err
 	}
-	return s.cfg.Client.Tail(ctx, "", false, take)
+	return s.cfg.Client.TailSeq(ctx, "", false, take)
 }

@@ -78,8 +78,12 @@ func BenchmarkIngest(b *testing.B) {
 	}()
 	b.ReportAllocs()
 	b.ResetTimer()
+	var seq uint64
 	for b.Loop() {
-		h.add(parseEvent("audit.demo.tool.succeeded", data))
+		seq++
+		e := parseEvent("audit.demo.tool.succeeded", data)
+		e.Seq = seq
+		h.add(e)
 	}
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "events/s")
 }
@@ -89,7 +93,7 @@ func BenchmarkIngest(b *testing.B) {
 func TestHubWindow(t *testing.T) {
 	h := newHub(10)
 	for i := range 25 {
-		h.add(Event{Type: "tool.succeeded", InvocationID: string(rune('a' + i))})
+		h.add(Event{Seq: uint64(i + 1), Type: "tool.succeeded", InvocationID: string(rune('a' + i))})
 	}
 	got := h.recent(Filter{}, 100)
 	if len(got) != 10 || got[0].Seq != 16 || got[9].Seq != 25 {

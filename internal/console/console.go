@@ -12,6 +12,7 @@ import (
 	"embed"
 	"encoding/base64"
 	"errors"
+	"fmt"
 	"html/template"
 	"io/fs"
 	"net"
@@ -53,6 +54,12 @@ type Config struct {
 	OnLink func(path string)
 	// Now is the clock (default time.Now).
 	Now func() time.Time
+	// AllowHosts are the names the console answers to besides those of
+	// the address it listens on (see AllowListen): "host" (any port) or
+	// "host:port". A request naming another Host is refused, so a page of
+	// another site cannot reach the console through a name it controls
+	// (DNS rebinding).
+	AllowHosts []string
 }
 
 // Server is a console.
@@ -65,6 +72,7 @@ type Server struct {
 	link     string // the one-time login token not yet used
 	sessions map[string]session
 	tenants  map[string]bool
+	hosts    []hostName // the names the console answers to
 }
 
 type session struct {
@@ -99,6 +107,13 @@ func New(cfg Config) (*Server, error) {
 	for _, t := range cfg.Tenants {
 		s.tenants[t] = true
 	}
+	for _, h := range cfg.AllowHosts {
+		n, ok := parseHost(h)
+		if !ok {
+			return nil, fmt.Errorf("console: allowed host %q: want host or host:port", h)
+		}
+		s.hosts = append(s.hosts, n)
+	}
 	s.newLink()
 	return s, nil
 }
@@ -130,12 +145,16 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /approvals", s.signedIn(s.inboxList))
 	mux.HandleFunc("POST /approvals/{tenant}/{id}", s.signedIn(s.decide))
 	mux.HandleFunc("GET /invocations/{tenant}/{id}", s.signedIn(s.invocation))
+	// The same with ?tenant=…&id=…, for a call no path segment can name
+	// (callPath).
+	mux.HandleFunc("POST /approvals", s.signedIn(s.decide))
+	mux.HandleFunc("GET /invocations", s.signedIn(s.invocation))
 	mux.HandleFunc("GET /audit", s.signedIn(s.auditPage))
 	mux.HandleFunc("GET /audit/stream", s.signedIn(s.auditStream))
 	mux.HandleFunc("GET /audit/event/{seq}", s.signedIn(s.auditEvent))
 	mux.HandleFunc("GET /overview", s.signedIn(s.overview))
 	mux.HandleFunc("POST /logout", s.signedIn(s.logout))
-	return secure(mux)
+	return secure(s.hostAllowed(mux))
 }
 
 // csp allows nothing but the console's own scripts, styles and images:
@@ -214,7 +233,7 @@ func (s *Server) signedIn(h func(http.ResponseWriter, *http.Request, session)) h
 			return
 		}
 		if r.Method == http.MethodPost {
-			if !sameOrigin(r) {
+			if !s.sameOrigin(r) {
 				http.Error(w, "refused: the request does not come from this console's own pages (Origin)", http.StatusForbidden)
 				return
 			}
@@ -228,9 +247,10 @@ func (s *Server) signedIn(h func(http.ResponseWriter, *http.Request, session)) h
 }
 
 // sameOrigin reports whether a state change comes from the console's own
-// pages: the Origin a browser sends must be this host. A request without
-// Origin is refused, too: every browser sends it on a POST.
-func sameOrigin(r *http.Request) bool {
+// pages: the Origin a browser sends must name one of the console's hosts,
+// not merely the Host the request claims. A request without Origin is
+// refused, too: every browser sends it on a POST.
+func (s *Server) sameOrigin(r *http.Request) bool {
 	o := r.Header.Get("Origin")
 	if o == "" {
 		return false
@@ -243,7 +263,7 @@ func sameOrigin(r *http.Request) bool {
 	if r.TLS != nil {
 		scheme = "https"
 	}
-	return u.Scheme == scheme && u.Host == r.Host && u.Path == ""
+	return u.Scheme == scheme && u.User == nil && u.Path == "" && u.RawQuery == "" && s.answers(u.Host, r.TLS != nil)
 }
 
 func (s *Server) logout(w http.ResponseWriter, r *http.Request, _ session) {
@@ -271,8 +291,10 @@ func Loopback(addr string) bool {
 }
 
 // Serve serves the console on ln (HTTPS when certFile and keyFile are
-// given) and follows the audit trail, until ctx ends.
+// given), answering to ln's address and Config.AllowHosts, and follows
+// the audit trail, until ctx ends.
 func (s *Server) Serve(ctx context.Context, ln net.Listener, certFile, keyFile string) error {
+	s.AllowListen(ln.Addr().String())
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	hs := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second, BaseContext: func(net.Listener) context.Context { return ctx }}

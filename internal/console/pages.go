@@ -8,12 +8,14 @@ import (
 	"fmt"
 	"html/template"
 	"net/http"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/client"
 	"github.com/toolgate/toolgate/internal/redact"
 )
 
@@ -30,12 +32,36 @@ var funcs = template.FuncMap{
 		}
 		return t.UTC().Format("15:04:05.000")
 	},
-	"minute": func(t time.Time) string { return t.UTC().Format("15:04") },
-	"us":     func(n int64) string { return (time.Duration(n) * time.Microsecond).String() },
+	"minute":        func(t time.Time) string { return t.UTC().Format("15:04") },
+	"invocationURL": func(tenant, id string) string { return callPath("/invocations", tenant, id) },
+	"decisionURL":   func(tenant, id string) string { return callPath("/approvals", tenant, id) },
+	"us":            func(n int64) string { return (time.Duration(n) * time.Microsecond).String() },
 	"statuses": func() []api.Status {
 		return []api.Status{api.StatusPending, api.StatusRunning, api.StatusPendingApproval, api.StatusSuccess, api.StatusError,
 			api.StatusTimeout, api.StatusCancelled, api.StatusPermissionDenied}
 	},
+}
+
+// callPath is the console's path to one call under prefix: each of tenant
+// and id escaped as one path segment, so any character survives (the mux
+// unescapes them: r.PathValue). A "." or ".." segment no escaping keeps
+// (browsers resolve %2e%2e too), so such a call goes in the query.
+func callPath(prefix, tenant, id string) string {
+	dots := func(s string) bool { return s == "." || s == ".." || s == "" }
+	if dots(tenant) || dots(id) {
+		return prefix + "?" + url.Values{"tenant": {tenant}, "id": {id}}.Encode()
+	}
+	return prefix + "/" + url.PathEscape(tenant) + "/" + url.PathEscape(id)
+}
+
+// callOf is the call a request names: in its path, or in its query on the
+// routes without one (callPath).
+func callOf(r *http.Request) (tenant, id string) {
+	if r.Pattern == "GET /invocations" || r.Pattern == "POST /approvals" {
+		q := r.URL.Query()
+		return q.Get("tenant"), q.Get("id")
+	}
+	return r.PathValue("tenant"), r.PathValue("id")
 }
 
 // page is what every page template gets.
@@ -161,7 +187,7 @@ func (s *Server) inboxList(w http.ResponseWriter, r *http.Request, sess session)
 // decide approves or denies as the console's operator, signed exactly as
 // `toolgate approve` signs, naming the request digest the form showed.
 func (s *Server) decide(w http.ResponseWriter, r *http.Request, sess session) {
-	tenant, id := r.PathValue("tenant"), r.PathValue("id")
+	tenant, id := callOf(r)
 	approve := r.PostFormValue("decision") == "approve"
 	if !approve && r.PostFormValue("decision") != "deny" {
 		http.Error(w, "decision must be approve or deny", http.StatusBadRequest)
@@ -222,7 +248,7 @@ type invocationData struct {
 }
 
 func (s *Server) invocation(w http.ResponseWriter, r *http.Request, sess session) {
-	tenant, id := r.PathValue("tenant"), r.PathValue("id")
+	tenant, id := callOf(r)
 	d := invocationData{Tenant: tenant, ID: id}
 	after := s.audit.last()
 	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
@@ -250,10 +276,12 @@ func (s *Server) invocation(w http.ResponseWriter, r *http.Request, sess session
 	if a, err := s.cfg.Client.Approval(ctx, tenant, id); err == nil {
 		d.Approval = &a
 	}
-	// The tenant's stored trail, read for this invocation's events.
+	// The tenant's stored trail, read for this invocation's events, each
+	// with its place in the stream, which its row links to.
 	var evs []Event
-	_ = s.cfg.Client.TailLast(ctx, tenant, s.cfg.Window, func(subject string, data []byte) error {
+	_ = s.cfg.Client.TailLastSeq(ctx, tenant, s.cfg.Window, func(seq uint64, subject string, data []byte) error {
 		if e := parseEvent(subject, data); e.InvocationID == id {
+			e.Seq = seq
 			evs = append(evs, e)
 		}
 		return nil
@@ -342,12 +370,26 @@ func (s *Server) auditStream(w http.ResponseWriter, r *http.Request, _ session) 
 	}
 }
 
+// auditEvent shows the event at a sequence of the AUDIT stream: from the
+// console's window, else read from the stream (an invocation's timeline
+// links events older than the window).
 func (s *Server) auditEvent(w http.ResponseWriter, r *http.Request, sess session) {
 	seq, _ := strconv.ParseUint(r.PathValue("seq"), 10, 64)
 	e, ok := s.audit.get(seq)
 	if !ok {
-		http.Error(w, "no such event in the console's window (it keeps the last events only)", http.StatusNotFound)
-		return
+		ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
+		defer cancel()
+		subject, data, err := s.cfg.Client.AuditAt(ctx, seq)
+		switch {
+		case errors.Is(err, client.ErrNoAuditEvent):
+			http.Error(w, "no audit event is stored at this sequence", http.StatusNotFound)
+			return
+		case err != nil:
+			http.Error(w, "reading the event from the audit trail: "+err.Error(), http.StatusBadGateway)
+			return
+		}
+		e = parseEvent(subject, data)
+		e.Seq = seq
 	}
 	data := struct {
 		Event Event

@@ -19,6 +19,15 @@ function link(href, text) {
   return a;
 }
 
+// invocationURL is the page of one call, as the server's callPath makes
+// it: tenant and id escaped as path segments, or in the query when one is
+// a dot segment no escaping keeps.
+function invocationURL(tenant, id) {
+  const dots = s => s === "." || s === ".." || s === "";
+  if (dots(tenant) || dots(id)) return "/invocations?" + new URLSearchParams({tenant: tenant, id: id}).toString();
+  return "/invocations/" + encodeURIComponent(tenant) + "/" + encodeURIComponent(id);
+}
+
 function clock(iso) {
   const t = new Date(iso);
   return isNaN(t) ? "-" : t.toISOString().slice(11, 23);
@@ -70,7 +79,7 @@ function liveAudit() {
     t.appendChild(link("/audit/event/" + e.seq, clock(e.time)));
     tr.append(t, cell(e.tenant), cell(e.type), cell(e.tool), cell(e.status), cell(e.ecode));
     const inv = cell("");
-    if (e.invocation_id) inv.appendChild(link("/invocations/" + encodeURIComponent(e.tenant) + "/" + encodeURIComponent(e.invocation_id), e.invocation_id));
+    if (e.invocation_id) inv.appendChild(link(invocationURL(e.tenant, e.invocation_id), e.invocation_id));
     tr.append(inv);
     body.prepend(tr);
     while (body.rows.length > 500) body.deleteRow(-1);
