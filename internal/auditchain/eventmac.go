@@ -1,0 +1,139 @@
+package auditchain
+
+import (
+	"context"
+	"crypto/ed25519"
+	"crypto/hkdf"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
+	"hash"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/toolgate/toolgate/subjects"
+)
+
+// HeaderEventMAC carries what authenticates an audit event as audit's:
+// "<unix nanoseconds>.<HMAC-SHA256, base64url>" (EventKey).
+const HeaderEventMAC = "Toolgate-Audit-MAC"
+
+// eventMACInfo names the derivation of the event key from the chain key.
+const eventMACInfo = "toolgate-audit-event-mac-v1"
+
+// MACWindow is how far an event's stored time may be from the time its MAC
+// names: a copy of an event stored later than that is not audit's. Within
+// it, the checkpointer takes an event id only once.
+const MACWindow = time.Minute
+
+// EventKey authenticates the events audit publishes to the checkpointer:
+// an HMAC-SHA256 under a key derived from the chain key, which every audit
+// process holds and nothing else does. A MAC costs a hash per event where
+// a signature would cost a scalar multiplication (and the checkpoint, one
+// signature per range, is what proves anything to a third party); only
+// audit checks it, so nobody else needs the key. The MAC covers the
+// subject, the bytes and when the event was published, so neither another
+// tenant's subject nor a later copy passes (the checkpointer takes each
+// event id once within MACWindow).
+type EventKey struct {
+	pool sync.Pool // hash.Hash keyed with the event key
+}
+
+// NewEventKey derives the event key of the chain key k.
+func NewEventKey(k ed25519.PrivateKey) *EventKey {
+	key, err := hkdf.Key(sha256.New, k.Seed(), nil, eventMACInfo, sha256.Size)
+	if err != nil {
+		panic(err) // only for lengths beyond 255 hashes
+	}
+	e := &EventKey{}
+	e.pool.New = func() any { return hmac.New(sha256.New, key) }
+	return e
+}
+
+func (e *EventKey) tag(subject string, at int64, data []byte) []byte {
+	m := e.pool.Get().(hash.Hash)
+	defer e.pool.Put(m)
+	m.Reset()
+	var b [32]byte
+	m.Write(strconv.AppendInt(b[:0], at, 10))
+	m.Write([]byte{'\n'})
+	m.Write([]byte(subject))
+	m.Write([]byte{'\n'})
+	m.Write(data)
+	return m.Sum(nil)
+}
+
+// Header is the HeaderEventMAC value of an event published at at.
+func (e *EventKey) Header(subject string, data []byte, at time.Time) string {
+	n := at.UnixNano()
+	return strconv.FormatInt(n, 10) + "." + base64.RawURLEncoding.EncodeToString(e.tag(subject, n, data))
+}
+
+// Authentic reports whether h's MAC is the key's over subject and data,
+// and stored (when the stream stored the event) within MACWindow of the
+// time it names.
+func (e *EventKey) Authentic(subject string, h nats.Header, data []byte, stored time.Time) bool {
+	v := h.Get(HeaderEventMAC)
+	at, mac, ok := strings.Cut(v, ".")
+	if !ok {
+		return false
+	}
+	n, err := strconv.ParseInt(at, 10, 64)
+	if err != nil {
+		return false
+	}
+	got, err := base64.RawURLEncoding.DecodeString(mac)
+	if err != nil || !hmac.Equal(got, e.tag(subject, n, data)) {
+		return false
+	}
+	d := stored.Sub(time.Unix(0, n))
+	return d <= MACWindow && d >= -MACWindow
+}
+
+// Authenticating returns js, whose publishes onto audit subjects carry
+// the event key's MAC: give it to audit's connection.
+func Authenticating(js jetstream.JetStream, e *EventKey) jetstream.JetStream {
+	if e == nil {
+		return js
+	}
+	return &macJS{JetStream: js, e: e}
+}
+
+type macJS struct {
+	jetstream.JetStream
+	e *EventKey
+}
+
+func (j *macJS) Publish(ctx context.Context, subject string, data []byte, opts ...jetstream.PublishOpt) (*jetstream.PubAck, error) {
+	return j.PublishMsg(ctx, &nats.Msg{Subject: subject, Data: data}, opts...)
+}
+
+func (j *macJS) PublishMsg(ctx context.Context, m *nats.Msg, opts ...jetstream.PublishOpt) (*jetstream.PubAck, error) {
+	return j.JetStream.PublishMsg(ctx, j.mac(m), opts...)
+}
+
+func (j *macJS) PublishAsync(subject string, data []byte, opts ...jetstream.PublishOpt) (jetstream.PubAckFuture, error) {
+	return j.PublishMsgAsync(&nats.Msg{Subject: subject, Data: data}, opts...)
+}
+
+func (j *macJS) PublishMsgAsync(m *nats.Msg, opts ...jetstream.PublishOpt) (jetstream.PubAckFuture, error) {
+	return j.JetStream.PublishMsgAsync(j.mac(m), opts...)
+}
+
+// mac returns m with the MAC header, a copy: the caller's message (and
+// its header map) may be published again or read.
+func (j *macJS) mac(m *nats.Msg) *nats.Msg {
+	if !subjects.IsAudit(m.Subject) {
+		return m
+	}
+	h := make(nats.Header, len(m.Header)+1)
+	for k, v := range m.Header {
+		h[k] = v
+	}
+	h.Set(HeaderEventMAC, j.e.Header(m.Subject, m.Data, time.Now()))
+	return &nats.Msg{Subject: m.Subject, Reply: m.Reply, Header: h, Data: m.Data}
+}
