@@ -6,6 +6,7 @@ import (
 	"crypto/ed25519"
 	"crypto/rand"
 	"encoding/base64"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -61,9 +62,10 @@ type Checkpointer struct {
 	// writes checkpoints that do not say (version 1).
 	Events *EventKey
 
-	// recent are the ids of audit's events covered lately, by id: a copy
-	// of one, MAC and all, is not audit's. Kept for 2*MACWindow.
-	recent        map[string]recentEvent
+	// recent are audit's events covered lately, by their leaf's first
+	// bytes: a copy of one (same subject and bytes, MAC and all) is not
+	// audit's. Kept for 2*MACWindow.
+	recent        map[uint64]recentEvent
 	recentCreated string // the stream they are of
 
 	mine Tail // the last checkpoint this writer published
@@ -308,7 +310,7 @@ func (c *Checkpointer) build(ctx context.Context, info *jetstream.StreamInfo, fi
 		i := seq - first
 		d.leaves[i], d.ids[i], d.tenants[i], d.times[i] = k.leaf, k.id, k.tenant, k.at
 		// Acknowledged to this process's publish: audit's, a copy or not.
-		c.remember(k.id, seq, k.at)
+		c.remember(k.leaf, seq, k.at)
 	}
 	cp, err := c.complete(ctx, info, d, have, missing)
 	if err != nil {
@@ -340,7 +342,7 @@ func (c *Checkpointer) complete(ctx context.Context, info *jetstream.StreamInfo,
 			leaves[i] = LeafHash(e.Subject, e.Data)
 			ids[i], tenants[i], times[i] = eventID(e.Data), tenantOf(e.Subject), e.Time
 			found[e.Seq] = true
-			if c.Events != nil && !c.audits(e, ids[i]) {
+			if c.Events != nil && !c.audits(e, leaves[i]) {
 				foreign = append(foreign, e.Seq)
 			}
 			return nil
@@ -403,30 +405,33 @@ func (c *Checkpointer) complete(ctx context.Context, info *jetstream.StreamInfo,
 }
 
 // audits reports whether e, read back, is audit's: it carries audit's MAC
-// and its id was not covered at another sequence lately (a copy, MAC and
-// all, stored again). What is audit's is remembered.
-func (c *Checkpointer) audits(e Event, id string) bool {
+// and the same event (leaf) was not covered at another sequence lately (a
+// copy, MAC and all, stored again). What is audit's is remembered.
+func (c *Checkpointer) audits(e Event, leaf Hash) bool {
 	if !c.Events.Authentic(e.Subject, e.Header, e.Data, e.Time) {
 		return false
 	}
-	if r, ok := c.recent[id]; ok && id != "" && r.seq != e.Seq {
+	if r, ok := c.recent[leafKey(leaf)]; ok && r.seq != e.Seq {
 		return false
 	}
-	c.remember(id, e.Seq, e.Time)
+	c.remember(leaf, e.Seq, e.Time)
 	return true
 }
 
-func (c *Checkpointer) remember(id string, seq uint64, at time.Time) {
-	if c.Events == nil || id == "" {
+func leafKey(l Hash) uint64 { return binary.BigEndian.Uint64(l[:8]) }
+
+func (c *Checkpointer) remember(leaf Hash, seq uint64, at time.Time) {
+	if c.Events == nil {
 		return
 	}
 	if c.recent == nil {
-		c.recent = make(map[string]recentEvent, 2*c.Every)
+		c.recent = make(map[uint64]recentEvent, 2*c.Every)
 	}
-	if r, ok := c.recent[id]; ok && r.seq < seq {
+	k := leafKey(leaf)
+	if r, ok := c.recent[k]; ok && r.seq < seq {
 		return // the first one stays the original
 	}
-	c.recent[id] = recentEvent{seq: seq, at: at}
+	c.recent[k] = recentEvent{seq: seq, at: at}
 }
 
 // forgetBefore drops the ids of events stored before t: a copy stored
@@ -483,9 +488,12 @@ func (c *Checkpointer) seedRecent(ctx context.Context, tail Tail, created string
 		for _, f := range cp.Foreign {
 			foreign[f] = true
 		}
-		for i, id := range cp.IDs {
-			if seq := cp.First + uint64(i); !foreign[seq] {
-				c.remember(id, seq, at)
+		prefixes, _ := base64.StdEncoding.DecodeString(cp.Leaves)
+		for i := range cp.Size() {
+			var l Hash
+			if seq := cp.First + i; !foreign[seq] && (i+1)*prefixLen <= uint64(len(prefixes)) {
+				copy(l[:], prefixes[i*prefixLen:(i+1)*prefixLen])
+				c.remember(l, seq, at)
 			}
 		}
 	}

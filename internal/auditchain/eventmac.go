@@ -38,9 +38,16 @@ const MACWindow = time.Minute
 // audit checks it, so nobody else needs the key. The MAC covers the
 // subject, the bytes and when the event was published, so neither another
 // tenant's subject nor a later copy passes (the checkpointer takes each
-// event id once within MACWindow).
+// event once within MACWindow).
 type EventKey struct {
-	pool sync.Pool // hash.Hash keyed with the event key
+	pool sync.Pool // *macState keyed with the event key
+}
+
+// macState is one MAC's hash and scratch space, reused.
+type macState struct {
+	h   hash.Hash
+	pre [160]byte
+	sum [sha256.Size]byte
 }
 
 // NewEventKey derives the event key of the chain key k.
@@ -50,23 +57,20 @@ func NewEventKey(k ed25519.PrivateKey) *EventKey {
 		panic(err) // only for lengths beyond 255 hashes
 	}
 	e := &EventKey{}
-	e.pool.New = func() any { return hmac.New(sha256.New, key) }
+	e.pool.New = func() any { return &macState{h: hmac.New(sha256.New, key)} }
 	return e
 }
 
-// tag is the MAC over at, subject and data, appended to out.
-func (e *EventKey) tag(out []byte, subject string, at int64, data []byte) []byte {
-	m := e.pool.Get().(hash.Hash)
-	defer e.pool.Put(m)
-	m.Reset()
-	var pre [160]byte
-	b := strconv.AppendInt(pre[:0], at, 10)
+// tag computes the MAC over at, subject and data into st.sum.
+func (st *macState) tag(subject string, at int64, data []byte) []byte {
+	st.h.Reset()
+	b := strconv.AppendInt(st.pre[:0], at, 10)
 	b = append(b, '\n')
 	b = append(b, subject...)
 	b = append(b, '\n')
-	m.Write(b)
-	m.Write(data)
-	return m.Sum(out)
+	st.h.Write(b)
+	st.h.Write(data)
+	return st.h.Sum(st.sum[:0])
 }
 
 // macLen is the length of a MAC in the header (base64url, unpadded).
@@ -74,9 +78,10 @@ var macLen = base64.RawURLEncoding.EncodedLen(sha256.Size)
 
 // Header is the HeaderEventMAC value of an event published at at.
 func (e *EventKey) Header(subject string, data []byte, at time.Time) string {
+	st := e.pool.Get().(*macState)
+	defer e.pool.Put(st)
 	n := at.UnixNano()
-	var sum [sha256.Size]byte
-	tag := e.tag(sum[:0], subject, n, data)
+	tag := st.tag(subject, n, data)
 	var buf [20 + 1 + 43]byte
 	b := strconv.AppendInt(buf[:0], n, 10)
 	b = append(b, '.')
@@ -97,9 +102,14 @@ func (e *EventKey) Authentic(subject string, h nats.Header, data []byte, stored 
 	if err != nil {
 		return false
 	}
-	var sum [sha256.Size]byte
 	got, err := base64.RawURLEncoding.DecodeString(mac)
-	if err != nil || len(mac) != macLen || !hmac.Equal(got, e.tag(sum[:0], subject, n, data)) {
+	if err != nil || len(mac) != macLen {
+		return false
+	}
+	st := e.pool.Get().(*macState)
+	ok = hmac.Equal(got, st.tag(subject, n, data))
+	e.pool.Put(st)
+	if !ok {
 		return false
 	}
 	d := stored.Sub(time.Unix(0, n))
