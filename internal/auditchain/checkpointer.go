@@ -408,7 +408,7 @@ func (c *Checkpointer) complete(ctx context.Context, info *jetstream.StreamInfo,
 // and the same event (leaf) was not covered at another sequence lately (a
 // copy, MAC and all, stored again). What is audit's is remembered.
 func (c *Checkpointer) audits(e Event, leaf Hash) bool {
-	if !c.Events.Authentic(e.Subject, e.Header, e.Data, e.Time) {
+	if !c.Events.Authentic(leaf, e.Header, e.Time) {
 		return false
 	}
 	if r, ok := c.recent[leafKey(leaf)]; ok && r.seq != e.Seq {

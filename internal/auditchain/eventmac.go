@@ -61,27 +61,27 @@ func NewEventKey(k ed25519.PrivateKey) *EventKey {
 	return e
 }
 
-// tag computes the MAC over at, subject and data into st.sum.
-func (st *macState) tag(subject string, at int64, data []byte) []byte {
+// tag computes the MAC over at and the event's leaf (its subject and
+// bytes, hashed once for the MAC and the checkpoint alike) into st.sum.
+func (st *macState) tag(at int64, leaf Hash) []byte {
 	st.h.Reset()
 	b := strconv.AppendInt(st.pre[:0], at, 10)
 	b = append(b, '\n')
-	b = append(b, subject...)
-	b = append(b, '\n')
+	b = append(b, leaf[:]...)
 	st.h.Write(b)
-	st.h.Write(data)
 	return st.h.Sum(st.sum[:0])
 }
 
 // macLen is the length of a MAC in the header (base64url, unpadded).
 var macLen = base64.RawURLEncoding.EncodedLen(sha256.Size)
 
-// Header is the HeaderEventMAC value of an event published at at.
-func (e *EventKey) Header(subject string, data []byte, at time.Time) string {
+// Header is the HeaderEventMAC value of the event whose leaf is leaf
+// (LeafHash of its subject and bytes), published at at.
+func (e *EventKey) Header(leaf Hash, at time.Time) string {
 	st := e.pool.Get().(*macState)
 	defer e.pool.Put(st)
 	n := at.UnixNano()
-	tag := st.tag(subject, n, data)
+	tag := st.tag(n, leaf)
 	var buf [20 + 1 + 43]byte
 	b := strconv.AppendInt(buf[:0], n, 10)
 	b = append(b, '.')
@@ -89,10 +89,10 @@ func (e *EventKey) Header(subject string, data []byte, at time.Time) string {
 	return string(b)
 }
 
-// Authentic reports whether h's MAC is the key's over subject and data,
-// and stored (when the stream stored the event) within MACWindow of the
-// time it names.
-func (e *EventKey) Authentic(subject string, h nats.Header, data []byte, stored time.Time) bool {
+// Authentic reports whether h's MAC is the key's over the event whose leaf
+// is leaf, and stored (when the stream stored the event) within MACWindow
+// of the time it names.
+func (e *EventKey) Authentic(leaf Hash, h nats.Header, stored time.Time) bool {
 	v := h.Get(HeaderEventMAC)
 	at, mac, ok := strings.Cut(v, ".")
 	if !ok {
@@ -107,7 +107,7 @@ func (e *EventKey) Authentic(subject string, h nats.Header, data []byte, stored 
 		return false
 	}
 	st := e.pool.Get().(*macState)
-	ok = hmac.Equal(got, st.tag(subject, n, data))
+	ok = hmac.Equal(got, st.tag(n, leaf))
 	e.pool.Put(st)
 	if !ok {
 		return false
@@ -117,17 +117,20 @@ func (e *EventKey) Authentic(subject string, h nats.Header, data []byte, stored 
 }
 
 // Authenticating returns js, whose publishes onto audit subjects carry
-// the event key's MAC: give it to audit's connection.
-func Authenticating(js jetstream.JetStream, e *EventKey) jetstream.JetStream {
+// the event key's MAC: give it to audit's connection. The leaf hashed for
+// the MAC is handed to l (when set) for the event's acknowledgement, so
+// that it is not hashed again.
+func Authenticating(js jetstream.JetStream, e *EventKey, l *Leaves) jetstream.JetStream {
 	if e == nil {
 		return js
 	}
-	return &macJS{JetStream: js, e: e}
+	return &macJS{JetStream: js, e: e, l: l}
 }
 
 type macJS struct {
 	jetstream.JetStream
 	e *EventKey
+	l *Leaves
 }
 
 func (j *macJS) Publish(ctx context.Context, subject string, data []byte, opts ...jetstream.PublishOpt) (*jetstream.PubAck, error) {
@@ -135,7 +138,11 @@ func (j *macJS) Publish(ctx context.Context, subject string, data []byte, opts .
 }
 
 func (j *macJS) PublishMsg(ctx context.Context, m *nats.Msg, opts ...jetstream.PublishOpt) (*jetstream.PubAck, error) {
-	return j.JetStream.PublishMsg(ctx, j.mac(m), opts...)
+	ack, err := j.JetStream.PublishMsg(ctx, j.mac(m), opts...)
+	if err != nil {
+		j.l.drop(m)
+	}
+	return ack, err
 }
 
 func (j *macJS) PublishAsync(subject string, data []byte, opts ...jetstream.PublishOpt) (jetstream.PubAckFuture, error) {
@@ -143,7 +150,11 @@ func (j *macJS) PublishAsync(subject string, data []byte, opts ...jetstream.Publ
 }
 
 func (j *macJS) PublishMsgAsync(m *nats.Msg, opts ...jetstream.PublishOpt) (jetstream.PubAckFuture, error) {
-	return j.JetStream.PublishMsgAsync(j.mac(m), opts...)
+	f, err := j.JetStream.PublishMsgAsync(j.mac(m), opts...)
+	if err != nil {
+		j.l.drop(m)
+	}
+	return f, err
 }
 
 // mac sets m's MAC header. The message is changed in place, as the
@@ -152,9 +163,11 @@ func (j *macJS) mac(m *nats.Msg) *nats.Msg {
 	if !subjects.IsAudit(m.Subject) {
 		return m
 	}
+	leaf := LeafHash(m.Subject, m.Data)
 	if m.Header == nil {
 		m.Header = nats.Header{}
 	}
-	m.Header[HeaderEventMAC] = []string{j.e.Header(m.Subject, m.Data, time.Now())}
+	m.Header[HeaderEventMAC] = []string{j.e.Header(leaf, time.Now())}
+	j.l.hashed(m, leaf)
 	return m
 }

@@ -18,7 +18,7 @@ import (
 // publishes onto AUDIT carries the event key's MAC.
 func (tr *trail) auditProcess() *publisher {
 	p := tr.publisher()
-	p.js = auditchain.Authenticating(p.js, auditchain.NewEventKey(tr.key))
+	p.js = auditchain.Authenticating(p.js, auditchain.NewEventKey(tr.key), p.leaves)
 	return p
 }
 
@@ -137,21 +137,22 @@ func TestEventMAC(t *testing.T) {
 	k := auditchain.NewEventKey(tr.key)
 	subject, data := event("acme", 1)
 	now := time.Now()
-	h := nats.Header{auditchain.HeaderEventMAC: {k.Header(subject, data, now)}}
-	if !k.Authentic(subject, h, data, now.Add(time.Second)) {
+	leaf := auditchain.LeafHash(subject, data)
+	h := nats.Header{auditchain.HeaderEventMAC: {k.Header(leaf, now)}}
+	if !k.Authentic(leaf, h, now.Add(time.Second)) {
 		t.Fatal("a fresh MAC does not verify")
 	}
 	other := newTrail(t)
 	for what, ok := range map[string]bool{
-		"another subject": k.Authentic("audit.globex.tool.succeeded", h, data, now),
-		"other bytes":     k.Authentic(subject, h, append([]byte(nil), append(data, ' ')...), now),
-		"stored later":    k.Authentic(subject, h, data, now.Add(auditchain.MACWindow+time.Second)),
-		"another key":     auditchain.NewEventKey(other.key).Authentic(subject, h, data, now),
-		"no MAC":          k.Authentic(subject, nats.Header{}, data, now),
+		"another subject": k.Authentic(auditchain.LeafHash("audit.globex.tool.succeeded", data), h, now),
+		"other bytes":     k.Authentic(auditchain.LeafHash(subject, append(append([]byte(nil), data...), ' ')), h, now),
+		"stored later":    k.Authentic(leaf, h, now.Add(auditchain.MACWindow+time.Second)),
+		"another key":     auditchain.NewEventKey(other.key).Authentic(leaf, h, now),
+		"no MAC":          k.Authentic(leaf, nats.Header{}, now),
 	} {
 		if ok {
 			t.Errorf("a MAC with %s verifies", what)
 		}
 	}
-	var _ jetstream.JetStream = auditchain.Authenticating(tr.js, k)
+	var _ jetstream.JetStream = auditchain.Authenticating(tr.js, k, nil)
 }

@@ -37,7 +37,7 @@ func BenchmarkLeavesPublished(b *testing.B) {
 // event's size as it publishes it (the publish beneath does nothing).
 func BenchmarkEventMAC(b *testing.B) {
 	_, k, _ := ed25519.GenerateKey(rand.Reader)
-	js := Authenticating(nopAsync{}, NewEventKey(k))
+	js := Authenticating(nopAsync{}, NewEventKey(k), nil)
 	subject := subjects.AuditEvent("acme", "tool.succeeded")
 	data := fmt.Appendf(nil, `{"specversion":"1.0","id":"inv-1:tool.succeeded","data":{"result":{"echo":"%s"}}}`, strings.Repeat("x", 700))
 	h := nats.Header{"Content-Type": {"application/cloudevents+json"}}

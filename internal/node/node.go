@@ -635,7 +635,7 @@ func (n *Node) NewStage(ctx context.Context, name string, c StageConfig) (stages
 				// events no audit process wrote. (SignAs made n.JS
 				// before; the runner and refusals publish through it.)
 				cp.Events = auditchain.NewEventKey(c.AuditChainKey)
-				n.JS = auditchain.Authenticating(n.JS, cp.Events)
+				n.JS = auditchain.Authenticating(n.JS, cp.Events, n.leaves)
 				n.refusals.Store(&jsBox{n.JS})
 			}
 			cctx, stop := context.WithCancel(ctx)
