@@ -56,7 +56,7 @@ type Checkpointer struct {
 	Counted func(fromLeaves, readBack uint64)
 	// Events, when set, makes the checkpoints say which events are
 	// audit's (version 2, Checkpoint.Foreign): those its Leaves hold, and
-	// those read back that carry audit's MAC, each event id once. Set it
+	// those read back that carry audit's MAC, each event once. Set it
 	// where audit publishes through Authenticating with the same key (an
 	// authenticated bus, where only audit writes audit events); nil
 	// writes checkpoints that do not say (version 1).
@@ -66,7 +66,8 @@ type Checkpointer struct {
 	// bytes: a copy of one (same subject and bytes, MAC and all) is not
 	// audit's. Kept for 2*MACWindow.
 	recent        map[uint64]recentEvent
-	recentCreated string // the stream they are of
+	recentCreated string    // the stream they are of
+	prunedAt      time.Time // when recent was last pruned
 
 	mine Tail // the last checkpoint this writer published
 	// readBack counts the events read from the stream, known those
@@ -434,9 +435,15 @@ func (c *Checkpointer) remember(leaf Hash, seq uint64, at time.Time) {
 	c.recent[k] = recentEvent{seq: seq, at: at}
 }
 
-// forgetBefore drops the ids of events stored before t: a copy stored
-// after them is more than MACWindow from its MAC's time.
+// forgetBefore drops the events stored before t: a copy stored after
+// them is more than MACWindow from its MAC's time. It walks the map at
+// most every quarter of MACWindow, so that the walk costs little per
+// event however many events two minutes hold.
 func (c *Checkpointer) forgetBefore(t time.Time) {
+	if t.Sub(c.prunedAt) < MACWindow/4 {
+		return
+	}
+	c.prunedAt = t
 	for id, r := range c.recent {
 		if r.at.Before(t) {
 			delete(c.recent, id)
@@ -444,12 +451,12 @@ func (c *Checkpointer) forgetBefore(t time.Time) {
 	}
 }
 
-// maxSeeded bounds the checkpoints read to learn the ids another writer
-// covered lately.
+// maxSeeded bounds the checkpoints read to learn the events another
+// writer covered lately.
 const maxSeeded = 256
 
-// seedRecent learns the ids of audit's events the checkpoints since this
-// writer's last one covered, back to 2*MACWindow before the chain's end,
+// seedRecent learns the leaves of audit's events the checkpoints since
+// this writer's last one covered, back to 2*MACWindow before the chain's end,
 // when another writer wrote the last one: a copy of one of them is then
 // not taken for audit's. A stream made again starts afresh.
 func (c *Checkpointer) seedRecent(ctx context.Context, tail Tail, created string) {
