@@ -212,8 +212,9 @@ func (a *app) auditVerifyCmd() *cobra.Command {
 		Short: "Check the audit trail against its signed checkpoints; exit 0 only when intact",
 		Long: `Check the AUDIT stream (or an export of it) against the signed checkpoints the
 audit stage writes, and name, by sequence and event id, every event altered,
-deleted, inserted or moved, a stream created again, a checkpoint forged or
-missing, and the events after the last checkpoint not yet covered.
+deleted, inserted or moved, or written by no audit process, a stream created
+again, a checkpoint forged or missing, and the events after the last
+checkpoint not yet covered.
 The exit status is 0 only when nothing is wrong (docs/audit.md).`,
 		Example: `  toolgate audit verify
   toolgate audit verify --since 24h --tenant acme
@@ -274,6 +275,9 @@ The exit status is 0 only when nothing is wrong (docs/audit.md).`,
 					fmt.Fprintln(w, f.String())
 				}
 				for _, f := range r.Notes {
+					fmt.Fprintln(w, "note: "+f.String())
+				}
+				for _, f := range r.Unattested {
 					fmt.Fprintln(w, "note: "+f.String())
 				}
 				state := "intact"

@@ -19,8 +19,14 @@ import (
 	"github.com/toolgate/toolgate/subjects"
 )
 
-// Version is the checkpoint format's version.
-const Version = 1
+// Version is the checkpoint format's version: 2 says which events of the
+// range no audit process wrote (Foreign); 1 (checkpoints made before, or
+// by an audit on a bus without authentication, where every stage
+// publishes its own events) does not say.
+const (
+	Version           = 2
+	VersionUnattested = 1
+)
 
 // prefixLen is how many bytes of each leaf hash a checkpoint lists, to
 // point at the event that changed; the root, over the full hashes, is what
@@ -60,6 +66,12 @@ type Checkpoint struct {
 	Leaves  string   `json:"leaves"`
 	IDs     []string `json:"ids"`
 	Tenants []string `json:"tenants"`
+	// Foreign (version 2) are the sequences of the range, in order, whose
+	// event no audit process wrote: neither acknowledged to this writer's
+	// publishes nor carrying audit's MAC (EventKey), or a copy of an event
+	// already covered. Every other event of the range is audit's. They
+	// stay in the root, so that what was there is fixed too.
+	Foreign []uint64 `json:"foreign,omitempty"`
 	// Key is the public key (nkey, N…) the checkpoint is signed with.
 	Key string `json:"key"`
 	Sig string `json:"sig,omitempty"`
@@ -117,8 +129,10 @@ func (c *Checkpoint) Check(pub ed25519.PublicKey) error {
 func (c *Checkpoint) wellFormed() error {
 	n := c.Size()
 	switch {
-	case c.V != Version:
+	case c.V != Version && c.V != VersionUnattested:
 		return fmt.Errorf("%w: version %d", ErrMalformed, c.V)
+	case c.V == VersionUnattested && len(c.Foreign) > 0:
+		return fmt.Errorf("%w: version %d lists foreign events", ErrMalformed, c.V)
 	case c.First == 0 || n == 0 || n > MaxEvents:
 		return fmt.Errorf("%w: range %d..%d", ErrMalformed, c.First, c.Last)
 	case uint64(len(c.IDs)) != n || uint64(len(c.Tenants)) != n:
@@ -126,6 +140,11 @@ func (c *Checkpoint) wellFormed() error {
 	}
 	if _, err := c.root(); err != nil {
 		return err
+	}
+	for i, seq := range c.Foreign {
+		if seq < c.First || seq > c.Last || i > 0 && seq <= c.Foreign[i-1] {
+			return fmt.Errorf("%w: foreign sequence %d", ErrMalformed, seq)
+		}
 	}
 	if l, err := base64.StdEncoding.DecodeString(c.Leaves); err != nil || uint64(len(l)) != n*prefixLen {
 		return fmt.Errorf("%w: leaves", ErrMalformed)
@@ -156,6 +175,10 @@ func (c *Checkpoint) leafPrefix(i uint64) []byte {
 	}
 	return l[i*prefixLen : (i+1)*prefixLen]
 }
+
+// Attested reports whether the checkpoint says which of its events are
+// audit's (version 2).
+func (c *Checkpoint) Attested() bool { return c.V >= Version }
 
 // MaxEvents bounds the events of one checkpoint (its listed ids must fit a
 // NATS message).

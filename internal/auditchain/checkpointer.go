@@ -6,6 +6,7 @@ import (
 	"crypto/ed25519"
 	"crypto/rand"
 	"encoding/base64"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -13,6 +14,7 @@ import (
 	"log/slog"
 	"math/big"
 	"os"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -52,11 +54,30 @@ type Checkpointer struct {
 	// Counted, when set, is told of each checkpoint built: how many of
 	// its events came from Leaves and how many were read back.
 	Counted func(fromLeaves, readBack uint64)
+	// Events, when set, makes the checkpoints say which events are
+	// audit's (version 2, Checkpoint.Foreign): those its Leaves hold, and
+	// those read back that carry audit's MAC, each event once. Set it
+	// where audit publishes through Authenticating with the same key (an
+	// authenticated bus, where only audit writes audit events); nil
+	// writes checkpoints that do not say (version 1).
+	Events *EventKey
+
+	// recent are audit's events covered lately, by their leaf's first
+	// bytes: a copy of one (same subject and bytes, MAC and all) is not
+	// audit's. Kept for 2*MACWindow.
+	recent        map[uint64]recentEvent
+	recentCreated string    // the stream they are of
+	prunedAt      time.Time // when recent was last pruned
 
 	mine Tail // the last checkpoint this writer published
 	// readBack counts the events read from the stream, known those
 	// covered from Leaves.
 	readBack, known atomic.Uint64
+}
+
+type recentEvent struct {
+	seq uint64
+	at  time.Time
 }
 
 // Covered reports how many events this writer's checkpoints took from its
@@ -188,6 +209,9 @@ func (c *Checkpointer) Step(ctx context.Context) (more bool, err error) {
 		}
 	}
 	n := min(pending, uint64(c.Every))
+	if c.Events != nil {
+		c.seedRecent(ctx, tail, created)
+	}
 	cp, err := c.build(ctx, info, start, start+n-1)
 	if err != nil {
 		return false, err
@@ -286,6 +310,8 @@ func (c *Checkpointer) build(ctx context.Context, info *jetstream.StreamInfo, fi
 		}
 		i := seq - first
 		d.leaves[i], d.ids[i], d.tenants[i], d.times[i] = k.leaf, k.id, k.tenant, k.at
+		// Acknowledged to this process's publish: audit's, a copy or not.
+		c.remember(k.leaf, seq, k.at)
 	}
 	cp, err := c.complete(ctx, info, d, have, missing)
 	if err != nil {
@@ -307,6 +333,7 @@ func (c *Checkpointer) complete(ctx context.Context, info *jetstream.StreamInfo,
 	leaves, ids, tenants, times := d.leaves, d.ids, d.tenants, d.times
 	n := last - first + 1
 	found := make(map[uint64]bool, len(missing))
+	var foreign []uint64
 	for _, r := range spans(missing) {
 		err := readDirect(ctx, c.JS.Conn(), subjects.StreamAudit, r[0], r[1], func(e Event) error {
 			i := e.Seq - first
@@ -316,6 +343,9 @@ func (c *Checkpointer) complete(ctx context.Context, info *jetstream.StreamInfo,
 			leaves[i] = LeafHash(e.Subject, e.Data)
 			ids[i], tenants[i], times[i] = eventID(e.Data), tenantOf(e.Subject), e.Time
 			found[e.Seq] = true
+			if c.Events != nil && !c.audits(e, leaves[i]) {
+				foreign = append(foreign, e.Seq)
+			}
 			return nil
 		})
 		if err != nil {
@@ -358,12 +388,122 @@ func (c *Checkpointer) complete(ctx context.Context, info *jetstream.StreamInfo,
 	if firstTime.IsZero() {
 		firstTime = lastTime
 	}
+	v := VersionUnattested
+	if c.Events != nil {
+		v = Version
+		slices.Sort(foreign)
+		if len(foreign) > 0 {
+			c.Log.Warn("audit checkpoint covers events no audit process wrote", "seqs", foreign)
+		}
+		c.forgetBefore(lastTime.Add(-2 * MACWindow))
+	}
 	return &Checkpoint{
-		V: Version, Stream: subjects.StreamAudit, StreamCreated: info.Created.UTC().Format(time.RFC3339Nano), First: first, Last: last,
+		V: v, Foreign: foreign, Stream: subjects.StreamAudit, StreamCreated: info.Created.UTC().Format(time.RFC3339Nano), First: first, Last: last,
 		Root: hex.EncodeToString(root[:]), Time: now.Format(time.RFC3339Nano),
 		FirstTime: firstTime.UTC().Format(time.RFC3339Nano), LastTime: lastTime.UTC().Format(time.RFC3339Nano), Writer: c.Writer,
 		Leaves: base64.StdEncoding.EncodeToString(prefixes), IDs: ids, Tenants: tenants,
 	}, nil
+}
+
+// audits reports whether e, read back, is audit's: it carries audit's MAC
+// and the same event (leaf) was not covered at another sequence lately (a
+// copy, MAC and all, stored again). What is audit's is remembered.
+func (c *Checkpointer) audits(e Event, leaf Hash) bool {
+	if !c.Events.Authentic(leaf, e.Header, e.Time) {
+		return false
+	}
+	if r, ok := c.recent[leafKey(leaf)]; ok && r.seq != e.Seq {
+		return false
+	}
+	c.remember(leaf, e.Seq, e.Time)
+	return true
+}
+
+func leafKey(l Hash) uint64 { return binary.BigEndian.Uint64(l[:8]) }
+
+func (c *Checkpointer) remember(leaf Hash, seq uint64, at time.Time) {
+	if c.Events == nil {
+		return
+	}
+	if c.recent == nil {
+		c.recent = make(map[uint64]recentEvent, 2*c.Every)
+	}
+	k := leafKey(leaf)
+	if r, ok := c.recent[k]; ok && r.seq < seq {
+		return // the first one stays the original
+	}
+	c.recent[k] = recentEvent{seq: seq, at: at}
+}
+
+// forgetBefore drops the events stored before t: a copy stored after
+// them is more than MACWindow from its MAC's time. It walks the map at
+// most every quarter of MACWindow, so that the walk costs little per
+// event however many events two minutes hold.
+func (c *Checkpointer) forgetBefore(t time.Time) {
+	if t.Sub(c.prunedAt) < MACWindow/4 {
+		return
+	}
+	c.prunedAt = t
+	for id, r := range c.recent {
+		if r.at.Before(t) {
+			delete(c.recent, id)
+		}
+	}
+}
+
+// maxSeeded bounds the checkpoints read to learn the events another
+// writer covered lately.
+const maxSeeded = 256
+
+// seedRecent learns the leaves of audit's events the checkpoints since
+// this writer's last one covered, back to 2*MACWindow before the chain's end,
+// when another writer wrote the last one: a copy of one of them is then
+// not taken for audit's. A stream made again starts afresh.
+func (c *Checkpointer) seedRecent(ctx context.Context, tail Tail, created string) {
+	if c.recentCreated != created {
+		c.recent, c.recentCreated = nil, created
+	}
+	if tail.Checkpoint == nil || tail.Checkpoint == c.mine.Checkpoint {
+		return
+	}
+	end, err := time.Parse(time.RFC3339Nano, tail.Checkpoint.LastTime)
+	if err != nil {
+		return
+	}
+	st, err := c.JS.Stream(ctx, subjects.StreamAuditChain)
+	if err != nil {
+		return
+	}
+	pub := c.Key.Public().(ed25519.PublicKey)
+	for seq, n := tail.Seq, 0; seq >= 1 && n < maxSeeded; seq, n = seq-1, n+1 {
+		m, err := st.GetMsg(ctx, seq)
+		if err != nil {
+			continue
+		}
+		cp, err := DecodeCheckpoint(m.Data)
+		if err != nil || cp.Check(pub) != nil || cp.StreamCreated != created {
+			continue
+		}
+		if c.mine.Checkpoint != nil && cp.Hash() == c.mine.Checkpoint.Hash() {
+			return // from there on, known
+		}
+		at, err := time.Parse(time.RFC3339Nano, cp.LastTime)
+		if err != nil || at.Before(end.Add(-2*MACWindow)) {
+			return
+		}
+		foreign := map[uint64]bool{}
+		for _, f := range cp.Foreign {
+			foreign[f] = true
+		}
+		prefixes, _ := base64.StdEncoding.DecodeString(cp.Leaves)
+		for i := range cp.Size() {
+			var l Hash
+			if seq := cp.First + i; !foreign[seq] && (i+1)*prefixLen <= uint64(len(prefixes)) {
+				copy(l[:], prefixes[i*prefixLen:(i+1)*prefixLen])
+				c.remember(l, seq, at)
+			}
+		}
+	}
 }
 
 // spanGap: unknown sequences this close are read in one batch, the known

@@ -69,7 +69,7 @@ func directBatch(ctx context.Context, nc *nats.Conn, stream string, seq, last ui
 		}
 		seen = s
 		t, _ := time.Parse(time.RFC3339Nano, m.Header.Get("Nats-Time-Stamp"))
-		if err := fn(Event{Seq: s, Subject: m.Header.Get("Nats-Subject"), Data: m.Data, Time: t}); err != nil {
+		if err := fn(Event{Seq: s, Subject: m.Header.Get("Nats-Subject"), Data: m.Data, Time: t, Header: m.Header}); err != nil {
 			return seen, err
 		}
 	}

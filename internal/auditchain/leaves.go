@@ -29,6 +29,42 @@ type Leaves struct {
 	on atomic.Bool
 	mu sync.Mutex
 	m  map[uint64]known
+	// pending are the leaves Authenticating hashed, by message, until
+	// its acknowledgement comes (or its publish fails).
+	pmu     sync.Mutex
+	pending map[*nats.Msg]Hash
+}
+
+// hashed records the leaf of m, about to be published.
+func (l *Leaves) hashed(m *nats.Msg, leaf Hash) {
+	if l == nil || !l.on.Load() {
+		return
+	}
+	l.pmu.Lock()
+	if l.pending == nil {
+		l.pending = make(map[*nats.Msg]Hash)
+	}
+	if len(l.pending) >= maxKnown {
+		// Publishes that failed without a word: their acks never come.
+		// Those in flight are hashed again when theirs do.
+		clear(l.pending)
+	}
+	l.pending[m] = leaf
+	l.pmu.Unlock()
+}
+
+// drop forgets the leaf of m (its publish failed), and returns it.
+func (l *Leaves) drop(m *nats.Msg) (Hash, bool) {
+	if l == nil {
+		return Hash{}, false
+	}
+	l.pmu.Lock()
+	h, ok := l.pending[m]
+	if ok {
+		delete(l.pending, m)
+	}
+	l.pmu.Unlock()
+	return h, ok
 }
 
 // known is what a checkpoint needs of one event.
@@ -55,10 +91,17 @@ func NewLeaves() *Leaves { return &Leaves{} }
 // Published records m as stored at ack's sequence of AUDIT; anything else
 // is ignored. Its signature is jetstream.MsgAckHandler's.
 func (l *Leaves) Published(_ jetstream.JetStream, m *nats.Msg, ack *jetstream.PubAck) {
-	if l == nil || !l.on.Load() || m == nil || ack == nil || ack.Duplicate || ack.Stream != subjects.StreamAudit {
+	if l == nil || m == nil {
 		return
 	}
-	k := known{leaf: LeafHash(m.Subject, m.Data), id: eventID(m.Data), tenant: tenantOf(m.Subject), at: time.Now()}
+	leaf, ok := l.drop(m)
+	if !l.on.Load() || ack == nil || ack.Duplicate || ack.Stream != subjects.StreamAudit {
+		return
+	}
+	if !ok {
+		leaf = LeafHash(m.Subject, m.Data)
+	}
+	k := known{leaf: leaf, id: eventID(m.Data), tenant: tenantOf(m.Subject), at: time.Now()}
 	l.mu.Lock()
 	if l.m == nil {
 		l.m = make(map[uint64]known, 2*DefaultEvery)

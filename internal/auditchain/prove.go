@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 )
 
 // Proof is an RFC 9162 inclusion proof of one audit event in a signed
@@ -32,6 +33,10 @@ type Proof struct {
 // ErrNotCovered is returned for an event no checkpoint covers yet.
 var ErrNotCovered = errors.New("no checkpoint covers the event yet")
 
+// ErrForeign is returned for an event its checkpoint says no audit
+// process wrote: it is in the trail, but not audit's.
+var ErrForeign = errors.New("its checkpoint says no audit process wrote the event")
+
 // Prove finds event id in the checkpoints src holds (the last one that
 // lists it) and returns its inclusion proof, checked.
 func Prove(ctx context.Context, src Source, id string, pub ed25519.PublicKey) (*Proof, error) {
@@ -39,6 +44,7 @@ func Prove(ctx context.Context, src Source, id string, pub ed25519.PublicKey) (*
 	if err != nil {
 		return nil, err
 	}
+	var foreign uint64
 	for k := len(stored) - 1; k >= 0; k-- {
 		s := stored[k]
 		if s.Err != nil {
@@ -47,6 +53,11 @@ func Prove(ctx context.Context, src Source, id string, pub ed25519.PublicKey) (*
 		cp := s.Checkpoint
 		for i, got := range cp.IDs {
 			if got != id {
+				continue
+			}
+			if slices.Contains(cp.Foreign, cp.First+uint64(i)) {
+				// A copy or a forgery under the id: prove audit's event, if any.
+				foreign = cp.First + uint64(i)
 				continue
 			}
 			leaves := make([]Hash, cp.Size())
@@ -82,6 +93,9 @@ func Prove(ctx context.Context, src Source, id string, pub ed25519.PublicKey) (*
 			return p, nil
 		}
 	}
+	if foreign != 0 {
+		return nil, fmt.Errorf("event %s at seq %d: %w", id, foreign, ErrForeign)
+	}
 	return nil, fmt.Errorf("event %s: %w", id, ErrNotCovered)
 }
 
@@ -106,5 +120,11 @@ func (p *Proof) Check(pub ed25519.PublicKey) error {
 	if p.Seq != p.Checkpoint.First+p.Index || p.TreeSize != p.Checkpoint.Size() {
 		return ErrProof
 	}
-	return VerifyInclusion(LeafHash(p.Subject, p.Data), p.Index, p.TreeSize, path, root)
+	if err := VerifyInclusion(LeafHash(p.Subject, p.Data), p.Index, p.TreeSize, path, root); err != nil {
+		return err
+	}
+	if slices.Contains(p.Checkpoint.Foreign, p.Seq) {
+		return fmt.Errorf("event %s at seq %d: %w", p.EventID, p.Seq, ErrForeign)
+	}
+	return nil
 }

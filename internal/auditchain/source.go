@@ -17,6 +17,9 @@ type Event struct {
 	Subject string
 	Data    []byte
 	Time    time.Time
+	// Header is the message's header, where the reader has it (the
+	// checkpointer's reads; HeaderEventMAC is there).
+	Header nats.Header
 	// Proof is the event's inclusion proof in its checkpoint, as an
 	// export carries it (nil from the bus).
 	Proof []Hash

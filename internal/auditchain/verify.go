@@ -38,11 +38,17 @@ const (
 	// A range whose root differs from its checkpoint's with no single
 	// event to blame.
 	KindRootMismatch = "root-mismatch"
+	// An event no audit process wrote (published by another credential,
+	// or put into the store), named by the checkpoint that covers it.
+	KindForeign = "foreign"
 	// Events after the last checkpoint: not yet covered (a note).
 	KindTail = "unchecked-tail"
 	// Checkpointed events older than AUDIT's age limit, gone as they
 	// should be (a note).
 	KindAgedOut = "aged-out"
+	// Events covered by checkpoints of version 1, which do not say
+	// whether audit wrote them (Report.Unattested).
+	KindUnattested = "unattested"
 )
 
 // Finding is one thing Verify found, located by AUDIT sequence (Seq, and
@@ -85,6 +91,12 @@ func (f Finding) String() string {
 type Report struct {
 	Findings []Finding `json:"findings"`
 	Notes    []Finding `json:"notes"`
+	// Unattested are the ranges covered by checkpoints that do not say
+	// which events audit wrote (version 1: made before audit
+	// authenticated its events, or on a bus without authentication,
+	// where every stage publishes its own): events there that no audit
+	// process wrote cannot be named. They do not fail the check.
+	Unattested []Finding `json:"unattested,omitempty"`
 	// Checkpoints verified, and the events they cover that were compared.
 	Checkpoints int `json:"checkpoints"`
 	Events      int `json:"events"`
@@ -330,6 +342,7 @@ func (v *verifier) events(ctx context.Context, src Source, c *link) error {
 		v.r.CoveredFirst = cp.First
 	}
 	v.r.CoveredLast = max(v.r.CoveredLast, cp.Last)
+	v.foreign(c)
 	root, _ := cp.root()
 	partial := v.st.Tenant != ""
 	if !partial && Root(leaves) == root {
@@ -387,6 +400,30 @@ func (v *verifier) events(ctx context.Context, src Source, c *link) error {
 			Detail: "root " + hex.EncodeToString(root[:8]) + "… does not match the events"})
 	}
 	return nil
+}
+
+// foreign names the events of c that its checkpoint says no audit process
+// wrote; of a checkpoint that does not say, it notes the range.
+func (v *verifier) foreign(c *link) {
+	cp := c.cp
+	if !cp.Attested() {
+		u := &v.r.Unattested
+		if k := len(*u) - 1; k >= 0 && (*u)[k].Last+1 == cp.First {
+			(*u)[k].Last = cp.Last
+			return
+		}
+		*u = append(*u, Finding{Kind: KindUnattested, Seq: cp.First, Last: cp.Last, Checkpoint: c.seq,
+			Detail: "checkpoints of version 1 do not say which events audit wrote"})
+		return
+	}
+	for _, seq := range cp.Foreign {
+		i := seq - cp.First
+		if !v.inWindow(seq, seq) || v.st.Tenant != "" && cp.Tenants[i] != v.st.Tenant {
+			continue
+		}
+		v.find(Finding{Kind: KindForeign, Seq: seq, EventID: cp.IDs[i], Tenant: cp.Tenants[i], Checkpoint: c.seq,
+			Detail: "no audit process wrote it"})
+	}
 }
 
 // proven checks an event's inclusion proof, when it comes with one (an

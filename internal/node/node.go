@@ -646,6 +646,16 @@ func (n *Node) NewStage(ctx context.Context, name string, c StageConfig) (stages
 			// so the checkpointer reads back only what others published.
 			cp := &auditchain.Checkpointer{JS: n.JS, Key: c.AuditChainKey, Every: c.AuditCheckpointEvery,
 				Interval: c.AuditCheckpointInterval, Log: n.Log, Leaves: n.leaves, Counted: c.AuditChainMetrics.counted}
+			if n.Signer != nil {
+				// On an authenticated bus only audit writes audit events:
+				// each carries a MAC under the chain key, which every
+				// audit process holds, so the checkpoints can name the
+				// events no audit process wrote. (SignAs made n.JS
+				// before; the runner and refusals publish through it.)
+				cp.Events = auditchain.NewEventKey(c.AuditChainKey)
+				n.JS = auditchain.Authenticating(n.JS, cp.Events, n.leaves)
+				n.refusals.Store(&jsBox{n.JS})
+			}
 			cctx, stop := context.WithCancel(ctx)
 			done := make(chan struct{})
 			go func() { defer close(done); cp.Run(cctx) }()
