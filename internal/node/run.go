@@ -500,7 +500,14 @@ func (r *run) setupAdmission(ctx context.Context) error {
 		return err
 	}
 	if r.op != nil {
-		// Recreating a deleted audit stream is the operator's.
+		// Recreating a deleted audit stream is the operator's; recording
+		// it is audit's (or goes through the relay as control's): no
+		// credential but audit's publishes audit events.
+		if an := r.nodes.stage[subjects.Audit]; an != nil {
+			r.op.AuditRecorder = an.JS
+		} else if r.nodes.control != nil {
+			r.op.AuditRecorder = r.nodes.control.JS
+		}
 		if err := r.op.GuardAudit(r.runCtx, c.AuditCheck); err != nil {
 			return err
 		}
