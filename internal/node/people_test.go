@@ -295,6 +295,40 @@ func TestBusPeopleRoles(t *testing.T) {
 			if err == nil {
 				t.Errorf("%s created a consumer on AUDIT", who)
 			}
+			// The client's tail (the console's) reads it so.
+			c := p.client(t, s, nil)
+			n := 0
+			if err := c.TailLast(ctx, "", 3, func(string, []byte) error { n++; return nil }); err != nil || n != 3 {
+				t.Errorf("%s: the last 3 events: %d read, %v", who, n, err)
+			}
+		}
+		// A live tail sees a new event: the operator's next push.
+		tctx, tcancel := context.WithTimeout(ctx, 20*time.Second)
+		defer tcancel()
+		seen := make(chan struct{})
+		go func() {
+			_ = alice.client(t, s, nil).Tail(tctx, subjects.SystemTenant, false, func(subject string, _ []byte) error {
+				if subject == pushed {
+					close(seen)
+					return errors.New("seen")
+				}
+				return nil
+			})
+		}()
+		// The tail starts at the events stored after it began: push until
+		// it sees one.
+		admin := bob.client(t, s, nil)
+		for done := false; !done; {
+			if _, err := admin.PushPolicy(ctx, modules, nil, ""); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case <-seen:
+				done = true
+			case <-time.After(time.Second):
+			case <-tctx.Done():
+				t.Fatal("the approver's live tail did not see the new event")
+			}
 		}
 	})
 }
