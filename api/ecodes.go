@@ -102,9 +102,6 @@ const (
 	// A signed request from a person whose role may not send it: an
 	// auditor's decision, an approver's policy push (busauth.MaySign).
 	ERoleNotPermitted = "E3245"
-	// A second approval by the same person of a call the two-person rule
-	// covers: it needs two different approvers.
-	ESameApprover = "E3246"
 	// The console refuses admin and operator credentials unless told to
 	// (--allow-admin): it runs with an approver's.
 	EConsoleCredentials = "E3247"

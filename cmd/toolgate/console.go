@@ -174,6 +174,6 @@ See docs/console.md.`,
 	o.tlsFlags(f, "")
 	f.StringSliceVar(&o.tenants, "tenants", nil, "tenants whose approvals the inbox lists besides those the audit trail names (--tenant counts too)")
 	f.BoolVar(&o.allowAdmin, "allow-admin", false, "run with admin or operator credentials (refused otherwise: the console is an approver's)")
-		f.StringVar(&o.by, "by", "", "who decides, for the record on a bus without authentication (default: user@host; an authenticated bus records the signing operator)")
+	f.StringVar(&o.by, "by", "", "who decides, for the record on a bus without authentication (default: user@host; an authenticated bus records the signing operator)")
 	return cmd
 }

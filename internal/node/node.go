@@ -81,7 +81,7 @@ type Node struct {
 	// recreated AUDIT through: audit's own, or a role that emits on the
 	// relay. The operator may not publish audit events.
 	AuditRecorder jetstream.JetStream
-		// DevToken is the development token minted by Run with Examples.
+	// DevToken is the development token minted by Run with Examples.
 	DevToken string
 	// DevInboxPrefix is the inbox prefix an agent connected with DevToken
 	// must use (busauth.InboxPrefix).
