@@ -4,6 +4,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/toolgate/toolgate/internal/busauth"
 )
@@ -56,5 +57,53 @@ func TestCredsIssuePeopleAndConsole(t *testing.T) {
 	}
 	if err := consoleCredentials(signer, true); err == nil {
 		t.Error("the console took the control service's credentials")
+	}
+}
+
+// TestCredsApproverApproves: a named approver lists, shows and approves a
+// parked call from the command line, recorded as approver:<name>; an
+// auditor's approve is refused (E3221 by the bus) and so is an approver's
+// policy push.
+func TestCredsApproverApproves(t *testing.T) {
+	cleanEnv(t)
+	s := startToolgate(t)
+	registerConsoleTool(t, s) // needs.human: every call waits for a person
+	issue := func(role, name string) string {
+		out := filepath.Join(t.TempDir(), name+".creds")
+		if r := tg(t, "", "--data", s.data, "creds", "issue", "--role", role, "--name", name, "--out", out); r.code != exitOK {
+			t.Fatalf("creds issue: exit %d\n%s", r.code, r.stderr)
+		}
+		return out
+	}
+	alice, carol := issue("approver", "alice"), issue("auditor", "carol")
+	id := "people-cli-1"
+	finished := parkCall(t, s, id)
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		r := tg(t, "", s.flags("approvals", "list", "--tenant", "demo", "--creds", alice)...)
+		if strings.Contains(r.stdout, id) {
+			break
+		}
+		if time.Now().After(deadline) {
+			op := tg(t, "", s.flags("approvals", "list", "--tenant", "demo")...)
+			select {
+			case code := <-finished:
+				t.Logf("the call ended: %d", code)
+			default:
+			}
+			t.Fatalf("the parked call is not in alice's list: exit %d\n%s%s\noperator's: %s%s", r.code, r.stdout, r.stderr, op.stdout, op.stderr)
+		}
+	}
+	if r := tg(t, "", s.flags("approve", id, "--tenant", "demo", "--creds", carol)...); r.code != exitNotPermitted {
+		t.Fatalf("the auditor's approve: exit %d, want %d\n%s%s", r.code, exitNotPermitted, r.stdout, r.stderr)
+	}
+	if r := tg(t, "", s.flags("policy", "show", "--creds", alice)...); r.code != exitNotPermitted {
+		t.Fatalf("the approver's policy show: exit %d, want %d\n%s%s", r.code, exitNotPermitted, r.stdout, r.stderr)
+	}
+	r := tg(t, "", s.flags("approve", id, "--tenant", "demo", "--creds", alice, "--json")...)
+	if r.code != exitOK || !strings.Contains(r.stdout, `"decided_by": "approver:alice"`) && !strings.Contains(r.stdout, `"decided_by":"approver:alice"`) {
+		t.Fatalf("alice's approve: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if code := <-finished; code != exitOK {
+		t.Fatalf("the approved call ended with exit %d", code)
 	}
 }
