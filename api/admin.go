@@ -164,4 +164,13 @@ type AdminChange struct {
 	Reason   string         `json:"reason,omitempty"`
 	Details  map[string]any `json:"details,omitempty"`
 	At       time.Time      `json:"at"`
+	// BreakGlass marks a change signed with the operator credential, not
+	// a named person's (docs/security.md, people's roles).
+	BreakGlass bool `json:"break_glass,omitempty"`
 }
+
+// TypeAdminRefused: the control service refused a signed request, on
+// audit._system.admin.refused: its signature did not verify, or its
+// signer's role may not send it (AdminChange: action is the endpoint,
+// by the signer when known, reason why, details.code the E-code).
+const TypeAdminRefused = "ai.agent.admin.refused"

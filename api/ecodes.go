@@ -99,6 +99,12 @@ const (
 	EHopUnsealed       = "E3218" // execute got a hop without a valid seal of authorize's decision
 	EAdminUnverified   = "E3219" // an administrative request not signed by operator credentials
 	EApprovalMismatch  = "E3220" // an approval names a request other than the one parked
+	// A signed request from a person whose role may not send it: an
+	// auditor's decision, an approver's policy push (busauth.MaySign).
+	ERoleNotPermitted = "E3245"
+	// The console refuses admin and operator credentials unless told to
+	// (--allow-admin): it runs with an approver's.
+	EConsoleCredentials = "E3247"
 	// The bus refused to carry a request: the connection's credentials may
 	// not publish to its subject (details.subject).
 	EBusNotPermitted = "E3221"

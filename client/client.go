@@ -347,6 +347,10 @@ func (c *Operator) TailSeq(ctx context.Context, tenant string, all bool, fn func
 	jsCtx, done := c.refusals.track(ctx, "$JS.API.>")
 	cons, err := c.js.OrderedConsumer(jsCtx, subjects.StreamAudit, cfg)
 	done()
+	if err != nil && consumerRefused(jsCtx) {
+		// A person's credentials: read by direct gets instead.
+		return c.tailDirect(ctx, filter, all, fn)
+	}
 	if err != nil {
 		return refusedOr(jsCtx, fmt.Errorf("reading audit: %w", err))
 	}

@@ -44,7 +44,9 @@ func startConsole(t *testing.T, s server) consoleRun {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan int, 1)
 	go func() {
-		done <- run(ctx, s.flags("console", "--listen", "127.0.0.1:0", "--tenants", "demo"), strings.NewReader(""), &out, &errb)
+		// The operator's credentials, which the overview's budgets and
+		// breakers need: allowed explicitly.
+		done <- run(ctx, s.flags("console", "--allow-admin", "--listen", "127.0.0.1:0", "--tenants", "demo"), strings.NewReader(""), &out, &errb)
 	}()
 	t.Cleanup(func() {
 		cancel()
@@ -292,8 +294,8 @@ func TestConsoleListen(t *testing.T) {
 	}
 }
 
-// TestServeConsole: serve --console serves the console as the local
-// operator once the pipeline is up; a non-loopback --console needs TLS.
+// TestServeConsole: serve --console serves the console as approver:local
+// once the pipeline is up; a non-loopback --console needs TLS.
 func TestServeConsole(t *testing.T) {
 	cleanEnv(t)
 	if r := tg(t, "", "serve", "--console", "0.0.0.0:8080", "--data", t.TempDir()); r.code != exitUsage || !strings.Contains(r.stderr, "--console-tls-cert") {

@@ -17,7 +17,7 @@ import (
 func (a *app) credsCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "creds",
-		Short: "Issue named bus credentials (operator, control, a stage) from the deployment's keys",
+		Short: "Issue named bus credentials (approver, auditor, admin, operator, control, a stage) from the deployment's keys",
 		Args:  subcommand,
 	}
 	cmd.AddCommand(a.credsIssueCmd(), a.credsTenantsCmd(), a.credsContextCmd(), a.credsRotateCmd())
@@ -81,23 +81,31 @@ func (a *app) credsIssueCmd() *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "issue",
-		Short: "Write a .creds file (and its .jwt and .nk halves) for a named operator, control service or stage",
-		Long: `Write a .creds file (and its .jwt and .nk halves) for a named operator, control
-service or stage (validate, authorize, route, execute, verify, audit), signed with the credential signer in <data>/busauth (the
-deployment's keys: run it where serve wrote them). Nothing is sent to the
-bus: it is admitted because its signer is the deployment's.
-An approval decided with it records operator:<name>. Roles and the rights
-each command needs: docs/security.md.`,
-		Example: `  toolgate creds issue --name alice --role operator --ttl 720h --out alice.creds
+		Short: "Write a .creds file (and its .jwt and .nk halves) for a named person, operator, control service or stage",
+		Long: `Write a .creds file (and its .jwt and .nk halves) for a named person (approver:
+decides approvals and reads the trail; auditor: reads the trail; admin:
+policy, tools, models, hooks, sources, re-drive, shadow, breakers,
+revocations), the operator (bootstrap and break-glass), the control service
+or a stage (validate, authorize, route, execute, verify, audit), signed with
+the credential signer in <data>/busauth (the deployment's keys: run it where
+serve wrote them). Nothing is sent to the bus: it is admitted because its
+signer is the deployment's. An approval decided with it records
+<role>:<name>, e.g. approver:alice. Roles and the rights each command
+needs: docs/security.md.`,
+		Example: `  toolgate creds issue --role approver --name alice --ttl 720h --out alice.creds
+  toolgate creds issue --role admin --name bob --ttl 24h
   export NATS_NKEY=alice.nk NATS_TOKEN="$(cat alice.jwt)"`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			r := busauth.Role(role)
 			if !r.Issued() {
-				return usageErr("creds issue: --role must be operator, control or a stage (%s), not %q", stageRoleNames(), role)
+				return usageErr("creds issue: --role must be approver, auditor, admin, operator, control or a stage (%s), not %q", stageRoleNames(), role)
 			}
 			if name == "" || strings.ContainsAny(name, ": \t\r\n") {
 				return usageErr("creds issue: --name must be a name without spaces or colons, got %q", name)
+			}
+			if r.Person() && strings.ContainsAny(name, ".*>") {
+				return usageErr("creds issue: a person's --name is one subject token (no '.', '*' or '>'), got %q", name)
 			}
 			if out == "" {
 				out = name + ".creds"
@@ -138,7 +146,7 @@ each command needs: docs/security.md.`,
 		},
 	}
 	cmd.Flags().StringVar(&name, "name", "", "who the credentials are for (recorded as <role>:<name>, e.g. on approvals)")
-	cmd.Flags().StringVar(&role, "role", "operator", "operator, control or a stage: "+stageRoleNames())
+	cmd.Flags().StringVar(&role, "role", "operator", "approver, auditor, admin (people), operator (break-glass), control or a stage: "+stageRoleNames())
 	cmd.Flags().StringVar(&out, "out", "", "credentials file to write (default <name>.creds; <name>.jwt and <name>.nk beside it)")
 	cmd.Flags().DurationVar(&ttl, "ttl", 0, "lifetime (0: never expires)")
 	cmd.Flags().BoolVar(&force, "force", false, "replace existing files")

@@ -80,7 +80,8 @@ func (a *app) serveCmd() *cobra.Command {
 	cmd.Flags().BoolVar(&c.Examples, "examples", false, "register the example tools at start (and, without --jwks, write a development token)")
 	cmd.Flags().StringVar(&c.OperatorCreds, "operator-creds", "", "with --nats, operator credentials to set up the topology with at start (default <data>/busauth/operator.creds when there; without them the stages wait for `toolgate setup`)")
 	var con consoleOptions
-	cmd.Flags().StringVar(&con.listen, "console", "", "also serve the web console on this address, as the local operator (see toolgate console; a non-loopback one needs --console-tls-cert and --console-tls-key)")
+	cmd.Flags().StringVar(&con.listen, "console", "", "also serve the web console on this address, as approver:local (see toolgate console; a non-loopback one needs --console-tls-cert and --console-tls-key)")
+	cmd.Flags().BoolVar(&con.allowAdmin, "console-allow-admin", false, "let the console run with admin or operator credentials named by the connection flags")
 	con.tlsFlags(cmd.Flags(), "console-")
 	syncMode := cmd.Flags().String("sync", "always", "when the embedded server fsyncs its store: always (before acknowledging each write; survives a power cut), interval (every 2 minutes, nats-server's default) or an interval such as 10s; acknowledged writes not yet fsynced are lost if the machine loses power")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -27,6 +28,9 @@ type Decided struct {
 	Decision  string `json:"decision"`
 	DecidedBy string `json:"decided_by"`
 	Reason    string `json:"reason,omitempty"`
+	// BreakGlass marks a decision signed with the operator credential
+	// (operator:<name>) rather than a named approver's.
+	BreakGlass bool `json:"break_glass,omitempty"`
 }
 
 // Store holds approval records (*kvstore.Store). Decide moves a pending
@@ -110,6 +114,7 @@ func (s *Service) apply(ctx context.Context, a kvstore.Approval) error {
 	}
 	ev, err := stages.AuditEvent(subjects.Authorize, &inv, typ, Decided{
 		AuditRecord: inv.Audit(), Decision: a.State, DecidedBy: a.DecidedBy, Reason: a.Reason,
+		BreakGlass: a.Proof != nil && strings.HasPrefix(a.DecidedBy, "operator:"),
 	})
 	if err != nil {
 		return err

@@ -180,14 +180,20 @@ func roleOf(uc *jwt.UserClaims) Role {
 
 // IssueCredentials returns a .creds file (user JWT and nkey seed, the
 // format of jwt.FormatUserConfig, which `nats --creds` and
-// nats.UserCredentials read) for a worker or operator called name. ttl 0
-// never expires.
+// nats.UserCredentials read) for a worker, an operator or a person (an
+// approver, auditor or admin) called name. ttl 0 never expires.
 func (k *Keys) IssueCredentials(role Role, name string, ttl time.Duration) ([]byte, error) {
 	if !role.Issued() {
-		return nil, fmt.Errorf("%w: credentials are for workers, the control service and operators, not %q", ErrBadIdentity, role)
+		return nil, fmt.Errorf("%w: credentials are for workers, the control service, operators and people, not %q", ErrBadIdentity, role)
 	}
 	if name == "" || strings.ContainsAny(name, ": \t\r\n") {
 		return nil, fmt.Errorf("%w: credential name %q", ErrBadIdentity, name)
+	}
+	if role.Person() {
+		// A person's name is a token of its inbox prefix (PersonInbox).
+		if err := checkToken("name", name); err != nil {
+			return nil, err
+		}
 	}
 	ukp, err := nkeys.CreateUser()
 	if err != nil {
@@ -374,7 +380,10 @@ func CredentialsOption(path string) nats.Option {
 		o.Token = tok
 		// Each role may read replies only below its own inbox prefix.
 		if uc, err := jwt.DecodeUserClaims(tok); err == nil {
-			if r := roleOf(uc); r.Issued() && r != RoleOperator {
+			switch r := roleOf(uc); {
+			case r.Person():
+				o.InboxPrefix = PersonInbox(r, uc.Name)
+			case r.Issued() && r != RoleOperator:
 				o.InboxPrefix = RoleInbox(r)
 			}
 		}

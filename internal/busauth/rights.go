@@ -200,7 +200,15 @@ var Rights = map[Role]RoleRights{
 			emits(RoleControl, subjects.AuditTenant(subjects.SystemTenant), "ai.agent.admin.>", api.TypeStateRefused),
 			// The bus's refusals, which the control connection records.
 			{Subject: subjects.AuditTenant(subjects.SystemTenant), Types: []string{api.TypeBusRefused},
-				Sources: []string{"urn:toolgate:busauth"}}},
+				Sources: []string{"urn:toolgate:busauth"}},
+			// What an operator's connection, which may not publish audit
+			// events, records through control's when no audit stage runs
+			// beside it: a recreated AUDIT, and the state its readers
+			// (each under its stage's source) ignored.
+			{Subject: subjects.AuditTenant(subjects.SystemTenant), Types: []string{api.TypeAuditRecreated},
+				Sources: []string{"urn:toolgate:node"}},
+			{Subject: subjects.AuditTenant(subjects.SystemTenant), Types: []string{api.TypeStateRefused},
+				Sources: []string{source(RoleAuthorize), source(RoleRoute), source(RoleExecute), source(RoleAudit)}}},
 		Writes: []string{subjects.BucketTools, subjects.BucketApprovals, subjects.BucketInvocations, subjects.BucketCapabilities,
 			subjects.BucketPolicies, subjects.BucketHooks, subjects.BucketRevocations, subjects.BucketBreakers, subjects.BucketModels,
 			subjects.BucketDocSources, subjects.BucketCheckpoints},

@@ -59,13 +59,22 @@ const (
 	RoleAudit     Role = "audit"
 	RoleControl   Role = "control"
 	RoleOperator  Role = "operator"
+	// The people's roles (PeopleRights): each credential is one named
+	// person's own, issued with `toolgate creds issue --role R --name N`.
+	RoleApprover Role = "approver"
+	RoleAuditor  Role = "auditor"
+	RoleAdmin    Role = "admin"
 )
+
+// PeopleRoles are the roles of people, whose credentials name a person.
+var PeopleRoles = []Role{RoleApprover, RoleAuditor, RoleAdmin}
 
 // StageRoles are the roles of the six stages, in pipeline order; a stage's
 // role has the stage's name.
 var StageRoles = []Role{RoleValidate, RoleAuthorize, RoleRoute, RoleExecute, RoleVerify, RoleAudit}
 
-// IssuedRoles are the roles toolgate issues credentials for.
+// IssuedRoles are the roles serve writes local credentials for; people's
+// roles (PeopleRoles) are issued to named persons only.
 var IssuedRoles = append(append([]Role{}, StageRoles...), RoleControl, RoleOperator)
 
 // StageRole is the role of the named stage.
@@ -75,7 +84,10 @@ func StageRole(stage string) (Role, bool) {
 }
 
 // Issued reports whether r is a role credentials are issued for.
-func (r Role) Issued() bool { return slices.Contains(IssuedRoles, r) }
+func (r Role) Issued() bool { return slices.Contains(IssuedRoles, r) || r.Person() }
+
+// Person reports whether r is a person's role.
+func (r Role) Person() bool { return slices.Contains(PeopleRoles, r) }
 
 // Stage reports whether r is a stage's role.
 func (r Role) Stage() bool { return slices.Contains(StageRoles, r) }
@@ -186,6 +198,13 @@ func GrantFor(id Identity) (Grant, error) {
 	case RoleOperator:
 		return Grant{Account: AccountToolgate, Permissions: operatorPermissions()}, nil
 	}
+	if r, ok := PeopleRights[id.Role]; ok {
+		// The name is part of the person's inbox prefix.
+		if err := checkToken("name", id.Name); err != nil {
+			return Grant{}, err
+		}
+		return Grant{Account: AccountToolgate, Permissions: r.permissions(id.Role, id.Name)}, nil
+	}
 	if r, ok := Rights[id.Role]; ok {
 		return Grant{Account: AccountToolgate, Permissions: r.permissions(id.Role)}, nil
 	}
@@ -222,10 +241,17 @@ func directGetResult(tenant string) string {
 	return "$JS.API.DIRECT.GET." + subjects.StreamResults + "." + resultsOf(tenant)
 }
 
-// operatorPermissions: everything inside account TOOLGATE.
+// operatorPermissions: everything inside account TOOLGATE but writing the
+// trail: only audit publishes audit events and results (TrailSubjects).
 func operatorPermissions() jwt.Permissions {
 	var p jwt.Permissions
 	p.Pub.Allow.Add(">")
+	p.Pub.Deny.Add(TrailSubjects...)
 	p.Sub.Allow.Add(">")
 	return p
 }
+
+// TrailSubjects are the subjects only the audit role may publish on: the
+// audit events and the results. Every other credential, the operator's
+// included, is denied them by the server.
+var TrailSubjects = []string{subjects.AuditAll, subjects.ResultAll}

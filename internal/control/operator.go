@@ -1,7 +1,6 @@
 package control
 
 import (
-	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -14,7 +13,6 @@ import (
 
 	"github.com/cloudevents/sdk-go/v2/event"
 	"github.com/google/uuid"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/breaker"
@@ -81,20 +79,12 @@ func (h *handlers) adminEndpoints() map[string]micro.HandlerFunc {
 
 // operator names who sends an administrative request: the identity that
 // signed it when the service identifies callers (an authenticated bus),
-// else the body's by. A request whose signature does not verify as an
-// operator's is refused with E3219 and ok is false. Reads are signed too:
-// the policy and hooks hold what operators alone should see.
+// else the body's by. A request whose signature does not verify is refused
+// with E3219, one signed by a role that may not send it (an approver's,
+// an auditor's) with E3245, and ok is false (signedBy). Reads are signed
+// too: the policy and hooks hold what admins alone should see.
 func (h *handlers) operator(req micro.Request, by string) (who string, ok bool) {
-	if h.identify == nil {
-		return cmp.Or(by, "unauthenticated"), true
-	}
-	who, err := h.identify(req.Subject(), nats.Header(req.Headers()), req.Data())
-	if err != nil {
-		respondError(req, api.WrapError(err, api.PermissionDenied, api.EAdminUnverified,
-			"an administrative request must be signed with operator credentials: %v", err))
-		return "", false
-	}
-	return who, true
+	return h.signedBy(req, by, api.EAdminUnverified, "an administrative request")
 }
 
 // proof is the signed request a stored record keeps so that its readers
@@ -122,6 +112,9 @@ func (h *handlers) decodeAdmin(req micro.Request, v any, by func() string, expec
 // auditAdmin appends an ai.agent.admin.* event of c under tenant _system.
 func (h *handlers) auditAdmin(ctx context.Context, typ string, c api.AdminChange) error {
 	c.At = time.Now().UTC()
+	// A change the operator credential signed is break-glass: named people
+	// (admin:<name>) make the everyday ones.
+	c.BreakGlass = h.identify != nil && breakGlass(c.By)
 	e := event.New()
 	e.SetID(uuid.NewString())
 	e.SetSource("urn:toolgate:control")

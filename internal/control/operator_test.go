@@ -155,8 +155,8 @@ func adminHandlers(f *fakeAdmin, id Identify, audited *[]stages.Output) *handler
 }
 
 // TestAdminEndpoints: with an identifying service, every administrative
-// endpoint refuses a request the identity check refuses (E3219) and changes
-// nothing; one it accepts records the identity, never the body's by, and
+// endpoint refuses a request the identity check refuses (E3219), changes
+// nothing and audits the refusal; one it accepts records the identity, never the body's by, and
 // each change is audited once.
 func TestAdminEndpoints(t *testing.T) {
 	// The re-drive and shadow endpoints, administrative too, have tests
@@ -178,8 +178,10 @@ func TestAdminEndpoints(t *testing.T) {
 			h := adminHandlers(f, refuse, &audited)
 			req := &subjectRequest{fakeRequest{data: []byte(adminRequests[subject])}, subject}
 			h.adminEndpoints()[subject](req)
-			if got := req.ecode(t); got != api.EAdminUnverified || f.writes != 0 || len(audited) != 0 {
-				t.Fatalf("refused identity: E-code %q, %d writes, %d audit events; want E3219 and nothing", got, f.writes, len(audited))
+			// The refusal itself is audited (admin.refused); nothing else.
+			if got := req.ecode(t); got != api.EAdminUnverified || f.writes != 0 || len(audited) != 1 ||
+				audited[0].Subject != subjects.AuditEvent(subjects.SystemTenant, "admin.refused") {
+				t.Fatalf("refused identity: E-code %q, %d writes, %d audit events; want E3219, no write and the refusal audited", got, f.writes, len(audited))
 			}
 			f = &fakeAdmin{}
 			audited = nil

@@ -125,8 +125,12 @@ func (n *Node) ensureAudit(ctx context.Context, noticed string, kick <-chan stri
 	m := &nats.Msg{Subject: o.Subject, Header: o.Header, Data: o.Data}
 	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer rcancel()
+	js := n.JS
+	if n.AuditRecorder != nil {
+		js = n.AuditRecorder
+	}
 	for attempt := 1; ; attempt++ {
-		_, err = n.JS.PublishMsg(rctx, m, jetstream.WithMsgID(o.MsgID))
+		_, err = js.PublishMsg(rctx, m, jetstream.WithMsgID(o.MsgID))
 		if err == nil {
 			return nil
 		}

@@ -267,9 +267,10 @@ func (a *refusalAuditor) Refused(_ context.Context, r busauth.Refusal) {
 	}
 }
 
-// decidersFrom verifies approval decisions and administrative requests: signed with operator
-// credentials issued by the same signer as this process's own (credsPath).
-// The decider recorded is the credentials' user name, "operator:<name>".
+// decidersFrom verifies approval decisions and administrative requests: signed with a
+// person's or the operator's credentials issued by the same signer as this process's own
+// (credsPath). The decider recorded is the credentials' user name, "approver:<name>",
+// "admin:<name>" ("operator:<name>" for break-glass).
 func decidersFrom(credsPath string) (control.Identify, error) {
 	signer, err := busauth.CredSignerOf(credsPath)
 	if err != nil {
@@ -281,7 +282,10 @@ func decidersFrom(credsPath string) (control.Identify, error) {
 		if err != nil {
 			return "", err
 		}
-		if id.Role != busauth.RoleOperator {
+		// People sign; which role may sign which request the control
+		// service checks per endpoint (busauth.MaySign). Workers' and
+		// control's credentials sign nothing a person does.
+		if id.Role != busauth.RoleOperator && !id.Role.Person() {
 			return "", fmt.Errorf("%w: %s credentials may not decide approvals or make administrative changes", busauth.ErrUnsigned, id.Role)
 		}
 		return id.UserName(), nil
@@ -294,8 +298,9 @@ func StateProofs(credsPath string) (signedstate.Verify, error) { return statePro
 
 // stateProofs verifies, for the readers of signed state
 // (internal/signedstate), a stored signed request as of the time it was
-// signed: by operator credentials of the deployment whose credential
-// signer issued credsPath.
+// signed: by credentials of the deployment whose credential signer issued
+// credsPath, of a role that may send the stored request (an admin's, or the
+// operator's).
 func stateProofs(credsPath string) (signedstate.Verify, error) {
 	signer, err := busauth.CredSignerOf(credsPath)
 	if err != nil {
@@ -312,8 +317,10 @@ func stateProofs(credsPath string) (signedstate.Verify, error) {
 		if err != nil {
 			return "", err
 		}
-		if id.Role != busauth.RoleOperator {
-			return "", fmt.Errorf("signed by %s, not an operator", id.UserName())
+		// The stored request is an administrative one: an admin's, or the
+		// operator's (break-glass).
+		if !busauth.MaySign(id.Role, p.Subject) {
+			return "", fmt.Errorf("signed by %s, whose role may not send %s", id.UserName(), p.Subject)
 		}
 		return id.UserName(), nil
 	}, nil
@@ -321,9 +328,10 @@ func stateProofs(credsPath string) (signedstate.Verify, error) {
 
 // approvalProofs verifies, for authorize, that an approved call's approval
 // record holds the signed decision the control service accepted: signed,
-// within two minutes of the recorded decision, by operator credentials of
-// the deployment whose credential signer issued credsPath, by the operator
-// recorded as the decider, approving exactly this invocation.
+// within two minutes of the recorded decision, by an approver's (or the
+// operator's) credentials of the deployment whose credential signer issued
+// credsPath, by the person recorded as the decider, approving exactly this
+// invocation.
 func approvalProofs(credsPath string) (func(kvstore.Approval, string) error, error) {
 	signer, err := busauth.CredSignerOf(credsPath)
 	if err != nil {
@@ -342,7 +350,7 @@ func approvalProofs(credsPath string) (func(kvstore.Approval, string) error, err
 		if err != nil {
 			return err
 		}
-		if id.Role != busauth.RoleOperator || id.UserName() != a.DecidedBy {
+		if !busauth.MaySign(id.Role, subjects.SvcApproval) || id.UserName() != a.DecidedBy {
 			return fmt.Errorf("signed by %s, recorded as decided by %s", id.UserName(), a.DecidedBy)
 		}
 		var d api.ApprovalDecision

@@ -81,6 +81,10 @@ type Node struct {
 	// leaves are the audit events this connection published, by sequence,
 	// for the audit chain's checkpointer: it reads back only the others.
 	leaves *auditchain.Leaves
+	// AuditRecorder, when set, is the JetStream GuardAudit records a
+	// recreated AUDIT through: audit's own, or a role that emits on the
+	// relay. The operator may not publish audit events.
+	AuditRecorder jetstream.JetStream
 	// DevToken is the development token minted by Run with Examples.
 	DevToken string
 	// DevInboxPrefix is the inbox prefix an agent connected with DevToken

@@ -465,7 +465,30 @@ func (r *run) openConnections(ctx context.Context) (closeAll func(), err error) 
 		closeAll()
 		return nil, err
 	}
+	r.operatorRecords()
 	return closeAll, nil
+}
+
+// operatorRecords has the operator's connection, which may not publish
+// audit events, record what it must through another role: a recreated
+// AUDIT and the state its readers ignored go through the audit stage's
+// connection, or the relay as the control service's.
+func (r *run) operatorRecords() {
+	op := r.op
+	if op == nil || !r.authenticated {
+		return
+	}
+	var rec *Node
+	if an := r.nodes.stage[subjects.Audit]; an != nil {
+		rec = an
+	} else if r.nodes.control != nil {
+		rec = r.nodes.control
+	}
+	if rec == nil || rec == op {
+		return
+	}
+	op.AuditRecorder = rec.JS
+	op.refusals.Store(&jsBox{rec.JS})
 }
 
 // registerExamples registers the example tools, with Examples, and waits
@@ -524,7 +547,8 @@ func (r *run) setupAdmission(ctx context.Context) error {
 		return err
 	}
 	if r.op != nil {
-		// Recreating a deleted audit stream is the operator's.
+		// Recreating a deleted audit stream is the operator's; recording
+		// it is another role's (operatorRecords).
 		if err := r.op.GuardAudit(r.runCtx, c.AuditCheck); err != nil {
 			return err
 		}
