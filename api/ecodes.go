@@ -115,6 +115,10 @@ const (
 	// A record another role stored for this one to trust (a hook's
 	// decision) does not carry its maker's signature.
 	ERecordUnsigned = "E3225"
+	// The call asked about (its status, approval, checkpoint) is another
+	// agent's: an agent sees only its own calls unless its token is a
+	// tenant reader's (docs/security.md).
+	ENotOwnCall = "E3260"
 )
 
 // Resilience codes.
