@@ -240,7 +240,7 @@ func agentPermissions(id Identity) jwt.Permissions {
 	}
 	results := subjects.ResultAgent(tenant, id.Name)
 	if id.TenantReader {
-		results = subjects.ResultTenant(tenant)
+		results = resultsOf(tenant)
 		p.Sub.Allow.Add(subjects.AuditTenant(tenant))
 	}
 	// A late reader fetches a result by its subject (last message on it).

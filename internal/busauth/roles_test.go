@@ -104,6 +104,7 @@ func TestGrantFor(t *testing.T) {
 			{true, "$JS.API.DIRECT.GET.TOOLGATE_RESULTS.tool.result.demo.did=3Aagent=3Aa.x", true},
 			{true, "$JS.API.DIRECT.GET.TOOLGATE_RESULTS.tool.result.other.did=3Aagent=3Aa.x", false},
 			{false, "tool.result.demo.*.*", true},
+			{false, "tool.result.demo.>", true},
 			{false, "tool.result.demo.did=3Aagent=3Aa.abc", true},
 			{false, "audit.demo.>", true},
 			{false, "tool.result.other.>", false},
