@@ -244,6 +244,9 @@ func (a *app) tokenInspectCmd() *cobra.Command {
 					{"tools", strings.Join(patterns(c.ToolID), ",")}, {"operations", strings.Join(c.AllowedOperations, ",")},
 				}
 				rows = append(rows, grantRows(c)...)
+				if c.TenantReader {
+					rows = append(rows, []string{"sees", "every call of the tenant (tenant_reader)"})
+				}
 				if c.ExpiresAt != nil {
 					rows = append(rows, []string{"expires", c.ExpiresAt.UTC().Format(time.RFC3339)})
 				}
