@@ -276,8 +276,10 @@ func testBusRoles(t *testing.T, b *bus) {
 			{false, "$JS.API.STREAM.PURGE.KV_toolgate_revocations", false},
 			{false, "$KV.toolgate_revocations.tok", false},
 			{false, "$JS.API.CONSUMER.CREATE.AUDIT", false},
-			{true, "tool.result.demo.>", true},
-			{true, "audit.demo.>", true},
+			{true, subjects.ResultAgent("demo", "did:example:agent"), true},
+			{true, subjects.ResultAgent("demo", "did:example:other"), false},
+			{true, "tool.result.demo.>", false}, // a tenant reader's
+			{true, "audit.demo.>", false},       // a tenant reader's
 			{true, "tool.result.other.>", false},
 			{true, "audit.other.>", false},
 			{true, "audit.>", false},
