@@ -445,23 +445,29 @@ func (c *Agent) TailLive(ctx context.Context, tenant string, fn func(subject str
 	if err := checkTenant(tenant); err != nil {
 		return err
 	}
-	filter := subjects.AuditTenant(tenant)
+	filter, start := subjects.AuditTenant(tenant), time.Now()
 	sub, err := c.nc.SubscribeSync(filter)
 	if err != nil {
 		return fmt.Errorf("reading audit: %w", err)
 	}
 	defer func() { _ = sub.Unsubscribe() }()
-	if err := c.nc.FlushWithContext(ctx); err != nil {
+	// The server's answer to the subscription (a refusal) comes before the
+	// flush's.
+	if err := c.nc.FlushTimeout(DefaultTimeout); err != nil {
 		return fmt.Errorf("reading audit: %w", err)
 	}
 	if err := c.nc.LastError(); errors.Is(err, nats.ErrPermissionViolation) && strings.Contains(err.Error(), filter) {
-		return c.tailHistory(ctx, tenant, fn)
+		return c.tailHistory(ctx, tenant, start, fn)
 	}
 	for {
 		msg, err := sub.NextMsgWithContext(ctx)
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
+			}
+			// The refusal may come only once the subscription is read.
+			if errors.Is(err, nats.ErrPermissionViolation) {
+				return c.tailHistory(ctx, tenant, start, fn)
 			}
 			return err
 		}
@@ -472,10 +478,9 @@ func (c *Agent) TailLive(ctx context.Context, tenant string, fn func(subject str
 }
 
 // tailHistory is TailLive through the tenant's audit.history endpoint:
-// the events stored from now on, asked for again every tailPoll.
-func (c *Agent) tailHistory(ctx context.Context, tenant string, fn func(subject string, data []byte) error) error {
-	now := time.Now()
-	r := api.AuditHistoryRequest{Since: &now, PageSize: 200}
+// the events stored from since on, asked for again every tailPoll.
+func (c *Agent) tailHistory(ctx context.Context, tenant string, since time.Time, fn func(subject string, data []byte) error) error {
+	r := api.AuditHistoryRequest{Since: &since, PageSize: 200}
 	for {
 		page, err := c.AuditHistory(ctx, tenant, r)
 		if err != nil {
