@@ -419,7 +419,9 @@ func targetWithTokens(nc *nats.Conn, toks []string, budgets bool) (*target, func
 		name += ", budgets"
 	}
 	t := &target{name: name}
-	sub, err := nc.Subscribe(subjects.ResultTenant(benchTenant), func(m *nats.Msg) {
+	// Every session's token is the bench agent's: an agent reads its own
+	// results only.
+	sub, err := nc.Subscribe(subjects.ResultAgent(benchTenant, benchAgent), func(m *nats.Msg) {
 		resp, err := client.DecodeResult(m.Data)
 		if err == nil && resp.Status == api.StatusSuccess {
 			t.mark(resp.InvocationID)
