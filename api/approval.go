@@ -36,6 +36,22 @@ type Approval struct {
 	// approved call, so a record written straight into the bucket approves
 	// nothing.
 	Proof *DecisionProof `json:"proof,omitempty"`
+	// Required is how many different people must approve (the tool's
+	// safety.approvers) when more than one; authorize takes it from the
+	// manifest, not from here.
+	Required int `json:"approvals_required,omitempty"`
+	// Approvals are the approvals recorded under the two-person rule, each
+	// with its own signed decision: the call stays pending until Required
+	// different people approved, and the last is also DecidedBy/Proof.
+	Approvals []Approver `json:"approvals,omitempty"`
+}
+
+// Approver is one person's approval of a call that needs several.
+type Approver struct {
+	DecidedBy string         `json:"decided_by"`
+	DecidedAt time.Time      `json:"decided_at"`
+	Reason    string         `json:"reason,omitempty"`
+	Proof     *DecisionProof `json:"proof,omitempty"`
 }
 
 // DecisionProof is a signed decision request as the control service
@@ -90,6 +106,10 @@ type ApprovalSummary struct {
 	DecidedAt     time.Time `json:"decided_at,omitzero"`
 	DecidedBy     string    `json:"decided_by,omitempty"`
 	Reason        string    `json:"reason,omitempty"`
+	// Required and Approvers: under the two-person rule, how many
+	// different people must approve and who has.
+	Required  int      `json:"approvals_required,omitempty"`
+	Approvers []string `json:"approvers,omitempty"`
 }
 
 // ApprovalsResponse lists approvals.

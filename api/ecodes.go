@@ -105,6 +105,12 @@ const (
 	// The console refuses admin and operator credentials unless told to
 	// (--allow-admin): it runs with an approver's.
 	EConsoleCredentials = "E3247"
+	// Two-person rule (a tool's safety.approvers): an approval by a person
+	// who approved the call already; the call stays parked.
+	EApprovalSamePerson = "E3248"
+	// An approved call whose record lacks the verified approvals of as many
+	// different people as its tool requires.
+	EApprovalsShort = "E3249"
 	// The bus refused to carry a request: the connection's credentials may
 	// not publish to its subject (details.subject).
 	EBusNotPermitted = "E3221"

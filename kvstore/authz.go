@@ -306,7 +306,23 @@ func (s *Store) Decide(ctx context.Context, tenant, id, state, by, reason string
 				return err
 			}
 		}
-		a.State, a.DecidedBy, a.Reason, a.DecidedAt = state, by, reason, time.Now().UTC()
+		now := time.Now().UTC()
+		if state == ApprovalApproved && a.Required > 1 {
+			// Two-person rule: each approval is kept with its own signed
+			// decision, and one person counts once.
+			for _, v := range a.Approvals {
+				if v.DecidedBy == by {
+					return api.NewError(api.StateConflict, api.EApprovalSamePerson,
+						"%s approved invocation %s already: it needs the approvals of %d different people",
+						by, id, a.Required).WithDetail("approvals", len(a.Approvals)).WithDetail("approvals_required", a.Required)
+				}
+			}
+			a.Approvals = append(a.Approvals, api.Approver{DecidedBy: by, DecidedAt: now, Reason: reason, Proof: proof})
+			if len(a.Approvals) < a.Required {
+				return nil // still pending
+			}
+		}
+		a.State, a.DecidedBy, a.Reason, a.DecidedAt = state, by, reason, now
 		a.Proof = proof
 		return nil
 	})

@@ -31,6 +31,11 @@ type Decided struct {
 	// BreakGlass marks a decision signed with the operator credential
 	// (operator:<name>) rather than a named approver's.
 	BreakGlass bool `json:"break_glass,omitempty"`
+	// Under the two-person rule: how many different people have approved
+	// of how many required, and who (break-glass approvals among them).
+	Approvals int      `json:"approvals,omitempty"`
+	Required  int      `json:"approvals_required,omitempty"`
+	Approvers []string `json:"approvers,omitempty"`
 }
 
 // Store holds approval records (*kvstore.Store). Decide moves a pending
@@ -95,6 +100,13 @@ func (s *Service) apply(ctx context.Context, a kvstore.Approval) error {
 	}
 	var typ, next string
 	switch a.State {
+	case kvstore.ApprovalPending:
+		if len(a.Approvals) == 0 {
+			return fmt.Errorf("approval of %s is pending, nothing to apply", a.InvocationID)
+		}
+		// A partial approval under the two-person rule: audited, and the
+		// call stays parked for the next person.
+		typ = api.TypeApprovalGranted
 	case kvstore.ApprovalApproved:
 		typ, next = api.TypeApprovalGranted, subjects.Authorize
 	case kvstore.ApprovalDenied:
@@ -112,12 +124,33 @@ func (s *Service) apply(ctx context.Context, a kvstore.Approval) error {
 	default:
 		return fmt.Errorf("approval of %s is %s, nothing to apply", a.InvocationID, a.State)
 	}
-	ev, err := stages.AuditEvent(subjects.Authorize, &inv, typ, Decided{
+	data := Decided{
 		AuditRecord: inv.Audit(), Decision: a.State, DecidedBy: a.DecidedBy, Reason: a.Reason,
 		BreakGlass: a.Proof != nil && strings.HasPrefix(a.DecidedBy, "operator:"),
-	})
+	}
+	if len(a.Approvals) > 0 {
+		data.Approvals, data.Required = len(a.Approvals), a.Required
+		for _, v := range a.Approvals {
+			data.Approvers = append(data.Approvers, v.DecidedBy)
+			data.BreakGlass = data.BreakGlass || (v.Proof != nil && strings.HasPrefix(v.DecidedBy, "operator:"))
+		}
+	}
+	if a.State == kvstore.ApprovalPending {
+		last := a.Approvals[len(a.Approvals)-1]
+		data.Decision, data.DecidedBy, data.Reason = kvstore.ApprovalApproved, last.DecidedBy, last.Reason
+	}
+	ev, err := stages.AuditEvent(subjects.Authorize, &inv, typ, data)
 	if err != nil {
 		return err
+	}
+	if a.State == kvstore.ApprovalPending {
+		// Each partial approval is an event of its own, not a duplicate
+		// of the final one.
+		ev.MsgID = inv.MsgID(fmt.Sprintf("audit.approval.partial.%d", len(a.Approvals)))
+		if err := runner.Publish(ctx, s.JS, ev); err != nil {
+			return fmt.Errorf("publishing decision on %s: %w", a.InvocationID, err)
+		}
+		return nil
 	}
 	hop, err := runner.Handoff(&inv, next)
 	if err != nil {

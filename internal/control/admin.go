@@ -115,7 +115,10 @@ func (h *handlers) doGetApproval(r api.ApprovalsRequest, v viewer) (any, error) 
 func summarize(a kvstore.Approval) api.ApprovalSummary {
 	s := api.ApprovalSummary{InvocationID: a.InvocationID, Tenant: a.Tenant, ToolID: a.ToolID, ToolVersion: a.ToolVersion,
 		Reasons: a.Reasons, State: a.State, RequestedAt: a.RequestedAt, Deadline: a.Deadline,
-		DecidedAt: a.DecidedAt, DecidedBy: a.DecidedBy, Reason: a.Reason}
+		DecidedAt: a.DecidedAt, DecidedBy: a.DecidedBy, Reason: a.Reason, Required: a.Required}
+	for _, v := range a.Approvals {
+		s.Approvers = append(s.Approvers, v.DecidedBy)
+	}
 	var inv envelope.Invocation
 	if len(a.Invocation) > 0 && json.Unmarshal(a.Invocation, &inv) == nil && inv.Request != nil {
 		s.AgentDID = inv.Request.AgentContext.AgentDID

@@ -326,6 +326,13 @@ func (h *handlers) decide(req micro.Request) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	a, err := h.approvals.Decide(ctx, d)
+	var same *api.Error
+	if errors.As(err, &same) && same.ECode == api.EApprovalSamePerson {
+		// One person approving twice is an attempt to pass the two-person
+		// rule alone: refused and audited.
+		h.refuse(req, d.DecidedBy, same)
+		return
+	}
 	if err != nil {
 		respondError(req, err)
 		return

@@ -57,8 +57,10 @@ type AuditRecord struct {
 	AsyncMode    bool                   `json:"async_mode,omitempty"`
 	Metadata     *api.ExecutionMetadata `json:"execution_metadata,omitempty"`
 	Findings     []Finding              `json:"findings,omitempty"`
-	Source       string                 `json:"event_source,omitempty"`
-	Seq          uint64                 `json:"ingest_seq"`
+	// Approvers: who approved the call, when several people had to.
+	Approvers []string `json:"approvers,omitempty"`
+	Source    string   `json:"event_source,omitempty"`
+	Seq       uint64   `json:"ingest_seq"`
 }
 
 // ResultSummary identifies a result without carrying it.
@@ -79,6 +81,9 @@ func (inv *Invocation) Audit() AuditRecord {
 		Source:       inv.Event.Source,
 		Seq:          inv.Event.Seq,
 		Findings:     inv.Findings,
+	}
+	if inv.Authz != nil {
+		rec.Approvers = inv.Authz.Approvers
 	}
 	if inv.Error != nil {
 		rec.Error = inv.Error

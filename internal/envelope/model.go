@@ -132,7 +132,10 @@ type Authorization struct {
 	ModelTokens int64   `json:"model_tokens,omitempty"`
 	ModelCost   float64 `json:"model_cost,omitempty"`
 	ApprovedBy  string  `json:"approved_by,omitempty"`
-	Grants      Grants  `json:"grants,omitzero"`
+	// Approvers are the different people who approved the call under the
+	// two-person rule (a tool's safety.approvers).
+	Approvers []string `json:"approvers,omitempty"`
+	Grants    Grants   `json:"grants,omitzero"`
 	// Seal is authorize's signature over its decision (internal/seal):
 	// execute runs only invocations whose seal verifies.
 	Seal *Seal `json:"seal,omitempty"`

@@ -97,8 +97,11 @@ type Safety struct {
 	RiskLevel        string   `json:"risk_level,omitempty"` // low, medium, high or critical
 	SideEffects      []string `json:"side_effects,omitempty"`
 	RequiresApproval bool     `json:"requires_approval,omitempty"`
-	Reversible       bool     `json:"reversible,omitempty"`
-	Idempotent       bool     `json:"idempotent,omitempty"`
+	// Approvers is how many different people must approve a call that
+	// needs approval (the two-person rule); 0 and 1 mean one.
+	Approvers  int  `json:"approvers,omitempty"`
+	Reversible bool `json:"reversible,omitempty"`
+	Idempotent bool `json:"idempotent,omitempty"`
 }
 
 // Limits are the resource ceilings of one invocation; zero means unset.

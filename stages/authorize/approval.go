@@ -42,6 +42,7 @@ func (a *Authorizer) park(ctx context.Context, inv *envelope.Invocation, m *tool
 	stored, _, err := a.cfg.Store.RequestApproval(ctx, kvstore.Approval{
 		InvocationID: inv.ID, Tenant: inv.Tenant, ToolID: m.ID, ToolVersion: m.Version,
 		Reasons: d.Reasons, RequestedAt: now, Deadline: now.Add(a.cfg.ApprovalTimeout), Invocation: parked,
+		Required: requiredApprovers(m),
 	})
 	if err != nil {
 		return nil, stages.Transient(err, 0)
@@ -64,4 +65,45 @@ func (a *Authorizer) park(ctx context.Context, inv *envelope.Invocation, m *tool
 		return nil, err
 	}
 	return []stages.Output{ev}, nil
+}
+
+// requiredApprovers is how many different people must approve a call of
+// m (safety.approvers): 0 when one suffices.
+func requiredApprovers(m *tools.Manifest) int {
+	if m.Safety.Approvers > 1 {
+		return m.Safety.Approvers
+	}
+	return 0
+}
+
+// checkApprovers verifies an approved record under the two-person rule:
+// as many approvals by different people as m requires, each (when verify
+// is set) carrying that person's own signed decision. The record's own
+// count is not trusted: the bucket is writable by every stage worker.
+func checkApprovers(ap kvstore.Approval, m *tools.Manifest, request string, verify func(kvstore.Approval, string) error) error {
+	need := requiredApprovers(m)
+	if need == 0 {
+		return nil
+	}
+	seen := map[string]bool{}
+	for _, v := range ap.Approvals {
+		if seen[v.DecidedBy] {
+			return api.NewError(api.PermissionDenied, api.EApprovalsShort,
+				"the approval of %s names %s twice: it needs %d different people", ap.InvocationID, v.DecidedBy, need)
+		}
+		if verify != nil {
+			one := ap
+			one.DecidedBy, one.DecidedAt, one.Proof, one.Approvals = v.DecidedBy, v.DecidedAt, v.Proof, nil
+			if err := verify(one, request); err != nil {
+				return api.WrapError(err, api.PermissionDenied, api.EApprovalsShort,
+					"the approval of %s by %s is not that person's signed decision: %v", ap.InvocationID, v.DecidedBy, err)
+			}
+		}
+		seen[v.DecidedBy] = true
+	}
+	if len(seen) < need || !seen[ap.DecidedBy] {
+		return api.NewError(api.PermissionDenied, api.EApprovalsShort,
+			"%s has the approvals of %d different people, its tool needs %d", ap.InvocationID, len(seen), need)
+	}
+	return nil
 }

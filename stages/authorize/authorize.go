@@ -251,6 +251,9 @@ func (a *Authorizer) Process(ctx context.Context, inv *envelope.Invocation) ([]s
 	inv.Authz.ModelTokens, inv.Authz.ModelCost = hold.tokens, hold.cost
 	if hasApproval && approval.State == kvstore.ApprovalApproved {
 		inv.Authz.ApprovedBy = approval.DecidedBy
+		for _, v := range approval.Approvals {
+			inv.Authz.Approvers = append(inv.Authz.Approvers, v.DecidedBy)
+		}
 	}
 	// Past this stage the token has done its work: what it grants is in
 	// inv.Authz. The raw token leaves the envelope, so no later hop, stream
@@ -326,6 +329,11 @@ func (a *Authorizer) decide(ctx context.Context, inv *envelope.Invocation, rawTo
 			if err := a.cfg.ApprovalProof(approval, envelope.RequestDigest(inv.Request)); err != nil {
 				return approval, hasApproval, nil, true, api.WrapError(err, api.PermissionDenied, api.EDeciderUnverified,
 					"the approval of %s is not an operator's signed decision: %v", inv.ID, err)
+			}
+		}
+		if hasApproval && approval.State == kvstore.ApprovalApproved {
+			if err := checkApprovers(approval, m, envelope.RequestDigest(inv.Request), a.cfg.ApprovalProof); err != nil {
+				return approval, hasApproval, nil, true, err
 			}
 		}
 		if hasApproval {
