@@ -70,4 +70,18 @@ func TestAuditVerifyNamesForeignEvents(t *testing.T) {
 	if r.code != exitError || !strings.Contains(r.stdout, line) {
 		t.Fatalf("audit verify --file: exit %d, want %d naming %q:\n%s%s", r.code, exitError, line, r.stdout, r.stderr)
 	}
+	// An auditor, whose credentials may create no consumer, verifies and
+	// exports the trail alike, by direct gets.
+	auditor := filepath.Join(t.TempDir(), "auditor.creds")
+	if r := tg(t, "", "--data", s.data, "creds", "issue", "--role", "auditor", "--name", "ann", "--out", auditor); r.code != exitOK {
+		t.Fatalf("creds issue --role auditor: %+v", r)
+	}
+	r = tg(t, "", "--nats", s.url, "--creds", auditor, "audit", "verify", "--key", filepath.Join(s.data, busauth.DirName, busauth.AuditChainPublicFile))
+	if r.code != exitError || !strings.Contains(r.stdout, line) {
+		t.Fatalf("audit verify as an auditor: exit %d, want %d naming %q:\n%s%s", r.code, exitError, line, r.stdout, r.stderr)
+	}
+	r = tg(t, "", "--nats", s.url, "--creds", auditor, "audit", "export", "--all", "--chain")
+	if r.code != exitOK || strings.Count(r.stdout, "\n") < 3 {
+		t.Fatalf("audit export as an auditor: %+v", r)
+	}
 }

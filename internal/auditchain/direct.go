@@ -106,3 +106,25 @@ func storedAt(ctx context.Context, nc *nats.Conn, stream string, seq uint64) (bo
 	}
 	return false, fmt.Errorf("get %d from %s: empty answer", seq, stream)
 }
+
+// consumerWait bounds the creation of an ordered consumer before a read
+// falls back to direct gets: the bus does not answer a request the
+// credentials may not publish.
+const consumerWait = 3 * time.Second
+
+// directFirstAt is the first sequence of stream stored at or after t (0:
+// none), by a direct get by start time.
+func directFirstAt(ctx context.Context, nc *nats.Conn, stream string, t time.Time) (uint64, error) {
+	req, _ := json.Marshal(map[string]any{"start_time": t.UTC()})
+	m, err := nc.RequestWithContext(ctx, subjects.DirectGet(stream), req)
+	if err != nil {
+		return 0, fmt.Errorf("direct get from %s at %s: %w", stream, t.Format(time.RFC3339), err)
+	}
+	if len(m.Data) == 0 && m.Header.Get("Status") != "" {
+		if st := m.Header.Get("Status"); st == "404" || st == "204" {
+			return 0, nil
+		}
+		return 0, fmt.Errorf("direct get from %s: %s %s", stream, m.Header.Get("Status"), m.Header.Get("Description"))
+	}
+	return strconv.ParseUint(m.Header.Get("Nats-Sequence"), 10, 64)
+}

@@ -59,8 +59,11 @@ type Source interface {
 	Events(ctx context.Context, first, last uint64, fn func(Event) error) error
 }
 
-// Bus reads the trail from JetStream; it needs the operator's rights
-// (ordered consumers on AUDIT and AUDIT_CHAIN).
+// Bus reads the trail from JetStream: with ordered consumers on AUDIT and
+// AUDIT_CHAIN where the credentials may make them (the operator's), else
+// with batched direct gets, which is all a person's credentials
+// (auditor, approver) may do: a consumer's deliver subject is not checked
+// against its creator's rights, so no one else may create one.
 type Bus struct{ JS jetstream.JetStream }
 
 // State implements Source.
@@ -102,8 +105,13 @@ func (b Bus) Events(ctx context.Context, first, last uint64, fn func(Event) erro
 
 // FirstAt is the first sequence of AUDIT stored at or after t (0: none).
 func (b Bus) FirstAt(ctx context.Context, t time.Time) (uint64, error) {
-	c, err := b.JS.OrderedConsumer(ctx, subjects.StreamAudit, jetstream.OrderedConsumerConfig{
+	cctx, cancel := context.WithTimeout(ctx, consumerWait)
+	c, err := b.JS.OrderedConsumer(cctx, subjects.StreamAudit, jetstream.OrderedConsumerConfig{
 		DeliverPolicy: jetstream.DeliverByStartTimePolicy, OptStartTime: &t})
+	cancel()
+	if err != nil && ctx.Err() == nil {
+		return directFirstAt(ctx, b.JS.Conn(), subjects.StreamAudit, t)
+	}
 	if err != nil {
 		return 0, err
 	}
@@ -119,6 +127,25 @@ func (b Bus) FirstAt(ctx context.Context, t time.Time) (uint64, error) {
 		return 0, err
 	}
 	return md.Sequence.Stream, nil
+}
+
+// readEach calls fn with each message of st at first..last, in order,
+// read one by one from the stream's leader; sequences that hold none are
+// skipped.
+func readEach(ctx context.Context, st jetstream.Stream, first, last uint64, fn func(Event) error) error {
+	for seq := first; seq <= last; seq++ {
+		m, err := st.GetMsg(ctx, seq)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if err := fn(Event{Seq: m.Sequence, Subject: m.Subject, Data: m.Data, Time: m.Time, Header: m.Header}); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // scan reads stream's messages from first to last (0: to the end as it
@@ -138,8 +165,18 @@ func scan(ctx context.Context, js jetstream.JetStream, stream string, first, las
 	if first > last || st.CachedInfo().State.Msgs == 0 {
 		return nil
 	}
-	c, err := js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{
+	cctx, cancel := context.WithTimeout(ctx, consumerWait)
+	c, err := js.OrderedConsumer(cctx, stream, jetstream.OrderedConsumerConfig{
 		DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: first})
+	cancel()
+	if err != nil && ctx.Err() == nil {
+		// Credentials that may create no consumer (a person's) read by
+		// direct gets, or message by message where the stream takes none.
+		if st.CachedInfo().Config.AllowDirect {
+			return readDirect(ctx, js.Conn(), stream, first, last, fn)
+		}
+		return readEach(ctx, st, first, last, fn)
+	}
 	if err != nil {
 		return err
 	}

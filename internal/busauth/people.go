@@ -97,6 +97,9 @@ func (r PersonRights) permissions(role Role, name string) jwt.Permissions {
 		for _, st := range []string{subjects.StreamAudit, subjects.StreamAuditChain} {
 			p.Pub.Allow.Add("$JS.API.STREAM.INFO."+st, subjects.DirectGet(st), subjects.DirectGet(st)+".>")
 		}
+		// The checkpoints' stream takes no direct gets: `audit verify`
+		// reads it by sequence from its leader.
+		p.Pub.Allow.Add(subjects.MsgGet(subjects.StreamAuditChain))
 		p.Sub.Allow.Add(subjects.AuditAll)
 	}
 	// Never the trail's writer, whatever the allows above become.
@@ -128,7 +131,7 @@ func PeopleTable() string {
 		}
 		trail := "—"
 		if r.ReadsTrail {
-			trail = fmt.Sprintf("direct gets of `%s` and `%s`, hears `%s`", subjects.StreamAudit, subjects.StreamAuditChain, subjects.AuditAll)
+			trail = fmt.Sprintf("direct gets of `%s` and `%s`, `%s` by sequence, hears `%s`", subjects.StreamAudit, subjects.StreamAuditChain, subjects.StreamAuditChain, subjects.AuditAll)
 		}
 		fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", role, code(calls), code(r.Signs), trail)
 	}
