@@ -99,6 +99,15 @@ type Config struct {
 	// MaxWait bounds how long one tools/call waits for its result,
 	// approval included; default 30 min (past toolgate's approval timeout).
 	MaxWait time.Duration
+	// WaitApproval keeps a tools/call that waits for a person's approval
+	// open until it ends (relaying the wait as progress), as before
+	// toolgate_status: a client that times requests out cancels the call.
+	// By default such a call is answered at once with its invocation id,
+	// and the session serves StatusTool to learn its outcome.
+	WaitApproval bool
+	// StatusWait is how long a toolgate_status call waits for the call to
+	// end by default; default DefaultStatusWait.
+	StatusWait time.Duration
 	// SessionTimeout closes HTTP sessions idle this long; default 30 min.
 	SessionTimeout time.Duration
 	Log            *slog.Logger
@@ -129,6 +138,7 @@ func (c *Config) defaults() {
 	c.ProgressInterval = cmp.Or(c.ProgressInterval, DefaultProgressInterval)
 	c.MaxWait = cmp.Or(c.MaxWait, DefaultMaxWait)
 	c.SessionTimeout = cmp.Or(c.SessionTimeout, DefaultSessionTimeout)
+	c.StatusWait = cmp.Or(c.StatusWait, DefaultStatusWait)
 	if c.Log == nil {
 		c.Log = slog.Default()
 	}
@@ -258,6 +268,9 @@ type Front struct {
 	// closes.
 	live liveCalls
 
+	// parked are the calls answered while they wait for approval.
+	parked parkedCalls
+
 	// revoked are the token ids this front end knows are revoked;
 	// refused, once set, is why the bus no longer serves it at all.
 	revoked token.Revocations
@@ -304,6 +317,7 @@ func (f *Front) refreshLoop(ctx context.Context) {
 			return
 		case <-sweep.C:
 			f.sweep(time.Minute)
+			f.parked.forget(2 * f.cfg.MaxWait)
 			continue
 		case <-f.changed:
 		}
@@ -424,6 +438,9 @@ func (f *Front) newSession(id string, c *token.Claims, raw string) *session {
 			go func() { _ = ss.Wait(); f.drop(s) }()
 		},
 	})
+	if !f.cfg.WaitApproval {
+		s.server.AddTool(statusToolDef(), s.status)
+	}
 	s.refresh()
 	return s
 }
