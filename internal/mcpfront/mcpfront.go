@@ -115,6 +115,11 @@ type Config struct {
 	// the registry read from the tools bucket honour only manifests an
 	// operator signed (internal/signedstate).
 	StateProof signedstate.Verify
+
+	// admitted, set by Run for HTTP without a Verifier, is the one token
+	// served: the one the bus admitted the front end's connection with.
+	admitted       string
+	admittedClaims *token.Claims
 }
 
 func (c *Config) valid() error {
@@ -125,8 +130,11 @@ func (c *Config) valid() error {
 		return fmt.Errorf("%w: give --stdio or --listen HOST:PORT", ErrConfig)
 	case c.Stdio && c.Token == "":
 		return fmt.Errorf("%w: no capability token (TOOLGATE_TOKEN or --token-file)", ErrConfig)
-	case !c.Stdio && c.Verifier == nil:
-		return fmt.Errorf("%w: HTTP needs a key set to verify tokens (--jwks, or --data with a development key)", ErrConfig)
+	case !c.Stdio && c.Verifier == nil && (c.Token == "" || len(c.NATSOptions) > 0 || c.Bus != nil):
+		// Connected as the agent of Token, HTTP serves that one token
+		// without a key set (see Front.verifyToken); any other front end
+		// verifies what each request brings.
+		return fmt.Errorf("%w: HTTP needs a key set to verify tokens (--jwks, or --data with a development key), or the agent's token to serve (TOOLGATE_TOKEN, --token-file)", ErrConfig)
 	}
 	return nil
 }
@@ -173,6 +181,9 @@ func Run(ctx context.Context, c Config) error {
 			}
 			c.Tenant = claims.TenantID
 			opts = ConnectOptions(claims, c.Token)
+			if !c.Stdio && c.Verifier == nil {
+				c.admitted, c.admittedClaims = c.Token, claims
+			}
 		}
 		// A revoked token's connection is closed by the bus, and its
 		// reconnects refused: the front end then ends its sessions
