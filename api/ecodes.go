@@ -154,6 +154,10 @@ const (
 	// A dead letter not signed by the audit stage: published with audit's
 	// credential but not its key, or altered; it is never re-driven.
 	EDeadLetterUnsigned = "E3243"
+	// The call asked about (its status, approval, checkpoint) is another
+	// agent's: an agent sees only its own calls unless its token is a
+	// tenant reader's (docs/security.md).
+	ENotOwnCall = "E3260"
 )
 
 // Resilience codes.

@@ -73,6 +73,9 @@ const (
 	// TypeBusRefused: the bus refused a connection, on
 	// audit._system.bus.refused.
 	TypeBusRefused = "ai.agent.bus.refused"
+	// TypeViewRefused: the control service refused an agent another
+	// agent's call (E3260), on audit._system.view.refused.
+	TypeViewRefused = "ai.agent.view.refused"
 	// TypeAuditRecreated: toolgate found the AUDIT stream missing and
 	// created it again, on audit._system.audit.recreated.
 	TypeAuditRecreated = "ai.agent.audit.recreated"

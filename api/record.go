@@ -4,13 +4,18 @@ import "time"
 
 // Record is the stored state of one invocation.
 type Record struct {
-	InvocationID string    `json:"invocation_id"`
-	Tenant       string    `json:"tenant_id"`
-	Status       Status    `json:"status"`
-	ToolID       string    `json:"tool_id,omitempty"`
-	ToolVersion  string    `json:"tool_version,omitempty"`
-	Error        *Error    `json:"error,omitempty"`
-	Response     *Response `json:"response,omitempty"`
+	InvocationID string `json:"invocation_id"`
+	Tenant       string `json:"tenant_id"`
+	Status       Status `json:"status"`
+	// Agent is the agent that made the call (agent_context.agent_did,
+	// which authorize holds to the capability token's agent_did): the
+	// agent that may see the call's status, progress and checkpoints
+	// besides operators and the tenant's readers.
+	Agent       string    `json:"agent_did,omitempty"`
+	ToolID      string    `json:"tool_id,omitempty"`
+	ToolVersion string    `json:"tool_version,omitempty"`
+	Error       *Error    `json:"error,omitempty"`
+	Response    *Response `json:"response,omitempty"`
 	// Seq is the ingest sequence of the publish this record belongs to.
 	// With Digest it tells a redelivery of that publish (same sequence)
 	// from another request that reuses the id.

@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -36,6 +37,11 @@ type Agent struct {
 	refusals *refusals
 	// Source is the CloudEvent source of invocations this client sends.
 	Source string
+	// AgentDID is the agent whose calls' results Wait and Follow read
+	// live (tool.result.<tenant>.<agent>.<id>, docs/contract.md): an
+	// agent's connection may subscribe to its own agent's results only.
+	// Empty reads any agent's, which operators may.
+	AgentDID string
 }
 
 // Operator is what an operator uses: everything an Agent does, for any
@@ -144,7 +150,11 @@ func (c *Agent) Wait(ctx context.Context, tenant, id string) (api.Response, erro
 	// credentials allow (reading the results stream through a consumer is
 	// an operator's right): the record answers a result published before
 	// the subscription, the subscription one published after.
-	sub, err := c.nc.SubscribeSync(subjects.Result(tenant, id))
+	subject := subjects.ResultAnyAgent(tenant, id)
+	if c.AgentDID != "" {
+		subject = subjects.Result(tenant, c.AgentDID, id)
+	}
+	sub, err := c.nc.SubscribeSync(subject)
 	if err != nil {
 		return api.Response{}, fmt.Errorf("reading results: %w", err)
 	}
@@ -446,22 +456,38 @@ func (c *Operator) TailLastSeq(ctx context.Context, tenant string, n int, fn fun
 
 // TailLive calls fn with every audit event of tenant published from now
 // on, until ctx ends or fn returns an error. It subscribes to the audit
-// subjects instead of reading the stream, so an agent may use it for its
-// own tenant (agents may not create consumers).
+// subjects instead of reading the stream (agents may not create
+// consumers), which operators and an agent with a tenant reader's token
+// may; any other agent's connection is refused that subscription (audit
+// subjects name no agent), and TailLive then pages through the tenant's
+// audit.history endpoint, which answers the agent's own calls' events.
 func (c *Agent) TailLive(ctx context.Context, tenant string, fn func(subject string, data []byte) error) error {
 	if err := checkTenant(tenant); err != nil {
 		return err
 	}
-	sub, err := c.nc.SubscribeSync(subjects.AuditTenant(tenant))
+	filter, start := subjects.AuditTenant(tenant), time.Now()
+	sub, err := c.nc.SubscribeSync(filter)
 	if err != nil {
 		return fmt.Errorf("reading audit: %w", err)
 	}
 	defer func() { _ = sub.Unsubscribe() }()
+	// The server's answer to the subscription (a refusal) comes before the
+	// flush's.
+	if err := c.nc.FlushTimeout(DefaultTimeout); err != nil {
+		return fmt.Errorf("reading audit: %w", err)
+	}
+	if err := c.nc.LastError(); errors.Is(err, nats.ErrPermissionViolation) && strings.Contains(err.Error(), filter) {
+		return c.tailHistory(ctx, tenant, start, fn)
+	}
 	for {
 		msg, err := sub.NextMsgWithContext(ctx)
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
+			}
+			// The refusal may come only once the subscription is read.
+			if errors.Is(err, nats.ErrPermissionViolation) {
+				return c.tailHistory(ctx, tenant, start, fn)
 			}
 			return err
 		}
@@ -470,6 +496,38 @@ func (c *Agent) TailLive(ctx context.Context, tenant string, fn func(subject str
 		}
 	}
 }
+
+// tailHistory is TailLive through the tenant's audit.history endpoint:
+// the events stored from since on, asked for again every tailPoll.
+func (c *Agent) tailHistory(ctx context.Context, tenant string, since time.Time, fn func(subject string, data []byte) error) error {
+	r := api.AuditHistoryRequest{Since: &since, PageSize: 200}
+	for {
+		page, err := c.AuditHistory(ctx, tenant, r)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		for _, e := range page.Events {
+			if err := fn(e.Subject, e.Event); err != nil {
+				return err
+			}
+		}
+		r.Cursor, r.Since = page.NextCursor, nil
+		if page.More {
+			continue
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(tailPoll):
+		}
+	}
+}
+
+// tailPoll is how often tailHistory asks for new events.
+const tailPoll = 500 * time.Millisecond
 
 // Decide approves or denies a parked invocation. Of several decisions on
 // one invocation only the first counts; later ones fail with E3215.

@@ -38,6 +38,9 @@ func (s *Store) SetStatus(ctx context.Context, rec api.Record) (api.Record, bool
 			if next.Digest == "" {
 				next.Digest = stored.Digest
 			}
+			if next.Agent == "" {
+				next.Agent = stored.Agent // the caller stays recorded
+			}
 			if stored.CancelRequested {
 				next.CancelRequested, next.CancelSig = true, stored.CancelSig
 			}
@@ -73,6 +76,9 @@ func (s *Store) ClaimRun(ctx context.Context, rec api.Record, fill func(prev api
 			if next.Digest == "" {
 				next.Digest = cur.Digest
 			}
+			if next.Agent == "" {
+				next.Agent = cur.Agent
+			}
 			if cur.CancelRequested {
 				next.CancelRequested, next.CancelSig = true, cur.CancelSig
 			}
@@ -101,15 +107,16 @@ func sameInvocation(stored, rec api.Record) bool {
 // It returns the stored record afterwards: the caller owns the id when the
 // record's Seq is seq (a new claim, or a redelivery of its own); any other
 // Seq is an earlier request that holds the id. A record without a sequence
-// (a cancel that came first) is adopted, keeping its cancel flag.
-func (s *Store) ClaimInvocation(ctx context.Context, tenant, id string, seq uint64, digest string) (api.Record, error) {
+// (a cancel that came first) is adopted, keeping its cancel flag. agent is
+// the agent the request names, who may see the call (api.Record.Agent).
+func (s *Store) ClaimInvocation(ctx context.Context, tenant, id string, seq uint64, digest, agent string) (api.Record, error) {
 	// The id is new but for a redelivery, a reused id or a cancel that came
 	// first: the claim is tried as a create before anything is read.
 	rec, _, err := updateFresh(ctx, s.invocations, invocationKey(tenant, id), func(stored *api.Record, exists bool) error {
 		if exists && (stored.Seq != 0 || stored.Status.Terminal()) {
 			return ErrUnchanged
 		}
-		rec := api.Record{InvocationID: id, Tenant: tenant, Status: api.StatusPending, Seq: seq, Digest: digest,
+		rec := api.Record{InvocationID: id, Tenant: tenant, Agent: agent, Status: api.StatusPending, Seq: seq, Digest: digest,
 			UpdatedAt: time.Now().UTC()}
 		if exists {
 			rec.CancelRequested, rec.CancelSig, rec.Status = stored.CancelRequested, stored.CancelSig, stored.Status

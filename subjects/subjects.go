@@ -5,7 +5,7 @@
 // The public subjects (the contract in docs/contract.md):
 //
 //	tool.invoke.<tenant>                  tool.invoke CloudEvents in (stream TOOLGATE_INVOKE)
-//	tool.result.<tenant>.<invocation>     one ToolInvokeResponse per invocation (stream TOOLGATE_RESULTS)
+//	tool.result.<tenant>.<agent>.<invocation>  one ToolInvokeResponse per invocation (stream TOOLGATE_RESULTS)
 //	audit.<tenant>.<event>                audit CloudEvents (stream AUDIT, append-only)
 //	toolgate.auditchain.checkpoint        signed checkpoints over AUDIT (stream AUDIT_CHAIN)
 //	tool.svc.*                            request-reply control services (nats micro)
@@ -80,11 +80,45 @@ func TenantOfInvoke(subject string) (string, bool) {
 	return t, true
 }
 
-// Result is the subject of invocation id's response.
-func Result(tenant, id string) string { return resultPrefix + tenant + "." + Token(id) }
+// Result is the subject of the response to invocation id, made by agent
+// (agent_context.agent_did; "" when the request named none):
+// tool.result.<tenant>.<agent>.<id>, agent and id encoded with Token. The
+// agent is in the subject so that the bus, which filters by subject only,
+// lets an agent read its own agent's results and no other's.
+func Result(tenant, agent, id string) string {
+	return resultPrefix + tenant + "." + Token(agent) + "." + Token(id)
+}
+
+// ResultAnyAgent matches the response to invocation id of tenant, whichever
+// agent made it: for readers that see the whole tenant (operators).
+func ResultAnyAgent(tenant, id string) string { return resultPrefix + tenant + ".*." + Token(id) }
+
+// ResultAgent matches every result subject of agent in tenant: what an
+// agent's connection may subscribe to and read.
+func ResultAgent(tenant, agent string) string {
+	return resultPrefix + tenant + "." + Token(agent) + ".*"
+}
+
+// ParseResult reads the tenant, agent and invocation id of a Result subject.
+func ParseResult(subject string) (tenant, agent, id string, ok bool) {
+	rest, ok := strings.CutPrefix(subject, resultPrefix)
+	if !ok {
+		return "", "", "", false
+	}
+	parts := strings.Split(rest, ".")
+	if len(parts) != 3 || parts[0] == "" {
+		return "", "", "", false
+	}
+	agent, err := Untoken(parts[1])
+	if err != nil {
+		return "", "", "", false
+	}
+	id, err = Untoken(parts[2])
+	return parts[0], agent, id, err == nil
+}
 
 // ResultTenant matches every result subject of tenant.
-func ResultTenant(tenant string) string { return resultPrefix + tenant + ".*" }
+func ResultTenant(tenant string) string { return resultPrefix + tenant + ".*.*" }
 
 // Cancel is the core NATS subject a cancel request is announced on, so the
 // execute worker running the invocation stops it.

@@ -59,23 +59,30 @@ func TestInputsDoNotOverlap(t *testing.T) {
 }
 
 // FuzzResultSubject checks the subject builder against nats-server's own
-// validator: any tenant token and any id make one valid literal subject whose
-// last token decodes back to the id.
+// validator: any tenant token, agent and id make one valid literal subject
+// whose last two tokens decode back to the agent and the id, which the
+// agent's own filter matches and another agent's does not.
 func FuzzResultSubject(f *testing.F) {
-	f.Add("acme", "0b9c1e4e-7c1a-4bd3-9d2e-3f6a2c1d9e10")
-	f.Add("t", "a.b*>c d")
-	f.Fuzz(func(t *testing.T, tenant, id string) {
+	f.Add("acme", "did:example:a", "0b9c1e4e-7c1a-4bd3-9d2e-3f6a2c1d9e10")
+	f.Add("t", "", "a.b*>c d")
+	f.Fuzz(func(t *testing.T, tenant, agent, id string) {
 		if !server.IsValidLiteralSubject(Invoke(tenant)) || strings.Contains(tenant, ".") {
 			return // the tenant comes from a subject token, so it is valid by construction
 		}
-		s := Result(tenant, id)
+		s := Result(tenant, agent, id)
 		if !server.IsValidLiteralSubject(s) {
-			t.Fatalf("Result(%q, %q) = %q is not a valid subject", tenant, id, s)
+			t.Fatalf("Result(%q, %q, %q) = %q is not a valid subject", tenant, agent, id, s)
 		}
-		last := s[strings.LastIndexByte(s, '.')+1:]
-		back, err := Untoken(last)
-		if err != nil || back != id {
-			t.Fatalf("id %q did not survive the subject: %q, %v", id, back, err)
+		gotTenant, gotAgent, gotID, ok := ParseResult(s)
+		if !ok || gotTenant != tenant || gotAgent != agent || gotID != id {
+			t.Fatalf("%q parsed as %q %q %q %v", s, gotTenant, gotAgent, gotID, ok)
+		}
+		if !server.SubjectMatchesFilter(s, ResultAgent(tenant, agent)) || !server.SubjectMatchesFilter(s, ResultTenant(tenant)) ||
+			!server.SubjectMatchesFilter(s, ResultAnyAgent(tenant, id)) {
+			t.Fatalf("%q escapes its own filters", s)
+		}
+		if server.SubjectMatchesFilter(s, ResultAgent(tenant, agent+"x")) {
+			t.Fatalf("%q matches another agent's filter", s)
 		}
 	})
 }
@@ -120,7 +127,7 @@ func TestStageOfPipe(t *testing.T) {
 			}
 		}
 	}
-	for _, s := range []string{Result("acme", "a"), Invoke("acme"), Cancel("acme", "a"), "toolgate.pipe.execute", "toolgate.pipe..normal.acme"} {
+	for _, s := range []string{Result("acme", "did:agent:a", "a"), Invoke("acme"), Cancel("acme", "a"), "toolgate.pipe.execute", "toolgate.pipe..normal.acme"} {
 		if st, ok := StageOfPipe(s); ok {
 			t.Errorf("%s: taken for a hand-off to %q", s, st)
 		}

@@ -171,7 +171,7 @@ approval says so, and the exit status tells how the call ended.`,
 		}
 		if !wait {
 			resp := api.Response{InvocationID: invID, Status: api.StatusPending,
-				PollingInfo: &api.PollingInfo{ResultSubject: subjects.Result(tenant, invID), StatusSubject: subjects.TenantSvc(tenant, subjects.SvcStatus)}}
+				PollingInfo: &api.PollingInfo{ResultSubject: subjects.Result(tenant, req.AgentContext.AgentDID, invID), StatusSubject: subjects.TenantSvc(tenant, subjects.SvcStatus)}}
 			return a.emit(resp, func(w io.Writer) error {
 				fmt.Fprintf(w, "%s  invocation %s  tenant %s\n", a.status(api.StatusPending), invID, tenant)
 				fmt.Fprintf(w, "follow it: toolgate status %s --tenant %s\n", invID, tenant)

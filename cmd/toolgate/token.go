@@ -93,6 +93,7 @@ func (a *app) tokenKeygenCmd() *cobra.Command {
 func (a *app) tokenMintCmd() *cobra.Command {
 	var keyPath, parent, issuer, audience, tenant, agent, session, version, mode string
 	var ttl, maxLife time.Duration
+	var tenantReader bool
 	var tools, paths, hosts, secrets, exclude, preApprove, ops []string
 	var ports []int
 	var b token.Budget
@@ -110,6 +111,7 @@ func (a *app) tokenMintCmd() *cobra.Command {
 			c := token.Claims{
 				ToolID: token.Patterns(tools), ToolVersion: version, TenantID: tenant, AgentDID: agent, SessionID: session,
 				AllowedOperations: ops, ExcludedSideEffects: exclude, PreApproved: token.Patterns(preApprove),
+				TenantReader:     tenantReader,
 				RegisteredClaims: jwt.RegisteredClaims{ExpiresAt: jwt.NewNumericDate(time.Now().Add(ttl))},
 			}
 			if len(paths) > 0 || mode != "" {
@@ -163,6 +165,7 @@ func (a *app) tokenMintCmd() *cobra.Command {
 	f.StringVar(&tenant, "tenant", "", "tenant id the token is for")
 	f.StringVar(&agent, "agent", "", "agent DID")
 	f.StringVar(&session, "session", "", "bind to this session")
+	f.BoolVar(&tenantReader, "tenant-reader", false, "let the holder see every call of its tenant, not only its own agent's (docs/security.md)")
 	f.StringVar(&version, "version", "", "semver range of granted versions")
 	f.DurationVar(&ttl, "ttl", time.Hour, "lifetime")
 	f.DurationVar(&maxLife, "max-lifetime", token.DefaultMaxLifetime, "longest lifetime the verifiers accept (serve --token-max-lifetime)")
@@ -241,6 +244,9 @@ func (a *app) tokenInspectCmd() *cobra.Command {
 					{"tools", strings.Join(patterns(c.ToolID), ",")}, {"operations", strings.Join(c.AllowedOperations, ",")},
 				}
 				rows = append(rows, grantRows(c)...)
+				if c.TenantReader {
+					rows = append(rows, []string{"sees", "every call of the tenant (tenant_reader)"})
+				}
 				if c.ExpiresAt != nil {
 					rows = append(rows, []string{"expires", c.ExpiresAt.UTC().Format(time.RFC3339)})
 				}

@@ -18,7 +18,9 @@ import (
 )
 
 // TestAuditVerifyNamesForeignEvents: an event published on audit.demo.…
-// with the operator's credentials is named by `audit verify`, on the bus
+// by a process that is not an audit process (audit's bus credentials on a
+// host without the chain key; no other credential may publish there) is
+// named by `audit verify`, on the bus
 // and offline from an export, by sequence and event id, and the exit
 // status says the trail is not intact.
 func TestAuditVerifyNamesForeignEvents(t *testing.T) {
@@ -27,7 +29,7 @@ func TestAuditVerifyNamesForeignEvents(t *testing.T) {
 	if r := tg(t, "", s.flags("invoke", "echo", "--params", `{"message":"audited"}`, "--wait")...); r.code != exitOK {
 		t.Fatalf("invoke: %+v", r)
 	}
-	nc, err := nats.Connect(s.url, busauth.CredentialsOption(node.CredsPath(s.data, busauth.RoleOperator)))
+	nc, err := nats.Connect(s.url, busauth.CredentialsOption(node.CredsPath(s.data, busauth.RoleAudit)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -39,7 +41,7 @@ func TestAuditVerifyNamesForeignEvents(t *testing.T) {
 	ack, err := js.Publish(ctx, subjects.AuditEvent("demo", "tool.succeeded"),
 		fmt.Appendf(nil, `{"specversion":"1.0","id":%q,"source":"urn:toolgate:audit","type":"ai.agent.tool.succeeded","data":{}}`, id))
 	if err != nil {
-		t.Fatalf("operator publishing on audit.demo: %v", err)
+		t.Fatalf("publishing on audit.demo with audit's credentials: %v", err)
 	}
 	for {
 		tail, err := auditchain.LastCheckpoint(ctx, js)

@@ -43,7 +43,7 @@ func (a tokenAdapter) VerifyConnectToken(_ context.Context, raw string) (AgentTo
 		}
 		return AgentToken{}, errors.Join(ErrBadToken, err)
 	}
-	at := AgentToken{Tenant: c.TenantID, Subject: c.AgentDID, ID: c.ID, Chain: c.Chain, Expires: c.ExpiresAt.Time}
+	at := AgentToken{Tenant: c.TenantID, Subject: c.AgentDID, ID: c.ID, Chain: c.Chain, Expires: c.ExpiresAt.Time, TenantReader: c.TenantReader}
 	if id, revoked := a.rev.Revoked(c); revoked {
 		return at, errors.Join(ErrRevoked, errors.New("token "+id+" is revoked"))
 	}
@@ -276,8 +276,10 @@ func testBusRoles(t *testing.T, b *bus) {
 			{false, "$JS.API.STREAM.PURGE.KV_toolgate_revocations", false},
 			{false, "$KV.toolgate_revocations.tok", false},
 			{false, "$JS.API.CONSUMER.CREATE.AUDIT", false},
-			{true, "tool.result.demo.>", true},
-			{true, "audit.demo.>", true},
+			{true, subjects.ResultAgent("demo", "did:example:agent"), true},
+			{true, subjects.ResultAgent("demo", "did:example:other"), false},
+			{true, "tool.result.demo.>", false}, // a tenant reader's
+			{true, "audit.demo.>", false},       // a tenant reader's
 			{true, "tool.result.other.>", false},
 			{true, "audit.other.>", false},
 			{true, "audit.>", false},
@@ -377,11 +379,15 @@ func testAgentUsesTheBus(t *testing.T, b *bus) {
 	})
 
 	t.Run("live audit of its tenant only", func(t *testing.T) {
-		sub, err := agent.SubscribeSync(subjects.AuditTenant("demo"))
+		// Live audit events name no agent in their subject: only a
+		// tenant reader subscribes to them.
+		raw, rc := b.mint(t, "demo", func(c *token.Claims) { c.TenantReader = true })
+		reader := b.connect(t, nats.Token(raw), nats.CustomInboxPrefix(InboxPrefix("demo", rc.ID)))
+		sub, err := reader.SubscribeSync(subjects.AuditTenant("demo"))
 		if err != nil {
 			t.Fatal(err)
 		}
-		agent.Flush()
+		reader.Flush()
 		worker.Publish(subjects.AuditEvent("other", "tool.succeeded"), []byte("other"))
 		worker.Publish(subjects.AuditEvent("demo", "tool.succeeded"), []byte("mine"))
 		m, err := sub.NextMsg(2 * time.Second)
@@ -392,10 +398,10 @@ func testAgentUsesTheBus(t *testing.T, b *bus) {
 
 	t.Run("late result read", func(t *testing.T) {
 		wjs, _ := jetstream.New(worker)
-		if _, err := wjs.Publish(ctx, subjects.Result("demo", "inv-1"), []byte(`{"status":"success"}`)); err != nil {
+		if _, err := wjs.Publish(ctx, subjects.Result("demo", claims.AgentDID, "inv-1"), []byte(`{"status":"success"}`)); err != nil {
 			t.Fatal(err)
 		}
-		m, err := agent.RequestWithContext(ctx, "$JS.API.DIRECT.GET."+subjects.StreamResults+"."+subjects.Result("demo", "inv-1"), nil)
+		m, err := agent.RequestWithContext(ctx, "$JS.API.DIRECT.GET."+subjects.StreamResults+"."+subjects.Result("demo", claims.AgentDID, "inv-1"), nil)
 		if err != nil || string(m.Data) != `{"status":"success"}` {
 			t.Fatalf("direct get: %v %v", m, err)
 		}
@@ -435,7 +441,7 @@ func testAgentUsesTheBus(t *testing.T, b *bus) {
 		}
 		// A reply subject the agent picks stays in its own account: it
 		// cannot make toolgate answer onto another tenant's results.
-		forged := agent.PublishMsg(&nats.Msg{Subject: subjects.TenantSvc("demo", subjects.SvcStatus), Reply: subjects.Result("other", "x")})
+		forged := agent.PublishMsg(&nats.Msg{Subject: subjects.TenantSvc("demo", subjects.SvcStatus), Reply: subjects.Result("other", claims.AgentDID, "x")})
 		if forged != nil {
 			t.Fatal(forged)
 		}

@@ -39,6 +39,9 @@ type AgentToken struct {
 	// Chain lists the ids of the tokens it was derived from, root first.
 	Chain   []string
 	Expires time.Time
+	// TenantReader: the token's tenant_reader claim, the opt-in to see
+	// every call of the tenant, not only the agent's own.
+	TenantReader bool
 }
 
 // TokenVerifier checks an agent's capability token exactly as the
@@ -258,6 +261,7 @@ func (c *Callout) authorizeAgent(ctx context.Context, raw string) (Identity, err
 		return id, err
 	}
 	id.Name, id.Tenant, id.TokenID, id.Chain, id.Expires = tok.Subject, tok.Tenant, tok.ID, tok.Chain, tok.Expires
+	id.TenantReader = tok.TenantReader
 	if c.cfg.Tenants != nil && !c.cfg.Tenants(tok.Tenant) {
 		return id, fmt.Errorf("%w: tenant %q has no account on this server (declare it in %s/%s and reload the server's %s)",
 			ErrWrongTenant, tok.Tenant, DirName, TenantsFile, AuthConfFile)

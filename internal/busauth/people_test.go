@@ -13,7 +13,7 @@ import (
 // nothing else: no bucket, no consumer, no stream change, no write of the
 // trail; and neither does the operator write the trail.
 func TestRolePeopleGrants(t *testing.T) {
-	never := []string{subjects.AuditTenant("demo") + ".x", subjects.Result("demo", "x"), "$JS.API.CONSUMER.CREATE.AUDIT.x",
+	never := []string{subjects.AuditTenant("demo") + ".x", subjects.Result("demo", "agent", "x"), "$JS.API.CONSUMER.CREATE.AUDIT.x",
 		"$JS.API.STREAM.DELETE.AUDIT", "$JS.API.DIRECT.GET.KV_toolgate_policies", subjects.BucketKeys(subjects.BucketPolicies),
 		subjects.PipeStage(subjects.Execute), subjects.Invoke("demo")}
 	cases := map[Role]struct{ may, mayNot []string }{

@@ -197,7 +197,7 @@ var Rights = map[Role]RoleRights{
 		Emits: []Emission{emits(RoleControl, subjects.AuditEvent("*", "capability.>"), "ai.agent.capability.>"),
 			{Subject: approvals, Sources: []string{source(RoleAuthorize)},
 				Types: []string{api.TypeApprovalGranted, api.TypeApprovalDenied, api.TypeApprovalExpired}},
-			emits(RoleControl, subjects.AuditTenant(subjects.SystemTenant), "ai.agent.admin.>", api.TypeStateRefused),
+			emits(RoleControl, subjects.AuditTenant(subjects.SystemTenant), "ai.agent.admin.>", api.TypeStateRefused, api.TypeViewRefused),
 			// The bus's refusals, which the control connection records.
 			{Subject: subjects.AuditTenant(subjects.SystemTenant), Types: []string{api.TypeBusRefused},
 				Sources: []string{"urn:toolgate:busauth"}},

@@ -119,6 +119,10 @@ type Identity struct {
 	// Tenant and TokenID (jti) are set for agents.
 	Tenant  string
 	TokenID string
+	// TenantReader is set for an agent whose token opts in to seeing every
+	// call of its tenant (the tenant_reader claim); any other agent sees
+	// only its own agent's calls.
+	TenantReader bool
 	// Chain lists the ids of the tokens an agent's token was derived from;
 	// revoking any of them closes the connection.
 	Chain []string
@@ -126,18 +130,30 @@ type Identity struct {
 	Expires time.Time
 }
 
+// tenantReaderMark ends the user name of an agent with the tenant_reader
+// claim.
+const tenantReaderMark = "tenant_reader"
+
 // UserName is the name the server reports for the connection (in
 // Nats-Request-Info, connz, logs): "<role>:<name>", for agents
-// "agent:<tenant>:<jti>". It is what an approval records as the decider.
+// "agent:<tenant>:<jti>:<agent>", with ":tenant_reader" appended for a
+// tenant reader; jti and agent are encoded with subjects.Token (a UUID
+// stays as it is, "did:example:a" is "did=3Aexample=3Aa"). It is what an
+// approval records as the decider, and how the control service knows whose
+// calls an agent may see.
 func (id Identity) UserName() string {
 	if id.Role == RoleAgent {
-		return string(RoleAgent) + ":" + id.Tenant + ":" + id.TokenID
+		s := string(RoleAgent) + ":" + id.Tenant + ":" + subjects.Token(id.TokenID) + ":" + subjects.Token(id.Name)
+		if id.TenantReader {
+			s += ":" + tenantReaderMark
+		}
+		return s
 	}
 	return string(id.Role) + ":" + id.Name
 }
 
 // ParseUserName reverses UserName; it is how a service reads the caller from
-// a Nats-Request-Info header's user name.
+// a Nats-Request-Info header's user name. An agent's Name is its agent DID.
 func ParseUserName(s string) (Identity, error) {
 	role, rest, ok := strings.Cut(s, ":")
 	if !ok || rest == "" {
@@ -145,11 +161,20 @@ func ParseUserName(s string) (Identity, error) {
 	}
 	switch Role(role) {
 	case RoleAgent:
-		tenant, jti, ok := strings.Cut(rest, ":")
-		if !ok || tenant == "" || jti == "" {
-			return Identity{}, fmt.Errorf("agent user name %q is not agent:tenant:jti", s)
+		parts := strings.Split(rest, ":")
+		if len(parts) < 3 || len(parts) > 4 || parts[0] == "" || parts[1] == "" || parts[2] == "" ||
+			(len(parts) == 4 && parts[3] != tenantReaderMark) {
+			return Identity{}, fmt.Errorf("agent user name %q is not agent:tenant:jti:agent[:%s]", s, tenantReaderMark)
 		}
-		return Identity{Role: RoleAgent, Name: s, Tenant: tenant, TokenID: jti}, nil
+		jti, err := subjects.Untoken(parts[1])
+		if err != nil {
+			return Identity{}, fmt.Errorf("agent user name %q: token id: %w", s, err)
+		}
+		agent, err := subjects.Untoken(parts[2])
+		if err != nil {
+			return Identity{}, fmt.Errorf("agent user name %q: agent: %w", s, err)
+		}
+		return Identity{Role: RoleAgent, Name: agent, Tenant: parts[0], TokenID: jti, TenantReader: len(parts) == 4}, nil
 	default:
 		if r := Role(role); r.Issued() {
 			return Identity{Role: r, Name: rest}, nil
@@ -194,7 +219,7 @@ func GrantFor(id Identity) (Grant, error) {
 		if id.TokenID == "" {
 			return Grant{}, fmt.Errorf("%w: agent without token id", ErrBadIdentity)
 		}
-		return Grant{Account: TenantAccount(id.Tenant), Permissions: agentPermissions(id.Tenant, id.TokenID)}, nil
+		return Grant{Account: TenantAccount(id.Tenant), Permissions: agentPermissions(id)}, nil
 	case RoleOperator:
 		return Grant{Account: AccountToolgate, Permissions: operatorPermissions()}, nil
 	}
@@ -219,27 +244,40 @@ func checkToken(what, s string) error {
 	return nil
 }
 
-func agentPermissions(tenant, jti string) jwt.Permissions {
+// agentPermissions are an agent's: its tenant's invoke subject and control
+// endpoints, and the results of its own agent's calls (the agent is in the
+// result subject), or of the whole tenant's for a tenant reader. Live audit
+// events carry no agent in their subject, so only a tenant reader may
+// subscribe to them; any other agent reads its own calls' events from its
+// tenant's audit.history endpoint, which filters them.
+func agentPermissions(id Identity) jwt.Permissions {
+	tenant := id.Tenant
 	var p jwt.Permissions
 	p.Pub.Allow.Add(subjects.Invoke(tenant))
 	for _, svc := range agentServices {
 		p.Pub.Allow.Add(subjects.TenantSvc(tenant, svc))
 	}
+	results := subjects.ResultAgent(tenant, id.Name)
+	if id.TenantReader {
+		results = resultsOf(tenant)
+		p.Sub.Allow.Add(subjects.AuditTenant(tenant))
+	}
 	// A late reader fetches a result by its subject (last message on it).
-	p.Pub.Allow.Add(directGetResult(tenant))
-	p.Sub.Allow.Add(
-		resultsOf(tenant),
-		subjects.AuditTenant(tenant),
-		InboxPrefix(tenant, jti)+".>",
-	)
+	p.Pub.Allow.Add(directGet(results))
+	p.Sub.Allow.Add(results, InboxPrefix(tenant, id.TokenID)+".>")
 	return p
 }
 
-// directGetResult is the JetStream direct-get subject that returns the last
-// message of a result subject of tenant: $JS.API.DIRECT.GET.<stream>.<subject>.
-func directGetResult(tenant string) string {
-	return "$JS.API.DIRECT.GET." + subjects.StreamResults + "." + resultsOf(tenant)
+// directGet is the JetStream direct-get subject that returns the last
+// message of a result subject matching results:
+// $JS.API.DIRECT.GET.<stream>.<subject>.
+func directGet(results string) string {
+	return "$JS.API.DIRECT.GET." + subjects.StreamResults + "." + results
 }
+
+// directGetResult matches the direct gets of every result of tenant, what
+// its account imports.
+func directGetResult(tenant string) string { return directGet(resultsOf(tenant)) }
 
 // operatorPermissions: everything inside account TOOLGATE but writing the
 // trail: only audit publishes audit events and results (TrailSubjects).

@@ -30,7 +30,8 @@ func allows(perm jwt.Permission, subject string) bool {
 }
 
 func TestGrantFor(t *testing.T) {
-	agent := Identity{Role: RoleAgent, Tenant: "demo", TokenID: "tok-1"}
+	agent := Identity{Role: RoleAgent, Tenant: "demo", TokenID: "tok-1", Name: "did:agent:a"}
+	reader := Identity{Role: RoleAgent, Tenant: "demo", TokenID: "tok-2", Name: "did:agent:r", TenantReader: true}
 	type check struct {
 		pub     bool // publish (else subscribe)
 		subject string
@@ -76,21 +77,39 @@ func TestGrantFor(t *testing.T) {
 			{true, "toolgate.pipe.execute.normal.demo", false},
 			{true, "tool.result.demo.x", false},
 			{true, "audit.demo.tool.succeeded", false},
-			{true, "$JS.API.DIRECT.GET.TOOLGATE_RESULTS.tool.result.demo.x", true},
-			{true, "$JS.API.DIRECT.GET.TOOLGATE_RESULTS.tool.result.other.x", false},
+			{true, "$JS.API.DIRECT.GET.TOOLGATE_RESULTS.tool.result.demo.did=3Aagent=3Aa.x", true},
+			{true, "$JS.API.DIRECT.GET.TOOLGATE_RESULTS.tool.result.demo.did=3Aagent=3Ab.x", false},
+			{true, "$JS.API.DIRECT.GET.TOOLGATE_RESULTS.tool.result.demo.x", false},
+			{true, "$JS.API.DIRECT.GET.TOOLGATE_RESULTS.tool.result.other.did=3Aagent=3Aa.x", false},
 			{true, "$JS.API.DIRECT.GET.TOOLGATE_RESULTS", false},
 			{true, "$JS.API.STREAM.DELETE.AUDIT", false},
 			{true, "$JS.API.CONSUMER.CREATE.AUDIT.x.audit.demo.>", false},
 			{true, "$KV.toolgate_revocations.x", false},
-			{false, "tool.result.demo.>", true},
-			{false, "tool.result.demo.abc", true},
-			{false, "audit.demo.>", true},
+			{false, "tool.result.demo.did=3Aagent=3Aa.*", true},
+			{false, "tool.result.demo.did=3Aagent=3Aa.abc", true},
+			{false, "tool.result.demo.did=3Aagent=3Ab.abc", false},
+			{false, "tool.result.demo.*.abc", false},
+			{false, "tool.result.demo.>", false},
+			{false, "audit.demo.>", false},
+			{false, "audit.demo.tool.succeeded", false},
 			{false, "tool.result.other.>", false},
 			{false, "audit.>", false},
 			{false, "_INBOX.demo.tok-1.>", true},
 			{false, "_INBOX.demo.>", false},
 			{false, "_INBOX.>", false},
 			{false, "toolgate.pipe.>", false},
+		}},
+		{"tenant reader", reader, TenantAccount("demo"), []check{
+			{true, "tool.invoke.demo", true},
+			{true, "$JS.API.DIRECT.GET.TOOLGATE_RESULTS.tool.result.demo.did=3Aagent=3Aa.x", true},
+			{true, "$JS.API.DIRECT.GET.TOOLGATE_RESULTS.tool.result.other.did=3Aagent=3Aa.x", false},
+			{false, "tool.result.demo.*.*", true},
+			{false, "tool.result.demo.>", true},
+			{false, "tool.result.demo.did=3Aagent=3Aa.abc", true},
+			{false, "audit.demo.>", true},
+			{false, "tool.result.other.>", false},
+			{false, "audit.other.>", false},
+			{false, "_INBOX.demo.tok-2.>", true},
 		}},
 		{"control", Identity{Role: RoleControl, Name: "c"}, AccountToolgate, []check{
 			{true, "toolgate.pipe.authorize.normal.demo", true},
@@ -182,7 +201,8 @@ func TestGrantForRefuses(t *testing.T) {
 
 func TestUserNameRoundTrip(t *testing.T) {
 	for _, id := range []Identity{
-		{Role: RoleAgent, Tenant: "demo", TokenID: "j-1"},
+		{Role: RoleAgent, Tenant: "demo", TokenID: "j-1", Name: "did:example:a"},
+		{Role: RoleAgent, Tenant: "demo", TokenID: "j:2", Name: "did:example:r", TenantReader: true},
 		{Role: RoleExecute, Name: "local"},
 		{Role: RoleControl, Name: "local"},
 		{Role: RoleOperator, Name: "alice"},
@@ -191,11 +211,11 @@ func TestUserNameRoundTrip(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got.Role != id.Role || got.Tenant != id.Tenant || got.TokenID != id.TokenID || (id.Role != RoleAgent && got.Name != id.Name) {
+		if got.Role != id.Role || got.Tenant != id.Tenant || got.TokenID != id.TokenID || got.Name != id.Name || got.TenantReader != id.TenantReader {
 			t.Errorf("%+v -> %q -> %+v", id, id.UserName(), got)
 		}
 	}
-	for _, s := range []string{"", "agent", "agent:demo", "root:x", "worker:"} {
+	for _, s := range []string{"", "agent", "agent:demo", "agent:demo:j-1", "agent:demo:j-1:a:admin", "agent:demo:j:1:a", "root:x", "worker:"} {
 		if _, err := ParseUserName(s); err == nil {
 			t.Errorf("%q parsed", s)
 		}

@@ -56,7 +56,7 @@ func (h *handlers) listApprovals() request[api.ApprovalsRequest] {
 	}
 }
 
-func (h *handlers) doListApprovals(r api.ApprovalsRequest) (any, error) {
+func (h *handlers) doListApprovals(r api.ApprovalsRequest, v viewer) (any, error) {
 	if err := subjects.CheckTenant(r.Tenant); err != nil {
 		return nil, api.WrapError(err, api.InvalidParameters, api.EInvalidName, "%v", err)
 	}
@@ -68,8 +68,12 @@ func (h *handlers) doListApprovals(r api.ApprovalsRequest) (any, error) {
 	}
 	out := api.ApprovalsResponse{Approvals: []api.ApprovalSummary{}}
 	for _, a := range all {
-		if a.Tenant == r.Tenant {
-			out.Approvals = append(out.Approvals, summarize(a))
+		if a.Tenant != r.Tenant {
+			continue
+		}
+		// An agent lists only its own calls' approvals.
+		if s := summarize(a); v.sees(s.AgentDID) {
+			out.Approvals = append(out.Approvals, s)
 		}
 	}
 	sort.Slice(out.Approvals, func(i, j int) bool { return out.Approvals[i].RequestedAt.Before(out.Approvals[j].RequestedAt) })
@@ -86,7 +90,7 @@ func (h *handlers) getApproval() request[api.ApprovalsRequest] {
 	}
 }
 
-func (h *handlers) doGetApproval(r api.ApprovalsRequest) (any, error) {
+func (h *handlers) doGetApproval(r api.ApprovalsRequest, v viewer) (any, error) {
 	if err := checkNames(r.Tenant, r.InvocationID); err != nil {
 		return nil, err
 	}
@@ -99,7 +103,11 @@ func (h *handlers) doGetApproval(r api.ApprovalsRequest) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	return summarize(a), nil
+	s := summarize(a)
+	if !v.sees(s.AgentDID) {
+		return nil, h.notOwn(v, "approvals.get", r.Tenant, r.InvocationID, "")
+	}
+	return s, nil
 }
 
 // summarize shows an approval without its parked envelope, the call's

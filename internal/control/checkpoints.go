@@ -66,6 +66,23 @@ func (h *handlers) tenantCheckpointsList(tenant string, req micro.Request) {
 		respondError(req, err)
 		return
 	}
+	// An agent lists only its own calls' checkpoints: each invocation's
+	// record says whose it is, read once per invocation.
+	if v := viewerOf(req); !v.all {
+		own := map[string]bool{}
+		kept := list[:0]
+		for _, cp := range list {
+			ok, seen := own[cp.InvocationID]
+			if !seen {
+				ok = h.ownOnly(ctx, v, r.TenantID, cp.InvocationID)
+				own[cp.InvocationID] = ok
+			}
+			if ok {
+				kept = append(kept, cp)
+			}
+		}
+		list = kept
+	}
 	_ = req.RespondJSON(list)
 }
 
@@ -77,6 +94,9 @@ func (h *handlers) tenantCheckpointsGet(tenant string, req micro.Request) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
+	if !h.ownCheckpoint(ctx, req, "checkpoints.get", r) {
+		return
+	}
 	var out api.CheckpointState
 	var err error
 	if r.WithState {
@@ -106,10 +126,33 @@ func (h *handlers) tenantCheckpointsDelete(tenant string, req micro.Request) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
+	if !h.ownCheckpoint(ctx, req, "checkpoints.delete", r) {
+		return
+	}
 	cp, err := h.store.DeleteCheckpoint(ctx, r.TenantID, r.CheckpointID)
 	if err != nil {
 		respondError(req, err)
 		return
 	}
 	_ = req.RespondJSON(cp)
+}
+
+// ownCheckpoint reports whether the caller of req may see checkpoint
+// r.CheckpointID, a checkpoint of its own agent's call; otherwise it has
+// answered: not found as the store says, or E3260.
+func (h *handlers) ownCheckpoint(ctx context.Context, req micro.Request, endpoint string, r api.CheckpointsRequest) bool {
+	v := viewerOf(req)
+	if v.all {
+		return true
+	}
+	meta, err := h.store.CheckpointMeta(ctx, r.TenantID, r.CheckpointID)
+	if err != nil {
+		respondError(req, err)
+		return false
+	}
+	if !h.ownOnly(ctx, v, r.TenantID, meta.InvocationID) {
+		respondError(req, h.notOwn(v, endpoint, r.TenantID, meta.InvocationID, r.CheckpointID))
+		return false
+	}
+	return true
 }

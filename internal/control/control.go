@@ -41,8 +41,11 @@ import (
 // pushes; models.stats. 1.4: tenant-scoped audit.history, a tenant's
 // stored audit events a page at a time, which agents may call. 1.5:
 // budgets.list, the sessions nearest their caps, for operators;
-// tenant-scoped checkpoints.list|get|delete.
-const Version = "1.5.0"
+// tenant-scoped checkpoints.list|get|delete. 1.6: an agent sees only its
+// own calls on the tenant-scoped endpoints (E3260 for another agent's),
+// unless its token is a tenant reader's; results are published on
+// tool.result.<tenant>.<agent>.<id>.
+const Version = "1.6.0"
 
 // Start adds the service to nc. Stop it with the returned service's Stop.
 // approvals may be nil: the approval endpoint then is not served.
@@ -230,7 +233,7 @@ func (h *handlers) cancel() request[api.CancelRequest] {
 	}
 }
 
-func (h *handlers) doCancel(r api.CancelRequest) (any, error) {
+func (h *handlers) doCancel(r api.CancelRequest, v viewer) (any, error) {
 	if err := checkNames(r.TenantID, r.InvocationID); err != nil {
 		return nil, err
 	}
@@ -238,6 +241,12 @@ func (h *handlers) doCancel(r api.CancelRequest) (any, error) {
 	defer cancel()
 	if err := h.known(ctx, r.TenantID, r.InvocationID); err != nil {
 		return nil, err
+	}
+	// Only the agent that made a call, or one that sees all, cancels it. A
+	// call no stage has claimed yet has no agent recorded: its cancel is
+	// taken, as the agent that just published it needs.
+	if rec, err := h.store.Status(ctx, r.TenantID, r.InvocationID); err == nil && rec.Seq != 0 && !v.sees(rec.Agent) {
+		return nil, h.notOwn(v, "cancel", r.TenantID, r.InvocationID, "")
 	}
 	var sig string
 	if h.signCancel != nil {
@@ -335,7 +344,7 @@ func (h *handlers) status() request[api.StatusRequest] {
 	}
 }
 
-func (h *handlers) doStatus(r api.StatusRequest) (any, error) {
+func (h *handlers) doStatus(r api.StatusRequest, v viewer) (any, error) {
 	if err := checkNames(r.TenantID, r.InvocationID); err != nil {
 		return nil, err
 	}
@@ -347,6 +356,9 @@ func (h *handlers) doStatus(r api.StatusRequest) (any, error) {
 	}
 	if err != nil {
 		return nil, err
+	}
+	if !v.sees(rec.Agent) {
+		return nil, h.notOwn(v, "status", r.TenantID, r.InvocationID, "")
 	}
 	return rec, nil
 }
@@ -362,7 +374,7 @@ func (h *handlers) budget() request[api.BudgetRequest] {
 	}
 }
 
-func (h *handlers) doBudget(r api.BudgetRequest) (any, error) {
+func (h *handlers) doBudget(r api.BudgetRequest, _ viewer) (any, error) {
 	if err := subjects.CheckTenant(r.TenantID); err != nil {
 		return nil, api.WrapError(err, api.InvalidParameters, api.EInvalidName, "%v", err)
 	}

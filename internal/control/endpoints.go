@@ -110,8 +110,9 @@ type request[T any] struct {
 	// caller, when set, records on the scoped form who asked: the caller
 	// the server names (callerOf), never the body.
 	caller func(r *T, who string)
-	// do serves a checked request: its answer, or an error to answer.
-	do func(T) (any, error)
+	// do serves a checked request for a caller who sees what v sees
+	// (everyone on the operators' form): its answer, or an error to answer.
+	do func(r T, v viewer) (any, error)
 }
 
 func (r request[T]) handler() handler {
@@ -124,7 +125,7 @@ func (r request[T]) serveOperator(req micro.Request) {
 		respondError(req, api.NewError(api.InvalidParameters, api.ERequestInvalid, "expected %s", r.expected))
 		return
 	}
-	respond(req)(r.do(v))
+	respond(req)(r.do(v, everyone))
 }
 
 func (r request[T]) serveScoped(tenant string, req micro.Request) {
@@ -143,7 +144,7 @@ func (r request[T]) serveScoped(tenant string, req micro.Request) {
 			r.caller(&v, who)
 		}
 	}
-	respond(req)(r.do(v))
+	respond(req)(r.do(v, viewerOf(req)))
 }
 
 // respond answers req with v, or with err when there is one.

@@ -17,6 +17,9 @@ import (
 const (
 	historyPageDefault = 50
 	historyPageMax     = 200
+	// historySkipMax bounds the events of other agents one page of an
+	// agent's history reads past.
+	historySkipMax = 2000
 )
 
 // historyReserve is what a page leaves of the server's maximum payload for
@@ -61,7 +64,7 @@ func (h *handlers) tenantAuditHistory(tenant string, req micro.Request) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	page, err := h.auditPage(ctx, tenant, start, r.Since, size, h.nc.MaxPayload()-historyReserve)
+	page, err := h.auditPage(ctx, tenant, viewerOf(req), start, r.Since, size, h.nc.MaxPayload()-historyReserve)
 	if err != nil {
 		respondError(req, api.WrapError(err, api.InternalError, api.EInternal, "reading the audit trail: %v", err))
 		return
@@ -69,9 +72,11 @@ func (h *handlers) tenantAuditHistory(tenant string, req micro.Request) {
 	_ = req.RespondJSON(page)
 }
 
-// auditPage reads up to size events of tenant from sequence start (0: from
-// since, or the first stored), at most budget bytes of them but always one.
-func (h *handlers) auditPage(ctx context.Context, tenant string, start uint64, since *time.Time, size int, budget int64) (api.AuditHistoryResponse, error) {
+// auditPage reads up to size events of tenant that v may see from sequence
+// start (0: from since, or the first stored), at most budget bytes of them
+// but always one. An agent sees the events whose data names it
+// (agent_did); events that name no agent are for those who see all.
+func (h *handlers) auditPage(ctx context.Context, tenant string, v viewer, start uint64, since *time.Time, size int, budget int64) (api.AuditHistoryResponse, error) {
 	out := api.AuditHistoryResponse{Events: []api.AuditEntry{}}
 	st, err := h.js.Stream(ctx, subjects.StreamAudit)
 	if err != nil {
@@ -87,7 +92,7 @@ func (h *handlers) auditPage(ctx context.Context, tenant string, start uint64, s
 		}
 	}
 	filter := subjects.AuditTenant(tenant)
-	seq, used := start, int64(0)
+	seq, used, skipped := start, int64(0), 0
 	for {
 		m, err := st.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(filter))
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
@@ -95,6 +100,16 @@ func (h *handlers) auditPage(ctx context.Context, tenant string, start uint64, s
 		}
 		if err != nil {
 			return out, err
+		}
+		if !v.all && !v.sees(auditAgent(m.Data)) {
+			// Others' events are skipped, a bounded number a page: the
+			// cursor then resumes after them.
+			seq = m.Sequence + 1
+			if skipped++; skipped >= historySkipMax {
+				out.More = true
+				break
+			}
+			continue
 		}
 		cost := int64(len(m.Data) + len(m.Subject) + 64)
 		if len(out.Events) == size || (len(out.Events) > 0 && used+cost > budget) {

@@ -177,8 +177,8 @@ func TestFromMessageRefusesNames(t *testing.T) {
 			if !errors.Is(err, api.NewError(api.InvalidParameters, api.EInvalidName, "")) {
 				t.Fatalf("error %v", err)
 			}
-			if len(subjects.Result(inv.Tenant, inv.ID)) > 512 {
-				t.Fatalf("subject of %d bytes", len(subjects.Result(inv.Tenant, inv.ID)))
+			if len(subjects.Result(inv.Tenant, inv.Agent(), inv.ID)) > 512 {
+				t.Fatalf("subject of %d bytes", len(subjects.Result(inv.Tenant, inv.Agent(), inv.ID)))
 			}
 		})
 	}

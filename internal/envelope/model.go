@@ -230,6 +230,16 @@ func (inv *Invocation) Succeed(stage string, result json.RawMessage) {
 // Terminal reports whether the invocation has ended.
 func (inv *Invocation) Terminal() bool { return inv.Status.Terminal() }
 
+// Agent is the agent the request names (agent_context.agent_did, which
+// authorize holds to the capability token), or "" before the request is
+// decoded: whose call it is, and whose result subject it ends on.
+func (inv *Invocation) Agent() string {
+	if inv.Request == nil {
+		return ""
+	}
+	return inv.Request.AgentContext.AgentDID
+}
+
 // ToolID returns the tool the invocation asked for, if known.
 func (inv *Invocation) ToolID() string {
 	if inv.Route != nil {

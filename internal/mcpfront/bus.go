@@ -56,7 +56,7 @@ type NATSBus struct {
 	// Results arrive on one core subscription per tenant and go to the
 	// calls waiting for them, by result subject: no consumer per call.
 	mu      sync.Mutex
-	subs    map[string]*nats.Subscription // by tenant
+	subs    map[string]*nats.Subscription // by the results subscribed to
 	waiters map[string][]chan api.Response
 }
 
@@ -146,10 +146,10 @@ func newBus(nc *nats.Conn, c *client.Client, src toolSource, log *slog.Logger) *
 // cannot slip past; Wait collects it.
 func (b *NATSBus) Invoke(ctx context.Context, req api.Request, id string) error {
 	tenant := req.AgentContext.TenantID
-	if err := b.subscribe(tenant); err != nil {
+	if err := b.subscribe(tenant, req.AgentContext.AgentDID); err != nil {
 		return err
 	}
-	subject := subjects.Result(tenant, id)
+	subject := waiterKey(tenant, id)
 	ch := make(chan api.Response, 1)
 	b.mu.Lock()
 	b.waiters[subject] = append(b.waiters[subject], ch)
@@ -161,23 +161,34 @@ func (b *NATSBus) Invoke(ctx context.Context, req api.Request, id string) error 
 	return nil
 }
 
-func (b *NATSBus) subscribe(tenant string) error {
+// subscribe follows the results of agent's calls in tenant: the results an
+// agent's connection may read are its own agent's (subjects.ResultAgent).
+func (b *NATSBus) subscribe(tenant, agent string) error {
+	results := subjects.ResultAgent(tenant, agent)
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.subs[tenant] != nil {
+	if b.subs[results] != nil {
 		return nil
 	}
-	sub, err := b.nc.Subscribe(subjects.ResultTenant(tenant), b.deliver)
+	sub, err := b.nc.Subscribe(results, b.deliver)
 	if err != nil {
 		return fmt.Errorf("subscribing to results: %w", err)
 	}
-	b.subs[tenant] = sub
+	b.subs[results] = sub
 	return nil
 }
 
+// waiterKey is what the waiters of invocation id of tenant are kept under.
+func waiterKey(tenant, id string) string { return tenant + " " + id }
+
 func (b *NATSBus) deliver(m *nats.Msg) {
+	tenant, _, id, ok := subjects.ParseResult(m.Subject)
+	if !ok {
+		return
+	}
+	key := waiterKey(tenant, id)
 	b.mu.Lock()
-	chs := b.waiters[m.Subject]
+	chs := b.waiters[key]
 	b.mu.Unlock()
 	if len(chs) == 0 {
 		return
@@ -187,8 +198,8 @@ func (b *NATSBus) deliver(m *nats.Msg) {
 		return // the pending answer of an async request, or noise
 	}
 	b.mu.Lock()
-	chs = b.waiters[m.Subject]
-	delete(b.waiters, m.Subject)
+	chs = b.waiters[key]
+	delete(b.waiters, key)
 	b.mu.Unlock()
 	for _, ch := range chs {
 		ch <- resp
@@ -207,7 +218,7 @@ func (b *NATSBus) forget(subject string, ch chan api.Response) {
 }
 
 func (b *NATSBus) Wait(ctx context.Context, tenant, id string) (api.Response, error) {
-	subject := subjects.Result(tenant, id)
+	subject := waiterKey(tenant, id)
 	b.mu.Lock()
 	var ch chan api.Response
 	if chs := b.waiters[subject]; len(chs) > 0 {

@@ -85,6 +85,9 @@ type Config struct {
 	Verifier *token.Verifier
 	// Tenant, when set, refuses tokens of any other tenant.
 	Tenant string
+	// agent, when set, refuses tokens of any other agent: a front end
+	// connected as an agent reads only that agent's results and status.
+	agent string
 	// PageSize is the number of tools per tools/list page; default 100.
 	PageSize int
 	// MaxArgumentBytes bounds a call's arguments; default 512 KiB.
@@ -180,6 +183,9 @@ func Run(ctx context.Context, c Config) error {
 				return fmt.Errorf("%w: --tenant %s, but the token is for tenant %s", ErrConfig, c.Tenant, claims.TenantID)
 			}
 			c.Tenant = claims.TenantID
+			if !claims.TenantReader {
+				c.agent = claims.AgentDID
+			}
 			opts = ConnectOptions(claims, c.Token)
 			if !c.Stdio && c.Verifier == nil {
 				c.admitted, c.admittedClaims = c.Token, claims
@@ -428,6 +434,10 @@ func (f *Front) checkClaims(c *token.Claims) error {
 	if f.cfg.Tenant != "" && c.TenantID != f.cfg.Tenant {
 		return api.NewError(api.PermissionDenied, api.ENotGranted,
 			"the capability token is for tenant %q; this MCP endpoint serves tenant %q", c.TenantID, f.cfg.Tenant)
+	}
+	if f.cfg.agent != "" && c.AgentDID != f.cfg.agent {
+		return api.NewError(api.PermissionDenied, api.ENotGranted,
+			"the capability token is for agent %q; this MCP endpoint is connected as agent %q and serves its tokens only", c.AgentDID, f.cfg.agent)
 	}
 	return nil
 }

@@ -212,7 +212,7 @@ func (a *connectVerifier) VerifyConnectToken(_ context.Context, raw string) (bus
 		}
 		return busauth.AgentToken{}, errors.Join(busauth.ErrBadToken, err)
 	}
-	at := busauth.AgentToken{Tenant: c.TenantID, Subject: c.AgentDID, ID: c.ID, Chain: c.Chain}
+	at := busauth.AgentToken{Tenant: c.TenantID, Subject: c.AgentDID, ID: c.ID, Chain: c.Chain, TenantReader: c.TenantReader}
 	if c.ExpiresAt != nil {
 		at.Expires = c.ExpiresAt.Time
 	}

@@ -766,9 +766,12 @@ func busRoles(t *testing.T, s *served) {
 			{"rewrite policy", false, "$KV.toolgate_policies.active", false},
 			{"rewrite tools", false, "$KV.toolgate_tools.echo", false},
 			{"read another tenant's result late", false, "$JS.API.DIRECT.GET.TOOLGATE_RESULTS.tool.result.other.x", false},
+			{"read another agent's result late", false, "$JS.API.DIRECT.GET.TOOLGATE_RESULTS." + subjects.Result("demo", "did:agent:other", "x"), false},
 			{"create a consumer", false, "$JS.API.CONSUMER.CREATE.AUDIT", false},
-			{"live results of its tenant", true, "tool.result.demo.>", true},
-			{"live audit of its tenant", true, "audit.demo.>", true},
+			{"live results of its own agent", true, subjects.ResultAgent("demo", "did:agent:demo"), true},
+			{"live results of its tenant's other agents", true, "tool.result.demo.>", false},
+			{"another agent's results", true, subjects.ResultAgent("demo", "did:agent:other"), false},
+			{"live audit of its tenant (a tenant reader's)", true, "audit.demo.>", false},
 			{"results of every tenant", true, "tool.result.>", false},
 			{"another tenant's results", true, "tool.result.other.>", false},
 			{"another tenant's audit", true, "audit.other.>", false},
@@ -890,7 +893,7 @@ func agentRoundTrip(t *testing.T, s *served) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sub, err := nc.SubscribeSync("tool.result.demo.>")
+	sub, err := nc.SubscribeSync(subjects.ResultAgent("demo", "did:agent:demo"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -910,7 +913,7 @@ func agentRoundTrip(t *testing.T, s *served) {
 		if err != nil {
 			t.Fatalf("no result for %s: %v", id, err)
 		}
-		if m.Subject != subjects.Result("demo", id) {
+		if m.Subject != subjects.Result("demo", "did:agent:demo", id) {
 			continue
 		}
 		resp, err := client.DecodeResult(m.Data)
@@ -940,10 +943,10 @@ func agentRoundTrip(t *testing.T, s *served) {
 		// not stored the result yet answers 404 for a moment.
 		var m *nats.Msg
 		eventually(t, 10*time.Second, "a direct get to answer the result", func() bool {
-			m, err = nc.Request("$JS.API.DIRECT.GET."+subjects.StreamResults+"."+subjects.Result("demo", id), nil, 5*time.Second)
+			m, err = nc.Request("$JS.API.DIRECT.GET."+subjects.StreamResults+"."+subjects.Result("demo", "did:agent:demo", id), nil, 5*time.Second)
 			return err == nil && m.Header.Get("Status") == "" && strings.Contains(string(m.Data), "through the gate")
 		})
-		if _, err := nc.Request("$JS.API.DIRECT.GET."+subjects.StreamResults+"."+subjects.Result("other", id), nil, 300*time.Millisecond); err == nil {
+		if _, err := nc.Request("$JS.API.DIRECT.GET."+subjects.StreamResults+"."+subjects.Result("other", "did:agent:demo", id), nil, 300*time.Millisecond); err == nil {
 			t.Fatal("a direct get of another tenant's result was answered")
 		}
 	})

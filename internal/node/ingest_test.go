@@ -40,7 +40,7 @@ func echoBody(tenant, msg string) []byte {
 // resultOf waits for the first result on tool.result.<tenant>.<id>.
 func (e *env) resultOf(tenant, id string) api.Response {
 	e.t.Helper()
-	resp, err := client.DecodeResult(e.read(subjects.StreamResults, subjects.Result(tenant, id), 1, 30*time.Second)[0].Data())
+	resp, err := client.DecodeResult(e.read(subjects.StreamResults, subjects.ResultAnyAgent(tenant, id), 1, 30*time.Second)[0].Data())
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -160,7 +160,7 @@ func TestReusedInvocationIDRefused(t *testing.T) {
 	if _, err := other.Invoke(ctx, second, clientOpts("shared")); err != nil {
 		t.Fatal(err)
 	}
-	msgs := e.read(subjects.StreamResults, subjects.Result("acme", "shared"), 2, 30*time.Second)
+	msgs := e.read(subjects.StreamResults, subjects.ResultAnyAgent("acme", "shared"), 2, 30*time.Second)
 	resp, err := client.DecodeResult(msgs[1].Data())
 	if err != nil {
 		t.Fatal(err)

@@ -56,7 +56,7 @@ func onlyAuditPublishes(t *testing.T, s *served) {
 		for _, r := range []busauth.Role{busauth.RoleValidate, busauth.RoleExecute, busauth.RoleVerify, busauth.RoleControl} {
 			js := roleJS(r)
 			pctx, pcancel := context.WithTimeout(ctx, 2*time.Second)
-			for _, subject := range []string{subjects.AuditEvent("demo", "tool.succeeded"), subjects.Result("demo", "forged")} {
+			for _, subject := range []string{subjects.AuditEvent("demo", "tool.succeeded"), subjects.Result("demo", "did:agent:demo", "forged")} {
 				if _, err := js.Publish(pctx, subject, []byte(`{}`)); err == nil {
 					t.Errorf("%s published %s", r, subject)
 				}
@@ -120,7 +120,7 @@ func onlyAuditPublishes(t *testing.T, s *served) {
 
 	t.Run("a pending answer relayed after the result is dropped", func(t *testing.T) {
 		id := fmt.Sprintf("late-pending-%d", time.Now().UnixNano())
-		subject := subjects.Result("demo", id)
+		subject := subjects.Result("demo", "did:agent:demo", id)
 		// The terminal result first, as audit publishes it.
 		ajs := seal.SigningJetStream(roleJS(busauth.RoleAudit), key(busauth.RoleAudit))
 		if _, err := ajs.Publish(ctx, subject, []byte(`{"invocation_id":"`+id+`","status":"success"}`)); err != nil {
@@ -175,7 +175,7 @@ func onlyAuditPublishes(t *testing.T, s *served) {
 			return err == nil && info.CachedInfo().State.Msgs == 0
 		})
 		if m, err := audit.GetLastMsgForSubject(ctx, subjects.AuditEvent("demo", envelope.SubjectSuffix(api.TypePoison))); err == nil &&
-			strings.Contains(string(m.Data), subjects.Relay(subjects.Result("demo", id))) {
+			strings.Contains(string(m.Data), subjects.Relay(subjects.Result("demo", "did:agent:demo", id))) {
 			t.Fatalf("audit refused validate's pending answer: %s", m.Data)
 		}
 	})
@@ -249,7 +249,7 @@ func onlyAuditPublishes(t *testing.T, s *served) {
 	// it relays, even for a call with no result yet, is refused.
 	t.Run("a final result relayed by validate is refused", func(t *testing.T) {
 		id := fmt.Sprintf("forged-result-%d", time.Now().UnixNano())
-		subject := subjects.Result("demo", id)
+		subject := subjects.Result("demo", "did:agent:demo", id)
 		forged := fmt.Sprintf(`{"specversion":"1.0","id":"%s","source":"urn:toolgate:audit","type":"tool.result","data":{"invocation_id":%q,"status":"success"}}`, id, id)
 		vjs := runner.Relaying(seal.SigningJetStream(roleJS(busauth.RoleValidate), key(busauth.RoleValidate)))
 		if _, err := vjs.Publish(ctx, subject, []byte(forged)); err != nil {

@@ -19,8 +19,9 @@ import (
 )
 
 // TestAuditChainNamesForeignEvents: events published on audit.demo.… by a
-// credential that is not audit's (the operator's, which may still publish
-// there), a copy of a real event with its headers and new bytes, are
+// process that is not an audit process (audit's bus credentials leaked to a
+// host without the chain key: no other credential may publish there), a
+// copy of a real event with its headers and new bytes, are
 // covered by the next checkpoint as events no audit process wrote:
 // `audit verify` names each by sequence and event id and is not intact, on
 // the bus and from an export; audit's own events are not named.
@@ -29,6 +30,8 @@ func TestAuditChainNamesForeignEvents(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	ojs, _ := jetstream.New(s.connect(t, 0, s.creds(busauth.RoleOperator)))
+	// The forger: audit's credentials, without the chain key.
+	fjs, _ := jetstream.New(s.connect(t, 0, s.creds(busauth.RoleAudit)))
 	pub, err := busauth.LoadAuditChainPublicKey(s.dataDir)
 	if err != nil {
 		t.Fatal(err)
@@ -67,17 +70,17 @@ func TestAuditChainNamesForeignEvents(t *testing.T) {
 			h[k] = v
 		}
 	}
-	copied, err := ojs.PublishMsg(ctx, &nats.Msg{Subject: subject, Header: h, Data: orig.Data})
+	copied, err := fjs.PublishMsg(ctx, &nats.Msg{Subject: subject, Header: h, Data: orig.Data})
 	if err != nil {
-		t.Fatalf("operator publishing a copy: %v", err)
+		t.Fatalf("publishing a copy with audit's credentials: %v", err)
 	}
 	forgedID := "inv-forged:tool.succeeded"
 	forged := fmt.Sprintf(`{"specversion":"1.0","id":%q,"source":"urn:toolgate:audit","type":"ai.agent.tool.succeeded","subject":"inv-forged","datacontenttype":"application/json","time":%q,"data":{"invocation_id":"inv-forged","tenant_id":"demo","tool_id":"echo"}}`,
 		forgedID, time.Now().UTC().Format(time.RFC3339Nano))
-	made, err := ojs.PublishMsg(ctx, &nats.Msg{Subject: subject, Header: nats.Header{"Content-Type": {"application/cloudevents+json"}},
+	made, err := fjs.PublishMsg(ctx, &nats.Msg{Subject: subject, Header: nats.Header{"Content-Type": {"application/cloudevents+json"}},
 		Data: []byte(forged)})
 	if err != nil {
-		t.Fatalf("operator publishing a new event: %v", err)
+		t.Fatalf("publishing a new event with audit's credentials: %v", err)
 	}
 	last := max(copied.Sequence, made.Sequence)
 	eventually(t, 30*time.Second, fmt.Sprintf("a checkpoint to cover AUDIT up to %d", last), func() bool {

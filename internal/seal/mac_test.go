@@ -80,7 +80,7 @@ func TestHandoffMAC(t *testing.T) {
 		t.Fatalf("the same hand-off read again: ours %v, %v", ours, err)
 	}
 	// What is not a hand-off is signed as before.
-	result := subjects.Result("acme", "a")
+	result := subjects.Result("acme", "did:agent:acme", "a")
 	if r := routeProc[busauth.RoleRoute].Sign(result, nil, body); r.Get(HeaderSignature) == "" || r.Get(HeaderMAC) != "" {
 		t.Fatalf("a result was sent with %v, want a signature", r)
 	}

@@ -50,6 +50,12 @@ type Claims struct {
 	// RootBudget is the root token's budget, carried by derived tokens so
 	// that the tree's shared budget is known whichever token calls.
 	RootBudget *Budget `json:"root_budget,omitempty"`
+	// TenantReader lets the holder see every call of its tenant (results,
+	// status, progress, checkpoints, audit history), not only its own
+	// agent's: an explicit opt-in an operator mints
+	// (`toolgate token mint --tenant-reader`). A derived token keeps it
+	// only when it asks for it and its parent has it.
+	TenantReader bool `json:"tenant_reader,omitempty"`
 	// Chain lists the ids (jti) of the tokens this one was derived from,
 	// root first: revoking any of them revokes this one.
 	Chain []string `json:"chain,omitempty"`

@@ -85,6 +85,11 @@ func Attenuate(parent *Claims, want Claims) (Claims, error) {
 	if c.Subject == "" {
 		c.Subject = parent.Subject
 	}
+	// Seeing the whole tenant is never inherited by default: a child asks
+	// for it, and only a reader's child may have it.
+	if c.TenantReader && !parent.TenantReader {
+		return Claims{}, widen("tenant_reader where the parent sees only its own agent's calls")
+	}
 	if c.SessionID == "" {
 		c.SessionID = parent.SessionID
 	} else if parent.SessionID != "" && c.SessionID != parent.SessionID {

@@ -134,6 +134,7 @@ func (a *Auditor) Process(ctx context.Context, inv *envelope.Invocation) ([]stag
 		ToolID: inv.ToolID(), ToolVersion: inv.ToolVersion(), Error: inv.Error,
 		Response: &resp, Seq: inv.Event.Seq, Ending: stages.Input(ctx),
 	}
+	rec.Agent = inv.Agent()
 	// The charge comes before the status: a caller that sees the end (the
 	// client reads the status record) and calls again must find this call
 	// charged, or its next call is judged without it (a failure not yet
@@ -357,7 +358,7 @@ func resultEvent(inv *envelope.Invocation, resp api.Response) (stages.Output, er
 	if err != nil {
 		return stages.Output{}, err
 	}
-	o, err := stages.EventOutput(subjects.Result(inv.Tenant, inv.ID), e)
+	o, err := stages.EventOutput(subjects.Result(inv.Tenant, inv.Agent(), inv.ID), e)
 	o.MsgID = inv.MsgID("result")
 	return o, err
 }

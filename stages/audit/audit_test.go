@@ -89,7 +89,7 @@ func TestAudit(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		want := subjects.AuditEvent("acme", envelope.SubjectSuffix(api.TypeSucceeded)) + " " + subjects.Result("acme", "i-1")
+		want := subjects.AuditEvent("acme", envelope.SubjectSuffix(api.TypeSucceeded)) + " " + subjects.Result("acme", "", "i-1")
 		if got := subjectsOf(outs); got != want {
 			t.Fatalf("outputs %q, want %q", got, want)
 		}
@@ -117,7 +117,7 @@ func TestAudit(t *testing.T) {
 			return inv
 		}
 		invokedSubject := subjects.AuditEvent("acme", envelope.SubjectSuffix(api.TypeInvoked))
-		succeededSubject := subjects.AuditEvent("acme", envelope.SubjectSuffix(api.TypeSucceeded)) + " " + subjects.Result("acme", "i-1")
+		succeededSubject := subjects.AuditEvent("acme", envelope.SubjectSuffix(api.TypeSucceeded)) + " " + subjects.Result("acme", "", "i-1")
 		inv := carried(nil)
 		outs, err := (&Auditor{store: newFakeStore()}).Process(ctx, inv)
 		if err != nil {
@@ -201,7 +201,7 @@ func TestAudit(t *testing.T) {
 		inv := &envelope.Invocation{ID: "i-3", Tenant: "acme", Status: api.StatusPending, Event: envelope.Event{Seq: 9}}
 		inv.Fail(subjects.Validate, api.NewError(api.InvalidParameters, api.EDuplicateInvocation, "reused"))
 		outs, err := (&Auditor{store: st}).Process(ctx, inv)
-		want := subjects.AuditEvent("acme", envelope.SubjectSuffix(api.TypeDuplicate)) + " " + subjects.Result("acme", "i-3")
+		want := subjects.AuditEvent("acme", envelope.SubjectSuffix(api.TypeDuplicate)) + " " + subjects.Result("acme", "", "i-3")
 		if err != nil || subjectsOf(outs) != want {
 			t.Fatalf("outputs %q, %v; want %q", subjectsOf(outs), err, want)
 		}

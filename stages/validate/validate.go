@@ -48,7 +48,7 @@ type TokenSealer interface {
 
 // IDClaims takes an invocation id for one publish (kvstore.Store).
 type IDClaims interface {
-	ClaimInvocation(ctx context.Context, tenant, id string, seq uint64, digest string) (api.Record, error)
+	ClaimInvocation(ctx context.Context, tenant, id string, seq uint64, digest, agent string) (api.Record, error)
 }
 
 // Validator implements the validate stage.
@@ -177,7 +177,7 @@ func (v *Validator) claim(ctx context.Context, inv *envelope.Invocation, digest 
 	if v.cfg.Claims == nil {
 		return nil
 	}
-	rec, err := v.cfg.Claims.ClaimInvocation(ctx, inv.Tenant, inv.ID, inv.Event.Seq, digest)
+	rec, err := v.cfg.Claims.ClaimInvocation(ctx, inv.Tenant, inv.ID, inv.Event.Seq, digest, inv.Agent())
 	if err != nil {
 		return stages.Transient(fmt.Errorf("claiming the invocation id: %w", err), 0)
 	}
@@ -207,12 +207,12 @@ func requestDigest(inv *envelope.Invocation) string {
 // result follows on the same subject.
 func accepted(inv *envelope.Invocation) (stages.Output, error) {
 	resp := api.Response{InvocationID: inv.ID, Status: api.StatusPending,
-		PollingInfo: &api.PollingInfo{ResultSubject: subjects.Result(inv.Tenant, inv.ID), StatusSubject: subjects.TenantSvc(inv.Tenant, subjects.SvcStatus)}}
+		PollingInfo: &api.PollingInfo{ResultSubject: subjects.Result(inv.Tenant, inv.Agent(), inv.ID), StatusSubject: subjects.TenantSvc(inv.Tenant, subjects.SvcStatus)}}
 	e, err := inv.NewEvent("urn:toolgate:"+subjects.Validate, api.TypeAccepted, resp)
 	if err != nil {
 		return stages.Output{}, err
 	}
-	o, err := stages.EventOutput(subjects.Result(inv.Tenant, inv.ID), e)
+	o, err := stages.EventOutput(subjects.Result(inv.Tenant, inv.Agent(), inv.ID), e)
 	o.MsgID = inv.MsgID("accepted")
 	return o, err
 }
