@@ -113,6 +113,7 @@ func (a *app) mcpCmd() *cobra.Command {
 	f.StringVar(&iss, "token-issuer", "toolgate", "required iss of capability tokens")
 	f.StringVar(&aud, "token-audience", "toolgate", "required aud of capability tokens")
 	f.DurationVar(&c.MaxWait, "max-wait", mcpfront.DefaultMaxWait, "longest a tools/call waits for its result, approval included")
+	f.BoolVar(&c.WaitApproval, "wait-approval", false, "keep a tools/call that waits for a person's approval open until it ends (a client's request timeout then cancels it); default: answer it at once with its invocation id, and serve "+mcpfront.StatusTool+" for its outcome")
 	f.DurationVar(&c.SessionTimeout, "session-timeout", mcpfront.DefaultSessionTimeout, "close HTTP sessions idle this long, cancelling their calls")
 	f.StringVar(&level, "log-level", "info", "debug, info, warn or error (logs go to stderr)")
 	return cmd

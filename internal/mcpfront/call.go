@@ -167,11 +167,44 @@ func (s *session) call(ctx context.Context, toolID string, req *mcp.CallToolRequ
 	// only once a call has waited half a StatusInterval.
 	watchDone := make(chan struct{})
 	wctx, wcancel := context.WithCancel(ctx)
+	// parked is closed when the call waits for a person: unless the
+	// front end is told to wait (WaitApproval), the request is answered
+	// then, so no client's request timeout cancels the call and withdraws
+	// it from the approvers.
+	var parked chan struct{}
+	if !cfg.WaitApproval {
+		parked = make(chan struct{})
+	}
 	watching := time.AfterFunc(cfg.StatusInterval/2, func() {
 		defer close(watchDone)
-		s.watch(wctx, req, c.TenantID, id)
+		s.watch(wctx, req, c.TenantID, id, parked)
 	})
-	resp, err := cfg.Bus.Wait(ctx, c.TenantID, id)
+	type waited struct {
+		resp api.Response
+		err  error
+	}
+	got := make(chan waited, 1)
+	waitCtx, stopWaiting := context.WithCancel(ctx)
+	defer stopWaiting()
+	go func() {
+		r, err := cfg.Bus.Wait(waitCtx, c.TenantID, id)
+		got <- waited{r, err}
+	}()
+	var w waited
+	select {
+	case w = <-got:
+	case <-parked:
+		stopWaiting()
+		if w = <-got; w.err != nil {
+			wcancel()
+			if !watching.Stop() {
+				<-watchDone
+			}
+			s.f.parked.add(id, c.TenantID, c.AgentDID)
+			return pendingResult(id), nil
+		}
+	}
+	resp, err := w.resp, w.err
 	wcancel()
 	if !watching.Stop() {
 		<-watchDone
@@ -214,7 +247,9 @@ const heartbeatStep = 0.01
 // said a heartbeat goes out every ProgressInterval, so a client that
 // restarts its timeout on progress (the TypeScript SDK's
 // resetTimeoutOnProgress) waits for an approval as long as it takes.
-func (s *session) watch(ctx context.Context, req *mcp.CallToolRequest, tenant, id string) {
+//
+// parked, when not nil, is closed once the call waits for approval.
+func (s *session) watch(ctx context.Context, req *mcp.CallToolRequest, tenant, id string, parked chan struct{}) {
 	progressToken := req.Params.GetProgressToken()
 	t := time.NewTimer(s.f.cfg.StatusInterval)
 	defer t.Stop()
@@ -239,6 +274,10 @@ func (s *session) watch(ctx context.Context, req *mcp.CallToolRequest, tenant, i
 			}
 			//lint:ignore SA1019 logging/setLevel is part of the protocol revisions served (2025-06-18, 2025-11-25)
 			_ = req.Session.Log(ctx, &mcp.LoggingMessageParams{Level: "notice", Logger: "toolgate", Data: msg})
+			if parked != nil {
+				close(parked)
+				return
+			}
 		case rec.Progress != nil && rec.Progress.Percent > last && progressToken != nil:
 			last = rec.Progress.Percent
 			notify(mcp.ProgressNotificationParams{Progress: rec.Progress.Percent, Total: 100, Message: rec.Progress.Message})

@@ -177,7 +177,7 @@ func newEnv(t *testing.T) *env {
 		t.Fatal(err)
 	}
 	if e.front, err = mcpfront.Start(ctx, mcpfront.Config{Bus: bus, Verifier: verifier(), Log: quiet(),
-		StatusInterval: 50 * time.Millisecond, PageSize: 3}); err != nil {
+		StatusInterval: 50 * time.Millisecond, PageSize: 3, WaitApproval: true}); err != nil {
 		t.Fatal(err)
 	}
 	return e

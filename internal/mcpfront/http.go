@@ -3,6 +3,7 @@ package mcpfront
 import (
 	"bytes"
 	"context"
+	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -323,6 +324,9 @@ func (f *Front) verify(raw string, s *session) (*token.Claims, error) {
 }
 
 func (f *Front) verifyToken(raw string, s *session) (*token.Claims, error) {
+	if f.cfg.Verifier == nil {
+		return f.admittedToken(raw)
+	}
 	if s == nil || s.raw != raw || s.claims.ExpiresAt == nil {
 		return f.cfg.Verifier.Verify(raw)
 	}
@@ -444,4 +448,21 @@ func methodNotFound(w http.ResponseWriter, id json.RawMessage, method string) {
 		"jsonrpc": "2.0", "id": id,
 		"error": map[string]any{"code": jsonrpc.CodeMethodNotFound, "message": fmt.Sprintf("method not found: %q", method)},
 	})
+}
+
+// admittedToken checks a request's token when the front end has no key set
+// and is connected as one agent: only that agent's very token is served,
+// the one the bus verified when it admitted the connection (and whose
+// revocation closes it, see busRefused); the pipeline verifies it again on
+// every call.
+func (f *Front) admittedToken(raw string) (*token.Claims, error) {
+	c := f.cfg.admittedClaims
+	if f.cfg.admitted == "" || c == nil || subtle.ConstantTimeCompare([]byte(raw), []byte(f.cfg.admitted)) != 1 {
+		return nil, api.NewError(api.PermissionDenied, api.ENotGranted,
+			"this MCP endpoint has no key set to verify tokens with: it serves only the capability token it connected to toolgate with (start it with --jwks to serve other tokens)")
+	}
+	if c.ExpiresAt != nil && !time.Now().Before(c.ExpiresAt.Time) {
+		return nil, api.NewError(api.PermissionDenied, api.ETokenExpired, "the capability token expired at %s", c.ExpiresAt.UTC().Format(time.RFC3339))
+	}
+	return c, nil
 }

@@ -102,6 +102,15 @@ type Config struct {
 	// MaxWait bounds how long one tools/call waits for its result,
 	// approval included; default 30 min (past toolgate's approval timeout).
 	MaxWait time.Duration
+	// WaitApproval keeps a tools/call that waits for a person's approval
+	// open until it ends (relaying the wait as progress), as before
+	// toolgate_status: a client that times requests out cancels the call.
+	// By default such a call is answered at once with its invocation id,
+	// and the session serves StatusTool to learn its outcome.
+	WaitApproval bool
+	// StatusWait is how long a toolgate_status call waits for the call to
+	// end by default; default DefaultStatusWait.
+	StatusWait time.Duration
 	// SessionTimeout closes HTTP sessions idle this long; default 30 min.
 	SessionTimeout time.Duration
 	Log            *slog.Logger
@@ -109,6 +118,11 @@ type Config struct {
 	// the registry read from the tools bucket honour only manifests an
 	// operator signed (internal/signedstate).
 	StateProof signedstate.Verify
+
+	// admitted, set by Run for HTTP without a Verifier, is the one token
+	// served: the one the bus admitted the front end's connection with.
+	admitted       string
+	admittedClaims *token.Claims
 }
 
 func (c *Config) valid() error {
@@ -119,8 +133,11 @@ func (c *Config) valid() error {
 		return fmt.Errorf("%w: give --stdio or --listen HOST:PORT", ErrConfig)
 	case c.Stdio && c.Token == "":
 		return fmt.Errorf("%w: no capability token (TOOLGATE_TOKEN or --token-file)", ErrConfig)
-	case !c.Stdio && c.Verifier == nil:
-		return fmt.Errorf("%w: HTTP needs a key set to verify tokens (--jwks, or --data with a development key)", ErrConfig)
+	case !c.Stdio && c.Verifier == nil && (c.Token == "" || len(c.NATSOptions) > 0 || c.Bus != nil):
+		// Connected as the agent of Token, HTTP serves that one token
+		// without a key set (see Front.verifyToken); any other front end
+		// verifies what each request brings.
+		return fmt.Errorf("%w: HTTP needs a key set to verify tokens (--jwks, or --data with a development key), or the agent's token to serve (TOOLGATE_TOKEN, --token-file)", ErrConfig)
 	}
 	return nil
 }
@@ -132,6 +149,7 @@ func (c *Config) defaults() {
 	c.ProgressInterval = cmp.Or(c.ProgressInterval, DefaultProgressInterval)
 	c.MaxWait = cmp.Or(c.MaxWait, DefaultMaxWait)
 	c.SessionTimeout = cmp.Or(c.SessionTimeout, DefaultSessionTimeout)
+	c.StatusWait = cmp.Or(c.StatusWait, DefaultStatusWait)
 	if c.Log == nil {
 		c.Log = slog.Default()
 	}
@@ -169,6 +187,9 @@ func Run(ctx context.Context, c Config) error {
 				c.agent = claims.AgentDID
 			}
 			opts = ConnectOptions(claims, c.Token)
+			if !c.Stdio && c.Verifier == nil {
+				c.admitted, c.admittedClaims = c.Token, claims
+			}
 		}
 		// A revoked token's connection is closed by the bus, and its
 		// reconnects refused: the front end then ends its sessions
@@ -264,6 +285,9 @@ type Front struct {
 	// closes.
 	live liveCalls
 
+	// parked are the calls answered while they wait for approval.
+	parked parkedCalls
+
 	// revoked are the token ids this front end knows are revoked;
 	// refused, once set, is why the bus no longer serves it at all.
 	revoked token.Revocations
@@ -310,6 +334,7 @@ func (f *Front) refreshLoop(ctx context.Context) {
 			return
 		case <-sweep.C:
 			f.sweep(time.Minute)
+			f.parked.forget(2 * f.cfg.MaxWait)
 			continue
 		case <-f.changed:
 		}
@@ -434,6 +459,9 @@ func (f *Front) newSession(id string, c *token.Claims, raw string) *session {
 			go func() { _ = ss.Wait(); f.drop(s) }()
 		},
 	})
+	if !f.cfg.WaitApproval {
+		s.server.AddTool(statusToolDef(), s.status)
+	}
 	s.refresh()
 	return s
 }

@@ -46,7 +46,7 @@ func (s *session) end() { s.cancel() }
 func (s *session) refresh() {
 	want := map[string]*tools.Manifest{}
 	for _, m := range s.f.cfg.Bus.Tools() {
-		if !grants(s.claims, m) {
+		if !grants(s.claims, m) || ToolName(m.ID) == StatusTool {
 			continue
 		}
 		want[ToolName(m.ID)] = m

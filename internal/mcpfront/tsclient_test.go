@@ -78,7 +78,7 @@ type tsEvent struct {
 	Errors  []string `json:"errors"`
 }
 
-// TestTypeScriptClientWaitsForApproval: with resetTimeoutOnProgress, the
+// TestTypeScriptClientWaitsForApproval (--wait-approval): with resetTimeoutOnProgress, the
 // TypeScript SDK's client waits for an approval well past its request
 // timeout, kept alive by toolgate's steady progress; without, it gives up
 // at its timeout, toolgate withdraws the approval (audited as cancelled)
@@ -95,7 +95,7 @@ func TestTypeScriptClientWaitsForApproval(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	front, err := mcpfront.Start(ctx, mcpfront.Config{Bus: busOf(t, e), Verifier: verifier(), Log: quiet(),
-		StatusInterval: 50 * time.Millisecond, ProgressInterval: 200 * time.Millisecond})
+		StatusInterval: 50 * time.Millisecond, ProgressInterval: 200 * time.Millisecond, WaitApproval: true})
 	if err != nil {
 		t.Fatal(err)
 	}
