@@ -62,6 +62,9 @@ type fakeRequest struct {
 
 func (r *fakeRequest) Data() []byte { return r.data }
 
+// Headers: a request from toolgate's own account (no Nats-Request-Info).
+func (r *fakeRequest) Headers() micro.Headers { return nil }
+
 func (r *fakeRequest) RespondJSON(v any, _ ...micro.RespondOpt) error {
 	r.answer = v
 	return nil
