@@ -127,10 +127,10 @@ func TestOperatorCredsSurviveRestart(t *testing.T) {
 		}
 		return strings.TrimSpace(string(b))
 	}
-	url, stop := runServe(t, dir)
+	_, stop := runServe(t, dir)
 	exported := read()
 	stop()
-	url, stop = runServe(t, dir)
+	url, stop := runServe(t, dir)
 	defer stop()
 	if got := read(); got != exported {
 		t.Errorf("operator.jwt changed across a restart")
