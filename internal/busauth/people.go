@@ -113,16 +113,6 @@ func PeopleTable() string {
 	var b strings.Builder
 	b.WriteString("| role | calls (control endpoints) | signed requests taken from it | reads the trail |\n")
 	b.WriteString("|---|---|---|---|\n")
-	code := func(ss []string) string {
-		if len(ss) == 0 {
-			return "—"
-		}
-		out := make([]string, len(ss))
-		for i, s := range ss {
-			out[i] = "`" + s + "`"
-		}
-		return strings.Join(out, ", ")
-	}
 	for _, role := range PeopleRoles {
 		r := PeopleRights[role]
 		calls := slices.Clone(r.Calls)
@@ -133,10 +123,10 @@ func PeopleTable() string {
 		if r.ReadsTrail {
 			trail = fmt.Sprintf("direct gets of `%s` and `%s`, `%s` by sequence, hears `%s`", subjects.StreamAudit, subjects.StreamAuditChain, subjects.StreamAuditChain, subjects.AuditAll)
 		}
-		fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", role, code(calls), code(r.Signs), trail)
+		fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", role, codeList(calls), codeList(r.Signs), trail)
 	}
 	fmt.Fprintf(&b, "| operator | everything in `%s` but publishing on %s (break-glass) | every one, audited as `break_glass` | everything |\n",
-		AccountToolgate, code(TrailSubjects))
+		AccountToolgate, codeList(TrailSubjects))
 	return b.String()
 }
 

@@ -289,22 +289,24 @@ func (r RoleRights) permissions(role Role) jwt.Permissions {
 	return p
 }
 
+// codeList renders ss as a table cell: each in backticks, "—" for none.
+func codeList(ss []string) string {
+	if len(ss) == 0 {
+		return "—"
+	}
+	out := make([]string, len(ss))
+	for i, s := range ss {
+		out[i] = "`" + s + "`"
+	}
+	return strings.Join(out, ", ")
+}
+
 // RoleTable renders Rights as the Markdown table of docs/security.md
 // (a test holds the page to it).
 func RoleTable() string {
 	var b strings.Builder
 	b.WriteString("| role | pulls from (durable consumers) | publishes | writes buckets | watches buckets | also reads |\n")
 	b.WriteString("|---|---|---|---|---|---|\n")
-	code := func(ss []string) string {
-		if len(ss) == 0 {
-			return "—"
-		}
-		out := make([]string, len(ss))
-		for i, s := range ss {
-			out[i] = "`" + s + "`"
-		}
-		return strings.Join(out, ", ")
-	}
 	for _, role := range append(slices.Clone(StageRoles), RoleControl) {
 		r := Rights[role]
 		var consumers []string
@@ -333,7 +335,7 @@ func RoleTable() string {
 		for _, st := range r.Counts {
 			reads = append(reads, st+" (message counts only)")
 		}
-		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s |\n", role, code(consumers), code(pubs), code(r.Writes), code(r.Watches), code(reads))
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s |\n", role, codeList(consumers), codeList(pubs), codeList(r.Writes), codeList(r.Watches), codeList(reads))
 	}
 	return b.String()
 }
