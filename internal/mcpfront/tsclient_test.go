@@ -5,10 +5,12 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"io"
 	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -102,37 +104,8 @@ func TestTypeScriptClientWaitsForApproval(t *testing.T) {
 	srv := httptest.NewServer(front.Handler())
 	defer srv.Close()
 
-	script := filepath.Join(t.TempDir(), "client.mjs")
-	if err := os.WriteFile(script, []byte(strings.ReplaceAll(tsClientScript, "SDK/", "file://"+sdk+"/")), 0o644); err != nil {
-		t.Fatal(err)
-	}
 	const timeoutMS = 1000
-	cmd := exec.CommandContext(t.Context(), "node", script, srv.URL+"/mcp", mint(t, token.Claims{}), "1000")
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
-	events := make(chan tsEvent, 256)
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			var ev tsEvent
-			if json.Unmarshal(sc.Bytes(), &ev) == nil {
-				events <- ev
-			}
-		}
-		close(events)
-	}()
+	stdin, events, stderr := runTSClient(t, sdk, tsClientScript, srv.URL+"/mcp", mint(t, token.Claims{}), timeoutMS)
 	// next returns the next event that satisfies ok.
 	next := func(what string, ok func(tsEvent) bool) tsEvent {
 		t.Helper()
@@ -198,4 +171,43 @@ func TestTypeScriptClientWaitsForApproval(t *testing.T) {
 	if ev := next("the client's report", func(ev tsEvent) bool { return ev.Event == "done" }); len(ev.Errors) != 0 {
 		t.Fatalf("the client saw errors: %v", ev.Errors)
 	}
+}
+
+// runTSClient runs script (its SDK/ imports pointed at sdk) with node,
+// against url as the holder of tok, with timeoutMS as the client's request
+// timeout, until the test ends. It returns the client's stdin, the events
+// it reports on stdout, and its stderr.
+func runTSClient(t *testing.T, sdk, script, url, tok string, timeoutMS int) (io.Writer, <-chan tsEvent, *strings.Builder) {
+	t.Helper()
+	file := filepath.Join(t.TempDir(), "client.mjs")
+	if err := os.WriteFile(file, []byte(strings.ReplaceAll(script, "SDK/", "file://"+sdk+"/")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.CommandContext(t.Context(), "node", file, url, tok, strconv.Itoa(timeoutMS))
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stderr := &strings.Builder{}
+	cmd.Stderr = stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	events := make(chan tsEvent, 256)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			var ev tsEvent
+			if json.Unmarshal(sc.Bytes(), &ev) == nil {
+				events <- ev
+			}
+		}
+		close(events)
+	}()
+	return stdin, events, stderr
 }

@@ -1,13 +1,9 @@
 package mcpfront_test
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"net/http/httptest"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -69,37 +65,8 @@ func TestTypeScriptClientParkedCall(t *testing.T) {
 	}
 	srv := httptest.NewServer(front.Handler())
 	defer srv.Close()
-	script := filepath.Join(t.TempDir(), "client.mjs")
-	if err := os.WriteFile(script, []byte(strings.ReplaceAll(tsParkedScript, "SDK/", "file://"+sdk+"/")), 0o644); err != nil {
-		t.Fatal(err)
-	}
 	const timeoutMS = 3000
-	cmd := exec.CommandContext(t.Context(), "node", script, srv.URL+"/mcp", mint(t, token.Claims{}), "3000")
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
-	events := make(chan tsEvent, 16)
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			var ev tsEvent
-			if json.Unmarshal(sc.Bytes(), &ev) == nil {
-				events <- ev
-			}
-		}
-		close(events)
-	}()
+	stdin, events, stderr := runTSClient(t, sdk, tsParkedScript, srv.URL+"/mcp", mint(t, token.Claims{}), timeoutMS)
 	next := func(what string) tsEvent {
 		t.Helper()
 		select {
