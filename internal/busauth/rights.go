@@ -208,7 +208,7 @@ var Rights = map[Role]RoleRights{
 			{Subject: subjects.AuditTenant(subjects.SystemTenant), Types: []string{api.TypeAuditRecreated},
 				Sources: []string{"urn:toolgate:node"}},
 			{Subject: subjects.AuditTenant(subjects.SystemTenant), Types: []string{api.TypeStateRefused},
-				Sources: []string{source(RoleAuthorize), source(RoleRoute), source(RoleExecute), source(RoleAudit)}}},
+				Sources: []string{source(RoleAuthorize), source(RoleRoute), source(RoleExecute), source(RoleAudit), source(RoleOperator)}}},
 		Writes: []string{subjects.BucketTools, subjects.BucketApprovals, subjects.BucketInvocations, subjects.BucketCapabilities,
 			subjects.BucketPolicies, subjects.BucketHooks, subjects.BucketRevocations, subjects.BucketBreakers, subjects.BucketModels,
 			subjects.BucketDocSources, subjects.BucketCheckpoints},

@@ -667,24 +667,9 @@ func busApprovals(t *testing.T, s *served) {
 		if err != nil {
 			t.Fatalf("control writing the approvals bucket: %v", err)
 		}
-		var inv envelope.Invocation
-		if err := json.Unmarshal(a.Invocation, &inv); err != nil {
-			t.Fatal(err)
-		}
-		hop, err := runner.Handoff(&inv, subjects.Authorize)
-		if err != nil {
-			t.Fatal(err)
-		}
-		hop.MsgID = ""
 		// With the control host's signing key too: the hop passes as
 		// control's, and the decision it carries still is no operator's.
-		k, err := busauth.LoadHopKey(s.dataDir, busauth.RoleControl)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := runner.Publish(ctx, seal.SigningJetStream(wjs, seal.NewSigner(busauth.RoleControl, k)), hop); err != nil {
-			t.Fatal(err)
-		}
+		handToAuthorizeAsControl(t, ctx, s, wjs, a.Invocation)
 		var rec api.Record
 		eventually(t, 20*time.Second, "the call to end", func() bool {
 			rec, err = ac.Status(ctx, "demo", id)
@@ -694,6 +679,30 @@ func busApprovals(t *testing.T, s *served) {
 			t.Fatalf("control's own approval: %s %+v, want permission_denied E3217", rec.Status, rec.Error)
 		}
 	})
+}
+
+// handToAuthorizeAsControl hands the parked invocation (an approval
+// record's) back to authorize as the control service does after a
+// decision: with control's credentials (js) and signed with control's hop
+// key, as a compromised control host could.
+func handToAuthorizeAsControl(t *testing.T, ctx context.Context, s *served, js jetstream.JetStream, invocation []byte) {
+	t.Helper()
+	var inv envelope.Invocation
+	if err := json.Unmarshal(invocation, &inv); err != nil {
+		t.Fatal(err)
+	}
+	hop, err := runner.Handoff(&inv, subjects.Authorize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hop.MsgID = ""
+	k, err := busauth.LoadHopKey(s.dataDir, busauth.RoleControl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := runner.Publish(ctx, seal.SigningJetStream(js, seal.NewSigner(busauth.RoleControl, k)), hop); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // refused reports whether the server refused op on subject for nc with a

@@ -471,18 +471,20 @@ func (r *run) openConnections(ctx context.Context) (closeAll func(), err error) 
 
 // operatorRecords has the operator's connection, which may not publish
 // audit events, record what it must through another role: a recreated
-// AUDIT and the state its readers ignored go through the audit stage's
-// connection, or the relay as the control service's.
+// AUDIT and the state its readers ignored go on the relay as the control
+// service's, where audit checks them and publishes them as its own (so
+// the audit chain counts them as audit's), or, without a control service,
+// through the audit stage's connection.
 func (r *run) operatorRecords() {
 	op := r.op
 	if op == nil || !r.authenticated {
 		return
 	}
 	var rec *Node
-	if an := r.nodes.stage[subjects.Audit]; an != nil {
-		rec = an
-	} else if r.nodes.control != nil {
+	if r.nodes.control != nil {
 		rec = r.nodes.control
+	} else if an := r.nodes.stage[subjects.Audit]; an != nil {
+		rec = an
 	}
 	if rec == nil || rec == op {
 		return

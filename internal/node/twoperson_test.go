@@ -13,8 +13,6 @@ import (
 	"github.com/toolgate/toolgate/client"
 	"github.com/toolgate/toolgate/internal/busauth"
 	"github.com/toolgate/toolgate/internal/envelope"
-	"github.com/toolgate/toolgate/internal/runner"
-	"github.com/toolgate/toolgate/internal/seal"
 	"github.com/toolgate/toolgate/kvstore"
 	"github.com/toolgate/toolgate/subjects"
 )
@@ -172,22 +170,7 @@ func TestBusTwoPersonRule(t *testing.T) {
 		if _, err := kv.Update(ctx, key, val, e.Revision()); err != nil {
 			t.Fatal(err)
 		}
-		var inv envelope.Invocation
-		if err := json.Unmarshal(a.Invocation, &inv); err != nil {
-			t.Fatal(err)
-		}
-		hop, err := runner.Handoff(&inv, subjects.Authorize)
-		if err != nil {
-			t.Fatal(err)
-		}
-		hop.MsgID = ""
-		k, err := busauth.LoadHopKey(s.dataDir, busauth.RoleControl)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := runner.Publish(ctx, seal.SigningJetStream(cjs, seal.NewSigner(busauth.RoleControl, k)), hop); err != nil {
-			t.Fatal(err)
-		}
+		handToAuthorizeAsControl(t, ctx, s, cjs, a.Invocation)
 		var rec api.Record
 		eventually(t, 20*time.Second, "the call to end", func() bool {
 			rec, err = ac.Status(ctx, "demo", id)
