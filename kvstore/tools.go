@@ -65,6 +65,10 @@ func (s *Store) RegisterSignedTool(ctx context.Context, doc []byte, replace bool
 	if err != nil {
 		return nil, err
 	}
+	// The registry keeps toolgate's own form, whichever the operator wrote.
+	if doc, err = tools.Native(doc); err != nil {
+		return nil, err
+	}
 	key := toolKey(m.ID, m.Version)
 	created := m.Lifecycle.CreatedAt
 	if created.IsZero() && replace {

@@ -40,6 +40,7 @@ var (
 	modelSchema    = sync.OnceValue(func() *jsonschema.Schema { return mustCompileEmbedded("model.schema.json") })
 	hookSetSchema  = sync.OnceValue(func() *jsonschema.Schema { return mustCompileEmbedded("hook-set.schema.json") })
 	capSchema      = sync.OnceValue(func() *jsonschema.Schema { return mustCompileEmbedded("capability-request.schema.json") })
+	seedSchema     = sync.OnceValue(func() *jsonschema.Schema { return mustCompileEmbedded("tool-manifest-seed.schema.json") })
 )
 
 // CapabilityRequest returns the compiled capability request schema.
@@ -64,6 +65,11 @@ func Model() *jsonschema.Schema { return modelSchema() }
 // HookSet is the schema of a set of hooks: a tenant's (toolgate hooks push)
 // and, wrapped as {"hooks": [...]}, a manifest's hooks field.
 func HookSet() *jsonschema.Schema { return hookSetSchema() }
+
+// SeedManifest returns the compiled schema of a tool manifest in the
+// specification's form (seed 002, 5.2.1), which tools.Parse converts into
+// toolgate's own.
+func SeedManifest() *jsonschema.Schema { return seedSchema() }
 
 // Manifest returns the compiled tool manifest schema.
 func Manifest() *jsonschema.Schema { return manifestSchema() }

@@ -23,6 +23,7 @@ import (
 	"github.com/cloudevents/sdk-go/v2/event"
 	"github.com/toolgate/toolgate/internal/envelope"
 	"github.com/toolgate/toolgate/internal/modelrouter"
+	"github.com/toolgate/toolgate/internal/tools"
 	"github.com/toolgate/toolgate/stages"
 
 	"github.com/toolgate/toolgate/api"
@@ -73,7 +74,8 @@ func Hooks(set kvstore.HookSet, verify Verify) error {
 // Tool checks a stored tool manifest: signed by an operator on the
 // register endpoint, by the operator it names, for exactly its manifest.
 // The store stamps lifecycle.created_at and updated_at into what it keeps,
-// so the signed manifest is compared with those two stamped in.
+// so the signed manifest is compared, in toolgate's form, with those two
+// stamped in.
 func Tool(rec kvstore.ToolRecord, verify Verify) error {
 	var r api.RegisterRequest
 	if err := signedRequest(rec.Proof, subjects.SvcToolsRegister, rec.RegisteredBy, verify, &r); err != nil {
@@ -88,7 +90,13 @@ func Tool(rec kvstore.ToolRecord, verify Verify) error {
 	if err := json.Unmarshal(rec.Manifest, &stored); err != nil {
 		return fmt.Errorf("the stored manifest does not decode: %w", err)
 	}
-	signed, err := kvstore.StampLifecycle(r.Manifest, stored.Lifecycle.CreatedAt, stored.Lifecycle.UpdatedAt)
+	// The store keeps the manifest in toolgate's form, the operator may
+	// have signed it in the specification's.
+	native, err := tools.Native(r.Manifest)
+	if err != nil {
+		return fmt.Errorf("the signed manifest does not convert: %w", err)
+	}
+	signed, err := kvstore.StampLifecycle(native, stored.Lifecycle.CreatedAt, stored.Lifecycle.UpdatedAt)
 	if err != nil || !sameDoc(signed, rec.Manifest) {
 		return errors.New("the stored manifest is not the one the operator registered")
 	}

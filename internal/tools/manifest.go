@@ -256,10 +256,24 @@ func (m *Manifest) State(now time.Time) string {
 }
 
 // Parse checks doc against the tool manifest schema, decodes it, compiles its
-// input and output schemas and fills in defaults. Every failure is an
-// invalid_parameters error with E-code E3008, with field errors when the
-// problem can be located.
+// input and output schemas and fills in defaults. doc is in toolgate's form
+// or in the specification's (seed 002, 5.2.1; see Native). Every failure is
+// an invalid_parameters error with E-code E3008, with field errors, pointing
+// into doc as written, when the problem can be located.
 func Parse(doc []byte) (*Manifest, error) {
+	native, origin, err := nativeForm(doc)
+	if err != nil {
+		return nil, err
+	}
+	m, err := parseNative(native)
+	if err != nil && origin != nil {
+		relocate(err, origin)
+	}
+	return m, err
+}
+
+// parseNative is Parse for a document in toolgate's form.
+func parseNative(doc []byte) (*Manifest, error) {
 	fields, err := schemas.Validate(schemas.Manifest(), doc)
 	if err != nil {
 		return nil, api.WrapError(err, api.InvalidParameters, api.EInvalidManifest, "manifest: %v", err)
