@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/toolgate/toolgate/api"
 	"io"
 	"os"
 	"path/filepath"
@@ -49,6 +50,12 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	var ce *codeError
 	if err != nil && !(errors.As(err, &ce) && ce.shown) {
 		fmt.Fprintln(stderr, "toolgate:", err)
+		// Which members of a refused document are wrong, one a line.
+		if te := (*api.Error)(nil); errors.As(err, &te) {
+			for _, f := range te.Fields {
+				fmt.Fprintf(stderr, "  %s: %s\n", f.Location, f.Message)
+			}
+		}
 		if code == exitUsage {
 			fmt.Fprintln(stderr, "Run 'toolgate --help' (or 'toolgate COMMAND --help') for usage.")
 		}

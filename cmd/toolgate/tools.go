@@ -89,7 +89,7 @@ func truncate(s string, n int) string {
 }
 
 func (a *app) toolsGetCmd() *cobra.Command {
-	var version string
+	var version, format string
 	cmd := &cobra.Command{
 		Use:   "get ID",
 		Short: "Print a tool's manifest (latest version, or --version)",
@@ -113,11 +113,21 @@ func (a *app) toolsGetCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			switch format {
+			case "toolgate":
+			case "seed":
+				if out, err = tools.SeedForm(out); err != nil {
+					return err
+				}
+			default:
+				return usageErr("--format %q: want toolgate or seed", format)
+			}
 			_, err = fmt.Fprintln(a.stdout, indentJSON(out, ""))
 			return err
 		},
 	}
 	cmd.Flags().StringVar(&version, "version", "", "exact version or semver range (default: latest)")
+	cmd.Flags().StringVar(&format, "format", "toolgate", "toolgate, or seed for the specification's manifest form (tool_id, parameters_schema, execution_config, the rest in x-toolgate), which register takes too")
 	return cmd
 }
 

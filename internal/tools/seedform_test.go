@@ -14,7 +14,7 @@ import (
 
 func seedDoc(t *testing.T) []byte {
 	t.Helper()
-	b, err := os.ReadFile("testdata/seed-form.json")
+	b, err := os.ReadFile("../../examples/seed-manifest.json")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,7 +68,7 @@ func TestSeedFormParses(t *testing.T) {
 	if c := m.CircuitBreaker; c == nil || c.FailureRateThreshold != 50 || c.SlidingWindowSize != 10 || c.WaitDurationSeconds != 30 {
 		t.Errorf("circuit breaker: %+v", c)
 	}
-	if len(m.Permissions.Filesystem) != 1 || m.Permissions.Filesystem[0] != (FilesystemPermission{Path: "reports", Mode: "ro"}) {
+	if len(m.Permissions.Filesystem) != 1 || m.Permissions.Filesystem[0] != (FilesystemPermission{Path: ".", Mode: "ro"}) {
 		t.Errorf("permissions: %+v", m.Permissions)
 	}
 	if f, _ := m.ValidateInput([]byte(`{}`)); !hasField(f, "/", "message") {
@@ -156,6 +156,7 @@ func TestSeedFormMixing(t *testing.T) {
 			d["x-toolgate"].(map[string]any)["input_schema"] = map[string]any{"type": "object"}
 		}, []string{"/x-toolgate/input_schema", "/parameters_schema"}},
 		{"approval in both", func(d map[string]any) {
+			d["execution_config"].(map[string]any)["requires_approval"] = false
 			d["x-toolgate"].(map[string]any)["safety"].(map[string]any)["requires_approval"] = true
 		}, []string{"/x-toolgate/safety/requires_approval", "/execution_config/requires_approval"}},
 		{"retry policy in the extension only", func(d map[string]any) {
