@@ -54,6 +54,15 @@ const (
 	EPolicyDenied        = "E3209"
 	EResultSchema        = "E3501"
 	EResultNotJSON       = "E3502"
+	// The result lacks a field its output schema requires, and fails it in
+	// no other way.
+	EResultMissingField = "E3506"
+	// A field of the result has a type its output schema does not allow,
+	// and the result fails it in no other way.
+	EResultFieldType = "E3507"
+	// A manifest asks for strict result validation and declares no
+	// output schema (refused at registration).
+	EResultSchemaMissing = "E3508"
 	EDeliveryExhausted   = "E3901"
 	EInternal            = "E3902"
 	EPoisonMessage       = "E3903"
@@ -170,6 +179,9 @@ const (
 const (
 	ERateLimited = "E3303" // over the tool's rate limit for the tenant; retryable
 	EBreakerOpen = "E3401" // the tool's circuit breaker is open; retryable
+	// A manifest's circuit breaker configuration is invalid (a threshold
+	// over 100, a window under 1), and nothing else in it is.
+	EBreakerConfig = "E3403"
 	// The idempotency key was used by a request asking for something else.
 	EIdempotencyMismatch = "E3020"
 	// The first invocation with this idempotency key has not ended yet.

@@ -133,7 +133,8 @@ func TestMCPFilesystemConfinement(t *testing.T) {
 // TestMCPMisbehavingServer: a server that crashes mid-call ends that call
 // with E3121 and its audit events, and serves the next call after its
 // restart; a call that hangs times out (E3103) and the worker serves the
-// next one; a result breaking the output schema is stopped by verify (E3501).
+// next one; a result with a field of the wrong type is stopped by verify
+// (E3507).
 func TestMCPMisbehavingServer(t *testing.T) {
 	bin := mcptest.Flaky(t)
 	e, n := mcpPipeline(t, t.TempDir())
@@ -183,8 +184,9 @@ func TestMCPMisbehavingServer(t *testing.T) {
 		t.Fatalf("echo after the hang: %s %s", resp.Status, mustJSON(t, resp.Error))
 	}
 
+	// A field of the wrong type, and nothing else: the specification's E3507.
 	resp = e.invoke(request(tenant, "mcp:flaky:bad_output", `{}`))
-	wantError(t, resp, api.StatusError, api.EResultSchema)
+	wantError(t, resp, api.StatusError, api.EResultFieldType)
 	if resp.Result != nil {
 		t.Fatalf("a result failing its schema was passed on: %s", resp.Result)
 	}

@@ -193,9 +193,9 @@ func TestBadInput(t *testing.T) {
 			d := `{"tool_id":"sleep","agent_context":{"agent_did":"d","tenant_id":"b13"},"parameters":{"ms":5000},"resource_limits":{"timeout_seconds":1}}`
 			return binary("b13", "tool.invoke", withToken(d, "b13", "d"))
 		}, api.StatusTimeout, api.Timeout, api.ETimeout, api.TypeTimeout, false},
-		{"result breaks the output schema", func() (string, nats.Header, []byte) {
+		{"result lacks a field its output schema requires", func() (string, nats.Header, []byte) {
 			return binary("b14", "tool.invoke", data("b14", "test.bad_output", "", `{}`))
-		}, api.StatusError, api.ToolExecutionError, api.EResultSchema, api.TypeFailed, true},
+		}, api.StatusError, api.ToolExecutionError, api.EResultMissingField, api.TypeFailed, true},
 		{"removed version", func() (string, nats.Header, []byte) {
 			return binary("b15", "tool.invoke", data("b15", "test.removed", "1.0.0", `{}`))
 		}, api.StatusError, api.ToolVersionNotFound, api.EToolRemoved, api.TypeFailed, false},

@@ -279,6 +279,14 @@ func parseNative(doc []byte) (*Manifest, error) {
 		return nil, api.WrapError(err, api.InvalidParameters, api.EInvalidManifest, "manifest: %v", err)
 	}
 	if len(fields) > 0 {
+		// A breaker's values out of range are the specification's own
+		// code; an unknown member stays an invalid manifest.
+		if !slices.ContainsFunc(fields, func(f api.FieldError) bool {
+			return !strings.HasPrefix(f.Location+"/", "/circuit_breaker/") || strings.HasPrefix(f.Message, "additionalProperties ")
+		}) {
+			return nil, api.NewError(api.InvalidParameters, api.EBreakerConfig,
+				"the circuit breaker configuration is invalid").WithFields(fields)
+		}
 		return nil, invalid("manifest does not match the tool manifest schema").WithFields(fields)
 	}
 	m := new(Manifest)
@@ -300,6 +308,13 @@ func parseNative(doc []byte) (*Manifest, error) {
 		if m.output, err = compile(m, "output_schema", m.OutputSchema); err != nil {
 			return nil, err
 		}
+	}
+	// Strict result validation with nothing to validate against would pass
+	// every result unchecked: the manifest asked for what it cannot have.
+	if m.OutputPolicy != nil && m.OutputPolicy.Mode == "strict" && m.output == nil {
+		return nil, api.NewError(api.InvalidParameters, api.EResultSchemaMissing,
+			"%s asks for strict result validation (output_policy.mode) and declares no output schema", m.Key()).
+			WithFields([]api.FieldError{{Location: "/output_schema", Message: "required by output_policy.mode strict"}})
 	}
 	if len(m.Hooks) > 0 {
 		var raw struct {

@@ -302,6 +302,13 @@ func seedLocation(loc string, origin map[string]string) string {
 			return seed + strings.TrimPrefix(loc, native)
 		}
 	}
+	// A member the document lacks has its place all the same.
+	for _, n := range seedNames {
+		native := "/" + strings.Join(n.native, "/")
+		if n.seed != "/execution_config/default_timeout_seconds" && (loc == native || strings.HasPrefix(loc, native+"/")) {
+			return n.seed + strings.TrimPrefix(loc, native)
+		}
+	}
 	if loc == "/" || loc == "" {
 		return "/" + SeedExtension
 	}

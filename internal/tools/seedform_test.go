@@ -215,3 +215,52 @@ func TestSeedFormUnknownMember(t *testing.T) {
 		})
 	}
 }
+
+// TestSeedCodesAtRegistration: an invalid breaker configuration alone is
+// the specification's E3403, in either form; strict result validation
+// without a result schema is E3508.
+func TestSeedCodesAtRegistration(t *testing.T) {
+	cases := []struct {
+		name  string
+		doc   []byte
+		ecode string
+		loc   string
+	}{
+		{"threshold over 100", manifestJSON(t, func(m map[string]any) {
+			m["circuit_breaker"] = map[string]any{"failure_rate_threshold": 150}
+		}), api.EBreakerConfig, "/circuit_breaker/failure_rate_threshold"},
+		{"window under 1, seed form", editJSON(t, seedDoc(t), func(d map[string]any) {
+			d["execution_config"].(map[string]any)["circuit_breaker_config"].(map[string]any)["sliding_window_size"] = 0
+		}), api.EBreakerConfig, "/execution_config/circuit_breaker_config/sliding_window_size"},
+		{"a bad breaker and another problem", manifestJSON(t, func(m map[string]any) {
+			m["circuit_breaker"] = map[string]any{"failure_rate_threshold": 150}
+			m["owner"] = "me"
+		}), api.EInvalidManifest, "/circuit_breaker/failure_rate_threshold"},
+		{"strict without an output schema", manifestJSON(t, func(m map[string]any) {
+			delete(m, "output_schema")
+			m["output_policy"] = map[string]any{"mode": "strict"}
+		}), api.EResultSchemaMissing, "/output_schema"},
+		{"strict without a result schema, seed form", editJSON(t, seedDoc(t), func(d map[string]any) {
+			delete(d, "result_schema")
+			d["x-toolgate"].(map[string]any)["output_policy"] = map[string]any{"mode": "strict"}
+		}), api.EResultSchemaMissing, "/result_schema"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := Parse(c.doc)
+			var te *api.Error
+			if !errors.As(err, &te) || te.ECode != c.ecode || te.Code != api.InvalidParameters || !hasField(te.Fields, c.loc, "") {
+				t.Fatalf("got %v %+v, want %s at %s", err, api.AsError(err).Fields, c.ecode, c.loc)
+			}
+		})
+	}
+	// Without output_policy, or lenient, a tool needs no output schema.
+	for _, pol := range []any{nil, map[string]any{"mode": "lenient"}} {
+		mustParse(t, manifestJSON(t, func(m map[string]any) {
+			delete(m, "output_schema")
+			if pol != nil {
+				m["output_policy"] = pol
+			}
+		}))
+	}
+}

@@ -16,7 +16,7 @@ import (
 // TestVerifyDecisions: what verify does with a result, by output schema and
 // output policy.
 func TestVerifyDecisions(t *testing.T) {
-	schema := `{"type":"object","properties":{"n":{"type":"integer"}},"required":["n"]}`
+	schema := `{"type":"object","properties":{"n":{"type":"integer"},"m":{"maximum":5}},"required":["n"]}`
 	cases := []struct {
 		name       string
 		policy     string // the manifest's output_policy, JSON
@@ -26,8 +26,11 @@ func TestVerifyDecisions(t *testing.T) {
 		wantWarn   string
 	}{
 		{name: "matching result passes", policy: `{}`, result: `{"n":1}`, wantResult: `{"n":1}`},
-		{name: "schema failure rejected when strict", policy: `{}`, result: `{"n":"x"}`, wantECode: api.EResultSchema},
-		{name: "explicit strict rejects", policy: `{"mode":"strict"}`, result: `{}`, wantECode: api.EResultSchema},
+		{name: "a field of the wrong type rejected when strict", policy: `{}`, result: `{"n":"x"}`, wantECode: api.EResultFieldType},
+		{name: "a missing field rejected when strict", policy: `{"mode":"strict"}`, result: `{}`, wantECode: api.EResultMissingField},
+		{name: "another schema failure", policy: `{}`, result: `{"n":1,"m":9}`, wantECode: api.EResultSchema},
+		{name: "a missing field and another failure", policy: `{}`, result: `{"m":9}`, wantECode: api.EResultSchema},
+		{name: "a wrong type and another failure", policy: `{}`, result: `{"n":"x","m":9}`, wantECode: api.EResultSchema},
 		{name: "schema failure passes with a warning when lenient", policy: `{"mode":"lenient"}`, result: `{"n":"x"}`,
 			wantResult: `{"n":"x"}`, wantWarn: api.EResultSchema},
 		{name: "coerced to the schema's types", policy: `{"coerce":true}`, result: `{"n":"7"}`, wantResult: `{"n":7}`, wantWarn: "coerced"},

@@ -208,7 +208,7 @@ func (v *Verifier) check(ctx context.Context, m *tools.Manifest, pol tools.Outpu
 	}
 	if len(fields) > 0 {
 		if pol.Mode != "lenient" {
-			return nil, api.NewError(api.ToolExecutionError, api.EResultSchema,
+			return nil, api.NewError(api.ToolExecutionError, schemaECode(fields),
 				"%s returned a result that does not match its output schema", m.Key()).WithFields(fields)
 		}
 		inv.Metadata.Warnings = append(inv.Metadata.Warnings,
@@ -405,4 +405,27 @@ func pastTense(action string) string {
 		return "escaped"
 	}
 	return "flagged"
+}
+
+// schemaECode classes a result's schema failures as the specification does:
+// only required fields missing (E3506), only fields of the wrong type
+// (E3507), anything else or both (E3501). The messages are the schema
+// library's (schemas.Fields).
+func schemaECode(fields []api.FieldError) string {
+	missing, typed := 0, 0
+	for _, f := range fields {
+		switch {
+		case strings.HasPrefix(f.Message, "missing properties: "):
+			missing++
+		case strings.HasPrefix(f.Message, "expected ") && strings.Contains(f.Message, ", but got "):
+			typed++
+		}
+	}
+	switch len(fields) {
+	case missing:
+		return api.EResultMissingField
+	case typed:
+		return api.EResultFieldType
+	}
+	return api.EResultSchema
 }
