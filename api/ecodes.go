@@ -230,6 +230,9 @@ const (
 	// manifest's permissions.network within the token's grants), directly
 	// or through a redirect. Raised by the executor, after authorize.
 	ENetworkPolicy = "E3104"
+	// The secrets directory cannot be opened and the environment does not
+	// hold the secret: the source is unreachable, not known to lack it.
+	ESecretSourceUnreachable = "E3301"
 	// The secret a tool's credential names is in no configured source.
 	ECredentialUnavailable = "E3302"
 	// The external service answered with an error status: 5xx (retryable)

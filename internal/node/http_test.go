@@ -149,4 +149,16 @@ func TestHTTPTools(t *testing.T) {
 	if c := e.count(subjects.StreamAudit, subjects.AuditEvent("hdeny", envelope.SubjectSuffix(api.TypePermissionDenied))); c != 1 {
 		t.Fatalf("%d permission_denied audit events, want 1", c)
 	}
+
+	// The secrets directory gone: the source cannot be reached (E3301),
+	// which is not the same as a secret it lacks (E3302); nothing is sent.
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	resp = call("hnosrc", "test.http_echo", `{"path":"echo"}`, "127.0.0.1")
+	if resp.Status != api.StatusError || resp.Error == nil || resp.Error.ECode != api.ESecretSourceUnreachable ||
+		resp.Error.Code != api.ToolExecutionError || resp.Error.Details["not_started"] != true {
+		t.Fatalf("secrets directory gone: %s %s", resp.Status, mustJSON(t, resp.Error))
+	}
+	leaks("the refusal", []byte(mustJSON(t, resp)))
 }

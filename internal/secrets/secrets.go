@@ -27,6 +27,10 @@ var (
 	// ErrInvalidName: the name could escape the directory or is not one a
 	// manifest can declare.
 	ErrInvalidName = errors.New("invalid secret name")
+	// ErrUnreachable: the secret is in no environment variable and the
+	// secrets directory cannot be opened (gone, not a directory, not
+	// readable), so whether it holds the secret is unknown.
+	ErrUnreachable = errors.New("secret source unreachable")
 )
 
 // A name starts with a letter or digit and holds only letters, digits, '.',
@@ -60,13 +64,21 @@ func (s *Source) Lookup(name string) (string, error) {
 	if !ValidName(name) {
 		return "", fmt.Errorf("%w: %q", ErrInvalidName, name)
 	}
+	var dirErr error
 	if s.Dir != "" {
-		v, err := s.readFile(name)
-		switch {
-		case err == nil && v != "":
-			return v, nil
-		case err != nil && !errors.Is(err, fs.ErrNotExist):
-			return "", fmt.Errorf("secret %s: %w", name, err)
+		root, err := os.OpenRoot(s.Dir)
+		if err != nil {
+			// The environment may still hold it.
+			dirErr = err
+		} else {
+			v, err := readFile(root, name)
+			root.Close()
+			switch {
+			case err == nil && v != "":
+				return v, nil
+			case err != nil && !errors.Is(err, fs.ErrNotExist):
+				return "", fmt.Errorf("secret %s: %w", name, err)
+			}
 		}
 	}
 	lookup := s.LookupEnv
@@ -76,15 +88,13 @@ func (s *Source) Lookup(name string) (string, error) {
 	if v, ok := lookup(EnvName(name)); ok && v != "" {
 		return v, nil
 	}
+	if dirErr != nil {
+		return "", fmt.Errorf("%w: secret %s: %w", ErrUnreachable, name, dirErr)
+	}
 	return "", fmt.Errorf("%w: %s", ErrNotFound, name)
 }
 
-func (s *Source) readFile(name string) (string, error) {
-	root, err := os.OpenRoot(s.Dir)
-	if err != nil {
-		return "", err
-	}
-	defer root.Close()
+func readFile(root *os.Root, name string) (string, error) {
 	f, err := root.Open(name)
 	if err != nil {
 		return "", err

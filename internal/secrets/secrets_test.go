@@ -75,3 +75,26 @@ func TestEnvName(t *testing.T) {
 		t.Fatalf("EnvName = %q", got)
 	}
 }
+
+// TestLookupUnreachableDirectory: a secrets directory that cannot be opened
+// makes a secret the environment lacks unreachable, not missing; the
+// environment still answers for the secrets it holds.
+func TestLookupUnreachableDirectory(t *testing.T) {
+	notDir := filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(notDir, []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	env := func(k string) (string, bool) { return "env-value", k == "TOOLGATE_SECRET_IN_ENV" }
+	for _, dir := range []string{notDir, filepath.Join(t.TempDir(), "gone")} {
+		s := &Source{Dir: dir, LookupEnv: env}
+		if _, err := s.Lookup("api.key"); !errors.Is(err, ErrUnreachable) || errors.Is(err, ErrNotFound) {
+			t.Errorf("%s: %v, want ErrUnreachable", dir, err)
+		}
+		if v, err := s.Lookup("in-env"); err != nil || v != "env-value" {
+			t.Errorf("%s: the environment's secret: %q %v", dir, v, err)
+		}
+	}
+	if _, err := (&Source{Dir: t.TempDir(), LookupEnv: env}).Lookup("api.key"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("a readable directory without the secret: %v, want ErrNotFound", err)
+	}
+}

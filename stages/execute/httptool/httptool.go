@@ -37,6 +37,7 @@ import (
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/envelope"
 	"github.com/toolgate/toolgate/internal/hosts"
+	"github.com/toolgate/toolgate/internal/secrets"
 	"github.com/toolgate/toolgate/internal/tools"
 	"github.com/toolgate/toolgate/stages/execute/kind"
 )
@@ -197,9 +198,24 @@ func (k *Kind) Prepare(m *tools.Manifest, inv *envelope.Invocation) (kind.Func, 
 func unavailable(m *tools.Manifest, secret string, err error) error {
 	// The cause is logged by no one and never reaches the wire: it may
 	// name files.
+	if SecretECode(err) == api.ESecretSourceUnreachable {
+		return api.WrapError(err, api.ToolExecutionError, api.ESecretSourceUnreachable,
+			"%s needs credential %s, and this worker's secrets directory cannot be read", m.Key(), secret).
+			WithDetail("not_started", true).WithDetail("credential", secret)
+	}
 	return api.WrapError(err, api.ToolExecutionError, api.ECredentialUnavailable,
 		"%s needs credential %s, which no secret source on this worker holds", m.Key(), secret).
 		WithDetail("not_started", true).WithDetail("credential", secret)
+}
+
+// SecretECode is the E-code of a failed secret lookup: E3301 when the
+// secrets directory cannot be read, so the secret may be there, else
+// E3302.
+func SecretECode(err error) string {
+	if errors.Is(err, secrets.ErrUnreachable) {
+		return api.ESecretSourceUnreachable
+	}
+	return api.ECredentialUnavailable
 }
 
 // call is one invocation's prepared request.

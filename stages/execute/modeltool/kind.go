@@ -676,8 +676,8 @@ func (c *call) credential(model *modelrouter.Model) (http.Header, *httptool.Scru
 	}
 	v, err := c.kind.cfg.Secrets.Lookup(cr.Secret)
 	if err != nil {
-		return nil, nil, api.NewError(api.ToolExecutionError, api.ECredentialUnavailable,
-			"model %s needs credential %s, which no secret source on this worker holds", model.Name, cr.Secret).
+		return nil, nil, api.NewError(api.ToolExecutionError, httptool.SecretECode(err),
+			"model %s needs credential %s, which no secret source on this worker holds or can read", model.Name, cr.Secret).
 			WithDetail("not_started", true).WithDetail("credential", cr.Secret)
 	}
 	h := http.Header{}
