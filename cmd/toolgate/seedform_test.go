@@ -74,4 +74,38 @@ func TestToolsSeedForm(t *testing.T) {
 	if r := tg(t, "", s.flags("tools", "get", "text.mixed")...); r.code != exitError || !strings.Contains(r.stderr, "E3001") {
 		t.Fatalf("the refused manifest was registered: exit %d %s", r.code, r.stdout)
 	}
+
+	// The specification's registration codes: an invalid breaker
+	// configuration (E3403), strict validation without a result schema
+	// (E3508); neither is registered.
+	refusals := []struct {
+		ecode, loc string
+		edit       func(d map[string]any)
+	}{
+		{"E3403", "/execution_config/circuit_breaker_config/failure_rate_threshold", func(d map[string]any) {
+			d["execution_config"].(map[string]any)["circuit_breaker_config"].(map[string]any)["failure_rate_threshold"] = 150
+		}},
+		{"E3508", "/result_schema", func(d map[string]any) {
+			delete(d, "result_schema")
+			d["x-toolgate"].(map[string]any)["output_policy"] = map[string]any{"mode": "strict"}
+		}},
+	}
+	for _, c := range refusals {
+		var d map[string]any
+		_ = json.Unmarshal(written, &d)
+		d["tool_id"] = "text.refused"
+		c.edit(d)
+		doc, _ := json.Marshal(d)
+		f := filepath.Join(t.TempDir(), "refused.json")
+		if err := os.WriteFile(f, []byte(doc), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		r := tg(t, "", s.flags("tools", "register", f)...)
+		if r.code != exitError || !strings.Contains(r.stderr, c.ecode) || !strings.Contains(r.stderr, c.loc) {
+			t.Fatalf("%s: exit %d\n%s%s", c.ecode, r.code, r.stdout, r.stderr)
+		}
+		if r := tg(t, "", s.flags("tools", "get", "text.refused")...); r.code != exitError || !strings.Contains(r.stderr, "E3001") {
+			t.Fatalf("%s: the refused manifest was registered: %s", c.ecode, r.stdout)
+		}
+	}
 }
