@@ -290,6 +290,9 @@ func relocate(err error, origin map[string]string) {
 // when f refuses one member its object does not allow.
 func memberLocation(f api.FieldError) string {
 	name, ok := strings.CutPrefix(f.Message, "additionalProperties '")
+	if !ok {
+		return f.Location
+	}
 	if name, ok = strings.CutSuffix(name, "' not allowed"); !ok || strings.Contains(name, "'") {
 		return f.Location
 	}
