@@ -125,8 +125,8 @@ func nativeForm(doc []byte) ([]byte, map[string]string, error) {
 		} else {
 			// The extension's object of that name keeps its other members.
 			obj := map[string]json.RawMessage{}
-			if raw, ok := s.Extension[native[0]]; ok {
-				_ = json.Unmarshal(raw, &obj) // not an object: the native schema says so
+			if raw, ok := s.Extension[native[0]]; ok && json.Unmarshal(raw, &obj) != nil {
+				return // not an object: kept as written, for the schema to refuse
 			}
 			b, _ := json.Marshal(v)
 			obj[native[1]] = b

@@ -264,3 +264,13 @@ func TestSeedCodesAtRegistration(t *testing.T) {
 		}))
 	}
 }
+
+// TestSeedFormExtensionNotAnObject: an x-toolgate member of the wrong type
+// is refused, not overwritten by the specification's members.
+func TestSeedFormExtensionNotAnObject(t *testing.T) {
+	_, err := Parse(editJSON(t, seedDoc(t), func(d map[string]any) { d["x-toolgate"].(map[string]any)["limits"] = "small" }))
+	var te *api.Error
+	if !errors.As(err, &te) || te.ECode != api.EInvalidManifest || !hasField(te.Fields, "/x-toolgate/limits", "") {
+		t.Fatalf("got %v %+v, want E3008 at /x-toolgate/limits", err, api.AsError(err).Fields)
+	}
+}
