@@ -346,6 +346,10 @@ const (
 	SvcHooksDelete = "tool.svc.hooks.delete"
 	// SvcTokensRevoke takes api.RevokeRequest.
 	SvcTokensRevoke = "tool.svc.tokens.revoke"
+	// SvcTokensKeys takes {} and answers the public key set (JWKS) the
+	// deployment verifies capability tokens with, as it is now: what a
+	// front end connected as an agent verifies other tokens with.
+	SvcTokensKeys = "tool.svc.tokens.keys"
 	// SvcBreakersList takes {}; SvcBreakersSet takes api.BreakerSetRequest.
 	SvcBreakersList = "tool.svc.breakers.list"
 	SvcBreakersSet  = "tool.svc.breakers.set"
@@ -393,6 +397,7 @@ var ControlEndpoints = []ControlEndpoint{
 	{Subject: SvcCheckpointsList, Tenant: true},
 	{Subject: SvcCheckpointsGet, Tenant: true},
 	{Subject: SvcCheckpointsDelete, Tenant: true},
+	{Subject: SvcTokensKeys, Operator: true, Tenant: true},
 	{Subject: SvcToolsRegister, Operator: true},
 	{Subject: SvcToolsDelete, Operator: true},
 	{Subject: SvcToolsStats, Operator: true},
