@@ -336,9 +336,12 @@ const (
 // operator credentials); never tenant-scoped. Each takes and answers the
 // api types named.
 const (
-	// SvcPolicyPush takes api.PolicyPushRequest; SvcPolicyGet answers api.PolicyBundle.
-	SvcPolicyPush = "tool.svc.policy.push"
-	SvcPolicyGet  = "tool.svc.policy.get"
+	// SvcPolicyPush takes api.PolicyPushRequest; SvcPolicyGet answers
+	// api.PolicyBundle; SvcPolicyReset takes {} and removes the pushed
+	// policy, so workers return to their configured one.
+	SvcPolicyPush  = "tool.svc.policy.push"
+	SvcPolicyGet   = "tool.svc.policy.get"
+	SvcPolicyReset = "tool.svc.policy.reset"
 	// SvcHooksPush takes api.HooksPushRequest, SvcHooksList api.HooksRequest
 	// (tenant optional), SvcHooksDelete api.HooksRequest.
 	SvcHooksPush   = "tool.svc.hooks.push"
@@ -405,6 +408,7 @@ var ControlEndpoints = []ControlEndpoint{
 	{Subject: SvcApproval, Operator: true},
 	{Subject: SvcPolicyPush, Admin: true},
 	{Subject: SvcPolicyGet, Admin: true},
+	{Subject: SvcPolicyReset, Admin: true},
 	{Subject: SvcHooksPush, Admin: true},
 	{Subject: SvcHooksList, Admin: true},
 	{Subject: SvcHooksDelete, Admin: true},

@@ -717,6 +717,9 @@ func TestOperatorCommands(t *testing.T) {
 		{[]string{"policy", "show"}, "no policy pushed"},
 		{[]string{"policy", "push", "../../internal/policy", "--by", "tester"}, "policy pushed (revision"},
 		{[]string{"policy", "show", "--json"}, `"pushed_by": "operator:local"`},
+		{[]string{"policy", "reset"}, "removed; workers return to their configured policy"},
+		{[]string{"policy", "show"}, "no policy pushed"},
+		{[]string{"policy", "reset", "--json"}, `"removed_revision": 0`},
 		{[]string{"token", "revoke", "--jti", "some-token-id", "--reason", "test"}, "revoked some-token-id"},
 	}
 	for i, st := range steps {

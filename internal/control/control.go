@@ -45,7 +45,8 @@ import (
 // own calls on the tenant-scoped endpoints (E3260 for another agent's),
 // unless its token is a tenant reader's; results are published on
 // tool.result.<tenant>.<agent>.<id>. 1.7: tokens.keys, operators' and
-// tenant-scoped, the public key set tokens are verified with.
+// tenant-scoped, the public key set tokens are verified with;
+// policy.reset, which removes the pushed policy.
 const Version = "1.7.0"
 
 // Start adds the service to nc. Stop it with the returned service's Stop.
