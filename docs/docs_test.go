@@ -17,7 +17,10 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/json"
 	"fmt"
+	"maps"
 	"net"
 	"os"
 	"os/exec"
@@ -188,10 +191,20 @@ func TestCommandBlocks(t *testing.T) {
 			cmd := exec.Command(filepath.Join(bin, "toolgate"), args...)
 			cmd.Dir, cmd.Env = work, env
 			b, err := cmd.Output()
+			var p struct {
+				Pushed   bool              `json:"pushed"`
+				Revision uint64            `json:"revision"`
+				Modules  map[string]string `json:"modules"`
+				Data     json.RawMessage   `json:"data"`
+			}
+			if err == nil {
+				err = json.Unmarshal(b, &p)
+			}
 			if err != nil {
 				t.Fatalf("toolgate %s: %v", strings.Join(args, " "), err)
 			}
-			out.Write(b)
+			fmt.Fprintf(&out, "%s: pushed %v, revision %d, modules %v, sha256 %x\n", strings.Join(args[:len(args)-1], " "),
+				p.Pushed, p.Revision, slices.Sorted(maps.Keys(p.Modules)), sha256.Sum256(b))
 		}
 		return out.String()
 	}
