@@ -207,8 +207,8 @@ func (h *handlers) resetPolicy(req micro.Request) {
 	}
 	ctx, cancel := adminContext()
 	defer cancel()
-	b, pushed, err := h.admin.Policy(ctx)
-	if err == nil && pushed {
+	b, _, err := h.admin.Policy(ctx) // the revision removed, for the record
+	if err == nil {
 		err = h.admin.DeletePolicy(ctx)
 	}
 	if err != nil {
