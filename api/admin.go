@@ -33,6 +33,13 @@ type PolicyPushResponse struct {
 	PushedBy string `json:"pushed_by"`
 }
 
+// PolicyResetResponse answers policy.reset: the revision of the pushed
+// policy removed (0: none was pushed) and who removed it.
+type PolicyResetResponse struct {
+	Removed uint64 `json:"removed_revision"`
+	ResetBy string `json:"reset_by"`
+}
+
 // PolicyBundle is the pushed policy (policy.get); Pushed is false when none
 // was pushed and workers use their configured policy.
 type PolicyBundle struct {

@@ -129,6 +129,9 @@ const (
 	// The bus refused the connection: no credentials, or credentials it
 	// does not accept.
 	EBusRefused = "E3223"
+	// The control service was asked for the token key set but verifies
+	// tokens with none it can publish (no --jwks, no development key).
+	ENoKeySet = "E3226"
 	// A stage got a message on its input that no role that may send there
 	// signed: sent with stolen credentials but without the role's key, or
 	// altered on the way. It is recorded as poison and dropped.

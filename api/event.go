@@ -52,6 +52,7 @@ const (
 	// Administrative changes through the control service (AdminChange),
 	// under tenant _system.
 	TypePolicyPushed        = "ai.agent.admin.policy.pushed"
+	TypePolicyReset         = "ai.agent.admin.policy.reset"
 	TypeHooksPushed         = "ai.agent.admin.hooks.pushed"
 	TypeHooksDeleted        = "ai.agent.admin.hooks.deleted"
 	TypeTokenRevoked        = "ai.agent.admin.token.revoked"

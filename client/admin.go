@@ -27,6 +27,14 @@ func (c *Operator) PushPolicy(ctx context.Context, modules map[string]string, da
 	return out, err
 }
 
+// ResetPolicy removes the pushed policy: workers return to their
+// configured one.
+func (c *Operator) ResetPolicy(ctx context.Context, by string) (api.PolicyResetResponse, error) {
+	var out api.PolicyResetResponse
+	err := c.admin(ctx, subjects.SvcPolicyReset, map[string]string{"by": by}, &out)
+	return out, err
+}
+
 // Policy returns the pushed policy (Pushed false when none was).
 func (c *Operator) Policy(ctx context.Context) (api.PolicyBundle, error) {
 	var out api.PolicyBundle

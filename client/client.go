@@ -289,6 +289,22 @@ func (c *Operator) RegisterTool(ctx context.Context, manifest []byte, replace bo
 	return out, err
 }
 
+// TokenKeys returns the public key set (a JWKS document) the deployment
+// verifies capability tokens with, as it is now: from tenant's endpoint,
+// which an agent of tenant may call, or with tenant "" the operators'.
+func (c *Agent) TokenKeys(ctx context.Context, tenant string) (json.RawMessage, error) {
+	subject := subjects.SvcTokensKeys
+	if tenant != "" {
+		if err := checkTenant(tenant); err != nil {
+			return nil, err
+		}
+		subject = subjects.TenantSvc(tenant, subjects.SvcTokensKeys)
+	}
+	var out json.RawMessage
+	err := c.request(ctx, subject, struct{}{}, &out)
+	return out, err
+}
+
 func (c *Agent) request(ctx context.Context, subject string, in, out any) error {
 	return c.requestSigned(ctx, subject, in, out, nil)
 }

@@ -17,7 +17,10 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/json"
 	"fmt"
+	"maps"
 	"net"
 	"os"
 	"os/exec"
@@ -178,6 +181,46 @@ func TestCommandBlocks(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 	}
 
+	// The pages leave the checkout, and the policy in force, as they
+	// found them: a reader's later commands, and the next page's blocks,
+	// run against the shipped product.
+	checkout := checkoutState(t, repo)
+	state := func() string {
+		var out strings.Builder
+		for _, args := range [][]string{{"policy", "show", "--json"}, {"policy", "shadow", "show", "--json"}} {
+			cmd := exec.Command(filepath.Join(bin, "toolgate"), args...)
+			cmd.Dir, cmd.Env = work, env
+			b, err := cmd.Output()
+			var p struct {
+				Pushed   bool              `json:"pushed"`
+				Revision uint64            `json:"revision"`
+				Modules  map[string]string `json:"modules"`
+				Data     json.RawMessage   `json:"data"`
+			}
+			if err == nil {
+				err = json.Unmarshal(b, &p)
+			}
+			if err != nil {
+				t.Fatalf("toolgate %s: %v", strings.Join(args, " "), err)
+			}
+			fmt.Fprintf(&out, "%s: pushed %v, revision %d, modules %v, sha256 %x\n", strings.Join(args[:len(args)-1], " "),
+				p.Pushed, p.Revision, slices.Sorted(maps.Keys(p.Modules)), sha256.Sum256(b))
+		}
+		return out.String()
+	}
+	policyBefore := state()
+	t.Cleanup(func() {
+		if t.Failed() {
+			return
+		}
+		if after := state(); after != policyBefore {
+			t.Errorf("the documentation's commands left another policy in force than the one they started with:\n--- before\n%s--- after\n%s", policyBefore, after)
+		}
+		if after := checkoutState(t, repo); after != checkout {
+			t.Errorf("the documentation's commands changed the checkout %s (they run in a directory of their own):\n--- before\n%s--- after\n%s", repo, checkout, after)
+		}
+	})
+
 	for _, file := range files {
 		for _, b := range blocks(t, file) {
 			t.Run(fmt.Sprintf("%s:%d", b.file, b.line), func(t *testing.T) {
@@ -199,6 +242,35 @@ func TestCommandBlocks(t *testing.T) {
 			})
 		}
 	}
+}
+
+// checkoutState lists what git sees changed, untracked or ignored in the
+// checkout at repo (but its .cache), with each such file's size and modification time, so
+// that a file written there, or changed again, shows. Outside a git
+// checkout it is empty.
+func checkoutState(t *testing.T, repo string) string {
+	t.Helper()
+	// .cache is left out: the shared tool cache, which other test
+	// packages of the same run fill while this one runs.
+	cmd := exec.Command("git", "status", "--porcelain=v1", "-z", "--ignored", "--untracked-files=all", "--", ".", ":!.cache")
+	cmd.Dir = repo
+	out, err := cmd.Output()
+	if err != nil {
+		return ""
+	}
+	var b strings.Builder
+	for _, entry := range strings.Split(string(out), "\x00") {
+		if len(entry) < 4 {
+			continue
+		}
+		path := entry[3:]
+		fmt.Fprintf(&b, "%s", entry)
+		if fi, err := os.Lstat(filepath.Join(repo, path)); err == nil {
+			fmt.Fprintf(&b, " %d %s", fi.Size(), fi.ModTime().UTC().Format(time.RFC3339Nano))
+		}
+		b.WriteString("\n")
+	}
+	return b.String()
 }
 
 // defaultURL is the server toolgate's commands and the nats CLI reach when

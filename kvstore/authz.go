@@ -170,6 +170,16 @@ func (s *Store) PushPolicy(ctx context.Context, b PolicyBundle) (uint64, error) 
 	return s.putBundle(ctx, policyKey, b)
 }
 
+// DeletePolicy removes the pushed bundle: workers return to their
+// configured policy. Removing none is no error.
+func (s *Store) DeletePolicy(ctx context.Context) error {
+	err := s.policies.Delete(ctx, policyKey)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil
+	}
+	return err
+}
+
 // Policy returns the active bundle, or ok false when none was pushed.
 func (s *Store) Policy(ctx context.Context) (PolicyBundle, bool, error) {
 	return s.bundle(ctx, policyKey, "policy bundle")

@@ -336,9 +336,12 @@ const (
 // operator credentials); never tenant-scoped. Each takes and answers the
 // api types named.
 const (
-	// SvcPolicyPush takes api.PolicyPushRequest; SvcPolicyGet answers api.PolicyBundle.
-	SvcPolicyPush = "tool.svc.policy.push"
-	SvcPolicyGet  = "tool.svc.policy.get"
+	// SvcPolicyPush takes api.PolicyPushRequest; SvcPolicyGet answers
+	// api.PolicyBundle; SvcPolicyReset takes {} and removes the pushed
+	// policy, so workers return to their configured one.
+	SvcPolicyPush  = "tool.svc.policy.push"
+	SvcPolicyGet   = "tool.svc.policy.get"
+	SvcPolicyReset = "tool.svc.policy.reset"
 	// SvcHooksPush takes api.HooksPushRequest, SvcHooksList api.HooksRequest
 	// (tenant optional), SvcHooksDelete api.HooksRequest.
 	SvcHooksPush   = "tool.svc.hooks.push"
@@ -346,6 +349,10 @@ const (
 	SvcHooksDelete = "tool.svc.hooks.delete"
 	// SvcTokensRevoke takes api.RevokeRequest.
 	SvcTokensRevoke = "tool.svc.tokens.revoke"
+	// SvcTokensKeys takes {} and answers the public key set (JWKS) the
+	// deployment verifies capability tokens with, as it is now: what a
+	// front end connected as an agent verifies other tokens with.
+	SvcTokensKeys = "tool.svc.tokens.keys"
 	// SvcBreakersList takes {}; SvcBreakersSet takes api.BreakerSetRequest.
 	SvcBreakersList = "tool.svc.breakers.list"
 	SvcBreakersSet  = "tool.svc.breakers.set"
@@ -393,6 +400,7 @@ var ControlEndpoints = []ControlEndpoint{
 	{Subject: SvcCheckpointsList, Tenant: true},
 	{Subject: SvcCheckpointsGet, Tenant: true},
 	{Subject: SvcCheckpointsDelete, Tenant: true},
+	{Subject: SvcTokensKeys, Operator: true, Tenant: true},
 	{Subject: SvcToolsRegister, Operator: true},
 	{Subject: SvcToolsDelete, Operator: true},
 	{Subject: SvcToolsStats, Operator: true},
@@ -400,6 +408,7 @@ var ControlEndpoints = []ControlEndpoint{
 	{Subject: SvcApproval, Operator: true},
 	{Subject: SvcPolicyPush, Admin: true},
 	{Subject: SvcPolicyGet, Admin: true},
+	{Subject: SvcPolicyReset, Admin: true},
 	{Subject: SvcHooksPush, Admin: true},
 	{Subject: SvcHooksList, Admin: true},
 	{Subject: SvcHooksDelete, Admin: true},

@@ -31,7 +31,7 @@ func whoami() string {
 func (a *app) policyCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "policy",
-		Short: "Push the Rego policy every worker uses, or show the pushed one",
+		Short: "Push the Rego policy every worker uses, show the pushed one, or remove it",
 		Args:  subcommand,
 		RunE:  func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 	}
@@ -97,7 +97,32 @@ func (a *app) policyCmd() *cobra.Command {
 			})
 		},
 	}
-	cmd.AddCommand(push, show, a.policyShadowCmd(), a.policyReplayCmd())
+	reset := &cobra.Command{
+		Use:   "reset",
+		Short: "Remove the pushed policy (or a promoted candidate): every worker returns to its configured one",
+		Args:  noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, done, err := a.adminClient()
+			if err != nil {
+				return err
+			}
+			defer done()
+			res, err := c.ResetPolicy(cmd.Context(), or(by, whoami()))
+			if err != nil {
+				return err
+			}
+			return a.emit(res, func(w io.Writer) error {
+				if res.Removed == 0 {
+					_, err := fmt.Fprintln(w, "no policy was pushed: workers use their configured policy (default: the shipped one)")
+					return err
+				}
+				_, err := fmt.Fprintf(w, "policy revision %d removed; workers return to their configured policy (default: the shipped one) now\n", res.Removed)
+				return err
+			})
+		},
+	}
+	reset.Flags().StringVar(&by, "by", "", "who resets it, for the record on a bus without authentication (default: user@host; an authenticated bus records the signing operator)")
+	cmd.AddCommand(push, show, reset, a.policyShadowCmd(), a.policyReplayCmd())
 	return cmd
 }
 

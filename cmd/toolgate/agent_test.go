@@ -63,9 +63,17 @@ func agentToken(t *testing.T, s server, jti string, ttl time.Duration, tools ...
 	if err != nil {
 		t.Fatal(err)
 	}
+	return mintFor(t, k, node.DevAgent, jti, ttl, false, tools...)
+}
+
+// mintFor is a token signed by k for agent of tenant demo, granting tools;
+// reader makes it a tenant reader's.
+func mintFor(t *testing.T, k *token.SigningKey, agent, jti string, ttl time.Duration, reader bool, tools ...string) string {
+	t.Helper()
 	raw, err := token.Mint(k, token.Claims{
-		ToolID: token.Patterns(tools), TenantID: "demo", AgentDID: node.DevAgent, AllowedOperations: []string{token.OperationExecute},
-		RegisteredClaims: jwt.RegisteredClaims{Issuer: "toolgate", Audience: jwt.ClaimStrings{"toolgate"}, Subject: node.DevAgent,
+		ToolID: token.Patterns(tools), TenantID: "demo", AgentDID: agent, AllowedOperations: []string{token.OperationExecute},
+		TenantReader: reader,
+		RegisteredClaims: jwt.RegisteredClaims{Issuer: "toolgate", Audience: jwt.ClaimStrings{"toolgate"}, Subject: agent,
 			ID: jti, IssuedAt: jwt.NewNumericDate(time.Now()), ExpiresAt: jwt.NewNumericDate(time.Now().Add(ttl))},
 	})
 	if err != nil {

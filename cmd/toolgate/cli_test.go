@@ -99,12 +99,21 @@ func (s server) flags(extra ...string) []string {
 // with the serve command's flag defaults, on an embedded server.
 func startToolgate(t *testing.T) server {
 	t.Helper()
+	return startToolgateWith(t, nil)
+}
+
+// startToolgateWith is startToolgate with the config changed by change.
+func startToolgateWith(t *testing.T, change func(*node.Config)) server {
+	t.Helper()
 	var c node.Config
 	pipelineFlags(pflag.NewFlagSet("test", pflag.ContinueOnError), &c)
 	c.Workers = 2
 	c.Examples = true
 	c.Stage.Sandbox.Mode = "none"
 	c.Embedded = node.EmbeddedOptions{Listen: "127.0.0.1:-1", DataDir: t.TempDir()}
+	if change != nil {
+		change(&c)
+	}
 	c.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	ready := make(chan string, 1)
 	c.Ready = func(url string, _ *node.Node) { ready <- url }
@@ -708,6 +717,9 @@ func TestOperatorCommands(t *testing.T) {
 		{[]string{"policy", "show"}, "no policy pushed"},
 		{[]string{"policy", "push", "../../internal/policy", "--by", "tester"}, "policy pushed (revision"},
 		{[]string{"policy", "show", "--json"}, `"pushed_by": "operator:local"`},
+		{[]string{"policy", "reset"}, "removed; workers return to their configured policy"},
+		{[]string{"policy", "show"}, "no policy pushed"},
+		{[]string{"policy", "reset", "--json"}, `"removed_revision": 0`},
 		{[]string{"token", "revoke", "--jti", "some-token-id", "--reason", "test"}, "revoked some-token-id"},
 	}
 	for i, st := range steps {

@@ -82,6 +82,10 @@ func (a *app) mcpCmd() *cobra.Command {
 				}
 				go kf.Watch(cmd.Context(), time.Second)
 				c.Verifier = &token.Verifier{Keys: kf, Issuer: iss, Audience: aud, Leeway: node.TokenLeeway}
+			} else if !c.Stdio {
+				// No key set here: the one the deployment publishes on
+				// the bus, kept current as it rotates.
+				c.BusVerifier = &token.Verifier{Issuer: iss, Audience: aud, Leeway: node.TokenLeeway}
 			}
 			var err error
 			before := true // refused before any session began
@@ -108,7 +112,7 @@ func (a *app) mcpCmd() *cobra.Command {
 	f.BoolVar(&c.Stdio, "stdio", false, "serve one MCP session on stdin/stdout, with the token of TOOLGATE_TOKEN or --token-file")
 	f.StringVar(&c.Listen, "listen", "", "serve streamable HTTP on HOST:PORT (path /mcp); each request carries Authorization: Bearer <capability token>")
 	f.StringVar(&tokenFile, "token-file", "", "file holding the capability token of the stdio session, and who the front end connects as without --creds (default: --token, $TOOLGATE_TOKEN)")
-	f.StringVar(&jwks, "jwks", "", "key set (JWKS file) tokens are verified with (default: the development key set in --data)")
+	f.StringVar(&jwks, "jwks", "", "key set (JWKS file) tokens are verified with (default: the development key set in --data; else, over HTTP, the one the deployment publishes on the bus)")
 	f.StringVar(&c.Tenant, "tenant", "", "refuse tokens of any other tenant")
 	f.StringVar(&iss, "token-issuer", "toolgate", "required iss of capability tokens")
 	f.StringVar(&aud, "token-audience", "toolgate", "required aud of capability tokens")

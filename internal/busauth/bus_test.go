@@ -679,6 +679,7 @@ func testTenantAccountImports(t *testing.T, b *bus) {
 		"tool.svc.demo.tools.get", "tool.svc.demo.budget", "tool.svc.demo.approvals.list", "tool.svc.demo.approvals.get", "tool.svc.demo.audit.history",
 		"tool.svc.demo.capability.request", "tool.svc.demo.capability.report",
 		"tool.svc.demo.checkpoints.list", "tool.svc.demo.checkpoints.get", "tool.svc.demo.checkpoints.delete",
+		"tool.svc.demo.tokens.keys",
 		"$JS.API.DIRECT.GET.TOOLGATE_RESULTS.tool.result.demo.>"} {
 		want[s] = "service"
 	}

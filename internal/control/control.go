@@ -44,8 +44,10 @@ import (
 // tenant-scoped checkpoints.list|get|delete. 1.6: an agent sees only its
 // own calls on the tenant-scoped endpoints (E3260 for another agent's),
 // unless its token is a tenant reader's; results are published on
-// tool.result.<tenant>.<agent>.<id>.
-const Version = "1.6.0"
+// tool.result.<tenant>.<agent>.<id>. 1.7: tokens.keys, operators' and
+// tenant-scoped, the public key set tokens are verified with;
+// policy.reset, which removes the pushed policy.
+const Version = "1.7.0"
 
 // Start adds the service to nc. Stop it with the returned service's Stop.
 // approvals may be nil: the approval endpoint then is not served.

@@ -45,6 +45,8 @@ func (h *handlers) endpoints() map[string]handler {
 		subjects.SvcCheckpointsList:   {scoped: h.tenantCheckpointsList},
 		subjects.SvcCheckpointsGet:    {scoped: h.tenantCheckpointsGet},
 		subjects.SvcCheckpointsDelete: {scoped: h.tenantCheckpointsDelete},
+
+		subjects.SvcTokensKeys: {operator: h.tokenKeys, scoped: func(_ string, req micro.Request) { h.tokenKeys(req) }},
 	}
 	for _, admin := range []map[string]micro.HandlerFunc{h.adminEndpoints(), h.redriveEndpoints(), h.shadowEndpoints()} {
 		for subject, fn := range admin {

@@ -37,6 +37,7 @@ type adminStore interface {
 	breaker.Store
 	PushPolicy(ctx context.Context, b kvstore.PolicyBundle) (uint64, error)
 	Policy(ctx context.Context) (kvstore.PolicyBundle, bool, error)
+	DeletePolicy(ctx context.Context) error
 	WatchPolicy(ctx context.Context, fn func(b kvstore.PolicyBundle, ok bool, err error)) error
 	PushHooks(ctx context.Context, set kvstore.HookSet) (uint64, error)
 	HookSets(ctx context.Context) ([]kvstore.HookSet, error)
@@ -58,6 +59,7 @@ func (h *handlers) adminEndpoints() map[string]micro.HandlerFunc {
 	return map[string]micro.HandlerFunc{
 		subjects.SvcPolicyPush:     h.pushPolicy,
 		subjects.SvcPolicyGet:      h.getPolicy,
+		subjects.SvcPolicyReset:    h.resetPolicy,
 		subjects.SvcHooksPush:      h.pushHooks,
 		subjects.SvcHooksList:      h.listHooks,
 		subjects.SvcHooksDelete:    h.deleteHooks,
@@ -190,6 +192,32 @@ func (h *handlers) pushPolicy(req micro.Request) {
 	h.audited(ctx, req, api.TypePolicyPushed,
 		api.AdminChange{Action: "policy.push", By: who, Revision: rev, Details: map[string]any{"modules": names}},
 		api.PolicyPushResponse{Revision: rev, Modules: len(r.Modules), PushedBy: who})
+}
+
+// resetPolicy removes the pushed policy: every authorize worker, and this
+// service's grants, return to the configured policy (the shipped one
+// unless serve was given --policy). It answers the revision removed.
+func (h *handlers) resetPolicy(req micro.Request) {
+	var r struct {
+		By string `json:"by,omitempty"`
+	}
+	who, ok := h.decodeAdmin(req, &r, func() string { return r.By }, "{}")
+	if !ok {
+		return
+	}
+	ctx, cancel := adminContext()
+	defer cancel()
+	b, _, err := h.admin.Policy(ctx) // the revision removed, for the record
+	if err == nil {
+		err = h.admin.DeletePolicy(ctx)
+	}
+	if err != nil {
+		respondError(req, err)
+		return
+	}
+	h.audited(ctx, req, api.TypePolicyReset,
+		api.AdminChange{Action: "policy.reset", By: who, Revision: b.Revision},
+		api.PolicyResetResponse{Removed: b.Revision, ResetBy: who})
 }
 
 // getPolicy answers the pushed policy.

@@ -42,6 +42,12 @@ func (f *fakeAdmin) PushPolicy(_ context.Context, b kvstore.PolicyBundle) (uint6
 	return uint64(f.writes), nil
 }
 
+func (f *fakeAdmin) DeletePolicy(context.Context) error {
+	f.writes++
+	f.policy = kvstore.PolicyBundle{}
+	return nil
+}
+
 func (f *fakeAdmin) Policy(context.Context) (kvstore.PolicyBundle, bool, error) {
 	return f.policy, f.policy.Modules != nil, nil
 }
@@ -100,6 +106,7 @@ func (f *fakeAdmin) DeleteDocSource(context.Context, string) error { f.writes++;
 var adminRequests = map[string]string{
 	subjects.SvcPolicyPush:     `{"modules":{"authz.rego":` + jsonString(policy.DefaultModule()) + `},"by":"mallory"}`,
 	subjects.SvcPolicyGet:      `{}`,
+	subjects.SvcPolicyReset:    `{"by":"mallory"}`,
 	subjects.SvcHooksPush:      `{"tenant_id":"acme","doc":{"hooks":[{"on":"budget_exceeded","action":"continue"}]},"by":"mallory"}`,
 	subjects.SvcHooksList:      `{}`,
 	subjects.SvcHooksDelete:    `{"tenant_id":"acme","by":"mallory"}`,
@@ -118,7 +125,7 @@ var adminRequests = map[string]string{
 }
 
 // writers are the endpoints that change something, and so are audited.
-var writers = map[string]bool{subjects.SvcPolicyPush: true, subjects.SvcHooksPush: true, subjects.SvcHooksDelete: true,
+var writers = map[string]bool{subjects.SvcPolicyPush: true, subjects.SvcPolicyReset: true, subjects.SvcHooksPush: true, subjects.SvcHooksDelete: true,
 	subjects.SvcTokensRevoke: true, subjects.SvcBreakersSet: true, subjects.SvcModelsRegister: true,
 	subjects.SvcModelsDelete: true, subjects.SvcModelsPolicy: true, subjects.SvcDocsSourceAdd: true, subjects.SvcDocsSourceRemove: true}
 

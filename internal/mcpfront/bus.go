@@ -52,6 +52,9 @@ type NATSBus struct {
 	c     *client.Client
 	tools toolSource
 	log   *slog.Logger
+	// tenant is the tenant of an agent's connection, whose endpoints it
+	// calls; "" for service credentials, which call the operators'.
+	tenant string
 
 	// Results arrive on one core subscription per tenant and go to the
 	// calls waiting for them, by result subject: no consumer per call.
@@ -65,7 +68,10 @@ type NATSBus struct {
 // original has already finished).
 const resultRecheck = time.Second
 
-var _ Bus = (*NATSBus)(nil)
+var (
+	_ Bus        = (*NATSBus)(nil)
+	_ keyFetcher = (*NATSBus)(nil)
+)
 
 // ConnectOptions are the NATS options of an agent's connection: with a
 // capability token, the token is the connect token and replies come to the
@@ -134,7 +140,9 @@ func NewAgentBus(nc *nats.Conn, tenant string, interval time.Duration, log *slog
 		return nil, err
 	}
 	c.Source = "urn:toolgate:mcp"
-	return newBus(nc, c, newScopedTools(c, tenant, interval, log), log), nil
+	b := newBus(nc, c, newScopedTools(c, tenant, interval, log), log)
+	b.tenant = tenant
+	return b, nil
 }
 
 func newBus(nc *nats.Conn, c *client.Client, src toolSource, log *slog.Logger) *NATSBus {
@@ -256,6 +264,12 @@ func (b *NATSBus) Cancel(ctx context.Context, tenant, id, reason string) error {
 }
 
 func (b *NATSBus) Tools() []*tools.Manifest { return b.tools.Tools() }
+
+// TokenKeys fetches the public key set the deployment verifies tokens
+// with: from the tenant's endpoint on an agent's connection.
+func (b *NATSBus) TokenKeys(ctx context.Context) ([]byte, error) {
+	return b.c.TokenKeys(ctx, b.tenant)
+}
 
 func (b *NATSBus) WatchTools(ctx context.Context, changed func()) error {
 	return b.tools.WatchTools(ctx, changed)

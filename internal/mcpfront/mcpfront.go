@@ -83,6 +83,15 @@ type Config struct {
 	// Verifier checks capability tokens: required for HTTP, and for stdio
 	// it turns a bad token into an error at start rather than on each call.
 	Verifier *token.Verifier
+	// BusVerifier, over HTTP without a Verifier, is the verifier (issuer,
+	// audience, leeway; Run sets its Keys) of the key set the control
+	// service publishes (tool.svc.tokens.keys): fetched at start, again
+	// every KeysInterval and on a token of a kid it lacks. A front end
+	// connected as an agent that cannot fetch it serves only its own token.
+	BusVerifier *token.Verifier
+	// KeysInterval is how often the key set of BusVerifier is fetched
+	// again; default DefaultKeysInterval.
+	KeysInterval time.Duration
 	// Tenant, when set, refuses tokens of any other tenant.
 	Tenant string
 	// agent, when set, refuses tokens of any other agent: a front end
@@ -133,7 +142,7 @@ func (c *Config) valid() error {
 		return fmt.Errorf("%w: give --stdio or --listen HOST:PORT", ErrConfig)
 	case c.Stdio && c.Token == "":
 		return fmt.Errorf("%w: no capability token (TOOLGATE_TOKEN or --token-file)", ErrConfig)
-	case !c.Stdio && c.Verifier == nil && (c.Token == "" || len(c.NATSOptions) > 0 || c.Bus != nil):
+	case !c.Stdio && c.Verifier == nil && c.BusVerifier == nil && (c.Token == "" || len(c.NATSOptions) > 0 || c.Bus != nil):
 		// Connected as the agent of Token, HTTP serves that one token
 		// without a key set (see Front.verifyToken); any other front end
 		// verifies what each request brings.
@@ -150,6 +159,7 @@ func (c *Config) defaults() {
 	c.MaxWait = cmp.Or(c.MaxWait, DefaultMaxWait)
 	c.SessionTimeout = cmp.Or(c.SessionTimeout, DefaultSessionTimeout)
 	c.StatusWait = cmp.Or(c.StatusWait, DefaultStatusWait)
+	c.KeysInterval = cmp.Or(c.KeysInterval, DefaultKeysInterval)
 	if c.Log == nil {
 		c.Log = slog.Default()
 	}
@@ -225,6 +235,9 @@ func Run(ctx context.Context, c Config) error {
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	if err := c.keysFromBus(ctx); err != nil {
+		return err
+	}
 	f, err := Start(ctx, c)
 	if err != nil {
 		return err
@@ -426,6 +439,31 @@ func (f *Front) Revoked(jti string) {
 	for _, s := range ended {
 		s.end()
 	}
+}
+
+// keysFromBus sets Verifier to BusVerifier over the key set the bus
+// publishes, when HTTP has no other.
+func (c *Config) keysFromBus(ctx context.Context) error {
+	if c.Stdio || c.Verifier != nil || c.BusVerifier == nil {
+		return nil
+	}
+	kf, ok := c.Bus.(keyFetcher)
+	if !ok {
+		return fmt.Errorf("%w: HTTP needs a key set to verify tokens (--jwks)", ErrConfig)
+	}
+	keys := &busKeys{fetch: kf.TokenKeys, log: c.Log}
+	if err := keys.load(ctx); err != nil {
+		if c.admitted == "" {
+			return fmt.Errorf("%w: HTTP needs a key set to verify tokens (--jwks): %v", ErrConfig, err)
+		}
+		c.Log.Warn("serving only the token this front end connected with: the bus publishes no key set to verify others with", "err", err)
+		return nil
+	}
+	c.BusVerifier.Keys = keys
+	c.Verifier = c.BusVerifier
+	c.admitted, c.admittedClaims = "", nil
+	go keys.watch(ctx, c.KeysInterval)
+	return nil
 }
 
 // checkClaims applies the front end's own restriction (Tenant) to verified

@@ -148,9 +148,31 @@ func (ks *KeySet) Fingerprint() string {
 	return "sha256:" + hex.EncodeToString(sum[:8])
 }
 
+// JWKS encodes the set as a JWKS document: public keys only, as the set
+// holds nothing else.
+func (ks *KeySet) JWKS() ([]byte, error) {
+	kids := ks.Kids()
+	slices.Sort(kids)
+	out := jose.JSONWebKeySet{Keys: make([]jose.JSONWebKey, 0, len(kids))}
+	for _, kid := range kids {
+		vk := ks.keys[kid]
+		out.Keys = append(out.Keys, jose.JSONWebKey{Key: vk.key, KeyID: kid, Algorithm: vk.alg, Use: "sig"})
+	}
+	return json.Marshal(out)
+}
+
 // KeySource gives the current key set; the file behind it may change.
 type KeySource interface {
 	KeySet() *KeySet
+}
+
+// Refresher is a KeySource that can fetch its set again when a token names
+// a kid the set lacks (a key rotated in since): Refresh returns the set to
+// use now, or nil when there is nothing newer. It decides itself how often
+// it really fetches, so forged kids cannot make it fetch on every token.
+type Refresher interface {
+	KeySource
+	Refresh(kid string) *KeySet
 }
 
 // StaticKeys is a KeySource that never changes.

@@ -88,6 +88,12 @@ func (v *Verifier) Verify(raw string) (*Claims, error) {
 			return nil, errors.New("token has no kid")
 		}
 		k, ok := ks.keys[kid]
+		if r, refreshes := v.Keys.(Refresher); !ok && refreshes {
+			if fresh := r.Refresh(kid); fresh != nil {
+				ks = fresh
+				k, ok = ks.keys[kid]
+			}
+		}
 		if !ok {
 			return nil, fmt.Errorf("unknown kid %q", kid)
 		}
