@@ -86,7 +86,7 @@ type Manifest struct {
 	ver    *semver.Version // parsed Version, for the registry's ordering
 	input  *jsonschema.Schema
 	output *jsonschema.Schema // nil when the manifest has no output schema
-	digest string            // SHA-256 (hex) of the document parsed
+	digest string             // SHA-256 (hex) of the document parsed
 	hooks  *hooks.Set         // nil when the manifest declares no hooks
 }
 
