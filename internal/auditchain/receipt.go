@@ -50,7 +50,7 @@ func receiptBody(r *api.Receipt) *[]byte {
 	b := bodies.Get().(*[]byte)
 	buf := bytes.NewBuffer(append((*b)[:0], receiptDomain...))
 	_ = json.NewEncoder(buf).Encode(&rc) // cannot fail on these types
-	*b = buf.Bytes()
+	*b = bytes.TrimSuffix(buf.Bytes(), []byte("\n"))
 	return b
 }
 
@@ -150,3 +150,6 @@ func CheckReceiptProof(r *api.Receipt, p *Proof, pub ed25519.PublicKey) error {
 	}
 	return nil
 }
+
+// Public is the public half of the signer's key.
+func (s *ReceiptSigner) Public() ed25519.PublicKey { return s.key.Public().(ed25519.PublicKey) }
