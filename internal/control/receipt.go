@@ -52,11 +52,18 @@ func (h *handlers) doReceipt(r api.ReceiptRequest, v viewer) (any, error) {
 		return nil, noReceipt(r.InvocationID, "it has not ended, or ended without one")
 	}
 	out := api.ReceiptResponse{Receipt: rec.Response.Receipt}
+	if v.who != "" {
+		// A proof shows its checkpoint, which lists the ids and tenants
+		// of every event it covers: no caller from a tenant's account
+		// may see other tenants' calls.
+		out.Pending = "the inclusion proof shows a checkpoint that names other tenants' calls: an auditor or the operator gets it"
+		return out, nil
+	}
 	if h.chainKey == nil || h.js == nil {
 		out.Pending = "this control service holds no audit chain key to prove it with"
 		return out, nil
 	}
-	p, err := auditchain.Prove(ctx, auditchain.Bus{JS: h.js}, out.Receipt.EventID, h.chainKey)
+	p, err := auditchain.Prove(ctx, auditchain.Bus{JS: h.js, NoConsumers: true}, out.Receipt.EventID, h.chainKey)
 	switch {
 	case errors.Is(err, auditchain.ErrNotCovered):
 		out.Pending = "no checkpoint covers its terminal event yet"
