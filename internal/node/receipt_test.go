@@ -127,6 +127,44 @@ func TestReceiptsOnTheBus(t *testing.T) {
 			return strings.Contains(d, "did=3Aagent=3Ab") && strings.Contains(d, id) && strings.Contains(d, `"receipt"`)
 		})
 	})
+	t.Run("an approved call's receipt names its approver and the signed decision", func(t *testing.T) {
+		keys, err := busauth.LoadKeys(s.dataDir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		alice := issuePerson(t, keys, busauth.RoleApprover, "alice")
+		id, err := a.c.Invoke(ctx, api.Request{ToolID: "echo", Parameters: json.RawMessage(`{"message":"approved"}`),
+			AgentContext: api.AgentContext{AgentDID: a.did, TenantID: "demo"}, CapabilityToken: a.raw,
+			ExecutionOptions: &api.ExecutionOptions{RequireApproval: true}}, client.InvokeOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, 20*time.Second, "the call to wait for approval", func() bool {
+			rec, err := a.c.Status(ctx, "demo", id)
+			return err == nil && rec.Status == api.StatusPendingApproval
+		})
+		ap := alice.client(t, s, nil)
+		sum, err := ap.Approval(ctx, "demo", id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ap.DecideSigned(ctx, api.ApprovalDecision{Tenant: "demo", InvocationID: id, Approve: true,
+			RequestDigest: sum.RequestDigest}, alice.sign); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := a.c.Wait(ctx, "demo", id)
+		if err != nil || resp.Status != api.StatusSuccess || resp.Receipt == nil {
+			t.Fatalf("the approved call: %+v, %v", resp, err)
+		}
+		rc := resp.Receipt
+		if err := auditchain.CheckReceipt(rc, pub); err != nil {
+			t.Fatal(err)
+		}
+		if len(rc.Approvers) != 1 || rc.Approvers[0] != "approver:alice" || rc.Approval == nil ||
+			!strings.Contains(string(rc.Approval.Body), id) || len(rc.Approval.Headers) == 0 {
+			t.Fatalf("the receipt's approval: %v %+v", rc.Approvers, rc.Approval)
+		}
+	})
 	t.Run("no receipt of an unknown call", func(t *testing.T) {
 		_, err := a.c.Receipt(ctx, "demo", "no-such-call")
 		var te *api.Error
