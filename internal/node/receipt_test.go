@@ -13,6 +13,7 @@ import (
 	"github.com/toolgate/toolgate/client"
 	"github.com/toolgate/toolgate/internal/auditchain"
 	"github.com/toolgate/toolgate/internal/busauth"
+	"github.com/toolgate/toolgate/internal/policy"
 	"github.com/toolgate/toolgate/subjects"
 )
 
@@ -163,6 +164,31 @@ func TestReceiptsOnTheBus(t *testing.T) {
 		if len(rc.Approvers) != 1 || rc.Approvers[0] != "approver:alice" || rc.Approval == nil ||
 			!strings.Contains(string(rc.Approval.Body), id) || len(rc.Approval.Headers) == 0 {
 			t.Fatalf("the receipt's approval: %v %+v", rc.Approvers, rc.Approval)
+		}
+	})
+	t.Run("the receipt names the pushed policy's revision", func(t *testing.T) {
+		op := s.operator(t)
+		op.Sign = s.signer(t, busauth.RoleOperator)
+		pushed, err := op.PushPolicy(ctx, map[string]string{"authz.rego": policy.DefaultModule()}, nil, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var rc *api.Receipt
+		eventually(t, 20*time.Second, "a call decided by the pushed policy", func() bool {
+			id, err := a.c.Invoke(ctx, api.Request{ToolID: "echo", Parameters: params,
+				AgentContext: api.AgentContext{AgentDID: a.did, TenantID: "demo"}, CapabilityToken: a.raw}, client.InvokeOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp, err := a.c.Wait(ctx, "demo", id)
+			if err != nil || resp.Receipt == nil {
+				t.Fatalf("%+v %v", resp, err)
+			}
+			rc = resp.Receipt
+			return rc.PolicyRevision == pushed.Revision
+		})
+		if err := auditchain.CheckReceipt(rc, pub); err != nil || pushed.Revision == 0 {
+			t.Fatalf("revision %d: %v", pushed.Revision, err)
 		}
 	})
 	t.Run("no receipt of an unknown call", func(t *testing.T) {
