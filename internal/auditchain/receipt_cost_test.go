@@ -1,11 +1,8 @@
 package auditchain_test
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
-	"io"
-	"log/slog"
 	"runtime"
 	"strings"
 	"testing"
@@ -14,8 +11,6 @@ import (
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/auditchain"
 	"github.com/toolgate/toolgate/internal/envelope"
-	"github.com/toolgate/toolgate/internal/natstest"
-	"github.com/toolgate/toolgate/internal/runner"
 	"github.com/toolgate/toolgate/kvstore"
 	"github.com/toolgate/toolgate/stages/audit"
 	"github.com/toolgate/toolgate/subjects"
@@ -36,21 +31,12 @@ func TestReceiptShare(t *testing.T) {
 	pad := strings.Repeat("x", 450)
 	params := json.RawMessage(`{"message":"` + pad[:100] + `"}`)
 	result := json.RawMessage(`{"echo":"` + pad + `"}`)
-	for i := range n {
-		inv := &envelope.Invocation{ID: fmt.Sprintf("inv-%06d", i), Tenant: "acme", Event: envelope.Event{Seq: uint64(i + 1)},
-			Status: api.StatusPending, Request: &api.Request{ToolID: "echo", Parameters: params,
-				AgentContext: api.AgentContext{AgentDID: "did:agent:a"}},
-			ReceivedAt: time.Now()}
+	tr.handToAudit(n, func(inv *envelope.Invocation) {
+		inv.Request.Parameters, inv.Request.AgentContext = params, api.AgentContext{AgentDID: "did:agent:a"}
+		inv.ReceivedAt = time.Now()
 		inv.Authz = &envelope.Authorization{PolicyRevision: 3, ManifestDigest: auditchain.Digest([]byte(`{"id":"echo"}`))}
 		inv.Succeed(subjects.Verify, result)
-		o, err := runner.Handoff(inv, subjects.Audit)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := runner.Publish(tr.ctx, tr.js, o); err != nil {
-			t.Fatal(err)
-		}
-	}
+	})
 	store, err := kvstore.Open(tr.ctx, tr.js, kvstore.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -60,21 +46,7 @@ func TestReceiptShare(t *testing.T) {
 	a.SignReceipts(signer)
 	time.Sleep(200 * time.Millisecond)
 	runtime.GC()
-	rctx, stop := context.WithCancel(tr.ctx)
-	r := &runner.Runner{Name: subjects.Audit, Stage: a, JS: tr.js, Workers: 8, Records: store,
-		Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
-	cpu0, wall0 := processCPU(), time.Now()
-	done := make(chan error, 1)
-	go func() { done <- r.Run(rctx) }()
-	natstest.Eventually(t, 2*time.Minute, func() bool {
-		st, err := tr.js.Stream(tr.ctx, subjects.StreamResults)
-		return err == nil && st.CachedInfo().State.Msgs == n
-	}, "audit to end every call")
-	auditCPU, auditWall := processCPU()-cpu0, time.Since(wall0)
-	stop()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
+	auditCPU, auditWall := tr.runAudit(a, tr.js, store, n)
 	// A receipt as the stage made it, from the last call's status.
 	rec, err := store.Status(tr.ctx, "acme", fmt.Sprintf("inv-%06d", n-1))
 	if err != nil {
