@@ -259,6 +259,25 @@ const (
 	ESecuritySettings = "E3951"
 )
 
+// Receipts (toolgate's own): checking a receipt audit signed, offline or
+// from the control service (docs/audit.md).
+const (
+	// The receipt's signature does not verify with the key given: a byte
+	// of it changed, or another key signed it.
+	EReceiptForged = "E3960"
+	// The result given is not the one the receipt's hash names.
+	EReceiptResult = "E3961"
+	// The inclusion proof does not prove the receipt: it is another
+	// event's, its tree's root or signature does not check, or its event
+	// carries another receipt.
+	EReceiptProof = "E3962"
+	// The file is not a receipt (nor a receipt with its proof).
+	EReceiptMalformed = "E3963"
+	// No receipt for the invocation: unknown, not ended, or ended before
+	// audit signed receipts.
+	EReceiptNotFound = "E3964"
+)
+
 // Model kind codes (toolgate's own, outside the specification's E3000-E3799).
 const (
 	// The request names a model, or a manifest allows one, that the model

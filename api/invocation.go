@@ -154,6 +154,8 @@ type Response struct {
 	ExecutionMetadata *ExecutionMetadata `json:"execution_metadata,omitempty"`
 	CheckpointRef     string             `json:"checkpoint_ref,omitempty"`
 	PollingInfo       *PollingInfo       `json:"polling_info,omitempty"`
+	// Receipt is audit's signed receipt of a terminal result.
+	Receipt *Receipt `json:"receipt,omitempty"`
 }
 
 // StatusFor maps an error to the status it ends an invocation with.

@@ -729,3 +729,16 @@ func (c *Agent) AuditHistory(ctx context.Context, tenant string, r api.AuditHist
 	err := c.request(ctx, subjects.TenantSvc(tenant, subjects.SvcAuditHistory), r, &out)
 	return out, err
 }
+
+// Receipt asks tenant's scoped endpoint for invocation id's signed
+// receipt and, once a checkpoint covers its terminal audit event, its
+// inclusion proof (docs/audit.md#receipts): an agent gets its own calls'
+// receipts, auditors and operators any.
+func (c *Agent) Receipt(ctx context.Context, tenant, id string) (api.ReceiptResponse, error) {
+	var out api.ReceiptResponse
+	if err := checkTenant(tenant); err != nil {
+		return out, err
+	}
+	err := c.request(ctx, subjects.TenantSvc(tenant, subjects.SvcReceipt), api.ReceiptRequest{TenantID: tenant, InvocationID: id}, &out)
+	return out, err
+}

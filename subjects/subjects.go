@@ -328,6 +328,9 @@ const (
 	SvcCheckpointsList   = "tool.svc.checkpoints.list"
 	SvcCheckpointsGet    = "tool.svc.checkpoints.get"
 	SvcCheckpointsDelete = "tool.svc.checkpoints.delete"
+	// SvcReceipt takes api.ReceiptRequest and answers the invocation's
+	// signed receipt and its inclusion proof (api.ReceiptResponse).
+	SvcReceipt = "tool.svc.receipt"
 )
 
 // Administrative control endpoints (control API 1.3): the one surface for
@@ -389,6 +392,7 @@ type ControlEndpoint struct {
 var ControlEndpoints = []ControlEndpoint{
 	{Subject: SvcStatus, Operator: true, Tenant: true},
 	{Subject: SvcCancel, Operator: true, Tenant: true},
+	{Subject: SvcReceipt, Operator: true, Tenant: true},
 	{Subject: SvcToolsList, Operator: true, Tenant: true},
 	{Subject: SvcToolsGet, Operator: true, Tenant: true},
 	{Subject: SvcBudget, Operator: true, Tenant: true},

@@ -93,18 +93,9 @@ func TestAuditChainShare(t *testing.T) {
 	pastCreation()
 	const n = 4000
 	pad := strings.Repeat("x", 450)
-	for i := range n {
-		inv := &envelope.Invocation{ID: fmt.Sprintf("inv-%06d", i), Tenant: "acme", Event: envelope.Event{Seq: uint64(i + 1)},
-			Status: api.StatusPending, Request: &api.Request{ToolID: "echo"}}
+	tr.handToAudit(n, func(inv *envelope.Invocation) {
 		inv.Succeed(subjects.Verify, json.RawMessage(`{"echo":"`+pad+`"}`))
-		o, err := runner.Handoff(inv, subjects.Audit)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := runner.Publish(tr.ctx, tr.js, o); err != nil {
-			t.Fatal(err)
-		}
-	}
+	})
 	store, err := kvstore.Open(tr.ctx, tr.js, kvstore.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -123,21 +114,7 @@ func TestAuditChainShare(t *testing.T) {
 	time.Sleep(200 * time.Millisecond)
 	runtime.GC()
 
-	rctx, stop := context.WithCancel(tr.ctx)
-	r := &runner.Runner{Name: subjects.Audit, Stage: audit.New(store, nil), JS: ajs, Workers: 8, Records: store,
-		Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
-	cpu0, wall0 := processCPU(), time.Now()
-	done := make(chan error, 1)
-	go func() { done <- r.Run(rctx) }()
-	natstest.Eventually(t, 2*time.Minute, func() bool {
-		st, err := tr.js.Stream(tr.ctx, subjects.StreamResults)
-		return err == nil && st.CachedInfo().State.Msgs == n
-	}, "audit to end every call")
-	auditCPU, auditWall := processCPU()-cpu0, time.Since(wall0)
-	stop()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
+	auditCPU, auditWall := tr.runAudit(audit.New(store, nil), ajs, store, n)
 	st, err := tr.js.Stream(tr.ctx, subjects.StreamAudit)
 	if err != nil {
 		t.Fatal(err)
@@ -207,6 +184,47 @@ func TestAuditChainShare(t *testing.T) {
 		perEvent(acksCPU), float64(acksAllocs)/float64(events), handUS, hand.AllocsPerOp(), chainUS, 100*chainUS/auditUS)
 	t.Logf("chain reading the events back: %.2f µs (%.1f allocs) per event: %.1f %% of audit's",
 		perEvent(readCPU), float64(readAllocs)/float64(events), 100*perEvent(readCPU)/auditUS)
+}
+
+// handToAudit publishes n invocations to the audit stage, each as end
+// leaves it (ended).
+func (tr *trail) handToAudit(n int, end func(*envelope.Invocation)) {
+	tr.t.Helper()
+	for i := range n {
+		inv := &envelope.Invocation{ID: fmt.Sprintf("inv-%06d", i), Tenant: "acme", Event: envelope.Event{Seq: uint64(i + 1)},
+			Status: api.StatusPending, Request: &api.Request{ToolID: "echo"}}
+		end(inv)
+		o, err := runner.Handoff(inv, subjects.Audit)
+		if err != nil {
+			tr.t.Fatal(err)
+		}
+		if err := runner.Publish(tr.ctx, tr.js, o); err != nil {
+			tr.t.Fatal(err)
+		}
+	}
+}
+
+// runAudit has a runner of stage, publishing on js, end the n calls
+// handed to audit, and returns this process's CPU and the wall time it
+// took.
+func (tr *trail) runAudit(stage *audit.Auditor, js jetstream.JetStream, store *kvstore.Store, n int) (time.Duration, time.Duration) {
+	tr.t.Helper()
+	rctx, stop := context.WithCancel(tr.ctx)
+	r := &runner.Runner{Name: subjects.Audit, Stage: stage, JS: js, Workers: 8, Records: store,
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	cpu0, wall0 := processCPU(), time.Now()
+	done := make(chan error, 1)
+	go func() { done <- r.Run(rctx) }()
+	natstest.Eventually(tr.t, 2*time.Minute, func() bool {
+		st, err := tr.js.Stream(tr.ctx, subjects.StreamResults)
+		return err == nil && st.CachedInfo().State.Msgs == uint64(n)
+	}, "audit to end every call")
+	cpu, wall := processCPU()-cpu0, time.Since(wall0)
+	stop()
+	if err := <-done; err != nil {
+		tr.t.Fatal(err)
+	}
+	return cpu, wall
 }
 
 // lastEvent is AUDIT's last event.

@@ -64,7 +64,12 @@ type Source interface {
 // with batched direct gets, which is all a person's credentials
 // (auditor, approver) may do: a consumer's deliver subject is not checked
 // against its creator's rights, so no one else may create one.
-type Bus struct{ JS jetstream.JetStream }
+type Bus struct {
+	JS jetstream.JetStream
+	// NoConsumers reads by direct gets at once, for credentials known to
+	// create none (control's): trying first would wait consumerWait.
+	NoConsumers bool
+}
 
 // State implements Source.
 func (b Bus) State(ctx context.Context) (StreamState, error) {
@@ -90,7 +95,7 @@ func (b Bus) State(ctx context.Context) (StreamState, error) {
 // Checkpoints implements Source.
 func (b Bus) Checkpoints(ctx context.Context) ([]Stored, error) {
 	var out []Stored
-	err := scan(ctx, b.JS, subjects.StreamAuditChain, 1, 0, func(e Event) error {
+	err := scan(ctx, b.JS, subjects.StreamAuditChain, 1, 0, b.NoConsumers, func(e Event) error {
 		cp, err := DecodeCheckpoint(e.Data)
 		out = append(out, Stored{Seq: e.Seq, Checkpoint: cp, Err: err})
 		return nil
@@ -100,7 +105,7 @@ func (b Bus) Checkpoints(ctx context.Context) ([]Stored, error) {
 
 // Events implements Source.
 func (b Bus) Events(ctx context.Context, first, last uint64, fn func(Event) error) error {
-	return scan(ctx, b.JS, subjects.StreamAudit, first, last, fn)
+	return scan(ctx, b.JS, subjects.StreamAudit, first, last, b.NoConsumers, fn)
 }
 
 // FirstAt is the first sequence of AUDIT stored at or after t (0: none).
@@ -150,7 +155,10 @@ func readEach(ctx context.Context, st jetstream.Stream, first, last uint64, fn f
 
 // scan reads stream's messages from first to last (0: to the end as it
 // is now) with an ordered consumer.
-func scan(ctx context.Context, js jetstream.JetStream, stream string, first, last uint64, fn func(Event) error) error {
+// errNoConsumer stands for a consumer not tried (Bus.NoConsumers).
+var errNoConsumer = errors.New("reading without a consumer")
+
+func scan(ctx context.Context, js jetstream.JetStream, stream string, first, last uint64, noConsumer bool, fn func(Event) error) error {
 	st, err := js.Stream(ctx, stream)
 	if err != nil {
 		return err
@@ -165,10 +173,14 @@ func scan(ctx context.Context, js jetstream.JetStream, stream string, first, las
 	if first > last || st.CachedInfo().State.Msgs == 0 {
 		return nil
 	}
-	cctx, cancel := context.WithTimeout(ctx, consumerWait)
-	c, err := js.OrderedConsumer(cctx, stream, jetstream.OrderedConsumerConfig{
-		DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: first})
-	cancel()
+	var c jetstream.Consumer
+	err = errNoConsumer
+	if !noConsumer {
+		cctx, cancel := context.WithTimeout(ctx, consumerWait)
+		c, err = js.OrderedConsumer(cctx, stream, jetstream.OrderedConsumerConfig{
+			DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: first})
+		cancel()
+	}
 	if err != nil && ctx.Err() == nil {
 		// Credentials that may create no consumer (a person's) read by
 		// direct gets, or message by message where the stream takes none.

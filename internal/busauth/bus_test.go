@@ -675,7 +675,7 @@ func testTenantAccountImports(t *testing.T, b *bus) {
 	b.agent(t, "demo") // in-process, the first agent makes the account
 	b.agent(t, "other")
 	want := map[string]string{}
-	for _, s := range []string{"tool.invoke.demo", "tool.svc.demo.status", "tool.svc.demo.cancel", "tool.svc.demo.tools.list",
+	for _, s := range []string{"tool.invoke.demo", "tool.svc.demo.status", "tool.svc.demo.cancel", "tool.svc.demo.receipt", "tool.svc.demo.tools.list",
 		"tool.svc.demo.tools.get", "tool.svc.demo.budget", "tool.svc.demo.approvals.list", "tool.svc.demo.approvals.get", "tool.svc.demo.audit.history",
 		"tool.svc.demo.capability.request", "tool.svc.demo.capability.report",
 		"tool.svc.demo.checkpoints.list", "tool.svc.demo.checkpoints.get", "tool.svc.demo.checkpoints.delete",

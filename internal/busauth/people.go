@@ -53,8 +53,8 @@ var PeopleRights = map[Role]PersonRights{
 	// auditor reads: the trail, calls' status and their run reports
 	// (receipts); it decides nothing and changes nothing.
 	RoleAuditor: {
-		Calls:       []string{subjects.SvcStatus, subjects.SvcCapabilityReport},
-		TenantCalls: []string{subjects.SvcStatus, subjects.SvcAuditHistory, subjects.SvcCapabilityReport},
+		Calls:       []string{subjects.SvcStatus, subjects.SvcCapabilityReport, subjects.SvcReceipt},
+		TenantCalls: []string{subjects.SvcStatus, subjects.SvcAuditHistory, subjects.SvcCapabilityReport, subjects.SvcReceipt},
 		ReadsTrail:  true,
 	},
 	// admin changes what calls may do: tools, policy (and its shadow),

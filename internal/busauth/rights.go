@@ -218,7 +218,9 @@ var Rights = map[Role]RoleRights{
 		// history agents page through (they may create no consumer).
 		// It reads the dead letters operators re-drive, and starts each
 		// re-drive as a new invocation (docs/redrive.md).
-		Streams: []string{subjects.StreamPipeline, subjects.StreamAudit, subjects.StreamDeadLetter},
+		// It reads the chain's checkpoints and the events they cover to
+		// prove a receipt (docs/audit.md#receipts).
+		Streams: []string{subjects.StreamPipeline, subjects.StreamAudit, subjects.StreamDeadLetter, subjects.StreamAuditChain},
 		// A cancel of a call validate has not claimed yet is taken when
 		// the tenant has calls waiting there: counts, not the raw
 		// invocations with their tokens.

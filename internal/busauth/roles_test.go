@@ -330,7 +330,7 @@ func TestRolesLeastPrivilege(t *testing.T) {
 			"publish tool.invoked", "publish a poison event", "publish a breaker transition", "publish an admin event",
 			"publish an audit checkpoint", "keep a dead letter", "publish a shadow divergence", "read audit events by sequence", "get one audit event", "read audit checkpoints",
 			"write status records", "write budgets", "write tool statistics", "watch tools", "pull the relay"},
-		RoleControl: {"hand to authorize", "invoke for a tenant", "read dead letters", "read audit events by sequence", "get one audit event", "hand to audit", "announce a cancel", "emit an admin event",
+		RoleControl: {"hand to authorize", "invoke for a tenant", "read dead letters", "read audit events by sequence", "get one audit event", "read audit checkpoints", "hand to audit", "announce a cancel", "emit an admin event",
 			"emit a breaker transition", "write tools", "write policies", "write revocations", "write hooks", "write models",
 			"write approvals", "write status records", "write breakers", "write capability requests", "write checkpoints", "serve the control endpoints",
 			"watch tools", "watch policies", "emit an approval request"},

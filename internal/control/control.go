@@ -6,6 +6,7 @@ package control
 import (
 	"cmp"
 	"context"
+	"crypto/ed25519"
 	"encoding/json"
 	"errors"
 	"strconv"
@@ -212,6 +213,9 @@ type handlers struct {
 	grants        atomic.Pointer[policy.Grants]
 	policyRev     atomic.Uint64
 	grantsWatched bool
+
+	// chainKey checks the checkpoints a receipt is proven under.
+	chainKey ed25519.PublicKey
 }
 
 // cancel records a cancel request and announces it. A queued invocation ends

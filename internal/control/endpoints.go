@@ -20,8 +20,9 @@ type handler struct {
 // endpoints are the handlers of subjects.ControlEndpoints, by subject.
 func (h *handlers) endpoints() map[string]handler {
 	eps := map[string]handler{
-		subjects.SvcStatus: h.status().handler(),
-		subjects.SvcCancel: h.cancel().handler(),
+		subjects.SvcStatus:  h.status().handler(),
+		subjects.SvcReceipt: h.receipt().handler(),
+		subjects.SvcCancel:  h.cancel().handler(),
 		subjects.SvcToolsList: {
 			operator: func(req micro.Request) { h.search(req, "") },
 			scoped:   func(tenant string, req micro.Request) { h.search(req, tenant) },

@@ -61,6 +61,9 @@ type AuditRecord struct {
 	Approvers []string `json:"approvers,omitempty"`
 	Source    string   `json:"event_source,omitempty"`
 	Seq       uint64   `json:"ingest_seq"`
+	// Receipt, on the terminal event, is the receipt the result carries:
+	// the event's inclusion proof fixes it in the trail.
+	Receipt *api.Receipt `json:"receipt,omitempty"`
 }
 
 // ResultSummary identifies a result without carrying it.

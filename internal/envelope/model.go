@@ -136,6 +136,14 @@ type Authorization struct {
 	// two-person rule (a tool's safety.approvers).
 	Approvers []string `json:"approvers,omitempty"`
 	Grants    Grants   `json:"grants,omitzero"`
+	// ApprovalProof is the last approver's signed decision, as authorize
+	// verified it: audit names it in the call's receipt.
+	ApprovalProof *api.DecisionProof `json:"approval_proof,omitempty"`
+	// PolicyRevision is the policies bucket's revision of the policy that
+	// admitted the call (0: the configured one); ManifestDigest the
+	// SHA-256 of the manifest it was judged on (tools.Manifest.Digest).
+	PolicyRevision uint64 `json:"policy_revision,omitempty"`
+	ManifestDigest string `json:"manifest_sha256,omitempty"`
 	// Seal is authorize's signature over its decision (internal/seal):
 	// execute runs only invocations whose seal verifies.
 	Seal *Seal `json:"seal,omitempty"`

@@ -22,6 +22,10 @@ const (
 	MetaLifecycle    = "io.toolgate/lifecycle"
 	MetaInvocationID = "io.toolgate/invocation-id"
 	MetaError        = "io.toolgate/error"
+	// MetaReceipt carries audit's signed receipt of the result
+	// (docs/audit.md#receipts); its result_sha256 is of the result the
+	// text content holds.
+	MetaReceipt = "io.toolgate/receipt"
 )
 
 // describe is the MCP tool of a manifest: schemas, title, and hints derived
@@ -302,6 +306,14 @@ func (s *session) watch(ctx context.Context, req *mcp.CallToolRequest, tenant, i
 // structured content and text, or an error result saying what happened and
 // what to do.
 func toResult(resp api.Response) *mcp.CallToolResult {
+	r := rendered(resp)
+	if resp.Receipt != nil {
+		r.Meta[MetaReceipt] = resp.Receipt
+	}
+	return r
+}
+
+func rendered(resp api.Response) *mcp.CallToolResult {
 	if resp.Error != nil || resp.Status != api.StatusSuccess {
 		e := resp.Error
 		if e == nil {

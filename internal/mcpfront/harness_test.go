@@ -2,6 +2,7 @@ package mcpfront_test
 
 import (
 	"context"
+	"crypto/ed25519"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -106,6 +107,8 @@ type env struct {
 	slowStarted chan struct{}
 	slowEnded   chan struct{}
 	progressGo  chan struct{}
+	// chainKey is audit's chain key, which signs the results' receipts.
+	chainKey ed25519.PrivateKey
 }
 
 func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
@@ -147,6 +150,10 @@ func newEnv(t *testing.T) *env {
 	cfg := node.Config{NATSURL: e.url, Workers: 2, Log: quiet(), Ready: func(_ string, n *node.Node) { nodes <- n }}
 	cfg.Stage.Builtins = set
 	cfg.Stage.Tokens = verifier()
+	if _, e.chainKey, err = ed25519.GenerateKey(nil); err != nil {
+		t.Fatal(err)
+	}
+	cfg.Stage.AuditChainKey = e.chainKey
 	cfg.ApprovalSweep = 100 * time.Millisecond
 	go func() { errc <- node.Run(ctx, cfg) }()
 	t.Cleanup(func() {

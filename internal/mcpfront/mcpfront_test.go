@@ -2,6 +2,7 @@ package mcpfront_test
 
 import (
 	"context"
+	"crypto/ed25519"
 	"encoding/json"
 	"errors"
 	"io"
@@ -15,6 +16,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/auditchain"
 	"github.com/toolgate/toolgate/internal/mcpfront"
 	"github.com/toolgate/toolgate/internal/token"
 )
@@ -88,6 +90,21 @@ func TestListAndCall(t *testing.T) {
 			}
 			if ev := e.audited(invocationOf(res)); ev["status"] != "success" || ev["tool_id"] != "t.echo" {
 				t.Errorf("audit %v", ev)
+			}
+			// The receipt in _meta: audit's signature, of this call and
+			// of the result the content holds.
+			var rc api.Receipt
+			if err := json.Unmarshal(mustJSON(res.Meta[mcpfront.MetaReceipt]), &rc); err != nil {
+				t.Fatalf("_meta receipt %v: %v", res.Meta, err)
+			}
+			if err := auditchain.CheckReceipt(&rc, e.chainKey.Public().(ed25519.PublicKey)); err != nil {
+				t.Errorf("the receipt in _meta: %v", err)
+			}
+			if err := auditchain.CheckReceiptResult(&rc, []byte(text(res))); err != nil || rc.InvocationID != invocationOf(res) || rc.Agent != agent {
+				t.Errorf("the receipt %+v of the result %s: %v", rc, text(res), err)
+			}
+			if err := auditchain.CheckReceiptResult(&rc, []byte(`{"message":"other"}`)); err == nil {
+				t.Error("the receipt holds for another result")
 			}
 		})
 	}

@@ -676,6 +676,11 @@ func (n *Node) NewStage(ctx context.Context, name string, c StageConfig) (stages
 			}
 		}
 		a := audit.New(n.Store, h)
+		if c.AuditChainKey != nil {
+			// Receipts are signed with the chain key: audit-chain.pub,
+			// which verifiers hold for the checkpoints, checks them too.
+			a.SignReceipts(auditchain.NewReceiptSigner(c.AuditChainKey))
+		}
 		// The statistics recorded since the last write go out when the
 		// stages stop, after in-flight calls end.
 		n.onStop(func() {
@@ -839,6 +844,7 @@ func (n *Node) newAuthorizer(ctx context.Context, c StageConfig) (*authorize.Aut
 			n.Log.Error("pushed policy does not load; keeping the current one", "revision", b.Revision, "err", err)
 			return
 		}
+		e.Revision = b.Revision
 		a.SetPolicy(e)
 		n.Log.Info("policy loaded", "revision", b.Revision, "modules", len(b.Modules))
 	})

@@ -650,6 +650,11 @@ func (r *run) startControl(ctx context.Context) (stop func(), err error) {
 		opts = append(opts, control.WithStateProof(c.Stage.StateProof))
 	}
 	opts = append(opts, control.WithJetStream(ctl.JS), control.WithManifestCheck(c.Stage.kinds().Check))
+	if k := c.Stage.AuditChainKey; k != nil {
+		opts = append(opts, control.WithAuditChainKey(k.Public().(ed25519.PublicKey)))
+	} else if pub, err := busauth.LoadAuditChainPublicKey(c.Embedded.DataDir); err == nil && c.Embedded.DataDir != "" {
+		opts = append(opts, control.WithAuditChainKey(pub))
+	}
 	if ctl.Signer != nil {
 		opts = append(opts, control.WithSigner(ctl.Signer.Sign), control.WithCancelSigner(ctl.Signer.SignCancel))
 	}

@@ -35,11 +35,16 @@ type Decision struct {
 	RequiresApproval bool     `json:"requires_approval,omitempty"`
 	// Code is the E-code of a denial, when the policy names one.
 	Code string `json:"code,omitempty"`
+	// Revision is the Engine's Revision: which policy decided.
+	Revision uint64 `json:"-"`
 }
 
 // Engine holds one prepared query.
 type Engine struct {
 	query rego.PreparedEvalQuery
+	// Revision is the policies bucket's revision the engine was loaded
+	// from (0: a policy configured at start), set by its loader.
+	Revision uint64
 }
 
 // forbidden are builtins a policy must never call: they reach the network or

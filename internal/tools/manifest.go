@@ -5,6 +5,8 @@ package tools
 import (
 	"bytes"
 	"cmp"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"slices"
@@ -84,6 +86,7 @@ type Manifest struct {
 	ver    *semver.Version // parsed Version, for the registry's ordering
 	input  *jsonschema.Schema
 	output *jsonschema.Schema // nil when the manifest has no output schema
+	digest string             // SHA-256 (hex) of the document parsed
 	hooks  *hooks.Set         // nil when the manifest declares no hooks
 }
 
@@ -255,6 +258,10 @@ func (m *Manifest) State(now time.Time) string {
 	return st
 }
 
+// Digest is the SHA-256 (hex) of the manifest document as stored in the
+// registry (Parse's input): what a receipt names the manifest by.
+func (m *Manifest) Digest() string { return m.digest }
+
 // Parse checks doc against the tool manifest schema, decodes it, compiles its
 // input and output schemas and fills in defaults. doc is in toolgate's form
 // or in the specification's (seed 002, 5.2.1; see Native). Every failure is
@@ -290,6 +297,8 @@ func parseNative(doc []byte) (*Manifest, error) {
 		return nil, invalid("manifest does not match the tool manifest schema").WithFields(fields)
 	}
 	m := new(Manifest)
+	sum := sha256.Sum256(doc)
+	m.digest = hex.EncodeToString(sum[:])
 	if err := json.Unmarshal(doc, m); err != nil {
 		// The schema allows values Go cannot hold, such as 1e3 for an
 		// integer or a number beyond int64.

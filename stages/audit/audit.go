@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/auditchain"
 	"github.com/toolgate/toolgate/internal/envelope"
 	"github.com/toolgate/toolgate/internal/signedstate"
 	"github.com/toolgate/toolgate/kvstore"
@@ -40,6 +41,8 @@ type Auditor struct {
 	store store
 	hooks *Hooks // nil: no hooks run
 	stats statsRecorder
+	// receipts signs every terminal result's receipt; nil: none.
+	receipts *auditchain.ReceiptSigner
 }
 
 var _ stages.Finaliser = (*Auditor)(nil)
@@ -53,6 +56,10 @@ func New(s *kvstore.Store, h *Hooks) *Auditor {
 	}
 	return &Auditor{store: s, hooks: h, stats: s.NewStatsRecorder()}
 }
+
+// SignReceipts makes every terminal result carry a receipt signed by s
+// (docs/audit.md#receipts).
+func (a *Auditor) SignReceipts(s *auditchain.ReceiptSigner) { a.receipts = s }
 
 // FlushStats writes the tool statistics recorded and not written yet
 // (kvstore.StatsRecorder coalesces its writes): call it once the stage's
@@ -87,7 +94,7 @@ func (a *Auditor) Process(ctx context.Context, inv *envelope.Invocation) ([]stag
 		}
 	}
 	if inv.Error != nil && inv.Error.ECode == api.EDuplicateInvocation {
-		return duplicate(inv)
+		return a.duplicate(inv)
 	}
 	if inv.Tenant == subjects.SystemTenant {
 		// The event's tenant could not name a subject (E3019): there is no
@@ -129,6 +136,8 @@ func (a *Auditor) Process(ctx context.Context, inv *envelope.Invocation) ([]stag
 			Decision: rd.Decision, Reason: rd.Reason}
 	}
 	resp := inv.Response()
+	typ := envelope.TerminalType(inv)
+	a.receipt(inv, &resp, typ)
 	rec := api.Record{
 		InvocationID: inv.ID, Tenant: inv.Tenant, Status: inv.Status,
 		ToolID: inv.ToolID(), ToolVersion: inv.ToolVersion(), Error: inv.Error,
@@ -158,8 +167,14 @@ func (a *Auditor) Process(ctx context.Context, inv *envelope.Invocation) ([]stag
 	if written {
 		// After the status and the charge, which callers wait on.
 		a.count(ctx, inv)
+	} else if stored.Response != nil && stored.Response.Receipt != nil {
+		// A redelivery of the ending recorded: its receipt is the one the
+		// record holds, so the event and result carry the same.
+		resp.Receipt = stored.Response.Receipt
 	}
-	terminal, err := stages.AuditEvent(subjects.Audit, inv, envelope.TerminalType(inv), inv.Audit())
+	data := inv.Audit()
+	data.Receipt = resp.Receipt
+	terminal, err := stages.AuditEvent(subjects.Audit, inv, typ, data)
 	if err != nil {
 		return nil, err
 	}
@@ -183,6 +198,44 @@ func (a *Auditor) Process(ctx context.Context, inv *envelope.Invocation) ([]stag
 		outs = append(outs, dl)
 	}
 	return outs, nil
+}
+
+// receipt signs the receipt of inv's ending, whose terminal audit event
+// has type typ, into resp (docs/audit.md#receipts): one signature, the
+// hashes of the parameters and the result, nothing else computed.
+func (a *Auditor) receipt(inv *envelope.Invocation, resp *api.Response, typ string) {
+	if a.receipts == nil {
+		return
+	}
+	r := &api.Receipt{V: api.ReceiptVersion, InvocationID: inv.ID, Tenant: inv.Tenant, Agent: inv.Agent(),
+		ToolID: inv.ToolID(), ToolVersion: inv.ToolVersion(), Status: inv.Status,
+		ResultSHA256: auditchain.Digest(resp.Result),
+		EventID:      inv.ID + ":" + envelope.SubjectSuffix(typ),
+		IssuedAt:     time.Now().UTC().Format(time.RFC3339Nano)}
+	if !inv.ReceivedAt.IsZero() {
+		r.ReceivedAt = inv.ReceivedAt.UTC().Format(time.RFC3339Nano)
+	}
+	if inv.Request != nil {
+		r.ParamsSHA256 = auditchain.Digest(inv.Request.Parameters)
+	}
+	if inv.Error != nil {
+		r.ErrorCode = inv.Error.ECode
+	}
+	switch az := inv.Authz; {
+	case az != nil:
+		r.Decision, r.PolicyRevision, r.ManifestDigest = "allow", az.PolicyRevision, az.ManifestDigest
+		r.Approvers, r.Approval = az.Approvers, az.ApprovalProof
+		if len(r.Approvers) == 0 && az.ApprovedBy != "" {
+			r.Approvers = []string{az.ApprovedBy}
+		}
+	case inv.EndedBy == subjects.Authorize && inv.Status == api.StatusPermissionDenied:
+		r.Decision = "deny"
+	}
+	for _, d := range inv.Metadata.DocumentsAccessed {
+		r.Documents = append(r.Documents, api.DocumentPin{Source: d.Source, DocumentID: d.DocumentID, Version: d.Version})
+	}
+	a.receipts.Sign(r)
+	resp.Receipt = r
 }
 
 // swept reports an E3901 ending decided by a sweep of messages left in a
@@ -221,12 +274,18 @@ func (a *Auditor) heldByWorker(ctx context.Context, inv *envelope.Invocation) (b
 // usage or the hooks. A repeat of the same request is answered by the first
 // one's result on the same subject; a different request gets its refusal
 // there, so that its caller learns why.
-func duplicate(inv *envelope.Invocation) ([]stages.Output, error) {
-	ev, err := stages.AuditEvent(subjects.Audit, inv, api.TypeDuplicate, inv.Audit())
+func (a *Auditor) duplicate(inv *envelope.Invocation) ([]stages.Output, error) {
+	data := inv.Audit()
+	resp := inv.Response()
+	if !sameRequest(inv.Error) {
+		a.receipt(inv, &resp, api.TypeDuplicate)
+		data.Receipt = resp.Receipt
+	}
+	ev, err := stages.AuditEvent(subjects.Audit, inv, api.TypeDuplicate, data)
 	if err != nil || sameRequest(inv.Error) {
 		return []stages.Output{ev}, err
 	}
-	result, err := resultEvent(inv, inv.Response())
+	result, err := resultEvent(inv, resp)
 	if err != nil {
 		return nil, err
 	}

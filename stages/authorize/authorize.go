@@ -223,6 +223,8 @@ func (a *Authorizer) Process(ctx context.Context, inv *envelope.Invocation) ([]s
 	// reserve fills in what a model call may use of the budgets.
 	hold := &modelHold{}
 	ctx = context.WithValue(ctx, modelHoldKey{}, hold)
+	var revision uint64 // of the policy that admitted the call
+	ctx = context.WithValue(ctx, revisionKey{}, &revision)
 	for attempt := 1; ; attempt++ {
 		var outs []stages.Output
 		var done bool
@@ -249,8 +251,11 @@ func (a *Authorizer) Process(ctx context.Context, inv *envelope.Invocation) ([]s
 		inv.Authz.CostPerCall = m.Cost.PerCall
 	}
 	inv.Authz.ModelTokens, inv.Authz.ModelCost = hold.tokens, hold.cost
+	// What the call's receipt names its decision by.
+	inv.Authz.PolicyRevision, inv.Authz.ManifestDigest = revision, m.Digest()
 	if hasApproval && approval.State == kvstore.ApprovalApproved {
 		inv.Authz.ApprovedBy = approval.DecidedBy
+		inv.Authz.ApprovalProof = approval.Proof
 		for _, v := range approval.Approvals {
 			inv.Authz.Approvers = append(inv.Authz.Approvers, v.DecidedBy)
 		}
@@ -271,6 +276,10 @@ func (a *Authorizer) Process(ctx context.Context, inv *envelope.Invocation) ([]s
 	}
 	return nil, nil
 }
+
+// revisionKey carries, in Process's context, where decide writes the
+// revision of the policy that decided.
+type revisionKey struct{}
 
 // maxDecisions bounds how often one call is judged again because its
 // usage moved between the policy's read and the reservation.
@@ -348,6 +357,9 @@ func (a *Authorizer) decide(ctx context.Context, inv *envelope.Invocation, rawTo
 	}
 	if err := a.record(ctx, inv, in, d); err != nil {
 		return approval, hasApproval, nil, true, err
+	}
+	if p, ok := ctx.Value(revisionKey{}).(*uint64); ok {
+		*p = d.Revision
 	}
 	if !d.Allow {
 		return approval, hasApproval, nil, true, denial(d)

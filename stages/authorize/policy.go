@@ -62,7 +62,9 @@ func (a *Authorizer) evalInput(ctx context.Context, in Input, rawToken string) (
 	if err != nil {
 		return policy.Decision{}, nil, api.WrapError(err, api.InternalError, api.EPolicyFailed, "building policy input: %v", err)
 	}
-	d, err := a.engine.Load().Eval(ctx, input)
+	e := a.engine.Load()
+	d, err := e.Eval(ctx, input)
+	d.Revision = e.Revision
 	return d, input, err
 }
 

@@ -1,0 +1,155 @@
+package auditchain
+
+import (
+	"bytes"
+	"crypto/ed25519"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"sync"
+
+	"github.com/toolgate/toolgate/api"
+)
+
+// receiptDomain starts what a receipt's signature covers, so that no
+// receipt signature can be taken for a checkpoint's (whose signed body
+// starts with "{") under the same key, nor the other way round.
+const receiptDomain = "toolgate-receipt-v1\n"
+
+// ReceiptSigner signs receipts with the chain key: what verifiers hold
+// of audit is audit-chain.pub, so receipts and checkpoints check with the
+// same public key.
+type ReceiptSigner struct {
+	key ed25519.PrivateKey
+	id  string // KeyID of the public half, encoded once
+}
+
+// NewReceiptSigner returns a signer with the chain key k.
+func NewReceiptSigner(k ed25519.PrivateKey) *ReceiptSigner {
+	return &ReceiptSigner{key: k, id: KeyID(k.Public().(ed25519.PublicKey))}
+}
+
+// Sign sets r's Key and Sig: one Ed25519 signature.
+func (s *ReceiptSigner) Sign(r *api.Receipt) {
+	r.Key, r.Sig = s.id, ""
+	b := receiptBody(r)
+	r.Sig = base64.StdEncoding.EncodeToString(ed25519.Sign(s.key, *b))
+	bodies.Put(b)
+}
+
+// bodies are the buffers receipt bodies are encoded into.
+var bodies = sync.Pool{New: func() any { b := make([]byte, 0, 1024); return &b }}
+
+// receiptBody is what is signed: the domain and r's JSON without Sig
+// (strings, numbers and a DecisionProof, whose map encodes in key order,
+// so a decoded receipt encodes to the same bytes). Put it back in bodies.
+func receiptBody(r *api.Receipt) *[]byte {
+	rc := *r
+	rc.Sig = ""
+	b := bodies.Get().(*[]byte)
+	buf := bytes.NewBuffer(append((*b)[:0], receiptDomain...))
+	_ = json.NewEncoder(buf).Encode(&rc) // cannot fail on these types
+	*b = bytes.TrimSuffix(buf.Bytes(), []byte("\n"))
+	return b
+}
+
+// Digest is the SHA-256 (hex) receipts name parameters and results by:
+// of raw as compact JSON (encoding/json's Compact), so that insignificant
+// whitespace, which JSON encoders along the way drop, does not change it.
+// Empty (or JSON null) raw has the empty digest.
+func Digest(raw []byte) string {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || string(raw) == "null" {
+		return ""
+	}
+	var c bytes.Buffer
+	c.Grow(len(raw))
+	if err := json.Compact(&c, raw); err != nil {
+		c.Reset()
+		c.Write(raw) // not JSON: its bytes as they are
+	}
+	h := sha256.Sum256(c.Bytes())
+	return hex.EncodeToString(h[:])
+}
+
+// CheckReceipt verifies r's signature with pub (E3960).
+func CheckReceipt(r *api.Receipt, pub ed25519.PublicKey) error {
+	if r == nil || r.V != api.ReceiptVersion || r.InvocationID == "" || r.EventID == "" {
+		return api.NewError(api.InvalidParameters, api.EReceiptMalformed, "not a receipt (version %d)", receiptVersion(r))
+	}
+	sig, err := base64.StdEncoding.DecodeString(r.Sig)
+	b := receiptBody(r)
+	defer bodies.Put(b)
+	if err != nil || !ed25519.Verify(pub, *b, sig) {
+		return api.NewError(api.PermissionDenied, api.EReceiptForged,
+			"the receipt of %s does not verify with key %s (signed as %s): it was changed, or another key signed it", r.InvocationID, KeyID(pub), r.Key)
+	}
+	return nil
+}
+
+func receiptVersion(r *api.Receipt) int {
+	if r == nil {
+		return 0
+	}
+	return r.V
+}
+
+// CheckReceiptResult checks that result (the response's result member, as
+// returned) is the one r names (E3961).
+func CheckReceiptResult(r *api.Receipt, result []byte) error {
+	if got := Digest(result); got != r.ResultSHA256 {
+		return api.NewError(api.InvalidParameters, api.EReceiptResult,
+			"the result given (sha256 %s) is not the one the receipt of %s names (sha256 %s)", orNone(got), r.InvocationID, orNone(r.ResultSHA256))
+	}
+	return nil
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "none"
+	}
+	return s
+}
+
+// CheckReceiptProof checks that p proves r in the trail (E3962): p checks
+// with pub (the checkpoint's signature and the path to its root), it is
+// the proof of r's terminal event, and that event carries r itself.
+func CheckReceiptProof(r *api.Receipt, p *Proof, pub ed25519.PublicKey) error {
+	refuse := func(format string, args ...any) error {
+		return api.NewError(api.PermissionDenied, api.EReceiptProof, "the proof does not prove the receipt of %s: "+format,
+			append([]any{r.InvocationID}, args...)...)
+	}
+	if p == nil {
+		return refuse("there is none")
+	}
+	if err := p.Check(pub); err != nil {
+		return refuse("%v", err)
+	}
+	var ev struct {
+		ID   string `json:"id"`
+		Data struct {
+			Receipt *api.Receipt `json:"receipt"`
+		} `json:"data"`
+	}
+	if err := json.Unmarshal(p.Data, &ev); err != nil {
+		return refuse("its event is not a CloudEvent: %v", err)
+	}
+	if p.EventID != r.EventID || ev.ID != r.EventID {
+		return refuse("it proves event %s, the receipt names %s", p.EventID, r.EventID)
+	}
+	got := ev.Data.Receipt
+	if got == nil || got.Sig != r.Sig {
+		return refuse("event %s (seq %d) carries another receipt", r.EventID, p.Seq)
+	}
+	a, b := receiptBody(got), receiptBody(r)
+	defer bodies.Put(a)
+	defer bodies.Put(b)
+	if !bytes.Equal(*a, *b) {
+		return refuse("event %s (seq %d) carries another receipt", r.EventID, p.Seq)
+	}
+	return nil
+}
+
+// Public is the public half of the signer's key.
+func (s *ReceiptSigner) Public() ed25519.PublicKey { return s.key.Public().(ed25519.PublicKey) }

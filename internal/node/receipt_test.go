@@ -1,0 +1,201 @@
+package node_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/client"
+	"github.com/toolgate/toolgate/internal/auditchain"
+	"github.com/toolgate/toolgate/internal/busauth"
+	"github.com/toolgate/toolgate/internal/policy"
+	"github.com/toolgate/toolgate/subjects"
+)
+
+// TestReceiptsOnTheBus: on the authenticated embedded bus, a call's
+// result carries audit's receipt, signed with the chain key: of its agent,
+// tool, manifest, parameters, policy decision and result. An auditor and
+// the operator get it back with its inclusion proof once a checkpoint
+// covers the terminal event; the agent gets the
+// receipt alone (a checkpoint names other tenants' calls), and another
+// agent of the tenant is refused (E3260) and the refusal audited.
+func TestReceiptsOnTheBus(t *testing.T) {
+	s := serveEmbedded(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	pub, err := busauth.LoadAuditChainPublicKey(s.dataDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := s.agentAs(t, "did:agent:a", false)
+	b := s.agentAs(t, "did:agent:b", false)
+
+	params := json.RawMessage(`{"message": "receipted"}`)
+	id, err := a.c.Invoke(ctx, api.Request{ToolID: "echo", Parameters: params,
+		AgentContext: api.AgentContext{AgentDID: a.did, TenantID: "demo"}, CapabilityToken: a.raw}, client.InvokeOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := a.c.Wait(ctx, "demo", id)
+	if err != nil || resp.Status != api.StatusSuccess {
+		t.Fatalf("the call: %+v, %v", resp, err)
+	}
+	r := resp.Receipt
+	if r == nil {
+		t.Fatalf("the result carries no receipt: %+v", resp)
+	}
+	if err := auditchain.CheckReceipt(r, pub); err != nil {
+		t.Fatal(err)
+	}
+	if err := auditchain.CheckReceiptResult(r, resp.Result); err != nil {
+		t.Fatal(err)
+	}
+	if r.InvocationID != id || r.Tenant != "demo" || r.Agent != a.did || r.ToolID != "echo" || r.ToolVersion == "" ||
+		r.ManifestDigest == "" || r.Decision != "allow" || r.Status != api.StatusSuccess ||
+		r.ParamsSHA256 != auditchain.Digest(params) || r.EventID != id+":tool.succeeded" || r.IssuedAt == "" {
+		t.Errorf("receipt %+v", r)
+	}
+
+	// get waits for the proof and checks it.
+	get := func(t *testing.T, c *client.Agent) api.ReceiptResponse {
+		t.Helper()
+		var got api.ReceiptResponse
+		eventually(t, 30*time.Second, "the receipt's proof", func() bool {
+			var err error
+			got, err = c.Receipt(ctx, "demo", id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return len(got.Proof) > 0
+		})
+		var p auditchain.Proof
+		if err := json.Unmarshal(got.Proof, &p); err != nil {
+			t.Fatal(err)
+		}
+		if err := auditchain.CheckReceiptProof(got.Receipt, &p, pub); err != nil {
+			t.Fatal(err)
+		}
+		if got.Receipt.Sig != r.Sig {
+			t.Fatalf("another receipt than the result's: %+v", got.Receipt)
+		}
+		return got
+	}
+	t.Run("its agent", func(t *testing.T) {
+		// The receipt, without the proof: its checkpoint names other
+		// tenants' calls.
+		got, err := a.c.Receipt(ctx, "demo", id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.Receipt == nil || got.Receipt.Sig != r.Sig || len(got.Proof) != 0 || got.Pending == "" {
+			t.Fatalf("the agent's receipt: %+v", got)
+		}
+	})
+	t.Run("an auditor", func(t *testing.T) {
+		keys, err := busauth.LoadKeys(s.dataDir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		carol := issuePerson(t, keys, busauth.RoleAuditor, "carol")
+		get(t, carol.client(t, s, nil).Agent)
+	})
+	t.Run("the operator", func(t *testing.T) { get(t, s.operator(t).Agent) })
+	t.Run("another agent is refused, and audited", func(t *testing.T) {
+		_, err := b.c.Receipt(ctx, "demo", id)
+		var te *api.Error
+		if !errors.As(err, &te) || te.ECode != api.ENotOwnCall {
+			t.Fatalf("B's receipt of A's call: %v, want E3260", err)
+		}
+		js, err := jetstream.New(s.connect(t, 0, s.creds(busauth.RoleOperator)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, 10*time.Second, "a view.refused audit event naming B, the receipt and A's call", func() bool {
+			st, err := js.Stream(ctx, subjects.StreamAudit)
+			if err != nil {
+				return false
+			}
+			m, err := st.GetLastMsgForSubject(ctx, subjects.AuditEvent(subjects.SystemTenant, "view.refused"))
+			if err != nil {
+				return false
+			}
+			d := string(m.Data)
+			return strings.Contains(d, "did=3Aagent=3Ab") && strings.Contains(d, id) && strings.Contains(d, `"receipt"`)
+		})
+	})
+	t.Run("an approved call's receipt names its approver and the signed decision", func(t *testing.T) {
+		keys, err := busauth.LoadKeys(s.dataDir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		alice := issuePerson(t, keys, busauth.RoleApprover, "alice")
+		id, err := a.c.Invoke(ctx, api.Request{ToolID: "echo", Parameters: json.RawMessage(`{"message":"approved"}`),
+			AgentContext: api.AgentContext{AgentDID: a.did, TenantID: "demo"}, CapabilityToken: a.raw,
+			ExecutionOptions: &api.ExecutionOptions{RequireApproval: true}}, client.InvokeOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, 20*time.Second, "the call to wait for approval", func() bool {
+			rec, err := a.c.Status(ctx, "demo", id)
+			return err == nil && rec.Status == api.StatusPendingApproval
+		})
+		ap := alice.client(t, s, nil)
+		sum, err := ap.Approval(ctx, "demo", id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ap.DecideSigned(ctx, api.ApprovalDecision{Tenant: "demo", InvocationID: id, Approve: true,
+			RequestDigest: sum.RequestDigest}, alice.sign); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := a.c.Wait(ctx, "demo", id)
+		if err != nil || resp.Status != api.StatusSuccess || resp.Receipt == nil {
+			t.Fatalf("the approved call: %+v, %v", resp, err)
+		}
+		rc := resp.Receipt
+		if err := auditchain.CheckReceipt(rc, pub); err != nil {
+			t.Fatal(err)
+		}
+		if len(rc.Approvers) != 1 || rc.Approvers[0] != "approver:alice" || rc.Approval == nil ||
+			!strings.Contains(string(rc.Approval.Body), id) || len(rc.Approval.Headers) == 0 {
+			t.Fatalf("the receipt's approval: %v %+v", rc.Approvers, rc.Approval)
+		}
+	})
+	t.Run("the receipt names the pushed policy's revision", func(t *testing.T) {
+		op := s.operator(t)
+		op.Sign = s.signer(t, busauth.RoleOperator)
+		pushed, err := op.PushPolicy(ctx, map[string]string{"authz.rego": policy.DefaultModule()}, nil, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var rc *api.Receipt
+		eventually(t, 20*time.Second, "a call decided by the pushed policy", func() bool {
+			id, err := a.c.Invoke(ctx, api.Request{ToolID: "echo", Parameters: params,
+				AgentContext: api.AgentContext{AgentDID: a.did, TenantID: "demo"}, CapabilityToken: a.raw}, client.InvokeOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp, err := a.c.Wait(ctx, "demo", id)
+			if err != nil || resp.Receipt == nil {
+				t.Fatalf("%+v %v", resp, err)
+			}
+			rc = resp.Receipt
+			return rc.PolicyRevision == pushed.Revision
+		})
+		if err := auditchain.CheckReceipt(rc, pub); err != nil || pushed.Revision == 0 {
+			t.Fatalf("revision %d: %v", pushed.Revision, err)
+		}
+	})
+	t.Run("no receipt of an unknown call", func(t *testing.T) {
+		_, err := a.c.Receipt(ctx, "demo", "no-such-call")
+		var te *api.Error
+		if !errors.As(err, &te) || te.ECode != api.EReceiptNotFound {
+			t.Fatalf("%v, want E3964", err)
+		}
+	})
+}
