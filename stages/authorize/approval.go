@@ -34,6 +34,9 @@ type ApprovalRequested struct {
 // pipeline until a decision resumes or ends it. Redelivery finds the stored
 // approval and parks again with the same message ids.
 func (a *Authorizer) park(ctx context.Context, inv *envelope.Invocation, m *tools.Manifest, d policy.Decision) ([]stages.Output, error) {
+	if a.cfg.Custody != nil {
+		inv.Custody = a.cfg.Custody(inv.Tenant, inv.ID, inv.Event.Seq)
+	}
 	parked, err := json.Marshal(inv)
 	if err != nil {
 		return nil, err

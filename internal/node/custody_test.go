@@ -1,0 +1,106 @@
+package node_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/client"
+	"github.com/toolgate/toolgate/internal/busauth"
+	"github.com/toolgate/toolgate/internal/envelope"
+	"github.com/toolgate/toolgate/internal/runner"
+	"github.com/toolgate/toolgate/internal/seal"
+	"github.com/toolgate/toolgate/subjects"
+)
+
+// TestCustodyIsTheHolders: every stage may read TOOLGATE_PIPELINE by
+// sequence (its sweep), so while execute runs a call, the hop route handed
+// it sits there for any of them to read. A compromised verify (or control)
+// host copies the custody from that hop and hands audit an ending of the
+// running call as its own; audit refuses it (E3230), because the custody
+// names the stage that holds the call, and the call ends as its tool says.
+func TestCustodyIsTheHolders(t *testing.T) {
+	s := serveEmbedded(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	ojs, _ := jetstream.New(s.connect(t, 0, s.creds(busauth.RoleOperator)))
+	trail, err := ojs.Stream(ctx, subjects.StreamAudit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tenant := s.tenant("custody")
+	nc, raw := s.agent(t, 0, tenant)
+	agent, err := client.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name string
+		role busauth.Role
+		end  func(inv *envelope.Invocation)
+	}{
+		{"verify ends a call execute runs with a forged success", busauth.RoleVerify, func(inv *envelope.Invocation) {
+			inv.Succeed(subjects.Verify, json.RawMessage(`{"slept_ms":"forged"}`))
+		}},
+		{"control cancels a call execute runs", busauth.RoleControl, func(inv *envelope.Invocation) {
+			inv.Fail(subjects.Authorize, api.NewError(api.Cancelled, api.ECancelled, "forged cancel"))
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			k, err := busauth.LoadHopKey(s.dataDir, tc.role)
+			if err != nil {
+				t.Fatal(err)
+			}
+			js, _ := jetstream.New(s.connect(t, 0, s.creds(tc.role)))
+			pipe, err := js.Stream(ctx, subjects.StreamPipeline)
+			if err != nil {
+				t.Fatalf("%s reading %s: %v", tc.role, subjects.StreamPipeline, err)
+			}
+			id, err := agent.Invoke(ctx, api.Request{ToolID: "sleep", Parameters: json.RawMessage(`{"ms":3000}`),
+				AgentContext: api.AgentContext{AgentDID: "did:agent:" + tenant, TenantID: tenant}, CapabilityToken: raw},
+				client.InvokeOptions{ID: fmt.Sprintf("custody-%s-%d", tc.role, time.Now().UnixNano())})
+			if err != nil {
+				t.Fatal(err)
+			}
+			// The role's own credentials read the hop to execute while
+			// execute runs the call.
+			var held envelope.Invocation
+			eventually(t, 30*time.Second, "the hop to execute in "+subjects.StreamPipeline, func() bool {
+				m, err := pipe.GetLastMsgForSubject(ctx, subjects.Pipe(subjects.Execute, subjects.PriorityNormal, tenant))
+				return err == nil && json.Unmarshal(m.Data, &held) == nil && held.ID == id
+			})
+			if held.Custody == "" {
+				t.Fatal("the hop to execute carries no custody")
+			}
+			tc.end(&held)
+			hop, err := runner.Handoff(&held, subjects.Audit)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// Under an id of its own: the id of the real ending is
+			// predictable, and taking it first is another attack (see
+			// docs/security.md, Signed messages).
+			hop.MsgID += ".forged"
+			if err := runner.Publish(ctx, runner.Relaying(seal.SigningJetStream(js, seal.NewSigner(tc.role, k))), hop); err != nil {
+				t.Fatalf("%s handing audit an ending: %v", tc.role, err)
+			}
+			r, err := agent.Wait(ctx, tenant, id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.Status != api.StatusSuccess || !strings.Contains(string(r.Result), "3000") {
+				t.Fatalf("the call %s ended %s %s %+v: %s's copied custody ended it", id, r.Status, r.Result, r.Error, tc.role)
+			}
+			eventually(t, 20*time.Second, "a poison event with E3230 for the copied custody", func() bool {
+				m, err := trail.GetLastMsgForSubject(ctx, subjects.AuditEvent(tenant, envelope.SubjectSuffix(api.TypePoison)))
+				return err == nil && strings.Contains(string(m.Data), id) && strings.Contains(string(m.Data), api.EEndingRefused)
+			})
+		})
+	}
+}
