@@ -104,3 +104,52 @@ func TestCustodyIsTheHolders(t *testing.T) {
 		})
 	}
 }
+
+// TestRefusalGoesToTheRequester: agent B invokes with its own token and
+// connection a call whose request names agent A. The call is refused, and
+// the refusal is B's: it ends on B's result subject and B's status of it
+// is answered; A, subscribed to its own results, receives nothing of it.
+func TestRefusalGoesToTheRequester(t *testing.T) {
+	s := serveEmbedded(t)
+	a := s.agentAs(t, "did:agent:a", false)
+	b := s.agentAs(t, "did:agent:b", false)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	aOwn, err := a.nc.SubscribeSync(subjects.ResultAgent("demo", a.did))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = a.nc.Flush()
+	id, err := b.c.Invoke(ctx, api.Request{ToolID: "echo", Parameters: json.RawMessage(`{"message":"as a"}`),
+		AgentContext: api.AgentContext{AgentDID: a.did, TenantID: "demo"}, CapabilityToken: b.raw}, client.InvokeOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, wcancel := context.WithTimeout(ctx, 20*time.Second)
+	defer wcancel()
+	r, err := b.c.Wait(wctx, "demo", id)
+	if err != nil {
+		rec, serr := s.node.Store.Status(ctx, "demo", id)
+		t.Logf("DEBUG record %+v %v", rec, serr)
+		t.Fatalf("B waiting on its own result subject for its refused call: %v", err)
+	}
+	if r.Status != api.StatusPermissionDenied || r.Error == nil || r.Error.ECode != api.ENotGranted {
+		t.Fatalf("B's call naming A: %s %+v, want permission_denied %s", r.Status, r.Error, api.ENotGranted)
+	}
+	rec, err := b.c.Status(ctx, "demo", id)
+	if err != nil || rec.Agent != b.did {
+		t.Errorf("B's status of its refused call: %+v, %v", rec, err)
+	}
+	if _, err := a.c.Status(ctx, "demo", id); !errorHasCode(err, api.ENotOwnCall) {
+		t.Errorf("A's status of B's refused call: %v, want %s", err, api.ENotOwnCall)
+	}
+	for {
+		m, err := aOwn.NextMsg(2 * time.Second)
+		if err != nil {
+			break
+		}
+		if strings.Contains(string(m.Data), id) {
+			t.Fatalf("A received B's refusal on %s: %s", m.Subject, m.Data)
+		}
+	}
+}

@@ -202,6 +202,13 @@ func (a *Authorizer) Process(ctx context.Context, inv *envelope.Invocation) ([]s
 		Tenant: inv.Tenant, AgentDID: req.AgentContext.AgentDID, SessionID: req.AgentContext.SessionID,
 		ToolID: m.ID, ToolVersion: m.Version,
 	})
+	if named := req.AgentContext.AgentDID; err != nil && claims.TenantID == inv.Tenant && claims.AgentDID != named {
+		// Whoever holds the token made the call: the refusal, its
+		// record and result are the token's agent's, never the agent the
+		// request names, who made nothing.
+		req.AgentContext.AgentDID = claims.AgentDID
+		return nil, api.WrapError(err, api.PermissionDenied, api.ENotGranted, "%v", err).WithDetail("named_agent_did", named)
+	}
 	if err != nil {
 		return nil, err
 	}
