@@ -130,6 +130,10 @@ const (
 	// A status record's cancel flag without the control service's
 	// signature for that invocation: ignored, and audited.
 	ECancelUnsigned = "E3235"
+	// A cancel flag an agent other than the call's set before any stage
+	// recorded the call (so the control service could not tell whose it
+	// was): ignored, and audited.
+	ECancelNotOwn = "E3250"
 	// A checkpoint whose description execute did not sign, or that is
 	// bound to another invocation, tenant or sequence than the key it is
 	// stored under: not resumed from.

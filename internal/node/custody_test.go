@@ -153,3 +153,74 @@ func TestRefusalGoesToTheRequester(t *testing.T) {
 		}
 	}
 }
+
+// TestCancelBindsItsAgent: agent B cancels agent A's call before any
+// stage has recorded it (so no record names its agent yet, and the
+// control service takes the cancel). Execute honours a cancel only from
+// the call's own agent (or a principal that sees every call): B's is
+// ignored and audited (E3250), and A's call runs.
+func TestCancelBindsItsAgent(t *testing.T) {
+	s := serveEmbedded(t)
+	a := s.agentAs(t, "did:agent:a", false)
+	b := s.agentAs(t, "did:agent:b", false)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	ojs, _ := jetstream.New(s.connect(t, 0, s.creds(busauth.RoleOperator)))
+	trail, err := ojs.Stream(ctx, subjects.StreamAudit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	invoke := func(message string) string {
+		id, err := a.c.Invoke(ctx, api.Request{ToolID: "echo", Parameters: json.RawMessage(`{"message":"` + message + `"}`),
+			AgentContext: api.AgentContext{AgentDID: a.did, TenantID: "demo"}, CapabilityToken: a.raw}, client.InvokeOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	// A's target waits behind a burst of its calls at validate, so B's
+	// cancel reaches it before any stage records it.
+	target := ""
+	for attempt := 0; attempt < 5 && target == ""; attempt++ {
+		for i := range 15 {
+			invoke(fmt.Sprintf("before-%d-%d", attempt, i))
+		}
+		id := invoke("mine")
+		if _, err := b.c.Cancel(ctx, "demo", id, "not mine to cancel"); err == nil {
+			target = id
+		} else if !errorHasCode(err, api.ENotOwnCall) {
+			t.Fatalf("B's cancel of A's unrecorded call: %v", err)
+		}
+	}
+	if target == "" {
+		t.Skip("validate recorded every target before B's cancel reached it")
+	}
+	r, err := a.c.Wait(ctx, "demo", target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Status != api.StatusSuccess || !strings.Contains(string(r.Result), "mine") {
+		t.Fatalf("A's call %s ended %s %+v: B's cancel of it was honoured", target, r.Status, r.Error)
+	}
+	eventually(t, 20*time.Second, "a state.refused event with "+api.ECancelNotOwn+" for B's cancel", func() bool {
+		m, err := trail.GetLastMsgForSubject(ctx, subjects.AuditEvent(subjects.SystemTenant, envelope.SubjectSuffix(api.TypeStateRefused)))
+		return err == nil && strings.Contains(string(m.Data), target) && strings.Contains(string(m.Data), api.ECancelNotOwn)
+	})
+	// A's own cancel of its unrecorded call is still honoured.
+	own := ""
+	for attempt := 0; attempt < 5 && own == ""; attempt++ {
+		for i := range 15 {
+			invoke(fmt.Sprintf("again-%d-%d", attempt, i))
+		}
+		id := invoke("cancel me")
+		if rec, err := a.c.Cancel(ctx, "demo", id, "mine"); err == nil && rec.Seq == 0 {
+			own = id
+		}
+	}
+	if own == "" {
+		t.Skip("validate recorded every call of A before its own cancel reached it")
+	}
+	if r, err := a.c.Wait(ctx, "demo", own); err != nil || r.Status != api.StatusCancelled {
+		t.Fatalf("A's own cancel of its unrecorded call: %+v, %v", r, err)
+	}
+}
