@@ -340,7 +340,9 @@ func (a *Authorizer) decide(ctx context.Context, inv *envelope.Invocation, rawTo
 			}
 		}
 		if hasApproval && approval.State == kvstore.ApprovalApproved {
-			if err := checkApprovers(approval, m, envelope.RequestDigest(inv.Request), a.cfg.ApprovalProof); err != nil {
+			// The policy's judgement without the decision says how many
+			// must approve (by risk level), as it did when it parked.
+			if err := checkApprovers(approval, requiredApprovers(m, d), envelope.RequestDigest(inv.Request), a.cfg.ApprovalProof); err != nil {
 				return approval, hasApproval, nil, true, err
 			}
 		}
