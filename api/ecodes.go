@@ -143,8 +143,8 @@ const (
 	ECounterErased = "E3237"
 	// Audit refused an ending handed to it by a role that may not end
 	// that call: not the stage the ending names, not an ending that role
-	// makes, or from a stage after authorize (or control) without
-	// authorize's proof that the call reached it. It is recorded as
+	// makes, or from a stage after authorize (or control) without its own
+	// custody, which the stage that handed it the call made. It is recorded as
 	// poison and dropped; the invocation it names is not touched.
 	EEndingRefused = "E3230"
 	// Audit refused a relayed event whose CloudEvent type, source or
