@@ -142,6 +142,10 @@ const (
 	// A status record's cancel flag without the control service's
 	// signature for that invocation: ignored, and audited.
 	ECancelUnsigned = "E3235"
+	// A cancel flag an agent other than the call's set before any stage
+	// recorded the call (so the control service could not tell whose it
+	// was): ignored, and audited.
+	ECancelNotOwn = "E3250"
 	// A checkpoint whose description execute did not sign, or that is
 	// bound to another invocation, tenant or sequence than the key it is
 	// stored under: not resumed from.
@@ -151,8 +155,8 @@ const (
 	ECounterErased = "E3237"
 	// Audit refused an ending handed to it by a role that may not end
 	// that call: not the stage the ending names, not an ending that role
-	// makes, or from a stage after authorize (or control) without
-	// authorize's proof that the call reached it. It is recorded as
+	// makes, or from a stage after authorize (or control) without its own
+	// custody, which the stage that handed it the call made. It is recorded as
 	// poison and dropped; the invocation it names is not touched.
 	EEndingRefused = "E3230"
 	// Audit refused a relayed event whose CloudEvent type, source or

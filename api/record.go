@@ -31,10 +31,14 @@ type Record struct {
 	// CancelRequested survives later status writes until the invocation
 	// ends: execute checks it before running the tool, and honours it only
 	// with CancelSig, the control service's signature (its message-signing
-	// key) over the tenant and invocation id: every stage may write this
-	// bucket, so the flag alone proves nothing.
+	// key) over the tenant, the invocation id and CancelBy: every stage
+	// may write this bucket, so the flag alone proves nothing. CancelBy is
+	// the agent that asked, or "" for a principal that sees every call of
+	// the tenant; execute honours an agent's cancel only on that agent's
+	// call (a cancel may come before any stage recorded whose it is).
 	CancelRequested bool   `json:"cancel_requested,omitempty"`
 	CancelSig       string `json:"cancel_sig,omitempty"`
+	CancelBy        string `json:"cancel_by,omitempty"`
 	// Progress and Checkpoint are the latest a running tool reported.
 	Progress   *Progress      `json:"progress,omitempty"`
 	Checkpoint *CheckpointRef `json:"checkpoint,omitempty"`

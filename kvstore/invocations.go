@@ -42,7 +42,7 @@ func (s *Store) SetStatus(ctx context.Context, rec api.Record) (api.Record, bool
 				next.Agent = stored.Agent // the caller stays recorded
 			}
 			if stored.CancelRequested {
-				next.CancelRequested, next.CancelSig = true, stored.CancelSig
+				next.CancelRequested, next.CancelSig, next.CancelBy = true, stored.CancelSig, stored.CancelBy
 			}
 			if next.DocumentPins == nil {
 				next.DocumentPins = stored.DocumentPins // the versions the call read stay recorded
@@ -80,7 +80,7 @@ func (s *Store) ClaimRun(ctx context.Context, rec api.Record, fill func(prev api
 				next.Agent = cur.Agent
 			}
 			if cur.CancelRequested {
-				next.CancelRequested, next.CancelSig = true, cur.CancelSig
+				next.CancelRequested, next.CancelSig, next.CancelBy = true, cur.CancelSig, cur.CancelBy
 			}
 		}
 		if fill != nil {
@@ -119,7 +119,7 @@ func (s *Store) ClaimInvocation(ctx context.Context, tenant, id string, seq uint
 		rec := api.Record{InvocationID: id, Tenant: tenant, Agent: agent, Status: api.StatusPending, Seq: seq, Digest: digest,
 			UpdatedAt: time.Now().UTC()}
 		if exists {
-			rec.CancelRequested, rec.CancelSig, rec.Status = stored.CancelRequested, stored.CancelSig, stored.Status
+			rec.CancelRequested, rec.CancelSig, rec.CancelBy, rec.Status = stored.CancelRequested, stored.CancelSig, stored.CancelBy, stored.Status
 		}
 		*stored = rec
 		return nil

@@ -12,6 +12,7 @@ import (
 	"net/http/cookiejar"
 	"net/url"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
@@ -32,6 +33,7 @@ import (
 // development token of tenant demo.
 type pipeline struct {
 	url   string
+	dir   string // the data directory, with busauth/
 	op    *client.Client
 	agent *client.Agent
 	token string
@@ -54,7 +56,7 @@ func startPipeline(t *testing.T) pipeline {
 			t.Errorf("node.Run: %v", err)
 		}
 	})
-	var p pipeline
+	p := pipeline{dir: dir}
 	select {
 	case p.url = <-ready:
 	case err := <-errc:
@@ -380,5 +382,57 @@ func TestConsoleHostAllowList(t *testing.T) {
 	code, body := con.do(t, http.MethodPost, decide, "console.example:"+port, "http://console.example:"+port, form)
 	if code != http.StatusOK || !strings.Contains(body, "approved "+id) {
 		t.Fatalf("a decision from an allowed name: %d\n%s", code, body)
+	}
+}
+
+// TestConsoleOverviewByRole: the overview shows the breakers and budgets
+// panels only to credentials the bus lets read them. An approver's
+// console (the usual one) leaves them out, with no refusal text; the
+// operator's (--allow-admin) shows them.
+func TestConsoleOverviewByRole(t *testing.T) {
+	p := startPipeline(t)
+	keys, err := busauth.LoadKeys(p.dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := keys.IssueCredentials(busauth.RoleApprover, "alice", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	creds := filepath.Join(t.TempDir(), "alice.creds")
+	if err := busauth.WriteCredsFiles(creds, b); err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nats.Connect(p.url, busauth.CredentialsOption(creds))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	approver, err := client.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name   string
+		client *client.Client
+		shown  bool
+	}{{"approver", approver, false}, {"operator", p.op, true}} {
+		t.Run(c.name, func(t *testing.T) {
+			cp := p
+			cp.op = c.client
+			con := startConsole(t, cp, console.Config{})
+			code, body := con.do(t, http.MethodGet, "/overview", "", "", nil)
+			if code != http.StatusOK {
+				t.Fatalf("overview: %d %s", code, body)
+			}
+			for _, panel := range []string{"Open breakers", "Budgets near their limit"} {
+				if strings.Contains(body, panel) != c.shown {
+					t.Errorf("panel %q shown: %v, want %v", panel, !c.shown, c.shown)
+				}
+			}
+			if strings.Contains(body, api.EBusNotPermitted) || strings.Contains(body, "refused") {
+				t.Errorf("the overview shows the bus's refusal:\n%s", body)
+			}
+		})
 	}
 }

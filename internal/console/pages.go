@@ -414,6 +414,16 @@ type overviewData struct {
 	Budgets    []budgetRow
 	BudgetErr  string
 	BudgetNear int // percent
+	// ShowBreakers and ShowBudgets: the console's credentials may read
+	// them (an approver's may not: they are an admin's).
+	ShowBreakers, ShowBudgets bool
+}
+
+// unreadable reports whether err is the bus refusing the console's
+// credentials an endpoint (E3221): a panel they may not read is left
+// out, not shown as a failure.
+func unreadable(err error) bool {
+	return errors.Is(err, &api.Error{Code: api.PermissionDenied, ECode: api.EBusNotPermitted})
 }
 
 // budgetNear is the share of a cap from which the overview lists a
@@ -503,7 +513,8 @@ func (s *Server) overview(w http.ResponseWriter, r *http.Request, sess session) 
 		d.TopTools[i].Width = d.TopTools[i].Calls * 100 / maxInt(max, 1) / 10 * 10
 	}
 	bs, err := s.cfg.Client.Breakers(r.Context())
-	if err != nil {
+	d.ShowBreakers = !unreadable(err)
+	if err != nil && d.ShowBreakers {
 		d.BreakerErr = err.Error()
 	}
 	for _, b := range bs {
@@ -513,7 +524,8 @@ func (s *Server) overview(w http.ResponseWriter, r *http.Request, sess session) 
 	}
 	d.BudgetNear = int(budgetNear * 100)
 	near, err := s.cfg.Client.Budgets(r.Context(), "", budgetNear)
-	if err != nil {
+	d.ShowBudgets = !unreadable(err)
+	if err != nil && d.ShowBudgets {
 		d.BudgetErr = err.Error()
 	}
 	for _, st := range near {

@@ -173,7 +173,7 @@ func WithSigner(sign func(subject string, h nats.Header, data []byte) nats.Heade
 // WithCancelSigner signs each cancel request the service records on an
 // invocation's status (seal.Signer.SignCancel): execute honours the flag
 // only with control's signature, since every stage may write that bucket.
-func WithCancelSigner(sign func(tenant, id string) string) Option {
+func WithCancelSigner(sign func(tenant, id, by string) string) Option {
 	return func(h *handlers) { h.signCancel = sign }
 }
 
@@ -195,7 +195,7 @@ type handlers struct {
 	// deadLetterSigned, when set, checks a dead letter's signer.
 	deadLetterSigned func(subject string, h nats.Header, data []byte) error
 	sign             func(subject string, h nats.Header, data []byte) nats.Header
-	signCancel       func(tenant, id string) string
+	signCancel       func(tenant, id, by string) string
 	nc               *nats.Conn
 	js               jetstream.JetStream
 	store            store
@@ -250,16 +250,24 @@ func (h *handlers) doCancel(r api.CancelRequest, v viewer) (any, error) {
 	}
 	// Only the agent that made a call, or one that sees all, cancels it. A
 	// call no stage has claimed yet has no agent recorded: its cancel is
-	// taken, as the agent that just published it needs.
+	// taken, as the agent that just published it needs, naming the agent
+	// that asked; execute honours it only on that agent's call.
 	if rec, err := h.store.Status(ctx, r.TenantID, r.InvocationID); err == nil && rec.Seq != 0 && !v.sees(rec.Agent) {
 		return nil, h.notOwn(v, "cancel", r.TenantID, r.InvocationID, "")
 	}
+	by := v.agent
+	if v.all {
+		by = ""
+	}
 	var sig string
 	if h.signCancel != nil {
-		sig = h.signCancel(r.TenantID, r.InvocationID)
+		sig = h.signCancel(r.TenantID, r.InvocationID, by)
 	}
 	rec, err := h.store.UpdateRecord(ctx, r.TenantID, r.InvocationID, func(rec *api.Record) {
-		rec.CancelRequested, rec.CancelSig = true, sig
+		if rec.CancelRequested && rec.CancelBy == "" && by != "" {
+			return // a cancel by one who sees every call stands
+		}
+		rec.CancelRequested, rec.CancelSig, rec.CancelBy = true, sig, by
 	})
 	if err != nil {
 		return nil, err

@@ -59,12 +59,14 @@ type Invocation struct {
 	// the verified claims (never the raw token). Hooks use it to authorise
 	// a retry or fallback as the same principal, and to end its session.
 	Principal *Principal `json:"principal,omitempty"`
-	// Custody is authorize's MAC, for audit alone, over the tenant, the
-	// invocation id and the ingest sequence (seal.Signer.Custody), set as
-	// authorize takes the call. A stage after authorize, or control ending
-	// a parked call, shows with it that the call reached it: audit takes
-	// no ending of theirs without it, so no stage can end a call it never
-	// held.
+	// Custody is the MAC, for audit alone, of the stage that handed the
+	// call to its holder, over the holder, the tenant, the invocation id
+	// and the ingest sequence (seal.Signer.Custody): authorize makes
+	// route's (and control's, for a call it parks), route execute's,
+	// execute verify's. A stage after authorize, or control ending a
+	// parked call, shows with it that the call was handed to it: audit
+	// takes no ending of theirs without their own, so no stage can end a
+	// call it never held, even with a custody copied from another's hop.
 	Custody string `json:"custody,omitempty"`
 	// Authz is set by the authorize stage when it admits the invocation.
 	Authz *Authorization `json:"authz,omitempty"`

@@ -66,8 +66,8 @@ func (l *leftovers) leave(t *testing.T, invs ...*envelope.Invocation) {
 	sg := seal.NewMessages(pubs).NewSigner(busauth.RoleAuthorize, k)
 	js := seal.SigningJetStream(l.op, sg)
 	for _, inv := range invs {
-		// With authorize's custody, which a call it handed on carries.
-		inv.Custody = sg.Custody(inv.Tenant, inv.ID, inv.Event.Seq)
+		// With route's custody, which a call authorize handed on carries.
+		inv.Custody = sg.Custody(busauth.RoleRoute, inv.Tenant, inv.ID, inv.Event.Seq)
 		o, err := runner.Handoff(inv, subjects.Route)
 		if err != nil {
 			t.Fatal(err)

@@ -800,7 +800,9 @@ func (n *Node) newAuthorizer(ctx context.Context, c StageConfig) (*authorize.Aut
 	}
 	if n.Signer != nil && c.Messages != nil {
 		ac.SignPrincipal = func(text []byte) string { return n.Signer.SignRecord(recordPrincipal, text) }
-		ac.Custody = n.Signer.Custody
+		ac.Custody = func(tenant, id string, seq uint64) string {
+			return n.Signer.Custody(busauth.RoleControl, tenant, id, seq)
+		}
 		ac.DecisionSigned = func(text []byte, sig string) bool {
 			return c.Messages.Record(busauth.RoleAudit, recordDecision, text, sig)
 		}
@@ -962,6 +964,9 @@ func checkRevocations(js func() jetstream.JetStream, source string, proof signed
 func (n *Node) Runner(name string, st stages.Stage, workers int, m *runner.Metrics) *runner.Runner {
 	r := &runner.Runner{Name: name, Stage: st, JS: n.JS, Workers: workers, Log: n.Log, Metrics: m, Records: n.Store, Senders: n.Senders,
 		Endings: n.Endings}
+	if n.Signer != nil && n.Senders != nil {
+		r.Custody = n.Signer.Custody
+	}
 	if name == subjects.Execute {
 		// Tools bound themselves (limits.timeout_ms is at most an hour).
 		r.Timeout = time.Hour + time.Minute

@@ -13,6 +13,7 @@ import (
 	"github.com/toolgate/toolgate/client"
 	"github.com/toolgate/toolgate/internal/busauth"
 	"github.com/toolgate/toolgate/internal/envelope"
+	"github.com/toolgate/toolgate/internal/policy"
 	"github.com/toolgate/toolgate/kvstore"
 	"github.com/toolgate/toolgate/subjects"
 )
@@ -180,4 +181,81 @@ func TestBusTwoPersonRule(t *testing.T) {
 			t.Fatalf("two approvals on one signature: %s %+v, want permission_denied E3249", rec.Status, rec.Error)
 		}
 	})
+}
+
+// TestBusTwoPersonRuleByRisk: the policy's data asks two different people
+// to approve every call of a critical tool
+// (approvals.approvers_by_risk), and a critical tool that names no
+// safety.approvers of its own is held to it: one approval leaves its call
+// parked, the same person again is refused (E3248), a second person's runs
+// it.
+func TestBusTwoPersonRuleByRisk(t *testing.T) {
+	s := serveEmbedded(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	keys, err := busauth.LoadKeys(s.dataDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	alice := issuePerson(t, keys, busauth.RoleApprover, "alice")
+	bob := issuePerson(t, keys, busauth.RoleApprover, "bob")
+	op := s.operator(t)
+	const tool = "critical.one"
+	if _, err := op.RegisterTool(ctx, []byte(`{"id":"`+tool+`","name":"critical","version":"1.0.0","description":"a test tool",
+	  "kind":"builtin","builtin":{"function":"noop"},"input_schema":{"type":"object"},
+	  "safety":{"risk_level":"critical"},"limits":{"timeout_ms":500}}`), false); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := op.PushPolicy(ctx, map[string]string{"authz.rego": policy.DefaultModule()},
+		map[string]any{"approvals": map[string]any{"approvers_by_risk": map[string]any{"critical": 2}}}, ""); err != nil {
+		t.Fatal(err)
+	}
+	nc, raw := s.agent(t, 0, "demo")
+	ac, err := client.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	status := func(id string) api.Status {
+		rec, err := ac.Status(ctx, "demo", id)
+		if err != nil {
+			return ""
+		}
+		return rec.Status
+	}
+	// Parked calls until one is parked under the pushed policy (every
+	// worker reloads it on its own).
+	var id string
+	var d api.ApprovalDecision
+	eventually(t, 40*time.Second, "a critical call parked for two approvers", func() bool {
+		got, err := ac.Invoke(ctx, api.Request{ToolID: tool, Parameters: json.RawMessage(`{}`),
+			AgentContext: api.AgentContext{AgentDID: "did:agent:demo", TenantID: "demo"}, CapabilityToken: raw}, client.InvokeOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, 20*time.Second, "the call to wait for approval", func() bool { return status(got) == api.StatusPendingApproval })
+		sum, err := alice.client(t, s, nil).Approval(ctx, "demo", got)
+		if err != nil {
+			t.Fatal(err)
+		}
+		id, d = got, api.ApprovalDecision{Tenant: "demo", InvocationID: got, Approve: true, RequestDigest: sum.RequestDigest}
+		return sum.Required == 2
+	})
+	a, err := alice.client(t, s, nil).DecideSigned(ctx, d, alice.sign)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.State != api.ApprovalPending {
+		t.Fatalf("after alice's approval: %s, want still pending", a.State)
+	}
+	time.Sleep(500 * time.Millisecond) // a wrongly resumed call would have moved on by now
+	if st := status(id); st != api.StatusPendingApproval {
+		t.Fatalf("after one approval the critical call is %s, want pending_approval", st)
+	}
+	if _, err := alice.client(t, s, nil).DecideSigned(ctx, d, alice.sign); !errors.Is(err, &api.Error{Code: api.StateConflict, ECode: api.EApprovalSamePerson}) {
+		t.Fatalf("alice approving again: %v, want E3248", err)
+	}
+	if _, err := bob.client(t, s, nil).DecideSigned(ctx, d, bob.sign); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 20*time.Second, "the call approved by two to succeed", func() bool { return status(id) == api.StatusSuccess })
 }

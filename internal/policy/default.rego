@@ -20,8 +20,9 @@
 #   input.time       the evaluation time, RFC 3339
 #
 # and expects {"allow": bool, "reasons": [string], "requires_approval": bool,
-# "code": "E32xx"}. allow with requires_approval means "allowed once a human
-# approves"; code picks the error code of a denial. Anything else, including
+# "code": "E32xx", "approvers": n}. allow with requires_approval means
+# "allowed once a human approves" (approvers: how many different people,
+# 2 to 5, when more than one); code picks the error code of a denial. Anything else, including
 # an undefined decision, is a denial. Push your own with
 # `toolgate policy push DIR`.
 package toolgate.authz
@@ -33,7 +34,7 @@ decision := {"allow": true, "reasons": [], "requires_approval": false} if {
 	count(approval) == 0
 }
 
-decision := {"allow": true, "reasons": sort(approval), "requires_approval": true} if {
+decision := {"allow": true, "reasons": sort(approval), "requires_approval": true, "approvers": approvers} if {
 	count(deny) == 0
 	count(approval) > 0
 }
@@ -48,6 +49,14 @@ decision := {
 approved if input.approval.state == "approved"
 
 risk := lower(object.get(input.tool.safety, "risk_level", "low"))
+
+# How many different people approve a call of this risk level: the
+# policy's data (data.json pushed with it) may say, e.g.
+# {"approvals": {"approvers_by_risk": {"critical": 2}}}; one otherwise.
+# A tool's own safety.approvers asks for more still.
+default approvers := 1
+
+approvers := n if n := data.approvals.approvers_by_risk[risk]
 
 # --- Human approval --------------------------------------------------------
 

@@ -37,7 +37,15 @@ type Decision struct {
 	Code string `json:"code,omitempty"`
 	// Revision is the Engine's Revision: which policy decided.
 	Revision uint64 `json:"-"`
+	// Approvers is how many different people must approve a call the
+	// policy wants approved, when more than one (the two-person rule by
+	// risk level, beside a tool's own safety.approvers).
+	Approvers int `json:"approvers,omitempty"`
 }
+
+// maxApprovers bounds a decision's approvers, as the manifest bounds a
+// tool's safety.approvers.
+const maxApprovers = 5
 
 // Engine holds one prepared query.
 type Engine struct {
@@ -210,6 +218,16 @@ func (e *Engine) Eval(ctx context.Context, input any) (Decision, error) {
 	}
 	if c, ok := obj["code"].(string); ok {
 		d.Code = c
+	}
+	switch n := obj["approvers"].(type) {
+	case json.Number:
+		if i, err := n.Int64(); err == nil && i > 1 && i <= maxApprovers {
+			d.Approvers = int(i)
+		}
+	case float64:
+		if n > 1 && n <= maxApprovers && n == float64(int(n)) {
+			d.Approvers = int(n)
+		}
 	}
 	if rs, ok := obj["reasons"].([]any); ok {
 		for _, r := range rs {

@@ -84,6 +84,11 @@ type Runner struct {
 	// untouched. A hand-off this process signed is judged too: its stage
 	// may have ended, honestly, a call another host forged.
 	Endings func(signer busauth.Role, inv *envelope.Invocation) error
+	// Custody, when set, makes the custody of a call the stage hands to
+	// the next one (seal.Signer.Custody): the proof, to audit, that the
+	// next stage holds the call when it ends it. It names that stage, so
+	// a copy read from the pipeline stream by another ends nothing.
+	Custody func(holder busauth.Role, tenant, id string, seq uint64) string
 	// Handed, when set, is shared by the Runners of this process: a
 	// hand-off to a stage read here leaves its invocation there, and a
 	// hand-off this process signed is taken from there, not decoded.
@@ -665,6 +670,9 @@ func (r *Runner) apply(msg jetstream.Msg, inv *envelope.Invocation, s settlement
 		outcome = outcomeParked
 	}
 	if s.act == actForward {
+		if r.Custody != nil && s.next == subjects.Next(r.Name) && s.next != subjects.Audit {
+			inv.Custody = r.Custody(busauth.Role(s.next), inv.Tenant, inv.ID, inv.Event.Seq)
+		}
 		o, err := Handoff(inv, s.next)
 		if err != nil {
 			log().Warn("handing on", "next", s.next, "err", err)

@@ -13,38 +13,62 @@ import (
 )
 
 // custodyVersion prefixes the text of a custody MAC, apart from every
-// hand-off's (hopVersion) under the same pair key.
-const custodyVersion = "toolgate-custody-v1"
+// hand-off's (hopVersion) under the same pair key. Version 2 names the
+// stage that holds the call.
+const custodyVersion = "toolgate-custody-v2"
 
 // Every role but audit may hand audit an ending, and a stage that ends a
 // call must have held it. Validate and authorize take every call before
-// any other stage, and end what they refuse. A stage after them gets only
-// what authorize handed on; so, as authorize takes a call, it puts in the
-// envelope its custody: an HMAC over tenant, invocation id and ingest
-// sequence under the key authorize and audit share (the pair key of
-// mac.go), which no other role can make. Audit takes an ending from route,
-// execute or verify, or control's ending of a parked call, only with the
-// custody of that very call. It costs a hash at authorize and one at audit
-// per call, in one process or many. An ending this process signed is
-// checked too: an honest execute of this process ends, with E3218, a hop a
-// compromised route host forged, and that ending must not take the id.
+// any other stage, and end what they refuse. A stage after them holds
+// only what the stage before it handed it; so each stage that hands a
+// call on puts in the envelope the custody of the stage it hands it to:
+// an HMAC over that stage, the tenant, the invocation id and the ingest
+// sequence under the key the handing stage and audit share (the pair key
+// of mac.go), which no other role can make. Authorize makes route's, and
+// control's for a call it parks (kept in the approval record, which only
+// authorize and control read); route makes execute's, execute verify's.
+// Every stage may read TOOLGATE_PIPELINE by sequence for its sweep, so a
+// custody in a hop is readable by them all: naming its holder makes a
+// copy useless to any other. Audit takes an ending from route, execute or
+// verify, or control's ending of a parked call, only with the sender's
+// own custody of that very call. It costs a hash per hand-off and one at
+// audit per call, in one process or many. An ending this process signed
+// is checked too: an honest execute of this process ends, with E3218, a
+// hop a compromised route host forged, and that ending must not take the
+// id.
 
-// Custody returns authorize's custody of the call (tenant, id, seq), or ""
-// when s is not authorize's with the pair keys (NewSigner of Messages).
-func (s *Signer) Custody(tenant, id string, seq uint64) string {
-	if s == nil || s.role != busauth.RoleAuthorize || s.pairs == nil {
+// custodian is the role that hands holder its calls, and so makes its
+// custody: "" for a role that holds no custody.
+func custodian(holder busauth.Role) busauth.Role {
+	switch holder {
+	case busauth.RoleRoute, busauth.RoleControl:
+		return busauth.RoleAuthorize
+	case busauth.RoleExecute:
+		return busauth.RoleRoute
+	case busauth.RoleVerify:
+		return busauth.RoleExecute
+	}
+	return ""
+}
+
+// Custody returns holder's custody of the call (tenant, id, seq), made by
+// s, or "" when s's role does not hand holder its calls or s has no pair
+// keys (NewSigner of Messages).
+func (s *Signer) Custody(holder busauth.Role, tenant, id string, seq uint64) string {
+	if s == nil || s.pairs == nil || custodian(holder) != s.role {
 		return ""
 	}
-	k, ok := s.pairs.key(busauth.RoleAuthorize, busauth.RoleAudit, busauth.RoleAuthorize)
+	k, ok := s.pairs.key(s.role, busauth.RoleAudit, s.role)
 	if !ok {
 		return ""
 	}
-	return base64.RawURLEncoding.EncodeToString(mac(k, custodyText(tenant, id, seq)))
+	return base64.RawURLEncoding.EncodeToString(mac(k, custodyText(holder, tenant, id, seq)))
 }
 
-func custodyText(tenant, id string, seq uint64) []byte {
-	b := make([]byte, 0, len(custodyVersion)+len(tenant)+len(id)+32)
+func custodyText(holder busauth.Role, tenant, id string, seq uint64) []byte {
+	b := make([]byte, 0, len(custodyVersion)+len(holder)+len(tenant)+len(id)+32)
 	b = append(b, custodyVersion...)
+	b = append(append(b, '\n'), holder...)
 	b = strconv.AppendQuote(append(b, '\n'), tenant)
 	b = strconv.AppendQuote(append(b, '\n'), id)
 	return strconv.AppendUint(append(b, '\n'), seq, 10)
@@ -59,7 +83,7 @@ var controlEndings = []string{api.EApprovalDenied, api.EApprovalExpired, api.ECa
 // *api.Error (E3230) saying why: the ending must name sender's own stage
 // (control's, authorize's approval endings), be one that stage makes (a
 // success only from execute or verify), and from a stage after authorize,
-// or control, carry authorize's custody of this call.
+// or control, carry sender's own custody of this call (Signer.Custody).
 func (m *Messages) Ending(sender busauth.Role, inv *envelope.Invocation) error {
 	stage := string(sender)
 	switch sender {
@@ -83,16 +107,17 @@ func (m *Messages) Ending(sender busauth.Role, inv *envelope.Invocation) error {
 	if sender == busauth.RoleValidate || sender == busauth.RoleAuthorize {
 		return nil // they take every call first
 	}
+	by := custodian(sender)
 	if inv.Custody == "" {
-		return refuseEnding(sender, inv, "it carries no custody of authorize: the call never reached "+string(sender)+" through authorize")
+		return refuseEnding(sender, inv, "it carries no custody of "+string(sender)+": the call was never handed to "+string(sender))
 	}
-	k, ok := m.pairs.key(busauth.RoleAuthorize, busauth.RoleAudit, busauth.RoleAudit)
+	k, ok := m.pairs.key(by, busauth.RoleAudit, busauth.RoleAudit)
 	if !ok {
-		return refuseEnding(sender, inv, "this process holds no key of audit to check authorize's custody")
+		return refuseEnding(sender, inv, "this process holds no key of audit to check "+string(by)+"'s custody")
 	}
 	raw, err := base64.RawURLEncoding.DecodeString(inv.Custody)
-	if err != nil || !hmac.Equal(raw, mac(k, custodyText(inv.Tenant, inv.ID, inv.Event.Seq))) {
-		return refuseEnding(sender, inv, "authorize's custody does not verify for this tenant, invocation and sequence: the call never reached "+string(sender))
+	if err != nil || !hmac.Equal(raw, mac(k, custodyText(sender, inv.Tenant, inv.ID, inv.Event.Seq))) {
+		return refuseEnding(sender, inv, "its custody is not the one "+string(by)+" hands "+string(sender)+" for this tenant, invocation and sequence: the call was never handed to "+string(sender))
 	}
 	return nil
 }

@@ -18,22 +18,24 @@ const (
 	RecordCheckpoint = "checkpoint"
 )
 
-// cancelText is what a cancel signature covers: the tenant and the
-// invocation id, so a flag signed for one call proves nothing for another.
-func cancelText(tenant, id string) []byte {
-	return []byte(strconv.Quote(tenant) + "\n" + strconv.Quote(id))
+// cancelText is what a cancel signature covers: the tenant, the
+// invocation id and the agent that asked ("" for a principal that sees
+// every call), so a flag signed for one call, or one agent, proves
+// nothing for another.
+func cancelText(tenant, id, by string) []byte {
+	return []byte(strconv.Quote(tenant) + "\n" + strconv.Quote(id) + "\n" + strconv.Quote(by))
 }
 
-// SignCancel signs a cancel request on tenant's invocation id (the
-// control service's Signer).
-func (s *Signer) SignCancel(tenant, id string) string {
-	return s.SignRecord(RecordCancel, cancelText(tenant, id))
+// SignCancel signs a cancel request on tenant's invocation id asked by
+// agent by (the control service's Signer).
+func (s *Signer) SignCancel(tenant, id, by string) string {
+	return s.SignRecord(RecordCancel, cancelText(tenant, id, by))
 }
 
 // CancelSigned reports whether sig is the control service's signature of a
-// cancel request on tenant's invocation id.
-func (m *Messages) CancelSigned(tenant, id, sig string) bool {
-	return sig != "" && m.Record(busauth.RoleControl, RecordCancel, cancelText(tenant, id), sig)
+// cancel request on tenant's invocation id asked by agent by.
+func (m *Messages) CancelSigned(tenant, id, by, sig string) bool {
+	return sig != "" && m.Record(busauth.RoleControl, RecordCancel, cancelText(tenant, id, by), sig)
 }
 
 // SignCheckpoint signs a checkpoint's description (execute's Signer).

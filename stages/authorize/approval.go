@@ -34,6 +34,9 @@ type ApprovalRequested struct {
 // pipeline until a decision resumes or ends it. Redelivery finds the stored
 // approval and parks again with the same message ids.
 func (a *Authorizer) park(ctx context.Context, inv *envelope.Invocation, m *tools.Manifest, d policy.Decision) ([]stages.Output, error) {
+	if a.cfg.Custody != nil {
+		inv.Custody = a.cfg.Custody(inv.Tenant, inv.ID, inv.Event.Seq)
+	}
 	parked, err := json.Marshal(inv)
 	if err != nil {
 		return nil, err
@@ -42,7 +45,7 @@ func (a *Authorizer) park(ctx context.Context, inv *envelope.Invocation, m *tool
 	stored, _, err := a.cfg.Store.RequestApproval(ctx, kvstore.Approval{
 		InvocationID: inv.ID, Tenant: inv.Tenant, ToolID: m.ID, ToolVersion: m.Version,
 		Reasons: d.Reasons, RequestedAt: now, Deadline: now.Add(a.cfg.ApprovalTimeout), Invocation: parked,
-		Required: requiredApprovers(m),
+		Required: requiredApprovers(m, d),
 	})
 	if err != nil {
 		return nil, stages.Transient(err, 0)
@@ -68,20 +71,20 @@ func (a *Authorizer) park(ctx context.Context, inv *envelope.Invocation, m *tool
 }
 
 // requiredApprovers is how many different people must approve a call of
-// m (safety.approvers): 0 when one suffices.
-func requiredApprovers(m *tools.Manifest) int {
-	if m.Safety.Approvers > 1 {
-		return m.Safety.Approvers
+// m: the most its safety.approvers and the policy's decision d (by risk
+// level) ask for; 0 when one suffices.
+func requiredApprovers(m *tools.Manifest, d policy.Decision) int {
+	if n := max(m.Safety.Approvers, d.Approvers); n > 1 {
+		return n
 	}
 	return 0
 }
 
 // checkApprovers verifies an approved record under the two-person rule:
-// as many approvals by different people as m requires, each (when verify
+// as many approvals by different people as need, each (when verify
 // is set) carrying that person's own signed decision. The record's own
 // count is not trusted: the bucket is writable by every stage worker.
-func checkApprovers(ap kvstore.Approval, m *tools.Manifest, request string, verify func(kvstore.Approval, string) error) error {
-	need := requiredApprovers(m)
+func checkApprovers(ap kvstore.Approval, need int, request string, verify func(kvstore.Approval, string) error) error {
 	if need == 0 {
 		return nil
 	}

@@ -84,9 +84,11 @@ type Config struct {
 	// where every role signs (seal.Signer, seal.Messages).
 	SignPrincipal  func(text []byte) string
 	DecisionSigned func(text []byte, sig string) bool
-	// Custody, when set, is authorize's custody of a call it takes
-	// (seal.Signer.Custody): the proof, to audit, that a later stage (or
-	// control, for a parked call) ending the call held it.
+	// Custody, when set, is control's custody of a call authorize parks
+	// (seal.Signer.Custody, kept in the approval record): the proof, to
+	// audit, that control ending the call (denied, cancelled while it
+	// waits) held it. The custody of the stages after authorize is made
+	// as each hop is handed on (runner.Runner.Custody).
 	Custody func(tenant, id string, seq uint64) string
 	// RedriveProof, when set, names the operator who signed a re-drive's
 	// run request (signedstate.Verify) and PrincipalSigned checks
@@ -161,10 +163,9 @@ func (a *Authorizer) SetPolicy(e *policy.Engine) { a.engine.Store(e) }
 // Process implements stages.Stage.
 func (a *Authorizer) Process(ctx context.Context, inv *envelope.Invocation) ([]stages.Output, error) {
 	req := inv.Request
-	if a.cfg.Custody != nil {
-		// First: a call parked below, and every call handed on, has it.
-		inv.Custody = a.cfg.Custody(inv.Tenant, inv.ID, inv.Event.Seq)
-	}
+	// Authorize takes every call first: what an earlier holder (control,
+	// resuming a parked call) held is not handed on.
+	inv.Custody = ""
 	m, err := a.cfg.Registry.Resolve(req.ToolID, req.ToolVersion)
 	if err != nil {
 		return nil, err
@@ -201,6 +202,13 @@ func (a *Authorizer) Process(ctx context.Context, inv *envelope.Invocation) ([]s
 		Tenant: inv.Tenant, AgentDID: req.AgentContext.AgentDID, SessionID: req.AgentContext.SessionID,
 		ToolID: m.ID, ToolVersion: m.Version,
 	})
+	if named := req.AgentContext.AgentDID; err != nil && claims.TenantID == inv.Tenant && claims.AgentDID != named {
+		// Whoever holds the token made the call: the refusal, its
+		// record and result are the token's agent's, never the agent the
+		// request names, who made nothing.
+		req.AgentContext.AgentDID = claims.AgentDID
+		return nil, api.WrapError(err, api.PermissionDenied, api.ENotGranted, "%v", err).WithDetail("named_agent_did", named)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -341,7 +349,9 @@ func (a *Authorizer) decide(ctx context.Context, inv *envelope.Invocation, rawTo
 			}
 		}
 		if hasApproval && approval.State == kvstore.ApprovalApproved {
-			if err := checkApprovers(approval, m, envelope.RequestDigest(inv.Request), a.cfg.ApprovalProof); err != nil {
+			// The policy's judgement without the decision says how many
+			// must approve (by risk level), as it did when it parked.
+			if err := checkApprovers(approval, requiredApprovers(m, d), envelope.RequestDigest(inv.Request), a.cfg.ApprovalProof); err != nil {
 				return approval, hasApproval, nil, true, err
 			}
 		}

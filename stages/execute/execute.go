@@ -85,7 +85,7 @@ type Executor struct {
 	// tenant and invocation id (seal.Messages.CancelSigned). Any stage may
 	// write the status bucket; a flag without that signature is ignored,
 	// and reported to Refused.
-	CancelSigned func(tenant, id, sig string) bool
+	CancelSigned func(tenant, id, by, sig string) bool
 	// Refused, when set, audits a shared record execute ignored because
 	// its owner did not sign it (what names it, cause says why).
 	Refused func(ctx context.Context, what string, rev uint64, cause error)
@@ -197,11 +197,17 @@ func (x *Executor) Process(ctx context.Context, inv *envelope.Invocation) (_ []s
 		return nil, nil
 	}
 	if rec.CancelRequested {
-		if x.CancelSigned == nil || x.CancelSigned(inv.Tenant, inv.ID, rec.CancelSig) {
+		switch {
+		case x.CancelSigned != nil && !x.CancelSigned(inv.Tenant, inv.ID, rec.CancelBy, rec.CancelSig):
+			x.refused(ctx, "cancel_flag:"+inv.Tenant+"/"+inv.ID, inv.Event.Seq, api.NewError(api.PermissionDenied, api.ECancelUnsigned,
+				"the cancel flag on invocation %s is not signed by the control service: written into the status bucket by another role; ignored", inv.ID))
+		case rec.CancelBy != "" && rec.CancelBy != inv.Agent():
+			// Taken before any stage recorded whose call it is.
+			x.refused(ctx, "cancel_flag:"+inv.Tenant+"/"+inv.ID, inv.Event.Seq, api.NewError(api.PermissionDenied, api.ECancelNotOwn,
+				"the cancel of invocation %s was asked by agent %q, not by the call's agent; ignored", inv.ID, rec.CancelBy))
+		default:
 			return nil, cancelled(m)
 		}
-		x.refused(ctx, "cancel_flag:"+inv.Tenant+"/"+inv.ID, inv.Event.Seq, api.NewError(api.PermissionDenied, api.ECancelUnsigned,
-			"the cancel flag on invocation %s is not signed by the control service: written into the status bucket by another role; ignored", inv.ID))
 	}
 	// Until the tool starts, a failure that is retried (a checkpoint's
 	// load, the breaker's shared state) gives the claim back, so that the

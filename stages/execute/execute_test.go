@@ -56,7 +56,7 @@ func (f *fakeStore) SetStatus(_ context.Context, rec api.Record) (api.Record, bo
 		return cur, false, nil
 	}
 	if cur.CancelRequested {
-		rec.CancelRequested, rec.CancelSig = true, cur.CancelSig
+		rec.CancelRequested, rec.CancelSig, rec.CancelBy = true, cur.CancelSig, cur.CancelBy
 	}
 	f.records[rec.InvocationID] = rec
 	return rec, true, nil
@@ -73,7 +73,7 @@ func (f *fakeStore) ClaimRun(_ context.Context, rec api.Record, fill func(api.Re
 		return cur, ok, cur, false, nil
 	}
 	if cur.CancelRequested {
-		rec.CancelRequested, rec.CancelSig = true, cur.CancelSig
+		rec.CancelRequested, rec.CancelSig, rec.CancelBy = true, cur.CancelSig, cur.CancelBy
 	}
 	if fill != nil {
 		fill(cur, &rec)
