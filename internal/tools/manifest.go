@@ -213,6 +213,10 @@ type Lifecycle struct {
 	CreatedAt           time.Time `json:"created_at,omitzero"`
 	UpdatedAt           time.Time `json:"updated_at,omitzero"`
 	ReleaseNotes        string    `json:"release_notes,omitempty"`
+	// RemovedAt and RemovedBy say when and by whom tools delete removed
+	// the version; the registry fills them from the stored removal.
+	RemovedAt time.Time `json:"removed_at,omitzero"`
+	RemovedBy string    `json:"removed_by,omitempty"`
 }
 
 // Example is one worked invocation, shown to the agent choosing a tool.
