@@ -22,6 +22,11 @@ const (
 	MetaLifecycle    = "io.toolgate/lifecycle"
 	MetaInvocationID = "io.toolgate/invocation-id"
 	MetaError        = "io.toolgate/error"
+	// MetaDryRun true in a tools/call's _meta asks for a dry run
+	// (execution_options.dry_run); the result's _meta carries the plan
+	// under MetaDryRunPlan.
+	MetaDryRun     = "io.toolgate/dry-run"
+	MetaDryRunPlan = "io.toolgate/dry-run-plan"
 )
 
 // describe is the MCP tool of a manifest: schemas, title, and hints derived
@@ -146,6 +151,9 @@ func (s *session) call(ctx context.Context, toolID string, req *mcp.CallToolRequ
 		AgentContext:    api.AgentContext{AgentDID: c.AgentDID, TenantID: c.TenantID, SessionID: c.SessionID},
 		Parameters:      raw,
 		CapabilityToken: tok,
+	}
+	if dry, _ := req.Params.Meta[MetaDryRun].(bool); dry {
+		in.ExecutionOptions = &api.ExecutionOptions{DryRun: true}
 	}
 	// The call ends with the request (client cancellation), the session
 	// (client gone), the HTTP connection that carries it (client gone
@@ -320,6 +328,9 @@ func toResult(resp api.Response) *mcp.CallToolResult {
 	r.Content = []mcp.Content{&mcp.TextContent{Text: text}}
 	if md := resp.ExecutionMetadata; md != nil && len(md.Warnings) > 0 {
 		r.Content = append(r.Content, &mcp.TextContent{Text: "toolgate: " + strings.Join(md.Warnings, "; ")})
+	}
+	if md := resp.ExecutionMetadata; md != nil && md.DryRun {
+		r.Meta[MetaDryRunPlan] = md.DryRunPlan
 	}
 	return r
 }

@@ -160,6 +160,9 @@ func (x *Executor) Process(ctx context.Context, inv *envelope.Invocation) (_ []s
 	if err != nil {
 		return nil, err
 	}
+	if inv.Request.DryRun() {
+		return nil, x.dryRun(ctx, inv, m)
+	}
 	if key := idempotencyKey(inv.Request); key != "" {
 		replayed, err := x.replay(ctx, inv, m, key)
 		if err != nil || replayed {
@@ -236,7 +239,7 @@ func (x *Executor) Process(ctx context.Context, inv *envelope.Invocation) (_ []s
 		if len(pins) == 0 {
 			pins = rec.DocumentPins
 		}
-		if params, err = x.documents(ctx, inv, m, pins); err != nil {
+		if params, err = x.documents(ctx, inv, m, pins, true); err != nil {
 			return nil, err
 		}
 	}
@@ -303,6 +306,22 @@ func (x *Executor) Process(ctx context.Context, inv *envelope.Invocation) (_ []s
 	}
 	inv.Result = result
 	return outs, nil
+}
+
+// dryRun ends a dry run where the tool would start: the executor exists
+// and the documents the call asks for pass the document policy (their
+// versions are not pinned), then the call succeeds without a result and
+// nothing is claimed, run or charged.
+func (x *Executor) dryRun(ctx context.Context, inv *envelope.Invocation, m *tools.Manifest) error {
+	if wantsDocuments(inv) {
+		if _, err := x.documents(ctx, inv, m, inv.DocumentPins, false); err != nil {
+			return err
+		}
+	}
+	inv.Metadata.DryRun = true
+	inv.Metadata.ToolID, inv.Metadata.ToolVersion = m.ID, m.Version
+	inv.Succeed(subjects.Execute, nil)
+	return nil
 }
 
 // refused reports a record execute ignored, when it has where to.
