@@ -53,7 +53,9 @@ type ExecutionOptions struct {
 }
 
 // DryRun reports whether r asks for a dry run.
-func (r *Request) DryRun() bool { return r != nil && r.ExecutionOptions != nil && r.ExecutionOptions.DryRun }
+func (r *Request) DryRun() bool {
+	return r != nil && r.ExecutionOptions != nil && r.ExecutionOptions.DryRun
+}
 
 // DryRunPlan is what a dry run would have done.
 type DryRunPlan struct {
