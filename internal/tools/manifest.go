@@ -61,6 +61,8 @@ type Manifest struct {
 	CircuitBreaker *CircuitBreaker `json:"circuit_breaker,omitempty"`
 	Cost           *Cost           `json:"cost,omitempty"`
 	Lifecycle      Lifecycle       `json:"lifecycle,omitzero"`
+	// Checkpointing says how toolgate checkpoints the tool's runs.
+	Checkpointing *Checkpointing `json:"checkpointing,omitempty"`
 	// Documents says how the tool takes a call's document_context.
 	Documents *Documents `json:"documents,omitempty"`
 
@@ -200,6 +202,34 @@ type OutputPolicy struct {
 	// Actions maps a detector (secrets, pii, prompt_injection,
 	// sql_injection, command_injection, xss) to reject, redact, escape or flag.
 	Actions map[string]string `json:"actions,omitempty"`
+}
+
+// Checkpointing is a tool's checkpoint settings.
+type Checkpointing struct {
+	Micro *MicroCheckpoints `json:"micro_checkpoints,omitempty"`
+}
+
+// MicroCheckpoints spaces the micro checkpoints of a tool's runs, or turns
+// them off (Enabled false). Unset members leave the deployment's default.
+type MicroCheckpoints struct {
+	Enabled         *bool    `json:"enabled,omitempty"`
+	IntervalSeconds *float64 `json:"interval_seconds,omitempty"`
+}
+
+// MicroInterval is how m spaces its micro checkpoints given the
+// deployment's default: off when the tool opts out.
+func (m *Manifest) MicroInterval(def time.Duration) (interval time.Duration, on bool) {
+	if m.Checkpointing == nil || m.Checkpointing.Micro == nil {
+		return def, true
+	}
+	mc := m.Checkpointing.Micro
+	if mc.Enabled != nil && !*mc.Enabled {
+		return 0, false
+	}
+	if mc.IntervalSeconds != nil {
+		return time.Duration(*mc.IntervalSeconds * float64(time.Second)), true
+	}
+	return def, true
 }
 
 // Lifecycle is where a version stands between release and removal. An empty
