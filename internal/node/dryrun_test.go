@@ -55,7 +55,11 @@ func TestDryRunStopsBeforeTheTool(t *testing.T) {
 		`{"id":"dry.forbidden","name":"forbidden","version":"1.0.0","description":"not granted","kind":"builtin",
 		  "builtin":{"function":"noop"},"input_schema":{"type":"object"},"safety":{"risk_level":"low"}}`,
 	} {
-		if _, err := op.RegisterTool(ctx, []byte(doc), false); err != nil {
+		m, err := op.RegisterTool(ctx, []byte(doc), false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := n.WaitForTool(ctx, m.ToolID, m.Version); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -35,6 +35,17 @@ func TestToolRemovalKeepsHistory(t *testing.T) {
 	if _, err := op.RegisterTool(ctx, manifest("1.0.0"), false); err != nil {
 		t.Fatal(err)
 	}
+	// The stages' registry learns of changes through its watch.
+	if err := s.node.WaitForTool(ctx, tool, "1.0.0"); err != nil {
+		t.Fatal(err)
+	}
+	stagesSee := func(version, state string) {
+		t.Helper()
+		eventually(t, 10*time.Second, "the stages to see "+tool+"@"+version+" "+state, func() bool {
+			m, err := s.node.Registry.Resolve(tool, version)
+			return err == nil && m.State(time.Now()) == state
+		})
+	}
 	nc, raw := s.agent(t, 0, "demo")
 	ac, err := client.New(nc)
 	if err != nil {
@@ -94,6 +105,7 @@ func TestToolRemovalKeepsHistory(t *testing.T) {
 	lastEvent(t, ojs, subjects.AuditEvent(subjects.SystemTenant, envelope.SubjectSuffix(api.TypeToolDeleted)), func(d map[string]any) bool {
 		return d["by"] == me && d["target"] == tool+"@1.0.0"
 	})
+	stagesSee("1.0.0", "removed")
 
 	isRemoved := func(r api.Response) bool {
 		return r.Status != api.StatusSuccess && r.Error != nil && r.Error.ECode == api.EToolRemoved
@@ -154,6 +166,7 @@ func TestToolRemovalKeepsHistory(t *testing.T) {
 	if _, err := op.RegisterTool(ctx, manifest("1.1.0"), false); err != nil {
 		t.Fatal(err)
 	}
+	stagesSee("1.1.0", "active")
 	if r := call(""); r.Status != api.StatusSuccess {
 		t.Fatalf("a new version after the removal: %+v", r.Error)
 	}
