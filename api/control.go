@@ -38,6 +38,9 @@ type ListRequest struct {
 	SourceTypes []string `json:"source_types,omitempty"`
 	// EnabledOnly leaves out tools whose latest version is deprecated.
 	EnabledOnly bool `json:"enabled_only,omitempty"`
+	// All lists also the tools no version of which serves (every one
+	// removed or sunset), each by its highest version.
+	All bool `json:"all,omitempty"`
 	// CapabilityToken keeps only the tools this token may call (its
 	// tool patterns and excluded side effects); it must verify.
 	CapabilityToken string `json:"capability_token,omitempty"`

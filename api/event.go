@@ -63,6 +63,7 @@ const (
 	TypeRoutingPolicyPushed = "ai.agent.admin.routing_policy.pushed"
 	TypeToolRegistered      = "ai.agent.admin.tool.registered"
 	TypeToolDeleted         = "ai.agent.admin.tool.deleted"
+	TypeToolPurged          = "ai.agent.admin.tool.purged"
 	// TypeStateRefused: a reader ignored a record that changes what calls
 	// may do (a pushed policy) because no operator's signature covers it.
 	TypeStateRefused = "ai.agent.state.refused"

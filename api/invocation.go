@@ -48,6 +48,41 @@ type ExecutionOptions struct {
 	Priority        string `json:"priority,omitempty"`
 	IdempotencyKey  string `json:"idempotency_key,omitempty"`
 	RequireApproval bool   `json:"require_approval,omitempty"`
+	// DryRun stops the call before execute runs the tool (docs/tools.md#dry-runs).
+	DryRun bool `json:"dry_run,omitempty"`
+}
+
+// DryRun reports whether r asks for a dry run.
+func (r *Request) DryRun() bool {
+	return r != nil && r.ExecutionOptions != nil && r.ExecutionOptions.DryRun
+}
+
+// DryRunPlan is what a dry run would have done.
+type DryRunPlan struct {
+	// ApprovalRequired: the call would have waited for a human, Approvers
+	// of them; ApprovalReasons are the policy's.
+	ApprovalRequired bool     `json:"approval_required"`
+	Approvers        int      `json:"approvers,omitempty"`
+	ApprovalReasons  []string `json:"approval_reasons,omitempty"`
+	// BudgetCharge is what the call would have reserved of its session's
+	// budget; nil when the token tree has no budget.
+	BudgetCharge *BudgetCharge `json:"budget_charge,omitempty"`
+	// Route is where the call would have run.
+	Route *DryRunRoute `json:"route,omitempty"`
+}
+
+// BudgetCharge is what one call reserves of a session's budget.
+type BudgetCharge struct {
+	Calls       int     `json:"calls"`
+	Cost        float64 `json:"cost,omitempty"`
+	ModelTokens int64   `json:"model_tokens,omitempty"`
+}
+
+// DryRunRoute is the tool version and executor a call is routed to.
+type DryRunRoute struct {
+	ToolID      string `json:"tool_id"`
+	ToolVersion string `json:"tool_version"`
+	Executor    string `json:"executor"`
 }
 
 // CheckpointConfig configures checkpoints of long-running tools.
@@ -129,6 +164,10 @@ type ExecutionMetadata struct {
 	// Redrive is set on a re-drive of a dead-lettered call: the call it
 	// ran again and who ran it (docs/redrive.md).
 	Redrive *RedriveOutcome `json:"redrive,omitempty"`
+	// DryRun marks a call that stopped before the tool ran, and
+	// DryRunPlan says what it would have done.
+	DryRun     bool        `json:"dry_run,omitempty"`
+	DryRunPlan *DryRunPlan `json:"dry_run_plan,omitempty"`
 }
 
 // Hop is one stage's passage.

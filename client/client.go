@@ -583,11 +583,20 @@ func (c *Agent) Cancel(ctx context.Context, tenant, id, reason string) (api.Reco
 	return rec, err
 }
 
-// DeleteTool removes one version of a tool from the registry. With c.Sign
-// the audit event of the deletion names the signing operator.
-func (c *Operator) DeleteTool(ctx context.Context, id, version string) error {
+// DeleteTool removes one version of a tool: it serves no call any more,
+// and its manifest, returned, stays readable with lifecycle state removed
+// and who removed it when. With c.Sign the audit event of the removal
+// names the signing operator.
+func (c *Operator) DeleteTool(ctx context.Context, id, version string) (json.RawMessage, error) {
+	var out json.RawMessage
+	err := c.admin(ctx, subjects.SvcToolsDelete, api.ToolRequest{ToolID: id, Version: version}, &out)
+	return out, err
+}
+
+// PurgeTool deletes one version of a tool for good, manifest and all.
+func (c *Operator) PurgeTool(ctx context.Context, id, version string) error {
 	var out api.ToolRequest
-	return c.admin(ctx, subjects.SvcToolsDelete, api.ToolRequest{ToolID: id, Version: version}, &out)
+	return c.admin(ctx, subjects.SvcToolsPurge, api.ToolRequest{ToolID: id, Version: version}, &out)
 }
 
 // Approvals lists tenant's calls waiting for a human's decision, on

@@ -109,7 +109,7 @@ func TestToolsRegistryFollowsTheBucket(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, func() bool { m, err := reg.Resolve("mcp:fs:read_file", ""); return err == nil && m.Version == "1.1.0" })
-	if err := s.DeleteTool(ctx, "mcp:fs:read_file", "1.1.0"); err != nil {
+	if err := s.PurgeTool(ctx, "mcp:fs:read_file", "1.1.0"); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, func() bool { m, err := reg.Resolve("mcp:fs:read_file", ""); return err == nil && m.Version == "1.0.0" })

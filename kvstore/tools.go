@@ -47,6 +47,30 @@ type ToolRecord struct {
 	Manifest     json.RawMessage    `json:"manifest"`
 	RegisteredBy string             `json:"registered_by,omitempty"`
 	Proof        *api.DecisionProof `json:"proof,omitempty"`
+	// Removal, when set, is the operator's delete of this version: the
+	// manifest stays as registered (and signed), and readers serve it
+	// with lifecycle state removed.
+	Removal *ToolRemoval `json:"removal,omitempty"`
+}
+
+// ToolRemoval records who removed a tool version and when, with the signed
+// delete request on an authenticated bus.
+type ToolRemoval struct {
+	By    string             `json:"by,omitempty"`
+	At    time.Time          `json:"at"`
+	Proof *api.DecisionProof `json:"proof,omitempty"`
+}
+
+// ParseToolRecord decodes the manifest of a stored tool record; a removed
+// version's lifecycle says it is removed, when and by whom.
+func ParseToolRecord(rec ToolRecord) (*tools.Manifest, error) {
+	m, err := tools.Parse(rec.Manifest)
+	if err != nil || rec.Removal == nil {
+		return m, err
+	}
+	m.Lifecycle.State = tools.StateRemoved
+	m.Lifecycle.RemovedAt, m.Lifecycle.RemovedBy = rec.Removal.At, rec.Removal.By
+	return m, nil
 }
 
 // decodeToolRecord reads a stored tool value.
@@ -137,9 +161,45 @@ func stampLifecycle(doc []byte, created, updated time.Time) ([]byte, error) {
 	return json.Marshal(m)
 }
 
-// DeleteTool removes one version of a tool.
-func (s *Store) DeleteTool(ctx context.Context, id, version string) error {
-	return s.tools.Delete(ctx, toolKey(id, version))
+// RemoveTool marks one version of a tool removed, keeping its manifest for
+// the record, by compare-and-swap on the stored record. It returns the
+// version as readers now see it; a version already removed is left as it
+// was.
+func (s *Store) RemoveTool(ctx context.Context, id, version string, r ToolRemoval) (*tools.Manifest, error) {
+	key := toolKey(id, version)
+	for range casAttempts {
+		e, err := s.tools.Get(ctx, key)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			return nil, api.NewError(api.ToolNotFound, api.EToolNotFound, "no tool %s version %s", id, version)
+		}
+		if err != nil {
+			return nil, err
+		}
+		rec := decodeToolRecord(e.Value())
+		if rec.Removal != nil {
+			return ParseToolRecord(rec)
+		}
+		rec.Removal = &r
+		val, err := json.Marshal(rec)
+		if err != nil {
+			return nil, err
+		}
+		_, err = s.tools.Update(ctx, key, val, e.Revision())
+		if errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+			continue // replaced meanwhile: remove what is there now
+		}
+		if err != nil {
+			return nil, fmt.Errorf("removing tool %s@%s: %w", id, version, err)
+		}
+		return ParseToolRecord(rec)
+	}
+	return nil, fmt.Errorf("removing tool %s@%s: %w", id, version, ErrContention)
+}
+
+// PurgeTool deletes one version of a tool for good, with its history in
+// the bucket.
+func (s *Store) PurgeTool(ctx context.Context, id, version string) error {
+	return s.tools.Purge(ctx, toolKey(id, version))
 }
 
 // WatchTools keeps reg equal to the tools bucket until ctx is done. It
@@ -173,7 +233,7 @@ func (s *Store) apply(reg *tools.Registry, e jetstream.KeyValueEntry, log *slog.
 				return
 			}
 		}
-		m, err := tools.Parse(rec.Manifest)
+		m, err := ParseToolRecord(rec)
 		if err != nil {
 			log.Warn("ignoring invalid manifest in registry", "key", e.Key(), "err", err)
 			return

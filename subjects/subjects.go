@@ -298,8 +298,10 @@ const (
 	SvcApproval = "tool.svc.approval"
 	// SvcCancel takes {"tenant_id","invocation_id","reason"}.
 	SvcCancel = "tool.svc.cancel"
-	// SvcToolsDelete takes {"tool_id","version"} and removes that version.
+	// SvcToolsDelete takes {"tool_id","version"} and marks that version
+	// removed; SvcToolsPurge takes the same and deletes it for good.
 	SvcToolsDelete = "tool.svc.tools.delete"
+	SvcToolsPurge  = "tool.svc.tools.purge"
 	// SvcApprovalsList takes {"tenant_id"} and lists its pending approvals;
 	// SvcApprovalsGet takes {"tenant_id","invocation_id"}.
 	SvcApprovalsList = "tool.svc.approvals.list"
@@ -407,6 +409,7 @@ var ControlEndpoints = []ControlEndpoint{
 	{Subject: SvcTokensKeys, Operator: true, Tenant: true},
 	{Subject: SvcToolsRegister, Operator: true},
 	{Subject: SvcToolsDelete, Operator: true},
+	{Subject: SvcToolsPurge, Operator: true},
 	{Subject: SvcToolsStats, Operator: true},
 	{Subject: SvcModelsStats, Operator: true},
 	{Subject: SvcApproval, Operator: true},

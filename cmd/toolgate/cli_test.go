@@ -393,7 +393,10 @@ func TestToolsLifecycle(t *testing.T) {
 		{[]string{"tools", "stats"}, "TOOL"},
 		{[]string{"tools", "sunset", "my.tool", "0.1.0"}, "my.tool@0.1.0 is sunset"},
 		{[]string{"tools", "search", "my", "tool", "--json"}, `"tools": []`}, // a sunset version serves no search
-		{[]string{"tools", "delete", "my.tool", "0.1.0"}, "deleted my.tool@0.1.0"},
+		{[]string{"tools", "delete", "my.tool", "0.1.0"}, "removed my.tool@0.1.0"},
+		{[]string{"tools", "get", "my.tool", "--version", "0.1.0"}, `"state": "removed"`}, // kept for the record
+		{[]string{"tools", "list", "--all"}, "removed"},
+		{[]string{"tools", "purge", "my.tool@0.1.0"}, "purged my.tool@0.1.0"},
 	}
 	for i, st := range steps {
 		r := tg(t, "", s.flags(st.args...)...)
@@ -410,7 +413,7 @@ func TestToolsLifecycle(t *testing.T) {
 		}
 	}
 	if r := tg(t, "", s.flags("tools", "get", m.ID)...); r.code != exitError || !strings.Contains(r.stderr, "E3001") {
-		t.Fatalf("get after delete: exit %d %q", r.code, r.stderr)
+		t.Fatalf("get after purge: exit %d %q", r.code, r.stderr)
 	}
 	r := tg(t, "", s.flags("tools", "list")...)
 	lines := strings.Split(r.stdout, "\n")

@@ -85,7 +85,7 @@ func lineCol(b []byte, off int64) (line, col int) {
 
 func (a *app) invokeCmd() *cobra.Command {
 	var params, version, agent, session, id, idem, priority, resumeFrom string
-	var wait, async, follow bool
+	var wait, async, follow, dryRun bool
 	var limit, waitFor time.Duration
 	var docs api.DocumentContext
 	cmd := &cobra.Command{
@@ -113,6 +113,7 @@ approval says so, and the exit status tells how the call ended.`,
 	f.BoolVar(&wait, "wait", false, "wait for the result and show it")
 	f.BoolVar(&follow, "follow", false, "with --wait: when a hook hands the call to a retry or fallback, wait for that one too (each result is shown; the exit status is the last one's)")
 	f.BoolVar(&async, "async", false, "ask for async mode: toolgate answers at once with pending and where to poll")
+	f.BoolVar(&dryRun, "dry-run", false, "validate, authorize and route the call, then stop before the tool runs: what it would have done is in execution_metadata.dry_run_plan")
 	f.StringArrayVar(&docs.DocumentRefs, "doc", nil, "a document to hand the tool: [source:]id[@version] (repeatable; docs/documents.md)")
 	f.StringVar(&docs.Query, "doc-query", "", "hand the tool the documents the sources' search finds for this query")
 	f.BoolVar(&docs.VersionPinning, "pin-docs", false, "hold the call to the document versions read at its start")
@@ -147,8 +148,8 @@ approval says so, and the exit status tells how the call ended.`,
 			ToolID: args[0], ToolVersion: version, Parameters: p, CapabilityToken: a.capToken(),
 			AgentContext: api.AgentContext{AgentDID: agent, TenantID: tenant, SessionID: session},
 		}
-		if async || idem != "" || priority != "" {
-			req.ExecutionOptions = &api.ExecutionOptions{AsyncMode: async, IdempotencyKey: idem, Priority: priority}
+		if async || idem != "" || priority != "" || dryRun {
+			req.ExecutionOptions = &api.ExecutionOptions{AsyncMode: async, IdempotencyKey: idem, Priority: priority, DryRun: dryRun}
 		}
 		if len(docs.DocumentRefs) > 0 || docs.Query != "" || docs.VersionPinning {
 			req.DocumentContext = &docs

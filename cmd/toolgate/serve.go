@@ -42,6 +42,7 @@ func pipelineFlags(fs *pflag.FlagSet, c *node.Config) *string {
 	fs.IntVar(&c.Topology.Replicas, "replicas", 1, "replicas of streams and buckets created at start")
 	fs.DurationVar(&c.Topology.AuditMaxAge, "audit-max-age", 0, "age limit of the AUDIT stream when created (default 90 days; negative: forever)")
 	fs.Int64Var(&c.Topology.InvokeMaxBytes, "invoke-max-bytes", 0, "byte limit of the invoke stream when created (default 1 GiB); a full stream refuses publishers")
+	fs.DurationVar(&c.Stage.MicroCheckpointInterval, "checkpoint-every", node.DefaultMicroCheckpointInterval, "how often a running tool's reported state is stored as a micro checkpoint, unless its manifest or the call says otherwise (0: every state)")
 	fs.DurationVar(&c.Topology.CheckpointRetention, "checkpoint-retention", 0, "how long macro checkpoints can be resumed (default 90 days); micro ones can for an hour, named ones until deleted")
 	fs.DurationVar(&c.Topology.AckWait, "ack-wait", 30*time.Second, "stage consumers' ack wait")
 	fs.IntVar(&c.Topology.MaxDeliver, "max-deliver", 5, "deliveries before an invocation ends with E3901")

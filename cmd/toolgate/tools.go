@@ -21,12 +21,12 @@ import (
 func (a *app) toolsCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "tools",
-		Short: "Manage the tool registry: list, search, stats, get, init, register, deprecate, sunset, delete, import-mcp",
+		Short: "Manage the tool registry: list, search, stats, get, init, register, deprecate, sunset, delete, purge, import-mcp",
 		Args:  subcommand,
 		RunE:  func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 	}
 	cmd.AddCommand(a.toolsListCmd(), a.toolsSearchCmd(), a.toolsStatsCmd(), a.toolsGetCmd(), a.toolsInitCmd(), a.toolsRegisterCmd(),
-		a.toolsLifecycleCmd(tools.StateDeprecated), a.toolsLifecycleCmd(tools.StateSunset), a.toolsDeleteCmd(), a.importMCPCmd())
+		a.toolsLifecycleCmd(tools.StateDeprecated), a.toolsLifecycleCmd(tools.StateSunset), a.toolsDeleteCmd(), a.toolsPurgeCmd(), a.importMCPCmd())
 	return cmd
 }
 
@@ -70,7 +70,14 @@ func (a *app) toolsListCmd() *cobra.Command {
 					if t.RequiresApproval {
 						approval = "approval"
 					}
-					rows = append(rows, []string{t.ToolID, t.LatestVersion, t.Kind, or(t.RiskLevel, "-"), approval, truncate(t.Description, 60)})
+					row := []string{t.ToolID, t.LatestVersion, t.Kind, or(t.RiskLevel, "-"), approval, truncate(t.Description, 60)}
+					if f.All {
+						row = append(row[:5:5], t.State, row[5])
+					}
+					rows = append(rows, row)
+				}
+				if f.All {
+					return table(w, []string{"TOOL", "LATEST", "KIND", "RISK", "", "STATE", "DESCRIPTION"}, rows)
 				}
 				return table(w, []string{"TOOL", "LATEST", "KIND", "RISK", "", "DESCRIPTION"}, rows)
 			})
@@ -78,6 +85,7 @@ func (a *app) toolsListCmd() *cobra.Command {
 	}
 	cmd.Flags().StringVar(&f.Category, "category", "", "only this category")
 	cmd.Flags().StringVar(&f.Tag, "tag", "", "only tools with this tag")
+	cmd.Flags().BoolVar(&f.All, "all", false, "also tools with no version serving (removed or sunset), with their state")
 	return cmd
 }
 
@@ -248,25 +256,68 @@ func (a *app) toolsInitCmd() *cobra.Command {
 
 func (a *app) toolsDeleteCmd() *cobra.Command {
 	return &cobra.Command{
-		Use:   "delete ID VERSION",
-		Short: "Remove one version of a tool from the registry",
-		Args:  exactArgs(2, "a tool id and an exact version"),
+		Use:   "delete ID VERSION | ID@VERSION",
+		Short: "Remove one version of a tool: it serves no call, its manifest stays for the record (tools purge deletes it)",
+		Args:  toolVersionArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			id, version := toolVersion(args)
 			c, closeFn, err := a.adminClient()
 			if err != nil {
 				return err
 			}
 			defer closeFn()
-			if err := c.DeleteTool(cmd.Context(), args[0], args[1]); err != nil {
+			doc, err := c.DeleteTool(cmd.Context(), id, version)
+			if err != nil {
 				return err
 			}
-			out := api.ToolRequest{ToolID: args[0], Version: args[1]}
-			return a.emit(out, func(w io.Writer) error {
-				_, err := fmt.Fprintf(w, "deleted %s@%s\n", args[0], args[1])
+			return a.emit(doc, func(w io.Writer) error {
+				_, err := fmt.Fprintf(w, "removed %s@%s\n", id, version)
 				return err
 			})
 		},
 	}
+}
+
+func (a *app) toolsPurgeCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "purge ID VERSION | ID@VERSION",
+		Short: "Delete one version of a tool for good, manifest and all (the audit trail keeps its registration and removal)",
+		Args:  toolVersionArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			id, version := toolVersion(args)
+			c, closeFn, err := a.adminClient()
+			if err != nil {
+				return err
+			}
+			defer closeFn()
+			if err := c.PurgeTool(cmd.Context(), id, version); err != nil {
+				return err
+			}
+			return a.emit(api.ToolRequest{ToolID: id, Version: version}, func(w io.Writer) error {
+				_, err := fmt.Fprintf(w, "purged %s@%s\n", id, version)
+				return err
+			})
+		},
+	}
+}
+
+// toolVersionArgs takes a tool id and an exact version, as two arguments
+// or as ID@VERSION.
+func toolVersionArgs(cmd *cobra.Command, args []string) error {
+	if len(args) == 1 {
+		if id, v, ok := strings.Cut(args[0], "@"); ok && id != "" && v != "" {
+			return nil
+		}
+	}
+	return exactArgs(2, "a tool id and an exact version (ID VERSION or ID@VERSION)")(cmd, args)
+}
+
+func toolVersion(args []string) (id, version string) {
+	if len(args) == 1 {
+		id, version, _ = strings.Cut(args[0], "@")
+		return id, version
+	}
+	return args[0], args[1]
 }
 
 // toolsLifecycleCmd moves a version to deprecated or sunset: the manifest

@@ -107,7 +107,7 @@ func withNoops(ctx context.Context, nd *node.Node, ids []string, f func() error)
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 		defer cancel()
 		for _, id := range ids {
-			_ = nd.Store.DeleteTool(dctx, id, "1.0.0")
+			_ = nd.Store.PurgeTool(dctx, id, "1.0.0")
 		}
 		for nd.Registry.Has(ids[len(ids)-1], "1.0.0") && dctx.Err() == nil {
 			time.Sleep(10 * time.Millisecond)

@@ -17,32 +17,64 @@ import (
 	"github.com/toolgate/toolgate/subjects"
 )
 
-// deleteTool removes one version of a tool. The reply comes once this
-// process's registry no longer has it.
+// deleteTool removes one version of a tool: it no longer serves, and its
+// manifest stays readable with who removed it and when. The reply comes
+// once this process's registry sees it removed.
 func (h *handlers) deleteTool(req micro.Request) {
-	who, ok := h.operator(req, "")
+	r, who, ok := h.toolVersionRequest(req)
 	if !ok {
-		return
-	}
-	var r api.ToolRequest
-	if err := decode(req.Data(), &r); err != nil || r.ToolID == "" || r.Version == "" {
-		respondError(req, api.NewError(api.InvalidParameters, api.ERequestInvalid, `expected {"tool_id":…, "version":…}`))
-		return
-	}
-	if !h.reg.Has(r.ToolID, r.Version) {
-		respondError(req, api.NewError(api.ToolNotFound, api.EToolNotFound, "no tool %s version %s", r.ToolID, r.Version))
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if err := h.store.DeleteTool(ctx, r.ToolID, r.Version); err != nil {
+	m, err := h.store.RemoveTool(ctx, r.ToolID, r.Version, kvstore.ToolRemoval{By: who, At: time.Now().UTC(), Proof: h.proof(req)})
+	if err != nil {
+		respondError(req, err)
+		return
+	}
+	for ctx.Err() == nil {
+		if seen, err := h.reg.Resolve(r.ToolID, r.Version); err != nil || seen.Lifecycle.State == tools.StateRemoved {
+			break
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	h.audited(ctx, req, api.TypeToolDeleted, api.AdminChange{Action: "tools.delete", By: m.Lifecycle.RemovedBy, Target: r.ToolID + "@" + r.Version,
+		Details: map[string]any{"removed_at": m.Lifecycle.RemovedAt}}, m)
+}
+
+// purgeTool deletes one version of a tool for good, removed or not.
+func (h *handlers) purgeTool(req micro.Request) {
+	r, who, ok := h.toolVersionRequest(req)
+	if !ok {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := h.store.PurgeTool(ctx, r.ToolID, r.Version); err != nil {
 		respondError(req, err)
 		return
 	}
 	for h.reg.Has(r.ToolID, r.Version) && ctx.Err() == nil {
 		time.Sleep(2 * time.Millisecond)
 	}
-	h.audited(ctx, req, api.TypeToolDeleted, api.AdminChange{Action: "tools.delete", By: who, Target: r.ToolID + "@" + r.Version}, r)
+	h.audited(ctx, req, api.TypeToolPurged, api.AdminChange{Action: "tools.purge", By: who, Target: r.ToolID + "@" + r.Version}, r)
+}
+
+// toolVersionRequest takes an operator's signed {"tool_id","version"} of a
+// registered version; on failure it has answered and ok is false.
+func (h *handlers) toolVersionRequest(req micro.Request) (r api.ToolRequest, who string, ok bool) {
+	if who, ok = h.operator(req, ""); !ok {
+		return r, "", false
+	}
+	if err := decode(req.Data(), &r); err != nil || r.ToolID == "" || r.Version == "" {
+		respondError(req, api.NewError(api.InvalidParameters, api.ERequestInvalid, `expected {"tool_id":…, "version":…}`))
+		return r, "", false
+	}
+	if !h.reg.Has(r.ToolID, r.Version) {
+		respondError(req, api.NewError(api.ToolNotFound, api.EToolNotFound, "no tool %s version %s", r.ToolID, r.Version))
+		return r, "", false
+	}
+	return r, who, true
 }
 
 // listApprovals answers a tenant's pending approvals, oldest first. On

@@ -118,7 +118,8 @@ type store interface {
 	Status(ctx context.Context, tenant, id string) (api.Record, error)
 	UpdateRecord(ctx context.Context, tenant, id string, change func(*api.Record)) (api.Record, error)
 	RegisterSignedTool(ctx context.Context, doc []byte, replace bool, by string, proof *api.DecisionProof) (*tools.Manifest, error)
-	DeleteTool(ctx context.Context, id, version string) error
+	RemoveTool(ctx context.Context, id, version string, r kvstore.ToolRemoval) (*tools.Manifest, error)
+	PurgeTool(ctx context.Context, id, version string) error
 	PendingApprovals(ctx context.Context) ([]api.Approval, error)
 	Approval(ctx context.Context, tenant, id string) (api.Approval, error)
 	Usage(ctx context.Context, tenant, session string) (kvstore.Usage, error)

@@ -189,7 +189,10 @@ func TestHandlers(t *testing.T) {
 	}
 }
 
-func (f *fakeStore) DeleteTool(context.Context, string, string) error { return nil }
+func (f *fakeStore) PurgeTool(context.Context, string, string) error { return nil }
+func (f *fakeStore) RemoveTool(context.Context, string, string, kvstore.ToolRemoval) (*tools.Manifest, error) {
+	return nil, nil
+}
 
 func (f *fakeStore) PendingApprovals(context.Context) ([]api.Approval, error) { return nil, nil }
 

@@ -119,7 +119,11 @@ func (h *handlers) search(req micro.Request, tenant string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	now := time.Now()
-	found := discovery.Search(h.reg.List(), discovery.Request{Query: r.Query, Capabilities: r.Capabilities, Filter: f},
+	listed := h.reg.List()
+	if r.All {
+		listed = h.reg.ListAll()
+	}
+	found := discovery.Search(listed, discovery.Request{Query: r.Query, Capabilities: r.Capabilities, Filter: f},
 		rankStats(h.stats(ctx)), now)
 	if r.Query == "" && len(r.Capabilities) == 0 {
 		// Nothing to rank by relevance: the listing is by id, as ever.

@@ -39,6 +39,7 @@ func (h *handlers) endpoints() map[string]handler {
 		subjects.SvcAuditHistory:  {scoped: h.tenantAuditHistory},
 		subjects.SvcToolsRegister: {operator: h.register},
 		subjects.SvcToolsDelete:   {operator: h.deleteTool},
+		subjects.SvcToolsPurge:    {operator: h.purgeTool},
 		subjects.SvcToolsStats:    {operator: h.toolStats},
 		subjects.SvcModelsStats:   {operator: h.modelStats},
 		subjects.SvcApproval:      {operator: h.decide},

@@ -26,6 +26,11 @@ const (
 	// (docs/audit.md#receipts); its result_sha256 is of the result the
 	// text content holds.
 	MetaReceipt = "io.toolgate/receipt"
+	// MetaDryRun true in a tools/call's _meta asks for a dry run
+	// (execution_options.dry_run); the result's _meta carries the plan
+	// under MetaDryRunPlan.
+	MetaDryRun     = "io.toolgate/dry-run"
+	MetaDryRunPlan = "io.toolgate/dry-run-plan"
 )
 
 // describe is the MCP tool of a manifest: schemas, title, and hints derived
@@ -150,6 +155,9 @@ func (s *session) call(ctx context.Context, toolID string, req *mcp.CallToolRequ
 		AgentContext:    api.AgentContext{AgentDID: c.AgentDID, TenantID: c.TenantID, SessionID: c.SessionID},
 		Parameters:      raw,
 		CapabilityToken: tok,
+	}
+	if dry, _ := req.Params.Meta[MetaDryRun].(bool); dry {
+		in.ExecutionOptions = &api.ExecutionOptions{DryRun: true}
 	}
 	// The call ends with the request (client cancellation), the session
 	// (client gone), the HTTP connection that carries it (client gone
@@ -332,6 +340,9 @@ func rendered(resp api.Response) *mcp.CallToolResult {
 	r.Content = []mcp.Content{&mcp.TextContent{Text: text}}
 	if md := resp.ExecutionMetadata; md != nil && len(md.Warnings) > 0 {
 		r.Content = append(r.Content, &mcp.TextContent{Text: "toolgate: " + strings.Join(md.Warnings, "; ")})
+	}
+	if md := resp.ExecutionMetadata; md != nil && md.DryRun {
+		r.Meta[MetaDryRunPlan] = md.DryRunPlan
 	}
 	return r
 }

@@ -131,7 +131,7 @@ func TestAdminThroughControl(t *testing.T) {
 			if _, err := c.RegisterTool(ctx, []byte(doc), false); !errors.Is(err, &api.Error{Code: api.PermissionDenied, ECode: api.EAdminUnverified}) {
 				t.Errorf("%s tools.register: %v, want E3219", name, err)
 			}
-			if err := c.DeleteTool(ctx, tool, "1.0.0"); !errors.Is(err, &api.Error{Code: api.PermissionDenied, ECode: api.EAdminUnverified}) {
+			if _, err := c.DeleteTool(ctx, tool, "1.0.0"); !errors.Is(err, &api.Error{Code: api.PermissionDenied, ECode: api.EAdminUnverified}) {
 				t.Errorf("%s tools.delete: %v, want E3219", name, err)
 			}
 		}

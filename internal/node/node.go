@@ -374,6 +374,10 @@ func (n *Node) WaitForTool(ctx context.Context, id, version string) error {
 // (sandbox.Config.ReadOnlyRoots, --mcp-path-roots).
 const DefaultMCPInstallDir = "/opt/mcp"
 
+// DefaultMicroCheckpointInterval is how often serve stores a running tool's
+// reported state by default (seed 002 §1.4: micro checkpoints every 30 s).
+const DefaultMicroCheckpointInterval = 30 * time.Second
+
 // StageConfig holds what the stages need beyond the node.
 type StageConfig struct {
 	MaxEventBytes int
@@ -387,6 +391,10 @@ type StageConfig struct {
 	ApprovalTimeout time.Duration
 	// Sandbox runs cli tools; FileRoot defaults to BuiltinEnv.FileRoot.
 	Sandbox sandbox.Config
+	// MicroCheckpointInterval spaces the micro checkpoints of tools that
+	// set no interval of their own; zero writes every state a tool reports
+	// (serve's default is DefaultMicroCheckpointInterval).
+	MicroCheckpointInterval time.Duration
 	// RateLimits override tools' rate limits per tenant: tenant → tool id.
 	RateLimits map[string]map[string]tools.RateLimit
 	// RateLimitLease caps the tokens a route worker leases at once;
@@ -547,6 +555,7 @@ func (n *Node) NewStage(ctx context.Context, name string, c StageConfig) (stages
 		if c.Concurrency > 0 {
 			x.Quota = execute.NewTenantQuota(c.Concurrency, c.TenantInFlight)
 		}
+		x.MicroInterval = c.MicroCheckpointInterval
 		if c.Seals != nil { // a nil *seal.Verifier would be a non-nil Seals
 			x.Seals = c.Seals
 		}

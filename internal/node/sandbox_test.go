@@ -42,6 +42,12 @@ func cliTool(id, script, limits, permissions string) string {
 // sandboxEnv is a pipeline whose cli tools see fileRoot/data, read-write.
 func sandboxEnv(t *testing.T, topo topology.TopologyOptions, stageNames ...string) (*env, *node.Node, string) {
 	t.Helper()
+	return sandboxEnvWith(t, topo, node.StageConfig{}, stageNames...)
+}
+
+// sandboxEnvWith is sandboxEnv with more of the stages' configuration.
+func sandboxEnvWith(t *testing.T, topo topology.TopologyOptions, sc node.StageConfig, stageNames ...string) (*env, *node.Node, string) {
+	t.Helper()
 	if err := sandbox.Available(); err != nil {
 		t.Fatalf("these tests need bubblewrap and prlimit (.ci/run installs them): %v", err)
 	}
@@ -55,7 +61,8 @@ func sandboxEnv(t *testing.T, topo topology.TopologyOptions, stageNames ...strin
 	}
 	_ = os.Chmod(filepath.Join(root, "data"), 0o777)
 	e := newEnv(t, topo)
-	n := e.startPipeline(node.Config{Stages: stageNames, Stage: node.StageConfig{Sandbox: sandbox.Config{FileRoot: root}}})
+	sc.Sandbox.FileRoot = root
+	n := e.startPipeline(node.Config{Stages: stageNames, Stage: sc})
 	return e, n, root
 }
 

@@ -74,6 +74,11 @@ func (o *Order) Tool(rec kvstore.ToolRecord, key string, verify Verify) error {
 	if err := Tool(rec, verify); err != nil {
 		return err
 	}
+	if rec.Removal != nil {
+		// The delete came after the register it removes: the record as
+		// registered may not come back over it.
+		return o.Admit(key, rec.Removal.Proof)
+	}
 	return o.Admit(key, rec.Proof)
 }
 

@@ -100,6 +100,19 @@ func Tool(rec kvstore.ToolRecord, verify Verify) error {
 	if err != nil || !sameDoc(signed, rec.Manifest) {
 		return errors.New("the stored manifest is not the one the operator registered")
 	}
+	if rec.Removal == nil {
+		return nil
+	}
+	// A removal is honoured only as an operator's signed delete of exactly
+	// this version: the control role's write access alone removes nothing.
+	var d api.ToolRequest
+	if err := signedRequest(rec.Removal.Proof, subjects.SvcToolsDelete, rec.Removal.By, verify, &d); err != nil {
+		return fmt.Errorf("the removal: %w", err)
+	}
+	var id struct{ ID, Version string }
+	if err := json.Unmarshal(rec.Manifest, &id); err != nil || d.ToolID != id.ID || d.Version != id.Version {
+		return errors.New("the removal is not the operator's delete of this version")
+	}
 	return nil
 }
 

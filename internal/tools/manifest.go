@@ -63,6 +63,8 @@ type Manifest struct {
 	CircuitBreaker *CircuitBreaker `json:"circuit_breaker,omitempty"`
 	Cost           *Cost           `json:"cost,omitempty"`
 	Lifecycle      Lifecycle       `json:"lifecycle,omitzero"`
+	// Checkpointing says how toolgate checkpoints the tool's runs.
+	Checkpointing *Checkpointing `json:"checkpointing,omitempty"`
 	// Documents says how the tool takes a call's document_context.
 	Documents *Documents `json:"documents,omitempty"`
 
@@ -205,6 +207,34 @@ type OutputPolicy struct {
 	Actions map[string]string `json:"actions,omitempty"`
 }
 
+// Checkpointing is a tool's checkpoint settings.
+type Checkpointing struct {
+	Micro *MicroCheckpoints `json:"micro_checkpoints,omitempty"`
+}
+
+// MicroCheckpoints spaces the micro checkpoints of a tool's runs, or turns
+// them off (Enabled false). Unset members leave the deployment's default.
+type MicroCheckpoints struct {
+	Enabled         *bool    `json:"enabled,omitempty"`
+	IntervalSeconds *float64 `json:"interval_seconds,omitempty"`
+}
+
+// MicroInterval is how m spaces its micro checkpoints given the
+// deployment's default: off when the tool opts out.
+func (m *Manifest) MicroInterval(def time.Duration) (interval time.Duration, on bool) {
+	if m.Checkpointing == nil || m.Checkpointing.Micro == nil {
+		return def, true
+	}
+	mc := m.Checkpointing.Micro
+	if mc.Enabled != nil && !*mc.Enabled {
+		return 0, false
+	}
+	if mc.IntervalSeconds != nil {
+		return time.Duration(*mc.IntervalSeconds * float64(time.Second)), true
+	}
+	return def, true
+}
+
 // Lifecycle is where a version stands between release and removal. An empty
 // State means active. DeprecationDate and SunsetAt move the version on by
 // themselves when they pass (Manifest.State).
@@ -216,6 +246,10 @@ type Lifecycle struct {
 	CreatedAt           time.Time `json:"created_at,omitzero"`
 	UpdatedAt           time.Time `json:"updated_at,omitzero"`
 	ReleaseNotes        string    `json:"release_notes,omitempty"`
+	// RemovedAt and RemovedBy say when and by whom tools delete removed
+	// the version; the registry fills them from the stored removal.
+	RemovedAt time.Time `json:"removed_at,omitzero"`
+	RemovedBy string    `json:"removed_by,omitempty"`
 }
 
 // Example is one worked invocation, shown to the agent choosing a tool.

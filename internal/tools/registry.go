@@ -232,13 +232,23 @@ func (r *Registry) Versions(id string) []*Manifest {
 
 // List returns, sorted by id, the version "latest" resolves to of every tool
 // that has one.
-func (r *Registry) List() []*Manifest {
+func (r *Registry) List() []*Manifest { return r.list(false) }
+
+// ListAll is List with also the tools no version of which serves, each by
+// its highest version.
+func (r *Registry) ListAll() []*Manifest { return r.list(true) }
+
+func (r *Registry) list(all bool) []*Manifest {
 	now := r.now()
 	r.mu.RLock()
 	defer r.mu.RUnlock()
 	out := make([]*Manifest, 0, len(r.tools))
 	for _, vs := range r.tools {
-		if m := latest(vs, now); m != nil {
+		m := latest(vs, now)
+		if m == nil && all {
+			m = vs[len(vs)-1].m
+		}
+		if m != nil {
 			out = append(out, m)
 		}
 	}

@@ -249,7 +249,7 @@ func (a *Authorizer) Process(ctx context.Context, inv *envelope.Invocation) ([]s
 		break
 	}
 	inv.Authz = &envelope.Authorization{
-		TokenID: claims.ID, AgentDID: claims.AgentDID, Session: tree, Reserved: true,
+		TokenID: claims.ID, AgentDID: claims.AgentDID, Session: tree, Reserved: !req.DryRun(),
 		Unmetered: !metered, Grants: grants(claims),
 	}
 	if own != tree {
@@ -373,6 +373,22 @@ func (a *Authorizer) decide(ctx context.Context, inv *envelope.Invocation, rawTo
 	}
 	if !d.Allow {
 		return approval, hasApproval, nil, true, denial(d)
+	}
+	if req.DryRun() {
+		// Judged like a real call, and recorded; then nothing is parked
+		// and nothing reserved: the plan says what would have been.
+		plan := &api.DryRunPlan{ApprovalRequired: d.RequiresApproval}
+		if d.RequiresApproval {
+			plan.Approvers, plan.ApprovalReasons = max(requiredApprovers(m), 1), d.Reasons
+		}
+		if metered {
+			plan.BudgetCharge = &api.BudgetCharge{Calls: 1}
+			if m.Cost != nil {
+				plan.BudgetCharge.Cost = m.Cost.PerCall
+			}
+		}
+		inv.Metadata.DryRun, inv.Metadata.DryRunPlan = true, plan
+		return approval, hasApproval, nil, false, nil
 	}
 	if d.RequiresApproval {
 		switch {

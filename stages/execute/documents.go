@@ -36,12 +36,12 @@ func wantsDocuments(inv *envelope.Invocation) bool {
 
 // documents resolves inv's document_context and records what was handed
 // in its metadata; pins resolved for the first time are stored in the
-// invocation record, so a redelivery or resume reads the same versions
-// (a checkpoint keeps them beside its state).
+// invocation record when keep is set, so a redelivery or resume reads the
+// same versions (a checkpoint keeps them beside its state).
 // The parameters with the documents are returned, not written into the
 // request: the request is what audit events carry, and they record which
 // documents were read, never their content.
-func (x *Executor) documents(ctx context.Context, inv *envelope.Invocation, m *tools.Manifest, pins []api.DocumentPin) (json.RawMessage, error) {
+func (x *Executor) documents(ctx context.Context, inv *envelope.Invocation, m *tools.Manifest, pins []api.DocumentPin, keep bool) (json.RawMessage, error) {
 	if m.Documents == nil {
 		return nil, errNoDocumentsParameter(m)
 	}
@@ -53,7 +53,7 @@ func (x *Executor) documents(ctx context.Context, inv *envelope.Invocation, m *t
 	if err != nil {
 		return nil, err
 	}
-	if len(h.Pins) > 0 && len(pins) == 0 {
+	if len(h.Pins) > 0 && len(pins) == 0 && keep {
 		// Unpinned, a redelivery or resume could read other versions, so the
 		// call ends here. It ends rather than waiting for a redelivery: this
 		// one has claimed the run, and a redelivery would take the tool for

@@ -89,7 +89,10 @@ type Executor struct {
 	// Refused, when set, audits a shared record execute ignored because
 	// its owner did not sign it (what names it, cause says why).
 	Refused func(ctx context.Context, what string, rev uint64, cause error)
-	kinds   map[string]Kind
+	// MicroInterval spaces the micro checkpoints of tools whose manifest
+	// and request say nothing of it; zero writes every state a tool reports.
+	MicroInterval time.Duration
+	kinds         map[string]Kind
 }
 
 // Seals checks that an invocation carries authorize's sealed decision.
@@ -159,6 +162,9 @@ func (x *Executor) Process(ctx context.Context, inv *envelope.Invocation) (_ []s
 	fn, err := x.function(m, inv)
 	if err != nil {
 		return nil, err
+	}
+	if inv.Request.DryRun() {
+		return nil, x.dryRun(ctx, inv, m)
 	}
 	if key := idempotencyKey(inv.Request); key != "" {
 		replayed, err := x.replay(ctx, inv, m, key)
@@ -242,7 +248,7 @@ func (x *Executor) Process(ctx context.Context, inv *envelope.Invocation) (_ []s
 		if len(pins) == 0 {
 			pins = rec.DocumentPins
 		}
-		if params, err = x.documents(ctx, inv, m, pins); err != nil {
+		if params, err = x.documents(ctx, inv, m, pins, true); err != nil {
 			return nil, err
 		}
 	}
@@ -311,6 +317,22 @@ func (x *Executor) Process(ctx context.Context, inv *envelope.Invocation) (_ []s
 	return outs, nil
 }
 
+// dryRun ends a dry run where the tool would start: the executor exists
+// and the documents the call asks for pass the document policy (their
+// versions are not pinned), then the call succeeds without a result and
+// nothing is claimed, run or charged.
+func (x *Executor) dryRun(ctx context.Context, inv *envelope.Invocation, m *tools.Manifest) error {
+	if wantsDocuments(inv) {
+		if _, err := x.documents(ctx, inv, m, inv.DocumentPins, false); err != nil {
+			return err
+		}
+	}
+	inv.Metadata.DryRun = true
+	inv.Metadata.ToolID, inv.Metadata.ToolVersion = m.ID, m.Version
+	inv.Succeed(subjects.Execute, nil)
+	return nil
+}
+
 // refused reports a record execute ignored, when it has where to.
 func (x *Executor) refused(ctx context.Context, what string, rev uint64, cause error) {
 	if x.Refused != nil {
@@ -339,14 +361,19 @@ func (x *Executor) unclaim(ctx context.Context, inv *envelope.Invocation, prev a
 }
 
 // newTracker returns the Progress of one run, spacing micro checkpoints
-// by the request's interval (none: every one the tool offers is written).
+// by the request's interval, else the manifest's, else the deployment's
+// (zero: every one the tool offers is written). A tool that opts out, or a
+// request that turns checkpointing off, has none.
 func (x *Executor) newTracker(ctx context.Context, inv *envelope.Invocation, m *tools.Manifest) *tracker {
-	tr := &tracker{ctx: ctx, store: x.store, publish: x.Publish, inv: inv, toolID: m.ID, toolVer: m.Version, micro: true}
+	tr := &tracker{ctx: ctx, store: x.store, publish: x.Publish, inv: inv, toolID: m.ID, toolVer: m.Version}
+	tr.interval, tr.micro = m.MicroInterval(x.MicroInterval)
 	if cc := inv.Request.CheckpointConfig; cc != nil {
 		if cc.EnableCheckpointing != nil && !*cc.EnableCheckpointing {
 			tr.micro = false
 		}
-		tr.interval = time.Duration(cc.CheckpointIntervalSeconds) * time.Second
+		if cc.CheckpointIntervalSeconds > 0 {
+			tr.interval = time.Duration(cc.CheckpointIntervalSeconds) * time.Second
+		}
 	}
 	// A checkpoint keeps the document versions the call was pinned to, so
 	// that a resume from it reads the same ones.

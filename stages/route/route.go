@@ -70,7 +70,9 @@ func (r *Router) Process(ctx context.Context, inv *envelope.Invocation) ([]stage
 		return nil, api.NewError(api.ToolExecutionError, api.EExecutorUnavailable,
 			"no executor for %s tools in this deployment", m.Kind)
 	}
-	if r.Limits != nil {
+	// A dry run takes no token of the rate limit: it would be a call
+	// counted that never ran.
+	if r.Limits != nil && !req.DryRun() {
 		ok, wait, err := r.Limits.Allow(ctx, inv.Tenant, m)
 		if err != nil {
 			return nil, stages.Transient(err, 0)
@@ -83,6 +85,9 @@ func (r *Router) Process(ctx context.Context, inv *envelope.Invocation) ([]stage
 	}
 	inv.Route = &envelope.Route{ToolID: m.ID, ToolVersion: m.Version, Executor: m.Kind}
 	inv.Metadata.Executor = m.Kind
+	if p := inv.Metadata.DryRunPlan; p != nil && req.DryRun() {
+		p.Route = &api.DryRunRoute{ToolID: m.ID, ToolVersion: m.Version, Executor: m.Kind}
+	}
 	return nil, nil
 }
 
