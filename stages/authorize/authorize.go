@@ -379,7 +379,7 @@ func (a *Authorizer) decide(ctx context.Context, inv *envelope.Invocation, rawTo
 		// and nothing reserved: the plan says what would have been.
 		plan := &api.DryRunPlan{ApprovalRequired: d.RequiresApproval}
 		if d.RequiresApproval {
-			plan.Approvers, plan.ApprovalReasons = max(requiredApprovers(m), 1), d.Reasons
+			plan.Approvers, plan.ApprovalReasons = max(requiredApprovers(m, d), 1), d.Reasons
 		}
 		if metered {
 			plan.BudgetCharge = &api.BudgetCharge{Calls: 1}
