@@ -47,6 +47,11 @@ const (
 	EExecutorUnavailable = "E3101"
 	EResourceLimit       = "E3102" // a sandbox limit was hit: memory, CPU, file size, processes, output
 	ESandboxCrashed      = "E3107" // the sandboxed tool was killed by a signal
+	// The agent already has as many calls running as it may.
+	EConcurrentLimit = "E3106"
+	// A warning, never a failure: the call's CPU share could not be
+	// applied on this host.
+	ECPUShareNotApplied = "E3110"
 	ETimeout             = "E3103"
 	EToolFailed          = "E3108"
 	EToolPanicked        = "E3109"

@@ -51,7 +51,7 @@ const nobody = 65534
 
 // Defaults for limits a manifest leaves unset.
 const (
-	DefaultMemoryMB    = 512
+	DefaultMemoryMB    = 1024 // tools.DefaultMemoryMB, the specification's
 	DefaultPIDs        = 64
 	DefaultOutputBytes = 1 << 20
 	DefaultFileSizeMB  = 64
