@@ -389,6 +389,11 @@ type StageConfig struct {
 	Sandbox sandbox.Config
 	// RateLimits override tools' rate limits per tenant: tenant → tool id.
 	RateLimits map[string]map[string]tools.RateLimit
+	// Defaults replace the specification's defaults (tools.SeedDefaults)
+	// member by member where a manifest is silent; TenantDefaults replace
+	// them per tenant, but for the breaker, which tenants share.
+	Defaults       tools.Defaults
+	TenantDefaults map[string]tools.Defaults
 	// RateLimitLease caps the tokens a route worker leases at once;
 	// default 8.
 	RateLimitLease int
@@ -497,6 +502,11 @@ func (n *Node) toolSandbox(c StageConfig) (sandbox.Config, error) {
 	return sb, err
 }
 
+// settings are the defaults of each tenant's calls.
+func (c StageConfig) settings() *tools.Settings {
+	return &tools.Settings{Base: c.Defaults, Tenants: c.TenantDefaults}
+}
+
 // NewStage builds the logic of the named stage. ctx bounds its watches;
 // the resources it opens live until StopStages.
 func (n *Node) NewStage(ctx context.Context, name string, c StageConfig) (stages.Stage, error) {
@@ -517,6 +527,7 @@ func (n *Node) NewStage(ctx context.Context, name string, c StageConfig) (stages
 		})
 		limits := ratelimit.New(n.Store, cmp.Or(c.RateLimitLease, 8))
 		limits.Overrides = c.RateLimits
+		limits.Defaults = c.settings().For
 		r.Limits = limits
 		return r, nil
 	case subjects.Execute:
