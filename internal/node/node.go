@@ -558,6 +558,7 @@ func (n *Node) NewStage(ctx context.Context, name string, c StageConfig) (stages
 		if c.Concurrency > 0 {
 			x.Quota = execute.NewTenantQuota(c.Concurrency, c.TenantInFlight)
 		}
+		x.Defaults, x.AgentRuns = c.settings().For, n.Store
 		if c.Seals != nil { // a nil *seal.Verifier would be a non-nil Seals
 			x.Seals = c.Seals
 		}

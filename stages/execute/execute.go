@@ -89,7 +89,12 @@ type Executor struct {
 	// Refused, when set, audits a shared record execute ignored because
 	// its owner did not sign it (what names it, cause says why).
 	Refused func(ctx context.Context, what string, rev uint64, cause error)
-	kinds   map[string]Kind
+	// Defaults, when set, are each tenant's defaults where a manifest is
+	// silent: the retry policy of idempotent tools, the breaker, the calls
+	// one agent may run at once (counted in AgentRuns, when set).
+	Defaults  func(tenant string) tools.Defaults
+	AgentRuns AgentRuns
+	kinds     map[string]Kind
 }
 
 // Seals checks that an invocation carries authorize's sealed decision.
@@ -147,15 +152,22 @@ func (x *Executor) Process(ctx context.Context, inv *envelope.Invocation) (_ []s
 			return nil, err
 		}
 	}
+	m, err := x.reg.Resolve(inv.Route.ToolID, inv.Route.ToolVersion)
+	if err != nil {
+		return nil, err
+	}
+	// The agent's slot comes before the tenant's quota: a call refused
+	// for the one takes nothing of the other.
+	endRun, err := x.claimAgentRun(ctx, inv, m)
+	if err != nil {
+		return nil, err
+	}
+	defer endRun()
 	release, err := x.Quota.Acquire(ctx, inv.Tenant)
 	if err != nil {
 		return nil, err
 	}
 	defer release()
-	m, err := x.reg.Resolve(inv.Route.ToolID, inv.Route.ToolVersion)
-	if err != nil {
-		return nil, err
-	}
 	fn, err := x.function(m, inv)
 	if err != nil {
 		return nil, err
@@ -246,9 +258,13 @@ func (x *Executor) Process(ctx context.Context, inv *envelope.Invocation) (_ []s
 	}
 	meter := &kind.Meter{}
 	ctx = kind.WithMeter(ctx, meter)
+	var defaults tools.Defaults
+	if x.Defaults != nil {
+		defaults = x.Defaults(inv.Tenant)
+	}
 	var guard *breaker.Call
 	if x.Breakers != nil {
-		if guard, err = x.Breakers.Acquire(ctx, m); err != nil {
+		if guard, err = x.Breakers.Acquire(ctx, m.WithBreaker(defaults)); err != nil {
 			return nil, err
 		}
 	}
@@ -273,7 +289,7 @@ func (x *Executor) Process(ctx context.Context, inv *envelope.Invocation) (_ []s
 	start := time.Now()
 	// Retry wraps the per-attempt timeout, in failsafe-go's documented order.
 	policies := []failsafe.Policy[json.RawMessage]{}
-	if rp := retryPolicy(m, limit); rp != nil {
+	if rp := retryPolicy(m, m.EffectiveRetry(defaults), limit); rp != nil {
 		policies = append(policies, rp)
 	}
 	policies = append(policies, timeout.New[json.RawMessage](limit))
@@ -452,11 +468,10 @@ func Limit(m *tools.Manifest, req *api.Request) time.Duration {
 // defaultRetryable are the error classes retried when a retry policy names none.
 var defaultRetryable = []string{string(api.Timeout), string(api.ExternalAPIError), string(api.RateLimitExceeded), string(api.DocumentUnavailable)}
 
-// retryPolicy builds the manifest's retry policy: exponential backoff with
-// full jitter, for the error classes it lists. A tool is retried only when it
-// is idempotent or the error proves nothing ran (details.not_started).
-func retryPolicy(m *tools.Manifest, limit time.Duration) failsafe.Policy[json.RawMessage] {
-	p := m.RetryPolicy
+// retryPolicy builds p, the retry policy of m's calls: exponential backoff
+// with full jitter, for the error classes it lists. A tool is retried only
+// when it is idempotent or the error proves nothing ran (details.not_started).
+func retryPolicy(m *tools.Manifest, p *tools.RetryPolicy, limit time.Duration) failsafe.Policy[json.RawMessage] {
 	if p == nil || p.MaxAttempts < 2 {
 		return nil
 	}
