@@ -55,8 +55,13 @@ const (
 	maxWaitSeconds    = 24 * 3600
 	maxCPUMillicores  = 1_024_000 // 1024 cores
 	maxMemoryMB       = 1 << 20   // 1 TiB
-	maxConcurrentRuns = 100_000
+	maxConcurrentRuns = UncountedRuns
 )
+
+// UncountedRuns, the largest concurrent_per_agent, leaves a tool's calls
+// uncounted: two compare-and-swaps on one key per call would cost an agent
+// that fires thousands of them more than any bound this high could save.
+const UncountedRuns = 100_000
 
 // Settings resolve the defaults of each tenant: Tenants[tenant] member by
 // member over Base over SeedDefaults. A nil *Settings is SeedDefaults.

@@ -36,6 +36,9 @@ func (x *Executor) claimAgentRun(ctx context.Context, inv *envelope.Invocation, 
 	}
 	tenant, agent, id := inv.Tenant, inv.Agent(), inv.ID
 	limit := m.ConcurrentPerAgent(x.Defaults(tenant))
+	if limit >= tools.UncountedRuns {
+		return func() {}, nil
+	}
 	held, running, err := x.AgentRuns.ClaimAgentRun(ctx, tenant, agent, id, limit, time.Now(), AgentRunLease)
 	if err != nil {
 		return nil, stages.Transient(err, 0)
