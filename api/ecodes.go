@@ -52,16 +52,16 @@ const (
 	// A warning, never a failure: the call's CPU share could not be
 	// applied on this host.
 	ECPUShareNotApplied = "E3110"
-	ETimeout             = "E3103"
-	EToolFailed          = "E3108"
-	EToolPanicked        = "E3109"
-	EPolicyFailed        = "E3206"
-	EPolicyDenied        = "E3209"
-	EResultSchema        = "E3501"
-	EResultNotJSON       = "E3502"
-	EDeliveryExhausted   = "E3901"
-	EInternal            = "E3902"
-	EPoisonMessage       = "E3903"
+	ETimeout            = "E3103"
+	EToolFailed         = "E3108"
+	EToolPanicked       = "E3109"
+	EPolicyFailed       = "E3206"
+	EPolicyDenied       = "E3209"
+	EResultSchema       = "E3501"
+	EResultNotJSON      = "E3502"
+	EDeliveryExhausted  = "E3901"
+	EInternal           = "E3902"
+	EPoisonMessage      = "E3903"
 	// A re-drive the operator's signed run request does not cover (another
 	// tenant, call or operator, or a decision asked for and not signed),
 	// or that names a dead letter that is not there (docs/redrive.md).

@@ -38,7 +38,7 @@ type Limiter struct {
 	// Defaults, when set, are the tenant's defaults: their rate limit
 	// bounds each agent's calls of a tool whose manifest declares none.
 	Defaults func(tenant string) tools.Defaults
-	Now       func() time.Time
+	Now      func() time.Time
 
 	mu     sync.Mutex
 	leases map[string]*lease
