@@ -493,13 +493,40 @@ func (n *Node) toolSandbox(c StageConfig) (sandbox.Config, error) {
 	}
 	if sb.Mode == sandbox.ModeNone {
 		n.Log.Warn("cli tools run without a sandbox (--sandbox none): limits apply, isolation does not")
+		if sb.CPU == nil && sb.CPUErr == nil {
+			sb.CPU, sb.CPUErr = cpuCgroup(n.Log)
+		}
 		return sb, nil
+	}
+	if sb.CPU == nil && sb.CPUErr == nil { // a configured CPUErr forces none
+		sb.CPU, sb.CPUErr = cpuCgroup(n.Log)
 	}
 	err := sandbox.Available()
 	if err != nil {
 		n.Log.Warn("cli tools will be refused", "err", err)
 	}
 	return sb, err
+}
+
+// cpuDetect finds the cgroup for CPU shares once per process, so that
+// serve says once at start whether they apply.
+var cpuDetect struct {
+	once sync.Once
+	cg   *sandbox.CPUCgroup
+	err  error
+}
+
+// cpuCgroup is where runs' CPU shares are applied, or why they are not.
+func cpuCgroup(log *slog.Logger) (*sandbox.CPUCgroup, error) {
+	cpuDetect.once.Do(func() {
+		cpuDetect.cg, cpuDetect.err = sandbox.DetectCPU()
+		if cpuDetect.err != nil {
+			log.Warn("CPU shares (limits.cpu_millicores, resource_limits.cpu_millicore_limit) are not applied; calls asking for one get warning "+api.ECPUShareNotApplied, "why", cpuDetect.err)
+			return
+		}
+		log.Info("CPU shares are applied through a cgroup per run", "dir", cpuDetect.cg.Dir, "cgroup_v2", cpuDetect.cg.V2)
+	})
+	return cpuDetect.cg, cpuDetect.err
 }
 
 // settings are the defaults of each tenant's calls.

@@ -303,6 +303,7 @@ func (x *Executor) Process(ctx context.Context, inv *envelope.Invocation) (_ []s
 	inv.Metadata.Attempts = int(attempts.Load())
 	inv.Metadata.Model = meter.Model()
 	meter.FillMetadata(&inv.Metadata)
+	inv.Metadata.Warnings = append(inv.Metadata.Warnings, cpuShareWarning(m, inv.Request, meter)...)
 	guard.End(ctx, err, time.Since(start))
 	end := time.Now()
 	inv.Metadata.StartedAt = start.UTC().Format(time.RFC3339Nano)
@@ -463,6 +464,31 @@ func Limit(m *tools.Manifest, req *api.Request) time.Duration {
 		d = min(d, time.Duration(rl.TimeoutSeconds)*time.Second)
 	}
 	return d
+}
+
+// CPUShare is a call's CPU share in millicores: the tool's (500 where its
+// manifest is silent), narrowed (never widened) by the request.
+func CPUShare(m *tools.Manifest, req *api.Request) int64 {
+	c := m.CPUMillicores()
+	if rl := req.ResourceLimits; rl != nil && rl.CPUMillicoreLimit > 0 {
+		c = min(c, int64(rl.CPUMillicoreLimit))
+	}
+	return c
+}
+
+// cpuShareWarning is the warning of a call that asked for a CPU share
+// (its manifest or request names one) that was not applied: never
+// silently ignored. The default share of a silent manifest warns nobody.
+func cpuShareWarning(m *tools.Manifest, req *api.Request, meter *kind.Meter) []string {
+	asked := m.Limits.CPUMillicores > 0 || (req.ResourceLimits != nil && req.ResourceLimits.CPUMillicoreLimit > 0)
+	applied, noted, why := meter.CPUShare()
+	if !asked || applied {
+		return nil
+	}
+	if !noted {
+		why = fmt.Sprintf("%s tools run no process of their own per call", m.Kind)
+	}
+	return []string{fmt.Sprintf("%s: the CPU share of %d millicores was not applied: %s", api.ECPUShareNotApplied, CPUShare(m, req), why)}
 }
 
 // defaultRetryable are the error classes retried when a retry policy names none.
