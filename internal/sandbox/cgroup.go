@@ -132,6 +132,10 @@ var runSeq atomic.Uint64
 type runGroup struct {
 	dir string
 	v2  bool
+	// forker, on v1, ends the thread the run was forked from: it must
+	// outlive the run, whose parent-death signal is tied to that thread.
+	forker chan struct{}
+	moved  chan struct{} // closed once the forking thread has left
 }
 
 // newRun makes the cgroup of one run limited to millicores.
@@ -160,7 +164,8 @@ func (c *CPUCgroup) newRun(millicores int64) (*runGroup, error) {
 
 // start starts cmd inside g, so that nothing it runs is ever outside it:
 // on v2 the kernel clones it there (CLONE_INTO_CGROUP); on v1 it is forked
-// from a thread moved into g first, and that thread ends with the
+// from a thread moved into g first. That thread waits until remove, as the
+// run's parent-death signal is tied to it, and then ends with its
 // goroutine, never returning to the runtime's pool.
 func (g *runGroup) start(cmd *exec.Cmd) error {
 	if g.v2 {
@@ -173,13 +178,21 @@ func (g *runGroup) start(cmd *exec.Cmd) error {
 		return cmd.Start()
 	}
 	errc := make(chan error, 1)
+	g.forker, g.moved = make(chan struct{}), make(chan struct{})
 	go func() {
 		runtime.LockOSThread() // never unlocked: the thread exits with this goroutine
 		if err := os.WriteFile(filepath.Join(g.dir, "tasks"), []byte(strconv.Itoa(unix.Gettid())), 0); err != nil {
+			close(g.moved)
 			errc <- err
 			return
 		}
 		errc <- cmd.Start()
+		<-g.forker
+		// Back to toolgate's own cgroup, so that g can go at once rather
+		// than when the runtime gets round to ending the thread.
+		home := filepath.Dir(filepath.Dir(g.dir))
+		_ = os.WriteFile(filepath.Join(home, "tasks"), []byte(strconv.Itoa(unix.Gettid())), 0)
+		close(g.moved)
 	}()
 	return <-errc
 }
@@ -187,6 +200,13 @@ func (g *runGroup) start(cmd *exec.Cmd) error {
 // remove deletes g once the run's processes are gone (a killed process
 // leaves its cgroup a moment after it is reaped).
 func (g *runGroup) remove() {
+	if g.forker != nil {
+		close(g.forker)
+		select {
+		case <-g.moved:
+		case <-time.After(time.Second):
+		}
+	}
 	for range 50 {
 		if err := os.Remove(g.dir); err == nil || errors.Is(err, os.ErrNotExist) || !errors.Is(err, syscall.EBUSY) {
 			return
