@@ -91,6 +91,7 @@ func detectV1(own []byte) (*CPUCgroup, error) {
 	if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
 		return nil, fmt.Errorf("cgroup v1: toolgate's cgroup %s is not writable: %w", filepath.Dir(dir), err)
 	}
+	sweep(dir)
 	return &CPUCgroup{Dir: dir}, nil
 }
 
@@ -123,6 +124,7 @@ func detectV2(own []byte) (*CPUCgroup, error) {
 	if err := os.WriteFile(filepath.Join(dir, "cgroup.subtree_control"), []byte("+cpu"), 0); err != nil {
 		return nil, fmt.Errorf("cgroup v2: enabling the cpu controller under %s: %w", dir, err)
 	}
+	sweep(dir)
 	return &CPUCgroup{Dir: dir, V2: true}, nil
 }
 
@@ -208,9 +210,37 @@ func (g *runGroup) remove() {
 		}
 	}
 	for range 50 {
-		if err := os.Remove(g.dir); err == nil || errors.Is(err, os.ErrNotExist) || !errors.Is(err, syscall.EBUSY) {
+		if !busy(g.dir) {
 			return
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+	// Still busy: keep trying without holding up the call's result.
+	go func() {
+		for range 300 {
+			time.Sleep(100 * time.Millisecond)
+			if !busy(g.dir) {
+				return
+			}
+		}
+	}()
+}
+
+// busy removes dir and reports whether it is still in use.
+func busy(dir string) bool {
+	err := os.Remove(dir)
+	return err != nil && errors.Is(err, syscall.EBUSY)
+}
+
+// sweep removes the run cgroups under dir left by toolgate processes that
+// are gone (killed before they could remove them).
+func sweep(dir string) {
+	runs, _ := filepath.Glob(filepath.Join(dir, "run-*-*"))
+	for _, r := range runs {
+		pid, err := strconv.Atoi(strings.SplitN(strings.TrimPrefix(filepath.Base(r), "run-"), "-", 2)[0])
+		if err != nil || pid == os.Getpid() || syscall.Kill(pid, 0) == nil {
+			continue
+		}
+		_ = os.Remove(r)
 	}
 }

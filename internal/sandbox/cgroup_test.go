@@ -20,6 +20,20 @@ var burn = []string{"sh", "-c", `end=$(( $(date +%s%N) + 1500000000 )); while [ 
 // afterwards.
 func TestCPUShareApplied(t *testing.T) {
 	cfg := requireSandbox(t)
+	// A run cgroup left by a toolgate that was killed (no such process)
+	// is swept when the next one starts.
+	if cg, err := DetectCPU(); err == nil {
+		stale := filepath.Join(cg.Dir, "run-999999999-1")
+		if err := os.Mkdir(stale, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := DetectCPU(); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := os.Stat(stale); err == nil {
+			t.Fatalf("the stale %s was not swept", stale)
+		}
+	}
 	cg, err := DetectCPU()
 	if err != nil {
 		t.Skipf("no cgroup delegated on this host: %v", err)
