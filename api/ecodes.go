@@ -47,13 +47,18 @@ const (
 	EExecutorUnavailable = "E3101"
 	EResourceLimit       = "E3102" // a sandbox limit was hit: memory, CPU, file size, processes, output
 	ESandboxCrashed      = "E3107" // the sandboxed tool was killed by a signal
-	ETimeout             = "E3103"
-	EToolFailed          = "E3108"
-	EToolPanicked        = "E3109"
-	EPolicyFailed        = "E3206"
-	EPolicyDenied        = "E3209"
-	EResultSchema        = "E3501"
-	EResultNotJSON       = "E3502"
+	// The agent already has as many calls running as it may.
+	EConcurrentLimit = "E3106"
+	// A warning, never a failure: the call's CPU share could not be
+	// applied on this host.
+	ECPUShareNotApplied = "E3110"
+	ETimeout            = "E3103"
+	EToolFailed         = "E3108"
+	EToolPanicked       = "E3109"
+	EPolicyFailed       = "E3206"
+	EPolicyDenied       = "E3209"
+	EResultSchema       = "E3501"
+	EResultNotJSON      = "E3502"
 	// The result lacks a field its output schema requires, and fails it in
 	// no other way.
 	EResultMissingField = "E3506"

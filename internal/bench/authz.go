@@ -158,7 +158,7 @@ func measureAuthz(ctx context.Context, n *node.Node, cred credentials) ([]Cost, 
 	limited := &tools.Manifest{ID: "bench.limited", RateLimit: &tools.RateLimit{Requests: 1_000_000, PerSeconds: 1}}
 	leased := ratelimit.New(n.Store, 8)
 	lease, err := timeIt("rate limit, leased", func(int) error {
-		_, _, err := leased.Allow(ctx, benchTenant, limited)
+		_, _, err := leased.Allow(ctx, benchTenant, "", limited)
 		return err
 	})
 	if err != nil {
@@ -166,7 +166,7 @@ func measureAuthz(ctx context.Context, n *node.Node, cred credentials) ([]Cost, 
 	}
 	single := ratelimit.New(n.Store, 1)
 	each, err := timeIt("rate limit, CAS per call", func(int) error {
-		_, _, err := single.Allow(ctx, benchTenant+"-single", limited)
+		_, _, err := single.Allow(ctx, benchTenant+"-single", "", limited)
 		return err
 	})
 	if err != nil {

@@ -125,7 +125,8 @@ func registerNoops(ctx context.Context, nd *node.Node, ids []string) error {
 	for _, id := range ids {
 		doc := fmt.Sprintf(`{"id":%q,"name":"flat no-op","version":"1.0.0","description":"a no-op among many",`+
 			`"category":"utility","kind":"builtin","builtin":{"function":"noop"},"input_schema":{"type":"object"},`+
-			`"output_schema":{"type":"object"},"safety":{"risk_level":"low","idempotent":true},"limits":{"timeout_ms":1000}}`, id)
+			`"output_schema":{"type":"object"},"safety":{"risk_level":"low","idempotent":true},"limits":{"timeout_ms":1000,"concurrent_per_agent":100000},`+
+			`"rate_limit":{"requests":1000000,"per_seconds":1,"burst":1000000}}`, id)
 		if _, err := nd.Store.RegisterTool(ctx, []byte(doc), true); err != nil {
 			return fmt.Errorf("registering %s: %w", id, err)
 		}

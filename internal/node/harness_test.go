@@ -23,6 +23,7 @@ import (
 	"github.com/toolgate/toolgate/internal/node"
 	"github.com/toolgate/toolgate/internal/seal"
 	"github.com/toolgate/toolgate/internal/token"
+	"github.com/toolgate/toolgate/internal/tools"
 	"github.com/toolgate/toolgate/internal/topology"
 	"github.com/toolgate/toolgate/stages/execute/builtin"
 	"github.com/toolgate/toolgate/stages/execute/kind"
@@ -91,7 +92,20 @@ func (e *env) sealed(c node.StageConfig) node.StageConfig {
 	}
 	c.Sealer = seal.NewSealer(k)
 	c.Seals = seal.NewVerifier(c.Sealer.Public())
+	harnessDefaults(&c)
 	return c
+}
+
+// harnessDefaults declares what this package's tests need where they say
+// nothing: they fire many calls of one agent at once and in quick
+// succession, which the specification's rate limit and count of running
+// calls per agent would refuse. The tests of those defaults set them
+// (TestSeedDefaultLimits).
+func harnessDefaults(c *node.StageConfig) {
+	if c.Defaults == (tools.Defaults{}) {
+		c.Defaults = tools.Defaults{RateLimit: &tools.RateLimit{Requests: 1_000_000, PerSeconds: 1, Burst: 1_000_000},
+			ConcurrentToolsPerAgent: tools.UncountedRuns}
+	}
 }
 
 var releaseOnce sync.Map
@@ -257,6 +271,7 @@ func (e *env) startPipeline(cfg node.Config) *node.Node {
 	if cfg.Stage.Tokens == nil {
 		cfg.Stage.Tokens = testVerifier()
 	}
+	harnessDefaults(&cfg.Stage)
 	nodes := make(chan *node.Node, 1)
 	cfg.Ready = func(_ string, n *node.Node) { nodes <- n }
 	errc := make(chan error, 1)

@@ -397,6 +397,11 @@ type StageConfig struct {
 	MicroCheckpointInterval time.Duration
 	// RateLimits override tools' rate limits per tenant: tenant → tool id.
 	RateLimits map[string]map[string]tools.RateLimit
+	// Defaults replace the specification's defaults (tools.SeedDefaults)
+	// member by member where a manifest is silent; TenantDefaults replace
+	// them per tenant, but for the breaker, which tenants share.
+	Defaults       tools.Defaults
+	TenantDefaults map[string]tools.Defaults
 	// RateLimitLease caps the tokens a route worker leases at once;
 	// default 8.
 	RateLimitLease int
@@ -496,13 +501,45 @@ func (n *Node) toolSandbox(c StageConfig) (sandbox.Config, error) {
 	}
 	if sb.Mode == sandbox.ModeNone {
 		n.Log.Warn("cli tools run without a sandbox (--sandbox none): limits apply, isolation does not")
+		if sb.CPU == nil && sb.CPUErr == nil {
+			sb.CPU, sb.CPUErr = cpuCgroup(n.Log)
+		}
 		return sb, nil
+	}
+	if sb.CPU == nil && sb.CPUErr == nil { // a configured CPUErr forces none
+		sb.CPU, sb.CPUErr = cpuCgroup(n.Log)
 	}
 	err := sandbox.Available()
 	if err != nil {
 		n.Log.Warn("cli tools will be refused", "err", err)
 	}
 	return sb, err
+}
+
+// cpuDetect finds the cgroup for CPU shares once per process, so that
+// serve says once at start whether they apply.
+var cpuDetect struct {
+	once sync.Once
+	cg   *sandbox.CPUCgroup
+	err  error
+}
+
+// cpuCgroup is where runs' CPU shares are applied, or why they are not.
+func cpuCgroup(log *slog.Logger) (*sandbox.CPUCgroup, error) {
+	cpuDetect.once.Do(func() {
+		cpuDetect.cg, cpuDetect.err = sandbox.DetectCPU()
+		if cpuDetect.err != nil {
+			log.Warn("CPU shares (limits.cpu_millicores, resource_limits.cpu_millicore_limit) are not applied; calls asking for one get warning "+api.ECPUShareNotApplied, "why", cpuDetect.err)
+			return
+		}
+		log.Info("CPU shares are applied through a cgroup per run", "dir", cpuDetect.cg.Dir, "cgroup_v2", cpuDetect.cg.V2)
+	})
+	return cpuDetect.cg, cpuDetect.err
+}
+
+// settings are the defaults of each tenant's calls.
+func (c StageConfig) settings() *tools.Settings {
+	return &tools.Settings{Base: c.Defaults, Tenants: c.TenantDefaults}
 }
 
 // NewStage builds the logic of the named stage. ctx bounds its watches;
@@ -525,6 +562,7 @@ func (n *Node) NewStage(ctx context.Context, name string, c StageConfig) (stages
 		})
 		limits := ratelimit.New(n.Store, cmp.Or(c.RateLimitLease, 8))
 		limits.Overrides = c.RateLimits
+		limits.Defaults = c.settings().For
 		r.Limits = limits
 		return r, nil
 	case subjects.Execute:
@@ -556,6 +594,7 @@ func (n *Node) NewStage(ctx context.Context, name string, c StageConfig) (stages
 			x.Quota = execute.NewTenantQuota(c.Concurrency, c.TenantInFlight)
 		}
 		x.MicroInterval = c.MicroCheckpointInterval
+		x.Defaults, x.AgentRuns = c.settings().For, n.Store
 		if c.Seals != nil { // a nil *seal.Verifier would be a non-nil Seals
 			x.Seals = c.Seals
 		}

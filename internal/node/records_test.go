@@ -245,7 +245,7 @@ func erasedCounter(t *testing.T, s *served) {
 	m := &tools.Manifest{ID: fmt.Sprintf("rl-%d", time.Now().UnixNano()), RateLimit: &tools.RateLimit{Requests: 1, PerSeconds: 3600}}
 	allow := func() bool {
 		t.Helper()
-		ok, _, err := ratelimit.New(st, 1).Allow(ctx, "demo", m) // a fresh limiter: no lease held
+		ok, _, err := ratelimit.New(st, 1).Allow(ctx, "demo", "", m) // a fresh limiter: no lease held
 		if err != nil {
 			t.Fatal(err)
 		}

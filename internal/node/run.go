@@ -972,6 +972,14 @@ func loadSafety(c *Config) error {
 		}
 		c.Stage.TenantActions = doc.Tenants
 	}
+	for tenant := range c.Stage.TenantDefaults {
+		if err := subjects.CheckTenant(tenant); err != nil {
+			return fmt.Errorf("tenant defaults: %w", err)
+		}
+	}
+	if err := c.Stage.settings().Check(); err != nil {
+		return err
+	}
 	for tenant := range c.Stage.RateLimits {
 		if err := subjects.CheckTenant(tenant); err != nil {
 			return fmt.Errorf("rate limit overrides: %w", err)

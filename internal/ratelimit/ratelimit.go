@@ -35,7 +35,10 @@ type Limiter struct {
 	LeaseTTL time.Duration
 	// Overrides replace a tool's limit for a tenant: tenant → tool id → limit.
 	Overrides map[string]map[string]tools.RateLimit
-	Now       func() time.Time
+	// Defaults, when set, are the tenant's defaults: their rate limit
+	// bounds each agent's calls of a tool whose manifest declares none.
+	Defaults func(tenant string) tools.Defaults
+	Now      func() time.Time
 
 	mu     sync.Mutex
 	leases map[string]*lease
@@ -60,27 +63,39 @@ func New(store Store, maxLease int) *Limiter {
 		Now: time.Now, leases: map[string]*lease{}}
 }
 
-// Limit returns the limit that applies to tenant's calls of m, if any.
-func (l *Limiter) Limit(tenant string, m *tools.Manifest) (tools.RateLimit, bool) {
+// Limit returns the limit that applies to agent's calls of m in tenant, if
+// any, and the bucket it counts in: the tenant's override for m, else the
+// manifest's, both shared by the tenant's agents; else the tenant's
+// default, one bucket per agent.
+func (l *Limiter) Limit(tenant, agent string, m *tools.Manifest) (lim tools.RateLimit, bucket string, ok bool) {
 	if o, ok := l.Overrides[tenant][m.ID]; ok {
-		return o, true
+		return o, m.ID, true
 	}
-	if m.RateLimit == nil {
-		return tools.RateLimit{}, false
+	if m.RateLimit != nil {
+		return *m.RateLimit, m.ID, true
 	}
-	return *m.RateLimit, true
+	if l.Defaults == nil {
+		return tools.RateLimit{}, "", false
+	}
+	lim, perAgent, ok := m.EffectiveRateLimit(l.Defaults(tenant))
+	if !ok || !perAgent {
+		return lim, m.ID, ok
+	}
+	// The NUL cannot be in a tool id, so an agent's bucket never is
+	// another tool's.
+	return lim, m.ID + "\x00" + agent, true
 }
 
-// Allow spends one token of tenant's bucket for m. When none is left it
-// returns false and how long until one is expected.
-func (l *Limiter) Allow(ctx context.Context, tenant string, m *tools.Manifest) (bool, time.Duration, error) {
-	lim, ok := l.Limit(tenant, m)
+// Allow spends one token of the bucket agent's call of m counts in. When
+// none is left it returns false and how long until one is expected.
+func (l *Limiter) Allow(ctx context.Context, tenant, agent string, m *tools.Manifest) (bool, time.Duration, error) {
+	lim, bucket, ok := l.Limit(tenant, agent, m)
 	if !ok {
 		return true, 0, nil
 	}
 	rate := float64(lim.Requests) / float64(max(1, lim.PerSeconds))
 	burst := float64(max(lim.Burst, lim.Requests))
-	key := tenant + "\x00" + m.ID
+	key := tenant + "\x00" + bucket
 	l.mu.Lock()
 	ls := l.leases[key]
 	if ls == nil {
@@ -104,7 +119,7 @@ func (l *Limiter) Allow(ctx context.Context, tenant string, m *tools.Manifest) (
 	want := int(math.Max(1, math.Min(float64(l.MaxLease), math.Max(burst/10, rate*l.LeaseTTL.Seconds()))))
 	var got int
 	var wait time.Duration
-	_, err := l.store.UpdateBucket(ctx, tenant, m.ID, func(b *kvstore.Bucket, exists bool) error {
+	_, err := l.store.UpdateBucket(ctx, tenant, bucket, func(b *kvstore.Bucket, exists bool) error {
 		var write bool
 		got, wait, write = take(b, exists, rate, burst, want, now)
 		if !write {

@@ -46,7 +46,7 @@ func TestLeasedLimitHoldsAcrossWorkers(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				for time.Now().Before(deadline) {
-					ok, wait, err := l.Allow(context.Background(), "acme", m)
+					ok, wait, err := l.Allow(context.Background(), "acme", "", m)
 					if err != nil {
 						t.Error(err)
 						return
@@ -90,7 +90,7 @@ func TestOverridesAndUnlimited(t *testing.T) {
 	l.Overrides = map[string]map[string]tools.RateLimit{"small": {"t": {Requests: 2, PerSeconds: 3600}}}
 	n := 0
 	for range 10 {
-		if ok, _, err := l.Allow(context.Background(), "small", m); err != nil {
+		if ok, _, err := l.Allow(context.Background(), "small", "", m); err != nil {
 			t.Fatal(err)
 		} else if ok {
 			n++
@@ -101,7 +101,7 @@ func TestOverridesAndUnlimited(t *testing.T) {
 	}
 	free := &tools.Manifest{ID: "free"}
 	for range 50 {
-		if ok, _, _ := l.Allow(context.Background(), "small", free); !ok {
+		if ok, _, _ := l.Allow(context.Background(), "small", "", free); !ok {
 			t.Fatal("a tool without a limit was refused")
 		}
 	}
@@ -118,7 +118,7 @@ func TestLeasesStayBounded(t *testing.T) {
 	m := &tools.Manifest{ID: "t", RateLimit: &tools.RateLimit{Requests: 100, PerSeconds: 1}}
 	allow := func(tenant string) {
 		t.Helper()
-		if ok, _, err := l.Allow(context.Background(), tenant, m); err != nil || !ok {
+		if ok, _, err := l.Allow(context.Background(), tenant, "", m); err != nil || !ok {
 			t.Fatalf("%s: admitted %v, err %v", tenant, ok, err)
 		}
 	}

@@ -51,7 +51,7 @@ const nobody = 65534
 
 // Defaults for limits a manifest leaves unset.
 const (
-	DefaultMemoryMB    = 512
+	DefaultMemoryMB    = 1024 // tools.DefaultMemoryMB, the specification's
 	DefaultPIDs        = 64
 	DefaultOutputBytes = 1 << 20
 	DefaultFileSizeMB  = 64
@@ -72,6 +72,10 @@ type Config struct {
 	// refusing loopback, private and link-local addresses. Tests map names
 	// to local servers with it.
 	EgressDial func(ctx context.Context, network, addr string) (net.Conn, error)
+	// CPU, when set, gives each run with a CPU share a cgroup applying it
+	// (DetectCPU); CPUErr says why there is none.
+	CPU    *CPUCgroup
+	CPUErr error
 }
 
 // Mount is a granted path: Host (absolute) appears at Path in the sandbox.
@@ -123,6 +127,8 @@ type Limits struct {
 	// TmpMB bounds each of the private /tmp and /work, which are memory
 	// (tmpfs); default the memory limit.
 	TmpMB int64
+	// CPUMillicores is the run's CPU share, applied where Config.CPU is.
+	CPUMillicores int64
 }
 
 // Result is what a run produced.
@@ -138,6 +144,8 @@ type Result struct {
 	// NetIn and NetOut are the bytes the run's egress proxy carried from
 	// and to the hosts it reached.
 	NetIn, NetOut int64
+	// CPUShare reports whether Limits.CPUMillicores was applied.
+	CPUShare bool
 }
 
 // Available reports whether bubblewrap can make a sandbox on this host.
@@ -231,7 +239,16 @@ func Run(ctx context.Context, cfg Config, spec Spec) (Result, error) {
 	if err := withSeccomp(cfg, cmd); err != nil {
 		return Result{}, startErr(err)
 	}
-	err = cmd.Start()
+	var group *runGroup
+	if cfg.CPU != nil && lim.CPUMillicores > 0 {
+		if group, err = cfg.CPU.newRun(lim.CPUMillicores); err != nil {
+			return Result{}, startErr(fmt.Errorf("making the run's cgroup: %w", err))
+		}
+		defer group.remove()
+		err = group.start(cmd)
+	} else {
+		err = cmd.Start()
+	}
 	closeExtra(cmd)
 	if err != nil {
 		return Result{}, startErr(err)
@@ -251,7 +268,7 @@ func Run(ctx context.Context, cfg Config, spec Spec) (Result, error) {
 		lines.flush()
 	}
 	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) // anything left in the group
-	res := Result{Stdout: stdout.buf.Bytes(), Stderr: stderr.buf.Bytes(), ExitCode: cmd.ProcessState.ExitCode()}
+	res := Result{Stdout: stdout.buf.Bytes(), Stderr: stderr.buf.Bytes(), ExitCode: cmd.ProcessState.ExitCode(), CPUShare: group != nil}
 	if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
 		res.CPU = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 		res.MaxRSSKB = ru.Maxrss

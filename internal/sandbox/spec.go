@@ -71,6 +71,8 @@ func (cfg Config) Build(r Request) (Spec, error) {
 		OutputBytes: cmp.Or(m.Limits.OutputBytes, d.OutputBytes),
 		FileSizeMB:  cmp.Or(m.Limits.FileSizeMB, d.FileSizeMB),
 		TmpMB:       cmp.Or(m.Limits.TmpMB, d.TmpMB),
+		// The specification's 500 millicores where the manifest is silent.
+		CPUMillicores: m.CPUMillicores(),
 	}
 	return spec, nil
 }

@@ -119,6 +119,9 @@ type Limits struct {
 	CPUSeconds    int64 `json:"cpu_seconds,omitempty"`
 	FileSizeMB    int64 `json:"file_size_mb,omitempty"`
 	TmpMB         int64 `json:"tmp_mb,omitempty"`
+	// ConcurrentPerAgent replaces, for calls of this tool, how many calls
+	// one agent may have running at once (Defaults.ConcurrentToolsPerAgent).
+	ConcurrentPerAgent int64 `json:"concurrent_per_agent,omitempty"`
 }
 
 // Permissions lists the resources a tool needs.
@@ -368,6 +371,9 @@ func parseNative(doc []byte) (*Manifest, error) {
 		if m.hooks, err = hooks.Parse(wrapped, hooks.SourceManifest); err != nil {
 			return nil, err
 		}
+	}
+	if fields := m.checkOverrides(); len(fields) > 0 {
+		return nil, invalid("%s: %s: %s", m.Key(), fields[0].Location, fields[0].Message).WithFields(fields)
 	}
 	if m.Safety.RiskLevel == "" {
 		m.Safety.RiskLevel = "low"

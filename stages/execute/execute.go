@@ -92,7 +92,12 @@ type Executor struct {
 	// MicroInterval spaces the micro checkpoints of tools whose manifest
 	// and request say nothing of it; zero writes every state a tool reports.
 	MicroInterval time.Duration
-	kinds         map[string]Kind
+	// Defaults, when set, are each tenant's defaults where a manifest is
+	// silent: the retry policy of idempotent tools, the breaker, the calls
+	// one agent may run at once (counted in AgentRuns, when set).
+	Defaults  func(tenant string) tools.Defaults
+	AgentRuns AgentRuns
+	kinds     map[string]Kind
 }
 
 // Seals checks that an invocation carries authorize's sealed decision.
@@ -150,15 +155,22 @@ func (x *Executor) Process(ctx context.Context, inv *envelope.Invocation) (_ []s
 			return nil, err
 		}
 	}
+	m, err := x.reg.Resolve(inv.Route.ToolID, inv.Route.ToolVersion)
+	if err != nil {
+		return nil, err
+	}
+	// The agent's slot comes before the tenant's quota: a call refused
+	// for the one takes nothing of the other.
+	endRun, err := x.claimAgentRun(ctx, inv, m)
+	if err != nil {
+		return nil, err
+	}
+	defer endRun()
 	release, err := x.Quota.Acquire(ctx, inv.Tenant)
 	if err != nil {
 		return nil, err
 	}
 	defer release()
-	m, err := x.reg.Resolve(inv.Route.ToolID, inv.Route.ToolVersion)
-	if err != nil {
-		return nil, err
-	}
 	fn, err := x.function(m, inv)
 	if err != nil {
 		return nil, err
@@ -258,9 +270,13 @@ func (x *Executor) Process(ctx context.Context, inv *envelope.Invocation) (_ []s
 	}
 	meter := &kind.Meter{}
 	ctx = kind.WithMeter(ctx, meter)
+	var defaults tools.Defaults
+	if x.Defaults != nil {
+		defaults = x.Defaults(inv.Tenant)
+	}
 	var guard *breaker.Call
 	if x.Breakers != nil {
-		if guard, err = x.Breakers.Acquire(ctx, m); err != nil {
+		if guard, err = x.Breakers.Acquire(ctx, m.WithBreaker(defaults)); err != nil {
 			return nil, err
 		}
 	}
@@ -285,7 +301,7 @@ func (x *Executor) Process(ctx context.Context, inv *envelope.Invocation) (_ []s
 	start := time.Now()
 	// Retry wraps the per-attempt timeout, in failsafe-go's documented order.
 	policies := []failsafe.Policy[json.RawMessage]{}
-	if rp := retryPolicy(m, limit); rp != nil {
+	if rp := retryPolicy(m, m.EffectiveRetry(defaults), limit); rp != nil {
 		policies = append(policies, rp)
 	}
 	policies = append(policies, timeout.New[json.RawMessage](limit))
@@ -299,6 +315,7 @@ func (x *Executor) Process(ctx context.Context, inv *envelope.Invocation) (_ []s
 	inv.Metadata.Attempts = int(attempts.Load())
 	inv.Metadata.Model = meter.Model()
 	meter.FillMetadata(&inv.Metadata)
+	inv.Metadata.Warnings = append(inv.Metadata.Warnings, cpuShareWarning(m, inv.Request, meter)...)
 	guard.End(ctx, err, time.Since(start))
 	end := time.Now()
 	inv.Metadata.StartedAt = start.UTC().Format(time.RFC3339Nano)
@@ -482,14 +499,38 @@ func Limit(m *tools.Manifest, req *api.Request) time.Duration {
 	return d
 }
 
+// CPUShare is a call's CPU share in millicores: the tool's (500 where its
+// manifest is silent), narrowed (never widened) by the request.
+func CPUShare(m *tools.Manifest, req *api.Request) int64 {
+	c := m.CPUMillicores()
+	if rl := req.ResourceLimits; rl != nil && rl.CPUMillicoreLimit > 0 {
+		c = min(c, int64(rl.CPUMillicoreLimit))
+	}
+	return c
+}
+
+// cpuShareWarning is the warning of a call that asked for a CPU share
+// (its manifest or request names one) that was not applied: never
+// silently ignored. The default share of a silent manifest warns nobody.
+func cpuShareWarning(m *tools.Manifest, req *api.Request, meter *kind.Meter) []string {
+	asked := m.Limits.CPUMillicores > 0 || (req.ResourceLimits != nil && req.ResourceLimits.CPUMillicoreLimit > 0)
+	applied, noted, why := meter.CPUShare()
+	if !asked || applied {
+		return nil
+	}
+	if !noted {
+		why = fmt.Sprintf("%s tools run no process of their own per call", m.Kind)
+	}
+	return []string{fmt.Sprintf("%s: the CPU share of %d millicores was not applied: %s", api.ECPUShareNotApplied, CPUShare(m, req), why)}
+}
+
 // defaultRetryable are the error classes retried when a retry policy names none.
 var defaultRetryable = []string{string(api.Timeout), string(api.ExternalAPIError), string(api.RateLimitExceeded), string(api.DocumentUnavailable)}
 
-// retryPolicy builds the manifest's retry policy: exponential backoff with
-// full jitter, for the error classes it lists. A tool is retried only when it
-// is idempotent or the error proves nothing ran (details.not_started).
-func retryPolicy(m *tools.Manifest, limit time.Duration) failsafe.Policy[json.RawMessage] {
-	p := m.RetryPolicy
+// retryPolicy builds p, the retry policy of m's calls: exponential backoff
+// with full jitter, for the error classes it lists. A tool is retried only
+// when it is idempotent or the error proves nothing ran (details.not_started).
+func retryPolicy(m *tools.Manifest, p *tools.RetryPolicy, limit time.Duration) failsafe.Policy[json.RawMessage] {
 	if p == nil || p.MaxAttempts < 2 {
 		return nil
 	}

@@ -14,11 +14,11 @@ import (
 	"github.com/toolgate/toolgate/stages"
 )
 
-// limiter spends one call of a tenant's rate limit for a tool
+// limiter spends one call of an agent's rate limit for a tool
 // (*ratelimit.Limiter): false with how long until one is expected when none
 // is left.
 type limiter interface {
-	Allow(ctx context.Context, tenant string, m *tools.Manifest) (bool, time.Duration, error)
+	Allow(ctx context.Context, tenant, agent string, m *tools.Manifest) (bool, time.Duration, error)
 }
 
 var _ limiter = (*ratelimit.Limiter)(nil)
@@ -73,13 +73,13 @@ func (r *Router) Process(ctx context.Context, inv *envelope.Invocation) ([]stage
 	// A dry run takes no token of the rate limit: it would be a call
 	// counted that never ran.
 	if r.Limits != nil && !req.DryRun() {
-		ok, wait, err := r.Limits.Allow(ctx, inv.Tenant, m)
+		ok, wait, err := r.Limits.Allow(ctx, inv.Tenant, inv.Agent(), m)
 		if err != nil {
 			return nil, stages.Transient(err, 0)
 		}
 		if !ok {
 			return nil, api.NewError(api.RateLimitExceeded, api.ERateLimited,
-				"%s is over its rate limit for tenant %s; retry in %v", m.ID, inv.Tenant, wait.Round(time.Millisecond)).
+				"%s is over its rate limit for tenant %s (agent %s); retry in %v", m.ID, inv.Tenant, inv.Agent(), wait.Round(time.Millisecond)).
 				AsRetryable().WithDetail("retry_after_ms", wait.Milliseconds())
 		}
 	}

@@ -59,6 +59,7 @@ func (k *Kind) Prepare(m *tools.Manifest, inv *envelope.Invocation) (kind.Func, 
 	if rl := inv.Request.ResourceLimits; rl != nil && rl.MemoryMBLimit > 0 && (base.Limits.MemoryMB == 0 || int64(rl.MemoryMBLimit) < base.Limits.MemoryMB) {
 		base.Limits.MemoryMB = int64(rl.MemoryMBLimit) // narrowed, never widened
 	}
+	base.Limits.CPUMillicores = execute.CPUShare(m, inv.Request)
 	return func(ctx context.Context, params json.RawMessage) (json.RawMessage, error) {
 		argv, err := sandbox.Expand(cfg.Command, params, cfg.Operands...)
 		if err != nil {
@@ -122,7 +123,13 @@ func (k *Kind) Prepare(m *tools.Manifest, inv *envelope.Invocation) (kind.Func, 
 			}
 		}
 		res, err := sandbox.Run(ctx, k.Sandbox, spec)
-		kind.MeterFrom(ctx).AddResources(res.CPU, res.MaxRSSKB, spec.Network, res.NetIn, res.NetOut)
+		meter := kind.MeterFrom(ctx)
+		meter.AddResources(res.CPU, res.MaxRSSKB, spec.Network, res.NetIn, res.NetOut)
+		why := "no cgroup delegated to toolgate"
+		if k.Sandbox.CPUErr != nil {
+			why = k.Sandbox.CPUErr.Error()
+		}
+		meter.NoteCPUShare(res.CPUShare, why)
 		if err == nil {
 			err = ctlErr
 		}

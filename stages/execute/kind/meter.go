@@ -16,6 +16,35 @@ type Meter struct {
 	mu    sync.Mutex
 	model *api.ModelUse
 	res   usage
+	// cpuShare: whether a run applied the call's CPU share, and if not,
+	// why (cpuWhy).
+	cpuShare, cpuNoted bool
+	cpuWhy             string
+}
+
+// NoteCPUShare records whether a run of the call applied its CPU share,
+// and why not. One run without it makes the call's share not applied.
+func (m *Meter) NoteCPUShare(applied bool, why string) {
+	if m == nil {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.cpuNoted || !applied {
+		m.cpuShare, m.cpuWhy = applied, why
+	}
+	m.cpuNoted = true
+}
+
+// CPUShare reports whether the call's CPU share was applied; noted is
+// false when no run said (the kind runs no process of its own per call).
+func (m *Meter) CPUShare() (applied, noted bool, why string) {
+	if m == nil {
+		return false, false, ""
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.cpuShare, m.cpuNoted, m.cpuWhy
 }
 
 // usage is what a tool's processes used, where the kind can know it:
