@@ -29,9 +29,12 @@ type outputCase struct {
 	line   int
 }
 
-func readOutputs(t testing.TB) map[string][]outputCase {
+func readOutputs(t testing.TB) map[string][]outputCase { return readCorpus(t, "outputs") }
+
+// readCorpus reads testdata/<dir>/<category>.jsonl.
+func readCorpus(t testing.TB, dir string) map[string][]outputCase {
 	t.Helper()
-	files, err := filepath.Glob(filepath.Join("testdata", "outputs", "*.jsonl"))
+	files, err := filepath.Glob(filepath.Join("testdata", dir, "*.jsonl"))
 	if err != nil || len(files) == 0 {
 		t.Fatalf("no corpus: %v", err)
 	}
@@ -117,8 +120,28 @@ const benignFloor = 0.95
 // reports, per category, the recall on hostile outputs and the share of
 // benign ones passed intact. Run with -v to see the table.
 func TestOutputCorpus(t *testing.T) {
+	checkCorpus(t, readOutputs(t), recallFloors, benignFloor)
+}
+
+// heldOutFloor is the least recall in every hostile category, and the least
+// share intact in every benign one, of testdata/heldout: outputs written
+// from each category's description alone, apart from the rules, and
+// measured before the rules were changed for them (docs/safety.md).
+const heldOutFloor = 0.95
+
+// TestHeldOutCorpus runs the held-out outputs as TestOutputCorpus runs its
+// own. Run with -v to see the table.
+func TestHeldOutCorpus(t *testing.T) {
+	cats := readCorpus(t, "heldout")
+	floors := map[string]float64{}
+	for k := range cats {
+		floors[k] = heldOutFloor
+	}
+	checkCorpus(t, cats, floors, heldOutFloor)
+}
+
+func checkCorpus(t *testing.T, cats map[string][]outputCase, floors map[string]float64, benignFloor float64) {
 	v, _ := setup(t, Config{})
-	cats := readOutputs(t)
 	names := make([]string, 0, len(cats))
 	for k := range cats {
 		names = append(names, k)
@@ -146,7 +169,7 @@ func TestOutputCorpus(t *testing.T) {
 		}
 		hostile, caught, benign, intact = hostile+h, caught+hc, benign+b, intact+bi
 		t.Logf("%-22s recall %s  benign intact %s", cat, ratio(hc, h), ratio(bi, b))
-		if fl, ok := recallFloors[cat]; h > 0 && (!ok || float64(hc)/float64(h) < fl) {
+		if fl, ok := floors[cat]; h > 0 && (!ok || float64(hc)/float64(h) < fl) {
 			t.Errorf("%s: recall %s below its floor %.2f", cat, ratio(hc, h), fl)
 		}
 		if b > 0 && float64(bi)/float64(b) < benignFloor {
