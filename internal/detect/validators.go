@@ -26,6 +26,7 @@ var validators = map[string]func(string) bool{
 	"ca_sin":            caSIN,
 	"phone_national":    phoneNational,
 	"entropy":           entropy,
+	"assigned_value":    assignedValue,
 	"de_tax_id":         deTaxID,
 }
 
@@ -327,6 +328,45 @@ func entropy(s string) bool {
 	}
 	v = strings.Trim(v, "\"' ")
 	return randomLooking(v, 8)
+}
+
+// assignedValue confirms the value at the end of an assignment, whatever
+// the operator (`=`, `:`, `,` of a property call, `>` of an XML element),
+// looks generated: letters and digits mixed, or a long run of digits.
+func assignedValue(s string) bool {
+	v := strings.TrimRight(s, "\"'\x60 ")
+	if i := strings.LastIndexAny(v, " \t\n\"'\x60>,"); i >= 0 {
+		v = v[i+1:]
+	}
+	// An unquoted name=value without blanks: the value follows the name.
+	if i := strings.Index(asciiLower(v), "token"); i >= 0 {
+		if j := strings.IndexAny(v[i:], "=:"); j >= 0 {
+			v = strings.TrimLeft(v[i+j:], "=:")
+		}
+	}
+	if d := digits(v); len(d) == len(v) && len(v) >= 16 {
+		return !allSame(v)
+	}
+	return randomLooking(v, 8) || mixedCase(v, 12)
+}
+
+// mixedCase reports whether s, of at least n bytes, mixes upper- and
+// lower-case letters as generated text does (upper case a fifth of the
+// letters or more), not as a camel-case name does.
+func mixedCase(s string, n int) bool {
+	if len(s) < n {
+		return false
+	}
+	var upper, lower int
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c >= 'A' && c <= 'Z':
+			upper++
+		case c >= 'a' && c <= 'z':
+			lower++
+		}
+	}
+	return upper*5 >= upper+lower && lower*5 >= upper+lower && shannon(s) >= 3
 }
 
 // deTaxID checks the ISO 7064 MOD 11,10 digit of a German Steuer-ID.
