@@ -184,6 +184,7 @@ func notNear(s string, at int, key string, words []string) bool {
 var discussionCues = []string{
 	"injection", "attack", "jailbreak", "malicious", "adversar", "owasp", "for example", "e.g.",
 	"such as", "classifier", "defen", "mitigat", "payload", "phrases", "markers", "exploit",
+	"untrusted", "risky", "dangerous", "safeguard", "webshell", "yara", "detection rule",
 }
 
 // discussed reports whether the match at is quoted (inside backticks or

@@ -32,10 +32,14 @@ const (
 	CommandInjection Detector = "command_injection"
 	PathTraversal    Detector = "path_traversal"
 	XSS              Detector = "xss"
+	// MaliciousCode finds code a tool's output hands the agent to run that
+	// harms the host: piping a download to a shell, wiping the file
+	// system, reverse shells, eval of decoded text (seed 000 §3.6).
+	MaliciousCode Detector = "malicious_code"
 )
 
 // All lists every detector.
-var All = []Detector{Secrets, PII, PromptInjection, SQLInjection, CommandInjection, PathTraversal, XSS}
+var All = []Detector{Secrets, PII, PromptInjection, SQLInjection, CommandInjection, PathTraversal, XSS, MaliciousCode}
 
 // Finding is one match of one rule.
 type Finding struct {

@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/detect"
 	"github.com/toolgate/toolgate/internal/envelope"
 )
 
@@ -120,7 +121,7 @@ const benignFloor = 0.95
 // reports, per category, the recall on hostile outputs and the share of
 // benign ones passed intact. Run with -v to see the table.
 func TestOutputCorpus(t *testing.T) {
-	checkCorpus(t, readOutputs(t), recallFloors, benignFloor)
+	checkCorpus(t, readOutputs(t), recallFloors, benignFloor, false)
 }
 
 // heldOutFloor is the least recall in every hostile category, and the least
@@ -137,10 +138,16 @@ func TestHeldOutCorpus(t *testing.T) {
 	for k := range cats {
 		floors[k] = heldOutFloor
 	}
-	checkCorpus(t, cats, floors, heldOutFloor)
+	checkCorpus(t, cats, floors, heldOutFloor, true)
 }
 
-func checkCorpus(t *testing.T, cats map[string][]outputCase, floors map[string]float64, benignFloor float64) {
+// checkCorpus runs cats through the verify stage with the default policy
+// and holds each category to its floors. With unflagged, a benign output
+// is intact only if malicious_code did not fire on it either: its flag
+// changes nothing the caller sees but still calls a benign output hostile.
+// (The input detectors' flags on outputs, sql and shell syntax in any
+// code, are not counted.)
+func checkCorpus(t *testing.T, cats map[string][]outputCase, floors map[string]float64, benignFloor float64, unflagged bool) {
 	v, _ := setup(t, Config{})
 	names := make([]string, 0, len(cats))
 	for k := range cats {
@@ -152,6 +159,15 @@ func checkCorpus(t *testing.T, cats map[string][]outputCase, floors map[string]f
 		var h, hc, b, bi int
 		for _, c := range cats[cat] {
 			ok, why := outcome(t, v, c)
+			if unflagged && ok && c.Want == "" {
+				inv := invoke(string(c.Result))
+				_, _ = v.Process(context.Background(), inv)
+				for _, f := range inv.Findings {
+					if f.Detector == string(detect.MaliciousCode) {
+						ok, why = false, "flagged "+f.Rule
+					}
+				}
+			}
 			if c.Want != "" {
 				h++
 				if ok {

@@ -36,6 +36,9 @@ var DefaultActions = map[detect.Detector]string{
 	detect.SQLInjection:     ActionFlag,
 	detect.CommandInjection: ActionFlag,
 	detect.XSS:              ActionEscape,
+	// Flagged, not withheld: install instructions fetched by an agent
+	// pipe downloads to a shell too; a manifest may reject.
+	detect.MaliciousCode: ActionFlag,
 }
 
 // DefaultMaxResultBytes bounds results whose manifest sets no limit.
@@ -58,6 +61,7 @@ var rejectCodes = map[detect.Detector]string{
 	detect.SQLInjection:     api.EOutputSQL,
 	detect.CommandInjection: api.EOutputCommand,
 	detect.XSS:              api.EOutputXSS,
+	detect.MaliciousCode:    api.EOutputMaliciousCode,
 }
 
 // Config configures the verify stage.
