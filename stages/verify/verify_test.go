@@ -138,3 +138,28 @@ func TestMaliciousCodeByManifest(t *testing.T) {
 		t.Fatalf("reject: err %v", err)
 	}
 }
+
+// Only the published sample keys pass as samples: a real key that happens
+// to hold the word EXAMPLE is still a key.
+func TestExampleMarkerExactOnly(t *testing.T) {
+	v, _ := setup(t, Config{})
+	for _, leak := range []string{
+		`{"text":"aws_access_key_id = AKIAZ7Q2EXAMPLE4K3MN"}`,
+		`{"aws_secret_access_key":"kP9xEXAMPLEq4Lw0pZt4Vb7Nc1Md5Fh3Jg6Hs2A"}`,
+		`{"config":{"password":"Tr0ub4dor-EXAMPLE-x9q"}}`,
+	} {
+		inv := invoke(leak)
+		if _, err := v.Process(context.Background(), inv); err != nil || !strings.Contains(string(inv.Result), "REDACTED") {
+			t.Errorf("%s: passed as %s (%v)", leak, inv.Result, err)
+		}
+	}
+	for _, sample := range []string{
+		`{"text":"aws_access_key_id = AKIAIOSFODNN7EXAMPLE"}`,
+		`{"aws_secret_access_key":"wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"}`,
+	} {
+		inv := invoke(sample)
+		if _, err := v.Process(context.Background(), inv); err != nil || string(inv.Result) != sample {
+			t.Errorf("%s: changed to %s (%v)", sample, inv.Result, err)
+		}
+	}
+}
