@@ -27,6 +27,8 @@ var validators = map[string]func(string) bool{
 	"phone_national":    phoneNational,
 	"entropy":           entropy,
 	"assigned_value":    assignedValue,
+	"mrz":               mrz,
+	"cn_resident_id":    cnResidentID,
 	"de_tax_id":         deTaxID,
 }
 
@@ -367,6 +369,44 @@ func mixedCase(s string, n int) bool {
 		}
 	}
 	return upper*5 >= upper+lower && lower*5 >= upper+lower && shannon(s) >= 3
+}
+
+// mrz checks the check digits of a passport's machine-readable second line
+// (ICAO 9303, weights 7, 3, 1): document number, birth date, expiry and
+// the composite.
+func mrz(s string) bool {
+	if len(s) != 44 {
+		return false
+	}
+	check := func(field string, digit byte) bool {
+		sum := 0
+		for i := 0; i < len(field); i++ {
+			v := 0
+			switch c := field[i]; {
+			case c >= '0' && c <= '9':
+				v = int(c - '0')
+			case c >= 'A' && c <= 'Z':
+				v = int(c-'A') + 10
+			}
+			sum += v * [3]int{7, 3, 1}[i%3]
+		}
+		return digit == '<' && sum%10 == 0 || int(digit-'0') == sum%10
+	}
+	return check(s[0:9], s[9]) && check(s[13:19], s[19]) && check(s[21:27], s[27]) &&
+		check(s[0:10]+s[13:20]+s[21:43], s[43])
+}
+
+// cnResidentID checks the ISO 7064 MOD 11-2 check character of a Chinese
+// resident identity card number.
+func cnResidentID(s string) bool {
+	if len(s) != 18 {
+		return false
+	}
+	sum := 0
+	for i := range 17 {
+		sum += int(s[i]-'0') * [17]int{7, 9, 10, 5, 8, 4, 2, 1, 6, 3, 7, 9, 10, 5, 8, 4, 2}[i]
+	}
+	return strings.ToUpper(s[17:]) == string("10X98765432"[sum%11])
 }
 
 // deTaxID checks the ISO 7064 MOD 11,10 digit of a German Steuer-ID.
