@@ -256,6 +256,11 @@ func (e *Engine) sub(keep func(*compiled) bool) *Engine {
 	if len(s.all) == 0 {
 		return nil
 	}
+	if keep(&compiled{Rule: Rule{Joined: true}}) {
+		// Joined parts are read in the shapes too: literals written one
+		// after another across items ("ghp_…" "…") join there.
+		s.shapes = s.sub(func(c *compiled) bool { return c.Transformed && c.Joined })
+	}
 	s.buildTrie()
 	return s
 }
@@ -275,6 +280,11 @@ func (e *Engine) Strict() *Engine {
 	if e.joiner != nil {
 		j := *e.joiner
 		j.allow = nil
+		if j.shapes != nil {
+			js := *j.shapes
+			js.allow = nil
+			j.shapes = &js
+		}
 		s.joiner = &j
 	}
 	return &s
