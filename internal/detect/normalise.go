@@ -236,7 +236,18 @@ func shapeForms(s string, hints uint8) []form {
 	}
 	if hints&hintPlain != 0 || spacedRun(s) {
 		out = append(out, removeBytes(s, func(i int) int {
-			if s[i] == ' ' && shortGroup(s, i, ' ') || s[i] == '-' && (singles(s, i) || shortGroup(s, i, '-')) {
+			if s[i] == ' ' && shortGroup(s, i, ' ') || s[i] == '-' && singles(s, i) {
+				return 1
+			}
+			return 0
+		}))
+	}
+	if hints&hintPlain != 0 && strings.Contains(s, "-") {
+		// Groups joined by dashes ("ghp_-8rES-Qed…"), a form of its own:
+		// removing them beside the blanks would also take the dashes of
+		// "sk-proj-" spelled in groups.
+		out = append(out, removeBytes(s, func(i int) int {
+			if s[i] == '-' && shortGroup(s, i, '-') {
 				return 1
 			}
 			return 0
