@@ -80,6 +80,7 @@ const (
 	// (a download piped to a shell, rm -rf /, a reverse shell), where the
 	// manifest's action for malicious_code is reject.
 	EOutputMaliciousCode = "E3858"
+	EOutputTooDeep       = "E3859" // a result nested deeper than verify.MaxResultDepth
 )
 
 // Capability token, policy and approval codes. E3201-E3208 follow the
