@@ -59,8 +59,10 @@ func TestHostileShapes(t *testing.T) {
 			used := cpuTime() - start
 			kib := float64(len(c.result)) / 1024
 			t.Logf("%d bytes: %.1f µs/KiB of CPU", len(c.result), float64(used.Microseconds())/kib)
-			if used > time.Duration(float64(c.perKiB)*kib) {
-				t.Errorf("%v of CPU for %.0f KiB, over %v a KiB", used, kib, c.perKiB)
+			// A fixed allowance covers the per-call work a small result
+			// is mostly made of.
+			if bound := 20*time.Millisecond + time.Duration(float64(c.perKiB)*kib); used > bound && !raceEnabled {
+				t.Errorf("%v of CPU for %.0f KiB, over %v", used, kib, bound)
 			}
 		})
 	}
@@ -75,7 +77,7 @@ func TestHostileShapes(t *testing.T) {
 		if refused == strings.HasPrefix(deep, `{"s"`) {
 			t.Errorf("%.20s…: %v", deep, err)
 		}
-		if used := cpuTime() - start; used > time.Second {
+		if used := cpuTime() - start; used > time.Second && !raceEnabled {
 			t.Errorf("%.20s…: %v of CPU", deep, used)
 		}
 	}
