@@ -90,6 +90,11 @@ const (
 	EOutputInjection  = "E3511"
 	EOutputTooLarge   = "E3512"
 	EResultUnsendable = "E3513" // the verified result would not fit in one message of the server
+	// EOutputMaliciousCode: code for the agent to run that harms the host
+	// (a download piped to a shell, rm -rf /, a reverse shell), where the
+	// manifest's action for malicious_code is reject.
+	EOutputMaliciousCode = "E3858"
+	EOutputTooDeep       = "E3859" // a result nested deeper than verify.MaxResultDepth
 )
 
 // Capability token, policy and approval codes. E3201-E3208 follow the

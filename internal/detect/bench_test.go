@@ -24,6 +24,17 @@ func benchInputs() map[string]string {
 		"hex-like":          fill("deadbeef"),
 		"percent":           fill("%2e%2e%2f"),
 		"markdown links":    fill("![x](https://e.example/?q=abc) "),
+		// Against the split, labelled-line, escape, token-name, e-mail,
+		// MRZ and code rules and forms.
+		"html":              fill(`<div class="a"><<x>></div> `),
+		"token assignments": fill("xToken = abcdefgh1 "),
+		"dash groups":       fill("ghp_-ab1-"),
+		"quoted pieces":     fill(`"ab1" "cd2" + `),
+		"labelled lines":    fill("token part: ab1\n"),
+		"escapes":           fill(`\u0041\x42`),
+		"spelled e-mails":   fill("a.b at c dot "),
+		"download pipes":    fill("curl x | "),
+		"dates of birth":    fill("DOB 01/02/1990 "),
 	}
 }
 

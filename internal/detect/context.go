@@ -184,6 +184,7 @@ func notNear(s string, at int, key string, words []string) bool {
 var discussionCues = []string{
 	"injection", "attack", "jailbreak", "malicious", "adversar", "owasp", "for example", "e.g.",
 	"such as", "classifier", "defen", "mitigat", "payload", "phrases", "markers", "exploit",
+	"untrusted", "risky", "dangerous", "safeguard", "webshell", "yara", "detection rule",
 }
 
 // discussed reports whether the match at is quoted (inside backticks or
@@ -221,7 +222,7 @@ var placeholders = regexp.MustCompile(`(?i)^(?:\s*|[*x.#-]+|<[^<>]*>|\$\{[^{}]*\
 	`(?:env|vault|secret|ssm|op|keyvault|gcp-secret|aws-secret)s?:[A-Za-z0-9_/.:-]*|` +
 	`changeme|change_me|replace_?me|placeholder|redacted|\[redacted[^\]]*\]|none|null|nil|undefined|todo|tbd|` +
 	`your[_ -].*|(?:my|some|example|sample|dummy|fake|test)[_ -]?(?:password|secret|token|key|api[_ -]?key)?|` +
-	`password|secret|token|true|false|[0-9]{1,6}|.*EXAMPLE.*)$`)
+	`password|secret|token|true|false|[0-9]{1,6})$`)
 
 // placeholder reports whether a credential-named member's value is a
 // placeholder, or allowed by the secrets allow-list.

@@ -32,10 +32,14 @@ const (
 	CommandInjection Detector = "command_injection"
 	PathTraversal    Detector = "path_traversal"
 	XSS              Detector = "xss"
+	// MaliciousCode finds code a tool's output hands the agent to run that
+	// harms the host: piping a download to a shell, wiping the file
+	// system, reverse shells, eval of decoded text (seed 000 §3.6).
+	MaliciousCode Detector = "malicious_code"
 )
 
 // All lists every detector.
-var All = []Detector{Secrets, PII, PromptInjection, SQLInjection, CommandInjection, PathTraversal, XSS}
+var All = []Detector{Secrets, PII, PromptInjection, SQLInjection, CommandInjection, PathTraversal, XSS, MaliciousCode}
 
 // Finding is one match of one rule.
 type Finding struct {
@@ -252,6 +256,11 @@ func (e *Engine) sub(keep func(*compiled) bool) *Engine {
 	if len(s.all) == 0 {
 		return nil
 	}
+	if keep(&compiled{Rule: Rule{Joined: true}}) {
+		// Joined parts are read in the shapes too: literals written one
+		// after another across items ("ghp_…" "…") join there.
+		s.shapes = s.sub(func(c *compiled) bool { return c.Transformed && c.Joined })
+	}
 	s.buildTrie()
 	return s
 }
@@ -271,6 +280,11 @@ func (e *Engine) Strict() *Engine {
 	if e.joiner != nil {
 		j := *e.joiner
 		j.allow = nil
+		if j.shapes != nil {
+			js := *j.shapes
+			js.allow = nil
+			j.shapes = &js
+		}
 		s.joiner = &j
 	}
 	return &s

@@ -394,12 +394,19 @@ func TestOptionInjection(t *testing.T) {
 // inside the original.
 func FuzzDecodeForms(f *testing.F) {
 	for _, s := range []string{`\x41\x4b\x49\x41`, `[104, 105, 0x41, 66, 67, 68, 69, 70]`, `fromCharCode(115,107,95,108,105,118,101,95)`,
-		`\u0067\u0068\u0070\u005f`, "A K I A 2 E 0 A", "g-h-p-_-N-a-y", "line\\\nnext\r\n  more", "Z2hwXzEyMzQ1Njc4OTBhYmNkZWY="} {
+		`\u0067\u0068\u0070\u005f`, "A K I A 2 E 0 A", "g-h-p-_-N-a-y", "line\\\nnext\r\n  more", "Z2hwXzEyMzQ1Njc4OTBhYmNkZWY=",
+		// Literals one after another, labelled lines, dash groups, escapes
+		// among plain text.
+		"KEY=\"ghp_8rESQedUStPK\" \\\n\"R0CsTy4Qwb8Dwk\"", `t = ("ghp_8rES" + 'x' "QedU")`, "token part 1/2: ghp_8rES\ntoken part 2/2: QedUSt\n:\n",
+		"ghp_-8rES-QedU-StPK-", `\u0073\u006b-plain\x5f`, `"`, `" "`, "a:\n:"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
 		if d := decodeEscapes(s); len(d) > maxDecoded+len(s) {
 			t.Fatalf("decoded %d bytes from %d", len(d), len(s))
+		}
+		if u := unescape(s); len(u) > len(s) {
+			t.Fatalf("unescaped %d bytes into %d", len(s), len(u))
 		}
 		if n, ok := normalise(s); ok {
 			for _, v := range n {
@@ -426,7 +433,9 @@ func FuzzDecodeForms(f *testing.F) {
 // and no finding's path repeats a secret a member name holds.
 func FuzzScanJSON(f *testing.F) {
 	for _, s := range []string{`{"a":"b"}`, `{"ghp_8rESQedUStPKR0CsTy4Qwb8DwkNhFdnXsiVp":{"x":1}}`, `{"key_part_1":"ghp_8rESQedUStPKR0Cs","key_part_2":"Ty4Qwb8DwkNhFdnXsiVp"}`,
-		`[103,104,112,95,56,114,69,83,81,101,100,85,83,116]`, `{"tokens":{"a1b2c3d4e5f6a7b8c9d0":"x"}}`, `{"lines":["-----BEGIN PRIVATE KEY-----","MIIE","-----END PRIVATE KEY-----"]}`} {
+		`[103,104,112,95,56,114,69,83,81,101,100,85,83,116]`, `{"tokens":{"a1b2c3d4e5f6a7b8c9d0":"x"}}`, `{"lines":["-----BEGIN PRIVATE KEY-----","MIIE","-----END PRIVATE KEY-----"]}`,
+		`{"a":"-----BEGIN RSA PRIVATE KEY-----","b":"MIIEow","c":"-----END RSA PRIVATE KEY-----"}`,
+		`{"lines":["t = (","  \"ghp_8rESQedUStPKR0Cs\"","  \"Ty4Qwb8DwkNhFdnXsiVp\"",")"]}`} {
 		f.Add(s)
 	}
 	e := Default()

@@ -45,8 +45,32 @@ func normalise(s string) ([]string, bool) {
 	}
 	if d := decodeEscapes(s); d != "" {
 		out = append(out, d)
+		// The escapes decoded in place too: a secret half escaped, half
+		// plain is read whole.
+		if u := unescape(s); u != d {
+			out = append(out, u)
+		}
 	}
 	return out, len(out) > 0
+}
+
+// unescape returns s with its \xHH and \u00HH escapes decoded in place.
+func unescape(s string) string {
+	b := make([]byte, 0, len(s))
+	for i := 0; i < len(s); {
+		switch {
+		case i+3 < len(s) && s[i] == '\\' && (s[i+1] == 'x' || s[i+1] == 'X') && isHex(s[i+2]) && isHex(s[i+3]):
+			b = append(b, unhex(s[i+2])<<4|unhex(s[i+3]))
+			i += 4
+		case i+5 < len(s) && s[i] == '\\' && s[i+1] == 'u' && s[i+2] == '0' && s[i+3] == '0' && isHex(s[i+4]) && isHex(s[i+5]):
+			b = append(b, unhex(s[i+4])<<4|unhex(s[i+5]))
+			i += 6
+		default:
+			b = append(b, s[i])
+			i++
+		}
+	}
+	return string(b)
 }
 
 // decodeEscapes returns the text spelled by the runs of \xHH escapes and
@@ -191,15 +215,17 @@ func shapeForms(s string, hints uint8) []form {
 		slices.Reverse(b)
 		out = append(out, form{s: string(b), reversed: true, n: len(s)})
 	}
-	if hints&hintPlain != 0 && strings.ContainsAny(s, "\n\r") {
+	if hints&hintPlain != 0 && strings.ContainsAny(s, "\n\r\"'") {
 		out = append(out, removeBytes(s, func(i int) int {
 			switch s[i] {
+			case '"', '\'':
+				return adjacentLiterals(s, i)
 			case '\n', '\r':
 				j := i + 1
 				for j < len(s) && (s[j] == ' ' || s[j] == '\t') {
 					j++
 				}
-				return j - i
+				return j - i + sameLabel(s, i, j)
 			case '\\':
 				if i+1 < len(s) && (s[i+1] == '\n' || s[i+1] == '\r') {
 					return 1
@@ -210,7 +236,18 @@ func shapeForms(s string, hints uint8) []form {
 	}
 	if hints&hintPlain != 0 || spacedRun(s) {
 		out = append(out, removeBytes(s, func(i int) int {
-			if s[i] == ' ' && shortGroup(s, i) || s[i] == '-' && singles(s, i) {
+			if s[i] == ' ' && shortGroup(s, i, ' ') || s[i] == '-' && singles(s, i) {
+				return 1
+			}
+			return 0
+		}))
+	}
+	if hints&hintPlain != 0 && strings.Contains(s, "-") {
+		// Groups joined by dashes ("ghp_-8rES-Qed…"), a form of its own:
+		// removing them beside the blanks would also take the dashes of
+		// "sk-proj-" spelled in groups.
+		out = append(out, removeBytes(s, func(i int) int {
+			if s[i] == '-' && shortGroup(s, i, '-') {
 				return 1
 			}
 			return 0
@@ -265,18 +302,81 @@ func spacedRun(s string) bool {
 	return false
 }
 
-// shortGroup reports whether the blank at i separates two groups of at
-// most four non-blank bytes, as a spaced or grouped secret is written.
-func shortGroup(s string, i int) bool {
+// shortGroup reports whether the separator sep at i separates two groups
+// of at most four other bytes, as a spaced or grouped secret is written
+// ("ghp_ 8rES Qed…", "ghp_-8rES-Qed…").
+func shortGroup(s string, i int, sep byte) bool {
 	l := i
-	for l > 0 && s[l-1] != ' ' && i-l <= 4 {
+	for l > 0 && s[l-1] != sep && s[l-1] != ' ' && i-l <= 4 {
 		l--
 	}
 	r := i + 1
-	for r < len(s) && s[r] != ' ' && r-i-1 <= 4 {
+	for r < len(s) && s[r] != sep && s[r] != ' ' && r-i-1 <= 4 {
 		r++
 	}
 	return i-l >= 1 && i-l <= 4 && r-i-1 >= 1 && r-i-1 <= 4
+}
+
+// sameLabel returns the length of the label that begins the line at j
+// ("token part 2/2: "), when the line ending at i began with the same one
+// but for its digits: pieces of one value written a line each, each
+// labelled, are read whole without their labels.
+func sameLabel(s string, i, j int) int {
+	label := func(from int) (string, int) {
+		for k := from; k < len(s) && k-from <= 40 && s[k] != '\n'; k++ {
+			if s[k] == ':' {
+				n := k + 1
+				for n < len(s) && s[n] == ' ' {
+					n++
+				}
+				return strings.Map(func(r rune) rune {
+					if r >= '0' && r <= '9' || r == '/' {
+						return -1
+					}
+					return r
+				}, s[from:k]), n - from
+			}
+		}
+		return "", 0
+	}
+	next, n := label(j)
+	if next == "" || strings.TrimSpace(next) == "" {
+		return 0
+	}
+	prev := strings.LastIndexByte(s[:i], '\n') + 1
+	for prev < i && (s[prev] == ' ' || s[prev] == '\t') {
+		prev++
+	}
+	if p, _ := label(prev); p != next {
+		return 0
+	}
+	return n
+}
+
+// adjacentLiterals returns how many bytes from the quote at i join two
+// string literals written one after the other ("abc" "def", "abc" +
+// "def", "abc" \ and a line break, then "def"): a value split across
+// literals is read whole once they go. 0 if the quote does not close a
+// literal continued so.
+func adjacentLiterals(s string, i int) int {
+	q := s[i]
+	if i == 0 || s[i-1] == ' ' || s[i-1] == q {
+		return 0
+	}
+	j := i + 1
+	for j < len(s) && j-i < 16 {
+		switch s[j] {
+		case ' ', '\t', '\n', '\r', '\\', '+', '.', '&':
+			j++
+			continue
+		case q:
+			if j > i+1 {
+				return j - i + 1
+			}
+		}
+		break
+	}
+	return 0
 }
 
 // removeBytes returns s without the bytes drop says to skip at each place,

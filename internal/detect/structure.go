@@ -301,7 +301,10 @@ type part struct {
 func partOf(v any, inArray bool) (string, bool) {
 	switch t := v.(type) {
 	case string:
-		return t, len(t) <= maxPart && (inArray || len(t) <= 24 || !strings.ContainsAny(t, " \t\n\r"))
+		// A PEM block's boundary lines are pieces of the block they open
+		// or close, whatever their blanks.
+		pem := strings.HasPrefix(t, "-----BEGIN ") || strings.HasPrefix(t, "-----END ")
+		return t, len(t) <= maxPart && (inArray || pem || len(t) <= 24 || !strings.ContainsAny(t, " \t\n\r"))
 	case map[string]any:
 		if len(t) != 1 {
 			return "", false

@@ -26,6 +26,9 @@ var validators = map[string]func(string) bool{
 	"ca_sin":            caSIN,
 	"phone_national":    phoneNational,
 	"entropy":           entropy,
+	"assigned_value":    assignedValue,
+	"mrz":               mrz,
+	"cn_resident_id":    cnResidentID,
 	"de_tax_id":         deTaxID,
 }
 
@@ -327,6 +330,83 @@ func entropy(s string) bool {
 	}
 	v = strings.Trim(v, "\"' ")
 	return randomLooking(v, 8)
+}
+
+// assignedValue confirms the value at the end of an assignment, whatever
+// the operator (`=`, `:`, `,` of a property call, `>` of an XML element),
+// looks generated: letters and digits mixed, or a long run of digits.
+func assignedValue(s string) bool {
+	v := strings.TrimRight(s, "\"'\x60 ")
+	if i := strings.LastIndexAny(v, " \t\n\"'\x60>,"); i >= 0 {
+		v = v[i+1:]
+	}
+	// An unquoted name=value without blanks: the value follows the name.
+	if i := strings.Index(asciiLower(v), "token"); i >= 0 {
+		if j := strings.IndexAny(v[i:], "=:"); j >= 0 {
+			v = strings.TrimLeft(v[i+j:], "=:")
+		}
+	}
+	if d := digits(v); len(d) == len(v) && len(v) >= 16 {
+		return !allSame(v)
+	}
+	return randomLooking(v, 8) || mixedCase(v, 12)
+}
+
+// mixedCase reports whether s, of at least n bytes, mixes upper- and
+// lower-case letters as generated text does (upper case a fifth of the
+// letters or more), not as a camel-case name does.
+func mixedCase(s string, n int) bool {
+	if len(s) < n {
+		return false
+	}
+	var upper, lower int
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c >= 'A' && c <= 'Z':
+			upper++
+		case c >= 'a' && c <= 'z':
+			lower++
+		}
+	}
+	return upper*5 >= upper+lower && lower*5 >= upper+lower && shannon(s) >= 3
+}
+
+// mrz checks the check digits of a passport's machine-readable second line
+// (ICAO 9303, weights 7, 3, 1): document number, birth date, expiry and
+// the composite.
+func mrz(s string) bool {
+	if len(s) != 44 {
+		return false
+	}
+	check := func(field string, digit byte) bool {
+		sum := 0
+		for i := 0; i < len(field); i++ {
+			v := 0
+			switch c := field[i]; {
+			case c >= '0' && c <= '9':
+				v = int(c - '0')
+			case c >= 'A' && c <= 'Z':
+				v = int(c-'A') + 10
+			}
+			sum += v * [3]int{7, 3, 1}[i%3]
+		}
+		return digit == '<' && sum%10 == 0 || int(digit-'0') == sum%10
+	}
+	return check(s[0:9], s[9]) && check(s[13:19], s[19]) && check(s[21:27], s[27]) &&
+		check(s[0:10]+s[13:20]+s[21:43], s[43])
+}
+
+// cnResidentID checks the ISO 7064 MOD 11-2 check character of a Chinese
+// resident identity card number.
+func cnResidentID(s string) bool {
+	if len(s) != 18 {
+		return false
+	}
+	sum := 0
+	for i := range 17 {
+		sum += int(s[i]-'0') * [17]int{7, 9, 10, 5, 8, 4, 2, 1, 6, 3, 7, 9, 10, 5, 8, 4, 2}[i]
+	}
+	return strings.ToUpper(s[17:]) == string("10X98765432"[sum%11])
 }
 
 // deTaxID checks the ISO 7064 MOD 11,10 digit of a German Steuer-ID.

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/redact"
 )
 
 // Event holds the CloudEvent attributes of the tool.invoke event that started
@@ -227,7 +228,9 @@ type Route struct {
 
 // Fail ends the invocation with err, mapping the error's code to a status.
 func (inv *Invocation) Fail(stage string, err error) {
-	te := api.AsError(err)
+	// The error's text goes to the caller and the audit trail: whatever
+	// stage wrote it, a secret it echoes does not.
+	te := redact.Error(api.AsError(err))
 	inv.Error = te
 	inv.Status = api.StatusFor(te)
 	inv.EndedBy = stage

@@ -3,9 +3,12 @@ package redact
 import (
 	"bytes"
 	"encoding/json"
-	"github.com/toolgate/toolgate/internal/detect"
 	"regexp"
+	"slices"
 	"strings"
+
+	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/detect"
 )
 
 // Redacted replaces a value that must not leave toolgate.
@@ -67,4 +70,54 @@ func redactValue(v any) any {
 		}
 	}
 	return v
+}
+
+// Error returns te with the secrets and personal data in its text (its
+// message, its field errors' messages, the strings of its details)
+// replaced by their rules' markers, as Redact does for parameters: an
+// error's text reaches the caller and the audit trail, and may echo what
+// it failed on (a file named after a key, a parameter named by one, a
+// provider's error quoting an Authorization header). te is left as it is
+// when nothing is found; otherwise a copy is returned.
+func Error(te *api.Error) *api.Error {
+	if te == nil {
+		return nil
+	}
+	fields := make([]string, len(te.Fields))
+	for i, f := range te.Fields {
+		fields[i] = f.Message
+	}
+	doc, err := json.Marshal(errorText{te.Message, fields, te.Details})
+	if err != nil {
+		return te
+	}
+	out, found, err := detect.DefaultStrict().RedactJSON(doc, detect.Secrets, detect.PII)
+	if err != nil || len(found) == 0 {
+		return te
+	}
+	var clean errorText
+	dec := json.NewDecoder(bytes.NewReader(out))
+	dec.UseNumber()
+	if dec.Decode(&clean) != nil {
+		return te
+	}
+	c := *te
+	c.Message = clean.Message
+	c.Fields = slices.Clone(te.Fields)
+	for i := range c.Fields {
+		if i < len(clean.Fields) {
+			c.Fields[i].Message = clean.Fields[i]
+		}
+	}
+	if te.Details != nil {
+		c.Details = clean.Details
+	}
+	return &c
+}
+
+// errorText is what of an error is redacted.
+type errorText struct {
+	Message string         `json:"message"`
+	Fields  []string       `json:"fields"`
+	Details map[string]any `json:"details"`
 }

@@ -206,7 +206,8 @@ type OutputPolicy struct {
 	// MaxBytes bounds the result (default 1 MiB).
 	MaxBytes int `json:"max_bytes,omitempty"`
 	// Actions maps a detector (secrets, pii, prompt_injection,
-	// sql_injection, command_injection, xss) to reject, redact, escape or flag.
+	// sql_injection, command_injection, malicious_code, xss) to reject,
+	// redact, escape or flag.
 	Actions map[string]string `json:"actions,omitempty"`
 }
 

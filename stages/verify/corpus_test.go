@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/detect"
 	"github.com/toolgate/toolgate/internal/envelope"
 )
 
@@ -29,9 +30,12 @@ type outputCase struct {
 	line   int
 }
 
-func readOutputs(t testing.TB) map[string][]outputCase {
+func readOutputs(t testing.TB) map[string][]outputCase { return readCorpus(t, "outputs") }
+
+// readCorpus reads testdata/<dir>/<category>.jsonl.
+func readCorpus(t testing.TB, dir string) map[string][]outputCase {
 	t.Helper()
-	files, err := filepath.Glob(filepath.Join("testdata", "outputs", "*.jsonl"))
+	files, err := filepath.Glob(filepath.Join("testdata", dir, "*.jsonl"))
 	if err != nil || len(files) == 0 {
 		t.Fatalf("no corpus: %v", err)
 	}
@@ -117,8 +121,34 @@ const benignFloor = 0.95
 // reports, per category, the recall on hostile outputs and the share of
 // benign ones passed intact. Run with -v to see the table.
 func TestOutputCorpus(t *testing.T) {
+	checkCorpus(t, readOutputs(t), recallFloors, benignFloor, false)
+}
+
+// heldOutFloor is the least recall in every hostile category, and the least
+// share intact in every benign one, of testdata/heldout: outputs written
+// from each category's description alone, apart from the rules, and
+// measured before the rules were changed for them (docs/safety.md).
+const heldOutFloor = 0.95
+
+// TestHeldOutCorpus runs the held-out outputs as TestOutputCorpus runs its
+// own. Run with -v to see the table.
+func TestHeldOutCorpus(t *testing.T) {
+	cats := readCorpus(t, "heldout")
+	floors := map[string]float64{}
+	for k := range cats {
+		floors[k] = heldOutFloor
+	}
+	checkCorpus(t, cats, floors, heldOutFloor, true)
+}
+
+// checkCorpus runs cats through the verify stage with the default policy
+// and holds each category to its floors. With unflagged, a benign output
+// is intact only if malicious_code did not fire on it either: its flag
+// changes nothing the caller sees but still calls a benign output hostile.
+// (The input detectors' flags on outputs, sql and shell syntax in any
+// code, are not counted.)
+func checkCorpus(t *testing.T, cats map[string][]outputCase, floors map[string]float64, benignFloor float64, unflagged bool) {
 	v, _ := setup(t, Config{})
-	cats := readOutputs(t)
 	names := make([]string, 0, len(cats))
 	for k := range cats {
 		names = append(names, k)
@@ -129,6 +159,15 @@ func TestOutputCorpus(t *testing.T) {
 		var h, hc, b, bi int
 		for _, c := range cats[cat] {
 			ok, why := outcome(t, v, c)
+			if unflagged && ok && c.Want == "" {
+				inv := invoke(string(c.Result))
+				_, _ = v.Process(context.Background(), inv)
+				for _, f := range inv.Findings {
+					if f.Detector == string(detect.MaliciousCode) {
+						ok, why = false, "flagged "+f.Rule
+					}
+				}
+			}
 			if c.Want != "" {
 				h++
 				if ok {
@@ -146,7 +185,7 @@ func TestOutputCorpus(t *testing.T) {
 		}
 		hostile, caught, benign, intact = hostile+h, caught+hc, benign+b, intact+bi
 		t.Logf("%-22s recall %s  benign intact %s", cat, ratio(hc, h), ratio(bi, b))
-		if fl, ok := recallFloors[cat]; h > 0 && (!ok || float64(hc)/float64(h) < fl) {
+		if fl, ok := floors[cat]; h > 0 && (!ok || float64(hc)/float64(h) < fl) {
 			t.Errorf("%s: recall %s below its floor %.2f", cat, ratio(hc, h), fl)
 		}
 		if b > 0 && float64(bi)/float64(b) < benignFloor {

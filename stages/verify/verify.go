@@ -36,10 +36,39 @@ var DefaultActions = map[detect.Detector]string{
 	detect.SQLInjection:     ActionFlag,
 	detect.CommandInjection: ActionFlag,
 	detect.XSS:              ActionEscape,
+	// Flagged, not withheld: install instructions fetched by an agent
+	// pipe downloads to a shell too; a manifest may reject.
+	detect.MaliciousCode: ActionFlag,
 }
 
 // DefaultMaxResultBytes bounds results whose manifest sets no limit.
 const DefaultMaxResultBytes = 1 << 20
+
+// MaxResultDepth bounds the nesting of a result's objects and arrays: each
+// scan of a string carries its JSON pointer, so the cost of a result grows
+// with the square of its depth; no tool's answer needs more.
+const MaxResultDepth = 128
+
+// nesting returns how deep doc's objects and arrays nest, at most, reading
+// its bytes once (strings skipped).
+func nesting(doc []byte) int {
+	depth, most, inString := 0, 0, false
+	for i := 0; i < len(doc); i++ {
+		switch c := doc[i]; {
+		case inString && c == '\\':
+			i++
+		case c == '"':
+			inString = !inString
+		case inString:
+		case c == '{' || c == '[':
+			depth++
+			most = max(most, depth)
+		case c == '}' || c == ']':
+			depth--
+		}
+	}
+	return most
+}
 
 // DefaultMaxPayload is the NATS server's default max_payload.
 const DefaultMaxPayload = 1 << 20
@@ -58,6 +87,7 @@ var rejectCodes = map[detect.Detector]string{
 	detect.SQLInjection:     api.EOutputSQL,
 	detect.CommandInjection: api.EOutputCommand,
 	detect.XSS:              api.EOutputXSS,
+	detect.MaliciousCode:    api.EOutputMaliciousCode,
 }
 
 // Config configures the verify stage.
@@ -193,6 +223,10 @@ func (v *Verifier) check(ctx context.Context, m *tools.Manifest, pol tools.Outpu
 	if len(result) > limit {
 		return nil, api.NewError(api.ToolExecutionError, api.EOutputTooLarge,
 			"%s returned %d bytes, the limit is %d", m.Key(), len(result), limit)
+	}
+	if d := nesting(result); d > MaxResultDepth {
+		return nil, api.NewError(api.ToolExecutionError, api.EOutputTooDeep,
+			"%s returned a result nested %d deep, the limit is %d", m.Key(), d, MaxResultDepth)
 	}
 	result = canonical(result)
 	if pol.Coerce && len(m.OutputSchema) > 0 {
