@@ -11,6 +11,9 @@ import (
 	"net/url"
 	"os"
 	"strings"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/toolgate/toolgate/subjects"
 )
 
 // Object is one stored object: its name and size in bytes.
@@ -97,4 +100,16 @@ func firstOf(s ...string) string {
 		}
 	}
 	return ""
+}
+
+// Open is the store at url (ParseLocation; "" is the default bucket on js).
+func Open(js jetstream.JetStream, url string) (Store, error) {
+	loc, err := ParseLocation(url, subjects.BucketAuditArchive)
+	if err != nil {
+		return nil, err
+	}
+	if loc.Kind == "s3" {
+		return NewS3(loc)
+	}
+	return NewNATS(js, loc.Bucket), nil
 }

@@ -424,6 +424,9 @@ func (r *run) startObservability(ctx context.Context) (stop func(), err error) {
 	if c.Stage.AuditChainMetrics == nil {
 		c.Stage.AuditChainMetrics = NewAuditChainMetrics(reg)
 	}
+	if c.Stage.AuditArchiveMetrics == nil {
+		c.Stage.AuditArchiveMetrics = NewAuditArchiveMetrics(reg)
+	}
 	if c.MetricsAddr != "" {
 		srv := &http.Server{Addr: c.MetricsAddr, Handler: r.health.Handler(reg), ReadHeaderTimeout: 5 * time.Second}
 		served := make(chan struct{})
