@@ -28,7 +28,9 @@ func NewNATS(js jetstream.JetStream, bucket string) *NATS { return &NATS{js: js,
 func (s *NATS) String() string { return "nats://" + s.bucket }
 
 // EnsureBucket makes the bucket when it is missing. Its stream refuses
-// deletes and purges, as AUDIT does: an archived range stays.
+// deletes of messages; purges it cannot refuse (an object's description is
+// replaced by a roll-up, which JetStream allows only with purges), but no
+// role but the operator may ask for one.
 func (s *NATS) EnsureBucket(ctx context.Context, replicas int, storage jetstream.StorageType) error {
 	if _, err := s.js.ObjectStore(ctx, s.bucket); err == nil {
 		return nil
@@ -45,8 +47,8 @@ func (s *NATS) EnsureBucket(ctx context.Context, replicas int, storage jetstream
 		return err
 	}
 	cfg := st.CachedInfo().Config
-	if !cfg.DenyDelete || !cfg.DenyPurge {
-		cfg.DenyDelete, cfg.DenyPurge = true, true
+	if !cfg.DenyDelete {
+		cfg.DenyDelete = true
 		if _, err := s.js.UpdateStream(ctx, cfg); err != nil {
 			return fmt.Errorf("making %s append-only: %w", cfg.Name, err)
 		}

@@ -69,6 +69,9 @@ func (tr *trail) add(n, every int) {
 // natsStore is the default archive, in a bucket the test may change
 // (deletes allowed): what someone holding the store can do anyway.
 func (tr *trail) natsStore() (*archivestore.NATS, jetstream.ObjectStore) {
+	if err := tr.js.DeleteObjectStore(tr.ctx, subjects.BucketAuditArchive); err != nil {
+		tr.t.Fatal(err)
+	}
 	obs, err := tr.js.CreateObjectStore(tr.ctx, jetstream.ObjectStoreConfig{Bucket: subjects.BucketAuditArchive})
 	if err != nil {
 		tr.t.Fatal(err)

@@ -50,6 +50,10 @@ type RoleRights struct {
 	// Counts are streams whose per-subject message counts the role reads
 	// (stream information), never a message of them.
 	Counts []string
+	// Objects are the object store buckets the role puts objects in and
+	// reads them back from (by direct gets: no consumer). The bucket's
+	// stream refuses deletes; purges are the operator's (archivestore).
+	Objects []string
 	// Serves says the role serves the control service's endpoints.
 	Serves bool
 }
@@ -187,6 +191,8 @@ var Rights = map[Role]RoleRights{
 		Watches:   []string{subjects.BucketTools, subjects.BucketHooks},
 		Streams:   []string{subjects.StreamAuditChain, subjects.StreamAudit},
 		Direct:    []string{subjects.StreamAudit},
+		// The audit archive's default bucket (docs/audit.md).
+		Objects: []string{subjects.BucketAuditArchive},
 	},
 	// control serves the control endpoints: it registers tools, records
 	// decisions and cancels, and for operators' signed requests writes
@@ -268,6 +274,11 @@ func (r RoleRights) permissions(role Role) jwt.Permissions {
 	for _, st := range r.Counts {
 		add(&p.Pub, "$JS.API.STREAM.INFO."+st)
 	}
+	for _, b := range r.Objects {
+		st := subjects.ObjectStream(b)
+		add(&p.Pub, subjects.ObjectAll(b), "$JS.API.STREAM.INFO."+st, subjects.DirectGet(st), subjects.DirectGet(st)+".>",
+			"$JS.API.STREAM.MSG.GET."+st)
+	}
 	for _, b := range r.Buckets() {
 		st := subjects.BucketStream(b)
 		add(&p.Pub, "$JS.API.STREAM.INFO."+st, "$JS.API.DIRECT.GET."+st+".>", "$JS.API.STREAM.MSG.GET."+st)
@@ -335,7 +346,11 @@ func RoleTable() string {
 		for _, st := range r.Counts {
 			reads = append(reads, st+" (message counts only)")
 		}
-		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s |\n", role, codeList(consumers), codeList(pubs), codeList(r.Writes), codeList(r.Watches), codeList(reads))
+		writes := slices.Clone(r.Writes)
+		for _, o := range r.Objects {
+			writes = append(writes, o+" (objects, no deletes)")
+		}
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s |\n", role, codeList(consumers), codeList(pubs), codeList(writes), codeList(r.Watches), codeList(reads))
 	}
 	return b.String()
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/toolgate/toolgate/internal/backoff"
+	"github.com/toolgate/toolgate/archivestore"
 	"github.com/toolgate/toolgate/subjects"
 )
 
@@ -207,6 +208,7 @@ func ConsumerConfig(stage string, in subjects.Input, o TopologyOptions) jetstrea
 // Existing streams are left untouched, so a second process, or a restart,
 // never resets them or undoes an operator's changes.
 func EnsureTopology(ctx context.Context, js jetstream.JetStream, o TopologyOptions) error {
+	o.defaults()
 	for _, cfg := range Streams(o) {
 		if st, err := js.Stream(ctx, cfg.Name); err == nil {
 			// A results or audit stream made before direct gets were allowed
@@ -232,6 +234,10 @@ func EnsureTopology(ctx context.Context, js jetstream.JetStream, o TopologyOptio
 		if err != nil && !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
 			return fmt.Errorf("creating stream %s: %w", cfg.Name, err)
 		}
+	}
+	// The audit archive's default bucket, append-only (docs/audit.md).
+	if err := archivestore.NewNATS(js, subjects.BucketAuditArchive).EnsureBucket(ctx, o.Replicas, o.Storage); err != nil {
+		return fmt.Errorf("creating the audit archive bucket: %w", err)
 	}
 	for _, stage := range subjects.Stages {
 		for _, in := range ConsumedBy(stage) {
