@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/toolgate/toolgate/internal/backoff"
 	"github.com/toolgate/toolgate/archivestore"
+	"github.com/toolgate/toolgate/internal/backoff"
 	"github.com/toolgate/toolgate/subjects"
 )
 
