@@ -184,7 +184,7 @@ var Rights = map[Role]RoleRights{
 	// sequence a batch lacked, from the leader) and the chain's last
 	// checkpoint.
 	RoleAudit: {
-		Consumes:  append(subjects.Inputs(subjects.Audit), subjects.RelayInput),
+		Consumes:  append(subjects.Inputs(subjects.Audit), subjects.RelayInput, subjects.AuditOTLPInput),
 		Sweeps:    []string{subjects.StreamPipeline},
 		Publishes: []string{subjects.AuditAll, subjects.ResultAll, subjects.InvokeAll, subjects.AuditCheckpoint, subjects.DeadLetterAll},
 		Writes:    []string{subjects.BucketInvocations, subjects.BucketBudgets, subjects.BucketToolStats},

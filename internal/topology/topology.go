@@ -252,6 +252,20 @@ func EnsureTopology(ctx context.Context, js jetstream.JetStream, o TopologyOptio
 			}
 		}
 	}
+	// The SIEM export's own reader of AUDIT: never gives up on an event
+	// (an endpoint down for a day holds its events, which AUDIT keeps).
+	in := subjects.AuditOTLPInput
+	if _, err := js.Consumer(ctx, in.Stream, in.Consumer); errors.Is(err, jetstream.ErrConsumerNotFound) {
+		_, err := js.CreateConsumer(ctx, in.Stream, jetstream.ConsumerConfig{Durable: in.Consumer,
+			Description: "toolgate audit events to OTLP (serve --audit-otlp)", FilterSubject: in.Filter,
+			AckPolicy: jetstream.AckExplicitPolicy, AckWait: o.AckWait, MaxDeliver: -1, MaxAckPending: o.MaxAckPending,
+			Replicas: o.Replicas})
+		if err != nil && !errors.Is(err, jetstream.ErrConsumerExists) {
+			return fmt.Errorf("creating consumer %s: %w", in.Consumer, err)
+		}
+	} else if err != nil {
+		return fmt.Errorf("looking up consumer %s: %w", in.Consumer, err)
+	}
 	return nil
 }
 
