@@ -43,6 +43,7 @@ func pipelineFlags(fs *pflag.FlagSet, c *node.Config) *string {
 	fs.DurationVar(&c.Topology.AuditMaxAge, "audit-max-age", 0, "age limit of the AUDIT stream when created (default 90 days; negative: forever)")
 	fs.DurationVar(&c.Stage.AuditArchiveEvery, "archive-every", time.Hour, "how often audit archives the closed ranges of AUDIT (0: never); well under --audit-max-age, so nothing ages out unarchived")
 	fs.StringVar(&c.Stage.AuditArchive, "archive", "", "where: nats://[BUCKET] (default: the bus's toolgate_audit_archive bucket) or s3://BUCKET/PREFIX (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ... or ?endpoint=); docs/audit.md")
+	fs.StringVar(&c.Stage.AuditOTLP, "audit-otlp", "", "send the audit events to a SIEM as OpenTelemetry log records, over OTLP/HTTP to this URL (/v1/logs added when it has no path) or host:port; docs/audit.md")
 	fs.Int64Var(&c.Topology.InvokeMaxBytes, "invoke-max-bytes", 0, "byte limit of the invoke stream when created (default 1 GiB); a full stream refuses publishers")
 	fs.DurationVar(&c.Topology.CheckpointRetention, "checkpoint-retention", 0, "how long macro checkpoints can be resumed (default 90 days); micro ones can for an hour, named ones until deleted")
 	fs.DurationVar(&c.Topology.AckWait, "ack-wait", 30*time.Second, "stage consumers' ack wait")

@@ -305,6 +305,7 @@ func busSuite(t *testing.T, s *served) {
 	t.Run("an agent cannot reach another tenant", func(t *testing.T) { crossTenant(t, s) })
 	t.Run("the audit trail is checkpointed", func(t *testing.T) { auditCheckpointed(t, s) })
 	t.Run("audit archives the trail", func(t *testing.T) { auditArchived(t, s) })
+	t.Run("audit reads the trail for OTLP through its own consumer", func(t *testing.T) { auditOTLPConsumer(t, s) })
 	t.Run("the audit trail survives its deletion", func(t *testing.T) { auditSurvives(t, s) })
 	t.Run("a re-drive needs an operator's signed run", func(t *testing.T) { redriveSigned(t, s) })
 	// Last: a promoted candidate stays live.
@@ -436,6 +437,34 @@ func auditArchived(t *testing.T, s *served) {
 		if got, err := refused(t, nc, false, subjects.ObjectChunks(subjects.BucketAuditArchive, "forged")); err != nil || !got {
 			t.Errorf("%s may write the audit archive (%v)", role, err)
 		}
+	}
+}
+
+// auditOTLPConsumer: the SIEM export's consumer of AUDIT is made with the
+// topology, and audit's credentials may pull and acknowledge through it
+// (serve --audit-otlp); an agent's may not.
+func auditOTLPConsumer(t *testing.T, s *served) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ajs, _ := jetstream.New(s.connect(t, 0, s.creds(busauth.RoleAudit)))
+	in := subjects.AuditOTLPInput
+	c, err := ajs.Consumer(ctx, in.Stream, in.Consumer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := c.Next(jetstream.FetchMaxWait(10 * time.Second))
+	if err != nil {
+		t.Fatalf("audit pulls for OTLP: %v", err)
+	}
+	if !subjects.IsAudit(m.Subject()) {
+		t.Fatalf("pulled %s", m.Subject())
+	}
+	if err := m.Nak(); err != nil {
+		t.Fatal(err)
+	}
+	nc, _ := s.agent(t, 1, "demo")
+	if got, err := refused(t, nc, false, "$JS.API.CONSUMER.MSG.NEXT."+in.Stream+"."+in.Consumer); err != nil || !got {
+		t.Errorf("an agent may pull the OTLP consumer (%v)", err)
 	}
 }
 

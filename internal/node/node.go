@@ -471,6 +471,10 @@ type StageConfig struct {
 	AuditArchive        string
 	AuditArchiveEvery   time.Duration
 	AuditArchiveMetrics *AuditArchiveMetrics
+	// AuditOTLP is the OTLP/HTTP collector audit sends AUDIT's events to
+	// as log records ("": none); AuditOTLPMetrics counts them.
+	AuditOTLP        string
+	AuditOTLPMetrics *AuditOTLPMetrics
 }
 
 // kinds are the tool kinds the stages run: Kinds, or those compiled in.
@@ -673,6 +677,9 @@ func (n *Node) NewStage(ctx context.Context, name string, c StageConfig) (stages
 			if err := n.startArchive(ctx, c); err != nil {
 				return nil, err
 			}
+		}
+		if err := n.startAuditOTLP(ctx, c); err != nil {
+			return nil, err
 		}
 		h := &audit.Hooks{Registry: n.Registry, Tenants: tenants}
 		if n.Signer != nil && c.Messages != nil {
