@@ -8,7 +8,7 @@ BIN     ?= bin
 LISTEN  ?= 127.0.0.1:4222
 METRICS ?= 127.0.0.1:9464
 
-.PHONY: run build install test test-short fuzz bench chaos image image-test lint fmt vet staticcheck clean mcp-servers nats
+.PHONY: run build install test test-short fuzz bench chaos image image-test lint fmt vet staticcheck clean mcp-servers nats s3-server
 
 # The built binary, not `go run`: go run exits 1 whenever it is interrupted,
 # whatever the program's own status, so Ctrl-C after a clean drain would end
@@ -45,7 +45,15 @@ nats:
 	  $(GO) get github.com/nats-io/natscli/nats@$(NATS_CLI_VERSION) && \
 	  $(GO) build -o $(CURDIR)/.cache/bin/nats github.com/nats-io/natscli/nats; s=$$?; rm -rf $$d; exit $$s; }
 
-test: mcp-servers
+# versitygw, the S3-compatible server (posix backend) the audit archive's
+# S3 tests start (docs/audit.md); built like the nats CLI.
+VERSITYGW_VERSION ?= v1.8.0
+s3-server:
+	@test -x .cache/bin/versitygw || { d=$$(mktemp -d) && cd $$d && $(GO) mod init s3server >/dev/null 2>&1 && \
+	  $(GO) get github.com/versity/versitygw/cmd/versitygw@$(VERSITYGW_VERSION) && \
+	  $(GO) build -o $(CURDIR)/.cache/bin/versitygw github.com/versity/versitygw/cmd/versitygw; s=$$?; rm -rf $$d; exit $$s; }
+
+test: mcp-servers s3-server
 	$(GO) vet $(PKGS)
 	$(GO) test -race -count=1 -timeout 15m $(PKGS)
 	$(GO) test -count=1 -run '^TestAllocationBudget$$' $(PKGS)

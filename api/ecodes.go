@@ -271,6 +271,9 @@ const (
 	EUnsafeFileRoot = "E3950"
 	// A worker's security settings differ from the cluster's recorded ones.
 	ESecuritySettings = "E3951"
+	// The audit archive could not be written, or an object read back from
+	// it differs from what was written (audit.archive.failed; retried).
+	EAuditArchiveFailed = "E3970"
 )
 
 // Receipts (toolgate's own): checking a receipt audit signed, offline or

@@ -81,6 +81,9 @@ const (
 	// TypeAuditRecreated: toolgate found the AUDIT stream missing and
 	// created it again, on audit._system.audit.recreated.
 	TypeAuditRecreated = "ai.agent.audit.recreated"
+	// TypeAuditArchiveFailed: a range of AUDIT could not be archived
+	// (E3970), on audit._system.audit.archive.failed.
+	TypeAuditArchiveFailed = "ai.agent.audit.archive.failed"
 )
 
 // MsgIDHeader is the header JetStream deduplicates publishes by.

@@ -69,3 +69,19 @@ func WatchedKeys(bucket string) (pattern string, ok bool) {
 	}
 	return "", false
 }
+
+// BucketAuditArchive is the object store bucket the audit archive is kept
+// in by default (docs/audit.md).
+const BucketAuditArchive = "toolgate_audit_archive"
+
+// ObjectStream is the stream behind an object store bucket.
+func ObjectStream(bucket string) string { return "OBJ_" + bucket }
+
+// ObjectAll is every subject of an object store bucket.
+func ObjectAll(bucket string) string { return "$O." + bucket + ".>" }
+
+// ObjectMetas is the subject of every object's description in a bucket.
+func ObjectMetas(bucket string) string { return "$O." + bucket + ".M.>" }
+
+// ObjectChunks is the subject of one object's chunks.
+func ObjectChunks(bucket, nuid string) string { return "$O." + bucket + ".C." + nuid }

@@ -51,3 +51,8 @@ func TenantOfRelayed(subject string) (string, bool) {
 	t, _, ok := strings.Cut(rest, ".")
 	return t, ok && t != ""
 }
+
+// AuditOTLPInput is the durable consumer through which audit sends AUDIT to
+// a SIEM over OTLP (serve --audit-otlp): its own, so an export that stops
+// resumes where it stopped, whatever the other readers of AUDIT do.
+var AuditOTLPInput = Input{Stream: StreamAudit, Consumer: "audit-otlp", Filter: AuditAll}

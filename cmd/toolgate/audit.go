@@ -68,7 +68,7 @@ func (a *app) auditCmd() *cobra.Command {
 	f.BoolVar(&chain, "chain", false, "write the checkpoints and each event's inclusion proof too, for audit verify --file (docs/audit.md)")
 	cmd := &cobra.Command{Use: "audit", Short: "The audit trail", Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return cmd.Help() }}
-	cmd.AddCommand(export, a.auditHistoryCmd(), a.auditVerifyCmd(), a.auditProveCmd())
+	cmd.AddCommand(export, a.auditHistoryCmd(), a.auditVerifyCmd(), a.auditProveCmd(), a.auditArchiveCmd(), a.auditRestoreCmd())
 	return cmd
 }
 
@@ -206,7 +206,7 @@ func (a *app) chainKey(path string) (ed25519.PublicKey, error) {
 
 // auditVerifyCmd: toolgate audit verify [--since --until --tenant] | --file F --key K
 func (a *app) auditVerifyCmd() *cobra.Command {
-	var since, until, tenant, file, key string
+	var since, until, tenant, file, key, archive string
 	cmd := &cobra.Command{
 		Use:   "verify",
 		Short: "Check the audit trail against its signed checkpoints; exit 0 only when intact",
@@ -218,9 +218,16 @@ checkpoint not yet covered.
 The exit status is 0 only when nothing is wrong (docs/audit.md).`,
 		Example: `  toolgate audit verify
   toolgate audit verify --since 24h --tenant acme
-  toolgate audit verify --file audit.jsonl --key audit-chain.pub`,
+  toolgate audit verify --file audit.jsonl --key audit-chain.pub
+  toolgate audit verify --archive s3://audit-cold/toolgate`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if cmd.Flags().Changed("archive") {
+				if file != "" || since != "" || until != "" || tenant != "" {
+					return usageErr("--archive checks the whole archive; --file, --since, --until and --tenant do not apply")
+				}
+				return a.verifyArchive(cmd, archive, key)
+			}
 			pub, err := a.chainKey(key)
 			if err != nil {
 				return err
@@ -302,6 +309,7 @@ The exit status is 0 only when nothing is wrong (docs/audit.md).`,
 	f.StringVar(&until, "until", "", "first time not checked: RFC 3339 or a duration back from now; default: now")
 	f.StringVar(&tenant, "tenant", "", "name only this tenant's events (the chain's own findings always)")
 	f.StringVar(&file, "file", "", "check an export (toolgate audit export --chain) instead of the bus")
+	f.StringVar(&archive, "archive", "", "check the archive instead of the bus (nats:// for the default bucket): each range, and the chain across them")
 	f.StringVar(&key, "key", "", "the public audit chain key (audit-chain.pub); default: the data directory's")
 	return cmd
 }

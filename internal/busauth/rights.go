@@ -50,6 +50,10 @@ type RoleRights struct {
 	// Counts are streams whose per-subject message counts the role reads
 	// (stream information), never a message of them.
 	Counts []string
+	// Objects are the object store buckets the role puts objects in and
+	// reads them back from (by direct gets: no consumer). The bucket's
+	// stream refuses deletes; purges are the operator's (archivestore).
+	Objects []string
 	// Serves says the role serves the control service's endpoints.
 	Serves bool
 }
@@ -180,13 +184,15 @@ var Rights = map[Role]RoleRights{
 	// sequence a batch lacked, from the leader) and the chain's last
 	// checkpoint.
 	RoleAudit: {
-		Consumes:  append(subjects.Inputs(subjects.Audit), subjects.RelayInput),
+		Consumes:  append(subjects.Inputs(subjects.Audit), subjects.RelayInput, subjects.AuditOTLPInput),
 		Sweeps:    []string{subjects.StreamPipeline},
 		Publishes: []string{subjects.AuditAll, subjects.ResultAll, subjects.InvokeAll, subjects.AuditCheckpoint, subjects.DeadLetterAll},
 		Writes:    []string{subjects.BucketInvocations, subjects.BucketBudgets, subjects.BucketToolStats},
 		Watches:   []string{subjects.BucketTools, subjects.BucketHooks},
 		Streams:   []string{subjects.StreamAuditChain, subjects.StreamAudit},
 		Direct:    []string{subjects.StreamAudit},
+		// The audit archive's default bucket (docs/audit.md).
+		Objects: []string{subjects.BucketAuditArchive},
 	},
 	// control serves the control endpoints: it registers tools, records
 	// decisions and cancels, and for operators' signed requests writes
@@ -270,6 +276,11 @@ func (r RoleRights) permissions(role Role) jwt.Permissions {
 	for _, st := range r.Counts {
 		add(&p.Pub, "$JS.API.STREAM.INFO."+st)
 	}
+	for _, b := range r.Objects {
+		st := subjects.ObjectStream(b)
+		add(&p.Pub, subjects.ObjectAll(b), "$JS.API.STREAM.INFO."+st, subjects.DirectGet(st), subjects.DirectGet(st)+".>",
+			"$JS.API.STREAM.MSG.GET."+st)
+	}
 	for _, b := range r.Buckets() {
 		st := subjects.BucketStream(b)
 		add(&p.Pub, "$JS.API.STREAM.INFO."+st, "$JS.API.DIRECT.GET."+st+".>", "$JS.API.STREAM.MSG.GET."+st)
@@ -337,7 +348,11 @@ func RoleTable() string {
 		for _, st := range r.Counts {
 			reads = append(reads, st+" (message counts only)")
 		}
-		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s |\n", role, codeList(consumers), codeList(pubs), codeList(r.Writes), codeList(r.Watches), codeList(reads))
+		writes := slices.Clone(r.Writes)
+		for _, o := range r.Objects {
+			writes = append(writes, o+" (objects, no deletes)")
+		}
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s |\n", role, codeList(consumers), codeList(pubs), codeList(writes), codeList(r.Watches), codeList(reads))
 	}
 	return b.String()
 }

@@ -23,7 +23,9 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/archivestore"
 	"github.com/toolgate/toolgate/client"
+	"github.com/toolgate/toolgate/internal/auditarchive"
 	"github.com/toolgate/toolgate/internal/auditchain"
 	"github.com/toolgate/toolgate/internal/busauth"
 	"github.com/toolgate/toolgate/internal/envelope"
@@ -302,6 +304,8 @@ func busSuite(t *testing.T, s *served) {
 	t.Run("a leaked role credential owns nothing", func(t *testing.T) { leakedRoles(t, s) })
 	t.Run("an agent cannot reach another tenant", func(t *testing.T) { crossTenant(t, s) })
 	t.Run("the audit trail is checkpointed", func(t *testing.T) { auditCheckpointed(t, s) })
+	t.Run("audit archives the trail", func(t *testing.T) { auditArchived(t, s) })
+	t.Run("audit reads the trail for OTLP through its own consumer", func(t *testing.T) { auditOTLPConsumer(t, s) })
 	t.Run("the audit trail survives its deletion", func(t *testing.T) { auditSurvives(t, s) })
 	t.Run("a re-drive needs an operator's signed run", func(t *testing.T) { redriveSigned(t, s) })
 	// Last: a promoted candidate stays live.
@@ -384,6 +388,83 @@ func auditCheckpointed(t *testing.T, s *served) {
 		if got, err := refused(t, nc, false, subjects.AuditCheckpoint); err != nil || !got {
 			t.Errorf("%s may publish a checkpoint (%v)", role, err)
 		}
+	}
+}
+
+// auditArchived: with its own credentials audit archives the closed
+// ranges to the bus's archive bucket and reads each back (no consumer, no
+// delete); the archive verifies across its objects; no other role may
+// write the bucket.
+func auditArchived(t *testing.T, s *served) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	pub, err := busauth.LoadAuditChainPublicKey(s.dataDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ojs, _ := jetstream.New(s.connect(t, 0, s.creds(busauth.RoleOperator)))
+	nc, raw := s.agent(t, 1, "demo")
+	ac, _ := client.New(nc)
+	if _, err := ac.Invoke(ctx, api.Request{ToolID: "echo", Parameters: json.RawMessage(`{"message":"archived"}`),
+		AgentContext: api.AgentContext{AgentDID: "did:agent:demo", TenantID: "demo"}, CapabilityToken: raw}, client.InvokeOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var last uint64
+	eventually(t, 30*time.Second, "a checkpoint over the call", func() bool {
+		audit, err := ojs.Stream(ctx, subjects.StreamAudit)
+		if err != nil {
+			return false
+		}
+		tail, err := auditchain.LastCheckpoint(ctx, ojs)
+		last = audit.CachedInfo().State.LastSeq
+		return err == nil && tail.Checkpoint != nil && tail.Checkpoint.Last >= last
+	})
+	ajs, _ := jetstream.New(s.connect(t, 0, s.creds(busauth.RoleAudit)))
+	a := &auditarchive.Archiver{JS: ajs, Store: archivestore.NewNATS(ajs, subjects.BucketAuditArchive), Key: pub}
+	got, err := a.Once(ctx)
+	if err != nil || len(got) == 0 || got[len(got)-1].Last < last {
+		t.Fatalf("audit archived %+v (%v), want up to seq %d", got, err, last)
+	}
+	rep, err := auditarchive.VerifyArchive(ctx, archivestore.NewNATS(ojs, subjects.BucketAuditArchive), pub)
+	if err != nil || !rep.Intact() || rep.Events == 0 {
+		t.Fatalf("the archive: %+v %v", rep, err)
+	}
+	for _, role := range append(slices.Clone(busauth.StageRoles), busauth.RoleControl) {
+		if role == busauth.RoleAudit {
+			continue
+		}
+		nc := s.connect(t, 0, s.creds(role))
+		if got, err := refused(t, nc, false, subjects.ObjectChunks(subjects.BucketAuditArchive, "forged")); err != nil || !got {
+			t.Errorf("%s may write the audit archive (%v)", role, err)
+		}
+	}
+}
+
+// auditOTLPConsumer: the SIEM export's consumer of AUDIT is made with the
+// topology, and audit's credentials may pull and acknowledge through it
+// (serve --audit-otlp); an agent's may not.
+func auditOTLPConsumer(t *testing.T, s *served) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ajs, _ := jetstream.New(s.connect(t, 0, s.creds(busauth.RoleAudit)))
+	in := subjects.AuditOTLPInput
+	c, err := ajs.Consumer(ctx, in.Stream, in.Consumer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := c.Next(jetstream.FetchMaxWait(10 * time.Second))
+	if err != nil {
+		t.Fatalf("audit pulls for OTLP: %v", err)
+	}
+	if !subjects.IsAudit(m.Subject()) {
+		t.Fatalf("pulled %s", m.Subject())
+	}
+	if err := m.Nak(); err != nil {
+		t.Fatal(err)
+	}
+	nc, _ := s.agent(t, 1, "demo")
+	if got, err := refused(t, nc, false, "$JS.API.CONSUMER.MSG.NEXT."+in.Stream+"."+in.Consumer); err != nil || !got {
+		t.Errorf("an agent may pull the OTLP consumer (%v)", err)
 	}
 }
 

@@ -10,7 +10,9 @@ import (
 	"slices"
 	"time"
 
+	"github.com/toolgate/toolgate/archivestore"
 	"github.com/toolgate/toolgate/internal/busauth"
+	"github.com/toolgate/toolgate/internal/topology"
 	"github.com/toolgate/toolgate/subjects"
 )
 
@@ -64,6 +66,15 @@ func (c Config) Validate() error {
 	}
 	if c.Examples && c.JWKSPath == "" && c.Stage.Tokens == nil && c.DevKeyDir == "" {
 		return errors.New("examples: no directory for the development key (set DevKeyDir or the data directory)")
+	}
+	// What ages out of AUDIT must have been archived: a run, and its
+	// retries, must fit well inside the age limit.
+	maxAge := cmp.Or(c.Topology.AuditMaxAge, topology.DefaultAuditMaxAge)
+	if every := c.Stage.AuditArchiveEvery; every > 0 && maxAge > 0 && every > maxAge/4 {
+		return fmt.Errorf("--archive-every %s is not well under AUDIT's age limit %s: at most a quarter of it, so nothing ages out unarchived", every, maxAge)
+	}
+	if _, err := archivestore.ParseLocation(c.Stage.AuditArchive, subjects.BucketAuditArchive); err != nil {
+		return fmt.Errorf("--archive: %w", err)
 	}
 	return nil
 }

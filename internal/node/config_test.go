@@ -3,9 +3,11 @@ package node_test
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/toolgate/toolgate/internal/node"
 	"github.com/toolgate/toolgate/internal/token"
+	"github.com/toolgate/toolgate/internal/topology"
 	"github.com/toolgate/toolgate/subjects"
 )
 
@@ -39,6 +41,12 @@ func TestConfigValidate(t *testing.T) {
 		{"examples with a verifier", node.Config{NATSURL: url, Examples: true,
 			Stage: node.StageConfig{Tokens: &token.Verifier{}}}, ""},
 		{"examples without a key directory", node.Config{NATSURL: url, Examples: true}, "examples: no directory for the development key"},
+		{"archiving hourly", node.Config{Embedded: data, Stage: node.StageConfig{AuditArchiveEvery: time.Hour}}, ""},
+		{"archiving too seldom for the age limit", node.Config{Embedded: data, Topology: topology.TopologyOptions{AuditMaxAge: 24 * time.Hour},
+			Stage: node.StageConfig{AuditArchiveEvery: 12 * time.Hour}}, "not well under AUDIT's age limit"},
+		{"archiving a stream kept forever", node.Config{Embedded: data, Topology: topology.TopologyOptions{AuditMaxAge: -1},
+			Stage: node.StageConfig{AuditArchiveEvery: 1000 * time.Hour}}, ""},
+		{"an archive of another kind", node.Config{Embedded: data, Stage: node.StageConfig{AuditArchive: "ftp://x"}}, "--archive"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := tc.c.Validate()

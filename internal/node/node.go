@@ -478,6 +478,16 @@ type StageConfig struct {
 	// their leaves came from (Run sets it on its metrics registry); nil
 	// counts nothing.
 	AuditChainMetrics *AuditChainMetrics
+	// AuditArchive is where audit archives closed ranges of AUDIT
+	// (archivestore.Open: "" is the bus's default bucket), every
+	// AuditArchiveEvery (0: never); AuditArchiveMetrics counts them.
+	AuditArchive        string
+	AuditArchiveEvery   time.Duration
+	AuditArchiveMetrics *AuditArchiveMetrics
+	// AuditOTLP is the OTLP/HTTP collector audit sends AUDIT's events to
+	// as log records ("": none); AuditOTLPMetrics counts them.
+	AuditOTLP        string
+	AuditOTLPMetrics *AuditOTLPMetrics
 }
 
 // kinds are the tool kinds the stages run: Kinds, or those compiled in.
@@ -712,6 +722,12 @@ func (n *Node) NewStage(ctx context.Context, name string, c StageConfig) (stages
 			done := make(chan struct{})
 			go func() { defer close(done); cp.Run(cctx) }()
 			n.onStop(func() { stop(); <-done })
+			if err := n.startArchive(ctx, c); err != nil {
+				return nil, err
+			}
+		}
+		if err := n.startAuditOTLP(ctx, c); err != nil {
+			return nil, err
 		}
 		h := &audit.Hooks{Registry: n.Registry, Tenants: tenants}
 		if n.Signer != nil && c.Messages != nil {

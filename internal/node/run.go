@@ -424,6 +424,12 @@ func (r *run) startObservability(ctx context.Context) (stop func(), err error) {
 	if c.Stage.AuditChainMetrics == nil {
 		c.Stage.AuditChainMetrics = NewAuditChainMetrics(reg)
 	}
+	if c.Stage.AuditArchiveMetrics == nil {
+		c.Stage.AuditArchiveMetrics = NewAuditArchiveMetrics(reg)
+	}
+	if c.Stage.AuditOTLPMetrics == nil {
+		c.Stage.AuditOTLPMetrics = NewAuditOTLPMetrics(reg)
+	}
 	if c.MetricsAddr != "" {
 		srv := &http.Server{Addr: c.MetricsAddr, Handler: r.health.Handler(reg), ReadHeaderTimeout: 5 * time.Second}
 		served := make(chan struct{})

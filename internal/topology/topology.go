@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/toolgate/toolgate/archivestore"
 	"github.com/toolgate/toolgate/internal/backoff"
 	"github.com/toolgate/toolgate/subjects"
 )
@@ -207,6 +208,7 @@ func ConsumerConfig(stage string, in subjects.Input, o TopologyOptions) jetstrea
 // Existing streams are left untouched, so a second process, or a restart,
 // never resets them or undoes an operator's changes.
 func EnsureTopology(ctx context.Context, js jetstream.JetStream, o TopologyOptions) error {
+	o.defaults()
 	for _, cfg := range Streams(o) {
 		if st, err := js.Stream(ctx, cfg.Name); err == nil {
 			// A results or audit stream made before direct gets were allowed
@@ -233,6 +235,10 @@ func EnsureTopology(ctx context.Context, js jetstream.JetStream, o TopologyOptio
 			return fmt.Errorf("creating stream %s: %w", cfg.Name, err)
 		}
 	}
+	// The audit archive's default bucket, append-only (docs/audit.md).
+	if err := archivestore.NewNATS(js, subjects.BucketAuditArchive).EnsureBucket(ctx, o.Replicas, o.Storage); err != nil {
+		return fmt.Errorf("creating the audit archive bucket: %w", err)
+	}
 	for _, stage := range subjects.Stages {
 		for _, in := range ConsumedBy(stage) {
 			if _, err := js.Consumer(ctx, in.Stream, in.Consumer); err == nil {
@@ -245,6 +251,20 @@ func EnsureTopology(ctx context.Context, js jetstream.JetStream, o TopologyOptio
 				return fmt.Errorf("creating consumer %s: %w", in.Consumer, err)
 			}
 		}
+	}
+	// The SIEM export's own reader of AUDIT: never gives up on an event
+	// (an endpoint down for a day holds its events, which AUDIT keeps).
+	in := subjects.AuditOTLPInput
+	if _, err := js.Consumer(ctx, in.Stream, in.Consumer); errors.Is(err, jetstream.ErrConsumerNotFound) {
+		_, err := js.CreateConsumer(ctx, in.Stream, jetstream.ConsumerConfig{Durable: in.Consumer,
+			Description: "toolgate audit events to OTLP (serve --audit-otlp)", FilterSubject: in.Filter,
+			AckPolicy: jetstream.AckExplicitPolicy, AckWait: o.AckWait, MaxDeliver: -1, MaxAckPending: o.MaxAckPending,
+			Replicas: o.Replicas})
+		if err != nil && !errors.Is(err, jetstream.ErrConsumerExists) {
+			return fmt.Errorf("creating consumer %s: %w", in.Consumer, err)
+		}
+	} else if err != nil {
+		return fmt.Errorf("looking up consumer %s: %w", in.Consumer, err)
 	}
 	return nil
 }
