@@ -54,6 +54,9 @@ type Service struct {
 	Store Store
 	JS    jetstream.JetStream
 	Log   *slog.Logger
+	// EndingTag, when set, is control's tag in the id of an ending it
+	// hands audit (runner.EndingID, seal.Signer.EndingTag).
+	EndingTag func(tenant, id string, seq uint64) string
 }
 
 // Decide records d and, if it is the first decision, resumes the invocation
@@ -157,6 +160,9 @@ func (s *Service) apply(ctx context.Context, a kvstore.Approval) error {
 		return err
 	}
 	hop.MsgID = inv.MsgID("decision")
+	if next == subjects.Audit && s.EndingTag != nil {
+		hop.MsgID = runner.EndingID(hop.MsgID, s.EndingTag(inv.Tenant, inv.ID, inv.Event.Seq))
+	}
 	for _, o := range []stages.Output{ev, hop} {
 		if err := runner.Publish(ctx, s.JS, o); err != nil {
 			return fmt.Errorf("publishing decision on %s: %w", a.InvocationID, err)

@@ -24,6 +24,8 @@ import (
 // host copies the custody from that hop and hands audit an ending of the
 // running call as its own; audit refuses it (E3230), because the custody
 // names the stage that holds the call, and the call ends as its tool says.
+// The forgery takes the hop's predictable id first: the real ending, whose
+// id carries its sender's tag, still gets through.
 func TestCustodyIsTheHolders(t *testing.T) {
 	s := serveEmbedded(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
@@ -83,10 +85,10 @@ func TestCustodyIsTheHolders(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			// Under an id of its own: the id of the real ending is
-			// predictable, and taking it first is another attack (see
-			// docs/security.md, Signed messages).
-			hop.MsgID += ".forged"
+			// Under the id the real ending would have without its
+			// sender's tag (runner.EndingID): JetStream keeps the first
+			// message of an id, so taking it first would make audit's
+			// input drop the real ending, and the call would never end.
 			if err := runner.Publish(ctx, runner.Relaying(seal.SigningJetStream(js, seal.NewSigner(tc.role, k))), hop); err != nil {
 				t.Fatalf("%s handing audit an ending: %v", tc.role, err)
 			}

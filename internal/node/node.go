@@ -1029,7 +1029,7 @@ func (n *Node) Runner(name string, st stages.Stage, workers int, m *runner.Metri
 	r := &runner.Runner{Name: name, Stage: st, JS: n.JS, Workers: workers, Log: n.Log, Metrics: m, Records: n.Store, Senders: n.Senders,
 		Endings: n.Endings}
 	if n.Signer != nil && n.Senders != nil {
-		r.Custody = n.Signer.Custody
+		r.Custody, r.EndingTag = n.Signer.Custody, n.Signer.EndingTag
 	}
 	if name == subjects.Execute {
 		// Tools bound themselves (limits.timeout_ms is at most an hour).

@@ -612,7 +612,7 @@ func (r *run) startStages(ctx context.Context) (stop func(), err error) {
 		}
 		sn := r.nodes.stage[name]
 		if name == subjects.Authorize {
-			approvals := &approval.Service{Store: sn.Store, JS: sn.JS, Log: r.log}
+			approvals := &approval.Service{Store: sn.Store, JS: sn.JS, Log: r.log, EndingTag: sn.Signer.EndingTag}
 			r.bg.Go(func() { approvals.RunSweeper(r.runCtx, c.ApprovalSweep) })
 		}
 		st, err := sn.NewStage(r.runCtx, name, c.Stage)
@@ -675,7 +675,7 @@ func (r *run) startControl(ctx context.Context) (stop func(), err error) {
 			return err
 		}))
 	}
-	decisions := &approval.Service{Store: ctl.Store, JS: ctl.JS, Log: r.log}
+	decisions := &approval.Service{Store: ctl.Store, JS: ctl.JS, Log: r.log, EndingTag: ctl.Signer.EndingTag}
 	svc, err := control.Start(ctl.NC, ctl.Store, ctl.Registry, decisions, opts...)
 	if err != nil {
 		return nil, err

@@ -119,7 +119,7 @@ func (r *Runner) endExhausted(ctx context.Context, adv maxDeliveriesAdvisory, sw
 			}
 			inv.Fail(r.Name, e)
 		}
-		o, err := Handoff(inv, subjects.Audit)
+		o, err := r.handoff(inv, subjects.Audit)
 		if err != nil {
 			return err
 		}

@@ -89,6 +89,9 @@ type Runner struct {
 	// next stage holds the call when it ends it. It names that stage, so
 	// a copy read from the pipeline stream by another ends nothing.
 	Custody func(holder busauth.Role, tenant, id string, seq uint64) string
+	// EndingTag, when set, is this stage's tag in the id of its hand-offs
+	// into audit (EndingID, seal.Signer.EndingTag).
+	EndingTag func(tenant, id string, seq uint64) string
 	// Handed, when set, is shared by the Runners of this process: a
 	// hand-off to a stage read here leaves its invocation there, and a
 	// hand-off this process signed is taken from there, not decoded.
@@ -673,7 +676,7 @@ func (r *Runner) apply(msg jetstream.Msg, inv *envelope.Invocation, s settlement
 		if r.Custody != nil && s.next == subjects.Next(r.Name) && s.next != subjects.Audit {
 			inv.Custody = r.Custody(busauth.Role(s.next), inv.Tenant, inv.ID, inv.Event.Seq)
 		}
-		o, err := Handoff(inv, s.next)
+		o, err := r.handoff(inv, s.next)
 		if err != nil {
 			log().Warn("handing on", "next", s.next, "err", err)
 			_ = msg.NakWithDelay(backoff(delivered(msg)))
@@ -750,6 +753,27 @@ func Handoff(inv *envelope.Invocation, next string) (stages.Output, error) {
 		Header:  h,
 		Data:    data,
 	}, nil
+}
+
+// handoff is Handoff, with this stage's tag in the id of a hand-off into
+// audit.
+func (r *Runner) handoff(inv *envelope.Invocation, next string) (stages.Output, error) {
+	o, err := Handoff(inv, next)
+	if err == nil && next == subjects.Audit && r.EndingTag != nil {
+		o.MsgID = EndingID(o.MsgID, r.EndingTag(inv.Tenant, inv.ID, inv.Event.Seq))
+	}
+	return o, err
+}
+
+// EndingID is id, a hand-off's into audit, with the sender's tag
+// (seal.Signer.EndingTag), so that no other role can take the id first.
+// The tag goes last: the id still starts as every message of the call's
+// does (msgIDKey).
+func EndingID(id, tag string) string {
+	if tag == "" {
+		return id
+	}
+	return id + "." + tag
 }
 
 // HopID is the message id of inv's hand-off to stage next

@@ -65,6 +65,31 @@ func (s *Signer) Custody(holder busauth.Role, tenant, id string, seq uint64) str
 	return base64.RawURLEncoding.EncodeToString(mac(k, custodyText(holder, tenant, id, seq)))
 }
 
+// EndingTag is what s's role adds to the message id of a hand-off into
+// audit (runner.EndingID): a MAC over its role, the tenant, the invocation
+// id and the ingest sequence under its pair key with audit, or "" without
+// pair keys. JetStream keeps the first message of an id and drops later
+// ones as duplicates, and the id of a call's hop into audit is otherwise
+// predictable; any role that may publish there could then send a refused
+// forgery under it first and make audit's input drop the real ending. A
+// tag only the sender's role can make keeps its id its own, and a
+// redelivery of its own hand-off still takes the same id.
+func (s *Signer) EndingTag(tenant, id string, seq uint64) string {
+	if s == nil || s.pairs == nil {
+		return ""
+	}
+	k, ok := s.pairs.key(s.role, busauth.RoleAudit, s.role)
+	if !ok {
+		return ""
+	}
+	text := append([]byte(endingTagVersion+"\n"), custodyText(s.role, tenant, id, seq)...)
+	return base64.RawURLEncoding.EncodeToString(mac(k, text)[:12])
+}
+
+// endingTagVersion sets an ending tag's text apart from a custody's,
+// which the same key makes.
+const endingTagVersion = "toolgate-ending-id-v1"
+
 func custodyText(holder busauth.Role, tenant, id string, seq uint64) []byte {
 	b := make([]byte, 0, len(custodyVersion)+len(holder)+len(tenant)+len(id)+32)
 	b = append(b, custodyVersion...)
