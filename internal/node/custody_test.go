@@ -92,9 +92,11 @@ func TestCustodyIsTheHolders(t *testing.T) {
 			if err := runner.Publish(ctx, runner.Relaying(seal.SigningJetStream(js, seal.NewSigner(tc.role, k))), hop); err != nil {
 				t.Fatalf("%s handing audit an ending: %v", tc.role, err)
 			}
-			r, err := agent.Wait(ctx, tenant, id)
+			wctx, wcancel := context.WithTimeout(ctx, time.Minute)
+			defer wcancel()
+			r, err := agent.Wait(wctx, tenant, id)
 			if err != nil {
-				t.Fatal(err)
+				t.Fatalf("the call %s did not end: the forgery under its ending's id made the stream drop the real ending? %v", id, err)
 			}
 			if r.Status != api.StatusSuccess || !strings.Contains(string(r.Result), "3000") {
 				t.Fatalf("the call %s ended %s %s %+v: %s's copied custody ended it", id, r.Status, r.Result, r.Error, tc.role)
