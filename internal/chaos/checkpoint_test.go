@@ -81,7 +81,7 @@ done
 printf '{"started_at":%s}\n' "$start"`
 	doc := `{"id":"test.cli_steps","name":"steps","version":"1.0.0","description":"twelve steps, a checkpoint after each","kind":"cli",
 	  "cli":{"command":["sh","-c",` + strconv.Quote(script) + `],"stdin":"none"},
-	  "input_schema":{"type":"object"},"output_schema":{"type":"object","required":["started_at"]},"limits":{"timeout_ms":120000}}`
+	  "input_schema":{"type":"object"},"output_schema":{"type":"object","required":["started_at"]},"limits":{"timeout_ms":120000},"checkpointing":{"micro_checkpoints":{"interval_seconds":0}}}`
 	n, err := node.Open(ctx, s.url(), "checkpoint-setup", topology.TopologyOptions{AckWait: ackWait}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)

@@ -27,6 +27,7 @@ import (
 	"github.com/toolgate/toolgate/internal/backoff"
 	"github.com/toolgate/toolgate/internal/node"
 	"github.com/toolgate/toolgate/internal/token"
+	"github.com/toolgate/toolgate/internal/tools"
 	"github.com/toolgate/toolgate/internal/topology"
 	"github.com/toolgate/toolgate/kvstore"
 	"github.com/toolgate/toolgate/subjects"
@@ -130,6 +131,30 @@ func (h *harness) setup() {
 	defer n.Close()
 	if err := n.RegisterExamples(ctx); err != nil {
 		h.t.Fatal(err)
+	}
+	// One agent calls fs.append_file at the scenario's rate, past the
+	// defaults where a manifest is silent (a rate limit per agent, calls
+	// running at once): the faults are the subject here, not the limits.
+	ms, err := tools.Examples()
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	for _, m := range ms {
+		if m.ID != "fs.append_file" {
+			continue
+		}
+		m.RateLimit = &tools.RateLimit{Requests: 1_000_000, PerSeconds: 1, Burst: 1_000_000}
+		m.Limits.ConcurrentPerAgent = tools.UncountedRuns
+		doc, err := json.Marshal(m)
+		if err != nil {
+			h.t.Fatal(err)
+		}
+		if _, err := n.Store.RegisterTool(ctx, doc, true); err != nil {
+			h.t.Fatal(err)
+		}
+		if err := n.WaitForTool(ctx, m.ID, m.Version); err != nil {
+			h.t.Fatal(err)
+		}
 	}
 }
 
