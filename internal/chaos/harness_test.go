@@ -89,7 +89,7 @@ func newHarness(t *testing.T, urls []string, replicas int) *harness {
 		t.Fatal(err)
 	}
 	h.token, err = token.Mint(k, token.Claims{
-		ToolID: token.Patterns{"fs.append_file"}, TenantID: tenant, AgentDID: "did:agent:chaos",
+		ToolID: token.Patterns{drivenToolID}, TenantID: tenant, AgentDID: "did:agent:chaos",
 		Filesystem: &token.FilesystemGrant{AllowedPaths: []string{"/"}, Mode: "rw"},
 		RegisteredClaims: jwt.RegisteredClaims{Issuer: issuer, Audience: jwt.ClaimStrings{audience},
 			ExpiresAt: jwt.NewNumericDate(time.Now().Add(6 * time.Hour))},
@@ -132,30 +132,41 @@ func (h *harness) setup() {
 	if err := n.RegisterExamples(ctx); err != nil {
 		h.t.Fatal(err)
 	}
-	// One agent calls fs.append_file at the scenario's rate, past the
-	// defaults where a manifest is silent (a rate limit per agent, calls
-	// running at once): the faults are the subject here, not the limits.
-	ms, err := tools.Examples()
-	if err != nil {
+	doc := drivenTool(h.t)
+	if _, err := n.Store.RegisterTool(ctx, doc, true); err != nil {
 		h.t.Fatal(err)
 	}
+	if err := n.WaitForTool(ctx, drivenToolID, "1.0.0"); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+// drivenToolID is the tool the scenarios drive: one agent calls it at the
+// scenario's rate, past the defaults where a manifest is silent (a rate
+// limit per agent, calls running at once). The faults are the subject
+// here, not the limits, so its manifest declares that rate.
+const drivenToolID = "fs.append_file"
+
+// drivenTool is the example manifest of drivenToolID with that rate.
+func drivenTool(t *testing.T) []byte {
+	ms, err := tools.Examples()
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, m := range ms {
-		if m.ID != "fs.append_file" {
+		if m.ID != drivenToolID {
 			continue
 		}
 		m.RateLimit = &tools.RateLimit{Requests: 1_000_000, PerSeconds: 1, Burst: 1_000_000}
 		m.Limits.ConcurrentPerAgent = tools.UncountedRuns
 		doc, err := json.Marshal(m)
 		if err != nil {
-			h.t.Fatal(err)
+			t.Fatal(err)
 		}
-		if _, err := n.Store.RegisterTool(ctx, doc, true); err != nil {
-			h.t.Fatal(err)
-		}
-		if err := n.WaitForTool(ctx, m.ID, m.Version); err != nil {
-			h.t.Fatal(err)
-		}
+		return doc
 	}
+	t.Fatalf("no example tool %s", drivenToolID)
+	return nil
 }
 
 // startAll starts per processes of every stage.
@@ -232,7 +243,7 @@ func (h *harness) drive(ctx context.Context, n, conc, rate int) *load {
 					time.Sleep(d)
 				}
 				id := fmt.Sprintf("inv-%06d", i)
-				req := api.Request{ToolID: "fs.append_file", CapabilityToken: h.token,
+				req := api.Request{ToolID: drivenToolID, CapabilityToken: h.token,
 					AgentContext: api.AgentContext{AgentDID: "did:agent:chaos", TenantID: tenant},
 					Parameters:   json.RawMessage(fmt.Sprintf(`{"path":%q,"content":"%s\n"}`, ledger, id))}
 				pctx, cancel := context.WithTimeout(ctx, 5*time.Second)

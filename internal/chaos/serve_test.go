@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/client"
 	"github.com/toolgate/toolgate/internal/auditchain"
 	"github.com/toolgate/toolgate/internal/busauth"
 	"github.com/toolgate/toolgate/internal/envelope"
@@ -131,7 +132,19 @@ func TestChaosServeKill(t *testing.T) {
 	h.opts = []nats.Option{busauth.CredentialsOption(node.CredsPath(s.data, busauth.RoleOperator))}
 	// serve registers the example tools itself, signed as the operator's
 	// (--examples): an unsigned registration would be refused by every
-	// stage on its authenticated bus.
+	// stage on its authenticated bus. The driven tool is registered again,
+	// signed by the operator, at the rate it is driven.
+	// serve registers its examples again at every start, so again after
+	// each restart.
+	op := operatorClient(t, h.conn(), node.CredsPath(s.data, busauth.RoleOperator))
+	driven := func() {
+		rctx, rcancel := context.WithTimeout(t.Context(), time.Minute)
+		defer rcancel()
+		if _, err := op.RegisterTool(rctx, drivenTool(t), true); err != nil {
+			t.Error(err)
+		}
+	}
+	driven()
 	n, r, conc := invocations(), rate(), 8
 	kills := 2
 	if n > 1000 {
@@ -143,7 +156,9 @@ func TestChaosServeKill(t *testing.T) {
 			start := time.Now()
 			s.kill()
 			s.start()
-			return time.Since(start)
+			d := time.Since(start)
+			driven()
+			return d
 		})
 	rep := h.verify(l, "serve-kill", faults, recovery, 5*time.Minute)
 
@@ -248,4 +263,21 @@ func verifyChain(ctx context.Context, t *testing.T, js jetstream.JetStream, data
 		t.Errorf("the audit chain after the kills: %+v", r)
 	}
 	return fmt.Sprintf("%d events in %d checkpoints, %d findings", r.Events, r.Checkpoints, len(r.Findings))
+}
+
+// operatorClient is a client on nc signing its administrative requests
+// with the operator's credentials at creds.
+func operatorClient(t *testing.T, nc *nats.Conn, creds string) *client.Operator {
+	c, err := client.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	signer, err := busauth.SignerFromCreds(creds)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Sign = func(subject string, body []byte) (nats.Header, error) {
+		return signer.Sign(nil, subject, body, time.Now())
+	}
+	return c
 }
