@@ -15,8 +15,9 @@ import (
 // archiveFlagHelp describes --archive wherever it is taken.
 const archiveFlagHelp = "the archive: nats://[BUCKET] (default: the bus's toolgate_audit_archive bucket) or s3://BUCKET/PREFIX (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ... or ?endpoint=)"
 
-// archiveStore opens --archive on the bus.
-func (a *app) archiveStore(url string) (archivestore.Store, func(), error) {
+// jetStream connects with the command's credentials; done closes the
+// connection.
+func (a *app) jetStream() (jetstream.JetStream, func(), error) {
 	nc, err := a.conn.Connect()
 	if err != nil {
 		return nil, nil, err
@@ -26,12 +27,21 @@ func (a *app) archiveStore(url string) (archivestore.Store, func(), error) {
 		nc.Close()
 		return nil, nil, err
 	}
+	return js, nc.Close, nil
+}
+
+// archiveStore opens --archive on the bus.
+func (a *app) archiveStore(url string) (archivestore.Store, func(), error) {
+	js, done, err := a.jetStream()
+	if err != nil {
+		return nil, nil, err
+	}
 	s, err := archivestore.Open(js, url)
 	if err != nil {
-		nc.Close()
+		done()
 		return nil, nil, usageErr("--archive: %v", err)
 	}
-	return s, nc.Close, nil
+	return s, done, nil
 }
 
 // auditArchiveCmd: toolgate audit archive [--archive URL]
@@ -55,15 +65,11 @@ same every --archive-every.`,
 			if err != nil {
 				return err
 			}
-			nc, err := a.conn.Connect()
+			js, done, err := a.jetStream()
 			if err != nil {
 				return err
 			}
-			defer nc.Close()
-			js, err := jetstream.New(nc)
-			if err != nil {
-				return err
-			}
+			defer done()
 			store, err := archivestore.Open(js, url)
 			if err != nil {
 				return usageErr("--archive: %v", err)

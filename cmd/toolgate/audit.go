@@ -44,15 +44,11 @@ func (a *app) auditCmd() *cobra.Command {
 					return err
 				}
 			}
-			nc, err := a.conn.Connect()
+			js, done, err := a.jetStream()
 			if err != nil {
 				return err
 			}
-			defer nc.Close()
-			js, err := jetstream.New(nc)
-			if err != nil {
-				return err
-			}
+			defer done()
 			if chain {
 				return a.chainExport(cmd.Context(), js, o)
 			}
@@ -257,15 +253,11 @@ The exit status is 0 only when nothing is wrong (docs/audit.md).`,
 				if err != nil {
 					return usageErr("--until: %v", err)
 				}
-				nc, err := a.conn.Connect()
+				js, done, err := a.jetStream()
 				if err != nil {
 					return err
 				}
-				defer nc.Close()
-				js, err := jetstream.New(nc)
-				if err != nil {
-					return err
-				}
+				defer done()
 				bus := auditchain.Bus{JS: js}
 				if o.From, o.To, err = seqWindow(cmd.Context(), bus, s, u); err != nil {
 					return err
@@ -327,15 +319,11 @@ func (a *app) auditProveCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			nc, err := a.conn.Connect()
+			js, done, err := a.jetStream()
 			if err != nil {
 				return err
 			}
-			defer nc.Close()
-			js, err := jetstream.New(nc)
-			if err != nil {
-				return err
-			}
+			defer done()
 			p, err := auditchain.Prove(cmd.Context(), auditchain.Bus{JS: js}, args[0], pub)
 			if err != nil {
 				return err
