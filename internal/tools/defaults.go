@@ -231,12 +231,15 @@ func (m *Manifest) EffectiveRateLimit(d Defaults) (lim RateLimit, perAgent, ok b
 }
 
 // EffectiveRetry is how failed calls of m are retried: the manifest's
-// policy, or else d's for an idempotent tool; nil means never.
+// policy, or else d's for an idempotent tool; nil means never. A model
+// tool gets no default: its router already retries each model of the
+// chain and then falls back (seed 000, 2.7), and retrying the whole chain
+// on top would multiply the attempts and trip the models' breakers.
 func (m *Manifest) EffectiveRetry(d Defaults) *RetryPolicy {
 	if m.RetryPolicy != nil {
 		return m.RetryPolicy
 	}
-	if m.Safety.Idempotent {
+	if m.Safety.Idempotent && m.Kind != "model" {
 		return d.RetryPolicy
 	}
 	return nil

@@ -317,6 +317,15 @@ func Parse(doc []byte) (*Manifest, error) {
 	return m, err
 }
 
+// breakerOnly reports whether every field error is a circuit breaker's value
+// out of range: the specification's own code (E3403). An unknown member
+// stays an invalid manifest.
+func breakerOnly(fields []api.FieldError) bool {
+	return !slices.ContainsFunc(fields, func(f api.FieldError) bool {
+		return !strings.HasPrefix(f.Location+"/", "/circuit_breaker/") || strings.HasPrefix(f.Message, "additionalProperties ")
+	})
+}
+
 // parseNative is Parse for a document in toolgate's form.
 func parseNative(doc []byte) (*Manifest, error) {
 	fields, err := schemas.Validate(schemas.Manifest(), doc)
@@ -324,11 +333,7 @@ func parseNative(doc []byte) (*Manifest, error) {
 		return nil, api.WrapError(err, api.InvalidParameters, api.EInvalidManifest, "manifest: %v", err)
 	}
 	if len(fields) > 0 {
-		// A breaker's values out of range are the specification's own
-		// code; an unknown member stays an invalid manifest.
-		if !slices.ContainsFunc(fields, func(f api.FieldError) bool {
-			return !strings.HasPrefix(f.Location+"/", "/circuit_breaker/") || strings.HasPrefix(f.Message, "additionalProperties ")
-		}) {
+		if breakerOnly(fields) {
 			return nil, api.NewError(api.InvalidParameters, api.EBreakerConfig,
 				"the circuit breaker configuration is invalid").WithFields(fields)
 		}
@@ -374,7 +379,11 @@ func parseNative(doc []byte) (*Manifest, error) {
 		}
 	}
 	if fields := m.checkOverrides(); len(fields) > 0 {
-		return nil, invalid("%s: %s: %s", m.Key(), fields[0].Location, fields[0].Message).WithFields(fields)
+		code := api.EInvalidManifest
+		if breakerOnly(fields) {
+			code = api.EBreakerConfig
+		}
+		return nil, api.NewError(api.InvalidParameters, code, "%s: %s: %s", m.Key(), fields[0].Location, fields[0].Message).WithFields(fields)
 	}
 	if m.Safety.RiskLevel == "" {
 		m.Safety.RiskLevel = "low"
