@@ -39,6 +39,7 @@ func pipelineFlags(fs *pflag.FlagSet, c *node.Config) *string {
 	fs.IntVar(&c.Stage.MaxEventBytes, "max-event-bytes", 1<<20, "largest accepted tool.invoke event")
 	fs.StringVar(&c.DetectorRulesPath, "detector-rules", "", "detector rule set replacing the shipped one (JSON)")
 	fs.StringVar(&c.SafetyConfigPath, "safety-config", "", `per-tenant output actions, {"tenants":{"acme":{"pii":"reject"}}}`)
+	fs.StringVar(&c.DefaultsPath, "defaults", "", `defaults where a manifest is silent, for the deployment and per tenant, {"concurrent_tools_per_agent":8,"tenants":{"acme":{"rate_limit":{"requests":600,"per_seconds":60}}}} (docs/tools.md)`)
 	fs.IntVar(&c.Topology.Replicas, "replicas", 1, "replicas of streams and buckets created at start")
 	fs.DurationVar(&c.Topology.AuditMaxAge, "audit-max-age", 0, "age limit of the AUDIT stream when created (default 90 days; negative: forever)")
 	fs.DurationVar(&c.Stage.AuditArchiveEvery, "archive-every", time.Hour, "how often audit archives the closed ranges of AUDIT (0: never); well under --audit-max-age, so nothing ages out unarchived")

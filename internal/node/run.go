@@ -1,6 +1,7 @@
 package node
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"crypto/ed25519"
@@ -22,6 +23,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/approval"
 	"github.com/toolgate/toolgate/internal/busauth"
 	"github.com/toolgate/toolgate/internal/control"
@@ -113,6 +115,10 @@ type Config struct {
 	// SafetyConfigPath holds per-tenant output actions:
 	// {"tenants": {"acme": {"pii": "reject"}}}.
 	SafetyConfigPath string
+	// DefaultsPath holds the defaults where a manifest is silent, for the
+	// deployment and per tenant (LoadDefaults), replacing the
+	// specification's member by member.
+	DefaultsPath string
 	// Examples registers the example tools at start and, unless JWKSPath
 	// is set, creates a development signing key in DevKeyDir and mints a
 	// development token (Node.DevToken) for the example tenant.
@@ -950,6 +956,24 @@ func collect(ch <-chan error) []error {
 	return out
 }
 
+// LoadDefaults reads a defaults document: the deployment's defaults where
+// a manifest is silent, and under "tenants" each tenant's, in the members
+// of tools.Defaults, e.g. {"concurrent_tools_per_agent": 8, "tenants":
+// {"acme": {"rate_limit": {"requests": 600, "per_seconds": 60}}}}. A member
+// it does not know is refused; values are checked by Settings.Check.
+func LoadDefaults(b []byte) (tools.Defaults, map[string]tools.Defaults, error) {
+	var doc struct {
+		tools.Defaults
+		Tenants map[string]tools.Defaults `json:"tenants"`
+	}
+	d := json.NewDecoder(bytes.NewReader(b))
+	d.DisallowUnknownFields()
+	if err := d.Decode(&doc); err != nil {
+		return tools.Defaults{}, nil, api.NewError(api.InvalidParameters, api.EInvalidManifest, "%v", err)
+	}
+	return doc.Defaults, doc.Tenants, nil
+}
+
 func loadSafety(c *Config) error {
 	if c.DetectorRulesPath != "" {
 		b, err := os.ReadFile(c.DetectorRulesPath)
@@ -977,6 +1001,15 @@ func loadSafety(c *Config) error {
 			}
 		}
 		c.Stage.TenantActions = doc.Tenants
+	}
+	if c.DefaultsPath != "" {
+		b, err := os.ReadFile(c.DefaultsPath)
+		if err != nil {
+			return fmt.Errorf("defaults: %w", err)
+		}
+		if c.Stage.Defaults, c.Stage.TenantDefaults, err = LoadDefaults(b); err != nil {
+			return fmt.Errorf("defaults %s: %w", c.DefaultsPath, err)
+		}
 	}
 	for tenant := range c.Stage.TenantDefaults {
 		if err := subjects.CheckTenant(tenant); err != nil {

@@ -114,9 +114,12 @@ func (l *Limiter) Allow(ctx context.Context, tenant, agent string, m *tools.Mani
 		ls.tokens--
 		return true, 0, nil
 	}
-	// Lease about a tenth of the burst, or what a lease lifetime refills,
-	// so that a worker does not sit on a large share of a small bucket.
-	want := int(math.Max(1, math.Min(float64(l.MaxLease), math.Max(burst/10, rate*l.LeaseTTL.Seconds()))))
+	// Lease what the bucket refills in a lease's lifetime, at least one:
+	// tokens a worker leases and does not spend in time are lost, so a
+	// lease larger than the refill would make a slow bucket (60 a minute)
+	// admit well under its limit when calls come in a burst. Only a fast
+	// bucket leases several, and saves their round trips.
+	want := int(math.Max(1, math.Min(float64(l.MaxLease), rate*l.LeaseTTL.Seconds())))
 	var got int
 	var wait time.Duration
 	_, err := l.store.UpdateBucket(ctx, tenant, bucket, func(b *kvstore.Bucket, exists bool) error {
