@@ -8,9 +8,8 @@ import (
 	"github.com/toolgate/toolgate/subjects"
 )
 
-// agentRunKeys is the key prefix, inside the invocations bucket, of each
-// agent's running calls. Invocation records have two tokens (tenant.id),
-// these three, so neither is ever the other.
+// agentRunKeys is the key prefix of each agent's running calls, in a
+// bucket only execute writes (subjects.BucketAgentRuns).
 const agentRunKeys = "_running"
 
 // AgentRuns are one agent's running calls: invocation id → when its lease
@@ -32,7 +31,7 @@ func agentRunsKey(tenant, agent string) string {
 // workers never admit more than limit together.
 func (s *Store) ClaimAgentRun(ctx context.Context, tenant, agent, id string, limit int, now time.Time, ttl time.Duration) (bool, int, error) {
 	held := false
-	runs, _, err := update(ctx, s.invocations, agentRunsKey(tenant, agent), func(r *AgentRuns, exists bool) error {
+	runs, _, err := update(ctx, s.agentruns, agentRunsKey(tenant, agent), func(r *AgentRuns, exists bool) error {
 		held = false
 		if r.Leases == nil {
 			r.Leases = map[string]time.Time{}
@@ -57,7 +56,7 @@ func (s *Store) ClaimAgentRun(ctx context.Context, tenant, agent, id string, lim
 
 // ReleaseAgentRun ends the lease of call id of agent.
 func (s *Store) ReleaseAgentRun(ctx context.Context, tenant, agent, id string) error {
-	_, _, err := update(ctx, s.invocations, agentRunsKey(tenant, agent), func(r *AgentRuns, exists bool) error {
+	_, _, err := update(ctx, s.agentruns, agentRunsKey(tenant, agent), func(r *AgentRuns, exists bool) error {
 		if _, ok := r.Leases[id]; !ok {
 			return ErrUnchanged
 		}

@@ -99,6 +99,7 @@ type Store struct {
 	approvals       jetstream.KeyValue
 	budgets         jetstream.KeyValue
 	ratelimits      jetstream.KeyValue
+	agentruns       jetstream.KeyValue
 	idempotency     jetstream.KeyValue
 	checkpoints     jetstream.KeyValue
 	breakers        jetstream.KeyValue
@@ -188,6 +189,12 @@ func Open(ctx context.Context, js jetstream.JetStream, o Options) (*Store, error
 		// Idle buckets expire: a missing bucket is a full one.
 		{&s.ratelimits, jetstream.KeyValueConfig{
 			Bucket: BucketRateLimits, Description: "toolgate token buckets by tenant and tool",
+			History: 1, TTL: 24 * time.Hour,
+		}},
+		// Only execute writes it: another role cannot fill an agent's
+		// slots. A lease lapses in AgentRunLease; an idle key in a day.
+		{&s.agentruns, jetstream.KeyValueConfig{
+			Bucket: subjects.BucketAgentRuns, Description: "toolgate running calls by tenant and agent",
 			History: 1, TTL: 24 * time.Hour,
 		}},
 		{&s.idempotency, jetstream.KeyValueConfig{

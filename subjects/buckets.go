@@ -17,6 +17,9 @@ const (
 	BucketToolStats    = "toolgate_toolstats"
 	BucketModelStats   = "toolgate_modelstats"
 	BucketCapabilities = "toolgate_capabilities"
+	// BucketAgentRuns counts each agent's running calls (E3106): leases
+	// only execute writes.
+	BucketAgentRuns = "toolgate_agentruns"
 	// BucketSettings holds the cluster's security settings: the first
 	// worker records them, and every later one must match them to start.
 	BucketSettings = "toolgate_settings"
@@ -29,7 +32,7 @@ const (
 var Buckets = []string{BucketTools, BucketInvocations, BucketRevocations, BucketPolicies, BucketApprovals,
 	BucketBudgets, BucketRateLimits, BucketIdempotency, BucketCheckpoints, BucketBreakers, BucketHooks,
 	BucketToolStats, BucketModelStats, BucketCapabilities, BucketSettings, BucketModels,
-	BucketDocSources, BucketDocCache}
+	BucketDocSources, BucketDocCache, BucketAgentRuns}
 
 // BucketStream is the stream behind a bucket.
 func BucketStream(bucket string) string { return "KV_" + bucket }
