@@ -164,6 +164,26 @@ func runServed(t *testing.T, cfg node.Config) (*node.Node, string) {
 }
 
 // serveEmbedded is `toolgate serve`: the embedded server, always with auth.
+// hopSigner is role's hop signer, with the key in s's data directory: what a
+// host of that role signs with.
+func (s *served) hopSigner(t *testing.T, role busauth.Role) *seal.Signer {
+	t.Helper()
+	k, err := busauth.LoadHopKey(s.dataDir, role)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return seal.NewSigner(role, k)
+}
+
+// signedAs is a JetStream of role's credentials whose publishes role's own
+// key signs (relayed where the role relays): what a host of that role can
+// send.
+func (s *served) signedAs(t *testing.T, role busauth.Role) jetstream.JetStream {
+	t.Helper()
+	js, _ := jetstream.New(s.connect(t, 0, s.creds(role)))
+	return runner.Relaying(seal.SigningJetStream(js, s.hopSigner(t, role)))
+}
+
 func serveEmbedded(t *testing.T) *served {
 	dir := t.TempDir()
 	reg, stage := chainCounted()
@@ -1276,13 +1296,7 @@ func forgedHops(t *testing.T, s *served) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	key := func(r busauth.Role) *seal.Signer {
-		k, err := busauth.LoadHopKey(s.dataDir, r)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return seal.NewSigner(r, k)
-	}
+	key := func(r busauth.Role) *seal.Signer { return s.hopSigner(t, r) }
 	forged := func(id string) *envelope.Invocation {
 		return &envelope.Invocation{ID: id, Tenant: "demo", Event: envelope.Event{ID: id, Source: "urn:forger", Seq: uint64(1e12) + uint64(time.Now().UnixNano()%1e9)},
 			ReceivedAt: time.Now(), Status: api.StatusPending,

@@ -14,7 +14,6 @@ import (
 	"github.com/toolgate/toolgate/internal/busauth"
 	"github.com/toolgate/toolgate/internal/envelope"
 	"github.com/toolgate/toolgate/internal/runner"
-	"github.com/toolgate/toolgate/internal/seal"
 	"github.com/toolgate/toolgate/subjects"
 )
 
@@ -55,10 +54,6 @@ func TestCustodyIsTheHolders(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			k, err := busauth.LoadHopKey(s.dataDir, tc.role)
-			if err != nil {
-				t.Fatal(err)
-			}
 			js, _ := jetstream.New(s.connect(t, 0, s.creds(tc.role)))
 			pipe, err := js.Stream(ctx, subjects.StreamPipeline)
 			if err != nil {
@@ -89,7 +84,7 @@ func TestCustodyIsTheHolders(t *testing.T) {
 			// sender's tag (runner.EndingID): JetStream keeps the first
 			// message of an id, so taking it first would make audit's
 			// input drop the real ending, and the call would never end.
-			if err := runner.Publish(ctx, runner.Relaying(seal.SigningJetStream(js, seal.NewSigner(tc.role, k))), hop); err != nil {
+			if err := runner.Publish(ctx, s.signedAs(t, tc.role), hop); err != nil {
 				t.Fatalf("%s handing audit an ending: %v", tc.role, err)
 			}
 			wctx, wcancel := context.WithTimeout(ctx, time.Minute)

@@ -15,7 +15,6 @@ import (
 	"github.com/toolgate/toolgate/internal/busauth"
 	"github.com/toolgate/toolgate/internal/envelope"
 	"github.com/toolgate/toolgate/internal/runner"
-	"github.com/toolgate/toolgate/internal/seal"
 	"github.com/toolgate/toolgate/subjects"
 )
 
@@ -33,16 +32,7 @@ func TestHopsFromTheirStage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// signed is a JetStream of role's credentials whose publishes role's
-	// own key signs: what a host of that role can send.
-	signed := func(role busauth.Role) jetstream.JetStream {
-		k, err := busauth.LoadHopKey(s.dataDir, role)
-		if err != nil {
-			t.Fatal(err)
-		}
-		js, _ := jetstream.New(s.connect(t, 0, s.creds(role)))
-		return runner.Relaying(seal.SigningJetStream(js, seal.NewSigner(role, k)))
-	}
+	signed := func(role busauth.Role) jetstream.JetStream { return s.signedAs(t, role) }
 	poisoned := func(tenant, subject, code, stage string) bool {
 		m, err := trail.GetLastMsgForSubject(ctx, subjects.AuditEvent(tenant, envelope.SubjectSuffix(api.TypePoison)))
 		return err == nil && strings.Contains(string(m.Data), subject) && strings.Contains(string(m.Data), code) &&

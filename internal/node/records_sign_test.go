@@ -15,15 +15,11 @@ import (
 func executeCheckpoints(t *testing.T, s *served) *kvstore.Store {
 	t.Helper()
 	st, _ := roleStore(t, s, busauth.RoleExecute)
-	k, err := busauth.LoadHopKey(s.dataDir, busauth.RoleExecute)
-	if err != nil {
-		t.Fatal(err)
-	}
 	pubs, err := busauth.LoadHopPublicKeys(s.dataDir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	st.SignCheckpoints(seal.NewSigner(busauth.RoleExecute, k).SignCheckpoint, seal.NewMessages(pubs).CheckpointSigned)
+	st.SignCheckpoints(s.hopSigner(t, busauth.RoleExecute).SignCheckpoint, seal.NewMessages(pubs).CheckpointSigned)
 	return st
 }
 

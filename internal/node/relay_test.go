@@ -36,13 +36,7 @@ func onlyAuditPublishes(t *testing.T, s *served) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	key := func(r busauth.Role) *seal.Signer {
-		k, err := busauth.LoadHopKey(s.dataDir, r)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return seal.NewSigner(r, k)
-	}
+	key := func(r busauth.Role) *seal.Signer { return s.hopSigner(t, r) }
 	roleJS := func(r busauth.Role) jetstream.JetStream {
 		js, _ := jetstream.New(s.connect(t, 0, s.creds(r)))
 		return js
