@@ -363,3 +363,33 @@ func TestGarbageTokenOneVoice(t *testing.T) {
 		t.Errorf("mcp --stdio with a garbage token: exit %d, want %d", code, exitRefused)
 	}
 }
+
+// TestOperatorToolChangesSurviveRestart: what the operator did to an
+// example tool (deprecated one version, removed another) is what serve
+// finds at its next start: the examples fill in what is missing and
+// replace nothing.
+func TestOperatorToolChangesSurviveRestart(t *testing.T) {
+	cleanEnv(t)
+	dir := t.TempDir()
+	url, stop := runServe(t, dir)
+	for _, args := range [][]string{
+		{"tools", "deprecate", "echo", "1.0.0", "--in-favor-of", "noop"},
+		{"tools", "delete", "sleep", "1.0.0"},
+	} {
+		if r := tg(t, "", append(args, "--nats", url, "--data", dir)...); r.code != exitOK {
+			t.Fatalf("%v: exit %d\n%s%s", args, r.code, r.stdout, r.stderr)
+		}
+	}
+	stop()
+	url, stop = runServe(t, dir)
+	defer stop()
+	for _, c := range []struct{ id, want string }{
+		{"echo", `"deprecated_in_favor_of": "noop"`},
+		{"sleep", `"state": "removed"`},
+	} {
+		r := tg(t, "", "tools", "get", c.id, "--version", "1.0.0", "--nats", url, "--data", dir)
+		if r.code != exitOK || !strings.Contains(r.stdout, c.want) {
+			t.Errorf("tools get %s after a restart: exit %d, want %s in\n%s%s", c.id, r.code, c.want, r.stdout, r.stderr)
+		}
+	}
+}

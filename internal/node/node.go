@@ -298,8 +298,10 @@ func (n *Node) StopStages() {
 	}
 }
 
-// RegisterExamples stores the example tools shipped in the binary, replacing
-// earlier copies, and waits until this node's registry holds them.
+// RegisterExamples stores the example tools shipped in the binary that the
+// registry lacks, and waits until this node's registry holds them. A version
+// already stored (by an earlier start, or as the operator changed or removed
+// it since) is kept as it is: a restart undoes nothing the operator did.
 func (n *Node) RegisterExamples(ctx context.Context) error {
 	return n.registerExamples(ctx, nil)
 }
@@ -321,7 +323,7 @@ func (n *Node) registerExamples(ctx context.Context, sign *exampleSigner) error 
 		var proof *api.DecisionProof
 		by := ""
 		if sign != nil {
-			body, err := json.Marshal(api.RegisterRequest{Manifest: doc, Replace: true})
+			body, err := json.Marshal(api.RegisterRequest{Manifest: doc})
 			if err != nil {
 				return err
 			}
@@ -334,7 +336,7 @@ func (n *Node) registerExamples(ctx context.Context, sign *exampleSigner) error 
 				return fmt.Errorf("signing example %s: %w", m.Key(), err)
 			}
 		}
-		if _, err := n.Store.RegisterSignedTool(ctx, doc, true, by, proof); err != nil {
+		if _, err := n.Store.RegisterSignedTool(ctx, doc, false, by, proof); err != nil && api.AsError(err).ECode != api.EDuplicateTool {
 			return fmt.Errorf("registering example %s: %w", m.Key(), err)
 		}
 	}
