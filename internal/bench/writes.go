@@ -94,12 +94,12 @@ type writesPerCall struct {
 	// written to, largest first.
 	Streams []streamPerCall
 	// Fsyncs are the fsync and fdatasync calls the serve process made
-	// per call, counted by perf; fsyncsCounted says whether they were.
+	// per call, counted by perf; FsyncsCounted says whether they were.
 	Fsyncs        float64
-	fsyncsCounted bool
-	// derived are the fsyncs per call the file store's rule gives: one
+	FsyncsCounted bool
+	// FsyncsDerived are the fsyncs per call the file store's rule gives: one
 	// per record with sync always, none otherwise.
-	derived float64
+	FsyncsDerived float64
 }
 
 type streamPerCall struct {
@@ -137,7 +137,7 @@ func (w storeWrites) perCall(calls int, always bool) writesPerCall {
 		return 0
 	})
 	if always {
-		p.derived = p.File
+		p.FsyncsDerived = p.File
 	}
 	return p
 }
@@ -184,6 +184,10 @@ func (c *writeCounter) count(ctx context.Context, fsyncs bool, series func() (in
 		sc = startSyscallCounter(c.pid) // nil where perf cannot count
 	}
 	calls, err := series()
+	var after storeState
+	if err == nil {
+		after, err = c.settled(ctx)
+	}
 	var synced float64
 	var counted bool
 	if sc != nil {
@@ -192,15 +196,39 @@ func (c *writeCounter) count(ctx context.Context, fsyncs bool, series func() (in
 	if err != nil {
 		return writesPerCall{}, err
 	}
-	after, err := readStore(ctx, c.js)
-	if err != nil {
-		return writesPerCall{}, err
-	}
 	p := writesBetween(before, after, c.include).perCall(calls, c.always)
 	if counted && calls > 0 {
-		p.Fsyncs, p.fsyncsCounted = synced/float64(calls), true
+		p.Fsyncs, p.FsyncsCounted = synced/float64(calls), true
 	}
 	return p, nil
+}
+
+// settled reads the store once the series' last writes are in: a call's
+// result reaches its reader before the store has written (and with sync
+// always fsynced) it and the acknowledgements behind it. Settled is two
+// readings 250 ms apart that agree on the counted streams, or 5 s.
+func (c *writeCounter) settled(ctx context.Context) (storeState, error) {
+	sum := func(st storeState) (n uint64) {
+		for name, s := range st {
+			if c.include(name) {
+				n += s.lastSeq + s.msgs
+			}
+		}
+		return n
+	}
+	st, err := readStore(ctx, c.js)
+	for deadline := time.Now().Add(5 * time.Second); err == nil && time.Now().Before(deadline); {
+		time.Sleep(250 * time.Millisecond)
+		var next storeState
+		if next, err = readStore(ctx, c.js); err == nil {
+			done := sum(next) == sum(st)
+			st = next
+			if done {
+				break
+			}
+		}
+	}
+	return st, err
 }
 
 // chainStream reports whether stream belongs to one of the bench's chains

@@ -123,11 +123,11 @@ func writesCounted(t *testing.T, always bool) {
 	if line, want := got.streamsLine(), "WQ 9.00 (file), MEM 2.50 (memory), KV_REC 2.00 (file)"; line != want {
 		t.Errorf("streams %q, want %q", line, want)
 	}
-	if want := map[bool]float64{true: 11, false: 0}[always]; got.derived != want {
-		t.Errorf("derived fsyncs per call %.2f, want %.0f", got.derived, want)
+	if want := map[bool]float64{true: 11, false: 0}[always]; got.FsyncsDerived != want {
+		t.Errorf("derived fsyncs per call %.2f, want %.0f", got.FsyncsDerived, want)
 	}
-	t.Logf("per call: file %.2f, deletes %.2f, memory %.2f, fsyncs %.2f (counted %v)", got.File, got.Deletes, got.Memory, got.Fsyncs, got.fsyncsCounted)
-	if _, err := exec.LookPath("perf"); err != nil || !got.fsyncsCounted {
+	t.Logf("per call: file %.2f, deletes %.2f, memory %.2f, fsyncs %.2f (counted %v)", got.File, got.Deletes, got.Memory, got.Fsyncs, got.FsyncsCounted)
+	if _, err := exec.LookPath("perf"); err != nil || !got.FsyncsCounted {
 		t.Logf("fsyncs not counted here (perf: %v)", err)
 		return
 	}
