@@ -1090,7 +1090,20 @@ func (s *Shipped) printModes(w io.Writer) {
 		ratio("", "toolgate/bare", m.Toolgate, m.Unloaded, m.Raw, m.UnloadedRaw)
 	}
 	for _, m := range s.Modes {
-		fmt.Fprintf(w, "toolgate's writes per call by stream, --sync %s: %s\n", m.Sync, m.ToolgateWrites.streamsLine())
+		// Wrapped at about the table's width.
+		line := "toolgate's writes per call by stream, --sync " + m.Sync + ":"
+		each := m.ToolgateWrites.streams()
+		for i, st := range each {
+			if i < len(each)-1 {
+				st += ","
+			}
+			if len(line)+len(st) > 112 {
+				fmt.Fprintln(w, line)
+				line = "   "
+			}
+			line += " " + st
+		}
+		fmt.Fprintln(w, line)
 	}
 	fmt.Fprintf(w, "(8) writes: per stream, the messages stored (a key-value write is one) and, in work-queue and interest streams,\n")
 	fmt.Fprintf(w, "    those removed by an acknowledgement, each a tombstone record in the file store; from the server's stream\n")

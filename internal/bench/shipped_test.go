@@ -213,3 +213,33 @@ func TestPrintServeSync(t *testing.T) {
 		}
 	}
 }
+
+// TestPrintModes: each sync mode's rows carry the three chains' rates and
+// writes per call, the ratios are toolgate's over the floor's and the
+// bare chain's, and fsyncs perf did not count are marked derived.
+func TestPrintModes(t *testing.T) {
+	sat := func(calls int) Result { return Result{Sent: calls, Done: calls, Elapsed: time.Second} }
+	s := &Shipped{Modes: []SyncMode{
+		{Sync: "always", Toolgate: sat(100), Floor: sat(200), Raw: sat(400), UnloadedRate: 50,
+			ToolgateWrites: writesPerCall{File: 18, Deletes: 6, Fsyncs: 19.5, FsyncsCounted: true,
+				Streams: []streamPerCall{{Name: "PIPE", Writes: 16}, {Name: "RES", Memory: true, Writes: 1}}},
+			FloorWrites: writesPerCall{File: 18, Deletes: 6, FsyncsDerived: 18}},
+		{Sync: "interval", Toolgate: sat(1000), Floor: sat(1000), Raw: sat(2000), UnloadedRate: 50},
+	}}
+	var b strings.Builder
+	s.printModes(&b)
+	out := b.String()
+	for _, c := range []struct{ line, want string }{
+		{"always     toolgate", "100/s"},
+		{"always     toolgate", "19.50"},
+		{"floor", "18.00 d"},
+		{"toolgate/floor", "0.50"},
+		{"toolgate/bare", "0.25"},
+		{"--sync always:", "PIPE 16.00 (file), RES 1.00 (memory)"},
+		{"interval   toolgate", "1000/s"},
+	} {
+		if line := lineWith(out, c.line); !strings.Contains(line, c.want) {
+			t.Errorf("line %q: want %q in it; the table:\n%s", line, c.want, out)
+		}
+	}
+}

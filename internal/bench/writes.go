@@ -143,7 +143,9 @@ func (w storeWrites) perCall(calls int, always bool) writesPerCall {
 }
 
 // streamsLine is the per-stream writes per call, file and memory.
-func (p writesPerCall) streamsLine() string {
+func (p writesPerCall) streamsLine() string { return strings.Join(p.streams(), ", ") }
+
+func (p writesPerCall) streams() []string {
 	var each []string
 	for _, s := range p.Streams {
 		kind := "file"
@@ -152,7 +154,7 @@ func (p writesPerCall) streamsLine() string {
 		}
 		each = append(each, fmt.Sprintf("%s %.2f (%s)", s.Name, s.Writes, kind))
 	}
-	return strings.Join(each, ", ")
+	return each
 }
 
 // writeCounter counts a series' writes on a server from the operator's
