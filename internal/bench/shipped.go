@@ -162,9 +162,9 @@ func (s *Shipped) useMedianRound() {
 
 // ownCostBaseline is toolgate's CPU per call above the floor chain's, as
 // `make bench` printed it when the shipped series was first measured (one
-// run, docs/performance.md). Goal 4 halves the first shipped build's own
-// CPU; where that build is not measured in the same run (--baseline-binary)
-// the goal is read against this figure.
+// run, docs/performance.md). Goal 4 halves a baseline build's own CPU
+// (make bench: the starting build's); where none is measured in the same
+// run (--baseline-binary) the goal is read against this figure.
 const ownCostBaseline = 953 * time.Microsecond
 
 // profileSeconds is how long each profile of serve runs.
@@ -989,7 +989,7 @@ func (s *Shipped) Print(w io.Writer) {
 		fmt.Fprintf(w, "(2) toolgate's CPU per call minus the floor's; goal 4: half of the baseline build's (5)\n")
 	} else {
 		fmt.Fprintf(w, "(2) toolgate's CPU per call minus the floor's; goal 4: half of %s, the first shipped build's figure when first\n", us(ownCostBaseline))
-		fmt.Fprintf(w, "    measured, in another run (--baseline-binary measures that build in this one, as make bench does)\n")
+		fmt.Fprintf(w, "    measured, in another run (--baseline-binary measures a build in this one: make bench the starting build)\n")
 	}
 	fmt.Fprintf(w, "(3) serve's user time per call minus the floor's (its server's user time and its hops' CPU): both make the same\n")
 	fmt.Fprintf(w, "    durable writes, whose kernel time swings with the disk from round to round\n")
