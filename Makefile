@@ -108,28 +108,31 @@ fuzz:
 # output (docs/safety.md).
 # SOAK is the length of the memory-growth run at half saturation (make bench
 # SOAK=10m for the long run).
-# The shipped series also measures, in turn in the same rounds, the first
-# shipped build (FIRST_SHIPPED, built from this repository's history into
-# .cache/bin/toolgate-FIRST_SHIPPED): goal 4 halves its own CPU per call. Without
-# the history the goal is read against that build's recorded figure.
+# The shipped series measures serve with --sync always (as shipped) and
+# with --sync interval, each beside the chains, with the store's writes and
+# fsyncs per call. With --sync interval it also measures, in turn in the
+# same rounds, the starting build (BASELINE, built from this repository's
+# history into .cache/bin/toolgate-BASELINE): goal 4 halves its own CPU per
+# call. Without the history the goal is read against the first shipped
+# build's recorded figure.
 SOAK ?= 1m
-FIRST_SHIPPED ?= b554589
+BASELINE ?= 57a9526
 bench: mcp-servers
-	@$(MAKE) -s .cache/bin/toolgate-$(FIRST_SHIPPED) || echo "make bench: the first shipped build ($(FIRST_SHIPPED)) could not be built; goal 4 is read against its recorded figure"
+	@$(MAKE) -s .cache/bin/toolgate-$(BASELINE) || echo "make bench: the starting build ($(BASELINE)) could not be built; goal 4 is read against a recorded figure"
 	$(GO) run ./cmd/toolgate bench --rate 300 --duration 10s --workers 16 --soak $(SOAK) --serve-cpuprofile .cache/serve.prof \
-	  $$(test -x .cache/bin/toolgate-$(FIRST_SHIPPED) && echo --baseline-binary .cache/bin/toolgate-$(FIRST_SHIPPED))
+	  $$(test -x .cache/bin/toolgate-$(BASELINE) && echo --baseline-binary .cache/bin/toolgate-$(BASELINE))
 	$(GO) test -run '^$$' -bench '^BenchmarkWaitingCalls$$' -benchtime 3x ./internal/node/
 	$(GO) test -run '^$$' -bench '^BenchmarkOutputCorpus$$' -benchtime 5x ./stages/verify/
 	$(GO) test -run '^$$' -bench '^BenchmarkDocumentFetch$$' -benchtime 300x ./internal/documents/
 	$(GO) test -run '^$$' -bench '^BenchmarkCheckpoint$$' -benchtime 20x ./kvstore/
 	$(GO) test -run '^$$' -bench '^BenchmarkShadow$$' -benchtime 3000x ./stages/authorize/
 
-.cache/bin/toolgate-$(FIRST_SHIPPED):
+.cache/bin/toolgate-$(BASELINE):
 	@mkdir -p .cache/bin
-	rm -rf .cache/first-src && mkdir -p .cache/first-src
-	git archive $(FIRST_SHIPPED) | tar -x -C .cache/first-src
-	cd .cache/first-src && $(GO) build -o ../bin/toolgate-$(FIRST_SHIPPED) ./cmd/toolgate
-	rm -rf .cache/first-src
+	rm -rf .cache/baseline-src && mkdir -p .cache/baseline-src
+	git archive $(BASELINE) | tar -x -C .cache/baseline-src
+	cd .cache/baseline-src && $(GO) build -o ../bin/toolgate-$(BASELINE) ./cmd/toolgate
+	rm -rf .cache/baseline-src
 
 fmt:
 	gofmt -w $$(git ls-files '*.go')

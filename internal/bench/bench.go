@@ -58,13 +58,16 @@ type Options struct {
 	// shipped series measures (another build); Binary otherwise.
 	ServeBinary string
 	// BaselineBinary, when set, is a build whose serve the shipped series
-	// measures in the same rounds, in turn with the one measured (the
-	// first shipped build: goal 4 halves its own CPU per call).
+	// measures in the same rounds, in turn with the one measured, with
+	// --sync interval (the starting build: goal 4 halves its own CPU per
+	// call).
 	BaselineBinary string
-	// ServeSync, when set, is the --sync of both those serves: interval
-	// takes the disk out of the figures, to compare two builds' CPU where
-	// it, not the store, bounds them. What ships fsyncs every write, so
-	// the run then does not meet goal 3.
+	// ServeSync, when set, is the one --sync those serves are measured
+	// with; by default they are measured with always (as shipped) and then
+	// with interval, which takes the disk out of the figures, to compare
+	// two builds' CPU where it, not the store, bounds them. What ships
+	// fsyncs every write, so a run with another mode alone does not meet
+	// goal 3.
 	ServeSync string
 }
 

@@ -60,10 +60,19 @@ type Shipped struct {
 	// burst of disk or scheduler noise does not decide the figure.
 	Rounds []ShippedRound
 	// Baseline, with BaselineBinary, are the same rounds of another
-	// build's serve (the first shipped build, for goal 4), run in turn
-	// with Rounds in the same run.
-	Baseline                []ShippedRound
-	BaselineBinary          string
+	// build's serve (the starting build, for goal 4), run in turn with
+	// CPURounds in the same run.
+	Baseline       []ShippedRound
+	BaselineBinary string
+	// CPURounds are this build's rounds in the sync mode CPUSync, the
+	// last measured (interval unless the run chose one): the baseline's
+	// rounds and the profiles are taken there, where CPU rather than the
+	// disk bounds the run. Rounds are the first mode's.
+	CPURounds []ShippedRound
+	CPUSync   string
+	// Modes are each sync mode's rates and store writes per call, as
+	// shipped (always) first.
+	Modes                   []SyncMode
 	Unloaded, UnloadedFloor Result
 	UnloadedRaw             Result
 	Half, HalfFloor         Result
@@ -94,10 +103,24 @@ type Shipped struct {
 	shippedSessions, shippedUnloaded    int
 }
 
+// SyncMode is one serve's figures with one --sync: the saturation of
+// toolgate and the chains (the median round's) and their latency
+// unloaded, with the store's writes and fsyncs per call of each.
+type SyncMode struct {
+	Sync                                   string // serve's --sync
+	Toolgate, Floor, Raw                   Result
+	Unloaded, UnloadedFloor, UnloadedRaw   Result
+	UnloadedRate                           int
+	ToolgateWrites, FloorWrites, RawWrites writesPerCall
+}
+
 // ShippedRound is one pair of saturation series, the floor chain's and
 // toolgate's, back to back.
 type ShippedRound struct {
-	Toolgate, Floor                 Result
+	Toolgate, Floor Result
+	// ToolgateWrites and FloorWrites are the store's writes per call in
+	// the series (fsyncs counted in a serve's first round only).
+	ToolgateWrites, FloorWrites     writesPerCall
 	ToolgateServeCPU, FloorServeCPU time.Duration
 	ToolgateServeSys, FloorServeSys time.Duration
 	ToolgateServeGC, FloorServeGC   time.Duration
@@ -107,8 +130,12 @@ type ShippedRound struct {
 // allocs are heap allocations per call: objects and bytes.
 type allocs struct{ objects, bytes float64 }
 
-// shippedRounds is how many pairs measureShipped runs.
-const shippedRounds = 5
+// shippedRounds is how many pairs measureShipped runs in the mode the
+// builds' CPU is compared in, ratesRounds in the other.
+const (
+	shippedRounds = 5
+	ratesRounds   = 3
+)
 
 func (r ShippedRound) ownCPU() time.Duration {
 	return Shipped{Toolgate: r.Toolgate, Floor: r.Floor, ToolgateServeCPU: r.ToolgateServeCPU, FloorServeCPU: r.FloorServeCPU}.OwnCPU()
@@ -135,9 +162,9 @@ func (s *Shipped) useMedianRound() {
 
 // ownCostBaseline is toolgate's CPU per call above the floor chain's, as
 // `make bench` printed it when the shipped series was first measured (one
-// run, docs/performance.md). Goal 4 halves the first shipped build's own
-// CPU; where that build is not measured in the same run (--baseline-binary)
-// the goal is read against this figure.
+// run, docs/performance.md). Goal 4 halves a baseline build's own CPU
+// (make bench: the starting build's); where none is measured in the same
+// run (--baseline-binary) the goal is read against this figure.
 const ownCostBaseline = 953 * time.Microsecond
 
 // profileSeconds is how long each profile of serve runs.
@@ -386,81 +413,137 @@ func (p *serveProc) counters(names ...string) []float64 {
 	return sums
 }
 
-// measureShipped starts `toolgate serve` from bin and measures it: the
-// saturation of the no-op tool with 1000 sessions and latency unloaded and
-// at half of that saturation, each beside the floor chain (and the bare
-// chain) on serve's own server in the same run. With profile set, it then
-// writes a CPU profile of the serve process under the same saturation
-// load there.
+// measureShipped starts `toolgate serve` from bin and measures it, once
+// with the store as shipped (--sync always) and once with --sync interval,
+// each serve in turn (with sync set, in that mode alone): saturation of the
+// no-op tool with 1000 sessions and latency unloaded, beside the floor
+// chain and the bare chain on serve's own server, with the store's writes
+// and fsyncs per call of each. As shipped, it also measures latency at
+// half of that saturation. In the last mode, where CPU rather than the
+// disk bounds the run, it measures the baseline build in the same rounds
+// and with profile writes CPU profiles of serve under the same saturation
+// load.
 func measureShipped(ctx context.Context, bin, dir string, n int, d time.Duration, profile, baseline, sync string) (*Shipped, error) {
 	cred, err := newCredentials()
 	if err != nil {
 		return nil, err
 	}
-	opts := serveOpts{profile: profile != "", sync: sync}
+	s := &Shipped{Sync: sync, shippedSessions: 1000, shippedUnloaded: 50}
+	modes := []string{"", "interval"} // "": serve's default, always
+	if sync != "" {
+		modes = []string{sync}
+	}
+	for i, mode := range modes {
+		mdir := filepath.Join(dir, "sync-"+cmp.Or(mode, "always"))
+		if err := os.MkdirAll(mdir, 0o700); err != nil {
+			return nil, err
+		}
+		if err := s.measureMode(ctx, bin, mdir, cred, mode, i == 0, i == len(modes)-1, n, d, profile, baseline); err != nil {
+			return nil, fmt.Errorf("--sync %s: %w", cmp.Or(mode, "always"), err)
+		}
+	}
+	s.LoadAvg = loadAvg()
+	return s, nil
+}
+
+// measureMode measures bin's serve in dir with --sync mode (its default
+// where empty) into s: a SyncMode, and with primary the figures the goals
+// are held to. With cpu, the mode where the builds' CPU is compared, the
+// baseline build's serve takes its rounds in turn with this one's, and
+// with profile both are profiled.
+func (s *Shipped) measureMode(ctx context.Context, bin, dir string, cred credentials, mode string, primary, cpu bool,
+	n int, d time.Duration, profile, baseline string) error {
+	opts := serveOpts{profile: cpu && profile != "", sync: mode}
 	m, err := openServe(ctx, bin, dir, cred, opts)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer m.close()
 	p, floor, tool := m.p, m.floor, m.tool
-	s := &Shipped{Args: m.args, Sync: sync, shippedSessions: 1000, shippedUnloaded: 50, startGC: p.gcCPU()}
+	sm := SyncMode{Sync: cmp.Or(mode, "always")}
+	if primary {
+		s.Args, s.startGC = m.args, p.gcCPU()
+	}
 	var base *servedRounds
-	if baseline != "" {
+	if cpu && baseline != "" {
 		// The build the goal is measured against, its own serve beside this
 		// one's: idle while the other is measured.
 		bdir := filepath.Join(dir, "baseline")
 		if err := os.MkdirAll(bdir, 0o700); err != nil {
-			return nil, err
+			return err
 		}
 		if base, err = openServe(ctx, baseline, bdir, cred, opts); err != nil {
-			return nil, fmt.Errorf("baseline %s: %w", baseline, err)
+			return fmt.Errorf("baseline %s: %w", baseline, err)
 		}
 		defer base.close()
 		s.BaselineBinary = baseline
 	}
 	raw, stopRaw, err := rawChain(ctx, m.op, 256, nil)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer stopRaw()
+	rawWrites, err := newWriteCounter(m.op, p.cmd.Process.Pid, m.always, func(s string) bool { return s == "BENCH_RAW" })
+	if err != nil {
+		return err
+	}
 
 	const publishers = 64
-	if s.Raw, s.RawServeCPU, err = raw.saturateServe(ctx, p, raw.name, n, publishers); err != nil {
-		return nil, fmt.Errorf("bare chain, saturation: %w", err)
+	var rawCPU time.Duration
+	if sm.RawWrites, err = rawWrites.count(ctx, true, func() (int, error) {
+		var err error
+		sm.Raw, rawCPU, err = raw.saturateServe(ctx, p, raw.name, n, publishers)
+		return sm.Raw.Done, err
+	}); err != nil {
+		return fmt.Errorf("bare chain, saturation: %w", err)
+	}
+	if primary {
+		s.Raw, s.RawServeCPU = sm.Raw, rawCPU
 	}
 	// Every read of a key-value store is a direct get request, which the
 	// operator sees.
 	var gets, calls atomic.Int64
 	gsub, err := m.op.Subscribe(subjects.DirectGetKV, func(*nats.Msg) { gets.Add(1) })
 	if err != nil {
-		return nil, err
+		return err
 	}
-	for i := range shippedRounds {
-		// With a baseline, the two builds take turns going first, so a
-		// drift of the machine's speed favours neither.
+	// The mode the builds are compared in takes the rounds the comparison
+	// needs; the other fewer, for its rates and counts.
+	rounds := shippedRounds
+	if !cpu {
+		rounds = ratesRounds
+	}
+	var mine []ShippedRound
+	for i := range rounds {
+		// The first round of each serve counts its fsyncs too; with a
+		// baseline, the two builds take turns going first, so a drift of
+		// the machine's speed favours neither.
 		if base != nil && i%2 == 1 {
-			r, err := base.round(ctx, n, publishers)
+			r, err := base.round(ctx, n, publishers, i == 1)
 			if err != nil {
-				return nil, fmt.Errorf("baseline: %w", err)
+				return fmt.Errorf("baseline: %w", err)
 			}
 			s.Baseline = append(s.Baseline, r)
 		}
-		r, err := m.round(ctx, n, publishers)
+		r, err := m.round(ctx, n, publishers, i == 0)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		calls.Add(int64(r.Toolgate.Done))
-		s.Rounds = append(s.Rounds, r)
+		mine = append(mine, r)
 		if base != nil && i%2 == 0 {
-			r, err := base.round(ctx, n, publishers)
+			r, err := base.round(ctx, n, publishers, i == 0)
 			if err != nil {
-				return nil, fmt.Errorf("baseline: %w", err)
+				return fmt.Errorf("baseline: %w", err)
 			}
 			s.Baseline = append(s.Baseline, r)
 		}
 	}
-	if profile != "" {
+	_ = gsub.Unsubscribe()
+	if cpu {
+		s.CPURounds, s.CPUSync = mine, sm.Sync
+	}
+	if cpu && profile != "" {
 		s.profileInTurns(ctx, m, base, profile, n, publishers)
 	}
 	if base != nil {
@@ -468,31 +551,39 @@ func measureShipped(ctx context.Context, bin, dir string, n int, d time.Duration
 		// themselves.
 		base.close()
 	}
-	s.useMedianRound()
-	s.ServeRSSMiB = p.rss()
-	_ = gsub.Unsubscribe()
-	s.ReadsPerCall = float64(gets.Load()) / float64(max(calls.Load(), 1))
+	med := medianRound(mine)
+	sm.Toolgate, sm.Floor = med.Toolgate, med.Floor
+	sm.ToolgateWrites, sm.FloorWrites = mine[0].ToolgateWrites, mine[0].FloorWrites
 	// Unloaded is 50/s, or a fifth of saturation where that is less (a
 	// loaded machine): a rate at which calls do not queue.
-	s.shippedUnloaded = max(min(50, int(s.Toolgate.Throughput()/5), int(s.Floor.Throughput()/5)), 1)
-	if s.Unloaded, err = tool.latencyAt(ctx, "shipped unloaded", s.shippedUnloaded, d); err != nil {
-		return nil, fmt.Errorf("toolgate, unloaded: %w", err)
+	sm.UnloadedRate = max(min(50, int(sm.Toolgate.Throughput()/5), int(sm.Floor.Throughput()/5)), 1)
+	if sm.Unloaded, err = tool.latencyAt(ctx, "shipped unloaded", sm.UnloadedRate, d); err != nil {
+		return fmt.Errorf("toolgate, unloaded: %w", err)
 	}
-	if s.UnloadedFloor, err = floor.latencyAt(ctx, "shipped floor unloaded", s.shippedUnloaded, d); err != nil {
-		return nil, err
+	if sm.UnloadedFloor, err = floor.latencyAt(ctx, "shipped floor unloaded", sm.UnloadedRate, d); err != nil {
+		return err
 	}
-	if s.UnloadedRaw, err = raw.latencyAt(ctx, "shipped raw unloaded", s.shippedUnloaded, d); err != nil {
-		return nil, err
+	if sm.UnloadedRaw, err = raw.latencyAt(ctx, "shipped raw unloaded", sm.UnloadedRate, d); err != nil {
+		return err
 	}
+	s.Modes = append(s.Modes, sm)
+	if !primary {
+		return nil
+	}
+	s.Rounds = mine
+	s.useMedianRound()
+	s.ServeRSSMiB = p.rss()
+	s.ReadsPerCall = float64(gets.Load()) / float64(max(calls.Load(), 1))
+	s.shippedUnloaded = sm.UnloadedRate
+	s.Unloaded, s.UnloadedFloor, s.UnloadedRaw = sm.Unloaded, sm.UnloadedFloor, sm.UnloadedRaw
 	s.HalfRate = max(int(s.Toolgate.Throughput()/2), 1)
 	if s.Half, err = tool.latencyAt(ctx, "shipped at half", s.HalfRate, d); err != nil {
-		return nil, fmt.Errorf("toolgate, at half saturation: %w", err)
+		return fmt.Errorf("toolgate, at half saturation: %w", err)
 	}
 	if s.HalfFloor, err = floor.latencyAt(ctx, "shipped floor at half", s.HalfRate, d); err != nil {
-		return nil, err
+		return err
 	}
-	s.LoadAvg = loadAvg()
-	return s, nil
+	return nil
 }
 
 // withSuffix is path with suffix before its extension.
@@ -620,6 +711,21 @@ func floorHops(rounds []ShippedRound) time.Duration {
 	return max(m.Floor.CPUPerCall-m.Toolgate.CPUPerCall, 0)
 }
 
+// cpuRounds are this build's rounds in the mode its profiles and the
+// baseline's rounds were taken in.
+func (s *Shipped) cpuRounds() []ShippedRound {
+	if len(s.CPURounds) > 0 {
+		return s.CPURounds
+	}
+	return s.Rounds
+}
+
+// separateCPU reports whether the builds' CPU was compared in a sync mode
+// other than the one the goals are read in.
+func (s *Shipped) separateCPU() bool {
+	return len(s.CPURounds) > 0 && s.CPUSync != cmp.Or(s.Sync, "always")
+}
+
 // profiledGoal reports whether goal 4 is read from the profiles: both
 // builds were profiled.
 func (s *Shipped) profiledGoal() bool {
@@ -634,7 +740,11 @@ type servedRounds struct {
 	args        []string
 	op          *nats.Conn // the operator's connection
 	floor, tool *target
-	closers     []func()
+	always      bool // the store fsyncs every write
+	// floorWrites and toolWrites count the store's writes of the floor
+	// chain's streams and of all others (toolgate's).
+	floorWrites, toolWrites *writeCounter
+	closers                 []func()
 }
 
 // openServe starts bin's serve in dir and connects the floor chain and the
@@ -644,7 +754,7 @@ func openServe(ctx context.Context, bin, dir string, cred credentials, o serveOp
 	if err != nil {
 		return nil, err
 	}
-	m := &servedRounds{p: p, args: args, closers: []func(){p.stop}}
+	m := &servedRounds{p: p, args: args, closers: []func(){p.stop}, always: o.sync == "" || o.sync == "always"}
 	defer func() {
 		if err != nil { // what was opened is closed, serve stopped
 			m.close()
@@ -663,6 +773,13 @@ func openServe(ctx context.Context, bin, dir string, cred credentials, o serveOp
 	}
 	m.floor = floor
 	m.closers = append(m.closers, stopFloor)
+	pid := p.cmd.Process.Pid
+	if m.floorWrites, err = newWriteCounter(m.op, pid, m.always, func(s string) bool { return strings.Contains(s, "BENCH_RAW_WRITES") }); err != nil {
+		return nil, err
+	}
+	if m.toolWrites, err = newWriteCounter(m.op, pid, m.always, func(s string) bool { return !chainStream(s) }); err != nil {
+		return nil, err
+	}
 	// The load generator is an agent: its connection carries nothing but
 	// one of its capability tokens (connect.Options, as the command line
 	// and `toolgate mcp` connect).
@@ -684,15 +801,24 @@ func (m *servedRounds) close() {
 }
 
 // round is one pair of saturation series on m: the floor chain's, then
-// toolgate's.
-func (m *servedRounds) round(ctx context.Context, n, conc int) (ShippedRound, error) {
+// toolgate's, each with the store's writes per call, and with fsyncs
+// their fsyncs.
+func (m *servedRounds) round(ctx context.Context, n, conc int, fsyncs bool) (ShippedRound, error) {
 	var r ShippedRound
 	var fc, tc serveCost
 	var err error
-	if r.Floor, fc, err = m.floor.saturateServeCost(ctx, m.p, m.floor.name, n, conc); err != nil {
+	if r.FloorWrites, err = m.floorWrites.count(ctx, fsyncs, func() (int, error) {
+		var err error
+		r.Floor, fc, err = m.floor.saturateServeCost(ctx, m.p, m.floor.name, n, conc)
+		return r.Floor.Done, err
+	}); err != nil {
 		return r, fmt.Errorf("floor chain, saturation: %w", err)
 	}
-	if r.Toolgate, tc, err = m.tool.saturateServeCost(ctx, m.p, m.tool.name, n, conc); err != nil {
+	if r.ToolgateWrites, err = m.toolWrites.count(ctx, fsyncs, func() (int, error) {
+		var err error
+		r.Toolgate, tc, err = m.tool.saturateServeCost(ctx, m.p, m.tool.name, n, conc)
+		return r.Toolgate.Done, err
+	}); err != nil {
 		return r, fmt.Errorf("toolgate, saturation: %w", err)
 	}
 	r.FloorServeCPU, r.FloorServeSys, r.FloorServeGC, r.FloorAllocs = fc.cpu, fc.sys, fc.gc, fc.allocs
@@ -827,6 +953,12 @@ func (s *Shipped) Print(w io.Writer) {
 		fmt.Fprintf(w, "%-44s %s (the median is above)\n", "  own CPU per call, each floor/toolgate round", eachRound(s.Rounds, ShippedRound.ownCPU))
 		fmt.Fprintf(w, "%-44s %s\n", "  the same without system time (3)", eachRound(s.Rounds, ShippedRound.ownUserCPU))
 	}
+	if s.separateCPU() {
+		// The builds are compared in another sync mode's rounds.
+		own = medianOwn(s.CPURounds)
+		fmt.Fprintf(w, "%-44s %12s\n", "toolgate's own CPU, --sync "+s.CPUSync+" (2)", us(own))
+		fmt.Fprintf(w, "%-44s %s\n", "  each of its rounds", eachRound(s.CPURounds, ShippedRound.ownCPU))
+	}
 	if len(s.Baseline) > 0 {
 		b := medianOwn(s.Baseline)
 		goal, v := "<=0.50", verdict(2*own <= b)
@@ -857,21 +989,24 @@ func (s *Shipped) Print(w io.Writer) {
 		fmt.Fprintf(w, "(2) toolgate's CPU per call minus the floor's; goal 4: half of the baseline build's (5)\n")
 	} else {
 		fmt.Fprintf(w, "(2) toolgate's CPU per call minus the floor's; goal 4: half of %s, the first shipped build's figure when first\n", us(ownCostBaseline))
-		fmt.Fprintf(w, "    measured, in another run (--baseline-binary measures that build in this one, as make bench does)\n")
+		fmt.Fprintf(w, "    measured, in another run (--baseline-binary measures a build in this one: make bench the starting build)\n")
 	}
 	fmt.Fprintf(w, "(3) serve's user time per call minus the floor's (its server's user time and its hops' CPU): both make the same\n")
 	fmt.Fprintf(w, "    durable writes, whose kernel time swings with the disk from round to round\n")
 	if len(s.Baseline) > 0 {
-		fmt.Fprintf(w, "(5) the median own CPU of the same rounds of `%s serve`, its own process beside this one's,\n", s.BaselineBinary)
-		fmt.Fprintf(w, "    the two builds taking turns (make bench measures the first shipped build there, whose figure goal 4 halves)\n")
+		fmt.Fprintf(w, "(5) the median own CPU of the same rounds of `%s serve --sync %s`, its own process beside this one's,\n",
+			s.BaselineBinary, cmp.Or(s.CPUSync, s.Sync, "always"))
+		fmt.Fprintf(w, "    the two builds taking turns (make bench measures the starting build there, whose figure goal 4 halves)\n")
 	}
 	shipped := s.Sync == "" || s.Sync == "always"
 	fmt.Fprintf(w, "%-44s %12s  %s\n", "goal 3: bench what ships", "", verdict(shipped && s.Toolgate.Done == s.Toolgate.Sent && s.Toolgate.Done > 0))
+	s.printModes(w)
 	if s.Profile != "" {
 		if s.profileErr != nil {
 			fmt.Fprintf(w, "serve CPU profile: %v\n", s.profileErr)
 		} else {
-			fmt.Fprintf(w, "serve CPU profile (%d s in two windows (7), %d calls ended at saturation): %s (go tool pprof -top %s)\n", s.ProfileSeconds, s.ProfileCalls, s.Profile, s.Profile)
+			fmt.Fprintf(w, "serve CPU profile, --sync %s (%d s in two windows (7), %d calls ended at saturation): %s (go tool pprof -top %s)\n",
+				cmp.Or(s.CPUSync, s.Sync, "always"), s.ProfileSeconds, s.ProfileCalls, s.Profile, s.Profile)
 			sh := s.Shares
 			fmt.Fprintf(w, "%-44s %12s\n", "  serve's CPU per call in the profile", us(sh.Total))
 			fmt.Fprintf(w, "%-44s %12s\n", "  the same window as the kernel counts it (4)", us(sh.Kernel))
@@ -893,7 +1028,7 @@ func (s *Shipped) Print(w io.Writer) {
 			}
 		}
 		if s.profileErr == nil && s.floorProfileErr == nil {
-			own := ownOutsideServer(s.Shares, s.FloorShares, floorHops(s.Rounds))
+			own := ownOutsideServer(s.Shares, s.FloorShares, floorHops(s.cpuRounds()))
 			fmt.Fprintf(w, "%-44s %12s\n", "toolgate's own CPU per call outside nats-server (6)", us(own))
 			switch {
 			case s.profiledGoal():
@@ -920,6 +1055,61 @@ func (s *Shipped) Print(w io.Writer) {
 		}
 		fmt.Fprintf(w, ", then the\n    same backwards, so that every profile centres on one moment and a drift of the disk favours none\n")
 	}
+}
+
+// printModes writes each sync mode's rates beside the chains', with the
+// ratios, and the store's writes and fsyncs per call.
+func (s *Shipped) printModes(w io.Writer) {
+	if len(s.Modes) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "\nsync modes, each its own serve (saturation: the median round's; unloaded: at the rate under --sync, where calls\n")
+	fmt.Fprintf(w, "do not queue; the store's writes and fsyncs per call (8)):\n")
+	fmt.Fprintf(w, "%-10s %-16s %11s %13s %13s %12s %12s %12s %8s\n", "--sync", "", "saturation", "unloaded p50", "unloaded p99",
+		"file writes", "of them del.", "mem. writes", "fsyncs")
+	row := func(mode, name string, sat, un Result, wr writesPerCall) {
+		fsyncs := fmt.Sprintf("%.2f", wr.Fsyncs)
+		if !wr.FsyncsCounted {
+			fsyncs = fmt.Sprintf("%.2f d", wr.FsyncsDerived)
+		}
+		fmt.Fprintf(w, "%-10s %-16s %9.0f/s %13s %13s %12.2f %12.2f %12.2f %8s\n", mode, name, sat.Throughput(),
+			ms(un.Quantile(0.5)), ms(un.Quantile(0.99)), wr.File, wr.Deletes, wr.Memory, fsyncs)
+	}
+	ratio := func(mode, name string, sat, un, satOf, unOf Result) {
+		q := func(r, of Result, x float64) float64 {
+			return float64(r.Quantile(x)) / max(float64(of.Quantile(x)), 1)
+		}
+		fmt.Fprintf(w, "%-10s %-16s %11.2f %13.2f %13.2f\n", mode, name, sat.Throughput()/max(satOf.Throughput(), 1e-9),
+			q(un, unOf, 0.5), q(un, unOf, 0.99))
+	}
+	for _, m := range s.Modes {
+		row(m.Sync, "toolgate", m.Toolgate, m.Unloaded, m.ToolgateWrites)
+		row(fmt.Sprintf("(%d/s)", m.UnloadedRate), "floor", m.Floor, m.UnloadedFloor, m.FloorWrites)
+		row("", "bare", m.Raw, m.UnloadedRaw, m.RawWrites)
+		ratio("", "toolgate/floor", m.Toolgate, m.Unloaded, m.Floor, m.UnloadedFloor)
+		ratio("", "toolgate/bare", m.Toolgate, m.Unloaded, m.Raw, m.UnloadedRaw)
+	}
+	for _, m := range s.Modes {
+		// Wrapped at about the table's width.
+		line := "toolgate's writes per call by stream, --sync " + m.Sync + ":"
+		each := m.ToolgateWrites.streams()
+		for i, st := range each {
+			if i < len(each)-1 {
+				st += ","
+			}
+			if len(line)+len(st) > 112 {
+				fmt.Fprintln(w, line)
+				line = "   "
+			}
+			line += " " + st
+		}
+		fmt.Fprintln(w, line)
+	}
+	fmt.Fprintf(w, "(8) writes: per stream, the messages stored (a key-value write is one) and, in work-queue and interest streams,\n")
+	fmt.Fprintf(w, "    those removed by an acknowledgement, each a tombstone record in the file store; from the server's stream\n")
+	fmt.Fprintf(w, "    states before and after a saturation series (the first round's). fsyncs: serve's fsync and fdatasync calls in\n")
+	fmt.Fprintf(w, "    that series, counted by perf; \"d\" where perf could not count: derived, one per file record with --sync always\n")
+	fmt.Fprintf(w, "    (nats-server's file store fsyncs each record before it acknowledges it) and none with an interval\n")
 }
 
 func verdict(ok bool) string {

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"math"
 	"os"
 	"strings"
 	"testing"
@@ -43,7 +44,7 @@ func TestShipped(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts toolgate serve")
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	// The same build stands in for the baseline: its rounds are measured
 	// in turn with the others on a serve of its own.
@@ -57,10 +58,50 @@ func TestShipped(t *testing.T) {
 			t.Errorf("%s: %d of %d calls completed", r.Name, r.Done, r.Sent)
 		}
 	}
-	if len(s.Rounds) != shippedRounds || len(s.Baseline) != shippedRounds {
-		t.Errorf("%d saturation rounds and %d of the baseline, want %d each", len(s.Rounds), len(s.Baseline), shippedRounds)
+	// As shipped fewer rounds; with --sync interval, where the builds are
+	// compared, the baseline's in turn with this build's.
+	if len(s.Rounds) != ratesRounds || len(s.CPURounds) != shippedRounds || len(s.Baseline) != shippedRounds || s.CPUSync != "interval" {
+		t.Errorf("%d saturation rounds as shipped, want %d; %d with --sync %q and %d of the baseline, want %d each with interval",
+			len(s.Rounds), ratesRounds, len(s.CPURounds), s.CPUSync, len(s.Baseline), shippedRounds)
 	}
-	for i, r := range s.Baseline {
+	// Both modes, each with every chain's writes counted: the floor makes
+	// the pipeline's twelve stores a call, plus a tombstone for each of
+	// the six hand-offs acknowledged, all to file streams; the bare chain
+	// six stores and six tombstones; toolgate writes. With --sync always
+	// each record is fsynced.
+	if len(s.Modes) != 2 || s.Modes[0].Sync != "always" || s.Modes[1].Sync != "interval" {
+		t.Fatalf("modes %+v, want always and interval", s.Modes)
+	}
+	for _, m := range s.Modes {
+		for _, c := range []struct {
+			name         string
+			w            writesPerCall
+			stores, dels float64
+		}{{"floor", m.FloorWrites, 12, 6}, {"bare", m.RawWrites, 7, 6}} {
+			if math.Abs(c.w.File-c.w.Deletes-c.stores) > 0.5 || math.Abs(c.w.Deletes-c.dels) > 0.5 || c.w.Memory != 0 {
+				t.Errorf("--sync %s, %s: %.2f file writes of which %.2f deletes, %.2f memory; want %.0f stores and %.0f deletes",
+					m.Sync, c.name, c.w.File, c.w.Deletes, c.w.Memory, c.stores, c.dels)
+			}
+		}
+		if tw := m.ToolgateWrites; tw.File+tw.Memory < 1 || len(tw.Streams) == 0 {
+			t.Errorf("--sync %s: toolgate's writes per call not counted: %+v", m.Sync, tw)
+		}
+		for _, w := range []writesPerCall{m.ToolgateWrites, m.FloorWrites, m.RawWrites} {
+			if !w.FsyncsCounted {
+				continue // no perf here
+			}
+			if m.Sync == "always" && w.Fsyncs < 0.9*w.File {
+				t.Errorf("--sync always: %.2f fsyncs per call for %.2f file records", w.Fsyncs, w.File)
+			}
+			if m.Sync == "interval" && w.Fsyncs > 0.5 {
+				t.Errorf("--sync interval: %.2f fsyncs per call", w.Fsyncs)
+			}
+		}
+		if m.Unloaded.Done == 0 || m.Unloaded.Done != m.Unloaded.Sent || m.UnloadedRaw.Done != m.UnloadedRaw.Sent {
+			t.Errorf("--sync %s: unloaded calls %d of %d, bare %d of %d", m.Sync, m.Unloaded.Done, m.Unloaded.Sent, m.UnloadedRaw.Done, m.UnloadedRaw.Sent)
+		}
+	}
+	for i, r := range append(s.Baseline, s.CPURounds...) {
 		if r.Toolgate.Done != r.Toolgate.Sent || r.ToolgateServeCPU <= 0 || r.FloorServeCPU <= 0 {
 			t.Errorf("baseline round %d: %d of %d calls, serve CPU %v, floor's %v", i, r.Toolgate.Done, r.Toolgate.Sent, r.ToolgateServeCPU, r.FloorServeCPU)
 		}
@@ -169,6 +210,36 @@ func TestPrintServeSync(t *testing.T) {
 		}
 		if line := lineWith(out, "goal 3: bench what ships"); !strings.HasSuffix(line, c.goal3) || (c.goal3 == " met" && strings.HasSuffix(line, "NOT MET")) {
 			t.Errorf("sync %q: goal 3 line %q, want %q", c.sync, line, c.goal3)
+		}
+	}
+}
+
+// TestPrintModes: each sync mode's rows carry the three chains' rates and
+// writes per call, the ratios are toolgate's over the floor's and the
+// bare chain's, and fsyncs perf did not count are marked derived.
+func TestPrintModes(t *testing.T) {
+	sat := func(calls int) Result { return Result{Sent: calls, Done: calls, Elapsed: time.Second} }
+	s := &Shipped{Modes: []SyncMode{
+		{Sync: "always", Toolgate: sat(100), Floor: sat(200), Raw: sat(400), UnloadedRate: 50,
+			ToolgateWrites: writesPerCall{File: 18, Deletes: 6, Fsyncs: 19.5, FsyncsCounted: true,
+				Streams: []streamPerCall{{Name: "PIPE", Writes: 16}, {Name: "RES", Memory: true, Writes: 1}}},
+			FloorWrites: writesPerCall{File: 18, Deletes: 6, FsyncsDerived: 18}},
+		{Sync: "interval", Toolgate: sat(1000), Floor: sat(1000), Raw: sat(2000), UnloadedRate: 50},
+	}}
+	var b strings.Builder
+	s.printModes(&b)
+	out := b.String()
+	for _, c := range []struct{ line, want string }{
+		{"always     toolgate", "100/s"},
+		{"always     toolgate", "19.50"},
+		{"floor", "18.00 d"},
+		{"toolgate/floor", "0.50"},
+		{"toolgate/bare", "0.25"},
+		{"--sync always:", "PIPE 16.00 (file), RES 1.00 (memory)"},
+		{"interval   toolgate", "1000/s"},
+	} {
+		if line := lineWith(out, c.line); !strings.Contains(line, c.want) {
+			t.Errorf("line %q: want %q in it; the table:\n%s", line, c.want, out)
 		}
 	}
 }
