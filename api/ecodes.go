@@ -293,6 +293,15 @@ const (
 	// No receipt for the invocation: unknown, not ended, or ended before
 	// audit signed receipts.
 	EReceiptNotFound = "E3964"
+	// The proof's checkpoint (head) does not verify with the key: a byte
+	// of it changed, or another key signed it.
+	EReceiptHeadForged = "E3965"
+	// The proof's event and audit path do not lead to its checkpoint's
+	// root: a proof for another tree.
+	EReceiptTree = "E3966"
+	// The checkpoint's listing (ids, tenants, leaves) is not the one its
+	// signed hash names.
+	EReceiptListing = "E3967"
 )
 
 // Model kind codes (toolgate's own, outside the specification's E3000-E3799).

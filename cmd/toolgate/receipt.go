@@ -80,7 +80,8 @@ _meta carries it) with the public audit chain key alone: the signature; with
 result member, as JSON); and when the file has a proof, that it proves the
 receipt's terminal audit event under a signed checkpoint and that this event
 carries the same receipt. A receipt changed (E3960), another result (E3961),
-a proof of another event or tree (E3962) or a file that is no receipt (E3963)
+a proof of another event (E3962), a changed checkpoint (E3965), a proof for another tree (E3966),
+a listing that is not the one its checkpoint signs (E3967) or a file that is no receipt (E3963)
 exits non-zero (docs/audit.md).`,
 		Example: `  toolgate receipt verify receipt.json --key audit-chain.pub
   toolgate receipt verify receipt.json --key audit-chain.pub --result result.json`,

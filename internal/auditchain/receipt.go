@@ -7,6 +7,7 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"sync"
 
 	"github.com/toolgate/toolgate/api"
@@ -116,14 +117,25 @@ func orNone(s string) string {
 // with pub (the checkpoint's signature and the path to its root), it is
 // the proof of r's terminal event, and that event carries r itself.
 func CheckReceiptProof(r *api.Receipt, p *Proof, pub ed25519.PublicKey) error {
-	refuse := func(format string, args ...any) error {
-		return api.NewError(api.PermissionDenied, api.EReceiptProof, "the proof does not prove the receipt of %s: "+format,
+	refuseAs := func(code, format string, args ...any) error {
+		return api.NewError(api.PermissionDenied, code, "the proof does not prove the receipt of %s: "+format,
 			append([]any{r.InvocationID}, args...)...)
 	}
+	refuse := func(format string, args ...any) error { return refuseAs(api.EReceiptProof, format, args...) }
 	if p == nil {
 		return refuse("there is none")
 	}
 	if err := p.Check(pub); err != nil {
+		// Which part failed has its own code: the signed head, the
+		// listing beside it, or the path from the event to the root.
+		switch {
+		case errors.Is(err, ErrForged):
+			return refuseAs(api.EReceiptHeadForged, "its checkpoint was changed, or another key signed it: %v", err)
+		case errors.Is(err, ErrListing):
+			return refuseAs(api.EReceiptListing, "%v", err)
+		case errors.Is(err, ErrProof):
+			return refuseAs(api.EReceiptTree, "its event and path do not lead to its checkpoint's root (a proof for another tree): %v", err)
+		}
 		return refuse("%v", err)
 	}
 	var ev struct {
