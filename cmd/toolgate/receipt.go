@@ -31,7 +31,9 @@ func (a *app) receiptGetCmd() *cobra.Command {
 (as audit prove prints it) comes once the next checkpoint covers the call's
 terminal audit event; until then "pending" says why there is none, and with
 --wait the command asks again until the proof is there or the time is up
-(exit 5). An agent gets its own calls' receipts; auditors and operators any.`,
+(exit 5). An agent gets its own calls' receipts, with the proof under the
+checkpoint's signed head alone (its listing names other calls); auditors and
+operators any, with the whole checkpoint.`,
 		Example: `  toolgate receipt get "$ID" --wait 30s > receipt.json
   toolgate receipt verify receipt.json --key audit-chain.pub`,
 		Args: exactArgs(1, "an invocation id"),
