@@ -274,6 +274,9 @@ const (
 	// The audit archive could not be written, or an object read back from
 	// it differs from what was written (audit.archive.failed; retried).
 	EAuditArchiveFailed = "E3970"
+	// The audit archive's head names a range no object holds: its last
+	// objects were removed, or the archive rolled back to an earlier run.
+	EAuditArchiveTruncated = "E3968"
 )
 
 // Receipts (toolgate's own): checking a receipt audit signed, offline or
