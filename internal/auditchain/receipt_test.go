@@ -3,7 +3,9 @@ package auditchain_test
 import (
 	"bytes"
 	"crypto/ed25519"
+	"crypto/sha256"
 	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -299,4 +301,25 @@ func TestReceiptProofWithTheHeadAlone(t *testing.T) {
 	}
 	v2.IDs = append([]string{"inv-x:tool.succeeded"}, v2.IDs[1:]...)
 	refused("a v2 checkpoint changed", &old, api.EReceiptHeadForged)
+}
+
+// TestDigestIsOfTheCompactJSON: the digest is SHA-256 of json.Compact's
+// output whether the value comes compact (hashed without a copy) or not,
+// whitespace inside strings and escaped quotes kept; what is not JSON is
+// hashed as it is.
+func TestDigestIsOfTheCompactJSON(t *testing.T) {
+	for _, raw := range []string{
+		`{"message":"hello world"}`, "{\"message\": \"hello world\"}", "{\n  \"a\": [1, 2,\t3]\r\n}",
+		`{"q":"a \" b","n":null}`, `{"q":"a \\"}`, `"  spaced  "`, `[ ]`, `not json`, `{"open": "x`, `{"esc":"\\\" }"}`,
+	} {
+		var c bytes.Buffer
+		want := []byte(raw)
+		if json.Compact(&c, want) == nil {
+			want = c.Bytes()
+		}
+		h := sha256.Sum256(want)
+		if got := auditchain.Digest([]byte(raw)); got != hex.EncodeToString(h[:]) {
+			t.Errorf("Digest(%q) = %s, want the SHA-256 of %q", raw, got, want)
+		}
+	}
 }
