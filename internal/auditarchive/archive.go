@@ -2,7 +2,10 @@
 // signed checkpoint), with their checkpoints, to cold storage, and checks
 // the archive and the chain across it (docs/audit.md). An object is an
 // export as `toolgate audit verify --file` reads it, one per range, named
-// by the stream's creation time and the range's first and last sequences.
+// by the stream's creation time and the range's first and last sequences;
+// each run ends with a head object naming its last object, with that
+// range's signed checkpoint, so that an archive missing its last objects
+// is told from the archive alone.
 package auditarchive
 
 import (
