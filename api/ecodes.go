@@ -274,6 +274,9 @@ const (
 	// The audit archive could not be written, or an object read back from
 	// it differs from what was written (audit.archive.failed; retried).
 	EAuditArchiveFailed = "E3970"
+	// The audit archive's head names a range no object holds: its last
+	// objects were removed, or the archive rolled back to an earlier run.
+	EAuditArchiveTruncated = "E3968"
 )
 
 // Receipts (toolgate's own): checking a receipt audit signed, offline or
@@ -293,6 +296,15 @@ const (
 	// No receipt for the invocation: unknown, not ended, or ended before
 	// audit signed receipts.
 	EReceiptNotFound = "E3964"
+	// The proof's checkpoint (head) does not verify with the key: a byte
+	// of it changed, or another key signed it.
+	EReceiptHeadForged = "E3965"
+	// The proof's event and audit path do not lead to its checkpoint's
+	// root: a proof for another tree.
+	EReceiptTree = "E3966"
+	// The checkpoint's listing (ids, tenants, leaves) is not the one its
+	// signed hash names.
+	EReceiptListing = "E3967"
 )
 
 // Model kind codes (toolgate's own, outside the specification's E3000-E3799).

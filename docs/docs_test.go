@@ -11,25 +11,37 @@
 // Blocks of one file run in order, so a later block may use what an earlier
 // one created. A block fenced as ```sh no-run is illustrative (it needs an
 // external server, a real key, …) and is only shown.
+//
+// The SIEM of docs/audit.md is there too: serve sends its audit events
+// (--audit-otlp) to an OTLP/HTTP receiver the test runs, which writes what
+// it takes to ./otlp-logs.jsonl as an OpenTelemetry collector's file
+// exporter does (OTLP JSON, one request a line).
 package docs
 
 import (
 	"bufio"
 	"bytes"
+	"compress/gzip"
 	"context"
 	"crypto/sha256"
 	"encoding/json"
 	"fmt"
+	"io"
 	"maps"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"go.opentelemetry.io/collector/pdata/plog"
+	"go.opentelemetry.io/collector/pdata/plog/plogotlp"
 )
 
 // block is one runnable command block.
@@ -140,10 +152,12 @@ func TestCommandBlocks(t *testing.T) {
 		}
 	}
 
+	siem := otlpReceiver(t, filepath.Join(work, "otlp-logs.jsonl"))
+
 	ctx, cancel := context.WithCancel(context.Background())
 	serve := exec.CommandContext(ctx, filepath.Join(bin, "toolgate"), "serve", "--examples",
 		"--data", "toolgate-data", "--listen", strings.TrimPrefix(natsURL, "nats://"), "--file-root", "examples/files", "--mcp-path-roots", ".cache/mcp-servers",
-		"--log-level", "warn")
+		"--audit-otlp", siem, "--log-level", "warn")
 	serve.Dir, serve.Env = work, env
 	var serveLog bytes.Buffer
 	serve.Stdout, serve.Stderr = &serveLog, &serveLog
@@ -301,6 +315,68 @@ func holdDefaultPort(t *testing.T) string {
 			t.Fatalf("%s stays taken (%v): the documentation's commands run as a user's do, against the default server; stop what listens there (a `make run`?)", addr, err)
 		}
 	}
+}
+
+// otlpReceiver runs an OTLP/HTTP logs receiver, as a collector's is: each
+// request decoded with the collector's own data library and appended to
+// path as OTLP JSON (what the collector's file exporter writes), then
+// acknowledged. It returns the URL to send to.
+func otlpReceiver(t *testing.T, path string) string {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	handle := func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/v1/logs" || r.Method != http.MethodPost {
+			http.NotFound(w, r)
+			return
+		}
+		var body io.Reader = r.Body
+		if r.Header.Get("Content-Encoding") == "gzip" { // OTEL_EXPORTER_OTLP_COMPRESSION
+			zr, err := gzip.NewReader(r.Body)
+			if err != nil {
+				http.Error(w, err.Error(), http.StatusBadRequest)
+				return
+			}
+			body = zr
+		}
+		b, err := io.ReadAll(body)
+		req := plogotlp.NewExportRequest()
+		if err == nil {
+			err = req.UnmarshalProto(b)
+		}
+		var line []byte
+		if err == nil {
+			line, err = (&plog.JSONMarshaler{}).MarshalLogs(req.Logs())
+		}
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		mu.Lock()
+		_, err = f.Write(append(line, '\n'))
+		mu.Unlock()
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		out, _ := plogotlp.NewExportResponse().MarshalProto()
+		w.Header().Set("Content-Type", "application/x-protobuf")
+		_, _ = w.Write(out)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(handle), ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = srv.Serve(l) }()
+	t.Cleanup(func() {
+		_ = srv.Close()
+		_ = f.Close()
+	})
+	return "http://" + l.Addr().String()
 }
 
 func usesNATSCLI(body string) bool {

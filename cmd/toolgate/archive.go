@@ -55,8 +55,10 @@ func (a *app) auditArchiveCmd() *cobra.Command {
 yet, with its checkpoints, to the archive: one object a range, an export as
 audit verify --file reads it, named AUDIT-<stream created>-<first>-<last>.jsonl.
 Each object is read back and checked (size, digest, every checkpoint's root)
-before the next. Nothing is removed from AUDIT (docs/audit.md). serve does the
-same every --archive-every.`,
+before the next; the run ends with a head, HEAD-<stream created>-<last>.json,
+naming its last object with that range's signed checkpoint, which audit verify
+--archive holds the objects to. Nothing is removed from AUDIT (docs/audit.md).
+serve does the same every --archive-every.`,
 		Example: `  toolgate audit archive
   toolgate audit archive --archive s3://audit-cold/toolgate`,
 		Args: noArgs,

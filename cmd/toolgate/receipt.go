@@ -31,7 +31,9 @@ func (a *app) receiptGetCmd() *cobra.Command {
 (as audit prove prints it) comes once the next checkpoint covers the call's
 terminal audit event; until then "pending" says why there is none, and with
 --wait the command asks again until the proof is there or the time is up
-(exit 5). An agent gets its own calls' receipts; auditors and operators any.`,
+(exit 5). An agent gets its own calls' receipts, with the proof under the
+checkpoint's signed head alone (its listing names other calls); auditors and
+operators any, with the whole checkpoint.`,
 		Example: `  toolgate receipt get "$ID" --wait 30s > receipt.json
   toolgate receipt verify receipt.json --key audit-chain.pub`,
 		Args: exactArgs(1, "an invocation id"),
@@ -80,7 +82,8 @@ _meta carries it) with the public audit chain key alone: the signature; with
 result member, as JSON); and when the file has a proof, that it proves the
 receipt's terminal audit event under a signed checkpoint and that this event
 carries the same receipt. A receipt changed (E3960), another result (E3961),
-a proof of another event or tree (E3962) or a file that is no receipt (E3963)
+a proof of another event (E3962), a changed checkpoint (E3965), a proof for another tree (E3966),
+a listing that is not the one its checkpoint signs (E3967) or a file that is no receipt (E3963)
 exits non-zero (docs/audit.md).`,
 		Example: `  toolgate receipt verify receipt.json --key audit-chain.pub
   toolgate receipt verify receipt.json --key audit-chain.pub --result result.json`,

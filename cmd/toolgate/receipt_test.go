@@ -7,9 +7,11 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/busauth"
+	"github.com/toolgate/toolgate/internal/token"
 )
 
 // TestReceiptGetAndVerify: receipt get prints an ended call's receipt
@@ -53,6 +55,49 @@ func TestReceiptGetAndVerify(t *testing.T) {
 	if r := tg(t, "", "receipt", "verify", write("bare.json", string(bare)), "--key", key); r.code != exitOK {
 		t.Fatalf("receipt verify of the bare receipt: %+v", r)
 	}
+
+	t.Run("its agent, with its token alone", func(t *testing.T) {
+		// The agent gets its own call's proof with the checkpoint's head:
+		// nothing in it names another call; it checks offline.
+		tok := agentToken(t, s, "receipt-agent", time.Hour, "echo")
+		asAgent := func(args ...string) []string { return append(args, "--nats", s.url, "--token", tok) }
+		r := tg(t, "", asAgent("invoke", "echo", "--params", `{"message":"mine"}`, "--wait", "--json")...)
+		var resp api.Response
+		if r.code != exitOK || json.Unmarshal([]byte(r.stdout), &resp) != nil {
+			t.Fatalf("invoke as the agent: %+v", r)
+		}
+		g := tg(t, "", asAgent("receipt", "get", resp.InvocationID, "--wait", "60s")...)
+		var rr struct {
+			Proof struct {
+				EventID    string                     `json:"event_id"`
+				Checkpoint map[string]json.RawMessage `json:"checkpoint"`
+			} `json:"proof"`
+		}
+		if g.code != exitOK || json.Unmarshal([]byte(g.stdout), &rr) != nil || rr.Proof.Checkpoint == nil {
+			t.Fatalf("receipt get as the agent: %+v", g)
+		}
+		for _, k := range []string{"ids", "tenants", "leaves"} {
+			if _, ok := rr.Proof.Checkpoint[k]; ok {
+				t.Errorf("the agent's proof shows the checkpoint's %s: %s", k, g.stdout)
+			}
+		}
+		if _, ok := rr.Proof.Checkpoint["listing"]; !ok || strings.Count(g.stdout, ":tool.") != 2 { // the receipt's and the proof's event id
+			t.Errorf("the agent's proof: %s", g.stdout)
+		}
+		mine := write("mine.json", g.stdout)
+		if r := tg(t, "", "receipt", "verify", mine, "--key", key); r.code != exitOK || !strings.Contains(r.stdout, "proof (AUDIT seq") {
+			t.Fatalf("receipt verify of the agent's proof: %+v", r)
+		}
+		// Another agent of the tenant is refused (and audited).
+		k, err := token.LoadSigningKey(filepath.Join(s.data, "dev-signing-key.jwk"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		other := mintFor(t, k, "did:agent:other", "other-agent", time.Hour, false, "echo")
+		if r := tg(t, "", "receipt", "get", resp.InvocationID, "--nats", s.url, "--token", other); r.code == exitOK || !strings.Contains(r.stderr, api.ENotOwnCall) {
+			t.Fatalf("another agent's receipt get: %+v", r)
+		}
+	})
 
 	_, other := call("another")
 	var rr, or map[string]json.RawMessage

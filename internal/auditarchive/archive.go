@@ -2,7 +2,10 @@
 // signed checkpoint), with their checkpoints, to cold storage, and checks
 // the archive and the chain across it (docs/audit.md). An object is an
 // export as `toolgate audit verify --file` reads it, one per range, named
-// by the stream's creation time and the range's first and last sequences.
+// by the stream's creation time and the range's first and last sequences;
+// each run ends with a head object naming its last object, with that
+// range's signed checkpoint, so that an archive missing its last objects
+// is told from the archive alone.
 package auditarchive
 
 import (
@@ -10,6 +13,8 @@ import (
 	"context"
 	"crypto/ed25519"
 	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -40,6 +45,50 @@ type Range struct {
 	First   uint64    `json:"first"`
 	Last    uint64    `json:"last"`
 	Size    int64     `json:"size"`
+	// Of an object this run wrote: its SHA-256 and last checkpoint, which
+	// its head names.
+	digest [sha256.Size]byte
+	last   *auditchain.Checkpoint
+}
+
+// Head is what a head object holds: the last range a run archived, named
+// with its size and digest, and the range's last checkpoint (of version 3
+// its signed head alone: the listing is in the object). The checkpoint's
+// signature is what makes a head audit's: no one without the chain key can
+// write a head naming a range audit has not checkpointed, so an archive
+// whose objects end before its newest head has lost its last objects.
+type Head struct {
+	V          int                    `json:"v"`
+	Object     string                 `json:"object"`
+	Size       int64                  `json:"size"`
+	SHA256     string                 `json:"sha256"`
+	Checkpoint *auditchain.Checkpoint `json:"checkpoint"`
+	name       string                 // the head object's, as read
+}
+
+// HeadName is the name of the head written after the range of the AUDIT
+// stream created at created that ends at last.
+func HeadName(created time.Time, last uint64) string {
+	return fmt.Sprintf("HEAD-%s-%020d.json", created.UTC().Format(epochLayout), last)
+}
+
+// parseHeadName reads a name HeadName wrote.
+func parseHeadName(name string) (created time.Time, last uint64, ok bool) {
+	s, ok := strings.CutPrefix(name, "HEAD-")
+	if !ok {
+		return time.Time{}, 0, false
+	}
+	s, ok = strings.CutSuffix(s, ".json")
+	t, n, cut := strings.Cut(s, "-")
+	if !ok || !cut {
+		return time.Time{}, 0, false
+	}
+	created, err := time.Parse(epochLayout, t)
+	last, err1 := strconv.ParseUint(n, 10, 64)
+	if err != nil || err1 != nil || last == 0 {
+		return time.Time{}, 0, false
+	}
+	return created, last, true
 }
 
 // ObjectName is the name of the object holding first..last of the AUDIT
@@ -201,10 +250,39 @@ func (a *Archiver) Once(ctx context.Context) ([]Range, error) {
 			end--
 		}
 		if err := flush(end); err != nil {
-			return out, err
+			return out, errors.Join(err, a.writeHead(ctx, out))
 		}
 	}
-	return out, nil
+	return out, a.writeHead(ctx, out)
+}
+
+// writeHead writes, after the objects of a run, the head naming the last
+// of them, and reads it back.
+func (a *Archiver) writeHead(ctx context.Context, out []Range) error {
+	if len(out) == 0 {
+		return nil
+	}
+	r := out[len(out)-1]
+	cp := r.last
+	if h := cp.Head(); h != nil {
+		cp = h
+	}
+	b, err := json.Marshal(Head{V: 1, Object: r.Name, Size: r.Size, SHA256: hex.EncodeToString(r.digest[:]), Checkpoint: cp})
+	if err != nil {
+		return err
+	}
+	name := HeadName(r.Created, r.Last)
+	if err := a.Store.Put(ctx, name, bytes.NewReader(b), int64(len(b))); err != nil && !errors.Is(err, archivestore.ErrExists) {
+		return fmt.Errorf("storing %s in %s: %w", name, a.Store, err)
+	}
+	back, err := a.Store.Get(ctx, name)
+	if err != nil {
+		return fmt.Errorf("reading %s back from %s: %w", name, a.Store, err)
+	}
+	if !bytes.Equal(back, b) {
+		return fmt.Errorf("%s read back from %s differs from what was written", name, a.Store)
+	}
+	return nil
 }
 
 // archive writes one range, reads it back and checks it.
@@ -216,7 +294,17 @@ func (a *Archiver) archive(ctx context.Context, bus auditchain.Bus, st auditchai
 	if _, err := auditchain.Export(ctx, src, &buf, auditchain.ExportOptions{From: first, To: last}); err != nil {
 		return Range{}, fmt.Errorf("exporting %d..%d: %w", first, last, err)
 	}
-	r := Range{Name: ObjectName(created, first, last), Created: created, First: first, Last: last, Size: int64(buf.Len())}
+	r := Range{Name: ObjectName(created, first, last), Created: created, First: first, Last: last, Size: int64(buf.Len()),
+		digest: sha256.Sum256(buf.Bytes())}
+	for _, c := range slices.Backward(cps) {
+		if c.Err == nil && c.Checkpoint.Last == last && c.Checkpoint.Check(a.Key) == nil {
+			r.last = c.Checkpoint
+			break
+		}
+	}
+	if r.last == nil {
+		return Range{}, fmt.Errorf("no checkpoint of %d..%d ends it", first, last)
+	}
 	err := a.Store.Put(ctx, r.Name, bytes.NewReader(buf.Bytes()), r.Size)
 	if err != nil && !errors.Is(err, archivestore.ErrExists) {
 		return Range{}, fmt.Errorf("storing %s in %s: %w", r.Name, a.Store, err)
@@ -227,7 +315,7 @@ func (a *Archiver) archive(ctx context.Context, bus auditchain.Bus, st auditchai
 	if err != nil {
 		return Range{}, fmt.Errorf("reading %s back from %s: %w", r.Name, a.Store, err)
 	}
-	if len(back) != buf.Len() || sha256.Sum256(back) != sha256.Sum256(buf.Bytes()) {
+	if len(back) != buf.Len() || sha256.Sum256(back) != r.digest {
 		return Range{}, fmt.Errorf("%s read back from %s: %d bytes, not the %d written", r.Name, a.Store, len(back), buf.Len())
 	}
 	rep, err := checkObject(ctx, back, a.Key)

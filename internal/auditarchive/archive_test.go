@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/archivestore"
 	"github.com/toolgate/toolgate/internal/auditarchive"
 	"github.com/toolgate/toolgate/internal/auditchain"
@@ -197,5 +198,78 @@ func TestArchiveVerifyNamesAMissingAndAnAlteredObject(t *testing.T) {
 	out := findings(rep)
 	if !strings.Contains(out, "altered seq 1 event inv-1:tool.succeeded") || !strings.Contains(out, "object "+got[0].Name) {
 		t.Fatalf("an altered object not named:\n%s", out)
+	}
+}
+
+// TestArchiveVerifyNamesAMissingLastObject: each run ends with a head
+// object naming, with its signed checkpoint, the last range archived, so
+// that the last object removed, or the archive rolled back to an earlier
+// run, is named offline (E3968); the last object altered is named too.
+func TestArchiveVerifyNamesAMissingLastObject(t *testing.T) {
+	tr := newTrail(t)
+	store, obs := tr.natsStore()
+	a := tr.archiver(store)
+	tr.add(200, 100)
+	first, err := a.Once(tr.ctx)
+	if err != nil || len(first) != 2 {
+		t.Fatalf("archived %v, %v", names(first), err)
+	}
+	tr.add(100, 100)
+	got, err := a.Once(tr.ctx)
+	if err != nil || fmt.Sprint(names(got)) != "[201-300]" {
+		t.Fatalf("archived %v, %v", names(got), err)
+	}
+	verify := func() (*auditarchive.Report, string) {
+		t.Helper()
+		rep, err := auditarchive.VerifyArchive(tr.ctx, store, tr.pub)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rep, findings(rep)
+	}
+	if rep, out := verify(); !rep.Intact() || rep.Objects != 3 || rep.Events != 300 {
+		t.Fatalf("the archive: %+v\n%s", rep, out)
+	}
+	last, err := store.Get(tr.ctx, got[0].Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The last object removed: the run before's objects are all there,
+	// but the head names 300.
+	if err := obs.Delete(tr.ctx, got[0].Name); err != nil {
+		t.Fatal(err)
+	}
+	rep, out := verify()
+	if rep.Intact() || !strings.Contains(out, "archive-truncated seq 201..300") || !strings.Contains(out, api.EAuditArchiveTruncated) {
+		t.Fatalf("the last object removed, not named:\n%s", out)
+	}
+	// Put back altered (an event's bytes, its object's digest): named.
+	i := bytes.LastIndex(last, []byte(`"kind":"event"`))
+	j := bytes.Index(last[i:], []byte(`"data":"`)) + i + len(`"data":"`)
+	last[j+5] ^= 0x01
+	if _, err := obs.PutBytes(tr.ctx, got[0].Name, last); err != nil {
+		t.Fatal(err)
+	}
+	if rep, out := verify(); rep.Intact() || !strings.Contains(out, "altered seq") || !strings.Contains(out, "object "+got[0].Name) {
+		t.Fatalf("the last object altered, not named:\n%s", out)
+	}
+	// A head that is not audit's: its checkpoint's signature fails.
+	heads, err := store.List(tr.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range heads {
+		if strings.HasPrefix(o.Name, "HEAD-") {
+			b, _ := store.Get(tr.ctx, o.Name)
+			b = bytes.Replace(b, []byte(`"writer":"test"`), []byte(`"writer":"tset"`), 1)
+			_ = obs.Delete(tr.ctx, o.Name)
+			if _, err := obs.PutBytes(tr.ctx, o.Name, b); err != nil {
+				t.Fatal(err)
+			}
+			break
+		}
+	}
+	if rep, out := verify(); rep.Intact() || !strings.Contains(out, "bad-object") || !strings.Contains(out, "HEAD-") {
+		t.Fatalf("a forged head, not named:\n%s", out)
 	}
 }

@@ -127,9 +127,10 @@ func TestArchiveToS3(t *testing.T) {
 	if want := "[1-80 81-120]"; fmt.Sprint(names(got)) != want {
 		t.Fatalf("archived %v, want %s", names(got), want)
 	}
-	// The listing shows the coverage, under the prefix.
+	// The listing shows the coverage, under the prefix, and the run's
+	// head after it.
 	objs, err := store.List(tr.ctx)
-	if err != nil || len(objs) != 2 || !strings.HasSuffix(objs[0].Name, "-00000000000000000001-00000000000000000080.jsonl") {
+	if err != nil || len(objs) != 3 || !strings.HasPrefix(objs[2].Name, "HEAD-") || !strings.HasSuffix(objs[0].Name, "-00000000000000000001-00000000000000000080.jsonl") {
 		t.Fatalf("listing: %+v %v", objs, err)
 	}
 	if _, err := os.Stat(filepath.Join(srv.dir, "audit-cold", "toolgate", objs[0].Name)); err != nil {
@@ -177,5 +178,14 @@ func TestArchiveToS3(t *testing.T) {
 	rep, err = auditarchive.VerifyArchive(tr.ctx, store, tr.pub)
 	if err != nil || !rep.Intact() || rep.Events != 180 || rep.Objects != 3 {
 		t.Fatalf("archive: %+v %v\n%s", rep, err, findings(rep))
+	}
+
+	// The last object removed from the server's disk: its head names it.
+	if err := os.Remove(filepath.Join(srv.dir, "audit-cold", "toolgate", got[0].Name)); err != nil {
+		t.Fatal(err)
+	}
+	rep, err = auditarchive.VerifyArchive(tr.ctx, store, tr.pub)
+	if err != nil || rep.Intact() || !strings.Contains(findings(rep), "archive-truncated seq 121..180") {
+		t.Fatalf("the last object removed, not named: %v\n%s", err, findings(rep))
 	}
 }

@@ -105,7 +105,7 @@ func (p *Proof) Check(pub ed25519.PublicKey) error {
 	if p.Checkpoint == nil {
 		return ErrMalformed
 	}
-	if err := p.Checkpoint.Check(pub); err != nil {
+	if err := p.Checkpoint.CheckHead(pub); err != nil {
 		return err
 	}
 	root, _ := p.Checkpoint.root()

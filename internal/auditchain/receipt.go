@@ -7,6 +7,7 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"sync"
 
 	"github.com/toolgate/toolgate/api"
@@ -63,14 +64,37 @@ func Digest(raw []byte) string {
 	if len(raw) == 0 || string(raw) == "null" {
 		return ""
 	}
-	var c bytes.Buffer
-	c.Grow(len(raw))
-	if err := json.Compact(&c, raw); err != nil {
-		c.Reset()
-		c.Write(raw) // not JSON: its bytes as they are
+	if !compact(raw) {
+		var c bytes.Buffer
+		c.Grow(len(raw))
+		if err := json.Compact(&c, raw); err == nil {
+			raw = c.Bytes()
+		} // else not JSON: its bytes as they are
 	}
-	h := sha256.Sum256(c.Bytes())
+	h := sha256.Sum256(raw)
 	return hex.EncodeToString(h[:])
+}
+
+// compact reports whether raw holds no whitespace outside its strings, so
+// that json.Compact would return it as it is (or, not JSON, Digest hashes
+// it as it is): the values audit hashes have crossed the bus, whose
+// encoders drop whitespace, so this scan, without a copy, is the usual
+// path.
+func compact(raw []byte) bool {
+	in, esc := false, false
+	for _, c := range raw {
+		switch {
+		case esc:
+			esc = false
+		case in && c == '\\':
+			esc = true
+		case c == '"':
+			in = !in
+		case !in && (c == ' ' || c == '\t' || c == '\n' || c == '\r'):
+			return false
+		}
+	}
+	return true
 }
 
 // CheckReceipt verifies r's signature with pub (E3960).
@@ -116,14 +140,25 @@ func orNone(s string) string {
 // with pub (the checkpoint's signature and the path to its root), it is
 // the proof of r's terminal event, and that event carries r itself.
 func CheckReceiptProof(r *api.Receipt, p *Proof, pub ed25519.PublicKey) error {
-	refuse := func(format string, args ...any) error {
-		return api.NewError(api.PermissionDenied, api.EReceiptProof, "the proof does not prove the receipt of %s: "+format,
+	refuseAs := func(code, format string, args ...any) error {
+		return api.NewError(api.PermissionDenied, code, "the proof does not prove the receipt of %s: "+format,
 			append([]any{r.InvocationID}, args...)...)
 	}
+	refuse := func(format string, args ...any) error { return refuseAs(api.EReceiptProof, format, args...) }
 	if p == nil {
 		return refuse("there is none")
 	}
 	if err := p.Check(pub); err != nil {
+		// Which part failed has its own code: the signed head, the
+		// listing beside it, or the path from the event to the root.
+		switch {
+		case errors.Is(err, ErrForged):
+			return refuseAs(api.EReceiptHeadForged, "its checkpoint was changed, or another key signed it: %v", err)
+		case errors.Is(err, ErrListing):
+			return refuseAs(api.EReceiptListing, "%v", err)
+		case errors.Is(err, ErrProof):
+			return refuseAs(api.EReceiptTree, "its event and path do not lead to its checkpoint's root (a proof for another tree): %v", err)
+		}
 		return refuse("%v", err)
 	}
 	var ev struct {

@@ -1,11 +1,15 @@
 package auditchain_test
 
 import (
+	"bytes"
 	"crypto/ed25519"
+	"crypto/sha256"
 	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -18,6 +22,15 @@ import (
 // receipt of result, signed with the trail's key, and returns the receipt.
 func (tr *trail) receiptEvent(id string, result json.RawMessage) *api.Receipt {
 	tr.t.Helper()
+	r, subject, data := tr.receiptData(id, result)
+	tr.publish(subject, data)
+	return r
+}
+
+// receiptData is the terminal event of invocation id carrying a receipt of
+// result, signed with the trail's key, its subject, and the receipt.
+func (tr *trail) receiptData(id string, result json.RawMessage) (*api.Receipt, string, []byte) {
+	tr.t.Helper()
 	r := &api.Receipt{V: api.ReceiptVersion, InvocationID: id, Tenant: "acme", Agent: "agent-1", ToolID: "echo",
 		ToolVersion: "1.0.0", Status: api.StatusSuccess, Decision: "allow", PolicyRevision: 7,
 		ParamsSHA256: auditchain.Digest([]byte(`{"message":"hi"}`)), ResultSHA256: auditchain.Digest(result),
@@ -29,8 +42,7 @@ func (tr *trail) receiptEvent(id string, result json.RawMessage) *api.Receipt {
 	if err != nil {
 		tr.t.Fatal(err)
 	}
-	tr.publish(subjects.AuditEvent("acme", "tool.succeeded"), data)
-	return r
+	return r, subjects.AuditEvent("acme", "tool.succeeded"), data
 }
 
 func ecodeOf(err error) string {
@@ -102,14 +114,14 @@ func TestReceiptChecks(t *testing.T) {
 	if got := ecodeOf(auditchain.CheckReceiptProof(a, pb, pub)); got != api.EReceiptProof {
 		t.Errorf("another event's proof: %q, want %s", got, api.EReceiptProof)
 	}
-	// The proof of another tree: its root changed (its signature then
-	// fails), or its path.
+	// The checkpoint changed (its signature then fails), or the path: a
+	// proof for another tree.
 	cp := *pa.Checkpoint
 	cp.Root = fmt.Sprintf("%064x", 1)
 	bad := *pa
 	bad.Checkpoint = &cp
-	if got := ecodeOf(auditchain.CheckReceiptProof(a, &bad, pub)); got != api.EReceiptProof {
-		t.Errorf("another tree: %q, want %s", got, api.EReceiptProof)
+	if got := ecodeOf(auditchain.CheckReceiptProof(a, &bad, pub)); got != api.EReceiptHeadForged {
+		t.Errorf("another root: %q, want %s", got, api.EReceiptHeadForged)
 	}
 	bad = *pa
 	bad.Path = append([]string{}, pa.Path...)
@@ -117,8 +129,8 @@ func TestReceiptChecks(t *testing.T) {
 		t.Fatal("no path to change")
 	}
 	bad.Path[0] = fmt.Sprintf("%064x", 2)
-	if got := ecodeOf(auditchain.CheckReceiptProof(a, &bad, pub)); got != api.EReceiptProof {
-		t.Errorf("another path: %q, want %s", got, api.EReceiptProof)
+	if got := ecodeOf(auditchain.CheckReceiptProof(a, &bad, pub)); got != api.EReceiptTree {
+		t.Errorf("another path: %q, want %s", got, api.EReceiptTree)
 	}
 	// The event proven carries another receipt than the one shown (a
 	// receipt re-signed for another result, with the right event id).
@@ -127,5 +139,187 @@ func TestReceiptChecks(t *testing.T) {
 	auditchain.NewReceiptSigner(tr.key).Sign(&forged)
 	if got := ecodeOf(auditchain.CheckReceiptProof(&forged, pa, pub)); got != api.EReceiptProof {
 		t.Errorf("another receipt for the event: %q, want %s", got, api.EReceiptProof)
+	}
+}
+
+// TestReceiptProofWithTheHeadAlone: a v3 checkpoint's signature covers its
+// head (the root, the link and a hash of the listing), so the proof a
+// caller is given holds the head alone, names no other event, and checks
+// offline. A proof for another tree, a changed byte of the head, and a
+// listing that is not the one its hash names are each refused with their
+// code; a v2 checkpoint, whose signature covers its listing, has no head
+// and still checks whole.
+func TestReceiptProofWithTheHeadAlone(t *testing.T) {
+	tr := newTrail(t)
+	pub := tr.key.Public().(ed25519.PublicKey)
+	// As on an authenticated bus: audit's events carry its MAC, and its
+	// checkpoints say so (version 3).
+	p := tr.auditProcess()
+	c := p.attested("w")
+	emit := func(id, result string) *api.Receipt {
+		r, subject, data := tr.receiptData(id, json.RawMessage(result))
+		if _, err := p.js.Publish(tr.ctx, subject, data); err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	step := func(from int) {
+		for i := from; i < from+5; i++ {
+			p.publish([]string{"globex", "initech"}[i%2], i, false)
+		}
+		stepAll(t, tr, c)
+	}
+	stepAll(t, tr, c) // nothing yet: it starts taking leaves
+	a := emit("inv-a", `{"echo":"hi"}`)
+	b := emit("inv-b", `{"echo":"other"}`)
+	step(0)
+	emit("inv-c", `{"echo":"later"}`)
+	step(5)
+	pa, err := auditchain.Prove(tr.ctx, auditchain.Bus{JS: tr.js}, a.EventID, pub)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pa.Checkpoint.V != auditchain.Version || pa.Checkpoint.Listing == "" {
+		t.Fatalf("checkpoint version %d, listing %q", pa.Checkpoint.V, pa.Checkpoint.Listing)
+	}
+	pc, err := auditchain.Prove(tr.ctx, auditchain.Bus{JS: tr.js}, "inv-c:tool.succeeded", pub)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// What the caller of inv-a is given, as it travels.
+	agent := *pa
+	agent.Checkpoint = pa.Checkpoint.Head()
+	wire, err := json.Marshal(&agent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, other := range []string{b.EventID, "inv-b", `"ids"`, `"tenants"`, `"leaves"`} {
+		if strings.Contains(string(wire), other) {
+			t.Fatalf("the head's proof shows %s: %s", other, wire)
+		}
+	}
+	var got auditchain.Proof
+	if err := json.Unmarshal(wire, &got); err != nil {
+		t.Fatal(err)
+	}
+	if err := auditchain.CheckReceiptProof(a, &got, pub); err != nil {
+		t.Fatalf("the head's proof: %v", err)
+	}
+	// Its head links as the whole checkpoint does.
+	if got.Checkpoint.Hash() != pa.Checkpoint.Hash() {
+		t.Errorf("the head's hash %s, the checkpoint's %s", got.Checkpoint.Hash(), pa.Checkpoint.Hash())
+	}
+
+	refused := func(name string, p *auditchain.Proof, want string) {
+		t.Helper()
+		if got := ecodeOf(auditchain.CheckReceiptProof(a, p, pub)); got != want {
+			t.Errorf("%s: %q, want %s", name, got, want)
+		}
+	}
+	// A proof for another tree: inv-a's leaf and path under the head of
+	// the next checkpoint, or the path of another size.
+	other := got
+	other.Checkpoint = pc.Checkpoint.Head()
+	refused("another tree's head", &other, api.EReceiptTree)
+	other = got
+	other.Path = other.Path[1:]
+	refused("a path cut short", &other, api.EReceiptTree)
+	// One byte of the head changed, each member that is signed.
+	for _, change := range []func(c *auditchain.Checkpoint){
+		func(c *auditchain.Checkpoint) { c.Listing = "0" + c.Listing[1:] },
+		func(c *auditchain.Checkpoint) { c.Prev = strings.Repeat("0", 64) },
+		func(c *auditchain.Checkpoint) { c.Writer += "x" },
+		func(c *auditchain.Checkpoint) { c.Foreign = []uint64{c.Last} },
+		func(c *auditchain.Checkpoint) { c.Time = "2000" + c.Time[4:] },
+	} {
+		h := *got.Checkpoint
+		change(&h)
+		changed := got
+		changed.Checkpoint = &h
+		refused("a changed head", &changed, api.EReceiptHeadForged)
+	}
+	// The listing beside the head, changed: a tenant renamed, an id.
+	for _, change := range []func(c *auditchain.Checkpoint){
+		func(c *auditchain.Checkpoint) { c.Tenants = append([]string{"globex"}, c.Tenants[1:]...) },
+		func(c *auditchain.Checkpoint) { c.IDs = append([]string{"inv-x:tool.succeeded"}, c.IDs[1:]...) },
+	} {
+		l := *pa.Checkpoint
+		change(&l)
+		listed := *pa
+		listed.Checkpoint = &l
+		refused("a listing that is not its hash's", &listed, api.EReceiptListing)
+		if err := l.Check(pub); !errors.Is(err, auditchain.ErrListing) {
+			t.Errorf("the checkpoint with that listing: %v, want ErrListing", err)
+		}
+	}
+	// A head is not a checkpoint to verify the trail with.
+	if err := got.Checkpoint.Check(pub); !errors.Is(err, auditchain.ErrMalformed) {
+		t.Errorf("a head checked whole: %v, want ErrMalformed", err)
+	}
+
+	// A v3 chain verifies end to end offline; a listing changed in the
+	// copy is named as the checkpoint's forgery.
+	exp := tr.export(auditchain.ExportOptions{})
+	if r := verifyFile(t, exp, pub); !r.Intact() {
+		t.Fatalf("the v3 chain offline: %+v", r.Findings)
+	}
+	var changed []byte
+	done := false
+	for _, line := range bytes.SplitAfter(exp, []byte("\n")) {
+		var l map[string]json.RawMessage
+		if json.Unmarshal(line, &l) == nil && string(l["kind"]) == `"checkpoint"` && !done {
+			var data []byte
+			var cp auditchain.Checkpoint
+			if json.Unmarshal(l["data"], &data) != nil || json.Unmarshal(data, &cp) != nil {
+				t.Fatalf("a checkpoint line: %s", line)
+			}
+			cp.Tenants[0] = "globex"
+			data, _ = json.Marshal(&cp)
+			l["data"], _ = json.Marshal(data)
+			line, _ = json.Marshal(l)
+			line, done = append(line, '\n'), true
+		}
+		changed = append(changed, line...)
+	}
+	r := verifyFile(t, changed, pub)
+	if r.Intact() || !strings.Contains(fmt.Sprint(r.Findings), auditchain.ErrListing.Error()) {
+		t.Fatalf("a changed listing offline: %+v", r.Findings)
+	}
+
+	// Version 2: the listing is signed itself, so there is no head; the
+	// whole checkpoint proves as before.
+	v2 := *pa.Checkpoint
+	v2.V, v2.Listing = auditchain.VersionListed, ""
+	v2.Sign(tr.key)
+	if v2.Listing != "" || v2.Head() != nil {
+		t.Fatalf("a v2 checkpoint with a listing hash %q or a head", v2.Listing)
+	}
+	old := *pa
+	old.Checkpoint = &v2
+	if err := auditchain.CheckReceiptProof(a, &old, pub); err != nil {
+		t.Fatalf("a v2 checkpoint's proof: %v", err)
+	}
+	v2.IDs = append([]string{"inv-x:tool.succeeded"}, v2.IDs[1:]...)
+	refused("a v2 checkpoint changed", &old, api.EReceiptHeadForged)
+}
+
+// TestDigestIsOfTheCompactJSON: the digest is SHA-256 of json.Compact's
+// output whether the value comes compact (hashed without a copy) or not,
+// whitespace inside strings and escaped quotes kept; what is not JSON is
+// hashed as it is.
+func TestDigestIsOfTheCompactJSON(t *testing.T) {
+	for _, raw := range []string{
+		`{"message":"hello world"}`, "{\"message\": \"hello world\"}", "{\n  \"a\": [1, 2,\t3]\r\n}",
+		`{"q":"a \" b","n":null}`, `{"q":"a \\"}`, `"  spaced  "`, `[ ]`, `not json`, `{"open": "x`, `{"esc":"\\\" }"}`,
+	} {
+		var c bytes.Buffer
+		want := []byte(raw)
+		if json.Compact(&c, want) == nil {
+			want = c.Bytes()
+		}
+		h := sha256.Sum256(want)
+		if got := auditchain.Digest([]byte(raw)); got != hex.EncodeToString(h[:]) {
+			t.Errorf("Digest(%q) = %s, want the SHA-256 of %q", raw, got, want)
+		}
 	}
 }

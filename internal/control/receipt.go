@@ -5,6 +5,7 @@ import (
 	"crypto/ed25519"
 	"encoding/json"
 	"errors"
+	"strconv"
 	"time"
 
 	"github.com/toolgate/toolgate/api"
@@ -22,7 +23,8 @@ func WithAuditChainKey(pub ed25519.PublicKey) Option {
 // receipt answers an invocation's receipt (the terminal result's, kept in
 // its status record) and, once a checkpoint covers its terminal audit
 // event, the event's inclusion proof (docs/audit.md#receipts). An agent
-// gets only its own calls' receipts (E3260, audited).
+// gets only its own calls' receipts (E3260, audited), and of the
+// checkpoint that proves one only its signed head.
 func (h *handlers) receipt() request[api.ReceiptRequest] {
 	return request[api.ReceiptRequest]{
 		expected: `{"tenant_id":…, "invocation_id":…}`, scopedExpected: `{"invocation_id":…}`,
@@ -52,13 +54,6 @@ func (h *handlers) doReceipt(r api.ReceiptRequest, v viewer) (any, error) {
 		return nil, noReceipt(r.InvocationID, "it has not ended, or ended without one")
 	}
 	out := api.ReceiptResponse{Receipt: rec.Response.Receipt}
-	if v.who != "" {
-		// A proof shows its checkpoint, which lists the ids and tenants
-		// of every event it covers: no caller from a tenant's account
-		// may see other tenants' calls.
-		out.Pending = "the inclusion proof shows a checkpoint that names other tenants' calls: an auditor or the operator gets it"
-		return out, nil
-	}
 	if h.chainKey == nil || h.js == nil {
 		out.Pending = "this control service holds no audit chain key to prove it with"
 		return out, nil
@@ -70,6 +65,19 @@ func (h *handlers) doReceipt(r api.ReceiptRequest, v viewer) (any, error) {
 		return out, nil
 	case err != nil:
 		return nil, api.WrapError(err, api.InternalError, api.EInternal, "proving the receipt of %s: %v", r.InvocationID, err)
+	}
+	if v.who != "" {
+		// A caller from a tenant's account gets its checkpoint's signed
+		// head, not its listing, which names every event it covers,
+		// other tenants' calls among them. Before version 3 the signature
+		// covers the listing: there is no head to give.
+		head := p.Checkpoint.Head()
+		if head == nil {
+			out.Pending = "its checkpoint signs the ids and tenants of every event it covers (version " + strconv.Itoa(p.Checkpoint.V) +
+				"), other tenants' calls among them: an auditor or the operator gets the proof"
+			return out, nil
+		}
+		p.Checkpoint = head
 	}
 	if out.Proof, err = json.Marshal(p); err != nil {
 		return nil, err

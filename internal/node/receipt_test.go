@@ -21,9 +21,10 @@ import (
 // result carries audit's receipt, signed with the chain key: of its agent,
 // tool, manifest, parameters, policy decision and result. An auditor and
 // the operator get it back with its inclusion proof once a checkpoint
-// covers the terminal event; the agent gets the
-// receipt alone (a checkpoint names other tenants' calls), and another
-// agent of the tenant is refused (E3260) and the refusal audited.
+// covers the terminal event; the agent gets it with the proof under the
+// checkpoint's signed head alone (its listing names other tenants' calls),
+// and another agent of the tenant is refused (E3260) and the refusal
+// audited.
 func TestReceiptsOnTheBus(t *testing.T) {
 	s := serveEmbedded(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -86,14 +87,22 @@ func TestReceiptsOnTheBus(t *testing.T) {
 		return got
 	}
 	t.Run("its agent", func(t *testing.T) {
-		// The receipt, without the proof: its checkpoint names other
-		// tenants' calls.
-		got, err := a.c.Receipt(ctx, "demo", id)
-		if err != nil {
+		// The proof with its checkpoint's signed head alone: the listing,
+		// which names other tenants' calls, is left out.
+		got := get(t, a.c)
+		var p struct {
+			Checkpoint map[string]json.RawMessage `json:"checkpoint"`
+		}
+		if err := json.Unmarshal(got.Proof, &p); err != nil {
 			t.Fatal(err)
 		}
-		if got.Receipt == nil || got.Receipt.Sig != r.Sig || len(got.Proof) != 0 || got.Pending == "" {
-			t.Fatalf("the agent's receipt: %+v", got)
+		for _, k := range []string{"ids", "tenants", "leaves"} {
+			if _, ok := p.Checkpoint[k]; ok {
+				t.Errorf("the agent's proof shows the checkpoint's %s", k)
+			}
+		}
+		if _, ok := p.Checkpoint["listing"]; !ok {
+			t.Errorf("the agent's proof has no listing hash: %s", got.Proof)
 		}
 	})
 	t.Run("an auditor", func(t *testing.T) {
@@ -102,7 +111,14 @@ func TestReceiptsOnTheBus(t *testing.T) {
 			t.Fatal(err)
 		}
 		carol := issuePerson(t, keys, busauth.RoleAuditor, "carol")
-		get(t, carol.client(t, s, nil).Agent)
+		// The auditor's proof holds the checkpoint's listing too.
+		var p auditchain.Proof
+		if err := json.Unmarshal(get(t, carol.client(t, s, nil).Agent).Proof, &p); err != nil {
+			t.Fatal(err)
+		}
+		if len(p.Checkpoint.IDs) == 0 || p.Checkpoint.Check(pub) != nil {
+			t.Errorf("the auditor's checkpoint has no listing, or one that does not check: %+v", p.Checkpoint)
+		}
 	})
 	t.Run("the operator", func(t *testing.T) { get(t, s.operator(t).Agent) })
 	t.Run("another agent is refused, and audited", func(t *testing.T) {
