@@ -238,6 +238,12 @@ var Rights = map[Role]RoleRights{
 
 // permissions turns rights into subject permissions.
 func (r RoleRights) permissions(role Role) jwt.Permissions {
+	return r.permissionsWithInbox(RoleInbox(role))
+}
+
+// permissionsWithInbox turns rights into subject permissions with replies
+// below inbox.
+func (r RoleRights) permissionsWithInbox(inbox string) jwt.Permissions {
 	var p jwt.Permissions
 	add := func(perm *jwt.Permission, subs ...string) {
 		for _, s := range subs {
@@ -246,7 +252,6 @@ func (r RoleRights) permissions(role Role) jwt.Permissions {
 			}
 		}
 	}
-	inbox := RoleInbox(role)
 	add(&p.Sub, inbox+".>")
 	add(&p.Pub, "$JS.API.INFO")
 	add(&p.Pub, r.Publishes...)
