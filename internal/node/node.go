@@ -184,6 +184,9 @@ func openConnRole(ctx context.Context, nc *nats.Conn, role busauth.Role, topo to
 	opts := kvstore.Options{Replicas: topo.Replicas, Storage: topo.Storage, InvocationTTL: topo.InvocationTTL, Memory: mem,
 		CheckpointRetention: topo.CheckpointRetention, Clock: topo.CheckpointClock}
 	rights, bound := busauth.Rights[role]
+	if role == busauth.RoleExecute && topo.Site != "" {
+		rights = busauth.SiteRights(topo.Site)
+	}
 	// Refusals are audited through the node's JetStream: on an
 	// authenticated bus only once it signs, and sends through audit
 	// (SignAs), so what the first watches refuse waits for that.

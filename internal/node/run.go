@@ -155,6 +155,12 @@ type Config struct {
 	Topology              topology.TopologyOptions
 	Stage                 StageConfig
 	Log                   *slog.Logger
+	// Site runs this process as site Site (docs/sites.md): an execute
+	// worker behind a leaf node of the hub at Hub, whose link
+	// authenticates with Creds (the site's credentials). Embedded.DataDir
+	// holds the site's bundle (toolgate site add).
+	Site string
+	Hub  string
 	// Ready, if set, is called once everything runs, with the NATS URL.
 	Ready func(url string, n *Node)
 }
@@ -231,6 +237,9 @@ func (r *run) run(ctx context.Context) error {
 		return err
 	}
 	defer closeConnections()
+	if err := r.ensureSites(ctx); err != nil {
+		return err
+	}
 	if err := r.registerExamples(ctx); err != nil {
 		return err
 	}
@@ -271,6 +280,9 @@ func (r *run) startBus() (stop func(), err error) {
 	stop = func() {}
 	r.url = c.NATSURL
 	r.roleCreds = map[busauth.Role]string{}
+	if c.Site != "" {
+		return r.startSite()
+	}
 	if r.url == "" {
 		ns, g, err := StartSecureEmbedded(c.Embedded, log)
 		if err != nil {
@@ -637,6 +649,9 @@ func (r *run) startStages(ctx context.Context) (stop func(), err error) {
 		}
 		rn := sn.Runner(name, st, workers, r.metrics)
 		rn.Handed = handed
+		if c.Site != "" {
+			rn.Inputs = subjects.SiteInputs(c.Site)
+		}
 		r.runners = append(r.runners, rn)
 	}
 	return stop, nil

@@ -42,6 +42,9 @@ import (
 // waiting for the acknowledgements of its last.
 type Runner struct {
 	Name    string // the stage name, one of subjects.Stages
+	// Inputs are the consumers it pulls from; nil: the stage's own
+	// (subjects.Inputs). A site's execute worker pulls from its site's.
+	Inputs []subjects.Input
 	Stage   stages.Stage
 	JS      jetstream.JetStream
 	Workers int
@@ -150,7 +153,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	}
 	r.tracer, r.spanName = otel.Tracer(tracerName), "toolgate."+r.Name
 	r.alive()
-	inputs := subjects.Inputs(r.Name)
+	inputs := r.inputs()
 	consumers := make([]jetstream.Consumer, len(inputs))
 	for i, in := range inputs {
 		err := topology.Retry(ctx, r.Log, "opening consumer "+in.Consumer, func(ctx context.Context) (err error) {
@@ -873,3 +876,11 @@ func (c originCarrier) Set(key, value string) {
 }
 
 func (c originCarrier) Keys() []string { return nil }
+
+// inputs are the consumers r pulls from.
+func (r *Runner) inputs() []subjects.Input {
+	if r.Inputs != nil {
+		return r.Inputs
+	}
+	return subjects.Inputs(r.Name)
+}

@@ -1,0 +1,118 @@
+package node
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/nats-io/nats.go"
+	"github.com/toolgate/toolgate/internal/busauth"
+	"github.com/toolgate/toolgate/internal/topology"
+	"log/slog"
+	"net/url"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+)
+
+// A site (docs/sites.md) runs execute where its tools' data lives: its
+// process embeds a NATS server that is a leaf node of the hub's, and its
+// worker talks to the hub through that link only. The site's server keeps
+// no JetStream of its own: the calls, buckets and trail stay at the hub,
+// where the worker reaches them across the leaf connection, so there is no
+// second JetStream (and no domain) to keep apart. The hub admits the
+// link with the site's credentials alone and grants it the site's rights
+// (busauth.SiteRights): what the worker may do, the link may carry.
+
+// SiteOptions configure a site's leaf server.
+type SiteOptions struct {
+	// Hub is the hub's leaf-node URL, nats-leaf://host:port (serve
+	// --leaf-listen).
+	Hub string
+	// Creds are the site's credentials (toolgate site add).
+	Creds string
+	// Name is the site's name: the server's too.
+	Name string
+	// Logging turns on the server's own log on stderr.
+	Logging bool
+}
+
+// StartSiteLeaf starts a site's server: no client port (the worker
+// connects in-process), no JetStream, one leaf-node remote to the hub that
+// it redials for as long as it runs (every second while the link is down).
+func StartSiteLeaf(o SiteOptions, log *slog.Logger) (*server.Server, error) {
+	u, err := url.Parse(o.Hub)
+	if err != nil || u.Host == "" {
+		return nil, fmt.Errorf("site: hub URL %q: want nats-leaf://host:port", o.Hub)
+	}
+	if u.Scheme == "" || u.Scheme == "nats" {
+		u.Scheme = "nats-leaf"
+	}
+	if _, err := strconv.Atoi(u.Port()); err != nil {
+		return nil, fmt.Errorf("site: hub URL %q has no port", o.Hub)
+	}
+	opts := &server.Options{
+		ServerName: "toolgate-site-" + o.Name,
+		DontListen: true,
+		// The worker's credentials sign the nonce although this server
+		// checks nothing: the hub checks the link's.
+		AlwaysEnableNonce: true,
+		NoSigs:            true,
+		NoLog:             !o.Logging,
+		MaxPayload:        8 << 20,
+		LeafNode: server.LeafNodeOpts{
+			ReconnectInterval: time.Second,
+			Remotes: []*server.RemoteLeafOpts{{
+				URLs: []*url.URL{u}, Credentials: o.Creds,
+			}},
+		},
+	}
+	ns, err := server.NewServer(opts)
+	if err != nil {
+		return nil, fmt.Errorf("configuring the site's NATS server: %w", err)
+	}
+	if o.Logging {
+		ns.ConfigureLogger()
+	}
+	ns.Start()
+	if !ns.ReadyForConnections(10 * time.Second) {
+		ns.Shutdown()
+		return nil, fmt.Errorf("the site's NATS server did not start")
+	}
+	log.Info("site NATS started, leaf node of the hub", "site", o.Name, "hub", u.Redacted())
+	return ns, nil
+}
+
+// startSite is startBus at a site: its leaf server, and the execute
+// worker's connection to it with the site's credentials (they sign the
+// nonce and set the inbox; the hub checks the link's).
+func (r *run) startSite() (stop func(), err error) {
+	c := &r.c
+	ns, err := StartSiteLeaf(SiteOptions{Hub: c.Hub, Creds: c.Creds, Name: c.Site, Logging: c.Embedded.Logging}, r.log)
+	if err != nil {
+		return nil, err
+	}
+	r.url = ns.ClientURL()
+	r.base = append(r.base, nats.InProcessServer(ns))
+	r.roleCreds[busauth.RoleExecute] = c.Creds
+	r.credsPath = c.Creds
+	r.authenticated = true
+	return func() {
+		ns.Shutdown()
+		ns.WaitForShutdown()
+	}, nil
+}
+
+// ensureSites has the operator's connection, when this process holds it,
+// create the execute consumers of the sites toolgate site add declared in
+// the data directory, so that their calls wait at the hub from the start.
+func (r *run) ensureSites(ctx context.Context) error {
+	if r.op == nil || r.c.Embedded.DataDir == "" || r.c.Site != "" {
+		return nil
+	}
+	sites, err := busauth.LoadSites(r.c.Embedded.DataDir)
+	if err != nil || len(sites) == 0 {
+		return err
+	}
+	return topology.EnsureSites(ctx, r.op.JS, r.c.Topology, sites)
+}
