@@ -11,6 +11,23 @@ import (
 // subjects, toolgate.pipe.execute.<priority>.<tenant>.<site>, which the
 // hub's execute consumers (filter ...<priority>.*) never match.
 
+// HubDomain is the JetStream domain of a hub that accepts sites: a site's
+// worker reaches the hub's JetStream by the domain's API prefix
+// (JetStream refuses the plain one across a leaf-node link).
+const HubDomain = "hub"
+
+// HubAPI is the domain form of a JetStream API subject (or of a key-value
+// put, $KV.…) as a site's worker sends it to the hub.
+func HubAPI(subject string) (string, bool) {
+	if rest, ok := strings.CutPrefix(subject, "$JS.API."); ok {
+		return "$JS." + HubDomain + ".API." + rest, true
+	}
+	if strings.HasPrefix(subject, "$KV.") {
+		return "$JS." + HubDomain + ".API." + subject, true
+	}
+	return "", false
+}
+
 // MaxSiteBytes bounds a site name, which is a subject token and part of
 // consumer names.
 const MaxSiteBytes = 32

@@ -82,6 +82,7 @@ func StartSecureEmbedded(o EmbeddedOptions, log *slog.Logger) (*server.Server, *
 		}
 		// Only a site's credentials admit a leaf node (busauth.InProcess).
 		opts.LeafNode.Host = lh
+		opts.JetStreamDomain = subjects.HubDomain
 	}
 	opts.NoLog = !o.Logging
 	opts.SyncAlways = o.SyncAlways

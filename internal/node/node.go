@@ -176,7 +176,15 @@ func openConnRole(ctx context.Context, nc *nats.Conn, role busauth.Role, topo to
 	// What audit publishes is handed to its checkpointer as acknowledged
 	// (inert on connections that run no checkpointer).
 	leaves := auditchain.NewLeaves()
-	js, err := jetstream.New(nc, jetstream.WithPublishAsyncAckHandler(leaves.Published))
+	var js jetstream.JetStream
+	var err error
+	if topo.Site != "" {
+		// A site's worker reaches the hub's JetStream across the leaf link
+		// by the hub's domain.
+		js, err = jetstream.NewWithDomain(nc, subjects.HubDomain, jetstream.WithPublishAsyncAckHandler(leaves.Published))
+	} else {
+		js, err = jetstream.New(nc, jetstream.WithPublishAsyncAckHandler(leaves.Published))
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/toolgate/toolgate/internal/topology"
 	"log/slog"
 	"net/url"
+	"os"
 	"strconv"
 	"time"
 
@@ -51,6 +52,19 @@ func StartSiteLeaf(o SiteOptions, log *slog.Logger) (*server.Server, error) {
 	if _, err := strconv.Atoi(u.Port()); err != nil {
 		return nil, fmt.Errorf("site: hub URL %q has no port", o.Hub)
 	}
+	// The hub's server is configured with accounts, so it drops a
+	// CONNECT's user JWT: the link carries the nkey and its nonce
+	// signature, and the JWT as its token, as toolgate's clients do.
+	creds, err := os.ReadFile(o.Creds)
+	if err != nil {
+		return nil, fmt.Errorf("site credentials: %w", err)
+	}
+	tok, seed, err := busauth.SplitCreds(creds)
+	if err != nil {
+		return nil, fmt.Errorf("site credentials %s: %w", o.Creds, err)
+	}
+	remote := *u
+	remote.User = url.User(tok)
 	opts := &server.Options{
 		ServerName: "toolgate-site-" + o.Name,
 		DontListen: true,
@@ -63,7 +77,7 @@ func StartSiteLeaf(o SiteOptions, log *slog.Logger) (*server.Server, error) {
 		LeafNode: server.LeafNodeOpts{
 			ReconnectInterval: time.Second,
 			Remotes: []*server.RemoteLeafOpts{{
-				URLs: []*url.URL{u}, Credentials: o.Creds,
+				URLs: []*url.URL{&remote}, Nkey: string(seed),
 			}},
 		},
 	}
@@ -88,7 +102,7 @@ func StartSiteLeaf(o SiteOptions, log *slog.Logger) (*server.Server, error) {
 // nonce and set the inbox; the hub checks the link's).
 func (r *run) startSite() (stop func(), err error) {
 	c := &r.c
-	ns, err := StartSiteLeaf(SiteOptions{Hub: c.Hub, Creds: c.Creds, Name: c.Site, Logging: c.Embedded.Logging}, r.log)
+	ns, err := StartSiteLeaf(SiteOptions{Hub: c.Hub, Creds: c.Creds, Name: c.Site, Logging: c.Embedded.Logging || os.Getenv("TG_SITE_DEBUG") != ""}, r.log)
 	if err != nil {
 		return nil, err
 	}
