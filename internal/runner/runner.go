@@ -41,10 +41,10 @@ import (
 // with more of them than Workers, a worker takes its next message without
 // waiting for the acknowledgements of its last.
 type Runner struct {
-	Name    string // the stage name, one of subjects.Stages
+	Name string // the stage name, one of subjects.Stages
 	// Inputs are the consumers it pulls from; nil: the stage's own
 	// (subjects.Inputs). A site's execute worker pulls from its site's.
-	Inputs []subjects.Input
+	Inputs  []subjects.Input
 	Stage   stages.Stage
 	JS      jetstream.JetStream
 	Workers int
