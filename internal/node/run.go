@@ -676,7 +676,7 @@ func (r *run) startControl(ctx context.Context) (stop func(), err error) {
 	if c.Stage.StateProof != nil {
 		opts = append(opts, control.WithStateProof(c.Stage.StateProof))
 	}
-	opts = append(opts, control.WithJetStream(ctl.JS), control.WithManifestCheck(c.Stage.kinds().Check))
+	opts = append(opts, control.WithJetStream(ctl.JS), control.WithManifestCheck(siteCheck(c.Embedded.DataDir, c.Stage.kinds().Check)))
 	if k := c.Stage.AuditChainKey; k != nil {
 		opts = append(opts, control.WithAuditChainKey(k.Public().(ed25519.PublicKey)))
 	} else if pub, err := busauth.LoadAuditChainPublicKey(c.Embedded.DataDir); err == nil && c.Embedded.DataDir != "" {

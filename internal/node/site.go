@@ -5,11 +5,14 @@ import (
 	"fmt"
 
 	"github.com/nats-io/nats.go"
+	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/busauth"
+	"github.com/toolgate/toolgate/internal/tools"
 	"github.com/toolgate/toolgate/internal/topology"
 	"log/slog"
 	"net/url"
 	"os"
+	"slices"
 	"strconv"
 	"time"
 
@@ -129,4 +132,24 @@ func (r *run) ensureSites(ctx context.Context) error {
 		return err
 	}
 	return topology.EnsureSites(ctx, r.op.JS, r.c.Topology, sites)
+}
+
+// siteCheck is check, refusing also a manifest that names a site the
+// deployment has not declared in dataDir (toolgate site add): its calls
+// would wait for a worker that can never come.
+func siteCheck(dataDir string, check func(*tools.Manifest) error) func(*tools.Manifest) error {
+	return func(m *tools.Manifest) error {
+		if m.Site != "" {
+			sites, err := busauth.LoadSites(dataDir)
+			if err != nil {
+				return fmt.Errorf("reading the declared sites: %w", err)
+			}
+			if !slices.Contains(sites, m.Site) {
+				return api.NewError(api.InvalidParameters, api.EUnknownSite,
+					"%s names site %q, which this deployment has not declared (toolgate site add %s)", m.Key(), m.Site, m.Site).
+					WithDetail("site", m.Site)
+			}
+		}
+		return check(m)
+	}
 }

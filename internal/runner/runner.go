@@ -692,7 +692,10 @@ func (r *Runner) apply(msg jetstream.Msg, inv *envelope.Invocation, s settlement
 		}
 		// Held before it is sent, so the reader cannot get there first;
 		// from here on inv is not this Runner's.
-		r.Handed.put(s.next, o.MsgID, o.Data, inv)
+		// (A site's call is read by another process: none holds it.)
+		if _, remote := subjects.SiteOfPipe(o.Subject); !remote {
+			r.Handed.put(s.next, o.MsgID, o.Data, inv)
+		}
 	}
 	fail := func(o stages.Output, err error) string {
 		log().Warn("publishing", "subject", o.Subject, "err", err)
@@ -750,8 +753,14 @@ func Handoff(inv *envelope.Invocation, next string) (stages.Output, error) {
 	if inv.TraceParent != "" {
 		h.Set("traceparent", inv.TraceParent)
 	}
+	subject := subjects.Pipe(next, inv.Priority(), inv.Tenant)
+	if next == subjects.Execute && inv.Route != nil && inv.Route.Site != "" {
+		// A site's tool runs at its site: the call waits at the hub on
+		// that site's subject until its worker takes it.
+		subject = subjects.PipeSite(inv.Route.Site, inv.Priority(), inv.Tenant)
+	}
 	return stages.Output{
-		Subject: subjects.Pipe(next, inv.Priority(), inv.Tenant),
+		Subject: subject,
 		MsgID:   HopID(inv, next),
 		Header:  h,
 		Data:    data,

@@ -83,7 +83,7 @@ func (r *Router) Process(ctx context.Context, inv *envelope.Invocation) ([]stage
 				AsRetryable().WithDetail("retry_after_ms", wait.Milliseconds())
 		}
 	}
-	inv.Route = &envelope.Route{ToolID: m.ID, ToolVersion: m.Version, Executor: m.Kind}
+	inv.Route = &envelope.Route{ToolID: m.ID, ToolVersion: m.Version, Executor: m.Kind, Site: m.Site}
 	inv.Metadata.Executor = m.Kind
 	if p := inv.Metadata.DryRunPlan; p != nil && req.DryRun() {
 		p.Route = &api.DryRunRoute{ToolID: m.ID, ToolVersion: m.Version, Executor: m.Kind}
