@@ -392,6 +392,9 @@ const DefaultMicroCheckpointInterval = 30 * time.Second
 // StageConfig holds what the stages need beyond the node.
 type StageConfig struct {
 	MaxEventBytes int
+	// SiteWait bounds how long route lets a call wait at the hub for its
+	// site (docs/sites.md); default DefaultSiteWait.
+	SiteWait time.Duration
 	// Policy is used while the policy bucket holds no pushed bundle; nil
 	// is the shipped default policy.
 	Policy *policy.Engine
@@ -577,6 +580,7 @@ func (n *Node) NewStage(ctx context.Context, name string, c StageConfig) (stages
 		return n.newAuthorizer(ctx, c)
 	case subjects.Route:
 		r := route.New(n.Registry, c.kinds().Names()...)
+		r.SiteWait = cmp.Or(c.SiteWait, DefaultSiteWait)
 		n.Store.OnCounterErased(func(ctx context.Context, tenant, tool string) {
 			n.refusedState(ctx, "urn:toolgate:route", "ratelimit:"+tenant+"/"+tool, 0, api.NewError(api.RateLimitExceeded,
 				api.ECounterErased, "the rate-limit counter of %s in tenant %s was deleted: counted as empty from then, not refilled", tool, tenant))

@@ -28,6 +28,10 @@ import (
 // link with the site's credentials alone and grants it the site's rights
 // (busauth.SiteRights): what the worker may do, the link may carry.
 
+// DefaultSiteWait is StageConfig.SiteWait's default: how long a call may
+// wait at the hub for its site.
+const DefaultSiteWait = time.Hour
+
 // SiteOptions configure a site's leaf server.
 type SiteOptions struct {
 	// Hub is the hub's leaf-node URL, nats-leaf://host:port (serve

@@ -150,6 +150,9 @@ func New(reg *tools.Registry, builtins builtin.Set, store *kvstore.Store, runnin
 // Process implements stages.Stage. The result is left for verify; only a
 // failure ends the invocation here.
 func (x *Executor) Process(ctx context.Context, inv *envelope.Invocation) (_ []stages.Output, err error) {
+	if err := siteOverdue(inv, time.Now()); err != nil {
+		return nil, err
+	}
 	if x.Seals != nil {
 		if err := x.Seals.Check(inv, time.Now()); err != nil {
 			return nil, err
@@ -613,4 +616,27 @@ func classify(err error, m *tools.Manifest, limit time.Duration) error {
 		return te
 	}
 	return api.WrapError(err, api.ToolExecutionError, api.EToolFailed, "%s: %v", m.Key(), err)
+}
+
+// siteOverdue ends a call that waited at the hub for its site past its
+// deadline, route's (Route.SiteDeadline) or its authorization's (the
+// token's expiry): it never runs, and the caller learns which site it
+// waited for.
+func siteOverdue(inv *envelope.Invocation, now time.Time) error {
+	r := inv.Route
+	if r == nil || r.Site == "" {
+		return nil
+	}
+	deadline := r.SiteDeadline
+	if inv.Authz != nil && inv.Authz.Seal != nil {
+		if exp := time.UnixMilli(inv.Authz.Seal.Expires); deadline.IsZero() || exp.Before(deadline) {
+			deadline = exp
+		}
+	}
+	if deadline.IsZero() || !now.After(deadline) {
+		return nil
+	}
+	return api.NewError(api.Timeout, api.ESiteTimeout,
+		"the call waited at the hub for site %s until its deadline %s passed; it never ran", r.Site, deadline.UTC().Format(time.RFC3339)).
+		WithDetail("site", r.Site)
 }
