@@ -634,6 +634,9 @@ func (n *Node) NewStage(ctx context.Context, name string, c StageConfig) (stages
 		}
 		x.Verifier = verify.New(n.Registry, verify.Config{Tenants: c.TenantActions, Detectors: c.Detectors, Classifier: c.InjectionClassifier})
 		x.Breakers = breaker.New(n.Store, x.Publish, n.Log)
+		if n.Topology.Site != "" {
+			x.SiteScrub = cmp.Or(c.Detectors, detect.Default())
+		}
 		sb, sbErr := n.toolSandbox(c)
 		secretSource := c.Secrets
 		if secretSource == nil {

@@ -21,6 +21,7 @@ import (
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/backoff"
 	"github.com/toolgate/toolgate/internal/breaker"
+	"github.com/toolgate/toolgate/internal/detect"
 	"github.com/toolgate/toolgate/internal/envelope"
 	"github.com/toolgate/toolgate/internal/tools"
 	"github.com/toolgate/toolgate/kvstore"
@@ -70,6 +71,10 @@ type Executor struct {
 	// policy (failed calls skip the verify stage); nil uses the shipped
 	// detector rules with no tenant settings.
 	Verifier *verify.Verifier
+	// SiteScrub, set at a site (docs/sites.md), redacts the secrets its
+	// detectors find in a result before the result leaves the site; verify
+	// at the hub applies the whole output policy after.
+	SiteScrub *detect.Engine
 	// Quota, when set, bounds the calls of one tenant running at once.
 	Quota *TenantQuota
 	// Documents, when set, resolves a call's document_context before its
@@ -333,8 +338,31 @@ func (x *Executor) Process(ctx context.Context, inv *envelope.Invocation) (_ []s
 	if !json.Valid(result) {
 		return outs, api.NewError(api.ToolExecutionError, api.EResultNotJSON, "%s returned invalid JSON", m.Key())
 	}
-	inv.Result = result
+	inv.Result = x.scrub(inv, result)
 	return outs, nil
+}
+
+// maxSiteFindings bounds the findings a site records of one result.
+const maxSiteFindings = 16
+
+// scrub redacts, at a site, the secrets in a result before it leaves for
+// the hub, and records each as a finding of the call.
+func (x *Executor) scrub(inv *envelope.Invocation, result []byte) []byte {
+	if x.SiteScrub == nil {
+		return result
+	}
+	red, fs, err := x.SiteScrub.RedactJSON(result, detect.Secrets)
+	if err != nil {
+		return result // not JSON: Process refused it already
+	}
+	for i, f := range fs {
+		if i == maxSiteFindings {
+			break
+		}
+		inv.Findings = append(inv.Findings, envelope.Finding{Rule: f.Rule, Detector: string(f.Detector), Path: f.Path,
+			Action: "redact", RulesVersion: x.SiteScrub.Version()})
+	}
+	return red
 }
 
 // dryRun ends a dry run where the tool would start: the executor exists

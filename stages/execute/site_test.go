@@ -2,10 +2,12 @@ package execute
 
 import (
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/detect"
 	"github.com/toolgate/toolgate/internal/envelope"
 )
 
@@ -34,5 +36,23 @@ func TestSiteOverdue(t *testing.T) {
 		if c.want && (!errors.Is(err, &api.Error{Code: api.Timeout, ECode: api.ESiteTimeout}) || err.(*api.Error).Details["site"] != "lab-eu") {
 			t.Fatalf("%s: %v, want E3271 naming lab-eu", c.name, err)
 		}
+	}
+}
+
+// TestSiteScrub: at a site, a secret in a result is redacted before the
+// result leaves, and recorded as a finding; elsewhere execute leaves the
+// result to verify.
+func TestSiteScrub(t *testing.T) {
+	doc := []byte(`{"log":"key AKIAQ4NB7XWZ3RTK2M5H in a log line","n":1}`)
+	inv := &envelope.Invocation{}
+	out := (&Executor{SiteScrub: detect.Default()}).scrub(inv, doc)
+	if strings.Contains(string(out), "AKIAQ4NB7XWZ3RTK2M5H") || !strings.Contains(string(out), "[REDACTED:") {
+		t.Fatalf("a site's result left as %s", out)
+	}
+	if len(inv.Findings) != 1 || inv.Findings[0].Action != "redact" || inv.Findings[0].Path != "/log" {
+		t.Fatalf("findings %+v", inv.Findings)
+	}
+	if out := (&Executor{}).scrub(&envelope.Invocation{}, doc); string(out) != string(doc) {
+		t.Fatalf("the hub's execute changed a result: %s", out)
 	}
 }
