@@ -2,14 +2,13 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"path/filepath"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 	"github.com/toolgate/toolgate/internal/busauth"
+	"github.com/toolgate/toolgate/internal/node"
 	"github.com/toolgate/toolgate/internal/topology"
 	"github.com/toolgate/toolgate/subjects"
 )
@@ -87,21 +86,6 @@ func (a *app) ensureSite(ctx context.Context, site string) error {
 	return topology.EnsureSites(ctx, js, topology.TopologyOptions{}, []string{site})
 }
 
-// SiteState is one site's row of site list.
-type SiteState struct {
-	Site string `json:"site"`
-	// Link is "up" while the site's worker waits for calls or runs one,
-	// "down" when it has asked for none within the last minute.
-	Link string `json:"link"`
-	// Workers are the pull requests the site's worker has waiting.
-	Workers int `json:"workers"`
-	// Queued are the calls waiting for the site; Running those it holds.
-	Queued  uint64 `json:"queued"`
-	Running int    `json:"running"`
-	// LastContact is when the site last asked for calls or took one.
-	LastContact *time.Time `json:"last_contact,omitempty"`
-}
-
 func (a *app) siteListCmd() *cobra.Command {
 	return &cobra.Command{
 		Use:   "list",
@@ -124,9 +108,9 @@ func (a *app) siteListCmd() *cobra.Command {
 			defer done()
 			ctx, cancel := context.WithTimeout(cmd.Context(), 10*time.Second)
 			defer cancel()
-			rows := make([]SiteState, 0, len(sites))
+			rows := make([]node.SiteState, 0, len(sites))
 			for _, site := range sites {
-				st, err := siteState(ctx, js, site)
+				st, err := node.SiteStatus(ctx, js, site)
 				if err != nil {
 					return fmt.Errorf("site list: %s: %w", site, err)
 				}
@@ -146,40 +130,4 @@ func (a *app) siteListCmd() *cobra.Command {
 			return nil
 		},
 	}
-}
-
-// siteState reads a site's state from its consumers at the hub: the
-// link is up while its worker has pulls waiting there (it renews them
-// every few seconds), and its last contact is its last pull, delivery or
-// acknowledgement.
-func siteState(ctx context.Context, js jetstream.JetStream, site string) (SiteState, error) {
-	st := SiteState{Site: site, Link: "down"}
-	later := func(t *time.Time) {
-		if t != nil && (st.LastContact == nil || t.After(*st.LastContact)) {
-			st.LastContact = t
-		}
-	}
-	for _, in := range subjects.SiteInputs(site) {
-		c, err := js.Consumer(ctx, in.Stream, in.Consumer)
-		if errors.Is(err, jetstream.ErrConsumerNotFound) {
-			continue
-		}
-		if err != nil {
-			return st, err
-		}
-		info := c.CachedInfo()
-		st.Workers += info.NumWaiting
-		st.Queued += info.NumPending
-		st.Running += info.NumAckPending
-		later(info.Delivered.Last)
-		later(info.AckFloor.Last)
-		if info.NumWaiting > 0 {
-			now := info.TimeStamp
-			later(&now)
-		}
-	}
-	if st.Workers > 0 {
-		st.Link = "up"
-	}
-	return st, nil
 }

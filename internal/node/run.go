@@ -202,6 +202,7 @@ type run struct {
 	runCtx  context.Context // what in-flight work needs: ends after the drain
 	cancel  context.CancelFunc
 	metrics *runner.Metrics
+	reg     *prometheus.Registry
 	health  Health
 
 	// openConnections
@@ -432,21 +433,28 @@ func (r *run) startObservability(ctx context.Context) (stop func(), err error) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(collectors.WithGoCollectorRuntimeMetrics(gcCPU)),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	r.metrics = runner.NewMetrics(reg)
+	r.reg = reg
+	// A site's metrics carry its name, so the hub's Prometheus tells the
+	// sites' workers apart.
+	var regr prometheus.Registerer = reg
+	if c.Site != "" {
+		regr = prometheus.WrapRegistererWith(prometheus.Labels{"site": c.Site}, reg)
+	}
+	r.metrics = runner.NewMetrics(regr)
 	if c.Stage.ModelStats == nil {
-		c.Stage.ModelStats = modeltool.NewStats(reg)
+		c.Stage.ModelStats = modeltool.NewStats(regr)
 	}
 	if c.Stage.ShadowMetrics == nil {
-		c.Stage.ShadowMetrics = NewShadowMetrics(reg)
+		c.Stage.ShadowMetrics = NewShadowMetrics(regr)
 	}
 	if c.Stage.AuditChainMetrics == nil {
-		c.Stage.AuditChainMetrics = NewAuditChainMetrics(reg)
+		c.Stage.AuditChainMetrics = NewAuditChainMetrics(regr)
 	}
 	if c.Stage.AuditArchiveMetrics == nil {
-		c.Stage.AuditArchiveMetrics = NewAuditArchiveMetrics(reg)
+		c.Stage.AuditArchiveMetrics = NewAuditArchiveMetrics(regr)
 	}
 	if c.Stage.AuditOTLPMetrics == nil {
-		c.Stage.AuditOTLPMetrics = NewAuditOTLPMetrics(reg)
+		c.Stage.AuditOTLPMetrics = NewAuditOTLPMetrics(regr)
 	}
 	if c.MetricsAddr != "" {
 		srv := &http.Server{Addr: c.MetricsAddr, Handler: r.health.Handler(reg), ReadHeaderTimeout: 5 * time.Second}

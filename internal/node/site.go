@@ -2,13 +2,17 @@ package node
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/busauth"
 	"github.com/toolgate/toolgate/internal/tools"
 	"github.com/toolgate/toolgate/internal/topology"
+	"github.com/toolgate/toolgate/subjects"
 	"log/slog"
 	"net/url"
 	"os"
@@ -132,10 +136,107 @@ func (r *run) ensureSites(ctx context.Context) error {
 		return nil
 	}
 	sites, err := busauth.LoadSites(r.c.Embedded.DataDir)
-	if err != nil || len(sites) == 0 {
+	if err != nil {
 		return err
 	}
+	if r.reg != nil {
+		r.reg.MustRegister(&siteCollector{js: r.op.JS, dataDir: r.c.Embedded.DataDir})
+	}
 	return topology.EnsureSites(ctx, r.op.JS, r.c.Topology, sites)
+}
+
+// SiteState is a site's state as the hub sees it (toolgate site list).
+type SiteState struct {
+	Site string `json:"site"`
+	// Link is "up" while the site's worker has pulls waiting at the hub
+	// (it renews them every few seconds), else "down".
+	Link string `json:"link"`
+	// Workers are the pulls the site's worker has waiting.
+	Workers int `json:"workers"`
+	// Queued are the calls waiting for the site; Running those it holds.
+	Queued  uint64 `json:"queued"`
+	Running int    `json:"running"`
+	// LastContact is when the site last asked for calls, took one or
+	// acknowledged one.
+	LastContact *time.Time `json:"last_contact,omitempty"`
+}
+
+// SiteStatus reads site's state from its consumers at the hub.
+func SiteStatus(ctx context.Context, js jetstream.JetStream, site string) (SiteState, error) {
+	st := SiteState{Site: site, Link: "down"}
+	later := func(t *time.Time) {
+		if t != nil && (st.LastContact == nil || t.After(*st.LastContact)) {
+			st.LastContact = t
+		}
+	}
+	for _, in := range subjects.SiteInputs(site) {
+		c, err := js.Consumer(ctx, in.Stream, in.Consumer)
+		if errors.Is(err, jetstream.ErrConsumerNotFound) {
+			continue
+		}
+		if err != nil {
+			return st, err
+		}
+		info := c.CachedInfo()
+		st.Workers += info.NumWaiting
+		st.Queued += info.NumPending
+		st.Running += info.NumAckPending
+		later(info.Delivered.Last)
+		later(info.AckFloor.Last)
+		if info.NumWaiting > 0 {
+			now := info.TimeStamp
+			later(&now)
+		}
+	}
+	if st.Workers > 0 {
+		st.Link = "up"
+	}
+	return st, nil
+}
+
+// siteCollector exports each declared site's state from the hub.
+type siteCollector struct {
+	js      jetstream.JetStream
+	dataDir string // whose declared sites it reads at each scrape
+}
+
+var (
+	siteUpDesc      = prometheus.NewDesc("toolgate_site_up", "1 while the site's worker waits for calls at the hub (its link is up)", []string{"site"}, nil)
+	siteQueuedDesc  = prometheus.NewDesc("toolgate_site_queued", "calls waiting at the hub for the site", []string{"site"}, nil)
+	siteRunningDesc = prometheus.NewDesc("toolgate_site_running", "calls the site's worker holds", []string{"site"}, nil)
+	siteContactDesc = prometheus.NewDesc("toolgate_site_last_contact_seconds", "when the site last asked for, took or acknowledged a call (Unix time)", []string{"site"}, nil)
+)
+
+func (c *siteCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- siteUpDesc
+	ch <- siteQueuedDesc
+	ch <- siteRunningDesc
+	ch <- siteContactDesc
+}
+
+func (c *siteCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	sites, err := busauth.LoadSites(c.dataDir)
+	if err != nil {
+		return
+	}
+	for _, site := range sites {
+		st, err := SiteStatus(ctx, c.js, site)
+		if err != nil {
+			continue
+		}
+		up := 0.0
+		if st.Link == "up" {
+			up = 1
+		}
+		ch <- prometheus.MustNewConstMetric(siteUpDesc, prometheus.GaugeValue, up, site)
+		ch <- prometheus.MustNewConstMetric(siteQueuedDesc, prometheus.GaugeValue, float64(st.Queued), site)
+		ch <- prometheus.MustNewConstMetric(siteRunningDesc, prometheus.GaugeValue, float64(st.Running), site)
+		if st.LastContact != nil {
+			ch <- prometheus.MustNewConstMetric(siteContactDesc, prometheus.GaugeValue, float64(st.LastContact.Unix()), site)
+		}
+	}
 }
 
 // siteCheck is check, refusing also a manifest that names a site the
