@@ -1,8 +1,6 @@
 package busauth
 
 import (
-	"bufio"
-	"bytes"
 	"errors"
 	"fmt"
 	"os"
@@ -57,23 +55,7 @@ func LoadSites(dataDir string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	var out []string
-	sc := bufio.NewScanner(bytes.NewReader(b))
-	for n := 1; sc.Scan(); n++ {
-		line, _, _ := strings.Cut(sc.Text(), "#")
-		if line = strings.TrimSpace(line); line == "" {
-			continue
-		}
-		if err := subjects.CheckSite(line); err != nil {
-			return nil, fmt.Errorf("%s line %d: %w", SitesFile, n, err)
-		}
-		out = append(out, line)
-	}
-	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("%s: %w", SitesFile, err)
-	}
-	slices.Sort(out)
-	return slices.Compact(out), nil
+	return parseNames(b, SitesFile, subjects.CheckSite)
 }
 
 // AddSite adds site to dataDir's SitesFile.

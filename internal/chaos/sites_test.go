@@ -72,15 +72,7 @@ func (p *proc) start() {
 	p.mu.Unlock()
 }
 
-func (p *proc) ready() bool {
-	c := http.Client{Timeout: time.Second}
-	resp, err := c.Get("http://" + p.metrics + "/readyz")
-	if err != nil {
-		return false
-	}
-	resp.Body.Close()
-	return resp.StatusCode == http.StatusOK
-}
+func (p *proc) ready() bool { return readyz(p.metrics) }
 
 func (p *proc) waitReady(d time.Duration) {
 	p.t.Helper()
@@ -172,18 +164,8 @@ func TestSitesLeafNodes(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	k, err := token.GenerateSigningKey(token.AlgEdDSA)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pub, err := k.PublicJWKS()
-	if err != nil {
-		t.Fatal(err)
-	}
 	jwks := filepath.Join(dir, "jwks.json")
-	if err := os.WriteFile(jwks, pub, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	k := keySet(t, jwks)
 	agent := "did:agent:sites"
 	tok, err := token.Mint(k, token.Claims{
 		ToolID: token.Patterns{"eu.append_file", "us.append_file"}, TenantID: tenant, AgentDID: agent,
