@@ -113,7 +113,7 @@ func StartSiteLeaf(o SiteOptions, log *slog.Logger) (*server.Server, error) {
 // nonce and set the inbox; the hub checks the link's).
 func (r *run) startSite() (stop func(), err error) {
 	c := &r.c
-	ns, err := StartSiteLeaf(SiteOptions{Hub: c.Hub, Creds: c.Creds, Name: c.Site, Logging: c.Embedded.Logging || os.Getenv("TG_SITE_DEBUG") != ""}, r.log)
+	ns, err := StartSiteLeaf(SiteOptions{Hub: c.Hub, Creds: c.Creds, Name: c.Site, Logging: c.Embedded.Logging}, r.log)
 	if err != nil {
 		return nil, err
 	}
