@@ -192,6 +192,16 @@ const (
 	ENotOwnCall = "E3260"
 )
 
+// Site codes (docs/sites.md).
+const (
+	// A manifest names a site the deployment has not declared
+	// (toolgate site add).
+	EUnknownSite = "E3270"
+	// A call waited at the hub for its site, whose link was down or whose
+	// worker was busy, until its deadline passed.
+	ESiteTimeout = "E3271"
+)
+
 // Resilience codes.
 const (
 	ERateLimited = "E3303" // over the tool's rate limit for the tenant; retryable

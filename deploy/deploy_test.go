@@ -264,3 +264,51 @@ func TestImageName(t *testing.T) {
 		t.Fatal("no containers in the manifests")
 	}
 }
+
+// TestSitesCompose: the sites example runs a hub that accepts leaf nodes
+// and a site whose leaf node dials that port, with its bundle as its data
+// directory (docs/sites.md).
+func TestSitesCompose(t *testing.T) {
+	b, err := os.ReadFile("sites/compose.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var c struct {
+		Services map[string]struct {
+			Image   string   `json:"image"`
+			Command []string `json:"command"`
+			Ports   []string `json:"ports"`
+			Volumes []string `json:"volumes"`
+		} `json:"services"`
+	}
+	if err := yaml.Unmarshal(b, &c); err != nil {
+		t.Fatal(err)
+	}
+	flag := func(args []string, name string) string {
+		for _, a := range args {
+			if v, ok := strings.CutPrefix(a, "--"+name+"="); ok {
+				return v
+			}
+		}
+		return ""
+	}
+	hub, site := c.Services["hub"], c.Services["lab-eu"]
+	leaf := flag(hub.Command, "leaf-listen")
+	if leaf == "" || !strings.Contains(strings.Join(hub.Ports, " "), "7422:7422") {
+		t.Fatalf("the hub accepts no leaf nodes: %v %v", hub.Command, hub.Ports)
+	}
+	if flag(site.Command, "site") != "lab-eu" || flag(site.Command, "hub") != "nats-leaf://hub:"+strings.Split(leaf, ":")[1] {
+		t.Errorf("the site does not dial the hub's leaf port: %v", site.Command)
+	}
+	if data := flag(site.Command, "data"); !strings.Contains(strings.Join(site.Volumes, " "), ":"+data+":ro") {
+		t.Errorf("the site's data directory %s is not its mounted bundle: %v", data, site.Volumes)
+	}
+	if len(site.Ports) != 0 {
+		t.Errorf("the site opens ports %v: its leaf node dials out", site.Ports)
+	}
+	for name, s := range c.Services {
+		if s.Image != "toolgate:latest" || s.Command[0] != "serve" {
+			t.Errorf("%s: %s %v", name, s.Image, s.Command)
+		}
+	}
+}

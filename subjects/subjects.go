@@ -202,6 +202,10 @@ func TenantOfPipe(subject string) (string, bool) {
 		return "", false
 	}
 	parts := strings.Split(rest, ".")
+	// A hand-off to a site's execute names the site after the tenant.
+	if len(parts) == 4 && parts[0] == Execute && parts[3] != "" {
+		parts = parts[:3]
+	}
 	if len(parts) != 3 || parts[2] == "" {
 		return "", false
 	}

@@ -112,7 +112,7 @@ permitted, 8 expired, 9 revoked, 10 another tenant, 11 no inbox prefix,
 		root.AddCommand(c)
 	}
 	for _, c := range []*cobra.Command{a.toolsCmd(), a.tokenCmd(), a.policyCmd(), a.hooksCmd(), a.approveCmd(true), a.approveCmd(false),
-		a.approvalsCmd(), a.breakersCmd(), a.modelsCmd(), a.docsCmd(), a.budgetsCmd(), a.auditCmd(), a.redriveCmd(), a.credsCmd(), a.consoleCmd(),
+		a.approvalsCmd(), a.breakersCmd(), a.modelsCmd(), a.docsCmd(), a.budgetsCmd(), a.auditCmd(), a.redriveCmd(), a.credsCmd(), a.siteCmd(), a.consoleCmd(),
 		a.checkpointsCmd(), a.receiptCmd()} {
 		c.GroupID = "admin"
 		root.AddCommand(c)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -55,6 +56,7 @@ func pipelineFlags(fs *pflag.FlagSet, c *node.Config) *string {
 	fs.StringVar(&c.TokenIssuer, "token-issuer", "toolgate", "required iss of capability tokens")
 	fs.StringVar(&c.TokenAudience, "token-audience", "toolgate", "required aud of capability tokens")
 	fs.DurationVar(&c.TokenMaxLifetime, "token-max-lifetime", token.DefaultMaxLifetime, "longest capability token lifetime (exp - iat) accepted")
+	fs.DurationVar(&c.Stage.SiteWait, "site-wait", node.DefaultSiteWait, "how long a call for a site's tool may wait at the hub for its site before it ends with E3271 (docs/sites.md)")
 	fs.DurationVar(&c.Stage.ApprovalTimeout, "approval-timeout", 15*time.Minute, "how long a call waits for a human's approval before it ends denied")
 	fs.BoolVar(&c.Stage.RecordDecisions, "record-decisions", false, "authorize audits each call's policy input (parameters redacted) and decision, for toolgate policy replay")
 	fs.BoolVar(&c.ResetSecuritySettings, "reset-security-settings", false, "replace the cluster's recorded security settings (key set, token issuer/audience, sandbox, file root, http private networks) with this process's instead of refusing to start when they differ")
@@ -82,6 +84,9 @@ func (a *app) serveCmd() *cobra.Command {
 	prof := profileFlags(cmd.Flags())
 	gcPercent := gcFlag(cmd.Flags())
 	cmd.Flags().StringVar(&c.Embedded.Listen, "listen", "127.0.0.1:4222", "embedded NATS listen address")
+	cmd.Flags().StringVar(&c.Embedded.LeafListen, "leaf-listen", "", "also accept sites' leaf-node connections on this address, e.g. 0.0.0.0:7422 (docs/sites.md; off by default)")
+	cmd.Flags().StringVar(&c.Site, "site", "", "run as this site: execute alone, behind a leaf node of the hub at --hub, with the site's bundle as --data (toolgate site add; docs/sites.md)")
+	cmd.Flags().StringVar(&c.Hub, "hub", "", "with --site, the hub's leaf-node URL, nats-leaf://HOST:7422")
 	cmd.Flags().BoolVar(&c.Examples, "examples", false, "register the example tools at start (and, without --jwks, write a development token)")
 	cmd.Flags().StringVar(&c.OperatorCreds, "operator-creds", "", "with --nats, operator credentials to set up the topology with at start (default <data>/busauth/operator.creds when there; without them the stages wait for `toolgate setup`)")
 	var con consoleOptions
@@ -101,6 +106,10 @@ func (a *app) serveCmd() *cobra.Command {
 			c.Creds = a.conn.Creds
 		}
 		c.Embedded.DataDir = a.data
+		if c.Site != "" {
+			// The site's bundle holds its credentials.
+			c.Creds = cmp.Or(a.conn.Creds, filepath.Join(a.data, busauth.DirName, busauth.SiteCredsFile))
+		}
 		c.OTLPEndpoint = orEnv(c.OTLPEndpoint, "OTEL_EXPORTER_OTLP_ENDPOINT")
 		c.Log = logger(a.stderr, *level)
 		setGCPercent(*gcPercent)

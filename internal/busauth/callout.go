@@ -29,6 +29,9 @@ var (
 	ErrWrongTenant   = errors.New("tenant not served")
 	ErrUnknownIssuer = errors.New("credentials not issued by this deployment")
 	ErrBadNonce      = errors.New("nonce signature missing or wrong")
+	// ErrWrongConnection: a site's credentials on a client connection,
+	// or any other credentials on a leaf-node connection.
+	ErrWrongConnection = errors.New("credentials not for this kind of connection")
 )
 
 // AgentToken is what a verified capability token says about its holder.

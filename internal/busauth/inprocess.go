@@ -75,9 +75,10 @@ func (a *InProcess) Kick(_ context.Context, serverID string, clientID uint64) er
 // client's goroutine, before the server reads anything else from it.
 func (a *InProcess) Check(ca server.ClientAuthentication) bool {
 	s := a.srv.Load()
-	if s == nil || ca.Kind() != server.CLIENT {
+	if s == nil || (ca.Kind() != server.CLIENT && ca.Kind() != server.LEAF) {
 		return false
 	}
+	leaf := ca.Kind() == server.LEAF
 	o := ca.GetOpts()
 	nonce := ca.GetNonce()
 	if o.Nkey != "" && o.Nkey == a.sysUser {
@@ -95,6 +96,9 @@ func (a *InProcess) Check(ca server.ClientAuthentication) bool {
 	req := &jwt.AuthorizationRequestClaims{}
 	req.Server.ID = s.ID()
 	req.ClientInformation = jwt.ClientInformation{ID: ca.GetID(), Nonce: string(nonce), Kind: "Client", Type: "nats"}
+	if leaf {
+		req.ClientInformation.Kind = "Leafnode"
+	}
 	if addr := ca.RemoteAddress(); addr != nil {
 		req.ClientInformation.Host = addr.String()
 	}
@@ -108,6 +112,11 @@ func (a *InProcess) Check(ca server.ClientAuthentication) bool {
 	var g Grant
 	if err == nil {
 		g, err = GrantFor(id)
+	}
+	// A site's credentials admit its leaf node and nothing else; no other
+	// credentials admit a leaf node.
+	if err == nil && leaf != (id.Role == RoleSite) {
+		err = fmt.Errorf("%w: %s credentials on a %s connection", ErrWrongConnection, id.Role, map[bool]string{true: "leaf-node", false: "client"}[leaf])
 	}
 	var acc *server.Account
 	switch {

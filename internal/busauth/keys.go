@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
+	"github.com/toolgate/toolgate/subjects"
 )
 
 // Files in a data directory's DirName folder.
@@ -188,6 +189,11 @@ func (k *Keys) IssueCredentials(role Role, name string, ttl time.Duration) ([]by
 	}
 	if name == "" || strings.ContainsAny(name, ": \t\r\n") {
 		return nil, fmt.Errorf("%w: credential name %q", ErrBadIdentity, name)
+	}
+	if role == RoleSite {
+		if err := subjects.CheckSite(name); err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrBadIdentity, err)
+		}
 	}
 	if role.Person() {
 		// A person's name is a token of its inbox prefix (PersonInbox).
@@ -383,6 +389,8 @@ func CredentialsOption(path string) nats.Option {
 			switch r := roleOf(uc); {
 			case r.Person():
 				o.InboxPrefix = PersonInbox(r, uc.Name)
+			case r == RoleSite:
+				o.InboxPrefix = subjects.SiteInbox(uc.Name)
 			case r.Issued() && r != RoleOperator:
 				o.InboxPrefix = RoleInbox(r)
 			}

@@ -238,6 +238,12 @@ var Rights = map[Role]RoleRights{
 
 // permissions turns rights into subject permissions.
 func (r RoleRights) permissions(role Role) jwt.Permissions {
+	return r.permissionsWithInbox(RoleInbox(role))
+}
+
+// permissionsWithInbox turns rights into subject permissions with replies
+// below inbox.
+func (r RoleRights) permissionsWithInbox(inbox string) jwt.Permissions {
 	var p jwt.Permissions
 	add := func(perm *jwt.Permission, subs ...string) {
 		for _, s := range subs {
@@ -246,7 +252,6 @@ func (r RoleRights) permissions(role Role) jwt.Permissions {
 			}
 		}
 	}
-	inbox := RoleInbox(role)
 	add(&p.Sub, inbox+".>")
 	add(&p.Pub, "$JS.API.INFO")
 	add(&p.Pub, r.Publishes...)
@@ -321,8 +326,18 @@ func RoleTable() string {
 	var b strings.Builder
 	b.WriteString("| role | pulls from (durable consumers) | publishes | writes buckets | watches buckets | also reads |\n")
 	b.WriteString("|---|---|---|---|---|---|\n")
+	type roleRow struct {
+		name string
+		r    RoleRights
+	}
+	var rows []roleRow
 	for _, role := range append(slices.Clone(StageRoles), RoleControl) {
-		r := Rights[role]
+		rows = append(rows, roleRow{string(role), Rights[role]})
+	}
+	// A site's row, for a site called NAME (docs/sites.md).
+	rows = append(rows, roleRow{string(RoleSite) + " (NAME)", SiteRights("NAME")})
+	for _, row := range rows {
+		r := row.r
 		var consumers []string
 		for _, in := range r.Consumes {
 			consumers = append(consumers, in.Stream+"/"+in.Consumer)
@@ -353,7 +368,7 @@ func RoleTable() string {
 		for _, o := range r.Objects {
 			writes = append(writes, o+" (objects, no deletes)")
 		}
-		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s |\n", role, codeList(consumers), codeList(pubs), codeList(writes), codeList(r.Watches), codeList(reads))
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s |\n", row.name, codeList(consumers), codeList(pubs), codeList(writes), codeList(r.Watches), codeList(reads))
 	}
 	return b.String()
 }

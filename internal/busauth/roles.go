@@ -84,7 +84,7 @@ func StageRole(stage string) (Role, bool) {
 }
 
 // Issued reports whether r is a role credentials are issued for.
-func (r Role) Issued() bool { return slices.Contains(IssuedRoles, r) || r.Person() }
+func (r Role) Issued() bool { return slices.Contains(IssuedRoles, r) || r.Person() || r == RoleSite }
 
 // Person reports whether r is a person's role.
 func (r Role) Person() bool { return slices.Contains(PeopleRoles, r) }
@@ -222,6 +222,11 @@ func GrantFor(id Identity) (Grant, error) {
 		return Grant{Account: TenantAccount(id.Tenant), Permissions: agentPermissions(id)}, nil
 	case RoleOperator:
 		return Grant{Account: AccountToolgate, Permissions: operatorPermissions()}, nil
+	case RoleSite:
+		if err := subjects.CheckSite(id.Name); err != nil {
+			return Grant{}, fmt.Errorf("%w: %v", ErrBadIdentity, err)
+		}
+		return Grant{Account: AccountToolgate, Permissions: sitePermissions(id.Name)}, nil
 	}
 	if r, ok := PeopleRights[id.Role]; ok {
 		// The name is part of the person's inbox prefix.

@@ -85,6 +85,12 @@ func LoadTenants(dataDir string) ([]string, error) {
 // ParseTenants reads a TenantsFile: one tenant a line, blank lines and
 // # comments ignored. Every name must be a tenant name (subjects.CheckTenant).
 func ParseTenants(b []byte) ([]string, error) {
+	return parseNames(b, TenantsFile, subjects.CheckTenant)
+}
+
+// parseNames reads a file of names, one a line, blank lines and # comments
+// ignored, each passing check; sorted, without repeats.
+func parseNames(b []byte, file string, check func(string) error) ([]string, error) {
 	var out []string
 	sc := bufio.NewScanner(bytes.NewReader(b))
 	for n := 1; sc.Scan(); n++ {
@@ -93,13 +99,13 @@ func ParseTenants(b []byte) ([]string, error) {
 		if line == "" {
 			continue
 		}
-		if err := subjects.CheckTenant(line); err != nil {
-			return nil, fmt.Errorf("%s line %d: %w", TenantsFile, n, err)
+		if err := check(line); err != nil {
+			return nil, fmt.Errorf("%s line %d: %w", file, n, err)
 		}
 		out = append(out, line)
 	}
 	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("%s: %w", TenantsFile, err)
+		return nil, fmt.Errorf("%s: %w", file, err)
 	}
 	slices.Sort(out)
 	return slices.Compact(out), nil

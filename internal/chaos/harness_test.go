@@ -77,17 +77,8 @@ func newHarness(t *testing.T, urls []string, replicas int) *harness {
 	if err := os.MkdirAll(h.root, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	k, err := token.GenerateSigningKey(token.AlgEdDSA)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pub, err := k.PublicJWKS()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(h.jwks, pub, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	k := keySet(t, h.jwks)
+	var err error
 	h.token, err = token.Mint(k, token.Claims{
 		ToolID: token.Patterns{drivenToolID}, TenantID: tenant, AgentDID: "did:agent:chaos",
 		Filesystem: &token.FilesystemGrant{AllowedPaths: []string{"/"}, Mode: "rw"},
@@ -649,4 +640,22 @@ func stacksIn(path, pkg string) string {
 		}
 	}
 	return strings.Join(out, "\n\n")
+}
+
+// keySet makes a signing key for capability tokens and writes its public
+// key set to jwks, for the processes' --jwks.
+func keySet(t *testing.T, jwks string) *token.SigningKey {
+	t.Helper()
+	k, err := token.GenerateSigningKey(token.AlgEdDSA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, err := k.PublicJWKS()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(jwks, pub, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return k
 }

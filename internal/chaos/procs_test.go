@@ -240,9 +240,13 @@ func (h *harness) startWorker(stage string) *worker {
 }
 
 // ready reports whether the worker's /readyz answers 200.
-func (w *worker) ready() bool {
+func (w *worker) ready() bool { return readyz(w.metrics) }
+
+// readyz reports whether the process serving metrics on addr answers its
+// /readyz with 200.
+func readyz(addr string) bool {
 	c := http.Client{Timeout: time.Second}
-	resp, err := c.Get("http://" + w.metrics + "/readyz")
+	resp, err := c.Get("http://" + addr + "/readyz")
 	if err != nil {
 		return false
 	}

@@ -3,7 +3,6 @@ package chaos
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -78,15 +77,7 @@ func (s *serveProc) start() {
 	}
 }
 
-func (s *serveProc) ready() bool {
-	c := http.Client{Timeout: time.Second}
-	resp, err := c.Get("http://" + s.metrics + "/readyz")
-	if err != nil {
-		return false
-	}
-	resp.Body.Close()
-	return resp.StatusCode == http.StatusOK
-}
+func (s *serveProc) ready() bool { return readyz(s.metrics) }
 
 // kill SIGKILLs the whole process group, as a crash of the machine's
 // toolgate would, and reaps it.

@@ -224,6 +224,11 @@ type Route struct {
 	ToolID      string `json:"tool_id"`
 	ToolVersion string `json:"tool_version"`
 	Executor    string `json:"executor"`
+	// Site is the site whose execute runs the call; empty: the hub's.
+	Site string `json:"site,omitempty"`
+	// SiteDeadline is when a call still waiting for its site ends
+	// (E3271) instead of running.
+	SiteDeadline time.Time `json:"site_deadline,omitzero"`
 }
 
 // Fail ends the invocation with err, mapping the error's code to a status.

@@ -72,6 +72,18 @@ func StartSecureEmbedded(o EmbeddedOptions, log *slog.Logger) (*server.Server, *
 	if err != nil {
 		return nil, nil, err
 	}
+	if o.LeafListen != "" {
+		lh, lp, err := splitListen(o.LeafListen)
+		if err != nil {
+			return nil, nil, err
+		}
+		if opts.LeafNode.Port, err = strconv.Atoi(lp); err != nil {
+			return nil, nil, fmt.Errorf("leaf listen port %q: %w", lp, err)
+		}
+		// Only a site's credentials admit a leaf node (busauth.InProcess).
+		opts.LeafNode.Host = lh
+		opts.JetStreamDomain = subjects.HubDomain
+	}
 	opts.NoLog = !o.Logging
 	opts.SyncAlways = o.SyncAlways
 	opts.SyncInterval = o.SyncInterval

@@ -36,8 +36,14 @@ func (c Config) withDefaults() Config {
 	if c.Log == nil {
 		c.Log = slog.New(slog.NewTextHandler(os.Stderr, nil))
 	}
+	if len(c.Stages) == 0 && c.Site != "" {
+		c.Stages = []string{subjects.Execute}
+	}
 	if len(c.Stages) == 0 {
 		c.Stages = append(append([]string{}, subjects.Stages...), Control)
+	}
+	if c.Site != "" {
+		c.Topology.Site = c.Site
 	}
 	c.Workers = cmp.Or(c.Workers, DefaultWorkers)
 	c.InFlight = cmp.Or(c.InFlight, DefaultInFlight)
@@ -53,6 +59,17 @@ func (c Config) withDefaults() Config {
 // starts anything. It judges c as Run would, with its defaults.
 func (c Config) Validate() error {
 	c = c.withDefaults()
+	if c.Site != "" {
+		if err := subjects.CheckSite(c.Site); err != nil {
+			return fmt.Errorf("--site: %w", err)
+		}
+		if c.Hub == "" || c.Creds == "" || c.NATSURL != "" {
+			return errors.New("a site runs with --hub (the hub's leaf-node URL) and --creds (its credentials from toolgate site add), without --nats")
+		}
+		if len(c.Stages) != 1 || c.Stages[0] != subjects.Execute {
+			return errors.New("a site runs execute alone")
+		}
+	}
 	if c.NATSURL == "" && c.Embedded.DataDir == "" {
 		return errEmbeddedDataDir
 	}

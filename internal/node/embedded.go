@@ -32,6 +32,9 @@ type EmbeddedOptions struct {
 	// the last fsync are in the page cache only: a crash of the process
 	// keeps them, a power cut of the machine may not.
 	SyncInterval time.Duration
+	// LeafListen is host:port where the hub accepts its sites' leaf-node
+	// connections (docs/sites.md); empty accepts none.
+	LeafListen string
 }
 
 // StartEmbedded starts a NATS server with JetStream in this process and waits

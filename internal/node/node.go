@@ -176,7 +176,15 @@ func openConnRole(ctx context.Context, nc *nats.Conn, role busauth.Role, topo to
 	// What audit publishes is handed to its checkpointer as acknowledged
 	// (inert on connections that run no checkpointer).
 	leaves := auditchain.NewLeaves()
-	js, err := jetstream.New(nc, jetstream.WithPublishAsyncAckHandler(leaves.Published))
+	var js jetstream.JetStream
+	var err error
+	if topo.Site != "" {
+		// A site's worker reaches the hub's JetStream across the leaf link
+		// by the hub's domain.
+		js, err = jetstream.NewWithDomain(nc, subjects.HubDomain, jetstream.WithPublishAsyncAckHandler(leaves.Published))
+	} else {
+		js, err = jetstream.New(nc, jetstream.WithPublishAsyncAckHandler(leaves.Published))
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -184,6 +192,9 @@ func openConnRole(ctx context.Context, nc *nats.Conn, role busauth.Role, topo to
 	opts := kvstore.Options{Replicas: topo.Replicas, Storage: topo.Storage, InvocationTTL: topo.InvocationTTL, Memory: mem,
 		CheckpointRetention: topo.CheckpointRetention, Clock: topo.CheckpointClock}
 	rights, bound := busauth.Rights[role]
+	if role == busauth.RoleExecute && topo.Site != "" {
+		rights = busauth.SiteRights(topo.Site)
+	}
 	// Refusals are audited through the node's JetStream: on an
 	// authenticated bus only once it signs, and sends through audit
 	// (SignAs), so what the first watches refuse waits for that.
@@ -383,6 +394,9 @@ const DefaultMicroCheckpointInterval = 30 * time.Second
 // StageConfig holds what the stages need beyond the node.
 type StageConfig struct {
 	MaxEventBytes int
+	// SiteWait bounds how long route lets a call wait at the hub for its
+	// site (docs/sites.md); default DefaultSiteWait.
+	SiteWait time.Duration
 	// Policy is used while the policy bucket holds no pushed bundle; nil
 	// is the shipped default policy.
 	Policy *policy.Engine
@@ -568,6 +582,7 @@ func (n *Node) NewStage(ctx context.Context, name string, c StageConfig) (stages
 		return n.newAuthorizer(ctx, c)
 	case subjects.Route:
 		r := route.New(n.Registry, c.kinds().Names()...)
+		r.SiteWait = cmp.Or(c.SiteWait, DefaultSiteWait)
 		n.Store.OnCounterErased(func(ctx context.Context, tenant, tool string) {
 			n.refusedState(ctx, "urn:toolgate:route", "ratelimit:"+tenant+"/"+tool, 0, api.NewError(api.RateLimitExceeded,
 				api.ECounterErased, "the rate-limit counter of %s in tenant %s was deleted: counted as empty from then, not refilled", tool, tenant))
@@ -621,6 +636,9 @@ func (n *Node) NewStage(ctx context.Context, name string, c StageConfig) (stages
 		}
 		x.Verifier = verify.New(n.Registry, verify.Config{Tenants: c.TenantActions, Detectors: c.Detectors, Classifier: c.InjectionClassifier})
 		x.Breakers = breaker.New(n.Store, x.Publish, n.Log)
+		if n.Topology.Site != "" {
+			x.SiteScrub = cmp.Or(c.Detectors, detect.Default())
+		}
 		sb, sbErr := n.toolSandbox(c)
 		secretSource := c.Secrets
 		if secretSource == nil {

@@ -155,6 +155,12 @@ type Config struct {
 	Topology              topology.TopologyOptions
 	Stage                 StageConfig
 	Log                   *slog.Logger
+	// Site runs this process as site Site (docs/sites.md): an execute
+	// worker behind a leaf node of the hub at Hub, whose link
+	// authenticates with Creds (the site's credentials). Embedded.DataDir
+	// holds the site's bundle (toolgate site add).
+	Site string
+	Hub  string
 	// Ready, if set, is called once everything runs, with the NATS URL.
 	Ready func(url string, n *Node)
 }
@@ -196,6 +202,7 @@ type run struct {
 	runCtx  context.Context // what in-flight work needs: ends after the drain
 	cancel  context.CancelFunc
 	metrics *runner.Metrics
+	reg     *prometheus.Registry
 	health  Health
 
 	// openConnections
@@ -231,6 +238,9 @@ func (r *run) run(ctx context.Context) error {
 		return err
 	}
 	defer closeConnections()
+	if err := r.ensureSites(ctx); err != nil {
+		return err
+	}
 	if err := r.registerExamples(ctx); err != nil {
 		return err
 	}
@@ -271,6 +281,9 @@ func (r *run) startBus() (stop func(), err error) {
 	stop = func() {}
 	r.url = c.NATSURL
 	r.roleCreds = map[busauth.Role]string{}
+	if c.Site != "" {
+		return r.startSite()
+	}
 	if r.url == "" {
 		ns, g, err := StartSecureEmbedded(c.Embedded, log)
 		if err != nil {
@@ -420,21 +433,28 @@ func (r *run) startObservability(ctx context.Context) (stop func(), err error) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(collectors.WithGoCollectorRuntimeMetrics(gcCPU)),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	r.metrics = runner.NewMetrics(reg)
+	r.reg = reg
+	// A site's metrics carry its name, so the hub's Prometheus tells the
+	// sites' workers apart.
+	var regr prometheus.Registerer = reg
+	if c.Site != "" {
+		regr = prometheus.WrapRegistererWith(prometheus.Labels{"site": c.Site}, reg)
+	}
+	r.metrics = runner.NewMetrics(regr)
 	if c.Stage.ModelStats == nil {
-		c.Stage.ModelStats = modeltool.NewStats(reg)
+		c.Stage.ModelStats = modeltool.NewStats(regr)
 	}
 	if c.Stage.ShadowMetrics == nil {
-		c.Stage.ShadowMetrics = NewShadowMetrics(reg)
+		c.Stage.ShadowMetrics = NewShadowMetrics(regr)
 	}
 	if c.Stage.AuditChainMetrics == nil {
-		c.Stage.AuditChainMetrics = NewAuditChainMetrics(reg)
+		c.Stage.AuditChainMetrics = NewAuditChainMetrics(regr)
 	}
 	if c.Stage.AuditArchiveMetrics == nil {
-		c.Stage.AuditArchiveMetrics = NewAuditArchiveMetrics(reg)
+		c.Stage.AuditArchiveMetrics = NewAuditArchiveMetrics(regr)
 	}
 	if c.Stage.AuditOTLPMetrics == nil {
-		c.Stage.AuditOTLPMetrics = NewAuditOTLPMetrics(reg)
+		c.Stage.AuditOTLPMetrics = NewAuditOTLPMetrics(regr)
 	}
 	if c.MetricsAddr != "" {
 		srv := &http.Server{Addr: c.MetricsAddr, Handler: r.health.Handler(reg), ReadHeaderTimeout: 5 * time.Second}
@@ -637,6 +657,9 @@ func (r *run) startStages(ctx context.Context) (stop func(), err error) {
 		}
 		rn := sn.Runner(name, st, workers, r.metrics)
 		rn.Handed = handed
+		if c.Site != "" {
+			rn.Inputs = subjects.SiteInputs(c.Site)
+		}
 		r.runners = append(r.runners, rn)
 	}
 	return stop, nil
@@ -661,7 +684,7 @@ func (r *run) startControl(ctx context.Context) (stop func(), err error) {
 	if c.Stage.StateProof != nil {
 		opts = append(opts, control.WithStateProof(c.Stage.StateProof))
 	}
-	opts = append(opts, control.WithJetStream(ctl.JS), control.WithManifestCheck(c.Stage.kinds().Check))
+	opts = append(opts, control.WithJetStream(ctl.JS), control.WithManifestCheck(siteCheck(c.Embedded.DataDir, c.Stage.kinds().Check)))
 	if k := c.Stage.AuditChainKey; k != nil {
 		opts = append(opts, control.WithAuditChainKey(k.Public().(ed25519.PublicKey)))
 	} else if pub, err := busauth.LoadAuditChainPublicKey(c.Embedded.DataDir); err == nil && c.Embedded.DataDir != "" {

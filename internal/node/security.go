@@ -66,7 +66,13 @@ func checkSecurity(ctx context.Context, c *Config, stages map[string]*Node, rese
 		if n == nil {
 			continue
 		}
-		got, err := n.Store.RecordSettings(ctx, group, want, reset)
+		key := group
+		if group == subjects.Execute && c.Site != "" {
+			// A site's sandbox and file root are its own: its workers
+			// agree with each other, not with the hub's.
+			key = group + ".site." + c.Site
+		}
+		got, err := n.Store.RecordSettings(ctx, key, want, reset)
 		if err != nil {
 			return err
 		}

@@ -33,7 +33,7 @@ type maxDeliveriesAdvisory struct {
 func (r *Runner) watchExhausted(ctx context.Context) ([]*nats.Subscription, error) {
 	nc := r.JS.Conn()
 	var subs []*nats.Subscription
-	for _, in := range subjects.Inputs(r.Name) {
+	for _, in := range r.inputs() {
 		sub, err := nc.QueueSubscribe(subjects.MaxDeliveriesAdvisory(in), "toolgate-"+r.Name, func(m *nats.Msg) {
 			var adv maxDeliveriesAdvisory
 			if err := json.Unmarshal(m.Data, &adv); err != nil {

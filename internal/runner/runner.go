@@ -41,7 +41,10 @@ import (
 // with more of them than Workers, a worker takes its next message without
 // waiting for the acknowledgements of its last.
 type Runner struct {
-	Name    string // the stage name, one of subjects.Stages
+	Name string // the stage name, one of subjects.Stages
+	// Inputs are the consumers it pulls from; nil: the stage's own
+	// (subjects.Inputs). A site's execute worker pulls from its site's.
+	Inputs  []subjects.Input
 	Stage   stages.Stage
 	JS      jetstream.JetStream
 	Workers int
@@ -150,7 +153,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	}
 	r.tracer, r.spanName = otel.Tracer(tracerName), "toolgate."+r.Name
 	r.alive()
-	inputs := subjects.Inputs(r.Name)
+	inputs := r.inputs()
 	consumers := make([]jetstream.Consumer, len(inputs))
 	for i, in := range inputs {
 		err := topology.Retry(ctx, r.Log, "opening consumer "+in.Consumer, func(ctx context.Context) (err error) {
@@ -689,7 +692,10 @@ func (r *Runner) apply(msg jetstream.Msg, inv *envelope.Invocation, s settlement
 		}
 		// Held before it is sent, so the reader cannot get there first;
 		// from here on inv is not this Runner's.
-		r.Handed.put(s.next, o.MsgID, o.Data, inv)
+		// (A site's call is read by another process: none holds it.)
+		if _, remote := subjects.SiteOfPipe(o.Subject); !remote {
+			r.Handed.put(s.next, o.MsgID, o.Data, inv)
+		}
 	}
 	fail := func(o stages.Output, err error) string {
 		log().Warn("publishing", "subject", o.Subject, "err", err)
@@ -747,8 +753,14 @@ func Handoff(inv *envelope.Invocation, next string) (stages.Output, error) {
 	if inv.TraceParent != "" {
 		h.Set("traceparent", inv.TraceParent)
 	}
+	subject := subjects.Pipe(next, inv.Priority(), inv.Tenant)
+	if next == subjects.Execute && inv.Route != nil && inv.Route.Site != "" {
+		// A site's tool runs at its site: the call waits at the hub on
+		// that site's subject until its worker takes it.
+		subject = subjects.PipeSite(inv.Route.Site, inv.Priority(), inv.Tenant)
+	}
 	return stages.Output{
-		Subject: subjects.Pipe(next, inv.Priority(), inv.Tenant),
+		Subject: subject,
 		MsgID:   HopID(inv, next),
 		Header:  h,
 		Data:    data,
@@ -873,3 +885,11 @@ func (c originCarrier) Set(key, value string) {
 }
 
 func (c originCarrier) Keys() []string { return nil }
+
+// inputs are the consumers r pulls from.
+func (r *Runner) inputs() []subjects.Input {
+	if r.Inputs != nil {
+		return r.Inputs
+	}
+	return subjects.Inputs(r.Name)
+}

@@ -90,7 +90,7 @@ func (r *Runner) sweep(ctx context.Context) {
 			return
 		case <-tick.C:
 		}
-		for _, in := range subjects.Inputs(r.Name) {
+		for _, in := range r.inputs() {
 			below, err := r.leftBehind(ctx, in)
 			if ctx.Err() != nil {
 				return

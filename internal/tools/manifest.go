@@ -46,6 +46,9 @@ type Manifest struct {
 	Category    string   `json:"category,omitempty"`
 	Tags        []string `json:"tags,omitempty"`
 	Kind        string   `json:"kind"`
+	// Site names the site whose execute worker runs the tool
+	// (docs/sites.md); empty: the hub's.
+	Site string `json:"site,omitempty"`
 
 	// Builtin configures a builtin tool. Every other kind's configuration
 	// is the member named by the kind, which the kind decodes itself

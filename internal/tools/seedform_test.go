@@ -274,3 +274,32 @@ func TestSeedFormExtensionNotAnObject(t *testing.T) {
 		t.Fatalf("got %v %+v, want E3008 at /x-toolgate/limits", err, api.AsError(err).Fields)
 	}
 }
+
+// TestSeedFormSite: a manifest's site survives the specification's form,
+// where it is one of toolgate's members in x-toolgate.
+func TestSeedFormSite(t *testing.T) {
+	ms, err := Examples()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := ms[0]
+	m.Site = "lab-eu"
+	doc, err := json.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seed, err := SeedForm(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(seed), `"x-toolgate":{`) || !strings.Contains(string(seed), `"site":"lab-eu"`) {
+		t.Fatalf("the specification's form: %s", seed)
+	}
+	if got := mustParse(t, seed); got.Site != "lab-eu" {
+		t.Fatalf("site after the specification's form: %q", got.Site)
+	}
+	bad := strings.Replace(string(doc), `"site":"lab-eu"`, `"site":"lab.eu"`, 1)
+	if _, err := Parse([]byte(bad)); err == nil {
+		t.Fatal("a site named lab.eu was accepted")
+	}
+}

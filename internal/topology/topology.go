@@ -19,6 +19,10 @@ import (
 type TopologyOptions struct {
 	Replicas int
 	Storage  jetstream.StorageType
+	// Site, set in a site's process, names the site whose execute
+	// consumers (subjects.SiteInputs) its worker binds to instead of the
+	// hub's execute consumers.
+	Site string
 	// AckWait and MaxDeliver apply to every stage consumer; defaults 30s and 5.
 	AckWait    time.Duration
 	MaxDeliver int
@@ -265,6 +269,27 @@ func EnsureTopology(ctx context.Context, js jetstream.JetStream, o TopologyOptio
 		}
 	} else if err != nil {
 		return fmt.Errorf("looking up consumer %s: %w", in.Consumer, err)
+	}
+	return nil
+}
+
+// EnsureSites creates the execute consumers of sites that are missing:
+// each site's worker pulls from its own (subjects.SiteInputs), and a
+// site's calls wait there, in the hub's pipeline, while its link is down.
+func EnsureSites(ctx context.Context, js jetstream.JetStream, o TopologyOptions, sites []string) error {
+	for _, site := range sites {
+		for _, in := range subjects.SiteInputs(site) {
+			if _, err := js.Consumer(ctx, in.Stream, in.Consumer); err == nil {
+				continue
+			} else if !errors.Is(err, jetstream.ErrConsumerNotFound) {
+				return fmt.Errorf("looking up consumer %s: %w", in.Consumer, err)
+			}
+			cfg := ConsumerConfig(subjects.Execute, in, o)
+			cfg.Description = "toolgate execute workers at site " + site
+			if _, err := js.CreateConsumer(ctx, in.Stream, cfg); err != nil && !errors.Is(err, jetstream.ErrConsumerExists) {
+				return fmt.Errorf("creating consumer %s: %w", in.Consumer, err)
+			}
+		}
 	}
 	return nil
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/backoff"
 	"github.com/toolgate/toolgate/internal/breaker"
+	"github.com/toolgate/toolgate/internal/detect"
 	"github.com/toolgate/toolgate/internal/envelope"
 	"github.com/toolgate/toolgate/internal/tools"
 	"github.com/toolgate/toolgate/kvstore"
@@ -70,6 +71,10 @@ type Executor struct {
 	// policy (failed calls skip the verify stage); nil uses the shipped
 	// detector rules with no tenant settings.
 	Verifier *verify.Verifier
+	// SiteScrub, set at a site (docs/sites.md), redacts the secrets its
+	// detectors find in a result before the result leaves the site; verify
+	// at the hub applies the whole output policy after.
+	SiteScrub *detect.Engine
 	// Quota, when set, bounds the calls of one tenant running at once.
 	Quota *TenantQuota
 	// Documents, when set, resolves a call's document_context before its
@@ -150,6 +155,9 @@ func New(reg *tools.Registry, builtins builtin.Set, store *kvstore.Store, runnin
 // Process implements stages.Stage. The result is left for verify; only a
 // failure ends the invocation here.
 func (x *Executor) Process(ctx context.Context, inv *envelope.Invocation) (_ []stages.Output, err error) {
+	if err := siteOverdue(inv, time.Now()); err != nil {
+		return nil, err
+	}
 	if x.Seals != nil {
 		if err := x.Seals.Check(inv, time.Now()); err != nil {
 			return nil, err
@@ -330,8 +338,31 @@ func (x *Executor) Process(ctx context.Context, inv *envelope.Invocation) (_ []s
 	if !json.Valid(result) {
 		return outs, api.NewError(api.ToolExecutionError, api.EResultNotJSON, "%s returned invalid JSON", m.Key())
 	}
-	inv.Result = result
+	inv.Result = x.scrub(inv, result)
 	return outs, nil
+}
+
+// maxSiteFindings bounds the findings a site records of one result.
+const maxSiteFindings = 16
+
+// scrub redacts, at a site, the secrets in a result before it leaves for
+// the hub, and records each as a finding of the call.
+func (x *Executor) scrub(inv *envelope.Invocation, result []byte) []byte {
+	if x.SiteScrub == nil {
+		return result
+	}
+	red, fs, err := x.SiteScrub.RedactJSON(result, detect.Secrets)
+	if err != nil {
+		return result // not JSON: Process refused it already
+	}
+	for i, f := range fs {
+		if i == maxSiteFindings {
+			break
+		}
+		inv.Findings = append(inv.Findings, envelope.Finding{Rule: f.Rule, Detector: string(f.Detector), Path: f.Path,
+			Action: "redact", RulesVersion: x.SiteScrub.Version()})
+	}
+	return red
 }
 
 // dryRun ends a dry run where the tool would start: the executor exists
@@ -613,4 +644,27 @@ func classify(err error, m *tools.Manifest, limit time.Duration) error {
 		return te
 	}
 	return api.WrapError(err, api.ToolExecutionError, api.EToolFailed, "%s: %v", m.Key(), err)
+}
+
+// siteOverdue ends a call that waited at the hub for its site past its
+// deadline, route's (Route.SiteDeadline) or its authorization's (the
+// token's expiry): it never runs, and the caller learns which site it
+// waited for.
+func siteOverdue(inv *envelope.Invocation, now time.Time) error {
+	r := inv.Route
+	if r == nil || r.Site == "" {
+		return nil
+	}
+	deadline := r.SiteDeadline
+	if inv.Authz != nil && inv.Authz.Seal != nil {
+		if exp := time.UnixMilli(inv.Authz.Seal.Expires); deadline.IsZero() || exp.Before(deadline) {
+			deadline = exp
+		}
+	}
+	if deadline.IsZero() || !now.After(deadline) {
+		return nil
+	}
+	return api.NewError(api.Timeout, api.ESiteTimeout,
+		"the call waited at the hub for site %s until its deadline %s passed; it never ran", r.Site, deadline.UTC().Format(time.RFC3339)).
+		WithDetail("site", r.Site)
 }

@@ -30,6 +30,9 @@ type Router struct {
 	// Limits, when set, holds calls to their tool's rate limit: the last
 	// check before execute.
 	Limits limiter
+	// SiteWait, when set, bounds how long a call for a site's tool may
+	// wait at the hub for the site (Route.SiteDeadline).
+	SiteWait time.Duration
 }
 
 var _ stages.Stage = (*Router)(nil)
@@ -83,7 +86,10 @@ func (r *Router) Process(ctx context.Context, inv *envelope.Invocation) ([]stage
 				AsRetryable().WithDetail("retry_after_ms", wait.Milliseconds())
 		}
 	}
-	inv.Route = &envelope.Route{ToolID: m.ID, ToolVersion: m.Version, Executor: m.Kind}
+	inv.Route = &envelope.Route{ToolID: m.ID, ToolVersion: m.Version, Executor: m.Kind, Site: m.Site}
+	if m.Site != "" && r.SiteWait > 0 {
+		inv.Route.SiteDeadline = time.Now().Add(r.SiteWait)
+	}
 	inv.Metadata.Executor = m.Kind
 	if p := inv.Metadata.DryRunPlan; p != nil && req.DryRun() {
 		p.Route = &api.DryRunRoute{ToolID: m.ID, ToolVersion: m.Version, Executor: m.Kind}

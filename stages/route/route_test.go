@@ -99,3 +99,26 @@ func TestRoute(t *testing.T) {
 		})
 	}
 }
+
+// TestRouteSite: a site's tool is routed to its site, with the deadline
+// of its wait there; a hub tool names no site and no deadline.
+func TestRouteSite(t *testing.T) {
+	reg := tools.NewRegistry()
+	reg.Put(&tools.Manifest{ID: "lab", Version: "1.0.0", Kind: "builtin", Site: "lab-eu"})
+	reg.Put(&tools.Manifest{ID: "hub", Version: "1.0.0", Kind: "builtin"})
+	r := New(reg, "builtin")
+	r.SiteWait = time.Minute
+	for tool, site := range map[string]string{"lab": "lab-eu", "hub": ""} {
+		inv := &envelope.Invocation{ID: "i", Tenant: "acme", Request: &api.Request{ToolID: tool}}
+		before := time.Now()
+		if _, err := r.Process(context.Background(), inv); err != nil {
+			t.Fatal(err)
+		}
+		if inv.Route.Site != site {
+			t.Errorf("%s routed to site %q, want %q", tool, inv.Route.Site, site)
+		}
+		if d := inv.Route.SiteDeadline; (site == "") != d.IsZero() || (site != "" && d.Before(before.Add(time.Minute))) {
+			t.Errorf("%s: site deadline %v, want a minute from now for a site's tool only", tool, d)
+		}
+	}
+}

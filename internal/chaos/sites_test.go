@@ -1,0 +1,452 @@
+package chaos
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/golang-jwt/jwt/v5"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/client"
+	"github.com/toolgate/toolgate/internal/busauth"
+	"github.com/toolgate/toolgate/internal/node"
+	"github.com/toolgate/toolgate/internal/token"
+	"github.com/toolgate/toolgate/internal/tools"
+	"github.com/toolgate/toolgate/subjects"
+)
+
+// proc is one toolgate process of the sites test, in its own process
+// group, started and SIGKILLed for real.
+type proc struct {
+	t       *testing.T
+	args    []string
+	log     string
+	metrics string
+	mu      sync.Mutex
+	cmd     *exec.Cmd
+	done    chan struct{}
+}
+
+func newProc(t *testing.T, log string, args ...string) *proc {
+	p := &proc{t: t, log: log, metrics: fmt.Sprintf("127.0.0.1:%d", freePort(t))}
+	p.args = append(args, "--metrics-addr", p.metrics, "--log-level", "warn", "--sandbox", "none")
+	t.Cleanup(p.kill)
+	return p
+}
+
+// start runs the process; ready waits for its /readyz.
+func (p *proc) start() {
+	p.t.Helper()
+	logf, err := os.OpenFile(p.log, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	cmd := exec.Command(filepath.Join(binDir, "toolgate"), p.args...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		p.t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		_ = cmd.Wait()
+		logf.Close()
+		close(done)
+	}()
+	p.mu.Lock()
+	p.cmd, p.done = cmd, done
+	p.mu.Unlock()
+}
+
+func (p *proc) ready() bool { return readyz(p.metrics) }
+
+func (p *proc) waitReady(d time.Duration) {
+	p.t.Helper()
+	deadline := time.Now().Add(d)
+	for !p.ready() {
+		if time.Now().After(deadline) {
+			p.t.Fatalf("%s not ready after %v; log:\n%s", filepath.Base(p.log), d, tailFile(p.log, 30))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// kill SIGKILLs the process group and reaps it.
+func (p *proc) kill() {
+	p.mu.Lock()
+	cmd, done := p.cmd, p.done
+	p.cmd = nil
+	p.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+	<-done
+}
+
+// siteTool is fs.append_file renamed id, run at site: each run appends
+// the invocation id to the ledger under its site's file root.
+func siteTool(t *testing.T, id, site string) []byte {
+	ms, err := tools.Examples()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range ms {
+		if m.ID != "fs.append_file" {
+			continue
+		}
+		m.ID, m.Site = id, site
+		m.RateLimit = &tools.RateLimit{Requests: 1_000_000, PerSeconds: 1, Burst: 1_000_000}
+		m.Limits.ConcurrentPerAgent = tools.UncountedRuns
+		doc, err := json.Marshal(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return doc
+	}
+	t.Fatal("no example fs.append_file")
+	return nil
+}
+
+// ledgerCounts counts each id's lines in a site's ledger.
+func ledgerCounts(t *testing.T, root string) map[string]int {
+	t.Helper()
+	out := map[string]int{}
+	f, err := os.Open(filepath.Join(root, ledger))
+	if errors.Is(err, os.ErrNotExist) {
+		return out
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if l := strings.TrimSpace(sc.Text()); l != "" {
+			out[l]++
+		}
+	}
+	return out
+}
+
+// TestSitesLeafNodes runs a hub and two sites as separate toolgate
+// processes, each site's embedded server a leaf node of the hub's, as
+// deployed (docs/sites.md). A site's tool runs at its site and nowhere
+// else; a site cut off (SIGKILL) during load leaves its calls waiting at
+// the hub, and when it is back they run once each; the hub killed while a
+// site's calls wait loses none; a site's credentials serve no other
+// site's calls and open no client connection (refused, audited); a
+// manifest naming an undeclared site is refused (E3270).
+func TestSitesLeafNodes(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	binaries(t)
+	dir := t.TempDir()
+	roots := map[string]string{}
+	for _, n := range []string{"hub", "lab-eu", "lab-us"} {
+		roots[n] = filepath.Join(dir, "files-"+n)
+		if err := os.MkdirAll(roots[n], 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	jwks := filepath.Join(dir, "jwks.json")
+	k := keySet(t, jwks)
+	agent := "did:agent:sites"
+	tok, err := token.Mint(k, token.Claims{
+		ToolID: token.Patterns{"eu.append_file", "us.append_file"}, TenantID: tenant, AgentDID: agent,
+		Filesystem: &token.FilesystemGrant{AllowedPaths: []string{"/"}, Mode: "rw"},
+		RegisteredClaims: jwt.RegisteredClaims{Issuer: issuer, Audience: jwt.ClaimStrings{audience},
+			ExpiresAt: jwt.NewNumericDate(time.Now().Add(time.Hour))},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	hubData := filepath.Join(dir, "hub")
+	port, leafPort := freePort(t), freePort(t)
+	hubURL := fmt.Sprintf("nats://127.0.0.1:%d", port)
+	hub := newProc(t, filepath.Join(dir, "hub.log"), "serve", "--data", hubData,
+		"--listen", fmt.Sprintf("127.0.0.1:%d", port), "--leaf-listen", fmt.Sprintf("127.0.0.1:%d", leafPort),
+		"--sync", "interval", "--jwks", jwks, "--token-issuer", issuer, "--token-audience", audience,
+		"--file-root", roots["hub"], "--ack-wait", ackWait.String())
+	hub.start()
+	hub.waitReady(time.Minute)
+
+	tg := func(args ...string) (string, error) {
+		out, err := exec.Command(filepath.Join(binDir, "toolgate"), append([]string{"--data", hubData, "--nats", hubURL}, args...)...).CombinedOutput()
+		return string(out), err
+	}
+	sites := map[string]*proc{}
+	bundles := map[string]string{}
+	for _, s := range []string{"lab-eu", "lab-us"} {
+		bundles[s] = filepath.Join(dir, s+"-bundle")
+		if out, err := tg("site", "add", s, "--out", bundles[s]); err != nil {
+			t.Fatalf("site add %s: %v\n%s", s, err, out)
+		}
+		sites[s] = newProc(t, filepath.Join(dir, s+".log"), "serve", "--site", s,
+			"--hub", fmt.Sprintf("nats-leaf://127.0.0.1:%d", leafPort), "--data", bundles[s],
+			"--file-root", roots[s], "--ack-wait", ackWait.String())
+		sites[s].start()
+	}
+	for _, s := range sites {
+		s.waitReady(time.Minute)
+	}
+
+	creds := node.CredsPath(hubData, busauth.RoleOperator)
+	nc, err := nats.Connect(hubURL, busauth.CredentialsOption(creds), nats.MaxReconnects(-1),
+		nats.ReconnectWait(100*time.Millisecond), nats.RetryOnFailedConnect(true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	op := operatorClient(t, nc, creds)
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+	register := func() {
+		t.Helper()
+		for id, site := range map[string]string{"eu.append_file": "lab-eu", "us.append_file": "lab-us"} {
+			if _, err := op.RegisterTool(ctx, siteTool(t, id, site), true); err != nil {
+				t.Fatalf("registering %s: %v", id, err)
+			}
+		}
+		// The control service answers once its own registry holds the
+		// tools; validate's follows the bucket by a watch of its own.
+		time.Sleep(2 * time.Second)
+	}
+	register()
+	_, err = op.RegisterTool(ctx, siteTool(t, "nowhere.append_file", "nowhere"), true)
+	if !errors.Is(err, &api.Error{Code: api.InvalidParameters, ECode: api.EUnknownSite}) {
+		t.Fatalf("a manifest naming an undeclared site: %v, want E3270", err)
+	}
+
+	seq := 0
+	invoke := func(toolID string) string {
+		t.Helper()
+		seq++
+		id := fmt.Sprintf("%s-%04d", strings.Split(toolID, ".")[0], seq)
+		req := api.Request{ToolID: toolID, CapabilityToken: tok,
+			AgentContext: api.AgentContext{AgentDID: agent, TenantID: tenant},
+			Parameters:   json.RawMessage(fmt.Sprintf(`{"path":%q,"content":"%s\n"}`, ledger, id))}
+		for {
+			pctx, pcancel := context.WithTimeout(ctx, 5*time.Second)
+			_, err := op.Invoke(pctx, req, client.InvokeOptions{ID: id})
+			pcancel()
+			if err == nil {
+				return id
+			}
+			if ctx.Err() != nil {
+				t.Fatalf("invoking %s: %v", id, err)
+			}
+			time.Sleep(200 * time.Millisecond) // the hub restarting: the same id again
+		}
+	}
+	// interrupted are the calls a site's SIGKILL caught mid-run: not
+	// idempotent, they end E3023 and are never run again (at most once).
+	interrupted := map[string]bool{}
+	waitAll := func(ids []string) {
+		t.Helper()
+		for _, id := range ids {
+			r, err := op.Wait(ctx, tenant, id)
+			if err != nil {
+				t.Fatalf("waiting for %s: %v", id, err)
+			}
+			if r.Status != api.StatusSuccess {
+				if r.Error != nil && r.Error.ECode == api.EOutcomeUnknown {
+					interrupted[id] = true
+					continue
+				}
+				t.Fatalf("%s ended %s: %+v", id, r.Status, r.Error)
+			}
+		}
+	}
+	// once checks that each id of site ran exactly once (an interrupted
+	// one at most once), at its site only.
+	once := func(site string, ids []string) {
+		t.Helper()
+		got := ledgerCounts(t, roots[site])
+		for _, id := range ids {
+			if got[id] != 1 && !(interrupted[id] && got[id] == 0) {
+				t.Errorf("%s ran %d times at %s, want once", id, got[id], site)
+			}
+		}
+		for other, root := range roots {
+			if other == site {
+				continue
+			}
+			for _, id := range ids {
+				if n := ledgerCounts(t, root)[id]; n != 0 {
+					t.Errorf("%s (a %s tool) ran %d times at %s", id, site, n, other)
+				}
+			}
+		}
+	}
+	siteList := func() map[string]map[string]any {
+		t.Helper()
+		out, err := tg("--json", "site", "list")
+		if err != nil {
+			t.Fatalf("site list: %v\n%s", err, out)
+		}
+		var l struct {
+			Sites []map[string]any `json:"sites"`
+		}
+		if err := json.Unmarshal([]byte(out), &l); err != nil {
+			t.Fatalf("site list: %v\n%s", err, out)
+		}
+		m := map[string]map[string]any{}
+		for _, s := range l.Sites {
+			m[s["site"].(string)] = s
+		}
+		return m
+	}
+
+	// 1. Each site's tool runs at its site.
+	var eu, us []string
+	for range 10 {
+		eu, us = append(eu, invoke("eu.append_file")), append(us, invoke("us.append_file"))
+	}
+	waitAll(append(append([]string{}, eu...), us...))
+	once("lab-eu", eu)
+	once("lab-us", us)
+	if l := siteList(); l["lab-eu"]["link"] != "up" || l["lab-us"]["link"] != "up" {
+		t.Errorf("site list with both sites running: %v", l)
+	}
+	// The hub's metrics say each site's state; a site's carry its name.
+	if m := scrape(t, hub.metrics); !strings.Contains(m, `toolgate_site_up{site="lab-eu"} 1`) || !strings.Contains(m, `toolgate_site_queued{site="lab-us"} 0`) {
+		t.Errorf("the hub's metrics lack the sites' state:\n%s", grepLines(m, "toolgate_site_"))
+	}
+	if m := scrape(t, sites["lab-eu"].metrics); !strings.Contains(m, `site="lab-eu"`) {
+		t.Errorf("lab-eu's metrics do not name it")
+	}
+
+	// 2. lab-eu cut off during load: its calls wait at the hub and run
+	// once each when it is back; lab-us goes on meanwhile.
+	var cut []string
+	for i := range 30 {
+		if i == 10 {
+			sites["lab-eu"].kill()
+		}
+		cut = append(cut, invoke("eu.append_file"))
+	}
+	usDuring := []string{invoke("us.append_file")}
+	waitAll(usDuring)
+	time.Sleep(time.Second)
+	l := siteList()
+	if l["lab-eu"]["link"] != "down" || l["lab-eu"]["queued"].(float64)+l["lab-eu"]["running"].(float64) == 0 {
+		t.Errorf("site list while lab-eu is cut off: %v, want it down with calls waiting", l["lab-eu"])
+	}
+	if r, err := op.Status(ctx, tenant, cut[len(cut)-1]); err != nil || r.Status.Terminal() {
+		t.Errorf("a call for the cut-off site: %v %v, want it waiting", r.Status, err)
+	}
+	sites["lab-eu"].start()
+	waitAll(cut)
+	once("lab-eu", append(eu, cut...))
+	t.Logf("link cut: %d calls waited for lab-eu, %d caught mid-run (E3023, not run again)", len(cut), len(interrupted))
+	once("lab-us", append(us, usDuring...))
+
+	// 3. The hub killed while lab-us's calls wait for it: none lost.
+	sites["lab-us"].kill()
+	var queued []string
+	for range 10 {
+		queued = append(queued, invoke("us.append_file"))
+	}
+	hub.kill()
+	hub.start()
+	hub.waitReady(time.Minute)
+	register() // serve registers its own examples at start; ours stay, replaced alike
+	sites["lab-us"].start()
+	waitAll(queued)
+	once("lab-us", append(append(us, usDuring...), queued...))
+
+	// 4. lab-eu's credentials do not take lab-us's calls: a process that
+	// calls itself lab-us with them gets no call, and the call waits for
+	// the real lab-us.
+	sites["lab-us"].kill()
+	impostor := newProc(t, filepath.Join(dir, "impostor.log"), "serve", "--site", "lab-us",
+		"--hub", fmt.Sprintf("nats-leaf://127.0.0.1:%d", leafPort), "--data", bundles["lab-eu"],
+		"--file-root", roots["lab-eu"], "--ack-wait", ackWait.String())
+	impostor.start()
+	stolen := invoke("us.append_file")
+	time.Sleep(5 * time.Second)
+	if impostor.ready() {
+		t.Error("a site running with another site's credentials became ready")
+	}
+	if r, err := op.Status(ctx, tenant, stolen); err != nil || r.Status.Terminal() {
+		t.Errorf("lab-us's call with lab-eu's credentials posing as lab-us: %v %v, want it still waiting", r.Status, err)
+	}
+	if n := ledgerCounts(t, roots["lab-eu"])[stolen]; n != 0 {
+		t.Errorf("lab-us's call ran %d times at lab-eu", n)
+	}
+	impostor.kill()
+	sites["lab-us"].start()
+	waitAll([]string{stolen})
+	once("lab-us", []string{stolen})
+
+	// 5. A site's credentials open no client connection to the hub: only
+	// its leaf link; the refusal is in the audit trail.
+	_, err = nats.Connect(hubURL, busauth.CredentialsOption(filepath.Join(bundles["lab-eu"], busauth.DirName, busauth.SiteCredsFile)),
+		nats.MaxReconnects(0))
+	if err == nil {
+		t.Fatal("a site's credentials opened a client connection to the hub")
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	refusal := subjects.AuditEvent(subjects.SystemTenant, "bus.refused")
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		m, err := js.Stream(ctx, subjects.StreamAudit)
+		if err != nil {
+			t.Fatal(err)
+		}
+		msg, err := m.GetLastMsgForSubject(ctx, refusal)
+		if err == nil && strings.Contains(string(msg.Data), "site") && strings.Contains(string(msg.Data), "lab-eu") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no bus.refused audit event for the site's client connection (last: %v)", err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// scrape reads a process's /metrics.
+func scrape(t *testing.T, addr string) string {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// grepLines returns the lines of s that contain sub.
+func grepLines(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}

@@ -1,0 +1,86 @@
+package subjects
+
+import (
+	"fmt"
+	"strings"
+)
+
+// A site is a place tools run away from the hub: an execute worker whose
+// NATS server is a leaf node of the hub's (docs/sites.md). Calls for a
+// site's tools wait in the hub's pipeline on the site's own execute
+// subjects, toolgate.pipe.execute.<priority>.<tenant>.<site>, which the
+// hub's execute consumers (filter ...<priority>.*) never match.
+
+// HubDomain is the JetStream domain of a hub that accepts sites: a site's
+// worker reaches the hub's JetStream by the domain's API prefix
+// (JetStream refuses the plain one across a leaf-node link).
+const HubDomain = "hub"
+
+// HubAPI is the domain form of a JetStream API subject (or of a key-value
+// put, $KV.…) as a site's worker sends it to the hub.
+func HubAPI(subject string) (string, bool) {
+	if rest, ok := strings.CutPrefix(subject, "$JS.API."); ok {
+		return "$JS." + HubDomain + ".API." + rest, true
+	}
+	if strings.HasPrefix(subject, "$KV.") {
+		return "$JS." + HubDomain + ".API." + subject, true
+	}
+	return "", false
+}
+
+// MaxSiteBytes bounds a site name, which is a subject token and part of
+// consumer names.
+const MaxSiteBytes = 32
+
+// CheckSite reports whether s can name a site: 1 to MaxSiteBytes bytes of
+// [A-Za-z0-9_-], not starting with _ or -.
+func CheckSite(s string) error {
+	if s == "" || len(s) > MaxSiteBytes {
+		return fmt.Errorf("%w: site must be 1 to %d bytes, got %d", ErrBadName, MaxSiteBytes, len(s))
+	}
+	for i := 0; i < len(s); i++ {
+		if !isPlain(s[i]) {
+			return fmt.Errorf("%w: site may hold only [A-Za-z0-9_-], found %q", ErrBadName, s[i])
+		}
+	}
+	if s[0] == '_' || s[0] == '-' {
+		return fmt.Errorf("%w: site %q must start with a letter or digit", ErrBadName, s)
+	}
+	return nil
+}
+
+// PipeSite is the subject on which execute at site receives invocations of
+// tenant at a priority.
+func PipeSite(site, priority, tenant string) string {
+	return Pipe(Execute, priority, tenant) + "." + site
+}
+
+// SiteOfPipe returns the site a hand-off subject is addressed to, if any.
+func SiteOfPipe(subject string) (string, bool) {
+	rest, ok := strings.CutPrefix(subject, pipePrefix)
+	if !ok {
+		return "", false
+	}
+	parts := strings.Split(rest, ".")
+	if len(parts) != 4 || parts[0] != Execute || parts[3] == "" {
+		return "", false
+	}
+	return parts[3], true
+}
+
+// SiteInputs are the durable consumers of site's execute worker, highest
+// priority first.
+func SiteInputs(site string) []Input {
+	out := make([]Input, 0, len(Priorities))
+	for _, p := range Priorities {
+		out = append(out, Input{Stream: StreamPipeline, Consumer: SiteConsumer(site, p), Filter: pipePrefix + Execute + "." + p + ".*." + site})
+	}
+	return out
+}
+
+// SiteConsumer is the name of site's durable consumer at priority.
+func SiteConsumer(site, priority string) string { return "site-" + site + "-" + priority }
+
+// SiteInbox is the inbox prefix of site's connections: what its leaf may
+// subscribe below, and no other site's.
+func SiteInbox(site string) string { return "_INBOX.site." + site }
