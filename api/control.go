@@ -95,6 +95,24 @@ type RegisterRequest struct {
 	Replace  bool            `json:"replace,omitempty"`
 }
 
+// AcceptRequest accepts the change held for an imported tool's version
+// (tools.accept): Digest must be the held change's, as tools.get shows it.
+type AcceptRequest struct {
+	ToolID  string `json:"tool_id"`
+	Version string `json:"version"`
+	Digest  string `json:"digest"`
+}
+
+// PendingChange is a held change of an imported tool, as tools.get shows
+// it beside the served manifest (member pending_change).
+type PendingChange struct {
+	PinnedDigest string          `json:"pinned_digest"`
+	Digest       string          `json:"digest"`
+	By           string          `json:"by,omitempty"`
+	At           time.Time       `json:"at"`
+	Manifest     json.RawMessage `json:"manifest"`
+}
+
 // CancelRequest asks to stop an invocation.
 type CancelRequest struct {
 	TenantID     string `json:"tenant_id"`

@@ -51,6 +51,20 @@ type ToolRecord struct {
 	// manifest stays as registered (and signed), and readers serve it
 	// with lifecycle state removed.
 	Removal *ToolRemoval `json:"removal,omitempty"`
+	// Pending is a change of an imported tool held until an operator
+	// accepts it: readers serve Manifest, never this.
+	Pending *ToolPending `json:"pending,omitempty"`
+}
+
+// ToolPending is a manifest an operator's replace sent whose server now
+// lists the tool otherwise than the pinned manifest's digest says, with
+// that signed request, kept for AcceptToolChange.
+type ToolPending struct {
+	Manifest     json.RawMessage    `json:"manifest"`
+	Digest       string             `json:"digest"`
+	RegisteredBy string             `json:"registered_by,omitempty"`
+	Proof        *api.DecisionProof `json:"proof,omitempty"`
+	At           time.Time          `json:"at"`
 }
 
 // ToolRemoval records who removed a tool version and when, with the signed
@@ -194,6 +208,92 @@ func (s *Store) RemoveTool(ctx context.Context, id, version string, r ToolRemova
 		return ParseToolRecord(rec)
 	}
 	return nil, fmt.Errorf("removing tool %s@%s: %w", id, version, ErrContention)
+}
+
+// Tool is the stored record of one version of a tool.
+func (s *Store) Tool(ctx context.Context, id, version string) (ToolRecord, error) {
+	e, err := s.tools.Get(ctx, toolKey(id, version))
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return ToolRecord{}, api.NewError(api.ToolNotFound, api.EToolNotFound, "no tool %s version %s", id, version)
+	}
+	if err != nil {
+		return ToolRecord{}, err
+	}
+	return decodeToolRecord(e.Value()), nil
+}
+
+// HoldToolChange keeps p beside the stored manifest of id@version, which
+// readers go on serving, replacing any change held before.
+func (s *Store) HoldToolChange(ctx context.Context, id, version string, p ToolPending) error {
+	var err error
+	if p.Manifest, err = tools.Native(p.Manifest); err != nil {
+		return err
+	}
+	return s.updateTool(ctx, id, version, func(rec *ToolRecord) error {
+		rec.Pending = &p
+		return nil
+	})
+}
+
+// AcceptToolChange makes the change held for id@version the stored
+// manifest, with the signed request that sent it, if its digest is
+// digest: E3867 when none is held, E3868 when another is.
+func (s *Store) AcceptToolChange(ctx context.Context, id, version, digest string) (accepted ToolPending, err error) {
+	err = s.updateTool(ctx, id, version, func(rec *ToolRecord) error {
+		p := rec.Pending
+		switch {
+		case p == nil:
+			return api.NewError(api.StateConflict, api.EToolChangeNone, "no change of tool %s version %s is held", id, version)
+		case p.Digest != digest:
+			e := api.NewError(api.StateConflict, api.EToolChangeDigest,
+				"the change held for tool %s version %s has digest %s, not %s", id, version, p.Digest, digest)
+			e.Details = map[string]any{"digest": p.Digest}
+			return e
+		}
+		var created time.Time
+		if old, err := tools.Parse(rec.Manifest); err == nil {
+			created = old.Lifecycle.CreatedAt
+		}
+		doc, err := stampLifecycle(p.Manifest, created, time.Now().UTC().Truncate(time.Second))
+		if err != nil {
+			return err
+		}
+		accepted = *p
+		*rec = ToolRecord{Manifest: doc, RegisteredBy: p.RegisteredBy, Proof: p.Proof}
+		return nil
+	})
+	return accepted, err
+}
+
+// updateTool changes the stored record of id@version by compare-and-swap.
+func (s *Store) updateTool(ctx context.Context, id, version string, change func(*ToolRecord) error) error {
+	key := toolKey(id, version)
+	for range casAttempts {
+		e, err := s.tools.Get(ctx, key)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			return api.NewError(api.ToolNotFound, api.EToolNotFound, "no tool %s version %s", id, version)
+		}
+		if err != nil {
+			return err
+		}
+		rec := decodeToolRecord(e.Value())
+		if err := change(&rec); err != nil {
+			return err
+		}
+		val, err := json.Marshal(rec)
+		if err != nil {
+			return err
+		}
+		_, err = s.tools.Update(ctx, key, val, e.Revision())
+		if errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("updating tool %s@%s: %w", id, version, err)
+		}
+		return nil
+	}
+	return fmt.Errorf("updating tool %s@%s: %w", id, version, ErrContention)
 }
 
 // PurgeTool deletes one version of a tool for good, with its history in
