@@ -593,6 +593,15 @@ func (c *Operator) DeleteTool(ctx context.Context, id, version string) (json.Raw
 	return out, err
 }
 
+// AcceptToolChange makes the change held for an imported tool's version
+// (its server changed what it says about the tool) the served manifest;
+// digest must be the held change's (tools get shows it).
+func (c *Operator) AcceptToolChange(ctx context.Context, id, version, digest string) (api.AcceptRequest, error) {
+	var out api.AcceptRequest
+	err := c.admin(ctx, subjects.SvcToolsAccept, api.AcceptRequest{ToolID: id, Version: version, Digest: digest}, &out)
+	return out, err
+}
+
 // PurgeTool deletes one version of a tool for good, manifest and all.
 func (c *Operator) PurgeTool(ctx context.Context, id, version string) error {
 	var out api.ToolRequest
