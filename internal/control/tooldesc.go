@@ -124,13 +124,7 @@ func (h *handlers) acceptTool(req micro.Request) {
 }
 
 // pinnedOf is the description digest m was imported with.
-func pinnedOf(m *tools.Manifest) string {
-	var s struct {
-		Digest string `json:"description_digest"`
-	}
-	_ = json.Unmarshal(m.Spec(), &s)
-	return s.Digest
-}
+func pinnedOf(m *tools.Manifest) string { return tooldesc.PinnedIn(m.Spec()) }
 
 // withPending is manifest m with member pending_change added.
 func withPending(m *tools.Manifest, p *api.PendingChange) (json.RawMessage, error) {

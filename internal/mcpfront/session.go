@@ -102,7 +102,9 @@ func grants(c *token.Claims, m *tools.Manifest) bool {
 
 // signature changes whenever what tools/list shows of m changes.
 func signature(m *tools.Manifest) string {
-	return m.Key() + "|" + m.Lifecycle.State + "|" + m.Lifecycle.DeprecatedInFavorOf
+	// updated_at moves when a version is replaced (an imported tool's
+	// accepted change): its texts may differ under the same key.
+	return m.Key() + "|" + m.Lifecycle.State + "|" + m.Lifecycle.DeprecatedInFavorOf + "|" + m.Lifecycle.UpdatedAt.String()
 }
 
 // ToolName is the MCP name of a tool id: the id with every character MCP

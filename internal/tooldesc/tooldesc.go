@@ -209,6 +209,27 @@ func specOf(doc []byte) kindSpec {
 	return s
 }
 
+// Flagged are the findings a kind's configuration spec (tools.Manifest's
+// Spec) records as flagged: kept in the texts agents read.
+func Flagged(spec json.RawMessage) []Finding {
+	var s kindSpec
+	_ = json.Unmarshal(spec, &s)
+	var out []Finding
+	for _, f := range s.Findings {
+		if f.Action == ActionFlagged {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// PinnedIn is the digest a kind's configuration spec was imported with.
+func PinnedIn(spec json.RawMessage) string {
+	var s kindSpec
+	_ = json.Unmarshal(spec, &s)
+	return s.Digest
+}
+
 // Recorded is what manifest doc records of its import's scan.
 func Recorded(doc []byte) []Finding { return specOf(doc).Findings }
 
