@@ -48,8 +48,11 @@ import (
 // unless its token is a tenant reader's; results are published on
 // tool.result.<tenant>.<agent>.<id>. 1.7: tokens.keys, operators' and
 // tenant-scoped, the public key set tokens are verified with;
-// policy.reset, which removes the pushed policy.
-const Version = "1.7.0"
+// policy.reset, which removes the pushed policy. 1.8: tools.accept, the
+// change held for an imported tool whose server lists it otherwise;
+// tools.register refuses texts aimed at the agent (E3865, E3866) and
+// holds such a change (E3869); operators' tools.get shows it.
+const Version = "1.8.0"
 
 // Start adds the service to nc. Stop it with the returned service's Stop.
 // approvals may be nil: the approval endpoint then is not served.
