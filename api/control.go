@@ -93,14 +93,10 @@ type ListResponse struct {
 type RegisterRequest struct {
 	Manifest json.RawMessage `json:"manifest"`
 	Replace  bool            `json:"replace,omitempty"`
-}
-
-// AcceptRequest accepts the change held for an imported tool's version
-// (tools.accept): Digest must be the held change's, as tools.get shows it.
-type AcceptRequest struct {
-	ToolID  string `json:"tool_id"`
-	Version string `json:"version"`
-	Digest  string `json:"digest"`
+	// AcceptDigest accepts the change held for an imported tool's
+	// version: the manifest, sent with replace, is stored if the change
+	// held has this digest and so does the manifest (E3867, E3868).
+	AcceptDigest string `json:"accept_digest,omitempty"`
 }
 
 // PendingChange is a held change of an imported tool, as tools.get shows

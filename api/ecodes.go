@@ -102,14 +102,15 @@ const (
 	// EToolDescriptionSecret: a manifest registered with a secret in its
 	// texts (an import redacts them; a hand-written manifest must).
 	EToolDescriptionSecret = "E3866"
-	// EToolChangeNone: tools.accept of a version with no change held.
+	// EToolChangeNone: an accept (register with accept_digest) of a version
+	// with no change held.
 	EToolChangeNone = "E3867"
-	// EToolChangeDigest: tools.accept naming another digest than the
+	// EToolChangeDigest: an accept naming another digest than the
 	// change held: the server changed the tool again since it was shown.
 	EToolChangeDigest = "E3868"
 	// EToolChangeHeld: a replace of an imported tool whose server now
 	// says something else about it; the pinned manifest stays served and
-	// the new one waits for tools.accept.
+	// the new one waits for an accept (tools accept).
 	EToolChangeHeld = "E3869"
 )
 

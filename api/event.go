@@ -70,7 +70,8 @@ const (
 	// TypeToolDescriptionChanged: an imported tool's server lists it with
 	// another digest than the pinned one; the change is held (E3869).
 	TypeToolDescriptionChanged = "ai.agent.admin.tool.description_changed"
-	// TypeToolChangeAccepted: an operator accepted a held change.
+	// TypeToolChangeAccepted: an operator accepted a held change (a
+	// tools.register with accept_digest), in place of tool.registered.
 	TypeToolChangeAccepted = "ai.agent.admin.tool.change_accepted"
 	// TypeStateRefused: a reader ignored a record that changes what calls
 	// may do (a pushed policy) because no operator's signature covers it.

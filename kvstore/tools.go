@@ -12,6 +12,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/tooldesc"
 	"github.com/toolgate/toolgate/internal/tools"
 	"github.com/toolgate/toolgate/subjects"
 )
@@ -109,10 +110,17 @@ func (s *Store) RegisterSignedTool(ctx context.Context, doc []byte, replace bool
 	}
 	key := toolKey(m.ID, m.Version)
 	created := m.Lifecycle.CreatedAt
-	if created.IsZero() && replace {
+	// A change held for the version outlives a replace that is not it (a
+	// lifecycle move); one that stores it (its accept) ends it.
+	var pending *ToolPending
+	if replace {
 		if e, err := s.tools.Get(ctx, key); err == nil {
-			if old, err := tools.Parse(decodeToolRecord(e.Value()).Manifest); err == nil {
+			rec := decodeToolRecord(e.Value())
+			if old, err := tools.Parse(rec.Manifest); err == nil && created.IsZero() {
 				created = old.Lifecycle.CreatedAt
+			}
+			if rec.Pending != nil && rec.Pending.Digest != tooldesc.Pinned(doc) {
+				pending = rec.Pending
 			}
 		}
 	}
@@ -124,8 +132,8 @@ func (s *Store) RegisterSignedTool(ctx context.Context, doc []byte, replace bool
 		return nil, err
 	}
 	val := doc
-	if proof != nil {
-		if val, err = json.Marshal(ToolRecord{Manifest: doc, RegisteredBy: by, Proof: proof}); err != nil {
+	if proof != nil || pending != nil {
+		if val, err = json.Marshal(ToolRecord{Manifest: doc, RegisteredBy: by, Proof: proof, Pending: pending}); err != nil {
 			return nil, err
 		}
 	}
@@ -233,36 +241,6 @@ func (s *Store) HoldToolChange(ctx context.Context, id, version string, p ToolPe
 		rec.Pending = &p
 		return nil
 	})
-}
-
-// AcceptToolChange makes the change held for id@version the stored
-// manifest, with the signed request that sent it, if its digest is
-// digest: E3867 when none is held, E3868 when another is.
-func (s *Store) AcceptToolChange(ctx context.Context, id, version, digest string) (accepted ToolPending, err error) {
-	err = s.updateTool(ctx, id, version, func(rec *ToolRecord) error {
-		p := rec.Pending
-		switch {
-		case p == nil:
-			return api.NewError(api.StateConflict, api.EToolChangeNone, "no change of tool %s version %s is held", id, version)
-		case p.Digest != digest:
-			e := api.NewError(api.StateConflict, api.EToolChangeDigest,
-				"the change held for tool %s version %s has digest %s, not %s", id, version, p.Digest, digest)
-			e.Details = map[string]any{"digest": p.Digest}
-			return e
-		}
-		var created time.Time
-		if old, err := tools.Parse(rec.Manifest); err == nil {
-			created = old.Lifecycle.CreatedAt
-		}
-		doc, err := stampLifecycle(p.Manifest, created, time.Now().UTC().Truncate(time.Second))
-		if err != nil {
-			return err
-		}
-		accepted = *p
-		*rec = ToolRecord{Manifest: doc, RegisteredBy: p.RegisteredBy, Proof: p.Proof}
-		return nil
-	})
-	return accepted, err
 }
 
 // updateTool changes the stored record of id@version by compare-and-swap.

@@ -302,10 +302,6 @@ const (
 	// removed; SvcToolsPurge takes the same and deletes it for good.
 	SvcToolsDelete = "tool.svc.tools.delete"
 	SvcToolsPurge  = "tool.svc.tools.purge"
-	// SvcToolsAccept takes {"tool_id","version","digest"} and makes the
-	// change held for that imported tool (its server changed what it says
-	// about it) the served manifest.
-	SvcToolsAccept = "tool.svc.tools.accept"
 	// SvcApprovalsList takes {"tenant_id"} and lists its pending approvals;
 	// SvcApprovalsGet takes {"tenant_id","invocation_id"}.
 	SvcApprovalsList = "tool.svc.approvals.list"
@@ -414,7 +410,6 @@ var ControlEndpoints = []ControlEndpoint{
 	{Subject: SvcToolsRegister, Operator: true},
 	{Subject: SvcToolsDelete, Operator: true},
 	{Subject: SvcToolsPurge, Operator: true},
-	{Subject: SvcToolsAccept, Operator: true},
 	{Subject: SvcToolsStats, Operator: true},
 	{Subject: SvcModelsStats, Operator: true},
 	{Subject: SvcApproval, Operator: true},

@@ -229,17 +229,34 @@ func TestImportMCPDescriptionPinned(t *testing.T) {
 		t.Fatalf("the agent's tools get: exit %d\n%s%s", ag.code, ag.stdout, ag.stderr)
 	}
 
+	// A lifecycle move of the pinned version keeps the change held.
+	if r := tg(t, "", s.flags("tools", "deprecate", "mcp:remote:add", "1.0.0")...); r.code != exitOK {
+		t.Fatalf("deprecate: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if m := manifestOf(t, s, "mcp:remote:add"); m.Pending == nil || m.Pending.Digest != newDigest {
+		t.Fatalf("after deprecate, tools get shows %+v", m)
+	}
+
 	if r := tg(t, "", s.flags("tools", "accept", "mcp:remote:add@1.0.0", "--digest", pinned.MCP.Digest)...); r.code == exitOK || !strings.Contains(r.stderr, "E3868") {
 		t.Fatalf("accept of another digest: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
 	if r := tg(t, "", s.flags("tools", "accept", "mcp:remote:add@1.0.0", "--digest", newDigest)...); r.code != exitOK || !strings.Contains(r.stdout, "accepted mcp:remote:add@1.0.0") {
 		t.Fatalf("accept: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
-	auditHas(t, s, "ai.agent.admin.tool.change_accepted", `"mcp:remote:add@1.0.0"`, `"digest":"`+newDigest+`"`)
+	auditHas(t, s, "ai.agent.admin.tool.change_accepted", `"mcp:remote:add@1.0.0"`, `"accepted_digest":"`+newDigest+`"`)
 	if m := manifestOf(t, s, "mcp:remote:add"); m.Description != changed || m.Pending != nil || m.MCP.Digest != newDigest {
 		t.Fatalf("after accept, tools get shows %+v", m)
 	}
-	waitFor(t, "the agent to list the accepted text", func() bool { return listedDescription(t, ctx, cs, "mcp_remote_add") == changed })
+	var last string
+	defer func() {
+		if t.Failed() {
+			t.Logf("the agent was last listed %q; tools get: %s", last, tg(t, "", s.flags("tools", "get", "mcp:remote:add")...).stdout)
+		}
+	}()
+	waitFor(t, "the agent to list the accepted text", func() bool {
+		last = listedDescription(t, ctx, cs, "mcp_remote_add")
+		return last == changed
+	})
 	if r := tg(t, "", s.flags("tools", "accept", "mcp:remote:add@1.0.0", "--digest", newDigest)...); r.code == exitOK || !strings.Contains(r.stderr, "E3867") {
 		t.Fatalf("a second accept: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}

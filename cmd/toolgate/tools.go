@@ -301,7 +301,7 @@ func (a *app) toolsAcceptCmd() *cobra.Command {
 				return err
 			}
 			return a.emit(out, func(w io.Writer) error {
-				_, err := fmt.Fprintf(w, "accepted %s@%s %s\n", id, version, out.Digest)
+				_, err := fmt.Fprintf(w, "accepted %s@%s %s\n", out.ToolID, out.Version, digest)
 				return err
 			})
 		},

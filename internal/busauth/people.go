@@ -38,7 +38,7 @@ func PersonInbox(r Role, name string) string { return RoleInbox(r) + "." + name 
 
 // adminCalls are the administrative endpoints and the tool catalogue's
 // writes: everything an admin changes.
-var adminCalls = slices.Concat(subjects.AdminServices, []string{subjects.SvcToolsRegister, subjects.SvcToolsDelete, subjects.SvcToolsPurge, subjects.SvcToolsAccept})
+var adminCalls = slices.Concat(subjects.AdminServices, []string{subjects.SvcToolsRegister, subjects.SvcToolsDelete, subjects.SvcToolsPurge})
 
 // PeopleRights are the rights of each person's role.
 var PeopleRights = map[Role]PersonRights{

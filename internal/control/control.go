@@ -48,10 +48,10 @@ import (
 // unless its token is a tenant reader's; results are published on
 // tool.result.<tenant>.<agent>.<id>. 1.7: tokens.keys, operators' and
 // tenant-scoped, the public key set tokens are verified with;
-// policy.reset, which removes the pushed policy. 1.8: tools.accept, the
-// change held for an imported tool whose server lists it otherwise;
-// tools.register refuses texts aimed at the agent (E3865, E3866) and
-// holds such a change (E3869); operators' tools.get shows it.
+// policy.reset, which removes the pushed policy. 1.8: tools.register
+// refuses texts aimed at the agent (E3865, E3866), holds the change of an
+// imported tool whose server lists it otherwise (E3869), which operators'
+// tools.get shows, and stores it on a register naming its accept_digest.
 const Version = "1.8.0"
 
 // Start adds the service to nc. Stop it with the returned service's Stop.
@@ -134,7 +134,6 @@ type store interface {
 	Capability(ctx context.Context, tenant, id string) (api.CapabilityReport, error)
 	Tool(ctx context.Context, id, version string) (kvstore.ToolRecord, error)
 	HoldToolChange(ctx context.Context, id, version string, p kvstore.ToolPending) error
-	AcceptToolChange(ctx context.Context, id, version, digest string) (kvstore.ToolPending, error)
 	checkpointStore
 }
 
@@ -470,7 +469,7 @@ func (h *handlers) register(req micro.Request) {
 			return
 		}
 	}
-	if !h.textsAdmitted(ctx, req, who, r) || h.holdChange(ctx, req, who, r, proof) {
+	if !h.textsAdmitted(ctx, req, who, r) || !h.acceptable(ctx, req, r) || h.holdChange(ctx, req, who, r, proof) {
 		return
 	}
 	m, err := h.store.RegisterSignedTool(ctx, r.Manifest, r.Replace, who, proof)
@@ -490,7 +489,11 @@ func (h *handlers) register(req micro.Request) {
 	if fs := tooldesc.Recorded(r.Manifest); len(fs) > 0 {
 		details["description_findings"] = fs
 	}
-	h.audited(ctx, req, api.TypeToolRegistered,
+	typ := api.TypeToolRegistered
+	if r.AcceptDigest != "" {
+		typ, details["accepted_digest"] = api.TypeToolChangeAccepted, r.AcceptDigest
+	}
+	h.audited(ctx, req, typ,
 		api.AdminChange{Action: "tools.register", By: who, Target: m.ID + "@" + m.Version, Details: details},
 		api.ToolRequest{ToolID: m.ID, Version: m.Version})
 }

@@ -196,9 +196,6 @@ func (f *fakeStore) Tool(context.Context, string, string) (kvstore.ToolRecord, e
 func (f *fakeStore) HoldToolChange(context.Context, string, string, kvstore.ToolPending) error {
 	return nil
 }
-func (f *fakeStore) AcceptToolChange(context.Context, string, string, string) (kvstore.ToolPending, error) {
-	return kvstore.ToolPending{}, nil
-}
 func (f *fakeStore) RemoveTool(context.Context, string, string, kvstore.ToolRemoval) (*tools.Manifest, error) {
 	return nil, nil
 }

@@ -43,7 +43,6 @@ func (h *handlers) endpoints() map[string]handler {
 		subjects.SvcToolsRegister: {operator: h.register},
 		subjects.SvcToolsDelete:   {operator: h.deleteTool},
 		subjects.SvcToolsPurge:    {operator: h.purgeTool},
-		subjects.SvcToolsAccept:   {operator: h.acceptTool},
 		subjects.SvcToolsStats:    {operator: h.toolStats},
 		subjects.SvcModelsStats:   {operator: h.modelStats},
 		subjects.SvcApproval:      {operator: h.decide},

@@ -45,7 +45,7 @@ func (h *handlers) textsAdmitted(ctx context.Context, req micro.Request, who str
 // but held beside it, audited, until an operator accepts it (E3869).
 func (h *handlers) holdChange(ctx context.Context, req micro.Request, who string, r api.RegisterRequest, proof *api.DecisionProof) bool {
 	digest := tooldesc.Pinned(r.Manifest)
-	if !r.Replace || digest == "" {
+	if !r.Replace || digest == "" || r.AcceptDigest != "" {
 		return false
 	}
 	m, err := tools.Parse(r.Manifest)
@@ -68,7 +68,7 @@ func (h *handlers) holdChange(ctx context.Context, req micro.Request, who string
 	}
 	held := api.NewError(api.StateConflict, api.EToolChangeHeld,
 		"the server of %s now lists it otherwise (digest %s, pinned %s): the pinned manifest stays served; "+
-			"review the change with `toolgate tools get %s@%s`, then `toolgate tools accept %s@%s --digest %s`",
+			"review the change with `toolgate tools get %s --version %s`, then `toolgate tools accept %s@%s --digest %s`",
 		m.ID, digest, pinned, m.ID, m.Version, m.ID, m.Version, digest)
 	held.Details = map[string]any{"tool_id": m.ID, "version": m.Version, "pinned_digest": pinned, "digest": digest}
 	h.refusedAudit(ctx, req, api.TypeToolDescriptionChanged, api.AdminChange{Action: "tools.register", By: who,
@@ -87,40 +87,40 @@ func (h *handlers) refusedAudit(ctx context.Context, req micro.Request, typ stri
 	respondError(req, err)
 }
 
-// acceptTool makes the change held for an imported tool the served
-// manifest, when the operator names its digest.
-func (h *handlers) acceptTool(req micro.Request) {
-	who, ok := h.operator(req, "")
-	if !ok {
-		return
+// acceptable checks a register that accepts a held change: it replaces,
+// the change held for the version has the digest it names, and so does
+// its manifest. The operator signs the manifest that is then served, so
+// readers honour it as any registration. Any other register passes.
+func (h *handlers) acceptable(ctx context.Context, req micro.Request, r api.RegisterRequest) bool {
+	if r.AcceptDigest == "" {
+		return true
 	}
-	var r api.AcceptRequest
-	if err := decode(req.Data(), &r); err != nil || r.ToolID == "" || r.Version == "" || r.Digest == "" {
-		respondError(req, api.NewError(api.InvalidParameters, api.ERequestInvalid, `expected {"tool_id":…, "version":…, "digest":…}`))
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	before, err := h.store.Tool(ctx, r.ToolID, r.Version)
+	m, err := tools.Parse(r.Manifest)
 	if err != nil {
 		respondError(req, err)
-		return
+		return false
 	}
-	p, err := h.store.AcceptToolChange(ctx, r.ToolID, r.Version, r.Digest)
+	if !r.Replace {
+		respondError(req, api.NewError(api.InvalidParameters, api.ERequestInvalid, "accept_digest replaces a version: set replace"))
+		return false
+	}
+	rec, err := h.store.Tool(ctx, m.ID, m.Version)
 	if err != nil {
 		respondError(req, err)
-		return
+		return false
 	}
-	// Answer once this process's registry serves the accepted manifest.
-	for ctx.Err() == nil {
-		if m, err := h.reg.Resolve(r.ToolID, r.Version); err == nil && pinnedOf(m) == r.Digest {
-			break
-		}
-		time.Sleep(2 * time.Millisecond)
+	switch p := rec.Pending; {
+	case p == nil:
+		respondError(req, api.NewError(api.StateConflict, api.EToolChangeNone, "no change of tool %s version %s is held", m.ID, m.Version))
+		return false
+	case p.Digest != r.AcceptDigest || tooldesc.Pinned(r.Manifest) != r.AcceptDigest:
+		e := api.NewError(api.StateConflict, api.EToolChangeDigest,
+			"the change held for tool %s version %s has digest %s, not %s", m.ID, m.Version, p.Digest, r.AcceptDigest)
+		e.Details = map[string]any{"digest": p.Digest}
+		respondError(req, e)
+		return false
 	}
-	h.audited(ctx, req, api.TypeToolChangeAccepted, api.AdminChange{Action: "tools.accept", By: who, Target: r.ToolID + "@" + r.Version,
-		Details: map[string]any{"pinned_digest": tooldesc.Pinned(before.Manifest), "digest": p.Digest, "sent_by": p.RegisteredBy}},
-		api.AcceptRequest{ToolID: r.ToolID, Version: r.Version, Digest: p.Digest})
+	return true
 }
 
 // pinnedOf is the description digest m was imported with.

@@ -65,8 +65,8 @@ func TestControlService(t *testing.T) {
 		t.Fatal("status of an unknown invocation succeeded")
 	}
 	// `nats micro ls` finds the service through the standard discovery subject:
-	// seventeen un-scoped endpoints (models.stats since 1.3; tokens.keys,
-	// receipt and tools.purge since 1.7; tools.accept since 1.8), the tenant-scoped ones
+	// sixteen un-scoped endpoints (models.stats since 1.3; tokens.keys,
+	// receipt and tools.purge since 1.7), the tenant-scoped ones
 	// (subjects.TenantServices), the administrative ones
 	// (subjects.AdminServices) and the re-drive ones.
 	msg, err := e.nc.RequestWithContext(ctx, "$SRV.INFO."+subjects.ServiceName, nil)
@@ -79,7 +79,7 @@ func TestControlService(t *testing.T) {
 			Subject string `json:"subject"`
 		} `json:"endpoints"`
 	}
-	if err := json.Unmarshal(msg.Data, &info); err != nil || info.Name != subjects.ServiceName || len(info.Endpoints) != 17+len(subjects.TenantServices)+len(subjects.AdminServices) {
+	if err := json.Unmarshal(msg.Data, &info); err != nil || info.Name != subjects.ServiceName || len(info.Endpoints) != 16+len(subjects.TenantServices)+len(subjects.AdminServices) {
 		t.Fatalf("service info %s, %v", msg.Data, err)
 	}
 }
