@@ -93,6 +93,20 @@ type ListResponse struct {
 type RegisterRequest struct {
 	Manifest json.RawMessage `json:"manifest"`
 	Replace  bool            `json:"replace,omitempty"`
+	// AcceptDigest accepts the change held for an imported tool's
+	// version: the manifest, sent with replace, is stored if the change
+	// held has this digest and so does the manifest (E3867, E3868).
+	AcceptDigest string `json:"accept_digest,omitempty"`
+}
+
+// PendingChange is a held change of an imported tool, as tools.get shows
+// it beside the served manifest (member pending_change).
+type PendingChange struct {
+	PinnedDigest string          `json:"pinned_digest"`
+	Digest       string          `json:"digest"`
+	By           string          `json:"by,omitempty"`
+	At           time.Time       `json:"at"`
+	Manifest     json.RawMessage `json:"manifest"`
 }
 
 // CancelRequest asks to stop an invocation.

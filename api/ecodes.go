@@ -95,6 +95,23 @@ const (
 	// manifest's action for malicious_code is reject.
 	EOutputMaliciousCode = "E3858"
 	EOutputTooDeep       = "E3859" // a result nested deeper than verify.MaxResultDepth
+	// EToolDescriptionRefused: a tool's description, schema texts or
+	// annotations hold instructions or code aimed at the agent
+	// (internal/tooldesc); details name each field path and detector.
+	EToolDescriptionRefused = "E3865"
+	// EToolDescriptionSecret: a manifest registered with a secret in its
+	// texts (an import redacts them; a hand-written manifest must).
+	EToolDescriptionSecret = "E3866"
+	// EToolChangeNone: an accept (register with accept_digest) of a version
+	// with no change held.
+	EToolChangeNone = "E3867"
+	// EToolChangeDigest: an accept naming another digest than the
+	// change held: the server changed the tool again since it was shown.
+	EToolChangeDigest = "E3868"
+	// EToolChangeHeld: a replace of an imported tool whose server now
+	// says something else about it; the pinned manifest stays served and
+	// the new one waits for an accept (tools accept).
+	EToolChangeHeld = "E3869"
 )
 
 // Capability token, policy and approval codes. E3201-E3208 follow the

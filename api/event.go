@@ -64,6 +64,15 @@ const (
 	TypeToolRegistered      = "ai.agent.admin.tool.registered"
 	TypeToolDeleted         = "ai.agent.admin.tool.deleted"
 	TypeToolPurged          = "ai.agent.admin.tool.purged"
+	// TypeToolRefused: a registration refused for what the tool's texts
+	// hold (E3865, E3866); details.findings name each field and detector.
+	TypeToolRefused = "ai.agent.admin.tool.refused"
+	// TypeToolDescriptionChanged: an imported tool's server lists it with
+	// another digest than the pinned one; the change is held (E3869).
+	TypeToolDescriptionChanged = "ai.agent.admin.tool.description_changed"
+	// TypeToolChangeAccepted: an operator accepted a held change (a
+	// tools.register with accept_digest), in place of tool.registered.
+	TypeToolChangeAccepted = "ai.agent.admin.tool.change_accepted"
 	// TypeStateRefused: a reader ignored a record that changes what calls
 	// may do (a pushed policy) because no operator's signature covers it.
 	TypeStateRefused = "ai.agent.state.refused"

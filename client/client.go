@@ -593,6 +593,33 @@ func (c *Operator) DeleteTool(ctx context.Context, id, version string) (json.Raw
 	return out, err
 }
 
+// AcceptToolChange serves the change held for an imported tool's
+// version (its server changed what it says about the tool): the held
+// manifest, as tools.get shows it, is registered again under c's
+// signature with digest named, which must be the held change's (E3868).
+func (c *Operator) AcceptToolChange(ctx context.Context, id, version, digest string) (api.ToolRequest, error) {
+	doc, err := c.GetTool(ctx, id, version)
+	if err != nil {
+		return api.ToolRequest{}, err
+	}
+	var got struct {
+		Version string             `json:"version"`
+		Pending *api.PendingChange `json:"pending_change"`
+	}
+	if err := json.Unmarshal(doc, &got); err != nil {
+		return api.ToolRequest{}, err
+	}
+	if got.Version != version {
+		return api.ToolRequest{}, api.NewError(api.ToolNotFound, api.EToolNotFound, "%s has no version %s (give the exact version)", id, version)
+	}
+	if got.Pending == nil {
+		return api.ToolRequest{}, api.NewError(api.StateConflict, api.EToolChangeNone, "no change of tool %s version %s is held", id, version)
+	}
+	var out api.ToolRequest
+	err = c.admin(ctx, subjects.SvcToolsRegister, api.RegisterRequest{Manifest: got.Pending.Manifest, Replace: true, AcceptDigest: digest}, &out)
+	return out, err
+}
+
 // PurgeTool deletes one version of a tool for good, manifest and all.
 func (c *Operator) PurgeTool(ctx context.Context, id, version string) error {
 	var out api.ToolRequest
@@ -636,6 +663,8 @@ func (c *Operator) SetLifecycle(ctx context.Context, id, version string, lifecyc
 	if v, _ := m["version"].(string); v != version {
 		return api.ToolRequest{}, api.NewError(api.ToolNotFound, api.EToolNotFound, "%s has no version %s (give the exact version)", id, version)
 	}
+	// Not the manifest's: the change held for an imported tool.
+	delete(m, "pending_change")
 	merged, _ := m["lifecycle"].(map[string]any)
 	if merged == nil {
 		merged = map[string]any{}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/tooldesc"
 	"github.com/toolgate/toolgate/internal/tools"
 	"github.com/toolgate/toolgate/subjects"
 )
@@ -51,6 +52,20 @@ type ToolRecord struct {
 	// manifest stays as registered (and signed), and readers serve it
 	// with lifecycle state removed.
 	Removal *ToolRemoval `json:"removal,omitempty"`
+	// Pending is a change of an imported tool held until an operator
+	// accepts it: readers serve Manifest, never this.
+	Pending *ToolPending `json:"pending,omitempty"`
+}
+
+// ToolPending is a manifest an operator's replace sent whose server now
+// lists the tool otherwise than the pinned manifest's digest says, with
+// that signed request, kept for AcceptToolChange.
+type ToolPending struct {
+	Manifest     json.RawMessage    `json:"manifest"`
+	Digest       string             `json:"digest"`
+	RegisteredBy string             `json:"registered_by,omitempty"`
+	Proof        *api.DecisionProof `json:"proof,omitempty"`
+	At           time.Time          `json:"at"`
 }
 
 // ToolRemoval records who removed a tool version and when, with the signed
@@ -95,10 +110,17 @@ func (s *Store) RegisterSignedTool(ctx context.Context, doc []byte, replace bool
 	}
 	key := toolKey(m.ID, m.Version)
 	created := m.Lifecycle.CreatedAt
-	if created.IsZero() && replace {
+	// A change held for the version outlives a replace that is not it (a
+	// lifecycle move); one that stores it (its accept) ends it.
+	var pending *ToolPending
+	if replace {
 		if e, err := s.tools.Get(ctx, key); err == nil {
-			if old, err := tools.Parse(decodeToolRecord(e.Value()).Manifest); err == nil {
+			rec := decodeToolRecord(e.Value())
+			if old, err := tools.Parse(rec.Manifest); err == nil && created.IsZero() {
 				created = old.Lifecycle.CreatedAt
+			}
+			if rec.Pending != nil && rec.Pending.Digest != tooldesc.Pinned(doc) {
+				pending = rec.Pending
 			}
 		}
 	}
@@ -110,8 +132,8 @@ func (s *Store) RegisterSignedTool(ctx context.Context, doc []byte, replace bool
 		return nil, err
 	}
 	val := doc
-	if proof != nil {
-		if val, err = json.Marshal(ToolRecord{Manifest: doc, RegisteredBy: by, Proof: proof}); err != nil {
+	if proof != nil || pending != nil {
+		if val, err = json.Marshal(ToolRecord{Manifest: doc, RegisteredBy: by, Proof: proof, Pending: pending}); err != nil {
 			return nil, err
 		}
 	}
@@ -194,6 +216,62 @@ func (s *Store) RemoveTool(ctx context.Context, id, version string, r ToolRemova
 		return ParseToolRecord(rec)
 	}
 	return nil, fmt.Errorf("removing tool %s@%s: %w", id, version, ErrContention)
+}
+
+// Tool is the stored record of one version of a tool.
+func (s *Store) Tool(ctx context.Context, id, version string) (ToolRecord, error) {
+	e, err := s.tools.Get(ctx, toolKey(id, version))
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return ToolRecord{}, api.NewError(api.ToolNotFound, api.EToolNotFound, "no tool %s version %s", id, version)
+	}
+	if err != nil {
+		return ToolRecord{}, err
+	}
+	return decodeToolRecord(e.Value()), nil
+}
+
+// HoldToolChange keeps p beside the stored manifest of id@version, which
+// readers go on serving, replacing any change held before.
+func (s *Store) HoldToolChange(ctx context.Context, id, version string, p ToolPending) error {
+	var err error
+	if p.Manifest, err = tools.Native(p.Manifest); err != nil {
+		return err
+	}
+	return s.updateTool(ctx, id, version, func(rec *ToolRecord) error {
+		rec.Pending = &p
+		return nil
+	})
+}
+
+// updateTool changes the stored record of id@version by compare-and-swap.
+func (s *Store) updateTool(ctx context.Context, id, version string, change func(*ToolRecord) error) error {
+	key := toolKey(id, version)
+	for range casAttempts {
+		e, err := s.tools.Get(ctx, key)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			return api.NewError(api.ToolNotFound, api.EToolNotFound, "no tool %s version %s", id, version)
+		}
+		if err != nil {
+			return err
+		}
+		rec := decodeToolRecord(e.Value())
+		if err := change(&rec); err != nil {
+			return err
+		}
+		val, err := json.Marshal(rec)
+		if err != nil {
+			return err
+		}
+		_, err = s.tools.Update(ctx, key, val, e.Revision())
+		if errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("updating tool %s@%s: %w", id, version, err)
+		}
+		return nil
+	}
+	return fmt.Errorf("updating tool %s@%s: %w", id, version, ErrContention)
 }
 
 // PurgeTool deletes one version of a tool for good, with its history in

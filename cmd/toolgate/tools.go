@@ -13,7 +13,9 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/detect"
 	"github.com/toolgate/toolgate/internal/sandbox"
+	"github.com/toolgate/toolgate/internal/tooldesc"
 	"github.com/toolgate/toolgate/internal/tools"
 	"github.com/toolgate/toolgate/stages/execute/mcptool"
 )
@@ -21,12 +23,12 @@ import (
 func (a *app) toolsCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "tools",
-		Short: "Manage the tool registry: list, search, stats, get, init, register, deprecate, sunset, delete, purge, import-mcp",
+		Short: "Manage the tool registry: list, search, stats, get, init, register, deprecate, sunset, delete, purge, import-mcp, accept",
 		Args:  subcommand,
 		RunE:  func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 	}
 	cmd.AddCommand(a.toolsListCmd(), a.toolsSearchCmd(), a.toolsStatsCmd(), a.toolsGetCmd(), a.toolsInitCmd(), a.toolsRegisterCmd(),
-		a.toolsLifecycleCmd(tools.StateDeprecated), a.toolsLifecycleCmd(tools.StateSunset), a.toolsDeleteCmd(), a.toolsPurgeCmd(), a.importMCPCmd())
+		a.toolsLifecycleCmd(tools.StateDeprecated), a.toolsLifecycleCmd(tools.StateSunset), a.toolsDeleteCmd(), a.toolsPurgeCmd(), a.importMCPCmd(), a.toolsAcceptCmd())
 	return cmd
 }
 
@@ -278,6 +280,36 @@ func (a *app) toolsDeleteCmd() *cobra.Command {
 	}
 }
 
+func (a *app) toolsAcceptCmd() *cobra.Command {
+	var digest string
+	cmd := &cobra.Command{
+		Use:   "accept ID VERSION | ID@VERSION --digest D",
+		Short: "Serve the change an imported tool's server made, held since its import saw it (tools get shows it)",
+		Args:  toolVersionArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if digest == "" {
+				return usageErr("tools accept: --digest is required: the held change's, as tools get shows it")
+			}
+			id, version := toolVersion(args)
+			c, closeFn, err := a.adminClient()
+			if err != nil {
+				return err
+			}
+			defer closeFn()
+			out, err := c.AcceptToolChange(cmd.Context(), id, version, digest)
+			if err != nil {
+				return err
+			}
+			return a.emit(out, func(w io.Writer) error {
+				_, err := fmt.Fprintf(w, "accepted %s@%s %s\n", out.ToolID, out.Version, digest)
+				return err
+			})
+		},
+	}
+	cmd.Flags().StringVar(&digest, "digest", "", "digest of the held change (pending_change.digest of tools get)")
+	return cmd
+}
+
 func (a *app) toolsPurgeCmd() *cobra.Command {
 	return &cobra.Command{
 		Use:   "purge ID VERSION | ID@VERSION",
@@ -437,11 +469,29 @@ func (a *app) importMCPCmd() *cobra.Command {
 			ctx := cmd.Context()
 			lctx, cancel := context.WithTimeout(ctx, time.Minute)
 			defer cancel()
+			if err := tooldesc.CheckMode(o.Descriptions); err != nil {
+				return usageErr("--descriptions: %v", err)
+			}
 			docs, err := k.Manifests(lctx, o)
 			if err != nil {
 				return err
 			}
+			// A tool the registry will refuse for its texts goes first, so
+			// that nothing of the server is registered (and the refusal is
+			// audited); a dry run refuses it here.
+			var refused, clean [][]byte
+			for _, d := range docs {
+				if len(refusedTexts(d)) > 0 {
+					refused = append(refused, d)
+				} else {
+					clean = append(clean, d)
+				}
+			}
+			docs = append(refused, clean...)
 			if dryRun {
+				if len(refused) > 0 {
+					return tooldesc.Refusal(toolID(refused[0]), refusedTexts(refused[0]))
+				}
 				for _, d := range docs {
 					fmt.Fprintln(a.stdout, string(d))
 				}
@@ -453,8 +503,16 @@ func (a *app) importMCPCmd() *cobra.Command {
 			}
 			defer closeFn()
 			var done []api.ToolRequest
+			var held error
 			for _, d := range docs {
 				out, err := c.RegisterTool(ctx, d, replace)
+				var te *api.Error
+				if errors.As(err, &te) && te.ECode == api.EToolChangeHeld {
+					// The pinned text stays served; the others go on.
+					fmt.Fprintf(a.stderr, "held %s: %s\n", toolID(d), te.Message)
+					held = err
+					continue
+				}
 				if err != nil {
 					return err
 				}
@@ -462,6 +520,9 @@ func (a *app) importMCPCmd() *cobra.Command {
 				if !a.json {
 					fmt.Fprintf(a.stdout, "registered %s@%s\n", out.ToolID, out.Version)
 				}
+			}
+			if held != nil {
+				return held
 			}
 			if a.json {
 				return a.printJSON(done)
@@ -484,8 +545,21 @@ func (a *app) importMCPCmd() *cobra.Command {
 	f.StringArrayVar(&env, "env", nil, "KEY=VALUE in the server's environment (repeatable)")
 	f.StringVar(&fileRoot, "file-root", ".", "directory --grant paths are under, as for serve --file-root")
 	f.StringVar(&sandboxMode, "sandbox", sandbox.ModeBwrap, "how the server runs while its tools are listed: bwrap or none")
-	f.BoolVar(&replace, "replace", false, "replace tools already registered at this version")
+	f.StringVar(&o.Descriptions, "descriptions", tooldesc.Refuse, "what becomes of text aimed at the agent in a tool's description, schemas or annotations: refuse (the tool is not registered), sanitise (replaced by a marker) or flag (kept, marked, shown with a warning); secrets are redacted whatever it says")
+	f.BoolVar(&replace, "replace", false, "replace tools already registered at this version (a tool whose server lists it otherwise than at its import is held until tools accept)")
 	f.BoolVar(&dryRun, "dry-run", false, "print the manifests instead of registering them")
 	_ = cmd.MarkFlagRequired("server")
 	return cmd
+}
+
+// refusedTexts is what the registry would refuse in manifest doc's texts.
+func refusedTexts(doc []byte) []tooldesc.Finding {
+	bad, _ := tooldesc.Check(detect.Default(), doc)
+	return bad
+}
+
+func toolID(doc []byte) string {
+	var m struct{ ID string }
+	_ = json.Unmarshal(doc, &m)
+	return m.ID
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/toolgate/toolgate/internal/approval"
 	"github.com/toolgate/toolgate/internal/policy"
 	"github.com/toolgate/toolgate/internal/runner"
+	"github.com/toolgate/toolgate/internal/tooldesc"
 	"github.com/toolgate/toolgate/internal/tools"
 	"github.com/toolgate/toolgate/kvstore"
 	"github.com/toolgate/toolgate/stages"
@@ -47,8 +48,11 @@ import (
 // unless its token is a tenant reader's; results are published on
 // tool.result.<tenant>.<agent>.<id>. 1.7: tokens.keys, operators' and
 // tenant-scoped, the public key set tokens are verified with;
-// policy.reset, which removes the pushed policy.
-const Version = "1.7.0"
+// policy.reset, which removes the pushed policy. 1.8: tools.register
+// refuses texts aimed at the agent (E3865, E3866), holds the change of an
+// imported tool whose server lists it otherwise (E3869), which operators'
+// tools.get shows, and stores it on a register naming its accept_digest.
+const Version = "1.8.0"
 
 // Start adds the service to nc. Stop it with the returned service's Stop.
 // approvals may be nil: the approval endpoint then is not served.
@@ -128,6 +132,8 @@ type store interface {
 	ModelStatsTTL() time.Duration
 	SaveCapability(ctx context.Context, r api.CapabilityReport) error
 	Capability(ctx context.Context, tenant, id string) (api.CapabilityReport, error)
+	Tool(ctx context.Context, id, version string) (kvstore.ToolRecord, error)
+	HoldToolChange(ctx context.Context, id, version string, p kvstore.ToolPending) error
 	checkpointStore
 }
 
@@ -409,7 +415,9 @@ func (h *handlers) doBudget(r api.BudgetRequest, _ viewer) (any, error) {
 	return u.Status(r.TenantID, r.Session, r.Limits, time.Now()), nil
 }
 
-func (h *handlers) get(req micro.Request) {
+// get answers a tool's manifest; operators (pending true) also see the
+// change held for an imported tool, which agents must not read.
+func (h *handlers) get(req micro.Request, pending bool) {
 	var r api.ToolRequest
 	if err := decode(req.Data(), &r); err != nil || r.ToolID == "" {
 		respondError(req, api.NewError(api.InvalidParameters, api.ERequestInvalid, "expected {\"tool_id\":…}"))
@@ -418,6 +426,15 @@ func (h *handlers) get(req micro.Request) {
 	m, err := h.reg.Resolve(r.ToolID, r.Version)
 	if err != nil {
 		respondError(req, err)
+		return
+	}
+	if p := h.pendingChange(m); pending && p != nil {
+		doc, err := withPending(m, p)
+		if err != nil {
+			respondError(req, err)
+			return
+		}
+		_ = req.Respond(doc)
 		return
 	}
 	_ = req.RespondJSON(m)
@@ -452,6 +469,9 @@ func (h *handlers) register(req micro.Request) {
 			return
 		}
 	}
+	if !h.textsAdmitted(ctx, req, who, r) || !h.acceptable(ctx, req, r) || h.holdChange(ctx, req, who, r, proof) {
+		return
+	}
 	m, err := h.store.RegisterSignedTool(ctx, r.Manifest, r.Replace, who, proof)
 	if err != nil {
 		respondError(req, err)
@@ -462,8 +482,19 @@ func (h *handlers) register(req micro.Request) {
 	for !h.holds(m) && ctx.Err() == nil {
 		time.Sleep(2 * time.Millisecond)
 	}
-	h.audited(ctx, req, api.TypeToolRegistered,
-		api.AdminChange{Action: "tools.register", By: who, Target: m.ID + "@" + m.Version, Details: map[string]any{"replace": r.Replace}},
+	details := map[string]any{"replace": r.Replace}
+	if d := tooldesc.Pinned(r.Manifest); d != "" {
+		details["description_digest"] = d
+	}
+	if fs := tooldesc.Recorded(r.Manifest); len(fs) > 0 {
+		details["description_findings"] = fs
+	}
+	typ := api.TypeToolRegistered
+	if r.AcceptDigest != "" {
+		typ, details["accepted_digest"] = api.TypeToolChangeAccepted, r.AcceptDigest
+	}
+	h.audited(ctx, req, typ,
+		api.AdminChange{Action: "tools.register", By: who, Target: m.ID + "@" + m.Version, Details: details},
 		api.ToolRequest{ToolID: m.ID, Version: m.Version})
 }
 

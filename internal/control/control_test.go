@@ -136,7 +136,7 @@ func TestHandlers(t *testing.T) {
 					t.Fatal("a manifest its kind refused was registered")
 				}
 			}},
-		{name: "get an unknown tool", handler: func(h *handlers) micro.HandlerFunc { return h.get },
+		{name: "get an unknown tool", handler: func(h *handlers) micro.HandlerFunc { return func(r micro.Request) { h.get(r, true) } },
 			data: `{"tool_id":"nope"}`, wantECode: api.EToolNotFound},
 		{name: "list filters by category", handler: func(h *handlers) micro.HandlerFunc { return func(r micro.Request) { h.search(r, "") } },
 			data: `{"category":"none-such"}`,
@@ -190,6 +190,12 @@ func TestHandlers(t *testing.T) {
 }
 
 func (f *fakeStore) PurgeTool(context.Context, string, string) error { return nil }
+func (f *fakeStore) Tool(context.Context, string, string) (kvstore.ToolRecord, error) {
+	return kvstore.ToolRecord{}, api.NewError(api.ToolNotFound, api.EToolNotFound, "no such tool")
+}
+func (f *fakeStore) HoldToolChange(context.Context, string, string, kvstore.ToolPending) error {
+	return nil
+}
 func (f *fakeStore) RemoveTool(context.Context, string, string, kvstore.ToolRemoval) (*tools.Manifest, error) {
 	return nil, nil
 }

@@ -27,7 +27,10 @@ func (h *handlers) endpoints() map[string]handler {
 			operator: func(req micro.Request) { h.search(req, "") },
 			scoped:   func(tenant string, req micro.Request) { h.search(req, tenant) },
 		},
-		subjects.SvcToolsGet:          {operator: h.get, scoped: func(_ string, req micro.Request) { h.get(req) }},
+		subjects.SvcToolsGet: {
+			operator: func(req micro.Request) { h.get(req, true) },
+			scoped:   func(_ string, req micro.Request) { h.get(req, false) },
+		},
 		subjects.SvcBudget:            h.budget().handler(),
 		subjects.SvcApprovalsList:     h.listApprovals().handler(),
 		subjects.SvcApprovalsGet:      h.getApproval().handler(),

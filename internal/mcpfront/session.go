@@ -2,6 +2,7 @@ package mcpfront
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -102,7 +103,14 @@ func grants(c *token.Claims, m *tools.Manifest) bool {
 
 // signature changes whenever what tools/list shows of m changes.
 func signature(m *tools.Manifest) string {
-	return m.Key() + "|" + m.Lifecycle.State + "|" + m.Lifecycle.DeprecatedInFavorOf
+	// The whole manifest: a version replaced (an imported tool's accepted
+	// change) keeps its key, and updated_at is to the second.
+	b, err := json.Marshal(m)
+	if err != nil {
+		return m.Key() + "|" + m.Lifecycle.State + "|" + m.Lifecycle.DeprecatedInFavorOf
+	}
+	sum := sha256.Sum256(b)
+	return string(sum[:])
 }
 
 // ToolName is the MCP name of a tool id: the id with every character MCP

@@ -12,7 +12,9 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/detect"
 	"github.com/toolgate/toolgate/internal/envelope"
+	"github.com/toolgate/toolgate/internal/tooldesc"
 	"github.com/toolgate/toolgate/internal/tools"
 	"github.com/toolgate/toolgate/schemas"
 )
@@ -37,6 +39,11 @@ type Import struct {
 	Hosts          []tools.NetworkPermission
 	MaxConcurrency int
 	TimeoutMS      int64
+	// Descriptions is what becomes of instructions aimed at the agent in
+	// a tool's texts (tooldesc.Refuse, Sanitise or Flag; default Refuse:
+	// the registry then refuses the tool, E3865). Secrets are redacted
+	// whatever it says.
+	Descriptions string
 }
 
 // DefaultImportRisk is the risk of imported tools when the operator names
@@ -139,8 +146,15 @@ func (o Import) manifest(t *mcp.Tool) ([]byte, error) {
 			return nil, err
 		}
 	}
+	// The pin is of the tool exactly as the server listed it, before
+	// anything here shortened or sanitised it.
+	digest, err := tooldesc.Digest(t)
+	if err != nil {
+		return nil, err
+	}
 	spec := Spec{Server: o.Server, Tool: t.Name, Command: o.Command, Env: o.Env, ReadOnlyPaths: o.ReadOnlyPaths,
-		Network: o.Network, URL: o.URL, MaxConcurrency: o.MaxConcurrency, ServerAnnotations: annotations}
+		Network: o.Network, URL: o.URL, MaxConcurrency: o.MaxConcurrency, ServerAnnotations: annotations,
+		DescriptionDigest: digest}
 	rawSpec, err := json.Marshal(spec)
 	if err != nil {
 		return nil, err
@@ -170,7 +184,45 @@ func (o Import) manifest(t *mcp.Tool) ([]byte, error) {
 		Limits:      tools.Limits{TimeoutMS: o.TimeoutMS},
 		Permissions: tools.Permissions{Filesystem: o.Filesystem, Network: o.Hosts},
 	}
-	return json.Marshal(m.WithSpec(rawSpec))
+	doc, err := json.Marshal(m.WithSpec(rawSpec))
+	if err != nil {
+		return nil, err
+	}
+	return guard(doc, spec, cmp.Or(o.Descriptions, tooldesc.Refuse))
+}
+
+// guard applies the description mode to a tool's manifest and records in
+// its mcp object what was found and done. Under Refuse what it finds is
+// left for the registry to refuse (and audit), secrets excepted.
+func guard(doc []byte, spec Spec, mode string) ([]byte, error) {
+	out, fs, err := tooldesc.Apply(detect.Default(), doc, mode)
+	if err != nil {
+		return nil, err
+	}
+	for _, f := range fs {
+		if f.Action != "" {
+			spec.DescriptionFindings = append(spec.DescriptionFindings, f)
+		}
+	}
+	if len(spec.DescriptionFindings) == 0 {
+		return out, nil
+	}
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(out, &m); err != nil {
+		return nil, err
+	}
+	// The mcp object as sanitised, with the record added.
+	var applied map[string]json.RawMessage
+	if err := json.Unmarshal(m["mcp"], &applied); err != nil {
+		return nil, err
+	}
+	if applied["description_findings"], err = json.Marshal(spec.DescriptionFindings); err != nil {
+		return nil, err
+	}
+	if m["mcp"], err = json.Marshal(applied); err != nil {
+		return nil, err
+	}
+	return json.Marshal(m)
 }
 
 func schemaOf(v any, fallback string) (json.RawMessage, error) {

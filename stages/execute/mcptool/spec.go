@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/tooldesc"
 	"github.com/toolgate/toolgate/internal/tools"
 	"net/url"
 	"path/filepath"
@@ -40,6 +41,13 @@ type Spec struct {
 	// (readOnlyHint, destructiveHint, ...) when it was imported. Nothing
 	// reads it for a decision: a server's claims about itself are hints.
 	ServerAnnotations json.RawMessage `json:"server_annotations,omitempty"`
+	// DescriptionDigest pins what the server listed at import
+	// (tooldesc.Digest of its tool): a later import that sees another is
+	// held until an operator accepts it.
+	DescriptionDigest string `json:"description_digest,omitempty"`
+	// DescriptionFindings records what the import's scan of the server's
+	// texts found and did (sanitised, redacted, flagged).
+	DescriptionFindings []tooldesc.Finding `json:"description_findings,omitempty"`
 }
 
 // DefaultConcurrency is the calls in flight per server when the manifest
