@@ -190,7 +190,11 @@ func TestGitleaksYardstick(t *testing.T) {
 		_, err := v.Process(context.Background(), inv)
 		if err != nil || string(inv.Result) != string(canonical(res)) {
 			changed++
-			t.Logf("fp changed: %q", fp)
+			var rules []string
+			for _, f := range inv.Findings {
+				rules = append(rules, f.Rule)
+			}
+			t.Logf("fp changed by %s: %q", strings.Join(rules, ","), fp)
 		}
 	}
 	t.Logf("gitleaks false positives changed: %s", ratio(changed, len(fps)))
