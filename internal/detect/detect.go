@@ -100,6 +100,10 @@ type Rule struct {
 	// name of the member holding it, say it is something else (an order
 	// number, an ISBN, a timestamp).
 	NotNear []string `json:"not_near,omitempty"`
+	// NotNamed are lower-case words that, in the name a match follows
+	// (the identifier just before it) or in the JSON member holding it,
+	// say its value is no credential: a CSRF token, a public token.
+	NotNamed []string `json:"not_named,omitempty"`
 	// Transformed runs the rule also on the text reversed, unspaced and
 	// ROT13-decoded: for shapes that do not occur there by chance.
 	Transformed bool `json:"transformed,omitempty"`
