@@ -443,12 +443,12 @@ func deTaxID(s string) bool {
 	return check == int(d[10]-'0')
 }
 
-// googleAPIKey wants exactly AIza and 35 more characters (the pattern takes
-// a longer run whole, so that a key-shaped prefix of a longer word is not
-// taken for a key) that are not one character repeated: gitleaks' entropy
-// floor of 4 bits, less a margin for short keys.
+// googleAPIKey wants AIza and 35 more characters, or a few more (a key
+// mistyped or with a suffix), but not a run so long that AIza only begins a
+// longer string (the pattern takes a run whole), and not one character
+// repeated: gitleaks' entropy floor of 4 bits, less a margin.
 func googleAPIKey(s string) bool {
-	return len(s) == 39 && shannon(s) >= 3.5
+	return len(s) >= 39 && len(s) <= 42 && shannon(s) >= 3.5
 }
 
 // aiKey confirms an OpenAI-style key by entropy. An Anthropic one (sk-ant-)
