@@ -135,14 +135,14 @@ type compiled struct {
 	// underscore says the pattern begins with (?:\b|_): it may also
 	// begin inside a word, at an underscore (DB_PASSWORD).
 	underscore bool
-	span      int // maxSpan of the pattern, 0 if unbounded
+	span       int // maxSpan of the pattern, 0 if unbounded
 	// witness is, for an unbounded pattern, how far a match must reach
 	// for the matcher to have seen one (witnessSpan), 0 if unknown.
 	witness int
 	// first is firstBytes of the pattern: where an anchored rule can start.
 	first *[256]bool
 	// tail is the run every match ends in (tailRun), for anchored rules.
-	tail *tailRun
+	tail  *tailRun
 	allow []*regexp.Regexp
 }
 
