@@ -316,24 +316,35 @@ func (c *compiled) findAt(s string, ps, also []int, out []Finding) []Finding {
 		// Only as much text as a match can span: the matcher's setup cost
 		// grows with its input. An unbounded match is looked for first in
 		// as much text as shows one, then in more while it runs to the end.
-		end := len(s)
+		limit := len(s)
 		if c.Lines {
 			if i := strings.IndexByte(s[p:], '\n'); i >= 0 {
-				end = p + i
+				limit = p + i
 			}
 		}
-		if c.tail != nil && !c.tail.within(s[p:end]) {
-			continue
+		var loc []int
+		if c.tail != nil {
+			// Most matches end in the first run of the tail: the text up
+			// to its end first, the rest only if that holds none.
+			e := c.tail.first(s[p:limit])
+			if e < 0 {
+				continue
+			}
+			// A run that ended holds the whole of a match ending in it.
+			if e += p; e == limit || !c.tail.set[s[e]] {
+				loc = c.findFrom(s, p, e, e)
+			} else {
+				loc = c.findFrom(s, p, e, limit)
+			}
 		}
-		if c.span > 0 {
-			end = min(end, p+c.span)
-		} else if c.witness > 0 && !c.Lines {
-			end = min(len(s), p+c.witness)
-		}
-		loc := c.at.FindStringIndex(s[p:end])
-		for c.span == 0 && !c.Lines && loc != nil && p+loc[1] == end && end < len(s) {
-			end = min(len(s), p+4*(end-p))
-			loc = c.at.FindStringIndex(s[p:end])
+		if loc == nil {
+			end := limit
+			if c.span > 0 {
+				end = min(limit, p+c.span)
+			} else if c.witness > 0 {
+				end = min(limit, p+c.witness)
+			}
+			loc = c.findFrom(s, p, end, limit)
 		}
 		if loc == nil {
 			continue
@@ -361,6 +372,17 @@ func (c *compiled) findAt(s string, ps, also []int, out []Finding) []Finding {
 // cannot begin at p, inside a word.
 func (c *compiled) midWord(s string, p int) bool {
 	return c.wordStart && p > 0 && isWord(s[p-1]) && isWord(s[p]) && !(c.underscore && s[p] == '_')
+}
+
+// findFrom matches the anchored rule at p in s[p:end], widening end up to
+// limit while the match runs to it (an unbounded match may go on).
+func (c *compiled) findFrom(s string, p, end, limit int) []int {
+	loc := c.at.FindStringIndex(s[p:end])
+	for c.span == 0 && loc != nil && p+loc[1] == end && end < limit {
+		end = min(limit, p+4*(end-p))
+		loc = c.at.FindStringIndex(s[p:end])
+	}
+	return loc
 }
 
 // near reports whether a sorted position of ps lies in [from, to).
@@ -500,20 +522,24 @@ func (t *tailRun) add(re *syntax.Regexp, head int) bool {
 	return false
 }
 
-// within reports whether s, from a match's start, holds a run of the tail
-// beginning within its head.
-func (t *tailRun) within(s string) bool {
+// first returns where the first run of the tail in s (from a match's
+// start) that begins within the head ends, or reach bytes past its least
+// length if it goes on; -1 if there is none.
+func (t *tailRun) first(s string) int {
 	run := 0
 	for i := 0; i < len(s); i++ {
 		if t.set[s[i]] {
 			if run++; run >= t.min {
-				return true
+				for stop := min(len(s), i+reach); i < stop && t.set[s[i]]; {
+					i++
+				}
+				return i
 			}
 		} else if run = 0; i >= t.head {
-			return false
+			return -1
 		}
 	}
-	return false
+	return -1
 }
 
 // witnessSpan is, for a pattern whose only unbounded parts end its
