@@ -36,8 +36,8 @@ func cpuTime() time.Duration {
 // of the text, a window that grows with the text) takes sixteen times as
 // long, a linear one four. Findings stay within the text.
 func TestScanIsLinear(t *testing.T) {
-	if testing.Short() {
-		t.Skip("scans 25 MiB")
+	if testing.Short() || raceEnabled {
+		t.Skip("scans 25 MiB and times them")
 	}
 	e := Default()
 	fastest := func(s string) time.Duration {
