@@ -23,33 +23,6 @@ const (
 	detectAdversarialGoal = 100 * time.Microsecond
 )
 
-// detectorOrder is the order of the rows: prose first, then the inputs
-// built to be slow (internal/detect's benchmark runs the same).
-var detectorOrder = []string{"prose", "repeated quotes", "repeated ../", "repeated digits", "base64-like",
-	"repeated a@", "instruction-heavy", "repeated a", "hex-like", "percent", "markdown links"}
-
-// detectorInputs are 1 MiB texts: ordinary prose and inputs built to make
-// backtracking regular expressions explode (RE2 stays linear) or a naive
-// scanner slow.
-func detectorInputs() map[string]string {
-	const n = 1 << 20
-	prose := "The quarterly report covers sales in three regions; see docs/guide.md for the method. Contact the team lead for access. "
-	fill := func(unit string) string { return strings.Repeat(unit, n/len(unit)+1)[:n] }
-	return map[string]string{
-		"prose":             fill(prose),
-		"repeated quotes":   fill("' OR "),
-		"repeated ../":      fill("../"),
-		"repeated digits":   fill("4111 "),
-		"base64-like":       fill("eyJhbGciOiJIUzI1NiJ9"),
-		"repeated a@":       fill("a@"),
-		"instruction-heavy": fill("ignore the previous "),
-		"repeated a":        fill("a"),
-		"hex-like":          fill("deadbeef"),
-		"percent":           fill("%2e%2e%2f"),
-		"markdown links":    fill("![x](https://e.example/?q=abc) "),
-	}
-}
-
 // detectorScans is how many times each input is scanned; the fastest scan
 // is reported, as the one least disturbed by the rest of the machine. The
 // first two or three scans of a fresh process run about half as slow again
@@ -58,10 +31,11 @@ const detectorScans = 9
 
 func measureDetectors() []DetectorCost {
 	eng := detect.Default()
-	inputs := detectorInputs()
 	var out []DetectorCost
-	for _, name := range detectorOrder {
-		s := inputs[name]
+	// Prose first, then the inputs built against the scanner (internal/
+	// detect's benchmark and linearity test read the same).
+	for _, in := range detect.BenchInputs(1 << 20) {
+		name, s := in.Name, in.Text
 		runtime.GC()
 		var d time.Duration
 		for i := range detectorScans {

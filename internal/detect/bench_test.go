@@ -2,52 +2,67 @@ package detect
 
 import (
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 )
 
-// benchInputs are 1 MiB texts: ordinary prose and inputs built to make
-// backtracking regular expressions or a naive scanner slow. They mirror
-// internal/bench's detector inputs.
-func benchInputs() map[string]string {
-	const n = 1 << 20
-	prose := "The quarterly report covers sales in three regions; see docs/guide.md for the method. Contact the team lead for access. "
-	fill := func(unit string) string { return strings.Repeat(unit, n/len(unit)+1)[:n] }
-	return map[string]string{
-		"prose":             fill(prose),
-		"repeated quotes":   fill("' OR "),
-		"repeated ../":      fill("../"),
-		"repeated digits":   fill("4111 "),
-		"base64-like":       fill("eyJhbGciOiJIUzI1NiJ9"),
-		"repeated a@":       fill("a@"),
-		"instruction-heavy": fill("ignore the previous "),
-		"repeated a":        fill("a"),
-		"hex-like":          fill("deadbeef"),
-		"percent":           fill("%2e%2e%2f"),
-		"markdown links":    fill("![x](https://e.example/?q=abc) "),
-		// Against the split, labelled-line, escape, token-name, e-mail,
-		// MRZ and code rules and forms.
-		"html":              fill(`<div class="a"><<x>></div> `),
-		"token assignments": fill("xToken = abcdefgh1 "),
-		"dash groups":       fill("ghp_-ab1-"),
-		"quoted pieces":     fill(`"ab1" "cd2" + `),
-		"labelled lines":    fill("token part: ab1\n"),
-		"escapes":           fill(`\u0041\x42`),
-		"spelled e-mails":   fill("a.b at c dot "),
-		"download pipes":    fill("curl x | "),
-		"dates of birth":    fill("DOB 01/02/1990 "),
-	}
-}
-
-// BenchmarkDetectors reports µs per KiB of all detectors on each input.
+// BenchmarkDetectors reports µs per KiB of all detectors on each 1 MiB
+// input of BenchInputs (make bench prints the same rows).
 func BenchmarkDetectors(b *testing.B) {
 	e := Default()
-	for name, s := range benchInputs() {
-		b.Run(strings.ReplaceAll(name, " ", "_"), func(b *testing.B) {
+	for _, in := range BenchInputs(1 << 20) {
+		s := in.Text
+		b.Run(strings.ReplaceAll(in.Name, " ", "_"), func(b *testing.B) {
 			b.SetBytes(int64(len(s)))
 			for b.Loop() {
 				e.Scan(s)
 			}
 			b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N)/float64(len(s)/1024), "µs/KiB")
 		})
+	}
+}
+
+// cpuTime is the process's user and system time, which the load of a
+// shared machine moves less than the wall clock.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// TestScanIsLinear scans each input of BenchInputs at 256 KiB and at four
+// times that: a scan that goes quadratic (a loop per keyword over the rest
+// of the text, a window that grows with the text) takes sixteen times as
+// long, a linear one four. Findings stay within the text.
+func TestScanIsLinear(t *testing.T) {
+	if testing.Short() || raceEnabled {
+		t.Skip("scans 25 MiB and times them")
+	}
+	e := Default()
+	fastest := func(s string) time.Duration {
+		var best time.Duration
+		for i := range 3 {
+			start := cpuTime()
+			for _, f := range e.Scan(s) {
+				if f.Offset < 0 || f.Offset+f.Length > len(s) {
+					t.Fatalf("finding out of bounds %+v", f)
+				}
+			}
+			if d := cpuTime() - start; i == 0 || d < best {
+				best = d
+			}
+		}
+		return best
+	}
+	small, large := BenchInputs(1<<18), BenchInputs(1<<20)
+	for i := range small {
+		a, b := fastest(small[i].Text), fastest(large[i].Text)
+		t.Logf("%-18s %6.1f µs/KiB at 256 KiB, %6.1f at 1 MiB", small[i].Name,
+			float64(a.Microseconds())/256, float64(b.Microseconds())/1024)
+		// CPU time is counted in ticks: a few milliseconds are noise.
+		if b > 8*a+20*time.Millisecond {
+			t.Errorf("%s: %v for 1 MiB, %v for 256 KiB: not linear", small[i].Name, b, a)
+		}
 	}
 }

@@ -147,6 +147,7 @@ func (e *Engine) keep(s, key string, fs []Finding) []Finding {
 		m := s[f.Offset : f.Offset+f.Length]
 		if c != nil && (matchesAny(c.allow, m) || matchesAny(e.allow[c.Detector], m) ||
 			len(c.NotNear) > 0 && notNear(s, f.Offset, key, c.NotNear) ||
+			len(c.NotNamed) > 0 && notNamed(s, f.Offset, key, c.NotNamed) ||
 			c.Discussed && discussed(s, f.Offset)) {
 			continue
 		}
@@ -173,6 +174,23 @@ func notNear(s string, at int, key string, words []string) bool {
 	k := asciiLower(key)
 	for _, w := range words {
 		if strings.Contains(before, w) || k != "" && strings.Contains(k, w) {
+			return true
+		}
+	}
+	return false
+}
+
+// notNamed reports whether one of words occurs in the identifier that ends
+// where the match begins (authenticity_token, publicToken, csrf-token) or in
+// the member name key.
+func notNamed(s string, at int, key string, words []string) bool {
+	from := at
+	for from > 0 && at-from < 64 && (isWord(s[from-1]) || s[from-1] == '-' || s[from-1] == '.') {
+		from--
+	}
+	name, k := asciiLower(s[from:at]), asciiLower(key)
+	for _, w := range words {
+		if strings.Contains(name, w) || strings.Contains(k, w) {
 			return true
 		}
 	}

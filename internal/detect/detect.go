@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -100,6 +101,10 @@ type Rule struct {
 	// name of the member holding it, say it is something else (an order
 	// number, an ISBN, a timestamp).
 	NotNear []string `json:"not_near,omitempty"`
+	// NotNamed are lower-case words that, in the name a match follows
+	// (the identifier just before it) or in the JSON member holding it,
+	// say its value is no credential: a CSRF token, a public token.
+	NotNamed []string `json:"not_named,omitempty"`
 	// Transformed runs the rule also on the text reversed, unspaced and
 	// ROT13-decoded: for shapes that do not occur there by chance.
 	Transformed bool `json:"transformed,omitempty"`
@@ -108,6 +113,10 @@ type Rule struct {
 	Joined bool `json:"joined,omitempty"`
 	// Discussed drops a match quoted in a text that discusses the attack.
 	Discussed bool `json:"discussed,omitempty"`
+	// Lines says every match begins at the start of a line ((?m)^) and
+	// ends on it: the rule is tried once at the start of each line that
+	// holds one of its keywords, not on windows around them.
+	Lines bool `json:"lines,omitempty"`
 	// Keyed makes the keywords context words that a JSON member name may
 	// also hold: the rule then runs on the whole of that member's value.
 	Keyed bool `json:"keyed,omitempty"`
@@ -119,12 +128,21 @@ type compiled struct {
 	valid func(string) bool
 	idx   int
 	// at is re anchored at the start, for Anchored rules; wordStart says
-	// the pattern begins with \b.
+	// the pattern begins with \b (which the matcher, given the text from
+	// a place on, cannot check).
 	at        *regexp.Regexp
 	wordStart bool
-	span      int // maxSpan of the pattern, 0 if unbounded
+	// underscore says the pattern begins with (?:\b|_): it may also
+	// begin inside a word, at an underscore (DB_PASSWORD).
+	underscore bool
+	span       int // maxSpan of the pattern, 0 if unbounded
+	// witness is, for an unbounded pattern, how far a match must reach
+	// for the matcher to have seen one (witnessSpan), 0 if unknown.
+	witness int
 	// first is firstBytes of the pattern: where an anchored rule can start.
 	first *[256]bool
+	// tail is the run every match ends in (tailRun), for anchored rules.
+	tail  *tailRun
 	allow []*regexp.Regexp
 }
 
@@ -196,14 +214,25 @@ func Load(doc []byte) (*Engine, error) {
 			return nil, fmt.Errorf("detector rule %s: %w", r.ID, err)
 		}
 		c := compiled{Rule: r, re: re}
-		if r.Anchored {
+		if r.Anchored || r.Lines {
 			if len(r.Keywords) == 0 {
 				return nil, fmt.Errorf("detector rule %s: anchored without keywords", r.ID)
 			}
 			c.at = regexp.MustCompile(`^(?:` + r.Pattern + `)`)
 			c.span = maxSpan(r.Pattern)
+			if c.span == 0 {
+				c.witness = witnessSpan(r.Pattern)
+			}
+			c.tail = tailOf(r.Pattern)
+		}
+		if r.Anchored && !r.Lines {
 			c.first = firstBytes(r.Pattern)
-			c.wordStart = strings.HasPrefix(strings.TrimPrefix(r.Pattern, "(?i)"), `\b`)
+			body := strings.TrimPrefix(r.Pattern, "(?i)")
+			c.underscore = strings.HasPrefix(body, `(?:\b|_)`)
+			c.wordStart = strings.HasPrefix(body, `\b`) || c.underscore
+		}
+		if r.Lines && slices.ContainsFunc(r.Keywords, func(k string) bool { return strings.ContainsAny(k, "\r\n") }) {
+			return nil, fmt.Errorf("detector rule %s: a keyword of a rule of lines holds a line break", r.ID)
 		}
 		if r.Validator != "" {
 			if c.valid = validators[r.Validator]; c.valid == nil {

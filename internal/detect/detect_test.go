@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -180,6 +181,11 @@ func FuzzScan(f *testing.F) {
 		for _, s := range readCorpus(f, d)[:5] {
 			f.Add(s.text)
 		}
+	}
+	// The inputs built against the scanner, 4 KiB of each, one repeated
+	// character and invalid UTF-8 among them.
+	for _, in := range BenchInputs(4 << 10) {
+		f.Add(in.Text)
 	}
 	e := Default()
 	f.Fuzz(func(t *testing.T, s string) {
@@ -435,7 +441,11 @@ func FuzzScanJSON(f *testing.F) {
 	for _, s := range []string{`{"a":"b"}`, `{"ghp_8rESQedUStPKR0CsTy4Qwb8DwkNhFdnXsiVp":{"x":1}}`, `{"key_part_1":"ghp_8rESQedUStPKR0Cs","key_part_2":"Ty4Qwb8DwkNhFdnXsiVp"}`,
 		`[103,104,112,95,56,114,69,83,81,101,100,85,83,116]`, `{"tokens":{"a1b2c3d4e5f6a7b8c9d0":"x"}}`, `{"lines":["-----BEGIN PRIVATE KEY-----","MIIE","-----END PRIVATE KEY-----"]}`,
 		`{"a":"-----BEGIN RSA PRIVATE KEY-----","b":"MIIEow","c":"-----END RSA PRIVATE KEY-----"}`,
-		`{"lines":["t = (","  \"ghp_8rESQedUStPKR0Cs\"","  \"Ty4Qwb8DwkNhFdnXsiVp\"",")"]}`} {
+		`{"lines":["t = (","  \"ghp_8rESQedUStPKR0Cs\"","  \"Ty4Qwb8DwkNhFdnXsiVp\"",")"]}`,
+		// Deep nesting, ten thousand tiny members, invalid UTF-8 in a
+		// string and in a name.
+		strings.Repeat(`{"a":[`, 500) + `"x"` + strings.Repeat("]}", 500), tinyFields(10000),
+		"{\"s\":\"\xff\xfe\xc3 token = \xff\"}", "{\"\xc3\x28\":\"ghp_8rESQedUStPKR0CsTy4Qwb8DwkNhFdnXsiVp\"}"} {
 		f.Add(s)
 	}
 	e := Default()
@@ -467,6 +477,20 @@ func FuzzScanJSON(f *testing.F) {
 			t.Fatalf("a secret survived redaction: %+v in %s", again, out)
 		}
 	})
+}
+
+// tinyFields is an object of n members of one byte each.
+func tinyFields(n int) string {
+	var b strings.Builder
+	b.WriteString("{")
+	for i := range n {
+		if i > 0 {
+			b.WriteString(",")
+		}
+		b.WriteString(`"f` + strconv.Itoa(i) + `":"v"`)
+	}
+	b.WriteString("}")
+	return b.String()
 }
 
 func memberNames(v any) []string {

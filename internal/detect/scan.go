@@ -159,6 +159,19 @@ func (e *Engine) scanHints(s string, ds []Detector) (out []Finding, hints uint8)
 	bp := lowerPool.Get().(*[]byte)
 	lower := append((*bp)[:0], s...)
 	lowerBytes(lower)
+	// The start of the line of the last keyword of a rule of lines, found
+	// by reading each byte once: such keywords hold no line break, so
+	// their starts only move forward across lines.
+	lineAt, lineFrom := 0, 0
+	lineOf := func(p int) int {
+		if p > lineFrom {
+			if i := strings.LastIndexByte(s[lineFrom:p], '\n'); i >= 0 {
+				lineAt = lineFrom + i + 1
+			}
+			lineFrom = p
+		}
+		return lineAt
+	}
 	e.trie.Walk(lower, func(end, n, pattern int64) bool {
 		start := int(end) + 1 - int(n)
 		hints |= e.hints[pattern]
@@ -172,8 +185,13 @@ func (e *Engine) scanHints(s string, ds []Detector) (out []Finding, hints uint8)
 			if !want[ri] {
 				continue
 			}
-			if c := e.all[ri]; c.at != nil {
-				if c.wordStart && start > 0 && isWord(s[start-1]) && isWord(s[start]) {
+			if c := e.all[ri]; c.Lines {
+				if l, k := lineOf(start), len(starts[ri]); k == 0 || starts[ri][k-1] != l {
+					starts[ri] = append(starts[ri], l)
+				}
+				continue
+			} else if c.at != nil {
+				if c.midWord(s, start) {
 					continue // cannot begin a match
 				}
 				if c.first != nil && !c.first[s[start]] {
@@ -289,19 +307,45 @@ func (c *compiled) findAt(s string, ps, also []int, out []Finding) []Finding {
 		if p < last || i > 0 && p == ps[i-1] {
 			continue
 		}
-		if c.wordStart && p > 0 && isWord(s[p-1]) && isWord(s[p]) {
+		if c.midWord(s, p) {
 			continue
 		}
 		if len(c.Also) > 0 && !near(also, p, p+reach) {
 			continue
 		}
 		// Only as much text as a match can span: the matcher's setup cost
-		// grows with its input.
-		end := len(s)
-		if c.span > 0 {
-			end = min(len(s), p+c.span)
+		// grows with its input. An unbounded match is looked for first in
+		// as much text as shows one, then in more while it runs to the end.
+		limit := len(s)
+		if c.Lines {
+			if i := strings.IndexByte(s[p:], '\n'); i >= 0 {
+				limit = p + i
+			}
 		}
-		loc := c.at.FindStringIndex(s[p:end])
+		var loc []int
+		if c.tail != nil {
+			// Most matches end in the first run of the tail: the text up
+			// to its end first, the rest only if that holds none.
+			e := c.tail.first(s[p:limit])
+			if e < 0 {
+				continue
+			}
+			// A run that ended holds the whole of a match ending in it.
+			if e += p; e == limit || !c.tail.set[s[e]] {
+				loc = c.findFrom(s, p, e, e)
+			} else {
+				loc = c.findFrom(s, p, e, limit)
+			}
+		}
+		if loc == nil {
+			end := limit
+			if c.span > 0 {
+				end = min(limit, p+c.span)
+			} else if c.witness > 0 {
+				end = min(limit, p+c.witness)
+			}
+			loc = c.findFrom(s, p, end, limit)
+		}
 		if loc == nil {
 			continue
 		}
@@ -322,6 +366,23 @@ func (c *compiled) findAt(s string, ps, also []int, out []Finding) []Finding {
 		}
 	}
 	return out
+}
+
+// midWord reports whether an anchored rule that begins at a word boundary
+// cannot begin at p, inside a word.
+func (c *compiled) midWord(s string, p int) bool {
+	return c.wordStart && p > 0 && isWord(s[p-1]) && isWord(s[p]) && !(c.underscore && s[p] == '_')
+}
+
+// findFrom matches the anchored rule at p in s[p:end], widening end up to
+// limit while the match runs to it (an unbounded match may go on).
+func (c *compiled) findFrom(s string, p, end, limit int) []int {
+	loc := c.at.FindStringIndex(s[p:end])
+	for c.span == 0 && loc != nil && p+loc[1] == end && end < limit {
+		end = min(limit, p+4*(end-p))
+		loc = c.at.FindStringIndex(s[p:end])
+	}
+	return loc
 }
 
 // near reports whether a sorted position of ps lies in [from, to).
@@ -389,6 +450,139 @@ func maxSpan(pattern string) int {
 		return 0
 	}
 	return n + 1
+}
+
+// tailRun is what a pattern's matches end in: at least min bytes of set,
+// beginning at most head bytes after the match begins (x{8,} after a
+// bounded name and operator). An anchored rule is tried only where such a
+// run follows: a byte loop is cheaper than a matcher.
+type tailRun struct {
+	set       [256]bool
+	min, head int
+}
+
+// tailOf returns the tail run of pattern, or nil when its matches do not
+// all end in a run of 4 or more bytes of one class after a bounded head.
+func tailOf(pattern string) *tailRun {
+	re, err := syntax.Parse(pattern, syntax.Perl)
+	if err != nil {
+		return nil
+	}
+	t := new(tailRun)
+	if !t.add(re, 0) || t.min < 4 {
+		return nil
+	}
+	return t
+}
+
+// add adds the tails of re, which begins head bytes into a match at most,
+// and reports whether re ends in one wherever it ends.
+func (t *tailRun) add(re *syntax.Regexp, head int) bool {
+	switch re.Op {
+	case syntax.OpCapture:
+		return t.add(re.Sub[0], head)
+	case syntax.OpConcat:
+		if len(re.Sub) == 0 {
+			return false
+		}
+		h := maxLen(&syntax.Regexp{Op: syntax.OpConcat, Sub: re.Sub[:len(re.Sub)-1], Flags: re.Flags})
+		return h >= 0 && t.add(re.Sub[len(re.Sub)-1], head+h)
+	case syntax.OpAlternate:
+		for _, sub := range re.Sub {
+			if !t.add(sub, head) {
+				return false
+			}
+		}
+		return true
+	case syntax.OpRepeat, syntax.OpPlus:
+		n := 1
+		if re.Op == syntax.OpRepeat {
+			n = re.Min
+		}
+		cc := re.Sub[0]
+		if cc.Op != syntax.OpCharClass || n < 1 {
+			return false
+		}
+		for i := 0; i+1 < len(cc.Rune); i += 2 {
+			for r := cc.Rune[i]; r <= cc.Rune[i+1] && r < utf8.RuneSelf; r++ {
+				t.set[r] = true
+			}
+			if cc.Rune[i+1] >= utf8.RuneSelf {
+				for b := 0x80; b < 256; b++ {
+					t.set[b] = true
+				}
+			}
+		}
+		if t.min == 0 || n < t.min {
+			t.min = n
+		}
+		t.head = max(t.head, head)
+		return true
+	}
+	return false
+}
+
+// first returns where the first run of the tail in s (from a match's
+// start) that begins within the head ends, or reach bytes past its least
+// length if it goes on; -1 if there is none.
+func (t *tailRun) first(s string) int {
+	run := 0
+	for i := 0; i < len(s); i++ {
+		if t.set[s[i]] {
+			if run++; run >= t.min {
+				for stop := min(len(s), i+reach); i < stop && t.set[s[i]]; {
+					i++
+				}
+				return i
+			}
+		} else if run = 0; i >= t.head {
+			return -1
+		}
+	}
+	return -1
+}
+
+// witnessSpan is, for a pattern whose only unbounded parts end its
+// matches (a prefix, then x{8,}), the most bytes the shortest form of a
+// match spans: every match begins with such a form, so text of that length
+// from a place shows whether a match starts there. 0 when the pattern has
+// unbounded parts elsewhere.
+func witnessSpan(pattern string) int {
+	re, err := syntax.Parse(pattern, syntax.Perl)
+	if err != nil {
+		return 0
+	}
+	n := maxLen(shortTail(re.Simplify()))
+	if n < 0 {
+		return 0
+	}
+	return n + 1
+}
+
+// shortTail returns re with its trailing unbounded repetitions cut to their
+// least count.
+func shortTail(re *syntax.Regexp) *syntax.Regexp {
+	c := *re
+	switch re.Op {
+	case syntax.OpConcat:
+		if len(re.Sub) > 0 {
+			c.Sub = append(append([]*syntax.Regexp(nil), re.Sub[:len(re.Sub)-1]...), shortTail(re.Sub[len(re.Sub)-1]))
+		}
+	case syntax.OpAlternate, syntax.OpCapture:
+		c.Sub = make([]*syntax.Regexp, len(re.Sub))
+		for i, sub := range re.Sub {
+			c.Sub[i] = shortTail(sub)
+		}
+	case syntax.OpStar:
+		return &syntax.Regexp{Op: syntax.OpEmptyMatch}
+	case syntax.OpPlus:
+		return re.Sub[0]
+	case syntax.OpRepeat:
+		if re.Max < 0 {
+			c.Max = re.Min
+		}
+	}
+	return &c
 }
 
 func maxLen(re *syntax.Regexp) int {

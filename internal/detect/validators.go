@@ -30,6 +30,12 @@ var validators = map[string]func(string) bool{
 	"mrz":               mrz,
 	"cn_resident_id":    cnResidentID,
 	"de_tax_id":         deTaxID,
+	"google_api_key":    googleAPIKey,
+	"ai_key":            aiKey,
+	"slack":             slack,
+	"pem_block":         pemBlock,
+	"not_filler":        notFiller,
+	"env_value":         envValue,
 }
 
 func digits(s string) string {
@@ -346,11 +352,18 @@ func assignedValue(s string) bool {
 			v = strings.TrimLeft(v[i+j:], "=:")
 		}
 	}
+	if artifact.MatchString(v) {
+		return false
+	}
 	if d := digits(v); len(d) == len(v) && len(v) >= 16 {
 		return !allSame(v)
 	}
 	return randomLooking(v, 8) || mixedCase(v, 12)
 }
+
+// artifact is a package's name and version (jjwt-jackson-0.11.2), as in a
+// Maven coordinate io.jsonwebtoken:jjwt-jackson:0.11.2.
+var artifact = regexp.MustCompile(`^[a-z][a-z0-9]*(?:[-_.][a-z][a-z0-9]*)*[-:@]v?[0-9]+(?:\.[0-9]+)+(?:[-.][a-z0-9]+)?$`)
 
 // mixedCase reports whether s, of at least n bytes, mixes upper- and
 // lower-case letters as generated text does (upper case a fifth of the
@@ -428,4 +441,169 @@ func deTaxID(s string) bool {
 		check = 0
 	}
 	return check == int(d[10]-'0')
+}
+
+// googleAPIKey wants AIza and 35 more characters, or a few more (a key
+// mistyped or with a suffix), but not a run so long that AIza only begins a
+// longer string (the pattern takes a run whole), and not one character
+// repeated: gitleaks' entropy floor of 4 bits, less a margin.
+func googleAPIKey(s string) bool {
+	return len(s) >= 39 && len(s) <= 42 && shannon(s) >= 3.5
+}
+
+// aiKey confirms an OpenAI-style key by entropy. An Anthropic one (sk-ant-)
+// of its exact shape (a version such as api03, 93 characters, the suffix
+// AA) is a key; one of another length is taken only if it does not read as
+// a made-up sequence (abc123xyz-456def…), as documentation's samples do.
+func aiKey(s string) bool {
+	if rest, ok := strings.CutPrefix(s, "sk-ant-"); ok && anthropicKey.MatchString(rest) {
+		return true
+	} else if ok && sequential(rest) {
+		return false
+	}
+	return entropy(s)
+}
+
+// sequential reports whether a third or more of s's letters and digits
+// stand in runs of three or more that count up (abc, 456): rare by chance
+// (about one in a thousand places), common in made-up samples.
+func sequential(s string) bool {
+	fold := func(c byte) byte {
+		if c >= 'A' && c <= 'Z' {
+			return c + 'a' - 'A'
+		}
+		return c
+	}
+	inRuns, alnum, run := 0, 0, 1
+	for i := 0; i < len(s); i++ {
+		c := fold(s[i])
+		if c >= 0x80 || !isWord(c) || c == '_' {
+			run = 1
+			continue
+		}
+		alnum++
+		if i > 0 && c == fold(s[i-1])+1 && c != '0' && c != 'a' {
+			run++
+			if run == 3 {
+				inRuns += 3
+			} else if run > 3 {
+				inRuns++
+			}
+		} else {
+			run = 1
+		}
+	}
+	return alnum > 0 && inRuns*3 >= alnum
+}
+
+var anthropicKey = regexp.MustCompile(`^[a-z]+[0-9]{2}-[A-Za-z0-9_-]{93}AA$`)
+
+// slack confirms a Slack token by the structure of Slack's formats (as
+// gitleaks' rules read them): two groups of 8 or more digits (bot and user
+// tokens), one such group and a tail of 18 or more (legacy bot tokens),
+// xoxa/xoxr with a tail of 8, xoxo/xoxs with three numeric groups, or a
+// tail of 100 or more (configuration tokens). Short made-up ones
+// (xoxb-abcdef-abcdef) and tokens whose secret part is masked, so that the
+// match ends at a dash, are not tokens.
+func slack(s string) bool {
+	if strings.HasPrefix(s, "xapp-") {
+		return true
+	}
+	if len(s) < 6 || strings.HasSuffix(s, "-") {
+		return false
+	}
+	kind, parts := s[3], strings.Split(s[5:], "-")
+	long, numeric := 0, 0
+	for _, p := range parts {
+		n := leadingDigits(p)
+		if n >= 8 {
+			long++
+		}
+		if n > 0 && n == len(p) {
+			numeric++
+		}
+	}
+	tail := parts[len(parts)-1]
+	switch {
+	case long >= 2:
+		return true
+	case long == 1 && len(tail) >= 18 && leadingDigits(tail) < len(tail):
+		return true
+	case (kind == 'a' || kind == 'r') && len(tail) >= 8:
+		return true
+	case (kind == 'o' || kind == 's') && numeric >= 3 && len(parts) >= 4:
+		return true
+	}
+	return len(tail) >= 100
+}
+
+func leadingDigits(s string) int {
+	n := 0
+	for n < len(s) && s[n] >= '0' && s[n] <= '9' {
+		n++
+	}
+	return n
+}
+
+// pemBlock confirms a private key block: one cut off before its END line
+// is taken as it is, but a whole block must hold at least 32 characters of
+// key; an empty or one-word body is an example.
+func pemBlock(s string) bool {
+	end := strings.LastIndex(s, "-----END ")
+	if end < 0 {
+		return true
+	}
+	body := s[strings.Index(s, "KEY")+3 : end]
+	n := 0
+	for i := 0; i < len(body); i++ {
+		if c := body[i]; c == '+' || c == '/' || c == '=' || c < 0x80 && isWord(c) {
+			n++
+		}
+	}
+	return n >= 32
+}
+
+// notFiller confirms an assigned value (or a whole token) is not filler:
+// one character making up half or more of 8 or more is a placeholder
+// (glc_1111…, AIzaaaa…), not a generated secret.
+func notFiller(s string) bool {
+	v := assignedPart(s)
+	if len(v) < 8 {
+		return true
+	}
+	var n [256]int
+	most := 0
+	for i := 0; i < len(v); i++ {
+		n[v[i]]++
+		most = max(most, n[v[i]])
+	}
+	return most*2 < len(v)
+}
+
+// assignedPart is the value of name=value or name: value, quotes trimmed,
+// or s when it holds no assignment.
+func assignedPart(s string) string {
+	v := strings.TrimRight(s, "\"' ")
+	if i := strings.IndexAny(v, "=:"); i >= 0 && i < len(v)-1 {
+		v = v[i+1:]
+	}
+	return strings.Trim(v, "\"' =:")
+}
+
+// envValue confirms the value of a credential-named variable: not filler,
+// and, where the name says a key, token or secret (issued by a machine,
+// so long), 16 characters or more; a password may be short.
+func envValue(s string) bool {
+	if !notFiller(s) {
+		return false
+	}
+	i := strings.IndexAny(s, "=:")
+	if i < 0 {
+		return true
+	}
+	name := strings.ToUpper(s[:i])
+	if strings.Contains(name, "PASS") || strings.Contains(name, "PWD") || strings.Contains(name, "CREDENTIAL") {
+		return true
+	}
+	return len(assignedPart(s)) >= 16
 }

@@ -29,13 +29,12 @@ import (
 // from toolgate's.
 const gitleaksModule = "github.com/zricethezav/gitleaks/v8"
 
-// Floors for TestGitleaksYardstick. The ceiling on gitleaks' false
-// positives sits at what the guard reaches, over the 0.02 aimed at: most of
-// those it changes are key-shaped strings gitleaks exempts by its own
-// allow-lists of published keys or by entropy (docs/safety.md).
+// Floors for TestGitleaksYardstick: its recall on gitleaks' credential
+// samples, and the share of gitleaks' false-positive samples the guard
+// changes, those it changes on purpose included (docs/safety.md).
 const (
 	gitleaksRecallFloor = 0.98
-	gitleaksFPCeiling   = 0.20
+	gitleaksFPCeiling   = 0.02
 )
 
 // secretPattern is the part of a gitleaks rule's pattern that is the secret
@@ -182,21 +181,60 @@ func TestGitleaksYardstick(t *testing.T) {
 		t.Errorf("recall %s below %.2f", ratio(caught, total), gitleaksRecallFloor)
 	}
 
+	// A false-positive sample counts only if gitleaks' own detector, all
+	// its rules together, passes it, as a true positive counts only if it
+	// finds it: some samples of one rule are true positives of another
+	// (an sk-ant-admin01 key among the api03 rule's samples).
 	fps := gitleaksFalsePositives(t)
-	changed := 0
+	var passed, changed, kept, all int
 	for _, fp := range fps {
+		var by []string
+		for _, f := range gl.DetectString(fp) {
+			by = append(by, f.RuleID)
+		}
 		res, _ := json.Marshal(map[string]string{"output": fp})
 		inv := invoke(string(res))
 		_, err := v.Process(context.Background(), inv)
-		if err != nil || string(inv.Result) != string(canonical(res)) {
+		ch := err != nil || string(inv.Result) != string(canonical(res))
+		if len(by) == 0 {
+			passed++
+		}
+		if !ch {
+			continue
+		}
+		all++
+		var rules []string
+		for _, f := range inv.Findings {
+			rules = append(rules, f.Rule)
+		}
+		switch why, ok := meantToChange[fp]; {
+		case len(by) > 0:
+			t.Logf("fp changed by %s, found by gitleaks' %s too: %q", strings.Join(rules, ","), strings.Join(by, ","), fp)
+		case ok:
 			changed++
-			t.Logf("fp changed: %q", fp)
+			kept++
+			t.Logf("fp changed by %s, on purpose (%s): %q", strings.Join(rules, ","), why, fp)
+		default:
+			changed++
+			t.Logf("fp changed by %s: %q", strings.Join(rules, ","), fp)
 		}
 	}
-	t.Logf("gitleaks false positives changed: %s", ratio(changed, len(fps)))
-	if len(fps) == 0 || float64(changed)/float64(len(fps)) > gitleaksFPCeiling {
-		t.Errorf("%s of gitleaks' false positives changed, over %.2f", ratio(changed, len(fps)), gitleaksFPCeiling)
+	t.Logf("gitleaks false positives changed: %s of those gitleaks passes (%d on purpose: %s without them); %s of all",
+		ratio(changed, passed), kept, ratio(changed-kept, passed-kept), ratio(all, len(fps)))
+	if passed == 0 || float64(changed)/float64(passed) > gitleaksFPCeiling {
+		t.Errorf("%s of gitleaks' false positives changed, over %.2f", ratio(changed, passed), gitleaksFPCeiling)
 	}
+}
+
+// meantToChange are gitleaks' false-positive samples the guard changes on
+// purpose, and why (docs/safety.md): gitleaks looks for secrets only, and
+// for each provider's exact format.
+var meantToChange = map[string]string{
+	`author = "james.fake@ymail.com",`: "an e-mail address is personal data",
+	`curl --insecure --ssl-reqd "smtps://smtp.gmail.com" --mail-from "src@gmail.com" --mail-rcpt "dst@gmail.com" --user "src@gmail.com" --upload-file out.txt`: "e-mail addresses are personal data",
+	`<iframe src="./archive/gifs/api-c99e353f761d318322c853c03e.gif"> </iframe>`:                                                                               "markup is escaped",
+	`,apiKey:"6fe4476ee5a1832882e326b506d14126",`:                                                                                                              "32 hex digits assigned to apiKey are a key",
+	`MailchimpSDK.initialize(token: 3012a5754bbd716926f99c028f7ea428-us18)`:                                                                                    "a Mailchimp key; gitleaks' source calls this sample its false negative",
 }
 
 // guardCatches says whether the verify stage, given sample as a tool's
