@@ -29,6 +29,10 @@ type RoleRights struct {
 	// Sweeps are the work-queue streams whose acknowledged leftovers the
 	// role may read and delete (the stage's own input stream).
 	Sweeps []string
+	// Ends are the streams the role deletes a call's message from once
+	// it ended the call, and reads nothing of: the invoke stream, when it
+	// keeps each invocation until its ending (topology.MemoryHops).
+	Ends []string
 	// Publishes are the subjects the role may publish on: its hand-offs,
 	// and for audit the audit events and results.
 	Publishes []string
@@ -187,6 +191,7 @@ var Rights = map[Role]RoleRights{
 	RoleAudit: {
 		Consumes:  append(subjects.Inputs(subjects.Audit), subjects.RelayInput, subjects.AuditOTLPInput),
 		Sweeps:    []string{subjects.StreamPipeline},
+		Ends:      []string{subjects.StreamInvoke},
 		Publishes: []string{subjects.AuditAll, subjects.ResultAll, subjects.InvokeAll, subjects.AuditCheckpoint, subjects.DeadLetterAll},
 		Writes:    []string{subjects.BucketInvocations, subjects.BucketBudgets, subjects.BucketToolStats},
 		Watches:   []string{subjects.BucketTools, subjects.BucketHooks},
@@ -265,6 +270,9 @@ func (r RoleRights) permissions(role Role) jwt.Permissions {
 	}
 	for _, st := range r.Sweeps {
 		add(&p.Pub, "$JS.API.STREAM.MSG.GET."+st, "$JS.API.STREAM.MSG.DELETE."+st)
+	}
+	for _, st := range r.Ends {
+		add(&p.Pub, subjects.MsgDelete(st))
 	}
 	for _, st := range r.Streams {
 		// The client asks a stream that allows direct gets with one
@@ -348,6 +356,9 @@ func RoleTable() string {
 		}
 		for _, st := range r.Counts {
 			reads = append(reads, st+" (message counts only)")
+		}
+		for _, st := range r.Ends {
+			reads = append(reads, st+" (deletes an ended call's, reads none)")
 		}
 		writes := slices.Clone(r.Writes)
 		for _, o := range r.Objects {

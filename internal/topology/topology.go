@@ -61,6 +61,15 @@ type TopologyOptions struct {
 	// Duplicates is the dedup window of the streams but the invoke
 	// stream, which has none (default 2m).
 	Duplicates time.Duration
+	// MemoryHops keeps the hops between stages (PIPELINE, RELAY) in memory
+	// and the invoke stream's messages until their call ends (limits
+	// retention; audit deletes each at the ending), so a server restart
+	// that empties the hops is recovered by re-driving what the invoke
+	// stream still holds (Redrive). For a server that restarts only
+	// together with its stages (serve's embedded one): a stage process
+	// outliving its server would find its hop streams gone. It applies
+	// when the streams are created (docs/delivery.md).
+	MemoryHops bool
 }
 
 // Defaults of TopologyOptions.
@@ -116,6 +125,10 @@ func (o *TopologyOptions) defaults() {
 // Streams returns the configuration of toolgate's streams.
 func Streams(o TopologyOptions) []jetstream.StreamConfig {
 	o.defaults()
+	hops, invoke := o.Storage, jetstream.WorkQueuePolicy
+	if o.MemoryHops {
+		hops, invoke = jetstream.MemoryStorage, jetstream.LimitsPolicy
+	}
 	return []jetstream.StreamConfig{{
 		Name: subjects.StreamInvokeSource, Description: "empty: lets " + subjects.StreamInvoke + " keep no duplicate window",
 		Subjects: []string{subjects.StreamInvokeSource}, Retention: jetstream.LimitsPolicy,
@@ -123,21 +136,21 @@ func Streams(o TopologyOptions) []jetstream.StreamConfig {
 		Replicas: o.Replicas, Storage: o.Storage,
 	}, {
 		Name: subjects.StreamInvoke, Description: "tool.invoke CloudEvents awaiting validation",
-		Subjects: []string{subjects.InvokeAll}, Retention: jetstream.WorkQueuePolicy,
+		Subjects: []string{subjects.InvokeAll}, Retention: invoke,
 		MaxAge: o.InvokeMaxAge, MaxBytes: o.InvokeMaxBytes, Discard: jetstream.DiscardNew,
 		Sources: invokeSources(), Duplicates: 0, Replicas: o.Replicas, Storage: o.Storage,
 	}, {
 		Name: subjects.StreamPipeline, Description: "invocations handed from stage to stage",
 		Subjects: []string{subjects.PipeAll}, Retention: jetstream.WorkQueuePolicy,
 		MaxAge: o.PipelineMaxAge, MaxBytes: o.PipelineMaxBytes, Discard: jetstream.DiscardNew,
-		Duplicates: o.Duplicates, Replicas: o.Replicas, Storage: o.Storage,
+		Duplicates: o.Duplicates, Replicas: o.Replicas, Storage: hops,
 	}, {
 		// What roles other than audit emit for audit to publish
 		// (subjects.RelayAll): a work queue like the pipeline's.
 		Name: subjects.StreamRelay, Description: "audit events and results awaiting audit's check",
 		Subjects: []string{subjects.RelayAll}, Retention: jetstream.WorkQueuePolicy,
 		MaxAge: o.PipelineMaxAge, MaxBytes: o.PipelineMaxBytes, Discard: jetstream.DiscardNew,
-		Duplicates: o.Duplicates, Replicas: o.Replicas, Storage: o.Storage,
+		Duplicates: o.Duplicates, Replicas: o.Replicas, Storage: hops,
 	}, {
 		Name: subjects.StreamResults, Description: "one ToolInvokeResponse per invocation",
 		Subjects: []string{subjects.ResultAll}, Retention: jetstream.LimitsPolicy,
@@ -267,6 +280,40 @@ func EnsureTopology(ctx context.Context, js jetstream.JetStream, o TopologyOptio
 		return fmt.Errorf("looking up consumer %s: %w", in.Consumer, err)
 	}
 	return nil
+}
+
+// KeepsInvocations reports whether the invoke stream keeps each message
+// until its call ends (MemoryHops) rather than until validate takes it.
+func KeepsInvocations(ctx context.Context, js jetstream.JetStream) (bool, error) {
+	st, err := js.Stream(ctx, subjects.StreamInvoke)
+	if err != nil {
+		return false, err
+	}
+	return st.CachedInfo().Config.Retention == jetstream.LimitsPolicy, nil
+}
+
+// Redrive sends every message the invoke stream still holds to validate
+// again, when it keeps them (MemoryHops): after a restart of the server
+// that emptied the hops in memory, each call not yet ended is taken up
+// again from its ingest. It is safe for a call still under way: a hop's
+// message id derives from the ingest sequence (a second copy within the
+// duplicate window is dropped), execute's durable claim keeps a tool from
+// running twice (an interrupted non-idempotent run ends E3023) and audit
+// keeps the first ending. It reports whether it re-drove.
+func Redrive(ctx context.Context, js jetstream.JetStream) (bool, error) {
+	keeps, err := KeepsInvocations(ctx, js)
+	if err != nil || !keeps {
+		return false, err
+	}
+	for _, in := range subjects.Inputs(subjects.Validate) {
+		if in.Stream != subjects.StreamInvoke {
+			continue
+		}
+		if _, err := js.ResetConsumerToSequence(ctx, in.Stream, in.Consumer, 1); err != nil {
+			return false, fmt.Errorf("re-driving %s from its first message: %w", in.Consumer, err)
+		}
+	}
+	return true, nil
 }
 
 // ConsumedBy are the durable consumers stage's workers read: its inputs,
