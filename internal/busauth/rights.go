@@ -196,7 +196,10 @@ var Rights = map[Role]RoleRights{
 		Writes:    []string{subjects.BucketInvocations, subjects.BucketBudgets, subjects.BucketToolStats},
 		Watches:   []string{subjects.BucketTools, subjects.BucketHooks},
 		Streams:   []string{subjects.StreamAuditChain, subjects.StreamAudit},
-		Direct:    []string{subjects.StreamAudit},
+		// After a restart that lost the hops in memory it looks for the
+		// result of an ending recorded before it (by subject, the
+		// results it publishes).
+		Direct: []string{subjects.StreamAudit, subjects.StreamResults},
 		// The audit archive's default bucket (docs/audit.md).
 		Objects: []string{subjects.BucketAuditArchive},
 	},

@@ -604,6 +604,9 @@ func (r *run) startStages(ctx context.Context) (stop func(), err error) {
 	if err != nil {
 		return nil, err
 	}
+	if kept {
+		c.Stage.HopsSince = time.Now()
+	}
 	// The stages of this process hand invocations to each other in memory
 	// as well as on the bus, so the reader need not decode what it reads.
 	handed := runner.NewHanded(c.Stages)
