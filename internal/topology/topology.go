@@ -61,14 +61,16 @@ type TopologyOptions struct {
 	// Duplicates is the dedup window of the streams but the invoke
 	// stream, which has none (default 2m).
 	Duplicates time.Duration
-	// MemoryHops keeps the hops between stages (PIPELINE, RELAY) in memory
+	// MemoryHops keeps the hand-offs between stages (PIPELINE) in memory
 	// and the invoke stream's messages until their call ends (limits
 	// retention; audit deletes each at the ending), so a server restart
 	// that empties the hops is recovered by re-driving what the invoke
 	// stream still holds (Redrive). For a server that restarts only
 	// together with its stages (serve's embedded one): a stage process
-	// outliving its server would find its hop streams gone. It applies
-	// when the streams are created (docs/delivery.md).
+	// outliving its server would find its hop stream gone. The relay
+	// stays on disk: what it carries (events other roles emit, refusals
+	// among them) has no other durable copy to be re-driven from. It
+	// applies when the streams are created (docs/delivery.md).
 	MemoryHops bool
 }
 
@@ -150,7 +152,7 @@ func Streams(o TopologyOptions) []jetstream.StreamConfig {
 		Name: subjects.StreamRelay, Description: "audit events and results awaiting audit's check",
 		Subjects: []string{subjects.RelayAll}, Retention: jetstream.WorkQueuePolicy,
 		MaxAge: o.PipelineMaxAge, MaxBytes: o.PipelineMaxBytes, Discard: jetstream.DiscardNew,
-		Duplicates: o.Duplicates, Replicas: o.Replicas, Storage: hops,
+		Duplicates: o.Duplicates, Replicas: o.Replicas, Storage: o.Storage,
 	}, {
 		Name: subjects.StreamResults, Description: "one ToolInvokeResponse per invocation",
 		Subjects: []string{subjects.ResultAll}, Retention: jetstream.LimitsPolicy,

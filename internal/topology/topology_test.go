@@ -162,7 +162,7 @@ func TestInvokeStreamHasNoDuplicateWindow(t *testing.T) {
 	}
 }
 
-// TestRedriveMemoryHops: with MemoryHops the hops are in memory and the
+// TestRedriveMemoryHops: with MemoryHops the hand-offs are in memory and the
 // invoke stream keeps what validate took, so a server restart loses the
 // hops but not the calls; Redrive hands validate again every invocation
 // still held, and only those (an ended call's was deleted), while
@@ -199,7 +199,7 @@ func TestRedriveMemoryHops(t *testing.T) {
 	}
 	for _, cfg := range topology.Streams(o) {
 		switch cfg.Name {
-		case subjects.StreamPipeline, subjects.StreamRelay:
+		case subjects.StreamPipeline:
 			if cfg.Storage != jetstream.MemoryStorage {
 				t.Errorf("%s on %v storage, want memory", cfg.Name, cfg.Storage)
 			}
