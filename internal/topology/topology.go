@@ -76,10 +76,12 @@ type TopologyOptions struct {
 
 // Defaults of TopologyOptions.
 const (
-	DefaultAuditMaxAge    = 90 * 24 * time.Hour
-	DefaultQueueMaxAge    = 7 * 24 * time.Hour
-	DefaultQueueMaxBytes  = 1 << 30
-	DefaultAuditMaxBytes  = 4 << 30
+	DefaultAuditMaxAge   = 90 * 24 * time.Hour
+	DefaultQueueMaxAge   = 7 * 24 * time.Hour
+	DefaultQueueMaxBytes = 1 << 30
+	DefaultAuditMaxBytes = 4 << 30
+	// DefaultMemoryHopBytes bounds the pipeline kept in memory (MemoryHops).
+	DefaultMemoryHopBytes = 256 << 20
 	DefaultMaxAckPending  = 1000
 	DefaultResultTTL      = 24 * time.Hour
 	DefaultDuplicates     = 2 * time.Minute
@@ -127,9 +129,14 @@ func (o *TopologyOptions) defaults() {
 // Streams returns the configuration of toolgate's streams.
 func Streams(o TopologyOptions) []jetstream.StreamConfig {
 	o.defaults()
-	hops, invoke := o.Storage, jetstream.WorkQueuePolicy
+	hops, invoke, hopBytes := o.Storage, jetstream.WorkQueuePolicy, o.PipelineMaxBytes
 	if o.MemoryHops {
 		hops, invoke = jetstream.MemoryStorage, jetstream.LimitsPolicy
+		// The server reserves a stream's byte limit out of its memory
+		// (75 % of the machine's by default): the disk's gibibyte would
+		// keep a small machine from starting. A full pipeline makes the
+		// stage before it retry, and the calls wait in the invoke stream.
+		hopBytes = min(hopBytes, DefaultMemoryHopBytes)
 	}
 	return []jetstream.StreamConfig{{
 		Name: subjects.StreamInvokeSource, Description: "empty: lets " + subjects.StreamInvoke + " keep no duplicate window",
@@ -144,7 +151,7 @@ func Streams(o TopologyOptions) []jetstream.StreamConfig {
 	}, {
 		Name: subjects.StreamPipeline, Description: "invocations handed from stage to stage",
 		Subjects: []string{subjects.PipeAll}, Retention: jetstream.WorkQueuePolicy,
-		MaxAge: o.PipelineMaxAge, MaxBytes: o.PipelineMaxBytes, Discard: jetstream.DiscardNew,
+		MaxAge: o.PipelineMaxAge, MaxBytes: hopBytes, Discard: jetstream.DiscardNew,
 		Duplicates: o.Duplicates, Replicas: o.Replicas, Storage: hops,
 	}, {
 		// What roles other than audit emit for audit to publish

@@ -200,8 +200,8 @@ func TestRedriveMemoryHops(t *testing.T) {
 	for _, cfg := range topology.Streams(o) {
 		switch cfg.Name {
 		case subjects.StreamPipeline:
-			if cfg.Storage != jetstream.MemoryStorage {
-				t.Errorf("%s on %v storage, want memory", cfg.Name, cfg.Storage)
+			if cfg.Storage != jetstream.MemoryStorage || cfg.MaxBytes > topology.DefaultMemoryHopBytes {
+				t.Errorf("%s on %v storage, %d bytes: want memory, at most %d", cfg.Name, cfg.Storage, cfg.MaxBytes, topology.DefaultMemoryHopBytes)
 			}
 		case subjects.StreamInvoke:
 			if cfg.Retention != jetstream.LimitsPolicy || cfg.Storage != jetstream.FileStorage {
