@@ -7,6 +7,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/toolgate/toolgate/internal/envelope"
+	"github.com/toolgate/toolgate/stages"
 	"github.com/toolgate/toolgate/subjects"
 )
 
@@ -24,6 +25,12 @@ func (r *Runner) ingestOf(md *jetstream.MsgMetadata, inv *envelope.Invocation) u
 	case !r.KeptIngest:
 		return 0
 	case r.finalises() && md.Stream == subjects.StreamPipeline:
+		if stages.Swept(inv.Error) {
+			// Audit refuses a sweep's ending of a call a live worker
+			// holds, which goes on: the invoke sweep deletes the ingest
+			// once the call ends.
+			return 0
+		}
 		return inv.Event.Seq
 	case md.Stream == subjects.StreamInvoke:
 		return md.Sequence.Stream

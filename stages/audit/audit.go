@@ -123,7 +123,7 @@ func (a *Auditor) Process(ctx context.Context, inv *envelope.Invocation) ([]stag
 		inv.Fail(subjects.Audit, api.NewError(api.InternalError, api.EInternal,
 			"invocation reached audit without a terminal status (last stage %q)", inv.EndedBy))
 	}
-	if swept(inv.Error) {
+	if stages.Swept(inv.Error) {
 		// Before hooks, aborts and charges: none of them may act on an
 		// ending that does not stand.
 		held, err := a.heldByWorker(ctx, inv)
@@ -290,16 +290,6 @@ func (a *Auditor) receipt(inv *envelope.Invocation, resp *api.Response, typ stri
 	}
 	a.receipts.Sign(r)
 	resp.Receipt = r
-}
-
-// swept reports an E3901 ending decided by a sweep of messages left in a
-// work queue (stages.SweptDetail), rather than by the stage that held it.
-func swept(e *api.Error) bool {
-	if e == nil || e.ECode != api.EDeliveryExhausted {
-		return false
-	}
-	s, _ := e.Details[stages.SweptDetail].(bool)
-	return s
 }
 
 // heldByWorker reports whether inv's record says a live worker holds the
