@@ -103,6 +103,22 @@ func TestChaosPowerCut(t *testing.T) {
 	fmt.Printf("chaos power-cut        in_hops_at_kill=%d ready=%v first_ending=%v all_ended=%v\n",
 		held, ready.Round(time.Millisecond), first.Round(time.Millisecond), all.Round(time.Millisecond))
 	rep.check(t)
+	// Audit deletes each invocation once its call ended, re-driven or not.
+	invoke, err := js.Stream(ctx, subjects.StreamInvoke)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kept := -1
+	for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(200 * time.Millisecond) {
+		if info, err := invoke.Info(ctx); err == nil {
+			if kept = int(info.State.Msgs); kept == 0 {
+				break
+			}
+		}
+	}
+	if kept != 0 {
+		t.Errorf("%s still holds %d invocations of calls that all ended", subjects.StreamInvoke, kept)
+	}
 	if first == 0 {
 		t.Error("no call ended after the restart: none was re-driven")
 	}
