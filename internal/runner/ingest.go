@@ -2,7 +2,7 @@ package runner
 
 import (
 	"context"
-	"encoding/json"
+	"fmt"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -60,26 +60,36 @@ func (r *Runner) dropIngest(seq uint64, outcome string) {
 
 // deleteIngests sends the queued deletes, one at a time, off the path of
 // the calls: a delete that fails leaves the message to the invoke sweep,
-// which deletes what belongs to an ended call.
+// which deletes what belongs to an ended call. Once ctx is done it sends
+// what is queued for a moment more; what is left then is re-driven at the
+// next start and found ended.
 func (r *Runner) deleteIngests(ctx context.Context) {
 	nc := r.JS.Conn()
 	subject := subjects.MsgDelete(subjects.StreamInvoke)
+	send := func(ctx context.Context, seq uint64) {
+		rctx, cancel := context.WithTimeout(ctx, deleteTimeout)
+		defer cancel()
+		if _, err := nc.RequestWithContext(rctx, subject, fmt.Appendf(nil, `{"seq":%d,"no_erase":true}`, seq)); err != nil && ctx.Err() == nil {
+			r.Log.Debug("deleting an ended call's invocation", "seq", seq, "err", err)
+		}
+	}
 	for {
 		select {
-		case <-ctx.Done():
-			return
 		case seq := <-r.ingest:
-			req, _ := json.Marshal(struct {
-				Seq     uint64 `json:"seq"`
-				NoErase bool   `json:"no_erase"`
-			}{seq, true})
-			rctx, cancel := context.WithTimeout(ctx, deleteTimeout)
-			_, err := nc.RequestWithContext(rctx, subject, req)
-			cancel()
-			if err != nil && ctx.Err() == nil {
-				r.Log.Debug("deleting an ended call's invocation", "seq", seq, "err", err)
-				time.Sleep(10 * time.Millisecond)
+			send(ctx, seq)
+			continue
+		case <-ctx.Done():
+		}
+		last, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+		defer cancel()
+		for last.Err() == nil {
+			select {
+			case seq := <-r.ingest:
+				send(last, seq)
+			default:
+				return
 			}
 		}
+		return
 	}
 }
