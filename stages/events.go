@@ -2,6 +2,7 @@ package stages
 
 import (
 	"github.com/cloudevents/sdk-go/v2/event"
+	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/envelope"
 	"github.com/toolgate/toolgate/subjects"
 )
@@ -10,6 +11,15 @@ import (
 // left-behind messages decided (not JetStream's advisory): audit refuses it
 // over a record a live worker holds (parked or running).
 const SweptDetail = "swept"
+
+// Swept reports an ending the sweep made (E3901 with SweptDetail).
+func Swept(e *api.Error) bool {
+	if e == nil || e.ECode != api.EDeliveryExhausted {
+		return false
+	}
+	s, _ := e.Details[SweptDetail].(bool)
+	return s
+}
 
 // EventOutput encodes e in structured mode, so that `nats sub` shows the
 // whole CloudEvent, with its source and id as message id.

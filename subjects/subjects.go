@@ -41,6 +41,10 @@ func DirectGet(stream string) string { return "$JS.API.DIRECT.GET." + stream }
 // which the stream's leader answers (a direct get any replica may).
 func MsgGet(stream string) string { return "$JS.API.STREAM.MSG.GET." + stream }
 
+// MsgDelete is the JetStream API subject of a delete by sequence from
+// stream.
+func MsgDelete(stream string) string { return "$JS.API.STREAM.MSG.DELETE." + stream }
+
 // AuditCheckpoint is the one subject of StreamAuditChain. It lies outside
 // audit.> so that AUDIT never captures a checkpoint as an event.
 const AuditCheckpoint = "toolgate.auditchain.checkpoint"

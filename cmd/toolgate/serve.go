@@ -94,8 +94,12 @@ func (a *app) serveCmd() *cobra.Command {
 	cmd.Flags().BoolVar(&con.allowAdmin, "console-allow-admin", false, "let the console run with admin or operator credentials named by the connection flags")
 	con.tlsFlags(cmd.Flags(), "console-")
 	syncMode := cmd.Flags().String("sync", "always", "when the embedded server fsyncs its store: always (before acknowledging each write; survives a power cut), interval (every 2 minutes, nats-server's default) or an interval such as 10s; acknowledged writes not yet fsynced are lost if the machine loses power")
+	memoryHops := cmd.Flags().Bool("memory-hops", true, "with the embedded server, keep the hand-offs between stages in memory and each invocation on disk until it ends, re-driven from there at the next start (docs/delivery.md); applies when the streams are created")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		var err error
+		// Only the embedded server restarts with the stages that re-drive
+		// what its memory lost.
+		c.Topology.MemoryHops = *memoryHops && !cmd.Flags().Changed("nats")
 		if c.Embedded.SyncAlways, c.Embedded.SyncInterval, err = parseSync(*syncMode); err != nil {
 			return err
 		}

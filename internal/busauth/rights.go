@@ -29,6 +29,10 @@ type RoleRights struct {
 	// Sweeps are the work-queue streams whose acknowledged leftovers the
 	// role may read and delete (the stage's own input stream).
 	Sweeps []string
+	// Ends are the streams the role deletes a call's message from once
+	// it ended the call, and reads nothing of: the invoke stream, when it
+	// keeps each invocation until its ending (topology.MemoryHops).
+	Ends []string
 	// Publishes are the subjects the role may publish on: its hand-offs,
 	// and for audit the audit events and results.
 	Publishes []string
@@ -187,11 +191,15 @@ var Rights = map[Role]RoleRights{
 	RoleAudit: {
 		Consumes:  append(subjects.Inputs(subjects.Audit), subjects.RelayInput, subjects.AuditOTLPInput),
 		Sweeps:    []string{subjects.StreamPipeline},
+		Ends:      []string{subjects.StreamInvoke},
 		Publishes: []string{subjects.AuditAll, subjects.ResultAll, subjects.InvokeAll, subjects.AuditCheckpoint, subjects.DeadLetterAll},
 		Writes:    []string{subjects.BucketInvocations, subjects.BucketBudgets, subjects.BucketToolStats},
 		Watches:   []string{subjects.BucketTools, subjects.BucketHooks},
 		Streams:   []string{subjects.StreamAuditChain, subjects.StreamAudit},
-		Direct:    []string{subjects.StreamAudit},
+		// After a restart that lost the hops in memory it looks for the
+		// result of an ending recorded before it (by subject, the
+		// results it publishes).
+		Direct: []string{subjects.StreamAudit, subjects.StreamResults},
 		// The audit archive's default bucket (docs/audit.md).
 		Objects: []string{subjects.BucketAuditArchive},
 	},
@@ -270,6 +278,9 @@ func (r RoleRights) permissionsWithInbox(inbox string) jwt.Permissions {
 	}
 	for _, st := range r.Sweeps {
 		add(&p.Pub, "$JS.API.STREAM.MSG.GET."+st, "$JS.API.STREAM.MSG.DELETE."+st)
+	}
+	for _, st := range r.Ends {
+		add(&p.Pub, subjects.MsgDelete(st))
 	}
 	for _, st := range r.Streams {
 		// The client asks a stream that allows direct gets with one
@@ -363,6 +374,9 @@ func RoleTable() string {
 		}
 		for _, st := range r.Counts {
 			reads = append(reads, st+" (message counts only)")
+		}
+		for _, st := range r.Ends {
+			reads = append(reads, st+" (deletes an ended call's, reads none)")
 		}
 		writes := slices.Clone(r.Writes)
 		for _, o := range r.Objects {

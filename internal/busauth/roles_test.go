@@ -326,7 +326,7 @@ func TestRolesLeastPrivilege(t *testing.T) {
 			"write checkpoints", "write idempotency keys", "write model statistics", "write security settings", "watch tools",
 			"watch policies"},
 		RoleVerify: {"delete a hand-off", "hand to audit", "emit a poison event", "watch tools"},
-		RoleAudit: {"pull audit's input", "delete a hand-off", "invoke for a tenant", "publish a result", "publish a terminal audit event",
+		RoleAudit: {"pull audit's input", "delete a hand-off", "delete an invocation waiting", "invoke for a tenant", "publish a result", "publish a terminal audit event",
 			"publish tool.invoked", "publish a poison event", "publish a breaker transition", "publish an admin event",
 			"publish an audit checkpoint", "keep a dead letter", "publish a shadow divergence", "read audit events by sequence", "get one audit event", "read audit checkpoints",
 			"write status records", "write budgets", "write tool statistics", "watch tools", "pull the relay"},

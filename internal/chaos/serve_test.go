@@ -1,6 +1,7 @@
 package chaos
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"os"
@@ -30,6 +31,8 @@ type serveProc struct {
 	port    int
 	metrics string
 	log     string
+	sync    string // --sync (default interval)
+	workers string // --workers (default 16)
 	cmd     *exec.Cmd
 	done    chan struct{}
 }
@@ -50,10 +53,10 @@ func (s *serveProc) start() {
 	if err != nil {
 		s.t.Fatal(err)
 	}
-	// --sync interval: a SIGKILL keeps the page cache, so fsync changes
-	// nothing here but the throughput.
+	// --sync interval by default: a SIGKILL keeps the page cache, so fsync
+	// changes nothing here but the throughput.
 	s.cmd = exec.Command(filepath.Join(binDir, "toolgate"), "serve", "--data", s.data,
-		"--listen", fmt.Sprintf("127.0.0.1:%d", s.port), "--sync", "interval", "--workers", "16", "--examples",
+		"--listen", fmt.Sprintf("127.0.0.1:%d", s.port), "--sync", cmp.Or(s.sync, "interval"), "--workers", cmp.Or(s.workers, "16"), "--examples",
 		"--jwks", s.h.jwks, "--token-issuer", issuer, "--token-audience", audience,
 		"--file-root", s.h.root, "--sandbox", "none", "--ack-wait", ackWait.String(),
 		"--metrics-addr", s.metrics, "--log-level", "warn")

@@ -188,8 +188,10 @@ func serveEmbedded(t *testing.T) *served {
 	dir := t.TempDir()
 	reg, stage := chainCounted()
 	metrics := freeAddr(t)
+	// As serve ships: the hand-offs in memory, the invocations kept until
+	// they end.
 	n, url := runServed(t, node.Config{Embedded: node.EmbeddedOptions{Listen: "127.0.0.1:-1", DataDir: dir}, Stage: stage,
-		MetricsAddr: metrics})
+		MetricsAddr: metrics, Topology: topology.TopologyOptions{MemoryHops: true}})
 	return &served{urls: []string{url}, dataDir: dir, node: n, chain: reg, metrics: metrics}
 }
 
@@ -205,7 +207,72 @@ func TestServeNeverOpen(t *testing.T) {
 	}
 }
 
-func TestBusEmbedded(t *testing.T) { busSuite(t, serveEmbedded(t)) }
+func TestBusEmbedded(t *testing.T) {
+	s := serveEmbedded(t)
+	busSuite(t, s)
+	t.Run("ended calls leave no invocation in the stream that keeps them", func(t *testing.T) { invocationsDeleted(t, s) })
+}
+
+// invocationsDeleted: with the hand-offs in memory, the invoke stream keeps
+// each invocation until its call ends, and audit deletes it then (its one
+// right on that stream), so once the suite's calls ended none is left.
+func invocationsDeleted(t *testing.T, s *served) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ojs, _ := jetstream.New(s.connect(t, 0, s.creds(busauth.RoleOperator)))
+	pipe, err := ojs.Stream(ctx, subjects.StreamPipeline)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := pipe.CachedInfo().Config.Storage; got != jetstream.MemoryStorage {
+		t.Fatalf("%s on %v storage, want memory", subjects.StreamPipeline, got)
+	}
+	invoke, err := ojs.Stream(ctx, subjects.StreamInvoke)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info := invoke.CachedInfo()
+	if info.Config.Retention != jetstream.LimitsPolicy || info.State.LastSeq == 0 {
+		t.Fatalf("%s: %v retention, last sequence %d: want limits, and the suite's calls", subjects.StreamInvoke, info.Config.Retention, info.State.LastSeq)
+	}
+	// A call parked for a human's approval has not ended: its invocation
+	// stays for a re-drive.
+	store, err := kvstore.Open(ctx, ojs, kvstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ended []string
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		i, err := invoke.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ended = ended[:0]
+		for seq := i.State.FirstSeq; seq <= i.State.LastSeq && i.State.Msgs > 0; seq++ {
+			m, err := invoke.GetMsg(ctx, seq)
+			if errors.Is(err, jetstream.ErrMsgNotFound) {
+				continue
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			tenant := m.Subject[strings.LastIndexByte(m.Subject, '.')+1:]
+			rec, err := store.Status(ctx, tenant, m.Header.Get("ce-id"))
+			if err != nil || rec.Status.Terminal() {
+				ended = append(ended, fmt.Sprintf("%d %s %s: %s %v", seq, tenant, m.Header.Get("ce-id"), rec.Status, err))
+			}
+		}
+		if len(ended) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s holds invocations of calls that ended: %q", subjects.StreamInvoke, ended)
+		}
+	}
+	if i, err := invoke.Info(ctx); err != nil || i.State.Msgs >= i.State.LastSeq {
+		t.Fatalf("none of the %s's invocations deleted: %+v, %v", subjects.StreamInvoke, i, err)
+	}
+}
 
 // TestBusExternalServer runs a nats-server binary built from the module with
 // the auth.conf toolgate writes, and toolgate against it with --auth-callout.

@@ -397,6 +397,11 @@ type StageConfig struct {
 	// SiteWait bounds how long route lets a call wait at the hub for its
 	// site (docs/sites.md); default DefaultSiteWait.
 	SiteWait time.Duration
+	// HopsSince, when set, is when this process re-drove the calls whose
+	// hops a restart of the server lost (topology.MemoryHops): audit
+	// publishes an ending recorded before it again from its record
+	// (audit.Auditor.RecoverEndings).
+	HopsSince time.Time
 	// Policy is used while the policy bucket holds no pushed bundle; nil
 	// is the shipped default policy.
 	Policy *policy.Engine
@@ -760,6 +765,9 @@ func (n *Node) NewStage(ctx context.Context, name string, c StageConfig) (stages
 			}
 		}
 		a := audit.New(n.Store, h)
+		if !c.HopsSince.IsZero() {
+			a.RecoverEndings(c.HopsSince, cmp.Or(n.Topology.Duplicates, topology.DefaultDuplicates), n.hasResult)
+		}
 		if c.AuditChainKey != nil {
 			// Receipts are signed with the chain key: audit-chain.pub,
 			// which verifiers hold for the checkpoints, checks them too.
@@ -1068,4 +1076,30 @@ func executeSlots(c *Config) (capacity, tenantCap, workers int) {
 		return 0, 0, capacity
 	}
 	return capacity, c.TenantInFlight, capacity + execute.Headroom(capacity)
+}
+
+// hasResult reports whether the results stream holds a message on subject:
+// a direct get of the subject's last message, which the audit role may make
+// of the results it publishes.
+func (n *Node) hasResult(ctx context.Context, subject string) (bool, error) {
+	body, err := json.Marshal(struct {
+		LastBySubject string `json:"last_by_subj"`
+	}{subject})
+	if err != nil {
+		return false, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	m, err := n.NC.RequestWithContext(ctx, subjects.DirectGet(subjects.StreamResults), body)
+	if err != nil {
+		return false, err
+	}
+	switch status := m.Header.Get("Status"); status {
+	case "":
+		return true, nil
+	case "404":
+		return false, nil
+	default:
+		return false, fmt.Errorf("direct get from %s: status %s %s", subjects.StreamResults, status, m.Header.Get("Description"))
+	}
 }

@@ -620,6 +620,13 @@ func (r *run) startStages(ctx context.Context) (stop func(), err error) {
 	// process's calls is settled here, once.
 	capacity, tenantCap, slots := executeSlots(c)
 	c.Stage.Concurrency, c.Stage.TenantInFlight = capacity, tenantCap
+	kept, err := r.redrive(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if kept {
+		c.Stage.HopsSince = time.Now()
+	}
 	// The stages of this process hand invocations to each other in memory
 	// as well as on the bus, so the reader need not decode what it reads.
 	handed := runner.NewHanded(c.Stages)
@@ -656,13 +663,38 @@ func (r *run) startStages(ctx context.Context) (stop func(), err error) {
 			workers = c.InFlight
 		}
 		rn := sn.Runner(name, st, workers, r.metrics)
-		rn.Handed = handed
+		rn.Handed, rn.KeptIngest = handed, kept
 		if c.Site != "" {
 			rn.Inputs = subjects.SiteInputs(c.Site)
 		}
 		r.runners = append(r.runners, rn)
 	}
 	return stop, nil
+}
+
+// redrive, when the invoke stream keeps each call until it ends
+// (topology.MemoryHops), sends what it holds to validate again before the
+// stages start: the hops live in memory, and this start may follow a
+// restart of the server that emptied them (topology.Redrive). It reports
+// whether the stream keeps calls. It needs the operator's connection;
+// without one the stream is only looked at.
+func (r *run) redrive(ctx context.Context) (kept bool, err error) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if r.op != nil {
+		kept, err = topology.Redrive(ctx, r.op.JS)
+		if err != nil {
+			return false, err
+		}
+		if kept {
+			r.log.Info("re-driving the calls the invoke stream holds from their ingest")
+		}
+		return kept, nil
+	}
+	if vn := r.nodes.stage[subjects.Validate]; vn != nil {
+		return topology.KeepsInvocations(ctx, vn.JS)
+	}
+	return false, nil
 }
 
 // startControl starts the control service on its own connection.

@@ -100,6 +100,12 @@ type Runner struct {
 	// hand-off this process signed is taken from there, not decoded.
 	Handed *Handed
 
+	// KeptIngest says the invoke stream keeps each message until its call
+	// ends (topology.MemoryHops): audit deletes it once it ended the call,
+	// validate once it gave up on the message (ingest.go).
+	KeptIngest bool
+	ingest     chan uint64 // what dropIngest deletes, once Run starts
+
 	inMemory prometheus.Counter // Metrics.inMemory of this stage, once Run starts
 	inflight prometheus.Gauge   // Metrics.inflight of this stage, once Run starts
 	tracer   trace.Tracer       // set by Run, with the name of its spans
@@ -184,6 +190,10 @@ func (r *Runner) Run(ctx context.Context) error {
 	sweepCtx, stopSweep := context.WithCancel(ctx)
 	defer stopSweep() // before the Wait above: Run may end on a closed connection
 	sweeper.Go(func() { r.sweep(sweepCtx) })
+	if r.KeptIngest {
+		r.ingest = make(chan uint64, ingestBacklog)
+		sweeper.Go(func() { r.deleteIngests(sweepCtx) })
+	}
 
 	var fetchers sync.WaitGroup
 	defer fetchers.Wait()
@@ -511,10 +521,12 @@ func (r *Runner) handle(msg jetstream.Msg, settling *sync.WaitGroup, release fun
 	// What finish reads of inv, read now: once handed on within this
 	// process (Handed), inv belongs to the next stage.
 	end := ending{status: inv.Status, received: inv.ReceivedAt}
+	ingest := r.ingestOf(md, inv)
 	if inv.Error != nil {
 		end.ecode = inv.Error.ECode
 	}
 	finish := func(outcome string) {
+		r.dropIngest(ingest, outcome)
 		if r.Metrics != nil {
 			now := r.now()
 			r.Metrics.observe(r.Name, outcome, end, now.Sub(start), now.Sub(end.received))
@@ -836,6 +848,9 @@ func (r *Runner) poison(msg jetstream.Msg, md *jetstream.MsgMetadata, cause erro
 		return
 	}
 	_ = msg.TermWithReason("poison: " + cause.Error())
+	if r.KeptIngest && md.Stream == subjects.StreamInvoke {
+		r.dropIngest(md.Sequence.Stream, outcomeTerminated)
+	}
 	if r.Metrics != nil {
 		r.Metrics.messages.WithLabelValues(r.Name, outcomePoison).Inc()
 	}

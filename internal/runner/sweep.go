@@ -204,7 +204,8 @@ func (r *Runner) settleLeftovers(ctx context.Context, in subjects.Input, seqs []
 //     pipeline): a leftover of a settled message → deleted, nothing else;
 //   - its invocation is parked for approval or running: a live worker
 //     holds the record → held, never ended;
-//   - otherwise it is stuck at this hop → ended.
+//   - otherwise it is stuck at this hop → ended; but a message the invoke
+//     stream keeps until its call ends (Runner.KeptIngest) is held.
 //
 // The pipeline is read before the record is read again: a hop publishes its
 // successor (at a higher sequence) before its input goes, so an invocation
@@ -220,6 +221,11 @@ func (r *Runner) classify(ctx context.Context, in subjects.Input, l leftover, la
 	}
 	if v, ok := byRecord(r.Name, l.inv, rec); ok {
 		return v, nil
+	}
+	if r.KeptIngest && in.Stream == subjects.StreamInvoke {
+		// A kept invocation stays until its call ends, as the re-drive
+		// after a restart needs it, whatever hop the call is at.
+		return sweptHeld, nil
 	}
 	if *later == nil {
 		m, err := r.pipelineInvocations(ctx)

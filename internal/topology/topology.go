@@ -65,14 +65,27 @@ type TopologyOptions struct {
 	// Duplicates is the dedup window of the streams but the invoke
 	// stream, which has none (default 2m).
 	Duplicates time.Duration
+	// MemoryHops keeps the hand-offs between stages (PIPELINE) in memory
+	// and the invoke stream's messages until their call ends (limits
+	// retention; audit deletes each at the ending), so a server restart
+	// that empties the hops is recovered by re-driving what the invoke
+	// stream still holds (Redrive). For a server that restarts only
+	// together with its stages (serve's embedded one): a stage process
+	// outliving its server would find its hop stream gone. The relay
+	// stays on disk: what it carries (events other roles emit, refusals
+	// among them) has no other durable copy to be re-driven from. It
+	// applies when the streams are created (docs/delivery.md).
+	MemoryHops bool
 }
 
 // Defaults of TopologyOptions.
 const (
-	DefaultAuditMaxAge    = 90 * 24 * time.Hour
-	DefaultQueueMaxAge    = 7 * 24 * time.Hour
-	DefaultQueueMaxBytes  = 1 << 30
-	DefaultAuditMaxBytes  = 4 << 30
+	DefaultAuditMaxAge   = 90 * 24 * time.Hour
+	DefaultQueueMaxAge   = 7 * 24 * time.Hour
+	DefaultQueueMaxBytes = 1 << 30
+	DefaultAuditMaxBytes = 4 << 30
+	// DefaultMemoryHopBytes bounds the pipeline kept in memory (MemoryHops).
+	DefaultMemoryHopBytes = 256 << 20
 	DefaultMaxAckPending  = 1000
 	DefaultResultTTL      = 24 * time.Hour
 	DefaultDuplicates     = 2 * time.Minute
@@ -120,6 +133,15 @@ func (o *TopologyOptions) defaults() {
 // Streams returns the configuration of toolgate's streams.
 func Streams(o TopologyOptions) []jetstream.StreamConfig {
 	o.defaults()
+	hops, invoke, hopBytes := o.Storage, jetstream.WorkQueuePolicy, o.PipelineMaxBytes
+	if o.MemoryHops {
+		hops, invoke = jetstream.MemoryStorage, jetstream.LimitsPolicy
+		// The server reserves a stream's byte limit out of its memory
+		// (75 % of the machine's by default): the disk's gibibyte would
+		// keep a small machine from starting. A full pipeline makes the
+		// stage before it retry, and the calls wait in the invoke stream.
+		hopBytes = min(hopBytes, DefaultMemoryHopBytes)
+	}
 	return []jetstream.StreamConfig{{
 		Name: subjects.StreamInvokeSource, Description: "empty: lets " + subjects.StreamInvoke + " keep no duplicate window",
 		Subjects: []string{subjects.StreamInvokeSource}, Retention: jetstream.LimitsPolicy,
@@ -127,14 +149,14 @@ func Streams(o TopologyOptions) []jetstream.StreamConfig {
 		Replicas: o.Replicas, Storage: o.Storage,
 	}, {
 		Name: subjects.StreamInvoke, Description: "tool.invoke CloudEvents awaiting validation",
-		Subjects: []string{subjects.InvokeAll}, Retention: jetstream.WorkQueuePolicy,
+		Subjects: []string{subjects.InvokeAll}, Retention: invoke,
 		MaxAge: o.InvokeMaxAge, MaxBytes: o.InvokeMaxBytes, Discard: jetstream.DiscardNew,
 		Sources: invokeSources(), Duplicates: 0, Replicas: o.Replicas, Storage: o.Storage,
 	}, {
 		Name: subjects.StreamPipeline, Description: "invocations handed from stage to stage",
 		Subjects: []string{subjects.PipeAll}, Retention: jetstream.WorkQueuePolicy,
-		MaxAge: o.PipelineMaxAge, MaxBytes: o.PipelineMaxBytes, Discard: jetstream.DiscardNew,
-		Duplicates: o.Duplicates, Replicas: o.Replicas, Storage: o.Storage,
+		MaxAge: o.PipelineMaxAge, MaxBytes: hopBytes, Discard: jetstream.DiscardNew,
+		Duplicates: o.Duplicates, Replicas: o.Replicas, Storage: hops,
 	}, {
 		// What roles other than audit emit for audit to publish
 		// (subjects.RelayAll): a work queue like the pipeline's.
@@ -292,6 +314,40 @@ func EnsureSites(ctx context.Context, js jetstream.JetStream, o TopologyOptions,
 		}
 	}
 	return nil
+}
+
+// KeepsInvocations reports whether the invoke stream keeps each message
+// until its call ends (MemoryHops) rather than until validate takes it.
+func KeepsInvocations(ctx context.Context, js jetstream.JetStream) (bool, error) {
+	st, err := js.Stream(ctx, subjects.StreamInvoke)
+	if err != nil {
+		return false, err
+	}
+	return st.CachedInfo().Config.Retention == jetstream.LimitsPolicy, nil
+}
+
+// Redrive sends every message the invoke stream still holds to validate
+// again, when it keeps them (MemoryHops): after a restart of the server
+// that emptied the hops in memory, each call not yet ended is taken up
+// again from its ingest. It is safe for a call still under way: a hop's
+// message id derives from the ingest sequence (a second copy within the
+// duplicate window is dropped), execute's durable claim keeps a tool from
+// running twice (an interrupted non-idempotent run ends E3023) and audit
+// keeps the first ending. It reports whether it re-drove.
+func Redrive(ctx context.Context, js jetstream.JetStream) (bool, error) {
+	keeps, err := KeepsInvocations(ctx, js)
+	if err != nil || !keeps {
+		return false, err
+	}
+	for _, in := range subjects.Inputs(subjects.Validate) {
+		if in.Stream != subjects.StreamInvoke {
+			continue
+		}
+		if _, err := js.ResetConsumerToSequence(ctx, in.Stream, in.Consumer, 1); err != nil {
+			return false, fmt.Errorf("re-driving %s from its first message: %w", in.Consumer, err)
+		}
+	}
+	return true, nil
 }
 
 // ConsumedBy are the durable consumers stage's workers read: its inputs,

@@ -161,3 +161,130 @@ func TestInvokeStreamHasNoDuplicateWindow(t *testing.T) {
 		})
 	}
 }
+
+// TestRedriveMemoryHops: with MemoryHops the hand-offs are in memory and the
+// invoke stream keeps what validate took, so a server restart loses the
+// hops but not the calls; Redrive hands validate again every invocation
+// still held, and only those (an ended call's was deleted), while
+// without MemoryHops it changes nothing.
+func TestRedriveMemoryHops(t *testing.T) {
+	dir := t.TempDir()
+	start := func() *server.Server {
+		ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: dir, NoLog: true, NoSigs: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ns.Start()
+		if !ns.ReadyForConnections(10 * time.Second) {
+			t.Fatal("server not ready")
+		}
+		return ns
+	}
+	ns := start()
+	connect := func(ns *server.Server) jetstream.JetStream {
+		nc, err := nats.Connect(ns.ClientURL())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(nc.Close)
+		js, _ := jetstream.New(nc)
+		return js
+	}
+	js := connect(ns)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	o := topology.TopologyOptions{MemoryHops: true}
+	if err := topology.EnsureTopology(ctx, js, o); err != nil {
+		t.Fatal(err)
+	}
+	for _, cfg := range topology.Streams(o) {
+		switch cfg.Name {
+		case subjects.StreamPipeline:
+			if cfg.Storage != jetstream.MemoryStorage || cfg.MaxBytes > topology.DefaultMemoryHopBytes {
+				t.Errorf("%s on %v storage, %d bytes: want memory, at most %d", cfg.Name, cfg.Storage, cfg.MaxBytes, topology.DefaultMemoryHopBytes)
+			}
+		case subjects.StreamInvoke:
+			if cfg.Retention != jetstream.LimitsPolicy || cfg.Storage != jetstream.FileStorage {
+				t.Errorf("%s: %v retention on %v storage, want limits on file", cfg.Name, cfg.Retention, cfg.Storage)
+			}
+		default:
+			if cfg.Storage != jetstream.FileStorage {
+				t.Errorf("%s on %v storage, want file", cfg.Name, cfg.Storage)
+			}
+		}
+	}
+	for i := range 3 {
+		if _, err := js.Publish(ctx, subjects.Invoke("ta"), fmt.Appendf(nil, "call %d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := js.Publish(ctx, subjects.Pipe(subjects.Authorize, "normal", "ta"), []byte("hop")); err != nil {
+		t.Fatal(err)
+	}
+	in := subjects.Inputs(subjects.Validate)[0]
+	take := func(js jetstream.JetStream, want int) []string {
+		t.Helper()
+		c, err := js.Consumer(ctx, in.Stream, in.Consumer)
+		if err != nil {
+			t.Fatal(err)
+		}
+		batch, err := c.Fetch(10, jetstream.FetchMaxWait(time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for m := range batch.Messages() {
+			got = append(got, string(m.Data()))
+			_ = m.Ack()
+		}
+		if len(got) != want {
+			t.Fatalf("validate got %q, want %d messages", got, want)
+		}
+		return got
+	}
+	take(js, 3)
+	// The first call ended: its ingest is deleted, as audit does.
+	st, err := js.Stream(ctx, subjects.StreamInvoke)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.DeleteMsg(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+
+	ns.Shutdown()
+	ns.WaitForShutdown()
+	ns = start()
+	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
+	js = connect(ns)
+	if err := topology.EnsureTopology(ctx, js, o); err != nil {
+		t.Fatal(err)
+	}
+	pipe, err := js.Stream(ctx, subjects.StreamPipeline)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := pipe.CachedInfo().State.Msgs; n != 0 {
+		t.Fatalf("the pipeline in memory kept %d messages over the restart", n)
+	}
+	if ok, err := topology.Redrive(ctx, js); err != nil || !ok {
+		t.Fatalf("Redrive: %v, %v", ok, err)
+	}
+	if got := take(js, 2); got[0] != "call 1" || got[1] != "call 2" {
+		t.Fatalf("re-driven %q, want the two calls not ended", got)
+	}
+
+	// Without MemoryHops the invoke stream is a work queue: nothing to re-drive.
+	js2 := connect(ns)
+	for _, name := range []string{subjects.StreamInvoke, subjects.StreamPipeline, subjects.StreamRelay} {
+		if err := js2.DeleteStream(ctx, name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := topology.EnsureTopology(ctx, js2, topology.TopologyOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := topology.Redrive(ctx, js2); err != nil || ok {
+		t.Fatalf("Redrive on a work queue: %v, %v", ok, err)
+	}
+}

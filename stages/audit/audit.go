@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/toolgate/toolgate/api"
@@ -43,6 +44,46 @@ type Auditor struct {
 	stats statsRecorder
 	// receipts signs every terminal result's receipt; nil: none.
 	receipts *auditchain.ReceiptSigner
+	// recovery, when the hops live in memory: see RecoverEndings.
+	recovery *recovery
+}
+
+// recovery is what RecoverEndings set.
+type recovery struct {
+	since     time.Time
+	window    time.Duration
+	published func(ctx context.Context, subject string) (bool, error)
+}
+
+// RecoverEndings is for hops kept in memory (topology.MemoryHops), whose
+// messages a restart of the server at since lost: an ending recorded
+// before since whose call comes back re-driven had its message, and maybe
+// its outputs, lost with them. Its outputs are published again from its
+// status record, never the re-driven call's: within window (the duplicate
+// window of the audit and results streams) their message ids keep one
+// copy; past it, only when published reports that the result subject
+// holds none.
+func (a *Auditor) RecoverEndings(since time.Time, window time.Duration, published func(ctx context.Context, subject string) (bool, error)) {
+	a.recovery = &recovery{since: since, window: window, published: published}
+}
+
+// lostEnding reports whether stored, the terminal record of rec's call,
+// was written by an ending whose message a restart lost (RecoverEndings)
+// and whose outputs must be published again from it.
+func (a *Auditor) lostEnding(ctx context.Context, stored api.Record, rec api.Record, inv *envelope.Invocation) (bool, error) {
+	r := a.recovery
+	if r == nil || !stored.Status.Terminal() || stored.Seq != rec.Seq || stored.Response == nil ||
+		!stored.UpdatedAt.Before(r.since) || !strings.HasPrefix(stored.Ending, subjects.StreamPipeline+":") {
+		return false, nil
+	}
+	if time.Since(stored.UpdatedAt) < r.window {
+		return true, nil
+	}
+	has, err := r.published(ctx, subjects.Result(inv.Tenant, inv.Agent(), inv.ID))
+	if err != nil {
+		return false, stages.Transient(fmt.Errorf("looking for the result of an ending recorded before the restart: %w", err), 0)
+	}
+	return !has, nil
 }
 
 var _ stages.Finaliser = (*Auditor)(nil)
@@ -82,7 +123,7 @@ func (a *Auditor) Process(ctx context.Context, inv *envelope.Invocation) ([]stag
 		inv.Fail(subjects.Audit, api.NewError(api.InternalError, api.EInternal,
 			"invocation reached audit without a terminal status (last stage %q)", inv.EndedBy))
 	}
-	if swept(inv.Error) {
+	if stages.Swept(inv.Error) {
 		// Before hooks, aborts and charges: none of them may act on an
 		// ending that does not stand.
 		held, err := a.heldByWorker(ctx, inv)
@@ -157,7 +198,20 @@ func (a *Auditor) Process(ctx context.Context, inv *envelope.Invocation) ([]stag
 	if err != nil {
 		return nil, stages.Transient(fmt.Errorf("recording status: %w", err), 0)
 	}
-	if !written && secondEnding(stored, rec) {
+	recovered := false
+	if !written {
+		if recovered, err = a.lostEnding(ctx, stored, rec, inv); err != nil {
+			return nil, err
+		}
+	}
+	if recovered {
+		// The outcome recorded stands, whatever the re-driven call came to.
+		inv.Status, inv.Error, inv.Result = stored.Status, stored.Error, stored.Response.Result
+		if md := stored.Response.ExecutionMetadata; md != nil {
+			inv.Metadata = *md
+		}
+		resp, typ, decision = *stored.Response, envelope.TerminalType(inv), nil
+	} else if !written && secondEnding(stored, rec) {
 		// Another message ended this invocation first (execute's success
 		// on its way through verify, then a redelivery of execute's input
 		// declaring E3023): that ending is the one recorded and published,
@@ -183,7 +237,7 @@ func (a *Auditor) Process(ctx context.Context, inv *envelope.Invocation) ([]stag
 		return nil, err
 	}
 	outs := []stages.Output{terminal, result}
-	if invoked, ok := carriedInvoked(inv); ok {
+	if invoked, ok := carriedInvoked(inv); ok && !recovered {
 		outs = append([]stages.Output{invoked}, outs...)
 	}
 	if decision != nil && decision.Child != nil {
@@ -236,16 +290,6 @@ func (a *Auditor) receipt(inv *envelope.Invocation, resp *api.Response, typ stri
 	}
 	a.receipts.Sign(r)
 	resp.Receipt = r
-}
-
-// swept reports an E3901 ending decided by a sweep of messages left in a
-// work queue (stages.SweptDetail), rather than by the stage that held it.
-func swept(e *api.Error) bool {
-	if e == nil || e.ECode != api.EDeliveryExhausted {
-		return false
-	}
-	s, _ := e.Details[stages.SweptDetail].(bool)
-	return s
 }
 
 // heldByWorker reports whether inv's record says a live worker holds the

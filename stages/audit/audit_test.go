@@ -8,6 +8,7 @@ import (
 	"maps"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/envelope"
@@ -36,6 +37,9 @@ func (f *fakeStore) SetStatus(_ context.Context, rec api.Record) (api.Record, bo
 	}
 	if cur, ok := f.records[rec.InvocationID]; ok && cur.Status.Terminal() {
 		return cur, false, nil
+	}
+	if rec.UpdatedAt.IsZero() {
+		rec.UpdatedAt = time.Now().UTC() // as kvstore's
 	}
 	f.records[rec.InvocationID] = rec
 	if f.atEnd == nil {
@@ -240,6 +244,69 @@ func TestAudit(t *testing.T) {
 		reuse.Fail(subjects.Validate, api.NewError(api.InvalidParameters, api.EDuplicateInvocation, "reused"))
 		if outs, err := a.Process(stages.WithInput(ctx, "TOOLGATE_PIPELINE", 13, 0), reuse); err != nil || len(outs) != 2 {
 			t.Fatalf("reuse: %q, %v", subjectsOf(outs), err)
+		}
+	})
+
+	t.Run("an ending whose hop a restart lost is published again from its record", func(t *testing.T) {
+		// Audit recorded the success and died before its outputs were
+		// stored; the restart lost the hops in memory and re-drove the
+		// call, which execute ended E3023 at a pipeline sequence counted
+		// anew.
+		st := newFakeStore()
+		a := &Auditor{store: st}
+		if outs, err := a.Process(stages.WithInput(ctx, "TOOLGATE_PIPELINE", 204, 0), succeeded()); err != nil || len(outs) != 2 {
+			t.Fatalf("first ending: %q, %v", subjectsOf(outs), err)
+		}
+		redriven := func() *envelope.Invocation {
+			inv := &envelope.Invocation{ID: "i-1", Tenant: "acme", Event: envelope.Event{Seq: 7}, Status: api.StatusRunning,
+				Request: &api.Request{ToolID: "echo"}}
+			inv.Fail(subjects.Execute, api.NewError(api.ToolExecutionError, api.EOutcomeUnknown, "interrupted"))
+			return inv
+		}
+		again := stages.WithInput(ctx, "TOOLGATE_PIPELINE", 3, 0)
+		if outs, err := a.Process(again, redriven()); err != nil || len(outs) != 0 {
+			t.Fatalf("without recovery the second ending published %q, %v", subjectsOf(outs), err)
+		}
+		var asked []string
+		published := func(has bool) func(context.Context, string) (bool, error) {
+			return func(_ context.Context, subject string) (bool, error) {
+				asked = append(asked, subject)
+				return has, nil
+			}
+		}
+		a.RecoverEndings(time.Now(), time.Minute, published(true))
+		outs, err := a.Process(again, redriven())
+		if err != nil || len(outs) != 2 {
+			t.Fatalf("recovered ending: %q, %v", subjectsOf(outs), err)
+		}
+		for _, o := range outs {
+			if !bytes.Contains(o.Data, []byte(`"success"`)) || bytes.Contains(o.Data, []byte(api.EOutcomeUnknown)) {
+				t.Fatalf("recovered output is not the recorded success: %s", o.Data)
+			}
+		}
+		if len(asked) != 0 {
+			t.Fatalf("within the duplicate window the results were read: %q", asked)
+		}
+		// Past the window, only when the result is missing.
+		a.RecoverEndings(time.Now(), time.Nanosecond, published(true))
+		if outs, err := a.Process(again, redriven()); err != nil || len(outs) != 0 {
+			t.Fatalf("a result already stored was published again: %q, %v", subjectsOf(outs), err)
+		}
+		if len(asked) != 1 || asked[0] != subjects.Result("acme", "", "i-1") {
+			t.Fatalf("asked %q", asked)
+		}
+		a.RecoverEndings(time.Now(), time.Nanosecond, published(false))
+		if outs, err := a.Process(again, redriven()); err != nil || len(outs) != 2 {
+			t.Fatalf("a missing result was not published again: %q, %v", subjectsOf(outs), err)
+		}
+		// An ending recorded after the restart kept its message: a second
+		// ending is dropped as ever.
+		a.RecoverEndings(time.Now().Add(-time.Hour), time.Minute, published(false))
+		if outs, err := a.Process(again, redriven()); err != nil || len(outs) != 0 {
+			t.Fatalf("second ending after the restart published %q, %v", subjectsOf(outs), err)
+		}
+		if rec := st.records["i-1"]; rec.Status != api.StatusSuccess {
+			t.Fatalf("stored %+v", rec)
 		}
 	})
 
