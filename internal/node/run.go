@@ -881,9 +881,13 @@ func setupSigning(c *Config, nodes *nodeSet, authenticated bool) error {
 		return fmt.Errorf("the stages need the deployment's message-signing keys (%s in %s): %w", busauth.HopKeysFile, where, err)
 	}
 	msgs := seal.NewMessages(pubs)
+	msgs.LoadSitesFrom(func() (map[busauth.Role]ed25519.PublicKey, error) { return busauth.LoadHopPublicKeys(dir) })
 	c.Stage.Messages = msgs
 	for name, n := range nodes.stage {
 		r, _ := busauth.StageRole(name)
+		if r == busauth.RoleExecute && c.Site != "" {
+			r = busauth.SiteRole(c.Site) // the site's own key (site add)
+		}
 		if err := n.signAs(dir, r, msgs, name != subjects.Validate, c.Stage.AuditChainKey != nil); err != nil {
 			return err
 		}

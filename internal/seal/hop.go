@@ -7,6 +7,8 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"maps"
+	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -113,15 +115,68 @@ func signedMessage(role, subject string, data []byte) []byte {
 // let it publish on the subject. A message sent with stolen credentials but
 // without the role's key, or by a role onto a subject not its own, fails.
 type Messages struct {
-	keys   map[busauth.Role]ed25519.PublicKey
 	recent *recent
 	pairs  *pairs
+
+	mu     sync.RWMutex
+	keys   map[busauth.Role]ed25519.PublicKey
+	load   func() (map[busauth.Role]ed25519.PublicKey, error)
+	loaded time.Time // when load last ran
 }
 
 // NewMessages returns a checker for the public keys of hops.pub. It checks
 // a hand-off's MAC for the roles whose Signers it made (NewSigner).
 func NewMessages(keys map[busauth.Role]ed25519.PublicKey) *Messages {
-	return &Messages{keys: keys, recent: newRecent(recentSize), pairs: newPairs(keys)}
+	keys = maps.Clone(keys)
+	return &Messages{keys: keys, recent: newRecent(recentSize), pairs: newPairs(maps.Clone(keys))}
+}
+
+// LoadSitesFrom has m read hops.pub again (load) when it meets a site's
+// role it has no key of: a site declared while the hub runs (toolgate
+// site add) signs with a key the hub learns then. At most once a second,
+// so that messages naming made-up sites cost no more than that.
+func (m *Messages) LoadSitesFrom(load func() (map[busauth.Role]ed25519.PublicKey, error)) {
+	m.mu.Lock()
+	m.load = load
+	m.mu.Unlock()
+}
+
+// key returns role's public key.
+func (m *Messages) key(role busauth.Role) (ed25519.PublicKey, bool) {
+	m.mu.RLock()
+	k, ok := m.keys[role]
+	load, last := m.load, m.loaded
+	m.mu.RUnlock()
+	if ok || load == nil || time.Since(last) < time.Second {
+		return k, ok
+	}
+	if _, site := busauth.SiteOfRole(role); !site {
+		return nil, false
+	}
+	m.mu.Lock()
+	if time.Since(m.loaded) < time.Second {
+		k, ok = m.keys[role]
+		m.mu.Unlock()
+		return k, ok
+	}
+	m.loaded = time.Now()
+	m.mu.Unlock()
+	keys, err := load()
+	if err != nil {
+		return nil, false
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for r, pub := range keys {
+		if _, site := busauth.SiteOfRole(r); site {
+			if _, had := m.keys[r]; !had {
+				m.keys[r] = pub
+				m.pairs.learn(r, pub)
+			}
+		}
+	}
+	k, ok = m.keys[role]
+	return k, ok
 }
 
 // Sender returns the role that signed the message, or a permission_denied
@@ -139,7 +194,7 @@ func (m *Messages) Check(subject string, h nats.Header, data []byte) (role busau
 	if role == "" {
 		return "", false, refuseMessage("the message carries no signature: it was not sent by a stage or the control service")
 	}
-	key, ok := m.keys[role]
+	key, ok := m.key(role)
 	if !ok {
 		return "", false, refuseMessage("the message names signer " + string(role) + ", which has no signing key in this deployment")
 	}
@@ -178,7 +233,7 @@ func (m *Messages) Check(subject string, h nats.Header, data []byte) (role busau
 
 // Record checks a record signature made with Signer.SignRecord by role.
 func (m *Messages) Record(role busauth.Role, kind string, b []byte, sig string) bool {
-	key, ok := m.keys[role]
+	key, ok := m.key(role)
 	if !ok {
 		return false
 	}
