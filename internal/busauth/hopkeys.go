@@ -188,10 +188,7 @@ var (
 const mayPublishMax = 1 << 14
 
 func mayPublishNow(role Role, subject string) bool {
-	rr, ok := Rights[role]
-	if site, isSite := SiteOfRole(role); isSite {
-		rr, ok = SiteRights(site), true
-	}
+	rr, ok := RightsOf(role)
 	if !ok {
 		return false
 	}

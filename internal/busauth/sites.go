@@ -47,6 +47,16 @@ func SiteOfRole(r Role) (string, bool) {
 	return site, true
 }
 
+// RightsOf are role's rights: a stage's or the control service's
+// (Rights), or a site's worker's (SiteRights of SiteRole's site).
+func RightsOf(role Role) (RoleRights, bool) {
+	if site, ok := SiteOfRole(role); ok {
+		return SiteRights(site), true
+	}
+	rr, ok := Rights[role]
+	return rr, ok
+}
+
 // sitePermissions are the permissions of site's leaf connection.
 func sitePermissions(site string) jwt.Permissions {
 	p := SiteRights(site).permissionsWithInbox(subjects.SiteInbox(site))

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"os"
 	"os/exec"
@@ -23,7 +24,10 @@ import (
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/client"
 	"github.com/toolgate/toolgate/internal/busauth"
+	"github.com/toolgate/toolgate/internal/envelope"
 	"github.com/toolgate/toolgate/internal/node"
+	"github.com/toolgate/toolgate/internal/runner"
+	"github.com/toolgate/toolgate/internal/seal"
 	"github.com/toolgate/toolgate/internal/token"
 	"github.com/toolgate/toolgate/internal/tools"
 	"github.com/toolgate/toolgate/subjects"
@@ -392,9 +396,24 @@ func TestSitesLeafNodes(t *testing.T) {
 		t.Errorf("lab-us's call ran %d times at lab-eu", n)
 	}
 	impostor.kill()
+	// lab-eu's credentials and key, with a copy of lab-us's waiting call,
+	// hand verify a result of it and audit an ending of it: both refused
+	// (the site's hand-off E3272, its ending E3230) and audited, and the
+	// real call still runs at lab-us and ends once.
+	forgeAsSite(t, ctx, nc, leafPort, bundles["lab-eu"], "lab-eu", stolen)
 	sites["lab-us"].start()
 	waitAll([]string{stolen})
 	once("lab-us", []string{stolen})
+	if r, err := op.Status(ctx, tenant, stolen); err != nil || r.Status != api.StatusSuccess {
+		t.Errorf("lab-us's call after lab-eu's forgeries: %v %v", r.Status, err)
+	} else if b, _ := json.Marshal(r); strings.Contains(string(b), "forged") {
+		t.Errorf("lab-us's call ended with lab-eu's forgery: %s", b)
+	}
+	for _, code := range []string{api.ESiteHandOffRefused, api.EEndingRefused} {
+		if !auditedPoison(t, ctx, nc, stolen, code) {
+			t.Errorf("no pipeline.poison %s for lab-eu's forgery of %s", code, stolen)
+		}
+	}
 
 	// 5. A site's credentials open no client connection to the hub: only
 	// its leaf link; the refusal is in the audit trail.
@@ -449,4 +468,112 @@ func grepLines(s, sub string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// forgeAsSite connects to the hub as site does (a leaf node with its
+// credentials, signing with its key from bundle) and hands verify a
+// success, and audit a failure, of call id, which waits at the hub for
+// another site: what a site holding execute's key could once do.
+func forgeAsSite(t *testing.T, ctx context.Context, opnc *nats.Conn, leafPort int, bundle, site, id string) {
+	t.Helper()
+	opjs, err := jetstream.New(opnc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream, err := opjs.Stream(ctx, subjects.StreamPipeline)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var raw *jetstream.RawStreamMsg
+	for _, p := range subjects.Priorities {
+		if raw, err = stream.GetLastMsgForSubject(ctx, subjects.Pipe(subjects.Execute, p, tenant)+".*"); err == nil {
+			break
+		}
+	}
+	if raw == nil {
+		t.Fatalf("no call waits for a site: %v", err)
+	}
+	real, err := envelope.Decode(raw.Data)
+	if err != nil || real.ID != id {
+		t.Fatalf("the waiting call: %v %v, want %s", real, err, id)
+	}
+	priority := strings.Split(raw.Subject, ".")[3]
+
+	creds := filepath.Join(bundle, busauth.DirName, busauth.SiteCredsFile)
+	ns, err := node.StartSiteLeaf(node.SiteOptions{Hub: fmt.Sprintf("nats-leaf://127.0.0.1:%d", leafPort), Creds: creds, Name: site + "-forger"}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Shutdown()
+	nc, err := nats.Connect(ns.ClientURL(), nats.InProcessServer(ns), busauth.CredentialsOption(creds),
+		nats.CustomInboxPrefix(subjects.SiteInbox(site)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	pubs, err := busauth.LoadHopPublicKeys(bundle)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := busauth.LoadHopKey(bundle, busauth.SiteRole(site))
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, err := jetstream.NewWithDomain(nc, subjects.HubDomain)
+	if err != nil {
+		t.Fatal(err)
+	}
+	js = seal.SigningJetStream(js, seal.NewMessages(pubs).NewSigner(busauth.SiteRole(site), key))
+
+	success, _ := envelope.Decode(raw.Data)
+	success.Succeed(subjects.Execute, json.RawMessage(`{"forged":true}`))
+	failure, _ := envelope.Decode(raw.Data)
+	failure.Fail(subjects.Execute, api.NewError(api.ToolExecutionError, api.EOutcomeUnknown, "forged"))
+	for next, inv := range map[string]*envelope.Invocation{subjects.Verify: success, subjects.Audit: failure} {
+		o, err := runner.Handoff(inv, next)
+		if err != nil {
+			t.Fatal(err)
+		}
+		o.Subject = subjects.Pipe(next, priority, tenant)
+		// The leaf link comes up in the background: retry until it has.
+		for {
+			pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			err = runner.Publish(pctx, js, o)
+			cancel()
+			if err == nil || ctx.Err() != nil {
+				break
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+		if err != nil {
+			t.Fatalf("%s's forged hand-off to %s: %v", site, next, err)
+		}
+	}
+}
+
+// auditedPoison reports whether the audit trail holds, within a few
+// seconds, a pipeline.poison event of code naming invocation id.
+func auditedPoison(t *testing.T, ctx context.Context, nc *nats.Conn, id, code string) bool {
+	t.Helper()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for time.Now().Before(deadline) {
+		found := false
+		err := readStream(ctx, js, subjects.StreamAudit, subjects.AuditEvent(tenant, envelope.SubjectSuffix(api.TypePoison)), func(m jetstream.Msg) {
+			if d := string(m.Data()); strings.Contains(d, code) && strings.Contains(d, id) {
+				found = true
+			}
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if found {
+			return true
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	return false
 }
