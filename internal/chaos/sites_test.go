@@ -353,8 +353,11 @@ func TestSitesLeafNodes(t *testing.T) {
 	if l["lab-eu"]["link"] != "down" || l["lab-eu"]["queued"].(float64)+l["lab-eu"]["running"].(float64) == 0 {
 		t.Errorf("site list while lab-eu is cut off: %v, want it down with calls waiting", l["lab-eu"])
 	}
+	// Its status names the site it waits for and that site's link.
 	if r, err := op.Status(ctx, tenant, cut[len(cut)-1]); err != nil || r.Status.Terminal() {
 		t.Errorf("a call for the cut-off site: %v %v, want it waiting", r.Status, err)
+	} else if r.Site == nil || r.Site.Site != "lab-eu" || r.Site.Link != "down" || r.Site.LastContact == nil {
+		t.Errorf("the status of a call waiting for the cut-off lab-eu: site %+v, want lab-eu, link down since its last contact", r.Site)
 	}
 	sites["lab-eu"].start()
 	waitAll(cut)

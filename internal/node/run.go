@@ -684,7 +684,11 @@ func (r *run) startControl(ctx context.Context) (stop func(), err error) {
 	if c.Stage.StateProof != nil {
 		opts = append(opts, control.WithStateProof(c.Stage.StateProof))
 	}
-	opts = append(opts, control.WithJetStream(ctl.JS), control.WithManifestCheck(siteCheck(c.Embedded.DataDir, c.Stage.kinds().Check)))
+	opts = append(opts, control.WithJetStream(ctl.JS), control.WithManifestCheck(siteCheck(c.Embedded.DataDir, c.Stage.kinds().Check)),
+		control.WithSites(func(ctx context.Context, site string) (api.SiteWait, error) {
+			st, err := SiteStatus(ctx, ctl.JS, site)
+			return api.SiteWait{Site: site, Link: st.Link, LastContact: st.LastContact, Queued: st.Queued}, err
+		}))
 	if k := c.Stage.AuditChainKey; k != nil {
 		opts = append(opts, control.WithAuditChainKey(k.Public().(ed25519.PublicKey)))
 	} else if pub, err := busauth.LoadAuditChainPublicKey(c.Embedded.DataDir); err == nil && c.Embedded.DataDir != "" {
