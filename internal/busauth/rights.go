@@ -373,6 +373,9 @@ func RoleTable() string {
 		for _, st := range r.Counts {
 			reads = append(reads, st+" (message counts only)")
 		}
+		for _, st := range r.Observes {
+			reads = append(reads, st+" (its consumers' state only)")
+		}
 		writes := slices.Clone(r.Writes)
 		for _, o := range r.Objects {
 			writes = append(writes, o+" (objects, no deletes)")
