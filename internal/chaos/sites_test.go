@@ -3,11 +3,13 @@ package chaos
 import (
 	"bufio"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -21,6 +23,7 @@ import (
 	"github.com/golang-jwt/jwt/v5"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nkeys"
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/client"
 	"github.com/toolgate/toolgate/internal/busauth"
@@ -412,6 +415,14 @@ func TestSitesLeafNodes(t *testing.T) {
 	} else if b, _ := json.Marshal(r); strings.Contains(string(b), "forged") {
 		t.Errorf("lab-us's call ended with lab-eu's forgery: %s", b)
 	}
+	// A leaf link that asks for what its grant refuses is cut, and the
+	// refusal audited (the site's own server never asks: a raw link does).
+	if reply := rawLeafViolation(t, leafPort, filepath.Join(bundles["lab-eu"], busauth.DirName, busauth.SiteCredsFile)); !strings.Contains(reply, "Permissions Violation") {
+		t.Errorf("a leaf link subscribing outside its grant: %q, want a permissions violation", reply)
+	}
+	if !auditedRefusal(t, ctx, nc, "Violation") {
+		t.Error("no bus.refused audit event for the leaf link's violation")
+	}
 	for _, code := range []string{api.ESiteHandOffRefused, api.EEndingRefused} {
 		if !auditedPoison(t, ctx, nc, stolen, code) {
 			t.Errorf("no pipeline.poison %s for lab-eu's forgery of %s", code, stolen)
@@ -567,6 +578,100 @@ func auditedPoison(t *testing.T, ctx context.Context, nc *nats.Conn, id, code st
 		found := false
 		err := readStream(ctx, js, subjects.StreamAudit, subjects.AuditEvent(tenant, envelope.SubjectSuffix(api.TypePoison)), func(m jetstream.Msg) {
 			if d := string(m.Data()); strings.Contains(d, code) && strings.Contains(d, id) {
+				found = true
+			}
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if found {
+			return true
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	return false
+}
+
+// rawLeafViolation connects to the hub's leaf port as a leaf node with a
+// site's credentials, speaking the protocol itself, subscribes to a subject
+// outside the site's grant and returns what the hub answers.
+func rawLeafViolation(t *testing.T, leafPort int, creds string) string {
+	t.Helper()
+	b, err := os.ReadFile(creds)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, seed, err := busauth.SplitCreds(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kp, err := nkeys.FromSeed(seed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", leafPort), 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(15 * time.Second))
+	r := bufio.NewReader(conn)
+	line, err := r.ReadString('\n')
+	if err != nil || !strings.HasPrefix(line, "INFO ") {
+		t.Fatalf("leaf INFO: %q %v", line, err)
+	}
+	var info struct {
+		Nonce string `json:"nonce"`
+	}
+	if err := json.Unmarshal([]byte(strings.TrimPrefix(line, "INFO ")), &info); err != nil {
+		t.Fatal(err)
+	}
+	sig, err := kp.Sign([]byte(info.Nonce))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, _ := kp.PublicKey()
+	connect, _ := json.Marshal(map[string]any{"nkey": pub, "sig": base64.RawURLEncoding.EncodeToString(sig),
+		"user": string(tok), "auth_token": string(tok), "name": "raw-leaf", "headers": true})
+	fmt.Fprintf(conn, "CONNECT %s\r\nPING\r\n", connect)
+	for {
+		line, err = r.ReadString('\n')
+		if err != nil {
+			t.Fatalf("leaf CONNECT: %v", err)
+		}
+		if strings.HasPrefix(line, "PONG") {
+			break
+		}
+		if strings.HasPrefix(line, "-ERR") {
+			t.Fatalf("leaf CONNECT refused: %q", line)
+		}
+	}
+	fmt.Fprintf(conn, "LS+ %s\r\n", subjects.Pipe(subjects.Authorize, "normal", tenant))
+	var got []string
+	for {
+		line, err = r.ReadString('\n')
+		if err != nil {
+			return strings.Join(got, "")
+		}
+		if strings.HasPrefix(line, "-ERR") {
+			got = append(got, line)
+		}
+	}
+}
+
+// auditedRefusal reports whether the audit trail holds, within a few
+// seconds, a bus.refused event whose data contains what.
+func auditedRefusal(t *testing.T, ctx context.Context, nc *nats.Conn, what string) bool {
+	t.Helper()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for time.Now().Before(deadline) {
+		found := false
+		err := readStream(ctx, js, subjects.StreamAudit, subjects.AuditEvent(subjects.SystemTenant, "bus.refused"), func(m jetstream.Msg) {
+			if strings.Contains(string(m.Data()), what) {
 				found = true
 			}
 		})
