@@ -155,30 +155,40 @@ func (m *Messages) key(role busauth.Role) (ed25519.PublicKey, bool) {
 	if _, site := busauth.SiteOfRole(role); !site {
 		return nil, false
 	}
+	m.reload()
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	k, ok = m.keys[role]
+	return k, ok
+}
+
+// reload reads the sites' keys again (LoadSitesFrom), at most once a
+// second, and reports whether one is new or changed: a site declared
+// again signs with a new key, and its old one is no longer trusted.
+func (m *Messages) reload() bool {
 	m.mu.Lock()
-	if time.Since(m.loaded) < time.Second {
-		k, ok = m.keys[role]
+	load := m.load
+	if load == nil || time.Since(m.loaded) < time.Second {
 		m.mu.Unlock()
-		return k, ok
+		return false
 	}
 	m.loaded = time.Now()
 	m.mu.Unlock()
 	keys, err := load()
 	if err != nil {
-		return nil, false
+		return false
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	changed := false
 	for r, pub := range keys {
-		if _, site := busauth.SiteOfRole(r); site {
-			if _, had := m.keys[r]; !had {
-				m.keys[r] = pub
-				m.pairs.learn(r, pub)
-			}
+		if _, site := busauth.SiteOfRole(r); site && !pub.Equal(m.keys[r]) {
+			m.keys[r] = pub
+			m.pairs.set(r, pub)
+			changed = true
 		}
 	}
-	k, ok = m.keys[role]
-	return k, ok
+	return changed
 }
 
 // Sender returns the role that signed the message, or a permission_denied
@@ -192,6 +202,15 @@ func (m *Messages) Sender(subject string, h nats.Header, data []byte) (busauth.R
 // the signature (ours): then these are the very bytes this process
 // published on subject.
 func (m *Messages) Check(subject string, h nats.Header, data []byte) (role busauth.Role, ours bool, err error) {
+	role, ours, err = m.check(subject, h, data)
+	if _, site := busauth.SiteOfRole(busauth.Role(h.Get(HeaderSigner))); err != nil && site && m.reload() {
+		// The site may have been declared again since its key was read.
+		return m.check(subject, h, data)
+	}
+	return role, ours, err
+}
+
+func (m *Messages) check(subject string, h nats.Header, data []byte) (role busauth.Role, ours bool, err error) {
 	role = busauth.Role(h.Get(HeaderSigner))
 	if role == "" {
 		return "", false, refuseMessage("the message carries no signature: it was not sent by a stage or the control service")

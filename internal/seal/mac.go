@@ -54,18 +54,22 @@ func newPairs(keys map[busauth.Role]ed25519.PublicKey) *pairs {
 	return p
 }
 
-// learn adds role's public key (a site declared after the process
-// started), unless it already has one.
-func (p *pairs) learn(role busauth.Role, key ed25519.PublicKey) {
+// set makes key role's public key (a site declared after the process
+// started, or again), forgetting the pair keys derived from the one it
+// replaces.
+func (p *pairs) set(role busauth.Role, key ed25519.PublicKey) {
 	x, err := x25519Public(key)
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if _, had := p.ed[role]; had {
-		return
-	}
 	p.ed[role] = key
+	delete(p.pubs, role)
 	if err == nil {
 		p.pubs[role] = x
+	}
+	for id := range p.keys {
+		if id[0] == role || id[1] == role {
+			delete(p.keys, id)
+		}
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"crypto/ed25519"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/busauth"
@@ -41,11 +42,11 @@ func TestSiteHandOff(t *testing.T) {
 		m.LoadSitesFrom(func() (map[busauth.Role]ed25519.PublicKey, error) { return keys, nil })
 		return m, m.NewSigner(r, priv[r])
 	}
-	site := func(r busauth.Role) *Signer { return NewMessages(keys).NewSigner(r, priv[r]) }
+	site := func(r busauth.Role, k ed25519.PrivateKey) *Signer { return NewMessages(keys).NewSigner(r, k) }
 	_, route := hub(busauth.RoleRoute)
 	verify, _ := hub(busauth.RoleVerify)
 	audit, _ := hub(busauth.RoleAudit)
-	siteEU, siteUS := site(eu), site(us)
+	siteEU, siteUS := site(eu, priv[eu]), site(us, priv[us])
 
 	call := func(to string) *envelope.Invocation {
 		inv := &envelope.Invocation{ID: "inv-" + to, Tenant: "acme"}
@@ -113,4 +114,18 @@ func TestSiteHandOff(t *testing.T) {
 	forged.Custody = siteEU.Custody(busauth.RoleVerify, forged.Tenant, forged.ID, forged.Event.Seq)
 	forged.Fail(subjects.Verify, failed)
 	refused("verify ends lab-us's call with lab-eu's custody", audit.Ending(busauth.RoleVerify, forged), api.EEndingRefused)
+
+	// lab-eu declared again: a new key, which the hub learns at the
+	// first hand-off that its old one does not verify; the old key
+	// then signs nothing.
+	p, k, err := ed25519.GenerateKey(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys[eu] = p
+	time.Sleep(1100 * time.Millisecond) // the hub reads hops.pub at most once a second
+	if err := handOff(site(eu, k), call("lab-eu")); err != nil {
+		t.Fatalf("lab-eu's new key: %v", err)
+	}
+	refused("lab-eu's old key", handOff(siteEU, call("lab-eu")), api.EMessageUnsigned)
 }
