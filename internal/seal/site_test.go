@@ -128,4 +128,13 @@ func TestSiteHandOff(t *testing.T) {
 		t.Fatalf("lab-eu's new key: %v", err)
 	}
 	refused("lab-eu's old key", handOff(siteEU, call("lab-eu")), api.EMessageUnsigned)
+	// Audit, in a process of its own, learns the new key from verify's
+	// ending of a call of lab-eu's, custody made with it.
+	time.Sleep(1100 * time.Millisecond)
+	renewed := call("lab-eu")
+	renewed.Custody = site(eu, k).Custody(busauth.RoleVerify, renewed.Tenant, renewed.ID, renewed.Event.Seq)
+	renewed.Fail(subjects.Verify, failed)
+	if err := audit.Ending(busauth.RoleVerify, renewed); err != nil {
+		t.Fatalf("verify ends lab-eu's call, custody by its new key: %v", err)
+	}
 }
