@@ -217,6 +217,9 @@ const (
 	// A call waited at the hub for its site, whose link was down or whose
 	// worker was busy, until its deadline passed.
 	ESiteTimeout = "E3271"
+	// A hand-off to verify from a site's worker for a call route did not
+	// send to that site, or from the hub's execute for a site's call.
+	ESiteHandOffRefused = "E3272"
 )
 
 // Resilience codes.

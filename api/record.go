@@ -46,6 +46,22 @@ type Record struct {
 	// (document_context.version_pinning): a redelivered or resumed run
 	// reads these, not the sources' latest.
 	DocumentPins []DocumentPin `json:"document_pins,omitempty"`
+	// Site is, for a call of a site's tool that has not ended, the site
+	// it runs at and that site's link, as the control service found them
+	// when asked (never stored).
+	Site *SiteWait `json:"site,omitempty"`
+}
+
+// SiteWait is the site a call runs at, and what holds it there.
+type SiteWait struct {
+	Site string `json:"site"`
+	// Link is "up" while the site's worker takes calls, else "down".
+	Link string `json:"link"`
+	// LastContact is when the site last asked for, took or acknowledged
+	// a call; while the link is down, since when it has been down.
+	LastContact *time.Time `json:"last_contact,omitempty"`
+	// Queued are the calls waiting at the hub for the site.
+	Queued uint64 `json:"queued"`
 }
 
 // Progress is what a running tool last said about how far it is.

@@ -108,8 +108,10 @@ func sameInvocation(stored, rec api.Record) bool {
 // record's Seq is seq (a new claim, or a redelivery of its own); any other
 // Seq is an earlier request that holds the id. A record without a sequence
 // (a cancel that came first) is adopted, keeping its cancel flag. agent is
-// the agent the request names, who may see the call (api.Record.Agent).
-func (s *Store) ClaimInvocation(ctx context.Context, tenant, id string, seq uint64, digest, agent string) (api.Record, error) {
+// the agent the request names, who may see the call (api.Record.Agent);
+// tool and version the tool it asks for, as asked (the status of a call
+// that waits for its site names the site from them).
+func (s *Store) ClaimInvocation(ctx context.Context, tenant, id string, seq uint64, digest, agent, tool, version string) (api.Record, error) {
 	// The id is new but for a redelivery, a reused id or a cancel that came
 	// first: the claim is tried as a create before anything is read.
 	rec, _, err := updateFresh(ctx, s.invocations, invocationKey(tenant, id), func(stored *api.Record, exists bool) error {
@@ -117,7 +119,7 @@ func (s *Store) ClaimInvocation(ctx context.Context, tenant, id string, seq uint
 			return ErrUnchanged
 		}
 		rec := api.Record{InvocationID: id, Tenant: tenant, Agent: agent, Status: api.StatusPending, Seq: seq, Digest: digest,
-			UpdatedAt: time.Now().UTC()}
+			ToolID: tool, ToolVersion: version, UpdatedAt: time.Now().UTC()}
 		if exists {
 			rec.CancelRequested, rec.CancelSig, rec.CancelBy, rec.Status = stored.CancelRequested, stored.CancelSig, stored.CancelBy, stored.Status
 		}

@@ -248,6 +248,8 @@ func (a *app) wait(ctx context.Context, c *client.Client, tenant, id string, wai
 				line = fmt.Sprintf("running: %.0f%% %s", rec.Progress.Percent, rec.Progress.Message)
 			case rec.Status == api.StatusRunning:
 				line = "running"
+			case rec.Site != nil:
+				line = siteLine(rec)
 			}
 			if line != "" && line != last {
 				fmt.Fprintln(a.stderr, line)

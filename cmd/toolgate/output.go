@@ -141,6 +141,9 @@ func (a *app) renderRecord(w io.Writer, rec api.Record) error {
 	if rec.CancelRequested && !rec.Status.Terminal() {
 		fmt.Fprintln(w, "cancel requested")
 	}
+	if line := siteLine(rec); line != "" {
+		fmt.Fprintln(w, line)
+	}
 	if p := rec.Progress; p != nil && !rec.Status.Terminal() {
 		fmt.Fprintf(w, "progress: %.0f%% %s\n", p.Percent, p.Message)
 	}
@@ -159,6 +162,27 @@ func (a *app) renderRecord(w io.Writer, rec api.Record) error {
 		fmt.Fprintln(w, indentJSON(rec.Response.Result, ""))
 	}
 	return nil
+}
+
+// siteLine says which site a call of a site's tool runs at and, while it
+// waits, why: "pending: waiting for site lab-eu, link down since …".
+func siteLine(rec api.Record) string {
+	s := rec.Site
+	if s == nil || rec.Status.Terminal() {
+		return ""
+	}
+	if rec.Status != api.StatusPending {
+		return fmt.Sprintf("%s at site %s", rec.Status, s.Site)
+	}
+	switch {
+	case s.Link == "up":
+		return fmt.Sprintf("pending: waiting for site %s (link up, %d calls queued for it)", s.Site, s.Queued)
+	case s.Link == "":
+		return fmt.Sprintf("pending: waiting for site %s", s.Site)
+	case s.LastContact != nil:
+		return fmt.Sprintf("pending: waiting for site %s, link down since %s", s.Site, s.LastContact.UTC().Format(time.RFC3339))
+	}
+	return fmt.Sprintf("pending: waiting for site %s, link down (never connected)", s.Site)
 }
 
 // approvalHint says what a call waiting for a human waits for: to an

@@ -27,12 +27,14 @@ func (a *app) siteAddCmd() *cobra.Command {
 	var out string
 	cmd := &cobra.Command{
 		Use:   "add NAME",
-		Short: "Declare a site and write its bundle: credentials for its leaf node and the keys its execute worker needs",
+		Short: "Declare a site and write its bundle: credentials for its leaf node, its own signing key and the public keys its worker needs",
 		Long: `Declare site NAME in <data>/busauth/sites and write its bundle to --out
 (default NAME-site): busauth/site.creds, the credentials the site's leaf node
 authenticates to the hub with (the hub grants them execute's work on NAME's
-consumers only), and the public keys and execute's signing key its worker
-needs. No account or issuer key leaves the hub. Run it where serve wrote the
+consumers only), the site's own signing key (its public half is added to
+<data>/busauth/hops.pub as execute@NAME; declaring NAME again replaces it)
+and the public keys its worker needs. No account, issuer or stage key leaves
+the hub. Run it where serve wrote the
 deployment's keys; with the hub reachable (operator credentials), NAME's
 consumers are made at once, else when serve next starts. Copy the bundle to
 the site and run there:

@@ -17,7 +17,7 @@ import (
 // names (audit.<tenant>.<type less ai.agent.>), so no event travels under
 // another type's subject, nor inside another's.
 func MayEmit(role Role, subject, typ, source, tenant string) string {
-	rr, ok := Rights[role]
+	rr, ok := RightsOf(role)
 	if !ok {
 		return fmt.Sprintf("role %s emits nothing", role)
 	}

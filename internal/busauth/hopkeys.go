@@ -125,7 +125,7 @@ func ParseHopPublicKeys(r io.Reader) (map[Role]ed25519.PublicKey, error) {
 		}
 		role, key, ok := strings.Cut(line, " ")
 		r := Role(role)
-		if !ok || !slices.Contains(SigningRoles, r) {
+		if _, site := SiteOfRole(r); !ok || !slices.Contains(SigningRoles, r) && !site {
 			return nil, fmt.Errorf("%w: %s line %d: want \"<role> <public nkey>\" of a signing role", ErrNoHopKeys, HopKeysFile, n)
 		}
 		raw, err := nkeys.Decode(nkeys.PrefixByteServer, []byte(strings.TrimSpace(key)))
@@ -188,7 +188,7 @@ var (
 const mayPublishMax = 1 << 14
 
 func mayPublishNow(role Role, subject string) bool {
-	rr, ok := Rights[role]
+	rr, ok := RightsOf(role)
 	if !ok {
 		return false
 	}

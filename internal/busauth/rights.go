@@ -54,6 +54,9 @@ type RoleRights struct {
 	// Counts are streams whose per-subject message counts the role reads
 	// (stream information), never a message of them.
 	Counts []string
+	// Observes are streams whose consumers' state the role reads
+	// (consumer information: counts and times), never a message.
+	Observes []string
 	// Objects are the object store buckets the role puts objects in and
 	// reads them back from (by direct gets: no consumer). The bucket's
 	// stream refuses deletes; purges are the operator's (archivestore).
@@ -240,7 +243,10 @@ var Rights = map[Role]RoleRights{
 		// the tenant has calls waiting there: counts, not the raw
 		// invocations with their tokens.
 		Counts: []string{subjects.StreamInvoke},
-		Serves: true,
+		// A call's status names the link of the site it waits for, which
+		// the site's consumers tell.
+		Observes: []string{subjects.StreamPipeline},
+		Serves:   true,
 	},
 }
 
@@ -292,6 +298,9 @@ func (r RoleRights) permissionsWithInbox(inbox string) jwt.Permissions {
 	}
 	for _, st := range r.Counts {
 		add(&p.Pub, "$JS.API.STREAM.INFO."+st)
+	}
+	for _, st := range r.Observes {
+		add(&p.Pub, "$JS.API.CONSUMER.INFO."+st+".*")
 	}
 	for _, b := range r.Objects {
 		st := subjects.ObjectStream(b)
@@ -377,6 +386,9 @@ func RoleTable() string {
 		}
 		for _, st := range r.Ends {
 			reads = append(reads, st+" (deletes an ended call's, reads none)")
+		}
+		for _, st := range r.Observes {
+			reads = append(reads, st+" (its consumers' state only)")
 		}
 		writes := slices.Clone(r.Writes)
 		for _, o := range r.Objects {

@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/nats-io/jwt/v2"
+	"github.com/nats-io/nkeys"
 	"github.com/toolgate/toolgate/subjects"
 )
 
@@ -30,6 +31,30 @@ func SiteRights(site string) RoleRights {
 	r := Rights[RoleExecute]
 	r.Consumes = subjects.SiteInputs(site)
 	return r
+}
+
+// SiteRole is the role site's worker signs as, with the site's own key
+// (WriteSiteBundle): what it hands on is its site's, not the hub's
+// execute's, so no site can pass for another or for the hub.
+func SiteRole(site string) Role { return RoleExecute + "@" + Role(site) }
+
+// SiteOfRole returns the site whose worker signs as r, if r is a site's.
+func SiteOfRole(r Role) (string, bool) {
+	site, ok := strings.CutPrefix(string(r), string(RoleExecute)+"@")
+	if !ok || subjects.CheckSite(site) != nil {
+		return "", false
+	}
+	return site, true
+}
+
+// RightsOf are role's rights: a stage's or the control service's
+// (Rights), or a site's worker's (SiteRights of SiteRole's site).
+func RightsOf(role Role) (RoleRights, bool) {
+	if site, ok := SiteOfRole(role); ok {
+		return SiteRights(site), true
+	}
+	rr, ok := Rights[role]
+	return rr, ok
 }
 
 // sitePermissions are the permissions of site's leaf connection.
@@ -80,11 +105,11 @@ func AddSite(dataDir, site string) error {
 const SiteCredsFile = "site.creds"
 
 // siteBundleFiles are what a site's execute worker needs of the
-// deployment's keys besides its credentials: every role's public signing
-// key (to check who sent what it reads), execute's own signing key (what
-// it hands on is execute's) and the hop-sealing public key (to open the
-// calls authorize sealed). No issuer or account key leaves the hub.
-var siteBundleFiles = []string{HopKeysFile, HopKeyFile(RoleExecute), SealPublicFile}
+// deployment's keys besides its credentials and its own signing key: every
+// role's public signing key, its site's among them (to check who sent what
+// it reads) and the hop-sealing public key (to open the calls authorize
+// sealed). No issuer, account or stage key leaves the hub.
+var siteBundleFiles = []string{HopKeysFile, SealPublicFile}
 
 // WriteSiteBundle declares site in dataDir (the hub's) and writes the
 // site's bundle to out: out/DirName holds its credentials (SiteCredsFile,
@@ -106,6 +131,23 @@ func WriteSiteBundle(dataDir, site, out string) (creds string, err error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return "", err
 	}
+	// The site's own signing key: its private half goes to the site alone,
+	// its public half into the hub's hops.pub (a site declared again gets
+	// a new one, and its old bundle signs nothing the hub accepts).
+	kp, err := nkeys.CreatePair(nkeys.PrefixByteServer)
+	if err != nil {
+		return "", err
+	}
+	seed, err := kp.Seed()
+	if err != nil {
+		return "", err
+	}
+	if err := writeSecret(filepath.Join(dir, HopKeyFile(SiteRole(site))), seed); err != nil {
+		return "", err
+	}
+	if err := setHopPublicKey(dataDir, SiteRole(site), mustPublic(kp)); err != nil {
+		return "", err
+	}
 	for _, f := range siteBundleFiles {
 		raw, err := os.ReadFile(filepath.Join(dataDir, DirName, f))
 		if err != nil {
@@ -120,4 +162,22 @@ func WriteSiteBundle(dataDir, site, out string) (creds string, err error) {
 		return "", err
 	}
 	return creds, AddSite(dataDir, site)
+}
+
+// setHopPublicKey lists role's public signing key in dataDir's hops.pub,
+// in place of the one it had.
+func setHopPublicKey(dataDir string, role Role, pub string) error {
+	p := filepath.Join(dataDir, DirName, HopKeysFile)
+	b, err := os.ReadFile(p)
+	if err != nil {
+		return err
+	}
+	var keep []string
+	for _, line := range strings.Split(strings.TrimRight(string(b), "\n"), "\n") {
+		if r, _, _ := strings.Cut(strings.TrimSpace(line), " "); Role(r) != role {
+			keep = append(keep, line)
+		}
+	}
+	keep = append(keep, string(role)+" "+pub)
+	return writeSecret(p, []byte(strings.Join(keep, "\n")+"\n"))
 }

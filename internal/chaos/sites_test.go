@@ -3,10 +3,13 @@ package chaos
 import (
 	"bufio"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -20,10 +23,14 @@ import (
 	"github.com/golang-jwt/jwt/v5"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nkeys"
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/client"
 	"github.com/toolgate/toolgate/internal/busauth"
+	"github.com/toolgate/toolgate/internal/envelope"
 	"github.com/toolgate/toolgate/internal/node"
+	"github.com/toolgate/toolgate/internal/runner"
+	"github.com/toolgate/toolgate/internal/seal"
 	"github.com/toolgate/toolgate/internal/token"
 	"github.com/toolgate/toolgate/internal/tools"
 	"github.com/toolgate/toolgate/subjects"
@@ -349,8 +356,11 @@ func TestSitesLeafNodes(t *testing.T) {
 	if l["lab-eu"]["link"] != "down" || l["lab-eu"]["queued"].(float64)+l["lab-eu"]["running"].(float64) == 0 {
 		t.Errorf("site list while lab-eu is cut off: %v, want it down with calls waiting", l["lab-eu"])
 	}
+	// Its status names the site it waits for and that site's link.
 	if r, err := op.Status(ctx, tenant, cut[len(cut)-1]); err != nil || r.Status.Terminal() {
 		t.Errorf("a call for the cut-off site: %v %v, want it waiting", r.Status, err)
+	} else if r.Site == nil || r.Site.Site != "lab-eu" || r.Site.Link != "down" || r.Site.LastContact == nil {
+		t.Errorf("the status of a call waiting for the cut-off lab-eu: site %+v, want lab-eu, link down since its last contact", r.Site)
 	}
 	sites["lab-eu"].start()
 	waitAll(cut)
@@ -392,9 +402,32 @@ func TestSitesLeafNodes(t *testing.T) {
 		t.Errorf("lab-us's call ran %d times at lab-eu", n)
 	}
 	impostor.kill()
+	// lab-eu's credentials and key, with a copy of lab-us's waiting call,
+	// hand verify a result of it and audit an ending of it: both refused
+	// (the site's hand-off E3272, its ending E3230) and audited, and the
+	// real call still runs at lab-us and ends once.
+	forgeAsSite(t, ctx, nc, leafPort, bundles["lab-eu"], "lab-eu", stolen)
 	sites["lab-us"].start()
 	waitAll([]string{stolen})
 	once("lab-us", []string{stolen})
+	if r, err := op.Status(ctx, tenant, stolen); err != nil || r.Status != api.StatusSuccess {
+		t.Errorf("lab-us's call after lab-eu's forgeries: %v %v", r.Status, err)
+	} else if b, _ := json.Marshal(r); strings.Contains(string(b), "forged") {
+		t.Errorf("lab-us's call ended with lab-eu's forgery: %s", b)
+	}
+	// A leaf link that asks for what its grant refuses is cut, and the
+	// refusal audited (the site's own server never asks: a raw link does).
+	if reply := rawLeafViolation(t, leafPort, filepath.Join(bundles["lab-eu"], busauth.DirName, busauth.SiteCredsFile)); !strings.Contains(reply, "Permissions Violation") {
+		t.Errorf("a leaf link subscribing outside its grant: %q, want a permissions violation", reply)
+	}
+	if !auditedRefusal(t, ctx, nc, "Violation") {
+		t.Error("no bus.refused audit event for the leaf link's violation")
+	}
+	for _, code := range []string{api.ESiteHandOffRefused, api.EEndingRefused} {
+		if !auditedPoison(t, ctx, nc, stolen, code) {
+			t.Errorf("no pipeline.poison %s for lab-eu's forgery of %s", code, stolen)
+		}
+	}
 
 	// 5. A site's credentials open no client connection to the hub: only
 	// its leaf link; the refusal is in the audit trail.
@@ -449,4 +482,206 @@ func grepLines(s, sub string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// forgeAsSite connects to the hub as site does (a leaf node with its
+// credentials, signing with its key from bundle) and hands verify a
+// success, and audit a failure, of call id, which waits at the hub for
+// another site: what a site holding execute's key could once do.
+func forgeAsSite(t *testing.T, ctx context.Context, opnc *nats.Conn, leafPort int, bundle, site, id string) {
+	t.Helper()
+	opjs, err := jetstream.New(opnc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream, err := opjs.Stream(ctx, subjects.StreamPipeline)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var raw *jetstream.RawStreamMsg
+	for _, p := range subjects.Priorities {
+		if raw, err = stream.GetLastMsgForSubject(ctx, subjects.Pipe(subjects.Execute, p, tenant)+".*"); err == nil {
+			break
+		}
+	}
+	if raw == nil {
+		t.Fatalf("no call waits for a site: %v", err)
+	}
+	real, err := envelope.Decode(raw.Data)
+	if err != nil || real.ID != id {
+		t.Fatalf("the waiting call: %v %v, want %s", real, err, id)
+	}
+	priority := strings.Split(raw.Subject, ".")[3]
+
+	creds := filepath.Join(bundle, busauth.DirName, busauth.SiteCredsFile)
+	ns, err := node.StartSiteLeaf(node.SiteOptions{Hub: fmt.Sprintf("nats-leaf://127.0.0.1:%d", leafPort), Creds: creds, Name: site + "-forger"}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Shutdown()
+	nc, err := nats.Connect(ns.ClientURL(), nats.InProcessServer(ns), busauth.CredentialsOption(creds),
+		nats.CustomInboxPrefix(subjects.SiteInbox(site)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	pubs, err := busauth.LoadHopPublicKeys(bundle)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := busauth.LoadHopKey(bundle, busauth.SiteRole(site))
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, err := jetstream.NewWithDomain(nc, subjects.HubDomain)
+	if err != nil {
+		t.Fatal(err)
+	}
+	js = seal.SigningJetStream(js, seal.NewMessages(pubs).NewSigner(busauth.SiteRole(site), key))
+
+	success, _ := envelope.Decode(raw.Data)
+	success.Succeed(subjects.Execute, json.RawMessage(`{"forged":true}`))
+	failure, _ := envelope.Decode(raw.Data)
+	failure.Fail(subjects.Execute, api.NewError(api.ToolExecutionError, api.EOutcomeUnknown, "forged"))
+	for next, inv := range map[string]*envelope.Invocation{subjects.Verify: success, subjects.Audit: failure} {
+		o, err := runner.Handoff(inv, next)
+		if err != nil {
+			t.Fatal(err)
+		}
+		o.Subject = subjects.Pipe(next, priority, tenant)
+		// The leaf link comes up in the background: retry until it has.
+		for {
+			pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			err = runner.Publish(pctx, js, o)
+			cancel()
+			if err == nil || ctx.Err() != nil {
+				break
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+		if err != nil {
+			t.Fatalf("%s's forged hand-off to %s: %v", site, next, err)
+		}
+	}
+}
+
+// auditedPoison reports whether the audit trail holds, within a few
+// seconds, a pipeline.poison event of code naming invocation id.
+func auditedPoison(t *testing.T, ctx context.Context, nc *nats.Conn, id, code string) bool {
+	t.Helper()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for time.Now().Before(deadline) {
+		found := false
+		err := readStream(ctx, js, subjects.StreamAudit, subjects.AuditEvent(tenant, envelope.SubjectSuffix(api.TypePoison)), func(m jetstream.Msg) {
+			if d := string(m.Data()); strings.Contains(d, code) && strings.Contains(d, id) {
+				found = true
+			}
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if found {
+			return true
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	return false
+}
+
+// rawLeafViolation connects to the hub's leaf port as a leaf node with a
+// site's credentials, speaking the protocol itself, subscribes to a subject
+// outside the site's grant and returns what the hub answers.
+func rawLeafViolation(t *testing.T, leafPort int, creds string) string {
+	t.Helper()
+	b, err := os.ReadFile(creds)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, seed, err := busauth.SplitCreds(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kp, err := nkeys.FromSeed(seed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", leafPort), 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(15 * time.Second))
+	r := bufio.NewReader(conn)
+	line, err := r.ReadString('\n')
+	if err != nil || !strings.HasPrefix(line, "INFO ") {
+		t.Fatalf("leaf INFO: %q %v", line, err)
+	}
+	var info struct {
+		Nonce string `json:"nonce"`
+	}
+	if err := json.Unmarshal([]byte(strings.TrimPrefix(line, "INFO ")), &info); err != nil {
+		t.Fatal(err)
+	}
+	sig, err := kp.Sign([]byte(info.Nonce))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, _ := kp.PublicKey()
+	connect, _ := json.Marshal(map[string]any{"nkey": pub, "sig": base64.RawURLEncoding.EncodeToString(sig),
+		"user": string(tok), "auth_token": string(tok), "name": "raw-leaf", "headers": true})
+	fmt.Fprintf(conn, "CONNECT %s\r\nPING\r\n", connect)
+	for {
+		line, err = r.ReadString('\n')
+		if err != nil {
+			t.Fatalf("leaf CONNECT: %v", err)
+		}
+		if strings.HasPrefix(line, "PONG") {
+			break
+		}
+		if strings.HasPrefix(line, "-ERR") {
+			t.Fatalf("leaf CONNECT refused: %q", line)
+		}
+	}
+	fmt.Fprintf(conn, "LS+ %s\r\n", subjects.Pipe(subjects.Authorize, "normal", tenant))
+	var got []string
+	for {
+		line, err = r.ReadString('\n')
+		if err != nil {
+			return strings.Join(got, "")
+		}
+		if strings.HasPrefix(line, "-ERR") {
+			got = append(got, line)
+		}
+	}
+}
+
+// auditedRefusal reports whether the audit trail holds, within a few
+// seconds, a bus.refused event whose data contains what.
+func auditedRefusal(t *testing.T, ctx context.Context, nc *nats.Conn, what string) bool {
+	t.Helper()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for time.Now().Before(deadline) {
+		found := false
+		err := readStream(ctx, js, subjects.StreamAudit, subjects.AuditEvent(subjects.SystemTenant, "bus.refused"), func(m jetstream.Msg) {
+			if strings.Contains(string(m.Data()), what) {
+				found = true
+			}
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if found {
+			return true
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	return false
 }

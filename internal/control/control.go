@@ -194,8 +194,16 @@ func WithJetStream(js jetstream.JetStream) Option {
 	}
 }
 
+// WithSites has the status of a call of a site's tool, while it has not
+// ended, name the site and its link (site: the site's state at the hub).
+func WithSites(site func(ctx context.Context, name string) (api.SiteWait, error)) Option {
+	return func(h *handlers) { h.site = site }
+}
+
 type handlers struct {
 	identify Identify
+	// site, when set, reads a site's state (WithSites).
+	site func(ctx context.Context, name string) (api.SiteWait, error)
 	// checkManifest, when set, refuses manifests beyond their schema.
 	checkManifest func(*tools.Manifest) error
 	stateProof    signedstate.Verify
@@ -387,6 +395,17 @@ func (h *handlers) doStatus(r api.StatusRequest, v viewer) (any, error) {
 	}
 	if !v.sees(rec.Agent) {
 		return nil, h.notOwn(v, "status", r.TenantID, r.InvocationID, "")
+	}
+	if h.site != nil && !rec.Status.Terminal() && rec.ToolID != "" {
+		// Resolved now, not stored with the call: the tool's site, and
+		// whether that site's link is up.
+		if m, err := h.reg.Resolve(rec.ToolID, rec.ToolVersion); err == nil && m.Site != "" {
+			if st, err := h.site(ctx, m.Site); err == nil {
+				rec.Site = &st
+			} else {
+				rec.Site = &api.SiteWait{Site: m.Site}
+			}
+		}
 	}
 	return rec, nil
 }

@@ -229,6 +229,9 @@ type Route struct {
 	// SiteDeadline is when a call still waiting for its site ends
 	// (E3271) instead of running.
 	SiteDeadline time.Time `json:"site_deadline,omitzero"`
+	// SiteBinding is route's proof, to verify, that it sent the call to
+	// Site (seal.Signer.SiteBinding).
+	SiteBinding string `json:"site_binding,omitempty"`
 }
 
 // Fail ends the invocation with err, mapping the error's code to a status.

@@ -95,6 +95,9 @@ func StartSecureEmbedded(o EmbeddedOptions, log *slog.Logger) (*server.Server, *
 	if o.Logging {
 		ns.ConfigureLogger()
 	}
+	if o.LeafListen != "" {
+		ns.SetLoggerV2(&leafRefusals{inner: ns.Logger(), auditor: g.auditor}, opts.Debug, opts.Trace, false)
+	}
 	ns.Start()
 	if !ns.ReadyForConnections(10 * time.Second) {
 		ns.Shutdown()

@@ -821,8 +821,11 @@ func (n *Node) signAs(dataDir string, r busauth.Role, msgs *seal.Messages, check
 			_, ours, err := msgs.Check(subject, h, data)
 			return ours, err
 		}
-		if r == busauth.RoleAudit {
+		switch r {
+		case busauth.RoleAudit:
 			n.Endings = msgs.Ending
+		case busauth.RoleVerify:
+			n.Endings = msgs.HandOff
 		}
 	}
 	return nil
@@ -1057,7 +1060,7 @@ func (n *Node) Runner(name string, st stages.Stage, workers int, m *runner.Metri
 	r := &runner.Runner{Name: name, Stage: st, JS: n.JS, Workers: workers, Log: n.Log, Metrics: m, Records: n.Store, Senders: n.Senders,
 		Endings: n.Endings}
 	if n.Signer != nil && n.Senders != nil {
-		r.Custody, r.EndingTag = n.Signer.Custody, n.Signer.EndingTag
+		r.Custody, r.EndingTag, r.SiteBinding = n.Signer.Custody, n.Signer.EndingTag, n.Signer.SiteBinding
 	}
 	if name == subjects.Execute {
 		// Tools bound themselves (limits.timeout_ms is at most an hour).

@@ -716,7 +716,11 @@ func (r *run) startControl(ctx context.Context) (stop func(), err error) {
 	if c.Stage.StateProof != nil {
 		opts = append(opts, control.WithStateProof(c.Stage.StateProof))
 	}
-	opts = append(opts, control.WithJetStream(ctl.JS), control.WithManifestCheck(siteCheck(c.Embedded.DataDir, c.Stage.kinds().Check)))
+	opts = append(opts, control.WithJetStream(ctl.JS), control.WithManifestCheck(siteCheck(c.Embedded.DataDir, c.Stage.kinds().Check)),
+		control.WithSites(func(ctx context.Context, site string) (api.SiteWait, error) {
+			st, err := SiteStatus(ctx, ctl.JS, site)
+			return api.SiteWait{Site: site, Link: st.Link, LastContact: st.LastContact, Queued: st.Queued}, err
+		}))
 	if k := c.Stage.AuditChainKey; k != nil {
 		opts = append(opts, control.WithAuditChainKey(k.Public().(ed25519.PublicKey)))
 	} else if pub, err := busauth.LoadAuditChainPublicKey(c.Embedded.DataDir); err == nil && c.Embedded.DataDir != "" {
@@ -913,9 +917,13 @@ func setupSigning(c *Config, nodes *nodeSet, authenticated bool) error {
 		return fmt.Errorf("the stages need the deployment's message-signing keys (%s in %s): %w", busauth.HopKeysFile, where, err)
 	}
 	msgs := seal.NewMessages(pubs)
+	msgs.LoadSitesFrom(func() (map[busauth.Role]ed25519.PublicKey, error) { return busauth.LoadHopPublicKeys(dir) })
 	c.Stage.Messages = msgs
 	for name, n := range nodes.stage {
 		r, _ := busauth.StageRole(name)
+		if r == busauth.RoleExecute && c.Site != "" {
+			r = busauth.SiteRole(c.Site) // the site's own key (site add)
+		}
 		if err := n.signAs(dir, r, msgs, name != subjects.Validate, c.Stage.AuditChainKey != nil); err != nil {
 			return err
 		}

@@ -149,9 +149,9 @@ func poisonEvent(stage, subject, stream string, seq uint64, cause error) (stages
 
 // refusedSender reports the codes of a message refused for who sent it:
 // unsigned, an ending its sender may not make, an event its sender's role
-// does not emit.
+// does not emit, a site's hand-off of a call not its own.
 func refusedSender(code string) bool {
-	return code == api.EMessageUnsigned || code == api.EEndingRefused || code == api.ERelayRefused
+	return code == api.EMessageUnsigned || code == api.EEndingRefused || code == api.ERelayRefused || code == api.ESiteHandOffRefused
 }
 
 // poisonEventFor is poisonEvent in tenant's trail.

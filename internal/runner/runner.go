@@ -83,7 +83,8 @@ type Runner struct {
 	Senders func(subject string, h nats.Header, data []byte) (ours bool, err error)
 	// Endings, when set with Senders, judges each invocation handed to the
 	// stage by the role that signed it (audit: seal.Messages.Ending, who
-	// may end which call): a refused one is poison, its invocation
+	// may end which call; verify: seal.Messages.HandOff, which site may
+	// hand it which call): a refused one is poison, its invocation
 	// untouched. A hand-off this process signed is judged too: its stage
 	// may have ended, honestly, a call another host forged.
 	Endings func(signer busauth.Role, inv *envelope.Invocation) error
@@ -92,8 +93,12 @@ type Runner struct {
 	// next stage holds the call when it ends it. It names that stage, so
 	// a copy read from the pipeline stream by another ends nothing.
 	Custody func(holder busauth.Role, tenant, id string, seq uint64) string
+	// SiteBinding, when set, binds a call route hands to a site to that
+	// site, for verify (seal.Signer.SiteBinding).
+	SiteBinding func(site, tenant, id string, seq uint64) string
 	// EndingTag, when set, is this stage's tag in the id of its hand-offs
-	// into audit (EndingID, seal.Signer.EndingTag).
+	// into audit (EndingID, seal.Signer.EndingTag), and of execute's into
+	// verify, which every site may publish on too.
 	EndingTag func(tenant, id string, seq uint64) string
 	// Handed, when set, is shared by the Runners of this process: a
 	// hand-off to a stage read here leaves its invocation there, and a
@@ -689,7 +694,15 @@ func (r *Runner) apply(msg jetstream.Msg, inv *envelope.Invocation, s settlement
 	}
 	if s.act == actForward {
 		if r.Custody != nil && s.next == subjects.Next(r.Name) && s.next != subjects.Audit {
-			inv.Custody = r.Custody(busauth.Role(s.next), inv.Tenant, inv.ID, inv.Event.Seq)
+			holder := busauth.Role(s.next)
+			if s.next == subjects.Execute && inv.Route != nil && inv.Route.Site != "" {
+				// A site's call: its custody and binding name the site.
+				holder = busauth.SiteRole(inv.Route.Site)
+				if r.SiteBinding != nil {
+					inv.Route.SiteBinding = r.SiteBinding(inv.Route.Site, inv.Tenant, inv.ID, inv.Event.Seq)
+				}
+			}
+			inv.Custody = r.Custody(holder, inv.Tenant, inv.ID, inv.Event.Seq)
 		}
 		o, err := r.handoff(inv, s.next)
 		if err != nil {
@@ -783,7 +796,10 @@ func Handoff(inv *envelope.Invocation, next string) (stages.Output, error) {
 // audit.
 func (r *Runner) handoff(inv *envelope.Invocation, next string) (stages.Output, error) {
 	o, err := Handoff(inv, next)
-	if err == nil && next == subjects.Audit && r.EndingTag != nil {
+	// Execute's hand-offs to verify are tagged as endings are: a site,
+	// which may publish there, must not take the id of another's first.
+	tagged := next == subjects.Audit || next == subjects.Verify && r.Name == subjects.Execute
+	if err == nil && tagged && r.EndingTag != nil {
 		o.MsgID = EndingID(o.MsgID, r.EndingTag(inv.Tenant, inv.ID, inv.Event.Seq))
 	}
 	return o, err

@@ -48,14 +48,35 @@ func custodian(holder busauth.Role) busauth.Role {
 	case busauth.RoleVerify:
 		return busauth.RoleExecute
 	}
+	if _, ok := busauth.SiteOfRole(holder); ok {
+		return busauth.RoleRoute
+	}
 	return ""
+}
+
+// A site's worker holds its own key (busauth.SiteRole), not execute's: route
+// hands a site's call to "execute@<site>", so that custody names the site,
+// and the site makes verify's custody with its own key. Verify reads no
+// custody (only audit holds the keys to check one), so route also binds the
+// call to its site for verify (SiteBinding, under the key route and verify
+// share): a site hands verify only calls route sent to that site.
+
+// makesCustody reports whether s's role makes holder's custody: its
+// custodian's, or a site's of verify for the calls it runs.
+func (s *Signer) makesCustody(holder busauth.Role) bool {
+	if holder == busauth.RoleVerify {
+		if _, site := busauth.SiteOfRole(s.role); site {
+			return true
+		}
+	}
+	return custodian(holder) == s.role
 }
 
 // Custody returns holder's custody of the call (tenant, id, seq), made by
 // s, or "" when s's role does not hand holder its calls or s has no pair
 // keys (NewSigner of Messages).
 func (s *Signer) Custody(holder busauth.Role, tenant, id string, seq uint64) string {
-	if s == nil || s.pairs == nil || custodian(holder) != s.role {
+	if s == nil || s.pairs == nil || !s.makesCustody(holder) {
 		return ""
 	}
 	k, ok := s.pairs.key(s.role, busauth.RoleAudit, s.role)
@@ -124,7 +145,10 @@ func (m *Messages) Ending(sender busauth.Role, inv *envelope.Invocation) error {
 			return refuseEnding(sender, inv, "control ends a call only on an approval's denial, expiry or cancel")
 		}
 	default:
-		return refuseEnding(sender, inv, "role "+string(sender)+" ends no call")
+		if _, site := busauth.SiteOfRole(sender); !site {
+			return refuseEnding(sender, inv, "role "+string(sender)+" ends no call")
+		}
+		stage = subjects.Execute // a site's worker ends calls as execute
 	}
 	if inv.EndedBy != stage {
 		return refuseEnding(sender, inv, "an ending by "+strconv.Quote(inv.EndedBy)+" is not "+string(sender)+"'s to hand on")
@@ -133,6 +157,12 @@ func (m *Messages) Ending(sender busauth.Role, inv *envelope.Invocation) error {
 		return nil // they take every call first
 	}
 	by := custodian(sender)
+	if sender == busauth.RoleVerify && inv.Route != nil && inv.Route.Site != "" {
+		// Verify checked that the site's call came from its site
+		// (HandOff); that site made verify's custody.
+		by = busauth.SiteRole(inv.Route.Site)
+		m.key(by) // learns a site declared since this process started
+	}
 	if inv.Custody == "" {
 		return refuseEnding(sender, inv, "it carries no custody of "+string(sender)+": the call was never handed to "+string(sender))
 	}
@@ -141,10 +171,82 @@ func (m *Messages) Ending(sender busauth.Role, inv *envelope.Invocation) error {
 		return refuseEnding(sender, inv, "this process holds no key of audit to check "+string(by)+"'s custody")
 	}
 	raw, err := base64.RawURLEncoding.DecodeString(inv.Custody)
-	if err != nil || !hmac.Equal(raw, mac(k, custodyText(sender, inv.Tenant, inv.ID, inv.Event.Seq))) {
+	want := custodyText(sender, inv.Tenant, inv.ID, inv.Event.Seq)
+	held := err == nil && hmac.Equal(raw, mac(k, want))
+	if _, site := busauth.SiteOfRole(by); !held && err == nil && site && m.reload() {
+		// The site may have been declared again since its key was read.
+		if k, ok = m.pairs.key(by, busauth.RoleAudit, busauth.RoleAudit); ok {
+			held = hmac.Equal(raw, mac(k, want))
+		}
+	}
+	if !held {
 		return refuseEnding(sender, inv, "its custody is not the one "+string(by)+" hands "+string(sender)+" for this tenant, invocation and sequence: the call was never handed to "+string(sender))
 	}
 	return nil
+}
+
+// SiteBinding returns route's binding of the call (tenant, id, seq) to
+// site, for verify (Route.SiteBinding), or "" when s is not route's or
+// has no pair keys.
+func (s *Signer) SiteBinding(site, tenant, id string, seq uint64) string {
+	if s == nil || s.pairs == nil || s.role != busauth.RoleRoute {
+		return ""
+	}
+	k, ok := s.pairs.key(busauth.RoleRoute, busauth.RoleVerify, busauth.RoleRoute)
+	if !ok {
+		return ""
+	}
+	return base64.RawURLEncoding.EncodeToString(mac(k, siteBindingText(site, tenant, id, seq)))
+}
+
+// siteBindingVersion sets a binding's text apart from a hand-off's under
+// the same key.
+const siteBindingVersion = "toolgate-site-binding-v1"
+
+func siteBindingText(site, tenant, id string, seq uint64) []byte {
+	return append([]byte(siteBindingVersion+"\n"), custodyText(busauth.SiteRole(site), tenant, id, seq)...)
+}
+
+// HandOff returns nil when sender, whose signature on a hand-off to
+// verify Check verified, may hand verify inv, else a permission_denied
+// *api.Error (E3272): a site's worker only a call route sent to that
+// very site (Route.Site and route's SiteBinding of it), the hub's execute
+// only a call of the hub's.
+func (m *Messages) HandOff(sender busauth.Role, inv *envelope.Invocation) error {
+	routed := ""
+	if inv.Route != nil {
+		routed = inv.Route.Site
+	}
+	site, isSite := busauth.SiteOfRole(sender)
+	switch {
+	case !isSite && routed == "":
+		return nil
+	case !isSite:
+		return refuseHandOff(sender, inv, "the call is site "+strconv.Quote(routed)+"'s, not the hub's")
+	case routed != site:
+		return refuseHandOff(sender, inv, "route sent the call to "+siteName(routed)+", not to site "+strconv.Quote(site))
+	}
+	k, ok := m.pairs.key(busauth.RoleRoute, busauth.RoleVerify, busauth.RoleVerify)
+	if !ok {
+		return refuseHandOff(sender, inv, "this process holds no key of verify to check route's binding")
+	}
+	raw, err := base64.RawURLEncoding.DecodeString(inv.Route.SiteBinding)
+	if err != nil || !hmac.Equal(raw, mac(k, siteBindingText(site, inv.Tenant, inv.ID, inv.Event.Seq))) {
+		return refuseHandOff(sender, inv, "it carries no binding route made of this tenant, invocation and sequence to site "+strconv.Quote(site)+": route never sent it the call")
+	}
+	return nil
+}
+
+func siteName(site string) string {
+	if site == "" {
+		return "the hub"
+	}
+	return "site " + strconv.Quote(site)
+}
+
+func refuseHandOff(sender busauth.Role, inv *envelope.Invocation, why string) error {
+	return api.NewError(api.PermissionDenied, api.ESiteHandOffRefused, "verify refused the hand-off of invocation %q from %s: %s",
+		inv.ID, sender, why).WithDetail("invocation_id", inv.ID).WithDetail("sender", string(sender))
 }
 
 func refuseEnding(sender busauth.Role, inv *envelope.Invocation, why string) error {

@@ -7,6 +7,8 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"maps"
+	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -82,7 +84,9 @@ func (s *Signer) macKey(subject string) ([]byte, bool) {
 		return nil, false
 	}
 	stage, ok := subjects.StageOfPipe(subject)
-	if !ok {
+	if _, site := subjects.SiteOfPipe(subject); !ok || site {
+		// A site's hand-off is read by the site's key, which the hub's
+		// processes may not know yet: it is signed.
 		return nil, false
 	}
 	return s.pairs.key(s.role, busauth.Role(stage), s.role)
@@ -113,15 +117,78 @@ func signedMessage(role, subject string, data []byte) []byte {
 // let it publish on the subject. A message sent with stolen credentials but
 // without the role's key, or by a role onto a subject not its own, fails.
 type Messages struct {
-	keys   map[busauth.Role]ed25519.PublicKey
 	recent *recent
 	pairs  *pairs
+
+	mu     sync.RWMutex
+	keys   map[busauth.Role]ed25519.PublicKey
+	load   func() (map[busauth.Role]ed25519.PublicKey, error)
+	loaded time.Time // when load last ran
 }
 
 // NewMessages returns a checker for the public keys of hops.pub. It checks
 // a hand-off's MAC for the roles whose Signers it made (NewSigner).
 func NewMessages(keys map[busauth.Role]ed25519.PublicKey) *Messages {
-	return &Messages{keys: keys, recent: newRecent(recentSize), pairs: newPairs(keys)}
+	keys = maps.Clone(keys)
+	return &Messages{keys: keys, recent: newRecent(recentSize), pairs: newPairs(maps.Clone(keys))}
+}
+
+// LoadSitesFrom has m read hops.pub again (load) when it meets a site's
+// role it has no key of: a site declared while the hub runs (toolgate
+// site add) signs with a key the hub learns then. At most once a second,
+// so that messages naming made-up sites cost no more than that.
+func (m *Messages) LoadSitesFrom(load func() (map[busauth.Role]ed25519.PublicKey, error)) {
+	m.mu.Lock()
+	m.load = load
+	m.mu.Unlock()
+}
+
+// key returns role's public key.
+func (m *Messages) key(role busauth.Role) (ed25519.PublicKey, bool) {
+	m.mu.RLock()
+	k, ok := m.keys[role]
+	load, last := m.load, m.loaded
+	m.mu.RUnlock()
+	if ok || load == nil || time.Since(last) < time.Second {
+		return k, ok
+	}
+	if _, site := busauth.SiteOfRole(role); !site {
+		return nil, false
+	}
+	m.reload()
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	k, ok = m.keys[role]
+	return k, ok
+}
+
+// reload reads the sites' keys again (LoadSitesFrom), at most once a
+// second, and reports whether one is new or changed: a site declared
+// again signs with a new key, and its old one is no longer trusted.
+func (m *Messages) reload() bool {
+	m.mu.Lock()
+	load := m.load
+	if load == nil || time.Since(m.loaded) < time.Second {
+		m.mu.Unlock()
+		return false
+	}
+	m.loaded = time.Now()
+	m.mu.Unlock()
+	keys, err := load()
+	if err != nil {
+		return false
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	changed := false
+	for r, pub := range keys {
+		if _, site := busauth.SiteOfRole(r); site && !pub.Equal(m.keys[r]) {
+			m.keys[r] = pub
+			m.pairs.set(r, pub)
+			changed = true
+		}
+	}
+	return changed
 }
 
 // Sender returns the role that signed the message, or a permission_denied
@@ -135,11 +202,20 @@ func (m *Messages) Sender(subject string, h nats.Header, data []byte) (busauth.R
 // the signature (ours): then these are the very bytes this process
 // published on subject.
 func (m *Messages) Check(subject string, h nats.Header, data []byte) (role busauth.Role, ours bool, err error) {
+	role, ours, err = m.check(subject, h, data)
+	if _, site := busauth.SiteOfRole(busauth.Role(h.Get(HeaderSigner))); err != nil && site && m.reload() {
+		// The site may have been declared again since its key was read.
+		return m.check(subject, h, data)
+	}
+	return role, ours, err
+}
+
+func (m *Messages) check(subject string, h nats.Header, data []byte) (role busauth.Role, ours bool, err error) {
 	role = busauth.Role(h.Get(HeaderSigner))
 	if role == "" {
 		return "", false, refuseMessage("the message carries no signature: it was not sent by a stage or the control service")
 	}
-	key, ok := m.keys[role]
+	key, ok := m.key(role)
 	if !ok {
 		return "", false, refuseMessage("the message names signer " + string(role) + ", which has no signing key in this deployment")
 	}
@@ -178,7 +254,7 @@ func (m *Messages) Check(subject string, h nats.Header, data []byte) (role busau
 
 // Record checks a record signature made with Signer.SignRecord by role.
 func (m *Messages) Record(role busauth.Role, kind string, b []byte, sig string) bool {
-	key, ok := m.keys[role]
+	key, ok := m.key(role)
 	if !ok {
 		return false
 	}

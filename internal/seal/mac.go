@@ -54,13 +54,35 @@ func newPairs(keys map[busauth.Role]ed25519.PublicKey) *pairs {
 	return p
 }
 
+// set makes key role's public key (a site declared after the process
+// started, or again), forgetting the pair keys derived from the one it
+// replaces.
+func (p *pairs) set(role busauth.Role, key ed25519.PublicKey) {
+	x, err := x25519Public(key)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.ed[role] = key
+	delete(p.pubs, role)
+	if err == nil {
+		p.pubs[role] = x
+	}
+	for id := range p.keys {
+		if id[0] == role || id[1] == role {
+			delete(p.keys, id)
+		}
+	}
+}
+
 // hold adds role's private key, if it is the one hops.pub lists for role:
 // the process may then MAC as role and check what is addressed to role.
 // A key hops.pub does not list gets no pair keys, so what is signed with
 // it fails as a signature would.
 func (p *pairs) hold(role busauth.Role, key ed25519.PrivateKey) bool {
+	p.mu.RLock()
 	pub, ok := p.ed[role]
-	if !ok || len(key) != ed25519.PrivateKeySize || !pub.Equal(key.Public()) || p.pubs[role] == nil {
+	hasX := p.pubs[role] != nil
+	p.mu.RUnlock()
+	if !ok || len(key) != ed25519.PrivateKeySize || !pub.Equal(key.Public()) || !hasX {
 		return false
 	}
 	x, err := x25519Private(key)
@@ -78,18 +100,18 @@ func (p *pairs) hold(role busauth.Role, key ed25519.PrivateKey) bool {
 // when it holds neither or the other's public key is unknown.
 func (p *pairs) key(sender, reader busauth.Role, held busauth.Role) ([]byte, bool) {
 	id := [2]busauth.Role{sender, reader}
-	p.mu.RLock()
-	k, ok := p.keys[id]
-	priv := p.own[held]
-	p.mu.RUnlock()
-	if ok {
-		return k, true
-	}
 	other := reader
 	if held == reader {
 		other = sender
 	}
+	p.mu.RLock()
+	k, ok := p.keys[id]
+	priv := p.own[held]
 	pub := p.pubs[other]
+	p.mu.RUnlock()
+	if ok {
+		return k, true
+	}
 	if priv == nil || pub == nil {
 		return nil, false
 	}

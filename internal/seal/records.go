@@ -1,6 +1,7 @@
 package seal
 
 import (
+	"slices"
 	"strconv"
 
 	"github.com/toolgate/toolgate/internal/busauth"
@@ -41,7 +42,22 @@ func (m *Messages) CancelSigned(tenant, id, by, sig string) bool {
 // SignCheckpoint signs a checkpoint's description (execute's Signer).
 func (s *Signer) SignCheckpoint(desc []byte) string { return s.SignRecord(RecordCheckpoint, desc) }
 
-// CheckpointSigned reports whether sig is execute's signature of desc.
+// CheckpointSigned reports whether sig is execute's signature of desc, or
+// a site's worker's (its own key: a call it resumes is one it checkpointed).
 func (m *Messages) CheckpointSigned(desc []byte, sig string) bool {
-	return sig != "" && m.Record(busauth.RoleExecute, RecordCheckpoint, desc, sig)
+	if sig == "" {
+		return false
+	}
+	if m.Record(busauth.RoleExecute, RecordCheckpoint, desc, sig) {
+		return true
+	}
+	m.mu.RLock()
+	var sites []busauth.Role
+	for r := range m.keys {
+		if _, ok := busauth.SiteOfRole(r); ok {
+			sites = append(sites, r)
+		}
+	}
+	m.mu.RUnlock()
+	return slices.ContainsFunc(sites, func(r busauth.Role) bool { return m.Record(r, RecordCheckpoint, desc, sig) })
 }

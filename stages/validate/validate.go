@@ -48,7 +48,7 @@ type TokenSealer interface {
 
 // IDClaims takes an invocation id for one publish (kvstore.Store).
 type IDClaims interface {
-	ClaimInvocation(ctx context.Context, tenant, id string, seq uint64, digest, agent string) (api.Record, error)
+	ClaimInvocation(ctx context.Context, tenant, id string, seq uint64, digest, agent, tool, version string) (api.Record, error)
 }
 
 // Validator implements the validate stage.
@@ -140,7 +140,7 @@ func (v *Validator) process(ctx context.Context, inv *envelope.Invocation) ([]st
 		return nil, api.NewError(api.PermissionDenied, api.ETenantMismatch,
 			"agent_context.tenant_id %q does not match the subject's tenant %q", req.AgentContext.TenantID, inv.Tenant)
 	}
-	if err := v.claim(ctx, inv, digest); err != nil {
+	if err := v.claim(ctx, inv, digest, req.ToolID, req.ToolVersion); err != nil {
 		return nil, err
 	}
 	if err := checkBounds(req.Parameters, v.cfg.MaxDepth, v.cfg.MaxStringBytes); err != nil {
@@ -173,11 +173,11 @@ func (v *Validator) process(ctx context.Context, inv *envelope.Invocation) ([]st
 // publish of the very same event (same source and data) is answered by the
 // first one's result, so its refusal carries details.same_request and audit
 // publishes no result for it.
-func (v *Validator) claim(ctx context.Context, inv *envelope.Invocation, digest string) error {
+func (v *Validator) claim(ctx context.Context, inv *envelope.Invocation, digest, tool, version string) error {
 	if v.cfg.Claims == nil {
 		return nil
 	}
-	rec, err := v.cfg.Claims.ClaimInvocation(ctx, inv.Tenant, inv.ID, inv.Event.Seq, digest, inv.Agent())
+	rec, err := v.cfg.Claims.ClaimInvocation(ctx, inv.Tenant, inv.ID, inv.Event.Seq, digest, inv.Agent(), tool, version)
 	if err != nil {
 		return stages.Transient(fmt.Errorf("claiming the invocation id: %w", err), 0)
 	}
