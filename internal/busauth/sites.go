@@ -1,7 +1,6 @@
 package busauth
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -73,14 +72,7 @@ func sitePermissions(site string) jwt.Permissions {
 // LoadSites reads dataDir's SitesFile, sorted and without repeats; a
 // missing file names none.
 func LoadSites(dataDir string) ([]string, error) {
-	b, err := os.ReadFile(filepath.Join(dataDir, DirName, SitesFile))
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	return parseNames(b, SitesFile, subjects.CheckSite)
+	return loadNames(dataDir, SitesFile, subjects.CheckSite)
 }
 
 // AddSite adds site to dataDir's SitesFile.

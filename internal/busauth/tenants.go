@@ -72,14 +72,20 @@ func resultsOf(tenant string) string {
 // LoadTenants reads the declared tenants of dataDir's TenantsFile, sorted
 // and without repeats; a missing file declares none.
 func LoadTenants(dataDir string) ([]string, error) {
-	b, err := os.ReadFile(filepath.Join(dataDir, DirName, TenantsFile))
+	return loadNames(dataDir, TenantsFile, subjects.CheckTenant)
+}
+
+// loadNames reads a file of names in dataDir's DirName (parseNames); a
+// missing file names none.
+func loadNames(dataDir, file string, check func(string) error) ([]string, error) {
+	b, err := os.ReadFile(filepath.Join(dataDir, DirName, file))
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}
 	if err != nil {
 		return nil, err
 	}
-	return ParseTenants(b)
+	return parseNames(b, file, check)
 }
 
 // ParseTenants reads a TenantsFile: one tenant a line, blank lines and
