@@ -190,7 +190,13 @@ func TestAuditChainShare(t *testing.T) {
 // leaves it (ended).
 func (tr *trail) handToAudit(n int, end func(*envelope.Invocation)) {
 	tr.t.Helper()
-	for i := range n {
+	tr.handToAuditFrom(0, n, end)
+}
+
+// handToAuditFrom is handToAudit of the calls first to first+n-1.
+func (tr *trail) handToAuditFrom(first, n int, end func(*envelope.Invocation)) {
+	tr.t.Helper()
+	for i := first; i < first+n; i++ {
 		inv := &envelope.Invocation{ID: fmt.Sprintf("inv-%06d", i), Tenant: "acme", Event: envelope.Event{Seq: uint64(i + 1)},
 			Status: api.StatusPending, Request: &api.Request{ToolID: "echo"}}
 		end(inv)
@@ -209,6 +215,12 @@ func (tr *trail) handToAudit(n int, end func(*envelope.Invocation)) {
 // took.
 func (tr *trail) runAudit(stage *audit.Auditor, js jetstream.JetStream, store *kvstore.Store, n int) (time.Duration, time.Duration) {
 	tr.t.Helper()
+	return tr.runAuditTo(stage, js, store, uint64(n))
+}
+
+// runAuditTo is runAudit until the results stream holds results.
+func (tr *trail) runAuditTo(stage *audit.Auditor, js jetstream.JetStream, store *kvstore.Store, results uint64) (time.Duration, time.Duration) {
+	tr.t.Helper()
 	rctx, stop := context.WithCancel(tr.ctx)
 	r := &runner.Runner{Name: subjects.Audit, Stage: stage, JS: js, Workers: 8, Records: store,
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
@@ -217,7 +229,7 @@ func (tr *trail) runAudit(stage *audit.Auditor, js jetstream.JetStream, store *k
 	go func() { done <- r.Run(rctx) }()
 	natstest.Eventually(tr.t, 2*time.Minute, func() bool {
 		st, err := tr.js.Stream(tr.ctx, subjects.StreamResults)
-		return err == nil && st.CachedInfo().State.Msgs == uint64(n)
+		return err == nil && st.CachedInfo().State.Msgs == results
 	}, "audit to end every call")
 	cpu, wall := processCPU()-cpu0, time.Since(wall0)
 	stop()

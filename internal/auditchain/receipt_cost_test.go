@@ -1,16 +1,22 @@
 package auditchain_test
 
 import (
+	"context"
+	"crypto/ed25519"
+	"crypto/rand"
 	"encoding/json"
 	"fmt"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/auditchain"
+	"github.com/toolgate/toolgate/internal/busauth"
 	"github.com/toolgate/toolgate/internal/envelope"
+	"github.com/toolgate/toolgate/internal/seal"
 	"github.com/toolgate/toolgate/kvstore"
 	"github.com/toolgate/toolgate/stages/audit"
 	"github.com/toolgate/toolgate/subjects"
@@ -86,4 +92,84 @@ func TestReceiptShare(t *testing.T) {
 	t.Logf("audit stage with receipts: %d calls, %v CPU in %v: %.1f µs per call", n, auditCPU, auditWall, auditUS)
 	t.Logf("receipt (%d bytes): hashes, signature and three encodings %.1f µs (%d allocs) per call: %.2f %% of audit's",
 		len(body), receiptUS, (m1.Mallocs-m0.Mallocs)/n, 100*receiptUS/auditUS)
+}
+
+// TestEndingShare measures what receipts cost audit as the difference
+// they make, whatever the receipt's work is: the audit stage's runner,
+// publishing as a chained audit does (its results signed with audit's
+// hop key, its events left to the chain), ends rounds of calls with
+// receipts and without, alternately, and the share is the median round
+// with receipts less the median without, over the median with.
+func TestEndingShare(t *testing.T) {
+	if testing.Short() {
+		t.Skip()
+	}
+	tr := newTrail(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	tr.ctx = ctx
+	const n, rounds = 1000, 6
+	pad := strings.Repeat("x", 450)
+	params := json.RawMessage(`{"message":"` + pad[:100] + `"}`)
+	result := json.RawMessage(`{"echo":"` + pad + `"}`)
+	store, err := kvstore.Open(tr.ctx, tr.js, kvstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, hop, _ := ed25519.GenerateKey(rand.Reader)
+	js := seal.SigningJetStreamExcept(tr.js, seal.NewSigner(busauth.RoleAudit, hop), subjects.IsAudit)
+	signer := auditchain.NewReceiptSigner(tr.key)
+	var with, without []float64
+	ended := 0
+	for i := range 2 * rounds {
+		tr.handToAuditFrom(ended, n, func(inv *envelope.Invocation) {
+			inv.Request.Parameters, inv.Request.AgentContext = params, api.AgentContext{AgentDID: "did:agent:a"}
+			inv.ReceivedAt = time.Now()
+			inv.Authz = &envelope.Authorization{PolicyRevision: 3, ManifestDigest: auditchain.Digest([]byte(`{"id":"echo"}`))}
+			inv.Succeed(subjects.Verify, result)
+		})
+		a := audit.New(store, nil)
+		receipts := i%2 == 0
+		if receipts {
+			a.SignReceipts(signer)
+		}
+		time.Sleep(200 * time.Millisecond)
+		runtime.GC()
+		cpu, _ := tr.runAuditTo(a, js, store, uint64(ended+n))
+		ended += n
+		us := float64(cpu.Nanoseconds()) / 1e3 / n
+		if receipts {
+			with = append(with, us)
+		} else {
+			without = append(without, us)
+		}
+	}
+	rec, err := store.Status(tr.ctx, "acme", fmt.Sprintf("inv-%06d", n-1))
+	if err != nil || rec.Response == nil || rec.Response.Receipt == nil {
+		t.Fatalf("the first round ended without receipts: %+v %v", rec, err)
+	}
+	if err := auditchain.CheckReceipt(rec.Response.Receipt, signer.Public()); err != nil {
+		t.Fatal(err)
+	}
+	mw, mo := median(with), median(without)
+	t.Logf("audit stage, %d rounds of %d calls each way: with receipts %.1f µs per call %v, without %.1f µs %v",
+		rounds, n, mw, rounded(with), mo, rounded(without))
+	t.Logf("receipts cost %.1f µs per call: %.2f %% of audit's", mw-mo, 100*(mw-mo)/mw)
+}
+
+func median(v []float64) float64 {
+	s := slices.Clone(v)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+func rounded(v []float64) []int {
+	out := make([]int, len(v))
+	for i, x := range v {
+		out[i] = int(x + 0.5)
+	}
+	return out
 }
