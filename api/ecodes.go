@@ -335,6 +335,10 @@ const (
 	// The checkpoint's listing (ids, tenants, leaves) is not the one its
 	// signed hash names.
 	EReceiptListing = "E3967"
+	// The result message is not the one its receipt names (ending_sha256):
+	// a byte of the message changed, the receipt is another call's, or it
+	// carries none.
+	EReceiptEnding = "E3905"
 )
 
 // Model kind codes (toolgate's own, outside the specification's E3000-E3799).

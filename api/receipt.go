@@ -2,8 +2,10 @@ package api
 
 import "encoding/json"
 
-// ReceiptVersion is the receipt format's version.
-const ReceiptVersion = 1
+// ReceiptVersion is the receipt format's version: 2 names the result
+// message it rides in (Ending); a receipt of version 1 is read and checked
+// as it was signed.
+const ReceiptVersion = 2
 
 // Receipt is audit's signed statement of how one invocation ended
 // (docs/audit.md): who called what, under which policy decision, and the
@@ -50,6 +52,10 @@ type Receipt struct {
 	EventID    string `json:"event_id"`
 	ReceivedAt string `json:"received_at,omitempty"`
 	IssuedAt   string `json:"issued_at"`
+	// Ending is the SHA-256 (hex) of the result message that carries
+	// the receipt, as audit published it without the receipt's member:
+	// the receipt's signature is the message's too (version 2).
+	Ending string `json:"ending_sha256,omitempty"`
 	// Key is the public key (nkey, N…) of audit's chain key, which
 	// signs; Sig the Ed25519 signature (base64) over every other field.
 	Key string `json:"key"`

@@ -99,7 +99,7 @@ func compact(raw []byte) bool {
 
 // CheckReceipt verifies r's signature with pub (E3960).
 func CheckReceipt(r *api.Receipt, pub ed25519.PublicKey) error {
-	if r == nil || r.V != api.ReceiptVersion || r.InvocationID == "" || r.EventID == "" {
+	if r == nil || r.V < 1 || r.V > api.ReceiptVersion || r.InvocationID == "" || r.EventID == "" {
 		return api.NewError(api.InvalidParameters, api.EReceiptMalformed, "not a receipt (version %d)", receiptVersion(r))
 	}
 	sig, err := base64.StdEncoding.DecodeString(r.Sig)
@@ -188,3 +188,96 @@ func CheckReceiptProof(r *api.Receipt, p *Proof, pub ed25519.PublicKey) error {
 
 // Public is the public half of the signer's key.
 func (s *ReceiptSigner) Public() ed25519.PublicKey { return s.key.Public().(ed25519.PublicKey) }
+
+// HeaderSeal, set to SealReceipt, marks a result message whose receipt
+// is its signature (SealResult): the publisher adds no signature of its
+// own, and a reader checks the receipt (seal.Messages).
+const (
+	HeaderSeal  = "Toolgate-Seal"
+	SealReceipt = "receipt"
+)
+
+// receiptMember is how a result message's data names its receipt: the
+// Response's last member.
+const receiptMember = `,"receipt":`
+
+// SealResult is the one signature of a result message with a receipt:
+// msg is the message as published but without the receipt, the
+// Response (its CloudEvent data) closing at msg[end]. It names msg in r
+// (Ending), signs r, and returns msg with r as the Response's last
+// member, so that r's signature proves the message and the receipt alike
+// (OpenResult).
+func (s *ReceiptSigner) SealResult(r *api.Receipt, msg []byte, end int) ([]byte, error) {
+	r.V, r.Ending = api.ReceiptVersion, endingDigest(msg)
+	s.Sign(r)
+	return CarryReceipt(msg, end, r)
+}
+
+// CarryReceipt returns msg with r, signed already, as the last member of
+// the object that closes at msg[end].
+func CarryReceipt(msg []byte, end int, r *api.Receipt) ([]byte, error) {
+	if end <= 0 || end >= len(msg) || msg[end] != '}' {
+		return nil, errors.New("no object closes where the receipt goes")
+	}
+	rb, err := json.Marshal(r)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]byte, 0, len(msg)+len(receiptMember)+len(rb))
+	out = append(append(append(out, msg[:end]...), receiptMember...), rb...)
+	return append(out, msg[end:]...), nil
+}
+
+// EndingMatches reports whether r, signed already, names msg (the result
+// message without its receipt), so that CarryReceipt may put it in again
+// without a new signature (a redelivery of an ending recorded).
+func EndingMatches(r *api.Receipt, msg []byte) bool {
+	return r != nil && r.Ending != "" && r.Ending == endingDigest(msg)
+}
+
+func endingDigest(msg []byte) string {
+	h := sha256.Sum256(msg)
+	return hex.EncodeToString(h[:])
+}
+
+// OpenResult checks a result message that carries its receipt as its
+// proof (SealResult) and returns the receipt: the receipt verifies with
+// pub (E3960), and names this very message, without the receipt's member
+// (E3905). A message without a receipt, or whose receipt is not of
+// version 2 or later, does not check.
+func OpenResult(msg []byte, pub ed25519.PublicKey) (*api.Receipt, error) {
+	refuse := func(format string, args ...any) error {
+		return api.NewError(api.PermissionDenied, api.EReceiptEnding, "the result message is not the one its receipt names: "+format, args...)
+	}
+	var ev struct {
+		Data struct {
+			Receipt json.RawMessage `json:"receipt"`
+		} `json:"data"`
+	}
+	if err := json.Unmarshal(msg, &ev); err != nil {
+		return nil, refuse("not a CloudEvent: %v", err)
+	}
+	raw := ev.Data.Receipt
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil, refuse("it carries no receipt")
+	}
+	var r api.Receipt
+	if err := json.Unmarshal(raw, &r); err != nil {
+		return nil, refuse("its receipt does not decode: %v", err)
+	}
+	if err := CheckReceipt(&r, pub); err != nil {
+		return nil, err
+	}
+	member := make([]byte, 0, len(receiptMember)+len(raw))
+	member = append(append(member, receiptMember...), raw...)
+	i := bytes.LastIndex(msg, member)
+	if i < 0 {
+		return nil, refuse("its receipt is not the last member of its data")
+	}
+	bare := make([]byte, 0, len(msg)-len(member))
+	bare = append(append(bare, msg[:i]...), msg[i+len(member):]...)
+	if r.Ending == "" || r.Ending != endingDigest(bare) {
+		return nil, refuse("the receipt of %s names message %s, this one is %s", r.InvocationID, orNone(r.Ending), endingDigest(bare))
+	}
+	return &r, nil
+}

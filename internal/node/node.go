@@ -795,7 +795,21 @@ func (n *Node) SignAs(dataDir string) error {
 	if err != nil {
 		return err
 	}
-	return n.signAs(dataDir, n.Role, seal.NewMessages(pubs), n.Role != busauth.RoleValidate, false)
+	msgs := seal.NewMessages(pubs)
+	trustReceipts(msgs, nil, dataDir)
+	return n.signAs(dataDir, n.Role, msgs, n.Role != busauth.RoleValidate, false)
+}
+
+// trustReceipts has msgs check the results audit seals with their receipts
+// (seal.HeaderSeal) with the chain key's public half: of key when this
+// process holds the key, else audit-chain.pub in dataDir. Without either,
+// a sealed result is refused.
+func trustReceipts(msgs *seal.Messages, key ed25519.PrivateKey, dataDir string) {
+	if key != nil {
+		msgs.TrustReceipts(key.Public().(ed25519.PublicKey))
+	} else if pub, err := busauth.LoadAuditChainPublicKey(dataDir); err == nil && dataDir != "" {
+		msgs.TrustReceipts(pub)
+	}
 }
 
 // signAs signs what the node publishes with r's key, but for a chained

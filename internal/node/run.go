@@ -918,6 +918,7 @@ func setupSigning(c *Config, nodes *nodeSet, authenticated bool) error {
 	}
 	msgs := seal.NewMessages(pubs)
 	msgs.LoadSitesFrom(func() (map[busauth.Role]ed25519.PublicKey, error) { return busauth.LoadHopPublicKeys(dir) })
+	trustReceipts(msgs, c.Stage.AuditChainKey, dir)
 	c.Stage.Messages = msgs
 	for name, n := range nodes.stage {
 		r, _ := busauth.StageRole(name)

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/auditchain"
 	"github.com/toolgate/toolgate/internal/busauth"
 	"github.com/toolgate/toolgate/subjects"
 )
@@ -22,6 +23,15 @@ import (
 const (
 	HeaderSigner    = "Toolgate-Signer"
 	HeaderSignature = "Toolgate-Signature"
+)
+
+// HeaderSeal, set to SealReceipt on a result audit publishes, says that
+// the receipt the message carries is its signature (auditchain.SealResult):
+// Sign then adds the signer alone, and Check verifies the receipt with the
+// chain key instead of a signature with the role's key.
+const (
+	HeaderSeal  = auditchain.HeaderSeal
+	SealReceipt = auditchain.SealReceipt
 )
 
 // hopVersion prefixes the signed text of a message.
@@ -65,6 +75,9 @@ func (s *Signer) Sign(subject string, h nats.Header, data []byte) nats.Header {
 	maps.Copy(out, h)
 	text := signedMessage(string(s.role), subject, data)
 	out[HeaderSigner] = []string{string(s.role)}
+	if h.Get(HeaderSeal) == SealReceipt {
+		return out // its receipt signs it
+	}
 	if k, ok := s.macKey(subject); ok {
 		sum := mac(k, text)
 		s.recent.add(k, text, sum)
@@ -120,6 +133,8 @@ type Messages struct {
 	recent *recent
 	pairs  *pairs
 
+	chain ed25519.PublicKey // checks the receipts that seal audit's results
+
 	mu     sync.RWMutex
 	keys   map[busauth.Role]ed25519.PublicKey
 	load   func() (map[busauth.Role]ed25519.PublicKey, error)
@@ -132,6 +147,11 @@ func NewMessages(keys map[busauth.Role]ed25519.PublicKey) *Messages {
 	keys = maps.Clone(keys)
 	return &Messages{keys: keys, recent: newRecent(recentSize), pairs: newPairs(maps.Clone(keys))}
 }
+
+// TrustReceipts has m take a result of audit's whose receipt is its
+// signature (HeaderSeal) when the receipt verifies with pub, the chain
+// key's public half (audit-chain.pub). Set it before m checks messages.
+func (m *Messages) TrustReceipts(pub ed25519.PublicKey) { m.chain = pub }
 
 // LoadSitesFrom has m read hops.pub again (load) when it meets a site's
 // role it has no key of: a site declared while the hub runs (toolgate
@@ -219,6 +239,12 @@ func (m *Messages) check(subject string, h nats.Header, data []byte) (role busau
 	if !ok {
 		return "", false, refuseMessage("the message names signer " + string(role) + ", which has no signing key in this deployment")
 	}
+	if seal := h.Get(HeaderSeal); seal != "" {
+		if err := m.sealed(role, seal, subject, data); err != nil {
+			return "", false, err
+		}
+		return role, false, nil
+	}
 	text := signedMessage(string(role), subject, data)
 	if sum := h.Get(HeaderMAC); sum != "" {
 		stage, isHop := subjects.StageOfPipe(subject)
@@ -250,6 +276,26 @@ func (m *Messages) check(subject string, h nats.Header, data []byte) (role busau
 		return "", false, refuseMessage("role " + string(role) + " may not send on " + subject)
 	}
 	return role, ours, nil
+}
+
+// sealed checks a message whose seal stands for its signature: only a
+// result of audit's, sealed by its receipt, which the chain key signed and
+// which names this message and this subject.
+func (m *Messages) sealed(role busauth.Role, seal, subject string, data []byte) error {
+	if role != busauth.RoleAudit || seal != SealReceipt || !subjects.IsResult(subject) {
+		return refuseMessage("only audit's results are sealed by their receipt, not " + string(role) + "'s message on " + subject)
+	}
+	if m.chain == nil {
+		return refuseMessage("this process holds no chain key to check the receipt that seals audit's result")
+	}
+	r, err := auditchain.OpenResult(data, m.chain)
+	if err != nil {
+		return err // E3960 or E3905: the receipt's own code says which
+	}
+	if want := subjects.Result(r.Tenant, r.Agent, r.InvocationID); want != subject {
+		return refuseMessage("the receipt of " + r.InvocationID + " seals a result on " + want + ", not on " + subject)
+	}
+	return nil
 }
 
 // Record checks a record signature made with Signer.SignRecord by role.

@@ -4,6 +4,7 @@
 package audit
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -178,7 +179,12 @@ func (a *Auditor) Process(ctx context.Context, inv *envelope.Invocation) ([]stag
 	}
 	resp := inv.Response()
 	typ := envelope.TerminalType(inv)
-	a.receipt(inv, &resp, typ)
+	// The result is made first: its receipt, which the status records,
+	// names its bytes.
+	result, err := a.result(inv, &resp, a.receipt(inv, typ))
+	if err != nil {
+		return nil, err
+	}
 	rec := api.Record{
 		InvocationID: inv.ID, Tenant: inv.Tenant, Status: inv.Status,
 		ToolID: inv.ToolID(), ToolVersion: inv.ToolVersion(), Error: inv.Error,
@@ -211,6 +217,9 @@ func (a *Auditor) Process(ctx context.Context, inv *envelope.Invocation) ([]stag
 			inv.Metadata = *md
 		}
 		resp, typ, decision = *stored.Response, envelope.TerminalType(inv), nil
+		if result, err = a.again(inv, resp); err != nil {
+			return nil, err
+		}
 	} else if !written && secondEnding(stored, rec) {
 		// Another message ended this invocation first (execute's success
 		// on its way through verify, then a redelivery of execute's input
@@ -225,14 +234,13 @@ func (a *Auditor) Process(ctx context.Context, inv *envelope.Invocation) ([]stag
 		// A redelivery of the ending recorded: its receipt is the one the
 		// record holds, so the event and result carry the same.
 		resp.Receipt = stored.Response.Receipt
+		if result, err = a.again(inv, resp); err != nil {
+			return nil, err
+		}
 	}
 	data := inv.Audit()
 	data.Receipt = resp.Receipt
 	terminal, err := stages.AuditEvent(subjects.Audit, inv, typ, data)
-	if err != nil {
-		return nil, err
-	}
-	result, err := resultEvent(inv, resp)
 	if err != nil {
 		return nil, err
 	}
@@ -254,16 +262,16 @@ func (a *Auditor) Process(ctx context.Context, inv *envelope.Invocation) ([]stag
 	return outs, nil
 }
 
-// receipt signs the receipt of inv's ending, whose terminal audit event
-// has type typ, into resp (docs/audit.md#receipts): one signature, the
-// hashes of the parameters and the result, nothing else computed.
-func (a *Auditor) receipt(inv *envelope.Invocation, resp *api.Response, typ string) {
+// receipt is the receipt of inv's ending, whose terminal audit event has
+// type typ, not signed yet (result signs it): the hashes of the
+// parameters and the result, nothing else computed. Nil without receipts.
+func (a *Auditor) receipt(inv *envelope.Invocation, typ string) *api.Receipt {
 	if a.receipts == nil {
-		return
+		return nil
 	}
 	r := &api.Receipt{V: api.ReceiptVersion, InvocationID: inv.ID, Tenant: inv.Tenant, Agent: inv.Agent(),
 		ToolID: inv.ToolID(), ToolVersion: inv.ToolVersion(), Status: inv.Status,
-		ResultSHA256: auditchain.Digest(resp.Result),
+		ResultSHA256: auditchain.Digest(inv.Result),
 		EventID:      inv.ID + ":" + envelope.SubjectSuffix(typ),
 		IssuedAt:     time.Now().UTC().Format(time.RFC3339Nano)}
 	if !inv.ReceivedAt.IsZero() {
@@ -288,8 +296,64 @@ func (a *Auditor) receipt(inv *envelope.Invocation, resp *api.Response, typ stri
 	for _, d := range inv.Metadata.DocumentsAccessed {
 		r.Documents = append(r.Documents, api.DocumentPin{Source: d.Source, DocumentID: d.DocumentID, Version: d.Version})
 	}
-	a.receipts.Sign(r)
+	return r
+}
+
+// result is the result message of inv's ending, resp. With a receipt r it
+// is sealed by r (docs/audit.md#receipts): the message bears r as its
+// last member and r, signed once, names the rest of its bytes, so that
+// one signature proves both and the publisher signs nothing more; resp
+// then carries r. Without one it is signed as every message is.
+func (a *Auditor) result(inv *envelope.Invocation, resp *api.Response, r *api.Receipt) (stages.Output, error) {
+	if r == nil {
+		return resultEvent(inv, *resp, time.Now())
+	}
+	at, _ := time.Parse(time.RFC3339Nano, r.IssuedAt)
+	o, end, err := bareResult(inv, *resp, at)
+	if err != nil {
+		return o, err
+	}
+	if o.Data, err = a.receipts.SealResult(r, o.Data, end); err != nil {
+		return o, err
+	}
 	resp.Receipt = r
+	o.Header[auditchain.HeaderSeal] = []string{auditchain.SealReceipt}
+	return o, nil
+}
+
+// again is the result message of an ending recorded before, resp with its
+// recorded receipt: the same bytes, sealed by the same receipt. A receipt
+// that names other bytes (a receipt of version 1, made before receipts
+// sealed their results) rides in a message signed as every message is.
+func (a *Auditor) again(inv *envelope.Invocation, resp api.Response) (stages.Output, error) {
+	r := resp.Receipt
+	if r == nil || r.Ending == "" {
+		return resultEvent(inv, resp, time.Now())
+	}
+	at, _ := time.Parse(time.RFC3339Nano, r.IssuedAt)
+	o, end, err := bareResult(inv, resp, at)
+	if err != nil || !auditchain.EndingMatches(r, o.Data) {
+		return resultEvent(inv, resp, time.Now())
+	}
+	if o.Data, err = auditchain.CarryReceipt(o.Data, end, r); err != nil {
+		return o, err
+	}
+	o.Header[auditchain.HeaderSeal] = []string{auditchain.SealReceipt}
+	return o, nil
+}
+
+// bareResult is the result message of resp without its receipt, as of at
+// (the receipt's issued_at, so that a redelivery makes the same bytes),
+// and the index in it of the brace that closes resp.
+func bareResult(inv *envelope.Invocation, resp api.Response, at time.Time) (stages.Output, int, error) {
+	resp.Receipt = nil
+	o, data, err := resultMessage(inv, resp, at)
+	if err != nil {
+		return o, 0, err
+	}
+	// The CloudEvent's data is resp's encoding as it is, followed by the
+	// event's extensions alone.
+	return o, bytes.LastIndex(o.Data, data) + len(data) - 1, nil
 }
 
 // heldByWorker reports whether inv's record says a live worker holds the
@@ -320,16 +384,17 @@ func (a *Auditor) heldByWorker(ctx context.Context, inv *envelope.Invocation) (b
 // there, so that its caller learns why.
 func (a *Auditor) duplicate(inv *envelope.Invocation) ([]stages.Output, error) {
 	data := inv.Audit()
-	resp := inv.Response()
-	if !sameRequest(inv.Error) {
-		a.receipt(inv, &resp, api.TypeDuplicate)
-		data.Receipt = resp.Receipt
-	}
-	ev, err := stages.AuditEvent(subjects.Audit, inv, api.TypeDuplicate, data)
-	if err != nil || sameRequest(inv.Error) {
+	if sameRequest(inv.Error) {
+		ev, err := stages.AuditEvent(subjects.Audit, inv, api.TypeDuplicate, data)
 		return []stages.Output{ev}, err
 	}
-	result, err := resultEvent(inv, resp)
+	resp := inv.Response()
+	result, err := a.result(inv, &resp, a.receipt(inv, api.TypeDuplicate))
+	if err != nil {
+		return nil, err
+	}
+	data.Receipt = resp.Receipt
+	ev, err := stages.AuditEvent(subjects.Audit, inv, api.TypeDuplicate, data)
 	if err != nil {
 		return nil, err
 	}
@@ -456,12 +521,20 @@ func carriedInvoked(inv *envelope.Invocation) (stages.Output, bool) {
 	return stages.EncodedEventOutput(subjects.AuditEvent(inv.Tenant, suffix), inv.MsgID("audit."+suffix), inv.Invoked), true
 }
 
-func resultEvent(inv *envelope.Invocation, resp api.Response) (stages.Output, error) {
+func resultEvent(inv *envelope.Invocation, resp api.Response, at time.Time) (stages.Output, error) {
+	o, _, err := resultMessage(inv, resp, at)
+	return o, err
+}
+
+// resultMessage is the result event of resp, as of at, and resp's
+// encoding in it.
+func resultMessage(inv *envelope.Invocation, resp api.Response, at time.Time) (stages.Output, []byte, error) {
 	e, err := inv.NewEvent("urn:toolgate:"+subjects.Audit, api.TypeResult, resp)
 	if err != nil {
-		return stages.Output{}, err
+		return stages.Output{}, nil, err
 	}
+	e.SetTime(at)
 	o, err := stages.EventOutput(subjects.Result(inv.Tenant, inv.Agent(), inv.ID), e)
 	o.MsgID = inv.MsgID("result")
-	return o, err
+	return o, e.Data(), err
 }
