@@ -4,16 +4,21 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/client"
 	"github.com/toolgate/toolgate/internal/auditchain"
 	"github.com/toolgate/toolgate/internal/busauth"
+	"github.com/toolgate/toolgate/internal/envelope"
 	"github.com/toolgate/toolgate/internal/policy"
+	"github.com/toolgate/toolgate/internal/runner"
+	"github.com/toolgate/toolgate/internal/seal"
 	"github.com/toolgate/toolgate/subjects"
 )
 
@@ -207,6 +212,72 @@ func TestReceiptsOnTheBus(t *testing.T) {
 			t.Fatalf("revision %d: %v", pushed.Revision, err)
 		}
 	})
+	t.Run("the result is sealed by its receipt alone; a copy altered or sent by another role is refused, and audited", func(t *testing.T) {
+		ojs, err := jetstream.New(s.connect(t, 0, s.creds(busauth.RoleOperator)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		results, err := ojs.Stream(ctx, subjects.StreamResults)
+		if err != nil {
+			t.Fatal(err)
+		}
+		subject := subjects.Result("demo", a.did, id)
+		m, err := results.GetLastMsgForSubject(ctx, subject)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m.Header.Get(seal.HeaderSeal) != seal.SealReceipt || m.Header.Get(seal.HeaderSignature) != "" ||
+			m.Header.Get(seal.HeaderSigner) != string(busauth.RoleAudit) {
+			t.Fatalf("the result's headers %v: want audit's seal and no signature of its own", m.Header)
+		}
+		hops, err := busauth.LoadHopPublicKeys(s.dataDir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		msgs := seal.NewMessages(hops)
+		msgs.TrustReceipts(pub)
+		if role, err := msgs.Sender(subject, m.Header, m.Data); err != nil || role != busauth.RoleAudit {
+			t.Fatalf("the result as published: %v %v", role, err)
+		}
+		var sealed api.Receipt
+		if rr, err := auditchain.OpenResult(m.Data, pub); err != nil || rr.Sig != r.Sig {
+			t.Fatalf("the result's seal is not the receipt the caller got: %v", err)
+		} else {
+			sealed = *rr
+		}
+		changed := strings.Replace(string(m.Data), "receipted", "receipteD", 1)
+		if _, err := msgs.Sender(subject, m.Header, []byte(changed)); ecode(err) != api.EReceiptEnding {
+			t.Fatalf("a changed byte of the result: %v, want E3905", err)
+		}
+		if err := auditchain.CheckReceiptResult(&sealed, json.RawMessage(`{"echo":"another"}`)); ecode(err) != api.EReceiptResult {
+			t.Fatalf("the receipt against another result: %v, want E3961", err)
+		}
+		// Validate, which may relay a pending answer only, sends the
+		// very bytes with audit's seal: the relay refuses the seal of a
+		// role that is not audit's, and audits it.
+		vjs, err := jetstream.New(s.connect(t, 0, s.creds(busauth.RoleValidate)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		forged := fmt.Sprintf("forged-seal-%d", time.Now().UnixNano())
+		fsubject := subjects.Result("demo", a.did, forged)
+		h := nats.Header{seal.HeaderSeal: {seal.SealReceipt}}
+		if _, err := runner.Relaying(seal.SigningJetStream(vjs, s.hopSigner(t, busauth.RoleValidate))).PublishMsg(ctx,
+			&nats.Msg{Subject: fsubject, Header: h, Data: m.Data}); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, 20*time.Second, "a poison event for the relayed seal", func() bool {
+			p, err := ojs.Stream(ctx, subjects.StreamAudit)
+			if err != nil {
+				return false
+			}
+			ev, err := p.GetLastMsgForSubject(ctx, subjects.AuditEvent("demo", envelope.SubjectSuffix(api.TypePoison)))
+			return err == nil && strings.Contains(string(ev.Data), subjects.Relay(fsubject)) && strings.Contains(string(ev.Data), api.EMessageUnsigned)
+		})
+		if _, err := results.GetLastMsgForSubject(ctx, fsubject); err == nil {
+			t.Fatal("audit published the relayed seal")
+		}
+	})
 	t.Run("no receipt of an unknown call", func(t *testing.T) {
 		_, err := a.c.Receipt(ctx, "demo", "no-such-call")
 		var te *api.Error
@@ -214,4 +285,12 @@ func TestReceiptsOnTheBus(t *testing.T) {
 			t.Fatalf("%v, want E3964", err)
 		}
 	})
+}
+
+func ecode(err error) string {
+	var te *api.Error
+	if errors.As(err, &te) {
+		return te.ECode
+	}
+	return ""
 }
