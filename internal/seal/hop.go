@@ -69,7 +69,8 @@ func (m *Messages) NewSigner(role busauth.Role, key ed25519.PrivateKey) *Signer 
 
 // Sign returns h (copied: a header may be shared between messages) with
 // the signer's role and its signature over subject and data, or for a
-// hand-off, when the signer knows the reader's public key, its MAC.
+// hand-off, when the signer knows the reader's public key, its MAC, or
+// for a message its receipt seals (HeaderSeal), nothing more.
 func (s *Signer) Sign(subject string, h nats.Header, data []byte) nats.Header {
 	out := make(nats.Header, len(h)+2)
 	maps.Copy(out, h)
@@ -242,6 +243,9 @@ func (m *Messages) check(subject string, h nats.Header, data []byte) (role busau
 	if seal := h.Get(HeaderSeal); seal != "" {
 		if err := m.sealed(role, seal, subject, data); err != nil {
 			return "", false, err
+		}
+		if !busauth.MayPublish(role, subject) {
+			return "", false, refuseMessage("role " + string(role) + " may not send on " + subject)
 		}
 		return role, false, nil
 	}
