@@ -15,7 +15,20 @@ import (
 type Bucket struct {
 	Tokens float64   `json:"tokens"`
 	At     time.Time `json:"at"`
+	// Took are the latest invocations given a token (tags of their ids,
+	// as Usage.Reserved), so that a call re-driven after its hops were
+	// lost is not given a second.
+	Took []string `json:"took,omitempty"`
 }
+
+// TookMemory is how many invocations given a token a bucket remembers.
+const TookMemory = 512
+
+// HasTaken reports whether the invocation id was given a token of b.
+func (b *Bucket) HasTaken(id string) bool { return remembers(b.Took, id) >= 0 }
+
+// Take remembers that the invocation id was given a token of b.
+func (b *Bucket) Take(id string) { b.Took = remember(b.Took, id, TookMemory) }
 
 // UpdateBucket applies fn to the token bucket of tenant and tool with a
 // compare-and-swap (see update: fn may run several times, and returns

@@ -55,6 +55,9 @@ type lease struct {
 	mu      sync.Mutex
 	tokens  int
 	expires time.Time
+	// ids are the invocations given tokens of the lease since its write:
+	// the bucket's next write records them (kvstore.Bucket.Took).
+	ids []string
 }
 
 // New returns a Limiter over store with leases of at most maxLease tokens.
@@ -89,12 +92,25 @@ func (l *Limiter) Limit(tenant, agent string, m *tools.Manifest) (lim tools.Rate
 // Allow spends one token of the bucket agent's call of m counts in. When
 // none is left it returns false and how long until one is expected.
 func (l *Limiter) Allow(ctx context.Context, tenant, agent string, m *tools.Manifest) (bool, time.Duration, error) {
+	return l.AllowCall(ctx, tenant, agent, m, "", false)
+}
+
+// AllowCall is Allow for the invocation id. The bucket remembers the
+// invocations it gave tokens, in the write that gives the token or, for a
+// token given from a worker's lease, in the bucket's next write. A call
+// that may have been given one before (again: a redelivery, or a re-drive
+// after the hops were lost) is looked up in the bucket first, and given
+// none twice.
+func (l *Limiter) AllowCall(ctx context.Context, tenant, agent string, m *tools.Manifest, id string, again bool) (bool, time.Duration, error) {
 	lim, bucket, ok := l.Limit(tenant, agent, m)
 	if !ok {
 		return true, 0, nil
 	}
 	rate := float64(lim.Requests) / float64(max(1, lim.PerSeconds))
 	burst := float64(max(lim.Burst, lim.Requests))
+	if again && id != "" {
+		return l.takeOnce(ctx, tenant, bucket, id, rate, burst)
+	}
 	key := tenant + "\x00" + bucket
 	l.mu.Lock()
 	ls := l.leases[key]
@@ -112,6 +128,9 @@ func (l *Limiter) Allow(ctx context.Context, tenant, agent string, m *tools.Mani
 	now := l.Now()
 	if ls.tokens > 0 && now.Before(ls.expires) {
 		ls.tokens--
+		if id != "" {
+			ls.ids = append(ls.ids, id)
+		}
 		return true, 0, nil
 	}
 	// Lease what the bucket refills in a lease's lifetime, at least one:
@@ -122,10 +141,17 @@ func (l *Limiter) Allow(ctx context.Context, tenant, agent string, m *tools.Mani
 	want := int(math.Max(1, math.Min(float64(l.MaxLease), rate*l.LeaseTTL.Seconds())))
 	var got int
 	var wait time.Duration
+	given := ls.ids
 	_, err := l.store.UpdateBucket(ctx, tenant, bucket, func(b *kvstore.Bucket, exists bool) error {
 		var write bool
 		got, wait, write = take(b, exists, rate, burst, want, now)
-		if !write {
+		for _, g := range given {
+			b.Take(g)
+		}
+		if got > 0 && id != "" {
+			b.Take(id)
+		}
+		if !write && len(given) == 0 {
 			return kvstore.ErrUnchanged
 		}
 		return nil
@@ -133,12 +159,36 @@ func (l *Limiter) Allow(ctx context.Context, tenant, agent string, m *tools.Mani
 	if err != nil {
 		return false, 0, err
 	}
+	ls.ids = nil
 	if got == 0 {
 		ls.tokens = 0
 		return false, wait, nil
 	}
 	ls.tokens, ls.expires = got-1, now.Add(l.LeaseTTL)
 	return true, 0, nil
+}
+
+// takeOnce gives the invocation id a token of the bucket unless the
+// bucket remembers giving it one, with its own write: no lease.
+func (l *Limiter) takeOnce(ctx context.Context, tenant, bucket, id string, rate, burst float64) (bool, time.Duration, error) {
+	now := l.Now()
+	var got int
+	var wait time.Duration
+	_, err := l.store.UpdateBucket(ctx, tenant, bucket, func(b *kvstore.Bucket, exists bool) error {
+		if exists && b.HasTaken(id) {
+			got = 1
+			return kvstore.ErrUnchanged
+		}
+		if got, wait, _ = take(b, exists, rate, burst, 1, now); got == 0 {
+			return kvstore.ErrUnchanged
+		}
+		b.Take(id)
+		return nil
+	})
+	if err != nil {
+		return false, 0, err
+	}
+	return got > 0, wait, nil
 }
 
 // sweepLocked drops the leases that expired by now: their tokens can no

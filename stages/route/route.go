@@ -16,9 +16,10 @@ import (
 
 // limiter spends one call of an agent's rate limit for a tool
 // (*ratelimit.Limiter): false with how long until one is expected when none
-// is left.
+// is left. An invocation that may have been given one before (again) is
+// given none twice.
 type limiter interface {
-	Allow(ctx context.Context, tenant, agent string, m *tools.Manifest) (bool, time.Duration, error)
+	AllowCall(ctx context.Context, tenant, agent string, m *tools.Manifest, id string, again bool) (bool, time.Duration, error)
 }
 
 var _ limiter = (*ratelimit.Limiter)(nil)
@@ -76,7 +77,7 @@ func (r *Router) Process(ctx context.Context, inv *envelope.Invocation) ([]stage
 	// A dry run takes no token of the rate limit: it would be a call
 	// counted that never ran.
 	if r.Limits != nil && !req.DryRun() {
-		ok, wait, err := r.Limits.Allow(ctx, inv.Tenant, inv.Agent(), m)
+		ok, wait, err := r.Limits.AllowCall(ctx, inv.Tenant, inv.Agent(), m, inv.ID, inv.Again)
 		if err != nil {
 			return nil, stages.Transient(err, 0)
 		}

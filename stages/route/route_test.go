@@ -19,7 +19,7 @@ type fakeLimiter struct {
 	err  error
 }
 
-func (f fakeLimiter) Allow(context.Context, string, string, *tools.Manifest) (bool, time.Duration, error) {
+func (f fakeLimiter) AllowCall(context.Context, string, string, *tools.Manifest, string, bool) (bool, time.Duration, error) {
 	return f.ok, f.wait, f.err
 }
 
