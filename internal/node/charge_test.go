@@ -3,12 +3,15 @@ package node_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/node"
+	"github.com/toolgate/toolgate/internal/ratelimit"
 	"github.com/toolgate/toolgate/internal/token"
+	"github.com/toolgate/toolgate/internal/tools"
 	"github.com/toolgate/toolgate/internal/topology"
 	"github.com/toolgate/toolgate/kvstore"
 	"github.com/toolgate/toolgate/subjects"
@@ -165,4 +168,37 @@ func TestRefusedCallsCostNothing(t *testing.T) {
 		}
 	}
 	e.release()
+}
+
+// TestRateLimitRefusalNamesItsLimit: a call over a rate limit is told which
+// limit it is over and whose it is: the manifest's, shared by the tenant's
+// agents, or the default for each agent where the manifest declares none
+// (what a tool meant to be driven fast meets while the manifest that
+// declares its rate is not the one route holds).
+func TestRateLimitRefusalNamesItsLimit(t *testing.T) {
+	e := newEnv(t, topology.TopologyOptions{})
+	n := e.startPipeline(node.Config{Stage: node.StageConfig{TenantDefaults: map[string]tools.Defaults{
+		"rldef": {RateLimit: &tools.RateLimit{Requests: 1, PerSeconds: 3600}},
+	}}})
+	registerTools(t, n, ratedTool("test.rated2", 1, ""),
+		`{"id":"test.silent","name":"silent","version":"1.0.0","description":"declares no rate limit","kind":"builtin",
+		  "builtin":{"function":"noop"},"input_schema":{"type":"object"},"output_schema":{"type":"object"}}`)
+	for _, c := range []struct {
+		tenant, tool, source, says string
+		requests, per, burst       int
+	}{
+		{"rlman", "test.rated2", ratelimit.SourceManifest, "1 per 3600 s, burst 1, its manifest's", 1, 3600, 1},
+		{"rldef", "test.silent", ratelimit.SourceDefault, "1 per 3600 s, burst 1, the default for each agent, as its manifest declares none", 1, 3600, 1},
+	} {
+		if r := e.invoke(request(c.tenant, c.tool, `{}`)); r.Status != api.StatusSuccess {
+			t.Fatalf("%s: first call %s %s", c.tenant, r.Status, mustJSON(t, r.Error))
+		}
+		r := e.invoke(request(c.tenant, c.tool, `{}`))
+		expectDenied(t, r, api.StatusError, api.ERateLimited)
+		lim, _ := r.Error.Details["rate_limit"].(map[string]any)
+		if !strings.Contains(r.Error.Message, c.says) || lim["source"] != c.source ||
+			fmt.Sprint(lim["requests"], lim["per_seconds"], lim["burst"]) != fmt.Sprint(c.requests, c.per, c.burst) {
+			t.Errorf("%s: refusal %q, details %v: want it to say %q, from %s", c.tenant, r.Error.Message, r.Error.Details, c.says, c.source)
+		}
+	}
 }

@@ -66,27 +66,46 @@ func New(store Store, maxLease int) *Limiter {
 		Now: time.Now, leases: map[string]*lease{}}
 }
 
+// Whose limit applies to a call (Applies).
+const (
+	SourceOverride = "tenant_override" // the tenant's override for the tool
+	SourceManifest = "manifest"        // the tool's manifest
+	SourceDefault  = "default"         // the defaults, where the manifest declares none: per agent
+)
+
 // Limit returns the limit that applies to agent's calls of m in tenant, if
 // any, and the bucket it counts in: the tenant's override for m, else the
 // manifest's, both shared by the tenant's agents; else the tenant's
 // default, one bucket per agent.
 func (l *Limiter) Limit(tenant, agent string, m *tools.Manifest) (lim tools.RateLimit, bucket string, ok bool) {
+	lim, bucket, _, ok = l.limit(tenant, agent, m)
+	return lim, bucket, ok
+}
+
+// Applies returns the limit that applies to agent's calls of m in tenant,
+// if any, and whose it is (Source…): what a refusal names.
+func (l *Limiter) Applies(tenant, agent string, m *tools.Manifest) (lim tools.RateLimit, source string, ok bool) {
+	lim, _, source, ok = l.limit(tenant, agent, m)
+	return lim, source, ok
+}
+
+func (l *Limiter) limit(tenant, agent string, m *tools.Manifest) (lim tools.RateLimit, bucket, source string, ok bool) {
 	if o, ok := l.Overrides[tenant][m.ID]; ok {
-		return o, m.ID, true
+		return o, m.ID, SourceOverride, true
 	}
 	if m.RateLimit != nil {
-		return *m.RateLimit, m.ID, true
+		return *m.RateLimit, m.ID, SourceManifest, true
 	}
 	if l.Defaults == nil {
-		return tools.RateLimit{}, "", false
+		return tools.RateLimit{}, "", "", false
 	}
 	lim, perAgent, ok := m.EffectiveRateLimit(l.Defaults(tenant))
 	if !ok || !perAgent {
-		return lim, m.ID, ok
+		return lim, m.ID, SourceManifest, ok
 	}
 	// The NUL cannot be in a tool id, so an agent's bucket never is
 	// another tool's.
-	return lim, m.ID + "\x00" + agent, true
+	return lim, m.ID + "\x00" + agent, SourceDefault, true
 }
 
 // Allow spends one token of the bucket agent's call of m counts in. When
