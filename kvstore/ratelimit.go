@@ -22,7 +22,7 @@ type Bucket struct {
 }
 
 // TookMemory is how many invocations given a token a bucket remembers.
-const TookMemory = 512
+const TookMemory = 256
 
 // HasTaken reports whether the invocation id was given a token of b.
 func (b *Bucket) HasTaken(id string) bool { return remembers(b.Took, id) >= 0 }
