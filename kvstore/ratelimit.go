@@ -2,6 +2,7 @@ package kvstore
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -62,6 +63,23 @@ func (s *Store) UpdateBucket(ctx context.Context, tenant, tool string, fn func(b
 		return fn(b, exists)
 	})
 	if err != nil {
+		return Bucket{}, fmt.Errorf("rate limit of %s/%s: %w", tenant, tool, err)
+	}
+	return b, nil
+}
+
+// RateBucket returns the token bucket of tenant and tool as stored, with
+// one read; a bucket never stored (or erased) is the zero Bucket.
+func (s *Store) RateBucket(ctx context.Context, tenant, tool string) (Bucket, error) {
+	e, err := s.ratelimits.Get(ctx, invocationKey(tenant, tool))
+	if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
+		return Bucket{}, nil
+	}
+	if err != nil {
+		return Bucket{}, fmt.Errorf("rate limit of %s/%s: %w", tenant, tool, err)
+	}
+	var b Bucket
+	if err := json.Unmarshal(e.Value(), &b); err != nil {
 		return Bucket{}, fmt.Errorf("rate limit of %s/%s: %w", tenant, tool, err)
 	}
 	return b, nil

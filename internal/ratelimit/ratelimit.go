@@ -13,6 +13,7 @@ package ratelimit
 import (
 	"context"
 	"math"
+	"slices"
 	"sync"
 	"time"
 
@@ -21,9 +22,11 @@ import (
 )
 
 // Store is the shared bucket state: UpdateBucket applies fn to a bucket with
-// compare-and-swap, writing nothing when fn returns kvstore.ErrUnchanged.
+// compare-and-swap, writing nothing when fn returns kvstore.ErrUnchanged;
+// RateBucket reads one.
 type Store interface {
 	UpdateBucket(ctx context.Context, tenant, tool string, fn func(b *kvstore.Bucket, exists bool) error) (kvstore.Bucket, error)
+	RateBucket(ctx context.Context, tenant, tool string) (kvstore.Bucket, error)
 }
 
 // Limiter checks calls against their tool's limit.
@@ -118,7 +121,7 @@ func (l *Limiter) Allow(ctx context.Context, tenant, agent string, m *tools.Mani
 // invocations it gave tokens, in the write that gives the token or, for a
 // token given from a worker's lease, in the bucket's next write. A call
 // that may have been given one before (again: a redelivery, or a re-drive
-// after the hops were lost) is looked up in the bucket first, and given
+// after the hops were lost) is looked up first, with a read, and given
 // none twice.
 func (l *Limiter) AllowCall(ctx context.Context, tenant, agent string, m *tools.Manifest, id string, again bool) (bool, time.Duration, error) {
 	lim, bucket, ok := l.Limit(tenant, agent, m)
@@ -127,9 +130,6 @@ func (l *Limiter) AllowCall(ctx context.Context, tenant, agent string, m *tools.
 	}
 	rate := float64(lim.Requests) / float64(max(1, lim.PerSeconds))
 	burst := float64(max(lim.Burst, lim.Requests))
-	if again && id != "" {
-		return l.takeOnce(ctx, tenant, bucket, id, rate, burst)
-	}
 	key := tenant + "\x00" + bucket
 	l.mu.Lock()
 	ls := l.leases[key]
@@ -144,6 +144,18 @@ func (l *Limiter) AllowCall(ctx context.Context, tenant, agent string, m *tools.
 
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
+	if again && id != "" {
+		if slices.Contains(ls.ids, id) {
+			return true, 0, nil // given from this worker's lease, not yet written
+		}
+		b, err := l.store.RateBucket(ctx, tenant, bucket)
+		if err != nil {
+			return false, 0, err
+		}
+		if b.HasTaken(id) {
+			return true, 0, nil
+		}
+	}
 	now := l.Now()
 	if ls.tokens > 0 && now.Before(ls.expires) {
 		ls.tokens--
@@ -185,29 +197,6 @@ func (l *Limiter) AllowCall(ctx context.Context, tenant, agent string, m *tools.
 	}
 	ls.tokens, ls.expires = got-1, now.Add(l.LeaseTTL)
 	return true, 0, nil
-}
-
-// takeOnce gives the invocation id a token of the bucket unless the
-// bucket remembers giving it one, with its own write: no lease.
-func (l *Limiter) takeOnce(ctx context.Context, tenant, bucket, id string, rate, burst float64) (bool, time.Duration, error) {
-	now := l.Now()
-	var got int
-	var wait time.Duration
-	_, err := l.store.UpdateBucket(ctx, tenant, bucket, func(b *kvstore.Bucket, exists bool) error {
-		if exists && b.HasTaken(id) {
-			got = 1
-			return kvstore.ErrUnchanged
-		}
-		if got, wait, _ = take(b, exists, rate, burst, 1, now); got == 0 {
-			return kvstore.ErrUnchanged
-		}
-		b.Take(id)
-		return nil
-	})
-	if err != nil {
-		return false, 0, err
-	}
-	return got > 0, wait, nil
 }
 
 // sweepLocked drops the leases that expired by now: their tokens can no

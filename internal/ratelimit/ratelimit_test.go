@@ -169,7 +169,8 @@ func TestRedrivenCallTakesOneToken(t *testing.T) {
 		return b.Tokens
 	}
 	left := tokens()
-	again := ratelimit.New(store, 8)
+	// Leasing one token at a time, so that the one a new call takes shows.
+	again := ratelimit.New(store, 1)
 	again.Now = func() time.Time { return clock }
 	for i := range 9 {
 		if ok, _, err := again.AllowCall(context.Background(), "acme", "", m, fmt.Sprintf("inv-%d", i), true); err != nil || !ok {
