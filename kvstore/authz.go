@@ -385,8 +385,9 @@ type Usage struct {
 	UpdatedAt           time.Time `json:"updated_at,omitzero"`
 	// StartedAt is the session's first charge, for its spending rate.
 	StartedAt time.Time `json:"started_at,omitzero"`
-	// Reserved are the latest invocations charged, so a retried charge of
-	// the same invocation is recognised (tags of their ids: Reserve).
+	// Reserved are the invocations charged whose end is not charged yet,
+	// so that a retried or re-driven charge of the same invocation is
+	// recognised (tags of their ids: Reserve); Settle forgets them.
 	Reserved []string `json:"reserved,omitempty"`
 	// Settled are the latest invocations whose end was charged (Settle).
 	Settled []string `json:"settled,omitempty"`
@@ -455,8 +456,10 @@ func (u *Usage) Release(id string) bool {
 // collision (a call taken for one already charged) vanishingly rare.
 // Records written with whole ids are still recognised.
 const (
-	// ReservedMemory is how many reservations a usage remembers.
-	ReservedMemory = 64
+	// ReservedMemory is how many reservations of calls in flight a usage
+	// remembers: a call re-driven while more of its session's calls were
+	// in flight may be charged again.
+	ReservedMemory = 1024
 	// SettledMemory is how many ended invocations a usage remembers.
 	SettledMemory = 64
 )
@@ -504,8 +507,16 @@ func (u *Usage) Unreserve(id string) bool {
 // HasSettled reports whether the end of the invocation id was charged to u.
 func (u *Usage) HasSettled(id string) bool { return remembers(u.Settled, id) >= 0 }
 
-// Settle remembers that the end of the invocation id was charged to u.
-func (u *Usage) Settle(id string) { u.Settled = remember(u.Settled, id, SettledMemory) }
+// Settle remembers that the end of the invocation id was charged to u,
+// and forgets its reservation.
+func (u *Usage) Settle(id string) {
+	u.Unreserve(id)
+	u.Settled = remember(u.Settled, id, SettledMemory)
+}
+
+// Charged reports whether the invocation id was charged to u: reserved,
+// or ended.
+func (u *Usage) Charged(id string) bool { return u.HasReserved(id) || u.HasSettled(id) }
 
 // Lease is a run of calls one worker reserved in advance and gives to its
 // next calls without a write. Its calls count in Usage.Calls from the

@@ -110,12 +110,15 @@ func sameInvocation(stored, rec api.Record) bool {
 // (a cancel that came first) is adopted, keeping its cancel flag. agent is
 // the agent the request names, who may see the call (api.Record.Agent);
 // tool and version the tool it asks for, as asked (the status of a call
-// that waits for its site names the site from them).
-func (s *Store) ClaimInvocation(ctx context.Context, tenant, id string, seq uint64, digest, agent, tool, version string) (api.Record, error) {
+// that waits for its site names the site from them). again reports a
+// claim found already made, by this publish when the Seq is seq: a
+// redelivery, or a re-drive of a call that may have been charged before.
+func (s *Store) ClaimInvocation(ctx context.Context, tenant, id string, seq uint64, digest, agent, tool, version string) (rec api.Record, again bool, err error) {
 	// The id is new but for a redelivery, a reused id or a cancel that came
 	// first: the claim is tried as a create before anything is read.
-	rec, _, err := updateFresh(ctx, s.invocations, invocationKey(tenant, id), func(stored *api.Record, exists bool) error {
-		if exists && (stored.Seq != 0 || stored.Status.Terminal()) {
+	rec, _, err = updateFresh(ctx, s.invocations, invocationKey(tenant, id), func(stored *api.Record, exists bool) error {
+		again = exists && (stored.Seq != 0 || stored.Status.Terminal())
+		if again {
 			return ErrUnchanged
 		}
 		rec := api.Record{InvocationID: id, Tenant: tenant, Agent: agent, Status: api.StatusPending, Seq: seq, Digest: digest,
@@ -127,9 +130,9 @@ func (s *Store) ClaimInvocation(ctx context.Context, tenant, id string, seq uint
 		return nil
 	})
 	if err != nil {
-		return api.Record{}, fmt.Errorf("claiming invocation id %s: %w", id, err)
+		return api.Record{}, false, fmt.Errorf("claiming invocation id %s: %w", id, err)
 	}
-	return rec, nil
+	return rec, again, nil
 }
 
 // Status returns the stored record of an invocation, or ErrNotFound.

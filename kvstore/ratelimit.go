@@ -2,6 +2,7 @@ package kvstore
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -15,7 +16,20 @@ import (
 type Bucket struct {
 	Tokens float64   `json:"tokens"`
 	At     time.Time `json:"at"`
+	// Took are the latest invocations given a token (tags of their ids,
+	// as Usage.Reserved), so that a call re-driven after its hops were
+	// lost is not given a second.
+	Took []string `json:"took,omitempty"`
 }
+
+// TookMemory is how many invocations given a token a bucket remembers.
+const TookMemory = 256
+
+// HasTaken reports whether the invocation id was given a token of b.
+func (b *Bucket) HasTaken(id string) bool { return remembers(b.Took, id) >= 0 }
+
+// Take remembers that the invocation id was given a token of b.
+func (b *Bucket) Take(id string) { b.Took = remember(b.Took, id, TookMemory) }
 
 // UpdateBucket applies fn to the token bucket of tenant and tool with a
 // compare-and-swap (see update: fn may run several times, and returns
@@ -49,6 +63,23 @@ func (s *Store) UpdateBucket(ctx context.Context, tenant, tool string, fn func(b
 		return fn(b, exists)
 	})
 	if err != nil {
+		return Bucket{}, fmt.Errorf("rate limit of %s/%s: %w", tenant, tool, err)
+	}
+	return b, nil
+}
+
+// RateBucket returns the token bucket of tenant and tool as stored, with
+// one read; a bucket never stored (or erased) is the zero Bucket.
+func (s *Store) RateBucket(ctx context.Context, tenant, tool string) (Bucket, error) {
+	e, err := s.ratelimits.Get(ctx, invocationKey(tenant, tool))
+	if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
+		return Bucket{}, nil
+	}
+	if err != nil {
+		return Bucket{}, fmt.Errorf("rate limit of %s/%s: %w", tenant, tool, err)
+	}
+	var b Bucket
+	if err := json.Unmarshal(e.Value(), &b); err != nil {
 		return Bucket{}, fmt.Errorf("rate limit of %s/%s: %w", tenant, tool, err)
 	}
 	return b, nil

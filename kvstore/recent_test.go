@@ -47,7 +47,7 @@ func openCounting(t *testing.T) (a, b *Store, readsA *atomic.Int32) {
 func TestStatusWritesOfOneProcessRead(t *testing.T) {
 	s, _, n := openCounting(t)
 	ctx := context.Background()
-	rec, err := s.ClaimInvocation(ctx, "t", "i-1", 7, "d", "", "", "")
+	rec, _, err := s.ClaimInvocation(ctx, "t", "i-1", 7, "d", "", "", "")
 	if err != nil || rec.Seq != 7 {
 		t.Fatalf("claim: %+v %v", rec, err)
 	}
@@ -78,7 +78,7 @@ func TestStatusWritesOfOneProcessRead(t *testing.T) {
 func TestStatusWrittenElsewhereMeanwhile(t *testing.T) {
 	a, b, n := openCounting(t)
 	ctx := context.Background()
-	if _, err := a.ClaimInvocation(ctx, "t", "i-2", 9, "d", "", "", ""); err != nil {
+	if _, _, err := a.ClaimInvocation(ctx, "t", "i-2", 9, "d", "", "", ""); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := b.UpdateRecord(ctx, "t", "i-2", func(r *api.Record) { r.CancelRequested = true }); err != nil {
@@ -92,10 +92,10 @@ func TestStatusWrittenElsewhereMeanwhile(t *testing.T) {
 		t.Fatal("no read after the refused write")
 	}
 	// A claim of an id another process holds is refused on what is stored.
-	if _, err := b.ClaimInvocation(ctx, "t", "i-3", 1, "d1", "", "", ""); err != nil {
+	if _, _, err := b.ClaimInvocation(ctx, "t", "i-3", 1, "d1", "", "", ""); err != nil {
 		t.Fatal(err)
 	}
-	rec, err := a.ClaimInvocation(ctx, "t", "i-3", 2, "d2", "", "", "")
+	rec, _, err := a.ClaimInvocation(ctx, "t", "i-3", 2, "d2", "", "", "")
 	if err != nil || rec.Seq != 1 || rec.Digest != "d1" {
 		t.Fatalf("a second claim took the id: %+v %v", rec, err)
 	}
@@ -194,7 +194,7 @@ func TestStatusWritesOfOneProcessShareMemory(t *testing.T) {
 			stores[i] = s
 		}
 		id := map[bool]string{true: "shared", false: "apart"}[shared]
-		if _, err := stores[0].ClaimInvocation(ctx, "t", id, 7, "d", "", "", ""); err != nil {
+		if _, _, err := stores[0].ClaimInvocation(ctx, "t", id, 7, "d", "", "", ""); err != nil {
 			t.Fatal(err)
 		}
 		if _, _, _, written, err := stores[1].ClaimRun(ctx, api.Record{InvocationID: id, Tenant: "t", Status: api.StatusRunning, Seq: 7}, nil); err != nil || !written {

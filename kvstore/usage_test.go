@@ -27,16 +27,21 @@ func TestUsageRemembersChargedIDs(t *testing.T) {
 	}
 	for i := range ReservedMemory + 10 {
 		u.Reserve(fmt.Sprintf("inv-%d", i))
+	}
+	last := fmt.Sprintf("inv-%d", ReservedMemory+9)
+	if len(u.Reserved) != ReservedMemory || u.HasReserved("inv-0") || !u.HasReserved(last) {
+		t.Fatalf("%d reserved remembered, keeping the wrong end", len(u.Reserved))
+	}
+	// The end of a call forgets its reservation: a record holds the calls
+	// in flight, and the latest ends.
+	for i := range ReservedMemory + 10 {
 		u.Settle(fmt.Sprintf("inv-%d", i))
 	}
-	if len(u.Reserved) != ReservedMemory || len(u.Settled) != SettledMemory {
+	if len(u.Reserved) != 0 || len(u.Settled) != SettledMemory || !u.HasSettled(last) || u.HasSettled("inv-10") || !u.Charged(last) {
 		t.Fatalf("%d reserved, %d settled remembered", len(u.Reserved), len(u.Settled))
 	}
-	if u.HasReserved("inv-0") || !u.HasReserved(fmt.Sprintf("inv-%d", ReservedMemory+9)) || !u.HasSettled("inv-10") {
-		t.Fatal("memory keeps the wrong end")
-	}
 	b, _ := json.Marshal(u)
-	if len(b) > 2200 {
-		t.Fatalf("a full usage record is %d bytes", len(b))
+	if len(b) > 1200 {
+		t.Fatalf("a usage record with no call in flight is %d bytes", len(b))
 	}
 }

@@ -69,6 +69,12 @@ type Invocation struct {
 	// takes no ending of theirs without their own, so no stage can end a
 	// call it never held, even with a custody copied from another's hop.
 	Custody string `json:"custody,omitempty"`
+	// Again is set by validate when this publish had claimed the id
+	// before: a redelivery of validate's input, or a re-drive from the
+	// ingest after the hops were lost. The stages that charge a call
+	// (authorize's budget, route's rate limit) then look for a charge it
+	// may already have taken rather than take a second.
+	Again bool `json:"again,omitempty"`
 	// Authz is set by the authorize stage when it admits the invocation.
 	Authz *Authorization `json:"authz,omitempty"`
 	// Route is set by the route stage.

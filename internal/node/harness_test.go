@@ -58,18 +58,36 @@ func quietLog() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, n
 
 func newEnv(t testing.TB, topo topology.TopologyOptions) *env {
 	t.Helper()
+	e, _ := newEnvAt(t, topo, "127.0.0.1:-1")
+	return e
+}
+
+// newEnvAt is newEnv with its server listening on listen; restart stops
+// the server and starts it again on the same store and address (what is
+// in memory is lost, as in a power cut), and the env's connections
+// reconnect.
+func newEnvAt(t testing.TB, topo topology.TopologyOptions, listen string) (e *env, restart func()) {
+	t.Helper()
 	dataDir := t.TempDir()
-	ns, err := node.StartEmbedded(node.EmbeddedOptions{Listen: "127.0.0.1:-1", DataDir: dataDir})
+	opts := node.EmbeddedOptions{Listen: listen, DataDir: dataDir}
+	ns, err := node.StartEmbedded(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
+	restart = func() {
+		ns.Shutdown()
+		ns.WaitForShutdown()
+		if ns, err = node.StartEmbedded(opts); err != nil {
+			t.Fatal(err)
+		}
+	}
 	// The deployment's hop-sealing key: every pipeline of the env seals
 	// and checks hops with it.
 	if _, err := busauth.LoadOrCreateSealKey(dataDir); err != nil {
 		t.Fatal(err)
 	}
-	e := &env{t: t, url: ns.ClientURL(), dataDir: dataDir, topo: topo, gate: make(chan struct{}), started: make(chan string, 16),
+	e = &env{t: t, url: ns.ClientURL(), dataDir: dataDir, topo: topo, gate: make(chan struct{}), started: make(chan string, 16),
 		stepped: make(chan int, 64)}
 	t.Cleanup(func() { e.release() })
 	e.nc = e.connect()
@@ -79,7 +97,7 @@ func newEnv(t testing.TB, topo topology.TopologyOptions) *env {
 	if e.client, err = client.New(e.nc); err != nil {
 		t.Fatal(err)
 	}
-	return e
+	return e, restart
 }
 
 // sealed returns c with the env's hop-sealing key: authorize seals with
@@ -252,6 +270,14 @@ var testTools = []string{
 // stages (all when empty) until the test ends.
 func (e *env) startPipeline(cfg node.Config) *node.Node {
 	e.t.Helper()
+	n, _ := e.runPipeline(cfg)
+	return n
+}
+
+// runPipeline is startPipeline, also returning what stops the pipeline
+// (and waits for it) before the test's end.
+func (e *env) runPipeline(cfg node.Config) (*node.Node, func()) {
+	e.t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	cfg.NATSURL = e.url
 	if cfg.Embedded.DataDir == "" {
@@ -276,12 +302,13 @@ func (e *env) startPipeline(cfg node.Config) *node.Node {
 	cfg.Ready = func(_ string, n *node.Node) { nodes <- n }
 	errc := make(chan error, 1)
 	go func() { errc <- node.Run(ctx, cfg) }()
-	e.t.Cleanup(func() {
+	stop := sync.OnceFunc(func() {
 		cancel()
 		if err := <-errc; err != nil {
 			e.t.Errorf("pipeline.Run: %v", err)
 		}
 	})
+	e.t.Cleanup(stop)
 	select {
 	case n := <-nodes:
 		for _, doc := range testTools {
@@ -296,13 +323,13 @@ func (e *env) startPipeline(cfg node.Config) *node.Node {
 				e.t.Fatal(err)
 			}
 		}
-		return n
+		return n, stop
 	case err := <-errc:
 		e.t.Fatalf("pipeline did not start: %v", err)
 	case <-time.After(60 * time.Second):
 		e.t.Fatal("pipeline did not start in time")
 	}
-	return nil
+	return nil, stop
 }
 
 func request(tenant, tool string, params string) api.Request {

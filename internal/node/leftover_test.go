@@ -215,7 +215,7 @@ func (l *leftovers) leftoverCall(t *testing.T, tenant, id string, seq uint64, st
 	if st == "" {
 		return inv
 	}
-	if _, err := l.node.Store.ClaimInvocation(ctx, tenant, id, seq, "d", "", "", ""); err != nil {
+	if _, _, err := l.node.Store.ClaimInvocation(ctx, tenant, id, seq, "d", "", "", ""); err != nil {
 		t.Fatal(err)
 	}
 	if st != api.StatusPending {

@@ -13,6 +13,7 @@ package ratelimit
 import (
 	"context"
 	"math"
+	"slices"
 	"sync"
 	"time"
 
@@ -21,9 +22,11 @@ import (
 )
 
 // Store is the shared bucket state: UpdateBucket applies fn to a bucket with
-// compare-and-swap, writing nothing when fn returns kvstore.ErrUnchanged.
+// compare-and-swap, writing nothing when fn returns kvstore.ErrUnchanged;
+// RateBucket reads one.
 type Store interface {
 	UpdateBucket(ctx context.Context, tenant, tool string, fn func(b *kvstore.Bucket, exists bool) error) (kvstore.Bucket, error)
+	RateBucket(ctx context.Context, tenant, tool string) (kvstore.Bucket, error)
 }
 
 // Limiter checks calls against their tool's limit.
@@ -55,6 +58,9 @@ type lease struct {
 	mu      sync.Mutex
 	tokens  int
 	expires time.Time
+	// ids are the invocations given tokens of the lease since its write:
+	// the bucket's next write records them (kvstore.Bucket.Took).
+	ids []string
 }
 
 // New returns a Limiter over store with leases of at most maxLease tokens.
@@ -63,32 +69,61 @@ func New(store Store, maxLease int) *Limiter {
 		Now: time.Now, leases: map[string]*lease{}}
 }
 
+// Whose limit applies to a call (Applies).
+const (
+	SourceOverride = "tenant_override" // the tenant's override for the tool
+	SourceManifest = "manifest"        // the tool's manifest
+	SourceDefault  = "default"         // the defaults, where the manifest declares none: per agent
+)
+
 // Limit returns the limit that applies to agent's calls of m in tenant, if
 // any, and the bucket it counts in: the tenant's override for m, else the
 // manifest's, both shared by the tenant's agents; else the tenant's
 // default, one bucket per agent.
 func (l *Limiter) Limit(tenant, agent string, m *tools.Manifest) (lim tools.RateLimit, bucket string, ok bool) {
+	lim, bucket, _, ok = l.limit(tenant, agent, m)
+	return lim, bucket, ok
+}
+
+// Applies returns the limit that applies to agent's calls of m in tenant,
+// if any, and whose it is (Source…): what a refusal names.
+func (l *Limiter) Applies(tenant, agent string, m *tools.Manifest) (lim tools.RateLimit, source string, ok bool) {
+	lim, _, source, ok = l.limit(tenant, agent, m)
+	return lim, source, ok
+}
+
+func (l *Limiter) limit(tenant, agent string, m *tools.Manifest) (lim tools.RateLimit, bucket, source string, ok bool) {
 	if o, ok := l.Overrides[tenant][m.ID]; ok {
-		return o, m.ID, true
+		return o, m.ID, SourceOverride, true
 	}
 	if m.RateLimit != nil {
-		return *m.RateLimit, m.ID, true
+		return *m.RateLimit, m.ID, SourceManifest, true
 	}
 	if l.Defaults == nil {
-		return tools.RateLimit{}, "", false
+		return tools.RateLimit{}, "", "", false
 	}
 	lim, perAgent, ok := m.EffectiveRateLimit(l.Defaults(tenant))
 	if !ok || !perAgent {
-		return lim, m.ID, ok
+		return lim, m.ID, SourceManifest, ok
 	}
 	// The NUL cannot be in a tool id, so an agent's bucket never is
 	// another tool's.
-	return lim, m.ID + "\x00" + agent, true
+	return lim, m.ID + "\x00" + agent, SourceDefault, true
 }
 
 // Allow spends one token of the bucket agent's call of m counts in. When
 // none is left it returns false and how long until one is expected.
 func (l *Limiter) Allow(ctx context.Context, tenant, agent string, m *tools.Manifest) (bool, time.Duration, error) {
+	return l.AllowCall(ctx, tenant, agent, m, "", false)
+}
+
+// AllowCall is Allow for the invocation id. The bucket remembers the
+// invocations it gave tokens, in the write that gives the token or, for a
+// token given from a worker's lease, in the bucket's next write. A call
+// that may have been given one before (again: a redelivery, or a re-drive
+// after the hops were lost) is looked up first, with a read, and given
+// none twice.
+func (l *Limiter) AllowCall(ctx context.Context, tenant, agent string, m *tools.Manifest, id string, again bool) (bool, time.Duration, error) {
 	lim, bucket, ok := l.Limit(tenant, agent, m)
 	if !ok {
 		return true, 0, nil
@@ -109,9 +144,24 @@ func (l *Limiter) Allow(ctx context.Context, tenant, agent string, m *tools.Mani
 
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
+	if again && id != "" {
+		if slices.Contains(ls.ids, id) {
+			return true, 0, nil // given from this worker's lease, not yet written
+		}
+		b, err := l.store.RateBucket(ctx, tenant, bucket)
+		if err != nil {
+			return false, 0, err
+		}
+		if b.HasTaken(id) {
+			return true, 0, nil
+		}
+	}
 	now := l.Now()
 	if ls.tokens > 0 && now.Before(ls.expires) {
 		ls.tokens--
+		if id != "" {
+			ls.ids = append(ls.ids, id)
+		}
 		return true, 0, nil
 	}
 	// Lease what the bucket refills in a lease's lifetime, at least one:
@@ -122,10 +172,17 @@ func (l *Limiter) Allow(ctx context.Context, tenant, agent string, m *tools.Mani
 	want := int(math.Max(1, math.Min(float64(l.MaxLease), rate*l.LeaseTTL.Seconds())))
 	var got int
 	var wait time.Duration
+	given := ls.ids
 	_, err := l.store.UpdateBucket(ctx, tenant, bucket, func(b *kvstore.Bucket, exists bool) error {
 		var write bool
 		got, wait, write = take(b, exists, rate, burst, want, now)
-		if !write {
+		for _, g := range given {
+			b.Take(g)
+		}
+		if got > 0 && id != "" {
+			b.Take(id)
+		}
+		if !write && len(given) == 0 {
 			return kvstore.ErrUnchanged
 		}
 		return nil
@@ -133,6 +190,7 @@ func (l *Limiter) Allow(ctx context.Context, tenant, agent string, m *tools.Mani
 	if err != nil {
 		return false, 0, err
 	}
+	ls.ids = nil
 	if got == 0 {
 		ls.tokens = 0
 		return false, wait, nil

@@ -140,3 +140,47 @@ func TestLeasesStayBounded(t *testing.T) {
 		t.Errorf("%d leases within their lifetime, %d kept", tenants, got)
 	}
 }
+
+// TestRedrivenCallTakesOneToken: tokens a worker gives from its lease are
+// recorded with the bucket's next write, and one given with a write at
+// once; another worker (a process started after a crash) asked again for
+// any of those calls gives none a second token, and a call never given
+// one takes one.
+func TestRedrivenCallTakesOneToken(t *testing.T) {
+	store := openStore(t)
+	// 1000 a second: a worker leases 8 tokens at a time.
+	m := &tools.Manifest{ID: "t", RateLimit: &tools.RateLimit{Requests: 1000, PerSeconds: 1}}
+	clock := time.Now()
+	first := ratelimit.New(store, 8)
+	first.Now = func() time.Time { return clock }
+	for i := range 9 { // a lease of 8, then a second lease's write
+		if i == 8 {
+			clock = clock.Add(first.LeaseTTL)
+		}
+		if ok, _, err := first.AllowCall(context.Background(), "acme", "", m, fmt.Sprintf("inv-%d", i), false); err != nil || !ok {
+			t.Fatalf("call %d: %v, %v", i, ok, err)
+		}
+	}
+	tokens := func() float64 {
+		b, err := store.UpdateBucket(context.Background(), "acme", "t", func(*kvstore.Bucket, bool) error { return kvstore.ErrUnchanged })
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b.Tokens
+	}
+	left := tokens()
+	// Leasing one token at a time, so that the one a new call takes shows.
+	again := ratelimit.New(store, 1)
+	again.Now = func() time.Time { return clock }
+	for i := range 9 {
+		if ok, _, err := again.AllowCall(context.Background(), "acme", "", m, fmt.Sprintf("inv-%d", i), true); err != nil || !ok {
+			t.Fatalf("re-driven call %d: %v, %v", i, ok, err)
+		}
+	}
+	if got := tokens(); got != left {
+		t.Fatalf("re-driven calls took %v tokens, want none", left-got)
+	}
+	if ok, _, err := again.AllowCall(context.Background(), "acme", "", m, "inv-new", true); err != nil || !ok || tokens() != left-1 {
+		t.Fatalf("a call asked again that never had a token: %v, %v; %v left, want %v", ok, err, tokens(), left-1)
+	}
+}

@@ -420,7 +420,8 @@ func (a *Auditor) count(ctx context.Context, inv *envelope.Invocation) {
 }
 
 // charge adds an admitted invocation's runtime and cost to its session's
-// usage and counts consecutive failures.
+// usage and counts consecutive failures; a call whose tool never ran gives
+// its reserved call back and counts as neither success nor failure.
 func (a *Auditor) charge(ctx context.Context, inv *envelope.Invocation) error {
 	az := inv.Authz
 	if az == nil || !az.Reserved || az.Unmetered {
@@ -441,6 +442,12 @@ func (a *Auditor) chargeKey(ctx context.Context, inv *envelope.Invocation, key s
 	_, err := a.store.UpdateUsage(ctx, inv.Tenant, key, func(u *kvstore.Usage) error {
 		if u.HasSettled(inv.ID) {
 			return errSettled
+		}
+		if neverRan(inv) {
+			u.Calls = max(u.Calls-1, 0)
+			u.Release(inv.ID)
+			u.Settle(inv.ID)
+			return nil
 		}
 		u.RuntimeMS += inv.Metadata.DurationMS
 		if inv.Metadata.StartedAt != "" {
@@ -497,6 +504,28 @@ func sameRequest(e *api.Error) bool {
 }
 
 var errSettled = errors.New("already settled")
+
+// neverRan reports a call refused after authorize reserved it and before
+// its tool started: at route (a rate limit, a removed tool), or at execute
+// before the run (calls running at once, a cancel, an idempotency
+// conflict). A call execute found interrupted (E3023), or ended on a
+// delivery limit or an internal error, may have run.
+func neverRan(inv *envelope.Invocation) bool {
+	if inv.Metadata.StartedAt != "" || inv.Error == nil {
+		return false
+	}
+	switch inv.EndedBy {
+	case subjects.Route:
+		return true
+	case subjects.Execute:
+		switch inv.Error.ECode {
+		case api.EOutcomeUnknown, api.EDeliveryExhausted, api.EInternal:
+			return false
+		}
+		return true
+	}
+	return false
+}
 
 // carriedInvoked is the tool.invoked event execute carried with the
 // invocation (envelope.Invocation.Invoked), as audit publishes it: only

@@ -304,6 +304,10 @@ func (a *Authorizer) decide(ctx context.Context, inv *envelope.Invocation, rawTo
 	metered bool, tree, own string, fresh bool) (approval kvstore.Approval, hasApproval bool, outs []stages.Output, done bool, err error) {
 	req := inv.Request
 	var usage kvstore.Usage
+	// charged: the call was charged before (a redelivery, or a re-drive
+	// after the hops were lost), so it is judged on the usage as it was
+	// without its own charge, and not charged again.
+	var charged bool
 	if metered {
 		read := a.cfg.Store.RecentUsage
 		if fresh {
@@ -312,11 +316,15 @@ func (a *Authorizer) decide(ctx context.Context, inv *envelope.Invocation, rawTo
 		if usage, err = read(ctx, inv.Tenant, own); err != nil {
 			return approval, false, nil, true, stages.Transient(err, 0)
 		}
+		charged = usage.Charged(inv.ID)
 		// The ids it remembers are bookkeeping for redeliveries, not usage;
 		// leased calls not yet used are not made, but those this process
 		// gave since its lease's write are.
 		usage.Reserved, usage.Settled = nil, nil
 		usage.Calls, usage.Leases = usage.Made()+a.leases.given(inv.Tenant, own), nil
+		if charged && usage.Calls > 0 {
+			usage.Calls--
+		}
 	}
 	needs, err := resources(a.cfg.Kinds, m, req.Parameters)
 	if err != nil {
@@ -403,7 +411,7 @@ func (a *Authorizer) decide(ctx context.Context, inv *envelope.Invocation, rawTo
 		}
 	}
 	if metered {
-		if err := a.reserveTree(ctx, inv, claims, tree, own, m, usage); err != nil {
+		if err := a.reserveTree(ctx, inv, claims, tree, own, m, usage, charged); err != nil {
 			return approval, hasApproval, nil, !errors.Is(err, errUsageMoved), err
 		}
 	}

@@ -15,10 +15,15 @@ import (
 
 // reserveTree charges one call to the token's own budget (a child's) and to
 // its tree's, the root's: a child's call is refused when either is spent.
-// The own charge is undone when the tree refuses.
-func (a *Authorizer) reserveTree(ctx context.Context, inv *envelope.Invocation, c *token.Claims, tree, own string, m *tools.Manifest, judged kvstore.Usage) error {
+// The own charge is undone when the tree refuses. charged says the own
+// budget shows the call charged already: a leased call is then not given
+// another (a reservation with compare-and-swap finds its own).
+func (a *Authorizer) reserveTree(ctx context.Context, inv *envelope.Invocation, c *token.Claims, tree, own string, m *tools.Manifest, judged kvstore.Usage, charged bool) error {
 	if own == tree {
 		if leasable(c.Budget) {
+			if charged {
+				return nil
+			}
 			return a.leases.reserve(ctx, inv, c.Budget, tree)
 		}
 		return a.reserve(ctx, inv, c.Budget, tree, m, &judged)
@@ -65,7 +70,7 @@ func (a *Authorizer) reserve(ctx context.Context, inv *envelope.Invocation, b *t
 		if ab := u.Aborted; ab != nil {
 			return sessionAborted(*ab)
 		}
-		if u.HasReserved(inv.ID) {
+		if u.Charged(inv.ID) {
 			if h, ok := u.HoldOf(inv.ID); ok {
 				held.set(h.Tokens, h.Cost) // a retry hands on what it held
 			}

@@ -81,7 +81,11 @@ type lease struct {
 	units int64
 	// given counts the calls given since the lease's write, which the
 	// usage this process remembers does not show as made.
-	given   int64
+	given int64
+	// ids are the invocations given those calls: the write that ends the
+	// lease records them as reserved, so that a call re-driven after this
+	// process is gone is found charged.
+	ids     []string
 	expires time.Time
 	timer   *time.Timer
 	// size is the calls the last write reserved, wrote when it was made:
@@ -182,9 +186,10 @@ func (ls *leases) reserve(ctx context.Context, inv *envelope.Invocation, b *toke
 	if l.units > 0 && now.Before(l.expires) {
 		l.units--
 		l.given++
+		l.ids = append(l.ids, inv.ID)
 		return nil
 	}
-	back := l.units
+	back, ids := l.units, l.ids
 	size := int64(1)
 	if !l.wrote.IsZero() && now.Sub(l.wrote) < 2*ls.ttl {
 		size = min(max(2*l.size, 2), maxLease)
@@ -201,7 +206,7 @@ func (ls *leases) reserve(ctx context.Context, inv *envelope.Invocation, b *toke
 			return errAlreadyReserved
 		}
 		u.Limits = limitsOf(b)
-		ended := u.EndLease(ls.holder, back)
+		ended := endLease(u, ls.holder, back, ids)
 		dropped := u.DropStaleLeases(now.Add(-leaseGrace))
 		if b.MaxCalls > 0 && u.Calls >= b.MaxCalls {
 			if len(u.Leases) > 0 {
@@ -226,13 +231,13 @@ func (ls *leases) reserve(ctx context.Context, inv *envelope.Invocation, b *toke
 		return nil
 	})
 	if err == nil && refused != nil {
-		l.units, l.expires = 0, time.Time{}
+		l.units, l.expires, l.ids = 0, time.Time{}, nil
 		ls.forget(inv.ID)
 		return refused
 	}
 	if err == nil {
 		l.size, l.wrote = 1+more, now
-		l.units, l.given, l.expires = more, 0, time.Time{}
+		l.units, l.given, l.expires, l.ids = more, 0, time.Time{}, nil
 		if more > 0 {
 			l.expires = now.Add(ls.ttl)
 			ls.schedule(l)
@@ -307,9 +312,9 @@ func (ls *leases) endLocked(ctx context.Context, l *lease) error {
 	if l.expires.IsZero() {
 		return nil // never leased, or ended
 	}
-	back := l.units
+	back, ids := l.units, l.ids
 	_, err := ls.store.UpdateUsage(ctx, l.tenant, l.key, func(u *kvstore.Usage) error {
-		if !u.EndLease(ls.holder, back) {
+		if !endLease(u, ls.holder, back, ids) && len(ids) == 0 {
 			return kvstore.ErrUnchanged
 		}
 		return nil
@@ -317,8 +322,20 @@ func (ls *leases) endLocked(ctx context.Context, l *lease) error {
 	if err != nil && !errors.Is(err, kvstore.ErrUnchanged) {
 		return err // the lease stays, its calls counted as made once stale
 	}
-	l.units, l.expires = 0, time.Time{}
+	l.units, l.expires, l.ids = 0, time.Time{}, nil
 	return nil
+}
+
+// endLease ends holder's lease on u, of which unused calls were not given,
+// and records the invocations given the others as reserved, but those
+// whose end was charged already. It reports whether u had the lease.
+func endLease(u *kvstore.Usage, holder string, unused int64, ids []string) bool {
+	for _, id := range ids {
+		if !u.Charged(id) {
+			u.Reserve(id)
+		}
+	}
+	return u.EndLease(holder, unused)
 }
 
 // release returns every lease's unused calls (at shutdown).

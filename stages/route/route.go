@@ -16,9 +16,12 @@ import (
 
 // limiter spends one call of an agent's rate limit for a tool
 // (*ratelimit.Limiter): false with how long until one is expected when none
-// is left.
+// is left. An invocation that may have been given one before (again) is
+// given none twice.
 type limiter interface {
-	Allow(ctx context.Context, tenant, agent string, m *tools.Manifest) (bool, time.Duration, error)
+	AllowCall(ctx context.Context, tenant, agent string, m *tools.Manifest, id string, again bool) (bool, time.Duration, error)
+	// Applies names the limit a refusal is over, and whose it is.
+	Applies(tenant, agent string, m *tools.Manifest) (lim tools.RateLimit, source string, ok bool)
 }
 
 var _ limiter = (*ratelimit.Limiter)(nil)
@@ -76,14 +79,18 @@ func (r *Router) Process(ctx context.Context, inv *envelope.Invocation) ([]stage
 	// A dry run takes no token of the rate limit: it would be a call
 	// counted that never ran.
 	if r.Limits != nil && !req.DryRun() {
-		ok, wait, err := r.Limits.Allow(ctx, inv.Tenant, inv.Agent(), m)
+		ok, wait, err := r.Limits.AllowCall(ctx, inv.Tenant, inv.Agent(), m, inv.ID, inv.Again)
 		if err != nil {
 			return nil, stages.Transient(err, 0)
 		}
 		if !ok {
+			lim, source, _ := r.Limits.Applies(inv.Tenant, inv.Agent(), m)
 			return nil, api.NewError(api.RateLimitExceeded, api.ERateLimited,
-				"%s is over its rate limit for tenant %s (agent %s); retry in %v", m.ID, inv.Tenant, inv.Agent(), wait.Round(time.Millisecond)).
-				AsRetryable().WithDetail("retry_after_ms", wait.Milliseconds())
+				"%s is over its rate limit for tenant %s (agent %s): %s; retry in %v", m.ID, inv.Tenant, inv.Agent(),
+				describeLimit(lim, source), wait.Round(time.Millisecond)).
+				AsRetryable().WithDetail("retry_after_ms", wait.Milliseconds()).
+				WithDetail("rate_limit", map[string]any{"requests": lim.Requests, "per_seconds": lim.PerSeconds,
+					"burst": max(lim.Burst, lim.Requests), "source": source})
 		}
 	}
 	inv.Route = &envelope.Route{ToolID: m.ID, ToolVersion: m.Version, Executor: m.Kind, Site: m.Site}
@@ -95,6 +102,19 @@ func (r *Router) Process(ctx context.Context, inv *envelope.Invocation) ([]stage
 		p.Route = &api.DryRunRoute{ToolID: m.ID, ToolVersion: m.Version, Executor: m.Kind}
 	}
 	return nil, nil
+}
+
+// describeLimit says which limit a call is over: a default that applies
+// where the manifest is silent is easily taken for the manifest's own.
+func describeLimit(lim tools.RateLimit, source string) string {
+	whose := "its manifest's, for the tenant's agents together"
+	switch source {
+	case ratelimit.SourceOverride:
+		whose = "the tenant's override of its manifest's, for the tenant's agents together"
+	case ratelimit.SourceDefault:
+		whose = "the default for each agent, as its manifest declares none"
+	}
+	return fmt.Sprintf("%d per %d s, burst %d, %s", lim.Requests, max(1, lim.PerSeconds), max(lim.Burst, lim.Requests), whose)
 }
 
 func successor(m *tools.Manifest) string {

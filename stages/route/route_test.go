@@ -9,6 +9,7 @@ import (
 
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/envelope"
+	"github.com/toolgate/toolgate/internal/ratelimit"
 	"github.com/toolgate/toolgate/internal/tools"
 	"github.com/toolgate/toolgate/stages"
 )
@@ -19,8 +20,12 @@ type fakeLimiter struct {
 	err  error
 }
 
-func (f fakeLimiter) Allow(context.Context, string, string, *tools.Manifest) (bool, time.Duration, error) {
+func (f fakeLimiter) AllowCall(context.Context, string, string, *tools.Manifest, string, bool) (bool, time.Duration, error) {
 	return f.ok, f.wait, f.err
+}
+
+func (f fakeLimiter) Applies(string, string, *tools.Manifest) (tools.RateLimit, string, bool) {
+	return tools.RateLimit{Requests: 5, PerSeconds: 1}, ratelimit.SourceManifest, true
 }
 
 func TestRoute(t *testing.T) {

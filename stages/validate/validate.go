@@ -48,7 +48,7 @@ type TokenSealer interface {
 
 // IDClaims takes an invocation id for one publish (kvstore.Store).
 type IDClaims interface {
-	ClaimInvocation(ctx context.Context, tenant, id string, seq uint64, digest, agent, tool, version string) (api.Record, error)
+	ClaimInvocation(ctx context.Context, tenant, id string, seq uint64, digest, agent, tool, version string) (rec api.Record, again bool, err error)
 }
 
 // Validator implements the validate stage.
@@ -177,11 +177,12 @@ func (v *Validator) claim(ctx context.Context, inv *envelope.Invocation, digest,
 	if v.cfg.Claims == nil {
 		return nil
 	}
-	rec, err := v.cfg.Claims.ClaimInvocation(ctx, inv.Tenant, inv.ID, inv.Event.Seq, digest, inv.Agent(), tool, version)
+	rec, again, err := v.cfg.Claims.ClaimInvocation(ctx, inv.Tenant, inv.ID, inv.Event.Seq, digest, inv.Agent(), tool, version)
 	if err != nil {
 		return stages.Transient(fmt.Errorf("claiming the invocation id: %w", err), 0)
 	}
 	if rec.Seq == inv.Event.Seq {
+		inv.Again = again
 		return nil
 	}
 	e := api.NewError(api.InvalidParameters, api.EDuplicateInvocation,
