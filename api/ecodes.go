@@ -220,6 +220,14 @@ const (
 	// A hand-off to verify from a site's worker for a call route did not
 	// send to that site, or from the hub's execute for a site's call.
 	ESiteHandOffRefused = "E3272"
+	// A call for a site's tool reached route after the site was removed
+	// (toolgate site remove): it has nowhere to run.
+	ESiteRemoved = "E3273"
+	// toolgate site remove names a site the deployment does not declare.
+	ESiteNotDeclared = "E3274"
+	// A site request reached a control service that cannot declare sites:
+	// one not running in the hub's process (its data directory).
+	ESitesUnavailable = "E3275"
 )
 
 // Resilience codes.

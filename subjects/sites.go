@@ -11,6 +11,15 @@ import (
 // subjects, toolgate.pipe.execute.<priority>.<tenant>.<site>, which the
 // hub's execute consumers (filter ...<priority>.*) never match.
 
+// The operators' site endpoints of the control service: SvcSitesAdd takes
+// api.SiteRequest (a site's public keys) and answers api.SiteAdded,
+// SvcSitesRemove takes api.SiteRequest (its name) and answers
+// api.SiteRemoved.
+const (
+	SvcSitesAdd    = "tool.svc.sites.add"
+	SvcSitesRemove = "tool.svc.sites.remove"
+)
+
 // HubDomain is the JetStream domain of a hub that accepts sites: a site's
 // worker reaches the hub's JetStream by the domain's API prefix
 // (JetStream refuses the plain one across a leaf-node link).

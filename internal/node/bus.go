@@ -61,11 +61,12 @@ func StartSecureEmbedded(o EmbeddedOptions, log *slog.Logger) (*server.Server, *
 		return nil, nil, err
 	}
 	g := &Gate{auditor: &refusalAuditor{log: log}}
-	auth, err := busauth.NewInProcess(busauth.CalloutConfig{Keys: keys, Verifier: &g.verifier, Auditor: g.auditor, Log: log})
+	auth, err := busauth.NewInProcess(busauth.CalloutConfig{Keys: keys, Verifier: &g.verifier, Auditor: g.auditor, Log: log,
+		SiteUser: func(site, user string) error { return busauth.CheckSiteUser(o.DataDir, site, user) }})
 	if err != nil {
 		return nil, nil, err
 	}
-	g.Callout = auth.Callout()
+	g.Callout, g.inProcess = auth.Callout(), auth
 	opts, err := busauth.EmbeddedOptions(keys, busauth.ServerSettings{
 		Name: "toolgate", Host: host, Port: port, StoreDir: o.DataDir, MaxPayload: o.MaxPayload, InProcess: auth,
 	})
@@ -134,10 +135,13 @@ func CredsPath(dataDir string, role busauth.Role) string {
 // capability tokens exactly as authorize does, records refusals in the
 // audit trail, and closes the connections of revoked tokens.
 type Gate struct {
-	Callout  *busauth.Callout
-	verifier connectVerifier
-	auditor  *refusalAuditor
-	conns    []*nats.Conn
+	Callout *busauth.Callout
+	// inProcess is the embedded server's authentication, when the gate is
+	// it (StartSecureEmbedded): it cuts a removed site's links.
+	inProcess *busauth.InProcess
+	verifier  connectVerifier
+	auditor   *refusalAuditor
+	conns     []*nats.Conn
 }
 
 // StartGate starts the callout on a server: through opts (the server's URL

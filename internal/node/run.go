@@ -497,6 +497,13 @@ func (r *run) openConnections(ctx context.Context) (closeAll func(), err error) 
 		closeAll()
 		return nil, err
 	}
+	if dir := c.Embedded.DataDir; c.Site == "" && dir != "" && c.Stage.SiteDeclared == nil {
+		// Route sends no call to a site the hub no longer declares.
+		c.Stage.SiteDeclared = func(site string) bool {
+			sites, err := busauth.LoadSites(dir)
+			return err != nil || slices.Contains(sites, site) // unreadable: let the call wait, as before
+		}
+	}
 	r.operatorRecords()
 	return closeAll, nil
 }
@@ -721,6 +728,14 @@ func (r *run) startControl(ctx context.Context) (stop func(), err error) {
 			st, err := SiteStatus(ctx, ctl.JS, site)
 			return api.SiteWait{Site: site, Link: st.Link, LastContact: st.LastContact, Queued: st.Queued}, err
 		}))
+	if r.gate != nil && r.gate.inProcess != nil {
+		// The hub's own control service declares its sites.
+		hs := &hubSites{dataDir: c.Embedded.DataDir, auth: r.gate.inProcess, topo: c.Topology}
+		if r.op != nil {
+			hs.js = r.op.JS
+		}
+		opts = append(opts, control.WithSiteAdmin(hs))
+	}
 	if k := c.Stage.AuditChainKey; k != nil {
 		opts = append(opts, control.WithAuditChainKey(k.Public().(ed25519.PublicKey)))
 	} else if pub, err := busauth.LoadAuditChainPublicKey(c.Embedded.DataDir); err == nil && c.Embedded.DataDir != "" {
