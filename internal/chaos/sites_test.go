@@ -456,6 +456,114 @@ func TestSitesLeafNodes(t *testing.T) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+
+	// 6. Sites are declared and removed by operators only, through the
+	// control service: a stage's and control's own credentials and an
+	// agent's token are refused by the bus (E3221); requests signed with
+	// them on a connection that may reach the service are refused by it
+	// (E3219) and audited; none declares or removes anything.
+	for who, args := range map[string][]string{
+		"verify":  {"--creds", node.CredsPath(hubData, busauth.RoleVerify)},
+		"control": {"--creds", node.CredsPath(hubData, busauth.RoleControl)},
+		"agent":   {"--token", tok},
+	} {
+		for _, cmd := range [][]string{{"site", "add", "rogue", "--out", filepath.Join(dir, "rogue-"+who)}, {"site", "remove", "lab-eu"}} {
+			if out, err := tg(append(args, cmd...)...); err == nil || !strings.Contains(out, "E3221") {
+				t.Errorf("%s with %s's credentials: %v %s, want E3221", cmd[1], who, err, out)
+			}
+		}
+	}
+	for _, role := range []busauth.Role{busauth.RoleVerify, busauth.RoleControl} {
+		sg, err := busauth.SignerFromCreds(node.CredsPath(hubData, role))
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := client.New(nc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Sign = func(subject string, body []byte) (nats.Header, error) { return sg.Sign(nil, subject, body, time.Now()) }
+		k, err := busauth.NewSiteKeys()
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = c.AddSite(ctx, api.SiteRequest{Site: "rogue", UserKey: k.User(), SigningKey: k.Signing()})
+		if !errors.Is(err, &api.Error{Code: api.PermissionDenied, ECode: api.EAdminUnverified}) && !errors.Is(err, &api.Error{Code: api.PermissionDenied, ECode: api.ERoleNotPermitted}) {
+			t.Errorf("sites.add signed by %s: %v, want E3219 or E3245", role, err)
+		}
+		_, err = c.RemoveSite(ctx, "lab-eu", "")
+		if !errors.Is(err, &api.Error{Code: api.PermissionDenied, ECode: api.EAdminUnverified}) && !errors.Is(err, &api.Error{Code: api.PermissionDenied, ECode: api.ERoleNotPermitted}) {
+			t.Errorf("sites.remove signed by %s: %v, want E3219 or E3245", role, err)
+		}
+	}
+	if l := siteList(); l["rogue"] != nil || l["lab-eu"] == nil {
+		t.Errorf("site list after refused declarations and removals: %v", l)
+	}
+	if !auditedAdmin(t, ctx, nc, "admin.refused", "sites.add") || !auditedAdmin(t, ctx, nc, "admin.refused", "sites.remove") {
+		t.Error("no admin.refused audit event for a refused site request")
+	}
+	// lab-us removed while its worker is linked: the link is cut and does
+	// not come back (its credentials are refused when it dials again, and
+	// the refusal audited), and a call for its tool ends at route.
+	if out, err := tg("site", "remove", "lab-us"); err != nil || !strings.Contains(out, "1 of its links cut") {
+		t.Fatalf("site remove lab-us: %v\n%s", err, out)
+	}
+	if !auditedAdmin(t, ctx, nc, "admin.site.removed", `"target":"lab-us"`, `"by":"operator:`) {
+		t.Error("no admin.site.removed audit event naming the operator")
+	}
+	if !auditedRefusal(t, ctx, nc, "not declared") {
+		t.Error("lab-us's link dialled again after its removal and was not refused")
+	}
+	linked := func() bool {
+		st, err := node.SiteStatus(ctx, js, "lab-us")
+		return err != nil || st.Link == "up"
+	}
+	gone := time.Now().Add(20 * time.Second)
+	for linked() && time.Now().Before(gone) {
+		time.Sleep(250 * time.Millisecond)
+	}
+	for range 12 {
+		if linked() {
+			t.Fatal("lab-us's link is up after its removal")
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	orphan := invoke("us.append_file")
+	if r, err := op.Wait(ctx, tenant, orphan); err != nil || r.Error == nil || r.Error.ECode != api.ESiteRemoved {
+		t.Errorf("a call for a removed site's tool: %+v %v, want E3273", r.Error, err)
+	}
+	if n := ledgerCounts(t, roots["lab-us"])[orphan]; n != 0 {
+		t.Errorf("a call for the removed lab-us ran there %d times", n)
+	}
+}
+
+// auditedAdmin reports whether the audit trail holds, within a few
+// seconds, an event of _system of suffix whose data contains each of want.
+func auditedAdmin(t *testing.T, ctx context.Context, nc *nats.Conn, suffix string, want ...string) bool {
+	t.Helper()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for time.Now().Before(deadline) {
+		found := false
+		err := readStream(ctx, js, subjects.StreamAudit, subjects.AuditEvent(subjects.SystemTenant, suffix), func(m jetstream.Msg) {
+			all := true
+			for _, w := range want {
+				all = all && strings.Contains(string(m.Data()), w)
+			}
+			found = found || all
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if found {
+			return true
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	return false
 }
 
 // scrape reads a process's /metrics.
