@@ -159,15 +159,17 @@ var Rights = map[Role]RoleRights{
 	// checkpoints; it announces a call's start, its checkpoints and its
 	// breakers' transitions itself, as they happen.
 	RoleExecute: {
-		Consumes:  subjects.Inputs(subjects.Execute),
-		Sweeps:    []string{subjects.StreamPipeline},
+		Consumes: subjects.Inputs(subjects.Execute),
+		Sweeps:   []string{subjects.StreamPipeline},
+		// It sweeps the sites' consumers too, whose workers may not.
+		Observes:  []string{subjects.StreamPipeline},
 		Publishes: []string{hand(subjects.Verify), hand(subjects.Audit)},
 		Emits: []Emission{poison(RoleExecute), emits(RoleExecute, subjects.AuditEvent("*", "tool.invoked"), api.TypeInvoked),
 			emits(RoleExecute, subjects.AuditEvent("*", "tool.checkpoint.>"), api.TypeCheckpointCreated),
 			{Subject: subjects.AuditEvent(subjects.SystemTenant, "circuit.>"), Sources: []string{"urn:toolgate:breaker"},
 				Types: []string{api.TypeCircuitOpened, api.TypeCircuitHalfOpened, api.TypeCircuitClosed}},
 			stateRefused(RoleExecute)},
-		Subscribes: []string{subjects.CancelAll, subjects.DocsUpdatedAll},
+		Subscribes: []string{subjects.CancelAll, subjects.DocsUpdatedAll, sitesAdvisories},
 		Writes: []string{subjects.BucketInvocations, subjects.BucketIdempotency, subjects.BucketCheckpoints,
 			subjects.BucketBreakers, subjects.BucketModelStats, subjects.BucketSettings, subjects.BucketDocCache,
 			subjects.BucketAgentRuns},

@@ -29,12 +29,21 @@ const SitesFile = "sites"
 
 // SiteRights are the rights of site's execute worker: execute's, but its
 // pulls are from its own site's consumers only, so that no site takes
-// another's calls or the hub's.
+// another's calls or the hub's, and without the sweep.
 func SiteRights(site string) RoleRights {
 	r := Rights[RoleExecute]
 	r.Consumes = subjects.SiteInputs(site)
+	// No sweep: a message of the pipeline by its sequence may be any
+	// call's, so reading or deleting one is the hub's (its execute sweeps
+	// the sites' consumers), and so is the state of consumers not its own.
+	r.Sweeps, r.Observes = nil, nil
+	r.Subscribes = slices.DeleteFunc(slices.Clone(r.Subscribes), func(s string) bool { return s == sitesAdvisories })
 	return r
 }
+
+// sitesAdvisories are the delivery-limit advisories of every consumer of
+// the pipeline: the hub's execute ends the sites' messages that reach it.
+var sitesAdvisories = subjects.MaxDeliveriesAdvisory(subjects.Input{Stream: subjects.StreamPipeline, Consumer: "*"})
 
 // SiteRole is the role site's worker signs as, with the site's own key
 // (WriteSiteBundle): what it hands on is its site's, not the hub's

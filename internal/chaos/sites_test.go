@@ -407,6 +407,9 @@ func TestSitesLeafNodes(t *testing.T) {
 	// (the site's hand-off E3272, its ending E3230) and audited, and the
 	// real call still runs at lab-us and ends once.
 	forgeAsSite(t, ctx, nc, leafPort, bundles["lab-eu"], "lab-eu", stolen)
+	// Nor do they read or delete it by its sequence in the pipeline: the
+	// hub sweeps the sites' consumers, and grants a site no such request.
+	sweepAsSite(t, ctx, nc, leafPort, bundles["lab-eu"], "lab-eu", stolen)
 	sites["lab-us"].start()
 	waitAll([]string{stolen})
 	once("lab-us", []string{stolen})
@@ -670,6 +673,85 @@ func forgeAsSite(t *testing.T, ctx context.Context, opnc *nats.Conn, leafPort in
 		if err != nil {
 			t.Fatalf("%s's forged hand-off to %s: %v", site, next, err)
 		}
+	}
+}
+
+// sweepAsSite connects to the hub as site does and asks the hub's
+// JetStream for the pipeline message of call id, which waits for another
+// site, by its sequence, and to delete it: both must be refused, and the
+// message stay.
+func sweepAsSite(t *testing.T, ctx context.Context, opnc *nats.Conn, leafPort int, bundle, site, id string) {
+	t.Helper()
+	opjs, err := jetstream.New(opnc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream, err := opjs.Stream(ctx, subjects.StreamPipeline)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var raw *jetstream.RawStreamMsg
+	for _, p := range subjects.Priorities {
+		if raw, err = stream.GetLastMsgForSubject(ctx, subjects.Pipe(subjects.Execute, p, tenant)+".*"); err == nil {
+			break
+		}
+	}
+	if raw == nil || !strings.Contains(string(raw.Data), id) {
+		t.Fatalf("no pipeline message of %s: %v", id, err)
+	}
+	creds := filepath.Join(bundle, busauth.DirName, busauth.SiteCredsFile)
+	ns, err := node.StartSiteLeaf(node.SiteOptions{Hub: fmt.Sprintf("nats-leaf://127.0.0.1:%d", leafPort), Creds: creds, Name: site + "-sweeper"}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Shutdown()
+	nc, err := nats.Connect(ns.ClientURL(), nats.InProcessServer(ns), busauth.CredentialsOption(creds),
+		nats.CustomInboxPrefix(subjects.SiteInbox(site)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	// The link is up once the site's own consumer answers across it.
+	js, err := jetstream.NewWithDomain(nc, subjects.HubDomain)
+	if err != nil {
+		t.Fatal(err)
+	}
+	own := subjects.SiteInputs(site)[0]
+	for {
+		pctx, cancel := context.WithTimeout(ctx, time.Second)
+		_, err := js.Consumer(pctx, own.Stream, own.Consumer)
+		cancel()
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("%s's link did not come up: %v", site, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	for what, req := range map[string]func(context.Context) error{
+		"get": func(ctx context.Context) error {
+			_, err := nc.RequestWithContext(ctx, "$JS."+subjects.HubDomain+".API.STREAM.MSG.GET."+subjects.StreamPipeline, []byte(fmt.Sprintf(`{"seq":%d}`, raw.Sequence)))
+			return err
+		},
+		"delete": func(ctx context.Context) error {
+			_, err := nc.RequestWithContext(ctx, "$JS."+subjects.HubDomain+".API.STREAM.MSG.DELETE."+subjects.StreamPipeline, []byte(fmt.Sprintf(`{"seq":%d,"no_erase":true}`, raw.Sequence)))
+			return err
+		},
+		"direct get": func(ctx context.Context) error {
+			_, err := nc.RequestWithContext(ctx, "$JS."+subjects.HubDomain+".API.DIRECT.GET."+subjects.StreamPipeline, []byte(fmt.Sprintf(`{"seq":%d}`, raw.Sequence)))
+			return err
+		},
+	} {
+		pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		err := req(pctx)
+		cancel()
+		if err == nil {
+			t.Errorf("%s's credentials: a %s of another site's call by its sequence was answered", site, what)
+		}
+	}
+	if _, err := stream.GetMsg(ctx, raw.Sequence); err != nil {
+		t.Errorf("%s's call is gone from the pipeline after %s's delete: %v", id, site, err)
 	}
 }
 

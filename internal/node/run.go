@@ -671,8 +671,22 @@ func (r *run) startStages(ctx context.Context) (stop func(), err error) {
 		}
 		rn := sn.Runner(name, st, workers, r.metrics)
 		rn.Handed, rn.KeptIngest = handed, kept
-		if c.Site != "" {
+		switch {
+		case c.Site != "":
 			rn.Inputs = subjects.SiteInputs(c.Site)
+			// A site may not read or delete pipeline messages by sequence:
+			// the hub's execute settles its consumers' (SweepAlso).
+			rn.NoSettle = true
+		case name == subjects.Execute && c.Embedded.DataDir != "":
+			dir := c.Embedded.DataDir
+			rn.SweepAlso = func() []subjects.Input {
+				sites, _ := busauth.LoadSites(dir)
+				var ins []subjects.Input
+				for _, site := range sites {
+					ins = append(ins, subjects.SiteInputs(site)...)
+				}
+				return ins
+			}
 		}
 		r.runners = append(r.runners, rn)
 	}
