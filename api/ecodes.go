@@ -228,6 +228,9 @@ const (
 	// A site request reached a control service that cannot declare sites:
 	// one not running in the hub's process (its data directory).
 	ESitesUnavailable = "E3275"
+	// A site's outbox was full: what it sends is refused until the hub has
+	// forwarded what it holds (a flood; audited at most once a minute).
+	ESiteFlood = "E3276"
 )
 
 // Resilience codes.

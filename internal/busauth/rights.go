@@ -63,6 +63,10 @@ type RoleRights struct {
 	Objects []string
 	// Serves says the role serves the control service's endpoints.
 	Serves bool
+	// Outbox, when set, is the only subject (pattern) the role publishes
+	// on: what it publishes and emits (Publishes, Emits, for which it signs)
+	// goes there, and the hub forwards it (a site's: subjects.SiteOutbox).
+	Outbox string
 }
 
 // Buckets are every bucket the role opens.
@@ -270,9 +274,15 @@ func (r RoleRights) permissionsWithInbox(inbox string) jwt.Permissions {
 	}
 	add(&p.Sub, inbox+".>")
 	add(&p.Pub, "$JS.API.INFO")
-	add(&p.Pub, r.Publishes...)
-	for _, e := range r.Emits {
-		add(&p.Pub, subjects.Relay(e.Subject))
+	if r.Outbox != "" {
+		// It signs what it publishes and emits for those subjects, and
+		// sends it on its outbox only.
+		add(&p.Pub, r.Outbox)
+	} else {
+		add(&p.Pub, r.Publishes...)
+		for _, e := range r.Emits {
+			add(&p.Pub, subjects.Relay(e.Subject))
+		}
 	}
 	add(&p.Sub, r.Subscribes...)
 	for _, in := range r.Consumes {
@@ -372,6 +382,9 @@ func RoleTable() string {
 			if relay := subjects.Relay(e.Subject); !slices.Contains(pubs, relay) {
 				pubs = append(pubs, relay)
 			}
+		}
+		if r.Outbox != "" {
+			pubs = append(pubs, "all through "+r.Outbox)
 		}
 		if len(r.Subscribes) > 0 {
 			pubs = append(pubs, "hears "+strings.Join(r.Subscribes, ", "))

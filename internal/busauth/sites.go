@@ -37,6 +37,9 @@ func SiteRights(site string) RoleRights {
 	// call's, so reading or deleting one is the hub's (its execute sweeps
 	// the sites' consumers), and so is the state of consumers not its own.
 	r.Sweeps, r.Observes = nil, nil
+	// What it hands on and relays goes through its own outbox, bounded on
+	// its own, which the hub forwards (docs/sites.md).
+	r.Outbox = subjects.SiteOutbox(site)
 	r.Subscribes = slices.DeleteFunc(slices.Clone(r.Subscribes), func(s string) bool { return s == sitesAdvisories })
 	return r
 }

@@ -40,8 +40,18 @@ func TestSiteGrant(t *testing.T) {
 			t.Errorf("a site's credentials may publish on %s", s)
 		}
 	}
-	if !allows(g.Permissions.Pub, subjects.Pipe(subjects.Verify, "normal", "acme")) {
-		t.Error("its hand-off to verify is refused")
+	// Its hand-offs and relays go through its own outbox only, which the
+	// hub bounds and forwards: never straight into the pipeline or the
+	// relay, and never through another site's outbox.
+	verify := subjects.Pipe(subjects.Verify, "normal", "acme")
+	relay := subjects.Relay(subjects.AuditEvent("acme", "tool.invoked"))
+	if !allows(g.Permissions.Pub, subjects.SiteOut("lab-eu", verify)) || !allows(g.Permissions.Pub, subjects.SiteOut("lab-eu", relay)) {
+		t.Error("its outbox is refused")
+	}
+	for _, s := range []string{verify, relay, subjects.SiteOut("lab-us", verify)} {
+		if allows(g.Permissions.Pub, s) {
+			t.Errorf("a site's credentials may publish on %s", s)
+		}
 	}
 	if allows(g.Permissions.Sub, subjects.SiteInbox("lab-us")+".x") || !allows(g.Permissions.Sub, subjects.SiteInbox("lab-eu")+".x") {
 		t.Error("a site reads replies below another site's inbox, or not below its own")

@@ -161,6 +161,9 @@ type Config struct {
 	// holds the site's bundle (toolgate site add).
 	Site string
 	Hub  string
+	// SiteRate bounds the messages a second the hub forwards from each
+	// site's outbox (default DefaultSiteRate).
+	SiteRate int
 	// Ready, if set, is called once everything runs, with the NATS URL.
 	Ready func(url string, n *Node)
 }
@@ -952,6 +955,9 @@ func setupSigning(c *Config, nodes *nodeSet, authenticated bool) error {
 		r, _ := busauth.StageRole(name)
 		if r == busauth.RoleExecute && c.Site != "" {
 			r = busauth.SiteRole(c.Site) // the site's own key (site add)
+			// What it sends goes through its outbox, signed for where the
+			// hub forwards it.
+			n.JS = runner.Outboxing(n.JS, c.Site)
 		}
 		if err := n.signAs(dir, r, msgs, name != subjects.Validate, c.Stage.AuditChainKey != nil); err != nil {
 			return err

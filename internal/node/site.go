@@ -1,6 +1,7 @@
 package node
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -143,7 +144,22 @@ func (r *run) ensureSites(ctx context.Context) error {
 	if r.reg != nil {
 		r.reg.MustRegister(&siteCollector{js: r.op.JS, dataDir: r.c.Embedded.DataDir})
 	}
-	return topology.EnsureSites(ctx, r.op.JS, r.c.Topology, sites)
+	if err := topology.EnsureSites(ctx, r.op.JS, r.c.Topology, sites); err != nil {
+		return err
+	}
+	if r.c.Embedded.LeafListen != "" && r.c.Stage.Messages != nil {
+		// The sites' outboxes, forwarded for as long as the hub runs.
+		f := &siteForwarder{js: r.op.JS, dataDir: r.c.Embedded.DataDir, msgs: r.c.Stage.Messages,
+			rate: float64(cmp.Or(r.c.SiteRate, DefaultSiteRate)), log: r.log, audit: func() jetstream.JetStream { return nil }}
+		if n := r.nodes.stage[subjects.Execute]; n != nil {
+			f.audit = n.refusalJS
+		}
+		if r.reg != nil {
+			r.reg.MustRegister(f.collectors()...)
+		}
+		r.bg.Go(func() { f.run(r.runCtx) })
+	}
+	return nil
 }
 
 // SiteState is a site's state as the hub sees it (toolgate site list).
