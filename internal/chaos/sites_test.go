@@ -460,7 +460,47 @@ func TestSitesLeafNodes(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 	}
 
-	// 6. Sites are declared and removed by operators only, through the
+	// 6. lab-eu floods its outbox: thousands of messages as fast as it
+	// can. Its outbox's bound refuses most, the hub forwards none it did
+	// not sign and says so (metric, one audited state.refused), and
+	// lab-us's calls still end, within a bound printed here.
+	floodStart := time.Now()
+	refusedFlood, acceptedFlood := floodAsSite(t, ctx, leafPort, bundles["lab-eu"], "lab-eu", 6000)
+	var during []string
+	for range 10 {
+		during = append(during, invoke("us.append_file"))
+	}
+	waitAll(during)
+	took := time.Since(floodStart)
+	once("lab-us", during)
+	t.Logf("flood: lab-eu sent 6000 messages, %d refused at its outbox's bound, %d held; 10 calls of lab-us meanwhile ended in %v",
+		refusedFlood, acceptedFlood, took.Round(time.Millisecond))
+	if refusedFlood == 0 {
+		t.Error("lab-eu's flood of its outbox was not bounded: nothing refused")
+	}
+	if took > 45*time.Second {
+		t.Errorf("lab-us's calls took %v during lab-eu's flood", took)
+	}
+	if !auditedAdmin(t, ctx, nc, "state.refused", "site:lab-eu/outbox", api.ESiteFlood) {
+		t.Error("no audited state.refused for lab-eu's full outbox")
+	}
+	if m := scrape(t, hub.metrics); !strings.Contains(m, `toolgate_site_outbox_full_total{site="lab-eu"}`) ||
+		!strings.Contains(m, `toolgate_site_dropped_total{reason="signature",site="lab-eu"}`) {
+		t.Errorf("the hub's metrics do not show lab-eu's flood:\n%s", grepLines(m, "toolgate_site_"))
+	}
+	junk := 0
+	if err := readStream(ctx, js, subjects.StreamAudit, subjects.AuditAll, func(m jetstream.Msg) {
+		if strings.Contains(string(m.Data()), "flood-junk") {
+			junk++
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if junk > 0 {
+		t.Errorf("%d messages of lab-eu's flood reached the audit trail", junk)
+	}
+
+	// 7. Sites are declared and removed by operators only, through the
 	// control service: a stage's and control's own credentials and an
 	// agent's token are refused by the bus (E3221); requests signed with
 	// them on a connection that may reach the service are refused by it
@@ -648,7 +688,7 @@ func forgeAsSite(t *testing.T, ctx context.Context, opnc *nats.Conn, leafPort in
 	if err != nil {
 		t.Fatal(err)
 	}
-	js = seal.SigningJetStream(js, seal.NewMessages(pubs).NewSigner(busauth.SiteRole(site), key))
+	js = seal.SigningJetStream(runner.Outboxing(js, site), seal.NewMessages(pubs).NewSigner(busauth.SiteRole(site), key))
 
 	success, _ := envelope.Decode(raw.Data)
 	success.Succeed(subjects.Execute, json.RawMessage(`{"forged":true}`))
@@ -674,6 +714,66 @@ func forgeAsSite(t *testing.T, ctx context.Context, opnc *nats.Conn, leafPort in
 			t.Fatalf("%s's forged hand-off to %s: %v", site, next, err)
 		}
 	}
+}
+
+// floodAsSite connects to the hub as site does and sends n unsigned
+// messages on its outbox as fast as JetStream takes them: relay events and
+// hand-offs to verify. It returns how many the outbox refused and how many
+// it took.
+func floodAsSite(t *testing.T, ctx context.Context, leafPort int, bundle, site string, n int) (refused, accepted int) {
+	t.Helper()
+	creds := filepath.Join(bundle, busauth.DirName, busauth.SiteCredsFile)
+	ns, err := node.StartSiteLeaf(node.SiteOptions{Hub: fmt.Sprintf("nats-leaf://127.0.0.1:%d", leafPort), Creds: creds, Name: site + "-flood"}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Shutdown()
+	nc, err := nats.Connect(ns.ClientURL(), nats.InProcessServer(ns), busauth.CredentialsOption(creds),
+		nats.CustomInboxPrefix(subjects.SiteInbox(site)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.NewWithDomain(nc, subjects.HubDomain, jetstream.WithPublishAsyncMaxPending(512))
+	if err != nil {
+		t.Fatal(err)
+	}
+	js = runner.Outboxing(js, site)
+	targets := []string{subjects.Relay(subjects.AuditEvent(tenant, "tool.invoked")), subjects.Pipe(subjects.Verify, "normal", tenant)}
+	// The link comes up in the background: the first publish waits for it.
+	for {
+		pctx, cancel := context.WithTimeout(ctx, time.Second)
+		_, err := js.Publish(pctx, targets[0], []byte(`{"flood-junk":0}`))
+		cancel()
+		if err == nil {
+			accepted++
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("%s's flood link did not come up: %v", site, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	var futures []jetstream.PubAckFuture
+	for i := 1; i < n; i++ {
+		f, err := js.PublishAsync(targets[i%2], []byte(fmt.Sprintf(`{"flood-junk":%d}`, i)))
+		if err != nil {
+			refused++
+			continue
+		}
+		futures = append(futures, f)
+	}
+	for _, f := range futures {
+		select {
+		case <-f.Ok():
+			accepted++
+		case <-f.Err():
+			refused++
+		case <-ctx.Done():
+			t.Fatal(ctx.Err())
+		}
+	}
+	return refused, accepted
 }
 
 // sweepAsSite connects to the hub as site does and asks the hub's

@@ -120,7 +120,9 @@ func (f *siteForwarder) site(ctx context.Context, site string) {
 		if st, err := f.js.Stream(ctx, out.Stream); err == nil {
 			info := st.CachedInfo()
 			siteOutbox.WithLabelValues(site).Set(float64(info.State.Msgs))
-			full := info.Config.MaxMsgs > 0 && int64(info.State.Msgs) >= info.Config.MaxMsgs ||
+			// Nine tenths of a bound count as full: the outbox drains while
+			// it is looked at, and the server tells no one what it refused.
+			full := info.Config.MaxMsgs > 0 && int64(info.State.Msgs) >= info.Config.MaxMsgs*9/10 ||
 				info.Config.MaxBytes > 0 && int64(info.State.Bytes) >= info.Config.MaxBytes*9/10
 			if full && time.Since(flooded) >= time.Minute {
 				// At most once a minute: the flood must not flood the trail.
