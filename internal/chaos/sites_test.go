@@ -539,6 +539,9 @@ func TestSitesLeafNodes(t *testing.T) {
 			t.Errorf("sites.remove signed by %s: %v, want E3219 or E3245", role, err)
 		}
 	}
+	if !auditedAdmin(t, ctx, nc, "admin.site.added", `"target":"lab-us"`, `"by":"operator:`) {
+		t.Error("no admin.site.added audit event naming the operator")
+	}
 	if l := siteList(); l["rogue"] != nil || l["lab-eu"] == nil {
 		t.Errorf("site list after refused declarations and removals: %v", l)
 	}
