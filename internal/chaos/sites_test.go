@@ -551,6 +551,7 @@ func TestSitesLeafNodes(t *testing.T) {
 	// lab-us removed while its worker is linked: the link is cut and does
 	// not come back (its credentials are refused when it dials again, and
 	// the refusal audited), and a call for its tool ends at route.
+	removed := time.Now()
 	if out, err := tg("site", "remove", "lab-us"); err != nil || !strings.Contains(out, "1 of its links cut") {
 		t.Fatalf("site remove lab-us: %v\n%s", err, out)
 	}
@@ -580,6 +581,21 @@ func TestSitesLeafNodes(t *testing.T) {
 	}
 	if n := ledgerCounts(t, roots["lab-us"])[orphan]; n != 0 {
 		t.Errorf("a call for the removed lab-us ran there %d times", n)
+	}
+	// Its process dials again every second, refused each time: the trail
+	// records that once a minute, not once a dial.
+	time.Sleep(3 * time.Second)
+	redials := 0
+	if err := readStream(ctx, js, subjects.StreamAudit, refusal, func(m jetstream.Msg) {
+		if d := string(m.Data()); strings.Contains(d, "lab-us") && strings.Contains(d, "not declared") {
+			redials++
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("removed lab-us: %v after its removal, %d refusals of its link in the trail", time.Since(removed).Round(time.Second), redials)
+	if redials != 1 {
+		t.Errorf("%d refusals of the removed lab-us's link in the trail, want one (once a minute)", redials)
 	}
 }
 
