@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -148,7 +149,8 @@ func (a *InProcess) Check(ca server.ClientAuthentication) bool {
 		if a.leafs == nil {
 			a.leafs = map[string][]uint64{}
 		}
-		a.leafs[id.Name] = append(a.leafs[id.Name], ca.GetID())
+		// Forget the links that ended: a site redials after each cut.
+		a.leafs[id.Name] = append(slices.DeleteFunc(a.leafs[id.Name], func(cid uint64) bool { return s.GetLeafNode(cid) == nil }), ca.GetID())
 		a.mu.Unlock()
 	}
 	return true
