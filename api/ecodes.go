@@ -220,6 +220,17 @@ const (
 	// A hand-off to verify from a site's worker for a call route did not
 	// send to that site, or from the hub's execute for a site's call.
 	ESiteHandOffRefused = "E3272"
+	// A call for a site's tool reached route after the site was removed
+	// (toolgate site remove): it has nowhere to run.
+	ESiteRemoved = "E3273"
+	// toolgate site remove names a site the deployment does not declare.
+	ESiteNotDeclared = "E3274"
+	// A site request reached a control service that cannot declare sites:
+	// one not running in the hub's process (its data directory).
+	ESitesUnavailable = "E3275"
+	// A site's outbox was full: what it sends is refused until the hub has
+	// forwarded what it holds (a flood; audited at most once a minute).
+	ESiteFlood = "E3276"
 )
 
 // Resilience codes.

@@ -60,6 +60,8 @@ const (
 	TypeModelDeleted        = "ai.agent.admin.model.deleted"
 	TypeDocSourceAdded      = "ai.agent.admin.docsource.added"
 	TypeDocSourceRemoved    = "ai.agent.admin.docsource.removed"
+	TypeSiteAdded           = "ai.agent.admin.site.added"
+	TypeSiteRemoved         = "ai.agent.admin.site.removed"
 	TypeRoutingPolicyPushed = "ai.agent.admin.routing_policy.pushed"
 	TypeToolRegistered      = "ai.agent.admin.tool.registered"
 	TypeToolDeleted         = "ai.agent.admin.tool.deleted"

@@ -11,6 +11,15 @@ import (
 // subjects, toolgate.pipe.execute.<priority>.<tenant>.<site>, which the
 // hub's execute consumers (filter ...<priority>.*) never match.
 
+// The operators' site endpoints of the control service: SvcSitesAdd takes
+// api.SiteRequest (a site's public keys) and answers api.SiteAdded,
+// SvcSitesRemove takes api.SiteRequest (its name) and answers
+// api.SiteRemoved.
+const (
+	SvcSitesAdd    = "tool.svc.sites.add"
+	SvcSitesRemove = "tool.svc.sites.remove"
+)
+
 // HubDomain is the JetStream domain of a hub that accepts sites: a site's
 // worker reaches the hub's JetStream by the domain's API prefix
 // (JetStream refuses the plain one across a leaf-node link).
@@ -84,3 +93,37 @@ func SiteConsumer(site, priority string) string { return "site-" + site + "-" + 
 // SiteInbox is the inbox prefix of site's connections: what its leaf may
 // subscribe below, and no other site's.
 func SiteInbox(site string) string { return "_INBOX.site." + site }
+
+// A site's outbox: what its worker hands on (to verify, to audit) and
+// relays goes to the hub on subjects of its own, toolgate.site.<site>.
+// <subject>, held in a stream of its own (StreamSite) with bounds of its
+// own, so that a site flooding it fills only its own. The hub forwards each
+// message its site signed, at a bounded rate, to <subject>.
+const siteOutPrefix = "toolgate.site."
+
+// SiteOutbox is every subject of site's outbox.
+func SiteOutbox(site string) string { return siteOutPrefix + site + ".>" }
+
+// SiteOut is the subject of site's outbox that carries subject.
+func SiteOut(site, subject string) string { return siteOutPrefix + site + "." + subject }
+
+// FromSiteOut is the subject a message of site's outbox is for, if it is
+// one a site may send (Outboxed).
+func FromSiteOut(site, subject string) (string, bool) {
+	to, ok := strings.CutPrefix(subject, siteOutPrefix+site+".")
+	return to, ok && Outboxed(to)
+}
+
+// Outboxed reports whether a site sends subject through its outbox: its
+// hand-offs and what it relays.
+func Outboxed(subject string) bool {
+	return strings.HasPrefix(subject, pipePrefix) || strings.HasPrefix(subject, relayPrefix)
+}
+
+// StreamSite is the stream of site's outbox.
+func StreamSite(site string) string { return "TOOLGATE_SITE_" + site }
+
+// SiteForward is the hub's consumer of a site's outbox stream.
+func SiteForward(site string) Input {
+	return Input{Stream: StreamSite(site), Consumer: "forward", Filter: SiteOutbox(site)}
+}

@@ -438,6 +438,8 @@ var ControlEndpoints = []ControlEndpoint{
 	{Subject: SvcDocsSourceAdd, Admin: true},
 	{Subject: SvcDocsSourceList, Admin: true},
 	{Subject: SvcDocsSourceRemove, Admin: true},
+	{Subject: SvcSitesAdd, Admin: true},
+	{Subject: SvcSitesRemove, Admin: true},
 	{Subject: SvcRedriveList, Admin: true},
 	{Subject: SvcRedriveShow, Admin: true},
 	{Subject: SvcRedriveRun, Admin: true},

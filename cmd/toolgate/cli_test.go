@@ -158,7 +158,7 @@ func TestHelp(t *testing.T) {
 		{}, {"invoke"}, {"status"}, {"stage"}, {"tools"}, {"tools", "init"}, {"tools", "get"}, {"tools", "import-mcp"},
 		{"token"}, {"token", "mint"}, {"approvals"}, {"approvals", "list"}, {"tail"}, {"serve"}, {"cancel"}, {"breakers"},
 		{"policy"}, {"hooks"}, {"hooks", "push"}, {"approve"}, {"version"}, {"completion"}, {"console"}, {"docs", "source"},
-		{"redrive"}, {"redrive", "run"}, {"policy", "shadow"}, {"receipt"}, {"receipt", "verify"}, {"site"}, {"site", "add"},
+		{"redrive"}, {"redrive", "run"}, {"policy", "shadow"}, {"receipt"}, {"receipt", "verify"}, {"site"}, {"site", "add"}, {"site", "remove"},
 	} {
 		name := "help-" + strings.Join(append([]string{"toolgate"}, path...), "-")
 		t.Run(name, func(t *testing.T) {

@@ -97,6 +97,10 @@ type CalloutConfig struct {
 	// a server configured with accounts accepts the declared tenants only
 	// (DeclaredTenants): any other has no account to be placed in.
 	Tenants func(tenant string) bool
+	// SiteUser refuses a site's credentials unless the site is declared
+	// with their user (CheckSiteUser); nil refuses every site's: only a hub
+	// that takes sites admits one.
+	SiteUser func(site, user string) error
 	// Now is the clock; nil is time.Now.
 	Now func() time.Time
 	Log *slog.Logger
@@ -318,6 +322,16 @@ func (c *Callout) authorizeCreds(req *jwt.AuthorizationRequestClaims, ujwt, nkey
 	// The holder proves it has the seed: it signed the server's nonce.
 	if err := verifyNonce(uc.Subject, []byte(req.ClientInformation.Nonce), o.SignedNonce); err != nil {
 		return id, err
+	}
+	if id.Role == RoleSite {
+		// A removed site's credentials, or those of a site declared again
+		// since, are refused: the hub's record decides, not the JWT.
+		if c.cfg.SiteUser == nil {
+			return id, fmt.Errorf("%w: this server takes no sites", ErrUnknownSite)
+		}
+		if err := c.cfg.SiteUser(id.Name, uc.Subject); err != nil {
+			return id, err
+		}
 	}
 	return id, nil
 }

@@ -5,6 +5,8 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -32,6 +34,9 @@ type InProcess struct {
 	sysUser string
 	srv     atomic.Pointer[server.Server]
 	tenants tenantAccounts
+
+	mu    sync.Mutex
+	leafs map[string][]uint64 // site -> the ids of the leaf links it was admitted on
 }
 
 // NewInProcess returns an in-process authenticator. cfg is a callout's; a
@@ -139,7 +144,34 @@ func (a *InProcess) Check(ca server.ClientAuthentication) bool {
 	if id.Role == RoleAgent {
 		a.c.track(id, req.Server.ID, req.ClientInformation.ID)
 	}
+	if leaf {
+		a.mu.Lock()
+		if a.leafs == nil {
+			a.leafs = map[string][]uint64{}
+		}
+		// Forget the links that ended: a site redials after each cut.
+		a.leafs[id.Name] = append(slices.DeleteFunc(a.leafs[id.Name], func(cid uint64) bool { return s.GetLeafNode(cid) == nil }), ca.GetID())
+		a.mu.Unlock()
+	}
 	return true
+}
+
+// CutSite closes every leaf link site was admitted on, and returns how
+// many were open: once a site is removed (or declared again) its links
+// end, and its credentials are refused when they dial again
+// (CalloutConfig.SiteUser).
+func (a *InProcess) CutSite(site string) int {
+	a.mu.Lock()
+	ids := a.leafs[site]
+	delete(a.leafs, site)
+	a.mu.Unlock()
+	s, n := a.srv.Load(), 0
+	for _, id := range ids {
+		if s != nil && s.DisconnectClientByID(id) == nil {
+			n++
+		}
+	}
+	return n
 }
 
 // verifyNonce checks that sig (base64) is nkey's signature of nonce: the

@@ -205,7 +205,21 @@ func (k *Keys) IssueCredentials(role Role, name string, ttl time.Duration) ([]by
 	if err != nil {
 		return nil, err
 	}
-	uc := jwt.NewUserClaims(mustPublic(ukp))
+	tok, err := k.userJWT(role, name, mustPublic(ukp), ttl)
+	if err != nil {
+		return nil, err
+	}
+	seed, err := ukp.Seed()
+	if err != nil {
+		return nil, err
+	}
+	return jwt.FormatUserConfig(tok, seed)
+}
+
+// userJWT is the user JWT of role's user called name whose nkey is
+// userPub, signed by the credential signer.
+func (k *Keys) userJWT(role Role, name, userPub string, ttl time.Duration) (string, error) {
+	uc := jwt.NewUserClaims(userPub)
 	uc.Name = name
 	uc.Tags.Add(roleTagPrefix + string(role))
 	if ttl > 0 {
@@ -215,15 +229,7 @@ func (k *Keys) IssueCredentials(role Role, name string, ttl time.Duration) ([]by
 	// role's. Deny all here so the file grants nothing if misused elsewhere.
 	uc.Pub.Deny.Add(">")
 	uc.Sub.Deny.Add(">")
-	tok, err := uc.Encode(k.CredSigner)
-	if err != nil {
-		return nil, err
-	}
-	seed, err := ukp.Seed()
-	if err != nil {
-		return nil, err
-	}
-	return jwt.FormatUserConfig(tok, seed)
+	return uc.Encode(k.CredSigner)
 }
 
 // WriteCredentials makes sure dataDir/busauth holds the keys (the

@@ -63,6 +63,10 @@ type RoleRights struct {
 	Objects []string
 	// Serves says the role serves the control service's endpoints.
 	Serves bool
+	// Outbox, when set, is the only subject (pattern) the role publishes
+	// on: what it publishes and emits (Publishes, Emits, for which it signs)
+	// goes there, and the hub forwards it (a site's: subjects.SiteOutbox).
+	Outbox string
 }
 
 // Buckets are every bucket the role opens.
@@ -159,15 +163,17 @@ var Rights = map[Role]RoleRights{
 	// checkpoints; it announces a call's start, its checkpoints and its
 	// breakers' transitions itself, as they happen.
 	RoleExecute: {
-		Consumes:  subjects.Inputs(subjects.Execute),
-		Sweeps:    []string{subjects.StreamPipeline},
+		Consumes: subjects.Inputs(subjects.Execute),
+		Sweeps:   []string{subjects.StreamPipeline},
+		// It sweeps the sites' consumers too, whose workers may not.
+		Observes:  []string{subjects.StreamPipeline},
 		Publishes: []string{hand(subjects.Verify), hand(subjects.Audit)},
 		Emits: []Emission{poison(RoleExecute), emits(RoleExecute, subjects.AuditEvent("*", "tool.invoked"), api.TypeInvoked),
 			emits(RoleExecute, subjects.AuditEvent("*", "tool.checkpoint.>"), api.TypeCheckpointCreated),
 			{Subject: subjects.AuditEvent(subjects.SystemTenant, "circuit.>"), Sources: []string{"urn:toolgate:breaker"},
 				Types: []string{api.TypeCircuitOpened, api.TypeCircuitHalfOpened, api.TypeCircuitClosed}},
 			stateRefused(RoleExecute)},
-		Subscribes: []string{subjects.CancelAll, subjects.DocsUpdatedAll},
+		Subscribes: []string{subjects.CancelAll, subjects.DocsUpdatedAll, sitesAdvisories},
 		Writes: []string{subjects.BucketInvocations, subjects.BucketIdempotency, subjects.BucketCheckpoints,
 			subjects.BucketBreakers, subjects.BucketModelStats, subjects.BucketSettings, subjects.BucketDocCache,
 			subjects.BucketAgentRuns},
@@ -268,9 +274,15 @@ func (r RoleRights) permissionsWithInbox(inbox string) jwt.Permissions {
 	}
 	add(&p.Sub, inbox+".>")
 	add(&p.Pub, "$JS.API.INFO")
-	add(&p.Pub, r.Publishes...)
-	for _, e := range r.Emits {
-		add(&p.Pub, subjects.Relay(e.Subject))
+	if r.Outbox != "" {
+		// It signs what it publishes and emits for those subjects, and
+		// sends it on its outbox only.
+		add(&p.Pub, r.Outbox)
+	} else {
+		add(&p.Pub, r.Publishes...)
+		for _, e := range r.Emits {
+			add(&p.Pub, subjects.Relay(e.Subject))
+		}
 	}
 	add(&p.Sub, r.Subscribes...)
 	for _, in := range r.Consumes {
@@ -370,6 +382,9 @@ func RoleTable() string {
 			if relay := subjects.Relay(e.Subject); !slices.Contains(pubs, relay) {
 				pubs = append(pubs, relay)
 			}
+		}
+		if r.Outbox != "" {
+			pubs = append(pubs, "all through "+r.Outbox)
 		}
 		if len(r.Subscribes) > 0 {
 			pubs = append(pubs, "hears "+strings.Join(r.Subscribes, ", "))

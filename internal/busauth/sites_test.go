@@ -2,6 +2,7 @@ package busauth
 
 import (
 	"crypto/ed25519"
+	"errors"
 	"os"
 	"path/filepath"
 	"testing"
@@ -39,8 +40,18 @@ func TestSiteGrant(t *testing.T) {
 			t.Errorf("a site's credentials may publish on %s", s)
 		}
 	}
-	if !allows(g.Permissions.Pub, subjects.Pipe(subjects.Verify, "normal", "acme")) {
-		t.Error("its hand-off to verify is refused")
+	// Its hand-offs and relays go through its own outbox only, which the
+	// hub bounds and forwards: never straight into the pipeline or the
+	// relay, and never through another site's outbox.
+	verify := subjects.Pipe(subjects.Verify, "normal", "acme")
+	relay := subjects.Relay(subjects.AuditEvent("acme", "tool.invoked"))
+	if !allows(g.Permissions.Pub, subjects.SiteOut("lab-eu", verify)) || !allows(g.Permissions.Pub, subjects.SiteOut("lab-eu", relay)) {
+		t.Error("its outbox is refused")
+	}
+	for _, s := range []string{verify, relay, subjects.SiteOut("lab-us", verify)} {
+		if allows(g.Permissions.Pub, s) {
+			t.Errorf("a site's credentials may publish on %s", s)
+		}
 	}
 	if allows(g.Permissions.Sub, subjects.SiteInbox("lab-us")+".x") || !allows(g.Permissions.Sub, subjects.SiteInbox("lab-eu")+".x") {
 		t.Error("a site reads replies below another site's inbox, or not below its own")
@@ -61,7 +72,19 @@ func TestSiteBundleKey(t *testing.T) {
 	}
 	bundleKey := func(out string) ed25519.PublicKey {
 		t.Helper()
-		if _, err := WriteSiteBundle(hub, "lab-eu", out); err != nil {
+		k, err := NewSiteKeys()
+		if err != nil {
+			t.Fatal(err)
+		}
+		tok, err := DeclareSite(hub, "lab-eu", k.User(), k.Signing())
+		if err != nil {
+			t.Fatal(err)
+		}
+		files, err := SiteBundleFiles(hub)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := WriteSiteBundle(out, "lab-eu", k, tok, files); err != nil {
 			t.Fatal(err)
 		}
 		for _, r := range SigningRoles {
@@ -69,11 +92,11 @@ func TestSiteBundleKey(t *testing.T) {
 				t.Fatalf("the bundle holds %s's signing key", r)
 			}
 		}
-		k, err := LoadHopKey(out, SiteRole("lab-eu"))
+		key, err := LoadHopKey(out, SiteRole("lab-eu"))
 		if err != nil {
 			t.Fatal(err)
 		}
-		return k.Public().(ed25519.PublicKey)
+		return key.Public().(ed25519.PublicKey)
 	}
 	first := bundleKey(filepath.Join(t.TempDir(), "b1"))
 	pubs, err := LoadHopPublicKeys(hub)
@@ -101,5 +124,52 @@ func TestSiteBundleKey(t *testing.T) {
 	if !MayPublish(SiteRole("lab-eu"), subjects.Pipe(subjects.Verify, "normal", "acme")) ||
 		MayPublish(SiteRole("lab-eu"), subjects.AuditEvent("acme", "tool.succeeded")) {
 		t.Error("a site's role publishes other than execute's hand-offs")
+	}
+}
+
+// TestSiteUserRecord: the hub admits a site's credentials only while the
+// site is declared with their user: declaring it again refuses the earlier
+// ones, removing it refuses all, and a site never declared is refused.
+func TestSiteUserRecord(t *testing.T) {
+	hub := t.TempDir()
+	if _, err := writeCredentials(hub, false); err != nil {
+		t.Fatal(err)
+	}
+	declare := func() *SiteKeys {
+		t.Helper()
+		k, err := NewSiteKeys()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := DeclareSite(hub, "lab-eu", k.User(), k.Signing()); err != nil {
+			t.Fatal(err)
+		}
+		return k
+	}
+	first := declare()
+	if err := CheckSiteUser(hub, "lab-eu", first.User()); err != nil {
+		t.Fatalf("the declared site's credentials: %v", err)
+	}
+	second := declare()
+	if err := CheckSiteUser(hub, "lab-eu", first.User()); !errors.Is(err, ErrUnknownSite) {
+		t.Errorf("the credentials of a site declared again since: %v, want ErrUnknownSite", err)
+	}
+	if err := CheckSiteUser(hub, "lab-us", second.User()); !errors.Is(err, ErrUnknownSite) {
+		t.Errorf("a site never declared: %v, want ErrUnknownSite", err)
+	}
+	if _, err := DeclareSite(hub, "lab-us", "not-a-key", second.Signing()); !errors.Is(err, ErrBadIdentity) {
+		t.Errorf("a declaration with no user key: %v", err)
+	}
+	if err := RemoveSite(hub, "lab-eu"); err != nil {
+		t.Fatal(err)
+	}
+	if err := CheckSiteUser(hub, "lab-eu", second.User()); !errors.Is(err, ErrUnknownSite) {
+		t.Errorf("a removed site's credentials: %v, want ErrUnknownSite", err)
+	}
+	if pubs, err := LoadHopPublicKeys(hub); err != nil || pubs[SiteRole("lab-eu")] != nil {
+		t.Errorf("a removed site's signing key is still in hops.pub (%v)", err)
+	}
+	if err := RemoveSite(hub, "lab-eu"); !errors.Is(err, ErrUnknownSite) {
+		t.Errorf("removing it twice: %v", err)
 	}
 }

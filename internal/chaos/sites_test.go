@@ -407,6 +407,9 @@ func TestSitesLeafNodes(t *testing.T) {
 	// (the site's hand-off E3272, its ending E3230) and audited, and the
 	// real call still runs at lab-us and ends once.
 	forgeAsSite(t, ctx, nc, leafPort, bundles["lab-eu"], "lab-eu", stolen)
+	// Nor do they read or delete it by its sequence in the pipeline: the
+	// hub sweeps the sites' consumers, and grants a site no such request.
+	sweepAsSite(t, ctx, nc, leafPort, bundles["lab-eu"], "lab-eu", stolen)
 	sites["lab-us"].start()
 	waitAll([]string{stolen})
 	once("lab-us", []string{stolen})
@@ -456,6 +459,173 @@ func TestSitesLeafNodes(t *testing.T) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+
+	// 6. lab-eu floods its outbox: thousands of messages as fast as it
+	// can. Its outbox's bound refuses most, the hub forwards none it did
+	// not sign and says so (metric, one audited state.refused), and
+	// lab-us's calls still end, within a bound printed here.
+	floodStart := time.Now()
+	refusedFlood, acceptedFlood := floodAsSite(t, ctx, leafPort, bundles["lab-eu"], "lab-eu", 6000)
+	var during []string
+	for range 10 {
+		during = append(during, invoke("us.append_file"))
+	}
+	waitAll(during)
+	took := time.Since(floodStart)
+	once("lab-us", during)
+	t.Logf("flood: lab-eu sent 6000 messages, %d refused at its outbox's bound, %d held; 10 calls of lab-us meanwhile ended in %v",
+		refusedFlood, acceptedFlood, took.Round(time.Millisecond))
+	if refusedFlood == 0 {
+		t.Error("lab-eu's flood of its outbox was not bounded: nothing refused")
+	}
+	if took > 45*time.Second {
+		t.Errorf("lab-us's calls took %v during lab-eu's flood", took)
+	}
+	if !auditedAdmin(t, ctx, nc, "state.refused", "site:lab-eu/outbox", api.ESiteFlood) {
+		t.Error("no audited state.refused for lab-eu's full outbox")
+	}
+	if m := scrape(t, hub.metrics); !strings.Contains(m, `toolgate_site_outbox_full_total{site="lab-eu"}`) ||
+		!strings.Contains(m, `toolgate_site_dropped_total{reason="signature",site="lab-eu"}`) {
+		t.Errorf("the hub's metrics do not show lab-eu's flood:\n%s", grepLines(m, "toolgate_site_"))
+	}
+	junk := 0
+	if err := readStream(ctx, js, subjects.StreamAudit, subjects.AuditAll, func(m jetstream.Msg) {
+		if strings.Contains(string(m.Data()), "flood-junk") {
+			junk++
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if junk > 0 {
+		t.Errorf("%d messages of lab-eu's flood reached the audit trail", junk)
+	}
+
+	// 7. Sites are declared and removed by operators only, through the
+	// control service: a stage's and control's own credentials and an
+	// agent's token are refused by the bus (E3221); requests signed with
+	// them on a connection that may reach the service are refused by it
+	// (E3219) and audited; none declares or removes anything.
+	for who, args := range map[string][]string{
+		"verify":  {"--creds", node.CredsPath(hubData, busauth.RoleVerify)},
+		"control": {"--creds", node.CredsPath(hubData, busauth.RoleControl)},
+		"agent":   {"--token", tok},
+	} {
+		for _, cmd := range [][]string{{"site", "add", "rogue", "--out", filepath.Join(dir, "rogue-"+who)}, {"site", "remove", "lab-eu"}} {
+			if out, err := tg(append(args, cmd...)...); err == nil || !strings.Contains(out, "E3221") {
+				t.Errorf("%s with %s's credentials: %v %s, want E3221", cmd[1], who, err, out)
+			}
+		}
+	}
+	for _, role := range []busauth.Role{busauth.RoleVerify, busauth.RoleControl} {
+		sg, err := busauth.SignerFromCreds(node.CredsPath(hubData, role))
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := client.New(nc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Sign = func(subject string, body []byte) (nats.Header, error) { return sg.Sign(nil, subject, body, time.Now()) }
+		k, err := busauth.NewSiteKeys()
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = c.AddSite(ctx, api.SiteRequest{Site: "rogue", UserKey: k.User(), SigningKey: k.Signing()})
+		if !errors.Is(err, &api.Error{Code: api.PermissionDenied, ECode: api.EAdminUnverified}) && !errors.Is(err, &api.Error{Code: api.PermissionDenied, ECode: api.ERoleNotPermitted}) {
+			t.Errorf("sites.add signed by %s: %v, want E3219 or E3245", role, err)
+		}
+		_, err = c.RemoveSite(ctx, "lab-eu", "")
+		if !errors.Is(err, &api.Error{Code: api.PermissionDenied, ECode: api.EAdminUnverified}) && !errors.Is(err, &api.Error{Code: api.PermissionDenied, ECode: api.ERoleNotPermitted}) {
+			t.Errorf("sites.remove signed by %s: %v, want E3219 or E3245", role, err)
+		}
+	}
+	if !auditedAdmin(t, ctx, nc, "admin.site.added", `"target":"lab-us"`, `"by":"operator:`) {
+		t.Error("no admin.site.added audit event naming the operator")
+	}
+	if l := siteList(); l["rogue"] != nil || l["lab-eu"] == nil {
+		t.Errorf("site list after refused declarations and removals: %v", l)
+	}
+	if !auditedAdmin(t, ctx, nc, "admin.refused", "sites.add") || !auditedAdmin(t, ctx, nc, "admin.refused", "sites.remove") {
+		t.Error("no admin.refused audit event for a refused site request")
+	}
+	// lab-us removed while its worker is linked: the link is cut and does
+	// not come back (its credentials are refused when it dials again, and
+	// the refusal audited), and a call for its tool ends at route.
+	removed := time.Now()
+	if out, err := tg("site", "remove", "lab-us"); err != nil || !strings.Contains(out, "1 of its links cut") {
+		t.Fatalf("site remove lab-us: %v\n%s", err, out)
+	}
+	if !auditedAdmin(t, ctx, nc, "admin.site.removed", `"target":"lab-us"`, `"by":"operator:`) {
+		t.Error("no admin.site.removed audit event naming the operator")
+	}
+	if !auditedRefusal(t, ctx, nc, "not declared") {
+		t.Error("lab-us's link dialled again after its removal and was not refused")
+	}
+	linked := func() bool {
+		st, err := node.SiteStatus(ctx, js, "lab-us")
+		return err != nil || st.Link == "up"
+	}
+	gone := time.Now().Add(20 * time.Second)
+	for linked() && time.Now().Before(gone) {
+		time.Sleep(250 * time.Millisecond)
+	}
+	for range 12 {
+		if linked() {
+			t.Fatal("lab-us's link is up after its removal")
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	orphan := invoke("us.append_file")
+	if r, err := op.Wait(ctx, tenant, orphan); err != nil || r.Error == nil || r.Error.ECode != api.ESiteRemoved {
+		t.Errorf("a call for a removed site's tool: %+v %v, want E3273", r.Error, err)
+	}
+	if n := ledgerCounts(t, roots["lab-us"])[orphan]; n != 0 {
+		t.Errorf("a call for the removed lab-us ran there %d times", n)
+	}
+	// Its process dials again every second, refused each time: the trail
+	// records that once a minute, not once a dial.
+	time.Sleep(3 * time.Second)
+	redials := 0
+	if err := readStream(ctx, js, subjects.StreamAudit, refusal, func(m jetstream.Msg) {
+		if d := string(m.Data()); strings.Contains(d, "lab-us") && strings.Contains(d, "not declared") {
+			redials++
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("removed lab-us: %v after its removal, %d refusals of its link in the trail", time.Since(removed).Round(time.Second), redials)
+	if redials != 1 {
+		t.Errorf("%d refusals of the removed lab-us's link in the trail, want one (once a minute)", redials)
+	}
+}
+
+// auditedAdmin reports whether the audit trail holds, within a few
+// seconds, an event of _system of suffix whose data contains each of want.
+func auditedAdmin(t *testing.T, ctx context.Context, nc *nats.Conn, suffix string, want ...string) bool {
+	t.Helper()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for time.Now().Before(deadline) {
+		found := false
+		err := readStream(ctx, js, subjects.StreamAudit, subjects.AuditEvent(subjects.SystemTenant, suffix), func(m jetstream.Msg) {
+			all := true
+			for _, w := range want {
+				all = all && strings.Contains(string(m.Data()), w)
+			}
+			found = found || all
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if found {
+			return true
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	return false
 }
 
 // scrape reads a process's /metrics.
@@ -537,7 +707,7 @@ func forgeAsSite(t *testing.T, ctx context.Context, opnc *nats.Conn, leafPort in
 	if err != nil {
 		t.Fatal(err)
 	}
-	js = seal.SigningJetStream(js, seal.NewMessages(pubs).NewSigner(busauth.SiteRole(site), key))
+	js = seal.SigningJetStream(runner.Outboxing(js, site), seal.NewMessages(pubs).NewSigner(busauth.SiteRole(site), key))
 
 	success, _ := envelope.Decode(raw.Data)
 	success.Succeed(subjects.Execute, json.RawMessage(`{"forged":true}`))
@@ -562,6 +732,145 @@ func forgeAsSite(t *testing.T, ctx context.Context, opnc *nats.Conn, leafPort in
 		if err != nil {
 			t.Fatalf("%s's forged hand-off to %s: %v", site, next, err)
 		}
+	}
+}
+
+// floodAsSite connects to the hub as site does and sends n unsigned
+// messages on its outbox as fast as JetStream takes them: relay events and
+// hand-offs to verify. It returns how many the outbox refused and how many
+// it took.
+func floodAsSite(t *testing.T, ctx context.Context, leafPort int, bundle, site string, n int) (refused, accepted int) {
+	t.Helper()
+	creds := filepath.Join(bundle, busauth.DirName, busauth.SiteCredsFile)
+	ns, err := node.StartSiteLeaf(node.SiteOptions{Hub: fmt.Sprintf("nats-leaf://127.0.0.1:%d", leafPort), Creds: creds, Name: site + "-flood"}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Shutdown()
+	nc, err := nats.Connect(ns.ClientURL(), nats.InProcessServer(ns), busauth.CredentialsOption(creds),
+		nats.CustomInboxPrefix(subjects.SiteInbox(site)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.NewWithDomain(nc, subjects.HubDomain, jetstream.WithPublishAsyncMaxPending(512))
+	if err != nil {
+		t.Fatal(err)
+	}
+	js = runner.Outboxing(js, site)
+	targets := []string{subjects.Relay(subjects.AuditEvent(tenant, "tool.invoked")), subjects.Pipe(subjects.Verify, "normal", tenant)}
+	// The link comes up in the background: the first publish waits for it.
+	for {
+		pctx, cancel := context.WithTimeout(ctx, time.Second)
+		_, err := js.Publish(pctx, targets[0], []byte(`{"flood-junk":0}`))
+		cancel()
+		if err == nil {
+			accepted++
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("%s's flood link did not come up: %v", site, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	var futures []jetstream.PubAckFuture
+	for i := 1; i < n; i++ {
+		f, err := js.PublishAsync(targets[i%2], []byte(fmt.Sprintf(`{"flood-junk":%d}`, i)))
+		if err != nil {
+			refused++
+			continue
+		}
+		futures = append(futures, f)
+	}
+	for _, f := range futures {
+		select {
+		case <-f.Ok():
+			accepted++
+		case <-f.Err():
+			refused++
+		case <-ctx.Done():
+			t.Fatal(ctx.Err())
+		}
+	}
+	return refused, accepted
+}
+
+// sweepAsSite connects to the hub as site does and asks the hub's
+// JetStream for the pipeline message of call id, which waits for another
+// site, by its sequence, and to delete it: both must be refused, and the
+// message stay.
+func sweepAsSite(t *testing.T, ctx context.Context, opnc *nats.Conn, leafPort int, bundle, site, id string) {
+	t.Helper()
+	opjs, err := jetstream.New(opnc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream, err := opjs.Stream(ctx, subjects.StreamPipeline)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var raw *jetstream.RawStreamMsg
+	for _, p := range subjects.Priorities {
+		if raw, err = stream.GetLastMsgForSubject(ctx, subjects.Pipe(subjects.Execute, p, tenant)+".*"); err == nil {
+			break
+		}
+	}
+	if raw == nil || !strings.Contains(string(raw.Data), id) {
+		t.Fatalf("no pipeline message of %s: %v", id, err)
+	}
+	creds := filepath.Join(bundle, busauth.DirName, busauth.SiteCredsFile)
+	ns, err := node.StartSiteLeaf(node.SiteOptions{Hub: fmt.Sprintf("nats-leaf://127.0.0.1:%d", leafPort), Creds: creds, Name: site + "-sweeper"}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Shutdown()
+	nc, err := nats.Connect(ns.ClientURL(), nats.InProcessServer(ns), busauth.CredentialsOption(creds),
+		nats.CustomInboxPrefix(subjects.SiteInbox(site)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	// The link is up once the site's own consumer answers across it.
+	js, err := jetstream.NewWithDomain(nc, subjects.HubDomain)
+	if err != nil {
+		t.Fatal(err)
+	}
+	own := subjects.SiteInputs(site)[0]
+	for {
+		pctx, cancel := context.WithTimeout(ctx, time.Second)
+		_, err := js.Consumer(pctx, own.Stream, own.Consumer)
+		cancel()
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("%s's link did not come up: %v", site, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	for what, req := range map[string]func(context.Context) error{
+		"get": func(ctx context.Context) error {
+			_, err := nc.RequestWithContext(ctx, "$JS."+subjects.HubDomain+".API.STREAM.MSG.GET."+subjects.StreamPipeline, []byte(fmt.Sprintf(`{"seq":%d}`, raw.Sequence)))
+			return err
+		},
+		"delete": func(ctx context.Context) error {
+			_, err := nc.RequestWithContext(ctx, "$JS."+subjects.HubDomain+".API.STREAM.MSG.DELETE."+subjects.StreamPipeline, []byte(fmt.Sprintf(`{"seq":%d,"no_erase":true}`, raw.Sequence)))
+			return err
+		},
+		"direct get": func(ctx context.Context) error {
+			_, err := nc.RequestWithContext(ctx, "$JS."+subjects.HubDomain+".API.DIRECT.GET."+subjects.StreamPipeline, []byte(fmt.Sprintf(`{"seq":%d}`, raw.Sequence)))
+			return err
+		},
+	} {
+		pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		err := req(pctx)
+		cancel()
+		if err == nil {
+			t.Errorf("%s's credentials: a %s of another site's call by its sequence was answered", site, what)
+		}
+	}
+	if _, err := stream.GetMsg(ctx, raw.Sequence); err != nil {
+		t.Errorf("%s's call is gone from the pipeline after %s's delete: %v", id, site, err)
 	}
 }
 

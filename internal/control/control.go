@@ -204,6 +204,8 @@ type handlers struct {
 	identify Identify
 	// site, when set, reads a site's state (WithSites).
 	site func(ctx context.Context, name string) (api.SiteWait, error)
+	// siteAdmin, when set, declares and removes sites (WithSiteAdmin).
+	siteAdmin SiteAdmin
 	// checkManifest, when set, refuses manifests beyond their schema.
 	checkManifest func(*tools.Manifest) error
 	stateProof    signedstate.Verify

@@ -53,7 +53,7 @@ func (h *handlers) endpoints() map[string]handler {
 
 		subjects.SvcTokensKeys: {operator: h.tokenKeys, scoped: func(_ string, req micro.Request) { h.tokenKeys(req) }},
 	}
-	for _, admin := range []map[string]micro.HandlerFunc{h.adminEndpoints(), h.redriveEndpoints(), h.shadowEndpoints()} {
+	for _, admin := range []map[string]micro.HandlerFunc{h.adminEndpoints(), h.redriveEndpoints(), h.shadowEndpoints(), h.siteEndpoints()} {
 		for subject, fn := range admin {
 			eps[subject] = handler{operator: fn}
 		}

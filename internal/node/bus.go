@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -61,11 +62,12 @@ func StartSecureEmbedded(o EmbeddedOptions, log *slog.Logger) (*server.Server, *
 		return nil, nil, err
 	}
 	g := &Gate{auditor: &refusalAuditor{log: log}}
-	auth, err := busauth.NewInProcess(busauth.CalloutConfig{Keys: keys, Verifier: &g.verifier, Auditor: g.auditor, Log: log})
+	auth, err := busauth.NewInProcess(busauth.CalloutConfig{Keys: keys, Verifier: &g.verifier, Auditor: g.auditor, Log: log,
+		SiteUser: func(site, user string) error { return busauth.CheckSiteUser(o.DataDir, site, user) }})
 	if err != nil {
 		return nil, nil, err
 	}
-	g.Callout = auth.Callout()
+	g.Callout, g.inProcess = auth.Callout(), auth
 	opts, err := busauth.EmbeddedOptions(keys, busauth.ServerSettings{
 		Name: "toolgate", Host: host, Port: port, StoreDir: o.DataDir, MaxPayload: o.MaxPayload, InProcess: auth,
 	})
@@ -134,10 +136,13 @@ func CredsPath(dataDir string, role busauth.Role) string {
 // capability tokens exactly as authorize does, records refusals in the
 // audit trail, and closes the connections of revoked tokens.
 type Gate struct {
-	Callout  *busauth.Callout
-	verifier connectVerifier
-	auditor  *refusalAuditor
-	conns    []*nats.Conn
+	Callout *busauth.Callout
+	// inProcess is the embedded server's authentication, when the gate is
+	// it (StartSecureEmbedded): it cuts a removed site's links.
+	inProcess *busauth.InProcess
+	verifier  connectVerifier
+	auditor   *refusalAuditor
+	conns     []*nats.Conn
 }
 
 // StartGate starts the callout on a server: through opts (the server's URL
@@ -242,6 +247,30 @@ type refusalAuditor struct {
 	node atomic.Pointer[Node]
 	log  *slog.Logger
 	seq  atomic.Uint64
+
+	mu sync.Mutex
+	// undeclared is when each site's leaf link was last audited refused
+	// as undeclared: a removed site's process redials every second, and
+	// its refusals are audited at most once a minute.
+	undeclared map[string]time.Time
+}
+
+// quiet reports whether r repeats, within a minute, the audited refusal
+// of a link of a site the hub does not declare.
+func (a *refusalAuditor) quiet(r busauth.Refusal) bool {
+	if r.Role != busauth.RoleSite || !errors.Is(r.Err, busauth.ErrUnknownSite) {
+		return false
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if last, ok := a.undeclared[r.Name]; ok && r.Time.Sub(last) < time.Minute {
+		return true
+	}
+	if a.undeclared == nil {
+		a.undeclared = map[string]time.Time{}
+	}
+	a.undeclared[r.Name] = r.Time
+	return false
 }
 
 // RefusalRecord is the data of a bus.refused audit event.
@@ -260,6 +289,9 @@ func (a *refusalAuditor) Refused(_ context.Context, r busauth.Refusal) {
 	n := a.node.Load()
 	if n == nil {
 		return // before the node connects: only workers' own retries, logged by the callout
+	}
+	if a.quiet(r) {
+		return // logged by the callout
 	}
 	e := event.New()
 	e.SetID(fmt.Sprintf("%s-%d-%d", r.ServerID, r.ClientID, a.seq.Add(1)))

@@ -397,6 +397,9 @@ type StageConfig struct {
 	// SiteWait bounds how long route lets a call wait at the hub for its
 	// site (docs/sites.md); default DefaultSiteWait.
 	SiteWait time.Duration
+	// SiteDeclared, when set, reports whether a site is declared: route
+	// ends a call for a removed site's tool (E3273).
+	SiteDeclared func(site string) bool
 	// HopsSince, when set, is when this process re-drove the calls whose
 	// hops a restart of the server lost (topology.MemoryHops): audit
 	// publishes an ending recorded before it again from its record
@@ -588,6 +591,7 @@ func (n *Node) NewStage(ctx context.Context, name string, c StageConfig) (stages
 	case subjects.Route:
 		r := route.New(n.Registry, c.kinds().Names()...)
 		r.SiteWait = cmp.Or(c.SiteWait, DefaultSiteWait)
+		r.SiteDeclared = c.SiteDeclared
 		n.Store.OnCounterErased(func(ctx context.Context, tenant, tool string) {
 			n.refusedState(ctx, "urn:toolgate:route", "ratelimit:"+tenant+"/"+tool, 0, api.NewError(api.RateLimitExceeded,
 				api.ECounterErased, "the rate-limit counter of %s in tenant %s was deleted: counted as empty from then, not refilled", tool, tenant))

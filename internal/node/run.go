@@ -161,6 +161,9 @@ type Config struct {
 	// holds the site's bundle (toolgate site add).
 	Site string
 	Hub  string
+	// SiteRate bounds the messages a second the hub forwards from each
+	// site's outbox (default DefaultSiteRate).
+	SiteRate int
 	// Ready, if set, is called once everything runs, with the NATS URL.
 	Ready func(url string, n *Node)
 }
@@ -497,6 +500,13 @@ func (r *run) openConnections(ctx context.Context) (closeAll func(), err error) 
 		closeAll()
 		return nil, err
 	}
+	if dir := c.Embedded.DataDir; c.Site == "" && dir != "" && c.Stage.SiteDeclared == nil {
+		// Route sends no call to a site the hub no longer declares.
+		c.Stage.SiteDeclared = func(site string) bool {
+			sites, err := busauth.LoadSites(dir)
+			return err != nil || slices.Contains(sites, site) // unreadable: let the call wait, as before
+		}
+	}
 	r.operatorRecords()
 	return closeAll, nil
 }
@@ -664,8 +674,22 @@ func (r *run) startStages(ctx context.Context) (stop func(), err error) {
 		}
 		rn := sn.Runner(name, st, workers, r.metrics)
 		rn.Handed, rn.KeptIngest = handed, kept
-		if c.Site != "" {
+		switch {
+		case c.Site != "":
 			rn.Inputs = subjects.SiteInputs(c.Site)
+			// A site may not read or delete pipeline messages by sequence:
+			// the hub's execute settles its consumers' (SweepAlso).
+			rn.NoSettle = true
+		case name == subjects.Execute && c.Embedded.DataDir != "":
+			dir := c.Embedded.DataDir
+			rn.SweepAlso = func() []subjects.Input {
+				sites, _ := busauth.LoadSites(dir)
+				var ins []subjects.Input
+				for _, site := range sites {
+					ins = append(ins, subjects.SiteInputs(site)...)
+				}
+				return ins
+			}
 		}
 		r.runners = append(r.runners, rn)
 	}
@@ -721,6 +745,14 @@ func (r *run) startControl(ctx context.Context) (stop func(), err error) {
 			st, err := SiteStatus(ctx, ctl.JS, site)
 			return api.SiteWait{Site: site, Link: st.Link, LastContact: st.LastContact, Queued: st.Queued}, err
 		}))
+	if r.gate != nil && r.gate.inProcess != nil {
+		// The hub's own control service declares its sites.
+		hs := &hubSites{dataDir: c.Embedded.DataDir, auth: r.gate.inProcess, topo: c.Topology}
+		if r.op != nil {
+			hs.js = r.op.JS
+		}
+		opts = append(opts, control.WithSiteAdmin(hs))
+	}
 	if k := c.Stage.AuditChainKey; k != nil {
 		opts = append(opts, control.WithAuditChainKey(k.Public().(ed25519.PublicKey)))
 	} else if pub, err := busauth.LoadAuditChainPublicKey(c.Embedded.DataDir); err == nil && c.Embedded.DataDir != "" {
@@ -924,6 +956,9 @@ func setupSigning(c *Config, nodes *nodeSet, authenticated bool) error {
 		r, _ := busauth.StageRole(name)
 		if r == busauth.RoleExecute && c.Site != "" {
 			r = busauth.SiteRole(c.Site) // the site's own key (site add)
+			// What it sends goes through its outbox, signed for where the
+			// hub forwards it.
+			n.JS = runner.Outboxing(n.JS, c.Site)
 		}
 		if err := n.signAs(dir, r, msgs, name != subjects.Validate, c.Stage.AuditChainKey != nil); err != nil {
 			return err

@@ -1,6 +1,7 @@
 package node
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/busauth"
+	"github.com/toolgate/toolgate/internal/control"
 	"github.com/toolgate/toolgate/internal/tools"
 	"github.com/toolgate/toolgate/internal/topology"
 	"github.com/toolgate/toolgate/subjects"
@@ -142,7 +144,22 @@ func (r *run) ensureSites(ctx context.Context) error {
 	if r.reg != nil {
 		r.reg.MustRegister(&siteCollector{js: r.op.JS, dataDir: r.c.Embedded.DataDir})
 	}
-	return topology.EnsureSites(ctx, r.op.JS, r.c.Topology, sites)
+	if err := topology.EnsureSites(ctx, r.op.JS, r.c.Topology, sites); err != nil {
+		return err
+	}
+	if r.c.Embedded.LeafListen != "" && r.c.Stage.Messages != nil {
+		// The sites' outboxes, forwarded for as long as the hub runs.
+		f := &siteForwarder{js: r.op.JS, dataDir: r.c.Embedded.DataDir, msgs: r.c.Stage.Messages,
+			rate: float64(cmp.Or(r.c.SiteRate, DefaultSiteRate)), log: r.log, audit: func() jetstream.JetStream { return nil }}
+		if n := r.nodes.stage[subjects.Execute]; n != nil {
+			f.audit = n.refusalJS
+		}
+		if r.reg != nil {
+			r.reg.MustRegister(f.collectors()...)
+		}
+		r.bg.Go(func() { f.run(r.runCtx) })
+	}
+	return nil
 }
 
 // SiteState is a site's state as the hub sees it (toolgate site list).
@@ -257,4 +274,51 @@ func siteCheck(dataDir string, check func(*tools.Manifest) error) func(*tools.Ma
 		}
 		return check(m)
 	}
+}
+
+// hubSites declares and removes sites for the control service
+// (control.SiteAdmin): in the hub's data directory, which its server's
+// authentication, registration and verify and audit read, and on its
+// server, whose links of a removed site it cuts.
+type hubSites struct {
+	dataDir string
+	auth    *busauth.InProcess
+	// js, when set, is the operator's: it makes a new site's consumers.
+	js   jetstream.JetStream
+	topo topology.TopologyOptions
+}
+
+var _ control.SiteAdmin = (*hubSites)(nil)
+
+func (s *hubSites) AddSite(ctx context.Context, r api.SiteRequest) (api.SiteAdded, error) {
+	tok, err := busauth.DeclareSite(s.dataDir, r.Site, r.UserKey, r.SigningKey)
+	if errors.Is(err, busauth.ErrBadIdentity) {
+		return api.SiteAdded{}, api.WrapError(err, api.InvalidParameters, api.ERequestInvalid, "%v", err)
+	}
+	if err != nil {
+		return api.SiteAdded{}, err
+	}
+	files, err := busauth.SiteBundleFiles(s.dataDir)
+	if err != nil {
+		return api.SiteAdded{}, err
+	}
+	// A site declared again: the links of its earlier credentials end.
+	s.auth.CutSite(r.Site)
+	out := api.SiteAdded{Site: r.Site, JWT: tok, Files: map[string]string{}}
+	for name, b := range files {
+		out.Files[name] = string(b)
+	}
+	out.Consumers = s.js != nil && topology.EnsureSites(ctx, s.js, s.topo, []string{r.Site}) == nil
+	return out, nil
+}
+
+func (s *hubSites) RemoveSite(_ context.Context, site string) (api.SiteRemoved, error) {
+	err := busauth.RemoveSite(s.dataDir, site)
+	if errors.Is(err, busauth.ErrUnknownSite) {
+		return api.SiteRemoved{}, api.NewError(api.InvalidParameters, api.ESiteNotDeclared, "no site %q is declared", site).WithDetail("site", site)
+	}
+	if err != nil {
+		return api.SiteRemoved{}, err
+	}
+	return api.SiteRemoved{Site: site, LinksCut: s.auth.CutSite(site)}, nil
 }

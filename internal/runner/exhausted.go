@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -31,8 +32,29 @@ type maxDeliveriesAdvisory struct {
 // advisory. One worker of the stage (a queue group) reads the message,
 // hands it to audit as internal_error E3901 and deletes it.
 func (r *Runner) watchExhausted(ctx context.Context) ([]*nats.Subscription, error) {
+	if r.NoSettle {
+		return nil, nil
+	}
 	nc := r.JS.Conn()
 	var subs []*nats.Subscription
+	if r.SweepAlso != nil {
+		// The sites come and go while this runs: one subscription for every
+		// consumer of the pipeline, acting on theirs only.
+		sub, err := nc.QueueSubscribe(subjects.MaxDeliveriesAdvisory(subjects.Input{Stream: subjects.StreamPipeline, Consumer: "*"}), "toolgate-"+r.Name+"-sites", func(m *nats.Msg) {
+			var adv maxDeliveriesAdvisory
+			if err := json.Unmarshal(m.Data, &adv); err != nil {
+				r.Log.Warn("unreadable advisory", "err", err)
+				return
+			}
+			if slices.ContainsFunc(r.SweepAlso(), func(in subjects.Input) bool { return in.Stream == adv.Stream && in.Consumer == adv.Consumer }) {
+				r.endExhaustedRetrying(ctx, adv)
+			}
+		})
+		if err != nil {
+			return nil, fmt.Errorf("watching the sites' delivery advisories: %w", err)
+		}
+		subs = append(subs, sub)
+	}
 	for _, in := range r.inputs() {
 		sub, err := nc.QueueSubscribe(subjects.MaxDeliveriesAdvisory(in), "toolgate-"+r.Name, func(m *nats.Msg) {
 			var adv maxDeliveriesAdvisory

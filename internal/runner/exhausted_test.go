@@ -86,3 +86,69 @@ func TestExhaustedMessageEndsAfterFailedAttempts(t *testing.T) {
 		t.Fatalf("hand-off to audit: %s (%v)", m.Data, err)
 	}
 }
+
+// TestSiteExhaustedEndedByHub: a site's worker may not read or delete a
+// pipeline message by sequence (NoSettle), so it does not watch its
+// consumers' delivery limit; the hub's execute does (SweepAlso): a site's
+// call that reached the limit ends E3901 and its message goes.
+func TestSiteExhaustedEndedByHub(t *testing.T) {
+	_, js := natstest.JetStream(t)
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	o := topology.TopologyOptions{AckWait: 200 * time.Millisecond, MaxDeliver: 2}
+	if err := topology.EnsureTopology(ctx, js, o); err != nil {
+		t.Fatal(err)
+	}
+	if err := topology.EnsureSites(ctx, js, o, []string{"lab-eu"}); err != nil {
+		t.Fatal(err)
+	}
+	site := &Runner{Name: subjects.Execute, JS: js, Log: log, Inputs: subjects.SiteInputs("lab-eu"), NoSettle: true}
+	if subs, err := site.watchExhausted(ctx); err != nil || len(subs) != 0 {
+		t.Fatalf("the site's worker watches %d advisories (%v), want none", len(subs), err)
+	}
+	hub := &Runner{Name: subjects.Execute, JS: js, Log: log, SweepAlso: func() []subjects.Input { return subjects.SiteInputs("lab-eu") }}
+	subs, err := hub.watchExhausted(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unsubscribe(subs)
+	inv := envelope.Invocation{ID: "inv-site", Tenant: "acme", Event: envelope.Event{Seq: 1}, Route: &envelope.Route{ToolID: "t", Site: "lab-eu"}}
+	data, _ := json.Marshal(inv)
+	ack, err := js.PublishMsg(ctx, &nats.Msg{Subject: subjects.PipeSite("lab-eu", "normal", "acme"), Data: data})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The site's worker takes it and never settles it, as one that dies
+	// on every delivery.
+	in := subjects.SiteInputs("lab-eu")[1]
+	c, err := js.Consumer(ctx, in.Stream, in.Consumer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream, err := js.Stream(ctx, subjects.StreamPipeline)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if _, err := stream.GetMsg(ctx, ack.Sequence); errors.Is(err, jetstream.ErrMsgNotFound) {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatal("the hub never ended the site's exhausted call")
+		}
+		b, err := c.Fetch(1, jetstream.FetchMaxWait(300*time.Millisecond))
+		if err == nil {
+			for range b.Messages() {
+			}
+		}
+	}
+	m, err := stream.GetLastMsgForSubject(ctx, subjects.Pipe(subjects.Audit, "normal", "acme"))
+	if err != nil {
+		t.Fatalf("no hand-off to audit: %v", err)
+	}
+	var ended envelope.Invocation
+	if err := json.Unmarshal(m.Data, &ended); err != nil || ended.ID != inv.ID || ended.Error == nil || ended.Error.ECode != api.EDeliveryExhausted {
+		t.Fatalf("hand-off to audit: %s (%v)", m.Data, err)
+	}
+}

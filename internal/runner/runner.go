@@ -73,6 +73,16 @@ type Runner struct {
 	// ends or holds them by their invocation's state (default
 	// DefaultSweepEvery; negative: never).
 	SweepEvery time.Duration
+	// SweepAlso, when set, names further consumers of the pipeline whose
+	// messages the Runner settles and does not consume: the sites'
+	// (docs/sites.md), whose workers may not read or delete a pipeline
+	// message by its sequence (NoSettle). It sweeps them, and ends the
+	// messages that reach their delivery limit, as its own.
+	SweepAlso func() []subjects.Input
+	// NoSettle says the Runner may not read or delete a message of its
+	// stream by sequence (a site's worker): it neither sweeps nor ends the
+	// messages that reach the delivery limit; another's SweepAlso does.
+	NoSettle bool
 	// Records reads status records for the sweep, which does not run
 	// without them.
 	Records Records

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -75,7 +76,7 @@ const (
 // drops the second. The sweep stops as soon as ctx is done.
 func (r *Runner) sweep(ctx context.Context) {
 	every := r.SweepEvery
-	if every < 0 || r.Records == nil {
+	if every < 0 || r.Records == nil || r.NoSettle {
 		return
 	}
 	if every == 0 {
@@ -90,7 +91,11 @@ func (r *Runner) sweep(ctx context.Context) {
 			return
 		case <-tick.C:
 		}
-		for _, in := range r.inputs() {
+		ins := r.inputs()
+		if r.SweepAlso != nil {
+			ins = append(slices.Clone(ins), r.SweepAlso()...)
+		}
+		for _, in := range ins {
 			below, err := r.leftBehind(ctx, in)
 			if ctx.Err() != nil {
 				return

@@ -170,8 +170,15 @@ func (m *Messages) Ending(sender busauth.Role, inv *envelope.Invocation) error {
 	if !ok {
 		return refuseEnding(sender, inv, "this process holds no key of audit to check "+string(by)+"'s custody")
 	}
+	holder := sender
+	if sender == busauth.RoleExecute && inv.Route != nil && inv.Route.Site != "" && inv.Error != nil && inv.Error.ECode == api.EDeliveryExhausted {
+		// The hub's execute ends a site's call whose message reached the
+		// delivery limit (the site may not read it by sequence): with
+		// route's custody of the call for that site, and that ending only.
+		holder = busauth.SiteRole(inv.Route.Site)
+	}
 	raw, err := base64.RawURLEncoding.DecodeString(inv.Custody)
-	want := custodyText(sender, inv.Tenant, inv.ID, inv.Event.Seq)
+	want := custodyText(holder, inv.Tenant, inv.ID, inv.Event.Seq)
 	held := err == nil && hmac.Equal(raw, mac(k, want))
 	if _, site := busauth.SiteOfRole(by); !held && err == nil && site && m.reload() {
 		// The site may have been declared again since its key was read.

@@ -104,6 +104,22 @@ func TestSiteHandOff(t *testing.T) {
 		inv.Fail(subjects.Execute, failed)
 		refused("lab-eu ends "+name+" call", audit.Ending(eu, inv), api.EEndingRefused)
 	}
+	// The hub's execute ends a site's call whose message reached the
+	// delivery limit (the site may not read it by sequence), and no other
+	// ending of a site's call.
+	exhausted := call("lab-eu")
+	exhausted.Fail(subjects.Execute, api.NewError(api.InternalError, api.EDeliveryExhausted, "x"))
+	if err := audit.Ending(busauth.RoleExecute, exhausted); err != nil {
+		t.Fatalf("the hub's execute ends lab-eu's exhausted call: %v", err)
+	}
+	hubFailed := call("lab-eu")
+	hubFailed.Fail(subjects.Execute, failed)
+	refused("the hub's execute ends lab-eu's call otherwise", audit.Ending(busauth.RoleExecute, hubFailed), api.EEndingRefused)
+	relabelledEnd := call("lab-eu")
+	relabelledEnd.Route.Site = "lab-us"
+	relabelledEnd.Fail(subjects.Execute, api.NewError(api.InternalError, api.EDeliveryExhausted, "x"))
+	refused("the hub's execute ends lab-eu's call as lab-us's", audit.Ending(busauth.RoleExecute, relabelledEnd), api.EEndingRefused)
+
 	viaSite := call("lab-eu")
 	viaSite.Custody = siteEU.Custody(busauth.RoleVerify, viaSite.Tenant, viaSite.ID, viaSite.Event.Seq)
 	viaSite.Fail(subjects.Verify, failed)

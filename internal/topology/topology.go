@@ -76,6 +76,12 @@ type TopologyOptions struct {
 	// among them) has no other durable copy to be re-driven from. It
 	// applies when the streams are created (docs/delivery.md).
 	MemoryHops bool
+	// SiteOutboxMsgs and SiteOutboxBytes bound each site's outbox
+	// (subjects.StreamSite): what a site has sent that the hub has not yet
+	// forwarded (defaults DefaultSiteOutboxMsgs, DefaultSiteOutboxBytes).
+	// A site past them has its publishes refused; no other site's are.
+	SiteOutboxMsgs  int64
+	SiteOutboxBytes int64
 }
 
 // Defaults of TopologyOptions.
@@ -92,6 +98,10 @@ const (
 	DefaultAckWait        = 30 * time.Second
 	DefaultMaxDeliver     = 5
 	defaultResultMaxBytes = DefaultQueueMaxBytes
+	// A site's outbox holds what its worker sent in the last few seconds
+	// at most: the hub forwards it as it comes.
+	DefaultSiteOutboxMsgs  = 2000
+	DefaultSiteOutboxBytes = 64 << 20
 )
 
 func (o *TopologyOptions) defaults() {
@@ -115,6 +125,8 @@ func (o *TopologyOptions) defaults() {
 	o.PipelineMaxBytes = cmp.Or(o.PipelineMaxBytes, DefaultQueueMaxBytes)
 	o.ResultMaxBytes = cmp.Or(o.ResultMaxBytes, defaultResultMaxBytes)
 	o.AuditMaxBytes = cmp.Or(o.AuditMaxBytes, DefaultAuditMaxBytes)
+	o.SiteOutboxMsgs = cmp.Or(o.SiteOutboxMsgs, DefaultSiteOutboxMsgs)
+	o.SiteOutboxBytes = cmp.Or(o.SiteOutboxBytes, DefaultSiteOutboxBytes)
 }
 
 // The invoke stream keeps no duplicate window. JetStream deduplicates by
@@ -299,7 +311,35 @@ func EnsureTopology(ctx context.Context, js jetstream.JetStream, o TopologyOptio
 // each site's worker pulls from its own (subjects.SiteInputs), and a
 // site's calls wait there, in the hub's pipeline, while its link is down.
 func EnsureSites(ctx context.Context, js jetstream.JetStream, o TopologyOptions, sites []string) error {
+	o.defaults()
 	for _, site := range sites {
+		// Its outbox: bounded on its own, discarding new messages when full.
+		out := subjects.SiteForward(site)
+		if _, err := js.Stream(ctx, out.Stream); errors.Is(err, jetstream.ErrStreamNotFound) {
+			_, err = js.CreateStream(ctx, jetstream.StreamConfig{
+				Name: out.Stream, Description: "what site " + site + " sends the hub, until the hub forwards it",
+				Subjects: []string{subjects.SiteOutbox(site)}, Retention: jetstream.WorkQueuePolicy,
+				MaxMsgs: o.SiteOutboxMsgs, MaxBytes: o.SiteOutboxBytes, MaxAge: o.PipelineMaxAge, Discard: jetstream.DiscardNew,
+				Duplicates: o.Duplicates, Replicas: o.Replicas, Storage: o.Storage,
+			})
+			if err != nil && !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+				return fmt.Errorf("creating stream %s: %w", out.Stream, err)
+			}
+		} else if err != nil {
+			return fmt.Errorf("looking up stream %s: %w", out.Stream, err)
+		}
+		if _, err := js.Consumer(ctx, out.Stream, out.Consumer); errors.Is(err, jetstream.ErrConsumerNotFound) {
+			_, err = js.CreateConsumer(ctx, out.Stream, jetstream.ConsumerConfig{
+				Durable: out.Consumer, Description: "the hub forwarding site " + site + "'s messages",
+				FilterSubject: out.Filter, AckPolicy: jetstream.AckExplicitPolicy, AckWait: o.AckWait,
+				MaxAckPending: o.MaxAckPending, Replicas: o.Replicas,
+			})
+			if err != nil && !errors.Is(err, jetstream.ErrConsumerExists) {
+				return fmt.Errorf("creating consumer %s of %s: %w", out.Consumer, out.Stream, err)
+			}
+		} else if err != nil {
+			return fmt.Errorf("looking up consumer %s of %s: %w", out.Consumer, out.Stream, err)
+		}
 		for _, in := range subjects.SiteInputs(site) {
 			if _, err := js.Consumer(ctx, in.Stream, in.Consumer); err == nil {
 				continue

@@ -36,6 +36,10 @@ type Router struct {
 	// SiteWait, when set, bounds how long a call for a site's tool may
 	// wait at the hub for the site (Route.SiteDeadline).
 	SiteWait time.Duration
+	// SiteDeclared, when set, reports whether a site is declared: a call
+	// for the tool of a site removed since it was registered has nowhere
+	// to run, and ends here (E3273) rather than wait for ever.
+	SiteDeclared func(site string) bool
 }
 
 var _ stages.Stage = (*Router)(nil)
@@ -71,6 +75,10 @@ func (r *Router) Process(ctx context.Context, inv *envelope.Invocation) ([]stage
 	case tools.StateDeprecated, tools.StateSunset:
 		inv.Metadata.Warnings = append(inv.Metadata.Warnings,
 			fmt.Sprintf("%s: %s is %s%s", api.EToolDeprecated, m.Key(), state, successor(m)))
+	}
+	if m.Site != "" && r.SiteDeclared != nil && !r.SiteDeclared(m.Site) {
+		return nil, api.NewError(api.ToolExecutionError, api.ESiteRemoved,
+			"%s runs at site %q, which this deployment no longer declares (toolgate site remove)", m.Key(), m.Site).WithDetail("site", m.Site)
 	}
 	if !r.kinds[m.Kind] {
 		return nil, api.NewError(api.ToolExecutionError, api.EExecutorUnavailable,

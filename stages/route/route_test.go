@@ -127,3 +127,28 @@ func TestRouteSite(t *testing.T) {
 		}
 	}
 }
+
+// TestRouteRemovedSite: a call for the tool of a site the deployment no
+// longer declares ends at route (E3273), naming the site; a declared
+// site's and a hub tool's go on.
+func TestRouteRemovedSite(t *testing.T) {
+	reg := tools.NewRegistry()
+	reg.Put(&tools.Manifest{ID: "gone", Version: "1.0.0", Kind: "builtin", Site: "lab-us"})
+	reg.Put(&tools.Manifest{ID: "lab", Version: "1.0.0", Kind: "builtin", Site: "lab-eu"})
+	reg.Put(&tools.Manifest{ID: "hub", Version: "1.0.0", Kind: "builtin"})
+	r := New(reg, "builtin")
+	r.SiteDeclared = func(site string) bool { return site == "lab-eu" }
+	call := func(tool string) error {
+		_, err := r.Process(context.Background(), &envelope.Invocation{ID: "i", Tenant: "acme", Request: &api.Request{ToolID: tool}})
+		return err
+	}
+	var ae *api.Error
+	if err := call("gone"); !errors.As(err, &ae) || ae.ECode != api.ESiteRemoved || ae.Details["site"] != "lab-us" {
+		t.Errorf("a removed site's tool: %v, want E3273 naming lab-us", err)
+	}
+	for _, tool := range []string{"lab", "hub"} {
+		if err := call(tool); err != nil {
+			t.Errorf("%s: %v", tool, err)
+		}
+	}
+}
