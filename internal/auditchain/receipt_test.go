@@ -87,7 +87,7 @@ func TestReceiptChecks(t *testing.T) {
 
 	// One byte changed, anywhere in what is signed.
 	for _, change := range []func(r *api.Receipt){
-		func(r *api.Receipt) { r.ResultSHA256 = "0" + r.ResultSHA256[1:] },
+		func(r *api.Receipt) { r.ResultSHA256 = otherFirst(r.ResultSHA256) },
 		func(r *api.Receipt) { r.Agent = "agent-2" },
 		func(r *api.Receipt) { r.PolicyRevision = 8 },
 		func(r *api.Receipt) {
@@ -226,7 +226,7 @@ func TestReceiptProofWithTheHeadAlone(t *testing.T) {
 	refused("a path cut short", &other, api.EReceiptTree)
 	// One byte of the head changed, each member that is signed.
 	for _, change := range []func(c *auditchain.Checkpoint){
-		func(c *auditchain.Checkpoint) { c.Listing = "0" + c.Listing[1:] },
+		func(c *auditchain.Checkpoint) { c.Listing = otherFirst(c.Listing) },
 		func(c *auditchain.Checkpoint) { c.Prev = strings.Repeat("0", 64) },
 		func(c *auditchain.Checkpoint) { c.Writer += "x" },
 		func(c *auditchain.Checkpoint) { c.Foreign = []uint64{c.Last} },
@@ -322,4 +322,13 @@ func TestDigestIsOfTheCompactJSON(t *testing.T) {
 			t.Errorf("Digest(%q) = %s, want the SHA-256 of %q", raw, got, want)
 		}
 	}
+}
+
+// otherFirst returns hex with its first digit changed: "0" in front would
+// change nothing when the digit is already 0 (one hash in sixteen).
+func otherFirst(hex string) string {
+	if hex[0] == '0' {
+		return "1" + hex[1:]
+	}
+	return "0" + hex[1:]
 }
