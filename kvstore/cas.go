@@ -77,7 +77,7 @@ func updateKey[T any](ctx context.Context, kv jetstream.KeyValue, key string, fr
 		} else if err != nil {
 			return v, rev, err
 		}
-		val, err := json.Marshal(v)
+		val, err := encodeValue(v)
 		if err != nil {
 			return zero, 0, err
 		}
