@@ -2,7 +2,9 @@ package kvstore
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"reflect"
 	"sync"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -156,4 +158,18 @@ func decodeOwn(b []byte, v any) (err error) {
 		}
 	}()
 	return segjson.Unmarshal(b, v)
+}
+
+// decodeStored reads a value from the bucket, written by any process:
+// bytes encoding/json's scanner finds valid are read by the fast decoder
+// (which is lenient about what it copies into a json.RawMessage, hence the
+// scan), anything else by encoding/json, whose verdict stands.
+func decodeStored(b []byte, v any) error {
+	if json.Valid(b) {
+		if decodeOwn(b, v) == nil {
+			return nil
+		}
+		reflect.ValueOf(v).Elem().SetZero() // what it read before it failed
+	}
+	return json.Unmarshal(b, v)
 }

@@ -238,7 +238,7 @@ func TestStoredValuesReadAsEncodingJSON(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for name, decode := range map[string]func([]byte, any) error{"encoding/json": json.Unmarshal, "decodeOwn": decodeOwn} {
+		for name, decode := range map[string]func([]byte, any) error{"encoding/json": json.Unmarshal, "decodeOwn": decodeOwn, "decodeStored": decodeStored} {
 			wantV := reflect.New(reflect.TypeOf(v))
 			gotV := reflect.New(reflect.TypeOf(v))
 			if err := json.Unmarshal(want, wantV.Interface()); err != nil {
@@ -250,6 +250,19 @@ func TestStoredValuesReadAsEncodingJSON(t *testing.T) {
 			if !reflect.DeepEqual(wantV.Interface(), gotV.Interface()) {
 				t.Errorf("%s reads %s\nas      %+v\nnot, as %+v", name, got, gotV.Elem(), wantV.Elem())
 			}
+		}
+	}
+}
+
+// A value in the bucket that is not valid JSON is refused as encoding/json
+// refuses it, whoever wrote it.
+func TestStoredValueInvalidRefused(t *testing.T) {
+	for _, b := range []string{`{"status":"running",}`, `{"response":{"result":[1,}}`, `{"ingest_seq":1} {}`, "{\"agent_did\":\"\x01\"}"} {
+		var want, got api.Record
+		werr := json.Unmarshal([]byte(b), &want)
+		gerr := decodeStored([]byte(b), &got)
+		if werr == nil || gerr == nil {
+			t.Errorf("%q: read with %v (encoding/json: %v), want refused", b, gerr, werr)
 		}
 	}
 }
