@@ -226,15 +226,15 @@ func astValue(v any) (ast.Value, error) {
 // cache starts again empty. A token's claims' form weighs about a kilobyte.
 const maxCachedTokens = 4096
 
-// astValues keeps policy forms of values that do not change by a key that
-// names them: the SHA-256 of a raw token (its verified claims).
-type astValues[K comparable] struct {
+// forms keeps forms of values that do not change by a key that names
+// them: the SHA-256 of a raw token (its verified claims).
+type forms[K comparable, V any] struct {
 	mu  sync.Mutex
-	m   map[K]ast.Value
+	m   map[K]V
 	max int
 }
 
-func (c *astValues[K]) value(k K, make func() (ast.Value, error)) (ast.Value, error) {
+func (c *forms[K, V]) value(k K, make func() (V, error)) (V, error) {
 	c.mu.Lock()
 	v, ok := c.m[k]
 	c.mu.Unlock()
@@ -243,11 +243,11 @@ func (c *astValues[K]) value(k K, make func() (ast.Value, error)) (ast.Value, er
 	}
 	v, err := make()
 	if err != nil {
-		return nil, err
+		return v, err
 	}
 	c.mu.Lock()
 	if c.m == nil || len(c.m) >= c.max {
-		c.m = map[K]ast.Value{}
+		c.m = map[K]V{}
 	}
 	c.m[k] = v
 	c.mu.Unlock()
