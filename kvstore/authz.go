@@ -596,7 +596,7 @@ func (s *Store) RecentUsage(ctx context.Context, tenant, session string) (Usage,
 				return *w.usage, nil
 			}
 			u := new(Usage)
-			if json.Unmarshal(w.val, u) == nil {
+			if decodeOwn(w.val, u) == nil {
 				r.keepUsage(key, w.rev, u)
 				return *u, nil
 			}

@@ -2,7 +2,6 @@ package kvstore
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 
@@ -67,7 +66,7 @@ func updateKey[T any](ctx context.Context, kv jetstream.KeyValue, key string, fr
 		case err != nil:
 			return zero, 0, fmt.Errorf("reading %s: %w", key, err)
 		default:
-			if err := json.Unmarshal(e.Value(), &v); err != nil {
+			if err := decodeStored(e.Value(), &v); err != nil {
 				return zero, 0, fmt.Errorf("decoding %s: %w", key, err)
 			}
 			rev = e.Revision()
@@ -77,7 +76,7 @@ func updateKey[T any](ctx context.Context, kv jetstream.KeyValue, key string, fr
 		} else if err != nil {
 			return v, rev, err
 		}
-		val, err := json.Marshal(v)
+		val, err := encodeValue(v)
 		if err != nil {
 			return zero, 0, err
 		}

@@ -2,7 +2,6 @@ package kvstore
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -145,7 +144,7 @@ func (s *Store) Status(ctx context.Context, tenant, id string) (api.Record, erro
 		return api.Record{}, err
 	}
 	var rec api.Record
-	if err := json.Unmarshal(e.Value(), &rec); err != nil {
+	if err := decodeStored(e.Value(), &rec); err != nil {
 		return api.Record{}, fmt.Errorf("decoding status: %w", err)
 	}
 	return rec, nil

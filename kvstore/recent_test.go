@@ -2,8 +2,11 @@ package kvstore
 
 import (
 	"context"
+	"encoding/json"
+	"reflect"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/toolgate/toolgate/api"
@@ -209,6 +212,57 @@ func TestStatusWritesOfOneProcessShareMemory(t *testing.T) {
 			t.Fatalf("stores sharing a memory read %d times, want none", got)
 		case !shared && got != 2:
 			t.Fatalf("stores apart read %d times, want 2 (execute's and audit's)", got)
+		}
+	}
+}
+
+// The values update writes (encodeValue, a faster encoder) read back, with
+// encoding/json as every other reader decodes them and with decodeOwn, as
+// encoding/json's own encoding does: the same record and usage, a tool's
+// result byte for byte (its receipt covers it).
+func TestStoredValuesReadAsEncodingJSON(t *testing.T) {
+	at := time.Date(2026, 11, 29, 6, 40, 1, 123456789, time.UTC)
+	rec := api.Record{InvocationID: "inv-1", Tenant: "acme", Status: api.StatusSuccess, Agent: "did:agent:a",
+		ToolID: "echo", ToolVersion: "1.0.0", Seq: 1 << 60, Digest: "ab12", UpdatedAt: at, Ending: "PIPELINE:7",
+		CancelRequested: true, CancelSig: "sig", CancelBy: "did:agent:b",
+		Error: api.NewError(api.ToolExecutionError, api.EOutcomeUnknown, "it <broke> & \u2028 stopped"),
+		Response: &api.Response{InvocationID: "inv-1", Status: api.StatusSuccess,
+			Result: json.RawMessage("{ \"a\" : [1, 2.50, 1e400, \"<b>&\\u00e9\u2028\"],\n\t\"b\": {} }")}}
+	usage := Usage{Calls: 3, RuntimeMS: 12, Cost: 0.1 + 0.2, Tokens: 7, UpdatedAt: at, Reserved: []string{"x"}}
+	for _, v := range []any{rec, usage} {
+		want, err := json.Marshal(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := encodeValue(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for name, decode := range map[string]func([]byte, any) error{"encoding/json": json.Unmarshal, "decodeOwn": decodeOwn, "decodeStored": decodeStored} {
+			wantV := reflect.New(reflect.TypeOf(v))
+			gotV := reflect.New(reflect.TypeOf(v))
+			if err := json.Unmarshal(want, wantV.Interface()); err != nil {
+				t.Fatal(err)
+			}
+			if err := decode(got, gotV.Interface()); err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			if !reflect.DeepEqual(wantV.Interface(), gotV.Interface()) {
+				t.Errorf("%s reads %s\nas      %+v\nnot, as %+v", name, got, gotV.Elem(), wantV.Elem())
+			}
+		}
+	}
+}
+
+// A value in the bucket that is not valid JSON is refused as encoding/json
+// refuses it, whoever wrote it.
+func TestStoredValueInvalidRefused(t *testing.T) {
+	for _, b := range []string{`{"status":"running",}`, `{"response":{"result":[1,}}`, `{"ingest_seq":1} {}`, "{\"agent_did\":\"\x01\"}"} {
+		var want, got api.Record
+		werr := json.Unmarshal([]byte(b), &want)
+		gerr := decodeStored([]byte(b), &got)
+		if werr == nil || gerr == nil {
+			t.Errorf("%q: read with %v (encoding/json: %v), want refused", b, gerr, werr)
 		}
 	}
 }

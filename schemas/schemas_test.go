@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"github.com/toolgate/toolgate/api"
+	"reflect"
 	"strings"
 	"testing"
 )
@@ -325,4 +326,24 @@ func TestMCPContent(t *testing.T) {
 			t.Errorf("%s: fields %v, err %v, want valid=%v", doc, fields, err, ok)
 		}
 	}
+}
+
+// decode reads every document as encoding/json alone does: the same value,
+// json.Number for numbers, or an error where it errs.
+func FuzzDecode(f *testing.F) {
+	for _, s := range []string{`{"a":1}`, ` {"a" : [1, 2.5e3, -0, 123456789012345678901234567890]} `, `"\u00e9\ud800"`,
+		`{"a":1,"a":2}`, `[{"x":null,"y":true,"z":"<&>"}]`, `{"a":1} x`, `{"a":1}{}`, `[1,]`, "\"\xff\"", `{"\u0000":"\t"}`,
+		`1e400`, `[[[[[]]]]]`, "{}\n\t "} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, doc []byte) {
+		want, werr := decodeStd(doc)
+		got, gerr := decode(doc)
+		if (werr == nil) != (gerr == nil) {
+			t.Fatalf("%q: error %v, encoding/json's %v", doc, gerr, werr)
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("%q: read as %#v, encoding/json reads %#v", doc, got, want)
+		}
+	})
 }

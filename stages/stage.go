@@ -117,12 +117,23 @@ type Pending struct {
 // way; a stage whose work ends sooner carries the event with the
 // invocation to audit instead, saving a durable write per call.
 func AnnounceAfter(ctx context.Context, grace time.Duration, out Output) *Pending {
+	return AnnounceAfterFunc(ctx, grace, nil, out)
+}
+
+// AnnounceAfterFunc is AnnounceAfter that calls first, when not nil, just
+// before it announces: what the event tells of must be recorded by the
+// time it is read (execute's running status, before its tool.invoked).
+// Withdraw waits for first as for the announcement.
+func AnnounceAfterFunc(ctx context.Context, grace time.Duration, first func(), out Output) *Pending {
 	p := &Pending{}
 	p.timer = time.AfterFunc(grace, func() {
 		p.mu.Lock()
 		defer p.mu.Unlock()
 		if !p.done {
 			p.done = true
+			if first != nil {
+				first()
+			}
 			p.sent = Announce(ctx, out) == nil
 		}
 	})

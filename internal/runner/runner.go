@@ -473,22 +473,19 @@ func (r *Runner) finalises() bool {
 func (r *Runner) handle(msg jetstream.Msg, settling *sync.WaitGroup, release func()) {
 	start := r.now()
 	if r.inflight != nil {
-		g := r.inflight
-		g.Inc()
-		inner := release
-		release = func() { g.Dec(); inner() }
+		r.inflight.Inc()
 	}
 	md, err := msg.Metadata()
 	if err != nil {
 		r.Log.Error("message without metadata", "err", err)
 		_ = msg.Term()
-		release()
+		r.release(release)
 		return
 	}
 	inv, derr := r.decode(msg.Subject(), msg.Headers(), msg.Data(), md.Sequence.Stream)
 	if inv == nil {
 		r.poison(msg, md, derr)
-		release()
+		r.release(release)
 		return
 	}
 
@@ -533,35 +530,55 @@ func (r *Runner) handle(msg jetstream.Msg, settling *sync.WaitGroup, release fun
 		api.Hop{Stage: r.Name, DurationUS: r.now().Sub(start).Microseconds()})
 	propagator.Inject(ctx, invCarrier{inv})
 
-	// What finish reads of inv, read now: once handed on within this
-	// process (Handed), inv belongs to the next stage.
-	end := ending{status: inv.Status, received: inv.ReceivedAt}
-	ingest := r.ingestOf(md, inv)
+	f := finishing{r: r, start: start, end: ending{status: inv.Status, received: inv.ReceivedAt},
+		ingest: r.ingestOf(md, inv), span: span, release: release}
 	if inv.Error != nil {
-		end.ecode = inv.Error.ECode
-	}
-	finish := func(outcome string) {
-		r.dropIngest(ingest, outcome)
-		if r.Metrics != nil {
-			now := r.now()
-			r.Metrics.observe(r.Name, outcome, end, now.Sub(start), now.Sub(end.received))
-		}
-		span.End()
-		release()
+		f.end.ecode = inv.Error.ECode
 	}
 	pending := r.apply(msg, inv, s, outs, perr, early)
 	switch {
-	case pending.wait == nil:
-		finish(pending.outcome)
+	case !pending.waits():
+		f.finish(pending.outcome)
 	case r.Workers >= r.InFlight:
 		// With a worker for every slot, the slots bound what is held, not
 		// the workers: one that moved on would find a slot only where
 		// another worker is idle. Waiting here saves starting a goroutine
 		// and waking it, on every hop.
-		finish(pending.wait())
+		f.finish(pending.wait())
 	default:
-		settling.Go(func() { finish(pending.wait()) })
+		p := pending // on the heap only here
+		settling.Go(func() { f.finish(p.wait()) })
 	}
+}
+
+// release gives back a message's slot once it is settled.
+func (r *Runner) release(release func()) {
+	if r.inflight != nil {
+		r.inflight.Dec()
+	}
+	release()
+}
+
+// finishing is what handle does once a message is settled, read before it
+// is handed on (Handed): from then on the invocation is the next stage's.
+type finishing struct {
+	r       *Runner
+	start   time.Time
+	end     ending
+	ingest  uint64
+	span    trace.Span
+	release func()
+}
+
+func (f finishing) finish(outcome string) {
+	r := f.r
+	r.dropIngest(f.ingest, outcome)
+	if r.Metrics != nil {
+		now := r.now()
+		r.Metrics.observe(r.Name, outcome, f.end, now.Sub(f.start), now.Sub(f.end.received))
+	}
+	f.span.End()
+	r.release(f.release)
 }
 
 // announced are the publishes a stage announced while it worked (stages.Announce):
@@ -613,27 +630,11 @@ func (r *Runner) process(ctx context.Context, msg jetstream.Msg, inv *envelope.I
 	if r.AckWait > 0 {
 		// A timer, not a goroutine per message: most messages are done
 		// long before the first in-progress ack is due.
-		every := r.AckWait / 3
-		var mu sync.Mutex
-		stopped := false
-		var t *time.Timer
-		mu.Lock() // t is set before the callback reads it
-		t = time.AfterFunc(every, func() {
-			mu.Lock()
-			defer mu.Unlock()
-			if stopped || ctx.Err() != nil {
-				return
-			}
-			_ = msg.InProgress()
-			t.Reset(every)
-		})
-		mu.Unlock()
-		defer func() {
-			mu.Lock()
-			stopped = true
-			t.Stop()
-			mu.Unlock()
-		}()
+		k := &keepAlive{ctx: ctx, msg: msg, every: r.AckWait / 3}
+		k.mu.Lock() // t is set before the callback reads it
+		k.t = time.AfterFunc(k.every, k.fire)
+		k.mu.Unlock()
+		defer k.stop()
 	}
 	defer func() {
 		if p := recover(); p != nil {
@@ -644,11 +645,99 @@ func (r *Runner) process(ctx context.Context, msg jetstream.Msg, inv *envelope.I
 	return r.Stage.Process(ctx, inv)
 }
 
+// keepAlive sends in-progress acks for msg every so often while its stage
+// works, until stop or ctx's end.
+type keepAlive struct {
+	ctx     context.Context
+	msg     jetstream.Msg
+	every   time.Duration
+	mu      sync.Mutex
+	stopped bool
+	t       *time.Timer
+}
+
+func (k *keepAlive) fire() {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.stopped || k.ctx.Err() != nil {
+		return
+	}
+	_ = k.msg.InProgress()
+	k.t.Reset(k.every)
+}
+
+func (k *keepAlive) stop() {
+	k.mu.Lock()
+	k.stopped = true
+	k.t.Stop()
+	k.mu.Unlock()
+}
+
 // pendingSettle is a settlement under way: its outcome, or while publishes are
-// unacknowledged, wait, which settles the message and returns the outcome.
+// unacknowledged (waits), the publishes that wait settles the message on,
+// returning the outcome. A struct, not a closure: one is made on every hop.
 type pendingSettle struct {
 	outcome string
-	wait    func() string
+	r       *Runner
+	msg     jetstream.Msg
+	id      string // the invocation's, for the log
+	tenant  string
+	outs    []stages.Output
+	futures []jetstream.PubAckFuture
+}
+
+// waits reports whether wait must be called to settle the message.
+func (p *pendingSettle) waits() bool { return p.futures != nil }
+
+// waitTimers are the timers that bound wait, reused from hop to hop.
+var waitTimers = sync.Pool{New: func() any {
+	t := time.NewTimer(time.Hour)
+	t.Stop()
+	return t
+}}
+
+// wait acks the message once every publish is acknowledged, or naks it if
+// one fails or none comes within publishTimeout, and returns the outcome.
+func (p *pendingSettle) wait() string {
+	timeout := waitTimers.Get().(*time.Timer)
+	timeout.Reset(publishTimeout)
+	defer func() {
+		timeout.Stop() // nothing is left in its channel, since Go 1.23
+		waitTimers.Put(timeout)
+	}()
+	for i, f := range p.futures {
+		select {
+		case <-f.Ok():
+		case err := <-f.Err():
+			return p.r.failed(p.msg, p.id, p.tenant, p.outs[i], err)
+		case <-timeout.C:
+			return p.r.failed(p.msg, p.id, p.tenant, p.outs[i], errors.New("no publish acknowledgement in time"))
+		}
+	}
+	return p.r.acked(p.msg, p.id, p.tenant, p.outcome)
+}
+
+// logFor is r's log naming an invocation: made only when something is
+// logged, since With formats its attributes.
+func (r *Runner) logFor(id, tenant string) *slog.Logger {
+	return r.Log.With("invocation", id, "tenant", tenant)
+}
+
+// failed naks msg, one of whose publishes (o) failed with err, for a
+// retry after its backoff.
+func (r *Runner) failed(msg jetstream.Msg, id, tenant string, o stages.Output, err error) string {
+	r.logFor(id, tenant).Warn("publishing", "subject", o.Subject, "err", err)
+	_ = msg.NakWithDelay(backoff(delivered(msg)))
+	return outcomePublishError
+}
+
+// acked acks msg, all of whose publishes are stored, and returns outcome.
+func (r *Runner) acked(msg jetstream.Msg, id, tenant, outcome string) string {
+	if err := msg.Ack(); err != nil {
+		// The successor is published with a stable id: a redelivery is harmless.
+		r.logFor(id, tenant).Warn("ack", "err", err)
+	}
+	return outcome
 }
 
 // delivered is how many times msg was delivered, for its backoff.
@@ -665,9 +754,8 @@ const publishTimeout = 10 * time.Second
 // apply carries out a settlement. Outputs and hand-off are published at
 // once; the ack waits for all their acknowledgements, in the returned wait.
 func (r *Runner) apply(msg jetstream.Msg, inv *envelope.Invocation, s settlement, outs []stages.Output, perr error, early *announced) pendingSettle {
-	// Made only when something is logged: With formats its attributes.
 	id, tenant := inv.ID, inv.Tenant
-	log := func() *slog.Logger { return r.Log.With("invocation", id, "tenant", tenant) }
+	log := func() *slog.Logger { return r.logFor(id, tenant) }
 	switch s.act {
 	case actRetry:
 		if errors.Is(perr, stages.ErrOverQuota) {
@@ -732,21 +820,9 @@ func (r *Runner) apply(msg jetstream.Msg, inv *envelope.Invocation, s settlement
 			r.Handed.put(s.next, o.MsgID, o.Data, inv)
 		}
 	}
-	fail := func(o stages.Output, err error) string {
-		log().Warn("publishing", "subject", o.Subject, "err", err)
-		_ = msg.NakWithDelay(backoff(delivered(msg)))
-		return outcomePublishError
-	}
-	acked := func() string {
-		if err := msg.Ack(); err != nil {
-			// The successor is published with a stable id: a redelivery is harmless.
-			log().Warn("ack", "err", err)
-		}
-		return outcome
-	}
 	announcedOuts, futures := early.take()
 	if len(outs) == 0 && len(futures) == 0 {
-		return pendingSettle{outcome: acked()}
+		return pendingSettle{outcome: r.acked(msg, id, tenant, outcome)}
 	}
 	// The announced publishes are awaited first: an input is acked only
 	// once everything its processing sent is stored.
@@ -757,24 +833,11 @@ func (r *Runner) apply(msg jetstream.Msg, inv *envelope.Invocation, s settlement
 		if err != nil {
 			// Those already sent keep their ids: the redelivery's
 			// publishes of them are deduplicated.
-			return pendingSettle{outcome: fail(o, err)}
+			return pendingSettle{outcome: r.failed(msg, id, tenant, o, err)}
 		}
 		futures = append(futures, f)
 	}
-	return pendingSettle{wait: func() string {
-		timeout := time.NewTimer(publishTimeout)
-		defer timeout.Stop()
-		for i, f := range futures {
-			select {
-			case <-f.Ok():
-			case err := <-f.Err():
-				return fail(outs[i], err)
-			case <-timeout.C:
-				return fail(outs[i], errors.New("no publish acknowledgement in time"))
-			}
-		}
-		return acked()
-	}}
+	return pendingSettle{outcome: outcome, r: r, msg: msg, id: id, tenant: tenant, outs: outs, futures: futures}
 }
 
 // Handoff is the message that hands inv to stage next.
@@ -783,8 +846,7 @@ func Handoff(inv *envelope.Invocation, next string) (stages.Output, error) {
 	if err != nil {
 		return stages.Output{}, fmt.Errorf("encoding invocation: %w", err)
 	}
-	h := nats.Header{}
-	h.Set("Content-Type", "application/json")
+	h := nats.Header{"Content-Type": jsonContent}
 	if inv.TraceParent != "" {
 		h.Set("traceparent", inv.TraceParent)
 	}
@@ -801,6 +863,10 @@ func Handoff(inv *envelope.Invocation, next string) (stages.Output, error) {
 		Data:    data,
 	}, nil
 }
+
+// jsonContent is every hand-off's Content-Type, shared: a header's values
+// are replaced, never changed in place.
+var jsonContent = []string{"application/json"}
 
 // handoff is Handoff, with this stage's tag in the id of a hand-off into
 // audit.

@@ -18,7 +18,7 @@ import (
 var allocBudgets = map[string]float64{
 	// One admitted call of a session's token, no budget: what every
 	// invocation pays in authorize.
-	"admitted": 310,
+	"admitted": 274,
 }
 
 func allocPaths(tb testing.TB) map[string]func() {

@@ -12,11 +12,13 @@ package authorize
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"sync/atomic"
 	"time"
 
+	"github.com/open-policy-agent/opa/v1/ast"
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/envelope"
 	"github.com/toolgate/toolgate/internal/policy"
@@ -122,8 +124,11 @@ type Authorizer struct {
 	engine atomic.Pointer[policy.Engine]
 	shadow atomic.Pointer[shadowPolicy]
 	tools  manifestForms
-	claims astValues[[32]byte] // at most maxCachedTokens
-	leases *leases
+	claims forms[[32]byte, ast.Value] // at most maxCachedTokens
+	// principals are the JSON of a token's claims (envelope.Principal),
+	// by the SHA-256 of the raw token, at most maxCachedTokens.
+	principals forms[[32]byte, []byte]
+	leases     *leases
 }
 
 var _ stages.Stage = (*Authorizer)(nil)
@@ -140,7 +145,7 @@ func New(cfg Config) *Authorizer {
 		cfg.Revoked = new(token.Revocations)
 	}
 	a := &Authorizer{cfg: cfg, leases: newLeases(cfg.Store, cfg.Now)}
-	a.claims.max = maxCachedTokens
+	a.claims.max, a.principals.max = maxCachedTokens, maxCachedTokens
 	a.engine.Store(cfg.Policy)
 	return a
 }
@@ -178,6 +183,7 @@ func (a *Authorizer) Process(ctx context.Context, inv *envelope.Invocation) ([]s
 		}
 	}
 	var claims *token.Claims
+	principal := func() ([]byte, error) { return json.Marshal(claims) }
 	switch {
 	case req.Link != nil:
 		claims, err = a.linked(ctx, inv)
@@ -185,6 +191,9 @@ func (a *Authorizer) Process(ctx context.Context, inv *envelope.Invocation) ([]s
 		claims, err = a.redriven(ctx, inv, rawToken)
 	default:
 		claims, err = a.cfg.Verifier.Verify(rawToken)
+		// The claims a token verifies to are the same on every call.
+		marshal := principal
+		principal = func() ([]byte, error) { return a.principals.value(sha256.Sum256([]byte(rawToken)), marshal) }
 	}
 	if err != nil {
 		return nil, err
@@ -192,7 +201,7 @@ func (a *Authorizer) Process(ctx context.Context, inv *envelope.Invocation) ([]s
 	if id, revoked := a.cfg.Revoked.Revoked(claims); revoked {
 		return nil, api.NewError(api.PermissionDenied, api.ETokenRevoked, "capability token %s is revoked", id)
 	}
-	if raw, err := json.Marshal(claims); err == nil {
+	if raw, err := principal(); err == nil {
 		inv.Principal = &envelope.Principal{Session: token.BudgetKey(claims.Root()), Claims: raw}
 		if a.cfg.SignPrincipal != nil {
 			inv.Principal.Sig = a.cfg.SignPrincipal(envelope.PrincipalText(inv))

@@ -203,11 +203,20 @@ func (x *Executor) Process(ctx context.Context, inv *envelope.Invocation) (_ []s
 	// outcome is never handed to this one. The record read by the same
 	// compare-and-swap tells whether an earlier delivery started the tool
 	// on a worker that is gone (it says running).
-	prev, existed, rec, _, err := x.store.ClaimRun(ctx, api.Record{InvocationID: inv.ID, Tenant: inv.Tenant,
-		Status: api.StatusRunning, ToolID: m.ID, ToolVersion: m.Version, Seq: inv.Event.Seq},
-		func(prev api.Record, next *api.Record) {
-			next.Checkpoint, next.DocumentPins = prev.Checkpoint, prev.DocumentPins
-		})
+	//
+	// A tool that may run again (claimLater) is not claimed before it
+	// starts: its record is read for the same answers, and running is
+	// written only once it has run for invokedGrace, so a quick call's
+	// status is written by validate and audit alone (docs/delivery.md).
+	later := claimLater(m)
+	var prev, rec api.Record
+	var existed bool
+	if later {
+		prev, existed, err = x.record(ctx, inv)
+		rec = prev
+	} else {
+		prev, existed, rec, _, err = x.store.ClaimRun(ctx, runRecord(inv, m), keepResumable)
+	}
 	if err != nil {
 		return nil, stages.Transient(fmt.Errorf("recording running status: %w", err), 0)
 	}
@@ -241,7 +250,7 @@ func (x *Executor) Process(ctx context.Context, inv *envelope.Invocation) (_ []s
 	// for an interrupted one.
 	started := false
 	defer func() {
-		if _, retried := stages.IsTransient(err); retried && !started {
+		if _, retried := stages.IsTransient(err); retried && !started && !later {
 			x.unclaim(ctx, inv, prev, existed)
 		}
 	}()
@@ -298,7 +307,12 @@ func (x *Executor) Process(ctx context.Context, inv *envelope.Invocation) (_ []s
 	// runs. A tool done within invokedGrace has its event carried to
 	// audit with its ending instead (as has one whose announcement
 	// failed), under the same message id.
-	announce := stages.AnnounceAfter(ctx, invokedGrace, invoked)
+	// A call claimed later is claimed then, before its tool.invoked goes.
+	var claim func()
+	if later {
+		claim = func() { _, _, _, _, _ = x.store.ClaimRun(ctx, runRecord(inv, m), keepResumable) }
+	}
+	announce := stages.AnnounceAfterFunc(ctx, invokedGrace, claim, invoked)
 	defer func() {
 		if announce.Withdraw() {
 			inv.Invoked = invoked.Data
@@ -386,6 +400,36 @@ func (x *Executor) refused(ctx context.Context, what string, rev uint64, cause e
 	if x.Refused != nil {
 		x.Refused(ctx, what, rev, cause)
 	}
+}
+
+// claimLater reports whether a call of m is claimed only once it has run
+// for invokedGrace, as its tool.invoked is announced, not before it
+// starts (a claim that fails then is not retried: the run goes on, and its
+// ending is written as ever). An idempotent tool may run again after a
+// crash, by its own declaration, so nothing needs its run recorded
+// durably first; a model tool's run costs money, and is claimed first
+// whatever it declares (as no default policy retries it).
+func claimLater(m *tools.Manifest) bool { return m.Safety.Idempotent && m.Kind != "model" }
+
+// runRecord is the record that claims inv's run of m.
+func runRecord(inv *envelope.Invocation, m *tools.Manifest) api.Record {
+	return api.Record{InvocationID: inv.ID, Tenant: inv.Tenant, Status: api.StatusRunning,
+		ToolID: m.ID, ToolVersion: m.Version, Seq: inv.Event.Seq}
+}
+
+// keepResumable keeps, in a claim, what a resumed run reads of the record
+// before it.
+func keepResumable(prev api.Record, next *api.Record) {
+	next.Checkpoint, next.DocumentPins = prev.Checkpoint, prev.DocumentPins
+}
+
+// record reads inv's status record, as the claim would have found it.
+func (x *Executor) record(ctx context.Context, inv *envelope.Invocation) (api.Record, bool, error) {
+	rec, err := x.store.Status(ctx, inv.Tenant, inv.ID)
+	if errors.Is(err, api.ErrInvocationNotFound) {
+		return api.Record{}, false, nil
+	}
+	return rec, err == nil, err
 }
 
 // unclaimTimeout bounds the write that gives a claim back.
