@@ -72,7 +72,7 @@ func TestRunClaimedLaterWhenIdempotent(t *testing.T) {
 	// The call as validate hands it on: its id claimed, at ingest seq.
 	call := func(tool, id string, seq uint64) (*envelope.Invocation, uint64) {
 		t.Helper()
-		if _, err := st.ClaimInvocation(ctx, "acme", id, seq, "digest", "did:agent:a", tool, ""); err != nil {
+		if _, _, err := st.ClaimInvocation(ctx, "acme", id, seq, "digest", "did:agent:a", tool, ""); err != nil {
 			t.Fatal(err)
 		}
 		e, err := bucket.Get(ctx, "acme."+id)
