@@ -12,6 +12,7 @@ import (
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/busauth"
 	"github.com/toolgate/toolgate/internal/control"
+	"github.com/toolgate/toolgate/internal/envelope"
 	"github.com/toolgate/toolgate/internal/tools"
 	"github.com/toolgate/toolgate/internal/topology"
 	"github.com/toolgate/toolgate/subjects"
@@ -153,6 +154,13 @@ func (r *run) ensureSites(ctx context.Context) error {
 			rate: float64(cmp.Or(r.c.SiteRate, DefaultSiteRate)), log: r.log, audit: func() jetstream.JetStream { return nil }}
 		if n := r.nodes.stage[subjects.Execute]; n != nil {
 			f.audit = n.refusalJS
+		}
+		f.judges = map[string]func(busauth.Role, *envelope.Invocation) error{}
+		if r.nodes.stage[subjects.Verify] != nil {
+			f.judges[subjects.Verify] = r.c.Stage.Messages.HandOff
+		}
+		if r.nodes.stage[subjects.Audit] != nil {
+			f.judges[subjects.Audit] = r.c.Stage.Messages.Ending
 		}
 		if r.reg != nil {
 			r.reg.MustRegister(f.collectors()...)
