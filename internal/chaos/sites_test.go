@@ -93,6 +93,15 @@ func (p *proc) waitReady(d time.Duration) {
 	}
 }
 
+// signal sends sig to the process group.
+func (p *proc) signal(sig syscall.Signal) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd != nil {
+		_ = syscall.Kill(-p.cmd.Process.Pid, sig)
+	}
+}
+
 // kill SIGKILLs the process group and reaps it.
 func (p *proc) kill() {
 	p.mu.Lock()
@@ -598,9 +607,54 @@ func TestSitesLeafNodes(t *testing.T) {
 	// lab-us removed while its worker is linked: the link is cut and does
 	// not come back (its credentials are refused when it dials again, and
 	// the refusal audited), and a call for its tool ends at route.
+	// Its process paused first, its link stays up while calls wait for it
+	// (some delivered to its pulls, never settled): they end E3273 at its
+	// removal, from the hub, and never run.
+	sites["lab-us"].signal(syscall.SIGSTOP)
+	var stranded []string
+	for range 4 {
+		stranded = append(stranded, invoke("us.append_file"))
+	}
+	time.Sleep(time.Second)
+	for _, id := range stranded {
+		if r, err := op.Status(ctx, tenant, id); err == nil && r.Status.Terminal() {
+			t.Fatalf("%s for the paused lab-us: %v, want it waiting", id, r.Status)
+		}
+	}
 	removed := time.Now()
 	if out, err := tg("site", "remove", "lab-us"); err != nil || !strings.Contains(out, "1 of its links cut") {
 		t.Fatalf("site remove lab-us: %v\n%s", err, out)
+	}
+	sites["lab-us"].signal(syscall.SIGCONT)
+	endedCtx, endedCancel := context.WithTimeout(ctx, 30*time.Second)
+	defer endedCancel()
+	for _, id := range stranded {
+		if r, err := op.Wait(endedCtx, tenant, id); err != nil || r.Error == nil || r.Error.ECode != api.ESiteRemoved {
+			t.Errorf("%s, waiting for lab-us at its removal: %+v %v, want E3273; hub's log:\n%s", id, r.Error, err, grepLines(tailFile(hub.log, 200), "removed"))
+		}
+	}
+	strandedEnded := time.Since(removed)
+	// Its outbox and its consumers at the hub go with it.
+	leftover := func() []string {
+		var left []string
+		if _, err := js.Stream(ctx, subjects.StreamSite("lab-us")); !errors.Is(err, jetstream.ErrStreamNotFound) {
+			left = append(left, subjects.StreamSite("lab-us"))
+		}
+		for _, in := range subjects.SiteInputs("lab-us") {
+			if _, err := js.Consumer(ctx, in.Stream, in.Consumer); !errors.Is(err, jetstream.ErrConsumerNotFound) {
+				left = append(left, in.Consumer)
+			}
+		}
+		return left
+	}
+	for deadline := time.Now().Add(20 * time.Second); len(leftover()) > 0 && time.Now().Before(deadline); {
+		time.Sleep(250 * time.Millisecond)
+	}
+	if left := leftover(); len(left) > 0 {
+		t.Errorf("the removed lab-us left %v at the hub", left)
+	}
+	if _, err := js.Stream(ctx, subjects.StreamSite("lab-eu")); err != nil {
+		t.Errorf("lab-eu's outbox after lab-us's removal: %v", err)
 	}
 	if !auditedAdmin(t, ctx, nc, "admin.site.removed", `"target":"lab-us"`, `"by":"operator:`) {
 		t.Error("no admin.site.removed audit event naming the operator")
@@ -626,8 +680,10 @@ func TestSitesLeafNodes(t *testing.T) {
 	if r, err := op.Wait(ctx, tenant, orphan); err != nil || r.Error == nil || r.Error.ECode != api.ESiteRemoved {
 		t.Errorf("a call for a removed site's tool: %+v %v, want E3273", r.Error, err)
 	}
-	if n := ledgerCounts(t, roots["lab-us"])[orphan]; n != 0 {
-		t.Errorf("a call for the removed lab-us ran there %d times", n)
+	for _, id := range append(stranded, orphan) {
+		if n := ledgerCounts(t, roots["lab-us"])[id]; n != 0 {
+			t.Errorf("%s, a call for the removed lab-us, ran there %d times", id, n)
+		}
 	}
 	// Its process dials again every second, refused each time: the trail
 	// records that once a minute, not once a dial.
@@ -640,7 +696,8 @@ func TestSitesLeafNodes(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("removed lab-us: %v after its removal, %d refusals of its link in the trail", time.Since(removed).Round(time.Second), redials)
+	t.Logf("removed lab-us: its %d waiting calls ended E3273 in %v; %v after its removal, %d refusals of its link in the trail",
+		len(stranded), strandedEnded.Round(time.Millisecond), time.Since(removed).Round(time.Second), redials)
 	if redials != 1 {
 		t.Errorf("%d refusals of the removed lab-us's link in the trail, want one (once a minute)", redials)
 	}

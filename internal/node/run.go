@@ -749,7 +749,7 @@ func (r *run) startControl(ctx context.Context) (stop func(), err error) {
 		// The hub's own control service declares its sites.
 		hs := &hubSites{dataDir: c.Embedded.DataDir, auth: r.gate.inProcess, topo: c.Topology}
 		if r.op != nil {
-			hs.js = r.op.JS
+			hs.js, hs.retire = r.op.JS, r.retireSite
 		}
 		opts = append(opts, control.WithSiteAdmin(hs))
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/toolgate/toolgate/internal/busauth"
 	"github.com/toolgate/toolgate/internal/control"
 	"github.com/toolgate/toolgate/internal/envelope"
+	"github.com/toolgate/toolgate/internal/runner"
 	"github.com/toolgate/toolgate/internal/tools"
 	"github.com/toolgate/toolgate/internal/topology"
 	"github.com/toolgate/toolgate/subjects"
@@ -294,6 +295,9 @@ type hubSites struct {
 	// js, when set, is the operator's: it makes a new site's consumers.
 	js   jetstream.JetStream
 	topo topology.TopologyOptions
+	// retire, when set, settles what a removed site leaves at the hub, in
+	// the background (run.retireSite).
+	retire func(site string)
 }
 
 var _ control.SiteAdmin = (*hubSites)(nil)
@@ -328,5 +332,60 @@ func (s *hubSites) RemoveSite(_ context.Context, site string) (api.SiteRemoved, 
 	if err != nil {
 		return api.SiteRemoved{}, err
 	}
-	return api.SiteRemoved{Site: site, LinksCut: s.auth.CutSite(site)}, nil
+	out := api.SiteRemoved{Site: site, LinksCut: s.auth.CutSite(site)}
+	if s.retire != nil {
+		s.retire(site)
+	}
+	return out, nil
+}
+
+// retireSite settles, once its link is cut, what the removed site leaves
+// at the hub: the hub forwards what its outbox still holds (what it sent
+// before the cut), its hub's execute ends each call waiting for it with
+// E3273 (as route ends a new one), and its consumers and outbox go. It
+// runs in the background: the calls may be many, and the operator's
+// request is answered at once.
+func (r *run) retireSite(site string) {
+	var exec *runner.Runner
+	for _, rn := range r.runners {
+		if rn.Name == subjects.Execute {
+			exec = rn
+		}
+	}
+	if r.op == nil || exec == nil {
+		return
+	}
+	js, dir := r.op.JS, r.c.Embedded.DataDir
+	r.bg.Go(func() {
+		ctx, cancel := context.WithTimeout(r.runCtx, 5*time.Minute)
+		defer cancel()
+		out := subjects.SiteForward(site)
+		// The forwarder drains the outbox: nothing more comes in, the link
+		// being cut.
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); sleepCtx(ctx, 250*time.Millisecond) {
+			st, err := js.Stream(ctx, out.Stream)
+			if err != nil || st.CachedInfo().State.Msgs == 0 {
+				break
+			}
+		}
+		ended, err := exec.EndWaiting(ctx, js, subjects.StreamPipeline, subjects.PipeSite(site, "*", "*"),
+			api.NewError(api.ToolExecutionError, api.ESiteRemoved, "site %q was removed while the call waited for it: it has nowhere to run", site).
+				WithDetail("site", site))
+		if err != nil {
+			r.log.Error("ending the calls waiting for a removed site", "site", site, "ended", ended, "err", err)
+			return
+		}
+		if sites, err := busauth.LoadSites(dir); err != nil || slices.Contains(sites, site) {
+			return // declared again meanwhile: its consumers are the new site's
+		}
+		for _, in := range subjects.SiteInputs(site) {
+			if err := js.DeleteConsumer(ctx, in.Stream, in.Consumer); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+				r.log.Warn("deleting a removed site's consumer", "site", site, "consumer", in.Consumer, "err", err)
+			}
+		}
+		if err := js.DeleteStream(ctx, out.Stream); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+			r.log.Warn("deleting a removed site's outbox", "site", site, "err", err)
+		}
+		r.log.Info("removed site settled", "site", site, "calls_ended", ended)
+	})
 }

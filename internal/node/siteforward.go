@@ -95,7 +95,13 @@ func (f *siteForwarder) run(ctx context.Context) {
 				}
 			}
 			for s, cancel := range running {
-				if !keep[s] {
+				// A removed site's outbox is forwarded until the hub
+				// deletes it (retireSite): it holds what the site sent
+				// before its link was cut.
+				if keep[s] {
+					continue
+				}
+				if _, err := f.js.Stream(ctx, subjects.StreamSite(s)); errors.Is(err, jetstream.ErrStreamNotFound) {
 					cancel()
 					delete(running, s)
 				}
