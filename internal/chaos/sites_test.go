@@ -168,6 +168,10 @@ func ledgerCounts(t *testing.T, root string) map[string]int {
 // site's calls wait loses none; a site's credentials serve no other
 // site's calls and open no client connection (refused, audited); a
 // manifest naming an undeclared site is refused (E3270).
+// siteRate is the hub's --site-rate in TestSitesLeafNodes: half the
+// default, so that the flag shows in how long a flood takes to drain.
+const siteRate = 250
+
 func TestSitesLeafNodes(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes")
@@ -200,7 +204,7 @@ func TestSitesLeafNodes(t *testing.T) {
 	hub := newProc(t, filepath.Join(dir, "hub.log"), "serve", "--data", hubData,
 		"--listen", fmt.Sprintf("127.0.0.1:%d", port), "--leaf-listen", fmt.Sprintf("127.0.0.1:%d", leafPort),
 		"--sync", "interval", "--jwks", jwks, "--token-issuer", issuer, "--token-audience", audience,
-		"--file-root", roots["hub"], "--ack-wait", ackWait.String())
+		"--file-root", roots["hub"], "--ack-wait", ackWait.String(), "--site-rate", strconv.Itoa(siteRate))
 	hub.start()
 	hub.waitReady(time.Minute)
 
@@ -533,9 +537,10 @@ func TestSitesLeafNodes(t *testing.T) {
 	dropped := func() float64 {
 		return metricValue(scrape(t, hub.metrics), `toolgate_site_dropped_total{reason="call",site="lab-eu"}`)
 	}
-	for deadline := time.Now().Add(20 * time.Second); dropped() < float64(sent) && time.Now().Before(deadline); {
-		time.Sleep(250 * time.Millisecond)
+	for deadline := time.Now().Add(40 * time.Second); dropped() < float64(sent) && time.Now().Before(deadline); {
+		time.Sleep(100 * time.Millisecond)
 	}
+	drained := time.Since(signedStart)
 	trail := 0
 	if err := readStream(ctx, js, subjects.StreamAudit, subjects.AuditAll, func(m jetstream.Msg) {
 		if strings.Contains(string(m.Data()), "signed-flood-") {
@@ -544,8 +549,13 @@ func TestSitesLeafNodes(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("signed flood: lab-eu sent %d signed messages for calls it never got, the hub dropped %.0f, %d trail events name them; 5 calls of lab-us and 5 of the hub meanwhile ended in %v",
-		sent, dropped(), trail, took.Round(time.Millisecond))
+	t.Logf("signed flood: lab-eu sent %d signed messages for calls it never got, the hub dropped %.0f (the last %v after the first was sent, at --site-rate %d), %d trail events name them; 5 calls of lab-us and 5 of the hub meanwhile ended in %v",
+		sent, dropped(), drained.Round(time.Millisecond), siteRate, trail, took.Round(time.Millisecond))
+	// The hub's limiter holds a burst of a second's worth: the rest takes
+	// at least (sent-rate)/rate seconds.
+	if floor := time.Duration(float64(sent-siteRate) / siteRate * 0.85 * float64(time.Second)); drained < floor {
+		t.Errorf("lab-eu's %d messages were through the hub in %v: faster than --site-rate %d allows (%v)", sent, drained, siteRate, floor)
+	}
 	if d := dropped(); d < float64(sent) {
 		t.Errorf("the hub dropped %.0f of lab-eu's %d signed messages for calls not its own", d, sent)
 	}

@@ -162,7 +162,7 @@ type Config struct {
 	Site string
 	Hub  string
 	// SiteRate bounds the messages a second the hub forwards from each
-	// site's outbox (default DefaultSiteRate).
+	// site's outbox (0 or less: DefaultSiteRate; serve --site-rate).
 	SiteRate int
 	// Ready, if set, is called once everything runs, with the NATS URL.
 	Ready func(url string, n *Node)

@@ -152,7 +152,7 @@ func (r *run) ensureSites(ctx context.Context) error {
 	if r.c.Embedded.LeafListen != "" && r.c.Stage.Messages != nil {
 		// The sites' outboxes, forwarded for as long as the hub runs.
 		f := &siteForwarder{js: r.op.JS, dataDir: r.c.Embedded.DataDir, msgs: r.c.Stage.Messages,
-			rate: float64(cmp.Or(r.c.SiteRate, DefaultSiteRate)), log: r.log, audit: func() jetstream.JetStream { return nil }}
+			rate: float64(cmp.Or(max(r.c.SiteRate, 0), DefaultSiteRate)), log: r.log, audit: func() jetstream.JetStream { return nil }}
 		if n := r.nodes.stage[subjects.Execute]; n != nil {
 			f.audit = n.refusalJS
 		}
