@@ -368,7 +368,7 @@ func (r *run) retireSite(site string) {
 				break
 			}
 		}
-		ended, err := exec.EndWaiting(ctx, js, subjects.StreamPipeline, subjects.PipeSite(site, "*", "*"),
+		ended, err := exec.EndWaiting(ctx, js, subjects.StreamPipeline, subjects.PipeSiteAll(site),
 			api.NewError(api.ToolExecutionError, api.ESiteRemoved, "site %q was removed while the call waited for it: it has nowhere to run", site).
 				WithDetail("site", site))
 		if err != nil {

@@ -28,14 +28,16 @@ func (r *Runner) EndWaiting(ctx context.Context, read jetstream.JetStream, strea
 		return 0, err
 	}
 	ended := 0
-	for {
-		raw, err := src.GetLastMsgForSubject(ctx, filter)
+	for seq := uint64(1); ; {
+		// The next message on filter from seq on.
+		raw, err := src.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(filter))
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			return ended, nil
 		}
 		if err != nil {
 			return ended, err
 		}
+		seq = raw.Sequence + 1
 		o, err := poisonEvent(r.Name, raw.Subject, stream, raw.Sequence, errors.New("waited for a site since removed"))
 		if inv, _ := r.decode(raw.Subject, raw.Header, raw.Data, raw.Sequence); inv != nil {
 			if !inv.Terminal() {
