@@ -231,6 +231,9 @@ const (
 	// A site's outbox was full: what it sends is refused until the hub has
 	// forwarded what it holds (a flood; audited at most once a minute).
 	ESiteFlood = "E3276"
+	// The hub's forwarder refused messages a site signed for calls that are
+	// not its own to hand on (audited as one summary a minute per site).
+	ESiteRefusedSummary = "E3277"
 )
 
 // Resilience codes.

@@ -64,6 +64,10 @@ func PipeSite(site, priority, tenant string) string {
 	return Pipe(Execute, priority, tenant) + "." + site
 }
 
+// PipeSiteAll matches every call waiting for site, at any priority and
+// tenant.
+func PipeSiteAll(site string) string { return pipePrefix + Execute + ".*.*." + site }
+
 // SiteOfPipe returns the site a hand-off subject is addressed to, if any.
 func SiteOfPipe(subject string) (string, bool) {
 	rest, ok := strings.CutPrefix(subject, pipePrefix)

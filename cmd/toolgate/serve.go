@@ -56,6 +56,7 @@ func pipelineFlags(fs *pflag.FlagSet, c *node.Config) *string {
 	fs.StringVar(&c.TokenIssuer, "token-issuer", "toolgate", "required iss of capability tokens")
 	fs.StringVar(&c.TokenAudience, "token-audience", "toolgate", "required aud of capability tokens")
 	fs.DurationVar(&c.TokenMaxLifetime, "token-max-lifetime", token.DefaultMaxLifetime, "longest capability token lifetime (exp - iat) accepted")
+	fs.IntVar(&c.SiteRate, "site-rate", node.DefaultSiteRate, "messages a second the hub forwards from each site's outbox to verify and audit; more wait in the site's outbox (docs/sites.md)")
 	fs.DurationVar(&c.Stage.SiteWait, "site-wait", node.DefaultSiteWait, "how long a call for a site's tool may wait at the hub for its site before it ends with E3271 (docs/sites.md)")
 	fs.DurationVar(&c.Stage.ApprovalTimeout, "approval-timeout", 15*time.Minute, "how long a call waits for a human's approval before it ends denied")
 	fs.BoolVar(&c.Stage.RecordDecisions, "record-decisions", false, "authorize audits each call's policy input (parameters redacted) and decision, for toolgate policy replay")

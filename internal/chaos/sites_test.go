@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -92,6 +93,15 @@ func (p *proc) waitReady(d time.Duration) {
 	}
 }
 
+// signal sends sig to the process group.
+func (p *proc) signal(sig syscall.Signal) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd != nil {
+		_ = syscall.Kill(-p.cmd.Process.Pid, sig)
+	}
+}
+
 // kill SIGKILLs the process group and reaps it.
 func (p *proc) kill() {
 	p.mu.Lock()
@@ -158,6 +168,10 @@ func ledgerCounts(t *testing.T, root string) map[string]int {
 // site's calls wait loses none; a site's credentials serve no other
 // site's calls and open no client connection (refused, audited); a
 // manifest naming an undeclared site is refused (E3270).
+// siteRate is the hub's --site-rate in TestSitesLeafNodes: half the
+// default, so that the flag shows in how long a flood takes to drain.
+const siteRate = 250
+
 func TestSitesLeafNodes(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes")
@@ -175,7 +189,7 @@ func TestSitesLeafNodes(t *testing.T) {
 	k := keySet(t, jwks)
 	agent := "did:agent:sites"
 	tok, err := token.Mint(k, token.Claims{
-		ToolID: token.Patterns{"eu.append_file", "us.append_file"}, TenantID: tenant, AgentDID: agent,
+		ToolID: token.Patterns{"eu.append_file", "us.append_file", "hub.append_file"}, TenantID: tenant, AgentDID: agent,
 		Filesystem: &token.FilesystemGrant{AllowedPaths: []string{"/"}, Mode: "rw"},
 		RegisteredClaims: jwt.RegisteredClaims{Issuer: issuer, Audience: jwt.ClaimStrings{audience},
 			ExpiresAt: jwt.NewNumericDate(time.Now().Add(time.Hour))},
@@ -190,7 +204,7 @@ func TestSitesLeafNodes(t *testing.T) {
 	hub := newProc(t, filepath.Join(dir, "hub.log"), "serve", "--data", hubData,
 		"--listen", fmt.Sprintf("127.0.0.1:%d", port), "--leaf-listen", fmt.Sprintf("127.0.0.1:%d", leafPort),
 		"--sync", "interval", "--jwks", jwks, "--token-issuer", issuer, "--token-audience", audience,
-		"--file-root", roots["hub"], "--ack-wait", ackWait.String())
+		"--file-root", roots["hub"], "--ack-wait", ackWait.String(), "--site-rate", strconv.Itoa(siteRate))
 	hub.start()
 	hub.waitReady(time.Minute)
 
@@ -226,7 +240,7 @@ func TestSitesLeafNodes(t *testing.T) {
 	defer cancel()
 	register := func() {
 		t.Helper()
-		for id, site := range map[string]string{"eu.append_file": "lab-eu", "us.append_file": "lab-us"} {
+		for id, site := range map[string]string{"eu.append_file": "lab-eu", "us.append_file": "lab-us", "hub.append_file": ""} {
 			if _, err := op.RegisterTool(ctx, siteTool(t, id, site), true); err != nil {
 				t.Fatalf("registering %s: %v", id, err)
 			}
@@ -426,9 +440,14 @@ func TestSitesLeafNodes(t *testing.T) {
 	if !auditedRefusal(t, ctx, nc, "Violation") {
 		t.Error("no bus.refused audit event for the leaf link's violation")
 	}
+	// The hub's forwarder judged them as verify and audit would, and
+	// dropped them: the trail has its summary (E3277), not one event each.
+	if !auditedAdmin(t, ctx, nc, "state.refused", "site:lab-eu/calls", api.ESiteRefusedSummary, stolen) {
+		t.Errorf("no state.refused %s for lab-eu's forgery of %s", api.ESiteRefusedSummary, stolen)
+	}
 	for _, code := range []string{api.ESiteHandOffRefused, api.EEndingRefused} {
-		if !auditedPoison(t, ctx, nc, stolen, code) {
-			t.Errorf("no pipeline.poison %s for lab-eu's forgery of %s", code, stolen)
+		if auditedPoison(t, ctx, nc, stolen, code, 0) {
+			t.Errorf("lab-eu's forgery of %s reached the readers: pipeline.poison %s", stolen, code)
 		}
 	}
 
@@ -499,6 +518,53 @@ func TestSitesLeafNodes(t *testing.T) {
 	if junk > 0 {
 		t.Errorf("%d messages of lab-eu's flood reached the audit trail", junk)
 	}
+	// lab-eu signs its flood, of hand-offs and endings of calls it never
+	// got: the hub drops each before verify or audit reads it, and the
+	// trail has a summary of them, not one event each, while lab-us's
+	// calls and the hub's own end.
+	const signed = 1000
+	signedStart := time.Now()
+	var hubCalls []string
+	during = nil
+	sent := signedFloodAsSite(t, ctx, leafPort, bundles["lab-eu"], "lab-eu", signed)
+	for range 5 {
+		during, hubCalls = append(during, invoke("us.append_file")), append(hubCalls, invoke("hub.append_file"))
+	}
+	waitAll(append(append([]string{}, during...), hubCalls...))
+	took = time.Since(signedStart)
+	once("lab-us", during)
+	once("hub", hubCalls)
+	dropped := func() float64 {
+		return metricValue(scrape(t, hub.metrics), `toolgate_site_dropped_total{reason="call",site="lab-eu"}`)
+	}
+	for deadline := time.Now().Add(40 * time.Second); dropped() < float64(sent) && time.Now().Before(deadline); {
+		time.Sleep(100 * time.Millisecond)
+	}
+	drained := time.Since(signedStart)
+	trail := 0
+	if err := readStream(ctx, js, subjects.StreamAudit, subjects.AuditAll, func(m jetstream.Msg) {
+		if strings.Contains(string(m.Data()), "signed-flood-") {
+			trail++
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("signed flood: lab-eu sent %d signed messages for calls it never got, the hub dropped %.0f (the last %v after the first was sent, at --site-rate %d), %d trail events name them; 5 calls of lab-us and 5 of the hub meanwhile ended in %v",
+		sent, dropped(), drained.Round(time.Millisecond), siteRate, trail, took.Round(time.Millisecond))
+	// The hub's limiter holds a burst of a second's worth: the rest takes
+	// at least (sent-rate)/rate seconds.
+	if floor := time.Duration(float64(sent-siteRate) / siteRate * 0.85 * float64(time.Second)); drained < floor {
+		t.Errorf("lab-eu's %d messages were through the hub in %v: faster than --site-rate %d allows (%v)", sent, drained, siteRate, floor)
+	}
+	if d := dropped(); d < float64(sent) {
+		t.Errorf("the hub dropped %.0f of lab-eu's %d signed messages for calls not its own", d, sent)
+	}
+	if trail > 3 {
+		t.Errorf("%d audit events for lab-eu's signed flood of %d messages, want a summary (at most a few)", trail, sent)
+	}
+	if took > 30*time.Second {
+		t.Errorf("lab-us's and the hub's calls took %v during lab-eu's signed flood", took)
+	}
 
 	// 7. Sites are declared and removed by operators only, through the
 	// control service: a stage's and control's own credentials and an
@@ -551,9 +617,54 @@ func TestSitesLeafNodes(t *testing.T) {
 	// lab-us removed while its worker is linked: the link is cut and does
 	// not come back (its credentials are refused when it dials again, and
 	// the refusal audited), and a call for its tool ends at route.
+	// Its process paused first, its link stays up while calls wait for it
+	// (some delivered to its pulls, never settled): they end E3273 at its
+	// removal, from the hub, and never run.
+	sites["lab-us"].signal(syscall.SIGSTOP)
+	var stranded []string
+	for range 4 {
+		stranded = append(stranded, invoke("us.append_file"))
+	}
+	time.Sleep(time.Second)
+	for _, id := range stranded {
+		if r, err := op.Status(ctx, tenant, id); err == nil && r.Status.Terminal() {
+			t.Fatalf("%s for the paused lab-us: %v, want it waiting", id, r.Status)
+		}
+	}
 	removed := time.Now()
 	if out, err := tg("site", "remove", "lab-us"); err != nil || !strings.Contains(out, "1 of its links cut") {
 		t.Fatalf("site remove lab-us: %v\n%s", err, out)
+	}
+	sites["lab-us"].signal(syscall.SIGCONT)
+	endedCtx, endedCancel := context.WithTimeout(ctx, 30*time.Second)
+	defer endedCancel()
+	for _, id := range stranded {
+		if r, err := op.Wait(endedCtx, tenant, id); err != nil || r.Error == nil || r.Error.ECode != api.ESiteRemoved {
+			t.Errorf("%s, waiting for lab-us at its removal: %+v %v, want E3273; hub's log:\n%s", id, r.Error, err, grepLines(tailFile(hub.log, 200), "removed"))
+		}
+	}
+	strandedEnded := time.Since(removed)
+	// Its outbox and its consumers at the hub go with it.
+	leftover := func() []string {
+		var left []string
+		if _, err := js.Stream(ctx, subjects.StreamSite("lab-us")); !errors.Is(err, jetstream.ErrStreamNotFound) {
+			left = append(left, subjects.StreamSite("lab-us"))
+		}
+		for _, in := range subjects.SiteInputs("lab-us") {
+			if _, err := js.Consumer(ctx, in.Stream, in.Consumer); !errors.Is(err, jetstream.ErrConsumerNotFound) {
+				left = append(left, in.Consumer)
+			}
+		}
+		return left
+	}
+	for deadline := time.Now().Add(20 * time.Second); len(leftover()) > 0 && time.Now().Before(deadline); {
+		time.Sleep(250 * time.Millisecond)
+	}
+	if left := leftover(); len(left) > 0 {
+		t.Errorf("the removed lab-us left %v at the hub", left)
+	}
+	if _, err := js.Stream(ctx, subjects.StreamSite("lab-eu")); err != nil {
+		t.Errorf("lab-eu's outbox after lab-us's removal: %v", err)
 	}
 	if !auditedAdmin(t, ctx, nc, "admin.site.removed", `"target":"lab-us"`, `"by":"operator:`) {
 		t.Error("no admin.site.removed audit event naming the operator")
@@ -579,8 +690,10 @@ func TestSitesLeafNodes(t *testing.T) {
 	if r, err := op.Wait(ctx, tenant, orphan); err != nil || r.Error == nil || r.Error.ECode != api.ESiteRemoved {
 		t.Errorf("a call for a removed site's tool: %+v %v, want E3273", r.Error, err)
 	}
-	if n := ledgerCounts(t, roots["lab-us"])[orphan]; n != 0 {
-		t.Errorf("a call for the removed lab-us ran there %d times", n)
+	for _, id := range append(stranded, orphan) {
+		if n := ledgerCounts(t, roots["lab-us"])[id]; n != 0 {
+			t.Errorf("%s, a call for the removed lab-us, ran there %d times", id, n)
+		}
 	}
 	// Its process dials again every second, refused each time: the trail
 	// records that once a minute, not once a dial.
@@ -593,7 +706,8 @@ func TestSitesLeafNodes(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("removed lab-us: %v after its removal, %d refusals of its link in the trail", time.Since(removed).Round(time.Second), redials)
+	t.Logf("removed lab-us: its %d waiting calls ended E3273 in %v; %v after its removal, %d refusals of its link in the trail",
+		len(stranded), strandedEnded.Round(time.Millisecond), time.Since(removed).Round(time.Second), redials)
 	if redials != 1 {
 		t.Errorf("%d refusals of the removed lab-us's link in the trail, want one (once a minute)", redials)
 	}
@@ -682,32 +796,7 @@ func forgeAsSite(t *testing.T, ctx context.Context, opnc *nats.Conn, leafPort in
 		t.Fatalf("the waiting call: %v %v, want %s", real, err, id)
 	}
 	priority := strings.Split(raw.Subject, ".")[3]
-
-	creds := filepath.Join(bundle, busauth.DirName, busauth.SiteCredsFile)
-	ns, err := node.StartSiteLeaf(node.SiteOptions{Hub: fmt.Sprintf("nats-leaf://127.0.0.1:%d", leafPort), Creds: creds, Name: site + "-forger"}, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ns.Shutdown()
-	nc, err := nats.Connect(ns.ClientURL(), nats.InProcessServer(ns), busauth.CredentialsOption(creds),
-		nats.CustomInboxPrefix(subjects.SiteInbox(site)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	pubs, err := busauth.LoadHopPublicKeys(bundle)
-	if err != nil {
-		t.Fatal(err)
-	}
-	key, err := busauth.LoadHopKey(bundle, busauth.SiteRole(site))
-	if err != nil {
-		t.Fatal(err)
-	}
-	js, err := jetstream.NewWithDomain(nc, subjects.HubDomain)
-	if err != nil {
-		t.Fatal(err)
-	}
-	js = seal.SigningJetStream(runner.Outboxing(js, site), seal.NewMessages(pubs).NewSigner(busauth.SiteRole(site), key))
+	js := siteSigning(t, leafPort, bundle, site, "forger")
 
 	success, _ := envelope.Decode(raw.Data)
 	success.Succeed(subjects.Execute, json.RawMessage(`{"forged":true}`))
@@ -733,6 +822,92 @@ func forgeAsSite(t *testing.T, ctx context.Context, opnc *nats.Conn, leafPort in
 			t.Fatalf("%s's forged hand-off to %s: %v", site, next, err)
 		}
 	}
+}
+
+// siteSigning connects to the hub as site does (a leaf node with its
+// bundle's credentials) and returns a JetStream that signs with the site's
+// key and sends through its outbox, as the site's worker does; it is
+// closed with the test.
+func siteSigning(t *testing.T, leafPort int, bundle, site, name string) jetstream.JetStream {
+	t.Helper()
+	creds := filepath.Join(bundle, busauth.DirName, busauth.SiteCredsFile)
+	ns, err := node.StartSiteLeaf(node.SiteOptions{Hub: fmt.Sprintf("nats-leaf://127.0.0.1:%d", leafPort), Creds: creds, Name: site + "-" + name}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(ns.Shutdown)
+	nc, err := nats.Connect(ns.ClientURL(), nats.InProcessServer(ns), busauth.CredentialsOption(creds),
+		nats.CustomInboxPrefix(subjects.SiteInbox(site)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	pubs, err := busauth.LoadHopPublicKeys(bundle)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := busauth.LoadHopKey(bundle, busauth.SiteRole(site))
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, err := jetstream.NewWithDomain(nc, subjects.HubDomain)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return seal.SigningJetStream(runner.Outboxing(js, site), seal.NewMessages(pubs).NewSigner(busauth.SiteRole(site), key))
+}
+
+// signedFloodAsSite sends, as site and signed with its key, n hand-offs
+// to verify and endings to audit of calls it never got (ids
+// signed-flood-N), each as fast as its outbox takes it. It returns how
+// many the outbox took.
+func signedFloodAsSite(t *testing.T, ctx context.Context, leafPort int, bundle, site string, n int) (sent int) {
+	t.Helper()
+	js := siteSigning(t, leafPort, bundle, site, "signed-flood")
+	for i := range n {
+		inv := &envelope.Invocation{ID: fmt.Sprintf("signed-flood-%04d", i), Tenant: tenant,
+			Route: &envelope.Route{ToolID: "eu.append_file", Site: site}}
+		next := subjects.Verify
+		if i%2 == 0 {
+			inv.Succeed(subjects.Execute, json.RawMessage(`{"forged":true}`))
+		} else {
+			inv.Fail(subjects.Execute, api.NewError(api.ToolExecutionError, api.EOutcomeUnknown, "forged"))
+			next = subjects.Audit
+		}
+		o, err := runner.Handoff(inv, next)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The leaf link comes up in the background: the first waits for it.
+		for {
+			pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			err = runner.Publish(pctx, js, o)
+			cancel()
+			if err == nil || ctx.Err() != nil || sent > 0 {
+				break
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+		if err == nil {
+			sent++
+		}
+	}
+	if sent == 0 {
+		t.Fatalf("%s's signed flood: nothing sent", site)
+	}
+	return sent
+}
+
+// metricValue is the value of series (name{labels} as /metrics writes
+// it) in metrics, 0 when it is not there.
+func metricValue(metrics, series string) float64 {
+	for _, l := range strings.Split(metrics, "\n") {
+		if v, ok := strings.CutPrefix(l, series+" "); ok {
+			f, _ := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			return f
+		}
+	}
+	return 0
 }
 
 // floodAsSite connects to the hub as site does and sends n unsigned
@@ -874,16 +1049,15 @@ func sweepAsSite(t *testing.T, ctx context.Context, opnc *nats.Conn, leafPort in
 	}
 }
 
-// auditedPoison reports whether the audit trail holds, within a few
+// auditedPoison reports whether the audit trail holds, within wait,
 // seconds, a pipeline.poison event of code naming invocation id.
-func auditedPoison(t *testing.T, ctx context.Context, nc *nats.Conn, id, code string) bool {
+func auditedPoison(t *testing.T, ctx context.Context, nc *nats.Conn, id, code string, wait time.Duration) bool {
 	t.Helper()
 	js, err := jetstream.New(nc)
 	if err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(15 * time.Second)
-	for time.Now().Before(deadline) {
+	for deadline := time.Now().Add(wait); ; {
 		found := false
 		err := readStream(ctx, js, subjects.StreamAudit, subjects.AuditEvent(tenant, envelope.SubjectSuffix(api.TypePoison)), func(m jetstream.Msg) {
 			if d := string(m.Data()); strings.Contains(d, code) && strings.Contains(d, id) {
@@ -896,9 +1070,11 @@ func auditedPoison(t *testing.T, ctx context.Context, nc *nats.Conn, id, code st
 		if found {
 			return true
 		}
+		if !time.Now().Before(deadline) {
+			return false
+		}
 		time.Sleep(500 * time.Millisecond)
 	}
-	return false
 }
 
 // rawLeafViolation connects to the hub's leaf port as a leaf node with a

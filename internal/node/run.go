@@ -162,7 +162,7 @@ type Config struct {
 	Site string
 	Hub  string
 	// SiteRate bounds the messages a second the hub forwards from each
-	// site's outbox (default DefaultSiteRate).
+	// site's outbox (0 or less: DefaultSiteRate; serve --site-rate).
 	SiteRate int
 	// Ready, if set, is called once everything runs, with the NATS URL.
 	Ready func(url string, n *Node)
@@ -749,7 +749,7 @@ func (r *run) startControl(ctx context.Context) (stop func(), err error) {
 		// The hub's own control service declares its sites.
 		hs := &hubSites{dataDir: c.Embedded.DataDir, auth: r.gate.inProcess, topo: c.Topology}
 		if r.op != nil {
-			hs.js = r.op.JS
+			hs.js, hs.retire = r.op.JS, r.retireSite
 		}
 		opts = append(opts, control.WithSiteAdmin(hs))
 	}

@@ -12,6 +12,8 @@ import (
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/busauth"
 	"github.com/toolgate/toolgate/internal/control"
+	"github.com/toolgate/toolgate/internal/envelope"
+	"github.com/toolgate/toolgate/internal/runner"
 	"github.com/toolgate/toolgate/internal/tools"
 	"github.com/toolgate/toolgate/internal/topology"
 	"github.com/toolgate/toolgate/subjects"
@@ -150,9 +152,16 @@ func (r *run) ensureSites(ctx context.Context) error {
 	if r.c.Embedded.LeafListen != "" && r.c.Stage.Messages != nil {
 		// The sites' outboxes, forwarded for as long as the hub runs.
 		f := &siteForwarder{js: r.op.JS, dataDir: r.c.Embedded.DataDir, msgs: r.c.Stage.Messages,
-			rate: float64(cmp.Or(r.c.SiteRate, DefaultSiteRate)), log: r.log, audit: func() jetstream.JetStream { return nil }}
+			rate: float64(cmp.Or(max(r.c.SiteRate, 0), DefaultSiteRate)), log: r.log, audit: func() jetstream.JetStream { return nil }}
 		if n := r.nodes.stage[subjects.Execute]; n != nil {
 			f.audit = n.refusalJS
+		}
+		f.judges = map[string]func(busauth.Role, *envelope.Invocation) error{}
+		if r.nodes.stage[subjects.Verify] != nil {
+			f.judges[subjects.Verify] = r.c.Stage.Messages.HandOff
+		}
+		if r.nodes.stage[subjects.Audit] != nil {
+			f.judges[subjects.Audit] = r.c.Stage.Messages.Ending
 		}
 		if r.reg != nil {
 			r.reg.MustRegister(f.collectors()...)
@@ -286,6 +295,9 @@ type hubSites struct {
 	// js, when set, is the operator's: it makes a new site's consumers.
 	js   jetstream.JetStream
 	topo topology.TopologyOptions
+	// retire, when set, settles what a removed site leaves at the hub, in
+	// the background (run.retireSite).
+	retire func(site string)
 }
 
 var _ control.SiteAdmin = (*hubSites)(nil)
@@ -320,5 +332,60 @@ func (s *hubSites) RemoveSite(_ context.Context, site string) (api.SiteRemoved, 
 	if err != nil {
 		return api.SiteRemoved{}, err
 	}
-	return api.SiteRemoved{Site: site, LinksCut: s.auth.CutSite(site)}, nil
+	out := api.SiteRemoved{Site: site, LinksCut: s.auth.CutSite(site)}
+	if s.retire != nil {
+		s.retire(site)
+	}
+	return out, nil
+}
+
+// retireSite settles, once its link is cut, what the removed site leaves
+// at the hub: the hub forwards what its outbox still holds (what it sent
+// before the cut), its hub's execute ends each call waiting for it with
+// E3273 (as route ends a new one), and its consumers and outbox go. It
+// runs in the background: the calls may be many, and the operator's
+// request is answered at once.
+func (r *run) retireSite(site string) {
+	var exec *runner.Runner
+	for _, rn := range r.runners {
+		if rn.Name == subjects.Execute {
+			exec = rn
+		}
+	}
+	if r.op == nil || exec == nil {
+		return
+	}
+	js, dir := r.op.JS, r.c.Embedded.DataDir
+	r.bg.Go(func() {
+		ctx, cancel := context.WithTimeout(r.runCtx, 5*time.Minute)
+		defer cancel()
+		out := subjects.SiteForward(site)
+		// The forwarder drains the outbox: nothing more comes in, the link
+		// being cut.
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); sleepCtx(ctx, 250*time.Millisecond) {
+			st, err := js.Stream(ctx, out.Stream)
+			if err != nil || st.CachedInfo().State.Msgs == 0 {
+				break
+			}
+		}
+		ended, err := exec.EndWaiting(ctx, js, subjects.StreamPipeline, subjects.PipeSiteAll(site),
+			api.NewError(api.ToolExecutionError, api.ESiteRemoved, "site %q was removed while the call waited for it: it has nowhere to run", site).
+				WithDetail("site", site))
+		if err != nil {
+			r.log.Error("ending the calls waiting for a removed site", "site", site, "ended", ended, "err", err)
+			return
+		}
+		if sites, err := busauth.LoadSites(dir); err != nil || slices.Contains(sites, site) {
+			return // declared again meanwhile: its consumers are the new site's
+		}
+		for _, in := range subjects.SiteInputs(site) {
+			if err := js.DeleteConsumer(ctx, in.Stream, in.Consumer); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+				r.log.Warn("deleting a removed site's consumer", "site", site, "consumer", in.Consumer, "err", err)
+			}
+		}
+		if err := js.DeleteStream(ctx, out.Stream); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+			r.log.Warn("deleting a removed site's outbox", "site", site, "err", err)
+		}
+		r.log.Info("removed site settled", "site", site, "calls_ended", ended)
+	})
 }

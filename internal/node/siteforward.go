@@ -1,6 +1,7 @@
 package node
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"log/slog"
@@ -12,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/busauth"
+	"github.com/toolgate/toolgate/internal/envelope"
 	"github.com/toolgate/toolgate/internal/runner"
 	"github.com/toolgate/toolgate/internal/signedstate"
 	"github.com/toolgate/toolgate/subjects"
@@ -35,17 +37,34 @@ type siteForwarder struct {
 	msgs    interface {
 		Sender(subject string, h nats.Header, data []byte) (busauth.Role, error)
 	}
+	// judges, by the stage a hand-off is for (verify, audit), the rule
+	// that stage applies to a site's hand-off (seal.Messages.HandOff,
+	// .Ending), when this process runs that stage and so holds its key:
+	// a site's signed message for a call that is not its own is dropped
+	// here, not forwarded to be refused and recorded one by one.
+	judges map[string]func(busauth.Role, *envelope.Invocation) error
 	// audit, when it has a JetStream, records a flood (state.refused).
 	audit func() jetstream.JetStream
 	rate  float64
+	// every is how often a site's refused messages are summarised in the
+	// trail (default a minute).
+	every time.Duration
 	log   *slog.Logger
+}
+
+// refusals counts what the forwarder refused of one site since it last
+// said so in the trail.
+type refusals struct {
+	n           int
+	first, last string
+	said        time.Time
 }
 
 var (
 	siteForwarded = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "toolgate_site_forwarded_total",
 		Help: "messages the hub forwarded from a site's outbox"}, []string{"site"})
 	siteDropped = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "toolgate_site_dropped_total",
-		Help: "messages of a site's outbox the hub dropped: not signed by the site, or for a subject a site may not send"}, []string{"site", "reason"})
+		Help: "messages of a site's outbox the hub dropped: not signed by the site (signature), for a subject a site may not send (subject), or for a call not the site's to hand on (call)"}, []string{"site", "reason"})
 	siteFloods = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "toolgate_site_outbox_full_total",
 		Help: "times the hub found a site's outbox at its bound (its publishes refused)"}, []string{"site"})
 	siteOutbox = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "toolgate_site_outbox_messages",
@@ -76,7 +95,13 @@ func (f *siteForwarder) run(ctx context.Context) {
 				}
 			}
 			for s, cancel := range running {
-				if !keep[s] {
+				// A removed site's outbox is forwarded until the hub
+				// deletes it (retireSite): it holds what the site sent
+				// before its link was cut.
+				if keep[s] {
+					continue
+				}
+				if _, err := f.js.Stream(ctx, subjects.StreamSite(s)); errors.Is(err, jetstream.ErrStreamNotFound) {
 					cancel()
 					delete(running, s)
 				}
@@ -96,6 +121,8 @@ func (f *siteForwarder) site(ctx context.Context, site string) {
 	lim := rate.NewLimiter(rate.Limit(f.rate), max(int(f.rate), 1))
 	var cons jetstream.Consumer
 	var flooded time.Time // when a flood was last audited
+	var refused refusals
+	defer func() { f.summarise(ctx, site, &refused) }()
 	for ctx.Err() == nil {
 		if cons == nil {
 			c, err := f.js.Consumer(ctx, out.Stream, out.Consumer)
@@ -115,7 +142,10 @@ func (f *siteForwarder) site(ctx context.Context, site string) {
 			if lim.Wait(ctx) != nil {
 				return
 			}
-			f.forward(ctx, site, m)
+			f.forward(ctx, site, m, &refused)
+		}
+		if refused.n > 0 && time.Since(refused.said) >= cmp.Or(f.every, time.Minute) {
+			f.summarise(ctx, site, &refused)
 		}
 		if st, err := f.js.Stream(ctx, out.Stream); err == nil {
 			info := st.CachedInfo()
@@ -135,7 +165,7 @@ func (f *siteForwarder) site(ctx context.Context, site string) {
 }
 
 // forward sends m on to the subject it is for, if its site signed it.
-func (f *siteForwarder) forward(ctx context.Context, site string, m jetstream.Msg) {
+func (f *siteForwarder) forward(ctx context.Context, site string, m jetstream.Msg, refused *refusals) {
 	to, ok := subjects.FromSiteOut(site, m.Subject())
 	if !ok {
 		siteDropped.WithLabelValues(site, "subject").Inc()
@@ -144,6 +174,12 @@ func (f *siteForwarder) forward(ctx context.Context, site string, m jetstream.Ms
 	}
 	if by, err := f.msgs.Sender(to, m.Headers(), m.Data()); err != nil || by != busauth.SiteRole(site) {
 		siteDropped.WithLabelValues(site, "signature").Inc()
+		_ = m.Ack()
+		return
+	}
+	if err := f.judge(site, to, m.Data()); err != nil {
+		siteDropped.WithLabelValues(site, "call").Inc()
+		refused.add(err)
 		_ = m.Ack()
 		return
 	}
@@ -158,23 +194,67 @@ func (f *siteForwarder) forward(ctx context.Context, site string, m jetstream.Ms
 	_ = m.Ack()
 }
 
+// judge applies to a hand-off site signed for subject to the rule of the
+// stage it is for, when the forwarder has it; what it cannot read is left
+// to that stage, which refuses it as before.
+func (f *siteForwarder) judge(site, to string, data []byte) error {
+	stage, ok := subjects.StageOfPipe(to)
+	if !ok || f.judges[stage] == nil {
+		return nil
+	}
+	inv, err := envelope.Decode(data)
+	if err != nil || inv.ID == "" {
+		return nil
+	}
+	return f.judges[stage](busauth.SiteRole(site), inv)
+}
+
+func (r *refusals) add(err error) {
+	if r.n == 0 {
+		r.first = err.Error()
+	}
+	r.n++
+	r.last = err.Error()
+}
+
+// summarise records what the forwarder refused of site since it last did,
+// as one state.refused event (E3277), and starts counting again.
+func (f *siteForwarder) summarise(ctx context.Context, site string, r *refusals) {
+	if r.n == 0 {
+		return
+	}
+	n, first, last := r.n, r.first, r.last
+	*r = refusals{said: time.Now()}
+	f.log.Warn("dropped a site's messages for calls not its own", "site", site, "messages", n, "last", last)
+	err := api.NewError(api.PermissionDenied, api.ESiteRefusedSummary,
+		"the hub dropped %d message(s) site %s signed for calls that are not its to hand on; first: %s; last: %s", n, site, first, last).
+		WithDetail("site", site).WithDetail("count", n).WithDetail("first", first).WithDetail("last", last)
+	f.record(ctx, site, "site:"+site+"/calls", uint64(time.Now().UnixNano()), err)
+}
+
 // audited records that site's outbox is full: its publishes are refused.
 func (f *siteForwarder) audited(ctx context.Context, site string, held uint64) {
 	f.log.Warn("a site's outbox is full: its publishes are refused", "site", site, "messages", held)
+	f.record(ctx, site, "site:"+site+"/outbox", uint64(time.Now().Unix()/60),
+		api.NewError(api.ResourceExhausted, api.ESiteFlood, "site %s filled its outbox (%d messages waiting): what it sends is refused until the hub has forwarded them", site, held).
+			WithDetail("site", site))
+}
+
+// record audits a refusal of what site sent as state.refused (tenant
+// _system), when the forwarder has audit's JetStream.
+func (f *siteForwarder) record(ctx context.Context, site, what string, rev uint64, cause error) {
 	js := f.audit()
 	if js == nil {
 		return
 	}
-	o, err := signedstate.RefusedEvent("urn:toolgate:execute", "site:"+site+"/outbox", uint64(time.Now().Unix()/60),
-		api.NewError(api.ResourceExhausted, api.ESiteFlood, "site %s filled its outbox (%d messages waiting): what it sends is refused until the hub has forwarded them", site, held).
-			WithDetail("site", site))
+	o, err := signedstate.RefusedEvent("urn:toolgate:execute", what, rev, cause)
 	if err != nil {
 		return
 	}
 	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	if err := runner.Publish(pctx, js, o); err != nil && !errors.Is(err, context.Canceled) {
-		f.log.Error("auditing a site's flood", "site", site, "err", err)
+		f.log.Error("auditing a refusal of a site's messages", "site", site, "what", what, "err", err)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"testing"
@@ -150,5 +151,88 @@ func TestSiteExhaustedEndedByHub(t *testing.T) {
 	var ended envelope.Invocation
 	if err := json.Unmarshal(m.Data, &ended); err != nil || ended.ID != inv.ID || ended.Error == nil || ended.Error.ECode != api.EDeliveryExhausted {
 		t.Fatalf("hand-off to audit: %s (%v)", m.Data, err)
+	}
+}
+
+// TestEndWaitingRemovedSite: the calls waiting for a removed site, queued
+// or taken by its worker and never settled, end E3273 at audit from the
+// hub's execute and leave the pipeline; another site's call stays.
+func TestEndWaitingRemovedSite(t *testing.T) {
+	_, js := natstest.JetStream(t)
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	o := topology.TopologyOptions{AckWait: time.Minute}
+	if err := topology.EnsureTopology(ctx, js, o); err != nil {
+		t.Fatal(err)
+	}
+	if err := topology.EnsureSites(ctx, js, o, []string{"lab-eu", "lab-us"}); err != nil {
+		t.Fatal(err)
+	}
+	publish := func(id, site, prio string) uint64 {
+		inv := envelope.Invocation{ID: id, Tenant: "acme", Event: envelope.Event{Seq: 1}, Route: &envelope.Route{ToolID: "t", Site: site}}
+		data, _ := json.Marshal(inv)
+		ack, err := js.PublishMsg(ctx, &nats.Msg{Subject: subjects.PipeSite(site, prio, "acme"), Data: data})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ack.Sequence
+	}
+	var eu []uint64
+	for i, prio := range []string{"high", "normal", "normal", "low"} {
+		eu = append(eu, publish(fmt.Sprintf("eu-%d", i), "lab-eu", prio))
+	}
+	other := publish("us-0", "lab-us", "normal")
+	// lab-eu's worker took one and never settled it.
+	in := subjects.SiteInputs("lab-eu")[0]
+	c, err := js.Consumer(ctx, in.Stream, in.Consumer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := c.Fetch(1, jetstream.FetchMaxWait(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range b.Messages() {
+	}
+
+	hub := &Runner{Name: subjects.Execute, JS: js, Log: log}
+	n, err := hub.EndWaiting(ctx, js, subjects.StreamPipeline, subjects.PipeSiteAll("lab-eu"),
+		api.NewError(api.ToolExecutionError, api.ESiteRemoved, "removed"))
+	if err != nil || n != len(eu) {
+		t.Fatalf("EndWaiting: %d ended, %v; want %d", n, err, len(eu))
+	}
+	stream, err := js.Stream(ctx, subjects.StreamPipeline)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, seq := range eu {
+		if _, err := stream.GetMsg(ctx, seq); !errors.Is(err, jetstream.ErrMsgNotFound) {
+			t.Errorf("lab-eu's call at %d still in the pipeline: %v", seq, err)
+		}
+	}
+	if _, err := stream.GetMsg(ctx, other); err != nil {
+		t.Errorf("lab-us's call: %v, want it waiting still", err)
+	}
+	ended := map[string]bool{}
+	info, err := stream.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for seq := info.State.FirstSeq; seq <= info.State.LastSeq; seq++ {
+		m, err := stream.GetMsg(ctx, seq)
+		if err != nil {
+			continue
+		}
+		if stage, _ := subjects.StageOfPipe(m.Subject); stage != subjects.Audit {
+			continue
+		}
+		var inv envelope.Invocation
+		if err := json.Unmarshal(m.Data, &inv); err == nil && inv.Error != nil && inv.Error.ECode == api.ESiteRemoved && inv.EndedBy == subjects.Execute {
+			ended[inv.ID] = true
+		}
+	}
+	if len(ended) != len(eu) || ended["us-0"] {
+		t.Errorf("calls ended E3273 at audit: %v, want lab-eu's %d", ended, len(eu))
 	}
 }

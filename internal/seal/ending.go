@@ -171,10 +171,11 @@ func (m *Messages) Ending(sender busauth.Role, inv *envelope.Invocation) error {
 		return refuseEnding(sender, inv, "this process holds no key of audit to check "+string(by)+"'s custody")
 	}
 	holder := sender
-	if sender == busauth.RoleExecute && inv.Route != nil && inv.Route.Site != "" && inv.Error != nil && inv.Error.ECode == api.EDeliveryExhausted {
+	if sender == busauth.RoleExecute && inv.Route != nil && inv.Route.Site != "" && inv.Error != nil && (inv.Error.ECode == api.EDeliveryExhausted || inv.Error.ECode == api.ESiteRemoved) {
 		// The hub's execute ends a site's call whose message reached the
-		// delivery limit (the site may not read it by sequence): with
-		// route's custody of the call for that site, and that ending only.
+		// delivery limit (the site may not read it by sequence), or that
+		// waited for a site since removed: with route's custody of the call
+		// for that site, and those endings only.
 		holder = busauth.SiteRole(inv.Route.Site)
 	}
 	raw, err := base64.RawURLEncoding.DecodeString(inv.Custody)

@@ -112,6 +112,16 @@ func TestSiteHandOff(t *testing.T) {
 	if err := audit.Ending(busauth.RoleExecute, exhausted); err != nil {
 		t.Fatalf("the hub's execute ends lab-eu's exhausted call: %v", err)
 	}
+	// And one that waited for a site since removed.
+	stranded := call("lab-eu")
+	stranded.Fail(subjects.Execute, api.NewError(api.ToolExecutionError, api.ESiteRemoved, "x"))
+	if err := audit.Ending(busauth.RoleExecute, stranded); err != nil {
+		t.Fatalf("the hub's execute ends the removed lab-eu's waiting call: %v", err)
+	}
+	relabelledRemoved := call("lab-eu")
+	relabelledRemoved.Route.Site = "lab-us"
+	relabelledRemoved.Fail(subjects.Execute, api.NewError(api.ToolExecutionError, api.ESiteRemoved, "x"))
+	refused("the hub's execute ends lab-eu's call as the removed lab-us's", audit.Ending(busauth.RoleExecute, relabelledRemoved), api.EEndingRefused)
 	hubFailed := call("lab-eu")
 	hubFailed.Fail(subjects.Execute, failed)
 	refused("the hub's execute ends lab-eu's call otherwise", audit.Ending(busauth.RoleExecute, hubFailed), api.EEndingRefused)
