@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/toolgate/toolgate/api"
@@ -51,4 +52,21 @@ func FuzzEventOutput(f *testing.F) {
 			t.Fatalf("event\n%s\nwant\n%s", o.Data, want)
 		}
 	})
+}
+
+// BenchmarkEventOutput is an audit event of a call with a 500-byte
+// result as its data, as audit's ending writes one.
+func BenchmarkEventOutput(b *testing.B) {
+	inv := &envelope.Invocation{ID: "inv-1", Tenant: "acme", Event: envelope.Event{Seq: 7, Source: "urn:agent"}}
+	data := map[string]any{"result": json.RawMessage(`{"echo":"` + strings.Repeat("x", 500) + `"}`)}
+	b.ReportAllocs()
+	for b.Loop() {
+		e, err := inv.NewEvent("urn:toolgate:audit", api.TypeSucceeded, data)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := EventOutput("audit.acme.x", e); err != nil {
+			b.Fatal(err)
+		}
+	}
 }

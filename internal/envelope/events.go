@@ -129,8 +129,19 @@ func (inv *Invocation) NewEvent(source, typ string, data any) (*event.Event, err
 			e.SetExtension("tracestate", tc.TraceState)
 		}
 	}
-	if err := e.SetData(event.ApplicationJSON, data); err != nil {
+	if _, raw := data.([]byte); data == nil || raw {
+		if err := e.SetData(event.ApplicationJSON, data); err != nil {
+			return nil, err
+		}
+		return &e, nil
+	}
+	// What SetData writes (the SDK's codec is encoding/json), made by
+	// Marshal: every call publishes several events.
+	b, err := Marshal(data)
+	if err != nil {
 		return nil, err
 	}
+	e.SetDataContentType(event.ApplicationJSON)
+	e.DataEncoded = b
 	return &e, nil
 }

@@ -335,7 +335,7 @@ func RequestDigest(r *api.Request) string {
 	if r == nil {
 		return ""
 	}
-	b, err := json.Marshal(r)
+	b, err := Marshal(r)
 	if err != nil {
 		return ""
 	}

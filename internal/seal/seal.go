@@ -20,7 +20,6 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"strconv"
 	"time"
@@ -162,9 +161,10 @@ func refuse(msg, field string) error {
 // digest is the SHA-256 (hex) of v's JSON encoding. Every field of the
 // request and the authorization is a struct field, a slice or a raw JSON
 // value that encoding/json writes compacted, so the encoding a later hop
-// recomputes after decoding the envelope is the same bytes.
+// recomputes after decoding the envelope is the same bytes; envelope.Marshal
+// writes encoding/json's bytes, so builds of either encoder agree.
 func digest(v any) (string, error) {
-	b, err := json.Marshal(v)
+	b, err := envelope.Marshal(v)
 	if err != nil {
 		return "", err
 	}

@@ -6,12 +6,12 @@ package audit
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
 	"time"
 
+	segjson "github.com/segmentio/encoding/json"
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/auditchain"
 	"github.com/toolgate/toolgate/internal/envelope"
@@ -543,7 +543,10 @@ func carriedInvoked(inv *envelope.Invocation) (stages.Output, bool) {
 		Subject string `json:"subject"`
 		Tenant  string `json:"tenantid"`
 	}
-	if json.Unmarshal(inv.Invoked, &e) != nil || e.Type != api.TypeInvoked || e.ID != inv.ID+":"+suffix ||
+	// The event came in a hand-off whose seal was checked, valid JSON
+	// (Decode scans what it did not write): the fast codec reads it, as
+	// the envelope's decoder does.
+	if segjson.Unmarshal(inv.Invoked, &e) != nil || e.Type != api.TypeInvoked || e.ID != inv.ID+":"+suffix ||
 		e.Source != "urn:toolgate:"+subjects.Execute || e.Subject != inv.ID || e.Tenant != inv.Tenant {
 		return stages.Output{}, false
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/open-policy-agent/opa/v1/ast"
 	segjson "github.com/segmentio/encoding/json"
 	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/envelope"
 	"github.com/toolgate/toolgate/internal/hosts"
 	"github.com/toolgate/toolgate/internal/policy"
 	"github.com/toolgate/toolgate/internal/token"
@@ -373,12 +374,12 @@ func derive(c *token.Claims, m *tools.Manifest, r Resources) Derived {
 }
 
 // plain turns v into the map/slice/number form OPA reads fastest and that
-// follows the JSON field names. What encoding/json wrote is read back by
-// github.com/segmentio/encoding/json, to the same values in a fraction of
-// the time and allocations (TestPolicyInputIsItsJSON holds the input to
-// encoding/json's reading).
+// follows the JSON field names. encoding/json's bytes (envelope.Marshal)
+// are read back by github.com/segmentio/encoding/json, to the same values
+// in a fraction of the time and allocations (TestPolicyInputIsItsJSON
+// holds the input to encoding/json's reading).
 func plain(v any) (any, error) {
-	b, err := json.Marshal(v)
+	b, err := envelope.Marshal(v)
 	if err != nil {
 		return nil, err
 	}
