@@ -275,7 +275,7 @@ func (a *Archiver) writeHead(ctx context.Context, out []Range) error {
 	if err := a.Store.Put(ctx, name, bytes.NewReader(b), int64(len(b))); err != nil && !errors.Is(err, archivestore.ErrExists) {
 		return fmt.Errorf("storing %s in %s: %w", name, a.Store, err)
 	}
-	back, err := a.Store.Get(ctx, name)
+	back, err := a.readBack(ctx, name)
 	if err != nil {
 		return fmt.Errorf("reading %s back from %s: %w", name, a.Store, err)
 	}
@@ -283,6 +283,28 @@ func (a *Archiver) writeHead(ctx context.Context, out []Range) error {
 		return fmt.Errorf("%s read back from %s differs from what was written", name, a.Store)
 	}
 	return nil
+}
+
+// readBackFor bounds how long an object just stored may stay unseen.
+const readBackFor = 5 * time.Second
+
+// readBack reads the object just stored as name. On a replicated bucket
+// the read may be answered by a replica that has not yet applied the
+// write (JetStream's direct get), so "not found" is asked again for a
+// while before it counts.
+func (a *Archiver) readBack(ctx context.Context, name string) ([]byte, error) {
+	deadline := time.Now().Add(readBackFor)
+	for n := 0; ; n++ {
+		back, err := a.Store.Get(ctx, name)
+		if !errors.Is(err, archivestore.ErrNotFound) || time.Now().After(deadline) {
+			return back, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(backoff.Exponential(n, 50*time.Millisecond, time.Second)):
+		}
+	}
 }
 
 // archive writes one range, reads it back and checks it.
@@ -311,7 +333,7 @@ func (a *Archiver) archive(ctx context.Context, bus auditchain.Bus, st auditchai
 	}
 	// An object found there already is one an earlier run stored and did
 	// not confirm: it must be the same bytes.
-	back, err := a.Store.Get(ctx, r.Name)
+	back, err := a.readBack(ctx, r.Name)
 	if err != nil {
 		return Range{}, fmt.Errorf("reading %s back from %s: %w", r.Name, a.Store, err)
 	}
