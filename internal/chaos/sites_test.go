@@ -774,21 +774,8 @@ func grepLines(s, sub string) string {
 // another site: what a site holding execute's key could once do.
 func forgeAsSite(t *testing.T, ctx context.Context, opnc *nats.Conn, leafPort int, bundle, site, id string) {
 	t.Helper()
-	opjs, err := jetstream.New(opnc)
+	_, raw, err := waitingSiteCall(ctx, opnc)
 	if err != nil {
-		t.Fatal(err)
-	}
-	stream, err := opjs.Stream(ctx, subjects.StreamPipeline)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var raw *jetstream.RawStreamMsg
-	for _, p := range subjects.Priorities {
-		if raw, err = stream.GetLastMsgForSubject(ctx, subjects.Pipe(subjects.Execute, p, tenant)+".*"); err == nil {
-			break
-		}
-	}
-	if raw == nil {
 		t.Fatalf("no call waits for a site: %v", err)
 	}
 	real, err := envelope.Decode(raw.Data)
@@ -970,27 +957,34 @@ func floodAsSite(t *testing.T, ctx context.Context, leafPort int, bundle, site s
 	return refused, accepted
 }
 
+// waitingSiteCall is the pipeline message of the latest call waiting for a
+// site, and the pipeline, read with the operator's connection opnc.
+func waitingSiteCall(ctx context.Context, opnc *nats.Conn) (jetstream.Stream, *jetstream.RawStreamMsg, error) {
+	opjs, err := jetstream.New(opnc)
+	if err != nil {
+		return nil, nil, err
+	}
+	stream, err := opjs.Stream(ctx, subjects.StreamPipeline)
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, p := range subjects.Priorities {
+		raw, err := stream.GetLastMsgForSubject(ctx, subjects.Pipe(subjects.Execute, p, tenant)+".*")
+		if err == nil {
+			return stream, raw, nil
+		}
+	}
+	return nil, nil, errors.New("none in any priority")
+}
+
 // sweepAsSite connects to the hub as site does and asks the hub's
 // JetStream for the pipeline message of call id, which waits for another
 // site, by its sequence, and to delete it: both must be refused, and the
 // message stay.
 func sweepAsSite(t *testing.T, ctx context.Context, opnc *nats.Conn, leafPort int, bundle, site, id string) {
 	t.Helper()
-	opjs, err := jetstream.New(opnc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stream, err := opjs.Stream(ctx, subjects.StreamPipeline)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var raw *jetstream.RawStreamMsg
-	for _, p := range subjects.Priorities {
-		if raw, err = stream.GetLastMsgForSubject(ctx, subjects.Pipe(subjects.Execute, p, tenant)+".*"); err == nil {
-			break
-		}
-	}
-	if raw == nil || !strings.Contains(string(raw.Data), id) {
+	stream, raw, err := waitingSiteCall(ctx, opnc)
+	if err != nil || !strings.Contains(string(raw.Data), id) {
 		t.Fatalf("no pipeline message of %s: %v", id, err)
 	}
 	creds := filepath.Join(bundle, busauth.DirName, busauth.SiteCredsFile)
