@@ -811,24 +811,33 @@ func forgeAsSite(t *testing.T, ctx context.Context, opnc *nats.Conn, leafPort in
 	}
 }
 
-// siteSigning connects to the hub as site does (a leaf node with its
-// bundle's credentials) and returns a JetStream that signs with the site's
-// key and sends through its outbox, as the site's worker does; it is
-// closed with the test.
-func siteSigning(t *testing.T, leafPort int, bundle, site, name string) jetstream.JetStream {
+// siteConn connects to the hub as site's worker does: through a leaf
+// server of its own named site-name, with the credentials of its bundle.
+// done closes both.
+func siteConn(t *testing.T, leafPort int, bundle, site, name string) (nc *nats.Conn, done func()) {
 	t.Helper()
 	creds := filepath.Join(bundle, busauth.DirName, busauth.SiteCredsFile)
 	ns, err := node.StartSiteLeaf(node.SiteOptions{Hub: fmt.Sprintf("nats-leaf://127.0.0.1:%d", leafPort), Creds: creds, Name: site + "-" + name}, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(ns.Shutdown)
-	nc, err := nats.Connect(ns.ClientURL(), nats.InProcessServer(ns), busauth.CredentialsOption(creds),
+	nc, err = nats.Connect(ns.ClientURL(), nats.InProcessServer(ns), busauth.CredentialsOption(creds),
 		nats.CustomInboxPrefix(subjects.SiteInbox(site)))
 	if err != nil {
+		ns.Shutdown()
 		t.Fatal(err)
 	}
-	t.Cleanup(nc.Close)
+	return nc, func() { nc.Close(); ns.Shutdown() }
+}
+
+// siteSigning connects to the hub as site does (a leaf node with its
+// bundle's credentials) and returns a JetStream that signs with the site's
+// key and sends through its outbox, as the site's worker does; it is
+// closed with the test.
+func siteSigning(t *testing.T, leafPort int, bundle, site, name string) jetstream.JetStream {
+	t.Helper()
+	nc, done := siteConn(t, leafPort, bundle, site, name)
+	t.Cleanup(done)
 	pubs, err := busauth.LoadHopPublicKeys(bundle)
 	if err != nil {
 		t.Fatal(err)
@@ -903,18 +912,8 @@ func metricValue(metrics, series string) float64 {
 // it took.
 func floodAsSite(t *testing.T, ctx context.Context, leafPort int, bundle, site string, n int) (refused, accepted int) {
 	t.Helper()
-	creds := filepath.Join(bundle, busauth.DirName, busauth.SiteCredsFile)
-	ns, err := node.StartSiteLeaf(node.SiteOptions{Hub: fmt.Sprintf("nats-leaf://127.0.0.1:%d", leafPort), Creds: creds, Name: site + "-flood"}, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ns.Shutdown()
-	nc, err := nats.Connect(ns.ClientURL(), nats.InProcessServer(ns), busauth.CredentialsOption(creds),
-		nats.CustomInboxPrefix(subjects.SiteInbox(site)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
+	nc, done := siteConn(t, leafPort, bundle, site, "flood")
+	defer done()
 	js, err := jetstream.NewWithDomain(nc, subjects.HubDomain, jetstream.WithPublishAsyncMaxPending(512))
 	if err != nil {
 		t.Fatal(err)
@@ -987,18 +986,8 @@ func sweepAsSite(t *testing.T, ctx context.Context, opnc *nats.Conn, leafPort in
 	if err != nil || !strings.Contains(string(raw.Data), id) {
 		t.Fatalf("no pipeline message of %s: %v", id, err)
 	}
-	creds := filepath.Join(bundle, busauth.DirName, busauth.SiteCredsFile)
-	ns, err := node.StartSiteLeaf(node.SiteOptions{Hub: fmt.Sprintf("nats-leaf://127.0.0.1:%d", leafPort), Creds: creds, Name: site + "-sweeper"}, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ns.Shutdown()
-	nc, err := nats.Connect(ns.ClientURL(), nats.InProcessServer(ns), busauth.CredentialsOption(creds),
-		nats.CustomInboxPrefix(subjects.SiteInbox(site)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
+	nc, done := siteConn(t, leafPort, bundle, site, "sweeper")
+	defer done()
 	// The link is up once the site's own consumer answers across it.
 	js, err := jetstream.NewWithDomain(nc, subjects.HubDomain)
 	if err != nil {
