@@ -6,6 +6,9 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/cloudevents/sdk-go/v2/event"
 
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/envelope"
@@ -69,4 +72,87 @@ func BenchmarkEventOutput(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// TestInvocationEventIsTheSDKs: the events InvocationEvent writes itself
+// are byte for byte the SDK's encoding of the event inv.NewEvent makes,
+// as other builds write and verify them, and its data ends where it says.
+func TestInvocationEventIsTheSDKs(t *testing.T) {
+	at := time.Date(2026, 1, 2, 3, 4, 5, 600700800, time.FixedZone("x", 3600))
+	record := (&envelope.Invocation{ID: "inv-1", Tenant: "acme", Status: api.StatusSuccess,
+		Request: &api.Request{ToolID: "echo", Parameters: json.RawMessage(`{"m":"<b>é"}`)}}).Audit()
+	for _, c := range []struct {
+		name string
+		inv  envelope.Invocation
+		src  string
+		data any
+		at   time.Time
+	}{
+		{"audit record", envelope.Invocation{ID: "inv-1", Tenant: "acme"}, "urn:toolgate:audit", record, at},
+		{"no time", envelope.Invocation{ID: "inv-1", Tenant: "acme"}, "urn:toolgate:audit", record, time.Time{}},
+		{"trace", envelope.Invocation{ID: "i", Tenant: "t", TraceParent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+			TraceState: "congo=t61rcWkgMzE, rojo=00f067aa0ba902b7"}, "urn:toolgate:execute", map[string]any{"a": "<&>"}, at},
+		{"origin", envelope.Invocation{ID: "i", Tenant: "t", TraceParent: "00-aa-bb-01", Origin: envelope.TraceContext{TraceParent: "00-cc-dd-01"}},
+			"urn:toolgate:audit", api.Response{InvocationID: "i", Status: api.StatusSuccess, Result: json.RawMessage(`{"x":[1,2]}`)}, at},
+		{"state without parent", envelope.Invocation{ID: "i", Tenant: "t", TraceState: "k=v"}, "urn:toolgate:verify", record, at},
+		{"empty tenant", envelope.Invocation{ID: "i"}, "urn:toolgate:audit", record, at},
+		{"escaped id", envelope.Invocation{ID: "i\"<é", Tenant: "t"}, "urn:toolgate:audit", record, at},
+		{"spaced id", envelope.Invocation{ID: " i ", Tenant: "t"}, "urn:toolgate:audit", record, at},
+		{"escaped tenant", envelope.Invocation{ID: "i", Tenant: "a&b"}, "urn:toolgate:audit", record, at},
+		{"other source", envelope.Invocation{ID: "i", Tenant: "t"}, "urn:toolgate:a/b?c", record, at},
+		{"raw data", envelope.Invocation{ID: "i", Tenant: "t"}, "urn:toolgate:audit", []byte(`{"raw":true}`), at},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e, err := c.inv.NewEvent(c.src, api.TypeSucceeded, c.data)
+			if err != nil {
+				t.Fatal(err)
+			}
+			e.SetTime(c.at)
+			want, err := e.MarshalJSON()
+			if err != nil {
+				t.Fatal(err)
+			}
+			o, end, err := InvocationEvent("s", &c.inv, c.src, api.TypeSucceeded, c.data, c.at)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(o.Data, want) {
+				t.Fatalf("event\n%s\nthe SDK's\n%s", o.Data, want)
+			}
+			if _, raw := c.data.([]byte); raw {
+				return // written in base64: no index of its own
+			}
+			if d := e.Data(); !bytes.Equal(o.Data[end+1-len(d):end+1], d) {
+				t.Fatalf("data ends at %d of\n%s", end, o.Data)
+			}
+			if o.Subject != "s" || o.Header["Content-Type"][0] != event.ApplicationCloudEventsJSON {
+				t.Fatalf("output %+v", o)
+			}
+		})
+	}
+}
+
+// FuzzInvocationEvent holds InvocationEvent to the SDK's bytes whatever
+// the invocation's strings hold.
+func FuzzInvocationEvent(f *testing.F) {
+	f.Add("inv-1", "acme", "00-aa-bb-01", "k=v", "audit", `{"a":1}`)
+	f.Add("i\u2028", "a<b", "", "x", "a b", `"<&>"`)
+	f.Fuzz(func(t *testing.T, id, tenant, parent, state, stage, raw string) {
+		inv := &envelope.Invocation{ID: id, Tenant: tenant, TraceParent: parent, TraceState: state}
+		var data any = map[string]any{"s": raw}
+		if json.Valid([]byte(raw)) {
+			data = map[string]any{"raw": json.RawMessage(raw)}
+		}
+		e, err := inv.NewEvent("urn:toolgate:"+stage, api.TypeInvoked, data)
+		if err != nil {
+			t.Skip()
+		}
+		now := time.Now()
+		e.SetTime(now)
+		want, werr := e.MarshalJSON()
+		o, _, err := InvocationEvent("s", inv, "urn:toolgate:"+stage, api.TypeInvoked, data, now)
+		if (err != nil) != (werr != nil) || (err == nil && !bytes.Equal(o.Data, want)) {
+			t.Fatalf("event (%v)\n%s\nthe SDK's (%v)\n%s", err, o.Data, werr, want)
+		}
+	})
 }

@@ -4,7 +4,6 @@
 package audit
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -347,13 +346,9 @@ func (a *Auditor) again(inv *envelope.Invocation, resp api.Response) (stages.Out
 // and the index in it of the brace that closes resp.
 func bareResult(inv *envelope.Invocation, resp api.Response, at time.Time) (stages.Output, int, error) {
 	resp.Receipt = nil
-	o, data, err := resultMessage(inv, resp, at)
-	if err != nil {
-		return o, 0, err
-	}
 	// The CloudEvent's data is resp's encoding as it is, followed by the
 	// event's extensions alone.
-	return o, bytes.LastIndex(o.Data, data) + len(data) - 1, nil
+	return resultMessage(inv, resp, at)
 }
 
 // heldByWorker reports whether inv's record says a live worker holds the
@@ -558,15 +553,10 @@ func resultEvent(inv *envelope.Invocation, resp api.Response, at time.Time) (sta
 	return o, err
 }
 
-// resultMessage is the result event of resp, as of at, and resp's
-// encoding in it.
-func resultMessage(inv *envelope.Invocation, resp api.Response, at time.Time) (stages.Output, []byte, error) {
-	e, err := inv.NewEvent("urn:toolgate:"+subjects.Audit, api.TypeResult, resp)
-	if err != nil {
-		return stages.Output{}, nil, err
-	}
-	e.SetTime(at)
-	o, err := stages.EventOutput(subjects.Result(inv.Tenant, inv.Agent(), inv.ID), e)
+// resultMessage is the result event of resp, as of at, and the index in
+// it of the last byte of resp's encoding.
+func resultMessage(inv *envelope.Invocation, resp api.Response, at time.Time) (stages.Output, int, error) {
+	o, end, err := stages.InvocationEvent(subjects.Result(inv.Tenant, inv.Agent(), inv.ID), inv, "urn:toolgate:"+subjects.Audit, api.TypeResult, resp, at)
 	o.MsgID = inv.MsgID("result")
-	return o, e.Data(), err
+	return o, end, err
 }
