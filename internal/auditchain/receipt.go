@@ -32,11 +32,14 @@ func NewReceiptSigner(k ed25519.PrivateKey) *ReceiptSigner {
 }
 
 // Sign sets r's Key and Sig: one Ed25519 signature.
-func (s *ReceiptSigner) Sign(r *api.Receipt) {
+func (s *ReceiptSigner) Sign(r *api.Receipt) { bodies.Put(s.sign(r)) }
+
+// sign is Sign, returning the body it signed (put it back in bodies).
+func (s *ReceiptSigner) sign(r *api.Receipt) *[]byte {
 	r.Key, r.Sig = s.id, ""
 	b := receiptBody(r)
 	r.Sig = base64.StdEncoding.EncodeToString(ed25519.Sign(s.key, *b))
-	bodies.Put(b)
+	return b
 }
 
 // bodies are the buffers receipt bodies are encoded into.
@@ -209,19 +212,35 @@ const receiptMember = `,"receipt":`
 // (OpenResult).
 func (s *ReceiptSigner) SealResult(r *api.Receipt, msg []byte, end int) ([]byte, error) {
 	r.V, r.Ending = api.ReceiptVersion, endingDigest(msg)
-	s.Sign(r)
-	return CarryReceipt(msg, end, r)
+	b := s.sign(r)
+	defer bodies.Put(b)
+	return carry(msg, end, signedReceipt(*b, r.Sig))
+}
+
+// signedReceipt is json.Marshal of the receipt whose body (receiptBody)
+// was signed with sig: the body's JSON with sig as its last member, as
+// Sig is the receipt's last field, so that the receipt is encoded once.
+// Base64 holds nothing encoding/json escapes.
+func signedReceipt(body []byte, sig string) []byte {
+	obj := body[len(receiptDomain) : len(body)-1]
+	out := make([]byte, 0, len(obj)+len(sig)+10)
+	return append(append(append(append(out, obj...), `,"sig":"`...), sig...), `"}`...)
 }
 
 // CarryReceipt returns msg with r, signed already, as the last member of
 // the object that closes at msg[end].
 func CarryReceipt(msg []byte, end int, r *api.Receipt) ([]byte, error) {
-	if end <= 0 || end >= len(msg) || msg[end] != '}' {
-		return nil, errors.New("no object closes where the receipt goes")
-	}
 	rb, err := json.Marshal(r)
 	if err != nil {
 		return nil, err
+	}
+	return carry(msg, end, rb)
+}
+
+// carry is CarryReceipt of the receipt encoded as rb.
+func carry(msg []byte, end int, rb []byte) ([]byte, error) {
+	if end <= 0 || end >= len(msg) || msg[end] != '}' {
+		return nil, errors.New("no object closes where the receipt goes")
 	}
 	out := make([]byte, 0, len(msg)+len(receiptMember)+len(rb))
 	out = append(append(append(out, msg[:end]...), receiptMember...), rb...)

@@ -332,3 +332,36 @@ func otherFirst(hex string) string {
 	}
 	return "0" + hex[1:]
 }
+
+// TestSealResultEncodesAsMarshal: the receipt SealResult puts in the
+// message, encoded once for its signature and its member, is json.Marshal
+// of the receipt, as every build wrote it, whatever its fields hold.
+func TestSealResultEncodesAsMarshal(t *testing.T) {
+	_, key, _ := ed25519.GenerateKey(nil)
+	s := auditchain.NewReceiptSigner(key)
+	msg := []byte(`{"data":{"status":"success"},"tenantid":"acme"}`)
+	end := bytes.IndexByte(msg, '}')
+	for _, r := range []api.Receipt{
+		{InvocationID: "i", Tenant: "acme", Status: api.StatusSuccess, EventID: "i:tool.succeeded", IssuedAt: "2026-01-01T00:00:00Z"},
+		{InvocationID: "i<&>\u2028é\"", Tenant: "a\\b", Agent: "did:<x>", ToolID: "t", ToolVersion: "1", ManifestDigest: "m",
+			ParamsSHA256: "p", PolicyRevision: 9, Decision: "allow", Approvers: []string{"ann", "<bob>"},
+			Approval:  &api.DecisionProof{Subject: "s", Headers: map[string][]string{"Z": {"1"}, "A": {"<2>", "3"}}, Body: []byte("x\x00y")},
+			Documents: []api.DocumentPin{{Source: "s", DocumentID: "d", Version: "2"}}, Status: api.StatusError, ErrorCode: "E1",
+			ResultSHA256: "r", EventID: "e", ReceivedAt: "then", IssuedAt: "now"},
+	} {
+		got, err := s.SealResult(&r, msg, end)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, err := auditchain.CarryReceipt(msg, end, &r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, want) {
+			t.Fatalf("sealed\n%s\nmarshalled\n%s", got, want)
+		}
+		if opened, err := auditchain.OpenResult(got, s.Public()); err != nil || opened.Sig != r.Sig {
+			t.Fatalf("does not open: %v", err)
+		}
+	}
+}
