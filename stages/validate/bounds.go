@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 )
 
 // Request bounds applied to every request's parameters.
@@ -23,6 +24,14 @@ const (
 // checkBounds refuses parameters nested deeper than maxDepth or holding a
 // string (value or key) longer than maxString bytes.
 func checkBounds(params []byte, maxDepth, maxString int) error {
+	if withinBounds(params, maxDepth, maxString) {
+		return nil
+	}
+	return tokenBounds(params, maxDepth, maxString)
+}
+
+// tokenBounds is checkBounds by the decoded tokens.
+func tokenBounds(params []byte, maxDepth, maxString int) error {
 	dec := json.NewDecoder(bytes.NewReader(params))
 	dec.UseNumber()
 	depth := 0
@@ -48,6 +57,39 @@ func checkBounds(params []byte, maxDepth, maxString int) error {
 			}
 		}
 	}
+}
+
+// withinBounds reports, from a pass over the bytes, parameters that
+// checkBounds accepts: nested no deeper than maxDepth, and every string
+// no longer than maxString as written, which in valid UTF-8 is never
+// shorter than the string decoded (an escape decodes to fewer bytes).
+// Parameters it does not vouch for are decoded token by token.
+func withinBounds(params []byte, maxDepth, maxString int) bool {
+	if !utf8.Valid(params) {
+		return false // encoding/json decodes an invalid byte to three
+	}
+	depth, start, in, esc := 0, 0, false, false
+	for i, c := range params {
+		switch {
+		case esc:
+			esc = false
+		case in && c == '\\':
+			esc = true
+		case c == '"':
+			if in && i-start-1 > maxString {
+				return false
+			}
+			in, start = !in, i
+		case in:
+		case c == '{' || c == '[':
+			if depth++; depth > maxDepth {
+				return false
+			}
+		case c == '}' || c == ']':
+			depth--
+		}
+	}
+	return !in
 }
 
 var checkDetectors = map[string]detect.Detector{

@@ -1,7 +1,9 @@
 package validate
 
 import (
+	"encoding/json"
 	"errors"
+	"fmt"
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/tools"
 	"os"
@@ -58,4 +60,25 @@ func TestCheckBounds(t *testing.T) {
 			t.Errorf("%s: %v", name, err)
 		}
 	}
+}
+
+// FuzzCheckBounds: the pass over the bytes accepts only what the decoded
+// tokens accept, and checkBounds answers as they do.
+func FuzzCheckBounds(f *testing.F) {
+	f.Add(`{"a":[{"b":"xx\"\\u00e9y"}]}`, 2, 4)
+	f.Add(`{"a":{"b":{"c":1}}}`, 2, 10)
+	f.Add("{\"\xff\xfe\":\"\\ud83d\\ude00\"}", 3, 2)
+	f.Add(`["\u2028","\n\t"]`, 1, 1)
+	f.Fuzz(func(t *testing.T, doc string, depth, long int) {
+		if !json.Valid([]byte(doc)) || depth < 0 || long < 0 {
+			t.Skip()
+		}
+		want := tokenBounds([]byte(doc), depth, long)
+		if withinBounds([]byte(doc), depth, long) && want != nil {
+			t.Fatalf("the byte pass accepts what the tokens refuse: %v", want)
+		}
+		if got := checkBounds([]byte(doc), depth, long); fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("checkBounds %v, the tokens %v", got, want)
+		}
+	})
 }
