@@ -9,6 +9,10 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"time"
+	"unicode/utf8"
+
+	segjson "github.com/segmentio/encoding/json"
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/detect"
 	"github.com/toolgate/toolgate/internal/envelope"
@@ -16,7 +20,6 @@ import (
 	"github.com/toolgate/toolgate/schemas"
 	"github.com/toolgate/toolgate/stages"
 	"github.com/toolgate/toolgate/subjects"
-	"time"
 )
 
 // DefaultMaxEventBytes bounds an event (headers and body) when Config leaves it zero.
@@ -125,7 +128,7 @@ func (v *Validator) process(ctx context.Context, inv *envelope.Invocation) ([]st
 	}
 	digest := requestDigest(inv)
 	var req api.Request
-	if err := json.Unmarshal(inv.Data, &req); err != nil {
+	if err := decodeRequest(inv.Data, &req); err != nil {
 		return nil, api.WrapError(err, api.InvalidParameters, api.ERequestInvalid, "decoding request: %v", err)
 	}
 	inv.Request, inv.Data = &req, nil
@@ -191,6 +194,28 @@ func (v *Validator) claim(ctx context.Context, inv *envelope.Invocation, digest,
 		e = e.WithDetail("same_request", true)
 	}
 	return e
+}
+
+// decodeRequest reads a request the schema check found to be JSON as the
+// hops after validate read it again (envelope.Decode): by
+// github.com/segmentio/encoding/json, several times faster to the same
+// value, where its bytes are valid UTF-8; anything else, or anything that
+// decoder refuses or panics on, by encoding/json, whose verdict stands.
+func decodeRequest(data []byte, req *api.Request) error {
+	if utf8.Valid(data) && decodeFast(data, req) {
+		return nil
+	}
+	*req = api.Request{}
+	return json.Unmarshal(data, req)
+}
+
+func decodeFast(data []byte, req *api.Request) (ok bool) {
+	defer func() {
+		if recover() != nil {
+			ok = false
+		}
+	}()
+	return segjson.Unmarshal(data, req) == nil
 }
 
 // requestDigest identifies what an event asks for: its source and its data

@@ -1,0 +1,33 @@
+package validate
+
+import (
+	"encoding/json"
+	"reflect"
+	"testing"
+
+	"github.com/toolgate/toolgate/api"
+)
+
+// FuzzDecodeRequest: a request the schema check passed decodes to what
+// encoding/json makes of it, or fails as it fails.
+func FuzzDecodeRequest(f *testing.F) {
+	f.Add(`{"tool_id":"echo","agent_context":{"agent_did":"did:agent:a","tenant_id":"acme"},"parameters":{"message":"hi"}}`)
+	f.Add(`{"tool_id":"e\u00e9\"<&>","TOOL_ID":"x","agent_context":{"tenant_id":"a","session_id":"s"},"parameters": [1, 2.5e3, {"a" : null}] ,` +
+		`"resource_limits":{"timeout_seconds":30,"cpu_millicore_limit":100},"execution_options":{"async_mode":true,"priority":"high","idempotency_key":"k"},` +
+		`"checkpoint_config":{"enable_checkpointing":false,"checkpoint_interval_seconds":5},"capability_token":"eyJ.x.y"}`)
+	f.Add(`{"tool_id":1}`)
+	f.Add(`{"resource_limits":{"timeout_seconds":1.5}}`)
+	f.Add(`{"parameters":"\ud800","tool_id":null,"agent_context":null}`)
+	f.Add(`{"tool_id":"a","tool_id":"b","redrive":{"depth":-1},"link":{"parent":"p"}}`)
+	f.Fuzz(func(t *testing.T, doc string) {
+		if !json.Valid([]byte(doc)) {
+			t.Skip()
+		}
+		var want, got api.Request
+		werr := json.Unmarshal([]byte(doc), &want)
+		gerr := decodeRequest([]byte(doc), &got)
+		if (werr == nil) != (gerr == nil) || (werr == nil && !reflect.DeepEqual(got, want)) {
+			t.Fatalf("decoded (%v)\n%#v\nencoding/json (%v)\n%#v", gerr, got, werr, want)
+		}
+	})
+}
