@@ -12,8 +12,10 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/failsafe-go/failsafe-go"
 	"github.com/failsafe-go/failsafe-go/retrypolicy"
@@ -103,6 +105,9 @@ type Executor struct {
 	Defaults  func(tenant string) tools.Defaults
 	AgentRuns AgentRuns
 	kinds     map[string]Kind
+	// runners are the failsafe executors of calls (runner).
+	runners  sync.Map // runnerKey → failsafe.Executor[json.RawMessage]
+	nrunners atomic.Int32
 }
 
 // Seals checks that an invocation carries authorize's sealed decision.
@@ -321,14 +326,8 @@ func (x *Executor) Process(ctx context.Context, inv *envelope.Invocation) (_ []s
 	var outs []stages.Output
 	limit := Limit(m, inv.Request)
 	start := time.Now()
-	// Retry wraps the per-attempt timeout, in failsafe-go's documented order.
-	policies := []failsafe.Policy[json.RawMessage]{}
-	if rp := retryPolicy(m, m.EffectiveRetry(defaults), limit); rp != nil {
-		policies = append(policies, rp)
-	}
-	policies = append(policies, timeout.New[json.RawMessage](limit))
 	var attempts atomic.Int32 // a timed-out attempt may still be running
-	result, err := failsafe.With(policies...).WithContext(ctx).
+	result, err := x.runner(m, m.EffectiveRetry(defaults), limit).WithContext(ctx).
 		GetWithExecution(func(exec failsafe.Execution[json.RawMessage]) (json.RawMessage, error) {
 			attempts.Store(int32(exec.Attempts()))
 			return call(exec.Context(), fn, params)
@@ -597,6 +596,50 @@ func cpuShareWarning(m *tools.Manifest, req *api.Request, meter *kind.Meter) []s
 		why = fmt.Sprintf("%s tools run no process of their own per call", m.Kind)
 	}
 	return []string{fmt.Sprintf("%s: the CPU share of %d millicores was not applied: %s", api.ECPUShareNotApplied, CPUShare(m, req), why)}
+}
+
+// maxRunners bounds the runners an Executor keeps; past it it starts
+// again with none.
+const maxRunners = 512
+
+// runnerKey names the runner of calls of m under retry policy p (by its
+// members: the defaults a tenant's calls fall back on are a copy per
+// call) and time limit limit.
+type runnerKey struct {
+	m             *tools.Manifest
+	limit         time.Duration
+	attempts      int
+	base, ceiling int64
+	classes       *string // the list of errors retried, by identity
+	nclasses      int
+	retries       bool
+}
+
+// runner is what runs a call of m under retry policy p and time limit
+// limit: retry wrapping the per-attempt timeout, in failsafe-go's
+// documented order. The policies hold no state of their own (each
+// execution keeps its own), so the runner is built once for every call
+// of the same tool, policy and limit.
+func (x *Executor) runner(m *tools.Manifest, p *tools.RetryPolicy, limit time.Duration) failsafe.Executor[json.RawMessage] {
+	k := runnerKey{m: m, limit: limit}
+	if p != nil {
+		k.retries, k.attempts, k.base, k.ceiling = true, p.MaxAttempts, p.BaseDelayMS, p.MaxDelayMS
+		k.classes, k.nclasses = unsafe.SliceData(p.RetryableErrors), len(p.RetryableErrors)
+	}
+	if r, ok := x.runners.Load(k); ok {
+		return r.(failsafe.Executor[json.RawMessage])
+	}
+	policies := make([]failsafe.Policy[json.RawMessage], 0, 2)
+	if rp := retryPolicy(m, p, limit); rp != nil {
+		policies = append(policies, rp)
+	}
+	r := failsafe.With(append(policies, timeout.New[json.RawMessage](limit))...)
+	if x.nrunners.Add(1) > maxRunners {
+		x.runners.Clear()
+		x.nrunners.Store(1)
+	}
+	x.runners.Store(k, r)
+	return r
 }
 
 // defaultRetryable are the error classes retried when a retry policy names none.
