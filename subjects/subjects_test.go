@@ -1,6 +1,7 @@
 package subjects
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -132,4 +133,32 @@ func TestStageOfPipe(t *testing.T) {
 			t.Errorf("%s: taken for a hand-off to %q", s, st)
 		}
 	}
+}
+
+// FuzzToken holds Token to its spelling, byte by byte: every subject and
+// key names an id so, in stored keys and other builds alike.
+func FuzzToken(f *testing.F) {
+	for _, s := range []string{"", "abc", "did:agent:a", "mcp:fs:read_file", "ünï", "a b", "=3A", "\x00\xff"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		want := "="
+		if s != "" {
+			var b strings.Builder
+			for i := 0; i < len(s); i++ {
+				if c := s[i]; isPlain(c) {
+					b.WriteByte(c)
+				} else {
+					fmt.Fprintf(&b, "=%02X", c)
+				}
+			}
+			want = b.String()
+		}
+		if got := Token(s); got != want {
+			t.Fatalf("Token(%q) = %q, want %q", s, got, want)
+		}
+		if back, err := Untoken(Token(s)); err != nil || back != s {
+			t.Fatalf("Untoken(Token(%q)) = %q, %v", s, back, err)
+		}
+	})
 }

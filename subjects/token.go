@@ -15,16 +15,24 @@ func Token(s string) string {
 	if s == "" {
 		return "="
 	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if isPlain(c) {
-			b.WriteByte(c)
-			continue
-		}
-		fmt.Fprintf(&b, "=%02X", c)
+	i := 0
+	for i < len(s) && isPlain(s[i]) {
+		i++
 	}
-	return b.String()
+	if i == len(s) {
+		return s // most ids and names: every subject and key of a call takes some
+	}
+	const digits = "0123456789ABCDEF"
+	b := make([]byte, i, len(s)+2*(len(s)-i))
+	copy(b, s)
+	for ; i < len(s); i++ {
+		if c := s[i]; isPlain(c) {
+			b = append(b, c)
+		} else {
+			b = append(b, '=', digits[c>>4], digits[c&0xf])
+		}
+	}
+	return string(b)
 }
 
 // Untoken reverses Token.
