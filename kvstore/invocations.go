@@ -136,7 +136,8 @@ func (s *Store) ClaimInvocation(ctx context.Context, tenant, id string, seq uint
 
 // Status returns the stored record of an invocation, or ErrNotFound.
 func (s *Store) Status(ctx context.Context, tenant, id string) (api.Record, error) {
-	e, err := s.invocations.Get(ctx, invocationKey(tenant, id))
+	key := invocationKey(tenant, id)
+	e, err := s.invocations.Get(ctx, key)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return api.Record{}, ErrNotFound
 	}
@@ -144,7 +145,7 @@ func (s *Store) Status(ctx context.Context, tenant, id string) (api.Record, erro
 		return api.Record{}, err
 	}
 	var rec api.Record
-	if err := decodeStored(e.Value(), &rec); err != nil {
+	if err := decodeEntry(s.invocations, key, e, &rec); err != nil {
 		return api.Record{}, fmt.Errorf("decoding status: %w", err)
 	}
 	return rec, nil

@@ -1,6 +1,7 @@
 package kvstore
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -172,4 +173,20 @@ func decodeStored(b []byte, v any) error {
 		reflect.ValueOf(v).Elem().SetZero() // what it read before it failed
 	}
 	return json.Unmarshal(b, v)
+}
+
+// decodeEntry is decodeStored of e, read from key in kv: bytes this
+// process wrote there at that revision, as it remembers them, are its
+// own (decodeOwn), without the scan. An invocation's status is read back
+// so on every call (execute reads the record validate's claim wrote).
+func decodeEntry(kv jetstream.KeyValue, key string, e jetstream.KeyValueEntry, v any) error {
+	if r := recentOf(kv); r != nil {
+		if w, ok := r.get(key); ok && w.rev == e.Revision() && bytes.Equal(w.val, e.Value()) {
+			if decodeOwn(w.val, v) == nil {
+				return nil
+			}
+			reflect.ValueOf(v).Elem().SetZero()
+		}
+	}
+	return decodeStored(e.Value(), v)
 }

@@ -266,3 +266,35 @@ func TestStoredValueInvalidRefused(t *testing.T) {
 		}
 	}
 }
+
+// A status read back decodes what the bucket holds: this process's own
+// write as encoding/json would read it, another process's write since
+// as it is.
+func TestStatusReadBack(t *testing.T) {
+	a, b, _ := openCounting(t)
+	ctx := context.Background()
+	if _, _, err := a.ClaimInvocation(ctx, "t", "i-4", 3, "d", "did:agent:a", "echo", "1.0.0"); err != nil {
+		t.Fatal(err)
+	}
+	got, err := a.Status(ctx, "t", "i-4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := a.invocations.Get(ctx, invocationKey("t", "i-4"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want api.Record
+	if err := json.Unmarshal(e.Value(), &want); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, want) || got.Agent != "did:agent:a" || got.Seq != 3 {
+		t.Fatalf("read back %+v, stored %+v", got, want)
+	}
+	if _, err := b.UpdateRecord(ctx, "t", "i-4", func(r *api.Record) { r.CancelRequested = true }); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := a.Status(ctx, "t", "i-4"); err != nil || !got.CancelRequested {
+		t.Fatalf("another process's write not read: %+v %v", got, err)
+	}
+}

@@ -243,10 +243,11 @@ func (a *Auditor) Process(ctx context.Context, inv *envelope.Invocation) ([]stag
 	if err != nil {
 		return nil, err
 	}
-	outs := []stages.Output{terminal, result}
+	outs := make([]stages.Output, 0, 4)
 	if invoked, ok := carriedInvoked(inv); ok && !recovered {
-		outs = append([]stages.Output{invoked}, outs...)
+		outs = append(outs, invoked)
 	}
+	outs = append(outs, terminal, result)
 	if decision != nil && decision.Child != nil {
 		child, err := childEvent(inv, decision.Child)
 		if err != nil {
