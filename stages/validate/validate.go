@@ -234,11 +234,8 @@ func requestDigest(inv *envelope.Invocation) string {
 func accepted(inv *envelope.Invocation) (stages.Output, error) {
 	resp := api.Response{InvocationID: inv.ID, Status: api.StatusPending,
 		PollingInfo: &api.PollingInfo{ResultSubject: subjects.Result(inv.Tenant, inv.Agent(), inv.ID), StatusSubject: subjects.TenantSvc(inv.Tenant, subjects.SvcStatus)}}
-	e, err := inv.NewEvent("urn:toolgate:"+subjects.Validate, api.TypeAccepted, resp)
-	if err != nil {
-		return stages.Output{}, err
-	}
-	o, err := stages.EventOutput(subjects.Result(inv.Tenant, inv.Agent(), inv.ID), e)
+	o, _, err := stages.InvocationEvent(subjects.Result(inv.Tenant, inv.Agent(), inv.ID), inv, "urn:toolgate:"+subjects.Validate,
+		api.TypeAccepted, resp, time.Now().UTC())
 	o.MsgID = inv.MsgID("accepted")
 	return o, err
 }
