@@ -7,8 +7,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -466,9 +468,26 @@ const (
 
 // idTag is what a usage remembers of an invocation id.
 func idTag(id string) string {
+	slot := &recentTags[maphash.String(tagSeed, id)%uint64(len(recentTags))]
+	if t := slot.Load(); t != nil && t.id == id {
+		return t.tag
+	}
 	sum := sha256.Sum256([]byte(id))
-	return base64.RawURLEncoding.EncodeToString(sum[:9])
+	tag := base64.RawURLEncoding.EncodeToString(sum[:9])
+	slot.Store(&taggedID{id: id, tag: tag})
+	return tag
 }
+
+// recentTags are the tags of ids tagged lately, one per slot: every look
+// at a usage's lists tags the id again, and one call's charge and
+// reservation look several times (authorize's, audit's, per budget key,
+// and again on a compare-and-swap that retries).
+var (
+	recentTags [1024]atomic.Pointer[taggedID]
+	tagSeed    = maphash.MakeSeed()
+)
+
+type taggedID struct{ id, tag string }
 
 func remembers(ids []string, id string) int {
 	tag := idTag(id)

@@ -1,6 +1,8 @@
 package kvstore
 
 import (
+	"crypto/sha256"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"testing"
@@ -43,5 +45,27 @@ func TestUsageRemembersChargedIDs(t *testing.T) {
 	b, _ := json.Marshal(u)
 	if len(b) > 1200 {
 		t.Fatalf("a usage record with no call in flight is %d bytes", len(b))
+	}
+}
+
+// An id's tag is the same however often it is taken, from the slot that
+// remembers it or afresh, also for ids that share a slot; taking it again
+// costs no allocation.
+func TestIDTagRemembered(t *testing.T) {
+	want := func(id string) string {
+		sum := sha256.Sum256([]byte(id))
+		return base64.RawURLEncoding.EncodeToString(sum[:9])
+	}
+	for round := range 3 {
+		for i := range 3 * len(recentTags) {
+			id := fmt.Sprintf("inv-%d", i)
+			if got := idTag(id); got != want(id) {
+				t.Fatalf("round %d: tag of %s %q, want %q", round, id, got, want(id))
+			}
+		}
+	}
+	idTag("inv-again")
+	if n := testing.AllocsPerRun(100, func() { idTag("inv-again") }); n != 0 {
+		t.Fatalf("%v allocations to tag an id again", n)
 	}
 }

@@ -17,7 +17,7 @@ import (
 // fails TestAllocationBudget.
 var allocBudgets = map[string]float64{
 	"succeeded": 27, // a success: status, terminal event and result
-	"admitted":  35, // the same, in a session whose usage it settles
+	"admitted":  31, // the same, in a session whose usage it settles
 }
 
 // plainStore stores nothing and allocates nothing, so the counts are the
