@@ -27,15 +27,15 @@ var AgentRunLease = 30 * time.Second
 
 // claimAgentRun holds a slot of the calling agent for inv while it runs,
 // or refuses it with E3106 when the agent already runs as many calls as
-// m allows. Refused, the call is not queued: it ends, retryable, before
-// the tenant's quota or the tool is touched. The returned func releases
-// the slot; it is always safe to call.
-func (x *Executor) claimAgentRun(ctx context.Context, inv *envelope.Invocation, m *tools.Manifest) (func(), error) {
+// m allows under the tenant's defaults d. Refused, the call is not
+// queued: it ends, retryable, before the tenant's quota or the tool is
+// touched. The returned func releases the slot; it is always safe to call.
+func (x *Executor) claimAgentRun(ctx context.Context, inv *envelope.Invocation, m *tools.Manifest, d tools.Defaults) (func(), error) {
 	if x.AgentRuns == nil || x.Defaults == nil {
 		return func() {}, nil
 	}
 	tenant, agent, id := inv.Tenant, inv.Agent(), inv.ID
-	limit := m.ConcurrentPerAgent(x.Defaults(tenant))
+	limit := m.ConcurrentPerAgent(d)
 	if limit >= tools.UncountedRuns {
 		return func() {}, nil
 	}

@@ -172,9 +172,13 @@ func (x *Executor) Process(ctx context.Context, inv *envelope.Invocation) (_ []s
 	if err != nil {
 		return nil, err
 	}
+	var defaults tools.Defaults
+	if x.Defaults != nil {
+		defaults = x.Defaults(inv.Tenant)
+	}
 	// The agent's slot comes before the tenant's quota: a call refused
 	// for the one takes nothing of the other.
-	endRun, err := x.claimAgentRun(ctx, inv, m)
+	endRun, err := x.claimAgentRun(ctx, inv, m, defaults)
 	if err != nil {
 		return nil, err
 	}
@@ -292,10 +296,6 @@ func (x *Executor) Process(ctx context.Context, inv *envelope.Invocation) (_ []s
 	}
 	meter := &kind.Meter{}
 	ctx = kind.WithMeter(ctx, meter)
-	var defaults tools.Defaults
-	if x.Defaults != nil {
-		defaults = x.Defaults(inv.Tenant)
-	}
 	var guard *breaker.Call
 	if x.Breakers != nil {
 		if guard, err = x.Breakers.Acquire(ctx, m.WithBreaker(defaults)); err != nil {
