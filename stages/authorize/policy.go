@@ -237,8 +237,25 @@ func intTerm(n int64) *ast.Term { return ast.NumberTerm(json.Number(strconv.Form
 // timeTerm is t as encoding/json writes it.
 func timeTerm(t time.Time) *ast.Term { return ast.StringTerm(t.Format(time.RFC3339Nano)) }
 
+// noResources and notDerived are the policy forms of a call that needs
+// nothing beyond its tool (the most common), built once.
+var (
+	noResources *ast.Term
+	notDerived  [2]*ast.Term
+)
+
+func init() {
+	noResources = resourcesTerm(Resources{Paths: []PathNeed{}, Hosts: []HostNeed{}, Credentials: []string{}})
+	notDerived = [2]*ast.Term{derivedTerm(Derived{HostGranted: map[string]bool{}}),
+		derivedTerm(Derived{PreApproved: true, HostGranted: map[string]bool{}})}
+}
+
 // resourcesTerm is r's JSON encoding as a term.
 func resourcesTerm(r Resources) *ast.Term {
+	if noResources != nil && r.Paths != nil && r.Hosts != nil && r.Credentials != nil &&
+		len(r.Paths)+len(r.Hosts)+len(r.Credentials) == 0 {
+		return noResources
+	}
 	var paths, hosts, creds []*ast.Term
 	for _, p := range r.Paths {
 		paths = append(paths, ast.ObjectTerm(ast.Item(ast.InternedTerm("path"), ast.StringTerm(p.Path)),
@@ -259,6 +276,12 @@ func resourcesTerm(r Resources) *ast.Term {
 
 // derivedTerm is d's JSON encoding as a term.
 func derivedTerm(d Derived) *ast.Term {
+	if notDerived[0] != nil && d.HostGranted != nil && len(d.HostGranted) == 0 {
+		if d.PreApproved {
+			return notDerived[1]
+		}
+		return notDerived[0]
+	}
 	granted := ast.NullTerm()
 	if d.HostGranted != nil {
 		items := make([][2]*ast.Term, 0, len(d.HostGranted))
