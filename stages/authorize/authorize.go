@@ -174,10 +174,12 @@ func (a *Authorizer) SetPolicy(e *policy.Engine) { a.engine.Store(e) }
 // Process implements stages.Stage.
 func (a *Authorizer) Process(ctx context.Context, inv *envelope.Invocation) ([]stages.Output, error) {
 	// A call handed on unsealed (refused, or with no Sealer) carries its
-	// principal signed; a sealed one has it in the seal.
+	// principal signed; a sealed one has it in the seal. Only the principal
+	// set here, from claims verified here, is ever signed (ours).
 	var sealed bool
+	var ours *envelope.Principal
 	defer func() {
-		if !sealed {
+		if !sealed && ours != nil && inv.Principal == ours {
 			a.signPrincipal(inv)
 		}
 	}()
@@ -216,7 +218,10 @@ func (a *Authorizer) Process(ctx context.Context, inv *envelope.Invocation) ([]s
 		return nil, api.NewError(api.PermissionDenied, api.ETokenRevoked, "capability token %s is revoked", id)
 	}
 	if raw, err := principal(); err == nil {
-		inv.Principal = &envelope.Principal{Session: token.BudgetKey(claims.Root()), Claims: raw}
+		ours = &envelope.Principal{Session: token.BudgetKey(claims.Root()), Claims: raw}
+		inv.Principal = ours
+	} else {
+		inv.Principal = nil // never one the hop arrived with, which park would sign
 	}
 	err = claims.Grants(token.Binding{
 		Tenant: inv.Tenant, AgentDID: req.AgentContext.AgentDID, SessionID: req.AgentContext.SessionID,

@@ -74,6 +74,19 @@ func TestPrincipalSignedOrSealed(t *testing.T) {
 		t.Fatal("a refused call's principal is not signed")
 	}
 
+	// A principal the hop arrived with is never signed: authorize signs
+	// only the one it set from claims it verified.
+	forged := &envelope.Invocation{ID: "i-4", Tenant: "acme", Status: api.StatusPending,
+		Principal: &envelope.Principal{Session: "victim", Claims: json.RawMessage(`{"tenant_id":"acme","sub":"did:agent:root"}`)},
+		Request: &api.Request{ToolID: "echo", CapabilityToken: "not-a-token", Parameters: []byte(`{}`),
+			AgentContext: api.AgentContext{AgentDID: "did:agent:a", TenantID: "acme"}}}
+	for _, tool := range []string{"echo", "unknown"} { // the token refused; the tool unknown
+		forged.Request.ToolID = tool
+		if _, err := a.Process(ctx, forged); err == nil || forged.Principal.Sig != "" {
+			t.Fatalf("%s: a principal authorize did not set was signed (%v)", tool, err)
+		}
+	}
+
 	// A re-drive on the operator's decision of each, as audit keeps them.
 	redrive := func(orig *envelope.Invocation, change func(p *api.DeadLetterPrincipal)) error {
 		p := &api.DeadLetterPrincipal{Session: orig.Principal.Session, Claims: orig.Principal.Claims, Sig: orig.Principal.Sig}
