@@ -23,13 +23,10 @@ func TestHookChildAsVerifiedPrincipal(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	op := s.operator(t)
-	for _, doc := range hookTools[:1] {
+	for _, doc := range []string{hookTools[0], hookTools[5]} { // hk.fallback, hk.secret
 		if _, err := op.RegisterTool(ctx, []byte(doc), false); err != nil {
 			t.Fatal(err)
 		}
-	}
-	if _, err := op.RegisterTool(ctx, []byte(hookTools[5]), false); err != nil {
-		t.Fatal(err)
 	}
 	const tenant = "hkbus"
 	call := func(tool, params string, grants ...string) (api.Response, *client.Client) {
