@@ -65,11 +65,14 @@ type DeadLetter struct {
 }
 
 // DeadLetterPrincipal is the principal of a dead-lettered call
-// (envelope.Principal).
+// (envelope.Principal): signed by authorize (Sig), or, on a call authorize
+// sealed, covered by the call's authorization seal (Seal, an
+// envelope.Seal).
 type DeadLetterPrincipal struct {
 	Session string          `json:"session"`
 	Claims  json.RawMessage `json:"claims"`
 	Sig     string          `json:"sig,omitempty"`
+	Seal    json.RawMessage `json:"seal,omitempty"`
 }
 
 // Redrive is set on the request of a re-drive: the dead-lettered call it

@@ -132,7 +132,7 @@ func TestKubernetesMountsCredentials(t *testing.T) {
 		`validate)  extra="--from-file=` + TokenKeyFile + `"`,
 		`authorize) extra="--from-file=` + TokenKeyFile + ` --from-file=` + SealKeyFile + `"`,
 		`execute)   extra="--from-file=` + SealPublicFile + `"`,
-		`audit)     extra="--from-file=` + AuditChainKeyFile + `"`,
+		`audit)     extra="--from-file=` + AuditChainKeyFile + ` --from-file=` + SealPublicFile + `"`,
 		`--from-file=$r` + hopKeySuffix + ` --from-file=` + HopKeysFile,
 	} {
 		if !strings.Contains(string(text), want) {

@@ -172,6 +172,10 @@ type Seal struct {
 	ToolVersion string `json:"tool_version"`
 	Request     string `json:"request"`
 	Authz       string `json:"authz"`
+	// Principal is the SHA-256 (hex) of PrincipalText, when the call has a
+	// principal: the seal's one signature vouches for it to audit and to a
+	// re-drive, with no signature of its own.
+	Principal string `json:"principal,omitempty"`
 	// Decision is what authorize decided ("allow").
 	Decision string `json:"decision"`
 	// Expires is when the seal stops admitting the call (Unix ms): the
@@ -188,8 +192,10 @@ type Principal struct {
 	// Claims are the token's verified claims, as JSON.
 	Claims json.RawMessage `json:"claims"`
 	// Sig is authorize's signature over the principal of this invocation
-	// (PrincipalText): audit starts a hook's child as these claims only if
-	// it verifies, so no other stage can hand audit claims of its own.
+	// (PrincipalText), on a call authorize did not seal; a sealed call's
+	// principal is covered by its seal (Seal.Principal). Audit starts a
+	// hook's child as these claims only if one of them verifies, so no
+	// other stage can hand audit claims of its own.
 	Sig string `json:"sig,omitempty"`
 }
 

@@ -478,6 +478,11 @@ type StageConfig struct {
 	// (only on a bus without authentication: Run refuses to start execute
 	// on an authenticated bus without the key).
 	Seals *seal.Verifier
+	// PrincipalSeals checks, in audit, the seal that covers the principal
+	// of a call authorize admitted, before a hook starts a child as it
+	// (Run loads seal.pub for audit); nil: the Sealer's or Seals when this
+	// process holds them.
+	PrincipalSeals *seal.Verifier
 	// ApprovalProof verifies approvals in authorize (Run sets it on an
 	// authenticated bus: an operator's signature of this deployment).
 	ApprovalProof func(a kvstore.Approval, requestDigest string) error
@@ -767,6 +772,9 @@ func (n *Node) NewStage(ctx context.Context, name string, c StageConfig) (stages
 			h.PrincipalSigned = func(text []byte, sig string) bool {
 				return c.Messages.Record(busauth.RoleAuthorize, recordPrincipal, text, sig)
 			}
+			if v := c.principalSeals(); v != nil {
+				h.PrincipalSealed = v.Principal
+			}
 		}
 		a := audit.New(n.Store, h)
 		if !c.HopsSince.IsZero() {
@@ -878,6 +886,19 @@ func checkBreaker(st kvstore.BreakerState, b *breaker.Breakers, proof signedstat
 
 // The kinds of record one role signs for another: authorize the principal
 // it verified, audit the decisions of hooks.
+
+// principalSeals is what checks the seal that covers an admitted call's
+// principal here (StageConfig.PrincipalSeals), or nil.
+func (c *StageConfig) principalSeals() *seal.Verifier {
+	switch {
+	case c.PrincipalSeals != nil:
+		return c.PrincipalSeals
+	case c.Sealer != nil:
+		return c.Sealer.Verifier()
+	}
+	return c.Seals
+}
+
 const (
 	recordPrincipal = "principal"
 	recordDecision  = "hook-decision"
@@ -921,6 +942,9 @@ func (n *Node) newAuthorizer(ctx context.Context, c StageConfig) (*authorize.Aut
 		}
 		ac.PrincipalSigned = func(text []byte, sig string) bool {
 			return c.Messages.Record(busauth.RoleAuthorize, recordPrincipal, text, sig)
+		}
+		if v := c.principalSeals(); v != nil {
+			ac.PrincipalSealed = v.Principal
 		}
 	}
 	if c.StateProof != nil {

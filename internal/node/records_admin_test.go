@@ -178,7 +178,9 @@ deny contains {"msg": "echo may not say secret", "code": "E3209"} if {
 
 // TestEditedDeadLetterNotRedriven: the audit role's credential may publish
 // dead letters; one it republishes with other parameters after the
-// operator's show is not what the operator's run starts.
+// operator's show is not what the operator's run starts, and one whose
+// principal it changed, shown and run on the operator's decision, is
+// refused by authorize: the principal is not the one it sealed.
 func TestEditedDeadLetterNotRedriven(t *testing.T) {
 	s := serveEmbedded(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
@@ -212,11 +214,11 @@ func TestEditedDeadLetterNotRedriven(t *testing.T) {
 		t.Fatal(err)
 	}
 	var failed []string
-	eventually(t, 20*time.Second, "two calls ended on the open breaker", func() bool {
+	eventually(t, 20*time.Second, "three calls ended on the open breaker", func() bool {
 		if r := call(); r.Error != nil && r.Error.ECode == api.EBreakerOpen {
 			failed = append(failed, r.InvocationID)
 		}
-		return len(failed) == 2
+		return len(failed) == 3
 	})
 	if _, err := op.SetBreaker(ctx, tool, api.BreakerRelease, ""); err != nil {
 		t.Fatal(err)
@@ -228,9 +230,9 @@ func TestEditedDeadLetterNotRedriven(t *testing.T) {
 		t.Fatal(err)
 	}
 	ajs, _ := jetstream.New(s.connect(t, 0, s.creds(busauth.RoleAudit)))
-	// edit republishes id's dead letter, as audit's credential may, with
-	// other parameters and the headers sign gives it.
-	edit := func(id string, sign func(subject string, h nats.Header, data []byte) nats.Header) {
+	// edit republishes id's dead letter, as audit's credential may, changed
+	// by change (other parameters when nil), with the headers sign gives it.
+	edit := func(id string, sign func(subject string, h nats.Header, data []byte) nats.Header, change ...func(map[string]any)) {
 		t.Helper()
 		var m *jetstream.RawStreamMsg
 		eventually(t, 10*time.Second, "the dead letter", func() bool {
@@ -242,6 +244,9 @@ func TestEditedDeadLetterNotRedriven(t *testing.T) {
 			t.Fatal(err)
 		}
 		d["request"].(map[string]any)["parameters"] = map[string]any{"message": "edited by audit"}
+		for _, c := range change {
+			c(d)
+		}
 		data, _ := json.Marshal(d)
 		h := nats.Header{"Content-Type": {"application/json"}}
 		if sign != nil {
@@ -269,7 +274,7 @@ func TestEditedDeadLetterNotRedriven(t *testing.T) {
 	if !isCode(out.Runs[0].Error, api.EDeadLetterUnsigned) {
 		t.Fatalf("the run of an unsigned dead letter: %+v, want %s", out.Runs[0].Error, api.EDeadLetterUnsigned)
 	}
-	if l, err := op.RedriveList(ctx, api.RedriveListRequest{RedriveFilter: api.RedriveFilter{Tenant: tenant}}); err != nil || len(l.Entries) != 1 {
+	if l, err := op.RedriveList(ctx, api.RedriveListRequest{RedriveFilter: api.RedriveFilter{Tenant: tenant}}); err != nil || len(l.Entries) != len(failed)-1 {
 		t.Fatalf("the listing holds the unsigned dead letter: %+v %v", l, err)
 	}
 	stateRefused(t, ctx, ojs, "dead letter", lastSeq(t, ctx, dls, tenant, failed[0]), "urn:toolgate:control")
@@ -295,6 +300,29 @@ func TestEditedDeadLetterNotRedriven(t *testing.T) {
 	out, err = op.RedriveRun(ctx, api.RedriveRunRequest{Tenant: tenant, IDs: []string{failed[1]}, Decision: true, Reason: "test"}, "")
 	if err != nil || len(out.Runs) != 1 || !isCode(out.Runs[0].Error, api.ERequestInvalid) {
 		t.Fatalf("a decision naming no digest: %+v %v", out, err)
+	}
+
+	// Republished with audit's own key and another token id in the
+	// principal (one no revocation names), then shown: the operator's run
+	// starts it, and authorize refuses the principal it did not seal.
+	edit(failed[2], seal.NewSigner(busauth.RoleAudit, key).Sign, func(d map[string]any) {
+		d["request"].(map[string]any)["parameters"] = map[string]any{"message": "as sent"}
+		d["principal"].(map[string]any)["claims"].(map[string]any)["jti"] = "not-revoked"
+	})
+	if shown, err = op.RedriveShow(ctx, tenant, failed[2]); err != nil {
+		t.Fatal(err)
+	}
+	out, err = op.RedriveRun(ctx, api.RedriveRunRequest{Tenant: tenant, IDs: []string{failed[2]}, Decision: true, Reason: "test",
+		Digests: map[string]string{failed[2]: shown.Digest}}, "")
+	if err != nil || len(out.Runs) != 1 || out.Runs[0].Error != nil {
+		t.Fatalf("the run of a dead letter with another principal: %+v %v", out, err)
+	}
+	r, err := ac.Wait(ctx, tenant, out.Runs[0].RedriveID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Status != api.StatusPermissionDenied || !isCode(r.Error, api.ERecordUnsigned) {
+		t.Fatalf("the re-drive as a principal authorize did not seal: %s %+v, want %s", r.Status, r.Error, api.ERecordUnsigned)
 	}
 }
 

@@ -906,6 +906,15 @@ func setupSeals(c *Config, authenticated bool, log *slog.Logger) error {
 			log.Warn("authorize hands calls on unsealed: no hop-sealing key and no bus authentication")
 		}
 	}
+	if runs(subjects.Audit) && c.Stage.Sealer == nil && c.Stage.PrincipalSeals == nil && dir != "" {
+		// Audit starts a hook's child as the principal of a call authorize
+		// sealed only if the seal verifies.
+		if pub, err := busauth.LoadSealPublicKey(dir); err == nil {
+			c.Stage.PrincipalSeals = seal.NewVerifier(pub)
+		} else if authenticated {
+			log.Warn("audit starts no hook's retry or fallback of a sealed call: no hop-sealing key", "file", busauth.SealPublicFile, "dir", where, "err", err)
+		}
+	}
 	if runs(subjects.Execute) && c.Stage.Seals == nil {
 		var pub ed25519.PublicKey
 		err := fs.ErrNotExist

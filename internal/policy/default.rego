@@ -29,22 +29,18 @@ package toolgate.authz
 
 default decision := {"allow": false, "reasons": ["no rule allowed the call"], "requires_approval": false}
 
-decision := {"allow": true, "reasons": [], "requires_approval": false} if {
-	count(deny) == 0
-	count(approval) == 0
-}
-
-decision := {"allow": true, "reasons": sort(approval), "requires_approval": true, "approvers": approvers} if {
-	count(deny) == 0
-	count(approval) > 0
-}
-
+# The first that holds: a refusal, else a call to approve, else an
+# allowed call (one chain: each set is counted once, each body tried once).
 decision := {
 	"allow": false,
 	"reasons": sort([d.msg | some d in deny]),
 	"requires_approval": false,
 	"code": min({d.code | some d in deny}),
-} if count(deny) > 0
+} if {
+	count(deny) > 0
+} else := {"allow": true, "reasons": sort(approval), "requires_approval": true, "approvers": approvers} if {
+	count(approval) > 0
+} else := {"allow": true, "reasons": [], "requires_approval": false}
 
 approved if input.approval.state == "approved"
 

@@ -14,8 +14,10 @@ import (
 	"strings"
 
 	"github.com/open-policy-agent/opa/v1/ast"
+	"github.com/open-policy-agent/opa/v1/metrics"
 	"github.com/open-policy-agent/opa/v1/rego"
 	"github.com/open-policy-agent/opa/v1/storage/inmem"
+	"github.com/open-policy-agent/opa/v1/topdown"
 	"github.com/toolgate/toolgate/api"
 )
 
@@ -196,7 +198,18 @@ func (e *Engine) Eval(ctx context.Context, input any) (Decision, error) {
 	if v, ok := input.(ast.Value); ok {
 		opt = rego.EvalParsedInput(v)
 	}
-	rs, err := e.query.Eval(ctx, opt)
+	// Per evaluation OPA would otherwise make metrics no one reads, a
+	// goroutine that waits for ctx, and the JSON form of the decision,
+	// which is read here from the term itself (decision) as that form says.
+	opts := [...]rego.EvalOption{opt, rego.EvalMetrics(metrics.NoOp()), rego.EvalGenerateJSON(keepTerm), nil}
+	if ctx.Done() == nil {
+		opts[3] = rego.EvalExternalCancel(neverCancelled)
+	} else {
+		c := topdown.NewCancel()
+		defer context.AfterFunc(ctx, c.Cancel)()
+		opts[3] = rego.EvalExternalCancel(c)
+	}
+	rs, err := e.query.Eval(ctx, opts[:]...)
 	if err != nil {
 		return Decision{Reasons: []string{"policy evaluation failed"}},
 			api.WrapError(err, api.InternalError, api.EPolicyFailed, "evaluating policy: %v", err)
@@ -204,40 +217,73 @@ func (e *Engine) Eval(ctx context.Context, input any) (Decision, error) {
 	if len(rs) == 0 || len(rs[0].Expressions) == 0 {
 		return Decision{Reasons: []string{"the policy defines no decision for this call"}}, nil
 	}
-	obj, ok := rs[0].Expressions[0].Value.(map[string]any)
+	t, _ := rs[0].Expressions[0].Value.(*ast.Term)
+	return decision(t), nil
+}
+
+// The decision's names are interned in OPA's table, so that reading a
+// decision makes no terms (ast.InternStringTerm may only be called while
+// packages initialise).
+func init() {
+	ast.InternStringTerm("allow", "requires_approval", "code", "approvers", "reasons")
+}
+
+// neverCancelled stands for a context that is never done.
+var neverCancelled = topdown.NewCancel()
+
+// keepTerm hands the result on as OPA computed it (rego.EvalGenerateJSON).
+func keepTerm(t *ast.Term, _ *rego.EvalContext) (any, error) { return t, nil }
+
+// decision reads the policy's decision from its value, as from its JSON
+// form (ast.JSON): numbers are json.Number, sets are arrays.
+func decision(t *ast.Term) Decision {
+	var obj ast.Object
+	if t != nil {
+		obj, _ = t.Value.(ast.Object)
+	}
+	if obj == nil {
+		return Decision{Reasons: []string{"the policy's decision is not an object"}}
+	}
+	field := func(name string) ast.Value {
+		if v := obj.Get(ast.InternedTerm(name)); v != nil {
+			return v.Value
+		}
+		return nil
+	}
+	allow, ok := field("allow").(ast.Boolean)
 	if !ok {
-		return Decision{Reasons: []string{"the policy's decision is not an object"}}, nil
+		return Decision{Reasons: []string{"the policy's decision has no boolean allow"}}
 	}
-	allow, ok := obj["allow"].(bool)
-	if !ok {
-		return Decision{Reasons: []string{"the policy's decision has no boolean allow"}}, nil
+	d := Decision{Allow: bool(allow)}
+	if ra, ok := field("requires_approval").(ast.Boolean); ok {
+		d.RequiresApproval = bool(ra)
 	}
-	d := Decision{Allow: allow}
-	if ra, ok := obj["requires_approval"].(bool); ok {
-		d.RequiresApproval = ra
+	if c, ok := field("code").(ast.String); ok {
+		d.Code = string(c)
 	}
-	if c, ok := obj["code"].(string); ok {
-		d.Code = c
-	}
-	switch n := obj["approvers"].(type) {
-	case json.Number:
-		if i, err := n.Int64(); err == nil && i > 1 && i <= maxApprovers {
+	if n, ok := field("approvers").(ast.Number); ok {
+		if i, err := json.Number(n).Int64(); err == nil && i > 1 && i <= maxApprovers {
 			d.Approvers = int(i)
 		}
-	case float64:
-		if n > 1 && n <= maxApprovers && n == float64(int(n)) {
-			d.Approvers = int(n)
-		}
 	}
-	if rs, ok := obj["reasons"].([]any); ok {
-		for _, r := range rs {
-			if s, ok := r.(string); ok {
-				d.Reasons = append(d.Reasons, s)
+	switch rs := field("reasons").(type) {
+	case *ast.Array:
+		for i := range rs.Len() {
+			if s, ok := rs.Elem(i).Value.(ast.String); ok {
+				d.Reasons = append(d.Reasons, string(s))
+			}
+		}
+	case ast.Set:
+		if all, err := ast.JSON(rs); err == nil {
+			for _, r := range all.([]any) {
+				if s, ok := r.(string); ok {
+					d.Reasons = append(d.Reasons, s)
+				}
 			}
 		}
 	}
 	if !d.Allow && len(d.Reasons) == 0 {
 		d.Reasons = []string{"denied by policy"}
 	}
-	return d, nil
+	return d
 }

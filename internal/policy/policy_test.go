@@ -171,6 +171,42 @@ func TestLoadDirAndFile(t *testing.T) {
 	}
 }
 
+// TestDecisionReadAsItsJSON: a decision is read from OPA's value as it
+// would be from its JSON form: reasons as an array or a set, approvers an
+// integer from 2 to 5 only, and whatever is not a boolean allow a denial.
+func TestDecisionReadAsItsJSON(t *testing.T) {
+	ctx := context.Background()
+	for name, c := range map[string]struct {
+		rule string
+		want Decision
+	}{
+		"allowed":            {`{"allow": true, "reasons": [], "requires_approval": false}`, Decision{Allow: true}},
+		"approval by two":    {`{"allow": true, "reasons": ["b", "a"], "requires_approval": true, "approvers": 2}`, Decision{Allow: true, RequiresApproval: true, Reasons: []string{"b", "a"}, Approvers: 2}},
+		"approvers as float": {`{"allow": true, "requires_approval": true, "approvers": 2.0}`, Decision{Allow: true, RequiresApproval: true}},
+		"approvers too many": {`{"allow": true, "approvers": 6}`, Decision{Allow: true}},
+		"approvers a string": {`{"allow": true, "approvers": "3"}`, Decision{Allow: true}},
+		"reasons as a set":   {`{"allow": false, "reasons": {"x", "y", 3}, "code": "E3209"}`, Decision{Reasons: []string{"x", "y"}, Code: "E3209"}},
+		"code not a string":  {`{"allow": false, "reasons": ["r"], "code": 3209}`, Decision{Reasons: []string{"r"}}},
+		"no reasons":         {`{"allow": false}`, Decision{Reasons: []string{"denied by policy"}}},
+		"allow not boolean":  {`{"allow": "true"}`, Decision{Reasons: []string{"the policy's decision has no boolean allow"}}},
+		"not an object":      {`["allow"]`, Decision{Reasons: []string{"the policy's decision is not an object"}}},
+	} {
+		e, err := New(ctx, map[string]string{"p.rego": "package toolgate.authz\ndecision := " + c.rule}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, err := e.Eval(ctx, map[string]any{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, _ := json.Marshal(d)
+		want, _ := json.Marshal(c.want)
+		if string(got) != string(want) {
+			t.Errorf("%s: %s, want %s", name, got, want)
+		}
+	}
+}
+
 func BenchmarkEval(b *testing.B) {
 	e, err := Default(context.Background())
 	if err != nil {

@@ -10,8 +10,9 @@
 // execute) over tenant, invocation id, ingest sequence, tool id and
 // version, the digest of the request (parameters, agent context, limits,
 // options), the digest of the authorization (token, grants, budget keys,
-// approver), the decision and an expiry. One signature per admitted call,
-// one verification per run.
+// approver), the decision, an expiry and the digest of the principal
+// authorize verified (envelope.PrincipalText). One signature per admitted
+// call, one verification per run: the principal needs none of its own.
 package seal
 
 import (
@@ -34,8 +35,13 @@ import (
 const DecisionAllow = "allow"
 
 // version prefixes the signed text, so a later layout cannot be confused
-// with this one.
-const version = "toolgate-seal-v1"
+// with this one. A seal that covers the call's principal is signed as
+// versionPrincipal, with the principal's digest last; one without (made
+// before seals covered it) keeps the first layout and still verifies.
+const (
+	version          = "toolgate-seal-v1"
+	versionPrincipal = "toolgate-seal-v2"
+)
 
 // Sealer signs decisions with the private sealing key.
 type Sealer struct {
@@ -81,6 +87,9 @@ func (s *Sealer) Seal(inv *envelope.Invocation, toolID, toolVersion string, expi
 	}
 	if sl.Authz, err = digest(inv.Authz); err != nil {
 		return err
+	}
+	if inv.Principal != nil {
+		sl.Principal = principalDigest(inv)
 	}
 	text := signed(sl)
 	sig := ed25519.Sign(s.key, text)
@@ -150,6 +159,25 @@ func (v *Verifier) Check(inv *envelope.Invocation, now time.Time) error {
 	return nil
 }
 
+// Principal reports whether sl is a seal of this deployment, its
+// signature good, made for inv (tenant and id) with inv's principal: what
+// authorize verified, which no later hop changed. Its expiry does not
+// count: a hook's child or a re-drive may start after the token expired,
+// and is judged again by authorize.
+func (v *Verifier) Principal(inv *envelope.Invocation, sl *envelope.Seal) bool {
+	if sl == nil || inv.Principal == nil || sl.Principal == "" || sl.Key != v.id || sl.Tenant != inv.Tenant || sl.ID != inv.ID {
+		return false
+	}
+	sig, err := base64.RawURLEncoding.DecodeString(sl.Sig)
+	return err == nil && v.recent.verified(v.key, signed(sl), sig) && sl.Principal == principalDigest(inv)
+}
+
+// principalDigest is the SHA-256 (hex) of inv's principal text.
+func principalDigest(inv *envelope.Invocation) string {
+	sum := sha256.Sum256(envelope.PrincipalText(inv))
+	return hex.EncodeToString(sum[:])
+}
+
 func refuse(msg, field string) error {
 	e := api.NewError(api.PermissionDenied, api.EHopUnsealed, "execute refused the call: %s", msg)
 	if field != "" {
@@ -176,8 +204,12 @@ func digest(v any) (string, error) {
 // the strings quoted, so no value can run into the next.
 func signed(s *envelope.Seal) []byte {
 	var b bytes.Buffer
-	b.Grow(256)
-	b.WriteString(version)
+	b.Grow(320)
+	if s.Principal == "" {
+		b.WriteString(version)
+	} else {
+		b.WriteString(versionPrincipal)
+	}
 	for _, f := range []string{s.Key, s.Tenant, s.ID, s.ToolID, s.ToolVersion, s.Request, s.Authz, s.Decision} {
 		b.WriteByte('\n')
 		b.WriteString(strconv.Quote(f))
@@ -186,5 +218,9 @@ func signed(s *envelope.Seal) []byte {
 	b.WriteString(strconv.FormatUint(s.Seq, 10))
 	b.WriteByte('\n')
 	b.WriteString(strconv.FormatInt(s.Expires, 10))
+	if s.Principal != "" {
+		b.WriteByte('\n')
+		b.WriteString(strconv.Quote(s.Principal))
+	}
 	return b.Bytes()
 }

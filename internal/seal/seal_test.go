@@ -4,6 +4,7 @@ import (
 	"crypto/ed25519"
 	"encoding/json"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -30,6 +31,8 @@ func admitted(t testing.TB, s *Sealer, exp time.Time) *envelope.Invocation {
 			ResourceLimits: &api.ResourceLimits{TimeoutSeconds: 10}},
 		Authz: &envelope.Authorization{TokenID: "tok-1", AgentDID: "did:agent:a", Session: "root-1", Reserved: true,
 			Grants: envelope.Grants{Paths: []string{"/reports"}, PathMode: "ro", Hosts: []string{"api.example.com"}, Ports: []int{443}}},
+		Principal: &envelope.Principal{Session: "root-1",
+			Claims: json.RawMessage(`{"tenant_id":"demo","sub":"did:agent:a","jti":"tok-1","roles":["reader"]}`)},
 	}
 	if err := s.Seal(inv, "fs.read_file", "1.2.0", exp); err != nil {
 		t.Fatal(err)
@@ -113,6 +116,58 @@ func TestCheckRefuses(t *testing.T) {
 				t.Errorf("sealed_field %q, want %q (%v)", got, tc.field, err)
 			}
 		})
+	}
+}
+
+// TestSealCoversThePrincipal: the seal's one signature vouches for the
+// principal authorize verified; a principal changed by a later hop (any
+// byte of its claims, its session), or the seal of another invocation,
+// tenant or key, is not vouched for. A seal made before seals covered the
+// principal still admits its call at execute, and vouches for no
+// principal.
+func TestSealCoversThePrincipal(t *testing.T) {
+	k := newKey(t)
+	s, v := NewSealer(k), NewVerifier(k.Public().(ed25519.PublicKey))
+	exp := time.Now().Add(time.Hour)
+	if inv := admitted(t, s, exp); !v.Principal(inv, inv.Authz.Seal) {
+		t.Fatal("the principal of a genuine seal is not vouched for")
+	}
+	for name, change := range map[string]func(inv *envelope.Invocation){
+		"another agent": func(inv *envelope.Invocation) {
+			inv.Principal.Claims = json.RawMessage(strings.Replace(string(inv.Principal.Claims), "did:agent:a", "did:agent:b", 1))
+		},
+		"another token id": func(inv *envelope.Invocation) {
+			inv.Principal.Claims = json.RawMessage(strings.Replace(string(inv.Principal.Claims), "tok-1", "tok-2", 1))
+		},
+		"other roles": func(inv *envelope.Invocation) {
+			inv.Principal.Claims = json.RawMessage(strings.Replace(string(inv.Principal.Claims), "reader", "admin", 1))
+		},
+		"another session":       func(inv *envelope.Invocation) { inv.Principal.Session = "victim" },
+		"another tenant":        func(inv *envelope.Invocation) { inv.Tenant = "other" },
+		"another invocation":    func(inv *envelope.Invocation) { inv.ID = "inv-2" },
+		"no principal digest":   func(inv *envelope.Invocation) { inv.Authz.Seal.Principal = "" },
+		"the digest rewritten":  func(inv *envelope.Invocation) { inv.Authz.Seal.Principal = principalDigest(inv) + "0" },
+		"another key's seal":    func(inv *envelope.Invocation) { inv.Authz.Seal = admitted(t, NewSealer(newKey(t)), exp).Authz.Seal },
+		"the signature garbled": func(inv *envelope.Invocation) { inv.Authz.Seal.Sig = "AAAA" },
+	} {
+		inv := admitted(t, s, exp)
+		change(inv)
+		if v.Principal(inv, inv.Authz.Seal) {
+			t.Errorf("%s: vouched for", name)
+		}
+	}
+	// Sealed without a principal, as before seals covered it.
+	old := admitted(t, s, exp)
+	p := old.Principal
+	old.Principal = nil
+	if err := s.Seal(old, "fs.read_file", "1.2.0", exp); err != nil {
+		t.Fatal(err)
+	}
+	if err := v.Check(old, time.Now()); err != nil {
+		t.Fatalf("a seal without the principal's digest: %v", err)
+	}
+	if old.Principal = p; v.Principal(old, old.Authz.Seal) {
+		t.Fatal("a seal without the principal's digest vouches for a principal")
 	}
 }
 

@@ -28,6 +28,12 @@ func deadLetter(inv *envelope.Invocation, now time.Time) (o stages.Output, ok bo
 	}
 	if p := inv.Principal; p != nil {
 		d.Principal = &api.DeadLetterPrincipal{Session: p.Session, Claims: p.Claims, Sig: p.Sig}
+		if inv.Authz != nil && inv.Authz.Seal != nil && inv.Authz.Seal.Principal != "" {
+			// The seal vouches for the principal of a call authorize admitted.
+			if d.Principal.Seal, err = json.Marshal(inv.Authz.Seal); err != nil {
+				return stages.Output{}, false, err
+			}
+		}
 	}
 	data, err := json.Marshal(d)
 	if err != nil {

@@ -35,16 +35,28 @@ type Hooks struct {
 	Tenants  *hooks.Tenants
 	Store    hookStore
 	// PrincipalSigned, when set, checks authorize's signature over an
-	// invocation's principal (envelope.PrincipalText): a child is started
-	// as the claims authorize verified, never as claims another stage put
-	// in the envelope. SignDecision signs each decision audit records
+	// invocation's principal (envelope.PrincipalText), and PrincipalSealed
+	// the authorization seal that covers the principal of a call authorize
+	// admitted (seal.Verifier.Principal): a child is started as the claims
+	// authorize verified, never as claims another stage put in the
+	// envelope. SignDecision signs each decision audit records
 	// (kvstore.DecisionText), and DecisionSigned checks one read back: a
 	// decision another role wrote into the bucket is never repeated, and
-	// authorize admits no child by it. All three are set together, on a bus
+	// authorize admits no child by it. All are set together, on a bus
 	// where every role signs (seal.Messages, seal.Signer).
 	PrincipalSigned func(text []byte, sig string) bool
+	PrincipalSealed func(inv *envelope.Invocation, sl *envelope.Seal) bool
 	SignDecision    func(text []byte) string
 	DecisionSigned  func(text []byte, sig string) bool
+}
+
+// principalVouched reports whether authorize sealed inv with its
+// principal, or signed the principal of a call it did not seal.
+func (h *Hooks) principalVouched(inv *envelope.Invocation) bool {
+	if inv.Authz != nil && inv.Authz.Seal != nil && h.PrincipalSealed != nil && h.PrincipalSealed(inv, inv.Authz.Seal) {
+		return true
+	}
+	return h.PrincipalSigned(envelope.PrincipalText(inv), inv.Principal.Sig)
 }
 
 // signed reports whether d is a decision audit made (always, where
@@ -129,8 +141,7 @@ func (h *Hooks) decide(ctx context.Context, inv *envelope.Invocation) (*kvstore.
 			}
 			child, err := childOf(inv, match, o, &api.Link{Parent: inv.ID, Root: root, Hook: match.Spec.Name,
 				Action: match.Spec.Action, Depth: depth, Attempt: match.Attempt})
-			if err == nil && h.PrincipalSigned != nil && inv.Principal != nil &&
-				!h.PrincipalSigned(envelope.PrincipalText(inv), inv.Principal.Sig) {
+			if err == nil && h.PrincipalSigned != nil && inv.Principal != nil && !h.principalVouched(inv) {
 				err = errors.New("the invocation's principal is not signed by authorize")
 			}
 			if err != nil {

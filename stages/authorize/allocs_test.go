@@ -2,13 +2,16 @@ package authorize
 
 import (
 	"context"
+	"crypto/ed25519"
 	"testing"
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/allocbudget"
+	"github.com/toolgate/toolgate/internal/busauth"
 	"github.com/toolgate/toolgate/internal/envelope"
+	"github.com/toolgate/toolgate/internal/seal"
 	"github.com/toolgate/toolgate/internal/token"
 	"github.com/toolgate/toolgate/stages/execute/kinds"
 )
@@ -18,7 +21,10 @@ import (
 var allocBudgets = map[string]float64{
 	// One admitted call of a session's token, no budget: what every
 	// invocation pays in authorize.
-	"admitted": 274,
+	"admitted": 202,
+	// The same call on an authenticated bus: sealed for execute, and its
+	// principal signed for audit.
+	"sealed": 226,
 }
 
 func allocPaths(tb testing.TB) map[string]func() {
@@ -33,16 +39,24 @@ func allocPaths(tb testing.TB) map[string]func() {
 	}
 	a := New(Config{Registry: reg, Kinds: kinds.Compiled(), Policy: engine, Store: newFakeStore(),
 		Verifier: &token.Verifier{Keys: token.StaticKeys{Set: key.KeySet()}, Issuer: issuer, Audience: audience}})
-	return map[string]func(){
-		"admitted": func() {
+	_, sealKey, _ := ed25519.GenerateKey(nil)
+	_, hopKey, _ := ed25519.GenerateKey(nil)
+	signer := seal.NewSigner(busauth.RoleAuthorize, hopKey)
+	sealed := New(Config{Registry: reg, Kinds: kinds.Compiled(), Policy: engine, Store: newFakeStore(),
+		Verifier:      &token.Verifier{Keys: token.StaticKeys{Set: key.KeySet()}, Issuer: issuer, Audience: audience},
+		Sealer:        seal.NewSealer(sealKey),
+		SignPrincipal: func(text []byte) string { return signer.SignRecord("principal", text) }})
+	call := func(a *Authorizer) func() {
+		return func() {
 			inv := &envelope.Invocation{ID: "i-1", Tenant: "acme", Status: api.StatusPending, Event: envelope.Event{Seq: 3},
 				Request: &api.Request{ToolID: "echo", CapabilityToken: raw, Parameters: []byte(`{"text":"hi"}`),
 					AgentContext: api.AgentContext{AgentDID: "did:agent:a", TenantID: "acme"}}}
 			if _, err := a.Process(ctx, inv); err != nil || inv.Authz == nil {
 				tb.Fatal(err)
 			}
-		},
+		}
 	}
+	return map[string]func(){"admitted": call(a), "sealed": call(sealed)}
 }
 
 func TestAllocationBudget(t *testing.T) { allocbudget.Check(t, allocBudgets, allocPaths(t)) }

@@ -37,6 +37,8 @@ func (a *Authorizer) park(ctx context.Context, inv *envelope.Invocation, m *tool
 	if a.cfg.Custody != nil {
 		inv.Custody = a.cfg.Custody(inv.Tenant, inv.ID, inv.Event.Seq)
 	}
+	// The parked call is not sealed: control may end it as it is.
+	a.signPrincipal(inv)
 	parked, err := json.Marshal(inv)
 	if err != nil {
 		return nil, err

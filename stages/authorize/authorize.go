@@ -80,10 +80,14 @@ type Config struct {
 	// token on this hop.
 	TokenSeal TokenOpener
 	// SignPrincipal, when set, signs the principal authorize records in
-	// the envelope (envelope.PrincipalText), and DecisionSigned checks
-	// audit's signature over a hook decision (kvstore.DecisionText) before
-	// a linked request is admitted as its child. Both are set on a bus
-	// where every role signs (seal.Signer, seal.Messages).
+	// the envelope (envelope.PrincipalText) of a call it does not seal: a
+	// refusal, a parked call, or every call without a Sealer. A sealed
+	// call's principal is covered by the seal's one signature. Audit reads
+	// either when a hook starts a child as the principal, and a re-drive on
+	// an operator's decision runs as it. DecisionSigned checks audit's
+	// signature over a hook decision (kvstore.DecisionText) before a linked
+	// request is admitted as its child. Both are set on a bus where every
+	// role signs (seal.Signer, seal.Messages).
 	SignPrincipal  func(text []byte) string
 	DecisionSigned func(text []byte, sig string) bool
 	// Custody, when set, is control's custody of a call authorize parks
@@ -94,10 +98,12 @@ type Config struct {
 	Custody func(tenant, id string, seq uint64) string
 	// RedriveProof, when set, names the operator who signed a re-drive's
 	// run request (signedstate.Verify) and PrincipalSigned checks
-	// authorize's own signature over a dead-lettered call's principal;
-	// both are set on an authenticated bus (docs/redrive.md).
+	// authorize's own signature over a dead-lettered call's principal, or
+	// PrincipalSealed the seal that covers it (seal.Verifier.Principal);
+	// all are set on an authenticated bus (docs/redrive.md).
 	RedriveProof    func(p *api.DecisionProof) (string, error)
 	PrincipalSigned func(text []byte, sig string) bool
+	PrincipalSealed func(inv *envelope.Invocation, sl *envelope.Seal) bool
 	// OnShadowDiverged, when set, is told of each call on which the
 	// candidate policy (SetShadow) decided otherwise than the live one.
 	OnShadowDiverged func(api.ShadowDivergence)
@@ -167,6 +173,16 @@ func (a *Authorizer) SetPolicy(e *policy.Engine) { a.engine.Store(e) }
 
 // Process implements stages.Stage.
 func (a *Authorizer) Process(ctx context.Context, inv *envelope.Invocation) ([]stages.Output, error) {
+	// A call handed on unsealed (refused, or with no Sealer) carries its
+	// principal signed; a sealed one has it in the seal. Only the principal
+	// set here, from claims verified here, is ever signed (ours).
+	var sealed bool
+	var ours *envelope.Principal
+	defer func() {
+		if !sealed && ours != nil && inv.Principal == ours {
+			a.signPrincipal(inv)
+		}
+	}()
 	req := inv.Request
 	// Authorize takes every call first: what an earlier holder (control,
 	// resuming a parked call) held is not handed on.
@@ -202,10 +218,10 @@ func (a *Authorizer) Process(ctx context.Context, inv *envelope.Invocation) ([]s
 		return nil, api.NewError(api.PermissionDenied, api.ETokenRevoked, "capability token %s is revoked", id)
 	}
 	if raw, err := principal(); err == nil {
-		inv.Principal = &envelope.Principal{Session: token.BudgetKey(claims.Root()), Claims: raw}
-		if a.cfg.SignPrincipal != nil {
-			inv.Principal.Sig = a.cfg.SignPrincipal(envelope.PrincipalText(inv))
-		}
+		ours = &envelope.Principal{Session: token.BudgetKey(claims.Root()), Claims: raw}
+		inv.Principal = ours
+	} else {
+		inv.Principal = nil // never one the hop arrived with, which park would sign
 	}
 	err = claims.Grants(token.Binding{
 		Tenant: inv.Tenant, AgentDID: req.AgentContext.AgentDID, SessionID: req.AgentContext.SessionID,
@@ -290,8 +306,19 @@ func (a *Authorizer) Process(ctx context.Context, inv *envelope.Invocation) ([]s
 		if err := a.cfg.Sealer.Seal(inv, m.ID, m.Version, exp); err != nil {
 			return nil, api.WrapError(err, api.InternalError, api.EHopUnsealed, "sealing the decision: %v", err)
 		}
+		sealed = true
 	}
 	return nil, nil
+}
+
+// signPrincipal signs the principal of a call authorize hands on unsealed
+// (Config.SignPrincipal).
+func (a *Authorizer) signPrincipal(inv *envelope.Invocation) {
+	p := inv.Principal
+	if a.cfg.SignPrincipal == nil || p == nil || p.Sig != "" {
+		return
+	}
+	p.Sig = a.cfg.SignPrincipal(envelope.PrincipalText(inv))
 }
 
 // revisionKey carries, in Process's context, where decide writes the

@@ -2,8 +2,10 @@ package authorize
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
 	"runtime"
 	"testing"
 	"time"
@@ -461,5 +463,77 @@ func TestKindsFailClosed(t *testing.T) {
 				t.Fatalf("err %v (authz %+v), want %s and no authorization", err, inv.Authz, c.wantECode)
 			}
 		})
+	}
+}
+
+// TestRequestTermIsItsJSON: the request's policy form, built directly, is
+// its JSON encoding's, with every field of api.Request set (one added to
+// it and not to requestTerm fails here), and with each left out.
+func TestRequestTermIsItsJSON(t *testing.T) {
+	full := &api.Request{}
+	fill(reflect.ValueOf(full).Elem())
+	reqs := map[string]*api.Request{"every field": full, "nil": nil}
+	for f := range reflect.TypeFor[api.Request]().Fields() {
+		r := *full
+		reflect.ValueOf(&r).Elem().FieldByIndex(f.Index).SetZero()
+		reqs["without "+f.Name] = &r
+	}
+	for name, r := range reqs {
+		want, err := astValue(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := requestTerm(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ast.Compare(got.Value, want) != 0 {
+			t.Errorf("%s:\n got %v\nwant %v", name, got, want)
+		}
+	}
+}
+
+// fill sets every field v holds, nested ones too, to a value that is not
+// its zero.
+func fill(v reflect.Value) {
+	switch {
+	case v.Type() == reflect.TypeFor[json.RawMessage]():
+		v.SetBytes([]byte(`{"path": "/a<b>", "n": [1, 2.50, null], "deep": {"ok": true}}`))
+		return
+	case v.Type() == reflect.TypeFor[time.Time]():
+		v.Set(reflect.ValueOf(time.Date(2026, 1, 2, 3, 4, 5, 6, time.UTC)))
+		return
+	}
+	switch v.Kind() {
+	case reflect.String:
+		v.SetString("x-" + v.Type().Name())
+	case reflect.Bool:
+		v.SetBool(true)
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		v.SetInt(7)
+	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		v.SetUint(7)
+	case reflect.Float32, reflect.Float64:
+		v.SetFloat(1.5)
+	case reflect.Pointer:
+		v.Set(reflect.New(v.Type().Elem()))
+		fill(v.Elem())
+	case reflect.Slice:
+		v.Set(reflect.MakeSlice(v.Type(), 1, 1))
+		fill(v.Index(0))
+	case reflect.Map:
+		v.Set(reflect.MakeMap(v.Type()))
+		k, e := reflect.New(v.Type().Key()).Elem(), reflect.New(v.Type().Elem()).Elem()
+		fill(k)
+		fill(e)
+		v.SetMapIndex(k, e)
+	case reflect.Struct:
+		for i := range v.NumField() {
+			if v.Type().Field(i).IsExported() {
+				fill(v.Field(i))
+			}
+		}
+	case reflect.Interface:
+		v.Set(reflect.ValueOf("x"))
 	}
 }

@@ -76,9 +76,10 @@ func (a *Authorizer) evalInput(ctx context.Context, in Input, rawToken string) (
 // converted once per manifest; the claims' part, the same on every call
 // with one token, once per token (rawToken; linked requests, which have
 // none, convert theirs every time). The request goes through its JSON
-// encoding; the small fixed-shape parts are built directly.
+// encoding only for its rarely set parts (requestTerm); the small
+// fixed-shape parts are built directly.
 func (a *Authorizer) policyInput(in Input, rawToken string) (ast.Value, error) {
-	req, err := astValue(in.Request)
+	req, err := requestTerm(in.Request)
 	if err != nil {
 		return nil, err
 	}
@@ -102,7 +103,7 @@ func (a *Authorizer) policyInput(in Input, rawToken string) (ast.Value, error) {
 		return nil, err
 	}
 	terms := [][2]*ast.Term{
-		ast.Item(ast.InternedTerm("request"), ast.NewTerm(req)),
+		ast.Item(ast.InternedTerm("request"), req),
 		ast.Item(ast.InternedTerm("tool"), ast.NewTerm(tool)),
 		ast.Item(ast.InternedTerm("claims"), ast.NewTerm(claims)),
 		ast.Item(ast.InternedTerm("usage"), usage),
@@ -119,6 +120,70 @@ func (a *Authorizer) policyInput(in Input, rawToken string) (ast.Value, error) {
 		terms = append(terms, ast.Item(ast.InternedTerm("approval"), ast.ObjectTerm(fields...)))
 	}
 	return ast.NewObject(terms...), nil
+}
+
+// requestTerm is r's JSON encoding as a term. What every call carries (the
+// tool, the agent context, the parameters) is built directly; the options
+// only some calls set go through their JSON encoding. The strings are the
+// envelope's, decoded from JSON, so valid UTF-8 as encoding/json would
+// write them.
+func requestTerm(r *api.Request) (*ast.Term, error) {
+	if r == nil {
+		return ast.NullTerm(), nil
+	}
+	items := make([][2]*ast.Term, 0, 8)
+	str := func(name, v string, omitEmpty bool) {
+		if v != "" || !omitEmpty {
+			items = append(items, ast.Item(ast.InternedTerm(name), ast.StringTerm(v)))
+		}
+	}
+	str("tool_id", r.ToolID, false)
+	str("tool_version", r.ToolVersion, true)
+	str("invocation_id", r.InvocationID, true)
+	ac := r.AgentContext
+	agent := make([][2]*ast.Term, 0, 4)
+	agent = append(agent, ast.Item(ast.InternedTerm("agent_did"), ast.StringTerm(ac.AgentDID)),
+		ast.Item(ast.InternedTerm("tenant_id"), ast.StringTerm(ac.TenantID)))
+	if ac.SessionID != "" {
+		agent = append(agent, ast.Item(ast.InternedTerm("session_id"), ast.StringTerm(ac.SessionID)))
+	}
+	if ac.UserDID != "" {
+		agent = append(agent, ast.Item(ast.InternedTerm("user_did"), ast.StringTerm(ac.UserDID)))
+	}
+	items = append(items, ast.Item(ast.InternedTerm("agent_context"), ast.ObjectTerm(agent...)))
+	if len(r.Parameters) > 0 {
+		var p any
+		if err := segjson.Unmarshal(r.Parameters, &p); err != nil {
+			return nil, err
+		}
+		v, err := ast.InterfaceToValue(p)
+		if err != nil {
+			return nil, err
+		}
+		items = append(items, ast.Item(ast.InternedTerm("parameters"), ast.NewTerm(v)))
+	}
+	str("capability_token", r.CapabilityToken, true)
+	for _, o := range [...]struct {
+		name string
+		set  bool
+		v    any
+	}{
+		{"resource_limits", r.ResourceLimits != nil, r.ResourceLimits},
+		{"document_context", r.DocumentContext != nil, r.DocumentContext},
+		{"checkpoint_config", r.CheckpointConfig != nil, r.CheckpointConfig},
+		{"execution_options", r.ExecutionOptions != nil, r.ExecutionOptions},
+		{"link", r.Link != nil, r.Link},
+		{"redrive", r.Redrive != nil, r.Redrive},
+	} {
+		if o.set {
+			v, err := astValue(o.v)
+			if err != nil {
+				return nil, err
+			}
+			items = append(items, ast.Item(ast.InternedTerm(o.name), ast.NewTerm(v)))
+		}
+	}
+	return ast.ObjectTerm(items...), nil
 }
 
 // zeroUsage is the policy form of an empty usage (every unmetered call's).
@@ -172,8 +237,25 @@ func intTerm(n int64) *ast.Term { return ast.NumberTerm(json.Number(strconv.Form
 // timeTerm is t as encoding/json writes it.
 func timeTerm(t time.Time) *ast.Term { return ast.StringTerm(t.Format(time.RFC3339Nano)) }
 
+// noResources and notDerived are the policy forms of a call that needs
+// nothing beyond its tool (the most common), built once.
+var (
+	noResources *ast.Term
+	notDerived  [2]*ast.Term
+)
+
+func init() {
+	noResources = resourcesTerm(Resources{Paths: []PathNeed{}, Hosts: []HostNeed{}, Credentials: []string{}})
+	notDerived = [2]*ast.Term{derivedTerm(Derived{HostGranted: map[string]bool{}}),
+		derivedTerm(Derived{PreApproved: true, HostGranted: map[string]bool{}})}
+}
+
 // resourcesTerm is r's JSON encoding as a term.
 func resourcesTerm(r Resources) *ast.Term {
+	if noResources != nil && r.Paths != nil && r.Hosts != nil && r.Credentials != nil &&
+		len(r.Paths)+len(r.Hosts)+len(r.Credentials) == 0 {
+		return noResources
+	}
 	var paths, hosts, creds []*ast.Term
 	for _, p := range r.Paths {
 		paths = append(paths, ast.ObjectTerm(ast.Item(ast.InternedTerm("path"), ast.StringTerm(p.Path)),
@@ -194,6 +276,12 @@ func resourcesTerm(r Resources) *ast.Term {
 
 // derivedTerm is d's JSON encoding as a term.
 func derivedTerm(d Derived) *ast.Term {
+	if notDerived[0] != nil && d.HostGranted != nil && len(d.HostGranted) == 0 {
+		if d.PreApproved {
+			return notDerived[1]
+		}
+		return notDerived[0]
+	}
 	granted := ast.NullTerm()
 	if d.HostGranted != nil {
 		items := make([][2]*ast.Term, 0, len(d.HostGranted))

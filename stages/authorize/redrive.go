@@ -17,7 +17,7 @@ import (
 // tenant), this operator, and the same choice of authority. With the
 // caller's token the call is judged on that token like any other; on the
 // operator's decision it runs as the original's principal, which authorize
-// itself signed, expired or not, but never past a revocation (Process
+// itself signed or sealed, expired or not, but never past a revocation (Process
 // checks that next). Policy, approval and budget then judge it as usual.
 func (a *Authorizer) redriven(_ context.Context, inv *envelope.Invocation, rawToken string) (*token.Claims, error) {
 	rd := inv.Request.Redrive
@@ -49,7 +49,7 @@ func (a *Authorizer) redriven(_ context.Context, inv *envelope.Invocation, rawTo
 	if a.cfg.PrincipalSigned != nil {
 		orig := &envelope.Invocation{Tenant: inv.Tenant, ID: rd.Original,
 			Principal: &envelope.Principal{Session: p.Session, Claims: p.Claims}}
-		if !a.cfg.PrincipalSigned(envelope.PrincipalText(orig), p.Sig) {
+		if !a.principalVouched(orig, p) {
 			return nil, api.NewError(api.PermissionDenied, api.ERecordUnsigned,
 				"re-drive of %s refused: the original's principal is not signed by authorize", rd.Original)
 		}
@@ -59,6 +59,18 @@ func (a *Authorizer) redriven(_ context.Context, inv *envelope.Invocation, rawTo
 		return nil, refuse("undecodable claims: %v", err)
 	}
 	return claims, nil
+}
+
+// principalVouched reports whether authorize signed orig's principal p, or
+// sealed the call with it.
+func (a *Authorizer) principalVouched(orig *envelope.Invocation, p *api.DeadLetterPrincipal) bool {
+	if len(p.Seal) > 0 && a.cfg.PrincipalSealed != nil {
+		var sl envelope.Seal
+		if json.Unmarshal(p.Seal, &sl) == nil && a.cfg.PrincipalSealed(orig, &sl) {
+			return true
+		}
+	}
+	return a.cfg.PrincipalSigned(envelope.PrincipalText(orig), p.Sig)
 }
 
 // coveredByRun checks the operator's signed run request behind rd.
