@@ -236,9 +236,11 @@ func PipeStage(stage string) string { return pipePrefix + stage + ".>" }
 // PipeAll matches every internal hand-off subject.
 const PipeAll = pipePrefix + ">"
 
-// DirectGetKV matches every direct get request on a key-value bucket's
-// stream: the bench counts a pipeline's key-value reads on it.
-const DirectGetKV = "$JS.API.DIRECT.GET.KV_*.>"
+// DirectGetKV matches every key-value read: a bucket's Get is a direct get
+// of the last message on the key's subject ($KV.<bucket>.<key>), named
+// after the stream. The bench counts a pipeline's key-value reads on it.
+// (A wildcard is a whole token, so "KV_*" would match nothing.)
+const DirectGetKV = "$JS.API.DIRECT.GET.*.$KV.>"
 
 // Input describes where a stage consumes from.
 type Input struct {

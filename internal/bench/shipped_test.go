@@ -117,8 +117,11 @@ func TestShipped(t *testing.T) {
 	if s.FloorAllocs.objects <= 0 || s.ToolgateAllocs.objects <= s.FloorAllocs.objects || s.ToolgateAllocs.bytes <= 0 {
 		t.Errorf("serve's heap allocations per call: toolgate %+v, floor %+v", s.ToolgateAllocs, s.FloorAllocs)
 	}
-	if s.ReadsPerCall != 0 {
-		t.Errorf("%.2f key-value reads per call, want none", s.ReadsPerCall)
+	// Execute reads each call's status record before it runs the no-op
+	// tool (idempotent and quick, so not claimed first); the other
+	// buckets' writes need no read of what this process wrote.
+	if s.ReadsPerCall < 0.9 || s.ReadsPerCall > 2 {
+		t.Errorf("%.2f key-value reads per call, want execute's one", s.ReadsPerCall)
 	}
 	s.Print(os.Stdout)
 }
