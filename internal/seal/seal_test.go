@@ -170,3 +170,37 @@ func TestSignedText(t *testing.T) {
 		t.Fatalf("signed text\n%s\nwant\n%s", got, want)
 	}
 }
+
+// TestCheckRefusesAChangeInPlace: in one process (serve), a request or
+// authorization changed in place after the seal, with no hop between to
+// decode it afresh, is refused as a changed one sent over the bus is.
+func TestCheckRefusesAChangeInPlace(t *testing.T) {
+	cases := []struct {
+		name   string
+		change func(inv *envelope.Invocation)
+		field  string
+	}{
+		{"parameters replaced", func(inv *envelope.Invocation) { inv.Request.Parameters = json.RawMessage(`{"path":"/etc/passwd"}`) }, "request"},
+		{"a limit deep within", func(inv *envelope.Invocation) { inv.Request.ResourceLimits.TimeoutSeconds = 3600 }, "request"},
+		{"a grant written over", func(inv *envelope.Invocation) { inv.Authz.Grants.Paths[0] = "/" }, "authz"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			s := NewSealer(newKey(t))
+			v := s.Verifier()
+			inv := admitted(t, s, time.Now().Add(time.Hour))
+			if err := s.Seal(inv, "fs.read_file", "1.2.0", time.Now().Add(time.Hour)); err != nil {
+				t.Fatal(err)
+			}
+			sl := inv.Authz.Seal
+			tc.change(inv)
+			var te *api.Error
+			if err := v.Check(inv, time.Now()); !errors.As(err, &te) || te.Details["sealed_field"] != tc.field {
+				t.Fatalf("err %v, want E3218 naming %s", err, tc.field)
+			}
+			if inv.Authz.Seal != sl {
+				t.Fatal("the check left the authorization without its seal")
+			}
+		})
+	}
+}
