@@ -9,7 +9,6 @@ import (
 
 	"github.com/cloudevents/sdk-go/v2/event"
 	"github.com/toolgate/toolgate/api"
-	"github.com/toolgate/toolgate/internal/redact"
 )
 
 // auditTypePrefix is left off audit types in subjects: audit.<tenant>.tool.succeeded.
@@ -93,7 +92,7 @@ func (inv *Invocation) Audit() AuditRecord {
 	}
 	if r := inv.Request; r != nil {
 		rec.AgentDID, rec.SessionID = r.AgentContext.AgentDID, r.AgentContext.SessionID
-		rec.Parameters = redact.Redact(r.Parameters)
+		rec.Parameters = inv.redactedParameters(r.Parameters)
 		if o := r.ExecutionOptions; o != nil {
 			rec.Priority, rec.AsyncMode = o.Priority, o.AsyncMode
 		}

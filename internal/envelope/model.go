@@ -98,6 +98,33 @@ type Invocation struct {
 	// it before the ending, under the message id the announcement would
 	// have had.
 	Invoked json.RawMessage `json:"invoked,omitempty"`
+
+	// redacted caches the parameters' redacted form for Audit: a call
+	// writes several audit records in one process (in serve the
+	// invocation passes between stages in memory), and the parameters do
+	// not change after validate. Never encoded: a hop's reader redacts
+	// for itself, trusting no form an earlier stage wrote.
+	redacted redactedParams
+}
+
+// redactedParams is redact.Redact(of), for the parameters slice of.
+type redactedParams struct {
+	of, out json.RawMessage
+}
+
+// redactedParameters returns redact.Redact(p), computed once for the same
+// parameters: the same bytes in the same place (a RawMessage is replaced,
+// never written over).
+func (inv *Invocation) redactedParameters(p json.RawMessage) json.RawMessage {
+	c := &inv.redacted
+	if len(p) == 0 {
+		return nil
+	}
+	if len(c.of) == len(p) && &c.of[0] == &p[0] {
+		return c.out
+	}
+	c.of, c.out = p, redact.Redact(p)
+	return c.out
 }
 
 // TraceContext is a W3C trace context.

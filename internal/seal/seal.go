@@ -16,7 +16,6 @@
 package seal
 
 import (
-	"bytes"
 	"crypto/ed25519"
 	"crypto/sha256"
 	"encoding/base64"
@@ -146,14 +145,14 @@ func (v *Verifier) Check(inv *envelope.Invocation, now time.Time) error {
 	case now.UnixMilli() > sl.Expires:
 		return refuse("the seal expired at "+time.UnixMilli(sl.Expires).UTC().Format(time.RFC3339), "exp")
 	}
-	if d, err := digest(inv.Request); err != nil || d != sl.Request {
+	if !digestIs(inv.Request, sl.Request) {
 		return refuse("the request (parameters, agent context, limits or options) differs from the one authorize sealed", "request")
 	}
-	// The digest is of the authorization without its seal.
-	inv.Authz.Seal = nil
-	d, err := digest(inv.Authz)
-	inv.Authz.Seal = sl
-	if err != nil || d != sl.Authz {
+	// The digest is of the authorization without its seal: of a copy, so
+	// a reader of inv meanwhile never sees it unsealed.
+	a := *inv.Authz
+	a.Seal = nil
+	if !digestIs(&a, sl.Authz) {
 		return refuse("the authorization (token, grants, budget keys or approver) differs from the one authorize sealed", "authz")
 	}
 	return nil
@@ -176,6 +175,20 @@ func (v *Verifier) Principal(inv *envelope.Invocation, sl *envelope.Seal) bool {
 func principalDigest(inv *envelope.Invocation) string {
 	sum := sha256.Sum256(envelope.PrincipalText(inv))
 	return hex.EncodeToString(sum[:])
+}
+
+// digestIs reports whether want is digest(v), comparing the sums rather
+// than their hex: no string made per check.
+func digestIs(v any, want string) bool {
+	var w [sha256.Size]byte
+	if len(want) != hex.EncodedLen(len(w)) {
+		return false
+	}
+	if _, err := hex.Decode(w[:], []byte(want)); err != nil {
+		return false
+	}
+	b, err := envelope.Marshal(v)
+	return err == nil && sha256.Sum256(b) == w
 }
 
 func refuse(msg, field string) error {
@@ -203,24 +216,19 @@ func digest(v any) (string, error) {
 // signed is the text the signature covers: each field on its own line,
 // the strings quoted, so no value can run into the next.
 func signed(s *envelope.Seal) []byte {
-	var b bytes.Buffer
-	b.Grow(320)
+	b := make([]byte, 0, 400)
 	if s.Principal == "" {
-		b.WriteString(version)
+		b = append(b, version...)
 	} else {
-		b.WriteString(versionPrincipal)
+		b = append(b, versionPrincipal...)
 	}
-	for _, f := range []string{s.Key, s.Tenant, s.ID, s.ToolID, s.ToolVersion, s.Request, s.Authz, s.Decision} {
-		b.WriteByte('\n')
-		b.WriteString(strconv.Quote(f))
+	for _, f := range [...]string{s.Key, s.Tenant, s.ID, s.ToolID, s.ToolVersion, s.Request, s.Authz, s.Decision} {
+		b = strconv.AppendQuote(append(b, '\n'), f)
 	}
-	b.WriteByte('\n')
-	b.WriteString(strconv.FormatUint(s.Seq, 10))
-	b.WriteByte('\n')
-	b.WriteString(strconv.FormatInt(s.Expires, 10))
+	b = strconv.AppendUint(append(b, '\n'), s.Seq, 10)
+	b = strconv.AppendInt(append(b, '\n'), s.Expires, 10)
 	if s.Principal != "" {
-		b.WriteByte('\n')
-		b.WriteString(strconv.Quote(s.Principal))
+		b = strconv.AppendQuote(append(b, '\n'), s.Principal)
 	}
-	return b.Bytes()
+	return b
 }

@@ -2,6 +2,7 @@ package seal
 
 import (
 	"crypto/ed25519"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"strings"
@@ -193,5 +194,68 @@ func BenchmarkCheck(b *testing.B) {
 		if err := v.Check(inv, now); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// BenchmarkCheckOurs is execute's check of a seal made in its own process
+// (serve): the signature found in recent, the digests recomputed.
+func BenchmarkCheckOurs(b *testing.B) {
+	s := NewSealer(newKey(b))
+	v := s.Verifier()
+	inv := admitted(b, s, time.Now().Add(time.Hour))
+	sl := inv.Authz.Seal
+	text := signed(sl)
+	sig, _ := base64.RawURLEncoding.DecodeString(sl.Sig)
+	now := time.Now()
+	for b.Loop() {
+		s.recent.add(s.pub, text, sig)
+		if err := v.Check(inv, now); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// TestSignedText: the signed text's layout, which seals made by other
+// builds are verified against, stays the same.
+func TestSignedText(t *testing.T) {
+	sl := &envelope.Seal{Key: "NKEY", Tenant: "de\"mo", ID: "inv-1", Seq: 42, ToolID: "fs.read_file", ToolVersion: "1.2.0",
+		Request: "r", Authz: "a\n", Decision: DecisionAllow, Expires: -5}
+	want := "toolgate-seal-v1\n\"NKEY\"\n\"de\\\"mo\"\n\"inv-1\"\n\"fs.read_file\"\n\"1.2.0\"\n\"r\"\n\"a\\n\"\n\"allow\"\n42\n-5"
+	if got := string(signed(sl)); got != want {
+		t.Fatalf("signed text\n%s\nwant\n%s", got, want)
+	}
+}
+
+// TestCheckRefusesAChangeInPlace: in one process (serve), a request or
+// authorization changed in place after the seal, with no hop between to
+// decode it afresh, is refused as a changed one sent over the bus is.
+func TestCheckRefusesAChangeInPlace(t *testing.T) {
+	cases := []struct {
+		name   string
+		change func(inv *envelope.Invocation)
+		field  string
+	}{
+		{"parameters replaced", func(inv *envelope.Invocation) { inv.Request.Parameters = json.RawMessage(`{"path":"/etc/passwd"}`) }, "request"},
+		{"a limit deep within", func(inv *envelope.Invocation) { inv.Request.ResourceLimits.TimeoutSeconds = 3600 }, "request"},
+		{"a grant written over", func(inv *envelope.Invocation) { inv.Authz.Grants.Paths[0] = "/" }, "authz"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			s := NewSealer(newKey(t))
+			v := s.Verifier()
+			inv := admitted(t, s, time.Now().Add(time.Hour))
+			if err := s.Seal(inv, "fs.read_file", "1.2.0", time.Now().Add(time.Hour)); err != nil {
+				t.Fatal(err)
+			}
+			sl := inv.Authz.Seal
+			tc.change(inv)
+			var te *api.Error
+			if err := v.Check(inv, time.Now()); !errors.As(err, &te) || te.Details["sealed_field"] != tc.field {
+				t.Fatalf("err %v, want E3218 naming %s", err, tc.field)
+			}
+			if inv.Authz.Seal != sl {
+				t.Fatal("the check left the authorization without its seal")
+			}
+		})
 	}
 }
