@@ -32,11 +32,11 @@ func TestPairKeyAgreement(t *testing.T) {
 	b.hold(busauth.RoleExecute, priv[busauth.RoleExecute])
 	ka, ok1 := a.key(busauth.RoleRoute, busauth.RoleExecute, busauth.RoleRoute)
 	kb, ok2 := b.key(busauth.RoleRoute, busauth.RoleExecute, busauth.RoleExecute)
-	if !ok1 || !ok2 || !bytes.Equal(ka, kb) {
+	if !ok1 || !ok2 || !bytes.Equal(ka.raw, kb.raw) {
 		t.Fatalf("the two ends derive different keys (%v %v)", ok1, ok2)
 	}
 	back, _ := b.key(busauth.RoleExecute, busauth.RoleRoute, busauth.RoleExecute)
-	if bytes.Equal(back, ka) {
+	if bytes.Equal(back.raw, ka.raw) {
 		t.Fatal("both directions share a key")
 	}
 	if _, ok := a.key(busauth.RoleVerify, busauth.RoleAudit, busauth.RoleAudit); ok {
