@@ -3,10 +3,11 @@ package seal
 import (
 	"context"
 	"crypto/ed25519"
-	"crypto/subtle"
 	"crypto/sha256"
+	"crypto/subtle"
 	"encoding/base64"
 	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -48,8 +49,8 @@ type Signer struct {
 	role   busauth.Role
 	key    ed25519.PrivateKey
 	pub    ed25519.PublicKey
-	recent *recent // where a checker of this process finds what it signed
-	pairs  *pairs  // the hand-off MAC keys, when the roles' public keys are known
+	recent *recent  // where a checker of this process finds what it signed
+	pairs  *pairs   // the hand-off MAC keys, when the roles' public keys are known
 	signer []string // HeaderSigner's value, shared: a header's values are replaced, never changed in place
 }
 
@@ -295,7 +296,9 @@ func (m *Messages) check(subject string, h nats.Header, data []byte) (role busau
 			ok = err == nil && n == len(raw)
 		}
 		if ok {
-			ok, ours = m.recent.check(key, text, raw[:])
+			// A copy: what verify is handed escapes, and the MAC's path
+			// keeps text on the stack.
+			ok, ours = m.recent.check(key, slices.Clone(text), raw[:])
 		}
 		if !ok {
 			return "", false, refuseMessage("the signature of " + string(role) + " does not verify: forged, or the message was altered")

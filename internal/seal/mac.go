@@ -47,22 +47,31 @@ type pairs struct {
 // and custody, so a state is kept and Reset (back to just keyed) instead.
 type macKey struct {
 	raw   []byte
-	hmacs sync.Pool // hash.Hash: hmac.New(sha256.New, raw)
+	hmacs sync.Pool // *keyedHMAC
+}
+
+// keyedHMAC is a keyed state and the buffers it reads and writes: what a
+// hash.Hash is handed escapes, so the caller's own stay on its stack.
+type keyedHMAC struct {
+	h    hash.Hash
+	text []byte
+	sum  [sha256.Size]byte
 }
 
 func newMACKey(raw []byte) *macKey {
 	k := &macKey{raw: raw}
-	k.hmacs.New = func() any { return hmac.New(sha256.New, raw) }
+	k.hmacs.New = func() any { return &keyedHMAC{h: hmac.New(sha256.New, raw)} }
 	return k
 }
 
 // sum appends the MAC of text under k to dst.
 func (k *macKey) sum(dst, text []byte) []byte {
-	h := k.hmacs.Get().(hash.Hash)
-	h.Write(text)
-	dst = h.Sum(dst)
-	h.Reset()
-	k.hmacs.Put(h)
+	m := k.hmacs.Get().(*keyedHMAC)
+	m.text = append(m.text[:0], text...)
+	m.h.Write(m.text)
+	dst = append(dst, m.h.Sum(m.sum[:0])...)
+	m.h.Reset()
+	k.hmacs.Put(m)
 	return dst
 }
 
