@@ -98,6 +98,11 @@ type Invocation struct {
 	// it before the ending, under the message id the announcement would
 	// have had.
 	Invoked json.RawMessage `json:"invoked,omitempty"`
+
+	// kept is what the last Encode wrote of Request, Principal and Authz,
+	// once sealed: written again while they are the same (Encode). They
+	// are replaced, never changed in place, once authorize sealed the call.
+	kept *kept
 }
 
 // TraceContext is a W3C trace context.
