@@ -313,6 +313,30 @@ func takeByPriority(ctx context.Context, feeds []chan jetstream.Msg, n int) (jet
 			return m, true
 		}
 	}
+	// Stages read three priorities: a select statement waits on them
+	// without reflect.Select's allocations, on every message of a stage.
+	switch len(feeds) {
+	case 2:
+		select {
+		case m := <-feeds[0]:
+			return m, true
+		case m := <-feeds[1]:
+			return m, true
+		case <-ctx.Done():
+			return nil, false
+		}
+	case 3:
+		select {
+		case m := <-feeds[0]:
+			return m, true
+		case m := <-feeds[1]:
+			return m, true
+		case m := <-feeds[2]:
+			return m, true
+		case <-ctx.Done():
+			return nil, false
+		}
+	}
 	cases := make([]reflect.SelectCase, 0, len(feeds)+1)
 	cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(ctx.Done())})
 	for _, f := range feeds {
@@ -630,11 +654,7 @@ func (r *Runner) process(ctx context.Context, msg jetstream.Msg, inv *envelope.I
 	if r.AckWait > 0 {
 		// A timer, not a goroutine per message: most messages are done
 		// long before the first in-progress ack is due.
-		k := &keepAlive{ctx: ctx, msg: msg, every: r.AckWait / 3}
-		k.mu.Lock() // t is set before the callback reads it
-		k.t = time.AfterFunc(k.every, k.fire)
-		k.mu.Unlock()
-		defer k.stop()
+		defer startKeepAlive(ctx, msg, r.AckWait/3).stop()
 	}
 	defer func() {
 		if p := recover(); p != nil {
@@ -648,12 +668,32 @@ func (r *Runner) process(ctx context.Context, msg jetstream.Msg, inv *envelope.I
 // keepAlive sends in-progress acks for msg every so often while its stage
 // works, until stop or ctx's end.
 type keepAlive struct {
+	mu      sync.Mutex
 	ctx     context.Context
 	msg     jetstream.Msg
 	every   time.Duration
-	mu      sync.Mutex
 	stopped bool
 	t       *time.Timer
+}
+
+// keepAlives are reused, timer and all, from message to message.
+var keepAlives = sync.Pool{New: func() any {
+	k := &keepAlive{stopped: true}
+	k.t = time.AfterFunc(time.Hour, k.fire)
+	k.t.Stop()
+	return k
+}}
+
+// startKeepAlive sends in-progress acks for msg every so often, until
+// stop. A callback of the keepAlive's last use that was already running
+// when it stopped may send one early for msg: harmless.
+func startKeepAlive(ctx context.Context, msg jetstream.Msg, every time.Duration) *keepAlive {
+	k := keepAlives.Get().(*keepAlive)
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.ctx, k.msg, k.every, k.stopped = ctx, msg, every, false
+	k.t.Reset(every)
+	return k
 }
 
 func (k *keepAlive) fire() {
@@ -670,7 +710,9 @@ func (k *keepAlive) stop() {
 	k.mu.Lock()
 	k.stopped = true
 	k.t.Stop()
+	k.ctx, k.msg = nil, nil
 	k.mu.Unlock()
+	keepAlives.Put(k)
 }
 
 // pendingSettle is a settlement under way: its outcome, or while publishes are
