@@ -868,7 +868,9 @@ func (r *Runner) apply(msg jetstream.Msg, inv *envelope.Invocation, s settlement
 	}
 	// The announced publishes are awaited first: an input is acked only
 	// once everything its processing sent is stored.
-	outs = append(announcedOuts[:len(announcedOuts):len(announcedOuts)], outs...)
+	if len(announcedOuts) > 0 {
+		outs = append(announcedOuts[:len(announcedOuts):len(announcedOuts)], outs...)
+	}
 	futures = futures[:len(futures):len(futures)]
 	for _, o := range outs[len(futures):] {
 		f, err := PublishAsync(r.JS, o)

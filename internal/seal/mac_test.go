@@ -9,6 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/allocbudget"
 	"github.com/toolgate/toolgate/internal/busauth"
 	"github.com/toolgate/toolgate/subjects"
 )
@@ -173,3 +174,30 @@ func BenchmarkHandoffCheck(b *testing.B) {
 		}
 	}
 }
+
+// A hand-off's signing and its check in the process that reads it, on
+// every hop: what each allocates.
+var hopBudgets = map[string]float64{
+	"sign":  6,
+	"check": 0,
+}
+
+func hopPaths(tb testing.TB) map[string]func() {
+	priv, pubs := roleKeys(&testing.T{})
+	m := NewMessages(pubs.keys)
+	s := m.NewSigner(busauth.RoleRoute, priv[busauth.RoleRoute])
+	m.NewSigner(busauth.RoleExecute, priv[busauth.RoleExecute])
+	subject := subjects.Pipe(subjects.Execute, subjects.PriorityNormal, "acme")
+	body := bytes.Repeat([]byte("x"), 2048)
+	h := s.Sign(subject, nil, body)
+	return map[string]func(){
+		"sign": func() { s.Sign(subject, nil, body) },
+		"check": func() {
+			if _, _, err := m.Check(subject, h, body); err != nil {
+				tb.Fatal(err)
+			}
+		},
+	}
+}
+
+func TestHopAllocationBudget(t *testing.T) { allocbudget.Check(t, hopBudgets, hopPaths(t)) }
