@@ -119,8 +119,10 @@ var invocationLayout = sync.OnceValue(func() *layout {
 			}
 		}
 		rt := reflect.StructOf(fields)
-		if rt.Size() != t.Size() {
-			panic("envelope: a run of Invocation is laid out differently")
+		for i := range fields {
+			if rt.Field(i).Offset != t.Field(i).Offset || rt.Size() != t.Size() {
+				panic("envelope: a run of Invocation is laid out differently")
+			}
 		}
 		l.runs[r] = rt
 	}
