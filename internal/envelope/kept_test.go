@@ -3,6 +3,7 @@ package envelope
 import (
 	"bytes"
 	"encoding/json"
+	"strings"
 	"testing"
 	"time"
 
@@ -145,23 +146,34 @@ func FuzzEncodeKept(f *testing.F) {
 	})
 }
 
+// BenchmarkEncode: a sealed call's hand-off written whole (the previous
+// build's Encode) and with its kept parts written again, with a small
+// request and principal and with ones of half a kilobyte each.
 func BenchmarkEncode(b *testing.B) {
-	b.Run("whole", func(b *testing.B) {
+	large := func() *Invocation {
 		inv := sealedInvocation()
-		b.ReportAllocs()
-		for b.Loop() {
-			if _, err := segjson.Marshal(inv); err != nil {
-				b.Fatal(err)
+		inv.Request.Parameters = json.RawMessage(`{"path":"` + strings.Repeat("reports/q3/", 45) + `"}`)
+		inv.Principal.Claims = json.RawMessage(`{"sub":"did:agent:a","scope":["` + strings.Repeat("fs.read_file", 40) + `"]}`)
+		return inv
+	}
+	for name, mk := range map[string]func() *Invocation{"small": sealedInvocation, "large": large} {
+		b.Run(name+"/whole", func(b *testing.B) {
+			inv := mk()
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := segjson.Marshal(inv); err != nil {
+					b.Fatal(err)
+				}
 			}
-		}
-	})
-	b.Run("kept", func(b *testing.B) {
-		inv := sealedInvocation()
-		b.ReportAllocs()
-		for b.Loop() {
-			if _, err := Encode(inv); err != nil {
-				b.Fatal(err)
+		})
+		b.Run(name+"/kept", func(b *testing.B) {
+			inv := mk()
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := Encode(inv); err != nil {
+					b.Fatal(err)
+				}
 			}
-		}
-	})
+		})
+	}
 }
