@@ -550,6 +550,11 @@ func (r *Runner) handle(msg jetstream.Msg, settling *sync.WaitGroup, release fun
 	if inv.Error != nil {
 		span.SetStatus(codes.Error, inv.Error.Error())
 	}
+	if cap(inv.Metadata.Stages) == 0 {
+		// Room for every stage at the first hop: an invocation handed on
+		// within the process keeps it, and grows no more.
+		inv.Metadata.Stages = make([]api.Hop, 0, len(subjects.Stages))
+	}
 	inv.Metadata.Stages = append(inv.Metadata.Stages,
 		api.Hop{Stage: r.Name, DurationUS: r.now().Sub(start).Microseconds()})
 	propagator.Inject(ctx, invCarrier{inv})
