@@ -29,9 +29,11 @@ func Encode(inv *Invocation) ([]byte, error) {
 		return segjson.Marshal(inv)
 	}
 	buf := encodeBuffers.Get().(*[]byte)
-	defer encodeBuffers.Put(buf)
 	b, kept, err := encodeKept(inv, (*buf)[:0])
-	*buf = b
+	if cap(b) <= maxKeptBuffer {
+		*buf = b
+		encodeBuffers.Put(buf)
+	}
 	if err != nil {
 		inv.kept = nil
 		return nil, err
@@ -52,6 +54,10 @@ func Encode(inv *Invocation) ([]byte, error) {
 // encodeBuffers are the buffers Encode writes into before the copy it
 // returns, reused from hop to hop.
 var encodeBuffers = sync.Pool{New: func() any { b := make([]byte, 0, 4096); return &b }}
+
+// maxKeptBuffer bounds the buffers kept for reuse: one grown by a large
+// result is left to the collector.
+const maxKeptBuffer = 1 << 20
 
 // kept is what Encode keeps of the parts it wrote of an invocation: each
 // part's pointer and its bytes, written again as long as the invocation
