@@ -30,15 +30,18 @@ func Encode(inv *Invocation) ([]byte, error) {
 	}
 	buf := encodeBuffers.Get().(*[]byte)
 	b, kept, err := encodeKept(inv, (*buf)[:0])
+	var out []byte
+	if err == nil {
+		out = bytes.Clone(b)
+	}
 	if cap(b) <= maxKeptBuffer {
-		*buf = b
+		*buf = b // given back once copied
 		encodeBuffers.Put(buf)
 	}
 	if err != nil {
 		inv.kept = nil
 		return nil, err
 	}
-	out := bytes.Clone(b)
 	// What is kept points into out, which stays as it is: a hand-off's
 	// bytes are published and held, never written again.
 	for i := range kept.parts {
