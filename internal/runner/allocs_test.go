@@ -22,7 +22,7 @@ import (
 // allocates for every message of every stage (the NATS client's own work
 // is not counted).
 var runnerBudgets = map[string]float64{
-	"forward": 36,
+	"forward": 31,
 }
 
 type passStage struct{}

@@ -62,6 +62,8 @@ type Runner struct {
 	// Timeout bounds one call of the stage (default 30s). Past it the Runner
 	// stops sending in-progress acks, so a stage that hangs regardless loses
 	// the message to redelivery and, in the end, to the delivery limit.
+	// The deadline is shared by the messages started within the same
+	// 32nd of it (at most 100ms), so it may come that much sooner.
 	Timeout time.Duration
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
@@ -121,12 +123,13 @@ type Runner struct {
 	KeptIngest bool
 	ingest     chan uint64 // what dropIngest deletes, once Run starts
 
-	inMemory prometheus.Counter // Metrics.inMemory of this stage, once Run starts
-	inflight prometheus.Gauge   // Metrics.inflight of this stage, once Run starts
-	tracer   trace.Tracer       // set by Run, with the name of its spans
-	spanName string
-	active   atomic.Int64 // unix nanoseconds of the last pull or settled message
-	waiting  atomic.Int32 // workers waiting on the pull iterator, which pulls for them
+	inMemory  prometheus.Counter // Metrics.inMemory of this stage, once Run starts
+	inflight  prometheus.Gauge   // Metrics.inflight of this stage, once Run starts
+	tracer    trace.Tracer       // set by Run, with the name of its spans
+	spanName  string
+	active    atomic.Int64 // unix nanoseconds of the last pull or settled message
+	waiting   atomic.Int32 // workers waiting on the pull iterator, which pulls for them
+	deadlines atomic.Pointer[sharedDeadline]
 }
 
 // Stalled reports why the stage takes no work, or "" while it does: it is
@@ -513,12 +516,12 @@ func (r *Runner) handle(msg jetstream.Msg, settling *sync.WaitGroup, release fun
 		return
 	}
 
-	parent := propagator.Extract(context.Background(), invCarrier{inv})
+	parent := propagator.Extract(r.deadline(), invCarrier{inv})
 	tracer, spanName := r.tracer, r.spanName
 	if tracer == nil { // handled outside Run
 		tracer, spanName = otel.Tracer(tracerName), "toolgate."+r.Name
 	}
-	ctx, span := tracer.Start(parent, spanName, consumerSpan)
+	ctx, span := tracer.Start(parent, spanName, consumerSpan...)
 	if span.IsRecording() {
 		// Only a configured tracer records: without one, a span costs
 		// nothing but its context.
@@ -641,8 +644,6 @@ func (a *announced) take() ([]stages.Output, []jetstream.PubAckFuture) {
 // which apply awaits with the outputs' before it acks the input: the event
 // is on its way before the stage goes on, and costs no round trip.
 func (r *Runner) process(ctx context.Context, msg jetstream.Msg, inv *envelope.Invocation, early *announced) (outs []stages.Output, err error) {
-	ctx, cancel := context.WithTimeout(ctx, r.Timeout)
-	defer cancel()
 	ctx = stages.WithAnnounce(ctx, func(ctx context.Context, o stages.Output) error {
 		if early == nil {
 			pctx, cancel := context.WithTimeout(ctx, publishTimeout)
@@ -745,16 +746,33 @@ var waitTimers = sync.Pool{New: func() any {
 
 // wait acks the message once every publish is acknowledged, or naks it if
 // one fails or none comes within publishTimeout, and returns the outcome.
+//
+// The publishes are awaited last first: the hand-off, sent last, is mostly
+// acknowledged last, so the others' acknowledgements are then read without
+// blocking, and without a select, a timer or an error channel (which the
+// client makes on asking).
 func (p *pendingSettle) wait() string {
-	timeout := waitTimers.Get().(*time.Timer)
-	timeout.Reset(publishTimeout)
+	var timeout *time.Timer
 	defer func() {
-		timeout.Stop() // nothing is left in its channel, since Go 1.23
-		waitTimers.Put(timeout)
+		if timeout != nil {
+			timeout.Stop() // nothing is left in its channel, since Go 1.23
+			waitTimers.Put(timeout)
+		}
 	}()
-	for i, f := range p.futures {
+	for i := len(p.futures) - 1; i >= 0; i-- {
+		f := p.futures[i]
+		ok := f.Ok()
 		select {
-		case <-f.Ok():
+		case <-ok:
+			continue
+		default:
+		}
+		if timeout == nil {
+			timeout = waitTimers.Get().(*time.Timer)
+			timeout.Reset(publishTimeout)
+		}
+		select {
+		case <-ok:
 		case err := <-f.Err():
 			return p.r.failed(p.msg, p.id, p.tenant, p.outs[i], err)
 		case <-timeout.C:
@@ -999,8 +1017,9 @@ func (r *Runner) poison(msg jetstream.Msg, md *jetstream.MsgMetadata, cause erro
 
 const tracerName = "github.com/toolgate/toolgate/stages"
 
-// consumerSpan is the option every stage span starts with.
-var consumerSpan = trace.WithSpanKind(trace.SpanKindConsumer)
+// consumerSpan are the options every stage span starts with: a slice
+// made once, not on every message.
+var consumerSpan = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer)}
 
 // invCarrier exposes an invocation's trace context to the propagator.
 type invCarrier struct{ inv *envelope.Invocation }
