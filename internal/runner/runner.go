@@ -732,10 +732,14 @@ type pendingSettle struct {
 	tenant  string
 	outs    []stages.Output
 	futures []jetstream.PubAckFuture
+	// The hand-off, sent after outs, out of them: a hop that hands on and
+	// has nothing else to send makes no slice.
+	hand       stages.Output
+	handFuture jetstream.PubAckFuture
 }
 
 // waits reports whether wait must be called to settle the message.
-func (p *pendingSettle) waits() bool { return p.futures != nil }
+func (p *pendingSettle) waits() bool { return p.futures != nil || p.handFuture != nil }
 
 // waitTimers are the timers that bound wait, reused from hop to hop.
 var waitTimers = sync.Pool{New: func() any {
@@ -759,27 +763,40 @@ func (p *pendingSettle) wait() string {
 			waitTimers.Put(timeout)
 		}
 	}()
+	if p.handFuture != nil {
+		if err := awaitAck(p.handFuture, &timeout); err != nil {
+			return p.r.failed(p.msg, p.id, p.tenant, p.hand, err)
+		}
+	}
 	for i := len(p.futures) - 1; i >= 0; i-- {
-		f := p.futures[i]
-		ok := f.Ok()
-		select {
-		case <-ok:
-			continue
-		default:
-		}
-		if timeout == nil {
-			timeout = waitTimers.Get().(*time.Timer)
-			timeout.Reset(publishTimeout)
-		}
-		select {
-		case <-ok:
-		case err := <-f.Err():
+		if err := awaitAck(p.futures[i], &timeout); err != nil {
 			return p.r.failed(p.msg, p.id, p.tenant, p.outs[i], err)
-		case <-timeout.C:
-			return p.r.failed(p.msg, p.id, p.tenant, p.outs[i], errors.New("no publish acknowledgement in time"))
 		}
 	}
 	return p.r.acked(p.msg, p.id, p.tenant, p.outcome)
+}
+
+// awaitAck waits for f's acknowledgement, and returns why there is none.
+// Its first wait starts *timeout, which bounds every later one too.
+func awaitAck(f jetstream.PubAckFuture, timeout **time.Timer) error {
+	ok := f.Ok()
+	select {
+	case <-ok:
+		return nil
+	default:
+	}
+	if *timeout == nil {
+		*timeout = waitTimers.Get().(*time.Timer)
+		(*timeout).Reset(publishTimeout)
+	}
+	select {
+	case <-ok:
+		return nil
+	case err := <-f.Err():
+		return err
+	case <-(*timeout).C:
+		return errors.New("no publish acknowledgement in time")
+	}
 }
 
 // logFor is r's log naming an invocation: made only when something is
@@ -855,6 +872,8 @@ func (r *Runner) apply(msg jetstream.Msg, inv *envelope.Invocation, s settlement
 	if inv.Parked() {
 		outcome = outcomeParked
 	}
+	var hand stages.Output
+	forward := false
 	if s.act == actForward {
 		if r.Custody != nil && s.next == subjects.Next(r.Name) && s.next != subjects.Audit {
 			holder := busauth.Role(s.next)
@@ -873,7 +892,7 @@ func (r *Runner) apply(msg jetstream.Msg, inv *envelope.Invocation, s settlement
 			_ = msg.NakWithDelay(backoff(delivered(msg)))
 			return pendingSettle{outcome: outcomePublishError}
 		}
-		outs = append(outs[:len(outs):len(outs)], o)
+		hand, forward = o, true
 		outcome = outcomeForwarded
 		if s.next != subjects.Next(r.Name) {
 			outcome = outcomeEnded
@@ -886,10 +905,10 @@ func (r *Runner) apply(msg jetstream.Msg, inv *envelope.Invocation, s settlement
 		}
 	}
 	announcedOuts, futures := early.take()
-	if len(outs) == 0 && len(futures) == 0 {
+	if len(outs) == 0 && len(futures) == 0 && !forward {
 		return pendingSettle{outcome: r.acked(msg, id, tenant, outcome)}
 	}
-	// The announced publishes are awaited first: an input is acked only
+	// The announced publishes are awaited too: an input is acked only
 	// once everything its processing sent is stored.
 	if len(announcedOuts) > 0 {
 		outs = append(announcedOuts[:len(announcedOuts):len(announcedOuts)], outs...)
@@ -904,7 +923,17 @@ func (r *Runner) apply(msg jetstream.Msg, inv *envelope.Invocation, s settlement
 		}
 		futures = append(futures, f)
 	}
-	return pendingSettle{outcome: outcome, r: r, msg: msg, id: id, tenant: tenant, outs: outs, futures: futures}
+	p := pendingSettle{outcome: outcome, r: r, msg: msg, id: id, tenant: tenant, outs: outs, futures: futures}
+	if forward {
+		// Sent last, as it always was: the successor comes after what
+		// the stage sent.
+		f, err := PublishAsync(r.JS, hand)
+		if err != nil {
+			return pendingSettle{outcome: r.failed(msg, id, tenant, hand, err)}
+		}
+		p.hand, p.handFuture = hand, f
+	}
+	return p
 }
 
 // Handoff is the message that hands inv to stage next.
@@ -913,7 +942,11 @@ func Handoff(inv *envelope.Invocation, next string) (stages.Output, error) {
 	if err != nil {
 		return stages.Output{}, fmt.Errorf("encoding invocation: %w", err)
 	}
-	h := nats.Header{"Content-Type": jsonContent}
+	id := HopID(inv, next)
+	// The id is in the header from the start, where the client would put
+	// it: a publish option would cost two allocations more. (A message's
+	// signature covers its subject and data, not its headers.)
+	h := nats.Header{"Content-Type": jsonContent, jetstream.MsgIDHeader: {id}}
 	if inv.TraceParent != "" {
 		h.Set("traceparent", inv.TraceParent)
 	}
@@ -925,7 +958,7 @@ func Handoff(inv *envelope.Invocation, next string) (stages.Output, error) {
 	}
 	return stages.Output{
 		Subject: subject,
-		MsgID:   HopID(inv, next),
+		MsgID:   id,
 		Header:  h,
 		Data:    data,
 	}, nil
@@ -944,6 +977,7 @@ func (r *Runner) handoff(inv *envelope.Invocation, next string) (stages.Output, 
 	tagged := next == subjects.Audit || next == subjects.Verify && r.Name == subjects.Execute
 	if err == nil && tagged && r.EndingTag != nil {
 		o.MsgID = EndingID(o.MsgID, r.EndingTag(inv.Tenant, inv.ID, inv.Event.Seq))
+		o.Header[jetstream.MsgIDHeader][0] = o.MsgID // Handoff's own slice
 	}
 	return o, err
 }
@@ -971,11 +1005,19 @@ func (r *Runner) publish(ctx context.Context, o stages.Output) error { return Pu
 // acknowledgement, which the returned future brings.
 func PublishAsync(js jetstream.JetStream, o stages.Output) (jetstream.PubAckFuture, error) {
 	m := &nats.Msg{Subject: o.Subject, Header: o.Header, Data: o.Data}
-	var opts []jetstream.PublishOpt
-	if o.MsgID != "" {
-		opts = append(opts, jetstream.WithMsgID(o.MsgID))
+	return js.PublishMsgAsync(m, msgIDOpts(o)...)
+}
+
+// msgIDOpts are the options that give a publish o's id, none when its
+// header holds it already (Handoff's).
+func msgIDOpts(o stages.Output) []jetstream.PublishOpt {
+	if o.MsgID == "" {
+		return nil
 	}
-	return js.PublishMsgAsync(m, opts...)
+	if v := o.Header[jetstream.MsgIDHeader]; len(v) == 1 && v[0] == o.MsgID {
+		return nil
+	}
+	return []jetstream.PublishOpt{jetstream.WithMsgID(o.MsgID)}
 }
 
 // Publish publishes o to its stream, deduplicated by its message id. Code
@@ -983,11 +1025,7 @@ func PublishAsync(js jetstream.JetStream, o stages.Output) (jetstream.PubAckFutu
 // on a parked invocation) uses it too.
 func Publish(ctx context.Context, js jetstream.JetStream, o stages.Output) error {
 	m := &nats.Msg{Subject: o.Subject, Header: o.Header, Data: o.Data}
-	var opts []jetstream.PublishOpt
-	if o.MsgID != "" {
-		opts = append(opts, jetstream.WithMsgID(o.MsgID))
-	}
-	_, err := js.PublishMsg(ctx, m, opts...)
+	_, err := js.PublishMsg(ctx, m, msgIDOpts(o)...)
 	return err
 }
 
