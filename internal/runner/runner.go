@@ -942,11 +942,7 @@ func Handoff(inv *envelope.Invocation, next string) (stages.Output, error) {
 	if err != nil {
 		return stages.Output{}, fmt.Errorf("encoding invocation: %w", err)
 	}
-	id := HopID(inv, next)
-	// The id is in the header from the start, where the client would put
-	// it: a publish option would cost two allocations more. (A message's
-	// signature covers its subject and data, not its headers.)
-	h := nats.Header{"Content-Type": jsonContent, jetstream.MsgIDHeader: {id}}
+	h := nats.Header{"Content-Type": jsonContent}
 	if inv.TraceParent != "" {
 		h.Set("traceparent", inv.TraceParent)
 	}
@@ -958,7 +954,7 @@ func Handoff(inv *envelope.Invocation, next string) (stages.Output, error) {
 	}
 	return stages.Output{
 		Subject: subject,
-		MsgID:   id,
+		MsgID:   HopID(inv, next),
 		Header:  h,
 		Data:    data,
 	}, nil
@@ -977,7 +973,12 @@ func (r *Runner) handoff(inv *envelope.Invocation, next string) (stages.Output, 
 	tagged := next == subjects.Audit || next == subjects.Verify && r.Name == subjects.Execute
 	if err == nil && tagged && r.EndingTag != nil {
 		o.MsgID = EndingID(o.MsgID, r.EndingTag(inv.Tenant, inv.ID, inv.Event.Seq))
-		o.Header[jetstream.MsgIDHeader][0] = o.MsgID // Handoff's own slice
+	}
+	if err == nil {
+		// The id in the header, where the client would put it: a publish
+		// option would cost two allocations more. (A message's signature
+		// covers its subject and data, not its headers.)
+		o.Header[jetstream.MsgIDHeader] = []string{o.MsgID}
 	}
 	return o, err
 }
@@ -1009,7 +1010,7 @@ func PublishAsync(js jetstream.JetStream, o stages.Output) (jetstream.PubAckFutu
 }
 
 // msgIDOpts are the options that give a publish o's id, none when its
-// header holds it already (Handoff's).
+// header holds it already (the Runner's hand-offs).
 func msgIDOpts(o stages.Output) []jetstream.PublishOpt {
 	if o.MsgID == "" {
 		return nil
