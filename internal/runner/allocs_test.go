@@ -23,7 +23,7 @@ import (
 // allocates for every message of every stage (the NATS client's own work
 // is not counted).
 var runnerBudgets = map[string]float64{
-	"forward": 27,
+	"forward": 25,
 }
 
 type passStage struct{}

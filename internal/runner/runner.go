@@ -546,7 +546,7 @@ func (r *Runner) handle(msg jetstream.Msg, settling *sync.WaitGroup, release fun
 		inv.Fail(r.Name, derr)
 	} else {
 		pctx := stages.WithMessage(ctx, int(md.NumDelivered), r.MaxDeliver, md.Stream, md.Sequence.Stream, len(msg.Data()))
-		early = &announced{}
+		early = newAnnounced(r.JS)
 		outs, perr = r.process(pctx, msg, inv, early)
 	}
 	s := settle(r.Name, r.finalises(), inv, perr, int(md.NumDelivered), r.MaxDeliver)
@@ -568,18 +568,25 @@ func (r *Runner) handle(msg jetstream.Msg, settling *sync.WaitGroup, release fun
 		f.end.ecode = inv.Error.ECode
 	}
 	pending := r.apply(msg, inv, s, outs, perr, early)
+	// The settlement may hold what was announced: early is given back
+	// once it is settled.
 	switch {
 	case !pending.waits():
 		f.finish(pending.outcome)
+		early.free()
 	case r.Workers >= r.InFlight:
 		// With a worker for every slot, the slots bound what is held, not
 		// the workers: one that moved on would find a slot only where
 		// another worker is idle. Waiting here saves starting a goroutine
 		// and waking it, on every hop.
 		f.finish(pending.wait())
+		early.free()
 	default:
 		p := pending // on the heap only here
-		settling.Go(func() { f.finish(p.wait()) })
+		settling.Go(func() {
+			f.finish(p.wait())
+			early.free()
+		})
 	}
 }
 
@@ -619,6 +626,43 @@ type announced struct {
 	mu      sync.Mutex
 	outs    []stages.Output
 	futures []jetstream.PubAckFuture
+	js      jetstream.JetStream
+	publish func(context.Context, stages.Output) error // sends on js and adds
+}
+
+// announcers are reused, with their publish function, from message to
+// message: two allocations fewer a hop. One is given back once its
+// message is settled; a stage announces nothing after Process returns.
+var announcers = sync.Pool{New: func() any {
+	a := &announced{}
+	a.publish = func(_ context.Context, o stages.Output) error {
+		f, err := PublishAsync(a.js, o)
+		if err != nil {
+			return err
+		}
+		a.add(o, f)
+		return nil
+	}
+	return a
+}}
+
+func newAnnounced(js jetstream.JetStream) *announced {
+	a := announcers.Get().(*announced)
+	a.js = js
+	return a
+}
+
+// free gives a back, empty; a nil one is nothing to give.
+func (a *announced) free() {
+	if a == nil {
+		return
+	}
+	a.mu.Lock()
+	clear(a.outs)
+	clear(a.futures)
+	a.outs, a.futures, a.js = a.outs[:0], a.futures[:0], nil
+	a.mu.Unlock()
+	announcers.Put(a)
 }
 
 func (a *announced) add(o stages.Output, f jetstream.PubAckFuture) {
@@ -644,19 +688,15 @@ func (a *announced) take() ([]stages.Output, []jetstream.PubAckFuture) {
 // which apply awaits with the outputs' before it acks the input: the event
 // is on its way before the stage goes on, and costs no round trip.
 func (r *Runner) process(ctx context.Context, msg jetstream.Msg, inv *envelope.Invocation, early *announced) (outs []stages.Output, err error) {
-	ctx = stages.WithAnnounce(ctx, func(ctx context.Context, o stages.Output) error {
-		if early == nil {
+	if early != nil {
+		ctx = stages.WithAnnounce(ctx, early.publish)
+	} else {
+		ctx = stages.WithAnnounce(ctx, func(ctx context.Context, o stages.Output) error {
 			pctx, cancel := context.WithTimeout(ctx, publishTimeout)
 			defer cancel()
 			return r.publish(pctx, o)
-		}
-		f, err := PublishAsync(r.JS, o)
-		if err != nil {
-			return err
-		}
-		early.add(o, f)
-		return nil
-	})
+		})
+	}
 	if r.AckWait > 0 {
 		// A timer, not a goroutine per message: most messages are done
 		// long before the first in-progress ack is due.
