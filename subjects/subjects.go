@@ -205,15 +205,15 @@ func TenantOfPipe(subject string) (string, bool) {
 	if !ok {
 		return "", false
 	}
-	parts := strings.Split(rest, ".")
-	// A hand-off to a site's execute names the site after the tenant.
-	if len(parts) == 4 && parts[0] == Execute && parts[3] != "" {
-		parts = parts[:3]
-	}
-	if len(parts) != 3 || parts[2] == "" {
+	// stage.priority.tenant, or for a hand-off to a site's execute
+	// stage.priority.tenant.site; cut, not split: every hop's check asks.
+	stage, rest, _ := strings.Cut(rest, ".")
+	_, rest, _ = strings.Cut(rest, ".")
+	tenant, site, more := strings.Cut(rest, ".")
+	if more && (stage != Execute || site == "" || strings.Contains(site, ".")) || tenant == "" {
 		return "", false
 	}
-	return parts[2], true
+	return tenant, true
 }
 
 // StageOfPipe returns the stage a hand-off subject is addressed to: the one

@@ -105,6 +105,10 @@ type Invocation struct {
 	// not change after validate. Never encoded: a hop's reader redacts
 	// for itself, trusting no form an earlier stage wrote.
 	redacted redactedParams
+	// kept is what the last Encode wrote of Request, Principal and Authz,
+	// once sealed: written again while they are the same (Encode). They
+	// are replaced, never changed in place, once authorize sealed the call.
+	kept *kept
 }
 
 // redactedParams is redact.Redact(of), for the parameters slice of.

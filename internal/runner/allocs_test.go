@@ -15,6 +15,7 @@ import (
 	"github.com/toolgate/toolgate/internal/envelope"
 	"github.com/toolgate/toolgate/stages"
 	"github.com/toolgate/toolgate/subjects"
+	"go.opentelemetry.io/otel"
 )
 
 // The runner's per-message path, fetch to ack, with a stage that does
@@ -22,7 +23,7 @@ import (
 // allocates for every message of every stage (the NATS client's own work
 // is not counted).
 var runnerBudgets = map[string]float64{
-	"forward": 40,
+	"forward": 25,
 }
 
 type passStage struct{}
@@ -77,6 +78,7 @@ func routeHop(tb testing.TB, js jetstream.JetStream) (*Runner, *heldMsg) {
 	}
 	r := &Runner{Name: subjects.Route, Stage: passStage{}, JS: js, AckWait: 30 * time.Second,
 		MaxDeliver: 5, Timeout: 30 * time.Second, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	r.tracer, r.spanName = otel.Tracer(tracerName), "toolgate."+r.Name // as Run sets them
 	msg := &heldMsg{data: in.Data, md: &jetstream.MsgMetadata{NumDelivered: 1, Stream: subjects.StreamPipeline,
 		Sequence: jetstream.SequencePair{Stream: 9}}}
 	return r, msg

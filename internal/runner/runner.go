@@ -62,6 +62,8 @@ type Runner struct {
 	// Timeout bounds one call of the stage (default 30s). Past it the Runner
 	// stops sending in-progress acks, so a stage that hangs regardless loses
 	// the message to redelivery and, in the end, to the delivery limit.
+	// The deadline is shared by the messages started within the same
+	// 32nd of it (at most 100ms), so it may come that much sooner.
 	Timeout time.Duration
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
@@ -121,12 +123,13 @@ type Runner struct {
 	KeptIngest bool
 	ingest     chan uint64 // what dropIngest deletes, once Run starts
 
-	inMemory prometheus.Counter // Metrics.inMemory of this stage, once Run starts
-	inflight prometheus.Gauge   // Metrics.inflight of this stage, once Run starts
-	tracer   trace.Tracer       // set by Run, with the name of its spans
-	spanName string
-	active   atomic.Int64 // unix nanoseconds of the last pull or settled message
-	waiting  atomic.Int32 // workers waiting on the pull iterator, which pulls for them
+	inMemory  prometheus.Counter // Metrics.inMemory of this stage, once Run starts
+	inflight  prometheus.Gauge   // Metrics.inflight of this stage, once Run starts
+	tracer    trace.Tracer       // set by Run, with the name of its spans
+	spanName  string
+	active    atomic.Int64 // unix nanoseconds of the last pull or settled message
+	waiting   atomic.Int32 // workers waiting on the pull iterator, which pulls for them
+	deadlines atomic.Pointer[sharedDeadline]
 }
 
 // Stalled reports why the stage takes no work, or "" while it does: it is
@@ -313,6 +316,30 @@ func takeByPriority(ctx context.Context, feeds []chan jetstream.Msg, n int) (jet
 			return m, true
 		}
 	}
+	// Stages read three priorities: a select statement waits on them
+	// without reflect.Select's allocations, on every message of a stage.
+	switch len(feeds) {
+	case 2:
+		select {
+		case m := <-feeds[0]:
+			return m, true
+		case m := <-feeds[1]:
+			return m, true
+		case <-ctx.Done():
+			return nil, false
+		}
+	case 3:
+		select {
+		case m := <-feeds[0]:
+			return m, true
+		case m := <-feeds[1]:
+			return m, true
+		case m := <-feeds[2]:
+			return m, true
+		case <-ctx.Done():
+			return nil, false
+		}
+	}
 	cases := make([]reflect.SelectCase, 0, len(feeds)+1)
 	cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(ctx.Done())})
 	for _, f := range feeds {
@@ -489,12 +516,12 @@ func (r *Runner) handle(msg jetstream.Msg, settling *sync.WaitGroup, release fun
 		return
 	}
 
-	parent := propagator.Extract(context.Background(), invCarrier{inv})
+	parent := propagator.Extract(r.deadline(), invCarrier{inv})
 	tracer, spanName := r.tracer, r.spanName
 	if tracer == nil { // handled outside Run
 		tracer, spanName = otel.Tracer(tracerName), "toolgate."+r.Name
 	}
-	ctx, span := tracer.Start(parent, spanName, consumerSpan)
+	ctx, span := tracer.Start(parent, spanName, consumerSpan...)
 	if span.IsRecording() {
 		// Only a configured tracer records: without one, a span costs
 		// nothing but its context.
@@ -519,12 +546,17 @@ func (r *Runner) handle(msg jetstream.Msg, settling *sync.WaitGroup, release fun
 		inv.Fail(r.Name, derr)
 	} else {
 		pctx := stages.WithMessage(ctx, int(md.NumDelivered), r.MaxDeliver, md.Stream, md.Sequence.Stream, len(msg.Data()))
-		early = &announced{}
+		early = newAnnounced(r.JS)
 		outs, perr = r.process(pctx, msg, inv, early)
 	}
 	s := settle(r.Name, r.finalises(), inv, perr, int(md.NumDelivered), r.MaxDeliver)
 	if inv.Error != nil {
 		span.SetStatus(codes.Error, inv.Error.Error())
+	}
+	if cap(inv.Metadata.Stages) == 0 {
+		// Room for every stage at the first hop: an invocation handed on
+		// within the process keeps it, and grows no more.
+		inv.Metadata.Stages = make([]api.Hop, 0, len(subjects.Stages))
 	}
 	inv.Metadata.Stages = append(inv.Metadata.Stages,
 		api.Hop{Stage: r.Name, DurationUS: r.now().Sub(start).Microseconds()})
@@ -536,18 +568,25 @@ func (r *Runner) handle(msg jetstream.Msg, settling *sync.WaitGroup, release fun
 		f.end.ecode = inv.Error.ECode
 	}
 	pending := r.apply(msg, inv, s, outs, perr, early)
+	// The settlement may hold what was announced: early is given back
+	// once it is settled.
 	switch {
 	case !pending.waits():
 		f.finish(pending.outcome)
+		early.free()
 	case r.Workers >= r.InFlight:
 		// With a worker for every slot, the slots bound what is held, not
 		// the workers: one that moved on would find a slot only where
 		// another worker is idle. Waiting here saves starting a goroutine
 		// and waking it, on every hop.
 		f.finish(pending.wait())
+		early.free()
 	default:
 		p := pending // on the heap only here
-		settling.Go(func() { f.finish(p.wait()) })
+		settling.Go(func() {
+			f.finish(p.wait())
+			early.free()
+		})
 	}
 }
 
@@ -587,6 +626,43 @@ type announced struct {
 	mu      sync.Mutex
 	outs    []stages.Output
 	futures []jetstream.PubAckFuture
+	js      jetstream.JetStream
+	publish func(context.Context, stages.Output) error // sends on js and adds
+}
+
+// announcers are reused, with their publish function, from message to
+// message: two allocations fewer a hop. One is given back once its
+// message is settled; a stage announces nothing after Process returns.
+var announcers = sync.Pool{New: func() any {
+	a := &announced{}
+	a.publish = func(_ context.Context, o stages.Output) error {
+		f, err := PublishAsync(a.js, o)
+		if err != nil {
+			return err
+		}
+		a.add(o, f)
+		return nil
+	}
+	return a
+}}
+
+func newAnnounced(js jetstream.JetStream) *announced {
+	a := announcers.Get().(*announced)
+	a.js = js
+	return a
+}
+
+// free gives a back, empty; a nil one is nothing to give.
+func (a *announced) free() {
+	if a == nil {
+		return
+	}
+	a.mu.Lock()
+	clear(a.outs)
+	clear(a.futures)
+	a.outs, a.futures, a.js = a.outs[:0], a.futures[:0], nil
+	a.mu.Unlock()
+	announcers.Put(a)
 }
 
 func (a *announced) add(o stages.Output, f jetstream.PubAckFuture) {
@@ -612,29 +688,19 @@ func (a *announced) take() ([]stages.Output, []jetstream.PubAckFuture) {
 // which apply awaits with the outputs' before it acks the input: the event
 // is on its way before the stage goes on, and costs no round trip.
 func (r *Runner) process(ctx context.Context, msg jetstream.Msg, inv *envelope.Invocation, early *announced) (outs []stages.Output, err error) {
-	ctx, cancel := context.WithTimeout(ctx, r.Timeout)
-	defer cancel()
-	ctx = stages.WithAnnounce(ctx, func(ctx context.Context, o stages.Output) error {
-		if early == nil {
+	if early != nil {
+		ctx = stages.WithAnnounce(ctx, early.publish)
+	} else {
+		ctx = stages.WithAnnounce(ctx, func(ctx context.Context, o stages.Output) error {
 			pctx, cancel := context.WithTimeout(ctx, publishTimeout)
 			defer cancel()
 			return r.publish(pctx, o)
-		}
-		f, err := PublishAsync(r.JS, o)
-		if err != nil {
-			return err
-		}
-		early.add(o, f)
-		return nil
-	})
+		})
+	}
 	if r.AckWait > 0 {
 		// A timer, not a goroutine per message: most messages are done
 		// long before the first in-progress ack is due.
-		k := &keepAlive{ctx: ctx, msg: msg, every: r.AckWait / 3}
-		k.mu.Lock() // t is set before the callback reads it
-		k.t = time.AfterFunc(k.every, k.fire)
-		k.mu.Unlock()
-		defer k.stop()
+		defer startKeepAlive(ctx, msg, r.AckWait/3).stop()
 	}
 	defer func() {
 		if p := recover(); p != nil {
@@ -648,12 +714,32 @@ func (r *Runner) process(ctx context.Context, msg jetstream.Msg, inv *envelope.I
 // keepAlive sends in-progress acks for msg every so often while its stage
 // works, until stop or ctx's end.
 type keepAlive struct {
+	mu      sync.Mutex
 	ctx     context.Context
 	msg     jetstream.Msg
 	every   time.Duration
-	mu      sync.Mutex
 	stopped bool
 	t       *time.Timer
+}
+
+// keepAlives are reused, timer and all, from message to message.
+var keepAlives = sync.Pool{New: func() any {
+	k := &keepAlive{stopped: true}
+	k.t = time.AfterFunc(time.Hour, k.fire)
+	k.t.Stop()
+	return k
+}}
+
+// startKeepAlive sends in-progress acks for msg every so often, until
+// stop. A callback of the keepAlive's last use that was already running
+// when it stopped may send one early for msg: harmless.
+func startKeepAlive(ctx context.Context, msg jetstream.Msg, every time.Duration) *keepAlive {
+	k := keepAlives.Get().(*keepAlive)
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.ctx, k.msg, k.every, k.stopped = ctx, msg, every, false
+	k.t.Reset(every)
+	return k
 }
 
 func (k *keepAlive) fire() {
@@ -670,7 +756,9 @@ func (k *keepAlive) stop() {
 	k.mu.Lock()
 	k.stopped = true
 	k.t.Stop()
+	k.ctx, k.msg = nil, nil
 	k.mu.Unlock()
+	keepAlives.Put(k)
 }
 
 // pendingSettle is a settlement under way: its outcome, or while publishes are
@@ -684,10 +772,14 @@ type pendingSettle struct {
 	tenant  string
 	outs    []stages.Output
 	futures []jetstream.PubAckFuture
+	// The hand-off, sent after outs, out of them: a hop that hands on and
+	// has nothing else to send makes no slice.
+	hand       stages.Output
+	handFuture jetstream.PubAckFuture
 }
 
 // waits reports whether wait must be called to settle the message.
-func (p *pendingSettle) waits() bool { return p.futures != nil }
+func (p *pendingSettle) waits() bool { return p.futures != nil || p.handFuture != nil }
 
 // waitTimers are the timers that bound wait, reused from hop to hop.
 var waitTimers = sync.Pool{New: func() any {
@@ -698,23 +790,53 @@ var waitTimers = sync.Pool{New: func() any {
 
 // wait acks the message once every publish is acknowledged, or naks it if
 // one fails or none comes within publishTimeout, and returns the outcome.
+//
+// The publishes are awaited last first: the hand-off, sent last, is mostly
+// acknowledged last, so the others' acknowledgements are then read without
+// blocking, and without a select, a timer or an error channel (which the
+// client makes on asking).
 func (p *pendingSettle) wait() string {
-	timeout := waitTimers.Get().(*time.Timer)
-	timeout.Reset(publishTimeout)
+	var timeout *time.Timer
 	defer func() {
-		timeout.Stop() // nothing is left in its channel, since Go 1.23
-		waitTimers.Put(timeout)
+		if timeout != nil {
+			timeout.Stop() // nothing is left in its channel, since Go 1.23
+			waitTimers.Put(timeout)
+		}
 	}()
-	for i, f := range p.futures {
-		select {
-		case <-f.Ok():
-		case err := <-f.Err():
+	if p.handFuture != nil {
+		if err := awaitAck(p.handFuture, &timeout); err != nil {
+			return p.r.failed(p.msg, p.id, p.tenant, p.hand, err)
+		}
+	}
+	for i := len(p.futures) - 1; i >= 0; i-- {
+		if err := awaitAck(p.futures[i], &timeout); err != nil {
 			return p.r.failed(p.msg, p.id, p.tenant, p.outs[i], err)
-		case <-timeout.C:
-			return p.r.failed(p.msg, p.id, p.tenant, p.outs[i], errors.New("no publish acknowledgement in time"))
 		}
 	}
 	return p.r.acked(p.msg, p.id, p.tenant, p.outcome)
+}
+
+// awaitAck waits for f's acknowledgement, and returns why there is none.
+// Its first wait starts *timeout, which bounds every later one too.
+func awaitAck(f jetstream.PubAckFuture, timeout **time.Timer) error {
+	ok := f.Ok()
+	select {
+	case <-ok:
+		return nil
+	default:
+	}
+	if *timeout == nil {
+		*timeout = waitTimers.Get().(*time.Timer)
+		(*timeout).Reset(publishTimeout)
+	}
+	select {
+	case <-ok:
+		return nil
+	case err := <-f.Err():
+		return err
+	case <-(*timeout).C:
+		return errors.New("no publish acknowledgement in time")
+	}
 }
 
 // logFor is r's log naming an invocation: made only when something is
@@ -790,6 +912,8 @@ func (r *Runner) apply(msg jetstream.Msg, inv *envelope.Invocation, s settlement
 	if inv.Parked() {
 		outcome = outcomeParked
 	}
+	var hand stages.Output
+	forward := false
 	if s.act == actForward {
 		if r.Custody != nil && s.next == subjects.Next(r.Name) && s.next != subjects.Audit {
 			holder := busauth.Role(s.next)
@@ -808,7 +932,7 @@ func (r *Runner) apply(msg jetstream.Msg, inv *envelope.Invocation, s settlement
 			_ = msg.NakWithDelay(backoff(delivered(msg)))
 			return pendingSettle{outcome: outcomePublishError}
 		}
-		outs = append(outs[:len(outs):len(outs)], o)
+		hand, forward = o, true
 		outcome = outcomeForwarded
 		if s.next != subjects.Next(r.Name) {
 			outcome = outcomeEnded
@@ -821,12 +945,14 @@ func (r *Runner) apply(msg jetstream.Msg, inv *envelope.Invocation, s settlement
 		}
 	}
 	announcedOuts, futures := early.take()
-	if len(outs) == 0 && len(futures) == 0 {
+	if len(outs) == 0 && len(futures) == 0 && !forward {
 		return pendingSettle{outcome: r.acked(msg, id, tenant, outcome)}
 	}
-	// The announced publishes are awaited first: an input is acked only
+	// The announced publishes are awaited too: an input is acked only
 	// once everything its processing sent is stored.
-	outs = append(announcedOuts[:len(announcedOuts):len(announcedOuts)], outs...)
+	if len(announcedOuts) > 0 {
+		outs = append(announcedOuts[:len(announcedOuts):len(announcedOuts)], outs...)
+	}
 	futures = futures[:len(futures):len(futures)]
 	for _, o := range outs[len(futures):] {
 		f, err := PublishAsync(r.JS, o)
@@ -837,7 +963,17 @@ func (r *Runner) apply(msg jetstream.Msg, inv *envelope.Invocation, s settlement
 		}
 		futures = append(futures, f)
 	}
-	return pendingSettle{outcome: outcome, r: r, msg: msg, id: id, tenant: tenant, outs: outs, futures: futures}
+	p := pendingSettle{outcome: outcome, r: r, msg: msg, id: id, tenant: tenant, outs: outs, futures: futures}
+	if forward {
+		// Sent last, as it always was: the successor comes after what
+		// the stage sent.
+		f, err := PublishAsync(r.JS, hand)
+		if err != nil {
+			return pendingSettle{outcome: r.failed(msg, id, tenant, hand, err)}
+		}
+		p.hand, p.handFuture = hand, f
+	}
+	return p
 }
 
 // Handoff is the message that hands inv to stage next.
@@ -878,6 +1014,12 @@ func (r *Runner) handoff(inv *envelope.Invocation, next string) (stages.Output, 
 	if err == nil && tagged && r.EndingTag != nil {
 		o.MsgID = EndingID(o.MsgID, r.EndingTag(inv.Tenant, inv.ID, inv.Event.Seq))
 	}
+	if err == nil {
+		// The id in the header, where the client would put it: a publish
+		// option would cost two allocations more. (A message's signature
+		// covers its subject and data, not its headers.)
+		o.Header[jetstream.MsgIDHeader] = []string{o.MsgID}
+	}
 	return o, err
 }
 
@@ -904,11 +1046,19 @@ func (r *Runner) publish(ctx context.Context, o stages.Output) error { return Pu
 // acknowledgement, which the returned future brings.
 func PublishAsync(js jetstream.JetStream, o stages.Output) (jetstream.PubAckFuture, error) {
 	m := &nats.Msg{Subject: o.Subject, Header: o.Header, Data: o.Data}
-	var opts []jetstream.PublishOpt
-	if o.MsgID != "" {
-		opts = append(opts, jetstream.WithMsgID(o.MsgID))
+	return js.PublishMsgAsync(m, msgIDOpts(o)...)
+}
+
+// msgIDOpts are the options that give a publish o's id, none when its
+// header holds it already (the Runner's hand-offs).
+func msgIDOpts(o stages.Output) []jetstream.PublishOpt {
+	if o.MsgID == "" {
+		return nil
 	}
-	return js.PublishMsgAsync(m, opts...)
+	if v := o.Header[jetstream.MsgIDHeader]; len(v) == 1 && v[0] == o.MsgID {
+		return nil
+	}
+	return []jetstream.PublishOpt{jetstream.WithMsgID(o.MsgID)}
 }
 
 // Publish publishes o to its stream, deduplicated by its message id. Code
@@ -916,11 +1066,7 @@ func PublishAsync(js jetstream.JetStream, o stages.Output) (jetstream.PubAckFutu
 // on a parked invocation) uses it too.
 func Publish(ctx context.Context, js jetstream.JetStream, o stages.Output) error {
 	m := &nats.Msg{Subject: o.Subject, Header: o.Header, Data: o.Data}
-	var opts []jetstream.PublishOpt
-	if o.MsgID != "" {
-		opts = append(opts, jetstream.WithMsgID(o.MsgID))
-	}
-	_, err := js.PublishMsg(ctx, m, opts...)
+	_, err := js.PublishMsg(ctx, m, msgIDOpts(o)...)
 	return err
 }
 
@@ -950,8 +1096,9 @@ func (r *Runner) poison(msg jetstream.Msg, md *jetstream.MsgMetadata, cause erro
 
 const tracerName = "github.com/toolgate/toolgate/stages"
 
-// consumerSpan is the option every stage span starts with.
-var consumerSpan = trace.WithSpanKind(trace.SpanKindConsumer)
+// consumerSpan are the options every stage span starts with: a slice
+// made once, not on every message.
+var consumerSpan = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer)}
 
 // invCarrier exposes an invocation's trace context to the propagator.
 type invCarrier struct{ inv *envelope.Invocation }

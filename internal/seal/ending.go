@@ -1,7 +1,6 @@
 package seal
 
 import (
-	"crypto/hmac"
 	"encoding/base64"
 	"slices"
 	"strconv"
@@ -180,11 +179,11 @@ func (m *Messages) Ending(sender busauth.Role, inv *envelope.Invocation) error {
 	}
 	raw, err := base64.RawURLEncoding.DecodeString(inv.Custody)
 	want := custodyText(holder, inv.Tenant, inv.ID, inv.Event.Seq)
-	held := err == nil && hmac.Equal(raw, mac(k, want))
+	held := err == nil && k.equal(raw, want)
 	if _, site := busauth.SiteOfRole(by); !held && err == nil && site && m.reload() {
 		// The site may have been declared again since its key was read.
 		if k, ok = m.pairs.key(by, busauth.RoleAudit, busauth.RoleAudit); ok {
-			held = hmac.Equal(raw, mac(k, want))
+			held = k.equal(raw, want)
 		}
 	}
 	if !held {
@@ -239,7 +238,7 @@ func (m *Messages) HandOff(sender busauth.Role, inv *envelope.Invocation) error 
 		return refuseHandOff(sender, inv, "this process holds no key of verify to check route's binding")
 	}
 	raw, err := base64.RawURLEncoding.DecodeString(inv.Route.SiteBinding)
-	if err != nil || !hmac.Equal(raw, mac(k, siteBindingText(site, inv.Tenant, inv.ID, inv.Event.Seq))) {
+	if err != nil || !k.equal(raw, siteBindingText(site, inv.Tenant, inv.ID, inv.Event.Seq)) {
 		return refuseHandOff(sender, inv, "it carries no binding route made of this tenant, invocation and sequence to site "+strconv.Quote(site)+": route never sent it the call")
 	}
 	return nil

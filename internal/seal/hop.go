@@ -3,10 +3,11 @@ package seal
 import (
 	"context"
 	"crypto/ed25519"
-	"crypto/hmac"
 	"crypto/sha256"
+	"crypto/subtle"
 	"encoding/base64"
 	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -34,6 +35,9 @@ const (
 	SealReceipt = auditchain.SealReceipt
 )
 
+// macEncoded is the length of a MAC in base64url (unpadded).
+const macEncoded = (sha256.Size*8 + 5) / 6
+
 // hopVersion prefixes the signed text of a message.
 const hopVersion = "toolgate-msg-v1"
 
@@ -45,13 +49,14 @@ type Signer struct {
 	role   busauth.Role
 	key    ed25519.PrivateKey
 	pub    ed25519.PublicKey
-	recent *recent // where a checker of this process finds what it signed
-	pairs  *pairs  // the hand-off MAC keys, when the roles' public keys are known
+	recent *recent  // where a checker of this process finds what it signed
+	pairs  *pairs   // the hand-off MAC keys, when the roles' public keys are known
+	signer []string // HeaderSigner's value, shared: a header's values are replaced, never changed in place
 }
 
 // NewSigner returns a Signer for role's key.
 func NewSigner(role busauth.Role, key ed25519.PrivateKey) *Signer {
-	return &Signer{role: role, key: key, pub: key.Public().(ed25519.PublicKey)}
+	return &Signer{role: role, key: key, pub: key.Public().(ed25519.PublicKey), signer: []string{string(role)}}
 }
 
 // NewSigner returns a Signer for role's key whose messages m, in the same
@@ -74,15 +79,17 @@ func (m *Messages) NewSigner(role busauth.Role, key ed25519.PrivateKey) *Signer 
 func (s *Signer) Sign(subject string, h nats.Header, data []byte) nats.Header {
 	out := make(nats.Header, len(h)+2)
 	maps.Copy(out, h)
-	text := signedMessage(string(s.role), subject, data)
-	out[HeaderSigner] = []string{string(s.role)}
+	out[HeaderSigner] = s.signer
 	if h.Get(HeaderSeal) == SealReceipt {
 		return out // its receipt signs it
 	}
+	var buf [signedMax]byte
+	text := appendSignedMessage(buf[:0], string(s.role), subject, data)
 	if k, ok := s.macKey(subject); ok {
-		sum := mac(k, text)
-		s.recent.add(k, text, sum)
-		out[HeaderMAC] = []string{base64.RawURLEncoding.EncodeToString(sum)}
+		var sum [sha256.Size]byte
+		k.sum(sum[:0], text)
+		s.recent.addMAC(sum[:])
+		out[HeaderMAC] = []string{base64.RawURLEncoding.EncodeToString(sum[:])}
 		return out
 	}
 	sig := ed25519.Sign(s.key, text)
@@ -93,7 +100,7 @@ func (s *Signer) Sign(subject string, h nats.Header, data []byte) nats.Header {
 
 // macKey returns the key of a hand-off on subject from s's role to the
 // stage it is addressed to.
-func (s *Signer) macKey(subject string) ([]byte, bool) {
+func (s *Signer) macKey(subject string) (*macKey, bool) {
 	if s.pairs == nil {
 		return nil, false
 	}
@@ -115,8 +122,16 @@ func (s *Signer) SignRecord(kind string, b []byte) string {
 // signedMessage is the text a message signature covers: version, role and
 // subject, each on its own line, then the body's SHA-256.
 func signedMessage(role, subject string, data []byte) []byte {
+	return appendSignedMessage(make([]byte, 0, len(hopVersion)+len(role)+len(subject)+3+sha256.Size), role, subject, data)
+}
+
+// signedMax fits the signed text of any hop (a subject is far shorter), so
+// the hot path builds it on the stack; a longer one is still built.
+const signedMax = 256
+
+// appendSignedMessage appends signedMessage's text to b.
+func appendSignedMessage(b []byte, role, subject string, data []byte) []byte {
 	sum := sha256.Sum256(data)
-	b := make([]byte, 0, len(hopVersion)+len(role)+len(subject)+3+len(sum))
 	b = append(b, hopVersion...)
 	b = append(b, '\n')
 	b = append(b, role...)
@@ -249,7 +264,8 @@ func (m *Messages) check(subject string, h nats.Header, data []byte) (role busau
 		}
 		return role, false, nil
 	}
-	text := signedMessage(string(role), subject, data)
+	var buf [signedMax]byte
+	text := appendSignedMessage(buf[:0], string(role), subject, data)
 	if sum := h.Get(HeaderMAC); sum != "" {
 		stage, isHop := subjects.StageOfPipe(subject)
 		if !isHop {
@@ -259,20 +275,32 @@ func (m *Messages) check(subject string, h nats.Header, data []byte) (role busau
 		if !held {
 			return "", false, refuseMessage("this process holds no key of " + stage + " to check a hand-off to it")
 		}
-		raw, err := base64.RawURLEncoding.DecodeString(sum)
-		if err == nil {
-			ours = m.recent.take(k, text, raw)
-			ok = ours || hmac.Equal(raw, mac(k, text))
-		}
-		if err != nil || !ok {
+		// The MAC is recomputed, not looked up: over the short text it
+		// costs less than the look-up's own digest, and a MAC that
+		// verifies binds key and text, so recent need only say whether
+		// this process made it.
+		var want [sha256.Size]byte
+		k.sum(want[:0], text)
+		var enc [macEncoded]byte
+		base64.RawURLEncoding.Encode(enc[:], want[:])
+		if !equalSecret(enc[:], sum) {
 			return "", false, refuseMessage("the MAC of " + string(role) + " does not verify: forged, or the message was altered")
 		}
+		ours = m.recent.takeMAC(want[:])
 	} else {
-		sig, err := base64.RawURLEncoding.DecodeString(h.Get(HeaderSignature))
-		if err == nil {
-			ok, ours = m.recent.check(key, text, sig)
+		var raw [ed25519.SignatureSize]byte
+		sig := h.Get(HeaderSignature)
+		ok = len(sig) == base64.RawURLEncoding.EncodedLen(len(raw))
+		if ok {
+			n, err := base64.RawURLEncoding.Decode(raw[:], []byte(sig))
+			ok = err == nil && n == len(raw)
 		}
-		if err != nil || !ok {
+		if ok {
+			// A copy: what verify is handed escapes, and the MAC's path
+			// keeps text on the stack.
+			ok, ours = m.recent.check(key, slices.Clone(text), raw[:])
+		}
+		if !ok {
 			return "", false, refuseMessage("the signature of " + string(role) + " does not verify: forged, or the message was altered")
 		}
 	}
@@ -310,6 +338,20 @@ func (m *Messages) Record(role busauth.Role, kind string, b []byte, sig string) 
 	}
 	raw, err := base64.RawURLEncoding.DecodeString(sig)
 	return err == nil && ed25519.Verify(key, signedMessage(string(role), kind, b), raw)
+}
+
+// equalSecret reports whether b and s are the same bytes, in time that
+// depends on their lengths alone (subtle.ConstantTimeCompare, without
+// copying s).
+func equalSecret(b []byte, s string) bool {
+	if len(b) != len(s) {
+		return false
+	}
+	var v byte
+	for i := range b {
+		v |= b[i] ^ s[i]
+	}
+	return subtle.ConstantTimeByteEq(v, 0) == 1
 }
 
 func refuseMessage(msg string) error {

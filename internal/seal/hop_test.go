@@ -175,3 +175,32 @@ func BenchmarkMessageCheck(b *testing.B) {
 		}
 	}
 }
+
+// TestMalformedSignatures: a signature or MAC of the wrong length, or not
+// in canonical unpadded base64url, is refused, never read past its end.
+func TestMalformedSignatures(t *testing.T) {
+	priv, pubs := roleKeys(t)
+	m := NewMessages(pubs.keys)
+	route := m.NewSigner(busauth.RoleRoute, priv[busauth.RoleRoute])
+	m.NewSigner(busauth.RoleExecute, priv[busauth.RoleExecute])
+	toExecute := subjects.Pipe(subjects.Execute, subjects.PriorityNormal, "acme")
+	result := subjects.Result("acme", "did:agent:acme", "a")
+	body := []byte(`{"id":"a"}`)
+	mac := route.Sign(toExecute, nil, body).Get(HeaderMAC)
+	sig := route.Sign(result, nil, body).Get(HeaderSignature)
+	for name, c := range map[string]struct {
+		subject, header, value string
+	}{
+		"long signature":   {result, HeaderSignature, strings.Repeat("A", 300)},
+		"short signature":  {result, HeaderSignature, sig[:40]},
+		"padded signature": {result, HeaderSignature, sig + "=="},
+		"long MAC":         {toExecute, HeaderMAC, mac + "A"},
+		"padded MAC":       {toExecute, HeaderMAC, mac + "="},
+		"short MAC":        {toExecute, HeaderMAC, mac[:42]},
+	} {
+		h := nats.Header{HeaderSigner: {"route"}, c.header: {c.value}}
+		if _, _, err := m.Check(c.subject, h, body); err == nil || !strings.Contains(err.Error(), "does not verify") {
+			t.Errorf("%s: %v, want refused as not verifying", name, err)
+		}
+	}
+}

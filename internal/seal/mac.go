@@ -9,6 +9,7 @@ import (
 	"crypto/sha512"
 	"errors"
 	"fmt"
+	"hash"
 	"sync"
 
 	"filippo.io/edwards25519"
@@ -38,12 +39,51 @@ type pairs struct {
 
 	mu   sync.RWMutex
 	own  map[busauth.Role]*ecdh.PrivateKey // roles whose keys this process holds
-	keys map[[2]busauth.Role][]byte        // derived, by {sender, reader}
+	keys map[[2]busauth.Role]*macKey       // derived, by {sender, reader}
+}
+
+// macKey is a derived pair key and the keyed HMAC states made from it:
+// keying an HMAC hashes two blocks and allocates its hashes, on every hop
+// and custody, so a state is kept and Reset (back to just keyed) instead.
+type macKey struct {
+	raw   []byte
+	hmacs sync.Pool // *keyedHMAC
+}
+
+// keyedHMAC is a keyed state and the buffers it reads and writes: what a
+// hash.Hash is handed escapes, so the caller's own stay on its stack.
+type keyedHMAC struct {
+	h    hash.Hash
+	text []byte
+	sum  [sha256.Size]byte
+}
+
+func newMACKey(raw []byte) *macKey {
+	k := &macKey{raw: raw}
+	k.hmacs.New = func() any { return &keyedHMAC{h: hmac.New(sha256.New, raw)} }
+	return k
+}
+
+// sum appends the MAC of text under k to dst.
+func (k *macKey) sum(dst, text []byte) []byte {
+	m := k.hmacs.Get().(*keyedHMAC)
+	m.text = append(m.text[:0], text...)
+	m.h.Write(m.text)
+	dst = append(dst, m.h.Sum(m.sum[:0])...)
+	m.h.Reset()
+	k.hmacs.Put(m)
+	return dst
+}
+
+// equal reports whether sum is the MAC of text under k, in constant time.
+func (k *macKey) equal(sum, text []byte) bool {
+	var buf [sha256.Size]byte
+	return hmac.Equal(sum, k.sum(buf[:0], text))
 }
 
 func newPairs(keys map[busauth.Role]ed25519.PublicKey) *pairs {
 	p := &pairs{ed: keys, pubs: map[busauth.Role]*ecdh.PublicKey{}, own: map[busauth.Role]*ecdh.PrivateKey{},
-		keys: map[[2]busauth.Role][]byte{}}
+		keys: map[[2]busauth.Role]*macKey{}}
 	for r, k := range keys {
 		// A key that is not a point has no X25519 half: its role's
 		// hand-offs stay signed.
@@ -98,7 +138,7 @@ func (p *pairs) hold(role busauth.Role, key ed25519.PrivateKey) bool {
 // key returns the key sender and reader share, derived with whichever of
 // the two private keys this process holds (held: that one); ok is false
 // when it holds neither or the other's public key is unknown.
-func (p *pairs) key(sender, reader busauth.Role, held busauth.Role) ([]byte, bool) {
+func (p *pairs) key(sender, reader busauth.Role, held busauth.Role) (*macKey, bool) {
 	id := [2]busauth.Role{sender, reader}
 	other := reader
 	if held == reader {
@@ -115,10 +155,11 @@ func (p *pairs) key(sender, reader busauth.Role, held busauth.Role) ([]byte, boo
 	if priv == nil || pub == nil {
 		return nil, false
 	}
-	k, err := pairKey(sender, reader, priv, pub)
+	raw, err := pairKey(sender, reader, priv, pub)
 	if err != nil {
 		return nil, false
 	}
+	k = newMACKey(raw)
 	p.mu.Lock()
 	p.keys[id] = k
 	p.mu.Unlock()
@@ -154,8 +195,4 @@ func x25519Public(key ed25519.PublicKey) (*ecdh.PublicKey, error) {
 }
 
 // mac is the MAC of text under key.
-func mac(key, text []byte) []byte {
-	m := hmac.New(sha256.New, key)
-	m.Write(text)
-	return m.Sum(nil)
-}
+func mac(key *macKey, text []byte) []byte { return key.sum(nil, text) }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/allocbudget"
 	"github.com/toolgate/toolgate/internal/busauth"
 	"github.com/toolgate/toolgate/subjects"
 )
@@ -32,11 +33,11 @@ func TestPairKeyAgreement(t *testing.T) {
 	b.hold(busauth.RoleExecute, priv[busauth.RoleExecute])
 	ka, ok1 := a.key(busauth.RoleRoute, busauth.RoleExecute, busauth.RoleRoute)
 	kb, ok2 := b.key(busauth.RoleRoute, busauth.RoleExecute, busauth.RoleExecute)
-	if !ok1 || !ok2 || !bytes.Equal(ka, kb) {
+	if !ok1 || !ok2 || !bytes.Equal(ka.raw, kb.raw) {
 		t.Fatalf("the two ends derive different keys (%v %v)", ok1, ok2)
 	}
 	back, _ := b.key(busauth.RoleExecute, busauth.RoleRoute, busauth.RoleExecute)
-	if bytes.Equal(back, ka) {
+	if bytes.Equal(back.raw, ka.raw) {
 		t.Fatal("both directions share a key")
 	}
 	if _, ok := a.key(busauth.RoleVerify, busauth.RoleAudit, busauth.RoleAudit); ok {
@@ -155,3 +156,48 @@ func BenchmarkMessageMAC(b *testing.B) {
 		s.Sign(subject, nil, body)
 	}
 }
+
+// BenchmarkHandoffCheck: the check of a hand-off's MAC, as the stage it
+// is addressed to reads it in the process that sent it.
+func BenchmarkHandoffCheck(b *testing.B) {
+	pub, priv, _ := ed25519.GenerateKey(nil)
+	xp, xpriv, _ := ed25519.GenerateKey(nil)
+	m := NewMessages(map[busauth.Role]ed25519.PublicKey{busauth.RoleRoute: pub, busauth.RoleExecute: xp})
+	s := m.NewSigner(busauth.RoleRoute, priv)
+	m.NewSigner(busauth.RoleExecute, xpriv)
+	subject := subjects.Pipe(subjects.Execute, subjects.PriorityNormal, "acme")
+	body := bytes.Repeat([]byte("x"), 2048)
+	h := s.Sign(subject, nil, body)
+	for b.Loop() {
+		if _, _, err := m.Check(subject, h, body); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// A hand-off's signing and its check in the process that reads it, on
+// every hop: what each allocates.
+var hopBudgets = map[string]float64{
+	"sign":  6,
+	"check": 0,
+}
+
+func hopPaths(tb testing.TB) map[string]func() {
+	priv, pubs := roleKeys(&testing.T{})
+	m := NewMessages(pubs.keys)
+	s := m.NewSigner(busauth.RoleRoute, priv[busauth.RoleRoute])
+	m.NewSigner(busauth.RoleExecute, priv[busauth.RoleExecute])
+	subject := subjects.Pipe(subjects.Execute, subjects.PriorityNormal, "acme")
+	body := bytes.Repeat([]byte("x"), 2048)
+	h := s.Sign(subject, nil, body)
+	return map[string]func(){
+		"sign": func() { s.Sign(subject, nil, body) },
+		"check": func() {
+			if _, _, err := m.Check(subject, h, body); err != nil {
+				tb.Fatal(err)
+			}
+		},
+	}
+}
+
+func TestHopAllocationBudget(t *testing.T) { allocbudget.Check(t, hopBudgets, hopPaths(t)) }

@@ -60,7 +60,11 @@ func (r *recent) add(pub []byte, text, sig []byte) {
 	if r == nil || !ok {
 		return
 	}
-	d := recentDigest(pub, text)
+	r.put(k, recentDigest(pub, text))
+}
+
+// put remembers signature k beside digest d.
+func (r *recent) put(k [ed25519.SignatureSize]byte, d [sha256.Size]byte) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	// The slot's old signature may have been taken already, or made
@@ -70,6 +74,35 @@ func (r *recent) add(pub []byte, text, sig []byte) {
 	r.order[r.next] = k
 	r.next = (r.next + 1) % len(r.order)
 	r.seen[k] = d
+}
+
+// macMark stands for the digest beside a hand-off's MAC (addMAC): a MAC
+// that verifies binds its key and text already.
+var macMark = [sha256.Size]byte{'m', 'a', 'c'}
+
+// addMAC remembers that this process made sum, a hand-off's MAC.
+func (r *recent) addMAC(sum []byte) {
+	k, ok := slot(sum)
+	if r == nil || !ok || len(sum) != sha256.Size {
+		return
+	}
+	r.put(k, macMark)
+}
+
+// takeMAC reports whether this process made sum, a MAC the caller has
+// verified, forgetting it.
+func (r *recent) takeMAC(sum []byte) bool {
+	k, ok := slot(sum)
+	if r == nil || !ok || len(sum) != sha256.Size {
+		return false
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if d, ok := r.seen[k]; ok && d == macMark {
+		delete(r.seen, k)
+		return true
+	}
+	return false
 }
 
 // take reports whether sig is a signature this process made with pub over

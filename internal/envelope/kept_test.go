@@ -1,0 +1,179 @@
+package envelope
+
+import (
+	"bytes"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	segjson "github.com/segmentio/encoding/json"
+	"github.com/toolgate/toolgate/api"
+)
+
+// sealedInvocation is a call as authorize hands it on: request, principal
+// and sealed authorization.
+func sealedInvocation() *Invocation {
+	return &Invocation{ID: "i-1", Tenant: "acme", Event: Event{ID: "i-1", Source: "s", Type: "tool.invoke", Seq: 501},
+		ReceivedAt: time.Date(2026, 11, 23, 23, 2, 19, 0, time.UTC), TraceParent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+		Request: &api.Request{ToolID: "fs.read_file", ToolVersion: "1.2.0", Parameters: json.RawMessage(`{"path":"/tmp/<a>&b"}`),
+			AgentContext: api.AgentContext{AgentDID: "did:agent:a", TenantID: "acme", SessionID: "s-1"}},
+		Principal: &Principal{Session: "tok-root", Claims: json.RawMessage(`{"sub":"did:agent:a","scope":["fs.*"]}`), Sig: "cHJpbmNpcGFs"},
+		Custody:   "Y3VzdG9keQ",
+		Authz: &Authorization{TokenID: "tok-1", AgentDID: "did:agent:a", Session: "tok-root", Reserved: true,
+			Grants: Grants{Paths: []string{"/tmp"}, PathMode: "ro"},
+			Seal: &Seal{Key: "N123", Tenant: "acme", ID: "i-1", Seq: 501, ToolID: "fs.read_file", ToolVersion: "1.2.0",
+				Request: "aa", Authz: "bb", Decision: "allow", Expires: 1, Sig: "c2ln"}},
+		Status:   api.StatusPending,
+		Metadata: api.ExecutionMetadata{Stages: []api.Hop{{Stage: "validate", DurationUS: 12}, {Stage: "authorize", DurationUS: 80}}},
+	}
+}
+
+// wholeEncoding is what the previous build's Encode wrote: segmentio's
+// codec over the whole envelope.
+func wholeEncoding(t testing.TB, inv *Invocation) []byte {
+	t.Helper()
+	b, err := segjson.Marshal(inv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func sameEncoding(t testing.TB, inv *Invocation, what string) []byte {
+	t.Helper()
+	got, err := Encode(inv)
+	if err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+	if want := wholeEncoding(t, inv); !bytes.Equal(got, want) {
+		t.Fatalf("%s: Encode wrote\n%s\nthe whole envelope's encoding is\n%s", what, got, want)
+	}
+	return got
+}
+
+// TestEncodeKeepsSealedParts: the bytes of a sealed call's request,
+// principal and authorization are written again from the last Encode
+// while the invocation holds the same ones, and the envelope's bytes are
+// always those of the whole envelope's encoding (the previous build's),
+// whatever else a stage changed; a part replaced, or resealed, is written
+// afresh.
+func TestEncodeKeepsSealedParts(t *testing.T) {
+	inv := sealedInvocation()
+	first := sameEncoding(t, inv, "first hop")
+	if inv.kept == nil || inv.kept.parts[0].ptr == nil {
+		t.Fatal("nothing was kept of a sealed call")
+	}
+	// The stage after reads it, changes what a stage changes, hands it on.
+	inv.Metadata.Stages = append(inv.Metadata.Stages, api.Hop{Stage: "route", DurationUS: 40})
+	inv.Custody, inv.TraceParent = "b3RoZXI", ""
+	inv.Route = &Route{ToolID: "fs.read_file", ToolVersion: "1.2.0", Executor: "process"}
+	second := sameEncoding(t, inv, "a hop that kept the parts")
+	if k := inv.kept.parts[0]; &k.data[0] != &second[k.at] || !bytes.Contains(first, k.data) {
+		t.Fatal("the kept request is not the first hop's bytes, written into the second's")
+	}
+	// Bytes kept are written as they are: a part changed in place without
+	// a new seal (which execute refuses) is not written again.
+	inv.Principal.Session = "changed in place"
+	if b, _ := Encode(inv); !bytes.Contains(b, []byte(`"session":"tok-root"`)) {
+		t.Fatalf("the kept principal was encoded again:\n%s", b)
+	}
+	inv.Principal = &Principal{Session: "replaced", Claims: json.RawMessage(`{}`)}
+	sameEncoding(t, inv, "a principal replaced")
+	inv.Request.CapabilityToken = "changed in place, then sealed again"
+	inv.Authz.Seal = &Seal{Sig: "bmV3"}
+	b := sameEncoding(t, inv, "a request changed in place and sealed again")
+	if !bytes.Contains(b, []byte("sealed again")) {
+		t.Fatal("a resealed request was not encoded afresh")
+	}
+	inv.Authz = nil
+	inv.Succeed("execute", json.RawMessage(`{"ok":true}`))
+	sameEncoding(t, inv, "no authorization")
+	sameEncoding(t, &Invocation{ID: "bare", Authz: &Authorization{Seal: &Seal{Sig: "x"}}}, "only a sealed authorization")
+}
+
+// TestEncodeOldBytes: the bytes the previous build wrote of a hop decode
+// and, handed on unchanged, encode to the very same bytes, on the first
+// hop after the decode and on the hops after that, which write the kept
+// parts again.
+func TestEncodeOldBytes(t *testing.T) {
+	old := wholeEncoding(t, sealedInvocation())
+	for _, decode := range []func([]byte) (*Invocation, error){Decode, DecodeOwn, decodeStd} {
+		inv, err := decode(old)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for hop := range 3 {
+			b, err := Encode(inv)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(b, old) {
+				t.Fatalf("hop %d wrote\n%s\nthe previous build wrote\n%s", hop, b, old)
+			}
+		}
+	}
+}
+
+// FuzzEncodeKept holds Encode of a sealed call to the whole envelope's
+// encoding, on the first hop and on the next, which writes its kept parts
+// again.
+func FuzzEncodeKept(f *testing.F) {
+	f.Add(wholeEncoding(f, sealedInvocation()))
+	for _, e := range envelopes {
+		f.Add([]byte(e))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		inv, err := decodeStd(data)
+		if err != nil {
+			return
+		}
+		if _, err := segjson.Marshal(inv); err != nil {
+			if _, err := Encode(inv); err == nil {
+				t.Fatal("Encode wrote what the whole envelope's encoding refuses")
+			}
+			return
+		}
+		if inv.Authz == nil {
+			inv.Authz = &Authorization{}
+		}
+		if inv.Authz.Seal == nil {
+			inv.Authz.Seal = &Seal{Sig: "c2ln"}
+		}
+		sameEncoding(t, inv, "first hop")
+		inv.Metadata.Stages = append(inv.Metadata.Stages, api.Hop{Stage: "route"})
+		sameEncoding(t, inv, "next hop")
+	})
+}
+
+// BenchmarkEncode: a sealed call's hand-off written whole (the previous
+// build's Encode) and with its kept parts written again, with a small
+// request and principal and with ones of half a kilobyte each.
+func BenchmarkEncode(b *testing.B) {
+	large := func() *Invocation {
+		inv := sealedInvocation()
+		inv.Request.Parameters = json.RawMessage(`{"path":"` + strings.Repeat("reports/q3/", 45) + `"}`)
+		inv.Principal.Claims = json.RawMessage(`{"sub":"did:agent:a","scope":["` + strings.Repeat("fs.read_file", 40) + `"]}`)
+		return inv
+	}
+	for name, mk := range map[string]func() *Invocation{"small": sealedInvocation, "large": large} {
+		b.Run(name+"/whole", func(b *testing.B) {
+			inv := mk()
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := segjson.Marshal(inv); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.Run(name+"/kept", func(b *testing.B) {
+			inv := mk()
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := Encode(inv); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
