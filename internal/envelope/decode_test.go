@@ -16,6 +16,19 @@ var envelopes = []string{
 	`{"id":"seq-9","tenant":"_system","event":{"id":"","source":"","type":"","specversion":"","mode":"","size":3,"seq":9},"received_at":"0001-01-01T00:00:00Z","data":{"x":1},"status":"error","error":{"code":"INVALID_PARAMETERS","message":"m","details":{"ecode":"E3019","tenant":"a b"},"retryable":false},"metadata":{"duration_ms":0},"ended_by":"validate"}`,
 }
 
+// fuzzDecoded fuzzes check over every invocation encoding/json reads,
+// seeded with the test envelopes.
+func fuzzDecoded(f *testing.F, check func(t *testing.T, inv *Invocation)) {
+	for _, e := range envelopes {
+		f.Add([]byte(e))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if inv, err := decodeStd(data); err == nil {
+			check(t, inv)
+		}
+	})
+}
+
 func decodeStd(data []byte) (*Invocation, error) {
 	var inv Invocation
 	if err := json.Unmarshal(data, &inv); err != nil {

@@ -64,14 +64,7 @@ func TestEncodeRefusesBrokenRawFields(t *testing.T) {
 // FuzzEncode holds Encode to encoding/json: every invocation encoding/json
 // reads, written by Encode, reads back as its encoding/json writing does.
 func FuzzEncode(f *testing.F) {
-	for _, e := range envelopes {
-		f.Add([]byte(e))
-	}
-	f.Fuzz(func(t *testing.T, data []byte) {
-		inv, err := decodeStd(data)
-		if err != nil {
-			return
-		}
+	fuzzDecoded(f, func(t *testing.T, inv *Invocation) {
 		if _, err := json.Marshal(inv); err != nil {
 			return // nothing encoding/json hands on
 		}

@@ -120,14 +120,7 @@ func TestEncodeOldBytes(t *testing.T) {
 // again.
 func FuzzEncodeKept(f *testing.F) {
 	f.Add(wholeEncoding(f, sealedInvocation()))
-	for _, e := range envelopes {
-		f.Add([]byte(e))
-	}
-	f.Fuzz(func(t *testing.T, data []byte) {
-		inv, err := decodeStd(data)
-		if err != nil {
-			return
-		}
+	fuzzDecoded(f, func(t *testing.T, inv *Invocation) {
 		if _, err := segjson.Marshal(inv); err != nil {
 			if _, err := Encode(inv); err == nil {
 				t.Fatal("Encode wrote what the whole envelope's encoding refuses")

@@ -69,14 +69,7 @@ func TestMarshalLeavesOmitzeroToEncodingJSON(t *testing.T) {
 // encoding/json reads: its request, authorization, audit record and
 // response.
 func FuzzMarshal(f *testing.F) {
-	for _, e := range envelopes {
-		f.Add([]byte(e))
-	}
-	f.Fuzz(func(t *testing.T, data []byte) {
-		inv, err := decodeStd(data)
-		if err != nil {
-			return
-		}
+	fuzzDecoded(f, func(t *testing.T, inv *Invocation) {
 		sameAsStd(t, inv.Request)
 		sameAsStd(t, inv.Authz)
 		sameAsStd(t, inv.Audit())
