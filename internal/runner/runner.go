@@ -26,6 +26,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 )
 
 // Runner runs one stage: Workers goroutines share the stage's durable pull
@@ -516,20 +517,30 @@ func (r *Runner) handle(msg jetstream.Msg, settling *sync.WaitGroup, release fun
 		return
 	}
 
-	parent := propagator.Extract(r.deadline(), invCarrier{inv})
-	tracer, spanName := r.tracer, r.spanName
-	if tracer == nil { // handled outside Run
-		tracer, spanName = otel.Tracer(tracerName), "toolgate."+r.Name
+	ctx, span := r.deadline(), noSpan
+	traced := !tracingOff()
+	// Untraced, a span would carry its parent's context and record
+	// nothing: the stage runs under the parent, which propagates the
+	// same trace context, and a call that came without one carries none.
+	propagates := traced || inv.TraceParent != ""
+	parent := ctx
+	if propagates {
+		parent = propagator.Extract(ctx, invCarrier{inv})
+		ctx = parent
 	}
-	ctx, span := tracer.Start(parent, spanName, consumerSpan...)
-	if span.IsRecording() {
-		// Only a configured tracer records: without one, a span costs
-		// nothing but its context.
-		span.SetAttributes(attribute.String("toolgate.invocation_id", inv.ID),
-			attribute.String("toolgate.tenant", inv.Tenant),
-			attribute.Int("toolgate.delivery", int(md.NumDelivered)))
+	if traced {
+		tracer, spanName := r.tracer, r.spanName
+		if tracer == nil { // handled outside Run
+			tracer, spanName = otel.Tracer(tracerName), "toolgate."+r.Name
+		}
+		ctx, span = tracer.Start(parent, spanName, consumerSpan...)
+		if span.IsRecording() {
+			span.SetAttributes(attribute.String("toolgate.invocation_id", inv.ID),
+				attribute.String("toolgate.tenant", inv.Tenant),
+				attribute.Int("toolgate.delivery", int(md.NumDelivered)))
+		}
 	}
-	if inv.Origin.TraceParent == "" {
+	if inv.Origin.TraceParent == "" && propagates {
 		// Fixed at the first hop: the caller's context, or this span's when
 		// the caller sent none, so every event names the same trace.
 		origin := parent
@@ -560,7 +571,9 @@ func (r *Runner) handle(msg jetstream.Msg, settling *sync.WaitGroup, release fun
 	}
 	inv.Metadata.Stages = append(inv.Metadata.Stages,
 		api.Hop{Stage: r.Name, DurationUS: r.now().Sub(start).Microseconds()})
-	propagator.Inject(ctx, invCarrier{inv})
+	if propagates {
+		propagator.Inject(ctx, invCarrier{inv})
+	}
 
 	f := finishing{r: r, start: start, end: ending{status: inv.Status, received: inv.ReceivedAt},
 		ingest: r.ingestOf(md, inv), span: span, release: release}
@@ -917,11 +930,11 @@ func (r *Runner) apply(msg jetstream.Msg, inv *envelope.Invocation, s settlement
 	if s.act == actForward {
 		if r.Custody != nil && s.next == subjects.Next(r.Name) && s.next != subjects.Audit {
 			holder := busauth.Role(s.next)
-			if s.next == subjects.Execute && inv.Route != nil && inv.Route.Site != "" {
+			if site := siteOf(inv, s.next); site != "" {
 				// A site's call: its custody and binding name the site.
-				holder = busauth.SiteRole(inv.Route.Site)
+				holder = busauth.SiteRole(site)
 				if r.SiteBinding != nil {
-					inv.Route.SiteBinding = r.SiteBinding(inv.Route.Site, inv.Tenant, inv.ID, inv.Event.Seq)
+					inv.Route.SiteBinding = r.SiteBinding(site, inv.Tenant, inv.ID, inv.Event.Seq)
 				}
 			}
 			inv.Custody = r.Custody(holder, inv.Tenant, inv.ID, inv.Event.Seq)
@@ -940,7 +953,7 @@ func (r *Runner) apply(msg jetstream.Msg, inv *envelope.Invocation, s settlement
 		// Held before it is sent, so the reader cannot get there first;
 		// from here on inv is not this Runner's.
 		// (A site's call is read by another process: none holds it.)
-		if _, remote := subjects.SiteOfPipe(o.Subject); !remote {
+		if siteOf(inv, s.next) == "" {
 			r.Handed.put(s.next, o.MsgID, o.Data, inv)
 		}
 	}
@@ -987,10 +1000,10 @@ func Handoff(inv *envelope.Invocation, next string) (stages.Output, error) {
 		h.Set("traceparent", inv.TraceParent)
 	}
 	subject := subjects.Pipe(next, inv.Priority(), inv.Tenant)
-	if next == subjects.Execute && inv.Route != nil && inv.Route.Site != "" {
+	if site := siteOf(inv, next); site != "" {
 		// A site's tool runs at its site: the call waits at the hub on
 		// that site's subject until its worker takes it.
-		subject = subjects.PipeSite(inv.Route.Site, inv.Priority(), inv.Tenant)
+		subject = subjects.PipeSite(site, inv.Priority(), inv.Tenant)
 	}
 	return stages.Output{
 		Subject: subject,
@@ -998,6 +1011,15 @@ func Handoff(inv *envelope.Invocation, next string) (stages.Output, error) {
 		Header:  h,
 		Data:    data,
 	}, nil
+}
+
+// siteOf is the site inv's hand-off to stage next goes to, "" for the
+// hub's own stage.
+func siteOf(inv *envelope.Invocation, next string) string {
+	if next == subjects.Execute && inv.Route != nil {
+		return inv.Route.Site
+	}
+	return ""
 }
 
 // jsonContent is every hand-off's Content-Type, shared: a header's values
@@ -1095,6 +1117,25 @@ func (r *Runner) poison(msg jetstream.Msg, md *jetstream.MsgMetadata, cause erro
 }
 
 const tracerName = "github.com/toolgate/toolgate/stages"
+
+// unsetProvider is the global tracer provider before one is installed,
+// which traces nothing until then.
+var unsetProvider = otel.GetTracerProvider()
+
+// noSpan is the span of a message handled untraced.
+var noSpan = trace.SpanFromContext(context.Background())
+
+// tracingOff reports whether the installed tracer provider traces nothing
+// (none, or a no-op one): a stage's span is then not started, saving its
+// allocations on every hop.
+func tracingOff() bool {
+	switch p := otel.GetTracerProvider(); p.(type) {
+	case noop.TracerProvider:
+		return true
+	default:
+		return p == unsetProvider
+	}
+}
 
 // consumerSpan are the options every stage span starts with: a slice
 // made once, not on every message.
