@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"reflect"
 	"sync"
+	"time"
 	"unsafe"
 
 	segjson "github.com/segmentio/encoding/json"
@@ -50,6 +51,9 @@ func Encode(inv *Invocation) ([]byte, error) {
 			p.data = out[p.at : p.at+len(p.data) : p.at+len(p.data)]
 		}
 	}
+	if n := len(kept.headData); n > 0 {
+		kept.headData = out[1 : 1+n : 1+n] // right after the brace
+	}
 	inv.kept = kept
 	return out, nil
 }
@@ -64,13 +68,37 @@ const maxKeptBuffer = 1 << 20
 
 // kept is what Encode keeps of the parts it wrote of an invocation: each
 // part's pointer and its bytes, written again as long as the invocation
-// holds the same pointer.
+// holds the same pointer; and the fields before them (head), written
+// again as long as they hold the same values.
 type kept struct {
 	// sig is the seal's signature they were written under: a seal made
 	// again, over a request or authorization changed in place, writes them
 	// afresh.
 	sig   string
 	parts [len(keptFields)]keptPart
+	head  headFields
+	// headData is head's encoding, at 1 in the envelope's; nil: none kept.
+	headData []byte
+}
+
+// headFields are the values of Invocation's fields before Request that
+// no hop after validate changes, but for Data, which is then empty: all
+// of them comparable, so that one comparison tells whether the bytes
+// written of them last can be written again (invocationLayout holds them
+// to Invocation's fields).
+type headFields struct {
+	ID          string
+	Tenant      string
+	Event       Event
+	ReceivedAt  time.Time
+	TraceParent string
+	TraceState  string
+	Origin      TraceContext
+}
+
+// headOf is inv's head, and whether it can be kept (no Data).
+func headOf(inv *Invocation) (headFields, bool) {
+	return headFields{inv.ID, inv.Tenant, inv.Event, inv.ReceivedAt, inv.TraceParent, inv.TraceState, inv.Origin}, len(inv.Data) == 0
 }
 
 type keptPart struct {
@@ -94,6 +122,10 @@ func keptParts(inv *Invocation) [len(keptFields)]unsafe.Pointer {
 // outside the run untagged ("-").
 type layout struct {
 	runs [len(keptFields) + 1]reflect.Type
+	// ptrs are the runs' pointer types, as the type words of an
+	// interface holding one: reflect.NewAt would look each up on every
+	// run of every hop. nil: a run of no fields, which writes nothing.
+	ptrs [len(keptFields) + 1]unsafe.Pointer
 	keys [len(keptFields)]string // `"request":` and so on
 }
 
@@ -128,15 +160,40 @@ var invocationLayout = sync.OnceValue(func() *layout {
 			}
 		}
 		rt := reflect.StructOf(fields)
+		tagged := false
 		for i := range fields {
 			if rt.Field(i).Offset != t.Field(i).Offset || rt.Size() != t.Size() {
 				panic("envelope: a run of Invocation is laid out differently")
 			}
+			tagged = tagged || fields[i].Tag != `json:"-"`
 		}
 		l.runs[r] = rt
+		if tagged {
+			v := reflect.New(rt).Interface()
+			l.ptrs[r] = (*eface)(unsafe.Pointer(&v)).typ
+		}
+	}
+	// The head kept is the first run, Data aside.
+	h := reflect.TypeFor[headFields]()
+	n := 0
+	for i := range idx[1] {
+		f := t.Field(i)
+		if !f.IsExported() || f.Name == "Data" {
+			continue
+		}
+		if n >= h.NumField() || h.Field(n).Name != f.Name || h.Field(n).Type != f.Type {
+			panic("envelope: headFields are not Invocation's fields before Request")
+		}
+		n++
+	}
+	if n != h.NumField() {
+		panic("envelope: headFields are not Invocation's fields before Request")
 	}
 	return l
 })
+
+// eface is the layout of an interface value.
+type eface struct{ typ, data unsafe.Pointer }
 
 // encodeKept appends inv's encoding to b: each run of fields between the
 // kept ones by segmentio's codec, each kept field from inv.kept when inv
@@ -156,10 +213,23 @@ func encodeKept(inv *Invocation, b []byte) ([]byte, *kept, error) {
 	ptrs := keptParts(inv)
 	start := len(b)
 	b = append(b, '{')
-	for r, rt := range l.runs {
+	head, keepHead := headOf(inv)
+	for r := range l.runs {
 		var err error
-		if b, err = appendRun(b, rt, inv); err != nil {
-			return b, nil, err
+		switch {
+		case r == 0 && keepHead && prev != nil && prev.headData != nil && prev.head == head:
+			b = append(b, prev.headData...)
+		case l.ptrs[r] != nil:
+			at := len(b)
+			if b, err = appendRun(b, l.ptrs[r], inv); err != nil {
+				return b, nil, err
+			}
+			if r == 0 {
+				next.head, next.headData = head, nil
+				if keepHead && len(b) > at {
+					next.headData = b[at:len(b):len(b)]
+				}
+			}
 		}
 		if r == len(l.keys) {
 			break
@@ -194,11 +264,13 @@ func keptValue(inv *Invocation, r int) any {
 	return inv.Authz
 }
 
-// appendRun appends the fields of inv that run rt encodes, without their
-// braces, after a comma when b holds a field already.
-func appendRun(b []byte, rt reflect.Type, inv *Invocation) ([]byte, error) {
+// appendRun appends the fields of inv that the run of pointer type ptr
+// encodes, without their braces, after a comma when b holds a field
+// already.
+func appendRun(b []byte, ptr unsafe.Pointer, inv *Invocation) ([]byte, error) {
 	at := len(b)
-	b, err := segjson.Append(b, reflect.NewAt(rt, unsafe.Pointer(inv)).Interface(), segjson.EscapeHTML|segjson.SortMapKeys)
+	v := eface{typ: ptr, data: unsafe.Pointer(inv)}
+	b, err := segjson.Append(b, *(*any)(unsafe.Pointer(&v)), segjson.EscapeHTML|segjson.SortMapKeys)
 	if err != nil {
 		return b, err
 	}

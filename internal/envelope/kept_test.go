@@ -72,6 +72,23 @@ func TestEncodeKeepsSealedParts(t *testing.T) {
 	if k := inv.kept.parts[0]; &k.data[0] != &second[k.at] || !bytes.Contains(first, k.data) {
 		t.Fatal("the kept request is not the first hop's bytes, written into the second's")
 	}
+	// The fields before the request are written again while they hold
+	// the same values, and afresh once one changed (the traceparent above).
+	inv.Custody = "dGhpcmQ"
+	third := sameEncoding(t, inv, "a hop that kept the head")
+	if h := inv.kept.headData; len(h) == 0 || &h[0] != &third[1] || !bytes.HasPrefix(second[1:], h) {
+		t.Fatal("the head is not the second hop's bytes, written into the third's")
+	}
+	for _, change := range []func(){
+		func() { inv.Event.Seq++ },
+		func() { inv.ReceivedAt = inv.ReceivedAt.Add(time.Microsecond) },
+		func() { inv.Origin.TraceState = "k=v" },
+		func() { inv.Data = json.RawMessage(`{"raw":1}`) },
+		func() { inv.Data = nil },
+	} {
+		change()
+		sameEncoding(t, inv, "a hop that changed the head")
+	}
 	// Bytes kept are written as they are: a part changed in place without
 	// a new seal (which execute refuses) is not written again.
 	inv.Principal.Session = "changed in place"
