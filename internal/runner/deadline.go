@@ -2,6 +2,7 @@ package runner
 
 import (
 	"context"
+	"sync/atomic"
 	"time"
 )
 
@@ -21,18 +22,23 @@ type sharedDeadline struct {
 // thus not cancelled when Process returns: what a stage starts with it
 // must end by itself, as its own cancellation or the deadline, at the
 // latest.
-func (r *Runner) deadline() context.Context {
+func (r *Runner) deadline() context.Context { return sharedContext(&r.deadlines, r.Timeout) }
+
+// sharedContext is a context ending timeout from now at the latest, and
+// no more than a 32nd of it (at most 100ms) sooner, shared through last
+// with the callers of the same slice of time.
+func sharedContext(last *atomic.Pointer[sharedDeadline], timeout time.Duration) context.Context {
 	now := time.Now() // the context's clock, not r.now
-	slice := min(r.Timeout/32, 100*time.Millisecond)
+	slice := min(timeout/32, 100*time.Millisecond)
 	if slice <= 0 {
 		slice = 1
 	}
-	at := now.Add(r.Timeout).Truncate(slice)
-	if d := r.deadlines.Load(); d != nil && d.at.Equal(at) {
+	at := now.Add(timeout).Truncate(slice)
+	if d := last.Load(); d != nil && d.at.Equal(at) {
 		return d.ctx
 	}
 	d := &sharedDeadline{at: at}
 	d.ctx, d.cancel = context.WithDeadline(context.Background(), at)
-	r.deadlines.Store(d)
+	last.Store(d)
 	return d.ctx
 }

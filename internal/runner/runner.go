@@ -131,6 +131,10 @@ type Runner struct {
 	active    atomic.Int64 // unix nanoseconds of the last pull or settled message
 	waiting   atomic.Int32 // workers waiting on the pull iterator, which pulls for them
 	deadlines atomic.Pointer[sharedDeadline]
+	// ackDeadlines bound the waits for publish acknowledgements, which
+	// last publishWait (publishTimeout when 0).
+	ackDeadlines atomic.Pointer[sharedDeadline]
+	publishWait  time.Duration
 }
 
 // Stalled reports why the stage takes no work, or "" while it does: it is
@@ -794,35 +798,22 @@ type pendingSettle struct {
 // waits reports whether wait must be called to settle the message.
 func (p *pendingSettle) waits() bool { return p.futures != nil || p.handFuture != nil }
 
-// waitTimers are the timers that bound wait, reused from hop to hop.
-var waitTimers = sync.Pool{New: func() any {
-	t := time.NewTimer(time.Hour)
-	t.Stop()
-	return t
-}}
-
 // wait acks the message once every publish is acknowledged, or naks it if
 // one fails or none comes within publishTimeout, and returns the outcome.
 //
 // The publishes are awaited last first: the hand-off, sent last, is mostly
 // acknowledged last, so the others' acknowledgements are then read without
-// blocking, and without a select, a timer or an error channel (which the
-// client makes on asking).
+// blocking, and without a select or an error channel (which the client
+// makes on asking).
 func (p *pendingSettle) wait() string {
-	var timeout *time.Timer
-	defer func() {
-		if timeout != nil {
-			timeout.Stop() // nothing is left in its channel, since Go 1.23
-			waitTimers.Put(timeout)
-		}
-	}()
+	var timeout <-chan struct{}
 	if p.handFuture != nil {
-		if err := awaitAck(p.handFuture, &timeout); err != nil {
+		if err := p.r.awaitAck(p.handFuture, &timeout); err != nil {
 			return p.r.failed(p.msg, p.id, p.tenant, p.hand, err)
 		}
 	}
 	for i := len(p.futures) - 1; i >= 0; i-- {
-		if err := awaitAck(p.futures[i], &timeout); err != nil {
+		if err := p.r.awaitAck(p.futures[i], &timeout); err != nil {
 			return p.r.failed(p.msg, p.id, p.tenant, p.outs[i], err)
 		}
 	}
@@ -830,8 +821,11 @@ func (p *pendingSettle) wait() string {
 }
 
 // awaitAck waits for f's acknowledgement, and returns why there is none.
-// Its first wait starts *timeout, which bounds every later one too.
-func awaitAck(f jetstream.PubAckFuture, timeout **time.Timer) error {
+// Its first wait sets *timeout, which bounds every later one too: a
+// deadline shared by the waits started within the same slice of time,
+// not a timer each, which a select would add to and take from the
+// runtime's timers on every wait.
+func (r *Runner) awaitAck(f jetstream.PubAckFuture, timeout *<-chan struct{}) error {
 	ok := f.Ok()
 	select {
 	case <-ok:
@@ -839,15 +833,18 @@ func awaitAck(f jetstream.PubAckFuture, timeout **time.Timer) error {
 	default:
 	}
 	if *timeout == nil {
-		*timeout = waitTimers.Get().(*time.Timer)
-		(*timeout).Reset(publishTimeout)
+		wait := r.publishWait
+		if wait <= 0 {
+			wait = publishTimeout
+		}
+		*timeout = sharedContext(&r.ackDeadlines, wait).Done()
 	}
 	select {
 	case <-ok:
 		return nil
 	case err := <-f.Err():
 		return err
-	case <-(*timeout).C:
+	case <-*timeout:
 		return errors.New("no publish acknowledgement in time")
 	}
 }

@@ -1,6 +1,7 @@
 package runner
 
 import (
+	"errors"
 	"sync"
 	"testing"
 	"time"
@@ -74,6 +75,68 @@ func TestWhoWaitsForAcks(t *testing.T) {
 			case <-released:
 			case <-time.After(10 * time.Second):
 				t.Fatal("the message was never released")
+			}
+		})
+	}
+}
+
+// refusedFuture is a publish the server refused.
+type refusedFuture struct{ err chan error }
+
+func (refusedFuture) Ok() <-chan *jetstream.PubAck { return nil }
+func (f refusedFuture) Err() <-chan error         { return f.err }
+func (refusedFuture) Msg() *nats.Msg              { return nil }
+
+type futureJS struct {
+	jetstream.JetStream
+	f jetstream.PubAckFuture
+}
+
+func (j futureJS) PublishMsgAsync(*nats.Msg, ...jetstream.PublishOpt) (jetstream.PubAckFuture, error) {
+	return j.f, nil
+}
+
+// settledMsg is a heldMsg that tells how it was settled.
+type settledMsg struct {
+	*heldMsg
+	settled chan string
+}
+
+func (m settledMsg) Ack() error                         { m.settled <- "ack"; return nil }
+func (m settledMsg) NakWithDelay(time.Duration) error { m.settled <- "nak"; return nil }
+
+// TestUnacknowledgedHandOff: a message whose hand-off the server refuses,
+// or never acknowledges, is put back (nak) for a retry, not acked: at once
+// when refused, after the wait for an acknowledgement when none comes.
+func TestUnacknowledgedHandOff(t *testing.T) {
+	refused := make(chan error, 1)
+	refused <- errors.New("refused")
+	for _, c := range []struct {
+		name   string
+		f      jetstream.PubAckFuture
+		within time.Duration
+	}{
+		{"refused", refusedFuture{refused}, 2 * time.Second},
+		{"never acknowledged", heldFuture{make(chan *jetstream.PubAck)}, 5 * time.Second},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r, held := routeHop(t, futureJS{f: c.f})
+			r.publishWait = 300 * time.Millisecond
+			msg := settledMsg{held, make(chan string, 1)}
+			start := time.Now()
+			var settling sync.WaitGroup
+			r.handle(msg, &settling, func() {})
+			settling.Wait()
+			select {
+			case how := <-msg.settled:
+				if how != "nak" {
+					t.Fatalf("settled by %s, want a nak", how)
+				}
+			default:
+				t.Fatal("the message was not settled")
+			}
+			if took := time.Since(start); took > c.within {
+				t.Fatalf("settled after %v", took)
 			}
 		})
 	}
