@@ -84,8 +84,8 @@ func TestWhoWaitsForAcks(t *testing.T) {
 type refusedFuture struct{ err chan error }
 
 func (refusedFuture) Ok() <-chan *jetstream.PubAck { return nil }
-func (f refusedFuture) Err() <-chan error         { return f.err }
-func (refusedFuture) Msg() *nats.Msg              { return nil }
+func (f refusedFuture) Err() <-chan error          { return f.err }
+func (refusedFuture) Msg() *nats.Msg               { return nil }
 
 type futureJS struct {
 	jetstream.JetStream
@@ -102,7 +102,7 @@ type settledMsg struct {
 	settled chan string
 }
 
-func (m settledMsg) Ack() error                         { m.settled <- "ack"; return nil }
+func (m settledMsg) Ack() error                       { m.settled <- "ack"; return nil }
 func (m settledMsg) NakWithDelay(time.Duration) error { m.settled <- "nak"; return nil }
 
 // TestUnacknowledgedHandOff: a message whose hand-off the server refuses,
