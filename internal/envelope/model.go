@@ -109,6 +109,16 @@ type Invocation struct {
 	// once sealed: written again while they are the same (Encode). They
 	// are replaced, never changed in place, once authorize sealed the call.
 	kept *kept
+	// idKey is the digest MsgID takes of Tenant and ID, made once for
+	// every message of the call this process sends (in serve the
+	// invocation passes between stages in memory).
+	idKey idKey
+}
+
+// idKey is the start of a message id's digest of tenant and id.
+type idKey struct {
+	tenant, id string
+	sum        [8]byte
 }
 
 // redactedParams is redact.Redact(of), for the parameters slice of.
@@ -358,10 +368,14 @@ func (inv *Invocation) Response() api.Response {
 func (inv *Invocation) MsgID(step string) string {
 	// Built in place: every hop and event of every call takes one.
 	var buf [128]byte
-	key := append(append(append(buf[:0], inv.Tenant...), 0), inv.ID...)
-	sum := sha256.Sum256(key)
+	k := &inv.idKey
+	if k.tenant != inv.Tenant || k.id != inv.ID || k.tenant == "" && k.id == "" {
+		key := append(append(append(buf[:0], inv.Tenant...), 0), inv.ID...)
+		sum := sha256.Sum256(key)
+		*k = idKey{tenant: inv.Tenant, id: inv.ID, sum: [8]byte(sum[:8])}
+	}
 	id := strconv.AppendUint(buf[:0], inv.Event.Seq, 10)
-	id = hex.AppendEncode(append(id, '.'), sum[:8])
+	id = hex.AppendEncode(append(id, '.'), k.sum[:])
 	return string(append(append(id, '.'), step...))
 }
 
