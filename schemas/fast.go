@@ -1,7 +1,7 @@
 package schemas
 
 import (
-	"encoding/json"
+	"bytes"
 	"math/big"
 	"strconv"
 	"unicode/utf8"
@@ -9,90 +9,328 @@ import (
 	"github.com/santhosh-tekuri/jsonschema/v5"
 )
 
-// maxInPlace bounds the chain of schemas ($ref, allOf) applied to one value
-// that vouch follows: a longer chain is most likely a reference loop, which
-// the library reports as an error, so vouch leaves it to the library.
-const maxInPlace = 32
+// maxMembers bounds the members of an object whose names vouchJSON checks
+// (for duplicates, which decode resolves to the last); a larger object is
+// left to the library.
+const maxMembers = 32
 
-// vouch reports, by a plain walk over a value decode made, that the library
-// would find v valid against s. It knows the keywords toolgate's own schemas
-// and most tools' input schemas use (type, enum, const, properties,
-// required, additionalProperties, items, string lengths and pattern,
-// integer bounds, $ref, allOf) and checks each exactly as the library does,
-// or more strictly; anything else, and anything that fails, it leaves to
-// the library, whose verdict and field errors stand. A valid document thus
-// skips the library's bookkeeping (instance locations, evaluated-property
-// sets), which costs several times the walk.
-func vouch(s *jsonschema.Schema, v any, inPlace int) bool {
-	if inPlace > maxInPlace || !plain(s) {
+// vouchJSON reports, from one pass over doc (valid JSON and valid UTF-8),
+// that the library would find what decode makes of doc valid against s,
+// so that a valid document is neither decoded nor given to the library,
+// whose bookkeeping (instance locations, evaluated-property sets) costs
+// several times the pass. It knows the keywords toolgate's own schemas and
+// most tools' input schemas use (type, enum, const, properties, required,
+// additionalProperties, items, string lengths and pattern, integer bounds,
+// $ref, allOf) and checks each exactly as the library does, or more
+// strictly. Anything else, anything that fails, and bytes that are not
+// plainly the decoded value (a name, or a checked string, holding an
+// escape; a name given twice) it leaves to the library, whose verdict and
+// field errors stand.
+func vouchJSON(s *jsonschema.Schema, doc []byte) bool {
+	w := walker{b: doc}
+	w.space()
+	if !w.value(s, 0) {
 		return false
 	}
+	w.space()
+	return w.i == len(w.b)
+}
+
+type walker struct {
+	b []byte
+	i int
+}
+
+func (w *walker) space() {
+	for w.i < len(w.b) {
+		switch w.b[w.i] {
+		case ' ', '\t', '\n', '\r':
+			w.i++
+		default:
+			return
+		}
+	}
+}
+
+// value checks the value at w.i against s and moves past it.
+func (w *walker) value(s *jsonschema.Schema, inPlace int) bool {
+	if inPlace > maxInPlace || !plain(s) || w.i >= len(w.b) {
+		return false
+	}
+	start := w.i
 	if s.Always != nil {
+		w.skip()
 		return *s.Always
 	}
-	if len(s.Types) > 0 && !hasType(s.Types, v) {
-		return false
-	}
-	if len(s.Constant) > 0 && !sameString(v, s.Constant[0]) {
-		return false
-	}
-	if len(s.Enum) > 0 && !inEnum(v, s.Enum) {
-		return false
-	}
-	switch v := v.(type) {
-	case map[string]any:
-		if !vouchObject(s, v) {
-			return false
+	var ok bool
+	switch c := w.b[w.i]; {
+	case c == '{':
+		ok = hasKind(s.Types, "object", false) && w.object(s)
+	case c == '[':
+		ok = hasKind(s.Types, "array", false) && w.array(s)
+	case c == '"':
+		ok = w.str(s)
+	case c == 't' || c == 'f':
+		w.i += 4
+		if c == 'f' {
+			w.i++
 		}
-	case []any:
-		if s.MinItems != -1 && len(v) < s.MinItems || s.MaxItems != -1 && len(v) > s.MaxItems {
-			return false
-		}
-		items := s.Items2020
-		if s.Items != nil {
-			sch, ok := s.Items.(*jsonschema.Schema)
-			if !ok || items != nil {
-				return false
-			}
-			items = sch
-		}
-		if items != nil {
-			for _, item := range v {
-				if !vouch(items, item, 0) {
-					return false
-				}
-			}
-		}
-	case string:
-		if s.MinLength != -1 || s.MaxLength != -1 {
-			n := utf8.RuneCountInString(v)
-			if s.MinLength != -1 && n < s.MinLength || s.MaxLength != -1 && n > s.MaxLength {
-				return false
-			}
-		}
-		if s.Pattern != nil && !s.Pattern.MatchString(v) {
-			return false
-		}
-	case json.Number:
-		if !vouchNumber(s, v) {
-			return false
-		}
-	case bool, nil:
+		ok = hasKind(s.Types, "boolean", false) && len(s.Constant) == 0 && len(s.Enum) == 0
+	case c == 'n':
+		w.i += 4
+		ok = hasKind(s.Types, "null", false) && len(s.Constant) == 0 && len(s.Enum) == 0
 	default:
-		return false // not what decode makes
+		ok = w.number(s)
 	}
-	if s.Ref != nil && !vouch(s.Ref, v, inPlace+1) {
+	if !ok {
 		return false
+	}
+	end := w.i
+	// $ref and allOf apply to the same value: read it again by each.
+	if s.Ref != nil {
+		if w.i = start; !w.value(s.Ref, inPlace+1) || w.i != end {
+			return false
+		}
 	}
 	for _, sch := range s.AllOf {
-		if !vouch(sch, v, inPlace+1) {
+		if w.i = start; !w.value(sch, inPlace+1) || w.i != end {
 			return false
 		}
 	}
 	return true
 }
 
-// plain reports that s uses no keyword vouch does not check.
+// hasKind is hasType for a value of kind t (integer: written as one).
+func hasKind(types []string, t string, integer bool) bool {
+	if len(types) == 0 {
+		return true
+	}
+	for _, want := range types {
+		if want == t || integer && want == "integer" {
+			return true
+		}
+	}
+	return false
+}
+
+func (w *walker) object(s *jsonschema.Schema) bool {
+	if len(s.Constant) > 0 || len(s.Enum) > 0 {
+		return false
+	}
+	closed := false
+	var extra *jsonschema.Schema
+	switch a := s.AdditionalProperties.(type) {
+	case nil:
+	case bool:
+		closed = !a
+	case *jsonschema.Schema:
+		extra = a
+	default:
+		return false
+	}
+	if len(s.Properties) == 0 && len(s.Required) == 0 && !closed && extra == nil && s.MinProperties == -1 && s.MaxProperties == -1 {
+		w.skip()
+		return true
+	}
+	var names [maxMembers][]byte
+	n := 0
+	w.i++ // {
+	for {
+		w.space()
+		if w.b[w.i] == '}' {
+			w.i++
+			break
+		}
+		name, plainName := w.raw()
+		if !plainName || n == maxMembers {
+			return false
+		}
+		for _, seen := range names[:n] {
+			if bytes.Equal(seen, name) {
+				return false
+			}
+		}
+		names[n], n = name, n+1
+		w.space()
+		w.i++ // :
+		w.space()
+		sch, ok := s.Properties[string(name)]
+		switch {
+		case ok:
+		case closed:
+			return false
+		case extra != nil:
+			sch = extra
+		}
+		if sch == nil {
+			w.skip()
+		} else if !w.value(sch, 0) {
+			return false
+		}
+		w.space()
+		if w.b[w.i] == ',' {
+			w.i++
+		}
+	}
+	if s.MinProperties != -1 && n < s.MinProperties || s.MaxProperties != -1 && n > s.MaxProperties {
+		return false
+	}
+required:
+	for _, want := range s.Required {
+		for _, name := range names[:n] {
+			if string(name) == want {
+				continue required
+			}
+		}
+		return false
+	}
+	return true
+}
+
+func (w *walker) array(s *jsonschema.Schema) bool {
+	if len(s.Constant) > 0 || len(s.Enum) > 0 {
+		return false
+	}
+	items := s.Items2020
+	if s.Items != nil {
+		sch, ok := s.Items.(*jsonschema.Schema)
+		if !ok || items != nil {
+			return false
+		}
+		items = sch
+	}
+	n := 0
+	w.i++ // [
+	for {
+		w.space()
+		if w.b[w.i] == ']' {
+			w.i++
+			break
+		}
+		if items == nil {
+			w.skip()
+		} else if !w.value(items, 0) {
+			return false
+		}
+		n++
+		w.space()
+		if w.b[w.i] == ',' {
+			w.i++
+		}
+	}
+	return (s.MinItems == -1 || n >= s.MinItems) && (s.MaxItems == -1 || n <= s.MaxItems)
+}
+
+func (w *walker) str(s *jsonschema.Schema) bool {
+	v, plainStr := w.raw()
+	if !hasKind(s.Types, "string", false) {
+		return false
+	}
+	checked := s.MinLength != -1 || s.MaxLength != -1 || s.Pattern != nil || len(s.Constant) > 0 || len(s.Enum) > 0
+	if !checked {
+		return true
+	}
+	if !plainStr {
+		return false
+	}
+	if s.MinLength != -1 || s.MaxLength != -1 {
+		n := utf8.RuneCount(v)
+		if s.MinLength != -1 && n < s.MinLength || s.MaxLength != -1 && n > s.MaxLength {
+			return false
+		}
+	}
+	if s.Pattern != nil && !s.Pattern.Match(v) {
+		return false
+	}
+	if len(s.Constant) > 0 && !sameString(string(v), s.Constant[0]) {
+		return false
+	}
+	return len(s.Enum) == 0 || inEnum(string(v), s.Enum)
+}
+
+func (w *walker) number(s *jsonschema.Schema) bool {
+	start := w.i
+	for w.i < len(w.b) && !delimiter(w.b[w.i]) {
+		w.i++
+	}
+	n := string(w.b[start:w.i])
+	integer := integral(n)
+	if !hasKind(s.Types, "number", integer) || len(s.Constant) > 0 || len(s.Enum) > 0 {
+		return false
+	}
+	if s.Minimum == nil && s.Maximum == nil && s.ExclusiveMinimum == nil && s.ExclusiveMaximum == nil {
+		return true
+	}
+	if !integer {
+		return false
+	}
+	x, err := strconv.ParseInt(n, 10, 64)
+	return err == nil && withinBounds(s, x)
+}
+
+// raw reads the string at w.i and returns its bytes between the quotes,
+// and whether they are its value (no escape).
+func (w *walker) raw() ([]byte, bool) {
+	w.i++ // "
+	start, plainStr := w.i, true
+	for {
+		switch w.b[w.i] {
+		case '\\':
+			plainStr = false
+			w.i += 2
+			continue
+		case '"':
+			w.i++
+			return w.b[start : w.i-1], plainStr
+		}
+		w.i++
+	}
+}
+
+// skip moves past the value at w.i, which the schema does not look into.
+func (w *walker) skip() {
+	depth := 0
+	for {
+		switch w.b[w.i] {
+		case '"':
+			w.raw()
+		case '{', '[':
+			depth++
+			w.i++
+		case '}', ']':
+			depth--
+			w.i++
+		default:
+			if depth == 0 {
+				// A literal or number: up to the next delimiter.
+				for w.i < len(w.b) && !delimiter(w.b[w.i]) {
+					w.i++
+				}
+				return
+			}
+			w.i++
+		}
+		if depth == 0 {
+			return
+		}
+	}
+}
+
+// delimiter reports the bytes that can end a number or a literal.
+func delimiter(c byte) bool {
+	switch c {
+	case ' ', '\t', '\r', '\n', ',', ']', '}', ':':
+		return true
+	}
+	return false
+}
+
+// maxInPlace bounds the chain of schemas ($ref, allOf) applied to one value
+// that vouchJSON follows: a longer chain is most likely a reference loop, which
+// the library reports as an error, so vouchJSON leaves it to the library.
+const maxInPlace = 32
+
+// plain reports that s uses no keyword vouchJSON does not check.
 func plain(s *jsonschema.Schema) bool {
 	return s.Format == "" && !s.RecursiveAnchor && s.RecursiveRef == nil && s.DynamicRef == nil && s.DynamicAnchor == "" &&
 		s.Not == nil && len(s.AnyOf) == 0 && len(s.OneOf) == 0 && s.If == nil && s.Then == nil && s.Else == nil &&
@@ -103,81 +341,9 @@ func plain(s *jsonschema.Schema) bool {
 		s.MultipleOf == nil && len(s.Extensions) == 0
 }
 
-func vouchObject(s *jsonschema.Schema, v map[string]any) bool {
-	if s.MinProperties != -1 && len(v) < s.MinProperties || s.MaxProperties != -1 && len(v) > s.MaxProperties {
-		return false
-	}
-	for _, name := range s.Required {
-		if _, ok := v[name]; !ok {
-			return false
-		}
-	}
-	var extra *jsonschema.Schema
-	closed := false
-	switch a := s.AdditionalProperties.(type) {
-	case nil:
-	case bool:
-		closed = !a
-	case *jsonschema.Schema:
-		extra = a
-	default:
-		return false
-	}
-	for name, val := range v {
-		sch, ok := s.Properties[name]
-		switch {
-		case ok:
-		case closed:
-			return false
-		case extra == nil:
-			continue
-		default:
-			sch = extra
-		}
-		if !vouch(sch, val, 0) {
-			return false
-		}
-	}
-	return true
-}
-
-// hasType is the library's type check, but a number is an integer only when
-// written as one ([-]digits); 1.0 or 1e2 are left to the library.
-func hasType(types []string, v any) bool {
-	var t string
-	switch v := v.(type) {
-	case nil:
-		t = "null"
-	case bool:
-		t = "boolean"
-	case string:
-		t = "string"
-	case map[string]any:
-		t = "object"
-	case []any:
-		t = "array"
-	case json.Number:
-		t = "number"
-		if integral(v) {
-			for _, want := range types {
-				if want == "integer" {
-					return true
-				}
-			}
-		}
-	default:
-		return false
-	}
-	for _, want := range types {
-		if want == t {
-			return true
-		}
-	}
-	return false
-}
-
-func integral(n json.Number) bool {
-	s := string(n)
+// integral reports a number written as an integer ([-]digits); the
+// library finds more integers (1.0, 1e2), which are left to it.
+func integral(s string) bool {
 	if s != "" && s[0] == '-' {
 		s = s[1:]
 	}
@@ -192,19 +358,9 @@ func integral(n json.Number) bool {
 	return true
 }
 
-// vouchNumber checks the bounds of an integer against integer bounds, both
-// within int64; any other number or bound is left to the library.
-func vouchNumber(s *jsonschema.Schema, n json.Number) bool {
-	if s.Minimum == nil && s.Maximum == nil && s.ExclusiveMinimum == nil && s.ExclusiveMaximum == nil {
-		return true
-	}
-	if !integral(n) {
-		return false
-	}
-	x, err := strconv.ParseInt(string(n), 10, 64)
-	if err != nil {
-		return false
-	}
+// withinBounds checks x against the integer bounds of s, each within
+// int64; any other bound is left to the library.
+func withinBounds(s *jsonschema.Schema, x int64) bool {
 	if s.Minimum != nil {
 		b, ok := int64Of(s.Minimum)
 		if !ok || x < b {

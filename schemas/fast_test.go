@@ -41,7 +41,7 @@ func agree(t *testing.T, s *jsonschema.Schema, doc []byte) (vouched bool) {
 	if (werr == nil) != (gerr == nil) || werr != nil && werr.Error() != gerr.Error() || !reflect.DeepEqual(places(got), places(want)) {
 		t.Fatalf("%s:\nValidate: %v %v\nlibrary:  %v %v", doc, got, gerr, want, werr)
 	}
-	if v, err := decode(doc); err == nil && vouch(s, v, 0) {
+	if wellFormed(doc) && vouchJSON(s, doc) {
 		if want != nil || werr != nil {
 			t.Fatalf("%s: vouched for, the library finds %v %v", doc, want, werr)
 		}
@@ -171,6 +171,7 @@ func TestVouchAgreesOnSchemas(t *testing.T) {
 		{`{"anyOf":[{"type":"string"},{"type":"integer"}]}`, []string{`"s"`, `1`, `true`}, ""},
 		{`{"type":"string","format":"email"}`, []string{`"a@b.c"`, `"nope"`}, ""},
 		{`{"type":"integer","multipleOf":2}`, []string{`2`, `3`}, ""},
+		{`{"minProperties":2,"maxProperties":2}`, []string{`{"a":1,"a":2}`, `{"a":1,"b":2,"a":3}`, `{"a":1}`}, `{"a":1,"b":2}`},
 		{`{"properties":{"a":false,"b":true}}`, []string{`{"a":1}`, `{"b":1}`, `{}`}, `{"b":1}`},
 		{`{"$schema":"http://json-schema.org/draft-07/schema#","items":{"type":"integer"},"additionalItems":false}`,
 			[]string{`[1,2]`, `[1,"a"]`}, ""},
@@ -191,6 +192,49 @@ func TestVouchAgreesOnSchemas(t *testing.T) {
 	}
 }
 
+// rawRequests are requests whose bytes differ from what they decode to:
+// escapes, names given twice, odd spacing, nested strings holding
+// brackets and quotes.
+var rawRequests = []string{
+	` { "tool_id" : "echo" , "agent_context" : { "agent_did" : "d" , "tenant_id" : "acme" } } `,
+	"{\n\t\"tool_id\":\"echo\",\r\n\"agent_context\":{\"agent_did\":\"d\",\"tenant_id\":\"acme\"}}",
+	`{"tool\u005fid":"echo","agent_context":{"agent_did":"d","tenant_id":"acme"}}`,
+	`{"tool_id":"echo","agent_context":{"agent_did":"d","tenant_id":"ac\u006de"}}`,
+	`{"tool_id":"echo","agent_context":{"agent_did":"d","tenant_id":"ac me"}}`,
+	`{"tool_id":"echo","agent_context":{"agent_did":"d","tenant_id":"acme\n"}}`,
+	`{"tool_id":"echo","tool_id":"","agent_context":{"agent_did":"d","tenant_id":"acme"}}`,
+	`{"tool_id":"","tool_id":"echo","agent_context":{"agent_did":"d","tenant_id":"acme"}}`,
+	`{"tool_id":"echo","agent_context":{"agent_did":"d","tenant_id":"acme","tenant_id":"a b"}}`,
+	`{"tool_id":"echo","agent_context":{"agent_did":"d","tenant_id":"acme"},"parameters":{"a":"x\"}]","b":[{"c":[1,-2.5e+3,true,null]},"]}"],"d":{}}}`,
+	`{"tool_id":"echo","agent_context":{"agent_did":"d","tenant_id":"acme"},"parameters":{"\"":1,"\\":[]}}`,
+	`{"tool_id":"echo","agent_context":{"agent_did":"d","tenant_id":"acme"},"parameters":[]}`,
+	`{"tool_id":"echo","agent_context":{"agent_did":"d","tenant_id":"acme"},"resource_limits":{"timeout_seconds":-0}}`,
+	`{"tool_id":"echo","agent_context":{"agent_did":"d","tenant_id":"acme"},"resource_limits":{"timeout_seconds":1E1}}`,
+	`{"tool_id":"echo","agent_context":{"agent_did":"d","tenant_id":"acme"},"resource_limits":{"timeout_seconds":10.0}}`,
+	`{"tool_id":"echo","agent_context":{"agent_did":"d","tenant_id":"acme"},"resource_limits":{"timeout_seconds":9223372036854775808}}`,
+	`{"tool_id":"echo","agent_context":{"agent_did":"d","tenant_id":"acme"},"execution_options":{"priority":"hi\u0067h"}}`,
+	`{"tool_id":"echo","agent_context":{"agent_did":"d","tenant_id":"acme"},"execution_options":{"priority":"hig"}}`,
+	`{"tool_id":"echo","agent_context":{"agent_did":"d","tenant_id":"acme"},"document_context":{"document_refs":["a",""]}}`,
+	`{"tool_id":"echo","agent_context":{"agent_did":"d","tenant_id":"acme"},"document_context":{"document_refs":["a" , "b"]}}`,
+	`{"tool_id":"\u00e9","agent_context":{"agent_did":"d","tenant_id":"acme"}}`,
+	`{"tool_id":"echo","agent_context":{"agent_did":"d","tenant_id":"acme"}} x`,
+	`{"tool_id":"echo","agent_context":{"agent_did":"d","tenant_id":"acme"}`,
+	"{\"tool_id\":\"\xff\",\"agent_context\":{\"agent_did\":\"d\",\"tenant_id\":\"acme\"}}",
+	`[]`, `"x"`, `null`, `1`, ``,
+}
+
+func TestVouchAgreesOnRawRequests(t *testing.T) {
+	vouched := 0
+	for _, doc := range rawRequests {
+		if agree(t, InvokeRequest(), []byte(doc)) {
+			vouched++
+		}
+	}
+	if vouched < 5 {
+		t.Fatalf("only %d raw requests vouched for", vouched)
+	}
+}
+
 // FuzzVouch: whatever the document, Validate answers as the library alone
 // does against the request schema.
 func FuzzVouch(f *testing.F) {
@@ -201,6 +245,9 @@ func FuzzVouch(f *testing.F) {
 		f.Add(b)
 	}
 	f.Add([]byte(`{"tool_id":"echo","agent_context":{"agent_did":"did:agent:a","tenant_id":"acme"},"parameters":{"message":"hi"}}`))
+	for _, doc := range rawRequests {
+		f.Add([]byte(doc))
+	}
 	f.Fuzz(func(t *testing.T, doc []byte) {
 		agree(t, InvokeRequest(), doc)
 	})

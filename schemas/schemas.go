@@ -131,12 +131,12 @@ func Compile(name string, schema []byte) (*jsonschema.Schema, error) {
 // field-level problems, or nil when doc is valid. The error is for documents
 // that are not JSON at all (or, rarely, a schema that loops forever).
 func Validate(s *jsonschema.Schema, doc []byte) ([]api.FieldError, error) {
+	if wellFormed(doc) && vouchJSON(s, doc) {
+		return nil, nil
+	}
 	v, err := decode(doc)
 	if err != nil {
 		return nil, err
-	}
-	if vouch(s, v, 0) {
-		return nil, nil
 	}
 	err = s.Validate(v)
 	if err == nil {
@@ -157,13 +157,16 @@ func Validate(s *jsonschema.Schema, doc []byte) ([]api.FieldError, error) {
 // value (FuzzDecode holds it to that); anything else, or anything it
 // refuses or panics on, is read by encoding/json, whose verdict stands.
 func decode(doc []byte) (any, error) {
-	if json.Valid(doc) && utf8.Valid(doc) {
+	if wellFormed(doc) {
 		if v, ok := decodeFast(doc); ok {
 			return v, nil
 		}
 	}
 	return decodeStd(doc)
 }
+
+// wellFormed reports a document that is valid JSON and valid UTF-8.
+func wellFormed(doc []byte) bool { return json.Valid(doc) && utf8.Valid(doc) }
 
 func decodeFast(doc []byte) (v any, ok bool) {
 	defer func() {
