@@ -116,6 +116,9 @@ func Compile(name string, schema []byte) (*jsonschema.Schema, error) {
 	// A private URL per compilation: relative references resolve against it
 	// and cannot reach another tool's schema.
 	u := (&url.URL{Scheme: "mem", Host: "toolgate", Path: "/" + name}).String()
+	if selfWithQuery(u, schema) {
+		return nil, fmt.Errorf("schema %s: its $id names the schema itself with an empty query (\"?\"), which is not supported", name)
+	}
 	c := newCompiler()
 	if err := c.AddResource(u, bytes.NewReader(schema)); err != nil {
 		return nil, fmt.Errorf("schema %s: %w", name, err)
@@ -125,6 +128,38 @@ func Compile(name string, schema []byte) (*jsonschema.Schema, error) {
 		return nil, fmt.Errorf("schema %s: %w", name, err)
 	}
 	return s, nil
+}
+
+// selfWithQuery reports a root $id (id in draft 4) that resolves to u
+// itself with an empty query: the library's compiler recurses on it until
+// the stack overflows, which ends the process.
+func selfWithQuery(u string, schema []byte) bool {
+	var root map[string]any
+	if json.Unmarshal(schema, &root) != nil {
+		return false
+	}
+	base, err := url.Parse(u)
+	if err != nil {
+		return false
+	}
+	for _, key := range []string{"$id", "id"} {
+		id, ok := root[key].(string)
+		if !ok {
+			continue
+		}
+		ref, err := url.Parse(id)
+		if err != nil {
+			continue
+		}
+		r := base.ResolveReference(ref)
+		if r.RawQuery == "" && (r.ForceQuery || strings.Contains(id, "?")) {
+			r.ForceQuery, r.Fragment, r.RawFragment = false, "", ""
+			if r.String() == u {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // Validate validates the JSON document doc against s. It returns the
