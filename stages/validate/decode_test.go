@@ -1,11 +1,14 @@
 package validate
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"reflect"
 	"testing"
 
 	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/envelope"
 )
 
 // FuzzDecodeRequest: a request the schema check passed decodes to what
@@ -30,4 +33,16 @@ func FuzzDecodeRequest(f *testing.F) {
 			t.Fatalf("decoded (%v)\n%#v\nencoding/json (%v)\n%#v", gerr, got, werr, want)
 		}
 	})
+}
+
+// TestRequestDigestAsStored: the digest an id claim records is the hex
+// SHA-256 of the source, a zero byte and the data, as records already
+// stored hold it.
+func TestRequestDigestAsStored(t *testing.T) {
+	inv := &envelope.Invocation{Data: []byte(`{"tool_id":"echo"}`)}
+	inv.Event.Source = "urn:agent:a"
+	sum := sha256.Sum256([]byte("urn:agent:a\x00{\"tool_id\":\"echo\"}"))
+	if got, want := requestDigest(inv), hex.EncodeToString(sum[:]); got != want {
+		t.Fatalf("digest %s, want %s", got, want)
+	}
 }

@@ -225,7 +225,10 @@ func requestDigest(inv *envelope.Invocation) string {
 	h.Write([]byte(inv.Event.Source))
 	h.Write([]byte{0})
 	h.Write(inv.Data)
-	return hex.EncodeToString(h.Sum(nil))
+	// On the stack but the string itself (hex.EncodeToString makes three).
+	var sum [sha256.Size]byte
+	var text [2 * sha256.Size]byte
+	return string(hex.AppendEncode(text[:0], h.Sum(sum[:0])))
 }
 
 // accepted is the immediate answer to an async_mode request: a pending
