@@ -1,6 +1,7 @@
 package detect
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"slices"
@@ -326,7 +327,8 @@ func cardPiece(k string, v any, s *string) bool {
 	if !ok || len(n) > 6 || strings.ContainsAny(string(n), ".-eE+") {
 		return false
 	}
-	for _, w := range keyWords(k) {
+	var buf [8]string
+	for _, w := range keyWords(buf[:0], k) {
 		w = strings.TrimRight(w, "0123456789")
 		if w == "cc" || w == "card" || w == "pan" || w == "ccnum" || w == "cardnumber" {
 			*s = string(n)
@@ -452,7 +454,6 @@ func (e *Engine) inOnePart(parts []part, rule, key string, ds []Detector) bool {
 // first, start, head before the rest, last, end, tail after it, and
 // numbered names by their number (part2 before part10).
 func positional(keys []string) []string {
-	out := slices.Clone(keys)
 	rank := func(k string) int {
 		l := strings.ToLower(k)
 		for _, w := range []string{"first", "start", "begin", "head", "prefix", "initial"} {
@@ -467,12 +468,25 @@ func positional(keys []string) []string {
 		}
 		return 1
 	}
-	sort.SliceStable(out, func(i, j int) bool {
-		if a, b := rank(out[i]), rank(out[j]); a != b {
-			return a < b
+	order := func(a, b string) int {
+		if ra, rb := rank(a), rank(b); ra != rb {
+			return cmp.Compare(ra, rb)
 		}
-		return natural(out[i], out[j])
-	})
+		switch {
+		case natural(a, b):
+			return -1
+		case natural(b, a):
+			return 1
+		}
+		return 0
+	}
+	// Names already in that order (most objects' sorted names) are used
+	// as they are, not copied.
+	if slices.IsSortedFunc(keys, order) {
+		return keys
+	}
+	out := slices.Clone(keys)
+	slices.SortStableFunc(out, order)
 	return out
 }
 
