@@ -115,9 +115,15 @@ type walker struct {
 	fix   func(string, []Finding) string
 	found []Finding
 	// keys caches what member names hold: the rows of a document repeat
-	// the same few names.
-	keys map[keyPlace]keyScan
+	// the same few names. A small document's are scanned as they come
+	// (nkeys counts them), without a map.
+	keys  map[keyPlace]keyScan
+	nkeys int
 }
+
+// uncachedKeys is how many member names a walk scans before it caches
+// them.
+const uncachedKeys = 16
 
 type keyPlace struct {
 	name       string
@@ -131,14 +137,14 @@ type keyScan struct {
 
 // key scans a member name once per walk.
 func (w *walker) key(k string, collection bool) ([]Finding, string) {
-	if w.keys == nil {
-		w.keys = map[keyPlace]keyScan{}
-	}
 	p := keyPlace{k, collection}
 	ks, ok := w.keys[p]
 	if !ok {
 		ks = keyScan{fs: w.e.scanKey(k, collection, w.ds), safe: w.e.safeKey(k, collection)}
-		if len(w.keys) < 4096 {
+		if w.nkeys++; w.nkeys > uncachedKeys && len(w.keys) < 4096 {
+			if w.keys == nil {
+				w.keys = map[keyPlace]keyScan{}
+			}
 			w.keys[p] = ks
 		}
 	}
@@ -152,12 +158,16 @@ func (w *walker) wants(d Detector) bool { return len(w.ds) == 0 || slices.Contai
 func (w *walker) value(v any, path string, named bool, key string) any {
 	switch t := v.(type) {
 	case string:
-		return w.text(path, t, named, key)
+		// v itself when unchanged: a new interface would allocate.
+		if r := w.text(path, t, named, key); r != t {
+			return r
+		}
+		return v
 	case json.Number:
 		if r := w.text(path, string(t), named, key); r != string(t) {
 			return r
 		}
-		return t
+		return v
 	case map[string]any:
 		return w.object(t, path, named, key)
 	case []any:
