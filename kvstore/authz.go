@@ -639,7 +639,7 @@ func (s *Store) usage(ctx context.Context, tenant, session string) (Usage, uint6
 	// authorize reads the usage for its policy, then reserves a call on
 	// it: the reservation starts from this read (recent.go).
 	if r := recentOf(s.budgets); r != nil {
-		r.put(e.Key(), e.Revision(), e.Value())
+		r.put(e.Key(), e.Revision(), e.Value(), nil)
 	}
 	return u, e.Revision(), nil
 }

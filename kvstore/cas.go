@@ -93,7 +93,7 @@ func updateKey[T any](ctx context.Context, kv jetstream.KeyValue, key string, fr
 			return zero, 0, fmt.Errorf("writing %s: %w", key, err)
 		}
 		if recent != nil {
-			recent.put(key, next, val)
+			recent.put(key, next, val, &v)
 		}
 		return v, next, nil
 	}

@@ -7,9 +7,12 @@ import (
 	"errors"
 	"reflect"
 	"sync"
+	"time"
+	"unicode/utf8"
 
 	"github.com/nats-io/nats.go/jetstream"
 	segjson "github.com/segmentio/encoding/json"
+	"github.com/toolgate/toolgate/api"
 )
 
 // What a compare-and-swap costs, and what is remembered so it costs less:
@@ -46,6 +49,40 @@ type recentWrite struct {
 	// usage is val decoded, kept once RecentUsage needed it: a budget's
 	// calls judge the same record many times between its writes.
 	usage *Usage
+	// rec is val decoded, when val is a status record without pointers
+	// or slices (flatRecord): validate's claim and execute's, which the
+	// next stage's read or compare-and-swap starts from, on every call.
+	rec    api.Record
+	hasRec bool
+}
+
+// flatRecord reports whether v is a status record that a copy holds
+// whole (no pointer or slice to share) and that reads back from its
+// encoding as it is (valid UTF-8, a UTC time), and returns it then.
+func flatRecord(v any) (api.Record, bool) {
+	r, ok := v.(*api.Record)
+	if !ok || r.Error != nil || r.Response != nil || r.Progress != nil || r.Checkpoint != nil || r.DocumentPins != nil || r.Site != nil ||
+		r.UpdatedAt.Location() != time.UTC {
+		return api.Record{}, false
+	}
+	for _, s := range [...]string{r.InvocationID, r.Tenant, string(r.Status), r.Agent, r.ToolID, r.ToolVersion, r.Digest, r.Ending, r.CancelSig, r.CancelBy} {
+		if !utf8.ValidString(s) {
+			return api.Record{}, false
+		}
+	}
+	rec := *r
+	rec.UpdatedAt = rec.UpdatedAt.Round(0) // as decoded: no monotonic reading
+	return rec, true
+}
+
+// decoded sets *v to the value w holds decoded, if it holds one of v's
+// type, and reports whether it did.
+func (w *recentWrite) decoded(v any) bool {
+	if r, ok := v.(*api.Record); ok && w.hasRec {
+		*r = w.rec
+		return true
+	}
+	return false
 }
 
 func (r *recentWrites) get(key string) (recentWrite, bool) {
@@ -55,13 +92,19 @@ func (r *recentWrites) get(key string) (recentWrite, bool) {
 	return w, ok
 }
 
-func (r *recentWrites) put(key string, rev uint64, val []byte) {
+// put remembers val, written to key at rev; v, when not nil, is val
+// decoded.
+func (r *recentWrites) put(key string, rev uint64, val []byte, v any) {
+	w := recentWrite{rev: rev, val: val}
+	if v != nil {
+		w.rec, w.hasRec = flatRecord(v)
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.m == nil || len(r.m) >= maxRecent {
 		r.m = make(map[string]recentWrite)
 	}
-	r.m[key] = recentWrite{rev: rev, val: val}
+	r.m[key] = w
 }
 
 // keepUsage remembers u as the decoded value of key at rev, if that is
@@ -111,7 +154,7 @@ func updateRemembered[T any](ctx context.Context, kv jetstream.KeyValue, recent 
 	w, ok := recent.get(key)
 	switch {
 	case ok:
-		if decodeOwn(w.val, &v) != nil {
+		if !w.decoded(&v) && decodeOwn(w.val, &v) != nil {
 			return zero, 0, errStale
 		}
 	case !fresh:
@@ -137,7 +180,7 @@ func updateRemembered[T any](ctx context.Context, kv jetstream.KeyValue, recent 
 	case err != nil:
 		return zero, 0, err
 	}
-	recent.put(key, next, val)
+	recent.put(key, next, val, &v)
 	return v, next, nil
 }
 
@@ -182,7 +225,7 @@ func decodeStored(b []byte, v any) error {
 func decodeEntry(kv jetstream.KeyValue, key string, e jetstream.KeyValueEntry, v any) error {
 	if r := recentOf(kv); r != nil {
 		if w, ok := r.get(key); ok && w.rev == e.Revision() && bytes.Equal(w.val, e.Value()) {
-			if decodeOwn(w.val, v) == nil {
+			if w.decoded(v) || decodeOwn(w.val, v) == nil {
 				return nil
 			}
 			reflect.ValueOf(v).Elem().SetZero()

@@ -298,3 +298,44 @@ func TestStatusReadBack(t *testing.T) {
 		t.Fatalf("another process's write not read: %+v %v", got, err)
 	}
 }
+
+// A status this process wrote is read back as the bucket holds it, also
+// where the remembered record is not what its encoding reads back as
+// (text that is not UTF-8, a time in another zone), and is read again
+// from its bytes, not from memory, once a field is not flat.
+func TestStatusRememberedReadsAsStored(t *testing.T) {
+	a, _, _ := openCounting(t)
+	ctx := context.Background()
+	paris := time.FixedZone("CET", 3600)
+	for i, rec := range []api.Record{
+		{Status: api.StatusRunning, Agent: "did:agent:a", ToolID: "echo", Seq: 1},
+		{Status: api.StatusRunning, Agent: "did:agent:\xff", ToolID: "echo\xfe", Seq: 1},
+		{Status: api.StatusRunning, Agent: "did:agent:a", Seq: 1, UpdatedAt: time.Date(2026, 1, 2, 3, 4, 5, 6, paris)},
+		{Status: api.StatusRunning, Agent: "did:agent:a", Seq: 1, Checkpoint: &api.CheckpointRef{ID: "cp-1"}},
+	} {
+		rec.Tenant, rec.InvocationID = "t", "i-"+string(rune('a'+i))
+		if _, _, err := a.SetStatus(ctx, rec); err != nil {
+			t.Fatal(err)
+		}
+		got, err := a.Status(ctx, "t", rec.InvocationID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e, err := a.invocations.Get(ctx, invocationKey("t", rec.InvocationID))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var want api.Record
+		if err := json.Unmarshal(e.Value(), &want); err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("record %d read back as\n%+v\nstored as\n%+v", i, got, want)
+		}
+		// The next compare-and-swap starts from the same record.
+		next, _, err := a.SetStatus(ctx, api.Record{Tenant: "t", InvocationID: rec.InvocationID, Status: api.StatusSuccess, Seq: 1})
+		if err != nil || next.Agent != want.Agent {
+			t.Errorf("record %d: ended with agent %q, stored %q (%v)", i, next.Agent, want.Agent, err)
+		}
+	}
+}

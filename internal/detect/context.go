@@ -59,7 +59,8 @@ func (e *Engine) scan(s, key string, ds []Detector) []Finding {
 // scanKeyed runs, on the whole of s, the Keyed rules of ds that the member
 // name key gives context to and that have not already fired.
 func (e *Engine) scanKeyed(s, key string, ds []Detector, have []Finding) []Finding {
-	words := keyWords(key)
+	var buf [8]string
+	words := keyWords(buf[:0], key)
 	var out []Finding
 	for _, c := range e.all {
 		if !c.Keyed || len(ds) > 0 && !slices.Contains(ds, c.Detector) ||
@@ -76,36 +77,55 @@ func (e *Engine) scanKeyed(s, key string, ds []Detector, have []Finding) []Findi
 	return out
 }
 
-// keyWords splits a member name into its lower-case words: phoneNumber,
-// phone_number and phone-number give phone and number.
-func keyWords(key string) []string {
-	var out []string
-	var b strings.Builder
-	flush := func() {
-		if b.Len() > 0 {
-			out = append(out, b.String())
-			b.Reset()
+// keyWords appends to out a member name's lower-case words: phoneNumber,
+// phone_number and phone-number give phone and number. A word already in
+// lower case is a slice of key, so a caller's array holds the words of a
+// short name without allocating: every value of a document is scanned so.
+func keyWords(out []string, key string) []string {
+	start := -1     // where the word being read starts in key
+	folded := false // it has an upper-case letter to lower
+	flush := func(end int) {
+		if start >= 0 {
+			w := key[start:end]
+			if folded {
+				w = strings.Map(lowerUpper, w)
+			}
+			out = append(out, w)
 		}
+		start, folded = -1, false
 	}
 	prevLower := false
-	for _, r := range key {
+	for i, r := range key {
 		switch {
 		case unicode.IsUpper(r):
 			if prevLower {
-				flush()
+				flush(i)
 			}
-			b.WriteRune(unicode.ToLower(r))
-			prevLower = false
+			if start < 0 {
+				start = i
+			}
+			folded, prevLower = true, false
 		case unicode.IsLetter(r) || unicode.IsDigit(r):
-			b.WriteRune(r)
+			if start < 0 {
+				start = i
+			}
 			prevLower = true
 		default:
-			flush()
+			flush(i)
 			prevLower = false
 		}
 	}
-	flush()
+	flush(len(key))
 	return out
+}
+
+// lowerUpper lowers an upper-case letter and leaves any other rune (a
+// title-case letter included) as it is.
+func lowerUpper(r rune) rune {
+	if unicode.IsUpper(r) {
+		return unicode.ToLower(r)
+	}
+	return r
 }
 
 // namesContext reports whether a context word kw names one of a member

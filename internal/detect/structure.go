@@ -1,6 +1,7 @@
 package detect
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"slices"
@@ -114,9 +115,15 @@ type walker struct {
 	fix   func(string, []Finding) string
 	found []Finding
 	// keys caches what member names hold: the rows of a document repeat
-	// the same few names.
-	keys map[keyPlace]keyScan
+	// the same few names. A small document's are scanned as they come
+	// (nkeys counts them), without a map.
+	keys  map[keyPlace]keyScan
+	nkeys int
 }
+
+// uncachedKeys is how many member names a walk scans before it caches
+// them.
+const uncachedKeys = 16
 
 type keyPlace struct {
 	name       string
@@ -130,14 +137,14 @@ type keyScan struct {
 
 // key scans a member name once per walk.
 func (w *walker) key(k string, collection bool) ([]Finding, string) {
-	if w.keys == nil {
-		w.keys = map[keyPlace]keyScan{}
-	}
 	p := keyPlace{k, collection}
 	ks, ok := w.keys[p]
 	if !ok {
 		ks = keyScan{fs: w.e.scanKey(k, collection, w.ds), safe: w.e.safeKey(k, collection)}
-		if len(w.keys) < 4096 {
+		if w.nkeys++; w.nkeys > uncachedKeys && len(w.keys) < 4096 {
+			if w.keys == nil {
+				w.keys = map[keyPlace]keyScan{}
+			}
 			w.keys[p] = ks
 		}
 	}
@@ -151,12 +158,16 @@ func (w *walker) wants(d Detector) bool { return len(w.ds) == 0 || slices.Contai
 func (w *walker) value(v any, path string, named bool, key string) any {
 	switch t := v.(type) {
 	case string:
-		return w.text(path, t, named, key)
+		// v itself when unchanged: a new interface would allocate.
+		if r := w.text(path, t, named, key); r != t {
+			return r
+		}
+		return v
 	case json.Number:
 		if r := w.text(path, string(t), named, key); r != string(t) {
 			return r
 		}
-		return t
+		return v
 	case map[string]any:
 		return w.object(t, path, named, key)
 	case []any:
@@ -326,7 +337,8 @@ func cardPiece(k string, v any, s *string) bool {
 	if !ok || len(n) > 6 || strings.ContainsAny(string(n), ".-eE+") {
 		return false
 	}
-	for _, w := range keyWords(k) {
+	var buf [8]string
+	for _, w := range keyWords(buf[:0], k) {
 		w = strings.TrimRight(w, "0123456789")
 		if w == "cc" || w == "card" || w == "pan" || w == "ccnum" || w == "cardnumber" {
 			*s = string(n)
@@ -452,7 +464,6 @@ func (e *Engine) inOnePart(parts []part, rule, key string, ds []Detector) bool {
 // first, start, head before the rest, last, end, tail after it, and
 // numbered names by their number (part2 before part10).
 func positional(keys []string) []string {
-	out := slices.Clone(keys)
 	rank := func(k string) int {
 		l := strings.ToLower(k)
 		for _, w := range []string{"first", "start", "begin", "head", "prefix", "initial"} {
@@ -467,12 +478,25 @@ func positional(keys []string) []string {
 		}
 		return 1
 	}
-	sort.SliceStable(out, func(i, j int) bool {
-		if a, b := rank(out[i]), rank(out[j]); a != b {
-			return a < b
+	order := func(a, b string) int {
+		if ra, rb := rank(a), rank(b); ra != rb {
+			return cmp.Compare(ra, rb)
 		}
-		return natural(out[i], out[j])
-	})
+		switch {
+		case natural(a, b):
+			return -1
+		case natural(b, a):
+			return 1
+		}
+		return 0
+	}
+	// Names already in that order (most objects' sorted names) are used
+	// as they are, not copied.
+	if slices.IsSortedFunc(keys, order) {
+		return keys
+	}
+	out := slices.Clone(keys)
+	slices.SortStableFunc(out, order)
 	return out
 }
 

@@ -2,6 +2,7 @@ package detect
 
 import (
 	"encoding/json"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -224,6 +225,34 @@ func TestDiscussionIsNotInjection(t *testing.T) {
 	} {
 		if len(e.Scan(s, PromptInjection)) == 0 {
 			t.Errorf("missed %q", s)
+		}
+	}
+}
+
+// The words of a member name, and the order of split members: names in
+// lower case are sliced, not copied, and must read as before.
+func TestKeyWordsAndPositional(t *testing.T) {
+	for key, want := range map[string]string{
+		"phoneNumber": "phone number", "phone_number": "phone number", "phone-number": "phone number",
+		"HTTPHeader": "httpheader", "cc1": "cc1", "ǅemo": "ǅemo", "ÉtéX": "été x", "a\xffb": "a b", "": "", "--": "",
+		"apiKeyValue2": "api key value2",
+	} {
+		if got := strings.Join(keyWords(nil, key), " "); got != want {
+			t.Errorf("keyWords(%q) = %q, want %q", key, got, want)
+		}
+	}
+	var buf [8]string
+	if n := testing.AllocsPerRun(100, func() { _ = keyWords(buf[:0], "phone_number") }); n != 0 {
+		t.Errorf("keyWords of a lower-case name allocates %v times", n)
+	}
+	for _, c := range []struct{ in, want []string }{
+		{[]string{"a", "b", "c"}, []string{"a", "b", "c"}},
+		{[]string{"part10", "part2", "part9"}, []string{"part2", "part9", "part10"}},
+		{[]string{"end", "middle", "start"}, []string{"start", "middle", "end"}},
+		{[]string{"b_last", "a_last", "first"}, []string{"first", "a_last", "b_last"}},
+	} {
+		if got := positional(c.in); !slices.Equal(got, c.want) {
+			t.Errorf("positional(%q) = %q, want %q", c.in, got, c.want)
 		}
 	}
 }

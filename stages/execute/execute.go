@@ -327,11 +327,17 @@ func (x *Executor) Process(ctx context.Context, inv *envelope.Invocation) (_ []s
 	limit := Limit(m, inv.Request)
 	start := time.Now()
 	var attempts atomic.Int32 // a timed-out attempt may still be running
-	result, err := x.runner(m, m.EffectiveRetry(defaults), limit).WithContext(ctx).
-		GetWithExecution(func(exec failsafe.Execution[json.RawMessage]) (json.RawMessage, error) {
-			attempts.Store(int32(exec.Attempts()))
-			return call(exec.Context(), fn, params)
-		})
+	var result json.RawMessage
+	if p := m.EffectiveRetry(defaults); retried(p) {
+		result, err = x.runner(m, p, limit).WithContext(ctx).
+			GetWithExecution(func(exec failsafe.Execution[json.RawMessage]) (json.RawMessage, error) {
+				attempts.Store(int32(exec.Attempts()))
+				return call(exec.Context(), fn, params)
+			})
+	} else {
+		attempts.Store(1)
+		result, err = runOnce(ctx, limit, fn, params)
+	}
 	tr.finish(err != nil)
 	inv.Metadata.Attempts = int(attempts.Load())
 	inv.Metadata.Model = meter.Model()
@@ -642,6 +648,32 @@ func (x *Executor) runner(m *tools.Manifest, p *tools.RetryPolicy, limit time.Du
 	return r
 }
 
+// retried reports whether retry policy p runs a call more than once.
+func retried(p *tools.RetryPolicy) bool { return p != nil && p.MaxAttempts >= 2 }
+
+// runOnce runs a call that no retry policy applies to under its time
+// limit exactly as a runner of the limit alone does (failsafe-go's
+// timeout): the tool runs on the caller's goroutine with a context of its
+// own, which the limit cancels; whichever of the tool's return and the
+// limit comes first decides, the limit's as timeout.ErrExceeded. It spares
+// a quick call the executor's per-call execution state.
+func runOnce(ctx context.Context, limit time.Duration, fn kind.Func, params json.RawMessage) (json.RawMessage, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var decided atomic.Bool
+	timer := time.AfterFunc(limit, func() {
+		if decided.CompareAndSwap(false, true) {
+			cancel()
+		}
+	})
+	out, err := call(ctx, fn, params)
+	if !decided.CompareAndSwap(false, true) {
+		return nil, timeout.ErrExceeded
+	}
+	timer.Stop()
+	return out, err
+}
+
 // defaultRetryable are the error classes retried when a retry policy names none.
 var defaultRetryable = []string{string(api.Timeout), string(api.ExternalAPIError), string(api.RateLimitExceeded), string(api.DocumentUnavailable)}
 
@@ -649,7 +681,7 @@ var defaultRetryable = []string{string(api.Timeout), string(api.ExternalAPIError
 // with full jitter, for the error classes it lists. A tool is retried only
 // when it is idempotent or the error proves nothing ran (details.not_started).
 func retryPolicy(m *tools.Manifest, p *tools.RetryPolicy, limit time.Duration) failsafe.Policy[json.RawMessage] {
-	if p == nil || p.MaxAttempts < 2 {
+	if !retried(p) {
 		return nil
 	}
 	classes := p.RetryableErrors

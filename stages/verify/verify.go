@@ -5,6 +5,7 @@ package verify
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -14,7 +15,7 @@ import (
 	"github.com/toolgate/toolgate/internal/tools"
 	"github.com/toolgate/toolgate/stages"
 	"github.com/toolgate/toolgate/subjects"
-	"sort"
+	"slices"
 	"strings"
 )
 
@@ -321,16 +322,19 @@ func (v *Verifier) sanitize(ctx context.Context, m *tools.Manifest, pol tools.Ou
 	for d := range actions {
 		ds = append(ds, d)
 	}
-	sort.Slice(ds, func(i, j int) bool {
-		if a, b := strictness[actions[ds[i]]], strictness[actions[ds[j]]]; a != b {
-			return a > b
+	slices.SortFunc(ds, func(x, y detect.Detector) int {
+		if a, b := strictness[actions[x]], strictness[actions[y]]; a != b {
+			return cmp.Compare(b, a)
 		}
 		// Secrets before personal data: a password in a URL's userinfo
 		// also reads as an e-mail address, and is better named a secret.
-		if a, b := ds[i] == detect.Secrets, ds[j] == detect.Secrets; a != b {
-			return a
+		if a, b := x == detect.Secrets, y == detect.Secrets; a != b {
+			if a {
+				return -1
+			}
+			return 1
 		}
-		return ds[i] < ds[j]
+		return cmp.Compare(x, y)
 	})
 	eng := v.cfg.Detectors
 	// One decoded document for every detector: decoded again only after
