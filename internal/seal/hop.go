@@ -35,8 +35,12 @@ const (
 	SealReceipt = auditchain.SealReceipt
 )
 
-// macEncoded is the length of a MAC in base64url (unpadded).
-const macEncoded = (sha256.Size*8 + 5) / 6
+// macEncoded and sigEncoded are the lengths of a MAC and a signature in
+// base64url (unpadded).
+const (
+	macEncoded = (sha256.Size*8 + 5) / 6
+	sigEncoded = (ed25519.SignatureSize*8 + 5) / 6
+)
 
 // hopVersion prefixes the signed text of a message.
 const hopVersion = "toolgate-msg-v1"
@@ -89,12 +93,16 @@ func (s *Signer) Sign(subject string, h nats.Header, data []byte) nats.Header {
 		var sum [sha256.Size]byte
 		k.sum(sum[:0], text)
 		s.recent.addMAC(sum[:])
-		out[HeaderMAC] = []string{base64.RawURLEncoding.EncodeToString(sum[:])}
+		var enc [macEncoded]byte
+		base64.RawURLEncoding.Encode(enc[:], sum[:])
+		out[HeaderMAC] = []string{string(enc[:])}
 		return out
 	}
 	sig := ed25519.Sign(s.key, text)
 	s.recent.add(s.pub, text, sig)
-	out[HeaderSignature] = []string{base64.RawURLEncoding.EncodeToString(sig)}
+	var enc [sigEncoded]byte
+	base64.RawURLEncoding.Encode(enc[:], sig)
+	out[HeaderSignature] = []string{string(enc[:])}
 	return out
 }
 
