@@ -3,6 +3,7 @@ package seal
 import (
 	"crypto/ed25519"
 	"crypto/sha256"
+	"slices"
 	"sync"
 )
 
@@ -41,12 +42,10 @@ func newRecent(n int) *recent {
 }
 
 func recentDigest(pub []byte, text []byte) [sha256.Size]byte {
-	h := sha256.New()
-	h.Write(pub)
-	h.Write(text)
-	var d [sha256.Size]byte
-	h.Sum(d[:0])
-	return d
+	// One call over a buffer on the stack: a hash.Hash would be made, and
+	// text would escape through its Write.
+	var buf [max(signedMax, sealTextMax) + ed25519.PublicKeySize]byte
+	return sha256.Sum256(append(append(buf[:0], pub...), text...))
 }
 
 // slot is where sig, an Ed25519 signature, is remembered.
@@ -144,5 +143,7 @@ func (r *recent) check(pub ed25519.PublicKey, text, sig []byte) (ok, ours bool) 
 	if r.take(pub, text, sig) {
 		return true, true
 	}
-	return verify(pub, text, sig), false
+	// Copies: what verify is handed escapes, and the callers' buffers,
+	// for what this process made, stay on their stacks.
+	return verify(pub, slices.Clone(text), slices.Clone(sig)), false
 }
