@@ -74,11 +74,15 @@ func SiteOfPipe(subject string) (string, bool) {
 	if !ok {
 		return "", false
 	}
-	parts := strings.Split(rest, ".")
-	if len(parts) != 4 || parts[0] != Execute || parts[3] == "" {
+	// execute.priority.tenant.site; cut, not split: every hop's signing
+	// asks.
+	stage, rest, _ := strings.Cut(rest, ".")
+	_, rest, ok1 := strings.Cut(rest, ".")
+	_, site, ok2 := strings.Cut(rest, ".")
+	if !ok1 || !ok2 || stage != Execute || site == "" || strings.Contains(site, ".") {
 		return "", false
 	}
-	return parts[3], true
+	return site, true
 }
 
 // SiteInputs are the durable consumers of site's execute worker, highest

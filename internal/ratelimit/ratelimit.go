@@ -44,12 +44,16 @@ type Limiter struct {
 	Now      func() time.Time
 
 	mu     sync.Mutex
-	leases map[string]*lease
+	leases map[leaseKey]*lease
 	// sweepAt is the number of leases at which the next new one first
 	// drops those that expired: one per tenant and tool ever called would
 	// otherwise stay for the life of the process.
 	sweepAt int
 }
+
+// leaseKey names a worker's lease: the tenant and the bucket (Limit). A
+// pair, not a joined string, so that finding it makes nothing.
+type leaseKey struct{ tenant, bucket string }
 
 // minSweep is the fewest leases a Limiter sweeps.
 const minSweep = 64
@@ -66,7 +70,7 @@ type lease struct {
 // New returns a Limiter over store with leases of at most maxLease tokens.
 func New(store Store, maxLease int) *Limiter {
 	return &Limiter{store: store, MaxLease: max(1, maxLease), LeaseTTL: 100 * time.Millisecond,
-		Now: time.Now, leases: map[string]*lease{}}
+		Now: time.Now, leases: map[leaseKey]*lease{}}
 }
 
 // Whose limit applies to a call (Applies).
@@ -130,7 +134,7 @@ func (l *Limiter) AllowCall(ctx context.Context, tenant, agent string, m *tools.
 	}
 	rate := float64(lim.Requests) / float64(max(1, lim.PerSeconds))
 	burst := float64(max(lim.Burst, lim.Requests))
-	key := tenant + "\x00" + bucket
+	key := leaseKey{tenant, bucket}
 	l.mu.Lock()
 	ls := l.leases[key]
 	if ls == nil {

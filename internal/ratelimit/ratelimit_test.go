@@ -184,3 +184,21 @@ func TestRedrivenCallTakesOneToken(t *testing.T) {
 		t.Fatalf("a call asked again that never had a token: %v, %v; %v left, want %v", ok, err, tokens(), left-1)
 	}
 }
+
+// TestLeasedTokenAllocatesNothing: a call given a token of the worker's
+// lease finds the lease without making its name.
+func TestLeasedTokenAllocatesNothing(t *testing.T) {
+	l := ratelimit.New(openStore(t), 1000)
+	now := time.Now()
+	l.Now = func() time.Time { return now } // the lease never expires
+	m := &tools.Manifest{ID: "t", RateLimit: &tools.RateLimit{Requests: 1 << 20, PerSeconds: 1}}
+	allow := func() {
+		if ok, _, err := l.Allow(context.Background(), "acme", "", m); !ok || err != nil {
+			t.Fatal(ok, err)
+		}
+	}
+	allow() // leases
+	if n := testing.AllocsPerRun(100, allow); n != 0 {
+		t.Fatalf("a leased token costs %v allocations", n)
+	}
+}

@@ -121,6 +121,70 @@ func TestTokens(t *testing.T) {
 	}
 }
 
+// TestTokensOpenWhatTheySealed: a token sealed by this process opens
+// without decrypting, once; an altered one, or one opened already, takes
+// the long way, which refuses what does not open.
+func TestTokensOpenWhatTheySealed(t *testing.T) {
+	var k [32]byte
+	tk := NewTokens(&k)
+	sealed, err := tk.Seal("eyJraWQiOi.raw.token")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A character well inside the box: the last may carry unused bits.
+	i := len(sealed) - 10
+	altered := sealed[:i] + map[bool]string{true: "B", false: "A"}[sealed[i] == 'A'] + sealed[i+1:]
+	if _, err := tk.Open(altered); !errors.Is(err, ErrTokenSeal) {
+		t.Fatalf("an altered sealed token opened: %v", err)
+	}
+	if _, ok := tk.made[sealed]; !ok {
+		t.Fatal("the sealed token is not remembered")
+	}
+	for range 2 { // remembered, then the long way
+		if raw, err := tk.Open(sealed); err != nil || raw != "eyJraWQiOi.raw.token" {
+			t.Fatalf("open: %q %v", raw, err)
+		}
+		if _, ok := tk.made[sealed]; ok || tk.bytes != 0 {
+			t.Fatalf("an opened token stays remembered (%d bytes)", tk.bytes)
+		}
+	}
+	long := strings.Repeat("x", 16<<10)
+	for range maxMadeBytes / len(long) {
+		if _, err := tk.Seal(long); err != nil {
+			t.Fatal(err)
+		}
+		if tk.bytes > maxMadeBytes {
+			t.Fatalf("%d bytes of sealed tokens remembered", tk.bytes)
+		}
+	}
+}
+
+// BenchmarkTokenOpen: validate sealing a token and authorize opening it,
+// in one process and in two (the difference is Open's).
+func BenchmarkTokenOpen(b *testing.B) {
+	var k [32]byte
+	raw := "eyJ" + strings.Repeat("x", 900)
+	for name, opener := range map[string]func(*Tokens) *Tokens{
+		"same process": func(t *Tokens) *Tokens { return t },
+		"elsewhere":    func(*Tokens) *Tokens { return NewTokens(&k) },
+	} {
+		b.Run(name, func(b *testing.B) {
+			sealer := NewTokens(&k)
+			o := opener(sealer)
+			b.ReportAllocs()
+			for b.Loop() {
+				s, err := sealer.Seal(raw)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if _, err := o.Open(s); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
 func FuzzTokenOpen(f *testing.F) {
 	var k [32]byte
 	tk := NewTokens(&k)

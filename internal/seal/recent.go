@@ -3,6 +3,7 @@ package seal
 import (
 	"crypto/ed25519"
 	"crypto/sha256"
+	"slices"
 	"sync"
 )
 
@@ -26,6 +27,14 @@ type recent struct {
 	seen  map[[ed25519.SignatureSize]byte][sha256.Size]byte // signature → digest of public key and text
 	order [][ed25519.SignatureSize]byte                     // ring, oldest first from next
 	next  int
+
+	// The hand-offs' MACs, apart: a MAC that verifies binds its key and
+	// text already, so it is its own key, with nothing beside it, in a
+	// map a third the size of seen's.
+	macMu    sync.Mutex
+	macs     map[[sha256.Size]byte]struct{}
+	macOrder [][sha256.Size]byte // ring, oldest first from macNext
+	macNext  int
 }
 
 func newRecent(n int) *recent {
@@ -33,20 +42,16 @@ func newRecent(n int) *recent {
 }
 
 func recentDigest(pub []byte, text []byte) [sha256.Size]byte {
-	h := sha256.New()
-	h.Write(pub)
-	h.Write(text)
-	var d [sha256.Size]byte
-	h.Sum(d[:0])
-	return d
+	// One call over a buffer on the stack: a hash.Hash would be made, and
+	// text would escape through its Write.
+	var buf [max(signedMax, sealTextMax) + ed25519.PublicKeySize]byte
+	return sha256.Sum256(append(append(buf[:0], pub...), text...))
 }
 
-// slot is where sig is remembered: an Ed25519 signature, or a hand-off's
-// MAC (seal.mac), which is half as long; the digest beside it binds the
-// key and the text either way.
+// slot is where sig, an Ed25519 signature, is remembered.
 func slot(sig []byte) ([ed25519.SignatureSize]byte, bool) {
 	var k [ed25519.SignatureSize]byte
-	if len(sig) != ed25519.SignatureSize && len(sig) != sha256.Size {
+	if len(sig) != ed25519.SignatureSize {
 		return k, false
 	}
 	copy(k[:], sig)
@@ -76,30 +81,35 @@ func (r *recent) put(k [ed25519.SignatureSize]byte, d [sha256.Size]byte) {
 	r.seen[k] = d
 }
 
-// macMark stands for the digest beside a hand-off's MAC (addMAC): a MAC
-// that verifies binds its key and text already.
-var macMark = [sha256.Size]byte{'m', 'a', 'c'}
-
 // addMAC remembers that this process made sum, a hand-off's MAC.
 func (r *recent) addMAC(sum []byte) {
-	k, ok := slot(sum)
-	if r == nil || !ok || len(sum) != sha256.Size {
+	if r == nil || len(sum) != sha256.Size {
 		return
 	}
-	r.put(k, macMark)
+	k := [sha256.Size]byte(sum)
+	r.macMu.Lock()
+	defer r.macMu.Unlock()
+	if r.macOrder == nil { // the Sealer's remembers no MACs
+		r.macs, r.macOrder = make(map[[sha256.Size]byte]struct{}, len(r.order)), make([][sha256.Size]byte, len(r.order))
+	}
+	// As in put: the slot's old MAC may have been taken already.
+	delete(r.macs, r.macOrder[r.macNext])
+	r.macOrder[r.macNext] = k
+	r.macNext = (r.macNext + 1) % len(r.macOrder)
+	r.macs[k] = struct{}{}
 }
 
 // takeMAC reports whether this process made sum, a MAC the caller has
 // verified, forgetting it.
 func (r *recent) takeMAC(sum []byte) bool {
-	k, ok := slot(sum)
-	if r == nil || !ok || len(sum) != sha256.Size {
+	if r == nil || len(sum) != sha256.Size {
 		return false
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if d, ok := r.seen[k]; ok && d == macMark {
-		delete(r.seen, k)
+	k := [sha256.Size]byte(sum)
+	r.macMu.Lock()
+	defer r.macMu.Unlock()
+	if _, ok := r.macs[k]; ok {
+		delete(r.macs, k)
 		return true
 	}
 	return false
@@ -133,5 +143,7 @@ func (r *recent) check(pub ed25519.PublicKey, text, sig []byte) (ok, ours bool) 
 	if r.take(pub, text, sig) {
 		return true, true
 	}
-	return verify(pub, text, sig), false
+	// Copies: what verify is handed escapes, and the callers' buffers,
+	// for what this process made, stay on their stacks.
+	return verify(pub, slices.Clone(text), slices.Clone(sig)), false
 }

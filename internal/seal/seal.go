@@ -90,10 +90,13 @@ func (s *Sealer) Seal(inv *envelope.Invocation, toolID, toolVersion string, expi
 	if inv.Principal != nil {
 		sl.Principal = principalDigest(inv)
 	}
-	text := signed(sl)
+	var buf [sealTextMax]byte
+	text := appendSigned(buf[:0], sl)
 	sig := ed25519.Sign(s.key, text)
 	s.recent.add(s.pub, text, sig)
-	sl.Sig = base64.RawURLEncoding.EncodeToString(sig)
+	var enc [sigEncoded]byte
+	base64.RawURLEncoding.Encode(enc[:], sig)
+	sl.Sig = string(enc[:])
 	inv.Authz.Seal = sl
 	return nil
 }
@@ -123,8 +126,8 @@ func (v *Verifier) Check(inv *envelope.Invocation, now time.Time) error {
 	if sl.Key != v.id {
 		return refuse("the seal is signed by key "+sl.Key+", not this deployment's hop-sealing key "+v.id, "key")
 	}
-	sig, err := base64.RawURLEncoding.DecodeString(sl.Sig)
-	if err != nil || !v.recent.verified(v.key, signed(sl), sig) {
+	var buf [sealTextMax]byte
+	if !v.signatureGood(sl, buf[:0]) {
 		return refuse("the seal's signature does not verify: forged or altered", "sig")
 	}
 	route := inv.Route
@@ -167,8 +170,19 @@ func (v *Verifier) Principal(inv *envelope.Invocation, sl *envelope.Seal) bool {
 	if sl == nil || inv.Principal == nil || sl.Principal == "" || sl.Key != v.id || sl.Tenant != inv.Tenant || sl.ID != inv.ID {
 		return false
 	}
-	sig, err := base64.RawURLEncoding.DecodeString(sl.Sig)
-	return err == nil && v.recent.verified(v.key, signed(sl), sig) && sl.Principal == principalDigest(inv)
+	var buf [sealTextMax]byte
+	return v.signatureGood(sl, buf[:0]) && sl.Principal == principalDigest(inv)
+}
+
+// signatureGood reports whether sl's signature verifies, building its
+// text in buf (the caller's, on its stack).
+func (v *Verifier) signatureGood(sl *envelope.Seal, buf []byte) bool {
+	var sig [ed25519.SignatureSize]byte
+	if base64.RawURLEncoding.EncodedLen(len(sig)) != len(sl.Sig) {
+		return false
+	}
+	n, err := base64.RawURLEncoding.Decode(sig[:], []byte(sl.Sig))
+	return err == nil && n == len(sig) && v.recent.verified(v.key, appendSigned(buf, sl), sig[:])
 }
 
 // principalDigest is the SHA-256 (hex) of inv's principal text.
@@ -180,15 +194,14 @@ func principalDigest(inv *envelope.Invocation) string {
 // digestIs reports whether want is digest(v), comparing the sums rather
 // than their hex: no string made per check.
 func digestIs(v any, want string) bool {
-	var w [sha256.Size]byte
-	if len(want) != hex.EncodedLen(len(w)) {
-		return false
-	}
-	if _, err := hex.Decode(w[:], []byte(want)); err != nil {
-		return false
-	}
 	b, err := envelope.Marshal(v)
-	return err == nil && sha256.Sum256(b) == w
+	if err != nil {
+		return false
+	}
+	sum := sha256.Sum256(b)
+	var got [sha256.Size * 2]byte
+	hex.Encode(got[:], sum[:])
+	return string(got[:]) == want
 }
 
 func refuse(msg, field string) error {
@@ -215,8 +228,14 @@ func digest(v any) (string, error) {
 
 // signed is the text the signature covers: each field on its own line,
 // the strings quoted, so no value can run into the next.
-func signed(s *envelope.Seal) []byte {
-	b := make([]byte, 0, 400)
+func signed(s *envelope.Seal) []byte { return appendSigned(make([]byte, 0, 400), s) }
+
+// sealTextMax fits the signed text of a seal with ids and tool names of
+// common lengths, so it is built on the stack; a longer one is still built.
+const sealTextMax = 512
+
+// appendSigned appends signed's text to b.
+func appendSigned(b []byte, s *envelope.Seal) []byte {
 	if s.Principal == "" {
 		b = append(b, version...)
 	} else {

@@ -2,7 +2,6 @@ package token
 
 import (
 	"bytes"
-	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -63,8 +62,7 @@ func (v *Verifier) Verify(raw string) (*Claims, error) {
 	if ks == nil {
 		return nil, invalid("no key set is configured")
 	}
-	sum := sha256.Sum256([]byte(raw))
-	if c := v.cache.get(sum, ks, v.now(), v.Leeway); c != nil {
+	if c := v.cache.get(raw, ks, v.now(), v.Leeway); c != nil {
 		return c, nil
 	}
 	opts := []jwt.ParserOption{
@@ -120,7 +118,7 @@ func (v *Verifier) Verify(raw string) (*Claims, error) {
 	if err := c.check(); err != nil {
 		return nil, err
 	}
-	v.cache.put(sum, ks, &c)
+	v.cache.put(raw, ks, &c)
 	return &c, nil
 }
 

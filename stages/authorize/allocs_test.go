@@ -21,10 +21,10 @@ import (
 var allocBudgets = map[string]float64{
 	// One admitted call of a session's token, no budget: what every
 	// invocation pays in authorize.
-	"admitted": 202,
+	"admitted": 201,
 	// The same call on an authenticated bus: sealed for execute, and its
 	// principal signed for audit.
-	"sealed": 226,
+	"sealed": 212,
 }
 
 func allocPaths(tb testing.TB) map[string]func() {
