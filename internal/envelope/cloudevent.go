@@ -252,7 +252,7 @@ func decodeEvent(header map[string][]string, body []byte) (*event.Event, string,
 		if len(values) == 0 {
 			continue
 		}
-		lname := strings.ToLower(name)
+		lname := lowerName(name)
 		switch {
 		case lname == headerContentType:
 			e.SetDataContentType(values[0])
@@ -264,7 +264,7 @@ func decodeEvent(header map[string][]string, body []byte) (*event.Event, string,
 					"header %s: %v", lname, err)
 			}
 			if attr := version.Attribute(lname); attr != nil {
-				if err := attr.Set(e.Context, v); err != nil {
+				if err := setAttribute(e.Context, attr, v); err != nil {
 					return &e, "binary", api.WrapError(err, api.InvalidParameters, api.EInvalidAttribute,
 						"attribute %s: %v", attr.Name(), err)
 				}
@@ -275,6 +275,43 @@ func decodeEvent(header map[string][]string, body []byte) (*event.Event, string,
 	}
 	e.DataEncoded = body
 	return &e, "binary", validateEvent(&e)
+}
+
+// setAttribute is attr.Set(ec, v): for the string attributes every 1.0
+// event has, straight to the setter the SDK's Set comes to, without
+// boxing v.
+func setAttribute(ec event.EventContext, attr spec.Attribute, v string) error {
+	if c, ok := ec.(*event.EventContextV1); ok {
+		switch attr.Kind() {
+		case spec.ID:
+			return c.SetID(v)
+		case spec.Source:
+			return c.SetSource(v)
+		case spec.Type:
+			return c.SetType(v)
+		}
+	}
+	return attr.Set(ec, v)
+}
+
+// binaryNames are the header names of a binary event's attributes, in
+// lower case: lowerName returns them without a new string.
+var binaryNames = []string{headerContentType, headerPrefix + "specversion", headerPrefix + "id",
+	headerPrefix + "source", headerPrefix + "type", headerPrefix + "subject", headerPrefix + "time",
+	headerPrefix + "dataschema", headerPrefix + "datacontenttype", headerPrefix + "traceparent",
+	headerPrefix + "tracestate"}
+
+// lowerName is strings.ToLower(name); the names headers carry (which
+// nats.Header spells Ce-Id) need no allocation. A name of a known one's
+// length that folds to it is ASCII: a non-ASCII rune that folds to an
+// ASCII one is longer than it.
+func lowerName(name string) string {
+	for _, n := range binaryNames {
+		if len(n) == len(name) && strings.EqualFold(n, name) {
+			return n
+		}
+	}
+	return strings.ToLower(name)
 }
 
 // decodeHeader reverses the percent-encoding of a ce-* header value that the

@@ -15,7 +15,7 @@ import (
 // that allocates more than 20 % over one fails TestAllocationBudget.
 var allocBudgets = map[string]float64{
 	"process": 6, // a binary-mode event, decoded before the count starts
-	"decode":  9, // reading that event into an invocation (Decode)
+	"decode":  6, // reading that event into an invocation (Decode)
 }
 
 func allocPaths(tb testing.TB) map[string]func() {
