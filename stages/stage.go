@@ -207,19 +207,37 @@ func IsTransient(err error) (time.Duration, bool) {
 // Runner logs it quietly.
 var ErrOverQuota = errors.New("the tenant has its quota of calls in flight")
 
-// receivedKey holds the received message's facts on a context: one
-// value, so the Runner adds them to each message's context at once.
+// receivedKey holds the received message's facts on a context.
 type receivedKey struct{}
 
-// received is the message being processed: its delivery and the
-// consumer's limit, and which stored message it is.
+// received is the message being processed, as a context: its delivery and
+// the consumer's limit, which stored message it is, and what Announce
+// publishes through. The Runner adds it to each message's context at
+// once, one allocation a hop.
 type received struct {
+	context.Context
 	delivered, max int
 	stream         string
 	seq            uint64
 	size           int
+	announce       func(context.Context, Output) error // nil: the parent's
 }
 
+// Value answers for both keys a received records; any other goes to the
+// parent, as context.WithValue's would.
+func (m *received) Value(key any) any {
+	switch key.(type) {
+	case receivedKey:
+		return m
+	case announceKey:
+		if m.announce != nil {
+			return m.announce
+		}
+	}
+	return m.Context.Value(key)
+}
+
+// receivedOf is what ctx records of the message, to derive a new one from.
 func receivedOf(ctx context.Context) received {
 	m, _ := ctx.Value(receivedKey{}).(*received)
 	if m == nil {
@@ -228,10 +246,18 @@ func receivedOf(ctx context.Context) received {
 	return *m
 }
 
-// WithMessage records on ctx what WithDelivery and WithInput record, in one
-// value; the Runner calls it.
-func WithMessage(ctx context.Context, delivered, max int, stream string, seq uint64, size int) context.Context {
-	return context.WithValue(ctx, receivedKey{}, &received{delivered: delivered, max: max, stream: stream, seq: seq, size: size})
+// derive is m recorded on ctx, with Announce left to ctx.
+func (m received) derive(ctx context.Context) context.Context {
+	m.Context, m.announce = ctx, nil
+	return &m
+}
+
+// WithMessage records on ctx what WithDelivery and WithInput record and,
+// when pub is not nil, what WithAnnounce records, in one value; the Runner
+// calls it.
+func WithMessage(ctx context.Context, delivered, max int, stream string, seq uint64, size int,
+	pub func(context.Context, Output) error) context.Context {
+	return &received{Context: ctx, delivered: delivered, max: max, stream: stream, seq: seq, size: size, announce: pub}
 }
 
 // WithDelivery records on ctx that the message being processed is delivery
@@ -239,7 +265,7 @@ func WithMessage(ctx context.Context, delivered, max int, stream string, seq uin
 func WithDelivery(ctx context.Context, delivered, max int) context.Context {
 	m := receivedOf(ctx)
 	m.delivered, m.max = delivered, max
-	return context.WithValue(ctx, receivedKey{}, &m)
+	return m.derive(ctx)
 }
 
 // Delivery returns the delivery number of the message being processed and
@@ -257,7 +283,7 @@ func Delivery(ctx context.Context) (delivered, max int) {
 func WithInput(ctx context.Context, stream string, seq uint64, size int) context.Context {
 	m := receivedOf(ctx)
 	m.stream, m.seq, m.size = stream, seq, size
-	return context.WithValue(ctx, receivedKey{}, &m)
+	return m.derive(ctx)
 }
 
 // Input names the stored message being processed ("STREAM:seq"), or ""

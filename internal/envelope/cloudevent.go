@@ -51,7 +51,6 @@ func InvokeMsgID(tenant, source, id string) string { return api.InvokeMsgID(tena
 // replaced by subjects.SystemTenant, which audit never publishes a result for.
 func FromMessage(subject string, header map[string][]string, body []byte, seq uint64, now time.Time) (*Invocation, error) {
 	inv := &Invocation{
-		ID:         "seq-" + strconv.FormatUint(seq, 10),
 		ReceivedAt: now,
 		Status:     api.StatusPending,
 	}
@@ -73,6 +72,8 @@ func FromMessage(subject string, header map[string][]string, body []byte, seq ui
 	idErr := subjects.CheckID(id)
 	if idErr == nil {
 		inv.ID = id
+	} else {
+		inv.ID = "seq-" + strconv.FormatUint(seq, 10)
 	}
 	switch {
 	case tenantErr != nil:
@@ -85,10 +86,11 @@ func FromMessage(subject string, header map[string][]string, body []byte, seq ui
 	case err != nil:
 		return inv, err
 	}
-	if tp, ok := e.Extensions()["traceparent"].(string); ok && traceParent.MatchString(tp) {
+	ext := extensions(e)
+	if tp, ok := ext["traceparent"].(string); ok && traceParent.MatchString(tp) {
 		inv.TraceParent = tp
 	}
-	if ts, ok := e.Extensions()["tracestate"].(string); ok && len(ts) <= 512 && printable(ts) {
+	if ts, ok := ext["tracestate"].(string); ok && len(ts) <= 512 && printable(ts) {
 		inv.TraceState = ts
 	}
 	// OpenTelemetry propagators write plain W3C headers, not ce- ones.
@@ -97,7 +99,7 @@ func FromMessage(subject string, header map[string][]string, body []byte, seq ui
 		inv.TraceState = headerValue(header, "tracestate")
 	}
 	if ct := e.DataContentType(); ct != "" {
-		mt, _, perr := mime.ParseMediaType(ct)
+		mt, perr := mediaType(ct)
 		if perr != nil || (mt != "application/json" && !strings.HasSuffix(mt, "+json")) {
 			return inv, api.NewError(api.InvalidParameters, api.EInvalidAttribute,
 				"datacontenttype %q: the data of tool.invoke must be JSON", ct)
@@ -114,6 +116,46 @@ func FromMessage(subject string, header map[string][]string, body []byte, seq ui
 		inv.Data = d
 	}
 	return inv, nil
+}
+
+// extensions are an event's extension attributes, read in place: the
+// SDK's Extensions copies them, and nothing here keeps or changes them.
+func extensions(e *event.Event) map[string]any {
+	if ec, ok := e.Context.(*event.EventContextV1); ok {
+		return ec.Extensions
+	}
+	return e.Extensions()
+}
+
+// newContext is a fresh, empty context of version: for 1.0, what
+// NewContext's clone of the empty template comes to, without the clone.
+func newContext(version spec.Version) event.EventContext {
+	if version.String() == event.CloudEventsVersionV1 {
+		return &event.EventContextV1{}
+	}
+	return version.NewContext()
+}
+
+// mediaType is mime.ParseMediaType's media type of ct; the exact forms
+// producers send (JSON and CloudEvents JSON, with or without a UTF-8
+// charset) are told at once, everything else goes through the parser.
+func mediaType(ct string) (string, error) {
+	if mt, ok := plainType(ct); ok {
+		return mt, nil
+	}
+	mt, _, err := mime.ParseMediaType(ct)
+	return mt, err
+}
+
+// plainType is the media type of ct when ct is one of those exact forms.
+func plainType(ct string) (string, bool) {
+	switch ct {
+	case "application/json", "application/json; charset=utf-8":
+		return "application/json", true
+	case event.ApplicationCloudEventsJSON, event.ApplicationCloudEventsJSON + "; charset=utf-8":
+		return event.ApplicationCloudEventsJSON, true
+	}
+	return "", false
 }
 
 // traceParent is the W3C traceparent form; anything else is dropped rather
@@ -166,7 +208,7 @@ func eventID(e *event.Event, header map[string][]string, body []byte) string {
 // the CloudEvents Go SDK's NATS JetStream sender produces).
 func structured(header map[string][]string, body []byte) (string, bool) {
 	ct := headerValue(header, headerContentType)
-	if mt, _, _ := mime.ParseMediaType(ct); format.IsFormat(mt) {
+	if mt, _ := mediaType(ct); format.IsFormat(mt) {
 		return mt, true
 	}
 	if ct != "" || headerValue(header, headerPrefix+"specversion") != "" {
@@ -205,13 +247,12 @@ func decodeEvent(header map[string][]string, body []byte) (*event.Event, string,
 		return nil, "binary", api.NewError(api.InvalidParameters, api.EInvalidAttribute,
 			"unsupported specversion %q", sv)
 	}
-	e := event.New()
-	e.Context = version.NewContext()
+	e := event.Event{Context: newContext(version)}
 	for name, values := range header {
 		if len(values) == 0 {
 			continue
 		}
-		lname := strings.ToLower(name)
+		lname := lowerName(name)
 		switch {
 		case lname == headerContentType:
 			e.SetDataContentType(values[0])
@@ -223,7 +264,7 @@ func decodeEvent(header map[string][]string, body []byte) (*event.Event, string,
 					"header %s: %v", lname, err)
 			}
 			if attr := version.Attribute(lname); attr != nil {
-				if err := attr.Set(e.Context, v); err != nil {
+				if err := setAttribute(e.Context, attr, v); err != nil {
 					return &e, "binary", api.WrapError(err, api.InvalidParameters, api.EInvalidAttribute,
 						"attribute %s: %v", attr.Name(), err)
 				}
@@ -234,6 +275,43 @@ func decodeEvent(header map[string][]string, body []byte) (*event.Event, string,
 	}
 	e.DataEncoded = body
 	return &e, "binary", validateEvent(&e)
+}
+
+// setAttribute is attr.Set(ec, v): for the string attributes every 1.0
+// event has, straight to the setter the SDK's Set comes to, without
+// boxing v.
+func setAttribute(ec event.EventContext, attr spec.Attribute, v string) error {
+	if c, ok := ec.(*event.EventContextV1); ok {
+		switch attr.Kind() {
+		case spec.ID:
+			return c.SetID(v)
+		case spec.Source:
+			return c.SetSource(v)
+		case spec.Type:
+			return c.SetType(v)
+		}
+	}
+	return attr.Set(ec, v)
+}
+
+// binaryNames are the header names of a binary event's attributes, in
+// lower case: lowerName returns them without a new string.
+var binaryNames = []string{headerContentType, headerPrefix + "specversion", headerPrefix + "id",
+	headerPrefix + "source", headerPrefix + "type", headerPrefix + "subject", headerPrefix + "time",
+	headerPrefix + "dataschema", headerPrefix + "datacontenttype", headerPrefix + "traceparent",
+	headerPrefix + "tracestate"}
+
+// lowerName is strings.ToLower(name); the names headers carry (which
+// nats.Header spells Ce-Id) need no allocation. A name of a known one's
+// length that folds to it is ASCII: a non-ASCII rune that folds to an
+// ASCII one is longer than it.
+func lowerName(name string) string {
+	for _, n := range binaryNames {
+		if len(n) == len(name) && strings.EqualFold(n, name) {
+			return n
+		}
+	}
+	return strings.ToLower(name)
 }
 
 // decodeHeader reverses the percent-encoding of a ce-* header value that the
@@ -255,7 +333,37 @@ func decodeHeader(v string) (string, error) {
 	return d, nil
 }
 
+// plainlyValid reports whether the SDK's Validate is sure to pass e
+// without running it (it builds maps, prints the source and parses the
+// content type): a 1.0 event whose attributes are all plainly there.
+// Anything less plain goes through Validate, which gives the verdict.
+func plainlyValid(e *event.Event) bool {
+	ec, ok := e.Context.(*event.EventContextV1)
+	if !ok || len(e.FieldErrors) > 0 || ec.DataSchema != nil {
+		return false
+	}
+	if strings.TrimSpace(ec.ID) == "" || strings.TrimSpace(ec.Type) == "" {
+		return false
+	}
+	// A source with a scheme prints as "scheme:…": never blank.
+	if ec.Source.Scheme == "" {
+		return false
+	}
+	if ec.Subject != nil && strings.TrimSpace(*ec.Subject) == "" {
+		return false
+	}
+	if ct := ec.DataContentType; ct != nil {
+		if _, ok := plainType(*ct); !ok {
+			return false
+		}
+	}
+	return true
+}
+
 func validateEvent(e *event.Event) error {
+	if plainlyValid(e) {
+		return nil
+	}
 	err := e.Validate()
 	if err == nil {
 		return nil

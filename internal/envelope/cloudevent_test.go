@@ -215,3 +215,15 @@ func TestHeaderEncodingRoundTrip(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkFromMessage is validate's decode of a binary-mode tool.invoke
+// event, the ingest's common form.
+func BenchmarkFromMessage(b *testing.B) {
+	h, body, now := binaryHeader(), []byte(reqJSON), time.Now()
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := FromMessage("tool.invoke.acme", h, body, 7, now); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -23,7 +23,7 @@ import (
 // allocates for every message of every stage (the NATS client's own work
 // is not counted).
 var runnerBudgets = map[string]float64{
-	"forward": 21,
+	"forward": 19,
 }
 
 type passStage struct{}

@@ -560,8 +560,8 @@ func (r *Runner) handle(msg jetstream.Msg, settling *sync.WaitGroup, release fun
 	if derr != nil {
 		inv.Fail(r.Name, derr)
 	} else {
-		pctx := stages.WithMessage(ctx, int(md.NumDelivered), r.MaxDeliver, md.Stream, md.Sequence.Stream, len(msg.Data()))
 		early = newAnnounced(r.JS)
+		pctx := stages.WithMessage(ctx, int(md.NumDelivered), r.MaxDeliver, md.Stream, md.Sequence.Stream, len(msg.Data()), early.publish)
 		outs, perr = r.process(pctx, msg, inv, early)
 	}
 	s := settle(r.Name, r.finalises(), inv, perr, int(md.NumDelivered), r.MaxDeliver)
@@ -705,9 +705,8 @@ func (a *announced) take() ([]stages.Output, []jetstream.PubAckFuture) {
 // which apply awaits with the outputs' before it acks the input: the event
 // is on its way before the stage goes on, and costs no round trip.
 func (r *Runner) process(ctx context.Context, msg jetstream.Msg, inv *envelope.Invocation, early *announced) (outs []stages.Output, err error) {
-	if early != nil {
-		ctx = stages.WithAnnounce(ctx, early.publish)
-	} else {
+	// With early, ctx announces through it already (stages.WithMessage).
+	if early == nil {
 		ctx = stages.WithAnnounce(ctx, func(ctx context.Context, o stages.Output) error {
 			pctx, cancel := context.WithTimeout(ctx, publishTimeout)
 			defer cancel()

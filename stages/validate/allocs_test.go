@@ -14,8 +14,8 @@ import (
 // allocBudgets are the stage's allocations per call, recorded: a change
 // that allocates more than 20 % over one fails TestAllocationBudget.
 var allocBudgets = map[string]float64{
-	"process": 6,  // a binary-mode event, decoded before the count starts
-	"decode":  19, // reading that event into an invocation (Decode)
+	"process": 6, // a binary-mode event, decoded before the count starts
+	"decode":  6, // reading that event into an invocation (Decode)
 }
 
 func allocPaths(tb testing.TB) map[string]func() {
