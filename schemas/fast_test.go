@@ -2,7 +2,6 @@ package schemas
 
 import (
 	"encoding/json"
-	"errors"
 	"math/rand/v2"
 	"reflect"
 	"slices"
@@ -15,19 +14,7 @@ import (
 
 // libraryValidate is Validate by the library alone, as it was before vouch.
 func libraryValidate(s *jsonschema.Schema, doc []byte) ([]api.FieldError, error) {
-	v, err := decodeStd(doc)
-	if err != nil {
-		return nil, err
-	}
-	err = s.Validate(v)
-	if err == nil {
-		return nil, nil
-	}
-	var ve *jsonschema.ValidationError
-	if !errors.As(err, &ve) {
-		return nil, err
-	}
-	return Fields(ve), nil
+	return byLibrary(s, doc, decodeStd)
 }
 
 // agree fails t unless Validate answers doc exactly as the library alone

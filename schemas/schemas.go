@@ -169,7 +169,13 @@ func Validate(s *jsonschema.Schema, doc []byte) ([]api.FieldError, error) {
 	if wellFormed(doc) && vouchJSON(s, doc) {
 		return nil, nil
 	}
-	v, err := decode(doc)
+	return byLibrary(s, doc, decode)
+}
+
+// byLibrary is Validate by the JSON Schema library alone, on the value
+// dec makes of doc.
+func byLibrary(s *jsonschema.Schema, doc []byte, dec func([]byte) (any, error)) ([]api.FieldError, error) {
+	v, err := dec(doc)
 	if err != nil {
 		return nil, err
 	}
