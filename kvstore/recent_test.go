@@ -339,3 +339,40 @@ func TestStatusRememberedReadsAsStored(t *testing.T) {
 		}
 	}
 }
+
+// TestFlatRecordKnowsEveryField fails when api.Record gains a field that
+// flatRecord would copy unchecked: a pointer, slice or map it would share,
+// or a string it does not hold to valid UTF-8 (encoding/json reads such a
+// string back changed, so the remembered record would differ from the
+// stored one).
+func TestFlatRecordKnowsEveryField(t *testing.T) {
+	rt := reflect.TypeOf(api.Record{})
+	for i := range rt.NumField() {
+		f := rt.Field(i)
+		var rec api.Record
+		rec.UpdatedAt = time.Now().UTC()
+		fv := reflect.ValueOf(&rec).Elem().Field(i)
+		switch f.Type.Kind() {
+		case reflect.String:
+			fv.SetString("\xff")
+		case reflect.Pointer:
+			fv.Set(reflect.New(f.Type.Elem()))
+		case reflect.Slice:
+			fv.Set(reflect.MakeSlice(f.Type, 1, 1))
+		case reflect.Map:
+			fv.Set(reflect.MakeMap(f.Type))
+		case reflect.Bool, reflect.Int, reflect.Int64, reflect.Uint64, reflect.Float64:
+			continue // copied whole, read back as written
+		case reflect.Struct:
+			if f.Type == reflect.TypeOf(time.Time{}) {
+				continue // the zone is checked apart
+			}
+			t.Fatalf("field %s: a struct flatRecord does not know", f.Name)
+		default:
+			t.Fatalf("field %s: kind %s flatRecord does not know", f.Name, f.Type.Kind())
+		}
+		if _, ok := flatRecord(&rec); ok {
+			t.Errorf("field %s (%s) set to what would not read back as stored, yet the record is remembered decoded", f.Name, f.Type)
+		}
+	}
+}
