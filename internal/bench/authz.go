@@ -156,7 +156,7 @@ func measureAuthz(ctx context.Context, n *node.Node, cred credentials) ([]Cost, 
 		return nil, err
 	}
 	limited := &tools.Manifest{ID: "bench.limited", RateLimit: &tools.RateLimit{Requests: 1_000_000, PerSeconds: 1}}
-	leased := ratelimit.New(n.Store, 8)
+	leased := ratelimit.New(n.Store, ratelimit.DefaultMaxLease)
 	lease, err := timeIt("rate limit, leased", func(int) error {
 		_, _, err := leased.Allow(ctx, benchTenant, "", limited)
 		return err

@@ -427,7 +427,7 @@ type StageConfig struct {
 	Defaults       tools.Defaults
 	TenantDefaults map[string]tools.Defaults
 	// RateLimitLease caps the tokens a route worker leases at once;
-	// default 8.
+	// default ratelimit.DefaultMaxLease.
 	RateLimitLease int
 	Builtins       builtin.Set // nil: builtin.New(BuiltinEnv)
 	BuiltinEnv     builtin.Env
@@ -601,7 +601,7 @@ func (n *Node) NewStage(ctx context.Context, name string, c StageConfig) (stages
 			n.refusedState(ctx, "urn:toolgate:route", "ratelimit:"+tenant+"/"+tool, 0, api.NewError(api.RateLimitExceeded,
 				api.ECounterErased, "the rate-limit counter of %s in tenant %s was deleted: counted as empty from then, not refilled", tool, tenant))
 		})
-		limits := ratelimit.New(n.Store, cmp.Or(c.RateLimitLease, 8))
+		limits := ratelimit.New(n.Store, cmp.Or(c.RateLimitLease, ratelimit.DefaultMaxLease))
 		limits.Overrides = c.RateLimits
 		limits.Defaults = c.settings().For
 		r.Limits = limits

@@ -2,7 +2,8 @@
 // every worker: the bucket lives in KV and is updated with compare-and-swap.
 //
 // A KV round trip per call would dominate the cost of a check, so each
-// worker leases a few tokens at a time and spends them locally. Leased tokens
+// worker leases tokens, about as many as it spends in a lease's lifetime,
+// and spends them locally. Leased tokens
 // are taken from the shared bucket when leased, so the workers together never
 // admit more than the bucket holds plus what it refills; a lease unused
 // within its lifetime is dropped (capacity lost, never invented). Holding a
@@ -62,10 +63,17 @@ type lease struct {
 	mu      sync.Mutex
 	tokens  int
 	expires time.Time
+	// size is how many tokens the last lease took (leaseSize).
+	size int
 	// ids are the invocations given tokens of the lease since its write:
 	// the bucket's next write records them (kvstore.Bucket.Took).
 	ids []string
 }
+
+// DefaultMaxLease is the most tokens a worker leases at once by default:
+// at a few thousand calls a second of one tool, a lease then lasts about
+// its lifetime, and the bucket is written a few times in 1,000 calls.
+const DefaultMaxLease = 256
 
 // New returns a Limiter over store with leases of at most maxLease tokens.
 func New(store Store, maxLease int) *Limiter {
@@ -168,12 +176,7 @@ func (l *Limiter) AllowCall(ctx context.Context, tenant, agent string, m *tools.
 		}
 		return true, 0, nil
 	}
-	// Lease what the bucket refills in a lease's lifetime, at least one:
-	// tokens a worker leases and does not spend in time are lost, so a
-	// lease larger than the refill would make a slow bucket (60 a minute)
-	// admit well under its limit when calls come in a burst. Only a fast
-	// bucket leases several, and saves their round trips.
-	want := int(math.Max(1, math.Min(float64(l.MaxLease), rate*l.LeaseTTL.Seconds())))
+	want := l.leaseSize(ls, rate, now)
 	var got int
 	var wait time.Duration
 	given := ls.ids
@@ -199,8 +202,25 @@ func (l *Limiter) AllowCall(ctx context.Context, tenant, agent string, m *tools.
 		ls.tokens = 0
 		return false, wait, nil
 	}
-	ls.tokens, ls.expires = got-1, now.Add(l.LeaseTTL)
+	ls.tokens, ls.expires, ls.size = got-1, now.Add(l.LeaseTTL), got
 	return true, 0, nil
+}
+
+// leaseSize is how many tokens to lease next: about what the worker spends
+// in a lease's lifetime, so that the bucket is written once or twice a
+// lifetime however fast its calls come, and a worker called seldom leases
+// one. A lease spent before it expired is followed by one twice its size,
+// one that expired by one of what was spent of it; the first is one token.
+// Tokens a worker leases and does not spend in time are lost, so never
+// more than the bucket refills in a lease's lifetime: a larger lease would
+// make a slow bucket (60 a minute) admit well under its limit when calls
+// come in a burst. Nor more than MaxLease.
+func (l *Limiter) leaseSize(ls *lease, rate float64, now time.Time) int {
+	n := ls.size - ls.tokens
+	if ls.tokens <= 0 && now.Before(ls.expires) {
+		n = 2 * ls.size
+	}
+	return int(math.Max(1, math.Min(float64(min(n, l.MaxLease)), rate*l.LeaseTTL.Seconds())))
 }
 
 // sweepLocked drops the leases that expired by now: their tokens can no

@@ -14,7 +14,18 @@ import (
 	"github.com/toolgate/toolgate/kvstore"
 )
 
-func openStore(t *testing.T) *kvstore.Store {
+// counting counts the bucket writes a limiter asks for.
+type counting struct {
+	*kvstore.Store
+	updates atomic.Int64
+}
+
+func (c *counting) UpdateBucket(ctx context.Context, tenant, tool string, fn func(b *kvstore.Bucket, exists bool) error) (kvstore.Bucket, error) {
+	c.updates.Add(1)
+	return c.Store.UpdateBucket(ctx, tenant, tool, fn)
+}
+
+func openStore(t testing.TB) *kvstore.Store {
 	t.Helper()
 	_, js := natstest.JetStream(t)
 	s, err := kvstore.Open(context.Background(), js, kvstore.Options{})
@@ -197,8 +208,53 @@ func TestLeasedTokenAllocatesNothing(t *testing.T) {
 			t.Fatal(ok, err)
 		}
 	}
-	allow() // leases
+	for range 1024 { // leases, doubling to 1000 as each is spent
+		allow()
+	}
 	if n := testing.AllocsPerRun(100, allow); n != 0 {
 		t.Fatalf("a leased token costs %v allocations", n)
+	}
+}
+
+// TestLeaseFollowsDemand: a worker called often leases many tokens at a
+// time, so that few calls touch the bucket; one called seldom leases one,
+// so that a bucket shared with others loses next to nothing to its
+// expired leases.
+func TestLeaseFollowsDemand(t *testing.T) {
+	store := &counting{Store: openStore(t)}
+	l := ratelimit.New(store, ratelimit.DefaultMaxLease)
+	clock := time.Now()
+	l.Now = func() time.Time { return clock }
+	// 10,000 a second, burst 10,000: a lifetime refills 1,000.
+	m := &tools.Manifest{ID: "t", RateLimit: &tools.RateLimit{Requests: 10_000, PerSeconds: 1}}
+	allow := func(i int) {
+		t.Helper()
+		if ok, _, err := l.AllowCall(context.Background(), "acme", "", m, fmt.Sprintf("inv-%d", i), false); err != nil || !ok {
+			t.Fatalf("call %d: %v, %v", i, ok, err)
+		}
+	}
+	// 2,000 calls a lifetime for half a second.
+	const busy = 10_000
+	for i := range busy {
+		allow(i)
+		clock = clock.Add(l.LeaseTTL / 2000)
+	}
+	if w := store.updates.Load(); w > busy/100 {
+		t.Errorf("%d calls in quick succession wrote the bucket %d times, want at most %d", busy, w, busy/100)
+	}
+	// Then one call in two lifetimes: each leases one token and spends
+	// it. Two lifetimes refill the bucket whole, so after the last call it
+	// holds all but that call's lease.
+	clock = clock.Add(time.Second)
+	for i := range 20 {
+		allow(busy + i)
+		clock = clock.Add(2 * l.LeaseTTL)
+	}
+	b, err := store.RateBucket(context.Background(), "acme", "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if leased := 10_000 - b.Tokens; leased != 1 {
+		t.Errorf("a worker called once in two lease lifetimes leased %v tokens, want 1", leased)
 	}
 }
