@@ -82,9 +82,10 @@ type Options struct {
 // connection and a store of their own (one bus role each); sharing one
 // Memory lets execute's and audit's compare-and-swaps of a status record
 // start from validate's write, and audit's charge of a usage from
-// authorize's reservation, without reading the key first.
+// authorize's reservation, without reading the key first; and a route
+// worker's next lease of a rate-limit bucket from its last.
 type Memory struct {
-	invocations, budgets recentWrites
+	invocations, budgets, ratelimits recentWrites
 }
 
 // NewMemory returns an empty Memory.
@@ -275,7 +276,7 @@ func Open(ctx context.Context, js jetstream.JetStream, o Options) (*Store, error
 	for _, b := range []struct {
 		kv     *jetstream.KeyValue
 		recent *recentWrites
-	}{{&s.invocations, &mem.invocations}, {&s.budgets, &mem.budgets}} {
+	}{{&s.invocations, &mem.invocations}, {&s.budgets, &mem.budgets}, {&s.ratelimits, &mem.ratelimits}} {
 		if kv, ok := (*b.kv).(bounded); ok {
 			*b.kv = remembering{kv, b.recent}
 		}

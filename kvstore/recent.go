@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"reflect"
+	"slices"
 	"sync"
 	"time"
 	"unicode/utf8"
@@ -54,6 +55,9 @@ type recentWrite struct {
 	// next stage's read or compare-and-swap starts from, on every call.
 	rec    api.Record
 	hasRec bool
+	// bucket is val decoded, when val is a rate-limit bucket: its list of
+	// the calls given tokens is most of its bytes.
+	bucket *Bucket
 }
 
 // flatRecord reports whether v is a status record that a copy holds
@@ -82,6 +86,11 @@ func (w *recentWrite) decoded(v any) bool {
 		*r = w.rec
 		return true
 	}
+	if b, ok := v.(*Bucket); ok && w.bucket != nil {
+		*b = *w.bucket
+		b.Took = slices.Clone(b.Took) // the caller's to append to
+		return true
+	}
 	return false
 }
 
@@ -98,6 +107,9 @@ func (r *recentWrites) put(key string, rev uint64, val []byte, v any) {
 	w := recentWrite{rev: rev, val: val}
 	if v != nil {
 		w.rec, w.hasRec = flatRecord(v)
+		if b, ok := v.(*Bucket); ok {
+			w.bucket = &Bucket{Tokens: b.Tokens, At: b.At.Round(0), Took: slices.Clone(b.Took)}
+		}
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()

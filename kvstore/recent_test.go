@@ -376,3 +376,51 @@ func TestFlatRecordKnowsEveryField(t *testing.T) {
 		}
 	}
 }
+
+// A route worker's next lease of a rate-limit bucket starts from its last
+// write, without a read; a lease another process took meanwhile is not
+// lost, and what the bucket remembers is the caller's to change.
+func TestBucketWritesOfOneProcessRead(t *testing.T) {
+	a, b, _ := openCounting(t)
+	n := new(atomic.Int32)
+	r := a.ratelimits.(remembering)
+	r.bounded.KeyValue = reads{r.bounded.KeyValue, n}
+	a.ratelimits = r
+	ctx := context.Background()
+	take := func(s *Store, id string) Bucket {
+		t.Helper()
+		got, err := s.UpdateBucket(ctx, "t", "echo", func(bk *Bucket, exists bool) error {
+			if !exists {
+				bk.Tokens = 10
+			}
+			bk.Tokens--
+			bk.Take(id)
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	take(a, "i-1")
+	take(a, "i-2")
+	if got := n.Load(); got != 1 {
+		t.Fatalf("%d reads for two writes of one process, want one (the first)", got)
+	}
+	take(b, "i-3")
+	got := take(a, "i-4")
+	if got.Tokens != 6 || !got.HasTaken("i-3") || !got.HasTaken("i-1") {
+		t.Fatalf("after four takes, two by another process between: %+v", got)
+	}
+	if n.Load() != 2 {
+		t.Fatalf("%d reads, want one more after the other process's write", n.Load())
+	}
+	// Changing what a write returned changes nothing remembered.
+	got.Took[0] = "x"
+	if got := take(a, "i-5"); !got.HasTaken("i-1") || got.Tokens != 5 {
+		t.Fatalf("the remembered bucket was changed by its caller: %+v", got)
+	}
+	if stored, err := b.RateBucket(ctx, "t", "echo"); err != nil || !stored.HasTaken("i-5") || stored.Tokens != 5 {
+		t.Fatalf("stored %+v, %v", stored, err)
+	}
+}
