@@ -265,7 +265,7 @@ func Open(ctx context.Context, js jetstream.JetStream, o Options) (*Store, error
 		if err != nil {
 			return nil, err
 		}
-		*b.kv = bounded{kv, o.OpTimeout}
+		*b.kv = newBounded(kv, o.OpTimeout)
 	}
 	// The keys the stages of one process write in turn: their
 	// compare-and-swaps start from this process's last write (recent.go).

@@ -269,3 +269,54 @@ func TestOperationsEndWithinTheirBound(t *testing.T) {
 		})
 	}
 }
+
+// TestOperationsEndWithTheirCaller: a bucket call whose reply never comes
+// ends when its caller's context does, well before Options.OpTimeout,
+// and only its caller's: a call under another context started in the
+// same instant waits on.
+func TestOperationsEndWithTheirCaller(t *testing.T) {
+	ns := natstest.Server(t)
+	nc := natstest.Connect(t, ns.ClientURL())
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := kvstore.Open(context.Background(), js, kvstore.Options{OpTimeout: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns.Shutdown()
+	ns.WaitForShutdown()
+	base, stop := context.WithTimeout(context.Background(), 2*time.Hour)
+	defer stop()
+	read := func(ctx context.Context) chan error {
+		done := make(chan error, 1)
+		go func() { _, err := s.Status(ctx, "t", "i-1"); done <- err }()
+		return done
+	}
+	first, cancelFirst := context.WithCancel(base)
+	second, cancelSecond := context.WithCancel(base)
+	defer cancelSecond()
+	a := read(first)
+	time.Sleep(5 * time.Millisecond) // the second starts after the first, in the same slice of time
+	b := read(second)
+	time.Sleep(20 * time.Millisecond)
+	cancelFirst()
+	select {
+	case err := <-a:
+		if err == nil {
+			t.Fatal("succeeded without a server")
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("a call whose caller gave up still waits")
+	}
+	select {
+	case err := <-b:
+		t.Fatalf("another caller's call ended with the first's context: %v", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	cancelSecond()
+	if err := <-b; err == nil {
+		t.Fatal("succeeded without a server")
+	}
+}
