@@ -76,7 +76,7 @@ func updateKey[T any](ctx context.Context, kv jetstream.KeyValue, key string, fr
 		} else if err != nil {
 			return v, rev, err
 		}
-		val, err := encodeValue(v)
+		val, err := encodeValue(&v) // not v: boxing would copy it
 		if err != nil {
 			return zero, 0, err
 		}

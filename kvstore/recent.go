@@ -175,7 +175,7 @@ func updateRemembered[T any](ctx context.Context, kv jetstream.KeyValue, recent 
 	if err := fn(&v, ok); err != nil {
 		return zero, 0, errStale
 	}
-	val, err := encodeValue(v)
+	val, err := encodeValue(&v) // not v: boxing would copy it
 	if err != nil {
 		return zero, 0, err
 	}
