@@ -46,52 +46,77 @@ type opBound struct {
 // writes; the operations started within the same slice of time under
 // contexts that end alike (the stages' contexts are shared so:
 // internal/runner) share one instead. Only nats.go reads the context
-// bound returns, and it asks it nothing but when it ends.
-func (b bounded) bound(ctx context.Context) context.Context {
+// bound returns, and it asks it nothing but when it ends. The caller calls
+// the function bound returns when the operation has ended.
+func (b bounded) bound(ctx context.Context) (context.Context, context.CancelFunc) {
 	at := time.Now().Add(b.timeout)
 	parent, ok := ctx.Deadline()
 	if ok && !parent.After(at) {
-		return ctx
+		return ctx, noCancel
 	}
 	at = at.Truncate(min(b.timeout/32, 100*time.Millisecond))
 	done := ctx.Done()
-	if l := b.last.Load(); l != nil && l.done == done && l.parent.Equal(parent) && l.at.Equal(at) {
-		return l.ctx
+	l := b.last.Load()
+	switch {
+	case l != nil && l.done == done && l.parent.Equal(parent) && l.at.Equal(at):
+		return l.ctx, noCancel
+	case l != nil && l.at.Equal(at):
+		// Shared by others in this slice of time (a context of its own
+		// for each call, as execute's, shares nothing).
+		return context.WithDeadline(ctx, at)
 	}
-	l := &opBound{done: done, parent: parent, at: at}
+	l = &opBound{done: done, parent: parent, at: at}
 	l.ctx, l.cancel = context.WithDeadline(ctx, at)
 	b.last.Store(l)
-	return l.ctx
+	return l.ctx, noCancel
 }
 
+func noCancel() {}
+
 func (b bounded) Get(ctx context.Context, key string) (jetstream.KeyValueEntry, error) {
-	return b.KeyValue.Get(b.bound(ctx), key)
+	ctx, cancel := b.bound(ctx)
+	defer cancel()
+	return b.KeyValue.Get(ctx, key)
 }
 
 func (b bounded) GetRevision(ctx context.Context, key string, revision uint64) (jetstream.KeyValueEntry, error) {
-	return b.KeyValue.GetRevision(b.bound(ctx), key, revision)
+	ctx, cancel := b.bound(ctx)
+	defer cancel()
+	return b.KeyValue.GetRevision(ctx, key, revision)
 }
 
 func (b bounded) Put(ctx context.Context, key string, value []byte) (uint64, error) {
-	return b.KeyValue.Put(b.bound(ctx), key, value)
+	ctx, cancel := b.bound(ctx)
+	defer cancel()
+	return b.KeyValue.Put(ctx, key, value)
 }
 
 func (b bounded) PutString(ctx context.Context, key string, value string) (uint64, error) {
-	return b.KeyValue.PutString(b.bound(ctx), key, value)
+	ctx, cancel := b.bound(ctx)
+	defer cancel()
+	return b.KeyValue.PutString(ctx, key, value)
 }
 
 func (b bounded) Create(ctx context.Context, key string, value []byte, opts ...jetstream.KVCreateOpt) (uint64, error) {
-	return b.KeyValue.Create(b.bound(ctx), key, value, opts...)
+	ctx, cancel := b.bound(ctx)
+	defer cancel()
+	return b.KeyValue.Create(ctx, key, value, opts...)
 }
 
 func (b bounded) Update(ctx context.Context, key string, value []byte, revision uint64) (uint64, error) {
-	return b.KeyValue.Update(b.bound(ctx), key, value, revision)
+	ctx, cancel := b.bound(ctx)
+	defer cancel()
+	return b.KeyValue.Update(ctx, key, value, revision)
 }
 
 func (b bounded) Delete(ctx context.Context, key string, opts ...jetstream.KVDeleteOpt) error {
-	return b.KeyValue.Delete(b.bound(ctx), key, opts...)
+	ctx, cancel := b.bound(ctx)
+	defer cancel()
+	return b.KeyValue.Delete(ctx, key, opts...)
 }
 
 func (b bounded) Purge(ctx context.Context, key string, opts ...jetstream.KVDeleteOpt) error {
-	return b.KeyValue.Purge(b.bound(ctx), key, opts...)
+	ctx, cancel := b.bound(ctx)
+	defer cancel()
+	return b.KeyValue.Purge(ctx, key, opts...)
 }
