@@ -2,7 +2,6 @@ package kvstore
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -71,7 +70,8 @@ func (s *Store) UpdateBucket(ctx context.Context, tenant, tool string, fn func(b
 // RateBucket returns the token bucket of tenant and tool as stored, with
 // one read; a bucket never stored (or erased) is the zero Bucket.
 func (s *Store) RateBucket(ctx context.Context, tenant, tool string) (Bucket, error) {
-	e, err := s.ratelimits.Get(ctx, invocationKey(tenant, tool))
+	key := invocationKey(tenant, tool)
+	e, err := s.ratelimits.Get(ctx, key)
 	if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
 		return Bucket{}, nil
 	}
@@ -79,7 +79,7 @@ func (s *Store) RateBucket(ctx context.Context, tenant, tool string) (Bucket, er
 		return Bucket{}, fmt.Errorf("rate limit of %s/%s: %w", tenant, tool, err)
 	}
 	var b Bucket
-	if err := json.Unmarshal(e.Value(), &b); err != nil {
+	if err := decodeEntry(s.ratelimits, key, e, &b); err != nil {
 		return Bucket{}, fmt.Errorf("rate limit of %s/%s: %w", tenant, tool, err)
 	}
 	return b, nil
