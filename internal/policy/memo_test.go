@@ -1,11 +1,13 @@
 package policy
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"reflect"
+	"sync"
 	"testing"
 	"time"
 
@@ -248,4 +250,53 @@ func TestMemoKeepsNoCallerChanges(t *testing.T) {
 	if d3, _ := e.Eval(ctx, in); fmt.Sprint(d3.Reasons) != want || e.memo.hits != 2 {
 		t.Fatalf("reasons read back %v after %d hits, want %v", d3.Reasons, e.memo.hits, want)
 	}
+}
+
+// fuzzEngines are the policies FuzzMemoDecidesAsTheFullEvaluation runs,
+// made once so that each keeps the decisions of earlier inputs.
+var fuzzEngines = sync.OnceValue(func() []*Engine {
+	var es []*Engine
+	for _, src := range []string{DefaultModule(), memoPolicies["null or absent"], memoPolicies["deep and shallow"],
+		memoPolicies["numbers as written"], memoPolicies["iteration"], memoPolicies["computed key"]} {
+		for _, data := range []map[string]any{nil, memoData} {
+			e, err := New(context.Background(), map[string]string{"p.rego": src}, data)
+			if err != nil {
+				panic(err)
+			}
+			es = append(es, e)
+		}
+	}
+	return es
+})
+
+// FuzzMemoDecidesAsTheFullEvaluation: on any JSON object as input, an
+// Engine's decision, read back or evaluated, is the full evaluation's.
+func FuzzMemoDecidesAsTheFullEvaluation(f *testing.F) {
+	for _, in := range genInputs(7, 40) {
+		b, err := json.Marshal(in)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b, uint8(len(b)))
+	}
+	ctx := context.Background()
+	f.Fuzz(func(t *testing.T, doc []byte, which uint8) {
+		dec := json.NewDecoder(bytes.NewReader(doc))
+		dec.UseNumber()
+		var in map[string]any
+		if dec.Decode(&in) != nil || in == nil {
+			return
+		}
+		v, err := ast.InterfaceToValue(in)
+		if err != nil {
+			return
+		}
+		es := fuzzEngines()
+		e := es[int(which)%len(es)]
+		got, err1 := e.Eval(ctx, v)
+		want, err2 := unkept(e).Eval(ctx, v)
+		if (err1 != nil) != (err2 != nil) || !reflect.DeepEqual(got, want) {
+			t.Fatalf("input %s:\nmemo %+v (%v)\nfull %+v (%v)", doc, got, err1, want, err2)
+		}
+	})
 }
