@@ -144,11 +144,11 @@ func impure(op ast.Ref) bool {
 	return ok && (b.Nondeterministic || clockBuiltins[b.Name])
 }
 
-// key reads input's values at the memo's paths, and their hash.
-func (m *memo) key(input ast.Value) ([]readValue, int) {
-	key := make([]readValue, len(m.reads))
+// key appends input's values at the memo's paths to key, and returns
+// them with their hash.
+func (m *memo) key(input ast.Value, key []readValue) ([]readValue, int) {
 	h := 0
-	for i, p := range m.reads {
+	for _, p := range m.reads {
 		v, depth := input, 0
 		for _, name := range p {
 			obj, isObj := v.(ast.Object)
@@ -163,7 +163,7 @@ func (m *memo) key(input ast.Value) ([]readValue, int) {
 			}
 			v = t.Value
 		}
-		key[i] = readValue{depth: depth, v: v}
+		key = append(key, readValue{depth: depth, v: v})
 		h = h*31 + depth
 		if v != nil {
 			h = h*31 + v.Hash()
@@ -184,7 +184,9 @@ func (m *memo) get(key []readValue, h int) (Decision, bool) {
 	return Decision{}, false
 }
 
+// put keeps d under a copy of key.
 func (m *memo) put(key []readValue, h int, d Decision) {
+	kept := slices.Clone(key)
 	// A caller appending to the reasons gets its own array.
 	d.Reasons = slices.Clip(d.Reasons)
 	m.mu.Lock()
@@ -192,7 +194,7 @@ func (m *memo) put(key []readValue, h int, d Decision) {
 	if m.m == nil || m.n >= maxMemoDecisions {
 		m.m, m.n = map[int][]memoEntry{}, 0
 	}
-	m.m[h] = append(m.m[h], memoEntry{key: key, d: d})
+	m.m[h] = append(m.m[h], memoEntry{key: kept, d: d})
 	m.n++
 }
 

@@ -203,7 +203,9 @@ func (e *Engine) Eval(ctx context.Context, input any) (Decision, error) {
 	if !parsed || e.memo == nil {
 		return e.eval(ctx, input)
 	}
-	key, h := e.memo.key(v)
+	// The key is read on the stack; the memo keeps a copy of a new one.
+	var buf [32]readValue
+	key, h := e.memo.key(v, buf[:0])
 	if d, ok := e.memo.get(key, h); ok {
 		return d, nil
 	}
