@@ -258,3 +258,27 @@ func identical(a, b ast.Value) bool {
 	}
 	return false
 }
+
+// Reads says whether the policy may read the input at path (field names
+// under input) or under it: false only when its rules read the input
+// through named parts alone and none of them is path, under it or above
+// it. A caller may leave out of the input what the policy never reads.
+func (e *Engine) Reads(path ...string) bool {
+	if e.memo == nil {
+		return true
+	}
+	for _, p := range e.memo.reads {
+		n := min(len(p), len(path))
+		same := true
+		for i := range n {
+			if string(p[i].Value.(ast.String)) != path[i] {
+				same = false
+				break
+			}
+		}
+		if same {
+			return true
+		}
+	}
+	return false
+}

@@ -300,3 +300,41 @@ func FuzzMemoDecidesAsTheFullEvaluation(f *testing.F) {
 		}
 	})
 }
+
+// TestReads: a part of the input is unread only when no rule can reach it.
+func TestReads(t *testing.T) {
+	ctx := context.Background()
+	shipped, err := Default(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	whole, err := New(ctx, map[string]string{"p.rego": memoPolicies["input whole"]}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	params, err := New(ctx, map[string]string{"p.rego": "package toolgate.authz\ndecision := {\"allow\": input.request.parameters.text != \"secret\"}"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		e    *Engine
+		path []string
+		want bool
+	}{
+		{shipped, []string{"request", "parameters"}, false},
+		{shipped, []string{"request", "invocation_id"}, false},
+		{shipped, []string{"time"}, false},
+		{shipped, []string{"request"}, true},
+		{shipped, []string{"request", "agent_context"}, true},
+		{shipped, []string{"request", "agent_context", "tenant_id", "x"}, true},
+		{shipped, []string{"tool", "safety", "risk_level"}, true},
+		{whole, []string{"request", "parameters"}, true},
+		{params, []string{"request", "parameters"}, true},
+		{params, []string{"request", "parameters", "text"}, true},
+		{params, []string{"request", "tool_id"}, false},
+	} {
+		if got := c.e.Reads(c.path...); got != c.want {
+			t.Errorf("%v: Reads(%v) = %v, want %v", c.e.memo != nil, c.path, got, c.want)
+		}
+	}
+}

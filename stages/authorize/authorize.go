@@ -372,7 +372,7 @@ func (a *Authorizer) decide(ctx context.Context, inv *envelope.Invocation, rawTo
 		Time: a.cfg.Now().UTC().Format(time.RFC3339),
 	}
 	in.Derived = derive(claims, m, in.Resources)
-	d, input, err := a.evalInput(ctx, in, rawToken)
+	d, input, sh, err := a.evalInput(ctx, in, rawToken)
 	if err != nil {
 		return approval, false, nil, true, err
 	}
@@ -401,12 +401,12 @@ func (a *Authorizer) decide(ctx context.Context, inv *envelope.Invocation, rawTo
 		}
 		if hasApproval {
 			in.Approval = &ApprovalInput{State: approval.State, DecidedBy: approval.DecidedBy}
-			if d, input, err = a.evalInput(ctx, in, rawToken); err != nil {
+			if d, input, sh, err = a.evalInput(ctx, in, rawToken); err != nil {
 				return approval, hasApproval, nil, true, err
 			}
 		}
 	}
-	if err := a.shadowed(ctx, inv, m, input, d); err != nil {
+	if err := a.shadowed(ctx, inv, m, sh, input, d); err != nil {
 		return approval, hasApproval, nil, true, err
 	}
 	if err := a.record(ctx, inv, in, d); err != nil {

@@ -405,7 +405,7 @@ func TestPolicyInputIsItsJSON(t *testing.T) {
 			}
 			a := &Authorizer{}
 			for _, raw := range []string{"raw-token", "raw-token", ""} { // cached, then from the cache, then a linked call
-				got, err := a.policyInput(in, raw)
+				got, err := a.policyInput(in, raw, true)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -521,7 +521,7 @@ func TestRequestTermIsItsJSON(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		got, err := requestTerm(r)
+		got, err := requestTerm(r, true)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -57,29 +57,33 @@ type Derived struct {
 }
 
 // evalInput evaluates the live policy on in, and returns the input it
-// built, which a shadow policy is evaluated on (shadow.go) without
-// building it again.
-func (a *Authorizer) evalInput(ctx context.Context, in Input, rawToken string) (policy.Decision, ast.Value, error) {
-	input, err := a.policyInput(in, rawToken)
+// built and the shadow policy in force, which is evaluated on that input
+// (shadow.go) without building it again.
+func (a *Authorizer) evalInput(ctx context.Context, in Input, rawToken string) (policy.Decision, ast.Value, *shadowPolicy, error) {
+	e, sh := a.engine.Load(), a.shadow.Load()
+	// The parameters, which only a call's own policy form holds, are
+	// left out when neither policy reads them.
+	params := e.Reads("request", "parameters") || sh != nil && sh.engine.Reads("request", "parameters")
+	input, err := a.policyInput(in, rawToken, params)
 	if err != nil {
-		return policy.Decision{}, nil, api.WrapError(err, api.InternalError, api.EPolicyFailed, "building policy input: %v", err)
+		return policy.Decision{}, nil, sh, api.WrapError(err, api.InternalError, api.EPolicyFailed, "building policy input: %v", err)
 	}
-	e := a.engine.Load()
 	d, err := e.Eval(ctx, input)
 	d.Revision = e.Revision
-	return d, input, err
+	return d, input, sh, err
 }
 
 // policyInput is in in the form OPA evaluates: the ast.Value of its JSON
-// encoding (TestPolicyInputIsItsJSON holds it to that). The manifest's
-// part, the largest and the same on every call of a tool version, is
-// converted once per manifest; the claims' part, the same on every call
-// with one token, once per token (rawToken; linked requests, which have
-// none, convert theirs every time). The request goes through its JSON
-// encoding only for its rarely set parts (requestTerm); the small
-// fixed-shape parts are built directly.
-func (a *Authorizer) policyInput(in Input, rawToken string) (ast.Value, error) {
-	req, err := requestTerm(in.Request)
+// encoding (TestPolicyInputIsItsJSON holds it to that), the request's
+// parameters left out unless params. The manifest's part, the largest and
+// the same on every call of a tool version, is converted once per
+// manifest; the claims' part, the same on every call with one token, once
+// per token (rawToken; linked requests, which have none, convert theirs
+// every time). The request goes through its JSON encoding only for its
+// rarely set parts (requestTerm); the small fixed-shape parts are built
+// directly.
+func (a *Authorizer) policyInput(in Input, rawToken string, params bool) (ast.Value, error) {
+	req, err := requestTerm(in.Request, params)
 	if err != nil {
 		return nil, err
 	}
@@ -122,12 +126,13 @@ func (a *Authorizer) policyInput(in Input, rawToken string) (ast.Value, error) {
 	return ast.NewObject(terms...), nil
 }
 
-// requestTerm is r's JSON encoding as a term. What every call carries (the
-// tool, the agent context, the parameters) is built directly; the options
-// only some calls set go through their JSON encoding. The strings are the
+// requestTerm is r's JSON encoding as a term, its parameters only when
+// params. What every call carries (the tool, the agent context, the
+// parameters) is built directly; the options only some calls set go
+// through their JSON encoding. The strings are the
 // envelope's, decoded from JSON, so valid UTF-8 as encoding/json would
 // write them.
-func requestTerm(r *api.Request) (*ast.Term, error) {
+func requestTerm(r *api.Request, params bool) (*ast.Term, error) {
 	if r == nil {
 		return ast.NullTerm(), nil
 	}
@@ -151,7 +156,7 @@ func requestTerm(r *api.Request) (*ast.Term, error) {
 		agent = append(agent, ast.Item(ast.InternedTerm("user_did"), ast.StringTerm(ac.UserDID)))
 	}
 	items = append(items, ast.Item(ast.InternedTerm("agent_context"), ast.ObjectTerm(agent...)))
-	if len(r.Parameters) > 0 {
+	if params && len(r.Parameters) > 0 {
 		var p any
 		if err := segjson.Unmarshal(r.Parameters, &p); err != nil {
 			return nil, err
