@@ -3,7 +3,6 @@ package authorize
 import (
 	"cmp"
 	"context"
-	"crypto/sha256"
 	"encoding/json"
 	"reflect"
 	"runtime"
@@ -95,7 +94,7 @@ func (a *Authorizer) policyInput(in Input, rawToken string, params bool) (ast.Va
 	}
 	var claims ast.Value
 	if c := in.Claims; rawToken != "" && c != nil {
-		claims, err = a.claims.value(sha256.Sum256([]byte(rawToken)), func() (ast.Value, error) { return astValue(c) })
+		claims, err = a.claims.value(rawToken, func() (ast.Value, error) { return astValue(c) })
 	} else {
 		claims, err = astValue(in.Claims)
 	}
@@ -316,19 +315,25 @@ func astValue(v any) (ast.Value, error) {
 	return ast.InterfaceToValue(p)
 }
 
-// maxCachedTokens bounds the tokens whose policy form is kept; past it the
-// cache starts again empty. A token's claims' form weighs about a kilobyte.
-const maxCachedTokens = 4096
+// maxCachedTokens and maxCachedTokenBytes bound the tokens whose forms are
+// kept and their length; past either the cache starts again empty. A
+// token's claims' form weighs about a kilobyte.
+const (
+	maxCachedTokens     = 4096
+	maxCachedTokenBytes = 8 << 20
+)
 
-// forms keeps forms of values that do not change by a key that names
-// them: the SHA-256 of a raw token (its verified claims).
-type forms[K comparable, V any] struct {
-	mu  sync.Mutex
-	m   map[K]V
-	max int
+// forms keeps forms of values that do not change by the raw token that
+// names them (its verified claims): keyed by the whole token, as the
+// verifier's cache is, since a map's hash of it costs a fraction of a
+// digest and an equal key is the very token.
+type forms[V any] struct {
+	mu    sync.Mutex
+	m     map[string]V
+	bytes int // the keys' length
 }
 
-func (c *forms[K, V]) value(k K, make func() (V, error)) (V, error) {
+func (c *forms[V]) value(k string, make func() (V, error)) (V, error) {
 	c.mu.Lock()
 	v, ok := c.m[k]
 	c.mu.Unlock()
@@ -340,8 +345,11 @@ func (c *forms[K, V]) value(k K, make func() (V, error)) (V, error) {
 		return v, err
 	}
 	c.mu.Lock()
-	if c.m == nil || len(c.m) >= c.max {
-		c.m = map[K]V{}
+	if c.m == nil || len(c.m) >= maxCachedTokens || c.bytes+len(k) > maxCachedTokenBytes {
+		c.m, c.bytes = map[string]V{}, 0
+	}
+	if _, ok := c.m[k]; !ok {
+		c.bytes += len(k)
 	}
 	c.m[k] = v
 	c.mu.Unlock()
