@@ -23,8 +23,12 @@ import (
 // the input it keeps are the same ones evaluated in the same way.
 
 // maxMemoDecisions bounds the decisions an Engine keeps; past it the memo
-// starts again empty.
-const maxMemoDecisions = 4096
+// starts again empty. maxMemoCollisions bounds those kept under one hash,
+// so that no lookup compares more keys than that.
+const (
+	maxMemoDecisions  = 4096
+	maxMemoCollisions = 8
+)
 
 // memo keeps decisions by the values of the input parts a policy reads.
 type memo struct {
@@ -193,6 +197,9 @@ func (m *memo) put(key []readValue, h int, d Decision) {
 	defer m.mu.Unlock()
 	if m.m == nil || m.n >= maxMemoDecisions {
 		m.m, m.n = map[int][]memoEntry{}, 0
+	}
+	if len(m.m[h]) >= maxMemoCollisions {
+		return
 	}
 	m.m[h] = append(m.m[h], memoEntry{key: kept, d: d})
 	m.n++

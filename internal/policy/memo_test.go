@@ -338,3 +338,27 @@ func TestReads(t *testing.T) {
 		}
 	}
 }
+
+// TestMemoBounded: the memo keeps at most maxMemoDecisions decisions and
+// at most maxMemoCollisions under one hash.
+func TestMemoBounded(t *testing.T) {
+	m := &memo{reads: [][]*ast.Term{{ast.StringTerm("tenant")}}}
+	for i := range 20 {
+		key, _ := m.key(ast.MustInterfaceToValue(map[string]any{"tenant": fmt.Sprint(i)}), nil)
+		m.put(key, 1, Decision{Allow: true})
+	}
+	if len(m.m[1]) != maxMemoCollisions {
+		t.Fatalf("%d decisions under one hash", len(m.m[1]))
+	}
+	for i := range maxMemoDecisions + 10 {
+		key, h := m.key(ast.MustInterfaceToValue(map[string]any{"tenant": fmt.Sprint(i)}), nil)
+		m.put(key, h, Decision{Allow: true})
+	}
+	if m.n > maxMemoDecisions {
+		t.Fatalf("%d decisions kept", m.n)
+	}
+	key, h := m.key(ast.MustInterfaceToValue(map[string]any{"tenant": "x"}), nil)
+	if _, ok := m.get(key, h); ok {
+		t.Fatal("a decision never kept was read back")
+	}
+}
