@@ -4,7 +4,8 @@
 # expiry and revocation, and that it names this tenant, agent, tool and
 # version. It then evaluates data.toolgate.authz.decision with this input:
 #
-#   input.request    the ToolInvokeRequest (without its capability token)
+#   input.request    the ToolInvokeRequest (without its capability token,
+#                    and without its parameters unless a rule reads them)
 #   input.tool       the manifest of the tool version being called
 #   input.claims     the verified token claims (grants, budget, exclusions)
 #   input.usage      this token's usage so far (a root token's counts its

@@ -52,6 +52,9 @@ const maxApprovers = 5
 // Engine holds one prepared query.
 type Engine struct {
 	query rego.PreparedEvalQuery
+	// memo keeps decisions by what the policy reads of the input (memo.go);
+	// nil for a policy whose decisions cannot be kept.
+	memo *memo
 	// Revision is the policies bucket's revision the engine was loaded
 	// from (0: a policy configured at start), set by its loader.
 	Revision uint64
@@ -99,33 +102,35 @@ func New(ctx context.Context, modules map[string]string, data map[string]any) (*
 	if err != nil {
 		return nil, api.WrapError(err, api.InvalidParameters, api.EPolicyFailed, "policy does not compile: %v", err)
 	}
-	if err := definesDecision(modules); err != nil {
+	c, err := definesDecision(modules)
+	if err != nil {
 		return nil, err
 	}
-	return &Engine{query: q}, nil
+	return &Engine{query: q, memo: newMemo(c)}, nil
 }
 
 // definesDecision refuses modules without a rule for Query: such a policy
 // compiles, but its decision is always undefined, so it would deny every
-// call. The modules compiled above, so errors here are not expected.
-func definesDecision(modules map[string]string) error {
+// call. The modules compiled above, so errors here are not expected. It
+// returns the compiler, whose modules say what the policy reads.
+func definesDecision(modules map[string]string) (*ast.Compiler, error) {
 	parsed := make(map[string]*ast.Module, len(modules))
 	for name, src := range modules {
 		m, err := ast.ParseModuleWithOpts(name, src, ast.ParserOptions{RegoVersion: ast.RegoV1})
 		if err != nil {
-			return api.WrapError(err, api.InvalidParameters, api.EPolicyFailed, "policy does not compile: %v", err)
+			return nil, api.WrapError(err, api.InvalidParameters, api.EPolicyFailed, "policy does not compile: %v", err)
 		}
 		parsed[name] = m
 	}
 	c := ast.NewCompiler().WithCapabilities(capabilities())
 	if c.Compile(parsed); c.Failed() {
-		return api.WrapError(c.Errors, api.InvalidParameters, api.EPolicyFailed, "policy does not compile: %v", c.Errors)
+		return nil, api.WrapError(c.Errors, api.InvalidParameters, api.EPolicyFailed, "policy does not compile: %v", c.Errors)
 	}
 	if len(c.GetRules(ast.MustParseRef(Query))) == 0 {
-		return api.NewError(api.InvalidParameters, api.EPolicyFailed,
+		return nil, api.NewError(api.InvalidParameters, api.EPolicyFailed,
 			"policy defines no %s rule: every call would be denied (declare package toolgate.authz and a decision rule)", strings.TrimPrefix(Query, "data."))
 	}
-	return nil
+	return c, nil
 }
 
 // Default returns an Engine for the shipped policy.
@@ -192,8 +197,27 @@ func ReadDir(dir string) (map[string]string, map[string]any, error) {
 // input is either plain Go (maps, slices, strings, numbers, booleans, or
 // anything encoding/json encodes), which OPA converts on every call, or an
 // ast.Value already in the form OPA evaluates, which is used as it is and
-// must not be changed while it is evaluated.
+// must not be changed after (the memo may keep parts of it).
 func (e *Engine) Eval(ctx context.Context, input any) (Decision, error) {
+	v, parsed := input.(ast.Value)
+	if !parsed || e.memo == nil {
+		return e.eval(ctx, input)
+	}
+	// The key is read on the stack; the memo keeps a copy of a new one.
+	var buf [32]readValue
+	key, h := e.memo.key(v, buf[:0])
+	if d, ok := e.memo.get(key, h); ok {
+		return d, nil
+	}
+	d, err := e.eval(ctx, input)
+	if err == nil {
+		e.memo.put(key, h, d)
+	}
+	return d, err
+}
+
+// eval evaluates the policy on input.
+func (e *Engine) eval(ctx context.Context, input any) (Decision, error) {
 	opt := rego.EvalInput(input)
 	if v, ok := input.(ast.Value); ok {
 		opt = rego.EvalParsedInput(v)

@@ -5,12 +5,14 @@ import (
 	_ "embed"
 	"encoding/json"
 	"errors"
-	"github.com/toolgate/toolgate/api"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/open-policy-agent/opa/v1/ast"
+	"github.com/toolgate/toolgate/api"
 )
 
 //go:embed testdata/cases.json
@@ -204,6 +206,27 @@ func TestDecisionReadAsItsJSON(t *testing.T) {
 		if string(got) != string(want) {
 			t.Errorf("%s: %s, want %s", name, got, want)
 		}
+	}
+}
+
+// BenchmarkEvalValue is an evaluation on an input in OPA's form, as the
+// authorize stage hands it: evaluated in full, and read back from the memo
+// as for a call alike an earlier one.
+func BenchmarkEvalValue(b *testing.B) {
+	e, err := Default(context.Background())
+	if err != nil {
+		b.Fatal(err)
+	}
+	input := ast.MustInterfaceToValue(map[string]any{"tenant": "acme", "request": map[string]any{"agent_context": map[string]any{"tenant_id": "acme"}},
+		"tool": map[string]any{"id": "x", "kind": "builtin", "safety": map[string]any{"risk_level": "low"}}})
+	for name, e := range map[string]*Engine{"evaluated": unkept(e), "kept": e} {
+		b.Run(name, func(b *testing.B) {
+			for b.Loop() {
+				if _, err := e.Eval(context.Background(), input); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }
 

@@ -12,7 +12,6 @@ package authorize
 
 import (
 	"context"
-	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"sync/atomic"
@@ -130,10 +129,10 @@ type Authorizer struct {
 	engine atomic.Pointer[policy.Engine]
 	shadow atomic.Pointer[shadowPolicy]
 	tools  manifestForms
-	claims forms[[32]byte, ast.Value] // at most maxCachedTokens
-	// principals are the JSON of a token's claims (envelope.Principal),
-	// by the SHA-256 of the raw token, at most maxCachedTokens.
-	principals forms[[32]byte, []byte]
+	// claims and principals are the policy form and the JSON
+	// (envelope.Principal) of a raw token's claims.
+	claims     forms[ast.Value]
+	principals forms[[]byte]
 	leases     *leases
 }
 
@@ -151,7 +150,6 @@ func New(cfg Config) *Authorizer {
 		cfg.Revoked = new(token.Revocations)
 	}
 	a := &Authorizer{cfg: cfg, leases: newLeases(cfg.Store, cfg.Now)}
-	a.claims.max, a.principals.max = maxCachedTokens, maxCachedTokens
 	a.engine.Store(cfg.Policy)
 	return a
 }
@@ -209,7 +207,7 @@ func (a *Authorizer) Process(ctx context.Context, inv *envelope.Invocation) ([]s
 		claims, err = a.cfg.Verifier.Verify(rawToken)
 		// The claims a token verifies to are the same on every call.
 		marshal := principal
-		principal = func() ([]byte, error) { return a.principals.value(sha256.Sum256([]byte(rawToken)), marshal) }
+		principal = func() ([]byte, error) { return a.principals.value(rawToken, marshal) }
 	}
 	if err != nil {
 		return nil, err
@@ -372,7 +370,7 @@ func (a *Authorizer) decide(ctx context.Context, inv *envelope.Invocation, rawTo
 		Time: a.cfg.Now().UTC().Format(time.RFC3339),
 	}
 	in.Derived = derive(claims, m, in.Resources)
-	d, input, err := a.evalInput(ctx, in, rawToken)
+	d, input, sh, err := a.evalInput(ctx, in, rawToken)
 	if err != nil {
 		return approval, false, nil, true, err
 	}
@@ -401,12 +399,12 @@ func (a *Authorizer) decide(ctx context.Context, inv *envelope.Invocation, rawTo
 		}
 		if hasApproval {
 			in.Approval = &ApprovalInput{State: approval.State, DecidedBy: approval.DecidedBy}
-			if d, input, err = a.evalInput(ctx, in, rawToken); err != nil {
+			if d, input, sh, err = a.evalInput(ctx, in, rawToken); err != nil {
 				return approval, hasApproval, nil, true, err
 			}
 		}
 	}
-	if err := a.shadowed(ctx, inv, m, input, d); err != nil {
+	if err := a.shadowed(ctx, inv, m, sh, input, d); err != nil {
 		return approval, hasApproval, nil, true, err
 	}
 	if err := a.record(ctx, inv, in, d); err != nil {

@@ -327,6 +327,44 @@ func TestPolicyInputPerTokenAndManifest(t *testing.T) {
 	}
 }
 
+// TestPolicyReplacedDecidesAtOnce: a decision the live policy keeps for
+// calls alike is not the decision of the policy that replaces it: the
+// same call is judged by each policy in turn.
+func TestPolicyReplacedDecidesAtOnce(t *testing.T) {
+	ctx := context.Background()
+	key, engine, reg := echoSetup(t)
+	closed, err := policy.New(ctx, map[string]string{"closed.rego": "package toolgate.authz\ndecision := {\"allow\": false, \"reasons\": [\"closed\"]}"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := token.Mint(key, token.Claims{ToolID: token.Patterns{"*"}, TenantID: "acme", AgentDID: "did:agent:a",
+		RegisteredClaims: jwt.RegisteredClaims{ID: "tok-1", Issuer: issuer, Audience: jwt.ClaimStrings{audience},
+			ExpiresAt: jwt.NewNumericDate(time.Now().Add(time.Hour))}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := New(Config{Registry: reg, Kinds: kinds.Compiled(), Policy: engine, Store: newFakeStore(),
+		Verifier: &token.Verifier{Keys: token.StaticKeys{Set: key.KeySet()}, Issuer: issuer, Audience: audience}})
+	call := func(i int) error {
+		inv := &envelope.Invocation{ID: fmt.Sprint("i-", i), Tenant: "acme", Status: api.StatusPending,
+			Request: &api.Request{ToolID: "echo", CapabilityToken: raw, Parameters: []byte(`{"text":"hi"}`),
+				AgentContext: api.AgentContext{AgentDID: "did:agent:a", TenantID: "acme"}}}
+		_, err := a.Process(ctx, inv)
+		return err
+	}
+	for i, e := range []*policy.Engine{engine, engine, closed, closed, engine} {
+		a.SetPolicy(e)
+		err := call(i)
+		var ae *api.Error
+		switch {
+		case e == engine && err != nil:
+			t.Fatalf("call %d under the shipped policy: %v", i, err)
+		case e == closed && (!errors.As(err, &ae) || ae.ECode != api.EPolicyDenied):
+			t.Fatalf("call %d under the closed policy: %v, want %s", i, err, api.EPolicyDenied)
+		}
+	}
+}
+
 // TestPolicyInputIsItsJSON: the input handed to OPA, built from parts,
 // is the value of Input's JSON encoding, whatever is set in it.
 func TestPolicyInputIsItsJSON(t *testing.T) {
@@ -367,7 +405,7 @@ func TestPolicyInputIsItsJSON(t *testing.T) {
 			}
 			a := &Authorizer{}
 			for _, raw := range []string{"raw-token", "raw-token", ""} { // cached, then from the cache, then a linked call
-				got, err := a.policyInput(in, raw)
+				got, err := a.policyInput(in, raw, true)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -483,7 +521,7 @@ func TestRequestTermIsItsJSON(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		got, err := requestTerm(r)
+		got, err := requestTerm(r, true)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -3,7 +3,6 @@ package authorize
 import (
 	"cmp"
 	"context"
-	"crypto/sha256"
 	"encoding/json"
 	"reflect"
 	"runtime"
@@ -57,29 +56,33 @@ type Derived struct {
 }
 
 // evalInput evaluates the live policy on in, and returns the input it
-// built, which a shadow policy is evaluated on (shadow.go) without
-// building it again.
-func (a *Authorizer) evalInput(ctx context.Context, in Input, rawToken string) (policy.Decision, ast.Value, error) {
-	input, err := a.policyInput(in, rawToken)
+// built and the shadow policy in force, which is evaluated on that input
+// (shadow.go) without building it again.
+func (a *Authorizer) evalInput(ctx context.Context, in Input, rawToken string) (policy.Decision, ast.Value, *shadowPolicy, error) {
+	e, sh := a.engine.Load(), a.shadow.Load()
+	// The parameters, which only a call's own policy form holds, are
+	// left out when neither policy reads them.
+	params := e.Reads("request", "parameters") || sh != nil && sh.engine.Reads("request", "parameters")
+	input, err := a.policyInput(in, rawToken, params)
 	if err != nil {
-		return policy.Decision{}, nil, api.WrapError(err, api.InternalError, api.EPolicyFailed, "building policy input: %v", err)
+		return policy.Decision{}, nil, sh, api.WrapError(err, api.InternalError, api.EPolicyFailed, "building policy input: %v", err)
 	}
-	e := a.engine.Load()
 	d, err := e.Eval(ctx, input)
 	d.Revision = e.Revision
-	return d, input, err
+	return d, input, sh, err
 }
 
 // policyInput is in in the form OPA evaluates: the ast.Value of its JSON
-// encoding (TestPolicyInputIsItsJSON holds it to that). The manifest's
-// part, the largest and the same on every call of a tool version, is
-// converted once per manifest; the claims' part, the same on every call
-// with one token, once per token (rawToken; linked requests, which have
-// none, convert theirs every time). The request goes through its JSON
-// encoding only for its rarely set parts (requestTerm); the small
-// fixed-shape parts are built directly.
-func (a *Authorizer) policyInput(in Input, rawToken string) (ast.Value, error) {
-	req, err := requestTerm(in.Request)
+// encoding (TestPolicyInputIsItsJSON holds it to that), the request's
+// parameters left out unless params. The manifest's part, the largest and
+// the same on every call of a tool version, is converted once per
+// manifest; the claims' part, the same on every call with one token, once
+// per token (rawToken; linked requests, which have none, convert theirs
+// every time). The request goes through its JSON encoding only for its
+// rarely set parts (requestTerm); the small fixed-shape parts are built
+// directly.
+func (a *Authorizer) policyInput(in Input, rawToken string, params bool) (ast.Value, error) {
+	req, err := requestTerm(in.Request, params)
 	if err != nil {
 		return nil, err
 	}
@@ -91,7 +94,7 @@ func (a *Authorizer) policyInput(in Input, rawToken string) (ast.Value, error) {
 	}
 	var claims ast.Value
 	if c := in.Claims; rawToken != "" && c != nil {
-		claims, err = a.claims.value(sha256.Sum256([]byte(rawToken)), func() (ast.Value, error) { return astValue(c) })
+		claims, err = a.claims.value(rawToken, func() (ast.Value, error) { return astValue(c) })
 	} else {
 		claims, err = astValue(in.Claims)
 	}
@@ -122,12 +125,13 @@ func (a *Authorizer) policyInput(in Input, rawToken string) (ast.Value, error) {
 	return ast.NewObject(terms...), nil
 }
 
-// requestTerm is r's JSON encoding as a term. What every call carries (the
-// tool, the agent context, the parameters) is built directly; the options
-// only some calls set go through their JSON encoding. The strings are the
+// requestTerm is r's JSON encoding as a term, its parameters only when
+// params. What every call carries (the tool, the agent context, the
+// parameters) is built directly; the options only some calls set go
+// through their JSON encoding. The strings are the
 // envelope's, decoded from JSON, so valid UTF-8 as encoding/json would
 // write them.
-func requestTerm(r *api.Request) (*ast.Term, error) {
+func requestTerm(r *api.Request, params bool) (*ast.Term, error) {
 	if r == nil {
 		return ast.NullTerm(), nil
 	}
@@ -151,7 +155,7 @@ func requestTerm(r *api.Request) (*ast.Term, error) {
 		agent = append(agent, ast.Item(ast.InternedTerm("user_did"), ast.StringTerm(ac.UserDID)))
 	}
 	items = append(items, ast.Item(ast.InternedTerm("agent_context"), ast.ObjectTerm(agent...)))
-	if len(r.Parameters) > 0 {
+	if params && len(r.Parameters) > 0 {
 		var p any
 		if err := segjson.Unmarshal(r.Parameters, &p); err != nil {
 			return nil, err
@@ -311,19 +315,25 @@ func astValue(v any) (ast.Value, error) {
 	return ast.InterfaceToValue(p)
 }
 
-// maxCachedTokens bounds the tokens whose policy form is kept; past it the
-// cache starts again empty. A token's claims' form weighs about a kilobyte.
-const maxCachedTokens = 4096
+// maxCachedTokens and maxCachedTokenBytes bound the tokens whose forms are
+// kept and their length; past either the cache starts again empty. A
+// token's claims' form weighs about a kilobyte.
+const (
+	maxCachedTokens     = 4096
+	maxCachedTokenBytes = 8 << 20
+)
 
-// forms keeps forms of values that do not change by a key that names
-// them: the SHA-256 of a raw token (its verified claims).
-type forms[K comparable, V any] struct {
-	mu  sync.Mutex
-	m   map[K]V
-	max int
+// forms keeps forms of values that do not change by the raw token that
+// names them (its verified claims): keyed by the whole token, as the
+// verifier's cache is, since a map's hash of it costs a fraction of a
+// digest and an equal key is the very token.
+type forms[V any] struct {
+	mu    sync.Mutex
+	m     map[string]V
+	bytes int // the keys' length
 }
 
-func (c *forms[K, V]) value(k K, make func() (V, error)) (V, error) {
+func (c *forms[V]) value(k string, make func() (V, error)) (V, error) {
 	c.mu.Lock()
 	v, ok := c.m[k]
 	c.mu.Unlock()
@@ -335,8 +345,11 @@ func (c *forms[K, V]) value(k K, make func() (V, error)) (V, error) {
 		return v, err
 	}
 	c.mu.Lock()
-	if c.m == nil || len(c.m) >= c.max {
-		c.m = map[K]V{}
+	if c.m == nil || len(c.m) >= maxCachedTokens || c.bytes+len(k) > maxCachedTokenBytes {
+		c.m, c.bytes = map[string]V{}, 0
+	}
+	if _, ok := c.m[k]; !ok {
+		c.bytes += len(k)
 	}
 	c.m[k] = v
 	c.mu.Unlock()

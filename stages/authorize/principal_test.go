@@ -5,6 +5,7 @@ import (
 	"crypto/ed25519"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -125,5 +126,32 @@ func TestPrincipalSignedOrSealed(t *testing.T) {
 		if err := redrive(admitted, change); !errors.Is(err, unsigned) {
 			t.Errorf("%s: %v, want %s", name, err, api.ERecordUnsigned)
 		}
+	}
+}
+
+// TestTokenFormsBounded: the forms kept by raw token stay within their
+// count and their tokens' bytes, and a token kept is read back, not made.
+func TestTokenFormsBounded(t *testing.T) {
+	var f forms[int]
+	made := 0
+	make := func() (int, error) { made++; return made, nil }
+	big := strings.Repeat("x", 1<<20)
+	for i := range 20 {
+		if _, err := f.value(fmt.Sprint(i, big), make); err != nil {
+			t.Fatal(err)
+		}
+		if f.bytes > maxCachedTokenBytes || len(f.m) > maxCachedTokens {
+			t.Fatalf("after %d tokens: %d kept, %d bytes", i+1, len(f.m), f.bytes)
+		}
+	}
+	v, _ := f.value(fmt.Sprint(19, big), make)
+	if v != 20 || made != 20 {
+		t.Fatalf("the last token's form was made again: %d, %d made", v, made)
+	}
+	for i := range maxCachedTokens + 1 {
+		_, _ = f.value(fmt.Sprint(i), make)
+	}
+	if len(f.m) > maxCachedTokens {
+		t.Fatalf("%d forms kept", len(f.m))
 	}
 }

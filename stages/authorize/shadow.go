@@ -33,13 +33,12 @@ func (a *Authorizer) SetShadow(e *policy.Engine, revision uint64) {
 	a.shadow.Store(&shadowPolicy{engine: e, revision: revision})
 }
 
-// shadowed evaluates the candidate on input, the live policy's own input
-// for the decision live, and records a disagreement. It never changes the
+// shadowed evaluates the candidate sh on input, the live policy's own
+// input for the decision live, and records a disagreement. It never changes the
 // call's outcome: a candidate that fails to evaluate is recorded as a
 // denial with its error, and a failed announcement is retried with the
 // call (the event's id is the call's, so a retry adds no second one).
-func (a *Authorizer) shadowed(ctx context.Context, inv *envelope.Invocation, m *tools.Manifest, input ast.Value, live policy.Decision) error {
-	sh := a.shadow.Load()
+func (a *Authorizer) shadowed(ctx context.Context, inv *envelope.Invocation, m *tools.Manifest, sh *shadowPolicy, input ast.Value, live policy.Decision) error {
 	if sh == nil || input == nil {
 		return nil
 	}

@@ -3,6 +3,7 @@ package authorize
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -86,6 +87,29 @@ deny contains {"msg": "never", "code": "E3209"} if input.tool.id == "no.such.too
 	}
 }
 
+// TestParametersForTheShadowAlone: the live policy does not read the
+// parameters, so its input goes without them, but a candidate that reads
+// them is given them, and a call whose parameters it refuses diverges.
+func TestParametersForTheShadowAlone(t *testing.T) {
+	var seen []api.ShadowDivergence
+	a, call := shadowSetup(t, `package toolgate.authz
+deny contains {"msg": "echo may not say secret", "code": "E3209"} if input.request.parameters.text == "secret"
+`, &seen)
+	if a.engine.Load().Reads("request", "parameters") {
+		t.Fatal("the shipped policy reads the parameters: this test shows nothing")
+	}
+	for i, text := range []string{"hi", "secret", "hi", "secret"} {
+		inv := call(fmt.Sprint("i-", i))
+		inv.Request.Parameters = []byte(`{"text":"` + text + `"}`)
+		if _, err := a.Process(context.Background(), inv); err != nil || inv.Authz == nil {
+			t.Fatalf("call %d: %v, want it admitted", i, err)
+		}
+	}
+	if len(seen) != 2 || seen[0].InvocationID != "i-1" || seen[1].InvocationID != "i-3" || seen[0].Rule != "echo may not say secret" {
+		t.Fatalf("divergences %+v, want i-1 and i-3's", seen)
+	}
+}
+
 // BenchmarkShadow is authorize's work per admitted call without a
 // candidate, with one that agrees and with one that disagrees (the event
 // is built; outside a runner it is not sent), with each call's p50 and p99.
@@ -139,7 +163,7 @@ func benchEvalAlone(b *testing.B, candidate string) {
 		in := Input{Request: redactToken(inv.Request), Tool: m, Claims: cleanGrants(claims), Resources: mustResources(b, m, inv.Request.Parameters),
 			Tenant: "acme", Time: time.Now().UTC().Format(time.RFC3339)}
 		in.Derived = derive(claims, m, in.Resources)
-		_, input, err := a.evalInput(context.Background(), in, inv.Request.CapabilityToken)
+		_, input, _, err := a.evalInput(context.Background(), in, inv.Request.CapabilityToken)
 		if err != nil {
 			b.Fatal(err)
 		}
