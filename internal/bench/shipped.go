@@ -98,9 +98,13 @@ type Shipped struct {
 	// BaselineShares and BaselineFloorShares are the same two profiles of
 	// the baseline build's serve, when it is measured and profiled.
 	BaselineShares, BaselineFloorShares ProfileShares
-	baselineProfileErr                  error
-	startGC                             time.Duration // the collector's CPU once serve was ready
-	shippedSessions, shippedUnloaded    int
+	// BaselineRSSMiB is the baseline build's serve's RSS after its rounds:
+	// beside ServeRSSMiB, what a build (or a collector's setting, given
+	// by a wrapper) trades for its CPU.
+	BaselineRSSMiB                   float64
+	baselineProfileErr               error
+	startGC                          time.Duration // the collector's CPU once serve was ready
+	shippedSessions, shippedUnloaded int
 }
 
 // SyncMode is one serve's figures with one --sync: the saturation of
@@ -547,6 +551,7 @@ func (s *Shipped) measureMode(ctx context.Context, bin, dir string, cred credent
 		s.profileInTurns(ctx, m, base, profile, n, publishers)
 	}
 	if base != nil {
+		s.BaselineRSSMiB = base.p.rss()
 		// Stopped now, so the latency series below have the machine to
 		// themselves.
 		base.close()
@@ -1004,6 +1009,9 @@ func (s *Shipped) Print(w io.Writer) {
 			obj = append(obj, fmt.Sprintf("%.0f", r.ToolgateAllocs.objects))
 		}
 		fmt.Fprintf(w, "%-44s %s\n", "  its heap allocations per call, each round", strings.Join(obj, " "))
+		fmt.Fprintf(w, "%-44s %s\n", "  its collector's CPU per call, each round", eachRound(s.Baseline, func(r ShippedRound) time.Duration { return r.ToolgateServeGC }))
+		fmt.Fprintf(w, "%-44s %s\n", "  this build's, each round", eachRound(s.cpuRounds(), func(r ShippedRound) time.Duration { return r.ToolgateServeGC }))
+		fmt.Fprintf(w, "%-44s %10.0fMiB\n", "  its serve's RSS after its rounds", s.BaselineRSSMiB)
 	}
 	if s.ToolgateAllocs.objects > 0 {
 		fmt.Fprintf(w, "%-44s %12s %12s\n", "heap allocations per call, serve process",
