@@ -83,7 +83,7 @@ func (a *app) serveCmd() *cobra.Command {
 	}
 	level := pipelineFlags(cmd.Flags(), &c)
 	prof := profileFlags(cmd.Flags())
-	gcPercent := gcFlag(cmd.Flags())
+	collector := gcFlag(cmd.Flags())
 	cmd.Flags().StringVar(&c.Embedded.Listen, "listen", "127.0.0.1:4222", "embedded NATS listen address")
 	cmd.Flags().StringVar(&c.Embedded.LeafListen, "leaf-listen", "", "also accept sites' leaf-node connections on this address, e.g. 0.0.0.0:7422 (docs/sites.md; off by default)")
 	cmd.Flags().StringVar(&c.Site, "site", "", "run as this site: execute alone, behind a leaf node of the hub at --hub, with the site's bundle as --data (toolgate site add; docs/sites.md)")
@@ -117,7 +117,7 @@ func (a *app) serveCmd() *cobra.Command {
 		}
 		c.OTLPEndpoint = orEnv(c.OTLPEndpoint, "OTEL_EXPORTER_OTLP_ENDPOINT")
 		c.Log = logger(a.stderr, *level)
-		setGCPercent(*gcPercent)
+		collector.apply()
 		stop, err := prof.start(c.Log)
 		if err != nil {
 			return err
@@ -184,7 +184,7 @@ func (a *app) stageCmd() *cobra.Command {
 	}
 	level := pipelineFlags(cmd.Flags(), &c)
 	prof := profileFlags(cmd.Flags())
-	gcPercent := gcFlag(cmd.Flags())
+	collector := gcFlag(cmd.Flags())
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
 		c.NATSURL = a.conn.ServerURL()
 		c.Creds = a.conn.Creds
@@ -193,7 +193,7 @@ func (a *app) stageCmd() *cobra.Command {
 		c.AuthCallout = args[0] == node.AuthCallout
 		c.OTLPEndpoint = orEnv(c.OTLPEndpoint, "OTEL_EXPORTER_OTLP_ENDPOINT")
 		c.Log = logger(a.stderr, *level)
-		setGCPercent(*gcPercent)
+		collector.apply()
 		stop, err := prof.start(c.Log)
 		if err != nil {
 			return err

@@ -214,17 +214,8 @@ func (s *ReceiptSigner) SealResult(r *api.Receipt, msg []byte, end int) ([]byte,
 	r.V, r.Ending = api.ReceiptVersion, endingDigest(msg)
 	b := s.sign(r)
 	defer bodies.Put(b)
-	return carry(msg, end, signedReceipt(*b, r.Sig))
-}
-
-// signedReceipt is json.Marshal of the receipt whose body (receiptBody)
-// was signed with sig: the body's JSON with sig as its last member, as
-// Sig is the receipt's last field, so that the receipt is encoded once.
-// Base64 holds nothing encoding/json escapes.
-func signedReceipt(body []byte, sig string) []byte {
-	obj := body[len(receiptDomain) : len(body)-1]
-	out := make([]byte, 0, len(obj)+len(sig)+10)
-	return append(append(append(append(out, obj...), `,"sig":"`...), sig...), `"}`...)
+	obj := (*b)[len(receiptDomain) : len(*b)-1]
+	return carryParts(msg, end, obj, `,"sig":"`, r.Sig, `"}`)
 }
 
 // CarryReceipt returns msg with r, signed already, as the last member of
@@ -239,11 +230,28 @@ func CarryReceipt(msg []byte, end int, r *api.Receipt) ([]byte, error) {
 
 // carry is CarryReceipt of the receipt encoded as rb.
 func carry(msg []byte, end int, rb []byte) ([]byte, error) {
+	return carryParts(msg, end, rb, "", "", "")
+}
+
+// carryParts is carry of the receipt encoded as obj and the rest, in one
+// allocation. SealResult gives json.Marshal of the receipt whose body
+// (receiptBody) was signed, as the body's JSON without its closing brace
+// (obj) and the signature as its last member, as Sig is the receipt's last
+// field: the receipt is encoded once. Base64 holds nothing encoding/json
+// escapes.
+func carryParts(msg []byte, end int, obj []byte, rest ...string) ([]byte, error) {
 	if end <= 0 || end >= len(msg) || msg[end] != '}' {
 		return nil, errors.New("no object closes where the receipt goes")
 	}
-	out := make([]byte, 0, len(msg)+len(receiptMember)+len(rb))
-	out = append(append(append(out, msg[:end]...), receiptMember...), rb...)
+	n := len(msg) + len(receiptMember) + len(obj)
+	for _, r := range rest {
+		n += len(r)
+	}
+	out := make([]byte, 0, n)
+	out = append(append(append(out, msg[:end]...), receiptMember...), obj...)
+	for _, r := range rest {
+		out = append(out, r...)
+	}
 	return append(out, msg[end:]...), nil
 }
 

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/allocbudget"
 	"github.com/toolgate/toolgate/internal/auditchain"
 	"github.com/toolgate/toolgate/subjects"
 )
@@ -364,4 +365,22 @@ func TestSealResultEncodesAsMarshal(t *testing.T) {
 			t.Fatalf("does not open: %v", err)
 		}
 	}
+}
+
+// sealResultBudget is SealResult's allocations per call, recorded: the
+// digest's, the signature's and the message's, the receipt encoded once
+// and carried into the message without a copy between.
+var sealResultBudget = map[string]float64{"seal result": 7}
+
+func TestSealResultAllocations(t *testing.T) {
+	_, key, _ := ed25519.GenerateKey(nil)
+	s := auditchain.NewReceiptSigner(key)
+	msg := []byte(`{"data":{"status":"success"},"tenantid":"acme"}`)
+	end := bytes.IndexByte(msg, '}')
+	r := api.Receipt{InvocationID: "i", Tenant: "acme", Status: api.StatusSuccess, EventID: "i:tool.succeeded", IssuedAt: "2026-01-01T00:00:00Z"}
+	allocbudget.Check(t, sealResultBudget, map[string]func(){"seal result": func() {
+		if _, err := s.SealResult(&r, msg, end); err != nil {
+			t.Fatal(err)
+		}
+	}})
 }

@@ -106,3 +106,42 @@ func mergeProfiles(parts [][]byte) ([]byte, error) {
 	}
 	return out.Bytes(), nil
 }
+
+// allocsPath is where the allocations beside the CPU profile at path are
+// written.
+func allocsPath(path string) string { return withSuffix(path, "-allocs") }
+
+// profileDelta is after less before, two profiles of one process (pprof's
+// format; an allocs profile counts from the process's start): what it
+// did between them, as `go tool pprof -base` reads it.
+func profileDelta(before, after []byte) ([]byte, error) {
+	b, err := profile.Parse(bytes.NewReader(before))
+	if err != nil {
+		return nil, err
+	}
+	a, err := profile.Parse(bytes.NewReader(after))
+	if err != nil {
+		return nil, err
+	}
+	b.Scale(-1)
+	d, err := profile.Merge([]*profile.Profile{a, b})
+	if err != nil {
+		return nil, err
+	}
+	// Stacks that did nothing in between net to zero: left out.
+	kept := d.Sample[:0]
+	for _, smp := range d.Sample {
+		for _, v := range smp.Value {
+			if v != 0 {
+				kept = append(kept, smp)
+				break
+			}
+		}
+	}
+	d.Sample = kept
+	var out bytes.Buffer
+	if err := d.Write(&out); err != nil {
+		return nil, err
+	}
+	return out.Bytes(), nil
+}

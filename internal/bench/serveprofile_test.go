@@ -5,6 +5,8 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"runtime"
+	"runtime/pprof"
 	"strings"
 	"testing"
 	"time"
@@ -165,5 +167,79 @@ func TestInTurns(t *testing.T) {
 					n, k, count[k], sum[k], 2*n-1, order)
 			}
 		}
+	}
+}
+
+var allocSink [][]byte
+
+//go:noinline
+func allocateBefore() { allocSink = append(allocSink, make([]byte, 8<<20)) }
+
+//go:noinline
+func allocateBetween() {
+	for range 2 {
+		allocSink = append(allocSink, make([]byte, 8<<20))
+	}
+}
+
+// allocsNow is this process's allocs profile as pprof's endpoint serves
+// it, the last collection's.
+func allocsNow(t *testing.T) []byte {
+	t.Helper()
+	runtime.GC()
+	var b bytes.Buffer
+	if err := pprof.Lookup("allocs").WriteTo(&b, 0); err != nil {
+		t.Fatal(err)
+	}
+	return b.Bytes()
+}
+
+// TestProfileDelta: the allocations between two allocs profiles of one
+// process are those made between them, not those made before.
+func TestProfileDelta(t *testing.T) {
+	allocateBefore()
+	before := allocsNow(t)
+	allocateBetween()
+	after := allocsNow(t)
+	d, err := profileDelta(before, after)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := profile.Parse(bytes.NewReader(d))
+	if err != nil {
+		t.Fatal(err)
+	}
+	space := -1
+	for i, st := range p.SampleType {
+		if st.Type == "alloc_space" {
+			space = i
+		}
+	}
+	if space < 0 {
+		t.Fatalf("no alloc_space in the delta's sample types %v", p.SampleType)
+	}
+	by := map[string]int64{}
+	for _, smp := range p.Sample {
+		seen := map[string]bool{}
+		for _, loc := range smp.Location {
+			for _, l := range loc.Line {
+				if n := l.Function.Name; strings.HasSuffix(n, ".allocateBefore") || strings.HasSuffix(n, ".allocateBetween") {
+					if !seen[n] {
+						seen[n] = true
+						by[n[strings.LastIndex(n, ".")+1:]] += smp.Value[space]
+					}
+				}
+			}
+		}
+	}
+	// Allocations this large are always sampled.
+	if got := by["allocateBetween"]; got < 15<<20 || got > 17<<20 {
+		t.Errorf("allocations made between the profiles: %d bytes, want about %d", got, 16<<20)
+	}
+	if got := by["allocateBefore"]; got != 0 {
+		t.Errorf("allocations made before both profiles count %d bytes in their delta, want 0", got)
+	}
+	if _, err := profileDelta(before, []byte("not a profile")); err == nil {
+		t.Error("a delta against something not a profile read as one")
 	}
 }

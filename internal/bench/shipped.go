@@ -98,9 +98,13 @@ type Shipped struct {
 	// BaselineShares and BaselineFloorShares are the same two profiles of
 	// the baseline build's serve, when it is measured and profiled.
 	BaselineShares, BaselineFloorShares ProfileShares
-	baselineProfileErr                  error
-	startGC                             time.Duration // the collector's CPU once serve was ready
-	shippedSessions, shippedUnloaded    int
+	// BaselineRSSMiB is the baseline build's serve's RSS after its rounds:
+	// beside ServeRSSMiB, what a build (or a collector's setting, given
+	// by a wrapper) trades for its CPU.
+	BaselineRSSMiB                   float64
+	baselineProfileErr               error
+	startGC                          time.Duration // the collector's CPU once serve was ready
+	shippedSessions, shippedUnloaded int
 }
 
 // SyncMode is one serve's figures with one --sync: the saturation of
@@ -547,6 +551,7 @@ func (s *Shipped) measureMode(ctx context.Context, bin, dir string, cred credent
 		s.profileInTurns(ctx, m, base, profile, n, publishers)
 	}
 	if base != nil {
+		s.BaselineRSSMiB = base.p.rss()
 		// Stopped now, so the latency series below have the machine to
 		// themselves.
 		base.close()
@@ -636,14 +641,15 @@ func inTurns(n int) []int {
 // profileSeries is the CPU profile of one serve under one load, toolgate's
 // or its floor chain's, taken in windows.
 type profileSeries struct {
-	path  string // where the windows, merged, are written
-	p     *serveProc
-	t     *target
-	ended func() float64 // calls ended so far
-	parts [][]byte       // each window's profile
-	calls int            // calls ended in the windows
-	cpu   time.Duration  // serve's CPU in the windows, as the kernel counts it
-	err   error
+	path   string // where the windows, merged, are written
+	p      *serveProc
+	t      *target
+	ended  func() float64 // calls ended so far
+	parts  [][]byte       // each window's profile
+	allocs [][]byte       // each window's allocations (an allocs profile's growth over it)
+	calls  int            // calls ended in the windows
+	cpu    time.Duration  // serve's CPU in the windows, as the kernel counts it
+	err    error
 }
 
 func (m *servedRounds) series(path string) *profileSeries {
@@ -660,12 +666,13 @@ func (ps *profileSeries) window(ctx context.Context, seconds, n, conc int) {
 	if ps.err != nil {
 		return
 	}
-	b, calls, cpu, err := profileUnderLoad(ctx, ps.p, ps.t, seconds, n, conc, ps.ended)
+	b, allocs, calls, cpu, err := profileUnderLoad(ctx, ps.p, ps.t, seconds, n, conc, ps.ended)
 	if err != nil {
 		ps.err = err
 		return
 	}
 	ps.parts = append(ps.parts, b)
+	ps.allocs = append(ps.allocs, allocs)
 	ps.calls += calls
 	ps.cpu += cpu
 }
@@ -682,6 +689,16 @@ func (ps *profileSeries) shares() (int, ProfileShares, error) {
 	}
 	if err := os.WriteFile(ps.path, b, 0o644); err != nil {
 		return ps.calls, ProfileShares{}, err
+	}
+	if len(ps.allocs) > 0 {
+		// Beside it, what serve allocated in the same windows.
+		a, err := mergeProfiles(ps.allocs)
+		if err != nil {
+			return ps.calls, ProfileShares{}, err
+		}
+		if err := os.WriteFile(allocsPath(ps.path), a, 0o644); err != nil {
+			return ps.calls, ProfileShares{}, err
+		}
 	}
 	sh, err := profileShares(b, ps.calls)
 	if ps.calls > 0 {
@@ -852,51 +869,69 @@ func agentTarget(ctx context.Context, url string, cred credentials, sessions int
 
 // profileUnderLoad fetches a CPU profile of seconds from serve's pprof
 // endpoint while offering t saturation load in rounds of n, and returns it
-// with how many calls ended meanwhile (by ended, a running count; the calls
-// offered, if it does not say) and serve's CPU over the window.
-func profileUnderLoad(ctx context.Context, p *serveProc, t *target, seconds, n, conc int, ended func() float64) ([]byte, int, time.Duration, error) {
+// with serve's allocations over the same window (pprof's allocs profile
+// as it stood after, less before), how many calls ended meanwhile (by
+// ended, a running count; the calls offered, if it does not say) and
+// serve's CPU over the window.
+func profileUnderLoad(ctx context.Context, p *serveProc, t *target, seconds, n, conc int, ended func() float64) (cpuProf, allocs []byte, calls int, cpu time.Duration, err error) {
 	type fetched struct {
-		body  []byte
-		err   error
-		ended float64       // calls ended once the profile was done
-		cpu   time.Duration // serve's CPU then, as the kernel counts it
+		body   []byte
+		allocs []byte // the allocs profile as the window closed
+		err    error
+		ended  float64       // calls ended once the profile was done
+		cpu    time.Duration // serve's CPU then, as the kernel counts it
+	}
+	allocsBefore, err := fetchPprof(p.prof, "allocs", 30*time.Second)
+	if err != nil {
+		return nil, nil, 0, 0, err
 	}
 	got := make(chan fetched, 1)
 	before, cpu0 := ended(), p.cpu()
 	go func() {
-		c := http.Client{Timeout: time.Duration(seconds+30) * time.Second}
-		resp, err := c.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", p.prof, seconds))
+		b, err := fetchPprof(p.prof, fmt.Sprintf("profile?seconds=%d", seconds), time.Duration(seconds+30)*time.Second)
 		if err != nil {
 			got <- fetched{err: err}
 			return
 		}
-		defer resp.Body.Close()
-		b, err := io.ReadAll(resp.Body)
-		if err == nil && resp.StatusCode != http.StatusOK {
-			err = fmt.Errorf("pprof: %s: %s", resp.Status, b)
-		}
 		// Read as the window closes, not once the round of load under way
 		// ends, which may be seconds later.
-		got <- fetched{body: b, err: err, ended: ended(), cpu: p.cpu()}
+		f := fetched{body: b, ended: ended(), cpu: p.cpu()}
+		f.allocs, f.err = fetchPprof(p.prof, "allocs", 30*time.Second)
+		got <- f
 	}()
-	calls := 0
 	for {
 		select {
 		case f := <-got:
 			if f.err != nil {
-				return nil, calls, 0, f.err
+				return nil, nil, calls, 0, f.err
 			}
 			if ended := int(f.ended - before); ended > 0 {
 				calls = ended
 			}
-			return f.body, calls, f.cpu - cpu0, nil
+			delta, err := profileDelta(allocsBefore, f.allocs)
+			return f.body, delta, calls, f.cpu - cpu0, err
 		default:
 		}
 		if _, err := t.saturate(ctx, "profile", n, conc); err != nil {
-			return nil, calls, 0, err
+			return nil, nil, calls, 0, err
 		}
 		calls += n
 	}
+}
+
+// fetchPprof is the body of serve's /debug/pprof/ endpoint path at addr.
+func fetchPprof(addr, path string, timeout time.Duration) ([]byte, error) {
+	c := http.Client{Timeout: timeout}
+	resp, err := c.Get(fmt.Sprintf("http://%s/debug/pprof/%s", addr, path))
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err == nil && resp.StatusCode != http.StatusOK {
+		err = fmt.Errorf("pprof: %s: %s", resp.Status, b)
+	}
+	return b, err
 }
 
 // Print writes the shipped figures with goals 3 and 4 of the shipped
@@ -974,6 +1009,9 @@ func (s *Shipped) Print(w io.Writer) {
 			obj = append(obj, fmt.Sprintf("%.0f", r.ToolgateAllocs.objects))
 		}
 		fmt.Fprintf(w, "%-44s %s\n", "  its heap allocations per call, each round", strings.Join(obj, " "))
+		fmt.Fprintf(w, "%-44s %s\n", "  its collector's CPU per call, each round", eachRound(s.Baseline, func(r ShippedRound) time.Duration { return r.ToolgateServeGC }))
+		fmt.Fprintf(w, "%-44s %s\n", "  this build's, each round", eachRound(s.cpuRounds(), func(r ShippedRound) time.Duration { return r.ToolgateServeGC }))
+		fmt.Fprintf(w, "%-44s %10.0fMiB\n", "  its serve's RSS after its rounds", s.BaselineRSSMiB)
 	}
 	if s.ToolgateAllocs.objects > 0 {
 		fmt.Fprintf(w, "%-44s %12s %12s\n", "heap allocations per call, serve process",
@@ -1014,6 +1052,8 @@ func (s *Shipped) Print(w io.Writer) {
 			fmt.Fprintf(w, "%-44s %12s\n", "  of which Ed25519 signing", us(sh.Sign))
 			fmt.Fprintf(w, "%-44s %12s\n", "  of which JSON (every caller)", us(sh.JSON))
 			fmt.Fprintf(w, "%-44s %12s\n", "  of which nats-server (the floor's among it)", us(sh.Server))
+			fmt.Fprintf(w, "serve's allocations in the same windows: %s (go tool pprof -sample_index=alloc_space -top %s)\n",
+				allocsPath(s.Profile), allocsPath(s.Profile))
 		}
 		if s.floorProfileErr != nil {
 			fmt.Fprintf(w, "floor chain's CPU profile: %v\n", s.floorProfileErr)

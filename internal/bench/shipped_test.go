@@ -151,7 +151,7 @@ func TestGoalFourFromProfiles(t *testing.T) {
 	}
 	s := &Shipped{
 		Rounds:   []ShippedRound{round(3000 * us)},
-		Baseline: []ShippedRound{round(2500 * us)}, BaselineBinary: "first",
+		Baseline: []ShippedRound{round(2500 * us)}, BaselineBinary: "first", BaselineRSSMiB: 612,
 		Profile: "serve.prof",
 		// toolgate: 1300 outside the server, the floor 200 and its hops 100: own 1000.
 		Shares: ProfileShares{Total: 4000 * us, Server: 2700 * us}, FloorShares: ProfileShares{Total: 3200 * us, Server: 3000 * us},
@@ -168,6 +168,17 @@ func TestGoalFourFromProfiles(t *testing.T) {
 	for _, want := range []string{"the baseline build's, same rounds (5)", "(goal 4: see (6))"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("no %q in:\n%s", want, out)
+		}
+	}
+	// A collector's setting given by a wrapper as the baseline is read
+	// from the two builds' collector CPU and memory.
+	s.Baseline[0].ToolgateServeGC, s.Rounds[0].ToolgateServeGC = 40*us, 70*us
+	b.Reset()
+	s.Print(&b)
+	out = b.String()
+	for want, label := range map[string]string{"40µs": "its collector's CPU per call, each round", "70µs": "this build's, each round", "612MiB": "its serve's RSS after its rounds"} {
+		if line := lineWith(out, label); !strings.HasSuffix(line, want) {
+			t.Errorf("line %q: want it to end %s", line, want)
 		}
 	}
 	line := lineWith(out, "the baseline build's, profiled alike (6)")

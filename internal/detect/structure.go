@@ -53,6 +53,11 @@ type Doc struct {
 // NewDoc is the document raw, not yet decoded.
 func NewDoc(raw []byte) *Doc { return &Doc{raw: raw} }
 
+// NewDecodedDoc is the document raw with its tree v, as a caller that
+// decoded raw already (or encoded raw from v) holds it, decoded as decode
+// does (UseNumber): the first pass need not decode raw again.
+func NewDecodedDoc(raw []byte, v any) *Doc { return &Doc{raw: raw, v: v} }
+
 // Bytes is the document as the last pass left it.
 func (d *Doc) Bytes() []byte { return d.raw }
 

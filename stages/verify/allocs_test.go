@@ -15,8 +15,8 @@ import (
 // included, recorded: a change that allocates more than 20 % over one
 // fails TestAllocationBudget.
 var allocBudgets = map[string]float64{
-	"small result": 90, // a few fields, nothing found
-	"text result":  45, // a paragraph of prose scanned by every detector
+	"small result": 76, // a few fields, nothing found
+	"text result":  34, // a paragraph of prose scanned by every detector
 }
 
 func allocPaths(tb testing.TB) map[string]func() {

@@ -197,22 +197,31 @@ func (v *Verifier) fits(ctx context.Context, inv *envelope.Invocation) (int, boo
 // value, the one every decoder here keeps, survives. Text that is not one
 // JSON value is returned as it is (schema validation rejects it).
 func canonical(doc []byte) []byte {
+	b, _ := canonicalTree(doc)
+	return b
+}
+
+// canonicalTree is canonical with the decoded value it encoded, nil when
+// doc is not one JSON value: the detectors' tree of the bytes returned
+// (a decoded value encoded and decoded again is itself), so they need
+// not decode them again.
+func canonicalTree(doc []byte) ([]byte, any) {
 	if !json.Valid(doc) {
-		return doc
+		return doc, nil
 	}
 	dec := json.NewDecoder(bytes.NewReader(doc))
 	dec.UseNumber()
 	var x any
 	if err := dec.Decode(&x); err != nil {
-		return doc
+		return doc, nil
 	}
 	var b bytes.Buffer
 	enc := json.NewEncoder(&b)
 	enc.SetEscapeHTML(false)
 	if err := enc.Encode(x); err != nil {
-		return doc
+		return doc, nil
 	}
-	return bytes.TrimSuffix(b.Bytes(), []byte("\n"))
+	return bytes.TrimSuffix(b.Bytes(), []byte("\n")), x
 }
 
 func (v *Verifier) check(ctx context.Context, m *tools.Manifest, pol tools.OutputPolicy, inv *envelope.Invocation) ([]byte, error) {
@@ -229,10 +238,10 @@ func (v *Verifier) check(ctx context.Context, m *tools.Manifest, pol tools.Outpu
 		return nil, api.NewError(api.ToolExecutionError, api.EOutputTooDeep,
 			"%s returned a result nested %d deep, the limit is %d", m.Key(), d, MaxResultDepth)
 	}
-	result = canonical(result)
+	result, tree := canonicalTree(result)
 	if pol.Coerce && len(m.OutputSchema) > 0 {
 		if c, changed := coerce(result, m.OutputSchema); changed {
-			result = c
+			result, tree = c, nil
 			inv.Metadata.Warnings = append(inv.Metadata.Warnings, "result values coerced to the output schema's types")
 		}
 	}
@@ -249,7 +258,11 @@ func (v *Verifier) check(ctx context.Context, m *tools.Manifest, pol tools.Outpu
 		inv.Metadata.Warnings = append(inv.Metadata.Warnings,
 			fmt.Sprintf("%s: result does not match the output schema (lenient): %s %s", api.EResultSchema, fields[0].Location, fields[0].Message))
 	}
-	return v.sanitize(ctx, m, pol, inv, result)
+	doc := detect.NewDoc(result)
+	if tree != nil {
+		doc = detect.NewDecodedDoc(result, tree)
+	}
+	return v.sanitize(ctx, m, pol, inv, doc)
 }
 
 // CheckError holds the text of a failed call (its message and the strings
@@ -281,7 +294,7 @@ func (v *Verifier) CheckError(m *tools.Manifest, inv *envelope.Invocation, err e
 	scratch := &envelope.Invocation{Tenant: inv.Tenant}
 	// The caller's context does not reach here; the classifier, if any,
 	// bounds its own calls (see HTTPClassifier).
-	out, rejected := v.sanitize(context.Background(), m, pol, scratch, doc)
+	out, rejected := v.sanitize(context.Background(), m, pol, scratch, detect.NewDoc(doc))
 	for i, f := range scratch.Findings {
 		if f.Path == "/message" {
 			scratch.Findings[i].Path = "/error/message"
@@ -316,7 +329,7 @@ func (v *Verifier) CheckError(m *tools.Manifest, inv *envelope.Invocation, err e
 }
 
 // sanitize applies each detector's action, strictest first.
-func (v *Verifier) sanitize(ctx context.Context, m *tools.Manifest, pol tools.OutputPolicy, inv *envelope.Invocation, result []byte) ([]byte, error) {
+func (v *Verifier) sanitize(ctx context.Context, m *tools.Manifest, pol tools.OutputPolicy, inv *envelope.Invocation, doc *detect.Doc) ([]byte, error) {
 	actions := v.actions(pol, inv.Tenant)
 	ds := make([]detect.Detector, 0, len(actions))
 	for d := range actions {
@@ -339,7 +352,6 @@ func (v *Verifier) sanitize(ctx context.Context, m *tools.Manifest, pol tools.Ou
 	eng := v.cfg.Detectors
 	// One decoded document for every detector: decoded again only after
 	// a detector rewrote it.
-	doc := detect.NewDoc(result)
 	for _, d := range ds {
 		var found []detect.Finding
 		var err error

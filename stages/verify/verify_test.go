@@ -1,9 +1,11 @@
 package verify
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -160,6 +162,39 @@ func TestExampleMarkerExactOnly(t *testing.T) {
 		inv := invoke(sample)
 		if _, err := v.Process(context.Background(), inv); err != nil || string(inv.Result) != sample {
 			t.Errorf("%s: changed to %s (%v)", sample, inv.Result, err)
+		}
+	}
+}
+
+// TestCanonicalTree: the tree canonical hands the detectors is the one
+// they would decode from its bytes, whatever the document held
+// (duplicated members, invalid UTF-8, numbers beyond float64, escapes),
+// and nothing where the text is not one JSON value.
+func TestCanonicalTree(t *testing.T) {
+	for _, doc := range []string{
+		`{"a":1,"a":{"b":[1,2.50,"x"]},"c":null}`,
+		"{\"s\":\"bad \xff utf-8 \\u2028 <b>&\",\"k\\u00e9\":true}",
+		`[12345678901234567890123, -0.0e10, 1E400]`,
+		`"just a string"`,
+		` {"spaced" : [ ] } `,
+	} {
+		b, tree := canonicalTree([]byte(doc))
+		if tree == nil {
+			t.Fatalf("%q: no tree", doc)
+		}
+		dec := json.NewDecoder(bytes.NewReader(b))
+		dec.UseNumber()
+		var again any
+		if err := dec.Decode(&again); err != nil {
+			t.Fatalf("%q: canonical bytes %q do not decode: %v", doc, b, err)
+		}
+		if !reflect.DeepEqual(tree, again) {
+			t.Errorf("%q: tree %#v, but its bytes %q decode to %#v", doc, tree, b, again)
+		}
+	}
+	for _, doc := range []string{`{"a":1} {"b":2}`, `{"a":`, "not json"} {
+		if b, tree := canonicalTree([]byte(doc)); tree != nil || string(b) != doc {
+			t.Errorf("%q: returned %q with tree %v; want it as it is, no tree", doc, b, tree)
 		}
 	}
 }
