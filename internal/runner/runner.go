@@ -466,6 +466,14 @@ func (r *Runner) decode(subject string, header nats.Header, data []byte, seq uin
 func (r *Runner) read(subject string, header nats.Header, data []byte, seq uint64) (*envelope.Invocation, error) {
 	decode := envelope.Decode
 	if r.Senders != nil {
+		// A hand-off this process signed and holds, read back unchanged:
+		// its check would recompute the proof it was sent with.
+		if inv := r.Handed.takeSigned(subject, header, data); inv != nil {
+			if r.inMemory != nil {
+				r.inMemory.Inc()
+			}
+			return inv, nil
+		}
 		ours, err := r.Senders(subject, header, data)
 		if err != nil {
 			return nil, err
@@ -922,7 +930,7 @@ func (r *Runner) apply(msg jetstream.Msg, inv *envelope.Invocation, s settlement
 		outcome = outcomeParked
 	}
 	var hand stages.Output
-	forward := false
+	forward, held := false, false
 	if s.act == actForward {
 		if r.Custody != nil && s.next == subjects.Next(r.Name) && s.next != subjects.Audit {
 			holder := busauth.Role(s.next)
@@ -949,9 +957,7 @@ func (r *Runner) apply(msg jetstream.Msg, inv *envelope.Invocation, s settlement
 		// Held before it is sent, so the reader cannot get there first;
 		// from here on inv is not this Runner's.
 		// (A site's call is read by another process: none holds it.)
-		if siteOf(inv, s.next) == "" {
-			r.Handed.put(s.next, o.MsgID, o.Data, inv)
-		}
+		held = siteOf(inv, s.next) == "" && r.Handed.put(s.next, o.MsgID, o.Data, inv)
 	}
 	announcedOuts, futures := early.take()
 	if len(outs) == 0 && len(futures) == 0 && !forward {
@@ -981,6 +987,11 @@ func (r *Runner) apply(msg jetstream.Msg, inv *envelope.Invocation, s settlement
 			return pendingSettle{outcome: r.failed(msg, id, tenant, hand, err)}
 		}
 		p.hand, p.handFuture = hand, f
+		if held && r.Senders != nil {
+			if m := f.Msg(); m != nil {
+				r.Handed.signed(hand.MsgID, m.Subject, hand.Data, m.Header)
+			}
+		}
 	}
 	return p
 }

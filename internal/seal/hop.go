@@ -290,7 +290,7 @@ func (m *Messages) check(subject string, h nats.Header, data []byte) (role busau
 		k.sum(want[:0], text)
 		var enc [macEncoded]byte
 		base64.RawURLEncoding.Encode(enc[:], want[:])
-		if !equalSecret(enc[:], sum) {
+		if !EqualSecret(enc[:], sum) {
 			return "", false, refuseMessage("the MAC of " + string(role) + " does not verify: forged, or the message was altered")
 		}
 		ours = m.recent.takeMAC(want[:])
@@ -345,15 +345,15 @@ func (m *Messages) Record(role busauth.Role, kind string, b []byte, sig string) 
 	return err == nil && ed25519.Verify(key, signedMessage(string(role), kind, b), raw)
 }
 
-// equalSecret reports whether b and s are the same bytes, in time that
+// EqualSecret reports whether b and s are the same bytes, in time that
 // depends on their lengths alone (subtle.ConstantTimeCompare, without
-// copying s).
-func equalSecret(b []byte, s string) bool {
+// copying either).
+func EqualSecret[B []byte | string](b B, s string) bool {
 	if len(b) != len(s) {
 		return false
 	}
 	var v byte
-	for i := range b {
+	for i := range len(b) {
 		v |= b[i] ^ s[i]
 	}
 	return subtle.ConstantTimeByteEq(v, 0) == 1
