@@ -982,7 +982,7 @@ func (r *Runner) apply(msg jetstream.Msg, inv *envelope.Invocation, s settlement
 	if forward {
 		// Sent last, as it always was: the successor comes after what
 		// the stage sent.
-		f, err := PublishAsync(r.JS, hand)
+		f, err := publishOwned(r.JS, hand)
 		if err != nil {
 			return pendingSettle{outcome: r.failed(msg, id, tenant, hand, err)}
 		}
@@ -1076,6 +1076,14 @@ func (r *Runner) publish(ctx context.Context, o stages.Output) error { return Pu
 func PublishAsync(js jetstream.JetStream, o stages.Output) (jetstream.PubAckFuture, error) {
 	m := &nats.Msg{Subject: o.Subject, Header: o.Header, Data: o.Data}
 	return js.PublishMsgAsync(m, msgIDOpts(o)...)
+}
+
+// publishOwned is PublishAsync for o, whose header was made for this
+// publish alone (Handoff's): the layers that sign and redirect it write it
+// in place, without copying message and header.
+func publishOwned(js jetstream.JetStream, o stages.Output) (jetstream.PubAckFuture, error) {
+	m := &nats.Msg{Subject: o.Subject, Header: o.Header, Data: o.Data}
+	return seal.PublishOwnedAsync(js, m, msgIDOpts(o)...)
 }
 
 // msgIDOpts are the options that give a publish o's id, none when its
