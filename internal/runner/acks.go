@@ -93,7 +93,8 @@ func (j *handoffAcks) PublishOwnedAsync(m *nats.Msg, opts ...jetstream.PublishOp
 	token := j.next
 	j.pending[token] = a
 	j.mu.Unlock()
-	m.Reply = j.prefix + strconv.FormatUint(token, 36)
+	var buf [80]byte
+	m.Reply = string(strconv.AppendUint(append(buf[:0], j.prefix...), token, 36))
 	if err := j.Conn().PublishMsg(m); err != nil {
 		j.mu.Lock()
 		delete(j.pending, token)
@@ -129,7 +130,8 @@ func (j *handoffAcks) reply(r *nats.Msg) {
 		return
 	}
 	var ack pubAckReply
-	switch err := segjson.Unmarshal(r.Data, &ack); {
+	// The stream's name points into r's data, which is this reply's alone.
+	switch _, err := segjson.Parse(r.Data, &ack, segjson.ZeroCopy); {
 	case err != nil:
 		a.err <- jetstream.ErrInvalidJSAck
 	case ack.Error != nil:
