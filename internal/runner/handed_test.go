@@ -270,16 +270,3 @@ func TestSignedHandOffTakenUnchecked(t *testing.T) {
 		}
 	}
 }
-
-// BenchmarkSignedHop: a hop of serve's, signed, published, read back and
-// its sender checked, in one process, with a 1.5 KB request.
-func BenchmarkSignedHop(b *testing.B) {
-	hop, execute, _, _ := signedHop(b)
-	b.ReportAllocs()
-	for b.Loop() {
-		m := hop()
-		if inv, err := execute.decode(m.Subject, m.Header, m.Data, 10); inv == nil {
-			b.Fatal(err)
-		}
-	}
-}
