@@ -7,6 +7,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/toolgate/toolgate/internal/busauth"
 	"github.com/toolgate/toolgate/internal/envelope"
 	"github.com/toolgate/toolgate/internal/seal"
 )
@@ -183,6 +184,9 @@ func (h *Handed) takeSigned(subject string, hdr nats.Header, data []byte) *envel
 	}
 	if e.proofKey == seal.HeaderSignature && hdr.Get(seal.HeaderMAC) != "" {
 		return nil // the check would read the MAC, not the signature
+	}
+	if !busauth.MayPublish(busauth.Role(e.signer), subject) {
+		return nil // the check refuses it as it would any role's
 	}
 	delete(h.held, id)
 	h.n--

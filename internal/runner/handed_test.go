@@ -270,3 +270,26 @@ func TestSignedHandOffTakenUnchecked(t *testing.T) {
 		}
 	}
 }
+
+// TestSignedHandOffOfARoleNotItsOwn: a hand-off recorded as signed by a
+// role that may not send on its subject is left to the check, as the
+// check would refuse it.
+func TestSignedHandOffOfARoleNotItsOwn(t *testing.T) {
+	h := NewHanded([]string{subjects.Execute})
+	subject := subjects.Pipe(subjects.Execute, subjects.PriorityNormal, "acme")
+	data := []byte(`{"id":"i-1"}`)
+	for _, c := range []struct {
+		signer busauth.Role
+		taken  bool
+	}{{busauth.RoleRoute, true}, {busauth.RoleVerify, false}} {
+		inv := &envelope.Invocation{ID: "i-1"}
+		if !h.put(subjects.Execute, "m-1", data, inv) {
+			t.Fatal("not held")
+		}
+		sent := nats.Header{seal.HeaderSigner: {string(c.signer)}, seal.HeaderMAC: {"bWFj"}, jetstream.MsgIDHeader: {"m-1"}}
+		h.signed("m-1", subject, data, sent)
+		if got := h.takeSigned(subject, sent, bytes.Clone(data)); (got == inv) != c.taken {
+			t.Errorf("signed by %s: taken %v, want %v", c.signer, got == inv, c.taken)
+		}
+	}
+}
