@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -23,8 +24,17 @@ import (
 // stream answers: it fails, and the Runner naks its input for a retry
 // after its backoff.
 func HandoffAcks(js jetstream.JetStream) jetstream.JetStream {
-	return &handoffAcks{JetStream: js, pending: map[uint64]*handoffAck{}}
+	return &handoffAcks{JetStream: js, pending: map[uint64]*handoffAck{}, horizon: ackHorizon}
 }
+
+// A hand-off still waiting ackHorizon publishes later, and sent over
+// ackPatience ago, fails: its acknowledgement was lost without the
+// connection being lost (a stream leader gone), and its waiter gave up
+// long since; it is not kept, message and all, until a reconnect.
+const (
+	ackHorizon  = 1 << 14
+	ackPatience = time.Minute
+)
 
 type handoffAcks struct {
 	jetstream.JetStream
@@ -35,22 +45,28 @@ type handoffAcks struct {
 	mu      sync.Mutex
 	pending map[uint64]*handoffAck // by token
 	next    uint64
+	horizon uint64 // ackHorizon
 }
 
 // handoffAck is a hand-off's jetstream.PubAckFuture: exactly one of its
 // channels receives, once.
 type handoffAck struct {
-	msg *nats.Msg
-	ok  chan *jetstream.PubAck
-	err chan error
+	msg  *nats.Msg
+	ok   chan *jetstream.PubAck
+	err  chan error
+	sent time.Time
 }
 
 func (a *handoffAck) Ok() <-chan *jetstream.PubAck { return a.ok }
 func (a *handoffAck) Err() <-chan error            { return a.err }
 func (a *handoffAck) Msg() *nats.Msg               { return a.msg }
 
-// errNoStream is a hand-off's failure when no stream took it.
-var errNoStream = errors.New("no stream answered the hand-off")
+// errNoStream is a hand-off's failure when no stream took it, errLostAck
+// when no acknowledgement came (ackPatience).
+var (
+	errNoStream = errors.New("no stream answered the hand-off")
+	errLostAck  = errors.New("no acknowledgement of the hand-off came")
+)
 
 // listen subscribes to the reply subjects, once, and fails what is pending
 // whenever the connection is lost: an acknowledgement sent then never
@@ -87,12 +103,19 @@ func (j *handoffAcks) PublishOwnedAsync(m *nats.Msg, opts ...jetstream.PublishOp
 	if err := j.listen(); err != nil {
 		return nil, err
 	}
-	a := &handoffAck{msg: m, ok: make(chan *jetstream.PubAck, 1), err: make(chan error, 1)}
+	a := &handoffAck{msg: m, ok: make(chan *jetstream.PubAck, 1), err: make(chan error, 1), sent: time.Now()}
 	j.mu.Lock()
 	j.next++
 	token := j.next
 	j.pending[token] = a
+	old, stale := j.pending[token-j.horizon]
+	if stale = stale && a.sent.Sub(old.sent) > ackPatience; stale {
+		delete(j.pending, token-j.horizon)
+	}
 	j.mu.Unlock()
+	if stale {
+		old.err <- errLostAck
+	}
 	var buf [80]byte
 	m.Reply = string(strconv.AppendUint(append(buf[:0], j.prefix...), token, 36))
 	if err := j.Conn().PublishMsg(m); err != nil {

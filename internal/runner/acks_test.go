@@ -82,8 +82,27 @@ func TestHandoffAcks(t *testing.T) {
 		t.Fatalf("a hand-off the stream refuses: %v, want its API error", err)
 	}
 
-	// Lost before its acknowledgement: the server stops, what waits fails.
+	// Never acknowledged, the connection up: failed once far behind.
 	j := js.(*handoffAcks)
+	j.horizon = 3
+	forgotten := &handoffAck{ok: make(chan *jetstream.PubAck, 1), err: make(chan error, 1), sent: time.Now().Add(-2 * ackPatience)}
+	j.mu.Lock()
+	j.next++
+	j.pending[j.next] = forgotten
+	j.mu.Unlock()
+	for i := range 3 {
+		if _, err := publish("m-forgotten-"+strconv.Itoa(i), []byte(`{}`), nil); err != nil {
+			t.Fatal(err)
+		}
+		if got := len(forgotten.err); got != min(i/2, 1) {
+			t.Fatalf("after %d publishes, a hand-off never acknowledged had %d failures", i+1, got)
+		}
+	}
+	if err := <-forgotten.err; !errors.Is(err, errLostAck) {
+		t.Fatalf("a hand-off never acknowledged failed with %v", err)
+	}
+
+	// Lost before its acknowledgement: the server stops, what waits fails.
 	waiting := &handoffAck{ok: make(chan *jetstream.PubAck, 1), err: make(chan error, 1)}
 	j.mu.Lock()
 	j.pending[^uint64(0)] = waiting // a token no acknowledgement names
