@@ -133,8 +133,9 @@ func TestHandOffInProcess(t *testing.T) {
 	decodeOwn = func(b []byte) (*envelope.Invocation, error) { own++; return envelope.DecodeOwn(b) }
 	t.Cleanup(func() { decodeOwn = envelope.DecodeOwn })
 
+	// Another process: its own Handed, and not its own signature.
 	elsewhere := &Runner{Name: subjects.Execute, Stage: passStage{},
-		Senders: func(string, nats.Header, []byte) (bool, error) { return false, nil }, Handed: handed}
+		Senders: func(string, nats.Header, []byte) (bool, error) { return false, nil }, Handed: NewHanded([]string{subjects.Execute})}
 	decoded, err := elsewhere.decode(out.Subject, out.Header, out.Data, 10)
 	if err != nil {
 		t.Fatal(err)
@@ -291,5 +292,25 @@ func TestSignedHandOffOfARoleNotItsOwn(t *testing.T) {
 		if got := h.takeSigned(subject, sent, bytes.Clone(data)); (got == inv) != c.taken {
 			t.Errorf("signed by %s: taken %v, want %v", c.signer, got == inv, c.taken)
 		}
+	}
+}
+
+// TestHandOffReadBeforeItsProofIsNoted: a hand-off read back before its
+// sender noted how it was signed is checked, and then taken as the
+// invocation held, not decoded.
+func TestHandOffReadBeforeItsProofIsNoted(t *testing.T) {
+	hop, execute, checks, _ := signedHop(t)
+	m := hop()
+	id := m.Header.Get(jetstream.MsgIDHeader)
+	execute.Handed.mu.Lock()
+	e := execute.Handed.held[id]
+	held := e.inv
+	e.proof = "" // as before signed ran
+	execute.Handed.held[id] = e
+	execute.Handed.mu.Unlock()
+	*checks = 0
+	got, err := execute.decode(m.Subject, m.Header, m.Data, 10)
+	if err != nil || *checks != 1 || got != held {
+		t.Fatalf("read with %d checks: %p (%v), want the invocation held (%p) after one check", *checks, got, err, held)
 	}
 }

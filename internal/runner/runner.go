@@ -478,16 +478,17 @@ func (r *Runner) read(subject string, header nats.Header, data []byte, seq uint6
 		if err != nil {
 			return nil, err
 		}
+		// Checked, and perhaps the very bytes of an invocation handed on
+		// in this process (read before its proof was noted).
+		if inv := r.Handed.take(header.Get(jetstream.MsgIDHeader), data); inv != nil {
+			if r.inMemory != nil {
+				r.inMemory.Inc()
+			}
+			return inv, nil
+		}
 		if ours {
 			// Bytes this process's Handoff encoded, the only writer of
-			// pipeline subjects: valid JSON without a scan, and perhaps
-			// the invocation itself, handed on in this process.
-			if inv := r.Handed.take(header.Get(jetstream.MsgIDHeader), data); inv != nil {
-				if r.inMemory != nil {
-					r.inMemory.Inc()
-				}
-				return inv, nil
-			}
+			// pipeline subjects: valid JSON without a scan.
 			decode = decodeOwn
 		}
 	}
