@@ -3,8 +3,13 @@ package runner
 import (
 	"bytes"
 	"sync"
+	"unsafe"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/toolgate/toolgate/internal/busauth"
 	"github.com/toolgate/toolgate/internal/envelope"
+	"github.com/toolgate/toolgate/internal/seal"
 )
 
 // Handed holds the invocations a process's Runners handed on to a stage
@@ -37,6 +42,10 @@ type heldInvocation struct {
 	data []byte
 	inv  *envelope.Invocation
 	seq  uint64
+	// The hand-off as it was signed (signed): its subject, its signer and
+	// the header that proves it (its MAC, or its signature), once sent.
+	subject, signer string
+	proofKey, proof string
 }
 
 type heldKey struct {
@@ -118,6 +127,71 @@ func (h *Handed) evictOldest() bool {
 	h.n--
 	h.size -= len(e.data)
 	return true
+}
+
+// signed records how the hand-off held under id, data, was signed: h is
+// the header it was published with. A copy read back with that very
+// subject, data, signer and proof is what this process sent, and its
+// check would only recompute the proof (takeSigned).
+func (h *Handed) signed(id, subject string, data []byte, signed nats.Header) {
+	if h == nil || id == "" || signed == nil || signed.Get(seal.HeaderSeal) != "" {
+		return
+	}
+	key := seal.HeaderMAC
+	proof := signed.Get(key)
+	if proof == "" {
+		key = seal.HeaderSignature
+		proof = signed.Get(key)
+	}
+	signer := signed.Get(seal.HeaderSigner)
+	if proof == "" || signer == "" {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	e, ok := h.held[id]
+	if !ok || !sameBytes(e.data, data) {
+		return // taken already, or held again since
+	}
+	e.subject, e.signer, e.proofKey, e.proof = subject, signer, key, proof
+	h.held[id] = e
+}
+
+// sameBytes reports whether a and b are the same slice, not just equal.
+func sameBytes(a, b []byte) bool {
+	return len(a) == len(b) && unsafe.SliceData(a) == unsafe.SliceData(b)
+}
+
+// takeSigned is take for a message read on subject with header hdr whose
+// sender is not checked yet: it returns the invocation only when the
+// message is, byte for byte, the hand-off this process signed and sent
+// (signed), whose check would recompute the very proof it carries.
+// Anything else, a proof not yet recorded included, is left to the check.
+func (h *Handed) takeSigned(subject string, hdr nats.Header, data []byte) *envelope.Invocation {
+	if h == nil {
+		return nil
+	}
+	id := hdr.Get(jetstream.MsgIDHeader)
+	if id == "" {
+		return nil
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	e, ok := h.held[id]
+	if !ok || e.proof == "" || e.subject != subject || hdr.Get(seal.HeaderSigner) != e.signer ||
+		hdr.Get(seal.HeaderSeal) != "" || !seal.EqualSecret(hdr.Get(e.proofKey), e.proof) || !bytes.Equal(e.data, data) {
+		return nil
+	}
+	if e.proofKey == seal.HeaderSignature && hdr.Get(seal.HeaderMAC) != "" {
+		return nil // the check would read the MAC, not the signature
+	}
+	if !busauth.MayPublish(busauth.Role(e.signer), subject) {
+		return nil // the check refuses it as it would any role's
+	}
+	delete(h.held, id)
+	h.n--
+	h.size -= len(e.data)
+	return e.inv
 }
 
 // take returns the invocation handed on under message id if data is

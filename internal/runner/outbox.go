@@ -5,6 +5,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/toolgate/toolgate/internal/seal"
 	"github.com/toolgate/toolgate/subjects"
 )
 
@@ -43,4 +44,13 @@ func (j *outboxJS) PublishAsync(subject string, data []byte, opts ...jetstream.P
 
 func (j *outboxJS) PublishMsgAsync(m *nats.Msg, opts ...jetstream.PublishOpt) (jetstream.PubAckFuture, error) {
 	return j.JetStream.PublishMsgAsync(j.out(m), opts...)
+}
+
+// PublishOwnedAsync is PublishMsgAsync for a message the caller made for
+// this publish alone (seal.OwnedPublisher): redirected in place.
+func (j *outboxJS) PublishOwnedAsync(m *nats.Msg, opts ...jetstream.PublishOpt) (jetstream.PubAckFuture, error) {
+	if subjects.Outboxed(m.Subject) {
+		m.Subject = subjects.SiteOut(j.site, m.Subject)
+	}
+	return seal.PublishOwnedAsync(j.JetStream, m, opts...)
 }

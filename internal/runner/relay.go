@@ -51,6 +51,15 @@ func (j *relayingJS) PublishMsgAsync(m *nats.Msg, opts ...jetstream.PublishOpt) 
 	return j.JetStream.PublishMsgAsync(relayed(m), opts...)
 }
 
+// PublishOwnedAsync is PublishMsgAsync for a message the caller made for
+// this publish alone (seal.OwnedPublisher): redirected in place.
+func (j *relayingJS) PublishOwnedAsync(m *nats.Msg, opts ...jetstream.PublishOpt) (jetstream.PubAckFuture, error) {
+	if subjects.Relayed(m.Subject) {
+		m.Subject = subjects.Relay(m.Subject)
+	}
+	return seal.PublishOwnedAsync(j.JetStream, m, opts...)
+}
+
 // Relay is audit's other consumer: it publishes the audit events and
 // results the other roles emit on the relay, each on its own subject with
 // its own message id, once Senders (when set) has checked that a role that

@@ -466,20 +466,29 @@ func (r *Runner) decode(subject string, header nats.Header, data []byte, seq uin
 func (r *Runner) read(subject string, header nats.Header, data []byte, seq uint64) (*envelope.Invocation, error) {
 	decode := envelope.Decode
 	if r.Senders != nil {
+		// A hand-off this process signed and holds, read back unchanged:
+		// its check would recompute the proof it was sent with.
+		if inv := r.Handed.takeSigned(subject, header, data); inv != nil {
+			if r.inMemory != nil {
+				r.inMemory.Inc()
+			}
+			return inv, nil
+		}
 		ours, err := r.Senders(subject, header, data)
 		if err != nil {
 			return nil, err
 		}
+		// Checked, and perhaps the very bytes of an invocation handed on
+		// in this process (read before its proof was noted).
+		if inv := r.Handed.take(header.Get(jetstream.MsgIDHeader), data); inv != nil {
+			if r.inMemory != nil {
+				r.inMemory.Inc()
+			}
+			return inv, nil
+		}
 		if ours {
 			// Bytes this process's Handoff encoded, the only writer of
-			// pipeline subjects: valid JSON without a scan, and perhaps
-			// the invocation itself, handed on in this process.
-			if inv := r.Handed.take(header.Get(jetstream.MsgIDHeader), data); inv != nil {
-				if r.inMemory != nil {
-					r.inMemory.Inc()
-				}
-				return inv, nil
-			}
+			// pipeline subjects: valid JSON without a scan.
 			decode = decodeOwn
 		}
 	}
@@ -922,7 +931,7 @@ func (r *Runner) apply(msg jetstream.Msg, inv *envelope.Invocation, s settlement
 		outcome = outcomeParked
 	}
 	var hand stages.Output
-	forward := false
+	forward, held := false, false
 	if s.act == actForward {
 		if r.Custody != nil && s.next == subjects.Next(r.Name) && s.next != subjects.Audit {
 			holder := busauth.Role(s.next)
@@ -949,9 +958,7 @@ func (r *Runner) apply(msg jetstream.Msg, inv *envelope.Invocation, s settlement
 		// Held before it is sent, so the reader cannot get there first;
 		// from here on inv is not this Runner's.
 		// (A site's call is read by another process: none holds it.)
-		if siteOf(inv, s.next) == "" {
-			r.Handed.put(s.next, o.MsgID, o.Data, inv)
-		}
+		held = siteOf(inv, s.next) == "" && r.Handed.put(s.next, o.MsgID, o.Data, inv)
 	}
 	announcedOuts, futures := early.take()
 	if len(outs) == 0 && len(futures) == 0 && !forward {
@@ -976,11 +983,16 @@ func (r *Runner) apply(msg jetstream.Msg, inv *envelope.Invocation, s settlement
 	if forward {
 		// Sent last, as it always was: the successor comes after what
 		// the stage sent.
-		f, err := PublishAsync(r.JS, hand)
+		f, err := publishOwned(r.JS, hand)
 		if err != nil {
 			return pendingSettle{outcome: r.failed(msg, id, tenant, hand, err)}
 		}
 		p.hand, p.handFuture = hand, f
+		if held && r.Senders != nil {
+			if m := f.Msg(); m != nil {
+				r.Handed.signed(hand.MsgID, m.Subject, hand.Data, m.Header)
+			}
+		}
 	}
 	return p
 }
@@ -1065,6 +1077,14 @@ func (r *Runner) publish(ctx context.Context, o stages.Output) error { return Pu
 func PublishAsync(js jetstream.JetStream, o stages.Output) (jetstream.PubAckFuture, error) {
 	m := &nats.Msg{Subject: o.Subject, Header: o.Header, Data: o.Data}
 	return js.PublishMsgAsync(m, msgIDOpts(o)...)
+}
+
+// publishOwned is PublishAsync for o, whose header was made for this
+// publish alone (Handoff's): the layers that sign and redirect it write it
+// in place, without copying message and header.
+func publishOwned(js jetstream.JetStream, o stages.Output) (jetstream.PubAckFuture, error) {
+	m := &nats.Msg{Subject: o.Subject, Header: o.Header, Data: o.Data}
+	return seal.PublishOwnedAsync(js, m, msgIDOpts(o)...)
 }
 
 // msgIDOpts are the options that give a publish o's id, none when its

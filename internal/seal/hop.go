@@ -9,6 +9,7 @@ import (
 	"maps"
 	"sync"
 	"time"
+	"unsafe"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -82,27 +83,50 @@ func (m *Messages) NewSigner(role busauth.Role, key ed25519.PrivateKey) *Signer 
 func (s *Signer) Sign(subject string, h nats.Header, data []byte) nats.Header {
 	out := make(nats.Header, len(h)+2)
 	maps.Copy(out, h)
-	out[HeaderSigner] = s.signer
+	s.signInto(out, subject, data, true)
+	return out
+}
+
+// signInto adds to h, the header of a message on subject with body data,
+// what Sign adds to its copy; remember: and notes the proof for this
+// process's checks (recent).
+func (s *Signer) signInto(h nats.Header, subject string, data []byte, remember bool) {
+	h[HeaderSigner] = s.signer
 	if h.Get(HeaderSeal) == SealReceipt {
-		return out // its receipt signs it
+		return // its receipt signs it
 	}
 	var buf [signedMax]byte
 	text := appendSignedMessage(buf[:0], string(s.role), subject, data)
 	if k, ok := s.macKey(subject); ok {
 		var sum [sha256.Size]byte
 		k.sum(sum[:0], text)
-		s.recent.addMAC(sum[:])
-		var enc [macEncoded]byte
-		base64.RawURLEncoding.Encode(enc[:], sum[:])
-		out[HeaderMAC] = []string{string(enc[:])}
-		return out
+		if remember {
+			s.recent.addMAC(sum[:])
+		}
+		v := new(headerValue[[macEncoded]byte])
+		base64.RawURLEncoding.Encode(v.enc[:], sum[:])
+		h[HeaderMAC] = v.values()
+		return
 	}
 	sig := ed25519.Sign(s.key, text)
-	s.recent.add(s.pub, text, sig)
-	var enc [sigEncoded]byte
-	base64.RawURLEncoding.Encode(enc[:], sig)
-	out[HeaderSignature] = []string{string(enc[:])}
-	return out
+	if remember {
+		s.recent.add(s.pub, text, sig)
+	}
+	v := new(headerValue[[sigEncoded]byte])
+	base64.RawURLEncoding.Encode(v.enc[:], sig)
+	h[HeaderSignature] = v.values()
+}
+
+// headerValue is a header's one value and its bytes in one allocation,
+// not a string and a slice: enc is written once, before values.
+type headerValue[E [macEncoded]byte | [sigEncoded]byte] struct {
+	enc E
+	v   [1]string
+}
+
+func (v *headerValue[E]) values() []string {
+	v.v[0] = unsafe.String(&v.enc[0], len(v.enc))
+	return v.v[:]
 }
 
 // macKey returns the key of a hand-off on subject from s's role to the
@@ -290,7 +314,7 @@ func (m *Messages) check(subject string, h nats.Header, data []byte) (role busau
 		k.sum(want[:0], text)
 		var enc [macEncoded]byte
 		base64.RawURLEncoding.Encode(enc[:], want[:])
-		if !equalSecret(enc[:], sum) {
+		if !EqualSecret(enc[:], sum) {
 			return "", false, refuseMessage("the MAC of " + string(role) + " does not verify: forged, or the message was altered")
 		}
 		ours = m.recent.takeMAC(want[:])
@@ -345,15 +369,15 @@ func (m *Messages) Record(role busauth.Role, kind string, b []byte, sig string) 
 	return err == nil && ed25519.Verify(key, signedMessage(string(role), kind, b), raw)
 }
 
-// equalSecret reports whether b and s are the same bytes, in time that
+// EqualSecret reports whether b and s are the same bytes, in time that
 // depends on their lengths alone (subtle.ConstantTimeCompare, without
-// copying s).
-func equalSecret(b []byte, s string) bool {
+// copying either).
+func EqualSecret[B []byte | string](b B, s string) bool {
 	if len(b) != len(s) {
 		return false
 	}
 	var v byte
-	for i := range b {
+	for i := range len(b) {
 		v |= b[i] ^ s[i]
 	}
 	return subtle.ConstantTimeByteEq(v, 0) == 1
@@ -400,6 +424,39 @@ func (j *signingJS) PublishAsync(subject string, data []byte, opts ...jetstream.
 
 func (j *signingJS) PublishMsgAsync(m *nats.Msg, opts ...jetstream.PublishOpt) (jetstream.PubAckFuture, error) {
 	return j.JetStream.PublishMsgAsync(j.signed(m), opts...)
+}
+
+// PublishOwnedAsync is PublishMsgAsync for m, a message its caller made
+// for this publish alone, header and all: the header is signed in place,
+// not copied. Its proof is not noted for this process's checks: the
+// caller is the runner, whose reader in this process takes its hand-off
+// as sent (runner.Handed), and checks only one it no longer holds (a
+// redelivery, a call that failed), which then costs a scan of its JSON.
+// Noted, every hand-off's proof would wait in a full map to be pushed out.
+func (j *signingJS) PublishOwnedAsync(m *nats.Msg, opts ...jetstream.PublishOpt) (jetstream.PubAckFuture, error) {
+	if j.except == nil || !j.except(m.Subject) {
+		if m.Header == nil {
+			m.Header = make(nats.Header, 2)
+		}
+		j.s.signInto(m.Header, m.Subject, m.Data, false)
+	}
+	return PublishOwnedAsync(j.JetStream, m, opts...)
+}
+
+// OwnedPublisher is a JetStream that takes a message to publish as its
+// own (PublishOwnedAsync): what it wraps it around is written in place.
+type OwnedPublisher interface {
+	PublishOwnedAsync(m *nats.Msg, opts ...jetstream.PublishOpt) (jetstream.PubAckFuture, error)
+}
+
+// PublishOwnedAsync publishes m, a message the caller made for this
+// publish alone and does not touch again, on js: in place through every
+// layer that is an OwnedPublisher, copied by any other.
+func PublishOwnedAsync(js jetstream.JetStream, m *nats.Msg, opts ...jetstream.PublishOpt) (jetstream.PubAckFuture, error) {
+	if o, ok := js.(OwnedPublisher); ok {
+		return o.PublishOwnedAsync(m, opts...)
+	}
+	return js.PublishMsgAsync(m, opts...)
 }
 
 func (j *signingJS) signed(m *nats.Msg) *nats.Msg {
