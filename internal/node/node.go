@@ -188,7 +188,7 @@ func openConnRole(ctx context.Context, nc *nats.Conn, role busauth.Role, topo to
 	if err != nil {
 		return nil, err
 	}
-	js = runner.HandoffAcks(leaves.Wrap(js))
+	js = leaves.Wrap(js)
 	opts := kvstore.Options{Replicas: topo.Replicas, Storage: topo.Storage, InvocationTTL: topo.InvocationTTL, Memory: mem,
 		CheckpointRetention: topo.CheckpointRetention, Clock: topo.CheckpointClock}
 	rights, bound := busauth.Rights[role]
