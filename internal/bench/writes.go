@@ -1,11 +1,13 @@
 package bench
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"maps"
+	"os"
 	"os/exec"
 	"slices"
 	"strconv"
@@ -249,30 +251,66 @@ type syscallCounter struct {
 }
 
 // startSyscallCounter attaches perf to pid's threads (and those they
-// start); nil where perf is missing or may not count.
+// start); nil where perf is missing or may not count. perf opens its
+// counters disabled and enables them on command, acknowledging once they
+// count: a fixed wait instead undercounts where perf is slow to attach, on
+// a loaded machine.
 func startSyscallCounter(pid int) *syscallCounter {
 	path, err := exec.LookPath("perf")
 	if err != nil {
 		return nil
 	}
-	args := []string{"stat", "-x", ",", "-p", strconv.Itoa(pid)}
+	ctlR, ctlW, err := os.Pipe()
+	if err != nil {
+		return nil
+	}
+	ackR, ackW, err := os.Pipe()
+	if err != nil {
+		ctlR.Close()
+		ctlW.Close()
+		return nil
+	}
+	defer ctlW.Close()
+	defer ackR.Close()
+	// The child's fd 3 and 4 are ExtraFiles' first and second.
+	args := []string{"stat", "-x", ",", "-p", strconv.Itoa(pid), "--delay=-1", "--control", "fd:3,4"}
 	for _, e := range syncEvents {
 		args = append(args, "-e", e)
 	}
 	c := &syscallCounter{cmd: exec.Command(path, args...), exited: make(chan struct{})}
 	c.cmd.Stderr = &c.out
-	if c.cmd.Start() != nil {
+	c.cmd.ExtraFiles = []*os.File{ctlR, ackW}
+	err = c.cmd.Start()
+	ctlR.Close()
+	ackW.Close()
+	if err != nil {
 		return nil
 	}
 	go func() { _ = c.cmd.Wait(); close(c.exited) }()
-	// perf opens its counters on every thread before it waits: give it
-	// that moment, and see that it did not refuse at once.
-	select {
-	case <-c.exited:
+	acked := make(chan bool, 1)
+	go func() {
+		line, err := bufio.NewReader(ackR).ReadString('\n')
+		acked <- err == nil && strings.TrimSpace(line) == "ack"
+	}()
+	if _, err := ctlW.WriteString("enable\n"); err != nil {
+		c.kill()
 		return nil
-	case <-time.After(300 * time.Millisecond):
 	}
-	return c
+	select {
+	case ok := <-acked:
+		if ok {
+			return c
+		}
+	case <-time.After(30 * time.Second):
+	}
+	c.kill() // refused, or never counting
+	return nil
+}
+
+// kill ends perf without its counts.
+func (c *syscallCounter) kill() {
+	_ = c.cmd.Process.Kill()
+	<-c.exited
 }
 
 // stop ends perf (SIGINT: it prints its counts) and returns the sum of
@@ -282,8 +320,7 @@ func (c *syscallCounter) stop() (float64, bool) {
 	select {
 	case <-c.exited:
 	case <-time.After(10 * time.Second):
-		_ = c.cmd.Process.Kill()
-		<-c.exited
+		c.kill()
 		return 0, false
 	}
 	n, err := parsePerfStat(c.out.String(), syncEvents)
