@@ -156,3 +156,19 @@ func FuzzInvocationEvent(f *testing.F) {
 		}
 	})
 }
+
+// BenchmarkAuditEvent is the terminal audit event of a call, its record
+// as data, as audit publishes one per call.
+func BenchmarkAuditEvent(b *testing.B) {
+	inv := &envelope.Invocation{ID: "inv-1", Tenant: "acme", Event: envelope.Event{Seq: 7, Source: "urn:agent"},
+		TraceParent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+		Request: &api.Request{ToolID: "echo", ToolVersion: "1.0.0", Parameters: json.RawMessage(`{"path":"/reports/a.txt","n":1}`),
+			AgentContext: api.AgentContext{AgentDID: "did:agent:a", TenantID: "acme", SessionID: "s1"}}}
+	inv.Succeed("verify", json.RawMessage(`{"echo":"`+strings.Repeat("x", 500)+`"}`))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := AuditEvent("audit", inv, envelope.TerminalType(inv), inv.Audit()); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

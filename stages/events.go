@@ -40,9 +40,13 @@ func EventOutput(subject string, e *event.Event) (Output, error) {
 // EncodedEventOutput is EventOutput for a CloudEvent encoded already, in
 // structured mode.
 func EncodedEventOutput(subject, msgID string, data []byte) Output {
-	return Output{Subject: subject, MsgID: msgID,
-		Header: map[string][]string{"Content-Type": {event.ApplicationCloudEventsJSON}}, Data: data}
+	return Output{Subject: subject, MsgID: msgID, Header: map[string][]string{"Content-Type": cloudEventsJSON}, Data: data}
 }
+
+// cloudEventsJSON is every event's Content-Type, one slice for all: a
+// header's values are replaced or appended to (its capacity is its
+// length, so an append copies), never written in place.
+var cloudEventsJSON = []string{event.ApplicationCloudEventsJSON}[:1:1]
 
 // AuditEvent is the audit CloudEvent of type typ about inv, published by
 // stage. Its message id is unique per accepted publish and type.
@@ -67,12 +71,13 @@ func AuditEvent(stage string, inv *envelope.Invocation, typ string, data any) (O
 // toolgate's ids, sources, types, tenants and trace headers are; any
 // other event is built and encoded by the SDK.
 func InvocationEvent(subject string, inv *envelope.Invocation, source, typ string, data any, at time.Time) (Output, int, error) {
-	id := inv.ID + ":" + envelope.SubjectSuffix(typ)
+	suffix := envelope.SubjectSuffix(typ)
+	id := inv.ID + ":" + suffix
 	tc := inv.Origin // as NewEvent picks it
 	if tc.TraceParent == "" {
 		tc = envelope.TraceContext{TraceParent: inv.TraceParent, TraceState: inv.TraceState}
 	}
-	if _, raw := data.([]byte); data == nil || raw || !word(id) || !word(inv.ID) || !urn(source) || !word(typ) ||
+	if _, raw := data.([]byte); data == nil || raw || !word(inv.ID) || !word(suffix) || !urn(source) || !word(typ) ||
 		!plain(inv.Tenant) || !plain(tc.TraceParent) || !plain(tc.TraceState) {
 		return sdkEvent(subject, inv, source, typ, data, at)
 	}

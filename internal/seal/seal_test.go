@@ -2,9 +2,9 @@ package seal
 
 import (
 	"crypto/ed25519"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -198,17 +198,15 @@ func BenchmarkCheck(b *testing.B) {
 }
 
 // BenchmarkCheckOurs is execute's check of a seal made in its own process
-// (serve): the signature found in recent, the digests recomputed.
+// (serve): the seal found in its Sealer's memory, the digests recomputed.
 func BenchmarkCheckOurs(b *testing.B) {
 	s := NewSealer(newKey(b))
 	v := s.Verifier()
 	inv := admitted(b, s, time.Now().Add(time.Hour))
-	sl := inv.Authz.Seal
-	text := signed(sl)
-	sig, _ := base64.RawURLEncoding.DecodeString(sl.Sig)
+	sl := *inv.Authz.Seal
 	now := time.Now()
 	for b.Loop() {
-		s.recent.add(s.pub, text, sig)
+		s.made.remember(sl.Sig, sl, 0)
 		if err := v.Check(inv, now); err != nil {
 			b.Fatal(err)
 		}
@@ -257,5 +255,66 @@ func TestCheckRefusesAChangeInPlace(t *testing.T) {
 				t.Fatal("the check left the authorization without its seal")
 			}
 		})
+	}
+}
+
+// TestSealMemory: execute answers a seal authorize made in the same
+// process from memory, without verifying it, only when it is that seal
+// byte for byte; a seal altered in any field, signed by another key or
+// read again is verified, and one from another process verifies.
+func TestSealMemory(t *testing.T) {
+	verifications := countVerify(t)
+	k := newKey(t)
+	s := NewSealer(k)
+	exp := time.Now().Add(time.Hour)
+	check := func(name string, v *Verifier, inv *envelope.Invocation, wantErr bool, wantVerify int64) {
+		t.Helper()
+		before := verifications.Load()
+		if err := v.Check(inv, time.Now()); (err != nil) != wantErr {
+			t.Errorf("%s: err %v, want error %v", name, err, wantErr)
+		}
+		if got := verifications.Load() - before; got != wantVerify {
+			t.Errorf("%s: %d verifications, want %d", name, got, wantVerify)
+		}
+	}
+	inv := admitted(t, s, exp)
+	check("made here", s.Verifier(), inv, false, 0)
+	check("read again", s.Verifier(), inv, false, 1)
+	check("made by another process with the key", s.Verifier(), admitted(t, NewSealer(k), exp), false, 1)
+
+	// Every field of the seal, each altered in turn.
+	fields := reflect.TypeFor[envelope.Seal]()
+	for i := range fields.NumField() {
+		inv := admitted(t, s, exp)
+		f := reflect.ValueOf(inv.Authz.Seal).Elem().Field(i)
+		switch f.Kind() {
+		case reflect.String:
+			b := []byte(f.String())
+			b[len(b)/2] ^= 1
+			f.SetString(string(b))
+		case reflect.Uint64:
+			f.SetUint(f.Uint() + 1)
+		case reflect.Int64:
+			f.SetInt(f.Int() - 1)
+		default:
+			t.Fatalf("field %s of kind %s is not altered here", fields.Field(i).Name, f.Kind())
+		}
+		want := int64(1)
+		if fields.Field(i).Name == "Key" { // refused before its signature
+			want = 0
+		}
+		check("altered "+fields.Field(i).Name, s.Verifier(), inv, true, want)
+	}
+
+	// Signed by another key, in this process, naming this one.
+	other := NewSealer(newKey(t))
+	other.id = s.id
+	check("signed by another key", s.Verifier(), admitted(t, other, exp), true, 1)
+
+	for range maxMade + 1 {
+		admitted(t, s, exp)
+	}
+	if n := len(s.made.made); n > maxMade {
+		t.Errorf("%d seals remembered", n)
 	}
 }

@@ -30,16 +30,28 @@ var ErrTokenSeal = errors.New("the sealed capability token does not open with th
 // decryption would give; anything else, a redelivery included (a sealed
 // token is forgotten once opened), is opened the long way.
 type Tokens struct {
-	key *[32]byte
-
-	mu    sync.Mutex
-	made  map[string]string // sealed → raw, sealed by this process and not yet opened
-	bytes int               // the length of made's keys and values
+	key            *[32]byte
+	memory[string] // sealed → raw, sealed by this process and not yet opened
 }
 
-// maxMade and maxMadeBytes bound the sealed tokens remembered (sealed and
-// never opened here: authorize runs elsewhere, or validate refused the
-// call); past either the memory starts again empty.
+// memory remembers what this process made, by its exact bytes, until it
+// is taken once: a check of what the process made itself is answered
+// from it, anything else (a redelivery included) the long way.
+type memory[V any] struct {
+	mu    sync.Mutex
+	made  map[string]kept[V]
+	bytes int // the sum of made's lengths
+}
+
+// kept is a value remembered and its length with its key's.
+type kept[V any] struct {
+	v V
+	n int
+}
+
+// maxMade and maxMadeBytes bound what a memory holds (made and never
+// taken here: the reader runs elsewhere, or the call was refused before
+// it); past either the memory starts again empty.
 const (
 	maxMade      = 4096
 	maxMadeBytes = 8 << 20
@@ -59,38 +71,37 @@ func (t *Tokens) Seal(raw string) (string, error) {
 	}
 	box := secretbox.Seal(nonce[:], []byte(raw), &nonce, t.key)
 	sealed := TokenPrefix + base64.RawURLEncoding.EncodeToString(box)
-	t.remember(sealed, raw)
+	t.remember(sealed, raw, len(sealed)+len(raw))
 	return sealed, nil
 }
 
-// remember records that raw sealed is sealed.
-func (t *Tokens) remember(sealed, raw string) {
-	n := len(sealed) + len(raw)
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.made == nil || len(t.made) >= maxMade || t.bytes+n > maxMadeBytes {
-		t.made, t.bytes = make(map[string]string), 0
+// remember records v under k, n bytes long with k.
+func (m *memory[V]) remember(k string, v V, n int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.made == nil || len(m.made) >= maxMade || m.bytes+n > maxMadeBytes {
+		m.made, m.bytes = make(map[string]kept[V]), 0
 	}
-	t.made[sealed] = raw
-	t.bytes += n
+	m.made[k] = kept[V]{v, n}
+	m.bytes += n
 }
 
-// taken returns the raw token this process sealed as sealed, forgetting
-// it, if it did.
-func (t *Tokens) taken(sealed string) (string, bool) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	raw, ok := t.made[sealed]
+// take returns what was remembered under k, forgetting it, if anything
+// was.
+func (m *memory[V]) take(k string) (V, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	e, ok := m.made[k]
 	if ok {
-		delete(t.made, sealed)
-		t.bytes -= len(sealed) + len(raw)
+		delete(m.made, k)
+		m.bytes -= e.n
 	}
-	return raw, ok
+	return e.v, ok
 }
 
 // Open returns the raw token of a sealed one.
 func (t *Tokens) Open(sealed string) (string, error) {
-	if raw, ok := t.taken(sealed); ok {
+	if raw, ok := t.take(sealed); ok {
 		return raw, nil
 	}
 	b64, ok := strings.CutPrefix(sealed, TokenPrefix)

@@ -180,7 +180,8 @@ func (a *Auditor) Process(ctx context.Context, inv *envelope.Invocation) ([]stag
 	typ := envelope.TerminalType(inv)
 	// The result is made first: its receipt, which the status records,
 	// names its bytes.
-	result, err := a.result(inv, &resp, a.receipt(inv, typ))
+	now := time.Now()
+	result, err := a.result(inv, &resp, a.receipt(inv, typ, now), now)
 	if err != nil {
 		return nil, err
 	}
@@ -263,9 +264,10 @@ func (a *Auditor) Process(ctx context.Context, inv *envelope.Invocation) ([]stag
 }
 
 // receipt is the receipt of inv's ending, whose terminal audit event has
-// type typ, not signed yet (result signs it): the hashes of the
-// parameters and the result, nothing else computed. Nil without receipts.
-func (a *Auditor) receipt(inv *envelope.Invocation, typ string) *api.Receipt {
+// type typ, issued at now, not signed yet (result signs it): the hashes of
+// the parameters and the result, nothing else computed. Nil without
+// receipts.
+func (a *Auditor) receipt(inv *envelope.Invocation, typ string, now time.Time) *api.Receipt {
 	if a.receipts == nil {
 		return nil
 	}
@@ -273,7 +275,7 @@ func (a *Auditor) receipt(inv *envelope.Invocation, typ string) *api.Receipt {
 		ToolID: inv.ToolID(), ToolVersion: inv.ToolVersion(), Status: inv.Status,
 		ResultSHA256: auditchain.Digest(inv.Result),
 		EventID:      inv.ID + ":" + envelope.SubjectSuffix(typ),
-		IssuedAt:     time.Now().UTC().Format(time.RFC3339Nano)}
+		IssuedAt:     now.UTC().Format(time.RFC3339Nano)}
 	if !inv.ReceivedAt.IsZero() {
 		r.ReceivedAt = inv.ReceivedAt.UTC().Format(time.RFC3339Nano)
 	}
@@ -303,13 +305,14 @@ func (a *Auditor) receipt(inv *envelope.Invocation, typ string) *api.Receipt {
 // is sealed by r (docs/audit.md#receipts): the message bears r as its
 // last member and r, signed once, names the rest of its bytes, so that
 // one signature proves both and the publisher signs nothing more; resp
-// then carries r. Without one it is signed as every message is.
-func (a *Auditor) result(inv *envelope.Invocation, resp *api.Response, r *api.Receipt) (stages.Output, error) {
+// then carries r. Without one it is signed as every message is. now is
+// when r was issued: its issued_at, written to the nanosecond, is the same
+// instant, which a redelivery reads back (again).
+func (a *Auditor) result(inv *envelope.Invocation, resp *api.Response, r *api.Receipt, now time.Time) (stages.Output, error) {
 	if r == nil {
-		return resultEvent(inv, *resp, time.Now())
+		return resultEvent(inv, *resp, now)
 	}
-	at, _ := time.Parse(time.RFC3339Nano, r.IssuedAt)
-	o, end, err := bareResult(inv, *resp, at)
+	o, end, err := bareResult(inv, *resp, now)
 	if err != nil {
 		return o, err
 	}
@@ -385,7 +388,8 @@ func (a *Auditor) duplicate(inv *envelope.Invocation) ([]stages.Output, error) {
 		return []stages.Output{ev}, err
 	}
 	resp := inv.Response()
-	result, err := a.result(inv, &resp, a.receipt(inv, api.TypeDuplicate))
+	now := time.Now()
+	result, err := a.result(inv, &resp, a.receipt(inv, api.TypeDuplicate, now), now)
 	if err != nil {
 		return nil, err
 	}
