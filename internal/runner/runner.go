@@ -126,6 +126,7 @@ type Runner struct {
 
 	inMemory  prometheus.Counter // Metrics.inMemory of this stage, once Run starts
 	inflight  prometheus.Gauge   // Metrics.inflight of this stage, once Run starts
+	series    *stageSeries       // this stage's other series, once Run starts
 	tracer    trace.Tracer       // set by Run, with the name of its spans
 	spanName  string
 	active    atomic.Int64 // unix nanoseconds of the last pull or settled message
@@ -179,6 +180,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	if r.Metrics != nil {
 		r.inMemory = r.Metrics.inMemory.WithLabelValues(r.Name)
 		r.inflight = r.Metrics.inflight.WithLabelValues(r.Name)
+		r.series = r.Metrics.seriesOf(r.Name)
 	}
 	r.tracer, r.spanName = otel.Tracer(tracerName), "toolgate."+r.Name
 	r.alive()
@@ -640,7 +642,7 @@ func (f finishing) finish(outcome string) {
 	r.dropIngest(f.ingest, outcome)
 	if r.Metrics != nil {
 		now := r.now()
-		r.Metrics.observe(r.Name, outcome, f.end, now.Sub(f.start), now.Sub(f.end.received))
+		r.Metrics.observe(r.series, r.Name, outcome, f.end, now.Sub(f.start), now.Sub(f.end.received))
 	}
 	f.span.End()
 	r.release(f.release)
