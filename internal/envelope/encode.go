@@ -24,7 +24,9 @@ import (
 // authorization differs from the seal's digests): their bytes from the
 // last Encode of inv are written again as they were, and the rest of the
 // envelope is encoded around them in the same order, so the bytes are
-// those segmentio's codec writes of the whole envelope.
+// those segmentio's codec writes of the whole envelope. A result that
+// holds, byte for byte, what the last Encode wrote of it is written again
+// too, without its scan: the codec writes its own output unchanged.
 func Encode(inv *Invocation) ([]byte, error) {
 	if inv.Authz == nil || inv.Authz.Seal == nil {
 		return segjson.Marshal(inv)
@@ -102,18 +104,42 @@ func headOf(inv *Invocation) (headFields, bool) {
 }
 
 type keptPart struct {
-	ptr  unsafe.Pointer // the part's value when it was written (Request, Principal, Authz)
+	// ptr is the part's value when it was written (Request, Principal,
+	// Authz), or the result's first byte: nil, a part omitted.
+	ptr  unsafe.Pointer
 	data []byte
 	at   int // where data starts in the encoding
 }
 
 // keptFields are the fields whose bytes Encode keeps, in their order in
-// Invocation.
-var keptFields = [...]string{"Request", "Principal", "Authz"}
+// Invocation. Result, the last, is kept by its bytes (keptResult), not
+// by its pointer: a stage may change a result in place.
+var keptFields = [...]string{"Request", "Principal", "Authz", "Result"}
 
-// keptParts are the pointers of inv's kept fields, in keptFields' order.
+// keptResult is Result's index in keptFields.
+const keptResult = len(keptFields) - 1
+
+// keptParts are the pointers of inv's kept fields, in keptFields' order;
+// nil for one omitted (omitempty).
 func keptParts(inv *Invocation) [len(keptFields)]unsafe.Pointer {
-	return [...]unsafe.Pointer{unsafe.Pointer(inv.Request), unsafe.Pointer(inv.Principal), unsafe.Pointer(inv.Authz)}
+	var result unsafe.Pointer
+	if len(inv.Result) > 0 {
+		result = unsafe.Pointer(unsafe.SliceData(inv.Result))
+	}
+	return [...]unsafe.Pointer{unsafe.Pointer(inv.Request), unsafe.Pointer(inv.Principal), unsafe.Pointer(inv.Authz), result}
+}
+
+// sameAsKept reports whether prev's bytes of kept field r can be written
+// for inv's: the same pointer, or for the result the very bytes written
+// (the codec writes a result it wrote as it is: compact, HTML escaped).
+func sameAsKept(prev *kept, r int, inv *Invocation, ptr unsafe.Pointer) bool {
+	if prev == nil || prev.parts[r].ptr == nil {
+		return false
+	}
+	if r == keptResult {
+		return bytes.Equal(prev.parts[r].data, inv.Result)
+	}
+	return prev.parts[r].ptr == ptr
 }
 
 // A layout is how Encode writes an Invocation: its kept fields one by
@@ -243,7 +269,7 @@ func encodeKept(inv *Invocation, b []byte) ([]byte, *kept, error) {
 		}
 		b = append(b, l.keys[r]...)
 		at := len(b)
-		if prev != nil && prev.parts[r].ptr == ptrs[r] {
+		if sameAsKept(prev, r, inv, ptrs[r]) {
 			b = append(b, prev.parts[r].data...)
 		} else if b, err = segjson.Append(b, keptValue(inv, r), segjson.EscapeHTML|segjson.SortMapKeys); err != nil {
 			return b, nil, err
@@ -260,8 +286,10 @@ func keptValue(inv *Invocation, r int) any {
 		return inv.Request
 	case 1:
 		return inv.Principal
+	case 2:
+		return inv.Authz
 	}
-	return inv.Authz
+	return inv.Result
 }
 
 // appendRun appends the fields of inv that the run of pointer type ptr

@@ -109,6 +109,41 @@ func TestEncodeKeepsSealedParts(t *testing.T) {
 	sameEncoding(t, &Invocation{ID: "bare", Authz: &Authorization{Seal: &Seal{Sig: "x"}}}, "only a sealed authorization")
 }
 
+// TestEncodeKeepsResult: a result the last Encode wrote is written again
+// from its bytes while the invocation holds those very bytes, whatever
+// slice holds them; one changed in place, or one the codec writes
+// otherwise than it holds it (spaced, or HTML to escape), is encoded
+// afresh, and the envelope's bytes are always the whole envelope's.
+func TestEncodeKeepsResult(t *testing.T) {
+	inv := sealedInvocation()
+	inv.Succeed("execute", json.RawMessage(`{"content":[{"type":"text","text":"hi"}]}`))
+	sameEncoding(t, inv, "the first hop with a result")
+	last := len(inv.kept.parts) - 1
+	inv.Metadata.Stages = append(inv.Metadata.Stages, api.Hop{Stage: "verify"})
+	inv.Result = bytes.Clone(inv.Result) // as a decode would hold it
+	second := sameEncoding(t, inv, "a hop that kept the result")
+	if k := inv.kept.parts[last]; !bytes.Equal(k.data, inv.Result) || &k.data[0] != &second[k.at] {
+		t.Fatalf("the result was not kept: %q", k.data)
+	}
+	// Changed in place, to the same length: its bytes are no longer the
+	// ones written, and are encoded.
+	copy(inv.Result[len(`{"content":[{"type":"text","text":"`):], "no")
+	if b := sameEncoding(t, inv, "a result changed in place"); !bytes.Contains(b, []byte(`"text":"no"`)) {
+		t.Fatalf("a result changed in place was written as it was:\n%s", b)
+	}
+	for _, r := range []string{`{"a": 1}`, `"<b>"`, `{"a": 1}`} {
+		inv.Result = json.RawMessage(r)
+		sameEncoding(t, inv, "a result the codec rewrites")
+		sameEncoding(t, inv, "that result again")
+	}
+	inv.Result = json.RawMessage(`{"a":`)
+	if _, err := Encode(inv); err == nil {
+		t.Fatal("a result that is not JSON was written")
+	}
+	inv.Result = nil
+	sameEncoding(t, inv, "no result")
+}
+
 // TestEncodeOldBytes: the bytes the previous build wrote of a hop decode
 // and, handed on unchanged, encode to the very same bytes, on the first
 // hop after the decode and on the hops after that, which write the kept
@@ -158,7 +193,8 @@ func FuzzEncodeKept(f *testing.F) {
 
 // BenchmarkEncode: a sealed call's hand-off written whole (the previous
 // build's Encode) and with its kept parts written again, with a small
-// request and principal and with ones of half a kilobyte each.
+// request and principal, with ones of half a kilobyte each, and with a
+// result of a kilobyte.
 func BenchmarkEncode(b *testing.B) {
 	large := func() *Invocation {
 		inv := sealedInvocation()
@@ -166,7 +202,13 @@ func BenchmarkEncode(b *testing.B) {
 		inv.Principal.Claims = json.RawMessage(`{"sub":"did:agent:a","scope":["` + strings.Repeat("fs.read_file", 40) + `"]}`)
 		return inv
 	}
-	for name, mk := range map[string]func() *Invocation{"small": sealedInvocation, "large": large} {
+	// A tool's result of a kilobyte, handed on by verify to audit.
+	result := func() *Invocation {
+		inv := sealedInvocation()
+		inv.Succeed("execute", json.RawMessage(`{"content":[{"type":"text","text":"`+strings.Repeat("line of output ", 70)+`"}]}`))
+		return inv
+	}
+	for name, mk := range map[string]func() *Invocation{"small": sealedInvocation, "large": large, "result": result} {
 		b.Run(name+"/whole", func(b *testing.B) {
 			inv := mk()
 			b.ReportAllocs()

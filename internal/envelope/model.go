@@ -368,15 +368,21 @@ func (inv *Invocation) Response() api.Response {
 func (inv *Invocation) MsgID(step string) string {
 	// Built in place: every hop and event of every call takes one.
 	var buf [128]byte
+	return string(inv.AppendMsgID(buf[:0], step))
+}
+
+// AppendMsgID appends MsgID(step) to b.
+func (inv *Invocation) AppendMsgID(b []byte, step string) []byte {
 	k := &inv.idKey
 	if k.tenant != inv.Tenant || k.id != inv.ID || k.tenant == "" && k.id == "" {
+		var buf [128]byte
 		key := append(append(append(buf[:0], inv.Tenant...), 0), inv.ID...)
 		sum := sha256.Sum256(key)
 		*k = idKey{tenant: inv.Tenant, id: inv.ID, sum: [8]byte(sum[:8])}
 	}
-	id := strconv.AppendUint(buf[:0], inv.Event.Seq, 10)
-	id = hex.AppendEncode(append(id, '.'), k.sum[:])
-	return string(append(append(id, '.'), step...))
+	b = strconv.AppendUint(b, inv.Event.Seq, 10)
+	b = hex.AppendEncode(append(b, '.'), k.sum[:])
+	return append(append(b, '.'), step...)
 }
 
 // RequestDigest is the SHA-256 (hex) of r's JSON encoding: what an

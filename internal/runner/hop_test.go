@@ -1,6 +1,7 @@
 package runner
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/toolgate/toolgate/api"
@@ -35,5 +36,24 @@ func TestHopIDs(t *testing.T) {
 		if ea.MsgID == eb.MsgID {
 			t.Errorf("%s/%s and %s/%s share audit message id %s", a.Tenant, a.ID, b.Tenant, b.ID, ea.MsgID)
 		}
+	}
+}
+
+// TestHopIDValue: a hand-off's id, made with its header value in one
+// allocation, is the id HopID and EndingID make, tagged or not, and one
+// longer than the room kept for it too.
+func TestHopIDValue(t *testing.T) {
+	inv := &envelope.Invocation{ID: "inv-1", Tenant: "acme", Event: envelope.Event{Seq: 1<<64 - 1}}
+	for _, c := range []struct{ next, tag string }{
+		{subjects.Route, ""}, {subjects.Audit, "AAECAwQFBgcICQoL"},
+		{strings.Repeat("s", 60), strings.Repeat("t", 60)},
+	} {
+		want := EndingID(HopID(inv, c.next), c.tag)
+		if got := hopIDValue(inv, c.next, c.tag); len(got) != 1 || got[0] != want {
+			t.Errorf("hopIDValue(%q, %q) = %q, want %q", c.next, c.tag, got, want)
+		}
+	}
+	if n := testing.AllocsPerRun(100, func() { hopIDValue(inv, subjects.Audit, "AAECAwQFBgcICQoL") }); n != 1 {
+		t.Errorf("%v allocations for a tagged id, want 1", n)
 	}
 }

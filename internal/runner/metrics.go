@@ -119,11 +119,44 @@ type ending struct {
 	received time.Time
 }
 
-// observe records one settled message of stage and, when audit finalised
-// it, the invocation's outcome.
-func (m *Metrics) observe(stage, outcome string, end ending, took, sinceReceived time.Duration) {
-	m.messages.WithLabelValues(stage, outcome).Inc()
-	m.duration.WithLabelValues(stage).Observe(took.Seconds())
+// stageSeries are a stage's series that every message it settles
+// updates, looked up once (by Run): a lookup hashes its labels, on every
+// hop.
+type stageSeries struct {
+	duration prometheus.Observer
+	// messages by the outcomes of a call's hops; the others are rare.
+	forwarded, ended, finished prometheus.Counter
+}
+
+func (m *Metrics) seriesOf(stage string) *stageSeries {
+	return &stageSeries{
+		duration:  m.duration.WithLabelValues(stage),
+		forwarded: m.messages.WithLabelValues(stage, outcomeForwarded),
+		ended:     m.messages.WithLabelValues(stage, outcomeEnded),
+		finished:  m.messages.WithLabelValues(stage, outcomeFinished),
+	}
+}
+
+// observe records one settled message of stage, whose series s are (nil:
+// looked up), and, when audit finalised it, the invocation's outcome.
+func (m *Metrics) observe(s *stageSeries, stage, outcome string, end ending, took, sinceReceived time.Duration) {
+	if s == nil {
+		s = &stageSeries{duration: m.duration.WithLabelValues(stage)}
+	}
+	var c prometheus.Counter
+	switch outcome {
+	case outcomeForwarded:
+		c = s.forwarded
+	case outcomeEnded:
+		c = s.ended
+	case outcomeFinished:
+		c = s.finished
+	}
+	if c == nil {
+		c = m.messages.WithLabelValues(stage, outcome)
+	}
+	c.Inc()
+	s.duration.Observe(took.Seconds())
 	if outcome != outcomeFinished || !end.status.Terminal() {
 		return
 	}

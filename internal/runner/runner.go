@@ -10,6 +10,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -126,6 +127,7 @@ type Runner struct {
 
 	inMemory  prometheus.Counter // Metrics.inMemory of this stage, once Run starts
 	inflight  prometheus.Gauge   // Metrics.inflight of this stage, once Run starts
+	series    *stageSeries       // this stage's other series, once Run starts
 	tracer    trace.Tracer       // set by Run, with the name of its spans
 	spanName  string
 	active    atomic.Int64 // unix nanoseconds of the last pull or settled message
@@ -179,6 +181,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	if r.Metrics != nil {
 		r.inMemory = r.Metrics.inMemory.WithLabelValues(r.Name)
 		r.inflight = r.Metrics.inflight.WithLabelValues(r.Name)
+		r.series = r.Metrics.seriesOf(r.Name)
 	}
 	r.tracer, r.spanName = otel.Tracer(tracerName), "toolgate."+r.Name
 	r.alive()
@@ -640,7 +643,7 @@ func (f finishing) finish(outcome string) {
 	r.dropIngest(f.ingest, outcome)
 	if r.Metrics != nil {
 		now := r.now()
-		r.Metrics.observe(r.Name, outcome, f.end, now.Sub(f.start), now.Sub(f.end.received))
+		r.Metrics.observe(r.series, r.Name, outcome, f.end, now.Sub(f.start), now.Sub(f.end.received))
 	}
 	f.span.End()
 	r.release(f.release)
@@ -999,6 +1002,13 @@ func (r *Runner) apply(msg jetstream.Msg, inv *envelope.Invocation, s settlement
 
 // Handoff is the message that hands inv to stage next.
 func Handoff(inv *envelope.Invocation, next string) (stages.Output, error) {
+	o, err := handoffUnnamed(inv, next)
+	o.MsgID = HopID(inv, next)
+	return o, err
+}
+
+// handoffUnnamed is Handoff without its message id.
+func handoffUnnamed(inv *envelope.Invocation, next string) (stages.Output, error) {
 	data, err := envelope.Encode(inv)
 	if err != nil {
 		return stages.Output{}, fmt.Errorf("encoding invocation: %w", err)
@@ -1015,7 +1025,6 @@ func Handoff(inv *envelope.Invocation, next string) (stages.Output, error) {
 	}
 	return stages.Output{
 		Subject: subject,
-		MsgID:   HopID(inv, next),
 		Header:  h,
 		Data:    data,
 	}, nil
@@ -1037,20 +1046,47 @@ var jsonContent = []string{"application/json"}
 // handoff is Handoff, with this stage's tag in the id of a hand-off into
 // audit.
 func (r *Runner) handoff(inv *envelope.Invocation, next string) (stages.Output, error) {
-	o, err := Handoff(inv, next)
+	o, err := handoffUnnamed(inv, next)
+	if err != nil {
+		return o, err
+	}
 	// Execute's hand-offs to verify are tagged as endings are: a site,
 	// which may publish there, must not take the id of another's first.
-	tagged := next == subjects.Audit || next == subjects.Verify && r.Name == subjects.Execute
-	if err == nil && tagged && r.EndingTag != nil {
-		o.MsgID = EndingID(o.MsgID, r.EndingTag(inv.Tenant, inv.ID, inv.Event.Seq))
+	tag := ""
+	if tagged := next == subjects.Audit || next == subjects.Verify && r.Name == subjects.Execute; tagged && r.EndingTag != nil {
+		tag = r.EndingTag(inv.Tenant, inv.ID, inv.Event.Seq)
 	}
-	if err == nil {
-		// The id in the header, where the client would put it: a publish
-		// option would cost two allocations more. (A message's signature
-		// covers its subject and data, not its headers.)
-		o.Header[jetstream.MsgIDHeader] = []string{o.MsgID}
+	// The id in the header, where the client would put it: a publish
+	// option would cost two allocations more. (A message's signature
+	// covers its subject and data, not its headers.)
+	v := hopIDValue(inv, next, tag)
+	o.MsgID, o.Header[jetstream.MsgIDHeader] = v[0], v
+	return o, nil
+}
+
+// idValue is a hand-off's message id and its header's one value in one
+// allocation, not a string, a slice and, for a tagged id, a second
+// string.
+type idValue struct {
+	v [1]string
+	b [idMax]byte
+}
+
+// idMax fits every hand-off's id: a sequence, a digest, a stage and a tag
+// (seal.Signer.EndingTag); a longer one is still made, in a second
+// allocation.
+const idMax = 112
+
+// hopIDValue is EndingID(HopID(inv, next), tag) as a header's values.
+func hopIDValue(inv *envelope.Invocation, next, tag string) []string {
+	v := new(idValue)
+	b := inv.AppendMsgID(v.b[:0], next)
+	if tag != "" {
+		b = append(append(b, '.'), tag...)
 	}
-	return o, err
+	// b is never written again: the string can share its bytes.
+	v.v[0] = unsafe.String(unsafe.SliceData(b), len(b))
+	return v.v[:]
 }
 
 // EndingID is id, a hand-off's into audit, with the sender's tag
