@@ -44,6 +44,8 @@ function liveInbox() {
     if (busy()) { stale = true; return; }
     stale = false;
     fetch("/approvals", {credentials: "same-origin"}).then(r => r.ok ? r.text() : Promise.reject(r.status)).then(html => {
+      // The person may have started writing while the list was fetched.
+      if (busy()) { stale = true; return; }
       const doc = new DOMParser().parseFromString(html, "text/html");
       inbox.replaceChildren(...Array.from(doc.body.childNodes));
     }).catch(() => {});
