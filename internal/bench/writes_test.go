@@ -155,3 +155,34 @@ func TestParsePerfStat(t *testing.T) {
 		}
 	}
 }
+
+// TestSyscallCounterCountsFromItsStart: where perf can count fsyncs here,
+// the counter starts, and an fsync made the moment it returns is counted.
+func TestSyscallCounterCountsFromItsStart(t *testing.T) {
+	path, err := exec.LookPath("perf")
+	if err != nil {
+		t.Skip("no perf here")
+	}
+	probe, err := exec.Command(path, "stat", "-x", ",", "-e", syncEvents[0], "true").CombinedOutput()
+	if _, perr := parsePerfStat(string(probe), syncEvents[:1]); err != nil || perr != nil {
+		t.Skipf("perf may not count %s here: %s", syncEvents[0], probe)
+	}
+	c := startSyscallCounter(os.Getpid())
+	if c == nil {
+		t.Fatal("perf counts here, but the counter did not start")
+	}
+	f, err := os.CreateTemp(t.TempDir(), "sync")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	for range 3 {
+		if err := f.Sync(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n, counted := c.stop()
+	if !counted || n < 3 {
+		t.Fatalf("%v fsyncs counted (counted %v), want at least the 3 made", n, counted)
+	}
+}
