@@ -32,19 +32,26 @@ import (
 // remembered value is decided again on a fresh read, since only a write
 // confirms that the value it was given was current.
 
-// maxRecent bounds the keys a bucket remembers; past it the bucket starts
-// again with none, which costs a read per key, as without the memory.
+// maxRecent bounds the keys a bucket remembers; past it each new key
+// takes the place of the one remembered longest, which costs that key a
+// read, as without the memory.
 const maxRecent = 4096
 
 // recentWrites is the revision and value this process last wrote per key,
 // or read, where a read is followed by a write of the same key (a session's
-// usage, read for the policy and then charged).
+// usage, read for the policy and then charged). The writes are kept in a
+// ring the map indexes: a map's element over 128 bytes (a recentWrite
+// holds a whole record) is allocated on each insert, two a call; a slot
+// of the ring, once the ring is full, never is.
 type recentWrites struct {
-	mu sync.Mutex
-	m  map[string]recentWrite
+	mu   sync.Mutex
+	m    map[string]int32
+	ring []recentWrite
+	next int32 // the slot the next new key takes once the ring is full
 }
 
 type recentWrite struct {
+	key string // the key the slot holds
 	rev uint64
 	val []byte
 	// usage is val decoded, kept once RecentUsage needed it: a budget's
@@ -97,14 +104,17 @@ func (w *recentWrite) decoded(v any) bool {
 func (r *recentWrites) get(key string) (recentWrite, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	w, ok := r.m[key]
-	return w, ok
+	i, ok := r.m[key]
+	if !ok {
+		return recentWrite{}, false
+	}
+	return r.ring[i], true
 }
 
 // put remembers val, written to key at rev; v, when not nil, is val
 // decoded.
 func (r *recentWrites) put(key string, rev uint64, val []byte, v any) {
-	w := recentWrite{rev: rev, val: val}
+	w := recentWrite{key: key, rev: rev, val: val}
 	if v != nil {
 		w.rec, w.hasRec = flatRecord(v)
 		if b, ok := v.(*Bucket); ok {
@@ -113,10 +123,25 @@ func (r *recentWrites) put(key string, rev uint64, val []byte, v any) {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.m == nil || len(r.m) >= maxRecent {
-		r.m = make(map[string]recentWrite)
+	if i, ok := r.m[key]; ok {
+		r.ring[i] = w
+		return
 	}
-	r.m[key] = w
+	if r.m == nil {
+		r.m = make(map[string]int32)
+	}
+	if len(r.ring) < maxRecent {
+		r.m[key] = int32(len(r.ring))
+		r.ring = append(r.ring, w)
+		return
+	}
+	i := r.next
+	r.next = (i + 1) % maxRecent
+	if j, ok := r.m[r.ring[i].key]; ok && j == i {
+		delete(r.m, r.ring[i].key)
+	}
+	r.m[key] = i
+	r.ring[i] = w
 }
 
 // keepUsage remembers u as the decoded value of key at rev, if that is
@@ -124,16 +149,18 @@ func (r *recentWrites) put(key string, rev uint64, val []byte, v any) {
 func (r *recentWrites) keepUsage(key string, rev uint64, u *Usage) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if w, ok := r.m[key]; ok && w.rev == rev {
-		w.usage = u
-		r.m[key] = w
+	if i, ok := r.m[key]; ok && r.ring[i].rev == rev {
+		r.ring[i].usage = u
 	}
 }
 
 func (r *recentWrites) forget(key string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	delete(r.m, key)
+	if i, ok := r.m[key]; ok {
+		delete(r.m, key)
+		r.ring[i] = recentWrite{} // nothing of it is kept
+	}
 }
 
 // remembering is a bucket whose update remembers its writes.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"reflect"
+	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -422,5 +423,42 @@ func TestBucketWritesOfOneProcessRead(t *testing.T) {
 	}
 	if stored, err := b.RateBucket(ctx, "t", "echo"); err != nil || !stored.HasTaken("i-5") || stored.Tokens != 5 {
 		t.Fatalf("stored %+v, %v", stored, err)
+	}
+}
+
+// TestRecentWritesKeepTheLatest: past maxRecent keys, each new key takes
+// the place of the one first remembered longest ago, or a forgotten key's
+// place; a key written again keeps its place, with the new write.
+func TestRecentWritesKeepTheLatest(t *testing.T) {
+	var r recentWrites
+	key := func(i int) string { return "k" + strconv.Itoa(i) }
+	for i := range maxRecent {
+		r.put(key(i), uint64(i+1), []byte(key(i)), nil)
+	}
+	r.put(key(5), 100, []byte("again"), nil) // in its place: no key goes
+	r.forget(key(1))
+	for i := maxRecent; i < maxRecent+3; i++ {
+		r.put(key(i), uint64(i+1), []byte(key(i)), nil)
+	}
+	for _, i := range []int{0, 1, 2} {
+		if _, ok := r.get(key(i)); ok {
+			t.Errorf("key %d is still remembered", i)
+		}
+	}
+	if w, ok := r.get(key(5)); !ok || w.rev != 100 || string(w.val) != "again" {
+		t.Errorf("key written again: %+v %v", w, ok)
+	}
+	for _, i := range []int{3, 4, 6, maxRecent - 1, maxRecent, maxRecent + 1, maxRecent + 2} {
+		if w, ok := r.get(key(i)); !ok || w.rev != uint64(i+1) || string(w.val) != key(i) {
+			t.Errorf("key %d: %+v %v", i, w, ok)
+		}
+	}
+	if len(r.m) != maxRecent || len(r.ring) != maxRecent {
+		t.Errorf("%d keys in a ring of %d, want %d in %d", len(r.m), len(r.ring), maxRecent, maxRecent)
+	}
+	for k, i := range r.m {
+		if r.ring[i].key != k {
+			t.Fatalf("key %s indexes the slot of %s", k, r.ring[i].key)
+		}
 	}
 }
