@@ -262,13 +262,22 @@ func decodeStored(b []byte, v any) error {
 // own (decodeOwn), without the scan. An invocation's status is read back
 // so on every call (execute reads the record validate's claim wrote).
 func decodeEntry(kv jetstream.KeyValue, key string, e jetstream.KeyValueEntry, v any) error {
-	if r := recentOf(kv); r != nil {
-		if w, ok := r.get(key); ok && w.rev == e.Revision() && bytes.Equal(w.val, e.Value()) {
-			if w.decoded(v) || decodeOwn(w.val, v) == nil {
-				return nil
-			}
-			reflect.ValueOf(v).Elem().SetZero()
+	if w, ok := rememberedEntry(kv, key, e); ok {
+		if w.decoded(v) || decodeOwn(w.val, v) == nil {
+			return nil
 		}
+		reflect.ValueOf(v).Elem().SetZero()
 	}
 	return decodeStored(e.Value(), v)
+}
+
+// rememberedEntry returns what kv remembers of key when e, read from it,
+// holds the very bytes this process wrote there at that revision.
+func rememberedEntry(kv jetstream.KeyValue, key string, e jetstream.KeyValueEntry) (recentWrite, bool) {
+	if r := recentOf(kv); r != nil {
+		if w, ok := r.get(key); ok && w.rev == e.Revision() && bytes.Equal(w.val, e.Value()) {
+			return w, true
+		}
+	}
+	return recentWrite{}, false
 }
