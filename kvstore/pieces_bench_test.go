@@ -10,7 +10,8 @@ import (
 
 // BenchmarkBound is what bounding one bucket operation costs: under a
 // context the stages share (validate's, audit's), and under one of a
-// call's own (execute's).
+// call's own (execute's), against making that context alone (own
+// unbounded).
 func BenchmarkBound(b *testing.B) {
 	kv := newBounded(nil, DefaultOpTimeout)
 	shared, stop := context.WithDeadline(context.Background(), time.Now().Add(time.Hour))
@@ -28,20 +29,6 @@ func BenchmarkBound(b *testing.B) {
 		for b.Loop() {
 			own, end := context.WithCancelCause(shared)
 			<-ctxDone(own)
-			end(nil)
-		}
-	})
-	b.Run("own afterfunc", func(b *testing.B) {
-		b.ReportAllocs()
-		slice, stopSlice := context.WithDeadline(context.Background(), time.Now().Add(time.Hour))
-		defer stopSlice()
-		for b.Loop() {
-			own, end := context.WithCancelCause(shared)
-			ctx, cancel := context.WithCancel(own)
-			stop := context.AfterFunc(slice, cancel)
-			<-ctxDone(ctx)
-			stop()
-			cancel()
 			end(nil)
 		}
 	})
