@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unsafe"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -77,16 +78,27 @@ var macLen = base64.RawURLEncoding.EncodedLen(sha256.Size)
 
 // Header is the HeaderEventMAC value of the event whose leaf is leaf
 // (LeafHash of its subject and bytes), published at at.
-func (e *EventKey) Header(leaf Hash, at time.Time) string {
+func (e *EventKey) Header(leaf Hash, at time.Time) string { return e.values(leaf, at)[0] }
+
+// macValue is a HeaderEventMAC value and its bytes in one allocation,
+// not a string and a slice: b is written once, before v.
+type macValue struct {
+	b [20 + 1 + 43]byte
+	v [1]string
+}
+
+// values is Header's value as the header's values.
+func (e *EventKey) values(leaf Hash, at time.Time) []string {
 	st := e.pool.Get().(*macState)
-	defer e.pool.Put(st)
 	n := at.UnixNano()
 	tag := st.tag(n, leaf)
-	var buf [20 + 1 + 43]byte
-	b := strconv.AppendInt(buf[:0], n, 10)
+	v := new(macValue)
+	b := strconv.AppendInt(v.b[:0], n, 10)
 	b = append(b, '.')
 	b = base64.RawURLEncoding.AppendEncode(b, tag)
-	return string(b)
+	e.pool.Put(st)
+	v.v[0] = unsafe.String(&v.b[0], len(b))
+	return v.v[:]
 }
 
 // Authentic reports whether h's MAC is the key's over the event whose leaf
@@ -167,7 +179,7 @@ func (j *macJS) mac(m *nats.Msg) *nats.Msg {
 	if m.Header == nil {
 		m.Header = nats.Header{}
 	}
-	m.Header[HeaderEventMAC] = []string{j.e.Header(leaf, time.Now())}
+	m.Header[HeaderEventMAC] = j.e.values(leaf, time.Now())
 	j.l.hashed(m, leaf)
 	return m
 }

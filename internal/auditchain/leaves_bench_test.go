@@ -4,11 +4,14 @@ import (
 	"crypto/ed25519"
 	"crypto/rand"
 	"fmt"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/toolgate/toolgate/internal/allocbudget"
 	"github.com/toolgate/toolgate/subjects"
 )
 
@@ -52,4 +55,35 @@ type nopAsync struct{ jetstream.JetStream }
 
 func (nopAsync) PublishMsgAsync(*nats.Msg, ...jetstream.PublishOpt) (jetstream.PubAckFuture, error) {
 	return nil, nil
+}
+
+// eventMACBudget is the MAC's allocations per event, recorded: its header
+// value, the string and its slice in one.
+var eventMACBudget = map[string]float64{"event MAC": 1}
+
+func TestEventMACAllocations(t *testing.T) {
+	_, k, _ := ed25519.GenerateKey(rand.Reader)
+	ek := NewEventKey(k)
+	js := Authenticating(nopAsync{}, ek, nil)
+	subject := subjects.AuditEvent("acme", "tool.succeeded")
+	data := []byte(`{"specversion":"1.0","id":"inv-1:tool.succeeded"}`)
+	m := &nats.Msg{Subject: subject, Header: nats.Header{"Content-Type": {"application/cloudevents+json"}}, Data: data}
+	allocbudget.Check(t, eventMACBudget, map[string]func(){"event MAC": func() { _, _ = js.PublishMsgAsync(m) }})
+	if !ek.Authentic(LeafHash(subject, data), m.Header, time.Now()) {
+		t.Fatalf("the event's MAC %q does not verify", m.Header.Get(HeaderEventMAC))
+	}
+	if m.Header.Get(HeaderEventMAC) != ek.Header(LeafHash(subject, data), time.Unix(0, mustNanos(t, m.Header.Get(HeaderEventMAC)))) {
+		t.Fatal("Header and the published value differ")
+	}
+}
+
+// mustNanos is the time a HeaderEventMAC value names.
+func mustNanos(t *testing.T, v string) int64 {
+	t.Helper()
+	at, _, _ := strings.Cut(v, ".")
+	n, err := strconv.ParseInt(at, 10, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
 }

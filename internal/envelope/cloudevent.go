@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"mime"
 	"net/url"
-	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -87,7 +86,7 @@ func FromMessage(subject string, header map[string][]string, body []byte, seq ui
 		return inv, err
 	}
 	ext := extensions(e)
-	if tp, ok := ext["traceparent"].(string); ok && traceParent.MatchString(tp) {
+	if tp, ok := ext["traceparent"].(string); ok && isTraceParent(tp) {
 		inv.TraceParent = tp
 	}
 	if ts, ok := ext["tracestate"].(string); ok && len(ts) <= 512 && printable(ts) {
@@ -158,9 +157,29 @@ func plainType(ct string) (string, bool) {
 	return "", false
 }
 
-// traceParent is the W3C traceparent form; anything else is dropped rather
-// than carried into later hops' headers.
-var traceParent = regexp.MustCompile(`^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$`)
+// isTraceParent reports whether s has the W3C traceparent form
+// (^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$); anything else is
+// dropped rather than carried into later hops' headers. Read byte by byte:
+// the pattern's matcher cost a sixth of the ingest's decode.
+func isTraceParent(s string) bool {
+	if len(s) != 55 {
+		return false
+	}
+	for i := range len(s) {
+		c := s[i]
+		switch i {
+		case 2, 35, 52:
+			if c != '-' {
+				return false
+			}
+		default:
+			if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+				return false
+			}
+		}
+	}
+	return true
+}
 
 func printable(s string) bool {
 	for i := 0; i < len(s); i++ {

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"mime"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -55,7 +56,7 @@ func fromMessageOld(subject string, header map[string][]string, body []byte, seq
 	case err != nil:
 		return inv, err
 	}
-	if tp, ok := e.Extensions()["traceparent"].(string); ok && traceParent.MatchString(tp) {
+	if tp, ok := e.Extensions()["traceparent"].(string); ok && refTraceParent.MatchString(tp) {
 		inv.TraceParent = tp
 	}
 	if ts, ok := e.Extensions()["tracestate"].(string); ok && len(ts) <= 512 && printable(ts) {
@@ -385,4 +386,41 @@ func FuzzFromMessageVerdicts(f *testing.F) {
 		}
 		sameVerdict(t, h, body)
 	})
+}
+
+// refTraceParent is the W3C traceparent form as the reference decoder
+// read it.
+var refTraceParent = regexp.MustCompile(`^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$`)
+
+// FuzzTraceParent holds isTraceParent to the pattern's verdict.
+func FuzzTraceParent(f *testing.F) {
+	good := "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	for _, s := range []string{good, "", "x", good + "\n", good[:54], strings.ToUpper(good),
+		strings.Replace(good, "-", "_", 1), strings.Replace(good, "4", "g", 1), "0" + good[1:2] + good[2:],
+		good[:2] + "-" + good[3:], "ff-ffffffffffffffffffffffffffffffff-ffffffffffffffff-ff"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		if got, want := isTraceParent(s), refTraceParent.MatchString(s); got != want {
+			t.Fatalf("isTraceParent(%q) = %v, the pattern says %v", s, got, want)
+		}
+	})
+}
+
+// TestTraceParentForm: every one-byte change of a valid traceparent is
+// judged as the pattern judges it.
+func TestTraceParentForm(t *testing.T) {
+	good := []byte("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+	for i := range good {
+		for _, c := range []byte{'0', '9', 'a', 'f', 'g', 'A', 'F', '-', '_', ' ', '\n', 0, 0xc3} {
+			s := []byte(string(good))
+			s[i] = c
+			if got, want := isTraceParent(string(s)), refTraceParent.MatchString(string(s)); got != want {
+				t.Fatalf("isTraceParent(%q) = %v, the pattern says %v", s, got, want)
+			}
+		}
+	}
+	if !isTraceParent(string(good)) || isTraceParent(string(good)+"0") || isTraceParent(string(good[1:])) {
+		t.Fatal("the length is not judged")
+	}
 }

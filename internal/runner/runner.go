@@ -395,7 +395,8 @@ func (r *Runner) fetch(ctx context.Context, c jetstream.Consumer, out chan<- jet
 					r.alive() // the pull request ran its course
 					continue
 				}
-				if r.deferred(m) {
+				m, later := r.deferred(m)
+				if later {
 					continue
 				}
 				held = append(held, m)
@@ -418,28 +419,38 @@ func (r *Runner) fetch(ctx context.Context, c jetstream.Consumer, out chan<- jet
 }
 
 // deferred asks a stage that is a stages.Gate whether m should come back
-// later, and naks it with the delay if so.
-func (r *Runner) deferred(m jetstream.Msg) bool {
+// later, and naks it with the delay if so. A message that goes on is
+// returned with the metadata the gate was asked with: the client parses
+// it from the reply subject on every read.
+func (r *Runner) deferred(m jetstream.Msg) (jetstream.Msg, bool) {
 	g, ok := r.Stage.(stages.Gate)
 	if !ok {
-		return false
+		return m, false
 	}
 	md, err := m.Metadata()
 	if err != nil {
-		return false
+		return m, false
 	}
 	delay, later := g.Defer(m.Subject(), int(md.NumDelivered), r.MaxDeliver)
 	if !later {
-		return false
+		return &readMsg{Msg: m, md: md}, false
 	}
 	if err := m.NakWithDelay(delay); err != nil {
-		return false // hand it on: Process decides again
+		return &readMsg{Msg: m, md: md}, false // hand it on: Process decides again
 	}
 	if r.Metrics != nil {
 		r.Metrics.messages.WithLabelValues(r.Name, outcomeRetried).Inc()
 	}
-	return true
+	return m, true
 }
+
+// readMsg is a delivered message with its metadata read already.
+type readMsg struct {
+	jetstream.Msg
+	md *jetstream.MsgMetadata
+}
+
+func (m *readMsg) Metadata() (*jetstream.MsgMetadata, error) { return m.md, nil }
 
 func (r *Runner) now() time.Time {
 	if r.Now != nil {
