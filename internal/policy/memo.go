@@ -38,9 +38,9 @@ type memo struct {
 	// shared[i] is how many names reads[i] begins with that reads[i-1]
 	// begins with too: key looks those up once.
 	shared []int
-	mu    sync.Mutex
-	m     map[int][]memoEntry
-	n     int
+	mu     sync.Mutex
+	m      map[int][]memoEntry
+	n      int
 	// hits counts decisions read back (tests see the memo work).
 	hits int
 }
