@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"reflect"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 
@@ -630,5 +631,29 @@ decision := {"allow": count(input.request) > 0, "reasons": [input.time, sprintf(
 	a.SetShadow(sh, 2)
 	if got := a.readsOf(e, a.shadow.Load()).parts; got != allParts {
 		t.Errorf("with a shadow reading them, parts %b, want %b", got, allParts)
+	}
+}
+
+// BenchmarkPolicyInput is a call's policy input with every part but the
+// parameters (as every part was built while only the parameters were left
+// out unread), and without the parts the shipped policy does not read.
+func BenchmarkPolicyInput(b *testing.B) {
+	e, err := policy.Default(context.Background())
+	if err != nil {
+		b.Fatal(err)
+	}
+	a := &Authorizer{}
+	in := policyInputs()["unmetered call"]
+	in.Request.CapabilityToken = "eyJhbGciOiJFZERTQSJ9." + strings.Repeat("x", 300) + ".c2lnbmF0dXJl"
+	in.Usage = kvstore.Usage{Calls: 3, UpdatedAt: time.Now(), StartedAt: time.Now()}
+	for name, parts := range map[string]inputPart{"all but the parameters": allParts &^ requestPart(4), "read": a.readsOf(e, nil).parts} {
+		b.Run(name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := a.policyInput(in, "raw-token", parts); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }
