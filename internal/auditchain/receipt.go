@@ -10,6 +10,7 @@ import (
 	"errors"
 	"sync"
 
+	segjson "github.com/segmentio/encoding/json"
 	"github.com/toolgate/toolgate/api"
 )
 
@@ -52,9 +53,17 @@ func receiptBody(r *api.Receipt) *[]byte {
 	rc := *r
 	rc.Sig = ""
 	b := bodies.Get().(*[]byte)
-	buf := bytes.NewBuffer(append((*b)[:0], receiptDomain...))
-	_ = json.NewEncoder(buf).Encode(&rc) // cannot fail on these types
-	*b = bytes.TrimSuffix(buf.Bytes(), []byte("\n"))
+	// json.Marshal's bytes, which every build signed, written by the
+	// segmentio codec, several times faster: it writes them alike for a
+	// receipt's types, which hold no omitzero, the one thing it writes
+	// otherwise (envelope.Marshal; FuzzReceiptEncodesAsMarshal).
+	out, err := segjson.Append(append((*b)[:0], receiptDomain...), &rc, segjson.EscapeHTML|segjson.SortMapKeys)
+	if err != nil {
+		buf := bytes.NewBuffer(append((*b)[:0], receiptDomain...))
+		_ = json.NewEncoder(buf).Encode(&rc) // cannot fail on these types
+		out = bytes.TrimSuffix(buf.Bytes(), []byte("\n"))
+	}
+	*b = out
 	return b
 }
 
