@@ -373,14 +373,12 @@ decision := {"allow": input.a.b.c == input.a.b.d, "reasons": [input.a.e, input.a
 		policies[name] = src
 	}
 	inputs := genInputs(7, 400)
-	for _, in := range []map[string]any{
+	inputs = append(inputs, []map[string]any{
 		{"a": map[string]any{"b": map[string]any{"c": 1, "f": map[string]any{"h": 2}}, "e": 3}},
 		{"a": map[string]any{"b": "scalar", "e": map[string]any{}}},
 		{"a": map[string]any{"b": map[string]any{"f": nil}}},
 		{"a": nil, "x": 1}, {},
-	} {
-		inputs = append(inputs, in)
-	}
+	}...)
 	for name, src := range policies {
 		e, err := New(context.Background(), map[string]string{"p.rego": src}, nil)
 		if err != nil {
