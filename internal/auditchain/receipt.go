@@ -83,8 +83,14 @@ func Digest(raw []byte) string {
 			raw = c.Bytes()
 		} // else not JSON: its bytes as they are
 	}
-	h := sha256.Sum256(raw)
-	return hex.EncodeToString(h[:])
+	return hexSum(sha256.Sum256(raw))
+}
+
+// hexSum is hex.EncodeToString(sum[:]) in one allocation, the string's.
+func hexSum(sum [sha256.Size]byte) string {
+	var text [2 * sha256.Size]byte
+	hex.Encode(text[:], sum[:])
+	return string(text[:])
 }
 
 // compact reports whether raw holds no whitespace outside its strings, so
@@ -271,10 +277,7 @@ func EndingMatches(r *api.Receipt, msg []byte) bool {
 	return r != nil && r.Ending != "" && r.Ending == endingDigest(msg)
 }
 
-func endingDigest(msg []byte) string {
-	h := sha256.Sum256(msg)
-	return hex.EncodeToString(h[:])
-}
+func endingDigest(msg []byte) string { return hexSum(sha256.Sum256(msg)) }
 
 // OpenResult checks a result message that carries its receipt as its
 // proof (SealResult) and returns the receipt: the receipt verifies with
