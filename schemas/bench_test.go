@@ -34,5 +34,11 @@ func BenchmarkValidate(b *testing.B) {
 				_, _ = Validate(s, doc)
 			}
 		})
+		b.Run(c.name+"/scanned", func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				_, _ = ValidateJSON(s, doc)
+			}
+		})
 	}
 }

@@ -28,6 +28,13 @@ func agree(t *testing.T, s *jsonschema.Schema, doc []byte) (vouched bool) {
 	if (werr == nil) != (gerr == nil) || werr != nil && werr.Error() != gerr.Error() || !reflect.DeepEqual(places(got), places(want)) {
 		t.Fatalf("%s:\nValidate: %v %v\nlibrary:  %v %v", doc, got, gerr, want, werr)
 	}
+	if json.Valid(doc) {
+		// The scan ValidateJSON leaves out was made: it answers the same.
+		got, gerr := ValidateJSON(s, doc)
+		if (werr == nil) != (gerr == nil) || werr != nil && werr.Error() != gerr.Error() || !reflect.DeepEqual(places(got), places(want)) {
+			t.Fatalf("%s:\nValidateJSON: %v %v\nlibrary:  %v %v", doc, got, gerr, want, werr)
+		}
+	}
 	if wellFormed(doc) && vouchJSON(s, doc) {
 		if want != nil || werr != nil {
 			t.Fatalf("%s: vouched for, the library finds %v %v", doc, want, werr)

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"sync"
 
+	segjson "github.com/segmentio/encoding/json"
 	"github.com/toolgate/toolgate/api"
 )
 
@@ -52,9 +53,17 @@ func receiptBody(r *api.Receipt) *[]byte {
 	rc := *r
 	rc.Sig = ""
 	b := bodies.Get().(*[]byte)
-	buf := bytes.NewBuffer(append((*b)[:0], receiptDomain...))
-	_ = json.NewEncoder(buf).Encode(&rc) // cannot fail on these types
-	*b = bytes.TrimSuffix(buf.Bytes(), []byte("\n"))
+	// json.Marshal's bytes, which every build signed, written by the
+	// segmentio codec, several times faster: it writes them alike for a
+	// receipt's types, which hold no omitzero, the one thing it writes
+	// otherwise (envelope.Marshal; FuzzReceiptEncodesAsMarshal).
+	out, err := segjson.Append(append((*b)[:0], receiptDomain...), &rc, segjson.EscapeHTML|segjson.SortMapKeys)
+	if err != nil {
+		buf := bytes.NewBuffer(append((*b)[:0], receiptDomain...))
+		_ = json.NewEncoder(buf).Encode(&rc) // cannot fail on these types
+		out = bytes.TrimSuffix(buf.Bytes(), []byte("\n"))
+	}
+	*b = out
 	return b
 }
 
@@ -74,8 +83,14 @@ func Digest(raw []byte) string {
 			raw = c.Bytes()
 		} // else not JSON: its bytes as they are
 	}
-	h := sha256.Sum256(raw)
-	return hex.EncodeToString(h[:])
+	return hexSum(sha256.Sum256(raw))
+}
+
+// hexSum is hex.EncodeToString(sum[:]) in one allocation, the string's.
+func hexSum(sum [sha256.Size]byte) string {
+	var text [2 * sha256.Size]byte
+	hex.Encode(text[:], sum[:])
+	return string(text[:])
 }
 
 // compact reports whether raw holds no whitespace outside its strings, so
@@ -262,10 +277,7 @@ func EndingMatches(r *api.Receipt, msg []byte) bool {
 	return r != nil && r.Ending != "" && r.Ending == endingDigest(msg)
 }
 
-func endingDigest(msg []byte) string {
-	h := sha256.Sum256(msg)
-	return hex.EncodeToString(h[:])
-}
+func endingDigest(msg []byte) string { return hexSum(sha256.Sum256(msg)) }
 
 // OpenResult checks a result message that carries its receipt as its
 // proof (SealResult) and returns the receipt: the receipt verifies with

@@ -19,8 +19,11 @@ import (
 // random port, storing under t.TempDir(). It is shut down when t ends.
 func Server(t testing.TB) *server.Server {
 	t.Helper()
+	// The store's limit is fixed: by default it is three quarters of the
+	// disk's free space, less on a busy machine than the streams a
+	// topology reserves (their MaxBytes), which tests never fill.
 	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true,
-		StoreDir: t.TempDir(), NoLog: true, NoSigs: true})
+		StoreDir: t.TempDir(), JetStreamMaxStore: server.JetStreamMaxStoreDefault, NoLog: true, NoSigs: true})
 	if err != nil {
 		t.Fatal(err)
 	}

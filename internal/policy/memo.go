@@ -33,11 +33,14 @@ const (
 // memo keeps decisions by the values of the input parts a policy reads.
 type memo struct {
 	// reads are the parts: paths of field names under input, none a
-	// prefix of another.
+	// prefix of another, in order.
 	reads [][]*ast.Term
-	mu    sync.Mutex
-	m     map[int][]memoEntry
-	n     int
+	// shared[i] is how many names reads[i] begins with that reads[i-1]
+	// begins with too: key looks those up once.
+	shared []int
+	mu     sync.Mutex
+	m      map[int][]memoEntry
+	n      int
 	// hits counts decisions read back (tests see the memo work).
 	hits int
 }
@@ -123,6 +126,8 @@ func newMemo(c *ast.Compiler) *memo {
 	// A path under another is read with it.
 	slices.SortFunc(paths, slices.Compare)
 	var reads [][]*ast.Term
+	var shared []int
+	var last []string
 	for i, p := range paths {
 		if i > 0 && hasPrefix(p, paths[i-1]) {
 			paths[i] = paths[i-1] // what the next path is compared with
@@ -132,9 +137,13 @@ func newMemo(c *ast.Compiler) *memo {
 		for j, name := range p {
 			terms[j] = ast.StringTerm(name)
 		}
-		reads = append(reads, terms)
+		n := 0
+		for n < len(last) && n < len(p) && last[n] == p[n] {
+			n++
+		}
+		reads, shared, last = append(reads, terms), append(shared, n), p
 	}
-	return &memo{reads: reads}
+	return &memo{reads: reads, shared: shared}
 }
 
 func hasPrefix(p, prefix []string) bool {
@@ -152,9 +161,16 @@ func impure(op ast.Ref) bool {
 // them with their hash.
 func (m *memo) key(input ast.Value, key []readValue) ([]readValue, int) {
 	h := 0
-	for _, p := range m.reads {
-		v, depth := input, 0
-		for _, name := range p {
+	// at[k] is the value the last path led to after its first k names,
+	// each found: a path that begins with the same names starts from
+	// there, where the walk from the input would have come.
+	var stack [8]ast.Value
+	at := append(stack[:0], input)
+	for i, p := range m.reads {
+		k := min(m.shared[i], len(at)-1)
+		at = at[:k+1]
+		v, depth := at[k], k
+		for _, name := range p[k:] {
 			obj, isObj := v.(ast.Object)
 			if !isObj {
 				break
@@ -166,6 +182,7 @@ func (m *memo) key(input ast.Value, key []readValue) ([]readValue, int) {
 				break
 			}
 			v = t.Value
+			at = append(at, v)
 		}
 		key = append(key, readValue{depth: depth, v: v})
 		h = h*31 + depth

@@ -342,7 +342,7 @@ func TestReads(t *testing.T) {
 // TestMemoBounded: the memo keeps at most maxMemoDecisions decisions and
 // at most maxMemoCollisions under one hash.
 func TestMemoBounded(t *testing.T) {
-	m := &memo{reads: [][]*ast.Term{{ast.StringTerm("tenant")}}}
+	m := &memo{reads: [][]*ast.Term{{ast.StringTerm("tenant")}}, shared: []int{0}}
 	for i := range 20 {
 		key, _ := m.key(ast.MustInterfaceToValue(map[string]any{"tenant": fmt.Sprint(i)}), nil)
 		m.put(key, 1, Decision{Allow: true})
@@ -361,4 +361,93 @@ func TestMemoBounded(t *testing.T) {
 	if _, ok := m.get(key, h); ok {
 		t.Fatal("a decision never kept was read back")
 	}
+}
+
+// TestKeyAsWalkedFromTheInput: a key, whose paths sharing their first
+// names look those up once, holds what walking each path from the input
+// finds, for every policy kept and inputs of every shape.
+func TestKeyAsWalkedFromTheInput(t *testing.T) {
+	policies := map[string]string{"shipped": DefaultModule(), "nested": `package toolgate.authz
+decision := {"allow": input.a.b.c == input.a.b.d, "reasons": [input.a.e, input.a.b.f.g, input.a.b.f.h, input.x]}`}
+	for name, src := range memoPolicies {
+		policies[name] = src
+	}
+	inputs := genInputs(7, 400)
+	inputs = append(inputs, []map[string]any{
+		{"a": map[string]any{"b": map[string]any{"c": 1, "f": map[string]any{"h": 2}}, "e": 3}},
+		{"a": map[string]any{"b": "scalar", "e": map[string]any{}}},
+		{"a": map[string]any{"b": map[string]any{"f": nil}}},
+		{"a": nil, "x": 1}, {},
+	}...)
+	for name, src := range policies {
+		e, err := New(context.Background(), map[string]string{"p.rego": src}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if e.memo == nil {
+			continue
+		}
+		for i, plain := range inputs {
+			in, err := ast.InterfaceToValue(plain)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, gh := e.memo.key(in, nil)
+			want, wh := walkedKey(e.memo.reads, in, nil)
+			if gh != wh || len(got) != len(want) || !sameReads(got, want) {
+				t.Fatalf("%s, input %d: key %v (%d), walked from the input %v (%d)", name, i, got, gh, want, wh)
+			}
+		}
+	}
+}
+
+// walkedKey is memo.key walking every path from the input.
+func walkedKey(reads [][]*ast.Term, input ast.Value, key []readValue) ([]readValue, int) {
+	h := 0
+	for _, p := range reads {
+		v, depth := input, 0
+		for _, name := range p {
+			obj, isObj := v.(ast.Object)
+			if !isObj {
+				break
+			}
+			t := obj.Get(name)
+			depth++
+			if t == nil {
+				v = nil
+				break
+			}
+			v = t.Value
+		}
+		key = append(key, readValue{depth: depth, v: v})
+		h = h*31 + depth
+		if v != nil {
+			h = h*31 + v.Hash()
+		}
+	}
+	return key, h
+}
+
+// BenchmarkKey is the shipped policy's memo key of a call's input, read
+// as key does and as walking every path from the input would.
+func BenchmarkKey(b *testing.B) {
+	e, err := Default(context.Background())
+	if err != nil {
+		b.Fatal(err)
+	}
+	in, err := ast.InterfaceToValue(genInputs(1, 1)[0])
+	if err != nil {
+		b.Fatal(err)
+	}
+	var buf [32]readValue
+	b.Run("shared", func(b *testing.B) {
+		for b.Loop() {
+			e.memo.key(in, buf[:0])
+		}
+	})
+	b.Run("walked", func(b *testing.B) {
+		for b.Loop() {
+			walkedKey(e.memo.reads, in, buf[:0])
+		}
+	})
 }

@@ -209,8 +209,7 @@ func (v *Verifier) signatureGood(sl *envelope.Seal, buf []byte) bool {
 
 // principalDigest is the SHA-256 (hex) of inv's principal text.
 func principalDigest(inv *envelope.Invocation) string {
-	sum := sha256.Sum256(envelope.PrincipalText(inv))
-	return hex.EncodeToString(sum[:])
+	return hexSum(sha256.Sum256(envelope.PrincipalText(inv)))
 }
 
 // digestIs reports whether want is digest(v), comparing the sums rather
@@ -223,7 +222,7 @@ func digestIs(v any, want string) bool {
 	sum := sha256.Sum256(b)
 	var got [sha256.Size * 2]byte
 	hex.Encode(got[:], sum[:])
-	return string(got[:]) == want
+	return string(got[:]) == want // no allocation to compare
 }
 
 func refuse(msg, field string) error {
@@ -244,8 +243,14 @@ func digest(v any) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	sum := sha256.Sum256(b)
-	return hex.EncodeToString(sum[:]), nil
+	return hexSum(sha256.Sum256(b)), nil
+}
+
+// hexSum is hex.EncodeToString(sum[:]) in one allocation, the string's.
+func hexSum(sum [sha256.Size]byte) string {
+	var text [2 * sha256.Size]byte
+	hex.Encode(text[:], sum[:])
+	return string(text[:])
 }
 
 // signed is the text the signature covers: each field on its own line,

@@ -65,12 +65,22 @@ func (t *Tokens) Seal(raw string) (string, error) {
 	if raw == "" || IsSealedToken(raw) {
 		return raw, nil
 	}
+	// One buffer holds the nonce, the box after it, and the raw token
+	// past the box's end (Seal's message must not overlap its output);
+	// the text is written once, after the prefix.
+	n := len(raw)
+	buf := make([]byte, 24+secretbox.Overhead+n+n)
 	var nonce [24]byte
 	if _, err := rand.Read(nonce[:]); err != nil {
 		return "", err
 	}
-	box := secretbox.Seal(nonce[:], []byte(raw), &nonce, t.key)
-	sealed := TokenPrefix + base64.RawURLEncoding.EncodeToString(box)
+	msg := buf[24+secretbox.Overhead+n:]
+	copy(msg, raw)
+	box := secretbox.Seal(append(buf[:0], nonce[:]...), msg, &nonce, t.key)
+	text := make([]byte, len(TokenPrefix)+base64.RawURLEncoding.EncodedLen(len(box)))
+	base64.RawURLEncoding.Encode(text[copy(text, TokenPrefix):], box)
+	sealed := string(text)
+	clear(msg)
 	t.remember(sealed, raw, len(sealed)+len(raw))
 	return sealed, nil
 }

@@ -22,10 +22,10 @@ var allocBudgets = map[string]float64{
 	// One admitted call of a session's token, no budget: what every
 	// invocation pays in authorize (its decision read back from the
 	// policy's memo, as every call of a tool with one token and no usage).
-	"admitted": 46,
+	"admitted": 42,
 	// The same call on an authenticated bus: sealed for execute, and its
 	// principal signed for audit.
-	"sealed": 61,
+	"sealed": 54,
 }
 
 func allocPaths(tb testing.TB) map[string]func() {

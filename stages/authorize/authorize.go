@@ -128,7 +128,9 @@ type Authorizer struct {
 	cfg    Config
 	engine atomic.Pointer[policy.Engine]
 	shadow atomic.Pointer[shadowPolicy]
-	tools  manifestForms
+	// reads is what the policies in force read of the input (inputReads).
+	reads atomic.Pointer[inputReads]
+	tools manifestForms
 	// claims and principals are the policy form and the JSON
 	// (envelope.Principal) of a raw token's claims.
 	claims     forms[ast.Value]

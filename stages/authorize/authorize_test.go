@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"reflect"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 
@@ -365,9 +366,8 @@ func TestPolicyReplacedDecidesAtOnce(t *testing.T) {
 	}
 }
 
-// TestPolicyInputIsItsJSON: the input handed to OPA, built from parts,
-// is the value of Input's JSON encoding, whatever is set in it.
-func TestPolicyInputIsItsJSON(t *testing.T) {
+// policyInputs are inputs with every part set, and with few.
+func policyInputs() map[string]Input {
 	claims := &token.Claims{ToolID: token.Patterns{"fs.*"}, TenantID: "acme", AgentDID: "did:a",
 		Budget:     &token.Budget{MaxCalls: 5, ApprovalAfterFailures: 2},
 		Filesystem: &token.FilesystemGrant{AllowedPaths: []string{"/data"}, Mode: "rw"},
@@ -377,7 +377,7 @@ func TestPolicyInputIsItsJSON(t *testing.T) {
 	req := &api.Request{ToolID: "fs.read", Parameters: []byte(`{"path":"/data/x","n":[1,2.5,null],"deep":{"a":true}}`),
 		AgentContext:     api.AgentContext{AgentDID: "did:a", TenantID: "acme", SessionID: "s"},
 		ExecutionOptions: &api.ExecutionOptions{Priority: "high", RequireApproval: true}}
-	inputs := map[string]Input{
+	return map[string]Input{
 		"empty": {},
 		"unmetered call": {Request: req, Tool: manifest, Claims: claims, Tenant: "acme", Time: "2026-01-01T00:00:00Z",
 			Resources: Resources{Paths: []PathNeed{}, Hosts: []HostNeed{}, Credentials: []string{}},
@@ -397,6 +397,12 @@ func TestPolicyInputIsItsJSON(t *testing.T) {
 				Aborted:   &kvstore.Abort{InvocationID: "i-9", Hook: "stop", At: time.Date(2026, 1, 1, 0, 0, 1, 0, time.UTC)}}},
 		"metered call, tiny cost": {Request: req, Claims: claims, Usage: kvstore.Usage{Calls: 2, Cost: 1e-21}},
 	}
+}
+
+// TestPolicyInputIsItsJSON: the input handed to OPA, built from parts,
+// is the value of Input's JSON encoding, whatever is set in it.
+func TestPolicyInputIsItsJSON(t *testing.T) {
+	inputs := policyInputs()
 	for name, in := range inputs {
 		t.Run(name, func(t *testing.T) {
 			want, err := astValue(in)
@@ -405,7 +411,7 @@ func TestPolicyInputIsItsJSON(t *testing.T) {
 			}
 			a := &Authorizer{}
 			for _, raw := range []string{"raw-token", "raw-token", ""} { // cached, then from the cache, then a linked call
-				got, err := a.policyInput(in, raw, true)
+				got, err := a.policyInput(in, raw, allParts)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -521,7 +527,7 @@ func TestRequestTermIsItsJSON(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		got, err := requestTerm(r, true)
+		got, err := requestTerm(r, allParts)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -573,5 +579,81 @@ func fill(v reflect.Value) {
 		}
 	case reflect.Interface:
 		v.Set(reflect.ValueOf("x"))
+	}
+}
+
+// TestInputLeavesOutWhatNoPolicyReads: the input leaves out the parts
+// neither the live policy nor the shadow reads (the shipped policy reads
+// no request member but the agent context and the execution options, nor
+// the time, nor the usage's times), and the decision on it is the one on
+// the whole input; a shadow that reads them has them back.
+func TestInputLeavesOutWhatNoPolicyReads(t *testing.T) {
+	ctx := context.Background()
+	e, err := policy.Default(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := &Authorizer{}
+	a.SetPolicy(e)
+	parts := a.readsOf(e, nil).parts
+	for i, name := range requestMembers {
+		if read := name == "agent_context" || name == "execution_options"; (parts&requestPart(i) != 0) != read {
+			t.Errorf("request member %s in the input: %v, want %v", name, !read, read)
+		}
+	}
+	if parts&(partTime|partUsageTimes) != 0 {
+		t.Errorf("parts %b: the time or the usage's times kept", parts)
+	}
+	for name, in := range policyInputs() {
+		in.Usage.UpdatedAt = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+		pruned, err := a.policyInput(in, "raw-token", parts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		whole, err := astValue(in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ast.Compare(pruned, whole) == 0 {
+			t.Errorf("%s: nothing left out", name)
+		}
+		got, err1 := e.Eval(ctx, pruned)
+		want, err2 := e.Eval(ctx, in) // plain Go: evaluated whole, not from the memo
+		if (err1 != nil) != (err2 != nil) || !reflect.DeepEqual(got, want) {
+			t.Errorf("%s: decided %+v (%v) on the input, %+v (%v) on the whole", name, got, err1, want, err2)
+		}
+	}
+	sh, err := policy.New(ctx, map[string]string{"p.rego": `package toolgate.authz
+decision := {"allow": count(input.request) > 0, "reasons": [input.time, sprintf("%v", [input.usage.updated_at])]}`}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.SetShadow(sh, 2)
+	if got := a.readsOf(e, a.shadow.Load()).parts; got != allParts {
+		t.Errorf("with a shadow reading them, parts %b, want %b", got, allParts)
+	}
+}
+
+// BenchmarkPolicyInput is a call's policy input with every part but the
+// parameters (as every part was built while only the parameters were left
+// out unread), and without the parts the shipped policy does not read.
+func BenchmarkPolicyInput(b *testing.B) {
+	e, err := policy.Default(context.Background())
+	if err != nil {
+		b.Fatal(err)
+	}
+	a := &Authorizer{}
+	in := policyInputs()["unmetered call"]
+	in.Request.CapabilityToken = "eyJhbGciOiJFZERTQSJ9." + strings.Repeat("x", 300) + ".c2lnbmF0dXJl"
+	in.Usage = kvstore.Usage{Calls: 3, UpdatedAt: time.Now(), StartedAt: time.Now()}
+	for name, parts := range map[string]inputPart{"all but the parameters": allParts &^ requestPart(4), "read": a.readsOf(e, nil).parts} {
+		b.Run(name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := a.policyInput(in, "raw-token", parts); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }

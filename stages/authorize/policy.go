@@ -60,10 +60,7 @@ type Derived struct {
 // (shadow.go) without building it again.
 func (a *Authorizer) evalInput(ctx context.Context, in Input, rawToken string) (policy.Decision, ast.Value, *shadowPolicy, error) {
 	e, sh := a.engine.Load(), a.shadow.Load()
-	// The parameters, which only a call's own policy form holds, are
-	// left out when neither policy reads them.
-	params := e.Reads("request", "parameters") || sh != nil && sh.engine.Reads("request", "parameters")
-	input, err := a.policyInput(in, rawToken, params)
+	input, err := a.policyInput(in, rawToken, a.readsOf(e, sh).parts)
 	if err != nil {
 		return policy.Decision{}, nil, sh, api.WrapError(err, api.InternalError, api.EPolicyFailed, "building policy input: %v", err)
 	}
@@ -72,17 +69,66 @@ func (a *Authorizer) evalInput(ctx context.Context, in Input, rawToken string) (
 	return d, input, sh, err
 }
 
+// An inputPart is a part of the input that a policy may not read, and
+// that is left out of the input when neither the live policy nor the
+// shadow reads it (policy.Engine.Reads): a member of the request, the
+// time, or the usage's times.
+type inputPart uint16
+
+// requestMembers are the request's members in requestTerm's order: the
+// first inputParts.
+var requestMembers = [...]string{"tool_id", "tool_version", "invocation_id", "agent_context", "parameters",
+	"capability_token", "resource_limits", "document_context", "checkpoint_config", "execution_options", "link", "redrive"}
+
+const (
+	partTime inputPart = 1 << (len(requestMembers) + iota)
+	partUsageTimes
+	allParts = partUsageTimes<<1 - 1
+)
+
+func requestPart(i int) inputPart { return 1 << i }
+
+// inputReads are the parts the policies e and sh read.
+type inputReads struct {
+	e     *policy.Engine
+	sh    *shadowPolicy
+	parts inputPart
+}
+
+// readsOf is what e and sh (nil: none) read of the input, worked out once
+// per pair of policies.
+func (a *Authorizer) readsOf(e *policy.Engine, sh *shadowPolicy) *inputReads {
+	if r := a.reads.Load(); r != nil && r.e == e && r.sh == sh {
+		return r
+	}
+	read := func(path ...string) bool { return e.Reads(path...) || sh != nil && sh.engine.Reads(path...) }
+	r := &inputReads{e: e, sh: sh}
+	for i, name := range requestMembers {
+		if read("request", name) {
+			r.parts |= requestPart(i)
+		}
+	}
+	if read("time") {
+		r.parts |= partTime
+	}
+	if read("usage", "updated_at") || read("usage", "started_at") || read("usage", "aborted") {
+		r.parts |= partUsageTimes
+	}
+	a.reads.Store(r)
+	return r
+}
+
 // policyInput is in in the form OPA evaluates: the ast.Value of its JSON
-// encoding (TestPolicyInputIsItsJSON holds it to that), the request's
-// parameters left out unless params. The manifest's part, the largest and
+// encoding (TestPolicyInputIsItsJSON holds it to that), but for the
+// inputParts not in parts. The manifest's part, the largest and
 // the same on every call of a tool version, is converted once per
 // manifest; the claims' part, the same on every call with one token, once
 // per token (rawToken; linked requests, which have none, convert theirs
 // every time). The request goes through its JSON encoding only for its
 // rarely set parts (requestTerm); the small fixed-shape parts are built
 // directly.
-func (a *Authorizer) policyInput(in Input, rawToken string, params bool) (ast.Value, error) {
-	req, err := requestTerm(in.Request, params)
+func (a *Authorizer) policyInput(in Input, rawToken string, parts inputPart) (ast.Value, error) {
+	req, err := requestTerm(in.Request, parts)
 	if err != nil {
 		return nil, err
 	}
@@ -101,7 +147,7 @@ func (a *Authorizer) policyInput(in Input, rawToken string, params bool) (ast.Va
 	if err != nil {
 		return nil, err
 	}
-	usage, err := usageTerm(in.Usage)
+	usage, err := usageTerm(in.Usage, parts&partUsageTimes != 0)
 	if err != nil {
 		return nil, err
 	}
@@ -113,7 +159,9 @@ func (a *Authorizer) policyInput(in Input, rawToken string, params bool) (ast.Va
 		ast.Item(ast.InternedTerm("resources"), resourcesTerm(in.Resources)),
 		ast.Item(ast.InternedTerm("derived"), derivedTerm(in.Derived)),
 		ast.Item(ast.InternedTerm("tenant"), ast.StringTerm(in.Tenant)),
-		ast.Item(ast.InternedTerm("time"), ast.StringTerm(in.Time)),
+	}
+	if parts&partTime != 0 {
+		terms = append(terms, ast.Item(ast.InternedTerm("time"), ast.StringTerm(in.Time)))
 	}
 	if ap := in.Approval; ap != nil {
 		fields := [][2]*ast.Term{ast.Item(ast.InternedTerm("state"), ast.StringTerm(ap.State))}
@@ -125,37 +173,39 @@ func (a *Authorizer) policyInput(in Input, rawToken string, params bool) (ast.Va
 	return ast.NewObject(terms...), nil
 }
 
-// requestTerm is r's JSON encoding as a term, its parameters only when
-// params. What every call carries (the tool, the agent context, the
+// requestTerm is r's JSON encoding as a term, with the members parts
+// holds (requestMembers) alone. What every call carries (the tool, the agent context, the
 // parameters) is built directly; the options only some calls set go
 // through their JSON encoding. The strings are the
 // envelope's, decoded from JSON, so valid UTF-8 as encoding/json would
 // write them.
-func requestTerm(r *api.Request, params bool) (*ast.Term, error) {
+func requestTerm(r *api.Request, parts inputPart) (*ast.Term, error) {
 	if r == nil {
 		return ast.NullTerm(), nil
 	}
 	items := make([][2]*ast.Term, 0, 8)
-	str := func(name, v string, omitEmpty bool) {
-		if v != "" || !omitEmpty {
-			items = append(items, ast.Item(ast.InternedTerm(name), ast.StringTerm(v)))
+	str := func(i int, v string, omitEmpty bool) {
+		if (v != "" || !omitEmpty) && parts&requestPart(i) != 0 {
+			items = append(items, ast.Item(ast.InternedTerm(requestMembers[i]), ast.StringTerm(v)))
 		}
 	}
-	str("tool_id", r.ToolID, false)
-	str("tool_version", r.ToolVersion, true)
-	str("invocation_id", r.InvocationID, true)
-	ac := r.AgentContext
-	agent := make([][2]*ast.Term, 0, 4)
-	agent = append(agent, ast.Item(ast.InternedTerm("agent_did"), ast.StringTerm(ac.AgentDID)),
-		ast.Item(ast.InternedTerm("tenant_id"), ast.StringTerm(ac.TenantID)))
-	if ac.SessionID != "" {
-		agent = append(agent, ast.Item(ast.InternedTerm("session_id"), ast.StringTerm(ac.SessionID)))
+	str(0, r.ToolID, false)
+	str(1, r.ToolVersion, true)
+	str(2, r.InvocationID, true)
+	if parts&requestPart(3) != 0 {
+		ac := r.AgentContext
+		agent := make([][2]*ast.Term, 0, 4)
+		agent = append(agent, ast.Item(ast.InternedTerm("agent_did"), ast.StringTerm(ac.AgentDID)),
+			ast.Item(ast.InternedTerm("tenant_id"), ast.StringTerm(ac.TenantID)))
+		if ac.SessionID != "" {
+			agent = append(agent, ast.Item(ast.InternedTerm("session_id"), ast.StringTerm(ac.SessionID)))
+		}
+		if ac.UserDID != "" {
+			agent = append(agent, ast.Item(ast.InternedTerm("user_did"), ast.StringTerm(ac.UserDID)))
+		}
+		items = append(items, ast.Item(ast.InternedTerm("agent_context"), ast.ObjectTerm(agent...)))
 	}
-	if ac.UserDID != "" {
-		agent = append(agent, ast.Item(ast.InternedTerm("user_did"), ast.StringTerm(ac.UserDID)))
-	}
-	items = append(items, ast.Item(ast.InternedTerm("agent_context"), ast.ObjectTerm(agent...)))
-	if params && len(r.Parameters) > 0 {
+	if parts&requestPart(4) != 0 && len(r.Parameters) > 0 {
 		var p any
 		if err := segjson.Unmarshal(r.Parameters, &p); err != nil {
 			return nil, err
@@ -166,25 +216,24 @@ func requestTerm(r *api.Request, params bool) (*ast.Term, error) {
 		}
 		items = append(items, ast.Item(ast.InternedTerm("parameters"), ast.NewTerm(v)))
 	}
-	str("capability_token", r.CapabilityToken, true)
-	for _, o := range [...]struct {
-		name string
-		set  bool
-		v    any
+	str(5, r.CapabilityToken, true)
+	for i, o := range [...]struct {
+		set bool
+		v   any
 	}{
-		{"resource_limits", r.ResourceLimits != nil, r.ResourceLimits},
-		{"document_context", r.DocumentContext != nil, r.DocumentContext},
-		{"checkpoint_config", r.CheckpointConfig != nil, r.CheckpointConfig},
-		{"execution_options", r.ExecutionOptions != nil, r.ExecutionOptions},
-		{"link", r.Link != nil, r.Link},
-		{"redrive", r.Redrive != nil, r.Redrive},
+		{r.ResourceLimits != nil, r.ResourceLimits},
+		{r.DocumentContext != nil, r.DocumentContext},
+		{r.CheckpointConfig != nil, r.CheckpointConfig},
+		{r.ExecutionOptions != nil, r.ExecutionOptions},
+		{r.Link != nil, r.Link},
+		{r.Redrive != nil, r.Redrive},
 	} {
-		if o.set {
+		if o.set && parts&requestPart(6+i) != 0 {
 			v, err := astValue(o.v)
 			if err != nil {
 				return nil, err
 			}
-			items = append(items, ast.Item(ast.InternedTerm(o.name), ast.NewTerm(v)))
+			items = append(items, ast.Item(ast.InternedTerm(requestMembers[6+i]), ast.NewTerm(v)))
 		}
 	}
 	return ast.ObjectTerm(items...), nil
@@ -200,9 +249,9 @@ var zeroUsage = func() *ast.Term {
 }()
 
 // usageTerm is u's JSON encoding as a term, built directly for the usage
-// a policy is given (its id lists and leases left out): a metered call
-// converts one on every call.
-func usageTerm(u kvstore.Usage) (*ast.Term, error) {
+// a policy is given (its id lists and leases left out), its times only
+// when times: a metered call converts one on every call.
+func usageTerm(u kvstore.Usage, times bool) (*ast.Term, error) {
 	if reflect.ValueOf(u).IsZero() {
 		return zeroUsage, nil
 	}
@@ -220,6 +269,9 @@ func usageTerm(u kvstore.Usage) (*ast.Term, error) {
 		ast.Item(ast.InternedTerm("cost"), ast.NumberTerm(json.Number(cost))),
 		ast.Item(ast.InternedTerm("tokens"), intTerm(u.Tokens)),
 		ast.Item(ast.InternedTerm("consecutive_failures"), intTerm(u.ConsecutiveFailures)),
+	}
+	if !times {
+		return ast.ObjectTerm(items...), nil
 	}
 	if !u.UpdatedAt.IsZero() {
 		items = append(items, ast.Item(ast.InternedTerm("updated_at"), timeTerm(u.UpdatedAt)))

@@ -1,14 +1,17 @@
 package validate
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"reflect"
 	"testing"
 
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/envelope"
+	"github.com/toolgate/toolgate/internal/tools"
 )
 
 // FuzzDecodeRequest: a request the schema check passed decodes to what
@@ -44,5 +47,26 @@ func TestRequestDigestAsStored(t *testing.T) {
 	sum := sha256.Sum256([]byte("urn:agent:a\x00{\"tool_id\":\"echo\"}"))
 	if got, want := requestDigest(inv), hex.EncodeToString(sum[:]); got != want {
 		t.Fatalf("digest %s, want %s", got, want)
+	}
+}
+
+// TestDataNotJSONRefused: the schema check takes the event data for JSON
+// (Decode refused any other): data that is not, arriving still, is refused
+// at decoding, whatever the walk over it found.
+func TestDataNotJSONRefused(t *testing.T) {
+	v := New(tools.NewRegistry(), Config{})
+	for _, doc := range []string{
+		`{"tool_id":"echo","agent_context":{"agent_did":"did:agent:a","tenant_id":"acme"},"parameters":{"message":"hi",}}`,
+		`{"tool_id":"echo","agent_context":{"agent_did":"did:agent:a","tenant_id":"acme"},"parameters":{"message":tru}}`,
+		`{"tool_id":"echo","agent_context":{"agent_did":"did:agent:a","tenant_id":"acme"},"parameters":[1 2]}`,
+		`{"tool_id":"echo","agent_context":{"agent_did":"did:agent:a","tenant_id":"acme"},"parameters":{"a":01}}`,
+	} {
+		inv := &envelope.Invocation{ID: "i-1", Tenant: "acme", Data: []byte(doc)}
+		inv.Event.Type = envelope.EventType
+		_, err := v.Process(context.Background(), inv)
+		var ae *api.Error
+		if !errors.As(err, &ae) || ae.ECode != api.ERequestInvalid {
+			t.Errorf("%s: %v, want %s", doc, err, api.ERequestInvalid)
+		}
 	}
 }

@@ -117,7 +117,9 @@ func (v *Validator) process(ctx context.Context, inv *envelope.Invocation) ([]st
 		return nil, api.NewError(api.InvalidParameters, api.EWrongEventType,
 			"event type %q: expected %q", inv.Event.Type, envelope.EventType)
 	}
-	fields, err := schemas.Validate(schemas.InvokeRequest(), inv.Data)
+	// inv.Data is JSON: Decode (envelope.FromMessage) refused any other
+	// data, and every hand-off decoder refuses a message that is not.
+	fields, err := schemas.ValidateJSON(schemas.InvokeRequest(), inv.Data)
 	if err != nil {
 		return nil, api.WrapError(err, api.InvalidParameters, api.ERequestInvalid,
 			"event data is not a JSON ToolInvokeRequest: %v", err)
