@@ -203,6 +203,10 @@ func (x *Executor) Process(ctx context.Context, inv *envelope.Invocation) (_ []s
 	}
 	// Register before claiming: a cancel is written to KV before it is
 	// announced, so it is either seen by the claim or delivered here.
+	// The record is read under the context the call came with: its
+	// bucket read then shares the stages' bound (kvstore) instead of
+	// making one of its own, and a cancel is read from the record anyway.
+	callCtx := ctx
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	defer x.running.add(inv.Tenant, inv.ID, cancel)()
@@ -221,7 +225,7 @@ func (x *Executor) Process(ctx context.Context, inv *envelope.Invocation) (_ []s
 	var prev, rec api.Record
 	var existed bool
 	if later {
-		prev, existed, err = x.record(ctx, inv)
+		prev, existed, err = x.record(callCtx, inv)
 		rec = prev
 	} else {
 		prev, existed, rec, _, err = x.store.ClaimRun(ctx, runRecord(inv, m), keepResumable)
