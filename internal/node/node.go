@@ -228,6 +228,7 @@ func openConnRole(ctx context.Context, nc *nats.Conn, role busauth.Role, topo to
 		}
 	}
 	var store *kvstore.Store
+	topo.Log = log
 	what := "waiting for the NATS topology"
 	if bound {
 		what = "waiting for the operator's NATS topology (serve, or toolgate setup)"

@@ -298,6 +298,12 @@ func (r *run) startBus() (stop func(), err error) {
 		}
 		r.url = ns.ClientURL()
 		r.gate = g
+		if js := ns.JetStreamConfig(); js != nil {
+			// What the store can still reserve: the streams made now fit
+			// in it (topology.TopologyOptions.StoreRoom).
+			_, reserved, _ := ns.JetStreamReservedResources()
+			c.Topology.StoreRoom = max(js.MaxStore-reserved, 1)
+		}
 		r.base = append(r.base, nats.InProcessServer(ns))
 		for _, role := range busauth.IssuedRoles {
 			r.roleCreds[role] = CredsPath(c.Embedded.DataDir, role)

@@ -82,6 +82,14 @@ type TopologyOptions struct {
 	// A site past them has its publishes refused; no other site's are.
 	SiteOutboxMsgs  int64
 	SiteOutboxBytes int64
+	// StoreRoom, when set, is what the server's store can still reserve
+	// for new streams (a single server reserves each file stream's byte
+	// limit out of its store, by default three quarters of the disk's free
+	// space when it starts; serve reads it from its embedded server). The
+	// default byte limits of the streams to be made are lowered together
+	// to fit in nine tenths of it, and Log hears of each.
+	StoreRoom int64
+	Log       *slog.Logger
 }
 
 // Defaults of TopologyOptions.
@@ -246,8 +254,11 @@ func ConsumerConfig(stage string, in subjects.Input, o TopologyOptions) jetstrea
 // Existing streams are left untouched, so a second process, or a restart,
 // never resets them or undoes an operator's changes.
 func EnsureTopology(ctx context.Context, js jetstream.JetStream, o TopologyOptions) error {
+	set := o // the byte limits left zero take their defaults, which may shrink
 	o.defaults()
-	for _, cfg := range Streams(o) {
+	streams := Streams(o)
+	var missing []jetstream.StreamConfig
+	for _, cfg := range streams {
 		if st, err := js.Stream(ctx, cfg.Name); err == nil {
 			// A results or audit stream made before direct gets were allowed
 			// gets them, an invoke stream made with a duplicate window loses
@@ -268,9 +279,12 @@ func EnsureTopology(ctx context.Context, js jetstream.JetStream, o TopologyOptio
 		} else if !errors.Is(err, jetstream.ErrStreamNotFound) {
 			return fmt.Errorf("looking up stream %s: %w", cfg.Name, err)
 		}
-		_, err := js.CreateStream(ctx, cfg)
-		if err != nil && !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-			return fmt.Errorf("creating stream %s: %w", cfg.Name, err)
+		missing = append(missing, cfg)
+	}
+	fitRoom(missing, set)
+	for _, cfg := range missing {
+		if err := createStream(ctx, js, cfg); err != nil {
+			return err
 		}
 	}
 	// The audit archive's default bucket, append-only (docs/audit.md).

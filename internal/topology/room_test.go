@@ -1,0 +1,93 @@
+package topology_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/toolgate/toolgate/internal/topology"
+	"github.com/toolgate/toolgate/subjects"
+)
+
+// smallStore is a server whose store can reserve maxStore bytes, as one
+// started on a disk with little free space.
+func smallStore(t *testing.T, maxStore int64) jetstream.JetStream {
+	t.Helper()
+	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(),
+		JetStreamMaxStore: maxStore, NoLog: true, NoSigs: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns.Start()
+	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
+	if !ns.ReadyForConnections(10 * time.Second) {
+		t.Fatal("server not ready")
+	}
+	nc, err := nats.Connect(ns.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js
+}
+
+// TestStreamsFitTheStore: on a server whose store cannot reserve the
+// default byte limits, the streams are made with the defaults lowered
+// together to fit the room the store reports, a limit the operator set is
+// kept, and without the room known the refusal says what to do.
+func TestStreamsFitTheStore(t *testing.T) {
+	const room = 1 << 30
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+
+	t.Run("room unknown", func(t *testing.T) {
+		err := topology.EnsureTopology(ctx, smallStore(t, room), topology.TopologyOptions{})
+		if err == nil || !strings.Contains(err.Error(), "no room for its byte limit") {
+			t.Fatalf("EnsureTopology on a 1 GiB store: %v, want a refusal that names the store's room", err)
+		}
+	})
+
+	t.Run("room known", func(t *testing.T) {
+		js := smallStore(t, room)
+		const invoke = 200 << 20
+		if err := topology.EnsureTopology(ctx, js, topology.TopologyOptions{StoreRoom: room, InvokeMaxBytes: invoke}); err != nil {
+			t.Fatal(err)
+		}
+		var total int64
+		lister := js.ListStreams(ctx)
+		for info := range lister.Info() {
+			c := info.Config
+			if c.Storage == jetstream.FileStorage && c.MaxBytes > 0 {
+				total += c.MaxBytes
+			}
+			switch c.Name {
+			case subjects.StreamInvoke:
+				if c.MaxBytes != invoke {
+					t.Errorf("%s: limit %d, want the %d set", c.Name, c.MaxBytes, invoke)
+				}
+			case subjects.StreamAudit:
+				if c.MaxBytes >= topology.DefaultAuditMaxBytes || c.MaxBytes < topology.MinStreamBytes {
+					t.Errorf("%s: limit %d, want one lowered from %d", c.Name, c.MaxBytes, topology.DefaultAuditMaxBytes)
+				}
+			}
+		}
+		if err := lister.Err(); err != nil {
+			t.Fatal(err)
+		}
+		if total > room {
+			t.Fatalf("the streams reserve %d bytes of a %d-byte store", total, room)
+		}
+		// A second process, or a restart, finds them all and makes none.
+		if err := topology.EnsureTopology(ctx, js, topology.TopologyOptions{StoreRoom: 1}); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
