@@ -13,10 +13,14 @@ import (
 	"github.com/toolgate/toolgate/subjects"
 )
 
-// smallStore is a server whose store can reserve maxStore bytes, as one
-// started on a disk with little free space.
-func smallStore(t *testing.T, maxStore int64) jetstream.JetStream {
+// serverJS is a server whose store can reserve maxStore bytes, as one
+// started on a disk with little free space (0: a fixed 1 TiB, whatever the
+// disk's free space).
+func serverJS(t *testing.T, maxStore int64) jetstream.JetStream {
 	t.Helper()
+	if maxStore == 0 {
+		maxStore = server.JetStreamMaxStoreDefault
+	}
 	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(),
 		JetStreamMaxStore: maxStore, NoLog: true, NoSigs: true})
 	if err != nil {
@@ -49,14 +53,14 @@ func TestStreamsFitTheStore(t *testing.T) {
 	defer cancel()
 
 	t.Run("room unknown", func(t *testing.T) {
-		err := topology.EnsureTopology(ctx, smallStore(t, room), topology.TopologyOptions{})
+		err := topology.EnsureTopology(ctx, serverJS(t, room), topology.TopologyOptions{})
 		if err == nil || !strings.Contains(err.Error(), "no room for its byte limit") {
 			t.Fatalf("EnsureTopology on a 1 GiB store: %v, want a refusal that names the store's room", err)
 		}
 	})
 
 	t.Run("room known", func(t *testing.T) {
-		js := smallStore(t, room)
+		js := serverJS(t, room)
 		const invoke = 200 << 20
 		if err := topology.EnsureTopology(ctx, js, topology.TopologyOptions{StoreRoom: room, InvokeMaxBytes: invoke}); err != nil {
 			t.Fatal(err)

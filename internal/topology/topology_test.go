@@ -43,24 +43,7 @@ func TestStreamsHaveLimits(t *testing.T) {
 // byte limit, a publish gets an error from JetStream (no ack), and what the
 // stream holds stays.
 func TestFullInvokeStreamRefusesPublisher(t *testing.T) {
-	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoLog: true, NoSigs: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ns.Start()
-	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
-	if !ns.ReadyForConnections(10 * time.Second) {
-		t.Fatal("server not ready")
-	}
-	nc, err := nats.Connect(ns.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := serverJS(t, 0)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if err := topology.EnsureTopology(ctx, js, topology.TopologyOptions{InvokeMaxBytes: 4096}); err != nil {
