@@ -350,17 +350,7 @@ func TestSealResultEncodesAsMarshal(t *testing.T) {
 			Documents: []api.DocumentPin{{Source: "s", DocumentID: "d", Version: "2"}}, Status: api.StatusError, ErrorCode: "E1",
 			ResultSHA256: "r", EventID: "e", ReceivedAt: "then", IssuedAt: "now"},
 	} {
-		got, err := s.SealResult(&r, msg, end)
-		if err != nil {
-			t.Fatal(err)
-		}
-		want, err := auditchain.CarryReceipt(msg, end, &r)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !bytes.Equal(got, want) {
-			t.Fatalf("sealed\n%s\nmarshalled\n%s", got, want)
-		}
+		got := sealsAsMarshal(t, s, &r, msg, end)
 		if opened, err := auditchain.OpenResult(got, s.Public()); err != nil || opened.Sig != r.Sig {
 			t.Fatalf("does not open: %v", err)
 		}
@@ -400,16 +390,24 @@ func FuzzReceiptEncodesAsMarshal(f *testing.F) {
 			Approval:  &api.DecisionProof{Subject: other, Headers: map[string][]string{other: {agent}, agent: {id}}, Body: body},
 			Documents: []api.DocumentPin{{Source: other, DocumentID: id, Version: tenant}}, Status: api.Status(other),
 			ErrorCode: other, ResultSHA256: id, EventID: id + other, ReceivedAt: agent, IssuedAt: tenant}
-		got, err := s.SealResult(&r, msg, end)
-		if err != nil {
-			t.Fatal(err)
-		}
-		want, err := auditchain.CarryReceipt(msg, end, &r)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !bytes.Equal(got, want) {
-			t.Fatalf("sealed\n%q\nmarshalled\n%q", got, want)
-		}
+		sealsAsMarshal(t, s, &r, msg, end)
 	})
+}
+
+// sealsAsMarshal is the message SealResult makes of r, failing t unless
+// it is the one json.Marshal's receipt makes (CarryReceipt).
+func sealsAsMarshal(t *testing.T, s *auditchain.ReceiptSigner, r *api.Receipt, msg []byte, end int) []byte {
+	t.Helper()
+	got, err := s.SealResult(r, msg, end)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := auditchain.CarryReceipt(msg, end, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatalf("sealed\n%q\nmarshalled\n%q", got, want)
+	}
+	return got
 }
