@@ -22,8 +22,15 @@ func Server(t testing.TB) *server.Server {
 	// The store's limit is fixed: by default it is three quarters of the
 	// disk's free space, less on a busy machine than the streams a
 	// topology reserves (their MaxBytes), which tests never fill.
+	return ServerWithStore(t, server.JetStreamMaxStoreDefault)
+}
+
+// ServerWithStore is Server with a store that can reserve maxStore bytes,
+// as a server started on a disk with little free space has.
+func ServerWithStore(t testing.TB, maxStore int64) *server.Server {
+	t.Helper()
 	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true,
-		StoreDir: t.TempDir(), JetStreamMaxStore: server.JetStreamMaxStoreDefault, NoLog: true, NoSigs: true})
+		StoreDir: t.TempDir(), JetStreamMaxStore: maxStore, NoLog: true, NoSigs: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,36 +7,20 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/toolgate/toolgate/internal/natstest"
 	"github.com/toolgate/toolgate/internal/topology"
 	"github.com/toolgate/toolgate/subjects"
 )
 
-// serverJS is a server whose store can reserve maxStore bytes, as one
-// started on a disk with little free space (0: a fixed 1 TiB, whatever the
-// disk's free space).
+// serverJS is a server whose store can reserve maxStore bytes (0: a
+// fixed 1 TiB, whatever the disk's free space), and JetStream on it.
 func serverJS(t *testing.T, maxStore int64) jetstream.JetStream {
 	t.Helper()
 	if maxStore == 0 {
 		maxStore = server.JetStreamMaxStoreDefault
 	}
-	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(),
-		JetStreamMaxStore: maxStore, NoLog: true, NoSigs: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ns.Start()
-	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
-	if !ns.ReadyForConnections(10 * time.Second) {
-		t.Fatal("server not ready")
-	}
-	nc, err := nats.Connect(ns.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
+	js, err := jetstream.New(natstest.Connect(t, natstest.ServerWithStore(t, maxStore).ClientURL()))
 	if err != nil {
 		t.Fatal(err)
 	}

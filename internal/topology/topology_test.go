@@ -101,21 +101,7 @@ func TestAuditOutlastsOtherStagesDeliveries(t *testing.T) {
 func TestInvokeStreamHasNoDuplicateWindow(t *testing.T) {
 	for _, upgraded := range []bool{false, true} {
 		t.Run(fmt.Sprintf("upgraded=%v", upgraded), func(t *testing.T) {
-			ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoLog: true, NoSigs: true})
-			if err != nil {
-				t.Fatal(err)
-			}
-			ns.Start()
-			t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
-			if !ns.ReadyForConnections(10 * time.Second) {
-				t.Fatal("server not ready")
-			}
-			nc, err := nats.Connect(ns.ClientURL())
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer nc.Close()
-			js, _ := jetstream.New(nc)
+			js := serverJS(t, 0)
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			if upgraded {
