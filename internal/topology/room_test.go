@@ -77,5 +77,11 @@ func TestStreamsFitTheStore(t *testing.T) {
 		if err := topology.EnsureTopology(ctx, js, topology.TopologyOptions{StoreRoom: 1}); err != nil {
 			t.Fatal(err)
 		}
+		// What the fit left over takes a site's outbox or two; past that,
+		// a site's refusal names the cause as the topology's does.
+		err := topology.EnsureSites(ctx, js, topology.TopologyOptions{}, []string{"s1", "s2", "s3", "s4"})
+		if err == nil || !strings.Contains(err.Error(), "no room for its byte limit") {
+			t.Fatalf("four site outboxes in what the fit left of a 1 GiB store: %v, want a refusal that names the store's room", err)
+		}
 	})
 }

@@ -330,14 +330,14 @@ func EnsureSites(ctx context.Context, js jetstream.JetStream, o TopologyOptions,
 		// Its outbox: bounded on its own, discarding new messages when full.
 		out := subjects.SiteForward(site)
 		if _, err := js.Stream(ctx, out.Stream); errors.Is(err, jetstream.ErrStreamNotFound) {
-			_, err = js.CreateStream(ctx, jetstream.StreamConfig{
+			err = createStream(ctx, js, jetstream.StreamConfig{
 				Name: out.Stream, Description: "what site " + site + " sends the hub, until the hub forwards it",
 				Subjects: []string{subjects.SiteOutbox(site)}, Retention: jetstream.WorkQueuePolicy,
 				MaxMsgs: o.SiteOutboxMsgs, MaxBytes: o.SiteOutboxBytes, MaxAge: o.PipelineMaxAge, Discard: jetstream.DiscardNew,
 				Duplicates: o.Duplicates, Replicas: o.Replicas, Storage: o.Storage,
 			})
-			if err != nil && !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-				return fmt.Errorf("creating stream %s: %w", out.Stream, err)
+			if err != nil {
+				return err
 			}
 		} else if err != nil {
 			return fmt.Errorf("looking up stream %s: %w", out.Stream, err)
