@@ -381,6 +381,7 @@ var declaredTenants = []string{"demo", "other"}
 func busSuite(t *testing.T, s *served) {
 	t.Run("roles", func(t *testing.T) { busRoles(t, s) })
 	t.Run("agent invokes and reads its result", func(t *testing.T) { agentRoundTrip(t, s) })
+	t.Run("agent sends with the CloudEvents SDK", func(t *testing.T) { agentCloudEventsSDK(t, s) })
 	t.Run("refused connections", func(t *testing.T) { busRefusals(t, s) })
 	t.Run("revocation closes the connection", func(t *testing.T) { busRevoke(t, s) })
 	t.Run("approvals record the signing operator", func(t *testing.T) { busApprovals(t, s) })
