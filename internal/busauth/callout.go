@@ -32,6 +32,9 @@ var (
 	// ErrWrongConnection: a site's credentials on a client connection,
 	// or any other credentials on a leaf-node connection.
 	ErrWrongConnection = errors.New("credentials not for this kind of connection")
+	// ErrPermission: the server refused an admitted connection a publish
+	// or a subscription by its permissions.
+	ErrPermission = errors.New("refused by the connection's permissions")
 )
 
 // AgentToken is what a verified capability token says about its holder.

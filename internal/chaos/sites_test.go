@@ -437,7 +437,7 @@ func TestSitesLeafNodes(t *testing.T) {
 	if reply := rawLeafViolation(t, leafPort, filepath.Join(bundles["lab-eu"], busauth.DirName, busauth.SiteCredsFile)); !strings.Contains(reply, "Permissions Violation") {
 		t.Errorf("a leaf link subscribing outside its grant: %q, want a permissions violation", reply)
 	}
-	if !auditedRefusal(t, ctx, nc, "Violation") {
+	if !auditedRefusal(t, ctx, nc, "leaf link refused") {
 		t.Error("no bus.refused audit event for the leaf link's violation")
 	}
 	// The hub's forwarder judged them as verify and audit would, and
@@ -458,26 +458,14 @@ func TestSitesLeafNodes(t *testing.T) {
 	if err == nil {
 		t.Fatal("a site's credentials opened a client connection to the hub")
 	}
+	if !auditedRefusal(t, ctx, nc, "site credentials on a client connection") {
+		t.Fatal("no bus.refused audit event for the site's client connection")
+	}
 	js, err := jetstream.New(nc)
 	if err != nil {
 		t.Fatal(err)
 	}
 	refusal := subjects.AuditEvent(subjects.SystemTenant, "bus.refused")
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		m, err := js.Stream(ctx, subjects.StreamAudit)
-		if err != nil {
-			t.Fatal(err)
-		}
-		msg, err := m.GetLastMsgForSubject(ctx, refusal)
-		if err == nil && strings.Contains(string(msg.Data), "site") && strings.Contains(string(msg.Data), "lab-eu") {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no bus.refused audit event for the site's client connection (last: %v)", err)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
 
 	// 6. lab-eu floods its outbox: thousands of messages as fast as it
 	// can. Its outbox's bound refuses most, the hub forwards none it did

@@ -97,9 +97,10 @@ func StartSecureEmbedded(o EmbeddedOptions, log *slog.Logger) (*server.Server, *
 	if o.Logging {
 		ns.ConfigureLogger()
 	}
-	if o.LeafListen != "" {
-		ns.SetLoggerV2(&leafRefusals{inner: ns.Logger(), auditor: g.auditor}, opts.Debug, opts.Trace, false)
-	}
+	// The server says only in its log what it refuses a site's link or an
+	// admitted client: the log is read for the audit trail.
+	ns.SetLoggerV2(&leafRefusals{inner: ns.Logger(), auditor: g.auditor, clients: newClientRefusals(ns, g.auditor)},
+		opts.Debug, opts.Trace, false)
 	ns.Start()
 	if !ns.ReadyForConnections(10 * time.Second) {
 		ns.Shutdown()

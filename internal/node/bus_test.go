@@ -211,6 +211,7 @@ func TestBusEmbedded(t *testing.T) {
 	s := serveEmbedded(t)
 	busSuite(t, s)
 	t.Run("ended calls leave no invocation in the stream that keeps them", func(t *testing.T) { invocationsDeleted(t, s) })
+	t.Run("refused publishes are audited", func(t *testing.T) { refusedPublishesAudited(t, s) })
 }
 
 // invocationsDeleted: with the hand-offs in memory, the invoke stream keeps
@@ -1221,6 +1222,7 @@ func busRefusals(t *testing.T, s *served) {
 	ojs, _ := jetstream.New(op)
 	for i, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
+			from := auditLastSeq(t, ojs)
 			nc, err := s.dial(i, tc.opts...)
 			if err == nil {
 				nc.Close()
@@ -1231,16 +1233,7 @@ func busRefusals(t *testing.T, s *served) {
 			}
 			// The refusal is in the audit trail with its reason.
 			eventually(t, 10*time.Second, "a bus.refused audit event naming "+tc.reason, func() bool {
-				// Each probe has its own deadline: one shared by the
-				// whole table ran out under load before its last rows.
-				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-				defer cancel()
-				st, err := ojs.Stream(ctx, subjects.StreamAudit)
-				if err != nil {
-					return false
-				}
-				m, err := st.GetLastMsgForSubject(ctx, subjects.AuditEvent(subjects.SystemTenant, "bus.refused"))
-				return err == nil && strings.Contains(string(m.Data), tc.reason)
+				return refusedAfter(ojs, from, tc.reason)
 			})
 		})
 	}

@@ -15,13 +15,14 @@ import (
 // grant (a subscription or a publish) by closing the link, and says so only
 // in its log: leafRefusals reads that log line and audits it as the bus's
 // refusal (bus.refused), as a refused connection is. Only a leaf link's
-// violations are audited: the server closes the link on each one, and the
-// site redials no sooner than 30 seconds later, which bounds the events a
-// site can make; a client's refused publishes are not closed on and stay in
-// the log alone.
+// violations are audited this way: the server closes the link on each one,
+// and the site redials no sooner than 30 seconds later, which bounds the
+// events a site can make. A client's refusals, which close nothing, are
+// read by clientRefusals, which bounds them itself.
 type leafRefusals struct {
 	inner   server.Logger // the server's own log, or nil
 	auditor *refusalAuditor
+	clients *clientRefusals // an admitted client's refusals; nil: not read
 }
 
 // leafViolation marks the server's log line of a leaf link's violation
@@ -33,6 +34,9 @@ func (l *leafRefusals) Errorf(format string, v ...any) {
 		l.inner.Errorf(format, v...)
 	}
 	line := fmt.Sprintf(format, v...)
+	if l.clients != nil {
+		l.clients.logged(line)
+	}
 	if !strings.Contains(line, leafViolation) || !strings.Contains(line, "Check other side configuration") {
 		return
 	}

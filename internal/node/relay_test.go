@@ -184,6 +184,9 @@ func onlyAuditPublishes(t *testing.T, s *served) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		// Its own results only: a subscription to any agent's would be
+		// refused, and the refusal audited through the relay.
+		ac.AgentDID = "did:agent:demo"
 		relayed := func() uint64 {
 			eventually(t, 10*time.Second, "the relay to be drained", func() bool {
 				info, err := ojs.Stream(ctx, subjects.StreamRelay)
