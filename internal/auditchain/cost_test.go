@@ -10,7 +10,6 @@ import (
 	"runtime"
 	"runtime/pprof"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -18,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/auditchain"
+	"github.com/toolgate/toolgate/internal/cputime"
 	"github.com/toolgate/toolgate/internal/envelope"
 	"github.com/toolgate/toolgate/internal/natstest"
 	"github.com/toolgate/toolgate/internal/runner"
@@ -25,12 +25,6 @@ import (
 	"github.com/toolgate/toolgate/stages/audit"
 	"github.com/toolgate/toolgate/subjects"
 )
-
-func processCPU() time.Duration {
-	var ru syscall.Rusage
-	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
 
 // TestCheckpointCost measures the CPU this process (the checkpointer, and
 // the embedded server answering its direct gets) spends per audit event
@@ -44,12 +38,12 @@ func TestCheckpointCost(t *testing.T) {
 	tr := newTrail(t)
 	const n = 20000
 	pad := strings.Repeat("x", 500)
-	pub0 := processCPU()
+	pub0 := cputime.Process()
 	for i := range n {
 		tr.publish(subjects.AuditEvent("acme", "tool.succeeded"), fmt.Appendf(nil,
 			`{"specversion":"1.0","id":"inv-%d:tool.succeeded","source":"urn:toolgate:audit","type":"ai.agent.tool.succeeded","datacontenttype":"application/json","time":"2026-11-27T05:08:15.040990875Z","data":{"tenant_id":"acme","invocation_id":"inv-%d","tool_id":"echo","tool_version":"1.0.0","status":"success","duration_ms":3,"result":{"echo":"%s"}},"tenantid":"acme"}`, i, i, pad))
 	}
-	pubCPU := processCPU() - pub0
+	pubCPU := cputime.Process() - pub0
 	c := tr.checkpointer(auditchain.DefaultEvery)
 	// The store's own work after the publishes is not the checkpointer's.
 	time.Sleep(200 * time.Millisecond)
@@ -58,7 +52,7 @@ func TestCheckpointCost(t *testing.T) {
 		f, _ := os.Create(p)
 		_ = pprof.StartCPUProfile(f)
 	}
-	cpu0, wall0 := processCPU(), time.Now()
+	cpu0, wall0 := cputime.Process(), time.Now()
 	for {
 		more, err := c.Step(tr.ctx)
 		if err != nil {
@@ -68,7 +62,7 @@ func TestCheckpointCost(t *testing.T) {
 			break
 		}
 	}
-	cpu, wall := processCPU()-cpu0, time.Since(wall0)
+	cpu, wall := cputime.Process()-cpu0, time.Since(wall0)
 	pprof.StopCPUProfile()
 	if r := tr.verify(auditchain.Options{}); !r.Intact() || r.Events != n {
 		t.Fatalf("report %+v", r)
@@ -131,9 +125,9 @@ func TestAuditChainShare(t *testing.T) {
 		runtime.GC()
 		var m0, m1 runtime.MemStats
 		runtime.ReadMemStats(&m0)
-		cpu0 := processCPU()
+		cpu0 := cputime.Process()
 		stepAll(t, tr, c)
-		cpu := processCPU() - cpu0
+		cpu := cputime.Process() - cpu0
 		runtime.ReadMemStats(&m1)
 		return cpu, m1.Mallocs - m0.Mallocs
 	}
@@ -224,14 +218,14 @@ func (tr *trail) runAuditTo(stage *audit.Auditor, js jetstream.JetStream, store 
 	rctx, stop := context.WithCancel(tr.ctx)
 	r := &runner.Runner{Name: subjects.Audit, Stage: stage, JS: js, Workers: 8, Records: store,
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
-	cpu0, wall0 := processCPU(), time.Now()
+	cpu0, wall0 := cputime.Process(), time.Now()
 	done := make(chan error, 1)
 	go func() { done <- r.Run(rctx) }()
 	natstest.Eventually(tr.t, 2*time.Minute, func() bool {
 		st, err := tr.js.Stream(tr.ctx, subjects.StreamResults)
 		return err == nil && st.CachedInfo().State.Msgs == results
 	}, "audit to end every call")
-	cpu, wall := processCPU()-cpu0, time.Since(wall0)
+	cpu, wall := cputime.Process()-cpu0, time.Since(wall0)
 	stop()
 	if err := <-done; err != nil {
 		tr.t.Fatal(err)

@@ -16,6 +16,7 @@ import (
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/auditchain"
 	"github.com/toolgate/toolgate/internal/busauth"
+	"github.com/toolgate/toolgate/internal/cputime"
 	"github.com/toolgate/toolgate/internal/envelope"
 	"github.com/toolgate/toolgate/internal/seal"
 	"github.com/toolgate/toolgate/kvstore"
@@ -92,7 +93,7 @@ func TestReceiptShare(t *testing.T) {
 	runtime.GC()
 	var m0, m1 runtime.MemStats
 	runtime.ReadMemStats(&m0)
-	rcpu0 := processCPU()
+	rcpu0 := cputime.Process()
 	end := bytes.LastIndexByte(msg, '}') // where it goes costs the same
 	for range n {
 		r := made
@@ -107,14 +108,14 @@ func TestReceiptShare(t *testing.T) {
 			}
 		}
 	}
-	receiptCPU := processCPU() - rcpu0
+	receiptCPU := cputime.Process() - rcpu0
 	runtime.ReadMemStats(&m1)
-	scpu0 := processCPU()
+	scpu0 := cputime.Process()
 	for range n {
 		r := made
 		signer.Sign(&r)
 	}
-	signCPU := processCPU() - scpu0
+	signCPU := cputime.Process() - scpu0
 	auditUS := float64(auditCPU.Nanoseconds()) / 1e3 / n
 	receiptUS := float64(receiptCPU.Nanoseconds()) / 1e3 / n
 	signUS := float64(signCPU.Nanoseconds()) / 1e3 / n

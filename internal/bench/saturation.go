@@ -14,7 +14,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
@@ -22,6 +21,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/client"
+	"github.com/toolgate/toolgate/internal/cputime"
 	"github.com/toolgate/toolgate/internal/token"
 	"github.com/toolgate/toolgate/subjects"
 )
@@ -70,7 +70,7 @@ func (t *target) saturate(ctx context.Context, name string, n, conc int) (Result
 	t.cur.Store(col)
 	defer t.cur.Store(nil)
 	due := make([]time.Time, n)
-	cpu0 := processCPU()
+	cpu0 := cputime.Process()
 	start := time.Now()
 	var next atomic.Int64
 	var wg sync.WaitGroup
@@ -103,7 +103,7 @@ func (t *target) saturate(ctx context.Context, name string, n, conc int) (Result
 	}
 	r := col.result(name, m, n, start)
 	if r.Done > 0 {
-		r.CPUPerCall = (processCPU() - cpu0) / time.Duration(r.Done)
+		r.CPUPerCall = (cputime.Process() - cpu0) / time.Duration(r.Done)
 	}
 	return r, nil
 }
@@ -121,16 +121,6 @@ func (t *target) publishRetried(ctx context.Context, key string, i int) error {
 		}
 	}
 	return err
-}
-
-// processCPU is the CPU time this process has used, user and system: the
-// server, the stages and the load generator together.
-func processCPU() time.Duration {
-	var u syscall.Rusage
-	if syscall.Getrusage(syscall.RUSAGE_SELF, &u) != nil {
-		return 0
-	}
-	return time.Duration(u.Utime.Nano() + u.Stime.Nano())
 }
 
 // hopWrites are the durable writes a hop makes besides its hand-off: a

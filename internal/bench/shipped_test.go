@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/toolgate/toolgate/internal/cputime"
 )
 
 // TestProcCPU reads this process's CPU time from /proc as the shipped
@@ -16,11 +18,11 @@ func TestProcCPU(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r0 := processCPU()
+	r0 := cputime.Process()
 	// Spin until the kernel has counted 300 ms of CPU, however long that
 	// takes on a busy machine.
 	x := 0
-	for processCPU()-r0 < 300*time.Millisecond {
+	for cputime.Process()-r0 < 300*time.Millisecond {
 		for range 100000 {
 			x++
 		}
@@ -29,7 +31,7 @@ func TestProcCPU(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, want := after-before, processCPU()-r0
+	got, want := after-before, cputime.Process()-r0
 	if got < 100*time.Millisecond || got > want+50*time.Millisecond || got < want-50*time.Millisecond {
 		t.Fatalf("procCPU grew %v over a busy loop, getrusage %v (x=%d)", got, want, x)
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/base64"
 	"path/filepath"
-	"syscall"
 	"testing"
 	"time"
 
@@ -70,18 +69,11 @@ func BenchmarkHandle(b *testing.B) {
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			data, xk := calloutRequest(b, k, tc.o, "nonce-1")
-			// CPU time, besides wall time: on a shared machine it is the
-			// figure that does not move with the neighbours' load.
-			var before, after syscall.Rusage
-			_ = syscall.Getrusage(syscall.RUSAGE_SELF, &before)
-			for b.Loop() {
+			cpuPerOp(b, func() {
 				if _, err := c.Handle(data, xk); err != nil {
 					b.Fatal(err)
 				}
-			}
-			_ = syscall.Getrusage(syscall.RUSAGE_SELF, &after)
-			cpu := time.Duration(after.Utime.Nano()+after.Stime.Nano()-before.Utime.Nano()-before.Stime.Nano()) / time.Duration(b.N)
-			b.ReportMetric(float64(cpu.Microseconds()), "cpu-µs/op")
+			})
 		})
 	}
 }

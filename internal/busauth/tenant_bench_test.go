@@ -5,12 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/toolgate/toolgate/internal/cputime"
 )
 
 // tenantVerifier reads "<tenant>:<jti>" tokens: the token's own check is
@@ -89,12 +89,10 @@ func BenchmarkTenantConnect(b *testing.B) {
 // cpuPerOp runs op in b's loop and reports the process's CPU time per op
 // (client and server alike), the figure a shared machine does not move.
 func cpuPerOp(b *testing.B, op func()) {
-	var before, after syscall.Rusage
-	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &before)
+	before := cputime.Process()
 	for b.Loop() {
 		op()
 	}
-	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &after)
-	cpu := time.Duration(after.Utime.Nano()+after.Stime.Nano()-before.Utime.Nano()-before.Stime.Nano()) / time.Duration(b.N)
+	cpu := (cputime.Process() - before) / time.Duration(b.N)
 	b.ReportMetric(float64(cpu.Microseconds()), "cpu-µs/op")
 }

@@ -2,9 +2,10 @@ package detect
 
 import (
 	"strings"
-	"syscall"
 	"testing"
 	"time"
+
+	"github.com/toolgate/toolgate/internal/cputime"
 )
 
 // BenchmarkDetectors reports µs per KiB of all detectors on each 1 MiB
@@ -23,14 +24,6 @@ func BenchmarkDetectors(b *testing.B) {
 	}
 }
 
-// cpuTime is the process's user and system time, which the load of a
-// shared machine moves less than the wall clock.
-func cpuTime() time.Duration {
-	var ru syscall.Rusage
-	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
 // TestScanIsLinear scans each input of BenchInputs at 256 KiB and at four
 // times that: a scan that goes quadratic (a loop per keyword over the rest
 // of the text, a window that grows with the text) takes sixteen times as
@@ -43,13 +36,13 @@ func TestScanIsLinear(t *testing.T) {
 	fastest := func(s string) time.Duration {
 		var best time.Duration
 		for i := range 3 {
-			start := cpuTime()
+			start := cputime.Process()
 			for _, f := range e.Scan(s) {
 				if f.Offset < 0 || f.Offset+f.Length > len(s) {
 					t.Fatalf("finding out of bounds %+v", f)
 				}
 			}
-			if d := cpuTime() - start; i == 0 || d < best {
+			if d := cputime.Process() - start; i == 0 || d < best {
 				best = d
 			}
 		}

@@ -5,11 +5,11 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/toolgate/toolgate/internal/cputime"
 	"github.com/toolgate/toolgate/internal/natstest"
 )
 
@@ -43,7 +43,7 @@ func BenchmarkTake(b *testing.B) {
 	r.Log = slog.New(slog.DiscardHandler)
 	cctx, cancel := context.WithCancel(ctx)
 	var fetchers sync.WaitGroup
-	cpu0 := cpuTime()
+	cpu0 := cputime.Process()
 	b.ResetTimer()
 	next, err := r.source(cctx, consumers, &fetchers)
 	if err != nil {
@@ -72,13 +72,7 @@ func BenchmarkTake(b *testing.B) {
 	}
 	wg.Wait()
 	b.StopTimer()
-	b.ReportMetric(float64(cpuTime()-cpu0)/float64(b.N)/1e3, "cpu-µs/op")
+	b.ReportMetric(float64(cputime.Process()-cpu0)/float64(b.N)/1e3, "cpu-µs/op")
 	cancel()
 	fetchers.Wait()
-}
-
-func cpuTime() time.Duration {
-	var u syscall.Rusage
-	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &u)
-	return time.Duration(u.Utime.Nano() + u.Stime.Nano())
 }

@@ -5,20 +5,12 @@ import (
 	"errors"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/internal/cputime"
 )
-
-// cpuTime is the process's user and system time: a bound on work that the
-// load of a shared machine moves less than it moves the wall clock.
-func cpuTime() time.Duration {
-	var ru syscall.Rusage
-	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
 
 // TestHostileShapes: results built against the stage (a MiB of one
 // character, invalid UTF-8, ten thousand tiny members, deep nesting) go
@@ -54,9 +46,9 @@ func TestHostileShapes(t *testing.T) {
 	}
 	for name, c := range shapes {
 		t.Run(name, func(t *testing.T) {
-			start := cpuTime()
+			start := cputime.Process()
 			_, _ = v.Process(context.Background(), invoke(c.result))
-			used := cpuTime() - start
+			used := cputime.Process() - start
 			kib := float64(len(c.result)) / 1024
 			t.Logf("%d bytes: %.1f µs/KiB of CPU", len(c.result), float64(used.Microseconds())/kib)
 			// A fixed allowance covers the per-call work a small result
@@ -71,13 +63,13 @@ func TestHostileShapes(t *testing.T) {
 		strings.Repeat(`[`, 9000) + strings.Repeat("]", 9000),
 		`{"s":"` + strings.Repeat("[", 9000) + `"}`, // in a string: not nesting
 	} {
-		start := cpuTime()
+		start := cputime.Process()
 		_, err := v.Process(context.Background(), invoke(deep))
 		refused := errors.Is(err, &api.Error{Code: api.ToolExecutionError, ECode: api.EOutputTooDeep})
 		if refused == strings.HasPrefix(deep, `{"s"`) {
 			t.Errorf("%.20s…: %v", deep, err)
 		}
-		if used := cpuTime() - start; used > time.Second && !raceEnabled {
+		if used := cputime.Process() - start; used > time.Second && !raceEnabled {
 			t.Errorf("%.20s…: %v of CPU", deep, used)
 		}
 	}
