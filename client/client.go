@@ -40,7 +40,9 @@ type Agent struct {
 	// AgentDID is the agent whose calls' results Wait and Follow read
 	// live (tool.result.<tenant>.<agent>.<id>, docs/contract.md): an
 	// agent's connection may subscribe to its own agent's results only.
-	// Empty reads any agent's, which operators may.
+	// NewAgent sets it to the agent_did of the capability token nc
+	// connected with, unless the token may read its whole tenant's; empty
+	// reads any agent's, which operators and tenant readers may.
 	AgentDID string
 }
 
@@ -67,7 +69,15 @@ func NewAgent(nc *nats.Conn) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Agent{nc: nc, js: js, Source: "urn:toolgate:client", refusals: watchRefusals(nc)}, nil
+	a := &Agent{nc: nc, js: js, Source: "urn:toolgate:client", refusals: watchRefusals(nc)}
+	// An agent's token is its connect token: its own results are the
+	// ones its connection may read, so Wait subscribes to those rather
+	// than to a subject the bus refuses. An operator's connect token is
+	// a role's credential without agent_did.
+	if c, err := api.ReadTokenClaims(nc.Opts.Token); err == nil && !c.TenantReader {
+		a.AgentDID = c.AgentDID
+	}
+	return a, nil
 }
 
 // New returns an operator's client over nc (NewAgent for an agent).
@@ -159,7 +169,15 @@ func (c *Agent) Wait(ctx context.Context, tenant, id string) (api.Response, erro
 		return api.Response{}, fmt.Errorf("reading results: %w", err)
 	}
 	defer func() { _ = sub.Unsubscribe() }()
-	if err := c.nc.FlushWithContext(ctx); err != nil {
+	// The flush needs a deadline of its own: Wait's context may have none
+	// (it waits as long as the call takes), nats.go's flush requires one.
+	fctx, cancel := ctx, context.CancelFunc(func() {})
+	if _, ok := ctx.Deadline(); !ok {
+		fctx, cancel = context.WithTimeout(ctx, DefaultTimeout)
+	}
+	err = c.nc.FlushWithContext(fctx)
+	cancel()
+	if err != nil {
 		return api.Response{}, fmt.Errorf("reading results: %w", err)
 	}
 	for {

@@ -70,7 +70,6 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	c.AgentDID = "did:agent:demo" // the agent of the token: its results are on its own subjects
 	id, err := c.Invoke(ctx, api.Request{ToolID: "echo", Parameters: json.RawMessage(`{"message":"hello"}`),
 		AgentContext:    api.AgentContext{AgentDID: "did:agent:demo", TenantID: "demo"},
 		CapabilityToken: tg.token}, client.InvokeOptions{})
@@ -104,7 +103,6 @@ func (tg running) agent() (*client.Agent, func()) {
 	if err != nil {
 		log.Fatal(err)
 	}
-	c.AgentDID = "did:agent:demo" // its results are read on its own agent's subjects
 	return c, nc.Close
 }
 

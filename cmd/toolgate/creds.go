@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/busauth"
 	"github.com/toolgate/toolgate/internal/connect"
 	"github.com/toolgate/toolgate/subjects"
@@ -228,7 +229,7 @@ nkey is written beside the context (NAME.nk).`,
 				}
 				c.NKey, c.Token, who = abs, o.NATSToken, "the nkey "+o.Nkey+" and its JWT"
 			case o.Token != "":
-				claims, err := connect.TokenClaims(o.Token)
+				claims, err := api.ReadTokenClaims(o.Token)
 				if err != nil || claims.TenantID == "" || claims.ID == "" {
 					return usageErr("creds context: the capability token names no tenant and token id (jti): %v", err)
 				}

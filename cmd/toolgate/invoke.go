@@ -16,7 +16,6 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/client"
-	"github.com/toolgate/toolgate/internal/connect"
 	"github.com/toolgate/toolgate/internal/node"
 	"github.com/toolgate/toolgate/internal/token"
 	"github.com/toolgate/toolgate/subjects"
@@ -133,7 +132,7 @@ approval says so, and the exit status tells how the call ended.`,
 			return err
 		}
 		if agent == "" {
-			c, _ := connect.TokenClaims(a.capToken())
+			c, _ := api.ReadTokenClaims(a.capToken())
 			agent = cmp.Or(c.AgentDID, c.Subject, node.DevAgent)
 		}
 		if session == "" {

@@ -11,7 +11,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
 	"github.com/toolgate/toolgate/api"
-	"github.com/toolgate/toolgate/internal/connect"
 	"github.com/toolgate/toolgate/internal/mcpfront"
 	"github.com/toolgate/toolgate/internal/node"
 	"github.com/toolgate/toolgate/internal/token"
@@ -89,7 +88,7 @@ func (a *app) mcpCmd() *cobra.Command {
 			}
 			var err error
 			before := true // refused before any session began
-			if _, terr := connect.TokenClaims(c.Token); c.Stdio && c.Token != "" && terr != nil {
+			if _, terr := api.ReadTokenClaims(c.Token); c.Stdio && c.Token != "" && terr != nil {
 				// The one refusal of a token that is no JWT, as every
 				// other command says it.
 				err = malformedToken(terr, a.tokenSource(), terr)

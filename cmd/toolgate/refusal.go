@@ -9,7 +9,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/busauth"
-	"github.com/toolgate/toolgate/internal/connect"
 	"github.com/toolgate/toolgate/internal/token"
 )
 
@@ -34,7 +33,7 @@ func (a *app) explainRefusal(err error) error {
 			return api.WrapError(err, api.PermissionDenied, api.ETokenExpired,
 				"the bus refused %s: it expired at %s; ask whoever issued it for a new one (toolgate token mint)", used, c.ExpiresAt.UTC().Format(time.RFC3339))
 		}
-		if _, perr := connect.TokenClaims(a.conn.Token); perr != nil {
+		if _, perr := api.ReadTokenClaims(a.conn.Token); perr != nil {
 			return malformedToken(err, used, perr)
 		}
 		return api.WrapError(err, api.PermissionDenied, api.EBusRefused,
@@ -65,7 +64,7 @@ func (a *app) checkAgentTenant(tenant string) error {
 	if !a.asAgent() {
 		return nil
 	}
-	c, err := connect.TokenClaims(a.conn.Token)
+	c, err := api.ReadTokenClaims(a.conn.Token)
 	if err != nil || c.TenantID == "" || c.TenantID == tenant {
 		return nil
 	}

@@ -223,12 +223,6 @@ func (a *app) client() (*client.Client, func(), error) {
 		nc.Close()
 		return nil, nil, err
 	}
-	// An agent's connection reads its own agent's results only.
-	if a.conn.Token != "" {
-		if cl, err := connect.TokenClaims(a.conn.Token); err == nil {
-			c.AgentDID = cl.AgentDID
-		}
-	}
 	return c, nc.Close, nil
 }
 

@@ -17,7 +17,6 @@ import (
 	"cmp"
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -29,6 +28,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/spf13/pflag"
 	"github.com/synadia-io/orbit.go/natscontext"
+	"github.com/toolgate/toolgate/api"
 	"github.com/toolgate/toolgate/internal/busauth"
 )
 
@@ -189,33 +189,6 @@ func (o *Options) Identity() Identity {
 // ServerURL is the server Connect dials without a context.
 func (o *Options) ServerURL() string { return cmp.Or(o.URL, nats.DefaultURL) }
 
-// Claims are the routing claims of a capability token, read without
-// verifying it: toolgate verifies every token it is handed; the command
-// line only needs to know where to send.
-type Claims struct {
-	TenantID string `json:"tenant_id"`
-	AgentDID string `json:"agent_did"`
-	ID       string `json:"jti"`
-	Subject  string `json:"sub"`
-}
-
-// TokenClaims decodes the payload of a JWT without checking its signature.
-func TokenClaims(raw string) (Claims, error) {
-	var c Claims
-	parts := strings.Split(strings.TrimSpace(raw), ".")
-	if len(parts) != 3 {
-		return c, errors.New("capability token is not a JWT")
-	}
-	b, err := base64.RawURLEncoding.DecodeString(strings.TrimRight(parts[1], "="))
-	if err != nil {
-		return c, fmt.Errorf("capability token: %w", err)
-	}
-	if err := json.Unmarshal(b, &c); err != nil {
-		return c, fmt.Errorf("capability token: %w", err)
-	}
-	return c, nil
-}
-
 // TenantFor is --tenant, else the tenant_id of the token (--token, else
 // fallback, such as a development token), else ErrNoTenant.
 func (o *Options) TenantFor(fallback string) (string, error) {
@@ -223,7 +196,7 @@ func (o *Options) TenantFor(fallback string) (string, error) {
 		return o.Tenant, nil
 	}
 	if tok := cmp.Or(o.Token, fallback); tok != "" {
-		c, err := TokenClaims(tok)
+		c, err := api.ReadTokenClaims(tok)
 		if err != nil {
 			return "", err
 		}
@@ -274,7 +247,7 @@ func (o *Options) NATSOptions() ([]nats.Option, error) {
 		if o.InboxPrefix == "" {
 			// A token that does not decode is still sent: the server
 			// says what is wrong with it.
-			if c, err := TokenClaims(o.Token); err == nil && c.TenantID != "" && c.ID != "" {
+			if c, err := api.ReadTokenClaims(o.Token); err == nil && c.TenantID != "" && c.ID != "" {
 				opts = append(opts, nats.CustomInboxPrefix(busauth.InboxPrefix(c.TenantID, c.ID)))
 			}
 		}

@@ -10,8 +10,11 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/toolgate/toolgate/api"
+	"github.com/toolgate/toolgate/client"
 	"github.com/toolgate/toolgate/internal/busauth"
 	"github.com/toolgate/toolgate/internal/node"
+	"github.com/toolgate/toolgate/internal/token"
 	"github.com/toolgate/toolgate/subjects"
 )
 
@@ -134,5 +137,76 @@ func refusedPublishesAudited(t *testing.T, s *served) {
 	}
 	if told.Load() == 0 {
 		t.Fatal("the server told the client of no refusal")
+	}
+}
+
+// agentWaitsUnrefused: an agent's SDK client, given only its token's
+// connection, reads its own results: NewAgent takes the agent from the
+// token, and Wait subscribes where the agent's permissions allow, so the
+// bus refuses nothing. A subscription refused afterwards is then the
+// credential's first refusal, and the one audited.
+func agentWaitsUnrefused(t *testing.T, s *served) {
+	ojs, _ := jetstream.New(s.connect(t, 0, s.creds(busauth.RoleOperator)))
+	from := auditLastSeq(t, ojs)
+	raw, c := agentToken(t, "demo", func(c *token.Claims) { c.AgentDID = "did:agent:waiter" })
+	nc := s.connect(t, 1, nats.Token(raw), nats.CustomInboxPrefix(busauth.InboxPrefix("demo", c.ID)))
+	a, err := client.NewAgent(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.AgentDID != c.AgentDID {
+		t.Fatalf("NewAgent took agent %q from the token, want %q", a.AgentDID, c.AgentDID)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	id, err := a.Invoke(ctx, api.Request{ToolID: "echo", Parameters: json.RawMessage(`{"message":"w"}`),
+		AgentContext: api.AgentContext{AgentDID: c.AgentDID, TenantID: "demo"}, CapabilityToken: raw}, client.InvokeOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Wait under a context without a deadline, as a caller that waits as
+	// long as the call takes has: the test bounds it from outside.
+	type waited struct {
+		resp api.Response
+		err  error
+	}
+	done := make(chan waited, 1)
+	go func() {
+		resp, err := a.Wait(context.Background(), "demo", id)
+		done <- waited{resp, err}
+	}()
+	select {
+	case w := <-done:
+		if w.err != nil || w.resp.Status != api.StatusSuccess {
+			t.Fatalf("Wait: %+v, %v", w.resp, w.err)
+		}
+	case <-ctx.Done():
+		t.Fatal("Wait did not return")
+	}
+	refused := subjects.AuditEvent("other", ">")
+	if _, err := nc.SubscribeSync(refused); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	var mine []node.RefusalRecord
+	eventually(t, 10*time.Second, "a bus.refused event for the agent's refused subscription", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		all, err := refusalsAfter(ctx, ojs, from)
+		if err != nil {
+			return false
+		}
+		mine = mine[:0]
+		for _, r := range all {
+			if r.TokenID == c.ID {
+				mine = append(mine, r)
+			}
+		}
+		return len(mine) > 0
+	})
+	if !strings.Contains(mine[0].Reason, refused) {
+		t.Fatalf("the agent's first refusal was %q, not its subscription to %s: Wait was refused", mine[0].Reason, refused)
 	}
 }

@@ -212,6 +212,7 @@ func TestBusEmbedded(t *testing.T) {
 	busSuite(t, s)
 	t.Run("ended calls leave no invocation in the stream that keeps them", func(t *testing.T) { invocationsDeleted(t, s) })
 	t.Run("refused publishes are audited", func(t *testing.T) { refusedPublishesAudited(t, s) })
+	t.Run("an agent's client waits without a refusal", func(t *testing.T) { agentWaitsUnrefused(t, s) })
 }
 
 // invocationsDeleted: with the hand-offs in memory, the invoke stream keeps

@@ -32,7 +32,11 @@ func (s *served) agentAs(t *testing.T, did string, reader bool) viewerAgent {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c.AgentDID = did
+	// A tenant reader's client reads every agent's results; another
+	// agent's its own only.
+	if want := map[bool]string{false: did}[reader]; c.AgentDID != want {
+		t.Fatalf("NewAgent took agent %q from the token, want %q", c.AgentDID, want)
+	}
 	return viewerAgent{did: did, raw: raw, nc: nc, c: c}
 }
 
