@@ -35,7 +35,7 @@ func TestReceiptShare(t *testing.T) {
 		t.Skip()
 	}
 	tr := newTrail(t)
-	const n = 3000
+	n := measured(3000)
 	pad := strings.Repeat("x", 450)
 	params := json.RawMessage(`{"message":"` + pad[:100] + `"}`)
 	result := json.RawMessage(`{"echo":"` + pad + `"}`)
@@ -116,13 +116,13 @@ func TestReceiptShare(t *testing.T) {
 		signer.Sign(&r)
 	}
 	signCPU := cputime.Process() - scpu0
-	auditUS := float64(auditCPU.Nanoseconds()) / 1e3 / n
-	receiptUS := float64(receiptCPU.Nanoseconds()) / 1e3 / n
-	signUS := float64(signCPU.Nanoseconds()) / 1e3 / n
+	auditUS := float64(auditCPU.Nanoseconds()) / 1e3 / float64(n)
+	receiptUS := float64(receiptCPU.Nanoseconds()) / 1e3 / float64(n)
+	signUS := float64(signCPU.Nanoseconds()) / 1e3 / float64(n)
 	body, _ := json.Marshal(made)
 	t.Logf("audit stage with receipts: %d calls, %v CPU in %v: %.1f µs per call", n, auditCPU, auditWall, auditUS)
 	t.Logf("receipt (%d bytes): hashes, the message's hash and three encodings %.1f µs (%d allocs) per call: %.2f %% of audit's",
-		len(body), receiptUS, (m1.Mallocs-m0.Mallocs)/n, 100*receiptUS/auditUS)
+		len(body), receiptUS, (m1.Mallocs-m0.Mallocs)/uint64(n), 100*receiptUS/auditUS)
 	t.Logf("the ending's one signature (the receipt's, in place of the result's own): %.1f µs; counted as the receipt's too: %.2f %%",
 		signUS, 100*(receiptUS+signUS)/auditUS)
 }
@@ -141,7 +141,7 @@ func TestEndingShare(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	tr.ctx = ctx
-	const n, rounds = 1000, 6
+	n, rounds := measured(1000), 6
 	pad := strings.Repeat("x", 450)
 	params := json.RawMessage(`{"message":"` + pad[:100] + `"}`)
 	result := json.RawMessage(`{"echo":"` + pad + `"}`)
@@ -170,7 +170,7 @@ func TestEndingShare(t *testing.T) {
 		runtime.GC()
 		cpu, _ := tr.runAuditTo(a, js, store, uint64(ended+n))
 		ended += n
-		us := float64(cpu.Nanoseconds()) / 1e3 / n
+		us := float64(cpu.Nanoseconds()) / 1e3 / float64(n)
 		if receipts {
 			with = append(with, us)
 		} else {

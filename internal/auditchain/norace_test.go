@@ -1,0 +1,5 @@
+//go:build !race
+
+package auditchain_test
+
+const raceEnabled = false
