@@ -69,6 +69,24 @@ func refusedAfter(js jetstream.JetStream, after uint64, want ...string) bool {
 	return false
 }
 
+// refusalsOf returns the bus.refused events stored after sequence after
+// for the credential of token id tokenID (none when AUDIT cannot be read).
+func refusalsOf(js jetstream.JetStream, after uint64, tokenID string) []node.RefusalRecord {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	all, err := refusalsAfter(ctx, js, after)
+	if err != nil {
+		return nil
+	}
+	var out []node.RefusalRecord
+	for _, r := range all {
+		if r.TokenID == tokenID {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
 // auditLastSeq is the last sequence AUDIT holds.
 func auditLastSeq(t *testing.T, js jetstream.JetStream) uint64 {
 	t.Helper()
@@ -104,21 +122,7 @@ func refusedPublishesAudited(t *testing.T, s *served) {
 	if err := nc.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	mine := func() []node.RefusalRecord {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		all, err := refusalsAfter(ctx, ojs, from)
-		if err != nil {
-			return nil
-		}
-		var out []node.RefusalRecord
-		for _, r := range all {
-			if r.TokenID == c.ID {
-				out = append(out, r)
-			}
-		}
-		return out
-	}
+	mine := func() []node.RefusalRecord { return refusalsOf(ojs, from, c.ID) }
 	var got []node.RefusalRecord
 	eventually(t, 10*time.Second, "a bus.refused event for the agent's refused publish", func() bool {
 		got = mine()
@@ -192,18 +196,7 @@ func agentWaitsUnrefused(t *testing.T, s *served) {
 	}
 	var mine []node.RefusalRecord
 	eventually(t, 10*time.Second, "a bus.refused event for the agent's refused subscription", func() bool {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		all, err := refusalsAfter(ctx, ojs, from)
-		if err != nil {
-			return false
-		}
-		mine = mine[:0]
-		for _, r := range all {
-			if r.TokenID == c.ID {
-				mine = append(mine, r)
-			}
-		}
+		mine = refusalsOf(ojs, from, c.ID)
 		return len(mine) > 0
 	})
 	if !strings.Contains(mine[0].Reason, refused) {
