@@ -3,6 +3,7 @@ package runner
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -58,11 +59,19 @@ func (r *Runner) dropIngest(seq uint64, outcome string) {
 	}
 }
 
-// deleteIngests sends the queued deletes, one at a time, off the path of
-// the calls: a delete that fails leaves the message to the invoke sweep,
-// which deletes what belongs to an ended call. Once ctx is done it sends
-// what is queued for a moment more; what is left then is re-driven at the
-// next start and found ended.
+// ingestLinger is how long the first of a batch of deletes waits for
+// others. The file store removes a block the moment its last message goes
+// and makes a new one for the next write, a file unlinked and another
+// created: deleted one by one as calls end, the ingests of calls that
+// arrive apart empty the stream each time. Sent together, the batch
+// empties it once.
+const ingestLinger = 200 * time.Millisecond
+
+// deleteIngests sends the queued deletes, one batch at a time, off the
+// path of the calls: a delete that fails leaves the message to the invoke
+// sweep, which deletes what belongs to an ended call. Once ctx is done it
+// sends what is queued for a moment more; what is left then is re-driven
+// at the next start and found ended.
 func (r *Runner) deleteIngests(ctx context.Context) {
 	nc := r.JS.Conn()
 	subject := subjects.MsgDelete(subjects.StreamInvoke)
@@ -73,23 +82,46 @@ func (r *Runner) deleteIngests(ctx context.Context) {
 			r.Log.Debug("deleting an ended call's invocation", "seq", seq, "err", err)
 		}
 	}
-	for {
+	linger := time.NewTimer(ingestLinger)
+	linger.Stop()
+	var batch []uint64
+	for ctx.Err() == nil {
 		select {
 		case seq := <-r.ingest:
-			send(ctx, seq)
-			continue
+			linger.Reset(ingestLinger)
+			select {
+			case <-linger.C:
+			case <-ctx.Done():
+				linger.Stop()
+			}
+			batch = drainIngests(r.ingest, append(batch, seq))
+			// Oldest first: the stream's first message moves up rather
+			// than leaving holes behind it.
+			slices.Sort(batch)
+			for len(batch) > 0 && ctx.Err() == nil {
+				send(ctx, batch[0])
+				batch = batch[1:]
+			}
 		case <-ctx.Done():
 		}
-		last, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-		defer cancel()
-		for last.Err() == nil {
-			select {
-			case seq := <-r.ingest:
-				send(last, seq)
-			default:
-				return
-			}
+	}
+	// What is left of the batch and what is queued, for a moment more.
+	last, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+	defer cancel()
+	for batch = drainIngests(r.ingest, batch); len(batch) > 0 && last.Err() == nil; batch = drainIngests(r.ingest, batch) {
+		send(last, batch[0])
+		batch = batch[1:]
+	}
+}
+
+// drainIngests appends to batch what ingest holds now.
+func drainIngests(ingest <-chan uint64, batch []uint64) []uint64 {
+	for {
+		select {
+		case seq := <-ingest:
+			batch = append(batch, seq)
+		default:
+			return batch
 		}
-		return
 	}
 }
