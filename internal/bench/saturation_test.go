@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -77,6 +78,50 @@ func TestChainMakesThePipelinesWrites(t *testing.T) {
 		}
 		if len(last.Data) != eventBytes {
 			t.Errorf("hop %d published events of %d bytes, want the pipeline's %d", h, len(last.Data), eventBytes)
+		}
+	}
+}
+
+// TestLatenciesInTurns: a latency series taken in turns holds the calls of
+// every turn, each target's latencies sorted; a rate too low for a call in
+// every turn takes fewer turns, not none.
+func TestLatenciesInTurns(t *testing.T) {
+	ns, err := node.StartEmbedded(node.EmbeddedOptions{Listen: "127.0.0.1:-1", DataDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Shutdown()
+	nc, err := nats.Connect(ns.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	raw, stopRaw, err := rawChain(ctx, nc, 8, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stopRaw()
+	floor, stopFloor, err := rawChain(ctx, nc, 8, pipelineWrites)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stopFloor()
+	for _, c := range []struct {
+		rate int
+		d    time.Duration
+		want int
+	}{{50, time.Second, 50}, {2, time.Second, 2}} {
+		res, err := latenciesInTurns(ctx, []*target{raw, floor}, []string{"raw", "floor"}, c.rate, c.d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range res {
+			if r.Sent != c.want || r.Done != c.want || len(r.Latencies) != c.want || !slices.IsSorted(r.Latencies) {
+				t.Errorf("%d/s for %v, %s: %d sent, %d done, %d latencies (sorted: %v); want %d",
+					c.rate, c.d, r.Name, r.Sent, r.Done, len(r.Latencies), slices.IsSorted(r.Latencies), c.want)
+			}
 		}
 	}
 }
