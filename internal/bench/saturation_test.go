@@ -16,16 +16,7 @@ import (
 // writes: every message comes through, and on the way it wrote its record
 // three times and two events, as an invocation does.
 func TestChainMakesThePipelinesWrites(t *testing.T) {
-	ns, err := node.StartEmbedded(node.EmbeddedOptions{Listen: "127.0.0.1:-1", DataDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ns.Shutdown()
-	nc, err := nats.Connect(ns.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
+	nc := embeddedConn(t, false)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	chain, stop, err := rawChain(ctx, nc, 8, pipelineWrites)
@@ -86,16 +77,7 @@ func TestChainMakesThePipelinesWrites(t *testing.T) {
 // every turn, each target's latencies sorted; a rate too low for a call in
 // every turn takes fewer turns, not none.
 func TestLatenciesInTurns(t *testing.T) {
-	ns, err := node.StartEmbedded(node.EmbeddedOptions{Listen: "127.0.0.1:-1", DataDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ns.Shutdown()
-	nc, err := nats.Connect(ns.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
+	nc := embeddedConn(t, false)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	raw, stopRaw, err := rawChain(ctx, nc, 8, nil)
@@ -124,4 +106,21 @@ func TestLatenciesInTurns(t *testing.T) {
 			}
 		}
 	}
+}
+
+// embeddedConn starts the embedded server on a free port, fsyncing every
+// write with always, and connects to it; both end with t.
+func embeddedConn(t *testing.T, always bool) *nats.Conn {
+	t.Helper()
+	ns, err := node.StartEmbedded(node.EmbeddedOptions{Listen: "127.0.0.1:-1", DataDir: t.TempDir(), SyncAlways: always})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(ns.Shutdown)
+	nc, err := nats.Connect(ns.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
 }

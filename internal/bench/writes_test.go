@@ -8,9 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/toolgate/toolgate/internal/node"
 )
 
 // TestWritesCounted: a known series of writes to a file work-queue stream
@@ -26,16 +24,7 @@ func TestWritesCounted(t *testing.T) {
 }
 
 func writesCounted(t *testing.T, always bool) {
-	ns, err := node.StartEmbedded(node.EmbeddedOptions{Listen: "127.0.0.1:-1", DataDir: t.TempDir(), SyncAlways: always})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ns.Shutdown()
-	nc, err := nats.Connect(ns.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
+	nc := embeddedConn(t, always)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	js, err := jetstream.New(nc)
