@@ -66,7 +66,7 @@ var clockBuiltins = map[string]bool{
 	"crypto.x509.parse_and_verify_certificates_with_options": true,
 }
 
-// newMemo returns the memo for the compiled modules, or nil when their
+// newMemo returns the memo for the modules c holds, or nil when their
 // decision may depend on more than the values at fixed input paths: the
 // input read whole or by a computed key at its root, a with modifier, or
 // a builtin that is not a function of its arguments.
@@ -74,6 +74,26 @@ func newMemo(c *ast.Compiler) *memo {
 	var paths [][]string
 	ok := true
 	var vis *ast.GenericVisitor
+	// getAlong reads a call's operands when it is object.get of a named
+	// part of the input along a path of field names: what it returns
+	// depends only on the input's value along that path (the walk a key
+	// holds), so the path is read, not the whole part. The shipped policy
+	// reads the claims so, which then key the memo by the grants and
+	// budget it looks at, not by the token's id and times.
+	getAlong := func(op ast.Ref, operands []*ast.Term) bool {
+		if !op.Equal(ast.ObjectGet.Ref()) || len(operands) < 3 {
+			return false
+		}
+		p, ok := inputPath(operands[0], operands[1])
+		if !ok {
+			return false
+		}
+		paths = append(paths, p)
+		for _, t := range operands[2:] { // the default, and the output
+			vis.Walk(t)
+		}
+		return true
+	}
 	vis = ast.NewGenericVisitor(func(x any) bool {
 		if !ok {
 			return true
@@ -83,10 +103,16 @@ func newMemo(c *ast.Compiler) *memo {
 			if len(x.With) > 0 || x.IsCall() && impure(x.Operator()) {
 				ok = false
 			}
+			if ok && x.IsCall() && getAlong(x.Operator(), x.Operands()) {
+				return true
+			}
 		case ast.Call:
 			if len(x) > 0 {
 				if r, isRef := x[0].Value.(ast.Ref); isRef && impure(r) {
 					ok = false
+				}
+				if r, isRef := x[0].Value.(ast.Ref); ok && isRef && getAlong(r, x[1:]) {
+					return true
 				}
 			}
 		case ast.Ref:
@@ -144,6 +170,38 @@ func newMemo(c *ast.Compiler) *memo {
 		reads, shared, last = append(reads, terms), append(shared, n), p
 	}
 	return &memo{reads: reads, shared: shared}
+}
+
+// inputPath returns the field names under input that obj names followed
+// by those of key (a name, or an array of names, object.get's path), when
+// obj is a ref to a named part of the input and key is made of names.
+func inputPath(obj, key *ast.Term) ([]string, bool) {
+	r, isRef := obj.Value.(ast.Ref)
+	if !isRef || !r.HasPrefix(ast.InputRootRef) {
+		return nil, false
+	}
+	prefix := r.StringPrefix()
+	if len(prefix) < 2 || len(prefix) != len(r) {
+		return nil, false
+	}
+	var p []string
+	for _, t := range prefix[1:] {
+		p = append(p, string(t.Value.(ast.String)))
+	}
+	switch k := key.Value.(type) {
+	case ast.String:
+		return append(p, string(k)), true
+	case *ast.Array:
+		for i := range k.Len() {
+			name, isName := k.Elem(i).Value.(ast.String)
+			if !isName {
+				return nil, false
+			}
+			p = append(p, string(name))
+		}
+		return p, true
+	}
+	return nil, false
 }
 
 func hasPrefix(p, prefix []string) bool {

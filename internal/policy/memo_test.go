@@ -51,6 +51,15 @@ decision := {"allow": input.tenant in data.tenants, "reasons": [sprintf("%v", [d
 decision := {"allow": count(input) > 9, "reasons": [sprintf("%d", [count(input)])]}`,
 	"input by computed root key": `package toolgate.authz
 decision := {"allow": true, "reasons": [sprintf("%v", [input[k]])]} if some k in {"tenant", "time"}`,
+	"object.get along a path": `package toolgate.authz
+decision := {"allow": object.get(input.claims, ["filesystem_permissions", "mode"], "ro") == "rw",
+	"reasons": [sprintf("%v %v %v", [object.get(input.claims, "excluded_side_effects", "none"),
+		object.get(input.claims.budget, ["max_calls"], -1), object.get(input.tool, [], "none")])]}`,
+	"object.get along a computed path": `package toolgate.authz
+decision := {"allow": true, "reasons": sort(seen)}
+seen contains sprintf("%s=%v", [k, object.get(input.claims, [k], "none")]) if some k in ["jti", "budget"]`,
+	"claims by name": `package toolgate.authz
+decision := {"allow": object.get(input.claims, "mode", "ro") == "ro", "reasons": [sprintf("%v", [input.claims.jti])]}`,
 }
 
 var memoData = map[string]any{"tenants": []any{"acme"}, "limits": map[string]any{"builtin": 1, "http": 2.5},
@@ -91,14 +100,19 @@ func genInput(r, free *rand.Rand, i int) map[string]any {
 	set(tool, "kind", pick(r, "builtin", "http", none, 7))
 	set(tool, "safety", pick(r, safety, safety, none, nil))
 	set(tool, "cost", pick(r, none, none, map[string]any{"per_call": 0.5}, map[string]any{"per_call": json.Number("1.0")}, map[string]any{"per_call": 1}))
-	claims := map[string]any{"tool_id": []any{"*"}, "tenant_id": "acme", "jti": "tok-1"}
+	// A token's id and times differ from call to call where each call
+	// brings a token minted for it; what it grants is drawn like the rest.
+	claims := map[string]any{"tool_id": []any{"*"}, "tenant_id": "acme", "jti": pick(free, "tok-1", fmt.Sprint("tok-", i)),
+		"iat": 1796011308 + free.IntN(2)*i, "exp": 1796097708 + free.IntN(2)*i}
 	set(claims, "budget", pick(r, none, none, map[string]any{}, map[string]any{"max_calls": 3, "approval_after_failures": 2},
-		map[string]any{"max_runtime_ms": 100, "max_cost": 1, "max_tokens": 10}, map[string]any{"max_calls": "3"}))
-	set(claims, "excluded_side_effects", pick(r, none, []any{"fs"}, []any{"payments"}, []any{}))
+		map[string]any{"max_runtime_ms": 100, "max_cost": 1, "max_tokens": 10}, map[string]any{"max_calls": "3"}, "3", nil))
+	set(claims, "excluded_side_effects", pick(r, none, []any{"fs"}, []any{"payments"}, []any{}, "fs"))
 	set(claims, "filesystem_permissions", pick(r, none, map[string]any{"allowed_paths": []any{"/data"}, "mode": "rw"},
-		map[string]any{"allowed_paths": []any{"/"}}, map[string]any{"allowed_paths": []any{"/data/x"}, "mode": "ro"}))
-	set(claims, "network_permissions", pick(r, none, map[string]any{"allowed_ports": []any{443}}, map[string]any{"allowed_ports": []any{}}))
-	set(claims, "credential_permissions", pick(r, none, map[string]any{"allowed_secrets": []any{"k"}}))
+		map[string]any{"allowed_paths": []any{"/"}}, map[string]any{"allowed_paths": []any{"/data/x"}, "mode": "ro"},
+		map[string]any{"mode": nil}, "rw", []any{"rw"}, nil))
+	set(claims, "network_permissions", pick(r, none, map[string]any{"allowed_ports": []any{443}}, map[string]any{"allowed_ports": []any{}},
+		map[string]any{"allowed_ports": 443}, 443))
+	set(claims, "credential_permissions", pick(r, none, map[string]any{"allowed_secrets": []any{"k"}}, []any{"k"}))
 	usage := map[string]any{}
 	set(usage, "calls", pick(r, 0, 0, 3, 5, json.Number("3.0")))
 	set(usage, "runtime_ms", pick(r, 0, 0, 100))
@@ -191,6 +205,8 @@ func TestMemoCoversThePolicies(t *testing.T) {
 	}{
 		"shipped":           {DefaultModule(), true},
 		"import":            {memoPolicies["import"], true},
+		"object.get":        {memoPolicies["object.get along a path"], true},
+		"object.get, var":   {memoPolicies["object.get along a computed path"], true},
 		"input whole":       {memoPolicies["input whole"], false},
 		"root key":          {memoPolicies["input by computed root key"], false},
 		"with":              {"package toolgate.authz\nok if input.tenant == \"acme\"\ndecision := {\"allow\": x} if x := ok with input.tenant as \"acme\"", false},
@@ -249,6 +265,42 @@ func TestMemoKeepsNoCallerChanges(t *testing.T) {
 	d2.Reasons = append(d2.Reasons, "y")
 	if d3, _ := e.Eval(ctx, in); fmt.Sprint(d3.Reasons) != want || e.memo.hits != 2 {
 		t.Fatalf("reasons read back %v after %d hits, want %v", d3.Reasons, e.memo.hits, want)
+	}
+}
+
+// TestMemoReadsBackFreshTokens: with the shipped policy, a call whose
+// token was minted for it is read back when an earlier token granted the
+// same (the claims differ in their id and times only), and evaluated when
+// what it grants differs where the policy looks.
+func TestMemoReadsBackFreshTokens(t *testing.T) {
+	ctx := context.Background()
+	e, err := Default(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	call := func(jti string, exp int, mode string) Decision {
+		t.Helper()
+		in := ast.MustInterfaceToValue(map[string]any{"tenant": "acme",
+			"request":   map[string]any{"agent_context": map[string]any{"tenant_id": "acme"}},
+			"tool":      map[string]any{"id": "x", "kind": "builtin", "version": jti, "safety": map[string]any{"risk_level": "low"}},
+			"resources": map[string]any{"paths": []any{map[string]any{"path": "/data", "mode": "rw"}}},
+			"claims": map[string]any{"tool_id": []any{"*"}, "tenant_id": "acme", "jti": jti, "iat": exp - 60, "exp": exp,
+				"filesystem_permissions": map[string]any{"allowed_paths": []any{"/"}, "mode": mode}}})
+		d, err := e.Eval(ctx, in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	first := call("tok-1", 1000, "ro")
+	if first.Allow || first.Code != "E3203" {
+		t.Fatalf("a read-only token writing a path: %+v, want refused E3203", first)
+	}
+	if d := call("tok-2", 2000, "ro"); !reflect.DeepEqual(d, first) || e.memo.hits != 1 {
+		t.Fatalf("a second token granting the same: %+v after %d hits, want %+v read back", d, e.memo.hits, first)
+	}
+	if d := call("tok-3", 3000, "rw"); !d.Allow || e.memo.hits != 1 {
+		t.Fatalf("a token granting writes: %+v after %d hits, want allowed, evaluated", d, e.memo.hits)
 	}
 }
 
@@ -316,6 +368,10 @@ func TestReads(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	computed, err := New(ctx, map[string]string{"p.rego": memoPolicies["object.get along a computed path"]}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, c := range []struct {
 		e    *Engine
 		path []string
@@ -328,10 +384,20 @@ func TestReads(t *testing.T) {
 		{shipped, []string{"request", "agent_context"}, true},
 		{shipped, []string{"request", "agent_context", "tenant_id", "x"}, true},
 		{shipped, []string{"tool", "safety", "risk_level"}, true},
+		// The shipped policy reads the claims through object.get along
+		// paths: a token's id and times are not read.
+		{shipped, []string{"claims", "jti"}, false},
+		{shipped, []string{"claims", "exp"}, false},
+		{shipped, []string{"claims", "filesystem_permissions", "mode"}, true},
+		{shipped, []string{"claims", "budget"}, true},
+		{shipped, []string{"claims"}, true},
+		{shipped, []string{"tool", "cost", "per_call"}, true},
+		{shipped, []string{"tool", "version"}, false},
 		{whole, []string{"request", "parameters"}, true},
 		{params, []string{"request", "parameters"}, true},
 		{params, []string{"request", "parameters", "text"}, true},
 		{params, []string{"request", "tool_id"}, false},
+		{computed, []string{"claims", "jti"}, true},
 	} {
 		if got := c.e.Reads(c.path...); got != c.want {
 			t.Errorf("%v: Reads(%v) = %v, want %v", c.e.memo != nil, c.path, got, c.want)

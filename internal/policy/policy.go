@@ -102,18 +102,21 @@ func New(ctx context.Context, modules map[string]string, data map[string]any) (*
 	if err != nil {
 		return nil, api.WrapError(err, api.InvalidParameters, api.EPolicyFailed, "policy does not compile: %v", err)
 	}
-	c, err := definesDecision(modules)
+	m, err := definesDecision(modules)
 	if err != nil {
 		return nil, err
 	}
-	return &Engine{query: q, memo: newMemo(c)}, nil
+	return &Engine{query: q, memo: m}, nil
 }
 
 // definesDecision refuses modules without a rule for Query: such a policy
 // compiles, but its decision is always undefined, so it would deny every
 // call. The modules compiled above, so errors here are not expected. It
-// returns the compiler, whose modules say what the policy reads.
-func definesDecision(modules map[string]string) (*ast.Compiler, error) {
+// returns the memo for what the policy reads (newMemo), taken from the
+// modules once their references are resolved (imports and all) and before
+// later stages move a call's arguments into variables of their own: there
+// object.get(input.claims, path, d) still names the path it reads.
+func definesDecision(modules map[string]string) (*memo, error) {
 	parsed := make(map[string]*ast.Module, len(modules))
 	for name, src := range modules {
 		m, err := ast.ParseModuleWithOpts(name, src, ast.ParserOptions{RegoVersion: ast.RegoV1})
@@ -122,7 +125,10 @@ func definesDecision(modules map[string]string) (*ast.Compiler, error) {
 		}
 		parsed[name] = m
 	}
-	c := ast.NewCompiler().WithCapabilities(capabilities())
+	var m *memo
+	c := ast.NewCompiler().WithCapabilities(capabilities()).
+		WithStageAfterID(ast.StageRewriteEquals, ast.CompilerStageDefinition{Name: "MemoReads", MetricName: "toolgate_memo_reads",
+			Stage: func(c *ast.Compiler) *ast.Error { m = newMemo(c); return nil }})
 	if c.Compile(parsed); c.Failed() {
 		return nil, api.WrapError(c.Errors, api.InvalidParameters, api.EPolicyFailed, "policy does not compile: %v", c.Errors)
 	}
@@ -130,7 +136,7 @@ func definesDecision(modules map[string]string) (*ast.Compiler, error) {
 		return nil, api.NewError(api.InvalidParameters, api.EPolicyFailed,
 			"policy defines no %s rule: every call would be denied (declare package toolgate.authz and a decision rule)", strings.TrimPrefix(Query, "data."))
 	}
-	return c, nil
+	return m, nil
 }
 
 // Default returns an Engine for the shipped policy.

@@ -5,6 +5,7 @@ import (
 	_ "embed"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -242,5 +243,31 @@ func BenchmarkEval(b *testing.B) {
 		if _, err := e.Eval(context.Background(), input); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// BenchmarkEvalFreshToken is a call whose capability token was minted for
+// it: the claims differ from every earlier call's in their id and times
+// only, the grants and budget the shipped policy reads being the same.
+func BenchmarkEvalFreshToken(b *testing.B) {
+	e, err := Default(context.Background())
+	if err != nil {
+		b.Fatal(err)
+	}
+	// More tokens than the memo keeps, so none is seen twice as such.
+	ins := make([]ast.Value, 2*maxMemoDecisions)
+	for i := range ins {
+		ins[i] = ast.MustInterfaceToValue(map[string]any{"tenant": "acme",
+			"request": map[string]any{"agent_context": map[string]any{"tenant_id": "acme"}},
+			"tool":    map[string]any{"id": "x", "kind": "builtin", "safety": map[string]any{"risk_level": "low"}},
+			"claims": map[string]any{"tool_id": []any{"*"}, "tenant_id": "acme", "jti": fmt.Sprintf("tok-%d", i),
+				"iat": 1796011308 + i, "exp": 1796097708 + i, "filesystem_permissions": map[string]any{"allowed_paths": []any{"/"}, "mode": "ro"}}})
+	}
+	i := 0
+	for b.Loop() {
+		if _, err := e.Eval(context.Background(), ins[i%len(ins)]); err != nil {
+			b.Fatal(err)
+		}
+		i++
 	}
 }
