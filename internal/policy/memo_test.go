@@ -270,8 +270,9 @@ func TestMemoKeepsNoCallerChanges(t *testing.T) {
 
 // TestMemoReadsBackFreshTokens: with the shipped policy, a call whose
 // token was minted for it is read back when an earlier token granted the
-// same (the claims differ in their id and times only), and evaluated when
-// what it grants differs where the policy looks.
+// same (the claims differ in their id and times only, the manifest in its
+// version, none of which the policy reads), and evaluated when what it
+// grants differs where the policy looks.
 func TestMemoReadsBackFreshTokens(t *testing.T) {
 	ctx := context.Background()
 	e, err := Default(ctx)
