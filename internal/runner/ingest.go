@@ -94,14 +94,7 @@ func (r *Runner) deleteIngests(ctx context.Context) {
 			case <-ctx.Done():
 				linger.Stop()
 			}
-			batch = drainIngests(r.ingest, append(batch, seq))
-			// Oldest first: the stream's first message moves up rather
-			// than leaving holes behind it.
-			slices.Sort(batch)
-			for len(batch) > 0 && ctx.Err() == nil {
-				send(ctx, batch[0])
-				batch = batch[1:]
-			}
+			batch = sendBatch(ctx, drainIngests(r.ingest, append(batch, seq)), send)
 		case <-ctx.Done():
 		}
 	}
@@ -109,9 +102,20 @@ func (r *Runner) deleteIngests(ctx context.Context) {
 	last, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 	defer cancel()
 	for batch = drainIngests(r.ingest, batch); len(batch) > 0 && last.Err() == nil; batch = drainIngests(r.ingest, batch) {
-		send(last, batch[0])
-		batch = batch[1:]
+		batch = sendBatch(last, batch, send)
 	}
+}
+
+// sendBatch sends the deletes of batch oldest first, so that the stream's
+// first message moves up rather than leaving holes behind it, until ctx
+// is done; it returns those not sent, in batch's array.
+func sendBatch(ctx context.Context, batch []uint64, send func(context.Context, uint64)) []uint64 {
+	slices.Sort(batch)
+	n := 0
+	for ; n < len(batch) && ctx.Err() == nil; n++ {
+		send(ctx, batch[n])
+	}
+	return append(batch[:0], batch[n:]...)
 }
 
 // drainIngests appends to batch what ingest holds now.

@@ -17,7 +17,7 @@ import (
 
 // The ingests of calls that end apart are deleted together, oldest first,
 // once the first has waited ingestLinger; those queued when the Runner
-// stops are still deleted.
+// stops are still deleted, oldest first too.
 func TestDeleteIngestsInBatches(t *testing.T) {
 	nc, js := natstest.JetStream(t)
 	ctx := t.Context()
@@ -82,7 +82,8 @@ func TestDeleteIngestsInBatches(t *testing.T) {
 		t.Errorf("deletes sent in the order %v, want one batch, oldest first: [1 3 5]", seqs)
 	}
 
-	// Queued as the Runner stops: deleted all the same.
+	// Queued as the Runner stops: deleted all the same, oldest first.
+	r.ingest <- 4
 	r.ingest <- 2
 	stop()
 	select {
@@ -94,12 +95,14 @@ func TestDeleteIngestsInBatches(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if info.State.Msgs != 2 {
-		t.Errorf("stream holds %d messages, want 2 left (4 and 6)", info.State.Msgs)
+	if info.State.Msgs != 1 {
+		t.Errorf("stream holds %d messages, want 1 left (6)", info.State.Msgs)
 	}
-	for _, seq := range []uint64{4, 6} {
-		if _, err := stream.GetMsg(ctx, seq); err != nil {
-			t.Errorf("message %d, never queued, is gone: %v", seq, err)
-		}
+	if _, err := stream.GetMsg(ctx, 6); err != nil {
+		t.Errorf("message 6, never queued, is gone: %v", err)
+	}
+	natstest.Eventually(t, 10*time.Second, func() bool { return len(snapshot()) == 5 }, "five deletes")
+	if late := snapshot()[3:]; late[0].seq != 2 || late[1].seq != 4 {
+		t.Errorf("deletes queued at the stop sent in the order %d, %d; want oldest first: 2, 4", late[0].seq, late[1].seq)
 	}
 }
